@@ -1,0 +1,44 @@
+# mdq — two commands on a fresh machine: `make run` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: run up test test-fast lint proto bench-placement clean install
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "mdq needs Python 3.11 or newer")'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip uv
+	$(BIN)/uv pip install --python $(BIN)/python --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## run: install, start the embedded stack, run the demo campaign, print the history, exit
+run: $(STAMP)
+	$(BIN)/mdq demo
+
+## up: start the embedded stack (or use NATS_URL / DATABASE_URL) and keep it running
+up: $(STAMP)
+	$(BIN)/mdq up
+
+## test: install and run every test (real NATS, PostgreSQL and OpenMM)
+test: $(STAMP)
+	$(BIN)/lint-imports
+	$(BIN)/pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy libs services
+	$(BIN)/lint-imports
+
+## proto: regenerate the Python code of proto/ (reproducible: pinned grpcio-tools)
+proto: $(STAMP)
+	rm -rf build/proto && mkdir -p build/proto
+	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=build/proto --pyi_out=build/proto proto/mdq/v1/mdq.proto
+	cp build/proto/mdq/v1/mdq_pb2.py build/proto/mdq/v1/mdq_pb2.pyi libs/mdq/contracts/
+
+clean:
+	rm -rf $(VENV) build .pytest_cache .mdq

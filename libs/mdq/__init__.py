@@ -1,0 +1,1 @@
+"""mdq: load-aware scheduling, live monitoring and recovery of molecular-dynamics jobs."""

@@ -1,0 +1,1 @@
+"""Execution backends: one port (``port.ClusterBackend``), a local and a Kubernetes adapter."""

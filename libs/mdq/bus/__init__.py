@@ -1,0 +1,7 @@
+"""The bus adapter: subjects, streams, codecs and publishing on NATS JetStream.
+
+Services use FastStream's NatsBroker for their handlers and this package for what every
+service shares: the subject names of a namespace, the stream definitions, the protobuf/JSON
+codec of the edge, publishing with Nats-Msg-Id deduplication, and reading a stream's history
+(replay) before following it live.
+"""

@@ -1,0 +1,63 @@
+"""Reading the log: a stream's history in order, then live (ordered consumer).
+
+Stateful services (placement, recovery) keep no database of their own: on start they fold the
+whole job log into memory, then act on what they know (level-triggered), then keep folding
+live events. Everything they publish has a deterministic id, so acting again after a restart
+publishes nothing new.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import DeliverPolicy
+
+from mdq.bus.codec import decode_event
+from mdq.contracts import pb
+
+EventHandler = Callable[[int, pb.Event], Awaitable[None]]
+CaughtUp = Callable[[], Awaitable[None]]
+
+
+async def follow_log(
+    js: JetStreamContext,
+    subject: str,
+    *,
+    on_event: EventHandler,
+    on_caught_up: CaughtUp,
+    deliver_policy: DeliverPolicy = DeliverPolicy.ALL,
+) -> None:
+    """Feed every event on ``subject`` to ``on_event`` (with its stream sequence), forever.
+
+    ``on_caught_up`` is awaited once, after the history that existed at the start has been
+    fed (at once if there was none). Undecodable messages are skipped: the log is written only
+    by mdq, so one means a bug elsewhere, not a reason to stop.
+    """
+    subscription = await js.subscribe(
+        subject,
+        ordered_consumer=True,
+        deliver_policy=deliver_policy,
+        pending_msgs_limit=1_000_000,
+        pending_bytes_limit=1 << 30,
+    )
+    caught_up = (await subscription.consumer_info()).num_pending == 0
+    if caught_up:
+        await on_caught_up()
+    try:
+        async for message in subscription.messages:
+            await _feed(message, on_event)
+            if not caught_up and message.metadata.num_pending == 0:
+                caught_up = True
+                await on_caught_up()
+    finally:
+        await subscription.unsubscribe()
+
+
+async def _feed(message: Msg, on_event: EventHandler) -> None:
+    try:
+        event = decode_event(message.data)
+    except Exception:  # noqa: BLE001 - a foreign message must not stop the follower
+        return
+    await on_event(message.metadata.sequence.stream, event)

@@ -1,0 +1,84 @@
+"""Publishing events to JetStream with their deterministic id as Nats-Msg-Id."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from datetime import UTC, datetime
+
+from google.protobuf.message import Message
+from nats.js import JetStreamContext
+from nats.js.api import PubAck
+
+from mdq.bus.codec import encode
+from mdq.bus.subjects import Subjects
+from mdq.contracts import pb
+from mdq.core.events import make_event
+
+
+class EventPublisher:
+    """Publishes envelopes for one producer; a republished event is dropped by JetStream."""
+
+    def __init__(
+        self,
+        *,
+        js: JetStreamContext,
+        subjects: Subjects,
+        producer: str,
+        max_in_flight: int = 256,
+    ) -> None:
+        self._js = js
+        self._subjects = subjects
+        self._producer = producer
+        self._slots = asyncio.Semaphore(max_in_flight)
+
+    @property
+    def subjects(self) -> Subjects:
+        return self._subjects
+
+    def event(
+        self,
+        kind: str,
+        body: Message,
+        *,
+        job_id: str,
+        attempt: int,
+        detail: str | int | None = None,
+    ) -> pb.Event:
+        """A new envelope from this producer, stamped now."""
+        return make_event(
+            kind,
+            body,
+            job_id=job_id,
+            attempt=attempt,
+            producer=self._producer,
+            at=datetime.now(UTC),
+            detail=detail,
+        )
+
+    async def publish(self, event: pb.Event) -> PubAck:
+        """Publish one event and wait for the stream's acknowledgement."""
+        async with self._slots:
+            return await self._js.publish(
+                self._subjects.for_event(event),
+                encode(event),
+                headers={"Nats-Msg-Id": event.event_id},
+            )
+
+    async def publish_all(self, events: Iterable[pb.Event]) -> list[PubAck]:
+        """Publish many events concurrently (bounded), in no particular order."""
+        return list(await asyncio.gather(*(self.publish(event) for event in events)))
+
+    async def emit(
+        self,
+        kind: str,
+        body: Message,
+        *,
+        job_id: str,
+        attempt: int,
+        detail: str | int | None = None,
+    ) -> pb.Event:
+        """Build and publish one event; return it."""
+        event = self.event(kind, body, job_id=job_id, attempt=attempt, detail=detail)
+        await self.publish(event)
+        return event

@@ -1,0 +1,379 @@
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Task(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TASK_UNSPECIFIED: _ClassVar[Task]
+    TASK_MD: _ClassVar[Task]
+    TASK_MINIMIZE: _ClassVar[Task]
+    TASK_ANALYZE: _ClassVar[Task]
+
+class FailureReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FAILURE_REASON_UNSPECIFIED: _ClassVar[FailureReason]
+    FAILURE_CRASHED: _ClassVar[FailureReason]
+    FAILURE_OOM_KILLED: _ClassVar[FailureReason]
+    FAILURE_EVICTED: _ClassVar[FailureReason]
+    FAILURE_NODE_LOST: _ClassVar[FailureReason]
+    FAILURE_LOST: _ClassVar[FailureReason]
+    FAILURE_UNSTABLE: _ClassVar[FailureReason]
+    FAILURE_INVALID_INPUT: _ClassVar[FailureReason]
+    FAILURE_DEPENDENCY_FAILED: _ClassVar[FailureReason]
+    FAILURE_RETRIES_EXHAUSTED: _ClassVar[FailureReason]
+
+class PodPhase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    POD_PHASE_UNSPECIFIED: _ClassVar[PodPhase]
+    POD_PENDING: _ClassVar[PodPhase]
+    POD_RUNNING: _ClassVar[PodPhase]
+    POD_SUCCEEDED: _ClassVar[PodPhase]
+    POD_FAILED: _ClassVar[PodPhase]
+TASK_UNSPECIFIED: Task
+TASK_MD: Task
+TASK_MINIMIZE: Task
+TASK_ANALYZE: Task
+FAILURE_REASON_UNSPECIFIED: FailureReason
+FAILURE_CRASHED: FailureReason
+FAILURE_OOM_KILLED: FailureReason
+FAILURE_EVICTED: FailureReason
+FAILURE_NODE_LOST: FailureReason
+FAILURE_LOST: FailureReason
+FAILURE_UNSTABLE: FailureReason
+FAILURE_INVALID_INPUT: FailureReason
+FAILURE_DEPENDENCY_FAILED: FailureReason
+FAILURE_RETRIES_EXHAUSTED: FailureReason
+POD_PHASE_UNSPECIFIED: PodPhase
+POD_PENDING: PodPhase
+POD_RUNNING: PodPhase
+POD_SUCCEEDED: PodPhase
+POD_FAILED: PodPhase
+
+class SubmitRequest(_message.Message):
+    __slots__ = ("idempotency_key", "jobs", "submitted_by")
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    SUBMITTED_BY_FIELD_NUMBER: _ClassVar[int]
+    idempotency_key: str
+    jobs: _containers.RepeatedCompositeFieldContainer[JobSpec]
+    submitted_by: str
+    def __init__(self, idempotency_key: _Optional[str] = ..., jobs: _Optional[_Iterable[_Union[JobSpec, _Mapping]]] = ..., submitted_by: _Optional[str] = ...) -> None: ...
+
+class SubmitReply(_message.Message):
+    __slots__ = ("request_id", "job_ids", "error")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_IDS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    job_ids: _containers.RepeatedScalarFieldContainer[str]
+    error: SubmitError
+    def __init__(self, request_id: _Optional[str] = ..., job_ids: _Optional[_Iterable[str]] = ..., error: _Optional[_Union[SubmitError, _Mapping]] = ...) -> None: ...
+
+class SubmitError(_message.Message):
+    __slots__ = ("field", "message")
+    FIELD_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    field: str
+    message: str
+    def __init__(self, field: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class WaterBox(_message.Message):
+    __slots__ = ("box_nm",)
+    BOX_NM_FIELD_NUMBER: _ClassVar[int]
+    box_nm: float
+    def __init__(self, box_nm: _Optional[float] = ...) -> None: ...
+
+class System(_message.Message):
+    __slots__ = ("water_box",)
+    WATER_BOX_FIELD_NUMBER: _ClassVar[int]
+    water_box: WaterBox
+    def __init__(self, water_box: _Optional[_Union[WaterBox, _Mapping]] = ...) -> None: ...
+
+class Resources(_message.Message):
+    __slots__ = ("cpu", "memory_mb")
+    CPU_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MB_FIELD_NUMBER: _ClassVar[int]
+    cpu: float
+    memory_mb: int
+    def __init__(self, cpu: _Optional[float] = ..., memory_mb: _Optional[int] = ...) -> None: ...
+
+class Convergence(_message.Message):
+    __slots__ = ("tolerance_kj_mol", "reports")
+    TOLERANCE_KJ_MOL_FIELD_NUMBER: _ClassVar[int]
+    REPORTS_FIELD_NUMBER: _ClassVar[int]
+    tolerance_kj_mol: float
+    reports: int
+    def __init__(self, tolerance_kj_mol: _Optional[float] = ..., reports: _Optional[int] = ...) -> None: ...
+
+class JobSpec(_message.Message):
+    __slots__ = ("name", "task", "system", "temperature_k", "timestep_fs", "steps", "report_interval_steps", "checkpoint_interval_steps", "convergence", "resources", "priority_class", "depends_on", "max_retries", "friction_per_ps", "seed", "labels")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    SYSTEM_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_K_FIELD_NUMBER: _ClassVar[int]
+    TIMESTEP_FS_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    REPORT_INTERVAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_INTERVAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    CONVERGENCE_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_CLASS_FIELD_NUMBER: _ClassVar[int]
+    DEPENDS_ON_FIELD_NUMBER: _ClassVar[int]
+    MAX_RETRIES_FIELD_NUMBER: _ClassVar[int]
+    FRICTION_PER_PS_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    task: Task
+    system: System
+    temperature_k: float
+    timestep_fs: float
+    steps: int
+    report_interval_steps: int
+    checkpoint_interval_steps: int
+    convergence: Convergence
+    resources: Resources
+    priority_class: str
+    depends_on: _containers.RepeatedScalarFieldContainer[str]
+    max_retries: int
+    friction_per_ps: float
+    seed: int
+    labels: _containers.ScalarMap[str, str]
+    def __init__(self, name: _Optional[str] = ..., task: _Optional[_Union[Task, str]] = ..., system: _Optional[_Union[System, _Mapping]] = ..., temperature_k: _Optional[float] = ..., timestep_fs: _Optional[float] = ..., steps: _Optional[int] = ..., report_interval_steps: _Optional[int] = ..., checkpoint_interval_steps: _Optional[int] = ..., convergence: _Optional[_Union[Convergence, _Mapping]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., priority_class: _Optional[str] = ..., depends_on: _Optional[_Iterable[str]] = ..., max_retries: _Optional[int] = ..., friction_per_ps: _Optional[float] = ..., seed: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class Event(_message.Message):
+    __slots__ = ("event_id", "job_id", "attempt", "time", "producer", "submitted", "rejected", "released", "bound", "started", "succeeded", "attempt_failed", "requeued", "failed", "progress", "checkpoint", "pod", "node_load")
+    EVENT_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_FIELD_NUMBER: _ClassVar[int]
+    SUBMITTED_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    BOUND_FIELD_NUMBER: _ClassVar[int]
+    STARTED_FIELD_NUMBER: _ClassVar[int]
+    SUCCEEDED_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FAILED_FIELD_NUMBER: _ClassVar[int]
+    REQUEUED_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    POD_FIELD_NUMBER: _ClassVar[int]
+    NODE_LOAD_FIELD_NUMBER: _ClassVar[int]
+    event_id: str
+    job_id: str
+    attempt: int
+    time: _timestamp_pb2.Timestamp
+    producer: str
+    submitted: JobSubmitted
+    rejected: JobRejected
+    released: JobReleased
+    bound: JobBound
+    started: JobStarted
+    succeeded: JobSucceeded
+    attempt_failed: AttemptFailed
+    requeued: JobRequeued
+    failed: JobFailed
+    progress: Progress
+    checkpoint: Checkpoint
+    pod: PodStatus
+    node_load: NodeLoad
+    def __init__(self, event_id: _Optional[str] = ..., job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., producer: _Optional[str] = ..., submitted: _Optional[_Union[JobSubmitted, _Mapping]] = ..., rejected: _Optional[_Union[JobRejected, _Mapping]] = ..., released: _Optional[_Union[JobReleased, _Mapping]] = ..., bound: _Optional[_Union[JobBound, _Mapping]] = ..., started: _Optional[_Union[JobStarted, _Mapping]] = ..., succeeded: _Optional[_Union[JobSucceeded, _Mapping]] = ..., attempt_failed: _Optional[_Union[AttemptFailed, _Mapping]] = ..., requeued: _Optional[_Union[JobRequeued, _Mapping]] = ..., failed: _Optional[_Union[JobFailed, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., pod: _Optional[_Union[PodStatus, _Mapping]] = ..., node_load: _Optional[_Union[NodeLoad, _Mapping]] = ...) -> None: ...
+
+class JobSubmitted(_message.Message):
+    __slots__ = ("spec", "request_id", "idempotency_key", "depends_on_ids", "submitted_by")
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    DEPENDS_ON_IDS_FIELD_NUMBER: _ClassVar[int]
+    SUBMITTED_BY_FIELD_NUMBER: _ClassVar[int]
+    spec: JobSpec
+    request_id: str
+    idempotency_key: str
+    depends_on_ids: _containers.RepeatedScalarFieldContainer[str]
+    submitted_by: str
+    def __init__(self, spec: _Optional[_Union[JobSpec, _Mapping]] = ..., request_id: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., depends_on_ids: _Optional[_Iterable[str]] = ..., submitted_by: _Optional[str] = ...) -> None: ...
+
+class JobRejected(_message.Message):
+    __slots__ = ("request_id", "idempotency_key", "error")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    idempotency_key: str
+    error: SubmitError
+    def __init__(self, request_id: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., error: _Optional[_Union[SubmitError, _Mapping]] = ...) -> None: ...
+
+class JobReleased(_message.Message):
+    __slots__ = ("depends_on_ids",)
+    DEPENDS_ON_IDS_FIELD_NUMBER: _ClassVar[int]
+    depends_on_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, depends_on_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class NodeScore(_message.Message):
+    __slots__ = ("node", "score", "filtered", "cpu_load", "memory_load")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    FILTERED_FIELD_NUMBER: _ClassVar[int]
+    CPU_LOAD_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_LOAD_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    score: float
+    filtered: str
+    cpu_load: float
+    memory_load: float
+    def __init__(self, node: _Optional[str] = ..., score: _Optional[float] = ..., filtered: _Optional[str] = ..., cpu_load: _Optional[float] = ..., memory_load: _Optional[float] = ...) -> None: ...
+
+class JobBound(_message.Message):
+    __slots__ = ("node", "pod_name", "candidates", "resources", "resume_from")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    POD_NAME_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FROM_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    pod_name: str
+    candidates: _containers.RepeatedCompositeFieldContainer[NodeScore]
+    resources: Resources
+    resume_from: Checkpoint
+    def __init__(self, node: _Optional[str] = ..., pod_name: _Optional[str] = ..., candidates: _Optional[_Iterable[_Union[NodeScore, _Mapping]]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., resume_from: _Optional[_Union[Checkpoint, _Mapping]] = ...) -> None: ...
+
+class JobStarted(_message.Message):
+    __slots__ = ("node", "pod_name")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    POD_NAME_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    pod_name: str
+    def __init__(self, node: _Optional[str] = ..., pod_name: _Optional[str] = ...) -> None: ...
+
+class JobSucceeded(_message.Message):
+    __slots__ = ("final_step", "reason", "output_dir")
+    FINAL_STEP_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_DIR_FIELD_NUMBER: _ClassVar[int]
+    final_step: int
+    reason: str
+    output_dir: str
+    def __init__(self, final_step: _Optional[int] = ..., reason: _Optional[str] = ..., output_dir: _Optional[str] = ...) -> None: ...
+
+class AttemptFailed(_message.Message):
+    __slots__ = ("reason", "exit_code", "message", "node", "last_step")
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    LAST_STEP_FIELD_NUMBER: _ClassVar[int]
+    reason: FailureReason
+    exit_code: int
+    message: str
+    node: str
+    last_step: int
+    def __init__(self, reason: _Optional[_Union[FailureReason, str]] = ..., exit_code: _Optional[int] = ..., message: _Optional[str] = ..., node: _Optional[str] = ..., last_step: _Optional[int] = ...) -> None: ...
+
+class JobRequeued(_message.Message):
+    __slots__ = ("resume_from", "resources", "avoid_nodes", "not_before", "after", "steps_lost")
+    RESUME_FROM_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    AVOID_NODES_FIELD_NUMBER: _ClassVar[int]
+    NOT_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    AFTER_FIELD_NUMBER: _ClassVar[int]
+    STEPS_LOST_FIELD_NUMBER: _ClassVar[int]
+    resume_from: Checkpoint
+    resources: Resources
+    avoid_nodes: _containers.RepeatedScalarFieldContainer[str]
+    not_before: _timestamp_pb2.Timestamp
+    after: FailureReason
+    steps_lost: int
+    def __init__(self, resume_from: _Optional[_Union[Checkpoint, _Mapping]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., avoid_nodes: _Optional[_Iterable[str]] = ..., not_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., after: _Optional[_Union[FailureReason, str]] = ..., steps_lost: _Optional[int] = ...) -> None: ...
+
+class JobFailed(_message.Message):
+    __slots__ = ("reason", "message")
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    reason: FailureReason
+    message: str
+    def __init__(self, reason: _Optional[_Union[FailureReason, str]] = ..., message: _Optional[str] = ...) -> None: ...
+
+class Progress(_message.Message):
+    __slots__ = ("step", "target_steps", "time_ps", "potential_kj_mol", "kinetic_kj_mol", "temperature_k", "ns_per_day", "eta_s", "done_reason")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    TARGET_STEPS_FIELD_NUMBER: _ClassVar[int]
+    TIME_PS_FIELD_NUMBER: _ClassVar[int]
+    POTENTIAL_KJ_MOL_FIELD_NUMBER: _ClassVar[int]
+    KINETIC_KJ_MOL_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_K_FIELD_NUMBER: _ClassVar[int]
+    NS_PER_DAY_FIELD_NUMBER: _ClassVar[int]
+    ETA_S_FIELD_NUMBER: _ClassVar[int]
+    DONE_REASON_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    target_steps: int
+    time_ps: float
+    potential_kj_mol: float
+    kinetic_kj_mol: float
+    temperature_k: float
+    ns_per_day: float
+    eta_s: float
+    done_reason: str
+    def __init__(self, step: _Optional[int] = ..., target_steps: _Optional[int] = ..., time_ps: _Optional[float] = ..., potential_kj_mol: _Optional[float] = ..., kinetic_kj_mol: _Optional[float] = ..., temperature_k: _Optional[float] = ..., ns_per_day: _Optional[float] = ..., eta_s: _Optional[float] = ..., done_reason: _Optional[str] = ...) -> None: ...
+
+class Checkpoint(_message.Message):
+    __slots__ = ("step", "path", "sha256", "size_bytes", "time_ps")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TIME_PS_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    path: str
+    sha256: str
+    size_bytes: int
+    time_ps: float
+    def __init__(self, step: _Optional[int] = ..., path: _Optional[str] = ..., sha256: _Optional[str] = ..., size_bytes: _Optional[int] = ..., time_ps: _Optional[float] = ...) -> None: ...
+
+class PodStatus(_message.Message):
+    __slots__ = ("pod_name", "node", "phase", "exit_code", "reason", "message")
+    POD_NAME_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    pod_name: str
+    node: str
+    phase: PodPhase
+    exit_code: int
+    reason: str
+    message: str
+    def __init__(self, pod_name: _Optional[str] = ..., node: _Optional[str] = ..., phase: _Optional[_Union[PodPhase, str]] = ..., exit_code: _Optional[int] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class NodeLoad(_message.Message):
+    __slots__ = ("node", "cpu_load", "memory_load", "cpu_capacity", "memory_capacity_mb", "ready")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    CPU_LOAD_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_LOAD_FIELD_NUMBER: _ClassVar[int]
+    CPU_CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_CAPACITY_MB_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    cpu_load: float
+    memory_load: float
+    cpu_capacity: float
+    memory_capacity_mb: int
+    ready: bool
+    def __init__(self, node: _Optional[str] = ..., cpu_load: _Optional[float] = ..., memory_load: _Optional[float] = ..., cpu_capacity: _Optional[float] = ..., memory_capacity_mb: _Optional[int] = ..., ready: _Optional[bool] = ...) -> None: ...

@@ -1,0 +1,213 @@
+"""The job state machine: fold a job's events into what is known about it (pure).
+
+Every service that needs a job's state (placement, recovery, the watcher, ``mdq replay``)
+folds the same log with ``JobView.apply``, so they agree. Fencing lives here: an event of an
+attempt other than the job's current one is ignored, and terminal states accept nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+
+from mdq.contracts import pb
+from mdq.core.spec import PRIORITY_CLASSES
+
+
+class JobState(StrEnum):
+    """Where a job is in its life (see the prose at the top of proto/mdq/v1/mdq.proto)."""
+
+    WAITING = "WAITING"
+    PENDING = "PENDING"
+    BOUND = "BOUND"
+    RUNNING = "RUNNING"
+    RECOVERING = "RECOVERING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (JobState.SUCCEEDED, JobState.FAILED)
+
+
+ATTEMPT_EVENTS = frozenset(
+    {"bound", "started", "succeeded", "attempt_failed", "progress", "checkpoint", "pod"}
+)
+
+
+def event_time(event: pb.Event) -> datetime:
+    """The envelope's time as an aware datetime."""
+    return event.time.ToDatetime(tzinfo=UTC)
+
+
+@dataclass(slots=True)
+class AttemptRecord:
+    """What happened to one attempt."""
+
+    attempt: int
+    node: str = ""
+    pod_name: str = ""
+    resumed_from_step: int = 0
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    failure: pb.AttemptFailed | None = None
+    steps_lost: int = 0
+
+
+@dataclass(slots=True)
+class JobView:
+    """Everything the log says about one job."""
+
+    job_id: str
+    spec: pb.JobSpec
+    request_id: str
+    depends_on_ids: tuple[str, ...]
+    submitted_at: datetime
+    state: JobState
+    attempt: int = 1
+    node: str = ""
+    pod_name: str = ""
+    last_step: int = 0
+    last_progress_at: datetime | None = None
+    last_potential: float | None = None
+    done_reason: str = ""
+    latest_checkpoint: pb.Checkpoint | None = None
+    resume_from: pb.Checkpoint | None = None
+    resources: pb.Resources = field(default_factory=pb.Resources)
+    avoid_nodes: tuple[str, ...] = ()
+    not_before: datetime | None = None
+    final_reason: str = ""
+    final_message: str = ""
+    attempts: dict[int, AttemptRecord] = field(default_factory=dict)
+
+    @classmethod
+    def from_submitted(cls, event: pb.Event) -> JobView:
+        """A new view from a job's ``submitted`` event."""
+        body = event.submitted
+        view = cls(
+            job_id=event.job_id,
+            spec=body.spec,
+            request_id=body.request_id,
+            depends_on_ids=tuple(body.depends_on_ids),
+            submitted_at=event_time(event),
+            state=JobState.WAITING if body.depends_on_ids else JobState.PENDING,
+        )
+        view.resources.CopyFrom(body.spec.resources)
+        view.attempts[1] = AttemptRecord(attempt=1)
+        return view
+
+    @property
+    def priority(self) -> int:
+        """Numeric priority of the job's class (higher runs first)."""
+        return PRIORITY_CLASSES.get(self.spec.priority_class, PRIORITY_CLASSES["normal"])
+
+    @property
+    def current(self) -> AttemptRecord:
+        return self.attempts.setdefault(self.attempt, AttemptRecord(attempt=self.attempt))
+
+    def apply(self, event: pb.Event) -> bool:
+        """Fold one event in; return False if it was ignored (stale, duplicate, terminal)."""
+        kind = event.WhichOneof("body")
+        if self.state.terminal:
+            return False
+        if kind in ATTEMPT_EVENTS and event.attempt != self.attempt:
+            return False
+        at = event_time(event)
+        match kind:
+            case "released":
+                if self.state is not JobState.WAITING:
+                    return False
+                self.state = JobState.PENDING
+            case "bound":
+                if self.state is not JobState.PENDING:
+                    return False
+                self.state = JobState.BOUND
+                self.node, self.pod_name = event.bound.node, event.bound.pod_name
+                self.current.node, self.current.pod_name = self.node, self.pod_name
+            case "started":
+                if self.state not in (JobState.BOUND, JobState.PENDING):
+                    return False
+                self.state = JobState.RUNNING
+                self.current.started_at = at
+                self.last_progress_at = at
+            case "progress":
+                body = event.progress
+                if body.step < self.last_step and self.last_progress_at is not None:
+                    return False
+                self.last_step = body.step
+                self.last_potential = body.potential_kj_mol
+                self.last_progress_at = at
+                self.done_reason = body.done_reason or self.done_reason
+                if self.state is JobState.BOUND:
+                    self.state = JobState.RUNNING
+                    self.current.started_at = self.current.started_at or at
+            case "checkpoint":
+                if self.latest_checkpoint and event.checkpoint.step <= self.latest_checkpoint.step:
+                    return False
+                self.latest_checkpoint = event.checkpoint
+            case "succeeded":
+                if self.state not in (JobState.BOUND, JobState.RUNNING):
+                    return False
+                self.state = JobState.SUCCEEDED
+                self.last_step = max(self.last_step, event.succeeded.final_step)
+                self.done_reason = event.succeeded.reason
+                self.current.ended_at = at
+            case "attempt_failed":
+                if self.state not in (JobState.PENDING, JobState.BOUND, JobState.RUNNING):
+                    return False
+                self.state = JobState.RECOVERING
+                self.current.failure = event.attempt_failed
+                self.current.ended_at = at
+            case "requeued":
+                if self.state is not JobState.RECOVERING or event.attempt != self.attempt + 1:
+                    return False
+                body = event.requeued
+                self.current.steps_lost = body.steps_lost
+                self.attempt = event.attempt
+                self.state = JobState.PENDING
+                self.node = self.pod_name = ""
+                self.resume_from = body.resume_from if body.HasField("resume_from") else None
+                self.last_step = self.resume_from.step if self.resume_from else 0
+                self.last_progress_at = None
+                if body.HasField("resources"):
+                    self.resources.CopyFrom(body.resources)
+                self.avoid_nodes = tuple(body.avoid_nodes)
+                self.not_before = (
+                    body.not_before.ToDatetime(tzinfo=UTC) if body.HasField("not_before") else None
+                )
+                self.current.resumed_from_step = self.last_step
+            case "failed":
+                self.state = JobState.FAILED
+                self.final_reason = pb.FailureReason.Name(event.failed.reason)
+                self.final_message = event.failed.message
+                self.current.ended_at = self.current.ended_at or at
+            case "pod":
+                return True
+            case _:
+                return False
+        return True
+
+
+class JobBook:
+    """Views of many jobs, folded from the log in order."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, JobView] = {}
+        self.last_sequence = 0
+
+    def apply(self, sequence: int, event: pb.Event) -> JobView | None:
+        """Fold one event; return the view it changed, or None if it changed nothing."""
+        if sequence and sequence <= self.last_sequence:
+            return None
+        self.last_sequence = max(self.last_sequence, sequence)
+        if event.WhichOneof("body") == "submitted":
+            if event.job_id in self.jobs:
+                return None
+            view = JobView.from_submitted(event)
+            self.jobs[event.job_id] = view
+            return view
+        view = self.jobs.get(event.job_id)
+        if view is None or not view.apply(event):
+            return None
+        return view

