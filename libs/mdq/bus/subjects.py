@@ -87,6 +87,11 @@ class Subjects:
         return f"{self.namespace}_local_pods"
 
     @property
+    def nodes_bucket(self) -> str:
+        """KV bucket of the local backend's nodes (capacity, heartbeat, live usage)."""
+        return f"{self.namespace}_local_nodes"
+
+    @property
     def intake_bucket(self) -> str:
         """KV bucket of intake: idempotency keys and known job ids."""
         return f"{self.namespace}_intake"
