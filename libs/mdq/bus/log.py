@@ -58,6 +58,6 @@ async def follow_log(
 async def _feed(message: Msg, on_event: EventHandler) -> None:
     try:
         event = decode_event(message.data)
-    except Exception:  # noqa: BLE001 - a foreign message must not stop the follower
+    except Exception:
         return
     await on_event(message.metadata.sequence.stream, event)

@@ -62,9 +62,7 @@ def validate_key(idempotency_key: str, *, required: bool) -> None:
             raise SpecError("idempotency_key", "is required on request-reply submits")
         return
     if len(idempotency_key) > MAX_KEY_LENGTH or not idempotency_key.isprintable():
-        raise SpecError(
-            "idempotency_key", f"must be 1 to {MAX_KEY_LENGTH} printable characters"
-        )
+        raise SpecError("idempotency_key", f"must be 1 to {MAX_KEY_LENGTH} printable characters")
 
 
 def normalize_job(spec: pb.JobSpec, path: str) -> pb.JobSpec:
@@ -118,9 +116,7 @@ def normalize_job(spec: pb.JobSpec, path: str) -> pb.JobSpec:
     _check_range(f"{path}.resources.memory_mb", job.resources.memory_mb, 64, 1_048_576)
     job.priority_class = job.priority_class or "normal"
     if job.priority_class not in PRIORITY_CLASSES:
-        raise SpecError(
-            f"{path}.priority_class", f"must be one of {', '.join(PRIORITY_CLASSES)}"
-        )
+        raise SpecError(f"{path}.priority_class", f"must be one of {', '.join(PRIORITY_CLASSES)}")
     if not job.HasField("max_retries"):
         job.max_retries = 3
     _check_range(f"{path}.max_retries", job.max_retries, 0, 20)
@@ -202,9 +198,7 @@ def validate_submit(
     cycle = find_cycle(internal)
     if cycle:
         first = list(normalized).index(cycle[0])
-        raise SpecError(
-            f"jobs[{first}].depends_on", f"dependency cycle: {' -> '.join(cycle)}"
-        )
+        raise SpecError(f"jobs[{first}].depends_on", f"dependency cycle: {' -> '.join(cycle)}")
     ordered: list[AcceptedJob] = []
     done: set[str] = set()
 

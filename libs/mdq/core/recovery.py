@@ -1,0 +1,158 @@
+"""Recovery policy: classify a failed attempt and decide what happens next (pure).
+
+Each failure class gets the policy it calls for:
+- crashed: retry after an exponential backoff (5 s, 10 s, ...), counted against max_retries;
+- OOM-killed: retry with 1.5x the memory (up to a cap), counted;
+- evicted / preempted / node lost: retry at once on another node, not the job's fault;
+- lost (silent): retry at once, counted (the old attempt is fenced off by the watcher);
+- unstable (NaN energy) / invalid input: fail at once — retrying will not help.
+Every retry resumes from the latest checkpoint; the steps done past it are the lost work.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from mdq.contracts import pb
+from mdq.core.exit_codes import RunnerExit
+from mdq.core.state import JobView
+
+NOT_THE_JOBS_FAULT = frozenset({pb.FAILURE_EVICTED, pb.FAILURE_NODE_LOST})
+NOT_WORTH_RETRYING = frozenset({pb.FAILURE_UNSTABLE, pb.FAILURE_INVALID_INPUT})
+MOVE_TO_ANOTHER_NODE = frozenset({pb.FAILURE_EVICTED, pb.FAILURE_NODE_LOST, pb.FAILURE_LOST})
+
+
+def classify(*, pod_reason: str, exit_code: int) -> pb.FailureReason.ValueType:
+    """The failure class of a terminated pod, from its reason and the runner's exit code."""
+    reason = pod_reason.lower()
+    if reason == "oomkilled" or exit_code == RunnerExit.OUT_OF_MEMORY:
+        return pb.FAILURE_OOM_KILLED
+    if reason in ("evicted", "preempted", "disruptiontarget") or exit_code == RunnerExit.PREEMPTED:
+        return pb.FAILURE_EVICTED
+    if reason in ("nodelost", "nodenotready"):
+        return pb.FAILURE_NODE_LOST
+    if exit_code == RunnerExit.UNSTABLE:
+        return pb.FAILURE_UNSTABLE
+    if exit_code == RunnerExit.INVALID_INPUT:
+        return pb.FAILURE_INVALID_INPUT
+    return pb.FAILURE_CRASHED
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryPolicy:
+    """Tunables of recovery."""
+
+    backoff_base_s: float = 5.0
+    backoff_factor: float = 2.0
+    backoff_max_s: float = 300.0
+    oom_memory_factor: float = 1.5
+    oom_memory_cap_mb: int = 65536
+    max_disruptions: int = 20
+    """Retries for failures that are not the job's fault, before giving up anyway."""
+
+
+@dataclass(frozen=True, slots=True)
+class Requeue:
+    """Run the job again."""
+
+    attempt: int
+    resume_from: pb.Checkpoint | None
+    memory_mb: int | None
+    """New memory limit, or None to keep the current one."""
+    avoid_nodes: tuple[str, ...]
+    delay_s: float
+    steps_lost: int
+    after: pb.FailureReason.ValueType
+
+
+@dataclass(frozen=True, slots=True)
+class GiveUp:
+    """Fail the job for good."""
+
+    reason: pb.FailureReason.ValueType
+    message: str
+
+
+def failure_history(view: JobView) -> list[tuple[int, pb.AttemptFailed]]:
+    """(attempt, failure) for every failed attempt so far, oldest first."""
+    return [
+        (number, record.failure)
+        for number, record in sorted(view.attempts.items())
+        if record.failure is not None
+    ]
+
+
+def describe_attempts(view: JobView) -> str:
+    """One line per failed attempt, for the final failure message."""
+    return "; ".join(
+        f"attempt {number} on {failure.node or '?'}: {pb.FailureReason.Name(failure.reason)}"
+        f" (exit {failure.exit_code}) {failure.message}".rstrip()
+        for number, failure in failure_history(view)
+    )
+
+
+def decide(view: JobView, policy: RecoveryPolicy = RecoveryPolicy()) -> Requeue | GiveUp:
+    """What to do with a job whose current attempt failed."""
+    failure = view.current.failure
+    if failure is None:
+        raise ValueError(f"job {view.job_id} attempt {view.attempt} has not failed")
+    reason = failure.reason
+    history = failure_history(view)
+    if reason in NOT_WORTH_RETRYING:
+        return GiveUp(reason, f"{pb.FailureReason.Name(reason)}: {describe_attempts(view)}")
+    counted = [f for _, f in history if f.reason not in NOT_THE_JOBS_FAULT]
+    disruptions = len(history) - len(counted)
+    if reason in NOT_THE_JOBS_FAULT:
+        if disruptions > policy.max_disruptions:
+            return GiveUp(pb.FAILURE_RETRIES_EXHAUSTED, describe_attempts(view))
+    elif len(counted) > view.spec.max_retries:
+        return GiveUp(
+            pb.FAILURE_RETRIES_EXHAUSTED,
+            f"{len(counted) - 1} retries exhausted: {describe_attempts(view)}",
+        )
+    checkpoint = view.latest_checkpoint
+    resumed_step = checkpoint.step if checkpoint else 0
+    steps_lost = max(0, max(failure.last_step, view.last_step) - resumed_step)
+    memory: int | None = None
+    delay = 0.0
+    if reason == pb.FAILURE_OOM_KILLED:
+        memory = min(
+            policy.oom_memory_cap_mb,
+            math.ceil(view.resources.memory_mb * policy.oom_memory_factor),
+        )
+        if memory <= view.resources.memory_mb:
+            return GiveUp(reason, f"out of memory at the cap: {describe_attempts(view)}")
+    if reason == pb.FAILURE_CRASHED:
+        crashes = sum(1 for f in counted if f.reason == pb.FAILURE_CRASHED)
+        delay = min(
+            policy.backoff_max_s, policy.backoff_base_s * policy.backoff_factor ** (crashes - 1)
+        )
+    avoid = (failure.node,) if reason in MOVE_TO_ANOTHER_NODE and failure.node else ()
+    return Requeue(
+        attempt=view.attempt + 1,
+        resume_from=checkpoint,
+        memory_mb=memory,
+        avoid_nodes=avoid,
+        delay_s=delay,
+        steps_lost=steps_lost,
+        after=reason,
+    )
+
+
+def requeued_body(decision: Requeue, view: JobView, now: datetime) -> pb.JobRequeued:
+    """The ``requeued`` event body for a decision."""
+    body = pb.JobRequeued(
+        avoid_nodes=list(decision.avoid_nodes),
+        after=decision.after,
+        steps_lost=decision.steps_lost,
+    )
+    if decision.resume_from is not None:
+        body.resume_from.CopyFrom(decision.resume_from)
+    body.resources.CopyFrom(view.resources)
+    if decision.memory_mb is not None:
+        body.resources.memory_mb = decision.memory_mb
+    if decision.delay_s > 0:
+        body.not_before.FromDatetime(now + timedelta(seconds=decision.delay_s))
+    return body

@@ -1,0 +1,41 @@
+"""Entrypoint: ``python -m services.placement`` (composition root)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from mdq.backends.factory import make_backend
+from mdq.bus.connect import connect
+from mdq.bus.publisher import EventPublisher
+from mdq.settings import CommonSettings
+from services.placement.app import Placement
+from services.placement.settings import PlacementSettings
+
+
+async def main() -> None:
+    common, settings = CommonSettings(), PlacementSettings()
+    subjects = common.subjects
+    nc = await connect(common.nats_url, name="mdq-placement", subjects=subjects)
+    js = nc.jetstream()
+    backend = await make_backend(kind=settings.backend, nc=nc, subjects=subjects)
+    placement = Placement(
+        js=js,
+        subjects=subjects,
+        publisher=EventPublisher(js=js, subjects=subjects, producer="placement"),
+        backend=backend,
+        settings=settings,
+        nats_url=common.nats_url,
+        namespace=common.namespace,
+        data_dir=common.data_dir.resolve(),
+    )
+    try:
+        await placement.run()
+    finally:
+        await backend.close()
+        await nc.drain()
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    asyncio.run(main())

@@ -1,0 +1,1 @@
+"""recovery: decides, per failure class, how a failed attempt is retried or given up."""

@@ -1,0 +1,34 @@
+"""Entrypoint: ``python -m services.recovery`` (composition root)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from mdq.bus.connect import connect
+from mdq.bus.publisher import EventPublisher
+from mdq.settings import CommonSettings
+from services.recovery.app import Recovery
+from services.recovery.settings import RecoverySettings
+
+
+async def main() -> None:
+    common, settings = CommonSettings(), RecoverySettings()
+    subjects = common.subjects
+    nc = await connect(common.nats_url, name="mdq-recovery", subjects=subjects)
+    js = nc.jetstream()
+    recovery = Recovery(
+        js=js,
+        subjects=subjects,
+        publisher=EventPublisher(js=js, subjects=subjects, producer="recovery"),
+        policy=settings.policy(),
+    )
+    try:
+        await recovery.run()
+    finally:
+        await nc.drain()
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    asyncio.run(main())

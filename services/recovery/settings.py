@@ -1,0 +1,29 @@
+"""Settings of the recovery service (env prefix MDQ_RECOVERY_)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from mdq.core.recovery import RecoveryPolicy
+
+
+class RecoverySettings(BaseSettings):
+    """The recovery policy's tunables."""
+
+    model_config = SettingsConfigDict(env_prefix="MDQ_RECOVERY_", extra="ignore")
+
+    backoff_base_s: float = Field(default=5.0, description="First delay after a crash.")
+    backoff_factor: float = Field(default=2.0, description="Growth of the delay per crash.")
+    backoff_max_s: float = Field(default=300.0, description="Longest delay after a crash.")
+    oom_memory_factor: float = Field(default=1.5, description="Memory growth after an OOM.")
+    oom_memory_cap_mb: int = Field(default=65536, description="Most memory an OOM retry asks.")
+
+    def policy(self) -> RecoveryPolicy:
+        return RecoveryPolicy(
+            backoff_base_s=self.backoff_base_s,
+            backoff_factor=self.backoff_factor,
+            backoff_max_s=self.backoff_max_s,
+            oom_memory_factor=self.oom_memory_factor,
+            oom_memory_cap_mb=self.oom_memory_cap_mb,
+        )

@@ -1,0 +1,255 @@
+"""The watcher's lifecycle half: pod updates and silence become job events.
+
+It folds the job log and the latest progress of every job into memory, follows the cluster
+backend's pod updates, and publishes ``pod`` plus the lifecycle event each implies
+(``started``, ``succeeded``, ``attempt_failed``), fenced by attempt: an update of any other
+attempt than the job's current one changes nothing. A RUNNING job that stays silent for too
+long is declared lost (``attempt_failed`` with FAILURE_LOST) and its pod is deleted, so the
+next attempt never runs beside it. Every event id is derived from job, attempt and phase, so
+two watcher replicas, or a restart that sees every pod again, publish each fact once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from nats.js import JetStreamContext
+from nats.js.api import DeliverPolicy
+from nats.js.errors import NotFoundError
+
+from mdq.backends.port import ClusterBackend, PodUpdate
+from mdq.bus.codec import decode_event
+from mdq.bus.log import follow_log
+from mdq.bus.publisher import EventPublisher
+from mdq.bus.subjects import Subjects
+from mdq.contracts import pb
+from mdq.core.recovery import classify
+from mdq.core.state import JobBook, JobState, JobView
+
+log = logging.getLogger("mdq.watcher.lifecycle")
+
+
+@dataclass(frozen=True, slots=True)
+class LostRunPolicy:
+    """When a running job counts as lost."""
+
+    min_silence_s: float = 60.0
+    """Never declare a job lost sooner than this after its last sign of life."""
+    interval_factor: float = 5.0
+    """... nor sooner than this many of its own observed progress intervals."""
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Lifecycle:
+    """Pod updates and silence in, lifecycle events out."""
+
+    def __init__(
+        self,
+        *,
+        js: JetStreamContext,
+        subjects: Subjects,
+        publisher: EventPublisher,
+        backend: ClusterBackend,
+        lost: LostRunPolicy = LostRunPolicy(),
+        check_interval_s: float = 1.0,
+        clock: Callable[[], datetime] = _utcnow,
+    ) -> None:
+        self._js = js
+        self._subjects = subjects
+        self._publisher = publisher
+        self._backend = backend
+        self._lost = lost
+        self._check_interval_s = check_interval_s
+        self._clock = clock
+        self.book = JobBook()
+        self._intervals: dict[str, float] = {}
+        self._deferred: dict[str, PodUpdate] = {}
+        self._jobs_ready = asyncio.Event()
+
+    # -- folding ---------------------------------------------------------------------------
+    async def on_job_event(self, sequence: int, event: pb.Event) -> None:
+        view = self.book.apply(sequence, event)
+        if view is not None and (update := self._deferred.pop(view.job_id, None)):
+            await self.on_pod(update)
+
+    async def on_progress(self, _sequence: int, event: pb.Event) -> None:
+        view = self.book.jobs.get(event.job_id)
+        if view is None:
+            return
+        before = view.last_progress_at
+        if view.apply(event) and before is not None and view.last_progress_at is not None:
+            self._intervals[view.job_id] = (view.last_progress_at - before).total_seconds()
+
+    async def _mark_caught_up(self) -> None:
+        self._jobs_ready.set()
+
+    # -- pods ------------------------------------------------------------------------------
+    async def on_pod(self, update: PodUpdate) -> None:
+        """Publish the pod event and the lifecycle event it implies (if any)."""
+        phase = pb.PodPhase.Name(update.phase)
+        await self._publisher.emit(
+            "pod",
+            pb.PodStatus(
+                pod_name=update.pod_name,
+                node=update.node,
+                phase=update.phase,
+                exit_code=update.exit_code,
+                reason=update.reason,
+                message=update.message,
+            ),
+            job_id=update.job_id,
+            attempt=update.attempt,
+            detail=phase,
+        )
+        view = self.book.jobs.get(update.job_id)
+        if (
+            view is None
+            or update.attempt > view.attempt
+            or (
+                update.attempt == view.attempt
+                and view.state is JobState.PENDING
+                and update.phase != pb.POD_PENDING
+            )
+        ):
+            self._deferred[update.job_id] = update  # the log has not caught up with the pod
+            return
+        if update.attempt < view.attempt or view.state.terminal:
+            return
+        event = await self._lifecycle_event(view, update)
+        if event is not None:
+            await self._publisher.publish(event)
+            view.apply(event)
+
+    async def _lifecycle_event(self, view: JobView, update: PodUpdate) -> pb.Event | None:
+        job, attempt = view.job_id, view.attempt
+        if update.phase == pb.POD_RUNNING and view.state is JobState.BOUND:
+            body: pb.JobStarted | pb.JobSucceeded | pb.AttemptFailed = pb.JobStarted(
+                node=update.node, pod_name=update.pod_name
+            )
+            return self._publisher.event("started", body, job_id=job, attempt=attempt)
+        if update.phase == pb.POD_SUCCEEDED and view.state in (JobState.BOUND, JobState.RUNNING):
+            last = await self._last_progress(job, attempt) or pb.Progress(
+                step=view.last_step, done_reason=view.done_reason
+            )
+            body = pb.JobSucceeded(
+                final_step=last.step, reason=last.done_reason or "completed", output_dir=""
+            )
+            return self._publisher.event("succeeded", body, job_id=job, attempt=attempt)
+        if update.phase == pb.POD_FAILED and view.state in (JobState.BOUND, JobState.RUNNING):
+            last = await self._last_progress(job, attempt)
+            body = pb.AttemptFailed(
+                reason=classify(pod_reason=update.reason, exit_code=update.exit_code),
+                exit_code=update.exit_code,
+                message=update.message or update.reason,
+                node=update.node,
+                last_step=max(view.last_step, last.step if last else 0),
+            )
+            return self._publisher.event("attempt_failed", body, job_id=job, attempt=attempt)
+        return None
+
+    async def _last_progress(self, job: str, attempt: int) -> pb.Progress | None:
+        """The newest progress of this attempt, straight from the stream (not our fold)."""
+        try:
+            message = await self._js.get_last_msg(
+                self._subjects.progress_stream, self._subjects.progress(job)
+            )
+        except NotFoundError:
+            return None
+        event = decode_event(message.data or b"")
+        return event.progress if event.attempt == attempt else None
+
+    async def _watch_pods(self) -> None:
+        async for update in self._backend.watch_pods():
+            try:
+                await self.on_pod(update)
+            except Exception:
+                log.exception("pod update %s failed; it will be seen again", update.pod_name)
+
+    # -- silence ---------------------------------------------------------------------------
+    def silence_limit(self, view: JobView) -> float:
+        """Seconds of silence after which this running job counts as lost."""
+        interval = self._intervals.get(view.job_id, 0.0)
+        return max(self._lost.min_silence_s, self._lost.interval_factor * interval)
+
+    async def check_lost(self) -> list[str]:
+        """Declare every silent RUNNING job lost; return their ids."""
+        now = self._clock()
+        lost: list[str] = []
+        for view in list(self.book.jobs.values()):
+            if view.state is not JobState.RUNNING or view.last_progress_at is None:
+                continue
+            silence = (now - view.last_progress_at).total_seconds()
+            if silence <= self.silence_limit(view):
+                continue
+            event = self._publisher.event(
+                "attempt_failed",
+                pb.AttemptFailed(
+                    reason=pb.FAILURE_LOST,
+                    message=f"no progress for {silence:.0f}s",
+                    node=view.node,
+                    last_step=view.last_step,
+                ),
+                job_id=view.job_id,
+                attempt=view.attempt,
+            )
+            await self._publisher.publish(event)
+            pod = view.pod_name
+            view.apply(event)
+            await self._backend.delete_pod(pod)
+            log.warning("job %s attempt %d lost after %.0fs", view.job_id, view.attempt, silence)
+            lost.append(view.job_id)
+        return lost
+
+    async def _watch_silence(self) -> None:
+        while True:
+            await asyncio.sleep(self._check_interval_s)
+            try:
+                await self.check_lost()
+            except Exception:
+                log.exception("lost-run check failed")
+
+    # -- running ---------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Follow the logs, then the pods and the silence, forever."""
+        tasks = [
+            asyncio.create_task(
+                follow_log(
+                    self._js,
+                    self._subjects.job_all("*"),
+                    on_event=self.on_job_event,
+                    on_caught_up=self._mark_caught_up,
+                )
+            ),
+        ]
+        try:
+            await self._jobs_ready.wait()
+            tasks.append(
+                asyncio.create_task(
+                    follow_log(
+                        self._js,
+                        self._subjects.progress("*"),
+                        on_event=self.on_progress,
+                        on_caught_up=_nothing,
+                        deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+                    )
+                )
+            )
+            tasks.append(asyncio.create_task(self._watch_pods()))
+            tasks.append(asyncio.create_task(self._watch_silence()))
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                task.result()
+        finally:
+            for task in tasks:
+                task.cancel()
+
+
+async def _nothing() -> None:
+    return None
