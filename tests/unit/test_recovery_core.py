@@ -1,0 +1,138 @@
+"""Recovery core: failure classification and the policy per class, as tables of named cases."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from mdq.contracts import pb
+from mdq.core.events import make_event
+from mdq.core.exit_codes import RunnerExit
+from mdq.core.recovery import GiveUp, Requeue, classify, decide, requeued_body
+from mdq.core.state import JobState, JobView
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+
+CLASSIFY_CASES = [
+    ("runner crashed", "Error", 1, pb.FAILURE_CRASHED),
+    ("killed by signal 9", "Error", 137, pb.FAILURE_CRASHED),
+    ("kernel OOM killer", "OOMKilled", 137, pb.FAILURE_OOM_KILLED),
+    ("runner MemoryError", "Error", RunnerExit.OUT_OF_MEMORY, pb.FAILURE_OOM_KILLED),
+    ("evicted", "Evicted", 0, pb.FAILURE_EVICTED),
+    ("preempted by SIGTERM", "Error", RunnerExit.PREEMPTED, pb.FAILURE_EVICTED),
+    ("node lost", "NodeLost", 0, pb.FAILURE_NODE_LOST),
+    ("NaN energy", "Error", RunnerExit.UNSTABLE, pb.FAILURE_UNSTABLE),
+    ("bad input", "Error", RunnerExit.INVALID_INPUT, pb.FAILURE_INVALID_INPUT),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "reason", "code", "expected"), CLASSIFY_CASES, ids=[c[0] for c in CLASSIFY_CASES]
+)
+def test_classify(name: str, reason: str, code: int, expected: int) -> None:
+    assert classify(pod_reason=reason, exit_code=code) == expected
+
+
+def view_with_failures(*reasons: int, max_retries: int = 3, checkpoint_step: int = 0) -> JobView:
+    spec = pb.JobSpec(name="md", steps=10_000, max_retries=max_retries)
+    spec.resources.cpu, spec.resources.memory_mb = 1, 1000
+    submitted = make_event(
+        "submitted",
+        pb.JobSubmitted(spec=spec, request_id="r"),
+        job_id="r-md",
+        attempt=0,
+        producer="test",
+        at=NOW,
+    )
+    view = JobView.from_submitted(submitted)
+    for index, reason in enumerate(reasons):
+        attempt = index + 1
+        assert view.apply(
+            make_event(
+                "bound",
+                pb.JobBound(node=f"n{attempt}"),
+                job_id="r-md",
+                attempt=attempt,
+                producer="t",
+                at=NOW,
+            )
+        )
+        if checkpoint_step:
+            view.apply(
+                make_event(
+                    "checkpoint",
+                    pb.Checkpoint(step=checkpoint_step, path="c", sha256="x"),
+                    job_id="r-md",
+                    attempt=attempt,
+                    producer="t",
+                    at=NOW,
+                )
+            )
+        failure = pb.AttemptFailed(
+            reason=reason, node=f"n{attempt}", last_step=checkpoint_step + 700
+        )  # type: ignore[arg-type]
+        assert view.apply(
+            make_event(
+                "attempt_failed", failure, job_id="r-md", attempt=attempt, producer="t", at=NOW
+            )
+        )
+        if attempt < len(reasons):
+            decision = decide(view)
+            assert isinstance(decision, Requeue)
+            assert view.apply(
+                make_event(
+                    "requeued",
+                    requeued_body(decision, view, NOW),
+                    job_id="r-md",
+                    attempt=attempt + 1,
+                    producer="t",
+                    at=NOW,
+                )
+            )
+    assert view.state is JobState.RECOVERING
+    return view
+
+
+def test_crash_backs_off_exponentially_and_counts() -> None:
+    first = decide(view_with_failures(pb.FAILURE_CRASHED))
+    second = decide(view_with_failures(pb.FAILURE_CRASHED, pb.FAILURE_CRASHED))
+    assert isinstance(first, Requeue) and first.delay_s == 5.0 and first.avoid_nodes == ()
+    assert isinstance(second, Requeue) and second.delay_s == 10.0
+
+
+def test_crashes_beyond_max_retries_give_up_with_every_attempt() -> None:
+    decision = decide(view_with_failures(*[pb.FAILURE_CRASHED] * 4, max_retries=3))
+    assert isinstance(decision, GiveUp) and decision.reason == pb.FAILURE_RETRIES_EXHAUSTED
+    assert all(f"attempt {n}" in decision.message for n in range(1, 5))
+
+
+def test_oom_retries_with_more_memory() -> None:
+    decision = decide(view_with_failures(pb.FAILURE_OOM_KILLED))
+    assert isinstance(decision, Requeue) and decision.memory_mb == 1500
+    body = requeued_body(decision, view_with_failures(pb.FAILURE_OOM_KILLED), NOW)
+    assert body.resources.memory_mb == 1500
+
+
+@pytest.mark.parametrize(
+    "reason", [pb.FAILURE_EVICTED, pb.FAILURE_NODE_LOST], ids=["evicted", "node lost"]
+)
+def test_disruptions_retry_at_once_elsewhere_without_counting(reason: int) -> None:
+    decision = decide(view_with_failures(*[reason] * 5, max_retries=1))
+    assert isinstance(decision, Requeue)
+    assert decision.delay_s == 0 and decision.avoid_nodes == ("n5",)
+
+
+@pytest.mark.parametrize(
+    "reason", [pb.FAILURE_UNSTABLE, pb.FAILURE_INVALID_INPUT], ids=["unstable", "invalid input"]
+)
+def test_hopeless_failures_give_up_at_once(reason: int) -> None:
+    decision = decide(view_with_failures(reason))
+    assert isinstance(decision, GiveUp) and decision.reason == reason
+
+
+def test_retry_resumes_from_latest_checkpoint_and_counts_lost_steps() -> None:
+    decision = decide(view_with_failures(pb.FAILURE_CRASHED, checkpoint_step=4000))
+    assert isinstance(decision, Requeue)
+    assert decision.resume_from is not None and decision.resume_from.step == 4000
+    assert decision.steps_lost == 700

@@ -1,0 +1,101 @@
+"""The job state machine: transitions and fencing, as a table of named event histories."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from google.protobuf.message import Message
+
+from mdq.contracts import pb
+from mdq.core.events import make_event
+from mdq.core.state import JobBook, JobState
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+
+
+def ev(kind: str, body: Message, attempt: int, job: str = "r-a") -> pb.Event:
+    return make_event(kind, body, job_id=job, attempt=attempt, producer="test", at=NOW)
+
+
+SUBMIT = ev("submitted", pb.JobSubmitted(spec=pb.JobSpec(name="a"), request_id="r"), 0)
+SUBMIT_WAITING = ev(
+    "submitted",
+    pb.JobSubmitted(spec=pb.JobSpec(name="a"), request_id="r", depends_on_ids=["r-x"]),
+    0,
+)
+BOUND1 = ev("bound", pb.JobBound(node="n1", pod_name="mdq-r-a-1"), 1)
+STARTED1 = ev("started", pb.JobStarted(node="n1"), 1)
+FAILED1 = ev("attempt_failed", pb.AttemptFailed(reason=pb.FAILURE_CRASHED), 1)
+REQUEUED2 = ev("requeued", pb.JobRequeued(resume_from=pb.Checkpoint(step=500)), 2)
+BOUND2 = ev("bound", pb.JobBound(node="n2"), 2)
+SUCCEEDED1 = ev("succeeded", pb.JobSucceeded(final_step=1000), 1)
+SUCCEEDED2 = ev("succeeded", pb.JobSucceeded(final_step=1000), 2)
+FINAL = ev("failed", pb.JobFailed(reason=pb.FAILURE_RETRIES_EXHAUSTED), 1)
+
+CASES = [
+    ("submitted without dependencies is pending", [SUBMIT], JobState.PENDING, 1),
+    ("submitted with dependencies waits", [SUBMIT_WAITING], JobState.WAITING, 1),
+    (
+        "released waiting job is pending",
+        [SUBMIT_WAITING, ev("released", pb.JobReleased(), 0)],
+        JobState.PENDING,
+        1,
+    ),
+    ("bound", [SUBMIT, BOUND1], JobState.BOUND, 1),
+    ("started", [SUBMIT, BOUND1, STARTED1], JobState.RUNNING, 1),
+    ("succeeded", [SUBMIT, BOUND1, STARTED1, SUCCEEDED1], JobState.SUCCEEDED, 1),
+    (
+        "attempt failure awaits recovery",
+        [SUBMIT, BOUND1, STARTED1, FAILED1],
+        JobState.RECOVERING,
+        1,
+    ),
+    ("requeue starts attempt 2", [SUBMIT, BOUND1, FAILED1, REQUEUED2], JobState.PENDING, 2),
+    (
+        "stale attempt-1 success after requeue is ignored",
+        [SUBMIT, BOUND1, FAILED1, REQUEUED2, BOUND2, SUCCEEDED1],
+        JobState.BOUND,
+        2,
+    ),
+    (
+        "attempt 2 succeeds",
+        [SUBMIT, BOUND1, FAILED1, REQUEUED2, BOUND2, SUCCEEDED2],
+        JobState.SUCCEEDED,
+        2,
+    ),
+    (
+        "terminal state accepts nothing",
+        [SUBMIT, BOUND1, SUCCEEDED1, FAILED1, REQUEUED2],
+        JobState.SUCCEEDED,
+        1,
+    ),
+    ("final failure", [SUBMIT, BOUND1, FAILED1, FINAL], JobState.FAILED, 1),
+    ("requeue without a failure is ignored", [SUBMIT, BOUND1, REQUEUED2], JobState.BOUND, 1),
+    ("duplicate bound is ignored", [SUBMIT, BOUND1, BOUND1], JobState.BOUND, 1),
+]
+
+
+@pytest.mark.parametrize(("name", "history", "state", "attempt"), CASES, ids=[c[0] for c in CASES])
+def test_history(name: str, history: list[pb.Event], state: JobState, attempt: int) -> None:
+    book = JobBook()
+    for sequence, event in enumerate(history, start=1):
+        book.apply(sequence, event)
+    view = book.jobs["r-a"]
+    assert (view.state, view.attempt) == (state, attempt)
+
+
+def test_requeue_resumes_from_checkpoint_step() -> None:
+    book = JobBook()
+    for sequence, event in enumerate([SUBMIT, BOUND1, FAILED1, REQUEUED2], start=1):
+        book.apply(sequence, event)
+    view = book.jobs["r-a"]
+    assert view.resume_from is not None and view.last_step == 500
+    assert view.attempts[2].resumed_from_step == 500
+
+
+def test_replayed_sequence_is_ignored() -> None:
+    book = JobBook()
+    book.apply(1, SUBMIT)
+    book.apply(2, BOUND1)
+    assert book.apply(2, BOUND1) is None
