@@ -60,7 +60,9 @@ class EmbeddedNats:
         self.process.wait()
 
 
-def start_nats(store_dir: Path, *, port: int | None = None, log_file: Path | None = None) -> EmbeddedNats:
+def start_nats(
+    store_dir: Path, *, port: int | None = None, log_file: Path | None = None
+) -> EmbeddedNats:
     """Start nats-server with JetStream on 127.0.0.1 and wait until it accepts connections."""
     store_dir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
@@ -68,11 +70,15 @@ def start_nats(store_dir: Path, *, port: int | None = None, log_file: Path | Non
     process = subprocess.Popen(
         [
             nats_server_binary(),
-            "-a", "127.0.0.1",
-            "-p", str(port),
+            "-a",
+            "127.0.0.1",
+            "-p",
+            str(port),
             "-js",
-            "-sd", str(store_dir),
-            "-l", str(log),
+            "-sd",
+            str(store_dir),
+            "-l",
+            str(log),
         ],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
