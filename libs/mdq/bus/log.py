@@ -42,7 +42,11 @@ async def follow_log(
         pending_msgs_limit=1_000_000,
         pending_bytes_limit=1 << 30,
     )
-    caught_up = (await subscription.consumer_info()).num_pending == 0
+    # A push consumer may already have delivered messages when its info comes back: the
+    # history is empty only if nothing is pending AND nothing was delivered yet. Otherwise
+    # the message that leaves nothing pending marks the end of the history.
+    info = await subscription.consumer_info()
+    caught_up = info.num_pending == 0 and info.delivered.consumer_seq == 0
     if caught_up:
         await on_caught_up()
     try:

@@ -1,0 +1,166 @@
+"""Helpers shared by the integration and end-to-end tests: building and reading events."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+
+from google.protobuf.message import Message
+from nats.js import JetStreamContext
+from nats.js.api import DeliverPolicy
+
+from mdq.backends.port import NodeSample, PodExists, PodSpec, PodUpdate
+from mdq.bus.codec import decode_event
+from mdq.bus.publisher import EventPublisher
+from mdq.bus.subjects import Subjects
+from mdq.contracts import pb
+from mdq.core.events import make_event
+from mdq.core.spec import normalize_job
+
+
+def event(
+    kind: str, body: Message, *, job: str, attempt: int, detail: str | int | None = None
+) -> pb.Event:
+    return make_event(
+        kind,
+        body,
+        job_id=job,
+        attempt=attempt,
+        producer="test",
+        at=datetime.now(UTC),
+        detail=detail,
+    )
+
+
+def submitted(
+    job: str,
+    *,
+    cpu: float = 1,
+    memory_mb: int = 512,
+    depends_on: tuple[str, ...] = (),
+    priority: str = "normal",
+    max_retries: int = 3,
+) -> pb.Event:
+    spec = pb.JobSpec(
+        name=job.split("-", 1)[-1], steps=1000, priority_class=priority, max_retries=max_retries
+    )
+    spec.resources.cpu, spec.resources.memory_mb = cpu, memory_mb
+    spec.depends_on.extend(depends_on)
+    body = pb.JobSubmitted(
+        spec=normalize_job(spec, "jobs[0]"),
+        request_id=job.split("-", 1)[0],
+        depends_on_ids=list(depends_on),
+    )
+    return event("submitted", body, job=job, attempt=0)
+
+
+def node_load(
+    name: str,
+    *,
+    cpu_capacity: float = 4,
+    memory_mb: int = 8192,
+    cpu_load: float = 0.0,
+    ready: bool = True,
+) -> pb.Event:
+    body = pb.NodeLoad(
+        node=name,
+        cpu_load=cpu_load,
+        memory_load=0.0,
+        cpu_capacity=cpu_capacity,
+        memory_capacity_mb=memory_mb,
+        ready=ready,
+    )
+    return event("node_load", body, job="", attempt=0, detail=f"{name}:{time.time_ns()}")
+
+
+async def read_all(js: JetStreamContext, subject: str, *, timeout: float = 0.5) -> list[pb.Event]:
+    """Every event currently stored on ``subject`` (in stream order)."""
+    events: list[pb.Event] = []
+    subscription = await js.subscribe(
+        subject, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL
+    )
+    try:
+        info = await subscription.consumer_info()
+        total = info.num_pending + (info.delivered.consumer_seq or 0)
+        while len(events) < total:
+            message = await subscription.next_msg(timeout=timeout)
+            events.append(decode_event(message.data))
+    finally:
+        await subscription.unsubscribe()
+    return events
+
+
+async def wait_for(
+    check: Callable[[], Awaitable[bool]],
+    *,
+    timeout: float = 20.0,
+    interval: float = 0.1,
+    what: str = "condition",
+) -> None:
+    """Poll ``check`` until it is true, or fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await check():
+            return
+        await asyncio.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+async def events_of(
+    js: JetStreamContext, subjects: Subjects, kind: str, job: str = "*"
+) -> list[pb.Event]:
+    return await read_all(js, subjects.job(job, kind))
+
+
+class RecordingBackend:
+    """The cluster backend port, in memory: records pods, reports what the test tells it.
+
+    For testing services at the port boundary (cosmicpython's fake adapter); the real local
+    and Kubernetes adapters have their own tests.
+    """
+
+    def __init__(self) -> None:
+        self.pods: dict[str, PodSpec] = {}
+        self.created = 0
+        self.deleted: list[str] = []
+        self.updates: asyncio.Queue[PodUpdate] = asyncio.Queue()
+
+    async def create_pod(self, pod: PodSpec) -> None:
+        if pod.name in self.pods:
+            raise PodExists(pod.name)
+        self.pods[pod.name] = pod
+        self.created += 1
+
+    async def delete_pod(self, name: str) -> None:
+        self.deleted.append(name)
+
+    async def watch_pods(self) -> AsyncIterator[PodUpdate]:
+        while True:
+            yield await self.updates.get()
+
+    async def sample_nodes(self) -> list[NodeSample]:
+        return []
+
+    async def close(self) -> None:
+        return None
+
+
+@asynccontextmanager
+async def running(coroutine: Awaitable[None]) -> AsyncIterator[asyncio.Task[None]]:
+    """Run a service coroutine in the background for the duration of a block."""
+    task: asyncio.Task[None] = asyncio.ensure_future(coroutine)
+    try:
+        yield task
+    finally:
+        task.cancel()
+        try:
+            await task
+        except (asyncio.CancelledError, Exception):
+            pass
+
+
+def publisher(js: JetStreamContext, subjects: Subjects) -> EventPublisher:
+    return EventPublisher(js=js, subjects=subjects, producer="test")

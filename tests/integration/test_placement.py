@@ -1,0 +1,201 @@
+"""Placement against a real JetStream: binding, spreading, chains, backoff and restarts."""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from nats.aio.client import Client
+
+from mdq.bus.subjects import Subjects
+from mdq.contracts import pb
+from mdq.core.runner_task import RunnerTask
+from services.placement.app import Placement
+from services.placement.settings import PlacementSettings
+from tests.helpers import (
+    RecordingBackend,
+    event,
+    events_of,
+    node_load,
+    publisher,
+    running,
+    submitted,
+    wait_for,
+)
+
+
+def make_placement(
+    nc: Client, subjects: Subjects, backend: RecordingBackend, data_dir: Path
+) -> Placement:
+    js = nc.jetstream()
+    return Placement(
+        js=js,
+        subjects=subjects,
+        publisher=publisher(js, subjects),
+        backend=backend,
+        settings=PlacementSettings(reconcile_interval_s=0.2),
+        nats_url="nats://example:4222",
+        namespace=subjects.namespace,
+        data_dir=data_dir,
+    )
+
+
+async def test_binds_pending_jobs_spread_over_nodes_with_pods(
+    nc: Client, subjects: Subjects, data_dir: Path
+) -> None:
+    js = nc.jetstream()
+    bus = publisher(js, subjects)
+    await bus.publish_all([node_load("n1"), node_load("n2")])
+    await bus.publish_all([submitted(f"r1-job{i}") for i in range(6)])
+    backend = RecordingBackend()
+    async with running(make_placement(nc, subjects, backend, data_dir).run()):
+
+        async def all_bound() -> bool:
+            return len(await events_of(js, subjects, "bound")) == 6
+
+        await wait_for(all_bound, what="6 bound events")
+    bound = await events_of(js, subjects, "bound")
+    assert Counter(e.bound.node for e in bound) == {"n1": 3, "n2": 3}
+    assert sorted(backend.pods) == sorted(f"mdq-r1-job{i}-1" for i in range(6))
+    pod = backend.pods["mdq-r1-job0-1"]
+    task = RunnerTask.from_env(pod.env)
+    assert (task.job_id, task.attempt, pod.env["MDQ_NAMESPACE"]) == (
+        "r1-job0",
+        1,
+        subjects.namespace,
+    )
+    assert {c.node for c in bound[0].bound.candidates} == {"n1", "n2"}
+
+
+async def test_full_nodes_leave_jobs_pending_until_capacity_frees(
+    nc: Client, subjects: Subjects, data_dir: Path
+) -> None:
+    js = nc.jetstream()
+    bus = publisher(js, subjects)
+    await bus.publish_all([node_load("n1", cpu_capacity=2)])
+    await bus.publish_all([submitted(f"r2-j{i}") for i in range(3)])
+    backend = RecordingBackend()
+    async with running(make_placement(nc, subjects, backend, data_dir).run()):
+
+        async def two_bound() -> bool:
+            return len(await events_of(js, subjects, "bound")) == 2
+
+        await wait_for(two_bound, what="2 bound")
+        first = (await events_of(js, subjects, "bound"))[0]
+        await bus.publish(
+            event("succeeded", pb.JobSucceeded(final_step=1000), job=first.job_id, attempt=1)
+        )
+
+        async def three_bound() -> bool:
+            return len(await events_of(js, subjects, "bound")) == 3
+
+        await wait_for(three_bound, what="the third job bound once a slot freed")
+
+
+async def test_chain_waits_for_its_dependency(
+    nc: Client, subjects: Subjects, data_dir: Path
+) -> None:
+    js = nc.jetstream()
+    bus = publisher(js, subjects)
+    await bus.publish_all([node_load("n1")])
+    await bus.publish(submitted("r3-init"))
+    await bus.publish(submitted("r3-run", depends_on=("r3-init",)))
+    backend = RecordingBackend()
+    async with running(make_placement(nc, subjects, backend, data_dir).run()):
+
+        async def init_bound() -> bool:
+            return len(await events_of(js, subjects, "bound", "r3-init")) == 1
+
+        await wait_for(init_bound, what="init bound")
+        assert await events_of(js, subjects, "bound", "r3-run") == []
+        await bus.publish(
+            event("succeeded", pb.JobSucceeded(final_step=1), job="r3-init", attempt=1)
+        )
+
+        async def run_bound() -> bool:
+            return len(await events_of(js, subjects, "bound", "r3-run")) == 1
+
+        await wait_for(run_bound, what="run bound after init succeeded")
+    assert len(await events_of(js, subjects, "released", "r3-run")) == 1
+    run_task = RunnerTask.from_env(backend.pods["mdq-r3-run-1"].env)
+    assert [p.name for p in run_task.input_dirs] == ["r3-init"]
+
+
+async def test_dependency_failure_fails_the_chain(
+    nc: Client, subjects: Subjects, data_dir: Path
+) -> None:
+    js = nc.jetstream()
+    bus = publisher(js, subjects)
+    await bus.publish(submitted("r4-init"))
+    await bus.publish(submitted("r4-run", depends_on=("r4-init",)))
+    await bus.publish(
+        event("failed", pb.JobFailed(reason=pb.FAILURE_UNSTABLE), job="r4-init", attempt=1)
+    )
+    async with running(make_placement(nc, subjects, RecordingBackend(), data_dir).run()):
+
+        async def run_failed() -> bool:
+            return len(await events_of(js, subjects, "failed", "r4-run")) == 1
+
+        await wait_for(run_failed, what="dependent job failed")
+    failure = (await events_of(js, subjects, "failed", "r4-run"))[0].failed
+    assert failure.reason == pb.FAILURE_DEPENDENCY_FAILED and "r4-init" in failure.message
+
+
+async def test_backoff_not_before_is_honoured(
+    nc: Client, subjects: Subjects, data_dir: Path
+) -> None:
+    js = nc.jetstream()
+    bus = publisher(js, subjects)
+    await bus.publish_all([node_load("n1")])
+    await bus.publish(submitted("r5-a"))
+    await bus.publish(event("bound", pb.JobBound(node="n1"), job="r5-a", attempt=1))
+    await bus.publish(
+        event("attempt_failed", pb.AttemptFailed(reason=pb.FAILURE_CRASHED), job="r5-a", attempt=1)
+    )
+    requeue = pb.JobRequeued()
+    requeue.not_before.FromDatetime(datetime.now(UTC) + timedelta(seconds=2))
+    requeue.resources.cpu, requeue.resources.memory_mb = 1, 512
+    await bus.publish(event("requeued", requeue, job="r5-a", attempt=2))
+    backend = RecordingBackend()
+    started = datetime.now(UTC)
+    async with running(make_placement(nc, subjects, backend, data_dir).run()):
+
+        async def attempt2_bound() -> bool:
+            return any(e.attempt == 2 for e in await events_of(js, subjects, "bound", "r5-a"))
+
+        await wait_for(attempt2_bound, what="attempt 2 bound")
+    assert datetime.now(UTC) - started >= timedelta(seconds=1.5)
+    assert "mdq-r5-a-2" in backend.pods
+
+
+async def test_restart_binds_no_job_twice_and_repairs_missing_pods(
+    nc: Client, subjects: Subjects, data_dir: Path
+) -> None:
+    js = nc.jetstream()
+    bus = publisher(js, subjects)
+    await bus.publish_all([node_load("n1", cpu_capacity=64, memory_mb=1_000_000)])
+    await bus.publish_all([submitted(f"r6-j{i}") for i in range(40)])
+    first = RecordingBackend()
+    async with running(make_placement(nc, subjects, first, data_dir).run()):
+
+        async def some_bound() -> bool:
+            return len(await events_of(js, subjects, "bound")) >= 1
+
+        await wait_for(some_bound, what="first bindings")
+    # A new incarnation with an empty backend: it must bind the rest and recreate every pod.
+    second = RecordingBackend()
+    await bus.publish_all([submitted(f"r6-k{i}") for i in range(10)])
+    async with running(make_placement(nc, subjects, second, data_dir).run()):
+
+        async def all_bound() -> bool:
+            return len(await events_of(js, subjects, "bound")) == 50
+
+        await wait_for(all_bound, what="50 bound")
+
+        async def all_pods() -> bool:
+            return len(second.pods) == 50
+
+        await wait_for(all_pods, what=f"every pod present after the restart ({len(second.pods)})")
+    bound = await events_of(js, subjects, "bound")
+    assert len({e.job_id for e in bound}) == 50
