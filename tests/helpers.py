@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from datetime import UTC, datetime
 
 from google.protobuf.message import Message
@@ -156,10 +156,8 @@ async def running(coroutine: Awaitable[None]) -> AsyncIterator[asyncio.Task[None
         yield task
     finally:
         task.cancel()
-        try:
+        with suppress(asyncio.CancelledError, Exception):
             await task
-        except (asyncio.CancelledError, Exception):
-            pass
 
 
 def publisher(js: JetStreamContext, subjects: Subjects) -> EventPublisher:
