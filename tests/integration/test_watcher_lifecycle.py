@@ -1,0 +1,138 @@
+"""The watcher's lifecycle half against a real JetStream: pod updates, fencing, lost runs."""
+
+from __future__ import annotations
+
+from nats.aio.client import Client
+
+from mdq.backends.port import PodUpdate
+from mdq.bus.subjects import Subjects
+from mdq.contracts import pb
+from services.watcher.lifecycle import Lifecycle, LostRunPolicy
+from tests.helpers import (
+    RecordingBackend,
+    event,
+    events_of,
+    publisher,
+    running,
+    submitted,
+    wait_for,
+)
+
+
+def make_lifecycle(
+    nc: Client, subjects: Subjects, backend: RecordingBackend, lost: LostRunPolicy = LostRunPolicy()
+) -> Lifecycle:
+    js = nc.jetstream()
+    return Lifecycle(
+        js=js,
+        subjects=subjects,
+        publisher=publisher(js, subjects),
+        backend=backend,
+        lost=lost,
+        check_interval_s=0.2,
+    )
+
+
+def pod(job: str, attempt: int, phase: int, *, exit_code: int = 0, reason: str = "") -> PodUpdate:
+    return PodUpdate(
+        pod_name=f"mdq-{job}-{attempt}",
+        job_id=job,
+        attempt=attempt,
+        node="n1",
+        phase=phase,  # type: ignore[arg-type]
+        exit_code=exit_code,
+        reason=reason,
+    )
+
+
+async def test_pod_phases_become_lifecycle_events(nc: Client, subjects: Subjects) -> None:
+    js = nc.jetstream()
+    bus = publisher(js, subjects)
+    await bus.publish(submitted("r1-md"))
+    await bus.publish(event("bound", pb.JobBound(node="n1"), job="r1-md", attempt=1))
+    backend = RecordingBackend()
+    async with running(make_lifecycle(nc, subjects, backend).run()):
+        await backend.updates.put(pod("r1-md", 1, pb.POD_RUNNING))
+
+        async def started() -> bool:
+            return len(await events_of(js, subjects, "started", "r1-md")) == 1
+
+        await wait_for(started, what="started")
+        final = pb.Progress(step=1000, target_steps=1000, done_reason="steps_reached")
+        await bus.publish(event("progress", final, job="r1-md", attempt=1, detail=1000))
+        await backend.updates.put(pod("r1-md", 1, pb.POD_SUCCEEDED, reason="Completed"))
+
+        async def succeeded() -> bool:
+            return len(await events_of(js, subjects, "succeeded", "r1-md")) == 1
+
+        await wait_for(succeeded, what="succeeded")
+    body = (await events_of(js, subjects, "succeeded", "r1-md"))[0].succeeded
+    assert (body.final_step, body.reason) == (1000, "steps_reached")
+    assert len(await events_of(js, subjects, "pod", "r1-md")) == 2
+
+
+async def test_failed_pod_is_classified_and_stale_attempts_are_fenced(
+    nc: Client, subjects: Subjects
+) -> None:
+    js = nc.jetstream()
+    bus = publisher(js, subjects)
+    await bus.publish(submitted("r2-md"))
+    await bus.publish(event("bound", pb.JobBound(node="n1"), job="r2-md", attempt=1))
+    backend = RecordingBackend()
+    async with running(make_lifecycle(nc, subjects, backend).run()):
+        await backend.updates.put(pod("r2-md", 1, pb.POD_FAILED, exit_code=137, reason="OOMKilled"))
+
+        async def failed() -> bool:
+            return len(await events_of(js, subjects, "attempt_failed", "r2-md")) == 1
+
+        await wait_for(failed, what="attempt_failed")
+        requeue = pb.JobRequeued()
+        requeue.resources.cpu, requeue.resources.memory_mb = 1, 768
+        await bus.publish(event("requeued", requeue, job="r2-md", attempt=2))
+        await bus.publish(event("bound", pb.JobBound(node="n1"), job="r2-md", attempt=2))
+        # A late success of the old attempt must change nothing.
+        await backend.updates.put(pod("r2-md", 1, pb.POD_SUCCEEDED, reason="Completed"))
+        await backend.updates.put(pod("r2-md", 2, pb.POD_RUNNING))
+
+        async def started2() -> bool:
+            return any(e.attempt == 2 for e in await events_of(js, subjects, "started", "r2-md"))
+
+        await wait_for(started2, what="attempt 2 started")
+    failure = (await events_of(js, subjects, "attempt_failed", "r2-md"))[0].attempt_failed
+    assert failure.reason == pb.FAILURE_OOM_KILLED and failure.exit_code == 137
+    assert await events_of(js, subjects, "succeeded", "r2-md") == []
+
+
+async def test_silent_running_job_is_declared_lost_once_and_its_pod_deleted(
+    nc: Client, subjects: Subjects
+) -> None:
+    js = nc.jetstream()
+    bus = publisher(js, subjects)
+    await bus.publish(submitted("r3-md"))
+    await bus.publish(
+        event("bound", pb.JobBound(node="n1", pod_name="mdq-r3-md-1"), job="r3-md", attempt=1)
+    )
+    await bus.publish(event("started", pb.JobStarted(node="n1"), job="r3-md", attempt=1))
+    lost = LostRunPolicy(min_silence_s=1.0, interval_factor=5.0)
+    first, second = RecordingBackend(), RecordingBackend()
+    # Two replicas watch the same job: the fact is published once.
+    async with (
+        running(make_lifecycle(nc, subjects, first, lost).run()),
+        running(make_lifecycle(nc, subjects, second, lost).run()),
+    ):
+
+        async def declared() -> bool:
+            return len(await events_of(js, subjects, "attempt_failed", "r3-md")) >= 1
+
+        await wait_for(declared, what="lost declared")
+        await wait_for(lambda: _true_after(1.0), what="settle")
+    events = await events_of(js, subjects, "attempt_failed", "r3-md")
+    assert len(events) == 1 and events[0].attempt_failed.reason == pb.FAILURE_LOST
+    assert "mdq-r3-md-1" in first.deleted + second.deleted
+
+
+async def _true_after(seconds: float) -> bool:
+    import asyncio
+
+    await asyncio.sleep(seconds)
+    return True
