@@ -1,0 +1,23 @@
+"""Settings of the watcher service (env prefix MDQ_WATCHER_)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class WatcherSettings(BaseSettings):
+    """Batching of the projection and the lost-run rule."""
+
+    model_config = SettingsConfigDict(env_prefix="MDQ_WATCHER_", extra="ignore")
+
+    backend: str = Field(default="local", description="Cluster backend: local or kubernetes.")
+    batch_size: int = Field(default=500, description="Most events applied in one transaction.")
+    batch_wait_s: float = Field(default=0.2, description="Longest wait to fill a batch.")
+    lost_min_silence_s: float = Field(
+        default=60.0, description="A running job is never lost sooner than this after progress."
+    )
+    lost_interval_factor: float = Field(
+        default=5.0, description="... nor sooner than this many of its own progress intervals."
+    )
+    pool_size: int = Field(default=4, description="PostgreSQL connections.")
