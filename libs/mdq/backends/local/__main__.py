@@ -1,0 +1,57 @@
+"""``python -m mdq.backends.local``: run a node agent (the composition root).
+
+Reads ``CommonSettings`` (NATS_URL, MDQ_NAMESPACE, MDQ_DATA_DIR) and ``LocalAgentSettings``
+(MDQ_LOCAL_*), connects to NATS and runs ``NodeAgent`` until SIGTERM or SIGINT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+from nats.js import JetStreamContext
+
+from mdq.backends.local.agent import NodeAgent
+from mdq.backends.local.settings import LocalAgentSettings
+from mdq.bus.connect import connect
+from mdq.settings import CommonSettings
+
+
+def build(
+    *, js: JetStreamContext, common: CommonSettings, settings: LocalAgentSettings
+) -> NodeAgent:
+    """The agent for these settings."""
+    return NodeAgent(
+        js=js,
+        subjects=common.subjects,
+        nodes=settings.node_configs(),
+        data_dir=common.data_dir,
+        heartbeat_s=settings.heartbeat_s,
+        grace_s=settings.grace_s,
+        memory_poll_s=settings.memory_poll_s,
+    )
+
+
+async def serve(common: CommonSettings, settings: LocalAgentSettings) -> None:
+    """Connect, run the agent, stop it cleanly on SIGTERM/SIGINT."""
+    nc = await connect(common.nats_url, name=f"mdq-local-agent-{'+'.join(settings.names())}")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await build(js=nc.jetstream(), common=common, settings=settings).run(stop)
+    finally:
+        await nc.drain()
+
+
+def main() -> None:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    asyncio.run(serve(CommonSettings(), LocalAgentSettings()))
+
+
+if __name__ == "__main__":
+    main()

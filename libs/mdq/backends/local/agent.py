@@ -1,0 +1,352 @@
+"""The node agent (the local backend's "kubelet"): runs the pods bound to its nodes.
+
+One agent process serves one or more virtual nodes. It registers them in the nodes bucket and
+heartbeats their capacity and live usage; it watches the pods bucket and runs every pending
+pod bound to one of its nodes as a subprocess (its own process group, dying with the agent),
+enforcing the memory limit by polling the tree's RSS and pinning CPU cores when it can. It
+writes each pod's status back: POD_RUNNING, then POD_SUCCEEDED ("Completed") or POD_FAILED
+("Error", "OOMKilled", "Deleted", "Evicted", "NodeLost", "StartError").
+
+Exactly-once start: a pod is claimed by a conditional write of POD_RUNNING on the revision the
+agent saw as POD_PENDING, before its process starts. A redelivered or stale update therefore
+never starts it again, and after a crash of the agent (kill -9 = node crash) the restarted
+agent finds the pods it had claimed still POD_RUNNING with no process and reports them
+POD_FAILED "NodeLost". The agent is level-triggered: if it cannot claim a pod (NATS gone)
+it exits with an error, and whatever restarts it reconciles from the buckets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nats.errors
+from nats.js import JetStreamContext
+from nats.js.errors import APIError
+
+from mdq.backends.local.processes import (
+    MIB,
+    CorePicker,
+    ProcessTree,
+    describe_exit,
+    die_with_parent,
+    exit_code_of,
+    runner_argv,
+    signal_group,
+)
+from mdq.backends.local.records import (
+    Buckets,
+    NodeRecord,
+    PodRecord,
+    PodStatus,
+    ensure_buckets,
+    is_wrong_last_sequence,
+    update_pod,
+)
+from mdq.backends.port import PodSpec
+from mdq.bus.subjects import Subjects
+from mdq.contracts import pb
+
+log = logging.getLogger(__name__)
+
+EXIT_KILLED = 137
+STATUS_WRITE_ATTEMPTS = 10
+
+
+@dataclass(frozen=True, slots=True)
+class NodeConfig:
+    """A virtual node served by this agent."""
+
+    name: str
+    cpu_capacity: float
+    memory_capacity_mb: int
+
+
+@dataclass(slots=True)
+class RunningPod:
+    """A pod whose process this agent started and still supervises."""
+
+    spec: PodSpec
+    process: asyncio.subprocess.Process
+    tree: ProcessTree
+    stop_reason: str = ""
+    stop_message: str = ""
+    oom_rss_mb: int = 0
+    killer: asyncio.Task[None] | None = None
+    supervisor: asyncio.Task[None] | None = field(default=None, repr=False)
+
+
+def final_status(
+    returncode: int, *, oom_rss_mb: int, memory_mb: int, stop_reason: str, stop_message: str
+) -> PodStatus:
+    """The terminal status of a pod whose process ended with ``returncode`` (Popen style)."""
+    code = exit_code_of(returncode)
+    if oom_rss_mb:
+        message = f"memory {oom_rss_mb} MiB above the limit of {memory_mb} MiB"
+        return PodStatus(pb.POD_FAILED, EXIT_KILLED, "OOMKilled", message)
+    if stop_reason:
+        message = f"{stop_message}; {describe_exit(returncode)}"
+        return PodStatus(pb.POD_FAILED, code, stop_reason, message)
+    if code == 0:
+        return PodStatus(pb.POD_SUCCEEDED, 0, "Completed", "exited with 0")
+    return PodStatus(pb.POD_FAILED, code, "Error", describe_exit(returncode))
+
+
+class NodeAgent:
+    """Runs the pods of ``nodes``; ``run`` until asked to stop."""
+
+    def __init__(
+        self,
+        *,
+        js: JetStreamContext,
+        subjects: Subjects,
+        nodes: Sequence[NodeConfig],
+        data_dir: Path,
+        heartbeat_s: float = 2.0,
+        grace_s: float = 10.0,
+        memory_poll_s: float = 0.5,
+    ) -> None:
+        if not nodes:
+            raise ValueError("a node agent needs at least one node")
+        self._js = js
+        self._subjects = subjects
+        self._nodes = {node.name: node for node in nodes}
+        self._log_dir = data_dir / "pods"
+        self._heartbeat_s = heartbeat_s
+        self._grace_s = grace_s
+        self._memory_poll_s = memory_poll_s
+        self._buckets: Buckets | None = None
+        self._running: dict[str, RunningPod] = {}
+        self._claimed: set[str] = set()
+        self._cores = CorePicker()
+
+    @property
+    def _kv(self) -> Buckets:
+        if self._buckets is None:
+            raise RuntimeError("the agent is not running")
+        return self._buckets
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Register the nodes, heartbeat them and run their pods until ``stop`` is set; then
+        stop the pods (SIGTERM, SIGKILL after the grace period) and report them Evicted."""
+        self._buckets = await ensure_buckets(self._js, self._subjects)
+        self._log_dir.mkdir(parents=True, exist_ok=True)
+        await self._publish_nodes(ready=True)
+        log.info("node agent serving %s", ", ".join(self._nodes))
+        tasks = {
+            asyncio.create_task(self._heartbeat_forever(), name="heartbeat"),
+            asyncio.create_task(self._watch_pods(), name="watch-pods"),
+        }
+        stopping = asyncio.create_task(stop.wait(), name="stop")
+        try:
+            done, _ = await asyncio.wait({*tasks, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            for task in done - {stopping}:
+                task.result()  # a loop that ended on its own failed: let the error out
+        finally:
+            stopping.cancel()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self._stop_all(reason="Evicted", message="node agent shut down")
+            with contextlib.suppress(Exception):
+                await self._publish_nodes(ready=False)
+            log.info("node agent stopped")
+
+    # -- nodes ---------------------------------------------------------------------------
+    async def _heartbeat_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self._heartbeat_s)
+            try:
+                await self._publish_nodes(ready=True)
+            except Exception:  # NATS away for a moment: beat again later
+                log.warning("heartbeat failed", exc_info=True)
+
+    def _node_record(self, node: NodeConfig, *, ready: bool) -> NodeRecord:
+        trees = [pod.tree for pod in self._running.values() if pod.spec.node == node.name]
+        cpu_percent = sum(tree.cpu_percent() for tree in trees)
+        rss = sum(tree.rss_bytes() for tree in trees)
+        return NodeRecord(
+            name=node.name,
+            cpu_capacity=node.cpu_capacity,
+            memory_capacity_mb=node.memory_capacity_mb,
+            ready=ready,
+            cpu_load=min(1.0, cpu_percent / (node.cpu_capacity * 100.0)),
+            memory_load=min(1.0, rss / (node.memory_capacity_mb * MIB)),
+            heartbeat_unix=time.time(),
+        )
+
+    async def _publish_nodes(self, *, ready: bool) -> None:
+        nodes_bucket = self._kv.nodes
+        for node in self._nodes.values():
+            await nodes_bucket.put(node.name, self._node_record(node, ready=ready).to_json())
+
+    # -- pods ----------------------------------------------------------------------------
+    async def _watch_pods(self) -> None:
+        watcher = await self._kv.pods.watchall()
+        try:
+            async for entry in watcher:
+                if entry is None or not entry.value or entry.operation is not None:
+                    continue
+                try:
+                    record = PodRecord.from_json(entry.value)
+                except (ValueError, KeyError, TypeError):
+                    log.warning("ignoring malformed pod record %r", entry.key)
+                    continue
+                if record.spec.node in self._nodes:
+                    await self._reconcile(record, int(entry.revision or 0))
+        finally:
+            with contextlib.suppress(Exception):
+                await watcher.stop()  # type: ignore[no-untyped-call]
+
+    async def _reconcile(self, record: PodRecord, revision: int) -> None:
+        """Act on the latest record of one of our pods (idempotent: redeliveries are fine)."""
+        name = record.spec.name
+        running = self._running.get(name)
+        if running is not None:
+            if record.deletion_requested:
+                self._request_stop(running, reason="Deleted", message="pod deleted")
+            return
+        phase = record.status.phase
+        if name in self._claimed:
+            if record.terminal and record.deletion_requested:
+                await self._remove(name)
+            return
+        if phase == pb.POD_PENDING and not record.deletion_requested:
+            await self._start(record, revision)
+        elif phase == pb.POD_RUNNING:
+            await self._report_lost(name)
+        elif record.deletion_requested:
+            await self._remove(name)
+
+    async def _report_lost(self, name: str) -> None:
+        """A pod a previous incarnation of this agent was running: its process died with it."""
+        status = PodStatus(
+            pb.POD_FAILED,
+            0,
+            "NodeLost",
+            "the node agent restarted; the pod's process died with the previous one",
+        )
+
+        def lose(record: PodRecord) -> PodRecord | None:
+            if record.status.phase != pb.POD_RUNNING:
+                return None
+            return record.with_status(status)
+
+        record = await update_pod(self._kv.pods, name, lose)
+        log.warning("pod %s lost with the previous agent", name)
+        if record is not None and record.deletion_requested:
+            await self._remove(name)
+
+    async def _remove(self, name: str) -> None:
+        await self._kv.pods.delete(name)
+
+    async def _start(self, record: PodRecord, revision: int) -> None:
+        spec = record.spec
+        self._claimed.add(spec.name)
+        claim = record.with_status(PodStatus(pb.POD_RUNNING, 0, "", f"running on {spec.node}"))
+        try:
+            await self._kv.pods.update(spec.name, claim.to_json(), last=revision)
+        except APIError as error:
+            self._claimed.discard(spec.name)  # changed meanwhile: the watch brings the news
+            if is_wrong_last_sequence(error):
+                return
+            raise
+        try:
+            process = await self._spawn(spec)
+        except (OSError, ValueError) as error:
+            code = 127 if isinstance(error, FileNotFoundError) else 126
+            failed = PodStatus(pb.POD_FAILED, code, "StartError", str(error))
+            await self._set_status(spec.name, failed)
+            log.warning("pod %s could not start: %s", spec.name, error)
+            return
+        pod = RunningPod(spec=spec, process=process, tree=ProcessTree(pid=process.pid))
+        self._running[spec.name] = pod
+        cores = self._cores.pin(process.pid, spec.cpu)
+        log.info("pod %s started on %s: pid %d, cores %s", spec.name, spec.node, process.pid, cores)
+        pod.supervisor = asyncio.create_task(self._supervise(pod), name=f"pod-{spec.name}")
+
+    async def _spawn(self, spec: PodSpec) -> asyncio.subprocess.Process:
+        argv = runner_argv(spec.command)
+        env = {**os.environ, "MDQ_POD_NAME": spec.name, "MDQ_NODE_NAME": spec.node, **spec.env}
+        log_path = self._log_dir / f"{spec.name}.log"
+        with log_path.open("ab") as log_file:
+            return await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=asyncio.subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                preexec_fn=die_with_parent(),
+            )
+
+    async def _supervise(self, pod: RunningPod) -> None:
+        """Wait for the pod's process, killing it when its tree exceeds the memory limit."""
+        limit = pod.spec.memory_mb * MIB
+        exited = asyncio.create_task(pod.process.wait())
+        while not exited.done():
+            await asyncio.wait({exited}, timeout=self._memory_poll_s)
+            if exited.done() or pod.oom_rss_mb:
+                continue
+            rss = pod.tree.rss_bytes()
+            if rss > limit:
+                pod.oom_rss_mb = rss // MIB
+                signal_group(pod.process.pid, signal.SIGKILL)
+        returncode = exited.result()
+        signal_group(pod.process.pid, signal.SIGKILL)  # whatever it left behind in its group
+        if pod.killer is not None:
+            pod.killer.cancel()
+        status = final_status(
+            returncode,
+            oom_rss_mb=pod.oom_rss_mb,
+            memory_mb=pod.spec.memory_mb,
+            stop_reason=pod.stop_reason,
+            stop_message=pod.stop_message,
+        )
+        log.info("pod %s ended: %s %s", pod.spec.name, status.reason, status.message)
+        try:
+            record = await self._set_status(pod.spec.name, status)
+            if record is not None and record.deletion_requested:
+                await self._remove(pod.spec.name)
+        finally:
+            self._running.pop(pod.spec.name, None)
+
+    async def _set_status(self, name: str, status: PodStatus) -> PodRecord | None:
+        """Write a pod's status, retrying while NATS does not answer (a lost terminal status
+        would leave the pod RUNNING for ever)."""
+        for attempt in range(STATUS_WRITE_ATTEMPTS):
+            try:
+                return await update_pod(self._kv.pods, name, lambda r: r.with_status(status))
+            except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
+                log.warning("writing the status of %s timed out (try %d)", name, attempt + 1)
+                await asyncio.sleep(min(5.0, 0.2 * 2**attempt))
+        return await update_pod(self._kv.pods, name, lambda r: r.with_status(status))
+
+    def _request_stop(self, pod: RunningPod, *, reason: str, message: str) -> None:
+        """SIGTERM the pod's group now, SIGKILL after the grace period."""
+        if pod.stop_reason:
+            return
+        pod.stop_reason, pod.stop_message = reason, message
+        signal_group(pod.process.pid, signal.SIGTERM)
+        pod.killer = asyncio.create_task(self._kill_after_grace(pod))
+
+    async def _kill_after_grace(self, pod: RunningPod) -> None:
+        await asyncio.sleep(self._grace_s)
+        if pod.process.returncode is None:
+            log.warning("pod %s ignored SIGTERM for %.0f s: SIGKILL", pod.spec.name, self._grace_s)
+            signal_group(pod.process.pid, signal.SIGKILL)
+
+    async def _stop_all(self, *, reason: str, message: str) -> None:
+        pods = list(self._running.values())
+        for pod in pods:
+            self._request_stop(pod, reason=reason, message=message)
+        supervisors = [pod.supervisor for pod in pods if pod.supervisor is not None]
+        if supervisors:
+            await asyncio.wait(supervisors, timeout=self._grace_s + 5.0)

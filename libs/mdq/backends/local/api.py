@@ -1,0 +1,202 @@
+"""The local backend as seen by mdq's services: ``ClusterBackend`` over two JetStream KV buckets.
+
+Creating a pod writes its record (status POD_PENDING) into the pods bucket; the node agent of
+the pod's node (``python -m mdq.backends.local``) sees it, runs it as a subprocess and writes
+its status back. Deleting asks that agent to stop it. Watching pods is a KV watch; sampling
+nodes reads what the agents heartbeat into the nodes bucket. Nothing here runs processes, so
+any number of services on any machine that reaches the NATS server can share the backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.errors import APIError, KeyWrongLastSequenceError
+from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
+
+from mdq.backends.local.records import (
+    Buckets,
+    NodeRecord,
+    PodRecord,
+    ensure_buckets,
+    is_wrong_last_sequence,
+    read_pod,
+)
+from mdq.backends.port import NodeSample, PodExists, PodSpec, PodUpdate
+from mdq.bus.subjects import Subjects
+from mdq.contracts import pb
+
+log = logging.getLogger(__name__)
+
+DEFAULT_HEARTBEAT_TIMEOUT_S = 10.0
+
+
+def _is_removal(entry: KeyValue.Entry) -> bool:
+    return entry.operation in (KV_DEL, KV_PURGE) or not entry.value
+
+
+def node_sample(record: NodeRecord, *, now_unix: float, heartbeat_timeout_s: float) -> NodeSample:
+    """What a node record means now: a node whose agent stopped heartbeating is not ready."""
+    fresh = now_unix - record.heartbeat_unix <= heartbeat_timeout_s
+    return NodeSample(
+        name=record.name,
+        cpu_capacity=record.cpu_capacity,
+        memory_capacity_mb=record.memory_capacity_mb,
+        ready=record.ready and fresh,
+        cpu_load=record.cpu_load,
+        memory_load=record.memory_load,
+    )
+
+
+class _NodeTable:
+    """The nodes bucket mirrored in memory by one long-lived KV watch."""
+
+    def __init__(self, *, nodes: KeyValue) -> None:
+        self._bucket = nodes
+        self._records: dict[str, NodeRecord] = {}
+        self._synced = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def records(self) -> list[NodeRecord]:
+        if self._task is None or self._task.done():
+            if self._task is not None and not self._task.cancelled() and self._task.exception():
+                log.warning("node watch ended; restarting it", exc_info=self._task.exception())
+            self._records, self._synced = {}, asyncio.Event()
+            self._task = asyncio.create_task(self._follow(), name="local-backend-nodes")
+        synced = asyncio.create_task(self._synced.wait())
+        await asyncio.wait({synced, self._task}, return_when=asyncio.FIRST_COMPLETED)
+        if not synced.done():
+            synced.cancel()
+            self._task.result()  # the watch failed: raise its error
+        return [self._records[name] for name in sorted(self._records)]
+
+    async def _follow(self) -> None:
+        watcher = await self._bucket.watchall()
+        try:
+            async for entry in watcher:
+                if entry is None:
+                    self._synced.set()
+                elif _is_removal(entry):
+                    self._records.pop(entry.key, None)
+                else:
+                    try:
+                        self._records[entry.key] = NodeRecord.from_json(entry.key, entry.value)
+                    except (ValueError, KeyError, TypeError):
+                        log.warning("ignoring malformed node record %r", entry.key)
+        finally:
+            with contextlib.suppress(Exception):
+                await watcher.stop()  # type: ignore[no-untyped-call]
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+
+
+class LocalBackend:
+    """``ClusterBackend`` of the local execution backend (pods run by node agents)."""
+
+    def __init__(
+        self,
+        *,
+        nc: Client | JetStreamContext,
+        subjects: Subjects,
+        heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
+    ) -> None:
+        self._js = nc.jetstream() if isinstance(nc, Client) else nc
+        self._subjects = subjects
+        self._heartbeat_timeout_s = heartbeat_timeout_s
+        self._buckets: Buckets | None = None
+        self._opening = asyncio.Lock()
+        self._nodes: _NodeTable | None = None
+
+    async def buckets(self) -> Buckets:
+        """The pods and nodes buckets (created on first use)."""
+        async with self._opening:
+            if self._buckets is None:
+                self._buckets = await ensure_buckets(self._js, self._subjects)
+                self._nodes = _NodeTable(nodes=self._buckets.nodes)
+            return self._buckets
+
+    async def create_pod(self, pod: PodSpec) -> None:
+        pods = (await self.buckets()).pods
+        try:
+            await pods.create(pod.name, PodRecord(spec=pod).to_json())
+        except KeyWrongLastSequenceError:
+            raise PodExists(pod.name) from None
+
+    async def delete_pod(self, name: str) -> None:
+        """A running pod is marked for deletion (its agent stops it, then removes it); a pod
+        nobody runs (pending, or finished) is removed at once."""
+        pods = (await self.buckets()).pods
+        while True:
+            current = await read_pod(pods, name)
+            if current is None:
+                return
+            record, revision = current
+            try:
+                if record.status.phase == pb.POD_RUNNING:
+                    if record.deletion_requested:
+                        return
+                    marked = replace(record, deletion_requested=True)
+                    await pods.update(name, marked.to_json(), last=revision)
+                else:
+                    await pods.delete(name, last=revision)
+                return
+            except APIError as error:
+                if not is_wrong_last_sequence(error):
+                    raise
+
+    async def watch_pods(self) -> AsyncIterator[PodUpdate]:
+        """Every pod's current state, then every change of status, forever (removals of
+        deleted pods are not reported; their last status was)."""
+        pods = (await self.buckets()).pods
+        watcher = await pods.watchall()
+        last: dict[str, PodUpdate] = {}
+        try:
+            async for entry in watcher:
+                if entry is None:
+                    continue
+                if _is_removal(entry):
+                    last.pop(entry.key, None)
+                    continue
+                try:
+                    update = PodRecord.from_json(entry.value).to_update()
+                except (ValueError, KeyError, TypeError):
+                    log.warning("ignoring malformed pod record %r", entry.key)
+                    continue
+                if last.get(entry.key) != update:
+                    last[entry.key] = update
+                    yield update
+        finally:
+            with contextlib.suppress(Exception):
+                await watcher.stop()  # type: ignore[no-untyped-call]
+
+    async def get_pod(self, name: str) -> PodUpdate | None:
+        """The current state of one pod, or None if there is none."""
+        current = await read_pod((await self.buckets()).pods, name)
+        return None if current is None else current[0].to_update()
+
+    async def sample_nodes(self) -> list[NodeSample]:
+        await self.buckets()
+        assert self._nodes is not None
+        now = time.time()
+        return [
+            node_sample(record, now_unix=now, heartbeat_timeout_s=self._heartbeat_timeout_s)
+            for record in await self._nodes.records()
+        ]
+
+    async def close(self) -> None:
+        if self._nodes is not None:
+            await self._nodes.close()
+
+
+__all__ = ["LocalBackend", "node_sample"]

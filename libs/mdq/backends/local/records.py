@@ -1,0 +1,227 @@
+"""The local backend's "API server": two JetStream KV buckets and the JSON records in them.
+
+``<ns>_local_pods`` holds one record per pod (key = pod name): the PodSpec fields, the status
+the node agent observed, and whether deletion was requested. ``<ns>_local_nodes`` holds one
+record per node (key = node name): capacity, readiness, live load and the heartbeat time.
+Every process that talks to the local backend (placement, the watcher, metrics, the node
+agents) reads and writes these buckets, so they share one view and it survives restarts.
+
+Writers never clobber each other: a change is a read-modify-write with the revision it read
+(``update_pod``), retried when another writer got in first.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from nats.js import JetStreamContext
+from nats.js.api import KeyValueConfig, StorageType
+from nats.js.errors import (
+    APIError,
+    BadRequestError,
+    KeyDeletedError,
+    KeyNotFoundError,
+    KeyWrongLastSequenceError,
+)
+from nats.js.kv import KeyValue
+
+from mdq.backends.port import PodSpec, PodUpdate
+from mdq.bus.subjects import Subjects
+from mdq.contracts import pb
+
+TERMINAL_PHASES = frozenset({pb.POD_SUCCEEDED, pb.POD_FAILED})
+
+
+@dataclass(frozen=True, slots=True)
+class PodStatus:
+    """What the node agent last observed about a pod."""
+
+    phase: pb.PodPhase.ValueType = pb.POD_PENDING
+    exit_code: int = 0
+    reason: str = ""
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PodRecord:
+    """One pod as stored in the pods bucket."""
+
+    spec: PodSpec
+    status: PodStatus = field(default_factory=PodStatus)
+    deletion_requested: bool = False
+
+    @property
+    def terminal(self) -> bool:
+        return self.status.phase in TERMINAL_PHASES
+
+    def to_json(self) -> bytes:
+        spec = self.spec
+        document: dict[str, Any] = {
+            "name": spec.name,
+            "job_id": spec.job_id,
+            "attempt": spec.attempt,
+            "node": spec.node,
+            "cpu": spec.cpu,
+            "memory_mb": spec.memory_mb,
+            "priority_class": spec.priority_class,
+            "command": list(spec.command),
+            "env": dict(spec.env),
+            "status": {
+                "phase": int(self.status.phase),
+                "exit_code": self.status.exit_code,
+                "reason": self.status.reason,
+                "message": self.status.message,
+            },
+            "deletion_requested": self.deletion_requested,
+        }
+        return json.dumps(document, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> PodRecord:
+        document = json.loads(data)
+        status = document.get("status") or {}
+        spec = PodSpec(
+            name=str(document["name"]),
+            job_id=str(document["job_id"]),
+            attempt=int(document["attempt"]),
+            node=str(document["node"]),
+            cpu=float(document["cpu"]),
+            memory_mb=int(document["memory_mb"]),
+            priority_class=str(document.get("priority_class", "")),
+            command=tuple(str(arg) for arg in document["command"]),
+            env={str(k): str(v) for k, v in (document.get("env") or {}).items()},
+        )
+        return cls(
+            spec=spec,
+            status=PodStatus(
+                phase=pb.PodPhase.ValueType(int(status.get("phase", pb.POD_PENDING))),
+                exit_code=int(status.get("exit_code", 0)),
+                reason=str(status.get("reason", "")),
+                message=str(status.get("message", "")),
+            ),
+            deletion_requested=bool(document.get("deletion_requested", False)),
+        )
+
+    def with_status(self, status: PodStatus) -> PodRecord:
+        return replace(self, status=status)
+
+    def to_update(self) -> PodUpdate:
+        return PodUpdate(
+            pod_name=self.spec.name,
+            job_id=self.spec.job_id,
+            attempt=self.spec.attempt,
+            node=self.spec.node,
+            phase=self.status.phase,
+            exit_code=self.status.exit_code,
+            reason=self.status.reason,
+            message=self.status.message,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRecord:
+    """One node as stored in the nodes bucket (written by its agent every heartbeat)."""
+
+    name: str
+    cpu_capacity: float
+    memory_capacity_mb: int
+    ready: bool
+    cpu_load: float
+    memory_load: float
+    heartbeat_unix: float
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {
+                "cpu_capacity": self.cpu_capacity,
+                "memory_capacity_mb": self.memory_capacity_mb,
+                "ready": self.ready,
+                "cpu_load": self.cpu_load,
+                "memory_load": self.memory_load,
+                "heartbeat_unix": self.heartbeat_unix,
+            },
+            sort_keys=True,
+        ).encode()
+
+    @classmethod
+    def from_json(cls, name: str, data: bytes) -> NodeRecord:
+        document = json.loads(data)
+        return cls(
+            name=name,
+            cpu_capacity=float(document["cpu_capacity"]),
+            memory_capacity_mb=int(document["memory_capacity_mb"]),
+            ready=bool(document["ready"]),
+            cpu_load=float(document["cpu_load"]),
+            memory_load=float(document["memory_load"]),
+            heartbeat_unix=float(document["heartbeat_unix"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Buckets:
+    """The two buckets of a namespace."""
+
+    pods: KeyValue
+    nodes: KeyValue
+
+
+async def _bucket(js: JetStreamContext, name: str) -> KeyValue:
+    config = KeyValueConfig(bucket=name, history=1, storage=StorageType.FILE)
+    try:
+        return await js.create_key_value(config=config)
+    except BadRequestError:
+        # Created concurrently or with another config by an older version: use it as it is.
+        return await js.key_value(name)
+
+
+async def ensure_buckets(js: JetStreamContext, subjects: Subjects) -> Buckets:
+    """Create (idempotently) and open the pods and nodes buckets of ``subjects``' namespace."""
+    return Buckets(
+        pods=await _bucket(js, subjects.pods_bucket),
+        nodes=await _bucket(js, subjects.nodes_bucket),
+    )
+
+
+async def read_pod(pods: KeyValue, name: str) -> tuple[PodRecord, int] | None:
+    """The pod record and its revision, or None when there is no such pod."""
+    try:
+        entry = await pods.get(name)
+    except (KeyNotFoundError, KeyDeletedError):
+        return None
+    if not entry.value:
+        return None
+    return PodRecord.from_json(entry.value), int(entry.revision or 0)
+
+
+def is_wrong_last_sequence(error: APIError) -> bool:
+    """Whether a conditional write failed because another writer changed the key first."""
+    return isinstance(error, KeyWrongLastSequenceError) or error.err_code in (10071, 10164)
+
+
+PodChange = Callable[[PodRecord], PodRecord | None]
+"""Returns the new record, or None to leave the pod as it is."""
+
+
+async def update_pod(pods: KeyValue, name: str, change: PodChange) -> PodRecord | None:
+    """Apply ``change`` to the current record of ``name`` with optimistic concurrency.
+
+    Returns the record written, or None when the pod is gone or ``change`` declined.
+    """
+    while True:
+        current = await read_pod(pods, name)
+        if current is None:
+            return None
+        record, revision = current
+        new = change(record)
+        if new is None:
+            return None
+        try:
+            await pods.update(name, new.to_json(), last=revision)
+        except APIError as error:
+            if is_wrong_last_sequence(error):
+                continue
+            raise
+        return new

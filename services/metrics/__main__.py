@@ -1,0 +1,5 @@
+"""``python -m services.metrics``."""
+
+from services.metrics.app import main
+
+main()

@@ -1,0 +1,230 @@
+"""Composition root of the metrics service: wire NATS, the backend and the exporter, then run.
+
+Three loops share one ``Exporter``: sampling nodes (and publishing ``node_load``), folding the
+jobs log into job counts, following progress (the latest per job first, then live). The
+Prometheus HTTP server runs in its own thread and only reads the exporter's registry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from dataclasses import dataclass
+from threading import Thread
+from wsgiref.simple_server import WSGIServer
+
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.api import DeliverPolicy
+from prometheus_client import start_http_server
+
+from mdq.backends.factory import make_backend
+from mdq.backends.port import ClusterBackend, NodeSample
+from mdq.bus.connect import connect
+from mdq.bus.log import follow_log
+from mdq.bus.publisher import EventPublisher
+from mdq.bus.subjects import Subjects
+from mdq.contracts import pb
+from mdq.settings import CommonSettings
+from services.metrics.exporter import Exporter
+from services.metrics.folding import JobCounts, ProgressBoard
+from services.metrics.settings import MetricsSettings
+
+log = logging.getLogger("mdq.metrics")
+
+PRODUCER = "metrics"
+
+
+def node_load_event(publisher: EventPublisher, sample: NodeSample, *, time_ms: int) -> pb.Event:
+    """The ``node_load`` event of one sample (its id is unique per node and millisecond)."""
+    body = pb.NodeLoad(
+        node=sample.name,
+        cpu_load=sample.cpu_load,
+        memory_load=sample.memory_load,
+        cpu_capacity=sample.cpu_capacity,
+        memory_capacity_mb=sample.memory_capacity_mb,
+        ready=sample.ready,
+    )
+    return publisher.event(
+        "node_load", body, job_id="", attempt=0, detail=f"{sample.name}:{time_ms}"
+    )
+
+
+async def sample_nodes_once(
+    *, backend: ClusterBackend, publisher: EventPublisher, exporter: Exporter
+) -> list[NodeSample]:
+    """Sample every node, show it on /metrics and publish its load."""
+    samples = await backend.sample_nodes()
+    exporter.set_nodes(samples)
+    time_ms = int(time.time() * 1000)
+    await publisher.publish_all(node_load_event(publisher, s, time_ms=time_ms) for s in samples)
+    exporter.node_load_events.inc(len(samples))
+    return samples
+
+
+@dataclass
+class Followers:
+    """The jobs-log and progress bookkeeping, applied to the exporter as events arrive."""
+
+    exporter: Exporter
+    jobs: JobCounts
+    progress: ProgressBoard
+
+    async def on_job_event(self, sequence: int, event: pb.Event) -> None:
+        view = self.jobs.apply(sequence, event)
+        if view is None:
+            return
+        self.exporter.set_job_counts(self.jobs.counts)
+        if view.state.terminal and (shown := self.progress.forget(view.job_id)) is not None:
+            self.exporter.hide_progress(shown)
+
+    async def on_progress(self, _sequence: int, event: pb.Event) -> None:
+        if event.WhichOneof("body") != "progress":
+            return
+        self.exporter.progress_events.inc()
+        if self.jobs.is_finished(event.job_id):
+            return
+        replaced, entry = self.progress.apply(event)
+        if replaced is not None:
+            self.exporter.hide_progress(replaced)
+        if entry is not None:
+            self.exporter.show_progress(entry)
+
+
+async def _nothing() -> None:
+    return None
+
+
+class MetricsService:
+    """The running service; ``run`` until ``stop`` is set."""
+
+    def __init__(
+        self,
+        *,
+        js: JetStreamContext,
+        subjects: Subjects,
+        backend: ClusterBackend,
+        settings: MetricsSettings,
+        exporter: Exporter | None = None,
+    ) -> None:
+        self._js = js
+        self._subjects = subjects
+        self._backend = backend
+        self._settings = settings
+        self.exporter = exporter or Exporter()
+        self._publisher = EventPublisher(js=js, subjects=subjects, producer=PRODUCER)
+        self._followers = Followers(
+            exporter=self.exporter, jobs=JobCounts(), progress=ProgressBoard()
+        )
+        self._http: tuple[WSGIServer, Thread] | None = None
+
+    @property
+    def http_port(self) -> int:
+        """The port /metrics listens on (known once the service runs)."""
+        if self._http is None:
+            raise RuntimeError("the HTTP server is not started")
+        return int(self._http[0].server_port)
+
+    def start_http(self) -> int:
+        """Serve /metrics (in a thread); return the port."""
+        if self._http is None:
+            self._http = start_http_server(
+                self._settings.http_port,
+                addr=self._settings.http_host,
+                registry=self.exporter.registry,
+            )
+            log.info("serving /metrics on http://%s:%d", self._settings.http_host, self.http_port)
+        return self.http_port
+
+    def stop_http(self) -> None:
+        if self._http is not None:
+            server, thread = self._http
+            server.shutdown()
+            server.server_close()
+            thread.join(timeout=5)
+            self._http = None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        self.start_http()
+        loops = {
+            asyncio.create_task(self._sample_forever(), name="sample-nodes"),
+            asyncio.create_task(
+                follow_log(
+                    self._js,
+                    self._subjects.job_all("*"),
+                    on_event=self._followers.on_job_event,
+                    on_caught_up=_nothing,
+                ),
+                name="jobs-log",
+            ),
+            asyncio.create_task(
+                follow_log(
+                    self._js,
+                    self._subjects.progress("*"),
+                    on_event=self._followers.on_progress,
+                    on_caught_up=_nothing,
+                    deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+                ),
+                name="progress",
+            ),
+        }
+        stopping = asyncio.create_task(stop.wait())
+        try:
+            done, _ = await asyncio.wait({*loops, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            for task in done - {stopping}:
+                task.result()  # a loop that ended on its own failed
+        finally:
+            stopping.cancel()
+            for task in loops:
+                task.cancel()
+            await asyncio.gather(*loops, return_exceptions=True)
+            self.stop_http()
+
+    async def close(self) -> None:
+        """Release the backend (the NATS connection belongs to the caller)."""
+        self.stop_http()
+        with contextlib.suppress(Exception):
+            await self._backend.close()
+
+    async def _sample_forever(self) -> None:
+        while True:
+            started = time.monotonic()
+            try:
+                await sample_nodes_once(
+                    backend=self._backend, publisher=self._publisher, exporter=self.exporter
+                )
+            except Exception:  # NATS away for a moment: sample again next time
+                log.warning("sampling nodes failed", exc_info=True)
+            elapsed = time.monotonic() - started
+            await asyncio.sleep(max(0.0, self._settings.interval_s - elapsed))
+
+
+async def build(*, nc: Client, subjects: Subjects, settings: MetricsSettings) -> MetricsService:
+    """The service on this connection, with the backend the settings name."""
+    backend = await make_backend(kind=settings.backend, nc=nc, subjects=subjects)
+    return MetricsService(js=nc.jetstream(), subjects=subjects, backend=backend, settings=settings)
+
+
+async def serve(common: CommonSettings, settings: MetricsSettings) -> None:
+    """Connect, run until SIGTERM/SIGINT, close."""
+    nc = await connect(common.nats_url, name="mdq-metrics", subjects=common.subjects)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    service = await build(nc=nc, subjects=common.subjects, settings=settings)
+    try:
+        await service.run(stop)
+    finally:
+        await service.close()
+        await nc.drain()
+
+
+def main() -> None:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    asyncio.run(serve(CommonSettings(), MetricsSettings()))

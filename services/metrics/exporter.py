@@ -1,0 +1,94 @@
+"""The Prometheus metrics of mdq, in a registry of their own, and how events set them."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from mdq.backends.port import NodeSample
+from mdq.core.state import JobState
+from services.metrics.folding import JobProgress
+
+
+class Exporter:
+    """Gauges and counters served on /metrics."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        node = ["node"]
+        attempt = ["job", "attempt"]
+        self.node_cpu_load = Gauge(
+            "mdq_node_cpu_load_ratio", "CPU in use / capacity (0..1).", node, registry=self.registry
+        )
+        self.node_memory_load = Gauge(
+            "mdq_node_memory_load_ratio",
+            "Memory in use / capacity (0..1).",
+            node,
+            registry=self.registry,
+        )
+        self.node_ready = Gauge(
+            "mdq_node_ready", "1 if the node is ready for work.", node, registry=self.registry
+        )
+        self.node_cpu_capacity = Gauge(
+            "mdq_node_cpu_capacity_cores", "Allocatable CPU cores.", node, registry=self.registry
+        )
+        self.node_memory_capacity = Gauge(
+            "mdq_node_memory_capacity_mib", "Allocatable memory, MiB.", node, registry=self.registry
+        )
+        self.jobs = Gauge("mdq_jobs", "Jobs by state.", ["state"], registry=self.registry)
+        self.md_step = Gauge(
+            "md_step", "Latest MD step of a running job.", attempt, registry=self.registry
+        )
+        self.md_energy = Gauge(
+            "md_energy",
+            "Latest potential energy of a running job, kJ/mol.",
+            attempt,
+            registry=self.registry,
+        )
+        self.progress_events = Counter(
+            "mdq_progress_events", "Progress events received.", registry=self.registry
+        )
+        self.node_load_events = Counter(
+            "mdq_node_load_events", "node_load events published.", registry=self.registry
+        )
+        self._nodes: set[str] = set()
+        self.set_job_counts({})
+
+    def set_nodes(self, samples: Iterable[NodeSample]) -> None:
+        """Show these nodes (and no longer the ones missing from them)."""
+        seen: set[str] = set()
+        for sample in samples:
+            seen.add(sample.name)
+            self.node_cpu_load.labels(sample.name).set(sample.cpu_load)
+            self.node_memory_load.labels(sample.name).set(sample.memory_load)
+            self.node_ready.labels(sample.name).set(1 if sample.ready else 0)
+            self.node_cpu_capacity.labels(sample.name).set(sample.cpu_capacity)
+            self.node_memory_capacity.labels(sample.name).set(sample.memory_capacity_mb)
+        for gone in self._nodes - seen:
+            for gauge in (
+                self.node_cpu_load,
+                self.node_memory_load,
+                self.node_ready,
+                self.node_cpu_capacity,
+                self.node_memory_capacity,
+            ):
+                gauge.remove(gone)
+        self._nodes = seen
+
+    def set_job_counts(self, counts: Mapping[JobState, int]) -> None:
+        """Every state, zero included, so dashboards see a series for each."""
+        for state in JobState:
+            self.jobs.labels(state.value).set(counts.get(state, 0))
+
+    def show_progress(self, progress: JobProgress) -> None:
+        labels = (progress.job_id, str(progress.attempt))
+        self.md_step.labels(*labels).set(progress.step)
+        self.md_energy.labels(*labels).set(progress.potential_kj_mol)
+
+    def hide_progress(self, progress: JobProgress) -> None:
+        labels = (progress.job_id, str(progress.attempt))
+        for gauge in (self.md_step, self.md_energy):
+            with contextlib.suppress(KeyError):
+                gauge.remove(*labels)

@@ -1,0 +1,21 @@
+"""Settings of the metrics service, env prefix ``MDQ_METRICS_`` (bus from CommonSettings)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class MetricsSettings(BaseSettings):
+    """How often nodes are sampled, where /metrics is served, which backend to ask."""
+
+    model_config = SettingsConfigDict(env_prefix="MDQ_METRICS_", extra="ignore")
+
+    interval_s: float = Field(
+        default=2.0, gt=0, description="Seconds between node samples (and node_load events)."
+    )
+    http_port: int = Field(
+        default=9464, ge=0, le=65535, description="Port of /metrics; 0 picks a free one (logged)."
+    )
+    http_host: str = Field(default="0.0.0.0", description="Address /metrics listens on.")
+    backend: str = Field(default="local", description='Cluster backend kind: "local".')

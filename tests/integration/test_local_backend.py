@@ -1,0 +1,338 @@
+"""The local execution backend against real NATS, with its node agent as a real subprocess.
+
+Pods are tiny Python commands; the agent runs them, enforces their memory limit, stops them
+on deletion, dies with its runners on kill -9 and reports them NodeLost after a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import psutil
+import pytest
+from nats.aio.client import Client
+
+from mdq.backends.factory import UnknownBackend, make_backend
+from mdq.backends.local.api import LocalBackend
+from mdq.backends.local.launcher import start_agent
+from mdq.backends.port import NodeSample, PodExists, PodSpec, PodUpdate
+from mdq.bus.subjects import Subjects
+from mdq.contracts import pb
+
+NODES = ("n1", "n2")
+FAST = {
+    "heartbeat_s": "0.3",
+    "grace_s": "2",
+    "memory_poll_s": "0.2",
+    "cpu_per_node": "1",
+    "memory_mb_per_node": "2048",
+}
+
+T = TypeVar("T")
+
+
+class Agents:
+    """Node agent processes of one test (killed at the end whatever happens)."""
+
+    def __init__(self, *, nats_url: str, namespace: str, data_dir: Path) -> None:
+        self._nats_url, self._namespace, self.data_dir = nats_url, namespace, data_dir
+        self.processes: list[subprocess.Popen[bytes]] = []
+
+    def start(self, nodes: tuple[str, ...] = NODES) -> subprocess.Popen[bytes]:
+        process = start_agent(
+            nats_url=self._nats_url,
+            namespace=self._namespace,
+            data_dir=self.data_dir,
+            node_names=nodes,
+            settings=FAST,
+        )
+        self.processes.append(process)
+        return process
+
+    def log(self) -> str:
+        path = self.data_dir / "local-agent.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+
+@pytest.fixture
+def agents(nats_url: str, namespace: str, data_dir: Path) -> Iterator[Agents]:
+    launched = Agents(nats_url=nats_url, namespace=namespace, data_dir=data_dir)
+    yield launched
+    for process in launched.processes:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture
+async def backend(nc: Client, subjects: Subjects) -> AsyncIterator[LocalBackend]:
+    local = LocalBackend(nc=nc, subjects=subjects, heartbeat_timeout_s=1.5)
+    yield local
+    await local.close()
+
+
+async def eventually(
+    probe: Callable[[], Awaitable[T | None]], *, within: float = 15.0, what: str = ""
+) -> T:
+    """Poll ``probe`` until it returns something truthy."""
+    deadline = time.monotonic() + within
+    while True:
+        result = await probe()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or probe}")
+        await asyncio.sleep(0.1)
+
+
+def pod(name: str, code: str, *, node: str = "n1", memory_mb: int = 256) -> PodSpec:
+    return PodSpec(
+        name=name,
+        job_id=name.removeprefix("mdq-").rsplit("-", 1)[0],
+        attempt=int(name.rsplit("-", 1)[1]),
+        node=node,
+        cpu=1.0,
+        memory_mb=memory_mb,
+        priority_class="normal",
+        command=("python", "-c", code),
+        env={"MDQ_TEST_MARK": name},
+    )
+
+
+async def until_terminal(backend: LocalBackend, name: str, within: float = 15.0) -> PodUpdate:
+    async def probe() -> PodUpdate | None:
+        update = await backend.get_pod(name)
+        if update and update.phase in (pb.POD_SUCCEEDED, pb.POD_FAILED):
+            return update
+        return None
+
+    return await eventually(probe, within=within, what=f"{name} to end")
+
+
+async def until_phase(backend: LocalBackend, name: str, phase: int) -> PodUpdate:
+    async def probe() -> PodUpdate | None:
+        update = await backend.get_pod(name)
+        return update if update and update.phase == phase else None
+
+    return await eventually(probe, what=f"{name} in phase {pb.PodPhase.Name(phase)}")
+
+
+async def ready_nodes(backend: LocalBackend) -> list[NodeSample]:
+    async def probe() -> list[NodeSample] | None:
+        samples = await backend.sample_nodes()
+        return samples if [s.name for s in samples if s.ready] == list(NODES) else None
+
+    return await eventually(probe, what="the nodes to be ready")
+
+
+def is_dead(pid: int) -> bool:
+    """Whether ``pid`` is gone (or a zombie)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+async def dies(pid: int) -> bool:
+    async def probe() -> bool:
+        return is_dead(pid)
+
+    return await eventually(probe, within=5, what=f"process {pid} to die")
+
+
+async def test_pods_run_on_their_node_and_report_their_exit(
+    agents: Agents, backend: LocalBackend, data_dir: Path
+) -> None:
+    runs = data_dir / "runs.txt"
+    agents.start()
+    seen: list[PodUpdate] = []
+
+    async def watch() -> None:
+        async for update in backend.watch_pods():
+            seen.append(update)
+
+    watching = asyncio.create_task(watch())
+    ok = pod(
+        "mdq-job-ok-1",
+        "import os, time; time.sleep(0.5); "
+        f"open({str(runs)!r}, 'a').write(os.environ['MDQ_NODE_NAME'] + ' ' "
+        "+ os.environ['MDQ_TEST_MARK'] + chr(10))",
+        node="n2",
+    )
+    bad = pod("mdq-job-bad-1", "import sys; sys.exit(3)")
+    await backend.create_pod(ok)
+    await backend.create_pod(bad)
+    with pytest.raises(PodExists):
+        await backend.create_pod(ok)
+
+    done = await until_terminal(backend, ok.name)
+    assert (done.phase, done.reason, done.exit_code) == (pb.POD_SUCCEEDED, "Completed", 0)
+    assert (done.job_id, done.attempt, done.node) == ("job-ok", 1, "n2")
+    failed = await until_terminal(backend, bad.name)
+    assert (failed.phase, failed.reason, failed.exit_code) == (pb.POD_FAILED, "Error", 3)
+
+    await asyncio.sleep(0.5)  # room for a wrong second run to show up
+    assert runs.read_text() == "n2 mdq-job-ok-1\n"
+    assert (data_dir / "pods" / "mdq-job-ok-1.log").exists()
+    phases = [u.phase for u in seen if u.pod_name == ok.name]
+    assert phases == [pb.POD_PENDING, pb.POD_RUNNING, pb.POD_SUCCEEDED] or phases == [
+        pb.POD_RUNNING,
+        pb.POD_SUCCEEDED,
+    ], phases
+    watching.cancel()
+
+    # A watch started now reports the current state of every pod first.
+    current: dict[str, PodUpdate] = {}
+    async for update in backend.watch_pods():
+        current[update.pod_name] = update
+        if len(current) == 2:
+            break
+    assert current[ok.name].phase == pb.POD_SUCCEEDED
+    assert current[bad.name].phase == pb.POD_FAILED
+
+
+async def test_a_pod_above_its_memory_limit_is_oom_killed(
+    agents: Agents, backend: LocalBackend
+) -> None:
+    agents.start()
+    hog = pod(
+        "mdq-job-hog-1",
+        "import time; block = bytearray(b'x') * (400 * 1024 * 1024); time.sleep(30)",
+        memory_mb=96,
+    )
+    await backend.create_pod(hog)
+    ended = await until_terminal(backend, hog.name, within=20)
+    assert (ended.phase, ended.reason, ended.exit_code) == (pb.POD_FAILED, "OOMKilled", 137)
+    assert "96 MiB" in ended.message
+
+
+async def test_delete_pod_stops_a_running_pod(
+    agents: Agents, backend: LocalBackend, data_dir: Path
+) -> None:
+    pid_file = data_dir / "sleeper.pid"
+    agents.start()
+    sleeper = pod(
+        "mdq-job-sleep-1",
+        f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)",
+    )
+    await backend.create_pod(sleeper)
+    await until_phase(backend, sleeper.name, pb.POD_RUNNING)
+    pid = int(await eventually(_read_text(pid_file), what="the pod's pid"))
+
+    await backend.delete_pod(sleeper.name)
+    assert await dies(pid), "the deleted pod's process is still alive"
+    await eventually(_gone(backend, sleeper.name), what="the deleted pod to be removed")
+    await backend.delete_pod(sleeper.name)  # deleting again is a no-op
+    await backend.delete_pod("mdq-never-existed-1")
+
+
+async def test_kill_9_of_the_agent_kills_its_runners_and_restart_reports_node_lost(
+    agents: Agents, backend: LocalBackend, data_dir: Path
+) -> None:
+    runs = data_dir / "runs.txt"
+    pid_file = data_dir / "victim.pid"
+    agent = agents.start()
+    finished = pod("mdq-job-done-1", f"open({str(runs)!r}, 'a').write('done' + chr(10))", node="n2")
+    victim = pod(
+        "mdq-job-victim-1",
+        f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)",
+    )
+    await backend.create_pod(finished)
+    await backend.create_pod(victim)
+    await until_terminal(backend, finished.name)
+    await until_phase(backend, victim.name, pb.POD_RUNNING)
+    pid = int(await eventually(_read_text(pid_file), what="the victim's pid"))
+
+    agent.kill()
+    agent.wait()
+    assert await dies(pid), "a runner outlived its agent's kill -9"
+    assert (await backend.get_pod(victim.name)) is not None
+
+    agents.start()
+    lost = await until_terminal(backend, victim.name)
+    assert (lost.phase, lost.reason) == (pb.POD_FAILED, "NodeLost")
+    await ready_nodes(backend)
+    done = await backend.get_pod(finished.name)
+    assert done is not None and done.phase == pb.POD_SUCCEEDED
+    await asyncio.sleep(0.5)
+    assert runs.read_text() == "done\n", "the restarted agent ran a finished pod again"
+
+
+async def test_nodes_heartbeat_capacity_and_turn_not_ready_when_their_agent_dies(
+    agents: Agents, backend: LocalBackend
+) -> None:
+    agent = agents.start()
+    samples = await ready_nodes(backend)
+    capacities = [(s.name, s.cpu_capacity, s.memory_capacity_mb) for s in samples]
+    assert capacities == [("n1", 1.0, 2048), ("n2", 1.0, 2048)]
+    assert all(0 <= s.cpu_load <= 1 and 0 <= s.memory_load <= 1 for s in samples)
+
+    busy = pod(
+        "mdq-job-busy-1", "import time\nend = time.time() + 20\nwhile time.time() < end: pass"
+    )
+    await backend.create_pod(busy)
+
+    async def loaded() -> NodeSample | None:
+        n1 = next(s for s in await backend.sample_nodes() if s.name == "n1")
+        return n1 if n1.cpu_load > 0.2 else None
+
+    busy_node = await eventually(loaded, what="n1 to show the busy pod's CPU load")
+    assert busy_node.memory_load > 0
+
+    agent.kill()
+    agent.wait()
+
+    async def not_ready() -> list[NodeSample] | None:
+        samples = await backend.sample_nodes()
+        return samples if samples and not any(s.ready for s in samples) else None
+
+    gone = await eventually(not_ready, within=5, what="the nodes to turn not ready")
+    assert [s.name for s in gone] == list(NODES)
+
+
+async def test_sigterm_stops_the_agent_cleanly_and_evicts_its_pods(
+    agents: Agents, backend: LocalBackend
+) -> None:
+    agent = agents.start()
+    sleeper = pod("mdq-job-evict-1", "import time; time.sleep(60)")
+    await backend.create_pod(sleeper)
+    await until_phase(backend, sleeper.name, pb.POD_RUNNING)
+    agent.terminate()
+    assert agent.wait(timeout=10) == 0, agents.log()
+    evicted = await backend.get_pod(sleeper.name)
+    assert evicted is not None
+    assert (evicted.phase, evicted.reason) == (pb.POD_FAILED, "Evicted")
+    assert not any(s.ready for s in await backend.sample_nodes())
+
+
+async def test_the_factory_makes_the_local_backend_and_refuses_unknown_kinds(
+    nc: Client, subjects: Subjects
+) -> None:
+    local = await make_backend(kind="local", nc=nc, subjects=subjects)
+    assert isinstance(local, LocalBackend)
+    assert await local.sample_nodes() == []
+    await local.close()
+    with pytest.raises(UnknownBackend, match="kubernetes"):
+        await make_backend(kind="kubernetes", nc=nc, subjects=subjects)
+
+
+def _read_text(path: Path) -> Callable[[], Awaitable[str | None]]:
+    def read() -> str | None:
+        return path.read_text() if path.exists() else None
+
+    async def probe() -> str | None:
+        return await asyncio.to_thread(read)
+
+    return probe
+
+
+def _gone(backend: LocalBackend, name: str) -> Callable[[], Awaitable[bool]]:
+    async def probe() -> bool:
+        return await backend.get_pod(name) is None
+
+    return probe

@@ -1,0 +1,217 @@
+"""The metrics service against real NATS and a real node agent: node_load events, /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+from nats.aio.client import Client
+from nats.js.errors import NotFoundError
+
+from mdq.backends.local.launcher import start_agent
+from mdq.bus.codec import decode_event
+from mdq.bus.publisher import EventPublisher
+from mdq.bus.subjects import Subjects
+from mdq.contracts import pb
+from mdq.embedded import free_port
+from services.metrics.app import MetricsService, build
+from services.metrics.settings import MetricsSettings
+
+NODES = ("m1", "m2")
+T = TypeVar("T")
+
+
+async def eventually(
+    probe: Callable[[], Awaitable[T | None]], *, within: float = 15.0, what: str = ""
+) -> T:
+    deadline = time.monotonic() + within
+    while True:
+        result = await probe()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        return str(response.read().decode())
+
+
+def scrape_until(port: int, *needles: str) -> Callable[[], Awaitable[str | None]]:
+    async def probe() -> str | None:
+        text = await asyncio.to_thread(scrape, port)
+        return text if all(needle in text for needle in needles) else None
+
+    return probe
+
+
+@pytest.fixture
+def agent(nats_url: str, namespace: str, data_dir: Path) -> Iterator[subprocess.Popen[bytes]]:
+    process = start_agent(
+        nats_url=nats_url,
+        namespace=namespace,
+        data_dir=data_dir,
+        node_names=NODES,
+        settings={"heartbeat_s": "0.3", "cpu_per_node": "1.5", "memory_mb_per_node": "1024"},
+    )
+    yield process
+    process.kill()
+    process.wait()
+
+
+@pytest.fixture
+async def service(
+    nc: Client, subjects: Subjects, agent: subprocess.Popen[bytes]
+) -> AsyncIterator[MetricsService]:
+    settings = MetricsSettings(interval_s=0.3, http_port=0, http_host="127.0.0.1")
+    metrics = await build(nc=nc, subjects=subjects, settings=settings)
+    stop = asyncio.Event()
+    running = asyncio.create_task(metrics.run(stop))
+    await eventually(lambda: _port_of(metrics), what="the HTTP server")
+    yield metrics
+    stop.set()
+    await asyncio.wait_for(running, 10)
+    await metrics.close()
+
+
+async def _port_of(metrics: MetricsService) -> int | None:
+    try:
+        return metrics.http_port
+    except RuntimeError:
+        return None
+
+
+def last_node_load(
+    nc: Client, subjects: Subjects, node: str
+) -> Callable[[], Awaitable[pb.Event | None]]:
+    async def probe() -> pb.Event | None:
+        try:
+            message = await nc.jetstream().get_last_msg(
+                subjects.nodes_stream, subjects.node_load(node)
+            )
+        except NotFoundError:
+            return None
+        assert message.data is not None
+        return decode_event(message.data)
+
+    return probe
+
+
+async def test_publishes_node_load_and_serves_node_gauges(
+    service: MetricsService, nc: Client, subjects: Subjects
+) -> None:
+    for node in NODES:
+        event = await eventually(last_node_load(nc, subjects, node), what=f"{node}'s load")
+        assert event.producer == "metrics" and event.job_id == "" and event.attempt == 0
+        load = event.node_load
+        assert (load.node, load.cpu_capacity, load.memory_capacity_mb) == (node, 1.5, 1024)
+        assert load.ready and 0 <= load.cpu_load <= 1
+    first = await last_node_load(nc, subjects, NODES[0])()
+    await asyncio.sleep(0.5)
+    later = await last_node_load(nc, subjects, NODES[0])()
+    assert first is not None and later is not None and later.event_id != first.event_id
+    info = await nc.jetstream().stream_info(subjects.nodes_stream)
+    assert info.state.messages == len(NODES), "the nodes stream keeps only the latest per node"
+
+    text = await eventually(
+        scrape_until(service.http_port, 'mdq_node_cpu_load_ratio{node="m1"}'),
+        what="node gauges",
+    )
+    assert 'mdq_node_ready{node="m2"} 1.0' in text
+    assert 'mdq_node_memory_capacity_mib{node="m1"} 1024.0' in text
+
+
+async def test_serves_md_progress_and_job_counts(
+    nc: Client, subjects: Subjects, agent: subprocess.Popen[bytes]
+) -> None:
+    publisher = EventPublisher(js=nc.jetstream(), subjects=subjects, producer="test")
+    job = "abc123-water"
+    await publisher.emit(
+        "submitted",
+        pb.JobSubmitted(spec=pb.JobSpec(name="water", steps=1000), request_id="abc123"),
+        job_id=job,
+        attempt=0,
+    )
+    await publisher.emit(
+        "bound", pb.JobBound(node="m1", pod_name=f"mdq-{job}-1"), job_id=job, attempt=1
+    )
+    await publisher.emit("started", pb.JobStarted(node="m1"), job_id=job, attempt=1)
+    progress = pb.Progress(step=500, target_steps=1000, potential_kj_mol=-1234.5)
+    await publisher.emit("progress", progress, job_id=job, attempt=1, detail=500)
+
+    # Started after the events: the history is folded and the latest progress shown.
+    settings = MetricsSettings(interval_s=0.3, http_port=0, http_host="127.0.0.1")
+    metrics = await build(nc=nc, subjects=subjects, settings=settings)
+    stop = asyncio.Event()
+    running = asyncio.create_task(metrics.run(stop))
+    try:
+        port = await eventually(lambda: _port_of(metrics), what="the HTTP server")
+        text = await eventually(
+            scrape_until(port, f'md_step{{attempt="1",job="{job}"}} 500.0'), what="md_step"
+        )
+        assert f'md_energy{{attempt="1",job="{job}"}} -1234.5' in text
+        assert 'mdq_jobs{state="RUNNING"} 1.0' in text
+        assert 'mdq_jobs{state="SUCCEEDED"} 0.0' in text
+
+        progress = pb.Progress(step=1000, target_steps=1000, potential_kj_mol=-1240.0)
+        await publisher.emit("progress", progress, job_id=job, attempt=1, detail=1000)
+        text = await eventually(
+            scrape_until(port, f'md_step{{attempt="1",job="{job}"}} 1000.0'), what="live md_step"
+        )
+        assert "mdq_progress_events_total 2.0" in text
+
+        succeeded = pb.JobSucceeded(final_step=1000, reason="steps_reached")
+        await publisher.emit("succeeded", succeeded, job_id=job, attempt=1)
+        text = await eventually(
+            scrape_until(port, 'mdq_jobs{state="SUCCEEDED"} 1.0'), what="the job to succeed"
+        )
+        assert 'mdq_jobs{state="RUNNING"} 0.0' in text
+        assert f'job="{job}"' not in text, "a finished job's progress series stays"
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, 10)
+        await metrics.close()
+
+
+async def test_runs_as_a_process_and_stops_on_sigterm(
+    nats_url: str, namespace: str, nc: Client, subjects: Subjects, agent: subprocess.Popen[bytes]
+) -> None:
+    port = free_port()
+    env = dict(os.environ)
+    env.update(
+        NATS_URL=nats_url,
+        MDQ_NAMESPACE=namespace,
+        MDQ_METRICS_INTERVAL_S="0.3",
+        MDQ_METRICS_HTTP_PORT=str(port),
+        MDQ_METRICS_HTTP_HOST="127.0.0.1",
+    )
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "services.metrics",
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        await eventually(last_node_load(nc, subjects, "m2"), what="node_load from the process")
+        await eventually(scrape_until(port, "mdq_node_cpu_load_ratio"), what="/metrics")
+        process.send_signal(signal.SIGTERM)
+        output, _ = await asyncio.wait_for(process.communicate(), 10)
+        assert process.returncode == 0, output.decode(errors="replace")
+        assert f"serving /metrics on http://127.0.0.1:{port}" in output.decode()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
