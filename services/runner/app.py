@@ -1,0 +1,136 @@
+"""Entry point of the runner: read the task, connect, run it, exit with a meaningful code.
+
+The composition root: the task comes from the environment (``RunnerTask.from_env``), the bus
+from ``CommonSettings``, the runner's own knobs from ``RunnerSettings``. SIGTERM (and SIGINT)
+only set a flag; the running task checkpoints at its next chunk boundary and returns PREEMPTED.
+Every failure is mapped to a :class:`RunnerExit` so recovery can tell a crash from bad input,
+a blown-up simulation or an out-of-memory kill.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Mapping
+
+from google.protobuf.json_format import ParseError
+
+from mdq.bus.connect import connect
+from mdq.bus.publisher import EventPublisher
+from mdq.core.exit_codes import RunnerExit
+from mdq.core.runner_task import RunnerTask
+from mdq.settings import CommonSettings
+from services.runner.errors import RunnerError
+from services.runner.md import TASKS, RunContext
+from services.runner.metrics import RunnerMetrics
+from services.runner.outbox import Outbox
+from services.runner.settings import RunnerSettings
+from services.runner.system import is_nan_error
+
+log = logging.getLogger("mdq.runner")
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+CLOSE_TIMEOUT_S = 10.0
+
+
+def configure_logging(task: RunnerTask | None = None) -> None:
+    """One line per record on stderr, tagged with the job and attempt."""
+    tag = f"{task.job_id}#{task.attempt}" if task else "-"
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.INFO,
+        format=f"%(asctime)s %(levelname)s runner[{tag}] %(name)s: %(message)s",
+        force=True,
+    )
+
+
+def exit_code_for(error: BaseException) -> RunnerExit:
+    """The exit code that tells recovery what kind of failure ``error`` is."""
+    if isinstance(error, RunnerError):
+        return error.exit_code
+    if isinstance(error, MemoryError) or "bad_alloc" in str(error):
+        return RunnerExit.OUT_OF_MEMORY
+    if is_nan_error(error):
+        return RunnerExit.UNSTABLE
+    return RunnerExit.CRASHED
+
+
+async def run(task: RunnerTask, *, common: CommonSettings, settings: RunnerSettings) -> RunnerExit:
+    """Run one attempt; return its exit code (never raises for a failure of the task)."""
+    loop = asyncio.get_running_loop()
+    stop = threading.Event()
+
+    def request_stop(signum: signal.Signals) -> None:
+        log.info("%s received: checkpointing and stopping", signum.name)
+        stop.set()
+
+    for signum in STOP_SIGNALS:
+        loop.add_signal_handler(signum, request_stop, signum)
+    task.job_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        client = await connect(common.nats_url, name=f"runner-{task.job_id}-{task.attempt}")
+    except BaseException:
+        for signum in STOP_SIGNALS:
+            loop.remove_signal_handler(signum)
+        raise
+    publisher = EventPublisher(js=client.jetstream(), subjects=common.subjects, producer="runner")
+    outbox = Outbox(
+        publisher=publisher,
+        job_id=task.job_id,
+        attempt=task.attempt,
+        attempts_per_important_event=settings.publish_attempts,
+    )
+    metrics = RunnerMetrics(job_id=task.job_id, attempt=task.attempt)
+    context = RunContext(task=task, settings=settings, outbox=outbox, metrics=metrics, stop=stop)
+    try:
+        if settings.metrics_port > 0:
+            metrics.serve(port=settings.metrics_port)
+        runner = TASKS.get(task.spec.task)
+        if runner is None:
+            log.error("INVALID_INPUT: unknown task %d", task.spec.task)
+            code = RunnerExit.INVALID_INPUT
+        else:
+            code = await runner(context)
+    except (Exception, MemoryError) as error:
+        code = exit_code_for(error)
+        if isinstance(error, RunnerError):
+            log.error("%s: %s", code.name, error)
+        else:
+            log.exception("%s: %s", code.name, error)
+        await outbox.flush(timeout_s=min(settings.flush_timeout_s, CLOSE_TIMEOUT_S))
+    finally:
+        for signum in STOP_SIGNALS:
+            loop.remove_signal_handler(signum)
+        metrics.close()
+        try:
+            await asyncio.wait_for(client.drain(), timeout=CLOSE_TIMEOUT_S)
+        except Exception as error:  # the outcome stands even if the goodbye fails
+            log.warning("closing the NATS connection failed: %r", error)
+    if outbox.failed:
+        log.warning("%d events could not be published", outbox.failed)
+    log.info("exiting with %s (%d)", code.name, int(code))
+    return code
+
+
+def main(environ: Mapping[str, str] | None = None) -> int:
+    """Run the attempt described by ``environ`` (default: the process environment)."""
+    env = os.environ if environ is None else environ
+    configure_logging()
+    try:
+        task = RunnerTask.from_env(env)
+    except (KeyError, ValueError, ParseError) as error:
+        log.error("INVALID_INPUT: the runner's environment does not describe a task: %r", error)
+        return RunnerExit.INVALID_INPUT
+    configure_logging(task)
+    try:
+        return asyncio.run(run(task, common=CommonSettings(), settings=RunnerSettings()))
+    except MemoryError:
+        log.error("OUT_OF_MEMORY before the task could start")
+        return RunnerExit.OUT_OF_MEMORY
+    except Exception:
+        log.exception("CRASHED before the task could start")
+        return RunnerExit.CRASHED

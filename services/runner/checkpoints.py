@@ -1,0 +1,212 @@
+"""Checkpoint files: written atomically, verified by sha256, the previous one always kept.
+
+A checkpoint is ``checkpoints/ckpt-<step:012d>.xml`` (a portable OpenMM State XML: positions,
+velocities, box, time) plus a sidecar ``ckpt-<step:012d>.json`` with its step, sha256, size and
+time. Both are written to a temporary file, fsynced, renamed into place and the folder fsynced,
+so a crash leaves either the old file or the new one, never a torn one under the real name. The
+sha256 is read back from the renamed file: what is announced is what is on disk.
+
+The newest checkpoint and the one before it are kept (older ones are deleted), so a checkpoint
+that turns out to be bad still leaves a good one to fall back to (DESIGN invariant 5).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import openmm
+import openmm.unit as unit
+
+from mdq.contracts import pb
+from services.runner.system import parse_state
+
+log = logging.getLogger(__name__)
+
+_CHECKPOINT_NAME = re.compile(r"^ckpt-(\d{12})\.xml$")
+_TEMP_PREFIX = ".tmp-"
+HASH_CHUNK_BYTES = 1 << 20
+
+
+def checkpoint_name(step: int) -> str:
+    """File name of the checkpoint of ``step``."""
+    return f"ckpt-{step:012d}.xml"
+
+
+def step_of(path: Path) -> int | None:
+    """The step in a checkpoint file name, or None if it is not a checkpoint's name."""
+    match = _CHECKPOINT_NAME.match(path.name)
+    return int(match.group(1)) if match else None
+
+
+def sha256_of(path: Path) -> str:
+    """sha256 of a file's bytes, hex."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(HASH_CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _fsync_dir(directory: Path) -> None:
+    descriptor = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that a crash leaves the old content or the new, whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(f"{_TEMP_PREFIX}{path.name}.{os.getpid()}")
+    descriptor = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            written = os.write(descriptor, view)
+            view = view[written:]
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+    os.replace(temp, path)
+    _fsync_dir(path.parent)
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointFile:
+    """A checkpoint on disk, as announced in a checkpoint event."""
+
+    step: int
+    path: Path
+    sha256: str
+    size_bytes: int
+    time_ps: float
+
+    def to_pb(self) -> pb.Checkpoint:
+        return pb.Checkpoint(
+            step=self.step,
+            path=str(self.path),
+            sha256=self.sha256,
+            size_bytes=self.size_bytes,
+            time_ps=self.time_ps,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedCheckpoint:
+    """A verified checkpoint and its parsed state."""
+
+    file: CheckpointFile
+    state: openmm.State
+
+
+class CheckpointStore:
+    """The checkpoint folder of one job."""
+
+    def __init__(self, *, directory: Path) -> None:
+        self._directory = directory
+
+    @property
+    def directory(self) -> Path:
+        return self._directory
+
+    def remove_temporaries(self) -> None:
+        """Delete temporary files a killed writer left behind (never a real checkpoint)."""
+        if not self._directory.is_dir():
+            return
+        for path in self._directory.glob(f"{_TEMP_PREFIX}*"):
+            path.unlink(missing_ok=True)
+
+    def write(self, *, state_xml: str, step: int, time_ps: float) -> CheckpointFile:
+        """Write the checkpoint of ``step`` and its sidecar; prune older checkpoints."""
+        path = self._directory / checkpoint_name(step)
+        write_atomically(path, state_xml.encode())
+        checkpoint = CheckpointFile(
+            step=step,
+            path=path,
+            sha256=sha256_of(path),
+            size_bytes=path.stat().st_size,
+            time_ps=time_ps,
+        )
+        sidecar = {
+            "step": step,
+            "sha256": checkpoint.sha256,
+            "size_bytes": checkpoint.size_bytes,
+            "time_ps": time_ps,
+        }
+        write_atomically(path.with_suffix(".json"), json.dumps(sidecar).encode())
+        self._prune(keep_step=step)
+        return checkpoint
+
+    def steps(self) -> list[int]:
+        """Steps of the checkpoint files present, ascending."""
+        if not self._directory.is_dir():
+            return []
+        found = (step_of(path) for path in self._directory.iterdir())
+        return sorted(step for step in found if step is not None)
+
+    def _prune(self, *, keep_step: int) -> None:
+        """Keep ``keep_step`` and the newest checkpoint before it; delete older ones. Later
+        ones (left by an attempt that got further) are kept: they are overwritten in time."""
+        older = [step for step in self.steps() if step < keep_step]
+        for step in older[:-1]:
+            path = self._directory / checkpoint_name(step)
+            path.unlink(missing_ok=True)
+            path.with_suffix(".json").unlink(missing_ok=True)
+
+    def load(self, announced: pb.Checkpoint) -> LoadedCheckpoint | None:
+        """The checkpoint to resume from: ``announced`` if its sha256 matches and it parses,
+        else the newest good checkpoint in the folder with a lower step, else None."""
+        path = Path(announced.path)
+        if not path.is_file():
+            path = self._directory / path.name
+        try:
+            return self._verify(path, step=announced.step, sha256=announced.sha256)
+        except (OSError, ValueError) as error:
+            log.warning(
+                "checkpoint %s (step %d) is unusable: %s; looking for an earlier one",
+                path,
+                announced.step,
+                error,
+            )
+        for step in reversed(self.steps()):
+            if step >= announced.step:
+                continue
+            candidate = self._directory / checkpoint_name(step)
+            try:
+                loaded = self._verify(candidate, step=step, sha256=None)
+            except (OSError, ValueError) as error:
+                log.warning("checkpoint %s is unusable too: %s", candidate, error)
+                continue
+            log.warning("falling back to checkpoint %s (step %d)", candidate, step)
+            return loaded
+        log.warning("no usable checkpoint before step %d in %s", announced.step, self._directory)
+        return None
+
+    def _verify(self, path: Path, *, step: int, sha256: str | None) -> LoadedCheckpoint:
+        """Read and check one checkpoint against ``sha256`` (or its sidecar's when None)."""
+        data = path.read_bytes()
+        actual = hashlib.sha256(data).hexdigest()
+        if sha256 is None:
+            sidecar = path.with_suffix(".json")
+            if sidecar.is_file():
+                document = json.loads(sidecar.read_text())
+                if isinstance(document, dict):
+                    sha256 = str(document.get("sha256") or "")
+        if sha256 and actual != sha256:
+            raise ValueError(f"sha256 is {actual}, expected {sha256}")
+        state = parse_state(data.decode(errors="replace"))
+        checkpoint = CheckpointFile(
+            step=step,
+            path=path,
+            sha256=actual,
+            size_bytes=len(data),
+            time_ps=float(state.getTime().value_in_unit(unit.picosecond)),
+        )
+        return LoadedCheckpoint(file=checkpoint, state=state)

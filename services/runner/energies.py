@@ -1,0 +1,89 @@
+"""The energy table of a job: ``job_dir/energies.csv``, one row per progress report.
+
+Columns: step, time_ps, potential_kj_mol, kinetic_kj_mol, temperature_k. An attempt that
+resumes from a checkpoint first drops the rows after the checkpoint's step (work the failed
+attempt did that is being redone), so the table describes one trajectory.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import astuple, fields
+from pathlib import Path
+from types import TracebackType
+from typing import TextIO
+
+from services.runner.checkpoints import write_atomically
+from services.runner.system import EnergySample
+
+FILE_NAME = "energies.csv"
+COLUMNS = tuple(field.name for field in fields(EnergySample))
+
+
+class EnergyLog:
+    """Appends samples to the energy table of one attempt."""
+
+    def __init__(self, *, path: Path, keep_through_step: int | None) -> None:
+        """Open the table; keep the rows up to ``keep_through_step`` (None: start empty)."""
+        self._path = path
+        kept = (
+            []
+            if keep_through_step is None
+            else read_samples(path, through=keep_through_step, skip_malformed=True)
+        )
+        buffer = io.StringIO()
+        writer = csv.writer(buffer)
+        writer.writerow(COLUMNS)
+        writer.writerows(astuple(sample) for sample in kept)
+        write_atomically(path, buffer.getvalue().encode())
+        self._handle: TextIO = path.open("a", newline="")
+        self._writer = csv.writer(self._handle)
+
+    def append(self, sample: EnergySample) -> None:
+        self._writer.writerow(astuple(sample))
+        self._handle.flush()
+
+    def close(self) -> None:
+        self._handle.close()
+
+    def __enter__(self) -> EnergyLog:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def read_samples(
+    path: Path, *, through: int | None = None, skip_malformed: bool = False
+) -> list[EnergySample]:
+    """The rows of an energy table (up to step ``through``); [] if there is no table.
+
+    A malformed row (e.g. the torn last line of a killed attempt) is skipped with
+    ``skip_malformed``, else it raises ValueError.
+    """
+    if not path.is_file():
+        return []
+    samples: list[EnergySample] = []
+    with path.open(newline="") as handle:
+        for row in csv.DictReader(handle):
+            try:
+                sample = EnergySample(
+                    step=int(row["step"]),
+                    time_ps=float(row["time_ps"]),
+                    potential_kj_mol=float(row["potential_kj_mol"]),
+                    kinetic_kj_mol=float(row["kinetic_kj_mol"]),
+                    temperature_k=float(row["temperature_k"]),
+                )
+            except (KeyError, TypeError, ValueError) as error:
+                if skip_malformed:
+                    continue
+                raise ValueError(f"{path}: malformed row {row}: {error}") from None
+            if through is None or sample.step <= through:
+                samples.append(sample)
+    return samples

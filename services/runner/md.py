@@ -1,0 +1,372 @@
+"""The three tasks of a runner: MD, minimisation and analysis, each returning its exit code.
+
+MD integrates in chunks that end on report and checkpoint boundaries (and are at most
+``max_chunk_steps`` long); each chunk runs in a worker thread so the event loop keeps
+publishing. Between chunks the loop reports, checks stability and convergence, checkpoints,
+and honours a stop request (SIGTERM) by checkpointing at once and exiting PREEMPTED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import openmm
+
+from mdq.contracts import pb
+from mdq.core.convergence import ConvergenceTracker, done_reason
+from mdq.core.exit_codes import RunnerExit
+from mdq.core.runner_task import RunnerTask
+from services.runner.analysis import FILE_NAME as ANALYSIS_FILE
+from services.runner.analysis import analyze
+from services.runner.checkpoints import CheckpointFile, CheckpointStore, write_atomically
+from services.runner.energies import FILE_NAME as ENERGIES_FILE
+from services.runner.energies import EnergyLog
+from services.runner.errors import UnstableError
+from services.runner.metrics import RunnerMetrics
+from services.runner.outbox import Outbox
+from services.runner.settings import RunnerSettings
+from services.runner.system import (
+    EnergySample,
+    MdSystem,
+    build_system,
+    check_stable,
+    is_nan_error,
+    read_state,
+)
+
+log = logging.getLogger(__name__)
+
+FINAL_STATE_FILE = "final_state.xml"
+CHECKPOINT_DIR = "checkpoints"
+MINIMIZER_TOLERANCE_KJ_MOL_NM = 10.0
+SECONDS_PER_DAY = 86_400.0
+
+
+@dataclass(slots=True)
+class RunContext:
+    """Everything a task needs: what to do, how, and where to tell about it."""
+
+    task: RunnerTask
+    settings: RunnerSettings
+    outbox: Outbox
+    metrics: RunnerMetrics
+    stop: threading.Event = field(default_factory=threading.Event)
+    """Set on SIGTERM: checkpoint at the next chunk boundary and exit PREEMPTED."""
+
+    @property
+    def spec(self) -> pb.JobSpec:
+        return self.task.spec
+
+    async def flush(self) -> None:
+        await self.outbox.flush(timeout_s=self.settings.flush_timeout_s)
+
+
+@dataclass(frozen=True, slots=True)
+class Speedometer:
+    """Speed of this attempt since it started stepping: ns/day and time to the target."""
+
+    start_step: int
+    started: float
+    timestep_ps: float
+
+    def rates(self, *, step: int, target_steps: int) -> tuple[float, float]:
+        elapsed = time.monotonic() - self.started
+        steps = step - self.start_step
+        if elapsed <= 0 or steps <= 0:
+            return 0.0, 0.0
+        steps_per_s = steps / elapsed
+        ns_per_day = steps_per_s * self.timestep_ps / 1000.0 * SECONDS_PER_DAY
+        return ns_per_day, max(0, target_steps - step) / steps_per_s
+
+
+def next_chunk(*, step: int, target: int, boundaries: tuple[int, ...], max_steps: int) -> int:
+    """Steps to run from ``step`` so the chunk ends on the next multiple of any of
+    ``boundaries`` (report, checkpoint intervals), at ``target`` at the latest."""
+    ends = [target, step + max_steps]
+    ends.extend((step // every + 1) * every for every in boundaries if every > 0)
+    return max(1, min(ends) - step)
+
+
+def _report(
+    run: RunContext,
+    energies: EnergyLog,
+    sample: EnergySample,
+    *,
+    speed: Speedometer | None,
+    reason: str = "",
+) -> None:
+    """Record one progress report: energy table, metrics, progress event."""
+    energies.append(sample)
+    run.metrics.observe(sample)
+    ns_per_day, eta_s = (
+        (0.0, 0.0) if speed is None else speed.rates(step=sample.step, target_steps=run.spec.steps)
+    )
+    run.outbox.progress(
+        pb.Progress(
+            step=sample.step,
+            target_steps=run.spec.steps,
+            time_ps=sample.time_ps,
+            potential_kj_mol=sample.potential_kj_mol,
+            kinetic_kj_mol=sample.kinetic_kj_mol,
+            temperature_k=sample.temperature_k,
+            ns_per_day=ns_per_day,
+            eta_s=eta_s,
+            done_reason=reason,
+        )
+    )
+
+
+async def _checkpoint(run: RunContext, md: MdSystem, store: CheckpointStore, step: int) -> None:
+    """Write the checkpoint of the current state, announce it, wait for what is in flight."""
+    xml, time_ps = md.snapshot()
+    checkpoint: CheckpointFile = await asyncio.to_thread(
+        store.write, state_xml=xml, step=step, time_ps=time_ps
+    )
+    run.outbox.checkpoint(checkpoint.to_pb())
+    log.info(
+        "checkpoint at step %d: %s (%d bytes, sha256 %s)",
+        step,
+        checkpoint.path,
+        checkpoint.size_bytes,
+        checkpoint.sha256[:12],
+    )
+    await run.flush()
+
+
+async def _write_final_state(run: RunContext, md: MdSystem) -> None:
+    xml, _ = md.snapshot()
+    path = run.task.job_dir / FINAL_STATE_FILE
+    await asyncio.to_thread(write_atomically, path, xml.encode())
+
+
+def _prepare_md(run: RunContext, md: MdSystem, store: CheckpointStore) -> int | None:
+    """Put the start state into the context; return the resumed step, None for a new run."""
+    task, spec = run.task, run.spec
+    if task.resume_from is not None:
+        loaded = store.load(task.resume_from)
+        if loaded is not None:
+            md.restore(loaded.state, step=loaded.file.step)
+            log.info("resuming from %s at step %d", loaded.file.path, loaded.file.step)
+            return loaded.file.step
+        log.warning("no usable checkpoint to resume from: starting over from step 0")
+    if task.input_dirs:
+        structure = task.input_dirs[0] / FINAL_STATE_FILE
+        if structure.is_file():
+            md.start_from_structure(
+                read_state(structure), temperature_k=spec.temperature_k, seed=spec.seed
+            )
+            log.info("starting from %s", structure)
+            return None
+        log.info("%s does not exist: starting from a fresh box", structure)
+    md.start_fresh(
+        minimize_iterations=run.settings.warmup_minimize_iterations,
+        temperature_k=spec.temperature_k,
+        seed=spec.seed,
+    )
+    return None
+
+
+async def run_md(run: RunContext) -> RunnerExit:
+    """Integrate to the step target or convergence; checkpoint on the way."""
+    spec = run.spec
+    md = await asyncio.to_thread(build_system, spec, threads=run.task.threads)
+    store = CheckpointStore(directory=run.task.job_dir / CHECKPOINT_DIR)
+    store.remove_temporaries()
+    resumed_step = await asyncio.to_thread(_prepare_md, run, md, store)
+    last_checkpoint = resumed_step
+    target = spec.steps
+    boundaries = (spec.report_interval_steps, spec.checkpoint_interval_steps)
+    tracker = ConvergenceTracker(
+        tolerance=spec.convergence.tolerance_kj_mol, reports=spec.convergence.reports
+    )
+    speed = Speedometer(start_step=md.step, started=time.monotonic(), timestep_ps=md.timestep_ps)
+    absurd = run.settings.absurd_energy_per_atom_kj_mol
+    with EnergyLog(
+        path=run.task.job_dir / ENERGIES_FILE, keep_through_step=resumed_step
+    ) as energies:
+        while True:
+            step = md.step
+            if run.stop.is_set():
+                if step != last_checkpoint:
+                    await _checkpoint(run, md, store, step)
+                await run.flush()
+                log.info("stopped on request at step %d", step)
+                return RunnerExit.PREEMPTED
+            if step < target:
+                chunk = next_chunk(
+                    step=step,
+                    target=target,
+                    boundaries=boundaries,
+                    max_steps=run.settings.max_chunk_steps,
+                )
+                try:
+                    await asyncio.to_thread(md.simulation.step, chunk)
+                except openmm.OpenMMException as error:
+                    if is_nan_error(error):
+                        message = f"simulation blew up after step {step}: {error}"
+                        raise UnstableError(message) from None
+                    raise
+                step = md.step
+            if step % spec.report_interval_steps == 0 or step >= target:
+                sample = md.sample()
+                check_stable(sample, atoms=md.atoms, absurd_per_atom=absurd)
+                reason = done_reason(
+                    step=step,
+                    target_steps=target,
+                    converged=tracker.observe(sample.potential_kj_mol),
+                )
+                if reason:
+                    await _write_final_state(run, md)
+                    _report(run, energies, sample, speed=speed, reason=reason)
+                    await run.flush()
+                    log.info("finished at step %d: %s", step, reason)
+                    return RunnerExit.OK
+                _report(run, energies, sample, speed=speed)
+            if step % spec.checkpoint_interval_steps == 0 and step != last_checkpoint:
+                await _checkpoint(run, md, store, step)
+                last_checkpoint = step
+
+
+class _MinimizationProgress(openmm.MinimizationReporter):  # type: ignore[misc]
+    """Counts minimiser iterations, hands every report-interval one to the event loop, and
+    asks the minimiser to stop on a stop request.
+
+    With constraints OpenMM minimises in rounds of growing restraint strength and applies
+    ``maxIterations`` to each round, so the total can exceed the spec's step target; stopping
+    a round early leaves the constraints unsatisfied, so the count is reported as it is rather
+    than cut at the target. A report is handed over one iteration late, so the last iteration
+    is never reported twice (the final report, with its done_reason, covers it).
+    """
+
+    def __init__(
+        self,
+        *,
+        loop: asyncio.AbstractEventLoop,
+        on_report: Any,
+        first_iteration: int,
+        interval: int,
+        stop: threading.Event,
+    ) -> None:
+        super().__init__()
+        self._loop = loop
+        self._on_report = on_report
+        self._first = first_iteration
+        self._interval = interval
+        self._stop = stop
+        self._pending: tuple[int, float] | None = None
+        self.iterations = 0
+
+    def report(self, iteration: int, x: Any, grad: Any, args: Any) -> bool:
+        self.iterations += 1
+        if self._pending is not None:
+            self._loop.call_soon_threadsafe(self._on_report, *self._pending)
+            self._pending = None
+        done = self._first + self.iterations
+        if done % self._interval == 0:
+            self._pending = (done, float(args["system energy"]))
+        return self._stop.is_set()
+
+
+def _minimizer_sample(md: MdSystem, *, iteration: int) -> EnergySample:
+    """The potential energy after ``iteration`` minimiser iterations (no dynamics: kinetic
+    energy and temperature are 0)."""
+    sample = md.sample(step=iteration)
+    return EnergySample(
+        step=iteration,
+        time_ps=0.0,
+        potential_kj_mol=sample.potential_kj_mol,
+        kinetic_kj_mol=0.0,
+        temperature_k=0.0,
+    )
+
+
+async def run_minimize(run: RunContext) -> RunnerExit:
+    """Minimise for at most ``spec.steps`` iterations; write the minimised structure."""
+    spec = run.spec
+    md = await asyncio.to_thread(
+        build_system, spec, threads=run.task.threads, integrator=openmm.VerletIntegrator(0.001)
+    )
+    store = CheckpointStore(directory=run.task.job_dir / CHECKPOINT_DIR)
+    store.remove_temporaries()
+    first = 0
+    if run.task.resume_from is not None:
+        loaded = await asyncio.to_thread(store.load, run.task.resume_from)
+        if loaded is not None:
+            md.restore(loaded.state, step=loaded.file.step)
+            first = loaded.file.step
+            log.info("resuming minimisation from %s at iteration %d", loaded.file.path, first)
+    absurd = run.settings.absurd_energy_per_atom_kj_mol
+    # A resumed minimisation reports its start iteration again: keep the rows before it.
+    with EnergyLog(
+        path=run.task.job_dir / ENERGIES_FILE, keep_through_step=first - 1 if first else None
+    ) as energies:
+
+        def report(iteration: int, potential: float) -> None:
+            sample = EnergySample(
+                step=iteration,
+                time_ps=0.0,
+                potential_kj_mol=potential,
+                kinetic_kj_mol=0.0,
+                temperature_k=0.0,
+            )
+            _report(run, energies, sample, speed=None)
+
+        start = _minimizer_sample(md, iteration=first)  # high energy is what minimising fixes
+        remaining = spec.steps - first
+        progress = _MinimizationProgress(
+            loop=asyncio.get_running_loop(),
+            on_report=report,
+            first_iteration=first,
+            interval=spec.report_interval_steps,
+            stop=run.stop,
+        )
+        if remaining > 0:
+            _report(run, energies, start, speed=None)
+            await asyncio.to_thread(
+                openmm.LocalEnergyMinimizer.minimize,
+                md.context,
+                MINIMIZER_TOLERANCE_KJ_MOL_NM,
+                remaining,
+                progress,
+            )
+        done = first + progress.iterations
+        await asyncio.sleep(0)  # let the reports handed over by the minimiser thread run
+        if run.stop.is_set():
+            md.simulation.currentStep = done
+            await _checkpoint(run, md, store, done)
+            log.info("stopped on request at iteration %d", done)
+            return RunnerExit.PREEMPTED
+        final = _minimizer_sample(md, iteration=done)
+        check_stable(final, atoms=md.atoms, absurd_per_atom=absurd)
+        await _write_final_state(run, md)
+        _report(run, energies, final, speed=None, reason="minimized")
+        await run.flush()
+        log.info(
+            "minimised in %d iterations: %.1f kJ/mol", progress.iterations, final.potential_kj_mol
+        )
+        return RunnerExit.OK
+
+
+async def run_analyze(run: RunContext) -> RunnerExit:
+    """Summarise the dependencies' energy tables into analysis.json."""
+    output = run.task.job_dir / ANALYSIS_FILE
+    document = await asyncio.to_thread(analyze, run.task.input_dirs, output=output)
+    run.outbox.progress(
+        pb.Progress(step=run.spec.steps, target_steps=run.spec.steps, done_reason="analyzed")
+    )
+    await run.flush()
+    log.info("analysed %d inputs into %s", len(document["inputs"]), output)
+    return RunnerExit.OK
+
+
+TASKS = {
+    pb.TASK_UNSPECIFIED: run_md,
+    pb.TASK_MD: run_md,
+    pb.TASK_MINIMIZE: run_minimize,
+    pb.TASK_ANALYZE: run_analyze,
+}

@@ -1,0 +1,43 @@
+"""Settings of the runner (``MDQ_RUNNER_*``); the job itself comes from ``RunnerTask.from_env``."""
+
+from __future__ import annotations
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class RunnerSettings(BaseSettings):
+    """How the runner behaves, independent of the job it runs."""
+
+    model_config = SettingsConfigDict(env_prefix="MDQ_RUNNER_", extra="ignore")
+
+    metrics_port: int = Field(
+        default=0,
+        validation_alias=AliasChoices("MDQ_METRICS_PORT", "MDQ_RUNNER_METRICS_PORT"),
+        description="Port of the Prometheus endpoint (md_step, md_energy); 0 turns it off.",
+    )
+    warmup_minimize_iterations: int = Field(
+        default=100,
+        ge=0,
+        description="Minimiser iterations before an MD run that starts from a fresh box.",
+    )
+    max_chunk_steps: int = Field(
+        default=1000,
+        ge=1,
+        description="Most MD steps run in one go; bounds how long SIGTERM waits for a chunk.",
+    )
+    publish_attempts: int = Field(
+        default=5,
+        ge=1,
+        description="Tries for a checkpoint or final progress event before giving up on it.",
+    )
+    flush_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="Longest wait for outstanding publishes at checkpoints and before exit.",
+    )
+    absurd_energy_per_atom_kj_mol: float = Field(
+        default=1e5,
+        gt=0,
+        description="|potential| / atoms above this counts as an exploding simulation.",
+    )

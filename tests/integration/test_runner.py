@@ -1,0 +1,438 @@
+"""The MD runner as a real subprocess, against a real NATS JetStream and real OpenMM.
+
+Each test starts ``python -m services.runner`` with the environment placement would give it
+(``RunnerTask.to_env`` plus NATS_URL / MDQ_NAMESPACE) on a tiny water box, and watches the
+events it publishes through JetStream, the files it leaves and its exit code: step targets,
+checkpoint integrity, resuming after kill -9, falling back from a corrupt checkpoint, SIGTERM,
+a minimize → MD → analyze chain, convergence and bad input.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import signal
+import sys
+import urllib.request
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from mdq.bus.codec import decode_event
+from mdq.bus.subjects import Subjects
+from mdq.contracts import pb
+from mdq.core.exit_codes import RunnerExit
+from mdq.core.runner_task import RunnerTask, job_dir
+from mdq.core.spec import normalize_job
+from mdq.embedded import free_port
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BOX_NM = 1.5
+TIMESTEP_PS = 0.002
+WAIT_S = 60.0
+
+
+def md_spec(name: str, **fields: object) -> pb.JobSpec:
+    """A normalised spec of a tiny water box job (defaults filled as intake would)."""
+    spec = pb.JobSpec(name=name, seed=7, system=pb.System(water_box=pb.WaterBox(box_nm=BOX_NM)))
+    for key, value in fields.items():
+        if isinstance(value, pb.Convergence):
+            spec.convergence.CopyFrom(value)
+        else:
+            setattr(spec, key, value)
+    return normalize_job(spec, "jobs[0]")
+
+
+@dataclass
+class JobEvents:
+    """The progress and checkpoint events of one job, as JetStream delivers them."""
+
+    progress: list[pb.Event] = field(default_factory=list)
+    checkpoints: list[pb.Event] = field(default_factory=list)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def on_message(self, message: Msg) -> None:
+        event = decode_event(message.data)
+        kind = event.WhichOneof("body")
+        (self.progress if kind == "progress" else self.checkpoints).append(event)
+        self.changed.set()
+
+    async def wait_until(self, condition: Callable[[], bool], within_s: float = WAIT_S) -> None:
+        async def poll() -> None:
+            while not condition():
+                self.changed.clear()
+                await self.changed.wait()
+
+        await asyncio.wait_for(poll(), within_s)
+
+    def of_attempt(self, attempt: int) -> tuple[list[pb.Progress], list[pb.Checkpoint]]:
+        return (
+            [event.progress for event in self.progress if event.attempt == attempt],
+            [event.checkpoint for event in self.checkpoints if event.attempt == attempt],
+        )
+
+
+@dataclass
+class Runner:
+    """One runner process."""
+
+    process: asyncio.subprocess.Process
+    stderr_path: Path
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_path.read_text()
+
+    async def wait(self, within_s: float = WAIT_S) -> int:
+        try:
+            return await asyncio.wait_for(self.process.wait(), within_s)
+        except TimeoutError:
+            self.process.kill()
+            await self.process.wait()
+            raise AssertionError(f"runner did not finish in {within_s} s:\n{self.stderr}") from None
+
+
+StartRunner = Callable[..., Awaitable[Runner]]
+
+
+@pytest.fixture
+async def start_runner(
+    nats_url: str, subjects: Subjects, tmp_path: Path
+) -> AsyncIterator[StartRunner]:
+    started: list[Runner] = []
+
+    async def start(task: RunnerTask, **extra_env: str) -> Runner:
+        env = {
+            **os.environ,
+            **task.to_env(),
+            "NATS_URL": nats_url,
+            "MDQ_NAMESPACE": subjects.namespace,
+            **extra_env,
+        }
+        stderr_path = tmp_path / f"runner-{task.job_id}-{task.attempt}.log"
+        with stderr_path.open("wb") as stderr:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "services.runner",
+                env=env,
+                cwd=REPO_ROOT,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=stderr,
+            )
+        runner = Runner(process=process, stderr_path=stderr_path)
+        started.append(runner)
+        return runner
+
+    yield start
+    for runner in started:
+        if runner.process.returncode is None:
+            runner.process.kill()
+            await runner.process.wait()
+
+
+async def tap(nc: Client, subjects: Subjects, job_id: str) -> JobEvents:
+    """Follow a job's progress and checkpoint events from the start of the streams."""
+    events = JobEvents()
+    js = nc.jetstream()
+    await js.subscribe(subjects.progress(job_id), cb=events.on_message, ordered_consumer=True)
+    await js.subscribe(
+        subjects.job(job_id, "checkpoint"), cb=events.on_message, ordered_consumer=True
+    )
+    return events
+
+
+def make_task(
+    data_dir: Path, job_id: str, spec: pb.JobSpec, *, attempt: int = 1, **fields: object
+) -> RunnerTask:
+    return RunnerTask(
+        job_id=job_id,
+        attempt=attempt,
+        spec=spec,
+        job_dir=job_dir(data_dir, job_id),
+        threads=1,
+        **fields,  # type: ignore[arg-type]
+    )
+
+
+def flip_bytes(path: Path) -> None:
+    """Corrupt a file in place: invert 64 bytes in its middle (same size, wrong content)."""
+    data = bytearray(path.read_bytes())
+    for offset in range(len(data) // 2, len(data) // 2 + 64):
+        data[offset] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def on_disk(path: Path) -> tuple[str, int]:
+    """sha256 and size of a file as it is on disk now."""
+    data = path.read_bytes()
+    return hashlib.sha256(data).hexdigest(), len(data)
+
+
+def sha256_file(path: str | Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+async def test_md_run_reaches_its_step_target(
+    nc: Client, subjects: Subjects, data_dir: Path, start_runner: StartRunner
+) -> None:
+    spec = md_spec("md", steps=400, report_interval_steps=50, checkpoint_interval_steps=200)
+    task = make_task(data_dir, "job-target", spec)
+    events = await tap(nc, subjects, task.job_id)
+    runner = await start_runner(task)
+
+    assert await runner.wait() == RunnerExit.OK, runner.stderr
+    await events.wait_until(lambda: any(p.progress.done_reason for p in events.progress))
+    progress, _ = events.of_attempt(1)
+    assert [p.step for p in progress] == list(range(50, 401, 50))
+    assert all(p.target_steps == 400 for p in progress)
+    assert all(100.0 < p.temperature_k < 600.0 for p in progress), progress
+    assert all(p.potential_kj_mol < 0 < p.kinetic_kj_mol for p in progress)
+    assert progress[-1].time_ps == pytest.approx(400 * TIMESTEP_PS)
+    assert progress[-1].ns_per_day > 0
+    assert [p.done_reason for p in progress] == [""] * 7 + ["steps_reached"]
+    assert progress[-1].eta_s == pytest.approx(0.0)
+    assert all(
+        event.event_id == f"progress:job-target:1:{event.progress.step}"
+        for event in events.progress
+    )
+    rows = (task.job_dir / "energies.csv").read_text().splitlines()
+    assert rows[0] == "step,time_ps,potential_kj_mol,kinetic_kj_mol,temperature_k"
+    assert [int(row.split(",")[0]) for row in rows[1:]] == list(range(50, 401, 50))
+    assert "<State" in (task.job_dir / "final_state.xml").read_text()
+
+
+async def test_checkpoint_events_match_the_files_on_disk(
+    nc: Client, subjects: Subjects, data_dir: Path, start_runner: StartRunner
+) -> None:
+    spec = md_spec("md", steps=300, report_interval_steps=50, checkpoint_interval_steps=100)
+    task = make_task(data_dir, "job-ckpt", spec)
+    events = await tap(nc, subjects, task.job_id)
+    runner = await start_runner(task)
+
+    assert await runner.wait() == RunnerExit.OK, runner.stderr
+    await events.wait_until(lambda: len(events.checkpoints) >= 2)
+    _, checkpoints = events.of_attempt(1)
+    assert [c.step for c in checkpoints] == [100, 200]
+    for checkpoint in checkpoints:
+        path = Path(checkpoint.path)
+        assert path.parent == task.job_dir / "checkpoints"
+        assert on_disk(path) == (checkpoint.sha256, checkpoint.size_bytes)
+        assert checkpoint.time_ps == pytest.approx(checkpoint.step * TIMESTEP_PS)
+        sidecar = json.loads(path.with_suffix(".json").read_text())
+        assert sidecar["sha256"] == checkpoint.sha256
+        assert sidecar["step"] == checkpoint.step
+    assert events.checkpoints[0].event_id == "checkpoint:job-ckpt:1:100"
+
+
+async def test_resume_after_kill_continues_the_trajectory(
+    nc: Client, subjects: Subjects, data_dir: Path, start_runner: StartRunner
+) -> None:
+    spec = md_spec("md", steps=3000, report_interval_steps=20, checkpoint_interval_steps=100)
+    first_task = make_task(data_dir, "job-kill", spec)
+    events = await tap(nc, subjects, first_task.job_id)
+    first = await start_runner(first_task)
+    await events.wait_until(lambda: bool(events.checkpoints))
+    first.process.kill()
+    assert await first.wait() == -signal.SIGKILL
+    await asyncio.sleep(0.3)  # events that were in flight at the kill
+    before, checkpoints = events.of_attempt(1)
+    assert before[-1].step < spec.steps, "the first attempt finished before it was killed"
+    resume_from = checkpoints[-1]
+
+    second = await start_runner(
+        make_task(data_dir, "job-kill", spec, attempt=2, resume_from=resume_from)
+    )
+    assert await second.wait() == RunnerExit.OK, second.stderr
+    await events.wait_until(lambda: any(e.progress.done_reason for e in events.progress))
+    after, _ = events.of_attempt(2)
+    assert after[0].step == resume_from.step + 20
+    assert after[0].time_ps == pytest.approx(after[0].step * TIMESTEP_PS)
+    assert after[-1].step == spec.steps
+    assert after[-1].done_reason == "steps_reached"
+    at_checkpoint = next(p for p in before if p.step == resume_from.step)
+    assert after[0].potential_kj_mol == pytest.approx(at_checkpoint.potential_kj_mol, rel=0.03)
+    assert after[0].temperature_k == pytest.approx(at_checkpoint.temperature_k, abs=60)
+    steps = [
+        int(row.split(",")[0])
+        for row in (first_task.job_dir / "energies.csv").read_text().splitlines()[1:]
+    ]
+    assert steps == list(range(20, spec.steps + 1, 20)), "the energy table is one trajectory"
+    kept = sorted(path.name for path in (first_task.job_dir / "checkpoints").iterdir())
+    assert kept == [
+        "ckpt-000000002800.json",
+        "ckpt-000000002800.xml",
+        "ckpt-000000002900.json",
+        "ckpt-000000002900.xml",
+    ], "the newest checkpoint and the one before it are kept, nothing else"
+
+
+async def test_corrupt_resume_checkpoint_falls_back_to_the_previous_one(
+    nc: Client, subjects: Subjects, data_dir: Path, start_runner: StartRunner
+) -> None:
+    spec = md_spec("md", steps=300, report_interval_steps=50, checkpoint_interval_steps=100)
+    first_task = make_task(data_dir, "job-corrupt", spec)
+    events = await tap(nc, subjects, first_task.job_id)
+    first = await start_runner(first_task)
+    assert await first.wait() == RunnerExit.OK, first.stderr
+    await events.wait_until(lambda: len(events.checkpoints) >= 2)
+    _, checkpoints = events.of_attempt(1)
+    newest = checkpoints[-1]
+    assert newest.step == 200
+    flip_bytes(Path(newest.path))
+
+    second = await start_runner(
+        make_task(data_dir, "job-corrupt", spec, attempt=2, resume_from=newest)
+    )
+    assert await second.wait() == RunnerExit.OK, second.stderr
+    await events.wait_until(lambda: len(events.of_attempt(2)[0]) >= 4)
+    after, _ = events.of_attempt(2)
+    assert after[0].step == 150, "resumed from the checkpoint of step 100"
+    assert after[-1].step == 300
+    assert "falling back to checkpoint" in second.stderr
+    assert "ckpt-000000000100.xml" in second.stderr
+
+
+async def test_sigterm_checkpoints_and_exits_preempted(
+    nc: Client, subjects: Subjects, data_dir: Path, start_runner: StartRunner
+) -> None:
+    spec = md_spec("md", steps=100_000, report_interval_steps=50, checkpoint_interval_steps=50_000)
+    task = make_task(data_dir, "job-term", spec)
+    events = await tap(nc, subjects, task.job_id)
+    port = free_port()
+    runner = await start_runner(task, MDQ_METRICS_PORT=str(port))
+    await events.wait_until(lambda: len(events.progress) >= 2)
+
+    def scrape() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+            return str(reply.read().decode())
+
+    metrics = await asyncio.to_thread(scrape)
+    assert 'md_step{attempt="1",job="job-term"}' in metrics
+    assert 'md_energy{attempt="1",job="job-term"} -' in metrics
+
+    runner.process.send_signal(signal.SIGTERM)
+    assert await runner.wait() == RunnerExit.PREEMPTED, runner.stderr
+    await events.wait_until(lambda: bool(events.checkpoints))
+    progress, checkpoints = events.of_attempt(1)
+    assert len(checkpoints) == 1
+    checkpoint = checkpoints[0]
+    assert 0 < checkpoint.step < spec.steps
+    assert checkpoint.step >= progress[-1].step
+    assert sha256_file(checkpoint.path) == checkpoint.sha256
+    assert not any(p.done_reason for p in progress)
+    assert "SIGTERM" in runner.stderr
+
+
+async def test_minimize_md_analyze_chain(
+    nc: Client, subjects: Subjects, data_dir: Path, start_runner: StartRunner
+) -> None:
+    minimize = make_task(
+        data_dir,
+        "chain-min",
+        md_spec("min", task=pb.TASK_MINIMIZE, steps=60, report_interval_steps=20),
+    )
+    min_events = await tap(nc, subjects, minimize.job_id)
+    runner = await start_runner(minimize)
+    assert await runner.wait() == RunnerExit.OK, runner.stderr
+    await min_events.wait_until(lambda: any(e.progress.done_reason for e in min_events.progress))
+    min_progress, _ = min_events.of_attempt(1)
+    assert min_progress[0].step == 0
+    assert min_progress[-1].done_reason == "minimized"
+    assert min_progress[-1].step > 0
+    assert min_progress[-1].potential_kj_mol < min(0.0, min_progress[0].potential_kj_mol)
+    assert all(p.kinetic_kj_mol == 0 for p in min_progress)
+    assert len({p.step for p in min_progress}) == len(min_progress)
+    assert (minimize.job_dir / "final_state.xml").is_file()
+
+    md = make_task(
+        data_dir,
+        "chain-md",
+        md_spec("md", steps=100, report_interval_steps=20),
+        input_dirs=(minimize.job_dir,),
+    )
+    runner = await start_runner(md)
+    assert await runner.wait() == RunnerExit.OK, runner.stderr
+    assert "chain-min/final_state.xml" in runner.stderr
+
+    analyze = make_task(
+        data_dir,
+        "chain-analyze",
+        normalize_job(
+            pb.JobSpec(name="analyze", task=pb.TASK_ANALYZE, depends_on=["min", "md"]), "jobs[0]"
+        ),
+        input_dirs=(minimize.job_dir, md.job_dir),
+    )
+    analyze_events = await tap(nc, subjects, analyze.job_id)
+    runner = await start_runner(analyze)
+    assert await runner.wait() == RunnerExit.OK, runner.stderr
+    await analyze_events.wait_until(lambda: bool(analyze_events.progress))
+    assert analyze_events.progress[-1].progress.done_reason == "analyzed"
+    document = json.loads((analyze.job_dir / "analysis.json").read_text())
+    by_job = {entry["job_id"]: entry for entry in document["inputs"]}
+    assert list(by_job) == ["chain-min", "chain-md"]
+    assert by_job["chain-min"]["samples"] == len(min_progress)
+    assert by_job["chain-min"]["final_step"] == min_progress[-1].step
+    assert by_job["chain-md"]["samples"] == 5
+    assert by_job["chain-md"]["final_step"] == 100
+    assert 100 < by_job["chain-md"]["temperature_k"]["mean"] < 600
+    assert by_job["chain-md"]["potential_kj_mol"]["std"] > 0
+
+
+async def test_large_tolerance_converges_early(
+    nc: Client, subjects: Subjects, data_dir: Path, start_runner: StartRunner
+) -> None:
+    spec = md_spec(
+        "md",
+        steps=10_000,
+        report_interval_steps=20,
+        convergence=pb.Convergence(tolerance_kj_mol=1e6, reports=2),
+    )
+    task = make_task(data_dir, "job-converge", spec)
+    events = await tap(nc, subjects, task.job_id)
+    runner = await start_runner(task)
+    assert await runner.wait() == RunnerExit.OK, runner.stderr
+    await events.wait_until(lambda: any(e.progress.done_reason for e in events.progress))
+    progress, _ = events.of_attempt(1)
+    assert [p.step for p in progress] == [20, 40, 60]
+    assert progress[-1].done_reason == "converged"
+    assert (task.job_dir / "final_state.xml").is_file()
+
+
+async def test_analyze_with_missing_input_is_invalid_input(
+    data_dir: Path, start_runner: StartRunner, nc: Client
+) -> None:
+    missing = data_dir / "jobs" / "never-ran"
+    task = make_task(
+        data_dir,
+        "job-bad-analyze",
+        normalize_job(
+            pb.JobSpec(name="analyze", task=pb.TASK_ANALYZE, depends_on=["x"]), "jobs[0]"
+        ),
+        input_dirs=(missing,),
+    )
+    runner = await start_runner(task)
+    assert await runner.wait() == RunnerExit.INVALID_INPUT
+    assert f"missing input: {missing / 'energies.csv'} does not exist" in runner.stderr
+    assert not (task.job_dir / "analysis.json").exists()
+
+
+async def test_exploding_simulation_exits_unstable(
+    nc: Client, subjects: Subjects, data_dir: Path, start_runner: StartRunner
+) -> None:
+    spec = md_spec("md", steps=2000, report_interval_steps=20, temperature_k=5000, timestep_fs=5)
+    task = make_task(data_dir, "job-unstable", spec)
+    events = await tap(nc, subjects, task.job_id)
+    runner = await start_runner(task)
+    assert await runner.wait() == RunnerExit.UNSTABLE, runner.stderr
+    assert "UNSTABLE" in runner.stderr
+    assert "NaN" in runner.stderr
+    assert not any(event.progress.done_reason for event in events.progress)
+    assert not (task.job_dir / "final_state.xml").exists()
