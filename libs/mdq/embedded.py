@@ -115,7 +115,9 @@ def start_postgres(data_dir: Path, *, database: str = "mdq", keep: bool = True) 
     import pgserver  # imported here: only the embedded default needs it
 
     data_dir.mkdir(parents=True, exist_ok=True)
-    server = pgserver.get_server(str(data_dir), cleanup_mode=None if keep else "stop")
+    server = pgserver.get_server(  # type: ignore[attr-defined]
+        str(data_dir), cleanup_mode=None if keep else "stop"
+    )
     exists = server.psql(f"SELECT 1 FROM pg_database WHERE datname = '{database}';")
     if "(1 row)" not in exists:
         server.psql(f'CREATE DATABASE "{database}";')

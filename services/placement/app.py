@@ -98,9 +98,9 @@ class Placement:
         if event.WhichOneof("body") != "node_load":
             return
         load = event.node_load
-        node = self.nodes.get(load.node)
+        known = self.nodes.get(load.node)
         reported_at = event_time(event)
-        if node is None:
+        if known is None:
             self.nodes[load.node] = NodeState(
                 name=load.node,
                 cpu_capacity=load.cpu_capacity,
@@ -110,14 +110,13 @@ class Placement:
                 memory_load=load.memory_load,
                 reported_at=reported_at,
             )
-        elif reported_at >= node.reported_at:
-            node.cpu_capacity, node.memory_capacity_mb = load.cpu_capacity, load.memory_capacity_mb
-            node.ready, node.cpu_load, node.memory_load = (
-                load.ready,
-                load.cpu_load,
-                load.memory_load,
+        elif reported_at >= known.reported_at:
+            known.cpu_capacity, known.memory_capacity_mb = (
+                load.cpu_capacity,
+                load.memory_capacity_mb,
             )
-            node.reported_at = reported_at
+            known.ready, known.cpu_load = load.ready, load.cpu_load
+            known.memory_load, known.reported_at = load.memory_load, reported_at
         self._dirty.set()
 
     # -- deciding --------------------------------------------------------------------------
@@ -164,10 +163,9 @@ class Placement:
             node.reserved_cpu, node.reserved_memory_mb = 0.0, 0
         for state in (JobState.BOUND, JobState.RUNNING):
             for view in self._views(state):
-                node = self.nodes.get(view.node)
-                if node is not None:
-                    node.reserved_cpu += view.resources.cpu
-                    node.reserved_memory_mb += view.resources.memory_mb
+                if (host := self.nodes.get(view.node)) is not None:
+                    host.reserved_cpu += view.resources.cpu
+                    host.reserved_memory_mb += view.resources.memory_mb
         return sorted(self.nodes.values(), key=lambda node: node.name)
 
     def _queue(self, now: datetime) -> list[QueuedJob]:

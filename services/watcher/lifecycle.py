@@ -135,11 +135,11 @@ class Lifecycle:
             )
             return self._publisher.event("started", body, job_id=job, attempt=attempt)
         if update.phase == pb.POD_SUCCEEDED and view.state in (JobState.BOUND, JobState.RUNNING):
-            last = await self._last_progress(job, attempt) or pb.Progress(
+            final = await self._last_progress(job, attempt) or pb.Progress(
                 step=view.last_step, done_reason=view.done_reason
             )
             body = pb.JobSucceeded(
-                final_step=last.step, reason=last.done_reason or "completed", output_dir=""
+                final_step=final.step, reason=final.done_reason or "completed", output_dir=""
             )
             return self._publisher.event("succeeded", body, job_id=job, attempt=attempt)
         if update.phase == pb.POD_FAILED and view.state in (JobState.BOUND, JobState.RUNNING):

@@ -44,7 +44,7 @@ class PodUpdate:
     job_id: str
     attempt: int
     node: str
-    phase: pb.PodPhase.ValueType
+    phase: pb.PodPhase
     exit_code: int = 0
     reason: str = ""
     """Kubernetes-style: "Completed", "Error", "OOMKilled", "Evicted", "NodeLost"."""

@@ -46,7 +46,8 @@ async def follow_log(
     # history is empty only if nothing is pending AND nothing was delivered yet. Otherwise
     # the message that leaves nothing pending marks the end of the history.
     info = await subscription.consumer_info()
-    caught_up = info.num_pending == 0 and info.delivered.consumer_seq == 0
+    delivered = info.delivered.consumer_seq if info.delivered else 0
+    caught_up = info.num_pending == 0 and not delivered
     if caught_up:
         await on_caught_up()
     try:

@@ -24,7 +24,7 @@ NOT_WORTH_RETRYING = frozenset({pb.FAILURE_UNSTABLE, pb.FAILURE_INVALID_INPUT})
 MOVE_TO_ANOTHER_NODE = frozenset({pb.FAILURE_EVICTED, pb.FAILURE_NODE_LOST, pb.FAILURE_LOST})
 
 
-def classify(*, pod_reason: str, exit_code: int) -> pb.FailureReason.ValueType:
+def classify(*, pod_reason: str, exit_code: int) -> pb.FailureReason:
     """The failure class of a terminated pod, from its reason and the runner's exit code."""
     reason = pod_reason.lower()
     if reason == "oomkilled" or exit_code == RunnerExit.OUT_OF_MEMORY:
@@ -64,14 +64,14 @@ class Requeue:
     avoid_nodes: tuple[str, ...]
     delay_s: float
     steps_lost: int
-    after: pb.FailureReason.ValueType
+    after: pb.FailureReason
 
 
 @dataclass(frozen=True, slots=True)
 class GiveUp:
     """Fail the job for good."""
 
-    reason: pb.FailureReason.ValueType
+    reason: pb.FailureReason
     message: str
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from mdq.contracts import pb
@@ -135,7 +135,7 @@ def normalize_job(spec: pb.JobSpec, path: str) -> pb.JobSpec:
     return job
 
 
-def find_cycle(edges: dict[str, Sequence[str]]) -> list[str] | None:
+def find_cycle(edges: Mapping[str, Sequence[str]]) -> list[str] | None:
     """Return one dependency cycle (as a list of names) in ``edges``, or None."""
     state: dict[str, int] = {}  # 1 = on the current path, 2 = done
     path: list[str] = []

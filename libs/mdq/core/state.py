@@ -162,19 +162,21 @@ class JobView:
             case "requeued":
                 if self.state is not JobState.RECOVERING or event.attempt != self.attempt + 1:
                     return False
-                body = event.requeued
-                self.current.steps_lost = body.steps_lost
+                requeue = event.requeued
+                self.current.steps_lost = requeue.steps_lost
                 self.attempt = event.attempt
                 self.state = JobState.PENDING
                 self.node = self.pod_name = ""
-                self.resume_from = body.resume_from if body.HasField("resume_from") else None
+                self.resume_from = requeue.resume_from if requeue.HasField("resume_from") else None
                 self.last_step = self.resume_from.step if self.resume_from else 0
                 self.last_progress_at = None
-                if body.HasField("resources"):
-                    self.resources.CopyFrom(body.resources)
-                self.avoid_nodes = tuple(body.avoid_nodes)
+                if requeue.HasField("resources"):
+                    self.resources.CopyFrom(requeue.resources)
+                self.avoid_nodes = tuple(requeue.avoid_nodes)
                 self.not_before = (
-                    body.not_before.ToDatetime(tzinfo=UTC) if body.HasField("not_before") else None
+                    requeue.not_before.ToDatetime(tzinfo=UTC)
+                    if requeue.HasField("not_before")
+                    else None
                 )
                 self.current.resumed_from_step = self.last_step
             case "failed":
@@ -207,7 +209,7 @@ class JobBook:
             view = JobView.from_submitted(event)
             self.jobs[event.job_id] = view
             return view
-        view = self.jobs.get(event.job_id)
-        if view is None or not view.apply(event):
+        existing = self.jobs.get(event.job_id)
+        if existing is None or not existing.apply(event):
             return None
-        return view
+        return existing

@@ -39,7 +39,7 @@ TERMINAL_PHASES = frozenset({pb.POD_SUCCEEDED, pb.POD_FAILED})
 class PodStatus:
     """What the node agent last observed about a pod."""
 
-    phase: pb.PodPhase.ValueType = pb.POD_PENDING
+    phase: pb.PodPhase = pb.POD_PENDING
     exit_code: int = 0
     reason: str = ""
     message: str = ""
@@ -97,7 +97,7 @@ class PodRecord:
         return cls(
             spec=spec,
             status=PodStatus(
-                phase=pb.PodPhase.ValueType(int(status.get("phase", pb.POD_PENDING))),
+                phase=pb.PodPhase(int(status.get("phase", pb.POD_PENDING))),
                 exit_code=int(status.get("exit_code", 0)),
                 reason=str(status.get("reason", "")),
                 message=str(status.get("message", "")),
