@@ -17,8 +17,10 @@ from mdq.bus.streams import MAX_SUBMIT_BYTES
 from mdq.contracts import pb
 from mdq.core.spec import SpecError
 
-_FIELD_IN_ERROR = re.compile(r'(?:field "?|Failed to parse )([A-Za-z_][\w.]*)')
+_AT_PATH = re.compile(r' at "?SubmitRequest\.?([\w.\[\]]*?)"?\.*$')
 _NO_FIELD = re.compile(r'has no field named "([^"]+)"')
+_REPEATED = re.compile(r"repeated field (\w+) must be in")
+_PARSE_CHAIN = re.compile(r"Failed to parse (\w+) field")
 
 
 def encode(message: Message) -> bytes:
@@ -46,11 +48,13 @@ def to_dict(message: Message) -> dict[str, object]:
 
 
 def _field_of(error: str) -> str:
-    if match := _NO_FIELD.search(error):
-        return match.group(1)
-    if match := _FIELD_IN_ERROR.search(error):
-        return match.group(1)
-    return ""
+    """The field path ("jobs[0].resources.cpu") named by a protobuf JSON parse error."""
+    first_line = error.splitlines()[0] if error else ""
+    at = _AT_PATH.search(first_line)
+    path = at.group(1).strip(".") if at else ""
+    if child := (_NO_FIELD.search(error) or _REPEATED.search(error)):
+        return f"{path}.{child.group(1)}" if path else child.group(1)
+    return path or ".".join(_PARSE_CHAIN.findall(error))
 
 
 def decode_submit(data: bytes) -> pb.SubmitRequest:

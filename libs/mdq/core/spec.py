@@ -22,6 +22,7 @@ MAX_JOBS_PER_SUBMIT = 500
 MAX_KEY_LENGTH = 200
 MAX_LABELS = 32
 MAX_LABEL_LENGTH = 63
+MAX_DEPENDENCIES = 100
 
 
 class SpecError(ValueError):
@@ -46,9 +47,13 @@ class AcceptedJob:
 DEFAULT_STEPS = {pb.TASK_MD: 10_000, pb.TASK_MINIMIZE: 500, pb.TASK_ANALYZE: 1}
 
 
+def _bound(value: float) -> str:
+    return f"{value:.0f}" if float(value).is_integer() else f"{value:g}"
+
+
 def _check_range(field: str, value: float, low: float, high: float) -> None:
     if not math.isfinite(value) or not low <= value <= high:
-        raise SpecError(field, f"must be between {low:g} and {high:g}, got {value!r}")
+        raise SpecError(field, f"must be between {_bound(low)} and {_bound(high)}, got {value!r}")
 
 
 def _default(value: float, default: float) -> float:
@@ -69,7 +74,7 @@ def normalize_job(spec: pb.JobSpec, path: str) -> pb.JobSpec:
     """Return a copy of ``spec`` with defaults filled in; raise SpecError naming the bad field."""
     job = pb.JobSpec()
     job.CopyFrom(spec)
-    if not NAME_PATTERN.match(job.name):
+    if not NAME_PATTERN.fullmatch(job.name):
         raise SpecError(
             f"{path}.name",
             "must be 1 to 40 lowercase letters, digits or '-', starting with a letter",
@@ -127,6 +132,8 @@ def normalize_job(spec: pb.JobSpec, path: str) -> pb.JobSpec:
             raise SpecError(
                 f"{path}.labels[{key!r}]", f"keys and values are 1 to {MAX_LABEL_LENGTH} chars"
             )
+    if len(job.depends_on) > MAX_DEPENDENCIES:
+        raise SpecError(f"{path}.depends_on", f"at most {MAX_DEPENDENCIES} dependencies")
     for index, ref in enumerate(job.depends_on):
         if not ref or len(ref) > MAX_KEY_LENGTH or not ref.isprintable():
             raise SpecError(f"{path}.depends_on[{index}]", "must be a job name, id or key")

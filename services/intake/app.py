@@ -1,0 +1,227 @@
+"""Composition root of intake: settings, the FastStream NatsBroker and its two subscribers.
+
+- ``subjects.submit`` is read through the submit stream with a durable consumer
+  (``MDQ_INTAKE_DURABLE``, "intake" by default), so submits published while intake is down are
+  handled when it comes back. It is a push consumer with a deliver group of the same name:
+  replicas share it, and each replica handles its submits one at a time in stream order (a
+  submit may depend on the key of the submit just before it). Each is acked after its events
+  were published and recorded (see ``services.intake.handlers``). A transient NATS error
+  (``TRANSIENT_ERRORS``: timeouts, a lost connection) naks it, to be redelivered after
+  ``MDQ_INTAKE_RETRY_DELAY_S``; any other error refuses the submit (field "", "internal error")
+  so one poisonous message cannot block the stream.
+  (A pull consumer would do as well, but FastStream 0.7.8's pull loop only catches
+  ``nats.errors.TimeoutError``, lets the plain ``asyncio.TimeoutError`` that nats-py 2.16's
+  ``fetch`` also raises escape, and restarts with a back-off that delays submits by seconds.)
+- ``subjects.api_submit`` is core NATS request-reply in queue group ``MDQ_INTAKE_QUEUE_GROUP``,
+  so replicas share the load. The reply is a ``pb.SubmitReply`` in the encoding of the request
+  (content-type ``application/json`` or ``application/x-protobuf``). On a transient NATS error
+  no reply is sent: the client times out and retries with the same key, which is safe.
+
+``Intake.start()`` / ``stop()`` run it inside another program (tests); ``Intake.run()`` runs it
+as a process with FastStream's signal handling (``python -m services.intake``).
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Annotated
+
+import nats.errors
+import nats.js.errors
+from faststream import AckPolicy, Context, FastStream, StreamMessage
+from faststream.nats import JStream, NatsBroker
+from faststream.nats.message import NatsMessage
+from faststream.nats.response import NatsResponse
+from nats.aio.msg import Msg
+from nats.js.api import ConsumerConfig, DeliverPolicy
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from mdq.bus.publisher import EventPublisher
+from mdq.bus.streams import ensure_streams
+from mdq.settings import CommonSettings
+from services.intake.handlers import (
+    JSON_CONTENT_TYPE,
+    PROTOBUF_CONTENT_TYPE,
+    SubmitHandler,
+    is_json,
+    serialize_reply,
+)
+from services.intake.registry import SubmitRegistry
+
+log = logging.getLogger(__name__)
+
+Message = Annotated[NatsMessage, Context("message")]
+
+# Errors that say NATS is (briefly) unreachable or overloaded: the submit is tried again later.
+# Anything else is a bug or a permanent problem, and the submit is refused instead.
+TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
+    TimeoutError,  # includes nats.errors.TimeoutError and FlushTimeoutError
+    nats.errors.ConnectionClosedError,
+    nats.errors.ConnectionDrainingError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.StaleConnectionError,
+    nats.errors.OutboundBufferLimitError,
+    nats.errors.NoRespondersError,
+    nats.js.errors.NoStreamResponseError,
+    nats.js.errors.ServiceUnavailableError,
+    nats.js.errors.ServerError,
+)
+
+
+class IntakeSettings(BaseSettings):
+    """Settings of intake (environment variables ``MDQ_INTAKE_*``)."""
+
+    model_config = SettingsConfigDict(env_prefix="MDQ_INTAKE_", extra="ignore")
+
+    durable: str = Field(
+        default="intake",
+        description="Name (and deliver group) of the durable consumer of the submit stream.",
+    )
+    queue_group: str = Field(
+        default="intake",
+        description="Queue group of the request-reply subscription; replicas share the load.",
+    )
+    max_in_flight: int = Field(
+        default=256,
+        ge=1,
+        description="Stream submits delivered to intake and not yet acked, at most.",
+    )
+    ack_wait_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="A delivered stream submit not acked within this time is delivered again.",
+    )
+    retry_delay_s: float = Field(
+        default=1.0,
+        ge=0,
+        description="Delay before a submit that failed on a NATS error is delivered again.",
+    )
+    log_level: str = Field(default="INFO", description="Level of intake's own log.")
+
+
+async def _raw_body(message: StreamMessage[Msg]) -> bytes:
+    """Hand the payload to the handler untouched (FastStream would try to parse JSON)."""
+    return message.body
+
+
+class Intake:
+    """The intake service: one broker, its subscribers and the handler they call."""
+
+    def __init__(self, *, common: CommonSettings, settings: IntakeSettings) -> None:
+        self.common = common
+        self.settings = settings
+        self.subjects = common.subjects
+        self.broker = NatsBroker(
+            common.nats_url,
+            name=f"mdq-intake-{common.namespace}",
+            max_reconnect_attempts=-1,
+            log_level=logging.DEBUG,  # FastStream logs every message; keep that out of INFO
+        )
+        self._handler: SubmitHandler | None = None
+        self._register()
+
+    @property
+    def handler(self) -> SubmitHandler:
+        if self._handler is None:
+            raise RuntimeError("intake is not prepared: call start() or run()")
+        return self._handler
+
+    def _register(self) -> None:
+        subjects, settings = self.subjects, self.settings
+
+        with warnings.catch_warnings():
+            # FastStream warns that a durable push consumer cannot scale out; with a deliver
+            # group (``queue``) it does, which test_replicas_share_the_work checks.
+            warnings.filterwarnings("ignore", message="The JetStream Push consumer with the")
+            subscribe_stream = self.broker.subscriber(
+                subjects.submit,
+                stream=JStream(subjects.submit_stream, declare=False),
+                durable=settings.durable,
+                queue=settings.durable,  # the consumer's deliver group: replicas share it
+                config=ConsumerConfig(
+                    ack_wait=settings.ack_wait_s,
+                    deliver_policy=DeliverPolicy.ALL,
+                    max_ack_pending=settings.max_in_flight,
+                ),
+                ack_policy=AckPolicy.MANUAL,
+                decoder=_raw_body,
+            )
+
+        @subscribe_stream
+        async def stream_submit(message: Message) -> None:
+            await self.consume(message.raw_message)
+
+        @self.broker.subscriber(subjects.api_submit, queue=settings.queue_group, decoder=_raw_body)
+        async def api_submit(message: Message) -> NatsResponse:
+            data = message.body
+            try:
+                reply = await self.handler.on_api_submit(data)
+            except TRANSIENT_ERRORS:
+                raise  # no reply: the client times out and retries with the same key
+            except Exception as error:
+                log.exception("a request-reply submit could not be handled")
+                reply = self.handler.internal_error(error)
+            as_json = is_json(data)
+            return NatsResponse(
+                body=serialize_reply(reply, as_json=as_json),
+                headers={"content-type": JSON_CONTENT_TYPE if as_json else PROTOBUF_CONTENT_TYPE},
+            )
+
+    async def consume(self, raw: Msg) -> None:
+        """Handle one stream submit; ack it once done, nak it (retry later) on a NATS error."""
+        sequence = raw.metadata.sequence.stream
+        try:
+            await self._consume_one(raw.data, sequence=sequence)
+        except TRANSIENT_ERRORS as error:
+            log.warning("submit #%d: NATS error, will retry: %r", sequence, error)
+            await raw.nak(delay=self.settings.retry_delay_s)
+            return
+        await raw.ack()
+
+    async def _consume_one(self, data: bytes, *, sequence: int) -> None:
+        try:
+            await self.handler.on_stream_submit(data, sequence=sequence)
+        except TRANSIENT_ERRORS:
+            raise
+        except Exception as error:  # a bug in one submit must not block the stream
+            log.exception("submit #%d could not be handled; refusing it", sequence)
+            await self.handler.refuse_unhandled(sequence=sequence, error=error)
+
+    def _publisher(self) -> EventPublisher:
+        return EventPublisher(
+            js=self.broker.connection.jetstream(), subjects=self.subjects, producer="intake"
+        )
+
+    async def prepare(self) -> None:
+        """Connect, make sure the streams and the registry bucket exist, build the handler."""
+        connection = await self.broker.connect()
+        js = connection.jetstream()
+        await ensure_streams(js, self.subjects)
+        registry = await SubmitRegistry.open(js=js, bucket=self.subjects.intake_bucket)
+        self._handler = SubmitHandler(publisher=self._publisher(), registry=registry)
+
+    async def start(self) -> None:
+        """Prepare and start consuming (for embedding, e.g. in tests)."""
+        await self.prepare()
+        await self.broker.start()
+        # The server has our subscriptions once this returns. nats-py 2.16's flush() writes its
+        # PING ahead of commands still buffered, so one flush can return before the SUBs went
+        # out; the first one kicks the buffer out, the second PING follows it.
+        for _ in range(2):
+            await self.broker.connection.flush()
+
+    async def stop(self) -> None:
+        await self.broker.stop()
+
+    async def run(self) -> None:
+        """Run until SIGINT/SIGTERM."""
+        await FastStream(self.broker, on_startup=[self.prepare]).run()
+
+
+def build_intake(
+    *, common: CommonSettings | None = None, settings: IntakeSettings | None = None
+) -> Intake:
+    """The intake service from the given settings (or the environment's)."""
+    return Intake(common=common or CommonSettings(), settings=settings or IntakeSettings())

@@ -1,0 +1,219 @@
+"""Intake's handling of one submit: decode -> validate -> publish -> remember.
+
+The same steps serve both entrances, the submit stream (fire-and-forget, durable while intake is
+down) and request-reply (a client waiting for its job ids); only the request id and whether the
+idempotency key is required differ.
+
+Crash-safe order of an accepted submit
+--------------------------------------
+1. If ``req.<request_id>`` is already in the registry, the submit was accepted before: return
+   that reply and publish nothing.
+2. Publish one ``submitted`` event per job, dependencies first, each with its deterministic id
+   ``submitted:<job_id>:0`` as Nats-Msg-Id.
+3. Record the jobs (``job.<id>``, ``key.<sha>``) and then the reply (``req.<request_id>``, the
+   commit marker) in the registry.
+4. Only then ack the stream message, or send the reply.
+
+A crash (or a NATS error) anywhere before step 4 leaves the submit unacknowledged (the stream
+redelivers it) or unanswered (the client retries with the same key). Doing it again computes the
+same request id, the same job ids and the same event ids, so JetStream drops the events that
+were already published (duplicate window of the jobs stream), and the registry writes are
+overwrites with the same values. The opposite order (record, then publish) could lose jobs:
+a crash between the two would leave a reply naming jobs whose events never reached the log,
+and every retry would return it without publishing them (DESIGN invariant 4).
+
+Refused submits
+---------------
+A refused submit publishes only a ``rejected`` event (to ``subjects.rejected(request_id)``, with
+event id ``rejected:-:0:<request_id>``) and is not remembered: it changed nothing, so its key
+stays free for a corrected submit. A request-reply submit whose request id is unknown (malformed
+payload, missing or invalid key) is answered with the error and publishes nothing, since there
+is no request to name. The stream message of a refused submit is acked like any other: a bad
+submit is never redelivered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from mdq.bus.codec import decode_submit, encode, to_json
+from mdq.bus.publisher import EventPublisher
+from mdq.contracts import pb
+from mdq.core.ids import job_id, request_id_for_key, request_id_for_sequence
+from mdq.core.spec import AcceptedJob, SpecError, validate_key, validate_submit
+from services.intake.registry import JOB_ID_PATTERN, SubmitRegistry
+
+log = logging.getLogger(__name__)
+
+JSON_CONTENT_TYPE = "application/json"
+PROTOBUF_CONTENT_TYPE = "application/x-protobuf"
+
+
+def is_json(data: bytes) -> bool:
+    """Whether a client sent the JSON mapping (the same test as ``mdq.bus.codec``)."""
+    return data.lstrip()[:1] in (b"{", b"[", b'"') or not data.strip()
+
+
+def serialize_reply(reply: pb.SubmitReply, *, as_json: bool) -> bytes:
+    """The reply in the encoding the client used."""
+    return to_json(reply).encode() if as_json else encode(reply)
+
+
+def external_refs(request: pb.SubmitRequest) -> list[str]:
+    """Dependencies that are not names of jobs in this submit (job ids or keys)."""
+    names = {job.name for job in request.jobs}
+    return [ref for job in request.jobs for ref in job.depends_on if ref not in names]
+
+
+def check_job_ids(request: pb.SubmitRequest, *, request_id: str) -> None:
+    """Every job id must be usable as a subject token and a KV key before anything is published.
+
+    ``validate_submit`` already checks names; this guards the log against a gap there (a name
+    with a trailing newline passes a ``$``-anchored pattern and would break the subject).
+    """
+    for index, job in enumerate(request.jobs):
+        if not JOB_ID_PATTERN.fullmatch(job_id(request_id, job.name)):
+            raise SpecError(
+                f"jobs[{index}].name",
+                "must be 1 to 40 lowercase letters, digits or '-', starting with a letter",
+            )
+
+
+def refusal(request_id: str, error: SpecError) -> pb.SubmitReply:
+    return pb.SubmitReply(
+        request_id=request_id,
+        error=pb.SubmitError(field=error.field, message=error.message),
+    )
+
+
+def submitted_event(
+    publisher: EventPublisher,
+    job: AcceptedJob,
+    *,
+    request: pb.SubmitRequest,
+    request_id: str,
+) -> pb.Event:
+    body = pb.JobSubmitted(
+        spec=job.spec,
+        request_id=request_id,
+        idempotency_key=request.idempotency_key,
+        depends_on_ids=job.depends_on_ids,
+        submitted_by=request.submitted_by,
+    )
+    return publisher.event("submitted", body, job_id=job_id(request_id, job.name), attempt=0)
+
+
+def rejected_event(
+    publisher: EventPublisher, *, request_id: str, idempotency_key: str, error: SpecError
+) -> pb.Event:
+    body = pb.JobRejected(
+        request_id=request_id,
+        idempotency_key=idempotency_key,
+        error=pb.SubmitError(field=error.field, message=error.message),
+    )
+    return publisher.event("rejected", body, job_id="", attempt=0, detail=request_id)
+
+
+class SubmitHandler:
+    """Turns submits into events; safe to call again with the same submit."""
+
+    def __init__(self, *, publisher: EventPublisher, registry: SubmitRegistry) -> None:
+        self._publisher = publisher
+        self._registry = registry
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    async def on_api_submit(self, data: bytes) -> pb.SubmitReply:
+        """A request-reply submit: the idempotency key is required."""
+        return await self._handle(data, sequence=None)
+
+    async def on_stream_submit(self, data: bytes, *, sequence: int) -> pb.SubmitReply:
+        """A submit captured by the submit stream at ``sequence`` (its id when keyless)."""
+        return await self._handle(data, sequence=sequence)
+
+    async def _handle(self, data: bytes, *, sequence: int | None) -> pb.SubmitReply:
+        fallback_id = request_id_for_sequence(sequence) if sequence is not None else ""
+        try:
+            request = decode_submit(data)
+            validate_key(request.idempotency_key, required=sequence is None)
+        except SpecError as error:
+            return await self._refuse(request_id=fallback_id, idempotency_key="", error=error)
+        key = request.idempotency_key
+        request_id = request_id_for_key(key) if key else fallback_id
+        async with self._exclusive(request_id):
+            known = await self._registry.reply_for(request_id)
+            if known is not None:
+                return known
+            try:
+                resolved = await self._registry.resolve_all(external_refs(request))
+                accepted = validate_submit(
+                    request,
+                    request_id=request_id,
+                    resolve_external=resolved.get,
+                    key_required=sequence is None,
+                )
+                check_job_ids(request, request_id=request_id)
+            except SpecError as error:
+                return await self._refuse(request_id=request_id, idempotency_key=key, error=error)
+            return await self._accept(request, request_id=request_id, accepted=accepted)
+
+    async def _accept(
+        self, request: pb.SubmitRequest, *, request_id: str, accepted: list[AcceptedJob]
+    ) -> pb.SubmitReply:
+        for job in accepted:  # one at a time: the log keeps dependencies first
+            event = submitted_event(self._publisher, job, request=request, request_id=request_id)
+            await self._publisher.publish(event)
+        reply = pb.SubmitReply(
+            request_id=request_id, job_ids=[job_id(request_id, job.name) for job in request.jobs]
+        )
+        await self._registry.remember(
+            request_id=request_id, idempotency_key=request.idempotency_key, reply=reply
+        )
+        log.info("accepted %s: %d job(s)", request_id, len(accepted))
+        return reply
+
+    async def refuse_unhandled(self, *, sequence: int, error: Exception) -> pb.SubmitReply:
+        """Refuse a stream submit that failed in an unexpected way, so it is not retried forever."""
+        reply = self.internal_error(error)
+        return await self._refuse(
+            request_id=request_id_for_sequence(sequence),
+            idempotency_key="",
+            error=SpecError(reply.error.field, reply.error.message),
+        )
+
+    @staticmethod
+    def internal_error(error: Exception) -> pb.SubmitReply:
+        """The answer to a submit that failed in an unexpected way (a bug, not the input)."""
+        return refusal("", SpecError("", f"internal error in intake: {type(error).__name__}"))
+
+    async def _refuse(
+        self, *, request_id: str, idempotency_key: str, error: SpecError
+    ) -> pb.SubmitReply:
+        if request_id:
+            await self._publisher.publish(
+                rejected_event(
+                    self._publisher,
+                    request_id=request_id,
+                    idempotency_key=idempotency_key,
+                    error=error,
+                )
+            )
+        log.info("refused %s: %s", request_id or "a request", error)
+        return refusal(request_id, error)
+
+    @asynccontextmanager
+    async def _exclusive(self, request_id: str) -> AsyncIterator[None]:
+        """One submit per request id at a time in this process (stream and request-reply)."""
+        lock, users = self._locks.get(request_id, (asyncio.Lock(), 0))
+        self._locks[request_id] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[request_id]
+            if users == 1:
+                del self._locks[request_id]
+            else:
+                self._locks[request_id] = (lock, users - 1)

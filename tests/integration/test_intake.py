@@ -1,0 +1,621 @@
+"""intake against a real NATS JetStream: request-reply and stream submits, idempotency,
+dependencies, bad input, and durability of submits made while intake is down.
+
+intake runs in-process (``services.intake.app.Intake``) against the test's own namespace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+
+import pytest
+from google.protobuf import json_format
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.errors import MaxPayloadError, NoRespondersError
+from nats.js import JetStreamContext
+from nats.js.errors import APIError
+
+from mdq.bus.connect import connect
+from mdq.bus.publisher import EventPublisher
+from mdq.bus.streams import MAX_SUBMIT_BYTES
+from mdq.bus.subjects import Subjects
+from mdq.contracts import pb
+from mdq.core.ids import request_id_for_key, request_id_for_sequence
+from mdq.core.spec import normalize_job
+from mdq.embedded import child_environment, free_port, nats_server_binary
+from mdq.settings import CommonSettings
+from services.intake.app import Intake, IntakeSettings, build_intake
+
+TIMEOUT = 5.0
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+
+def settings_for(url: str, namespace: str) -> CommonSettings:
+    return CommonSettings.model_validate({"NATS_URL": url, "namespace": namespace})
+
+
+async def started(common: CommonSettings) -> Intake:
+    intake = build_intake(common=common, settings=IntakeSettings())
+    await intake.start()
+    return intake
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], what: str) -> None:
+    deadline = time.monotonic() + TIMEOUT
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+async def job_log(js: JetStreamContext, subjects: Subjects) -> list[tuple[str, pb.Event]]:
+    """Every event in the namespace's jobs stream, in order, with its subject."""
+    info = await js.stream_info(subjects.jobs_stream)
+    events = []
+    for sequence in range(info.state.first_seq, info.state.last_seq + 1):
+        if sequence == 0:
+            continue
+        message = await js.get_msg(subjects.jobs_stream, sequence)
+        assert message.data is not None
+        events.append((message.subject or "", pb.Event.FromString(message.data)))
+    return events
+
+
+async def wait_for_events(
+    js: JetStreamContext, subjects: Subjects, count: int
+) -> list[tuple[str, pb.Event]]:
+    found: list[tuple[str, pb.Event]] = []
+
+    async def enough() -> bool:
+        nonlocal found
+        found = await job_log(js, subjects)
+        return len(found) >= count
+
+    await eventually(enough, f"{count} event(s) in the jobs stream")
+    return found
+
+
+async def ask(nc: Client, subjects: Subjects, payload: dict[str, object] | bytes) -> pb.SubmitReply:
+    """A request-reply submit; JSON in gives JSON out, protobuf in gives protobuf out."""
+    data = json.dumps(payload).encode() if isinstance(payload, dict) else payload
+    answer = await nc.request(subjects.api_submit, data, timeout=TIMEOUT)
+    reply = pb.SubmitReply()
+    if (answer.headers or {}).get("content-type") == "application/json":
+        json_format.Parse(answer.data, reply)
+    else:
+        reply.ParseFromString(answer.data)
+    return reply
+
+
+class Tap:
+    """Counts every publish on the namespace's job and rejected subjects (core NATS sees
+    republished events that JetStream's deduplication would hide)."""
+
+    def __init__(self) -> None:
+        self.subjects: list[str] = []
+
+    async def on_message(self, message: Msg) -> None:
+        self.subjects.append(message.subject)
+
+    async def at_least(self, count: int) -> bool:
+        return len(self.subjects) >= count
+
+
+@pytest.fixture
+async def intake(nats_url: str, namespace: str, nc: Client) -> AsyncIterator[Intake]:
+    service = await started(settings_for(nats_url, namespace))
+    yield service
+    await service.stop()
+
+
+@pytest.fixture
+async def tap(nc: Client, subjects: Subjects) -> AsyncIterator[Tap]:
+    counter = Tap()
+    subscriptions = [
+        await nc.subscribe(subjects.job_all("*"), cb=counter.on_message),
+        await nc.subscribe(subjects.rejected("*"), cb=counter.on_message),
+    ]
+    for _ in range(2):  # nats-py 2.16: one flush may overtake the buffered SUBs
+        await nc.flush()
+    yield counter
+    for subscription in subscriptions:
+        await subscription.unsubscribe()
+
+
+# -- request-reply ------------------------------------------------------------------------------
+
+
+async def test_request_reply_accepts_and_publishes_submitted(
+    intake: Intake, nc: Client, subjects: Subjects
+) -> None:
+    reply = await ask(
+        nc,
+        subjects,
+        {
+            "idempotency_key": "accept-1",
+            "submitted_by": "alice",
+            "jobs": [{"name": "water", "steps": 2000, "resources": {"cpu": 2}}],
+        },
+    )
+    request_id = request_id_for_key("accept-1")
+    assert not reply.HasField("error")
+    assert reply.request_id == request_id
+    assert list(reply.job_ids) == [f"{request_id}-water"]
+
+    [(subject, event)] = await wait_for_events(nc.jetstream(), subjects, 1)
+    assert subject == subjects.job(f"{request_id}-water", "submitted")
+    assert event.event_id == f"submitted:{request_id}-water:0"
+    assert (event.job_id, event.attempt, event.producer) == (f"{request_id}-water", 0, "intake")
+    submitted = event.submitted
+    assert (submitted.request_id, submitted.idempotency_key) == (request_id, "accept-1")
+    assert submitted.submitted_by == "alice"
+    assert list(submitted.depends_on_ids) == []
+    assert submitted.spec.steps == 2000
+    assert submitted.spec.resources.cpu == 2
+    assert submitted.spec.resources.memory_mb == 1024  # defaults filled in
+    assert submitted.spec.task == pb.TASK_MD
+
+
+async def test_protobuf_request_gets_protobuf_reply(
+    intake: Intake, nc: Client, subjects: Subjects
+) -> None:
+    request = pb.SubmitRequest(idempotency_key="binary-1", jobs=[pb.JobSpec(name="bin")])
+    answer = await nc.request(subjects.api_submit, request.SerializeToString(), timeout=TIMEOUT)
+    assert (answer.headers or {}).get("content-type") == "application/x-protobuf"
+    reply = pb.SubmitReply.FromString(answer.data)
+    assert list(reply.job_ids) == [f"{request_id_for_key('binary-1')}-bin"]
+
+
+async def test_same_key_gives_same_ids_and_no_second_event(
+    intake: Intake, nc: Client, subjects: Subjects, tap: Tap
+) -> None:
+    submit: dict[str, object] = {"idempotency_key": "twice", "jobs": [{"name": "a"}, {"name": "b"}]}
+    first = await ask(nc, subjects, submit)
+    await eventually(lambda: tap.at_least(2), "the first submit's events")
+    second = await ask(nc, subjects, submit)
+    changed = await ask(nc, subjects, {"idempotency_key": "twice", "jobs": [{"name": "zzz"}]})
+    await asyncio.sleep(0.2)  # anything published by the repeats would have arrived by now
+
+    assert first.job_ids and not first.HasField("error")
+    assert second == first
+    assert changed == first  # the key wins: the first outcome is returned
+    assert len(tap.subjects) == 2
+    assert len(await job_log(nc.jetstream(), subjects)) == 2
+
+
+async def test_chain_by_name_is_published_dependencies_first(
+    intake: Intake, nc: Client, subjects: Subjects
+) -> None:
+    reply = await ask(
+        nc,
+        subjects,
+        {
+            "idempotency_key": "chain",
+            "jobs": [
+                {"name": "analyze", "task": "TASK_ANALYZE", "depends_on": ["md"]},
+                {"name": "md", "depends_on": ["minimize"]},
+                {"name": "minimize", "task": "TASK_MINIMIZE"},
+            ],
+        },
+    )
+    rid = request_id_for_key("chain")
+    assert list(reply.job_ids) == [f"{rid}-analyze", f"{rid}-md", f"{rid}-minimize"]
+    events = [event for _, event in await wait_for_events(nc.jetstream(), subjects, 3)]
+    assert [event.job_id for event in events] == [f"{rid}-minimize", f"{rid}-md", f"{rid}-analyze"]
+    assert [list(event.submitted.depends_on_ids) for event in events] == [
+        [],
+        [f"{rid}-minimize"],
+        [f"{rid}-md"],
+    ]
+    assert events[2].submitted.spec.task == pb.TASK_ANALYZE
+
+
+async def test_depends_on_an_earlier_job_id_or_key(
+    intake: Intake, nc: Client, subjects: Subjects
+) -> None:
+    prep = await ask(nc, subjects, {"idempotency_key": "prep", "jobs": [{"name": "eq"}]})
+    [prep_job] = prep.job_ids
+
+    by_id = await ask(
+        nc,
+        subjects,
+        {"idempotency_key": "by-id", "jobs": [{"name": "md", "depends_on": [prep_job]}]},
+    )
+    by_key = await ask(
+        nc,
+        subjects,
+        {"idempotency_key": "by-key", "jobs": [{"name": "md", "depends_on": ["prep"]}]},
+    )
+    unknown = await ask(
+        nc,
+        subjects,
+        {
+            "idempotency_key": "by-nothing",
+            "jobs": [{"name": "md", "depends_on": ["000000000000-eq"]}],
+        },
+    )
+
+    assert not by_id.HasField("error") and not by_key.HasField("error")
+    assert unknown.error.field == "jobs[0].depends_on[0]"
+    events = {
+        event.job_id: event for _, event in await wait_for_events(nc.jetstream(), subjects, 4)
+    }
+    assert list(events[by_id.job_ids[0]].submitted.depends_on_ids) == [prep_job]
+    assert list(events[by_key.job_ids[0]].submitted.depends_on_ids) == [prep_job]
+    assert events[""].rejected.request_id == request_id_for_key("by-nothing")
+
+
+async def test_key_of_a_multi_job_submit_is_no_dependency(
+    intake: Intake, nc: Client, subjects: Subjects
+) -> None:
+    await ask(nc, subjects, {"idempotency_key": "pair", "jobs": [{"name": "a"}, {"name": "b"}]})
+    reply = await ask(
+        nc,
+        subjects,
+        {"idempotency_key": "after-pair", "jobs": [{"name": "c", "depends_on": ["pair"]}]},
+    )
+    assert reply.error.field == "jobs[0].depends_on[0]"
+    assert "unknown dependency" in reply.error.message
+
+
+async def test_request_reply_requires_a_key(intake: Intake, nc: Client, subjects: Subjects) -> None:
+    reply = await ask(nc, subjects, {"jobs": [{"name": "a"}]})
+    assert reply.error.field == "idempotency_key"
+    assert not reply.job_ids
+
+
+# -- bad input ----------------------------------------------------------------------------------
+
+TEN_TIB_IN_MIB = 10 * 1024 * 1024
+
+
+def good_job(**fields: object) -> dict[str, object]:
+    return {"name": "ok", **fields}
+
+
+# (payload builder taking a key, decodes?, accepted field paths, fragment of the message)
+# Where the codec can only name the top-level field ("jobs") the message carries the full path.
+BAD_INPUTS = [
+    pytest.param(
+        lambda key: b'{"idempotency_key": "' + key.encode() + b'", "jobs": [',
+        False,
+        {""},
+        "malformed JSON",
+        id="malformed-json",
+    ),
+    pytest.param(
+        lambda key: {"idempotency_key": key, "jobs": [good_job(resources={"cpu": "lots"})]},
+        False,
+        {"jobs[0].resources.cpu"},
+        "jobs[0].resources.cpu",
+        id="cpu-wrong-type",
+    ),
+    pytest.param(
+        lambda key: {"idempotency_key": key, "jobs": [good_job(gpus=4)]},
+        False,
+        {"jobs[0].gpus"},
+        "gpus",
+        id="unknown-field",
+    ),
+    pytest.param(
+        lambda key: {
+            "idempotency_key": key,
+            "jobs": [good_job(resources={"memory_mb": TEN_TIB_IN_MIB})],
+        },
+        True,
+        {"jobs[0].resources.memory_mb"},
+        "must be between 64 and",
+        id="memory-10-tib",
+    ),
+    pytest.param(
+        lambda key: {"idempotency_key": key, "jobs": [{"name": "../etc"}]},
+        True,
+        {"jobs[0].name"},
+        "lowercase letters",
+        id="path-like-name",
+    ),
+    pytest.param(
+        lambda key: {"idempotency_key": key, "jobs": [{"name": "a\n"}]},
+        True,
+        {"jobs[0].name"},
+        "lowercase letters",
+        id="name-with-newline",
+    ),
+    pytest.param(
+        lambda key: {"idempotency_key": key, "jobs": [good_job(resources={"cpu": 1e6})]},
+        True,
+        {"jobs[0].resources.cpu"},
+        "must be between 0.1 and 256",
+        id="cpu-absurd",
+    ),
+    pytest.param(
+        lambda key: {
+            "idempotency_key": key,
+            "jobs": [
+                {"name": "a", "depends_on": ["b"]},
+                {"name": "b", "depends_on": ["a"]},
+            ],
+        },
+        True,
+        {"jobs[0].depends_on"},
+        "dependency cycle: a -> b -> a",
+        id="cycle",
+    ),
+    pytest.param(
+        lambda key: {"idempotency_key": key, "jobs": []},
+        True,
+        {"jobs"},
+        "1 to 500 jobs",
+        id="no-jobs",
+    ),
+    pytest.param(lambda key: b"", False, {""}, "JSON object", id="empty-payload"),
+    pytest.param(
+        lambda key: b"\xff\xfe\x00garbage", False, {""}, "neither JSON nor", id="not-protobuf"
+    ),
+]
+
+
+def encoded(payload: dict[str, object] | bytes) -> bytes:
+    return json.dumps(payload).encode() if isinstance(payload, dict) else payload
+
+
+@pytest.mark.parametrize(("build", "decodes", "fields", "fragment"), BAD_INPUTS)
+async def test_bad_input_is_refused_naming_the_field(
+    intake: Intake,
+    nc: Client,
+    subjects: Subjects,
+    build: Callable[[str], dict[str, object] | bytes],
+    decodes: bool,
+    fields: set[str],
+    fragment: str,
+) -> None:
+    js = nc.jetstream()
+
+    # request-reply: the reply names the field
+    reply = await ask(nc, subjects, encoded(build("bad-rr")))
+    assert reply.error.field in fields, reply.error
+    assert fragment in reply.error.message
+    assert not reply.job_ids
+
+    # the stream: only a rejected event, and the message is acked (never redelivered)
+    ack = await js.publish(subjects.submit, encoded(build("bad-stream")))
+    request_id = request_id_for_key("bad-stream") if decodes else request_id_for_sequence(ack.seq)
+
+    async def rejected_for_stream() -> bool:
+        return any(
+            subject == subjects.rejected(request_id) for subject, _ in await job_log(js, subjects)
+        )
+
+    await eventually(rejected_for_stream, "the rejected event of the stream submit")
+    events = await job_log(js, subjects)
+    assert {event.WhichOneof("body") for _, event in events} == {"rejected"}
+    [stream_event] = [e for s, e in events if s == subjects.rejected(request_id)]
+    assert stream_event.event_id == f"rejected:-:0:{request_id}"
+    assert stream_event.rejected.request_id == request_id
+    assert stream_event.rejected.idempotency_key == ("bad-stream" if decodes else "")
+    assert stream_event.rejected.error.field in fields
+    assert fragment in stream_event.rejected.error.message
+
+    async def all_acked() -> bool:
+        info = await js.consumer_info(subjects.submit_stream, "intake")
+        return bool(info.num_pending == 0 and info.num_ack_pending == 0)
+
+    await eventually(all_acked, "the stream submit to be acked")
+    assert (await js.consumer_info(subjects.submit_stream, "intake")).num_redelivered == 0
+
+    # intake keeps working
+    good = await ask(nc, subjects, {"idempotency_key": "good-after", "jobs": [good_job()]})
+    assert not good.HasField("error")
+    assert list(good.job_ids) == [f"{request_id_for_key('good-after')}-ok"]
+
+
+async def test_oversized_payload_is_stopped_by_the_default_server(
+    intake: Intake, nc: Client, subjects: Subjects
+) -> None:
+    """A default server (1 MiB max_payload) refuses a 2 MB submit before it leaves the client."""
+    with pytest.raises(MaxPayloadError):
+        await nc.request(subjects.api_submit, b"{" + b" " * (2 << 20) + b"}", timeout=TIMEOUT)
+    reply = await ask(nc, subjects, {"idempotency_key": "after-big", "jobs": [good_job()]})
+    assert not reply.HasField("error")
+
+
+@pytest.fixture
+def roomy_nats_url(tmp_path: Path) -> Iterator[str]:
+    """A NATS server that lets 2 MB messages through, so intake's own limit is what stops them."""
+    port = free_port()
+    config = tmp_path / "nats.conf"
+    config.write_text(
+        f'listen: "127.0.0.1:{port}"\nmax_payload: 4MB\n'
+        f'jetstream {{ store_dir: "{tmp_path / "js"}" }}\n'
+    )
+    process = subprocess.Popen(
+        [nats_server_binary(), "-c", str(config)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"nats://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                    break
+            except OSError:
+                if time.monotonic() > deadline or process.poll() is not None:
+                    raise
+                time.sleep(0.05)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+async def test_oversized_payload_gets_an_error_reply(roomy_nats_url: str, namespace: str) -> None:
+    common = settings_for(roomy_nats_url, namespace)
+    subjects = common.subjects
+    client = await connect(roomy_nats_url, name="big", subjects=subjects)
+    intake = await started(common)
+    try:
+        big = json.dumps(
+            {"idempotency_key": "big", "jobs": [{"name": "a", "labels": {"x": "y" * (2 << 20)}}]}
+        ).encode()
+        assert len(big) > 2 * 1024 * 1024 > MAX_SUBMIT_BYTES
+
+        reply = await ask(client, subjects, big)
+        assert reply.error.field == ""
+        assert f"limit is {MAX_SUBMIT_BYTES}" in reply.error.message
+        assert not reply.job_ids
+
+        # the submit stream refuses it outright (max_msg_size), so it never reaches intake
+        with pytest.raises(APIError):
+            await client.jetstream().publish(subjects.submit, big)
+        good = await ask(client, subjects, {"idempotency_key": "small", "jobs": [good_job()]})
+        assert not good.HasField("error")
+        events = await wait_for_events(client.jetstream(), subjects, 1)
+        assert [event.WhichOneof("body") for _, event in events] == ["submitted"]
+    finally:
+        await intake.stop()
+        await client.drain()
+
+
+# -- the submit stream --------------------------------------------------------------------------
+
+
+async def test_submits_made_while_intake_is_down_are_handled_when_it_starts(
+    nats_url: str, namespace: str, nc: Client, subjects: Subjects, tap: Tap
+) -> None:
+    js = nc.jetstream()
+    common = settings_for(nats_url, namespace)
+
+    # published before intake ever ran in this namespace (no consumer exists yet)
+    before = await js.publish(subjects.submit, json.dumps({"jobs": [{"name": "before"}]}).encode())
+    first = await started(common)
+    early = await js.publish(subjects.submit, json.dumps({"jobs": [{"name": "early"}]}).encode())
+    await wait_for_events(js, subjects, 2)
+    await first.stop()
+
+    # intake is down: a keyless JSON submit and a keyed protobuf one are captured by the stream
+    keyless = await js.publish(subjects.submit, json.dumps({"jobs": [{"name": "late"}]}).encode())
+    keyed = pb.SubmitRequest(idempotency_key="offline", jobs=[pb.JobSpec(name="proto")])
+    await js.publish(subjects.submit, keyed.SerializeToString())
+    await asyncio.sleep(0.2)
+    assert len(await job_log(js, subjects)) == 2
+
+    second = await started(common)
+    try:
+        events = await wait_for_events(js, subjects, 4)
+    finally:
+        await second.stop()
+    assert [event.job_id for _, event in events] == [
+        f"{request_id_for_sequence(before.seq)}-before",
+        f"{request_id_for_sequence(early.seq)}-early",
+        f"{request_id_for_sequence(keyless.seq)}-late",
+        f"{request_id_for_key('offline')}-proto",
+    ]
+    assert len(tap.subjects) == 4  # the submits handled before the restart were not redone
+
+
+async def test_plain_nats_publish_of_json_is_accepted(
+    intake: Intake, nc: Client, subjects: Subjects
+) -> None:
+    """What `nats pub mdq.submit '{"jobs":[{"name":"hello"}]}'` does: a core publish, no ack."""
+    await nc.publish(subjects.submit, b'{"jobs": [{"name": "hello", "steps": 100}]}')
+    [(_, event)] = await wait_for_events(nc.jetstream(), subjects, 1)
+    assert event.job_id == f"{request_id_for_sequence(1)}-hello"
+    assert event.submitted.spec.steps == 100
+    assert event.submitted.request_id == request_id_for_sequence(1)
+
+
+async def test_replicas_share_the_work(
+    nats_url: str, namespace: str, nc: Client, subjects: Subjects, tap: Tap
+) -> None:
+    """Two intakes: every request-reply submit is answered once, every stream submit handled
+    once (queue group + shared durable consumer)."""
+    common = settings_for(nats_url, namespace)
+    replicas = [await started(common), await started(common)]
+    try:
+        replies = await asyncio.gather(
+            *(
+                ask(nc, subjects, {"idempotency_key": f"r{i}", "jobs": [{"name": "a"}]})
+                for i in range(10)
+            )
+        )
+        for i in range(10):
+            await nc.publish(subjects.submit, json.dumps({"jobs": [{"name": f"s{i}"}]}).encode())
+        events = await wait_for_events(nc.jetstream(), subjects, 20)
+    finally:
+        for replica in replicas:
+            await replica.stop()
+    assert all(not reply.HasField("error") for reply in replies)
+    assert len({event.job_id for _, event in events}) == 20
+    assert len(tap.subjects) == 20
+
+
+async def test_resubmit_after_a_crash_between_publish_and_record(
+    intake: Intake, nc: Client, subjects: Subjects
+) -> None:
+    """An intake that died after publishing a submit's events but before recording it left the
+    events in the log and no record: the retry republishes (dropped as duplicates) and records."""
+    request_id = request_id_for_key("crashed")
+    spec = normalize_job(pb.JobSpec(name="a"), "jobs[0]")
+    crashed = EventPublisher(js=nc.jetstream(), subjects=subjects, producer="intake")
+    await crashed.emit(
+        "submitted",
+        pb.JobSubmitted(spec=spec, request_id=request_id, idempotency_key="crashed"),
+        job_id=f"{request_id}-a",
+        attempt=0,
+    )
+
+    reply = await ask(nc, subjects, {"idempotency_key": "crashed", "jobs": [{"name": "a"}]})
+    again = await ask(nc, subjects, {"idempotency_key": "crashed", "jobs": [{"name": "a"}]})
+
+    assert list(reply.job_ids) == [f"{request_id}-a"] and again == reply
+    events = await job_log(nc.jetstream(), subjects)
+    assert [event.event_id for _, event in events] == [f"submitted:{request_id}-a:0"]
+
+
+async def test_runs_as_a_process(
+    nats_url: str, namespace: str, nc: Client, subjects: Subjects
+) -> None:
+    """`python -m services.intake` serves request-reply and stops cleanly on SIGTERM."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "services.intake",
+        env=child_environment(NATS_URL=nats_url, MDQ_NAMESPACE=namespace),
+        cwd=REPO_ROOT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        reply = None
+        deadline = time.monotonic() + 20
+        while reply is None:
+            try:
+                reply = await ask(
+                    nc, subjects, {"idempotency_key": "proc", "jobs": [{"name": "p"}]}
+                )
+            except NoRespondersError:
+                assert process.returncode is None, "intake exited"
+                assert time.monotonic() < deadline, "intake did not come up"
+                await asyncio.sleep(0.1)
+        assert list(reply.job_ids) == [f"{request_id_for_key('proc')}-p"]
+        process.send_signal(signal.SIGTERM)
+        output, _ = await asyncio.wait_for(process.communicate(), timeout=20)
+        assert process.returncode == 0, output.decode()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
