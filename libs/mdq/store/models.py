@@ -1,0 +1,190 @@
+"""The tables of the projection, as SQLAlchemy 2.x typed declarative models.
+
+Only the watcher writes them, in one transaction per batch of events together with the
+consumer offset, so the database is always a consistent prefix of the log. Column names are
+meant for plain SQL too (``mdq show`` is only one reader); times are ``timestamptz``, energies
+kJ/mol, temperatures K. Empty strings of the events are stored as NULL.
+
+The Alembic migrations under ``migrations/`` create exactly these tables; a test compares them.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    DateTime,
+    Double,
+    ForeignKeyConstraint,
+    Index,
+    Integer,
+    MetaData,
+    Text,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    """Declarative base with PostgreSQL types for the annotations used below."""
+
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {
+        str: Text(),
+        int: BigInteger(),
+        float: Double(),
+        datetime: DateTime(timezone=True),
+        dict[str, Any]: JSONB(),
+        list[Any]: JSONB(),
+        list[str]: ARRAY(Text()),
+    }
+
+
+class Job(Base):
+    """One job: what was submitted and where it is now (the fold of its events)."""
+
+    __tablename__ = "jobs"
+    __table_args__ = (
+        Index(None, "state"),
+        Index(None, "request_id"),
+        Index(None, "submitted_at"),
+    )
+
+    job_id: Mapped[str] = mapped_column(primary_key=True, comment="request_id-name")
+    request_id: Mapped[str] = mapped_column(comment="The submit this job came from.")
+    name: Mapped[str] = mapped_column(comment="JobSpec.name, unique within the submit.")
+    task: Mapped[str] = mapped_column(comment="Task enum name, e.g. TASK_MD.")
+    state: Mapped[str] = mapped_column(comment="mdq.core.state.JobState name.")
+    attempt: Mapped[int] = mapped_column(Integer, comment="Current attempt, from 1.")
+    priority_class: Mapped[str] = mapped_column(comment="high, normal or low.")
+    node: Mapped[str | None] = mapped_column(comment="Node of the current attempt, if bound.")
+    pod_name: Mapped[str | None] = mapped_column(comment="Pod of the current attempt.")
+    spec: Mapped[dict[str, Any]] = mapped_column(comment="JobSpec, protobuf JSON mapping.")
+    depends_on: Mapped[list[str]] = mapped_column(comment="Job ids this job waits for.")
+    submitted_by: Mapped[str | None]
+    submitted_at: Mapped[datetime]
+    updated_at: Mapped[datetime] = mapped_column(comment="Time of the last event applied.")
+    target_steps: Mapped[int] = mapped_column(comment="Step target (JobSpec.steps).")
+    last_step: Mapped[int] = mapped_column(comment="Last MD step reported.")
+    last_potential_kj_mol: Mapped[float | None]
+    last_temperature_k: Mapped[float | None]
+    last_ns_per_day: Mapped[float | None]
+    last_progress_at: Mapped[datetime | None]
+    done_reason: Mapped[str | None] = mapped_column(comment="steps_reached, converged ...")
+    final_reason: Mapped[str | None] = mapped_column(comment="FailureReason name if FAILED.")
+    final_message: Mapped[str | None]
+    latest_checkpoint_step: Mapped[int | None]
+
+
+class Attempt(Base):
+    """One attempt of a job (one pod): where it ran, how it ended."""
+
+    __tablename__ = "attempts"
+    __table_args__ = (ForeignKeyConstraint(["job_id"], ["jobs.job_id"], ondelete="CASCADE"),)
+
+    job_id: Mapped[str] = mapped_column(primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    node: Mapped[str | None]
+    pod_name: Mapped[str | None]
+    bound_at: Mapped[datetime | None]
+    started_at: Mapped[datetime | None]
+    ended_at: Mapped[datetime | None]
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    failure_reason: Mapped[str | None] = mapped_column(comment="FailureReason name.")
+    failure_message: Mapped[str | None]
+    resumed_from_step: Mapped[int] = mapped_column(comment="Checkpoint step resumed from.")
+    steps_lost: Mapped[int] = mapped_column(comment="Steps beyond the checkpoint, lost.")
+    last_step: Mapped[int] = mapped_column(comment="Last MD step this attempt reached.")
+
+
+class EventRecord(Base):
+    """Every event of the JOBS and PROGRESS streams, once (the event id is the key)."""
+
+    __tablename__ = "events"
+    __table_args__ = (Index(None, "job_id", "time"),)
+
+    event_id: Mapped[str] = mapped_column(primary_key=True)
+    stream: Mapped[str]
+    stream_seq: Mapped[int]
+    job_id: Mapped[str | None]
+    attempt: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(comment="Event.body case: submitted, progress ...")
+    time: Mapped[datetime]
+    producer: Mapped[str]
+    body: Mapped[dict[str, Any]] = mapped_column(comment="The body, protobuf JSON mapping.")
+
+
+class ProgressRecord(Base):
+    """MD progress reports (the energy trace of every attempt)."""
+
+    __tablename__ = "progress"
+
+    job_id: Mapped[str] = mapped_column(primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    step: Mapped[int] = mapped_column(primary_key=True)
+    time: Mapped[datetime]
+    time_ps: Mapped[float]
+    potential_kj_mol: Mapped[float]
+    kinetic_kj_mol: Mapped[float]
+    temperature_k: Mapped[float]
+    ns_per_day: Mapped[float]
+
+
+class CheckpointRecord(Base):
+    """Checkpoints written and verified by runners."""
+
+    __tablename__ = "checkpoints"
+
+    job_id: Mapped[str] = mapped_column(primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    step: Mapped[int] = mapped_column(primary_key=True)
+    path: Mapped[str]
+    sha256: Mapped[str]
+    size_bytes: Mapped[int]
+    time_ps: Mapped[float]
+    time: Mapped[datetime]
+
+
+class Placement(Base):
+    """Why an attempt went where it went: the scores of job.bound."""
+
+    __tablename__ = "placements"
+
+    job_id: Mapped[str] = mapped_column(primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    node: Mapped[str]
+    candidates: Mapped[list[Any]] = mapped_column(comment="NodeScore list, JSON mapping.")
+    time: Mapped[datetime]
+
+
+class Rejection(Base):
+    """Submits that intake refused, with the field at fault."""
+
+    __tablename__ = "rejections"
+
+    request_id: Mapped[str] = mapped_column(primary_key=True)
+    idempotency_key: Mapped[str | None]
+    field: Mapped[str | None]
+    message: Mapped[str]
+    time: Mapped[datetime]
+
+
+class ConsumerOffset(Base):
+    """The last stream sequence projected per consumer, committed with the batch's effect."""
+
+    __tablename__ = "consumer_offsets"
+
+    consumer: Mapped[str] = mapped_column(primary_key=True)
+    stream: Mapped[str]
+    last_seq: Mapped[int]
+    updated_at: Mapped[datetime]

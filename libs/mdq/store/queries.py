@@ -1,0 +1,253 @@
+"""Read-only queries of the projection for the CLI (``mdq list``, ``mdq show``, timelines).
+
+Every function takes a SQLAlchemy ``AsyncEngine`` (see ``mdq.store.engine.create_engine``) and
+returns plain frozen dataclasses, so callers never hold a session or a row object.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from mdq.store.models import Attempt, CheckpointRecord, EventRecord, Job, ProgressRecord
+
+
+@dataclass(frozen=True, slots=True)
+class JobSummary:
+    """One line of ``mdq list``."""
+
+    job_id: str
+    name: str
+    task: str
+    state: str
+    attempt: int
+    priority_class: str
+    node: str | None
+    submitted_at: datetime
+    updated_at: datetime
+    target_steps: int
+    last_step: int
+    last_ns_per_day: float | None
+    done_reason: str | None
+    final_reason: str | None
+
+    @property
+    def fraction_done(self) -> float:
+        """Progress towards the step target, 0..1."""
+        if self.target_steps <= 0:
+            return 0.0
+        return min(1.0, self.last_step / self.target_steps)
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """Every column of a job."""
+
+    job_id: str
+    request_id: str
+    name: str
+    task: str
+    state: str
+    attempt: int
+    priority_class: str
+    node: str | None
+    pod_name: str | None
+    spec: dict[str, Any]
+    depends_on: tuple[str, ...]
+    submitted_by: str | None
+    submitted_at: datetime
+    updated_at: datetime
+    target_steps: int
+    last_step: int
+    last_potential_kj_mol: float | None
+    last_temperature_k: float | None
+    last_ns_per_day: float | None
+    last_progress_at: datetime | None
+    done_reason: str | None
+    final_reason: str | None
+    final_message: str | None
+    latest_checkpoint_step: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptInfo:
+    """One attempt of a job."""
+
+    attempt: int
+    node: str | None
+    pod_name: str | None
+    bound_at: datetime | None
+    started_at: datetime | None
+    ended_at: datetime | None
+    exit_code: int | None
+    failure_reason: str | None
+    failure_message: str | None
+    resumed_from_step: int
+    steps_lost: int
+    last_step: int
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressPoint:
+    """One progress report."""
+
+    attempt: int
+    step: int
+    time: datetime
+    time_ps: float
+    potential_kj_mol: float
+    kinetic_kj_mol: float
+    temperature_k: float
+    ns_per_day: float
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointInfo:
+    """One verified checkpoint."""
+
+    attempt: int
+    step: int
+    path: str
+    sha256: str
+    size_bytes: int
+    time_ps: float
+    time: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class JobDetail:
+    """What ``mdq show JOB`` prints."""
+
+    job: JobRecord
+    attempts: tuple[AttemptInfo, ...]
+    last_progress: ProgressPoint | None
+    latest_checkpoint: CheckpointInfo | None
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineEntry:
+    """One event of a job, as stored."""
+
+    event_id: str
+    stream: str
+    stream_seq: int
+    kind: str
+    attempt: int
+    time: datetime
+    producer: str
+    body: dict[str, Any]
+
+
+async def list_jobs(
+    engine: AsyncEngine, *, limit: int = 50, state: str | None = None
+) -> list[JobSummary]:
+    """The most recently submitted jobs first (optionally only those in ``state``)."""
+    query = select(
+        Job.job_id,
+        Job.name,
+        Job.task,
+        Job.state,
+        Job.attempt,
+        Job.priority_class,
+        Job.node,
+        Job.submitted_at,
+        Job.updated_at,
+        Job.target_steps,
+        Job.last_step,
+        Job.last_ns_per_day,
+        Job.done_reason,
+        Job.final_reason,
+    )
+    if state is not None:
+        query = query.where(Job.state == state)
+    query = query.order_by(Job.submitted_at.desc(), Job.job_id).limit(limit)
+    async with engine.connect() as connection:
+        result = await connection.execute(query)
+        return [JobSummary(**row._asdict()) for row in result]
+
+
+async def job_detail(engine: AsyncEngine, job_id: str) -> JobDetail | None:
+    """A job with its attempts, last progress report and latest checkpoint; None if unknown."""
+    async with engine.connect() as connection:
+        job_row = (
+            await connection.execute(select(Job.__table__).where(Job.job_id == job_id))
+        ).first()
+        if job_row is None:
+            return None
+        job_values = job_row._asdict()
+        job_values["depends_on"] = tuple(job_values["depends_on"] or ())
+        attempts = await connection.execute(
+            select(Attempt.__table__).where(Attempt.job_id == job_id).order_by(Attempt.attempt)
+        )
+        progress_row = (
+            await connection.execute(
+                select(ProgressRecord.__table__)
+                .where(ProgressRecord.job_id == job_id)
+                .order_by(ProgressRecord.attempt.desc(), ProgressRecord.step.desc())
+                .limit(1)
+            )
+        ).first()
+        checkpoint_row = (
+            await connection.execute(
+                select(CheckpointRecord.__table__)
+                .where(CheckpointRecord.job_id == job_id)
+                .order_by(CheckpointRecord.step.desc(), CheckpointRecord.attempt.desc())
+                .limit(1)
+            )
+        ).first()
+    return JobDetail(
+        job=JobRecord(**job_values),
+        attempts=tuple(AttemptInfo(**_without(row._asdict(), "job_id")) for row in attempts),
+        last_progress=(
+            None
+            if progress_row is None
+            else ProgressPoint(**_without(progress_row._asdict(), "job_id"))
+        ),
+        latest_checkpoint=(
+            None
+            if checkpoint_row is None
+            else CheckpointInfo(**_without(checkpoint_row._asdict(), "job_id"))
+        ),
+    )
+
+
+async def job_timeline(engine: AsyncEngine, job_id: str) -> list[TimelineEntry]:
+    """Every stored event of a job in the order it happened (time, then stream order)."""
+    query = (
+        select(
+            EventRecord.event_id,
+            EventRecord.stream,
+            EventRecord.stream_seq,
+            EventRecord.kind,
+            EventRecord.attempt,
+            EventRecord.time,
+            EventRecord.producer,
+            EventRecord.body,
+        )
+        .where(EventRecord.job_id == job_id)
+        .order_by(EventRecord.time, EventRecord.stream, EventRecord.stream_seq)
+    )
+    async with engine.connect() as connection:
+        result = await connection.execute(query)
+        return [TimelineEntry(**row._asdict()) for row in result]
+
+
+async def progress_trace(
+    engine: AsyncEngine, job_id: str, *, attempt: int | None = None
+) -> list[ProgressPoint]:
+    """The progress reports of a job (for energy plots), by attempt then step."""
+    query = select(ProgressRecord.__table__).where(ProgressRecord.job_id == job_id)
+    if attempt is not None:
+        query = query.where(ProgressRecord.attempt == attempt)
+    query = query.order_by(ProgressRecord.attempt, ProgressRecord.step)
+    async with engine.connect() as connection:
+        result = await connection.execute(query)
+        return [ProgressPoint(**_without(row._asdict(), "job_id")) for row in result]
+
+
+def _without(values: dict[str, Any], *names: str) -> dict[str, Any]:
+    return {key: value for key, value in values.items() if key not in names}

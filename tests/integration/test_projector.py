@@ -1,0 +1,584 @@
+"""The watcher's projector against real NATS JetStream and a fresh PostgreSQL database per test.
+
+Histories are built with ``mdq.core.events.make_event`` at fixed times, published like the
+services publish them, and the resulting tables are checked; redelivery, republishing, stale
+attempts and kill -9 in the middle of a batch must leave every event projected exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+from google.protobuf.message import Message
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+
+from mdq.bus.codec import encode
+from mdq.bus.publisher import EventPublisher
+from mdq.bus.subjects import Subjects
+from mdq.contracts import pb
+from mdq.core.events import make_event
+from mdq.core.ids import pod_name
+from mdq.store import queries
+from mdq.store.engine import create_engine, create_writer_pool
+from mdq.store.migrate import upgrade_async
+from services.watcher.projector import Projector
+
+T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+REPO = Path(__file__).resolve().parents[2]
+TABLES = ("jobs", "attempts", "events", "progress", "checkpoints", "placements", "rejections")
+
+
+class History:
+    """Events of one job at increasing, fixed times (one second apart)."""
+
+    def __init__(self, name: str, *, steps: int = 1000, request_id: str = "0123456789ab") -> None:
+        self.request_id = request_id
+        self.job_id = f"{request_id}-{name}"
+        self.spec = pb.JobSpec(name=name, steps=steps, report_interval_steps=100)
+        self.spec.resources.cpu = 1
+        self.spec.resources.memory_mb = 1024
+        self.spec.priority_class = "high"
+        self.clock = T0
+        self.times: dict[str, datetime] = {}
+
+    def event(
+        self, kind: str, body: Message, attempt: int, detail: str | int | None = None
+    ) -> pb.Event:
+        self.clock += timedelta(seconds=1)
+        self.times[f"{kind}:{attempt}" + ("" if detail is None else f":{detail}")] = self.clock
+        return make_event(
+            kind,
+            body,
+            job_id=self.job_id,
+            attempt=attempt,
+            producer="test",
+            at=self.clock,
+            detail=detail,
+        )
+
+    def submitted(self) -> pb.Event:
+        body = pb.JobSubmitted(
+            spec=self.spec,
+            request_id=self.request_id,
+            idempotency_key="key-1",
+            submitted_by="alice",
+        )
+        return self.event("submitted", body, 0)
+
+    def bound(self, attempt: int, node: str) -> pb.Event:
+        body = pb.JobBound(
+            node=node,
+            pod_name=pod_name(self.job_id, attempt),
+            candidates=[
+                pb.NodeScore(node=node, score=0.75, cpu_load=0.2, memory_load=0.1),
+                pb.NodeScore(node="n-busy", filtered="insufficient cpu", cpu_load=0.97),
+            ],
+        )
+        return self.event("bound", body, attempt)
+
+    def started(self, attempt: int, node: str) -> pb.Event:
+        body = pb.JobStarted(node=node, pod_name=pod_name(self.job_id, attempt))
+        return self.event("started", body, attempt)
+
+    def progress(self, attempt: int, step: int, done_reason: str = "") -> pb.Event:
+        body = pb.Progress(
+            step=step,
+            target_steps=self.spec.steps,
+            time_ps=step * 0.002,
+            potential_kj_mol=-1000.0 - step / 10,
+            kinetic_kj_mol=500.0 + step / 100,
+            temperature_k=300.0 + step / 1000,
+            ns_per_day=30.0 + attempt,
+            done_reason=done_reason,
+        )
+        return self.event("progress", body, attempt, detail=step)
+
+    def checkpoint(self, attempt: int, step: int) -> pb.Event:
+        body = self.checkpoint_body(step)
+        return self.event("checkpoint", body, attempt, detail=step)
+
+    def checkpoint_body(self, step: int) -> pb.Checkpoint:
+        return pb.Checkpoint(
+            step=step,
+            path=f"/data/{self.job_id}/checkpoints/{step}.chk",
+            sha256="ab" * 32,
+            size_bytes=4096,
+            time_ps=step * 0.002,
+        )
+
+    def succeeded(self, attempt: int, final_step: int) -> pb.Event:
+        body = pb.JobSucceeded(final_step=final_step, reason="steps_reached", output_dir="/out")
+        return self.event("succeeded", body, attempt)
+
+    def attempt_failed(self, attempt: int, node: str, last_step: int) -> pb.Event:
+        body = pb.AttemptFailed(
+            reason=pb.FAILURE_OOM_KILLED,
+            exit_code=137,
+            message="memory limit exceeded",
+            node=node,
+            last_step=last_step,
+        )
+        return self.event("attempt_failed", body, attempt)
+
+    def requeued(self, attempt: int, resume_step: int, steps_lost: int) -> pb.Event:
+        body = pb.JobRequeued(
+            resume_from=self.checkpoint_body(resume_step),
+            after=pb.FAILURE_OOM_KILLED,
+            steps_lost=steps_lost,
+            avoid_nodes=["n1"],
+        )
+        body.resources.memory_mb = 2048
+        return self.event("requeued", body, attempt)
+
+    def failed(self, attempt: int) -> pb.Event:
+        body = pb.JobFailed(reason=pb.FAILURE_UNSTABLE, message="energy is NaN")
+        return self.event("failed", body, attempt)
+
+
+# -- fixtures and helpers ---------------------------------------------------------------
+
+
+@pytest.fixture
+async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
+    await upgrade_async(database_url)
+    pool = await create_writer_pool(database_url, size=3)
+    yield pool
+    await pool.close()
+
+
+@pytest.fixture
+def js(nc: Client) -> JetStreamContext:
+    return nc.jetstream()
+
+
+@pytest.fixture
+def publisher(js: JetStreamContext, subjects: Subjects) -> EventPublisher:
+    return EventPublisher(js=js, subjects=subjects, producer="test")
+
+
+@contextlib.asynccontextmanager
+async def running(
+    js: JetStreamContext, subjects: Subjects, pool: asyncpg.Pool, *, batch_size: int = 200
+) -> AsyncIterator[Projector]:
+    projector = Projector(js=js, subjects=subjects, pool=pool, batch_size=batch_size)
+    task = asyncio.create_task(projector.run())
+    try:
+        yield projector
+    finally:
+        projector.stop()
+        await asyncio.wait_for(task, timeout=10)
+
+
+@pytest.fixture
+async def projector(
+    js: JetStreamContext, subjects: Subjects, pool: asyncpg.Pool
+) -> AsyncIterator[Projector]:
+    async with running(js, subjects, pool) as projector:
+        yield projector
+
+
+async def wait_projected(
+    js: JetStreamContext, subjects: Subjects, pool: asyncpg.Pool, timeout: float = 30.0
+) -> None:
+    """Until PostgreSQL holds both streams up to their last message."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    wanted: dict[str, int] = {}
+    while True:
+        for stream in (subjects.jobs_stream, subjects.progress_stream):
+            wanted[stream] = (await js.stream_info(stream)).state.last_seq
+        rows = await pool.fetch("SELECT stream, last_seq FROM consumer_offsets")
+        have = {row["stream"]: row["last_seq"] for row in rows}
+        if all(have.get(stream, 0) >= last for stream, last in wanted.items()):
+            return
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"not projected in {timeout}s: want {wanted}, have {have}")
+        await asyncio.sleep(0.05)
+
+
+async def publish_in_order(publisher: EventPublisher, events: list[pb.Event]) -> None:
+    for event in events:
+        await publisher.publish(event)
+
+
+async def dump(pool: asyncpg.Pool) -> dict[str, list[tuple[Any, ...]]]:
+    """Every projected table (not the offsets), rows sorted, for before/after comparisons."""
+    tables = {}
+    for table in TABLES:
+        rows = await pool.fetch(f"SELECT * FROM {table}")
+        tables[table] = sorted(tuple(str(value) for value in row.values()) for row in rows)
+    return tables
+
+
+async def job_row(pool: asyncpg.Pool, job_id: str) -> asyncpg.Record:
+    row = await pool.fetchrow("SELECT * FROM jobs WHERE job_id = $1", job_id)
+    assert row is not None, f"job {job_id} not projected"
+    return row
+
+
+async def attempt_rows(pool: asyncpg.Pool, job_id: str) -> dict[int, asyncpg.Record]:
+    rows = await pool.fetch("SELECT * FROM attempts WHERE job_id = $1", job_id)
+    return {row["attempt"]: row for row in rows}
+
+
+def requeue_history(history: History) -> tuple[list[pb.Event], list[pb.Event]]:
+    """A first attempt that runs out of memory, a second that succeeds (in two phases)."""
+    first = [
+        history.submitted(),
+        history.bound(1, "n1"),
+        history.started(1, "n1"),
+        *(history.progress(1, step) for step in (100, 200, 300)),
+        history.checkpoint(1, 200),
+        history.attempt_failed(1, "n1", last_step=300),
+        history.requeued(2, resume_step=200, steps_lost=100),
+        history.bound(2, "n2"),
+        history.started(2, "n2"),
+        *(history.progress(2, step) for step in range(300, 1001, 100)),
+    ]
+    second = [history.succeeded(2, final_step=1000)]
+    return first, second
+
+
+# -- tests ------------------------------------------------------------------------------
+
+
+async def test_a_successful_history_becomes_rows(
+    projector: Projector,
+    publisher: EventPublisher,
+    js: JetStreamContext,
+    subjects: Subjects,
+    pool: asyncpg.Pool,
+    database_url: str,
+) -> None:
+    history = History("md")
+    running_events = [
+        history.submitted(),
+        history.bound(1, "n1"),
+        history.started(1, "n1"),
+        *(history.progress(1, step) for step in range(100, 901, 100)),
+        history.progress(1, 1000, done_reason="steps_reached"),
+        history.checkpoint(1, 500),
+    ]
+    await publish_in_order(publisher, running_events)
+    await wait_projected(js, subjects, pool)
+    await publish_in_order(publisher, [history.succeeded(1, final_step=1000)])
+    await wait_projected(js, subjects, pool)
+
+    job = await job_row(pool, history.job_id)
+    assert job["state"] == "SUCCEEDED"
+    assert job["attempt"] == 1
+    assert (job["node"], job["pod_name"]) == ("n1", pod_name(history.job_id, 1))
+    assert (job["task"], job["priority_class"], job["target_steps"]) == ("TASK_MD", "high", 1000)
+    assert job["last_step"] == 1000
+    assert job["last_potential_kj_mol"] == pytest.approx(-1100.0)
+    assert job["last_temperature_k"] == pytest.approx(301.0)
+    assert job["last_ns_per_day"] == pytest.approx(31.0)
+    assert job["last_progress_at"] == history.times["progress:1:1000"]
+    assert job["done_reason"] == "steps_reached"
+    assert job["latest_checkpoint_step"] == 500
+    assert job["final_reason"] is None
+    assert job["submitted_by"] == "alice"
+    assert job["submitted_at"] == history.times["submitted:0"]
+    assert job["updated_at"] == history.times["succeeded:1"]
+
+    attempts = await attempt_rows(pool, history.job_id)
+    assert list(attempts) == [1]
+    first = attempts[1]
+    assert (first["node"], first["pod_name"]) == ("n1", pod_name(history.job_id, 1))
+    assert first["bound_at"] == history.times["bound:1"]
+    assert first["started_at"] == history.times["started:1"]
+    assert first["ended_at"] == history.times["succeeded:1"]
+    assert first["last_step"] == 1000
+    assert first["failure_reason"] is None
+
+    assert await pool.fetchval("SELECT count(*) FROM progress") == 10
+    assert await pool.fetchval("SELECT count(*) FROM events") == len(running_events) + 1
+    placement = await pool.fetchrow("SELECT * FROM placements")
+    assert placement["node"] == "n1"
+    assert '"insufficient cpu"' in placement["candidates"]
+    checkpoint = await pool.fetchrow("SELECT * FROM checkpoints")
+    assert (checkpoint["step"], checkpoint["size_bytes"]) == (500, 4096)
+
+    engine = create_engine(database_url)
+    try:
+        listed = await queries.list_jobs(engine)
+        assert [summary.job_id for summary in listed] == [history.job_id]
+        assert listed[0].fraction_done == 1.0
+        detail = await queries.job_detail(engine, history.job_id)
+        assert detail is not None
+        assert detail.job.state == "SUCCEEDED"
+        assert detail.job.spec["name"] == "md"
+        assert [attempt.attempt for attempt in detail.attempts] == [1]
+        assert detail.last_progress is not None and detail.last_progress.step == 1000
+        assert detail.latest_checkpoint is not None and detail.latest_checkpoint.step == 500
+        timeline = await queries.job_timeline(engine, history.job_id)
+        kinds = [entry.kind for entry in timeline]
+        assert kinds[:3] == ["submitted", "bound", "started"]
+        assert kinds[-2:] == ["checkpoint", "succeeded"]
+        assert kinds.count("progress") == 10
+        assert timeline[-1].body["final_step"] == "1000"
+        trace = await queries.progress_trace(engine, history.job_id)
+        assert [point.step for point in trace] == list(range(100, 1001, 100))
+    finally:
+        await engine.dispose()
+
+    lags = await projector.lag()
+    assert {lag.consumer for lag in lags} == {"watcher-jobs", "watcher-progress"}
+    assert all(lag.total == 0 for lag in lags)
+
+
+async def test_a_rejected_submit_is_recorded(
+    projector: Projector,
+    publisher: EventPublisher,
+    js: JetStreamContext,
+    subjects: Subjects,
+    pool: asyncpg.Pool,
+) -> None:
+    body = pb.JobRejected(
+        request_id="feedfacecafe",
+        idempotency_key="bad-1",
+        error=pb.SubmitError(field="jobs[0].resources.cpu", message="must be between 0.1 and 256"),
+    )
+    event = make_event(
+        "rejected", body, job_id="", attempt=0, producer="intake", at=T0, detail="feedfacecafe"
+    )
+    await publisher.publish(event)
+    await wait_projected(js, subjects, pool)
+
+    row = await pool.fetchrow("SELECT * FROM rejections")
+    assert (row["request_id"], row["field"]) == ("feedfacecafe", "jobs[0].resources.cpu")
+    assert await pool.fetchval("SELECT count(*) FROM jobs") == 0
+    assert await pool.fetchval("SELECT job_id FROM events") is None
+
+
+async def test_failure_then_requeue_fills_both_attempts(
+    projector: Projector,
+    publisher: EventPublisher,
+    js: JetStreamContext,
+    subjects: Subjects,
+    pool: asyncpg.Pool,
+) -> None:
+    history = History("md")
+    first, second = requeue_history(history)
+    await publish_in_order(publisher, first)
+    await wait_projected(js, subjects, pool)
+    await publish_in_order(publisher, second)
+    await wait_projected(js, subjects, pool)
+
+    job = await job_row(pool, history.job_id)
+    assert (job["state"], job["attempt"], job["node"]) == ("SUCCEEDED", 2, "n2")
+    assert job["last_step"] == 1000
+    assert job["latest_checkpoint_step"] == 200
+
+    attempts = await attempt_rows(pool, history.job_id)
+    assert sorted(attempts) == [1, 2]
+    failed, retried = attempts[1], attempts[2]
+    assert failed["node"] == "n1"
+    assert failed["failure_reason"] == "FAILURE_OOM_KILLED"
+    assert failed["exit_code"] == 137
+    assert failed["failure_message"] == "memory limit exceeded"
+    assert failed["started_at"] == history.times["started:1"]
+    assert failed["ended_at"] == history.times["attempt_failed:1"]
+    assert failed["steps_lost"] == 100
+    assert failed["last_step"] == 300
+    assert failed["resumed_from_step"] == 0
+    assert retried["node"] == "n2"
+    assert retried["resumed_from_step"] == 200
+    assert retried["bound_at"] == history.times["bound:2"]
+    assert retried["started_at"] == history.times["started:2"]
+    assert retried["ended_at"] == history.times["succeeded:2"]
+    assert retried["failure_reason"] is None
+    assert retried["last_step"] == 1000
+    assert await pool.fetchval("SELECT count(*) FROM placements") == 2
+
+    # A job that fails for good is FAILED, and nothing changes it afterwards.
+    doomed = History("doomed")
+    await publish_in_order(
+        publisher,
+        [doomed.submitted(), doomed.bound(1, "n1"), doomed.started(1, "n1"), doomed.failed(1)],
+    )
+    await wait_projected(js, subjects, pool)
+    await publish_in_order(publisher, [doomed.succeeded(1, final_step=1000)])
+    await wait_projected(js, subjects, pool)
+    row = await job_row(pool, doomed.job_id)
+    assert (row["state"], row["final_reason"]) == ("FAILED", "FAILURE_UNSTABLE")
+    assert row["final_message"] == "energy is NaN"
+    assert row["updated_at"] == doomed.times["failed:1"]
+    assert (await attempt_rows(pool, doomed.job_id))[1]["ended_at"] == doomed.times["failed:1"]
+
+
+async def test_events_of_a_stale_attempt_do_not_change_the_job(
+    projector: Projector,
+    publisher: EventPublisher,
+    js: JetStreamContext,
+    subjects: Subjects,
+    pool: asyncpg.Pool,
+) -> None:
+    history = History("md")
+    first, _ = requeue_history(history)
+    await publish_in_order(publisher, first)
+    await wait_projected(js, subjects, pool)
+    job_before = dict(await job_row(pool, history.job_id))
+    attempts_before = {k: dict(v) for k, v in (await attempt_rows(pool, history.job_id)).items()}
+    assert (job_before["state"], job_before["attempt"]) == ("RUNNING", 2)
+
+    # The zombie first attempt keeps reporting, checkpoints and even claims success.
+    stale = [
+        history.progress(1, 900),
+        history.checkpoint(1, 800),
+        history.bound(1, "n9"),
+        history.succeeded(1, final_step=1000),
+        history.attempt_failed(1, "n1", last_step=950),
+    ]
+    # attempt_failed:1 and bound:1 repeat earlier event ids: JetStream drops them.
+    await publish_in_order(publisher, stale)
+    await wait_projected(js, subjects, pool)
+
+    assert dict(await job_row(pool, history.job_id)) == job_before
+    attempts_after = {k: dict(v) for k, v in (await attempt_rows(pool, history.job_id)).items()}
+    assert attempts_after == attempts_before
+    # ... but the facts are in the log's projection, under their own attempt.
+    assert (
+        await pool.fetchval("SELECT count(*) FROM progress WHERE attempt = 1 AND step = 900") == 1
+    )
+    assert await pool.fetchval("SELECT count(*) FROM events WHERE kind = 'succeeded'") == 1
+
+
+async def test_redelivery_and_replay_change_nothing(
+    publisher: EventPublisher,
+    js: JetStreamContext,
+    subjects: Subjects,
+    pool: asyncpg.Pool,
+) -> None:
+    history = History("md")
+    first, second = requeue_history(history)
+    events = first + second
+    async with running(js, subjects, pool):
+        await publish_in_order(publisher, first)
+        await wait_projected(js, subjects, pool)
+        await publish_in_order(publisher, second)
+        await wait_projected(js, subjects, pool)
+        before = await dump(pool)
+        assert len(before["events"]) == len(events)
+
+        # The same events again, with new Nats-Msg-Ids so JetStream stores the copies.
+        for event in events:
+            await js.publish(
+                subjects.for_event(event),
+                encode(event),
+                headers={"Nats-Msg-Id": f"{event.event_id}:again"},
+            )
+        await wait_projected(js, subjects, pool)
+        assert await dump(pool) == before
+
+    # Forget the offsets: the restarted projector replays both streams from the start.
+    await pool.execute("UPDATE consumer_offsets SET last_seq = 0")
+    async with running(js, subjects, pool, batch_size=7):
+        await wait_projected(js, subjects, pool)
+        assert await dump(pool) == before
+
+
+PROJECTOR_PROCESS = """
+import asyncio, logging, sys
+from mdq.bus.connect import connect
+from mdq.bus.subjects import Subjects
+from mdq.store.engine import create_writer_pool
+from services.watcher.projector import Projector
+
+async def main() -> None:
+    nats_url, namespace, database_url = sys.argv[1:4]
+    subjects = Subjects(namespace)
+    client = await connect(nats_url, name="projector-under-test", subjects=subjects)
+    pool = await create_writer_pool(database_url)
+    projector = Projector(js=client.jetstream(), subjects=subjects, pool=pool, batch_size=50)
+    await projector.run()
+
+logging.basicConfig(level=logging.INFO)
+asyncio.run(main())
+"""
+
+
+async def test_kill_9_mid_batch_loses_and_duplicates_nothing(
+    publisher: EventPublisher,
+    js: JetStreamContext,
+    subjects: Subjects,
+    pool: asyncpg.Pool,
+    nats_url: str,
+    namespace: str,
+    database_url: str,
+    tmp_path: Path,
+) -> None:
+    histories = [History(f"md{i}", steps=100_000) for i in range(5)]
+    lifecycle = [
+        event
+        for history in histories
+        for event in (history.submitted(), history.bound(1, "n1"), history.started(1, "n1"))
+    ]
+    await publish_in_order(publisher, lifecycle)
+    steps_per_job = 800
+    progress = [
+        history.progress(1, step)
+        for step in range(10, 10 * steps_per_job + 1, 10)
+        for history in histories
+    ]
+
+    def start() -> subprocess.Popen[bytes]:
+        log = (tmp_path / "projector.log").open("ab")
+        return subprocess.Popen(
+            [sys.executable, "-c", PROJECTOR_PROCESS, nats_url, namespace, database_url],
+            cwd=REPO,
+            stdout=log,
+            stderr=log,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
+
+    async def progress_rows() -> int:
+        return int(await pool.fetchval("SELECT count(*) FROM progress"))
+
+    async def kill_when_busy(process: subprocess.Popen[bytes], at_least: int) -> int:
+        deadline = asyncio.get_running_loop().time() + 30
+        while (count := await progress_rows()) < at_least:
+            assert process.poll() is None, (tmp_path / "projector.log").read_text()
+            assert asyncio.get_running_loop().time() < deadline, "projector made no progress"
+            await asyncio.sleep(0.005)
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait()
+        return count
+
+    chunks = [progress[i : i + 500] for i in range(0, len(progress), 500)]
+    process = start()
+    try:
+        kills = []
+        for number, chunk in enumerate(chunks):
+            await publisher.publish_all(chunk)
+            if number in (2, 5):
+                kills.append(
+                    await kill_when_busy(process, at_least=len(progress) // 8 * number // 2)
+                )
+                process = start()
+        await wait_projected(js, subjects, pool, timeout=45)
+    finally:
+        if process.poll() is None:
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait()
+
+    assert all(count < len(progress) for count in kills), kills  # killed while projecting
+    assert await progress_rows() == len(progress)
+    assert await pool.fetchval("SELECT count(*) FROM events") == len(lifecycle) + len(progress)
+    stored = {row["event_id"] for row in await pool.fetch("SELECT event_id FROM events")}
+    assert stored == {event.event_id for event in lifecycle + progress}
+    for history in histories:
+        job = await job_row(pool, history.job_id)
+        assert (job["state"], job["last_step"]) == ("RUNNING", 10 * steps_per_job)
+        assert (await attempt_rows(pool, history.job_id))[1]["last_step"] == 10 * steps_per_job
