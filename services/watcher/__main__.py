@@ -9,12 +9,11 @@ from __future__ import annotations
 import asyncio
 import logging
 
-import asyncpg
-
 from mdq.backends.factory import make_backend
 from mdq.bus.connect import connect
 from mdq.bus.publisher import EventPublisher
 from mdq.settings import CommonSettings
+from mdq.store.engine import create_writer_pool
 from services.watcher.lifecycle import Lifecycle, LostRunPolicy
 from services.watcher.projector import Projector
 from services.watcher.settings import WatcherSettings
@@ -27,7 +26,7 @@ async def main() -> None:
     subjects = common.subjects
     nc = await connect(common.nats_url, name="mdq-watcher", subjects=subjects)
     js = nc.jetstream()
-    pool = await asyncpg.create_pool(common.database_url, min_size=1, max_size=settings.pool_size)
+    pool = await create_writer_pool(common.database_url, size=settings.pool_size)
     backend = await make_backend(kind=settings.backend, nc=nc, subjects=subjects)
     projector = Projector(
         js=js,
