@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
@@ -97,7 +97,7 @@ class PodRecord:
         return cls(
             spec=spec,
             status=PodStatus(
-                phase=pb.PodPhase(int(status.get("phase", pb.POD_PENDING))),
+                phase=cast(pb.PodPhase, int(status.get("phase", pb.POD_PENDING))),
                 exit_code=int(status.get("exit_code", 0)),
                 reason=str(status.get("reason", "")),
                 message=str(status.get("message", "")),
