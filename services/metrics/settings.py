@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -15,7 +15,11 @@ class MetricsSettings(BaseSettings):
         default=2.0, gt=0, description="Seconds between node samples (and node_load events)."
     )
     http_port: int = Field(
-        default=9464, ge=0, le=65535, description="Port of /metrics; 0 picks a free one (logged)."
+        default=9464,
+        ge=0,
+        le=65535,
+        validation_alias=AliasChoices("MDQ_METRICS_HTTP_PORT", "MDQ_METRICS_PORT"),
+        description="Port of /metrics; 0 picks a free one (logged).",
     )
     http_host: str = Field(default="0.0.0.0", description="Address /metrics listens on.")
     backend: str = Field(default="local", description='Cluster backend kind: "local".')

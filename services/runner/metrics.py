@@ -1,6 +1,6 @@
 """The runner's Prometheus endpoint: the MD step and energy of this attempt, live.
 
-Served only when ``MDQ_METRICS_PORT`` is a port (> 0); scraped in the pod by Prometheus, so
+Served only when ``MDQ_RUNNER_METRICS_PORT`` is a port (> 0); scraped in the pod by Prometheus, so
 Grafana can chart a job's step and energy next to the node it runs on.
 """
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import AliasChoices, Field
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -13,7 +13,6 @@ class RunnerSettings(BaseSettings):
 
     metrics_port: int = Field(
         default=0,
-        validation_alias=AliasChoices("MDQ_METRICS_PORT", "MDQ_RUNNER_METRICS_PORT"),
         description="Port of the Prometheus endpoint (md_step, md_energy); 0 turns it off.",
     )
     warmup_minimize_iterations: int = Field(

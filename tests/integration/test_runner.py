@@ -307,7 +307,7 @@ async def test_sigterm_checkpoints_and_exits_preempted(
     task = make_task(data_dir, "job-term", spec)
     events = await tap(nc, subjects, task.job_id)
     port = free_port()
-    runner = await start_runner(task, MDQ_METRICS_PORT=str(port))
+    runner = await start_runner(task, MDQ_RUNNER_METRICS_PORT=str(port))
     await events.wait_until(lambda: len(events.progress) >= 2)
 
     def scrape() -> str:
