@@ -17,7 +17,7 @@ from mdq.bus.subjects import Subjects
 class CommonSettings(BaseSettings):
     """Where the bus and the database are, and which namespace this deployment uses."""
 
-    model_config = SettingsConfigDict(env_prefix="MDQ_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="MDQ_", extra="ignore", populate_by_name=True)
 
     nats_url: str = Field(
         default="nats://127.0.0.1:4222",

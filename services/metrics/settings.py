@@ -9,7 +9,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class MetricsSettings(BaseSettings):
     """How often nodes are sampled, where /metrics is served, which backend to ask."""
 
-    model_config = SettingsConfigDict(env_prefix="MDQ_METRICS_", extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="MDQ_METRICS_", extra="ignore", populate_by_name=True
+    )
 
     interval_s: float = Field(
         default=2.0, gt=0, description="Seconds between node samples (and node_load events)."
