@@ -1,0 +1,64 @@
+"""Where a client command finds mdq: options and environment first, then a running stack.
+
+``--nats-url`` / ``NATS_URL``, ``--database-url`` / ``DATABASE_URL`` and ``--namespace`` /
+``MDQ_NAMESPACE`` win; what is not given is read from ``<state>/stack.json``, written by a
+running ``mdq up`` (state folder: ``--state-dir`` / ``MDQ_STATE_DIR``, default ``.mdq``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from mdq.stack import StackInfo, read_stack_info
+
+
+class NoEndpoint(RuntimeError):
+    """Neither an option/environment variable nor a running stack says where to connect."""
+
+
+@dataclass(frozen=True, slots=True)
+class GlobalOptions:
+    """The options every command shares."""
+
+    nats_url: str | None
+    database_url: str | None
+    namespace: str | None
+    state_dir: Path
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoints:
+    """Resolved connection targets of a client command."""
+
+    nats_url: str
+    database_url: str
+    namespace: str
+    stack: StackInfo | None
+    """The running stack the URLs came from, if any."""
+
+    def require_database(self) -> str:
+        if not self.database_url:
+            raise NoEndpoint(
+                "no database: set DATABASE_URL (or --database-url), or start a stack with `mdq up`"
+            )
+        return self.database_url
+
+
+def resolve_endpoints(options: GlobalOptions) -> Endpoints:
+    """URLs and namespace for a client command (see the module docstring)."""
+    stack = None
+    if not options.nats_url or not options.database_url:
+        stack = read_stack_info(options.state_dir)
+    nats_url = options.nats_url or (stack.nats_url if stack else "")
+    if not nats_url:
+        raise NoEndpoint(
+            f"no NATS: set NATS_URL (or --nats-url), or start a stack with `mdq up` "
+            f"(no running stack found in {options.state_dir})"
+        )
+    return Endpoints(
+        nats_url=nats_url,
+        database_url=options.database_url or (stack.database_url if stack else ""),
+        namespace=options.namespace or (stack.namespace if stack else "mdq"),
+        stack=stack,
+    )

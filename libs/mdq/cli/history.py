@@ -1,0 +1,225 @@
+"""Reading the history back from PostgreSQL (the watcher's projection) and printing it.
+
+The queries are the store's (``mdq.store.queries``: ``list_jobs``, ``job_detail``,
+``job_timeline``, which return frozen dataclasses); this module only opens an engine, waits for
+the projection where needed and turns the results into rich tables.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import Any
+
+from rich.console import Group
+from rich.panel import Panel
+from rich.table import Table
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from mdq.cli.live import format_energy, state_text
+from mdq.core.state import JobState
+from mdq.store import queries
+from mdq.store.engine import create_engine
+
+TERMINAL_STATES = frozenset(state.value for state in JobState if state.terminal)
+
+
+@asynccontextmanager
+async def open_engine(database_url: str) -> AsyncIterator[AsyncEngine]:
+    """A small async engine for reading, disposed afterwards."""
+    engine = create_engine(database_url, pool_size=2)
+    try:
+        yield engine
+    finally:
+        await engine.dispose()
+
+
+def format_time(value: datetime | None) -> str:
+    return "-" if value is None else value.isoformat(timespec="seconds")
+
+
+def _steps(last_step: int, target_steps: int) -> str:
+    return f"{last_step}/{target_steps}" if target_steps else str(last_step)
+
+
+def _reason(done: str | None, final: str | None, message: str | None = None) -> str:
+    if final:
+        return f"{final}: {message}" if message else final
+    return done or ""
+
+
+def _maybe(value: float | int | None, pattern: str) -> str:
+    return "-" if value is None else pattern.format(value)
+
+
+# -- queries -------------------------------------------------------------------------------
+async def list_jobs(database_url: str, *, limit: int) -> list[queries.JobSummary]:
+    """The most recently submitted jobs."""
+    async with open_engine(database_url) as engine:
+        return await queries.list_jobs(engine, limit=limit)
+
+
+async def job_detail(
+    database_url: str, job_id: str
+) -> tuple[queries.JobDetail | None, list[queries.TimelineEntry]]:
+    """One job and its timeline (events in order); (None, []) if unknown."""
+    async with open_engine(database_url) as engine:
+        detail = await queries.job_detail(engine, job_id)
+        timeline = await queries.job_timeline(engine, job_id) if detail is not None else []
+    return detail, timeline
+
+
+async def wait_for_projection(
+    database_url: str, job_ids: Sequence[str], *, within_s: float = 30.0
+) -> list[queries.JobDetail]:
+    """The jobs once the projection shows them all terminal (the watcher writes in batches, a
+    moment after the log); after ``within_s`` seconds whatever it shows."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    async with open_engine(database_url) as engine:
+        while True:
+            found = [await queries.job_detail(engine, job) for job in job_ids]
+            details = [detail for detail in found if detail is not None]
+            done = len(details) == len(job_ids) and all(
+                detail.job.state in TERMINAL_STATES for detail in details
+            )
+            if done or loop.time() >= deadline:
+                return details
+            await asyncio.sleep(0.5)
+
+
+# -- tables --------------------------------------------------------------------------------
+def summary_table(jobs: Iterable[queries.JobSummary], *, title: str) -> Table:
+    """``mdq ls``: job, state, attempt, node, steps, speed, reason."""
+    table = Table(title=title)
+    for column, justify in (
+        ("job", "left"),
+        ("state", "left"),
+        ("attempt", "right"),
+        ("node", "left"),
+        ("steps", "right"),
+        ("ns/day", "right"),
+        ("submitted", "left"),
+        ("reason", "left"),
+    ):
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    for job in jobs:
+        table.add_row(
+            job.job_id,
+            state_text(job.state),
+            str(job.attempt),
+            job.node or "-",
+            _steps(job.last_step, job.target_steps),
+            _maybe(job.last_ns_per_day, "{:.1f}"),
+            format_time(job.submitted_at),
+            _reason(job.done_reason, job.final_reason),
+        )
+    return table
+
+
+def detail_table(details: Iterable[queries.JobDetail], *, title: str) -> Table:
+    """The demo's history: job, state, attempts, node, steps, last energy, reason."""
+    table = Table(title=title)
+    for column, justify in (
+        ("job", "left"),
+        ("state", "left"),
+        ("attempts", "right"),
+        ("node", "left"),
+        ("steps", "right"),
+        ("last energy", "right"),
+        ("reason", "left"),
+    ):
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    for detail in details:
+        job = detail.job
+        table.add_row(
+            job.job_id,
+            state_text(job.state),
+            str(max(job.attempt, len(detail.attempts))),
+            job.node or "-",
+            _steps(job.last_step, job.target_steps),
+            "-" if job.task == "TASK_ANALYZE" else format_energy(job.last_potential_kj_mol),
+            _reason(job.done_reason, job.final_reason, job.final_message),
+        )
+    return table
+
+
+def show_panel(detail: queries.JobDetail, timeline: Sequence[queries.TimelineEntry]) -> Group:
+    """``mdq show JOB``: the job, its attempts, its last progress and its timeline."""
+    job = detail.job
+    summary = Table.grid(padding=(0, 2))
+    summary.add_column(style="bold")
+    summary.add_column()
+    last = detail.last_progress
+    checkpoint = detail.latest_checkpoint
+    for label, value in (
+        ("job", job.job_id),
+        ("task", job.task),
+        ("state", state_text(job.state)),
+        ("attempt", str(job.attempt)),
+        ("node", job.node or "-"),
+        ("steps", _steps(job.last_step, job.target_steps)),
+        ("last energy", format_energy(job.last_potential_kj_mol)),
+        ("temperature", _maybe(job.last_temperature_k, "{:.1f} K")),
+        ("speed", _maybe(job.last_ns_per_day, "{:.1f} ns/day")),
+        ("last progress", format_time(job.last_progress_at)),
+        (
+            "checkpoint",
+            f"step {checkpoint.step} ({checkpoint.path})" if checkpoint is not None else "-",
+        ),
+        ("depends on", ", ".join(job.depends_on) or "-"),
+        ("submitted", f"{format_time(job.submitted_at)} by {job.submitted_by or '?'}"),
+        ("reason", _reason(job.done_reason, job.final_reason, job.final_message) or "-"),
+    ):
+        summary.add_row(label, value)
+    parts: list[Any] = [Panel(summary, title=f"job {job.job_id}", expand=False)]
+    if last is not None:
+        parts.append(
+            f"last progress: attempt {last.attempt}, step {last.step}, "
+            f"{format_energy(last.potential_kj_mol)}, {last.temperature_k:.1f} K, "
+            f"{last.ns_per_day:.1f} ns/day"
+        )
+    if detail.attempts:
+        attempts = Table(title="attempts")
+        for column in ("attempt", "node", "started", "ended", "last step", "failure", "lost"):
+            attempts.add_column(column)
+        for attempt in detail.attempts:
+            attempts.add_row(
+                str(attempt.attempt),
+                attempt.node or "-",
+                format_time(attempt.started_at),
+                format_time(attempt.ended_at),
+                str(attempt.last_step),
+                _reason(None, attempt.failure_reason, attempt.failure_message) or "-",
+                str(attempt.steps_lost),
+            )
+        parts.append(attempts)
+    lifecycle = [entry for entry in timeline if entry.kind != "progress"]
+    reports = len(timeline) - len(lifecycle)
+    if lifecycle:
+        events = Table(title=f"timeline ({reports} progress reports not shown)")
+        for column in ("time", "attempt", "event", "producer", "detail"):
+            events.add_column(column)
+        for entry in lifecycle:
+            events.add_row(
+                format_time(entry.time),
+                str(entry.attempt),
+                entry.kind,
+                entry.producer,
+                _event_detail(entry.body),
+            )
+        parts.append(events)
+    return Group(*parts)
+
+
+def _event_detail(body: dict[str, Any]) -> str:
+    """The scalar fields of an event body, short."""
+    parts = []
+    for key, value in body.items():
+        if isinstance(value, (dict, list)):
+            continue
+        shown = f"{value:.4g}" if isinstance(value, float) else str(value)
+        parts.append(f"{key}={shown}")
+    return " ".join(parts)[:120]

@@ -1,0 +1,453 @@
+"""The ``mdq`` command (typer + rich).
+
+Stack commands start everything on this machine (``mdq.stack.Stack``):
+
+* ``mdq up`` — start the stack and keep it running until Ctrl-C;
+* ``mdq demo`` — what ``make run`` does: start the stack, submit ``examples/demo.yaml``, show
+  live progress, print the history read back from PostgreSQL, stop; exit 0 if every job
+  succeeded.
+
+Client commands talk to a running mdq (``NATS_URL`` / ``DATABASE_URL`` / ``MDQ_NAMESPACE``, or
+the stack a running ``mdq up`` recorded in ``<state>/stack.json``):
+
+* ``mdq submit FILE [--wait]`` — exit 2 with the field and message when refused;
+* ``mdq watch JOB...`` — live progress bars until the jobs end;
+* ``mdq ls`` / ``mdq show JOB`` — the history in PostgreSQL;
+* ``mdq nodes`` — the latest load of every node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import os
+import secrets
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.panel import Panel
+from rich.table import Table
+
+from mdq.cli import history
+from mdq.cli.context import Endpoints, GlobalOptions, NoEndpoint, resolve_endpoints
+from mdq.cli.live import follow_jobs, format_eta
+from mdq.contracts import pb
+from mdq.core.state import JobState, JobView
+from mdq.sdk.client import IntakeUnavailable, MdqClient, SubmitRefused
+from mdq.sdk.jobfile import JobFileError, load_job_file
+from mdq.stack import BACKENDS, Stack, StackError, StackInfo, read_stack_info
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_REFUSED = 2
+EXIT_UNAVAILABLE = 3
+
+DEMO_FILE = Path("examples/demo.yaml")
+DEMO_TIMEOUT_S = 540.0
+
+_WIDTH = None if sys.stdout.isatty() else 160
+console = Console(width=_WIDTH)
+err_console = Console(stderr=True, width=_WIDTH)
+app = typer.Typer(
+    name="mdq",
+    help="Schedule, watch and recover molecular-dynamics jobs on NATS + PostgreSQL.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+T = TypeVar("T")
+
+
+@app.callback()
+def main(
+    ctx: typer.Context,
+    nats_url: Annotated[
+        str | None,
+        typer.Option("--nats-url", envvar="NATS_URL", help="NATS server with JetStream."),
+    ] = None,
+    database_url: Annotated[
+        str | None,
+        typer.Option("--database-url", envvar="DATABASE_URL", help="PostgreSQL URL."),
+    ] = None,
+    namespace: Annotated[
+        str | None,
+        typer.Option(
+            "--namespace", envvar="MDQ_NAMESPACE", help="Subject/stream prefix (default mdq)."
+        ),
+    ] = None,
+    state_dir: Annotated[
+        Path,
+        typer.Option(
+            "--state-dir",
+            envvar="MDQ_STATE_DIR",
+            help="Folder of the local stack (servers' data, logs, stack.json).",
+        ),
+    ] = Path(".mdq"),
+) -> None:
+    """Schedule, watch and recover molecular-dynamics jobs."""
+    ctx.obj = GlobalOptions(
+        nats_url=nats_url or None,
+        database_url=database_url or None,
+        namespace=namespace or None,
+        state_dir=state_dir.resolve(),
+    )
+
+
+def _options(ctx: typer.Context) -> GlobalOptions:
+    options = ctx.obj
+    if not isinstance(options, GlobalOptions):
+        raise typer.BadParameter("internal: global options missing")
+    return options
+
+
+def _endpoints(ctx: typer.Context) -> Endpoints:
+    try:
+        return resolve_endpoints(_options(ctx))
+    except NoEndpoint as error:
+        err_console.print(f"[red]{error}[/]")
+        raise typer.Exit(EXIT_UNAVAILABLE) from None
+
+
+def _run(coroutine: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coroutine)
+
+
+async def _with_client(endpoints: Endpoints, work: Callable[[MdqClient], Awaitable[T]]) -> T:
+    async with await MdqClient.connect(
+        endpoints.nats_url, endpoints.namespace, name="mdq-cli"
+    ) as client:
+        return await work(client)
+
+
+def _print_refusal(field: str, message: str) -> None:
+    err_console.print("[bold red]submit refused[/]")
+    err_console.print(f"  field:   {field or '(the whole submit)'}")
+    err_console.print(f"  message: {message}")
+
+
+def _print_stack(info: StackInfo) -> None:
+    lines = [
+        f"NATS        {info.nats_url}" + ("  (embedded)" if info.embedded_nats else ""),
+        f"PostgreSQL  {info.database_url}" + ("  (embedded)" if info.embedded_postgres else ""),
+        f"metrics     {info.metrics_url}",
+        f"namespace   {info.namespace}",
+        f"backend     {info.backend}",
+        f"logs        {info.logs_dir}",
+        f"job data    {info.data_dir}",
+    ]
+    console.print(Panel("\n".join(lines), title="mdq stack", expand=False))
+
+
+def _final_code(views: dict[str, JobView], job_ids: list[str]) -> int:
+    ok = all(job in views and views[job].state is JobState.SUCCEEDED for job in job_ids)
+    return EXIT_OK if ok else EXIT_FAILED
+
+
+# -- stack commands ------------------------------------------------------------------------
+@app.command()
+def up(
+    ctx: typer.Context,
+    backend: Annotated[
+        str, typer.Option(help=f"Execution backend: {', '.join(BACKENDS)}.")
+    ] = "local",
+    nodes: Annotated[int, typer.Option(help="Virtual nodes of the local backend.")] = 2,
+) -> None:
+    """Start the stack and keep it running until Ctrl-C.
+
+    Embedded NATS + PostgreSQL under the state folder unless NATS_URL / DATABASE_URL are set,
+    and every service, supervised.
+    """
+    options = _options(ctx)
+    stack = Stack(
+        state_dir=options.state_dir,
+        namespace=options.namespace,
+        backend=backend,
+        nats_url=options.nats_url,
+        database_url=options.database_url,
+        local_nodes=nodes,
+    )
+
+    async def serve() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        async with stack as running:
+            _print_stack(running.info)
+            console.print("mdq is up; press Ctrl-C to stop.")
+            await stop.wait()
+            console.print("stopping ...")
+
+    try:
+        _run(serve())
+    except StackError as error:
+        err_console.print(f"[red]{error}[/]")
+        raise typer.Exit(EXIT_UNAVAILABLE) from None
+
+
+async def _submit_when_ready(
+    client: MdqClient, request: pb.SubmitRequest, *, ready_within: float
+) -> list[str]:
+    """Submit through intake, retrying while intake is still starting."""
+    deadline = time.monotonic() + ready_within
+    while True:
+        try:
+            return await client.submit(request, timeout=10.0)
+        except IntakeUnavailable:
+            if time.monotonic() >= deadline:
+                raise
+            await asyncio.sleep(0.5)
+
+
+def _demo_file(path: Path) -> Path:
+    if path.exists() or path.is_absolute():
+        return path
+    bundled = Path(__file__).resolve().parents[3] / path
+    return bundled if bundled.exists() else path
+
+
+@app.command()
+def demo(
+    ctx: typer.Context,
+    file: Annotated[Path, typer.Option(help="The campaign to run.")] = DEMO_FILE,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the jobs.")] = DEMO_TIMEOUT_S,
+    backend: Annotated[str, typer.Option(help="Execution backend.")] = "local",
+) -> None:
+    """Run the demo campaign on a fresh stack (what `make run` does).
+
+    Starts the stack, submits examples/demo.yaml, shows live progress, prints the history read
+    back from PostgreSQL and stops. Exit 0 if every job succeeded, else 1.
+    """
+    options = _options(ctx)
+    try:
+        request = load_job_file(_demo_file(file))
+    except JobFileError as error:
+        _print_refusal(error.field, f"{error.source}: {error.message}")
+        raise typer.Exit(EXIT_REFUSED) from None
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    request.idempotency_key = f"{request.idempotency_key or 'demo'}-{stamp}-{secrets.token_hex(2)}"
+    request.submitted_by = request.submitted_by or _user()
+    running = read_stack_info(options.state_dir)
+    try:
+        code = _run(_demo(options, request, running=running, limit_s=timeout, backend=backend))
+    except StackError as error:
+        err_console.print(f"[red]{error}[/]")
+        raise typer.Exit(EXIT_UNAVAILABLE) from None
+    raise typer.Exit(code)
+
+
+async def _demo(
+    options: GlobalOptions,
+    request: pb.SubmitRequest,
+    *,
+    running: StackInfo | None,
+    limit_s: float,
+    backend: str,
+) -> int:
+    task = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    if task is not None:
+        loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    if running is not None:
+        console.print(f"using the stack already running on {running.state_dir}")
+        return await _demo_campaign(running, request, limit_s=limit_s)
+    stack = Stack(
+        state_dir=options.state_dir,
+        namespace=options.namespace,
+        backend=backend,
+        nats_url=options.nats_url,
+        database_url=options.database_url,
+    )
+    console.print("starting the stack ...")
+    async with stack:
+        _print_stack(stack.info)
+        code = await _demo_campaign(stack.info, request, limit_s=limit_s)
+        console.print("stopping the stack ...")
+    return code
+
+
+async def _demo_campaign(info: StackInfo, request: pb.SubmitRequest, *, limit_s: float) -> int:
+    started = time.monotonic()
+    async with await MdqClient.connect(info.nats_url, info.namespace, name="mdq-demo") as client:
+        try:
+            job_ids = await _submit_when_ready(client, request, ready_within=60.0)
+        except SubmitRefused as error:
+            _print_refusal(error.field, error.message)
+            return EXIT_REFUSED
+        except IntakeUnavailable as error:
+            err_console.print(f"[red]{error}[/]")
+            return EXIT_UNAVAILABLE
+        names = dict(zip(job_ids, (job.name for job in request.jobs), strict=True))
+        console.print(f"submitted {len(job_ids)} jobs (key {request.idempotency_key})")
+        remaining = max(1.0, limit_s - (time.monotonic() - started))
+        views = await follow_jobs(client, job_ids, names=names, limit_s=remaining, console=console)
+    details = await history.wait_for_projection(info.database_url, job_ids, within_s=30.0)
+    console.print(history.detail_table(details, title="history (read back from PostgreSQL)"))
+    missing = sorted(set(job_ids) - {detail.job.job_id for detail in details})
+    if missing:
+        console.print(f"[red]not in PostgreSQL: {', '.join(missing)}[/]")
+    elapsed = time.monotonic() - started
+    code = _final_code(views, job_ids)
+    verdict = (
+        "[green]all jobs succeeded[/]" if code == EXIT_OK else "[red]not all jobs succeeded[/]"
+    )
+    console.print(f"{verdict} in {elapsed:.0f} s")
+    return code
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return os.environ.get("USER", "")
+
+
+# -- client commands -----------------------------------------------------------------------
+@app.command()
+def submit(
+    ctx: typer.Context,
+    file: Annotated[Path, typer.Argument(help="Job file: YAML or JSON (protobuf JSON mapping).")],
+    wait: Annotated[bool, typer.Option("--wait", help="Follow the jobs until they end.")] = False,
+    key: Annotated[
+        str | None, typer.Option("--key", help="Idempotency key (default: the file's, or new).")
+    ] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait with --wait.")] = 3600.0,
+) -> None:
+    """Submit the jobs of FILE and print their ids.
+
+    Exit 2 with the field and message when the submit is refused.
+    """
+    try:
+        request = load_job_file(file)
+    except JobFileError as error:
+        _print_refusal(error.field, f"{error.source}: {error.message}")
+        raise typer.Exit(EXIT_REFUSED) from None
+    if key:
+        request.idempotency_key = key
+    request.submitted_by = request.submitted_by or _user()
+    endpoints = _endpoints(ctx)
+
+    async def work(client: MdqClient) -> int:
+        job_ids = await client.submit(request)
+        for job_id in job_ids:
+            console.print(job_id, highlight=False)
+        if not wait:
+            return EXIT_OK
+        names = dict(zip(job_ids, (job.name for job in request.jobs), strict=True))
+        views = await follow_jobs(client, job_ids, names=names, limit_s=timeout, console=console)
+        return _final_code(views, job_ids)
+
+    try:
+        code = _run(_with_client(endpoints, work))
+    except SubmitRefused as error:
+        _print_refusal(error.field, error.message)
+        raise typer.Exit(EXIT_REFUSED) from None
+    except IntakeUnavailable as error:
+        err_console.print(f"[red]{error}[/]")
+        raise typer.Exit(EXIT_UNAVAILABLE) from None
+    raise typer.Exit(code)
+
+
+@app.command()
+def watch(
+    ctx: typer.Context,
+    job_ids: Annotated[list[str], typer.Argument(help="Job ids to follow.")],
+    timeout: Annotated[float, typer.Option(help="Seconds to wait.")] = 3600.0,
+) -> None:
+    """Live progress bars of jobs until they end.
+
+    Exit 0 if they all succeeded.
+    """
+    endpoints = _endpoints(ctx)
+
+    async def work(client: MdqClient) -> int:
+        views = await follow_jobs(client, job_ids, limit_s=timeout, console=console)
+        return _final_code(views, job_ids)
+
+    try:
+        code = _run(_with_client(endpoints, work))
+    except SubmitRefused as error:
+        _print_refusal(error.field, error.message)
+        raise typer.Exit(EXIT_REFUSED) from None
+    raise typer.Exit(code)
+
+
+@app.command("ls")
+def list_jobs(
+    ctx: typer.Context,
+    limit: Annotated[int, typer.Option(help="How many of the latest jobs.")] = 50,
+) -> None:
+    """The latest jobs, from PostgreSQL."""
+    endpoints = _endpoints(ctx)
+    try:
+        database_url = endpoints.require_database()
+    except NoEndpoint as error:
+        err_console.print(f"[red]{error}[/]")
+        raise typer.Exit(EXIT_UNAVAILABLE) from None
+    jobs = _run(history.list_jobs(database_url, limit=limit))
+    console.print(history.summary_table(jobs, title=f"jobs (latest {limit})"))
+
+
+@app.command()
+def show(
+    ctx: typer.Context,
+    job_id: Annotated[str, typer.Argument(help="The job id.")],
+) -> None:
+    """One job from PostgreSQL: state, attempts, node, last progress, timeline."""
+    endpoints = _endpoints(ctx)
+    try:
+        database_url = endpoints.require_database()
+    except NoEndpoint as error:
+        err_console.print(f"[red]{error}[/]")
+        raise typer.Exit(EXIT_UNAVAILABLE) from None
+    detail, timeline = _run(history.job_detail(database_url, job_id))
+    if detail is None:
+        err_console.print(f"[red]no job {job_id} in PostgreSQL[/]")
+        raise typer.Exit(EXIT_FAILED)
+    console.print(history.show_panel(detail, timeline))
+
+
+@app.command()
+def nodes(ctx: typer.Context) -> None:
+    """The latest load of every node (from the NODES stream)."""
+    endpoints = _endpoints(ctx)
+
+    async def work(client: MdqClient) -> dict[str, pb.Event]:
+        return await client.node_loads()
+
+    loads = _run(_with_client(endpoints, work))
+    table = Table(title="nodes")
+    for column, justify in (
+        ("node", "left"),
+        ("ready", "left"),
+        ("cpu load", "right"),
+        ("cpu capacity", "right"),
+        ("memory load", "right"),
+        ("memory capacity", "right"),
+        ("reported", "left"),
+    ):
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    now = time.time()
+    for name, event in loads.items():
+        load = event.node_load
+        age = now - event.time.ToSeconds() if event.HasField("time") else 0.0
+        table.add_row(
+            name,
+            "[green]yes[/]" if load.ready else "[red]no[/]",
+            f"{load.cpu_load:.0%}",
+            f"{load.cpu_capacity:g} cores",
+            f"{load.memory_load:.0%}",
+            f"{load.memory_capacity_mb} MiB",
+            f"{format_eta(age)} ago" if age >= 1 else "just now",
+        )
+    if not loads:
+        console.print("no node has reported its load yet")
+        return
+    console.print(table)

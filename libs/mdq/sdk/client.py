@@ -1,0 +1,399 @@
+"""The Python SDK: submit MD jobs to mdq and follow them on NATS.
+
+Everything goes through the bus, exactly as any other client would use it:
+
+* ``submit`` is a request-reply on ``<ns>.api.submit`` — intake validates the submit and
+  answers with the job ids, or with the field at fault (``SubmitRefused``);
+* ``publish_submit`` is fire-and-forget onto ``<ns>.submit``, which a stream captures, so it
+  is durable even while intake is down; the job ids are computed from the stream sequence (or
+  from the idempotency key) the same way intake computes them;
+* ``watch``/``wait``/``progress`` read a job's history from the start with ordered consumers
+  and fold it with the same state machine the services use (``mdq.core.state``), so what the
+  SDK reports is what the log says;
+* ``node_loads`` reads the latest ``node_load`` of every node.
+
+::
+
+    async with await MdqClient.connect("nats://127.0.0.1:4222") as client:
+        ids = await client.submit(load_job_file("examples/demo.yaml"))
+        states = await client.wait(ids, timeout=600)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Self
+
+import nats.errors
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.errors import NotFoundError
+
+from mdq.bus.codec import decode_event, encode
+from mdq.bus.connect import connect
+from mdq.bus.subjects import Subjects
+from mdq.contracts import pb
+from mdq.core.ids import job_id as make_job_id
+from mdq.core.ids import request_id_for_key, request_id_for_sequence
+from mdq.core.state import JobBook, JobState, JobView
+
+SubmitInput = pb.SubmitRequest | Sequence[pb.JobSpec]
+
+
+class MdqError(Exception):
+    """Base of the SDK's errors."""
+
+
+class SubmitRefused(MdqError):
+    """Intake refused a submit; nothing was created. ``field`` is the path of the culprit
+    (e.g. ``jobs[0].resources.cpu``), ``""`` for the whole submit."""
+
+    def __init__(self, field: str, message: str, *, request_id: str = "") -> None:
+        super().__init__(f"{field}: {message}" if field else message)
+        self.field = field
+        self.message = message
+        self.request_id = request_id
+
+
+class IntakeUnavailable(MdqError):
+    """Nobody answered a request-reply submit (intake not running, or too slow)."""
+
+
+class WaitTimeout(MdqError, TimeoutError):
+    """``wait`` gave up; ``states`` holds what was known (None: not seen yet)."""
+
+    def __init__(self, message: str, *, states: dict[str, JobState | None]) -> None:
+        super().__init__(message)
+        self.states = states
+
+
+@dataclass(frozen=True, slots=True)
+class JobUpdate:
+    """One event of a watched job, with the job's view after folding it in."""
+
+    job_id: str
+    event: pb.Event
+    view: JobView | None
+    """None until the job's ``submitted`` event has been seen."""
+
+    @property
+    def kind(self) -> str:
+        return self.event.WhichOneof("body") or ""
+
+
+def request_id_of(job: str) -> str:
+    """The request id part of a job id (``<request_id>-<name>``)."""
+    return job.split("-", 1)[0]
+
+
+def build_request(request: SubmitInput, *, idempotency_key: str | None = None) -> pb.SubmitRequest:
+    """A copy of ``request`` (or a submit of the given jobs) with ``idempotency_key`` set if
+    given."""
+    built = pb.SubmitRequest()
+    if isinstance(request, pb.SubmitRequest):
+        built.CopyFrom(request)
+    else:
+        for spec in request:
+            built.jobs.add().CopyFrom(spec)
+    if idempotency_key is not None:
+        built.idempotency_key = idempotency_key
+    return built
+
+
+class MdqClient:
+    """An async client of one mdq namespace on one NATS connection."""
+
+    def __init__(self, *, nc: Client, subjects: Subjects, owns_connection: bool = False) -> None:
+        self._nc = nc
+        self._js = nc.jetstream()
+        self._subjects = subjects
+        self._owns_connection = owns_connection
+
+    @classmethod
+    async def connect(
+        cls, nats_url: str, namespace: str = "mdq", *, name: str = "mdq-sdk"
+    ) -> MdqClient:
+        """Connect to NATS and make sure the namespace's streams exist (so a submit published
+        before any service ever ran is kept)."""
+        subjects = Subjects(namespace)
+        nc = await connect(nats_url, name=name, subjects=subjects)
+        return cls(nc=nc, subjects=subjects, owns_connection=True)
+
+    @property
+    def subjects(self) -> Subjects:
+        return self._subjects
+
+    @property
+    def nc(self) -> Client:
+        return self._nc
+
+    async def close(self) -> None:
+        """Close the connection if this client opened it."""
+        if self._owns_connection and not self._nc.is_closed:
+            await self._nc.drain()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    # -- submitting ------------------------------------------------------------------------
+    async def submit(
+        self,
+        request: SubmitInput,
+        *,
+        idempotency_key: str | None = None,
+        timeout: float = 15.0,  # noqa: ASYNC109 - the request-reply timeout of nats-py
+    ) -> list[str]:
+        """Submit through intake and return the job ids (in the order of the jobs).
+
+        Request-reply submits need an idempotency key: the request's, ``idempotency_key``, or a
+        fresh random one. Raises ``SubmitRefused`` (field + message) if intake refuses it and
+        ``IntakeUnavailable`` if nobody answers within ``timeout`` seconds.
+        """
+        built = build_request(request, idempotency_key=idempotency_key)
+        if not built.idempotency_key:
+            built.idempotency_key = f"sdk-{uuid.uuid4().hex}"
+        try:
+            reply_msg = await self._nc.request(
+                self._subjects.api_submit, encode(built), timeout=timeout
+            )
+        except nats.errors.NoRespondersError:
+            raise IntakeUnavailable(
+                f"no intake answers on {self._subjects.api_submit}: is the stack running?"
+            ) from None
+        except nats.errors.TimeoutError:
+            raise IntakeUnavailable(
+                f"intake did not answer on {self._subjects.api_submit} within {timeout:g} s"
+            ) from None
+        reply = decode_reply(reply_msg.data)
+        if reply.HasField("error") and (reply.error.field or reply.error.message):
+            raise SubmitRefused(reply.error.field, reply.error.message, request_id=reply.request_id)
+        return list(reply.job_ids)
+
+    async def publish_submit(
+        self, request: SubmitInput, *, idempotency_key: str | None = None
+    ) -> list[str]:
+        """Publish a submit onto ``<ns>.submit`` (captured by a stream: durable even while
+        intake is down) and return the job ids intake will give the jobs if it accepts them.
+
+        A refusal is published as an event; ``wait`` raises ``SubmitRefused`` for it. A keyed
+        submit is published with the key as ``Nats-Msg-Id``, so a retried publish is dropped.
+        """
+        built = build_request(request, idempotency_key=idempotency_key)
+        headers = (
+            {"Nats-Msg-Id": f"submit:{built.idempotency_key}"} if built.idempotency_key else None
+        )
+        ack = await self._js.publish(self._subjects.submit, encode(built), headers=headers)
+        request_id = (
+            request_id_for_key(built.idempotency_key)
+            if built.idempotency_key
+            else request_id_for_sequence(ack.seq)
+        )
+        return [make_job_id(request_id, spec.name) for spec in built.jobs]
+
+    # -- following jobs --------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def _ordered(
+        self, targets: Iterable[tuple[str, str]], *, deliver_policy: DeliverPolicy
+    ) -> AsyncIterator[asyncio.Queue[Msg]]:
+        """Ordered consumers on (stream, subject) pairs, all delivering into one queue."""
+        queue: asyncio.Queue[Msg] = asyncio.Queue()
+        subscriptions = []
+        try:
+            for stream, subject in targets:
+                subscriptions.append(
+                    await self._js.subscribe(
+                        subject,
+                        stream=stream,
+                        cb=queue.put,
+                        ordered_consumer=True,
+                        deliver_policy=deliver_policy,
+                    )
+                )
+            yield queue
+        finally:
+            for subscription in subscriptions:
+                with contextlib.suppress(Exception):
+                    await subscription.unsubscribe()
+
+    async def watch(
+        self,
+        job_ids: Sequence[str],
+        *,
+        include_progress: bool = True,
+        settle_s: float = 0.5,
+    ) -> AsyncGenerator[JobUpdate, None]:
+        """Every event of the given jobs from the start of their history, then live, until
+        every job is terminal (plus ``settle_s`` seconds for progress still in flight).
+
+        Raises ``SubmitRefused`` if the submit of a job was refused (its job never existed).
+        Use it with ``contextlib.aclosing`` if you may stop early.
+        """
+        ids = list(dict.fromkeys(job_ids))
+        if not ids:
+            return
+        books = {job: JobBook() for job in ids}
+        request_ids = {request_id_of(job) for job in ids}
+        targets = [(self._subjects.jobs_stream, self._subjects.job_all(job)) for job in ids]
+        targets += [
+            (self._subjects.jobs_stream, self._subjects.rejected(rid)) for rid in request_ids
+        ]
+        if include_progress:
+            targets += [
+                (self._subjects.progress_stream, self._subjects.progress(job)) for job in ids
+            ]
+        loop = asyncio.get_running_loop()
+        settle_until: float | None = None
+        async with self._ordered(targets, deliver_policy=DeliverPolicy.ALL) as queue:
+            while True:
+                if settle_until is None:
+                    message = await queue.get()
+                else:
+                    remaining = settle_until - loop.time()
+                    if remaining <= 0:
+                        return
+                    try:
+                        message = await asyncio.wait_for(queue.get(), remaining)
+                    except TimeoutError:
+                        return
+                try:
+                    event = decode_event(message.data)
+                except DecodeError:
+                    continue
+                if event.WhichOneof("body") == "rejected":
+                    await self._raise_if_refused(event, ids, books)
+                    continue
+                book = books.get(event.job_id)
+                if book is None:
+                    continue
+                book.apply(0, event)
+                yield JobUpdate(job_id=event.job_id, event=event, view=book.jobs.get(event.job_id))
+                if settle_until is None and all(_terminal(books[job], job) for job in ids):
+                    if not include_progress:
+                        return
+                    settle_until = loop.time() + settle_s
+
+    async def _raise_if_refused(
+        self, event: pb.Event, ids: Sequence[str], books: dict[str, JobBook]
+    ) -> None:
+        """A rejected event for one of our request ids refuses our jobs only if they were never
+        submitted (a later refused resubmit with the same key changes nothing)."""
+        rejected = event.rejected
+        for job in ids:
+            if request_id_of(job) != rejected.request_id or job in books[job].jobs:
+                continue
+            try:
+                await self._js.get_last_msg(
+                    self._subjects.jobs_stream, self._subjects.job(job, "submitted")
+                )
+            except NotFoundError:
+                raise SubmitRefused(
+                    rejected.error.field, rejected.error.message, request_id=rejected.request_id
+                ) from None
+
+    async def wait_views(
+        self,
+        job_ids: Sequence[str],
+        timeout: float,  # noqa: ASYNC109 - part of the SDK's API
+    ) -> dict[str, JobView]:
+        """Wait until every job is terminal; return what the log says about each."""
+        ids = list(dict.fromkeys(job_ids))
+        views: dict[str, JobView] = {}
+        try:
+            async with asyncio.timeout(timeout):
+                async with contextlib.aclosing(self.watch(ids, include_progress=False)) as updates:
+                    async for update in updates:
+                        if update.view is not None:
+                            views[update.job_id] = update.view
+        except TimeoutError:
+            states = {job: (views[job].state if job in views else None) for job in ids}
+            waiting = ", ".join(
+                f"{job} ({state or 'not seen'})"
+                for job, state in states.items()
+                if state is None or not state.terminal
+            )
+            raise WaitTimeout(
+                f"not terminal after {timeout:g} s: {waiting}", states=states
+            ) from None
+        return {job: views[job] for job in ids}
+
+    async def wait(
+        self,
+        job_ids: Sequence[str],
+        timeout: float,  # noqa: ASYNC109 - part of the SDK's API
+    ) -> dict[str, JobState]:
+        """Wait until every job is terminal; return each job's final state
+        (``JobState.SUCCEEDED`` or ``JobState.FAILED``). Raises ``WaitTimeout``."""
+        views = await self.wait_views(job_ids, timeout)
+        return {job: view.state for job, view in views.items()}
+
+    async def progress(
+        self, job_ids: Sequence[str]
+    ) -> AsyncGenerator[tuple[str, pb.Progress], None]:
+        """(job id, progress) for every progress report of the given jobs, from the start,
+        until every job is terminal."""
+        async with contextlib.aclosing(self.watch(job_ids)) as updates:
+            async for update in updates:
+                if update.kind == "progress":
+                    yield update.job_id, update.event.progress
+
+    # -- nodes -----------------------------------------------------------------------------
+    async def node_loads(self, *, fetch_timeout_s: float = 5.0) -> dict[str, pb.Event]:
+        """The latest ``node_load`` event of every node, by node name."""
+        subscription = await self._js.pull_subscribe(
+            self._subjects.node_load("*"),
+            stream=self._subjects.nodes_stream,
+            config=ConsumerConfig(
+                deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+                ack_policy=AckPolicy.NONE,
+                inactive_threshold=30.0,
+            ),
+        )
+        loads: dict[str, pb.Event] = {}
+        try:
+            pending = (await subscription.consumer_info()).num_pending or 0
+            while pending > 0:
+                messages = await subscription.fetch(min(pending, 256), timeout=fetch_timeout_s)
+                for message in messages:
+                    pending = message.metadata.num_pending
+                    try:
+                        event = decode_event(message.data)
+                    except DecodeError:
+                        continue
+                    if event.WhichOneof("body") == "node_load":
+                        loads[event.node_load.node] = event
+        finally:
+            with contextlib.suppress(Exception):
+                await subscription.unsubscribe()
+        return dict(sorted(loads.items()))
+
+
+def _terminal(book: JobBook, job: str) -> bool:
+    view = book.jobs.get(job)
+    return view is not None and view.state.terminal
+
+
+def decode_reply(data: bytes) -> pb.SubmitReply:
+    """A SubmitReply as intake sent it: protobuf binary, or its JSON mapping."""
+    reply = pb.SubmitReply()
+    if data.lstrip()[:1] == b"{":
+        json_format.ParseDict(json.loads(data), reply, ignore_unknown_fields=True)
+    else:
+        reply.ParseFromString(data)
+    return reply

@@ -1,0 +1,472 @@
+"""The whole of mdq on one machine: embedded NATS + PostgreSQL and every service, supervised.
+
+``Stack`` is what ``mdq up`` and ``mdq demo`` (``make run``) start:
+
+1. NATS JetStream and PostgreSQL: the embedded servers of ``mdq.embedded`` under the state
+   folder (``.mdq/`` in the working directory, or ``MDQ_STATE_DIR``), unless ``NATS_URL`` /
+   ``DATABASE_URL`` point at servers that already run;
+2. the database schema (``mdq.store.migrate.upgrade``);
+3. the services ``python -m services.<name>`` (intake, placement, watcher, recovery, metrics)
+   and, for the ``local`` backend, the node agent ``python -m mdq.backends.local``, each a
+   child process of this interpreter with the stack's environment, logging to
+   ``<state>/logs/<name>.log``;
+4. supervision: a child that dies is started again after a small backoff (doubling, capped);
+5. a clean stop: SIGTERM to every child, SIGKILL to whatever is left of its process group
+   after a grace period, then the embedded servers.
+
+Where everything is (URLs, folders, pid) is written to ``<state>/stack.json`` so that client
+commands (``mdq submit``, ``mdq ls`` ...) in another terminal find a running stack.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Self
+
+from mdq.embedded import EmbeddedNats, EmbeddedPostgres, start_nats, start_postgres
+
+SERVICES: tuple[str, ...] = ("intake", "placement", "watcher", "recovery", "metrics")
+"""The services of a stack, started as ``python -m services.<name>``."""
+BACKENDS: tuple[str, ...] = ("local", "kubernetes")
+DEFAULT_METRICS_PORT = 9464
+STACK_FILE = "stack.json"
+
+# pgserver asks platformdirs for a runtime folder; without XDG_RUNTIME_DIR that is /tmp/…,
+# which is fine, and the warning would only clutter `make run`.
+warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
+
+
+def default_state_dir() -> Path:
+    """``MDQ_STATE_DIR``, or ``.mdq`` in the working directory."""
+    return Path(os.environ.get("MDQ_STATE_DIR") or ".mdq").resolve()
+
+
+class StackError(RuntimeError):
+    """The stack cannot start (another one runs on the same state folder, a server failed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StackInfo:
+    """Where a running stack's parts are; the content of ``<state>/stack.json``."""
+
+    nats_url: str
+    database_url: str
+    namespace: str
+    metrics_url: str
+    state_dir: str
+    logs_dir: str
+    data_dir: str
+    backend: str
+    pid: int
+    embedded_nats: bool
+    embedded_postgres: bool
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> StackInfo:
+        known = {name for name in cls.__dataclass_fields__}
+        data = {key: value for key, value in json.loads(text).items() if key in known}
+        return cls(**data)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (and is not a zombie of ours)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def read_stack_info(state_dir: Path) -> StackInfo | None:
+    """The info of the stack running on ``state_dir``, or None (none, or its owner died)."""
+    path = state_dir / STACK_FILE
+    try:
+        info = StackInfo.from_json(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, TypeError):
+        return None
+    return info if pid_alive(info.pid) else None
+
+
+def _port_free(port: int) -> bool:
+    """Whether a server could listen on ``port`` on every interface (as /metrics does)."""
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+        try:
+            sock.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+def metrics_port_near(start: int = DEFAULT_METRICS_PORT, *, tries: int = 100) -> int:
+    """The first port from ``start`` on that is free. Ports are taken below the ephemeral
+    range on purpose: a port picked there can be taken by an outgoing connection (a service's
+    NATS client) before the metrics server binds it."""
+    for port in range(start, start + tries):
+        if _port_free(port):
+            return port
+    raise StackError(f"no free port for /metrics in {start}..{start + tries - 1}")
+
+
+@dataclass(slots=True)
+class ChildProcess:
+    """One supervised child: its argv, its log, its current process, its restarts."""
+
+    name: str
+    argv: tuple[str, ...]
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+    log_file: IO[bytes] | None = None
+    started_at: float = 0.0
+    restarts: int = 0
+    consecutive_failures: int = 0
+    next_start_at: float = 0.0
+    last_exit_code: int | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+
+@dataclass(frozen=True, slots=True)
+class ChildStatus:
+    """What ``Stack.status`` says about one child."""
+
+    name: str
+    pid: int | None
+    running: bool
+    restarts: int
+    last_exit_code: int | None
+    log_path: Path
+
+
+@dataclass(slots=True)
+class _Servers:
+    nats: EmbeddedNats | None = None
+    postgres: EmbeddedPostgres | None = None
+    owned: list[str] = field(default_factory=list)
+
+
+class Stack:
+    """Start, supervise and stop every part of mdq on this machine."""
+
+    def __init__(
+        self,
+        *,
+        state_dir: Path | None = None,
+        namespace: str | None = None,
+        backend: str = "local",
+        nats_url: str | None = None,
+        database_url: str | None = None,
+        local_nodes: int = 2,
+        metrics_port: int | None = None,
+        services: Sequence[str] = SERVICES,
+        extra_env: dict[str, str] | None = None,
+        grace_s: float = 10.0,
+        poll_s: float = 0.25,
+        max_backoff_s: float = 10.0,
+        healthy_after_s: float = 30.0,
+    ) -> None:
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        self.state_dir = (state_dir or default_state_dir()).resolve()
+        self.logs_dir = self.state_dir / "logs"
+        self.data_dir = self.state_dir / "data"
+        self.namespace = namespace or os.environ.get("MDQ_NAMESPACE") or "mdq"
+        self.backend = backend
+        self._nats_url = nats_url or os.environ.get("NATS_URL") or ""
+        self._database_url = database_url or os.environ.get("DATABASE_URL") or ""
+        self.local_nodes = local_nodes
+        self._metrics_port = metrics_port
+        self._services = tuple(services)
+        self._extra_env = dict(extra_env or {})
+        self._grace_s = grace_s
+        self._poll_s = poll_s
+        self._max_backoff_s = max_backoff_s
+        self._healthy_after_s = healthy_after_s
+        self._servers = _Servers()
+        self._children: list[ChildProcess] = []
+        self._supervisor: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._info: StackInfo | None = None
+        self._env: dict[str, str] = {}
+
+    # -- lifecycle -------------------------------------------------------------------------
+    @property
+    def info(self) -> StackInfo:
+        if self._info is None:
+            raise StackError("the stack is not started")
+        return self._info
+
+    async def start(self) -> StackInfo:
+        """Start the servers (or use the given ones), migrate, start and supervise every
+        child; return where everything is."""
+        running = read_stack_info(self.state_dir)
+        if running is not None and running.pid != os.getpid():
+            raise StackError(
+                f"a stack already runs on {self.state_dir} (pid {running.pid}, NATS "
+                f"{running.nats_url}); use it, or stop it first"
+            )
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            await self._start_servers()
+            await asyncio.to_thread(self._migrate)
+            metrics_port = self._choose_metrics_port()
+            self._env = self._child_env(metrics_port)
+            self._children = [self._child(name, argv) for name, argv in self._programs()]
+            for child in self._children:
+                self._spawn(child)
+            self._info = StackInfo(
+                nats_url=self._nats_url,
+                database_url=self._database_url,
+                namespace=self.namespace,
+                metrics_url=f"http://127.0.0.1:{metrics_port}/metrics",
+                state_dir=str(self.state_dir),
+                logs_dir=str(self.logs_dir),
+                data_dir=str(self.data_dir),
+                backend=self.backend,
+                pid=os.getpid(),
+                embedded_nats=self._servers.nats is not None,
+                embedded_postgres=self._servers.postgres is not None,
+            )
+            (self.state_dir / STACK_FILE).write_text(self._info.to_json(), encoding="utf-8")
+            self._supervisor = asyncio.create_task(self._supervise(), name="mdq-stack-supervisor")
+        except BaseException:
+            await self.stop()
+            raise
+        self._note(f"stack started: NATS {self._nats_url}, namespace {self.namespace}")
+        return self._info
+
+    async def stop(self) -> None:
+        """Stop every child (SIGTERM, then SIGKILL after the grace period), then the embedded
+        servers; remove ``stack.json``. Safe to call more than once."""
+        self._stopping = True
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._supervisor
+            self._supervisor = None
+        await asyncio.to_thread(self._stop_children)
+        await asyncio.to_thread(self._stop_servers)
+        info_path = self.state_dir / STACK_FILE
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            if StackInfo.from_json(info_path.read_text(encoding="utf-8")).pid == os.getpid():
+                info_path.unlink()
+        if self._info is not None:
+            self._note("stack stopped")
+        self._info = None
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    def status(self) -> list[ChildStatus]:
+        """Each child: pid, running or not, restarts so far, last exit code, log file."""
+        return [
+            ChildStatus(
+                name=child.name,
+                pid=child.pid,
+                running=child.running,
+                restarts=child.restarts,
+                last_exit_code=child.last_exit_code,
+                log_path=child.log_path,
+            )
+            for child in self._children
+        ]
+
+    def child_pid(self, name: str) -> int | None:
+        """The pid of the named child's current process (for fault tests)."""
+        for child in self._children:
+            if child.name == name:
+                return child.pid
+        raise KeyError(name)
+
+    # -- servers ---------------------------------------------------------------------------
+    async def _start_servers(self) -> None:
+        if not self._nats_url:
+            self._servers.nats = await asyncio.to_thread(
+                start_nats,
+                self.state_dir / "nats",
+                log_file=self.logs_dir / "nats-server.log",
+            )
+            self._nats_url = self._servers.nats.url
+        if not self._database_url:
+            self._servers.postgres = await asyncio.to_thread(
+                start_postgres, self.state_dir / "postgres", database="mdq", keep=False
+            )
+            self._database_url = self._servers.postgres.url
+
+    def _migrate(self) -> None:
+        try:
+            from mdq.store.migrate import upgrade
+        except ImportError as error:  # the store may not be there in a partial checkout
+            self._note(f"no migrations applied: {error}")
+            return
+        upgrade(self._database_url)
+
+    def _stop_servers(self) -> None:
+        if self._servers.nats is not None:
+            self._servers.nats.stop()
+            self._servers.nats = None
+        if self._servers.postgres is not None:
+            with contextlib.suppress(Exception):
+                self._servers.postgres.stop()
+            self._servers.postgres = None
+
+    def _choose_metrics_port(self) -> int:
+        """The given port (0: the first free one from 9464), else ``MDQ_METRICS_PORT``, else
+        the first free one from 9464."""
+        if self._metrics_port:
+            return self._metrics_port
+        if self._metrics_port is None and (configured := os.environ.get("MDQ_METRICS_PORT")):
+            return int(configured)
+        return metrics_port_near(DEFAULT_METRICS_PORT)
+
+    # -- children --------------------------------------------------------------------------
+    def _programs(self) -> list[tuple[str, tuple[str, ...]]]:
+        python = sys.executable
+        programs: list[tuple[str, tuple[str, ...]]] = [
+            (name, (python, "-m", f"services.{name}")) for name in self._services
+        ]
+        if self.backend == "local":
+            programs.append(("local-backend", (python, "-m", "mdq.backends.local")))
+        return programs
+
+    def _child_env(self, metrics_port: int) -> dict[str, str]:
+        env = dict(os.environ)
+        bin_dir = str(Path(sys.executable).parent)
+        env["PATH"] = os.pathsep.join([bin_dir, env.get("PATH", "")])
+        env.update(
+            {
+                "NATS_URL": self._nats_url,
+                "DATABASE_URL": self._database_url,
+                "MDQ_NAMESPACE": self.namespace,
+                "MDQ_DATA_DIR": str(self.data_dir),
+                "MDQ_STATE_DIR": str(self.state_dir),
+                "MDQ_BACKEND": self.backend,
+                "MDQ_PLACEMENT_BACKEND": self.backend,
+                "MDQ_WATCHER_BACKEND": self.backend,
+                "MDQ_METRICS_BACKEND": self.backend,
+                "MDQ_PLACEMENT_RUNNER_COMMAND": json.dumps(
+                    [sys.executable, "-m", "services.runner"]
+                ),
+                "MDQ_METRICS_PORT": str(metrics_port),
+                "MDQ_LOCAL_NODES": str(self.local_nodes),
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        env.update(self._extra_env)
+        return env
+
+    def _child(self, name: str, argv: tuple[str, ...]) -> ChildProcess:
+        return ChildProcess(name=name, argv=argv, log_path=self.logs_dir / f"{name}.log")
+
+    def _spawn(self, child: ChildProcess) -> None:
+        if child.log_file is None or child.log_file.closed:
+            child.log_file = child.log_path.open("ab")
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        child.log_file.write(f"---- {stamp} mdq stack starts {' '.join(child.argv)}\n".encode())
+        child.log_file.flush()
+        child.process = subprocess.Popen(
+            child.argv,
+            env=self._env,
+            stdin=subprocess.DEVNULL,
+            stdout=child.log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        child.started_at = time.monotonic()
+
+    async def _supervise(self) -> None:
+        while not self._stopping:
+            now = time.monotonic()
+            for child in self._children:
+                process = child.process
+                if process is None:
+                    if now >= child.next_start_at:
+                        child.restarts += 1
+                        self._note(f"{child.name}: restart #{child.restarts}")
+                        self._spawn(child)
+                    continue
+                code = process.poll()
+                if code is None:
+                    if now - child.started_at >= self._healthy_after_s:
+                        child.consecutive_failures = 0
+                    continue
+                child.last_exit_code = code
+                child.process = None
+                self._kill_group(process.pid, signal.SIGKILL)
+                child.consecutive_failures += 1
+                delay = min(self._max_backoff_s, 0.5 * 2 ** (child.consecutive_failures - 1))
+                child.next_start_at = now + delay
+                self._note(
+                    f"{child.name}: exited with {code}; restarting in {delay:.1f} s "
+                    f"(log: {child.log_path})"
+                )
+            await asyncio.sleep(self._poll_s)
+
+    def _stop_children(self) -> None:
+        running = [child for child in self._children if child.process is not None]
+        for child in running:
+            assert child.process is not None
+            if child.process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    child.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + self._grace_s
+        for child in running:
+            assert child.process is not None
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            if child.process.poll() is None:
+                self._note(f"{child.name}: no exit {self._grace_s:g} s after SIGTERM; SIGKILL")
+            self._kill_group(child.process.pid, signal.SIGKILL)
+            child.process.wait()
+            child.last_exit_code = child.process.returncode
+        for child in self._children:
+            if child.log_file is not None:
+                child.log_file.close()
+
+    @staticmethod
+    def _kill_group(pid: int, sig: signal.Signals) -> None:
+        """Signal the child's whole process group (it leads its own session), e.g. runner
+        processes left behind by a node agent."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, sig)
+
+    def _note(self, line: str) -> None:
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        with (self.logs_dir / "stack.log").open("a", encoding="utf-8") as log:
+            log.write(f"{stamp} {line}\n")
