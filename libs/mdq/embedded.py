@@ -15,7 +15,6 @@ import time
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import quote
 
 
 def free_port() -> int:
@@ -121,8 +120,11 @@ def start_postgres(data_dir: Path, *, database: str = "mdq", keep: bool = True) 
     exists = server.psql(f"SELECT 1 FROM pg_database WHERE datname = '{database}';")
     if "(1 row)" not in exists:
         server.psql(f'CREATE DATABASE "{database}";')
-    url = f"postgresql://postgres@/{database}?host={quote(str(data_dir), safe='/')}"
-    return EmbeddedPostgres(server, url)
+    # pgserver puts the socket somewhere else when the folder's path is too long for one;
+    # its URI names the folder it really chose.
+    return EmbeddedPostgres(
+        server, str(server.get_uri(database)).replace("postgres:@", "postgres@")
+    )
 
 
 def sqlalchemy_url(database_url: str) -> str:
