@@ -336,3 +336,58 @@ def _gone(backend: LocalBackend, name: str) -> Callable[[], Awaitable[bool]]:
         return await backend.get_pod(name) is None
 
     return probe
+
+
+def marked_alive(name: str) -> bool:
+    """Whether a process of pod ``name`` (by its MDQ_TEST_MARK) is still alive."""
+    for process in psutil.process_iter():
+        try:
+            if process.environ().get("MDQ_TEST_MARK") == name and process.status() != "zombie":
+                return True
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return False
+
+
+async def test_silent_node_is_lost_and_its_pods_fenced_when_it_returns(
+    agents: Agents, backend: LocalBackend
+) -> None:
+    import os
+    import signal
+
+    agent = agents.start(("n1",))
+    await eventually(lambda: _ready(backend, "n1"), what="n1 ready")
+    name = "mdq-paused-1"
+    await backend.create_pod(pod(name, "import time; time.sleep(120)"))
+    await until_phase(backend, name, pb.POD_RUNNING)
+
+    async def alive() -> bool:
+        return marked_alive(name)
+
+    await eventually(alive, what="the pod's process")
+    seen: list[PodUpdate] = []
+
+    async def watch() -> None:
+        async for update in backend.watch_pods():
+            seen.append(update)
+
+    watching = asyncio.create_task(watch())
+    try:
+        os.kill(agent.pid, signal.SIGSTOP)  # the node stops answering, its pod keeps running
+        lost = await until_terminal(backend, name, within=20)
+        assert (lost.phase, lost.reason) == (pb.POD_FAILED, "NodeLost")
+        assert any(u.pod_name == name and u.reason == "NodeLost" for u in seen)
+        assert marked_alive(name)
+        os.kill(agent.pid, signal.SIGCONT)  # the node comes back: the stale copy must stop
+
+        async def gone() -> bool:
+            return not marked_alive(name)
+
+        await eventually(gone, within=15, what="the fenced pod's process to stop")
+    finally:
+        watching.cancel()
+        os.kill(agent.pid, signal.SIGCONT)
+
+
+async def _ready(backend: LocalBackend, node: str) -> bool:
+    return any(s.name == node and s.ready for s in await backend.sample_nodes())

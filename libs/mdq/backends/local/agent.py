@@ -212,6 +212,12 @@ class NodeAgent:
         if running is not None:
             if record.deletion_requested:
                 self._request_stop(running, reason="Deleted", message="pod deleted")
+            elif record.terminal:
+                # Declared lost while this agent was away (paused, partitioned): the job
+                # runs elsewhere now, so this copy must stop (fencing).
+                # SIGKILL at once: its checkpoints would only race the new attempt's.
+                self._request_stop(running, reason=record.status.reason, message="fenced")
+                signal_group(running.process.pid, signal.SIGKILL)
             return
         phase = record.status.phase
         if name in self._claimed:

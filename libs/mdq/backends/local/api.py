@@ -25,9 +25,11 @@ from mdq.backends.local.records import (
     Buckets,
     NodeRecord,
     PodRecord,
+    PodStatus,
     ensure_buckets,
     is_wrong_last_sequence,
     read_pod,
+    update_pod,
 )
 from mdq.backends.port import NodeSample, PodExists, PodSpec, PodUpdate
 from mdq.bus.subjects import Subjects
@@ -157,10 +159,16 @@ class LocalBackend:
 
     async def watch_pods(self) -> AsyncIterator[PodUpdate]:
         """Every pod's current state, then every change of status, forever (removals of
-        deleted pods are not reported; their last status was)."""
+        deleted pods are not reported; their last status was).
+
+        While watching, pods on a node whose agent stopped heartbeating are marked FAILED
+        "NodeLost" (as Kubernetes' node lifecycle controller does), so their jobs are
+        recovered elsewhere; the agent, should it come back, stops them.
+        """
         pods = (await self.buckets()).pods
         watcher = await pods.watchall()
         last: dict[str, PodUpdate] = {}
+        marker = asyncio.create_task(self._mark_pods_of_lost_nodes(last), name="node-lost")
         try:
             async for entry in watcher:
                 if entry is None:
@@ -177,8 +185,37 @@ class LocalBackend:
                     last[entry.key] = update
                     yield update
         finally:
+            marker.cancel()
             with contextlib.suppress(Exception):
                 await watcher.stop()  # type: ignore[no-untyped-call]
+
+    async def _mark_pods_of_lost_nodes(self, pods_seen: dict[str, PodUpdate]) -> None:
+        """Every few seconds: live pods on a node that is no longer ready → FAILED NodeLost."""
+        interval = max(0.2, self._heartbeat_timeout_s / 4)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                lost_nodes = {node.name for node in await self.sample_nodes() if not node.ready}
+                for name, update in list(pods_seen.items()):
+                    if update.node in lost_nodes and update.phase in (
+                        pb.POD_PENDING,
+                        pb.POD_RUNNING,
+                    ):
+                        await self.mark_node_lost(name, update.node)
+            except Exception:  # retried on the next round
+                log.exception("marking pods of lost nodes failed")
+
+    async def mark_node_lost(self, name: str, node: str) -> None:
+        """Mark one live pod FAILED "NodeLost" (compare-and-set; a no-op if it ended)."""
+        status = PodStatus(
+            pb.POD_FAILED, 0, "NodeLost", f"node {node} stopped answering (no heartbeat)"
+        )
+
+        def lose(record: PodRecord) -> PodRecord | None:
+            return None if record.terminal else record.with_status(status)
+
+        if await update_pod((await self.buckets()).pods, name, lose) is not None:
+            log.warning("pod %s marked NodeLost: node %s stopped heartbeating", name, node)
 
     async def get_pod(self, name: str) -> PodUpdate | None:
         """The current state of one pod, or None if there is none."""
