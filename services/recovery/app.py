@@ -10,6 +10,7 @@ and seeing it echoed, or two replicas) lands once.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -20,7 +21,7 @@ from mdq.bus.log import follow_log
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
-from mdq.core.recovery import GiveUp, RecoveryPolicy, decide, requeued_body
+from mdq.core.recovery import GiveUp, RecoveryPolicy, Wait, decide, requeued_body
 from mdq.core.state import JobBook, JobState, JobView
 
 log = logging.getLogger("mdq.recovery")
@@ -50,6 +51,8 @@ class Recovery:
         self.book = JobBook()
         self._recovering: set[str] = set()
         self._caught_up = False
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._rechecks: set[asyncio.Task[None]] = set()
         self.decisions = 0
 
     async def on_event(self, sequence: int, event: pb.Event) -> None:
@@ -70,7 +73,10 @@ class Recovery:
             await self._decide(self.book.jobs[job_id])
 
     async def _decide(self, view: JobView) -> None:
-        decision = decide(view, self._policy)
+        decision = decide(view, self._policy, self._clock())
+        if isinstance(decision, Wait):
+            self._recheck_at(view.job_id, decision.until)
+            return
         if isinstance(decision, GiveUp):
             event = self._publisher.event(
                 "failed",
@@ -98,6 +104,23 @@ class Recovery:
         if view.apply(event):
             self._recovering.discard(view.job_id)
         self.decisions += 1
+
+    def _recheck_at(self, job_id: str, when: datetime) -> None:
+        """Decide again at ``when`` (unless an event about the job decides it first)."""
+        if job_id in self._timers:
+            return
+        delay = max(0.0, (when - self._clock()).total_seconds())
+        loop = asyncio.get_running_loop()
+
+        def fire() -> None:
+            self._timers.pop(job_id, None)
+            view = self.book.jobs.get(job_id)
+            if view is not None and view.state is JobState.RECOVERING:
+                task = loop.create_task(self._decide(view))
+                self._rechecks.add(task)
+                task.add_done_callback(self._rechecks.discard)
+
+        self._timers[job_id] = loop.call_later(delay, fire)
 
     async def run(self) -> None:
         """Follow the job log, forever."""

@@ -18,6 +18,12 @@ class RecoverySettings(BaseSettings):
     backoff_max_s: float = Field(default=300.0, description="Longest delay after a crash.")
     oom_memory_factor: float = Field(default=1.5, description="Memory growth after an OOM.")
     oom_memory_cap_mb: int = Field(default=65536, description="Most memory an OOM retry asks.")
+    quarantine_after: int = Field(
+        default=3, description="Identical failures in a row without progress: a crash loop."
+    )
+    fence_timeout_s: float = Field(
+        default=60.0, description="Longest wait for a lost attempt's pod to be confirmed gone."
+    )
 
     def policy(self) -> RecoveryPolicy:
         return RecoveryPolicy(
@@ -26,4 +32,6 @@ class RecoverySettings(BaseSettings):
             backoff_max_s=self.backoff_max_s,
             oom_memory_factor=self.oom_memory_factor,
             oom_memory_cap_mb=self.oom_memory_cap_mb,
+            quarantine_after=self.quarantine_after,
+            fence_timeout_s=self.fence_timeout_s,
         )

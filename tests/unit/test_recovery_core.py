@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from mdq.contracts import pb
 from mdq.core.events import make_event
 from mdq.core.exit_codes import RunnerExit
-from mdq.core.recovery import GiveUp, Requeue, classify, decide, requeued_body
+from mdq.core.recovery import GiveUp, RecoveryPolicy, Requeue, Wait, classify, decide, requeued_body
 from mdq.core.state import JobState, JobView
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -136,3 +136,68 @@ def test_retry_resumes_from_latest_checkpoint_and_counts_lost_steps() -> None:
     assert isinstance(decision, Requeue)
     assert decision.resume_from is not None and decision.resume_from.step == 4000
     assert decision.steps_lost == 700
+
+
+def _lost_view(*, pod_stopped: bool) -> JobView:
+    view = view_with_failures(pb.FAILURE_CRASHED)
+    view.attempts[1].failure = pb.AttemptFailed(reason=pb.FAILURE_LOST, node="n1", last_step=700)
+    view.attempts[1].ended_at = NOW
+    view.attempts[1].pod_phase = pb.POD_FAILED if pod_stopped else pb.POD_RUNNING
+    return view
+
+
+FENCING_CASES = [
+    ("lost attempt still running waits", False, NOW, "Wait"),
+    ("lost attempt whose pod stopped is retried", True, NOW, "Requeue"),
+    (
+        "lost attempt unconfirmed past the fence timeout is retried",
+        False,
+        NOW + timedelta(minutes=5),
+        "Requeue",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "stopped", "now", "expected"), FENCING_CASES, ids=[c[0] for c in FENCING_CASES]
+)
+def test_lost_attempt_is_fenced_before_the_retry(
+    name: str, stopped: bool, now: datetime, expected: str
+) -> None:
+    decision = decide(_lost_view(pod_stopped=stopped), RecoveryPolicy(), now)
+    assert type(decision).__name__ == expected
+    if isinstance(decision, Wait):
+        assert decision.until == NOW + timedelta(seconds=RecoveryPolicy().fence_timeout_s)
+
+
+def _no_progress(*reasons: int) -> JobView:
+    view = view_with_failures(*reasons, max_retries=10)
+    for record in view.attempts.values():
+        if record.failure is not None:
+            record.failure.last_step = record.resumed_from_step
+    return view
+
+
+QUARANTINE_CASES = [
+    ("three identical crashes without progress", (pb.FAILURE_CRASHED,) * 3, True),
+    ("three evictions without progress", (pb.FAILURE_EVICTED,) * 3, True),
+    ("two identical crashes are not yet a loop", (pb.FAILURE_CRASHED,) * 2, False),
+    (
+        "different failures are not a loop",
+        (pb.FAILURE_CRASHED, pb.FAILURE_EVICTED, pb.FAILURE_CRASHED),
+        False,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "reasons", "quarantined"), QUARANTINE_CASES, ids=[c[0] for c in QUARANTINE_CASES]
+)
+def test_crash_loops_are_quarantined(
+    name: str, reasons: tuple[int, ...], quarantined: bool
+) -> None:
+    decision = decide(_no_progress(*reasons))
+    is_quarantined = isinstance(decision, GiveUp) and decision.reason == pb.FAILURE_QUARANTINED
+    assert is_quarantined is quarantined
+    if quarantined:
+        assert "quarantined" in decision.message and "no progress" in decision.message  # type: ignore[union-attr]

@@ -51,6 +51,10 @@ class RecoveryPolicy:
     oom_memory_cap_mb: int = 65536
     max_disruptions: int = 20
     """Retries for failures that are not the job's fault, before giving up anyway."""
+    quarantine_after: int = 3
+    """Identical failures in a row, without progress between them, that make a crash loop."""
+    fence_timeout_s: float = 60.0
+    """How long a lost attempt's pod may go unconfirmed before it counts as unreachable."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +69,14 @@ class Requeue:
     delay_s: float
     steps_lost: int
     after: pb.FailureReason
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Not yet: the failed attempt may still be running (lost, not fenced); decide again when
+    its pod is reported stopped, or at ``until`` at the latest."""
+
+    until: datetime
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +105,25 @@ def describe_attempts(view: JobView) -> str:
     )
 
 
-def decide(view: JobView, policy: RecoveryPolicy = RecoveryPolicy()) -> Requeue | GiveUp:
+def crash_loop(view: JobView, policy: RecoveryPolicy) -> int:
+    """How many of the latest attempts failed identically without progress (0 if the latest
+    streak is shorter than the policy's threshold)."""
+    streak: list[tuple[int, int]] = []
+    for number in sorted(view.attempts, reverse=True):
+        record = view.attempts[number]
+        failure = record.failure
+        if failure is None or failure.last_step > record.resumed_from_step:
+            break
+        signature = (failure.reason, failure.exit_code)
+        if streak and signature != streak[0]:
+            break
+        streak.append(signature)
+    return len(streak) if len(streak) >= policy.quarantine_after else 0
+
+
+def decide(
+    view: JobView, policy: RecoveryPolicy = RecoveryPolicy(), now: datetime | None = None
+) -> Requeue | GiveUp | Wait:
     """What to do with a job whose current attempt failed."""
     failure = view.current.failure
     if failure is None:
@@ -102,6 +132,13 @@ def decide(view: JobView, policy: RecoveryPolicy = RecoveryPolicy()) -> Requeue 
     history = failure_history(view)
     if reason in NOT_WORTH_RETRYING:
         return GiveUp(reason, f"{pb.FailureReason.Name(reason)}: {describe_attempts(view)}")
+    if looping := crash_loop(view, policy):
+        return GiveUp(
+            pb.FAILURE_QUARANTINED,
+            f"quarantined: {looping} attempts in a row failed with "
+            f"{pb.FailureReason.Name(reason)} (exit {failure.exit_code}) and no progress: "
+            f"{describe_attempts(view)}",
+        )
     counted = [f for _, f in history if f.reason not in NOT_THE_JOBS_FAULT]
     disruptions = len(history) - len(counted)
     if reason in NOT_THE_JOBS_FAULT:
@@ -112,6 +149,13 @@ def decide(view: JobView, policy: RecoveryPolicy = RecoveryPolicy()) -> Requeue 
             pb.FAILURE_RETRIES_EXHAUSTED,
             f"{len(counted) - 1} retries exhausted: {describe_attempts(view)}",
         )
+    if reason == pb.FAILURE_LOST and not view.current.pod_terminated:
+        # Fencing: the silent attempt may still run; wait for its pod to be stopped.
+        failed_at = view.current.ended_at
+        if failed_at is not None and now is not None:
+            deadline = failed_at + timedelta(seconds=policy.fence_timeout_s)
+            if now < deadline:
+                return Wait(until=deadline)
     checkpoint = view.latest_checkpoint
     resumed_step = checkpoint.step if checkpoint else 0
     steps_lost = max(0, max(failure.last_step, view.last_step) - resumed_step)

@@ -53,6 +53,12 @@ class AttemptRecord:
     ended_at: datetime | None = None
     failure: pb.AttemptFailed | None = None
     steps_lost: int = 0
+    pod_phase: int = 0
+    """Last reported phase of the attempt's pod (pb.PodPhase); terminal means fenced."""
+
+    @property
+    def pod_terminated(self) -> bool:
+        return self.pod_phase in (pb.POD_SUCCEEDED, pb.POD_FAILED)
 
 
 @dataclass(slots=True)
@@ -185,7 +191,7 @@ class JobView:
                 self.final_message = event.failed.message
                 self.current.ended_at = self.current.ended_at or at
             case "pod":
-                return True
+                self.current.pod_phase = event.pod.phase
             case _:
                 return False
         return True
