@@ -1,0 +1,203 @@
+"""Fault tests with real processes on the whole stack: a node dies, a runner is killed at a
+random step while recovery itself is killed, a job exceeds its memory limit."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from google.protobuf import json_format
+
+from mdq.backends.local.launcher import start_agent
+from mdq.contracts import pb
+from mdq.sdk.client import MdqClient
+from mdq.stack import Stack
+from tests.e2e.test_stack import md_job, runner_pid, submit_when_ready
+from tests.helpers import read_all, wait_for
+
+pytestmark = pytest.mark.e2e
+
+FAST_RECOVERY = {
+    "MDQ_RECOVERY_BACKOFF_BASE_S": "0.5",
+    "MDQ_METRICS_INTERVAL_S": "1",
+    "MDQ_LOCAL_CPU_PER_NODE": "1",
+}
+
+
+def submit_request(*jobs: dict[str, object], key: str) -> pb.SubmitRequest:
+    return json_format.ParseDict({"idempotency_key": key, "jobs": list(jobs)}, pb.SubmitRequest())
+
+
+@pytest.fixture
+def extra_agents() -> Iterator[list[subprocess.Popen[bytes]]]:
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+async def start_stack(
+    nats_url: str, database_url: str, namespace: str, state: Path, **env: str
+) -> Stack:
+    stack = Stack(
+        state_dir=state,
+        namespace=namespace,
+        nats_url=nats_url,
+        database_url=database_url,
+        local_nodes=2,
+        metrics_port=0,
+        extra_env=FAST_RECOVERY | env,
+        grace_s=5.0,
+    )
+    await stack.start()
+    return stack
+
+
+@pytest.fixture
+async def stack(
+    nats_url: str, database_url: str, namespace: str, tmp_path: Path
+) -> AsyncIterator[Stack]:
+    the_stack = await start_stack(nats_url, database_url, namespace, tmp_path / "state")
+    try:
+        yield the_stack
+    finally:
+        await the_stack.stop()
+
+
+async def attempt_events(client: MdqClient, job_id: str, kind: str) -> list[pb.Event]:
+    return await read_all(client.nc.jetstream(), client.subjects.job(job_id, kind))
+
+
+async def test_dead_node_moves_its_job_elsewhere_from_the_checkpoint(
+    nats_url: str,
+    database_url: str,
+    namespace: str,
+    tmp_path: Path,
+    extra_agents: list[subprocess.Popen[bytes]],
+) -> None:
+    stack = await start_stack(
+        nats_url, database_url, namespace, tmp_path / "state", MDQ_LOCAL_NODE_NAMES="local-1"
+    )
+    try:
+        doomed = start_agent(
+            nats_url=nats_url,
+            namespace=namespace,
+            data_dir=stack.data_dir,
+            node_names=("local-2",),
+            settings={"cpu_per_node": "1"},
+        )
+        extra_agents.append(doomed)
+        async with await MdqClient.connect(nats_url, namespace) as client:
+
+            async def both_ready() -> bool:
+                loads = await client.node_loads(fetch_timeout_s=1)
+                return {"local-1", "local-2"} <= {n for n, e in loads.items() if e.node_load.ready}
+
+            await wait_for(both_ready, timeout=60, what="both nodes ready")
+            jobs = [md_job(f"job-{i}", steps=6000) for i in range(2)]
+            for job in jobs:
+                job["checkpoint_interval_steps"] = 1000
+            job_ids = await submit_when_ready(client, submit_request(*jobs, key="faults-node"))
+
+            async def both_bound() -> bool:
+                return all([await attempt_events(client, j, "bound") for j in job_ids])
+
+            await wait_for(both_bound, timeout=60, what="both jobs bound")
+            on_node = {(await attempt_events(client, j, "bound"))[0].bound.node: j for j in job_ids}
+            victim = on_node["local-2"]
+
+            async def checkpointed() -> bool:
+                return bool(await attempt_events(client, victim, "checkpoint"))
+
+            await wait_for(checkpointed, timeout=120, what="a checkpoint on the doomed node")
+            os.kill(doomed.pid, signal.SIGKILL)  # the node dies; its runner dies with it
+            states = await client.wait(job_ids, timeout=300)
+            assert {str(s) for s in states.values()} == {"SUCCEEDED"}
+            failures = await attempt_events(client, victim, "attempt_failed")
+            bound = await attempt_events(client, victim, "bound")
+            checkpoints = [
+                e.checkpoint.step
+                for e in await attempt_events(client, victim, "checkpoint")
+                if e.attempt == 1
+            ]
+            progress = await read_all(client.nc.jetstream(), client.subjects.progress(victim))
+    finally:
+        await stack.stop()
+    assert [f.attempt_failed.reason for f in failures] == [pb.FAILURE_NODE_LOST]
+    assert [(b.attempt, b.bound.node) for b in bound] == [(1, "local-2"), (2, "local-1")]
+    resumed = [p.progress.step for p in progress if p.attempt == 2]
+    assert resumed[0] > max(checkpoints) and resumed[-1] == 6000
+
+
+async def test_runners_killed_at_random_steps_while_recovery_is_killed_too(stack: Stack) -> None:
+    rng = random.Random(7)
+    interval = 1000
+    jobs = [md_job(f"kill-{i}", steps=6000) for i in range(3)]
+    for job in jobs:
+        job["checkpoint_interval_steps"] = interval
+        job["report_interval_steps"] = 100
+    async with await MdqClient.connect(stack.info.nats_url, stack.namespace) as client:
+        job_ids = await submit_when_ready(client, submit_request(*jobs, key="faults-random"))
+        js = client.nc.jetstream()
+        kill_at = {job: rng.randrange(1200, 4500, 100) for job in job_ids}
+        pending = set(job_ids)
+        while pending:
+            for job in list(pending):
+                steps = [
+                    p.progress.step
+                    for p in await read_all(js, client.subjects.progress(job))
+                    if p.attempt == 1
+                ]
+                if steps and steps[-1] >= kill_at[job] and (pid := runner_pid(job)) is not None:
+                    os.kill(pid, signal.SIGKILL)
+                    recovery = stack.child_pid("recovery")
+                    if recovery is not None:
+                        os.kill(recovery, signal.SIGKILL)  # recovery dies mid-decision
+                    pending.discard(job)
+            await asyncio.sleep(0.1)
+        states = await client.wait(job_ids, timeout=400)
+        assert {str(s) for s in states.values()} == {"SUCCEEDED"}, states
+        for job in job_ids:
+            requeues = await attempt_events(client, job, "requeued")
+            assert [r.attempt for r in requeues] == [2], f"{job}: exactly one resubmission"
+            failure = (await attempt_events(client, job, "attempt_failed"))[0].attempt_failed
+            resume = requeues[0].requeued.resume_from.step
+            assert failure.reason == pb.FAILURE_CRASHED
+            assert 0 <= failure.last_step - resume <= interval, (
+                "lost work ≤ one checkpoint interval"
+            )
+            assert requeues[0].requeued.steps_lost == failure.last_step - resume
+            progress = await read_all(js, client.subjects.progress(job))
+            second = [p.progress.step for p in progress if p.attempt == 2]
+            assert second[0] > resume and second[-1] == 6000
+    assert any(s.restarts >= 1 for s in stack.status() if s.name == "recovery")
+
+
+async def test_out_of_memory_retries_with_more_memory_and_succeeds(
+    nats_url: str, database_url: str, namespace: str, tmp_path: Path
+) -> None:
+    # A runner peaks near 110 MiB: 64 MiB is killed, 64 x 2.5 = 160 MiB is enough.
+    stack = await start_stack(
+        nats_url, database_url, namespace, tmp_path / "state", MDQ_RECOVERY_OOM_MEMORY_FACTOR="2.5"
+    )
+    try:
+        job = md_job("hungry", steps=1000)
+        job["resources"] = {"cpu": 1, "memory_mb": 64}
+        async with await MdqClient.connect(nats_url, namespace) as client:
+            [job_id] = await submit_when_ready(client, submit_request(job, key="faults-oom"))
+            states = await client.wait([job_id], timeout=240)
+            failures = await attempt_events(client, job_id, "attempt_failed")
+            requeues = await attempt_events(client, job_id, "requeued")
+    finally:
+        await stack.stop()
+    assert str(states[job_id]) == "SUCCEEDED"
+    assert failures[0].attempt_failed.reason == pb.FAILURE_OOM_KILLED
+    assert requeues[0].requeued.resources.memory_mb == 160

@@ -1,0 +1,57 @@
+"""Placement moves a job that recovery requeued off the node it was lost on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from nats.aio.client import Client
+
+from mdq.bus.subjects import Subjects
+from mdq.contracts import pb
+from tests.helpers import (
+    RecordingBackend,
+    event,
+    events_of,
+    node_load,
+    publisher,
+    running,
+    submitted,
+    wait_for,
+)
+from tests.integration.test_placement import make_placement
+
+
+async def test_requeued_job_moves_off_a_lost_node(
+    nc: Client, subjects: Subjects, data_dir: Path
+) -> None:
+    js = nc.jetstream()
+    bus = publisher(js, subjects)
+    await bus.publish_all([node_load("n1"), node_load("n2")])
+    await bus.publish(submitted("r7-a"))
+    backend = RecordingBackend()
+    async with running(make_placement(nc, subjects, backend, data_dir).run()):
+
+        async def bound1() -> bool:
+            return len(await events_of(js, subjects, "bound", "r7-a")) == 1
+
+        await wait_for(bound1, what="attempt 1 bound")
+        first = (await events_of(js, subjects, "bound", "r7-a"))[0].bound.node
+        other = "n2" if first == "n1" else "n1"
+        await bus.publish(node_load(first, ready=False))
+        await bus.publish(event("started", pb.JobStarted(node=first), job="r7-a", attempt=1))
+        pod = pb.PodStatus(
+            pod_name="mdq-r7-a-1", node=first, phase=pb.POD_FAILED, reason="NodeLost"
+        )
+        await bus.publish(event("pod", pod, job="r7-a", attempt=1, detail="POD_FAILED"))
+        failure = pb.AttemptFailed(reason=pb.FAILURE_NODE_LOST, node=first)
+        await bus.publish(event("attempt_failed", failure, job="r7-a", attempt=1))
+        requeue = pb.JobRequeued(avoid_nodes=[first], after=pb.FAILURE_NODE_LOST)
+        requeue.resources.cpu, requeue.resources.memory_mb = 1, 512
+        await bus.publish(event("requeued", requeue, job="r7-a", attempt=2))
+
+        async def bound2() -> bool:
+            return len(await events_of(js, subjects, "bound", "r7-a")) == 2
+
+        await wait_for(bound2, what="attempt 2 bound elsewhere")
+    second = (await events_of(js, subjects, "bound", "r7-a"))[1]
+    assert (second.attempt, second.bound.node) == (2, other)
