@@ -1,6 +1,6 @@
 """Benchmark: how fast mdq recovers, and how much MD work a failure costs.
 
-Runs the whole stack (embedded NATS and PostgreSQL, every service, the local backend with two
+Runs the whole stack (embedded NATS and PostgreSQL, every service, the local backend with three
 nodes, real OpenMM runners) and injects:
 
 1. evictions/preemptions (the failure classes retried at once): the pod of a running attempt is
@@ -198,6 +198,7 @@ async def main(evictions: int, kills: int, seed: int) -> dict[str, object]:
         nats_url=nats.url,
         database_url=postgres.url,
         metrics_port=0,
+        local_nodes=3,
         extra_env={
             "MDQ_METRICS_INTERVAL_S": "1",
             "MDQ_LOCAL_CPU_PER_NODE": "1",
