@@ -160,9 +160,11 @@ async def measure_kills(client: MdqClient, tap: Tap, count: int, rng: random.Ran
     """kill -9 runners at random steps; return the steps lost per recovery."""
     [job_id] = await submit(client, "bench-kill", job("kill", 10**7))
     lost: list[int] = []
+    attempt = 1
     for index in range(count):
-        attempt = await tap.until(lambda: current_attempt(tap, job_id) or None)
-        base = max(0, tap.last_step(job_id, attempt))
+        await tap.until(lambda a=attempt: tap.find("started", job_id, a))
+        await tap.until(lambda a=attempt: tap.last_step(job_id, a) >= 0 or None, timeout=300)
+        base = tap.last_step(job_id, attempt)
         target = base + rng.randrange(CHECKPOINT_INTERVAL + 100, 3 * CHECKPOINT_INTERVAL, 100)
         await tap.until(
             lambda a=attempt, t=target: tap.last_step(job_id, a) >= t or None, timeout=300
@@ -180,6 +182,7 @@ async def measure_kills(client: MdqClient, tap: Tap, count: int, rng: random.Ran
             f"{requeued.requeued.resume_from.step}, {lost[-1]} steps lost",
             flush=True,
         )
+        attempt += 1
     return lost
 
 
@@ -203,6 +206,7 @@ async def main(evictions: int, kills: int, seed: int) -> dict[str, object]:
             "MDQ_METRICS_INTERVAL_S": "1",
             "MDQ_LOCAL_CPU_PER_NODE": "1",
             "MDQ_RECOVERY_BACKOFF_BASE_S": "0.5",
+            "MDQ_RECOVERY_BACKOFF_FACTOR": "1",
             "MDQ_RECOVERY_QUARANTINE_AFTER": "1000",
         },
         grace_s=5.0,
