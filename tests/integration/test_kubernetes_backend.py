@@ -1,0 +1,458 @@
+"""The Kubernetes backend over real HTTP (kubernetes-asyncio) against the API emulator, with
+simulated kubelets running the pods as local processes.
+
+Pods are tiny Python commands: they are created with mdq's schedulerName and bound through the
+Binding subresource, their terminations map to the reasons recovery knows (Error, OOMKilled,
+Evicted, DisruptionTarget, Deleted, NodeLost), a watch that expires (410) is re-listed with no
+transition reported twice, and nodes (Ready, cordon, taints, metrics.k8s.io) become samples.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+from kubernetes_asyncio import client as k8s
+
+from mdq.backends.factory import make_backend
+from mdq.backends.kubernetes.backend import KubernetesBackend, call_json
+from mdq.backends.kubernetes.objects import PodTracker, parse_quantity, pod_update
+from mdq.backends.kubernetes.settings import KubernetesSettings
+from mdq.backends.port import NodeSample, PodExists, PodSpec, PodUpdate
+from mdq.bus.subjects import Subjects
+from mdq.contracts import pb
+from mdq.core.recovery import classify
+from mdq.testing.cluster import SimulatedCluster
+from tests.helpers import wait_for
+
+K8S_NAMESPACE = "mdq"
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[SimulatedCluster]:
+    async with SimulatedCluster(
+        work_dir=tmp_path / "cluster",
+        namespace=K8S_NAMESPACE,
+        heartbeat_s=0.3,
+        node_monitor_grace_s=1.5,
+        bookmark_interval_s=0.3,
+    ) as the_cluster:
+        yield the_cluster
+
+
+def settings_for(cluster: SimulatedCluster) -> KubernetesSettings:
+    return KubernetesSettings(
+        kubeconfig=str(cluster.kubeconfig),
+        namespace=K8S_NAMESPACE,
+        node_lost_after_s=1.0,
+        termination_grace_s=2,
+        watch_timeout_s=30,
+        retry_backoff_s=0.2,
+    )
+
+
+@pytest.fixture
+async def backend(cluster: SimulatedCluster, namespace: str) -> AsyncIterator[KubernetesBackend]:
+    the_backend = await KubernetesBackend.connect(
+        settings=settings_for(cluster), mdq_namespace=namespace
+    )
+    yield the_backend
+    await the_backend.close()
+
+
+class Updates:
+    """Every update ``watch_pods`` yields, collected in the background."""
+
+    def __init__(self, backend: KubernetesBackend) -> None:
+        self.seen: list[PodUpdate] = []
+        self._task = asyncio.create_task(self._collect(backend))
+
+    async def _collect(self, backend: KubernetesBackend) -> None:
+        async for update in backend.watch_pods():
+            self.seen.append(update)
+
+    def of(self, pod: str) -> list[PodUpdate]:
+        return [u for u in self.seen if u.pod_name == pod]
+
+    def phases(self, pod: str) -> list[str]:
+        return [pb.PodPhase.Name(u.phase) for u in self.of(pod)]
+
+    async def until_final(self, pod: str, timeout: float = 20) -> PodUpdate:
+        async def final() -> bool:
+            if self._task.done():
+                self._task.result()
+            return any(u.phase in (pb.POD_SUCCEEDED, pb.POD_FAILED) for u in self.of(pod))
+
+        await wait_for(final, timeout=timeout, what=f"{pod} to end")
+        return self.of(pod)[-1]
+
+    async def close(self) -> None:
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+
+@pytest.fixture
+async def updates(backend: KubernetesBackend) -> AsyncIterator[Updates]:
+    collected = Updates(backend)
+    await asyncio.sleep(0.2)
+    yield collected
+    await collected.close()
+
+
+def pod(
+    name: str,
+    script: str,
+    *,
+    node: str = "node-1",
+    memory_mb: int = 256,
+    priority: str = "normal",
+    env: dict[str, str] | None = None,
+) -> PodSpec:
+    return PodSpec(
+        name=f"mdq-{name}-1",
+        job_id=name,
+        attempt=1,
+        node=node,
+        cpu=0.5,
+        memory_mb=memory_mb,
+        priority_class=priority,
+        command=("python", "-c", script),
+        env={"MDQ_DATA_DIR": "/data", **(env or {})},
+    )
+
+
+async def test_a_pod_is_created_unscheduled_bound_and_reported_until_it_succeeds(
+    backend: KubernetesBackend, cluster: SimulatedCluster, updates: Updates, tmp_path: Path
+) -> None:
+    out = tmp_path / "env.json"
+    script = (
+        "import json, os; json.dump({k: os.environ.get(k) for k in "
+        f"('MDQ_POD_NAME', 'MDQ_NODE_NAME', 'JOB_THING')}}, open({str(out)!r}, 'w'))"
+    )
+    spec = pod("ok", script, node="node-2", priority="high", env={"JOB_THING": "42"})
+    await backend.create_pod(spec)
+    final = await updates.until_final(spec.name)
+
+    assert final.phase == pb.POD_SUCCEEDED and final.reason == "Completed"
+    assert updates.phases(spec.name) == ["POD_PENDING", "POD_RUNNING", "POD_SUCCEEDED"]
+    assert (final.job_id, final.attempt, final.node) == ("ok", 1, "node-2")
+    assert json.loads(out.read_text()) == {
+        "MDQ_POD_NAME": spec.name,
+        "MDQ_NODE_NAME": "node-2",
+        "JOB_THING": "42",
+    }
+    stored = cluster.api.pod(spec.name, K8S_NAMESPACE)
+    assert stored is not None
+    pod_spec = stored["spec"]
+    assert pod_spec["schedulerName"] == "mdq-scheduler"
+    assert pod_spec["nodeName"] == "node-2"
+    assert pod_spec["restartPolicy"] == "Never"
+    assert pod_spec["priorityClassName"] == "mdq-high"
+    assert pod_spec["volumes"] == [
+        {"name": "tmp", "emptyDir": {}},
+        {"name": "data", "persistentVolumeClaim": {"claimName": "mdq-data"}},
+    ]
+    assert pod_spec["securityContext"] == {
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    container = pod_spec["containers"][0]
+    assert container["image"] == "mdq-runner:latest"
+    assert container["volumeMounts"] == [
+        {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "data", "mountPath": "/data"},
+    ]
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert container["resources"] == {
+        "requests": {"cpu": "500m", "memory": "256Mi"},
+        "limits": {"cpu": "500m", "memory": "256Mi"},
+    }
+    assert stored["metadata"]["labels"]["mdq.io/namespace"] == backend._mdq_namespace
+    # Created without a node, then bound through the subresource, once.
+    created = cluster.api.requests_where(method="POST", path_suffix="/pods")
+    bindings = cluster.api.requests_where(method="POST", path_suffix=f"/{spec.name}/binding")
+    assert [r.status for r in created] == [201] and [r.status for r in bindings] == [201]
+
+
+async def test_create_is_idempotent_and_repairs_a_missing_binding(
+    backend: KubernetesBackend, cluster: SimulatedCluster, updates: Updates
+) -> None:
+    spec = pod("twice", "import time; time.sleep(0.5)")
+    await backend.create_pod(spec)
+    with pytest.raises(PodExists):
+        await backend.create_pod(spec)  # 409 AlreadyExists, then "already assigned": fine
+    statuses = [r.status for r in cluster.api.requests_where(path_suffix=f"/{spec.name}/binding")]
+    assert statuses == [201, 409]
+
+    # A placement that died between create and bind: the pod exists, unbound.
+    orphan = pod("orphan", "pass", node="node-2")
+    manifest = json.loads(json.dumps(_manifest(orphan, backend)))
+    async with k8s.ApiClient(k8s.Configuration(host=cluster.api.url)) as api:
+        await call_json(k8s.CoreV1Api(api).create_namespaced_pod, K8S_NAMESPACE, manifest)
+    await asyncio.sleep(0.5)
+    assert cluster.node_of(orphan.name) == ""  # nobody else schedules it
+    with pytest.raises(PodExists):
+        await backend.create_pod(orphan)
+    assert cluster.node_of(orphan.name) == "node-2"
+    assert (await updates.until_final(orphan.name)).phase == pb.POD_SUCCEEDED
+    assert (await updates.until_final(spec.name)).phase == pb.POD_SUCCEEDED
+
+
+def _manifest(spec: PodSpec, backend: KubernetesBackend) -> dict[str, object]:
+    from mdq.backends.kubernetes.objects import pod_manifest
+
+    return pod_manifest(spec, settings=backend._settings, mdq_namespace=backend._mdq_namespace)
+
+
+async def test_terminations_map_to_the_reasons_recovery_knows(
+    backend: KubernetesBackend, cluster: SimulatedCluster, updates: Updates
+) -> None:
+    crash = pod("crash", "import sys; sys.exit(1)")
+    hog = pod("hog", "import time; b = bytearray(400 * 2**20); time.sleep(30)", memory_mb=150)
+    evicted = pod("evicted", "import time; time.sleep(30)", node="node-2")
+    disrupted = pod("disrupted", "import time; time.sleep(30)", node="node-2")
+    deleted = pod("deleted", "import time; time.sleep(30)")
+    for spec in (crash, hog, evicted, disrupted, deleted):
+        await backend.create_pod(spec)
+
+    async def running(*specs: PodSpec) -> bool:
+        return all("POD_RUNNING" in updates.phases(s.name) for s in specs)
+
+    await wait_for(lambda: running(evicted, disrupted, deleted), timeout=20, what="pods running")
+    await cluster.kubelets["node-2"].evict(evicted.name, K8S_NAMESPACE)
+    cluster.api.disrupt_pod(disrupted.name, K8S_NAMESPACE, reason="EvictionByEvictionAPI")
+    await backend.delete_pod(disrupted.name)
+    await backend.delete_pod(deleted.name)
+    await backend.delete_pod("mdq-never-existed-1")  # no-op
+
+    every = (crash, hog, evicted, disrupted, deleted)
+    results = {s.job_id: await updates.until_final(s.name) for s in every}
+    assert (results["crash"].reason, results["crash"].exit_code) == ("Error", 1)
+    assert (results["hog"].reason, results["hog"].exit_code) == ("OOMKilled", 137)
+    assert results["evicted"].reason == "Evicted"
+    assert results["disrupted"].reason == "Evicted"
+    assert results["deleted"].reason == "Error" and results["deleted"].exit_code in (143, 137)
+    recovery = {
+        job: classify(pod_reason=u.reason, exit_code=u.exit_code) for job, u in results.items()
+    }
+    assert recovery == {
+        "crash": pb.FAILURE_CRASHED,
+        "hog": pb.FAILURE_OOM_KILLED,
+        "evicted": pb.FAILURE_EVICTED,
+        "disrupted": pb.FAILURE_EVICTED,
+        "deleted": pb.FAILURE_CRASHED,
+    }
+    for spec in (crash, hog, evicted, disrupted, deleted):  # one terminal update each
+        assert sum(u.phase == pb.POD_FAILED for u in updates.of(spec.name)) == 1
+
+    async def gone() -> bool:
+        return cluster.api.pod(deleted.name, K8S_NAMESPACE) is None
+
+    await wait_for(gone, timeout=10, what="the kubelet to remove the deleted pod")
+
+
+async def test_an_expired_watch_is_relisted_without_reporting_anything_twice(
+    backend: KubernetesBackend, cluster: SimulatedCluster, updates: Updates
+) -> None:
+    slow = pod("slow", "import time; time.sleep(2.5)")
+    vanishing = pod("vanishing", "import time; time.sleep(30)", node="node-2")
+    await backend.create_pod(slow)
+    await backend.create_pod(vanishing)
+
+    async def both_running() -> bool:
+        return all("POD_RUNNING" in updates.phases(s.name) for s in (slow, vanishing))
+
+    await wait_for(both_running, timeout=20, what="pods running")
+    await wait_for(_true_after(lambda: backend.pod_stats.bookmarks > 0), what="a bookmark")
+    # Compaction: the open watches end and resuming from any version seen answers 410. While
+    # nobody watches, a pod is deleted for good (grace 0): only the re-list can tell.
+    cluster.api.expire_watches()
+    await backend._delete(vanishing.name, grace_s=0)
+    assert (await updates.until_final(slow.name)).phase == pb.POD_SUCCEEDED
+    lost = await updates.until_final(vanishing.name)
+
+    assert backend.pod_stats.expired >= 1 and backend.pod_stats.lists >= 2
+    assert "mdq-kubernetes-backend" in cluster.api.expired
+    assert updates.phases(slow.name) == ["POD_PENDING", "POD_RUNNING", "POD_SUCCEEDED"]
+    assert updates.phases(vanishing.name) == ["POD_PENDING", "POD_RUNNING", "POD_FAILED"]
+    assert lost.reason == "Deleted"
+    cluster.api.expire_watches()  # and once more, with nothing new: nothing is reported again
+    count = len(updates.seen)
+    await wait_for(_true_after(lambda: backend.pod_stats.expired >= 2), what="a second relist")
+    await asyncio.sleep(0.5)
+    assert len(updates.seen) == count
+
+
+def _true_after(check: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
+    async def poll() -> bool:
+        return check()
+
+    return poll
+
+
+async def test_a_node_that_goes_not_ready_loses_its_pods(
+    backend: KubernetesBackend, cluster: SimulatedCluster, updates: Updates
+) -> None:
+    stays = pod("stays", "import time; time.sleep(30)", node="node-2")
+    doomed = pod("doomed", "import time; time.sleep(30)", node="node-1")
+    await backend.create_pod(stays)
+    await backend.create_pod(doomed)
+
+    async def running() -> bool:
+        return all("POD_RUNNING" in updates.phases(s.name) for s in (stays, doomed))
+
+    await wait_for(running, timeout=20, what="pods running")
+    await cluster.fail_node("node-1")
+    lost = await updates.until_final(doomed.name, timeout=15)
+
+    assert lost.phase == pb.POD_FAILED and lost.reason == "NodeLost"
+    assert "not ready" in lost.message
+    assert classify(pod_reason=lost.reason, exit_code=lost.exit_code) == pb.FAILURE_NODE_LOST
+    assert updates.phases(stays.name) == ["POD_PENDING", "POD_RUNNING"]
+    samples = {s.name: s for s in await backend.sample_nodes()}
+    assert not samples["node-1"].ready and samples["node-2"].ready
+    node = cluster.api.node("node-1") or {}
+    assert {t["key"] for t in node["spec"]["taints"]} == {"node.kubernetes.io/unreachable"}
+    # The lost pod was deleted (it stays Terminating: no kubelet confirms it).
+    doomed_now = cluster.api.pod(doomed.name, K8S_NAMESPACE) or {}
+    assert doomed_now["metadata"].get("deletionTimestamp")
+    await asyncio.sleep(1.5)
+    assert sum(u.phase == pb.POD_FAILED for u in updates.of(doomed.name)) == 1
+
+
+async def test_nodes_are_sampled_with_readiness_cordons_taints_and_live_usage(
+    backend: KubernetesBackend, cluster: SimulatedCluster, updates: Updates
+) -> None:
+    burner = pod(
+        "burner", "import time\nb = bytearray(60 * 2**20)\nwhile True: pass", node="node-2"
+    )
+    await backend.create_pod(burner)
+    await wait_for(_true_after(lambda: "POD_RUNNING" in updates.phases(burner.name)), timeout=20)
+
+    sampled: dict[str, NodeSample] = {}
+
+    async def busy() -> bool:
+        sampled.update({s.name: s for s in await backend.sample_nodes()})
+        return sampled["node-2"].cpu_load > 0.005 and sampled["node-2"].memory_load > 0.01
+
+    await backend.sample_nodes()  # the first sample primes the CPU counters
+    await wait_for(busy, timeout=15, interval=0.5, what="node-2's live load")
+    assert (sampled["node-1"].cpu_capacity, sampled["node-1"].memory_capacity_mb) == (2.0, 4096)
+    assert sampled["node-1"].ready and sampled["node-1"].cpu_load < sampled["node-2"].cpu_load
+
+    async with k8s.ApiClient(k8s.Configuration(host=cluster.api.url)) as api:
+        core = k8s.CoreV1Api(api)
+        await call_json(core.patch_node, "node-1", {"spec": {"unschedulable": True}})
+        taint = {"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}
+        await call_json(core.patch_node, "node-2", {"spec": {"taints": [taint]}})
+    samples = {s.name: s for s in await backend.sample_nodes()}
+    assert not samples["node-1"].ready and not samples["node-2"].ready
+    tolerant = KubernetesBackend(
+        api=backend._api,
+        settings=settings_for(cluster).model_copy(update={"tolerated_taints": ("dedicated",)}),
+        mdq_namespace="x",
+    )
+    assert {s.name: s.ready for s in await tolerant.sample_nodes()} == {
+        "node-1": False,
+        "node-2": True,
+    }
+    await backend.delete_pod(burner.name)
+
+
+async def test_the_factory_makes_the_kubernetes_backend_from_the_environment(
+    cluster: SimulatedCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MDQ_K8S_KUBECONFIG", str(cluster.kubeconfig))
+    monkeypatch.setenv("MDQ_K8S_PRIORITY_CLASSES", '{"normal": ""}')
+    made = await make_backend(kind="kubernetes", nc=None, subjects=Subjects("fac"))  # type: ignore[arg-type]
+    try:
+        assert isinstance(made, KubernetesBackend)
+        assert {s.name for s in await made.sample_nodes()} == {"node-1", "node-2"}
+        await made.create_pod(pod("plain", "pass"))
+        stored = cluster.api.pod("mdq-plain-1", K8S_NAMESPACE) or {}
+        assert "priorityClassName" not in stored["spec"]
+        assert stored["metadata"]["labels"]["mdq.io/namespace"] == "fac"
+    finally:
+        await made.close()
+
+
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [
+        ({"phase": "Pending"}, ("POD_PENDING", "", 0)),
+        ({"phase": "Unknown"}, None),
+        ({"phase": "Succeeded"}, ("POD_SUCCEEDED", "Completed", 0)),
+        (
+            {"phase": "Failed", "containerStatuses": [
+                {"name": "runner",
+                 "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}
+            ]},
+            ("POD_FAILED", "OOMKilled", 137),
+        ),
+        (
+            {"phase": "Failed", "reason": "Evicted", "message": "low on memory"},
+            ("POD_FAILED", "Evicted", 0),
+        ),
+        (
+            {"phase": "Failed", "conditions": [
+                {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}
+            ], "containerStatuses": [
+                {"name": "runner", "state": {"terminated": {"exitCode": 143, "reason": "Error"}}}
+            ]},
+            ("POD_FAILED", "Preempted", 143),
+        ),
+        (
+            {"phase": "Failed", "conditions": [
+                {"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager"}
+            ]},
+            ("POD_FAILED", "NodeLost", 0),
+        ),
+        (
+            {"phase": "Pending", "containerStatuses": [
+                {"name": "runner", "state": {"waiting": {"reason": "InvalidImageName"}}}
+            ]},
+            ("POD_FAILED", "StartError", 128),
+        ),
+    ],
+)  # fmt: skip
+def test_pod_statuses_map_to_updates(
+    status: dict[str, object], expected: tuple[str, str, int] | None
+) -> None:
+    obj = {
+        "metadata": {
+            "name": "mdq-j-2",
+            "annotations": {"mdq.io/job-id": "j", "mdq.io/attempt": "2"},
+        },
+        "spec": {"nodeName": "n"},
+        "status": status,
+    }
+    update = pod_update(obj)
+    if expected is None:
+        assert update is None
+        return
+    assert update is not None
+    assert (pb.PodPhase.Name(update.phase), update.reason, update.exit_code) == expected
+    assert (update.job_id, update.attempt, update.node) == ("j", 2, "n")
+
+
+def test_the_tracker_reports_each_transition_once_and_nothing_after_the_end() -> None:
+    def obj(phase: str) -> dict[str, object]:
+        return {
+            "metadata": {"name": "p", "annotations": {"mdq.io/job-id": "j", "mdq.io/attempt": "1"}},
+            "status": {"phase": phase},
+        }
+
+    tracker = PodTracker()
+    seen = [tracker.observe("ADDED", obj("Pending")), tracker.observe("MODIFIED", obj("Pending")),
+            tracker.observe("MODIFIED", obj("Running"))]  # fmt: skip
+    assert [u.phase if u else None for u in seen] == [pb.POD_PENDING, None, pb.POD_RUNNING]
+    assert tracker.resync([obj("Running")]) == []
+    assert [u.reason for u in tracker.lose_node("", "gone")] == ["NodeLost"]
+    assert tracker.observe("MODIFIED", obj("Succeeded")) is None  # terminal is final
+    assert tracker.observe("DELETED", obj("Succeeded")) is None
+    assert parse_quantity("250m") == 0.25 and parse_quantity("1Gi") == 2**30
+    assert parse_quantity("1500000n") == pytest.approx(0.0015)
