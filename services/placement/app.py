@@ -3,10 +3,21 @@
 Placement keeps no database. It folds the job log (``JobBook``) and the latest load of every
 node into memory, then reconciles level-triggered: WAITING jobs whose dependencies succeeded
 are released, PENDING jobs are planned by the pure core (``mdq.core.placement.plan``) and for
-each decision it publishes ``bound`` (with every node's score) and then creates the pod on the
-chosen node. Both effects are idempotent (the event id and the pod name are derived from job
-and attempt), so a restart — which folds the log again and repairs BOUND jobs whose pod may
-never have been created — binds no job twice.
+each decision it publishes ``bound`` (with the scores that explain it) and then creates the pod
+on the chosen node. A high-priority job that fits nowhere may preempt lower-priority running
+work (``plan_preemptions``): the victims' pods are deleted (SIGTERM: the runner checkpoints and
+exits PREEMPTED; recovery requeues them from that checkpoint) and the room is held for the
+preemptor until it is bound.
+
+Safety (docs/placement.md):
+- every effect is idempotent: the bound event id and the pod name derive from job and attempt;
+- the bound event is published with ``Nats-Expected-Last-Subject-Sequence`` set to the last
+  ``bound`` of that job this replica has seen: if anyone else bound the job since, JetStream
+  refuses the publish and this replica creates no pod — no job is bound twice, whatever the
+  replicas or restarts;
+- replicas elect a leader with a KV lease (``lease.py``); followers fold the log and take over
+  when the lease expires, first re-creating the pod of every BOUND job (a leader killed between
+  publishing ``bound`` and creating the pod leaves exactly that).
 """
 
 from __future__ import annotations
@@ -15,35 +26,66 @@ import asyncio
 import contextlib
 import logging
 import math
+import os
+import socket
+import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy
+from nats.js.errors import APIError
 
 from mdq.backends.port import ClusterBackend, PodExists, PodSpec
+from mdq.bus.codec import encode
 from mdq.bus.log import follow_log
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core import ids
-from mdq.core.placement import Decision, NodeState, PlacementConfig, QueuedJob, plan
+from mdq.core.placement import (
+    Decision,
+    NodeState,
+    PlacementConfig,
+    Preemption,
+    QueuedJob,
+    RunningJob,
+    plan,
+    plan_preemptions,
+    queue_key,
+)
 from mdq.core.runner_task import RunnerTask, job_dir
 from mdq.core.state import JobBook, JobState, JobView, event_time
+from services.placement.lease import LeaderLease
 from services.placement.settings import PlacementSettings
 
 log = logging.getLogger("mdq.placement")
 
 Clock = Callable[[], datetime]
 
+HOLDING = (JobState.BOUND, JobState.RUNNING)
+WRONG_LAST_SEQUENCE = (10071, 10164)
+PREEMPTION_SCAN = 64
+"""Unplaced jobs (in queue order) considered for preemption per pass."""
+
 
 def _utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+@dataclass(slots=True)
+class Nomination:
+    """Room held on ``node`` for a job that preempted ``victims`` there."""
+
+    node: str
+    victims: tuple[str, ...]
+    until: datetime
+
+
 class Placement:
-    """Binds jobs to nodes; one instance per process (see docs for running replicas)."""
+    """Binds jobs to nodes; one instance per process, any number of replicas."""
 
     def __init__(
         self,
@@ -57,6 +99,7 @@ class Placement:
         namespace: str,
         data_dir: Path,
         clock: Clock = _utcnow,
+        instance: str = "",
     ) -> None:
         self._js = js
         self._subjects = subjects
@@ -67,18 +110,54 @@ class Placement:
         self._namespace = namespace
         self._data_dir = data_dir
         self._clock = clock
+        self.instance = instance or f"{socket.gethostname()}-{os.getpid()}-{id(self):x}"
         self._config = PlacementConfig(
             overload_threshold=settings.overload_threshold,
             overload_penalty=settings.overload_penalty,
+            hard_load_threshold=settings.hard_load_threshold,
+            target_load=settings.target_load,
+            balance_weight=settings.balance_weight,
             load_timeout_s=settings.load_timeout_s,
+            aging_per_minute=settings.aging_per_minute,
+            full_scan_nodes=settings.full_scan_nodes,
+            sample_size=settings.sample_size,
+        )
+        self._lease = (
+            LeaderLease(
+                js=js,
+                bucket=f"{namespace}_placement",
+                holder=self.instance,
+                ttl_s=settings.lease_ttl_s,
+            )
+            if settings.leader_election
+            else None
         )
         self.book = JobBook()
         self.nodes: dict[str, NodeState] = {}
         self._by_state: dict[JobState, set[str]] = {state: set() for state in JobState}
+        self._holding: dict[str, tuple[str, float, int]] = {}
+        """job -> (node, cpu, memory) of every BOUND or RUNNING job."""
+        self._reserved: dict[str, list[float]] = {}
+        """node -> [cpu, memory] reserved by BOUND and RUNNING jobs (kept incrementally)."""
+        self._recent: dict[str, list[tuple[datetime, float, int, str]]] = {}
+        """node -> (bound at, cpu, memory, job) of bindings its load may not reflect yet."""
+        self._queued: dict[tuple[str, int], QueuedJob] = {}
+        self._last_bound_seq: dict[str, int] = {}
+        self._adopt: set[str] = set()
+        self._binding: set[str] = set()
+        """Jobs whose bound event this replica is publishing right now."""
+        """Jobs bound by someone else (an old leader) whose pod this leader makes sure of."""
+        self._nominations: dict[str, Nomination] = {}
+        self._terminating: set[str] = set()
         self._dirty = asyncio.Event()
         self._jobs_ready = asyncio.Event()
         self._nodes_ready = asyncio.Event()
+        self._slots = asyncio.Semaphore(settings.bind_concurrency)
+        self.leader = self._lease is None
         self.bound_total = 0
+        self.preempted_total = 0
+        self.fenced_total = 0
+        """Bindings refused because another replica bound the job first."""
 
     # -- folding the log -------------------------------------------------------------------
     def _index(self, view: JobView) -> None:
@@ -87,11 +166,49 @@ class Placement:
                 members.add(view.job_id)
             else:
                 members.discard(view.job_id)
+        before = self._holding.get(view.job_id)
+        now_holding = (
+            (view.node, view.resources.cpu, int(view.resources.memory_mb))
+            if view.state in HOLDING and view.node
+            else None
+        )
+        if before != now_holding:
+            if before is not None:
+                self._reserve(before, -1)
+                del self._holding[view.job_id]
+            if now_holding is not None:
+                self._reserve(now_holding, +1)
+                self._holding[view.job_id] = now_holding
+        if view.state not in HOLDING:
+            self._terminating.discard(view.job_id)
+        if view.state is not JobState.PENDING:
+            self._nominations.pop(view.job_id, None)
+
+    def _reserve(self, holding: tuple[str, float, int], sign: int) -> None:
+        node, cpu, memory = holding
+        totals = self._reserved.setdefault(node, [0.0, 0.0])
+        totals[0] += sign * cpu
+        totals[1] += sign * memory
+
+    def _note_binding(self, view: JobView, at: datetime) -> None:
+        if view.node:
+            resources = view.resources
+            entry = (at, resources.cpu, int(resources.memory_mb), view.job_id)
+            self._recent.setdefault(view.node, []).append(entry)
 
     async def on_job_event(self, sequence: int, event: pb.Event) -> None:
+        kind = event.WhichOneof("body")
+        if kind == "bound":
+            self._last_bound_seq[event.job_id] = max(
+                sequence, self._last_bound_seq.get(event.job_id, 0)
+            )
         view = self.book.apply(sequence, event)
         if view is not None:
             self._index(view)
+            if kind == "bound" and view.job_id not in self._binding:
+                # bound by someone else (our own bindings are applied before their echo)
+                self._note_binding(view, event_time(event))
+                self._adopt.add(view.job_id)
             self._dirty.set()
 
     async def on_node_event(self, _sequence: int, event: pb.Event) -> None:
@@ -100,23 +217,22 @@ class Placement:
         load = event.node_load
         known = self.nodes.get(load.node)
         reported_at = event_time(event)
-        if known is None:
-            self.nodes[load.node] = NodeState(
-                name=load.node,
-                cpu_capacity=load.cpu_capacity,
-                memory_capacity_mb=load.memory_capacity_mb,
-                ready=load.ready,
-                cpu_load=load.cpu_load,
-                memory_load=load.memory_load,
-                reported_at=reported_at,
-            )
-        elif reported_at >= known.reported_at:
-            known.cpu_capacity, known.memory_capacity_mb = (
-                load.cpu_capacity,
-                load.memory_capacity_mb,
-            )
-            known.ready, known.cpu_load = load.ready, load.cpu_load
-            known.memory_load, known.reported_at = load.memory_load, reported_at
+        if known is not None and reported_at < known.reported_at:
+            return
+        self.nodes[load.node] = NodeState(
+            name=load.node,
+            cpu_capacity=load.cpu_capacity,
+            memory_capacity_mb=load.memory_capacity_mb,
+            ready=load.ready,
+            cordoned=load.cordoned,
+            cpu_load=load.cpu_load,
+            memory_load=load.memory_load,
+            reported_at=reported_at,
+        )
+        # bindings older than the settle time are in this report's live load now
+        horizon = reported_at - timedelta(seconds=self._settings.load_settle_s)
+        if recent := self._recent.get(load.node):
+            self._recent[load.node] = [entry for entry in recent if entry[0] > horizon]
         self._dirty.set()
 
     # -- deciding --------------------------------------------------------------------------
@@ -141,7 +257,7 @@ class Placement:
                         attempt=view.attempt,
                     ),
                 )
-            elif all(d is not None and d.state is JobState.SUCCEEDED for d in deps):
+            elif all(d is not None and self._dependency_done(d) for d in deps):
                 await self._emit_and_apply(
                     view,
                     self._publisher.event(
@@ -152,35 +268,72 @@ class Placement:
                     ),
                 )
 
+    def _dependency_done(self, dependency: JobView) -> bool:
+        if dependency.state is JobState.SUCCEEDED:
+            return True
+        # without fail-on-dependency-failure, a dependency that failed for good counts as done
+        return dependency.state is JobState.FAILED and not self._settings.fail_on_dependency_failure
+
     async def _emit_and_apply(self, view: JobView, event: pb.Event) -> None:
         """Publish an event and fold it in at once (the log echoes it later, a no-op then)."""
         await self._publisher.publish(event)
         if view.apply(event):
             self._index(view)
 
-    def _snapshot(self) -> list[NodeState]:
-        for node in self.nodes.values():
-            node.reserved_cpu, node.reserved_memory_mb = 0.0, 0
-        for state in (JobState.BOUND, JobState.RUNNING):
-            for view in self._views(state):
-                if (host := self.nodes.get(view.node)) is not None:
-                    host.reserved_cpu += view.resources.cpu
-                    host.reserved_memory_mb += view.resources.memory_mb
-        return sorted(self.nodes.values(), key=lambda node: node.name)
+    def snapshot(self, now: datetime) -> list[NodeState]:
+        """Copies of the known nodes with their reservations and in-flight bindings."""
+        nodes: list[NodeState] = []
+        for name in sorted(self.nodes):
+            node = self.nodes[name]
+            cpu, memory = self._reserved.get(name, (0.0, 0.0))
+            horizon = node.reported_at - timedelta(seconds=self._settings.load_settle_s)
+            inflight = [
+                entry
+                for entry in self._recent.get(name, ())
+                if entry[0] > horizon and entry[3] in self._holding
+            ]
+            nodes.append(
+                replace(
+                    node,
+                    reserved_cpu=cpu,
+                    reserved_memory_mb=int(memory),
+                    inflight_cpu=sum(entry[1] for entry in inflight),
+                    inflight_memory_mb=sum(entry[2] for entry in inflight),
+                )
+            )
+        return nodes
 
-    def _queue(self, now: datetime) -> list[QueuedJob]:
-        return [
-            QueuedJob(
+    def _queued_job(self, view: JobView) -> QueuedJob:
+        key = (view.job_id, view.attempt)
+        job = self._queued.get(key)
+        if job is None:
+            job = QueuedJob(
                 job_id=view.job_id,
                 cpu=view.resources.cpu,
-                memory_mb=view.resources.memory_mb,
+                memory_mb=int(view.resources.memory_mb),
                 priority=view.priority,
                 submitted_at=view.submitted_at,
                 avoid_nodes=frozenset(view.avoid_nodes),
             )
-            for view in self._views(JobState.PENDING)
-            if view.not_before is None or view.not_before <= now
-        ]
+            self._queued[key] = job
+        return job
+
+    def queue(self, now: datetime) -> list[QueuedJob]:
+        """The PENDING jobs due now, in queue order, with their nominations."""
+        jobs: list[QueuedJob] = []
+        for view in self._views(JobState.PENDING):
+            if view.not_before is not None and view.not_before > now:
+                continue
+            job = self._queued_job(view)
+            nomination = self._nominations.get(view.job_id)
+            if nomination is not None:
+                if nomination.until < now:
+                    del self._nominations[view.job_id]
+                else:
+                    job = replace(job, nominated_node=nomination.node)
+            jobs.append(job)
+        jobs.sort(key=lambda job: queue_key(job, self._config))
+        return jobs
 
     def pod_for(self, view: JobView) -> PodSpec:
         """The pod of the job's current attempt on its bound node."""
@@ -204,7 +357,7 @@ class Placement:
             attempt=view.attempt,
             node=view.node,
             cpu=view.resources.cpu,
-            memory_mb=view.resources.memory_mb,
+            memory_mb=int(view.resources.memory_mb),
             priority_class=view.spec.priority_class,
             command=tuple(self._settings.runner_command),
             env=env,
@@ -214,8 +367,8 @@ class Placement:
         with contextlib.suppress(PodExists):
             await self._backend.create_pod(self.pod_for(view))
 
-    async def _bind(self, decision: Decision) -> None:
-        view = self.book.jobs[decision.job_id]
+    def bound_event(self, view: JobView, decision: Decision) -> pb.Event:
+        """The ``bound`` event of a decision, with its explanation."""
         body = pb.JobBound(
             node=decision.node,
             pod_name=ids.pod_name(view.job_id, view.attempt),
@@ -229,25 +382,127 @@ class Placement:
                 )
                 for s in decision.scores
             ],
+            nodes_total=decision.nodes_total,
+            filtered_counts=decision.filtered_counts,
+            not_examined=decision.not_examined,
         )
         body.resources.CopyFrom(view.resources)
         if view.resume_from is not None:
             body.resume_from.CopyFrom(view.resume_from)
-        event = self._publisher.event("bound", body, job_id=view.job_id, attempt=view.attempt)
-        await self._emit_and_apply(view, event)
-        await self._ensure_pod(view)
+        return self._publisher.event("bound", body, job_id=view.job_id, attempt=view.attempt)
+
+    async def _publish_fenced(self, event: pb.Event) -> bool:
+        """Publish ``bound`` unless someone bound the job since we last looked; True if ours."""
+        headers = {
+            "Nats-Msg-Id": event.event_id,
+            "Nats-Expected-Last-Subject-Sequence": str(self._last_bound_seq.get(event.job_id, 0)),
+        }
+        try:
+            ack = await self._js.publish(
+                self._subjects.for_event(event), encode(event), headers=headers
+            )
+        except APIError as error:
+            if error.err_code in WRONG_LAST_SEQUENCE:
+                log.info("%s was bound by another replica; not binding it", event.job_id)
+                self.fenced_total += 1
+                return False
+            raise
+        if ack.duplicate:
+            self.fenced_total += 1
+            return False
+        self._last_bound_seq[event.job_id] = ack.seq
+        return True
+
+    async def _bind(self, decision: Decision) -> None:
+        view = self.book.jobs[decision.job_id]
+        if view.state is not JobState.PENDING:
+            return
+        event = self.bound_event(view, decision)
+        async with self._slots:
+            self._binding.add(view.job_id)
+            try:
+                if not await self._publish_fenced(event):
+                    return
+                if view.apply(event):
+                    self._index(view)
+                self._note_binding(view, event_time(event))
+            finally:
+                self._binding.discard(view.job_id)
+            await self._ensure_pod(view)
         self.bound_total += 1
 
+    def _running_work(self) -> list[RunningJob]:
+        work: list[RunningJob] = []
+        for view in self._views(JobState.RUNNING):
+            if view.job_id in self._terminating or not view.node:
+                continue
+            work.append(
+                RunningJob(
+                    job_id=view.job_id,
+                    node=view.node,
+                    cpu=view.resources.cpu,
+                    memory_mb=int(view.resources.memory_mb),
+                    priority=view.priority,
+                    started_at=view.current.started_at,
+                )
+            )
+        return work
+
+    async def _preempt(
+        self, nodes: list[NodeState], unplaced: list[QueuedJob], now: datetime
+    ) -> list[Preemption]:
+        candidates = [job for job in unplaced if job.job_id not in self._nominations]
+        if not candidates:
+            return []
+        running = self._running_work()
+        if not running:
+            return []
+        lowest = min(work.priority for work in running)
+        # the head of the queue only: a pass never costs more than a bounded search
+        candidates = [job for job in candidates if job.priority > lowest][:PREEMPTION_SCAN]
+        if not candidates:
+            return []
+        preemptions = plan_preemptions(nodes, candidates, running, now, self._config)
+        until = now + timedelta(seconds=self._settings.preemption_timeout_s)
+        for preemption in preemptions:
+            log.info("preemption for %s: %s", preemption.job_id, preemption.reason)
+            self._nominations[preemption.job_id] = Nomination(
+                node=preemption.node, victims=preemption.victims, until=until
+            )
+            for victim in preemption.victims:
+                self._terminating.add(victim)
+                view = self.book.jobs[victim]
+                await self._backend.delete_pod(ids.pod_name(view.job_id, view.attempt))
+                self.preempted_total += 1
+        return preemptions
+
     async def reconcile(self) -> int:
-        """One pass: release chains, bind what fits. Returns the number of jobs bound."""
+        """One pass: release chains, bind what fits, preempt for what does not fit.
+
+        Returns the number of jobs bound.
+        """
         await self._release_waiting()
+        if self._adopt:
+            adopted = [self.book.jobs[job] for job in self._adopt]
+            self._adopt.clear()
+            await asyncio.gather(
+                *(self._ensure_pod(v) for v in adopted if v.state is JobState.BOUND)
+            )
         now = self._clock()
-        decisions = plan(self._snapshot(), self._queue(now), now, self._config)
+        nodes = self.snapshot(now)
+        queue = self.queue(now)
+        if not queue:
+            return 0
+        decisions = plan(nodes, queue, now, self._config, ordered=True)
         await asyncio.gather(*(self._bind(decision) for decision in decisions))
+        if self._settings.preemption and len(decisions) < len(queue):
+            placed = {decision.job_id for decision in decisions}
+            unplaced = [job for job in queue if job.job_id not in placed]
+            await self._preempt(nodes, unplaced, now)
         return len(decisions)
 
     async def repair(self) -> None:
-        """After a restart: make sure every BOUND job's pod exists (create is idempotent)."""
+        """On taking over: make sure every BOUND job's pod exists (create is idempotent)."""
         await asyncio.gather(*(self._ensure_pod(v) for v in self._views(JobState.BOUND)))
 
     # -- running ---------------------------------------------------------------------------
@@ -257,9 +512,24 @@ class Placement:
     async def _caught_up_nodes(self) -> None:
         self._nodes_ready.set()
 
+    async def _keep_lease(self, lease: LeaderLease) -> None:
+        """Take or renew the lease every third of its TTL; flip ``leader`` accordingly."""
+        interval = self._settings.lease_ttl_s / 3
+        while True:
+            try:
+                held = await lease.try_acquire()
+            except Exception:
+                log.exception("lease check failed")
+                held = False
+            if held and not self.leader:
+                await self.repair()
+                self._dirty.set()
+            self.leader = held
+            await asyncio.sleep(interval)
+
     async def run(self) -> None:
-        """Follow the logs and reconcile, forever."""
-        followers = [
+        """Follow the logs and reconcile (while leader), forever."""
+        tasks = [
             asyncio.create_task(
                 follow_log(
                     self._js,
@@ -284,23 +554,37 @@ class Placement:
             await self._jobs_ready.wait()
             await self._nodes_ready.wait()
             log.info("caught up: %d jobs, %d nodes", len(self.book.jobs), len(self.nodes))
-            await self.repair()
+            if self._lease is not None:
+                tasks.append(asyncio.create_task(self._keep_lease(self._lease), name="lease"))
+            else:
+                await self.repair()
             while True:
-                for task in followers:
+                for task in tasks:
                     if task.done():
                         task.result()
                 self._dirty.clear()
-                try:
-                    bound = await self.reconcile()
-                    if bound:
-                        log.info("bound %d jobs", bound)
-                except Exception:
-                    log.exception("reconcile failed; retrying")
-                    await asyncio.sleep(0.5)
+                if self.leader:
+                    try:
+                        started = time.perf_counter()
+                        bound = await self.reconcile()
+                        if bound:
+                            log.info(
+                                "bound %d jobs in %.1f ms",
+                                bound,
+                                1000 * (time.perf_counter() - started),
+                            )
+                    except Exception:
+                        log.exception("reconcile failed; retrying")
+                        await asyncio.sleep(0.5)
+                else:
+                    self._adopt.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(
                         self._dirty.wait(), timeout=self._settings.reconcile_interval_s
                     )
         finally:
-            for task in followers:
+            for task in tasks:
                 task.cancel()
+            if self._lease is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self._lease.release())

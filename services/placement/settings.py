@@ -30,5 +30,50 @@ class PlacementSettings(BaseSettings):
         default=15.0, description="Nodes whose load went silent this long are not chosen."
     )
     fail_on_dependency_failure: bool = Field(
-        default=True, description="A job fails when a job it depends on fails for good."
+        default=True,
+        description="A job fails when a job it depends on fails for good; if false, it is "
+        "released once every dependency ended (succeeded or failed).",
+    )
+    target_load: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+        description="TargetLoadPacking target utilisation; 0 spreads (least loaded first).",
+    )
+    hard_load_threshold: float = Field(
+        default=0.95, description="Live load (with in-flight bindings) above which a node is out."
+    )
+    balance_weight: float = Field(
+        default=10.0, description="Score points lost per unit of CPU/memory imbalance."
+    )
+    aging_per_minute: float = Field(
+        default=10.0, description="Priority points a pending job gains per minute of waiting."
+    )
+    load_settle_s: float = Field(
+        default=10.0,
+        description="A binding counts on top of a node's live load until a load report this "
+        "long after it (the herd guard).",
+    )
+    full_scan_nodes: int = Field(
+        default=32, description="Up to this many eligible nodes, every node is scored per job."
+    )
+    sample_size: int = Field(
+        default=4, description="Larger clusters: fitting best-ranked nodes scored per job."
+    )
+    leader_election: bool = Field(
+        default=True, description="Only the holder of the KV leader lease places jobs."
+    )
+    lease_ttl_s: float = Field(
+        default=6.0, description="The lease expires this long after its holder last renewed it."
+    )
+    preemption: bool = Field(
+        default=True,
+        description="A job that fits nowhere may preempt running work of a lower priority class.",
+    )
+    preemption_timeout_s: float = Field(
+        default=120.0,
+        description="How long a preemptor's room stays held for it on the node it preempted.",
+    )
+    bind_concurrency: int = Field(
+        default=512, description="Bindings (publish + pod creation) in flight at once."
     )

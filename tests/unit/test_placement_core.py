@@ -138,3 +138,237 @@ def test_decision_explains_every_node() -> None:
     scores = {s.node: s for s in decisions[0].scores}
     assert scores["a"].filtered == "" and scores["a"].score > 0
     assert scores["b"].filtered == "not ready"
+
+
+# -- round 2: cordon, hard threshold, target load, herd guard at scale, explain, preemption ----
+from mdq.core.placement import (  # noqa: E402
+    CORDONED,
+    OVERLOADED,
+    RunningJob,
+    load_score,
+    plan_preemptions,
+    queue_key,
+)
+
+MORE_FILTER_CASES = [
+    ("cordoned", node(cordoned=True), job(), CORDONED),
+    ("live cpu above the hard threshold", node(cpu_load=0.97), job(), OVERLOADED),
+    ("live memory above the hard threshold", node(memory_load=0.96), job(), OVERLOADED),
+    (
+        "in-flight bindings push the expected load above the hard threshold",
+        node(cpu_load=0.5, inflight_cpu=4),
+        job(),
+        OVERLOADED,
+    ),
+    ("just under the hard threshold is a candidate", node(cpu_load=0.94), job(), ""),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "the_node", "the_job", "filtered"),
+    MORE_FILTER_CASES,
+    ids=[c[0] for c in MORE_FILTER_CASES],
+)
+def test_more_filters(name: str, the_node: NodeState, the_job: QueuedJob, filtered: str) -> None:
+    assert score_node(the_node, the_job, NOW, CONFIG).filtered == filtered
+
+
+def test_hard_threshold_is_configurable() -> None:
+    lenient = PlacementConfig(hard_load_threshold=0.99)
+    assert score_node(node(cpu_load=0.97), job(), NOW, lenient).filtered == ""
+
+
+LOAD_SCORE_CASES = [
+    ("spread: idle is best", 0.0, 0.0, 100.0),
+    ("spread: half loaded", 0.5, 0.0, 50.0),
+    ("packing: the target itself is best", 0.5, 0.5, 100.0),
+    ("packing: idle scores the target", 0.0, 0.4, 40.0),
+    ("packing: halfway to the target", 0.2, 0.4, 70.0),
+    ("packing: above the target falls to 0 at full", 1.0, 0.5, 0.0),
+    ("packing: just above the target scores below idle", 0.55, 0.5, 45.0),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "utilisation", "target", "expected"),
+    LOAD_SCORE_CASES,
+    ids=[c[0] for c in LOAD_SCORE_CASES],
+)
+def test_load_score(name: str, utilisation: float, target: float, expected: float) -> None:
+    assert load_score(utilisation, target) == pytest.approx(expected)
+
+
+def test_target_load_packs_up_to_the_target_then_moves_on() -> None:
+    packing = PlacementConfig(target_load=0.5, balance_weight=0)
+    nodes = [
+        node(f"n{i}", cpu_capacity=8, memory_capacity_mb=1_000_000, cpu_load=0, memory_load=0)
+        for i in range(3)
+    ]
+    decisions = plan(nodes, [job(f"j{i}") for i in range(8)], NOW, packing)
+    per_node = [sum(d.node == n.name for d in decisions) for n in nodes]
+    # fill one node to its 50% target (4 of 8 cores), then the next; never a herd beyond it
+    assert per_node == [4, 4, 0], per_node
+
+
+def test_inflight_bindings_count_before_the_load_report_shows_them() -> None:
+    # both report idle; "a" just received 4 cores' worth of jobs that its load cannot show yet
+    just_bound = node("a", cpu_load=0, inflight_cpu=4, reserved_cpu=4)
+    idle = node("b", cpu_load=0)
+    assert plan([just_bound, idle], [job()], NOW, CONFIG)[0].node == "b"
+
+
+@pytest.mark.parametrize("node_count", [4, 100, 1000])
+def test_burst_of_200_spreads_at_every_cluster_size(node_count: int) -> None:
+    nodes = [
+        node(f"n{i:04d}", cpu_capacity=64, memory_capacity_mb=1_000_000, cpu_load=0, memory_load=0)
+        for i in range(node_count)
+    ]
+    decisions = plan(nodes, [job(f"j{i}") for i in range(200)], NOW, CONFIG)
+    per_node = [sum(d.node == n.name for d in decisions) for n in nodes]
+    assert len(decisions) == 200
+    assert max(per_node) - min(per_node) <= 1, per_node
+    assert max(per_node) == -(-200 // node_count)
+
+
+def test_large_cluster_decision_explains_with_counts() -> None:
+    nodes = [node(f"n{i:03d}", cpu_load=0.1 + (i % 10) / 100) for i in range(100)]
+    nodes += [node(f"down{i}", ready=False) for i in range(30)]
+    nodes += [node(f"cord{i}", cordoned=True) for i in range(2)]
+    decision = plan(nodes, [job()], NOW, CONFIG)[0]
+    scored = [s for s in decision.scores if not s.filtered]
+    assert len(scored) == CONFIG.sample_size
+    assert decision.node == max(scored, key=lambda s: s.score).node
+    assert decision.nodes_total == 132
+    assert decision.filtered_counts == {"not ready": 30, "cordoned": 2}
+    assert decision.not_examined == 100 - CONFIG.sample_size
+    # the least loaded nodes (i % 10 == 0) are the ones scored
+    assert all(int(s.node[1:]) % 10 == 0 for s in scored)
+
+
+def test_large_cluster_falls_back_to_a_full_scan_for_an_odd_fit() -> None:
+    nodes = [node(f"n{i:03d}", cpu_capacity=2, cpu_load=0) for i in range(99)]
+    nodes.append(node("big", cpu_capacity=64, cpu_load=0.5))
+    decision = plan(nodes, [job(cpu=16)], NOW, CONFIG)[0]
+    assert decision.node == "big"
+    assert decision.filtered_counts == {"insufficient cpu": 99}
+
+
+def test_jobs_dominating_one_that_fit_nowhere_are_skipped() -> None:
+    nodes = [node(f"n{i:03d}", cpu_capacity=4) for i in range(50)]
+    queue = [job("huge", cpu=8)] + [job(f"bigger{i}", cpu=9 + i) for i in range(20)]
+    queue.append(job("small", cpu=1))
+    assert [d.job_id for d in plan(nodes, queue, NOW, CONFIG)] == ["small"]
+
+
+def test_queue_key_matches_effective_priority_order() -> None:
+    jobs = [
+        job(f"j{i}", priority=p, submitted_at=NOW - timedelta(minutes=m))
+        for i, (p, m) in enumerate([(100, 0), (500, 1), (1000, 2), (100, 100), (500, 30)])
+    ]
+    from mdq.core.placement import effective_priority
+
+    by_key = sorted(jobs, key=lambda j: queue_key(j, CONFIG))
+    by_priority = sorted(jobs, key=lambda j: -effective_priority(j, NOW, CONFIG))
+    assert [j.job_id for j in by_key] == [j.job_id for j in by_priority]
+
+
+def test_nominated_room_is_held_for_the_preemptor() -> None:
+    the_node = node("only", cpu_capacity=2)
+    queue = [
+        job("early-normal", priority=500, submitted_at=NOW - timedelta(minutes=90)),
+        job("preemptor", priority=1000, nominated_node="only", cpu=2),
+    ]
+    decisions = plan([the_node], queue, NOW, CONFIG)
+    # the early job outranks the preemptor by aging but cannot take the held room
+    assert [d.job_id for d in decisions] == ["preemptor"]
+
+
+def running_job(job_id: str, node_name: str, priority: int, **changes: object) -> RunningJob:
+    base = RunningJob(job_id=job_id, node=node_name, cpu=2, memory_mb=1024, priority=priority)
+    return replace(base, **changes)  # type: ignore[arg-type]
+
+
+PREEMPTION_CASES = [
+    (
+        "high preempts low on a full node",
+        [node("a", cpu_capacity=2, reserved_cpu=2)],
+        [running_job("low1", "a", 100)],
+        job("hi", priority=1000, cpu=2),
+        [("hi", "a", ("low1",))],
+    ),
+    (
+        "equal class never preempts",
+        [node("a", cpu_capacity=2, reserved_cpu=2)],
+        [running_job("n1", "a", 500)],
+        job("n2", priority=500, cpu=2),
+        [],
+    ),
+    (
+        "the node needing fewer victims wins",
+        [node("a", cpu_capacity=4, reserved_cpu=4), node("b", cpu_capacity=4, reserved_cpu=4)],
+        [
+            running_job("a1", "a", 100, cpu=1),
+            running_job("a2", "a", 100, cpu=1),
+            running_job("a3", "a", 100, cpu=2),
+            running_job("b1", "b", 100, cpu=4),
+        ],
+        job("hi", priority=1000, cpu=4),
+        [("hi", "b", ("b1",))],
+    ),
+    (
+        "lower class victims before higher ones",
+        [node("a", cpu_capacity=4, reserved_cpu=4), node("b", cpu_capacity=4, reserved_cpu=4)],
+        [running_job("normal", "a", 500, cpu=4), running_job("low", "b", 100, cpu=4)],
+        job("hi", priority=1000, cpu=4),
+        [("hi", "b", ("low",))],
+    ),
+    (
+        "most recently started victim first",
+        [node("a", cpu_capacity=4, reserved_cpu=4)],
+        [
+            running_job("old", "a", 100, started_at=NOW - timedelta(hours=2)),
+            running_job("new", "a", 100, started_at=NOW - timedelta(minutes=1)),
+        ],
+        job("hi", priority=1000, cpu=2),
+        [("hi", "a", ("new",))],
+    ),
+    (
+        "not on an avoided or unready node",
+        [node("a", cpu_capacity=2, reserved_cpu=2), node("b", ready=False, reserved_cpu=8)],
+        [running_job("low-a", "a", 100), running_job("low-b", "b", 100, cpu=8)],
+        job("hi", priority=1000, cpu=2, avoid_nodes=frozenset({"a"})),
+        [],
+    ),
+    (
+        "too big for any node even empty: nothing preempted",
+        [node("a", cpu_capacity=2, reserved_cpu=2)],
+        [running_job("low", "a", 100)],
+        job("hi", priority=1000, cpu=4),
+        [],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "nodes", "running", "preemptor", "expected"),
+    PREEMPTION_CASES,
+    ids=[c[0] for c in PREEMPTION_CASES],
+)
+def test_preemption(
+    name: str,
+    nodes: list[NodeState],
+    running: list[RunningJob],
+    preemptor: QueuedJob,
+    expected: list[tuple[str, str, tuple[str, ...]]],
+) -> None:
+    preemptions = plan_preemptions(nodes, [preemptor], running, NOW, CONFIG)
+    assert [(p.job_id, p.node, p.victims) for p in preemptions] == expected
+
+
+def test_two_preemptors_never_count_the_same_freed_room() -> None:
+    nodes = [node("a", cpu_capacity=4, reserved_cpu=4)]
+    running = [running_job("low1", "a", 100), running_job("low2", "a", 100)]
+    queue = [job("hi1", priority=1000, cpu=2), job("hi2", priority=1000, cpu=2)]
+    preemptions = plan_preemptions(nodes, queue, running, NOW, CONFIG)
+    victims = [v for p in preemptions for v in p.victims]
+    assert sorted(victims) == ["low1", "low2"] and len(set(victims)) == 2

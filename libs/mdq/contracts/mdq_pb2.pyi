@@ -17,6 +17,28 @@ class Task(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TASK_MINIMIZE: _ClassVar[Task]
     TASK_ANALYZE: _ClassVar[Task]
 
+class Integrator(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    INTEGRATOR_UNSPECIFIED: _ClassVar[Integrator]
+    INTEGRATOR_LANGEVIN_MIDDLE: _ClassVar[Integrator]
+    INTEGRATOR_LANGEVIN: _ClassVar[Integrator]
+    INTEGRATOR_VERLET: _ClassVar[Integrator]
+    INTEGRATOR_NOSE_HOOVER: _ClassVar[Integrator]
+
+class NonbondedMethod(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    NONBONDED_METHOD_UNSPECIFIED: _ClassVar[NonbondedMethod]
+    NONBONDED_PME: _ClassVar[NonbondedMethod]
+    NONBONDED_CUTOFF_PERIODIC: _ClassVar[NonbondedMethod]
+    NONBONDED_CUTOFF_NON_PERIODIC: _ClassVar[NonbondedMethod]
+    NONBONDED_NO_CUTOFF: _ClassVar[NonbondedMethod]
+
+class TrajectoryFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TRAJECTORY_FORMAT_UNSPECIFIED: _ClassVar[TrajectoryFormat]
+    TRAJECTORY_DCD: _ClassVar[TrajectoryFormat]
+    TRAJECTORY_XTC: _ClassVar[TrajectoryFormat]
+
 class FailureReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     FAILURE_REASON_UNSPECIFIED: _ClassVar[FailureReason]
@@ -42,6 +64,19 @@ TASK_UNSPECIFIED: Task
 TASK_MD: Task
 TASK_MINIMIZE: Task
 TASK_ANALYZE: Task
+INTEGRATOR_UNSPECIFIED: Integrator
+INTEGRATOR_LANGEVIN_MIDDLE: Integrator
+INTEGRATOR_LANGEVIN: Integrator
+INTEGRATOR_VERLET: Integrator
+INTEGRATOR_NOSE_HOOVER: Integrator
+NONBONDED_METHOD_UNSPECIFIED: NonbondedMethod
+NONBONDED_PME: NonbondedMethod
+NONBONDED_CUTOFF_PERIODIC: NonbondedMethod
+NONBONDED_CUTOFF_NON_PERIODIC: NonbondedMethod
+NONBONDED_NO_CUTOFF: NonbondedMethod
+TRAJECTORY_FORMAT_UNSPECIFIED: TrajectoryFormat
+TRAJECTORY_DCD: TrajectoryFormat
+TRAJECTORY_XTC: TrajectoryFormat
 FAILURE_REASON_UNSPECIFIED: FailureReason
 FAILURE_CRASHED: FailureReason
 FAILURE_OOM_KILLED: FailureReason
@@ -93,11 +128,53 @@ class WaterBox(_message.Message):
     box_nm: float
     def __init__(self, box_nm: _Optional[float] = ...) -> None: ...
 
+class LennardJonesFluid(_message.Message):
+    __slots__ = ("atoms", "density_atoms_nm3", "sigma_nm", "epsilon_kj_mol", "mass_dalton", "cutoff_nm")
+    ATOMS_FIELD_NUMBER: _ClassVar[int]
+    DENSITY_ATOMS_NM3_FIELD_NUMBER: _ClassVar[int]
+    SIGMA_NM_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_KJ_MOL_FIELD_NUMBER: _ClassVar[int]
+    MASS_DALTON_FIELD_NUMBER: _ClassVar[int]
+    CUTOFF_NM_FIELD_NUMBER: _ClassVar[int]
+    atoms: int
+    density_atoms_nm3: float
+    sigma_nm: float
+    epsilon_kj_mol: float
+    mass_dalton: float
+    cutoff_nm: float
+    def __init__(self, atoms: _Optional[int] = ..., density_atoms_nm3: _Optional[float] = ..., sigma_nm: _Optional[float] = ..., epsilon_kj_mol: _Optional[float] = ..., mass_dalton: _Optional[float] = ..., cutoff_nm: _Optional[float] = ...) -> None: ...
+
+class Structure(_message.Message):
+    __slots__ = ("pdb_path", "pdb_content", "force_fields", "padding_nm", "water_model")
+    PDB_PATH_FIELD_NUMBER: _ClassVar[int]
+    PDB_CONTENT_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    PADDING_NM_FIELD_NUMBER: _ClassVar[int]
+    WATER_MODEL_FIELD_NUMBER: _ClassVar[int]
+    pdb_path: str
+    pdb_content: str
+    force_fields: _containers.RepeatedScalarFieldContainer[str]
+    padding_nm: float
+    water_model: str
+    def __init__(self, pdb_path: _Optional[str] = ..., pdb_content: _Optional[str] = ..., force_fields: _Optional[_Iterable[str]] = ..., padding_nm: _Optional[float] = ..., water_model: _Optional[str] = ...) -> None: ...
+
 class System(_message.Message):
-    __slots__ = ("water_box",)
+    __slots__ = ("water_box", "lennard_jones", "structure")
     WATER_BOX_FIELD_NUMBER: _ClassVar[int]
+    LENNARD_JONES_FIELD_NUMBER: _ClassVar[int]
+    STRUCTURE_FIELD_NUMBER: _ClassVar[int]
     water_box: WaterBox
-    def __init__(self, water_box: _Optional[_Union[WaterBox, _Mapping]] = ...) -> None: ...
+    lennard_jones: LennardJonesFluid
+    structure: Structure
+    def __init__(self, water_box: _Optional[_Union[WaterBox, _Mapping]] = ..., lennard_jones: _Optional[_Union[LennardJonesFluid, _Mapping]] = ..., structure: _Optional[_Union[Structure, _Mapping]] = ...) -> None: ...
+
+class Barostat(_message.Message):
+    __slots__ = ("pressure_bar", "frequency_steps")
+    PRESSURE_BAR_FIELD_NUMBER: _ClassVar[int]
+    FREQUENCY_STEPS_FIELD_NUMBER: _ClassVar[int]
+    pressure_bar: float
+    frequency_steps: int
+    def __init__(self, pressure_bar: _Optional[float] = ..., frequency_steps: _Optional[int] = ...) -> None: ...
 
 class Resources(_message.Message):
     __slots__ = ("cpu", "memory_mb")
@@ -116,7 +193,7 @@ class Convergence(_message.Message):
     def __init__(self, tolerance_kj_mol: _Optional[float] = ..., reports: _Optional[int] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "task", "system", "temperature_k", "timestep_fs", "steps", "report_interval_steps", "checkpoint_interval_steps", "convergence", "resources", "priority_class", "depends_on", "max_retries", "friction_per_ps", "seed", "labels")
+    __slots__ = ("name", "task", "system", "temperature_k", "timestep_fs", "steps", "report_interval_steps", "checkpoint_interval_steps", "convergence", "resources", "priority_class", "depends_on", "max_retries", "friction_per_ps", "seed", "labels", "integrator", "barostat", "nonbonded_method", "cutoff_nm", "platform", "checkpoint_interval_s", "trajectory_interval_steps", "trajectory_format")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -140,6 +217,14 @@ class JobSpec(_message.Message):
     FRICTION_PER_PS_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    INTEGRATOR_FIELD_NUMBER: _ClassVar[int]
+    BAROSTAT_FIELD_NUMBER: _ClassVar[int]
+    NONBONDED_METHOD_FIELD_NUMBER: _ClassVar[int]
+    CUTOFF_NM_FIELD_NUMBER: _ClassVar[int]
+    PLATFORM_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    TRAJECTORY_INTERVAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    TRAJECTORY_FORMAT_FIELD_NUMBER: _ClassVar[int]
     name: str
     task: Task
     system: System
@@ -156,10 +241,18 @@ class JobSpec(_message.Message):
     friction_per_ps: float
     seed: int
     labels: _containers.ScalarMap[str, str]
-    def __init__(self, name: _Optional[str] = ..., task: _Optional[_Union[Task, str]] = ..., system: _Optional[_Union[System, _Mapping]] = ..., temperature_k: _Optional[float] = ..., timestep_fs: _Optional[float] = ..., steps: _Optional[int] = ..., report_interval_steps: _Optional[int] = ..., checkpoint_interval_steps: _Optional[int] = ..., convergence: _Optional[_Union[Convergence, _Mapping]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., priority_class: _Optional[str] = ..., depends_on: _Optional[_Iterable[str]] = ..., max_retries: _Optional[int] = ..., friction_per_ps: _Optional[float] = ..., seed: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    integrator: Integrator
+    barostat: Barostat
+    nonbonded_method: NonbondedMethod
+    cutoff_nm: float
+    platform: str
+    checkpoint_interval_s: float
+    trajectory_interval_steps: int
+    trajectory_format: TrajectoryFormat
+    def __init__(self, name: _Optional[str] = ..., task: _Optional[_Union[Task, str]] = ..., system: _Optional[_Union[System, _Mapping]] = ..., temperature_k: _Optional[float] = ..., timestep_fs: _Optional[float] = ..., steps: _Optional[int] = ..., report_interval_steps: _Optional[int] = ..., checkpoint_interval_steps: _Optional[int] = ..., convergence: _Optional[_Union[Convergence, _Mapping]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., priority_class: _Optional[str] = ..., depends_on: _Optional[_Iterable[str]] = ..., max_retries: _Optional[int] = ..., friction_per_ps: _Optional[float] = ..., seed: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., integrator: _Optional[_Union[Integrator, str]] = ..., barostat: _Optional[_Union[Barostat, _Mapping]] = ..., nonbonded_method: _Optional[_Union[NonbondedMethod, str]] = ..., cutoff_nm: _Optional[float] = ..., platform: _Optional[str] = ..., checkpoint_interval_s: _Optional[float] = ..., trajectory_interval_steps: _Optional[int] = ..., trajectory_format: _Optional[_Union[TrajectoryFormat, str]] = ...) -> None: ...
 
 class Event(_message.Message):
-    __slots__ = ("event_id", "job_id", "attempt", "time", "producer", "submitted", "rejected", "released", "bound", "started", "succeeded", "attempt_failed", "requeued", "failed", "progress", "checkpoint", "pod", "node_load")
+    __slots__ = ("event_id", "job_id", "attempt", "time", "producer", "submitted", "rejected", "released", "bound", "started", "succeeded", "attempt_failed", "requeued", "failed", "progress", "checkpoint", "pod", "outputs", "node_load")
     EVENT_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
@@ -177,6 +270,7 @@ class Event(_message.Message):
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     POD_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     NODE_LOAD_FIELD_NUMBER: _ClassVar[int]
     event_id: str
     job_id: str
@@ -195,8 +289,9 @@ class Event(_message.Message):
     progress: Progress
     checkpoint: Checkpoint
     pod: PodStatus
+    outputs: JobOutputs
     node_load: NodeLoad
-    def __init__(self, event_id: _Optional[str] = ..., job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., producer: _Optional[str] = ..., submitted: _Optional[_Union[JobSubmitted, _Mapping]] = ..., rejected: _Optional[_Union[JobRejected, _Mapping]] = ..., released: _Optional[_Union[JobReleased, _Mapping]] = ..., bound: _Optional[_Union[JobBound, _Mapping]] = ..., started: _Optional[_Union[JobStarted, _Mapping]] = ..., succeeded: _Optional[_Union[JobSucceeded, _Mapping]] = ..., attempt_failed: _Optional[_Union[AttemptFailed, _Mapping]] = ..., requeued: _Optional[_Union[JobRequeued, _Mapping]] = ..., failed: _Optional[_Union[JobFailed, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., pod: _Optional[_Union[PodStatus, _Mapping]] = ..., node_load: _Optional[_Union[NodeLoad, _Mapping]] = ...) -> None: ...
+    def __init__(self, event_id: _Optional[str] = ..., job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., producer: _Optional[str] = ..., submitted: _Optional[_Union[JobSubmitted, _Mapping]] = ..., rejected: _Optional[_Union[JobRejected, _Mapping]] = ..., released: _Optional[_Union[JobReleased, _Mapping]] = ..., bound: _Optional[_Union[JobBound, _Mapping]] = ..., started: _Optional[_Union[JobStarted, _Mapping]] = ..., succeeded: _Optional[_Union[JobSucceeded, _Mapping]] = ..., attempt_failed: _Optional[_Union[AttemptFailed, _Mapping]] = ..., requeued: _Optional[_Union[JobRequeued, _Mapping]] = ..., failed: _Optional[_Union[JobFailed, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., pod: _Optional[_Union[PodStatus, _Mapping]] = ..., outputs: _Optional[_Union[JobOutputs, _Mapping]] = ..., node_load: _Optional[_Union[NodeLoad, _Mapping]] = ...) -> None: ...
 
 class JobSubmitted(_message.Message):
     __slots__ = ("spec", "request_id", "idempotency_key", "depends_on_ids", "submitted_by")
@@ -243,18 +338,31 @@ class NodeScore(_message.Message):
     def __init__(self, node: _Optional[str] = ..., score: _Optional[float] = ..., filtered: _Optional[str] = ..., cpu_load: _Optional[float] = ..., memory_load: _Optional[float] = ...) -> None: ...
 
 class JobBound(_message.Message):
-    __slots__ = ("node", "pod_name", "candidates", "resources", "resume_from")
+    __slots__ = ("node", "pod_name", "candidates", "resources", "resume_from", "nodes_total", "filtered_counts", "not_examined")
+    class FilteredCountsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     NODE_FIELD_NUMBER: _ClassVar[int]
     POD_NAME_FIELD_NUMBER: _ClassVar[int]
     CANDIDATES_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
     RESUME_FROM_FIELD_NUMBER: _ClassVar[int]
+    NODES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    FILTERED_COUNTS_FIELD_NUMBER: _ClassVar[int]
+    NOT_EXAMINED_FIELD_NUMBER: _ClassVar[int]
     node: str
     pod_name: str
     candidates: _containers.RepeatedCompositeFieldContainer[NodeScore]
     resources: Resources
     resume_from: Checkpoint
-    def __init__(self, node: _Optional[str] = ..., pod_name: _Optional[str] = ..., candidates: _Optional[_Iterable[_Union[NodeScore, _Mapping]]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., resume_from: _Optional[_Union[Checkpoint, _Mapping]] = ...) -> None: ...
+    nodes_total: int
+    filtered_counts: _containers.ScalarMap[str, int]
+    not_examined: int
+    def __init__(self, node: _Optional[str] = ..., pod_name: _Optional[str] = ..., candidates: _Optional[_Iterable[_Union[NodeScore, _Mapping]]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., resume_from: _Optional[_Union[Checkpoint, _Mapping]] = ..., nodes_total: _Optional[int] = ..., filtered_counts: _Optional[_Mapping[str, int]] = ..., not_examined: _Optional[int] = ...) -> None: ...
 
 class JobStarted(_message.Message):
     __slots__ = ("node", "pod_name")
@@ -313,7 +421,7 @@ class JobFailed(_message.Message):
     def __init__(self, reason: _Optional[_Union[FailureReason, str]] = ..., message: _Optional[str] = ...) -> None: ...
 
 class Progress(_message.Message):
-    __slots__ = ("step", "target_steps", "time_ps", "potential_kj_mol", "kinetic_kj_mol", "temperature_k", "ns_per_day", "eta_s", "done_reason")
+    __slots__ = ("step", "target_steps", "time_ps", "potential_kj_mol", "kinetic_kj_mol", "temperature_k", "ns_per_day", "eta_s", "done_reason", "volume_nm3", "density_g_cm3")
     STEP_FIELD_NUMBER: _ClassVar[int]
     TARGET_STEPS_FIELD_NUMBER: _ClassVar[int]
     TIME_PS_FIELD_NUMBER: _ClassVar[int]
@@ -323,6 +431,8 @@ class Progress(_message.Message):
     NS_PER_DAY_FIELD_NUMBER: _ClassVar[int]
     ETA_S_FIELD_NUMBER: _ClassVar[int]
     DONE_REASON_FIELD_NUMBER: _ClassVar[int]
+    VOLUME_NM3_FIELD_NUMBER: _ClassVar[int]
+    DENSITY_G_CM3_FIELD_NUMBER: _ClassVar[int]
     step: int
     target_steps: int
     time_ps: float
@@ -332,21 +442,55 @@ class Progress(_message.Message):
     ns_per_day: float
     eta_s: float
     done_reason: str
-    def __init__(self, step: _Optional[int] = ..., target_steps: _Optional[int] = ..., time_ps: _Optional[float] = ..., potential_kj_mol: _Optional[float] = ..., kinetic_kj_mol: _Optional[float] = ..., temperature_k: _Optional[float] = ..., ns_per_day: _Optional[float] = ..., eta_s: _Optional[float] = ..., done_reason: _Optional[str] = ...) -> None: ...
+    volume_nm3: float
+    density_g_cm3: float
+    def __init__(self, step: _Optional[int] = ..., target_steps: _Optional[int] = ..., time_ps: _Optional[float] = ..., potential_kj_mol: _Optional[float] = ..., kinetic_kj_mol: _Optional[float] = ..., temperature_k: _Optional[float] = ..., ns_per_day: _Optional[float] = ..., eta_s: _Optional[float] = ..., done_reason: _Optional[str] = ..., volume_nm3: _Optional[float] = ..., density_g_cm3: _Optional[float] = ...) -> None: ...
 
 class Checkpoint(_message.Message):
-    __slots__ = ("step", "path", "sha256", "size_bytes", "time_ps")
+    __slots__ = ("step", "path", "sha256", "size_bytes", "time_ps", "native_path", "native_sha256", "platform")
     STEP_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     TIME_PS_FIELD_NUMBER: _ClassVar[int]
+    NATIVE_PATH_FIELD_NUMBER: _ClassVar[int]
+    NATIVE_SHA256_FIELD_NUMBER: _ClassVar[int]
+    PLATFORM_FIELD_NUMBER: _ClassVar[int]
     step: int
     path: str
     sha256: str
     size_bytes: int
     time_ps: float
-    def __init__(self, step: _Optional[int] = ..., path: _Optional[str] = ..., sha256: _Optional[str] = ..., size_bytes: _Optional[int] = ..., time_ps: _Optional[float] = ...) -> None: ...
+    native_path: str
+    native_sha256: str
+    platform: str
+    def __init__(self, step: _Optional[int] = ..., path: _Optional[str] = ..., sha256: _Optional[str] = ..., size_bytes: _Optional[int] = ..., time_ps: _Optional[float] = ..., native_path: _Optional[str] = ..., native_sha256: _Optional[str] = ..., platform: _Optional[str] = ...) -> None: ...
+
+class OutputFile(_message.Message):
+    __slots__ = ("kind", "path", "sha256", "size_bytes", "format", "frames")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    path: str
+    sha256: str
+    size_bytes: int
+    format: str
+    frames: int
+    def __init__(self, kind: _Optional[str] = ..., path: _Optional[str] = ..., sha256: _Optional[str] = ..., size_bytes: _Optional[int] = ..., format: _Optional[str] = ..., frames: _Optional[int] = ...) -> None: ...
+
+class JobOutputs(_message.Message):
+    __slots__ = ("final_step", "output_dir", "files")
+    FINAL_STEP_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_DIR_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    final_step: int
+    output_dir: str
+    files: _containers.RepeatedCompositeFieldContainer[OutputFile]
+    def __init__(self, final_step: _Optional[int] = ..., output_dir: _Optional[str] = ..., files: _Optional[_Iterable[_Union[OutputFile, _Mapping]]] = ...) -> None: ...
 
 class PodStatus(_message.Message):
     __slots__ = ("pod_name", "node", "phase", "exit_code", "reason", "message")
@@ -365,17 +509,19 @@ class PodStatus(_message.Message):
     def __init__(self, pod_name: _Optional[str] = ..., node: _Optional[str] = ..., phase: _Optional[_Union[PodPhase, str]] = ..., exit_code: _Optional[int] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class NodeLoad(_message.Message):
-    __slots__ = ("node", "cpu_load", "memory_load", "cpu_capacity", "memory_capacity_mb", "ready")
+    __slots__ = ("node", "cpu_load", "memory_load", "cpu_capacity", "memory_capacity_mb", "ready", "cordoned")
     NODE_FIELD_NUMBER: _ClassVar[int]
     CPU_LOAD_FIELD_NUMBER: _ClassVar[int]
     MEMORY_LOAD_FIELD_NUMBER: _ClassVar[int]
     CPU_CAPACITY_FIELD_NUMBER: _ClassVar[int]
     MEMORY_CAPACITY_MB_FIELD_NUMBER: _ClassVar[int]
     READY_FIELD_NUMBER: _ClassVar[int]
+    CORDONED_FIELD_NUMBER: _ClassVar[int]
     node: str
     cpu_load: float
     memory_load: float
     cpu_capacity: float
     memory_capacity_mb: int
     ready: bool
-    def __init__(self, node: _Optional[str] = ..., cpu_load: _Optional[float] = ..., memory_load: _Optional[float] = ..., cpu_capacity: _Optional[float] = ..., memory_capacity_mb: _Optional[int] = ..., ready: _Optional[bool] = ...) -> None: ...
+    cordoned: bool
+    def __init__(self, node: _Optional[str] = ..., cpu_load: _Optional[float] = ..., memory_load: _Optional[float] = ..., cpu_capacity: _Optional[float] = ..., memory_capacity_mb: _Optional[int] = ..., ready: _Optional[bool] = ..., cordoned: _Optional[bool] = ...) -> None: ...

@@ -1,43 +1,85 @@
 """Load-aware, priority-aware placement over an in-memory snapshot (pure).
 
-The service hands ``plan`` what it knows — every node's capacity, readiness and live load,
-what is already reserved on it, and the queue of pending jobs — and gets back one decision
-per job it could place, with the score of every node and why the others were filtered out.
+The service hands ``plan`` what it knows — every node's capacity, readiness, cordon and live
+load, what is already reserved on it and what was bound there since its last load report, and
+the queue of pending jobs — and gets back one decision per job it could place, with the score
+of every node it scored and why the others were filtered out. ``plan_preemptions`` says which
+lower-priority running jobs to stop for a high-priority job that fits nowhere.
 
-Rules, in order:
-- The queue is ordered by priority class (plus an aging bonus, so a low-priority job never
-  starves), then by submit time.
-- A node is a candidate if it is ready, its load report is fresh, it is not on the job's
-  avoid-list (set by recovery; a preference, dropped when no other node fits), and the job's
-  requests fit its capacity minus what is reserved.
-- Score (higher is better): free capacity after the job lands, where a node's load is the
-  larger of its live load and its reservations (the herd guard: what was just bound counts
-  before the node's reported load reflects it), minus a penalty for CPU/memory imbalance.
-- The brief's rule: a node whose live CPU or memory load is above ``overload_threshold``
-  (80%) lowers the job's priority there, by ``overload_penalty`` points.
+Rules (docs/placement.md has the whole story):
+
+- **Queue order.** Highest effective priority first, then oldest. Effective priority is the
+  class priority plus ``aging_per_minute`` points per minute waited, so a low job never starves.
+  Because every job ages at the same rate, the order does not depend on "now": it is the order
+  of ``submitted_at - priority / aging_per_minute`` (``queue_key``), cheap to keep sorted.
+- **Filters.** Node-wide first (checked once per plan): not ready, cordoned, load report older
+  than ``load_timeout_s``, live load above ``hard_load_threshold``. Then per job: on the job's
+  avoid-list (a preference, dropped when nothing else fits), requests do not fit capacity minus
+  reservations.
+- **Herd guard.** A node's load lags behind bindings: a pod bound a second ago does not show in
+  the load reported a second ago. A node's effective load is therefore the larger of (live load
+  + requests bound since its last report, ``inflight_*``) and (all reservations / capacity),
+  and ``plan`` adds every job it binds to both as it goes. A burst of jobs spreads.
+- **Score** (higher is better) of the utilisation ``u`` the node would have with the job
+  (the larger of CPU and memory): with ``target_load`` 0 (the default) ``100·(1-u)`` — spread;
+  with a target ``t`` it is TargetLoadPacking's: rising from ``100·t`` at 0 to 100 at ``t``,
+  then ``100·t·(1-u)/(1-t)`` above it (below an idle node's score) — pack up to ``t``, then
+  move on. Minus ``balance_weight`` per unit of
+  |CPU share - memory share| after placement. Minus ``overload_penalty`` on a node whose CPU or
+  memory load is above ``overload_threshold`` (80%): the brief's rule, "an overloaded node
+  lowers the job's priority there".
+- **Scaling.** Up to ``full_scan_nodes`` eligible nodes, every node is scored for every job.
+  Above that, eligible nodes sit in a heap ranked by their job-independent load score; a job
+  scores the ``sample_size`` best-ranked nodes that fit it (looking at no more than
+  ``max_examined``) and falls back to a full scan only when none of those fits. A job whose
+  requests dominate those of a job that already fit nowhere in this plan is skipped at once.
+  Each decision reports how many nodes were filtered, per reason, and how many not examined.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
+from typing import NamedTuple
+
+NOT_READY = "not ready"
+CORDONED = "cordoned"
+LOAD_STALE = "load report too old"
+OVERLOADED = "load above hard threshold"
+AVOIDED = "avoided after a failure there"
+NO_CPU = "insufficient cpu"
+NO_MEMORY = "insufficient memory"
+
+EXPLAIN_FILTERED_LIMIT = 16
+"""Filtered nodes listed by name in a decision on a large cluster (the rest are counted)."""
 
 
 @dataclass(frozen=True, slots=True)
 class PlacementConfig:
-    """Tunables of the scoring."""
+    """Tunables of filtering, scoring and scaling."""
 
     overload_threshold: float = 0.8
-    """Live CPU or memory load above which a node is overloaded."""
+    """Live CPU or memory load above which a node lowers a job's score there."""
     overload_penalty: float = 50.0
     """Score points an overloaded node loses."""
+    hard_load_threshold: float = 0.95
+    """Live CPU or memory load (with in-flight bindings) above which a node is not chosen."""
+    target_load: float = 0.0
+    """TargetLoadPacking target utilisation, 0..1; 0 spreads (least loaded first)."""
     balance_weight: float = 10.0
     """Score points lost per unit of |cpu share - memory share| after placement."""
     load_timeout_s: float = 15.0
     """A node whose load was last reported longer ago than this is not chosen."""
     aging_per_minute: float = 10.0
     """Priority points a pending job gains per minute of waiting."""
+    full_scan_nodes: int = 32
+    """Up to this many eligible nodes, every node is scored for every job."""
+    sample_size: int = 4
+    """On larger clusters: how many fitting best-ranked nodes are scored per job."""
+    max_examined: int = 64
+    """On larger clusters: at most this many ranked nodes are looked at before a full scan."""
 
 
 @dataclass(slots=True)
@@ -57,6 +99,38 @@ class NodeState:
     """Sum of CPU requests of the jobs bound to or running on this node."""
     reserved_memory_mb: int = 0
     """Sum of memory requests of the jobs bound to or running on this node."""
+    cordoned: bool = False
+    """Unschedulable: running work stays, nothing new is bound here."""
+    inflight_cpu: float = 0.0
+    """CPU requests bound here that the last load report cannot reflect yet (herd guard)."""
+    inflight_memory_mb: int = 0
+    """Memory requests bound here that the last load report cannot reflect yet."""
+
+    def cpu_share(self) -> float:
+        """Effective CPU utilisation: max(live + in-flight, reservations), 0..1+."""
+        if self.cpu_capacity <= 0:
+            return 1.0
+        return max(
+            self.cpu_load + self.inflight_cpu / self.cpu_capacity,
+            self.reserved_cpu / self.cpu_capacity,
+        )
+
+    def memory_share(self) -> float:
+        """Effective memory utilisation: max(live + in-flight, reservations), 0..1+."""
+        if self.memory_capacity_mb <= 0:
+            return 1.0
+        return max(
+            self.memory_load + self.inflight_memory_mb / self.memory_capacity_mb,
+            self.reserved_memory_mb / self.memory_capacity_mb,
+        )
+
+    def expected_load(self) -> float:
+        """Live load plus what was bound since the report: the larger of CPU and memory."""
+        cpu = self.cpu_load + (self.inflight_cpu / self.cpu_capacity if self.cpu_capacity else 1)
+        memory = self.memory_load + (
+            self.inflight_memory_mb / self.memory_capacity_mb if self.memory_capacity_mb else 1
+        )
+        return max(cpu, memory)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,11 +143,24 @@ class QueuedJob:
     priority: int
     submitted_at: datetime
     avoid_nodes: frozenset[str] = frozenset()
+    nominated_node: str = ""
+    """Set after this job preempted work there: its requests are held on that node."""
 
 
 @dataclass(frozen=True, slots=True)
-class NodeScore:
-    """One node's score for one job, or why it was filtered out."""
+class RunningJob:
+    """A bound or running job that a higher-priority job might preempt."""
+
+    job_id: str
+    node: str
+    cpu: float
+    memory_mb: int
+    priority: int
+    started_at: datetime | None = None
+
+
+class NodeScore(NamedTuple):
+    """One node's score for one job, or why it was filtered out (a tuple: made per node)."""
 
     node: str
     score: float = 0.0
@@ -89,12 +176,107 @@ class Decision:
     job_id: str
     node: str
     scores: tuple[NodeScore, ...] = field(default=())
+    filtered_counts: dict[str, int] = field(default_factory=dict)
+    """Nodes filtered out, per reason (all of them, named in ``scores`` or not)."""
+    nodes_total: int = 0
+    not_examined: int = 0
+    """Eligible nodes that were not scored (the heap ranked them lower)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Preemption:
+    """Stop ``victims`` on ``node`` so that ``job_id`` fits there."""
+
+    job_id: str
+    node: str
+    victims: tuple[str, ...]
+    reason: str
+
+
+# -- queue order -------------------------------------------------------------------------------
 def effective_priority(job: QueuedJob, now: datetime, config: PlacementConfig) -> float:
     """Priority class plus aging."""
     waited_min = max(0.0, (now - job.submitted_at).total_seconds() / 60.0)
     return job.priority + config.aging_per_minute * waited_min
+
+
+def queue_key(job: QueuedJob, config: PlacementConfig) -> tuple[float, float, str]:
+    """Sort key of the queue: independent of "now" because every job ages at the same rate."""
+    submitted = job.submitted_at.timestamp()
+    if config.aging_per_minute > 0:
+        return (submitted - 60.0 * job.priority / config.aging_per_minute, submitted, job.job_id)
+    return (-float(job.priority), submitted, job.job_id)
+
+
+def order_queue(
+    queue: Iterable[QueuedJob], now: datetime, config: PlacementConfig
+) -> list[QueuedJob]:
+    """Highest effective priority first, then oldest first (``now`` kept for the API)."""
+    del now
+    return sorted(queue, key=lambda job: queue_key(job, config))
+
+
+# -- filtering and scoring ---------------------------------------------------------------------
+def node_filter(
+    node: NodeState, now: datetime, config: PlacementConfig, *, check_load: bool = True
+) -> str:
+    """Why no job may go to ``node`` now, or "" (the job-independent filters)."""
+    if not node.ready:
+        return NOT_READY
+    if node.cordoned:
+        return CORDONED
+    if (now - node.reported_at).total_seconds() > config.load_timeout_s:
+        return LOAD_STALE
+    if check_load and node.expected_load() > config.hard_load_threshold:
+        return OVERLOADED
+    return ""
+
+
+def job_filter(node: NodeState, job: QueuedJob, *, honour_avoid: bool = True) -> str:
+    """Why ``job`` may not go to ``node``, or "" (avoid-list, fit)."""
+    if honour_avoid and node.name in job.avoid_nodes:
+        return AVOIDED
+    if node.reserved_cpu + job.cpu > node.cpu_capacity + 1e-9:
+        return NO_CPU
+    if node.reserved_memory_mb + job.memory_mb > node.memory_capacity_mb:
+        return NO_MEMORY
+    return ""
+
+
+def load_score(utilisation: float, target: float) -> float:
+    """0..100 for a utilisation: least loaded best (target 0), or peaking at the target."""
+    u = 0.0 if utilisation < 0.0 else 1.0 if utilisation > 1.0 else utilisation
+    if target <= 0.0:
+        return 100.0 * (1.0 - u)
+    if u <= target:
+        return 100.0 * (target + (1.0 - target) * u / target)
+    return 100.0 * target * (1.0 - u) / (1.0 - target) if target < 1.0 else 100.0
+
+
+def _rank(node: NodeState, config: PlacementConfig) -> float:
+    """Job-independent rank of an eligible node (its load score before any job lands)."""
+    return load_score(max(node.cpu_share(), node.memory_share()), config.target_load)
+
+
+def _score_fitting(node: NodeState, job: QueuedJob, config: PlacementConfig) -> NodeScore:
+    # the hot path of plan: NodeState.cpu_share/memory_share/expected_load, inlined
+    cpu_cap, mem_cap = node.cpu_capacity, node.memory_capacity_mb
+    cpu_live = node.cpu_load + node.inflight_cpu / cpu_cap
+    mem_live = node.memory_load + node.inflight_memory_mb / mem_cap
+    reserved_cpu, reserved_mem = node.reserved_cpu / cpu_cap, node.reserved_memory_mb / mem_cap
+    cpu_after = (cpu_live if cpu_live > reserved_cpu else reserved_cpu) + job.cpu / cpu_cap
+    mem_after = (mem_live if mem_live > reserved_mem else reserved_mem) + job.memory_mb / mem_cap
+    cpu_after = 1.0 if cpu_after > 1.0 else cpu_after
+    mem_after = 1.0 if mem_after > 1.0 else mem_after
+    score = load_score(cpu_after if cpu_after > mem_after else mem_after, config.target_load)
+    score -= config.balance_weight * abs(cpu_after - mem_after)
+    if cpu_live > config.overload_threshold or mem_live > config.overload_threshold:
+        score -= config.overload_penalty
+    return NodeScore(node.name, round(score, 3), "", node.cpu_load, node.memory_load)
+
+
+def _filtered(node: NodeState, reason: str) -> NodeScore:
+    return NodeScore(node.name, 0.0, reason, node.cpu_load, node.memory_load)
 
 
 def score_node(
@@ -106,42 +288,158 @@ def score_node(
     honour_avoid: bool = True,
 ) -> NodeScore:
     """Filter and score one node for one job."""
-    cpu_share = (
-        max(node.cpu_load, node.reserved_cpu / node.cpu_capacity) if node.cpu_capacity else 1.0
-    )
-    mem_share = (
-        max(node.memory_load, node.reserved_memory_mb / node.memory_capacity_mb)
-        if node.memory_capacity_mb
-        else 1.0
-    )
-    base = NodeScore(node=node.name, cpu_load=node.cpu_load, memory_load=node.memory_load)
-    if not node.ready:
-        return replace(base, filtered="not ready")
-    if (now - node.reported_at).total_seconds() > config.load_timeout_s:
-        return replace(base, filtered="load report too old")
-    if honour_avoid and node.name in job.avoid_nodes:
-        return replace(base, filtered="avoided after a failure there")
-    if node.reserved_cpu + job.cpu > node.cpu_capacity + 1e-9:
-        return replace(base, filtered="insufficient cpu")
-    if node.reserved_memory_mb + job.memory_mb > node.memory_capacity_mb:
-        return replace(base, filtered="insufficient memory")
-    cpu_after = min(1.0, cpu_share + job.cpu / node.cpu_capacity)
-    mem_after = min(1.0, mem_share + job.memory_mb / node.memory_capacity_mb)
-    score = 100.0 * (1.0 - max(cpu_after, mem_after))
-    score -= config.balance_weight * abs(cpu_after - mem_after)
-    if max(node.cpu_load, node.memory_load) > config.overload_threshold:
-        score -= config.overload_penalty
-    return replace(base, score=round(score, 3))
+    reason = node_filter(node, now, config) or job_filter(node, job, honour_avoid=honour_avoid)
+    if reason:
+        return _filtered(node, reason)
+    return _score_fitting(node, job, config)
 
 
-def order_queue(
-    queue: Iterable[QueuedJob], now: datetime, config: PlacementConfig
-) -> list[QueuedJob]:
-    """Highest effective priority first, then oldest first."""
-    return sorted(
-        queue,
-        key=lambda job: (-effective_priority(job, now, config), job.submitted_at, job.job_id),
-    )
+# -- planning ----------------------------------------------------------------------------------
+def _best(candidates: Sequence[NodeScore], order: dict[str, int]) -> NodeScore:
+    return max(candidates, key=lambda s: (s.score, -order[s.node]))
+
+
+class _Planner:
+    """One ``plan`` call: the eligible nodes, their heap, and what fit nowhere."""
+
+    def __init__(self, nodes: Sequence[NodeState], now: datetime, config: PlacementConfig) -> None:
+        self.config = config
+        self.nodes_total = len(nodes)
+        self.order = {node.name: index for index, node in enumerate(nodes)}
+        self.static: list[NodeScore] = []
+        self.static_counts: dict[str, int] = {}
+        self.eligible: list[NodeState] = []
+        for node in nodes:
+            reason = node_filter(node, now, config)
+            if reason:
+                self.static.append(_filtered(node, reason))
+                self.static_counts[reason] = self.static_counts.get(reason, 0) + 1
+            else:
+                self.eligible.append(node)
+        self.by_name = {node.name: node for node in self.eligible}
+        self.small = len(self.eligible) <= config.full_scan_nodes
+        self.version = {node.name: 0 for node in self.eligible}
+        self.heap: list[tuple[float, int, int, str]] = []
+        if not self.small:
+            self.heap = [
+                (-_rank(node, config), self.order[node.name], 0, node.name)
+                for node in self.eligible
+            ]
+            heapq.heapify(self.heap)
+        self.holds = False
+        self.nowhere: list[tuple[float, int]] = []
+        """(cpu, memory) of jobs without avoid-lists that fit on no node in this plan."""
+
+    # requests only shrink the room left, so a job at least as big as one that fit nowhere
+    # fits nowhere either
+    def dominated(self, job: QueuedJob) -> bool:
+        if self.holds:
+            return False  # a nominee's held room may come back: no shortcut then
+        return any(job.cpu >= cpu and job.memory_mb >= mem for cpu, mem in self.nowhere)
+
+    def remember_nowhere(self, job: QueuedJob) -> None:
+        if job.avoid_nodes or self.dominated(job):
+            return
+        self.nowhere = [
+            (cpu, mem) for cpu, mem in self.nowhere if not (cpu >= job.cpu and mem >= job.memory_mb)
+        ]
+        self.nowhere.append((job.cpu, job.memory_mb))
+
+    def hold(self, job: QueuedJob, sign: int) -> None:
+        node = self.by_name.get(job.nominated_node)
+        if node is not None:
+            node.reserved_cpu += sign * job.cpu
+            node.reserved_memory_mb += sign * job.memory_mb
+            self._touch(node)
+
+    def bind(self, node: NodeState, job: QueuedJob) -> None:
+        node.reserved_cpu += job.cpu
+        node.reserved_memory_mb += job.memory_mb
+        node.inflight_cpu += job.cpu
+        node.inflight_memory_mb += job.memory_mb
+        self._touch(node)
+
+    def _touch(self, node: NodeState) -> None:
+        if self.small:
+            return
+        version = self.version[node.name] + 1
+        self.version[node.name] = version
+        heapq.heappush(
+            self.heap, (-_rank(node, self.config), self.order[node.name], version, node.name)
+        )
+
+    def full_scan(self, job: QueuedJob, honour_avoid: bool) -> list[NodeScore]:
+        return [
+            (
+                _filtered(node, reason)
+                if (reason := job_filter(node, job, honour_avoid=honour_avoid))
+                else _score_fitting(node, job, self.config)
+            )
+            for node in self.eligible
+        ]
+
+    def sampled(self, job: QueuedJob) -> tuple[list[NodeScore], int]:
+        """Score the best-ranked fitting nodes; returns the scores and the nodes examined."""
+        popped: list[tuple[float, int, int, str]] = []
+        scores: list[NodeScore] = []
+        fitting = 0
+        heap, version = self.heap, self.version
+        while heap and fitting < self.config.sample_size and len(popped) < self.config.max_examined:
+            entry = heapq.heappop(heap)
+            if entry[2] != version[entry[3]]:
+                continue  # stale: the node was re-ranked since
+            popped.append(entry)
+            node = self.by_name[entry[3]]
+            reason = job_filter(node, job)
+            if reason:
+                scores.append(_filtered(node, reason))
+            else:
+                scores.append(_score_fitting(node, job, self.config))
+                fitting += 1
+        for entry in popped:
+            heapq.heappush(heap, entry)
+        return scores, len(popped)
+
+    def decide(self, job: QueuedJob) -> Decision | None:
+        if self.dominated(job):
+            return None
+        self.hold(job, -1)
+        examined = len(self.eligible)
+        if self.small:
+            scores = self.full_scan(job, True)
+        else:
+            scores, examined = self.sampled(job)
+            if not any(not s.filtered for s in scores):
+                scores, examined = self.full_scan(job, True), len(self.eligible)
+        candidates = [s for s in scores if not s.filtered]
+        if not candidates and job.avoid_nodes:
+            # The avoid-list is a preference: rather the same node than no node at all.
+            scores, examined = self.full_scan(job, False), len(self.eligible)
+            candidates = [s for s in scores if not s.filtered]
+        if not candidates:
+            self.hold(job, +1)
+            self.remember_nowhere(job)
+            return None
+        best = _best(candidates, self.order)
+        self.bind(self.by_name[best.node], job)
+        return self._explain(job, best.node, scores, examined)
+
+    def _explain(
+        self, job: QueuedJob, node: str, scores: list[NodeScore], examined: int
+    ) -> Decision:
+        counts = dict(self.static_counts)
+        for score in scores:
+            if score.filtered:
+                counts[score.filtered] = counts.get(score.filtered, 0) + 1
+        static = self.static if self.small else self.static[:EXPLAIN_FILTERED_LIMIT]
+        return Decision(
+            job_id=job.job_id,
+            node=node,
+            scores=tuple(scores) + tuple(static),
+            filtered_counts=counts,
+            nodes_total=self.nodes_total,
+            not_examined=len(self.eligible) - examined,
+        )
 
 
 def plan(
@@ -149,31 +447,107 @@ def plan(
     queue: Iterable[QueuedJob],
     now: datetime,
     config: PlacementConfig = PlacementConfig(),
+    *,
+    ordered: bool = False,
 ) -> list[Decision]:
-    """Bind as many queued jobs as fit; reserve each on its node as it goes (herd guard).
+    """Bind as many queued jobs as fit, best job first; each bound job counts on its node at
+    once (reservations and in-flight load: the herd guard).
 
-    ``nodes`` are updated in place (their reservations grow by what was bound).
+    ``nodes`` are updated in place (their reservations grow by what was bound). Pass
+    ``ordered=True`` when ``queue`` is already in ``queue_key`` order.
     """
+    planner = _Planner(nodes, now, config)
+    jobs = list(queue) if ordered else order_queue(queue, now, config)
+    for job in jobs:
+        if job.nominated_node:
+            planner.hold(job, +1)
+            planner.holds = True
     decisions: list[Decision] = []
-    for job in order_queue(queue, now, config):
-        scores = tuple(score_node(node, job, now, config) for node in nodes)
-        candidates = [s for s in scores if not s.filtered]
-        if not candidates and job.avoid_nodes:
-            # The avoid-list is a preference: rather the same node than no node at all.
-            scores = tuple(score_node(node, job, now, config, honour_avoid=False) for node in nodes)
-            candidates = [s for s in scores if not s.filtered]
-        if not candidates:
-            continue
-        best = max(candidates, key=lambda s: (s.score, -_index(nodes, s.node)))
-        chosen = next(node for node in nodes if node.name == best.node)
-        chosen.reserved_cpu += job.cpu
-        chosen.reserved_memory_mb += job.memory_mb
-        decisions.append(Decision(job_id=job.job_id, node=best.node, scores=scores))
+    if not planner.eligible:
+        return decisions
+    for job in jobs:
+        decision = planner.decide(job)
+        if decision is not None:
+            decisions.append(decision)
     return decisions
 
 
-def _index(nodes: Sequence[NodeState], name: str) -> int:
-    for index, node in enumerate(nodes):
-        if node.name == name:
-            return index
-    return len(nodes)
+# -- preemption --------------------------------------------------------------------------------
+def plan_preemptions(
+    nodes: Sequence[NodeState],
+    unplaced: Iterable[QueuedJob],
+    running: Iterable[RunningJob],
+    now: datetime,
+    config: PlacementConfig = PlacementConfig(),
+    *,
+    limit: int = 16,
+) -> list[Preemption]:
+    """For high-priority jobs that fit nowhere: which lower-priority work to stop, and where.
+
+    Only work of a strictly lower priority *class* is a victim (aging orders the queue but
+    never preempts). On each eligible node (not on the job's avoid-list) victims are taken
+    lowest class first, most recently started first (least work since its checkpoint is lost,
+    and it is told to checkpoint anyway), until the job fits (the hard load threshold is not
+    applied: the victims' own load is what leaves); the node needing the fewest,
+    lowest victims wins. A node chosen for one preemptor has the preemptor's requests held on
+    it, so two preemptors in one pass never count the same freed room. ``nodes`` are updated
+    in place (victims released, the preemptor's requests reserved).
+    """
+    by_node: dict[str, list[RunningJob]] = {}
+    for work in running:
+        by_node.setdefault(work.node, []).append(work)
+    # a node busy with the very work to preempt may be above the hard load threshold
+    eligible = [node for node in nodes if not node_filter(node, now, config, check_load=False)]
+    taken: set[str] = set()
+    preemptions: list[Preemption] = []
+    for job in order_queue(unplaced, now, config):
+        if len(preemptions) >= limit:
+            break
+        best: tuple[tuple[int, int, float], NodeState, list[RunningJob]] | None = None
+        for node in eligible:
+            if node.name in job.avoid_nodes:
+                continue
+            if job.cpu > node.cpu_capacity + 1e-9 or job.memory_mb > node.memory_capacity_mb:
+                continue
+            victims = sorted(
+                (
+                    v
+                    for v in by_node.get(node.name, ())
+                    if v.priority < job.priority and v.job_id not in taken
+                ),
+                key=lambda v: (v.priority, -(v.started_at.timestamp() if v.started_at else 0.0)),
+            )
+            free_cpu = node.cpu_capacity - node.reserved_cpu
+            free_mem = node.memory_capacity_mb - node.reserved_memory_mb
+            chosen: list[RunningJob] = []
+            for victim in victims:
+                if job.cpu <= free_cpu + 1e-9 and job.memory_mb <= free_mem:
+                    break
+                chosen.append(victim)
+                free_cpu += victim.cpu
+                free_mem += victim.memory_mb
+            if not (job.cpu <= free_cpu + 1e-9 and job.memory_mb <= free_mem) or not chosen:
+                continue
+            cost = (max(v.priority for v in chosen), len(chosen), sum(v.cpu for v in chosen))
+            if best is None or cost < best[0]:
+                best = (cost, node, chosen)
+        if best is None:
+            continue
+        _, node, chosen = best
+        for victim in chosen:
+            taken.add(victim.job_id)
+            node.reserved_cpu -= victim.cpu
+            node.reserved_memory_mb -= victim.memory_mb
+        node.reserved_cpu += job.cpu
+        node.reserved_memory_mb += job.memory_mb
+        names = ", ".join(v.job_id for v in chosen)
+        preemptions.append(
+            Preemption(
+                job_id=job.job_id,
+                node=node.name,
+                victims=tuple(v.job_id for v in chosen),
+                reason=f"priority {job.priority} job fits nowhere; preempting {names} on "
+                f"{node.name} (priority {max(v.priority for v in chosen)} or lower)",
+            )
+        )
+    return preemptions

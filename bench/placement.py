@@ -1,0 +1,420 @@
+"""Benchmark of placement: ``make bench-placement``.
+
+(a) **Core decision cost** (``mdq.core.placement.plan``, in process): time per decision as the
+    cluster grows 100 → 1,000 → 10,000 nodes (1,000 pending jobs) and as the queue grows
+    1,000 → 10,000 → 100,000 pending jobs (1,000 nodes). Nodes have mixed live loads.
+(b) **Jobs bound per second end to end over NATS**: requests on ``NS.api.submit`` answered by
+    the real intake service, folded by the real placement service (a subprocess whose backend
+    creates no pod, ``bench/placement_noop.py``), until every ``job.<id>.bound`` arrived —
+    against the raw baseline with the same messaging shape and no mdq logic
+    (``bench/raw_bus.py``: a responder that publishes to JetStream, an ordered consumer that
+    publishes a second event), same NATS server, same client, same run.
+(c) **Latency submit → job.bound** at 500 submits/s offered (open loop), p50 and p99.
+
+Everything shares this machine's cores (NATS, intake, placement, the load generator), so the
+absolute figures depend on its load; ratios are measured in the same run. NATS is started
+embedded in a temporary folder. The last line printed is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import nats
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from mdq.bus.connect import connect
+from mdq.bus.publisher import EventPublisher
+from mdq.bus.subjects import Subjects
+from mdq.contracts import pb
+from mdq.core import ids
+from mdq.core.events import make_event
+from mdq.core.placement import NodeState, QueuedJob, plan
+from mdq.core.spec import normalize_job
+from mdq.embedded import start_nats
+
+REPO = Path(__file__).resolve().parents[1]
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+# -- (a) the pure core ---------------------------------------------------------------------------
+def _nodes(count: int) -> list[NodeState]:
+    return [
+        NodeState(
+            name=f"n{i:05d}",
+            cpu_capacity=128,
+            memory_capacity_mb=1 << 20,
+            ready=i % 50 != 49,
+            cpu_load=(i % 7) / 20,
+            memory_load=(i % 5) / 20,
+            reported_at=NOW,
+        )
+        for i in range(count)
+    ]
+
+
+def _jobs(count: int) -> list[QueuedJob]:
+    classes = (100, 500, 1000)
+    return [
+        QueuedJob(
+            job_id=f"j{k}",
+            cpu=1 + k % 3,
+            memory_mb=512 * (1 + k % 4),
+            priority=classes[k % 3],
+            submitted_at=NOW - timedelta(seconds=k % 600),
+        )
+        for k in range(count)
+    ]
+
+
+def core_cost(nodes: int, pending: int, rounds: int) -> float:
+    """Best seconds per decision over ``rounds`` plans of ``pending`` jobs on ``nodes`` nodes."""
+    best = float("inf")
+    jobs = _jobs(pending)
+    for _ in range(rounds):
+        cluster = _nodes(nodes)
+        started = time.perf_counter()
+        decisions = plan(cluster, jobs, NOW)
+        elapsed = time.perf_counter() - started
+        best = min(best, elapsed / max(1, len(decisions)))
+    return best
+
+
+def bench_core(quick: bool) -> dict[str, float]:
+    rounds = 2 if quick else 3
+    by_nodes = {n: core_cost(n, 1000, rounds) for n in (100, 1000, 10_000)}
+    by_pending = {
+        p: core_cost(1000, p, 1 if p > 10_000 else rounds)
+        for p in ((1000, 10_000) if quick else (1000, 10_000, 100_000))
+    }
+    for n, cost in by_nodes.items():
+        print(f"core: {n:>6} nodes, 1000 pending: {cost * 1e6:7.1f} us/decision")
+    for p, cost in by_pending.items():
+        print(f"core: 1000 nodes, {p:>6} pending: {cost * 1e6:7.1f} us/decision")
+    return {
+        "core_decisions_per_s_100_nodes": round(1 / by_nodes[100]),
+        "core_decisions_per_s_1000_nodes": round(1 / by_nodes[1000]),
+        "core_decisions_per_s_10000_nodes": round(1 / by_nodes[10_000]),
+        "core_growth_100_to_10000_nodes": round(by_nodes[10_000] / by_nodes[100], 2),
+        "core_us_per_decision_1000_nodes_100000_pending": round(
+            max(by_pending.items())[1] * 1e6, 1
+        ),
+        "core_growth_1000_to_max_pending": round(max(by_pending.items())[1] / by_pending[1000], 2),
+    }
+
+
+# -- (b)/(c) end to end --------------------------------------------------------------------------
+@contextlib.contextmanager
+def processes(commands: list[list[str]], env: dict[str, str], logs: Path) -> Iterator[None]:
+    children = [
+        subprocess.Popen(
+            command,
+            cwd=REPO,
+            env=env,
+            stdout=(logs / f"{i}.log").open("wb"),
+            stderr=subprocess.STDOUT,
+        )
+        for i, command in enumerate(commands)
+    ]
+    try:
+        yield
+    finally:
+        for child in children:
+            child.terminate()
+        for child in children:
+            try:
+                child.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                child.kill()
+
+
+def submit_payload(key: str) -> bytes:
+    request = pb.SubmitRequest(idempotency_key=key, submitted_by="bench")
+    job = request.jobs.add(name="j", steps=1000)
+    job.resources.cpu, job.resources.memory_mb = 1, 512
+    return request.SerializeToString()
+
+
+class Arrivals:
+    """Counts ``bound`` messages and remembers when each job's arrived."""
+
+    def __init__(self) -> None:
+        self.at: dict[str, float] = {}
+        self.done = asyncio.Event()
+        self.expect = 0
+
+    async def on_message(self, message: Msg) -> None:
+        job = message.subject.split(".")[-2]
+        self.at.setdefault(job, time.perf_counter())
+        if len(self.at) >= self.expect:
+            self.done.set()
+
+
+async def wait_for_responder(nc: Client, subject: str, payload: bytes) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            await nc.request(subject, payload, timeout=5)
+            return
+        except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
+async def closed_loop(
+    nc: Client, subject: str, payloads: list[tuple[str, bytes]], window: int
+) -> None:
+    slots = asyncio.Semaphore(window)
+
+    async def one(payload: bytes) -> None:
+        async with slots:
+            await nc.request(subject, payload, timeout=30)
+
+    await asyncio.gather(*(one(payload) for _, payload in payloads))
+
+
+async def throughput(
+    nc: Client, request_subject: str, bound_subject: str, payloads: list[tuple[str, bytes]]
+) -> float:
+    arrivals = Arrivals()
+    arrivals.expect = len(payloads)
+    subscription = await nc.subscribe(bound_subject, cb=arrivals.on_message)
+    started = time.perf_counter()
+    await closed_loop(nc, request_subject, payloads, window=256)
+    await asyncio.wait_for(arrivals.done.wait(), timeout=120)
+    elapsed = max(arrivals.at.values()) - started
+    await subscription.unsubscribe()
+    return len(payloads) / elapsed
+
+
+async def publish_then_count(
+    nc: Client, bound_subject: str, messages: list[tuple[str, bytes, str]]
+) -> float:
+    """Publish (subject, data, msg id) to JetStream at once; bound arrivals per second."""
+    js = nc.jetstream()
+    arrivals = Arrivals()
+    arrivals.expect = len(messages)
+    subscription = await nc.subscribe(bound_subject, cb=arrivals.on_message)
+    slots = asyncio.Semaphore(512)
+
+    async def one(subject: str, data: bytes, msg_id: str) -> None:
+        async with slots:
+            await js.publish(subject, data, headers={"Nats-Msg-Id": msg_id})
+
+    started = time.perf_counter()
+    await asyncio.gather(*(one(*message) for message in messages))
+    await asyncio.wait_for(arrivals.done.wait(), timeout=120)
+    elapsed = max(arrivals.at.values()) - started
+    await subscription.unsubscribe()
+    return len(messages) / elapsed
+
+
+def submitted_events(subjects: Subjects, prefix: str, count: int) -> list[tuple[str, bytes, str]]:
+    spec = normalize_job(pb.JobSpec(name="j", steps=1000), "jobs[0]")
+    out = []
+    for i in range(count):
+        job = f"{prefix}{i:06d}-j"
+        event = make_event(
+            "submitted",
+            pb.JobSubmitted(spec=spec, request_id=f"{prefix}{i:06d}"),
+            job_id=job,
+            attempt=0,
+            producer="bench",
+            at=datetime.now(UTC),
+        )
+        out.append((subjects.for_event(event), event.SerializeToString(), event.event_id))
+    return out
+
+
+async def latency(
+    nc: Client,
+    request_subject: str,
+    bound_subject: str,
+    payloads: list[tuple[str, bytes]],
+    rate: float,
+) -> list[float]:
+    arrivals = Arrivals()
+    arrivals.expect = len(payloads)
+    sent: dict[str, float] = {}
+    subscription = await nc.subscribe(bound_subject, cb=arrivals.on_message)
+    tasks = []
+    started = time.perf_counter()
+    for index, (job, payload) in enumerate(payloads):
+        delay = started + index / rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        sent[job] = time.perf_counter()
+        tasks.append(asyncio.create_task(nc.request(request_subject, payload, timeout=30)))
+    await asyncio.gather(*tasks)
+    await asyncio.wait_for(arrivals.done.wait(), timeout=120)
+    await subscription.unsubscribe()
+    return sorted(1000 * (arrivals.at[job] - sent[job]) for job in sent)
+
+
+async def keep_nodes_reporting(nc: Client, subjects: Subjects, count: int) -> None:
+    bus = EventPublisher(js=nc.jetstream(), subjects=subjects, producer="bench")
+    while True:
+        await bus.publish_all(
+            bus.event(
+                "node_load",
+                pb.NodeLoad(
+                    node=f"node{i}",
+                    cpu_load=0.1,
+                    memory_load=0.1,
+                    cpu_capacity=1e7,
+                    memory_capacity_mb=1 << 40,
+                    ready=True,
+                ),
+                job_id="",
+                attempt=0,
+                detail=f"node{i}:{time.time_ns()}",
+            )
+            for i in range(count)
+        )
+        await asyncio.sleep(2.0)
+
+
+async def bench_end_to_end(jobs: int, latency_jobs: int, rate: float) -> dict[str, float]:
+    with tempfile.TemporaryDirectory(prefix="mdq-bench-placement-") as folder:
+        root = Path(folder)
+        server = start_nats(root / "nats")
+        try:
+            return await _end_to_end(server.url, root, jobs, latency_jobs, rate)
+        finally:
+            server.stop()
+
+
+async def _end_to_end(
+    url: str, root: Path, jobs: int, latency_jobs: int, rate: float
+) -> dict[str, float]:
+    namespace = "bench"
+    subjects = Subjects(namespace=namespace)
+    nc = await connect(url, name="bench", subjects=subjects)
+    reporter = asyncio.create_task(keep_nodes_reporting(nc, subjects, 8))
+    env = os.environ | {
+        "NATS_URL": url,
+        "MDQ_NAMESPACE": namespace,
+        "MDQ_DATA_DIR": str(root / "data"),
+        "MDQ_INTAKE_LOG_LEVEL": "warning",
+        "MDQ_PLACEMENT_LEADER_ELECTION": "false",
+        "MDQ_PLACEMENT_RECONCILE_INTERVAL_S": "1.0",
+        "PYTHONPATH": str(REPO),
+    }
+    logs = root / "logs"
+    logs.mkdir()
+    python = sys.executable
+    results: dict[str, float] = {}
+    try:
+        # raw baseline
+        raw = await nats.connect(url)
+        await raw.jetstream().add_stream(name="RAWBENCH", subjects=["raw.job.>"])
+        raw_commands = [
+            [python, "bench/raw_bus.py", "responder", url],
+            [python, "bench/raw_bus.py", "consumer", url],
+        ]
+        (logs / "raw").mkdir()
+        with processes(raw_commands, env, logs / "raw"):
+            probe_bound = await raw.subscribe("raw.job.probe.bound")
+            await wait_for_responder(raw, "raw.api.submit", b"probe\n")
+            await probe_bound.next_msg(timeout=60)  # the consumer is following too
+            warm = [(f"w{i}", f"w{i}\n".encode() + submit_payload(f"w{i}")) for i in range(300)]
+            await throughput(raw, "raw.api.submit", "raw.job.*.bound", warm)
+            payloads = [
+                (f"r{i}", f"r{i}\n".encode() + submit_payload(f"r{i}")) for i in range(jobs)
+            ]
+            results["raw_bus_per_s"] = await throughput(
+                raw, "raw.api.submit", "raw.job.*.bound", payloads
+            )
+            stage = [
+                (f"raw.job.s{i}.submitted", submit_payload(f"s{i}"), f"s{i}") for i in range(jobs)
+            ]
+            results["raw_consumer_per_s"] = await publish_then_count(raw, "raw.job.*.bound", stage)
+        await raw.drain()
+        print(f"raw bus: {results['raw_bus_per_s']:.0f} round trips/s")
+        print(f"raw consumer stage: {results['raw_consumer_per_s']:.0f} events/s")
+
+        mdq_commands = [
+            [python, "-m", "services.intake"],
+            [python, "bench/placement_noop.py"],
+        ]
+        (logs / "mdq").mkdir()
+        with processes(mdq_commands, env, logs / "mdq"):
+            probe = ids.job_id(ids.request_id_for_key("probe"), "j")
+            probe_bound = await nc.subscribe(subjects.job(probe, "bound"))
+            await wait_for_responder(nc, subjects.api_submit, submit_payload("probe"))
+            await probe_bound.next_msg(timeout=60)  # placement is following too
+
+            def payloads_for(prefix: str, count: int) -> list[tuple[str, bytes]]:
+                out = []
+                for i in range(count):
+                    key = f"{prefix}-{i}"
+                    job = ids.job_id(ids.request_id_for_key(key), "j")
+                    out.append((job, submit_payload(key)))
+                return out
+
+            bound = subjects.job("*", "bound")
+            await throughput(nc, subjects.api_submit, bound, payloads_for("warm", 300))
+            results["jobs_bound_per_s"] = await throughput(
+                nc, subjects.api_submit, bound, payloads_for("tp", jobs)
+            )
+            print(f"mdq: {results['jobs_bound_per_s']:.0f} jobs bound/s")
+            await asyncio.sleep(0.5)
+            results["placement_bound_per_s"] = await publish_then_count(
+                nc, bound, submitted_events(subjects, "pl", jobs)
+            )
+            print(f"placement stage: {results['placement_bound_per_s']:.0f} jobs bound/s")
+            await asyncio.sleep(1.0)
+            latencies = await latency(
+                nc, subjects.api_submit, bound, payloads_for("lat", latency_jobs), rate
+            )
+            results["p50_submit_to_bound_ms"] = statistics.median(latencies)
+            results["p99_submit_to_bound_ms"] = latencies[int(0.99 * (len(latencies) - 1))]
+            print(
+                f"mdq at {rate:.0f}/s offered: p50 {results['p50_submit_to_bound_ms']:.1f} ms, "
+                f"p99 {results['p99_submit_to_bound_ms']:.1f} ms"
+            )
+    finally:
+        reporter.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reporter
+        await nc.drain()
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=4000, help="jobs for the throughput run")
+    parser.add_argument("--latency-jobs", type=int, default=2500, help="jobs at the offered rate")
+    parser.add_argument("--rate", type=float, default=500.0, help="offered submits/s for (c)")
+    parser.add_argument("--quick", action="store_true", help="smaller core runs")
+    args = parser.parse_args()
+    load = os.getloadavg()[0]
+    summary: dict[str, float | int | str] = {}
+    summary.update(bench_core(args.quick))
+    e2e = asyncio.run(bench_end_to_end(args.jobs, args.latency_jobs, args.rate))
+    summary.update({key: round(value, 1) for key, value in e2e.items()})
+    summary["ratio_vs_raw"] = round(e2e["jobs_bound_per_s"] / e2e["raw_bus_per_s"], 3)
+    summary["placement_ratio_vs_raw_consumer"] = round(
+        e2e["placement_bound_per_s"] / e2e["raw_consumer_per_s"], 3
+    )
+    summary["cpus"] = os.cpu_count() or 0
+    summary["load_average_at_start"] = round(load, 2)
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

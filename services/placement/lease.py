@@ -1,0 +1,93 @@
+"""The leader lease of placement replicas: one JetStream KV key with a TTL.
+
+Every replica folds the log; only the holder of the lease places jobs. The lease is the key
+``leader`` of the bucket ``<namespace>_placement`` whose entries expire ``ttl_s`` after their
+last write. A replica takes it with ``create`` (succeeds only if the key is absent, expired or
+deleted) and keeps it with ``update`` conditioned on the revision it last wrote (so two
+replicas can never both believe a renewal succeeded). A holder that stops renewing — killed,
+paused, partitioned — loses it after ``ttl_s``; one that stops cleanly deletes it, so a
+follower takes over at its next try.
+
+The lease is an efficiency measure, not the safety net: a paused old leader that wakes up and
+binds before noticing it lost the lease is stopped by the per-job fence of the bound event
+(``Nats-Expected-Last-Subject-Sequence``, see ``app.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+from nats.js import JetStreamContext
+from nats.js.api import KeyValueConfig
+from nats.js.errors import APIError, KeyNotFoundError
+from nats.js.kv import KeyValue
+
+log = logging.getLogger("mdq.placement.lease")
+
+LEASE_KEY = "leader"
+
+
+class LeaderLease:
+    """One replica's hold on the placement lease."""
+
+    def __init__(self, *, js: JetStreamContext, bucket: str, holder: str, ttl_s: float) -> None:
+        self._js = js
+        self._bucket = bucket
+        self.holder = holder
+        self._ttl_s = ttl_s
+        self._kv: KeyValue | None = None
+        self._revision: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._revision is not None
+
+    async def _bucket_kv(self) -> KeyValue:
+        if self._kv is None:
+            self._kv = await self._js.create_key_value(
+                KeyValueConfig(bucket=self._bucket, ttl=self._ttl_s, history=1)
+            )
+        return self._kv
+
+    async def holder_now(self) -> str:
+        """Who holds the lease now ("" if nobody)."""
+        kv = await self._bucket_kv()
+        try:
+            entry = await kv.get(LEASE_KEY)
+        except KeyNotFoundError:
+            return ""
+        return (entry.value or b"").decode()
+
+    async def try_acquire(self) -> bool:
+        """Take the lease if nobody holds it; True if this replica holds it now."""
+        if self.held:
+            return await self.renew()
+        kv = await self._bucket_kv()
+        try:
+            self._revision = await kv.create(LEASE_KEY, self.holder.encode())
+        except APIError:
+            return False
+        log.info("%s took the placement lease", self.holder)
+        return True
+
+    async def renew(self) -> bool:
+        """Extend the lease; False (and no longer held) if someone else has it now."""
+        if self._revision is None:
+            return False
+        kv = await self._bucket_kv()
+        try:
+            self._revision = await kv.update(LEASE_KEY, self.holder.encode(), last=self._revision)
+        except APIError:
+            log.warning("%s lost the placement lease", self.holder)
+            self._revision = None
+            return False
+        return True
+
+    async def release(self) -> None:
+        """Give the lease up now (clean shutdown), so a follower need not wait for the TTL."""
+        if self._revision is None or self._kv is None:
+            return
+        revision, self._revision = self._revision, None
+        with contextlib.suppress(APIError):
+            await self._kv.delete(LEASE_KEY, last=revision)
