@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run up test test-fast lint proto bench-placement clean install
+.PHONY: run up test test-fast lint proto bench-placement bench-recovery bench-runner bench-ingest clean install
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "mdq needs Python 3.11 or newer")'
@@ -42,3 +42,19 @@ proto: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .mdq
+
+## bench-placement: core decision cost, jobs bound/s end to end against a raw nats-py loop, p99 latency
+bench-placement: $(STAMP)
+	$(BIN)/python bench/placement.py
+
+## bench-runner: OpenMM ns/day bare vs under the runner (water box, LJ fluid), alternated
+bench-runner: $(STAMP)
+	$(BIN)/python bench/runner.py
+
+## bench-recovery: eviction → running again (p50/p95), MD steps lost per runner kill
+bench-recovery: $(STAMP)
+	$(BIN)/python bench/recovery.py
+
+## bench-ingest: progress events/s NATS → PostgreSQL through the watcher vs a raw fetch+COPY loop
+bench-ingest: $(STAMP)
+	$(BIN)/python bench/ingest.py

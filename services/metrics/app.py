@@ -12,13 +12,14 @@ import contextlib
 import logging
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from threading import Thread
 from wsgiref.simple_server import WSGIServer
 
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy
+from nats.js.errors import NotFoundError
 from prometheus_client import start_http_server
 
 from mdq.backends.factory import make_backend
@@ -30,7 +31,7 @@ from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.settings import CommonSettings
 from services.metrics.exporter import Exporter
-from services.metrics.folding import JobCounts, ProgressBoard
+from services.metrics.folding import JobCounts, LifecycleClock, ProgressBoard
 from services.metrics.settings import MetricsSettings
 
 log = logging.getLogger("mdq.metrics")
@@ -72,12 +73,14 @@ class Followers:
     exporter: Exporter
     jobs: JobCounts
     progress: ProgressBoard
+    clock: LifecycleClock = field(default_factory=LifecycleClock)
 
     async def on_job_event(self, sequence: int, event: pb.Event) -> None:
         view = self.jobs.apply(sequence, event)
         if view is None:
             return
         self.exporter.set_job_counts(self.jobs.counts)
+        self.exporter.record_lifecycle(self.clock.apply(event, view))
         if view.state.terminal and (shown := self.progress.forget(view.job_id)) is not None:
             self.exporter.hide_progress(shown)
 
@@ -92,6 +95,23 @@ class Followers:
             self.exporter.hide_progress(replaced)
         if entry is not None:
             self.exporter.show_progress(entry)
+
+
+WATCHER_CONSUMERS = ("watcher-jobs", "watcher-progress")
+
+
+async def sample_consumer_lag(js: JetStreamContext, subjects: Subjects, exporter: Exporter) -> None:
+    """The watcher's projection lag, from JetStream's info on its durable consumers."""
+    streams = (subjects.jobs_stream, subjects.progress_stream)
+    for consumer, stream in zip(WATCHER_CONSUMERS, streams, strict=True):
+        try:
+            info = await js.consumer_info(stream, consumer)
+        except NotFoundError:  # no watcher yet: everything in the stream is pending
+            state = (await js.stream_info(stream)).state
+            lag = state.messages
+        else:
+            lag = (info.num_pending or 0) + (info.num_ack_pending or 0)
+        exporter.consumer_lag.labels(consumer, stream).set(lag)
 
 
 async def _nothing() -> None:
@@ -198,6 +218,10 @@ class MetricsService:
                 )
             except Exception:  # NATS away for a moment: sample again next time
                 log.warning("sampling nodes failed", exc_info=True)
+            try:
+                await sample_consumer_lag(self._js, self._subjects, self.exporter)
+            except Exception:
+                log.warning("reading the watcher's consumer lag failed", exc_info=True)
             elapsed = time.monotonic() - started
             await asyncio.sleep(max(0.0, self._settings.interval_s - elapsed))
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from mdq.backends.port import NodeSample
 from mdq.core.state import JobState
-from services.metrics.folding import JobProgress
+from services.metrics.folding import JobProgress, LifecycleFacts
 
 
 class Exporter:
@@ -53,6 +53,34 @@ class Exporter:
         self.node_load_events = Counter(
             "mdq_node_load_events", "node_load events published.", registry=self.registry
         )
+        self.queue_depth = Gauge(
+            "mdq_queue_depth_jobs",
+            "Jobs waiting for a node (PENDING).",
+            registry=self.registry,
+        )
+        self.placement_latency = Histogram(
+            "mdq_placement_latency_seconds",
+            "Time from a job becoming PENDING (submitted, released, requeued) to bound.",
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600),
+            registry=self.registry,
+        )
+        self.recoveries = Counter(
+            "mdq_recoveries",
+            "Attempts retried, by the reason the previous attempt failed.",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.steps_lost = Counter(
+            "mdq_md_steps_lost",
+            "MD steps lost by failed attempts (work after the checkpoint a retry resumed from).",
+            registry=self.registry,
+        )
+        self.consumer_lag = Gauge(
+            "mdq_consumer_lag_messages",
+            "Messages of a stream not yet projected by a consumer (pending + unacknowledged).",
+            ["consumer", "stream"],
+            registry=self.registry,
+        )
         self._nodes: set[str] = set()
         self.set_job_counts({})
 
@@ -81,6 +109,15 @@ class Exporter:
         """Every state, zero included, so dashboards see a series for each."""
         for state in JobState:
             self.jobs.labels(state.value).set(counts.get(state, 0))
+        self.queue_depth.set(counts.get(JobState.PENDING, 0))
+
+    def record_lifecycle(self, facts: LifecycleFacts) -> None:
+        if facts.placement_latency_s is not None:
+            self.placement_latency.observe(facts.placement_latency_s)
+        if facts.recovery_reason is not None:
+            self.recoveries.labels(facts.recovery_reason).inc()
+        if facts.steps_lost:
+            self.steps_lost.inc(facts.steps_lost)
 
     def show_progress(self, progress: JobProgress) -> None:
         labels = (progress.job_id, str(progress.attempt))

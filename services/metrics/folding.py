@@ -3,15 +3,17 @@
 ``JobCounts`` folds the jobs log with the shared state machine and keeps how many jobs are in
 each state. ``ProgressBoard`` keeps the latest MD step and energy of each job's current attempt
 and forgets a job once it is finished, so the exported series stay bounded.
+``LifecycleClock`` times placement (PENDING → bound) and names what each retry recovered from.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from datetime import datetime
 
 from mdq.contracts import pb
-from mdq.core.state import JobBook, JobState, JobView
+from mdq.core.state import JobBook, JobState, JobView, event_time
 
 
 class JobCounts:
@@ -75,3 +77,45 @@ class ProgressBoard:
     def forget(self, job_id: str) -> JobProgress | None:
         """Drop a finished job; return what was shown for it."""
         return self.jobs.pop(job_id, None)
+
+
+@dataclass(frozen=True, slots=True)
+class LifecycleFacts:
+    """What one job event adds to the lifecycle metrics."""
+
+    placement_latency_s: float | None = None
+    """Seconds from the job becoming PENDING (submitted, released, requeued) to ``bound``."""
+    recovery_reason: str | None = None
+    """FailureReason name of the failure a ``requeued`` recovered from."""
+    steps_lost: int = 0
+    """MD steps lost by the failed attempt a ``requeued`` replaced."""
+
+
+class LifecycleClock:
+    """When each job became PENDING, to time placement; what each requeue recovered from.
+
+    Times are the events' own, so the latency is the log's, not when this process saw it.
+    Only the event that the state machine accepted counts (the caller passes the view the
+    fold returned), so a redelivered or stale event is never counted twice.
+    """
+
+    def __init__(self) -> None:
+        self.pending_since: dict[str, datetime] = {}
+
+    def apply(self, event: pb.Event, view: JobView) -> LifecycleFacts:
+        kind = event.WhichOneof("body")
+        at = event_time(event)
+        if kind in ("submitted", "released", "requeued") and view.state is JobState.PENDING:
+            self.pending_since[event.job_id] = at
+        if kind == "bound":
+            since = self.pending_since.pop(event.job_id, None)
+            latency = None if since is None else max(0.0, (at - since).total_seconds())
+            return LifecycleFacts(placement_latency_s=latency)
+        if kind == "requeued":
+            return LifecycleFacts(
+                recovery_reason=pb.FailureReason.Name(event.requeued.after),
+                steps_lost=max(0, event.requeued.steps_lost),
+            )
+        if view.state.terminal:
+            self.pending_since.pop(event.job_id, None)
+        return LifecycleFacts()

@@ -12,7 +12,7 @@ class WatcherSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MDQ_WATCHER_", extra="ignore")
 
     backend: str = Field(default="local", description="Cluster backend: local or kubernetes.")
-    batch_size: int = Field(default=500, description="Most events applied in one transaction.")
+    batch_size: int = Field(default=2000, description="Most events applied in one transaction.")
     batch_wait_s: float = Field(default=0.2, description="Longest wait to fill a batch.")
     lost_min_silence_s: float = Field(
         default=60.0, description="A running job is never lost sooner than this after progress."

@@ -34,7 +34,8 @@ async def _tables(database_url: str) -> set[str]:
     connection = await asyncpg.connect(database_url)
     try:
         rows = await connection.fetch(
-            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'"
+            "SELECT table_name FROM information_schema.tables "
+            "WHERE table_schema = 'public' AND table_type = 'BASE TABLE'"
         )
     finally:
         await connection.close()
@@ -56,7 +57,7 @@ async def test_upgrade_creates_every_table_on_an_empty_database(database_url: st
     upgrade(database_url)  # the sync entry point, called from inside a running loop
 
     assert await _tables(database_url) == TABLES | {"alembic_version"}
-    assert await asyncio.to_thread(current_revision, database_url) == "0001_initial"
+    assert await asyncio.to_thread(current_revision, database_url) == "0002_history_views"
 
 
 async def test_upgrade_twice_changes_nothing(database_url: str) -> None:
@@ -76,7 +77,7 @@ async def test_upgrade_twice_changes_nothing(database_url: str) -> None:
         assert await connection.fetchval("SELECT last_seq FROM consumer_offsets") == 42
     finally:
         await connection.close()
-    assert await asyncio.to_thread(current_revision, database_url) == "0001_initial"
+    assert await asyncio.to_thread(current_revision, database_url) == "0002_history_views"
 
 
 async def test_concurrent_upgrades_wait_for_each_other(database_url: str) -> None:

@@ -19,6 +19,7 @@ from rich.table import Table
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from mdq.cli.live import format_energy, state_text
+from mdq.cli.sparkline import sparkline
 from mdq.core.state import JobState
 from mdq.store import queries
 from mdq.store.engine import create_engine
@@ -147,7 +148,8 @@ def detail_table(details: Iterable[queries.JobDetail], *, title: str) -> Table:
 
 
 def show_panel(detail: queries.JobDetail, timeline: Sequence[queries.TimelineEntry]) -> Group:
-    """``mdq show JOB``: the job, its attempts, its last progress and its timeline."""
+    """``mdq show JOB``: the job, its attempts, its last progress, an energy sparkline of the
+    current attempt and its timeline."""
     job = detail.job
     summary = Table.grid(padding=(0, 2))
     summary.add_column(style="bold")
@@ -196,6 +198,13 @@ def show_panel(detail: queries.JobDetail, timeline: Sequence[queries.TimelineEnt
                 str(attempt.steps_lost),
             )
         parts.append(attempts)
+    energies = energy_trace(timeline, attempt=job.attempt)
+    if len(energies) >= 2:
+        parts.append(
+            f"energy (attempt {job.attempt}, {len(energies)} reports): "
+            f"{sparkline(energies)}  {format_energy(min(energies))} .. "
+            f"{format_energy(max(energies))}"
+        )
     lifecycle = [entry for entry in timeline if entry.kind != "progress"]
     reports = len(timeline) - len(lifecycle)
     if lifecycle:
@@ -212,6 +221,15 @@ def show_panel(detail: queries.JobDetail, timeline: Sequence[queries.TimelineEnt
             )
         parts.append(events)
     return Group(*parts)
+
+
+def energy_trace(timeline: Sequence[queries.TimelineEntry], *, attempt: int) -> list[float]:
+    """Potential energies of one attempt's progress reports, in order (for the sparkline)."""
+    return [
+        float(entry.body.get("potential_kj_mol", 0.0))
+        for entry in timeline
+        if entry.kind == "progress" and entry.attempt == attempt
+    ]
 
 
 def _event_detail(body: dict[str, Any]) -> str:

@@ -36,7 +36,10 @@ from rich.table import Table
 
 from mdq.cli import history
 from mdq.cli.context import Endpoints, GlobalOptions, NoEndpoint, resolve_endpoints
+from mdq.cli.explain import explain as explain_command
 from mdq.cli.live import follow_jobs, format_eta
+from mdq.cli.plot import plot as plot_command
+from mdq.cli.replay import replay as replay_command
 from mdq.contracts import pb
 from mdq.core.state import JobState, JobView
 from mdq.sdk.client import IntakeUnavailable, MdqClient, SubmitRefused
@@ -158,11 +161,19 @@ def up(
         str, typer.Option(help=f"Execution backend: {', '.join(BACKENDS)}.")
     ] = "local",
     nodes: Annotated[int, typer.Option(help="Virtual nodes of the local backend.")] = 2,
+    kubeconfig: Annotated[
+        str,
+        typer.Option(
+            envvar="MDQ_K8S_KUBECONFIG",
+            help="kubeconfig of the cluster (kubernetes backend); default ~/.kube/config.",
+        ),
+    ] = "",
 ) -> None:
     """Start the stack and keep it running until Ctrl-C.
 
     Embedded NATS + PostgreSQL under the state folder unless NATS_URL / DATABASE_URL are set,
-    and every service, supervised.
+    and every service, supervised. With --backend kubernetes no local node agent runs: the
+    services create, bind and watch pods on the cluster of the kubeconfig (MDQ_K8S_* settings).
     """
     options = _options(ctx)
     stack = Stack(
@@ -172,6 +183,7 @@ def up(
         nats_url=options.nats_url,
         database_url=options.database_url,
         local_nodes=nodes,
+        extra_env={"MDQ_K8S_KUBECONFIG": str(Path(kubeconfig).resolve())} if kubeconfig else None,
     )
 
     async def serve() -> None:
@@ -451,3 +463,8 @@ def nodes(ctx: typer.Context) -> None:
         console.print("no node has reported its load yet")
         return
     console.print(table)
+
+
+app.command("explain")(explain_command)
+app.command("replay")(replay_command)
+app.command("plot")(plot_command)

@@ -6,6 +6,8 @@ meant for plain SQL too (``mdq show`` is only one reader); times are ``timestamp
 kJ/mol, temperatures K. Empty strings of the events are stored as NULL.
 
 The Alembic migrations under ``migrations/`` create exactly these tables; a test compares them.
+Revision 0002 adds read-only views over them for the common questions (``job_timeline``,
+``attempt_history``, ``failures_by_reason``, ``node_utilisation``; see docs/history.md).
 """
 
 from __future__ import annotations
@@ -90,7 +92,10 @@ class Attempt(Base):
     """One attempt of a job (one pod): where it ran, how it ended."""
 
     __tablename__ = "attempts"
-    __table_args__ = (ForeignKeyConstraint(["job_id"], ["jobs.job_id"], ondelete="CASCADE"),)
+    __table_args__ = (
+        ForeignKeyConstraint(["job_id"], ["jobs.job_id"], ondelete="CASCADE"),
+        Index(None, "node", "started_at"),  # revision 0002: node utilisation
+    )
 
     job_id: Mapped[str] = mapped_column(primary_key=True)
     attempt: Mapped[int] = mapped_column(Integer, primary_key=True)

@@ -1,0 +1,350 @@
+"""Benchmark: MD progress events per second from NATS JetStream into PostgreSQL.
+
+Three measurements in one process, on the same NATS server and PostgreSQL server, over the
+same events:
+
+* ``raw_copy_rows_per_s``: asyncpg ``copy_records_to_table`` of rows already in memory
+  (PostgreSQL alone, no NATS);
+* ``raw_pipeline_per_s``: the least a projection must do, with no mdq logic: nats-py pull
+  fetch of the PROGRESS stream in large batches, protobuf decode, ``copy_records_to_table``
+  into a table shaped like ``progress``, ack after the copy;
+* ``events_per_s``: the watcher's projector (``services.watcher.projector.Projector``) on a
+  fresh, migrated database: every event stored once in ``events`` and ``progress``, the jobs
+  folded, the offset committed in the same transaction, ack after commit.
+
+``ratio_vs_raw = events_per_s / raw_pipeline_per_s``. The rounds alternate raw and watcher so
+that background load on the machine hits both; the best round of each is reported. NATS and
+PostgreSQL are started embedded in a temporary folder unless NATS_URL / DATABASE_URL are set.
+The last line printed is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import sys
+import tempfile
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import nats.errors
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "libs")]
+
+from mdq.bus.codec import encode  # noqa: E402
+from mdq.bus.connect import connect  # noqa: E402
+from mdq.bus.subjects import Subjects  # noqa: E402
+from mdq.contracts import pb  # noqa: E402
+from mdq.core.events import make_event  # noqa: E402
+from mdq.core.ids import pod_name  # noqa: E402
+from mdq.embedded import start_nats, start_postgres  # noqa: E402
+from mdq.store.engine import asyncpg_dsn, create_writer_pool  # noqa: E402
+from mdq.store.migrate import upgrade_async  # noqa: E402
+from services.watcher.projector import Projector  # noqa: E402
+from services.watcher.settings import WatcherSettings  # noqa: E402
+
+T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+RAW_TABLE = """
+CREATE UNLOGGED TABLE IF NOT EXISTS {name} (
+    job_id text, attempt int, step bigint, time timestamptz, time_ps float8,
+    potential_kj_mol float8, kinetic_kj_mol float8, temperature_k float8, ns_per_day float8)
+"""
+RAW_COLUMNS = [
+    "job_id",
+    "attempt",
+    "step",
+    "time",
+    "time_ps",
+    "potential_kj_mol",
+    "kinetic_kj_mol",
+    "temperature_k",
+    "ns_per_day",
+]
+
+
+def lifecycle_events(job_ids: list[str]) -> list[pb.Event]:
+    """submitted, bound, started for every job (the jobs the progress is about)."""
+    events = []
+    for number, job in enumerate(job_ids):
+        spec = pb.JobSpec(name=job.split("-", 1)[1], steps=10_000_000, report_interval_steps=10)
+        spec.resources.cpu, spec.resources.memory_mb = 1, 1024
+        node = f"node-{number % 4}"
+        at = T0 + timedelta(milliseconds=number)
+        for kind, body in (
+            ("submitted", pb.JobSubmitted(spec=spec, request_id=job.split("-", 1)[0])),
+            ("bound", pb.JobBound(node=node, pod_name=pod_name(job, 1))),
+            ("started", pb.JobStarted(node=node, pod_name=pod_name(job, 1))),
+        ):
+            attempt = 0 if kind == "submitted" else 1
+            events.append(
+                make_event(kind, body, job_id=job, attempt=attempt, producer="bench", at=at)
+            )
+    return events
+
+
+def progress_events(job_ids: list[str], count: int) -> list[pb.Event]:
+    """``count`` progress reports, round-robin over the jobs, steps increasing."""
+    events = []
+    for index in range(count):
+        job = job_ids[index % len(job_ids)]
+        step = 10 * (index // len(job_ids) + 1)
+        body = pb.Progress(
+            step=step,
+            target_steps=10_000_000,
+            time_ps=step * 0.002,
+            potential_kj_mol=-41_000.0 - (index % 997) * 0.37,
+            kinetic_kj_mol=6_200.0 + (index % 89) * 0.11,
+            temperature_k=300.0 + (index % 13) * 0.07,
+            ns_per_day=31.5,
+            eta_s=3600.0,
+        )
+        at = T0 + timedelta(seconds=1, milliseconds=index)
+        events.append(
+            make_event(
+                "progress", body, job_id=job, attempt=1, producer="runner", at=at, detail=step
+            )
+        )
+    return events
+
+
+async def publish(js: JetStreamContext, subjects: Subjects, events: list[pb.Event]) -> float:
+    """Publish with many acks in flight; return events/s."""
+    started = time.perf_counter()
+    window = 2000
+    for start in range(0, len(events), window):
+        chunk = events[start : start + window]
+        await asyncio.gather(
+            *(
+                js.publish(
+                    subjects.for_event(event),
+                    encode(event),
+                    headers={"Nats-Msg-Id": event.event_id},
+                )
+                for event in chunk
+            )
+        )
+    return len(events) / (time.perf_counter() - started)
+
+
+async def fresh_database(admin_url: str, name: str) -> str:
+    admin = await asyncpg.connect(asyncpg_dsn(admin_url))
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    base, _, query = admin_url.partition("?")
+    return base.rsplit("/", 1)[0] + f"/{name}" + (f"?{query}" if query else "")
+
+
+def row_of(event: pb.Event) -> tuple[Any, ...]:
+    body = event.progress
+    return (
+        event.job_id,
+        event.attempt,
+        body.step,
+        event.time.ToDatetime(tzinfo=UTC),
+        body.time_ps,
+        body.potential_kj_mol,
+        body.kinetic_kj_mol,
+        body.temperature_k,
+        body.ns_per_day,
+    )
+
+
+async def raw_copy(database_url: str, rows: list[tuple[Any, ...]]) -> float:
+    """COPY alone: rows/s of copy_records_to_table, in chunks like a pipeline would send."""
+    connection = await asyncpg.connect(asyncpg_dsn(database_url))
+    try:
+        await connection.execute(RAW_TABLE.format(name="raw_copy"))
+        started = time.perf_counter()
+        for start in range(0, len(rows), 5000):
+            await connection.copy_records_to_table(
+                "raw_copy", records=rows[start : start + 5000], columns=RAW_COLUMNS
+            )
+        return len(rows) / (time.perf_counter() - started)
+    finally:
+        await connection.close()
+
+
+async def raw_pipeline(
+    js: JetStreamContext, subjects: Subjects, database_url: str, *, total: int, batch: int
+) -> float:
+    """Pull-fetch + decode + COPY + ack, no mdq code; events/s."""
+    name = f"raw-{uuid.uuid4().hex[:6]}"
+    table = "raw_" + name.replace("-", "_")
+    await js.add_consumer(
+        subjects.progress_stream,
+        config=ConsumerConfig(
+            durable_name=name,
+            ack_policy=AckPolicy.ALL,
+            deliver_policy=DeliverPolicy.ALL,
+            max_ack_pending=4 * batch,
+        ),
+    )
+    subscription = await js.pull_subscribe_bind(
+        name, stream=subjects.progress_stream, pending_msgs_limit=4 * batch
+    )
+    connection = await asyncpg.connect(asyncpg_dsn(database_url))
+    try:
+        await connection.execute(RAW_TABLE.format(name=table))
+        done = 0
+        started = time.perf_counter()
+        while done < total:
+            try:
+                messages = await subscription.fetch(batch, timeout=1.0)
+            except (TimeoutError, nats.errors.TimeoutError):
+                continue
+            rows = []
+            for message in messages:
+                event = pb.Event()
+                event.ParseFromString(message.data)
+                rows.append(row_of(event))
+            async with connection.transaction():
+                await connection.copy_records_to_table(table, records=rows, columns=RAW_COLUMNS)
+            await messages[-1].ack()
+            done += len(messages)
+        return total / (time.perf_counter() - started)
+    finally:
+        await connection.close()
+        await subscription.unsubscribe()
+        await js.delete_consumer(subjects.progress_stream, name)
+
+
+async def watcher(
+    js: JetStreamContext, subjects: Subjects, database_url: str, *, settings: WatcherSettings
+) -> tuple[float, int]:
+    """The projector from an empty database until both streams are projected; events/s."""
+    await upgrade_async(database_url)
+    pool = await create_writer_pool(database_url, size=settings.pool_size)
+    wanted = {
+        stream: (await js.stream_info(stream)).state.last_seq
+        for stream in (subjects.jobs_stream, subjects.progress_stream)
+    }
+    jobs_consumer = f"watcher-jobs-{uuid.uuid4().hex[:6]}"
+    progress_consumer = f"watcher-progress-{uuid.uuid4().hex[:6]}"
+    projector = Projector(
+        js=js,
+        subjects=subjects,
+        pool=pool,
+        batch_size=settings.batch_size,
+        batch_wait_s=settings.batch_wait_s,
+        jobs_consumer=jobs_consumer,
+        progress_consumer=progress_consumer,
+    )
+    started = time.perf_counter()
+    task = asyncio.create_task(projector.run())
+    try:
+        while True:
+            rows = await pool.fetch("SELECT stream, last_seq FROM consumer_offsets")
+            have = {row["stream"]: row["last_seq"] for row in rows}
+            if all(have.get(stream, 0) >= last for stream, last in wanted.items()):
+                break
+            if task.done():
+                task.result()
+            await asyncio.sleep(0.01)
+        elapsed = time.perf_counter() - started
+        projected = int(await pool.fetchval("SELECT count(*) FROM events"))
+    finally:
+        projector.stop()
+        await asyncio.wait_for(task, timeout=30)
+        for stream, consumer in (
+            (subjects.jobs_stream, jobs_consumer),
+            (subjects.progress_stream, progress_consumer),
+        ):
+            with contextlib.suppress(Exception):
+                await js.delete_consumer(stream, consumer)
+        await pool.close()
+    return sum(wanted.values()) / elapsed, projected
+
+
+async def run(arguments: argparse.Namespace) -> dict[str, Any]:
+    servers = []
+    folder = Path(tempfile.mkdtemp(prefix="mdq-bench-ingest-"))
+    nats_url = os.environ.get("NATS_URL")
+    if not nats_url:
+        server = start_nats(folder / "nats")
+        servers.append(server)
+        nats_url = server.url
+    postgres_url = os.environ.get("DATABASE_URL")
+    if not postgres_url:
+        postgres = start_postgres(folder / "pg", database="bench", keep=False)
+        servers.append(postgres)
+        postgres_url = postgres.url
+    subjects = Subjects("bench" + uuid.uuid4().hex[:8])
+    nc = await connect(nats_url, name="bench-ingest", subjects=subjects)
+    js = nc.jetstream()
+    try:
+        job_ids = [f"0123456789ab-md{number:03d}" for number in range(arguments.jobs)]
+        lifecycle = lifecycle_events(job_ids)
+        progress = progress_events(job_ids, arguments.events)
+        await publish(js, subjects, lifecycle)
+        publish_per_s = await publish(js, subjects, progress)
+        rows = [row_of(event) for event in progress]
+        settings = WatcherSettings()
+        results: dict[str, list[float]] = {"raw_copy": [], "raw": [], "watcher": []}
+        projected = 0
+        for number in range(arguments.rounds):
+            raw_url = await fresh_database(postgres_url, f"bench_raw_{number}")
+            results["raw_copy"].append(await raw_copy(raw_url, rows))
+            results["raw"].append(
+                await raw_pipeline(
+                    js, subjects, raw_url, total=len(progress), batch=arguments.raw_batch
+                )
+            )
+            watcher_url = await fresh_database(postgres_url, f"bench_watcher_{number}")
+            rate, projected = await watcher(js, subjects, watcher_url, settings=settings)
+            results["watcher"].append(rate)
+            print(
+                f"round {number + 1}: raw copy {results['raw_copy'][-1]:,.0f} rows/s, "
+                f"raw pipeline {results['raw'][-1]:,.0f} ev/s, watcher {rate:,.0f} ev/s",
+                flush=True,
+            )
+        if projected != len(progress) + len(lifecycle):
+            raise SystemExit(f"watcher projected {projected} of {len(progress) + len(lifecycle)}")
+        events_per_s, raw_per_s = max(results["watcher"]), max(results["raw"])
+        return {
+            "benchmark": "ingest",
+            "events": len(progress) + len(lifecycle),
+            "progress_events": len(progress),
+            "jobs": arguments.jobs,
+            "rounds": arguments.rounds,
+            "events_per_s": round(events_per_s),
+            "raw_pipeline_per_s": round(raw_per_s),
+            "ratio_vs_raw": round(events_per_s / raw_per_s, 3),
+            "raw_copy_rows_per_s": round(max(results["raw_copy"])),
+            "publish_per_s": round(publish_per_s),
+            "watcher_batch_size": settings.batch_size,
+            "raw_batch_size": arguments.raw_batch,
+            "all_rounds": {key: [round(v) for v in values] for key, values in results.items()},
+            "cpus": os.cpu_count(),
+            "load_avg_1m": round(os.getloadavg()[0], 2),
+        }
+    finally:
+        await nc.drain()
+        for running in reversed(servers):
+            running.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=100_000, help="progress events")
+    parser.add_argument("--jobs", type=int, default=50, help="running jobs they belong to")
+    parser.add_argument("--rounds", type=int, default=2, help="raw/watcher rounds (best kept)")
+    parser.add_argument("--raw-batch", type=int, default=5000, help="raw loop fetch size")
+    result = asyncio.run(run(parser.parse_args()))
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,389 @@
+"""``mdq replay``: a job's whole history straight from the JetStream log, and rebuilding the
+PostgreSQL projection from the log into a fresh database.
+
+``mdq replay JOB`` reads the job's subjects of the JOBS and PROGRESS streams with ordered
+consumers (not PostgreSQL: the log is the source of truth), folds them with the same state
+machine as the services (``JobView.apply``) and prints one line per event with the state it
+led to; events the state machine ignores (a stale attempt, a terminal job) are marked.
+
+``mdq replay --rebuild`` runs the watcher's projection (``mdq.store.projection.Projector``) on
+both streams from their first message into a fresh database, until it holds everything the
+streams held when it started, then stores the offsets under the watcher's consumer names (so
+a watcher pointed at the new database resumes from there). ``--compare`` then checks that the
+rebuilt tables equal the live ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Annotated
+
+import asyncpg
+import typer
+from nats.js import JetStreamContext
+from nats.js.api import DeliverPolicy
+from rich.console import Console
+from rich.table import Table
+
+from mdq.bus.codec import decode_event, to_dict
+from mdq.bus.connect import connect
+from mdq.bus.subjects import Subjects
+from mdq.cli.context import Endpoints, GlobalOptions, NoEndpoint, resolve_endpoints
+from mdq.cli.live import state_text
+from mdq.contracts import pb
+from mdq.core.state import JobView, event_time
+from mdq.store.engine import asyncpg_dsn, create_writer_pool
+from mdq.store.migrate import upgrade_async
+from mdq.store.projection import JOBS_CONSUMER, PROGRESS_CONSUMER, Projector
+
+PROJECTED_TABLES = (
+    "jobs",
+    "attempts",
+    "events",
+    "progress",
+    "checkpoints",
+    "placements",
+    "rejections",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LoggedEvent:
+    """One event as the log holds it."""
+
+    stream: str
+    sequence: int
+    event: pb.Event
+
+    @property
+    def kind(self) -> str:
+        return self.event.WhichOneof("body") or ""
+
+    @property
+    def at(self) -> datetime:
+        return event_time(self.event)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayLine:
+    """An event and what the state machine made of it."""
+
+    logged: LoggedEvent
+    applied: bool
+    state: str
+    attempt: int
+
+
+async def read_subject(js: JetStreamContext, stream: str, subject: str) -> list[LoggedEvent]:
+    """Every message stored on ``subject`` now, in stream order (an ordered consumer)."""
+    subscription = await js.subscribe(
+        subject, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL
+    )
+    logged: list[LoggedEvent] = []
+    try:
+        info = await subscription.consumer_info()
+        delivered = info.delivered.consumer_seq if info.delivered else 0
+        total = (info.num_pending or 0) + (delivered or 0)
+        while len(logged) < total:
+            message = await subscription.next_msg(timeout=5.0)
+            with contextlib.suppress(Exception):
+                logged.append(
+                    LoggedEvent(
+                        stream=stream,
+                        sequence=message.metadata.sequence.stream,
+                        event=decode_event(message.data),
+                    )
+                )
+    finally:
+        await subscription.unsubscribe()
+    return logged
+
+
+async def read_job_log(js: JetStreamContext, subjects: Subjects, job_id: str) -> list[LoggedEvent]:
+    """The job's lifecycle and progress events, merged in the order they happened."""
+    lifecycle, progress = await asyncio.gather(
+        read_subject(js, subjects.jobs_stream, subjects.job_all(job_id)),
+        read_subject(js, subjects.progress_stream, subjects.progress(job_id)),
+    )
+    return sorted(lifecycle + progress, key=lambda item: (item.at, item.stream, item.sequence))
+
+
+def fold(logged: Sequence[LoggedEvent]) -> list[ReplayLine]:
+    """Fold the events with ``JobView.apply``; the state after each one."""
+    view: JobView | None = None
+    lines: list[ReplayLine] = []
+    for item in logged:
+        if item.kind == "submitted":
+            applied = view is None
+            view = view or JobView.from_submitted(item.event)
+        else:
+            applied = view is not None and view.apply(item.event)
+        state = view.state.value if view is not None else "-"
+        lines.append(
+            ReplayLine(
+                logged=item, applied=applied, state=state, attempt=view.attempt if view else 0
+            )
+        )
+    return lines
+
+
+def _detail(event: pb.Event) -> str:
+    kind = event.WhichOneof("body") or ""
+    if kind == "progress":
+        body = event.progress
+        return (
+            f"step {body.step}/{body.target_steps}  E {body.potential_kj_mol:,.1f} kJ/mol  "
+            f"T {body.temperature_k:.1f} K  {body.ns_per_day:.1f} ns/day"
+            + (f"  {body.done_reason}" if body.done_reason else "")
+        )
+    values = to_dict(getattr(event, kind)) if kind else {}
+    parts = []
+    for key, value in values.items():
+        if isinstance(value, (dict, list)):
+            if key in ("resume_from",) and isinstance(value, dict):
+                parts.append(f"resume_from.step={value.get('step', 0)}")
+            continue
+        parts.append(f"{key}={value}")
+    return " ".join(parts)[:110]
+
+
+def timeline_table(job_id: str, lines: Sequence[ReplayLine], *, progress_every: int = 1) -> Table:
+    """The replay as a table; with ``progress_every`` > 1 only every n-th progress report
+    (and the last one of each attempt) is shown."""
+    table = Table(title=f"replay of {job_id} from the log ({len(lines)} events)")
+    for column in ("time", "stream:seq", "att", "event", "state", "detail"):
+        table.add_column(column)
+    seen_progress = 0
+    for index, line in enumerate(lines):
+        item = line.logged
+        if item.kind == "progress":
+            seen_progress += 1
+            following = lines[index + 1] if index + 1 < len(lines) else None
+            last_of_run = following is None or following.logged.kind != "progress"
+            if progress_every > 1 and seen_progress % progress_every and not last_of_run:
+                continue
+        kind = item.kind if line.applied else f"[dim]{item.kind} (ignored)[/]"
+        table.add_row(
+            item.at.astimezone(UTC).strftime("%H:%M:%S.%f")[:-3],
+            f"{item.stream.rsplit('_', 1)[-1]}:{item.sequence}",
+            str(item.event.attempt),
+            kind,
+            state_text(line.state),
+            _detail(item.event),
+        )
+    return table
+
+
+# -- rebuilding ----------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class RebuildReport:
+    """What a rebuild did."""
+
+    database_url: str
+    events: int
+    seconds: float
+    last_seq: dict[str, int]
+
+
+async def _fresh_database(database_url: str) -> str:
+    """Create an empty database next to ``database_url``'s; return its URL."""
+    name = "mdq_rebuild_" + time.strftime("%Y%m%d_%H%M%S") + "_" + uuid.uuid4().hex[:4]
+    admin = await asyncpg.connect(asyncpg_dsn(database_url))
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    base, _, query = database_url.partition("?")
+    return base.rsplit("/", 1)[0] + f"/{name}" + (f"?{query}" if query else "")
+
+
+async def rebuild(
+    js: JetStreamContext,
+    subjects: Subjects,
+    database_url: str,
+    *,
+    batch_size: int = 2000,
+    timeout_s: float = 600.0,
+) -> RebuildReport:
+    """Project both streams from the start into ``database_url`` (migrated here; it must hold
+    no jobs yet) until it has what the streams held at the start."""
+    await upgrade_async(database_url)
+    pool = await create_writer_pool(database_url, size=2)
+    token = uuid.uuid4().hex[:8]
+    names = {
+        subjects.jobs_stream: (f"rebuild-jobs-{token}", JOBS_CONSUMER),
+        subjects.progress_stream: (f"rebuild-progress-{token}", PROGRESS_CONSUMER),
+    }
+    try:
+        if await pool.fetchval("SELECT count(*) FROM jobs"):
+            raise ValueError("the database to rebuild into already holds jobs: use a fresh one")
+        await pool.execute("DELETE FROM consumer_offsets")
+        wanted = {stream: (await js.stream_info(stream)).state.last_seq or 0 for stream in names}
+        projector = Projector(
+            js=js,
+            subjects=subjects,
+            pool=pool,
+            batch_size=batch_size,
+            jobs_consumer=names[subjects.jobs_stream][0],
+            progress_consumer=names[subjects.progress_stream][0],
+        )
+        started = time.monotonic()
+        task = asyncio.create_task(projector.run())
+        try:
+            while True:
+                rows = await pool.fetch("SELECT stream, last_seq FROM consumer_offsets")
+                have = {row["stream"]: row["last_seq"] for row in rows}
+                if all(have.get(stream, 0) >= last for stream, last in wanted.items()):
+                    break
+                if task.done():
+                    task.result()
+                    raise RuntimeError("the projection stopped before it caught up")
+                if time.monotonic() - started > timeout_s:
+                    raise TimeoutError(f"not rebuilt within {timeout_s:g} s: {have} of {wanted}")
+                await asyncio.sleep(0.05)
+        finally:
+            projector.stop()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(task, timeout=30)
+            for stream, (temporary, _) in names.items():
+                with contextlib.suppress(Exception):
+                    await js.delete_consumer(stream, temporary)
+        seconds = time.monotonic() - started
+        for temporary, live in names.values():
+            await pool.execute(
+                "UPDATE consumer_offsets SET consumer = $2 WHERE consumer = $1", temporary, live
+            )
+        return RebuildReport(
+            database_url=database_url,
+            events=projector.events_projected,
+            seconds=seconds,
+            last_seq=wanted,
+        )
+    finally:
+        await pool.close()
+
+
+async def table_contents(database_url: str) -> dict[str, list[tuple[str, ...]]]:
+    """Every projected table (not the offsets), rows as sorted text tuples."""
+    connection = await asyncpg.connect(asyncpg_dsn(database_url))
+    try:
+        tables: dict[str, list[tuple[str, ...]]] = {}
+        for table in PROJECTED_TABLES:
+            rows = await connection.fetch(f"SELECT * FROM {table}")
+            tables[table] = sorted(tuple(str(value) for value in row.values()) for row in rows)
+        return tables
+    finally:
+        await connection.close()
+
+
+async def compare(live_url: str, rebuilt_url: str) -> dict[str, tuple[int, int]]:
+    """Tables that differ: {table: (rows only in live, rows only in rebuilt)}."""
+    live, rebuilt = await asyncio.gather(table_contents(live_url), table_contents(rebuilt_url))
+    differences: dict[str, tuple[int, int]] = {}
+    for table in PROJECTED_TABLES:
+        only_live = set(live[table]) - set(rebuilt[table])
+        only_rebuilt = set(rebuilt[table]) - set(live[table])
+        if only_live or only_rebuilt:
+            differences[table] = (len(only_live), len(only_rebuilt))
+    return differences
+
+
+# -- the command ---------------------------------------------------------------------------
+console = Console()
+err_console = Console(stderr=True)
+
+
+def _endpoints(ctx: typer.Context) -> Endpoints:
+    options = ctx.obj
+    if not isinstance(options, GlobalOptions):
+        raise typer.BadParameter("internal: global options missing")
+    try:
+        return resolve_endpoints(options)
+    except NoEndpoint as error:
+        err_console.print(f"[red]{error}[/]")
+        raise typer.Exit(3) from None
+
+
+async def _replay_job(endpoints: Endpoints, job_id: str, progress_every: int) -> int:
+    subjects = Subjects(endpoints.namespace)
+    nc = await connect(endpoints.nats_url, name="mdq-replay")
+    try:
+        logged = await read_job_log(nc.jetstream(), subjects, job_id)
+    finally:
+        await nc.drain()
+    if not logged:
+        err_console.print(f"[red]no events of job {job_id} in the log[/]")
+        return 1
+    console.print(timeline_table(job_id, fold(logged), progress_every=progress_every))
+    return 0
+
+
+async def _rebuild(endpoints: Endpoints, into: str | None, check: bool, batch_size: int) -> int:
+    live_url = endpoints.database_url
+    if into is None:
+        if not live_url:
+            err_console.print("[red]--rebuild needs --into URL or a DATABASE_URL to sit next to[/]")
+            return 3
+        into = await _fresh_database(live_url)
+    subjects = Subjects(endpoints.namespace)
+    nc = await connect(endpoints.nats_url, name="mdq-rebuild")
+    try:
+        report = await rebuild(nc.jetstream(), subjects, into, batch_size=batch_size)
+    finally:
+        await nc.drain()
+    rate = report.events / report.seconds if report.seconds else 0.0
+    console.print(
+        f"rebuilt {report.events} events into {report.database_url} in {report.seconds:.1f} s "
+        f"({rate:,.0f} events/s); stream positions {report.last_seq}"
+    )
+    if not check:
+        return 0
+    if not live_url:
+        err_console.print("[red]--compare needs the live DATABASE_URL[/]")
+        return 3
+    differences = await compare(live_url, into)
+    if differences:
+        for table, (only_live, only_rebuilt) in differences.items():
+            console.print(
+                f"[red]{table}[/]: {only_live} rows only in the live projection, "
+                f"{only_rebuilt} only in the rebuilt one"
+            )
+        return 1
+    console.print("[green]the rebuilt projection equals the live one[/]")
+    return 0
+
+
+def replay(
+    ctx: typer.Context,
+    job_id: Annotated[str | None, typer.Argument(help="The job to replay.")] = None,
+    rebuild_flag: Annotated[
+        bool, typer.Option("--rebuild", help="Rebuild the PostgreSQL projection from the log.")
+    ] = False,
+    into: Annotated[
+        str | None,
+        typer.Option(help="Database to rebuild into (default: a new one on the same server)."),
+    ] = None,
+    check: Annotated[
+        bool, typer.Option("--compare", help="After --rebuild, compare with the live database.")
+    ] = False,
+    progress_every: Annotated[
+        int, typer.Option(help="Show every n-th progress report (and the last of each run).")
+    ] = 1,
+    batch_size: Annotated[int, typer.Option(help="Events per transaction when rebuilding.")] = 2000,
+) -> None:
+    """A job's whole timeline from the JetStream log, or --rebuild the projection from it."""
+    endpoints = _endpoints(ctx)
+    if rebuild_flag:
+        code = asyncio.run(_rebuild(endpoints, into, check, batch_size))
+    elif job_id:
+        code = asyncio.run(_replay_job(endpoints, job_id, max(1, progress_every)))
+    else:
+        err_console.print("[red]give a JOB to replay, or --rebuild[/]")
+        code = 2
+    raise typer.Exit(code)

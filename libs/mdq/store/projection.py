@@ -1,0 +1,967 @@
+"""The projection of the event log into PostgreSQL (DESIGN invariants 1 and 2).
+
+The watcher service runs it as the single writer of the database (``services.watcher``);
+``mdq replay --rebuild`` runs the same code into a fresh database, so a rebuilt projection
+equals the live one. Two durable pull consumers read the JOBS
+stream (every ``job.<id>.<kind>`` event and ``rejected.<request>``) and the PROGRESS stream in
+batches (up to ``batch_size`` messages, or what arrived within ``batch_wait_s``). Each batch is
+applied in ONE transaction that also moves the consumer's offset, and only acknowledged after
+the commit:
+
+* ``events``: every event once, keyed by its deterministic event id (``ON CONFLICT DO
+  NOTHING ... RETURNING``); an event whose id is already stored (a republished copy) has no
+  other effect, so replays and republishes change nothing.
+* ``jobs`` / ``attempts``: the rows of the jobs touched by the batch are locked, turned back
+  into ``mdq.core.state.JobView`` objects, the batch's events are folded in stream order with
+  ``JobView.apply`` (the same state machine as placement, recovery and ``mdq replay``: fencing
+  by attempt, terminal states accept nothing), and the changed rows are written back with
+  absolute values. Times come from the events, so the projection is deterministic: a database
+  rebuilt from the log is identical.
+* ``progress``, ``checkpoints``, ``placements``, ``rejections``: multi-row ``INSERT ... SELECT
+  FROM unnest(...) ON CONFLICT DO NOTHING``.
+* ``consumer_offsets``: the last stream sequence, locked at the start of the transaction.
+
+Messages at or below the stored offset are skipped (redeliveries). Delivery must be gap-free
+for the offset to be a cursor, so a gap (a message delivered to a process that was killed
+before committing it, then acknowledged implicitly by a later ``AckAll``) is never papered
+over: on start, and whenever a gap shows up, the durable consumer is recreated to start right
+after the stored offset. After a kill -9 mid-batch the transaction is rolled back and the
+restarted projector resumes exactly after the last committed batch.
+
+Why asyncpg and not a SQLAlchemy engine for the writer: every write here is one set-based
+statement with array parameters per table per batch (the hot path is progress events, compared
+in bench/ against raw asyncpg COPY); asyncpg binds typed arrays directly, caches the prepared
+statements and adds no per-row cost, and the ORM's unit of work has nothing to offer to an
+idempotent projection. Readers (``mdq.store.queries``) use SQLAlchemy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, NamedTuple
+
+import asyncpg
+import nats.errors
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError, Message
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, ConsumerInfo, DeliverPolicy
+from nats.js.errors import NotFoundError
+
+from mdq.bus.codec import decode_event
+from mdq.bus.subjects import Subjects
+from mdq.contracts import pb
+from mdq.core.state import AttemptRecord, JobState, JobView, event_time
+
+log = logging.getLogger("mdq.store.projection")
+
+JOBS_CONSUMER = "watcher-jobs"
+PROGRESS_CONSUMER = "watcher-progress"
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerLag:
+    """How far one of the projector's consumers is behind its stream."""
+
+    consumer: str
+    stream: str
+    pending: int
+    """Messages in the stream not yet delivered to the projector."""
+    ack_pending: int
+    """Messages delivered but not yet committed and acknowledged."""
+    projected_seq: int
+    """Last stream sequence committed to PostgreSQL by this process (0 before the first)."""
+
+    @property
+    def total(self) -> int:
+        return self.pending + self.ack_pending
+
+
+@dataclass(slots=True)
+class _Feed:
+    """One stream, its durable consumer and where the projection of it stands."""
+
+    stream: str
+    consumer: str
+    subscription: JetStreamContext.PullSubscription | None = None
+    trusted_start: int = 0
+    """Set after (re)creating the consumer at this sequence: the first message delivered is
+    the first one that exists at or after it, so a jump there is not a gap."""
+    projected_seq: int = 0
+
+
+def _blank(text: str) -> str | None:
+    return text or None
+
+
+def _json(message: Message) -> str:
+    return json_format.MessageToJson(message, preserving_proto_field_name=True, indent=None)
+
+
+_PROGRESS_DOUBLES = (
+    "time_ps",
+    "potential_kj_mol",
+    "kinetic_kj_mol",
+    "temperature_k",
+    "ns_per_day",
+    "eta_s",
+)
+
+
+def progress_json(body: pb.Progress) -> str:
+    """Exactly ``_json(body)`` for a ``Progress`` (the protobuf JSON mapping, fields in number
+    order, defaults left out, int64 as strings), built directly: the hot path of the
+    projection stores one per progress report, and ``json_format`` costs ~10x more.
+    Non-finite numbers (rare, and spelled "NaN"/"Infinity" by the mapping) go the slow way."""
+    parts: list[str] = []
+    if step := body.step:
+        parts.append(f'"step": "{step}"')
+    if target := body.target_steps:
+        parts.append(f'"target_steps": "{target}"')
+    for name in _PROGRESS_DOUBLES:
+        value: float = getattr(body, name)
+        if value or math.copysign(1.0, value) < 0:  # -0.0 is stored, so it is shown
+            if not math.isfinite(value):
+                return _json(body)
+            parts.append(f'"{name}": {value!r}')
+    if body.done_reason:
+        parts.append('"done_reason": ' + json.dumps(body.done_reason))
+    return "{" + ", ".join(parts) + "}"
+
+
+# -- the jobs and attempts rows in memory --------------------------------------------------
+
+_JOB_COLUMNS = (
+    "job_id, request_id, name, task, state, attempt, priority_class, node, pod_name, "
+    "spec::text AS spec, depends_on, submitted_by, submitted_at, updated_at, target_steps, "
+    "last_step, last_potential_kj_mol, last_temperature_k, last_ns_per_day, last_progress_at, "
+    "done_reason, final_reason, final_message, latest_checkpoint_step"
+)
+_ATTEMPT_COLUMNS = (
+    "job_id, attempt, node, pod_name, bound_at, started_at, ended_at, exit_code, "
+    "failure_reason, failure_message, resumed_from_step, steps_lost, last_step"
+)
+
+
+@dataclass(slots=True)
+class _JobRow:
+    """A job being projected: its ``JobView`` plus the columns the view does not track."""
+
+    view: JobView
+    name: str
+    task: str
+    priority_class: str
+    spec_json: str
+    submitted_by: str
+    target_steps: int
+    updated_at: datetime
+    last_temperature_k: float | None = None
+    last_ns_per_day: float | None = None
+    bound_at: dict[int, datetime] = field(default_factory=dict)
+    attempt_last_step: dict[int, int] = field(default_factory=dict)
+    is_new: bool = False
+    stored: tuple[Any, ...] | None = None
+    stored_attempts: dict[int, tuple[Any, ...]] = field(default_factory=dict)
+
+    @classmethod
+    def from_submitted(cls, event: pb.Event) -> _JobRow:
+        body = event.submitted
+        return cls(
+            view=JobView.from_submitted(event),
+            name=body.spec.name,
+            task=pb.Task.Name(body.spec.task or pb.TASK_MD),  # unset means MD (the proto)
+            priority_class=body.spec.priority_class or "normal",
+            spec_json=_json(body.spec),
+            submitted_by=body.submitted_by,
+            target_steps=body.spec.steps,
+            updated_at=event_time(event),
+            is_new=True,
+        )
+
+    @classmethod
+    def from_record(cls, job: asyncpg.Record, attempts: Sequence[asyncpg.Record]) -> _JobRow:
+        # The fold never reads the spec (placement does) and the row keeps its JSON as stored,
+        # so it is not parsed here: that parse was the most expensive part of a batch.
+        spec = pb.JobSpec()
+        checkpoint_step = job["latest_checkpoint_step"]
+        view = JobView(
+            job_id=job["job_id"],
+            spec=spec,
+            request_id=job["request_id"],
+            depends_on_ids=tuple(job["depends_on"]),
+            submitted_at=job["submitted_at"],
+            state=JobState(job["state"]),
+            attempt=job["attempt"],
+            node=job["node"] or "",
+            pod_name=job["pod_name"] or "",
+            last_step=job["last_step"],
+            last_progress_at=job["last_progress_at"],
+            last_potential=job["last_potential_kj_mol"],
+            done_reason=job["done_reason"] or "",
+            latest_checkpoint=(
+                None if checkpoint_step is None else pb.Checkpoint(step=checkpoint_step)
+            ),
+            final_reason=job["final_reason"] or "",
+            final_message=job["final_message"] or "",
+        )
+        row = cls(
+            view=view,
+            name=job["name"],
+            task=job["task"],
+            priority_class=job["priority_class"],
+            spec_json=job["spec"],
+            submitted_by=job["submitted_by"] or "",
+            target_steps=job["target_steps"],
+            updated_at=job["updated_at"],
+            last_temperature_k=job["last_temperature_k"],
+            last_ns_per_day=job["last_ns_per_day"],
+        )
+        for attempt in attempts:
+            number = attempt["attempt"]
+            failure = None
+            if attempt["failure_reason"] is not None:
+                failure = pb.AttemptFailed(
+                    reason=attempt["failure_reason"],
+                    exit_code=attempt["exit_code"] or 0,
+                    message=attempt["failure_message"] or "",
+                    node=attempt["node"] or "",
+                )
+            view.attempts[number] = AttemptRecord(
+                attempt=number,
+                node=attempt["node"] or "",
+                pod_name=attempt["pod_name"] or "",
+                resumed_from_step=attempt["resumed_from_step"],
+                started_at=attempt["started_at"],
+                ended_at=attempt["ended_at"],
+                failure=failure,
+                steps_lost=attempt["steps_lost"],
+            )
+            if attempt["bound_at"] is not None:
+                row.bound_at[number] = attempt["bound_at"]
+            row.attempt_last_step[number] = attempt["last_step"]
+        row.stored = row.job_update()
+        row.stored_attempts = {number: row.attempt_row(number) for number in view.attempts}
+        return row
+
+    def apply(self, event: pb.Event) -> None:
+        """Fold one event with the core state machine; record what the view does not keep."""
+        if not self.view.apply(event):
+            return
+        at = event_time(event)
+        self.updated_at = at
+        attempt = self.view.attempt
+        match event.WhichOneof("body"):
+            case "bound":
+                self.bound_at[attempt] = at
+            case "progress":
+                body = event.progress
+                self.last_temperature_k = body.temperature_k
+                self.last_ns_per_day = body.ns_per_day
+                self.target_steps = body.target_steps or self.target_steps
+                self.attempt_last_step[attempt] = body.step
+            case "succeeded":
+                previous = self.attempt_last_step.get(attempt, 0)
+                self.attempt_last_step[attempt] = max(previous, event.succeeded.final_step)
+            case "attempt_failed":
+                previous = self.attempt_last_step.get(attempt, 0)
+                self.attempt_last_step[attempt] = max(previous, event.attempt_failed.last_step)
+            case "requeued":
+                self.attempt_last_step[attempt] = self.view.last_step
+            case _:
+                pass
+
+    def catch_up(self, latest: dict[tuple[str, int], pb.Event]) -> None:
+        """Fold the latest stored progress report of the current attempt, if not yet seen."""
+        report = latest.get((self.view.job_id, self.view.attempt))
+        if report is None:
+            return
+        if self.view.last_progress_at is None or report.progress.step > self.view.last_step:
+            self.apply(report)
+
+    def job_update(self) -> tuple[Any, ...]:
+        """The mutable columns, in the order of ``_UPDATE_JOB``."""
+        view = self.view
+        checkpoint = view.latest_checkpoint
+        return (
+            view.job_id,
+            view.state.value,
+            view.attempt,
+            _blank(view.node),
+            _blank(view.pod_name),
+            self.updated_at,
+            self.target_steps,
+            view.last_step,
+            view.last_potential,
+            self.last_temperature_k,
+            self.last_ns_per_day,
+            view.last_progress_at,
+            _blank(view.done_reason),
+            _blank(view.final_reason),
+            _blank(view.final_message),
+            None if checkpoint is None else checkpoint.step,
+        )
+
+    def job_insert(self) -> tuple[Any, ...]:
+        """Every column, in the order of ``_INSERT_JOB``."""
+        view = self.view
+        return (
+            *self.job_update(),
+            view.request_id,
+            self.name,
+            self.task,
+            self.priority_class,
+            self.spec_json,
+            list(view.depends_on_ids),
+            _blank(self.submitted_by),
+            view.submitted_at,
+        )
+
+    def attempt_row(self, number: int) -> tuple[Any, ...]:
+        """One attempts row, in the order of ``_UPSERT_ATTEMPT``."""
+        record = self.view.attempts[number]
+        failure = record.failure
+        return (
+            self.view.job_id,
+            number,
+            _blank(record.node),
+            _blank(record.pod_name),
+            self.bound_at.get(number),
+            record.started_at,
+            record.ended_at,
+            None if failure is None else failure.exit_code,
+            None if failure is None else pb.FailureReason.Name(failure.reason),
+            None if failure is None else _blank(failure.message),
+            record.resumed_from_step,
+            record.steps_lost,
+            self.attempt_last_step.get(number, 0),
+        )
+
+
+_UPDATE_JOB = """
+UPDATE jobs SET state = $2, attempt = $3, node = $4, pod_name = $5, updated_at = $6,
+    target_steps = $7, last_step = $8, last_potential_kj_mol = $9, last_temperature_k = $10,
+    last_ns_per_day = $11, last_progress_at = $12, done_reason = $13, final_reason = $14,
+    final_message = $15, latest_checkpoint_step = $16
+WHERE job_id = $1
+"""
+_INSERT_JOB = """
+INSERT INTO jobs (job_id, state, attempt, node, pod_name, updated_at, target_steps, last_step,
+    last_potential_kj_mol, last_temperature_k, last_ns_per_day, last_progress_at, done_reason,
+    final_reason, final_message, latest_checkpoint_step, request_id, name, task, priority_class,
+    spec, depends_on, submitted_by, submitted_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19,
+    $20, $21::jsonb, $22, $23, $24)
+ON CONFLICT (job_id) DO NOTHING
+"""
+_UPSERT_ATTEMPT = """
+INSERT INTO attempts (job_id, attempt, node, pod_name, bound_at, started_at, ended_at,
+    exit_code, failure_reason, failure_message, resumed_from_step, steps_lost, last_step)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+ON CONFLICT (job_id, attempt) DO UPDATE SET node = EXCLUDED.node,
+    pod_name = EXCLUDED.pod_name, bound_at = EXCLUDED.bound_at,
+    started_at = EXCLUDED.started_at, ended_at = EXCLUDED.ended_at,
+    exit_code = EXCLUDED.exit_code, failure_reason = EXCLUDED.failure_reason,
+    failure_message = EXCLUDED.failure_message, resumed_from_step = EXCLUDED.resumed_from_step,
+    steps_lost = EXCLUDED.steps_lost, last_step = EXCLUDED.last_step
+"""
+_INSERT_EVENTS = """
+INSERT INTO events (event_id, stream, stream_seq, job_id, attempt, kind, time, producer, body)
+SELECT e.event_id, $2, e.seq, e.job_id, e.attempt, e.kind, e.time, e.producer, e.body::jsonb
+FROM unnest($1::text[], $3::bigint[], $4::text[], $5::int[], $6::text[], $7::timestamptz[],
+    $8::text[], $9::text[]) AS e(event_id, seq, job_id, attempt, kind, time, producer, body)
+ON CONFLICT (event_id) DO NOTHING
+RETURNING event_id
+"""
+_INSERT_PROGRESS = """
+INSERT INTO progress (job_id, attempt, step, time, time_ps, potential_kj_mol, kinetic_kj_mol,
+    temperature_k, ns_per_day)
+SELECT * FROM unnest($1::text[], $2::int[], $3::bigint[], $4::timestamptz[], $5::float8[],
+    $6::float8[], $7::float8[], $8::float8[], $9::float8[])
+ON CONFLICT DO NOTHING
+"""
+_INSERT_CHECKPOINTS = """
+INSERT INTO checkpoints (job_id, attempt, step, path, sha256, size_bytes, time_ps, time)
+SELECT * FROM unnest($1::text[], $2::int[], $3::bigint[], $4::text[], $5::text[],
+    $6::bigint[], $7::float8[], $8::timestamptz[])
+ON CONFLICT DO NOTHING
+"""
+_INSERT_PLACEMENTS = """
+INSERT INTO placements (job_id, attempt, node, candidates, time)
+SELECT p.job_id, p.attempt, p.node, p.candidates::jsonb, p.time
+FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::timestamptz[])
+    AS p(job_id, attempt, node, candidates, time)
+ON CONFLICT DO NOTHING
+"""
+_INSERT_REJECTIONS = """
+INSERT INTO rejections (request_id, idempotency_key, field, message, time)
+SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::timestamptz[])
+ON CONFLICT DO NOTHING
+"""
+_LOCK_OFFSET = """
+INSERT INTO consumer_offsets (consumer, stream, last_seq, updated_at)
+VALUES ($1, $2, 0, now()) ON CONFLICT (consumer) DO NOTHING
+"""
+_READ_OFFSET = "SELECT last_seq FROM consumer_offsets WHERE consumer = $1 FOR UPDATE"
+_WRITE_OFFSET = """
+UPDATE consumer_offsets SET last_seq = GREATEST(last_seq, $2), stream = $3, updated_at = now()
+WHERE consumer = $1
+"""
+
+
+_LATEST_REPORTS = """
+SELECT t.job_id, p.step, p.time, p.potential_kj_mol, p.temperature_k, p.ns_per_day
+FROM unnest($1::text[], $2::int[], $3::timestamptz[]) AS t(job_id, attempt, until)
+CROSS JOIN LATERAL (
+    SELECT step, time, potential_kj_mol, temperature_k, ns_per_day FROM progress p
+    WHERE p.job_id = t.job_id AND p.attempt = t.attempt AND (t.until IS NULL OR p.time <= t.until)
+    ORDER BY p.step DESC LIMIT 1  -- the primary key (job_id, attempt, step), read backwards
+) AS p
+"""
+
+
+async def _settle_progress(connection: asyncpg.Connection, rows: dict[str, _JobRow]) -> None:
+    """Make the "last progress" columns independent of how the two streams interleaved.
+
+    The JOBS and PROGRESS streams are consumed independently, so the fold may see a job's
+    reports before its ``bound``/``started`` (``started`` then sets ``last_progress_at`` to
+    its own, older time) or after its terminal event (which accepts nothing). Either way the
+    answer must be the same, or a projection rebuilt from the log would differ from the live
+    one: the latest stored report (highest step) of the job's current attempt, up to the
+    attempt's end, sets the progress columns unless the fold already holds a later report.
+    """
+    wanted = [
+        (job_id, row.view.attempt, row.view.current.ended_at)
+        for job_id, row in rows.items()
+        if row.view.state.value not in ("WAITING", "PENDING")
+    ]
+    if not wanted:
+        return
+    for record in await connection.fetch(_LATEST_REPORTS, *_columns(wanted, 3)):
+        row = rows[record["job_id"]]
+        view, at = row.view, record["time"]
+        if view.last_progress_at is not None and at < view.last_progress_at:
+            continue
+        view.last_step = max(view.last_step, record["step"])
+        view.last_potential = record["potential_kj_mol"]
+        view.last_progress_at = at
+        row.last_temperature_k = record["temperature_k"]
+        row.last_ns_per_day = record["ns_per_day"]
+        row.updated_at = max(row.updated_at, at)
+        attempt = view.attempt
+        row.attempt_last_step[attempt] = max(row.attempt_last_step.get(attempt, 0), record["step"])
+
+
+_LATEST_PROGRESS = """
+SELECT DISTINCT ON (job_id, attempt) event_id, job_id, attempt, time, producer, body::text
+FROM events
+WHERE job_id = ANY($1::text[]) AND kind = 'progress'
+ORDER BY job_id, attempt, stream_seq DESC
+"""
+
+
+async def _latest_progress(
+    connection: asyncpg.Connection, job_ids: list[str]
+) -> dict[tuple[str, int], pb.Event]:
+    """The last stored progress event of every attempt of ``job_ids``."""
+    latest: dict[tuple[str, int], pb.Event] = {}
+    for record in await connection.fetch(_LATEST_PROGRESS, job_ids):
+        event = pb.Event(
+            event_id=record["event_id"],
+            job_id=record["job_id"],
+            attempt=record["attempt"],
+            producer=record["producer"],
+        )
+        event.time.FromDatetime(record["time"])
+        json_format.Parse(record["body"], event.progress, ignore_unknown_fields=True)
+        latest[(record["job_id"], record["attempt"])] = event
+    return latest
+
+
+async def _cancel(task: asyncio.Task[list[Msg]] | None) -> None:
+    """Cancel a fetch running ahead and wait for it to end (its messages are dropped)."""
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+
+
+def _columns(rows: Sequence[tuple[Any, ...]], width: int) -> list[list[Any]]:
+    """Rows to columns, for ``unnest($1::type[], ...)``."""
+    if not rows:
+        return [[] for _ in range(width)]
+    return [list(column) for column in zip(*rows, strict=True)]
+
+
+class _Fact(NamedTuple):
+    """An event of the batch with what every table needs of it, computed once."""
+
+    sequence: int
+    event: pb.Event
+    kind: str
+    at: datetime
+
+
+@dataclass(slots=True)
+class _BatchOutcome:
+    """What one transaction did: the highest sequence it covers and where to rewind, if any."""
+
+    covered_seq: int
+    rewind_at: int | None
+    projected: int
+
+
+class Projector:
+    """Consumes the JOBS and PROGRESS streams and projects them into PostgreSQL."""
+
+    def __init__(
+        self,
+        *,
+        js: JetStreamContext,
+        subjects: Subjects,
+        pool: asyncpg.Pool,
+        batch_size: int = 500,
+        batch_wait_s: float = 0.2,
+        ack_wait_s: float = 60.0,
+        jobs_consumer: str = JOBS_CONSUMER,
+        progress_consumer: str = PROGRESS_CONSUMER,
+        max_retry_delay_s: float = 5.0,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        self._js = js
+        self._subjects = subjects
+        self._pool = pool
+        self._batch_size = batch_size
+        self._batch_wait_s = batch_wait_s
+        self._ack_wait_s = ack_wait_s
+        self._max_retry_delay_s = max_retry_delay_s
+        self._feeds = (
+            _Feed(stream=subjects.jobs_stream, consumer=jobs_consumer),
+            _Feed(stream=subjects.progress_stream, consumer=progress_consumer),
+        )
+        self._stopping = asyncio.Event()
+        self._write_lock = asyncio.Lock()
+        self.events_projected = 0
+        """Events applied (not counting skipped redeliveries and duplicates), for metrics."""
+
+    # -- life cycle ------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Project both streams until ``stop()`` is called."""
+        self._stopping.clear()
+        try:
+            async with asyncio.TaskGroup() as group:
+                for feed in self._feeds:
+                    group.create_task(self._follow(feed), name=f"projector-{feed.consumer}")
+        finally:
+            for feed in self._feeds:
+                await self._unsubscribe(feed)
+
+    def stop(self) -> None:
+        """Ask ``run()`` to return after the batch in hand is committed (or abandoned)."""
+        self._stopping.set()
+
+    async def lag(self) -> list[ConsumerLag]:
+        """How far each consumer is behind its stream (for metrics and logs)."""
+        lags = []
+        for feed in self._feeds:
+            try:
+                info = await self._js.consumer_info(feed.stream, feed.consumer)
+                pending, ack_pending = info.num_pending or 0, info.num_ack_pending or 0
+            except NotFoundError:
+                stream = await self._js.stream_info(feed.stream)
+                pending, ack_pending = max(0, stream.state.last_seq - feed.projected_seq), 0
+            lags.append(
+                ConsumerLag(
+                    consumer=feed.consumer,
+                    stream=feed.stream,
+                    pending=pending,
+                    ack_pending=ack_pending,
+                    projected_seq=feed.projected_seq,
+                )
+            )
+        return lags
+
+    # -- consuming -------------------------------------------------------------------------
+    async def _follow(self, feed: _Feed) -> None:
+        """Fetch and project batches until stopped; any unexpected error reopens the consumer
+        from the stored offset, which is always a correct place to resume.
+
+        The next batch is fetched while the current one is written (the two overlap: NATS
+        parsing in this process, the transaction in PostgreSQL); it is only projected after
+        the current one committed, and dropped, unacknowledged, when the consumer is reopened.
+        """
+        ahead: asyncio.Task[list[Msg]] | None = None
+        try:
+            while not self._stopping.is_set():
+                subscription = feed.subscription
+                if subscription is None:
+                    try:
+                        await self._open(feed)
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception:
+                        log.exception("cannot open consumer %s; retrying", feed.consumer)
+                        await self._sleep(1.0)
+                    continue
+                fetching = ahead or asyncio.create_task(self._fetch(subscription))
+                ahead = None
+                try:
+                    messages = await fetching
+                except nats.errors.Error as error:
+                    log.warning("fetch from %s failed: %s", feed.consumer, error)
+                    await self._sleep(1.0)
+                    continue
+                if not messages:
+                    continue
+                ahead = asyncio.create_task(self._fetch(subscription))
+                try:
+                    await self._handle(feed, messages)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception(
+                        "consumer %s failed; reopening at the stored offset", feed.consumer
+                    )
+                    await self._unsubscribe(feed)
+                    await self._sleep(1.0)
+                if feed.subscription is not subscription:  # rewound or reopened
+                    await _cancel(ahead)
+                    ahead = None
+        finally:
+            await _cancel(ahead)
+
+    async def _fetch(self, subscription: JetStreamContext.PullSubscription) -> list[Msg]:
+        """Up to ``batch_size`` messages, or what arrived within ``batch_wait_s`` (maybe none)."""
+        try:
+            return await subscription.fetch(self._batch_size, timeout=self._batch_wait_s)
+        except (TimeoutError, nats.errors.TimeoutError):
+            return []
+
+    async def _open(self, feed: _Feed) -> None:
+        """Bind to the durable consumer; recreate it if it is not right after the offset."""
+        offset = await self._read_offset(feed)
+        try:
+            info: ConsumerInfo | None = await self._js.consumer_info(feed.stream, feed.consumer)
+        except NotFoundError:
+            info = None
+        feed.projected_seq = offset
+        delivered = info.delivered.stream_seq if info and info.delivered else 0
+        if info is None or info.config.ack_policy != AckPolicy.ALL or (delivered or 0) != offset:
+            await self._rewind(feed, offset + 1)
+            return
+        await self._subscribe(feed)
+        feed.trusted_start = 0
+
+    async def _rewind(self, feed: _Feed, start_seq: int) -> None:
+        """(Re)create the durable consumer so its next message is ``start_seq``."""
+        log.info("consumer %s starts at stream sequence %d", feed.consumer, start_seq)
+        await self._unsubscribe(feed)
+        with contextlib.suppress(NotFoundError):
+            await self._js.delete_consumer(feed.stream, feed.consumer)
+        config = ConsumerConfig(
+            durable_name=feed.consumer,
+            description="mdq watcher: projection of the log into PostgreSQL",
+            ack_policy=AckPolicy.ALL,
+            ack_wait=self._ack_wait_s,
+            max_ack_pending=max(1000, 4 * self._batch_size),
+            deliver_policy=(
+                DeliverPolicy.ALL if start_seq <= 1 else DeliverPolicy.BY_START_SEQUENCE
+            ),
+            opt_start_seq=None if start_seq <= 1 else start_seq,
+        )
+        await self._js.add_consumer(feed.stream, config=config)
+        await self._subscribe(feed)
+        feed.trusted_start = start_seq
+
+    async def _subscribe(self, feed: _Feed) -> None:
+        await self._unsubscribe(feed)
+        feed.subscription = await self._js.pull_subscribe_bind(
+            feed.consumer,
+            stream=feed.stream,
+            pending_msgs_limit=max(10_000, 20 * self._batch_size),
+        )
+
+    async def _unsubscribe(self, feed: _Feed) -> None:
+        subscription, feed.subscription = feed.subscription, None
+        if subscription is not None:
+            with contextlib.suppress(Exception):
+                await subscription.unsubscribe()
+
+    async def _sleep(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), timeout=seconds)
+
+    async def _handle(self, feed: _Feed, messages: list[Msg]) -> None:
+        """Project one batch (retrying the same batch until it commits), then acknowledge."""
+        batch: dict[int, tuple[Msg, pb.Event | None]] = {}
+        for message in messages:
+            sequence = message.metadata.sequence.stream
+            if sequence not in batch:
+                batch[sequence] = (message, self._decode(feed, sequence, message))
+        ordered = sorted(batch.items())
+        delay = 0.05
+        while True:
+            try:
+                async with self._write_lock:
+                    outcome = await self._project(feed, ordered)
+                break
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("projecting a batch from %s failed; retrying", feed.consumer)
+                if self._stopping.is_set():
+                    return  # not acknowledged: the next start resumes after the offset
+                await self._sleep(delay)
+                delay = min(delay * 2, self._max_retry_delay_s)
+        feed.projected_seq = max(feed.projected_seq, outcome.covered_seq)
+        self.events_projected += outcome.projected
+        if outcome.rewind_at is not None:
+            log.warning(
+                "gap in %s before stream sequence %d; rewinding", feed.consumer, outcome.rewind_at
+            )
+            await self._rewind(feed, outcome.rewind_at)
+            return
+        feed.trusted_start = 0
+        last_message = ordered[-1][1][0]
+        with contextlib.suppress(Exception):
+            await last_message.ack()  # AckAll: covers the whole batch
+
+    def _decode(self, feed: _Feed, sequence: int, message: Msg) -> pb.Event | None:
+        try:
+            event = decode_event(message.data)
+        except DecodeError:
+            log.error(
+                "undecodable message %s:%d on %s skipped", feed.stream, sequence, message.subject
+            )
+            return None
+        if not event.WhichOneof("body"):
+            log.error("event without body %s:%d skipped", feed.stream, sequence)
+            return None
+        if not event.event_id:
+            event.event_id = f"{feed.stream}:{sequence}"
+        return event
+
+    # -- one transaction -------------------------------------------------------------------
+    async def _read_offset(self, feed: _Feed) -> int:
+        async with self._pool.acquire() as connection:
+            value = await connection.fetchval(
+                "SELECT last_seq FROM consumer_offsets WHERE consumer = $1", feed.consumer
+            )
+        return int(value or 0)
+
+    async def _project(
+        self, feed: _Feed, ordered: list[tuple[int, tuple[Msg, pb.Event | None]]]
+    ) -> _BatchOutcome:
+        async with self._pool.acquire() as connection, connection.transaction():
+            await connection.execute(_LOCK_OFFSET, feed.consumer, feed.stream)
+            offset = int(await connection.fetchval(_READ_OFFSET, feed.consumer))
+            expected = offset + 1
+            accepted: list[tuple[int, pb.Event | None]] = []
+            rewind_at: int | None = None
+            for sequence, (_, event) in ordered:
+                if sequence <= offset:
+                    continue
+                if sequence != expected and expected != feed.trusted_start:
+                    rewind_at = expected
+                    break
+                accepted.append((sequence, event))
+                expected = sequence + 1
+            if not accepted:
+                return _BatchOutcome(covered_seq=offset, rewind_at=rewind_at, projected=0)
+            projected = await self._apply(connection, feed, accepted)
+            covered = accepted[-1][0]
+            await connection.execute(_WRITE_OFFSET, feed.consumer, covered, feed.stream)
+        return _BatchOutcome(covered_seq=covered, rewind_at=rewind_at, projected=projected)
+
+    async def _apply(
+        self,
+        connection: asyncpg.Connection,
+        feed: _Feed,
+        accepted: list[tuple[int, pb.Event | None]],
+    ) -> int:
+        """Write the effects of ``accepted`` (in stream order); return how many were new."""
+        candidates = [
+            _Fact(sequence, event, event.WhichOneof("body") or "", event_time(event))
+            for sequence, event in accepted
+            if event is not None
+        ]
+        if not candidates:
+            return 0
+        inserted = await connection.fetch(
+            _INSERT_EVENTS,
+            *self._event_columns(feed, candidates),
+        )
+        new_ids = {record[0] for record in inserted}
+        facts: list[_Fact] = []
+        for fact in candidates:
+            if fact.event.event_id in new_ids:
+                new_ids.discard(fact.event.event_id)  # a second copy in the batch is a duplicate
+                facts.append(fact)
+        if not facts:
+            return 0
+        await self._insert_facts(connection, facts)
+        await self._fold_jobs(
+            connection, [fact.event for fact in facts], catch_up=feed is self._feeds[0]
+        )
+        return len(facts)
+
+    @staticmethod
+    def _event_columns(feed: _Feed, candidates: list[_Fact]) -> list[Any]:
+        ids: list[str] = []
+        seqs: list[int] = []
+        jobs: list[str | None] = []
+        attempts: list[int] = []
+        kinds: list[str] = []
+        times: list[datetime] = []
+        producers: list[str] = []
+        bodies: list[str] = []
+        for sequence, event, kind, at in candidates:
+            ids.append(event.event_id)
+            seqs.append(sequence)
+            jobs.append(event.job_id or None)
+            attempts.append(event.attempt)
+            kinds.append(kind)
+            times.append(at)
+            producers.append(event.producer)
+            bodies.append(
+                progress_json(event.progress) if kind == "progress" else _json(getattr(event, kind))
+            )
+        return [ids, feed.stream, seqs, jobs, attempts, kinds, times, producers, bodies]
+
+    @staticmethod
+    async def _insert_facts(connection: asyncpg.Connection, facts: list[_Fact]) -> None:
+        """Progress, checkpoint, placement and rejection rows (append-only facts)."""
+        progress: list[list[Any]] = [[] for _ in range(9)]
+        checkpoints: list[tuple[Any, ...]] = []
+        placements: list[tuple[Any, ...]] = []
+        rejections: list[tuple[Any, ...]] = []
+        (p_jobs, p_attempts, p_steps, p_times, p_ps, p_pot, p_kin, p_temp, p_speed) = progress
+        for _, event, kind, at in facts:
+            if kind == "progress":
+                body = event.progress
+                p_jobs.append(event.job_id)
+                p_attempts.append(event.attempt)
+                p_steps.append(body.step)
+                p_times.append(at)
+                p_ps.append(body.time_ps)
+                p_pot.append(body.potential_kj_mol)
+                p_kin.append(body.kinetic_kj_mol)
+                p_temp.append(body.temperature_k)
+                p_speed.append(body.ns_per_day)
+            elif kind == "checkpoint":
+                body_c = event.checkpoint
+                checkpoints.append(
+                    (
+                        event.job_id,
+                        event.attempt,
+                        body_c.step,
+                        body_c.path,
+                        body_c.sha256,
+                        body_c.size_bytes,
+                        body_c.time_ps,
+                        at,
+                    )
+                )
+            elif kind == "bound":
+                body_b = event.bound
+                candidates = [
+                    json_format.MessageToDict(score, preserving_proto_field_name=True)
+                    for score in body_b.candidates
+                ]
+                placements.append(
+                    (
+                        event.job_id,
+                        event.attempt,
+                        body_b.node,
+                        json.dumps(candidates, sort_keys=True),
+                        at,
+                    )
+                )
+            elif kind == "rejected":
+                body_r = event.rejected
+                rejections.append(
+                    (
+                        body_r.request_id,
+                        _blank(body_r.idempotency_key),
+                        _blank(body_r.error.field),
+                        body_r.error.message,
+                        at,
+                    )
+                )
+        if p_jobs:
+            await connection.execute(_INSERT_PROGRESS, *progress)
+        if checkpoints:
+            await connection.execute(_INSERT_CHECKPOINTS, *_columns(checkpoints, 8))
+        if placements:
+            await connection.execute(_INSERT_PLACEMENTS, *_columns(placements, 5))
+        if rejections:
+            await connection.execute(_INSERT_REJECTIONS, *_columns(rejections, 5))
+
+    @staticmethod
+    async def _fold_jobs(
+        connection: asyncpg.Connection, events: list[pb.Event], *, catch_up: bool = False
+    ) -> None:
+        """Fold the events into the rows of the jobs they are about, with ``JobView.apply``.
+
+        With ``catch_up`` (batches of the JOBS stream), the latest stored progress report of
+        the job's current attempt is folded in before each lifecycle event and at the end, if
+        the job has not seen it: the two streams are consumed independently, so a report may
+        have been projected while the job row did not exist yet or was fenced to the
+        previous attempt.
+        """
+        job_ids = sorted({event.job_id for event in events if event.job_id})
+        if not job_ids:
+            return
+        records = await connection.fetch(
+            f"SELECT {_JOB_COLUMNS} FROM jobs WHERE job_id = ANY($1::text[]) "
+            "ORDER BY job_id FOR UPDATE",
+            job_ids,
+        )
+        attempt_records: dict[str, list[asyncpg.Record]] = {}
+        if records:
+            for record in await connection.fetch(
+                f"SELECT {_ATTEMPT_COLUMNS} FROM attempts WHERE job_id = ANY($1::text[])",
+                [record["job_id"] for record in records],
+            ):
+                attempt_records.setdefault(record["job_id"], []).append(record)
+        rows = {
+            record["job_id"]: _JobRow.from_record(record, attempt_records.get(record["job_id"], []))
+            for record in records
+        }
+        latest = await _latest_progress(connection, job_ids) if catch_up else {}
+        for event in events:
+            if event.WhichOneof("body") == "submitted":
+                if event.job_id and event.job_id not in rows:
+                    rows[event.job_id] = _JobRow.from_submitted(event)
+                continue
+            row = rows.get(event.job_id)
+            if row is not None:
+                row.catch_up(latest)
+                row.apply(event)
+        for row in rows.values():
+            row.catch_up(latest)
+        await _settle_progress(connection, rows)
+        inserts, updates, attempts = [], [], []
+        for row in rows.values():
+            if row.is_new:
+                inserts.append(row.job_insert())
+            elif (update := row.job_update()) != row.stored:
+                updates.append(update)
+            for number in row.view.attempts:
+                attempt = row.attempt_row(number)
+                if attempt != row.stored_attempts.get(number):
+                    attempts.append(attempt)
+        if inserts:
+            await connection.executemany(_INSERT_JOB, inserts)
+        if updates:
+            await connection.executemany(_UPDATE_JOB, updates)
+        if attempts:
+            await connection.executemany(_UPSERT_ATTEMPT, attempts)

@@ -1,0 +1,131 @@
+"""The history views of revision 0002 (docs/history.md), on a projection of real events.
+
+A job that ran out of memory on n1 and succeeded on n2, and one that failed for good, are
+projected by the watcher's projector; the views must answer the questions they are for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import timedelta
+
+import asyncpg
+import pytest
+from nats.aio.client import Client
+
+from mdq.bus.publisher import EventPublisher
+from mdq.bus.subjects import Subjects
+from mdq.store.engine import create_writer_pool
+from mdq.store.migrate import upgrade_async
+from mdq.store.projection import Projector
+from tests.integration.test_projector import History, requeue_history
+
+
+@pytest.fixture
+async def projected(
+    nc: Client, subjects: Subjects, database_url: str
+) -> AsyncIterator[tuple[asyncpg.Pool, History, History]]:
+    await upgrade_async(database_url)
+    pool = await create_writer_pool(database_url, size=2)
+    js = nc.jetstream()
+    retried = History("retried")
+    first, second = requeue_history(retried)
+    doomed = History("doomed", request_id="ba9876543210")
+    events = [
+        *first,
+        *second,
+        doomed.submitted(),
+        doomed.bound(1, "n1"),
+        doomed.started(1, "n1"),
+        doomed.attempt_failed(1, "n1", last_step=40),
+        doomed.failed(1),
+    ]
+    publisher = EventPublisher(js=js, subjects=subjects, producer="test")
+    for event in events:
+        await publisher.publish(event)
+    projector = Projector(js=js, subjects=subjects, pool=pool)
+    task = asyncio.create_task(projector.run())
+    try:
+        deadline = asyncio.get_running_loop().time() + 20
+        while await pool.fetchval("SELECT count(*) FROM events") < len(events):
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.05)
+        yield pool, retried, doomed
+    finally:
+        projector.stop()
+        await asyncio.wait_for(task, timeout=10)
+        await pool.close()
+
+
+async def test_job_timeline_is_the_jobs_events_in_order(
+    projected: tuple[asyncpg.Pool, History, History],
+) -> None:
+    pool, retried, _ = projected
+    rows = await pool.fetch(
+        "SELECT kind, attempt, time FROM job_timeline WHERE job_id = $1 ORDER BY time, stream_seq",
+        retried.job_id,
+    )
+    kinds = [row["kind"] for row in rows if row["kind"] != "progress"]
+    assert kinds == [
+        "submitted",
+        "bound",
+        "started",
+        "checkpoint",
+        "attempt_failed",
+        "requeued",
+        "bound",
+        "started",
+        "succeeded",
+    ]
+    assert sum(row["kind"] == "progress" for row in rows) == 11
+    assert rows[-1]["time"] == retried.times["succeeded:2"]
+
+
+async def test_attempt_history_has_placement_checkpoint_and_loss(
+    projected: tuple[asyncpg.Pool, History, History],
+) -> None:
+    pool, retried, _ = projected
+    rows = await pool.fetch(
+        "SELECT * FROM attempt_history WHERE job_id = $1 ORDER BY attempt", retried.job_id
+    )
+    first, second = rows
+    assert (first["node"], first["failure_reason"], first["steps_lost"]) == (
+        "n1",
+        "FAILURE_OOM_KILLED",
+        100,
+    )
+    assert first["placement_score"] == pytest.approx(0.75)
+    assert first["placement_candidates"] == 2
+    assert second["checkpoint_step_used"] == 200
+    started, ended = retried.times["started:2"], retried.times["succeeded:2"]
+    assert float(second["run_s"]) == pytest.approx((ended - started).total_seconds())
+    assert float(second["start_delay_s"]) == pytest.approx(1.0)  # bound one second before
+
+
+async def test_failures_by_reason_counts_attempts_jobs_and_lost_steps(
+    projected: tuple[asyncpg.Pool, History, History],
+) -> None:
+    pool, _, doomed = projected
+    rows = {row["reason"]: row for row in await pool.fetch("SELECT * FROM failures_by_reason")}
+    assert set(rows) == {"FAILURE_OOM_KILLED"}  # both failed attempts ran out of memory
+    oom = rows["FAILURE_OOM_KILLED"]
+    assert (oom["attempts"], oom["jobs"], oom["steps_lost"]) == (2, 2, 100)
+    assert oom["last_at"] == max(doomed.times["attempt_failed:1"], oom["last_at"])
+
+
+async def test_node_utilisation_adds_up_busy_time_per_node_and_hour(
+    projected: tuple[asyncpg.Pool, History, History],
+) -> None:
+    pool, retried, doomed = projected
+    rows = await pool.fetch("SELECT * FROM node_utilisation ORDER BY node, hour")
+    by_node = {row["node"]: row for row in rows}
+    assert set(by_node) == {"n1", "n2"}  # all within one hour
+    n1_busy = (retried.times["attempt_failed:1"] - retried.times["started:1"]) + (
+        doomed.times["attempt_failed:1"] - doomed.times["started:1"]
+    )
+    assert by_node["n1"]["attempts"] == 2
+    assert float(by_node["n1"]["busy_s"]) == pytest.approx(n1_busy.total_seconds())
+    n2_busy = retried.times["succeeded:2"] - retried.times["started:2"]
+    assert float(by_node["n2"]["cpu_core_s"]) == pytest.approx(n2_busy.total_seconds() * 1.0)
+    assert by_node["n2"]["hour"] + timedelta(hours=1) > retried.times["succeeded:2"]

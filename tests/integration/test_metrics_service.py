@@ -1,0 +1,143 @@
+"""The metrics service's lifecycle metrics against real NATS: queue depth, placement latency,
+recoveries by reason, MD steps lost, and the watcher's consumer lag from JetStream."""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.request
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from nats.aio.client import Client
+from nats.js.api import AckPolicy, ConsumerConfig
+
+from mdq.bus.publisher import EventPublisher
+from mdq.bus.subjects import Subjects
+from mdq.contracts import pb
+from mdq.core.events import make_event
+from mdq.core.ids import pod_name
+from services.metrics.app import MetricsService
+from services.metrics.settings import MetricsSettings
+from tests.helpers import RecordingBackend, submitted
+
+T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+
+
+def at(
+    seconds: float, kind: str, body: object, *, job: str, attempt: int, detail: int | None = None
+) -> pb.Event:
+    return make_event(
+        kind,
+        body,  # type: ignore[arg-type]
+        job_id=job,
+        attempt=attempt,
+        producer="test",
+        at=T0 + timedelta(seconds=seconds),
+        detail=detail,
+    )
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        return str(response.read().decode())
+
+
+def value(text: str, name: str) -> float | None:
+    """The value of an unlabelled sample ``name``."""
+    for line in text.splitlines():
+        if line.split(" ")[0] == name:
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+@pytest.fixture
+async def service(nc: Client, subjects: Subjects) -> AsyncIterator[MetricsService]:
+    settings = MetricsSettings(interval_s=0.2, http_port=0, http_host="127.0.0.1")
+    metrics = MetricsService(
+        js=nc.jetstream(), subjects=subjects, backend=RecordingBackend(), settings=settings
+    )
+    stop = asyncio.Event()
+    running = asyncio.create_task(metrics.run(stop))
+    yield metrics
+    stop.set()
+    await asyncio.wait_for(running, 10)
+    await metrics.close()
+
+
+async def scrape_until(service: MetricsService, *needles: str, within: float = 15.0) -> str:
+    deadline = asyncio.get_running_loop().time() + within
+    text = ""
+    while asyncio.get_running_loop().time() < deadline:
+        try:
+            text = await asyncio.to_thread(scrape, service.http_port)
+        except RuntimeError:
+            text = ""
+        if all(needle in text for needle in needles):
+            return text
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{needles} not in /metrics:\n{text}")
+
+
+async def test_lifecycle_metrics_and_consumer_lag(
+    nc: Client, subjects: Subjects, service: MetricsService
+) -> None:
+    js = nc.jetstream()
+    publisher = EventPublisher(js=js, subjects=subjects, producer="test")
+    a, b, c = "0123456789ab-a", "0123456789ab-b", "0123456789ab-c"
+    events = [submitted(job) for job in (a, b, c)]
+    events[0].time.FromDatetime(T0)
+    events[1].time.FromDatetime(T0)
+    events += [
+        at(2.0, "bound", pb.JobBound(node="n1", pod_name=pod_name(a, 1)), job=a, attempt=1),
+        at(0.5, "bound", pb.JobBound(node="n2", pod_name=pod_name(b, 1)), job=b, attempt=1),
+        at(3.0, "started", pb.JobStarted(node="n1", pod_name=pod_name(a, 1)), job=a, attempt=1),
+        at(
+            9.0,
+            "attempt_failed",
+            pb.AttemptFailed(reason=pb.FAILURE_OOM_KILLED, node="n1", last_step=700),
+            job=a,
+            attempt=1,
+        ),
+        at(
+            10.0,
+            "requeued",
+            pb.JobRequeued(after=pb.FAILURE_OOM_KILLED, steps_lost=200),
+            job=a,
+            attempt=2,
+        ),
+        at(40.0, "bound", pb.JobBound(node="n2", pod_name=pod_name(a, 2)), job=a, attempt=2),
+    ]
+    for event in events:
+        await publisher.publish(event)
+    # The watcher's progress consumer exists and is 4 messages behind; its jobs one does not.
+    await js.add_consumer(
+        subjects.progress_stream,
+        config=ConsumerConfig(durable_name="watcher-progress", ack_policy=AckPolicy.ALL),
+    )
+    for step in (10, 20, 30, 40):
+        body = pb.Progress(step=step, target_steps=1000, potential_kj_mol=-5.0)
+        await publisher.publish(at(11.0 + step, "progress", body, job=a, attempt=2, detail=step))
+
+    jobs_in_stream = (await js.stream_info(subjects.jobs_stream)).state.messages
+    text = await scrape_until(
+        service,
+        "mdq_placement_latency_seconds_count 3.0",
+        'mdq_recoveries_total{reason="FAILURE_OOM_KILLED"} 1.0',
+        'mdq_consumer_lag_messages{consumer="watcher-progress",'
+        f'stream="{subjects.progress_stream}"}} 4.0',
+        'mdq_consumer_lag_messages{consumer="watcher-jobs",'
+        f'stream="{subjects.jobs_stream}"}} {float(jobs_in_stream)}',
+    )
+    assert value(text, "mdq_queue_depth_jobs") == 1.0  # c is still waiting for a node
+    assert value(text, "mdq_md_steps_lost_total") == 200.0
+    # Latencies 2 s (a), 0.5 s (b) and 30 s (a's retry, from its requeue to its bound).
+    assert value(text, "mdq_placement_latency_seconds_sum") == pytest.approx(32.5)
+    assert 'mdq_placement_latency_seconds_bucket{le="1.0"} 1.0' in text
+    assert 'mdq_placement_latency_seconds_bucket{le="5.0"} 2.0' in text
+    lag = {
+        line.split('consumer="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("mdq_consumer_lag_messages{")
+    }
+    assert lag == {"watcher-jobs": float(jobs_in_stream), "watcher-progress": 4.0}
