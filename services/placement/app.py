@@ -45,6 +45,7 @@ from mdq.bus.publisher import EventPublisher
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core import ids
+from mdq.core.node_health import NodeHealth, NodeHealthPolicy
 from mdq.core.placement import (
     Decision,
     NodeState,
@@ -134,6 +135,13 @@ class Placement:
         )
         self.book = JobBook()
         self.nodes: dict[str, NodeState] = {}
+        self.health = NodeHealth(
+            policy=NodeHealthPolicy(
+                failures_to_cordon=settings.node_failures_to_cordon,
+                window_s=settings.node_failure_window_s,
+                cordon_s=settings.node_cordon_s,
+            )
+        )
         self._by_state: dict[JobState, set[str]] = {state: set() for state in JobState}
         self._holding: dict[str, tuple[str, float, int]] = {}
         """job -> (node, cpu, memory) of every BOUND or RUNNING job."""
@@ -205,6 +213,20 @@ class Placement:
         view = self.book.apply(sequence, event)
         if view is not None:
             self._index(view)
+            if kind == "attempt_failed":
+                failure = event.attempt_failed
+                if self.health.record(
+                    node=failure.node,
+                    job_id=event.job_id,
+                    reason=failure.reason,
+                    at=event_time(event),
+                ):
+                    log.warning(
+                        "node %s cordoned for %.0fs: %d jobs failed there",
+                        failure.node,
+                        self.health.policy.cordon_s,
+                        self.health.policy.failures_to_cordon,
+                    )
             if kind == "bound" and view.job_id not in self._binding:
                 # bound by someone else (our own bindings are applied before their echo)
                 self._note_binding(view, event_time(event))
@@ -295,6 +317,7 @@ class Placement:
             nodes.append(
                 replace(
                     node,
+                    cordoned=node.cordoned or self.health.cordoned(name, now),
                     reserved_cpu=cpu,
                     reserved_memory_mb=int(memory),
                     inflight_cpu=sum(entry[1] for entry in inflight),

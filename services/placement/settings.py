@@ -77,3 +77,14 @@ class PlacementSettings(BaseSettings):
     bind_concurrency: int = Field(
         default=512, description="Bindings (publish + pod creation) in flight at once."
     )
+    node_failures_to_cordon: int = Field(
+        default=3,
+        description="Distinct jobs failing (crash, silence, node lost) on one node within the "
+        "window that cordon it for a while; 0 disables.",
+    )
+    node_failure_window_s: float = Field(
+        default=600.0, description="The window in which those failures count."
+    )
+    node_cordon_s: float = Field(
+        default=300.0, description="How long such a cordon lasts after its last failure."
+    )
