@@ -85,7 +85,14 @@ async def run(task: RunnerTask, *, common: CommonSettings, settings: RunnerSetti
         attempts_per_important_event=settings.publish_attempts,
     )
     metrics = RunnerMetrics(job_id=task.job_id, attempt=task.attempt)
-    context = RunContext(task=task, settings=settings, outbox=outbox, metrics=metrics, stop=stop)
+    context = RunContext(
+        task=task,
+        settings=settings,
+        outbox=outbox,
+        metrics=metrics,
+        stop=stop,
+        data_dir=common.data_dir,
+    )
     try:
         if settings.metrics_port > 0:
             metrics.serve(port=settings.metrics_port)

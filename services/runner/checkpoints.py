@@ -1,10 +1,20 @@
 """Checkpoint files: written atomically, verified by sha256, the previous one always kept.
 
-A checkpoint is ``checkpoints/ckpt-<step:012d>.xml`` (a portable OpenMM State XML: positions,
-velocities, box, time) plus a sidecar ``ckpt-<step:012d>.json`` with its step, sha256, size and
-time. Both are written to a temporary file, fsynced, renamed into place and the folder fsynced,
-so a crash leaves either the old file or the new one, never a torn one under the real name. The
-sha256 is read back from the renamed file: what is announced is what is on disk.
+A checkpoint of step S is three files in ``checkpoints/``:
+
+* ``ckpt-<S:012d>.xml`` — the portable OpenMM State XML (positions, velocities, box, time and
+  the step count, from which the step is recovered and checked against the name); it restores
+  on any platform;
+* ``ckpt-<S:012d>.chk`` — OpenMM's native checkpoint (exact continuation, including the
+  integrator's random state), used only by an attempt on the same platform;
+* ``ckpt-<S:012d>.json`` — the sidecar: step, sha256 and size of both, time, platform, and
+  the trajectory's length at that step (so a resume can cut the trajectory back to it).
+
+Each is written to a temporary file, fsynced, renamed into place and the folder fsynced, so a
+crash leaves either the old file or the new one, never a torn one under the real name. The
+sha256 is read back from the renamed file: what is announced is what is on disk. Loading
+verifies the sha256 again: a torn or corrupt XML makes the previous checkpoint the one used,
+a corrupt native file only costs the exact continuation (the XML of the same step is used).
 
 The newest checkpoint and the one before it are kept (older ones are deleted), so a checkpoint
 that turns out to be bad still leaves a good one to fall back to (DESIGN invariant 5).
@@ -25,11 +35,13 @@ import openmm.unit as unit
 
 from mdq.contracts import pb
 from services.runner.system import parse_state
+from services.runner.trajectory import TrajectoryMark
 
 log = logging.getLogger(__name__)
 
 _CHECKPOINT_NAME = re.compile(r"^ckpt-(\d{12})\.xml$")
 _TEMP_PREFIX = ".tmp-"
+NATIVE_SUFFIX = ".chk"
 HASH_CHUNK_BYTES = 1 << 20
 
 
@@ -87,6 +99,9 @@ class CheckpointFile:
     sha256: str
     size_bytes: int
     time_ps: float
+    native_path: Path | None = None
+    native_sha256: str = ""
+    platform: str = ""
 
     def to_pb(self) -> pb.Checkpoint:
         return pb.Checkpoint(
@@ -95,15 +110,30 @@ class CheckpointFile:
             sha256=self.sha256,
             size_bytes=self.size_bytes,
             time_ps=self.time_ps,
+            native_path=str(self.native_path) if self.native_path else "",
+            native_sha256=self.native_sha256,
+            platform=self.platform,
         )
 
 
 @dataclass(frozen=True, slots=True)
 class LoadedCheckpoint:
-    """A verified checkpoint and its parsed state."""
+    """A verified checkpoint: its parsed state, and the native checkpoint when it is usable
+    on this platform."""
 
     file: CheckpointFile
     state: openmm.State
+    native: bytes | None = None
+    trajectory: TrajectoryMark | None = None
+
+
+def _read_sidecar(path: Path) -> dict[str, object]:
+    sidecar = path.with_suffix(".json")
+    try:
+        document = json.loads(sidecar.read_text())
+    except (OSError, ValueError):
+        return {}
+    return document if isinstance(document, dict) else {}
 
 
 class CheckpointStore:
@@ -123,22 +153,43 @@ class CheckpointStore:
         for path in self._directory.glob(f"{_TEMP_PREFIX}*"):
             path.unlink(missing_ok=True)
 
-    def write(self, *, state_xml: str, step: int, time_ps: float) -> CheckpointFile:
-        """Write the checkpoint of ``step`` and its sidecar; prune older checkpoints."""
+    def write(
+        self,
+        *,
+        state_xml: str,
+        step: int,
+        time_ps: float,
+        native: bytes | None = None,
+        platform: str = "",
+        trajectory: TrajectoryMark | None = None,
+    ) -> CheckpointFile:
+        """Write the checkpoint of ``step`` (XML, native, sidecar); prune older ones."""
         path = self._directory / checkpoint_name(step)
         write_atomically(path, state_xml.encode())
+        native_path: Path | None = None
+        native_sha256 = ""
+        if native is not None:
+            native_path = path.with_suffix(NATIVE_SUFFIX)
+            write_atomically(native_path, native)
+            native_sha256 = sha256_of(native_path)
         checkpoint = CheckpointFile(
             step=step,
             path=path,
             sha256=sha256_of(path),
             size_bytes=path.stat().st_size,
             time_ps=time_ps,
+            native_path=native_path,
+            native_sha256=native_sha256,
+            platform=platform if native is not None else "",
         )
-        sidecar = {
+        sidecar: dict[str, object] = {
             "step": step,
             "sha256": checkpoint.sha256,
             "size_bytes": checkpoint.size_bytes,
             "time_ps": time_ps,
+            "native_sha256": native_sha256,
+            "platform": checkpoint.platform,
+            "trajectory": trajectory.to_json() if trajectory else None,
         }
         write_atomically(path.with_suffix(".json"), json.dumps(sidecar).encode())
         self._prune(keep_step=step)
@@ -158,16 +209,20 @@ class CheckpointStore:
         for step in older[:-1]:
             path = self._directory / checkpoint_name(step)
             path.unlink(missing_ok=True)
+            path.with_suffix(NATIVE_SUFFIX).unlink(missing_ok=True)
             path.with_suffix(".json").unlink(missing_ok=True)
 
-    def load(self, announced: pb.Checkpoint) -> LoadedCheckpoint | None:
+    def load(self, announced: pb.Checkpoint, *, platform: str = "") -> LoadedCheckpoint | None:
         """The checkpoint to resume from: ``announced`` if its sha256 matches and it parses,
-        else the newest good checkpoint in the folder with a lower step, else None."""
+        else the newest good checkpoint in the folder with a lower step, else None. Its native
+        checkpoint comes along when it was written on ``platform`` and verifies."""
         path = Path(announced.path)
         if not path.is_file():
             path = self._directory / path.name
         try:
-            return self._verify(path, step=announced.step, sha256=announced.sha256)
+            return self._verify(
+                path, step=announced.step, sha256=announced.sha256, platform=platform
+            )
         except (OSError, ValueError) as error:
             log.warning(
                 "checkpoint %s (step %d) is unusable: %s; looking for an earlier one",
@@ -180,7 +235,7 @@ class CheckpointStore:
                 continue
             candidate = self._directory / checkpoint_name(step)
             try:
-                loaded = self._verify(candidate, step=step, sha256=None)
+                loaded = self._verify(candidate, step=step, sha256=None, platform=platform)
             except (OSError, ValueError) as error:
                 log.warning("checkpoint %s is unusable too: %s", candidate, error)
                 continue
@@ -189,24 +244,65 @@ class CheckpointStore:
         log.warning("no usable checkpoint before step %d in %s", announced.step, self._directory)
         return None
 
-    def _verify(self, path: Path, *, step: int, sha256: str | None) -> LoadedCheckpoint:
+    def _verify(
+        self, path: Path, *, step: int, sha256: str | None, platform: str
+    ) -> LoadedCheckpoint:
         """Read and check one checkpoint against ``sha256`` (or its sidecar's when None)."""
         data = path.read_bytes()
         actual = hashlib.sha256(data).hexdigest()
+        sidecar = _read_sidecar(path)
         if sha256 is None:
-            sidecar = path.with_suffix(".json")
-            if sidecar.is_file():
-                document = json.loads(sidecar.read_text())
-                if isinstance(document, dict):
-                    sha256 = str(document.get("sha256") or "")
+            sha256 = str(sidecar.get("sha256") or "")
         if sha256 and actual != sha256:
             raise ValueError(f"sha256 is {actual}, expected {sha256}")
         state = parse_state(data.decode(errors="replace"))
+        recorded_step = int(state.getStepCount())
+        if recorded_step != step:
+            raise ValueError(f"the state is of step {recorded_step}, expected {step}")
+        native, native_path, native_sha256 = self._native(path, sidecar, platform=platform)
         checkpoint = CheckpointFile(
             step=step,
             path=path,
             sha256=actual,
             size_bytes=len(data),
             time_ps=float(state.getTime().value_in_unit(unit.picosecond)),
+            native_path=native_path,
+            native_sha256=native_sha256,
+            platform=platform if native is not None else "",
         )
-        return LoadedCheckpoint(file=checkpoint, state=state)
+        return LoadedCheckpoint(
+            file=checkpoint,
+            state=state,
+            native=native,
+            trajectory=TrajectoryMark.from_json(sidecar.get("trajectory")),
+        )
+
+    def _native(
+        self, path: Path, sidecar: dict[str, object], *, platform: str
+    ) -> tuple[bytes | None, Path | None, str]:
+        """The native checkpoint next to ``path`` if it was written on ``platform`` and its
+        sha256 matches the sidecar's; else (None, None, "")."""
+        native_path = path.with_suffix(NATIVE_SUFFIX)
+        expected = str(sidecar.get("native_sha256") or "")
+        written_on = str(sidecar.get("platform") or "")
+        if not expected or not native_path.is_file():
+            return None, None, ""
+        if written_on != platform:
+            log.info(
+                "native checkpoint %s was written on %s, this is %s: using the State XML",
+                native_path,
+                written_on,
+                platform,
+            )
+            return None, None, ""
+        data = native_path.read_bytes()
+        actual = hashlib.sha256(data).hexdigest()
+        if actual != expected:
+            log.warning(
+                "native checkpoint %s is corrupt (sha256 %s, expected %s): using the State XML",
+                native_path,
+                actual,
+                expected,
+            )
+            return None, None, ""
+        return data, native_path, actual

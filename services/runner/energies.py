@@ -1,8 +1,9 @@
 """The energy table of a job: ``job_dir/energies.csv``, one row per progress report.
 
-Columns: step, time_ps, potential_kj_mol, kinetic_kj_mol, temperature_k. An attempt that
-resumes from a checkpoint first drops the rows after the checkpoint's step (work the failed
-attempt did that is being redone), so the table describes one trajectory.
+Columns: step, time_ps, potential_kj_mol, kinetic_kj_mol, temperature_k, volume_nm3,
+density_g_cm3 (the last two 0 for a non-periodic system; tables without them still read). An
+attempt that resumes from a checkpoint first drops the rows after the checkpoint's step (work
+the failed attempt did that is being redone), so the table describes one trajectory.
 """
 
 from __future__ import annotations
@@ -39,10 +40,13 @@ class EnergyLog:
         write_atomically(path, buffer.getvalue().encode())
         self._handle: TextIO = path.open("a", newline="")
         self._writer = csv.writer(self._handle)
+        self.rows = len(kept)
+        """Rows in the table now."""
 
     def append(self, sample: EnergySample) -> None:
         self._writer.writerow(astuple(sample))
         self._handle.flush()
+        self.rows += 1
 
     def close(self) -> None:
         self._handle.close()
@@ -79,6 +83,8 @@ def read_samples(
                     potential_kj_mol=float(row["potential_kj_mol"]),
                     kinetic_kj_mol=float(row["kinetic_kj_mol"]),
                     temperature_k=float(row["temperature_k"]),
+                    volume_nm3=float(row.get("volume_nm3") or 0.0),
+                    density_g_cm3=float(row.get("density_g_cm3") or 0.0),
                 )
             except (KeyError, TypeError, ValueError) as error:
                 if skip_malformed:

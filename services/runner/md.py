@@ -1,9 +1,13 @@
 """The three tasks of a runner: MD, minimisation and analysis, each returning its exit code.
 
-MD integrates in chunks that end on report and checkpoint boundaries (and are at most
-``max_chunk_steps`` long); each chunk runs in a worker thread so the event loop keeps
-publishing. Between chunks the loop reports, checks stability and convergence, checkpoints,
-and honours a stop request (SIGTERM) by checkpointing at once and exiting PREEMPTED.
+MD integrates in chunks that end on report, trajectory and checkpoint boundaries (and are at
+most ``max_chunk_steps`` long); each chunk runs in a worker thread so the event loop keeps
+publishing. Between chunks the loop reports (energies, volume, density, ns/day, ETA), checks
+stability and convergence, writes trajectory frames, checkpoints (every
+``checkpoint_interval_steps`` steps, and after ``checkpoint_interval_s`` seconds when set), and
+honours a stop request (SIGTERM) by checkpointing at once and exiting PREEMPTED. A successful
+run leaves the final state, the trajectory and the energy table in the job's output folder and
+announces them, with their sha256, in an ``outputs`` event.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import openmm
@@ -23,10 +28,15 @@ from mdq.core.exit_codes import RunnerExit
 from mdq.core.runner_task import RunnerTask
 from services.runner.analysis import FILE_NAME as ANALYSIS_FILE
 from services.runner.analysis import analyze
-from services.runner.checkpoints import CheckpointFile, CheckpointStore, write_atomically
+from services.runner.checkpoints import (
+    CheckpointFile,
+    CheckpointStore,
+    sha256_of,
+    write_atomically,
+)
 from services.runner.energies import FILE_NAME as ENERGIES_FILE
 from services.runner.energies import EnergyLog
-from services.runner.errors import UnstableError
+from services.runner.errors import InvalidInputError, UnstableError
 from services.runner.metrics import RunnerMetrics
 from services.runner.outbox import Outbox
 from services.runner.settings import RunnerSettings
@@ -38,6 +48,7 @@ from services.runner.system import (
     is_nan_error,
     read_state,
 )
+from services.runner.trajectory import Trajectory, TrajectoryMark, file_name
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +68,8 @@ class RunContext:
     metrics: RunnerMetrics
     stop: threading.Event = field(default_factory=threading.Event)
     """Set on SIGTERM: checkpoint at the next chunk boundary and exit PREEMPTED."""
+    data_dir: Path | None = None
+    """Root that structure paths are resolved in (MDQ_DATA_DIR)."""
 
     @property
     def spec(self) -> pb.JobSpec:
@@ -86,10 +99,21 @@ class Speedometer:
 
 def next_chunk(*, step: int, target: int, boundaries: tuple[int, ...], max_steps: int) -> int:
     """Steps to run from ``step`` so the chunk ends on the next multiple of any of
-    ``boundaries`` (report, checkpoint intervals), at ``target`` at the latest."""
+    ``boundaries`` (report, checkpoint, trajectory intervals), at ``target`` at the latest."""
     ends = [target, step + max_steps]
     ends.extend((step // every + 1) * every for every in boundaries if every > 0)
     return max(1, min(ends) - step)
+
+
+def output_path(job_dir: Path, name: str) -> Path:
+    """``job_dir/name`` and nowhere else: a symlink planted under that name is removed first,
+    so writing to it cannot reach outside the job's folder."""
+    path = job_dir / name
+    if path.is_symlink():
+        path.unlink()
+    if path.name != name or path.parent.resolve() != job_dir.resolve():
+        raise InvalidInputError(f"output {name!r} would leave the job folder {job_dir}")
+    return path
 
 
 def _report(
@@ -102,10 +126,10 @@ def _report(
 ) -> None:
     """Record one progress report: energy table, metrics, progress event."""
     energies.append(sample)
-    run.metrics.observe(sample)
     ns_per_day, eta_s = (
         (0.0, 0.0) if speed is None else speed.rates(step=sample.step, target_steps=run.spec.steps)
     )
+    run.metrics.observe(sample, ns_per_day=ns_per_day, eta_s=eta_s)
     run.outbox.progress(
         pb.Progress(
             step=sample.step,
@@ -117,17 +141,37 @@ def _report(
             ns_per_day=ns_per_day,
             eta_s=eta_s,
             done_reason=reason,
+            volume_nm3=sample.volume_nm3,
+            density_g_cm3=sample.density_g_cm3,
         )
     )
 
 
-async def _checkpoint(run: RunContext, md: MdSystem, store: CheckpointStore, step: int) -> None:
-    """Write the checkpoint of the current state, announce it, wait for what is in flight."""
+async def _checkpoint(
+    run: RunContext,
+    md: MdSystem,
+    store: CheckpointStore,
+    step: int,
+    trajectory: Trajectory | None = None,
+    *,
+    native: bool = True,
+) -> None:
+    """Write the checkpoint of the current state (State XML, native checkpoint, trajectory
+    mark), announce it, wait for what is in flight."""
     xml, time_ps = md.snapshot()
+    native_data = md.native_checkpoint() if native else None
+    mark = trajectory.mark() if trajectory is not None else None
     checkpoint: CheckpointFile = await asyncio.to_thread(
-        store.write, state_xml=xml, step=step, time_ps=time_ps
+        store.write,
+        state_xml=xml,
+        step=step,
+        time_ps=time_ps,
+        native=native_data,
+        platform=md.platform,
+        trajectory=mark,
     )
     run.outbox.checkpoint(checkpoint.to_pb())
+    run.metrics.checkpointed(step)
     log.info(
         "checkpoint at step %d: %s (%d bytes, sha256 %s)",
         step,
@@ -140,19 +184,82 @@ async def _checkpoint(run: RunContext, md: MdSystem, store: CheckpointStore, ste
 
 async def _write_final_state(run: RunContext, md: MdSystem) -> None:
     xml, _ = md.snapshot()
-    path = run.task.job_dir / FINAL_STATE_FILE
+    path = output_path(run.task.job_dir, FINAL_STATE_FILE)
     await asyncio.to_thread(write_atomically, path, xml.encode())
 
 
-def _prepare_md(run: RunContext, md: MdSystem, store: CheckpointStore) -> int | None:
-    """Put the start state into the context; return the resumed step, None for a new run."""
+def _output_file(path: Path, *, kind: str, file_format: str, frames: int = 0) -> pb.OutputFile:
+    return pb.OutputFile(
+        kind=kind,
+        path=str(path),
+        sha256=sha256_of(path),
+        size_bytes=path.stat().st_size,
+        format=file_format,
+        frames=frames,
+    )
+
+
+async def announce_outputs(
+    run: RunContext, *, final_step: int, trajectory: Trajectory | None = None, energy_rows: int = 0
+) -> None:
+    """Publish the ``outputs`` event: every file the attempt leaves, with its sha256."""
+    job_dir = run.task.job_dir
+
+    def describe() -> list[pb.OutputFile]:
+        files: list[pb.OutputFile] = []
+        if trajectory is not None:
+            mark = trajectory.mark()
+            if trajectory.path.is_file():
+                files.append(
+                    _output_file(
+                        trajectory.path,
+                        kind="trajectory",
+                        file_format=trajectory.format,
+                        frames=mark.frames,
+                    )
+                )
+        for name, kind, file_format, rows in (
+            (FINAL_STATE_FILE, "final_state", "xml", 0),
+            (ENERGIES_FILE, "energies", "csv", energy_rows),
+            (ANALYSIS_FILE, "analysis", "json", 0),
+        ):
+            path = job_dir / name
+            if path.is_file() and not path.is_symlink():
+                files.append(_output_file(path, kind=kind, file_format=file_format, frames=rows))
+        return files
+
+    files = await asyncio.to_thread(describe)
+    run.outbox.outputs(pb.JobOutputs(final_step=final_step, output_dir=str(job_dir), files=files))
+
+
+@dataclass(frozen=True, slots=True)
+class StartPoint:
+    """Where an MD attempt starts: the resumed step (None for a new run) and the trajectory's
+    length at that step."""
+
+    resumed_step: int | None
+    trajectory: TrajectoryMark | None = None
+
+
+def _prepare_md(run: RunContext, md: MdSystem, store: CheckpointStore) -> StartPoint:
+    """Put the start state into the context."""
     task, spec = run.task, run.spec
     if task.resume_from is not None:
-        loaded = store.load(task.resume_from)
+        loaded = store.load(task.resume_from, platform=md.platform)
         if loaded is not None:
-            md.restore(loaded.state, step=loaded.file.step)
-            log.info("resuming from %s at step %d", loaded.file.path, loaded.file.step)
-            return loaded.file.step
+            step = loaded.file.step
+            how = "State XML"
+            if loaded.native is not None:
+                try:
+                    md.load_native_checkpoint(loaded.native)
+                    how = "native checkpoint"
+                except Exception as error:  # OpenMMException: not loadable after all
+                    log.warning("native checkpoint unusable (%s): using the State XML", error)
+            if how == "State XML":
+                md.restore(loaded.state, step=step)
+            md.simulation.currentStep = step
+            log.info("resuming from %s at step %d (%s)", loaded.file.path, step, how)
+            return StartPoint(resumed_step=step, trajectory=loaded.trajectory)
         log.warning("no usable checkpoint to resume from: starting over from step 0")
     if task.input_dirs:
         structure = task.input_dirs[0] / FINAL_STATE_FILE
@@ -161,75 +268,125 @@ def _prepare_md(run: RunContext, md: MdSystem, store: CheckpointStore) -> int | 
                 read_state(structure), temperature_k=spec.temperature_k, seed=spec.seed
             )
             log.info("starting from %s", structure)
-            return None
-        log.info("%s does not exist: starting from a fresh box", structure)
+            return StartPoint(resumed_step=None)
+        log.info("%s does not exist: starting from the built system", structure)
     md.start_fresh(
         minimize_iterations=run.settings.warmup_minimize_iterations,
         temperature_k=spec.temperature_k,
         seed=spec.seed,
     )
-    return None
+    return StartPoint(resumed_step=None)
+
+
+def _build(run: RunContext, integrator: openmm.Integrator | None = None) -> MdSystem:
+    return build_system(
+        run.spec,
+        threads=run.task.threads,
+        integrator=integrator,
+        data_dir=run.data_dir,
+        input_dirs=run.task.input_dirs,
+    )
+
+
+async def _step(md: MdSystem, steps: int, *, after: int) -> None:
+    """Run ``steps`` MD steps in a worker thread; NaN coordinates are UnstableError."""
+    try:
+        await asyncio.to_thread(md.run, steps)
+    except openmm.OpenMMException as error:
+        if is_nan_error(error):
+            raise UnstableError(f"simulation blew up after step {after}: {error}") from None
+        raise
 
 
 async def run_md(run: RunContext) -> RunnerExit:
     """Integrate to the step target or convergence; checkpoint on the way."""
     spec = run.spec
-    md = await asyncio.to_thread(build_system, spec, threads=run.task.threads)
+    md = await asyncio.to_thread(_build, run)
+    log.info("built %d atoms on the %s platform", md.atoms, md.platform)
     store = CheckpointStore(directory=run.task.job_dir / CHECKPOINT_DIR)
     store.remove_temporaries()
-    resumed_step = await asyncio.to_thread(_prepare_md, run, md, store)
-    last_checkpoint = resumed_step
+    start = await asyncio.to_thread(_prepare_md, run, md, store)
+    last_checkpoint = start.resumed_step
     target = spec.steps
-    boundaries = (spec.report_interval_steps, spec.checkpoint_interval_steps)
+    every_frame = spec.trajectory_interval_steps
+    trajectory = (
+        Trajectory(
+            path=output_path(run.task.job_dir, file_name(spec.trajectory_format)),
+            trajectory_format=spec.trajectory_format,
+            topology=md.topology,
+            timestep_ps=md.timestep_ps,
+            interval=every_frame,
+            resume=start.trajectory if start.resumed_step is not None else None,
+            resumed_step=start.resumed_step,
+        )
+        if every_frame > 0
+        else None
+    )
+    boundaries = (spec.report_interval_steps, spec.checkpoint_interval_steps, every_frame)
     tracker = ConvergenceTracker(
         tolerance=spec.convergence.tolerance_kj_mol, reports=spec.convergence.reports
     )
-    speed = Speedometer(start_step=md.step, started=time.monotonic(), timestep_ps=md.timestep_ps)
+    seconds_between_checkpoints = spec.checkpoint_interval_s
     absurd = run.settings.absurd_energy_per_atom_kj_mol
-    with EnergyLog(
-        path=run.task.job_dir / ENERGIES_FILE, keep_through_step=resumed_step
-    ) as energies:
-        while True:
-            step = md.step
-            if run.stop.is_set():
-                if step != last_checkpoint:
-                    await _checkpoint(run, md, store, step)
-                await run.flush()
-                log.info("stopped on request at step %d", step)
-                return RunnerExit.PREEMPTED
-            if step < target:
-                chunk = next_chunk(
-                    step=step,
-                    target=target,
-                    boundaries=boundaries,
-                    max_steps=run.settings.max_chunk_steps,
-                )
-                try:
-                    await asyncio.to_thread(md.simulation.step, chunk)
-                except openmm.OpenMMException as error:
-                    if is_nan_error(error):
-                        message = f"simulation blew up after step {step}: {error}"
-                        raise UnstableError(message) from None
-                    raise
+    try:
+        with EnergyLog(
+            path=output_path(run.task.job_dir, ENERGIES_FILE),
+            keep_through_step=start.resumed_step,
+        ) as energies:
+            speed = Speedometer(
+                start_step=md.step, started=time.monotonic(), timestep_ps=md.timestep_ps
+            )
+            last_checkpoint_at = time.monotonic()
+            while True:
                 step = md.step
-            if step % spec.report_interval_steps == 0 or step >= target:
-                sample = md.sample()
-                check_stable(sample, atoms=md.atoms, absurd_per_atom=absurd)
-                reason = done_reason(
-                    step=step,
-                    target_steps=target,
-                    converged=tracker.observe(sample.potential_kj_mol),
-                )
-                if reason:
-                    await _write_final_state(run, md)
-                    _report(run, energies, sample, speed=speed, reason=reason)
+                if run.stop.is_set():
+                    if step != last_checkpoint:
+                        await _checkpoint(run, md, store, step, trajectory)
                     await run.flush()
-                    log.info("finished at step %d: %s", step, reason)
-                    return RunnerExit.OK
-                _report(run, energies, sample, speed=speed)
-            if step % spec.checkpoint_interval_steps == 0 and step != last_checkpoint:
-                await _checkpoint(run, md, store, step)
-                last_checkpoint = step
+                    log.info("stopped on request at step %d", step)
+                    return RunnerExit.PREEMPTED
+                if step < target:
+                    chunk = next_chunk(
+                        step=step,
+                        target=target,
+                        boundaries=boundaries,
+                        max_steps=run.settings.max_chunk_steps,
+                    )
+                    await _step(md, chunk, after=step)
+                    step = md.step
+                reason = ""
+                if step % spec.report_interval_steps == 0 or step >= target:
+                    sample = md.sample()
+                    check_stable(sample, atoms=md.atoms, absurd_per_atom=absurd)
+                    reason = done_reason(
+                        step=step,
+                        target_steps=target,
+                        converged=tracker.observe(sample.potential_kj_mol),
+                    )
+                    if not reason:
+                        _report(run, energies, sample, speed=speed)
+                if trajectory is not None and step % every_frame == 0:
+                    trajectory.write(*md.positions())
+                if reason:
+                    _report(run, energies, sample, speed=speed, reason=reason)
+                    rows = energies.rows
+                    await _write_final_state(run, md)
+                    break
+                due = step % spec.checkpoint_interval_steps == 0 or (
+                    seconds_between_checkpoints > 0
+                    and time.monotonic() - last_checkpoint_at >= seconds_between_checkpoints
+                )
+                if due and step != last_checkpoint:
+                    await _checkpoint(run, md, store, step, trajectory)
+                    last_checkpoint = step
+                    last_checkpoint_at = time.monotonic()
+        await announce_outputs(run, final_step=step, trajectory=trajectory, energy_rows=rows)
+        await run.flush()
+        log.info("finished at step %d: %s", step, reason)
+        return RunnerExit.OK
+    finally:
+        if trajectory is not None:
+            trajectory.close()
 
 
 class _MinimizationProgress(openmm.MinimizationReporter):  # type: ignore[misc]
@@ -282,15 +439,15 @@ def _minimizer_sample(md: MdSystem, *, iteration: int) -> EnergySample:
         potential_kj_mol=sample.potential_kj_mol,
         kinetic_kj_mol=0.0,
         temperature_k=0.0,
+        volume_nm3=sample.volume_nm3,
+        density_g_cm3=sample.density_g_cm3,
     )
 
 
 async def run_minimize(run: RunContext) -> RunnerExit:
     """Minimise for at most ``spec.steps`` iterations; write the minimised structure."""
     spec = run.spec
-    md = await asyncio.to_thread(
-        build_system, spec, threads=run.task.threads, integrator=openmm.VerletIntegrator(0.001)
-    )
+    md = await asyncio.to_thread(_build, run, openmm.VerletIntegrator(0.001))
     store = CheckpointStore(directory=run.task.job_dir / CHECKPOINT_DIR)
     store.remove_temporaries()
     first = 0
@@ -303,7 +460,8 @@ async def run_minimize(run: RunContext) -> RunnerExit:
     absurd = run.settings.absurd_energy_per_atom_kj_mol
     # A resumed minimisation reports its start iteration again: keep the rows before it.
     with EnergyLog(
-        path=run.task.job_dir / ENERGIES_FILE, keep_through_step=first - 1 if first else None
+        path=output_path(run.task.job_dir, ENERGIES_FILE),
+        keep_through_step=first - 1 if first else None,
     ) as energies:
 
         def report(iteration: int, potential: float) -> None:
@@ -338,27 +496,30 @@ async def run_minimize(run: RunContext) -> RunnerExit:
         await asyncio.sleep(0)  # let the reports handed over by the minimiser thread run
         if run.stop.is_set():
             md.simulation.currentStep = done
-            await _checkpoint(run, md, store, done)
+            # The minimiser's context holds no dynamics worth a native checkpoint.
+            await _checkpoint(run, md, store, done, native=False)
             log.info("stopped on request at iteration %d", done)
             return RunnerExit.PREEMPTED
         final = _minimizer_sample(md, iteration=done)
         check_stable(final, atoms=md.atoms, absurd_per_atom=absurd)
+        md.simulation.currentStep = done
         await _write_final_state(run, md)
         _report(run, energies, final, speed=None, reason="minimized")
-        await run.flush()
-        log.info(
-            "minimised in %d iterations: %.1f kJ/mol", progress.iterations, final.potential_kj_mol
-        )
-        return RunnerExit.OK
+        rows = energies.rows
+    await announce_outputs(run, final_step=done, energy_rows=rows)
+    await run.flush()
+    log.info("minimised in %d iterations: %.1f kJ/mol", progress.iterations, final.potential_kj_mol)
+    return RunnerExit.OK
 
 
 async def run_analyze(run: RunContext) -> RunnerExit:
     """Summarise the dependencies' energy tables into analysis.json."""
-    output = run.task.job_dir / ANALYSIS_FILE
+    output = output_path(run.task.job_dir, ANALYSIS_FILE)
     document = await asyncio.to_thread(analyze, run.task.input_dirs, output=output)
     run.outbox.progress(
         pb.Progress(step=run.spec.steps, target_steps=run.spec.steps, done_reason="analyzed")
     )
+    await announce_outputs(run, final_step=run.spec.steps)
     await run.flush()
     log.info("analysed %d inputs into %s", len(document["inputs"]), output)
     return RunnerExit.OK

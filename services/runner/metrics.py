@@ -1,4 +1,4 @@
-"""The runner's Prometheus endpoint: the MD step and energy of this attempt, live.
+"""The runner's Prometheus endpoint: the MD step, energies and speed of this attempt, live.
 
 Served only when ``MDQ_RUNNER_METRICS_PORT`` is a port (> 0); scraped in the pod by Prometheus, so
 Grafana can chart a job's step and energy next to the node it runs on.
@@ -16,24 +16,34 @@ from services.runner.system import EnergySample
 log = logging.getLogger(__name__)
 
 
+GAUGES = {
+    "md_step": "Current MD step (or minimiser iteration) of the attempt.",
+    "md_energy": "Potential energy at the last progress report, kJ/mol.",
+    "md_kinetic_energy": "Kinetic energy at the last progress report, kJ/mol.",
+    "md_temperature": "Instantaneous temperature at the last progress report, K.",
+    "md_time_ps": "Simulated time at the last progress report, ps.",
+    "md_volume_nm3": "Periodic box volume at the last progress report, nm^3 (0: not periodic).",
+    "md_density_g_cm3": "Mass density at the last progress report, g/cm^3 (0: not periodic).",
+    "md_ns_per_day": "Speed of the attempt since it started stepping, ns/day.",
+    "md_eta_seconds": "Estimated seconds to the step target at the current speed.",
+    "md_checkpoint_step": "Step of the attempt's latest checkpoint.",
+}
+"""Every gauge the runner exports (labels job, attempt); md_step and md_energy are the brief's
+names."""
+
+
 class RunnerMetrics:
-    """``md_step`` and ``md_energy`` (labels job, attempt), optionally served over HTTP."""
+    """The gauges of :data:`GAUGES` for one attempt, optionally served over HTTP."""
 
     def __init__(self, *, job_id: str, attempt: int) -> None:
         self.registry = CollectorRegistry()
         labels = {"job": job_id, "attempt": str(attempt)}
-        self._step = Gauge(
-            "md_step",
-            "Current MD step (or minimiser iteration) of the attempt.",
-            labelnames=tuple(labels),
-            registry=self.registry,
-        ).labels(**labels)
-        self._energy = Gauge(
-            "md_energy",
-            "Potential energy at the last progress report, kJ/mol.",
-            labelnames=tuple(labels),
-            registry=self.registry,
-        ).labels(**labels)
+        self._gauges: dict[str, Gauge] = {
+            name: Gauge(name, text, labelnames=tuple(labels), registry=self.registry).labels(
+                **labels
+            )
+            for name, text in GAUGES.items()
+        }
         self._server: WSGIServer | None = None
 
     def serve(self, *, port: int) -> None:
@@ -41,9 +51,25 @@ class RunnerMetrics:
         self._server, _ = start_http_server(port, registry=self.registry)
         log.info("serving metrics on port %d", port)
 
-    def observe(self, sample: EnergySample) -> None:
-        self._step.set(sample.step)
-        self._energy.set(sample.potential_kj_mol)
+    def observe(self, sample: EnergySample, *, ns_per_day: float = 0.0, eta_s: float = 0.0) -> None:
+        """Record one progress report."""
+        values = {
+            "md_step": sample.step,
+            "md_energy": sample.potential_kj_mol,
+            "md_kinetic_energy": sample.kinetic_kj_mol,
+            "md_temperature": sample.temperature_k,
+            "md_time_ps": sample.time_ps,
+            "md_volume_nm3": sample.volume_nm3,
+            "md_density_g_cm3": sample.density_g_cm3,
+            "md_ns_per_day": ns_per_day,
+            "md_eta_seconds": eta_s,
+        }
+        for name, value in values.items():
+            self._gauges[name].set(value)
+
+    def checkpointed(self, step: int) -> None:
+        """Record a checkpoint."""
+        self._gauges["md_checkpoint_step"].set(step)
 
     def close(self) -> None:
         if self._server is not None:

@@ -49,6 +49,10 @@ class Outbox:
         """Publish a checkpoint event (id ``checkpoint:<job>:<attempt>:<step>``)."""
         self._send("checkpoint", checkpoint, detail=checkpoint.step, important=True)
 
+    def outputs(self, outputs: pb.JobOutputs) -> None:
+        """Publish the outputs event of a successful attempt (id ``outputs:<job>:<attempt>``)."""
+        self._send("outputs", outputs, detail=None, important=True)
+
     async def flush(self, *, timeout_s: float) -> bool:
         """Wait for every event in flight; False if some were still pending at the timeout."""
         if not self._in_flight:
@@ -58,7 +62,7 @@ class Outbox:
             log.error("%d events still unpublished after %.0f s", len(pending), timeout_s)
         return not pending
 
-    def _send(self, kind: str, body: Message, *, detail: int, important: bool) -> None:
+    def _send(self, kind: str, body: Message, *, detail: int | None, important: bool) -> None:
         event = self._publisher.event(
             kind, body, job_id=self._job_id, attempt=self._attempt, detail=detail
         )

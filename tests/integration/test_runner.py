@@ -55,12 +55,18 @@ class JobEvents:
 
     progress: list[pb.Event] = field(default_factory=list)
     checkpoints: list[pb.Event] = field(default_factory=list)
+    outputs: list[pb.Event] = field(default_factory=list)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def on_message(self, message: Msg) -> None:
         event = decode_event(message.data)
         kind = event.WhichOneof("body")
-        (self.progress if kind == "progress" else self.checkpoints).append(event)
+        if kind == "progress":
+            self.progress.append(event)
+        elif kind == "outputs":
+            self.outputs.append(event)
+        else:
+            self.checkpoints.append(event)
         self.changed.set()
 
     async def wait_until(self, condition: Callable[[], bool], within_s: float = WAIT_S) -> None:
@@ -146,6 +152,7 @@ async def tap(nc: Client, subjects: Subjects, job_id: str) -> JobEvents:
     await js.subscribe(
         subjects.job(job_id, "checkpoint"), cb=events.on_message, ordered_consumer=True
     )
+    await js.subscribe(subjects.job(job_id, "outputs"), cb=events.on_message, ordered_consumer=True)
     return events
 
 
@@ -176,6 +183,10 @@ def on_disk(path: Path) -> tuple[str, int]:
     return hashlib.sha256(data).hexdigest(), len(data)
 
 
+def text_of(path: Path) -> str:
+    return path.read_text()
+
+
 def sha256_file(path: str | Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
@@ -203,10 +214,24 @@ async def test_md_run_reaches_its_step_target(
         event.event_id == f"progress:job-target:1:{event.progress.step}"
         for event in events.progress
     )
+    assert all(p.volume_nm3 == pytest.approx(BOX_NM**3, rel=1e-6) for p in progress)
+    assert all(0.85 < p.density_g_cm3 < 1.1 for p in progress), progress
     rows = (task.job_dir / "energies.csv").read_text().splitlines()
-    assert rows[0] == "step,time_ps,potential_kj_mol,kinetic_kj_mol,temperature_k"
+    assert rows[0] == (
+        "step,time_ps,potential_kj_mol,kinetic_kj_mol,temperature_k,volume_nm3,density_g_cm3"
+    )
     assert [int(row.split(",")[0]) for row in rows[1:]] == list(range(50, 401, 50))
     assert "<State" in (task.job_dir / "final_state.xml").read_text()
+    await events.wait_until(lambda: bool(events.outputs))
+    outputs = events.outputs[0]
+    assert outputs.event_id == "outputs:job-target:1"
+    assert outputs.outputs.final_step == 400
+    by_kind = {file.kind: file for file in outputs.outputs.files}
+    assert set(by_kind) == {"final_state", "energies"}, "no trajectory was asked for"
+    assert by_kind["energies"].frames == 8
+    for file in by_kind.values():
+        assert Path(file.path).parent == task.job_dir
+        assert on_disk(Path(file.path)) == (file.sha256, file.size_bytes)
 
 
 async def test_checkpoint_events_match_the_files_on_disk(
@@ -229,6 +254,11 @@ async def test_checkpoint_events_match_the_files_on_disk(
         sidecar = json.loads(path.with_suffix(".json").read_text())
         assert sidecar["sha256"] == checkpoint.sha256
         assert sidecar["step"] == checkpoint.step
+        assert f'stepCount="{checkpoint.step}"' in text_of(path), "the XML carries the step"
+        native = Path(checkpoint.native_path)
+        assert native == path.with_suffix(".chk")
+        assert on_disk(native)[0] == checkpoint.native_sha256 == sidecar["native_sha256"]
+        assert checkpoint.platform == sidecar["platform"] == "CPU"
     assert events.checkpoints[0].event_id == "checkpoint:job-ckpt:1:100"
 
 
@@ -267,8 +297,10 @@ async def test_resume_after_kill_continues_the_trajectory(
     assert steps == list(range(20, spec.steps + 1, 20)), "the energy table is one trajectory"
     kept = sorted(path.name for path in (first_task.job_dir / "checkpoints").iterdir())
     assert kept == [
+        "ckpt-000000002800.chk",
         "ckpt-000000002800.json",
         "ckpt-000000002800.xml",
+        "ckpt-000000002900.chk",
         "ckpt-000000002900.json",
         "ckpt-000000002900.xml",
     ], "the newest checkpoint and the one before it are kept, nothing else"
@@ -317,6 +349,9 @@ async def test_sigterm_checkpoints_and_exits_preempted(
     metrics = await asyncio.to_thread(scrape)
     assert 'md_step{attempt="1",job="job-term"}' in metrics
     assert 'md_energy{attempt="1",job="job-term"} -' in metrics
+    for gauge in ("md_temperature", "md_ns_per_day", "md_eta_seconds", "md_density_g_cm3"):
+        assert f'{gauge}{{attempt="1",job="job-term"}}' in metrics, gauge
+    assert f'md_volume_nm3{{attempt="1",job="job-term"}} {BOX_NM**3}' in metrics
 
     runner.process.send_signal(signal.SIGTERM)
     assert await runner.wait() == RunnerExit.PREEMPTED, runner.stderr

@@ -12,6 +12,7 @@ import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 
 from mdq.contracts import pb
 from mdq.core.ids import job_id
@@ -23,6 +24,31 @@ MAX_KEY_LENGTH = 200
 MAX_LABELS = 32
 MAX_LABEL_LENGTH = 63
 MAX_DEPENDENCIES = 100
+
+# -- systems and engine settings ---------------------------------------------------------------
+WATER_BOX_MAX_CUTOFF_NM = 1.0
+CUTOFF_MARGIN_NM = 0.05
+"""A default cutoff stays this far below half the box edge."""
+CUTOFF_RANGE_NM = (0.1, 5.0)
+ARGON_SIGMA_NM = 0.3405
+ARGON_EPSILON_KJ_MOL = 0.996
+ARGON_MASS_DALTON = 39.948
+LJ_REDUCED_DENSITY = 0.8442
+"""Default density of a Lennard-Jones fluid, in reduced units (rho sigma^3): the classic
+benchmark state point near the triple point."""
+LJ_CUTOFF_SIGMAS = 2.5
+LJ_DEFAULT_ATOMS = 1000
+DEFAULT_FORCE_FIELDS = ("amber14-all.xml", "amber14/tip3p.xml")
+WATER_MODELS = ("tip3p", "spce", "tip4pew", "tip5p", "swm4ndp")
+MAX_PDB_CONTENT_CHARS = 65_536
+"""Inline structures travel in the job spec (and the runner's environment): keep them small;
+larger ones go in a file under the data folder."""
+MAX_PATH_CHARS = 1024
+MAX_FORCE_FIELDS = 16
+FORCE_FIELD_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_./-]{0,199}\.xml$")
+PLATFORMS = {"cpu": "CPU", "cuda": "CUDA", "opencl": "OpenCL", "reference": "Reference"}
+DEFAULT_BAROSTAT_FREQUENCY = 25
+PERIODIC_METHODS = (pb.NONBONDED_PME, pb.NONBONDED_CUTOFF_PERIODIC)
 
 
 class SpecError(ValueError):
@@ -83,12 +109,9 @@ def normalize_job(spec: pb.JobSpec, path: str) -> pb.JobSpec:
         raise SpecError(f"{path}.task", f"unknown task {job.task}")
     if job.task == pb.TASK_UNSPECIFIED:
         job.task = pb.TASK_MD
+    _normalize_engine(job, path)
     if job.task != pb.TASK_ANALYZE:
-        if not job.HasField("system") or job.system.WhichOneof("kind") is None:
-            job.system.water_box.box_nm = 2.0
-        box = job.system.water_box
-        box.box_nm = _default(box.box_nm, 2.0)
-        _check_range(f"{path}.system.water_box.box_nm", box.box_nm, 1.2, 10.0)
+        _normalize_system(job, path)
     job.temperature_k = _default(job.temperature_k, 300.0)
     _check_range(f"{path}.temperature_k", job.temperature_k, 1.0, 5000.0)
     job.timestep_fs = _default(job.timestep_fs, 2.0)
@@ -140,6 +163,190 @@ def normalize_job(spec: pb.JobSpec, path: str) -> pb.JobSpec:
     if job.task == pb.TASK_ANALYZE and not job.depends_on:
         raise SpecError(f"{path}.depends_on", "an analyze job needs the jobs it analyzes")
     return job
+
+
+def _enum_value(field: str, value: int, enum: type, default: int) -> int:
+    """``value`` of a generated enum, its default when unset; SpecError when unknown."""
+    values = enum.values()  # type: ignore[attr-defined]
+    if value not in values:
+        raise SpecError(field, f"unknown value {value}")
+    return default if value == 0 else value
+
+
+def _normalize_engine(job: pb.JobSpec, path: str) -> None:
+    """Integrator, barostat, platform, checkpoint time and trajectory: defaults and ranges."""
+    job.integrator = _enum_value(  # type: ignore[assignment]
+        f"{path}.integrator", job.integrator, pb.Integrator, pb.INTEGRATOR_LANGEVIN_MIDDLE
+    )
+    if job.nonbonded_method not in pb.NonbondedMethod.values():
+        raise SpecError(f"{path}.nonbonded_method", f"unknown value {job.nonbonded_method}")
+    barostat = job.barostat
+    _check_range(f"{path}.barostat.pressure_bar", barostat.pressure_bar, 0.0, 1e5)
+    if barostat.pressure_bar > 0:
+        if job.integrator == pb.INTEGRATOR_VERLET:
+            raise SpecError(
+                f"{path}.barostat.pressure_bar",
+                "a barostat needs a thermostat: use a Langevin or Nose-Hoover integrator",
+            )
+        barostat.frequency_steps = int(
+            _default(barostat.frequency_steps, DEFAULT_BAROSTAT_FREQUENCY)
+        )
+        _check_range(f"{path}.barostat.frequency_steps", barostat.frequency_steps, 1, 10_000)
+    elif barostat.frequency_steps:
+        raise SpecError(f"{path}.barostat.pressure_bar", "is needed with frequency_steps (NPT)")
+    platform = PLATFORMS.get((job.platform or "CPU").lower())
+    if platform is None:
+        raise SpecError(f"{path}.platform", f"must be one of {', '.join(PLATFORMS.values())}")
+    job.platform = platform
+    if job.checkpoint_interval_s != 0:
+        _check_range(f"{path}.checkpoint_interval_s", job.checkpoint_interval_s, 1.0, 1e6)
+    if job.trajectory_interval_steps != 0:
+        _check_range(f"{path}.trajectory_interval_steps", job.trajectory_interval_steps, 1, 1e9)
+        job.trajectory_format = _enum_value(  # type: ignore[assignment]
+            f"{path}.trajectory_format",
+            job.trajectory_format,
+            pb.TrajectoryFormat,
+            pb.TRAJECTORY_DCD,
+        )
+    elif job.trajectory_format != pb.TRAJECTORY_FORMAT_UNSPECIFIED:
+        raise SpecError(
+            f"{path}.trajectory_interval_steps", "set it to write a trajectory in that format"
+        )
+
+
+def _check_cutoff(field: str, cutoff_nm: float, box_nm: float | None) -> None:
+    _check_range(field, cutoff_nm, *CUTOFF_RANGE_NM)
+    if box_nm is not None and cutoff_nm >= box_nm / 2:
+        raise SpecError(
+            field, f"must be below half the box edge ({box_nm:.4g} nm), got {cutoff_nm!r}"
+        )
+
+
+def _normalize_system(job: pb.JobSpec, path: str) -> None:
+    """The system and its nonbonded method and cutoff: defaults, ranges, consistency."""
+    if not job.HasField("system") or job.system.WhichOneof("kind") is None:
+        job.system.water_box.box_nm = 2.0
+    kind = job.system.WhichOneof("kind")
+    method_field = f"{path}.nonbonded_method"
+    if kind == "water_box":
+        box = job.system.water_box
+        box.box_nm = _default(box.box_nm, 2.0)
+        _check_range(f"{path}.system.water_box.box_nm", box.box_nm, 1.2, 10.0)
+        job.nonbonded_method = job.nonbonded_method or pb.NONBONDED_PME
+        if job.nonbonded_method not in PERIODIC_METHODS:
+            raise SpecError(method_field, "a water box is periodic: PME or CUTOFF_PERIODIC")
+        default_cutoff = min(WATER_BOX_MAX_CUTOFF_NM, box.box_nm / 2 - CUTOFF_MARGIN_NM)
+        job.cutoff_nm = _default(job.cutoff_nm, default_cutoff)
+        _check_cutoff(f"{path}.cutoff_nm", job.cutoff_nm, box.box_nm)
+    elif kind == "lennard_jones":
+        _normalize_lennard_jones(job, path)
+    elif kind == "structure":
+        _normalize_structure(job, path)
+
+
+def lennard_jones_box_nm(fluid: pb.LennardJonesFluid) -> float:
+    """Edge of the cubic box of a (normalised) Lennard-Jones fluid, nm."""
+    return float((fluid.atoms / fluid.density_atoms_nm3) ** (1.0 / 3.0))
+
+
+def _normalize_lennard_jones(job: pb.JobSpec, path: str) -> None:
+    fluid = job.system.lennard_jones
+    here = f"{path}.system.lennard_jones"
+    fluid.atoms = int(_default(fluid.atoms, LJ_DEFAULT_ATOMS))
+    _check_range(f"{here}.atoms", fluid.atoms, 2, 1_000_000)
+    fluid.sigma_nm = _default(fluid.sigma_nm, ARGON_SIGMA_NM)
+    _check_range(f"{here}.sigma_nm", fluid.sigma_nm, 0.05, 2.0)
+    fluid.epsilon_kj_mol = _default(fluid.epsilon_kj_mol, ARGON_EPSILON_KJ_MOL)
+    _check_range(f"{here}.epsilon_kj_mol", fluid.epsilon_kj_mol, 0.001, 100.0)
+    fluid.mass_dalton = _default(fluid.mass_dalton, ARGON_MASS_DALTON)
+    _check_range(f"{here}.mass_dalton", fluid.mass_dalton, 0.5, 1000.0)
+    fluid.density_atoms_nm3 = _default(
+        fluid.density_atoms_nm3, LJ_REDUCED_DENSITY / fluid.sigma_nm**3
+    )
+    _check_range(f"{here}.density_atoms_nm3", fluid.density_atoms_nm3, 0.01, 1000.0)
+    job.nonbonded_method = job.nonbonded_method or pb.NONBONDED_CUTOFF_PERIODIC
+    if job.nonbonded_method != pb.NONBONDED_CUTOFF_PERIODIC:
+        raise SpecError(
+            f"{path}.nonbonded_method",
+            "a Lennard-Jones fluid is periodic and uncharged: only NONBONDED_CUTOFF_PERIODIC",
+        )
+    if fluid.cutoff_nm and job.cutoff_nm and fluid.cutoff_nm != job.cutoff_nm:
+        raise SpecError(
+            f"{here}.cutoff_nm",
+            f"differs from {path}.cutoff_nm ({job.cutoff_nm!r}): set one of them",
+        )
+    field = f"{here}.cutoff_nm" if fluid.cutoff_nm or not job.cutoff_nm else f"{path}.cutoff_nm"
+    cutoff = fluid.cutoff_nm or job.cutoff_nm or LJ_CUTOFF_SIGMAS * fluid.sigma_nm
+    box_nm = lennard_jones_box_nm(fluid)
+    if not (fluid.cutoff_nm or job.cutoff_nm) and cutoff >= box_nm / 2:
+        raise SpecError(
+            f"{here}.atoms",
+            f"the box of {fluid.atoms} atoms is {box_nm:.4g} nm wide, less than twice the "
+            f"cutoff ({cutoff:.4g} nm): use more atoms",
+        )
+    _check_cutoff(field, cutoff, box_nm)
+    fluid.cutoff_nm = job.cutoff_nm = cutoff
+
+
+def _check_relative_path(field: str, value: str, *, what: str) -> PurePosixPath:
+    """A relative path without '..' (so it cannot leave the folder it is resolved in)."""
+    if not value or len(value) > MAX_PATH_CHARS or not value.isprintable():
+        raise SpecError(field, f"must be a {what} of 1 to {MAX_PATH_CHARS} printable characters")
+    relative = PurePosixPath(value)
+    if value.startswith(("/", "\\", "~")) or re.match(r"^[A-Za-z]:", value):
+        raise SpecError(field, f"must be relative (to the data folder), got {value!r}")
+    if ".." in relative.parts or "\\" in value:
+        raise SpecError(field, f"must not contain '..' or '\\', got {value!r}")
+    return relative
+
+
+def _normalize_structure(job: pb.JobSpec, path: str) -> None:
+    structure = job.system.structure
+    here = f"{path}.system.structure"
+    source = structure.WhichOneof("source")
+    if source is None:
+        raise SpecError(here, "needs pdb_path or pdb_content")
+    if source == "pdb_path":
+        _check_relative_path(f"{here}.pdb_path", structure.pdb_path, what="path")
+    else:
+        content = structure.pdb_content
+        if len(content) > MAX_PDB_CONTENT_CHARS:
+            raise SpecError(
+                f"{here}.pdb_content",
+                f"at most {MAX_PDB_CONTENT_CHARS} characters inline, got {len(content)}: put "
+                "larger structures in a file under the data folder and use pdb_path",
+            )
+        if not content.lstrip().startswith("data_") and not re.search(
+            r"^(ATOM  |HETATM)", content, re.MULTILINE
+        ):
+            raise SpecError(
+                f"{here}.pdb_content",
+                "is neither PDB (no ATOM/HETATM records) nor PDBx (does not start with data_)",
+            )
+    if not structure.force_fields:
+        structure.force_fields.extend(DEFAULT_FORCE_FIELDS)
+    if len(structure.force_fields) > MAX_FORCE_FIELDS:
+        raise SpecError(f"{here}.force_fields", f"at most {MAX_FORCE_FIELDS} force fields")
+    for index, name in enumerate(structure.force_fields):
+        field = f"{here}.force_fields[{index}]"
+        _check_relative_path(field, name, what="force field file name")
+        if not FORCE_FIELD_PATTERN.fullmatch(name):
+            raise SpecError(
+                field, f"must name a force field file shipped with OpenMM (*.xml), got {name!r}"
+            )
+    _check_range(f"{here}.padding_nm", structure.padding_nm, 0.0, 10.0)
+    structure.water_model = structure.water_model or "tip3p"
+    if structure.water_model not in WATER_MODELS:
+        raise SpecError(f"{here}.water_model", f"must be one of {', '.join(WATER_MODELS)}")
+    if structure.padding_nm > 0:
+        job.nonbonded_method = job.nonbonded_method or pb.NONBONDED_PME
+        if job.nonbonded_method not in PERIODIC_METHODS:
+            raise SpecError(
+                f"{path}.nonbonded_method",
+                "a solvated structure is periodic: PME or CUTOFF_PERIODIC",
+            )
+    job.cutoff_nm = _default(job.cutoff_nm, WATER_BOX_MAX_CUTOFF_NM)
+    _check_cutoff(f"{path}.cutoff_nm", job.cutoff_nm, None)
 
 
 def find_cycle(edges: Mapping[str, Sequence[str]]) -> list[str] | None:

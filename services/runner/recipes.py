@@ -1,0 +1,241 @@
+"""System recipes: from a job's ``system`` to an OpenMM topology, system and start positions.
+
+Three recipes, each deterministic for a given spec, so every attempt rebuilds exactly the same
+system and a checkpoint only has to carry the state:
+
+* ``water_box`` — a cubic box of TIP3P water (amber14), the standard small benchmark;
+* ``lennard_jones`` — a periodic Lennard-Jones fluid (argon by default), atoms on a simple
+  cubic lattice that melts during the run: the classic materials benchmark;
+* ``structure`` — a PDB / PDBx file (from the data folder or a dependency's output folder) or
+  inline text, parameterised with force fields shipped with OpenMM, optionally solvated.
+
+A structure path is resolved only inside the allowed roots (the data folder and the
+dependencies' folders) after following symlinks, so a spec cannot read files outside them.
+Every problem with the input is an :class:`InvalidInputError` (not worth retrying).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path, PurePosixPath
+
+import openmm
+import openmm.app as app
+import openmm.unit as unit
+
+from mdq.contracts import pb
+from mdq.core.spec import lennard_jones_box_nm
+from services.runner.errors import InvalidInputError
+
+PDBX_SUFFIXES = (".cif", ".pdbx", ".mmcif")
+_NONBONDED_METHODS = {
+    pb.NONBONDED_PME: app.PME,
+    pb.NONBONDED_CUTOFF_PERIODIC: app.CutoffPeriodic,
+    pb.NONBONDED_CUTOFF_NON_PERIODIC: app.CutoffNonPeriodic,
+    pb.NONBONDED_NO_CUTOFF: app.NoCutoff,
+}
+_PERIODIC = (pb.NONBONDED_PME, pb.NONBONDED_CUTOFF_PERIODIC)
+
+
+@dataclass(frozen=True, slots=True)
+class Model:
+    """A built system: what OpenMM needs to simulate it."""
+
+    topology: app.Topology
+    system: openmm.System
+    positions: unit.Quantity
+    periodic: bool
+
+
+@cache
+def force_field(*names: str) -> app.ForceField:
+    """A force field from files shipped with OpenMM (cached: loading amber14 takes ~1 s)."""
+    try:
+        return app.ForceField(*names)
+    except (OSError, ValueError) as error:
+        raise InvalidInputError(f"cannot load the force fields {list(names)}: {error}") from None
+
+
+def build_model(
+    spec: pb.JobSpec, *, data_dir: Path | None = None, input_dirs: Sequence[Path] = ()
+) -> Model:
+    """The system of ``spec`` (normalised); files are looked up under ``data_dir`` and
+    ``input_dirs`` only."""
+    kind = spec.system.WhichOneof("kind")
+    if kind == "water_box":
+        return water_box(spec)
+    if kind == "lennard_jones":
+        return lennard_jones(spec)
+    if kind == "structure":
+        return structure(spec, data_dir=data_dir, input_dirs=input_dirs)
+    raise InvalidInputError(f"the job's system is not one the runner knows: {kind!r}")
+
+
+def _check_cutoff(cutoff_nm: float, box: unit.Quantity) -> None:
+    """A periodic cutoff must stay below half the smallest box width (minimum image)."""
+    vectors = [vector.value_in_unit(unit.nanometer) for vector in box]
+    widths = (vectors[0][0], vectors[1][1], vectors[2][2])
+    if cutoff_nm >= min(widths) / 2:
+        raise InvalidInputError(
+            f"cutoff_nm {cutoff_nm:.4g} is not below half the periodic box "
+            f"({min(widths):.4g} nm wide): use a smaller cutoff or more padding"
+        )
+
+
+def water_box(spec: pb.JobSpec) -> Model:
+    """A cubic box of TIP3P water with rigid water and constrained H bonds."""
+    box_nm = spec.system.water_box.box_nm
+    fields = force_field("amber14-all.xml", "amber14/tip3p.xml")
+    modeller = app.Modeller(app.Topology(), [])
+    modeller.addSolvent(
+        fields, model="tip3p", boxSize=openmm.Vec3(box_nm, box_nm, box_nm) * unit.nanometer
+    )
+    _check_cutoff(spec.cutoff_nm, modeller.topology.getPeriodicBoxVectors())
+    system = fields.createSystem(
+        modeller.topology,
+        nonbondedMethod=_NONBONDED_METHODS[spec.nonbonded_method or pb.NONBONDED_PME],
+        nonbondedCutoff=spec.cutoff_nm * unit.nanometer,
+        constraints=app.HBonds,
+        rigidWater=True,
+    )
+    return Model(
+        topology=modeller.topology, system=system, positions=modeller.positions, periodic=True
+    )
+
+
+def lattice_positions(atoms: int, box_nm: float) -> list[openmm.Vec3]:
+    """``atoms`` points of a simple cubic lattice filling a cubic box of edge ``box_nm``."""
+    per_side = math.ceil(round(atoms ** (1.0 / 3.0), 9))
+    spacing = box_nm / per_side
+    points: list[openmm.Vec3] = []
+    for index in range(atoms):
+        i, rest = divmod(index, per_side * per_side)
+        j, k = divmod(rest, per_side)
+        points.append(openmm.Vec3((i + 0.5) * spacing, (j + 0.5) * spacing, (k + 0.5) * spacing))
+    return points
+
+
+def lennard_jones(spec: pb.JobSpec) -> Model:
+    """A periodic Lennard-Jones fluid: no charges, cutoff with the dispersion correction."""
+    fluid = spec.system.lennard_jones
+    box_nm = lennard_jones_box_nm(fluid)
+    topology = app.Topology()
+    chain = topology.addChain()
+    argon = app.element.argon if math.isclose(fluid.mass_dalton, 39.948) else None
+    system = openmm.System()
+    force = openmm.NonbondedForce()
+    force.setNonbondedMethod(openmm.NonbondedForce.CutoffPeriodic)
+    force.setCutoffDistance(fluid.cutoff_nm)
+    force.setUseDispersionCorrection(True)
+    for _ in range(fluid.atoms):
+        residue = topology.addResidue("LJ", chain)
+        topology.addAtom("LJ", argon, residue)
+        system.addParticle(fluid.mass_dalton)
+        force.addParticle(0.0, fluid.sigma_nm, fluid.epsilon_kj_mol)
+    system.addForce(force)
+    system.addForce(openmm.CMMotionRemover())
+    vectors = (
+        openmm.Vec3(box_nm, 0, 0),
+        openmm.Vec3(0, box_nm, 0),
+        openmm.Vec3(0, 0, box_nm),
+    )
+    system.setDefaultPeriodicBoxVectors(*vectors)
+    topology.setPeriodicBoxVectors(vectors * unit.nanometer)
+    positions = lattice_positions(fluid.atoms, box_nm) * unit.nanometer
+    return Model(topology=topology, system=system, positions=positions, periodic=True)
+
+
+def resolve_input(relative: str, *, roots: Sequence[Path]) -> Path:
+    """The file ``relative`` names under the first root that has it, never outside a root
+    (symlinks are followed before the check); InvalidInputError if there is none."""
+    parts = PurePosixPath(relative).parts
+    if not parts or PurePosixPath(relative).is_absolute() or ".." in parts:
+        raise InvalidInputError(f"structure path {relative!r} must be relative, without '..'")
+    for root in roots:
+        base = root.resolve()
+        candidate = (base / Path(*parts)).resolve()
+        if not candidate.is_relative_to(base):
+            raise InvalidInputError(f"structure path {relative!r} leads outside {root}")
+        if candidate.is_file():
+            return candidate
+    searched = ", ".join(str(root) for root in roots) or "nothing (no data folder)"
+    raise InvalidInputError(f"structure file {relative!r} not found; searched {searched}")
+
+
+def _read_structure(
+    source: pb.Structure, *, roots: Sequence[Path]
+) -> tuple[app.Topology, unit.Quantity]:
+    if source.WhichOneof("source") == "pdb_path":
+        path = resolve_input(source.pdb_path, roots=roots)
+        is_pdbx = path.suffix.lower() in PDBX_SUFFIXES
+        reader = app.PDBxFile if is_pdbx else app.PDBFile
+        where = str(path)
+        opened: object = str(path)
+    else:
+        text = source.pdb_content
+        is_pdbx = text.lstrip().startswith("data_")
+        reader = app.PDBxFile if is_pdbx else app.PDBFile
+        where = "the inline structure"
+        opened = io.StringIO(text)
+    try:
+        parsed = reader(opened)
+    except Exception as error:  # the readers raise anything from ValueError to IndexError
+        kind = "PDBx" if is_pdbx else "PDB"
+        raise InvalidInputError(f"cannot read {where} as {kind}: {error!r}") from None
+    if parsed.topology.getNumAtoms() == 0:
+        raise InvalidInputError(f"{where} holds no atoms")
+    return parsed.topology, parsed.positions
+
+
+def structure(
+    spec: pb.JobSpec, *, data_dir: Path | None = None, input_dirs: Sequence[Path] = ()
+) -> Model:
+    """A user structure with the spec's force fields, solvated when ``padding_nm`` > 0."""
+    source = spec.system.structure
+    roots = [*([data_dir] if data_dir is not None else []), *input_dirs]
+    topology, positions = _read_structure(source, roots=roots)
+    fields = force_field(*source.force_fields)
+    modeller = app.Modeller(topology, positions)
+    if source.padding_nm > 0:
+        try:
+            modeller.addSolvent(
+                fields, model=source.water_model, padding=source.padding_nm * unit.nanometer
+            )
+        except Exception as error:  # unknown water model for these force fields, ...
+            raise InvalidInputError(
+                f"cannot solvate with {source.water_model}: {error!r}"
+            ) from None
+    box = modeller.topology.getPeriodicBoxVectors()
+    method = spec.nonbonded_method or (
+        pb.NONBONDED_PME if box is not None else pb.NONBONDED_NO_CUTOFF
+    )
+    if method in _PERIODIC:
+        if box is None:
+            raise InvalidInputError(
+                "a periodic nonbonded method needs a periodic structure: the file has no unit "
+                "cell (CRYST1) and padding_nm is 0"
+            )
+        _check_cutoff(spec.cutoff_nm, box)
+    try:
+        system = fields.createSystem(
+            modeller.topology,
+            nonbondedMethod=_NONBONDED_METHODS[method],
+            nonbondedCutoff=spec.cutoff_nm * unit.nanometer,
+            constraints=app.HBonds,
+            rigidWater=True,
+        )
+    except Exception as error:  # missing templates, missing hydrogens, ...
+        raise InvalidInputError(
+            f"the force fields {list(source.force_fields)} cannot parameterise the structure "
+            f"(is it complete, hydrogens included?): {error}"
+        ) from None
+    return Model(
+        topology=modeller.topology,
+        system=system,
+        positions=modeller.positions,
+        periodic=method in _PERIODIC,
+    )
