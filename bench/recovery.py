@@ -28,7 +28,6 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-import psutil
 from google.protobuf import json_format
 
 from mdq.backends.local.api import LocalBackend
@@ -38,6 +37,7 @@ from mdq.core import ids
 from mdq.embedded import start_nats, start_postgres
 from mdq.sdk.client import IntakeUnavailable, MdqClient
 from mdq.stack import Stack
+from mdq.testing.processes import runner_pid
 
 CHECKPOINT_INTERVAL = 1000
 
@@ -111,18 +111,6 @@ class Tap:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.changed.wait(), timeout=min(remaining, 1.0))
         return found
-
-
-def runner_pid(job_id: str) -> int | None:
-    for process in psutil.process_iter(["cmdline"]):
-        try:
-            if "services.runner" in " ".join(process.info["cmdline"] or ()) and (
-                process.environ().get("MDQ_JOB_ID") == job_id
-            ):
-                return process.pid
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return None
 
 
 def current_attempt(tap: Tap, job_id: str) -> int:

@@ -18,7 +18,8 @@ from mdq.backends.local.launcher import start_agent
 from mdq.contracts import pb
 from mdq.sdk.client import MdqClient
 from mdq.stack import Stack
-from tests.e2e.test_stack import md_job, runner_pid, submit_when_ready
+from mdq.testing.processes import runner_pid
+from tests.e2e.test_stack import md_job, submit_when_ready
 from tests.helpers import read_all, wait_for
 
 pytestmark = pytest.mark.e2e

@@ -12,12 +12,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
-import psutil
 import pytest
 
 from mdq.contracts import pb
 from mdq.sdk.client import IntakeUnavailable, MdqClient
 from mdq.stack import Stack
+from mdq.testing.processes import runner_pid
 from tests.helpers import read_all, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -44,7 +44,9 @@ async def stack(
         await the_stack.stop()
 
 
-def md_job(name: str, *, temperature: float = 300.0, steps: int = 1500, **extra: object) -> dict[str, object]:
+def md_job(
+    name: str, *, temperature: float = 300.0, steps: int = 1500, **extra: object
+) -> dict[str, object]:
     return {
         "name": name,
         "task": "TASK_MD",
@@ -69,9 +71,19 @@ async def test_campaign_with_chain_runs_to_the_history(stack: Stack, database_ur
         md_job("water-280k", temperature=280),
         md_job("water-300k", temperature=300),
         md_job("water-320k", temperature=320),
-        {"name": "init", "task": "TASK_MINIMIZE", "system": {"water_box": {"box_nm": 1.6}}, "steps": 100},
+        {
+            "name": "init",
+            "task": "TASK_MINIMIZE",
+            "system": {"water_box": {"box_nm": 1.6}},
+            "steps": 100,
+        },
         md_job("run", steps=1000, depends_on=["init"]),
-        {"name": "analyze", "task": "TASK_ANALYZE", "depends_on": ["run"], "resources": {"cpu": 0.5}},
+        {
+            "name": "analyze",
+            "task": "TASK_ANALYZE",
+            "depends_on": ["run"],
+            "resources": {"cpu": 0.5},
+        },
         key="e2e-campaign",
     )
     async with await MdqClient.connect(stack.info.nats_url, stack.namespace) as client:
@@ -106,18 +118,23 @@ async def test_campaign_with_chain_runs_to_the_history(stack: Stack, database_ur
         mean = {}
         for key in ("w280", "w320"):
             mean[key] = await db.fetchval(
-                "SELECT avg(temperature_k) FROM progress WHERE job_id = $1 AND step >= 750", ids[key]
+                "SELECT avg(temperature_k) FROM progress WHERE job_id = $1 AND step >= 750",
+                ids[key],
             )
         assert mean["w320"] > mean["w280"]
         # The chain ran in order: run started after init ended, analyze after run.
         attempts = {
             r["job_id"]: r
-            for r in await db.fetch("SELECT * FROM attempts WHERE job_id = ANY($1::text[])", job_ids)
+            for r in await db.fetch(
+                "SELECT * FROM attempts WHERE job_id = ANY($1::text[])", job_ids
+            )
         }
         assert attempts[ids["run"]]["started_at"] >= attempts[ids["init"]]["ended_at"]
         assert attempts[ids["analyze"]]["started_at"] >= attempts[ids["run"]]["ended_at"]
         assert all(a["node"].startswith("local-") for a in attempts.values())
-        placements = await db.fetchval("SELECT count(*) FROM placements WHERE job_id = ANY($1::text[])", job_ids)
+        placements = await db.fetchval(
+            "SELECT count(*) FROM placements WHERE job_id = ANY($1::text[])", job_ids
+        )
         assert placements == len(job_ids)
     finally:
         await db.close()
@@ -135,19 +152,9 @@ async def submit_when_ready(client: MdqClient, submit: pb.SubmitRequest) -> list
     raise AssertionError("intake never answered")
 
 
-def runner_pid(job_id: str) -> int | None:
-    for process in psutil.process_iter(["cmdline"]):
-        try:
-            if "services.runner" in " ".join(process.info["cmdline"] or ()) and (
-                process.environ().get("MDQ_JOB_ID") == job_id
-            ):
-                return process.pid
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return None
-
-
-async def test_runner_killed_mid_job_resumes_from_its_checkpoint(stack: Stack, database_url: str) -> None:
+async def test_runner_killed_mid_job_resumes_from_its_checkpoint(
+    stack: Stack, database_url: str
+) -> None:
     job = md_job("long", steps=8000)
     job["checkpoint_interval_steps"] = 1000
     job["report_interval_steps"] = 200
@@ -176,7 +183,9 @@ async def test_runner_killed_mid_job_resumes_from_its_checkpoint(stack: Stack, d
     try:
 
         async def projected() -> bool:
-            return await db.fetchval("SELECT state FROM jobs WHERE job_id = $1", job_id) == "SUCCEEDED"
+            return (
+                await db.fetchval("SELECT state FROM jobs WHERE job_id = $1", job_id) == "SUCCEEDED"
+            )
 
         await wait_for(projected, timeout=30, what="the job SUCCEEDED in PostgreSQL")
         rows = await db.fetch("SELECT * FROM attempts WHERE job_id = $1 ORDER BY attempt", job_id)
