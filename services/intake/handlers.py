@@ -10,15 +10,15 @@ Crash-safe order of an accepted submit
    that reply and publish nothing.
 2. Publish one ``submitted`` event per job, dependencies first, each with its deterministic id
    ``submitted:<job_id>:0`` as Nats-Msg-Id.
-3. Record the jobs (``job.<id>``, ``key.<sha>``) and then the reply (``req.<request_id>``, the
-   commit marker) in the registry.
+3. Record the reply (``req.<request_id>``, the commit marker) in the registry; it also makes the
+   jobs known to later submits that depend on them by id or key.
 4. Only then ack the stream message, or send the reply.
 
 A crash (or a NATS error) anywhere before step 4 leaves the submit unacknowledged (the stream
 redelivers it) or unanswered (the client retries with the same key). Doing it again computes the
 same request id, the same job ids and the same event ids, so JetStream drops the events that
-were already published (duplicate window of the jobs stream), and the registry writes are
-overwrites with the same values. The opposite order (record, then publish) could lose jobs:
+were already published (duplicate window of the jobs stream), and the registry write is an
+overwrite with the same value. The opposite order (record, then publish) could lose jobs:
 a crash between the two would leave a reply naming jobs whose events never reached the log,
 and every retry would return it without publishing them (DESIGN invariant 4).
 
@@ -168,9 +168,7 @@ class SubmitHandler:
         reply = pb.SubmitReply(
             request_id=request_id, job_ids=[job_id(request_id, job.name) for job in request.jobs]
         )
-        await self._registry.remember(
-            request_id=request_id, idempotency_key=request.idempotency_key, reply=reply
-        )
+        await self._registry.remember(request_id=request_id, reply=reply)
         log.info("accepted %s: %d job(s)", request_id, len(accepted))
         return reply
 

@@ -1,14 +1,21 @@
 """What intake remembers between submits: a JetStream KV bucket (``Subjects.intake_bucket``).
 
-Keys (all values are bytes):
+One key per accepted submit: ``req.<request_id>`` -> the serialized ``pb.SubmitReply``. It is
+written last, after every event of the submit was published, so it is the commit marker of a
+submit: when it exists, a repeated submit with the same key gets this reply and nothing is
+published.
 
-- ``req.<request_id>`` -> the serialized ``pb.SubmitReply`` of an accepted submit. It is written
-  last, after every event of the submit was published, so it is the commit marker of a submit:
-  when it exists, a repeated submit with the same key gets this reply and nothing is published.
-- ``job.<job_id>`` -> ``b"1"`` for every accepted job, so a later submit may depend on it by id.
-- ``key.<sha256(idempotency_key)>`` -> the job id of a single-job submit, so a later submit may
-  depend on it by the idempotency key it was submitted with. The key is hashed because a client
-  key may hold characters a KV key may not.
+The same record answers the two questions a later submit asks about its dependencies, because
+ids are derived, not allocated (``mdq.core.ids``):
+
+- a job id ``<request_id>-<name>`` is known when ``req.<request_id>`` lists it;
+- the idempotency key of a single-job submit names that job: its request id is
+  ``request_id_for_key(key)``, and ``req.<that id>`` holds exactly one job id.
+
+So an accepted submit costs one KV write. Buckets written by earlier versions also hold
+``job.<job_id>`` and ``key.<sha256(key)>`` records; they are still read when the new lookup
+finds nothing, so old dependencies keep resolving. The bucket serves reads with direct gets
+(``allow_direct``), which skip the JetStream API's JSON envelope.
 
 Refused submits are not remembered (see ``services.intake.handlers``).
 """
@@ -26,19 +33,18 @@ from nats.js.errors import BucketNotFoundError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
 from mdq.contracts import pb
-from mdq.core.ids import REQUEST_ID_HEX
+from mdq.core.ids import REQUEST_ID_HEX, request_id_for_key
 
 JOB_ID_PATTERN = re.compile(rf"[0-9a-f]{{{REQUEST_ID_HEX}}}-[a-z][a-z0-9-]{{0,39}}")  # fullmatch
-KNOWN = b"1"
 
 
 def key_digest(idempotency_key: str) -> str:
-    """The KV-safe form of a client's idempotency key."""
+    """The KV-safe form of a client's idempotency key (the legacy ``key.*`` records)."""
     return hashlib.sha256(idempotency_key.encode()).hexdigest()
 
 
 class SubmitRegistry:
-    """Idempotency records and known jobs, kept in one KV bucket."""
+    """Idempotency records of accepted submits, kept in one KV bucket."""
 
     def __init__(self, *, kv: KeyValue, max_concurrent_lookups: int = 64) -> None:
         self._kv = kv
@@ -46,13 +52,23 @@ class SubmitRegistry:
 
     @classmethod
     async def open(cls, *, js: JetStreamContext, bucket: str) -> SubmitRegistry:
-        """Open the bucket, creating it (file storage, latest value only) if it is missing."""
+        """Open the bucket, creating it (file storage, latest value only, direct gets) if it is
+        missing, and turning on direct gets for a bucket created without them."""
         try:
             kv = await js.key_value(bucket)
         except BucketNotFoundError:
             kv = await js.create_key_value(
-                config=KeyValueConfig(bucket=bucket, history=1, storage=StorageType.FILE)
+                config=KeyValueConfig(
+                    bucket=bucket, history=1, storage=StorageType.FILE, direct=True
+                )
             )
+        else:
+            stream = f"KV_{bucket}"
+            info = await js.stream_info(stream)
+            if not info.config.allow_direct:
+                info.config.allow_direct = True
+                await js.update_stream(info.config)
+                kv = await js.key_value(bucket)
         return cls(kv=kv)
 
     async def _get(self, key: str) -> bytes | None:
@@ -74,9 +90,16 @@ class SubmitRegistry:
 
     async def resolve(self, ref: str) -> str | None:
         """A dependency given as a job id or as the key of a single-job submit -> its job id."""
-        if JOB_ID_PATTERN.fullmatch(ref) and await self._get(f"job.{ref}") is not None:
-            return ref
-        found = await self._get(f"key.{key_digest(ref)}")
+        if JOB_ID_PATTERN.fullmatch(ref):
+            reply = await self.reply_for(ref[:REQUEST_ID_HEX])
+            if reply is not None and ref in reply.job_ids:
+                return ref
+            if reply is None and await self._get(f"job.{ref}") is not None:  # legacy record
+                return ref
+        reply = await self.reply_for(request_id_for_key(ref))
+        if reply is not None:
+            return reply.job_ids[0] if len(reply.job_ids) == 1 else None
+        found = await self._get(f"key.{key_digest(ref)}")  # legacy record
         return found.decode() if found is not None else None
 
     async def resolve_all(self, refs: Iterable[str]) -> dict[str, str]:
@@ -85,14 +108,6 @@ class SubmitRegistry:
         resolved = await asyncio.gather(*(self.resolve(ref) for ref in unique))
         return {ref: job for ref, job in zip(unique, resolved, strict=True) if job is not None}
 
-    async def remember(
-        self, *, request_id: str, idempotency_key: str, reply: pb.SubmitReply
-    ) -> None:
-        """Record an accepted submit: its jobs and key first, the reply (commit marker) last."""
-        puts = [self._kv.put(f"job.{job}", KNOWN) for job in reply.job_ids]
-        if idempotency_key and len(reply.job_ids) == 1:
-            puts.append(
-                self._kv.put(f"key.{key_digest(idempotency_key)}", reply.job_ids[0].encode())
-            )
-        await asyncio.gather(*puts)
+    async def remember(self, *, request_id: str, reply: pb.SubmitReply) -> None:
+        """Record an accepted submit (the commit marker: call it after publishing its events)."""
         await self._kv.put(f"req.{request_id}", reply.SerializeToString(deterministic=True))

@@ -22,6 +22,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import MaxPayloadError, NoRespondersError
 from nats.js import JetStreamContext
+from nats.js.api import KeyValueConfig
 from nats.js.errors import APIError
 
 from mdq.bus.connect import connect
@@ -34,6 +35,7 @@ from mdq.core.spec import normalize_job
 from mdq.embedded import child_environment, free_port, nats_server_binary
 from mdq.settings import CommonSettings
 from services.intake.app import Intake, IntakeSettings, build_intake
+from services.intake.registry import key_digest
 
 TIMEOUT = 5.0
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -619,3 +621,58 @@ async def test_runs_as_a_process(
         if process.returncode is None:
             process.kill()
             await process.wait()
+
+
+async def test_many_submits_at_once_each_accepted_once(
+    intake: Intake, nc: Client, subjects: Subjects, tap: Tap
+) -> None:
+    """Request-reply submits are handled side by side; two with the same key still give one
+    set of events and the same reply."""
+    keys = [f"burst-{number % 150}" for number in range(300)]  # every key twice
+    replies = await asyncio.gather(
+        *(ask(nc, subjects, {"idempotency_key": key, "jobs": [{"name": "md"}]}) for key in keys)
+    )
+
+    by_key: dict[str, set[str]] = {}
+    for key, reply in zip(keys, replies, strict=True):
+        assert not reply.HasField("error"), reply.error
+        by_key.setdefault(key, set()).update(reply.job_ids)
+    assert all(len(job_ids) == 1 for job_ids in by_key.values())
+    events = await wait_for_events(nc.jetstream(), subjects, 150)
+    assert sorted(event.job_id for _, event in events) == sorted(
+        job_id for job_ids in by_key.values() for job_id in job_ids
+    )
+
+
+async def test_dependencies_recorded_by_an_earlier_intake_still_resolve(
+    nats_url: str, namespace: str, nc: Client, subjects: Subjects
+) -> None:
+    """Earlier versions kept ``job.<id>`` and ``key.<sha>`` records in a bucket without direct
+    gets; a dependency on them still resolves, and the bucket is switched to direct gets."""
+    js = nc.jetstream()
+    old = await js.create_key_value(config=KeyValueConfig(bucket=subjects.intake_bucket))
+    old_job = "0123456789ab-eq"
+    await old.put(f"job.{old_job}", b"1")
+    await old.put(f"key.{key_digest('old-prep')}", old_job.encode())
+
+    service = await started(settings_for(nats_url, namespace))
+    try:
+        by_id = await ask(
+            nc,
+            subjects,
+            {"idempotency_key": "n1", "jobs": [{"name": "md", "depends_on": [old_job]}]},
+        )
+        by_key = await ask(
+            nc,
+            subjects,
+            {"idempotency_key": "n2", "jobs": [{"name": "md", "depends_on": ["old-prep"]}]},
+        )
+    finally:
+        await service.stop()
+
+    assert not by_id.HasField("error") and not by_key.HasField("error")
+    events = {event.job_id: event for _, event in await wait_for_events(js, subjects, 2)}
+    assert list(events[by_id.job_ids[0]].submitted.depends_on_ids) == [old_job]
+    assert list(events[by_key.job_ids[0]].submitted.depends_on_ids) == [old_job]
+    info = await js.stream_info(f"KV_{subjects.intake_bucket}")
+    assert info.config.allow_direct
