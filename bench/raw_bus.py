@@ -1,7 +1,8 @@
 """Bench-only raw baseline: the messaging shape of submit → bound with no mdq logic.
 
 ``python bench/raw_bus.py responder URL`` answers requests on ``raw.api.submit`` after
-publishing ``raw.job.<id>.submitted`` to JetStream (what intake does, minus validation);
+publishing ``raw.job.<id>.submitted`` to JetStream (what intake does, minus validation and the
+idempotency record), up to ``CONCURRENCY`` requests at once like intake's default;
 ``python bench/raw_bus.py consumer URL`` follows ``raw.job.*.submitted`` with an ordered
 consumer and publishes ``raw.job.<id>.bound`` to JetStream for each (what placement does,
 minus deciding). Both run until killed.
@@ -19,17 +20,27 @@ from nats.js.api import DeliverPolicy, StreamConfig
 STREAM = "RAWBENCH"
 
 
+CONCURRENCY = 128
+"""Requests handled at once, as ``MDQ_INTAKE_CONCURRENCY`` defaults to."""
+
+
 async def responder(url: str) -> None:
     nc = await nats.connect(url)
     js = nc.jetstream()
+    slots = asyncio.Semaphore(CONCURRENCY)
+    tasks: set[asyncio.Task[None]] = set()
 
-    async def on_request(message: Msg) -> None:
-        job = message.data[:40].decode(errors="replace").split("\n", 1)[0]
-        await js.publish(f"raw.job.{job}.submitted", message.data)
-        await message.respond(job.encode())
+    async def answer(message: Msg) -> None:
+        async with slots:
+            job = message.data[:40].decode(errors="replace").split("\n", 1)[0]
+            await js.publish(f"raw.job.{job}.submitted", message.data)
+            await message.respond(job.encode())
 
-    await nc.subscribe("raw.api.submit", queue="raw", cb=on_request)
-    await asyncio.Event().wait()
+    subscription = await nc.subscribe("raw.api.submit", queue="raw", pending_msgs_limit=65_536)
+    async for message in subscription.messages:
+        task = asyncio.create_task(answer(message))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
 
 
 async def consumer(url: str) -> None:

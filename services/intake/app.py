@@ -25,6 +25,8 @@ as a process with FastStream's signal handling (``python -m services.intake``).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import warnings
 
@@ -32,8 +34,9 @@ import nats.errors
 import nats.js.errors
 from faststream import AckPolicy, FastStream, StreamMessage
 from faststream.nats import JStream, NatsBroker
-from faststream.nats.response import NatsResponse
+from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -110,11 +113,6 @@ class IntakeSettings(BaseSettings):
     log_level: str = Field(default="INFO", description="Level of intake's own log.")
 
 
-async def _raw_body(message: StreamMessage[Msg]) -> bytes:
-    """Hand the payload to the handler untouched (FastStream would try to parse JSON)."""
-    return message.body
-
-
 async def _raw_message(message: StreamMessage[Msg]) -> Msg:
     """Hand the nats-py message to the handler, which acknowledges it itself."""
     return message.raw_message
@@ -137,6 +135,9 @@ class Intake:
             apply_types=False,
         )
         self._handler: SubmitHandler | None = None
+        self._request_slots = asyncio.Semaphore(settings.concurrency)
+        self._requests: set[asyncio.Task[None]] = set()
+        self._request_subscription: Subscription | None = None
         self._register()
 
     @property
@@ -170,26 +171,55 @@ class Intake:
         async def stream_submit(raw: Msg) -> None:
             await self.consume(raw)
 
-        @self.broker.subscriber(
-            subjects.api_submit,
-            queue=settings.queue_group,
-            decoder=_raw_body,
-            max_workers=settings.concurrency,
-            pending_msgs_limit=max(65_536, 16 * settings.concurrency),
-        )
-        async def api_submit(data: bytes) -> NatsResponse:
+    async def answer(self, data: bytes) -> tuple[bytes, dict[str, str]]:
+        """The reply (payload, headers) to one request-reply submit; raises on a NATS error."""
+        try:
+            reply = await self.handler.on_api_submit(data)
+        except TRANSIENT_ERRORS:
+            raise  # no reply: the client times out and retries with the same key
+        except Exception as error:
+            log.exception("a request-reply submit could not be handled")
+            reply = self.handler.internal_error(error)
+        as_json = is_json(data)
+        content_type = JSON_CONTENT_TYPE if as_json else PROTOBUF_CONTENT_TYPE
+        return serialize_reply(reply, as_json=as_json), {"content-type": content_type}
+
+    async def _serve(self, message: Msg) -> None:
+        async with self._request_slots:
             try:
-                reply = await self.handler.on_api_submit(data)
-            except TRANSIENT_ERRORS:
-                raise  # no reply: the client times out and retries with the same key
-            except Exception as error:
-                log.exception("a request-reply submit could not be handled")
-                reply = self.handler.internal_error(error)
-            as_json = is_json(data)
-            return NatsResponse(
-                body=serialize_reply(reply, as_json=as_json),
-                headers={"content-type": JSON_CONTENT_TYPE if as_json else PROTOBUF_CONTENT_TYPE},
-            )
+                payload, headers = await self.answer(message.data)
+            except TRANSIENT_ERRORS as error:
+                log.warning("a request-reply submit met a NATS error; not answering: %r", error)
+                return
+            if message.reply:
+                with contextlib.suppress(*TRANSIENT_ERRORS):
+                    await self._connection().publish(message.reply, payload, headers=headers)
+
+    async def _on_request(self, message: Msg) -> None:
+        task = asyncio.create_task(self._serve(message))
+        self._requests.add(task)
+        task.add_done_callback(self._requests.discard)
+
+    async def serve_requests(self) -> None:
+        """Subscribe to request-reply submits (queue group: replicas share them)."""
+        self._request_subscription = await self._connection().subscribe(
+            self.subjects.api_submit,
+            queue=self.settings.queue_group,
+            cb=self._on_request,
+            pending_msgs_limit=max(65_536, 16 * self.settings.concurrency),
+        )
+
+    async def stop_requests(self) -> None:
+        """Stop taking requests and let those in hand finish."""
+        subscription, self._request_subscription = self._request_subscription, None
+        if subscription is not None:
+            with contextlib.suppress(Exception):
+                await subscription.unsubscribe()
+        if self._requests:
+            await asyncio.wait(set(self._requests), timeout=10)
+
+    def _connection(self) -> Client:
+        return self.broker.connection
 
     async def consume(self, raw: Msg) -> None:
         """Handle one stream submit; ack it once done, nak it (retry later) on a NATS error."""
@@ -228,6 +258,7 @@ class Intake:
         """Prepare and start consuming (for embedding, e.g. in tests)."""
         await self.prepare()
         await self.broker.start()
+        await self.serve_requests()
         # The server has our subscriptions once this returns. nats-py 2.16's flush() writes its
         # PING ahead of commands still buffered, so one flush can return before the SUBs went
         # out; the first one kicks the buffer out, the second PING follows it.
@@ -235,11 +266,17 @@ class Intake:
             await self.broker.connection.flush()
 
     async def stop(self) -> None:
+        await self.stop_requests()
         await self.broker.stop()
 
     async def run(self) -> None:
         """Run until SIGINT/SIGTERM."""
-        await FastStream(self.broker, on_startup=[self.prepare]).run()
+        await FastStream(
+            self.broker,
+            on_startup=[self.prepare],
+            after_startup=[self.serve_requests],
+            on_shutdown=[self.stop_requests],
+        ).run()
 
 
 def build_intake(

@@ -147,8 +147,12 @@ class Placement:
         """job -> (node, cpu, memory) of every BOUND or RUNNING job."""
         self._reserved: dict[str, list[float]] = {}
         """node -> [cpu, memory] reserved by BOUND and RUNNING jobs (kept incrementally)."""
-        self._recent: dict[str, list[tuple[datetime, float, int, str]]] = {}
-        """node -> (bound at, cpu, memory, job) of bindings its load may not reflect yet."""
+        self._inflight: dict[str, dict[str, tuple[datetime, float, int]]] = {}
+        """node -> job -> (bound at, cpu, memory) of holding jobs bound there that the node's
+        last load report may not reflect yet (dropped when a report comes ``load_settle_s``
+        after the binding, or when the job stops holding)."""
+        self._inflight_totals: dict[str, list[float]] = {}
+        """node -> [cpu, memory] summed over ``_inflight[node]`` (kept incrementally)."""
         self._queued: dict[tuple[str, int], QueuedJob] = {}
         self._last_bound_seq: dict[str, int] = {}
         self._adopt: set[str] = set()
@@ -184,6 +188,7 @@ class Placement:
             if before is not None:
                 self._reserve(before, -1)
                 del self._holding[view.job_id]
+                self._forget_inflight(before[0], view.job_id)
             if now_holding is not None:
                 self._reserve(now_holding, +1)
                 self._holding[view.job_id] = now_holding
@@ -199,10 +204,22 @@ class Placement:
         totals[1] += sign * memory
 
     def _note_binding(self, view: JobView, at: datetime) -> None:
-        if view.node:
-            resources = view.resources
-            entry = (at, resources.cpu, int(resources.memory_mb), view.job_id)
-            self._recent.setdefault(view.node, []).append(entry)
+        """Count a binding on its node until the node's load report reflects it (herd guard)."""
+        if not view.node or view.job_id not in self._holding:
+            return
+        self._forget_inflight(view.node, view.job_id)
+        cpu, memory = view.resources.cpu, int(view.resources.memory_mb)
+        self._inflight.setdefault(view.node, {})[view.job_id] = (at, cpu, memory)
+        totals = self._inflight_totals.setdefault(view.node, [0.0, 0.0])
+        totals[0] += cpu
+        totals[1] += memory
+
+    def _forget_inflight(self, node: str, job_id: str) -> None:
+        entry = self._inflight.get(node, {}).pop(job_id, None)
+        if entry is not None:
+            totals = self._inflight_totals[node]
+            totals[0] -= entry[1]
+            totals[1] -= entry[2]
 
     async def on_job_event(self, sequence: int, event: pb.Event) -> None:
         kind = event.WhichOneof("body")
@@ -253,8 +270,9 @@ class Placement:
         )
         # bindings older than the settle time are in this report's live load now
         horizon = reported_at - timedelta(seconds=self._settings.load_settle_s)
-        if recent := self._recent.get(load.node):
-            self._recent[load.node] = [entry for entry in recent if entry[0] > horizon]
+        if recent := self._inflight.get(load.node):
+            for job_id in [job for job, entry in recent.items() if entry[0] <= horizon]:
+                self._forget_inflight(load.node, job_id)
         self._dirty.set()
 
     # -- deciding --------------------------------------------------------------------------
@@ -308,20 +326,15 @@ class Placement:
         for name in sorted(self.nodes):
             node = self.nodes[name]
             cpu, memory = self._reserved.get(name, (0.0, 0.0))
-            horizon = node.reported_at - timedelta(seconds=self._settings.load_settle_s)
-            inflight = [
-                entry
-                for entry in self._recent.get(name, ())
-                if entry[0] > horizon and entry[3] in self._holding
-            ]
+            inflight_cpu, inflight_memory = self._inflight_totals.get(name, (0.0, 0.0))
             nodes.append(
                 replace(
                     node,
                     cordoned=node.cordoned or self.health.cordoned(name, now),
                     reserved_cpu=cpu,
                     reserved_memory_mb=int(memory),
-                    inflight_cpu=sum(entry[1] for entry in inflight),
-                    inflight_memory_mb=sum(entry[2] for entry in inflight),
+                    inflight_cpu=max(0.0, inflight_cpu),
+                    inflight_memory_mb=max(0, int(inflight_memory)),
                 )
             )
         return nodes

@@ -1,17 +1,23 @@
 """What a runner is told to do, as environment variables of its pod (pure).
 
 Placement builds the environment with ``RunnerTask.to_env`` and the runner reads it back with
-``RunnerTask.from_env``; nothing else couples the two.
+``RunnerTask.from_env``; nothing else couples the two. The job spec and the checkpoint travel as
+base64 of their protobuf encoding (``proto/mdq/v1/mdq.proto`` is the contract): placement
+builds one environment per binding, and the JSON mapping cost 35x more (17 us against 0.5 us per
+spec). ``from_env`` also reads the JSON mapping, which pods created by earlier versions carry.
 """
 
 from __future__ import annotations
 
+import base64
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from google.protobuf import json_format
+from google.protobuf.message import Message
 
 from mdq.contracts import pb
 
@@ -22,6 +28,20 @@ ENV_RESUME_FROM = "MDQ_RESUME_FROM"
 ENV_JOB_DIR = "MDQ_JOB_DIR"
 ENV_INPUT_DIRS = "MDQ_INPUT_DIRS"
 ENV_THREADS = "MDQ_CPU_THREADS"
+
+MessageT = TypeVar("MessageT", bound=Message)
+
+
+def _encode(message: Message) -> str:
+    return base64.b64encode(message.SerializeToString(deterministic=True)).decode("ascii")
+
+
+def _decode(text: str, message: MessageT) -> MessageT:
+    """A message from base64 protobuf, or from the JSON mapping (earlier versions)."""
+    if text.lstrip().startswith("{"):
+        return json_format.Parse(text, message)
+    message.ParseFromString(base64.b64decode(text, validate=True))
+    return message
 
 
 def job_dir(data_dir: Path, job_id: str) -> Path:
@@ -49,18 +69,18 @@ class RunnerTask:
         env = {
             ENV_JOB_ID: self.job_id,
             ENV_ATTEMPT: str(self.attempt),
-            ENV_SPEC: json_format.MessageToJson(self.spec, indent=None),
+            ENV_SPEC: _encode(self.spec),
             ENV_JOB_DIR: str(self.job_dir),
             ENV_THREADS: str(self.threads),
             ENV_INPUT_DIRS: os.pathsep.join(str(path) for path in self.input_dirs),
         }
         if self.resume_from is not None:
-            env[ENV_RESUME_FROM] = json_format.MessageToJson(self.resume_from, indent=None)
+            env[ENV_RESUME_FROM] = _encode(self.resume_from)
         return env
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> RunnerTask:
-        spec = json_format.Parse(env[ENV_SPEC], pb.JobSpec())
+        spec = _decode(env[ENV_SPEC], pb.JobSpec())
         resume = env.get(ENV_RESUME_FROM)
         inputs = env.get(ENV_INPUT_DIRS, "")
         return cls(
@@ -69,6 +89,6 @@ class RunnerTask:
             spec=spec,
             job_dir=Path(env[ENV_JOB_DIR]),
             threads=max(1, int(env.get(ENV_THREADS, "1"))),
-            resume_from=json_format.Parse(resume, pb.Checkpoint()) if resume else None,
+            resume_from=_decode(resume, pb.Checkpoint()) if resume else None,
             input_dirs=tuple(Path(part) for part in inputs.split(os.pathsep) if part),
         )
