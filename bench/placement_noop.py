@@ -16,6 +16,7 @@ from pathlib import Path
 from mdq.backends.port import NodeSample, PodExists, PodSpec, PodUpdate
 from mdq.bus.connect import connect
 from mdq.bus.publisher import EventPublisher
+from mdq.bus.requests import Requests
 from mdq.settings import CommonSettings
 from services.placement.app import Placement
 from services.placement.settings import PlacementSettings
@@ -56,10 +57,11 @@ async def main() -> None:
     subjects = common.subjects
     nc = await connect(common.nats_url, name="mdq-placement-bench", subjects=subjects)
     js = nc.jetstream()
+    requests = await Requests(nc).start()
     placement = Placement(
         js=js,
         subjects=subjects,
-        publisher=EventPublisher(js=js, subjects=subjects, producer="placement"),
+        publisher=EventPublisher(js=requests, subjects=subjects, producer="placement"),
         backend=NoopBackend(),
         settings=settings,
         nats_url=common.nats_url,

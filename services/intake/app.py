@@ -42,6 +42,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from mdq.bus.publisher import EventPublisher
+from mdq.bus.requests import Requests
 from mdq.bus.streams import ensure_streams
 from mdq.settings import CommonSettings
 from services.intake.handlers import (
@@ -241,18 +242,17 @@ class Intake:
             log.exception("submit #%d could not be handled; refusing it", sequence)
             await self.handler.refuse_unhandled(sequence=sequence, error=error)
 
-    def _publisher(self) -> EventPublisher:
-        return EventPublisher(
-            js=self.broker.connection.jetstream(), subjects=self.subjects, producer="intake"
-        )
-
     async def prepare(self) -> None:
         """Connect, make sure the streams and the registry bucket exist, build the handler."""
         connection = await self.broker.connect()
         js = connection.jetstream()
         await ensure_streams(js, self.subjects)
-        registry = await SubmitRegistry.open(js=js, bucket=self.subjects.intake_bucket)
-        self._handler = SubmitHandler(publisher=self._publisher(), registry=registry)
+        requests = await Requests(connection).start()
+        registry = await SubmitRegistry.open(
+            js=js, requests=requests, bucket=self.subjects.intake_bucket
+        )
+        publisher = EventPublisher(js=requests, subjects=self.subjects, producer="intake")
+        self._handler = SubmitHandler(publisher=publisher, registry=registry)
 
     async def start(self) -> None:
         """Prepare and start consuming (for embedding, e.g. in tests)."""

@@ -15,7 +15,8 @@ ids are derived, not allocated (``mdq.core.ids``):
 So an accepted submit costs one KV write. Buckets written by earlier versions also hold
 ``job.<job_id>`` and ``key.<sha256(key)>`` records; they are still read when the new lookup
 finds nothing, so old dependencies keep resolving. The bucket serves reads with direct gets
-(``allow_direct``), which skip the JetStream API's JSON envelope.
+(``allow_direct``), which skip the JetStream API's JSON envelope, and reads and writes go through
+``mdq.bus.requests.Requests`` (intake's hot path).
 
 Refused submits are not remembered (see ``services.intake.handlers``).
 """
@@ -29,9 +30,9 @@ from collections.abc import Iterable
 
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError
-from nats.js.kv import KeyValue
+from nats.js.errors import BucketNotFoundError
 
+from mdq.bus.requests import Requests
 from mdq.contracts import pb
 from mdq.core.ids import REQUEST_ID_HEX, request_id_for_key
 
@@ -46,38 +47,35 @@ def key_digest(idempotency_key: str) -> str:
 class SubmitRegistry:
     """Idempotency records of accepted submits, kept in one KV bucket."""
 
-    def __init__(self, *, kv: KeyValue, max_concurrent_lookups: int = 64) -> None:
-        self._kv = kv
+    def __init__(
+        self, *, requests: Requests, bucket: str, max_concurrent_lookups: int = 64
+    ) -> None:
+        self._requests = requests
+        self._bucket = bucket
         self._lookups = asyncio.Semaphore(max_concurrent_lookups)
 
     @classmethod
-    async def open(cls, *, js: JetStreamContext, bucket: str) -> SubmitRegistry:
+    async def open(cls, *, js: JetStreamContext, requests: Requests, bucket: str) -> SubmitRegistry:
         """Open the bucket, creating it (file storage, latest value only, direct gets) if it is
         missing, and turning on direct gets for a bucket created without them."""
         try:
-            kv = await js.key_value(bucket)
+            await js.key_value(bucket)
         except BucketNotFoundError:
-            kv = await js.create_key_value(
+            await js.create_key_value(
                 config=KeyValueConfig(
                     bucket=bucket, history=1, storage=StorageType.FILE, direct=True
                 )
             )
         else:
-            stream = f"KV_{bucket}"
-            info = await js.stream_info(stream)
+            info = await js.stream_info(f"KV_{bucket}")
             if not info.config.allow_direct:
                 info.config.allow_direct = True
                 await js.update_stream(info.config)
-                kv = await js.key_value(bucket)
-        return cls(kv=kv)
+        return cls(requests=requests, bucket=bucket)
 
     async def _get(self, key: str) -> bytes | None:
         async with self._lookups:
-            try:
-                entry = await self._kv.get(key)
-            except KeyNotFoundError:  # also raised for a deleted key
-                return None
-        return entry.value
+            return await self._requests.kv_get(self._bucket, key)
 
     async def reply_for(self, request_id: str) -> pb.SubmitReply | None:
         """The reply given to an earlier accepted submit with this request id, if any."""
@@ -110,4 +108,6 @@ class SubmitRegistry:
 
     async def remember(self, *, request_id: str, reply: pb.SubmitReply) -> None:
         """Record an accepted submit (the commit marker: call it after publishing its events)."""
-        await self._kv.put(f"req.{request_id}", reply.SerializeToString(deterministic=True))
+        await self._requests.kv_put(
+            self._bucket, f"req.{request_id}", reply.SerializeToString(deterministic=True)
+        )

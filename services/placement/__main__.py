@@ -8,6 +8,7 @@ import logging
 from mdq.backends.factory import make_backend
 from mdq.bus.connect import connect
 from mdq.bus.publisher import EventPublisher
+from mdq.bus.requests import Requests
 from mdq.settings import CommonSettings
 from services.placement.app import Placement
 from services.placement.settings import PlacementSettings
@@ -18,11 +19,12 @@ async def main() -> None:
     subjects = common.subjects
     nc = await connect(common.nats_url, name="mdq-placement", subjects=subjects)
     js = nc.jetstream()
+    requests = await Requests(nc).start()
     backend = await make_backend(kind=settings.backend, nc=nc, subjects=subjects)
     placement = Placement(
         js=js,
         subjects=subjects,
-        publisher=EventPublisher(js=js, subjects=subjects, producer="placement"),
+        publisher=EventPublisher(js=requests, subjects=subjects, producer="placement"),
         backend=backend,
         settings=settings,
         nats_url=common.nats_url,

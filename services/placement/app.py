@@ -39,7 +39,6 @@ from nats.js.api import DeliverPolicy
 from nats.js.errors import APIError
 
 from mdq.backends.port import ClusterBackend, PodExists, PodSpec
-from mdq.bus.codec import encode
 from mdq.bus.log import follow_log
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.subjects import Subjects
@@ -429,13 +428,10 @@ class Placement:
 
     async def _publish_fenced(self, event: pb.Event) -> bool:
         """Publish ``bound`` unless someone bound the job since we last looked; True if ours."""
-        headers = {
-            "Nats-Msg-Id": event.event_id,
-            "Nats-Expected-Last-Subject-Sequence": str(self._last_bound_seq.get(event.job_id, 0)),
-        }
+        expected = str(self._last_bound_seq.get(event.job_id, 0))
         try:
-            ack = await self._js.publish(
-                self._subjects.for_event(event), encode(event), headers=headers
+            ack = await self._publisher.publish(
+                event, headers={"Nats-Expected-Last-Subject-Sequence": expected}
             )
         except APIError as error:
             if error.err_code in WRONG_LAST_SEQUENCE:

@@ -1,4 +1,7 @@
-"""Publishing events to JetStream with their deterministic id as Nats-Msg-Id."""
+"""Publishing events to JetStream with their deterministic id as Nats-Msg-Id.
+
+The transport is a ``JetStreamContext`` or, on hot paths, ``mdq.bus.requests.Requests``.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +10,10 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 
 from google.protobuf.message import Message
-from nats.js import JetStreamContext
 from nats.js.api import PubAck
 
 from mdq.bus.codec import encode
+from mdq.bus.requests import JetStreamPublish
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.events import make_event
@@ -22,7 +25,7 @@ class EventPublisher:
     def __init__(
         self,
         *,
-        js: JetStreamContext,
+        js: JetStreamPublish,
         subjects: Subjects,
         producer: str,
         max_in_flight: int = 256,
@@ -56,13 +59,14 @@ class EventPublisher:
             detail=detail,
         )
 
-    async def publish(self, event: pb.Event) -> PubAck:
-        """Publish one event and wait for the stream's acknowledgement."""
+    async def publish(self, event: pb.Event, *, headers: dict[str, str] | None = None) -> PubAck:
+        """Publish one event and wait for the stream's acknowledgement (``headers`` are added,
+        e.g. an expected last sequence)."""
         async with self._slots:
             return await self._js.publish(
                 self._subjects.for_event(event),
                 encode(event),
-                headers={"Nats-Msg-Id": event.event_id},
+                headers={"Nats-Msg-Id": event.event_id} | (headers or {}),
             )
 
     async def publish_all(self, events: Iterable[pb.Event]) -> list[PubAck]:

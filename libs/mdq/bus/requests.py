@@ -1,0 +1,152 @@
+"""JetStream publishes and KV reads for the hot paths, over one reply subscription.
+
+nats-py's ``JetStreamContext.publish`` (and ``KeyValue.get`` / ``put``, built on it) sends each
+request through ``Client.request``: a fresh random token from ``os.urandom``, an
+``asyncio.wait_for`` and its timer per call. That is ~35 us of client CPU per publish on a
+2-core machine, against ~24 us here (20,000 publishes, 256 in flight, same process and server).
+Intake makes three such round trips per submit and placement one per binding, so the difference
+is about a sixth of their CPU per job.
+
+``Requests`` keeps one wildcard subscription ``_INBOX.<nuid>.*`` on the connection, names each
+request with a counter, and times out with one ``call_later`` handle. The replies are parsed
+as nats-py parses them (``PubAck``, ``APIError``), so callers see the same types and errors.
+The subscription is re-made by nats-py on reconnect; a request in flight across a reconnect
+times out like any other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+from typing import Protocol
+
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js.api import PubAck
+from nats.nuid import NUID
+
+STATUS = "Status"
+NO_RESPONDERS = "503"
+NOT_FOUND = "404"
+KV_OPERATION = "KV-Operation"
+DEFAULT_TIMEOUT_S = 5.0
+
+
+class JetStreamPublish(Protocol):
+    """What publishing an event needs: ``JetStreamContext`` or ``Requests``."""
+
+    async def publish(
+        self,
+        subject: str,
+        payload: bytes = b"",
+        timeout: float | None = None,  # noqa: ASYNC109 - nats-py's signature
+        stream: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> PubAck: ...
+
+
+class Requests:
+    """Request-reply over one inbox subscription (``start()`` before use)."""
+
+    def __init__(self, nc: Client, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self._nc = nc
+        self._timeout_s = timeout_s
+        self._prefix = f"_INBOX.{NUID().next().decode()}."
+        self._tokens = itertools.count()
+        self._waiting: dict[str, asyncio.Future[Msg]] = {}
+        self._subscription: Subscription | None = None
+
+    async def start(self) -> Requests:
+        if self._subscription is None:
+            self._subscription = await self._nc.subscribe(
+                self._prefix + "*", cb=self._on_reply, pending_msgs_limit=1_000_000
+            )
+        return self
+
+    async def close(self) -> None:
+        subscription, self._subscription = self._subscription, None
+        if subscription is not None and not self._nc.is_closed:
+            await subscription.unsubscribe()
+        for future in self._waiting.values():
+            if not future.done():
+                future.set_exception(nats.errors.ConnectionClosedError())
+        self._waiting.clear()
+
+    async def _on_reply(self, message: Msg) -> None:
+        future = self._waiting.pop(message.subject[len(self._prefix) :], None)
+        if future is not None and not future.done():
+            future.set_result(message)
+
+    async def request(
+        self,
+        subject: str,
+        payload: bytes,
+        *,
+        headers: dict[str, str] | None = None,
+        timeout_s: float | None = None,
+    ) -> Msg:
+        """Send one request and wait for its reply; ``NoRespondersError`` if nobody listens."""
+        if self._subscription is None:
+            raise RuntimeError("Requests.start() was not called")
+        token = str(next(self._tokens))
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Msg] = loop.create_future()
+        self._waiting[token] = future
+        timer = loop.call_later(timeout_s or self._timeout_s, _expire, future)
+        try:
+            await self._nc.publish(subject, payload, reply=self._prefix + token, headers=headers)
+            message = await future
+        finally:
+            timer.cancel()
+            self._waiting.pop(token, None)
+        if message.headers and message.headers.get(STATUS) == NO_RESPONDERS:
+            raise nats.errors.NoRespondersError
+        return message
+
+    async def publish(
+        self,
+        subject: str,
+        payload: bytes = b"",
+        timeout: float | None = None,  # noqa: ASYNC109 - nats-py's signature
+        stream: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> PubAck:
+        """``JetStreamContext.publish``: store one message, return the stream's ack."""
+        if stream is not None:
+            headers = (headers or {}) | {"Nats-Expected-Stream": stream}
+        try:
+            reply = await self.request(subject, payload, headers=headers, timeout_s=timeout)
+        except nats.errors.NoRespondersError:
+            raise nats.js.errors.NoStreamResponseError from None
+        answer = json.loads(reply.data)
+        if "error" in answer:
+            raise nats.js.errors.APIError.from_error(answer["error"])
+        return PubAck.from_response(answer)
+
+    async def kv_get(self, bucket: str, key: str) -> bytes | None:
+        """The latest value of ``key`` in a KV bucket that allows direct gets; None if absent
+        or deleted."""
+        reply = await self.request(f"$JS.API.DIRECT.GET.KV_{bucket}.$KV.{bucket}.{key}", b"")
+        headers = reply.headers or {}
+        if headers.get(STATUS) == NOT_FOUND:
+            return None
+        if STATUS in headers:
+            raise nats.js.errors.APIError(
+                code=int(headers[STATUS]), description=headers.get("Description", "")
+            )
+        if headers.get(KV_OPERATION) in ("DEL", "PURGE"):
+            return None
+        return reply.data
+
+    async def kv_put(self, bucket: str, key: str, value: bytes) -> PubAck:
+        """Write ``key`` in a KV bucket (as ``KeyValue.put``)."""
+        return await self.publish(f"$KV.{bucket}.{key}", value)
+
+
+def _expire(future: asyncio.Future[Msg]) -> None:
+    if not future.done():
+        future.set_exception(nats.errors.TimeoutError())
