@@ -157,6 +157,9 @@ class Placement:
         self._adopt: set[str] = set()
         self._binding: set[str] = set()
         """Jobs whose bound event this replica is publishing right now."""
+        self._own_echoes: set[int] = set()
+        """Stream sequences of bound events this replica published and applied: their echo
+        from the log changes nothing, so it is not decoded."""
         """Jobs bound by someone else (an old leader) whose pod this leader makes sure of."""
         self._nominations: dict[str, Nomination] = {}
         self._terminating: set[str] = set()
@@ -220,9 +223,17 @@ class Placement:
             totals[0] -= entry[1]
             totals[1] -= entry[2]
 
+    def is_own_echo(self, sequence: int) -> bool:
+        """Whether the log message at ``sequence`` is a bound event this replica applied."""
+        if sequence in self._own_echoes:
+            self._own_echoes.discard(sequence)
+            return True
+        return False
+
     async def on_job_event(self, sequence: int, event: pb.Event) -> None:
         kind = event.WhichOneof("body")
         if kind == "bound":
+            self._own_echoes.discard(sequence)  # the echo overtook the publish's ack
             self._last_bound_seq[event.job_id] = max(
                 sequence, self._last_bound_seq.get(event.job_id, 0)
             )
@@ -443,6 +454,8 @@ class Placement:
             self.fenced_total += 1
             return False
         self._last_bound_seq[event.job_id] = ack.seq
+        if ack.seq > self.book.last_sequence:  # its echo is still to come
+            self._own_echoes.add(ack.seq)
         return True
 
     async def _bind(self, decision: Decision) -> None:
@@ -568,6 +581,7 @@ class Placement:
                     self._subjects.job_all("*"),
                     on_event=self.on_job_event,
                     on_caught_up=self._caught_up_jobs,
+                    skip=self.is_own_echo,
                 ),
                 name="placement-jobs",
             ),

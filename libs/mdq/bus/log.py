@@ -19,6 +19,7 @@ from mdq.contracts import pb
 
 EventHandler = Callable[[int, pb.Event], Awaitable[None]]
 CaughtUp = Callable[[], Awaitable[None]]
+Skip = Callable[[int], bool]
 
 
 async def follow_log(
@@ -28,12 +29,14 @@ async def follow_log(
     on_event: EventHandler,
     on_caught_up: CaughtUp,
     deliver_policy: DeliverPolicy = DeliverPolicy.ALL,
+    skip: Skip | None = None,
 ) -> None:
     """Feed every event on ``subject`` to ``on_event`` (with its stream sequence), forever.
 
     ``on_caught_up`` is awaited once, after the history that existed at the start has been
     fed (at once if there was none). Undecodable messages are skipped: the log is written only
-    by mdq, so one means a bug elsewhere, not a reason to stop.
+    by mdq, so one means a bug elsewhere, not a reason to stop. A message whose stream sequence
+    ``skip`` accepts is not decoded nor fed (an event the caller published and applied itself).
     """
     subscription = await js.subscribe(
         subject,
@@ -52,17 +55,20 @@ async def follow_log(
         await on_caught_up()
     try:
         async for message in subscription.messages:
-            await _feed(message, on_event)
-            if not caught_up and message.metadata.num_pending == 0:
+            metadata = message.metadata  # parsed from the reply subject on every access
+            sequence = metadata.sequence.stream
+            if skip is None or not skip(sequence):
+                await _feed(message, sequence, on_event)
+            if not caught_up and metadata.num_pending == 0:
                 caught_up = True
                 await on_caught_up()
     finally:
         await subscription.unsubscribe()
 
 
-async def _feed(message: Msg, on_event: EventHandler) -> None:
+async def _feed(message: Msg, sequence: int, on_event: EventHandler) -> None:
     try:
         event = decode_event(message.data)
     except Exception:
         return
-    await on_event(message.metadata.sequence.stream, event)
+    await on_event(sequence, event)
