@@ -6,11 +6,13 @@ same events:
 * ``raw_copy_rows_per_s``: asyncpg ``copy_records_to_table`` of rows already in memory
   (PostgreSQL alone, no NATS);
 * ``raw_pipeline_per_s``: the least a projection must do, with no mdq logic: nats-py pull
-  fetch of the PROGRESS stream in large batches, protobuf decode, ``copy_records_to_table``
-  into a table shaped like ``progress``, ack after the copy;
+  fetch of the PROGRESS stream in batches of the watcher's size, protobuf decode,
+  ``copy_records_to_table`` into a table shaped exactly like ``progress`` (same columns, same
+  primary key, logged like every table of the projection), ack after the commit;
 * ``events_per_s``: the watcher's projector (``services.watcher.projector.Projector``) on a
-  fresh, migrated database: every event stored once in ``events`` and ``progress``, the jobs
-  folded, the offset committed in the same transaction, ack after commit.
+  fresh, migrated database: every report stored once in ``progress`` (COPY), every lifecycle
+  event in ``job_events``, the jobs folded, the offset committed in the same transaction, ack
+  after commit.
 
 ``ratio_vs_raw = events_per_s / raw_pipeline_per_s``. The rounds alternate raw and watcher so
 that background load on the machine hits both; the best round of each is reported. NATS and
@@ -50,26 +52,22 @@ from mdq.core.ids import pod_name  # noqa: E402
 from mdq.embedded import start_nats, start_postgres  # noqa: E402
 from mdq.store.engine import asyncpg_dsn, create_writer_pool  # noqa: E402
 from mdq.store.migrate import upgrade_async  # noqa: E402
+from mdq.store.projection import PROGRESS_COLUMNS  # noqa: E402
 from services.watcher.projector import Projector  # noqa: E402
 from services.watcher.settings import WatcherSettings  # noqa: E402
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 RAW_TABLE = """
-CREATE UNLOGGED TABLE IF NOT EXISTS {name} (
-    job_id text, attempt int, step bigint, time timestamptz, time_ps float8,
-    potential_kj_mol float8, kinetic_kj_mol float8, temperature_k float8, ns_per_day float8)
+CREATE TABLE IF NOT EXISTS {name} (
+    job_id text NOT NULL, attempt int NOT NULL, step bigint NOT NULL,
+    time timestamptz NOT NULL, time_ps float8 NOT NULL, potential_kj_mol float8 NOT NULL,
+    kinetic_kj_mol float8 NOT NULL, temperature_k float8 NOT NULL, ns_per_day float8 NOT NULL,
+    event_id text NOT NULL, stream text NOT NULL, stream_seq bigint NOT NULL,
+    producer text NOT NULL, target_steps bigint NOT NULL, eta_s float8 NOT NULL,
+    done_reason text NOT NULL,
+    PRIMARY KEY (job_id, attempt, step))
 """
-RAW_COLUMNS = [
-    "job_id",
-    "attempt",
-    "step",
-    "time",
-    "time_ps",
-    "potential_kj_mol",
-    "kinetic_kj_mol",
-    "temperature_k",
-    "ns_per_day",
-]
+RAW_COLUMNS = list(PROGRESS_COLUMNS)
 
 
 def lifecycle_events(job_ids: list[str]) -> list[pb.Event]:
@@ -147,7 +145,8 @@ async def fresh_database(admin_url: str, name: str) -> str:
     return base.rsplit("/", 1)[0] + f"/{name}" + (f"?{query}" if query else "")
 
 
-def row_of(event: pb.Event) -> tuple[Any, ...]:
+def row_of(event: pb.Event, stream: str, sequence: int) -> tuple[Any, ...]:
+    """The ``progress`` row of one report (what the raw loop copies)."""
     body = event.progress
     return (
         event.job_id,
@@ -159,6 +158,13 @@ def row_of(event: pb.Event) -> tuple[Any, ...]:
         body.kinetic_kj_mol,
         body.temperature_k,
         body.ns_per_day,
+        event.event_id,
+        stream,
+        sequence,
+        event.producer,
+        body.target_steps,
+        body.eta_s,
+        body.done_reason,
     )
 
 
@@ -192,9 +198,8 @@ async def raw_pipeline(
             max_ack_pending=4 * batch,
         ),
     )
-    subscription = await js.pull_subscribe_bind(
-        name, stream=subjects.progress_stream, pending_msgs_limit=4 * batch
-    )
+    stream = subjects.progress_stream
+    subscription = await js.pull_subscribe_bind(name, stream=stream, pending_msgs_limit=4 * batch)
     connection = await asyncpg.connect(asyncpg_dsn(database_url))
     try:
         await connection.execute(RAW_TABLE.format(name=table))
@@ -209,7 +214,7 @@ async def raw_pipeline(
             for message in messages:
                 event = pb.Event()
                 event.ParseFromString(message.data)
-                rows.append(row_of(event))
+                rows.append(row_of(event, stream, message.metadata.sequence.stream))
             async with connection.transaction():
                 await connection.copy_records_to_table(table, records=rows, columns=RAW_COLUMNS)
             await messages[-1].ack()
@@ -254,7 +259,7 @@ async def watcher(
                 task.result()
             await asyncio.sleep(0.01)
         elapsed = time.perf_counter() - started
-        projected = int(await pool.fetchval("SELECT count(*) FROM events"))
+        projected = int(await pool.fetchval("SELECT count(*) FROM events"))  # the view
     finally:
         projector.stop()
         await asyncio.wait_for(task, timeout=30)
@@ -269,7 +274,7 @@ async def watcher(
 
 
 async def run(arguments: argparse.Namespace) -> dict[str, Any]:
-    servers = []
+    servers: list[Any] = []
     folder = Path(tempfile.mkdtemp(prefix="mdq-bench-ingest-"))
     nats_url = os.environ.get("NATS_URL")
     if not nats_url:
@@ -290,7 +295,10 @@ async def run(arguments: argparse.Namespace) -> dict[str, Any]:
         progress = progress_events(job_ids, arguments.events)
         await publish(js, subjects, lifecycle)
         publish_per_s = await publish(js, subjects, progress)
-        rows = [row_of(event) for event in progress]
+        rows = [
+            row_of(event, subjects.progress_stream, number)
+            for number, event in enumerate(progress, start=1)
+        ]
         settings = WatcherSettings()
         results: dict[str, list[float]] = {"raw_copy": [], "raw": [], "watcher": []}
         projected = 0
@@ -341,7 +349,12 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=100_000, help="progress events")
     parser.add_argument("--jobs", type=int, default=50, help="running jobs they belong to")
     parser.add_argument("--rounds", type=int, default=2, help="raw/watcher rounds (best kept)")
-    parser.add_argument("--raw-batch", type=int, default=5000, help="raw loop fetch size")
+    parser.add_argument(
+        "--raw-batch",
+        type=int,
+        default=WatcherSettings().batch_size,
+        help="raw loop fetch size (default: the watcher's batch size)",
+    )
     result = asyncio.run(run(parser.parse_args()))
     print(json.dumps(result))
 

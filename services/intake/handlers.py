@@ -204,7 +204,8 @@ class SubmitHandler:
     @asynccontextmanager
     async def _exclusive(self, request_id: str) -> AsyncIterator[None]:
         """One submit per request id at a time in this process (stream and request-reply)."""
-        lock, users = self._locks.get(request_id, (asyncio.Lock(), 0))
+        entry = self._locks.get(request_id)
+        lock, users = entry if entry is not None else (asyncio.Lock(), 0)
         self._locks[request_id] = (lock, users + 1)
         try:
             async with lock:

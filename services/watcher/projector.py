@@ -9,7 +9,6 @@ from mdq.store.projection import (
     PROGRESS_CONSUMER,
     ConsumerLag,
     Projector,
-    progress_json,
 )
 
-__all__ = ["JOBS_CONSUMER", "PROGRESS_CONSUMER", "ConsumerLag", "Projector", "progress_json"]
+__all__ = ["JOBS_CONSUMER", "PROGRESS_CONSUMER", "ConsumerLag", "Projector"]

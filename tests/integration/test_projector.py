@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import math
 import os
 import signal
 import subprocess
@@ -20,6 +22,7 @@ from typing import Any
 
 import asyncpg
 import pytest
+from google.protobuf import json_format
 from google.protobuf.message import Message
 from nats.aio.client import Client
 from nats.js import JetStreamContext
@@ -582,3 +585,61 @@ async def test_kill_9_mid_batch_loses_and_duplicates_nothing(
         job = await job_row(pool, history.job_id)
         assert (job["state"], job["last_step"]) == ("RUNNING", 10 * steps_per_job)
         assert (await attempt_rows(pool, history.job_id))[1]["last_step"] == 10 * steps_per_job
+
+
+REPORT_BODIES = {
+    "typical": pb.Progress(step=100, target_steps=1000, potential_kj_mol=-41_000.25),
+    "tiny-huge-escaped": pb.Progress(
+        step=1, time_ps=1e-7, eta_s=3e20, done_reason='steps "reached"\n'
+    ),
+    "zeros-left-out": pb.Progress(step=7, kinetic_kj_mol=0.0, ns_per_day=31.5),
+    "nan": pb.Progress(temperature_k=math.nan, step=5),
+    "infinity": pb.Progress(step=3, potential_kj_mol=-math.inf),
+    "unicode": pb.Progress(step=9, done_reason="größer"),
+    "full-precision": pb.Progress(
+        step=2**40, target_steps=2**41, time_ps=0.1 + 0.2, potential_kj_mol=-1 / 3
+    ),
+}
+
+
+async def test_a_report_is_stored_once_and_the_events_view_shows_its_body(
+    projector: Projector,
+    publisher: EventPublisher,
+    js: JetStreamContext,
+    subjects: Subjects,
+    pool: asyncpg.Pool,
+) -> None:
+    """Progress goes to ``progress`` only; the ``events`` view rebuilds each report's body as
+    the protobuf JSON mapping (what ``events.body`` held before revision 0003)."""
+    sent = {
+        name: make_event(
+            "progress",
+            body,
+            job_id=f"0123456789ab-{name}",
+            attempt=1,
+            producer="runner",
+            at=T0,
+            detail=body.step,
+        )
+        for name, body in REPORT_BODIES.items()
+    }
+    await publish_in_order(publisher, list(sent.values()))
+    await wait_projected(js, subjects, pool)
+
+    assert await pool.fetchval("SELECT count(*) FROM job_events") == 0
+    assert await pool.fetchval("SELECT count(*) FROM progress") == len(sent)
+    rows = await pool.fetch(
+        "SELECT event_id, job_id, stream, producer, body::text FROM events WHERE kind = 'progress'"
+    )
+    shown = {row["job_id"].split("-", 1)[1]: row for row in rows}
+    for name, event in sent.items():
+        row = shown[name]
+        mapping = json_format.MessageToJson(
+            event.progress, preserving_proto_field_name=True, indent=None
+        )
+        assert json.loads(row["body"]) == json.loads(mapping), name
+        assert (row["event_id"], row["stream"], row["producer"]) == (
+            event.event_id,
+            subjects.progress_stream,
+            "runner",
+        )

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy.engine import Connection
@@ -15,13 +17,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from mdq.store import queries
 from mdq.store.engine import create_engine
-from mdq.store.migrate import current_revision, upgrade, upgrade_async
+from mdq.store.migrate import alembic_config, current_revision, upgrade, upgrade_async
 from mdq.store.models import Base
 
 TABLES = {
     "jobs",
     "attempts",
-    "events",
+    "job_events",
     "progress",
     "checkpoints",
     "placements",
@@ -57,7 +59,7 @@ async def test_upgrade_creates_every_table_on_an_empty_database(database_url: st
     upgrade(database_url)  # the sync entry point, called from inside a running loop
 
     assert await _tables(database_url) == TABLES | {"alembic_version"}
-    assert await asyncio.to_thread(current_revision, database_url) == "0002_history_views"
+    assert await asyncio.to_thread(current_revision, database_url) == "0003_progress_once"
 
 
 async def test_upgrade_twice_changes_nothing(database_url: str) -> None:
@@ -77,7 +79,7 @@ async def test_upgrade_twice_changes_nothing(database_url: str) -> None:
         assert await connection.fetchval("SELECT last_seq FROM consumer_offsets") == 42
     finally:
         await connection.close()
-    assert await asyncio.to_thread(current_revision, database_url) == "0002_history_views"
+    assert await asyncio.to_thread(current_revision, database_url) == "0003_progress_once"
 
 
 async def test_concurrent_upgrades_wait_for_each_other(database_url: str) -> None:
@@ -109,3 +111,69 @@ async def test_queries_on_an_empty_projection(engine: AsyncEngine) -> None:
     assert await queries.job_detail(engine, "nope-job") is None
     assert await queries.job_timeline(engine, "nope-job") == []
     assert await queries.progress_trace(engine, "nope-job") == []
+
+
+async def test_upgrade_to_0003_moves_progress_out_of_the_events_table(database_url: str) -> None:
+    """A projection written by revision 0002 (progress in both tables) is migrated: each report
+    is kept once, in ``progress``, with what its event carried, and the ``events`` view shows
+    the same events with the same bodies as before."""
+    await upgrade_async(database_url, "0002_history_views")
+    body = {
+        "step": "200",
+        "target_steps": "1000",
+        "time_ps": 0.4,
+        "potential_kj_mol": -1020.5,
+        "kinetic_kj_mol": 502.0,
+        "temperature_k": 300.2,
+        "ns_per_day": 31.0,
+        "eta_s": 12.5,
+        "done_reason": "converged",
+    }
+    job = "0123456789ab-md"
+    connection = await asyncpg.connect(database_url)
+    try:
+        await connection.execute(
+            "INSERT INTO events (event_id, stream, stream_seq, job_id, attempt, kind, time, "
+            "producer, body) VALUES "
+            "('started:0123456789ab-md:1', 'NS_JOBS', 3, $1, 1, 'started', now(), 'watcher', "
+            '\'{"node": "n1"}\'), '
+            "('progress:0123456789ab-md:1:200', 'NS_PROGRESS', 7, $1, 1, 'progress', now(), "
+            "'runner', $2::jsonb)",
+            job,
+            json.dumps(body),
+        )
+        await connection.execute(
+            "INSERT INTO progress (job_id, attempt, step, time, time_ps, potential_kj_mol, "
+            "kinetic_kj_mol, temperature_k, ns_per_day) "
+            "VALUES ($1, 1, 200, now(), 0.4, -1020.5, 502.0, 300.2, 31.0)",
+            job,
+        )
+        before = await connection.fetch("SELECT event_id, body::text FROM events ORDER BY 1")
+
+        await upgrade_async(database_url)
+
+        moved = await connection.fetchrow("SELECT * FROM progress")
+        kinds = await connection.fetch("SELECT kind FROM job_events")
+        after = await connection.fetch("SELECT event_id, body::text FROM events ORDER BY 1")
+
+        await asyncio.to_thread(
+            command.downgrade, alembic_config(database_url), "0002_history_views"
+        )
+        restored = await connection.fetch("SELECT event_id, body::text FROM events ORDER BY 1")
+    finally:
+        await connection.close()
+    assert [row["kind"] for row in kinds] == ["started"]
+    assert (moved["event_id"], moved["stream"], moved["stream_seq"], moved["producer"]) == (
+        "progress:0123456789ab-md:1:200",
+        "NS_PROGRESS",
+        7,
+        "runner",
+    )
+    assert (moved["target_steps"], moved["eta_s"], moved["done_reason"]) == (
+        1000,
+        12.5,
+        "converged",
+    )
+    as_json = [(row[0], json.loads(row[1])) for row in before]
+    assert [(row[0], json.loads(row[1])) for row in after] == as_json
+    assert [(row[0], json.loads(row[1])) for row in restored] == as_json  # and back down

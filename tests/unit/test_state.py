@@ -99,3 +99,32 @@ def test_replayed_sequence_is_ignored() -> None:
     book.apply(1, SUBMIT)
     book.apply(2, BOUND1)
     assert book.apply(2, BOUND1) is None
+
+
+def _at(event: pb.Event, seconds: int) -> pb.Event:
+    moved = pb.Event()
+    moved.CopyFrom(event)
+    moved.time.FromDatetime(NOW.replace(second=seconds))
+    return moved
+
+
+REPORT1 = ev("progress", pb.Progress(step=100), 1)
+
+
+@pytest.mark.parametrize(
+    "history",
+    [
+        [SUBMIT, BOUND1, _at(STARTED1, 5), _at(REPORT1, 9)],
+        [SUBMIT, BOUND1, _at(REPORT1, 9), _at(STARTED1, 5)],
+    ],
+    ids=["started, then the first report", "the first report, then started"],
+)
+def test_start_time_does_not_depend_on_stream_interleaving(history: list[pb.Event]) -> None:
+    """The progress and job streams are folded independently; either order gives the same."""
+    book = JobBook()
+    for sequence, event in enumerate(history, start=1):
+        book.apply(sequence, event)
+    view = book.jobs["r-a"]
+    assert view.state is JobState.RUNNING
+    assert view.attempts[1].started_at == NOW.replace(second=5)
+    assert view.last_step == 100

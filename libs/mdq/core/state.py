@@ -132,6 +132,12 @@ class JobView:
                 self.node, self.pod_name = event.bound.node, event.bound.pod_name
                 self.current.node, self.current.pod_name = self.node, self.pod_name
             case "started":
+                started_at = self.current.started_at
+                if self.state is JobState.RUNNING and started_at is not None and at < started_at:
+                    # The attempt's first report was folded before this event (the progress
+                    # and job streams are read independently): the attempt started here.
+                    self.current.started_at = at
+                    return True
                 if self.state not in (JobState.BOUND, JobState.PENDING):
                     return False
                 self.state = JobState.RUNNING

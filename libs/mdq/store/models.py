@@ -7,7 +7,8 @@ kJ/mol, temperatures K. Empty strings of the events are stored as NULL.
 
 The Alembic migrations under ``migrations/`` create exactly these tables; a test compares them.
 Revision 0002 adds read-only views over them for the common questions (``job_timeline``,
-``attempt_history``, ``failures_by_reason``, ``node_utilisation``; see docs/history.md).
+``attempt_history``, ``failures_by_reason``, ``node_utilisation``; see docs/history.md);
+revision 0003 stores progress reports once, in ``progress``, and makes ``events`` a view.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from sqlalchemy import (
     Integer,
     MetaData,
     Text,
+    column,
+    table,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -113,9 +116,13 @@ class Attempt(Base):
 
 
 class EventRecord(Base):
-    """Every event of the JOBS and PROGRESS streams, once (the event id is the key)."""
+    """Every event of the JOBS stream, once (the event id is the key).
 
-    __tablename__ = "events"
+    Progress reports, the PROGRESS stream, are stored once, in ``progress``; the view
+    ``events`` (revision 0003, ``EVENTS``) is both, as one table of every event.
+    """
+
+    __tablename__ = "job_events"
     __table_args__ = (Index(None, "job_id", "time"),)
 
     event_id: Mapped[str] = mapped_column(primary_key=True)
@@ -123,14 +130,14 @@ class EventRecord(Base):
     stream_seq: Mapped[int]
     job_id: Mapped[str | None]
     attempt: Mapped[int] = mapped_column(Integer)
-    kind: Mapped[str] = mapped_column(comment="Event.body case: submitted, progress ...")
+    kind: Mapped[str] = mapped_column(comment="Event.body case: submitted, bound ...")
     time: Mapped[datetime]
     producer: Mapped[str]
     body: Mapped[dict[str, Any]] = mapped_column(comment="The body, protobuf JSON mapping.")
 
 
 class ProgressRecord(Base):
-    """MD progress reports (the energy trace of every attempt)."""
+    """MD progress reports (the energy trace of every attempt), each event stored once here."""
 
     __tablename__ = "progress"
 
@@ -143,6 +150,28 @@ class ProgressRecord(Base):
     kinetic_kj_mol: Mapped[float]
     temperature_k: Mapped[float]
     ns_per_day: Mapped[float]
+    event_id: Mapped[str] = mapped_column(comment="The report's event id.")
+    stream: Mapped[str] = mapped_column(comment="The PROGRESS stream it was read from.")
+    stream_seq: Mapped[int]
+    producer: Mapped[str]
+    target_steps: Mapped[int]
+    eta_s: Mapped[float]
+    done_reason: Mapped[str] = mapped_column(comment="'' until the report that ends the run.")
+
+
+EVENTS = table(
+    "events",
+    column("event_id", Text()),
+    column("stream", Text()),
+    column("stream_seq", BigInteger()),
+    column("job_id", Text()),
+    column("attempt", Integer()),
+    column("kind", Text()),
+    column("time", DateTime(timezone=True)),
+    column("producer", Text()),
+    column("body", JSONB()),
+)
+"""The view of every event of both streams (``job_events`` and ``progress``), for queries."""
 
 
 class CheckpointRecord(Base):

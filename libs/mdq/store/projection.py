@@ -41,7 +41,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -104,37 +103,6 @@ def _blank(text: str) -> str | None:
 
 def _json(message: Message) -> str:
     return json_format.MessageToJson(message, preserving_proto_field_name=True, indent=None)
-
-
-_PROGRESS_DOUBLES = (
-    "time_ps",
-    "potential_kj_mol",
-    "kinetic_kj_mol",
-    "temperature_k",
-    "ns_per_day",
-    "eta_s",
-)
-
-
-def progress_json(body: pb.Progress) -> str:
-    """Exactly ``_json(body)`` for a ``Progress`` (the protobuf JSON mapping, fields in number
-    order, defaults left out, int64 as strings), built directly: the hot path of the
-    projection stores one per progress report, and ``json_format`` costs ~10x more.
-    Non-finite numbers (rare, and spelled "NaN"/"Infinity" by the mapping) go the slow way."""
-    parts: list[str] = []
-    if step := body.step:
-        parts.append(f'"step": "{step}"')
-    if target := body.target_steps:
-        parts.append(f'"target_steps": "{target}"')
-    for name in _PROGRESS_DOUBLES:
-        value: float = getattr(body, name)
-        if value or math.copysign(1.0, value) < 0:  # -0.0 is stored, so it is shown
-            if not math.isfinite(value):
-                return _json(body)
-            parts.append(f'"{name}": {value!r}')
-    if body.done_reason:
-        parts.append('"done_reason": ' + json.dumps(body.done_reason))
-    return "{" + ", ".join(parts) + "}"
 
 
 # -- the jobs and attempts rows in memory --------------------------------------------------
@@ -373,19 +341,40 @@ ON CONFLICT (job_id, attempt) DO UPDATE SET node = EXCLUDED.node,
     steps_lost = EXCLUDED.steps_lost, last_step = EXCLUDED.last_step
 """
 _INSERT_EVENTS = """
-INSERT INTO events (event_id, stream, stream_seq, job_id, attempt, kind, time, producer, body)
+INSERT INTO job_events (event_id, stream, stream_seq, job_id, attempt, kind, time, producer, body)
 SELECT e.event_id, $2, e.seq, e.job_id, e.attempt, e.kind, e.time, e.producer, e.body::jsonb
 FROM unnest($1::text[], $3::bigint[], $4::text[], $5::int[], $6::text[], $7::timestamptz[],
     $8::text[], $9::text[]) AS e(event_id, seq, job_id, attempt, kind, time, producer, body)
 ON CONFLICT (event_id) DO NOTHING
 RETURNING event_id
 """
+PROGRESS_COLUMNS = (
+    "job_id",
+    "attempt",
+    "step",
+    "time",
+    "time_ps",
+    "potential_kj_mol",
+    "kinetic_kj_mol",
+    "temperature_k",
+    "ns_per_day",
+    "event_id",
+    "stream",
+    "stream_seq",
+    "producer",
+    "target_steps",
+    "eta_s",
+    "done_reason",
+)
 _INSERT_PROGRESS = """
 INSERT INTO progress (job_id, attempt, step, time, time_ps, potential_kj_mol, kinetic_kj_mol,
-    temperature_k, ns_per_day)
+    temperature_k, ns_per_day, event_id, stream, stream_seq, producer, target_steps, eta_s,
+    done_reason)
 SELECT * FROM unnest($1::text[], $2::int[], $3::bigint[], $4::timestamptz[], $5::float8[],
-    $6::float8[], $7::float8[], $8::float8[], $9::float8[])
+    $6::float8[], $7::float8[], $8::float8[], $9::float8[], $10::text[], $11::text[],
+    $12::bigint[], $13::text[], $14::bigint[], $15::float8[], $16::text[])
 ON CONFLICT DO NOTHING
+RETURNING job_id, attempt, step
 """
 _INSERT_CHECKPOINTS = """
 INSERT INTO checkpoints (job_id, attempt, step, path, sha256, size_bytes, time_ps, time)
@@ -460,29 +449,48 @@ async def _settle_progress(connection: asyncpg.Connection, rows: dict[str, _JobR
 
 
 _LATEST_PROGRESS = """
-SELECT DISTINCT ON (job_id, attempt) event_id, job_id, attempt, time, producer, body::text
-FROM events
-WHERE job_id = ANY($1::text[]) AND kind = 'progress'
-ORDER BY job_id, attempt, stream_seq DESC
+SELECT p.job_id, p.attempt, p.event_id, p.time, p.producer, p.step, p.target_steps, p.time_ps,
+    p.potential_kj_mol, p.kinetic_kj_mol, p.temperature_k, p.ns_per_day, p.eta_s, p.done_reason
+FROM unnest($1::text[], $2::int[]) AS t(job_id, attempt)
+CROSS JOIN LATERAL (
+    SELECT * FROM progress p WHERE p.job_id = t.job_id AND p.attempt = t.attempt
+    ORDER BY p.step DESC LIMIT 1  -- the primary key, read backwards
+) AS p
 """
 
 
+def progress_event(record: asyncpg.Record) -> pb.Event:
+    """A stored progress row as the event it was projected from."""
+    event = pb.Event(
+        event_id=record["event_id"],
+        job_id=record["job_id"],
+        attempt=record["attempt"],
+        producer=record["producer"],
+        progress=pb.Progress(
+            step=record["step"],
+            target_steps=record["target_steps"],
+            time_ps=record["time_ps"],
+            potential_kj_mol=record["potential_kj_mol"],
+            kinetic_kj_mol=record["kinetic_kj_mol"],
+            temperature_k=record["temperature_k"],
+            ns_per_day=record["ns_per_day"],
+            eta_s=record["eta_s"],
+            done_reason=record["done_reason"],
+        ),
+    )
+    event.time.FromDatetime(record["time"])
+    return event
+
+
 async def _latest_progress(
-    connection: asyncpg.Connection, job_ids: list[str]
+    connection: asyncpg.Connection, attempts: dict[str, int]
 ) -> dict[tuple[str, int], pb.Event]:
-    """The last stored progress event of every attempt of ``job_ids``."""
-    latest: dict[tuple[str, int], pb.Event] = {}
-    for record in await connection.fetch(_LATEST_PROGRESS, job_ids):
-        event = pb.Event(
-            event_id=record["event_id"],
-            job_id=record["job_id"],
-            attempt=record["attempt"],
-            producer=record["producer"],
-        )
-        event.time.FromDatetime(record["time"])
-        json_format.Parse(record["body"], event.progress, ignore_unknown_fields=True)
-        latest[(record["job_id"], record["attempt"])] = event
-    return latest
+    """The highest-step stored report of attempts 1 to ``attempts[job]`` of every job."""
+    pairs = [(job, number) for job, last in attempts.items() for number in range(1, last + 1)]
+    if not pairs:
+        return {}
+    records = await connection.fetch(_LATEST_PROGRESS, *_columns(pairs, 2))
+    return {(record["job_id"], record["attempt"]): progress_event(record) for record in records}
 
 
 async def _cancel(task: asyncio.Task[list[Msg]] | None) -> None:
@@ -516,6 +524,57 @@ class _BatchOutcome:
     covered_seq: int
     rewind_at: int | None
     projected: int
+
+
+async def _store_progress(
+    connection: asyncpg.Connection, stream: str, reports: list[_Fact]
+) -> list[_Fact]:
+    """Store progress reports in ``progress``; return the ones not stored before.
+
+    The fast path is one COPY: the batch holds only messages after the committed offset, so
+    its reports are new unless the log holds a republished copy of an older report (same job,
+    attempt and step). Then the COPY fails on the primary key, its savepoint is rolled back and
+    the batch is stored again with ``INSERT ... ON CONFLICT DO NOTHING``, which says which
+    reports were new. Copies within the batch are dropped first (the first one counts).
+    """
+    unique: dict[tuple[str, int, int], _Fact] = {}
+    for fact in reports:
+        key = (fact.event.job_id, fact.event.attempt, fact.event.progress.step)
+        unique.setdefault(key, fact)
+    rows = [_progress_row(stream, fact) for fact in unique.values()]
+    try:
+        async with connection.transaction():  # a savepoint
+            await connection.copy_records_to_table(
+                "progress", records=rows, columns=PROGRESS_COLUMNS
+            )
+    except asyncpg.UniqueViolationError:
+        stored = await connection.fetch(_INSERT_PROGRESS, *_columns(rows, len(PROGRESS_COLUMNS)))
+        new = {(record[0], record[1], record[2]) for record in stored}
+        return [fact for key, fact in unique.items() if key in new]
+    return list(unique.values())
+
+
+def _progress_row(stream: str, fact: _Fact) -> tuple[Any, ...]:
+    event = fact.event
+    body = event.progress
+    return (
+        event.job_id,
+        event.attempt,
+        body.step,
+        fact.at,
+        body.time_ps,
+        body.potential_kj_mol,
+        body.kinetic_kj_mol,
+        body.temperature_k,
+        body.ns_per_day,
+        event.event_id,
+        stream,
+        fact.sequence,
+        event.producer,
+        body.target_steps,
+        body.eta_s,
+        body.done_reason,
+    )
 
 
 class Projector:
@@ -787,27 +846,33 @@ class Projector:
         feed: _Feed,
         accepted: list[tuple[int, pb.Event | None]],
     ) -> int:
-        """Write the effects of ``accepted`` (in stream order); return how many were new."""
-        candidates = [
-            _Fact(sequence, event, event.WhichOneof("body") or "", event_time(event))
-            for sequence, event in accepted
-            if event is not None
-        ]
-        if not candidates:
-            return 0
-        inserted = await connection.fetch(
-            _INSERT_EVENTS,
-            *self._event_columns(feed, candidates),
-        )
-        new_ids = {record[0] for record in inserted}
+        """Write the effects of ``accepted`` (in stream order); return how many were new.
+
+        Progress reports go to ``progress`` only (by COPY), every other event to
+        ``job_events``; an event already stored (a republished copy) has no other effect.
+        """
+        reports: list[_Fact] = []
+        others: list[_Fact] = []
+        for sequence, event in accepted:
+            if event is None:
+                continue
+            kind = event.WhichOneof("body") or ""
+            fact = _Fact(sequence, event, kind, event_time(event))
+            (reports if kind == "progress" else others).append(fact)
         facts: list[_Fact] = []
-        for fact in candidates:
-            if fact.event.event_id in new_ids:
-                new_ids.discard(fact.event.event_id)  # a second copy in the batch is a duplicate
-                facts.append(fact)
+        if others:
+            inserted = await connection.fetch(_INSERT_EVENTS, *self._event_columns(feed, others))
+            new_ids = {record[0] for record in inserted}
+            for fact in others:
+                if fact.event.event_id in new_ids:
+                    new_ids.discard(fact.event.event_id)  # a second copy in the batch: duplicate
+                    facts.append(fact)
+            await self._insert_facts(connection, facts)
+        if reports:
+            new_reports = await _store_progress(connection, feed.stream, reports)
+            facts = sorted(facts + new_reports) if facts else new_reports
         if not facts:
             return 0
-        await self._insert_facts(connection, facts)
         await self._fold_jobs(
             connection, [fact.event for fact in facts], catch_up=feed is self._feeds[0]
         )
@@ -831,32 +896,17 @@ class Projector:
             kinds.append(kind)
             times.append(at)
             producers.append(event.producer)
-            bodies.append(
-                progress_json(event.progress) if kind == "progress" else _json(getattr(event, kind))
-            )
+            bodies.append(_json(getattr(event, kind)))
         return [ids, feed.stream, seqs, jobs, attempts, kinds, times, producers, bodies]
 
     @staticmethod
     async def _insert_facts(connection: asyncpg.Connection, facts: list[_Fact]) -> None:
-        """Progress, checkpoint, placement and rejection rows (append-only facts)."""
-        progress: list[list[Any]] = [[] for _ in range(9)]
+        """Checkpoint, placement and rejection rows (append-only facts)."""
         checkpoints: list[tuple[Any, ...]] = []
         placements: list[tuple[Any, ...]] = []
         rejections: list[tuple[Any, ...]] = []
-        (p_jobs, p_attempts, p_steps, p_times, p_ps, p_pot, p_kin, p_temp, p_speed) = progress
         for _, event, kind, at in facts:
-            if kind == "progress":
-                body = event.progress
-                p_jobs.append(event.job_id)
-                p_attempts.append(event.attempt)
-                p_steps.append(body.step)
-                p_times.append(at)
-                p_ps.append(body.time_ps)
-                p_pot.append(body.potential_kj_mol)
-                p_kin.append(body.kinetic_kj_mol)
-                p_temp.append(body.temperature_k)
-                p_speed.append(body.ns_per_day)
-            elif kind == "checkpoint":
+            if kind == "checkpoint":
                 body_c = event.checkpoint
                 checkpoints.append(
                     (
@@ -896,8 +946,6 @@ class Projector:
                         at,
                     )
                 )
-        if p_jobs:
-            await connection.execute(_INSERT_PROGRESS, *progress)
         if checkpoints:
             await connection.execute(_INSERT_CHECKPOINTS, *_columns(checkpoints, 8))
         if placements:
@@ -936,7 +984,14 @@ class Projector:
             record["job_id"]: _JobRow.from_record(record, attempt_records.get(record["job_id"], []))
             for record in records
         }
-        latest = await _latest_progress(connection, job_ids) if catch_up else {}
+        latest: dict[tuple[str, int], pb.Event] = {}
+        if catch_up:
+            last_attempt = {job: row.view.attempt for job, row in rows.items()}
+            for event in events:
+                if event.job_id:
+                    known = last_attempt.get(event.job_id, 1)
+                    last_attempt[event.job_id] = max(known, event.attempt)
+            latest = await _latest_progress(connection, last_attempt)
         for event in events:
             if event.WhichOneof("body") == "submitted":
                 if event.job_id and event.job_id not in rows:

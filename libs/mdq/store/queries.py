@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from mdq.store.models import Attempt, CheckpointRecord, EventRecord, Job, ProgressRecord
+from mdq.store.models import EVENTS, Attempt, CheckpointRecord, Job, ProgressRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +103,24 @@ class ProgressPoint:
     kinetic_kj_mol: float
     temperature_k: float
     ns_per_day: float
+    target_steps: int
+    eta_s: float
+    done_reason: str
+
+
+PROGRESS_POINT = (
+    ProgressRecord.attempt,
+    ProgressRecord.step,
+    ProgressRecord.time,
+    ProgressRecord.time_ps,
+    ProgressRecord.potential_kj_mol,
+    ProgressRecord.kinetic_kj_mol,
+    ProgressRecord.temperature_k,
+    ProgressRecord.ns_per_day,
+    ProgressRecord.target_steps,
+    ProgressRecord.eta_s,
+    ProgressRecord.done_reason,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,7 +203,7 @@ async def job_detail(engine: AsyncEngine, job_id: str) -> JobDetail | None:
         )
         progress_row = (
             await connection.execute(
-                select(ProgressRecord.__table__)
+                select(*PROGRESS_POINT)
                 .where(ProgressRecord.job_id == job_id)
                 .order_by(ProgressRecord.attempt.desc(), ProgressRecord.step.desc())
                 .limit(1)
@@ -202,11 +220,7 @@ async def job_detail(engine: AsyncEngine, job_id: str) -> JobDetail | None:
     return JobDetail(
         job=JobRecord(**job_values),
         attempts=tuple(AttemptInfo(**_without(row._asdict(), "job_id")) for row in attempts),
-        last_progress=(
-            None
-            if progress_row is None
-            else ProgressPoint(**_without(progress_row._asdict(), "job_id"))
-        ),
+        last_progress=(None if progress_row is None else ProgressPoint(**progress_row._asdict())),
         latest_checkpoint=(
             None
             if checkpoint_row is None
@@ -217,19 +231,20 @@ async def job_detail(engine: AsyncEngine, job_id: str) -> JobDetail | None:
 
 async def job_timeline(engine: AsyncEngine, job_id: str) -> list[TimelineEntry]:
     """Every stored event of a job in the order it happened (time, then stream order)."""
+    events = EVENTS.c
     query = (
         select(
-            EventRecord.event_id,
-            EventRecord.stream,
-            EventRecord.stream_seq,
-            EventRecord.kind,
-            EventRecord.attempt,
-            EventRecord.time,
-            EventRecord.producer,
-            EventRecord.body,
+            events.event_id,
+            events.stream,
+            events.stream_seq,
+            events.kind,
+            events.attempt,
+            events.time,
+            events.producer,
+            events.body,
         )
-        .where(EventRecord.job_id == job_id)
-        .order_by(EventRecord.time, EventRecord.stream, EventRecord.stream_seq)
+        .where(events.job_id == job_id)
+        .order_by(events.time, events.stream, events.stream_seq)
     )
     async with engine.connect() as connection:
         result = await connection.execute(query)
@@ -240,13 +255,13 @@ async def progress_trace(
     engine: AsyncEngine, job_id: str, *, attempt: int | None = None
 ) -> list[ProgressPoint]:
     """The progress reports of a job (for energy plots), by attempt then step."""
-    query = select(ProgressRecord.__table__).where(ProgressRecord.job_id == job_id)
+    query = select(*PROGRESS_POINT).where(ProgressRecord.job_id == job_id)
     if attempt is not None:
         query = query.where(ProgressRecord.attempt == attempt)
     query = query.order_by(ProgressRecord.attempt, ProgressRecord.step)
     async with engine.connect() as connection:
         result = await connection.execute(query)
-        return [ProgressPoint(**_without(row._asdict(), "job_id")) for row in result]
+        return [ProgressPoint(**row._asdict()) for row in result]
 
 
 def _without(values: dict[str, Any], *names: str) -> dict[str, Any]:
