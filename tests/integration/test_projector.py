@@ -643,3 +643,25 @@ async def test_a_report_is_stored_once_and_the_events_view_shows_its_body(
             subjects.progress_stream,
             "runner",
         )
+
+
+async def test_a_consumer_deleted_under_the_projector_is_recreated_at_the_offset(
+    projector: Projector,
+    publisher: EventPublisher,
+    js: JetStreamContext,
+    subjects: Subjects,
+    pool: asyncpg.Pool,
+) -> None:
+    history = History("md")
+    first, second = requeue_history(history)
+    await publish_in_order(publisher, first)
+    await wait_projected(js, subjects, pool)
+
+    await js.delete_consumer(subjects.jobs_stream, "watcher-jobs")
+    await js.delete_consumer(subjects.progress_stream, "watcher-progress")
+    await publish_in_order(publisher, second)
+    await wait_projected(js, subjects, pool)
+
+    job = await job_row(pool, history.job_id)
+    assert (job["state"], job["last_step"]) == ("SUCCEEDED", 1000)
+    assert await pool.fetchval("SELECT count(*) FROM events") == len(first) + len(second)

@@ -56,6 +56,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, ConsumerInfo, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from mdq.bus.codec import decode_event
+from mdq.bus.fetch import BatchFetcher
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.state import AttemptRecord, JobState, JobView, event_time
@@ -90,7 +91,7 @@ class _Feed:
 
     stream: str
     consumer: str
-    subscription: JetStreamContext.PullSubscription | None = None
+    subscription: BatchFetcher | None = None
     trusted_start: int = 0
     """Set after (re)creating the consumer at this sequence: the first message delivered is
     the first one that exists at or after it, so a jump there is not a gap."""
@@ -675,7 +676,8 @@ class Projector:
                 try:
                     messages = await fetching
                 except nats.errors.Error as error:
-                    log.warning("fetch from %s failed: %s", feed.consumer, error)
+                    log.warning("fetch from %s failed, reopening: %r", feed.consumer, error)
+                    await self._unsubscribe(feed)  # reopened at the stored offset
                     await self._sleep(1.0)
                     continue
                 if not messages:
@@ -697,12 +699,9 @@ class Projector:
         finally:
             await _cancel(ahead)
 
-    async def _fetch(self, subscription: JetStreamContext.PullSubscription) -> list[Msg]:
+    async def _fetch(self, subscription: BatchFetcher) -> list[Msg]:
         """Up to ``batch_size`` messages, or what arrived within ``batch_wait_s`` (maybe none)."""
-        try:
-            return await subscription.fetch(self._batch_size, timeout=self._batch_wait_s)
-        except (TimeoutError, nats.errors.TimeoutError):
-            return []
+        return await subscription.fetch(self._batch_size, self._batch_wait_s)
 
     async def _open(self, feed: _Feed) -> None:
         """Bind to the durable consumer; recreate it if it is not right after the offset."""
@@ -742,17 +741,14 @@ class Projector:
 
     async def _subscribe(self, feed: _Feed) -> None:
         await self._unsubscribe(feed)
-        feed.subscription = await self._js.pull_subscribe_bind(
-            feed.consumer,
-            stream=feed.stream,
-            pending_msgs_limit=max(10_000, 20 * self._batch_size),
-        )
+        fetcher = BatchFetcher(self._js, stream=feed.stream, consumer=feed.consumer)
+        feed.subscription = await fetcher.start()
 
     async def _unsubscribe(self, feed: _Feed) -> None:
         subscription, feed.subscription = feed.subscription, None
         if subscription is not None:
             with contextlib.suppress(Exception):
-                await subscription.unsubscribe()
+                await subscription.close()
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
