@@ -642,7 +642,10 @@ def test_grafana_is_provisioned_with_a_dashboard_of_real_metrics() -> None:
     exported: set[str] = set()
     for family in Exporter().registry.collect():
         exported |= {family.name, family.name + "_total"}
+        if family.type == "histogram":
+            exported |= {family.name + suffix for suffix in ("_bucket", "_sum", "_count")}
     assert used <= exported, used - exported
+    assert "mdq_placement_latency_seconds_bucket" in used  # the latency panel
     # The Kubernetes overlays ship the same dashboard for Grafana's sidecar.
     generated = of_kind(build("grafana"), "ConfigMap")["mdq-grafana-dashboards"]
     assert generated["metadata"]["labels"]["grafana_dashboard"] == "1"

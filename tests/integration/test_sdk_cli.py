@@ -456,5 +456,14 @@ async def test_mdq_ls_and_show_read_the_history_from_postgresql(
 
         unknown = await asyncio.to_thread(_cli, "", "", "show", "nope-nope", state_dir=tmp_path)
         assert unknown.exit_code == 1 and "no job nope-nope" in unknown.output
+
+        # `mdq watch` without ids follows every unfinished job (none is placed: no placement).
+        watched = await asyncio.to_thread(
+            _cli, "", "", "watch", "--timeout", "1.5", state_dir=tmp_path
+        )
+        assert watched.exit_code == 1, watched.output  # gave up: nothing succeeded
+        bars = {line.split()[0] for line in watched.stdout.splitlines() if line.strip()}
+        assert set(job_ids) <= bars
+        assert "gave up waiting" in watched.stdout
     finally:
         await stack.stop()

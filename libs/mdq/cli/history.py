@@ -62,6 +62,11 @@ async def list_jobs(database_url: str, *, limit: int) -> list[queries.JobSummary
         return await queries.list_jobs(engine, limit=limit)
 
 
+async def active_job_ids(database_url: str, *, limit: int) -> list[str]:
+    async with open_engine(database_url) as engine:
+        return await queries.active_job_ids(engine, limit=limit)
+
+
 async def job_detail(
     database_url: str, job_id: str
 ) -> tuple[queries.JobDetail | None, list[queries.TimelineEntry]]:

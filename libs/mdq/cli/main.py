@@ -11,7 +11,7 @@ Client commands talk to a running mdq (``NATS_URL`` / ``DATABASE_URL`` / ``MDQ_N
 the stack a running ``mdq up`` recorded in ``<state>/stack.json``):
 
 * ``mdq submit FILE [--wait]`` — exit 2 with the field and message when refused;
-* ``mdq watch JOB...`` — live progress bars until the jobs end;
+* ``mdq watch [JOB...]`` — live progress bars until the jobs end (no ids: every active job);
 * ``mdq ls`` / ``mdq show JOB`` — the history in PostgreSQL;
 * ``mdq nodes`` — the latest load of every node.
 """
@@ -370,18 +370,36 @@ def submit(
 @app.command()
 def watch(
     ctx: typer.Context,
-    job_ids: Annotated[list[str], typer.Argument(help="Job ids to follow.")],
+    job_ids: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="Job ids to follow; none: every job not finished yet (from PostgreSQL)."
+        ),
+    ] = None,
     timeout: Annotated[float, typer.Option(help="Seconds to wait.")] = 3600.0,
+    limit: Annotated[int, typer.Option(help="Most jobs followed without ids.")] = 50,
 ) -> None:
-    """Live progress bars of jobs until they end.
+    """Live progress bars of jobs (step/target, energy, ns/day, ETA) until they end.
 
-    Exit 0 if they all succeeded.
+    Without job ids, follows every job that is not finished when it starts (read from the
+    watcher's tables). Exit 0 if they all succeeded.
     """
     endpoints = _endpoints(ctx)
+    wanted = list(job_ids or [])
+    if not wanted:
+        try:
+            database_url = endpoints.require_database()
+        except NoEndpoint as error:
+            err_console.print(f"[red]{error}[/] (or name the jobs to watch)")
+            raise typer.Exit(EXIT_UNAVAILABLE) from None
+        wanted = _run(history.active_job_ids(database_url, limit=limit))
+        if not wanted:
+            console.print("no job is waiting, queued or running")
+            raise typer.Exit(EXIT_OK)
 
     async def work(client: MdqClient) -> int:
-        views = await follow_jobs(client, job_ids, limit_s=timeout, console=console)
-        return _final_code(views, job_ids)
+        views = await follow_jobs(client, wanted, limit_s=timeout, console=console)
+        return _final_code(views, wanted)
 
     try:
         code = _run(_with_client(endpoints, work))

@@ -4,21 +4,25 @@ The watcher service runs it as the single writer of the database (``services.wat
 ``mdq replay --rebuild`` runs the same code into a fresh database, so a rebuilt projection
 equals the live one. Two durable pull consumers read the JOBS
 stream (every ``job.<id>.<kind>`` event and ``rejected.<request>``) and the PROGRESS stream in
-batches (up to ``batch_size`` messages, or what arrived within ``batch_wait_s``). Each batch is
-applied in ONE transaction that also moves the consumer's offset, and only acknowledged after
-the commit:
+batches (up to ``batch_size`` messages, or what arrived within ``batch_wait_s``, fetched by
+``mdq.bus.fetch.BatchFetcher``). Each batch is applied in ONE transaction that also moves the
+consumer's offset, and only acknowledged after the commit:
 
-* ``events``: every event once, keyed by its deterministic event id (``ON CONFLICT DO
-  NOTHING ... RETURNING``); an event whose id is already stored (a republished copy) has no
-  other effect, so replays and republishes change nothing.
+* ``job_events``: every event but progress reports once, keyed by its deterministic event id
+  (``ON CONFLICT DO NOTHING ... RETURNING``); an event whose id is already stored (a
+  republished copy) has no other effect, so replays and republishes change nothing.
+* ``progress``: every progress report once, keyed by (job, attempt, step), with its envelope;
+  one COPY per batch, falling back to ``INSERT ... ON CONFLICT DO NOTHING RETURNING`` when the
+  batch holds a republished copy of a stored report (``_store_progress``). The view ``events``
+  (migration 0003) shows both tables as one.
 * ``jobs`` / ``attempts``: the rows of the jobs touched by the batch are locked, turned back
   into ``mdq.core.state.JobView`` objects, the batch's events are folded in stream order with
   ``JobView.apply`` (the same state machine as placement, recovery and ``mdq replay``: fencing
   by attempt, terminal states accept nothing), and the changed rows are written back with
   absolute values. Times come from the events, so the projection is deterministic: a database
   rebuilt from the log is identical.
-* ``progress``, ``checkpoints``, ``placements``, ``rejections``: multi-row ``INSERT ... SELECT
-  FROM unnest(...) ON CONFLICT DO NOTHING``.
+* ``checkpoints``, ``placements``, ``rejections``: multi-row ``INSERT ... SELECT FROM
+  unnest(...) ON CONFLICT DO NOTHING``.
 * ``consumer_offsets``: the last stream sequence, locked at the start of the transaction.
 
 Messages at or below the stored offset are skipped (redeliveries). Delivery must be gap-free

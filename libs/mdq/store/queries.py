@@ -188,6 +188,21 @@ async def list_jobs(
         return [JobSummary(**row._asdict()) for row in result]
 
 
+ACTIVE_STATES = ("WAITING", "PENDING", "BOUND", "RUNNING", "RECOVERING")
+
+
+async def active_job_ids(engine: AsyncEngine, *, limit: int = 200) -> list[str]:
+    """Jobs not finished yet (waiting, queued, running or being recovered), oldest first."""
+    query = (
+        select(Job.job_id)
+        .where(Job.state.in_(ACTIVE_STATES))
+        .order_by(Job.submitted_at, Job.job_id)
+        .limit(limit)
+    )
+    async with engine.connect() as connection:
+        return list((await connection.scalars(query)).all())
+
+
 async def job_detail(engine: AsyncEngine, job_id: str) -> JobDetail | None:
     """A job with its attempts, last progress report and latest checkpoint; None if unknown."""
     async with engine.connect() as connection:
