@@ -51,6 +51,8 @@ from mdq.embedded import start_nats
 
 REPO = Path(__file__).resolve().parents[1]
 ROUNDS = 3
+WINDOW = 256
+"""Requests in flight in the closed-loop throughput rounds (both pipelines)."""
 """Alternating raw/mdq throughput rounds; the best of each is reported."""
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -199,7 +201,7 @@ async def throughput(
     arrivals.expect = len(payloads)
     subscription = await nc.subscribe(bound_subject, cb=arrivals.on_message)
     started = time.perf_counter()
-    await closed_loop(nc, request_subject, payloads, window=256)
+    await closed_loop(nc, request_subject, payloads, window=WINDOW)
     await asyncio.wait_for(arrivals.done.wait(), timeout=120)
     elapsed = max(arrivals.at.values()) - started
     await subscription.unsubscribe()

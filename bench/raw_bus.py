@@ -36,11 +36,13 @@ async def responder(url: str) -> None:
             await js.publish(f"raw.job.{job}.submitted", message.data)
             await message.respond(job.encode())
 
-    subscription = await nc.subscribe("raw.api.submit", queue="raw", pending_msgs_limit=65_536)
-    async for message in subscription.messages:
+    async def on_request(message: Msg) -> None:  # a callback, as intake's: no task per wait
         task = asyncio.create_task(answer(message))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
+
+    await nc.subscribe("raw.api.submit", queue="raw", cb=on_request, pending_msgs_limit=65_536)
+    await asyncio.Event().wait()
 
 
 async def consumer(url: str) -> None:
@@ -53,17 +55,20 @@ async def consumer(url: str) -> None:
         async with slots:
             await js.publish(subject.replace(".submitted", ".bound"), data[:64])
 
-    subscription = await js.subscribe(
+    async def on_submitted(message: Msg) -> None:  # a callback, as mdq.bus.log.follow_log
+        task = asyncio.create_task(bind(message.subject, message.data))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    await js.subscribe(
         "raw.job.*.submitted",
+        cb=on_submitted,
         ordered_consumer=True,
         deliver_policy=DeliverPolicy.ALL,
         pending_msgs_limit=1_000_000,
         pending_bytes_limit=1 << 30,
     )
-    async for message in subscription.messages:
-        task = asyncio.create_task(bind(message.subject, message.data))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
+    await asyncio.Event().wait()
 
 
 async def ensure_stream(url: str) -> None:

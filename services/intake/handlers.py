@@ -36,8 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 from mdq.bus.codec import decode_submit, encode, to_json
 from mdq.bus.publisher import EventPublisher
@@ -201,18 +199,36 @@ class SubmitHandler:
         log.info("refused %s: %s", request_id or "a request", error)
         return refusal(request_id, error)
 
-    @asynccontextmanager
-    async def _exclusive(self, request_id: str) -> AsyncIterator[None]:
+    def _exclusive(self, request_id: str) -> _Exclusive:
         """One submit per request id at a time in this process (stream and request-reply)."""
-        entry = self._locks.get(request_id)
+        return _Exclusive(self._locks, request_id)
+
+
+class _Exclusive:
+    """``async with``: holds the lock of one request id, forgotten when nobody needs it."""
+
+    __slots__ = ("_locks", "_request_id")
+
+    def __init__(self, locks: dict[str, tuple[asyncio.Lock, int]], request_id: str) -> None:
+        self._locks, self._request_id = locks, request_id
+
+    async def __aenter__(self) -> None:
+        entry = self._locks.get(self._request_id)
         lock, users = entry if entry is not None else (asyncio.Lock(), 0)
-        self._locks[request_id] = (lock, users + 1)
+        self._locks[self._request_id] = (lock, users + 1)
         try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self._locks[request_id]
-            if users == 1:
-                del self._locks[request_id]
-            else:
-                self._locks[request_id] = (lock, users - 1)
+            await lock.acquire()
+        except BaseException:  # cancelled while waiting: not a user any more
+            self._leave()
+            raise
+
+    async def __aexit__(self, *_exc: object) -> None:
+        self._locks[self._request_id][0].release()
+        self._leave()
+
+    def _leave(self) -> None:
+        lock, users = self._locks[self._request_id]
+        if users == 1:
+            del self._locks[self._request_id]
+        else:
+            self._locks[self._request_id] = (lock, users - 1)

@@ -56,8 +56,9 @@ from mdq.core.placement import (
     plan_preemptions,
     queue_key,
 )
-from mdq.core.runner_task import RunnerTask, job_dir
+from mdq.core.runner_task import RunnerTask, jobs_root
 from mdq.core.state import JobBook, JobState, JobView, event_time
+from mdq.memory import keep_state_out_of_gc
 from services.placement.lease import LeaderLease
 from services.placement.settings import PlacementSettings
 
@@ -109,6 +110,7 @@ class Placement:
         self._runner_nats_url = settings.runner_nats_url or nats_url
         self._namespace = namespace
         self._data_dir = data_dir
+        self._jobs_root = jobs_root(data_dir)  # job_dir(data_dir, job) is this / job
         self._clock = clock
         self.instance = instance or f"{socket.gethostname()}-{os.getpid()}-{id(self):x}"
         self._config = PlacementConfig(
@@ -387,10 +389,10 @@ class Placement:
             job_id=view.job_id,
             attempt=view.attempt,
             spec=view.spec,
-            job_dir=job_dir(self._data_dir, view.job_id),
+            job_dir=self._jobs_root / view.job_id,
             threads=max(1, math.ceil(view.resources.cpu)),
             resume_from=view.resume_from,
-            input_dirs=tuple(job_dir(self._data_dir, dep) for dep in view.depends_on_ids),
+            input_dirs=tuple(self._jobs_root / dep for dep in view.depends_on_ids),
         )
         env = task.to_env() | {
             "NATS_URL": self._runner_nats_url,
@@ -415,27 +417,30 @@ class Placement:
 
     def bound_event(self, view: JobView, decision: Decision) -> pb.Event:
         """The ``bound`` event of a decision, with its explanation."""
-        body = pb.JobBound(
-            node=decision.node,
-            pod_name=ids.pod_name(view.job_id, view.attempt),
-            candidates=[
-                pb.NodeScore(
-                    node=s.node,
-                    score=s.score,
-                    filtered=s.filtered,
-                    cpu_load=s.cpu_load,
-                    memory_load=s.memory_load,
-                )
-                for s in decision.scores
-            ],
-            nodes_total=decision.nodes_total,
-            filtered_counts=decision.filtered_counts,
-            not_examined=decision.not_examined,
+        # The body is filled in place in the envelope: building it apart and copying it in
+        # (make_event) doubled the cost of the per-binding explanation.
+        event = self._publisher.event(
+            "bound", pb.JobBound(), job_id=view.job_id, attempt=view.attempt
         )
+        body = event.bound
+        body.node = decision.node
+        body.pod_name = ids.pod_name(view.job_id, view.attempt)
+        add = body.candidates.add
+        for s in decision.scores:
+            add(
+                node=s.node,
+                score=s.score,
+                filtered=s.filtered,
+                cpu_load=s.cpu_load,
+                memory_load=s.memory_load,
+            )
+        body.nodes_total = decision.nodes_total
+        body.filtered_counts.update(decision.filtered_counts)
+        body.not_examined = decision.not_examined
         body.resources.CopyFrom(view.resources)
         if view.resume_from is not None:
             body.resume_from.CopyFrom(view.resume_from)
-        return self._publisher.event("bound", body, job_id=view.job_id, attempt=view.attempt)
+        return event
 
     async def _publish_fenced(self, event: pb.Event) -> bool:
         """Publish ``bound`` unless someone bound the job since we last looked; True if ours."""
@@ -600,6 +605,7 @@ class Placement:
             await self._jobs_ready.wait()
             await self._nodes_ready.wait()
             log.info("caught up: %d jobs, %d nodes", len(self.book.jobs), len(self.nodes))
+            tasks.append(asyncio.create_task(keep_state_out_of_gc(), name="gc"))
             if self._lease is not None:
                 tasks.append(asyncio.create_task(self._keep_lease(self._lease), name="lease"))
             else:

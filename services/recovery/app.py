@@ -23,6 +23,7 @@ from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.recovery import GiveUp, RecoveryPolicy, Wait, decide, requeued_body
 from mdq.core.state import JobBook, JobState, JobView
+from mdq.memory import keep_state_out_of_gc
 
 log = logging.getLogger("mdq.recovery")
 
@@ -123,10 +124,14 @@ class Recovery:
         self._timers[job_id] = loop.call_later(delay, fire)
 
     async def run(self) -> None:
-        """Follow the job log, forever."""
-        await follow_log(
-            self._js,
-            self._subjects.job_all("*"),
-            on_event=self.on_event,
-            on_caught_up=self.on_caught_up,
-        )
+        """Follow the job log, forever (its fold kept out of the cyclic GC's way)."""
+        gc_task = asyncio.create_task(keep_state_out_of_gc(), name="gc")
+        try:
+            await follow_log(
+                self._js,
+                self._subjects.job_all("*"),
+                on_event=self.on_event,
+                on_caught_up=self.on_caught_up,
+            )
+        finally:
+            gc_task.cancel()

@@ -8,6 +8,8 @@ publishes nothing new.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 
 from nats.aio.msg import Msg
@@ -38,32 +40,50 @@ async def follow_log(
     by mdq, so one means a bug elsewhere, not a reason to stop. A message whose stream sequence
     ``skip`` accepts is not decoded nor fed (an event the caller published and applied itself).
     """
+    loop = asyncio.get_running_loop()
+    failed: asyncio.Future[None] = loop.create_future()
+    caught_up = False
+
+    async def mark_caught_up() -> None:
+        nonlocal caught_up
+        if not caught_up:
+            caught_up = True
+            await on_caught_up()
+
+    async def on_message(message: Msg) -> None:
+        # A callback, not ``subscription.messages``: nats-py's iterator makes a task and an
+        # asyncio.wait per message, which cost placement more than deciding did.
+        if failed.done():
+            return
+        try:
+            metadata = message.metadata  # parsed from the reply subject on every access
+            sequence = metadata.sequence.stream
+            if skip is None or not skip(sequence):
+                await _feed(message, sequence, on_event)
+            if metadata.num_pending == 0:
+                await mark_caught_up()  # the message that leaves nothing pending
+        except Exception as error:  # ends follow_log with it, as a failing loop would
+            failed.set_exception(error)
+
     subscription = await js.subscribe(
         subject,
+        cb=on_message,
         ordered_consumer=True,
         deliver_policy=deliver_policy,
         pending_msgs_limit=1_000_000,
         pending_bytes_limit=1 << 30,
     )
-    # A push consumer may already have delivered messages when its info comes back: the
-    # history is empty only if nothing is pending AND nothing was delivered yet. Otherwise
-    # the message that leaves nothing pending marks the end of the history.
-    info = await subscription.consumer_info()
-    delivered = info.delivered.consumer_seq if info.delivered else 0
-    caught_up = info.num_pending == 0 and not delivered
-    if caught_up:
-        await on_caught_up()
     try:
-        async for message in subscription.messages:
-            metadata = message.metadata  # parsed from the reply subject on every access
-            sequence = metadata.sequence.stream
-            if skip is None or not skip(sequence):
-                await _feed(message, sequence, on_event)
-            if not caught_up and metadata.num_pending == 0:
-                caught_up = True
-                await on_caught_up()
+        # A push consumer may already have delivered messages when its info comes back: the
+        # history is empty only if nothing is pending AND nothing was delivered yet.
+        info = await subscription.consumer_info()
+        delivered = info.delivered.consumer_seq if info.delivered else 0
+        if info.num_pending == 0 and not delivered:
+            await mark_caught_up()
+        await failed
     finally:
-        await subscription.unsubscribe()
+        with contextlib.suppress(Exception):
+            await subscription.unsubscribe()
 
 
 async def _feed(message: Msg, sequence: int, on_event: EventHandler) -> None:

@@ -44,9 +44,14 @@ def _decode(text: str, message: MessageT) -> MessageT:
     return message
 
 
+def jobs_root(data_dir: Path) -> Path:
+    """The folder holding every job's folder under the data root."""
+    return data_dir / "jobs"
+
+
 def job_dir(data_dir: Path, job_id: str) -> Path:
     """The folder of a job's outputs and checkpoints under the data root."""
-    return data_dir / "jobs" / job_id
+    return jobs_root(data_dir) / job_id
 
 
 @dataclass(frozen=True, slots=True)

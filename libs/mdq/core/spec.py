@@ -73,6 +73,9 @@ class AcceptedJob:
 DEFAULT_STEPS = {pb.TASK_MD: 10_000, pb.TASK_MINIMIZE: 500, pb.TASK_ANALYZE: 1}
 
 
+_TASKS = frozenset(pb.Task.values())
+
+
 def _bound(value: float) -> str:
     return f"{value:.0f}" if float(value).is_integer() else f"{value:g}"
 
@@ -105,7 +108,7 @@ def normalize_job(spec: pb.JobSpec, path: str) -> pb.JobSpec:
             f"{path}.name",
             "must be 1 to 40 lowercase letters, digits or '-', starting with a letter",
         )
-    if job.task not in pb.Task.values():
+    if job.task not in _TASKS:
         raise SpecError(f"{path}.task", f"unknown task {job.task}")
     if job.task == pb.TASK_UNSPECIFIED:
         job.task = pb.TASK_MD
@@ -409,7 +412,7 @@ def validate_submit(
                     f"jobs[{index}].depends_on[{dep_index}]", f"unknown dependency {ref!r}"
                 )
             external[name].append(resolved)
-    cycle = find_cycle(internal)
+    cycle = find_cycle(internal) if any(internal.values()) else None
     if cycle:
         first = list(normalized).index(cycle[0])
         raise SpecError(f"jobs[{first}].depends_on", f"dependency cycle: {' -> '.join(cycle)}")

@@ -110,7 +110,10 @@ class JobView:
 
     @property
     def current(self) -> AttemptRecord:
-        return self.attempts.setdefault(self.attempt, AttemptRecord(attempt=self.attempt))
+        record = self.attempts.get(self.attempt)
+        if record is None:
+            record = self.attempts[self.attempt] = AttemptRecord(attempt=self.attempt)
+        return record
 
     def apply(self, event: pb.Event) -> bool:
         """Fold one event in; return False if it was ignored (stale, duplicate, terminal)."""
