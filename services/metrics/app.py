@@ -48,6 +48,7 @@ def node_load_event(publisher: EventPublisher, sample: NodeSample, *, time_ms: i
         cpu_capacity=sample.cpu_capacity,
         memory_capacity_mb=sample.memory_capacity_mb,
         ready=sample.ready,
+        cordoned=sample.cordoned,
     )
     return publisher.event(
         "node_load", body, job_id="", attempt=0, detail=f"{sample.name}:{time_ms}"

@@ -350,15 +350,16 @@ async def test_nodes_are_sampled_with_readiness_cordons_taints_and_live_usage(
         taint = {"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}
         await call_json(core.patch_node, "node-2", {"spec": {"taints": [taint]}})
     samples = {s.name: s for s in await backend.sample_nodes()}
-    assert not samples["node-1"].ready and not samples["node-2"].ready
+    assert samples["node-1"].ready and samples["node-2"].ready  # running pods keep running
+    assert samples["node-1"].cordoned and samples["node-2"].cordoned  # nothing new lands
     tolerant = KubernetesBackend(
         api=backend._api,
         settings=settings_for(cluster).model_copy(update={"tolerated_taints": ("dedicated",)}),
         mdq_namespace="x",
     )
-    assert {s.name: s.ready for s in await tolerant.sample_nodes()} == {
-        "node-1": False,
-        "node-2": True,
+    assert {s.name: s.cordoned for s in await tolerant.sample_nodes()} == {
+        "node-1": True,
+        "node-2": False,
     }
     await backend.delete_pod(burner.name)
 

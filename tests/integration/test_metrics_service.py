@@ -12,12 +12,13 @@ import pytest
 from nats.aio.client import Client
 from nats.js.api import AckPolicy, ConsumerConfig
 
+from mdq.backends.port import NodeSample
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.events import make_event
 from mdq.core.ids import pod_name
-from services.metrics.app import MetricsService
+from services.metrics.app import MetricsService, node_load_event
 from services.metrics.settings import MetricsSettings
 from tests.helpers import RecordingBackend, submitted
 
@@ -141,3 +142,24 @@ async def test_lifecycle_metrics_and_consumer_lag(
         if line.startswith("mdq_consumer_lag_messages{")
     }
     assert lag == {"watcher-jobs": float(jobs_in_stream), "watcher-progress": 4.0}
+
+
+@pytest.mark.parametrize("cordoned", [False, True], ids=["schedulable", "cordoned"])
+async def test_a_node_sample_becomes_a_node_load_event(
+    nc: Client, subjects: Subjects, cordoned: bool
+) -> None:
+    publisher = EventPublisher(js=nc.jetstream(), subjects=subjects, producer="metrics")
+    sample = NodeSample(
+        name="node-1",
+        cpu_capacity=8.0,
+        memory_capacity_mb=16384,
+        ready=True,
+        cpu_load=0.25,
+        memory_load=0.5,
+        cordoned=cordoned,
+    )
+    event = node_load_event(publisher, sample, time_ms=1_700_000_000_000)
+    load = event.node_load
+    assert (load.node, load.ready, load.cordoned) == ("node-1", True, cordoned)
+    assert (load.cpu_capacity, load.memory_capacity_mb, load.cpu_load) == (8.0, 16384, 0.25)
+    assert subjects.for_event(event) == subjects.node_load("node-1")

@@ -63,6 +63,9 @@ class NodeSample:
     """CPU in use / capacity, 0..1."""
     memory_load: float
     """Memory in use / capacity, 0..1."""
+    cordoned: bool = False
+    """Ready, but taking no new pods (Kubernetes: unschedulable, or a NoSchedule/NoExecute taint
+    mdq does not tolerate); its running pods keep running."""
 
 
 class PodExists(Exception):

@@ -470,7 +470,9 @@ def nodes(ctx: typer.Context) -> None:
         age = now - event.time.ToSeconds() if event.HasField("time") else 0.0
         table.add_row(
             name,
-            "[green]yes[/]" if load.ready else "[red]no[/]",
+            ("[yellow]cordoned[/]" if load.cordoned else "[green]yes[/]")
+            if load.ready
+            else "[red]no[/]",
             f"{load.cpu_load:.0%}",
             f"{load.cpu_capacity:g} cores",
             f"{load.memory_load:.0%}",

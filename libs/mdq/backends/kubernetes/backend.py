@@ -13,7 +13,8 @@
   node that has not been Ready (or is gone) for ``node_lost_after_s`` loses its unfinished
   pods — each is reported FAILED "NodeLost" and deleted, so its attempt is retried elsewhere.
 * ``sample_nodes`` reads the nodes (allocatable, Ready, cordon, taints) and metrics.k8s.io's
-  node usage; a cordoned or tainted node is reported not ready, so placement avoids it.
+  node usage; a cordoned or tainted node is reported cordoned (ready, but placement binds
+  nothing new there; ``mdq explain`` says "cordoned").
 
 The API is spoken in raw JSON (``_preload_content=False``): the objects stay the API's own
 dicts, mapped by ``mdq.backends.kubernetes.objects``.
@@ -444,7 +445,8 @@ class KubernetesBackend:
                     name=view.name,
                     cpu_capacity=view.cpu_capacity,
                     memory_capacity_mb=view.memory_capacity_mb,
-                    ready=view.available,
+                    ready=view.ready,
+                    cordoned=not view.schedulable,
                     cpu_load=min(1.0, cpu_used / view.cpu_capacity) if view.cpu_capacity else 0.0,
                     memory_load=min(1.0, memory_used / memory_bytes) if memory_bytes else 0.0,
                 )
