@@ -31,7 +31,7 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy libs services
+	$(BIN)/mypy libs services tests bench
 	$(BIN)/lint-imports
 
 ## proto: regenerate the Python code of proto/ (reproducible: pinned grpcio-tools)

@@ -84,7 +84,8 @@ async def read_all(js: JetStreamContext, subject: str, *, timeout: float = 0.5) 
     )
     try:
         info = await subscription.consumer_info()
-        total = info.num_pending + (info.delivered.consumer_seq or 0)
+        delivered = info.delivered.consumer_seq if info.delivered is not None else 0
+        total = (info.num_pending or 0) + delivered
         while len(events) < total:
             message = await subscription.next_msg(timeout=timeout)
             events.append(decode_event(message.data))

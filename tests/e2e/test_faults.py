@@ -142,9 +142,9 @@ async def test_runners_killed_at_random_steps_while_recovery_is_killed_too(stack
     rng = random.Random(7)
     interval = 1000
     jobs = [md_job(f"kill-{i}", steps=6000) for i in range(3)]
-    for job in jobs:
-        job["checkpoint_interval_steps"] = interval
-        job["report_interval_steps"] = 100
+    for spec in jobs:
+        spec["checkpoint_interval_steps"] = interval
+        spec["report_interval_steps"] = 100
     async with await MdqClient.connect(stack.info.nats_url, stack.namespace) as client:
         job_ids = await submit_when_ready(client, submit_request(*jobs, key="faults-random"))
         js = client.nc.jetstream()

@@ -183,9 +183,10 @@ async def test_runner_killed_mid_job_resumes_from_its_checkpoint(
     try:
 
         async def projected() -> bool:
-            return (
-                await db.fetchval("SELECT state FROM jobs WHERE job_id = $1", job_id) == "SUCCEEDED"
+            state: str | None = await db.fetchval(
+                "SELECT state FROM jobs WHERE job_id = $1", job_id
             )
+            return state == "SUCCEEDED"
 
         await wait_for(projected, timeout=30, what="the job SUCCEEDED in PostgreSQL")
         rows = await db.fetch("SELECT * FROM attempts WHERE job_id = $1 ORDER BY attempt", job_id)

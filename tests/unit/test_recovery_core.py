@@ -34,7 +34,9 @@ def test_classify(name: str, reason: str, code: int, expected: int) -> None:
     assert classify(pod_reason=reason, exit_code=code) == expected
 
 
-def view_with_failures(*reasons: int, max_retries: int = 3, checkpoint_step: int = 0) -> JobView:
+def view_with_failures(
+    *reasons: pb.FailureReason, max_retries: int = 3, checkpoint_step: int = 0
+) -> JobView:
     spec = pb.JobSpec(name="md", steps=10_000, max_retries=max_retries)
     spec.resources.cpu, spec.resources.memory_mb = 1, 1000
     submitted = make_event(
@@ -71,7 +73,7 @@ def view_with_failures(*reasons: int, max_retries: int = 3, checkpoint_step: int
             )
         failure = pb.AttemptFailed(
             reason=reason, node=f"n{attempt}", last_step=checkpoint_step + 700
-        )  # type: ignore[arg-type]
+        )
         assert view.apply(
             make_event(
                 "attempt_failed", failure, job_id="r-md", attempt=attempt, producer="t", at=NOW
@@ -117,7 +119,7 @@ def test_oom_retries_with_more_memory() -> None:
 @pytest.mark.parametrize(
     "reason", [pb.FAILURE_EVICTED, pb.FAILURE_NODE_LOST], ids=["evicted", "node lost"]
 )
-def test_disruptions_retry_at_once_elsewhere_without_counting(reason: int) -> None:
+def test_disruptions_retry_at_once_elsewhere_without_counting(reason: pb.FailureReason) -> None:
     decision = decide(view_with_failures(*[reason] * 5, max_retries=1))
     assert isinstance(decision, Requeue)
     assert decision.delay_s == 0 and decision.avoid_nodes == ("n5",)
@@ -126,7 +128,7 @@ def test_disruptions_retry_at_once_elsewhere_without_counting(reason: int) -> No
 @pytest.mark.parametrize(
     "reason", [pb.FAILURE_UNSTABLE, pb.FAILURE_INVALID_INPUT], ids=["unstable", "invalid input"]
 )
-def test_hopeless_failures_give_up_at_once(reason: int) -> None:
+def test_hopeless_failures_give_up_at_once(reason: pb.FailureReason) -> None:
     decision = decide(view_with_failures(reason))
     assert isinstance(decision, GiveUp) and decision.reason == reason
 
@@ -170,7 +172,7 @@ def test_lost_attempt_is_fenced_before_the_retry(
         assert decision.until == NOW + timedelta(seconds=RecoveryPolicy().fence_timeout_s)
 
 
-def _no_progress(*reasons: int) -> JobView:
+def _no_progress(*reasons: pb.FailureReason) -> JobView:
     view = view_with_failures(*reasons, max_retries=10)
     for record in view.attempts.values():
         if record.failure is not None:
@@ -194,7 +196,7 @@ QUARANTINE_CASES = [
     ("name", "reasons", "quarantined"), QUARANTINE_CASES, ids=[c[0] for c in QUARANTINE_CASES]
 )
 def test_crash_loops_are_quarantined(
-    name: str, reasons: tuple[int, ...], quarantined: bool
+    name: str, reasons: tuple[pb.FailureReason, ...], quarantined: bool
 ) -> None:
     decision = decide(_no_progress(*reasons))
     is_quarantined = isinstance(decision, GiveUp) and decision.reason == pb.FAILURE_QUARANTINED

@@ -148,6 +148,15 @@ def _print_stack(info: StackInfo) -> None:
     console.print(Panel("\n".join(lines), title="mdq stack", expand=False))
 
 
+def _database_url(endpoints: Endpoints, *, hint: str = "") -> str:
+    """The PostgreSQL URL, or exit with EXIT_UNAVAILABLE saying why there is none."""
+    try:
+        return endpoints.require_database()
+    except NoEndpoint as error:
+        err_console.print(f"[red]{error}[/]" + (f" {hint}" if hint else ""))
+        raise typer.Exit(EXIT_UNAVAILABLE) from None
+
+
 def _final_code(views: dict[str, JobView], job_ids: list[str]) -> int:
     ok = all(job in views and views[job].state is JobState.SUCCEEDED for job in job_ids)
     return EXIT_OK if ok else EXIT_FAILED
@@ -387,11 +396,7 @@ def watch(
     endpoints = _endpoints(ctx)
     wanted = list(job_ids or [])
     if not wanted:
-        try:
-            database_url = endpoints.require_database()
-        except NoEndpoint as error:
-            err_console.print(f"[red]{error}[/] (or name the jobs to watch)")
-            raise typer.Exit(EXIT_UNAVAILABLE) from None
+        database_url = _database_url(endpoints, hint="(or name the jobs to watch)")
         wanted = _run(history.active_job_ids(database_url, limit=limit))
         if not wanted:
             console.print("no job is waiting, queued or running")
@@ -416,11 +421,7 @@ def list_jobs(
 ) -> None:
     """The latest jobs, from PostgreSQL."""
     endpoints = _endpoints(ctx)
-    try:
-        database_url = endpoints.require_database()
-    except NoEndpoint as error:
-        err_console.print(f"[red]{error}[/]")
-        raise typer.Exit(EXIT_UNAVAILABLE) from None
+    database_url = _database_url(endpoints)
     jobs = _run(history.list_jobs(database_url, limit=limit))
     console.print(history.summary_table(jobs, title=f"jobs (latest {limit})"))
 
@@ -432,11 +433,7 @@ def show(
 ) -> None:
     """One job from PostgreSQL: state, attempts, node, last progress, timeline."""
     endpoints = _endpoints(ctx)
-    try:
-        database_url = endpoints.require_database()
-    except NoEndpoint as error:
-        err_console.print(f"[red]{error}[/]")
-        raise typer.Exit(EXIT_UNAVAILABLE) from None
+    database_url = _database_url(endpoints)
     detail, timeline = _run(history.job_detail(database_url, job_id))
     if detail is None:
         err_console.print(f"[red]no job {job_id} in PostgreSQL[/]")
