@@ -362,6 +362,13 @@ BAD_INPUTS = [
         "1 to 500 jobs",
         id="no-jobs",
     ),
+    pytest.param(
+        lambda key: {"idempotency_key": key, "jobs": [good_job(labels={"team": "md\u0000"})]},
+        True,
+        {"jobs[0].labels['team']"},
+        "NUL",
+        id="nul-in-a-label",
+    ),
     pytest.param(lambda key: b"", False, {""}, "JSON object", id="empty-payload"),
     pytest.param(
         lambda key: b"\xff\xfe\x00garbage", False, {""}, "neither JSON nor", id="not-protobuf"

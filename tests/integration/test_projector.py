@@ -665,3 +665,40 @@ async def test_a_consumer_deleted_under_the_projector_is_recreated_at_the_offset
     job = await job_row(pool, history.job_id)
     assert (job["state"], job["last_step"]) == ("SUCCEEDED", 1000)
     assert await pool.fetchval("SELECT count(*) FROM events") == len(first) + len(second)
+
+
+async def test_text_postgresql_refuses_and_impossible_times_do_not_stop_the_projection(
+    projector: Projector,
+    publisher: EventPublisher,
+    js: JetStreamContext,
+    subjects: Subjects,
+    pool: asyncpg.Pool,
+) -> None:
+    """A NUL in a string (a pod's termination message, a runner's report) is stored as U+FFFD;
+    an event whose time no datetime can hold is skipped; the events after them are projected."""
+    history = History("md")
+    failed = history.attempt_failed(1, "n1", last_step=300)
+    failed.attempt_failed.message = "killed\x00by the kernel"
+    report = history.progress(1, 100, done_reason="odd\x00")
+    impossible = history.progress(1, 200)
+    impossible.time.seconds = 400_000_000_000  # year ~14,700
+    impossible.event_id += ":impossible"
+    events = [
+        history.submitted(),
+        history.bound(1, "n1"),
+        history.started(1, "n1"),
+        report,
+        impossible,
+        failed,
+    ]
+    await publish_in_order(publisher, events)
+    await wait_projected(js, subjects, pool)
+
+    stored = await pool.fetchval(
+        "SELECT failure_message FROM attempts WHERE job_id = $1 AND attempt = 1", history.job_id
+    )
+    assert stored == "killed\ufffdby the kernel"
+    reasons = await pool.fetch("SELECT step, done_reason FROM progress ORDER BY step")
+    assert [(row["step"], row["done_reason"]) for row in reasons] == [(100, "odd\ufffd")]
+    job = await job_row(pool, history.job_id)
+    assert job["state"] == "RECOVERING"

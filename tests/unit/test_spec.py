@@ -327,6 +327,31 @@ SUBMIT_ERROR_CASES = [
         "jobs[1].depends_on",
         id="three-job-cycle-below-a-root",
     ),
+    # PostgreSQL stores no NUL character: refused before anything is published.
+    pytest.param(
+        submit(job(), submitted_by="al\x00ice"), False, "submitted_by", id="nul-submitter"
+    ),
+    pytest.param(
+        submit(job("a"), job("b", labels={"team": "md\x00"})),
+        False,
+        "jobs[1].labels['team']",
+        id="nul-label-value",
+    ),
+    pytest.param(
+        submit(job("a", labels={"t\x00": "x"})),
+        False,
+        "jobs[0].labels['t\\x00']",  # the key as repr() shows it: no NUL in the reply
+        id="nul-label-key",
+    ),
+    pytest.param(
+        submit(job("a", depends_on=["b\x00"])), False, "jobs[0].depends_on[0]", id="nul-dependency"
+    ),
+    pytest.param(
+        submit(job("a", system=pb.System(structure=pb.Structure(pdb_content="ATOM\x00")))),
+        False,
+        "jobs[0].system.structure.pdb_content",
+        id="nul-deep-in-the-system",
+    ),
 ]
 
 

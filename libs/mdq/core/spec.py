@@ -16,6 +16,7 @@ from pathlib import PurePosixPath
 
 from mdq.contracts import pb
 from mdq.core.ids import job_id
+from mdq.core.text import first_nul
 
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9-]{0,39}$")
 PRIORITY_CLASSES: dict[str, int] = {"high": 1000, "normal": 500, "low": 100}
@@ -388,6 +389,8 @@ def validate_submit(
     idempotency key of an earlier single-job submit) to a job id, or None if unknown.
     """
     validate_key(request.idempotency_key, required=key_required)
+    if (field := first_nul(request)) is not None:  # PostgreSQL could not store it
+        raise SpecError(field, "must not contain NUL characters")
     if len(request.submitted_by) > MAX_KEY_LENGTH:
         raise SpecError("submitted_by", f"at most {MAX_KEY_LENGTH} characters")
     if not 1 <= len(request.jobs) <= MAX_JOBS_PER_SUBMIT:

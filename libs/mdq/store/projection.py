@@ -64,9 +64,12 @@ from mdq.bus.fetch import BatchFetcher
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.state import AttemptRecord, JobState, JobView, event_time
+from mdq.core.text import scrub_nul
 
 log = logging.getLogger("mdq.store.projection")
 
+MIN_EVENT_SECONDS = -62_135_596_800  # 0001-01-01T00:00:00Z, the first time a datetime holds
+MAX_EVENT_SECONDS = 253_402_300_799  # 9999-12-31T23:59:59Z, the last
 JOBS_CONSUMER = "watcher-jobs"
 PROGRESS_CONSUMER = "watcher-progress"
 
@@ -767,6 +770,7 @@ class Projector:
                 batch[sequence] = (message, self._decode(feed, sequence, message))
         ordered = sorted(batch.items())
         delay = 0.05
+        scrubbed = False
         while True:
             try:
                 async with self._write_lock:
@@ -774,7 +778,20 @@ class Projector:
                 break
             except asyncio.CancelledError:
                 raise
-            except Exception:
+            except Exception as error:
+                if isinstance(error, asyncpg.DataError) and not scrubbed:
+                    # Text PostgreSQL refuses (a NUL, e.g. in a pod's termination message):
+                    # store the batch with U+FFFD in its place rather than stop on it.
+                    scrubbed = True
+                    changed = [scrub_nul(e) for _, (_, e) in ordered if e is not None]
+                    if any(changed):
+                        log.error(
+                            "a batch of %s was refused (%s); %d event(s) scrubbed of NULs",
+                            feed.consumer,
+                            error,
+                            sum(changed),
+                        )
+                        continue
                 log.exception("projecting a batch from %s failed; retrying", feed.consumer)
                 if self._stopping.is_set():
                     return  # not acknowledged: the next start resumes after the offset
@@ -803,6 +820,9 @@ class Projector:
             return None
         if not event.WhichOneof("body"):
             log.error("event without body %s:%d skipped", feed.stream, sequence)
+            return None
+        if not MIN_EVENT_SECONDS <= event.time.seconds <= MAX_EVENT_SECONDS:
+            log.error("event with an impossible time %s:%d skipped", feed.stream, sequence)
             return None
         if not event.event_id:
             event.event_id = f"{feed.stream}:{sequence}"
