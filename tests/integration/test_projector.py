@@ -28,15 +28,18 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from mdq.bus.codec import encode
+from mdq.bus.connect import connect
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.events import make_event
 from mdq.core.ids import pod_name
+from mdq.embedded import start_nats
 from mdq.store import queries
 from mdq.store.engine import create_engine, create_writer_pool
 from mdq.store.migrate import upgrade_async
 from services.watcher.projector import Projector
+from tests.helpers import wait_for
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 REPO = Path(__file__).resolve().parents[2]
@@ -702,3 +705,38 @@ async def test_text_postgresql_refuses_and_impossible_times_do_not_stop_the_proj
     assert [(row["step"], row["done_reason"]) for row in reasons] == [(100, "odd\ufffd")]
     job = await job_row(pool, history.job_id)
     assert job["state"] == "RECOVERING"
+
+
+async def test_the_projection_survives_a_nats_server_restart(
+    tmp_path: Path, subjects: Subjects, pool: asyncpg.Pool
+) -> None:
+    """kill -9 of the NATS server mid-stream: the projector's fetches are lost with the
+    connection; after the restart it asks again and projects the rest, each event once."""
+    server = start_nats(tmp_path / "nats")
+    client = await connect(server.url, name="projector-restart", subjects=subjects)
+    try:
+        js = client.jetstream()
+        publisher = EventPublisher(js=js, subjects=subjects, producer="test")
+        history = History("md")
+        first, second = requeue_history(history)
+        async with running(js, subjects, pool):
+            await publish_in_order(publisher, first)
+            await wait_projected(js, subjects, pool)
+
+            server.kill()
+            await asyncio.sleep(1.0)
+            server = start_nats(tmp_path / "nats", port=server.port)
+            await wait_for(lambda: _connected(client), timeout=20, what="the reconnect")
+
+            await publish_in_order(publisher, second)
+            await wait_projected(js, subjects, pool, timeout=30)
+        job = await job_row(pool, history.job_id)
+        assert (job["state"], job["last_step"]) == ("SUCCEEDED", 1000)
+        assert await pool.fetchval("SELECT count(*) FROM events") == len(first) + len(second)
+    finally:
+        await client.close()
+        server.stop()
+
+
+async def _connected(client: Client) -> bool:
+    return bool(client.is_connected)
