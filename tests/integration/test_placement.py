@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from nats.aio.client import Client
 
+from mdq.bus.connect import connect
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.runner_task import RunnerTask
+from mdq.embedded import start_nats
 from services.placement.app import Placement
 from services.placement.settings import PlacementSettings
 from tests.helpers import (
@@ -199,3 +202,42 @@ async def test_restart_binds_no_job_twice_and_repairs_missing_pods(
         await wait_for(all_pods, what=f"every pod present after the restart ({len(second.pods)})")
     bound = await events_of(js, subjects, "bound")
     assert len({e.job_id for e in bound}) == 50
+
+
+async def test_placement_keeps_binding_after_a_nats_server_restart(
+    tmp_path: Path, subjects: Subjects, data_dir: Path
+) -> None:
+    """kill -9 of the NATS server: placement's log consumers resume where they were, so jobs
+    submitted after the restart are bound and none bound before is bound again."""
+    server = start_nats(tmp_path / "nats")
+    client = await connect(server.url, name="placement-restart", subjects=subjects)
+    try:
+        js = client.jetstream()
+        bus = publisher(js, subjects)
+        await bus.publish_all([node_load("n1"), node_load("n2")])
+        await bus.publish_all([submitted(f"r7-before{i}") for i in range(3)])
+        backend = RecordingBackend()
+        async with running(make_placement(client, subjects, backend, data_dir).run()):
+
+            async def bound(count: int) -> bool:
+                return len(await events_of(js, subjects, "bound")) >= count
+
+            await wait_for(lambda: bound(3), what="3 bound events before the restart")
+            server.kill()
+            await asyncio.sleep(1.0)
+            server = start_nats(tmp_path / "nats", port=server.port)
+
+            async def connected() -> bool:
+                return bool(client.is_connected)
+
+            await wait_for(connected, timeout=20, what="the reconnect")
+            await bus.publish_all([node_load("n1"), node_load("n2")])
+            await bus.publish_all([submitted(f"r7-after{i}") for i in range(3)])
+            await wait_for(lambda: bound(6), timeout=40, what="3 more bound events")
+        jobs = [event.job_id for event in await events_of(js, subjects, "bound")]
+        assert sorted(jobs) == sorted(
+            [f"r7-before{i}" for i in range(3)] + [f"r7-after{i}" for i in range(3)]
+        )
+    finally:
+        await client.close()
+        server.stop()

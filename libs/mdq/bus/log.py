@@ -22,6 +22,7 @@ from mdq.contracts import pb
 EventHandler = Callable[[int, pb.Event], Awaitable[None]]
 CaughtUp = Callable[[], Awaitable[None]]
 Skip = Callable[[int], bool]
+IDLE_HEARTBEAT_S = 1.0
 
 
 async def follow_log(
@@ -69,6 +70,10 @@ async def follow_log(
         subject,
         cb=on_message,
         ordered_consumer=True,
+        # The server sends a heartbeat after this much silence; two missed ones make nats-py
+        # recreate the consumer where it left off (a server restart, a lost consumer), so
+        # this bounds how long a follower can be deaf: ~2 s, not nats-py's default ~10 s.
+        idle_heartbeat=IDLE_HEARTBEAT_S,
         deliver_policy=deliver_policy,
         pending_msgs_limit=1_000_000,
         pending_bytes_limit=1 << 30,
