@@ -1,5 +1,6 @@
 """Fault tests with real processes on the whole stack: a node dies, a runner is killed at a
-random step while recovery itself is killed, a job exceeds its memory limit."""
+random step while recovery itself is killed, a job exceeds its memory limit, the NATS server
+crashes under running jobs."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import asyncpg
 import pytest
 from google.protobuf import json_format
 
 from mdq.backends.local.launcher import start_agent
 from mdq.contracts import pb
+from mdq.embedded import start_nats
 from mdq.sdk.client import MdqClient
 from mdq.stack import Stack
 from mdq.testing.processes import runner_pid
@@ -202,3 +205,47 @@ async def test_out_of_memory_retries_with_more_memory_and_succeeds(
     assert str(states[job_id]) == "SUCCEEDED"
     assert failures[0].attempt_failed.reason == pb.FAILURE_OOM_KILLED
     assert requeues[0].requeued.resources.memory_mb == 160
+
+
+async def test_the_whole_stack_rides_out_a_nats_server_crash(
+    database_url: str, namespace: str, tmp_path: Path
+) -> None:
+    """kill -9 of the NATS server while jobs run, restarted on the same store a second later:
+    every service reconnects, the runners' reports buffered meanwhile arrive, every job
+    succeeds, and PostgreSQL ends up agreeing with the log."""
+    server = start_nats(tmp_path / "nats")
+    stack = await start_stack(server.url, database_url, namespace, tmp_path / "state")
+    try:
+        async with await MdqClient.connect(server.url, namespace) as client:
+            jobs = [md_job(f"crash-{i}", steps=4000) for i in range(2)]
+            job_ids = await submit_when_ready(client, submit_request(*jobs, key="faults-nats"))
+
+            async def reporting() -> bool:
+                progress = [
+                    await read_all(client.nc.jetstream(), client.subjects.progress(job))
+                    for job in job_ids
+                ]
+                return all(progress)
+
+            await wait_for(reporting, timeout=120, what="both jobs reporting progress")
+            server.kill()
+            await asyncio.sleep(1.0)
+            server = start_nats(tmp_path / "nats", port=server.port)
+
+            states = await client.wait(job_ids, timeout=300)
+            assert {str(state) for state in states.values()} == {"SUCCEEDED"}
+
+        async def projected() -> bool:
+            connection = await asyncpg.connect(database_url)
+            try:
+                rows = await connection.fetch(
+                    "SELECT state FROM jobs WHERE job_id = ANY($1::text[])", job_ids
+                )
+            finally:
+                await connection.close()
+            return sorted(row["state"] for row in rows) == ["SUCCEEDED", "SUCCEEDED"]
+
+        await wait_for(projected, timeout=60, what="both jobs SUCCEEDED in PostgreSQL")
+    finally:
+        await stack.stop()
+        server.stop()
