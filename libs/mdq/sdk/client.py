@@ -40,6 +40,7 @@ from nats.js.errors import NotFoundError
 
 from mdq.bus.codec import decode_event, encode
 from mdq.bus.connect import connect
+from mdq.bus.log import IDLE_HEARTBEAT_S
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.ids import job_id as make_job_id
@@ -223,6 +224,7 @@ class MdqClient:
                         stream=stream,
                         cb=queue.put,
                         ordered_consumer=True,
+                        idle_heartbeat=IDLE_HEARTBEAT_S,  # deaf for ~2 s at most
                         deliver_policy=deliver_policy,
                     )
                 )
