@@ -1,4 +1,4 @@
-"""Composition root of intake: settings, the FastStream NatsBroker and its two subscribers.
+"""Composition root of intake: settings, the FastStream NatsBroker, and the two entrances.
 
 - ``subjects.submit`` is read through the submit stream with a durable consumer
   (``MDQ_INTAKE_DURABLE``, "intake" by default), so submits published while intake is down are
@@ -15,9 +15,13 @@
 - ``subjects.api_submit`` is core NATS request-reply in queue group ``MDQ_INTAKE_QUEUE_GROUP``,
   so replicas share the load, and each replica handles up to ``MDQ_INTAKE_CONCURRENCY`` of them
   at once (their order does not matter: each client waits for its own reply; two with the same
-  key are serialized by the handler). The reply is a ``pb.SubmitReply`` in the encoding of the
-  request (content-type ``application/json`` or ``application/x-protobuf``). On a transient NATS
-  error no reply is sent: the client times out and retries with the same key, which is safe.
+  key are serialized by the handler). This entrance is a plain nats-py subscription on the
+  broker's connection, not a FastStream subscriber: FastStream's per-message machinery
+  (context, middlewares, task groups) was ~40% of intake's CPU per submit in
+  ``make bench-placement``, and intake is the hot path of submitting. The reply is a
+  ``pb.SubmitReply`` in the encoding of the request (content-type ``application/json`` or
+  ``application/x-protobuf``). On a transient NATS error no reply is sent: the client times out
+  and retries with the same key, which is safe.
 
 ``Intake.start()`` / ``stop()`` run it inside another program (tests); ``Intake.run()`` runs it
 as a process with FastStream's signal handling (``python -m services.intake``).
