@@ -1,4 +1,5 @@
-"""The history views of revision 0002 (docs/history.md), on a projection of real events.
+"""The history views of revisions 0002 and 0004 (docs/history.md), on a projection of real
+events.
 
 A job that ran out of memory on n1 and succeeded on n2, and one that failed for good, are
 projected by the watcher's projector; the views must answer the questions they are for.
@@ -16,6 +17,7 @@ from nats.aio.client import Client
 
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.subjects import Subjects
+from mdq.contracts import pb
 from mdq.store.engine import create_writer_pool
 from mdq.store.migrate import upgrade_async
 from mdq.store.projection import Projector
@@ -32,9 +34,25 @@ async def projected(
     retried = History("retried")
     first, second = requeue_history(retried)
     doomed = History("doomed", request_id="ba9876543210")
+    outputs = pb.JobOutputs(
+        final_step=1000,
+        output_dir=f"/data/jobs/{retried.job_id}",
+        files=[
+            pb.OutputFile(
+                kind="trajectory",
+                path="trajectory.dcd",
+                sha256="cd" * 32,
+                size_bytes=123_456,
+                format="dcd",
+                frames=40,
+            ),
+            pb.OutputFile(kind="final_state", path="final.xml", sha256="ef" * 32, format="xml"),
+        ],
+    )
     events = [
         *first,
         *second,
+        retried.event("outputs", outputs, 2),
         doomed.submitted(),
         doomed.bound(1, "n1"),
         doomed.started(1, "n1"),
@@ -77,9 +95,10 @@ async def test_job_timeline_is_the_jobs_events_in_order(
         "bound",
         "started",
         "succeeded",
+        "outputs",
     ]
     assert sum(row["kind"] == "progress" for row in rows) == 11
-    assert rows[-1]["time"] == retried.times["succeeded:2"]
+    assert rows[-1]["time"] == retried.times["outputs:2"]
 
 
 async def test_attempt_history_has_placement_checkpoint_and_loss(
@@ -129,3 +148,42 @@ async def test_node_utilisation_adds_up_busy_time_per_node_and_hour(
     n2_busy = retried.times["succeeded:2"] - retried.times["started:2"]
     assert float(by_node["n2"]["cpu_core_s"]) == pytest.approx(n2_busy.total_seconds() * 1.0)
     assert by_node["n2"]["hour"] + timedelta(hours=1) > retried.times["succeeded:2"]
+
+
+async def test_job_outputs_lists_each_reported_file(
+    projected: tuple[asyncpg.Pool, History, History],
+) -> None:
+    pool, retried, doomed = projected
+    rows = await pool.fetch(
+        "SELECT attempt, output_dir, final_step, kind, path, format, size_bytes, sha256, frames "
+        "FROM job_outputs WHERE job_id = $1 ORDER BY kind",
+        retried.job_id,
+    )
+    assert [tuple(row.values()) for row in rows] == [
+        (
+            2,
+            f"/data/jobs/{retried.job_id}",
+            1000,
+            "final_state",
+            "final.xml",
+            "xml",
+            0,
+            "ef" * 32,
+            0,
+        ),
+        (
+            2,
+            f"/data/jobs/{retried.job_id}",
+            1000,
+            "trajectory",
+            "trajectory.dcd",
+            "dcd",
+            123_456,
+            "cd" * 32,
+            40,
+        ),
+    ]
+    assert (
+        await pool.fetchval("SELECT count(*) FROM job_outputs WHERE job_id = $1", doomed.job_id)
+        == 0
+    )
