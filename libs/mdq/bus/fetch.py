@@ -134,6 +134,9 @@ class BatchFetcher:
             await self._request(batch - len(self._buffer), expires_s=None)
         lingering = False
         while len(self._buffer) < batch:
+            # Cleared before anything here awaits: a delivery that lands while the request
+            # below is being sent must still wake the wait that follows it.
+            self._changed.clear()
             self._raise_error()
             self._check_open()
             left = deadline - time.monotonic()
@@ -142,7 +145,6 @@ class BatchFetcher:
                     break
                 await self._request(batch, expires_s=left)
                 lingering = True
-            self._changed.clear()
             try:
                 await asyncio.wait_for(self._changed.wait(), timeout=max(left, 0.001))
             except TimeoutError:
