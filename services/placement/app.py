@@ -157,12 +157,12 @@ class Placement:
         self._queued: dict[tuple[str, int], QueuedJob] = {}
         self._last_bound_seq: dict[str, int] = {}
         self._adopt: set[str] = set()
+        """Jobs bound by someone else (an old leader) whose pod this leader makes sure of."""
         self._binding: set[str] = set()
         """Jobs whose bound event this replica is publishing right now."""
         self._own_echoes: set[int] = set()
         """Stream sequences of bound events this replica published and applied: their echo
         from the log changes nothing, so it is not decoded."""
-        """Jobs bound by someone else (an old leader) whose pod this leader makes sure of."""
         self._nominations: dict[str, Nomination] = {}
         self._terminating: set[str] = set()
         self._dirty = asyncio.Event()
