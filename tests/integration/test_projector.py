@@ -678,7 +678,8 @@ async def test_text_postgresql_refuses_and_impossible_times_do_not_stop_the_proj
     pool: asyncpg.Pool,
 ) -> None:
     """A NUL in a string (a pod's termination message, a runner's report) is stored as U+FFFD;
-    an event whose time no datetime can hold is skipped; the events after them are projected."""
+    an event whose time no datetime can hold is skipped; a report without a job id is kept as
+    a plain event; the events after them are projected."""
     history = History("md")
     failed = history.attempt_failed(1, "n1", last_step=300)
     failed.attempt_failed.message = "killed\x00by the kernel"
@@ -686,6 +687,8 @@ async def test_text_postgresql_refuses_and_impossible_times_do_not_stop_the_proj
     impossible = history.progress(1, 200)
     impossible.time.seconds = 400_000_000_000  # year ~14,700
     impossible.event_id += ":impossible"
+    anonymous = history.progress(1, 150)
+    anonymous.job_id, anonymous.event_id = "", "progress:-:1:150"  # a producer's bug
     events = [
         history.submitted(),
         history.bound(1, "n1"),
@@ -694,7 +697,10 @@ async def test_text_postgresql_refuses_and_impossible_times_do_not_stop_the_proj
         impossible,
         failed,
     ]
-    await publish_in_order(publisher, events)
+    await publish_in_order(publisher, events[:-1])
+    # on the job's progress subject, but without the job id in the envelope
+    await js.publish(subjects.progress(history.job_id), encode(anonymous))
+    await publisher.publish(events[-1])
     await wait_projected(js, subjects, pool)
 
     stored = await pool.fetchval(
@@ -705,6 +711,8 @@ async def test_text_postgresql_refuses_and_impossible_times_do_not_stop_the_proj
     assert [(row["step"], row["done_reason"]) for row in reasons] == [(100, "odd\ufffd")]
     job = await job_row(pool, history.job_id)
     assert job["state"] == "RECOVERING"
+    kept = await pool.fetchval("SELECT count(*) FROM job_events WHERE kind = 'progress'")
+    assert kept == 1  # the report without a job id, stored as a plain event
 
 
 async def test_the_projection_survives_a_nats_server_restart(

@@ -878,7 +878,8 @@ class Projector:
                 continue
             kind = event.WhichOneof("body") or ""
             fact = _Fact(sequence, event, kind, event_time(event))
-            (reports if kind == "progress" else others).append(fact)
+            # a report without a job id has no key in ``progress``: it is kept as an event
+            (reports if kind == "progress" and event.job_id else others).append(fact)
         facts: list[_Fact] = []
         if others:
             inserted = await connection.fetch(_INSERT_EVENTS, *self._event_columns(feed, others))
@@ -890,7 +891,7 @@ class Projector:
             await self._insert_facts(connection, facts)
         if reports:
             new_reports = await _store_progress(connection, feed.stream, reports)
-            facts = sorted(facts + new_reports) if facts else new_reports
+            facts = sorted(facts + new_reports, key=lambda fact: fact.sequence)
         if not facts:
             return 0
         await self._fold_jobs(
