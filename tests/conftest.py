@@ -15,10 +15,13 @@ from pathlib import Path
 import asyncpg
 import pytest
 from nats.aio.client import Client
+from nats.js import JetStreamContext
 
 from mdq.bus.connect import connect
 from mdq.bus.subjects import Subjects
 from mdq.embedded import start_nats, start_postgres
+from mdq.store.engine import create_writer_pool
+from mdq.store.migrate import upgrade_async
 
 
 @pytest.fixture(scope="session")
@@ -82,3 +85,18 @@ def data_dir(tmp_path: Path) -> Path:
     path = tmp_path / "data"
     path.mkdir()
     return path
+
+
+@pytest.fixture
+def js(nc: Client) -> JetStreamContext:
+    """JetStream on the test's connection."""
+    return nc.jetstream()
+
+
+@pytest.fixture
+async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
+    """A writer pool (asyncpg) on the test's database, migrated to the latest revision."""
+    await upgrade_async(database_url)
+    writer = await create_writer_pool(database_url, size=3)
+    yield writer
+    await writer.close()

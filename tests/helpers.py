@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager, suppress
 from datetime import UTC, datetime
 
 from google.protobuf.message import Message
+from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy
 
@@ -92,6 +93,15 @@ async def read_all(js: JetStreamContext, subject: str, *, timeout: float = 0.5) 
     finally:
         await subscription.unsubscribe()
     return events
+
+
+async def reconnected(client: Client) -> None:
+    """Until ``client`` is connected again (after its server was restarted)."""
+
+    async def connected() -> bool:
+        return bool(client.is_connected)
+
+    await wait_for(connected, timeout=20, what="the reconnect")
 
 
 async def wait_for(

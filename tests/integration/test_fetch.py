@@ -94,10 +94,9 @@ async def test_late_deliveries_are_kept_for_the_next_fetch(
     """A fetch that gives up (cancelled, or timed out) loses nothing that arrives later."""
     js = nc.jetstream()
     waiting = asyncio.create_task(fetcher.fetch(5, 5.0))
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.1)  # time for its lingering request to reach the server
     waiting.cancel()
-    await publish(js, namespace, 5)
-    await asyncio.sleep(0.2)
+    await publish(js, namespace, 5)  # delivered to that request, after its fetch is gone
     assert numbers(await fetcher.fetch(5, 1.0)) == [0, 1, 2, 3, 4]
 
 

@@ -22,6 +22,7 @@ from tests.helpers import (
     events_of,
     node_load,
     publisher,
+    reconnected,
     running,
     submitted,
     wait_for,
@@ -226,11 +227,7 @@ async def test_placement_keeps_binding_after_a_nats_server_restart(
             server.kill()
             await asyncio.sleep(1.0)
             server = start_nats(tmp_path / "nats", port=server.port)
-
-            async def connected() -> bool:
-                return bool(client.is_connected)
-
-            await wait_for(connected, timeout=20, what="the reconnect")
+            await reconnected(client)
             await bus.publish_all([node_load("n1"), node_load("n2")])
             await bus.publish_all([submitted(f"r7-after{i}") for i in range(3)])
             await wait_for(lambda: bound(6), timeout=40, what="3 more bound events")

@@ -24,7 +24,6 @@ import asyncpg
 import pytest
 from google.protobuf import json_format
 from google.protobuf.message import Message
-from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from mdq.bus.codec import encode
@@ -36,10 +35,9 @@ from mdq.core.events import make_event
 from mdq.core.ids import pod_name
 from mdq.embedded import start_nats
 from mdq.store import queries
-from mdq.store.engine import create_engine, create_writer_pool
-from mdq.store.migrate import upgrade_async
+from mdq.store.engine import create_engine
 from services.watcher.projector import Projector
-from tests.helpers import wait_for
+from tests.helpers import reconnected
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 REPO = Path(__file__).resolve().parents[2]
@@ -154,19 +152,6 @@ class History:
 
 
 # -- fixtures and helpers ---------------------------------------------------------------
-
-
-@pytest.fixture
-async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
-    await upgrade_async(database_url)
-    pool = await create_writer_pool(database_url, size=3)
-    yield pool
-    await pool.close()
-
-
-@pytest.fixture
-def js(nc: Client) -> JetStreamContext:
-    return nc.jetstream()
 
 
 @pytest.fixture
@@ -734,7 +719,7 @@ async def test_the_projection_survives_a_nats_server_restart(
             server.kill()
             await asyncio.sleep(1.0)
             server = start_nats(tmp_path / "nats", port=server.port)
-            await wait_for(lambda: _connected(client), timeout=20, what="the reconnect")
+            await reconnected(client)
 
             await publish_in_order(publisher, second)
             await wait_projected(js, subjects, pool, timeout=30)
@@ -744,7 +729,3 @@ async def test_the_projection_survives_a_nats_server_restart(
     finally:
         await client.close()
         server.stop()
-
-
-async def _connected(client: Client) -> bool:
-    return bool(client.is_connected)

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import asyncpg
 import pytest
-from nats.aio.client import Client
 from nats.js import JetStreamContext
 from typer.testing import CliRunner
 
@@ -25,23 +24,9 @@ from mdq.cli.replay import _fresh_database, compare, fold, read_job_log, rebuild
 from mdq.contracts import pb
 from mdq.core.events import make_event
 from mdq.store import queries
-from mdq.store.engine import asyncpg_dsn, create_engine, create_writer_pool
-from mdq.store.migrate import upgrade_async
+from mdq.store.engine import asyncpg_dsn, create_engine
 from mdq.store.projection import Projector
 from tests.integration.test_projector import T0, History, requeue_history
-
-
-@pytest.fixture
-async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
-    await upgrade_async(database_url)
-    pool = await create_writer_pool(database_url, size=3)
-    yield pool
-    await pool.close()
-
-
-@pytest.fixture
-def js(nc: Client) -> JetStreamContext:
-    return nc.jetstream()
 
 
 @pytest.fixture
