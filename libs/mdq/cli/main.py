@@ -27,7 +27,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
@@ -127,6 +127,20 @@ async def _with_client(endpoints: Endpoints, work: Callable[[MdqClient], Awaitab
         endpoints.nats_url, endpoints.namespace, name="mdq-cli"
     ) as client:
         return await work(client)
+
+
+def _exit_with(endpoints: Endpoints, work: Callable[[MdqClient], Awaitable[int]]) -> NoReturn:
+    """Run ``work`` with a client and exit with its code; a refused submit or an unreachable
+    intake exits with EXIT_REFUSED / EXIT_UNAVAILABLE and says why."""
+    try:
+        code = _run(_with_client(endpoints, work))
+    except SubmitRefused as error:
+        _print_refusal(error.field, error.message)
+        raise typer.Exit(EXIT_REFUSED) from None
+    except IntakeUnavailable as error:
+        err_console.print(f"[red]{error}[/]")
+        raise typer.Exit(EXIT_UNAVAILABLE) from None
+    raise typer.Exit(code)
 
 
 def _print_refusal(field: str, message: str) -> None:
@@ -365,15 +379,7 @@ def submit(
         views = await follow_jobs(client, job_ids, names=names, limit_s=timeout, console=console)
         return _final_code(views, job_ids)
 
-    try:
-        code = _run(_with_client(endpoints, work))
-    except SubmitRefused as error:
-        _print_refusal(error.field, error.message)
-        raise typer.Exit(EXIT_REFUSED) from None
-    except IntakeUnavailable as error:
-        err_console.print(f"[red]{error}[/]")
-        raise typer.Exit(EXIT_UNAVAILABLE) from None
-    raise typer.Exit(code)
+    _exit_with(endpoints, work)
 
 
 @app.command()
@@ -406,12 +412,7 @@ def watch(
         views = await follow_jobs(client, wanted, limit_s=timeout, console=console)
         return _final_code(views, wanted)
 
-    try:
-        code = _run(_with_client(endpoints, work))
-    except SubmitRefused as error:
-        _print_refusal(error.field, error.message)
-        raise typer.Exit(EXIT_REFUSED) from None
-    raise typer.Exit(code)
+    _exit_with(endpoints, work)
 
 
 @app.command("ls")
