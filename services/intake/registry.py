@@ -74,8 +74,7 @@ class SubmitRegistry:
         return cls(requests=requests, bucket=bucket)
 
     async def _get(self, key: str) -> bytes | None:
-        async with self._lookups:
-            return await self._requests.kv_get(self._bucket, key)
+        return await self._requests.kv_get(self._bucket, key)
 
     async def reply_for(self, request_id: str) -> pb.SubmitReply | None:
         """The reply given to an earlier accepted submit with this request id, if any."""
@@ -103,7 +102,14 @@ class SubmitRegistry:
     async def resolve_all(self, refs: Iterable[str]) -> dict[str, str]:
         """Resolve many references at once; unknown ones are left out of the result."""
         unique = list(dict.fromkeys(refs))
-        resolved = await asyncio.gather(*(self.resolve(ref) for ref in unique))
+        if not unique:  # most submits: no need to start anything
+            return {}
+
+        async def bounded(ref: str) -> str | None:
+            async with self._lookups:  # a submit may name hundreds of dependencies
+                return await self.resolve(ref)
+
+        resolved = await asyncio.gather(*(bounded(ref) for ref in unique))
         return {ref: job for ref, job in zip(unique, resolved, strict=True) if job is not None}
 
     async def remember(self, *, request_id: str, reply: pb.SubmitReply) -> None:
