@@ -229,7 +229,7 @@ async def test_the_whole_stack_rides_out_a_nats_server_crash(
 
             await wait_for(reporting, timeout=120, what="both jobs reporting progress")
             server.kill()
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(1.0)  # an outage, not a blip: clients notice the server gone
             server = start_nats(tmp_path / "nats", port=server.port)
 
             states = await client.wait(job_ids, timeout=300)

@@ -225,7 +225,7 @@ async def test_placement_keeps_binding_after_a_nats_server_restart(
 
             await wait_for(lambda: bound(3), what="3 bound events before the restart")
             server.kill()
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(1.0)  # an outage, not a blip: clients notice the server gone
             server = start_nats(tmp_path / "nats", port=server.port)
             await reconnected(client)
             await bus.publish_all([node_load("n1"), node_load("n2")])

@@ -717,7 +717,7 @@ async def test_the_projection_survives_a_nats_server_restart(
             await wait_projected(js, subjects, pool)
 
             server.kill()
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(1.0)  # an outage, not a blip: clients notice the server gone
             server = start_nats(tmp_path / "nats", port=server.port)
             await reconnected(client)
 
