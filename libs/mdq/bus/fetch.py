@@ -31,12 +31,10 @@ from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from nats.nuid import NUID
 
-STATUS = "Status"
-NO_MESSAGES = "404"
-REQUEST_TIMEOUT = "408"
+from mdq.bus.requests import NO_RESPONDERS, STATUS
+
 CONFLICT = "409"
 HEARTBEAT = "100"
-NO_RESPONDERS = "503"
 NO_WAIT_GRACE_S = 2.0
 """A no_wait request with neither messages nor a status after this long is given up (lost in a
 reconnect)."""

@@ -358,10 +358,6 @@ class NodeView:
     ready_since: datetime | None
     """When the Ready condition last changed."""
 
-    @property
-    def available(self) -> bool:
-        return self.ready and self.schedulable
-
 
 def node_view(node: Mapping[str, Any], *, tolerated_taints: Iterable[str] = ()) -> NodeView:
     """Capacity (allocatable), readiness and schedulability of a node object."""
