@@ -270,6 +270,104 @@ def test_submit_with_one_bad_job_is_refused_whole(spec: pb.JobSpec, field: str) 
     assert error.field == field
 
 
+def lj(**fields: object) -> pb.System:
+    return pb.System(lennard_jones=pb.LennardJonesFluid(**fields))  # type: ignore[arg-type]
+
+
+# (spec, expected field, expected message): the whole error, word for word; validated as jobs[2]
+MESSAGE_CASES = [
+    pytest.param(
+        job(temperature_k=6000),
+        "jobs[2].temperature_k",
+        "must be between 1 and 5000, got 6000.0",
+        id="range",
+    ),
+    pytest.param(
+        job(resources=pb.Resources(cpu=math.nan)),
+        "jobs[2].resources.cpu",
+        "must be between 0.1 and 256, got nan",
+        id="range-in-a-sub-message",
+    ),
+    pytest.param(
+        job(report_interval_steps=1000, checkpoint_interval_steps=500),
+        "jobs[2].checkpoint_interval_steps",
+        "must be between 1000 and 1000000000, got 500",
+        id="range-bounded-by-another-field",
+    ),
+    pytest.param(
+        job(convergence=pb.Convergence(tolerance_kj_mol=1, reports=5000)),
+        "jobs[2].convergence.reports",
+        "must be between 1 and 1000, got 5000",
+        id="range-of-a-default-only-when-enabled",
+    ),
+    pytest.param(job(integrator=99), "jobs[2].integrator", "unknown value 99", id="enum"),
+    pytest.param(
+        job(nonbonded_method=99), "jobs[2].nonbonded_method", "unknown value 99", id="enum-method"
+    ),
+    pytest.param(
+        job(trajectory_interval_steps=100, trajectory_format=7),
+        "jobs[2].trajectory_format",
+        "unknown value 7",
+        id="enum-trajectory",
+    ),
+    pytest.param(
+        job(barostat=pb.Barostat(pressure_bar=1, frequency_steps=100_000)),
+        "jobs[2].barostat.frequency_steps",
+        "must be between 1 and 10000, got 100000",
+        id="barostat-frequency",
+    ),
+    pytest.param(
+        job(nonbonded_method=pb.NONBONDED_NO_CUTOFF),
+        "jobs[2].nonbonded_method",
+        "a water box is periodic: PME or CUTOFF_PERIODIC",
+        id="water-box-method",
+    ),
+    pytest.param(
+        job(system=pb.System(water_box=pb.WaterBox(box_nm=2)), cutoff_nm=1.2),
+        "jobs[2].cutoff_nm",
+        "must be below half the box edge (2 nm), got 1.2",
+        id="water-box-cutoff",
+    ),
+    pytest.param(
+        job(system=lj(atoms=1_000_001)),
+        "jobs[2].system.lennard_jones.atoms",
+        "must be between 2 and 1000000, got 1000001",
+        id="lennard-jones-range",
+    ),
+    pytest.param(
+        job(system=lj(atoms=200), cutoff_nm=1.5),
+        "jobs[2].cutoff_nm",
+        "must be below half the box edge (2.107 nm), got 1.5",
+        id="lennard-jones-cutoff-of-the-job",
+    ),
+    pytest.param(
+        job(system=lj(cutoff_nm=2.0)),
+        "jobs[2].system.lennard_jones.cutoff_nm",
+        "must be below half the box edge (3.603 nm), got 2.0",
+        id="lennard-jones-cutoff-of-the-fluid",
+    ),
+    pytest.param(
+        job(system=pb.System(structure=pb.Structure(pdb_path="a.pdb", padding_nm=11))),
+        "jobs[2].system.structure.padding_nm",
+        "must be between 0 and 10, got 11.0",
+        id="structure-range",
+    ),
+    pytest.param(
+        job(system=pb.System(structure=pb.Structure(pdb_path="a.pdb")), cutoff_nm=6),
+        "jobs[2].cutoff_nm",
+        "must be between 0.1 and 5, got 6.0",
+        id="structure-cutoff",
+    ),
+]
+
+
+@pytest.mark.parametrize(("spec", "field", "message"), MESSAGE_CASES)
+def test_errors_read_the_same(spec: pb.JobSpec, field: str, message: str) -> None:
+    """Field paths are only built when a check fails: the error still names the whole path."""
+    error = field_error(lambda: normalize_job(spec, "jobs[2]"))
+    assert (error.field, error.message, str(error)) == (field, message, f"{field}: {message}")
+
+
 # -- whole-submit checks -----------------------------------------------------------------------
 
 SUBMIT_ERROR_CASES = [

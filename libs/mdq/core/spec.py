@@ -75,15 +75,22 @@ DEFAULT_STEPS = {pb.TASK_MD: 10_000, pb.TASK_MINIMIZE: 500, pb.TASK_ANALYZE: 1}
 
 
 _TASKS = frozenset(pb.Task.values())
+_INTEGRATORS = frozenset(pb.Integrator.values())
+_NONBONDED_METHODS = frozenset(pb.NonbondedMethod.values())
+_TRAJECTORY_FORMATS = frozenset(pb.TrajectoryFormat.values())
 
 
 def _bound(value: float) -> str:
     return f"{value:.0f}" if float(value).is_integer() else f"{value:g}"
 
 
-def _check_range(field: str, value: float, low: float, high: float) -> None:
+def _check_range(path: str, name: str, value: float, low: float, high: float) -> None:
+    """SpecError on ``{path}.{name}`` unless ``low <= value <= high``; the field path is only
+    built when it is reported (this runs for most fields of every job)."""
     if not math.isfinite(value) or not low <= value <= high:
-        raise SpecError(field, f"must be between {_bound(low)} and {_bound(high)}, got {value!r}")
+        raise SpecError(
+            f"{path}.{name}", f"must be between {_bound(low)} and {_bound(high)}, got {value!r}"
+        )
 
 
 def _default(value: float, default: float) -> float:
@@ -116,42 +123,39 @@ def normalize_job(spec: pb.JobSpec, path: str) -> pb.JobSpec:
     _normalize_engine(job, path)
     if job.task != pb.TASK_ANALYZE:
         _normalize_system(job, path)
-    job.temperature_k = _default(job.temperature_k, 300.0)
-    _check_range(f"{path}.temperature_k", job.temperature_k, 1.0, 5000.0)
-    job.timestep_fs = _default(job.timestep_fs, 2.0)
-    _check_range(f"{path}.timestep_fs", job.timestep_fs, 0.1, 5.0)
-    job.friction_per_ps = _default(job.friction_per_ps, 1.0)
-    _check_range(f"{path}.friction_per_ps", job.friction_per_ps, 0.01, 100.0)
-    job.steps = int(_default(job.steps, DEFAULT_STEPS[job.task]))
-    _check_range(f"{path}.steps", job.steps, 1, 1e10)
-    if job.report_interval_steps == 0:
-        job.report_interval_steps = max(1, min(500, job.steps))
+    job.temperature_k = temperature_k = _default(job.temperature_k, 300.0)
+    _check_range(path, "temperature_k", temperature_k, 1.0, 5000.0)
+    job.timestep_fs = timestep_fs = _default(job.timestep_fs, 2.0)
+    _check_range(path, "timestep_fs", timestep_fs, 0.1, 5.0)
+    job.friction_per_ps = friction_per_ps = _default(job.friction_per_ps, 1.0)
+    _check_range(path, "friction_per_ps", friction_per_ps, 0.01, 100.0)
+    job.steps = steps = int(_default(job.steps, DEFAULT_STEPS[job.task]))
+    _check_range(path, "steps", steps, 1, 1e10)
+    report = job.report_interval_steps
+    if report == 0:
+        job.report_interval_steps = report = max(1, min(500, steps))
     else:
-        _check_range(f"{path}.report_interval_steps", job.report_interval_steps, 10, 1e7)
+        _check_range(path, "report_interval_steps", report, 10, 1e7)
     if job.checkpoint_interval_steps == 0:
-        job.checkpoint_interval_steps = max(job.report_interval_steps, min(5000, job.steps))
+        job.checkpoint_interval_steps = max(report, min(5000, steps))
     else:
-        _check_range(
-            f"{path}.checkpoint_interval_steps",
-            job.checkpoint_interval_steps,
-            job.report_interval_steps,
-            1e9,
-        )
+        _check_range(path, "checkpoint_interval_steps", job.checkpoint_interval_steps, report, 1e9)
     conv = job.convergence
-    _check_range(f"{path}.convergence.tolerance_kj_mol", conv.tolerance_kj_mol, 0.0, 1e9)
+    _check_range(path, "convergence.tolerance_kj_mol", conv.tolerance_kj_mol, 0.0, 1e9)
     if conv.tolerance_kj_mol > 0:
         conv.reports = int(_default(conv.reports, 3))
-        _check_range(f"{path}.convergence.reports", conv.reports, 1, 1000)
-    job.resources.cpu = _default(job.resources.cpu, 1.0)
-    _check_range(f"{path}.resources.cpu", job.resources.cpu, 0.1, 256)
-    job.resources.memory_mb = int(_default(job.resources.memory_mb, 1024))
-    _check_range(f"{path}.resources.memory_mb", job.resources.memory_mb, 64, 1_048_576)
+        _check_range(path, "convergence.reports", conv.reports, 1, 1000)
+    resources = job.resources
+    resources.cpu = cpu = _default(resources.cpu, 1.0)
+    _check_range(path, "resources.cpu", cpu, 0.1, 256)
+    resources.memory_mb = memory_mb = int(_default(resources.memory_mb, 1024))
+    _check_range(path, "resources.memory_mb", memory_mb, 64, 1_048_576)
     job.priority_class = job.priority_class or "normal"
     if job.priority_class not in PRIORITY_CLASSES:
         raise SpecError(f"{path}.priority_class", f"must be one of {', '.join(PRIORITY_CLASSES)}")
     if not job.HasField("max_retries"):
         job.max_retries = 3
-    _check_range(f"{path}.max_retries", job.max_retries, 0, 20)
+    _check_range(path, "max_retries", job.max_retries, 0, 20)
     if len(job.labels) > MAX_LABELS:
         raise SpecError(f"{path}.labels", f"at most {MAX_LABELS} labels")
     for key, value in job.labels.items():
@@ -169,23 +173,23 @@ def normalize_job(spec: pb.JobSpec, path: str) -> pb.JobSpec:
     return job
 
 
-def _enum_value(field: str, value: int, enum: type, default: int) -> int:
-    """``value`` of a generated enum, its default when unset; SpecError when unknown."""
-    values = enum.values()  # type: ignore[attr-defined]
+def _enum_value(path: str, name: str, value: int, values: frozenset[int], default: int) -> int:
+    """``value`` of a generated enum, its default when unset; SpecError on ``{path}.{name}``
+    when it is not one of the enum's ``values``."""
     if value not in values:
-        raise SpecError(field, f"unknown value {value}")
+        raise SpecError(f"{path}.{name}", f"unknown value {value}")
     return default if value == 0 else value
 
 
 def _normalize_engine(job: pb.JobSpec, path: str) -> None:
     """Integrator, barostat, platform, checkpoint time and trajectory: defaults and ranges."""
     job.integrator = _enum_value(  # type: ignore[assignment]
-        f"{path}.integrator", job.integrator, pb.Integrator, pb.INTEGRATOR_LANGEVIN_MIDDLE
+        path, "integrator", job.integrator, _INTEGRATORS, pb.INTEGRATOR_LANGEVIN_MIDDLE
     )
-    if job.nonbonded_method not in pb.NonbondedMethod.values():
+    if job.nonbonded_method not in _NONBONDED_METHODS:
         raise SpecError(f"{path}.nonbonded_method", f"unknown value {job.nonbonded_method}")
     barostat = job.barostat
-    _check_range(f"{path}.barostat.pressure_bar", barostat.pressure_bar, 0.0, 1e5)
+    _check_range(path, "barostat.pressure_bar", barostat.pressure_bar, 0.0, 1e5)
     if barostat.pressure_bar > 0:
         if job.integrator == pb.INTEGRATOR_VERLET:
             raise SpecError(
@@ -195,7 +199,7 @@ def _normalize_engine(job: pb.JobSpec, path: str) -> None:
         barostat.frequency_steps = int(
             _default(barostat.frequency_steps, DEFAULT_BAROSTAT_FREQUENCY)
         )
-        _check_range(f"{path}.barostat.frequency_steps", barostat.frequency_steps, 1, 10_000)
+        _check_range(path, "barostat.frequency_steps", barostat.frequency_steps, 1, 10_000)
     elif barostat.frequency_steps:
         raise SpecError(f"{path}.barostat.pressure_bar", "is needed with frequency_steps (NPT)")
     platform = PLATFORMS.get((job.platform or "CPU").lower())
@@ -203,14 +207,11 @@ def _normalize_engine(job: pb.JobSpec, path: str) -> None:
         raise SpecError(f"{path}.platform", f"must be one of {', '.join(PLATFORMS.values())}")
     job.platform = platform
     if job.checkpoint_interval_s != 0:
-        _check_range(f"{path}.checkpoint_interval_s", job.checkpoint_interval_s, 1.0, 1e6)
+        _check_range(path, "checkpoint_interval_s", job.checkpoint_interval_s, 1.0, 1e6)
     if job.trajectory_interval_steps != 0:
-        _check_range(f"{path}.trajectory_interval_steps", job.trajectory_interval_steps, 1, 1e9)
+        _check_range(path, "trajectory_interval_steps", job.trajectory_interval_steps, 1, 1e9)
         job.trajectory_format = _enum_value(  # type: ignore[assignment]
-            f"{path}.trajectory_format",
-            job.trajectory_format,
-            pb.TrajectoryFormat,
-            pb.TRAJECTORY_DCD,
+            path, "trajectory_format", job.trajectory_format, _TRAJECTORY_FORMATS, pb.TRAJECTORY_DCD
         )
     elif job.trajectory_format != pb.TRAJECTORY_FORMAT_UNSPECIFIED:
         raise SpecError(
@@ -218,30 +219,33 @@ def _normalize_engine(job: pb.JobSpec, path: str) -> None:
         )
 
 
-def _check_cutoff(field: str, cutoff_nm: float, box_nm: float | None) -> None:
-    _check_range(field, cutoff_nm, *CUTOFF_RANGE_NM)
+def _check_cutoff(path: str, name: str, cutoff_nm: float, box_nm: float | None) -> None:
+    _check_range(path, name, cutoff_nm, *CUTOFF_RANGE_NM)
     if box_nm is not None and cutoff_nm >= box_nm / 2:
         raise SpecError(
-            field, f"must be below half the box edge ({box_nm:.4g} nm), got {cutoff_nm!r}"
+            f"{path}.{name}",
+            f"must be below half the box edge ({box_nm:.4g} nm), got {cutoff_nm!r}",
         )
 
 
 def _normalize_system(job: pb.JobSpec, path: str) -> None:
     """The system and its nonbonded method and cutoff: defaults, ranges, consistency."""
-    if not job.HasField("system") or job.system.WhichOneof("kind") is None:
-        job.system.water_box.box_nm = 2.0
-    kind = job.system.WhichOneof("kind")
-    method_field = f"{path}.nonbonded_method"
+    system = job.system
+    if not job.HasField("system") or system.WhichOneof("kind") is None:
+        system.water_box.box_nm = 2.0
+    kind = system.WhichOneof("kind")
     if kind == "water_box":
-        box = job.system.water_box
-        box.box_nm = _default(box.box_nm, 2.0)
-        _check_range(f"{path}.system.water_box.box_nm", box.box_nm, 1.2, 10.0)
-        job.nonbonded_method = job.nonbonded_method or pb.NONBONDED_PME
-        if job.nonbonded_method not in PERIODIC_METHODS:
-            raise SpecError(method_field, "a water box is periodic: PME or CUTOFF_PERIODIC")
-        default_cutoff = min(WATER_BOX_MAX_CUTOFF_NM, box.box_nm / 2 - CUTOFF_MARGIN_NM)
-        job.cutoff_nm = _default(job.cutoff_nm, default_cutoff)
-        _check_cutoff(f"{path}.cutoff_nm", job.cutoff_nm, box.box_nm)
+        box = system.water_box
+        box.box_nm = box_nm = _default(box.box_nm, 2.0)
+        _check_range(path, "system.water_box.box_nm", box_nm, 1.2, 10.0)
+        job.nonbonded_method = method = job.nonbonded_method or pb.NONBONDED_PME
+        if method not in PERIODIC_METHODS:
+            raise SpecError(
+                f"{path}.nonbonded_method", "a water box is periodic: PME or CUTOFF_PERIODIC"
+            )
+        default_cutoff = min(WATER_BOX_MAX_CUTOFF_NM, box_nm / 2 - CUTOFF_MARGIN_NM)
+        job.cutoff_nm = cutoff_nm = _default(job.cutoff_nm, default_cutoff)
+        _check_cutoff(path, "cutoff_nm", cutoff_nm, box_nm)
     elif kind == "lennard_jones":
         _normalize_lennard_jones(job, path)
     elif kind == "structure":
@@ -257,17 +261,17 @@ def _normalize_lennard_jones(job: pb.JobSpec, path: str) -> None:
     fluid = job.system.lennard_jones
     here = f"{path}.system.lennard_jones"
     fluid.atoms = int(_default(fluid.atoms, LJ_DEFAULT_ATOMS))
-    _check_range(f"{here}.atoms", fluid.atoms, 2, 1_000_000)
+    _check_range(here, "atoms", fluid.atoms, 2, 1_000_000)
     fluid.sigma_nm = _default(fluid.sigma_nm, ARGON_SIGMA_NM)
-    _check_range(f"{here}.sigma_nm", fluid.sigma_nm, 0.05, 2.0)
+    _check_range(here, "sigma_nm", fluid.sigma_nm, 0.05, 2.0)
     fluid.epsilon_kj_mol = _default(fluid.epsilon_kj_mol, ARGON_EPSILON_KJ_MOL)
-    _check_range(f"{here}.epsilon_kj_mol", fluid.epsilon_kj_mol, 0.001, 100.0)
+    _check_range(here, "epsilon_kj_mol", fluid.epsilon_kj_mol, 0.001, 100.0)
     fluid.mass_dalton = _default(fluid.mass_dalton, ARGON_MASS_DALTON)
-    _check_range(f"{here}.mass_dalton", fluid.mass_dalton, 0.5, 1000.0)
+    _check_range(here, "mass_dalton", fluid.mass_dalton, 0.5, 1000.0)
     fluid.density_atoms_nm3 = _default(
         fluid.density_atoms_nm3, LJ_REDUCED_DENSITY / fluid.sigma_nm**3
     )
-    _check_range(f"{here}.density_atoms_nm3", fluid.density_atoms_nm3, 0.01, 1000.0)
+    _check_range(here, "density_atoms_nm3", fluid.density_atoms_nm3, 0.01, 1000.0)
     job.nonbonded_method = job.nonbonded_method or pb.NONBONDED_CUTOFF_PERIODIC
     if job.nonbonded_method != pb.NONBONDED_CUTOFF_PERIODIC:
         raise SpecError(
@@ -279,7 +283,8 @@ def _normalize_lennard_jones(job: pb.JobSpec, path: str) -> None:
             f"{here}.cutoff_nm",
             f"differs from {path}.cutoff_nm ({job.cutoff_nm!r}): set one of them",
         )
-    field = f"{here}.cutoff_nm" if fluid.cutoff_nm or not job.cutoff_nm else f"{path}.cutoff_nm"
+    # a cutoff is reported on the fluid, unless only the job's own cutoff_nm was set
+    owner = here if fluid.cutoff_nm or not job.cutoff_nm else path
     cutoff = fluid.cutoff_nm or job.cutoff_nm or LJ_CUTOFF_SIGMAS * fluid.sigma_nm
     box_nm = lennard_jones_box_nm(fluid)
     if not (fluid.cutoff_nm or job.cutoff_nm) and cutoff >= box_nm / 2:
@@ -288,7 +293,7 @@ def _normalize_lennard_jones(job: pb.JobSpec, path: str) -> None:
             f"the box of {fluid.atoms} atoms is {box_nm:.4g} nm wide, less than twice the "
             f"cutoff ({cutoff:.4g} nm): use more atoms",
         )
-    _check_cutoff(field, cutoff, box_nm)
+    _check_cutoff(owner, "cutoff_nm", cutoff, box_nm)
     fluid.cutoff_nm = job.cutoff_nm = cutoff
 
 
@@ -338,7 +343,7 @@ def _normalize_structure(job: pb.JobSpec, path: str) -> None:
             raise SpecError(
                 field, f"must name a force field file shipped with OpenMM (*.xml), got {name!r}"
             )
-    _check_range(f"{here}.padding_nm", structure.padding_nm, 0.0, 10.0)
+    _check_range(here, "padding_nm", structure.padding_nm, 0.0, 10.0)
     structure.water_model = structure.water_model or "tip3p"
     if structure.water_model not in WATER_MODELS:
         raise SpecError(f"{here}.water_model", f"must be one of {', '.join(WATER_MODELS)}")
@@ -350,7 +355,7 @@ def _normalize_structure(job: pb.JobSpec, path: str) -> None:
                 "a solvated structure is periodic: PME or CUTOFF_PERIODIC",
             )
     job.cutoff_nm = _default(job.cutoff_nm, WATER_BOX_MAX_CUTOFF_NM)
-    _check_cutoff(f"{path}.cutoff_nm", job.cutoff_nm, None)
+    _check_cutoff(path, "cutoff_nm", job.cutoff_nm, None)
 
 
 def find_cycle(edges: Mapping[str, Sequence[str]]) -> list[str] | None:
