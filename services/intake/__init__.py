@@ -1,5 +1,5 @@
 """intake: validates submits (stream and request-reply) and turns them into job events.
 
 ``app`` is the composition root (broker, subscribers, settings), ``handlers`` the decode ->
-validate -> publish -> remember steps, ``registry`` the KV bucket of idempotency records.
+validate -> claim -> publish steps, ``registry`` the KV bucket of idempotency records.
 """

@@ -101,7 +101,7 @@ class IntakeSettings(BaseSettings):
         le=10_000,
         description=(
             "Request-reply submits handled at once by one replica. Each waits on NATS round "
-            "trips (registry lookup, publish, record), so handling them side by side is what "
+            "trips (registry claim, publish), so handling them side by side is what "
             "keeps a replica busy; submits with the same key still go one at a time."
         ),
     )
@@ -252,9 +252,7 @@ class Intake:
         js = connection.jetstream()
         await ensure_streams(js, self.subjects)
         requests = await Requests(connection).start()
-        registry = await SubmitRegistry.open(
-            js=js, requests=requests, bucket=self.subjects.intake_bucket
-        )
+        registry = await SubmitRegistry.open(js=js, requests=requests, subjects=self.subjects)
         publisher = EventPublisher(js=requests, subjects=self.subjects, producer="intake")
         self._handler = SubmitHandler(publisher=publisher, registry=registry)
 

@@ -1,4 +1,4 @@
-"""Intake's handling of one submit: decode -> validate -> publish -> remember.
+"""Intake's handling of one submit: decode -> validate -> claim -> publish.
 
 The same steps serve both entrances, the submit stream (fire-and-forget, durable while intake is
 down) and request-reply (a client waiting for its job ids); only the request id and whether the
@@ -6,27 +6,30 @@ idempotency key is required differ.
 
 Crash-safe order of an accepted submit
 --------------------------------------
-1. If ``req.<request_id>`` is already in the registry, the submit was accepted before: return
-   that reply and publish nothing.
-2. Publish one ``submitted`` event per job, dependencies first, each with its deterministic id
+1. Validate (resolving dependencies through the registry).
+2. Claim ``req.<request_id>`` in the registry with the reply, in one round trip that fails if
+   the request id is known (a KV create).
+3. Publish one ``submitted`` event per job, dependencies first, each with its deterministic id
    ``submitted:<job_id>:0`` as Nats-Msg-Id.
-3. Record the reply (``req.<request_id>``, the commit marker) in the registry; it also makes the
-   jobs known to later submits that depend on them by id or key.
 4. Only then ack the stream message, or send the reply.
 
-A crash (or a NATS error) anywhere before step 4 leaves the submit unacknowledged (the stream
-redelivers it) or unanswered (the client retries with the same key). Doing it again computes the
-same request id, the same job ids and the same event ids, so JetStream drops the events that
-were already published (duplicate window of the jobs stream), and the registry write is an
-overwrite with the same value. The opposite order (record, then publish) could lose jobs:
-a crash between the two would leave a reply naming jobs whose events never reached the log,
-and every retry would return it without publishing them (DESIGN invariant 4).
+If the claim exists, the submit was seen before: the answer is the recorded reply, and nothing
+new starts (a different submit under the same key gets the first one's job ids). If the
+recorded jobs are this submit's and the last of their events is missing from the log, the
+earlier attempt died between steps 2 and 3: the events are published now (JetStream drops the
+ones already there, by their ids); see ``SubmitRegistry.needs_events``. A crash (or a NATS
+error) anywhere before step 4 leaves the submit unacknowledged (the stream redelivers it) or
+unanswered (the client retries with the same key), and the retry takes exactly that path. So
+no reply ever names a job whose event is not in the log (DESIGN invariant 4), and a key is
+checked and recorded with one registry round trip instead of a lookup and a write.
 
 Refused submits
 ---------------
 A refused submit publishes only a ``rejected`` event (to ``subjects.rejected(request_id)``, with
 event id ``rejected:-:0:<request_id>``) and is not remembered: it changed nothing, so its key
-stays free for a corrected submit. A request-reply submit whose request id is unknown (malformed
+stays free for a corrected submit. A submit that fails validation under a key that was
+accepted before gets the recorded reply instead (a retry whose dependencies have changed, say).
+A request-reply submit whose request id is unknown (malformed
 payload, missing or invalid key) is answered with the error and publishes nothing, since there
 is no request to name. The stream message of a refused submit is acked like any other: a bad
 submit is never redelivered.
@@ -141,9 +144,6 @@ class SubmitHandler:
         key = request.idempotency_key
         request_id = request_id_for_key(key) if key else fallback_id
         async with self._exclusive(request_id):
-            known = await self._registry.reply_for(request_id)
-            if known is not None:
-                return known
             try:
                 resolved = await self._registry.resolve_all(external_refs(request))
                 accepted = validate_submit(
@@ -154,21 +154,48 @@ class SubmitHandler:
                 )
                 check_job_ids(request, request_id=request_id)
             except SpecError as error:
+                known = await self._registry.reply_for(request_id)
+                if known is not None:  # accepted before: that answer stands
+                    return known
                 return await self._refuse(request_id=request_id, idempotency_key=key, error=error)
-            return await self._accept(request, request_id=request_id, accepted=accepted)
+            reply = pb.SubmitReply(
+                request_id=request_id,
+                job_ids=[job_id(request_id, job.name) for job in request.jobs],
+            )
+            if not await self._registry.claim(request_id=request_id, reply=reply):
+                return await self._seen_before(request, request_id, accepted, reply)
+            await self._publish(request, request_id=request_id, accepted=accepted)
+            log.info("accepted %s: %d job(s)", request_id, len(accepted))
+            return reply
 
-    async def _accept(
+    async def _publish(
         self, request: pb.SubmitRequest, *, request_id: str, accepted: list[AcceptedJob]
-    ) -> pb.SubmitReply:
+    ) -> None:
         for job in accepted:  # one at a time: the log keeps dependencies first
             event = submitted_event(self._publisher, job, request=request, request_id=request_id)
             await self._publisher.publish(event)
-        reply = pb.SubmitReply(
-            request_id=request_id, job_ids=[job_id(request_id, job.name) for job in request.jobs]
-        )
-        await self._registry.remember(request_id=request_id, reply=reply)
-        log.info("accepted %s: %d job(s)", request_id, len(accepted))
-        return reply
+
+    async def _seen_before(
+        self,
+        request: pb.SubmitRequest,
+        request_id: str,
+        accepted: list[AcceptedJob],
+        reply: pb.SubmitReply,
+    ) -> pb.SubmitReply:
+        """The answer to a submit whose request id is claimed: the recorded reply, after
+        publishing this submit's events if the claim is its own and they are missing."""
+        claim = await self._registry.existing(request_id)
+        if claim is None:  # the record was deleted since the claim failed: claim it anew
+            await self._registry.overwrite(request_id=request_id, reply=reply)
+            await self._publish(request, request_id=request_id, accepted=accepted)
+            return reply
+        if list(claim.reply.job_ids) != list(reply.job_ids):
+            return claim.reply  # another submit under the same key came first
+        last = job_id(request_id, accepted[-1].name)
+        if await self._registry.needs_events(claim, last):
+            log.info("completing %s: its events were not all published", request_id)
+            await self._publish(request, request_id=request_id, accepted=accepted)
+        return claim.reply
 
     async def refuse_unhandled(self, *, sequence: int, error: Exception) -> pb.SubmitReply:
         """Refuse a stream submit that failed in an unexpected way, so it is not retried forever."""

@@ -1,22 +1,31 @@
 """What intake remembers between submits: a JetStream KV bucket (``Subjects.intake_bucket``).
 
-One key per accepted submit: ``req.<request_id>`` -> the serialized ``pb.SubmitReply``. It is
-written last, after every event of the submit was published, so it is the commit marker of a
-submit: when it exists, a repeated submit with the same key gets this reply and nothing is
-published.
+One key per accepted submit: ``req.<request_id>`` -> the serialized ``pb.SubmitReply``.
 
-The same record answers the two questions a later submit asks about its dependencies, because
-ids are derived, not allocated (``mdq.core.ids``):
+It is a **claim**, written before the submit's events, in the same round trip as the check
+that the request id is new: a KV create (``Nats-Expected-Last-Subject-Sequence: 0``), which
+JetStream refuses when the key exists. So an accepted submit costs one registry round trip, not
+a lookup and then a write. What a claim does not prove by itself is that its events reached the
+log (intake may have died in between), so:
+
+- a submit whose claim already exists (a retry, a redelivery, a second replica) looks at the
+  log: when the last event of its jobs is missing and the claim is younger than the jobs
+  stream's retention, it publishes them (``SubmitRegistry.needs_events``); the events' ids make
+  that a no-op for any already there;
+- a dependency named through a claim counts only once its job's ``submitted`` event is in the
+  log (``resolve``), so a claim whose submit never finished names no job to wait for.
+
+Ids are derived, not allocated (``mdq.core.ids``), so the same record answers the two
+questions a later submit asks about its dependencies:
 
 - a job id ``<request_id>-<name>`` is known when ``req.<request_id>`` lists it;
 - the idempotency key of a single-job submit names that job: its request id is
   ``request_id_for_key(key)``, and ``req.<that id>`` holds exactly one job id.
 
-So an accepted submit costs one KV write. Buckets written by earlier versions also hold
-``job.<job_id>`` and ``key.<sha256(key)>`` records; they are still read when the new lookup
-finds nothing, so old dependencies keep resolving. The bucket serves reads with direct gets
-(``allow_direct``), which skip the JetStream API's JSON envelope, and reads and writes go through
-``mdq.bus.requests.Requests`` (intake's hot path).
+Buckets written by earlier versions also hold ``job.<job_id>`` and ``key.<sha256(key)>``
+records, written after the events; they are still read when the new lookup finds nothing. The
+bucket serves reads with direct gets (``allow_direct``), which skip the JetStream API's JSON
+envelope, and the hot path goes through ``mdq.bus.requests.Requests``.
 
 Refused submits are not remembered (see ``services.intake.handlers``).
 """
@@ -25,18 +34,27 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
-from nats.js.errors import BucketNotFoundError
+from nats.js.errors import APIError, BucketNotFoundError
 
-from mdq.bus.requests import Requests
+from mdq.bus.requests import KvEntry, Requests
+from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.ids import REQUEST_ID_HEX, request_id_for_key
 
 JOB_ID_PATTERN = re.compile(rf"[0-9a-f]{{{REQUEST_ID_HEX}}}-[a-z][a-z0-9-]{{0,39}}")  # fullmatch
+WRONG_LAST_SEQUENCE = 10071
+"""JetStream's error code when an expected last subject sequence does not hold."""
+NO_MESSAGE_FOUND = 10037
+RETENTION_MARGIN = timedelta(days=1)
+"""A claim this close to the jobs stream's retention may have outlived its events."""
 
 
 def key_digest(idempotency_key: str) -> str:
@@ -44,20 +62,39 @@ def key_digest(idempotency_key: str) -> str:
     return hashlib.sha256(idempotency_key.encode()).hexdigest()
 
 
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """The record of an accepted submit and when it was written (the server's clock)."""
+
+    reply: pb.SubmitReply
+    written_at: datetime
+
+
 class SubmitRegistry:
     """Idempotency records of accepted submits, kept in one KV bucket."""
 
     def __init__(
-        self, *, requests: Requests, bucket: str, max_concurrent_lookups: int = 64
+        self,
+        *,
+        requests: Requests,
+        subjects: Subjects,
+        events_retention: timedelta | None,
+        max_concurrent_lookups: int = 64,
     ) -> None:
         self._requests = requests
-        self._bucket = bucket
+        self._subjects = subjects
+        self._bucket = subjects.intake_bucket
+        self._events_retention = events_retention
         self._lookups = asyncio.Semaphore(max_concurrent_lookups)
 
     @classmethod
-    async def open(cls, *, js: JetStreamContext, requests: Requests, bucket: str) -> SubmitRegistry:
+    async def open(
+        cls, *, js: JetStreamContext, requests: Requests, subjects: Subjects
+    ) -> SubmitRegistry:
         """Open the bucket, creating it (file storage, latest value only, direct gets) if it is
-        missing, and turning on direct gets for a bucket created without them."""
+        missing, and turning on direct gets for a bucket created without them. The jobs stream
+        must exist: its retention bounds how long a claim's events can be expected in it."""
+        bucket = subjects.intake_bucket
         try:
             await js.key_value(bucket)
         except BucketNotFoundError:
@@ -71,7 +108,10 @@ class SubmitRegistry:
             if not info.config.allow_direct:
                 info.config.allow_direct = True
                 await js.update_stream(info.config)
-        return cls(requests=requests, bucket=bucket)
+        jobs = await js.stream_info(subjects.jobs_stream)
+        max_age = jobs.config.max_age or 0.0
+        retention = timedelta(seconds=max_age) if max_age > 0 else None
+        return cls(requests=requests, subjects=subjects, events_retention=retention)
 
     async def _get(self, key: str) -> bytes | None:
         return await self._requests.kv_get(self._bucket, key)
@@ -79,23 +119,74 @@ class SubmitRegistry:
     async def reply_for(self, request_id: str) -> pb.SubmitReply | None:
         """The reply given to an earlier accepted submit with this request id, if any."""
         data = await self._get(f"req.{request_id}")
-        if data is None:
+        return None if data is None else _reply(data)
+
+    async def claim(self, *, request_id: str, reply: pb.SubmitReply) -> bool:
+        """Record a submit about to be accepted, unless its request id is known: True if this
+        call wrote the record (publish its events next), False if one exists."""
+        try:
+            await self._requests.kv_create(
+                self._bucket, f"req.{request_id}", reply.SerializeToString(deterministic=True)
+            )
+        except APIError as error:
+            if error.err_code == WRONG_LAST_SEQUENCE:
+                return False
+            raise
+        return True
+
+    async def existing(self, request_id: str) -> Claim | None:
+        """The record of ``request_id`` with its time; None if there is none (or it was
+        deleted)."""
+        entry: KvEntry | None = await self._requests.kv_entry(self._bucket, f"req.{request_id}")
+        if entry is None:
             return None
-        reply = pb.SubmitReply()
-        reply.ParseFromString(data)
-        return reply
+        return Claim(reply=_reply(entry.value), written_at=entry.written_at)
+
+    async def overwrite(self, *, request_id: str, reply: pb.SubmitReply) -> None:
+        """Record a submit whatever the key holds (a record deleted by hand leaves a marker
+        that a create would trip over)."""
+        await self._requests.kv_put(
+            self._bucket, f"req.{request_id}", reply.SerializeToString(deterministic=True)
+        )
+
+    async def needs_events(self, claim: Claim, last_job_id: str) -> bool:
+        """Whether a claimed submit's events must be published (again): the last of them is
+        not in the log, and the claim is young enough that it should be (older claims may
+        have outlived their events, and publishing them would run the jobs once more)."""
+        if await self.has_submitted(last_job_id):
+            return False
+        if self._events_retention is None:
+            return True
+        return datetime.now(UTC) - claim.written_at < self._events_retention - RETENTION_MARGIN
+
+    async def has_submitted(self, job_id: str) -> bool:
+        """Whether the jobs stream holds the ``submitted`` event of ``job_id``."""
+        request = json.dumps({"last_by_subj": self._subjects.job(job_id, "submitted")})
+        reply = await self._requests.request(
+            f"$JS.API.STREAM.MSG.GET.{self._subjects.jobs_stream}", request.encode()
+        )
+        answer = json.loads(reply.data)
+        error = answer.get("error")
+        if error is None:
+            return True
+        if error.get("err_code") == NO_MESSAGE_FOUND:
+            return False
+        raise APIError.from_error(error)
 
     async def resolve(self, ref: str) -> str | None:
-        """A dependency given as a job id or as the key of a single-job submit -> its job id."""
+        """A dependency given as a job id or as the key of a single-job submit -> its job id,
+        once that job is in the log."""
         if JOB_ID_PATTERN.fullmatch(ref):
             reply = await self.reply_for(ref[:REQUEST_ID_HEX])
             if reply is not None and ref in reply.job_ids:
-                return ref
+                return ref if await self.has_submitted(ref) else None
             if reply is None and await self._get(f"job.{ref}") is not None:  # legacy record
                 return ref
         reply = await self.reply_for(request_id_for_key(ref))
         if reply is not None:
-            return reply.job_ids[0] if len(reply.job_ids) == 1 else None
+            if len(reply.job_ids) == 1 and await self.has_submitted(reply.job_ids[0]):
+                return reply.job_ids[0]
+            return None
         found = await self._get(f"key.{key_digest(ref)}")  # legacy record
         return found.decode() if found is not None else None
 
@@ -112,8 +203,8 @@ class SubmitRegistry:
         resolved = await asyncio.gather(*(bounded(ref) for ref in unique))
         return {ref: job for ref, job in zip(unique, resolved, strict=True) if job is not None}
 
-    async def remember(self, *, request_id: str, reply: pb.SubmitReply) -> None:
-        """Record an accepted submit (the commit marker: call it after publishing its events)."""
-        await self._requests.kv_put(
-            self._bucket, f"req.{request_id}", reply.SerializeToString(deterministic=True)
-        )
+
+def _reply(data: bytes) -> pb.SubmitReply:
+    reply = pb.SubmitReply()
+    reply.ParseFromString(data)
+    return reply

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,7 @@ from nats.js.errors import APIError
 
 from mdq.bus.connect import connect
 from mdq.bus.publisher import EventPublisher
+from mdq.bus.requests import Requests
 from mdq.bus.streams import MAX_SUBMIT_BYTES
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
@@ -35,7 +37,7 @@ from mdq.core.spec import normalize_job
 from mdq.embedded import child_environment, free_port, nats_server_binary
 from mdq.settings import CommonSettings
 from services.intake.app import Intake, IntakeSettings, build_intake
-from services.intake.registry import key_digest
+from services.intake.registry import RETENTION_MARGIN, SubmitRegistry, key_digest
 
 TIMEOUT = 5.0
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -593,6 +595,89 @@ async def test_resubmit_after_a_crash_between_publish_and_record(
     assert list(reply.job_ids) == [f"{request_id}-a"] and again == reply
     events = await job_log(nc.jetstream(), subjects)
     assert [event.event_id for _, event in events] == [f"submitted:{request_id}-a:0"]
+
+
+async def test_resubmit_after_a_crash_between_claim_and_publish(
+    intake: Intake, nc: Client, subjects: Subjects, tap: Tap
+) -> None:
+    """An intake that died after claiming a submit but before publishing its events left a
+    record and no events: a dependency on it is unknown, and the retry publishes the events."""
+    request_id = request_id_for_key("half-done")
+    job_ids = [f"{request_id}-a", f"{request_id}-b"]
+    kv = await nc.jetstream().key_value(subjects.intake_bucket)
+    claimed = pb.SubmitReply(request_id=request_id, job_ids=job_ids)
+    await kv.create(f"req.{request_id}", claimed.SerializeToString(deterministic=True))
+
+    waiting = await ask(
+        nc,
+        subjects,
+        {"idempotency_key": "on-half", "jobs": [{"name": "md", "depends_on": [job_ids[0]]}]},
+    )
+    submit: dict[str, object] = {
+        "idempotency_key": "half-done",
+        "jobs": [{"name": "a"}, {"name": "b", "depends_on": ["a"]}],
+    }
+    reply = await ask(nc, subjects, submit)
+    again = await ask(nc, subjects, submit)
+    await eventually(lambda: tap.at_least(3), "the completed submit's events")
+    await asyncio.sleep(0.2)  # a second publish by the repeat would have arrived by now
+
+    assert waiting.error.field == "jobs[0].depends_on[0]"
+    assert reply == claimed and again == claimed
+    events = await job_log(nc.jetstream(), subjects)
+    submitted = [event.job_id for _, event in events if event.WhichOneof("body") == "submitted"]
+    assert submitted == job_ids
+    assert len(tap.subjects) == 3  # the rejection, then a and b once
+
+
+async def test_a_refused_resubmit_of_an_accepted_key_gets_the_first_reply(
+    intake: Intake, nc: Client, subjects: Subjects, tap: Tap
+) -> None:
+    """The key wins over the content even when the content is now invalid: nothing is
+    rejected, nothing new is published."""
+    first = await ask(nc, subjects, {"idempotency_key": "kept", "jobs": [{"name": "a"}]})
+    await eventually(lambda: tap.at_least(1), "the first submit's event")
+    bad = await ask(nc, subjects, {"idempotency_key": "kept", "jobs": [{"name": "a", "steps": -5}]})
+    await asyncio.sleep(0.2)
+
+    assert not first.HasField("error") and bad == first
+    assert len(tap.subjects) == 1
+
+
+async def test_old_claims_are_not_completed_once_their_events_may_have_expired(
+    nats_url: str, namespace: str, nc: Client, subjects: Subjects
+) -> None:
+    """A claim older than the jobs stream's retention (less a margin) with no events in the
+    log is taken as expired history, not as a submit to finish: its jobs must not run again."""
+    service = await started(settings_for(nats_url, namespace))
+    await service.stop()
+    js = nc.jetstream()
+    requests = await Requests(nc).start()
+    try:
+        registry = SubmitRegistry(
+            requests=requests,
+            subjects=subjects,
+            events_retention=RETENTION_MARGIN + timedelta(seconds=1),
+        )
+        reply = pb.SubmitReply(request_id="0123456789ab", job_ids=["0123456789ab-a"])
+        assert await registry.claim(request_id="0123456789ab", reply=reply)
+        assert not await registry.claim(request_id="0123456789ab", reply=reply)
+        claim = await registry.existing("0123456789ab")
+        assert claim is not None and claim.reply == reply
+        assert await registry.needs_events(claim, "0123456789ab-a")
+        await asyncio.sleep(1.1)
+        assert not await registry.needs_events(claim, "0123456789ab-a")
+        publisher = EventPublisher(js=js, subjects=subjects, producer="test")
+        await publisher.emit(
+            "submitted",
+            pb.JobSubmitted(spec=normalize_job(pb.JobSpec(name="a"), "jobs[0]")),
+            job_id="0123456789ab-a",
+            attempt=0,
+        )
+        assert await registry.has_submitted("0123456789ab-a")
+        assert not await registry.has_submitted("0123456789ab-b")
+    finally:
+        await requests.close()
 
 
 async def test_runs_as_a_process(

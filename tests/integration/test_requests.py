@@ -4,11 +4,12 @@ nats-py's ``JetStreamContext.publish`` and ``KeyValue``, over one reply subscrip
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 
 import nats.errors
 import pytest
 from nats.aio.client import Client
-from nats.js.api import KeyValueConfig
+from nats.js.api import KeyValueConfig, PubAck
 from nats.js.errors import APIError, NoStreamResponseError
 
 from mdq.bus.requests import Requests
@@ -79,3 +80,64 @@ async def test_a_request_nobody_answers_times_out(
 async def test_a_request_to_nobody_has_no_responders(requests: Requests, namespace: str) -> None:
     with pytest.raises(nats.errors.NoRespondersError):
         await requests.request(f"{namespace}.nobody", b"hello")
+
+
+async def test_key_value_create_only_once_and_entry_time(
+    requests: Requests, nc: Client, namespace: str
+) -> None:
+    bucket = f"{namespace}_create"
+    kv = await nc.jetstream().create_key_value(
+        config=KeyValueConfig(bucket=bucket, history=1, direct=True)
+    )
+    before = datetime.now(UTC) - timedelta(seconds=5)  # the server's clock is the host's here
+    await requests.kv_create(bucket, "req.a", b"first")
+    with pytest.raises(APIError) as refused:
+        await requests.kv_create(bucket, "req.a", b"second")
+    await kv.put("req.b", b"x")
+    await kv.delete("req.b")
+    with pytest.raises(APIError):  # a delete marker is a write too
+        await requests.kv_create(bucket, "req.b", b"again")
+    entry = await requests.kv_entry(bucket, "req.a")
+
+    assert refused.value.err_code == 10071
+    assert entry is not None and entry.value == b"first"
+    assert before < entry.written_at < datetime.now(UTC) + timedelta(seconds=5)
+    assert await requests.kv_entry(bucket, "req.b") is None
+    assert await requests.kv_entry(bucket, "req.never") is None
+
+
+async def test_publish_many_gives_each_message_its_ack_or_error(
+    requests: Requests, nc: Client, subjects: Subjects, namespace: str
+) -> None:
+    fenced = subjects.job("0123456789ab-b", "bound")
+    await requests.publish(fenced, b"taken")
+    expect_none = {"Nats-Expected-Last-Subject-Sequence": "0"}
+    results = await requests.publish_many(
+        [
+            (subjects.job("0123456789ab-a", "bound"), b"a", {"Nats-Msg-Id": "a"}),
+            (fenced, b"b", expect_none),  # someone wrote there first: refused
+            (subjects.job("0123456789ab-a", "bound"), b"a", {"Nats-Msg-Id": "a"}),  # duplicate
+            (f"{namespace}.nowhere", b"c", None),  # no stream
+            (subjects.job("0123456789ab-c", "bound"), b"c", expect_none),
+        ]
+    )
+
+    first, refused, duplicate, nowhere, last = results
+    assert isinstance(first, PubAck) and not first.duplicate
+    assert isinstance(refused, APIError) and refused.err_code == 10071
+    assert isinstance(duplicate, PubAck) and duplicate.duplicate and duplicate.seq == first.seq
+    assert isinstance(nowhere, NoStreamResponseError)
+    assert isinstance(last, PubAck) and last.seq > first.seq
+    stored = await nc.jetstream().get_msg(subjects.jobs_stream, last.seq)
+    assert stored.data == b"c"
+
+
+async def test_publish_many_times_out_as_a_whole(
+    requests: Requests, nc: Client, namespace: str
+) -> None:
+    sink = await nc.subscribe(f"{namespace}.silent")  # a "stream" that never acks
+    results = await requests.publish_many(
+        [(f"{namespace}.silent", b"x", None), (f"{namespace}.silent", b"y", None)], timeout_s=0.2
+    )
+    await sink.unsubscribe()
+    assert all(isinstance(result, nats.errors.TimeoutError) for result in results)
