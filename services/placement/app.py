@@ -35,12 +35,13 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from nats.js import JetStreamContext
-from nats.js.api import DeliverPolicy
+from nats.js.api import DeliverPolicy, PubAck
 from nats.js.errors import APIError
 
 from mdq.backends.port import ClusterBackend, PodExists, PodSpec
 from mdq.bus.log import follow_log
 from mdq.bus.publisher import EventPublisher
+from mdq.bus.requests import EXPECTED_LAST_SUBJECT_SEQUENCE
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core import ids
@@ -168,7 +169,6 @@ class Placement:
         self._dirty = asyncio.Event()
         self._jobs_ready = asyncio.Event()
         self._nodes_ready = asyncio.Event()
-        self._slots = asyncio.Semaphore(settings.bind_concurrency)
         self.leader = self._lease is None
         self.bound_total = 0
         self.preempted_total = 0
@@ -442,44 +442,75 @@ class Placement:
             body.resume_from.CopyFrom(view.resume_from)
         return event
 
-    async def _publish_fenced(self, event: pb.Event) -> bool:
-        """Publish ``bound`` unless someone bound the job since we last looked; True if ours."""
-        expected = str(self._last_bound_seq.get(event.job_id, 0))
-        try:
-            ack = await self._publisher.publish(
-                event, headers={"Nats-Expected-Last-Subject-Sequence": expected}
-            )
-        except APIError as error:
-            if error.err_code in WRONG_LAST_SEQUENCE:
-                log.info("%s was bound by another replica; not binding it", event.job_id)
-                self.fenced_total += 1
-                return False
-            raise
-        if ack.duplicate:
+    def _fence(self, job_id: str) -> dict[str, str]:
+        """The header that makes JetStream refuse a ``bound`` if anyone bound the job since
+        this replica last looked."""
+        return {EXPECTED_LAST_SUBJECT_SEQUENCE: str(self._last_bound_seq.get(job_id, 0))}
+
+    def _accepted(self, event: pb.Event, result: PubAck | Exception) -> bool:
+        """Whether a fenced ``bound`` was stored as ours; raises the error of a publish that
+        failed for another reason than the fence."""
+        if isinstance(result, APIError) and result.err_code in WRONG_LAST_SEQUENCE:
+            log.info("%s was bound by another replica; not binding it", event.job_id)
             self.fenced_total += 1
             return False
-        self._last_bound_seq[event.job_id] = ack.seq
-        if ack.seq > self.book.last_sequence:  # its echo is still to come
-            self._own_echoes.add(ack.seq)
+        if isinstance(result, Exception):
+            raise result
+        if result.duplicate:
+            self.fenced_total += 1
+            return False
+        self._last_bound_seq[event.job_id] = result.seq
+        if result.seq > self.book.last_sequence:  # its echo is still to come
+            self._own_echoes.add(result.seq)
         return True
 
-    async def _bind(self, decision: Decision) -> None:
-        view = self.book.jobs[decision.job_id]
-        if view.state is not JobState.PENDING:
-            return
-        event = self.bound_event(view, decision)
-        async with self._slots:
-            self._binding.add(view.job_id)
+    async def _bind_all(self, decisions: list[Decision]) -> None:
+        """Publish the decisions' ``bound`` events, fenced, ``bind_concurrency`` at a time,
+        then create their pods. A publish that failed for another reason than the fence is
+        raised once the others are applied."""
+        size = self._settings.bind_concurrency
+        failure: Exception | None = None
+        for start in range(0, len(decisions), size):
             try:
-                if not await self._publish_fenced(event):
-                    return
+                await self._bind_batch(decisions[start : start + size])
+            except Exception as error:  # the other batches still go
+                failure = failure or error
+        if failure is not None:
+            raise failure
+
+    async def _bind_batch(self, decisions: list[Decision]) -> None:
+        batch: list[tuple[JobView, pb.Event]] = []
+        for decision in decisions:
+            view = self.book.jobs[decision.job_id]
+            if view.state is JobState.PENDING:
+                batch.append((view, self.bound_event(view, decision)))
+        if not batch:
+            return
+        job_ids = [view.job_id for view, _ in batch]
+        self._binding.update(job_ids)
+        bound: list[JobView] = []
+        failure: Exception | None = None
+        try:
+            results = await self._publisher.publish_each(
+                [(event, self._fence(event.job_id)) for _, event in batch]
+            )
+            for (view, event), result in zip(batch, results, strict=True):
+                try:
+                    if not self._accepted(event, result):
+                        continue
+                except Exception as error:
+                    failure = failure or error
+                    continue
                 if view.apply(event):
                     self._index(view)
                 self._note_binding(view, event_time(event))
-            finally:
-                self._binding.discard(view.job_id)
-            await self._ensure_pod(view)
-        self.bound_total += 1
+                bound.append(view)
+        finally:
+            self._binding.difference_update(job_ids)
+        await asyncio.gather(*(self._ensure_pod(view) for view in bound))
+        self.bound_total += len(bound)
+        if failure is not None:
+            raise failure
 
     def _running_work(self) -> list[RunningJob]:
         work: list[RunningJob] = []
@@ -544,7 +575,7 @@ class Placement:
         if not queue:
             return 0
         decisions = plan(nodes, queue, now, self._config, ordered=True)
-        await asyncio.gather(*(self._bind(decision) for decision in decisions))
+        await self._bind_all(decisions)
         if self._settings.preemption and len(decisions) < len(queue):
             placed = {decision.job_id for decision in decisions}
             unplaced = [job for job in queue if job.job_id not in placed]
