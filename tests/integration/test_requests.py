@@ -3,12 +3,14 @@ nats-py's ``JetStreamContext.publish`` and ``KeyValue``, over one reply subscrip
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import nats.errors
 import pytest
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.js.api import KeyValueConfig, PubAck
 from nats.js.errors import APIError, NoStreamResponseError
 
@@ -141,3 +143,35 @@ async def test_publish_many_times_out_as_a_whole(
     )
     await sink.unsubscribe()
     assert all(isinstance(result, nats.errors.TimeoutError) for result in results)
+
+
+async def test_requests_with_the_default_timeout_share_one_timer(
+    nc: Client, namespace: str
+) -> None:
+    """Many requests nobody answers all time out (shortly after their deadline, not before),
+    and an answered request sent among them is not disturbed."""
+    client = await Requests(nc, timeout_s=0.3).start()
+    sink = await nc.subscribe(f"{namespace}.silent")  # listens, never answers
+
+    async def echo(message: Msg) -> None:
+        await message.respond(message.data)
+
+    responder = await nc.subscribe(f"{namespace}.echo", cb=echo)
+    try:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        silent = [client.request(f"{namespace}.silent", b"x") for _ in range(50)]
+        results = await asyncio.gather(
+            *silent, client.request(f"{namespace}.echo", b"hi"), return_exceptions=True
+        )
+        elapsed = loop.time() - started
+        later = await client.request(f"{namespace}.echo", b"again")
+    finally:
+        await sink.unsubscribe()
+        await responder.unsubscribe()
+        await client.close()
+
+    assert all(isinstance(result, nats.errors.TimeoutError) for result in results[:-1])
+    assert isinstance(results[-1], Msg) and results[-1].data == b"hi"
+    assert 0.3 <= elapsed < 1.5
+    assert later.data == b"again"
