@@ -8,6 +8,7 @@ from google.protobuf.message import Message
 
 from mdq.contracts import pb
 from mdq.core.ids import event_id
+from mdq.core.timestamps import set_timestamp
 
 
 def make_event(
@@ -27,7 +28,7 @@ def make_event(
         attempt=attempt,
         producer=producer,
     )
-    event.time.FromDatetime(at)
+    set_timestamp(event.time, at)
     getattr(event, kind).CopyFrom(body)
     return event
 

@@ -13,6 +13,7 @@ from enum import StrEnum
 
 from mdq.contracts import pb
 from mdq.core.spec import PRIORITY_CLASSES
+from mdq.core.timestamps import to_datetime
 
 
 class JobState(StrEnum):
@@ -38,7 +39,7 @@ ATTEMPT_EVENTS = frozenset(
 
 def event_time(event: pb.Event) -> datetime:
     """The envelope's time as an aware datetime."""
-    return event.time.ToDatetime(tzinfo=UTC)
+    return to_datetime(event.time)
 
 
 @dataclass(slots=True)
