@@ -97,14 +97,17 @@ def submitted_event(
     request: pb.SubmitRequest,
     request_id: str,
 ) -> pb.Event:
-    body = pb.JobSubmitted(
-        spec=job.spec,
-        request_id=request_id,
-        idempotency_key=request.idempotency_key,
-        depends_on_ids=job.depends_on_ids,
-        submitted_by=request.submitted_by,
+    # Filled in place in the envelope: building the body apart copies the spec twice.
+    event = publisher.event(
+        "submitted", pb.JobSubmitted(), job_id=job_id(request_id, job.name), attempt=0
     )
-    return publisher.event("submitted", body, job_id=job_id(request_id, job.name), attempt=0)
+    body = event.submitted
+    body.spec.CopyFrom(job.spec)
+    body.request_id = request_id
+    body.idempotency_key = request.idempotency_key
+    body.depends_on_ids.extend(job.depends_on_ids)
+    body.submitted_by = request.submitted_by
+    return event
 
 
 def rejected_event(
