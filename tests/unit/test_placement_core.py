@@ -372,3 +372,53 @@ def test_two_preemptors_never_count_the_same_freed_room() -> None:
     preemptions = plan_preemptions(nodes, queue, running, NOW, CONFIG)
     victims = [v for p in preemptions for v in p.victims]
     assert sorted(victims) == ["low1", "low2"] and len(set(victims)) == 2
+
+
+def _fresh_scores(nodes: list[NodeState], the_job: QueuedJob) -> dict[str, tuple[float, str]]:
+    """Every node's score for ``the_job`` as ``plan`` computes it: node-wide filters were
+    checked once when the plan began (none applies here), the avoid-list is honoured unless
+    nothing else fits."""
+    config = replace(CONFIG, hard_load_threshold=float("inf"))
+    honour = not the_job.avoid_nodes or any(
+        not score_node(n, the_job, NOW, config).filtered for n in nodes
+    )
+    return {
+        n.name: (s.score, s.filtered)
+        for n in nodes
+        for s in [score_node(n, the_job, NOW, config, honour_avoid=honour)]
+    }
+
+
+RESCORING_CASES = {
+    "a campaign of identical replicas": [job(f"r{i}") for i in range(40)],
+    "two shapes interleaved": [
+        job(f"s{i}", cpu=1 + i % 2, memory_mb=1024 * (1 + i % 2)) for i in range(40)
+    ],
+    "avoid-lists among replicas": [
+        job(f"a{i}", avoid_nodes=frozenset({f"n{i % 4}"}) if i % 3 == 0 else frozenset())
+        for i in range(40)
+    ],
+    "until the cluster is full": [job(f"f{i}", cpu=3, memory_mb=2048) for i in range(20)],
+}
+
+
+@pytest.mark.parametrize("queue", RESCORING_CASES.values(), ids=RESCORING_CASES.keys())
+def test_each_decision_scores_as_a_fresh_full_scan_would(queue: list[QueuedJob]) -> None:
+    """plan reuses the scan of an earlier job of the same shape and rescores only the nodes
+    bound since: every decision's scores must equal scoring every node afresh at that point."""
+    nodes = [node(f"n{i}", cpu_load=0.05 * i, memory_load=0.03 * i) for i in range(6)]
+    mirror = [replace(n) for n in nodes]
+    decisions = {d.job_id: d for d in plan(nodes, queue, NOW, CONFIG, ordered=True)}
+
+    assert decisions
+    for the_job in queue:
+        decision = decisions.get(the_job.job_id)
+        if decision is None:
+            continue
+        expected = _fresh_scores(mirror, the_job)
+        assert {s.node: (s.score, s.filtered) for s in decision.scores} == expected
+        chosen = next(n for n in mirror if n.name == decision.node)
+        chosen.reserved_cpu += the_job.cpu
+        chosen.reserved_memory_mb += the_job.memory_mb
+        chosen.inflight_cpu += the_job.cpu
+        chosen.inflight_memory_mb += the_job.memory_mb

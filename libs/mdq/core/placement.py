@@ -33,6 +33,8 @@ Rules (docs/placement.md has the whole story):
   scores the ``sample_size`` best-ranked nodes that fit it (looking at no more than
   ``max_examined``) and falls back to a full scan only when none of those fits. A job whose
   requests dominate those of a job that already fit nowhere in this plan is skipped at once.
+  A full scan for a job shaped (CPU, memory) like an earlier one in the same plan rescores only
+  the nodes whose room changed since, so a campaign of replicas costs one node per decision.
   Each decision reports how many nodes were filtered, per reason, and how many not examined.
 """
 
@@ -317,8 +319,14 @@ class _Planner:
             else:
                 self.eligible.append(node)
         self.by_name = {node.name: node for node in self.eligible}
+        self.position = {node.name: index for index, node in enumerate(self.eligible)}
         self.small = len(self.eligible) <= config.full_scan_nodes
         self.version = {node.name: 0 for node in self.eligible}
+        self.touched: list[str] = []
+        """Nodes whose room changed in this plan, in order (a cached scan redoes these)."""
+        self.scans: dict[tuple[float, int], tuple[int, list[NodeScore]]] = {}
+        """The last full scan of each job shape (cpu, memory) without an avoid-list to honour:
+        ``len(touched)`` when it was made, and its scores in ``eligible`` order."""
         self.heap: list[tuple[float, int, int, str]] = []
         if not self.small:
             self.heap = [
@@ -360,6 +368,7 @@ class _Planner:
         self._touch(node)
 
     def _touch(self, node: NodeState) -> None:
+        self.touched.append(node.name)
         if self.small:
             return
         version = self.version[node.name] + 1
@@ -368,15 +377,28 @@ class _Planner:
             self.heap, (-_rank(node, self.config), self.order[node.name], version, node.name)
         )
 
+    def _score(self, node: NodeState, job: QueuedJob, honour_avoid: bool) -> NodeScore:
+        reason = job_filter(node, job, honour_avoid=honour_avoid)
+        return _filtered(node, reason) if reason else _score_fitting(node, job, self.config)
+
     def full_scan(self, job: QueuedJob, honour_avoid: bool) -> list[NodeScore]:
-        return [
-            (
-                _filtered(node, reason)
-                if (reason := job_filter(node, job, honour_avoid=honour_avoid))
-                else _score_fitting(node, job, self.config)
-            )
-            for node in self.eligible
-        ]
+        """Every eligible node's score for ``job``. A job's scores depend only on its shape
+        and the nodes' state, and a binding changes one node: a job shaped like an earlier one
+        (a campaign of replicas, say) rescores only the nodes touched since."""
+        if honour_avoid and job.avoid_nodes:
+            return [self._score(node, job, True) for node in self.eligible]
+        shape = (job.cpu, job.memory_mb)
+        cached = self.scans.get(shape)
+        changed = len(self.touched) - cached[0] if cached is not None else 0
+        if cached is None or changed >= len(self.eligible):
+            scores = [self._score(node, job, False) for node in self.eligible]
+        else:
+            scores = list(cached[1])
+            for name in set(self.touched[cached[0] :]):
+                index = self.position[name]
+                scores[index] = self._score(self.eligible[index], job, False)
+        self.scans[shape] = (len(self.touched), scores)
+        return scores
 
     def sampled(self, job: QueuedJob) -> tuple[list[NodeScore], int]:
         """Score the best-ranked fitting nodes; returns the scores and the nodes examined."""
