@@ -145,6 +145,8 @@ class Placement:
             )
         )
         self._by_state: dict[JobState, set[str]] = {state: set() for state in JobState}
+        self._indexed_state: dict[str, JobState] = {}
+        """job -> the state it is filed under in ``_by_state``."""
         self._holding: dict[str, tuple[str, float, int]] = {}
         """job -> (node, cpu, memory) of every BOUND or RUNNING job."""
         self._reserved: dict[str, list[float]] = {}
@@ -177,11 +179,12 @@ class Placement:
 
     # -- folding the log -------------------------------------------------------------------
     def _index(self, view: JobView) -> None:
-        for state, members in self._by_state.items():
-            if state is view.state:
-                members.add(view.job_id)
-            else:
-                members.discard(view.job_id)
+        filed = self._indexed_state.get(view.job_id)
+        if filed is not view.state:
+            if filed is not None:
+                self._by_state[filed].discard(view.job_id)
+            self._by_state[view.state].add(view.job_id)
+            self._indexed_state[view.job_id] = view.state
         before = self._holding.get(view.job_id)
         now_holding = (
             (view.node, view.resources.cpu, int(view.resources.memory_mb))
