@@ -12,9 +12,10 @@ from nats.aio.client import Client
 from mdq.bus.connect import connect
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
+from mdq.core.placement import NodeScore
 from mdq.core.runner_task import RunnerTask
 from mdq.embedded import start_nats
-from services.placement.app import Placement
+from services.placement.app import Placement, candidate_entry
 from services.placement.settings import PlacementSettings
 from tests.helpers import (
     RecordingBackend,
@@ -238,3 +239,27 @@ async def test_placement_keeps_binding_after_a_nats_server_restart(
     finally:
         await client.close()
         server.stop()
+
+
+def test_encoded_candidate_entries_concatenate_into_the_explanation() -> None:
+    """bound events take their candidates from per-score encoded entries: the result is the
+    message built field by field, byte for byte."""
+    scores = [
+        NodeScore("n1", 55.5, "", 0.1, 0.2),
+        NodeScore("n2", 0.0, "insufficient cpu", 0.3, 0.4),
+        NodeScore("n-3", -4.25, "", 0.0, 1.0),
+    ]
+    built = pb.JobBound(node="n1", nodes_total=3)
+    for score in scores:
+        built.candidates.add(
+            node=score.node,
+            score=score.score,
+            filtered=score.filtered,
+            cpu_load=score.cpu_load,
+            memory_load=score.memory_load,
+        )
+    merged = pb.JobBound(node="n1", nodes_total=3)
+    merged.MergeFromString(b"".join(candidate_entry(score) for score in scores))
+    assert merged.SerializeToString(deterministic=True) == built.SerializeToString(
+        deterministic=True
+    )

@@ -13,7 +13,7 @@ from enum import StrEnum
 
 from mdq.contracts import pb
 from mdq.core.spec import PRIORITY_CLASSES
-from mdq.core.timestamps import to_datetime
+from mdq.core.timestamps import EPOCH, to_datetime
 
 
 class JobState(StrEnum):
@@ -29,12 +29,16 @@ class JobState(StrEnum):
 
     @property
     def terminal(self) -> bool:
-        return self in (JobState.SUCCEEDED, JobState.FAILED)
+        return self in TERMINAL_STATES
 
+
+TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED})
 
 ATTEMPT_EVENTS = frozenset(
     {"bound", "started", "succeeded", "attempt_failed", "progress", "checkpoint", "pod"}
 )
+TIMED_EVENTS = frozenset({"started", "progress", "succeeded", "attempt_failed", "failed"})
+"""Events whose time ``JobView.apply`` records."""
 
 
 def event_time(event: pb.Event) -> datetime:
@@ -123,7 +127,7 @@ class JobView:
             return False
         if kind in ATTEMPT_EVENTS and event.attempt != self.attempt:
             return False
-        at = event_time(event)
+        at = event_time(event) if kind in TIMED_EVENTS else EPOCH  # only these read it
         match kind:
             case "released":
                 if self.state is not JobState.WAITING:

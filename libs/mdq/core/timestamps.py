@@ -25,4 +25,4 @@ def set_timestamp(timestamp: Timestamp, at: datetime) -> None:
 
 def to_datetime(timestamp: Timestamp) -> datetime:
     """``timestamp`` as an aware UTC datetime (nanoseconds truncated to microseconds)."""
-    return EPOCH + timedelta(seconds=timestamp.seconds, microseconds=timestamp.nanos // 1000)
+    return EPOCH + timedelta(0, timestamp.seconds, timestamp.nanos // 1000)  # days, s, us
