@@ -65,8 +65,11 @@ def serialize_reply(reply: pb.SubmitReply, *, as_json: bool) -> bytes:
 
 def external_refs(request: pb.SubmitRequest) -> list[str]:
     """Dependencies that are not names of jobs in this submit (job ids or keys)."""
+    refs = [ref for job in request.jobs for ref in job.depends_on]
+    if not refs:  # most submits
+        return refs
     names = {job.name for job in request.jobs}
-    return [ref for job in request.jobs for ref in job.depends_on if ref not in names]
+    return [ref for ref in refs if ref not in names]
 
 
 def check_job_ids(request: pb.SubmitRequest, *, request_id: str) -> None:
