@@ -62,13 +62,17 @@ class EventPublisher:
 
     async def publish(self, event: pb.Event, *, headers: dict[str, str] | None = None) -> PubAck:
         """Publish one event and wait for the stream's acknowledgement (``headers`` are added,
-        e.g. an expected last sequence)."""
+        e.g. an expected last sequence). The caller bounds its own concurrency (intake's
+        request slots, say); the fan-outs below are bounded here."""
+        return await self._js.publish(
+            self._subjects.for_event(event),
+            encode(event),
+            headers={"Nats-Msg-Id": event.event_id} | (headers or {}),
+        )
+
+    async def _bounded(self, event: pb.Event, headers: dict[str, str] | None = None) -> PubAck:
         async with self._slots:
-            return await self._js.publish(
-                self._subjects.for_event(event),
-                encode(event),
-                headers={"Nats-Msg-Id": event.event_id} | (headers or {}),
-            )
+            return await self.publish(event, headers=headers)
 
     async def publish_each(
         self, events: Sequence[tuple[pb.Event, dict[str, str] | None]]
@@ -88,7 +92,7 @@ class EventPublisher:
                 ]
             )
         results = await asyncio.gather(
-            *(self.publish(event, headers=headers) for event, headers in events),
+            *(self._bounded(event, headers) for event, headers in events),
             return_exceptions=True,
         )
         out: list[PubAck | Exception] = []
@@ -100,7 +104,7 @@ class EventPublisher:
 
     async def publish_all(self, events: Iterable[pb.Event]) -> list[PubAck]:
         """Publish many events concurrently (bounded), in no particular order."""
-        return list(await asyncio.gather(*(self.publish(event) for event in events)))
+        return list(await asyncio.gather(*(self._bounded(event) for event in events)))
 
     async def emit(
         self,
