@@ -60,6 +60,9 @@ from services.intake.registry import SubmitRegistry
 
 log = logging.getLogger(__name__)
 
+JSON_REPLY_HEADERS = {"content-type": JSON_CONTENT_TYPE}
+PROTOBUF_REPLY_HEADERS = {"content-type": PROTOBUF_CONTENT_TYPE}
+
 
 # Errors that say NATS is (briefly) unreachable or overloaded: the submit is tried again later.
 # Anything else is a bug or a permanent problem, and the submit is refused instead.
@@ -186,8 +189,8 @@ class Intake:
             log.exception("a request-reply submit could not be handled")
             reply = self.handler.internal_error(error)
         as_json = is_json(data)
-        content_type = JSON_CONTENT_TYPE if as_json else PROTOBUF_CONTENT_TYPE
-        return serialize_reply(reply, as_json=as_json), {"content-type": content_type}
+        headers = JSON_REPLY_HEADERS if as_json else PROTOBUF_REPLY_HEADERS
+        return serialize_reply(reply, as_json=as_json), headers
 
     async def _serve(self, message: Msg) -> None:
         async with self._request_slots:
