@@ -15,7 +15,10 @@
 - ``subjects.api_submit`` is core NATS request-reply in queue group ``MDQ_INTAKE_QUEUE_GROUP``,
   so replicas share the load, and each replica handles up to ``MDQ_INTAKE_CONCURRENCY`` of them
   at once (their order does not matter: each client waits for its own reply; two with the same
-  key are serialized by the handler). This entrance is a plain nats-py subscription on the
+  key are serialized by the handler). Requests that arrive together (read from the socket in
+  one go) are handled as one batch: their registry claims and events go out as batches of
+  JetStream publishes, with no task, lock or timer per submit (``SubmitHandler.on_api_submits``).
+  This entrance is a plain nats-py subscription on the
   broker's connection, not a FastStream subscriber: FastStream's per-message machinery
   (context, middlewares, task groups) was ~40% of intake's CPU per submit in
   ``make bench-placement``, and intake is the hot path of submitting. The reply is a
@@ -52,6 +55,7 @@ from mdq.settings import CommonSettings
 from services.intake.handlers import (
     JSON_CONTENT_TYPE,
     PROTOBUF_CONTENT_TYPE,
+    Outcome,
     SubmitHandler,
     is_json,
     serialize_reply,
@@ -104,8 +108,9 @@ class IntakeSettings(BaseSettings):
         le=10_000,
         description=(
             "Request-reply submits handled at once by one replica. Each waits on NATS round "
-            "trips (registry claim, publish), so handling them side by side is what "
-            "keeps a replica busy; submits with the same key still go one at a time."
+            "trips (registry claim, publish), so handling them side by side, in batches of "
+            "those that arrived together, is what keeps a replica busy; submits with the same "
+            "key still go one at a time."
         ),
     )
     ack_wait_s: float = Field(
@@ -143,7 +148,11 @@ class Intake:
             apply_types=False,
         )
         self._handler: SubmitHandler | None = None
-        self._request_slots = asyncio.Semaphore(settings.concurrency)
+        self._arrived: list[Msg] = []
+        """Request-reply submits received and not yet handed to a batch."""
+        self._batch_scheduled = False
+        self._in_flight = 0
+        """Request-reply submits in batches being handled (at most ``concurrency``)."""
         self._requests: set[asyncio.Task[None]] = set()
         self._request_subscription: Subscription | None = None
         self._register()
@@ -179,32 +188,49 @@ class Intake:
         async def stream_submit(raw: Msg) -> None:
             await self.consume(raw)
 
-    async def answer(self, data: bytes) -> tuple[bytes, dict[str, str]]:
-        """The reply (payload, headers) to one request-reply submit; raises on a NATS error."""
-        try:
-            reply = await self.handler.on_api_submit(data)
-        except TRANSIENT_ERRORS:
-            raise  # no reply: the client times out and retries with the same key
-        except Exception as error:
-            log.exception("a request-reply submit could not be handled")
-            reply = self.handler.internal_error(error)
+    def _answer(self, data: bytes, outcome: Outcome) -> tuple[bytes, dict[str, str]] | None:
+        """The reply (payload, headers) to one request-reply submit, in the encoding of the
+        request; None after a NATS error (the client times out and retries with its key)."""
+        if isinstance(outcome, TRANSIENT_ERRORS):
+            log.warning("a request-reply submit met a NATS error; not answering: %r", outcome)
+            return None
+        if isinstance(outcome, Exception):
+            log.error("a request-reply submit could not be handled", exc_info=outcome)
+            outcome = self.handler.internal_error(outcome)
         as_json = is_json(data)
         headers = JSON_REPLY_HEADERS if as_json else PROTOBUF_REPLY_HEADERS
-        return serialize_reply(reply, as_json=as_json), headers
+        return serialize_reply(outcome, as_json=as_json), headers
 
-    async def _serve(self, message: Msg) -> None:
-        async with self._request_slots:
-            try:
-                payload, headers = await self.answer(message.data)
-            except TRANSIENT_ERRORS as error:
-                log.warning("a request-reply submit met a NATS error; not answering: %r", error)
-                return
-            if message.reply:
-                with contextlib.suppress(*TRANSIENT_ERRORS):
-                    await self._connection().publish(message.reply, payload, headers=headers)
+    async def _serve(self, batch: list[Msg]) -> None:
+        try:
+            outcomes = await self.handler.on_api_submits([message.data for message in batch])
+            connection = self._connection()
+            for message, outcome in zip(batch, outcomes, strict=True):
+                answer = self._answer(message.data, outcome)
+                if answer is not None and message.reply:
+                    with contextlib.suppress(*TRANSIENT_ERRORS):
+                        await connection.publish(message.reply, answer[0], headers=answer[1])
+        finally:
+            self._in_flight -= len(batch)
+            self._start_batch()
 
     async def _on_request(self, message: Msg) -> None:
-        task = asyncio.create_task(self._serve(message))
+        # Requests that arrive together are handled together: nats-py hands over every message
+        # already read before the loop runs anything else, and the batch starts after that.
+        self._arrived.append(message)
+        if not self._batch_scheduled:
+            self._batch_scheduled = True
+            asyncio.get_running_loop().call_soon(self._start_batch)
+
+    def _start_batch(self) -> None:
+        """Hand the requests that arrived to a batch, as far as the concurrency allows."""
+        self._batch_scheduled = False
+        room = self.settings.concurrency - self._in_flight
+        if room <= 0 or not self._arrived:
+            return
+        batch, self._arrived = self._arrived[:room], self._arrived[room:]
+        self._in_flight += len(batch)
+        task = asyncio.create_task(self._serve(batch))
         self._requests.add(task)
         task.add_done_callback(self._requests.discard)
 
@@ -223,8 +249,12 @@ class Intake:
         if subscription is not None:
             with contextlib.suppress(Exception):
                 await subscription.unsubscribe()
-        if self._requests:
-            await asyncio.wait(set(self._requests), timeout=10)
+        deadline = asyncio.get_running_loop().time() + 10
+        while self._requests:  # a batch that ends starts the next one of those that arrived
+            timeout = deadline - asyncio.get_running_loop().time()
+            if timeout <= 0:
+                break
+            await asyncio.wait(set(self._requests), timeout=timeout)
 
     def _connection(self) -> Client:
         return self.broker.connection

@@ -40,6 +40,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from mdq.bus.codec import decode_submit, encode, to_json
 from mdq.bus.publisher import EventPublisher
@@ -125,6 +127,47 @@ def rejected_event(
     return publisher.event("rejected", body, job_id="", attempt=0, detail=request_id)
 
 
+Outcome = pb.SubmitReply | Exception
+"""What became of one request-reply submit: its reply, or why it has none."""
+_NO_OUTCOME = RuntimeError("no outcome")  # never returned: every slot is filled
+
+
+@dataclass(slots=True)
+class _Ready:
+    """A request-reply submit that passed every check needing no I/O."""
+
+    index: int
+    request: pb.SubmitRequest
+    request_id: str
+    accepted: list[AcceptedJob]
+    reply: pb.SubmitReply
+
+
+def _prepare(index: int, data: bytes) -> _Ready | None:
+    """The submit ready to be claimed, or None when it needs the one-by-one path (it is
+    refused, or names jobs of earlier submits)."""
+    try:
+        request = decode_submit(data)
+        validate_key(request.idempotency_key, required=True)
+        if external_refs(request):
+            return None
+        request_id = request_id_for_key(request.idempotency_key)
+        accepted = validate_submit(
+            request, request_id=request_id, resolve_external=_unknown, key_required=True
+        )
+        check_job_ids(request, request_id=request_id)
+    except SpecError:
+        return None
+    reply = pb.SubmitReply(
+        request_id=request_id, job_ids=[job_id(request_id, job.name) for job in request.jobs]
+    )
+    return _Ready(index, request, request_id, accepted, reply)
+
+
+def _unknown(_ref: str) -> None:
+    return None
+
+
 class SubmitHandler:
     """Turns submits into events; safe to call again with the same submit."""
 
@@ -136,6 +179,99 @@ class SubmitHandler:
     async def on_api_submit(self, data: bytes) -> pb.SubmitReply:
         """A request-reply submit: the idempotency key is required."""
         return await self._handle(data, sequence=None)
+
+    async def on_api_submits(self, batch: Sequence[bytes]) -> list[Outcome]:
+        """Request-reply submits that arrived together: each one's reply, or the exception that
+        kept it from one (the caller tells a NATS error from a bug), in order.
+
+        A submit that passes every check needing no I/O (it decodes, validates, names no
+        earlier job, and its request id is not in hand here) is handled with the others like
+        it: their claims go out as one batch of registry writes, then their events as one batch
+        per position in their submits (so each submit's dependencies still come first), with no
+        task, lock or timer per submit. Every other submit (a refusal, a dependency to resolve,
+        a request id already in hand) takes the one-by-one path, side by side. The outcome of
+        each is what ``on_api_submit`` would give."""
+        outcomes: list[Outcome | None] = [None] * len(batch)
+        ready: list[_Ready] = []
+        one_by_one: list[tuple[int, bytes]] = []
+        for index, data in enumerate(batch):
+            prepared = _prepare(index, data)
+            if prepared is not None and self._locks.try_hold(prepared.request_id):
+                ready.append(prepared)
+            else:
+                one_by_one.append((index, data))
+        singles = await asyncio.gather(
+            self._accept_together(ready, outcomes),
+            *(self._outcome_of(data) for _, data in one_by_one),
+        )
+        for (index, _), outcome in zip(one_by_one, singles[1:], strict=True):
+            outcomes[index] = outcome
+        return [outcome if outcome is not None else _NO_OUTCOME for outcome in outcomes]
+
+    async def _outcome_of(self, data: bytes) -> Outcome:
+        try:
+            return await self.on_api_submit(data)
+        except Exception as error:  # handed to the caller, which sorts it
+            return error
+
+    async def _accept_together(self, ready: list[_Ready], outcomes: list[Outcome | None]) -> None:
+        """Claim and publish prepared submits as batches; release their request ids after."""
+        if not ready:
+            return
+        try:
+            claims = await self._registry.claim_many(
+                [(submit.request_id, submit.reply) for submit in ready]
+            )
+            publishing: list[_Ready] = []
+            seen: list[_Ready] = []
+            for submit, claimed in zip(ready, claims, strict=True):
+                if isinstance(claimed, Exception):
+                    outcomes[submit.index] = claimed
+                else:
+                    (publishing if claimed else seen).append(submit)
+            depth = max((len(submit.accepted) for submit in publishing), default=0)
+            for position in range(depth):  # a submit's dependencies are published first
+                round_ = [
+                    submit
+                    for submit in publishing
+                    if position < len(submit.accepted) and outcomes[submit.index] is None
+                ]
+                results = await self._publisher.publish_each(
+                    [
+                        (
+                            submitted_event(
+                                self._publisher,
+                                submit.accepted[position],
+                                request=submit.request,
+                                request_id=submit.request_id,
+                            ),
+                            None,
+                        )
+                        for submit in round_
+                    ]
+                )
+                for submit, result in zip(round_, results, strict=True):
+                    if isinstance(result, Exception):
+                        outcomes[submit.index] = result
+            for submit in publishing:
+                if outcomes[submit.index] is None:
+                    outcomes[submit.index] = submit.reply
+            if publishing:
+                log.info("accepted %d submit(s) together", len(publishing))
+            for submit in seen:  # retries and replays: rare, one by one
+                try:
+                    outcomes[submit.index] = await self._seen_before(
+                        submit.request, submit.request_id, submit.accepted, submit.reply
+                    )
+                except Exception as error:  # handed to the caller
+                    outcomes[submit.index] = error
+        except Exception as error:  # the connection, say: all left fail
+            for submit in ready:
+                if outcomes[submit.index] is None:
+                    outcomes[submit.index] = error
+        finally:
+            for submit in ready:
+                self._locks.release(submit.request_id)
 
     async def on_stream_submit(self, data: bytes, *, sequence: int) -> pb.SubmitReply:
         """A submit captured by the submit stream at ``sequence`` (its id when keyless)."""
@@ -252,6 +388,13 @@ class OnePerKey:
 
     def hold(self, key: str) -> _Held:
         return _Held(self, key)
+
+    def try_hold(self, key: str) -> bool:
+        """Take the key if nobody holds it (True); never waits. ``release`` it after."""
+        if key in self.waiting:
+            return False
+        self.waiting[key] = deque()
+        return True
 
     def release(self, key: str) -> None:
         """Hand the key to the next waiter still waiting, or forget it."""

@@ -36,7 +36,7 @@ import asyncio
 import hashlib
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -44,7 +44,7 @@ from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import APIError, BucketNotFoundError
 
-from mdq.bus.requests import KvEntry, Requests
+from mdq.bus.requests import EXPECTED_LAST_SUBJECT_SEQUENCE, KvEntry, Requests
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.ids import REQUEST_ID_HEX, request_id_for_key
@@ -53,6 +53,8 @@ JOB_ID_PATTERN = re.compile(rf"[0-9a-f]{{{REQUEST_ID_HEX}}}-[a-z][a-z0-9-]{{0,39
 WRONG_LAST_SEQUENCE = 10071
 """JetStream's error code when an expected last subject sequence does not hold."""
 NO_MESSAGE_FOUND = 10037
+CREATE_ONLY = {EXPECTED_LAST_SUBJECT_SEQUENCE: "0"}
+"""Headers of a KV write that JetStream refuses when the key was ever written."""
 RETENTION_MARGIN = timedelta(days=1)
 """A claim this close to the jobs stream's retention may have outlived its events."""
 
@@ -133,6 +135,30 @@ class SubmitRegistry:
                 return False
             raise
         return True
+
+    async def claim_many(
+        self, submits: Sequence[tuple[str, pb.SubmitReply]]
+    ) -> list[bool | Exception]:
+        """``claim`` for many (request id, reply) at once, as one batch of KV creates: each
+        result is True (claimed), False (known), or the error of its write."""
+        results = await self._requests.publish_many(
+            [
+                (
+                    f"$KV.{self._bucket}.req.{request_id}",
+                    reply.SerializeToString(deterministic=True),
+                    CREATE_ONLY,
+                )
+                for request_id, reply in submits
+            ]
+        )
+        return [
+            False
+            if isinstance(result, APIError) and result.err_code == WRONG_LAST_SEQUENCE
+            else result
+            if isinstance(result, Exception)
+            else True
+            for result in results
+        ]
 
     async def existing(self, request_id: str) -> Claim | None:
         """The record of ``request_id`` with its time; None if there is none (or it was

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import signal
 import socket
 import subprocess
@@ -734,6 +735,56 @@ async def test_many_submits_at_once_each_accepted_once(
     assert sorted(event.job_id for _, event in events) == sorted(
         job_id for job_ids in by_key.values() for job_id in job_ids
     )
+
+
+async def test_a_mixed_burst_is_handled_as_one_by_one_submits_would_be(
+    intake: Intake, nc: Client, subjects: Subjects, tap: Tap, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Submits that arrive together are claimed and published as batches; the outcome of
+    each is still its own: chains keep dependencies first, a repeated key gets one set of
+    events, a refusal is refused, a dependency on an earlier submit resolves, and a key
+    accepted earlier gets its first reply."""
+    earlier = await ask(nc, subjects, {"idempotency_key": "earlier", "jobs": [{"name": "eq"}]})
+    await eventually(lambda: tap.at_least(1), "the earlier submit's event")
+    burst: list[dict[str, object]] = [
+        {"idempotency_key": "solo", "jobs": [{"name": "md"}]},
+        {
+            "idempotency_key": "chain",
+            "jobs": [
+                {"name": "analyze", "task": "TASK_ANALYZE", "depends_on": ["md"]},
+                {"name": "md", "depends_on": ["prep"]},
+                {"name": "prep", "task": "TASK_MINIMIZE"},
+            ],
+        },
+        {"idempotency_key": "solo", "jobs": [{"name": "md"}]},
+        {"idempotency_key": "bad", "jobs": [{"name": "md", "temperature_k": -1}]},
+        {"idempotency_key": "after", "jobs": [{"name": "md", "depends_on": ["earlier"]}]},
+        {"idempotency_key": "earlier", "jobs": [{"name": "other"}]},
+    ]
+    burst += [{"idempotency_key": f"many-{i}", "jobs": [{"name": "md"}]} for i in range(40)]
+    caplog.set_level(logging.INFO, logger="services.intake.handlers")
+    replies = await asyncio.gather(*(ask(nc, subjects, submit) for submit in burst))
+    solo, chain, solo_again, bad, after, earlier_again = replies[:6]
+    events = await wait_for_events(nc.jetstream(), subjects, 1 + 1 + 3 + 1 + 1 + 40)
+    await asyncio.sleep(0.2)  # a second publish of anything would have arrived by now
+
+    assert solo_again == solo and not solo.HasField("error")
+    assert bad.error.field == "jobs[0].temperature_k"
+    assert earlier_again == earlier
+    assert all(not reply.HasField("error") for reply in replies[6:])
+    by_job = {event.job_id: (sequence, event) for sequence, (_, event) in enumerate(events)}
+    prep, md, analyze = (
+        f"{request_id_for_key('chain')}-{name}" for name in ("prep", "md", "analyze")
+    )
+    assert by_job[prep][0] < by_job[md][0] < by_job[analyze][0]
+    assert list(chain.job_ids) == [analyze, md, prep]
+    assert list(by_job[after.job_ids[0]][1].submitted.depends_on_ids) == list(earlier.job_ids)
+    assert sum(event.WhichOneof("body") == "submitted" for _, event in events) == 1 + 1 + 3 + 1 + 40
+    assert len(tap.subjects) == len(events)  # nothing was published twice
+    together = [
+        int(r.getMessage().split()[1]) for r in caplog.records if "together" in r.getMessage()
+    ]
+    assert together and max(together) > 1  # some were batched
 
 
 async def test_dependencies_recorded_by_an_earlier_intake_still_resolve(
