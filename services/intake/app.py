@@ -202,22 +202,35 @@ class Intake:
         return serialize_reply(outcome, as_json=as_json), headers
 
     async def _serve(self, batch: list[Msg]) -> None:
-        try:
-            outcomes = await self.handler.on_api_submits([message.data for message in batch])
-            connection = self._connection()
-            for message, outcome in zip(batch, outcomes, strict=True):
-                answer = self._answer(message.data, outcome)
-                if answer is not None and message.reply:
+        connection = self._connection()
+
+        async def answer(index: int, outcome: Outcome) -> None:
+            message = batch[index]
+            try:
+                reply = self._answer(message.data, outcome)
+                if reply is not None and message.reply:
                     with contextlib.suppress(*TRANSIENT_ERRORS):
-                        await connection.publish(message.reply, answer[0], headers=answer[1])
-        finally:
-            self._in_flight -= len(batch)
-            self._start_batch()
+                        await connection.publish(message.reply, reply[0], headers=reply[1])
+            finally:
+                self._in_flight -= 1
+                answered.add(index)
+                self._schedule_batch()
+
+        answered: set[int] = set()
+        try:
+            await self.handler.on_api_submits([message.data for message in batch], answer)
+        finally:  # cancelled, say: those not answered leave the count too
+            self._in_flight -= len(batch) - len(answered)
 
     async def _on_request(self, message: Msg) -> None:
         # Requests that arrive together are handled together: nats-py hands over every message
         # already read before the loop runs anything else, and the batch starts after that.
         self._arrived.append(message)
+        self._schedule_batch()
+
+    def _schedule_batch(self) -> None:
+        """Start a batch once the loop has run what is ready now (more requests read, more
+        answers sent): a batch takes everything that arrived by then."""
         if not self._batch_scheduled:
             self._batch_scheduled = True
             asyncio.get_running_loop().call_soon(self._start_batch)
@@ -250,11 +263,14 @@ class Intake:
             with contextlib.suppress(Exception):
                 await subscription.unsubscribe()
         deadline = asyncio.get_running_loop().time() + 10
-        while self._requests:  # a batch that ends starts the next one of those that arrived
+        while self._requests or self._arrived:  # an answer makes room for those that arrived
             timeout = deadline - asyncio.get_running_loop().time()
             if timeout <= 0:
                 break
-            await asyncio.wait(set(self._requests), timeout=timeout)
+            if self._requests:
+                await asyncio.wait(set(self._requests), timeout=timeout)
+            else:
+                await asyncio.sleep(0.01)  # the next batch is about to start
 
     def _connection(self) -> Client:
         return self.broker.connection

@@ -40,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from mdq.bus.codec import decode_submit, encode, to_json
@@ -129,7 +129,8 @@ def rejected_event(
 
 Outcome = pb.SubmitReply | Exception
 """What became of one request-reply submit: its reply, or why it has none."""
-_NO_OUTCOME = RuntimeError("no outcome")  # never returned: every slot is filled
+Answer = Callable[[int, Outcome], Awaitable[None]]
+"""Called with (index in the batch, outcome) once for each submit of a batch."""
 
 
 @dataclass(slots=True)
@@ -180,50 +181,48 @@ class SubmitHandler:
         """A request-reply submit: the idempotency key is required."""
         return await self._handle(data, sequence=None)
 
-    async def on_api_submits(self, batch: Sequence[bytes]) -> list[Outcome]:
-        """Request-reply submits that arrived together: each one's reply, or the exception that
-        kept it from one (the caller tells a NATS error from a bug), in order.
+    async def on_api_submits(self, batch: Sequence[bytes], answer: Answer) -> None:
+        """Request-reply submits that arrived together: ``answer(index, outcome)`` is awaited
+        for each as soon as its outcome is known (its reply, or the exception that kept it
+        from one: the caller tells a NATS error from a bug).
 
         A submit that passes every check needing no I/O (it decodes, validates, names no
         earlier job, and its request id is not in hand here) is handled with the others like
         it: their claims go out as one batch of registry writes, then their events as one batch
         per position in their submits (so each submit's dependencies still come first), with no
         task, lock or timer per submit. Every other submit (a refusal, a dependency to resolve,
-        a request id already in hand) takes the one-by-one path, side by side. The outcome of
-        each is what ``on_api_submit`` would give."""
-        outcomes: list[Outcome | None] = [None] * len(batch)
+        a request id already in hand, a key seen before) takes the one-by-one path, side by
+        side, and does not hold up the others' answers. The outcome of each is what
+        ``on_api_submit`` would give."""
         ready: list[_Ready] = []
-        one_by_one: list[tuple[int, bytes]] = []
+        one_by_one: list[Awaitable[None]] = []
         for index, data in enumerate(batch):
             prepared = _prepare(index, data)
             if prepared is not None and self._locks.try_hold(prepared.request_id):
                 ready.append(prepared)
             else:
-                one_by_one.append((index, data))
-        singles = await asyncio.gather(
-            self._accept_together(ready, outcomes),
-            *(self._outcome_of(data) for _, data in one_by_one),
-        )
-        for (index, _), outcome in zip(one_by_one, singles[1:], strict=True):
-            outcomes[index] = outcome
-        return [outcome if outcome is not None else _NO_OUTCOME for outcome in outcomes]
+                one_by_one.append(self._answer_one(index, data, answer))
+        await asyncio.gather(self._accept_together(ready, answer), *one_by_one)
 
-    async def _outcome_of(self, data: bytes) -> Outcome:
+    async def _answer_one(self, index: int, data: bytes, answer: Answer) -> None:
         try:
-            return await self.on_api_submit(data)
+            outcome: Outcome = await self.on_api_submit(data)
         except Exception as error:  # handed to the caller, which sorts it
-            return error
+            outcome = error
+        await answer(index, outcome)
 
-    async def _accept_together(self, ready: list[_Ready], outcomes: list[Outcome | None]) -> None:
-        """Claim and publish prepared submits as batches; release their request ids after."""
+    async def _accept_together(self, ready: list[_Ready], answer: Answer) -> None:
+        """Claim and publish prepared submits as batches, releasing each request id once its
+        submit is done; a submit whose key was claimed before goes on alone."""
         if not ready:
             return
+        outcomes: dict[int, Outcome] = {}
+        seen: list[_Ready] = []
         try:
             claims = await self._registry.claim_many(
                 [(submit.request_id, submit.reply) for submit in ready]
             )
             publishing: list[_Ready] = []
-            seen: list[_Ready] = []
             for submit, claimed in zip(ready, claims, strict=True):
                 if isinstance(claimed, Exception):
                     outcomes[submit.index] = claimed
@@ -234,7 +233,7 @@ class SubmitHandler:
                 round_ = [
                     submit
                     for submit in publishing
-                    if position < len(submit.accepted) and outcomes[submit.index] is None
+                    if position < len(submit.accepted) and submit.index not in outcomes
                 ]
                 results = await self._publisher.publish_each(
                     [
@@ -254,24 +253,33 @@ class SubmitHandler:
                     if isinstance(result, Exception):
                         outcomes[submit.index] = result
             for submit in publishing:
-                if outcomes[submit.index] is None:
-                    outcomes[submit.index] = submit.reply
+                outcomes.setdefault(submit.index, submit.reply)
             if publishing:
                 log.info("accepted %d submit(s) together", len(publishing))
-            for submit in seen:  # retries and replays: rare, one by one
-                try:
-                    outcomes[submit.index] = await self._seen_before(
-                        submit.request, submit.request_id, submit.accepted, submit.reply
-                    )
-                except Exception as error:  # handed to the caller
-                    outcomes[submit.index] = error
         except Exception as error:  # the connection, say: all left fail
+            seen.clear()
             for submit in ready:
-                if outcomes[submit.index] is None:
-                    outcomes[submit.index] = error
+                outcomes.setdefault(submit.index, error)
         finally:
             for submit in ready:
-                self._locks.release(submit.request_id)
+                if submit.index in outcomes:
+                    self._locks.release(submit.request_id)
+        for index, outcome in outcomes.items():
+            await answer(index, outcome)
+        await asyncio.gather(*(self._answer_seen(submit, answer) for submit in seen))
+
+    async def _answer_seen(self, submit: _Ready, answer: Answer) -> None:
+        """A prepared submit whose key was claimed before: the recorded reply (retries and
+        replays, rare), found while still holding its request id."""
+        try:
+            outcome: Outcome = await self._seen_before(
+                submit.request, submit.request_id, submit.accepted, submit.reply
+            )
+        except Exception as error:  # handed to the caller, which sorts it
+            outcome = error
+        finally:
+            self._locks.release(submit.request_id)
+        await answer(submit.index, outcome)
 
     async def on_stream_submit(self, data: bytes, *, sequence: int) -> pb.SubmitReply:
         """A submit captured by the submit stream at ``sequence`` (its id when keyless)."""

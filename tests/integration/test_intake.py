@@ -787,6 +787,31 @@ async def test_a_mixed_burst_is_handled_as_one_by_one_submits_would_be(
     assert together and max(together) > 1  # some were batched
 
 
+async def test_a_submit_waiting_for_its_key_does_not_hold_up_the_others(
+    intake: Intake, nc: Client, subjects: Subjects
+) -> None:
+    """In a batch, each submit is answered as soon as its outcome is known: one whose request
+    id is in hand elsewhere waits for it alone."""
+    held = request_id_for_key("busy")
+    assert intake.handler._locks.try_hold(held)  # as if a submit with that key were running
+    try:
+        busy = asyncio.ensure_future(
+            ask(nc, subjects, {"idempotency_key": "busy", "jobs": [{"name": "md"}]})
+        )
+        others = await asyncio.gather(
+            *(
+                ask(nc, subjects, {"idempotency_key": f"free-{i}", "jobs": [{"name": "md"}]})
+                for i in range(20)
+            )
+        )
+        assert all(not reply.HasField("error") for reply in others)
+        assert not busy.done()
+    finally:
+        intake.handler._locks.release(held)
+    reply = await busy
+    assert list(reply.job_ids) == [f"{held}-md"]
+
+
 async def test_dependencies_recorded_by_an_earlier_intake_still_resolve(
     nats_url: str, namespace: str, nc: Client, subjects: Subjects
 ) -> None:
