@@ -32,7 +32,3 @@ def make_event(
     getattr(event, kind).CopyFrom(body)
     return event
 
-
-def kind_of(event: pb.Event) -> str:
-    """The Event.body case of ``event`` ("submitted", "progress", ...), "" if none."""
-    return event.WhichOneof("body") or ""
