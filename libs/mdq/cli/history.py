@@ -18,7 +18,7 @@ from rich.panel import Panel
 from rich.table import Table
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from mdq.cli.live import format_energy, state_text
+from mdq.cli.live import format_energy, state_text, steps_label
 from mdq.cli.sparkline import sparkline
 from mdq.core.state import JobState
 from mdq.store import queries
@@ -39,10 +39,6 @@ async def open_engine(database_url: str) -> AsyncIterator[AsyncEngine]:
 
 def format_time(value: datetime | None) -> str:
     return "-" if value is None else value.isoformat(timespec="seconds")
-
-
-def _steps(last_step: int, target_steps: int) -> str:
-    return f"{last_step}/{target_steps}" if target_steps else str(last_step)
 
 
 def _reason(done: str | None, final: str | None, message: str | None = None) -> str:
@@ -117,7 +113,7 @@ def summary_table(jobs: Iterable[queries.JobSummary], *, title: str) -> Table:
             state_text(job.state),
             str(job.attempt),
             job.node or "-",
-            _steps(job.last_step, job.target_steps),
+            steps_label(job.last_step, job.target_steps),
             _maybe(job.last_ns_per_day, "{:.1f}"),
             format_time(job.submitted_at),
             _reason(job.done_reason, job.final_reason),
@@ -145,7 +141,7 @@ def detail_table(details: Iterable[queries.JobDetail], *, title: str) -> Table:
             state_text(job.state),
             str(max(job.attempt, len(detail.attempts))),
             job.node or "-",
-            _steps(job.last_step, job.target_steps),
+            steps_label(job.last_step, job.target_steps),
             "-" if job.task == "TASK_ANALYZE" else format_energy(job.last_potential_kj_mol),
             _reason(job.done_reason, job.final_reason, job.final_message),
         )
@@ -167,7 +163,7 @@ def show_panel(detail: queries.JobDetail, timeline: Sequence[queries.TimelineEnt
         ("state", state_text(job.state)),
         ("attempt", str(job.attempt)),
         ("node", job.node or "-"),
-        ("steps", _steps(job.last_step, job.target_steps)),
+        ("steps", steps_label(job.last_step, job.target_steps)),
         ("last energy", format_energy(job.last_potential_kj_mol)),
         ("temperature", _maybe(job.last_temperature_k, "{:.1f} K")),
         ("speed", _maybe(job.last_ns_per_day, "{:.1f} ns/day")),

@@ -49,6 +49,23 @@ def format_energy(value: float | None) -> str:
     return "-" if value is None else f"{value:,.1f} kJ/mol"
 
 
+def steps_label(step: int, target: float | None) -> str:
+    """``1500/5000``; just the step when the target is unknown. A minimisation may go past
+    its target (OpenMM applies the iteration limit to each round of its constraint
+    restraints, and the runner reports the true count): then ``614 it``, not ``614/200``."""
+    if not target:
+        return str(step)
+    if step > target:
+        return f"{step} it"
+    return f"{step}/{int(target)}"
+
+
+def steps_text(step: int, target: float | None) -> tuple[str, float | None]:
+    """A bar's step column and its total (past its target, the bar is simply full)."""
+    total = float(step) if target and step > target else target
+    return steps_label(step, target), total
+
+
 def describe(update: JobUpdate, name: str) -> str | None:
     """One line about a lifecycle event (None for events not worth a line)."""
     event = update.event
@@ -154,8 +171,7 @@ def _show(progress: Progress, task: TaskID, update: JobUpdate, name: str) -> Non
         total = float(view.spec.steps) or None
     if update.kind == "progress":
         report = update.event.progress
-        total = float(report.target_steps) or total
-        fields["steps"] = f"{report.step}/{int(total or 0)}"
+        fields["steps"], total = steps_text(report.step, float(report.target_steps) or total)
         analysis = view is not None and view.spec.task == pb.TASK_ANALYZE
         fields["energy"] = "-" if analysis else format_energy(report.potential_kj_mol)
         fields["speed"] = f"{report.ns_per_day:.1f} ns/d" if report.ns_per_day else "-"
@@ -166,7 +182,7 @@ def _show(progress: Progress, task: TaskID, update: JobUpdate, name: str) -> Non
             fields["eta"] = "-"
             if total:
                 steps = view.last_step if view.last_step else 0
-                fields["steps"] = f"{steps}/{int(total)}"
+                fields["steps"], total = steps_text(steps, total)
                 progress.update(task, total=total, completed=steps, **fields)
                 fields = {}
         if fields:

@@ -31,4 +31,3 @@ def make_event(
     set_timestamp(event.time, at)
     getattr(event, kind).CopyFrom(body)
     return event
-
