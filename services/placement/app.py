@@ -693,9 +693,8 @@ class Placement:
                 else:
                     self._adopt.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(
-                        self._dirty.wait(), timeout=self._settings.reconcile_interval_s
-                    )
+                    async with asyncio.timeout(self._settings.reconcile_interval_s):
+                        await self._dirty.wait()
         finally:
             for task in tasks:
                 task.cancel()

@@ -144,7 +144,8 @@ class BatchFetcher:
                 await self._request(batch, expires_s=left)
                 lingering = True
             try:
-                await asyncio.wait_for(self._changed.wait(), timeout=max(left, 0.001))
+                async with asyncio.timeout(max(left, 0.001)):
+                    await self._changed.wait()
             except TimeoutError:
                 break
         self._raise_error()

@@ -271,7 +271,8 @@ class MdqClient:
                     if remaining <= 0:
                         return
                     try:
-                        message = await asyncio.wait_for(queue.get(), remaining)
+                        async with asyncio.timeout(remaining):
+                            message = await queue.get()
                     except TimeoutError:
                         return
                 try:

@@ -759,7 +759,8 @@ class Projector:
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stopping.wait(), timeout=seconds)
+            async with asyncio.timeout(seconds):
+                await self._stopping.wait()
 
     async def _handle(self, feed: _Feed, messages: list[Msg]) -> None:
         """Project one batch (retrying the same batch until it commits), then acknowledge."""
