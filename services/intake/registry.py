@@ -44,17 +44,13 @@ from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import APIError, BucketNotFoundError
 
-from mdq.bus.requests import EXPECTED_LAST_SUBJECT_SEQUENCE, KvEntry, Requests
+from mdq.bus.requests import KvEntry, Requests, is_wrong_last_sequence
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.ids import REQUEST_ID_HEX, request_id_for_key
 
 JOB_ID_PATTERN = re.compile(rf"[0-9a-f]{{{REQUEST_ID_HEX}}}-[a-z][a-z0-9-]{{0,39}}")  # fullmatch
-WRONG_LAST_SEQUENCE = 10071
-"""JetStream's error code when an expected last subject sequence does not hold."""
 NO_MESSAGE_FOUND = 10037
-CREATE_ONLY = {EXPECTED_LAST_SUBJECT_SEQUENCE: "0"}
-"""Headers of a KV write that JetStream refuses when the key was ever written."""
 RETENTION_MARGIN = timedelta(days=1)
 """A claim this close to the jobs stream's retention may have outlived its events."""
 
@@ -126,34 +122,23 @@ class SubmitRegistry:
     async def claim(self, *, request_id: str, reply: pb.SubmitReply) -> bool:
         """Record a submit about to be accepted, unless its request id is known: True if this
         call wrote the record (publish its events next), False if one exists."""
-        try:
-            await self._requests.kv_create(
-                self._bucket, f"req.{request_id}", reply.SerializeToString(deterministic=True)
-            )
-        except APIError as error:
-            if error.err_code == WRONG_LAST_SEQUENCE:
-                return False
-            raise
-        return True
+        [claimed] = await self.claim_many([(request_id, reply)])
+        if isinstance(claimed, Exception):
+            raise claimed
+        return claimed
 
     async def claim_many(
         self, submits: Sequence[tuple[str, pb.SubmitReply]]
     ) -> list[bool | Exception]:
         """``claim`` for many (request id, reply) at once, as one batch of KV creates: each
         result is True (claimed), False (known), or the error of its write."""
-        results = await self._requests.publish_many(
-            [
-                (
-                    f"$KV.{self._bucket}.req.{request_id}",
-                    reply.SerializeToString(deterministic=True),
-                    CREATE_ONLY,
-                )
-                for request_id, reply in submits
-            ]
+        results = await self._requests.kv_create_many(
+            self._bucket,
+            [(f"req.{request_id}", _record(reply)) for request_id, reply in submits],
         )
         return [
             False
-            if isinstance(result, APIError) and result.err_code == WRONG_LAST_SEQUENCE
+            if is_wrong_last_sequence(result)
             else result
             if isinstance(result, Exception)
             else True
@@ -171,9 +156,7 @@ class SubmitRegistry:
     async def overwrite(self, *, request_id: str, reply: pb.SubmitReply) -> None:
         """Record a submit whatever the key holds (a record deleted by hand leaves a marker
         that a create would trip over)."""
-        await self._requests.kv_put(
-            self._bucket, f"req.{request_id}", reply.SerializeToString(deterministic=True)
-        )
+        await self._requests.kv_put(self._bucket, f"req.{request_id}", _record(reply))
 
     async def needs_events(self, claim: Claim, last_job_id: str) -> bool:
         """Whether a claimed submit's events must be published (again): the last of them is
@@ -228,6 +211,10 @@ class SubmitRegistry:
 
         resolved = await asyncio.gather(*(bounded(ref) for ref in unique))
         return {ref: job for ref, job in zip(unique, resolved, strict=True) if job is not None}
+
+
+def _record(reply: pb.SubmitReply) -> bytes:
+    return reply.SerializeToString(deterministic=True)
 
 
 def _reply(data: bytes) -> pb.SubmitReply:

@@ -36,12 +36,11 @@ from pathlib import Path
 
 from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy, PubAck
-from nats.js.errors import APIError
 
 from mdq.backends.port import ClusterBackend, PodExists, PodSpec
 from mdq.bus.log import follow_log
 from mdq.bus.publisher import EventPublisher
-from mdq.bus.requests import EXPECTED_LAST_SUBJECT_SEQUENCE
+from mdq.bus.requests import EXPECTED_LAST_SUBJECT_SEQUENCE, is_wrong_last_sequence
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core import ids
@@ -69,7 +68,6 @@ log = logging.getLogger("mdq.placement")
 Clock = Callable[[], datetime]
 
 HOLDING = (JobState.BOUND, JobState.RUNNING)
-WRONG_LAST_SEQUENCE = (10071, 10164)
 PREEMPTION_SCAN = 64
 """Unplaced jobs (in queue order) considered for preemption per pass."""
 
@@ -440,7 +438,7 @@ class Placement:
             await self._backend.create_pod(self.pod_for(view))
 
     def bound_event(
-        self, view: JobView, decision: Decision, explained: ExplainedScores | None = None
+        self, view: JobView, decision: Decision, explained: ExplainedScores
     ) -> pb.Event:
         """The ``bound`` event of a decision, with its explanation.
 
@@ -456,7 +454,6 @@ class Placement:
         body = event.bound
         body.node = decision.node
         body.pod_name = ids.pod_name(view.job_id, view.attempt)
-        explained = {} if explained is None else explained
         entries = []
         for score in decision.scores:
             known = explained.get(id(score))
@@ -480,7 +477,7 @@ class Placement:
     def _accepted(self, event: pb.Event, result: PubAck | Exception) -> bool:
         """Whether a fenced ``bound`` was stored as ours; raises the error of a publish that
         failed for another reason than the fence."""
-        if isinstance(result, APIError) and result.err_code in WRONG_LAST_SEQUENCE:
+        if is_wrong_last_sequence(result):
             log.info("%s was bound by another replica; not binding it", event.job_id)
             self.fenced_total += 1
             return False

@@ -40,6 +40,11 @@ NOT_FOUND = "404"
 KV_OPERATION = "KV-Operation"
 TIME_STAMP = "Nats-Time-Stamp"
 EXPECTED_LAST_SUBJECT_SEQUENCE = "Nats-Expected-Last-Subject-Sequence"
+CREATE_ONLY = {EXPECTED_LAST_SUBJECT_SEQUENCE: "0"}
+"""Headers of a write that JetStream refuses when its subject (a KV key) was ever written."""
+WRONG_LAST_SEQUENCE = (10071, 10164)
+"""JetStream's error codes for an expected last (subject) sequence that did not hold (the
+second is what newer servers send)."""
 DEFAULT_TIMEOUT_S = 5.0
 SWEEP_S = 0.05
 """Requests with the default timeout time out at most this late (one timer for them all)."""
@@ -119,12 +124,8 @@ class Requests:
         timeout_s: float | None = None,
     ) -> Msg:
         """Send one request and wait for its reply; ``NoRespondersError`` if nobody listens."""
-        if self._subscription is None:
-            raise RuntimeError("Requests.start() was not called")
-        token = str(next(self._tokens))
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[Msg] = loop.create_future()
-        self._waiting[token] = future
+        token, future = self._expect(loop)
         timer = self._expire_later(loop, token, future, timeout_s)
         try:
             await self._nc.publish(subject, payload, reply=self._prefix + token, headers=headers)
@@ -136,6 +137,15 @@ class Requests:
         if message.headers and message.headers.get(STATUS) == NO_RESPONDERS:
             raise nats.errors.NoRespondersError
         return message
+
+    def _expect(self, loop: asyncio.AbstractEventLoop) -> tuple[str, asyncio.Future[Msg]]:
+        """A fresh reply token and the future its reply will resolve."""
+        if self._subscription is None:
+            raise RuntimeError("Requests.start() was not called")
+        token = str(next(self._tokens))
+        future: asyncio.Future[Msg] = loop.create_future()
+        self._waiting[token] = future
+        return token, future
 
     def _expire_later(
         self,
@@ -190,16 +200,12 @@ class Requests:
 
         One call costs no task and no timer per message, which is what placement's bindings
         need; an error of the connection itself (closed, draining) is raised."""
-        if self._subscription is None:
-            raise RuntimeError("Requests.start() was not called")
         loop = asyncio.get_running_loop()
         waiting: list[tuple[str, asyncio.Future[Msg]]] = []
         timer = loop.call_later(timeout_s or self._timeout_s, _expire_all, waiting)
         try:
             for subject, payload, headers in messages:
-                token = str(next(self._tokens))
-                future: asyncio.Future[Msg] = loop.create_future()
-                self._waiting[token] = future
+                token, future = self._expect(loop)
                 waiting.append((token, future))
                 await self._nc.publish(
                     subject, payload, reply=self._prefix + token, headers=headers
@@ -207,10 +213,7 @@ class Requests:
             results: list[PubAck | Exception] = []
             for _, future in waiting:
                 try:
-                    reply = await future
-                    if reply.headers and reply.headers.get(STATUS) == NO_RESPONDERS:
-                        raise nats.js.errors.NoStreamResponseError
-                    results.append(_pub_ack(reply))
+                    results.append(_pub_ack(await future))
                 except PUBLISH_ERRORS as error:
                     results.append(error)
             return results
@@ -252,10 +255,24 @@ class Requests:
 
     async def kv_create(self, bucket: str, key: str, value: bytes) -> PubAck:
         """Write ``key`` only if it has never been written (nor deleted): JetStream refuses it
-        otherwise with ``APIError`` err_code 10071 (wrong last sequence)."""
-        return await self.publish(
-            f"$KV.{bucket}.{key}", value, headers={EXPECTED_LAST_SUBJECT_SEQUENCE: "0"}
+        otherwise with an ``APIError`` that ``is_wrong_last_sequence``."""
+        return await self.publish(f"$KV.{bucket}.{key}", value, headers=CREATE_ONLY)
+
+    async def kv_create_many(
+        self, bucket: str, entries: Sequence[tuple[str, bytes]]
+    ) -> list[PubAck | Exception]:
+        """``kv_create`` for many (key, value) at once, as ``publish_many``."""
+        return await self.publish_many(
+            [(f"$KV.{bucket}.{key}", value, CREATE_ONLY) for key, value in entries]
         )
+
+
+def is_wrong_last_sequence(error: object) -> bool:
+    """Whether a conditional write (a fenced publish, a KV create or update) was refused
+    because its expected last (subject) sequence did not hold: someone wrote there first."""
+    return isinstance(error, nats.js.errors.KeyWrongLastSequenceError) or (
+        isinstance(error, nats.js.errors.APIError) and error.err_code in WRONG_LAST_SEQUENCE
+    )
 
 
 def _expire(future: asyncio.Future[Msg]) -> None:
@@ -269,8 +286,11 @@ def _expire_all(waiting: list[tuple[str, asyncio.Future[Msg]]]) -> None:
 
 
 def _pub_ack(reply: Msg) -> PubAck:
-    """The stream's ack in a reply, or the ``APIError`` it carries (``PubAck.from_response``
-    introspects the dataclass's fields on every call: a third of an ack's cost here)."""
+    """The stream's ack in a reply, or the error it carries (``APIError``; no stream for the
+    subject). ``PubAck.from_response`` introspects the dataclass's fields on every call: a
+    third of an ack's cost here."""
+    if reply.headers and reply.headers.get(STATUS) == NO_RESPONDERS:
+        raise nats.js.errors.NoStreamResponseError
     answer = json.loads(reply.data)
     if "error" in answer:
         raise nats.js.errors.APIError.from_error(answer["error"])

@@ -47,10 +47,10 @@ from mdq.backends.local.records import (
     PodRecord,
     PodStatus,
     ensure_buckets,
-    is_wrong_last_sequence,
     update_pod,
 )
 from mdq.backends.port import PodSpec
+from mdq.bus.requests import is_wrong_last_sequence
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 

@@ -27,11 +27,11 @@ from mdq.backends.local.records import (
     PodRecord,
     PodStatus,
     ensure_buckets,
-    is_wrong_last_sequence,
     read_pod,
     update_pod,
 )
 from mdq.backends.port import NodeSample, PodExists, PodSpec, PodUpdate
+from mdq.bus.requests import is_wrong_last_sequence
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 

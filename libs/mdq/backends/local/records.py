@@ -24,11 +24,11 @@ from nats.js.errors import (
     BadRequestError,
     KeyDeletedError,
     KeyNotFoundError,
-    KeyWrongLastSequenceError,
 )
 from nats.js.kv import KeyValue
 
 from mdq.backends.port import PodSpec, PodUpdate
+from mdq.bus.requests import is_wrong_last_sequence
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 
@@ -194,11 +194,6 @@ async def read_pod(pods: KeyValue, name: str) -> tuple[PodRecord, int] | None:
     if not entry.value:
         return None
     return PodRecord.from_json(entry.value), int(entry.revision or 0)
-
-
-def is_wrong_last_sequence(error: APIError) -> bool:
-    """Whether a conditional write failed because another writer changed the key first."""
-    return isinstance(error, KeyWrongLastSequenceError) or error.err_code in (10071, 10164)
 
 
 PodChange = Callable[[PodRecord], PodRecord | None]
