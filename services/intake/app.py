@@ -204,7 +204,10 @@ class Intake:
     async def _serve(self, batch: list[Msg]) -> None:
         connection = self._connection()
 
+        unanswered = len(batch)
+
         async def answer(index: int, outcome: Outcome) -> None:
+            nonlocal unanswered
             message = batch[index]
             try:
                 reply = self._answer(message.data, outcome)
@@ -213,14 +216,13 @@ class Intake:
                         await connection.publish(message.reply, reply[0], headers=reply[1])
             finally:
                 self._in_flight -= 1
-                answered.add(index)
+                unanswered -= 1
                 self._schedule_batch()
 
-        answered: set[int] = set()
         try:
             await self.handler.on_api_submits([message.data for message in batch], answer)
         finally:  # cancelled, say: those not answered leave the count too
-            self._in_flight -= len(batch) - len(answered)
+            self._in_flight -= unanswered
 
     async def _on_request(self, message: Msg) -> None:
         # Requests that arrive together are handled together: nats-py hands over every message

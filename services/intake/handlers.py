@@ -40,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from mdq.bus.codec import decode_submit, encode, to_json
@@ -144,6 +144,25 @@ class _Ready:
     reply: pb.SubmitReply
 
 
+def acceptance(
+    request: pb.SubmitRequest,
+    *,
+    request_id: str,
+    resolved: Mapping[str, str],
+    key_required: bool,
+) -> tuple[list[AcceptedJob], pb.SubmitReply]:
+    """The jobs of a submit in publishing order and the reply that names them; SpecError if
+    it cannot be accepted (``resolved``: its dependencies on earlier jobs, as job ids)."""
+    accepted = validate_submit(
+        request, request_id=request_id, resolve_external=resolved.get, key_required=key_required
+    )
+    check_job_ids(request, request_id=request_id)
+    reply = pb.SubmitReply(
+        request_id=request_id, job_ids=[job_id(request_id, job.name) for job in request.jobs]
+    )
+    return accepted, reply
+
+
 def _prepare(index: int, data: bytes) -> _Ready | None:
     """The submit ready to be claimed, or None when it needs the one-by-one path (it is
     refused, or names jobs of earlier submits)."""
@@ -153,20 +172,18 @@ def _prepare(index: int, data: bytes) -> _Ready | None:
         if external_refs(request):
             return None
         request_id = request_id_for_key(request.idempotency_key)
-        accepted = validate_submit(
-            request, request_id=request_id, resolve_external=_unknown, key_required=True
-        )
-        check_job_ids(request, request_id=request_id)
+        accepted, reply = acceptance(request, request_id=request_id, resolved={}, key_required=True)
     except SpecError:
         return None
-    reply = pb.SubmitReply(
-        request_id=request_id, job_ids=[job_id(request_id, job.name) for job in request.jobs]
-    )
     return _Ready(index, request, request_id, accepted, reply)
 
 
-def _unknown(_ref: str) -> None:
-    return None
+async def _settled(work: Awaitable[pb.SubmitReply]) -> Outcome:
+    """The reply ``work`` gives, or the exception it raised (for the caller to sort)."""
+    try:
+        return await work
+    except Exception as error:
+        return error
 
 
 class SubmitHandler:
@@ -205,11 +222,7 @@ class SubmitHandler:
         await asyncio.gather(self._accept_together(ready, answer), *one_by_one)
 
     async def _answer_one(self, index: int, data: bytes, answer: Answer) -> None:
-        try:
-            outcome: Outcome = await self.on_api_submit(data)
-        except Exception as error:  # handed to the caller, which sorts it
-            outcome = error
-        await answer(index, outcome)
+        await answer(index, await _settled(self.on_api_submit(data)))
 
     async def _accept_together(self, ready: list[_Ready], answer: Answer) -> None:
         """Claim and publish prepared submits as batches, releasing each request id once its
@@ -272,11 +285,9 @@ class SubmitHandler:
         """A prepared submit whose key was claimed before: the recorded reply (retries and
         replays, rare), found while still holding its request id."""
         try:
-            outcome: Outcome = await self._seen_before(
-                submit.request, submit.request_id, submit.accepted, submit.reply
+            outcome = await _settled(
+                self._seen_before(submit.request, submit.request_id, submit.accepted, submit.reply)
             )
-        except Exception as error:  # handed to the caller, which sorts it
-            outcome = error
         finally:
             self._locks.release(submit.request_id)
         await answer(submit.index, outcome)
@@ -296,23 +307,17 @@ class SubmitHandler:
         request_id = request_id_for_key(key) if key else fallback_id
         async with self._exclusive(request_id):
             try:
-                resolved = await self._registry.resolve_all(external_refs(request))
-                accepted = validate_submit(
+                accepted, reply = acceptance(
                     request,
                     request_id=request_id,
-                    resolve_external=resolved.get,
+                    resolved=await self._registry.resolve_all(external_refs(request)),
                     key_required=sequence is None,
                 )
-                check_job_ids(request, request_id=request_id)
             except SpecError as error:
                 known = await self._registry.reply_for(request_id)
                 if known is not None:  # accepted before: that answer stands
                     return known
                 return await self._refuse(request_id=request_id, idempotency_key=key, error=error)
-            reply = pb.SubmitReply(
-                request_id=request_id,
-                job_ids=[job_id(request_id, job.name) for job in request.jobs],
-            )
             if not await self._registry.claim(request_id=request_id, reply=reply):
                 return await self._seen_before(request, request_id, accepted, reply)
             await self._publish(request, request_id=request_id, accepted=accepted)
