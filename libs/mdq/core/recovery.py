@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 from mdq.contracts import pb
 from mdq.core.exit_codes import RunnerExit
 from mdq.core.state import JobView
+from mdq.core.timestamps import set_timestamp
 
 NOT_THE_JOBS_FAULT = frozenset({pb.FAILURE_EVICTED, pb.FAILURE_NODE_LOST})
 NOT_WORTH_RETRYING = frozenset({pb.FAILURE_UNSTABLE, pb.FAILURE_INVALID_INPUT})
@@ -198,5 +199,5 @@ def requeued_body(decision: Requeue, view: JobView, now: datetime) -> pb.JobRequ
     if decision.memory_mb is not None:
         body.resources.memory_mb = decision.memory_mb
     if decision.delay_s > 0:
-        body.not_before.FromDatetime(now + timedelta(seconds=decision.delay_s))
+        set_timestamp(body.not_before, now + timedelta(seconds=decision.delay_s))
     return body

@@ -8,7 +8,7 @@ attempt other than the job's current one is ignored, and terminal states accept 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from enum import StrEnum
 
 from mdq.contracts import pb
@@ -194,9 +194,7 @@ class JobView:
                     self.resources.CopyFrom(requeue.resources)
                 self.avoid_nodes = tuple(requeue.avoid_nodes)
                 self.not_before = (
-                    requeue.not_before.ToDatetime(tzinfo=UTC)
-                    if requeue.HasField("not_before")
-                    else None
+                    to_datetime(requeue.not_before) if requeue.HasField("not_before") else None
                 )
                 self.current.resumed_from_step = self.last_step
             case "failed":

@@ -65,6 +65,7 @@ from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.state import AttemptRecord, JobState, JobView, event_time
 from mdq.core.text import scrub_nul
+from mdq.core.timestamps import set_timestamp
 
 log = logging.getLogger("mdq.store.projection")
 
@@ -486,7 +487,7 @@ def progress_event(record: asyncpg.Record) -> pb.Event:
             done_reason=record["done_reason"],
         ),
     )
-    event.time.FromDatetime(record["time"])
+    set_timestamp(event.time, record["time"])
     return event
 
 
