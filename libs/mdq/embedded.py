@@ -6,6 +6,7 @@ no Docker and no system services. When NATS_URL / DATABASE_URL are set, nothing 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -59,26 +60,52 @@ class EmbeddedNats:
         self.process.wait()
 
 
+SYNC_ALWAYS = "always"
+"""JetStream fsyncs every write before acknowledging it (``jetstream.sync_interval``)."""
+SYNC_SERVER_DEFAULT = ""
+"""Leave the fsync interval to the server (2 minutes in nats-server 2.x): acknowledged writes
+may be lost to a power cut or a kernel crash. For side-by-side benchmarks only."""
+
+
+def nats_config(*, port: int, store_dir: Path, sync_interval: str = SYNC_ALWAYS) -> str:
+    """The nats-server configuration of the embedded default.
+
+    ``sync_interval: always`` makes JetStream fsync each message before it is acknowledged, so
+    nothing mdq was told is stored can vanish with the page cache (Jepsen's NATS 2.12.1
+    analysis lost acknowledged writes on power loss under the default interval). Its cost is
+    measured by ``make bench-ingest`` and ``make bench-placement``; docs/durability.md.
+    """
+    lines = [
+        "# Written by mdq (mdq.embedded.nats_config); changes are overwritten on start.",
+        f'listen: "127.0.0.1:{port}"',
+        "jetstream {",
+        f"  store_dir: {json.dumps(str(store_dir))}",
+    ]
+    if sync_interval:
+        lines.append(f"  sync_interval: {sync_interval}")
+    lines += ["}", ""]
+    return "\n".join(lines)
+
+
 def start_nats(
-    store_dir: Path, *, port: int | None = None, log_file: Path | None = None
+    store_dir: Path,
+    *,
+    port: int | None = None,
+    log_file: Path | None = None,
+    sync_interval: str = SYNC_ALWAYS,
 ) -> EmbeddedNats:
-    """Start nats-server with JetStream on 127.0.0.1 and wait until it accepts connections."""
+    """Start nats-server with JetStream on 127.0.0.1 and wait until it accepts connections.
+
+    The server reads a configuration file written next to its store (``nats.conf``), so that
+    its durability settings are the same wherever mdq starts one (``nats_config``).
+    """
     store_dir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     log = log_file or store_dir / "nats-server.log"
+    config = store_dir / "nats.conf"
+    config.write_text(nats_config(port=port, store_dir=store_dir, sync_interval=sync_interval))
     process = subprocess.Popen(
-        [
-            nats_server_binary(),
-            "-a",
-            "127.0.0.1",
-            "-p",
-            str(port),
-            "-js",
-            "-sd",
-            str(store_dir),
-            "-l",
-            str(log),
-        ],
+        [nats_server_binary(), "-c", str(config), "-l", str(log)],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
