@@ -6,6 +6,7 @@ no Docker and no system services. When NATS_URL / DATABASE_URL are set, nothing 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -16,6 +17,8 @@ import time
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 
 def free_port() -> int:
@@ -36,6 +39,13 @@ def nats_server_binary() -> str:
     return found
 
 
+SYNC_ALWAYS = "always"
+"""JetStream fsyncs every write before acknowledging it (``jetstream.sync_interval``)."""
+SYNC_SERVER_DEFAULT = ""
+"""Leave the fsync interval to the server (2 minutes in nats-server 2.x): acknowledged writes
+may be lost to a power cut or a kernel crash. For side-by-side benchmarks only."""
+
+
 @dataclass
 class EmbeddedNats:
     """A nats-server subprocess with JetStream storing under ``store_dir``."""
@@ -44,6 +54,29 @@ class EmbeddedNats:
     url: str
     port: int
     store_dir: Path
+    log_file: Path
+    sync_interval: str = SYNC_ALWAYS
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def exit_status(self) -> str | None:
+        """None while the server runs; how it ended once it has (``exit 1``, ``signal 9``)."""
+        code = self.process.poll()
+        if code is None:
+            return None
+        return f"signal {-code}" if code < 0 else f"exit {code}"
+
+    def restarted(self) -> EmbeddedNats:
+        """A new server on the same port and store (after this one exited): the URL stays
+        valid for every client, and JetStream recovers its streams from the store."""
+        return start_nats(
+            self.store_dir,
+            port=self.port,
+            log_file=self.log_file,
+            sync_interval=self.sync_interval,
+        )
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -58,13 +91,6 @@ class EmbeddedNats:
         """kill -9, for fault tests."""
         self.process.kill()
         self.process.wait()
-
-
-SYNC_ALWAYS = "always"
-"""JetStream fsyncs every write before acknowledging it (``jetstream.sync_interval``)."""
-SYNC_SERVER_DEFAULT = ""
-"""Leave the fsync interval to the server (2 minutes in nats-server 2.x): acknowledged writes
-may be lost to a power cut or a kernel crash. For side-by-side benchmarks only."""
 
 
 def nats_config(*, port: int, store_dir: Path, sync_interval: str = SYNC_ALWAYS) -> str:
@@ -116,7 +142,9 @@ def start_nats(
             raise RuntimeError(f"nats-server exited with {process.returncode}; see {log}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return EmbeddedNats(process, f"nats://127.0.0.1:{port}", port, store_dir)
+                return EmbeddedNats(
+                    process, f"nats://127.0.0.1:{port}", port, store_dir, log, sync_interval
+                )
         except OSError:
             time.sleep(0.05)
     process.kill()
@@ -125,15 +153,76 @@ def start_nats(
 
 @dataclass
 class EmbeddedPostgres:
-    """A PostgreSQL server from the pgserver wheel, listening on a unix socket in its folder."""
+    """A PostgreSQL server from the pgserver wheel, listening on a unix socket in its folder.
+
+    The postmaster is not a child of this process (pgserver starts it through ``pg_ctl``), so
+    whether it runs is read from its ``postmaster.pid``.
+    """
 
     server: object
     url: str
+    data_dir: Path
+
+    def _postmaster_file(self) -> list[str]:
+        """The lines of ``postmaster.pid`` (pid, data folder, start time, port, socket folder,
+        ...), or none when there is no such file."""
+        try:
+            return (self.data_dir / "postmaster.pid").read_text().splitlines()
+        except OSError:
+            return []
+
+    @property
+    def pid(self) -> int | None:
+        """The postmaster's pid from ``postmaster.pid``, or None when there is no such file."""
+        lines = self._postmaster_file()
+        try:
+            return int(lines[0])
+        except (IndexError, ValueError):
+            return None
+
+    def exit_status(self) -> str | None:
+        """None while the postmaster runs; ``gone`` once it has ended (its exit status is its
+        parent's to read, and that is not this process)."""
+        pid = self.pid
+        if pid is not None and _running(pid):
+            return None
+        return "gone"
+
+    def restart(self) -> None:
+        """Start the server again on the same data directory (so the same socket and URL).
+
+        A postmaster killed with SIGKILL leaves its lock files behind (``postmaster.pid`` and
+        the socket's ``.s.PGSQL.<port>.lock``), and where nobody reaps orphans (a container
+        whose pid 1 does not) its pid stays a zombie, which both pgserver and PostgreSQL take
+        for a live server. Its children leave with it, so once the recorded process is a
+        zombie or gone those lock files are stale: they are set aside (``.stale``) and the
+        server is started as usual.
+        """
+        lines = self._postmaster_file()
+        pid = self.pid
+        if pid is not None and not _running(pid):
+            stale = [self.data_dir / "postmaster.pid"]
+            if len(lines) >= 5 and lines[3].strip() and lines[4].strip():
+                stale.append(Path(lines[4].strip()) / f".s.PGSQL.{lines[3].strip()}.lock")
+            for path in stale:
+                with contextlib.suppress(FileNotFoundError):
+                    path.replace(path.with_name(path.name + ".stale"))
+        server = self.server
+        with server._lock:  # type: ignore[attr-defined]  # pgserver's lock across processes
+            server.ensure_postgres_running()  # type: ignore[attr-defined]
 
     def stop(self) -> None:
         cleanup = getattr(self.server, "cleanup", None)
         if cleanup is not None:
             cleanup()
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie is not)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def start_postgres(data_dir: Path, *, database: str = "mdq", keep: bool = True) -> EmbeddedPostgres:
@@ -150,7 +239,7 @@ def start_postgres(data_dir: Path, *, database: str = "mdq", keep: bool = True) 
     # pgserver puts the socket somewhere else when the folder's path is too long for one;
     # its URI names the folder it really chose.
     return EmbeddedPostgres(
-        server, str(server.get_uri(database)).replace("postgres:@", "postgres@")
+        server, str(server.get_uri(database)).replace("postgres:@", "postgres@"), data_dir
     )
 
 
