@@ -75,7 +75,7 @@ def _resolve(document: dict[str, Any], ref: str) -> Any:
     return node
 
 
-def test_the_document_is_valid_against_the_asyncapi_3_0_schema(document: dict[str, Any]) -> None:
+def test_the_document_is_valid_against_the_asyncapi_3_0_schema() -> None:
     loaded = yaml.safe_load(asyncapi.DOCUMENT.read_text())
     assert loaded["asyncapi"] == "3.0.0"
     validator = jsonschema.Draft7Validator(json.loads(SCHEMA_3_0.read_text()))
