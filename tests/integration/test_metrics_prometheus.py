@@ -289,16 +289,28 @@ async def test_every_panel_query_returns_data_and_one_series_per_job(
 ) -> None:
     await feed_job_events(nc, subjects)
 
+    def scraped_thrice(expr: str, series: int) -> bool:
+        seen = prometheus.vector(f"count_over_time({expr}[1m])")
+        return len(seen) == series and all(float(s["value"][1]) >= 3 for s in seen)
+
     def ready() -> bool:
-        # Every target up, and each scraped a few times since the metrics service showed
-        # all jobs (so rate() and increase() have samples to work with).
+        # Every target up, and scraped a few times since the metrics service folded every
+        # event and sampled the nodes: its jobs log (recoveries, job counts), its progress
+        # log (md_step) and the node agent (a process of its own) are followed apart, so
+        # wait for each; rate() and increase() then have samples.
         targets = prometheus.get("/api/v1/targets")["data"]["activeTargets"]
         if len(targets) != 2 + sum(job.runner_endpoint for job in JOBS):
             return False
         if any(target["health"] != "up" for target in targets):
             return False
-        seen = prometheus.vector('count_over_time(md_step{job="mdq-metrics"}[1m])')
-        return len(seen) == len(JOBS) and all(float(s["value"][1]) >= 3 for s in seen)
+        running = prometheus.vector('mdq_jobs{state="RUNNING"}')
+        return (
+            [float(s["value"][1]) for s in running] == [float(len(JOBS))]
+            and scraped_thrice('md_step{job="mdq-metrics"}', len(JOBS))
+            and scraped_thrice("mdq_recoveries_total", 1)
+            and scraped_thrice("mdq_node_ready", len(NODES))
+            and scraped_thrice("mdq_consumer_lag_messages", 2)
+        )
 
     async def prometheus_ready() -> bool:
         if prometheus.process.poll() is not None:
