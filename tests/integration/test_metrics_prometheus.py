@@ -20,6 +20,7 @@ import json
 import re
 import shutil
 import subprocess
+import time
 import urllib.parse
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
@@ -91,6 +92,16 @@ class Prometheus:
         except urllib.error.HTTPError as error:  # 400/422: a bad query, with Prometheus' reason
             answer = json.loads(error.read())
         return answer
+
+    def over_last_minute(self, expr: str) -> list[dict[str, Any]]:
+        """``/api/v1/query_range`` over the last minute, as a Grafana time series panel asks."""
+        end = time.time()
+        answer = self.get(
+            "/api/v1/query_range", query=expr, start=str(end - 60), end=str(end), step="1"
+        )
+        assert answer["status"] == "success", (expr, answer)
+        result: list[dict[str, Any]] = answer["data"]["result"]
+        return result
 
     def vector(self, expr: str) -> list[dict[str, Any]]:
         answer = self.query(expr)
@@ -243,6 +254,7 @@ class Query:
     expr: str
     legend: str
     repeat: str | None  # the variable the panel repeats over, if any
+    instant: bool  # one value (a table, a stat), not a time series
 
 
 def dashboard_queries() -> list[Query]:
@@ -257,6 +269,7 @@ def dashboard_queries() -> list[Query]:
             expr=target["expr"],
             legend=target.get("legendFormat", ""),
             repeat=panel.get("repeat"),
+            instant=bool(target.get("instant")),
         )
         for panel in panels
         for target in panel.get("targets", [])
@@ -355,6 +368,10 @@ async def test_every_panel_query_returns_data_and_one_series_per_job(
             attempts = {s["metric"]["job_id"]: s["metric"].get("attempt") for s in series}
             if "attempt" in legend_labels(query.legend):
                 assert attempts == {job.job_id: str(job.attempt) for job in JOBS}, where
+        if not query.instant:  # a time series panel: the same series over its time range
+            labels = sorted(json.dumps(s["metric"], sort_keys=True) for s in series)
+            ranged = prometheus.over_last_minute(expr)
+            assert sorted(json.dumps(s["metric"], sort_keys=True) for s in ranged) == labels, where
         checked.append(expr)
 
     # The values are the jobs' own, whichever exporter Prometheus read them from.
