@@ -36,10 +36,11 @@ async def main() -> None:
     if not common.database_url:
         raise SystemExit("DATABASE_URL is not set: the watcher writes the history there")
     subjects = common.subjects
-    nc = await connect(common.nats_url, name="mdq-watcher", subjects=subjects)
+    replicas = common.stream_replicas
+    nc = await connect(common.nats_url, name="mdq-watcher", subjects=subjects, replicas=replicas)
     js = nc.jetstream()
     pool = await create_writer_pool(common.database_url, size=settings.pool_size)
-    backend = await make_backend(kind=settings.backend, nc=nc, subjects=subjects)
+    backend = await make_backend(kind=settings.backend, nc=nc, subjects=subjects, replicas=replicas)
     projector = Projector(
         js=js,
         subjects=subjects,
