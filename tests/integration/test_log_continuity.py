@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
@@ -22,7 +23,9 @@ from nats.js import JetStreamContext
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.streams import ensure_streams
 from mdq.bus.subjects import Subjects
+from mdq.cli.replay import _fresh_database, compare, rebuild
 from mdq.core.log_continuity import Verdict
+from mdq.store.engine import asyncpg_dsn, create_writer_pool
 from mdq.store.projection import JOBS_CONSUMER, LogContinuityError, Projector
 from services.watcher.__main__ import EXIT_LOG_CONTINUITY
 from tests.helpers import wait_for
@@ -261,3 +264,54 @@ async def test_the_watcher_exits_non_zero_with_the_explanation(
     assert f"stored offset {offset}" in text and subjects.jobs_stream in text
     assert "mdq replay --rebuild" in text
     await nothing_of(pool, second)
+
+
+@pytest.fixture
+async def spare_database(database_url: str) -> AsyncIterator[str]:
+    url = await _fresh_database(database_url)
+    yield url
+    admin = await asyncpg.connect(asyncpg_dsn(database_url))
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{url.rsplit("/", 1)[1].split("?")[0]}"')
+    finally:
+        await admin.close()
+
+
+async def test_the_documented_recovery_rebuilds_and_resumes(
+    js: JetStreamContext,
+    subjects: Subjects,
+    pool: asyncpg.Pool,
+    publisher: EventPublisher,
+    database_url: str,
+    spare_database: str,
+) -> None:
+    """The way out the error names: ``mdq replay --rebuild`` projects the log as it is now into
+    a fresh database, and a projector on that database resumes and goes on projecting; the
+    comparison with the refused database shows what the log lost."""
+    await project_first_job(js, subjects, pool, publisher)
+    await recreate_jobs_stream(js, subjects)
+    second = await publish_second_job(publisher)
+    with pytest.raises(LogContinuityError):
+        await asyncio.wait_for(projector_for(js, subjects, pool).run(), timeout=20)
+
+    report = await rebuild(js, subjects, spare_database)
+    assert report.last_seq[subjects.jobs_stream] == 2
+    differences = await compare(database_url, spare_database)
+    assert differences["jobs"] == (1, 1)  # the first job only in the old, the second only here
+
+    rebuilt = await create_writer_pool(spare_database, size=3)
+    try:
+        projector = projector_for(js, subjects, rebuilt)
+        task = asyncio.create_task(projector.run())
+        try:
+            third = History("third", request_id="0a0b0c0d0e0f")
+            await publish_in_order(publisher, [third.submitted()])
+            await wait_projected(js, subjects, rebuilt)
+            assert not task.done()
+        finally:
+            projector.stop()
+            await asyncio.wait_for(task, timeout=10)
+        jobs = {row["job_id"] for row in await rebuilt.fetch("SELECT job_id FROM jobs")}
+        assert jobs == {second, third.job_id}
+    finally:
+        await rebuilt.close()
