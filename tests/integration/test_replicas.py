@@ -134,3 +134,28 @@ async def test_existing_single_copy_buckets_are_raised(clustered: Client, namesp
         return True
 
     await wait_for(raised, timeout=30, what="three copies")  # new peers are added async
+
+
+async def test_a_stream_keeps_its_creation_time_when_its_leader_changes(
+    clustered: Client, namespace: str
+) -> None:
+    """The projector tells a recreated stream by its creation time (docs/durability.md): on a
+    cluster every server must report the same one, before and after a leader change, or a
+    routine failover would stop the projection."""
+    js = clustered.jetstream()
+    subjects = Subjects(namespace)
+    await ensure_streams(js, subjects, replicas=3)
+    stream = subjects.jobs_stream
+    before = await js.stream_info(stream)
+    assert before.created is not None and before.cluster is not None
+    first_leader = before.cluster.leader
+    api = f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}"
+
+    async def new_leader() -> bool:
+        info = await js.stream_info(stream)
+        return info.cluster is not None and info.cluster.leader not in (None, first_leader)
+
+    await clustered.request(api, b"", timeout=10)
+    await wait_for(new_leader, timeout=30, what="another stream leader")
+    after = await js.stream_info(stream)
+    assert after.created == before.created
