@@ -670,9 +670,9 @@ class Projector:
         self._stopping = asyncio.Event()
         self._write_lock = asyncio.Lock()
         self.events_projected = 0
+        """Events applied (not counting skipped redeliveries and duplicates), for metrics."""
         self.continuity_checks = 0
         """Checks of the log's continuity passed (``_verify``), for tests and logs."""
-        """Events applied (not counting skipped redeliveries and duplicates), for metrics."""
 
     # -- life cycle ------------------------------------------------------------------------
     async def run(self) -> None:
