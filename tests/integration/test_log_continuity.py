@@ -18,13 +18,15 @@ from pathlib import Path
 
 import asyncpg
 import pytest
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.streams import ensure_streams
 from mdq.bus.subjects import Subjects
 from mdq.cli.replay import _fresh_database, compare, rebuild
-from mdq.core.log_continuity import Verdict
+from mdq.core.log_continuity import Verdict, message_digest
 from mdq.store.engine import asyncpg_dsn, create_writer_pool
 from mdq.store.projection import JOBS_CONSUMER, LogContinuityError, Projector
 from services.watcher.__main__ import EXIT_LOG_CONTINUITY
@@ -315,3 +317,61 @@ async def test_the_documented_recovery_rebuilds_and_resumes(
         assert jobs == {second, third.job_id}
     finally:
         await rebuilt.close()
+
+
+async def fetch_from(js: JetStreamContext, stream: str, start: int, count: int) -> list[Msg]:
+    """``count`` real messages of ``stream`` from sequence ``start`` (an ephemeral consumer)."""
+    subscription = await js.pull_subscribe(
+        "",
+        stream=stream,
+        config=ConsumerConfig(
+            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+            opt_start_seq=start,
+            ack_policy=AckPolicy.NONE,
+        ),
+    )
+    try:
+        return await subscription.fetch(count, timeout=5)
+    finally:
+        await subscription.unsubscribe()
+
+
+async def test_a_batch_mixing_old_and_new_sequences_applies_nothing_before_the_check(
+    js: JetStreamContext, subjects: Subjects, pool: asyncpg.Pool, publisher: EventPublisher
+) -> None:
+    """Redelivered messages (at or below the offset) and new ones in one batch: nothing is
+    applied until the log is checked. A broken log (here: the message at the offset is not
+    the one projected) stores nothing of the new ones; a continuous one is delivered again from
+    after the offset and projected."""
+    offset = await project_first_job(js, subjects, pool, publisher)
+    second = await publish_second_job(publisher)  # sequences 5 and 6
+    mixed = await fetch_from(js, subjects.jobs_stream, start=3, count=4)  # 3, 4 | 5, 6
+    assert [m.metadata.sequence.stream for m in mixed] == [3, 4, 5, 6]
+
+    projector = projector_for(js, subjects, pool)
+    feed = next(f for f in projector._feeds if f.stream == subjects.jobs_stream)
+    await pool.execute(
+        "UPDATE consumer_offsets SET last_digest = 'not what was there' WHERE consumer = $1",
+        JOBS_CONSUMER,
+    )
+    with pytest.raises(LogContinuityError) as raised:
+        await projector._handle(feed, mixed)
+    assert raised.value.continuity.verdict is Verdict.REWRITTEN
+    await nothing_of(pool, second)
+    assert await stored_offset(pool) == offset
+
+    # The same batch from a continuous log: applied only after a fresh delivery.
+    digest = message_digest(mixed[1].subject, mixed[1].data)
+    await pool.execute(
+        "UPDATE consumer_offsets SET last_digest = $2 WHERE consumer = $1", JOBS_CONSUMER, digest
+    )
+    await projector._handle(feed, mixed)
+    await nothing_of(pool, second)
+    assert feed.subscription is not None and feed.trusted_start == offset + 1  # rewound
+    task = asyncio.create_task(projector.run())
+    try:
+        await wait_projected(js, subjects, pool)
+    finally:
+        projector.stop()
+        await asyncio.wait_for(task, timeout=10)
+    assert await pool.fetchval("SELECT count(*) FROM jobs WHERE job_id = $1", second) == 1
