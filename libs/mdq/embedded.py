@@ -93,23 +93,58 @@ class EmbeddedNats:
         self.process.wait()
 
 
-def nats_config(*, port: int, store_dir: Path, sync_interval: str = SYNC_ALWAYS) -> str:
+@dataclass(frozen=True, slots=True)
+class NatsCluster:
+    """The ``cluster {}`` block of one server of a JetStream cluster on 127.0.0.1 (tests)."""
+
+    name: str
+    port: int
+    """This server's route port."""
+    routes: tuple[int, ...]
+    """Route ports of every server of the cluster (this one's may be among them)."""
+
+
+def nats_config(
+    *,
+    port: int,
+    store_dir: Path,
+    sync_interval: str = SYNC_ALWAYS,
+    monitor_port: int | None = None,
+    server_name: str = "",
+    cluster: NatsCluster | None = None,
+) -> str:
     """The nats-server configuration of the embedded default.
 
     ``sync_interval: always`` makes JetStream fsync each message before it is acknowledged, so
     nothing mdq was told is stored can vanish with the page cache (Jepsen's NATS 2.12.1
     analysis lost acknowledged writes on power loss under the default interval). Its cost is
-    measured by ``make bench-ingest`` and ``make bench-placement``; docs/durability.md.
+    measured by ``make bench-ingest`` and ``make bench-placement``; docs/durability.md. The
+    deployment files (deploy/, docker-compose.yml) set the same (tests/integration/
+    test_deploy_manifests.py). ``monitor_port`` opens the HTTP monitoring endpoint on
+    127.0.0.1 (off by default); ``cluster`` makes the server one of a JetStream cluster.
     """
     lines = [
         "# Written by mdq (mdq.embedded.nats_config); changes are overwritten on start.",
         f'listen: "127.0.0.1:{port}"',
-        "jetstream {",
-        f"  store_dir: {json.dumps(str(store_dir))}",
     ]
+    if server_name:
+        lines.append(f"server_name: {json.dumps(server_name)}")
+    if monitor_port is not None:
+        lines.append(f'http: "127.0.0.1:{monitor_port}"')
+    lines += ["jetstream {", f"  store_dir: {json.dumps(str(store_dir))}"]
     if sync_interval:
         lines.append(f"  sync_interval: {sync_interval}")
-    lines += ["}", ""]
+    lines.append("}")
+    if cluster is not None:
+        routes = ", ".join(json.dumps(f"nats://127.0.0.1:{route}") for route in cluster.routes)
+        lines += [
+            "cluster {",
+            f"  name: {json.dumps(cluster.name)}",
+            f'  listen: "127.0.0.1:{cluster.port}"',
+            f"  routes: [{routes}]",
+            "}",
+        ]
+    lines.append("")
     return "\n".join(lines)
 
 
@@ -119,6 +154,9 @@ def start_nats(
     port: int | None = None,
     log_file: Path | None = None,
     sync_interval: str = SYNC_ALWAYS,
+    monitor_port: int | None = None,
+    server_name: str = "",
+    cluster: NatsCluster | None = None,
 ) -> EmbeddedNats:
     """Start nats-server with JetStream on 127.0.0.1 and wait until it accepts connections.
 
@@ -129,7 +167,16 @@ def start_nats(
     port = port or free_port()
     log = log_file or store_dir / "nats-server.log"
     config = store_dir / "nats.conf"
-    config.write_text(nats_config(port=port, store_dir=store_dir, sync_interval=sync_interval))
+    config.write_text(
+        nats_config(
+            port=port,
+            store_dir=store_dir,
+            sync_interval=sync_interval,
+            monitor_port=monitor_port,
+            server_name=server_name,
+            cluster=cluster,
+        )
+    )
     process = subprocess.Popen(
         [nats_server_binary(), "-c", str(config), "-l", str(log)],
         stdin=subprocess.DEVNULL,

@@ -301,9 +301,12 @@ class Intake:
         """Connect, make sure the streams and the registry bucket exist, build the handler."""
         connection = await self.broker.connect()
         js = connection.jetstream()
-        await ensure_streams(js, self.subjects)
+        replicas = self.common.stream_replicas
+        await ensure_streams(js, self.subjects, replicas=replicas)
         requests = await Requests(connection).start()
-        registry = await SubmitRegistry.open(js=js, requests=requests, subjects=self.subjects)
+        registry = await SubmitRegistry.open(
+            js=js, requests=requests, subjects=self.subjects, replicas=replicas
+        )
         publisher = EventPublisher(js=requests, subjects=self.subjects, producer="intake")
         self._handler = SubmitHandler(publisher=publisher, registry=registry)
 

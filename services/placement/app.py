@@ -126,6 +126,7 @@ class Placement:
         data_dir: Path,
         clock: Clock = _utcnow,
         instance: str = "",
+        stream_replicas: int = 1,
     ) -> None:
         self._js = js
         self._subjects = subjects
@@ -155,6 +156,7 @@ class Placement:
                 bucket=f"{namespace}_placement",
                 holder=self.instance,
                 ttl_s=settings.lease_ttl_s,
+                replicas=stream_replicas,
             )
             if settings.leader_election
             else None

@@ -2,21 +2,33 @@
 
 Runs the two halves side by side: the projector (log → PostgreSQL) and the lifecycle
 (pod updates and silence → job events).
+
+A log that is not the one the projection was made from (``LogContinuityError``: the stream was
+recreated or lost its tail) is not a transient failure: the watcher logs why and how to
+recover, and exits with ``EXIT_LOG_CONTINUITY`` so that nothing restarts it into skipping
+events (docs/durability.md).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 
 from mdq.backends.factory import make_backend
 from mdq.bus.connect import connect
 from mdq.bus.publisher import EventPublisher
 from mdq.settings import CommonSettings
 from mdq.store.engine import create_writer_pool
+from mdq.store.projection import LogContinuityError
 from services.watcher.lifecycle import Lifecycle, LostRunPolicy
 from services.watcher.projector import Projector
 from services.watcher.settings import WatcherSettings
+
+log = logging.getLogger("mdq.watcher")
+
+EXIT_LOG_CONTINUITY = 3
+"""Exit status of a watcher stopped by a broken log (an operator must act)."""
 
 
 async def main() -> None:
@@ -24,10 +36,11 @@ async def main() -> None:
     if not common.database_url:
         raise SystemExit("DATABASE_URL is not set: the watcher writes the history there")
     subjects = common.subjects
-    nc = await connect(common.nats_url, name="mdq-watcher", subjects=subjects)
+    replicas = common.stream_replicas
+    nc = await connect(common.nats_url, name="mdq-watcher", subjects=subjects, replicas=replicas)
     js = nc.jetstream()
     pool = await create_writer_pool(common.database_url, size=settings.pool_size)
-    backend = await make_backend(kind=settings.backend, nc=nc, subjects=subjects)
+    backend = await make_backend(kind=settings.backend, nc=nc, subjects=subjects, replicas=replicas)
     projector = Projector(
         js=js,
         subjects=subjects,
@@ -55,6 +68,20 @@ async def main() -> None:
         await nc.drain()
 
 
+def run() -> int:
+    """Run the watcher; the process's exit status."""
+    try:
+        asyncio.run(main())
+    except BaseExceptionGroup as group:
+        broken = group.subgroup(LogContinuityError)
+        if broken is None:
+            raise
+        for error in broken.exceptions:
+            log.critical("watcher stopped: %s", error)
+        return EXIT_LOG_CONTINUITY
+    return 0
+
+
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    asyncio.run(main())
+    sys.exit(run())

@@ -9,9 +9,11 @@ from mdq.bus.streams import ensure_streams
 from mdq.bus.subjects import Subjects
 
 
-async def connect(url: str, *, name: str, subjects: Subjects | None = None) -> Client:
+async def connect(
+    url: str, *, name: str, subjects: Subjects | None = None, replicas: int = 1
+) -> Client:
     """Connect (retrying forever on reconnects) and, if ``subjects`` is given, make sure the
-    namespace's streams exist."""
+    namespace's streams exist, with at least ``replicas`` copies each."""
     client = await nats.connect(
         url,
         name=name,
@@ -20,5 +22,5 @@ async def connect(url: str, *, name: str, subjects: Subjects | None = None) -> C
         connect_timeout=5,
     )
     if subjects is not None:
-        await ensure_streams(client.jetstream(), subjects)
+        await ensure_streams(client.jetstream(), subjects, replicas=replicas)
     return client
