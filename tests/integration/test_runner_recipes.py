@@ -28,7 +28,9 @@ from mdq.core.spec import normalize_job
 from services.runner.errors import InvalidInputError
 from services.runner.system import build_system
 from tests.integration.test_runner import (
+    WAIT_S,
     JobEvents,
+    Runner,
     StartRunner,
     flip_bytes,
     make_task,
@@ -144,6 +146,33 @@ async def test_lennard_jones_fluid_reports_argon_density_and_writes_a_dcd(
     assert len(body) == 4 * frame_bytes
 
 
+async def stop_past_a_checkpoint(runner: Runner, events: JobEvents) -> None:
+    """SIGSTOP ``runner`` at a moment when it has reported progress past its latest checkpoint.
+
+    A fast runner can write its next checkpoint between the test seeing "progress past the
+    checkpoint" and a kill, so the runner is stopped first and the events it had already sent
+    are let in; if a checkpoint overtook the progress meanwhile, it runs on to its next report
+    and the check is made again.
+    """
+    deadline = asyncio.get_running_loop().time() + WAIT_S
+    while True:
+        await events.wait_until(
+            lambda: (
+                bool(events.checkpoints)
+                and events.progress[-1].progress.step > events.checkpoints[-1].checkpoint.step
+            )
+        )
+        runner.process.send_signal(signal.SIGSTOP)
+        await asyncio.sleep(0.5)  # what the stopped runner had sent is delivered meanwhile
+        progress, checkpoints = events.of_attempt(1)
+        if progress[-1].step > checkpoints[-1].step:
+            return
+        assert asyncio.get_running_loop().time() < deadline, "never stopped past a checkpoint"
+        reports = len(events.progress)
+        runner.process.send_signal(signal.SIGCONT)
+        await events.wait_until(lambda seen=reports: len(events.progress) > seen)
+
+
 async def test_resume_from_native_checkpoint_continues_energies_and_trajectory(
     nc: Client, subjects: Subjects, data_dir: Path, start_runner: StartRunner
 ) -> None:
@@ -165,15 +194,9 @@ async def test_resume_from_native_checkpoint_continues_energies_and_trajectory(
     first_task = make_task(data_dir, "job-lj-killed", spec)
     events = await tap(nc, subjects, first_task.job_id)
     first = await start_runner(first_task)
-    await events.wait_until(
-        lambda: (
-            bool(events.checkpoints)
-            and events.progress[-1].progress.step > events.checkpoints[-1].checkpoint.step
-        )
-    )
+    await stop_past_a_checkpoint(first, events)
     first.process.kill()
     assert await first.wait() == -signal.SIGKILL
-    await asyncio.sleep(0.3)  # events that were in flight at the kill
     before, checkpoints = events.of_attempt(1)
     resume_from = checkpoints[-1]
     assert before[-1].step > resume_from.step, "work after the checkpoint is lost and redone"
