@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import struct
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -146,6 +147,10 @@ async def test_lennard_jones_fluid_reports_argon_density_and_writes_a_dcd(
     assert len(body) == 4 * frame_bytes
 
 
+def _more_reports_than(events: JobEvents, reports: int) -> bool:
+    return len(events.progress) > reports
+
+
 async def stop_past_a_checkpoint(runner: Runner, events: JobEvents) -> None:
     """SIGSTOP ``runner`` at a moment when it has reported progress past its latest checkpoint.
 
@@ -168,9 +173,8 @@ async def stop_past_a_checkpoint(runner: Runner, events: JobEvents) -> None:
         if progress[-1].step > checkpoints[-1].step:
             return
         assert asyncio.get_running_loop().time() < deadline, "never stopped past a checkpoint"
-        reports = len(events.progress)
         runner.process.send_signal(signal.SIGCONT)
-        await events.wait_until(lambda seen=reports: len(events.progress) > seen)
+        await events.wait_until(partial(_more_reports_than, events, len(events.progress)))
 
 
 async def test_resume_from_native_checkpoint_continues_energies_and_trajectory(
