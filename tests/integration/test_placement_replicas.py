@@ -218,13 +218,15 @@ async def test_high_priority_job_preempts_low_priority_work(
 ) -> None:
     js = nc.jetstream()
     bus = publisher(js, subjects)
-    await bus.publish_all([node_load("n1", cpu_capacity=2)])
+    # "m" takes only the 1-CPU marker job (below), never a 2-CPU one
+    await bus.publish_all([node_load("n1", cpu_capacity=2), node_load("m", cpu_capacity=1)])
     await bus.publish(submitted("rp4-low", cpu=2, priority="low"))
     await bus.publish(event("bound", pb.JobBound(node="n1"), job="rp4-low", attempt=1))
     await bus.publish(event("started", pb.JobStarted(node="n1"), job="rp4-low", attempt=1))
     await bus.publish(submitted("rp4-normal", cpu=2, priority="normal"))
     backend = RecordingBackend()
-    async with running(make_placement(nc, subjects, backend, data_dir).run()):
+    placement = make_placement(nc, subjects, backend, data_dir)
+    async with running(placement.run()):
         await bus.publish(submitted("rp4-high", cpu=2, priority="high"))
 
         async def low_deleted() -> bool:
@@ -240,9 +242,20 @@ async def test_high_priority_job_preempts_low_priority_work(
             return len(await events_of(js, subjects, "bound", "rp4-high")) == 1
 
         await wait_for(high_bound, what="the high job bound in the freed room")
-        await asyncio.sleep(0.5)
+        # A later job placement must handle after everything above: once its pass has bound
+        # it (bound_total counts a batch after all its publishes), no pass before it bound
+        # the normal job, nor did its own.
+        await bus.publish(submitted("rp4-marker", cpu=1, priority="low"))
+
+        async def marker_bound() -> bool:
+            return placement.bound_total == 2 and bool(
+                await events_of(js, subjects, "bound", "rp4-marker")
+            )
+
+        await wait_for(marker_bound, what="the marker job bound (high + marker)")
     # the room was held for the preemptor: the normal job (waiting longer) did not take it
     assert await events_of(js, subjects, "bound", "rp4-normal") == []
+    assert placement.bound_total == 2
     assert backend.deleted == ["mdq-rp4-low-1"]
     assert (await events_of(js, subjects, "bound", "rp4-high"))[0].bound.node == "n1"
 
