@@ -331,7 +331,10 @@ async def test_a_node_that_goes_not_ready_loses_its_pods(
     # The lost pod was deleted (it stays Terminating: no kubelet confirms it).
     doomed_now = cluster.api.pod(doomed.name, K8S_NAMESPACE) or {}
     assert doomed_now["metadata"].get("deletionTimestamp")
-    await asyncio.sleep(1.5)
+    # Proof that later node checks did not report it again: the other node fails too, and
+    # its pod's loss is reported by a node check (and its deletion event) after that one.
+    await cluster.fail_node("node-2")
+    assert (await updates.until_final(stays.name, timeout=15)).reason == "NodeLost"
     assert sum(u.phase == pb.POD_FAILED for u in updates.of(doomed.name)) == 1
 
 
