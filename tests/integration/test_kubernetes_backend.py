@@ -193,11 +193,13 @@ async def test_create_is_idempotent_and_repairs_a_missing_binding(
     manifest = json.loads(json.dumps(_manifest(orphan, backend)))
     async with k8s.ApiClient(k8s.Configuration(host=cluster.api.url)) as api:
         await call_json(k8s.CoreV1Api(api).create_namespaced_pod, K8S_NAMESPACE, manifest)
-    await asyncio.sleep(0.5)
-    assert cluster.node_of(orphan.name) == ""  # nobody else schedules it
+    assert cluster.node_of(orphan.name) == ""
     with pytest.raises(PodExists):
         await backend.create_pod(orphan)
     assert cluster.node_of(orphan.name) == "node-2"
+    # Nobody else bound it, at any time: the only binding request is mdq's, and it succeeded.
+    orphan_bindings = cluster.api.requests_where(path_suffix=f"/{orphan.name}/binding")
+    assert [(r.status, r.user_agent) for r in orphan_bindings] == [(201, "mdq-kubernetes-backend")]
     assert (await updates.until_final(orphan.name)).phase == pb.POD_SUCCEEDED
     assert (await updates.until_final(spec.name)).phase == pb.POD_SUCCEEDED
 
