@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 
 from google.protobuf.message import Message
@@ -160,15 +160,49 @@ class RecordingBackend:
 
 
 @asynccontextmanager
-async def running(coroutine: Awaitable[None]) -> AsyncIterator[asyncio.Task[None]]:
-    """Run a service coroutine in the background for the duration of a block."""
+async def running(
+    coroutine: Awaitable[None], *, stop_timeout: float = 10.0
+) -> AsyncIterator[asyncio.Task[None]]:
+    """Run a service coroutine in the background for the duration of a block; fail the block
+    if the service did not survive it.
+
+    Services run until they are cancelled, so at the end of the block (after cancelling the
+    service and waiting up to ``stop_timeout`` seconds for it to stop):
+
+    - an exception the service raised is re-raised here (with a note naming the service), so
+      a test that asserts "nothing happened" cannot pass over a dead service. If the block
+      failed too, the service's crash wins (it is the likelier cause), with the block's
+      exception as its ``__context__``;
+    - a service that *returned* before the end of the block is a failure (AssertionError):
+      it stopped serving in the middle of the test;
+    - a CancelledError counts as a clean stop only if some ``cancel()`` of this task caused
+      it: the block's own at the end, or the test's ``task.cancel()`` (a replica killed on
+      purpose). One that leaked out of the service (a cancelled inner future) is a crash;
+    - a service that does not stop within ``stop_timeout`` after its cancel is a failure.
+    """
     task: asyncio.Task[None] = asyncio.ensure_future(coroutine)
+    name = getattr(coroutine, "__qualname__", task.get_name())
+    returned_early = False
     try:
         yield task
     finally:
-        task.cancel()
-        with suppress(asyncio.CancelledError, Exception):
-            await task
+        if task.done():
+            returned_early = not task.cancelled() and task.exception() is None
+        else:
+            task.cancel()
+            await asyncio.wait([task], timeout=stop_timeout)
+        if not task.done():
+            raise AssertionError(f"{name} did not stop within {stop_timeout}s of its cancel")
+        if task.cancelled():
+            if task.cancelling() == 0:
+                raise AssertionError(
+                    f"{name} ended with a CancelledError that no cancel() of it asked for"
+                )
+        elif (crash := task.exception()) is not None:
+            crash.add_note(f"raised by {name}, a service run by tests.helpers.running()")
+            raise crash
+        elif returned_early:
+            raise AssertionError(f"{name} returned before the end of the block")
 
 
 def publisher(js: JetStreamContext, subjects: Subjects) -> EventPublisher:

@@ -1,6 +1,7 @@
 """Fault tests with real processes on the whole stack: a node dies, a runner is killed at a
 random step while recovery itself is killed, a job exceeds its memory limit, the NATS server
-crashes under running jobs."""
+crashes under running jobs. After each, every job succeeded exactly once at its final step and
+PostgreSQL agrees with the log about every job (``tests.log_agreement``)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ import os
 import random
 import signal
 import subprocess
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import asyncpg
 import pytest
 from google.protobuf import json_format
 
@@ -24,8 +25,12 @@ from mdq.stack import Stack
 from mdq.testing.processes import runner_pid
 from tests.e2e.test_stack import md_job, submit_when_ready
 from tests.helpers import read_all, wait_for
+from tests.log_agreement import assert_postgres_agrees_with_log
 
 pytestmark = pytest.mark.e2e
+
+KILL_LOOP_S = 240.0
+"""How long the random-kill test may wait for every runner to reach its kill step."""
 
 FAST_RECOVERY = {
     "MDQ_RECOVERY_BACKOFF_BASE_S": "0.5",
@@ -78,6 +83,21 @@ async def stack(
 
 async def attempt_events(client: MdqClient, job_id: str, kind: str) -> list[pb.Event]:
     return await read_all(client.nc.jetstream(), client.subjects.job(job_id, kind))
+
+
+async def assert_succeeded_once_and_projected(
+    client: MdqClient, database_url: str, job_ids: list[str], *, steps: int
+) -> None:
+    """Every job succeeded exactly once, at its final step, and PostgreSQL agrees with the
+    log about each (state, attempt, last step, final step, attempts, every event once)."""
+    facts = await assert_postgres_agrees_with_log(
+        database_url, client.nc.jetstream(), client.subjects, job_ids
+    )
+    for job, fact in facts.items():
+        assert (fact.state, fact.last_step, fact.final_steps) == ("SUCCEEDED", steps, (steps,)), (
+            job,
+            fact,
+        )
 
 
 async def test_dead_node_moves_its_job_elsewhere_from_the_checkpoint(
@@ -133,6 +153,7 @@ async def test_dead_node_moves_its_job_elsewhere_from_the_checkpoint(
                 if e.attempt == 1
             ]
             progress = await read_all(client.nc.jetstream(), client.subjects.progress(victim))
+            await assert_succeeded_once_and_projected(client, database_url, job_ids, steps=6000)
     finally:
         await stack.stop()
     assert [f.attempt_failed.reason for f in failures] == [pb.FAILURE_NODE_LOST]
@@ -141,7 +162,9 @@ async def test_dead_node_moves_its_job_elsewhere_from_the_checkpoint(
     assert resumed[0] > max(checkpoints) and resumed[-1] == 6000
 
 
-async def test_runners_killed_at_random_steps_while_recovery_is_killed_too(stack: Stack) -> None:
+async def test_runners_killed_at_random_steps_while_recovery_is_killed_too(
+    stack: Stack, database_url: str
+) -> None:
     rng = random.Random(7)
     interval = 1000
     jobs = [md_job(f"kill-{i}", steps=6000) for i in range(3)]
@@ -153,19 +176,30 @@ async def test_runners_killed_at_random_steps_while_recovery_is_killed_too(stack
         js = client.nc.jetstream()
         kill_at = {job: rng.randrange(1200, 4500, 100) for job in job_ids}
         pending = set(job_ids)
+        last_step = dict.fromkeys(job_ids, 0)
+        deadline = time.monotonic() + KILL_LOOP_S
         while pending:
-            for job in list(pending):
+            for job in sorted(pending):
                 steps = [
                     p.progress.step
                     for p in await read_all(js, client.subjects.progress(job))
                     if p.attempt == 1
                 ]
-                if steps and steps[-1] >= kill_at[job] and (pid := runner_pid(job)) is not None:
+                last_step[job] = steps[-1] if steps else 0
+                if last_step[job] >= kill_at[job] and (pid := runner_pid(job)) is not None:
                     os.kill(pid, signal.SIGKILL)
                     recovery = stack.child_pid("recovery")
                     if recovery is not None:
                         os.kill(recovery, signal.SIGKILL)  # recovery dies mid-decision
                     pending.discard(job)
+                elif last_step[job] >= 6000 or time.monotonic() > deadline:
+                    raise AssertionError(
+                        f"no kill of {job} in time: its runner reached step {last_step[job]} "
+                        f"(kill due at {kill_at[job]}, runner pid {runner_pid(job)}) "
+                        f"{KILL_LOOP_S - (deadline - time.monotonic()):.0f}s into the loop "
+                        f"(limit {KILL_LOOP_S:.0f}s); still to kill: "
+                        + ", ".join(f"{j} at {last_step[j]}/{kill_at[j]}" for j in sorted(pending))
+                    )
             await asyncio.sleep(0.1)
         states = await client.wait(job_ids, timeout=400)
         assert {str(s) for s in states.values()} == {"SUCCEEDED"}, states
@@ -182,6 +216,7 @@ async def test_runners_killed_at_random_steps_while_recovery_is_killed_too(stack
             progress = await read_all(js, client.subjects.progress(job))
             second = [p.progress.step for p in progress if p.attempt == 2]
             assert second[0] > resume and second[-1] == 6000
+        await assert_succeeded_once_and_projected(client, database_url, job_ids, steps=6000)
     assert any(s.restarts >= 1 for s in stack.status() if s.name == "recovery")
 
 
@@ -200,6 +235,7 @@ async def test_out_of_memory_retries_with_more_memory_and_succeeds(
             states = await client.wait([job_id], timeout=240)
             failures = await attempt_events(client, job_id, "attempt_failed")
             requeues = await attempt_events(client, job_id, "requeued")
+            await assert_succeeded_once_and_projected(client, database_url, [job_id], steps=1000)
     finally:
         await stack.stop()
     assert str(states[job_id]) == "SUCCEEDED"
@@ -234,18 +270,7 @@ async def test_the_whole_stack_rides_out_a_nats_server_crash(
 
             states = await client.wait(job_ids, timeout=300)
             assert {str(state) for state in states.values()} == {"SUCCEEDED"}
-
-        async def projected() -> bool:
-            connection = await asyncpg.connect(database_url)
-            try:
-                rows = await connection.fetch(
-                    "SELECT state FROM jobs WHERE job_id = ANY($1::text[])", job_ids
-                )
-            finally:
-                await connection.close()
-            return sorted(row["state"] for row in rows) == ["SUCCEEDED", "SUCCEEDED"]
-
-        await wait_for(projected, timeout=60, what="both jobs SUCCEEDED in PostgreSQL")
+            await assert_succeeded_once_and_projected(client, database_url, job_ids, steps=4000)
     finally:
         await stack.stop()
         server.stop()

@@ -82,8 +82,7 @@ async def test_ack_of_the_last_message_acknowledges_the_batch(
     js = nc.jetstream()
     await publish(js, namespace, 8)
     batch = await fetcher.fetch(8, 1.0)
-    await batch[-1].ack()
-    await asyncio.sleep(0.1)
+    await batch[-1].ack_sync()  # the server has processed it when this returns
     info = await js.consumer_info(stream, "reader")
     assert info.ack_floor.stream_seq == 8 and info.num_ack_pending == 0
 

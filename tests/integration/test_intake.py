@@ -105,6 +105,25 @@ async def ask(nc: Client, subjects: Subjects, payload: dict[str, object] | bytes
     return reply
 
 
+async def settled(nc: Client, subjects: Subjects, tap: Tap) -> str:
+    """Prove that the submits answered so far published nothing more: a fresh marker submit,
+    asked after their replies, is published after anything they published (intake publishes
+    before it replies, on one connection, so the tap receives in that order); once the tap has
+    the marker, anything of theirs is in it too. The marker's publish is taken back out of the
+    tap; returns the marker's job id (to leave it out of the log)."""
+    marker = await ask(nc, subjects, {"idempotency_key": "settled-marker", "jobs": [{"name": "m"}]})
+    assert not marker.HasField("error"), marker
+    [job_id] = marker.job_ids
+    subject = subjects.job(job_id, "submitted")
+
+    async def tapped() -> bool:
+        return subject in tap.subjects
+
+    await eventually(tapped, "the marker submit's event")
+    tap.subjects.remove(subject)
+    return job_id
+
+
 class Tap:
     """Counts every publish on the namespace's job and rejected subjects (core NATS sees
     republished events that JetStream's deduplication would hide)."""
@@ -192,13 +211,14 @@ async def test_same_key_gives_same_ids_and_no_second_event(
     await eventually(lambda: tap.at_least(2), "the first submit's events")
     second = await ask(nc, subjects, submit)
     changed = await ask(nc, subjects, {"idempotency_key": "twice", "jobs": [{"name": "zzz"}]})
-    await asyncio.sleep(0.2)  # anything published by the repeats would have arrived by now
+    marker = await settled(nc, subjects, tap)
 
     assert first.job_ids and not first.HasField("error")
     assert second == first
     assert changed == first  # the key wins: the first outcome is returned
     assert len(tap.subjects) == 2
-    assert len(await job_log(nc.jetstream(), subjects)) == 2
+    log = [e for _, e in await job_log(nc.jetstream(), subjects) if e.job_id != marker]
+    assert len(log) == 2
 
 
 async def test_chain_by_name_is_published_dependencies_first(
@@ -523,7 +543,9 @@ async def test_submits_made_while_intake_is_down_are_handled_when_it_starts(
     keyless = await js.publish(subjects.submit, json.dumps({"jobs": [{"name": "late"}]}).encode())
     keyed = pb.SubmitRequest(idempotency_key="offline", jobs=[pb.JobSpec(name="proto")])
     await js.publish(subjects.submit, keyed.SerializeToString())
-    await asyncio.sleep(0.2)
+    # captured, not handled: both wait in intake's durable consumer (no intake runs to publish)
+    waiting = await js.consumer_info(subjects.submit_stream, IntakeSettings().durable)
+    assert (waiting.num_pending, waiting.num_ack_pending) == (2, 0)
     assert len(await job_log(js, subjects)) == 2
 
     second = await started(common)
@@ -622,12 +644,16 @@ async def test_resubmit_after_a_crash_between_claim_and_publish(
     reply = await ask(nc, subjects, submit)
     again = await ask(nc, subjects, submit)
     await eventually(lambda: tap.at_least(3), "the completed submit's events")
-    await asyncio.sleep(0.2)  # a second publish by the repeat would have arrived by now
+    marker = await settled(nc, subjects, tap)
 
     assert waiting.error.field == "jobs[0].depends_on[0]"
     assert reply == claimed and again == claimed
     events = await job_log(nc.jetstream(), subjects)
-    submitted = [event.job_id for _, event in events if event.WhichOneof("body") == "submitted"]
+    submitted = [
+        event.job_id
+        for _, event in events
+        if event.WhichOneof("body") == "submitted" and event.job_id != marker
+    ]
     assert submitted == job_ids
     assert len(tap.subjects) == 3  # the rejection, then a and b once
 
@@ -640,7 +666,7 @@ async def test_a_refused_resubmit_of_an_accepted_key_gets_the_first_reply(
     first = await ask(nc, subjects, {"idempotency_key": "kept", "jobs": [{"name": "a"}]})
     await eventually(lambda: tap.at_least(1), "the first submit's event")
     bad = await ask(nc, subjects, {"idempotency_key": "kept", "jobs": [{"name": "a", "steps": -5}]})
-    await asyncio.sleep(0.2)
+    await settled(nc, subjects, tap)
 
     assert not first.HasField("error") and bad == first
     assert len(tap.subjects) == 1
@@ -765,7 +791,7 @@ async def test_a_mixed_burst_is_handled_as_one_by_one_submits_would_be(
     replies = await asyncio.gather(*(ask(nc, subjects, submit) for submit in burst))
     solo, chain, solo_again, bad, after, earlier_again = replies[:6]
     events = await wait_for_events(nc.jetstream(), subjects, 1 + 1 + 3 + 1 + 1 + 40)
-    await asyncio.sleep(0.2)  # a second publish of anything would have arrived by now
+    await settled(nc, subjects, tap)  # a second publish of anything is in the tap by now
 
     assert solo_again == solo and not solo.HasField("error")
     assert bad.error.field == "jobs[0].temperature_k"

@@ -193,11 +193,13 @@ async def test_create_is_idempotent_and_repairs_a_missing_binding(
     manifest = json.loads(json.dumps(_manifest(orphan, backend)))
     async with k8s.ApiClient(k8s.Configuration(host=cluster.api.url)) as api:
         await call_json(k8s.CoreV1Api(api).create_namespaced_pod, K8S_NAMESPACE, manifest)
-    await asyncio.sleep(0.5)
-    assert cluster.node_of(orphan.name) == ""  # nobody else schedules it
+    assert cluster.node_of(orphan.name) == ""
     with pytest.raises(PodExists):
         await backend.create_pod(orphan)
     assert cluster.node_of(orphan.name) == "node-2"
+    # Nobody else bound it, at any time: the only binding request is mdq's, and it succeeded.
+    orphan_bindings = cluster.api.requests_where(path_suffix=f"/{orphan.name}/binding")
+    assert [(r.status, r.user_agent) for r in orphan_bindings] == [(201, "mdq-kubernetes-backend")]
     assert (await updates.until_final(orphan.name)).phase == pb.POD_SUCCEEDED
     assert (await updates.until_final(spec.name)).phase == pb.POD_SUCCEEDED
 
@@ -281,10 +283,21 @@ async def test_an_expired_watch_is_relisted_without_reporting_anything_twice(
     assert updates.phases(vanishing.name) == ["POD_PENDING", "POD_RUNNING", "POD_FAILED"]
     assert lost.reason == "Deleted"
     cluster.api.expire_watches()  # and once more, with nothing new: nothing is reported again
-    count = len(updates.seen)
-    await wait_for(_true_after(lambda: backend.pod_stats.expired >= 2), what="a second relist")
-    await asyncio.sleep(0.5)
-    assert len(updates.seen) == count
+    count, watches = len(updates.seen), backend.pod_stats.watches
+    await wait_for(
+        _true_after(lambda: backend.pod_stats.expired >= 2 and backend.pod_stats.watches > watches),
+        what="a second relist, and a watch from it",
+    )
+    # A pod created now is reported after anything the relist reported: once it shows, the
+    # relist's reports (had there been any) are in too.
+    marker = pod("marker", "pass")
+    await backend.create_pod(marker)
+
+    async def marker_seen() -> bool:
+        return bool(updates.of(marker.name))
+
+    await wait_for(marker_seen, what="the marker pod reported")
+    assert len([u for u in updates.seen if u.pod_name != marker.name]) == count
 
 
 def _true_after(check: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
@@ -320,7 +333,10 @@ async def test_a_node_that_goes_not_ready_loses_its_pods(
     # The lost pod was deleted (it stays Terminating: no kubelet confirms it).
     doomed_now = cluster.api.pod(doomed.name, K8S_NAMESPACE) or {}
     assert doomed_now["metadata"].get("deletionTimestamp")
-    await asyncio.sleep(1.5)
+    # Proof that later node checks did not report it again: the other node fails too, and
+    # its pod's loss is reported by a node check (and its deletion event) after that one.
+    await cluster.fail_node("node-2")
+    assert (await updates.until_final(stays.name, timeout=15)).reason == "NodeLost"
     assert sum(u.phase == pb.POD_FAILED for u in updates.of(doomed.name)) == 1
 
 

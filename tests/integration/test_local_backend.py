@@ -176,7 +176,19 @@ async def test_pods_run_on_their_node_and_report_their_exit(
     failed = await until_terminal(backend, bad.name)
     assert (failed.phase, failed.reason, failed.exit_code) == (pb.POD_FAILED, "Error", 3)
 
-    await asyncio.sleep(0.5)  # room for a wrong second run to show up
+    # A wrong second run would need a second claim (a write of POD_RUNNING) of a record the
+    # agent handles before one written later: once a marker pod on the same node has run,
+    # such a claim would be in ``seen``, and its run ended.
+    marker = pod("mdq-job-marker-1", "pass", node="n2")
+    await backend.create_pod(marker)
+
+    async def marker_ran_and_ok_ended() -> bool:
+        ok_last = [u.phase for u in seen if u.pod_name == ok.name][-1:]
+        return pb.POD_SUCCEEDED in [u.phase for u in seen if u.pod_name == marker.name] and (
+            ok_last == [pb.POD_SUCCEEDED]
+        )
+
+    await eventually(marker_ran_and_ok_ended, what="the marker pod to run after ok")
     assert runs.read_text() == "n2 mdq-job-ok-1\n"
     assert (data_dir / "pods" / "mdq-job-ok-1.log").exists()
     phases = [u.phase for u in seen if u.pod_name == ok.name]
@@ -190,7 +202,7 @@ async def test_pods_run_on_their_node_and_report_their_exit(
     current: dict[str, PodUpdate] = {}
     async for update in backend.watch_pods():
         current[update.pod_name] = update
-        if len(current) == 2:
+        if len(current) == 3:
             break
     assert current[ok.name].phase == pb.POD_SUCCEEDED
     assert current[bad.name].phase == pb.POD_FAILED
@@ -232,7 +244,7 @@ async def test_delete_pod_stops_a_running_pod(
 
 
 async def test_kill_9_of_the_agent_kills_its_runners_and_restart_reports_node_lost(
-    agents: Agents, backend: LocalBackend, data_dir: Path
+    agents: Agents, backend: LocalBackend, data_dir: Path, nc: Client, subjects: Subjects
 ) -> None:
     runs = data_dir / "runs.txt"
     pid_file = data_dir / "victim.pid"
@@ -245,6 +257,8 @@ async def test_kill_9_of_the_agent_kills_its_runners_and_restart_reports_node_lo
     await backend.create_pod(finished)
     await backend.create_pod(victim)
     await until_terminal(backend, finished.name)
+    pods = await nc.jetstream().key_value(subjects.pods_bucket)
+    finished_revision = (await pods.get(finished.name)).revision
     await until_phase(backend, victim.name, pb.POD_RUNNING)
     pid = int(await eventually(_read_text(pid_file), what="the victim's pid"))
 
@@ -257,9 +271,15 @@ async def test_kill_9_of_the_agent_kills_its_runners_and_restart_reports_node_lo
     lost = await until_terminal(backend, victim.name)
     assert (lost.phase, lost.reason) == (pb.POD_FAILED, "NodeLost")
     await ready_nodes(backend)
+    # The restarted agent handles the records it finds before one written now: once a marker
+    # pod has run on the same node, a rerun of the finished pod would have claimed it (a
+    # write of POD_RUNNING), and its record would have a newer revision.
+    marker = pod("mdq-job-marker-1", "pass", node="n2")
+    await backend.create_pod(marker)
+    assert (await until_terminal(backend, marker.name)).phase == pb.POD_SUCCEEDED
     done = await backend.get_pod(finished.name)
     assert done is not None and done.phase == pb.POD_SUCCEEDED
-    await asyncio.sleep(0.5)
+    assert (await pods.get(finished.name)).revision == finished_revision, "claimed again"
     assert runs.read_text() == "done\n", "the restarted agent ran a finished pod again"
 
 

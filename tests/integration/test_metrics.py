@@ -118,9 +118,13 @@ async def test_publishes_node_load_and_serves_node_gauges(
         assert (load.node, load.cpu_capacity, load.memory_capacity_mb) == (node, 1.5, 1024)
         assert load.ready and 0 <= load.cpu_load <= 1
     first = await last_node_load(nc, subjects, NODES[0])()
-    await asyncio.sleep(0.5)
-    later = await last_node_load(nc, subjects, NODES[0])()
-    assert first is not None and later is not None and later.event_id != first.event_id
+    assert first is not None
+
+    async def a_later_report() -> pb.Event | None:
+        later = await last_node_load(nc, subjects, NODES[0])()
+        return later if later is not None and later.event_id != first.event_id else None
+
+    await eventually(a_later_report, what="a later load report of the same node")
     info = await nc.jetstream().stream_info(subjects.nodes_stream)
     assert info.state.messages == len(NODES), "the nodes stream keeps only the latest per node"
 

@@ -1,13 +1,16 @@
-"""Placement moves a job that recovery requeued off the node it was lost on."""
+"""Placement moves a job that recovery requeued off the node it failed on: a lost node that
+is not ready, and (the avoid-list alone) a node that is ready and otherwise the best choice."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from nats.aio.client import Client
 
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
+from mdq.core.placement import AVOIDED
 from tests.helpers import (
     RecordingBackend,
     event,
@@ -21,7 +24,7 @@ from tests.helpers import (
 from tests.integration.test_placement import make_placement
 
 
-async def test_requeued_job_moves_off_a_lost_node(
+async def test_requeued_job_moves_off_a_lost_node_that_is_not_ready(
     nc: Client, subjects: Subjects, data_dir: Path
 ) -> None:
     js = nc.jetstream()
@@ -55,3 +58,53 @@ async def test_requeued_job_moves_off_a_lost_node(
         await wait_for(bound2, what="attempt 2 bound elsewhere")
     second = (await events_of(js, subjects, "bound", "r7-a"))[1]
     assert (second.attempt, second.bound.node) == (2, other)
+
+
+@pytest.mark.parametrize(
+    ("avoid", "expected"),
+    [
+        pytest.param(["big"], "small", id="avoided-goes-elsewhere"),
+        pytest.param([], "big", id="control-without-avoid-list-goes-back"),
+    ],
+)
+async def test_the_avoid_list_alone_keeps_a_requeued_job_off_the_best_node(
+    nc: Client, subjects: Subjects, data_dir: Path, avoid: list[str], expected: str
+) -> None:
+    """ "big" stays ready, idle and by far the best score; after an eviction there, only the
+    requeue's avoid-list sends attempt 2 to "small" (the control, with an empty avoid-list,
+    shows it would otherwise go back to "big")."""
+    js = nc.jetstream()
+    bus = publisher(js, subjects)
+    await bus.publish_all(
+        [node_load("big", cpu_capacity=16), node_load("small", cpu_capacity=4, cpu_load=0.5)]
+    )
+    await bus.publish(submitted("r8-a"))
+    backend = RecordingBackend()
+    async with running(make_placement(nc, subjects, backend, data_dir).run()):
+
+        async def bound(n: int) -> list[pb.Event]:
+            events = await events_of(js, subjects, "bound", "r8-a")
+            return events if len(events) == n else []
+
+        async def bound1() -> bool:
+            return bool(await bound(1))
+
+        await wait_for(bound1, what="attempt 1 bound")
+        assert (await bound(1))[0].bound.node == "big"
+        await bus.publish(event("started", pb.JobStarted(node="big"), job="r8-a", attempt=1))
+        pod = pb.PodStatus(pod_name="mdq-r8-a-1", node="big", phase=pb.POD_FAILED, reason="Evicted")
+        await bus.publish(event("pod", pod, job="r8-a", attempt=1, detail="POD_FAILED"))
+        failure = pb.AttemptFailed(reason=pb.FAILURE_EVICTED, node="big")
+        await bus.publish(event("attempt_failed", failure, job="r8-a", attempt=1))
+        requeue = pb.JobRequeued(avoid_nodes=avoid, after=pb.FAILURE_EVICTED)
+        requeue.resources.cpu, requeue.resources.memory_mb = 1, 512
+        await bus.publish(event("requeued", requeue, job="r8-a", attempt=2))
+
+        async def bound2() -> bool:
+            return bool(await bound(2))
+
+        await wait_for(bound2, what="attempt 2 bound")
+    second = (await bound(2))[1]
+    assert (second.attempt, second.bound.node) == (2, expected)
+    why = {c.node: c.filtered for c in second.bound.candidates}
+    assert why == {"big": AVOIDED if avoid else "", "small": ""}

@@ -196,21 +196,29 @@ async def test_kill_9_during_a_burst_loses_no_job_and_binds_none_twice(
                 return len(await events_of(js, subjects, "bound")) >= total
 
             await wait_for(all_bound, timeout=40, what=f"{total} bound after the kill")
-            await asyncio.sleep(0.5)
+            # The newest job is bound in the last batch of a pass, and its pod created once
+            # that batch's bound events are all stored: when its pod exists, any second bind
+            # of an older job (an earlier pass or batch) is in the log.
+            await bus.publish(submitted("rp3-marker"))
+            backend = LocalBackend(nc=nc, subjects=subjects)
+
+            async def marker_pod() -> bool:
+                return await backend.get_pod("mdq-rp3-marker-1") is not None
+
+            await wait_for(marker_pod, timeout=40, what="the marker job's pod")
         finally:
             process.send_signal(signal.SIGKILL)
             process.wait()
     assert 0 < killed_after < total
     bound = await events_of(js, subjects, "bound")
     per_job = Counter(e.job_id for e in bound)
-    assert len(per_job) == total and max(per_job.values()) == 1
-    backend = LocalBackend(nc=nc, subjects=subjects)
+    assert len(per_job) == total + 1 and max(per_job.values()) == 1
     for e in bound:
         pod = await backend.get_pod(e.bound.pod_name)
         assert pod is not None, f"pod of {e.job_id} missing"
         assert pod.node == e.bound.node
     pods = await (await backend.buckets()).pods.keys()
-    assert len(pods) == total
+    assert len(pods) == total + 1
 
 
 async def test_high_priority_job_preempts_low_priority_work(
@@ -218,13 +226,15 @@ async def test_high_priority_job_preempts_low_priority_work(
 ) -> None:
     js = nc.jetstream()
     bus = publisher(js, subjects)
-    await bus.publish_all([node_load("n1", cpu_capacity=2)])
+    # "m" takes only the 1-CPU marker job (below), never a 2-CPU one
+    await bus.publish_all([node_load("n1", cpu_capacity=2), node_load("m", cpu_capacity=1)])
     await bus.publish(submitted("rp4-low", cpu=2, priority="low"))
     await bus.publish(event("bound", pb.JobBound(node="n1"), job="rp4-low", attempt=1))
     await bus.publish(event("started", pb.JobStarted(node="n1"), job="rp4-low", attempt=1))
     await bus.publish(submitted("rp4-normal", cpu=2, priority="normal"))
     backend = RecordingBackend()
-    async with running(make_placement(nc, subjects, backend, data_dir).run()):
+    placement = make_placement(nc, subjects, backend, data_dir)
+    async with running(placement.run()):
         await bus.publish(submitted("rp4-high", cpu=2, priority="high"))
 
         async def low_deleted() -> bool:
@@ -240,9 +250,20 @@ async def test_high_priority_job_preempts_low_priority_work(
             return len(await events_of(js, subjects, "bound", "rp4-high")) == 1
 
         await wait_for(high_bound, what="the high job bound in the freed room")
-        await asyncio.sleep(0.5)
+        # A later job placement must handle after everything above: once its pass has bound
+        # it (bound_total counts a batch after all its publishes), no pass before it bound
+        # the normal job, nor did its own.
+        await bus.publish(submitted("rp4-marker", cpu=1, priority="low"))
+
+        async def marker_bound() -> bool:
+            return placement.bound_total == 2 and bool(
+                await events_of(js, subjects, "bound", "rp4-marker")
+            )
+
+        await wait_for(marker_bound, what="the marker job bound (high + marker)")
     # the room was held for the preemptor: the normal job (waiting longer) did not take it
     assert await events_of(js, subjects, "bound", "rp4-normal") == []
+    assert placement.bound_total == 2
     assert backend.deleted == ["mdq-rp4-low-1"]
     assert (await events_of(js, subjects, "bound", "rp4-high"))[0].bound.node == "n1"
 

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from nats.aio.client import Client
 
 from mdq.backends.port import PodUpdate
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
+from mdq.core.state import JobState
 from services.watcher.lifecycle import Lifecycle, LostRunPolicy
 from tests.helpers import (
     RecordingBackend,
@@ -33,6 +32,29 @@ def make_lifecycle(
         lost=lost,
         check_interval_s=0.2,
     )
+
+
+class CountingLifecycle(Lifecycle):
+    """A lifecycle that counts its finished lost-run checks (to know one has run since)."""
+
+    def __init__(
+        self, nc: Client, subjects: Subjects, backend: RecordingBackend, lost: LostRunPolicy
+    ) -> None:
+        js = nc.jetstream()
+        super().__init__(
+            js=js,
+            subjects=subjects,
+            publisher=publisher(js, subjects),
+            backend=backend,
+            lost=lost,
+            check_interval_s=0.2,
+        )
+        self.checks = 0
+
+    async def check_lost(self) -> list[str]:
+        lost = await super().check_lost()
+        self.checks += 1
+        return lost
 
 
 def pod(job: str, attempt: int, phase: int, *, exit_code: int = 0, reason: str = "") -> PodUpdate:
@@ -117,18 +139,27 @@ async def test_silent_running_job_is_declared_lost_once_and_its_pod_deleted(
     await bus.publish(event("started", pb.JobStarted(node="n1"), job="r3-md", attempt=1))
     lost = LostRunPolicy(min_silence_s=1.0, interval_factor=5.0)
     first, second = RecordingBackend(), RecordingBackend()
+    replicas = [CountingLifecycle(nc, subjects, backend, lost) for backend in (first, second)]
     # Two replicas watch the same job: the fact is published once.
     async with (
-        running(make_lifecycle(nc, subjects, first, lost).run()),
-        running(make_lifecycle(nc, subjects, second, lost).run()),
+        running(replicas[0].run()),
+        running(replicas[1].run()),
     ):
 
-        async def declared() -> bool:
-            return len(await events_of(js, subjects, "attempt_failed", "r3-md")) >= 1
+        async def both_know() -> bool:
+            views = [replica.book.jobs.get("r3-md") for replica in replicas]
+            return all(view is not None and view.state is JobState.RECOVERING for view in views)
 
-        await wait_for(declared, what="lost declared")
-        # Give the slower replica time to publish its copy too: there must still be one event.
-        await asyncio.sleep(1.0)
+        await wait_for(both_know, what="both replicas to know the job lost")
+        # Neither replica can declare it again now; a check that was already under way when
+        # it learned is over once the replica has finished one more.
+        checks = [replica.checks for replica in replicas]
+
+        async def checked_again() -> bool:
+            pairs = zip(replicas, checks, strict=True)
+            return all(replica.checks > before for replica, before in pairs)
+
+        await wait_for(checked_again, what="one more lost-run check by each replica")
     events = await events_of(js, subjects, "attempt_failed", "r3-md")
     assert len(events) == 1 and events[0].attempt_failed.reason == pb.FAILURE_LOST
     assert "mdq-r3-md-1" in first.deleted + second.deleted
