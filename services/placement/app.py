@@ -195,6 +195,9 @@ class Placement:
         self._own_echoes: set[int] = set()
         """Stream sequences of bound events this replica published and applied: their echo
         from the log changes nothing, so it is not decoded."""
+        self._node_lost_at: dict[str, datetime] = {}
+        """node -> time of the latest job lost with it (FAILURE_NODE_LOST), until the node's
+        next load report (``_lost_since_report``)."""
         self._nominations: dict[str, Nomination] = {}
         self._terminating: set[str] = set()
         self._dirty = asyncio.Event()
@@ -276,6 +279,11 @@ class Placement:
             self._index(view)
             if kind == "attempt_failed":
                 failure = event.attempt_failed
+                if failure.reason == pb.FAILURE_NODE_LOST and failure.node:
+                    lost_at = event_time(event)
+                    previous = self._node_lost_at.get(failure.node)
+                    if previous is None or lost_at > previous:
+                        self._node_lost_at[failure.node] = lost_at
                 if self.health.record(
                     node=failure.node,
                     job_id=event.job_id,
@@ -426,6 +434,7 @@ class Placement:
             nodes.append(
                 replace(
                     node,
+                    ready=node.ready and not self._lost_since_report(node),
                     cordoned=node.cordoned or name in cordons,
                     reserved_cpu=cpu,
                     reserved_memory_mb=int(memory),
@@ -434,6 +443,20 @@ class Placement:
                 )
             )
         return nodes
+
+    def _lost_since_report(self, node: NodeState) -> bool:
+        """Whether a job was lost with ``node`` (FAILURE_NODE_LOST) after its latest load
+        report: that report's "ready" is then older than the news that the node is gone, so the
+        node counts as not ready until it reports again. Without this, a job requeued within a
+        second of its node's loss is bound straight back to the dead node when its avoid-list
+        cannot be honoured (every other node full)."""
+        lost_at = self._node_lost_at.get(node.name)
+        if lost_at is None:
+            return False
+        if node.reported_at > lost_at:
+            del self._node_lost_at[node.name]  # a newer report speaks for the node again
+            return False
+        return True
 
     def _queued_job(self, view: JobView) -> QueuedJob:
         key = (view.job_id, view.attempt)

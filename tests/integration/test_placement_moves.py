@@ -1,8 +1,11 @@
 """Placement moves a job that recovery requeued off the node it failed on: a lost node that
-is not ready, and (the avoid-list alone) a node that is ready and otherwise the best choice."""
+is not ready, and (the avoid-list alone) a node that is ready and otherwise the best choice; and
+a node whose last report still says ready takes no job after one was lost with it, until it
+reports again."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -108,3 +111,52 @@ async def test_the_avoid_list_alone_keeps_a_requeued_job_off_the_best_node(
     assert (second.attempt, second.bound.node) == (2, expected)
     why = {c.node: c.filtered for c in second.bound.candidates}
     assert why == {"big": AVOIDED if avoid else "", "small": ""}
+
+
+async def test_a_node_lost_after_its_last_report_takes_nothing_until_it_reports_again(
+    nc: Client, subjects: Subjects, data_dir: Path
+) -> None:
+    """The only node's latest report says ready, but a job was lost with it since: the retry
+    (whose avoid-list cannot be honoured, there being no other node) waits for the node's next
+    report instead of going straight back to what may be a dead node."""
+    js = nc.jetstream()
+    bus = publisher(js, subjects)
+    await bus.publish(node_load("only"))
+    await bus.publish(submitted("r9-a"))
+    backend = RecordingBackend()
+    placement = make_placement(nc, subjects, backend, data_dir)
+    async with running(placement.run()):
+
+        async def bound(n: int) -> list[pb.Event]:
+            events = await events_of(js, subjects, "bound", "r9-a")
+            return events if len(events) == n else []
+
+        async def bound1() -> bool:
+            return bool(await bound(1))
+
+        await wait_for(bound1, what="attempt 1 bound")
+        await bus.publish(event("started", pb.JobStarted(node="only"), job="r9-a", attempt=1))
+        failure = pb.AttemptFailed(reason=pb.FAILURE_NODE_LOST, node="only")
+        await bus.publish(event("attempt_failed", failure, job="r9-a", attempt=1))
+        requeue = pb.JobRequeued(avoid_nodes=["only"], after=pb.FAILURE_NODE_LOST)
+        requeue.resources.cpu, requeue.resources.memory_mb = 1, 512
+        await bus.publish(event("requeued", requeue, job="r9-a", attempt=2))
+
+        async def requeued() -> bool:
+            view = placement.book.jobs.get("r9-a")
+            return view is not None and view.attempt == 2
+
+        await wait_for(requeued, what="placement to fold the requeue")
+        [only] = placement.snapshot(datetime.now(UTC))
+        assert not only.ready, "a stale 'ready' outlived the node's loss"
+        assert not backend.pods.get("mdq-r9-a-2")
+        reported_again = datetime.now(UTC)
+        await bus.publish(node_load("only"))
+
+        async def bound2() -> bool:
+            return bool(await bound(2))
+
+        await wait_for(bound2, what="attempt 2 bound once the node reported again")
+    second = (await bound(2))[1]
+    assert (second.attempt, second.bound.node) == (2, "only")
+    assert second.time.ToDatetime(tzinfo=UTC) >= reported_again
