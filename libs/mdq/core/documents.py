@@ -56,7 +56,10 @@ def printable(text: str, limit: int = MAX_REASON_CHARS) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def quoted(key: object, limit: int = 64) -> str:
+_NAME_CHARS = 64
+
+
+def quoted(key: object, limit: int = _NAME_CHARS) -> str:
     """``key`` as the path shows it inside brackets: a Python literal, cut to ``limit``
     characters (``repr`` escapes what cannot be printed)."""
     if isinstance(key, str) and len(key) > limit:
@@ -69,7 +72,7 @@ def join(path: str, key: object) -> str:
     index, ``['some key']`` for any other key (a key that is no name)."""
     if isinstance(key, int) and not isinstance(key, bool):
         return f"{path}[{key}]"
-    if isinstance(key, str) and key.isidentifier():
+    if isinstance(key, str) and key.isidentifier() and len(key) <= _NAME_CHARS:
         return f"{path}.{key}" if path else key
     return f"{path}[{quoted(key)}]"
 
@@ -90,11 +93,31 @@ def _too_deep(message: str) -> str:
     return f"{message} more than {MAX_DEPTH} levels deep (a submit needs six at most)"
 
 
+def _deeper_than_allowed(document: object) -> bool:
+    """Whether lists and objects nest more than ``MAX_DEPTH`` deep in ``document``: one level
+    at a time, without recursion (a few microseconds for a submit)."""
+    if not isinstance(document, dict | list):
+        return False
+    level: list[dict[Any, object] | list[object]] = [document]
+    for _ in range(MAX_DEPTH):
+        below: list[dict[Any, object] | list[object]] = []
+        for value in level:
+            items = value.values() if isinstance(value, dict) else value
+            below += [item for item in items if isinstance(item, dict | list)]
+        if not below:
+            return False
+        level = below
+    return True
+
+
 def nesting_error(document: object, prefix: str = "") -> SpecError | None:
     """The error for the first list or object (in document order) nested more than
-    ``MAX_DEPTH`` deep in ``document``, None if there is none. Walks without recursion, and
-    builds a path only for the culprit (a reference cycle, which a YAML alias can make, is
-    too deep as well)."""
+    ``MAX_DEPTH`` deep in ``document`` (lists and dicts, as JSON and YAML load), None if there
+    is none. Walks without recursion, and builds a path only for the culprit (a reference
+    cycle, which a YAML alias can make, is too deep as well)."""
+    if not _deeper_than_allowed(document):
+        return None
+    # depth first, for the first culprit in document order:
     # (container, depth, parent entry, key in the parent)
     Entry = tuple[object, int, Any, object]
     stack: list[Entry] = [(document, 1, None, None)]
@@ -102,7 +125,7 @@ def nesting_error(document: object, prefix: str = "") -> SpecError | None:
         entry = stack.pop()
         value, depth = entry[0], entry[1]
         children: Iterator[tuple[object, object]]
-        if isinstance(value, Mapping):
+        if isinstance(value, dict):
             children = iter(value.items())
         elif isinstance(value, list):
             children = enumerate(value)
@@ -120,7 +143,7 @@ def nesting_error(document: object, prefix: str = "") -> SpecError | None:
         nested = [
             (child, depth + 1, entry, key)
             for key, child in children
-            if isinstance(child, Mapping | list)
+            if isinstance(child, dict | list)
         ]
         stack.extend(reversed(nested))  # the first child is looked at first
     return None
@@ -175,10 +198,14 @@ def load_json(data: bytes | str, prefix: str = "") -> object:
 # -- types -------------------------------------------------------------------------------------
 
 
-def parse_document(document: Mapping[str, Any], message: Message, *, prefix: str = "") -> None:
+def parse_document(
+    document: Mapping[str, Any], message: Message, *, prefix: str = "", nested: bool = True
+) -> None:
     """``json_format.ParseDict`` of ``document`` into ``message`` (unknown fields refused); a
-    ``SpecError`` naming the exact path of the first problem (``prefix`` before it)."""
-    if (too_deep := nesting_error(document, prefix)) is not None:
+    ``SpecError`` naming the exact path of the first problem (``prefix`` before it).
+    ``nested=False`` skips the nesting check of a document known to be shallow (a JSON text
+    with at most ``MAX_DEPTH`` brackets, say)."""
+    if nested and (too_deep := nesting_error(document, prefix)) is not None:
         raise too_deep
     try:
         json_format.ParseDict(_dict(document), message, ignore_unknown_fields=False)
