@@ -81,10 +81,10 @@ def submit_from_document(document: object, *, source: str = "") -> pb.SubmitRequ
         raise JobFileError(
             "", "a job file is a mapping: a submit with a 'jobs' list, or one job", source=source
         )
-    if (too_deep := nesting_error(document)) is not None:
-        raise JobFileError(too_deep.field, too_deep.message, source=source)
     if not _SUBMIT_KEYS.intersection(document):
         document = {"jobs": [dict(document)]}
+    if (too_deep := nesting_error(document)) is not None:
+        raise JobFileError(too_deep.field, too_deep.message, source=source)
     unknown = unknown_fields(document, cast(Descriptor, pb.SubmitRequest.DESCRIPTOR))
     if unknown:
         raise JobFileError(
