@@ -862,6 +862,34 @@ async def test_a_submit_that_breaks_intake_gets_an_error_and_the_others_their_an
     assert not good.HasField("error")
 
 
+async def test_a_batch_that_fails_answers_every_submit_it_had_not_answered(
+    intake: Intake, nc: Client, subjects: Subjects, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Should handling a batch of request-reply submits fail after answering some, the others
+    get an internal error each, not silence; none is answered twice."""
+
+    async def answers_one_then_fails(batch: list[bytes], answer: handlers.Answer) -> None:
+        await answer(0, pb.SubmitReply(request_id="first", job_ids=["first-a"]))
+        await answer(0, pb.SubmitReply(request_id="twice"))  # never sent
+        raise RuntimeError("a bug in intake")
+
+    monkeypatch.setattr(intake.handler, "on_api_submits", answers_one_then_fails)
+    replies = await asyncio.gather(
+        *(
+            ask(nc, subjects, {"idempotency_key": f"k{i}", "jobs": [{"name": "a"}]})
+            for i in range(5)
+        )
+    )
+
+    first = [reply for reply in replies if reply.request_id == "first"]
+    assert len(first) >= 1  # the first of each batch
+    assert all(reply.request_id != "twice" for reply in replies)
+    for reply in replies:
+        if reply.request_id != "first":
+            assert reply.error.message == "internal error in intake: RuntimeError"
+    assert intake._in_flight == 0  # every slot was given back
+
+
 async def test_old_claims_are_not_completed_once_their_events_may_have_expired(
     nc: Client, subjects: Subjects
 ) -> None:
