@@ -269,6 +269,8 @@ class Fuzzer:
         self.stream_requests.append(await self.answers.wait_for(candidates))
 
 
+# Hypothesis warns that the repr of the payload strategy is large (its lists of field names)
+@pytest.mark.filterwarnings("ignore:Generating overly large repr")
 async def test_every_message_gets_exactly_one_answer(
     intake: Intake, nc: Client, subjects: Subjects, answers: Answers
 ) -> None:
