@@ -202,27 +202,38 @@ class Intake:
         return serialize_reply(outcome, as_json=as_json), headers
 
     async def _serve(self, batch: list[Msg]) -> None:
+        """Handle a batch of request-reply submits and answer each exactly once: with its
+        outcome, or, should handling the batch fail in an unexpected way, with an internal
+        error for each one not answered yet."""
         connection = self._connection()
 
-        unanswered = len(batch)
+        answered: set[int] = set()
 
         async def answer(index: int, outcome: Outcome) -> None:
-            nonlocal unanswered
+            if index in answered:  # never a second answer
+                return
+            answered.add(index)
             message = batch[index]
             try:
                 reply = self._answer(message.data, outcome)
                 if reply is not None and message.reply:
                     with contextlib.suppress(*TRANSIENT_ERRORS):
                         await connection.publish(message.reply, reply[0], headers=reply[1])
+            except Exception:  # the reply could not be sent: the client times out and retries
+                log.exception("could not answer a request-reply submit")
             finally:
                 self._in_flight -= 1
-                unanswered -= 1
                 self._schedule_batch()
 
         try:
             await self.handler.on_api_submits([message.data for message in batch], answer)
+        except Exception as error:
+            log.exception("a batch of %d request-reply submit(s) failed", len(batch))
+            for index in range(len(batch)):
+                await answer(index, error)
         finally:  # cancelled, say: those not answered leave the count too
-            self._in_flight -= unanswered
+            self._in_flight -= len(batch) - len(answered)
+            answered.update(range(len(batch)))
 
     async def _on_request(self, message: Msg) -> None:
         # Requests that arrive together are handled together: nats-py hands over every message

@@ -7,37 +7,54 @@ idempotency key is required differ.
 Crash-safe order of an accepted submit
 --------------------------------------
 1. Validate (resolving dependencies through the registry).
-2. Claim ``req.<request_id>`` in the registry with the reply, in one round trip that fails if
-   the request id is known (a KV create).
+2. Claim ``req.<request_id>`` in the registry with the reply and the submit's content
+   fingerprint (``mdq.core.fingerprint``), in one round trip that fails if the request id is
+   known (a KV create).
 3. Publish one ``submitted`` event per job, dependencies first, each with its deterministic id
    ``submitted:<job_id>:0`` as Nats-Msg-Id.
 4. Only then ack the stream message, or send the reply.
 
-If the claim exists, the submit was seen before: the answer is the recorded reply, and nothing
-new starts (a different submit under the same key gets the first one's job ids). If the
-recorded jobs are this submit's and the last of their events is missing from the log, the
-earlier attempt died between steps 2 and 3: the events are published now (JetStream drops the
-ones already there, by their ids); see ``SubmitRegistry.needs_events``. A crash (or a NATS
-error) anywhere before step 4 leaves the submit unacknowledged (the stream redelivers it) or
-unanswered (the client retries with the same key), and the retry takes exactly that path. So
-no reply ever names a job whose event is not in the log (DESIGN invariant 4), and a key is
-checked and recorded with one registry round trip instead of a lookup and a write.
+If the claim exists, the submit was seen before. Same content (the same fingerprint): the
+answer is the recorded reply, and nothing new starts. If the last of its jobs' events is
+missing from the log, the earlier attempt died between steps 2 and 3: the events are published
+now (JetStream drops the ones already there, by their ids); see
+``SubmitRegistry.needs_events``. A crash (or a NATS error) anywhere before step 4 leaves the
+submit unacknowledged (the stream redelivers it) or unanswered (the client retries with the
+same key), and the retry takes exactly that path. So no reply ever names a job whose event is
+not in the log (DESIGN invariant 4), and a key is checked and recorded with one registry round
+trip instead of a lookup and a write.
+
+Other content under a key already used is refused (``_conflict``), field ``idempotency_key``,
+saying what differs (``jobs[0].steps: 1000 → 9000``, from the first submit's ``submitted``
+events) rather than answering with the first submit's job ids as if the change had been
+accepted. A claim written before fingerprints existed has none: a resubmit under its key gets
+its recorded reply, whatever its content, as it did then.
 
 Refused submits
 ---------------
 A refused submit publishes only a ``rejected`` event (to ``subjects.rejected(request_id)``, with
-event id ``rejected:-:0:<request_id>``) and is not remembered: it changed nothing, so its key
-stays free for a corrected submit. A submit that fails validation under a key that was
-accepted before gets the recorded reply instead (a retry whose dependencies have changed, say).
+event id ``rejected:-:0:<request_id>``, plus ``:<hash of the refused content>`` for a changed
+content under a used key, so each change gets its own) and is not remembered: it changed
+nothing, so a key refused before it was ever accepted stays free for a corrected submit. A
+submit that fails validation under a key that was accepted with the same content gets the
+recorded reply instead (a retry whose dependencies have changed since, say).
 A request-reply submit whose request id is unknown (malformed
 payload, missing or invalid key) is answered with the error and publishes nothing, since there
 is no request to name. The stream message of a refused submit is acked like any other: a bad
 submit is never redelivered.
+
+Every submit gets exactly one answer. An unexpected exception while handling one (a bug) is
+that submit's answer, an "internal error in intake" refusal: ``_prepare`` sends a submit that
+raises to the one-by-one path, which settles every outcome (``_settled``); the stream entrance
+refuses it (``refuse_unhandled``). Errors are cut short and made encodable before they are
+sent (``submit_error``): a field path or message may quote up to a megabyte of what the client
+sent.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -46,9 +63,11 @@ from dataclasses import dataclass
 from mdq.bus.codec import decode_submit, encode, to_json
 from mdq.bus.publisher import EventPublisher
 from mdq.contracts import pb
-from mdq.core.ids import job_id, request_id_for_key, request_id_for_sequence
+from mdq.core.documents import printable, quoted
+from mdq.core.fingerprint import Content, Earlier, changes, content_fingerprint, content_of
+from mdq.core.ids import REQUEST_ID_HEX, job_id, request_id_for_key, request_id_for_sequence
 from mdq.core.spec import AcceptedJob, SpecError, validate_key, validate_submit
-from services.intake.registry import JOB_ID_PATTERN, SubmitRegistry
+from services.intake.registry import JOB_ID_PATTERN, Claim, SubmitRegistry
 
 log = logging.getLogger(__name__)
 
@@ -89,11 +108,21 @@ def check_job_ids(request: pb.SubmitRequest, *, request_id: str) -> None:
             )
 
 
-def refusal(request_id: str, error: SpecError) -> pb.SubmitReply:
-    return pb.SubmitReply(
-        request_id=request_id,
-        error=pb.SubmitError(field=error.field, message=error.message),
+MAX_FIELD_CHARS = 300
+MAX_MESSAGE_CHARS = 1000
+
+
+def submit_error(error: SpecError) -> pb.SubmitError:
+    """The error as the client reads it: cut short (a field path or message may quote what
+    the client sent, which can be up to a megabyte) and encodable (no lone surrogates)."""
+    return pb.SubmitError(
+        field=printable(error.field, MAX_FIELD_CHARS),
+        message=printable(error.message, MAX_MESSAGE_CHARS),
     )
+
+
+def refusal(request_id: str, error: SpecError) -> pb.SubmitReply:
+    return pb.SubmitReply(request_id=request_id, error=submit_error(error))
 
 
 def submitted_event(
@@ -117,14 +146,21 @@ def submitted_event(
 
 
 def rejected_event(
-    publisher: EventPublisher, *, request_id: str, idempotency_key: str, error: SpecError
+    publisher: EventPublisher,
+    *,
+    request_id: str,
+    idempotency_key: str,
+    error: SpecError,
+    variant: str = "",
 ) -> pb.Event:
+    """The ``rejected`` event of a refused submit; its id is ``rejected:-:0:<request_id>``, or
+    ``...:<request_id>:<variant>`` for a refusal of its own under a request id (a changed
+    content under a key already used, say), which deduplication must not merge with another."""
     body = pb.JobRejected(
-        request_id=request_id,
-        idempotency_key=idempotency_key,
-        error=pb.SubmitError(field=error.field, message=error.message),
+        request_id=request_id, idempotency_key=idempotency_key, error=submit_error(error)
     )
-    return publisher.event("rejected", body, job_id="", attempt=0, detail=request_id)
+    detail = f"{request_id}:{variant}" if variant else request_id
+    return publisher.event("rejected", body, job_id="", attempt=0, detail=detail)
 
 
 Outcome = pb.SubmitReply | Exception
@@ -142,6 +178,7 @@ class _Ready:
     request_id: str
     accepted: list[AcceptedJob]
     reply: pb.SubmitReply
+    fingerprint: bytes
 
 
 def acceptance(
@@ -150,9 +187,10 @@ def acceptance(
     request_id: str,
     resolved: Mapping[str, str],
     key_required: bool,
-) -> tuple[list[AcceptedJob], pb.SubmitReply]:
-    """The jobs of a submit in publishing order and the reply that names them; SpecError if
-    it cannot be accepted (``resolved``: its dependencies on earlier jobs, as job ids)."""
+) -> tuple[list[AcceptedJob], pb.SubmitReply, bytes]:
+    """The jobs of a submit in publishing order, the reply that names them and the content
+    fingerprint; SpecError if it cannot be accepted (``resolved``: its dependencies on
+    earlier jobs, as job ids)."""
     accepted = validate_submit(
         request, request_id=request_id, resolve_external=resolved.get, key_required=key_required
     )
@@ -160,22 +198,29 @@ def acceptance(
     reply = pb.SubmitReply(
         request_id=request_id, job_ids=[job_id(request_id, job.name) for job in request.jobs]
     )
-    return accepted, reply
+    specs = {job.name: job.spec for job in accepted}
+    fingerprint = content_fingerprint(
+        [specs[job.name] for job in request.jobs], request.submitted_by
+    )
+    return accepted, reply, fingerprint
 
 
 def _prepare(index: int, data: bytes) -> _Ready | None:
     """The submit ready to be claimed, or None when it needs the one-by-one path (it is
-    refused, or names jobs of earlier submits)."""
+    refused, names jobs of earlier submits, or fails in an unexpected way: the one-by-one path
+    answers that too)."""
     try:
         request = decode_submit(data)
         validate_key(request.idempotency_key, required=True)
         if external_refs(request):
             return None
         request_id = request_id_for_key(request.idempotency_key)
-        accepted, reply = acceptance(request, request_id=request_id, resolved={}, key_required=True)
-    except SpecError:
+        accepted, reply, fingerprint = acceptance(
+            request, request_id=request_id, resolved={}, key_required=True
+        )
+    except Exception:  # a SpecError, or a bug that the one-by-one path reports
         return None
-    return _Ready(index, request, request_id, accepted, reply)
+    return _Ready(index, request, request_id, accepted, reply, fingerprint)
 
 
 async def _settled(work: Awaitable[pb.SubmitReply]) -> Outcome:
@@ -233,7 +278,7 @@ class SubmitHandler:
         seen: list[_Ready] = []
         try:
             claims = await self._registry.claim_many(
-                [(submit.request_id, submit.reply) for submit in ready]
+                [(submit.request_id, submit.reply, submit.fingerprint) for submit in ready]
             )
             publishing: list[_Ready] = []
             for submit, claimed in zip(ready, claims, strict=True):
@@ -286,7 +331,13 @@ class SubmitHandler:
         replays, rare), found while still holding its request id."""
         try:
             outcome = await _settled(
-                self._seen_before(submit.request, submit.request_id, submit.accepted, submit.reply)
+                self._seen_before(
+                    submit.request,
+                    submit.request_id,
+                    submit.accepted,
+                    submit.reply,
+                    submit.fingerprint,
+                )
             )
         finally:
             self._locks.release(submit.request_id)
@@ -307,19 +358,29 @@ class SubmitHandler:
         request_id = request_id_for_key(key) if key else fallback_id
         async with self._exclusive(request_id):
             try:
-                accepted, reply = acceptance(
+                accepted, reply, fingerprint = acceptance(
                     request,
                     request_id=request_id,
                     resolved=await self._registry.resolve_all(external_refs(request)),
                     key_required=sequence is None,
                 )
             except SpecError as error:
-                known = await self._registry.reply_for(request_id)
-                if known is not None:  # accepted before: that answer stands
-                    return known
-                return await self._refuse(request_id=request_id, idempotency_key=key, error=error)
-            if not await self._registry.claim(request_id=request_id, reply=reply):
-                return await self._seen_before(request, request_id, accepted, reply)
+                claim = await self._registry.existing(request_id)
+                if claim is None:
+                    return await self._refuse(
+                        request_id=request_id, idempotency_key=key, error=error
+                    )
+                content = content_of(request)
+                if claim.fingerprint is None or claim.fingerprint == content.fingerprint:
+                    # accepted before (a retry whose dependencies have changed since, say):
+                    # that answer stands
+                    return claim.reply
+                return await self._conflict(request, request_id, claim, content)
+            claimed = await self._registry.claim(
+                request_id=request_id, reply=reply, fingerprint=fingerprint
+            )
+            if not claimed:
+                return await self._seen_before(request, request_id, accepted, reply, fingerprint)
             await self._publish(request, request_id=request_id, accepted=accepted)
             log.info("accepted %s: %d job(s)", request_id, len(accepted))
             return reply
@@ -337,21 +398,54 @@ class SubmitHandler:
         request_id: str,
         accepted: list[AcceptedJob],
         reply: pb.SubmitReply,
+        fingerprint: bytes,
     ) -> pb.SubmitReply:
         """The answer to a submit whose request id is claimed: the recorded reply, after
-        publishing this submit's events if the claim is its own and they are missing."""
+        publishing this submit's events if the claim is its own and they are missing; a
+        refusal if the claim is another content's."""
         claim = await self._registry.existing(request_id)
         if claim is None:  # the record was deleted since the claim failed: claim it anew
-            await self._registry.overwrite(request_id=request_id, reply=reply)
+            await self._registry.overwrite(
+                request_id=request_id, reply=reply, fingerprint=fingerprint
+            )
             await self._publish(request, request_id=request_id, accepted=accepted)
             return reply
+        if claim.fingerprint is not None and claim.fingerprint != fingerprint:
+            return await self._conflict(request, request_id, claim, content_of(request))
         if list(claim.reply.job_ids) != list(reply.job_ids):
-            return claim.reply  # another submit under the same key came first
+            return claim.reply  # a claim of an earlier version (no fingerprint): the key wins
         last = job_id(request_id, accepted[-1].name)
         if await self._registry.needs_events(claim, last):
             log.info("completing %s: its events were not all published", request_id)
             await self._publish(request, request_id=request_id, accepted=accepted)
         return claim.reply
+
+    async def _conflict(
+        self, request: pb.SubmitRequest, request_id: str, claim: Claim, content: Content
+    ) -> pb.SubmitReply:
+        """Refuse a submit whose key was used by an accepted submit of other content, saying
+        what differs (from that submit's ``submitted`` events, where the log still has them)."""
+        found = await self._registry.submitted(list(claim.reply.job_ids))
+        specs = [body.spec if body is not None else None for body in found]
+        submitters = {body.submitted_by for body in found if body is not None}
+        earlier = Earlier(
+            names=[job[REQUEST_ID_HEX + 1 :] for job in claim.reply.job_ids],
+            specs=specs,
+            submitted_by=submitters.pop() if len(submitters) == 1 else None,
+        )
+        differences = changes(earlier, content)
+        key = request.idempotency_key
+        what = "; ".join(differences) if differences else "the content differs"
+        error = SpecError(
+            "idempotency_key",
+            f"{quoted(key)} was already used by a submit with other content ({what}): the "
+            "same content under this key gets that submit's job ids, other content needs a "
+            "new key",
+        )
+        variant = hashlib.sha256(request.SerializeToString(deterministic=True)).hexdigest()
+        return await self._refuse(
+            request_id=request_id, idempotency_key=key, error=error, variant=variant[:16]
+        )
 
     async def refuse_unhandled(self, *, sequence: int, error: Exception) -> pb.SubmitReply:
         """Refuse a stream submit that failed in an unexpected way, so it is not retried forever."""
@@ -368,7 +462,7 @@ class SubmitHandler:
         return refusal("", SpecError("", f"internal error in intake: {type(error).__name__}"))
 
     async def _refuse(
-        self, *, request_id: str, idempotency_key: str, error: SpecError
+        self, *, request_id: str, idempotency_key: str, error: SpecError, variant: str = ""
     ) -> pb.SubmitReply:
         if request_id:
             await self._publisher.publish(
@@ -377,6 +471,7 @@ class SubmitHandler:
                     request_id=request_id,
                     idempotency_key=idempotency_key,
                     error=error,
+                    variant=variant,
                 )
             )
         log.info("refused %s: %s", request_id or "a request", error)

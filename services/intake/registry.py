@@ -1,6 +1,11 @@
 """What intake remembers between submits: a JetStream KV bucket (``Subjects.intake_bucket``).
 
-One key per accepted submit: ``req.<request_id>`` -> the serialized ``pb.SubmitReply``.
+One key per accepted submit: ``req.<request_id>`` -> the serialized ``pb.SubmitReply``, followed
+by the submit's content fingerprint (``mdq.core.fingerprint``) as field ``FINGERPRINT_FIELD``, a
+field number ``SubmitReply`` does not use: a reader that does not know it (an intake of an
+earlier version, during a rolling upgrade) parses the record as the reply and skips it. A claim
+written by an earlier version has no fingerprint: a resubmit under its key is answered as those
+versions did (the recorded reply, whatever the content), since what it asked for is not known.
 
 It is a **claim**, written before the submit's events, in the same round trip as the check
 that the request id is new: a KV create (``Nats-Expected-Last-Subject-Sequence: 0``), which
@@ -27,12 +32,16 @@ records, written after the events; they are still read when the new lookup finds
 bucket serves reads with direct gets (``allow_direct``), which skip the JetStream API's JSON
 envelope, and the hot path goes through ``mdq.bus.requests.Requests``.
 
+A refusal of changed content under a key says what changed from the first submit's jobs as
+its ``submitted`` events carry them (``submitted``), read from the log only then.
+
 Refused submits are not remembered (see ``services.intake.handlers``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import json
 import re
@@ -40,6 +49,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from google.protobuf.unknown_fields import UnknownFieldSet
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import APIError, BucketNotFoundError
@@ -61,12 +71,20 @@ def key_digest(idempotency_key: str) -> str:
     return hashlib.sha256(idempotency_key.encode()).hexdigest()
 
 
+FINGERPRINT_FIELD = 15
+"""Field number of the content fingerprint in a claim record (not one of SubmitReply's)."""
+_FINGERPRINT_TAG = bytes([FINGERPRINT_FIELD << 3 | 2])  # length-delimited; one byte below 16
+FINGERPRINT_BYTES = 32
+
+
 @dataclass(frozen=True, slots=True)
 class Claim:
-    """The record of an accepted submit and when it was written (the server's clock)."""
+    """The record of an accepted submit and when it was written (the server's clock);
+    ``fingerprint``: its content's, None in claims written by earlier versions."""
 
     reply: pb.SubmitReply
     written_at: datetime
+    fingerprint: bytes | None = None
 
 
 class SubmitRegistry:
@@ -124,24 +142,28 @@ class SubmitRegistry:
     async def reply_for(self, request_id: str) -> pb.SubmitReply | None:
         """The reply given to an earlier accepted submit with this request id, if any."""
         data = await self._get(f"req.{request_id}")
-        return None if data is None else _reply(data)
+        return None if data is None else _parse(data)[0]
 
-    async def claim(self, *, request_id: str, reply: pb.SubmitReply) -> bool:
-        """Record a submit about to be accepted, unless its request id is known: True if this
-        call wrote the record (publish its events next), False if one exists."""
-        [claimed] = await self.claim_many([(request_id, reply)])
+    async def claim(self, *, request_id: str, reply: pb.SubmitReply, fingerprint: bytes) -> bool:
+        """Record a submit about to be accepted (its reply and content fingerprint), unless its
+        request id is known: True if this call wrote the record (publish its events next),
+        False if one exists."""
+        [claimed] = await self.claim_many([(request_id, reply, fingerprint)])
         if isinstance(claimed, Exception):
             raise claimed
         return claimed
 
     async def claim_many(
-        self, submits: Sequence[tuple[str, pb.SubmitReply]]
+        self, submits: Sequence[tuple[str, pb.SubmitReply, bytes]]
     ) -> list[bool | Exception]:
-        """``claim`` for many (request id, reply) at once, as one batch of KV creates: each
-        result is True (claimed), False (known), or the error of its write."""
+        """``claim`` for many (request id, reply, fingerprint) at once, as one batch of KV
+        creates: each result is True (claimed), False (known), or the error of its write."""
         results = await self._requests.kv_create_many(
             self._bucket,
-            [(f"req.{request_id}", _record(reply)) for request_id, reply in submits],
+            [
+                (f"req.{request_id}", _record(reply, fingerprint))
+                for request_id, reply, fingerprint in submits
+            ],
         )
         return [
             False
@@ -158,12 +180,15 @@ class SubmitRegistry:
         entry: KvEntry | None = await self._requests.kv_entry(self._bucket, f"req.{request_id}")
         if entry is None:
             return None
-        return Claim(reply=_reply(entry.value), written_at=entry.written_at)
+        reply, fingerprint = _parse(entry.value)
+        return Claim(reply=reply, written_at=entry.written_at, fingerprint=fingerprint)
 
-    async def overwrite(self, *, request_id: str, reply: pb.SubmitReply) -> None:
+    async def overwrite(
+        self, *, request_id: str, reply: pb.SubmitReply, fingerprint: bytes
+    ) -> None:
         """Record a submit whatever the key holds (a record deleted by hand leaves a marker
         that a create would trip over)."""
-        await self._requests.kv_put(self._bucket, f"req.{request_id}", _record(reply))
+        await self._requests.kv_put(self._bucket, f"req.{request_id}", _record(reply, fingerprint))
 
     async def needs_events(self, claim: Claim, last_job_id: str) -> bool:
         """Whether a claimed submit's events must be published (again): the last of them is
@@ -177,6 +202,23 @@ class SubmitRegistry:
 
     async def has_submitted(self, job_id: str) -> bool:
         """Whether the jobs stream holds the ``submitted`` event of ``job_id``."""
+        return await self._last_submitted(job_id) is not None
+
+    async def submitted(self, job_ids: Sequence[str]) -> list[pb.JobSubmitted | None]:
+        """The ``submitted`` event body of each job (None where the log has none)."""
+
+        async def one(job_id: str) -> pb.JobSubmitted | None:
+            async with self._lookups:
+                data = await self._last_submitted(job_id)
+            if data is None:
+                return None
+            event = pb.Event.FromString(data)
+            return event.submitted if event.WhichOneof("body") == "submitted" else None
+
+        return list(await asyncio.gather(*(one(job_id) for job_id in job_ids)))
+
+    async def _last_submitted(self, job_id: str) -> bytes | None:
+        """The stored ``submitted`` event of ``job_id``, None if the log has none."""
         request = json.dumps({"last_by_subj": self._subjects.job(job_id, "submitted")})
         reply = await self._requests.request(
             f"$JS.API.STREAM.MSG.GET.{self._subjects.jobs_stream}", request.encode()
@@ -184,9 +226,9 @@ class SubmitRegistry:
         answer = json.loads(reply.data)
         error = answer.get("error")
         if error is None:
-            return True
+            return base64.b64decode(answer["message"].get("data", ""))
         if error.get("err_code") == NO_MESSAGE_FOUND:
-            return False
+            return None
         raise APIError.from_error(error)
 
     async def resolve(self, ref: str) -> str | None:
@@ -220,11 +262,25 @@ class SubmitRegistry:
         return {ref: job for ref, job in zip(unique, resolved, strict=True) if job is not None}
 
 
-def _record(reply: pb.SubmitReply) -> bytes:
-    return reply.SerializeToString(deterministic=True)
+def _record(reply: pb.SubmitReply, fingerprint: bytes) -> bytes:
+    """A claim record: the reply, then the fingerprint as field ``FINGERPRINT_FIELD``."""
+    return (
+        reply.SerializeToString(deterministic=True)
+        + _FINGERPRINT_TAG
+        + bytes([len(fingerprint)])
+        + fingerprint
+    )
 
 
-def _reply(data: bytes) -> pb.SubmitReply:
+def _parse(data: bytes) -> tuple[pb.SubmitReply, bytes | None]:
+    """The reply and fingerprint of a claim record (None: written by an earlier version)."""
     reply = pb.SubmitReply()
     reply.ParseFromString(data)
-    return reply
+    fingerprint = None
+    unknown = UnknownFieldSet(reply)
+    for index in range(len(unknown)):
+        field = unknown[index]
+        if field.field_number == FINGERPRINT_FIELD and isinstance(field.data, bytes):
+            fingerprint = field.data
+    reply.DiscardUnknownFields()  # never handed on to a client
+    return reply, fingerprint

@@ -28,16 +28,19 @@ from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig
 from nats.js.errors import APIError
 
+from mdq.bus import codec
 from mdq.bus.connect import connect
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.requests import Requests
 from mdq.bus.streams import MAX_SUBMIT_BYTES
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
+from mdq.core.documents import MAX_DEPTH
 from mdq.core.ids import request_id_for_key, request_id_for_sequence
 from mdq.core.spec import normalize_job
 from mdq.embedded import child_environment, free_port, nats_server_binary
 from mdq.settings import CommonSettings
+from services.intake import handlers
 from services.intake.app import Intake, IntakeSettings, build_intake
 from services.intake.registry import RETENTION_MARGIN, SubmitRegistry, key_digest
 
@@ -215,10 +218,10 @@ async def test_same_key_gives_same_ids_and_no_second_event(
 
     assert first.job_ids and not first.HasField("error")
     assert second == first
-    assert changed == first  # the key wins: the first outcome is returned
-    assert len(tap.subjects) == 2
+    assert changed.error.field == "idempotency_key" and not changed.job_ids  # other content
+    assert len(tap.subjects) == 3  # a and b once, then the refusal of the change
     log = [e for _, e in await job_log(nc.jetstream(), subjects) if e.job_id != marker]
-    assert len(log) == 2
+    assert len(log) == 3
 
 
 async def test_chain_by_name_is_published_dependencies_first(
@@ -311,8 +314,17 @@ def good_job(**fields: object) -> dict[str, object]:
     return {"name": "ok", **fields}
 
 
+def nested_labels(key: str, depth: int) -> bytes:
+    """A submit whose labels hold objects nested ``depth`` deep (``{"a": {"a": ...}}``)."""
+    head = json.dumps({"idempotency_key": key, "jobs": [{"name": "ok", "labels": "HERE"}]})
+    before, after = head.encode().split(b'"HERE"')
+    return before + b'{"a": ' * depth + b'"x"' + b"}" * depth + after
+
+
+# the path of the first object nested more than MAX_DEPTH (32) deep in nested_labels
+TOO_DEEP_IN_LABELS = "jobs[0].labels" + ".a" * (MAX_DEPTH + 1 - 4)
+
 # (payload builder taking a key, decodes?, accepted field paths, fragment of the message)
-# Where the codec can only name the top-level field ("jobs") the message carries the full path.
 BAD_INPUTS = [
     pytest.param(
         lambda key: b'{"idempotency_key": "' + key.encode() + b'", "jobs": [',
@@ -325,7 +337,7 @@ BAD_INPUTS = [
         lambda key: {"idempotency_key": key, "jobs": [good_job(resources={"cpu": "lots"})]},
         False,
         {"jobs[0].resources.cpu"},
-        "jobs[0].resources.cpu",
+        "lots",
         id="cpu-wrong-type",
     ),
     pytest.param(
@@ -392,6 +404,44 @@ BAD_INPUTS = [
         {"jobs[0].labels['team']"},
         "NUL",
         id="nul-in-a-label",
+    ),
+    pytest.param(
+        lambda key: {
+            "idempotency_key": key,
+            "jobs": [good_job(), {"name": "b", "depends_on": [42]}],
+        },
+        False,
+        {"jobs[1].depends_on[0]"},
+        "must be a string, got 42",
+        id="a-number-among-the-dependencies",
+    ),
+    pytest.param(
+        lambda key: {"idempotency_key": key, "jobs": [good_job(labels={"team": ["md"]})]},
+        False,
+        {"jobs[0].labels['team']"},
+        'must be a string, got ["md"]',
+        id="a-list-as-a-label-value",
+    ),
+    pytest.param(
+        lambda key: nested_labels(key, 3000),
+        False,
+        {TOO_DEEP_IN_LABELS},
+        f"more than {MAX_DEPTH} levels deep",
+        id="nested-thousands-deep",
+    ),
+    pytest.param(
+        lambda key: nested_labels(key, 40),
+        False,
+        {TOO_DEEP_IN_LABELS},
+        f"more than {MAX_DEPTH} levels deep",
+        id="nested-forty-deep",
+    ),
+    pytest.param(
+        lambda key: {"idempotency_key": key, "jobs": [good_job(**{"x" * 600_000: 1})]},
+        False,
+        {f"jobs[0]['{'x' * 63}…']"},
+        "unknown field 'xxx",
+        id="a-field-name-of-600-kb",
     ),
     pytest.param(lambda key: b"", False, {""}, "JSON object", id="empty-payload"),
     pytest.param(
@@ -658,18 +708,212 @@ async def test_resubmit_after_a_crash_between_claim_and_publish(
     assert len(tap.subjects) == 3  # the rejection, then a and b once
 
 
-async def test_a_refused_resubmit_of_an_accepted_key_gets_the_first_reply(
+async def test_an_invalid_resubmit_of_an_accepted_key_is_refused_as_a_change(
     intake: Intake, nc: Client, subjects: Subjects, tap: Tap
 ) -> None:
-    """The key wins over the content even when the content is now invalid: nothing is
-    rejected, nothing new is published."""
+    """Content that would not even pass validation, under a key accepted before, is refused
+    as other content under that key, naming what changed; nothing new is published."""
     first = await ask(nc, subjects, {"idempotency_key": "kept", "jobs": [{"name": "a"}]})
     await eventually(lambda: tap.at_least(1), "the first submit's event")
     bad = await ask(nc, subjects, {"idempotency_key": "kept", "jobs": [{"name": "a", "steps": -5}]})
     await settled(nc, subjects, tap)
 
-    assert not first.HasField("error") and bad == first
-    assert len(tap.subjects) == 1
+    assert not first.HasField("error")
+    assert bad.error.field == "idempotency_key" and not bad.job_ids
+    assert "jobs[0].steps: 10000 → -5" in bad.error.message
+    assert len(tap.subjects) == 2  # a, then the refusal
+
+
+async def test_changed_content_under_a_used_key_is_refused_naming_the_change(
+    intake: Intake, nc: Client, subjects: Subjects, tap: Tap
+) -> None:
+    """Request-reply: the same content under a key (in any spelling or encoding) gets the same
+    job ids; other content is refused, naming the key and what changed, and each change gets
+    a rejected event of its own."""
+    first = await ask(
+        nc,
+        subjects,
+        {"idempotency_key": "campaign", "jobs": [{"name": "md", "steps": 1000}]},
+    )
+    await eventually(lambda: tap.at_least(1), "the first submit's event")
+    respelled = await ask(
+        nc,
+        subjects,
+        {
+            "idempotencyKey": "campaign",
+            "jobs": [{"name": "md", "steps": "1000", "temperatureK": 300, "max_retries": 3}],
+        },
+    )
+    as_protobuf = await ask(
+        nc,
+        subjects,
+        pb.SubmitRequest(
+            idempotency_key="campaign", jobs=[pb.JobSpec(name="md", steps=1000)]
+        ).SerializeToString(),
+    )
+    more_steps = await ask(
+        nc,
+        subjects,
+        {"idempotency_key": "campaign", "jobs": [{"name": "md", "steps": 9000}]},
+    )
+    hotter = await ask(
+        nc,
+        subjects,
+        {
+            "idempotency_key": "campaign",
+            "jobs": [{"name": "md", "steps": 1000, "temperature_k": 350}],
+        },
+    )
+    another_job = await ask(
+        nc,
+        subjects,
+        {"idempotency_key": "campaign", "jobs": [{"name": "md", "steps": 1000}, {"name": "x"}]},
+    )
+    await eventually(lambda: tap.at_least(4), "the rejected events of the changes")
+
+    assert not first.HasField("error") and respelled == first and as_protobuf == first
+    request_id = request_id_for_key("campaign")
+    for refused, change in [
+        (more_steps, "jobs[0].steps: 1000 → 9000"),
+        (hotter, "jobs[0].temperature_k: 300 → 350"),
+        (another_job, "jobs: 1 → 2 jobs"),
+    ]:
+        assert refused.request_id == request_id and not refused.job_ids
+        assert refused.error.field == "idempotency_key"
+        assert "'campaign' was already used" in refused.error.message
+        assert change in refused.error.message, refused.error.message
+    events = await job_log(nc.jetstream(), subjects)
+    assert [event.WhichOneof("body") for _, event in events] == ["submitted"] + ["rejected"] * 3
+    assert {event.rejected.request_id for _, event in events[1:]} == {request_id}
+    assert len({event.event_id for _, event in events}) == 4
+    assert len(tap.subjects) == 4  # nothing else was published
+
+
+async def test_changed_content_under_a_used_key_is_rejected_on_the_stream(
+    intake: Intake, nc: Client, subjects: Subjects, tap: Tap
+) -> None:
+    """The submit stream: a repeat of the content changes nothing; a change gets a rejected
+    event naming the key and what changed, and the stream message is acked."""
+    js = nc.jetstream()
+    request_id = request_id_for_key("nightly")
+
+    def submit(steps: int) -> bytes:
+        return json.dumps(
+            {"idempotency_key": "nightly", "jobs": [{"name": "md", "steps": steps}]}
+        ).encode()
+
+    await js.publish(subjects.submit, submit(1000))
+    await eventually(lambda: tap.at_least(1), "the submitted event")
+    await js.publish(subjects.submit, submit(1000))
+    await js.publish(subjects.submit, submit(9000))
+    await eventually(lambda: tap.at_least(2), "the rejected event of the change")
+
+    async def all_acked() -> bool:
+        info = await js.consumer_info(subjects.submit_stream, "intake")
+        return bool(info.num_pending == 0 and info.num_ack_pending == 0)
+
+    await eventually(all_acked, "the three stream submits to be acked")
+    events = await job_log(js, subjects)
+    assert [event.WhichOneof("body") for _, event in events] == ["submitted", "rejected"]
+    submitted, rejected = events[0][1].submitted, events[1][1].rejected
+    assert submitted.spec.steps == 1000  # the first content is what runs
+    assert events[1][0] == subjects.rejected(request_id)
+    assert (rejected.request_id, rejected.idempotency_key) == (request_id, "nightly")
+    assert rejected.error.field == "idempotency_key"
+    assert "jobs[0].steps: 1000 → 9000" in rejected.error.message
+    assert len(tap.subjects) == 2  # the repeat published nothing
+
+
+async def test_a_claim_without_a_fingerprint_still_answers_its_key(
+    intake: Intake, nc: Client, subjects: Subjects
+) -> None:
+    """Claims written before content fingerprints existed hold only the reply: a resubmit
+    under their key gets that reply, whatever its content (what it asked for is unknown)."""
+    request_id = request_id_for_key("legacy")
+    claimed = pb.SubmitReply(request_id=request_id, job_ids=[f"{request_id}-a"])
+    kv = await nc.jetstream().key_value(subjects.intake_bucket)
+    await kv.create(f"req.{request_id}", claimed.SerializeToString(deterministic=True))
+    crashed = EventPublisher(js=nc.jetstream(), subjects=subjects, producer="intake")
+    await crashed.emit(
+        "submitted",
+        pb.JobSubmitted(spec=normalize_job(pb.JobSpec(name="a"), "jobs[0]"), request_id=request_id),
+        job_id=f"{request_id}-a",
+        attempt=0,
+    )
+
+    same = await ask(nc, subjects, {"idempotency_key": "legacy", "jobs": [{"name": "a"}]})
+    other = await ask(
+        nc, subjects, {"idempotency_key": "legacy", "jobs": [{"name": "a", "steps": 5}]}
+    )
+
+    assert same == claimed and other == claimed
+
+
+async def test_a_submit_that_breaks_intake_gets_an_error_and_the_others_their_answers(
+    intake: Intake, nc: Client, subjects: Subjects, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unexpected exception while handling one submit answers that submit with an internal
+    error (request-reply) or a rejected event (stream); the submits handled with it in the
+    same batch get their own answers, and intake keeps serving."""
+    decode = codec.decode_submit
+
+    def breaks_on_poison(data: bytes) -> pb.SubmitRequest:
+        if b"poison" in data:
+            raise RuntimeError("a bug in intake")
+        return decode(data)
+
+    monkeypatch.setattr(handlers, "decode_submit", breaks_on_poison)
+    burst: list[dict[str, object]] = [
+        {"idempotency_key": f"fine-{i}" if i != 3 else "poison", "jobs": [{"name": "md"}]}
+        for i in range(8)
+    ]
+    replies = await asyncio.gather(*(ask(nc, subjects, submit) for submit in burst))
+
+    poisoned = replies.pop(3)
+    assert poisoned.error.field == "" and not poisoned.job_ids
+    assert "internal error in intake: RuntimeError" in poisoned.error.message
+    assert all(not reply.HasField("error") and reply.job_ids for reply in replies)
+
+    js = nc.jetstream()
+    ack = await js.publish(subjects.submit, b'{"jobs": [{"name": "poison"}]}')
+    request_id = request_id_for_sequence(ack.seq)
+
+    async def rejected() -> bool:
+        return any(
+            subject == subjects.rejected(request_id) for subject, _ in await job_log(js, subjects)
+        )
+
+    await eventually(rejected, "the rejected event of the poisoned stream submit")
+    good = await ask(nc, subjects, {"idempotency_key": "afterwards", "jobs": [{"name": "md"}]})
+    assert not good.HasField("error")
+
+
+async def test_a_batch_that_fails_answers_every_submit_it_had_not_answered(
+    intake: Intake, nc: Client, subjects: Subjects, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Should handling a batch of request-reply submits fail after answering some, the others
+    get an internal error each, not silence; none is answered twice."""
+
+    async def answers_one_then_fails(batch: list[bytes], answer: handlers.Answer) -> None:
+        await answer(0, pb.SubmitReply(request_id="first", job_ids=["first-a"]))
+        await answer(0, pb.SubmitReply(request_id="twice"))  # never sent
+        raise RuntimeError("a bug in intake")
+
+    monkeypatch.setattr(intake.handler, "on_api_submits", answers_one_then_fails)
+    replies = await asyncio.gather(
+        *(
+            ask(nc, subjects, {"idempotency_key": f"k{i}", "jobs": [{"name": "a"}]})
+            for i in range(5)
+        )
+    )
+
+    first = [reply for reply in replies if reply.request_id == "first"]
+    assert len(first) >= 1  # the first of each batch
+    assert all(reply.request_id != "twice" for reply in replies)
+    for reply in replies:
+        if reply.request_id != "first":
+            assert reply.error.message == "internal error in intake: RuntimeError"
+    assert intake._in_flight == 0  # every slot was given back
 
 
 async def test_old_claims_are_not_completed_once_their_events_may_have_expired(
@@ -685,10 +929,14 @@ async def test_old_claims_are_not_completed_once_their_events_may_have_expired(
         assert max_age  # the jobs stream keeps its history for a limited time
         retention = timedelta(seconds=max_age)
         reply = pb.SubmitReply(request_id="0123456789ab", job_ids=["0123456789ab-a"])
-        assert await registry.claim(request_id="0123456789ab", reply=reply)
-        assert not await registry.claim(request_id="0123456789ab", reply=reply)
+        fingerprint = bytes(range(32))
+        assert await registry.claim(request_id="0123456789ab", reply=reply, fingerprint=fingerprint)
+        assert not await registry.claim(
+            request_id="0123456789ab", reply=reply, fingerprint=bytes(32)
+        )
         claim = await registry.existing("0123456789ab")
         assert claim is not None and claim.reply == reply
+        assert claim.fingerprint == fingerprint  # the first claim's
         assert await registry.needs_events(claim, "0123456789ab-a")
         aged = replace(claim, written_at=claim.written_at - retention + RETENTION_MARGIN)
         assert not await registry.needs_events(aged, "0123456789ab-a")
@@ -784,7 +1032,7 @@ async def test_a_mixed_burst_is_handled_as_one_by_one_submits_would_be(
         {"idempotency_key": "solo", "jobs": [{"name": "md"}]},
         {"idempotency_key": "bad", "jobs": [{"name": "md", "temperature_k": -1}]},
         {"idempotency_key": "after", "jobs": [{"name": "md", "depends_on": ["earlier"]}]},
-        {"idempotency_key": "earlier", "jobs": [{"name": "other"}]},
+        {"idempotency_key": "earlier", "jobs": [{"name": "eq"}]},
     ]
     burst += [{"idempotency_key": f"many-{i}", "jobs": [{"name": "md"}]} for i in range(40)]
     caplog.set_level(logging.INFO, logger="services.intake.handlers")

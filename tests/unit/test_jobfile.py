@@ -107,7 +107,7 @@ REFUSED: dict[str, Refused] = {
     "jobs is not a list": Refused("jobs: 3\n", field="jobs", message="list"),
     "a job is not a mapping": Refused("jobs: [just-a-name]\n", field="jobs[0]", message="mapping"),
     "depends_on is not a list": Refused(
-        "name: a\ndepends_on: b\n", field="jobs[0].depends_on", message="repeated"
+        "name: a\ndepends_on: b\n", field="jobs[0].depends_on", message="must be a list"
     ),
     "key of the wrong type": Refused(
         "idempotency_key: [1]\njobs: []\n", field="idempotency_key", message=""

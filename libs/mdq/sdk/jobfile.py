@@ -12,24 +12,24 @@ speak the same language::
         steps: 5000
 
 A bare job object (no ``jobs`` key) is accepted as a one-job submit. Every problem — unknown
-fields (all of them, each with its path), wrong types, malformed YAML — is a ``JobFileError``
-(a ``SpecError``) that names the field, so the CLI can print it like a refusal from intake.
+fields (all of them, each with its path), wrong types, nesting too deep, malformed YAML — is a
+``JobFileError`` (a ``SpecError``) that names the field, so the CLI can print it like a refusal
+from intake. Types and nesting are checked by ``mdq.core.documents``, which intake uses too, so
+a wrong type reads the same from both (``jobs[1].depends_on[0]: must be a string, got 42``).
 """
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
 
 import yaml
-from google.protobuf import json_format
-from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.descriptor import Descriptor
 from google.protobuf.message import Message
 
 from mdq.contracts import pb
+from mdq.core.documents import MAX_DEPTH, field_names, load_json, nesting_error, parse_document
 from mdq.core.spec import SpecError
 
 _SUBMIT_KEYS = frozenset(
@@ -49,21 +49,12 @@ class JobFileError(SpecError):
         return f"{where}{self.field}: {self.message}" if self.field else f"{where}{self.message}"
 
 
-def _field_names(descriptor: Descriptor) -> dict[str, FieldDescriptor]:
-    """Both spellings the JSON mapping accepts: proto names and lowerCamelCase json names."""
-    names: dict[str, FieldDescriptor] = {}
-    for field in descriptor.fields:
-        names[field.name] = field
-        names[field.json_name] = field
-    return names
-
-
 def unknown_fields(
     document: Mapping[str, Any], descriptor: Descriptor, path: str = ""
 ) -> list[str]:
     """Paths of every key in ``document`` that ``descriptor`` does not define (recursively)."""
     found: list[str] = []
-    known = _field_names(descriptor)
+    known = field_names(descriptor)
     for key, value in document.items():
         where = f"{path}.{key}" if path else str(key)
         field = known.get(str(key))
@@ -92,6 +83,8 @@ def submit_from_document(document: object, *, source: str = "") -> pb.SubmitRequ
         )
     if not _SUBMIT_KEYS.intersection(document):
         document = {"jobs": [dict(document)]}
+    if (too_deep := nesting_error(document)) is not None:
+        raise JobFileError(too_deep.field, too_deep.message, source=source)
     unknown = unknown_fields(document, cast(Descriptor, pb.SubmitRequest.DESCRIPTOR))
     if unknown:
         raise JobFileError(
@@ -115,48 +108,12 @@ def submit_from_document(document: object, *, source: str = "") -> pb.SubmitRequ
     return request
 
 
-_PARSE_CHAIN = re.compile(r"Failed to parse (\w+) field")
-_PARSE_CHAIN_PREFIX = re.compile(r"(Failed to parse \w+ field: )+")
-_AT_PATH_SUFFIX = re.compile(r" at \"?[A-Za-z]\w*(\.[\w.\[\]]+)?\"?$")
-
-
 def _parse_into(document: Mapping[str, Any], message: Message, *, prefix: str, source: str) -> None:
-    """ParseDict one message; a ParseError becomes a JobFileError naming the field."""
+    """Parse one message; a problem becomes a JobFileError naming the field, as intake would."""
     try:
-        json_format.ParseDict(dict(document), message, ignore_unknown_fields=False)
-    except json_format.ParseError as error:
-        text = str(error).rstrip(".")
-        path = _resolve_path(document, _PARSE_CHAIN.findall(text))
-        field = ".".join(part for part in (prefix, path) if part)
-        reason = _AT_PATH_SUFFIX.sub("", _PARSE_CHAIN_PREFIX.sub("", text))
-        raise JobFileError(field, reason, source=source) from None
-
-
-def _resolve_path(document: Mapping[str, Any], names: list[str]) -> str:
-    """The document path of the chain of field names in a ParseDict error, which leaves out
-    oneof wrappers: descend by name, looking one level deeper when the name sits inside a
-    wrapper such as ``water_box``."""
-    parts: list[str] = []
-    current: object = document
-    for name in names:
-        if not isinstance(current, Mapping):
-            parts.append(name)
-            continue
-        if name in current:
-            parts.append(name)
-            current = current[name]
-            continue
-        wrapper = next(
-            (key for key, value in current.items() if isinstance(value, Mapping) and name in value),
-            None,
-        )
-        if wrapper is None:
-            parts.append(name)
-            current = None
-            continue
-        parts += [str(wrapper), name]
-        current = current[wrapper][name]
-    return ".".join(parts)
+        parse_document(document, message, prefix=prefix)
+    except SpecError as error:
+        raise JobFileError(error.field, error.message, source=source) from None
 
 
 def parse_job_text(text: str, *, source: str = "") -> pb.SubmitRequest:
@@ -165,7 +122,15 @@ def parse_job_text(text: str, *, source: str = "") -> pb.SubmitRequest:
     stripped = text.lstrip()
     try:
         is_json = stripped.startswith(("{", "["))
-        document = json.loads(text) if is_json else yaml.safe_load(text)
+        document = load_json(text) if is_json else yaml.safe_load(text)
+    except SpecError as error:  # JSON nested too deep
+        raise JobFileError(error.field, error.message, source=source) from None
+    except RecursionError:  # YAML nested too deep for PyYAML's composer
+        raise JobFileError(
+            "",
+            f"nested more than {MAX_DEPTH} levels deep (a submit needs six at most)",
+            source=source,
+        ) from None
     except (ValueError, yaml.YAMLError) as error:
         raise JobFileError("", f"not valid YAML or JSON: {error}", source=source) from None
     return submit_from_document(document, source=source)

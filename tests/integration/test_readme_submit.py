@@ -1,0 +1,102 @@
+"""The README's submitting examples, run as written against a test stack (NATS and an
+in-process intake in the test's own namespace): the ten-line nats-py client, and `mdq submit`
+with the README's job file. The `nats` CLI examples are not run (natscli is not installed
+here); they send the same bytes to the same subjects as the Python client."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import re
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from nats.aio.client import Client
+
+from mdq.bus.subjects import Subjects
+from mdq.contracts import pb
+from mdq.core.ids import request_id_for_key
+from mdq.embedded import child_environment
+from services.intake.app import Intake
+from tests.integration.test_intake import settings_for, started, wait_for_events
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+TIMEOUT = 60.0
+
+
+def code_blocks(language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", README.read_text(), re.DOTALL)
+
+
+def readme_client() -> str:
+    [snippet] = [block for block in code_blocks("python") if "nats.connect(" in block]
+    return snippet
+
+
+@pytest.fixture
+async def intake(nats_url: str, namespace: str, nc: Client) -> AsyncIterator[Intake]:
+    service = await started(settings_for(nats_url, namespace))
+    yield service
+    await service.stop()
+
+
+async def run(*command: str, env: dict[str, str], cwd: Path) -> tuple[int, str]:
+    process = await asyncio.create_subprocess_exec(
+        *command,
+        env=env,
+        cwd=cwd,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    output, _ = await asyncio.wait_for(process.communicate(), TIMEOUT)
+    assert process.returncode is not None
+    return process.returncode, output.decode()
+
+
+def test_the_client_is_about_ten_lines() -> None:
+    lines = [line for line in readme_client().splitlines() if line.strip()]
+    assert len(lines) <= 12, lines
+
+
+async def test_the_readme_python_client_submits_both_ways(
+    intake: Intake, nats_url: str, namespace: str, nc: Client, subjects: Subjects, tmp_path: Path
+) -> None:
+    script = tmp_path / "client.py"
+    script.write_text(readme_client())
+    code, output = await run(
+        sys.executable,
+        str(script),
+        env=child_environment(NATS_URL=nats_url, MDQ_NAMESPACE=namespace),
+        cwd=tmp_path,
+    )
+    assert code == 0, output
+
+    printed = ast.literal_eval(output.strip().splitlines()[-1])
+    assert printed["job_ids"] == [f"{request_id_for_key('k2')}-w"]
+    events = await wait_for_events(nc.jetstream(), subjects, 2)
+    submitted = {event.job_id: event.submitted for _, event in events}
+    assert set(submitted) == {f"{request_id_for_key(key)}-w" for key in ("k1", "k2")}
+    assert all(body.spec.steps == 2000 for body in submitted.values())
+
+
+async def test_the_readme_mdq_submit_example(
+    intake: Intake, nats_url: str, namespace: str, nc: Client, subjects: Subjects, tmp_path: Path
+) -> None:
+    [shell] = [block for block in code_blocks("sh") if "mdq submit w.json" in block]
+    [job_file] = re.findall(r"echo '(.*)' > w.json", shell)
+    (tmp_path / "w.json").write_text(job_file)
+    mdq = Path(sys.executable).with_name("mdq")
+    code, output = await run(
+        str(mdq),
+        "submit",
+        "w.json",
+        env=child_environment(NATS_URL=nats_url, MDQ_NAMESPACE=namespace),
+        cwd=tmp_path,
+    )
+    assert code == 0, output
+    assert output.split() == [f"{request_id_for_key('k2')}-w"]
+    [(_, event)] = await wait_for_events(nc.jetstream(), subjects, 1)
+    assert event.WhichOneof("body") == "submitted"
+    assert event.submitted.spec.task == pb.TASK_MD
