@@ -39,6 +39,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -573,6 +574,7 @@ async def run(arguments: argparse.Namespace) -> dict[str, Any]:
         for nats_server in embedded.values():
             nats_server.stop()
         postgres.stop()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def main() -> None:

@@ -32,6 +32,7 @@ import contextlib
 import json
 import random
 import re
+import shutil
 import signal
 import statistics
 import sys
@@ -331,6 +332,7 @@ async def main(evictions: int, kills: int, seed: int) -> dict[str, object]:
         await stack.stop()
         nats.stop()
         postgres.stop()
+        shutil.rmtree(root, ignore_errors=True)
     lost = [kill.steps_lost for kill in measured]
     return {
         "recoveries": len(timings),
