@@ -47,18 +47,22 @@ asyncapi: $(STAMP)
 clean:
 	rm -rf $(VENV) build .pytest_cache .mdq
 
-## bench-placement: core decision cost, jobs bound/s end to end against a raw nats-py loop, p99 latency
+## bench-*: each prints one JSON line, mdq measured from outside against a raw baseline in the
+## same run (docs/benchmarks.md); BENCH_ARGS=--quick for a short check
+BENCH_ARGS ?=
+
+## bench-placement: core decision cost, jobs bound/s end to end against a raw nats-py loop, p99 latency; fsync-always vs server default
 bench-placement: $(STAMP)
-	$(BIN)/python bench/placement.py
+	$(BIN)/python bench/placement.py $(BENCH_ARGS)
 
-## bench-runner: OpenMM ns/day bare vs under the runner (water box, LJ fluid), alternated
+## bench-runner: OpenMM ns/day under the runner vs plain OpenMM with the same reports/checkpoints, timed from outside
 bench-runner: $(STAMP)
-	$(BIN)/python bench/runner.py
+	$(BIN)/python bench/runner.py $(BENCH_ARGS)
 
-## bench-recovery: eviction → running again (p50/p95), MD steps lost per runner kill
+## bench-recovery: eviction → runner process up again (p50/p95), steps lost per kill -9 from the runner's own files
 bench-recovery: $(STAMP)
-	$(BIN)/python bench/recovery.py
+	$(BIN)/python bench/recovery.py $(BENCH_ARGS)
 
-## bench-ingest: progress events/s NATS → PostgreSQL through the watcher vs a raw fetch+COPY loop
+## bench-ingest: progress events/s NATS → PostgreSQL, watcher vs the fastest raw fetch+COPY loop; fsync-always vs server default
 bench-ingest: $(STAMP)
-	$(BIN)/python bench/ingest.py
+	$(BIN)/python bench/ingest.py $(BENCH_ARGS)

@@ -9,13 +9,21 @@
     against the raw baseline with the same messaging shape and no mdq logic
     (``bench/raw_bus.py``: a responder that publishes to JetStream, 128 requests at once like
     intake, and an ordered consumer that publishes a second event), same NATS server, same
-    client, same run. Both pipelines stay up and the rounds alternate (raw, mdq, raw, ...);
-    the best round of each is reported, and every round is listed.
-(c) **Latency submit → job.bound** at 500 submits/s offered (open loop), p50 and p99.
+    client, same run. **The cost of fsync-always**: two NATS servers run side by side, one with
+    JetStream ``sync_interval: always`` (mdq's embedded default: every write fsynced before it
+    is acknowledged) and one with the server's default interval, each with both pipelines up;
+    every round measures raw then mdq on each server, the servers' order alternating from round
+    to round. The best round of each is reported, and every round is listed:
+    ``jobs_bound_per_s``, ``raw_bus_per_s`` and ``ratio_vs_raw`` on the fsync-always server;
+    ``fsync_always_per_s`` / ``fsync_default_per_s`` (mdq on each server) and their quotient
+    ``fsync_cost_ratio``, the same for the raw loop (``raw_fsync_*``).
+(c) **Latency submit → job.bound** at 500 submits/s offered (open loop), p50 and p99, and the
+    placement stage alone against the raw consumer stage, on the fsync-always server.
 
 Everything shares this machine's cores (NATS, intake, placement, the load generator), so the
-absolute figures depend on its load; ratios are measured in the same run. NATS is started
-embedded in a temporary folder. The last line printed is one JSON object.
+absolute figures depend on its load; ratios are measured in the same run. The NATS servers are
+started embedded in a temporary folder. ``--quick``: smaller core runs, 2,000 jobs per round, 2
+rounds, 500 latency jobs. The last line printed is one JSON object.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -47,13 +56,13 @@ from mdq.core import ids
 from mdq.core.events import make_event
 from mdq.core.placement import NodeState, QueuedJob, plan
 from mdq.core.spec import normalize_job
-from mdq.embedded import start_nats
+from mdq.embedded import SYNC_ALWAYS, SYNC_SERVER_DEFAULT, start_nats
 
 REPO = Path(__file__).resolve().parents[1]
 ROUNDS = 3
+"""Throughput rounds (each: raw then mdq, on each server); the best of each is reported."""
 WINDOW = 256
 """Requests in flight in the closed-loop throughput rounds (both pipelines)."""
-"""Alternating raw/mdq throughput rounds; the best of each is reported."""
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 
@@ -295,114 +304,192 @@ async def keep_nodes_reporting(nc: Client, subjects: Subjects, count: int) -> No
         await asyncio.sleep(2.0)
 
 
-async def bench_end_to_end(jobs: int, latency_jobs: int, rate: float) -> dict[str, Any]:
+SERVERS = {"fsync_always": SYNC_ALWAYS, "fsync_default": SYNC_SERVER_DEFAULT}
+"""The two NATS servers of every run: JetStream ``sync_interval: always`` (mdq's embedded
+default) and the server's default interval."""
+
+
+@dataclass
+class Side:
+    """One NATS server with both pipelines (raw and mdq) running against it."""
+
+    name: str
+    subjects: Subjects
+    nc: Client
+    raw: Client
+    reporter: asyncio.Task[None]
+
+
+async def bench_end_to_end(
+    jobs: int, latency_jobs: int, rate: float, rounds: int
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="mdq-bench-placement-") as folder:
         root = Path(folder)
-        server = start_nats(root / "nats")
+        servers = {
+            name: start_nats(root / name / "nats", sync_interval=sync)
+            for name, sync in SERVERS.items()
+        }
         try:
-            return await _end_to_end(server.url, root, jobs, latency_jobs, rate)
+            return await _end_to_end(
+                {name: server.url for name, server in servers.items()},
+                root,
+                jobs,
+                latency_jobs,
+                rate,
+                rounds,
+            )
         finally:
-            server.stop()
+            for server in servers.values():
+                server.stop()
 
 
-async def _end_to_end(
-    url: str, root: Path, jobs: int, latency_jobs: int, rate: float
-) -> dict[str, Any]:
+def raw_payloads(prefix: str, count: int) -> list[tuple[str, bytes]]:
+    return [
+        (f"{prefix}{i}", f"{prefix}{i}\n".encode() + submit_payload(f"{prefix}{i}"))
+        for i in range(count)
+    ]
+
+
+def payloads_for(prefix: str, count: int) -> list[tuple[str, bytes]]:
+    out = []
+    for i in range(count):
+        key = f"{prefix}-{i}"
+        job = ids.job_id(ids.request_id_for_key(key), "j")
+        out.append((job, submit_payload(key)))
+    return out
+
+
+async def open_side(name: str, url: str, root: Path, stack: contextlib.ExitStack) -> Side:
+    """Start the raw and the mdq pipeline against ``url``; wait until both answer and follow;
+    warm both up."""
     namespace = "bench"
     subjects = Subjects(namespace=namespace)
-    nc = await connect(url, name="bench", subjects=subjects)
+    nc = await connect(url, name=f"bench-{name}", subjects=subjects)
     reporter = asyncio.create_task(keep_nodes_reporting(nc, subjects, 8))
     env = os.environ | {
         "NATS_URL": url,
         "MDQ_NAMESPACE": namespace,
-        "MDQ_DATA_DIR": str(root / "data"),
+        "MDQ_DATA_DIR": str(root / name / "data"),
         "MDQ_INTAKE_LOG_LEVEL": "warning",
         "MDQ_PLACEMENT_LEADER_ELECTION": "false",
         "MDQ_PLACEMENT_RECONCILE_INTERVAL_S": "1.0",
         "PYTHONPATH": str(REPO),
     }
-    logs = root / "logs"
-    logs.mkdir()
+    logs = root / name / "logs"
+    (logs / "raw").mkdir(parents=True)
+    (logs / "mdq").mkdir()
     python = sys.executable
+    raw = await nats.connect(url)
+    await raw.jetstream().add_stream(name="RAWBENCH", subjects=["raw.job.>"])
+    # Both pipelines run side by side (idle while another is measured) and the rounds
+    # alternate, so a change in the machine's background load hits all of them.
+    stack.enter_context(
+        processes(
+            [
+                [python, "bench/raw_bus.py", "responder", url],
+                [python, "bench/raw_bus.py", "consumer", url],
+            ],
+            env,
+            logs / "raw",
+        )
+    )
+    stack.enter_context(
+        processes(
+            [[python, "-m", "services.intake"], [python, "bench/placement_noop.py"]],
+            env,
+            logs / "mdq",
+        )
+    )
+    probe_bound = await raw.subscribe("raw.job.probe.bound")
+    await wait_for_responder(raw, "raw.api.submit", b"probe\n")
+    await probe_bound.next_msg(timeout=60)  # the consumer is following too
+    probe = ids.job_id(ids.request_id_for_key("probe"), "j")
+    probe_bound = await nc.subscribe(subjects.job(probe, "bound"))
+    await wait_for_responder(nc, subjects.api_submit, submit_payload("probe"))
+    await probe_bound.next_msg(timeout=60)  # placement is following too
+    await throughput(raw, "raw.api.submit", "raw.job.*.bound", raw_payloads("w", 500))
+    await throughput(nc, subjects.api_submit, subjects.job("*", "bound"), payloads_for("warm", 500))
+    return Side(name=name, subjects=subjects, nc=nc, raw=raw, reporter=reporter)
+
+
+async def close_side(side: Side) -> None:
+    side.reporter.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await side.reporter
+    await side.raw.drain()
+    await side.nc.drain()
+
+
+async def _end_to_end(
+    urls: dict[str, str], root: Path, jobs: int, latency_jobs: int, rate: float, rounds: int
+) -> dict[str, Any]:
     results: dict[str, Any] = {}
-    try:
-        raw = await nats.connect(url)
-        await raw.jetstream().add_stream(name="RAWBENCH", subjects=["raw.job.>"])
-        raw_commands = [
-            [python, "bench/raw_bus.py", "responder", url],
-            [python, "bench/raw_bus.py", "consumer", url],
-        ]
-        mdq_commands = [
-            [python, "-m", "services.intake"],
-            [python, "bench/placement_noop.py"],
-        ]
-        (logs / "raw").mkdir()
-        (logs / "mdq").mkdir()
-        # Both pipelines run side by side (idle while the other is measured) and the rounds
-        # alternate, so a change in the machine's background load hits both.
-        with processes(raw_commands, env, logs / "raw"), processes(mdq_commands, env, logs / "mdq"):
-            probe_bound = await raw.subscribe("raw.job.probe.bound")
-            await wait_for_responder(raw, "raw.api.submit", b"probe\n")
-            await probe_bound.next_msg(timeout=60)  # the consumer is following too
-            probe = ids.job_id(ids.request_id_for_key("probe"), "j")
-            probe_bound = await nc.subscribe(subjects.job(probe, "bound"))
-            await wait_for_responder(nc, subjects.api_submit, submit_payload("probe"))
-            await probe_bound.next_msg(timeout=60)  # placement is following too
-
-            def raw_payloads(prefix: str, count: int) -> list[tuple[str, bytes]]:
-                return [
-                    (f"{prefix}{i}", f"{prefix}{i}\n".encode() + submit_payload(f"{prefix}{i}"))
-                    for i in range(count)
-                ]
-
-            def payloads_for(prefix: str, count: int) -> list[tuple[str, bytes]]:
-                out = []
-                for i in range(count):
-                    key = f"{prefix}-{i}"
-                    job = ids.job_id(ids.request_id_for_key(key), "j")
-                    out.append((job, submit_payload(key)))
-                return out
-
-            bound = subjects.job("*", "bound")
-            await throughput(raw, "raw.api.submit", "raw.job.*.bound", raw_payloads("w", 500))
-            await throughput(nc, subjects.api_submit, bound, payloads_for("warm", 500))
-            rounds: dict[str, list[float]] = {"raw": [], "mdq": []}
-            for number in range(ROUNDS):
-                rounds["raw"].append(
-                    await throughput(
-                        raw, "raw.api.submit", "raw.job.*.bound", raw_payloads(f"r{number}-", jobs)
+    sides: dict[str, Side] = {}
+    with contextlib.ExitStack() as stack:
+        try:
+            for name, url in urls.items():
+                sides[name] = await open_side(name, url, root, stack)
+            measured: dict[str, list[float]] = {
+                f"{kind}_{name}": [] for kind in ("raw", "mdq") for name in urls
+            }
+            for number in range(rounds):
+                order = list(urls) if number % 2 == 0 else list(reversed(urls))
+                for name in order:
+                    side = sides[name]
+                    bound = side.subjects.job("*", "bound")
+                    measured[f"raw_{name}"].append(
+                        await throughput(
+                            side.raw,
+                            "raw.api.submit",
+                            "raw.job.*.bound",
+                            raw_payloads(f"r{number}-", jobs),
+                        )
                     )
-                )
-                await asyncio.sleep(0.5)
-                rounds["mdq"].append(
-                    await throughput(
-                        nc, subjects.api_submit, bound, payloads_for(f"tp{number}", jobs)
+                    await asyncio.sleep(0.5)
+                    measured[f"mdq_{name}"].append(
+                        await throughput(
+                            side.nc,
+                            side.subjects.api_submit,
+                            bound,
+                            payloads_for(f"tp{number}", jobs),
+                        )
                     )
-                )
-                await asyncio.sleep(0.5)
-                print(
-                    f"round {number + 1}: raw bus {rounds['raw'][-1]:.0f} round trips/s, "
-                    f"mdq {rounds['mdq'][-1]:.0f} jobs bound/s",
-                    flush=True,
-                )
-            results["raw_bus_per_s"] = max(rounds["raw"])
-            results["jobs_bound_per_s"] = max(rounds["mdq"])
-            results["raw_bus_rounds"] = rounds["raw"]
-            results["jobs_bound_rounds"] = rounds["mdq"]
+                    await asyncio.sleep(0.5)
+                    print(
+                        f"round {number + 1} {name:13s}: raw bus "
+                        f"{measured[f'raw_{name}'][-1]:.0f} round trips/s, "
+                        f"mdq {measured[f'mdq_{name}'][-1]:.0f} jobs bound/s",
+                        flush=True,
+                    )
+            results["raw_bus_per_s"] = max(measured["raw_fsync_always"])
+            results["jobs_bound_per_s"] = max(measured["mdq_fsync_always"])
+            results["raw_bus_rounds"] = measured["raw_fsync_always"]
+            results["jobs_bound_rounds"] = measured["mdq_fsync_always"]
+            results["raw_bus_fsync_default_rounds"] = measured["raw_fsync_default"]
+            results["jobs_bound_fsync_default_rounds"] = measured["mdq_fsync_default"]
+            results["fsync_always_per_s"] = results["jobs_bound_per_s"]
+            results["fsync_default_per_s"] = max(measured["mdq_fsync_default"])
+            results["raw_fsync_always_per_s"] = results["raw_bus_per_s"]
+            results["raw_fsync_default_per_s"] = max(measured["raw_fsync_default"])
 
+            # The stage alone and the latency: on the fsync-always server (mdq's default).
+            side = sides["fsync_always"]
+            bound = side.subjects.job("*", "bound")
             stage = [
                 (f"raw.job.s{i}.submitted", submit_payload(f"s{i}"), f"s{i}") for i in range(jobs)
             ]
-            results["raw_consumer_per_s"] = await publish_then_count(raw, "raw.job.*.bound", stage)
+            results["raw_consumer_per_s"] = await publish_then_count(
+                side.raw, "raw.job.*.bound", stage
+            )
             print(f"raw consumer stage: {results['raw_consumer_per_s']:.0f} events/s")
             await asyncio.sleep(0.5)
             results["placement_bound_per_s"] = await publish_then_count(
-                nc, bound, submitted_events(subjects, "pl", jobs)
+                side.nc, bound, submitted_events(side.subjects, "pl", jobs)
             )
             print(f"placement stage: {results['placement_bound_per_s']:.0f} jobs bound/s")
             await asyncio.sleep(1.0)
             latencies = await latency(
-                nc, subjects.api_submit, bound, payloads_for("lat", latency_jobs), rate
+                side.nc, side.subjects.api_submit, bound, payloads_for("lat", latency_jobs), rate
             )
             results["p50_submit_to_bound_ms"] = statistics.median(latencies)
             results["p99_submit_to_bound_ms"] = latencies[int(0.99 * (len(latencies) - 1))]
@@ -410,12 +497,9 @@ async def _end_to_end(
                 f"mdq at {rate:.0f}/s offered: p50 {results['p50_submit_to_bound_ms']:.1f} ms, "
                 f"p99 {results['p99_submit_to_bound_ms']:.1f} ms"
             )
-        await raw.drain()
-    finally:
-        reporter.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await reporter
-        await nc.drain()
+        finally:
+            for side in sides.values():
+                await close_side(side)
     return results
 
 
@@ -424,12 +508,19 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=8000, help="jobs per throughput round")
     parser.add_argument("--latency-jobs", type=int, default=2500, help="jobs at the offered rate")
     parser.add_argument("--rate", type=float, default=500.0, help="offered submits/s for (c)")
-    parser.add_argument("--quick", action="store_true", help="smaller core runs")
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help="rounds on each server")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smaller core runs, 2,000 jobs per round, 2 rounds, 500 latency jobs",
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.jobs, args.rounds, args.latency_jobs = 2000, 2, 500
     load = os.getloadavg()[0]
     summary: dict[str, Any] = {}
     summary.update(bench_core(args.quick))
-    e2e = asyncio.run(bench_end_to_end(args.jobs, args.latency_jobs, args.rate))
+    e2e = asyncio.run(bench_end_to_end(args.jobs, args.latency_jobs, args.rate, args.rounds))
     summary.update(
         {
             key: [round(v) for v in value] if isinstance(value, list) else round(value, 1)
@@ -437,9 +528,17 @@ def main() -> None:
         }
     )
     summary["ratio_vs_raw"] = round(e2e["jobs_bound_per_s"] / e2e["raw_bus_per_s"], 3)
+    summary["fsync_cost_ratio"] = round(e2e["fsync_always_per_s"] / e2e["fsync_default_per_s"], 3)
+    summary["raw_fsync_cost_ratio"] = round(
+        e2e["raw_fsync_always_per_s"] / e2e["raw_fsync_default_per_s"], 3
+    )
+    summary["ratio_vs_raw_fsync_default"] = round(
+        e2e["fsync_default_per_s"] / e2e["raw_fsync_default_per_s"], 3
+    )
     summary["placement_ratio_vs_raw_consumer"] = round(
         e2e["placement_bound_per_s"] / e2e["raw_consumer_per_s"], 3
     )
+    summary["quick"] = args.quick
     summary["cpus"] = os.cpu_count() or 0
     summary["load_average_at_start"] = round(load, 2)
     print(json.dumps(summary))

@@ -1,16 +1,27 @@
 """Benchmark: how fast mdq recovers, and how much MD work a failure costs.
 
 Runs the whole stack (embedded NATS and PostgreSQL, every service, the local backend with three
-nodes, real OpenMM runners) and injects:
+nodes, real OpenMM runners) and injects, measuring from outside (this process's clock, the
+process table, the runners' own files and logs; never a figure mdq's events report):
 
 1. evictions/preemptions (the failure classes retried at once): the pod of a running attempt is
-   deleted (SIGTERM: the runner checkpoints and exits PREEMPTED); timed from the delete to the
-   next attempt's pod running (its ``started`` event);
-2. kill -9 of runners at random steps: the steps lost per recovery (the work done past the
-   checkpoint the retry resumes from) against the checkpoint interval.
+   deleted (SIGTERM: the runner checkpoints and exits PREEMPTED); timed on this process's clock
+   from the delete until the next attempt's runner process is in the process table
+   (``MDQ_JOB_ID`` and ``MDQ_ATTEMPT`` in its environment);
+2. kill -9 of runners at random steps: the steps lost per recovery are the step the killed
+   runner had reached, as its own energy table says right after it died (``energies.csv`` in
+   the job's folder: one row per report, flushed as written; reports every
+   ``REPORT_INTERVAL`` steps, so the real step is at most ``REPORT_INTERVAL - 1`` further),
+   minus the step the next attempt resumed from, as that runner's own log says
+   (``resuming from <checkpoint> at step N`` in ``<data>/pods/<pod>.log``). A kill that finds
+   no runner process, a runner that does not die, or a retry whose log never says where it
+   resumed fails the bench (exit status 1 and a message), never a silent skip. The
+   ``steps_lost`` of mdq's own ``requeued`` event is printed next to it for comparison only
+   (``mdq_reported_max_steps_lost``).
 
-Usage: ``make bench-recovery`` (``python -m bench.recovery --evictions 30 --kills 10``).
-The last line printed is one JSON object with the figures.
+Usage: ``make bench-recovery`` (``python bench/recovery.py --evictions 30 --kills 10``;
+``--quick`` runs 5 evictions and 3 kills). The last line printed is one JSON object with the
+figures.
 """
 
 from __future__ import annotations
@@ -19,27 +30,109 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import random
+import re
+import shutil
 import signal
 import statistics
+import sys
 import tempfile
 import time
-from datetime import UTC, datetime
+from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 from google.protobuf import json_format
 
 from mdq.backends.local.api import LocalBackend
 from mdq.bus.codec import decode_event
 from mdq.contracts import pb
 from mdq.core import ids
+from mdq.core.runner_task import ENV_ATTEMPT, ENV_JOB_ID, job_dir
 from mdq.embedded import start_nats, start_postgres
 from mdq.sdk.client import IntakeUnavailable, MdqClient
 from mdq.stack import Stack
-from mdq.testing.processes import runner_pid
 
 CHECKPOINT_INTERVAL = 1000
+REPORT_INTERVAL = 10
+"""Reports (rows of the runner's energy table) every 10 steps: the resolution of the step a
+killed runner had reached."""
+RESUMED = re.compile(r"resuming from \S+ at step (\d+)")
+STARTED_OVER = "starting over from step 0"
+
+
+class BenchFailed(RuntimeError):
+    """The bench could not measure what it promises (the run exits 1 with the reason)."""
+
+
+def runner_process(job_id: str, attempt: int) -> psutil.Process | None:
+    """The runner process of one attempt of ``job_id`` on this machine, or None."""
+    for process in psutil.process_iter(["cmdline"]):
+        try:
+            if "services.runner" not in " ".join(process.info["cmdline"] or ()):
+                continue
+            env = process.environ()
+            if env.get(ENV_JOB_ID) == job_id and env.get(ENV_ATTEMPT) == str(attempt):
+                return process
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return None
+
+
+def last_energy_step(path: Path) -> int:
+    """The step of the last complete row of a runner's energy table (-1 if none)."""
+    last = -1
+    with path.open() as table:
+        for line in table:
+            if not line.endswith("\n"):
+                break  # a row cut by the kill: not written
+            head = line.split(",", 1)[0]
+            if head.isdigit():
+                last = int(head)
+    return last
+
+
+def newest_checkpoint_step(folder: Path) -> int:
+    steps = [int(path.stem.split("-")[1]) for path in folder.glob("ckpt-*.xml")]
+    return max(steps, default=-1)
+
+
+def logged_resume(log_path: Path) -> int | None:
+    """The step a runner's log says it resumed from (0: started over), None if not yet."""
+    if not log_path.is_file():
+        return None
+    text = log_path.read_text(errors="replace")
+    if found := RESUMED.search(text):
+        return int(found.group(1))
+    return 0 if STARTED_OVER in text else None
+
+
+async def resumed_step(log_path: Path, timeout: float = 180.0) -> int:
+    """The step a runner says (in its own log) it resumed from; 0 if it started over."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (step := logged_resume(log_path)) is not None:
+            return step
+        await asyncio.sleep(0.1)
+    raise BenchFailed(f"{log_path} never said which step the retry resumed from")
+
+
+@dataclass(frozen=True)
+class Kill:
+    """One kill -9 and what the runners' own files say it cost."""
+
+    last_step: int
+    """The killed runner's last reported step, from its energy table."""
+    newest_checkpoint: int
+    """The newest checkpoint file in the job's folder when the runner died."""
+    resumed_from: int
+    """The step the retry's runner logged it resumed from."""
+    mdq_reported: int
+    """steps_lost of mdq's requeued event (for comparison only)."""
+
+    @property
+    def steps_lost(self) -> int:
+        return self.last_step - self.resumed_from
 
 
 def job(name: str, steps: int) -> dict[str, object]:
@@ -47,7 +140,7 @@ def job(name: str, steps: int) -> dict[str, object]:
         "name": name,
         "system": {"water_box": {"box_nm": 1.6}},
         "steps": steps,
-        "report_interval_steps": 100,
+        "report_interval_steps": REPORT_INTERVAL,
         "checkpoint_interval_steps": CHECKPOINT_INTERVAL,
         "resources": {"cpu": 1, "memory_mb": 1024},
         "max_retries": 20,
@@ -123,33 +216,42 @@ def current_attempt(tap: Tap, job_id: str) -> int:
 async def measure_evictions(
     client: MdqClient, tap: Tap, backend: LocalBackend, count: int
 ) -> list[float]:
-    """Delete running pods one after the other; time delete → next attempt running."""
+    """Delete running pods one after the other; time delete → the next attempt's runner
+    process in the process table."""
     job_ids = await submit(client, "bench-evict", job("evict-a", 10**7), job("evict-b", 10**7))
     timings: list[float] = []
     for index in range(count):
         victim = job_ids[index % len(job_ids)]
         attempt = await tap.until(lambda v=victim: current_attempt(tap, v) or None)
         await tap.until(lambda v=victim, a=attempt: tap.last_step(v, a) >= 0 or None)
+        if runner_process(victim, attempt) is None:
+            raise BenchFailed(f"eviction {index + 1}: no runner process of {victim}#{attempt}")
         started = time.monotonic()
-        failed_at = datetime.now(UTC)
         await backend.delete_pod(ids.pod_name(victim, attempt))
-        event = await tap.until(lambda v=victim, a=attempt: tap.find("started", v, a + 1))
-        running_at = event.time.ToDatetime(tzinfo=UTC)
-        timings.append((running_at - failed_at).total_seconds())
+        deadline = started + 180
+        while runner_process(victim, attempt + 1) is None:
+            if time.monotonic() > deadline:
+                raise BenchFailed(f"{victim}#{attempt + 1} was not running 180 s after eviction")
+            await asyncio.sleep(0.02)
+        timings.append(time.monotonic() - started)
         print(
-            f"eviction {index + 1}/{count}: {victim} attempt {attempt} → running again in "
-            f"{timings[-1]:.2f} s (waited {time.monotonic() - started:.2f} s)",
+            f"eviction {index + 1}/{count}: {victim} attempt {attempt} → attempt "
+            f"{attempt + 1}'s runner process up in {timings[-1]:.2f} s",
             flush=True,
         )
     return timings
 
 
-async def measure_kills(client: MdqClient, tap: Tap, count: int, rng: random.Random) -> list[int]:
-    """kill -9 runners at random steps; return the steps lost per recovery."""
+async def measure_kills(
+    client: MdqClient, tap: Tap, data_dir: Path, count: int, rng: random.Random
+) -> list[Kill]:
+    """kill -9 runners at random steps; what each cost, from the runners' own files."""
     [job_id] = await submit(client, "bench-kill", job("kill", 10**7))
-    lost: list[int] = []
+    folder = job_dir(data_dir, job_id)
+    kills: list[Kill] = []
     attempt = 1
     for index in range(count):
+        # The tap only paces the kills (when to strike); nothing measured comes from it.
         await tap.until(lambda a=attempt: tap.find("started", job_id, a))
         await tap.until(lambda a=attempt: tap.last_step(job_id, a) >= 0 or None, timeout=300)
         base = tap.last_step(job_id, attempt)
@@ -157,21 +259,39 @@ async def measure_kills(client: MdqClient, tap: Tap, count: int, rng: random.Ran
         await tap.until(
             lambda a=attempt, t=target: tap.last_step(job_id, a) >= t or None, timeout=300
         )
-        pid = runner_pid(job_id)
-        if pid is None:
-            continue
-        os.kill(pid, signal.SIGKILL)
+        victim = runner_process(job_id, attempt)
+        if victim is None:
+            raise BenchFailed(
+                f"kill {index + 1}: no runner process of {job_id}#{attempt} at step ≥ {target}"
+            )
+        victim.send_signal(signal.SIGKILL)
+        try:
+            victim.wait(timeout=10)
+        except psutil.TimeoutExpired:
+            raise BenchFailed(f"runner pid {victim.pid} still alive 10 s after kill -9") from None
+        last_step = last_energy_step(folder / "energies.csv")
+        newest = newest_checkpoint_step(folder / "checkpoints")
+        resumed = await resumed_step(data_dir / "pods" / f"{ids.pod_name(job_id, attempt + 1)}.log")
         requeued = await tap.until(
             lambda a=attempt: tap.find("requeued", job_id, a + 1), timeout=120
         )
-        lost.append(requeued.requeued.steps_lost)
+        kill = Kill(
+            last_step=last_step,
+            newest_checkpoint=newest,
+            resumed_from=resumed,
+            mdq_reported=requeued.requeued.steps_lost,
+        )
+        if last_step < 0:
+            raise BenchFailed(f"the killed runner's energy table {folder} has no row")
+        kills.append(kill)
         print(
-            f"kill {index + 1}/{count}: at step ≥ {target}, resumed from "
-            f"{requeued.requeued.resume_from.step}, {lost[-1]} steps lost",
+            f"kill {index + 1}/{count}: runner pid {victim.pid} at step {last_step} "
+            f"(its table; newest checkpoint {newest}), retry resumed from {resumed}: "
+            f"{kill.steps_lost} steps lost (mdq reported {kill.mdq_reported})",
             flush=True,
         )
         attempt += 1
-    return lost
+    return kills
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -207,20 +327,30 @@ async def main(evictions: int, kills: int, seed: int) -> dict[str, object]:
             backend = LocalBackend(nc=client.nc, subjects=client.subjects)
             timings = await measure_evictions(client, tap, backend, evictions)
             await backend.close()
-            lost = await measure_kills(client, tap, kills, random.Random(seed))
+            measured = await measure_kills(client, tap, stack.data_dir, kills, random.Random(seed))
     finally:
         await stack.stop()
         nats.stop()
         postgres.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    lost = [kill.steps_lost for kill in measured]
     return {
         "recoveries": len(timings),
         "p50_recovery_s": round(statistics.median(timings), 3),
         "p95_recovery_s": round(percentile(timings, 0.95), 3),
         "max_recovery_s": round(max(timings), 3),
         "runner_kills": len(lost),
-        "max_steps_lost": max(lost) if lost else 0,
-        "mean_steps_lost": round(statistics.mean(lost), 1) if lost else 0,
+        "max_steps_lost": max(lost),
+        "mean_steps_lost": round(statistics.mean(lost), 1),
+        "steps_lost": lost,
+        "step_resolution_steps": REPORT_INTERVAL,
+        "resumed_older_than_newest_checkpoint": sum(
+            kill.resumed_from < kill.newest_checkpoint for kill in measured
+        ),
+        "mdq_reported_max_steps_lost": max(kill.mdq_reported for kill in measured),
         "checkpoint_interval_steps": CHECKPOINT_INTERVAL,
+        "measured": "steps: runner's energies.csv at kill minus its retry's log; time: bench "
+        "clock, delete to the retry's runner process",
         "slurm_requeue_steps_lost": "everything since the start",
     }
 
@@ -230,6 +360,15 @@ if __name__ == "__main__":
     parser.add_argument("--evictions", type=int, default=30)
     parser.add_argument("--kills", type=int, default=10)
     parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument("--quick", action="store_true", help="5 evictions, 3 kills")
     args = parser.parse_args()
-    result = asyncio.run(main(args.evictions, args.kills, args.seed))
+    if args.quick:
+        args.evictions, args.kills = 5, 3
+    if args.evictions < 1 or args.kills < 1:
+        parser.error("--evictions and --kills must be at least 1")
+    try:
+        result = asyncio.run(main(args.evictions, args.kills, args.seed))
+    except BenchFailed as failure:
+        print(f"bench-recovery FAILED: {failure}", file=sys.stderr, flush=True)
+        sys.exit(1)
     print(json.dumps(result))

@@ -1,17 +1,30 @@
 """Benchmark of the MD runner: ``make bench-runner``.
 
-OpenMM speed (ns/day) of the same systems, bare against under the runner:
+OpenMM speed (ns/day) of the same jobs, bare against under the runner, both measured by this
+process from outside, never from what the runner says about itself:
 
-* **bare**: in this process, the system built by the runner's own recipe
-  (``services.runner.system.build_system``: same force field, cutoff, constraints, integrator,
-  platform and threads), the same warm-up (100 minimiser iterations, velocities at
-  temperature), then ``integrator.step(steps)`` in one call and nothing else;
+* **bare** (``bench/bare_openmm.py``): a process of its own that builds the system by the
+  runner's own recipe (``services.runner.system.build_system``: same force field, cutoff,
+  constraints, integrator, platform and threads), warms up the same way (100 minimiser
+  iterations, velocities at temperature) and runs the same steps in a plain OpenMM loop with the
+  same reports (energies every 1,000 steps, a row appended to a CSV, a line on stdout) and the
+  same checkpoints (State XML + native checkpoint every 10,000 steps, fsynced) and final state;
 * **mdq**: the real runner (``python -m services.runner``) on that job, publishing a progress
-  event every 1,000 steps and writing a checkpoint (State XML + native checkpoint, fsynced,
-  sha256 read back, event published) every 10,000 steps, to an embedded NATS JetStream. Its
-  speed is the one it reports in its last progress event: measured from its first step to its
-  last report, so it includes every report, checkpoint and publish, but not the start-up
-  (imports, building the system, connecting) that the bare run does not time either.
+  event every 1,000 steps and writing a checkpoint (State XML + native checkpoint + sidecar,
+  fsynced, sha256 read back, event published) every 10,000 steps, to an embedded NATS JetStream
+  (``sync_interval: always``, the embedded default).
+
+Two figures per run, each timed by this process with its own clock:
+
+* **wall clock** (``bare_ns_per_day``, ``mdq_ns_per_day``, ``ratio``): the job's simulated
+  time over the time from spawning the process to its exit: start-up (imports, building the
+  system, warm-up, connecting), every step, report, checkpoint and publish, and the exit;
+* **steady** (``*_steady_ns_per_day``, ``steady_ratio``): steps per second between the first
+  and the last report, each timestamped on receipt here (the runner's progress events through
+  NATS, the bare loop's stdout lines through a pipe).
+
+The ns/day the runner writes into its own progress events is printed as
+``mdq_self_reported_ns_per_day`` for comparison only; no ratio uses it.
 
 Systems: a water box of 2,661 atoms (3 nm TIP3P, PME, 2 fs) and an argon Lennard-Jones fluid
 of 1,000 atoms (reduced density 0.8442, 2.5 sigma cutoff). OpenMM runs one CPU thread by
@@ -20,15 +33,20 @@ runner's event loop and this process, and a fast system's per-step thread barrie
 such interruption into lost time, which measures the machine rather than the runner. Runs
 alternate bare, mdq, mdq, bare (ABBA) per round so drifts of the machine's load hit both sides
 alike; each side's speed is the best of its runs (the least disturbed by other load on this
-shared machine), and the ratio of the means is printed too. The last line printed is one JSON
-object with ``bare_ns_per_day``, ``mdq_ns_per_day`` and ``ratio`` of the system with the worst
-ratio, every system's figures, and the load average before and after.
+shared machine), and the ratio of the means is printed too. Both sides' energy tables must
+have the same number of rows and both must have written a checkpoint, or the bench fails.
+``--quick`` runs a 2.5 nm water box only, 2,100 steps reported every 100 and checkpointed
+every 1,000, one round (a check that the bench works; its ratio weighs start-up more). The
+last line printed is one JSON object with ``bare_ns_per_day``, ``mdq_ns_per_day`` and
+``ratio`` of the system with the worst (wall-clock) ratio, every system's figures, and the
+load average before and after.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import csv
 import json
 import os
 import statistics
@@ -38,6 +56,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from google.protobuf import json_format
 from nats.aio.msg import Msg
 
 from mdq.bus.codec import decode_event
@@ -47,78 +66,169 @@ from mdq.contracts import pb
 from mdq.core.runner_task import RunnerTask, job_dir
 from mdq.core.spec import normalize_job
 from mdq.embedded import start_nats
-from services.runner.system import build_system
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 REPORT_EVERY = 1_000
 CHECKPOINT_EVERY = 10_000
+QUICK = {"water_steps": 2_100, "water_box_nm": 2.5, "report_every": 100, "checkpoint_every": 1_000}
+"""``--quick``: a smaller water box, a tenth of the steps and of both intervals (one checkpoint
+still falls inside the run), one round."""
 SECONDS_PER_DAY = 86_400.0
 WARMUP_MINIMIZE_ITERATIONS = 100
 
 
 @dataclass
+class Timed:
+    """One run as this process saw it: spawn to exit, and each report's receipt time."""
+
+    steps: int
+    timestep_ps: float
+    wall_s: float
+    reports: list[tuple[float, int]]
+    """(receipt time on this process's monotonic clock, step), in order of receipt."""
+    energy_rows: int
+    self_reported_ns_per_day: float = 0.0
+
+    def ns_per_day(self, steps: float, seconds: float) -> float:
+        return steps * self.timestep_ps / 1000.0 / seconds * SECONDS_PER_DAY
+
+    @property
+    def wall_ns_per_day(self) -> float:
+        return self.ns_per_day(self.steps, self.wall_s)
+
+    @property
+    def steady_ns_per_day(self) -> float:
+        (first_at, first_step), (last_at, last_step) = self.reports[0], self.reports[-1]
+        if last_step <= first_step or last_at <= first_at:
+            raise RuntimeError(f"too few reports to time between: {self.reports}")
+        return self.ns_per_day(last_step - first_step, last_at - first_at)
+
+
+@dataclass
 class Case:
-    """One system of the benchmark and its measured speeds."""
+    """One system of the benchmark and its measured runs."""
 
     name: str
     spec: pb.JobSpec
     atoms: int = 0
-    bare: list[float] = field(default_factory=list)
-    mdq: list[float] = field(default_factory=list)
+    bare: list[Timed] = field(default_factory=list)
+    mdq: list[Timed] = field(default_factory=list)
 
     def summary(self) -> dict[str, object]:
-        bare, mdq = max(self.bare), max(self.mdq)
+        bare_wall = [run.wall_ns_per_day for run in self.bare]
+        mdq_wall = [run.wall_ns_per_day for run in self.mdq]
+        bare_steady = [run.steady_ns_per_day for run in self.bare]
+        mdq_steady = [run.steady_ns_per_day for run in self.mdq]
         return {
             "atoms": self.atoms,
             "steps": self.spec.steps,
-            "bare_ns_per_day": round(bare, 3),
-            "mdq_ns_per_day": round(mdq, 3),
-            "ratio": round(mdq / bare, 4),
-            "bare_runs": [round(value, 3) for value in self.bare],
-            "mdq_runs": [round(value, 3) for value in self.mdq],
-            "ratio_of_means": round(statistics.fmean(self.mdq) / statistics.fmean(self.bare), 4),
+            "bare_ns_per_day": round(max(bare_wall), 3),
+            "mdq_ns_per_day": round(max(mdq_wall), 3),
+            "ratio": round(max(mdq_wall) / max(bare_wall), 4),
+            "bare_wall_s": round(min(run.wall_s for run in self.bare), 3),
+            "mdq_wall_s": round(min(run.wall_s for run in self.mdq), 3),
+            "bare_steady_ns_per_day": round(max(bare_steady), 3),
+            "mdq_steady_ns_per_day": round(max(mdq_steady), 3),
+            "steady_ratio": round(max(mdq_steady) / max(bare_steady), 4),
+            "mdq_self_reported_ns_per_day": round(
+                max(run.self_reported_ns_per_day for run in self.mdq), 3
+            ),
+            "bare_runs": [round(value, 3) for value in bare_wall],
+            "mdq_runs": [round(value, 3) for value in mdq_wall],
+            "bare_steady_runs": [round(value, 3) for value in bare_steady],
+            "mdq_steady_runs": [round(value, 3) for value in mdq_steady],
+            "ratio_of_means": round(statistics.fmean(mdq_wall) / statistics.fmean(bare_wall), 4),
+            "steady_ratio_of_means": round(
+                statistics.fmean(mdq_steady) / statistics.fmean(bare_steady), 4
+            ),
+            "energy_rows": self.mdq[-1].energy_rows,
         }
 
 
-def job_spec(name: str, system: pb.System, *, steps: int) -> pb.JobSpec:
+def job_spec(
+    name: str, system: pb.System, *, steps: int, report_every: int, checkpoint_every: int
+) -> pb.JobSpec:
     spec = pb.JobSpec(
         name=name,
         system=system,
         steps=steps,
         seed=1,
-        report_interval_steps=REPORT_EVERY,
-        checkpoint_interval_steps=CHECKPOINT_EVERY,
+        report_interval_steps=report_every,
+        checkpoint_interval_steps=checkpoint_every,
     )
     return normalize_job(spec, "bench")
 
 
-def bare_ns_per_day(spec: pb.JobSpec, *, threads: int) -> tuple[float, int]:
-    """Speed of plain OpenMM stepping on the runner's system; and the atom count."""
-    md = build_system(spec, threads=threads)
-    md.start_fresh(
-        minimize_iterations=WARMUP_MINIMIZE_ITERATIONS,
-        temperature_k=spec.temperature_k,
-        seed=spec.seed,
+def energy_rows(path: Path) -> int:
+    """Data rows of an energy table (CSV with a header)."""
+    with path.open(newline="") as handle:
+        return max(0, sum(1 for _ in csv.reader(handle)) - 1)
+
+
+def check_checkpointed(spec: pb.JobSpec, folder: Path, side: str) -> None:
+    if spec.steps > spec.checkpoint_interval_steps and not sorted(folder.glob("ckpt-*.xml")):
+        raise RuntimeError(f"{side} wrote no checkpoint: the benchmark is not measuring one")
+
+
+async def bare_run(spec: pb.JobSpec, *, threads: int, out_dir: Path) -> tuple[Timed, int]:
+    """Plain OpenMM in a process of its own (``bench/bare_openmm.py``); and the atom count."""
+    reports: list[tuple[float, int]] = []
+    atoms = 0
+    started = time.monotonic()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(REPO_ROOT / "bench" / "bare_openmm.py"),
+        json_format.MessageToJson(spec, indent=None),
+        str(out_dir),
+        f"--threads={threads}",
+        f"--report-every={spec.report_interval_steps}",
+        f"--checkpoint-every={spec.checkpoint_interval_steps}",
+        f"--warmup={WARMUP_MINIMIZE_ITERATIONS}",
+        cwd=REPO_ROOT,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
-    integrator = md.simulation.integrator
-    started = time.perf_counter()
-    integrator.step(spec.steps)
-    md.context.getState(getEnergy=True)  # make sure the work is done (GPU platforms queue it)
-    elapsed = time.perf_counter() - started
-    return spec.steps * md.timestep_ps / 1000.0 / elapsed * SECONDS_PER_DAY, md.atoms
+    assert process.stdout is not None and process.stderr is not None
+    errors = asyncio.create_task(process.stderr.read())
+    async for line in process.stdout:
+        received = time.monotonic()
+        word, _, value = line.decode().partition(" ")
+        if word == "step":
+            reports.append((received, int(value)))
+        elif word == "atoms":
+            atoms = int(value)
+    returncode = await process.wait()
+    wall = time.monotonic() - started
+    if returncode != 0:
+        raise RuntimeError(f"bare OpenMM exited {returncode}:\n{(await errors).decode()[-2000:]}")
+    await errors
+    check_checkpointed(spec, out_dir / "checkpoints", "bare OpenMM")
+    timed = Timed(
+        steps=spec.steps,
+        timestep_ps=spec.timestep_fs / 1000.0,
+        wall_s=wall,
+        reports=reports,
+        energy_rows=energy_rows(out_dir / "energies.csv"),
+    )
+    return timed, atoms
 
 
-async def mdq_ns_per_day(
+async def mdq_run(
     spec: pb.JobSpec, *, threads: int, nats_url: str, data_dir: Path, run: int
-) -> float:
-    """Speed the real runner reports in its last progress event."""
+) -> Timed:
+    """The real runner in a process of its own, timed from spawn to exit and by the receipt
+    of its progress events."""
     subjects = Subjects(f"bench{os.getpid()}r{run}")
     client = await connect(nats_url, name="bench-runner", subjects=subjects)
     job_id = f"{spec.name}-{run}"
+    reports: list[tuple[float, int]] = []
     finished: asyncio.Future[pb.Progress] = asyncio.get_running_loop().create_future()
 
     async def on_progress(message: Msg) -> None:
+        received = time.monotonic()
         progress = decode_event(message.data).progress
+        reports.append((received, progress.step))
         if progress.done_reason and not finished.done():
             finished.set_result(progress)
 
@@ -140,6 +250,7 @@ async def mdq_ns_per_day(
         "MDQ_DATA_DIR": str(data_dir),
         "MDQ_RUNNER_WARMUP_MINIMIZE_ITERATIONS": str(WARMUP_MINIMIZE_ITERATIONS),
     }
+    started = time.monotonic()
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -151,14 +262,20 @@ async def mdq_ns_per_day(
         stderr=asyncio.subprocess.PIPE,
     )
     _, stderr = await process.communicate()
+    wall = time.monotonic() - started
     if process.returncode != 0:
         raise RuntimeError(f"runner exited {process.returncode}:\n{stderr.decode()[-2000:]}")
-    progress = await asyncio.wait_for(finished, 30)
+    last = await asyncio.wait_for(finished, 30)
     await client.drain()
-    checkpoints = sorted((task.job_dir / "checkpoints").glob("ckpt-*.xml"))
-    if spec.steps > CHECKPOINT_EVERY and not checkpoints:
-        raise RuntimeError("the runner wrote no checkpoint: the benchmark is not measuring one")
-    return progress.ns_per_day
+    check_checkpointed(spec, task.job_dir / "checkpoints", "the runner")
+    return Timed(
+        steps=spec.steps,
+        timestep_ps=spec.timestep_fs / 1000.0,
+        wall_s=wall,
+        reports=reports,
+        energy_rows=energy_rows(task.job_dir / "energies.csv"),
+        self_reported_ns_per_day=last.ns_per_day,
+    )
 
 
 async def main() -> None:
@@ -174,7 +291,15 @@ async def main() -> None:
     parser.add_argument(
         "--systems", default="water_box,lennard_jones", help="comma-separated subset to run"
     )
+    parser.add_argument("--report-every", type=int, default=REPORT_EVERY)
+    parser.add_argument("--checkpoint-every", type=int, default=CHECKPOINT_EVERY)
+    parser.add_argument("--quick", action="store_true", help=f"water box only, one round, {QUICK}")
     args = parser.parse_args()
+    if args.quick:
+        args.systems, args.rounds = "water_box", 1
+        for key, value in QUICK.items():
+            setattr(args, key, value)
+    intervals = {"report_every": args.report_every, "checkpoint_every": args.checkpoint_every}
 
     cases = [
         Case(
@@ -183,6 +308,7 @@ async def main() -> None:
                 "water",
                 pb.System(water_box=pb.WaterBox(box_nm=args.water_box_nm)),
                 steps=args.water_steps,
+                **intervals,
             ),
         ),
         Case(
@@ -191,6 +317,7 @@ async def main() -> None:
                 "argon",
                 pb.System(lennard_jones=pb.LennardJonesFluid(atoms=args.lj_atoms)),
                 steps=args.lj_steps,
+                **intervals,
             ),
         ),
     ]
@@ -209,41 +336,55 @@ async def main() -> None:
                     for side in ("bare", "mdq", "mdq", "bare"):
                         run += 1
                         if side == "bare":
-                            speed, case.atoms = bare_ns_per_day(case.spec, threads=args.threads)
-                            case.bare.append(speed)
+                            timed, case.atoms = await bare_run(
+                                case.spec, threads=args.threads, out_dir=Path(temp) / f"bare{run}"
+                            )
+                            case.bare.append(timed)
                         else:
-                            speed = await mdq_ns_per_day(
+                            timed = await mdq_run(
                                 case.spec,
                                 threads=args.threads,
                                 nats_url=nats.url,
                                 data_dir=data_dir,
                                 run=run,
                             )
-                            case.mdq.append(speed)
+                            case.mdq.append(timed)
                         print(
-                            f"{case.name:14s} {side:4s} {speed:10.3f} ns/day "
+                            f"{case.name:14s} {side:4s} wall {timed.wall_s:7.2f} s "
+                            f"= {timed.wall_ns_per_day:8.3f} ns/day, steady "
+                            f"{timed.steady_ns_per_day:8.3f} ns/day "
                             f"(load {os.getloadavg()[0]:.2f})",
                             flush=True,
                         )
+                rows = {timed.energy_rows for timed in case.bare + case.mdq}
+                if len(rows) != 1:
+                    raise RuntimeError(f"{case.name}: the sides reported differently: {rows} rows")
         finally:
             nats.stop()
     summaries = {case.name: case.summary() for case in cases}
     worst = min(summaries, key=lambda name: float(summaries[name]["ratio"]))  # type: ignore[arg-type]
     for name, summary in summaries.items():
         print(
-            f"{name:14s} bare {summary['bare_ns_per_day']} ns/day, mdq "
-            f"{summary['mdq_ns_per_day']} ns/day, ratio {summary['ratio']}",
+            f"{name:14s} wall clock: bare {summary['bare_ns_per_day']} ns/day, mdq "
+            f"{summary['mdq_ns_per_day']} ns/day, ratio {summary['ratio']}; steady: bare "
+            f"{summary['bare_steady_ns_per_day']}, mdq {summary['mdq_steady_ns_per_day']}, "
+            f"ratio {summary['steady_ratio']}",
             flush=True,
         )
     result = {
         "bare_ns_per_day": summaries[worst]["bare_ns_per_day"],
         "mdq_ns_per_day": summaries[worst]["mdq_ns_per_day"],
         "ratio": summaries[worst]["ratio"],
+        "bare_steady_ns_per_day": summaries[worst]["bare_steady_ns_per_day"],
+        "mdq_steady_ns_per_day": summaries[worst]["mdq_steady_ns_per_day"],
+        "steady_ratio": summaries[worst]["steady_ratio"],
+        "measured": "by the bench: spawn to exit (wall), report receipt times (steady)",
         "worst_system": worst,
         "systems": summaries,
         "threads": args.threads,
-        "report_every_steps": REPORT_EVERY,
-        "checkpoint_every_steps": CHECKPOINT_EVERY,
+        "report_every_steps": args.report_every,
+        "checkpoint_every_steps": args.checkpoint_every,
+        "quick": args.quick,
         "load_avg_before": [round(value, 2) for value in load_before],
         "load_avg_after": [round(value, 2) for value in os.getloadavg()],
         "cpus": os.cpu_count(),
