@@ -35,12 +35,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from nats.js import JetStreamContext
-from nats.js.api import DeliverPolicy, PubAck
+from nats.js.api import DeliverPolicy, KeyValueConfig, PubAck
+from nats.js.kv import KeyValue
 
 from mdq.backends.port import ClusterBackend, PodExists, PodSpec
 from mdq.bus.log import follow_log
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.requests import EXPECTED_LAST_SUBJECT_SEQUENCE, is_wrong_last_sequence
+from mdq.bus.streams import open_bucket
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core import ids
@@ -58,12 +60,15 @@ from mdq.core.placement import (
     Preemption,
     QueuedJob,
     RunningJob,
+    Waiting,
+    explain_waiting,
     plan,
     plan_preemptions,
     queue_key,
 )
 from mdq.core.runner_task import RunnerTask, jobs_root
 from mdq.core.state import JobBook, JobState, JobView, event_time
+from mdq.core.timestamps import set_timestamp
 from mdq.memory import keep_state_out_of_gc
 from services.placement.lease import LeaderLease
 from services.placement.settings import PlacementSettings
@@ -74,6 +79,12 @@ Clock = Callable[[], datetime]
 
 HOLDING = (JobState.BOUND, JobState.RUNNING)
 PREEMPTION_SCAN = 64
+WAITING_JOBS_PER_PASS = 32
+"""Unplaced jobs (in queue order) whose explanation is refreshed per explaining pass."""
+WAITING_TTL_S = 3600.0
+"""A waiting job's explanation expires this long after placement last wrote it."""
+WAITING_REFRESH_S = 600.0
+"""An unchanged explanation is written again this often (so it does not expire)."""
 """Unplaced jobs (in queue order) considered for preemption per pass."""
 
 
@@ -195,6 +206,11 @@ class Placement:
         self._own_echoes: set[int] = set()
         """Stream sequences of bound events this replica published and applied: their echo
         from the log changes nothing, so it is not decoded."""
+        self._waiting_kv: KeyValue | None = None
+        self._waiting_written: dict[str, tuple[tuple[object, ...], datetime]] = {}
+        """job -> (what its explanation said, when it was written), while it waits."""
+        self._waiting_explained_at: datetime | None = None
+        self._stream_replicas = stream_replicas
         self._node_lost_at: dict[str, datetime] = {}
         """node -> time of the latest job lost with it (FAILURE_NODE_LOST), until the node's
         next load report (``_lost_since_report``)."""
@@ -235,6 +251,7 @@ class Placement:
             self._terminating.discard(view.job_id)
         if view.state is not JobState.PENDING:
             self._nominations.pop(view.job_id, None)
+            self._waiting_written.pop(view.job_id, None)
 
     def _reserve(self, holding: tuple[str, float, int], sign: int) -> None:
         node, cpu, memory = holding
@@ -689,11 +706,82 @@ class Placement:
             return 0
         decisions = plan(nodes, queue, now, self._config, ordered=True)
         await self._bind_all(decisions)
-        if self._settings.preemption and len(decisions) < len(queue):
+        if len(decisions) < len(queue):
             placed = {decision.job_id for decision in decisions}
             unplaced = [job for job in queue if job.job_id not in placed]
-            await self._preempt(nodes, unplaced, now)
+            await self._explain_waiting(nodes, unplaced, now)
+            if self._settings.preemption:
+                await self._preempt(nodes, unplaced, now)
         return len(decisions)
+
+    async def _explain_waiting(
+        self, nodes: list[NodeState], unplaced: list[QueuedJob], now: datetime
+    ) -> None:
+        """Write why the first unplaced jobs fit nowhere (``mdq explain``), at most every
+        ``explain_waiting_interval_s`` and only where the answer changed. Best effort: an
+        explanation that cannot be written never holds placement up."""
+        interval = self._settings.explain_waiting_interval_s
+        last = self._waiting_explained_at
+        if interval <= 0 or (last is not None and (now - last).total_seconds() < interval):
+            return
+        self._waiting_explained_at = now
+        cordons = self.failure_cordons(now)
+        for job in unplaced[:WAITING_JOBS_PER_PASS]:
+            waiting = explain_waiting(nodes, job, now, self._config)
+            signature = (waiting.summary, tuple((s.node, s.filtered) for s in waiting.scores))
+            written = self._waiting_written.get(job.job_id)
+            if (
+                written is not None
+                and written[0] == signature
+                and (now - written[1]).total_seconds() < WAITING_REFRESH_S
+            ):
+                continue
+            message = self._waiting_message(waiting, now, cordons)
+            try:
+                kv = await self._waiting_bucket()
+                await kv.put(job.job_id, message.SerializeToString())
+            except Exception:
+                log.warning("could not write why %s waits", job.job_id, exc_info=True)
+                return
+            self._waiting_written[job.job_id] = (signature, now)
+
+    def _waiting_message(
+        self, waiting: Waiting, now: datetime, cordons: dict[str, Suspicion]
+    ) -> pb.JobWaiting:
+        message = pb.JobWaiting(
+            attempt=self.book.jobs[waiting.job_id].attempt,
+            candidates=[
+                pb.NodeScore(
+                    node=score.node,
+                    score=score.score,
+                    filtered=score.filtered,
+                    cpu_load=score.cpu_load,
+                    memory_load=score.memory_load,
+                )
+                for score in waiting.scores
+            ],
+            nodes_total=waiting.nodes_total,
+            filtered_counts=waiting.filtered_counts,
+            summary=waiting.summary,
+        )
+        set_timestamp(message.at, now)
+        for name, suspicion in sorted(cordons.items()):
+            cordon = message.cordons.add(node=name, failures=suspicion.failures)
+            set_timestamp(cordon.until, suspicion.until)
+        return message
+
+    async def _waiting_bucket(self) -> KeyValue:
+        if self._waiting_kv is None:
+            self._waiting_kv = await open_bucket(
+                self._js,
+                KeyValueConfig(
+                    bucket=self._subjects.waiting_bucket,
+                    ttl=WAITING_TTL_S,
+                    history=1,
+                    replicas=self._stream_replicas,
+                ),
+            )
+        return self._waiting_kv
 
     async def repair(self) -> None:
         """On taking over: make sure every BOUND job's pod exists (create is idempotent)."""

@@ -20,10 +20,10 @@ import logging
 
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig
-from nats.js.errors import APIError, BadRequestError, KeyNotFoundError
+from nats.js.errors import APIError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
-from mdq.bus.streams import ensure_replicas
+from mdq.bus.streams import open_bucket
 
 log = logging.getLogger("mdq.placement.lease")
 
@@ -50,14 +50,12 @@ class LeaderLease:
 
     async def _bucket_kv(self) -> KeyValue:
         if self._kv is None:
-            config = KeyValueConfig(
-                bucket=self._bucket, ttl=self._ttl_s, history=1, replicas=self._replicas
+            self._kv = await open_bucket(
+                self._js,
+                KeyValueConfig(
+                    bucket=self._bucket, ttl=self._ttl_s, history=1, replicas=self._replicas
+                ),
             )
-            try:
-                self._kv = await self._js.create_key_value(config)
-            except BadRequestError:  # another replica count: keep the higher one
-                await ensure_replicas(self._js, f"KV_{self._bucket}", self._replicas)
-                self._kv = await self._js.key_value(self._bucket)
         return self._kv
 
     async def holder_now(self) -> str:

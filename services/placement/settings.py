@@ -77,6 +77,12 @@ class PlacementSettings(BaseSettings):
     bind_concurrency: int = Field(
         default=512, description="Bindings (publish + pod creation) in flight at once."
     )
+    explain_waiting_interval_s: float = Field(
+        default=5.0,
+        description="At most this often, write why the first waiting jobs fit nowhere (each "
+        "node's filter or score) to the KV bucket <namespace>_waiting for `mdq explain`; 0 "
+        "turns it off.",
+    )
     node_failures_to_cordon: int = Field(
         default=3,
         description="Distinct jobs crashing on one node within the window that make it suspect "

@@ -347,3 +347,59 @@ async def test_without_fail_on_dependency_failure_the_chain_runs_on(
         await wait_for(run_bound, what="the dependent job released and bound")
     assert await events_of(js, subjects, "failed", "rp6-run") == []
     assert len(await events_of(js, subjects, "released", "rp6-run")) == 1
+
+
+async def _explain(nats_url: str, subjects: Subjects, job_id: str) -> str:
+    env = os.environ | {"NATS_URL": nats_url, "MDQ_NAMESPACE": subjects.namespace}
+    shown = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "mdq.cli",
+        "explain",
+        job_id,
+        cwd=REPO,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    output = (await shown.communicate())[0].decode()
+    assert shown.returncode == 0, output
+    return output
+
+
+async def test_a_waiting_job_is_explained_node_by_node_and_by_what_it_waits_for(
+    nc: Client, subjects: Subjects, data_dir: Path, nats_url: str
+) -> None:
+    """Every node cordoned: ``mdq explain`` of the pending job says so the way Kubernetes does
+    for a Pending pod, node by node; its dependent job is shown waiting for it."""
+    js = nc.jetstream()
+    bus = publisher(js, subjects)
+    loads = [node_load("n1"), node_load("n2")]
+    for load in loads:
+        load.node_load.cordoned = True
+    await bus.publish_all(loads)
+    await bus.publish(submitted("rp9-first"))
+    await bus.publish(submitted("rp9-then", depends_on=("rp9-first",)))
+    placement = make_placement(
+        nc, subjects, RecordingBackend(), data_dir, explain_waiting_interval_s=0.2
+    )
+    async with running(placement.run()):
+        kv = None
+
+        async def explained() -> bool:
+            nonlocal kv
+            try:
+                kv = kv or await js.key_value(subjects.waiting_bucket)
+                entry = await kv.get("rp9-first")
+            except Exception:
+                return False
+            return b"2 cordoned" in (entry.value or b"")
+
+        await wait_for(explained, what="placement to explain why rp9-first waits")
+        waiting = await _explain(nats_url, subjects, "rp9-first")
+        chained = await _explain(nats_url, subjects, "rp9-then")
+    assert "rp9-first: PENDING, attempt 1" in waiting, waiting
+    assert "0/2 nodes are available: 2 cordoned" in waiting, waiting
+    assert waiting.count("filtered: cordoned") == 2, waiting
+    assert "waits for its dependencies to succeed: rp9-first (PENDING)" in chained, chained
+    assert await events_of(js, subjects, "bound", "rp9-first") == []

@@ -7,7 +7,16 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from mdq.core.placement import NodeState, PlacementConfig, QueuedJob, order_queue, plan, score_node
+from mdq.core.placement import (
+    EXPLAIN_WAITING_LIMIT,
+    NodeState,
+    PlacementConfig,
+    QueuedJob,
+    explain_waiting,
+    order_queue,
+    plan,
+    score_node,
+)
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 CONFIG = PlacementConfig()
@@ -422,3 +431,63 @@ def test_each_decision_scores_as_a_fresh_full_scan_would(queue: list[QueuedJob])
         chosen.reserved_memory_mb += the_job.memory_mb
         chosen.inflight_cpu += the_job.cpu
         chosen.inflight_memory_mb += the_job.memory_mb
+
+
+WAITING_CASES = [
+    ("no node reported yet", [], job(), "no node has reported its load yet", []),
+    (
+        "every node cordoned",
+        [node("n1", cordoned=True), node("n2", cordoned=True)],
+        job(),
+        "0/2 nodes are available: 2 cordoned",
+        ["n1", "n2"],
+    ),
+    (
+        "reasons counted per kind, alphabetically",
+        [node("n1", cordoned=True), node("n2", reserved_cpu=8), node("n3", ready=False)],
+        job(),
+        "0/3 nodes are available: 1 cordoned, 1 insufficient cpu, 1 not ready",
+        ["n1", "n2", "n3"],
+    ),
+    (
+        "the avoid-list is not a reason (plan drops it when nothing else fits)",
+        [node("n1", reserved_cpu=8), node("n2")],
+        job(avoid_nodes=frozenset({"n2"})),
+        "1/2 nodes are available: 1 insufficient cpu; the job waits behind jobs ranked before "
+        "it or room held for another",
+        ["n2", "n1"],
+    ),
+    (
+        "candidates come first, best score first",
+        [node("busy", cpu_load=0.6), node("idle", cpu_load=0.0), node("off", ready=False)],
+        job(),
+        "2/3 nodes are available: 1 not ready; the job waits behind jobs ranked before it or "
+        "room held for another",
+        ["idle", "busy", "off"],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "nodes", "the_job", "summary", "order"),
+    WAITING_CASES,
+    ids=[c[0] for c in WAITING_CASES],
+)
+def test_explain_waiting(
+    name: str, nodes: list[NodeState], the_job: QueuedJob, summary: str, order: list[str]
+) -> None:
+    waiting = explain_waiting(nodes, the_job, NOW, CONFIG)
+    assert waiting.summary == summary
+    assert [score.node for score in waiting.scores] == order
+    assert waiting.nodes_total == len(nodes)
+    assert sum(waiting.filtered_counts.values()) == sum(1 for s in waiting.scores if s.filtered)
+
+
+def test_explain_waiting_names_a_bounded_number_of_nodes_and_counts_the_rest() -> None:
+    nodes = [node(f"n{i:03d}", cordoned=True) for i in range(EXPLAIN_WAITING_LIMIT + 10)]
+    waiting = explain_waiting(nodes, job(), NOW, CONFIG)
+    assert len(waiting.scores) == EXPLAIN_WAITING_LIMIT
+    assert waiting.filtered_counts == {"cordoned": EXPLAIN_WAITING_LIMIT + 10}
+    assert waiting.summary == f"0/{EXPLAIN_WAITING_LIMIT + 10} nodes are available: " + (
+        f"{EXPLAIN_WAITING_LIMIT + 10} cordoned"
+    )

@@ -10,8 +10,15 @@ lower it by hand (``nats stream edit --replicas``) if you mean to.
 from __future__ import annotations
 
 from nats.js import JetStreamContext
-from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+from nats.js.api import (
+    DiscardPolicy,
+    KeyValueConfig,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
 from nats.js.errors import BadRequestError
+from nats.js.kv import KeyValue
 
 from mdq.bus.subjects import Subjects
 
@@ -82,3 +89,14 @@ async def ensure_replicas(js: JetStreamContext, stream: str, replicas: int) -> N
     if (info.config.num_replicas or 1) < replicas:
         info.config.num_replicas = replicas
         await js.update_stream(config=info.config)
+
+
+async def open_bucket(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:
+    """Create the KV bucket of ``config``, or open it as it is when it exists (created
+    concurrently, or with another config by an older version), with at least
+    ``config.replicas`` copies."""
+    try:
+        return await js.create_key_value(config=config)
+    except BadRequestError:
+        await ensure_replicas(js, f"KV_{config.bucket}", config.replicas or 1)
+        return await js.key_value(config.bucket)

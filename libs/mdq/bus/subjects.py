@@ -92,6 +92,11 @@ class Subjects:
         return f"{self.namespace}_local_nodes"
 
     @property
+    def waiting_bucket(self) -> str:
+        """KV bucket of placement: why each waiting job is not bound yet (``mdq explain``)."""
+        return f"{self.namespace}_waiting"
+
+    @property
     def intake_bucket(self) -> str:
         """KV bucket of intake: idempotency keys and known job ids."""
         return f"{self.namespace}_intake"

@@ -4,16 +4,24 @@ Every ``bound`` event carries the nodes placement scored (with their scores), th
 filtered out and why, and on a large cluster the number of nodes filtered per reason and the
 number not examined. This command reads the job's events from the log (NATS, no database
 needed) and prints one table per attempt: the chosen node first, then the other candidates by
-score, then the filtered nodes. A job not bound yet is shown with its state.
+score, then the filtered nodes.
+
+A job that waits (WAITING or PENDING) is explained as a Pending pod is by Kubernetes: what it
+waits for (its dependencies and their states, a retry's backoff) and, from the KV bucket
+``<namespace>_waiting`` that placement keeps up to date, each node's filter or score at
+placement's last try ("0/2 nodes are available: 2 cordoned") and the failure cordons in force
+with their end.
 """
 
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from typing import Annotated
 
 import typer
 from nats.js.api import DeliverPolicy
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError
 from rich.console import Console
 from rich.table import Table
 
@@ -22,7 +30,8 @@ from mdq.bus.connect import connect
 from mdq.bus.subjects import Subjects
 from mdq.cli.context import GlobalOptions, NoEndpoint, resolve_endpoints
 from mdq.contracts import pb
-from mdq.core.state import JobBook
+from mdq.core.state import JobBook, JobState, JobView
+from mdq.core.timestamps import to_datetime
 
 console = Console(width=160)
 
@@ -51,15 +60,50 @@ async def job_events(nats_url: str, namespace: str, job_id: str) -> list[pb.Even
         await nc.drain()
 
 
-def bound_table(event: pb.Event) -> Table:
-    """One attempt's placement: chosen node, other candidates by score, filtered nodes."""
-    bound = event.bound
-    title = f"attempt {event.attempt}: bound to {bound.node}"
-    if bound.nodes_total:
-        title += f" ({bound.nodes_total} nodes known"
-        if bound.not_examined:
-            title += f", {bound.not_examined} eligible not examined"
-        title += ")"
+async def waiting_entry(nats_url: str, namespace: str, job_id: str) -> pb.JobWaiting | None:
+    """Placement's latest word on why ``job_id`` waits, or None if it has none."""
+    nc = await connect(nats_url, name="mdq-explain")
+    try:
+        kv = await nc.jetstream().key_value(Subjects(namespace=namespace).waiting_bucket)
+        entry = await kv.get(job_id)
+    except (BucketNotFoundError, KeyNotFoundError):
+        return None
+    finally:
+        await nc.drain()
+    return pb.JobWaiting.FromString(entry.value or b"")
+
+
+async def dependency_states(nats_url: str, namespace: str, view: JobView) -> dict[str, str]:
+    """The state of each job ``view`` depends on, from the log ("not in the log" if absent)."""
+    states: dict[str, str] = {}
+    for dependency in view.depends_on_ids:
+        book = JobBook()
+        for event in await job_events(nats_url, namespace, dependency):
+            book.apply(0, event)
+        found = book.jobs.get(dependency)
+        states[dependency] = found.state.value if found is not None else "not in the log"
+    return states
+
+
+def _clock(at: datetime) -> str:
+    return at.astimezone(UTC).strftime("%H:%M:%S UTC")
+
+
+def unlisted(candidates: list[pb.NodeScore], counts: dict[str, int]) -> list[tuple[str, int]]:
+    """Per filter reason, how many filtered nodes ``counts`` has beyond those named."""
+    named: dict[str, int] = {}
+    for candidate in candidates:
+        if candidate.filtered:
+            named[candidate.filtered] = named.get(candidate.filtered, 0) + 1
+    return [
+        (reason, count - named.get(reason, 0))
+        for reason, count in sorted(counts.items())
+        if count > named.get(reason, 0)
+    ]
+
+
+def candidates_table(title: str, candidates: list[pb.NodeScore], chosen: str = "") -> Table:
+    """Nodes with their scores, then the filtered ones with their reasons."""
     table = Table(title=title)
     for column, justify in (
         ("node", "left"),
@@ -70,11 +114,10 @@ def bound_table(event: pb.Event) -> Table:
     ):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
     scored = sorted(
-        (c for c in bound.candidates if not c.filtered),
-        key=lambda c: (c.node != bound.node, -c.score),
+        (c for c in candidates if not c.filtered), key=lambda c: (c.node != chosen, -c.score)
     )
     for candidate in scored:
-        verdict = "[green]chosen[/]" if candidate.node == bound.node else "candidate"
+        verdict = "[green]chosen[/]" if candidate.node == chosen else "candidate"
         table.add_row(
             candidate.node,
             f"{candidate.score:.1f}",
@@ -82,7 +125,7 @@ def bound_table(event: pb.Event) -> Table:
             f"{candidate.memory_load:.0%}",
             verdict,
         )
-    for candidate in (c for c in bound.candidates if c.filtered):
+    for candidate in (c for c in candidates if c.filtered):
         table.add_row(
             candidate.node,
             "-",
@@ -90,15 +133,52 @@ def bound_table(event: pb.Event) -> Table:
             f"{candidate.memory_load:.0%}",
             f"[red]filtered: {candidate.filtered}[/]",
         )
-    listed = {c.filtered: 0 for c in bound.candidates if c.filtered}
-    for candidate in bound.candidates:
-        if candidate.filtered:
-            listed[candidate.filtered] += 1
-    for reason, count in sorted(bound.filtered_counts.items()):
-        if count > listed.get(reason, 0):
-            table.add_row(
-                f"… {count - listed.get(reason, 0)} more", "-", "", "", f"filtered: {reason}"
-            )
+    return table
+
+
+def print_waiting(
+    view: JobView,
+    dependencies: dict[str, str],
+    waiting: pb.JobWaiting | None,
+    now: datetime,
+) -> None:
+    """What a waiting job waits for, and placement's last word on every node."""
+    if view.state is JobState.WAITING:
+        listed = ", ".join(f"{job} ({state})" for job, state in dependencies.items())
+        console.print(f"waits for its dependencies to succeed: {listed}")
+        return
+    if view.not_before is not None and view.not_before > now:
+        console.print(f"backing off after a failure: not placed before {_clock(view.not_before)}")
+    if waiting is None or waiting.attempt != view.attempt:
+        console.print(
+            f"attempt {view.attempt} not bound yet; placement has not explained it yet (it "
+            "writes why a job waits every few seconds while it does)"
+        )
+        return
+    at = to_datetime(waiting.at)
+    console.print(f"attempt {view.attempt} not bound at {_clock(at)}: {waiting.summary}")
+    console.print(candidates_table(f"nodes at {_clock(at)}", list(waiting.candidates)))
+    for reason, more in unlisted(list(waiting.candidates), dict(waiting.filtered_counts)):
+        console.print(f"… and {more} more nodes: {reason}")
+    for cordon in waiting.cordons:
+        console.print(
+            f"node {cordon.node} cordoned by placement until {_clock(to_datetime(cordon.until))}"
+            f" ({cordon.failures} jobs crashed there)"
+        )
+
+
+def bound_table(event: pb.Event) -> Table:
+    """One attempt's placement: chosen node, other candidates by score, filtered nodes."""
+    bound = event.bound
+    title = f"attempt {event.attempt}: bound to {bound.node}"
+    if bound.nodes_total:
+        title += f" ({bound.nodes_total} nodes known"
+        if bound.not_examined:
+            title += f", {bound.not_examined} eligible not examined"
+        title += ")"
+    table = candidates_table(title, list(bound.candidates), bound.node)
+    for reason, more in unlisted(list(bound.candidates), dict(bound.filtered_counts)):
+        table.add_row(f"… {more} more", "-", "", "", f"filtered: {reason}")
     return table
 
 
@@ -126,8 +206,10 @@ def explain(
     bound = [event for event in events if event.WhichOneof("body") == "bound"]
     state = view.state.value if view is not None else "unknown"
     console.print(f"job {job_id}: {state}, attempt {view.attempt if view else '?'}")
-    if not bound:
-        console.print("not bound yet: no placement decision to explain")
-        return
     for event in bound:
         console.print(bound_table(event))
+    if view is not None and view.state in (JobState.WAITING, JobState.PENDING):
+        url, namespace = endpoints.nats_url, endpoints.namespace
+        dependencies = asyncio.run(dependency_states(url, namespace, view))
+        waiting = asyncio.run(waiting_entry(url, namespace, job_id))
+        print_waiting(view, dependencies, waiting, datetime.now(UTC))

@@ -40,6 +40,7 @@ from mdq.cli import history
 from mdq.cli import status as stack_status
 from mdq.cli.context import Endpoints, GlobalOptions, NoEndpoint, resolve_endpoints
 from mdq.cli.explain import explain as explain_command
+from mdq.cli.explain import waiting_entry
 from mdq.cli.live import follow_jobs, format_eta
 from mdq.cli.plot import plot as plot_command
 from mdq.cli.replay import replay as replay_command
@@ -467,6 +468,14 @@ def show(
         err_console.print(f"[red]no job {job_id} in PostgreSQL[/]")
         raise typer.Exit(EXIT_FAILED)
     console.print(history.show_panel(detail, timeline))
+    if detail.job.state in ("PENDING", "WAITING") and endpoints.nats_url:
+        try:
+            waiting = _run(waiting_entry(endpoints.nats_url, endpoints.namespace, job_id))
+        except Exception as error:  # the history is shown; this line is a bonus
+            err_console.print(f"(why it waits: NATS not reachable: {error})")
+            return
+        if waiting is not None and waiting.attempt == detail.job.attempt:
+            console.print(f"why it waits (placement): {waiting.summary}  — mdq explain {job_id}")
 
 
 @app.command()

@@ -364,6 +364,41 @@ class JobBound(_message.Message):
     not_examined: int
     def __init__(self, node: _Optional[str] = ..., pod_name: _Optional[str] = ..., candidates: _Optional[_Iterable[_Union[NodeScore, _Mapping]]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., resume_from: _Optional[_Union[Checkpoint, _Mapping]] = ..., nodes_total: _Optional[int] = ..., filtered_counts: _Optional[_Mapping[str, int]] = ..., not_examined: _Optional[int] = ...) -> None: ...
 
+class JobWaiting(_message.Message):
+    __slots__ = ("attempt", "at", "candidates", "nodes_total", "filtered_counts", "summary", "cordons")
+    class FilteredCountsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    NODES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    FILTERED_COUNTS_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    CORDONS_FIELD_NUMBER: _ClassVar[int]
+    attempt: int
+    at: _timestamp_pb2.Timestamp
+    candidates: _containers.RepeatedCompositeFieldContainer[NodeScore]
+    nodes_total: int
+    filtered_counts: _containers.ScalarMap[str, int]
+    summary: str
+    cordons: _containers.RepeatedCompositeFieldContainer[FailureCordon]
+    def __init__(self, attempt: _Optional[int] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., candidates: _Optional[_Iterable[_Union[NodeScore, _Mapping]]] = ..., nodes_total: _Optional[int] = ..., filtered_counts: _Optional[_Mapping[str, int]] = ..., summary: _Optional[str] = ..., cordons: _Optional[_Iterable[_Union[FailureCordon, _Mapping]]] = ...) -> None: ...
+
+class FailureCordon(_message.Message):
+    __slots__ = ("node", "until", "failures")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    until: _timestamp_pb2.Timestamp
+    failures: int
+    def __init__(self, node: _Optional[str] = ..., until: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., failures: _Optional[int] = ...) -> None: ...
+
 class JobStarted(_message.Message):
     __slots__ = ("node", "pod_name")
     NODE_FIELD_NUMBER: _ClassVar[int]

@@ -494,6 +494,60 @@ def plan(
     return decisions
 
 
+# -- waiting jobs ------------------------------------------------------------------------------
+EXPLAIN_WAITING_LIMIT = 64
+"""Nodes listed by name in a waiting job's explanation; the rest are counted per reason."""
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """Why a queued job was bound nowhere in a pass: each node's filter or score."""
+
+    job_id: str
+    scores: tuple[NodeScore, ...]
+    """Up to ``EXPLAIN_WAITING_LIMIT`` nodes: the candidates by score, then filtered ones."""
+    filtered_counts: dict[str, int]
+    """Every filtered node, per reason (named in ``scores`` or not)."""
+    nodes_total: int
+    summary: str
+    """"0/2 nodes are available: 2 cordoned" (the Kubernetes scheduler's words for it)."""
+
+
+def explain_waiting(
+    nodes: Sequence[NodeState],
+    job: QueuedJob,
+    now: datetime,
+    config: PlacementConfig = PlacementConfig(),
+) -> Waiting:
+    """Why ``job`` fits on none of ``nodes`` (as ``plan`` left them: what higher-ranked jobs
+    took in the same pass is already reserved). The avoid-list is not applied, since ``plan``
+    drops it when nothing else fits; a node that passes every filter is listed with its score
+    (the job then waits behind room held for a preemptor, or behind a job ranked before it)."""
+    scores = [score_node(node, job, now, config, honour_avoid=False) for node in nodes]
+    counts: dict[str, int] = {}
+    for score in scores:
+        if score.filtered:
+            counts[score.filtered] = counts.get(score.filtered, 0) + 1
+    candidates = sorted((s for s in scores if not s.filtered), key=lambda s: (-s.score, s.node))
+    filtered = sorted((s for s in scores if s.filtered), key=lambda s: (s.filtered, s.node))
+    if not nodes:
+        summary = "no node has reported its load yet"
+    else:
+        summary = f"{len(candidates)}/{len(nodes)} nodes are available"
+        if counts:
+            reasons = ", ".join(f"{count} {reason}" for reason, count in sorted(counts.items()))
+            summary += f": {reasons}"
+        if candidates:
+            summary += "; the job waits behind jobs ranked before it or room held for another"
+    return Waiting(
+        job_id=job.job_id,
+        scores=tuple((candidates + filtered)[:EXPLAIN_WAITING_LIMIT]),
+        filtered_counts=counts,
+        nodes_total=len(nodes),
+        summary=summary,
+    )
+
+
 # -- preemption --------------------------------------------------------------------------------
 def plan_preemptions(
     nodes: Sequence[NodeState],

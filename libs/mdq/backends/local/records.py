@@ -21,7 +21,6 @@ from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import (
     APIError,
-    BadRequestError,
     KeyDeletedError,
     KeyNotFoundError,
 )
@@ -29,7 +28,7 @@ from nats.js.kv import KeyValue
 
 from mdq.backends.port import PodSpec, PodUpdate
 from mdq.bus.requests import is_wrong_last_sequence
-from mdq.bus.streams import ensure_replicas
+from mdq.bus.streams import open_bucket
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 
@@ -170,14 +169,9 @@ class Buckets:
 
 
 async def _bucket(js: JetStreamContext, name: str, replicas: int) -> KeyValue:
-    config = KeyValueConfig(bucket=name, history=1, storage=StorageType.FILE, replicas=replicas)
-    try:
-        return await js.create_key_value(config=config)
-    except BadRequestError:
-        # Created concurrently or with another config by an older version: use it as it is,
-        # with at least ``replicas`` copies.
-        await ensure_replicas(js, f"KV_{name}", replicas)
-        return await js.key_value(name)
+    return await open_bucket(
+        js, KeyValueConfig(bucket=name, history=1, storage=StorageType.FILE, replicas=replicas)
+    )
 
 
 async def ensure_buckets(js: JetStreamContext, subjects: Subjects, *, replicas: int = 1) -> Buckets:
