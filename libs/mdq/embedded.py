@@ -6,9 +6,11 @@ no Docker and no system services. When NATS_URL / DATABASE_URL are set, nothing 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -129,11 +131,65 @@ class EmbeddedPostgres:
 
     server: object
     url: str
+    data_dir: Path | None = None
 
     def stop(self) -> None:
         cleanup = getattr(self.server, "cleanup", None)
         if cleanup is not None:
             cleanup()
+
+    def postmaster_pid(self) -> int | None:
+        """The pid in the data folder's ``postmaster.pid`` (None when there is none)."""
+        if self.data_dir is None:
+            return None
+        try:
+            return int((self.data_dir / "postmaster.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def kill(self, *, timeout_s: float = 30.0) -> None:
+        """kill -9 the postmaster (for fault tests) and wait until it and its backends are
+        gone, so that ``restart`` can start a new one on the same folder."""
+        pid = self.postmaster_pid()
+        if pid is None:
+            raise RuntimeError("no postmaster.pid: is this PostgreSQL running?")
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + timeout_s
+        while _pid_alive(pid) or _postgres_processes(self.data_dir):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"PostgreSQL (pid {pid}) still runs after kill -9")
+            time.sleep(0.05)
+
+    def restart(self) -> None:
+        """Start PostgreSQL again on the same folder (after ``kill``): same socket, same URL;
+        it recovers from its WAL before it accepts connections."""
+        ensure = getattr(self.server, "ensure_postgres_running", None)
+        if ensure is None:
+            raise RuntimeError("this PostgreSQL cannot be restarted")
+        ensure()
+
+
+def _pid_alive(pid: int) -> bool:
+    """True while ``pid`` exists, as a zombie too: a killed postmaster stays one until its
+    parent reaps it, and a new PostgreSQL refuses to start while its lock file's pid exists."""
+    import psutil
+
+    return bool(psutil.pid_exists(pid))
+
+
+def _postgres_processes(data_dir: Path | None) -> list[int]:
+    """Pids of processes whose command line names ``data_dir`` (a postmaster and backends)."""
+    import psutil
+
+    if data_dir is None:
+        return []
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = process.info.get("cmdline") or []
+        if str(data_dir) in " ".join(cmdline) and process.pid != os.getpid():
+            found.append(process.pid)
+    return found
 
 
 def start_postgres(data_dir: Path, *, database: str = "mdq", keep: bool = True) -> EmbeddedPostgres:
@@ -150,7 +206,9 @@ def start_postgres(data_dir: Path, *, database: str = "mdq", keep: bool = True) 
     # pgserver puts the socket somewhere else when the folder's path is too long for one;
     # its URI names the folder it really chose.
     return EmbeddedPostgres(
-        server, str(server.get_uri(database)).replace("postgres:@", "postgres@")
+        server,
+        str(server.get_uri(database)).replace("postgres:@", "postgres@"),
+        data_dir=Path(str(getattr(server, "pgdata", data_dir))),
     )
 
 

@@ -235,7 +235,7 @@ async def build(*, nc: Client, subjects: Subjects, settings: MetricsSettings) ->
 
 async def serve(common: CommonSettings, settings: MetricsSettings) -> None:
     """Connect, run until SIGTERM/SIGINT, close."""
-    nc = await connect(common.nats_url, name="mdq-metrics", subjects=common.subjects)
+    nc = await connect(common.nats_url, name="mdq-metrics", subjects=common.subjects, wait=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

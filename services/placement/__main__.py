@@ -17,7 +17,7 @@ from services.placement.settings import PlacementSettings
 async def main() -> None:
     common, settings = CommonSettings(), PlacementSettings()
     subjects = common.subjects
-    nc = await connect(common.nats_url, name="mdq-placement", subjects=subjects)
+    nc = await connect(common.nats_url, name="mdq-placement", subjects=subjects, wait=True)
     js = nc.jetstream()
     requests = await Requests(nc).start()
     backend = await make_backend(kind=settings.backend, nc=nc, subjects=subjects)

@@ -15,7 +15,7 @@ from services.recovery.settings import RecoverySettings
 async def main() -> None:
     common, settings = CommonSettings(), RecoverySettings()
     subjects = common.subjects
-    nc = await connect(common.nats_url, name="mdq-recovery", subjects=subjects)
+    nc = await connect(common.nats_url, name="mdq-recovery", subjects=subjects, wait=True)
     js = nc.jetstream()
     recovery = Recovery(
         js=js,

@@ -32,6 +32,18 @@ over: on start, and whenever a gap shows up, the durable consumer is recreated t
 after the stored offset. After a kill -9 mid-batch the transaction is rolled back and the
 restarted projector resumes exactly after the last committed batch.
 
+PostgreSQL may be away when the projector starts or go away while it runs: a connection-class
+error (``mdq.store.engine.DATABASE_NOT_READY``: refused, reset, shutting down, disk full)
+drops the pool's connections and waits, with backoff and one log line per try ("PostgreSQL at
+<host> not reachable (...); retrying in 2.0 s"), until the server answers; then the batch in
+hand is tried again. It was never acknowledged, and a transaction cut off before its commit
+left the offset where it was (one cut off during its commit may have committed: the offset it
+moved makes the retry skip those messages), so nothing is lost or stored twice, however long
+the outage. Only the projection waits: the watcher's lifecycle half needs NATS alone. A
+database without the mdq tables yet (the migrations run beside the watcher) is waited for
+on start as well. Any other error while opening a consumer is not retried: it stops the
+projector, and with it the watcher, with that error.
+
 Why asyncpg and not a SQLAlchemy engine for the writer: every write here is one set-based
 statement with array parameters per table per batch (the hot path is progress events, compared
 in bench/ against raw asyncpg COPY); asyncpg binds typed arrays directly, caches the prepared
@@ -59,6 +71,7 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, ConsumerInfo, DeliverPolicy
 from nats.js.errors import NotFoundError
 
+from mdq.backoff import DEFAULT_BACKOFF, Backoff, describe_error
 from mdq.bus.codec import decode_event
 from mdq.bus.fetch import BatchFetcher
 from mdq.bus.subjects import Subjects
@@ -66,6 +79,7 @@ from mdq.contracts import pb
 from mdq.core.state import AttemptRecord, JobState, JobView, event_time
 from mdq.core.text import scrub_nul
 from mdq.core.timestamps import set_timestamp
+from mdq.store.engine import DATABASE_NOT_READY, SCHEMA_NOT_READY
 
 log = logging.getLogger("mdq.store.projection")
 
@@ -73,6 +87,7 @@ MIN_EVENT_SECONDS = -62_135_596_800  # 0001-01-01T00:00:00Z, the first time a da
 MAX_EVENT_SECONDS = 253_402_300_799  # 9999-12-31T23:59:59Z, the last
 JOBS_CONSUMER = "watcher-jobs"
 PROGRESS_CONSUMER = "watcher-progress"
+SCHEMA_RETRY_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -601,6 +616,8 @@ class Projector:
         jobs_consumer: str = JOBS_CONSUMER,
         progress_consumer: str = PROGRESS_CONSUMER,
         max_retry_delay_s: float = 5.0,
+        database: str = "the database",
+        reconnect: Backoff = DEFAULT_BACKOFF,
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
@@ -615,8 +632,11 @@ class Projector:
             _Feed(stream=subjects.jobs_stream, consumer=jobs_consumer),
             _Feed(stream=subjects.progress_stream, consumer=progress_consumer),
         )
+        self._database = database
+        self._reconnect = reconnect
         self._stopping = asyncio.Event()
         self._write_lock = asyncio.Lock()
+        self._database_lock = asyncio.Lock()
         self.events_projected = 0
         """Events applied (not counting skipped redeliveries and duplicates), for metrics."""
 
@@ -673,11 +693,20 @@ class Projector:
                 if subscription is None:
                     try:
                         await self._open(feed)
-                    except asyncio.CancelledError:
-                        raise
-                    except Exception:
-                        log.exception("cannot open consumer %s; retrying", feed.consumer)
+                    except nats.errors.Error as error:
+                        log.warning("cannot open consumer %s (%r); retrying", feed.consumer, error)
                         await self._sleep(1.0)
+                    except DATABASE_NOT_READY as error:
+                        await self._reach_database(error)
+                    except SCHEMA_NOT_READY as error:
+                        log.warning(
+                            "PostgreSQL at %s has no mdq tables yet (%s): waiting for the "
+                            "migrations (mdq.store.migrate); retrying in %.1f s",
+                            self._database,
+                            describe_error(error),
+                            SCHEMA_RETRY_S,
+                        )
+                        await self._sleep(SCHEMA_RETRY_S)
                     continue
                 fetching = ahead or asyncio.create_task(self._fetch(subscription))
                 ahead = None
@@ -758,6 +787,44 @@ class Projector:
             with contextlib.suppress(Exception):
                 await subscription.close()
 
+    async def _reach_database(self, error: BaseException) -> None:
+        """After a connection-class error: drop the pool's connections and wait, with backoff
+        and one log line per try, until PostgreSQL answers again (or ``stop()``).
+
+        Both feeds may call it at once; the lock makes the second wait behind the first, and
+        its first try then succeeds. Nothing is lost meanwhile: the batch in hand was not
+        acknowledged and its transaction, if it did not commit, left the offset where it was.
+        """
+        async with self._database_lock:
+            log.warning(
+                "lost PostgreSQL at %s (%s); reconnecting", self._database, describe_error(error)
+            )
+            await self._pool.expire_connections()  # the next acquire opens fresh ones
+            delays = self._reconnect.delays()
+            failures = 0
+            while not self._stopping.is_set():
+                try:
+                    async with self._pool.acquire() as connection:
+                        await connection.fetchval("SELECT 1")
+                except DATABASE_NOT_READY as retry_error:
+                    failures += 1
+                    delay = next(delays)
+                    log.warning(
+                        "PostgreSQL at %s not reachable (%s); retrying in %.1f s",
+                        self._database,
+                        describe_error(retry_error),
+                        delay,
+                    )
+                    await self._sleep(delay)
+                    continue
+                if failures:
+                    log.info(
+                        "PostgreSQL at %s reachable again after %d failed tries",
+                        self._database,
+                        failures,
+                    )
+                return
+
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(seconds):
@@ -780,6 +847,15 @@ class Projector:
                 break
             except asyncio.CancelledError:
                 raise
+            except DATABASE_NOT_READY as error:
+                await self._reach_database(error)
+                if self._stopping.is_set():
+                    return  # not acknowledged: the next start resumes after the offset
+                # then the same batch again, not at once: a server that answers a ping but
+                # refuses the batch (a full disk) must not be hammered
+                await self._sleep(delay)
+                delay = min(delay * 2, self._max_retry_delay_s)
+                continue
             except Exception as error:
                 if isinstance(error, asyncpg.DataError) and not scrubbed:
                     # Text PostgreSQL refuses (a NUL, e.g. in a pod's termination message):
