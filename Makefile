@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run up test test-fast lint proto bench-placement bench-recovery bench-runner bench-ingest clean install
+.PHONY: run up test test-fast lint proto asyncapi bench-placement bench-recovery bench-runner bench-ingest clean install
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "mdq needs Python 3.11 or newer")'
@@ -39,6 +39,10 @@ proto: $(STAMP)
 	rm -rf build/proto && mkdir -p build/proto
 	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=build/proto --pyi_out=build/proto proto/mdq/v1/mdq.proto
 	cp build/proto/mdq/v1/mdq_pb2.py build/proto/mdq/v1/mdq_pb2.pyi libs/mdq/contracts/
+
+## asyncapi: regenerate docs/asyncapi.yaml (the bus contract) from the subjects, streams and .proto
+asyncapi: $(STAMP)
+	$(BIN)/python -m mdq.contracts.asyncapi
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .mdq

@@ -19,6 +19,8 @@ from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nobody listens on right now."""
@@ -38,6 +40,13 @@ def nats_server_binary() -> str:
     return found
 
 
+SYNC_ALWAYS = "always"
+"""JetStream fsyncs every write before acknowledging it (``jetstream.sync_interval``)."""
+SYNC_SERVER_DEFAULT = ""
+"""Leave the fsync interval to the server (2 minutes in nats-server 2.x): acknowledged writes
+may be lost to a power cut or a kernel crash. For side-by-side benchmarks only."""
+
+
 @dataclass
 class EmbeddedNats:
     """A nats-server subprocess with JetStream storing under ``store_dir``."""
@@ -46,6 +55,29 @@ class EmbeddedNats:
     url: str
     port: int
     store_dir: Path
+    log_file: Path
+    sync_interval: str = SYNC_ALWAYS
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def exit_status(self) -> str | None:
+        """None while the server runs; how it ended once it has (``exit 1``, ``signal 9``)."""
+        code = self.process.poll()
+        if code is None:
+            return None
+        return f"signal {-code}" if code < 0 else f"exit {code}"
+
+    def restarted(self) -> EmbeddedNats:
+        """A new server on the same port and store (after this one exited): the URL stays
+        valid for every client, and JetStream recovers its streams from the store."""
+        return start_nats(
+            self.store_dir,
+            port=self.port,
+            log_file=self.log_file,
+            sync_interval=self.sync_interval,
+        )
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -62,30 +94,58 @@ class EmbeddedNats:
         self.process.wait()
 
 
-SYNC_ALWAYS = "always"
-"""JetStream fsyncs every write before acknowledging it (``jetstream.sync_interval``)."""
-SYNC_SERVER_DEFAULT = ""
-"""Leave the fsync interval to the server (2 minutes in nats-server 2.x): acknowledged writes
-may be lost to a power cut or a kernel crash. For side-by-side benchmarks only."""
+@dataclass(frozen=True, slots=True)
+class NatsCluster:
+    """The ``cluster {}`` block of one server of a JetStream cluster on 127.0.0.1 (tests)."""
+
+    name: str
+    port: int
+    """This server's route port."""
+    routes: tuple[int, ...]
+    """Route ports of every server of the cluster (this one's may be among them)."""
 
 
-def nats_config(*, port: int, store_dir: Path, sync_interval: str = SYNC_ALWAYS) -> str:
+def nats_config(
+    *,
+    port: int,
+    store_dir: Path,
+    sync_interval: str = SYNC_ALWAYS,
+    monitor_port: int | None = None,
+    server_name: str = "",
+    cluster: NatsCluster | None = None,
+) -> str:
     """The nats-server configuration of the embedded default.
 
     ``sync_interval: always`` makes JetStream fsync each message before it is acknowledged, so
     nothing mdq was told is stored can vanish with the page cache (Jepsen's NATS 2.12.1
     analysis lost acknowledged writes on power loss under the default interval). Its cost is
-    measured by ``make bench-ingest`` and ``make bench-placement``; docs/durability.md.
+    measured by ``make bench-ingest`` and ``make bench-placement``; docs/durability.md. The
+    deployment files (deploy/, docker-compose.yml) set the same (tests/integration/
+    test_deploy_manifests.py). ``monitor_port`` opens the HTTP monitoring endpoint on
+    127.0.0.1 (off by default); ``cluster`` makes the server one of a JetStream cluster.
     """
     lines = [
         "# Written by mdq (mdq.embedded.nats_config); changes are overwritten on start.",
         f'listen: "127.0.0.1:{port}"',
-        "jetstream {",
-        f"  store_dir: {json.dumps(str(store_dir))}",
     ]
+    if server_name:
+        lines.append(f"server_name: {json.dumps(server_name)}")
+    if monitor_port is not None:
+        lines.append(f'http: "127.0.0.1:{monitor_port}"')
+    lines += ["jetstream {", f"  store_dir: {json.dumps(str(store_dir))}"]
     if sync_interval:
         lines.append(f"  sync_interval: {sync_interval}")
-    lines += ["}", ""]
+    lines.append("}")
+    if cluster is not None:
+        routes = ", ".join(json.dumps(f"nats://127.0.0.1:{route}") for route in cluster.routes)
+        lines += [
+            "cluster {",
+            f"  name: {json.dumps(cluster.name)}",
+            f'  listen: "127.0.0.1:{cluster.port}"',
+            f"  routes: [{routes}]",
+            "}",
+        ]
+    lines.append("")
     return "\n".join(lines)
 
 
@@ -95,6 +155,9 @@ def start_nats(
     port: int | None = None,
     log_file: Path | None = None,
     sync_interval: str = SYNC_ALWAYS,
+    monitor_port: int | None = None,
+    server_name: str = "",
+    cluster: NatsCluster | None = None,
 ) -> EmbeddedNats:
     """Start nats-server with JetStream on 127.0.0.1 and wait until it accepts connections.
 
@@ -105,7 +168,16 @@ def start_nats(
     port = port or free_port()
     log = log_file or store_dir / "nats-server.log"
     config = store_dir / "nats.conf"
-    config.write_text(nats_config(port=port, store_dir=store_dir, sync_interval=sync_interval))
+    config.write_text(
+        nats_config(
+            port=port,
+            store_dir=store_dir,
+            sync_interval=sync_interval,
+            monitor_port=monitor_port,
+            server_name=server_name,
+            cluster=cluster,
+        )
+    )
     process = subprocess.Popen(
         [nats_server_binary(), "-c", str(config), "-l", str(log)],
         stdin=subprocess.DEVNULL,
@@ -118,7 +190,9 @@ def start_nats(
             raise RuntimeError(f"nats-server exited with {process.returncode}; see {log}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return EmbeddedNats(process, f"nats://127.0.0.1:{port}", port, store_dir)
+                return EmbeddedNats(
+                    process, f"nats://127.0.0.1:{port}", port, store_dir, log, sync_interval
+                )
         except OSError:
             time.sleep(0.05)
     process.kill()
@@ -127,69 +201,101 @@ def start_nats(
 
 @dataclass
 class EmbeddedPostgres:
-    """A PostgreSQL server from the pgserver wheel, listening on a unix socket in its folder."""
+    """A PostgreSQL server from the pgserver wheel, listening on a unix socket in its folder.
+
+    The postmaster is not a child of this process (pgserver starts it through ``pg_ctl``), so
+    whether it runs is read from its ``postmaster.pid``.
+    """
 
     server: object
     url: str
-    data_dir: Path | None = None
+    data_dir: Path
+
+    def _postmaster_file(self) -> list[str]:
+        """The lines of ``postmaster.pid`` (pid, data folder, start time, port, socket folder,
+        ...), or none when there is no such file."""
+        try:
+            return (self.data_dir / "postmaster.pid").read_text().splitlines()
+        except OSError:
+            return []
+
+    @property
+    def pid(self) -> int | None:
+        """The postmaster's pid from ``postmaster.pid``, or None when there is no such file."""
+        lines = self._postmaster_file()
+        try:
+            return int(lines[0])
+        except (IndexError, ValueError):
+            return None
+
+    def exit_status(self) -> str | None:
+        """None while the postmaster runs; ``gone`` once it has ended (its exit status is its
+        parent's to read, and that is not this process)."""
+        pid = self.pid
+        if pid is not None and _running(pid):
+            return None
+        return "gone"
+
+    def restart(self) -> None:
+        """Start the server again on the same data directory (so the same socket and URL).
+
+        A postmaster killed with SIGKILL leaves its lock files behind (``postmaster.pid`` and
+        the socket's ``.s.PGSQL.<port>.lock``), and where nobody reaps orphans (a container
+        whose pid 1 does not) its pid stays a zombie, which both pgserver and PostgreSQL take
+        for a live server. Its children leave with it, so once the recorded process is a
+        zombie or gone those lock files are stale: they are set aside (``.stale``) and the
+        server is started as usual.
+        """
+        lines = self._postmaster_file()
+        pid = self.pid
+        if pid is not None and not _running(pid):
+            stale = [self.data_dir / "postmaster.pid"]
+            if len(lines) >= 5 and lines[3].strip() and lines[4].strip():
+                stale.append(Path(lines[4].strip()) / f".s.PGSQL.{lines[3].strip()}.lock")
+            for path in stale:
+                with contextlib.suppress(FileNotFoundError):
+                    path.replace(path.with_name(path.name + ".stale"))
+        server = self.server
+        with server._lock:  # type: ignore[attr-defined]  # pgserver's lock across processes
+            server.ensure_postgres_running()  # type: ignore[attr-defined]
 
     def stop(self) -> None:
         cleanup = getattr(self.server, "cleanup", None)
         if cleanup is not None:
             cleanup()
 
-    def postmaster_pid(self) -> int | None:
-        """The pid in the data folder's ``postmaster.pid`` (None when there is none)."""
-        if self.data_dir is None:
-            return None
-        try:
-            return int((self.data_dir / "postmaster.pid").read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            return None
-
     def kill(self, *, timeout_s: float = 30.0) -> None:
-        """kill -9 the postmaster (for fault tests) and wait until it and its backends are
-        gone, so that ``restart`` can start a new one on the same folder."""
-        pid = self.postmaster_pid()
+        """kill -9 the postmaster (for fault tests) and wait until it and its backends have
+        ended, so that ``restart`` can start a new one on the same folder."""
+        pid = self.pid
         if pid is None:
             raise RuntimeError("no postmaster.pid: is this PostgreSQL running?")
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + timeout_s
-        while _pid_alive(pid) or _postgres_processes(self.data_dir):
+        while _running(pid) or _postgres_processes(self.data_dir.resolve()):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"PostgreSQL (pid {pid}) still runs after kill -9")
             time.sleep(0.05)
 
-    def restart(self) -> None:
-        """Start PostgreSQL again on the same folder (after ``kill``): same socket, same URL;
-        it recovers from its WAL before it accepts connections."""
-        ensure = getattr(self.server, "ensure_postgres_running", None)
-        if ensure is None:
-            raise RuntimeError("this PostgreSQL cannot be restarted")
-        ensure()
 
-
-def _pid_alive(pid: int) -> bool:
-    """True while ``pid`` exists, as a zombie too: a killed postmaster stays one until its
-    parent reaps it, and a new PostgreSQL refuses to start while its lock file's pid exists."""
-    import psutil
-
-    return bool(psutil.pid_exists(pid))
-
-
-def _postgres_processes(data_dir: Path | None) -> list[int]:
-    """Pids of processes whose command line names ``data_dir`` (a postmaster and backends)."""
-    import psutil
-
-    if data_dir is None:
-        return []
+def _postgres_processes(data_dir: Path) -> list[int]:
+    """Pids of live processes whose command line names ``data_dir`` (postmaster, backends)."""
     found = []
     for process in psutil.process_iter(["cmdline"]):
         cmdline = process.info.get("cmdline") or []
-        if str(data_dir) in " ".join(cmdline) and process.pid != os.getpid():
+        mine = str(data_dir) in " ".join(cmdline) and process.pid != os.getpid()
+        if mine and _running(process.pid):
             found.append(process.pid)
     return found
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie is not)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def start_postgres(data_dir: Path, *, database: str = "mdq", keep: bool = True) -> EmbeddedPostgres:
@@ -206,9 +312,7 @@ def start_postgres(data_dir: Path, *, database: str = "mdq", keep: bool = True) 
     # pgserver puts the socket somewhere else when the folder's path is too long for one;
     # its URI names the folder it really chose.
     return EmbeddedPostgres(
-        server,
-        str(server.get_uri(database)).replace("postgres:@", "postgres@"),
-        data_dir=Path(str(getattr(server, "pgdata", data_dir))),
+        server, str(server.get_uri(database)).replace("postgres:@", "postgres@"), data_dir
     )
 
 

@@ -33,6 +33,16 @@ class CommonSettings(BaseSettings):
         default="mdq",
         description="Prefix of every subject, stream and bucket; lets several mdq share a NATS.",
     )
+    stream_replicas: int = Field(
+        default=1,
+        ge=1,
+        le=5,
+        description=(
+            "Copies JetStream keeps of every mdq stream and KV bucket: 1 on a single NATS "
+            "server, 3 on a three-node cluster (the production overlay), so that losing one "
+            "server loses no acknowledged event. Raised on existing streams, never lowered."
+        ),
+    )
     data_dir: Path = Field(
         default=Path(".mdq/data"),
         description="Root of job outputs and checkpoints (a shared volume on Kubernetes).",

@@ -13,11 +13,15 @@
    child process of this interpreter with the stack's environment, logging to
    ``<state>/logs/<name>.log``;
 4. supervision: a child that dies is started again after a small backoff (doubling, capped);
+   so is an embedded server (NATS, PostgreSQL), in place: same port, same data folder, so
+   every URL in ``stack.json`` stays valid and every client reconnects on its own;
 5. a clean stop: SIGTERM to every child, SIGKILL to whatever is left of its process group
    after a grace period, then the embedded servers.
 
 Where everything is (URLs, folders, pid) is written to ``<state>/stack.json`` so that client
-commands (``mdq submit``, ``mdq ls`` ...) in another terminal find a running stack.
+commands (``mdq submit``, ``mdq ls`` ...) in another terminal find a running stack; how every
+part is doing (pid, restarts, start time, last exit) to ``<state>/status.json``, rewritten on
+every change, which ``mdq status`` reads.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Self
+from typing import IO, Any, Self
 
 from mdq.embedded import EmbeddedNats, EmbeddedPostgres, start_nats, start_postgres
 
@@ -45,6 +49,9 @@ SERVICES: tuple[str, ...] = ("intake", "placement", "watcher", "recovery", "metr
 BACKENDS: tuple[str, ...] = ("local", "kubernetes")
 DEFAULT_METRICS_PORT = 9464
 STACK_FILE = "stack.json"
+STATUS_FILE = "status.json"
+NATS_SERVER = "nats-server"
+POSTGRES = "postgres"
 
 # pgserver asks platformdirs for a runtime folder; without XDG_RUNTIME_DIR that is /tmp/…,
 # which is fine, and the warning would only clutter `make run`.
@@ -139,6 +146,7 @@ class ChildProcess:
     process: subprocess.Popen[bytes] | None = None
     log_file: IO[bytes] | None = None
     started_at: float = 0.0
+    started_wall: float | None = None
     restarts: int = 0
     consecutive_failures: int = 0
     next_start_at: float = 0.0
@@ -155,7 +163,7 @@ class ChildProcess:
 
 @dataclass(frozen=True, slots=True)
 class ChildStatus:
-    """What ``Stack.status`` says about one child."""
+    """What ``Stack.status`` says about one supervised part (a server or a child process)."""
 
     name: str
     pid: int | None
@@ -163,6 +171,76 @@ class ChildStatus:
     restarts: int
     last_exit_code: int | None
     log_path: Path
+    kind: str = "service"
+    """``server`` (embedded NATS or PostgreSQL), ``service`` or ``agent`` (the node agent)."""
+    last_exit: str | None = None
+    """How the previous process ended: ``exit 1``, ``signal 9``, ``gone``; None if none has."""
+    started_at: float | None = None
+    """Wall-clock time (epoch seconds) the current process started; None while it is down."""
+
+    def uptime_s(self, now: float) -> float | None:
+        """Seconds the current process has been running at ``now``; None while it is down."""
+        return None if self.started_at is None or not self.running else now - self.started_at
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "pid": self.pid,
+            "running": self.running,
+            "restarts": self.restarts,
+            "last_exit_code": self.last_exit_code,
+            "last_exit": self.last_exit,
+            "started_at": self.started_at,
+            "log_path": str(self.log_path),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ChildStatus:
+        return cls(
+            name=str(data["name"]),
+            kind=str(data.get("kind", "service")),
+            pid=data.get("pid"),
+            running=bool(data.get("running")),
+            restarts=int(data.get("restarts", 0)),
+            last_exit_code=data.get("last_exit_code"),
+            last_exit=data.get("last_exit"),
+            started_at=data.get("started_at"),
+            log_path=Path(str(data.get("log_path", ""))),
+        )
+
+
+def read_stack_status(state_dir: Path) -> tuple[float, list[ChildStatus]] | None:
+    """When the running stack on ``state_dir`` last wrote its status, and every part's status;
+    None when there is no such file (no stack, or one from before this file existed)."""
+    try:
+        data = json.loads((state_dir / STATUS_FILE).read_text(encoding="utf-8"))
+        return float(data["updated_at"]), [ChildStatus.from_dict(c) for c in data["children"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _exit_text(code: int | None) -> str | None:
+    """``exit N`` or ``signal N`` for a process's return code; None for no exit yet."""
+    if code is None:
+        return None
+    return f"signal {-code}" if code < 0 else f"exit {code}"
+
+
+@dataclass(slots=True)
+class ServerWatch:
+    """One embedded server under supervision: when it ends it is started again in place."""
+
+    name: str
+    log_path: Path
+    started_at: float | None
+    restarts: int = 0
+    consecutive_failures: int = 0
+    next_start_at: float = 0.0
+    down_since: float | None = None
+    """Monotonic time the server was found gone; None while it runs."""
+    last_exit: str | None = None
+    restarting: asyncio.Task[None] | None = None
 
 
 @dataclass(slots=True)
@@ -210,6 +288,7 @@ class Stack:
         self._max_backoff_s = max_backoff_s
         self._healthy_after_s = healthy_after_s
         self._servers = _Servers()
+        self._server_watches: list[ServerWatch] = []
         self._children: list[ChildProcess] = []
         self._supervisor: asyncio.Task[None] | None = None
         self._stopping = False
@@ -256,6 +335,7 @@ class Stack:
                 embedded_postgres=self._servers.postgres is not None,
             )
             (self.state_dir / STACK_FILE).write_text(self._info.to_json(), encoding="utf-8")
+            self._write_status()
             self._supervisor = asyncio.create_task(self._supervise(), name="mdq-stack-supervisor")
         except BaseException:
             await self.stop()
@@ -272,12 +352,18 @@ class Stack:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._supervisor
             self._supervisor = None
+        for watch in self._server_watches:  # a restart in a thread cannot be cancelled
+            if watch.restarting is not None:
+                with contextlib.suppress(Exception):
+                    await watch.restarting
+                watch.restarting = None
         await asyncio.to_thread(self._stop_children)
         await asyncio.to_thread(self._stop_servers)
         info_path = self.state_dir / STACK_FILE
         with contextlib.suppress(OSError, ValueError, TypeError):
             if StackInfo.from_json(info_path.read_text(encoding="utf-8")).pid == os.getpid():
                 info_path.unlink()
+                (self.state_dir / STATUS_FILE).unlink(missing_ok=True)
         if self._info is not None:
             self._note("stack stopped")
         self._info = None
@@ -295,18 +381,50 @@ class Stack:
         await self.stop()
 
     def status(self) -> list[ChildStatus]:
-        """Each child: pid, running or not, restarts so far, last exit code, log file."""
-        return [
+        """Every supervised part, embedded servers first: pid, running or not, restarts so
+        far, last exit, start time of the current process, log file."""
+        servers = [
+            ChildStatus(
+                name=watch.name,
+                kind="server",
+                pid=self._server_pid(watch.name),
+                running=watch.down_since is None,
+                restarts=watch.restarts,
+                last_exit_code=None,
+                last_exit=watch.last_exit,
+                started_at=watch.started_at if watch.down_since is None else None,
+                log_path=watch.log_path,
+            )
+            for watch in self._server_watches
+        ]
+        return servers + [
             ChildStatus(
                 name=child.name,
+                kind="agent" if child.name == "local-backend" else "service",
                 pid=child.pid,
                 running=child.running,
                 restarts=child.restarts,
                 last_exit_code=child.last_exit_code,
+                last_exit=None
+                if child.last_exit_code is None
+                else _exit_text(child.last_exit_code),
+                started_at=child.started_wall if child.running else None,
                 log_path=child.log_path,
             )
             for child in self._children
         ]
+
+    def _write_status(self) -> None:
+        """``status.json``: written whole to a temporary file, then renamed over the old one."""
+        body = {
+            "updated_at": time.time(),
+            "pid": os.getpid(),
+            "children": [part.to_dict() for part in self.status()],
+        }
+        path = self.state_dir / STATUS_FILE
+        temporary = path.with_suffix(".json.tmp")
+        temporary.write_text(json.dumps(body, indent=2), encoding="utf-8")
+        temporary.replace(path)
 
     def child_pid(self, name: str) -> int | None:
         """The pid of the named child's current process (for fault tests)."""
@@ -324,11 +442,34 @@ class Stack:
                 log_file=self.logs_dir / "nats-server.log",
             )
             self._nats_url = self._servers.nats.url
+            self._server_watches.append(
+                ServerWatch(NATS_SERVER, self._servers.nats.log_file, time.time())
+            )
         if not self._database_url:
             self._servers.postgres = await asyncio.to_thread(
                 start_postgres, self.state_dir / "postgres", database="mdq", keep=False
             )
             self._database_url = self._servers.postgres.url
+            self._server_watches.append(
+                ServerWatch(POSTGRES, self._servers.postgres.data_dir / "log", time.time())
+            )
+
+    def _server_pid(self, name: str) -> int | None:
+        server = self._servers.nats if name == NATS_SERVER else self._servers.postgres
+        return None if server is None else server.pid
+
+    def _server_exit_status(self, name: str) -> str | None:
+        server = self._servers.nats if name == NATS_SERVER else self._servers.postgres
+        return None if server is None else server.exit_status()
+
+    def _restart_server(self, name: str) -> None:
+        """Start the named embedded server again, in place (blocking: run in a thread)."""
+        if name == NATS_SERVER:
+            assert self._servers.nats is not None
+            self._servers.nats = self._servers.nats.restarted()
+        else:
+            assert self._servers.postgres is not None
+            self._servers.postgres.restart()
 
     def _migrate(self) -> None:
         try:
@@ -413,10 +554,14 @@ class Stack:
             start_new_session=True,
         )
         child.started_at = time.monotonic()
+        child.started_wall = time.time()
 
     async def _supervise(self) -> None:
         while not self._stopping:
             now = time.monotonic()
+            changed = False
+            for watch in self._server_watches:
+                changed |= self._supervise_server(watch, now)
             for child in self._children:
                 process = child.process
                 if process is None:
@@ -424,6 +569,7 @@ class Stack:
                         child.restarts += 1
                         self._note(f"{child.name}: restart #{child.restarts}")
                         self._spawn(child)
+                        changed = True
                     continue
                 code = process.poll()
                 if code is None:
@@ -434,13 +580,67 @@ class Stack:
                 child.process = None
                 self._kill_group(process.pid, signal.SIGKILL)
                 child.consecutive_failures += 1
-                delay = min(self._max_backoff_s, 0.5 * 2 ** (child.consecutive_failures - 1))
+                delay = self._backoff(child.consecutive_failures)
                 child.next_start_at = now + delay
                 self._note(
                     f"{child.name}: exited with {code}; restarting in {delay:.1f} s "
                     f"(log: {child.log_path})"
                 )
+                changed = True
+            if changed:
+                self._write_status()
             await asyncio.sleep(self._poll_s)
+
+    def _backoff(self, consecutive_failures: int) -> float:
+        return min(self._max_backoff_s, 0.5 * 2.0 ** (consecutive_failures - 1))
+
+    def _supervise_server(self, watch: ServerWatch, now: float) -> bool:
+        """One supervision step for an embedded server; True if its status changed."""
+        if watch.restarting is not None:
+            if not watch.restarting.done():
+                return False
+            task, watch.restarting = watch.restarting, None
+            error = task.exception()
+            if error is None:
+                down_for = now - (watch.down_since or now)
+                watch.down_since = None
+                watch.started_at = time.time()
+                self._note(
+                    f"{watch.name}: running again (pid {self._server_pid(watch.name)}), "
+                    f"{down_for:.1f} s after it went down"
+                )
+                return True
+            watch.consecutive_failures += 1
+            delay = self._backoff(watch.consecutive_failures)
+            watch.next_start_at = now + delay
+            self._note(f"{watch.name}: restart failed ({error}); next try in {delay:.1f} s")
+            return False
+        ended = self._server_exit_status(watch.name)
+        if ended is None:
+            if watch.started_at is not None and time.time() - watch.started_at >= (
+                self._healthy_after_s
+            ):
+                watch.consecutive_failures = 0
+            return False
+        if watch.down_since is None:
+            watch.down_since = now
+            watch.last_exit = ended
+            watch.consecutive_failures += 1
+            delay = self._backoff(watch.consecutive_failures)
+            watch.next_start_at = now + delay
+            self._note(
+                f"{watch.name}: exited ({ended}); restarting in {delay:.1f} s "
+                f"(log: {watch.log_path})"
+            )
+            return True
+        if now >= watch.next_start_at:
+            watch.restarts += 1
+            self._note(f"{watch.name}: restart #{watch.restarts}")
+            watch.restarting = asyncio.create_task(
+                asyncio.to_thread(self._restart_server, watch.name),
+                name=f"mdq-stack-restart-{watch.name}",
+            )
+        return False
 
     def _stop_children(self) -> None:
         running = [child for child in self._children if child.process is not None]

@@ -308,14 +308,17 @@ class Intake:
         await wait_for_nats(url)
         connection = await self.broker.connect()
         js = connection.jetstream()
+        replicas = self.common.stream_replicas
         await keep_trying(
-            lambda: ensure_streams(js, self.subjects),
+            lambda: ensure_streams(js, self.subjects, replicas=replicas),
             what="JetStream",
             where=redact_url(url),
             retry_on=NATS_NOT_READY,
         )
         requests = await Requests(connection).start()
-        registry = await SubmitRegistry.open(js=js, requests=requests, subjects=self.subjects)
+        registry = await SubmitRegistry.open(
+            js=js, requests=requests, subjects=self.subjects, replicas=replicas
+        )
         publisher = EventPublisher(js=requests, subjects=self.subjects, producer="intake")
         self._handler = SubmitHandler(publisher=publisher, registry=registry)
 

@@ -45,6 +45,7 @@ from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import APIError, BucketNotFoundError
 
 from mdq.bus.requests import KvEntry, Requests, is_wrong_last_sequence
+from mdq.bus.streams import ensure_replicas
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.ids import REQUEST_ID_HEX, request_id_for_key
@@ -87,21 +88,27 @@ class SubmitRegistry:
 
     @classmethod
     async def open(
-        cls, *, js: JetStreamContext, requests: Requests, subjects: Subjects
+        cls, *, js: JetStreamContext, requests: Requests, subjects: Subjects, replicas: int = 1
     ) -> SubmitRegistry:
-        """Open the bucket, creating it (file storage, latest value only, direct gets) if it is
-        missing, and turning on direct gets for a bucket created without them. The jobs stream
-        must exist: its retention bounds how long a claim's events can be expected in it."""
+        """Open the bucket, creating it (file storage, latest value only, direct gets,
+        ``replicas`` copies) if it is missing, and turning on direct gets for a bucket created
+        without them (and raising its replica count). The jobs stream must exist: its
+        retention bounds how long a claim's events can be expected in it."""
         bucket = subjects.intake_bucket
         try:
             await js.key_value(bucket)
         except BucketNotFoundError:
             await js.create_key_value(
                 config=KeyValueConfig(
-                    bucket=bucket, history=1, storage=StorageType.FILE, direct=True
+                    bucket=bucket,
+                    history=1,
+                    storage=StorageType.FILE,
+                    direct=True,
+                    replicas=replicas,
                 )
             )
         else:
+            await ensure_replicas(js, f"KV_{bucket}", replicas)
             info = await js.stream_info(f"KV_{bucket}")
             if not info.config.allow_direct:
                 info.config.allow_direct = True

@@ -227,20 +227,25 @@ class MetricsService:
             await asyncio.sleep(max(0.0, self._settings.interval_s - elapsed))
 
 
-async def build(*, nc: Client, subjects: Subjects, settings: MetricsSettings) -> MetricsService:
+async def build(
+    *, nc: Client, subjects: Subjects, settings: MetricsSettings, replicas: int = 1
+) -> MetricsService:
     """The service on this connection, with the backend the settings name."""
-    backend = await make_backend(kind=settings.backend, nc=nc, subjects=subjects)
+    backend = await make_backend(kind=settings.backend, nc=nc, subjects=subjects, replicas=replicas)
     return MetricsService(js=nc.jetstream(), subjects=subjects, backend=backend, settings=settings)
 
 
 async def serve(common: CommonSettings, settings: MetricsSettings) -> None:
     """Connect, run until SIGTERM/SIGINT, close."""
-    nc = await connect(common.nats_url, name="mdq-metrics", subjects=common.subjects, wait=True)
+    replicas = common.stream_replicas
+    nc = await connect(
+        common.nats_url, name="mdq-metrics", subjects=common.subjects, replicas=replicas, wait=True
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    service = await build(nc=nc, subjects=common.subjects, settings=settings)
+    service = await build(nc=nc, subjects=common.subjects, settings=settings, replicas=replicas)
     try:
         await service.run(stop)
     finally:

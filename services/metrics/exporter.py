@@ -18,7 +18,9 @@ class Exporter:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         node = ["node"]
-        attempt = ["job", "attempt"]
+        # "job_id", not "job": Prometheus gives "job" to the scrape job and renames an exported
+        # "job" label to "exported_job", so a dashboard grouping by job would see one series.
+        attempt = ["job_id", "attempt"]
         self.node_cpu_load = Gauge(
             "mdq_node_cpu_load_ratio", "CPU in use / capacity (0..1).", node, registry=self.registry
         )

@@ -17,10 +17,13 @@ from services.placement.settings import PlacementSettings
 async def main() -> None:
     common, settings = CommonSettings(), PlacementSettings()
     subjects = common.subjects
-    nc = await connect(common.nats_url, name="mdq-placement", subjects=subjects, wait=True)
+    replicas = common.stream_replicas
+    nc = await connect(
+        common.nats_url, name="mdq-placement", subjects=subjects, replicas=replicas, wait=True
+    )
     js = nc.jetstream()
     requests = await Requests(nc).start()
-    backend = await make_backend(kind=settings.backend, nc=nc, subjects=subjects)
+    backend = await make_backend(kind=settings.backend, nc=nc, subjects=subjects, replicas=replicas)
     placement = Placement(
         js=js,
         subjects=subjects,
@@ -30,6 +33,7 @@ async def main() -> None:
         nats_url=common.nats_url,
         namespace=common.namespace,
         data_dir=common.data_dir.resolve(),
+        stream_replicas=replicas,
     )
     try:
         await placement.run()

@@ -44,7 +44,12 @@ from mdq.bus.requests import EXPECTED_LAST_SUBJECT_SEQUENCE, is_wrong_last_seque
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core import ids
-from mdq.core.node_health import NodeHealth, NodeHealthPolicy
+from mdq.core.node_health import (
+    NodeCapacity,
+    NodeHealth,
+    NodeHealthPolicy,
+    Suspicion,
+)
 from mdq.core.placement import (
     Decision,
     NodeScore,
@@ -121,6 +126,7 @@ class Placement:
         data_dir: Path,
         clock: Clock = _utcnow,
         instance: str = "",
+        stream_replicas: int = 1,
     ) -> None:
         self._js = js
         self._subjects = subjects
@@ -150,6 +156,7 @@ class Placement:
                 bucket=f"{namespace}_placement",
                 holder=self.instance,
                 ttl_s=settings.lease_ttl_s,
+                replicas=stream_replicas,
             )
             if settings.leader_election
             else None
@@ -161,8 +168,11 @@ class Placement:
                 failures_to_cordon=settings.node_failures_to_cordon,
                 window_s=settings.node_failure_window_s,
                 cordon_s=settings.node_cordon_s,
+                max_cordoned_fraction=settings.max_cordoned_fraction,
             )
         )
+        self._cordon_notes: dict[str, tuple[datetime, bool]] = {}
+        """node -> (episode start, cordoned or held back) last logged, so each is logged once."""
         self._by_state: dict[JobState, set[str]] = {state: set() for state in JobState}
         self._indexed_state: dict[str, JobState] = {}
         """job -> the state it is filed under in ``_by_state``."""
@@ -272,8 +282,8 @@ class Placement:
                     reason=failure.reason,
                     at=event_time(event),
                 ):
-                    log.warning(
-                        "node %s cordoned for %.0fs: %d jobs failed there",
+                    log.info(
+                        "node %s suspect for %.0fs: %d jobs crashed there",
                         failure.node,
                         self.health.policy.cordon_s,
                         self.health.policy.failures_to_cordon,
@@ -354,8 +364,60 @@ class Placement:
         if view.apply(event):
             self._index(view)
 
+    def _capacities(self, now: datetime) -> list[NodeCapacity]:
+        """What the cordon budget weighs: each node's CPU, whether placement could bind there
+        (ready, load fresh) and whether an operator cordoned it."""
+        timeout = self._settings.load_timeout_s
+        return [
+            NodeCapacity(
+                name=node.name,
+                cpu=node.cpu_capacity,
+                ready=node.ready and (now - node.reported_at).total_seconds() <= timeout,
+                cordoned=node.cordoned,
+            )
+            for node in self.nodes.values()
+        ]
+
+    def failure_cordons(self, now: datetime) -> dict[str, Suspicion]:
+        """The failure cordons in force now, within the budget; logs each cordon, and each
+        suspect the budget leaves open, once per episode."""
+        if not self.health.suspects(now):
+            if self._cordon_notes:
+                self._cordon_notes.clear()
+            return {}
+        cordons = self.health.cordons(now, self._capacities(now))
+        for suspicion in cordons.cordoned.values():
+            self._note_cordon(suspicion, cordoned=True)
+        for suspicion in cordons.held_back:
+            self._note_cordon(suspicion, cordoned=False)
+        return cordons.cordoned
+
+    def _note_cordon(self, suspicion: Suspicion, *, cordoned: bool) -> None:
+        note = (suspicion.since, cordoned)
+        if self._cordon_notes.get(suspicion.node) == note:
+            return
+        self._cordon_notes[suspicion.node] = note
+        if cordoned:
+            log.warning(
+                "node %s cordoned until %s: %d jobs crashed there",
+                suspicion.node,
+                suspicion.until.isoformat(timespec="seconds"),
+                suspicion.failures,
+            )
+        else:
+            log.warning(
+                "node %s would be cordoned (%d jobs crashed there) but the cordon budget is "
+                "exhausted (at most %.0f%% of ready CPU, never the last schedulable node): it "
+                "keeps taking work",
+                suspicion.node,
+                suspicion.failures,
+                100 * self.health.policy.max_cordoned_fraction,
+            )
+
     def snapshot(self, now: datetime) -> list[NodeState]:
-        """Copies of the known nodes with their reservations and in-flight bindings."""
+        """Copies of the known nodes with their reservations, in-flight bindings and the
+        failure cordons in force."""
+        cordons = self.failure_cordons(now)
         nodes: list[NodeState] = []
         for name in sorted(self.nodes):
             node = self.nodes[name]
@@ -364,7 +426,7 @@ class Placement:
             nodes.append(
                 replace(
                     node,
-                    cordoned=node.cordoned or self.health.cordoned(name, now),
+                    cordoned=node.cordoned or name in cordons,
                     reserved_cpu=cpu,
                     reserved_memory_mb=int(memory),
                     inflight_cpu=max(0.0, inflight_cpu),

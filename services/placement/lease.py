@@ -20,8 +20,10 @@ import logging
 
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig
-from nats.js.errors import APIError, KeyNotFoundError
+from nats.js.errors import APIError, BadRequestError, KeyNotFoundError
 from nats.js.kv import KeyValue
+
+from mdq.bus.streams import ensure_replicas
 
 log = logging.getLogger("mdq.placement.lease")
 
@@ -31,8 +33,11 @@ LEASE_KEY = "leader"
 class LeaderLease:
     """One replica's hold on the placement lease."""
 
-    def __init__(self, *, js: JetStreamContext, bucket: str, holder: str, ttl_s: float) -> None:
+    def __init__(
+        self, *, js: JetStreamContext, bucket: str, holder: str, ttl_s: float, replicas: int = 1
+    ) -> None:
         self._js = js
+        self._replicas = replicas
         self._bucket = bucket
         self.holder = holder
         self._ttl_s = ttl_s
@@ -45,9 +50,14 @@ class LeaderLease:
 
     async def _bucket_kv(self) -> KeyValue:
         if self._kv is None:
-            self._kv = await self._js.create_key_value(
-                KeyValueConfig(bucket=self._bucket, ttl=self._ttl_s, history=1)
+            config = KeyValueConfig(
+                bucket=self._bucket, ttl=self._ttl_s, history=1, replicas=self._replicas
             )
+            try:
+                self._kv = await self._js.create_key_value(config)
+            except BadRequestError:  # another replica count: keep the higher one
+                await ensure_replicas(self._js, f"KV_{self._bucket}", self._replicas)
+                self._kv = await self._js.key_value(self._bucket)
         return self._kv
 
     async def holder_now(self) -> str:

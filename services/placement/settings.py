@@ -79,12 +79,21 @@ class PlacementSettings(BaseSettings):
     )
     node_failures_to_cordon: int = Field(
         default=3,
-        description="Distinct jobs failing (crash, silence, node lost) on one node within the "
-        "window that cordon it for a while; 0 disables.",
+        description="Distinct jobs crashing on one node within the window that make it suspect "
+        "(cordoned for a while, within max_cordoned_fraction); node lost, silence, evictions, "
+        "OOM and the jobs' own errors do not count; 0 disables.",
     )
     node_failure_window_s: float = Field(
         default=600.0, description="The window in which those failures count."
     )
     node_cordon_s: float = Field(
         default=300.0, description="How long such a cordon lasts after its last failure."
+    )
+    max_cordoned_fraction: float = Field(
+        default=1 / 3,
+        ge=0.0,
+        le=1.0,
+        description="Failure cordons never take the cordoned share of ready nodes' CPU capacity "
+        "(operator cordons included) above this; worst suspects first. Exception: one node of at "
+        "most half the capacity when no other is cordoned. Never the last schedulable node.",
     )

@@ -15,7 +15,13 @@ from services.recovery.settings import RecoverySettings
 async def main() -> None:
     common, settings = CommonSettings(), RecoverySettings()
     subjects = common.subjects
-    nc = await connect(common.nats_url, name="mdq-recovery", subjects=subjects, wait=True)
+    nc = await connect(
+        common.nats_url,
+        name="mdq-recovery",
+        subjects=subjects,
+        replicas=common.stream_replicas,
+        wait=True,
+    )
     js = nc.jetstream()
     recovery = Recovery(
         js=js,

@@ -28,8 +28,8 @@ GAUGES = {
     "md_eta_seconds": "Estimated seconds to the step target at the current speed.",
     "md_checkpoint_step": "Step of the attempt's latest checkpoint.",
 }
-"""Every gauge the runner exports (labels job, attempt); md_step and md_energy are the brief's
-names."""
+"""Every gauge the runner exports (labels ``job_id``, ``attempt``: not ``job``, which Prometheus
+keeps for the scrape job); md_step and md_energy are the brief's names."""
 
 
 class RunnerMetrics:
@@ -37,7 +37,7 @@ class RunnerMetrics:
 
     def __init__(self, *, job_id: str, attempt: int) -> None:
         self.registry = CollectorRegistry()
-        labels = {"job": job_id, "attempt": str(attempt)}
+        labels = {"job_id": job_id, "attempt": str(attempt)}
         self._gauges: dict[str, Gauge] = {
             name: Gauge(name, text, labelnames=tuple(labels), registry=self.registry).labels(
                 **labels

@@ -5,20 +5,32 @@ Runs the two halves side by side: the projector (log → PostgreSQL) and the lif
 (``connect(wait=True)``), but never for PostgreSQL. Its pool connects on first use, and the
 projector waits out a database that is not there yet or goes away (``mdq.store.projection``),
 so pod phases keep becoming ``started`` / ``succeeded`` / ``attempt_failed`` events meanwhile
-and the projection catches up from its stored offsets afterwards. An error the projector does
-not retry (a log that went backwards, a bad password) stops the whole watcher, non-zero.
+and the projection catches up from its stored offsets afterwards.
+
+A log that is not the one the projection was made from (``LogContinuityError``: the stream was
+recreated or lost its tail) is not a transient failure: the watcher logs why and how to
+recover, and exits with ``EXIT_LOG_CONTINUITY`` so that nothing restarts it into skipping
+events (docs/durability.md). Any other error the projector does not retry (a database that
+does not exist) stops the watcher too, non-zero.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 
 from mdq.backends.factory import make_backend
 from mdq.bus.connect import connect
 from mdq.settings import CommonSettings
+from mdq.store.projection import LogContinuityError
 from services.watcher.app import run_watcher
 from services.watcher.settings import WatcherSettings
+
+log = logging.getLogger("mdq.watcher")
+
+EXIT_LOG_CONTINUITY = 3
+"""Exit status of a watcher stopped by a broken log (an operator must act)."""
 
 
 async def main() -> None:
@@ -26,8 +38,11 @@ async def main() -> None:
     if not common.database_url:
         raise SystemExit("DATABASE_URL is not set: the watcher writes the history there")
     subjects = common.subjects
-    nc = await connect(common.nats_url, name="mdq-watcher", subjects=subjects, wait=True)
-    backend = await make_backend(kind=settings.backend, nc=nc, subjects=subjects)
+    replicas = common.stream_replicas
+    nc = await connect(
+        common.nats_url, name="mdq-watcher", subjects=subjects, replicas=replicas, wait=True
+    )
+    backend = await make_backend(kind=settings.backend, nc=nc, subjects=subjects, replicas=replicas)
     try:
         await run_watcher(
             nc=nc,
@@ -41,6 +56,20 @@ async def main() -> None:
         await nc.drain()
 
 
+def run() -> int:
+    """Run the watcher; the process's exit status."""
+    try:
+        asyncio.run(main())
+    except BaseExceptionGroup as group:
+        broken = group.subgroup(LogContinuityError)
+        if broken is None:
+            raise
+        for error in broken.exceptions:
+            log.critical("watcher stopped: %s", error)
+        return EXIT_LOG_CONTINUITY
+    return 0
+
+
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    asyncio.run(main())
+    sys.exit(run())

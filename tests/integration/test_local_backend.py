@@ -273,13 +273,15 @@ async def test_nodes_heartbeat_capacity_and_turn_not_ready_when_their_agent_dies
     assert all(0 <= s.cpu_load <= 1 and 0 <= s.memory_load <= 1 for s in samples)
 
     busy = pod(
-        "mdq-job-busy-1", "import time\nend = time.time() + 20\nwhile time.time() < end: pass"
+        "mdq-job-busy-1", "import time\nend = time.time() + 60\nwhile time.time() < end: pass"
     )
     await backend.create_pod(busy)
 
     async def loaded() -> NodeSample | None:
+        # An idle node reports no load; how much a busy loop shows depends on how much CPU
+        # the machine gives it (little on a loaded 2-core CI machine), so any clear load will do.
         n1 = next(s for s in await backend.sample_nodes() if s.name == "n1")
-        return n1 if n1.cpu_load > 0.2 else None
+        return n1 if n1.cpu_load > 0.05 else None
 
     busy_node = await eventually(loaded, what="n1 to show the busy pod's CPU load")
     assert busy_node.memory_load > 0

@@ -158,16 +158,16 @@ async def test_serves_md_progress_and_job_counts(
     try:
         port = await eventually(lambda: _port_of(metrics), what="the HTTP server")
         text = await eventually(
-            scrape_until(port, f'md_step{{attempt="1",job="{job}"}} 500.0'), what="md_step"
+            scrape_until(port, f'md_step{{attempt="1",job_id="{job}"}} 500.0'), what="md_step"
         )
-        assert f'md_energy{{attempt="1",job="{job}"}} -1234.5' in text
+        assert f'md_energy{{attempt="1",job_id="{job}"}} -1234.5' in text
         assert 'mdq_jobs{state="RUNNING"} 1.0' in text
         assert 'mdq_jobs{state="SUCCEEDED"} 0.0' in text
 
         progress = pb.Progress(step=1000, target_steps=1000, potential_kj_mol=-1240.0)
         await publisher.emit("progress", progress, job_id=job, attempt=1, detail=1000)
         text = await eventually(
-            scrape_until(port, f'md_step{{attempt="1",job="{job}"}} 1000.0'), what="live md_step"
+            scrape_until(port, f'md_step{{attempt="1",job_id="{job}"}} 1000.0'), what="live md_step"
         )
         assert "mdq_progress_events_total 2.0" in text
 
@@ -177,7 +177,7 @@ async def test_serves_md_progress_and_job_counts(
             scrape_until(port, 'mdq_jobs{state="SUCCEEDED"} 1.0'), what="the job to succeed"
         )
         assert 'mdq_jobs{state="RUNNING"} 0.0' in text
-        assert f'job="{job}"' not in text, "a finished job's progress series stays"
+        assert f'job_id="{job}"' not in text, "a finished job's progress series stays"
     finally:
         stop.set()
         await asyncio.wait_for(running, 10)

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import logging
+from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
 from nats.aio.client import Client
 
+from mdq.bus.publisher import EventPublisher
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
+from services.placement.app import Placement
 from tests.helpers import (
     RecordingBackend,
     event,
@@ -47,3 +52,65 @@ async def test_node_where_jobs_keep_failing_gets_no_new_work(
     decision = (await events_of(js, subjects, "bound", "r8-new"))[0].bound
     assert decision.node == "n2"
     assert any(c.node == "n1" and c.filtered == "cordoned" for c in decision.candidates)
+
+
+async def fail_jobs_on(bus: EventPublisher, node: str, prefix: str, reason: int) -> None:
+    """Three distinct jobs bound to ``node`` whose attempt failed there for ``reason``."""
+    for name in (f"{prefix}-a", f"{prefix}-b", f"{prefix}-c"):
+        await bus.publish(submitted(name))
+        await bus.publish(event("bound", pb.JobBound(node=node), job=name, attempt=1))
+        failure = pb.AttemptFailed(reason=reason, node=node, exit_code=1)  # type: ignore[arg-type]
+        await bus.publish(event("attempt_failed", failure, job=name, attempt=1))
+        await bus.publish(event("failed", pb.JobFailed(reason=reason), job=name, attempt=1))  # type: ignore[arg-type]
+
+
+async def bind_one(
+    nc: Client, subjects: Subjects, data_dir: Path, job: str
+) -> tuple[pb.JobBound, Placement]:
+    """Start placement on the log as it is; return the binding of ``job`` and the placement."""
+    js = nc.jetstream()
+    await publisher(js, subjects).publish(submitted(job))
+    placement = make_placement(nc, subjects, RecordingBackend(), data_dir)
+    async with running(placement.run()):
+
+        async def bound() -> bool:
+            return len(await events_of(js, subjects, "bound", job)) == 1
+
+        await wait_for(bound, what=f"{job} bound")
+    return (await events_of(js, subjects, "bound", job))[0].bound, placement
+
+
+async def test_crashes_on_both_of_two_nodes_cordon_only_one(
+    nc: Client, subjects: Subjects, data_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Both nodes qualify; the budget cordons one (the most recent), never the last node, and
+    says so once however often placement looks."""
+    caplog.set_level(logging.WARNING, logger="mdq.placement")
+    bus = publisher(nc.jetstream(), subjects)
+    await bus.publish_all([node_load("n1"), node_load("n2")])
+    await fail_jobs_on(bus, "n1", "r9-one", pb.FAILURE_CRASHED)
+    await fail_jobs_on(bus, "n2", "r9-two", pb.FAILURE_CRASHED)
+    decision, placement = await bind_one(nc, subjects, data_dir, "r9-new")
+    assert decision.node == "n1"
+    cordoned = {c.node for c in decision.candidates if c.filtered == "cordoned"}
+    assert cordoned == {"n2"}
+    for _ in range(3):
+        assert set(placement.failure_cordons(datetime.now(UTC))) == {"n2"}
+    messages = [r.getMessage() for r in caplog.records if r.name == "mdq.placement"]
+    assert len([m for m in messages if m.startswith("node n2 cordoned until")]) == 1
+    held = [m for m in messages if "cordon budget is exhausted" in m]
+    assert len(held) == 1 and held[0].startswith("node n1 would be cordoned")
+
+
+async def test_node_lost_on_both_nodes_cordons_neither(
+    nc: Client, subjects: Subjects, data_dir: Path
+) -> None:
+    """What kill -9 of the agent of both nodes leaves in the log: NodeLost failures. They are
+    infrastructure, not evidence against the nodes."""
+    bus = publisher(nc.jetstream(), subjects)
+    await bus.publish_all([node_load("n1"), node_load("n2", cpu_load=0.6)])
+    await fail_jobs_on(bus, "n1", "r10-one", pb.FAILURE_NODE_LOST)
+    await fail_jobs_on(bus, "n2", "r10-two", pb.FAILURE_NODE_LOST)
+    decision, _ = await bind_one(nc, subjects, data_dir, "r10-new")
+    assert decision.node == "n1"
+    assert not [c.node for c in decision.candidates if c.filtered]

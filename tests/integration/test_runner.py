@@ -347,11 +347,11 @@ async def test_sigterm_checkpoints_and_exits_preempted(
             return str(reply.read().decode())
 
     metrics = await asyncio.to_thread(scrape)
-    assert 'md_step{attempt="1",job="job-term"}' in metrics
-    assert 'md_energy{attempt="1",job="job-term"} -' in metrics
+    assert 'md_step{attempt="1",job_id="job-term"}' in metrics
+    assert 'md_energy{attempt="1",job_id="job-term"} -' in metrics
     for gauge in ("md_temperature", "md_ns_per_day", "md_eta_seconds", "md_density_g_cm3"):
-        assert f'{gauge}{{attempt="1",job="job-term"}}' in metrics, gauge
-    assert f'md_volume_nm3{{attempt="1",job="job-term"}} {BOX_NM**3}' in metrics
+        assert f'{gauge}{{attempt="1",job_id="job-term"}}' in metrics, gauge
+    assert f'md_volume_nm3{{attempt="1",job_id="job-term"}} {BOX_NM**3}' in metrics
 
     runner.process.send_signal(signal.SIGTERM)
     assert await runner.wait() == RunnerExit.PREEMPTED, runner.stderr

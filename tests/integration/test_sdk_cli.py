@@ -365,7 +365,7 @@ async def test_stack_supervises_and_client_commands_find_it(
 
         await wait_for(restarted, timeout=20, what="intake restarted by the stack")
         assert stack.child_pid("intake") not in (None, first_pid)
-        [status] = stack.status()
+        [status] = [part for part in stack.status() if part.name == "intake"]
         assert status.restarts == 1 and status.last_exit_code == -signal.SIGKILL
         await _intake_answers(info.nats_url, Subjects("stk"))
         async with await MdqClient.connect(info.nats_url, "stk") as client:

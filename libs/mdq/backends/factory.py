@@ -16,14 +16,15 @@ class UnknownBackend(ValueError):
 
 
 async def make_backend(
-    *, kind: str, nc: Client | JetStreamContext, subjects: Subjects
+    *, kind: str, nc: Client | JetStreamContext, subjects: Subjects, replicas: int = 1
 ) -> ClusterBackend:
-    """The backend called ``kind``, ready to use: "local" (its buckets exist) or
-    "kubernetes" (``MDQ_K8S_*`` settings; pods labelled with ``subjects``' namespace)."""
+    """The backend called ``kind``, ready to use: "local" (its buckets exist, with
+    ``replicas`` copies) or "kubernetes" (``MDQ_K8S_*`` settings; pods labelled with
+    ``subjects``' namespace)."""
     if kind == "local":
         from mdq.backends.local.api import LocalBackend
 
-        backend = LocalBackend(nc=nc, subjects=subjects)
+        backend = LocalBackend(nc=nc, subjects=subjects, replicas=replicas)
         await backend.buckets()
         return backend
     if kind == "kubernetes":

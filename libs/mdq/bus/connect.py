@@ -74,7 +74,12 @@ async def probe(url: str, *, timeout_s: float = PROBE_TIMEOUT_S) -> None:
 
 
 async def _connect_once(
-    url: str, *, name: str, subjects: Subjects | None, timeout_s: float | None = None
+    url: str,
+    *,
+    name: str,
+    subjects: Subjects | None,
+    replicas: int = 1,
+    timeout_s: float | None = None,
 ) -> Client:
     """One nats-py connect (then the streams); with ``timeout_s``, give up after that long:
     nats-py keeps trying on its own when the server went away right after the probe."""
@@ -83,7 +88,7 @@ async def _connect_once(
         async with asyncio.timeout(timeout_s):
             await client.connect(url, name=name, **CLIENT_OPTIONS)
         if subjects is not None:
-            await ensure_streams(client.jetstream(), subjects)
+            await ensure_streams(client.jetstream(), subjects, replicas=replicas)
     except BaseException:
         with contextlib.suppress(Exception):
             await client.close()
@@ -103,22 +108,23 @@ async def connect(
     *,
     name: str,
     subjects: Subjects | None = None,
+    replicas: int = 1,
     wait: bool = False,
     backoff: Backoff = DEFAULT_BACKOFF,
 ) -> Client:
     """Connect (retrying forever on reconnects) and, if ``subjects`` is given, make sure the
-    namespace's streams exist.
+    namespace's streams exist, with at least ``replicas`` copies each.
 
     With ``wait``, a server that is not there yet (``NATS_NOT_READY``) is waited for, with
     ``backoff`` and one log line per try; other errors propagate.
     """
     if not wait:
-        return await _connect_once(url, name=name, subjects=subjects)
+        return await _connect_once(url, name=name, subjects=subjects, replicas=replicas)
 
     async def attempt() -> Client:
         await probe(url)
         return await _connect_once(
-            url, name=name, subjects=subjects, timeout_s=2 * CONNECT_TIMEOUT_S
+            url, name=name, subjects=subjects, replicas=replicas, timeout_s=2 * CONNECT_TIMEOUT_S
         )
 
     return await keep_trying(

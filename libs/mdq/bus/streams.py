@@ -1,4 +1,11 @@
-"""The JetStream streams (and KV buckets) of a namespace, created or updated idempotently."""
+"""The JetStream streams (and KV buckets) of a namespace, created or updated idempotently.
+
+Every stream and bucket is created with ``replicas`` copies (``MDQ_STREAM_REPLICAS``: 1 on a
+single server, 3 on the production overlay's three-node NATS cluster, docs/durability.md). An
+existing stream's replica count is raised to it but never lowered: a process started without
+the setting (a CLI on a laptop, an older service) must not scale production streams down;
+lower it by hand (``nats stream edit --replicas``) if you mean to.
+"""
 
 from __future__ import annotations
 
@@ -12,9 +19,9 @@ MAX_SUBMIT_BYTES = 1024 * 1024
 DAY = 24 * 3600.0
 
 
-def stream_configs(subjects: Subjects) -> list[StreamConfig]:
+def stream_configs(subjects: Subjects, *, replicas: int = 1) -> list[StreamConfig]:
     """Definitions of every stream: history is kept (limits retention) so replay works."""
-    return [
+    configs = [
         StreamConfig(
             name=subjects.submit_stream,
             subjects=[subjects.submit],
@@ -51,12 +58,27 @@ def stream_configs(subjects: Subjects) -> list[StreamConfig]:
             duplicate_window=60.0,
         ),
     ]
+    for config in configs:
+        config.num_replicas = replicas
+    return configs
 
 
-async def ensure_streams(js: JetStreamContext, subjects: Subjects) -> None:
-    """Create the namespace's streams, or bring existing ones up to date."""
-    for config in stream_configs(subjects):
+async def ensure_streams(js: JetStreamContext, subjects: Subjects, *, replicas: int = 1) -> None:
+    """Create the namespace's streams, or bring existing ones up to date (their replica count
+    only ever goes up)."""
+    for config in stream_configs(subjects, replicas=replicas):
         try:
             await js.add_stream(config=config)
         except BadRequestError:
+            existing = await js.stream_info(config.name or "")
+            config.num_replicas = max(replicas, existing.config.num_replicas or 1)
             await js.update_stream(config=config)
+
+
+async def ensure_replicas(js: JetStreamContext, stream: str, replicas: int) -> None:
+    """Raise an existing stream's replica count to ``replicas`` (never lower it). A KV bucket
+    ``b`` is the stream ``KV_b``."""
+    info = await js.stream_info(stream)
+    if (info.config.num_replicas or 1) < replicas:
+        info.config.num_replicas = replicas
+        await js.update_stream(config=info.config)

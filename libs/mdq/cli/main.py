@@ -3,6 +3,8 @@
 Stack commands start everything on this machine (``mdq.stack.Stack``):
 
 * ``mdq up`` — start the stack and keep it running until Ctrl-C;
+* ``mdq status`` — every part of the running stack (servers included) and whether NATS and
+  PostgreSQL answer;
 * ``mdq demo`` — what ``make run`` does: start the stack, submit ``examples/demo.yaml``, show
   live progress, print the history read back from PostgreSQL, stop; exit 0 if every job
   succeeded.
@@ -35,6 +37,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 from mdq.cli import history
+from mdq.cli import status as stack_status
 from mdq.cli.context import Endpoints, GlobalOptions, NoEndpoint, resolve_endpoints
 from mdq.cli.explain import explain as explain_command
 from mdq.cli.live import follow_jobs, format_eta
@@ -44,7 +47,14 @@ from mdq.contracts import pb
 from mdq.core.state import JobState, JobView
 from mdq.sdk.client import IntakeUnavailable, MdqClient, SubmitRefused
 from mdq.sdk.jobfile import JobFileError, load_job_file
-from mdq.stack import BACKENDS, Stack, StackError, StackInfo, read_stack_info
+from mdq.stack import (
+    BACKENDS,
+    Stack,
+    StackError,
+    StackInfo,
+    read_stack_info,
+    read_stack_status,
+)
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -225,6 +235,23 @@ def up(
     except StackError as error:
         err_console.print(f"[red]{error}[/]")
         raise typer.Exit(EXIT_UNAVAILABLE) from None
+
+
+@app.command()
+def status(ctx: typer.Context) -> None:
+    """How the running stack is: every part (servers included) with pid, restarts, uptime and
+    last exit, and whether NATS and PostgreSQL answer. Exit 0 when all is well, 1 when a part
+    is down or a server does not answer, 3 when no stack runs on the state folder."""
+    options = _options(ctx)
+    info = read_stack_info(options.state_dir)
+    found = read_stack_status(options.state_dir) if info is not None else None
+    if info is None or found is None:
+        err_console.print(f"[red]no running stack on {options.state_dir}[/] (start one: mdq up)")
+        raise typer.Exit(EXIT_UNAVAILABLE)
+    _updated_at, parts = found
+    probes = _run(stack_status.probe_servers(info.nats_url, info.database_url))
+    stack_status.render(console, parts, probes, now=time.time())
+    raise typer.Exit(EXIT_OK if stack_status.healthy(parts, probes) else EXIT_FAILED)
 
 
 async def _submit_when_ready(

@@ -222,3 +222,9 @@ class ConsumerOffset(Base):
     stream: Mapped[str]
     last_seq: Mapped[int]
     updated_at: Mapped[datetime]
+    stream_created: Mapped[datetime | None] = mapped_column(
+        comment="Creation time of the stream the offset was projected from"
+    )
+    last_digest: Mapped[str | None] = mapped_column(
+        comment="sha256 of subject and data of the message at last_seq"
+    )

@@ -23,7 +23,9 @@ consumer's offset, and only acknowledged after the commit:
   rebuilt from the log is identical.
 * ``checkpoints``, ``placements``, ``rejections``: multi-row ``INSERT ... SELECT FROM
   unnest(...) ON CONFLICT DO NOTHING``.
-* ``consumer_offsets``: the last stream sequence, locked at the start of the transaction.
+* ``consumer_offsets``: the last stream sequence, locked at the start of the transaction, with
+  the digest of the message there (``last_digest``) and the stream's creation time
+  (``stream_created``, recorded when the consumer is opened).
 
 Messages at or below the stored offset are skipped (redeliveries). Delivery must be gap-free
 for the offset to be a cursor, so a gap (a message delivered to a process that was killed
@@ -31,6 +33,16 @@ before committing it, then acknowledged implicitly by a later ``AckAll``) is nev
 over: on start, and whenever a gap shows up, the durable consumer is recreated to start right
 after the stored offset. After a kill -9 mid-batch the transaction is rolled back and the
 restarted projector resumes exactly after the last committed batch.
+
+Skipping what is at or below the offset is only right if the log is the one the offset was
+taken from. When the consumer is opened, when a batch holds sequences at or below the offset,
+and every ``continuity_check_s`` while running, the stored offset is compared with the stream
+as the server holds it now (``mdq.core.log_continuity.check``: creation time, first and last
+sequence, the message at the offset). A stream that was recreated, lost its tail (power cut,
+restored volume) or had unprojected messages removed raises ``LogContinuityError``: the
+projector stops and stores nothing more, rather than skip new events that reuse sequence
+numbers it already projected. It is not transient and must not be retried; the operator
+rebuilds the projection from the log as it is (``mdq replay --rebuild``, docs/durability.md).
 
 PostgreSQL may be away when the projector starts or go away while it runs: a connection-class
 error (``mdq.store.engine.DATABASE_NOT_READY``: refused, reset, shutting down, disk full)
@@ -41,8 +53,8 @@ left the offset where it was (one cut off during its commit may have committed: 
 moved makes the retry skip those messages), so nothing is lost or stored twice, however long
 the outage. Only the projection waits: the watcher's lifecycle half needs NATS alone. A
 database without the mdq tables yet (the migrations run beside the watcher) is waited for
-on start as well. Any other error while opening a consumer is not retried: it stops the
-projector, and with it the watcher, with that error.
+on start as well. Any other error while opening a consumer (``LogContinuityError`` above, a
+database that does not exist) is not retried: it stops the projector, and the watcher.
 
 Why asyncpg and not a SQLAlchemy engine for the writer: every write here is one set-based
 statement with array parameters per table per batch (the hot path is progress events, compared
@@ -76,6 +88,7 @@ from mdq.bus.codec import decode_event
 from mdq.bus.fetch import BatchFetcher
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
+from mdq.core.log_continuity import Continuity, ServerLog, StoredOffset, check, message_digest
 from mdq.core.state import AttemptRecord, JobState, JobView, event_time
 from mdq.core.text import scrub_nul
 from mdq.core.timestamps import set_timestamp
@@ -88,6 +101,29 @@ MAX_EVENT_SECONDS = 253_402_300_799  # 9999-12-31T23:59:59Z, the last
 JOBS_CONSUMER = "watcher-jobs"
 PROGRESS_CONSUMER = "watcher-progress"
 SCHEMA_RETRY_S = 2.0
+
+
+class LogContinuityError(RuntimeError):
+    """The log is not the one the stored offset was projected from: stop, do not retry.
+
+    Raised out of ``Projector.run()``; whoever runs the projector must exit non-zero with this
+    message (the watcher does), never retry it as a transient failure: nothing changes until an
+    operator acts.
+    """
+
+    def __init__(self, *, consumer: str, stored: StoredOffset, continuity: Continuity) -> None:
+        self.consumer = consumer
+        self.stored = stored
+        self.continuity = continuity
+        super().__init__(
+            f"log continuity broken for consumer {consumer} of stream {stored.stream} "
+            f"(stored offset {stored.offset}; {continuity.verdict}): {continuity.explanation}. "
+            "The projector stopped and projected nothing of it. Events at or below the offset "
+            "would be skipped as already projected, so resuming would silently lose them. To "
+            "recover, rebuild the projection from the log as it is now: `mdq replay --rebuild "
+            "--compare` into a fresh database, then point DATABASE_URL at it "
+            "(docs/durability.md)."
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +155,8 @@ class _Feed:
     """Set after (re)creating the consumer at this sequence: the first message delivered is
     the first one that exists at or after it, so a jump there is not a gap."""
     projected_seq: int = 0
+    verified_at: float = 0.0
+    """When (``loop.time()``) the log's continuity was last checked."""
 
 
 def _blank(text: str) -> str | None:
@@ -424,8 +462,17 @@ VALUES ($1, $2, 0, now()) ON CONFLICT (consumer) DO NOTHING
 """
 _READ_OFFSET = "SELECT last_seq FROM consumer_offsets WHERE consumer = $1 FOR UPDATE"
 _WRITE_OFFSET = """
-UPDATE consumer_offsets SET last_seq = GREATEST(last_seq, $2), stream = $3, updated_at = now()
+UPDATE consumer_offsets SET last_seq = GREATEST(last_seq, $2), stream = $3, updated_at = now(),
+    last_digest = $4
 WHERE consumer = $1
+"""
+_READ_STORED = """
+SELECT last_seq, stream_created, last_digest FROM consumer_offsets WHERE consumer = $1
+"""
+_RECORD_STREAM = """
+INSERT INTO consumer_offsets (consumer, stream, last_seq, updated_at, stream_created)
+VALUES ($1, $2, 0, now(), $3)
+ON CONFLICT (consumer) DO UPDATE SET stream_created = EXCLUDED.stream_created
 """
 
 
@@ -548,6 +595,9 @@ class _BatchOutcome:
     covered_seq: int
     rewind_at: int | None
     projected: int
+    stale: bool = False
+    """The batch held sequences at or below the stored offset (redeliveries, or a log that
+    went backwards: checked before they are acknowledged)."""
 
 
 async def _store_progress(
@@ -616,6 +666,7 @@ class Projector:
         jobs_consumer: str = JOBS_CONSUMER,
         progress_consumer: str = PROGRESS_CONSUMER,
         max_retry_delay_s: float = 5.0,
+        continuity_check_s: float = 10.0,
         database: str = "the database",
         reconnect: Backoff = DEFAULT_BACKOFF,
     ) -> None:
@@ -628,6 +679,7 @@ class Projector:
         self._batch_wait_s = batch_wait_s
         self._ack_wait_s = ack_wait_s
         self._max_retry_delay_s = max_retry_delay_s
+        self._continuity_check_s = continuity_check_s
         self._feeds = (
             _Feed(stream=subjects.jobs_stream, consumer=jobs_consumer),
             _Feed(stream=subjects.progress_stream, consumer=progress_consumer),
@@ -639,15 +691,26 @@ class Projector:
         self._database_lock = asyncio.Lock()
         self.events_projected = 0
         """Events applied (not counting skipped redeliveries and duplicates), for metrics."""
+        self.continuity_checks = 0
+        """Checks of the log's continuity passed (``_verify``), for tests and logs."""
 
     # -- life cycle ------------------------------------------------------------------------
     async def run(self) -> None:
-        """Project both streams until ``stop()`` is called."""
+        """Project both streams until ``stop()`` is called; raise ``LogContinuityError`` (not
+        in an exception group) when a stream is not the log the offsets were projected from."""
         self._stopping.clear()
         try:
             async with asyncio.TaskGroup() as group:
                 for feed in self._feeds:
                     group.create_task(self._follow(feed), name=f"projector-{feed.consumer}")
+        except BaseExceptionGroup as group:
+            broken = group.subgroup(LogContinuityError)
+            if broken is None:
+                raise
+            first = broken.exceptions[0]
+            while isinstance(first, BaseExceptionGroup):
+                first = first.exceptions[0]
+            raise first from group
         finally:
             for feed in self._feeds:
                 await self._unsubscribe(feed)
@@ -693,6 +756,8 @@ class Projector:
                 if subscription is None:
                     try:
                         await self._open(feed)
+                    except LogContinuityError:
+                        raise  # not transient: stops the watcher
                     except nats.errors.Error as error:
                         log.warning("cannot open consumer %s (%r); retrying", feed.consumer, error)
                         await self._sleep(1.0)
@@ -717,13 +782,19 @@ class Projector:
                     await self._unsubscribe(feed)  # reopened at the stored offset
                     await self._sleep(1.0)
                     continue
-                if not messages:
+                if not messages and not self._verify_due(feed):
                     continue
-                ahead = asyncio.create_task(self._fetch(subscription))
+                if messages:
+                    ahead = asyncio.create_task(self._fetch(subscription))
                 try:
-                    await self._handle(feed, messages)
-                except asyncio.CancelledError:
+                    if self._verify_due(feed):
+                        await self._verify(feed)
+                    if messages:
+                        await self._handle(feed, messages)
+                except (asyncio.CancelledError, LogContinuityError):
                     raise
+                except DATABASE_NOT_READY as error:  # the periodic check met an outage
+                    await self._reach_database(error)
                 except Exception:
                     log.exception(
                         "consumer %s failed; reopening at the stored offset", feed.consumer
@@ -741,8 +812,9 @@ class Projector:
         return await subscription.fetch(self._batch_size, self._batch_wait_s)
 
     async def _open(self, feed: _Feed) -> None:
-        """Bind to the durable consumer; recreate it if it is not right after the offset."""
-        offset = await self._read_offset(feed)
+        """Check that the log continues the stored offset, then bind to the durable consumer;
+        recreate it if it is not right after the offset."""
+        offset = await self._verify(feed)
         try:
             info: ConsumerInfo | None = await self._js.consumer_info(feed.stream, feed.consumer)
         except NotFoundError:
@@ -857,6 +929,8 @@ class Projector:
                 delay = min(delay * 2, self._max_retry_delay_s)
                 continue
             except Exception as error:
+                if isinstance(error, LogContinuityError):
+                    raise
                 if isinstance(error, asyncpg.DataError) and not scrubbed:
                     # Text PostgreSQL refuses (a NUL, e.g. in a pod's termination message):
                     # store the batch with U+FFFD in its place rather than stop on it.
@@ -877,6 +951,10 @@ class Projector:
                 delay = min(delay * 2, self._max_retry_delay_s)
         feed.projected_seq = max(feed.projected_seq, outcome.covered_seq)
         self.events_projected += outcome.projected
+        if outcome.stale:
+            # Redeliveries, or new events reusing sequence numbers of a log that went
+            # backwards: not acknowledged (nor skipped) before the log is known to be the same.
+            await self._verify(feed)
         if outcome.rewind_at is not None:
             log.warning(
                 "gap in %s before stream sequence %d; rewinding", feed.consumer, outcome.rewind_at
@@ -906,13 +984,51 @@ class Projector:
             event.event_id = f"{feed.stream}:{sequence}"
         return event
 
-    # -- one transaction -------------------------------------------------------------------
-    async def _read_offset(self, feed: _Feed) -> int:
+    # -- the stored offset and the log's continuity ----------------------------------------
+    async def _read_offset(self, feed: _Feed) -> StoredOffset:
         async with self._pool.acquire() as connection:
-            value = await connection.fetchval(
-                "SELECT last_seq FROM consumer_offsets WHERE consumer = $1", feed.consumer
-            )
-        return int(value or 0)
+            row = await connection.fetchrow(_READ_STORED, feed.consumer)
+        if row is None:
+            return StoredOffset(feed.stream, 0, None, None)
+        return StoredOffset(
+            feed.stream, int(row["last_seq"]), row["stream_created"], row["last_digest"]
+        )
+
+    def _verify_due(self, feed: _Feed) -> bool:
+        return asyncio.get_running_loop().time() - feed.verified_at >= self._continuity_check_s
+
+    async def _verify(self, feed: _Feed) -> int:
+        """Compare the stored offset with the stream on the server; return the offset, or raise
+        ``LogContinuityError`` if the log is not the one it was projected from. Records the
+        stream's creation time with the offset when it was not recorded yet."""
+        stored = await self._read_offset(feed)  # before the server: the offset only grows
+        info = await self._js.stream_info(feed.stream)
+        if info.created is None:
+            raise RuntimeError(f"the server gave no creation time for stream {feed.stream}")
+        server_digest: str | None = None
+        if 0 < stored.offset <= (info.state.last_seq or 0):
+            with contextlib.suppress(NotFoundError):  # expired, purged or deleted
+                held = await self._js.get_msg(feed.stream, seq=stored.offset)
+                server_digest = message_digest(held.subject or "", held.data or b"")
+        server = ServerLog(
+            created=info.created,
+            first_seq=info.state.first_seq or 0,
+            last_seq=info.state.last_seq or 0,
+            offset_digest=server_digest,
+        )
+        continuity = check(stored, server)
+        if not continuity.ok:
+            error = LogContinuityError(consumer=feed.consumer, stored=stored, continuity=continuity)
+            log.critical("%s", error)
+            raise error
+        if stored.stream_created != info.created:  # not recorded yet, or nothing projected
+            async with self._pool.acquire() as connection:
+                await connection.execute(_RECORD_STREAM, feed.consumer, feed.stream, info.created)
+        feed.verified_at = asyncio.get_running_loop().time()
+        self.continuity_checks += 1
+        return stored.offset
+
+    # -- one transaction -------------------------------------------------------------------
 
     async def _project(
         self, feed: _Feed, ordered: list[tuple[int, tuple[Msg, pb.Event | None]]]
@@ -923,19 +1039,28 @@ class Projector:
             expected = offset + 1
             accepted: list[tuple[int, pb.Event | None]] = []
             rewind_at: int | None = None
-            for sequence, (_, event) in ordered:
+            stale = False
+            last_message: Msg | None = None
+            for sequence, (message, event) in ordered:
                 if sequence <= offset:
+                    stale = True
                     continue
                 if sequence != expected and expected != feed.trusted_start:
                     rewind_at = expected
                     break
                 accepted.append((sequence, event))
+                last_message = message
                 expected = sequence + 1
-            if not accepted:
-                return _BatchOutcome(covered_seq=offset, rewind_at=rewind_at, projected=0)
+            if not accepted or last_message is None:
+                return _BatchOutcome(offset, rewind_at, projected=0, stale=stale)
+            if stale:
+                # Apply nothing of a batch that may come from a log that went backwards: once
+                # the log is verified, it is delivered again from right after the offset.
+                return _BatchOutcome(offset, rewind_at=offset + 1, projected=0, stale=True)
             projected = await self._apply(connection, feed, accepted)
             covered = accepted[-1][0]
-            await connection.execute(_WRITE_OFFSET, feed.consumer, covered, feed.stream)
+            digest = message_digest(last_message.subject, last_message.data)
+            await connection.execute(_WRITE_OFFSET, feed.consumer, covered, feed.stream, digest)
         return _BatchOutcome(covered_seq=covered, rewind_at=rewind_at, projected=projected)
 
     async def _apply(

@@ -31,6 +31,7 @@ def build(
         heartbeat_s=settings.heartbeat_s,
         grace_s=settings.grace_s,
         memory_poll_s=settings.memory_poll_s,
+        replicas=common.stream_replicas,
     )
 
 

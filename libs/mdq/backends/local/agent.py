@@ -112,6 +112,7 @@ class NodeAgent:
         heartbeat_s: float = 2.0,
         grace_s: float = 10.0,
         memory_poll_s: float = 0.5,
+        replicas: int = 1,
     ) -> None:
         if not nodes:
             raise ValueError("a node agent needs at least one node")
@@ -122,6 +123,7 @@ class NodeAgent:
         self._heartbeat_s = heartbeat_s
         self._grace_s = grace_s
         self._memory_poll_s = memory_poll_s
+        self._replicas = replicas
         self._buckets: Buckets | None = None
         self._running: dict[str, RunningPod] = {}
         self._claimed: set[str] = set()
@@ -136,7 +138,7 @@ class NodeAgent:
     async def run(self, stop: asyncio.Event) -> None:
         """Register the nodes, heartbeat them and run their pods until ``stop`` is set; then
         stop the pods (SIGTERM, SIGKILL after the grace period) and report them Evicted."""
-        self._buckets = await ensure_buckets(self._js, self._subjects)
+        self._buckets = await ensure_buckets(self._js, self._subjects, replicas=self._replicas)
         self._log_dir.mkdir(parents=True, exist_ok=True)
         await self._publish_nodes(ready=True)
         log.info("node agent serving %s", ", ".join(self._nodes))

@@ -112,8 +112,10 @@ class LocalBackend:
         nc: Client | JetStreamContext,
         subjects: Subjects,
         heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
+        replicas: int = 1,
     ) -> None:
         self._js = nc.jetstream() if isinstance(nc, Client) else nc
+        self._replicas = replicas
         self._subjects = subjects
         self._heartbeat_timeout_s = heartbeat_timeout_s
         self._buckets: Buckets | None = None
@@ -124,7 +126,9 @@ class LocalBackend:
         """The pods and nodes buckets (created on first use)."""
         async with self._opening:
             if self._buckets is None:
-                self._buckets = await ensure_buckets(self._js, self._subjects)
+                self._buckets = await ensure_buckets(
+                    self._js, self._subjects, replicas=self._replicas
+                )
                 self._nodes = _NodeTable(nodes=self._buckets.nodes)
             return self._buckets
 

@@ -29,6 +29,7 @@ from nats.js.kv import KeyValue
 
 from mdq.backends.port import PodSpec, PodUpdate
 from mdq.bus.requests import is_wrong_last_sequence
+from mdq.bus.streams import ensure_replicas
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 
@@ -168,20 +169,23 @@ class Buckets:
     nodes: KeyValue
 
 
-async def _bucket(js: JetStreamContext, name: str) -> KeyValue:
-    config = KeyValueConfig(bucket=name, history=1, storage=StorageType.FILE)
+async def _bucket(js: JetStreamContext, name: str, replicas: int) -> KeyValue:
+    config = KeyValueConfig(bucket=name, history=1, storage=StorageType.FILE, replicas=replicas)
     try:
         return await js.create_key_value(config=config)
     except BadRequestError:
-        # Created concurrently or with another config by an older version: use it as it is.
+        # Created concurrently or with another config by an older version: use it as it is,
+        # with at least ``replicas`` copies.
+        await ensure_replicas(js, f"KV_{name}", replicas)
         return await js.key_value(name)
 
 
-async def ensure_buckets(js: JetStreamContext, subjects: Subjects) -> Buckets:
-    """Create (idempotently) and open the pods and nodes buckets of ``subjects``' namespace."""
+async def ensure_buckets(js: JetStreamContext, subjects: Subjects, *, replicas: int = 1) -> Buckets:
+    """Create (idempotently) and open the pods and nodes buckets of ``subjects``' namespace,
+    with ``replicas`` copies (``MDQ_STREAM_REPLICAS``)."""
     return Buckets(
-        pods=await _bucket(js, subjects.pods_bucket),
-        nodes=await _bucket(js, subjects.nodes_bucket),
+        pods=await _bucket(js, subjects.pods_bucket, replicas),
+        nodes=await _bucket(js, subjects.nodes_bucket, replicas),
     )
 
 
