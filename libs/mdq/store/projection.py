@@ -869,7 +869,9 @@ class Projector:
         """
         async with self._database_lock:
             log.warning(
-                "lost PostgreSQL at %s (%s); reconnecting", self._database, describe_error(error)
+                "PostgreSQL at %s unavailable (%s); reconnecting",
+                self._database,
+                describe_error(error),
             )
             await self._pool.expire_connections()  # the next acquire opens fresh ones
             delays = self._reconnect.delays()
