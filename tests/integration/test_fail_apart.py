@@ -351,3 +351,36 @@ async def test_an_error_that_is_not_connection_class_stops_the_watcher(
     with pytest.raises(ExceptionGroup) as raised:
         await asyncio.wait_for(watcher, timeout=30)
     assert raised.group_contains(asyncpg.InvalidCatalogNameError)
+
+
+async def test_the_watcher_waits_for_the_migrations(
+    nc: Client, subjects: Subjects, database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The mdq-migrate Job may run beside the watcher: a database without the tables yet is
+    waited for, and projected into once they exist."""
+    caplog.set_level(logging.WARNING, logger="mdq.store.projection")
+    js = nc.jetstream()
+    await publisher(js, subjects).publish(submitted("r1-early"))
+    watcher = run_watcher(
+        nc=nc,
+        subjects=subjects,
+        database_url=database_url,  # a fresh database, not migrated
+        backend=RecordingBackend(),
+        settings=SETTINGS,
+    )
+    async with background(watcher) as task:
+
+        async def said_so() -> bool:
+            alive(task)
+            return any("has no mdq tables yet" in m for m in caplog.messages)
+
+        await wait_for(said_so, timeout=30, what="the watcher to wait for the migrations")
+        await upgrade_async(database_url)
+
+        async def caught_up() -> bool:
+            alive(task)
+            return await projected_up_to(database_url, js, subjects)
+
+        await wait_for(caught_up, timeout=60, what="the projection after the migrations")
+        await assert_projected_once(database_url, js, subjects)
+        alive(task)
