@@ -6,10 +6,11 @@ import asyncio
 import itertools
 import logging
 
+import asyncpg
 import pytest
 
 from mdq.backoff import Backoff, describe_error, keep_trying, redact_url
-from mdq.store.engine import database_location
+from mdq.store.engine import connection_lost, database_location
 
 
 @pytest.mark.parametrize(
@@ -101,3 +102,40 @@ async def test_keep_trying_retries_only_what_it_is_told(caplog: pytest.LogCaptur
         await asyncio.wait_for(
             keep_trying(broken, what="X", where="x:1", retry_on=(OSError,), backoff=fast), 5
         )
+
+
+def _raised_while_handling(first: BaseException, then: BaseException) -> BaseException:
+    try:
+        try:
+            raise first
+        except BaseException:
+            raise then  # noqa: B904 - the implicit context is the point
+    except BaseException as error:
+        return error
+
+
+@pytest.mark.parametrize(
+    ("error", "lost"),
+    [
+        pytest.param(ConnectionRefusedError(111, "refused"), True, id="refused"),
+        pytest.param(FileNotFoundError(2, "no socket"), True, id="no socket file"),
+        pytest.param(asyncpg.ConnectionDoesNotExistError("closed mid-operation"), True, id="08003"),
+        pytest.param(asyncpg.CannotConnectNowError("starting up"), True, id="57P03"),
+        pytest.param(asyncpg.AdminShutdownError("terminating"), True, id="57P01"),
+        pytest.param(asyncpg.DiskFullError("no space"), True, id="53100"),
+        pytest.param(
+            _raised_while_handling(
+                asyncpg.ConnectionDoesNotExistError("closed"),
+                asyncpg.InterfaceError("the underlying connection is closed"),
+            ),
+            True,
+            id="transaction exit after the connection died",
+        ),
+        pytest.param(asyncpg.InterfaceError("another operation"), False, id="interface alone"),
+        pytest.param(asyncpg.InvalidCatalogNameError("no db"), False, id="no such database"),
+        pytest.param(asyncpg.DataError("NUL"), False, id="data"),
+        pytest.param(RuntimeError("log went backwards"), False, id="anything else"),
+    ],
+)
+def test_connection_lost(error: BaseException, lost: bool) -> None:
+    assert connection_lost(error) is lost

@@ -7,7 +7,8 @@ PostgreSQL may be away when the writer starts or go away while it runs (a restar
 a full disk). ``create_writer_pool(..., connect_now=False)`` opens a pool without connecting, so
 the watcher starts without the database; ``DATABASE_NOT_READY`` are the errors that mean "the
 server is not there (yet)", after which the writer waits and tries again
-(``mdq.store.projection``), and ``database_location`` names the server in those log lines.
+(``mdq.store.projection``; ``connection_lost`` also sees one behind the error it caused), and
+``database_location`` names the server in those log lines.
 """
 
 from __future__ import annotations
@@ -29,6 +30,24 @@ DATABASE_NOT_READY: tuple[type[Exception], ...] = (
 )
 """Connection-class errors: the server is unreachable, restarting or out of resources. A
 writer that meets one waits and retries; any other error is not retried as transient."""
+
+
+def connection_lost(error: BaseException) -> bool:
+    """Whether ``error``, or an error it was raised while handling, is connection-class.
+
+    A connection that dies inside a transaction first raises ``ConnectionDoesNotExistError``;
+    leaving the transaction block then raises ``InterfaceError`` ("the underlying connection is
+    closed") with the first one as its context, and that is the one the caller sees.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, DATABASE_NOT_READY):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
 
 SCHEMA_NOT_READY: tuple[type[Exception], ...] = (asyncpg.UndefinedTableError,)
 """The database answers but has no mdq tables yet: the migrations (``mdq.store.migrate``, the

@@ -92,7 +92,7 @@ from mdq.core.log_continuity import Continuity, ServerLog, StoredOffset, check, 
 from mdq.core.state import AttemptRecord, JobState, JobView, event_time
 from mdq.core.text import scrub_nul
 from mdq.core.timestamps import set_timestamp
-from mdq.store.engine import DATABASE_NOT_READY, SCHEMA_NOT_READY
+from mdq.store.engine import SCHEMA_NOT_READY, connection_lost
 
 log = logging.getLogger("mdq.store.projection")
 
@@ -761,8 +761,6 @@ class Projector:
                     except nats.errors.Error as error:
                         log.warning("cannot open consumer %s (%r); retrying", feed.consumer, error)
                         await self._sleep(1.0)
-                    except DATABASE_NOT_READY as error:
-                        await self._reach_database(error)
                     except SCHEMA_NOT_READY as error:
                         log.warning(
                             "PostgreSQL at %s has no mdq tables yet (%s): waiting for the "
@@ -772,6 +770,10 @@ class Projector:
                             SCHEMA_RETRY_S,
                         )
                         await self._sleep(SCHEMA_RETRY_S)
+                    except Exception as error:
+                        if not connection_lost(error):
+                            raise  # not an outage: stops the watcher
+                        await self._reach_database(error)
                     continue
                 fetching = ahead or asyncio.create_task(self._fetch(subscription))
                 ahead = None
@@ -793,14 +795,15 @@ class Projector:
                         await self._handle(feed, messages)
                 except (asyncio.CancelledError, LogContinuityError):
                     raise
-                except DATABASE_NOT_READY as error:  # the periodic check met an outage
-                    await self._reach_database(error)
-                except Exception:
-                    log.exception(
-                        "consumer %s failed; reopening at the stored offset", feed.consumer
-                    )
-                    await self._unsubscribe(feed)
-                    await self._sleep(1.0)
+                except Exception as error:
+                    if connection_lost(error):  # the periodic check met an outage
+                        await self._reach_database(error)
+                    else:
+                        log.exception(
+                            "consumer %s failed; reopening at the stored offset", feed.consumer
+                        )
+                        await self._unsubscribe(feed)
+                        await self._sleep(1.0)
                 if feed.subscription is not subscription:  # rewound or reopened
                     await _cancel(ahead)
                     ahead = None
@@ -880,7 +883,9 @@ class Projector:
                 try:
                     async with self._pool.acquire() as connection:
                         await connection.fetchval("SELECT 1")
-                except DATABASE_NOT_READY as retry_error:
+                except Exception as retry_error:
+                    if not connection_lost(retry_error):
+                        raise
                     failures += 1
                     delay = next(delays)
                     log.warning(
@@ -921,18 +926,18 @@ class Projector:
                 break
             except asyncio.CancelledError:
                 raise
-            except DATABASE_NOT_READY as error:
-                await self._reach_database(error)
-                if self._stopping.is_set():
-                    return  # not acknowledged: the next start resumes after the offset
-                # then the same batch again, not at once: a server that answers a ping but
-                # refuses the batch (a full disk) must not be hammered
-                await self._sleep(delay)
-                delay = min(delay * 2, self._max_retry_delay_s)
-                continue
             except Exception as error:
                 if isinstance(error, LogContinuityError):
                     raise
+                if connection_lost(error):
+                    await self._reach_database(error)
+                    if self._stopping.is_set():
+                        return  # not acknowledged: the next start resumes after the offset
+                    # then the same batch again, not at once: a server that answers a ping
+                    # but refuses the batch (a full disk) must not be hammered
+                    await self._sleep(delay)
+                    delay = min(delay * 2, self._max_retry_delay_s)
+                    continue
                 if isinstance(error, asyncpg.DataError) and not scrubbed:
                     # Text PostgreSQL refuses (a NUL, e.g. in a pod's termination message):
                     # store the batch with U+FFFD in its place rather than stop on it.
