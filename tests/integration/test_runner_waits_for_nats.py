@@ -31,7 +31,20 @@ async def late_nats(tmp_path: Path) -> AsyncIterator[tuple[str, list[EmbeddedNat
         await asyncio.to_thread(server.stop)
 
 
-async def start_runner(task: RunnerTask, nats_url: str, subjects: Subjects, log: Path) -> Runner:
+@pytest.fixture
+async def runners() -> AsyncIterator[list[Runner]]:
+    """The runners a test started; any still running at the end is killed."""
+    started: list[Runner] = []
+    yield started
+    for runner in started:
+        if runner.process.returncode is None:
+            runner.process.kill()
+            await runner.process.wait()
+
+
+async def start_runner(
+    task: RunnerTask, nats_url: str, subjects: Subjects, log: Path, started: list[Runner]
+) -> Runner:
     env = {**os.environ, **task.to_env(), "NATS_URL": nats_url, "MDQ_NAMESPACE": subjects.namespace}
     with log.open("wb") as stderr:
         process = await asyncio.create_subprocess_exec(
@@ -44,7 +57,8 @@ async def start_runner(task: RunnerTask, nats_url: str, subjects: Subjects, log:
             stdout=asyncio.subprocess.DEVNULL,
             stderr=stderr,
         )
-    return Runner(process=process, stderr_path=log)
+    started.append(Runner(process=process, stderr_path=log))
+    return started[-1]
 
 
 async def waiting(runner: Runner, nats_url: str) -> None:
@@ -58,12 +72,16 @@ async def waiting(runner: Runner, nats_url: str) -> None:
 
 
 async def test_runner_waits_for_nats_then_runs_the_job(
-    late_nats: tuple[str, list[EmbeddedNats]], subjects: Subjects, data_dir: Path, tmp_path: Path
+    late_nats: tuple[str, list[EmbeddedNats]],
+    runners: list[Runner],
+    subjects: Subjects,
+    data_dir: Path,
+    tmp_path: Path,
 ) -> None:
     url, servers = late_nats
     spec = md_spec("late", steps=200, report_interval_steps=50, checkpoint_interval_steps=100)
     task = make_task(data_dir, "job-late-nats", spec)
-    runner = await start_runner(task, url, subjects, tmp_path / "runner.log")
+    runner = await start_runner(task, url, subjects, tmp_path / "runner.log", runners)
     await waiting(runner, url)
     files = [path for path in task.job_dir.rglob("*") if path.is_file()]
     assert files == [], "the runner ran MD before it could report it"
@@ -82,11 +100,15 @@ async def test_runner_waits_for_nats_then_runs_the_job(
 
 
 async def test_sigterm_while_waiting_for_nats_exits_preempted(
-    late_nats: tuple[str, list[EmbeddedNats]], subjects: Subjects, data_dir: Path, tmp_path: Path
+    late_nats: tuple[str, list[EmbeddedNats]],
+    runners: list[Runner],
+    subjects: Subjects,
+    data_dir: Path,
+    tmp_path: Path,
 ) -> None:
     url, _ = late_nats
     task = make_task(data_dir, "job-never-nats", md_spec("never", steps=200))
-    runner = await start_runner(task, url, subjects, tmp_path / "runner.log")
+    runner = await start_runner(task, url, subjects, tmp_path / "runner.log", runners)
     await waiting(runner, url)
     runner.process.send_signal(signal.SIGTERM)
     assert await runner.wait(within_s=20) == RunnerExit.PREEMPTED, runner.stderr
