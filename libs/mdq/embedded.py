@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -262,6 +263,31 @@ class EmbeddedPostgres:
         cleanup = getattr(self.server, "cleanup", None)
         if cleanup is not None:
             cleanup()
+
+    def kill(self, *, timeout_s: float = 30.0) -> None:
+        """kill -9 the postmaster (for fault tests) and wait until it and its backends have
+        ended, so that ``restart`` can start a new one on the same folder."""
+        pid = self.pid
+        if pid is None:
+            raise RuntimeError("no postmaster.pid: is this PostgreSQL running?")
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + timeout_s
+        while _running(pid) or _postgres_processes(self.data_dir.resolve()):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"PostgreSQL (pid {pid}) still runs after kill -9")
+            time.sleep(0.05)
+
+
+def _postgres_processes(data_dir: Path) -> list[int]:
+    """Pids of live processes whose command line names ``data_dir`` (postmaster, backends)."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = process.info.get("cmdline") or []
+        mine = str(data_dir) in " ".join(cmdline) and process.pid != os.getpid()
+        if mine and _running(process.pid):
+            found.append(process.pid)
+    return found
 
 
 def _running(pid: int) -> bool:

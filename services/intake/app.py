@@ -48,6 +48,8 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from mdq.backoff import keep_trying, redact_url
+from mdq.bus.connect import NATS_NOT_READY, wait_for_nats
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.requests import Requests
 from mdq.bus.streams import ensure_streams
@@ -309,11 +311,21 @@ class Intake:
             await self.handler.refuse_unhandled(sequence=sequence, error=error)
 
     async def prepare(self) -> None:
-        """Connect, make sure the streams and the registry bucket exist, build the handler."""
+        """Connect, make sure the streams and the registry bucket exist, build the handler.
+
+        While no NATS server answers, or JetStream is still starting, wait (with backoff and
+        one log line per try, ``mdq.bus.connect``) rather than exit."""
+        url = self.common.nats_url
+        await wait_for_nats(url)
         connection = await self.broker.connect()
         js = connection.jetstream()
         replicas = self.common.stream_replicas
-        await ensure_streams(js, self.subjects, replicas=replicas)
+        await keep_trying(
+            lambda: ensure_streams(js, self.subjects, replicas=replicas),
+            what="JetStream",
+            where=redact_url(url),
+            retry_on=NATS_NOT_READY,
+        )
         requests = await Requests(connection).start()
         registry = await SubmitRegistry.open(
             js=js, requests=requests, subjects=self.subjects, replicas=replicas

@@ -239,7 +239,7 @@ async def serve(common: CommonSettings, settings: MetricsSettings) -> None:
     """Connect, run until SIGTERM/SIGINT, close."""
     replicas = common.stream_replicas
     nc = await connect(
-        common.nats_url, name="mdq-metrics", subjects=common.subjects, replicas=replicas
+        common.nats_url, name="mdq-metrics", subjects=common.subjects, replicas=replicas, wait=True
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -18,7 +18,9 @@ async def main() -> None:
     common, settings = CommonSettings(), PlacementSettings()
     subjects = common.subjects
     replicas = common.stream_replicas
-    nc = await connect(common.nats_url, name="mdq-placement", subjects=subjects, replicas=replicas)
+    nc = await connect(
+        common.nats_url, name="mdq-placement", subjects=subjects, replicas=replicas, wait=True
+    )
     js = nc.jetstream()
     requests = await Requests(nc).start()
     backend = await make_backend(kind=settings.backend, nc=nc, subjects=subjects, replicas=replicas)

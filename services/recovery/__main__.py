@@ -16,7 +16,11 @@ async def main() -> None:
     common, settings = CommonSettings(), RecoverySettings()
     subjects = common.subjects
     nc = await connect(
-        common.nats_url, name="mdq-recovery", subjects=subjects, replicas=common.stream_replicas
+        common.nats_url,
+        name="mdq-recovery",
+        subjects=subjects,
+        replicas=common.stream_replicas,
+        wait=True,
     )
     js = nc.jetstream()
     recovery = Recovery(

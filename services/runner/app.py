@@ -3,6 +3,8 @@
 The composition root: the task comes from the environment (``RunnerTask.from_env``), the bus
 from ``CommonSettings``, the runner's own knobs from ``RunnerSettings``. SIGTERM (and SIGINT)
 only set a flag; the running task checkpoints at its next chunk boundary and returns PREEMPTED.
+When NATS is not there at start, the runner waits for it (with backoff) before running any MD,
+and a SIGTERM during that wait ends it with PREEMPTED (``_connect_unless_stopped``).
 Every failure is mapped to a :class:`RunnerExit` so recovery can tell a crash from bad input,
 a blown-up simulation or an out-of-memory kill.
 """
@@ -10,6 +12,7 @@ a blown-up simulation or an out-of-memory kill.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -18,6 +21,7 @@ import threading
 from collections.abc import Mapping
 
 from google.protobuf.json_format import ParseError
+from nats.aio.client import Client
 
 from mdq.bus.connect import connect
 from mdq.bus.publisher import EventPublisher
@@ -59,24 +63,58 @@ def exit_code_for(error: BaseException) -> RunnerExit:
     return RunnerExit.CRASHED
 
 
+async def _connect_unless_stopped(
+    url: str, task: RunnerTask, stopped: asyncio.Event
+) -> Client | None:
+    """Connect to NATS, waiting (with backoff, one log line per try) while it is not there;
+    None if SIGTERM/SIGINT came first.
+
+    The runner does not start MD without the bus: its progress and checkpoint events are the
+    only record of its work that recovery and the watcher see, and an attempt that cannot tell
+    anyone what it did would be work lost. Nothing has been computed yet, so waiting costs no
+    MD; a pod that waits too long is stopped by the cluster (SIGTERM), which ends the wait.
+    """
+    connecting = asyncio.create_task(
+        connect(url, name=f"runner-{task.job_id}-{task.attempt}", wait=True)
+    )
+    stopping = asyncio.create_task(stopped.wait())
+    try:
+        await asyncio.wait({connecting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+    if connecting.done():
+        return connecting.result()
+    connecting.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await connecting
+    return None
+
+
 async def run(task: RunnerTask, *, common: CommonSettings, settings: RunnerSettings) -> RunnerExit:
     """Run one attempt; return its exit code (never raises for a failure of the task)."""
     loop = asyncio.get_running_loop()
     stop = threading.Event()
+    stopped = asyncio.Event()
 
     def request_stop(signum: signal.Signals) -> None:
         log.info("%s received: checkpointing and stopping", signum.name)
         stop.set()
+        stopped.set()
 
     for signum in STOP_SIGNALS:
         loop.add_signal_handler(signum, request_stop, signum)
     task.job_dir.mkdir(parents=True, exist_ok=True)
     try:
-        client = await connect(common.nats_url, name=f"runner-{task.job_id}-{task.attempt}")
+        client = await _connect_unless_stopped(common.nats_url, task, stopped)
     except BaseException:
         for signum in STOP_SIGNALS:
             loop.remove_signal_handler(signum)
         raise
+    if client is None:
+        for signum in STOP_SIGNALS:
+            loop.remove_signal_handler(signum)
+        log.info("stopped while waiting for NATS: no step was run; exiting with PREEMPTED")
+        return RunnerExit.PREEMPTED
     publisher = EventPublisher(js=client.jetstream(), subjects=common.subjects, producer="runner")
     outbox = Outbox(
         publisher=publisher,

@@ -1,12 +1,17 @@
 """Entrypoint: ``python -m services.watcher`` (composition root).
 
 Runs the two halves side by side: the projector (log → PostgreSQL) and the lifecycle
-(pod updates and silence → job events).
+(pod updates and silence → job events). They fail apart: the watcher waits for NATS on start
+(``connect(wait=True)``), but never for PostgreSQL. Its pool connects on first use, and the
+projector waits out a database that is not there yet or goes away (``mdq.store.projection``),
+so pod phases keep becoming ``started`` / ``succeeded`` / ``attempt_failed`` events meanwhile
+and the projection catches up from its stored offsets afterwards.
 
 A log that is not the one the projection was made from (``LogContinuityError``: the stream was
 recreated or lost its tail) is not a transient failure: the watcher logs why and how to
 recover, and exits with ``EXIT_LOG_CONTINUITY`` so that nothing restarts it into skipping
-events (docs/durability.md).
+events (docs/durability.md). Any other error the projector does not retry (a database that
+does not exist) stops the watcher too, non-zero.
 """
 
 from __future__ import annotations
@@ -17,12 +22,9 @@ import sys
 
 from mdq.backends.factory import make_backend
 from mdq.bus.connect import connect
-from mdq.bus.publisher import EventPublisher
 from mdq.settings import CommonSettings
-from mdq.store.engine import create_writer_pool
 from mdq.store.projection import LogContinuityError
-from services.watcher.lifecycle import Lifecycle, LostRunPolicy
-from services.watcher.projector import Projector
+from services.watcher.app import run_watcher
 from services.watcher.settings import WatcherSettings
 
 log = logging.getLogger("mdq.watcher")
@@ -37,34 +39,20 @@ async def main() -> None:
         raise SystemExit("DATABASE_URL is not set: the watcher writes the history there")
     subjects = common.subjects
     replicas = common.stream_replicas
-    nc = await connect(common.nats_url, name="mdq-watcher", subjects=subjects, replicas=replicas)
-    js = nc.jetstream()
-    pool = await create_writer_pool(common.database_url, size=settings.pool_size)
+    nc = await connect(
+        common.nats_url, name="mdq-watcher", subjects=subjects, replicas=replicas, wait=True
+    )
     backend = await make_backend(kind=settings.backend, nc=nc, subjects=subjects, replicas=replicas)
-    projector = Projector(
-        js=js,
-        subjects=subjects,
-        pool=pool,
-        batch_size=settings.batch_size,
-        batch_wait_s=settings.batch_wait_s,
-    )
-    lifecycle = Lifecycle(
-        js=js,
-        subjects=subjects,
-        publisher=EventPublisher(js=js, subjects=subjects, producer="watcher"),
-        backend=backend,
-        lost=LostRunPolicy(
-            min_silence_s=settings.lost_min_silence_s,
-            interval_factor=settings.lost_interval_factor,
-        ),
-    )
     try:
-        async with asyncio.TaskGroup() as group:
-            group.create_task(projector.run(), name="projector")
-            group.create_task(lifecycle.run(), name="lifecycle")
+        await run_watcher(
+            nc=nc,
+            subjects=subjects,
+            database_url=common.database_url,
+            backend=backend,
+            settings=settings,
+        )
     finally:
         await backend.close()
-        await pool.close()
         await nc.drain()
 
 

@@ -1,26 +1,132 @@
-"""Connecting to NATS the same way in every service."""
+"""Connecting to NATS the same way in every service, and waiting for it when it is not there.
+
+A service (intake, placement, watcher, recovery, metrics, the local node agent, the runner)
+connects with ``connect(url, name=..., wait=True)``: while no server accepts a connection, or
+JetStream does not answer yet, it waits with backoff and logs one line per try (``mdq.backoff``)
+instead of exiting::
+
+    NATS at nats://127.0.0.1:4222 not reachable (ConnectionRefusedError: ...); retrying in 2.0 s
+
+Each try first opens a plain TCP connection to the servers of the URL (``probe``): nats-py's
+own ``connect`` retries forever at a fixed 0.5 s when reconnects are unlimited, logging an
+ERROR with a traceback each time, and cannot be told to give up on the first connection only.
+Once a server accepts, nats-py connects (and reconnects forever afterwards) and the namespace's
+streams are created or updated; a JetStream that is still starting (503, no responders, a
+timeout) counts as not there yet. Clients (the CLI, the SDK) use ``wait=False``: one nats-py
+connect, as before.
+"""
 
 from __future__ import annotations
 
-import nats
+import asyncio
+import contextlib
+from typing import Any
+from urllib.parse import urlsplit
+
+import nats.errors
+import nats.js.errors
 from nats.aio.client import Client
 
+from mdq.backoff import DEFAULT_BACKOFF, Backoff, keep_trying, redact_url
 from mdq.bus.streams import ensure_streams
 from mdq.bus.subjects import Subjects
 
+NATS_NOT_READY: tuple[type[Exception], ...] = (
+    OSError,  # refused, reset, unreachable, and every timeout (nats' own TimeoutError too)
+    nats.errors.NoServersError,
+    nats.errors.NoRespondersError,  # JetStream not enabled yet
+    nats.errors.ConnectionClosedError,
+    nats.js.errors.ServiceUnavailableError,  # JetStream starting (503)
+    nats.js.errors.NoStreamResponseError,
+)
+"""Errors that mean "the server is not there yet", retried by ``connect(wait=True)``."""
+
+PROBE_TIMEOUT_S = 5.0
+CONNECT_TIMEOUT_S = 5
+CLIENT_OPTIONS: dict[str, Any] = {
+    "max_reconnect_attempts": -1,  # once connected, reconnect forever
+    "reconnect_time_wait": 0.5,  # (nats-py's annotation says int; it sleeps this long)
+    "connect_timeout": CONNECT_TIMEOUT_S,
+}
+DEFAULT_PORTS = {"nats": 4222, "tls": 4222, "ws": 80, "wss": 443}
+
+
+async def probe(url: str, *, timeout_s: float = PROBE_TIMEOUT_S) -> None:
+    """Return once one server of ``url`` (a comma-separated list) accepts a TCP connection;
+    raise the last ``OSError`` (refused, unreachable, timed out) when none does."""
+    last: OSError | None = None
+    for one in url.split(","):
+        text = one.strip()
+        split = urlsplit(text if "://" in text else f"nats://{text}")
+        host = split.hostname or "127.0.0.1"
+        port = split.port or DEFAULT_PORTS.get(split.scheme, 4222)
+        try:
+            async with asyncio.timeout(timeout_s):
+                _, writer = await asyncio.open_connection(host, port)
+        except OSError as error:  # TimeoutError is an OSError
+            last = error
+            continue
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        return
+    raise last or OSError(f"no server in {redact_url(url)!r}")
+
+
+async def _connect_once(
+    url: str,
+    *,
+    name: str,
+    subjects: Subjects | None,
+    replicas: int = 1,
+    timeout_s: float | None = None,
+) -> Client:
+    """One nats-py connect (then the streams); with ``timeout_s``, give up after that long:
+    nats-py keeps trying on its own when the server went away right after the probe."""
+    client = Client()
+    try:
+        async with asyncio.timeout(timeout_s):
+            await client.connect(url, name=name, **CLIENT_OPTIONS)
+        if subjects is not None:
+            await ensure_streams(client.jetstream(), subjects, replicas=replicas)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await client.close()
+        raise
+    return client
+
+
+async def wait_for_nats(url: str, *, backoff: Backoff = DEFAULT_BACKOFF) -> None:
+    """Return once a server of ``url`` accepts connections, logging each failed try."""
+    await keep_trying(
+        lambda: probe(url), what="NATS", where=redact_url(url), retry_on=(OSError,), backoff=backoff
+    )
+
 
 async def connect(
-    url: str, *, name: str, subjects: Subjects | None = None, replicas: int = 1
+    url: str,
+    *,
+    name: str,
+    subjects: Subjects | None = None,
+    replicas: int = 1,
+    wait: bool = False,
+    backoff: Backoff = DEFAULT_BACKOFF,
 ) -> Client:
     """Connect (retrying forever on reconnects) and, if ``subjects`` is given, make sure the
-    namespace's streams exist, with at least ``replicas`` copies each."""
-    client = await nats.connect(
-        url,
-        name=name,
-        max_reconnect_attempts=-1,
-        reconnect_time_wait=0.5,
-        connect_timeout=5,
+    namespace's streams exist, with at least ``replicas`` copies each.
+
+    With ``wait``, a server that is not there yet (``NATS_NOT_READY``) is waited for, with
+    ``backoff`` and one log line per try; other errors propagate.
+    """
+    if not wait:
+        return await _connect_once(url, name=name, subjects=subjects, replicas=replicas)
+
+    async def attempt() -> Client:
+        await probe(url)
+        return await _connect_once(
+            url, name=name, subjects=subjects, replicas=replicas, timeout_s=2 * CONNECT_TIMEOUT_S
+        )
+
+    return await keep_trying(
+        attempt, what="NATS", where=redact_url(url), retry_on=NATS_NOT_READY, backoff=backoff
     )
-    if subjects is not None:
-        await ensure_streams(client.jetstream(), subjects, replicas=replicas)
-    return client

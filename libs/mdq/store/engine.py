@@ -2,14 +2,67 @@
 
 Both accept the plain ``postgresql://`` URLs of ``DATABASE_URL``, including the unix-socket form
 ``postgresql://user@/db?host=/socket/dir`` used by the embedded PostgreSQL.
+
+PostgreSQL may be away when the writer starts or go away while it runs (a restart, a failover,
+a full disk). ``create_writer_pool(..., connect_now=False)`` opens a pool without connecting, so
+the watcher starts without the database; ``DATABASE_NOT_READY`` are the errors that mean "the
+server is not there (yet)", after which the writer waits and tries again
+(``mdq.store.projection``; ``connection_lost`` also sees one behind the error it caused), and
+``database_location`` names the server in those log lines.
 """
 
 from __future__ import annotations
 
+from urllib.parse import parse_qs, urlsplit
+
 import asyncpg
+import asyncpg.exceptions
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from mdq.embedded import sqlalchemy_url
+
+DATABASE_NOT_READY: tuple[type[Exception], ...] = (
+    OSError,  # refused, reset, no socket file, and every timeout
+    asyncpg.PostgresConnectionError,  # 08xxx, "connection was closed in the middle of operation"
+    asyncpg.OperatorInterventionError,  # 57xxx: starting up, shutting down, crashed
+    asyncpg.InsufficientResourcesError,  # 53xxx: disk full, out of memory, too many connections
+    asyncpg.exceptions.InternalClientError,  # asyncpg's state after the server died under it
+)
+"""Connection-class errors: the server is unreachable, restarting or out of resources. A
+writer that meets one waits and retries; any other error is not retried as transient."""
+
+
+def connection_lost(error: BaseException) -> bool:
+    """Whether ``error``, or an error it was raised while handling, is connection-class.
+
+    A connection that dies inside a transaction first raises ``ConnectionDoesNotExistError``;
+    leaving the transaction block then raises ``InterfaceError`` ("the underlying connection is
+    closed") with the first one as its context, and that is the one the caller sees.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, DATABASE_NOT_READY):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
+SCHEMA_NOT_READY: tuple[type[Exception], ...] = (asyncpg.UndefinedTableError,)
+"""The database answers but has no mdq tables yet: the migrations (``mdq.store.migrate``, the
+``mdq-migrate`` Job) may run beside the watcher, so the watcher waits for them on start."""
+
+
+def database_location(database_url: str) -> str:
+    """Where ``database_url`` points, without credentials, for log lines:
+    ``host:port (database db)``, the host being a socket folder in the unix-socket form."""
+    split = urlsplit(asyncpg_dsn(database_url))
+    hosts = parse_qs(split.query).get("host")
+    host = hosts[0] if hosts else (split.hostname or "localhost")
+    port = f":{split.port}" if split.port else ""
+    database = split.path.lstrip("/")
+    return f"{host}{port}" + (f" (database {database})" if database else "")
 
 
 def asyncpg_dsn(database_url: str) -> str:
@@ -27,10 +80,19 @@ def create_engine(database_url: str, *, pool_size: int = 5) -> AsyncEngine:
     )
 
 
-async def create_writer_pool(database_url: str, *, size: int = 2) -> asyncpg.Pool:
-    """The watcher's asyncpg pool: a couple of connections, statements cached."""
+async def create_writer_pool(
+    database_url: str, *, size: int = 2, connect_now: bool = True
+) -> asyncpg.Pool:
+    """The watcher's asyncpg pool: a couple of connections, statements cached.
+
+    With ``connect_now`` one connection is opened at once (so a wrong URL fails here);
+    without, the pool connects on first use and creating it needs no server.
+    """
     pool = await asyncpg.create_pool(
-        asyncpg_dsn(database_url), min_size=1, max_size=size, command_timeout=60
+        asyncpg_dsn(database_url),
+        min_size=1 if connect_now else 0,
+        max_size=size,
+        command_timeout=60,
     )
     if pool is None:  # pragma: no cover - create_pool only returns None when not awaited
         raise RuntimeError("asyncpg.create_pool returned no pool")

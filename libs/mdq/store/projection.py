@@ -44,6 +44,18 @@ projector stops and stores nothing more, rather than skip new events that reuse 
 numbers it already projected. It is not transient and must not be retried; the operator
 rebuilds the projection from the log as it is (``mdq replay --rebuild``, docs/durability.md).
 
+PostgreSQL may be away when the projector starts or go away while it runs: a connection-class
+error (``mdq.store.engine.DATABASE_NOT_READY``: refused, reset, shutting down, disk full)
+drops the pool's connections and waits, with backoff and one log line per try ("PostgreSQL at
+<host> not reachable (...); retrying in 2.0 s"), until the server answers; then the batch in
+hand is tried again. It was never acknowledged, and a transaction cut off before its commit
+left the offset where it was (one cut off during its commit may have committed: the offset it
+moved makes the retry skip those messages), so nothing is lost or stored twice, however long
+the outage. Only the projection waits: the watcher's lifecycle half needs NATS alone. A
+database without the mdq tables yet (the migrations run beside the watcher) is waited for
+on start as well. Any other error while opening a consumer (``LogContinuityError`` above, a
+database that does not exist) is not retried: it stops the projector, and the watcher.
+
 Why asyncpg and not a SQLAlchemy engine for the writer: every write here is one set-based
 statement with array parameters per table per batch (the hot path is progress events, compared
 in bench/ against raw asyncpg COPY); asyncpg binds typed arrays directly, caches the prepared
@@ -71,6 +83,7 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, ConsumerInfo, DeliverPolicy
 from nats.js.errors import NotFoundError
 
+from mdq.backoff import DEFAULT_BACKOFF, Backoff, describe_error
 from mdq.bus.codec import decode_event
 from mdq.bus.fetch import BatchFetcher
 from mdq.bus.subjects import Subjects
@@ -79,6 +92,7 @@ from mdq.core.log_continuity import Continuity, ServerLog, StoredOffset, check, 
 from mdq.core.state import AttemptRecord, JobState, JobView, event_time
 from mdq.core.text import scrub_nul
 from mdq.core.timestamps import set_timestamp
+from mdq.store.engine import SCHEMA_NOT_READY, connection_lost
 
 log = logging.getLogger("mdq.store.projection")
 
@@ -86,6 +100,7 @@ MIN_EVENT_SECONDS = -62_135_596_800  # 0001-01-01T00:00:00Z, the first time a da
 MAX_EVENT_SECONDS = 253_402_300_799  # 9999-12-31T23:59:59Z, the last
 JOBS_CONSUMER = "watcher-jobs"
 PROGRESS_CONSUMER = "watcher-progress"
+SCHEMA_RETRY_S = 2.0
 
 
 class LogContinuityError(RuntimeError):
@@ -652,6 +667,8 @@ class Projector:
         progress_consumer: str = PROGRESS_CONSUMER,
         max_retry_delay_s: float = 5.0,
         continuity_check_s: float = 10.0,
+        database: str = "the database",
+        reconnect: Backoff = DEFAULT_BACKOFF,
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
@@ -667,8 +684,11 @@ class Projector:
             _Feed(stream=subjects.jobs_stream, consumer=jobs_consumer),
             _Feed(stream=subjects.progress_stream, consumer=progress_consumer),
         )
+        self._database = database
+        self._reconnect = reconnect
         self._stopping = asyncio.Event()
         self._write_lock = asyncio.Lock()
+        self._database_lock = asyncio.Lock()
         self.events_projected = 0
         """Events applied (not counting skipped redeliveries and duplicates), for metrics."""
         self.continuity_checks = 0
@@ -736,11 +756,24 @@ class Projector:
                 if subscription is None:
                     try:
                         await self._open(feed)
-                    except (asyncio.CancelledError, LogContinuityError):
-                        raise
-                    except Exception:
-                        log.exception("cannot open consumer %s; retrying", feed.consumer)
+                    except LogContinuityError:
+                        raise  # not transient: stops the watcher
+                    except nats.errors.Error as error:
+                        log.warning("cannot open consumer %s (%r); retrying", feed.consumer, error)
                         await self._sleep(1.0)
+                    except SCHEMA_NOT_READY as error:
+                        log.warning(
+                            "PostgreSQL at %s has no mdq tables yet (%s): waiting for the "
+                            "migrations (mdq.store.migrate); retrying in %.1f s",
+                            self._database,
+                            describe_error(error),
+                            SCHEMA_RETRY_S,
+                        )
+                        await self._sleep(SCHEMA_RETRY_S)
+                    except Exception as error:
+                        if not connection_lost(error):
+                            raise  # not an outage: stops the watcher
+                        await self._reach_database(error)
                     continue
                 fetching = ahead or asyncio.create_task(self._fetch(subscription))
                 ahead = None
@@ -762,12 +795,15 @@ class Projector:
                         await self._handle(feed, messages)
                 except (asyncio.CancelledError, LogContinuityError):
                     raise
-                except Exception:
-                    log.exception(
-                        "consumer %s failed; reopening at the stored offset", feed.consumer
-                    )
-                    await self._unsubscribe(feed)
-                    await self._sleep(1.0)
+                except Exception as error:
+                    if connection_lost(error):  # the periodic check met an outage
+                        await self._reach_database(error)
+                    else:
+                        log.exception(
+                            "consumer %s failed; reopening at the stored offset", feed.consumer
+                        )
+                        await self._unsubscribe(feed)
+                        await self._sleep(1.0)
                 if feed.subscription is not subscription:  # rewound or reopened
                     await _cancel(ahead)
                     ahead = None
@@ -826,6 +862,48 @@ class Projector:
             with contextlib.suppress(Exception):
                 await subscription.close()
 
+    async def _reach_database(self, error: BaseException) -> None:
+        """After a connection-class error: drop the pool's connections and wait, with backoff
+        and one log line per try, until PostgreSQL answers again (or ``stop()``).
+
+        Both feeds may call it at once; the lock makes the second wait behind the first, and
+        its first try then succeeds. Nothing is lost meanwhile: the batch in hand was not
+        acknowledged and its transaction, if it did not commit, left the offset where it was.
+        """
+        async with self._database_lock:
+            log.warning(
+                "PostgreSQL at %s unavailable (%s); reconnecting",
+                self._database,
+                describe_error(error),
+            )
+            await self._pool.expire_connections()  # the next acquire opens fresh ones
+            delays = self._reconnect.delays()
+            failures = 0
+            while not self._stopping.is_set():
+                try:
+                    async with self._pool.acquire() as connection:
+                        await connection.fetchval("SELECT 1")
+                except Exception as retry_error:
+                    if not connection_lost(retry_error):
+                        raise
+                    failures += 1
+                    delay = next(delays)
+                    log.warning(
+                        "PostgreSQL at %s not reachable (%s); retrying in %.1f s",
+                        self._database,
+                        describe_error(retry_error),
+                        delay,
+                    )
+                    await self._sleep(delay)
+                    continue
+                if failures:
+                    log.info(
+                        "PostgreSQL at %s reachable again after %d failed tries",
+                        self._database,
+                        failures,
+                    )
+                return
+
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(seconds):
@@ -851,6 +929,15 @@ class Projector:
             except Exception as error:
                 if isinstance(error, LogContinuityError):
                     raise
+                if connection_lost(error):
+                    await self._reach_database(error)
+                    if self._stopping.is_set():
+                        return  # not acknowledged: the next start resumes after the offset
+                    # then the same batch again, not at once: a server that answers a ping
+                    # but refuses the batch (a full disk) must not be hammered
+                    await self._sleep(delay)
+                    delay = min(delay * 2, self._max_retry_delay_s)
+                    continue
                 if isinstance(error, asyncpg.DataError) and not scrubbed:
                     # Text PostgreSQL refuses (a NUL, e.g. in a pod's termination message):
                     # store the batch with U+FFFD in its place rather than stop on it.

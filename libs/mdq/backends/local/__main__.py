@@ -1,7 +1,8 @@
 """``python -m mdq.backends.local``: run a node agent (the composition root).
 
 Reads ``CommonSettings`` (NATS_URL, MDQ_NAMESPACE, MDQ_DATA_DIR) and ``LocalAgentSettings``
-(MDQ_LOCAL_*), connects to NATS and runs ``NodeAgent`` until SIGTERM or SIGINT.
+(MDQ_LOCAL_*), connects to NATS (waiting for it, with backoff, while it is not there) and runs
+``NodeAgent`` until SIGTERM or SIGINT.
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ def build(
 
 async def serve(common: CommonSettings, settings: LocalAgentSettings) -> None:
     """Connect, run the agent, stop it cleanly on SIGTERM/SIGINT."""
-    nc = await connect(common.nats_url, name=f"mdq-local-agent-{'+'.join(settings.names())}")
+    nc = await connect(
+        common.nats_url, name=f"mdq-local-agent-{'+'.join(settings.names())}", wait=True
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
