@@ -69,10 +69,10 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import asyncpg
 import nats.errors
@@ -168,17 +168,6 @@ def _json(message: Message) -> str:
 
 
 # -- the jobs and attempts rows in memory --------------------------------------------------
-
-_JOB_COLUMNS = (
-    "job_id, request_id, name, task, state, attempt, priority_class, node, pod_name, "
-    "spec::text AS spec, depends_on, submitted_by, submitted_at, updated_at, target_steps, "
-    "last_step, last_potential_kj_mol, last_temperature_k, last_ns_per_day, last_progress_at, "
-    "done_reason, final_reason, final_message, latest_checkpoint_step"
-)
-_ATTEMPT_COLUMNS = (
-    "job_id, attempt, node, pod_name, bound_at, started_at, ended_at, exit_code, "
-    "failure_reason, failure_message, resumed_from_step, steps_lost, last_step"
-)
 
 
 @dataclass(slots=True)
@@ -317,91 +306,142 @@ class _JobRow:
             self.apply(report)
 
     def job_update(self) -> tuple[Any, ...]:
-        """The mutable columns, in the order of ``_UPDATE_JOB``."""
-        view = self.view
-        checkpoint = view.latest_checkpoint
-        return (
-            view.job_id,
-            view.state.value,
-            view.attempt,
-            _blank(view.node),
-            _blank(view.pod_name),
-            self.updated_at,
-            self.target_steps,
-            view.last_step,
-            view.last_potential,
-            self.last_temperature_k,
-            self.last_ns_per_day,
-            view.last_progress_at,
-            _blank(view.done_reason),
-            _blank(view.final_reason),
-            _blank(view.final_message),
-            None if checkpoint is None else checkpoint.step,
-        )
+        """The job's key and mutable columns, in the order of ``_UPDATE_JOB``."""
+        return tuple(column.value(self) for column in _JOB_UPDATED)
 
     def job_insert(self) -> tuple[Any, ...]:
         """Every column, in the order of ``_INSERT_JOB``."""
-        view = self.view
-        return (
-            *self.job_update(),
-            view.request_id,
-            self.name,
-            self.task,
-            self.priority_class,
-            self.spec_json,
-            list(view.depends_on_ids),
-            _blank(self.submitted_by),
-            view.submitted_at,
-        )
+        return tuple(column.value(self) for column in _JOB_TABLE)
 
     def attempt_row(self, number: int) -> tuple[Any, ...]:
         """One attempts row, in the order of ``_UPSERT_ATTEMPT``."""
-        record = self.view.attempts[number]
-        failure = record.failure
-        return (
-            self.view.job_id,
-            number,
-            _blank(record.node),
-            _blank(record.pod_name),
-            self.bound_at.get(number),
-            record.started_at,
-            record.ended_at,
-            None if failure is None else failure.exit_code,
-            None if failure is None else pb.FailureReason.Name(failure.reason),
-            None if failure is None else _blank(failure.message),
-            record.resumed_from_step,
-            record.steps_lost,
-            self.attempt_last_step.get(number, 0),
-        )
+        of = _AttemptOf(self, number)
+        return tuple(column.value(of) for column in _ATTEMPT_TABLE)
 
 
-_UPDATE_JOB = """
-UPDATE jobs SET state = $2, attempt = $3, node = $4, pod_name = $5, updated_at = $6,
-    target_steps = $7, last_step = $8, last_potential_kj_mol = $9, last_temperature_k = $10,
-    last_ns_per_day = $11, last_progress_at = $12, done_reason = $13, final_reason = $14,
-    final_message = $15, latest_checkpoint_step = $16
-WHERE job_id = $1
-"""
-_INSERT_JOB = """
-INSERT INTO jobs (job_id, state, attempt, node, pod_name, updated_at, target_steps, last_step,
-    last_potential_kj_mol, last_temperature_k, last_ns_per_day, last_progress_at, done_reason,
-    final_reason, final_message, latest_checkpoint_step, request_id, name, task, priority_class,
-    spec, depends_on, submitted_by, submitted_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19,
-    $20, $21::jsonb, $22, $23, $24)
-ON CONFLICT (job_id) DO NOTHING
-"""
-_UPSERT_ATTEMPT = """
-INSERT INTO attempts (job_id, attempt, node, pod_name, bound_at, started_at, ended_at,
-    exit_code, failure_reason, failure_message, resumed_from_step, steps_lost, last_step)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
-ON CONFLICT (job_id, attempt) DO UPDATE SET node = EXCLUDED.node,
-    pod_name = EXCLUDED.pod_name, bound_at = EXCLUDED.bound_at,
-    started_at = EXCLUDED.started_at, ended_at = EXCLUDED.ended_at,
-    exit_code = EXCLUDED.exit_code, failure_reason = EXCLUDED.failure_reason,
-    failure_message = EXCLUDED.failure_message, resumed_from_step = EXCLUDED.resumed_from_step,
-    steps_lost = EXCLUDED.steps_lost, last_step = EXCLUDED.last_step
-"""
+# -- the jobs and attempts columns: one table each generates the SQL, the row tuples and the
+# -- select list read back by ``_JobRow.from_record`` (which reads records by column name) -----
+
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Column(Generic[T]):
+    """One column of a projected table: its name, how a row in memory gives its value, and
+    how it is written (a cast on its placeholder) and read back (a select expression)."""
+
+    name: str
+    value: Callable[[T], Any]
+    cast: str = ""
+    """Appended to the column's placeholder, e.g. ``::jsonb``."""
+    read: str = ""
+    """How the column is selected for ``from_record`` (default: its name)."""
+
+
+class _AttemptOf(NamedTuple):
+    """One attempt of a job row (what an attempts column is computed from)."""
+
+    row: _JobRow
+    number: int
+
+    @property
+    def record(self) -> AttemptRecord:
+        return self.row.view.attempts[self.number]
+
+
+def _failure(of: _AttemptOf) -> pb.AttemptFailed | None:
+    return of.record.failure
+
+
+_JOB_KEY: Column[_JobRow] = Column("job_id", lambda row: row.view.job_id)
+_JOB_MUTABLE: tuple[Column[_JobRow], ...] = (
+    Column("state", lambda row: row.view.state.value),
+    Column("attempt", lambda row: row.view.attempt),
+    Column("node", lambda row: _blank(row.view.node)),
+    Column("pod_name", lambda row: _blank(row.view.pod_name)),
+    Column("updated_at", lambda row: row.updated_at),
+    Column("target_steps", lambda row: row.target_steps),
+    Column("last_step", lambda row: row.view.last_step),
+    Column("last_potential_kj_mol", lambda row: row.view.last_potential),
+    Column("last_temperature_k", lambda row: row.last_temperature_k),
+    Column("last_ns_per_day", lambda row: row.last_ns_per_day),
+    Column("last_progress_at", lambda row: row.view.last_progress_at),
+    Column("done_reason", lambda row: _blank(row.view.done_reason)),
+    Column("final_reason", lambda row: _blank(row.view.final_reason)),
+    Column("final_message", lambda row: _blank(row.view.final_message)),
+    Column(
+        "latest_checkpoint_step",
+        lambda row: None if row.view.latest_checkpoint is None else row.view.latest_checkpoint.step,
+    ),
+)
+_JOB_FIXED: tuple[Column[_JobRow], ...] = (
+    Column("request_id", lambda row: row.view.request_id),
+    Column("name", lambda row: row.name),
+    Column("task", lambda row: row.task),
+    Column("priority_class", lambda row: row.priority_class),
+    Column("spec", lambda row: row.spec_json, cast="::jsonb", read="spec::text AS spec"),
+    Column("depends_on", lambda row: list(row.view.depends_on_ids)),
+    Column("submitted_by", lambda row: _blank(row.submitted_by)),
+    Column("submitted_at", lambda row: row.view.submitted_at),
+)
+"""Written once, when the job's row is inserted."""
+_JOB_UPDATED = (_JOB_KEY, *_JOB_MUTABLE)
+_JOB_TABLE = (*_JOB_UPDATED, *_JOB_FIXED)
+
+_ATTEMPT_KEY: tuple[Column[_AttemptOf], ...] = (
+    Column("job_id", lambda of: of.row.view.job_id),
+    Column("attempt", lambda of: of.number),
+)
+_ATTEMPT_TABLE: tuple[Column[_AttemptOf], ...] = (
+    *_ATTEMPT_KEY,
+    Column("node", lambda of: _blank(of.record.node)),
+    Column("pod_name", lambda of: _blank(of.record.pod_name)),
+    Column("bound_at", lambda of: of.row.bound_at.get(of.number)),
+    Column("started_at", lambda of: of.record.started_at),
+    Column("ended_at", lambda of: of.record.ended_at),
+    Column("exit_code", lambda of: None if (f := _failure(of)) is None else f.exit_code),
+    Column(
+        "failure_reason",
+        lambda of: None if (f := _failure(of)) is None else pb.FailureReason.Name(f.reason),
+    ),
+    Column(
+        "failure_message", lambda of: None if (f := _failure(of)) is None else _blank(f.message)
+    ),
+    Column("resumed_from_step", lambda of: of.record.resumed_from_step),
+    Column("steps_lost", lambda of: of.record.steps_lost),
+    Column("last_step", lambda of: of.row.attempt_last_step.get(of.number, 0)),
+)
+
+
+def _names(columns: Sequence[Column[Any]]) -> str:
+    return ", ".join(column.name for column in columns)
+
+
+def _placeholders(columns: Sequence[Column[Any]]) -> str:
+    return ", ".join(f"${i}{column.cast}" for i, column in enumerate(columns, 1))
+
+
+def _select_list(columns: Sequence[Column[Any]]) -> str:
+    return ", ".join(column.read or column.name for column in columns)
+
+
+_JOB_COLUMNS = _select_list(_JOB_TABLE)
+_ATTEMPT_COLUMNS = _select_list(_ATTEMPT_TABLE)
+_UPDATE_JOB = (
+    "UPDATE jobs SET "
+    + ", ".join(f"{c.name} = ${i}{c.cast}" for i, c in enumerate(_JOB_MUTABLE, 2))
+    + " WHERE job_id = $1"
+)
+_INSERT_JOB = (
+    f"INSERT INTO jobs ({_names(_JOB_TABLE)}) VALUES ({_placeholders(_JOB_TABLE)}) "
+    "ON CONFLICT (job_id) DO NOTHING"
+)
+_UPSERT_ATTEMPT = (
+    f"INSERT INTO attempts ({_names(_ATTEMPT_TABLE)}) VALUES ({_placeholders(_ATTEMPT_TABLE)}) "
+    f"ON CONFLICT ({_names(_ATTEMPT_KEY)}) DO UPDATE SET "
+    + ", ".join(f"{c.name} = EXCLUDED.{c.name}" for c in _ATTEMPT_TABLE[len(_ATTEMPT_KEY) :])
+)
 _INSERT_EVENTS = """
 INSERT INTO job_events (event_id, stream, stream_seq, job_id, attempt, kind, time, producer, body)
 SELECT e.event_id, $2, e.seq, e.job_id, e.attempt, e.kind, e.time, e.producer, e.body::jsonb

@@ -1,0 +1,36 @@
+"""The projection's column tables are the one description of the jobs and attempts rows: they
+must name every column of the models (and nothing else), once, so that the generated SQL, the
+row tuples and the select list read back cannot drift from the schema."""
+
+from __future__ import annotations
+
+import pytest
+
+from mdq.store import projection
+from mdq.store.models import Attempt, Base, Job
+
+
+@pytest.mark.parametrize(
+    ("name", "columns", "model"),
+    [
+        ("jobs", projection._JOB_TABLE, Job),
+        ("attempts", projection._ATTEMPT_TABLE, Attempt),
+    ],
+)
+def test_the_column_table_names_every_column_of_the_model_once(
+    name: str, columns: tuple[projection.Column[object], ...], model: type[Base]
+) -> None:
+    names = [column.name for column in columns]
+    assert len(names) == len(set(names)), f"{name}: a column twice"
+    assert set(names) == {column.name for column in model.__table__.columns}
+
+
+def test_placeholders_follow_the_table_order() -> None:
+    values = projection._INSERT_JOB.split("VALUES (", 1)[1].split(")", 1)[0].split(", ")
+    assert values == [
+        f"${i}::jsonb" if column.name == "spec" else f"${i}"
+        for i, column in enumerate(projection._JOB_TABLE, 1)
+    ]
+    assert projection._UPDATE_JOB.endswith("WHERE job_id = $1")
+    assert "state = $2" in projection._UPDATE_JOB
+    assert "job_id = EXCLUDED" not in projection._UPSERT_ATTEMPT  # the key is not updated
