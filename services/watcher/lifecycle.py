@@ -122,6 +122,18 @@ class Lifecycle:
             return
         if update.attempt < view.attempt or view.state.terminal:
             return
+        if update.phase == pb.POD_SUCCEEDED and view.state is JobState.BOUND:
+            # The pod ran and ended before its Running phase was seen (a watcher that started
+            # after it, a phase change faster than the watch): it did start, and the log says
+            # so before it says the job succeeded.
+            started = self._publisher.event(
+                "started",
+                pb.JobStarted(node=update.node, pod_name=update.pod_name),
+                job_id=view.job_id,
+                attempt=view.attempt,
+            )
+            await self._publisher.publish(started)
+            view.apply(started)
         event = await self._lifecycle_event(view, update)
         if event is not None:
             await self._publisher.publish(event)

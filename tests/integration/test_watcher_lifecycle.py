@@ -95,6 +95,33 @@ async def test_pod_phases_become_lifecycle_events(nc: Client, subjects: Subjects
     assert len(await events_of(js, subjects, "pod", "r1-md")) == 2
 
 
+async def test_a_pod_first_seen_succeeded_is_started_then_succeeded(
+    nc: Client, subjects: Subjects
+) -> None:
+    """A watcher that starts after the pod ran sees only Succeeded: the job still goes BOUND →
+    RUNNING → SUCCEEDED in the log, once each."""
+    js = nc.jetstream()
+    bus = publisher(js, subjects)
+    await bus.publish(submitted("r4-md"))
+    await bus.publish(event("bound", pb.JobBound(node="n1"), job="r4-md", attempt=1))
+    final = pb.Progress(step=1000, target_steps=1000, done_reason="steps_reached")
+    await bus.publish(event("progress", final, job="r4-md", attempt=1, detail=1000))
+    backend = RecordingBackend()
+    async with running(make_lifecycle(nc, subjects, backend).run()):
+        await backend.updates.put(pod("r4-md", 1, pb.POD_SUCCEEDED, reason="Completed"))
+
+        async def succeeded() -> bool:
+            return len(await events_of(js, subjects, "succeeded", "r4-md")) == 1
+
+        await wait_for(succeeded, what="succeeded")
+    kinds = [
+        e.WhichOneof("body")
+        for e in await events_of(js, subjects, "*", "r4-md")
+        if e.WhichOneof("body") in ("started", "succeeded")
+    ]
+    assert kinds == ["started", "succeeded"]
+
+
 async def test_failed_pod_is_classified_and_stale_attempts_are_fenced(
     nc: Client, subjects: Subjects
 ) -> None:
