@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run up test test-fast lint proto bench-placement bench-recovery bench-runner bench-ingest clean install
+.PHONY: run up test test-fast lint proto bench-placement bench-recovery bench-runner bench-ingest chaos clean install
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "mdq needs Python 3.11 or newer")'
@@ -58,3 +58,7 @@ bench-recovery: $(STAMP)
 ## bench-ingest: progress events/s NATS → PostgreSQL through the watcher vs a raw fetch+COPY loop
 bench-ingest: $(STAMP)
 	$(BIN)/python bench/ingest.py
+
+## chaos: >= 40 MD jobs while kill -9 hits every process, NATS/PostgreSQL restart, the data disk fills
+chaos: $(STAMP)
+	$(BIN)/python bench/chaos.py $(CHAOS_ARGS)

@@ -20,7 +20,7 @@ def parse(argv: list[str]) -> ChaosConfig:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--jobs", type=int, default=40)
     parser.add_argument("--seed", type=int, default=None, help="Default: a random one (printed).")
-    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--steps", type=int, default=10000)
     parser.add_argument("--checkpoint-interval", type=int, default=500)
     parser.add_argument("--faults-per-kind", type=int, default=2)
     parser.add_argument("--extra-faults", type=int, default=10)

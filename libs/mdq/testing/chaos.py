@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
 import os
 import random
@@ -75,6 +74,7 @@ _RESUMED = re.compile(
 _STARTED_OVER = re.compile(
     r"runner\[(?P<job>[^#\]]+)#(?P<attempt>\d+)\].*starting over from step 0"
 )
+_BUILT = re.compile(r"runner\[(?P<job>[^#\]]+)#(?P<attempt>\d+)\].*: built \d+ atoms")
 _CHECKPOINTED = re.compile(
     r"runner\[(?P<job>[^#\]]+)#(?P<attempt>\d+)\].*checkpoint at step (?P<step>\d+)"
 )
@@ -427,6 +427,88 @@ class Sampler:
                 key = (job, live[0].attempt)
                 if step is not None and step > self.reached.get(key, -1):
                     self.reached[key] = step
+
+
+# -- steps lost ------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class RunnerLogFacts:
+    """What the runners' own logs (``<data>/pods/*.log``) say, by (job, attempt)."""
+
+    resumed: dict[tuple[str, int], int]
+    """The step the attempt started stepping from (0: built its system without resuming)."""
+    checkpointed: dict[tuple[str, int], int]
+    """The last checkpoint it wrote."""
+
+
+def runner_log_facts(pods_dir: Path) -> RunnerLogFacts:
+    """Read every runner log under ``pods_dir`` (lines tagged ``runner[JOB#ATTEMPT]``)."""
+    resumed: dict[tuple[str, int], int] = {}
+    checkpointed: dict[tuple[str, int], int] = {}
+    for path in sorted(pods_dir.glob("*.log")):
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if match := _RESUMED.search(line):
+                resumed[(match["job"], int(match["attempt"]))] = int(match["step"])
+            elif match := _STARTED_OVER.search(line):
+                resumed[(match["job"], int(match["attempt"]))] = 0
+            elif match := _BUILT.search(line):
+                # It built its system: step 0, unless a "resuming" line follows.
+                resumed.setdefault((match["job"], int(match["attempt"])), 0)
+            elif match := _CHECKPOINTED.search(line):
+                key = (match["job"], int(match["attempt"]))
+                checkpointed[key] = max(checkpointed.get(key, 0), int(match["step"]))
+    return RunnerLogFacts(resumed=resumed, checkpointed=checkpointed)
+
+
+@dataclass(frozen=True, slots=True)
+class StepsLost:
+    """The MD work one failed attempt lost: what it reached minus where the next one resumed."""
+
+    job: str
+    attempt: int
+    next_attempt: int
+    reached: int
+    resumed: int
+    source: str
+
+    @property
+    def lost(self) -> int:
+        return max(0, self.reached - self.resumed)
+
+
+def steps_lost(
+    *,
+    attempts: dict[str, list[int]],
+    reached: dict[tuple[str, int], int],
+    resumed_log: dict[tuple[str, int], int],
+    resumed_db: dict[tuple[str, int], int],
+) -> list[StepsLost]:
+    """For each attempt that reached a step and was followed by another: the steps lost.
+
+    The next attempt compared with is the next one that ran (its runner's log says where it
+    started); when no later attempt left such a line (its log was lost to a full disk), the
+    following attempt's ``resumed_from_step`` as projected into PostgreSQL stands in."""
+    losses: list[StepsLost] = []
+    for job, found in attempts.items():
+        numbers = sorted(found)
+        for index, attempt in enumerate(numbers[:-1]):
+            step = reached.get((job, attempt), -1)
+            if step < 0:
+                continue  # never stepped (killed while starting): nothing to lose
+            later = numbers[index + 1 :]
+            ran = [n for n in later if (job, n) in resumed_log]
+            if ran:
+                losses.append(
+                    StepsLost(job, attempt, ran[0], step, resumed_log[(job, ran[0])], "runner log")
+                )
+            else:
+                following = later[0]
+                start = resumed_db.get((job, following), 0)
+                losses.append(StepsLost(job, attempt, following, step, start, "postgres attempts"))
+    return losses
 
 
 # -- the campaign ----------------------------------------------------------------------------
@@ -836,60 +918,34 @@ class Campaign:
         self.check_steps_lost(attempts)
         await self.check_rebuild()
 
-    def pod_log_facts(self) -> tuple[dict[tuple[str, int], int], dict[tuple[str, int], int]]:
-        """From the runners' own logs: (job, attempt) → step resumed from; → last checkpoint."""
-        resumed: dict[tuple[str, int], int] = {}
-        checkpointed: dict[tuple[str, int], int] = {}
-        for path in sorted((self.data_dir / "pods").glob("*.log")):
-            with contextlib.suppress(OSError):
-                for line in path.read_text(errors="replace").splitlines():
-                    if match := _RESUMED.search(line):
-                        resumed[(match["job"], int(match["attempt"]))] = int(match["step"])
-                    elif match := _STARTED_OVER.search(line):
-                        resumed[(match["job"], int(match["attempt"]))] = 0
-                    elif match := _CHECKPOINTED.search(line):
-                        key = (match["job"], int(match["attempt"]))
-                        checkpointed[key] = max(checkpointed.get(key, 0), int(match["step"]))
-        return resumed, checkpointed
-
     def check_steps_lost(self, attempts: Sequence[Any]) -> None:
         assert self.sampler is not None
-        resumed, checkpointed = self.pod_log_facts()
-        from_db = {(r["job_id"], r["attempt"]): r["resumed_from_step"] for r in attempts}
-        by_job: dict[str, list[int]] = defaultdict(list)
-        for job, attempt in from_db:
-            by_job[job].append(attempt)
-        sources: Counter[str] = Counter()
-        worst = 0
+        facts = runner_log_facts(self.data_dir / "pods")
+        reached = dict(self.sampler.reached)
+        for key, step in facts.checkpointed.items():
+            reached[key] = max(reached.get(key, -1), step)
+        numbers: dict[str, list[int]] = defaultdict(list)
+        from_db: dict[tuple[str, int], int] = {}
+        for row in attempts:
+            numbers[row["job_id"]].append(int(row["attempt"]))
+            from_db[(row["job_id"], int(row["attempt"]))] = int(row["resumed_from_step"] or 0)
+        self.report.retries = sum(len(found) - 1 for found in numbers.values())
+        losses = steps_lost(
+            attempts=numbers, reached=reached, resumed_log=facts.resumed, resumed_db=from_db
+        )
         interval = self.config.checkpoint_interval_steps
-        for job, numbers in by_job.items():
-            numbers.sort()
-            self.report.retries += len(numbers) - 1
-            for before, after in itertools.pairwise(numbers):
-                reached = max(
-                    self.sampler.reached.get((job, before), -1),
-                    checkpointed.get((job, before), -1),
+        self.report.max_steps_lost = max((loss.lost for loss in losses), default=0)
+        for loss in losses:
+            if loss.lost > interval:
+                self.report.problems.append(
+                    f"{loss.job}: attempt {loss.attempt} reached step {loss.reached}, attempt "
+                    f"{loss.next_attempt} resumed from {loss.resumed} ({loss.source}): "
+                    f"{loss.lost} steps lost > {interval}"
                 )
-                if reached < 0:
-                    continue  # the attempt never stepped (killed while starting): nothing lost
-                if (job, after) in resumed:
-                    start = resumed[(job, after)]
-                    sources["runner log"] += 1
-                else:
-                    start = int(from_db.get((job, after)) or 0)
-                    sources["postgres attempts"] += 1
-                lost = max(0, reached - start)
-                worst = max(worst, lost)
-                if lost > interval:
-                    problems = self.report.problems
-                    problems.append(
-                        f"{job}: attempt {before} reached step {reached}, attempt {after} "
-                        f"resumed from {start}: {lost} steps lost > {interval}"
-                    )
-        self.report.max_steps_lost = worst
+        sources = Counter(loss.source for loss in losses)
         self.report.steps_lost_source = (
-            "reached: energies.csv tail (sampled) and runner log checkpoints; resumed: "
-            + ", ".join(f"{name} x{count}" for name, count in sorted(sources.items()))
+            "reached: energies.csv tail (sampled) and the runner's logged checkpoints; "
+            "resumed: " + ", ".join(f"{name} x{count}" for name, count in sorted(sources.items()))
         )
 
     async def check_rebuild(self) -> None:
