@@ -156,13 +156,13 @@ def test_the_sampler_sees_two_live_runners_of_one_job(
     fake_runners.append(start_fake_runner("job-c", 1, "other-namespace"))
     (tmp_path / "job-b").mkdir()
     (tmp_path / "job-b" / "energies.csv").write_text("step,time_ps\n100,0.2\n")
-    found = runner_processes(os.getpid(), "ns1")
+    found = runner_processes("ns1")
     assert sorted((r.job_id, r.attempt) for r in found) == [
         ("job-a", 1),
         ("job-a", 2),
         ("job-b", 1),
     ]
-    sampler = Sampler(root_pid=os.getpid(), namespace="ns1", jobs_dir=tmp_path, every_s=1.0)
+    sampler = Sampler(namespace="ns1", jobs_dir=tmp_path, every_s=1.0)
     sampler.sample()
     assert [seen["job"] for seen in sampler.concurrent] == ["job-a"]
     assert sampler.reached == {("job-b", 1): 100}

@@ -342,15 +342,21 @@ def stack_processes(root_pid: int) -> dict[str, list[psutil.Process]]:
     return found
 
 
-def runner_processes(root_pid: int, namespace: str) -> list[RunnerProcess]:
-    """The live runners of this campaign (job id and attempt from their environment)."""
+def runner_processes(namespace: str) -> list[RunnerProcess]:
+    """The live runners of this campaign on this machine (job id and attempt from their
+    environment). Every process is looked at, not only the stack's tree: a runner that
+    outlived its node agent (re-parented to init) is exactly the one to catch."""
     runners: list[RunnerProcess] = []
-    for process in stack_processes(root_pid).get("runner", []):
+    for process in psutil.process_iter(["cmdline"]):
         try:
+            if "services.runner" not in " ".join(process.info["cmdline"] or ()):
+                continue
+            if not _alive(process):
+                continue
             env = process.environ()
         except psutil.Error:
             continue
-        if env.get("MDQ_NAMESPACE", namespace) != namespace or "MDQ_JOB_ID" not in env:
+        if env.get("MDQ_NAMESPACE") != namespace or "MDQ_JOB_ID" not in env:
             continue
         runners.append(
             RunnerProcess(
@@ -383,8 +389,7 @@ def last_energy_step(path: Path) -> int | None:
 class Sampler:
     """A thread that lists the campaign's runners and the steps they reached."""
 
-    def __init__(self, *, root_pid: int, namespace: str, jobs_dir: Path, every_s: float) -> None:
-        self._root_pid = root_pid
+    def __init__(self, *, namespace: str, jobs_dir: Path, every_s: float) -> None:
         self._namespace = namespace
         self._jobs_dir = jobs_dir
         self._every_s = every_s
@@ -412,7 +417,7 @@ class Sampler:
             self._stop.wait(self._every_s)
 
     def sample(self) -> None:
-        runners = runner_processes(self._root_pid, self._namespace)
+        runners = runner_processes(self._namespace)
         self.samples += 1
         by_job: dict[str, list[RunnerProcess]] = defaultdict(list)
         for runner in runners:
@@ -669,10 +674,13 @@ class Campaign:
     # -- faults ----------------------------------------------------------------------------
     def kill_process(self, kind: str) -> bool:
         assert self.stack is not None
-        candidates = stack_processes(self.stack.pid).get(kind, [])
         if kind == "runner":
-            mine = {r.pid for r in runner_processes(self.stack.pid, self.namespace)}
-            candidates = [c for c in candidates if c.pid in mine]
+            candidates = []
+            for runner in sorted(runner_processes(self.namespace), key=lambda r: r.pid):
+                with contextlib.suppress(psutil.Error):
+                    candidates.append(psutil.Process(runner.pid))
+        else:
+            candidates = sorted(stack_processes(self.stack.pid).get(kind, []), key=lambda p: p.pid)
         if not candidates:
             return False
         victim = self.rng.choice(candidates)
@@ -1010,7 +1018,6 @@ class Campaign:
         assert self.stack is not None
         await self.submit()
         self.sampler = Sampler(
-            root_pid=self.stack.pid,
             namespace=self.namespace,
             jobs_dir=self.data_dir / "jobs",
             every_s=self.config.sample_s,
@@ -1053,6 +1060,10 @@ class Campaign:
             self.sampler.stop()
         with contextlib.suppress(Exception):
             self.stop_stack()
+        for runner in runner_processes(self.namespace):
+            self.report.problems.append(f"a runner outlived the stack: {runner}")
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(runner.pid).kill()
         if self.nats is not None:
             with contextlib.suppress(Exception):
                 self.nats.stop()
