@@ -68,6 +68,9 @@ PROCESS_KINDS: tuple[str, ...] = (*SERVICE_KINDS, "agent", "runner")
 FAULT_KINDS: tuple[str, ...] = (*PROCESS_KINDS, "nats", "postgres", "disk_full")
 """Every kind of fault the campaign injects."""
 
+MIN_PAUSE_S = 0.3
+"""The shortest pause between two faults (when the faults have fallen behind the jobs)."""
+
 _RESUMED = re.compile(
     r"runner\[(?P<job>[^#\]]+)#(?P<attempt>\d+)\].*resuming from .* at step (?P<step>\d+)"
 )
@@ -566,6 +569,7 @@ class Campaign:
         )
         self.sampler: Sampler | None = None
         self.job_ids: list[str] = []
+        self.finished_jobs = 0
         self.events: list[str] = []
         self._kills: Counter[str] = Counter()
         self._missed: Counter[str] = Counter()
@@ -740,8 +744,15 @@ class Campaign:
         schedule = fault_schedule(self.rng, self.config)
         self.note(f"fault schedule: {' '.join(schedule)}")
         retries: Counter[str] = Counter()
+        total = len(schedule)
         while schedule and not done.is_set() and not self.run_deadline.passed:
             pause = self.rng.uniform(*self.config.pause_s)
+            # Keep the faults ahead of the jobs: when a larger share of the jobs has ended
+            # than of the schedule has been injected, the next fault comes at once (a fast
+            # machine must not finish the campaign before every kind has hit).
+            jobs_ended = self.finished_jobs / max(1, len(self.job_ids))
+            if jobs_ended > (total - len(schedule)) / total:
+                pause = MIN_PAUSE_S
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(done.wait(), timeout=self.run_deadline.bound(pause))
             if done.is_set():
@@ -815,11 +826,12 @@ class Campaign:
                     await asyncio.sleep(0.5)
                     continue
                 finished = [j for j in self.job_ids if succeeded[j] or ended[j]]
+                self.finished_jobs = len(finished)
                 if len(finished) == len(self.job_ids):
                     done.set()
                     self.note("every job is terminal in the log")
                     return
-                await asyncio.sleep(1.0)
+                await asyncio.sleep(0.5)
         finally:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(nc.close(), 10)
@@ -828,6 +840,7 @@ class Campaign:
     async def check(self) -> None:
         import asyncpg
 
+        from mdq.bus.codec import decode_event
         from mdq.bus.connect import connect
         from mdq.bus.subjects import Subjects
         from mdq.store.projection import JOBS_CONSUMER, PROGRESS_CONSUMER
@@ -843,14 +856,18 @@ class Campaign:
                 PROGRESS_CONSUMER: (await js.stream_info(subjects.progress_stream)).state.last_seq,
             }
             last_progress: dict[str, int] = {}
+            final_step: dict[str, int] = {}
             for job in self.job_ids:
                 with contextlib.suppress(Exception):
-                    from mdq.bus.codec import decode_event
-
                     message = await js.get_last_msg(
                         subjects.progress_stream, subjects.progress(job)
                     )
                     last_progress[job] = int(decode_event(message.data or b"").progress.step)
+                with contextlib.suppress(Exception):
+                    message = await js.get_last_msg(
+                        subjects.jobs_stream, subjects.job(job, "succeeded")
+                    )
+                    final_step[job] = int(decode_event(message.data or b"").succeeded.final_step)
         finally:
             await nc.close()
         self.report.succeeded = sum(1 for j in self.job_ids if succeeded[j] >= 1 and not ended[j])
@@ -862,6 +879,11 @@ class Campaign:
                 )
             if last_progress.get(job) != self.config.steps:
                 problems.append(f"{job}: last progress in the log at step {last_progress.get(job)}")
+            if final_step.get(job) != self.config.steps:
+                problems.append(f"{job}: succeeded with final step {final_step.get(job)}")
+            on_disk = last_energy_step(self.data_dir / "jobs" / job / "energies.csv")
+            if on_disk != self.config.steps:
+                problems.append(f"{job}: the runner's energy table ends at step {on_disk}")
 
         # PostgreSQL: wait until the watcher has projected everything the log holds.
         connection = None
