@@ -8,6 +8,8 @@ streams, buckets) and may ask for its own fresh database, so tests never see eac
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -36,14 +38,19 @@ def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def postgres_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def postgres_url() -> Iterator[str]:
     """URL of a PostgreSQL server's maintenance database (used to create test databases)."""
     if url := os.environ.get("DATABASE_URL"):
         yield url
         return
-    server = start_postgres(tmp_path_factory.mktemp("pg"), database="mdq_tests", keep=False)
+    # Not under pytest's temporary root: every pytest session that starts resets that folder
+    # to mode 0700, and pgserver's server runs as its own user, which then can no longer
+    # reach its data directory (PostgreSQL PANICs at its next checkpoint).
+    folder = Path(tempfile.mkdtemp(prefix="mdq-tests-pg-"))
+    server = start_postgres(folder, database="mdq_tests", keep=False)
     yield server.url
     server.stop()
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture
