@@ -24,6 +24,12 @@ def parse(argv: list[str]) -> ChaosConfig:
     parser.add_argument("--checkpoint-interval", type=int, default=500)
     parser.add_argument("--faults-per-kind", type=int, default=2)
     parser.add_argument("--extra-faults", type=int, default=10)
+    parser.add_argument(
+        "--faults-ahead",
+        type=int,
+        default=4,
+        help="Spread faults over the campaign: at most this many ahead of the jobs' progress.",
+    )
     parser.add_argument("--deadline", type=float, default=1500.0, help="Seconds, all in.")
     parser.add_argument("--work-dir", type=Path, default=None, help="Kept afterwards.")
     parser.add_argument("--keep", action="store_true", help="Keep the temporary work folder.")
@@ -38,6 +44,7 @@ def parse(argv: list[str]) -> ChaosConfig:
         checkpoint_interval_steps=args.checkpoint_interval,
         faults_per_kind=args.faults_per_kind,
         extra_faults=args.extra_faults,
+        max_faults_ahead=args.faults_ahead,
         deadline_s=args.deadline,
         work_dir=args.work_dir,
         keep=args.keep,

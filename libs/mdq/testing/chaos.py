@@ -99,6 +99,9 @@ class ChaosConfig:
     faults_per_kind: int = 1
     extra_faults: int = 0
     """Faults of random kinds on top of ``faults_per_kind`` of each kind."""
+    max_faults_ahead: int | None = None
+    """Spread the faults over the campaign: at most this many more faults injected than the
+    share of jobs ended calls for (None: as fast as ``pause_s`` allows)."""
     pause_s: tuple[float, float] = (2.0, 5.0)
     """Random pause between two faults."""
     outage_s: tuple[float, float] = (1.0, 3.0)
@@ -751,8 +754,14 @@ class Campaign:
             # than of the schedule has been injected, the next fault comes at once (a fast
             # machine must not finish the campaign before every kind has hit).
             jobs_ended = self.finished_jobs / max(1, len(self.job_ids))
-            if jobs_ended > (total - len(schedule)) / total:
+            injected = total - len(schedule)
+            if jobs_ended > injected / total:
                 pause = MIN_PAUSE_S
+            ahead = self.config.max_faults_ahead
+            if ahead is not None and injected >= jobs_ended * total + ahead:
+                # Spread over the campaign: wait for more jobs to end before the next fault.
+                await asyncio.sleep(self.run_deadline.bound(0.5))
+                continue
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(done.wait(), timeout=self.run_deadline.bound(pause))
             if done.is_set():
