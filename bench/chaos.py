@@ -13,7 +13,7 @@ import asyncio
 import sys
 from pathlib import Path
 
-from mdq.testing.chaos import ChaosConfig, run_campaign
+from mdq.testing.chaos import FAULT_KINDS, ChaosConfig, run_campaign
 
 
 def parse(argv: list[str]) -> ChaosConfig:
@@ -22,6 +22,11 @@ def parse(argv: list[str]) -> ChaosConfig:
     parser.add_argument("--seed", type=int, default=None, help="Default: a random one (printed).")
     parser.add_argument("--steps", type=int, default=10000)
     parser.add_argument("--checkpoint-interval", type=int, default=500)
+    parser.add_argument(
+        "--kinds",
+        default=",".join(FAULT_KINDS),
+        help="Comma-separated fault kinds (default: all of them).",
+    )
     parser.add_argument("--faults-per-kind", type=int, default=2)
     parser.add_argument("--extra-faults", type=int, default=10)
     parser.add_argument(
@@ -42,6 +47,7 @@ def parse(argv: list[str]) -> ChaosConfig:
         seed=args.seed,
         steps=args.steps,
         checkpoint_interval_steps=args.checkpoint_interval,
+        kinds=tuple(kind for kind in args.kinds.split(",") if kind),
         faults_per_kind=args.faults_per_kind,
         extra_faults=args.extra_faults,
         max_faults_ahead=args.faults_ahead,

@@ -96,6 +96,8 @@ class ChaosConfig:
     atoms: int = 500
     """Atoms of each job's Lennard-Jones fluid (small: a job takes seconds)."""
     nodes: int = 2
+    kinds: tuple[str, ...] = FAULT_KINDS
+    """The kinds of fault injected (default: every kind)."""
     faults_per_kind: int = 1
     extra_faults: int = 0
     """Faults of random kinds on top of ``faults_per_kind`` of each kind."""
@@ -525,8 +527,11 @@ def steps_lost(
 # -- the campaign ----------------------------------------------------------------------------
 def fault_schedule(rng: random.Random, config: ChaosConfig) -> list[str]:
     """Every kind ``faults_per_kind`` times plus ``extra_faults`` random ones, shuffled."""
-    kinds = [kind for kind in FAULT_KINDS for _ in range(config.faults_per_kind)]
-    kinds += [rng.choice(FAULT_KINDS) for _ in range(config.extra_faults)]
+    unknown = set(config.kinds) - set(FAULT_KINDS)
+    if unknown:
+        raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {FAULT_KINDS}")
+    kinds = [kind for kind in config.kinds for _ in range(config.faults_per_kind)]
+    kinds += [rng.choice(config.kinds) for _ in range(config.extra_faults)]
     rng.shuffle(kinds)
     return kinds
 
@@ -1078,7 +1083,7 @@ class Campaign:
             self.report.problems.append(
                 f"not every job was terminal within the deadline ({self.config.deadline_s:g} s)"
             )
-        for kind in FAULT_KINDS:
+        for kind in self.config.kinds:
             hits = self._kills[kind]
             if hits < self.config.faults_per_kind:
                 self.report.problems.append(
