@@ -119,7 +119,8 @@ class ChaosConfig:
     work_dir: Path | None = None
     """Where servers, state and the data disk live (default: a new folder under /tmp)."""
     keep: bool = False
-    """Keep the work folder afterwards (for reading the logs)."""
+    """Keep the work folder afterwards (for reading the logs); a failed campaign keeps it
+    anyway."""
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment of the stack's services (MDQ_* settings)."""
 
@@ -1109,12 +1110,14 @@ class Campaign:
         with contextlib.suppress(Exception):
             for process in self.postgres_processes():
                 process.kill()
-        if self.config.keep or self.config.work_dir is not None:
+        # A failed campaign keeps its evidence (the report names the folder).
+        keep = self.config.keep or self.config.work_dir is not None or not self.report.ok
+        if keep:
             with contextlib.suppress(OSError, shutil.Error):
                 shutil.copytree(self.data_dir, self.work / "data-kept", dirs_exist_ok=True)
         with contextlib.suppress(Exception):
             self.disk.unmount()
-        if not self.config.keep and self.config.work_dir is None:
+        if not keep:
             shutil.rmtree(self.work, ignore_errors=True)
 
 
