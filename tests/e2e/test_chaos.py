@@ -28,7 +28,7 @@ SHORT = ChaosConfig(
     disk_full_s=(1.0, 2.0),
     disk_mb=64,
     # About a minute on a quiet 2-core machine; the deadline only stops a campaign that hangs.
-    deadline_s=300.0,
+    deadline_s=240.0,  # inside pytest-timeout's 300 s, with room to clean up
     check_reserve_s=60.0,
 )
 
