@@ -39,6 +39,7 @@ async def test_every_job_survives_one_of_every_fault() -> None:
     # (which a new pytest session resets to mode 0700, cutting pgserver's server off from its
     # data); a failed campaign keeps that folder and names it in the report.
     report = await run_campaign(SHORT)
+    print(report.to_json())  # the figures, with pytest -s
     figures = json.loads(report.to_json())
     assert report.problems == [], report.to_json()
     assert figures["jobs"] == figures["succeeded"] == figures["final_step_exact"] == SHORT.jobs
