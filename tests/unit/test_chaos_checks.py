@@ -106,6 +106,30 @@ def test_steps_lost(
     )
 
 
+@pytest.mark.parametrize(
+    ("db", "expected"),
+    [
+        pytest.param({}, StepsLost("j", 1, 2, 900, 0, "runner log"), id="fresh-start"),
+        pytest.param(
+            {("j", 2): 500},
+            StepsLost("j", 1, 2, 900, 500, "postgres attempts"),
+            id="resume-line-lost-postgres-stands-in",
+        ),
+    ],
+)
+def test_steps_lost_of_an_attempt_that_only_logged_it_built(
+    db: dict[tuple[str, int], int], expected: StepsLost
+) -> None:
+    [loss] = steps_lost(
+        attempts={"j": [1, 2]},
+        reached={("j", 1): 900},
+        resumed_log={},
+        resumed_db=db,
+        built={("j", 2)},
+    )
+    assert loss == expected
+
+
 def test_a_loss_beyond_the_interval_is_visible() -> None:
     [loss] = steps_lost(
         attempts={"j": [1, 2]}, reached={("j", 1): 5100}, resumed_log={("j", 2): 0}, resumed_db={}
@@ -126,7 +150,8 @@ def test_runner_log_facts(tmp_path: Path) -> None:
     )
     (tmp_path / "mdq-abc-x-3.log").write_text("")  # killed before it logged anything
     facts = runner_log_facts(tmp_path)
-    assert facts.resumed == {("abc-x", 1): 0, ("abc-x", 2): 1000}
+    assert facts.resumed == {("abc-x", 2): 1000}
+    assert facts.built == {("abc-x", 1), ("abc-x", 2)}
     assert facts.checkpointed == {("abc-x", 1): 1000}
 
 

@@ -449,7 +449,10 @@ class RunnerLogFacts:
     """What the runners' own logs (``<data>/pods/*.log``) say, by (job, attempt)."""
 
     resumed: dict[tuple[str, int], int]
-    """The step the attempt started stepping from (0: built its system without resuming)."""
+    """The step the attempt says it resumed from ("resuming from … at step N"; "starting over
+    from step 0" is 0)."""
+    built: set[tuple[str, int]]
+    """Attempts that built their system (so they ran, from step 0 unless they resumed)."""
     checkpointed: dict[tuple[str, int], int]
     """The last checkpoint it wrote."""
 
@@ -457,6 +460,7 @@ class RunnerLogFacts:
 def runner_log_facts(pods_dir: Path) -> RunnerLogFacts:
     """Read every runner log under ``pods_dir`` (lines tagged ``runner[JOB#ATTEMPT]``)."""
     resumed: dict[tuple[str, int], int] = {}
+    built: set[tuple[str, int]] = set()
     checkpointed: dict[tuple[str, int], int] = {}
     for path in sorted(pods_dir.glob("*.log")):
         try:
@@ -469,12 +473,11 @@ def runner_log_facts(pods_dir: Path) -> RunnerLogFacts:
             elif match := _STARTED_OVER.search(line):
                 resumed[(match["job"], int(match["attempt"]))] = 0
             elif match := _BUILT.search(line):
-                # It built its system: step 0, unless a "resuming" line follows.
-                resumed.setdefault((match["job"], int(match["attempt"])), 0)
+                built.add((match["job"], int(match["attempt"])))
             elif match := _CHECKPOINTED.search(line):
                 key = (match["job"], int(match["attempt"]))
                 checkpointed[key] = max(checkpointed.get(key, 0), int(match["step"]))
-    return RunnerLogFacts(resumed=resumed, checkpointed=checkpointed)
+    return RunnerLogFacts(resumed=resumed, built=built, checkpointed=checkpointed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -499,12 +502,15 @@ def steps_lost(
     reached: dict[tuple[str, int], int],
     resumed_log: dict[tuple[str, int], int],
     resumed_db: dict[tuple[str, int], int],
+    built: frozenset[tuple[str, int]] | set[tuple[str, int]] = frozenset(),
 ) -> list[StepsLost]:
     """For each attempt that reached a step and was followed by another: the steps lost.
 
     The next attempt compared with is the next one that ran (its runner's log says where it
-    started); when no later attempt left such a line (its log was lost to a full disk), the
-    following attempt's ``resumed_from_step`` as projected into PostgreSQL stands in."""
+    started: a "resuming"/"starting over" line, or only "built", which is step 0 for a fresh
+    start). Where the log is silent — no later attempt left a line, or one built its system
+    but its resume line is missing although a resume was asked (a full disk swallows lines)
+    — the ``resumed_from_step`` projected into PostgreSQL stands in."""
     losses: list[StepsLost] = []
     for job, found in attempts.items():
         numbers = sorted(found)
@@ -513,11 +519,15 @@ def steps_lost(
             if step < 0:
                 continue  # never stepped (killed while starting): nothing to lose
             later = numbers[index + 1 :]
-            ran = [n for n in later if (job, n) in resumed_log]
-            if ran:
-                losses.append(
-                    StepsLost(job, attempt, ran[0], step, resumed_log[(job, ran[0])], "runner log")
-                )
+            ran = [n for n in later if (job, n) in resumed_log or (job, n) in built]
+            if ran and (job, ran[0]) in resumed_log:
+                start = resumed_log[(job, ran[0])]
+                losses.append(StepsLost(job, attempt, ran[0], step, start, "runner log"))
+            elif ran and not resumed_db.get((job, ran[0]), 0):
+                losses.append(StepsLost(job, attempt, ran[0], step, 0, "runner log"))
+            elif ran:
+                start = resumed_db[(job, ran[0])]
+                losses.append(StepsLost(job, attempt, ran[0], step, start, "postgres attempts"))
             else:
                 following = later[0]
                 start = resumed_db.get((job, following), 0)
@@ -976,7 +986,11 @@ class Campaign:
             from_db[(row["job_id"], int(row["attempt"]))] = int(row["resumed_from_step"] or 0)
         self.report.retries = sum(len(found) - 1 for found in numbers.values())
         losses = steps_lost(
-            attempts=numbers, reached=reached, resumed_log=facts.resumed, resumed_db=from_db
+            attempts=numbers,
+            reached=reached,
+            resumed_log=facts.resumed,
+            resumed_db=from_db,
+            built=facts.built,
         )
         interval = self.config.checkpoint_interval_steps
         self.report.max_steps_lost = max((loss.lost for loss in losses), default=0)
