@@ -1,0 +1,193 @@
+"""The chaos harness's own checks (``mdq.testing.chaos``) can fail: two runners of one job are
+caught by the sampler, lost work beyond a checkpoint interval is computed from the runners'
+logs, a torn energy-table line is not taken for a step, and the schedule hits every kind."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from mdq.testing.chaos import (
+    FAULT_KINDS,
+    ChaosConfig,
+    Sampler,
+    StepsLost,
+    fault_schedule,
+    last_energy_step,
+    runner_log_facts,
+    runner_processes,
+    steps_lost,
+)
+
+
+@pytest.mark.parametrize(
+    ("per_kind", "extra"),
+    [pytest.param(1, 0, id="one-of-each"), pytest.param(2, 7, id="two-of-each-plus-random")],
+)
+def test_the_schedule_hits_every_kind_as_often_as_asked(per_kind: int, extra: int) -> None:
+    config = ChaosConfig(faults_per_kind=per_kind, extra_faults=extra)
+    schedule = fault_schedule(random.Random(3), config)
+    assert len(schedule) == per_kind * len(FAULT_KINDS) + extra
+    assert all(schedule.count(kind) >= per_kind for kind in FAULT_KINDS)
+    assert schedule == fault_schedule(random.Random(3), config), "the seed decides"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param("step,time_ps\n100,0.2\n200,0.4\n", 200, id="whole-rows"),
+        pytest.param("step,time_ps\n100,0.2\n200,0.4\n30", 200, id="torn-last-line-ignored"),
+        pytest.param("step,time_ps\n", None, id="header-only"),
+    ],
+)
+def test_last_energy_step(tmp_path: Path, text: str, expected: int | None) -> None:
+    path = tmp_path / "energies.csv"
+    path.write_text(text)
+    assert last_energy_step(path) == expected
+
+
+def test_last_energy_step_of_no_table(tmp_path: Path) -> None:
+    assert last_energy_step(tmp_path / "missing.csv") is None
+
+
+LOSS_CASES = [
+    pytest.param(
+        {"j": [1, 2]},
+        {("j", 1): 5100},
+        {("j", 2): 5000},
+        {("j", 2): 5000},
+        [StepsLost("j", 1, 2, 5100, 5000, "runner log")],
+        id="resumed-from-the-last-checkpoint",
+    ),
+    pytest.param(
+        {"j": [1, 2]},
+        {("j", 1): 5100},
+        {("j", 2): 0},
+        {("j", 2): 5000},
+        [StepsLost("j", 1, 2, 5100, 0, "runner log")],
+        id="started-over-despite-a-checkpoint",
+    ),
+    pytest.param(
+        {"j": [1, 2, 3]},
+        {("j", 1): 2300},
+        {("j", 3): 2000},
+        {("j", 2): 2000, ("j", 3): 2000},
+        [StepsLost("j", 1, 3, 2300, 2000, "runner log")],
+        id="next-attempt-never-ran",
+    ),
+    pytest.param(
+        {"j": [1, 2]},
+        {("j", 1): 900},
+        {},
+        {("j", 2): 500},
+        [StepsLost("j", 1, 2, 900, 500, "postgres attempts")],
+        id="no-log-line-postgres-stands-in",
+    ),
+    pytest.param({"j": [1, 2]}, {}, {("j", 2): 0}, {}, [], id="first-attempt-never-stepped"),
+]
+
+
+@pytest.mark.parametrize(("attempts", "reached", "log", "db", "expected"), LOSS_CASES)
+def test_steps_lost(
+    attempts: dict[str, list[int]],
+    reached: dict[tuple[str, int], int],
+    log: dict[tuple[str, int], int],
+    db: dict[tuple[str, int], int],
+    expected: list[StepsLost],
+) -> None:
+    assert (
+        steps_lost(attempts=attempts, reached=reached, resumed_log=log, resumed_db=db) == expected
+    )
+
+
+@pytest.mark.parametrize(
+    ("db", "expected"),
+    [
+        pytest.param({}, StepsLost("j", 1, 2, 900, 0, "runner log"), id="fresh-start"),
+        pytest.param(
+            {("j", 2): 500},
+            StepsLost("j", 1, 2, 900, 500, "postgres attempts"),
+            id="resume-line-lost-postgres-stands-in",
+        ),
+    ],
+)
+def test_steps_lost_of_an_attempt_that_only_logged_it_built(
+    db: dict[tuple[str, int], int], expected: StepsLost
+) -> None:
+    [loss] = steps_lost(
+        attempts={"j": [1, 2]},
+        reached={("j", 1): 900},
+        resumed_log={},
+        resumed_db=db,
+        built={("j", 2)},
+    )
+    assert loss == expected
+
+
+def test_a_loss_beyond_the_interval_is_visible() -> None:
+    [loss] = steps_lost(
+        attempts={"j": [1, 2]}, reached={("j", 1): 5100}, resumed_log={("j", 2): 0}, resumed_db={}
+    )
+    assert loss.lost == 5100 > ChaosConfig().checkpoint_interval_steps
+
+
+def test_runner_log_facts(tmp_path: Path) -> None:
+    tag = "INFO runner[abc-x#{}] services.runner.md"
+    (tmp_path / "mdq-abc-x-1.log").write_text(
+        f"t {tag.format(1)}: built 500 atoms on the CPU platform\n"
+        f"t {tag.format(1)}: checkpoint at step 500: /x/ckpt-000000000500.xml (1 bytes)\n"
+        f"t {tag.format(1)}: checkpoint at step 1000: /x/ckpt-000000001000.xml (1 bytes)\n"
+    )
+    (tmp_path / "mdq-abc-x-2.log").write_text(
+        f"t {tag.format(2)}: built 500 atoms on the CPU platform\n"
+        f"t {tag.format(2)}: resuming from /x/ckpt-000000001000.xml at step 1000 (native)\n"
+    )
+    (tmp_path / "mdq-abc-x-3.log").write_text("")  # killed before it logged anything
+    facts = runner_log_facts(tmp_path)
+    assert facts.resumed == {("abc-x", 2): 1000}
+    assert facts.built == {("abc-x", 1), ("abc-x", 2)}
+    assert facts.checkpointed == {("abc-x", 1): 1000}
+
+
+@pytest.fixture
+def fake_runners(tmp_path: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for process in started:
+        process.kill()
+        process.wait()
+
+
+def start_fake_runner(job: str, attempt: int, namespace: str) -> subprocess.Popen[bytes]:
+    """A process whose command line and environment look like a runner's."""
+    env = dict(os.environ, MDQ_JOB_ID=job, MDQ_ATTEMPT=str(attempt), MDQ_NAMESPACE=namespace)
+    return subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; time.sleep(60)", "services.runner"], env=env
+    )
+
+
+def test_the_sampler_sees_two_live_runners_of_one_job(
+    tmp_path: Path, fake_runners: list[subprocess.Popen[bytes]]
+) -> None:
+    fake_runners.append(start_fake_runner("job-a", 1, "ns1"))
+    fake_runners.append(start_fake_runner("job-a", 2, "ns1"))
+    fake_runners.append(start_fake_runner("job-b", 1, "ns1"))
+    fake_runners.append(start_fake_runner("job-c", 1, "other-namespace"))
+    (tmp_path / "job-b").mkdir()
+    (tmp_path / "job-b" / "energies.csv").write_text("step,time_ps\n100,0.2\n")
+    found = runner_processes("ns1")
+    assert sorted((r.job_id, r.attempt) for r in found) == [
+        ("job-a", 1),
+        ("job-a", 2),
+        ("job-b", 1),
+    ]
+    sampler = Sampler(namespace="ns1", jobs_dir=tmp_path, every_s=1.0)
+    sampler.sample()
+    assert [seen["job"] for seen in sampler.concurrent] == ["job-a"]
+    assert sampler.reached == {("job-b", 1): 100}
