@@ -4,11 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-<<<<<<< HEAD
-.PHONY: run up test test-fast lint proto asyncapi bench-placement bench-recovery bench-runner bench-ingest clean install
-=======
-.PHONY: run up test test-fast lint proto bench-placement bench-recovery bench-runner bench-ingest chaos clean install
->>>>>>> chaos
+.PHONY: run up test test-fast lint proto asyncapi bench-placement bench-recovery bench-runner bench-ingest chaos clean install
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "mdq needs Python 3.11 or newer")'
@@ -69,12 +65,8 @@ bench-recovery: $(STAMP)
 
 ## bench-ingest: progress events/s NATS → PostgreSQL, watcher vs the fastest raw fetch+COPY loop; fsync-always vs server default
 bench-ingest: $(STAMP)
-<<<<<<< HEAD
 	$(BIN)/python bench/ingest.py $(BENCH_ARGS)
-=======
-	$(BIN)/python bench/ingest.py
 
 ## chaos: >= 40 MD jobs while kill -9 hits every process, NATS/PostgreSQL restart, the data disk fills
 chaos: $(STAMP)
 	$(BIN)/python bench/chaos.py $(CHAOS_ARGS)
->>>>>>> chaos
