@@ -13,8 +13,9 @@ A checkpoint of step S is three files in ``checkpoints/``:
 Each is written to a temporary file, fsynced, renamed into place and the folder fsynced, so a
 crash leaves either the old file or the new one, never a torn one under the real name. The
 sha256 is read back from the renamed file: what is announced is what is on disk. Loading
-verifies the sha256 again: a torn or corrupt XML makes the previous checkpoint the one used,
-a corrupt native file only costs the exact continuation (the XML of the same step is used).
+verifies the sha256 again: a torn, corrupt or missing XML makes the newest good checkpoint in
+the folder the one used, a corrupt native file only costs the exact continuation (the XML of
+the same step is used).
 
 The newest checkpoint and the one before it are kept (older ones are deleted), so a checkpoint
 that turns out to be bad still leaves a good one to fall back to (DESIGN invariant 5).
@@ -214,8 +215,14 @@ class CheckpointStore:
 
     def load(self, announced: pb.Checkpoint, *, platform: str = "") -> LoadedCheckpoint | None:
         """The checkpoint to resume from: ``announced`` if its sha256 matches and it parses,
-        else the newest good checkpoint in the folder with a lower step, else None. Its native
-        checkpoint comes along when it was written on ``platform`` and verifies."""
+        else the newest good checkpoint in the folder, else None. Its native checkpoint comes
+        along when it was written on ``platform`` and verifies.
+
+        The fallback takes later checkpoints too: an attempt that was declared lost while its
+        runner still ran (a node that only looked lost) goes on checkpointing after recovery
+        announced the one to resume from, and its pruning may delete that one. Every verified
+        checkpoint in the folder is a state of this job's own run, so the newest loses least;
+        starting over from step 0 with good checkpoints on disk would lose them all."""
         path = Path(announced.path)
         if not path.is_file():
             path = self._directory / path.name
@@ -225,14 +232,14 @@ class CheckpointStore:
             )
         except (OSError, ValueError) as error:
             log.warning(
-                "checkpoint %s (step %d) is unusable: %s; looking for an earlier one",
+                "checkpoint %s (step %d) is unusable: %s; looking for another one",
                 path,
                 announced.step,
                 error,
             )
         for step in reversed(self.steps()):
-            if step >= announced.step:
-                continue
+            if step == announced.step and path == self._directory / checkpoint_name(step):
+                continue  # the one that just failed
             candidate = self._directory / checkpoint_name(step)
             try:
                 loaded = self._verify(candidate, step=step, sha256=None, platform=platform)
@@ -241,7 +248,7 @@ class CheckpointStore:
                 continue
             log.warning("falling back to checkpoint %s (step %d)", candidate, step)
             return loaded
-        log.warning("no usable checkpoint before step %d in %s", announced.step, self._directory)
+        log.warning("no usable checkpoint in %s", self._directory)
         return None
 
     def _verify(

@@ -332,6 +332,40 @@ async def test_corrupt_resume_checkpoint_falls_back_to_the_previous_one(
     assert "ckpt-000000000100.xml" in second.stderr
 
 
+async def test_a_pruned_resume_checkpoint_falls_back_to_the_newest_one_on_disk(
+    nc: Client, subjects: Subjects, data_dir: Path, start_runner: StartRunner
+) -> None:
+    """Recovery announced an old checkpoint, and a runner that went on after its attempt was
+    declared lost pruned it: the retry resumes from the newest verified checkpoint in the
+    folder (later than the announced one), not from step 0 (the chaos campaign's bug)."""
+    spec = md_spec("md", steps=400, report_interval_steps=50, checkpoint_interval_steps=100)
+    first_task = make_task(data_dir, "job-pruned", spec)
+    events = await tap(nc, subjects, first_task.job_id)
+    first = await start_runner(first_task)
+    assert await first.wait() == RunnerExit.OK, first.stderr
+    await events.wait_until(lambda: len(events.checkpoints) >= 3)
+    _, checkpoints = events.of_attempt(1)
+    announced = checkpoints[0]
+    announced_path = Path(announced.path)
+    on_disk = sorted(
+        int(p.name[5:17]) for p in announced_path.parent.glob("ckpt-*.xml") if p != announced_path
+    )
+    assert on_disk and on_disk[-1] > announced.step
+    for suffix in (".xml", ".chk", ".json"):
+        announced_path.with_suffix(suffix).unlink(missing_ok=True)
+
+    second = await start_runner(
+        make_task(data_dir, "job-pruned", spec, attempt=2, resume_from=announced)
+    )
+    assert await second.wait() == RunnerExit.OK, second.stderr
+    await events.wait_until(lambda: any(p.done_reason for p in events.of_attempt(2)[0]))
+    after, _ = events.of_attempt(2)
+    assert "starting over" not in second.stderr
+    assert f"ckpt-{on_disk[-1]:012d}.xml" in second.stderr
+    assert after[0].step > announced.step, "resumed from a later checkpoint"
+    assert after[-1].step == 400
+
+
 async def test_sigterm_checkpoints_and_exits_preempted(
     nc: Client, subjects: Subjects, data_dir: Path, start_runner: StartRunner
 ) -> None:
