@@ -7,6 +7,7 @@ on deletion, dies with its runners on kill -9 and reports them NodeLost after a 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -20,9 +21,13 @@ from nats.aio.client import Client
 from mdq.backends.factory import UnknownBackend, make_backend
 from mdq.backends.local.api import LocalBackend
 from mdq.backends.local.launcher import start_agent
+from mdq.backends.local.records import NodeRecord
 from mdq.backends.port import NodeSample, PodExists, PodSpec, PodUpdate
+from mdq.bus.connect import connect
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
+from mdq.embedded import start_nats
+from tests.helpers import reconnected
 
 NODES = ("n1", "n2")
 FAST = {
@@ -413,3 +418,60 @@ async def test_silent_node_is_lost_and_its_pods_fenced_when_it_returns(
 
 async def _ready(backend: LocalBackend, node: str) -> bool:
     return any(s.name == node and s.ready for s in await backend.sample_nodes())
+
+
+async def test_nodes_that_keep_heartbeating_stay_ready_across_a_nats_server_restart(
+    tmp_path: Path,
+) -> None:
+    """After a NATS server restart a KV watch can stay silent for many seconds while the
+    heartbeats go on being written; the backend must not take that silence for dead nodes
+    (which marked every running pod NodeLost in the chaos campaign)."""
+    server = start_nats(tmp_path / "nats")
+    subjects = Subjects("heartbeat")
+    client = await connect(server.url, name="test-heartbeat", subjects=subjects)
+    backend = LocalBackend(nc=client, subjects=subjects, heartbeat_timeout_s=1.5)
+    nodes = (await backend.buckets()).nodes
+    stop = asyncio.Event()
+
+    async def heartbeat() -> None:  # what a node agent writes
+        while not stop.is_set():
+            record = NodeRecord(
+                name="n1",
+                cpu_capacity=1.0,
+                memory_capacity_mb=1024,
+                ready=True,
+                cpu_load=0.0,
+                memory_load=0.0,
+                heartbeat_unix=time.time(),
+            )
+            with contextlib.suppress(Exception):  # NATS away for a moment: beat again
+                await nodes.put("n1", record.to_json())
+            await asyncio.sleep(0.3)
+
+    beating = asyncio.create_task(heartbeat())
+    try:
+        assert [s.ready for s in await ready_nodes_of(backend)] == [True]
+        server.kill()
+        await asyncio.sleep(1.0)
+        server = start_nats(tmp_path / "nats", port=server.port)
+        await reconnected(client)
+        await asyncio.sleep(2.0)  # the heartbeats resume; the outage itself is over
+        verdicts = []
+        for _ in range(30):  # ten seconds: the window the silent watch used to cover
+            verdicts.append([s.ready for s in await backend.sample_nodes()])
+            await asyncio.sleep(1 / 3)
+        assert verdicts == [[True]] * 30
+    finally:
+        stop.set()
+        await beating
+        await backend.close()
+        await client.close()
+        server.stop()
+
+
+async def ready_nodes_of(backend: LocalBackend) -> list[NodeSample]:
+    async def ready() -> list[NodeSample] | None:
+        samples = await backend.sample_nodes()
+        return samples if samples and all(s.ready for s in samples) else None
+
+    return await eventually(ready, what="the node to be ready")

@@ -18,7 +18,7 @@ from dataclasses import replace
 
 from nats.aio.client import Client
 from nats.js import JetStreamContext
-from nats.js.errors import APIError, KeyWrongLastSequenceError
+from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from mdq.backends.local.records import (
@@ -95,6 +95,23 @@ class _NodeTable:
         finally:
             with contextlib.suppress(Exception):
                 await watcher.stop()  # type: ignore[no-untyped-call]
+
+    async def confirm(self, record: NodeRecord) -> NodeRecord:
+        """``record`` as the bucket holds it now (a direct read), for a node whose mirrored
+        heartbeat looks old. After a NATS server restart a KV watch can stay silent for
+        many seconds while the heartbeats it should deliver keep being written (seen with
+        nats-py 2.16: about 16 s), which made every node look lost at once; a newer record
+        read directly means the watch is behind, so it is started again."""
+        try:
+            entry = await self._bucket.get(record.name)
+            current = NodeRecord.from_json(record.name, entry.value or b"")
+        except (KeyNotFoundError, ValueError, KeyError, TypeError):
+            return record
+        if current.heartbeat_unix > record.heartbeat_unix:
+            self._records[record.name] = current
+            log.warning("node watch missed heartbeats of %s; restarting it", record.name)
+            await self.close()
+        return current
 
     async def close(self) -> None:
         if self._task is not None:
@@ -230,10 +247,18 @@ class LocalBackend:
         await self.buckets()
         assert self._nodes is not None
         now = time.time()
-        return [
-            node_sample(record, now_unix=now, heartbeat_timeout_s=self._heartbeat_timeout_s)
-            for record in await self._nodes.records()
-        ]
+        samples: list[NodeSample] = []
+        for record in await self._nodes.records():
+            sample = node_sample(
+                record, now_unix=now, heartbeat_timeout_s=self._heartbeat_timeout_s
+            )
+            if not sample.ready:  # silent, or only our view of it is? ask the bucket
+                confirmed = await self._nodes.confirm(record)
+                sample = node_sample(
+                    confirmed, now_unix=now, heartbeat_timeout_s=self._heartbeat_timeout_s
+                )
+            samples.append(sample)
+        return samples
 
     async def close(self) -> None:
         if self._nodes is not None:
