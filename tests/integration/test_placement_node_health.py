@@ -111,6 +111,9 @@ async def test_node_lost_on_both_nodes_cordons_neither(
     await bus.publish_all([node_load("n1"), node_load("n2", cpu_load=0.6)])
     await fail_jobs_on(bus, "n1", "r10-one", pb.FAILURE_NODE_LOST)
     await fail_jobs_on(bus, "n2", "r10-two", pb.FAILURE_NODE_LOST)
+    # The nodes are back and report again (until then, a node lost since its last report
+    # counts as not ready: test_placement_moves); what is left to decide is the cordons.
+    await bus.publish_all([node_load("n1"), node_load("n2", cpu_load=0.6)])
     decision, _ = await bind_one(nc, subjects, data_dir, "r10-new")
     assert decision.node == "n1"
     assert not [c.node for c in decision.candidates if c.filtered]

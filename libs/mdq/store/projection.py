@@ -605,11 +605,13 @@ async def _latest_progress(
 
 
 async def _cancel(task: asyncio.Task[list[Msg]] | None) -> None:
-    """Cancel a fetch running ahead and wait for it to end (its messages are dropped)."""
+    """Cancel a fetch running ahead and wait for it to end (its messages are dropped). A
+    cancellation of the caller while it waits is not swallowed (``asyncio.wait`` raises it)."""
     if task is not None:
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
+        await asyncio.wait([task])
+        if not task.cancelled():
+            task.exception()  # retrieved: a fetch that failed as it was dropped is no news
 
 
 def _columns(rows: Sequence[tuple[Any, ...]], width: int) -> list[list[Any]]:
@@ -742,7 +744,7 @@ class Projector:
         try:
             async with asyncio.TaskGroup() as group:
                 for feed in self._feeds:
-                    group.create_task(self._follow(feed), name=f"projector-{feed.consumer}")
+                    group.create_task(self._follow_or_stop(feed), name=f"projector-{feed.consumer}")
         except BaseExceptionGroup as group:
             broken = group.subgroup(LogContinuityError)
             if broken is None:
@@ -754,6 +756,17 @@ class Projector:
         finally:
             for feed in self._feeds:
                 await self._unsubscribe(feed)
+
+    async def _follow_or_stop(self, feed: _Feed) -> None:
+        """``_follow``; when it fails, the other feed is asked to stop as well as cancelled. A
+        cancellation alone can be lost on Python 3.11 (``asyncio.timeout`` turns one that
+        lands as its deadline expires into a TimeoutError), which left the other feed running
+        and ``run()`` waiting on it for ever."""
+        try:
+            await self._follow(feed)
+        except BaseException:
+            self._stopping.set()
+            raise
 
     def stop(self) -> None:
         """Ask ``run()`` to return after the batch in hand is committed (or abandoned)."""
