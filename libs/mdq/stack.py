@@ -580,11 +580,8 @@ class Stack:
                 child.process = None
                 self._kill_group(process.pid, signal.SIGKILL)
                 child.consecutive_failures += 1
-                delay = self._backoff(child.consecutive_failures)
-                child.next_start_at = now + delay
-                self._note(
-                    f"{child.name}: exited with {code}; restarting in {delay:.1f} s "
-                    f"(log: {child.log_path})"
+                child.next_start_at = self._restart_later(
+                    child.name, f"exited with {code}", child.consecutive_failures, child.log_path
                 )
                 changed = True
             if changed:
@@ -593,6 +590,12 @@ class Stack:
 
     def _backoff(self, consecutive_failures: int) -> float:
         return min(self._max_backoff_s, 0.5 * 2.0 ** (consecutive_failures - 1))
+
+    def _restart_later(self, name: str, how: str, consecutive_failures: int, log: Path) -> float:
+        """Note that a part ended; return when (monotonic) to start it again (the backoff)."""
+        delay = self._backoff(consecutive_failures)
+        self._note(f"{name}: {how}; restarting in {delay:.1f} s (log: {log})")
+        return time.monotonic() + delay
 
     def _supervise_server(self, watch: ServerWatch, now: float) -> bool:
         """One supervision step for an embedded server; True if its status changed."""
@@ -626,11 +629,8 @@ class Stack:
             watch.down_since = now
             watch.last_exit = ended
             watch.consecutive_failures += 1
-            delay = self._backoff(watch.consecutive_failures)
-            watch.next_start_at = now + delay
-            self._note(
-                f"{watch.name}: exited ({ended}); restarting in {delay:.1f} s "
-                f"(log: {watch.log_path})"
+            watch.next_start_at = self._restart_later(
+                watch.name, f"exited ({ended})", watch.consecutive_failures, watch.log_path
             )
             return True
         if now >= watch.next_start_at:

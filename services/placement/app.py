@@ -99,17 +99,18 @@ def _utcnow() -> datetime:
 def candidate_entry(score: NodeScore) -> bytes:
     """One ``JobBound.candidates`` entry in wire format (tag, length, message): entries
     concatenate into the repeated field."""
-    return pb.JobBound(
-        candidates=[
-            pb.NodeScore(
-                node=score.node,
-                score=score.score,
-                filtered=score.filtered,
-                cpu_load=score.cpu_load,
-                memory_load=score.memory_load,
-            )
-        ]
-    ).SerializeToString(deterministic=True)
+    return pb.JobBound(candidates=[node_score_message(score)]).SerializeToString(deterministic=True)
+
+
+def node_score_message(score: NodeScore) -> pb.NodeScore:
+    """A core ``NodeScore`` as the contract's message."""
+    return pb.NodeScore(
+        node=score.node,
+        score=score.score,
+        filtered=score.filtered,
+        cpu_load=score.cpu_load,
+        memory_load=score.memory_load,
+    )
 
 
 @dataclass(slots=True)
@@ -750,16 +751,7 @@ class Placement:
     ) -> pb.JobWaiting:
         message = pb.JobWaiting(
             attempt=self.book.jobs[waiting.job_id].attempt,
-            candidates=[
-                pb.NodeScore(
-                    node=score.node,
-                    score=score.score,
-                    filtered=score.filtered,
-                    cpu_load=score.cpu_load,
-                    memory_load=score.memory_load,
-                )
-                for score in waiting.scores
-            ],
+            candidates=[node_score_message(score) for score in waiting.scores],
             nodes_total=waiting.nodes_total,
             filtered_counts=waiting.filtered_counts,
             summary=waiting.summary,
