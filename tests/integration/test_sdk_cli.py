@@ -21,6 +21,7 @@ from pathlib import Path
 import nats
 import nats.errors
 import pytest
+from nats.js.api import KeyValueConfig
 from nats.js.errors import NotFoundError
 from typer.testing import CliRunner, Result
 
@@ -453,6 +454,21 @@ async def test_mdq_ls_and_show_read_the_history_from_postgresql(
         assert "WAITING" in shown.stdout and "TASK_MD" in shown.stdout
         assert job_ids[3] in shown.stdout  # it depends on chain-minimize
         assert "submitted" in shown.stdout  # in the timeline
+
+        # A PENDING job: `mdq show` adds placement's word on why it waits (placement writes
+        # it to the waiting bucket; tests/integration/test_placement_replicas.py shows that).
+        waiting = pb.JobWaiting(attempt=1, summary="0/2 nodes are available: 2 cordoned")
+        nc = await nats.connect(nats_url)
+        try:
+            kv = await nc.jetstream().create_key_value(
+                KeyValueConfig(bucket=Subjects(namespace).waiting_bucket, history=1)
+            )
+            await kv.put(job_ids[0], waiting.SerializeToString())
+        finally:
+            await nc.close()
+        pending = await asyncio.to_thread(_cli, "", "", "show", job_ids[0], state_dir=tmp_path)
+        assert pending.exit_code == 0, pending.output
+        assert "why it waits (placement): 0/2 nodes are available: 2 cordoned" in pending.stdout
 
         unknown = await asyncio.to_thread(_cli, "", "", "show", "nope-nope", state_dir=tmp_path)
         assert unknown.exit_code == 1 and "no job nope-nope" in unknown.output
