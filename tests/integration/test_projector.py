@@ -353,6 +353,32 @@ async def test_a_rejected_submit_is_recorded(
     assert await pool.fetchval("SELECT job_id FROM events") is None
 
 
+async def test_an_attempt_without_started_starts_at_its_first_report_whatever_the_order(
+    projector: Projector,
+    publisher: EventPublisher,
+    js: JetStreamContext,
+    subjects: Subjects,
+    pool: asyncpg.Pool,
+) -> None:
+    """Attempt 1 crashed before its ``started`` was published; its reports reach the
+    projection only after the job moved on to attempt 2 (the order a rebuild may take). The
+    attempt still started at its first report, as it does when the reports come first."""
+    history = History("nostart")
+    reports = [history.progress(1, step) for step in (100, 200)]
+    jobs = [
+        history.submitted(),
+        history.bound(1, "n1"),
+        history.attempt_failed(1, "n1", last_step=200),
+        history.requeued(2, resume_step=0, steps_lost=200),
+    ]
+    await publish_in_order(publisher, jobs)
+    await wait_projected(js, subjects, pool)
+    await publish_in_order(publisher, reports)
+    await wait_projected(js, subjects, pool)
+    attempts = await attempt_rows(pool, history.job_id)
+    assert attempts[1]["started_at"] == history.times["progress:1:100"]
+
+
 async def test_failure_then_requeue_fills_both_attempts(
     projector: Projector,
     publisher: EventPublisher,

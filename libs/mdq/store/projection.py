@@ -527,6 +527,42 @@ CROSS JOIN LATERAL (
 """
 
 
+_FIRST_REPORTS = """
+SELECT t.job_id, t.attempt, p.time
+FROM unnest($1::text[], $2::int[]) AS t(job_id, attempt)
+CROSS JOIN LATERAL (
+    SELECT time FROM progress p WHERE p.job_id = t.job_id AND p.attempt = t.attempt
+    ORDER BY p.step LIMIT 1  -- the primary key (job_id, attempt, step)
+) AS p
+"""
+
+
+async def _settle_starts(connection: asyncpg.Connection, rows: dict[str, _JobRow]) -> None:
+    """Make every attempt's ``started_at`` the earliest of its facts, whatever the order.
+
+    An attempt started at its ``started`` event or at its first progress report, whichever is
+    earlier. The fold sees the two in an order that depends on how the streams interleaved:
+    a report folded before its ``bound`` is caught up later (the latest report, not the
+    first), and a report folded after the attempt ended (a runner that went on) is fenced. So
+    the first stored report of each attempt is read back and lowers ``started_at`` if earlier;
+    the live projection and one rebuilt from the log then agree (the chaos campaign found an
+    attempt that crashed before its ``started`` was published: started in one, NULL in the
+    other)."""
+    wanted = [
+        (job_id, number)
+        for job_id, row in rows.items()
+        for number, record in row.view.attempts.items()
+        if record.node  # bound: a pod that may have run
+    ]
+    if not wanted:
+        return
+    for record in await connection.fetch(_FIRST_REPORTS, *_columns(wanted, 2)):
+        attempt = rows[record["job_id"]].view.attempts[record["attempt"]]
+        first = record["time"]
+        if attempt.started_at is None or first < attempt.started_at:
+            attempt.started_at = first
+
+
 async def _settle_progress(connection: asyncpg.Connection, rows: dict[str, _JobRow]) -> None:
     """Make the "last progress" columns independent of how the two streams interleaved.
 
@@ -1288,6 +1324,7 @@ class Projector:
         for row in rows.values():
             row.catch_up(latest)
         await _settle_progress(connection, rows)
+        await _settle_starts(connection, rows)
         inserts, updates, attempts = [], [], []
         for row in rows.values():
             if row.is_new:
