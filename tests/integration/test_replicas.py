@@ -9,7 +9,11 @@ copies each, placed on three servers. A process started with fewer (one) leaves 
 
 from __future__ import annotations
 
+import contextlib
+import random
+import socket
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import nats
 import pytest
@@ -21,7 +25,7 @@ from mdq.backends.local.records import ensure_buckets
 from mdq.bus.requests import Requests
 from mdq.bus.streams import ensure_streams, stream_configs
 from mdq.bus.subjects import Subjects
-from mdq.embedded import EmbeddedNats, NatsCluster, free_port, start_nats
+from mdq.embedded import EmbeddedNats, NatsCluster, start_nats
 from mdq.settings import CommonSettings
 from services.intake.registry import SubmitRegistry
 from services.placement.lease import LeaderLease
@@ -38,9 +42,31 @@ def test_the_setting_reaches_every_stream_config(monkeypatch: pytest.MonkeyPatch
     assert {config.num_replicas for config in stream_configs(Subjects("mdq"))} == {1}
 
 
+def route_ports(count: int) -> tuple[int, ...]:
+    """Free ports below the ephemeral range for the cluster's routes. They are chosen before
+    any server binds them, so one taken from the ephemeral range could be handed meanwhile to
+    another server's client port or an outgoing connection (seen: "Error listening on router
+    port: address already in use")."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    ports: list[int] = []
+    candidate = random.randrange(20000, low - 1000)
+    while len(ports) < count:
+        with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as probe:
+            try:
+                probe.bind(("127.0.0.1", candidate))
+                ports.append(candidate)
+            except OSError:
+                pass
+        candidate += 1
+    return tuple(ports)
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[EmbeddedNats]]:
-    routes = tuple(free_port() for _ in range(3))
+    routes = route_ports(3)
     servers: list[EmbeddedNats] = []
     try:
         for index, route in enumerate(routes):
