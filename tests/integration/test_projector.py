@@ -379,6 +379,32 @@ async def test_an_attempt_without_started_starts_at_its_first_report_whatever_th
     assert attempts[1]["started_at"] == history.times["progress:1:100"]
 
 
+@pytest.mark.parametrize("reports_first", [False, True], ids=["jobs-first", "reports-first"])
+async def test_a_report_after_the_attempt_ended_counts_in_neither_order(
+    projector: Projector,
+    publisher: EventPublisher,
+    js: JetStreamContext,
+    subjects: Subjects,
+    pool: asyncpg.Pool,
+    reports_first: bool,
+) -> None:
+    """A runner that went on after its attempt failed (it was not stopped yet) reported step
+    300 after the failure. Live, the fold sees that report after the failure and fences it; a
+    rebuild may fold it first. Either way the attempt and the job end at step 200."""
+    history = History(f"late-{int(reports_first)}")
+    jobs = [history.submitted(), history.bound(1, "n1"), history.started(1, "n1")]
+    reports = [history.progress(1, step) for step in (100, 200)]
+    jobs.append(history.attempt_failed(1, "n1", last_step=150))
+    reports.append(history.progress(1, 300))  # after the failure
+    for batch in (reports, jobs) if reports_first else (jobs, reports):
+        await publish_in_order(publisher, batch)
+        await wait_projected(js, subjects, pool)
+    job = await job_row(pool, history.job_id)
+    assert (job["state"], job["last_step"]) == ("RECOVERING", 200)
+    assert job["last_progress_at"] == history.times["progress:1:200"]
+    assert (await attempt_rows(pool, history.job_id))[1]["last_step"] == 200
+
+
 async def test_failure_then_requeue_fills_both_attempts(
     projector: Projector,
     publisher: EventPublisher,

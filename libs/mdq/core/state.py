@@ -155,6 +155,8 @@ class JobView:
                 body = event.progress
                 if body.step < self.last_step and self.last_progress_at is not None:
                     return False
+                if self.current.ended_at is not None:
+                    return False  # the runner went on after its attempt ended: fenced
                 self.last_step = body.step
                 self.last_potential = body.potential_kj_mol
                 self.last_progress_at = at

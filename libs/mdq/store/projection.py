@@ -186,6 +186,7 @@ class _JobRow:
     last_ns_per_day: float | None = None
     bound_at: dict[int, datetime] = field(default_factory=dict)
     attempt_last_step: dict[int, int] = field(default_factory=dict)
+    ended_now: dict[int, int] = field(default_factory=dict)
     is_new: bool = False
     stored: tuple[Any, ...] | None = None
     stored_attempts: dict[int, tuple[Any, ...]] = field(default_factory=dict)
@@ -272,11 +273,15 @@ class _JobRow:
 
     def apply(self, event: pb.Event) -> None:
         """Fold one event with the core state machine; record what the view does not keep."""
+        was_open = self.view.current.ended_at is None
         if not self.view.apply(event):
             return
         at = event_time(event)
         self.updated_at = at
         attempt = self.view.attempt
+        if was_open and self.view.current.ended_at is not None:
+            terminal = event.succeeded.final_step or event.attempt_failed.last_step
+            self.ended_now[attempt] = terminal  # settled by _settle_ended
         match event.WhichOneof("body"):
             case "bound":
                 self.bound_at[attempt] = at
@@ -517,7 +522,7 @@ ON CONFLICT (consumer) DO UPDATE SET stream_created = EXCLUDED.stream_created
 
 
 _LATEST_REPORTS = """
-SELECT t.job_id, p.step, p.time, p.potential_kj_mol, p.temperature_k, p.ns_per_day
+SELECT t.job_id, t.attempt, p.step, p.time, p.potential_kj_mol, p.temperature_k, p.ns_per_day
 FROM unnest($1::text[], $2::int[], $3::timestamptz[]) AS t(job_id, attempt, until)
 CROSS JOIN LATERAL (
     SELECT step, time, potential_kj_mol, temperature_k, ns_per_day FROM progress p
@@ -561,6 +566,38 @@ async def _settle_starts(connection: asyncpg.Connection, rows: dict[str, _JobRow
         first = record["time"]
         if attempt.started_at is None or first < attempt.started_at:
             attempt.started_at = first
+
+
+async def _settle_ended(connection: asyncpg.Connection, rows: dict[str, _JobRow]) -> None:
+    """Give each attempt that ended in this batch the last step it had reached by its end.
+
+    That is the larger of the step its terminal event names and its last stored report up to
+    the moment it ended. Reports after the end (a runner that went on before it was stopped)
+    are fenced when the fold sees them after the end, but folded when the PROGRESS stream ran
+    ahead of JOBS (a rebuild): so the value is computed afresh here from stored facts, not
+    carried from whatever the fold saw first, and the live and rebuilt projections agree.
+    """
+    wanted = [
+        (job_id, number, row.view.attempts[number].ended_at)
+        for job_id, row in rows.items()
+        for number in row.ended_now
+    ]
+    if not wanted:
+        return
+    for row in rows.values():
+        for number, terminal in row.ended_now.items():
+            row.attempt_last_step[number] = terminal
+    for record in await connection.fetch(_LATEST_REPORTS, *_columns(wanted, 3)):
+        row = rows[record["job_id"]]
+        view, number = row.view, record["attempt"]
+        step = max(row.attempt_last_step[number], record["step"])
+        row.attempt_last_step[number] = step
+        if number == view.attempt:  # not requeued yet: the job's own columns end there too
+            view.last_step = step
+            view.last_potential = record["potential_kj_mol"]
+            view.last_progress_at = record["time"]
+            row.last_temperature_k = record["temperature_k"]
+            row.last_ns_per_day = record["ns_per_day"]
 
 
 async def _settle_progress(connection: asyncpg.Connection, rows: dict[str, _JobRow]) -> None:
@@ -1323,6 +1360,7 @@ class Projector:
                 row.apply(event)
         for row in rows.values():
             row.catch_up(latest)
+        await _settle_ended(connection, rows)
         await _settle_progress(connection, rows)
         await _settle_starts(connection, rows)
         inserts, updates, attempts = [], [], []
