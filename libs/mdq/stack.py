@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from collections.abc import Sequence
@@ -126,13 +128,31 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def metrics_port_near(start: int = DEFAULT_METRICS_PORT, *, tries: int = 100) -> int:
-    """The first port from ``start`` on that is free. Ports are taken below the ephemeral
-    range on purpose: a port picked there can be taken by an outgoing connection (a service's
-    NATS client) before the metrics server binds it."""
+def claim_metrics_port(
+    start: int = DEFAULT_METRICS_PORT, *, tries: int = 100
+) -> tuple[int, IO[str]]:
+    """The first port from ``start`` on that is free and not claimed by another stack, and the
+    open lock file that claims it (held until closed, released by the kernel if the stack
+    dies).
+
+    Ports are taken below the ephemeral range on purpose: a port picked there can be taken by
+    an outgoing connection (a service's NATS client) before the metrics server binds it. The
+    claim closes the other race: two stacks started at once both saw 9464 free, and the
+    second's metrics service failed to bind it, restart after restart."""
+    lock_dir = Path(tempfile.gettempdir())
     for port in range(start, start + tries):
+        try:
+            claim = (lock_dir / f"mdq-metrics-port-{port}.lock").open("a", encoding="utf-8")
+        except OSError:  # another user's claim
+            continue
+        try:
+            fcntl.flock(claim, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            claim.close()
+            continue
         if _port_free(port):
-            return port
+            return port, claim
+        claim.close()
     raise StackError(f"no free port for /metrics in {start}..{start + tries - 1}")
 
 
@@ -281,6 +301,7 @@ class Stack:
         self._database_url = database_url or os.environ.get("DATABASE_URL") or ""
         self.local_nodes = local_nodes
         self._metrics_port = metrics_port
+        self._metrics_port_claim: IO[str] | None = None
         self._services = tuple(services)
         self._extra_env = dict(extra_env or {})
         self._grace_s = grace_s
@@ -359,6 +380,9 @@ class Stack:
                 watch.restarting = None
         await asyncio.to_thread(self._stop_children)
         await asyncio.to_thread(self._stop_servers)
+        if self._metrics_port_claim is not None:
+            self._metrics_port_claim.close()
+            self._metrics_port_claim = None
         info_path = self.state_dir / STACK_FILE
         with contextlib.suppress(OSError, ValueError, TypeError):
             if StackInfo.from_json(info_path.read_text(encoding="utf-8")).pid == os.getpid():
@@ -490,12 +514,13 @@ class Stack:
 
     def _choose_metrics_port(self) -> int:
         """The given port (0: the first free one from 9464), else ``MDQ_METRICS_PORT``, else
-        the first free one from 9464."""
+        the first free one from 9464, claimed until the stack stops."""
         if self._metrics_port:
             return self._metrics_port
         if self._metrics_port is None and (configured := os.environ.get("MDQ_METRICS_PORT")):
             return int(configured)
-        return metrics_port_near(DEFAULT_METRICS_PORT)
+        port, self._metrics_port_claim = claim_metrics_port(DEFAULT_METRICS_PORT)
+        return port
 
     # -- children --------------------------------------------------------------------------
     def _programs(self) -> list[tuple[str, tuple[str, ...]]]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import signal
@@ -52,10 +53,23 @@ def configure_logging(task: RunnerTask | None = None) -> None:
     )
 
 
+def _disk_full(error: BaseException | None) -> bool:
+    """Whether ``error`` or one it was raised from is a full disk or an exceeded quota."""
+    seen = 0
+    while error is not None and seen < 16:  # a cause chain is short; a cycle is not followed
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        error = error.__cause__ or error.__context__
+        seen += 1
+    return False
+
+
 def exit_code_for(error: BaseException) -> RunnerExit:
     """The exit code that tells recovery what kind of failure ``error`` is."""
     if isinstance(error, RunnerError):
         return error.exit_code
+    if _disk_full(error):
+        return RunnerExit.NO_SPACE
     if isinstance(error, MemoryError) or "bad_alloc" in str(error):
         return RunnerExit.OUT_OF_MEMORY
     if is_nan_error(error):

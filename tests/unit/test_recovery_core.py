@@ -24,6 +24,7 @@ CLASSIFY_CASES = [
     ("node lost", "NodeLost", 0, pb.FAILURE_NODE_LOST),
     ("NaN energy", "Error", RunnerExit.UNSTABLE, pb.FAILURE_UNSTABLE),
     ("bad input", "Error", RunnerExit.INVALID_INPUT, pb.FAILURE_INVALID_INPUT),
+    ("data disk full", "Error", RunnerExit.NO_SPACE, pb.FAILURE_ENVIRONMENT),
 ]
 
 
@@ -109,6 +110,17 @@ def test_crashes_beyond_max_retries_give_up_with_every_attempt() -> None:
     assert all(f"attempt {n}" in decision.message for n in range(1, 5))
 
 
+def test_a_full_disk_backs_off_without_counting_against_the_job() -> None:
+    """Five full-disk failures in a row, without progress, with one retry allowed: the job is
+    neither out of retries nor quarantined; it waits longer each time, on the same node."""
+    delays = [
+        decide(view_with_failures(*[pb.FAILURE_ENVIRONMENT] * n, max_retries=1)) for n in (1, 5)
+    ]
+    assert all(isinstance(d, Requeue) for d in delays)
+    assert [d.delay_s for d in delays] == [5.0, 80.0]  # type: ignore[union-attr]
+    assert delays[1].avoid_nodes == ()  # type: ignore[union-attr]
+
+
 def test_oom_retries_with_more_memory() -> None:
     decision = decide(view_with_failures(pb.FAILURE_OOM_KILLED))
     assert isinstance(decision, Requeue) and decision.memory_mb == 1500
@@ -184,6 +196,7 @@ QUARANTINE_CASES = [
     ("three identical crashes without progress", (pb.FAILURE_CRASHED,) * 3, True),
     ("three evictions without progress", (pb.FAILURE_EVICTED,) * 3, True),
     ("two identical crashes are not yet a loop", (pb.FAILURE_CRASHED,) * 2, False),
+    ("three full disks are the machine's trouble", (pb.FAILURE_ENVIRONMENT,) * 3, False),
     (
         "different failures are not a loop",
         (pb.FAILURE_CRASHED, pb.FAILURE_EVICTED, pb.FAILURE_CRASHED),

@@ -52,6 +52,7 @@ class FailureReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FAILURE_DEPENDENCY_FAILED: _ClassVar[FailureReason]
     FAILURE_RETRIES_EXHAUSTED: _ClassVar[FailureReason]
     FAILURE_QUARANTINED: _ClassVar[FailureReason]
+    FAILURE_ENVIRONMENT: _ClassVar[FailureReason]
 
 class PodPhase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -88,6 +89,7 @@ FAILURE_INVALID_INPUT: FailureReason
 FAILURE_DEPENDENCY_FAILED: FailureReason
 FAILURE_RETRIES_EXHAUSTED: FailureReason
 FAILURE_QUARANTINED: FailureReason
+FAILURE_ENVIRONMENT: FailureReason
 POD_PHASE_UNSPECIFIED: PodPhase
 POD_PENDING: PodPhase
 POD_RUNNING: PodPhase

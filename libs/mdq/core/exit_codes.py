@@ -21,3 +21,5 @@ class RunnerExit(IntEnum):
     """SIGTERM: a checkpoint was written and the runner stopped on request."""
     OUT_OF_MEMORY = 6
     """The runner hit its memory limit (MemoryError under RLIMIT_AS)."""
+    NO_SPACE = 7
+    """The data disk was full (ENOSPC or EDQUOT): the environment failed, not the job."""

@@ -24,7 +24,8 @@ Which failures count (only those that implicate the node as a place to run jobs)
   the 60 s silence rule fires before a NotReady node's pods end NodeLost), the bus was away (every
   runner on every node falls silent at once), the watcher stalled. A node that is really
   unreachable is already kept out by readiness; a job lost on a node avoids it on its retry.
-- FAILURE_EVICTED (preemption, drain, agent shut down), FAILURE_OOM_KILLED (the job's request),
+- FAILURE_ENVIRONMENT (the data disk full: shared volumes fill for all nodes at once),
+  FAILURE_EVICTED (preemption, drain, agent shut down), FAILURE_OOM_KILLED (the job's request),
   FAILURE_UNSTABLE and FAILURE_INVALID_INPUT (the job's physics or input): the job's or the
   operator's doing — do not count.
 

@@ -20,7 +20,10 @@ from mdq.core.exit_codes import RunnerExit
 from mdq.core.state import JobView
 from mdq.core.timestamps import set_timestamp
 
-NOT_THE_JOBS_FAULT = frozenset({pb.FAILURE_EVICTED, pb.FAILURE_NODE_LOST})
+NOT_THE_JOBS_FAULT = frozenset({pb.FAILURE_EVICTED, pb.FAILURE_NODE_LOST, pb.FAILURE_ENVIRONMENT})
+BACKED_OFF = frozenset({pb.FAILURE_CRASHED, pb.FAILURE_ENVIRONMENT})
+"""Failures retried after an exponential backoff (per class): a crash, or a full disk that
+needs time to free."""
 NOT_WORTH_RETRYING = frozenset({pb.FAILURE_UNSTABLE, pb.FAILURE_INVALID_INPUT})
 MOVE_TO_ANOTHER_NODE = frozenset({pb.FAILURE_EVICTED, pb.FAILURE_NODE_LOST, pb.FAILURE_LOST})
 
@@ -38,6 +41,8 @@ def classify(*, pod_reason: str, exit_code: int) -> pb.FailureReason:
         return pb.FAILURE_UNSTABLE
     if exit_code == RunnerExit.INVALID_INPUT:
         return pb.FAILURE_INVALID_INPUT
+    if exit_code == RunnerExit.NO_SPACE:
+        return pb.FAILURE_ENVIRONMENT
     return pb.FAILURE_CRASHED
 
 
@@ -115,6 +120,8 @@ def crash_loop(view: JobView, policy: RecoveryPolicy) -> int:
         failure = record.failure
         if failure is None or failure.last_step > record.resumed_from_step:
             break
+        if failure.reason == pb.FAILURE_ENVIRONMENT:
+            break  # a full disk fails every job alike: no sign of this job looping
         signature = (failure.reason, failure.exit_code)
         if streak and signature != streak[0]:
             break
@@ -169,10 +176,10 @@ def decide(
         )
         if memory <= view.resources.memory_mb:
             return GiveUp(reason, f"out of memory at the cap: {describe_attempts(view)}")
-    if reason == pb.FAILURE_CRASHED:
-        crashes = sum(1 for f in counted if f.reason == pb.FAILURE_CRASHED)
+    if reason in BACKED_OFF:
+        alike = sum(1 for _, f in history if f.reason == reason)
         delay = min(
-            policy.backoff_max_s, policy.backoff_base_s * policy.backoff_factor ** (crashes - 1)
+            policy.backoff_max_s, policy.backoff_base_s * policy.backoff_factor ** (alike - 1)
         )
     avoid = (failure.node,) if reason in MOVE_TO_ANOTHER_NODE and failure.node else ()
     return Requeue(

@@ -1,0 +1,44 @@
+"""The runner's exit code names the kind of failure recovery must handle (a table of cases)."""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+
+from mdq.core.exit_codes import RunnerExit
+from services.runner.app import exit_code_for
+from services.runner.errors import InvalidInputError
+
+
+def _written_to_dev_full() -> OSError:
+    """The error a real write to a full device raises (Linux's /dev/full: ENOSPC)."""
+    try:
+        with open("/dev/full", "w") as full:
+            full.write("x" * 8192)
+    except OSError as error:
+        return error
+    raise AssertionError("/dev/full accepted a write")
+
+
+def _raised_from(cause: BaseException) -> RuntimeError:
+    try:
+        raise RuntimeError("saving the checkpoint failed") from cause
+    except RuntimeError as error:
+        return error
+
+
+CASES = [
+    ("a plain bug", ValueError("boom"), RunnerExit.CRASHED),
+    ("no memory", MemoryError(), RunnerExit.OUT_OF_MEMORY),
+    ("bad input", InvalidInputError("no such dependency output"), RunnerExit.INVALID_INPUT),
+    ("disk full", _written_to_dev_full(), RunnerExit.NO_SPACE),
+    ("disk full, wrapped", _raised_from(_written_to_dev_full()), RunnerExit.NO_SPACE),
+    ("quota exceeded", OSError(errno.EDQUOT, "Disk quota exceeded"), RunnerExit.NO_SPACE),
+    ("another I/O error", OSError(errno.EIO, "Input/output error"), RunnerExit.CRASHED),
+]
+
+
+@pytest.mark.parametrize(("name", "error", "expected"), CASES, ids=[c[0] for c in CASES])
+def test_exit_code_for(name: str, error: BaseException, expected: RunnerExit) -> None:
+    assert exit_code_for(error) is expected
