@@ -57,6 +57,8 @@ class EmbeddedNats:
     store_dir: Path
     log_file: Path
     sync_interval: str = SYNC_ALWAYS
+    auth: str = ""
+    """The authentication block of its configuration ("" = open; ``mdq.auth.Trust``)."""
 
     @property
     def pid(self) -> int:
@@ -77,6 +79,7 @@ class EmbeddedNats:
             port=self.port,
             log_file=self.log_file,
             sync_interval=self.sync_interval,
+            auth=self.auth,
         )
 
     def stop(self) -> None:
@@ -113,6 +116,7 @@ def nats_config(
     monitor_port: int | None = None,
     server_name: str = "",
     cluster: NatsCluster | None = None,
+    auth: str = "",
 ) -> str:
     """The nats-server configuration of the embedded default.
 
@@ -123,6 +127,8 @@ def nats_config(
     deployment files (deploy/, docker-compose.yml) set the same (tests/integration/
     test_deploy_manifests.py). ``monitor_port`` opens the HTTP monitoring endpoint on
     127.0.0.1 (off by default); ``cluster`` makes the server one of a JetStream cluster.
+    ``auth`` is the block that makes every client authenticate (``mdq.auth.Trust.server_block``:
+    the operator, the accounts, no secrets); without it the server is open (tests only).
     """
     lines = [
         "# Written by mdq (mdq.embedded.nats_config); changes are overwritten on start.",
@@ -145,6 +151,8 @@ def nats_config(
             f"  routes: [{routes}]",
             "}",
         ]
+    if auth:
+        lines.append(auth.rstrip("\n"))
     lines.append("")
     return "\n".join(lines)
 
@@ -158,6 +166,7 @@ def start_nats(
     monitor_port: int | None = None,
     server_name: str = "",
     cluster: NatsCluster | None = None,
+    auth: str = "",
 ) -> EmbeddedNats:
     """Start nats-server with JetStream on 127.0.0.1 and wait until it accepts connections.
 
@@ -176,6 +185,7 @@ def start_nats(
             monitor_port=monitor_port,
             server_name=server_name,
             cluster=cluster,
+            auth=auth,
         )
     )
     process = subprocess.Popen(
@@ -191,7 +201,7 @@ def start_nats(
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
                 return EmbeddedNats(
-                    process, f"nats://127.0.0.1:{port}", port, store_dir, log, sync_interval
+                    process, f"nats://127.0.0.1:{port}", port, store_dir, log, sync_interval, auth
                 )
         except OSError:
             time.sleep(0.05)

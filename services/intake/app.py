@@ -49,10 +49,10 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from mdq.backoff import keep_trying, redact_url
-from mdq.bus.connect import NATS_NOT_READY, wait_for_nats
+from mdq.bus.connect import NATS_NOT_READY, auth_options, wait_for_nats
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.requests import Requests
-from mdq.bus.streams import ensure_streams
+from mdq.bus.streams import require_streams
 from mdq.settings import CommonSettings
 from services.intake.handlers import (
     JSON_CONTENT_TYPE,
@@ -148,6 +148,7 @@ class Intake:
             # Handlers take the decoded body as it is: no dependency injection or validation
             # per message (FastStream's costliest step here, a thread hop per message).
             apply_types=False,
+            **auth_options(),  # MDQ_NATS_CREDS: intake's own identity
         )
         self._handler: SubmitHandler | None = None
         self._arrived: list[Msg] = []
@@ -321,7 +322,7 @@ class Intake:
         js = connection.jetstream()
         replicas = self.common.stream_replicas
         await keep_trying(
-            lambda: ensure_streams(js, self.subjects, replicas=replicas),
+            lambda: require_streams(js, self.subjects, replicas=replicas),
             what="JetStream",
             where=redact_url(url),
             retry_on=NATS_NOT_READY,

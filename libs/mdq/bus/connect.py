@@ -19,7 +19,11 @@ connect, as before.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import json
+import os
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -28,7 +32,8 @@ import nats.js.errors
 from nats.aio.client import Client
 
 from mdq.backoff import DEFAULT_BACKOFF, Backoff, keep_trying, redact_url
-from mdq.bus.streams import ensure_streams
+from mdq.bus.permissions import inbox_prefix
+from mdq.bus.streams import require_streams
 from mdq.bus.subjects import Subjects
 
 NATS_NOT_READY: tuple[type[Exception], ...] = (
@@ -49,6 +54,30 @@ CLIENT_OPTIONS: dict[str, Any] = {
     "connect_timeout": CONNECT_TIMEOUT_S,
 }
 DEFAULT_PORTS = {"nats": 4222, "tls": 4222, "ws": 80, "wss": 443}
+
+CREDS_ENV = "MDQ_NATS_CREDS"
+"""The environment variable naming this process's NATS credentials file (``mdq up`` sets it
+for each service; the CLI and the SDK find it through ``stack.json``)."""
+
+
+def identity_of_creds(creds: Path) -> str:
+    """The identity a credentials file was issued to (its JWT's ``name``)."""
+    text = creds.read_text(encoding="utf-8")
+    token = text.split("-----BEGIN NATS USER JWT-----", 1)[1].split("------END", 1)[0].strip()
+    body = token.split(".")[1]
+    claims = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+    return str(claims["name"])
+
+
+def auth_options(creds: Path | str | None = None) -> dict[str, Any]:
+    """The nats-py connect options that authenticate with ``creds`` (default: the file named
+    by ``MDQ_NATS_CREDS``; none: connect anonymously, which an mdq server refuses): the
+    credentials and this identity's own reply-inbox prefix, the only one it may listen on."""
+    chosen = creds or os.environ.get(CREDS_ENV)
+    if not chosen:
+        return {}
+    path = Path(chosen)
+    return {"user_credentials": str(path), "inbox_prefix": inbox_prefix(identity_of_creds(path))}
 
 
 async def probe(url: str, *, timeout_s: float = PROBE_TIMEOUT_S) -> None:
@@ -80,15 +109,16 @@ async def _connect_once(
     subjects: Subjects | None,
     replicas: int = 1,
     timeout_s: float | None = None,
+    creds: Path | str | None = None,
 ) -> Client:
     """One nats-py connect (then the streams); with ``timeout_s``, give up after that long:
     nats-py keeps trying on its own when the server went away right after the probe."""
     client = Client()
     try:
         async with asyncio.timeout(timeout_s):
-            await client.connect(url, name=name, **CLIENT_OPTIONS)
+            await client.connect(url, name=name, **CLIENT_OPTIONS, **auth_options(creds))
         if subjects is not None:
-            await ensure_streams(client.jetstream(), subjects, replicas=replicas)
+            await require_streams(client.jetstream(), subjects, replicas=replicas)
     except BaseException:
         with contextlib.suppress(Exception):
             await client.close()
@@ -111,20 +141,29 @@ async def connect(
     replicas: int = 1,
     wait: bool = False,
     backoff: Backoff = DEFAULT_BACKOFF,
+    creds: Path | str | None = None,
 ) -> Client:
     """Connect (retrying forever on reconnects) and, if ``subjects`` is given, make sure the
     namespace's streams exist, with at least ``replicas`` copies each.
 
     With ``wait``, a server that is not there yet (``NATS_NOT_READY``) is waited for, with
-    ``backoff`` and one log line per try; other errors propagate.
+    ``backoff`` and one log line per try; other errors propagate. ``creds`` (default: the
+    file named by ``MDQ_NATS_CREDS``) authenticates the connection.
     """
     if not wait:
-        return await _connect_once(url, name=name, subjects=subjects, replicas=replicas)
+        return await _connect_once(
+            url, name=name, subjects=subjects, replicas=replicas, creds=creds
+        )
 
     async def attempt() -> Client:
         await probe(url)
         return await _connect_once(
-            url, name=name, subjects=subjects, replicas=replicas, timeout_s=2 * CONNECT_TIMEOUT_S
+            url,
+            name=name,
+            subjects=subjects,
+            replicas=replicas,
+            timeout_s=2 * CONNECT_TIMEOUT_S,
+            creds=creds,
         )
 
     return await keep_trying(

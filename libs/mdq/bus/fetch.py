@@ -29,7 +29,6 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
-from nats.nuid import NUID
 
 from mdq.bus.requests import NO_RESPONDERS, STATUS
 
@@ -52,7 +51,7 @@ class BatchFetcher:
     def __init__(self, js: JetStreamContext, *, stream: str, consumer: str) -> None:
         self._nc = connection_of(js)
         self._next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"
-        self._prefix = f"_INBOX.{NUID().next().decode()}."
+        self._prefix = f"{self._nc.new_inbox()}."  # under this identity's own inbox prefix
         self._tokens = itertools.count()
         self._buffer: collections.deque[Msg] = collections.deque()
         self._open: str | None = None

@@ -32,7 +32,6 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.api import PubAck
-from nats.nuid import NUID
 
 STATUS = "Status"
 NO_RESPONDERS = "503"
@@ -82,7 +81,7 @@ class Requests:
     def __init__(self, nc: Client, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         self._nc = nc
         self._timeout_s = timeout_s
-        self._prefix = f"_INBOX.{NUID().next().decode()}."
+        self._prefix = f"{self._nc.new_inbox()}."  # under this identity's own inbox prefix
         self._tokens = itertools.count()
         self._waiting: dict[str, asyncio.Future[Msg]] = {}
         self._subscription: Subscription | None = None

@@ -17,7 +17,7 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import BadRequestError
+from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
 from mdq.bus.subjects import Subjects
@@ -82,6 +82,27 @@ async def ensure_streams(js: JetStreamContext, subjects: Subjects, *, replicas: 
             await js.update_stream(config=config)
 
 
+async def require_streams(js: JetStreamContext, subjects: Subjects, *, replicas: int = 1) -> None:
+    """Check that the namespace's streams exist with at least ``replicas`` copies, reading
+    only their info; create or update them (``ensure_streams``) only when one is missing or
+    short of copies.
+
+    Services start with this: on an mdq server only ``admin`` may create or update a stream
+    (``mdq up`` and the setup Job do, before any service starts), so a service that merely
+    reads the info needs no management right. A service started before the setup waits for
+    it (the create is refused, which ``connect(wait=True)`` retries)."""
+    for config in stream_configs(subjects, replicas=replicas):
+        try:
+            info = await js.stream_info(config.name or "")
+        except NotFoundError:
+            break
+        if (info.config.num_replicas or 1) < replicas:
+            break
+    else:
+        return
+    await ensure_streams(js, subjects, replicas=replicas)
+
+
 async def ensure_replicas(js: JetStreamContext, stream: str, replicas: int) -> None:
     """Raise an existing stream's replica count to ``replicas`` (never lower it). A KV bucket
     ``b`` is the stream ``KV_b``."""
@@ -92,11 +113,15 @@ async def ensure_replicas(js: JetStreamContext, stream: str, replicas: int) -> N
 
 
 async def open_bucket(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:
-    """Create the KV bucket of ``config``, or open it as it is when it exists (created
-    concurrently, or with another config by an older version), with at least
-    ``config.replicas`` copies."""
+    """Open the KV bucket of ``config`` as it is when it exists (created concurrently, or
+    with another config by an older version), or create it; with at least ``config.replicas``
+    copies. An existing bucket is only read first: opening one needs no right to manage it."""
     try:
-        return await js.create_key_value(config=config)
-    except BadRequestError:
-        await ensure_replicas(js, f"KV_{config.bucket}", config.replicas or 1)
-        return await js.key_value(config.bucket)
+        kv = await js.key_value(config.bucket)
+    except BucketNotFoundError:
+        try:
+            return await js.create_key_value(config=config)
+        except BadRequestError:  # created meanwhile by another process
+            kv = await js.key_value(config.bucket)
+    await ensure_replicas(js, f"KV_{config.bucket}", config.replicas or 1)
+    return kv

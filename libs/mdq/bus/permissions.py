@@ -1,0 +1,203 @@
+"""Who may do what on the bus: the one table of NATS permissions, per identity.
+
+Every process connects as one identity and the server enforces what that identity may publish
+and subscribe to. This module is the single source of truth: the embedded server's
+configuration, the credentials ``mdq up`` writes, and the manifests are generated from it
+(``mdq.auth``), and the consumers' own check (``mdq.core.producers``) shares its table of
+event kinds and their producers.
+
+The rules, in short (docs/security.md has the full table):
+
+- a service publishes only the event kinds it owns (the mapping in proto/mdq/v1/mdq.proto's
+  ``Event`` comments, ``EVENT_PRODUCERS`` here), reads the streams it consumes through
+  ephemeral ordered consumers, and manages only its own durable consumers and KV buckets;
+- only ``admin`` creates, updates, purges or deletes streams and buckets (``mdq up`` and the
+  migration Job run as admin before any service starts);
+- a runner publishes only its own job's progress, checkpoints and outputs (its credentials
+  are minted per attempt, ``runner_permissions``);
+- every identity has its own reply-inbox prefix, so no one can listen to another's replies.
+
+Pure: no I/O. It lives beside ``Subjects`` (which the pure core may not import), so a
+namespace changes every subject at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from mdq.bus.subjects import Subjects
+from mdq.core.producers import EVENT_PRODUCERS
+
+SERVICES = ("intake", "placement", "watcher", "recovery", "metrics", "agent")
+"""The long-running identities, one credential each."""
+
+IDENTITIES = (*SERVICES, "cli", "admin")
+"""Every identity ``mdq up`` issues (runners get theirs per attempt)."""
+
+RUNNER_KINDS = ("progress", "checkpoint", "outputs")
+"""What a runner reports about its own job."""
+
+
+@dataclass(frozen=True, slots=True)
+class Permissions:
+    """What one identity may publish and subscribe to, as NATS subject patterns."""
+
+    identity: str
+    publish: tuple[str, ...]
+    subscribe: tuple[str, ...]
+    respond: bool = False
+    """May answer requests it received (a reply to the request's inbox, once, promptly)."""
+    inbox_prefix: str = ""
+    """Where its replies come back; only it may subscribe there."""
+
+
+def inbox_prefix(identity: str) -> str:
+    """The reply-inbox prefix of ``identity`` (a subject token: dots become dashes)."""
+    return "_INBOX_" + identity.replace(".", "-")
+
+
+def _read_stream(stream: str) -> list[str]:
+    """Read a stream through ephemeral ordered consumers and direct gets (no durable)."""
+    return [
+        f"$JS.API.STREAM.INFO.{stream}",
+        f"$JS.API.STREAM.MSG.GET.{stream}",
+        f"$JS.API.DIRECT.GET.{stream}.>",
+        f"$JS.API.CONSUMER.CREATE.{stream}",
+        f"$JS.API.CONSUMER.INFO.{stream}.*",
+        f"$JS.FC.{stream}.>",
+    ]
+
+
+def _durable(stream: str, consumer: str) -> list[str]:
+    """Own and read through one durable pull consumer ``consumer`` of ``stream``."""
+    return [
+        f"$JS.API.CONSUMER.CREATE.{stream}.{consumer}",
+        f"$JS.API.CONSUMER.CREATE.{stream}.{consumer}.>",
+        f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.{consumer}",
+        f"$JS.API.CONSUMER.DELETE.{stream}.{consumer}",
+        f"$JS.API.CONSUMER.INFO.{stream}.{consumer}",
+        f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}",
+        f"$JS.ACK.{stream}.{consumer}.>",
+    ]
+
+
+def _bucket(bucket: str, *, write: bool, own: bool = False) -> list[str]:
+    """Read (get, watch) a KV bucket; with ``write`` put, update and delete its keys; with
+    ``own`` also create it and change its configuration (never purge or delete it)."""
+    subjects = _read_stream(f"KV_{bucket}")
+    if write:
+        subjects.append(f"$KV.{bucket}.>")
+    if own:
+        subjects += [f"$JS.API.STREAM.CREATE.KV_{bucket}", f"$JS.API.STREAM.UPDATE.KV_{bucket}"]
+    return subjects
+
+
+def _events(subjects: Subjects, kinds: Iterable[str], job: str = "*") -> list[str]:
+    """The subjects of the event kinds given, for one job (or all)."""
+    out = []
+    for kind in kinds:
+        if kind == "progress":
+            out.append(subjects.progress(job))
+        elif kind == "node_load":
+            out.append(subjects.node_load())
+        elif kind == "rejected":
+            out.append(subjects.rejected())
+        else:
+            out.append(subjects.job(job, kind))
+    return out
+
+
+def _owned(identity: str) -> list[str]:
+    return sorted(kind for kind, producers in EVENT_PRODUCERS.items() if identity in producers)
+
+
+COMMON_PUBLISH = ("$JS.API.INFO", "$JS.API.STREAM.NAMES")
+"""Harmless lookups every JetStream client makes (account info, a stream by its subject)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Names:
+    """The durable consumers and buckets that belong to one service, named where the service
+    defines them (passed in, so this module depends on no service)."""
+
+    intake_consumer: str = "intake"
+    watcher_consumers: tuple[str, str] = ("watcher-jobs", "watcher-progress")
+    lease_bucket: str = ""
+    """Placement's leader lease ("" = ``<namespace>_placement``)."""
+
+
+def service_permissions(identity: str, subjects: Subjects, names: Names = Names()) -> Permissions:
+    """The permissions of one long-running identity (``IDENTITIES``)."""
+    lease_bucket = names.lease_bucket or f"{subjects.namespace}_placement"
+    jobs, progress, nodes, submit = (
+        subjects.jobs_stream,
+        subjects.progress_stream,
+        subjects.nodes_stream,
+        subjects.submit_stream,
+    )
+    publish: list[str] = [*COMMON_PUBLISH, *_events(subjects, _owned(identity))]
+    subscribe: list[str] = []
+    respond = False
+    if identity == "admin":
+        return Permissions(identity, ("$JS.>", "$KV.>", f"{subjects.namespace}.>"), (">",), True)
+    if identity == "intake":
+        publish += [*_durable(submit, names.intake_consumer), *_read_stream(jobs)]
+        publish += _bucket(subjects.intake_bucket, write=True, own=True)
+        subscribe += [subjects.api_submit]
+        respond = True
+    elif identity == "placement":
+        publish += [*_read_stream(jobs), *_read_stream(nodes)]
+        publish += _bucket(subjects.waiting_bucket, write=True, own=True)
+        publish += _bucket(lease_bucket, write=True, own=True)
+        publish += _bucket(subjects.pods_bucket, write=True)
+        publish += _bucket(subjects.nodes_bucket, write=False)
+    elif identity == "watcher":
+        jobs_consumer, progress_consumer = names.watcher_consumers
+        publish += [*_durable(jobs, jobs_consumer), *_durable(progress, progress_consumer)]
+        publish += [*_read_stream(jobs), *_read_stream(progress)]
+        publish += _bucket(subjects.pods_bucket, write=True)
+        publish += _bucket(subjects.nodes_bucket, write=False)
+    elif identity == "recovery":
+        publish += [*_read_stream(jobs), *_read_stream(progress)]
+        publish += _bucket(subjects.pods_bucket, write=True)
+    elif identity == "metrics":
+        publish += [*_read_stream(jobs), *_read_stream(progress), *_read_stream(nodes)]
+        publish += _bucket(subjects.nodes_bucket, write=False)
+        publish += _bucket(subjects.pods_bucket, write=False)
+    elif identity == "agent":
+        publish += _bucket(subjects.pods_bucket, write=True)
+        publish += _bucket(subjects.nodes_bucket, write=True)
+    elif identity == "cli":
+        publish += [subjects.submit, subjects.api_submit]
+        publish += [*_read_stream(jobs), *_read_stream(progress), *_read_stream(nodes)]
+        publish += _bucket(subjects.waiting_bucket, write=False)
+    else:
+        raise ValueError(f"unknown identity {identity!r}; known: {', '.join(IDENTITIES)}")
+    prefix = inbox_prefix(identity)
+    subscribe.append(f"{prefix}.>")
+    return Permissions(
+        identity=identity,
+        publish=tuple(dict.fromkeys(publish)),
+        subscribe=tuple(subscribe),
+        respond=respond,
+        inbox_prefix=prefix,
+    )
+
+
+def runner_identity(job_id: str, attempt: int) -> str:
+    """The identity of one attempt's runner."""
+    return f"runner-{job_id}-{attempt}"
+
+
+def runner_permissions(subjects: Subjects, job_id: str, attempt: int) -> Permissions:
+    """A runner may publish its own job's progress, checkpoints and outputs, and hear the
+    acknowledgements in its own inbox: nothing else."""
+    identity = runner_identity(job_id, attempt)
+    prefix = inbox_prefix(identity)
+    return Permissions(
+        identity=identity,
+        publish=(*COMMON_PUBLISH, *_events(subjects, RUNNER_KINDS, job_id)),
+        subscribe=(f"{prefix}.>",),
+        inbox_prefix=prefix,
+    )

@@ -1,0 +1,32 @@
+"""Which producer may emit which event kind: the consumers' own check behind the server's.
+
+The mapping is the one in proto/mdq/v1/mdq.proto's ``Event.body`` comments. The server
+enforces it through each identity's publish permissions (``mdq.bus.permissions`` builds them
+from this table); the fold checks it again, so an event that reached the log some other way
+(a misconfigured server, a JetStream reply aimed at a stream subject) changes nothing.
+"""
+
+from __future__ import annotations
+
+EVENT_PRODUCERS: dict[str, frozenset[str]] = {
+    "submitted": frozenset({"intake"}),
+    "rejected": frozenset({"intake"}),
+    "released": frozenset({"placement"}),
+    "bound": frozenset({"placement"}),
+    "started": frozenset({"watcher"}),
+    "succeeded": frozenset({"watcher"}),
+    "attempt_failed": frozenset({"watcher"}),
+    "pod": frozenset({"watcher"}),
+    "requeued": frozenset({"recovery"}),
+    "failed": frozenset({"recovery", "placement"}),
+    "progress": frozenset({"runner"}),
+    "checkpoint": frozenset({"runner"}),
+    "outputs": frozenset({"runner"}),
+    "node_load": frozenset({"metrics"}),
+}
+"""Event kind -> the producers that may emit it (proto/mdq/v1/mdq.proto, ``Event.body``)."""
+
+
+def producer_may_emit(producer: str, kind: str) -> bool:
+    """Whether an event of ``kind`` may come from ``producer``."""
+    return producer in EVENT_PRODUCERS.get(kind, frozenset())

@@ -1,0 +1,256 @@
+"""Attacks on the bus, refused by a real nats-server configured by the code that configures mdq.
+
+One server runs with ``mdq.auth.Trust`` (operator, accounts, no secrets in its configuration),
+and every identity of ``mdq.bus.permissions`` connects with credentials issued by the same
+code ``mdq up`` uses. Each identity then tries what it must not do — forge every event kind
+it does not own, write into every KV bucket, purge, delete, create or update streams, take
+over another service's durable consumer, listen to another identity's replies — and the
+server's answer (a permissions violation, or nothing stored) is checked against the table,
+allowed cases included, so a table that allowed too much or too little fails here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nats
+import nats.errors
+import pytest
+from nats.aio.client import Client
+
+from mdq.auth import Trust, issue
+from mdq.bus.connect import connect
+from mdq.bus.permissions import (
+    IDENTITIES,
+    RUNNER_KINDS,
+    SERVICES,
+    Names,
+    Permissions,
+    runner_permissions,
+    service_permissions,
+)
+from mdq.bus.streams import ensure_streams
+from mdq.bus.subjects import Subjects
+from mdq.core.producers import EVENT_PRODUCERS
+from mdq.embedded import EmbeddedNats, start_nats
+
+SUBJECTS = Subjects("mdq")
+JOB = "0123456789ab-victim"
+RUNNER_JOB = "0123456789ab-mine"
+LEASE_BUCKET = "mdq_placement"
+BUCKETS = (
+    SUBJECTS.pods_bucket,
+    SUBJECTS.nodes_bucket,
+    SUBJECTS.intake_bucket,
+    SUBJECTS.waiting_bucket,
+    LEASE_BUCKET,
+)
+STREAMS = (
+    SUBJECTS.submit_stream,
+    SUBJECTS.jobs_stream,
+    SUBJECTS.progress_stream,
+    SUBJECTS.nodes_stream,
+    *(f"KV_{bucket}" for bucket in BUCKETS),
+)
+KV_WRITERS = {
+    SUBJECTS.pods_bucket: {"placement", "watcher", "recovery", "agent"},
+    SUBJECTS.nodes_bucket: {"agent"},
+    SUBJECTS.intake_bucket: {"intake"},
+    SUBJECTS.waiting_bucket: {"placement"},
+    LEASE_BUCKET: {"placement"},
+}
+"""Who may write each bucket (everyone else is refused)."""
+ATTACKERS = (*SERVICES, "cli", "runner")
+"""Identities that try what they must not do (a rogue service, a rogue client or tenant, a
+rogue job's runner)."""
+
+
+def permissions_of(identity: str) -> Permissions:
+    if identity == "runner":
+        return runner_permissions(SUBJECTS, RUNNER_JOB, 1)
+    return service_permissions(identity, SUBJECTS, Names(lease_bucket=LEASE_BUCKET))
+
+
+def event_subject(kind: str, job: str = JOB) -> str:
+    if kind == "progress":
+        return SUBJECTS.progress(job)
+    if kind == "node_load":
+        return SUBJECTS.node_load("n1")
+    if kind == "rejected":
+        return SUBJECTS.rejected("0123456789ab")
+    return SUBJECTS.job(job, kind)
+
+
+@dataclass
+class Server:
+    nats: EmbeddedNats
+    creds: dict[str, Path] = field(default_factory=dict)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    folder = Path(tempfile.mkdtemp(prefix="mdq-auth-"))
+    trust = Trust.load_or_create(folder / "secrets")
+    embedded = start_nats(folder / "nats", auth=trust.server_block())
+    server = Server(embedded)
+    for identity in IDENTITIES:
+        permissions = permissions_of(identity) if identity != "admin" else None
+        permissions = permissions or service_permissions("admin", SUBJECTS)
+        server.creds[identity] = issue(trust, permissions, folder / f"{identity}.creds")
+    server.creds["runner"] = issue(trust, permissions_of("runner"), folder / "runner.creds")
+    yield server
+    embedded.stop()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+async def prepared(server: Server) -> AsyncIterator[Server]:
+    """Streams, buckets and the watcher's durable consumer, made by admin as ``mdq up`` does."""
+    admin = await connect(server.nats.url, name="admin", creds=server.creds["admin"])
+    js = admin.jetstream()
+    await ensure_streams(js, SUBJECTS)
+    for bucket in BUCKETS:
+        await js.create_key_value(bucket=bucket)
+    await js.add_consumer(SUBJECTS.jobs_stream, durable_name="watcher-jobs", ack_policy="explicit")
+    yield server
+    await admin.close()
+
+
+@dataclass
+class Attempts:
+    """One connection's publish and subscribe tries, and what the server refused."""
+
+    client: Client
+    errors: list[str]
+
+    async def refused(self, subjects: list[str], *, subscribe: bool = False) -> set[str]:
+        """Which of ``subjects`` the server refused (a permissions violation each)."""
+        self.errors.clear()
+        for subject in subjects:
+            if subscribe:
+                await self.client.subscribe(subject)
+            else:
+                await self.client.publish(subject, b"forged")
+        await self.client.flush()
+        await asyncio.sleep(0.2)  # the error callbacks run as their own tasks
+        said = " ".join(self.errors)
+        return {subject for subject in subjects if f'"{subject.lower()}"' in said}
+
+
+@pytest.fixture
+async def attempts_of(prepared: Server) -> AsyncIterator[dict[str, Attempts]]:
+    opened: dict[str, Attempts] = {}
+
+    async def open_one(identity: str) -> Attempts:
+        errors: list[str] = []
+
+        async def on_error(error: Exception) -> None:
+            errors.append(str(error))
+
+        client = await nats.connect(
+            prepared.nats.url,
+            user_credentials=str(prepared.creds[identity]),
+            inbox_prefix=permissions_of(identity).inbox_prefix,
+            error_cb=on_error,
+            allow_reconnect=False,
+        )
+        return Attempts(client, errors)
+
+    for identity in ATTACKERS:
+        opened[identity] = await open_one(identity)
+    yield opened
+    for attempts in opened.values():
+        await attempts.client.close()
+
+
+async def test_a_client_without_credentials_is_refused(prepared: Server) -> None:
+    with pytest.raises((nats.errors.Error, OSError)):
+        await nats.connect(prepared.nats.url, allow_reconnect=False, max_reconnect_attempts=0)
+
+
+@pytest.mark.parametrize("identity", ATTACKERS)
+async def test_each_identity_publishes_only_the_event_kinds_it_owns(
+    attempts_of: dict[str, Attempts], identity: str
+) -> None:
+    job = RUNNER_JOB if identity == "runner" else JOB
+    subjects = {kind: event_subject(kind, job) for kind in EVENT_PRODUCERS}
+    refused = await attempts_of[identity].refused(list(subjects.values()))
+    owner = "runner" if identity == "runner" else identity
+    allowed = {kind for kind, producers in EVENT_PRODUCERS.items() if owner in producers}
+    assert {kind for kind, subject in subjects.items() if subject not in refused} == allowed
+
+
+async def test_a_runner_reports_for_its_own_job_only(attempts_of: dict[str, Attempts]) -> None:
+    others = [event_subject(kind, JOB) for kind in RUNNER_KINDS]
+    assert await attempts_of["runner"].refused(others) == set(others)
+
+
+@pytest.mark.parametrize("identity", ATTACKERS)
+async def test_each_identity_writes_only_the_buckets_it_may(
+    attempts_of: dict[str, Attempts], identity: str
+) -> None:
+    keys = {bucket: f"$KV.{bucket}.forged-key" for bucket in BUCKETS}
+    refused = await attempts_of[identity].refused(list(keys.values()))
+    written = {bucket for bucket, subject in keys.items() if subject not in refused}
+    assert written == {bucket for bucket, writers in KV_WRITERS.items() if identity in writers}
+
+
+@pytest.mark.parametrize("identity", ATTACKERS)
+async def test_only_admin_purges_deletes_creates_or_updates_streams(
+    attempts_of: dict[str, Attempts], identity: str
+) -> None:
+    tries = [
+        f"$JS.API.STREAM.{verb}.{stream}" for stream in STREAMS for verb in ("PURGE", "DELETE")
+    ]
+    tries += [
+        f"$JS.API.STREAM.{verb}.{stream}"
+        for stream in (*STREAMS[:4], "EVIL")
+        for verb in ("CREATE", "UPDATE")
+    ]
+    tries += [f"$JS.API.STREAM.MSG.DELETE.{stream}" for stream in STREAMS]
+    assert await attempts_of[identity].refused(tries) == set(tries)
+
+
+@pytest.mark.parametrize("identity", [name for name in ATTACKERS if name != "watcher"])
+async def test_no_one_but_the_watcher_touches_its_durable_consumer(
+    attempts_of: dict[str, Attempts], identity: str
+) -> None:
+    stream = SUBJECTS.jobs_stream
+    tries = [
+        f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.watcher-jobs",
+        f"$JS.API.CONSUMER.CREATE.{stream}.watcher-jobs",
+        f"$JS.API.CONSUMER.DELETE.{stream}.watcher-jobs",
+        f"$JS.API.CONSUMER.MSG.NEXT.{stream}.watcher-jobs",
+        f"$JS.ACK.{stream}.watcher-jobs.1.1.1.1.0",
+        f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.mine",
+    ]
+    assert await attempts_of[identity].refused(tries) == set(tries)
+
+
+@pytest.mark.parametrize("identity", ATTACKERS)
+async def test_no_one_listens_to_another_identitys_replies(
+    attempts_of: dict[str, Attempts], identity: str
+) -> None:
+    own = permissions_of(identity).inbox_prefix
+    others = [f"{permissions_of(other).inbox_prefix}.>" for other in ATTACKERS if other != identity]
+    tries = [*others, "_INBOX.>", ">"]
+    assert await attempts_of[identity].refused(tries, subscribe=True) == set(tries)
+    assert not await attempts_of[identity].refused([f"{own}.>"], subscribe=True)
+
+
+async def test_nothing_refused_reached_the_streams(
+    prepared: Server, attempts_of: dict[str, Attempts]
+) -> None:
+    """A rogue client forges every kind; of it, only what its table allows is stored."""
+    admin = await connect(prepared.nats.url, name="check", creds=prepared.creds["admin"])
+    js = admin.jetstream()
+    before = (await js.stream_info(SUBJECTS.jobs_stream)).state.messages
+    await attempts_of["cli"].refused([event_subject(kind) for kind in EVENT_PRODUCERS])
+    after = (await js.stream_info(SUBJECTS.jobs_stream)).state.messages
+    await admin.close()
+    assert after == before
