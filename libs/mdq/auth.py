@@ -26,7 +26,8 @@ from typing import Any
 import nacl.signing
 import nkeys
 
-from mdq.bus.permissions import Permissions
+from mdq.bus.permissions import Permissions, runner_permissions
+from mdq.bus.subjects import Subjects
 
 SECRETS_DIR = "secrets"
 NATS_SECRETS = "nats"
@@ -117,31 +118,41 @@ def creds_text(user_jwt: str, seed: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Trust:
-    """The operator, the system account and mdq's account: their seeds and signed JWTs."""
+    """The operator, the system account, mdq's account and its runner signing key: their seeds
+    and signed JWTs, for one namespace."""
 
     operator_seed: str
     system_seed: str
     account_seed: str
+    runner_signing_seed: str
+    """A signing key of the account scoped to the runner template: what it signs can publish
+    one job's progress, checkpoints and outputs, whatever the JWT says. The node agent holds
+    it (``runner_issuer``), never the account key."""
+    namespace: str = "mdq"
 
     @classmethod
-    def generate(cls) -> Trust:
+    def generate(cls, namespace: str = "mdq") -> Trust:
         return cls(
             operator_seed=_seed(_new_key(nkeys.PREFIX_BYTE_OPERATOR)),
             system_seed=_seed(_new_key(nkeys.PREFIX_BYTE_ACCOUNT)),
             account_seed=_seed(_new_key(nkeys.PREFIX_BYTE_ACCOUNT)),
+            runner_signing_seed=_seed(_new_key(nkeys.PREFIX_BYTE_ACCOUNT)),
+            namespace=namespace,
         )
 
     @classmethod
-    def load_or_create(cls, folder: Path) -> Trust:
+    def load_or_create(cls, folder: Path, namespace: str = "mdq") -> Trust:
         """The trust chain kept in ``folder`` (created, 0600, on first use)."""
         path = folder / TRUST_FILE
         if path.exists():
             return cls(**json.loads(path.read_text(encoding="utf-8")))
-        trust = cls.generate()
+        trust = cls.generate(namespace)
         document = {
             "operator_seed": trust.operator_seed,
             "system_seed": trust.system_seed,
             "account_seed": trust.account_seed,
+            "runner_signing_seed": trust.runner_signing_seed,
+            "namespace": trust.namespace,
         }
         write_secret(path, json.dumps(document, indent=2) + "\n")
         return trust
@@ -177,11 +188,29 @@ class Trust:
             "name": "SYS",
             "nats": {"type": "account", "version": 2, "limits": _UNLIMITED},
         }
+        runner = runner_permissions(Subjects(self.namespace))
+        runner_scope = {
+            "kind": "user_scope",
+            "key": _public(_from_seed(self.runner_signing_seed)),
+            "role": "runner",
+            "template": {
+                "pub": {"allow": list(runner.publish)},
+                "sub": {"allow": list(runner.subscribe)},
+                "subs": -1,
+                "data": -1,
+                "payload": -1,
+            },
+        }
         account = {
             "iss": _public(operator),
             "sub": self.account_public,
             "name": "MDQ",
-            "nats": {"type": "account", "version": 2, "limits": {**_UNLIMITED, **_JETSTREAM}},
+            "nats": {
+                "type": "account",
+                "version": 2,
+                "limits": {**_UNLIMITED, **_JETSTREAM},
+                "signing_keys": [runner_scope],
+            },
         }
         return {
             self.system_public: encode_jwt(system, operator),
@@ -221,6 +250,40 @@ class Trust:
             "resolver: MEMORY\n"
             f"resolver_preload: {{\n{preload}\n}}\n"
         )
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerIssuer:
+    """Mints each runner's credentials with the account's runner-scoped signing key."""
+
+    signing_seed: str
+    account_public: str
+
+    @classmethod
+    def load(cls, path: Path) -> RunnerIssuer:
+        document = json.loads(path.read_text(encoding="utf-8"))
+        return cls(document["signing_seed"], document["account_public"])
+
+    def save(self, path: Path) -> Path:
+        document = {"signing_seed": self.signing_seed, "account_public": self.account_public}
+        return write_secret(path, json.dumps(document, indent=2) + "\n")
+
+    def creds(self, job_id: str) -> str:
+        """Credentials for the runners of ``job_id``: the server gives them the runner
+        template with this job id filled in, and nothing else."""
+        user = _new_key(nkeys.PREFIX_BYTE_USER)
+        claims = {
+            "iss": _public(_from_seed(self.signing_seed)),
+            "sub": _public(user),
+            "name": job_id,
+            "nats": {"type": "user", "version": 2, "issuer_account": self.account_public},
+        }
+        return creds_text(encode_jwt(claims, _from_seed(self.signing_seed)), _seed(user))
+
+
+def runner_issuer(trust: Trust) -> RunnerIssuer:
+    """The runner-credential issuer of ``trust`` (for the node agent)."""
+    return RunnerIssuer(trust.runner_signing_seed, trust.account_public)
 
 
 def issue(trust: Trust, permissions: Permissions, path: Path) -> Path:

@@ -23,7 +23,7 @@ import nats.errors
 import pytest
 from nats.aio.client import Client
 
-from mdq.auth import Trust, issue
+from mdq.auth import Trust, creds_text, encode_jwt, issue, runner_issuer, write_secret
 from mdq.bus.connect import connect
 from mdq.bus.permissions import (
     IDENTITIES,
@@ -72,7 +72,7 @@ rogue job's runner)."""
 
 def permissions_of(identity: str) -> Permissions:
     if identity == "runner":
-        return runner_permissions(SUBJECTS, RUNNER_JOB, 1)
+        return runner_permissions(SUBJECTS, RUNNER_JOB)
     return service_permissions(identity, SUBJECTS, Names(lease_bucket=LEASE_BUCKET))
 
 
@@ -90,6 +90,7 @@ def event_subject(kind: str, job: str = JOB) -> str:
 class Server:
     nats: EmbeddedNats
     creds: dict[str, Path] = field(default_factory=dict)
+    trust: Trust | None = None
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +103,10 @@ def server() -> Iterator[Server]:
         permissions = permissions_of(identity) if identity != "admin" else None
         permissions = permissions or service_permissions("admin", SUBJECTS)
         server.creds[identity] = issue(trust, permissions, folder / f"{identity}.creds")
-    server.creds["runner"] = issue(trust, permissions_of("runner"), folder / "runner.creds")
+    # A runner's credentials come from the runner-scoped signing key, as the node agent's do.
+    minted = runner_issuer(trust).creds(RUNNER_JOB)
+    server.creds["runner"] = write_secret(folder / "runner.creds", minted)
+    server.trust = trust
     yield server
     embedded.stop()
     shutil.rmtree(folder, ignore_errors=True)
@@ -171,6 +175,36 @@ async def attempts_of(prepared: Server) -> AsyncIterator[dict[str, Attempts]]:
 async def test_a_client_without_credentials_is_refused(prepared: Server) -> None:
     with pytest.raises((nats.errors.Error, OSError)):
         await nats.connect(prepared.nats.url, allow_reconnect=False, max_reconnect_attempts=0)
+
+
+async def test_the_runner_key_cannot_mint_wider_credentials(prepared: Server) -> None:
+    """Whoever holds the runner signing key (a node agent) signs a JWT that claims every
+    subject: the server refuses the connection instead of granting it."""
+    import nkeys
+
+    from mdq.auth import _new_key, _public, _seed
+
+    assert prepared.trust is not None
+    issuer = runner_issuer(prepared.trust)
+    signer = nkeys.from_seed(bytearray(issuer.signing_seed.encode()))
+    user = _new_key(nkeys.PREFIX_BYTE_USER)
+    claims = {
+        "iss": _public(signer),
+        "sub": _public(user),
+        "name": RUNNER_JOB,
+        "nats": {
+            "type": "user",
+            "version": 2,
+            "issuer_account": issuer.account_public,
+            "pub": {"allow": [">"]},
+            "sub": {"allow": [">"]},
+        },
+    }
+    path = write_secret(
+        Path(tempfile.mkdtemp()) / "wide.creds", creds_text(encode_jwt(claims, signer), _seed(user))
+    )
+    with pytest.raises((nats.errors.Error, OSError)):
+        await nats.connect(prepared.nats.url, user_credentials=str(path), allow_reconnect=False)
 
 
 @pytest.mark.parametrize("identity", ATTACKERS)

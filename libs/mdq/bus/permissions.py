@@ -185,15 +185,19 @@ def service_permissions(identity: str, subjects: Subjects, names: Names = Names(
     )
 
 
-def runner_identity(job_id: str, attempt: int) -> str:
-    """The identity of one attempt's runner."""
-    return f"runner-{job_id}-{attempt}"
+RUNNER_NAME = "{{name()}}"
+"""In a runner's permission template, the job id: the name its credentials were issued to."""
 
 
-def runner_permissions(subjects: Subjects, job_id: str, attempt: int) -> Permissions:
+def runner_permissions(subjects: Subjects, job_id: str = RUNNER_NAME) -> Permissions:
     """A runner may publish its own job's progress, checkpoints and outputs, and hear the
-    acknowledgements in its own inbox: nothing else."""
-    identity = runner_identity(job_id, attempt)
+    acknowledgements in its own inbox: nothing else.
+
+    Its identity is the job id (ids never clash with a service's name: they start with 12 hex
+    digits and a dash). With the default ``job_id`` this is the template of the account's
+    runner signing key (``mdq.auth``): the server fills in the job id of each runner's
+    credentials, so whoever holds that key can mint runner credentials, and nothing more."""
+    identity = job_id
     prefix = inbox_prefix(identity)
     return Permissions(
         identity=identity,
