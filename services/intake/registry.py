@@ -55,7 +55,7 @@ from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import APIError, BucketNotFoundError
 
 from mdq.bus.requests import KvEntry, Requests, is_wrong_last_sequence
-from mdq.bus.streams import ensure_replicas
+from mdq.bus.streams import await_leader, ensure_replicas
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.ids import REQUEST_ID_HEX, request_id_for_key
@@ -125,6 +125,8 @@ class SubmitRegistry:
                     replicas=replicas,
                 )
             )
+            if replicas > 1:
+                await await_leader(js, f"KV_{bucket}")  # writable before the first claim
         else:
             await ensure_replicas(js, f"KV_{bucket}", replicas)
             info = await js.stream_info(f"KV_{bucket}")

@@ -9,6 +9,8 @@ lower it by hand (``nats stream edit --replicas``) if you mean to.
 
 from __future__ import annotations
 
+import asyncio
+
 from nats.js import JetStreamContext
 from nats.js.api import (
     DiscardPolicy,
@@ -80,6 +82,8 @@ async def ensure_streams(js: JetStreamContext, subjects: Subjects, *, replicas: 
             existing = await js.stream_info(config.name or "")
             config.num_replicas = max(replicas, existing.config.num_replicas or 1)
             await js.update_stream(config=config)
+        if replicas > 1:
+            await await_leader(js, config.name or "")
 
 
 async def require_streams(js: JetStreamContext, subjects: Subjects, *, replicas: int = 1) -> None:
@@ -103,6 +107,26 @@ async def require_streams(js: JetStreamContext, subjects: Subjects, *, replicas:
     await ensure_streams(js, subjects, replicas=replicas)
 
 
+LEADER_WAIT_S = 30.0
+
+
+async def await_leader(
+    js: JetStreamContext, stream: str, *, timeout_s: float = LEADER_WAIT_S
+) -> None:
+    """Return once ``stream`` can take writes: on a cluster, a stream just created (or given
+    more copies) has no leader until its replicas elect one, and a publish meanwhile gets no
+    response (a replicated lease bucket's first write failed that way under load). A single
+    server's stream has no cluster info and returns at once."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        info = await js.stream_info(stream)
+        if info.cluster is None or info.cluster.leader:
+            return
+        if asyncio.get_running_loop().time() > deadline:
+            raise TimeoutError(f"stream {stream} has no leader after {timeout_s:.0f} s")
+        await asyncio.sleep(0.1)
+
+
 async def ensure_replicas(js: JetStreamContext, stream: str, replicas: int) -> None:
     """Raise an existing stream's replica count to ``replicas`` (never lower it). A KV bucket
     ``b`` is the stream ``KV_b``."""
@@ -120,8 +144,10 @@ async def open_bucket(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:
         kv = await js.key_value(config.bucket)
     except BucketNotFoundError:
         try:
-            return await js.create_key_value(config=config)
+            kv = await js.create_key_value(config=config)
         except BadRequestError:  # created meanwhile by another process
             kv = await js.key_value(config.bucket)
     await ensure_replicas(js, f"KV_{config.bucket}", config.replicas or 1)
+    if (config.replicas or 1) > 1:
+        await await_leader(js, f"KV_{config.bucket}")
     return kv
