@@ -44,6 +44,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Self
 
+from mdq.auth import Trust, creds_path, issue, nats_secrets_dir, runner_issuer
+from mdq.bus.permissions import IDENTITIES, service_permissions
+from mdq.bus.subjects import Subjects
 from mdq.embedded import EmbeddedNats, EmbeddedPostgres, start_nats, start_postgres
 
 SERVICES: tuple[str, ...] = ("intake", "placement", "watcher", "recovery", "metrics")
@@ -54,6 +57,9 @@ STACK_FILE = "stack.json"
 STATUS_FILE = "status.json"
 NATS_SERVER = "nats-server"
 POSTGRES = "postgres"
+RUNNER_ISSUER_FILE = "runner-issuer.json"
+CHILD_IDENTITY = {"local-backend": "agent"}
+"""The NATS identity of each child whose name is not its identity (services: their name)."""
 
 # pgserver asks platformdirs for a runtime folder; without XDG_RUNTIME_DIR that is /tmp/…,
 # which is fine, and the warning would only clutter `make run`.
@@ -84,6 +90,11 @@ class StackInfo:
     pid: int
     embedded_nats: bool
     embedded_postgres: bool
+    nats_creds: str = ""
+    """The CLI's NATS credentials ("" when the server needs none): what ``mdq`` commands and
+    the SDK use when they find the stack here."""
+    nats_admin_creds: str = ""
+    """Credentials that may manage streams (``mdq replay --rebuild``); keep them to yourself."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -315,6 +326,8 @@ class Stack:
         self._stopping = False
         self._info: StackInfo | None = None
         self._env: dict[str, str] = {}
+        self._creds: dict[str, Path] = {}
+        """Each identity's credentials file, when this stack's NATS authenticates."""
 
     # -- lifecycle -------------------------------------------------------------------------
     @property
@@ -336,6 +349,7 @@ class Stack:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         try:
             await self._start_servers()
+            await self._prepare_bus()
             await asyncio.to_thread(self._migrate)
             metrics_port = self._choose_metrics_port()
             self._env = self._child_env(metrics_port)
@@ -354,6 +368,8 @@ class Stack:
                 pid=os.getpid(),
                 embedded_nats=self._servers.nats is not None,
                 embedded_postgres=self._servers.postgres is not None,
+                nats_creds=str(self._creds.get("cli", "")),
+                nats_admin_creds=str(self._creds.get("admin", "")),
             )
             (self.state_dir / STACK_FILE).write_text(self._info.to_json(), encoding="utf-8")
             self._write_status()
@@ -458,12 +474,56 @@ class Stack:
         raise KeyError(name)
 
     # -- servers ---------------------------------------------------------------------------
+    def _secure_bus(self) -> Trust:
+        """The embedded server's trust chain and every identity's credentials, made on first
+        start (0600 files in a 0700 folder under ``<state>/secrets/nats``) and kept after."""
+        folder = nats_secrets_dir(self.state_dir)
+        trust = Trust.load_or_create(folder, self.namespace)
+        if trust.namespace != self.namespace:
+            raise StackError(
+                f"{folder} holds the NATS identities of namespace {trust.namespace!r}, not "
+                f"{self.namespace!r}: use another --state-dir (or remove that folder)"
+            )
+        subjects = Subjects(self.namespace)
+        for identity in IDENTITIES:
+            path = creds_path(self.state_dir, identity)
+            if not path.exists():
+                issue(trust, service_permissions(identity, subjects), path)
+            self._creds[identity] = path
+        issuer = folder / RUNNER_ISSUER_FILE
+        if not issuer.exists():
+            runner_issuer(trust).save(issuer)
+        return trust
+
+    async def _prepare_bus(self) -> None:
+        """Create or update the namespace's streams (and the local backend's buckets) as the
+        admin identity, before any service starts: services may only read their info."""
+        from mdq.backends.local.records import ensure_buckets
+        from mdq.bus.connect import connect
+        from mdq.bus.streams import ensure_streams
+        from mdq.settings import CommonSettings
+
+        replicas = CommonSettings().stream_replicas
+        subjects = Subjects(self.namespace)
+        client = await connect(
+            self._nats_url, name="mdq-stack-setup", wait=True, creds=self._creds.get("admin")
+        )
+        try:
+            js = client.jetstream()
+            await ensure_streams(js, subjects, replicas=replicas)
+            if self.backend == "local":
+                await ensure_buckets(js, subjects, replicas=replicas)
+        finally:
+            await client.close()
+
     async def _start_servers(self) -> None:
         if not self._nats_url:
+            trust = await asyncio.to_thread(self._secure_bus)
             self._servers.nats = await asyncio.to_thread(
                 start_nats,
                 self.state_dir / "nats",
                 log_file=self.logs_dir / "nats-server.log",
+                auth=trust.server_block(),
             )
             self._nats_url = self._servers.nats.url
             self._server_watches.append(
@@ -561,6 +621,18 @@ class Stack:
         env.update(self._extra_env)
         return env
 
+    def _identity_env(self, child: str) -> dict[str, str]:
+        """The NATS credentials of one child (none when the server needs none); the node
+        agent also gets the runner issuer, to mint each runner's own credentials."""
+        identity = CHILD_IDENTITY.get(child, child)
+        if identity not in self._creds:
+            return {}
+        env = {"MDQ_NATS_CREDS": str(self._creds[identity])}
+        if identity == "agent":
+            issuer = nats_secrets_dir(self.state_dir) / RUNNER_ISSUER_FILE
+            env["MDQ_NATS_RUNNER_ISSUER"] = str(issuer)
+        return env
+
     def _child(self, name: str, argv: tuple[str, ...]) -> ChildProcess:
         return ChildProcess(name=name, argv=argv, log_path=self.logs_dir / f"{name}.log")
 
@@ -572,7 +644,7 @@ class Stack:
         child.log_file.flush()
         child.process = subprocess.Popen(
             child.argv,
-            env=self._env,
+            env={**self._env, **self._identity_env(child.name)},
             stdin=subprocess.DEVNULL,
             stdout=child.log_file,
             stderr=subprocess.STDOUT,

@@ -124,7 +124,9 @@ async def test_killed_servers_are_restarted_in_place_and_campaigns_finish(
     stack: Stack, state_dir: Path, record_property: Callable[[str, object], None]
 ) -> None:
     info = stack.info
-    async with await MdqClient.connect(info.nats_url, stack.namespace) as client:
+    async with await MdqClient.connect(
+        info.nats_url, stack.namespace, creds=info.nats_creds
+    ) as client:
         first, nats_back_s = await _campaign_through_a_kill(
             stack, client, key="heal-nats", victim=NATS_SERVER
         )

@@ -86,7 +86,9 @@ async def test_campaign_with_chain_runs_to_the_history(stack: Stack, database_ur
         },
         key="e2e-campaign",
     )
-    async with await MdqClient.connect(stack.info.nats_url, stack.namespace) as client:
+    async with await MdqClient.connect(
+        stack.info.nats_url, stack.namespace, creds=stack.info.nats_creds
+    ) as client:
         job_ids = await submit_when_ready(client, campaign)
         assert await client.submit(campaign) == job_ids  # same key, same jobs
         states = await client.wait(job_ids, timeout=400)
@@ -158,7 +160,9 @@ async def test_runner_killed_mid_job_resumes_from_its_checkpoint(
     job = md_job("long", steps=8000)
     job["checkpoint_interval_steps"] = 1000
     job["report_interval_steps"] = 200
-    async with await MdqClient.connect(stack.info.nats_url, stack.namespace) as client:
+    async with await MdqClient.connect(
+        stack.info.nats_url, stack.namespace, creds=stack.info.nats_creds
+    ) as client:
         [job_id] = await submit_when_ready(client, request(job, key="e2e-kill"))
         js = client.nc.jetstream()
 

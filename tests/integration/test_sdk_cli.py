@@ -27,6 +27,7 @@ from typer.testing import CliRunner, Result
 
 from mdq.bus.connect import connect
 from mdq.bus.publisher import EventPublisher
+from mdq.bus.connect import auth_options
 from mdq.bus.subjects import Subjects
 from mdq.cli.main import EXIT_REFUSED, app
 from mdq.contracts import pb
@@ -44,9 +45,11 @@ INTAKE_NAMESPACE = "sdkcli" + os.urandom(3).hex()
 
 
 # -- fixtures ------------------------------------------------------------------------------
-async def _intake_answers(nats_url: str, subjects: Subjects, timeout: float = 30.0) -> None:
+async def _intake_answers(
+    nats_url: str, subjects: Subjects, timeout: float = 30.0, *, creds: str = ""
+) -> None:
     """Wait until intake answers request-reply submits (any answer will do)."""
-    nc = await nats.connect(nats_url)
+    nc = await nats.connect(nats_url, **auth_options(creds or None))
     try:
         deadline = time.monotonic() + timeout
         while True:
@@ -340,8 +343,10 @@ async def test_stack_supervises_and_client_commands_find_it(
     try:
         assert info.embedded_nats and not info.embedded_postgres
         assert read_stack_info(state) == info
+        with pytest.raises(nats.errors.Error, match="Authorization Violation"):
+            await nats.connect(info.nats_url, allow_reconnect=False, max_reconnect_attempts=0)
         assert (state / "logs" / "intake.log").exists()
-        await _intake_answers(info.nats_url, Subjects("stk"))
+        await _intake_answers(info.nats_url, Subjects("stk"), creds=info.nats_creds)
 
         result = await asyncio.to_thread(_cli, "", "", "submit", str(DEMO), state_dir=state)
         assert result.exit_code == 0, result.output
@@ -355,7 +360,7 @@ async def test_stack_supervises_and_client_commands_find_it(
             return stack.child_pid("intake") != first_pid
 
         await wait_for(noticed, timeout=10, what="the stack noticed that intake died")
-        async with await MdqClient.connect(info.nats_url, "stk") as client:
+        async with await MdqClient.connect(info.nats_url, "stk", creds=info.nats_creds) as client:
             # Published while intake is down: the submit stream keeps it for the next intake.
             queued = await client.publish_submit(
                 [pb.JobSpec(name="while-down")], idempotency_key="while-down"
@@ -368,8 +373,8 @@ async def test_stack_supervises_and_client_commands_find_it(
         assert stack.child_pid("intake") not in (None, first_pid)
         [status] = [part for part in stack.status() if part.name == "intake"]
         assert status.restarts == 1 and status.last_exit_code == -signal.SIGKILL
-        await _intake_answers(info.nats_url, Subjects("stk"))
-        async with await MdqClient.connect(info.nats_url, "stk") as client:
+        await _intake_answers(info.nats_url, Subjects("stk"), creds=info.nats_creds)
+        async with await MdqClient.connect(info.nats_url, "stk", creds=info.nats_creds) as client:
             ids = await client.submit([pb.JobSpec(name="after-restart")])
             with pytest.raises(WaitTimeout) as timed_out:  # accepted, and nothing runs it
                 await client.wait(queued, timeout=3.0)

@@ -137,6 +137,7 @@ def service_permissions(identity: str, subjects: Subjects, names: Names = Names(
         subjects.submit_stream,
     )
     publish: list[str] = [*COMMON_PUBLISH, *_events(subjects, _owned(identity))]
+    publish += [f"$JS.API.STREAM.INFO.{stream}" for stream in (submit, jobs, progress, nodes)]
     subscribe: list[str] = []
     respond = False
     if identity == "admin":

@@ -3,6 +3,8 @@
 ``--nats-url`` / ``NATS_URL``, ``--database-url`` / ``DATABASE_URL`` and ``--namespace`` /
 ``MDQ_NAMESPACE`` win; what is not given is read from ``<state>/stack.json``, written by a
 running ``mdq up`` (state folder: ``--state-dir`` / ``MDQ_STATE_DIR``, default ``.mdq``).
+NATS credentials come with the stack's URL (the CLI identity's file, ``stack.json``'s
+``nats_creds``); with a URL of your own, ``MDQ_NATS_CREDS`` names yours.
 """
 
 from __future__ import annotations
@@ -36,6 +38,10 @@ class Endpoints:
     namespace: str
     stack: StackInfo | None
     """The running stack the URLs came from, if any."""
+    nats_creds: str = ""
+    """The NATS credentials file to connect with ("" = ``MDQ_NATS_CREDS``, or none)."""
+    nats_admin_creds: str = ""
+    """Credentials that may manage streams, for ``mdq replay --rebuild`` ("" = ``nats_creds``)."""
 
     def require_database(self) -> str:
         if not self.database_url:
@@ -56,9 +62,12 @@ def resolve_endpoints(options: GlobalOptions) -> Endpoints:
             f"no NATS: set NATS_URL (or --nats-url), or start a stack with `mdq up` "
             f"(no running stack found in {options.state_dir})"
         )
+    from_stack = stack is not None and not options.nats_url
     return Endpoints(
         nats_url=nats_url,
         database_url=options.database_url or (stack.database_url if stack else ""),
         namespace=options.namespace or (stack.namespace if stack else "mdq"),
         stack=stack,
+        nats_creds=stack.nats_creds if from_stack and stack else "",
+        nats_admin_creds=stack.nats_admin_creds if from_stack and stack else "",
     )

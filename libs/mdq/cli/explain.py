@@ -36,10 +36,12 @@ from mdq.core.timestamps import to_datetime
 console = Console(width=160)
 
 
-async def job_events(nats_url: str, namespace: str, job_id: str) -> list[pb.Event]:
+async def job_events(
+    nats_url: str, namespace: str, job_id: str, *, creds: str = ""
+) -> list[pb.Event]:
     """Every event of ``job_id`` in the job log, in order."""
     subjects = Subjects(namespace=namespace)
-    nc = await connect(nats_url, name="mdq-explain")
+    nc = await connect(nats_url, name="mdq-explain", creds=creds or None)
     try:
         js = nc.jetstream()
         subscription = await js.subscribe(
@@ -60,9 +62,11 @@ async def job_events(nats_url: str, namespace: str, job_id: str) -> list[pb.Even
         await nc.drain()
 
 
-async def waiting_entry(nats_url: str, namespace: str, job_id: str) -> pb.JobWaiting | None:
+async def waiting_entry(
+    nats_url: str, namespace: str, job_id: str, *, creds: str = ""
+) -> pb.JobWaiting | None:
     """Placement's latest word on why ``job_id`` waits, or None if it has none."""
-    nc = await connect(nats_url, name="mdq-explain")
+    nc = await connect(nats_url, name="mdq-explain", creds=creds or None)
     try:
         kv = await nc.jetstream().key_value(Subjects(namespace=namespace).waiting_bucket)
         entry = await kv.get(job_id)
@@ -73,12 +77,14 @@ async def waiting_entry(nats_url: str, namespace: str, job_id: str) -> pb.JobWai
     return pb.JobWaiting.FromString(entry.value or b"")
 
 
-async def dependency_states(nats_url: str, namespace: str, view: JobView) -> dict[str, str]:
+async def dependency_states(
+    nats_url: str, namespace: str, view: JobView, *, creds: str = ""
+) -> dict[str, str]:
     """The state of each job ``view`` depends on, from the log ("not in the log" if absent)."""
     states: dict[str, str] = {}
     for dependency in view.depends_on_ids:
         book = JobBook()
-        for event in await job_events(nats_url, namespace, dependency):
+        for event in await job_events(nats_url, namespace, dependency, creds=creds):
             book.apply(0, event)
         found = book.jobs.get(dependency)
         states[dependency] = found.state.value if found is not None else "not in the log"
@@ -195,7 +201,8 @@ def explain(
     except NoEndpoint as error:
         Console(stderr=True).print(f"[red]{error}[/]")
         raise typer.Exit(3) from None
-    events = asyncio.run(job_events(endpoints.nats_url, endpoints.namespace, job_id))
+    creds = endpoints.nats_creds
+    events = asyncio.run(job_events(endpoints.nats_url, endpoints.namespace, job_id, creds=creds))
     if not events:
         Console(stderr=True).print(f"[red]no job {job_id} in the log[/]")
         raise typer.Exit(1)
@@ -210,6 +217,6 @@ def explain(
         console.print(bound_table(event))
     if view is not None and view.state in (JobState.WAITING, JobState.PENDING):
         url, namespace = endpoints.nats_url, endpoints.namespace
-        dependencies = asyncio.run(dependency_states(url, namespace, view))
-        waiting = asyncio.run(waiting_entry(url, namespace, job_id))
+        dependencies = asyncio.run(dependency_states(url, namespace, view, creds=creds))
+        waiting = asyncio.run(waiting_entry(url, namespace, job_id, creds=creds))
         print_waiting(view, dependencies, waiting, datetime.now(UTC))

@@ -135,7 +135,7 @@ def _run(coroutine: Coroutine[Any, Any, T]) -> T:
 
 async def _with_client(endpoints: Endpoints, work: Callable[[MdqClient], Awaitable[T]]) -> T:
     async with await MdqClient.connect(
-        endpoints.nats_url, endpoints.namespace, name="mdq-cli"
+        endpoints.nats_url, endpoints.namespace, name="mdq-cli", creds=endpoints.nats_creds
     ) as client:
         return await work(client)
 
@@ -250,7 +250,9 @@ def status(ctx: typer.Context) -> None:
         err_console.print(f"[red]no running stack on {options.state_dir}[/] (start one: mdq up)")
         raise typer.Exit(EXIT_UNAVAILABLE)
     _updated_at, parts = found
-    probes = _run(stack_status.probe_servers(info.nats_url, info.database_url))
+    probes = _run(
+        stack_status.probe_servers(info.nats_url, info.database_url, creds=info.nats_creds)
+    )
     stack_status.render(console, parts, probes, now=time.time())
     raise typer.Exit(EXIT_OK if stack_status.healthy(parts, probes) else EXIT_FAILED)
 
@@ -338,7 +340,9 @@ async def _demo(
 
 async def _demo_campaign(info: StackInfo, request: pb.SubmitRequest, *, limit_s: float) -> int:
     started = time.monotonic()
-    async with await MdqClient.connect(info.nats_url, info.namespace, name="mdq-demo") as client:
+    async with await MdqClient.connect(
+        info.nats_url, info.namespace, name="mdq-demo", creds=info.nats_creds
+    ) as client:
         try:
             job_ids = await _submit_when_ready(client, request, ready_within=60.0)
         except SubmitRefused as error:
@@ -470,7 +474,11 @@ def show(
     console.print(history.show_panel(detail, timeline))
     if detail.job.state in ("PENDING", "WAITING") and endpoints.nats_url:
         try:
-            waiting = _run(waiting_entry(endpoints.nats_url, endpoints.namespace, job_id))
+            waiting = _run(
+                waiting_entry(
+                    endpoints.nats_url, endpoints.namespace, job_id, creds=endpoints.nats_creds
+                )
+            )
         except Exception as error:  # the history is shown; this line is a bonus
             err_console.print(f"(why it waits: NATS not reachable: {error})")
             return

@@ -312,7 +312,7 @@ def _endpoints(ctx: typer.Context) -> Endpoints:
 
 async def _replay_job(endpoints: Endpoints, job_id: str, progress_every: int) -> int:
     subjects = Subjects(endpoints.namespace)
-    nc = await connect(endpoints.nats_url, name="mdq-replay")
+    nc = await connect(endpoints.nats_url, name="mdq-replay", creds=endpoints.nats_creds or None)
     try:
         logged = await read_job_log(nc.jetstream(), subjects, job_id)
     finally:
@@ -332,7 +332,8 @@ async def _rebuild(endpoints: Endpoints, into: str | None, check: bool, batch_si
             return 3
         into = await _fresh_database(live_url)
     subjects = Subjects(endpoints.namespace)
-    nc = await connect(endpoints.nats_url, name="mdq-rebuild")
+    creds = endpoints.nats_admin_creds or endpoints.nats_creds or None
+    nc = await connect(endpoints.nats_url, name="mdq-rebuild", creds=creds)  # makes consumers
     try:
         report = await rebuild(nc.jetstream(), subjects, into, batch_size=batch_size)
     finally:

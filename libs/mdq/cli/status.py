@@ -17,6 +17,7 @@ import nats
 from rich.console import Console
 from rich.table import Table
 
+from mdq.bus.connect import auth_options
 from mdq.stack import ChildStatus
 
 PROBE_TIMEOUT_S = 3.0
@@ -33,7 +34,7 @@ class Probe:
     seconds: float
 
 
-async def probe_nats(url: str, *, limit_s: float = PROBE_TIMEOUT_S) -> Probe:
+async def probe_nats(url: str, *, limit_s: float = PROBE_TIMEOUT_S, creds: str = "") -> Probe:
     """Connect once (no reconnects) and round-trip a flush, within ``limit_s``."""
     started = time.monotonic()
     try:
@@ -44,6 +45,7 @@ async def probe_nats(url: str, *, limit_s: float = PROBE_TIMEOUT_S) -> Probe:
                 allow_reconnect=False,
                 max_reconnect_attempts=0,
                 name="mdq-status",
+                **auth_options(creds or None),
             )
             try:
                 await client.flush()
@@ -69,9 +71,10 @@ async def probe_postgres(url: str, *, limit_s: float = PROBE_TIMEOUT_S) -> Probe
     return Probe("PostgreSQL", url, True, "answers", _since(started))
 
 
-async def probe_servers(nats_url: str, database_url: str) -> list[Probe]:
-    """Both probes side by side (PostgreSQL only when a URL is known)."""
-    probes = [probe_nats(nats_url)]
+async def probe_servers(nats_url: str, database_url: str, *, creds: str = "") -> list[Probe]:
+    """Both probes side by side (PostgreSQL only when a URL is known); ``creds``: the NATS
+    credentials to connect with."""
+    probes = [probe_nats(nats_url, creds=creds)]
     if database_url:
         probes.append(probe_postgres(database_url))
     return list(await asyncio.gather(*probes))

@@ -27,6 +27,7 @@ import json
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 from typing import Self
 
@@ -121,12 +122,18 @@ class MdqClient:
 
     @classmethod
     async def connect(
-        cls, nats_url: str, namespace: str = "mdq", *, name: str = "mdq-sdk"
+        cls,
+        nats_url: str,
+        namespace: str = "mdq",
+        *,
+        name: str = "mdq-sdk",
+        creds: str | Path | None = None,
     ) -> MdqClient:
         """Connect to NATS and make sure the namespace's streams exist (so a submit published
-        before any service ever ran is kept)."""
+        before any service ever ran is kept). ``creds``: the credentials file (default:
+        ``MDQ_NATS_CREDS``; ``stack_endpoint`` finds a local stack's)."""
         subjects = Subjects(namespace)
-        nc = await connect(nats_url, name=name, subjects=subjects)
+        nc = await connect(nats_url, name=name, subjects=subjects, creds=creds or None)
         return cls(nc=nc, subjects=subjects, owns_connection=True)
 
     @property

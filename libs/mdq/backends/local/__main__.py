@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
+from pathlib import Path
 
 from nats.js import JetStreamContext
 
@@ -17,6 +19,9 @@ from mdq.backends.local.agent import NodeAgent
 from mdq.backends.local.settings import LocalAgentSettings
 from mdq.bus.connect import connect
 from mdq.settings import CommonSettings
+
+RUNNER_ISSUER_ENV = "MDQ_NATS_RUNNER_ISSUER"
+"""The runner-credential issuer the stack gives the agent (``mdq.auth.RunnerIssuer``)."""
 
 
 def build(
@@ -32,6 +37,7 @@ def build(
         grace_s=settings.grace_s,
         memory_poll_s=settings.memory_poll_s,
         replicas=common.stream_replicas,
+        runner_issuer=Path(found) if (found := os.environ.get(RUNNER_ISSUER_ENV)) else None,
     )
 
 

@@ -31,6 +31,7 @@ import nats.errors
 from nats.js import JetStreamContext
 from nats.js.errors import APIError
 
+from mdq.auth import RunnerIssuer, write_secret
 from mdq.backends.local.processes import (
     MIB,
     CorePicker,
@@ -50,6 +51,7 @@ from mdq.backends.local.records import (
     update_pod,
 )
 from mdq.backends.port import PodSpec
+from mdq.bus.connect import CREDS_ENV
 from mdq.bus.requests import is_wrong_last_sequence
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
@@ -113,7 +115,10 @@ class NodeAgent:
         grace_s: float = 10.0,
         memory_poll_s: float = 0.5,
         replicas: int = 1,
+        runner_issuer: Path | None = None,
     ) -> None:
+        """``runner_issuer`` (``MDQ_NATS_RUNNER_ISSUER``): the key that mints each runner's own
+        NATS credentials, written 0600 beside it under ``runners/`` while the pod lives."""
         if not nodes:
             raise ValueError("a node agent needs at least one node")
         self._js = js
@@ -128,6 +133,8 @@ class NodeAgent:
         self._running: dict[str, RunningPod] = {}
         self._claimed: set[str] = set()
         self._cores = CorePicker()
+        self._issuer = RunnerIssuer.load(runner_issuer) if runner_issuer else None
+        self._runner_creds_dir = runner_issuer.parent / "runners" if runner_issuer else None
 
     @property
     def _kv(self) -> Buckets:
@@ -283,6 +290,11 @@ class NodeAgent:
     async def _spawn(self, spec: PodSpec) -> asyncio.subprocess.Process:
         argv = runner_argv(spec.command)
         env = {**os.environ, "MDQ_POD_NAME": spec.name, "MDQ_NODE_NAME": spec.node, **spec.env}
+        env.pop(CREDS_ENV, None)  # the agent's own identity is not the runner's
+        if self._issuer is not None and self._runner_creds_dir is not None:
+            creds = self._runner_creds_dir / f"{spec.name}.creds"
+            write_secret(creds, self._issuer.creds(spec.job_id))
+            env[CREDS_ENV] = str(creds)
         log_path = self._log_dir / f"{spec.name}.log"
         with log_path.open("ab") as log_file:
             return await asyncio.create_subprocess_exec(
@@ -319,6 +331,8 @@ class NodeAgent:
             stop_message=pod.stop_message,
         )
         log.info("pod %s ended: %s %s", pod.spec.name, status.reason, status.message)
+        if self._runner_creds_dir is not None:
+            (self._runner_creds_dir / f"{pod.spec.name}.creds").unlink(missing_ok=True)
         try:
             record = await self._set_status(pod.spec.name, status)
             if record is not None and record.deletion_requested:
