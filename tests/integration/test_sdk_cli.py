@@ -25,9 +25,8 @@ from nats.js.api import KeyValueConfig
 from nats.js.errors import NotFoundError
 from typer.testing import CliRunner, Result
 
-from mdq.bus.connect import connect
+from mdq.bus.connect import auth_options, connect
 from mdq.bus.publisher import EventPublisher
-from mdq.bus.connect import auth_options
 from mdq.bus.subjects import Subjects
 from mdq.cli.main import EXIT_REFUSED, app
 from mdq.contracts import pb
