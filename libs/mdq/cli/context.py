@@ -2,7 +2,9 @@
 
 ``--nats-url`` / ``NATS_URL``, ``--database-url`` / ``DATABASE_URL`` and ``--namespace`` /
 ``MDQ_NAMESPACE`` win; what is not given is read from ``<state>/stack.json``, written by a
-running ``mdq up`` (state folder: ``--state-dir`` / ``MDQ_STATE_DIR``, default ``.mdq``).
+running ``mdq up`` (state folder: ``--state-dir`` / ``MDQ_STATE_DIR``, default ``.mdq``). The
+database URL found there is the read-only role's (``mdq_reader``), its password read from the
+secret file stack.json names (``StackInfo.database_dsn``).
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ def resolve_endpoints(options: GlobalOptions) -> Endpoints:
         )
     return Endpoints(
         nats_url=nats_url,
-        database_url=options.database_url or (stack.database_url if stack else ""),
+        database_url=options.database_url or (stack.database_dsn() if stack else ""),
         namespace=options.namespace or (stack.namespace if stack else "mdq"),
         stack=stack,
     )
