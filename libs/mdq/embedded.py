@@ -299,8 +299,8 @@ def _running(pid: int) -> bool:
         return False
 
 
-PASSWORD_HBA = """# Written by mdq (mdq.embedded.require_passwords): every connection, over the socket or
-# TCP, authenticates with its role's password (SCRAM). Changes are overwritten on start.
+PASSWORD_HBA = """# Written by mdq (mdq.embedded.require_passwords): every connection, over the
+# socket or TCP, authenticates with its role's password (SCRAM). Overwritten on start.
 local   all all                scram-sha-256
 host    all all 127.0.0.1/32   scram-sha-256
 host    all all ::1/128        scram-sha-256
@@ -312,7 +312,7 @@ every local connection, which would let anyone who reaches the socket be the sup
 def _admin_psql(server: object, sql: str, *, password: str, database: str = "postgres") -> str:
     """Run ``sql`` with psql as pgserver's superuser, authenticating with ``password`` (which
     the server ignores while it still trusts local connections)."""
-    from pgserver._commands import POSTGRES_BIN_PATH  # type: ignore[import-untyped]
+    from pgserver._commands import POSTGRES_BIN_PATH
 
     uri = str(server.get_uri(database))  # type: ignore[attr-defined]
     result = subprocess.run(

@@ -165,8 +165,12 @@ async def test_setup_takes_over_a_database_migrated_before_the_roles_and_runs_ag
             await writer.execute("DROP TABLE jobs")
     async for owner in _connect(urls.owner):
         assert await owner.fetchval("SELECT count(*) FROM jobs") == 1
-        assert await owner.fetchval("SELECT pg_get_userbyid(relowner) FROM pg_class "
-                                    "WHERE relname = 'alembic_version'") == names.owner
+        assert (
+            await owner.fetchval(
+                "SELECT pg_get_userbyid(relowner) FROM pg_class WHERE relname = 'alembic_version'"
+            )
+            == names.owner
+        )
 
 
 async def test_every_relation_of_the_schema_has_an_access_rule(

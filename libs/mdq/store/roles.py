@@ -196,7 +196,9 @@ END $$"""
 def provision_statements(names: RoleNames, passwords: RolePasswords) -> list[str]:
     """The administrator's SQL (run in one transaction in the database mdq uses)."""
     statements = [_ensure_role(name) for name in names.all()]
-    for name, password in zip(names.all(), (passwords.owner, passwords.writer, passwords.reader)):
+    for name, password in zip(
+        names.all(), (passwords.owner, passwords.writer, passwords.reader), strict=True
+    ):
         if not password:
             raise RoleError(f"no password for {name}")
         statements.append(
@@ -378,7 +380,7 @@ def settings_from_env(
     if admin := env.get(ENV_ADMIN_URL, ""):
         if admin_password := env.get(ENV_ADMIN_PASSWORD, ""):
             admin = role_url(admin, user=url_user(admin), password=admin_password)
-        missing = [name for name, value in zip(ENV_PASSWORDS, given) if not value]
+        missing = [name for name, value in zip(ENV_PASSWORDS, given, strict=True) if not value]
         if missing:
             raise RoleError(f"{', '.join(missing)} not set (make compose-secrets)")
         passwords = RolePasswords(*given)

@@ -83,7 +83,10 @@ def load_or_create_passwords(state_dir: Path) -> StackSecrets:
     generated = RolePasswords.generate()
     fresh = (generated.owner, generated.writer, generated.reader)
     admin = read_or_create_secret(folder / ADMIN_FILE, RolePasswords.generate().owner)
-    roles = [read_or_create_secret(folder / name, new) for name, new in zip(ROLE_FILES, fresh)]
+    roles = [
+        read_or_create_secret(folder / name, new)
+        for name, new in zip(ROLE_FILES, fresh, strict=True)
+    ]
     return StackSecrets(folder=folder, admin=admin, roles=RolePasswords(*roles))
 
 
