@@ -46,6 +46,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from pathlib import Path
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 DEFAULT_PREFIX = "mdq"
@@ -393,8 +394,38 @@ def settings_from_env(
     return None, owner, names, None
 
 
-def main() -> int:
-    """``python -m mdq.store.roles``: provision (if an administrator is given), migrate, grant."""
+ENV_FILE_KEYS = ("POSTGRES_PASSWORD", *ENV_PASSWORDS)
+"""What ``write_env_file`` generates: the bundled PostgreSQL's superuser (the official image's
+``POSTGRES_PASSWORD``) and the three roles'."""
+
+
+def write_env_file(path: Path) -> list[str]:
+    """Add a strong random password for each of ``ENV_FILE_KEYS`` that ``path`` (a
+    ``KEY=value`` file: compose's ``.env``, the dev overlay's ``postgres.env``) lacks, keeping
+    every line it has; the file is (made) mode 0600. Returns the keys added."""
+    lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+    present = {line.split("=", 1)[0].strip() for line in lines if "=" in line}
+    added = [key for key in ENV_FILE_KEYS if key not in present]
+    lines += [f"{key}={secrets.token_urlsafe(PASSWORD_BYTES)}" for key in added]
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    os.fchmod(descriptor, 0o600)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as file:
+        file.truncate()
+        file.write("\n".join(lines) + "\n")
+    return added
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m mdq.store.roles``: provision (if an administrator is given), migrate, grant.
+    ``python -m mdq.store.roles env-file PATH``: generate the passwords (``write_env_file``)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["env-file"] and len(args) == 2:
+        added = write_env_file(Path(args[1]))
+        print(f"{args[1]}: " + (f"added {', '.join(added)}" if added else "complete, unchanged"))
+        return 0
+    if args:
+        print("usage: python -m mdq.store.roles [env-file PATH]", file=sys.stderr)
+        return 2
     try:
         admin, owner, names, passwords = settings_from_env(dict(os.environ))
         setup_database(admin_url=admin, owner_url=owner, names=names, passwords=passwords)
