@@ -164,6 +164,7 @@ def _print_stack(info: StackInfo) -> None:
     lines = [
         f"NATS        {info.nats_url}" + ("  (embedded)" if info.embedded_nats else ""),
         f"PostgreSQL  {info.database_url}" + ("  (embedded)" if info.embedded_postgres else ""),
+        *([f"password    {info.database_password_file}"] if info.database_password_file else []),
         f"metrics     {info.metrics_url}",
         f"namespace   {info.namespace}",
         f"backend     {info.backend}",
