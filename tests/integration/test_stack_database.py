@@ -9,18 +9,26 @@ bookkeeping.
 
 from __future__ import annotations
 
+import asyncio
+import re
 import stat
+import subprocess
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
+from pgserver._commands import POSTGRES_BIN_PATH
 
 from mdq.cli.context import GlobalOptions, resolve_endpoints
 from mdq.stack import STACK_FILE, Stack
 from mdq.store.engine import asyncpg_dsn
 from mdq.store.stack_database import POSTGRES_SECRETS, SECRETS_DIR
 
+README_SH_BLOCKS = re.findall(
+    r"```sh\n(.*?)```", (Path(__file__).resolve().parents[2] / "README.md").read_text(), re.DOTALL
+)
+PSQL = POSTGRES_BIN_PATH / "psql"
 DATABASE_VARIABLES = ("DATABASE_URL", "MDQ_DATABASE_URL", "PGPASSWORD", "PGUSER")
 
 
@@ -39,7 +47,7 @@ async def test_the_embedded_stack_gives_each_process_its_least_role(
 ) -> None:
     monkeypatch.delenv("DATABASE_URL", raising=False)
     monkeypatch.setenv("PGPASSWORD", "inherited-and-must-not-pass")  # as if set in the shell
-    state = tmp_path / "state"
+    state = tmp_path / ".mdq"  # the default state folder, seen from tmp_path (the README's)
     stack = Stack(
         state_dir=state,
         nats_url=nats_url,
@@ -91,6 +99,22 @@ async def test_the_embedded_stack_gives_each_process_its_least_role(
                 await connection.execute("DELETE FROM jobs")
         finally:
             await connection.close()
+
+        # The README's psql example, run as written from the folder the stack was started in.
+        [example] = [block for block in README_SH_BLOCKS if "psql" in block]
+        assert "reader.password" in example
+        done = await asyncio.to_thread(
+            subprocess.run,
+            ["bash", "-euc", example],
+            cwd=tmp_path,
+            env={"PATH": f"{PSQL.parent}:/usr/bin:/bin", "HOME": str(tmp_path)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        assert "(0 rows)" in done.stdout
 
         # Nobody reaches the server without a password, not even as the superuser.
         for user in ("postgres", "mdq_reader"):
