@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run up test test-fast lint proto asyncapi bench-placement bench-recovery bench-runner bench-ingest chaos clean install
+.PHONY: run up test test-fast lint proto asyncapi bench-placement bench-recovery bench-runner bench-ingest chaos clean install compose-secrets deploy-dev-secrets
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "mdq needs Python 3.11 or newer")'
@@ -22,6 +22,15 @@ run: $(STAMP)
 ## up: start the embedded stack (or use NATS_URL / DATABASE_URL) and keep it running
 up: $(STAMP)
 	$(BIN)/mdq up
+
+## compose-secrets: generate docker-compose's passwords into .env (git-ignored, mode 0600;
+## existing values are kept). Needs only python3: no install.
+compose-secrets:
+	PYTHONPATH=libs $(PYTHON) -m mdq.store.roles env-file .env
+
+## deploy-dev-secrets: the same for the Kubernetes dev overlay (deploy/overlays/dev/postgres.env)
+deploy-dev-secrets:
+	PYTHONPATH=libs $(PYTHON) -m mdq.store.roles env-file deploy/overlays/dev/postgres.env
 
 ## test: install and run every test (real NATS, PostgreSQL and OpenMM)
 test: $(STAMP)

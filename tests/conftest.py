@@ -23,7 +23,7 @@ from mdq.bus.connect import connect
 from mdq.bus.subjects import Subjects
 from mdq.embedded import start_nats, start_postgres
 from mdq.store.engine import create_writer_pool
-from mdq.store.migrate import upgrade_async
+from mdq.store.roles import RoleNames, RolePasswords, RoleUrls, role_urls, setup_database_async
 
 
 @pytest.fixture(scope="session")
@@ -83,7 +83,24 @@ async def database_url(postgres_url: str, namespace: str) -> AsyncIterator[str]:
         yield url
     finally:
         await admin.execute(f'DROP DATABASE IF EXISTS "{namespace}" WITH (FORCE)')
+        # roles of the test's own (``database_roles``) belong to the server, not the database
+        for role in RoleNames.with_prefix(namespace).all():
+            await admin.execute(f'DROP ROLE IF EXISTS "{role}"')
         await admin.close()
+
+
+@pytest.fixture
+async def database_roles(database_url: str, namespace: str) -> RoleUrls:
+    """The test's database set up as every deployment sets it up (``mdq.store.roles``): roles
+    of its own (prefix: the namespace), migrated by the owner, granted; each role's URL.
+    ``database_url`` stays the administrator's."""
+    names = RoleNames.with_prefix(namespace)
+    passwords = RolePasswords.generate()
+    urls = role_urls(database_url, names, passwords)
+    await setup_database_async(
+        admin_url=database_url, owner_url=urls.owner, names=names, passwords=passwords
+    )
+    return urls
 
 
 @pytest.fixture
@@ -101,9 +118,9 @@ def js(nc: Client) -> JetStreamContext:
 
 
 @pytest.fixture
-async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
-    """A writer pool (asyncpg) on the test's database, migrated to the latest revision."""
-    await upgrade_async(database_url)
-    writer = await create_writer_pool(database_url, size=3)
+async def pool(database_roles: RoleUrls) -> AsyncIterator[asyncpg.Pool]:
+    """A writer pool (asyncpg) on the test's database, migrated to the latest revision,
+    connected as the writer role the watcher uses (so the projector tests prove its grants)."""
+    writer = await create_writer_pool(database_roles.writer, size=3)
     yield writer
     await writer.close()

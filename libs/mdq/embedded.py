@@ -18,6 +18,7 @@ import time
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 import psutil
 
@@ -308,22 +309,82 @@ def _running(pid: int) -> bool:
         return False
 
 
-def start_postgres(data_dir: Path, *, database: str = "mdq", keep: bool = True) -> EmbeddedPostgres:
-    """Start (or reuse) PostgreSQL in ``data_dir``; create ``database``; return its URL."""
+PASSWORD_HBA = """# Written by mdq (mdq.embedded.require_passwords): every connection, over the
+# socket or TCP, authenticates with its role's password (SCRAM). Overwritten on start.
+local   all all                scram-sha-256
+host    all all 127.0.0.1/32   scram-sha-256
+host    all all ::1/128        scram-sha-256
+"""
+"""The embedded server's ``pg_hba.conf`` once a stack owns it: pgserver's ``initdb`` trusts
+every local connection, which would let anyone who reaches the socket be the superuser."""
+
+
+def _admin_psql(server: object, sql: str, *, password: str, database: str = "postgres") -> str:
+    """Run ``sql`` with psql as pgserver's superuser, authenticating with ``password`` (which
+    the server ignores while it still trusts local connections)."""
+    from pgserver._commands import POSTGRES_BIN_PATH
+
+    uri = str(server.get_uri(database))  # type: ignore[attr-defined]
+    result = subprocess.run(
+        [str(POSTGRES_BIN_PATH / "psql"), "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", uri],
+        input=sql.encode(),
+        env={**os.environ, "PGPASSWORD": password, "PGCONNECT_TIMEOUT": "10"},
+        capture_output=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        message = result.stderr.decode(errors="replace").strip()
+        if "password authentication failed" in message:
+            message += (
+                " (the superuser's password in <state>/secrets/postgres/ does not match this "
+                "data folder: restore the secrets, or remove the state folder)"
+            )
+        raise RuntimeError(f"psql as the embedded superuser failed: {message}")
+    return result.stdout.decode()
+
+
+def require_passwords(server: object, data_dir: Path, *, admin_password: str) -> None:
+    """Give the superuser ``admin_password`` and make the server ask every connection for its
+    password (``PASSWORD_HBA``). Idempotent; the configuration is reloaded, not restarted."""
+    escaped = admin_password.replace("'", "''")
+    _admin_psql(server, f"ALTER ROLE CURRENT_USER PASSWORD '{escaped}';", password=admin_password)
+    hba = data_dir / "pg_hba.conf"
+    if hba.read_text() != PASSWORD_HBA:
+        hba.write_text(PASSWORD_HBA)  # in place: the file keeps its owner (pgserver's user)
+        _admin_psql(server, "SELECT pg_reload_conf();", password=admin_password)
+
+
+def start_postgres(
+    data_dir: Path, *, database: str = "mdq", keep: bool = True, admin_password: str | None = None
+) -> EmbeddedPostgres:
+    """Start (or reuse) PostgreSQL in ``data_dir``; create ``database``; return its URL.
+
+    With ``admin_password`` (what ``mdq up`` does) the server requires passwords
+    (``require_passwords``) and the URL returned is the superuser's, password included: the
+    stack uses it to set up the roles (``mdq.store.roles``) and gives it to no one. Without it
+    the server trusts local connections, as pgserver sets it up (tests, benchmarks).
+    """
     import pgserver  # imported here: only the embedded default needs it
 
     data_dir.mkdir(parents=True, exist_ok=True)
     server = pgserver.get_server(  # type: ignore[attr-defined]
         str(data_dir), cleanup_mode=None if keep else "stop"
     )
-    exists = server.psql(f"SELECT 1 FROM pg_database WHERE datname = '{database}';")
-    if "(1 row)" not in exists:
-        server.psql(f'CREATE DATABASE "{database}";')
+    exists_sql = f"SELECT 1 FROM pg_database WHERE datname = '{database}';"
+    create_sql = f'CREATE DATABASE "{database}";'
+    if admin_password is None:
+        if "(1 row)" not in server.psql(exists_sql):
+            server.psql(create_sql)
+    else:
+        require_passwords(server, data_dir, admin_password=admin_password)
+        if _admin_psql(server, exists_sql, password=admin_password).strip() != "1":
+            _admin_psql(server, create_sql, password=admin_password)
     # pgserver puts the socket somewhere else when the folder's path is too long for one;
     # its URI names the folder it really chose.
-    return EmbeddedPostgres(
-        server, str(server.get_uri(database)).replace("postgres:@", "postgres@"), data_dir
-    )
+    url = str(server.get_uri(database)).replace("postgres:@", "postgres@")
+    if admin_password is not None:
+        url = url.replace("postgres@", f"postgres:{quote(admin_password, safe='')}@", 1)
+    return EmbeddedPostgres(server, url, data_dir)
 
 
 def sqlalchemy_url(database_url: str) -> str:

@@ -5,13 +5,15 @@
 1. NATS JetStream and PostgreSQL: the embedded servers of ``mdq.embedded`` under the state
    folder (``.mdq/`` in the working directory, or ``MDQ_STATE_DIR``), unless ``NATS_URL`` /
    ``DATABASE_URL`` point at servers that already run;
-2. the database schema (``mdq.store.migrate.upgrade``);
+2. the database: roles, schema and grants (``mdq.store.stack_database``: passwords generated
+   under ``<state>/secrets/postgres/``; a given ``DATABASE_URL`` is an administrator's, used
+   only here);
 3. the services ``python -m services.<name>`` (intake, placement, watcher, recovery, metrics)
    and, for the ``local`` backend, the node agent ``python -m mdq.backends.local`` (the
    ``kubernetes`` backend runs no agent: the services talk to the cluster of
    ``MDQ_K8S_KUBECONFIG``, or the in-cluster service account), each a
    child process of this interpreter with the stack's environment, logging to
-   ``<state>/logs/<name>.log``;
+   ``<state>/logs/<name>.log``; only the watcher gets a database URL (the writer's);
 4. supervision: a child that dies is started again after a small backoff (doubling, capped);
    so is an embedded server (NATS, PostgreSQL), in place: same port, same data folder, so
    every URL in ``stack.json`` stays valid and every client reconnects on its own;
@@ -48,6 +50,12 @@ from mdq.auth import Trust, creds_path, issue, nats_secrets_dir, runner_issuer
 from mdq.bus.permissions import IDENTITIES, service_permissions
 from mdq.bus.subjects import Subjects
 from mdq.embedded import EmbeddedNats, EmbeddedPostgres, start_nats, start_postgres
+from mdq.store.stack_database import (
+    StackDatabase,
+    load_or_create_passwords,
+    prepare,
+    role_names_from_env,
+)
 
 SERVICES: tuple[str, ...] = ("intake", "placement", "watcher", "recovery", "metrics")
 """The services of a stack, started as ``python -m services.<name>``."""
@@ -60,6 +68,10 @@ POSTGRES = "postgres"
 RUNNER_ISSUER_FILE = "runner-issuer.json"
 CHILD_IDENTITY = {"local-backend": "agent"}
 """The NATS identity of each child whose name is not its identity (services: their name)."""
+DATABASE_ENV = frozenset(
+    {"DATABASE_URL", "MDQ_DATABASE_URL", "PGPASSWORD", "PGUSER", "PGPASSFILE", "PGSERVICE"}
+)
+"""Database credentials a child must not inherit from the environment of ``mdq up``."""
 
 # pgserver asks platformdirs for a runtime folder; without XDG_RUNTIME_DIR that is /tmp/…,
 # which is fine, and the warning would only clutter `make run`.
@@ -95,6 +107,19 @@ class StackInfo:
     the SDK use when they find the stack here."""
     nats_admin_creds: str = ""
     """Credentials that may manage streams (``mdq replay --rebuild``); keep them to yourself."""
+    database_password_file: str = ""
+    """The file holding the password of ``database_url``'s role (the reader: ``database_url``
+    is written without it); '' when the URL needs none."""
+
+    def database_dsn(self) -> str:
+        """``database_url`` with its password (read from ``database_password_file``): what
+        the CLI connects with; '' when there is no database."""
+        if not self.database_url or not self.database_password_file:
+            return self.database_url
+        from mdq.store.roles import role_url, url_user
+
+        password = Path(self.database_password_file).read_text(encoding="utf-8").strip()
+        return role_url(self.database_url, user=url_user(self.database_url), password=password)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -310,6 +335,9 @@ class Stack:
         self.backend = backend
         self._nats_url = nats_url or os.environ.get("NATS_URL") or ""
         self._database_url = database_url or os.environ.get("DATABASE_URL") or ""
+        """The administrator's URL (given, or the embedded superuser's): the roles are set up
+        with it, and it goes to no child and not into stack.json."""
+        self._database: StackDatabase | None = None
         self.local_nodes = local_nodes
         self._metrics_port = metrics_port
         self._metrics_port_claim: IO[str] | None = None
@@ -358,7 +386,10 @@ class Stack:
                 self._spawn(child)
             self._info = StackInfo(
                 nats_url=self._nats_url,
-                database_url=self._database_url,
+                database_url=self._database.reader_url if self._database else "",
+                database_password_file=str(self._database.reader_password_file)
+                if self._database
+                else "",
                 namespace=self.namespace,
                 metrics_url=f"http://127.0.0.1:{metrics_port}/metrics",
                 state_dir=str(self.state_dir),
@@ -531,7 +562,11 @@ class Stack:
             )
         if not self._database_url:
             self._servers.postgres = await asyncio.to_thread(
-                start_postgres, self.state_dir / "postgres", database="mdq", keep=False
+                start_postgres,
+                self.state_dir / "postgres",
+                database="mdq",
+                keep=False,
+                admin_password=load_or_create_passwords(self.state_dir).admin,
             )
             self._database_url = self._servers.postgres.url
             self._server_watches.append(
@@ -556,12 +591,10 @@ class Stack:
             self._servers.postgres.restart()
 
     def _migrate(self) -> None:
-        try:
-            from mdq.store.migrate import upgrade
-        except ImportError as error:  # the store may not be there in a partial checkout
-            self._note(f"no migrations applied: {error}")
-            return
-        upgrade(self._database_url)
+        """Roles, migrations (as the owner) and grants; remember each role's URL."""
+        self._database = prepare(
+            self._database_url, load_or_create_passwords(self.state_dir), role_names_from_env()
+        )
 
     def _stop_servers(self) -> None:
         if self._servers.nats is not None:
@@ -593,13 +626,12 @@ class Stack:
         return programs
 
     def _child_env(self, metrics_port: int) -> dict[str, str]:
-        env = dict(os.environ)
+        env = {key: value for key, value in os.environ.items() if key not in DATABASE_ENV}
         bin_dir = str(Path(sys.executable).parent)
         env["PATH"] = os.pathsep.join([bin_dir, env.get("PATH", "")])
         env.update(
             {
                 "NATS_URL": self._nats_url,
-                "DATABASE_URL": self._database_url,
                 "MDQ_NAMESPACE": self.namespace,
                 "MDQ_DATA_DIR": str(self.data_dir),
                 "MDQ_STATE_DIR": str(self.state_dir),
@@ -619,6 +651,15 @@ class Stack:
                 [sys.executable, "-m", "services.runner"]
             )
         env.update(self._extra_env)
+        return env
+
+    def child_env(self, name: str) -> dict[str, str]:
+        """The environment the named child is started with: its own NATS identity, and for
+        the watcher alone a database, the writer's URL (``DATABASE_ENV`` is taken out of
+        everyone else's)."""
+        env = {**self._env, **self._identity_env(name)}
+        if name == "watcher" and self._database is not None:
+            env["DATABASE_URL"] = self._database.urls.writer
         return env
 
     def _identity_env(self, child: str) -> dict[str, str]:
@@ -644,7 +685,7 @@ class Stack:
         child.log_file.flush()
         child.process = subprocess.Popen(
             child.argv,
-            env={**self._env, **self._identity_env(child.name)},
+            env=self.child_env(child.name),
             stdin=subprocess.DEVNULL,
             stdout=child.log_file,
             stderr=subprocess.STDOUT,

@@ -101,7 +101,7 @@ async def _campaign_through_a_kill(
     async def answers() -> bool:
         if victim == NATS_SERVER:
             return (await probe_nats(info.nats_url, limit_s=1.0)).ok
-        return (await probe_postgres(info.database_url, limit_s=1.0)).ok
+        return (await probe_postgres(info.database_dsn(), limit_s=1.0)).ok
 
     async def killed() -> bool:
         return not await answers()
@@ -148,7 +148,7 @@ async def test_killed_servers_are_restarted_in_place_and_campaigns_finish(
     assert succeeded == dict.fromkeys(job_ids, 1)  # exactly one success per job
 
     assert json.loads((state_dir / "stack.json").read_text())["nats_url"] == info.nats_url
-    database = await asyncpg.connect(info.database_url)
+    database = await asyncpg.connect(info.database_dsn())
     try:
 
         async def complete() -> bool:

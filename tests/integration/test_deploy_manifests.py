@@ -56,6 +56,8 @@ from mdq.embedded import SYNC_ALWAYS, free_port, nats_server_binary
 from mdq.settings import CommonSettings
 from mdq.store.engine import asyncpg_dsn
 from mdq.store.migrate import alembic_config
+from mdq.store.roles import ENV_FILE_KEYS, ENV_PASSWORDS, role_url
+from mdq.store.roles import main as roles_main
 from services.metrics.exporter import Exporter
 from services.metrics.settings import MetricsSettings
 from services.placement.settings import PlacementSettings
@@ -138,9 +140,16 @@ def kustomization_dirs() -> list[str]:
     return found
 
 
+DEV_SECRETS = DEPLOY / "overlays" / "dev" / "postgres.env"
+"""The dev overlay's generated passwords (``make deploy-dev-secrets``; git-ignored)."""
+
+
 @functools.cache
 def build(target: str) -> tuple[Manifest, ...]:
-    """The objects ``kubectl kustomize deploy/<target>`` prints."""
+    """The objects ``kubectl kustomize deploy/<target>`` prints. The dev overlay's password
+    file is generated first when missing, as ``make deploy-dev-secrets`` does."""
+    if not DEV_SECRETS.exists():
+        assert roles_main(["env-file", str(DEV_SECRETS)]) == 0
     done = subprocess.run(
         [kubectl(), "kustomize", str(DEPLOY / target)],
         capture_output=True,
@@ -325,9 +334,30 @@ def test_each_deployment_runs_its_service(overlay: str) -> None:
         (container,) = deployment(objects, service)["spec"]["template"]["spec"]["containers"]
         assert container["command"] == ["python", "-m", f"services.{service}"]
         assert importlib.util.find_spec(f"services.{service}.__main__") is not None
-        secrets = {s["secretRef"]["name"] for s in container["envFrom"] if "secretRef" in s}
-        # Only the watcher (the single writer) gets the database credentials.
-        assert bool(secrets) is (service == "watcher"), service
+        # Only the watcher (the single writer) gets a database credential: the writer's.
+        assert secret_references(container) == (
+            {("mdq-postgres", "MDQ_PG_WRITER_PASSWORD")} if service == "watcher" else set()
+        ), service
+        env = {e["name"]: e.get("value") for e in container.get("env", [])}
+        if service == "watcher":
+            assert urlsplit(env["DATABASE_URL"]).username == "mdq_writer"
+            assert urlsplit(env["DATABASE_URL"]).password is None
+        else:
+            assert "DATABASE_URL" not in env and "PGPASSWORD" not in env, service
+
+
+def secret_references(container: Manifest) -> set[tuple[str, str]]:
+    """(Secret, key) of every secret a container reads (key '*' for a whole Secret), the
+    Secret named without the hash suffix kustomize gives a generated one."""
+    found = {
+        (source["secretRef"]["name"], "*")
+        for source in container.get("envFrom", [])
+        if "secretRef" in source
+    }
+    for env in container.get("env", []):
+        if ref := env.get("valueFrom", {}).get("secretKeyRef"):
+            found.add((ref["name"], ref["key"]))
+    return {(re.sub(r"-[a-z0-9]{10}$", "", name), key) for name, key in found}
 
 
 def test_replicas_are_set_per_service_by_each_overlay() -> None:
@@ -428,22 +458,85 @@ def test_every_referenced_config_and_secret_exists_or_is_documented(overlay: str
                 assert volume["configMap"]["name"] in config_maps, where
 
 
-def test_dev_database_url_matches_the_postgres_it_deploys() -> None:
+def test_dev_roles_match_the_postgres_it_deploys() -> None:
+    """The dev overlay: the generated Secret holds a strong password for the superuser and each
+    role; the migration Job reaches the deployed PostgreSQL as its superuser and gets every
+    password (it makes the roles); the watcher reaches the same database as the writer."""
     objects = build("overlays/dev")
     secrets = of_kind(objects, "Secret")
-
-    def secret_value(prefix: str, key: str) -> str:
-        (name,) = [n for n in secrets if n.startswith(prefix + "-")]
-        data = secrets[name].get("data") or {}
-        return base64.b64decode(data[key]).decode()
-
-    url = urlsplit(secret_value("mdq-database", "DATABASE_URL"))
-    assert url.hostname in of_kind(objects, "Service")
-    assert url.port == 5432
-    assert url.password == secret_value("mdq-postgres", "POSTGRES_PASSWORD")
+    (name,) = [n for n in secrets if n.startswith("mdq-postgres-")]
+    data = {k: base64.b64decode(v).decode() for k, v in secrets[name]["data"].items()}
+    assert set(data) == set(ENV_FILE_KEYS)
+    assert all(len(value) >= 40 for value in data.values()) and len(set(data.values())) == 4
     postgres = of_kind(objects, "StatefulSet")["postgres"]["spec"]["template"]["spec"]
-    env = {e["name"]: e.get("value") for e in postgres["containers"][0]["env"]}
-    assert url.username == env["POSTGRES_USER"] and url.path == "/" + env["POSTGRES_DB"]
+    (server,) = postgres["containers"]
+    env = {e["name"]: e.get("value") for e in server["env"]}
+    assert secret_references(server) == {("mdq-postgres", "POSTGRES_PASSWORD")}
+    (migrate,) = of_kind(objects, "Job")["mdq-migrate"]["spec"]["template"]["spec"]["containers"]
+    assert secret_references(migrate) == {("mdq-postgres", key) for key in ENV_FILE_KEYS}
+    job_env = {e["name"]: e.get("value") for e in migrate["env"]}
+    admin = urlsplit(job_env["MDQ_PG_ADMIN_URL"])
+    assert admin.hostname in of_kind(objects, "Service") and admin.port == 5432
+    assert (admin.username, admin.password) == (env["POSTGRES_USER"], None)
+    assert admin.path == "/" + env["POSTGRES_DB"]
+    (watcher,) = deployment(objects, "watcher")["spec"]["template"]["spec"]["containers"]
+    writer = urlsplit({e["name"]: e.get("value") for e in watcher["env"]}["DATABASE_URL"])
+    assert (writer.hostname, writer.port, writer.path) == (admin.hostname, 5432, admin.path)
+
+
+DATABASE_SECRET_KEYS = re.compile(
+    r"^\s*-?\s*(?:name:\s*)?\b(POSTGRES_PASSWORD|PGPASSWORD|MDQ_PG_\w*PASSWORD)\b\s*[:=]\s*(\S.*)$"
+)
+URL_WITH_PASSWORD = re.compile(r"postgres(?:ql)?://[^/\s:@]+:([^@\s]+)@")
+
+
+def literal_database_passwords(text: str) -> list[str]:
+    """Database passwords written out in a deployment file: a URL with a password in it, or a
+    password variable given a value that is neither a required variable (``${X:?...}``) nor a
+    reference to a Secret."""
+    found = [m.group(0) for m in URL_WITH_PASSWORD.finditer(text) if not m.group(1).startswith("$")]
+    for line in text.splitlines():
+        if (match := DATABASE_SECRET_KEYS.match(line)) and not match.group(2).startswith("${"):
+            found.append(line.strip())
+    return found
+
+
+def test_the_password_rule_finds_literal_passwords() -> None:
+    assert literal_database_passwords("      - DATABASE_URL=postgresql://mdq:mdq-dev@pg:5432/mdq")
+    assert literal_database_passwords("      - POSTGRES_PASSWORD=mdq-dev")
+    assert literal_database_passwords("      POSTGRES_PASSWORD: mdq")
+    assert literal_database_passwords("    DATABASE_URL: postgresql://mdq:mdq@postgres:5432/mdq")
+    assert not literal_database_passwords("      POSTGRES_PASSWORD: ${POSTGRES_PASSWORD:?set it}")
+    assert not literal_database_passwords("      DATABASE_URL: postgresql://mdq_writer@pg/mdq")
+    assert not literal_database_passwords("            - name: PGPASSWORD")
+
+
+def test_no_database_password_is_written_in_deploy_or_compose() -> None:
+    """Every database password comes from a generated, git-ignored file (compose's .env, the
+    dev overlay's postgres.env) or a Secret the operator makes: none is committed."""
+    tracked = subprocess.run(
+        ["git", "ls-files", "deploy", "docker-compose.yml"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert "docker-compose.yml" in tracked
+    found = {
+        path: hits
+        for path in tracked
+        if (hits := literal_database_passwords((ROOT / path).read_text(errors="replace")))
+    }
+    assert found == {}
+    ignored = subprocess.run(
+        ["git", "check-ignore", ".env", str(DEV_SECRETS.relative_to(ROOT))], cwd=ROOT, check=False
+    )
+    assert ignored.returncode == 0
+
+
+def test_compose_publishes_postgresql_on_loopback_only() -> None:
+    for port in compose()["services"]["postgres"]["ports"]:
+        assert str(port).startswith("127.0.0.1:"), port
 
 
 # -- storage, the bus, priorities --------------------------------------------------------------
@@ -543,21 +636,67 @@ def compose() -> Manifest:
     return loaded
 
 
-async def test_the_migration_job_and_compose_migrate_really_migrate(database_url: str) -> None:
+async def test_the_migration_job_and_compose_migrate_really_migrate(
+    database_url: str, namespace: str, tmp_path: Path
+) -> None:
+    """The command both run, with the environment they give it (the administrator's URL, the
+    generated passwords), against the fixture's PostgreSQL: the roles are made, the schema is
+    migrated, and the writer connects the way the watcher does (URL without a password, the
+    password in PGPASSWORD)."""
     command = migration_command()
     assert compose()["services"]["migrate"]["command"] == command
-    assert command[:2] == ["python", "-c"]
+    assert command[:3] == ["python", "-m", "mdq.store.roles"]
+    job_env = {
+        e["name"]
+        for e in of_kind(build("overlays/dev"), "Job")["mdq-migrate"]["spec"]["template"]["spec"][
+            "containers"
+        ][0]["env"]
+    }
+    assert {"MDQ_PG_ADMIN_URL", "MDQ_PG_ADMIN_PASSWORD", *ENV_PASSWORDS} <= job_env
+    assert {"MDQ_PG_ADMIN_URL", "MDQ_PG_ADMIN_PASSWORD", *ENV_PASSWORDS} <= set(
+        compose()["services"]["migrate"]["environment"]
+    )
+    generated = tmp_path / "postgres.env"
+    assert roles_main(["env-file", str(generated)]) == 0
+    passwords = dict(line.split("=", 1) for line in generated.read_text().split())
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         *command[1:],
-        env={"DATABASE_URL": database_url, "PATH": "/usr/bin:/bin"},
+        env={
+            "MDQ_PG_ADMIN_URL": database_url,  # the fixture's server trusts its superuser
+            "MDQ_PG_ADMIN_PASSWORD": passwords["POSTGRES_PASSWORD"],
+            **{key: passwords[key] for key in ENV_PASSWORDS},
+            "MDQ_DB_ROLE_PREFIX": namespace,  # roles of this test's own
+            "PATH": "/usr/bin:/bin",
+        },
         cwd=ROOT,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
     out, err = await asyncio.wait_for(process.communicate(), timeout=60)
     assert process.returncode == 0, err.decode()
-    assert out.decode().strip().endswith("migrated")
+    assert "migrated" in out.decode()
+    writer = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        "import asyncio, asyncpg, os\n"
+        "async def main():\n"
+        "    c = await asyncpg.connect(os.environ['DATABASE_URL'])\n"
+        "    print(await c.fetchval('SELECT current_user'), await c.fetchval("
+        "'SELECT count(*) FROM jobs'))\n"
+        "asyncio.run(main())",
+        env={
+            "DATABASE_URL": role_url(database_url, user=f"{namespace}_writer", password=None),
+            "PGPASSWORD": passwords["MDQ_PG_WRITER_PASSWORD"],
+            "PATH": "/usr/bin:/bin",
+        },
+        cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(writer.communicate(), timeout=60)
+    assert writer.returncode == 0, err.decode()
+    assert out.decode().split() == [f"{namespace}_writer", "0"]
     head = ScriptDirectory.from_config(alembic_config(database_url)).get_current_head()
     connection = await asyncpg.connect(asyncpg_dsn(database_url))
     try:
@@ -587,7 +726,8 @@ def test_compose_runs_the_whole_stack() -> None:
         assert depends["nats"]["condition"] == "service_healthy"
         env = services[service]["environment"]
         assert urlsplit(env["NATS_URL"]).hostname == "nats"
-        assert urlsplit(env["DATABASE_URL"]).hostname == "postgres"
+        # Only the watcher has a database credential (the writer's).
+        assert ("DATABASE_URL" in env) is (service == "watcher"), service
     assert services["local-backend"]["command"] == ["python", "-m", "mdq.backends.local"]
     assert importlib.util.find_spec("mdq.backends.local.__main__") is not None
     # The runner processes of the local backend write where placement says the data is.
@@ -599,13 +739,26 @@ def test_compose_runs_the_whole_stack() -> None:
         store.group(1).startswith(v.split(":")[1] + "/") for v in services["nats"]["volumes"]
     )
     assert services["metrics"]["environment"]["MDQ_METRICS_PORT"] == "9464"
+    assert "DATABASE_URL" not in services["local-backend"]["environment"]
     postgres = services["postgres"]["environment"]
-    url = urlsplit(services["watcher"]["environment"]["DATABASE_URL"])
-    assert (url.username, url.password, url.path) == (
+    migrate = services["migrate"]["environment"]
+    admin = urlsplit(migrate["MDQ_PG_ADMIN_URL"])
+    assert (admin.hostname, admin.username, admin.path) == (
+        "postgres",
         postgres["POSTGRES_USER"],
-        postgres["POSTGRES_PASSWORD"],
         "/" + postgres["POSTGRES_DB"],
     )
+    assert migrate["MDQ_PG_ADMIN_PASSWORD"] == postgres["POSTGRES_PASSWORD"]
+    for service, role in (("watcher", "writer"), ("cli", "reader")):
+        env = services[service]["environment"]
+        url = urlsplit(env["DATABASE_URL"])
+        assert (url.hostname, url.username, url.password, url.path) == (
+            "postgres",
+            f"mdq_{role}",
+            None,
+            admin.path,
+        )
+        assert env["PGPASSWORD"].startswith(f"${{MDQ_PG_{role.upper()}_PASSWORD:?")
     # Every file compose mounts from the repository exists.
     for name, service in services.items():
         for volume in service.get("volumes", []):

@@ -2,9 +2,11 @@
 
 ``--nats-url`` / ``NATS_URL``, ``--database-url`` / ``DATABASE_URL`` and ``--namespace`` /
 ``MDQ_NAMESPACE`` win; what is not given is read from ``<state>/stack.json``, written by a
-running ``mdq up`` (state folder: ``--state-dir`` / ``MDQ_STATE_DIR``, default ``.mdq``).
-NATS credentials come with the stack's URL (the CLI identity's file, ``stack.json``'s
-``nats_creds``); with a URL of your own, ``MDQ_NATS_CREDS`` names yours.
+running ``mdq up`` (state folder: ``--state-dir`` / ``MDQ_STATE_DIR``, default ``.mdq``). The
+database URL found there is the read-only role's (``mdq_reader``), its password read from the
+secret file stack.json names (``StackInfo.database_dsn``). NATS credentials come with the
+stack's URL (the CLI identity's file, ``stack.json``'s ``nats_creds``); with a URL of your
+own, ``MDQ_NATS_CREDS`` names yours.
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ def resolve_endpoints(options: GlobalOptions) -> Endpoints:
     from_stack = stack is not None and not options.nats_url
     return Endpoints(
         nats_url=nats_url,
-        database_url=options.database_url or (stack.database_url if stack else ""),
+        database_url=options.database_url or (stack.database_dsn() if stack else ""),
         namespace=options.namespace or (stack.namespace if stack else "mdq"),
         stack=stack,
         nats_creds=stack.nats_creds if from_stack and stack else "",

@@ -164,6 +164,7 @@ def _print_stack(info: StackInfo) -> None:
     lines = [
         f"NATS        {info.nats_url}" + ("  (embedded)" if info.embedded_nats else ""),
         f"PostgreSQL  {info.database_url}" + ("  (embedded)" if info.embedded_postgres else ""),
+        *([f"password    {info.database_password_file}"] if info.database_password_file else []),
         f"metrics     {info.metrics_url}",
         f"namespace   {info.namespace}",
         f"backend     {info.backend}",
@@ -251,7 +252,7 @@ def status(ctx: typer.Context) -> None:
         raise typer.Exit(EXIT_UNAVAILABLE)
     _updated_at, parts = found
     probes = _run(
-        stack_status.probe_servers(info.nats_url, info.database_url, creds=info.nats_creds)
+        stack_status.probe_servers(info.nats_url, info.database_dsn(), creds=info.nats_creds)
     )
     stack_status.render(console, parts, probes, now=time.time())
     raise typer.Exit(EXIT_OK if stack_status.healthy(parts, probes) else EXIT_FAILED)
@@ -355,7 +356,7 @@ async def _demo_campaign(info: StackInfo, request: pb.SubmitRequest, *, limit_s:
         console.print(f"submitted {len(job_ids)} jobs (key {request.idempotency_key})")
         remaining = max(1.0, limit_s - (time.monotonic() - started))
         views = await follow_jobs(client, job_ids, names=names, limit_s=remaining, console=console)
-    details = await history.wait_for_projection(info.database_url, job_ids, within_s=30.0)
+    details = await history.wait_for_projection(info.database_dsn(), job_ids, within_s=30.0)
     console.print(history.detail_table(details, title="history (read back from PostgreSQL)"))
     missing = sorted(set(job_ids) - {detail.job.job_id for detail in details})
     if missing:

@@ -1,0 +1,440 @@
+"""PostgreSQL roles: who may do what in mdq's database, decided and applied in one place.
+
+Three login roles, none a superuser, none allowed to create roles or databases:
+
+* **owner** (``mdq_owner``): owns the ``public`` schema and every mdq table and view, and runs
+  the Alembic migrations; nothing else connects as it.
+* **writer** (``mdq_writer``): the watcher's projector. ``SELECT, INSERT, UPDATE`` on the tables
+  it projects into (``WRITTEN``), ``SELECT`` on the views; no ``DELETE``, no ``TRUNCATE``, no
+  DDL (it owns nothing and may not create in the schema).
+* **reader** (``mdq_reader``): ``SELECT`` on the history tables and views (``READ``), for the CLI
+  (``mdq ls`` / ``show`` / ``plot`` / ``watch``), the SDK's history queries and people. A
+  person gets a login of their own that is a member of it:
+  ``CREATE ROLE alice LOGIN PASSWORD '...' IN ROLE mdq_reader``.
+
+The names are ``<prefix>_owner`` / ``_writer`` / ``_reader`` (``RoleNames``; prefix ``mdq``, or
+``MDQ_DB_ROLE_PREFIX``), since roles belong to the whole server, not to one database: two mdq
+installations on one server take two prefixes.
+
+Applying them takes two steps, both idempotent, so every deployment runs both on every start
+(the embedded stack, compose's ``migrate`` service and the Kubernetes ``mdq-migrate`` Job run
+``setup_database`` / ``python -m mdq.store.roles``):
+
+1. ``provision`` as an administrator (a superuser, or a role with CREATEROLE that owns the
+   database): create the three roles if missing and set their passwords and attributes, make
+   the owner own the ``public`` schema and whatever mdq objects exist already (a database
+   migrated before the roles existed), take ``CONNECT`` / ``TEMPORARY`` and ``CREATE`` on the
+   schema away from ``PUBLIC``. Skipped when the operator made the roles by hand (a managed
+   PostgreSQL), in which case the owner must already own the schema.
+2. the migrations as the owner, then ``grant`` (as the owner): every privilege of the writer
+   and the reader on the schema's relations is revoked and given again from the table below,
+   so a relation dropped from it, or a grant made by hand, does not linger. A relation the
+   table does not name gets nothing (tests/integration/test_roles.py checks that every relation
+   of the schema is named).
+
+The SQL is built by pure functions (``provision_statements``, ``grant_statements``) and run by
+thin async ones, each in one transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import secrets
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
+
+DEFAULT_PREFIX = "mdq"
+PASSWORD_BYTES = 32
+"""``secrets.token_urlsafe(32)``: 43 characters, 256 bits, safe in a URL as it is."""
+_PREFIX = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
+
+
+class Access(Enum):
+    """What the writer and the reader may do with one relation (the owner may do anything)."""
+
+    WRITTEN = "written"
+    """A table the projector writes: writer SELECT, INSERT, UPDATE; reader SELECT."""
+    READ = "read"
+    """A table or view for history queries: writer and reader SELECT."""
+    OWNER_ONLY = "owner_only"
+    """Neither: ``alembic_version``."""
+
+
+RELATIONS: dict[str, Access] = {
+    # the projection's tables (libs/mdq/store/projection.py writes every one of them)
+    "jobs": Access.WRITTEN,
+    "attempts": Access.WRITTEN,
+    "job_events": Access.WRITTEN,
+    "progress": Access.WRITTEN,
+    "checkpoints": Access.WRITTEN,
+    "placements": Access.WRITTEN,
+    "rejections": Access.WRITTEN,
+    "consumer_offsets": Access.WRITTEN,
+    # the views of docs/history.md
+    "events": Access.READ,
+    "job_timeline": Access.READ,
+    "attempt_history": Access.READ,
+    "failures_by_reason": Access.READ,
+    "node_utilisation": Access.READ,
+    "job_outputs": Access.READ,
+    # the migrations' own bookkeeping
+    "alembic_version": Access.OWNER_ONLY,
+}
+"""Every relation of mdq's schema and who may use it."""
+
+WRITER_TABLE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE")
+"""The projector inserts (COPY included) and upserts; it never deletes or truncates."""
+
+
+class RoleError(RuntimeError):
+    """The roles cannot be set up (a missing role, a bad prefix, no password)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RoleNames:
+    """The three login roles of one mdq installation."""
+
+    owner: str
+    writer: str
+    reader: str
+
+    @classmethod
+    def with_prefix(cls, prefix: str = DEFAULT_PREFIX) -> RoleNames:
+        if not _PREFIX.fullmatch(prefix):
+            raise RoleError(
+                f"role prefix {prefix!r}: lower-case letters, digits and _, starting with a "
+                "letter, at most 41 characters"
+            )
+        return cls(owner=f"{prefix}_owner", writer=f"{prefix}_writer", reader=f"{prefix}_reader")
+
+    def all(self) -> tuple[str, str, str]:
+        return (self.owner, self.writer, self.reader)
+
+
+@dataclass(frozen=True, slots=True)
+class RolePasswords:
+    """The login passwords of the three roles."""
+
+    owner: str
+    writer: str
+    reader: str
+
+    @classmethod
+    def generate(cls) -> RolePasswords:
+        return cls(*(secrets.token_urlsafe(PASSWORD_BYTES) for _ in range(3)))
+
+
+def quote_ident(name: str) -> str:
+    """``name`` as a PostgreSQL identifier, always quoted."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def quote_literal(value: str) -> str:
+    """``value`` as a PostgreSQL string literal (standard_conforming_strings, the default)."""
+    if "\x00" in value:
+        raise RoleError("a password may not contain NUL")
+    return "'" + value.replace("'", "''") + "'"
+
+
+def role_url(url: str, *, user: str, password: str | None) -> str:
+    """``url`` with its user (and password) replaced: the same server and database as another
+    role. Keeps the query (``?host=/socket/dir`` of the embedded PostgreSQL)."""
+    split = urlsplit(url)
+    host = split.netloc.rpartition("@")[2]
+    credentials = quote(user, safe="")
+    if password is not None:
+        credentials += ":" + quote(password, safe="")
+    return urlunsplit(split._replace(netloc=f"{credentials}@{host}"))
+
+
+def url_user(url: str) -> str:
+    """The user named in ``url`` ('' when none is)."""
+    return unquote(urlsplit(url).username or "")
+
+
+def without_password(url: str) -> str:
+    """``url`` with its password left out (for stack.json and log lines)."""
+    split = urlsplit(url)
+    if split.password is None:
+        return url
+    return role_url(url, user=unquote(split.username or ""), password=None)
+
+
+def _ensure_role(name: str) -> str:
+    literal = quote_literal(name)
+    return (
+        f"DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = {literal}) "
+        f"THEN CREATE ROLE {quote_ident(name)}; END IF; END $$"
+    )
+
+
+_TRANSFER_OWNERSHIP = """
+DO $$
+DECLARE r record;
+BEGIN
+  FOR r IN
+    SELECT c.relname, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'v', 'm', 'S')
+      AND c.relowner <> {owner_oid}
+      AND NOT EXISTS (SELECT FROM pg_depend d
+                      WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid
+                        AND d.deptype IN ('a', 'i'))
+  LOOP
+    EXECUTE format('ALTER %s %I OWNER TO %I',
+      CASE r.relkind WHEN 'v' THEN 'VIEW' WHEN 'm' THEN 'MATERIALIZED VIEW'
+                     WHEN 'S' THEN 'SEQUENCE' ELSE 'TABLE' END,
+      r.relname, {owner});
+  END LOOP;
+END $$"""
+
+
+def provision_statements(names: RoleNames, passwords: RolePasswords) -> list[str]:
+    """The administrator's SQL (run in one transaction in the database mdq uses)."""
+    statements = [_ensure_role(name) for name in names.all()]
+    for name, password in zip(
+        names.all(), (passwords.owner, passwords.writer, passwords.reader), strict=True
+    ):
+        if not password:
+            raise RoleError(f"no password for {name}")
+        statements.append(
+            f"ALTER ROLE {quote_ident(name)} WITH LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE "
+            f"NOREPLICATION NOBYPASSRLS INHERIT PASSWORD {quote_literal(password)}"
+        )
+    owner, writer, reader = (quote_ident(name) for name in names.all())
+    database_privileges = (
+        "DO $$ BEGIN "
+        "EXECUTE format('REVOKE ALL ON DATABASE %I FROM PUBLIC', current_database()); "
+        "EXECUTE format('GRANT CONNECT, TEMPORARY ON DATABASE %I TO %s', current_database(), "
+        f"{quote_literal(owner)}); "
+        "EXECUTE format('GRANT CONNECT ON DATABASE %I TO %s, %s', current_database(), "
+        f"{quote_literal(writer)}, {quote_literal(reader)}); "
+        "END $$"
+    )
+    statements += [
+        database_privileges,
+        f"ALTER SCHEMA public OWNER TO {owner}",
+        "REVOKE ALL ON SCHEMA public FROM PUBLIC",
+        _TRANSFER_OWNERSHIP.format(
+            owner_oid=f"{quote_literal(names.owner)}::regrole", owner=quote_literal(names.owner)
+        ),
+    ]
+    return statements
+
+
+def grant_statements(names: RoleNames, existing: Iterable[str]) -> list[str]:
+    """The owner's SQL (one transaction): the writer's and the reader's privileges on the
+    relations of the schema that exist (``existing``), from ``RELATIONS`` alone."""
+    writer, reader = quote_ident(names.writer), quote_ident(names.reader)
+    present = set(existing)
+    statements = [
+        f"REVOKE ALL ON ALL TABLES IN SCHEMA public FROM {writer}, {reader}",
+        f"REVOKE ALL ON ALL SEQUENCES IN SCHEMA public FROM {writer}, {reader}",
+        f"REVOKE ALL ON SCHEMA public FROM {writer}, {reader}",
+        f"GRANT USAGE ON SCHEMA public TO {writer}, {reader}",
+        f"GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO {writer}",
+    ]
+    for relation, access in sorted(RELATIONS.items()):
+        if relation not in present or access is Access.OWNER_ONLY:
+            continue
+        target = f"public.{quote_ident(relation)}"
+        statements.append(f"GRANT SELECT ON {target} TO {reader}")
+        writer_privileges = WRITER_TABLE_PRIVILEGES if access is Access.WRITTEN else ("SELECT",)
+        statements.append(f"GRANT {', '.join(writer_privileges)} ON {target} TO {writer}")
+    return statements
+
+
+async def _run_in_transaction(url: str, statements: Sequence[str]) -> None:
+    import asyncpg
+
+    from mdq.store.engine import asyncpg_dsn
+
+    connection = await asyncpg.connect(asyncpg_dsn(url))
+    try:
+        async with connection.transaction():
+            for statement in statements:
+                await connection.execute(statement)
+    finally:
+        await connection.close()
+
+
+async def provision(admin_url: str, names: RoleNames, passwords: RolePasswords) -> None:
+    """Create or update the roles and hand the schema to the owner (as an administrator)."""
+    await _run_in_transaction(admin_url, provision_statements(names, passwords))
+
+
+async def schema_relations(url: str) -> set[str]:
+    """Names of the tables and views of the ``public`` schema."""
+    import asyncpg
+
+    from mdq.store.engine import asyncpg_dsn
+
+    connection = await asyncpg.connect(asyncpg_dsn(url))
+    try:
+        rows = await connection.fetch(
+            "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'v', 'm')"
+        )
+        return {str(row["relname"]) for row in rows}
+    finally:
+        await connection.close()
+
+
+async def missing_roles(url: str, names: RoleNames) -> list[str]:
+    """Which of the three roles the server does not have."""
+    import asyncpg
+
+    from mdq.store.engine import asyncpg_dsn
+
+    connection = await asyncpg.connect(asyncpg_dsn(url))
+    try:
+        rows = await connection.fetch(
+            "SELECT rolname FROM pg_roles WHERE rolname = ANY($1::text[])", list(names.all())
+        )
+    finally:
+        await connection.close()
+    present = {str(row["rolname"]) for row in rows}
+    return [name for name in names.all() if name not in present]
+
+
+async def grant(owner_url: str, names: RoleNames) -> None:
+    """Give the writer and the reader exactly their privileges (as the owner)."""
+    missing = await missing_roles(owner_url, names)
+    if missing:
+        raise RoleError(
+            f"roles {', '.join(missing)} do not exist: run the setup with an administrator's "
+            "URL (MDQ_PG_ADMIN_URL), or create them (docs/security.md, PostgreSQL roles)"
+        )
+    existing = await schema_relations(owner_url)
+    await _run_in_transaction(owner_url, grant_statements(names, existing))
+
+
+@dataclass(frozen=True, slots=True)
+class RoleUrls:
+    """Where each role connects: the same server and database, its own user and password."""
+
+    owner: str
+    writer: str
+    reader: str
+
+
+def role_urls(base_url: str, names: RoleNames, passwords: RolePasswords) -> RoleUrls:
+    """The three roles' URLs on the server and database of ``base_url``."""
+    return RoleUrls(
+        owner=role_url(base_url, user=names.owner, password=passwords.owner),
+        writer=role_url(base_url, user=names.writer, password=passwords.writer),
+        reader=role_url(base_url, user=names.reader, password=passwords.reader),
+    )
+
+
+async def setup_database_async(
+    *, admin_url: str | None, owner_url: str, names: RoleNames, passwords: RolePasswords | None
+) -> None:
+    """Provision (when an administrator's URL is given), migrate as the owner, grant."""
+    from mdq.store.migrate import upgrade_async
+
+    if admin_url is not None:
+        if passwords is None:
+            raise RoleError("provisioning the roles needs their passwords")
+        await provision(admin_url, names, passwords)
+    await upgrade_async(owner_url)
+    await grant(owner_url, names)
+
+
+def setup_database(
+    *, admin_url: str | None, owner_url: str, names: RoleNames, passwords: RolePasswords | None
+) -> None:
+    """``setup_database_async`` for synchronous callers (no running event loop)."""
+    asyncio.run(
+        setup_database_async(
+            admin_url=admin_url, owner_url=owner_url, names=names, passwords=passwords
+        )
+    )
+
+
+# -- the deployments' entry point ---------------------------------------------------------------
+ENV_ADMIN_URL = "MDQ_PG_ADMIN_URL"
+ENV_ADMIN_PASSWORD = "MDQ_PG_ADMIN_PASSWORD"
+ENV_PASSWORDS = ("MDQ_PG_OWNER_PASSWORD", "MDQ_PG_WRITER_PASSWORD", "MDQ_PG_READER_PASSWORD")
+ENV_PREFIX = "MDQ_DB_ROLE_PREFIX"
+
+
+def settings_from_env(
+    env: dict[str, str],
+) -> tuple[str | None, str, RoleNames, RolePasswords | None]:
+    """``(admin_url, owner_url, names, passwords)`` from the environment of compose's
+    ``migrate`` and the ``mdq-migrate`` Job:
+
+    * ``MDQ_PG_ADMIN_URL`` (+ ``MDQ_PG_ADMIN_PASSWORD``): the administrator; when given, the
+      roles are provisioned with ``MDQ_PG_OWNER_PASSWORD`` / ``_WRITER_`` / ``_READER_`` and the
+      owner connects to the same server and database;
+    * otherwise ``DATABASE_URL`` is the owner's URL (+ ``MDQ_PG_OWNER_PASSWORD``) and the roles
+      must exist (made by the operator).
+    """
+    names = RoleNames.with_prefix(env.get(ENV_PREFIX) or DEFAULT_PREFIX)
+    given = [env.get(name, "") for name in ENV_PASSWORDS]
+    if admin := env.get(ENV_ADMIN_URL, ""):
+        if admin_password := env.get(ENV_ADMIN_PASSWORD, ""):
+            admin = role_url(admin, user=url_user(admin), password=admin_password)
+        missing = [name for name, value in zip(ENV_PASSWORDS, given, strict=True) if not value]
+        if missing:
+            raise RoleError(f"{', '.join(missing)} not set (make compose-secrets)")
+        passwords = RolePasswords(*given)
+        return admin, role_url(admin, user=names.owner, password=passwords.owner), names, passwords
+    owner = env.get("DATABASE_URL", "")
+    if not owner:
+        raise RoleError(f"set {ENV_ADMIN_URL} (to provision the roles) or DATABASE_URL (owner)")
+    if given[0]:
+        owner = role_url(owner, user=url_user(owner) or names.owner, password=given[0])
+    return None, owner, names, None
+
+
+ENV_FILE_KEYS = ("POSTGRES_PASSWORD", *ENV_PASSWORDS)
+"""What ``write_env_file`` generates: the bundled PostgreSQL's superuser (the official image's
+``POSTGRES_PASSWORD``) and the three roles'."""
+
+
+def write_env_file(path: Path) -> list[str]:
+    """Add a strong random password for each of ``ENV_FILE_KEYS`` that ``path`` (a
+    ``KEY=value`` file: compose's ``.env``, the dev overlay's ``postgres.env``) lacks, keeping
+    every line it has; the file is (made) mode 0600. Returns the keys added."""
+    lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+    present = {line.split("=", 1)[0].strip() for line in lines if "=" in line}
+    added = [key for key in ENV_FILE_KEYS if key not in present]
+    lines += [f"{key}={secrets.token_urlsafe(PASSWORD_BYTES)}" for key in added]
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    os.fchmod(descriptor, 0o600)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as file:
+        file.truncate()
+        file.write("\n".join(lines) + "\n")
+    return added
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m mdq.store.roles``: provision (if an administrator is given), migrate, grant.
+    ``python -m mdq.store.roles env-file PATH``: generate the passwords (``write_env_file``)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["env-file"] and len(args) == 2:
+        added = write_env_file(Path(args[1]))
+        print(f"{args[1]}: " + (f"added {', '.join(added)}" if added else "complete, unchanged"))
+        return 0
+    if args:
+        print("usage: python -m mdq.store.roles [env-file PATH]", file=sys.stderr)
+        return 2
+    try:
+        admin, owner, names, passwords = settings_from_env(dict(os.environ))
+        setup_database(admin_url=admin, owner_url=owner, names=names, passwords=passwords)
+    except RoleError as error:
+        print(f"mdq.store.roles: {error}", file=sys.stderr)
+        return 2
+    print(f"migrated; roles {', '.join(names.all())} set up")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""The database side of ``mdq up``: generated passwords, the roles, and one URL per process.
+
+At first start ``load_or_create_passwords`` makes a strong random password
+(``secrets.token_urlsafe``) for the embedded server's superuser and for each of the three roles
+of ``mdq.store.roles``, each in its own file under ``<state>/secrets/postgres/`` (files 0600,
+folders 0700; ``<state>/secrets/`` is shared with the NATS credentials). Later starts read the
+same files, so the data folder and the passwords stay together.
+
+``prepare`` then runs ``mdq.store.roles.setup_database`` with the administrator's URL (the
+embedded superuser's, or the ``DATABASE_URL`` the user gave, taken to be an administrator's)
+and returns where each role connects: the stack gives the watcher the writer's URL and
+nothing else any database URL; ``stack.json`` names the reader's URL without its password and
+the file that holds it (``StackDatabase.reader_url``), which is how the CLI finds it. No
+superuser URL leaves the stack's own process.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from mdq.store.roles import (
+    DEFAULT_PREFIX,
+    ENV_PREFIX,
+    RoleNames,
+    RolePasswords,
+    RoleUrls,
+    role_urls,
+    setup_database,
+    without_password,
+)
+
+SECRETS_DIR = "secrets"
+POSTGRES_SECRETS = "postgres"
+ADMIN_FILE = "admin.password"
+ROLE_FILES = ("owner.password", "writer.password", "reader.password")
+SECRET_DIR_MODE = 0o700
+SECRET_FILE_MODE = 0o600
+
+
+def private_dir(path: Path) -> Path:
+    """``path`` as a folder only its owner can enter (created, or tightened, to 0700)."""
+    path.mkdir(mode=SECRET_DIR_MODE, parents=True, exist_ok=True)
+    path.chmod(SECRET_DIR_MODE)
+    return path
+
+
+def read_or_create_secret(path: Path, make: str) -> str:
+    """The secret in ``path``; when there is none yet, ``make`` written there first (0600,
+    created exclusively, so two starts at once agree on one value)."""
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, SECRET_FILE_MODE)
+    except FileExistsError:
+        path.chmod(SECRET_FILE_MODE)
+        value = path.read_text(encoding="utf-8").strip()
+        if not value:
+            raise RuntimeError(f"{path} is empty: remove it to have a new secret made") from None
+        return value
+    with os.fdopen(descriptor, "w", encoding="utf-8") as file:
+        file.write(make + "\n")
+    return make
+
+
+@dataclass(frozen=True, slots=True)
+class StackSecrets:
+    """The passwords of one stack's PostgreSQL, and where they are."""
+
+    folder: Path
+    admin: str
+    """The embedded server's superuser (unused when the user gives DATABASE_URL)."""
+    roles: RolePasswords
+
+    @property
+    def reader_file(self) -> Path:
+        return self.folder / ROLE_FILES[2]
+
+
+def load_or_create_passwords(state_dir: Path) -> StackSecrets:
+    """Read the stack's database passwords, making the missing ones (see the module doc)."""
+    private_dir(state_dir / SECRETS_DIR)
+    folder = private_dir(state_dir / SECRETS_DIR / POSTGRES_SECRETS)
+    generated = RolePasswords.generate()
+    fresh = (generated.owner, generated.writer, generated.reader)
+    admin = read_or_create_secret(folder / ADMIN_FILE, RolePasswords.generate().owner)
+    roles = [
+        read_or_create_secret(folder / name, new)
+        for name, new in zip(ROLE_FILES, fresh, strict=True)
+    ]
+    return StackSecrets(folder=folder, admin=admin, roles=RolePasswords(*roles))
+
+
+@dataclass(frozen=True, slots=True)
+class StackDatabase:
+    """Where each role of the stack's database connects."""
+
+    urls: RoleUrls
+    reader_password_file: Path
+
+    @property
+    def reader_url(self) -> str:
+        """The reader's URL without its password (stack.json)."""
+        return without_password(self.urls.reader)
+
+
+def role_names_from_env() -> RoleNames:
+    """``MDQ_DB_ROLE_PREFIX`` (default ``mdq``) as role names."""
+    return RoleNames.with_prefix(os.environ.get(ENV_PREFIX) or DEFAULT_PREFIX)
+
+
+def prepare(admin_url: str, stack_secrets: StackSecrets, names: RoleNames) -> StackDatabase:
+    """Provision the roles with the stack's passwords, migrate as the owner, grant; return
+    each role's URL on ``admin_url``'s server and database. Blocking (run it in a thread)."""
+    urls = role_urls(admin_url, names, stack_secrets.roles)
+    setup_database(
+        admin_url=admin_url, owner_url=urls.owner, names=names, passwords=stack_secrets.roles
+    )
+    return StackDatabase(urls=urls, reader_password_file=stack_secrets.reader_file)

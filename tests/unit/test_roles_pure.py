@@ -1,0 +1,141 @@
+"""The pure parts of ``mdq.store.roles`` and ``mdq.store.stack_database``: URLs per role, role
+names, the grant table, the deployments' environment, and the secret files' modes."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import pytest
+
+from mdq.store.roles import (
+    RELATIONS,
+    Access,
+    RoleError,
+    RoleNames,
+    RolePasswords,
+    grant_statements,
+    provision_statements,
+    role_url,
+    settings_from_env,
+    without_password,
+)
+from mdq.store.stack_database import load_or_create_passwords
+
+ROLE_URLS = {
+    "tcp, user and password replaced": (
+        "postgresql://mdq:old@db:5432/mdq",
+        ("mdq_reader", "s3cr-t_"),
+        "postgresql://mdq_reader:s3cr-t_@db:5432/mdq",
+    ),
+    "unix socket query kept": (
+        "postgresql://postgres:pw@/mdq?host=/tmp/pg%20dir",
+        ("mdq_writer", "x"),
+        "postgresql://mdq_writer:x@/mdq?host=/tmp/pg%20dir",
+    ),
+    "no user before": (
+        "postgresql://db/mdq",
+        ("mdq_owner", "p"),
+        "postgresql://mdq_owner:p@db/mdq",
+    ),
+    "no password": (
+        "postgresql://a:b@db/mdq",
+        ("mdq_reader", None),
+        "postgresql://mdq_reader@db/mdq",
+    ),
+    "odd characters quoted": (
+        "postgresql://db/mdq",
+        ("u", "a@b:c/d"),
+        "postgresql://u:a%40b%3Ac%2Fd@db/mdq",
+    ),
+}
+
+
+@pytest.mark.parametrize("url,role,expected", ROLE_URLS.values(), ids=ROLE_URLS.keys())
+def test_role_url(url: str, role: tuple[str, str | None], expected: str) -> None:
+    assert role_url(url, user=role[0], password=role[1]) == expected
+
+
+def test_without_password_keeps_everything_else() -> None:
+    url = "postgresql://mdq_reader:pw@/mdq?host=/s"
+    assert without_password(url) == "postgresql://mdq_reader@/mdq?host=/s"
+    assert without_password("postgresql://u@h/d") == "postgresql://u@h/d"
+
+
+@pytest.mark.parametrize("prefix", ["", "Mdq", "1mdq", "mdq-x", 'mdq"; DROP', "m" * 42])
+def test_a_bad_prefix_is_refused(prefix: str) -> None:
+    with pytest.raises(RoleError):
+        RoleNames.with_prefix(prefix)
+
+
+def test_the_writer_is_never_granted_delete_truncate_or_ddl() -> None:
+    statements = grant_statements(RoleNames.with_prefix("mdq"), RELATIONS)
+    granted = [s for s in statements if s.startswith("GRANT")]
+    privileges = [s.split(" ON ")[0] for s in granted]
+    assert not [
+        p for p in privileges if any(w in p for w in ("DELETE", "TRUNCATE", "CREATE", "ALL"))
+    ]
+    assert not [s for s in granted if "alembic_version" in s]
+    to_reader = [s for s in granted if s.endswith('"mdq_reader"') and " ON public." in s]
+    assert all(s.startswith("GRANT SELECT ON") for s in to_reader)
+    readable = [n for n, a in RELATIONS.items() if a is not Access.OWNER_ONLY]
+    assert len(to_reader) == len(readable)
+
+
+def test_grants_name_only_relations_that_exist() -> None:
+    statements = grant_statements(RoleNames.with_prefix("mdq"), {"jobs"})
+    assert [s for s in statements if " ON public." in s] == [
+        'GRANT SELECT ON public."jobs" TO "mdq_reader"',
+        'GRANT SELECT, INSERT, UPDATE ON public."jobs" TO "mdq_writer"',
+    ]
+
+
+def test_provisioning_quotes_passwords_and_makes_no_superuser() -> None:
+    statements = provision_statements(RoleNames.with_prefix("mdq"), RolePasswords("a'b", "w", "r"))
+    assert any("PASSWORD 'a''b'" in s for s in statements)
+    assert all("NOSUPERUSER NOCREATEDB NOCREATEROLE" in s for s in statements if "LOGIN" in s)
+    with pytest.raises(RoleError):
+        provision_statements(RoleNames.with_prefix("mdq"), RolePasswords("", "w", "r"))
+
+
+PASSWORDS = {
+    "MDQ_PG_OWNER_PASSWORD": "o",
+    "MDQ_PG_WRITER_PASSWORD": "w",
+    "MDQ_PG_READER_PASSWORD": "r",
+}
+
+
+def test_the_migration_job_provisions_with_the_administrator() -> None:
+    env = {"MDQ_PG_ADMIN_URL": "postgresql://mdq@postgres:5432/mdq", "MDQ_PG_ADMIN_PASSWORD": "a"}
+    admin, owner, names, passwords = settings_from_env({**env, **PASSWORDS})
+    assert admin == "postgresql://mdq:a@postgres:5432/mdq"
+    assert owner == "postgresql://mdq_owner:o@postgres:5432/mdq"
+    assert passwords == RolePasswords("o", "w", "r") and names.writer == "mdq_writer"
+    with pytest.raises(RoleError, match="MDQ_PG_READER_PASSWORD"):
+        settings_from_env({**env, **PASSWORDS, "MDQ_PG_READER_PASSWORD": ""})
+
+
+def test_without_an_administrator_database_url_is_the_owners() -> None:
+    env = {"DATABASE_URL": "postgresql://mdq_owner@db/mdq", "MDQ_PG_OWNER_PASSWORD": "o"}
+    assert settings_from_env(env)[:2] == (None, "postgresql://mdq_owner:o@db/mdq")
+    with pytest.raises(RoleError):
+        settings_from_env({})
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_stack_passwords_are_private_files_made_once(tmp_path: Path) -> None:
+    (tmp_path / "secrets").mkdir(mode=0o755)  # made loose by someone else: tightened
+    first = load_or_create_passwords(tmp_path)
+    folder = tmp_path / "secrets" / "postgres"
+    assert _mode(tmp_path / "secrets") == 0o700 and _mode(folder) == 0o700
+    assert {p.name: _mode(p) for p in folder.iterdir()} == {
+        name: 0o600
+        for name in ("admin.password", "owner.password", "writer.password", "reader.password")
+    }
+    (folder / "reader.password").chmod(0o644)
+    again = load_or_create_passwords(tmp_path)
+    assert again == first and _mode(folder / "reader.password") == 0o600
+    assert len({first.admin, first.roles.owner, first.roles.writer, first.roles.reader}) == 4
