@@ -32,6 +32,8 @@ def build(
         grace_s=settings.grace_s,
         memory_poll_s=settings.memory_poll_s,
         replicas=common.stream_replicas,
+        nats_url=common.nats_url,
+        runner_module=settings.runner_module,
     )
 
 
