@@ -1,7 +1,9 @@
 """The local execution backend against real NATS, with its node agent as a real subprocess.
 
-Pods are tiny Python commands; the agent runs them, enforces their memory limit, stops them
-on deletion, dies with its runners on kill -9 and reports them NodeLost after a restart.
+Pods are tiny Python scripts (the agent's runner module is mdq.testing.scripted_runner, which
+runs the script in the pod's job spec: a record never names a command); the agent runs them,
+enforces their memory limit, stops them on deletion, dies with its runners on kill -9 and
+reports them NodeLost after a restart.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from mdq.bus.connect import connect
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.embedded import start_nats
+from mdq.testing.scripted_runner import scripted_spec
 from tests.helpers import reconnected
 
 NODES = ("n1", "n2")
@@ -36,6 +39,7 @@ FAST = {
     "memory_poll_s": "0.2",
     "cpu_per_node": "1",
     "memory_mb_per_node": "2048",
+    "runner_module": "mdq.testing.scripted_runner",
 }
 
 T = TypeVar("T")
@@ -104,8 +108,7 @@ def pod(name: str, code: str, *, node: str = "n1", memory_mb: int = 256) -> PodS
         cpu=1.0,
         memory_mb=memory_mb,
         priority_class="normal",
-        command=("python", "-c", code),
-        env={"MDQ_TEST_MARK": name},
+        spec=scripted_spec(code),
     )
 
 
@@ -166,7 +169,7 @@ async def test_pods_run_on_their_node_and_report_their_exit(
         "mdq-job-ok-1",
         "import os, time; time.sleep(0.5); "
         f"open({str(runs)!r}, 'a').write(os.environ['MDQ_NODE_NAME'] + ' ' "
-        "+ os.environ['MDQ_TEST_MARK'] + chr(10))",
+        "+ os.environ['MDQ_POD_NAME'] + chr(10))",
         node="n2",
     )
     bad = pod("mdq-job-bad-1", "import sys; sys.exit(3)")
@@ -366,10 +369,10 @@ def _gone(backend: LocalBackend, name: str) -> Callable[[], Awaitable[bool]]:
 
 
 def marked_alive(name: str) -> bool:
-    """Whether a process of pod ``name`` (by its MDQ_TEST_MARK) is still alive."""
+    """Whether a process of pod ``name`` (by its MDQ_POD_NAME) is still alive."""
     for process in psutil.process_iter():
         try:
-            if process.environ().get("MDQ_TEST_MARK") == name and process.status() != "zombie":
+            if process.environ().get("MDQ_POD_NAME") == name and process.status() != "zombie":
                 return True
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue

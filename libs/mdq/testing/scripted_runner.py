@@ -2,36 +2,31 @@
 
 The node agent and the simulated kubelet only ever start ``<python> -m <module>``; the
 backends' tests point them (through the agent's ``runner_module`` setting, or the Kubernetes
-``runner_command``) at this module so a pod can be a tiny program: a test writes the Python
-script of job J to ``<MDQ_DATA_DIR>/scripts/J.py`` and creates J's pod. The script runs with
-the pod's environment and working directory, as the runner would.
+``runner_command``) at this module so that a pod can be a tiny program. The program is the
+``script`` label of the pod's job spec (``scripted_spec``), read back from the task the pod
+was given (``RunnerTask.from_env``): it runs with the pod's environment and working folder,
+exactly as the runner would. Only tests configure it; production agents run services.runner.
 """
 
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
+
+from mdq.contracts import pb
+from mdq.core.runner_task import RunnerTask
+
+SCRIPT_LABEL = "script"
 
 
-def script_path(data_dir: Path, job_id: str) -> Path:
-    """Where the script of ``job_id`` lives."""
-    return data_dir / "scripts" / f"{job_id}.py"
-
-
-def write_script(data_dir: Path, job_id: str, code: str) -> Path:
-    """Write the script of ``job_id``; return its path."""
-    path = script_path(data_dir, job_id)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(code)
-    return path
+def scripted_spec(code: str) -> pb.JobSpec:
+    """A job spec whose pod, run by this module, executes ``code``."""
+    return pb.JobSpec(name="scripted", labels={SCRIPT_LABEL: code})
 
 
 def main() -> None:
-    path = script_path(Path(os.environ["MDQ_DATA_DIR"]), os.environ["MDQ_JOB_ID"])
-    code = compile(path.read_text(), str(path), "exec")
-    sys.argv = [str(path)]
-    exec(code, {"__name__": "__main__", "__file__": str(path)})
+    task = RunnerTask.from_env(os.environ)
+    code = compile(task.spec.labels[SCRIPT_LABEL], f"<script of {task.job_id}>", "exec")
+    exec(code, {"__name__": "__main__"})
 
 
 if __name__ == "__main__":
