@@ -220,6 +220,11 @@ class NodeAgent:
                 except (ValueError, KeyError, TypeError):
                     log.warning("ignoring malformed pod record %r", entry.key)
                     continue
+                if record.spec.name != entry.key:
+                    log.warning(
+                        "ignoring pod record %r: it names pod %r", entry.key, record.spec.name
+                    )
+                    continue
                 if record.spec.node in self._nodes:
                     await self._reconcile(record, int(entry.revision or 0))
         finally:
