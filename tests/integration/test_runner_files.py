@@ -20,6 +20,7 @@ from services.runner.errors import InvalidInputError
 from services.runner.recipes import dependency_file, force_field, input_roots, resolve_input
 
 TIP3P = "amber14/tip3p.xml"
+RID = "0123456789ab"
 
 
 def evil_force_field(folder: Path, marker: Path) -> Path:
@@ -169,3 +170,27 @@ def test_a_checkpoint_announced_in_another_jobs_folder_is_not_read(
     announced = pb.Checkpoint(step=100, path=str(other / "ckpt-000000000100.xml"))
     assert store._confined(Path(announced.path)).parent == store._directory
     assert store.load(announced) is None
+
+
+def test_intake_refuses_a_force_field_found_only_in_its_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Intake checks names against the same trusted folders: a file in its working
+    directory does not make a name acceptable, and the error names the field."""
+    from mdq.core.spec import SpecError
+    from services.intake.handlers import acceptance
+
+    evil_force_field(tmp_path, tmp_path / "marker")
+    monkeypatch.chdir(tmp_path)
+    structure = pb.Structure(pdb_content="ATOM      1  N   ALA A   1       0.0   0.0   0.0\n")
+    request = pb.SubmitRequest(
+        idempotency_key="k",
+        jobs=[pb.JobSpec(name="a", system=pb.System(structure=structure))],
+    )
+    request.jobs[0].system.structure.force_fields.extend(["amber14-all.xml", "evil.xml"])
+    with pytest.raises(SpecError) as caught:
+        acceptance(request, request_id=RID, resolved={}, key_required=True)
+    assert caught.value.field == "jobs[0].system.structure.force_fields[1]"
+    request.jobs[0].system.structure.force_fields[1] = TIP3P
+    accepted, _, _ = acceptance(request, request_id=RID, resolved={}, key_required=True)
+    assert list(accepted[0].spec.system.structure.force_fields) == ["amber14-all.xml", TIP3P]
