@@ -504,3 +504,16 @@ async def test_a_force_field_in_the_working_or_data_folder_is_never_loaded(
     assert await runner.wait() == RunnerExit.INVALID_INPUT, runner.stderr
     assert "spec.system.structure.force_fields[0]" in runner.stderr
     assert not marker.exists()
+
+
+async def test_a_task_naming_a_folder_outside_its_jobs_is_invalid_input(
+    data_dir: Path, tmp_path: Path, start_runner: StartRunner
+) -> None:
+    """MDQ_INPUT_DIRS must be the data folder's jobs/<dependency>: another folder (here: one
+    outside the data folder) is refused before anything is read."""
+    elsewhere = tmp_path / "elsewhere" / "dep"
+    elsewhere.mkdir(parents=True)
+    task = make_task(data_dir, "job-elsewhere", lj_spec(), input_dirs=(elsewhere,))
+    runner = await start_runner(task)
+    assert await runner.wait() == RunnerExit.INVALID_INPUT, runner.stderr
+    assert f"the input folder {elsewhere} is not the folder of job 'dep'" in runner.stderr
