@@ -64,9 +64,7 @@ async def main() -> None:
         publisher=EventPublisher(js=requests, subjects=subjects, producer="placement"),
         backend=NoopBackend(),
         settings=settings,
-        nats_url=common.nats_url,
         namespace=common.namespace,
-        data_dir=DATA_DIR,
     )
     try:
         await placement.run()

@@ -644,12 +644,6 @@ class Stack:
                 "PYTHONUNBUFFERED": "1",
             }
         )
-        if self.backend == "local":
-            # The agent runs the runner with this interpreter; a Kubernetes pod runs the
-            # image's "python" (placement's default command), resolved by its kubelet.
-            env["MDQ_PLACEMENT_RUNNER_COMMAND"] = json.dumps(
-                [sys.executable, "-m", "services.runner"]
-            )
         env.update(self._extra_env)
         return env
 

@@ -59,6 +59,7 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache
 
 from mdq.bus.codec import decode_submit, encode, to_json
 from mdq.bus.publisher import EventPublisher
@@ -67,6 +68,7 @@ from mdq.core.documents import printable, quoted
 from mdq.core.fingerprint import Content, Earlier, changes, content_fingerprint, content_of
 from mdq.core.ids import REQUEST_ID_HEX, job_id, request_id_for_key, request_id_for_sequence
 from mdq.core.spec import AcceptedJob, SpecError, validate_key, validate_submit
+from mdq.forcefields import ForceFieldFolders
 from services.intake.registry import JOB_ID_PATTERN, Claim, SubmitRegistry
 
 log = logging.getLogger(__name__)
@@ -181,6 +183,18 @@ class _Ready:
     fingerprint: bytes
 
 
+@cache
+def force_field_exists(name: str) -> bool:
+    """Whether a job may name this force field: a file of OpenMM's own data or of the
+    operator's MDQ_FORCEFIELD_DIR (read once per process; never the working folder)."""
+    return _force_field_folders().exists(name)
+
+
+@cache
+def _force_field_folders() -> ForceFieldFolders:
+    return ForceFieldFolders.from_env()
+
+
 def acceptance(
     request: pb.SubmitRequest,
     *,
@@ -192,7 +206,11 @@ def acceptance(
     fingerprint; SpecError if it cannot be accepted (``resolved``: its dependencies on
     earlier jobs, as job ids)."""
     accepted = validate_submit(
-        request, request_id=request_id, resolve_external=resolved.get, key_required=key_required
+        request,
+        request_id=request_id,
+        resolve_external=resolved.get,
+        key_required=key_required,
+        force_field_exists=force_field_exists,
     )
     check_job_ids(request, request_id=request_id)
     reply = pb.SubmitReply(

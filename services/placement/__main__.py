@@ -23,16 +23,21 @@ async def main() -> None:
     )
     js = nc.jetstream()
     requests = await Requests(nc).start()
-    backend = await make_backend(kind=settings.backend, nc=nc, subjects=subjects, replicas=replicas)
+    backend = await make_backend(
+        kind=settings.backend,
+        nc=nc,
+        subjects=subjects,
+        replicas=replicas,
+        runner_nats_url=settings.runner_nats_url or common.nats_url,
+        data_dir=common.data_dir.resolve(),
+    )
     placement = Placement(
         js=js,
         subjects=subjects,
         publisher=EventPublisher(js=requests, subjects=subjects, producer="placement"),
         backend=backend,
         settings=settings,
-        nats_url=common.nats_url,
         namespace=common.namespace,
-        data_dir=common.data_dir.resolve(),
         stream_replicas=replicas,
     )
     try:

@@ -32,7 +32,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy, KeyValueConfig, PubAck
@@ -66,7 +65,7 @@ from mdq.core.placement import (
     plan_preemptions,
     queue_key,
 )
-from mdq.core.runner_task import RunnerTask, jobs_root
+from mdq.core.spec import SpecError, normalize_job
 from mdq.core.state import JobBook, JobState, JobView, event_time
 from mdq.core.timestamps import set_timestamp
 from mdq.memory import keep_state_out_of_gc
@@ -133,9 +132,7 @@ class Placement:
         publisher: EventPublisher,
         backend: ClusterBackend,
         settings: PlacementSettings,
-        nats_url: str,
         namespace: str,
-        data_dir: Path,
         clock: Clock = _utcnow,
         instance: str = "",
         stream_replicas: int = 1,
@@ -145,10 +142,7 @@ class Placement:
         self._publisher = publisher
         self._backend = backend
         self._settings = settings
-        self._runner_nats_url = settings.runner_nats_url or nats_url
         self._namespace = namespace
-        self._data_dir = data_dir
-        self._jobs_root = jobs_root(data_dir)  # job_dir(data_dir, job) is this / job
         self._clock = clock
         self.instance = instance or f"{socket.gethostname()}-{os.getpid()}-{id(self):x}"
         self._config = PlacementConfig(
@@ -224,6 +218,8 @@ class Placement:
         self.bound_total = 0
         self.preempted_total = 0
         self.fenced_total = 0
+        self.invalid_specs_total = 0
+        """``submitted`` events whose spec failed validation here: never bound."""
         """Bindings refused because another replica bound the job first."""
 
     # -- folding the log -------------------------------------------------------------------
@@ -285,8 +281,26 @@ class Placement:
             return True
         return False
 
+    def _valid_submitted(self, event: pb.Event) -> bool:
+        """Whether a ``submitted`` event's spec passes intake's validation again. Only intake
+        may publish it, but placement acts on the spec (its resources, what the pod runs),
+        so a forged or corrupt one is skipped, counted and logged, never bound."""
+        try:
+            normalize_job(event.submitted.spec, "spec")
+        except SpecError as error:
+            self.invalid_specs_total += 1
+            log.error(
+                "ignoring job %s: its submitted spec is invalid (%s); it is never bound",
+                event.job_id,
+                error,
+            )
+            return False
+        return True
+
     async def on_job_event(self, sequence: int, event: pb.Event) -> None:
         kind = event.WhichOneof("body")
+        if kind == "submitted" and not self._valid_submitted(event):
+            return
         if kind == "bound":
             self._own_echoes.discard(sequence)  # the echo overtook the publish's ack
             self._last_bound_seq[event.job_id] = max(
@@ -509,21 +523,8 @@ class Placement:
         return jobs
 
     def pod_for(self, view: JobView) -> PodSpec:
-        """The pod of the job's current attempt on its bound node."""
-        task = RunnerTask(
-            job_id=view.job_id,
-            attempt=view.attempt,
-            spec=view.spec,
-            job_dir=self._jobs_root / view.job_id,
-            threads=max(1, math.ceil(view.resources.cpu)),
-            resume_from=view.resume_from,
-            input_dirs=tuple(self._jobs_root / dep for dep in view.depends_on_ids),
-        )
-        env = task.to_env() | {
-            "NATS_URL": self._runner_nats_url,
-            "MDQ_NAMESPACE": self._namespace,
-            "MDQ_DATA_DIR": str(self._data_dir),
-        }
+        """The pod of the job's current attempt on its bound node: a description of the
+        attempt, never a command (the backend starts the runner; mdq.backends.launch)."""
         return PodSpec(
             name=ids.pod_name(view.job_id, view.attempt),
             job_id=view.job_id,
@@ -532,8 +533,10 @@ class Placement:
             cpu=view.resources.cpu,
             memory_mb=int(view.resources.memory_mb),
             priority_class=view.spec.priority_class,
-            command=tuple(self._settings.runner_command),
-            env=env,
+            spec=view.spec,
+            resume_from=view.resume_from,
+            depends_on=tuple(view.depends_on_ids),
+            threads=max(1, math.ceil(view.resources.cpu)),
         )
 
     async def _ensure_pod(self, view: JobView) -> None:

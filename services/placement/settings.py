@@ -12,12 +12,10 @@ class PlacementSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MDQ_PLACEMENT_", extra="ignore")
 
     backend: str = Field(default="local", description="Cluster backend: local or kubernetes.")
-    runner_command: tuple[str, ...] = Field(
-        default=("python", "-m", "services.runner"),
-        description="Argv of the runner in each pod (JSON list in the environment).",
-    )
     runner_nats_url: str = Field(
-        default="", description="NATS URL as seen from inside a pod; default: NATS_URL."
+        default="",
+        description="NATS URL as seen from inside a Kubernetes pod; default: NATS_URL (the "
+        "local backend's runners use their node agent's).",
     )
     reconcile_interval_s: float = Field(
         default=1.0, description="Reconcile at least this often, even with no new events."

@@ -18,6 +18,7 @@ from services.runner.checkpoints import write_atomically
 from services.runner.energies import FILE_NAME as ENERGIES_FILE
 from services.runner.energies import read_samples
 from services.runner.errors import InvalidInputError
+from services.runner.recipes import dependency_file
 from services.runner.system import EnergySample
 
 FILE_NAME = "analysis.json"
@@ -46,7 +47,7 @@ def analyze(input_dirs: Sequence[Path], *, output: Path) -> dict[str, Any]:
         raise InvalidInputError("an analyze job needs the output folders of its dependencies")
     inputs: list[dict[str, Any]] = []
     for folder in input_dirs:
-        table = folder / ENERGIES_FILE
+        table = dependency_file(folder, ENERGIES_FILE)
         if not table.is_file():
             raise InvalidInputError(f"missing input: {table} does not exist")
         try:

@@ -7,6 +7,12 @@ When NATS is not there at start, the runner waits for it (with backoff) before r
 and a SIGTERM during that wait ends it with PREEMPTED (``_connect_unless_stopped``).
 Every failure is mapped to a :class:`RunnerExit` so recovery can tell a crash from bad input,
 a blown-up simulation or an out-of-memory kill.
+
+The runner trusts nothing it is handed (``checked_task``): the spec is validated again as
+intake validates it (force-field names included, against OpenMM's data and
+MDQ_FORCEFIELD_DIR), the job and input folders must be the ones the data folder gives those
+job ids, and an invalid task exits INVALID_INPUT with one log line naming the problem. The
+attempt runs in its job's own folder (the working directory), never in the data folder.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ import signal
 import sys
 import threading
 from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
 
 from google.protobuf.json_format import ParseError
 from nats.aio.client import Client
@@ -27,7 +35,9 @@ from nats.aio.client import Client
 from mdq.bus.connect import connect
 from mdq.bus.publisher import EventPublisher
 from mdq.core.exit_codes import RunnerExit
-from mdq.core.runner_task import RunnerTask
+from mdq.core.runner_task import RunnerTask, jobs_root
+from mdq.core.spec import SpecError, normalize_job
+from mdq.forcefields import ForceFieldFolders
 from mdq.settings import CommonSettings
 from services.runner.errors import RunnerError
 from services.runner.md import TASKS, RunContext
@@ -118,6 +128,7 @@ async def run(task: RunnerTask, *, common: CommonSettings, settings: RunnerSetti
     for signum in STOP_SIGNALS:
         loop.add_signal_handler(signum, request_stop, signum)
     task.job_dir.mkdir(parents=True, exist_ok=True)
+    os.chdir(task.job_dir)  # relative names resolve in the job's own folder, nowhere else
     try:
         client = await _connect_unless_stopped(common.nats_url, task, stopped)
     except BaseException:
@@ -175,6 +186,38 @@ async def run(task: RunnerTask, *, common: CommonSettings, settings: RunnerSetti
     return code
 
 
+def checked_task(task: RunnerTask, *, data_dir: Path, env: Mapping[str, str]) -> RunnerTask:
+    """``task`` with its spec validated again (``normalize_job``, force fields checked
+    against the trusted folders of ``env``); InvalidTask if the spec is invalid or a folder
+    is not the one ``data_dir`` gives its job id."""
+    try:
+        spec = normalize_job(
+            task.spec,
+            "spec",
+            force_field_exists=ForceFieldFolders.from_env(env).exists,
+        )
+    except SpecError as error:
+        raise InvalidTask(f"the job spec is invalid: {error}") from None
+    root = jobs_root(data_dir).resolve()
+    for what, folder, job in (
+        ("job folder", task.job_dir, task.job_id),
+        *(("input folder", path, path.name) for path in task.input_dirs),
+    ):
+        expected = (root / job).resolve()
+        if expected.parent != root or folder.resolve() != expected:
+            raise InvalidTask(f"the {what} {folder} is not the folder of job {job!r} in {root}")
+    return replace(
+        task,
+        spec=spec,
+        job_dir=task.job_dir.resolve(),
+        input_dirs=tuple(path.resolve() for path in task.input_dirs),
+    )
+
+
+class InvalidTask(ValueError):
+    """The task handed to the runner cannot be trusted or used."""
+
+
 def main(environ: Mapping[str, str] | None = None) -> int:
     """Run the attempt described by ``environ`` (default: the process environment)."""
     env = os.environ if environ is None else environ
@@ -185,8 +228,15 @@ def main(environ: Mapping[str, str] | None = None) -> int:
         log.error("INVALID_INPUT: the runner's environment does not describe a task: %r", error)
         return RunnerExit.INVALID_INPUT
     configure_logging(task)
+    common = CommonSettings()
+    common = common.model_copy(update={"data_dir": common.data_dir.resolve()})
     try:
-        return asyncio.run(run(task, common=CommonSettings(), settings=RunnerSettings()))
+        task = checked_task(task, data_dir=common.data_dir, env=env)
+    except InvalidTask as error:
+        log.error("INVALID_INPUT: %s", error)
+        return RunnerExit.INVALID_INPUT
+    try:
+        return asyncio.run(run(task, common=common, settings=RunnerSettings()))
     except MemoryError:
         log.error("OUT_OF_MEMORY before the task could start")
         return RunnerExit.OUT_OF_MEMORY

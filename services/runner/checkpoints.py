@@ -213,6 +213,15 @@ class CheckpointStore:
             path.with_suffix(NATIVE_SUFFIX).unlink(missing_ok=True)
             path.with_suffix(".json").unlink(missing_ok=True)
 
+    def _confined(self, announced: Path) -> Path:
+        """The announced checkpoint if it is a file of this job's checkpoint folder (after
+        following symlinks), else the file of the same name in that folder: a checkpoint path
+        from the bus never makes the runner read another job's files."""
+        directory = self._directory.resolve()
+        if announced.is_file() and announced.resolve().parent == directory:
+            return announced
+        return self._directory / announced.name
+
     def load(self, announced: pb.Checkpoint, *, platform: str = "") -> LoadedCheckpoint | None:
         """The checkpoint to resume from: ``announced`` if its sha256 matches and it parses,
         else the newest good checkpoint in the folder, else None. Its native checkpoint comes
@@ -223,9 +232,7 @@ class CheckpointStore:
         announced the one to resume from, and its pruning may delete that one. Every verified
         checkpoint in the folder is a state of this job's own run, so the newest loses least;
         starting over from step 0 with good checkpoints on disk would lose them all."""
-        path = Path(announced.path)
-        if not path.is_file():
-            path = self._directory / path.name
+        path = self._confined(Path(announced.path))
         try:
             return self._verify(
                 path, step=announced.step, sha256=announced.sha256, platform=platform

@@ -39,6 +39,7 @@ from services.runner.energies import EnergyLog
 from services.runner.errors import InvalidInputError, UnstableError
 from services.runner.metrics import RunnerMetrics
 from services.runner.outbox import Outbox
+from services.runner.recipes import dependency_file
 from services.runner.settings import RunnerSettings
 from services.runner.system import (
     EnergySample,
@@ -262,7 +263,7 @@ def _prepare_md(run: RunContext, md: MdSystem, store: CheckpointStore) -> StartP
             return StartPoint(resumed_step=step, trajectory=loaded.trajectory)
         log.warning("no usable checkpoint to resume from: starting over from step 0")
     if task.input_dirs:
-        structure = task.input_dirs[0] / FINAL_STATE_FILE
+        structure = dependency_file(task.input_dirs[0], FINAL_STATE_FILE)
         if structure.is_file():
             md.start_from_structure(
                 read_state(structure), temperature_k=spec.temperature_k, seed=spec.seed

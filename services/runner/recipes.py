@@ -6,11 +6,15 @@ system and a checkpoint only has to carry the state:
 * ``water_box`` — a cubic box of TIP3P water (amber14), the standard small benchmark;
 * ``lennard_jones`` — a periodic Lennard-Jones fluid (argon by default), atoms on a simple
   cubic lattice that melts during the run: the classic materials benchmark;
-* ``structure`` — a PDB / PDBx file (from the data folder or a dependency's output folder) or
-  inline text, parameterised with force fields shipped with OpenMM, optionally solvated.
+* ``structure`` — a PDB / PDBx file (from the data folder's ``inputs`` folder or a
+  dependency's output folder) or inline text, parameterised with force fields from OpenMM's
+  own data or the operator's folder (``mdq.forcefields``), optionally solvated.
 
-A structure path is resolved only inside the allowed roots (the data folder and the
-dependencies' folders) after following symlinks, so a spec cannot read files outside them.
+A structure path is resolved only inside the allowed folders (``<data>/inputs``, given as
+``inputs/...``, and the dependencies' folders) after following symlinks, so a spec cannot read
+another job's files or anything else under the data folder. A force-field name becomes the
+absolute path of a file in a trusted folder before OpenMM sees it, so OpenMM never looks in
+the working directory (a force-field XML may hold Python that OpenMM runs).
 Every problem with the input is an :class:`InvalidInputError` (not worth retrying).
 """
 
@@ -29,6 +33,7 @@ import openmm.unit as unit
 
 from mdq.contracts import pb
 from mdq.core.spec import lennard_jones_box_nm
+from mdq.forcefields import ForceFieldFolders, ForceFieldRefused
 from services.runner.errors import InvalidInputError
 
 PDBX_SUFFIXES = (".cif", ".pdbx", ".mmcif")
@@ -51,13 +56,31 @@ class Model:
     periodic: bool
 
 
+INPUTS_FOLDER = "inputs"
+"""The folder of the data folder that structure files may come from (``inputs/x.pdb``)."""
+
+
+def force_field(*names: str, folders: ForceFieldFolders | None = None) -> app.ForceField:
+    """A force field from trusted files only: each name is resolved in OpenMM's data or the
+    operator's folder (``folders``, default from the environment) to an absolute path, so
+    OpenMM never searches the working directory."""
+    trusted = folders or ForceFieldFolders.from_env()
+    paths: list[str] = []
+    for name in names:
+        try:
+            paths.append(str(trusted.resolve(name)))
+        except ForceFieldRefused as error:
+            raise InvalidInputError(f"force field refused: {error}") from None
+    return _load_force_field(*paths)
+
+
 @cache
-def force_field(*names: str) -> app.ForceField:
-    """A force field from files shipped with OpenMM (cached: loading amber14 takes ~1 s)."""
+def _load_force_field(*paths: str) -> app.ForceField:
+    """The force field of these absolute paths (cached: loading amber14 takes ~1 s)."""
     try:
-        return app.ForceField(*names)
+        return app.ForceField(*paths)
     except (OSError, ValueError) as error:
-        raise InvalidInputError(f"cannot load the force fields {list(names)}: {error}") from None
+        raise InvalidInputError(f"cannot load the force fields {list(paths)}: {error}") from None
 
 
 def build_model(
@@ -149,25 +172,56 @@ def lennard_jones(spec: pb.JobSpec) -> Model:
     return Model(topology=topology, system=system, positions=positions, periodic=True)
 
 
-def resolve_input(relative: str, *, roots: Sequence[Path]) -> Path:
-    """The file ``relative`` names under the first root that has it, never outside a root
-    (symlinks are followed before the check); InvalidInputError if there is none."""
+@dataclass(frozen=True, slots=True)
+class InputRoot:
+    """A folder a relative input path is resolved in, and the folder it must stay inside."""
+
+    base: Path
+    fence: Path
+
+
+def input_roots(data_dir: Path | None, input_dirs: Sequence[Path]) -> list[InputRoot]:
+    """Where a job's structure path may lead: ``<data>/inputs`` (named from the data folder,
+    ``inputs/x.pdb``) and each dependency's folder, nowhere else."""
+    roots = [InputRoot(base=folder, fence=folder) for folder in input_dirs]
+    if data_dir is not None:
+        roots.insert(0, InputRoot(base=data_dir, fence=data_dir / INPUTS_FOLDER))
+    return roots
+
+
+def resolve_input(relative: str, *, roots: Sequence[InputRoot]) -> Path:
+    """The file ``relative`` names under the first root that has it, never outside that
+    root's fence (symlinks are followed before the check); InvalidInputError if there is
+    none."""
     parts = PurePosixPath(relative).parts
-    if not parts or PurePosixPath(relative).is_absolute() or ".." in parts:
+    if not parts or PurePosixPath(relative).is_absolute() or ".." in parts or "\\" in relative:
         raise InvalidInputError(f"structure path {relative!r} must be relative, without '..'")
     for root in roots:
-        base = root.resolve()
+        base = root.base.resolve()
+        fence = root.fence.resolve()
         candidate = (base / Path(*parts)).resolve()
-        if not candidate.is_relative_to(base):
-            raise InvalidInputError(f"structure path {relative!r} leads outside {root}")
+        if not candidate.is_relative_to(fence):
+            continue  # not in this root's allowed folder: maybe in the next root's
         if candidate.is_file():
             return candidate
-    searched = ", ".join(str(root) for root in roots) or "nothing (no data folder)"
-    raise InvalidInputError(f"structure file {relative!r} not found; searched {searched}")
+    searched = ", ".join(str(root.fence) for root in roots) or "nothing (no data folder)"
+    raise InvalidInputError(
+        f"structure file {relative!r} not found inside the job's allowed folders ({searched}; "
+        "symlinks are followed and must stay inside)"
+    )
+
+
+def dependency_file(folder: Path, name: str) -> Path:
+    """``folder/name`` of a dependency's folder, InvalidInputError if it resolves elsewhere
+    (a symlink planted there)."""
+    path = (folder / name).resolve()
+    if not path.is_relative_to(folder.resolve()):
+        raise InvalidInputError(f"{folder / name} leads outside the dependency's folder")
+    return path
 
 
 def _read_structure(
-    source: pb.Structure, *, roots: Sequence[Path]
+    source: pb.Structure, *, roots: Sequence[InputRoot]
 ) -> tuple[app.Topology, unit.Quantity]:
     if source.WhichOneof("source") == "pdb_path":
         path = resolve_input(source.pdb_path, roots=roots)
@@ -196,8 +250,7 @@ def structure(
 ) -> Model:
     """A user structure with the spec's force fields, solvated when ``padding_nm`` > 0."""
     source = spec.system.structure
-    roots = [*([data_dir] if data_dir is not None else []), *input_dirs]
-    topology, positions = _read_structure(source, roots=roots)
+    topology, positions = _read_structure(source, roots=input_roots(data_dir, input_dirs))
     fields = force_field(*source.force_fields)
     modeller = app.Modeller(topology, positions)
     if source.padding_nm > 0:

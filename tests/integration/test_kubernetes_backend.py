@@ -26,9 +26,13 @@ from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.recovery import classify
 from mdq.testing.cluster import SimulatedCluster
+from mdq.testing.scripted_runner import scripted_spec
 from tests.helpers import wait_for
 
 K8S_NAMESPACE = "mdq"
+SCRIPTED = ("python", "-m", "mdq.testing.scripted_runner")
+"""The runner image's stand-in program that runs the script in a pod's job spec."""
+RUNNER_NATS = "nats://nats.example:4222"
 
 
 @pytest.fixture
@@ -51,13 +55,17 @@ def settings_for(cluster: SimulatedCluster) -> KubernetesSettings:
         termination_grace_s=2,
         watch_timeout_s=30,
         retry_backoff_s=0.2,
+        runner_command=SCRIPTED,
     )
 
 
 @pytest.fixture
 async def backend(cluster: SimulatedCluster, namespace: str) -> AsyncIterator[KubernetesBackend]:
     the_backend = await KubernetesBackend.connect(
-        settings=settings_for(cluster), mdq_namespace=namespace
+        settings=settings_for(cluster),
+        mdq_namespace=namespace,
+        runner_nats_url=RUNNER_NATS,
+        data_dir=Path("/data"),
     )
     yield the_backend
     await the_backend.close()
@@ -109,7 +117,6 @@ def pod(
     node: str = "node-1",
     memory_mb: int = 256,
     priority: str = "normal",
-    env: dict[str, str] | None = None,
 ) -> PodSpec:
     return PodSpec(
         name=f"mdq-{name}-1",
@@ -119,20 +126,28 @@ def pod(
         cpu=0.5,
         memory_mb=memory_mb,
         priority_class=priority,
-        command=("python", "-c", script),
-        env={"MDQ_DATA_DIR": "/data", **(env or {})},
+        spec=scripted_spec(script),
     )
 
 
 async def test_a_pod_is_created_unscheduled_bound_and_reported_until_it_succeeds(
-    backend: KubernetesBackend, cluster: SimulatedCluster, updates: Updates, tmp_path: Path
+    backend: KubernetesBackend,
+    cluster: SimulatedCluster,
+    updates: Updates,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # Secrets of the process that hosts the kubelet (standing in for the image's environment)
+    # never reach the pod: only the runner's allowlist does.
+    monkeypatch.setenv("DATABASE_URL", "postgresql://mdq:hunter2@db/mdq")
+    monkeypatch.setenv("MDQ_TEST_API_TOKEN", "s3cret")
     out = tmp_path / "env.json"
     script = (
         "import json, os; json.dump({k: os.environ.get(k) for k in "
-        f"('MDQ_POD_NAME', 'MDQ_NODE_NAME', 'JOB_THING')}}, open({str(out)!r}, 'w'))"
+        "('MDQ_POD_NAME', 'MDQ_NODE_NAME', 'MDQ_JOB_ID', 'MDQ_ATTEMPT', 'NATS_URL', "
+        f"'MDQ_DATA_DIR', 'DATABASE_URL', 'MDQ_TEST_API_TOKEN')}}, open({str(out)!r}, 'w'))"
     )
-    spec = pod("ok", script, node="node-2", priority="high", env={"JOB_THING": "42"})
+    spec = pod("ok", script, node="node-2", priority="high")
     await backend.create_pod(spec)
     final = await updates.until_final(spec.name)
 
@@ -142,7 +157,12 @@ async def test_a_pod_is_created_unscheduled_bound_and_reported_until_it_succeeds
     assert json.loads(out.read_text()) == {
         "MDQ_POD_NAME": spec.name,
         "MDQ_NODE_NAME": "node-2",
-        "JOB_THING": "42",
+        "MDQ_JOB_ID": "ok",
+        "MDQ_ATTEMPT": "1",
+        "NATS_URL": RUNNER_NATS,
+        "MDQ_DATA_DIR": "/data",
+        "DATABASE_URL": None,
+        "MDQ_TEST_API_TOKEN": None,
     }
     stored = cluster.api.pod(spec.name, K8S_NAMESPACE)
     assert stored is not None
@@ -207,7 +227,13 @@ async def test_create_is_idempotent_and_repairs_a_missing_binding(
 def _manifest(spec: PodSpec, backend: KubernetesBackend) -> dict[str, object]:
     from mdq.backends.kubernetes.objects import pod_manifest
 
-    return pod_manifest(spec, settings=backend._settings, mdq_namespace=backend._mdq_namespace)
+    return pod_manifest(
+        spec,
+        settings=backend._settings,
+        mdq_namespace=backend._mdq_namespace,
+        nats_url=RUNNER_NATS,
+        data_dir=Path("/data"),
+    )
 
 
 async def test_terminations_map_to_the_reasons_recovery_knows(
@@ -385,7 +411,13 @@ async def test_the_factory_makes_the_kubernetes_backend_from_the_environment(
 ) -> None:
     monkeypatch.setenv("MDQ_K8S_KUBECONFIG", str(cluster.kubeconfig))
     monkeypatch.setenv("MDQ_K8S_PRIORITY_CLASSES", '{"normal": ""}')
-    made = await make_backend(kind="kubernetes", nc=None, subjects=Subjects("fac"))  # type: ignore[arg-type]
+    monkeypatch.setenv("MDQ_K8S_RUNNER_COMMAND", json.dumps(SCRIPTED))
+    made = await make_backend(
+        kind="kubernetes",
+        nc=None,  # type: ignore[arg-type]
+        subjects=Subjects("fac"),
+        runner_nats_url=RUNNER_NATS,
+    )
     try:
         assert isinstance(made, KubernetesBackend)
         assert {s.name for s in await made.sample_nodes()} == {"node-1", "node-2"}

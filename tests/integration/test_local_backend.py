@@ -1,32 +1,38 @@
 """The local execution backend against real NATS, with its node agent as a real subprocess.
 
-Pods are tiny Python commands; the agent runs them, enforces their memory limit, stops them
-on deletion, dies with its runners on kill -9 and reports them NodeLost after a restart.
+Pods are tiny Python scripts (the agent's runner module is mdq.testing.scripted_runner, which
+runs the script in the pod's job spec: a record never names a command); the agent runs them,
+enforces their memory limit, stops them on deletion, dies with its runners on kill -9 and
+reports them NodeLost after a restart.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import psutil
 import pytest
 from nats.aio.client import Client
 
 from mdq.backends.factory import UnknownBackend, make_backend
+from mdq.backends.launch import inherited_environment
 from mdq.backends.local.api import LocalBackend
 from mdq.backends.local.launcher import start_agent
-from mdq.backends.local.records import NodeRecord
+from mdq.backends.local.records import NodeRecord, PodRecord
 from mdq.backends.port import NodeSample, PodExists, PodSpec, PodUpdate
 from mdq.bus.connect import connect
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
+from mdq.core.runner_task import RunnerTask
 from mdq.embedded import start_nats
+from mdq.testing.scripted_runner import scripted_spec
 from tests.helpers import reconnected
 
 NODES = ("n1", "n2")
@@ -36,6 +42,7 @@ FAST = {
     "memory_poll_s": "0.2",
     "cpu_per_node": "1",
     "memory_mb_per_node": "2048",
+    "runner_module": "mdq.testing.scripted_runner",
 }
 
 T = TypeVar("T")
@@ -48,13 +55,13 @@ class Agents:
         self._nats_url, self._namespace, self.data_dir = nats_url, namespace, data_dir
         self.processes: list[subprocess.Popen[bytes]] = []
 
-    def start(self, nodes: tuple[str, ...] = NODES) -> subprocess.Popen[bytes]:
+    def start(self, nodes: tuple[str, ...] = NODES, **settings: str) -> subprocess.Popen[bytes]:
         process = start_agent(
             nats_url=self._nats_url,
             namespace=self._namespace,
             data_dir=self.data_dir,
             node_names=nodes,
-            settings=FAST,
+            settings={**FAST, **settings},
         )
         self.processes.append(process)
         return process
@@ -104,8 +111,7 @@ def pod(name: str, code: str, *, node: str = "n1", memory_mb: int = 256) -> PodS
         cpu=1.0,
         memory_mb=memory_mb,
         priority_class="normal",
-        command=("python", "-c", code),
-        env={"MDQ_TEST_MARK": name},
+        spec=scripted_spec(code),
     )
 
 
@@ -166,7 +172,7 @@ async def test_pods_run_on_their_node_and_report_their_exit(
         "mdq-job-ok-1",
         "import os, time; time.sleep(0.5); "
         f"open({str(runs)!r}, 'a').write(os.environ['MDQ_NODE_NAME'] + ' ' "
-        "+ os.environ['MDQ_TEST_MARK'] + chr(10))",
+        "+ os.environ['MDQ_POD_NAME'] + chr(10))",
         node="n2",
     )
     bad = pod("mdq-job-bad-1", "import sys; sys.exit(3)")
@@ -366,10 +372,10 @@ def _gone(backend: LocalBackend, name: str) -> Callable[[], Awaitable[bool]]:
 
 
 def marked_alive(name: str) -> bool:
-    """Whether a process of pod ``name`` (by its MDQ_TEST_MARK) is still alive."""
+    """Whether a process of pod ``name`` (by its MDQ_POD_NAME) is still alive."""
     for process in psutil.process_iter():
         try:
-            if process.environ().get("MDQ_TEST_MARK") == name and process.status() != "zombie":
+            if process.environ().get("MDQ_POD_NAME") == name and process.status() != "zombie":
                 return True
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
@@ -475,3 +481,107 @@ async def ready_nodes_of(backend: LocalBackend) -> list[NodeSample]:
         return samples if samples and all(s.ready for s in samples) else None
 
     return await eventually(ready, what="the node to be ready")
+
+
+def environ_names(pid: int) -> set[bytes]:
+    """The variable names of a live process, read from outside (/proc/<pid>/environ)."""
+    entries = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return {entry.split(b"=", 1)[0] for entry in entries if entry}
+
+
+async def test_a_runner_sees_only_the_allowlisted_environment_in_its_job_folder(
+    agents: Agents, backend: LocalBackend, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent's secrets stay with the agent: its pods see the allowlist
+    (mdq.backends.launch), the task, the bus and their own name, nothing else; they run in
+    their job's own folder. Read from inside the pod and, from outside, /proc/<pid>/environ."""
+    monkeypatch.setenv("DATABASE_URL", "postgresql://mdq:hunter2@127.0.0.1/mdq")
+    monkeypatch.setenv("MDQ_TEST_API_TOKEN", "s3cret")
+    monkeypatch.setenv("PYTHONSTARTUP", "/tmp/not-for-runners.py")
+    monkeypatch.setenv("MDQ_RUNNER_MAX_CHUNK_STEPS", "77")
+    agents.start()
+    seen_file = data_dir / "seen.json"
+    code = (
+        "import json, os, time; json.dump({'env': dict(os.environ), 'cwd': os.getcwd(), "
+        f"'pid': os.getpid()}}, open({str(seen_file)!r}, 'w')); time.sleep(60)"
+    )
+    spy = pod("mdq-job-env-1", code)
+    await backend.create_pod(spy)
+
+    async def seen() -> dict[str, Any] | None:
+        try:
+            return dict(json.loads(seen_file.read_text()))
+        except (OSError, ValueError):
+            return None
+
+    report = await eventually(seen, what="the pod to report its environment")
+    env: dict[str, str] = report["env"]
+    for secret in ("DATABASE_URL", "MDQ_TEST_API_TOKEN", "PYTHONSTARTUP"):
+        assert secret not in env
+    assert env["MDQ_RUNNER_MAX_CHUNK_STEPS"] == "77"
+    assert (env["MDQ_JOB_ID"], env["MDQ_ATTEMPT"], env["MDQ_POD_NAME"]) == (
+        "job-env",
+        "1",
+        "mdq-job-env-1",
+    )
+    assert env["MDQ_JOB_DIR"] == str(data_dir / "jobs" / "job-env")
+    task_and_bus = set(RunnerTask.from_env(env).to_env()) | {
+        "NATS_URL",
+        "MDQ_NAMESPACE",
+        "MDQ_DATA_DIR",
+        "MDQ_POD_NAME",
+        "MDQ_NODE_NAME",
+    }
+    assert set(env) - task_and_bus == set(inherited_environment(env))
+    assert Path(report["cwd"]) == (data_dir / "jobs" / "job-env").resolve()
+    names = environ_names(int(report["pid"]))
+    assert b"DATABASE_URL" not in names and b"MDQ_TEST_API_TOKEN" not in names
+    assert b"MDQ_JOB_ID" in names
+    await backend.delete_pod(spy.name)
+
+
+async def test_a_forged_pod_record_runs_no_command_and_no_environment_of_its_own(
+    agents: Agents,
+    backend: LocalBackend,
+    data_dir: Path,
+    nc: Client,
+    subjects: Subjects,
+    tmp_path: Path,
+) -> None:
+    """Whoever writes the pods bucket cannot run a program: a record's "command" and "env"
+    are ignored (and logged), the agent starts the real runner, which validates the spec
+    again and refuses it (INVALID_INPUT); a record whose job id is a path fails to start."""
+    agents.start(runner_module="services.runner")
+    await ready_nodes(backend)
+    pods = await nc.jetstream().key_value(subjects.pods_bucket)
+    pwned = tmp_path / "pwned"
+    invalid = pb.JobSpec(name="forged", temperature_k=-5.0)
+    record = PodRecord(
+        spec=PodSpec(
+            name="mdq-forged-1",
+            job_id="forged",
+            attempt=1,
+            node="n1",
+            cpu=1.0,
+            memory_mb=512,
+            priority_class="normal",
+            spec=invalid,
+        )
+    )
+    document = json.loads(record.to_json())
+    document["command"] = ["sh", "-c", f"touch {pwned}"]
+    document["env"] = {"PYTHONSTARTUP": str(tmp_path / "x.py"), "LD_PRELOAD": "/no/such.so"}
+    await pods.put("mdq-forged-1", json.dumps(document).encode())
+    escaping = dict(document, name="mdq-esc-1", job_id="../../esc")
+    await pods.put("mdq-esc-1", json.dumps(escaping).encode())
+
+    forged = await until_terminal(backend, "mdq-forged-1", within=60)
+    assert (forged.phase, forged.exit_code) == (pb.POD_FAILED, 3)
+    assert not pwned.exists()
+    runner_log = (data_dir / "pods" / "mdq-forged-1.log").read_text()
+    assert "INVALID_INPUT: the job spec is invalid: spec.temperature_k" in runner_log
+    assert "fields mdq never writes (command, env)" in agents.log()
+    escaped = await until_terminal(backend, "mdq-esc-1")
+    assert (escaped.phase, escaped.reason) == (pb.POD_FAILED, "StartError")
+    assert "is not a plain name" in escaped.message
+    assert not (data_dir.parent / "esc").exists() and not pwned.exists()

@@ -13,7 +13,6 @@ from mdq.bus.connect import connect
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.placement import NodeScore
-from mdq.core.runner_task import RunnerTask
 from mdq.embedded import start_nats
 from services.placement.app import Placement, candidate_entry
 from services.placement.settings import PlacementSettings
@@ -40,9 +39,7 @@ def make_placement(
         publisher=publisher(js, subjects),
         backend=backend,
         settings=PlacementSettings(reconcile_interval_s=0.2),
-        nats_url="nats://example:4222",
         namespace=subjects.namespace,
-        data_dir=data_dir,
     )
 
 
@@ -64,12 +61,8 @@ async def test_binds_pending_jobs_spread_over_nodes_with_pods(
     assert Counter(e.bound.node for e in bound) == {"n1": 3, "n2": 3}
     assert sorted(backend.pods) == sorted(f"mdq-r1-job{i}-1" for i in range(6))
     pod = backend.pods["mdq-r1-job0-1"]
-    task = RunnerTask.from_env(pod.env)
-    assert (task.job_id, task.attempt, pod.env["MDQ_NAMESPACE"]) == (
-        "r1-job0",
-        1,
-        subjects.namespace,
-    )
+    # the pod describes the attempt (no command, no environment: the backend builds those)
+    assert (pod.job_id, pod.attempt, pod.spec.name, pod.threads) == ("r1-job0", 1, "job0", 1)
     assert {c.node for c in bound[0].bound.candidates} == {"n1", "n2"}
 
 
@@ -123,8 +116,7 @@ async def test_chain_waits_for_its_dependency(
 
         await wait_for(run_bound, what="run bound after init succeeded")
     assert len(await events_of(js, subjects, "released", "r3-run")) == 1
-    run_task = RunnerTask.from_env(backend.pods["mdq-r3-run-1"].env)
-    assert [p.name for p in run_task.input_dirs] == ["r3-init"]
+    assert backend.pods["mdq-r3-run-1"].depends_on == ("r3-init",)
 
 
 async def test_dependency_failure_fails_the_chain(
@@ -263,3 +255,31 @@ def test_encoded_candidate_entries_concatenate_into_the_explanation() -> None:
     assert merged.SerializeToString(deterministic=True) == built.SerializeToString(
         deterministic=True
     )
+
+
+async def test_a_submitted_event_with_an_invalid_spec_is_never_bound(
+    nc: Client, subjects: Subjects, data_dir: Path
+) -> None:
+    """Only intake may publish ``submitted``, but placement validates the spec it acts on
+    again: a forged one (here: a negative temperature and 10^6 cores) is skipped, counted and
+    logged; a valid job submitted after it is bound as usual."""
+    js = nc.jetstream()
+    bus = publisher(js, subjects)
+    await bus.publish_all([node_load("n1")])
+    forged = submitted("r9-forged")
+    forged.submitted.spec.temperature_k = -5.0
+    forged.submitted.spec.resources.cpu = 1e6
+    await bus.publish(forged)
+    await bus.publish(submitted("r9-honest"))
+    backend = RecordingBackend()
+    placement = make_placement(nc, subjects, backend, data_dir)
+    async with running(placement.run()):
+
+        async def honest_bound() -> bool:
+            return len(await events_of(js, subjects, "bound", "r9-honest")) == 1
+
+        await wait_for(honest_bound, what="the valid job bound")
+    assert await events_of(js, subjects, "bound", "r9-forged") == []
+    assert sorted(backend.pods) == ["mdq-r9-honest-1"]
+    assert placement.invalid_specs_total == 1
+    assert "r9-forged" not in placement.book.jobs

@@ -51,9 +51,7 @@ def make_placement(
         publisher=publisher(js, subjects),
         backend=backend,
         settings=PlacementSettings(reconcile_interval_s=0.2, lease_ttl_s=1.5, **settings),  # type: ignore[arg-type]
-        nats_url="nats://example:4222",
         namespace=subjects.namespace,
-        data_dir=data_dir,
     )
 
 

@@ -119,6 +119,8 @@ async def start_runner(
             **task.to_env(),
             "NATS_URL": nats_url,
             "MDQ_NAMESPACE": subjects.namespace,
+            # the runner checks that its folders are the data folder's jobs/<id>
+            "MDQ_DATA_DIR": str(task.job_dir.parent.parent),
             **extra_env,
         }
         stderr_path = tmp_path / f"runner-{task.job_id}-{task.attempt}.log"

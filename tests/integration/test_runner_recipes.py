@@ -395,7 +395,9 @@ async def test_structure_path_leaving_the_data_folder_is_invalid_input(
     task = make_task(data_dir, "job-escape", spec)
     runner = await start_runner(task, MDQ_DATA_DIR=str(data_dir))
     assert await runner.wait() == RunnerExit.INVALID_INPUT, runner.stderr
-    assert "structure path 'inputs/link.pdb' leads outside" in runner.stderr
+    assert "structure file 'inputs/link.pdb' not found inside the job's allowed folders" in (
+        runner.stderr
+    )
     assert not (task.job_dir / "final_state.xml").exists()
 
 
@@ -403,19 +405,19 @@ def input_error_cases() -> list[object]:
     return [
         pytest.param(
             structure_spec(pb.Structure(pdb_path="inputs/link.pdb")),
-            "leads outside",
+            "symlinks are followed and must stay inside",
             id="symlink-out-of-the-data-folder",
         ),
         pytest.param(
             structure_spec(pb.Structure(pdb_path="inputs/nothing.pdb")),
-            "structure file 'inputs/nothing.pdb' not found",
+            "structure file 'inputs/nothing.pdb' not found inside",
             id="missing-file",
         ),
         pytest.param(
             structure_spec(
                 pb.Structure(pdb_content=ALANINE_DIPEPTIDE, force_fields=["no-such-field.xml"])
             ),
-            "cannot load the force fields ['no-such-field.xml']",
+            "force field refused: 'no-such-field.xml' is not one of OpenMM's force fields",
             id="unknown-force-field",
         ),
         pytest.param(
@@ -465,3 +467,53 @@ def test_unusable_input_is_named(
         build_system(spec, threads=1, data_dir=data_dir)
     assert message in str(caught.value)
     assert caught.value.exit_code == RunnerExit.INVALID_INPUT
+
+
+async def test_the_runner_validates_its_spec_again_and_refuses_an_invalid_one(
+    data_dir: Path, start_runner: StartRunner
+) -> None:
+    """A spec that never went through intake (a forged pod record or event) is checked by
+    the runner itself, with intake's validation: one log line names the field."""
+    spec = lj_spec()
+    spec.temperature_k = -5.0
+    task = make_task(data_dir, "job-forged-spec", spec)
+    runner = await start_runner(task)
+    assert await runner.wait() == RunnerExit.INVALID_INPUT, runner.stderr
+    assert "INVALID_INPUT: the job spec is invalid: spec.temperature_k" in runner.stderr
+    assert not (task.job_dir / "energies.csv").exists()
+
+
+async def test_a_force_field_in_the_working_or_data_folder_is_never_loaded(
+    data_dir: Path, tmp_path: Path, start_runner: StartRunner
+) -> None:
+    """OpenMM would load "evil.xml" from the working directory and run its <Script> when it
+    builds the system; the runner (working in its job folder) refuses the name instead."""
+    marker = tmp_path / "pwned"
+    script = (
+        f"<ForceField><Script>\nopen({str(marker)!r}, 'w').write('x')\n</Script></ForceField>\n"
+    )
+    task = make_task(
+        data_dir,
+        "job-evil-ff",
+        structure_spec(pb.Structure(pdb_content=ALANINE_DIPEPTIDE, force_fields=["evil.xml"])),
+    )
+    task.job_dir.mkdir(parents=True)
+    for folder in (task.job_dir, data_dir):
+        (folder / "evil.xml").write_text(script)
+    runner = await start_runner(task)
+    assert await runner.wait() == RunnerExit.INVALID_INPUT, runner.stderr
+    assert "spec.system.structure.force_fields[0]" in runner.stderr
+    assert not marker.exists()
+
+
+async def test_a_task_naming_a_folder_outside_its_jobs_is_invalid_input(
+    data_dir: Path, tmp_path: Path, start_runner: StartRunner
+) -> None:
+    """MDQ_INPUT_DIRS must be the data folder's jobs/<dependency>: another folder (here: one
+    outside the data folder) is refused before anything is read."""
+    elsewhere = tmp_path / "elsewhere" / "dep"
+    elsewhere.mkdir(parents=True)
+    task = make_task(data_dir, "job-elsewhere", lj_spec(), input_dirs=(elsewhere,))
+    runner = await start_runner(task)
+    assert await runner.wait() == RunnerExit.INVALID_INPUT, runner.stderr
+    assert f"the input folder {elsewhere} is not the folder of job 'dep'" in runner.stderr

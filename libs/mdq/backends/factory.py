@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
@@ -16,11 +18,19 @@ class UnknownBackend(ValueError):
 
 
 async def make_backend(
-    *, kind: str, nc: Client | JetStreamContext, subjects: Subjects, replicas: int = 1
+    *,
+    kind: str,
+    nc: Client | JetStreamContext,
+    subjects: Subjects,
+    replicas: int = 1,
+    runner_nats_url: str = "",
+    data_dir: Path | None = None,
 ) -> ClusterBackend:
     """The backend called ``kind``, ready to use: "local" (its buckets exist, with
     ``replicas`` copies) or "kubernetes" (``MDQ_K8S_*`` settings; pods labelled with
-    ``subjects``' namespace)."""
+    ``subjects``' namespace; their runners reach NATS at ``runner_nats_url`` and find the data
+    folder at ``data_dir``, which only the service creating pods must give). The local
+    backend's runners get these from their node agent."""
     if kind == "local":
         from mdq.backends.local.api import LocalBackend
 
@@ -30,5 +40,11 @@ async def make_backend(
     if kind == "kubernetes":
         from mdq.backends.kubernetes.backend import KubernetesBackend
 
-        return await KubernetesBackend.connect(mdq_namespace=subjects.namespace)
+        if data_dir is None:
+            return await KubernetesBackend.connect(
+                mdq_namespace=subjects.namespace, runner_nats_url=runner_nats_url
+            )
+        return await KubernetesBackend.connect(
+            mdq_namespace=subjects.namespace, runner_nats_url=runner_nats_url, data_dir=data_dir
+        )
     raise UnknownBackend(f"unknown backend kind {kind!r}: choose one of {', '.join(BACKEND_KINDS)}")

@@ -30,10 +30,20 @@ class PodSpec:
     memory_mb: int
     """Memory limit in MiB; exceeding it ends the attempt as OOMKilled."""
     priority_class: str
-    command: tuple[str, ...]
-    """Argv of the runner, e.g. ("python", "-m", "services.runner")."""
-    env: dict[str, str] = field(default_factory=dict)
-    """Environment of the runner (MDQ_JOB_ID, MDQ_JOB_SPEC, ...)."""
+    spec: pb.JobSpec = field(default_factory=pb.JobSpec)
+    """The job's spec, as logged by intake (the runner validates it again)."""
+    resume_from: pb.Checkpoint | None = None
+    """The checkpoint to resume from (recovery's choice), or None for a fresh start."""
+    depends_on: tuple[str, ...] = ()
+    """Job ids of the dependencies, in depends_on order: their folders are the job's inputs."""
+    threads: int = 1
+    """OpenMM CPU threads."""
+
+
+# A pod is described, never commanded: there is no command and no environment here. Whoever
+# runs it (the local agent, a kubelet through the manifest mdq builds) starts the runner with
+# its own argv and builds the runner's environment from these fields and an allowlist
+# (mdq.backends.launch), so writing a pod record cannot run anything else.
 
 
 @dataclass(frozen=True, slots=True)

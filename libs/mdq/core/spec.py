@@ -107,8 +107,17 @@ def validate_key(idempotency_key: str, *, required: bool) -> None:
         raise SpecError("idempotency_key", f"must be 1 to {MAX_KEY_LENGTH} printable characters")
 
 
-def normalize_job(spec: pb.JobSpec, path: str) -> pb.JobSpec:
-    """Return a copy of ``spec`` with defaults filled in; raise SpecError naming the bad field."""
+ForceFieldCheck = Callable[[str], bool]
+"""Whether a force-field name is a file in a trusted folder (``mdq.forcefields``); the core
+itself does no I/O, so the caller passes it in."""
+
+
+def normalize_job(
+    spec: pb.JobSpec, path: str, *, force_field_exists: ForceFieldCheck | None = None
+) -> pb.JobSpec:
+    """Return a copy of ``spec`` with defaults filled in; raise SpecError naming the bad field.
+    With ``force_field_exists``, each force-field name must also pass it. Normalizing a
+    normalized spec returns it unchanged (placement and the runner validate it again)."""
     job = pb.JobSpec()
     job.CopyFrom(spec)
     if not NAME_PATTERN.fullmatch(job.name):
@@ -122,7 +131,7 @@ def normalize_job(spec: pb.JobSpec, path: str) -> pb.JobSpec:
         job.task = pb.TASK_MD
     _normalize_engine(job, path)
     if job.task != pb.TASK_ANALYZE:
-        _normalize_system(job, path)
+        _normalize_system(job, path, force_field_exists)
     job.temperature_k = temperature_k = _default(job.temperature_k, 300.0)
     _check_range(path, "temperature_k", temperature_k, 1.0, 5000.0)
     job.timestep_fs = timestep_fs = _default(job.timestep_fs, 2.0)
@@ -135,7 +144,8 @@ def normalize_job(spec: pb.JobSpec, path: str) -> pb.JobSpec:
     if report == 0:
         job.report_interval_steps = report = max(1, min(500, steps))
     else:
-        _check_range(path, "report_interval_steps", report, 10, 1e7)
+        # a default below 10 (fewer steps than that) must pass again when re-validated
+        _check_range(path, "report_interval_steps", report, min(10, steps), 1e7)
     if job.checkpoint_interval_steps == 0:
         job.checkpoint_interval_steps = max(report, min(5000, steps))
     else:
@@ -228,7 +238,9 @@ def _check_cutoff(path: str, name: str, cutoff_nm: float, box_nm: float | None) 
         )
 
 
-def _normalize_system(job: pb.JobSpec, path: str) -> None:
+def _normalize_system(
+    job: pb.JobSpec, path: str, force_field_exists: ForceFieldCheck | None
+) -> None:
     """The system and its nonbonded method and cutoff: defaults, ranges, consistency."""
     system = job.system
     if not job.HasField("system") or system.WhichOneof("kind") is None:
@@ -249,7 +261,7 @@ def _normalize_system(job: pb.JobSpec, path: str) -> None:
     elif kind == "lennard_jones":
         _normalize_lennard_jones(job, path)
     elif kind == "structure":
-        _normalize_structure(job, path)
+        _normalize_structure(job, path, force_field_exists)
 
 
 def lennard_jones_box_nm(fluid: pb.LennardJonesFluid) -> float:
@@ -309,7 +321,9 @@ def _check_relative_path(field: str, value: str, *, what: str) -> PurePosixPath:
     return relative
 
 
-def _normalize_structure(job: pb.JobSpec, path: str) -> None:
+def _normalize_structure(
+    job: pb.JobSpec, path: str, force_field_exists: ForceFieldCheck | None
+) -> None:
     structure = job.system.structure
     here = f"{path}.system.structure"
     source = structure.WhichOneof("source")
@@ -342,6 +356,15 @@ def _normalize_structure(job: pb.JobSpec, path: str) -> None:
         if not FORCE_FIELD_PATTERN.fullmatch(name):
             raise SpecError(
                 field, f"must name a force field file shipped with OpenMM (*.xml), got {name!r}"
+            )
+        if "." in name.split("/")[:-1]:
+            raise SpecError(field, f"must not contain '.' folders, got {name!r}")
+        if force_field_exists is not None and not force_field_exists(name):
+            raise SpecError(
+                field,
+                f"{name!r} is not a force field shipped with OpenMM nor in the operator's "
+                "force-field folder (MDQ_FORCEFIELD_DIR); files in the working or data folder "
+                "are never loaded",
             )
     _check_range(here, "padding_nm", structure.padding_nm, 0.0, 10.0)
     structure.water_model = structure.water_model or "tip3p"
@@ -387,6 +410,7 @@ def validate_submit(
     request_id: str,
     resolve_external: Callable[[str], str | None],
     key_required: bool = False,
+    force_field_exists: ForceFieldCheck | None = None,
 ) -> list[AcceptedJob]:
     """Validate a whole submit; return its jobs in an order where dependencies come first.
 
@@ -402,7 +426,7 @@ def validate_submit(
         raise SpecError("jobs", f"a submit holds 1 to {MAX_JOBS_PER_SUBMIT} jobs")
     normalized: dict[str, pb.JobSpec] = {}
     for index, raw in enumerate(request.jobs):
-        job = normalize_job(raw, f"jobs[{index}]")
+        job = normalize_job(raw, f"jobs[{index}]", force_field_exists=force_field_exists)
         if job.name in normalized:
             raise SpecError(f"jobs[{index}].name", f"duplicate name {job.name!r}")
         normalized[job.name] = job

@@ -3,9 +3,13 @@
 It talks to the API server (the emulator, or any) through kubernetes-asyncio like a kubelet:
 it registers its Node (capacity, Ready) and heartbeats its Ready condition; it lists and
 watches the pods whose ``spec.nodeName`` is its node (resuming with resourceVersion,
-re-listing after 410); it starts each new pod's container command as a process with the
-pod's environment (``valueFrom.fieldRef`` resolved; the host environment stands in for the
-image's), and reports the pod's status through the ``status`` subresource: Running, then
+re-listing after 410); it starts each new pod's container as a process with the pod's
+environment (``valueFrom.fieldRef`` resolved). The host stands in for the runner image, which
+holds nothing but Python programs: a container command must be ``python -m <module>`` of
+``IMAGE_MODULES`` (else the pod fails to start, as with a missing executable), it runs with
+this interpreter, and of the host's environment only the runner's allowlist
+(``mdq.backends.launch.inherited_environment``) stands in for the image's. It reports the
+pod's status through the ``status`` subresource: Running, then
 Succeeded or Failed with the container's exit code and reason (``Completed``, ``Error``,
 ``OOMKilled`` when the process tree went over the memory limit). A pod marked for deletion is
 stopped (SIGTERM, SIGKILL after its grace period), reported, and removed (delete with grace
@@ -34,11 +38,11 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from mdq.backends.kubernetes.backend import WatchStats, call_json, list_and_watch
 from mdq.backends.kubernetes.objects import parse_quantity
 from mdq.backends.kubernetes.settings import KubernetesSettings
+from mdq.backends.launch import RUNNER_MODULE, inherited_environment, module_argv
 from mdq.backends.local.processes import (
     ProcessTree,
     die_with_parent,
     exit_code_of,
-    runner_argv,
     signal_group,
 )
 from mdq.testing.kube_api import now_rfc3339
@@ -48,6 +52,16 @@ log = logging.getLogger(__name__)
 Json = dict[str, Any]
 Key = tuple[str, str]
 POD_IP_BASE = "10.244"
+IMAGE_MODULES = frozenset({RUNNER_MODULE, "mdq.testing.scripted_runner"})
+"""The programs of the simulated runner image (the scripted one for the backend's tests)."""
+
+
+def image_argv(command: list[str]) -> list[str]:
+    """The argv of a container command in the simulated image; ValueError if the image has
+    no such program."""
+    if len(command) == 3 and command[:2] == ["python", "-m"] and command[2] in IMAGE_MODULES:
+        return module_argv(command[2])
+    raise ValueError(f"the runner image has no program {command!r}")
 
 
 @dataclass(slots=True)
@@ -260,10 +274,8 @@ class SimulatedKubelet:
         spec = pod.get("spec") or {}
         container_spec = (spec.get("containers") or [{}])[0]
         try:
-            argv = runner_argv(
-                [*container_spec.get("command", []), *container_spec.get("args", [])]
-            )
-            env = {**os.environ, **self._environment(pod, container_spec)}
+            argv = image_argv([*container_spec.get("command", []), *container_spec.get("args", [])])
+            env = {**inherited_environment(os.environ), **self._environment(pod, container_spec)}
             log_path = self._log_dir / f"{key[0]}_{key[1]}.log"
             with log_path.open("ab") as log_file:
                 process = await asyncio.create_subprocess_exec(

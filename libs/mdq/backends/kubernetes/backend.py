@@ -30,6 +30,7 @@ import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -186,6 +187,10 @@ class _NodeWatch:
     synced: bool = False
 
 
+DEFAULT_DATA_DIR = Path("/data")
+"""The data folder of runner pods when nobody says otherwise (deploy/: MDQ_DATA_DIR=/data)."""
+
+
 class KubernetesBackend:
     """``ClusterBackend`` on a Kubernetes cluster."""
 
@@ -196,7 +201,11 @@ class KubernetesBackend:
         settings: KubernetesSettings,
         mdq_namespace: str,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        runner_nats_url: str = "",
+        data_dir: Path = DEFAULT_DATA_DIR,
     ) -> None:
+        self._runner_nats_url = runner_nats_url
+        self._data_dir = data_dir
         self._api = api
         self._core = k8s.CoreV1Api(api)
         self._custom = k8s.CustomObjectsApi(api)
@@ -209,11 +218,23 @@ class KubernetesBackend:
 
     @classmethod
     async def connect(
-        cls, *, settings: KubernetesSettings | None = None, mdq_namespace: str
+        cls,
+        *,
+        settings: KubernetesSettings | None = None,
+        mdq_namespace: str,
+        runner_nats_url: str = "",
+        data_dir: Path = DEFAULT_DATA_DIR,
     ) -> KubernetesBackend:
-        """The backend for ``settings`` (default: from MDQ_K8S_*)."""
+        """The backend for ``settings`` (default: from MDQ_K8S_*); its pods' runners reach
+        NATS at ``runner_nats_url`` and find the data folder at ``data_dir``."""
         settings = settings or KubernetesSettings()
-        return cls(api=await api_client(settings), settings=settings, mdq_namespace=mdq_namespace)
+        return cls(
+            api=await api_client(settings),
+            settings=settings,
+            mdq_namespace=mdq_namespace,
+            runner_nats_url=runner_nats_url,
+            data_dir=data_dir,
+        )
 
     @property
     def namespace(self) -> str:
@@ -221,7 +242,15 @@ class KubernetesBackend:
 
     # -- pods ------------------------------------------------------------------------------
     async def create_pod(self, pod: PodSpec) -> None:
-        manifest = pod_manifest(pod, settings=self._settings, mdq_namespace=self._mdq_namespace)
+        if not self._runner_nats_url:
+            raise RuntimeError("the backend was not told the runners' NATS URL: it makes no pods")
+        manifest = pod_manifest(
+            pod,
+            settings=self._settings,
+            mdq_namespace=self._mdq_namespace,
+            nats_url=self._runner_nats_url,
+            data_dir=self._data_dir,
+        )
         existed = False
         try:
             await call_json(

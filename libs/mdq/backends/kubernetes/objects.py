@@ -14,9 +14,11 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from mdq.backends.kubernetes.settings import KubernetesSettings
+from mdq.backends.launch import RUNNER_MODULE, bus_environment, runner_task
 from mdq.backends.port import PodSpec, PodUpdate
 from mdq.contracts import pb
 
@@ -31,6 +33,9 @@ JOB_ANNOTATION = "mdq.io/job-id"
 ATTEMPT_ANNOTATION = "mdq.io/attempt"
 NODE_ANNOTATION = "mdq.io/node"
 PRIORITY_ANNOTATION = "mdq.io/priority-class"
+
+RUNNER_COMMAND = ("python", "-m", RUNNER_MODULE)
+"""The container command of every runner pod: the image's Python runs the runner."""
 
 TERMINAL = frozenset({pb.POD_SUCCEEDED, pb.POD_FAILED})
 _PHASES: dict[str, pb.PodPhase] = {
@@ -77,8 +82,20 @@ def _cpu(cores: float) -> str:
     return f"{max(1, round(cores * 1000))}m"
 
 
-def pod_manifest(pod: PodSpec, *, settings: KubernetesSettings, mdq_namespace: str) -> Json:
-    """The pod of one attempt: unscheduled (mdq binds it), never restarted, with limits."""
+def pod_manifest(
+    pod: PodSpec,
+    *,
+    settings: KubernetesSettings,
+    mdq_namespace: str,
+    nats_url: str,
+    data_dir: Path,
+) -> Json:
+    """The pod of one attempt: unscheduled (mdq binds it), never restarted, with limits.
+
+    Its command is the runner's (``settings.runner_command`` or ``python -m services.runner``)
+    and its environment only the task derived from ``pod``, the bus (``nats_url``, the
+    namespace), the data folder as mounted in the pod (``data_dir``) and the pod's own name
+    and node (``mdq.backends.launch``): nothing of the creating service's environment."""
     labels = {
         "app.kubernetes.io/name": "mdq-runner",
         MANAGED_BY: "mdq",
@@ -87,10 +104,12 @@ def pod_manifest(pod: PodSpec, *, settings: KubernetesSettings, mdq_namespace: s
     }
     if _LABEL_VALUE.match(pod.job_id) and len(pod.job_id) <= 63:
         labels[JOB_LABEL] = pod.job_id
-    env: list[Json] = [{"name": key, "value": value} for key, value in sorted(pod.env.items())]
+    variables = runner_task(pod, data_dir=data_dir).to_env() | bus_environment(
+        nats_url=nats_url, namespace=mdq_namespace, data_dir=data_dir
+    )
+    env: list[Json] = [{"name": key, "value": value} for key, value in sorted(variables.items())]
     for name, path in (("MDQ_POD_NAME", "metadata.name"), ("MDQ_NODE_NAME", "spec.nodeName")):
-        if name not in pod.env:
-            env.append({"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}})
+        env.append({"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}})
     resources: Json = {
         "requests": {"cpu": _cpu(pod.cpu), "memory": f"{pod.memory_mb}Mi"},
         "limits": {"memory": f"{pod.memory_mb}Mi"},
@@ -101,7 +120,7 @@ def pod_manifest(pod: PodSpec, *, settings: KubernetesSettings, mdq_namespace: s
         "name": CONTAINER,
         "image": settings.runner_image,
         "imagePullPolicy": settings.image_pull_policy,
-        "command": list(settings.runner_command or pod.command),
+        "command": list(settings.runner_command or RUNNER_COMMAND),
         "env": env,
         "resources": resources,
         # Pod Security "restricted": the namespaces of deploy/ enforce it.
@@ -126,7 +145,7 @@ def pod_manifest(pod: PodSpec, *, settings: KubernetesSettings, mdq_namespace: s
         spec["priorityClassName"] = priority_class
     if settings.service_account:
         spec["serviceAccountName"] = settings.service_account
-    mount_path = settings.data_mount_path or pod.env.get("MDQ_DATA_DIR", "")
+    mount_path = settings.data_mount_path or str(data_dir)
     if settings.checkpoint_pvc and mount_path:
         spec["volumes"].append(
             {"name": "data", "persistentVolumeClaim": {"claimName": settings.checkpoint_pvc}}

@@ -30,7 +30,8 @@ class KubernetesSettings(BaseSettings):
     image_pull_policy: str = Field(default="IfNotPresent", description="imagePullPolicy.")
     runner_command: tuple[str, ...] = Field(
         default=(),
-        description="Container command (JSON list); empty: the pod's command from placement.",
+        description="Container command (JSON list) of the runner image; empty: python -m "
+        "services.runner. An operator setting: a pod description never names a command.",
     )
     checkpoint_pvc: str = Field(
         default="mdq-data",

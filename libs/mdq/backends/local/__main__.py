@@ -38,6 +38,8 @@ def build(
         memory_poll_s=settings.memory_poll_s,
         replicas=common.stream_replicas,
         runner_issuer=Path(found) if (found := os.environ.get(RUNNER_ISSUER_ENV)) else None,
+        nats_url=common.nats_url,
+        runner_module=settings.runner_module,
     )
 
 

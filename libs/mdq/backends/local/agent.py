@@ -13,6 +13,13 @@ never starts it again, and after a crash of the agent (kill -9 = node crash) the
 agent finds the pods it had claimed still POD_RUNNING with no process and reports them
 POD_FAILED "NodeLost". The agent is level-triggered: if it cannot claim a pod (NATS gone)
 it exits with an error, and whatever restarts it reconciles from the buckets.
+
+A pod record describes an attempt; it never says what to run. The agent starts
+``<its interpreter> -m services.runner`` in the job's own folder, with an environment built
+from the record and an allowlist of its own variables (``mdq.backends.launch``): a forged
+record can at most start the runner on a spec the runner validates again, and never sees the
+agent's secrets (DATABASE_URL, credentials). A record whose ids are not plain names is
+refused (StartError).
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +39,12 @@ from nats.js import JetStreamContext
 from nats.js.errors import APIError
 
 from mdq.auth import RunnerIssuer, write_secret
+from mdq.backends.launch import (
+    RUNNER_MODULE,
+    module_argv,
+    runner_environment,
+    runner_task,
+)
 from mdq.backends.local.processes import (
     MIB,
     CorePicker,
@@ -39,7 +52,6 @@ from mdq.backends.local.processes import (
     describe_exit,
     die_with_parent,
     exit_code_of,
-    runner_argv,
     signal_group,
 )
 from mdq.backends.local.records import (
@@ -115,6 +127,9 @@ class NodeAgent:
         grace_s: float = 10.0,
         memory_poll_s: float = 0.5,
         replicas: int = 1,
+        nats_url: str,
+        runner_module: str = RUNNER_MODULE,
+        host_env: Mapping[str, str] | None = None,
         runner_issuer: Path | None = None,
     ) -> None:
         """``runner_issuer`` (``MDQ_NATS_RUNNER_ISSUER``): the key that mints each runner's own
@@ -124,7 +139,11 @@ class NodeAgent:
         self._js = js
         self._subjects = subjects
         self._nodes = {node.name: node for node in nodes}
+        self._data_dir = data_dir
         self._log_dir = data_dir / "pods"
+        self._nats_url = nats_url
+        self._runner_module = runner_module
+        self._host_env = dict(os.environ if host_env is None else host_env)
         self._heartbeat_s = heartbeat_s
         self._grace_s = grace_s
         self._memory_poll_s = memory_poll_s
@@ -208,6 +227,11 @@ class NodeAgent:
                 except (ValueError, KeyError, TypeError):
                     log.warning("ignoring malformed pod record %r", entry.key)
                     continue
+                if record.spec.name != entry.key:
+                    log.warning(
+                        "ignoring pod record %r: it names pod %r", entry.key, record.spec.name
+                    )
+                    continue
                 if record.spec.node in self._nodes:
                     await self._reconcile(record, int(entry.revision or 0))
         finally:
@@ -275,7 +299,7 @@ class NodeAgent:
             raise
         try:
             process = await self._spawn(spec)
-        except (OSError, ValueError) as error:
+        except (OSError, ValueError) as error:  # PodRefused is a ValueError
             code = 127 if isinstance(error, FileNotFoundError) else 126
             failed = PodStatus(pb.POD_FAILED, code, "StartError", str(error))
             await self._set_status(spec.name, failed)
@@ -288,21 +312,31 @@ class NodeAgent:
         pod.supervisor = asyncio.create_task(self._supervise(pod), name=f"pod-{spec.name}")
 
     async def _spawn(self, spec: PodSpec) -> asyncio.subprocess.Process:
-        argv = runner_argv(spec.command)
-        env = {**os.environ, "MDQ_POD_NAME": spec.name, "MDQ_NODE_NAME": spec.node, **spec.env}
-        env.pop(CREDS_ENV, None)  # the agent's own identity is not the runner's
+        """Start the runner of ``spec``: this agent's argv, the allowlisted environment, the
+        job's own folder as working directory, and (on an authenticating server) credentials
+        of its own job, minted now and removed when the pod ends."""
+        env = runner_environment(
+            spec,
+            data_dir=self._data_dir,
+            nats_url=self._nats_url,
+            namespace=self._subjects.namespace,
+            host=self._host_env,
+        )
         if self._issuer is not None and self._runner_creds_dir is not None:
             creds = self._runner_creds_dir / f"{spec.name}.creds"
             write_secret(creds, self._issuer.creds(spec.job_id))
             env[CREDS_ENV] = str(creds)
+        workdir = runner_task(spec, data_dir=self._data_dir).job_dir
+        workdir.mkdir(parents=True, exist_ok=True)
         log_path = self._log_dir / f"{spec.name}.log"
         with log_path.open("ab") as log_file:
             return await asyncio.create_subprocess_exec(
-                *argv,
+                *module_argv(self._runner_module),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=asyncio.subprocess.STDOUT,
                 env=env,
+                cwd=workdir,
                 start_new_session=True,
                 preexec_fn=die_with_parent(),
             )

@@ -13,8 +13,7 @@ import ctypes
 import math
 import os
 import signal
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import psutil
 
@@ -25,16 +24,6 @@ try:  # resolved once in the agent, so the forked child only makes the call
     _prctl: Callable[..., int] | None = ctypes.CDLL(None, use_errno=True).prctl
 except (AttributeError, OSError):
     _prctl = None
-
-
-def runner_argv(command: Sequence[str]) -> list[str]:
-    """The argv to execute: a leading "python" means this interpreter (the agent's venv)."""
-    if not command:
-        raise ValueError("a pod needs a command")
-    argv = list(command)
-    if argv[0] == "python":
-        argv[0] = sys.executable
-    return argv
 
 
 def die_with_parent() -> Callable[[], None]:

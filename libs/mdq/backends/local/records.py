@@ -1,7 +1,10 @@
 """The local backend's "API server": two JetStream KV buckets and the JSON records in them.
 
-``<ns>_local_pods`` holds one record per pod (key = pod name): the PodSpec fields, the status
-the node agent observed, and whether deletion was requested. ``<ns>_local_nodes`` holds one
+``<ns>_local_pods`` holds one record per pod (key = pod name): the PodSpec fields (a
+description of the attempt: ids, resources, the job spec and checkpoint as base64 protobuf,
+the dependencies; never a command or environment, see ``mdq.backends.launch``), the status
+the node agent observed, and whether deletion was requested. Fields mdq does not write (a
+"command" or "env" of a forged record) are ignored, with a warning. ``<ns>_local_nodes`` holds one
 record per node (key = node name): capacity, readiness, live load and the heartbeat time.
 Every process that talks to the local backend (placement, the watcher, metrics, the node
 agents) reads and writes these buckets, so they share one view and it survives restarts.
@@ -12,11 +15,14 @@ Writers never clobber each other: a change is a read-modify-write with the revis
 
 from __future__ import annotations
 
+import base64
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
+from google.protobuf.message import DecodeError, Message
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import (
@@ -32,7 +38,41 @@ from mdq.bus.streams import open_bucket
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 
+log = logging.getLogger(__name__)
+
+MessageT = TypeVar("MessageT", bound=Message)
 TERMINAL_PHASES = frozenset({pb.POD_SUCCEEDED, pb.POD_FAILED})
+POD_FIELDS = frozenset(
+    {
+        "name",
+        "job_id",
+        "attempt",
+        "node",
+        "cpu",
+        "memory_mb",
+        "priority_class",
+        "spec",
+        "resume_from",
+        "depends_on",
+        "threads",
+        "status",
+        "deletion_requested",
+    }
+)
+"""The fields of a pod record; anything else in a record is ignored."""
+
+
+def _encode(message: Message) -> str:
+    return base64.b64encode(message.SerializeToString(deterministic=True)).decode("ascii")
+
+
+def _decode(text: str, message: MessageT) -> MessageT:
+    """A message from base64 protobuf; ValueError if it is not one."""
+    try:
+        message.ParseFromString(base64.b64decode(text, validate=True))
+    except DecodeError as error:
+        raise ValueError(f"not a {message.DESCRIPTOR.name}: {error}") from None
+    return message
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,8 +107,10 @@ class PodRecord:
             "cpu": spec.cpu,
             "memory_mb": spec.memory_mb,
             "priority_class": spec.priority_class,
-            "command": list(spec.command),
-            "env": dict(spec.env),
+            "spec": _encode(spec.spec),
+            "resume_from": _encode(spec.resume_from) if spec.resume_from is not None else None,
+            "depends_on": list(spec.depends_on),
+            "threads": spec.threads,
             "status": {
                 "phase": int(self.status.phase),
                 "exit_code": self.status.exit_code,
@@ -82,7 +124,15 @@ class PodRecord:
     @classmethod
     def from_json(cls, data: bytes) -> PodRecord:
         document = json.loads(data)
+        if unknown := sorted(set(document) - POD_FIELDS):
+            log.warning(
+                "pod record %r carries fields mdq never writes (%s): ignored; a pod only ever "
+                "runs the runner",
+                document.get("name"),
+                ", ".join(unknown),
+            )
         status = document.get("status") or {}
+        resume = document.get("resume_from")
         spec = PodSpec(
             name=str(document["name"]),
             job_id=str(document["job_id"]),
@@ -91,8 +141,10 @@ class PodRecord:
             cpu=float(document["cpu"]),
             memory_mb=int(document["memory_mb"]),
             priority_class=str(document.get("priority_class", "")),
-            command=tuple(str(arg) for arg in document["command"]),
-            env={str(k): str(v) for k, v in (document.get("env") or {}).items()},
+            spec=_decode(str(document["spec"]), pb.JobSpec()),
+            resume_from=_decode(str(resume), pb.Checkpoint()) if resume else None,
+            depends_on=tuple(str(dep) for dep in document.get("depends_on") or ()),
+            threads=int(document.get("threads", 1)),
         )
         return cls(
             spec=spec,

@@ -45,6 +45,14 @@ class LocalAgentSettings(BaseSettings):
         default=0.5, gt=0, description="Seconds between memory-limit checks of each pod."
     )
 
+    runner_module: str = Field(
+        default="services.runner",
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$",
+        description="The module every pod runs with the agent's interpreter (python -m). Only "
+        "the backend's own tests change it (mdq.testing.scripted_runner); a pod record never "
+        "chooses what runs.",
+    )
+
     @field_validator("node_names", mode="before")
     @classmethod
     def _split_names(cls, value: object) -> object:
