@@ -100,7 +100,7 @@ async def _campaign_through_a_kill(
 
     async def answers() -> bool:
         if victim == NATS_SERVER:
-            return (await probe_nats(info.nats_url, limit_s=1.0)).ok
+            return (await probe_nats(info.nats_url, limit_s=1.0, creds=info.nats_creds)).ok
         return (await probe_postgres(info.database_dsn(), limit_s=1.0)).ok
 
     async def killed() -> bool:
