@@ -52,8 +52,16 @@ class Permissions:
     """Where its replies come back; only it may subscribe there."""
 
 
+DEFAULT_INBOX = "_INBOX"
+"""Every NATS client's default reply prefix: the CLI identity's, so that a plain client (the
+README's nats-py snippet, the ``nats`` CLI) needs its credentials and no other option. Nobody
+else listens there: every service and runner has its own prefix."""
+
+
 def inbox_prefix(identity: str) -> str:
     """The reply-inbox prefix of ``identity`` (a subject token: dots become dashes)."""
+    if identity == "cli":
+        return DEFAULT_INBOX
     return "_INBOX_" + identity.replace(".", "-")
 
 
@@ -206,3 +214,54 @@ def runner_permissions(subjects: Subjects, job_id: str = RUNNER_NAME) -> Permiss
         subscribe=(f"{prefix}.>",),
         inbox_prefix=prefix,
     )
+
+
+def markdown_table(subjects: Subjects | None = None) -> str:
+    """The permission table of docs/security.md, generated from the patterns of this module (a
+    test keeps the two equal): what each identity may publish, read, own and listen to."""
+    subjects = subjects or Subjects()
+    rows = [
+        "| identity | publishes | reads (streams; buckets) | writes buckets | owns | listens on |",
+        "|---|---|---|---|---|---|",
+    ]
+    for identity in IDENTITIES:
+        rows.append(_row(service_permissions(identity, subjects)))
+    rows.append(_row(runner_permissions(subjects, "<job>")))
+    return "\n".join(rows) + "\n"
+
+
+def _after(pattern: str, prefix: str) -> str | None:
+    return pattern[len(prefix) :] if pattern.startswith(prefix) else None
+
+
+def _row(permissions: Permissions) -> str:
+    if permissions.identity == "admin":
+        return "| `admin` | everything | everything | everything | every stream and bucket | `>` |"
+    events, streams, buckets, writes, owns = [], [], [], [], []
+    for pattern in permissions.publish:
+        if not pattern.startswith(("$", "_")):
+            events.append(pattern)
+        elif (stream := _after(pattern, "$JS.API.CONSUMER.CREATE.")) and "." not in stream:
+            (buckets if stream.startswith("KV_") else streams).append(stream.removeprefix("KV_"))
+        elif durable := _after(pattern, "$JS.API.CONSUMER.DURABLE.CREATE."):
+            owns.append(f"consumer {durable.replace('.', '/')}")
+        elif (bucket := _after(pattern, "$KV.")) is not None:
+            writes.append(bucket.removesuffix(".>"))
+        elif bucket := _after(pattern, "$JS.API.STREAM.CREATE.KV_"):
+            owns.append(f"bucket {bucket}")
+
+    def cell(items: list[str]) -> str:
+        return ", ".join(f"`{item}`" for item in items) or "—"
+
+    reads = cell(streams) + ("; " + cell(buckets) if buckets else "")
+    name = f"`{permissions.identity}`"
+    if permissions.identity.startswith("<"):
+        name = f"runner of {name}"
+    listens = cell(list(permissions.subscribe))
+    if permissions.respond:
+        listens += " (answers requests)"
+    return f"| {name} | {cell(events)} | {reads} | {cell(writes)} | {cell(owns)} | {listens} |"
+
+
+if __name__ == "__main__":
+    print(markdown_table(), end="")
