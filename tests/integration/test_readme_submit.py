@@ -19,8 +19,10 @@ from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.ids import request_id_for_key
 from mdq.embedded import child_environment
+from mdq.stack import Stack
 from services.intake.app import Intake
 from tests.integration.test_intake import settings_for, started, wait_for_events
+from tests.integration.test_sdk_cli import _intake_answers
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 TIMEOUT = 60.0
@@ -100,3 +102,35 @@ async def test_the_readme_mdq_submit_example(
     [(_, event)] = await wait_for_events(nc.jetstream(), subjects, 1)
     assert event.WhichOneof("body") == "submitted"
     assert event.submitted.spec.task == pb.TASK_MD
+
+
+async def test_the_readme_python_client_with_the_credentials_mdq_up_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, database_url: str
+) -> None:
+    """Against an embedded stack (its NATS authenticates; a client without credentials is
+    refused, test_bus_permissions.py), the snippet submits with the `cli` credentials that
+    `mdq up` wrote, passed as the README says."""
+    monkeypatch.delenv("NATS_URL", raising=False)
+    stack = Stack(
+        state_dir=tmp_path / "state",
+        namespace="readme",
+        database_url=database_url,
+        services=("intake",),
+        backend="kubernetes",  # no node agent: only intake answers here
+        metrics_port=0,
+        grace_s=5.0,
+    )
+    info = await stack.start()
+    try:
+        await _intake_answers(info.nats_url, Subjects("readme"), creds=info.nats_creds)
+        script = tmp_path / "client.py"
+        script.write_text(readme_client())
+        env = child_environment(
+            NATS_URL=info.nats_url, MDQ_NAMESPACE="readme", MDQ_NATS_CREDS=info.nats_creds
+        )
+        code, output = await run(sys.executable, str(script), env=env, cwd=tmp_path)
+        assert code == 0, output
+        printed = ast.literal_eval(output.strip().splitlines()[-1])
+        assert printed["job_ids"] == [f"{request_id_for_key('k2')}-w"]
+    finally:
+        await stack.stop()
