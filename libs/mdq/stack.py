@@ -355,6 +355,7 @@ class Stack:
         self._info: StackInfo | None = None
         self._env: dict[str, str] = {}
         self._creds: dict[str, Path] = {}
+        self._bus_setup: asyncio.Task[None] | None = None
         """Each identity's credentials file, when this stack's NATS authenticates."""
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -377,7 +378,10 @@ class Stack:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         try:
             await self._start_servers()
-            await self._prepare_bus()
+            if self._servers.nats is not None:
+                await self._prepare_bus()  # before any service: they may only read stream info
+            else:  # a server of the user's, maybe not there yet: services wait for it too
+                self._bus_setup = asyncio.create_task(self._prepare_bus_later(), name="bus-setup")
             await asyncio.to_thread(self._migrate)
             metrics_port = self._choose_metrics_port()
             self._env = self._child_env(metrics_port)
@@ -415,6 +419,11 @@ class Stack:
         """Stop every child (SIGTERM, then SIGKILL after the grace period), then the embedded
         servers; remove ``stack.json``. Safe to call more than once."""
         self._stopping = True
+        if self._bus_setup is not None:
+            self._bus_setup.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._bus_setup
+            self._bus_setup = None
         if self._supervisor is not None:
             self._supervisor.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -546,6 +555,12 @@ class Stack:
                 await ensure_buckets(js, subjects, replicas=replicas)
         finally:
             await client.close()
+
+    async def _prepare_bus_later(self) -> None:
+        try:
+            await self._prepare_bus()
+        except Exception as error:  # the services still check (and wait for) the streams
+            self._note(f"creating the streams failed: {error!r}")
 
     async def _start_servers(self) -> None:
         if not self._nats_url:
