@@ -45,7 +45,13 @@ async def runners() -> AsyncIterator[list[Runner]]:
 async def start_runner(
     task: RunnerTask, nats_url: str, subjects: Subjects, log: Path, started: list[Runner]
 ) -> Runner:
-    env = {**os.environ, **task.to_env(), "NATS_URL": nats_url, "MDQ_NAMESPACE": subjects.namespace}
+    env = {
+        **os.environ,
+        **task.to_env(),
+        "NATS_URL": nats_url,
+        "MDQ_NAMESPACE": subjects.namespace,
+        "MDQ_DATA_DIR": str(task.job_dir.parent.parent),  # the runner checks its folder is there
+    }
     with log.open("wb") as stderr:
         process = await asyncio.create_subprocess_exec(
             sys.executable,
