@@ -66,6 +66,7 @@ from mdq.bus.subjects import Subjects  # noqa: E402
 from mdq.contracts import pb  # noqa: E402
 from mdq.core.events import make_event  # noqa: E402
 from mdq.core.ids import pod_name  # noqa: E402
+from mdq.core.producers import owner_of  # noqa: E402
 from mdq.embedded import SYNC_ALWAYS, SYNC_SERVER_DEFAULT, start_nats, start_postgres  # noqa: E402
 from mdq.store.engine import asyncpg_dsn, create_writer_pool  # noqa: E402
 from mdq.store.migrate import upgrade_async  # noqa: E402
@@ -105,7 +106,7 @@ def lifecycle_events(job_ids: list[str]) -> list[pb.Event]:
         ):
             attempt = 0 if kind == "submitted" else 1
             events.append(
-                make_event(kind, body, job_id=job, attempt=attempt, producer="bench", at=at)
+                make_event(kind, body, job_id=job, attempt=attempt, producer=owner_of(kind), at=at)
             )
     return events
 

@@ -249,7 +249,7 @@ def submitted_events(subjects: Subjects, prefix: str, count: int) -> list[tuple[
             pb.JobSubmitted(spec=spec, request_id=f"{prefix}{i:06d}"),
             job_id=job,
             attempt=0,
-            producer="bench",
+            producer="intake",
             at=datetime.now(UTC),
         )
         out.append((subjects.for_event(event), event.SerializeToString(), event.event_id))
@@ -282,7 +282,7 @@ async def latency(
 
 
 async def keep_nodes_reporting(nc: Client, subjects: Subjects, count: int) -> None:
-    bus = EventPublisher(js=nc.jetstream(), subjects=subjects, producer="bench")
+    bus = EventPublisher(js=nc.jetstream(), subjects=subjects, producer="metrics")
     while True:
         await bus.publish_all(
             bus.event(

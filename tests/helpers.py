@@ -19,6 +19,7 @@ from mdq.bus.publisher import EventPublisher
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.events import make_event
+from mdq.core.producers import owner_of
 from mdq.core.spec import normalize_job
 
 
@@ -30,7 +31,7 @@ def event(
         body,
         job_id=job,
         attempt=attempt,
-        producer="test",
+        producer=owner_of(kind),
         at=datetime.now(UTC),
         detail=detail,
     )
@@ -205,5 +206,26 @@ async def running(
             raise AssertionError(f"{name} returned before the end of the block")
 
 
+class OwnersPublisher(EventPublisher):
+    """Publishes each event as the producer that owns its kind would (``owner_of``): what the
+    consumers accept (``mdq.bus.codec.foreign_reason``), for tests that play every service."""
+
+    def __init__(self, *, js: JetStreamContext, subjects: Subjects) -> None:
+        super().__init__(js=js, subjects=subjects, producer="")
+
+    def event(
+        self,
+        kind: str,
+        body: Message,
+        *,
+        job_id: str,
+        attempt: int,
+        detail: str | int | None = None,
+    ) -> pb.Event:
+        made = super().event(kind, body, job_id=job_id, attempt=attempt, detail=detail)
+        made.producer = owner_of(kind)
+        return made
+
+
 def publisher(js: JetStreamContext, subjects: Subjects) -> EventPublisher:
-    return EventPublisher(js=js, subjects=subjects, producer="test")
+    return OwnersPublisher(js=js, subjects=subjects)

@@ -15,12 +15,12 @@ import asyncpg
 import pytest
 from nats.aio.client import Client
 
-from mdq.bus.publisher import EventPublisher
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.store.engine import create_writer_pool
 from mdq.store.migrate import upgrade_async
 from mdq.store.projection import Projector
+from tests.helpers import OwnersPublisher
 from tests.integration.test_projector import History, requeue_history
 
 
@@ -59,7 +59,7 @@ async def projected(
         doomed.attempt_failed(1, "n1", last_step=40),
         doomed.failed(1),
     ]
-    publisher = EventPublisher(js=js, subjects=subjects, producer="test")
+    publisher = OwnersPublisher(js=js, subjects=subjects)
     for event in events:
         await publisher.publish(event)
     projector = Projector(js=js, subjects=subjects, pool=pool)

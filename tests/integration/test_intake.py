@@ -43,6 +43,7 @@ from mdq.settings import CommonSettings
 from services.intake import handlers
 from services.intake.app import Intake, IntakeSettings, build_intake
 from services.intake.registry import RETENTION_MARGIN, SubmitRegistry, key_digest
+from tests.helpers import OwnersPublisher
 
 TIMEOUT = 5.0
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -940,7 +941,7 @@ async def test_old_claims_are_not_completed_once_their_events_may_have_expired(
         assert await registry.needs_events(claim, "0123456789ab-a")
         aged = replace(claim, written_at=claim.written_at - retention + RETENTION_MARGIN)
         assert not await registry.needs_events(aged, "0123456789ab-a")
-        publisher = EventPublisher(js=js, subjects=subjects, producer="test")
+        publisher = OwnersPublisher(js=js, subjects=subjects)
         await publisher.emit(
             "submitted",
             pb.JobSubmitted(spec=normalize_job(pb.JobSpec(name="a"), "jobs[0]")),

@@ -30,7 +30,7 @@ from mdq.core.log_continuity import Verdict, message_digest
 from mdq.store.engine import asyncpg_dsn, create_writer_pool
 from mdq.store.projection import JOBS_CONSUMER, LogContinuityError, Projector
 from services.watcher.__main__ import EXIT_LOG_CONTINUITY
-from tests.helpers import wait_for
+from tests.helpers import OwnersPublisher, wait_for
 from tests.integration.test_projector import History, publish_in_order, wait_projected
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def publisher(js: JetStreamContext, subjects: Subjects) -> EventPublisher:
-    return EventPublisher(js=js, subjects=subjects, producer="test")
+    return OwnersPublisher(js=js, subjects=subjects)
 
 
 def projector_for(

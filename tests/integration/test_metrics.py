@@ -19,12 +19,12 @@ from nats.js.errors import NotFoundError
 
 from mdq.backends.local.launcher import start_agent
 from mdq.bus.codec import decode_event
-from mdq.bus.publisher import EventPublisher
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.embedded import free_port
 from services.metrics.app import MetricsService, build
 from services.metrics.settings import MetricsSettings
+from tests.helpers import OwnersPublisher
 
 NODES = ("m1", "m2")
 T = TypeVar("T")
@@ -139,7 +139,7 @@ async def test_publishes_node_load_and_serves_node_gauges(
 async def test_serves_md_progress_and_job_counts(
     nc: Client, subjects: Subjects, agent: subprocess.Popen[bytes]
 ) -> None:
-    publisher = EventPublisher(js=nc.jetstream(), subjects=subjects, producer="test")
+    publisher = OwnersPublisher(js=nc.jetstream(), subjects=subjects)
     job = "abc123-water"
     await publisher.emit(
         "submitted",

@@ -33,7 +33,6 @@ import yaml
 from nats.aio.client import Client
 
 from mdq.backends.local.launcher import start_agent
-from mdq.bus.publisher import EventPublisher
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.ids import pod_name
@@ -42,7 +41,7 @@ from services.metrics.app import MetricsService, build
 from services.metrics.settings import MetricsSettings
 from services.runner.metrics import RunnerMetrics
 from services.runner.system import EnergySample
-from tests.helpers import wait_for
+from tests.helpers import OwnersPublisher, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "mdq.json"
@@ -225,7 +224,7 @@ def prometheus(tmp_path: Path, metrics: MetricsService, runners: list[int]) -> I
 
 async def feed_job_events(nc: Client, subjects: Subjects) -> None:
     """Each job's life so far, through the bus, as intake, placement and runners publish it."""
-    publisher = EventPublisher(js=nc.jetstream(), subjects=subjects, producer="test")
+    publisher = OwnersPublisher(js=nc.jetstream(), subjects=subjects)
     for job in JOBS:
         name = job.job_id.split("-", 1)[1]
         submitted = pb.JobSubmitted(spec=pb.JobSpec(name=name, steps=10_000), request_id="r")

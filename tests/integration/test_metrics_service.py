@@ -18,9 +18,10 @@ from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.events import make_event
 from mdq.core.ids import pod_name
+from mdq.core.producers import owner_of
 from services.metrics.app import MetricsService, node_load_event
 from services.metrics.settings import MetricsSettings
-from tests.helpers import RecordingBackend, submitted
+from tests.helpers import OwnersPublisher, RecordingBackend, submitted
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
@@ -33,7 +34,7 @@ def at(
         body,  # type: ignore[arg-type]
         job_id=job,
         attempt=attempt,
-        producer="test",
+        producer=owner_of(kind),
         at=T0 + timedelta(seconds=seconds),
         detail=detail,
     )
@@ -84,7 +85,7 @@ async def test_lifecycle_metrics_and_consumer_lag(
     nc: Client, subjects: Subjects, service: MetricsService
 ) -> None:
     js = nc.jetstream()
-    publisher = EventPublisher(js=js, subjects=subjects, producer="test")
+    publisher = OwnersPublisher(js=js, subjects=subjects)
     a, b, c = "0123456789ab-a", "0123456789ab-b", "0123456789ab-c"
     events = [submitted(job) for job in (a, b, c)]
     events[0].time.FromDatetime(T0)

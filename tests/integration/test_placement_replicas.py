@@ -278,7 +278,7 @@ async def test_cordoned_and_silent_nodes_are_not_chosen_and_explained(
         pb.NodeLoad(node="silent", cpu_capacity=4, memory_capacity_mb=8192, ready=True),
         job_id="",
         attempt=0,
-        producer="test",
+        producer="metrics",
         at=datetime.now(UTC) - timedelta(minutes=5),
         detail="silent:old",
     )

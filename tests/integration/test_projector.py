@@ -33,11 +33,12 @@ from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.events import make_event
 from mdq.core.ids import pod_name
+from mdq.core.producers import owner_of
 from mdq.embedded import start_nats
 from mdq.store import queries
 from mdq.store.engine import create_engine
 from services.watcher.projector import Projector
-from tests.helpers import reconnected
+from tests.helpers import OwnersPublisher, reconnected
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 REPO = Path(__file__).resolve().parents[2]
@@ -67,7 +68,7 @@ class History:
             body,
             job_id=self.job_id,
             attempt=attempt,
-            producer="test",
+            producer=owner_of(kind),
             at=self.clock,
             detail=detail,
         )
@@ -156,7 +157,7 @@ class History:
 
 @pytest.fixture
 def publisher(js: JetStreamContext, subjects: Subjects) -> EventPublisher:
-    return EventPublisher(js=js, subjects=subjects, producer="test")
+    return OwnersPublisher(js=js, subjects=subjects)
 
 
 @contextlib.asynccontextmanager
@@ -715,8 +716,9 @@ async def test_text_postgresql_refuses_and_impossible_times_do_not_stop_the_proj
     pool: asyncpg.Pool,
 ) -> None:
     """A NUL in a string (a pod's termination message, a runner's report) is stored as U+FFFD;
-    an event whose time no datetime can hold is skipped; a report without a job id is kept as
-    a plain event; the events after them are projected."""
+    an event whose time no datetime can hold is skipped; a report without a job id, on a job's
+    subject, is skipped as foreign (its envelope does not match its subject); the events after
+    them are projected."""
     history = History("md")
     failed = history.attempt_failed(1, "n1", last_step=300)
     failed.attempt_failed.message = "killed\x00by the kernel"
@@ -749,7 +751,8 @@ async def test_text_postgresql_refuses_and_impossible_times_do_not_stop_the_proj
     job = await job_row(pool, history.job_id)
     assert job["state"] == "RECOVERING"
     kept = await pool.fetchval("SELECT count(*) FROM job_events WHERE kind = 'progress'")
-    assert kept == 1  # the report without a job id, stored as a plain event
+    assert kept == 0  # the report without a job id is not what its subject says
+    assert projector.foreign_events == 1
 
 
 async def test_the_projection_survives_a_nats_server_restart(
@@ -761,7 +764,7 @@ async def test_the_projection_survives_a_nats_server_restart(
     client = await connect(server.url, name="projector-restart", subjects=subjects)
     try:
         js = client.jetstream()
-        publisher = EventPublisher(js=js, subjects=subjects, producer="test")
+        publisher = OwnersPublisher(js=js, subjects=subjects)
         history = History("md")
         first, second = requeue_history(history)
         async with running(js, subjects, pool):
@@ -781,3 +784,30 @@ async def test_the_projection_survives_a_nats_server_restart(
     finally:
         await client.close()
         server.stop()
+
+
+async def test_an_event_its_producer_may_not_emit_or_on_another_jobs_subject_changes_nothing(
+    projector: Projector,
+    publisher: EventPublisher,
+    js: JetStreamContext,
+    subjects: Subjects,
+    pool: asyncpg.Pool,
+) -> None:
+    """Behind the server's permissions: a ``succeeded`` that says intake made it, and a real
+    ``succeeded`` of one job delivered onto another job's subject (what a JetStream reply
+    aimed at a stream subject stores), are skipped and counted; the jobs stay RUNNING."""
+    history, other = History("victim"), History("other")
+    for events in (history, other):
+        await publish_in_order(
+            publisher, [events.submitted(), events.bound(1, "n1"), events.started(1, "n1")]
+        )
+    forged = history.succeeded(1, final_step=1000)
+    forged.producer = "intake"
+    forged.event_id += ":forged"
+    await js.publish(subjects.for_event(forged), encode(forged))
+    real_of_other = other.succeeded(1, final_step=1000)
+    await js.publish(subjects.job(history.job_id, "succeeded"), encode(real_of_other))
+    await wait_projected(js, subjects, pool)
+    assert (await job_row(pool, history.job_id))["state"] == "RUNNING"
+    assert (await job_row(pool, other.job_id))["state"] == "RUNNING"
+    assert projector.foreign_events == 2

@@ -16,7 +16,6 @@ import pytest
 from nats.js import JetStreamContext
 from typer.testing import CliRunner
 
-from mdq.bus.publisher import EventPublisher
 from mdq.bus.subjects import Subjects
 from mdq.cli.main import app
 from mdq.cli.plot import draw
@@ -26,6 +25,7 @@ from mdq.core.events import make_event
 from mdq.store import queries
 from mdq.store.engine import asyncpg_dsn, create_engine
 from mdq.store.projection import Projector
+from tests.helpers import OwnersPublisher
 from tests.integration.test_projector import T0, History, requeue_history
 
 
@@ -92,7 +92,7 @@ async def test_rebuilt_projection_equals_the_live_one(
     spare_database: str,
 ) -> None:
     retried, events = campaign()
-    publisher = EventPublisher(js=js, subjects=subjects, producer="test")
+    publisher = OwnersPublisher(js=js, subjects=subjects)
     projector = Projector(js=js, subjects=subjects, pool=pool, batch_size=37)
     task = asyncio.create_task(projector.run())
     try:
@@ -150,7 +150,7 @@ async def test_replay_reads_the_job_from_the_log_and_folds_it(
     js: JetStreamContext, subjects: Subjects, nats_url: str, namespace: str, tmp_path: Path
 ) -> None:
     retried, events = campaign()
-    publisher = EventPublisher(js=js, subjects=subjects, producer="test")
+    publisher = OwnersPublisher(js=js, subjects=subjects)
     await publisher.publish_all(events)
     zombie = retried.progress(1, 950)  # the first attempt, after the job moved on
     await publisher.publish(zombie)
@@ -190,7 +190,7 @@ async def test_plot_draws_energy_and_temperature(
     js: JetStreamContext, subjects: Subjects, pool: asyncpg.Pool, database_url: str, tmp_path: Path
 ) -> None:
     retried, events = campaign()
-    publisher = EventPublisher(js=js, subjects=subjects, producer="test")
+    publisher = OwnersPublisher(js=js, subjects=subjects)
     await publisher.publish_all([event for event in events if event.job_id == retried.job_id])
     projector = Projector(js=js, subjects=subjects, pool=pool)
     task = asyncio.create_task(projector.run())

@@ -31,6 +31,7 @@ from mdq.bus.subjects import Subjects
 from mdq.cli.main import EXIT_REFUSED, app
 from mdq.contracts import pb
 from mdq.core.ids import job_id, request_id_for_key
+from mdq.core.producers import owner_of
 from mdq.core.spec import validate_submit
 from mdq.core.state import JobState
 from mdq.sdk import MdqClient, SubmitRefused, WaitTimeout, load_job_file
@@ -260,22 +261,29 @@ async def test_wait_and_progress_fold_the_log_of_accepted_jobs(
 
     # What placement, the runner and the watcher would log for the first two jobs.
     js = client.nc.jetstream()
-    publisher = EventPublisher(js=js, subjects=client.subjects, producer="test-log")
+    by = {
+        producer: EventPublisher(js=js, subjects=client.subjects, producer=producer)
+        for producer in ("placement", "watcher", "runner")
+    }
     for job in (first, second):
-        await publisher.emit(
+        await by[owner_of("bound")].emit(
             "bound", pb.JobBound(node="local-0", pod_name=f"mdq-{job}-1"), job_id=job, attempt=1
         )
-        await publisher.emit("started", pb.JobStarted(node="local-0"), job_id=job, attempt=1)
+        await by[owner_of("started")].emit(
+            "started", pb.JobStarted(node="local-0"), job_id=job, attempt=1
+        )
         for step in (250, 500):
             report = pb.Progress(step=step, target_steps=500, potential_kj_mol=-1000.0 - step)
-            await publisher.emit("progress", report, job_id=job, attempt=1, detail=step)
-    await publisher.emit(
+            await by[owner_of("progress")].emit(
+                "progress", report, job_id=job, attempt=1, detail=step
+            )
+    await by[owner_of("succeeded")].emit(
         "succeeded",
         pb.JobSucceeded(final_step=500, reason="steps_reached"),
         job_id=first,
         attempt=1,
     )
-    await publisher.emit(
+    await by[owner_of("failed")].emit(
         "failed", pb.JobFailed(reason=pb.FAILURE_UNSTABLE, message="NaN"), job_id=second, attempt=1
     )
 

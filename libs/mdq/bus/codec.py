@@ -13,8 +13,10 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError, Message
 
 from mdq.bus.streams import MAX_SUBMIT_BYTES
+from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.documents import MAX_DEPTH, load_json, parse_document, printable
+from mdq.core.producers import producer_may_emit
 from mdq.core.spec import SpecError
 
 
@@ -64,3 +66,25 @@ def decode_submit(data: bytes) -> pb.SubmitRequest:
     except DecodeError as error:
         raise SpecError("", f"neither JSON nor a protobuf SubmitRequest: {error}") from None
     return request
+
+
+def foreign_reason(event: pb.Event, subject: str) -> str | None:
+    """Why ``event``, read from ``subject``, is not what it claims to be; None when it is.
+
+    The consumers' own check behind the server's permissions: an event must have a body, come
+    from a producer that may emit its kind (``mdq.core.producers``) and sit on the very subject
+    its producer publishes it on. What reached a stream some other way (a JetStream reply aimed
+    at a stream subject, a message of one job delivered onto another's subject, a server run
+    without permissions) fails here and is skipped."""
+    kind = event.WhichOneof("body")
+    if kind is None:
+        return "no body"
+    if not producer_may_emit(event.producer, kind):
+        return f"producer {event.producer or '(none)'!r} may not emit {kind}"
+    try:
+        expected = Subjects(subject.split(".", 1)[0]).for_event(event)
+    except ValueError as error:
+        return str(error)
+    if subject != expected:
+        return f"a {kind} event of {event.job_id or event.node_load.node} on {subject}"
+    return None

@@ -9,15 +9,23 @@ publishes nothing new.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import logging
 from collections.abc import Awaitable, Callable
 
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy
 
-from mdq.bus.codec import decode_event
+from mdq.bus.codec import decode_event, foreign_reason
 from mdq.contracts import pb
+
+log = logging.getLogger(__name__)
+
+FOREIGN_EVENTS: collections.Counter[str] = collections.Counter()
+"""Events skipped by ``read_log`` as not what they claim to be, by reason ("producer", "a" for
+a wrong subject, "no"): a rogue or misconfigured producer shows here and in the log."""
 
 EventHandler = Callable[[int, pb.Event], Awaitable[None]]
 CaughtUp = Callable[[], Awaitable[None]]
@@ -110,5 +118,9 @@ async def _feed(message: Msg, sequence: int, on_event: EventHandler) -> None:
     try:
         event = decode_event(message.data)
     except Exception:
+        return
+    if (reason := foreign_reason(event, message.subject)) is not None:
+        FOREIGN_EVENTS[reason.split(" ", 1)[0]] += 1
+        log.warning("skipped event #%d: %s", sequence, reason)
         return
     await on_event(sequence, event)

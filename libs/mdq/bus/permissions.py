@@ -237,7 +237,11 @@ def _after(pattern: str, prefix: str) -> str | None:
 def _row(permissions: Permissions) -> str:
     if permissions.identity == "admin":
         return "| `admin` | everything | everything | everything | every stream and bucket | `>` |"
-    events, streams, buckets, writes, owns = [], [], [], [], []
+    events: list[str] = []
+    streams: list[str] = []
+    buckets: list[str] = []
+    writes: list[str] = []
+    owns: list[str] = []
     for pattern in permissions.publish:
         if not pattern.startswith(("$", "_")):
             events.append(pattern)

@@ -30,3 +30,9 @@ EVENT_PRODUCERS: dict[str, frozenset[str]] = {
 def producer_may_emit(producer: str, kind: str) -> bool:
     """Whether an event of ``kind`` may come from ``producer``."""
     return producer in EVENT_PRODUCERS.get(kind, frozenset())
+
+
+def owner_of(kind: str) -> str:
+    """A producer that may emit ``kind`` (the first by name; for tools and tests that make
+    events on a producer's behalf)."""
+    return sorted(EVENT_PRODUCERS[kind])[0]

@@ -84,7 +84,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, ConsumerInfo, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from mdq.backoff import DEFAULT_BACKOFF, Backoff, describe_error
-from mdq.bus.codec import decode_event
+from mdq.bus.codec import decode_event, foreign_reason
 from mdq.bus.fetch import BatchFetcher
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
@@ -790,6 +790,8 @@ class Projector:
         self._js = js
         self._subjects = subjects
         self._pool = pool
+        self.foreign_events = 0
+        """Events skipped as not what they claim to be (``mdq.bus.codec.foreign_reason``)."""
         self._batch_size = batch_size
         self._batch_wait_s = batch_wait_s
         self._ack_wait_s = ack_wait_s
@@ -1107,8 +1109,9 @@ class Projector:
                 "undecodable message %s:%d on %s skipped", feed.stream, sequence, message.subject
             )
             return None
-        if not event.WhichOneof("body"):
-            log.error("event without body %s:%d skipped", feed.stream, sequence)
+        if (reason := foreign_reason(event, message.subject)) is not None:
+            self.foreign_events += 1
+            log.error("%s:%d skipped: %s", feed.stream, sequence, reason)
             return None
         if not MIN_EVENT_SECONDS <= event.time.seconds <= MAX_EVENT_SECONDS:
             log.error("event with an impossible time %s:%d skipped", feed.stream, sequence)
