@@ -1,9 +1,10 @@
 """Benchmark: MD progress events per second from NATS JetStream into PostgreSQL.
 
-Two NATS servers run side by side in one run, one with JetStream ``sync_interval: always``
-(every write fsynced before it is acknowledged: mdq's embedded default) and one with the
-server's default interval; one PostgreSQL. The same events (lifecycle events of ``--jobs``
-running jobs and ``--events`` progress reports) are published to both, the reports in four
+Three NATS servers run side by side in one run: mdq's embedded default (JetStream
+``sync_interval: always``, every write fsynced before it is acknowledged, and every client
+authenticated), the same without authentication, and the same with the server's default fsync
+interval; one PostgreSQL. The same events (lifecycle events of ``--jobs``
+running jobs and ``--events`` progress reports) are published to each, the reports in four
 slices that alternate the servers (ABBA); then every round projects each server's events (the
 order of the servers alternates from round to round), each side through a fresh consumer into a
 fresh database:
@@ -23,6 +24,11 @@ fresh database:
 
 Every side's rows are counted after it ran: exactly ``--events`` rows in ``progress`` (and
 exactly the lifecycle events in ``job_events`` for the watcher), or the bench fails.
+
+The cost of the closed bus (every client authenticated, each with its least permissions:
+``mdq.auth``): the same events on a third server, fsync-always without authentication;
+``auth_cost_ratio`` is the watcher's rate with authentication (``events_per_s``) over its rate
+without, ``publish_auth_cost_ratio`` the same for publishing the reports.
 
 ``ratio_vs_raw = events_per_s / raw_pipeline_per_s``, both on the fsync-always server. The
 cost of fsync-always: ``fsync_always_per_s`` / ``fsync_default_per_s`` (the watcher on each
@@ -58,9 +64,11 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "libs")]
 
+from mdq.auth import Trust, issue  # noqa: E402
 from mdq.bus.codec import encode  # noqa: E402
 from mdq.bus.connect import connect  # noqa: E402
 from mdq.bus.fetch import BatchFetcher  # noqa: E402
+from mdq.bus.permissions import Names, service_permissions  # noqa: E402
 from mdq.bus.streams import ensure_streams  # noqa: E402
 from mdq.bus.subjects import Subjects  # noqa: E402
 from mdq.contracts import pb  # noqa: E402
@@ -353,6 +361,7 @@ async def watcher(
     settings: WatcherSettings,
     progress: int,
     lifecycle: int,
+    consumers: tuple[str, str],
 ) -> float:
     """The projector from an empty database until both streams are projected; events/s. The
     database must then hold exactly ``progress`` reports and ``lifecycle`` other events."""
@@ -362,8 +371,7 @@ async def watcher(
         stream: (await js.stream_info(stream)).state.last_seq
         for stream in (subjects.jobs_stream, subjects.progress_stream)
     }
-    jobs_consumer = f"watcher-jobs-{uuid.uuid4().hex[:6]}"
-    progress_consumer = f"watcher-progress-{uuid.uuid4().hex[:6]}"
+    jobs_consumer, progress_consumer = consumers
     projector = Projector(
         js=js,
         subjects=subjects,
@@ -405,14 +413,21 @@ async def watcher(
     return sum(wanted.values()) / elapsed
 
 
-SERVERS = {"fsync_always": SYNC_ALWAYS, "fsync_default": SYNC_SERVER_DEFAULT}
-"""The two NATS servers of every run: JetStream ``sync_interval: always`` (mdq's embedded
-default) and the server's default interval."""
+SERVERS = {
+    "fsync_always": (SYNC_ALWAYS, True),
+    "fsync_always_open": (SYNC_ALWAYS, False),
+    "fsync_default": (SYNC_SERVER_DEFAULT, True),
+}
+"""The NATS servers of every run: (JetStream ``sync_interval``, whether clients authenticate).
+mdq's embedded default is the first: fsync before every acknowledgement, and every client
+proving who it is (``mdq.auth``), the watcher with its own least permissions. The second is the
+same without authentication (the cost of the closed bus), the third the same with the
+server's default fsync interval (the cost of fsync-always)."""
 
 
 PUBLISH_SLICES = 4
 """The reports are published in slices, alternating the servers (ABBA), so that a change in
-the machine's load hits both servers' publish rates."""
+the machine's load hits every server's publish rate."""
 
 
 @dataclass
@@ -422,7 +437,21 @@ class Server:
     name: str
     nc: Client
     subjects: Subjects
+    url: str
+    trust: Trust | None
+    """The server's trust chain when its clients authenticate."""
+    folder: Path
     publish_s: float = 0.0
+
+    async def watcher_client(self, consumers: tuple[str, str]) -> Client:
+        """A connection as the watcher would make it: on an authenticating server with the
+        watcher's own credentials, allowed exactly these two durable consumers."""
+        if self.trust is None:
+            return await connect(self.url, name=f"bench-watcher-{self.name}")
+        names = Names(watcher_consumers=consumers)
+        permissions = service_permissions("watcher", self.subjects, names)
+        creds = issue(self.trust, permissions, self.folder / f"watcher-{consumers[0]}.creds")
+        return await connect(self.url, name=f"bench-watcher-{self.name}", creds=creds)
 
     @property
     def js(self) -> JetStreamContext:
@@ -475,16 +504,22 @@ async def one_round(
         await raw_fastest(js, subjects, raw_url, total=len(progress), batch=arguments.raw_batch)
     )
     watcher_url = await fresh_database(postgres_url, f"bench_watcher_{name}_{number}")
-    results[f"watcher_{name}"].append(
-        await watcher(
-            js,
-            subjects,
-            watcher_url,
-            settings=WatcherSettings(),
-            progress=len(progress),
-            lifecycle=lifecycle,
+    consumers = (f"watcher-jobs-{uuid.uuid4().hex[:6]}", f"watcher-progress-{uuid.uuid4().hex[:6]}")
+    watcher_nc = await server.watcher_client(consumers)
+    try:
+        results[f"watcher_{name}"].append(
+            await watcher(
+                watcher_nc.jetstream(),
+                subjects,
+                watcher_url,
+                settings=WatcherSettings(),
+                progress=len(progress),
+                lifecycle=lifecycle,
+                consumers=consumers,
+            )
         )
-    )
+    finally:
+        await watcher_nc.drain()
     print(
         f"round {number + 1} {name:13s}: raw {results[f'raw_{name}'][-1]:9,.0f} ev/s, "
         f"watcher {results[f'watcher_{name}'][-1]:9,.0f} ev/s",
@@ -494,18 +529,32 @@ async def one_round(
 
 async def run(arguments: argparse.Namespace) -> dict[str, Any]:
     folder = Path(tempfile.mkdtemp(prefix="mdq-bench-ingest-"))
+    trusts = {name: Trust.generate() if auth else None for name, (_, auth) in SERVERS.items()}
     embedded = {
-        name: start_nats(folder / name, sync_interval=sync) for name, sync in SERVERS.items()
+        name: start_nats(
+            folder / name,
+            sync_interval=sync,
+            auth=trust.server_block() if (trust := trusts[name]) else "",
+        )
+        for name, (sync, _) in SERVERS.items()
     }
     postgres = start_postgres(folder / "pg", database="bench", keep=False)
-    servers = [
-        Server(
-            name=name,
-            nc=await connect(nats_server.url, name=f"bench-ingest-{name}"),
-            subjects=Subjects("bench" + uuid.uuid4().hex[:8]),
+    servers = []
+    for name, nats_server in embedded.items():
+        trust, subjects = trusts[name], Subjects("bench" + uuid.uuid4().hex[:8])
+        admin = None  # the harness publishes every kind and makes the raw loops' consumers
+        if trust is not None:
+            admin = issue(trust, service_permissions("admin", subjects), folder / f"{name}.creds")
+        servers.append(
+            Server(
+                name=name,
+                nc=await connect(nats_server.url, name=f"bench-ingest-{name}", creds=admin),
+                subjects=subjects,
+                url=nats_server.url,
+                trust=trust,
+                folder=folder,
+            )
         )
-        for name, nats_server in embedded.items()
-    ]
     try:
         job_ids = [f"0123456789ab-md{number:03d}" for number in range(arguments.jobs)]
         lifecycle = lifecycle_events(job_ids)
@@ -560,6 +609,14 @@ async def run(arguments: argparse.Namespace) -> dict[str, Any]:
             "publish_fsync_cost_ratio": round(
                 publish_rate["fsync_always"] / publish_rate["fsync_default"], 3
             ),
+            "auth_on_per_s": round(events_per_s),
+            "auth_off_per_s": round(best["watcher_fsync_always_open"]),
+            "auth_cost_ratio": round(events_per_s / best["watcher_fsync_always_open"], 3),
+            "publish_auth_on_per_s": round(publish_rate["fsync_always"]),
+            "publish_auth_off_per_s": round(publish_rate["fsync_always_open"]),
+            "publish_auth_cost_ratio": round(
+                publish_rate["fsync_always"] / publish_rate["fsync_always_open"], 3
+            ),
             "rows_checked": "exact: progress and job_events after every watcher run, progress "
             "after every raw run",
             "watcher_batch_size": WatcherSettings().batch_size,
@@ -583,7 +640,7 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=50_000, help="progress events")
     parser.add_argument("--jobs", type=int, default=50, help="running jobs they belong to")
     parser.add_argument(
-        "--rounds", type=int, default=2, help="rounds, each on both servers (best kept)"
+        "--rounds", type=int, default=2, help="rounds, each on every server (best kept)"
     )
     parser.add_argument(
         "--quick", action="store_true", help="10,000 events, 20 jobs, 2 rounds: a check"
