@@ -9,14 +9,18 @@
     against the raw baseline with the same messaging shape and no mdq logic
     (``bench/raw_bus.py``: a responder that publishes to JetStream, 128 requests at once like
     intake, and an ordered consumer that publishes a second event), same NATS server, same
-    client, same run. **The cost of fsync-always**: two NATS servers run side by side, one with
+    client, same run. **The cost of fsync-always**: NATS servers run side by side, one with
     JetStream ``sync_interval: always`` (mdq's embedded default: every write fsynced before it
     is acknowledged) and one with the server's default interval, each with both pipelines up;
     every round measures raw then mdq on each server, the servers' order alternating from round
     to round. The best round of each is reported, and every round is listed:
     ``jobs_bound_per_s``, ``raw_bus_per_s`` and ``ratio_vs_raw`` on the fsync-always server;
     ``fsync_always_per_s`` / ``fsync_default_per_s`` (mdq on each server) and their quotient
-    ``fsync_cost_ratio``, the same for the raw loop (``raw_fsync_*``).
+    ``fsync_cost_ratio``, the same for the raw loop (``raw_fsync_*``). **The cost of the
+    closed bus**: a third server, fsync-always without authentication; on the others every
+    process proves who it is with its own least-privilege credentials (``mdq.auth``: intake as
+    intake, placement as placement). ``auth_cost_ratio`` is mdq's rate with authentication over
+    its rate without, ``raw_auth_cost_ratio`` the same for the raw loop.
 (c) **Latency submit → job.bound** at 500 submits/s offered (open loop), p50 and p99, and the
     placement stage alone against the raw consumer stage, on the fsync-always server.
 
@@ -48,7 +52,9 @@ import nats
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from mdq.bus.connect import connect
+from mdq.auth import Trust, issue
+from mdq.bus.connect import auth_options, connect
+from mdq.bus.permissions import Permissions, service_permissions
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
@@ -304,9 +310,29 @@ async def keep_nodes_reporting(nc: Client, subjects: Subjects, count: int) -> No
         await asyncio.sleep(2.0)
 
 
-SERVERS = {"fsync_always": SYNC_ALWAYS, "fsync_default": SYNC_SERVER_DEFAULT}
-"""The two NATS servers of every run: JetStream ``sync_interval: always`` (mdq's embedded
-default) and the server's default interval."""
+SERVERS = {
+    "fsync_always": (SYNC_ALWAYS, True),
+    "fsync_always_open": (SYNC_ALWAYS, False),
+    "fsync_default": (SYNC_SERVER_DEFAULT, True),
+}
+"""The NATS servers of every run: (JetStream ``sync_interval``, whether clients authenticate).
+mdq's embedded default is the first (fsync-always, every client with its own least-privilege
+credentials: intake as intake, placement as placement); the second is the same without
+authentication (the cost of the closed bus), the third the same with the server's default
+fsync interval (the cost of fsync-always)."""
+
+
+def issue_side_creds(trust: Trust, subjects: Subjects, folder: Path) -> dict[str, Path]:
+    """Credentials of one side: intake's and placement's own, everything for the bench
+    harness (it publishes every kind) and for the raw loop (its own subjects and stream)."""
+    everything = Permissions("bench", (">",), (">",), respond=True)
+    return {
+        "intake": issue(trust, service_permissions("intake", subjects), folder / "intake.creds"),
+        "placement": issue(
+            trust, service_permissions("placement", subjects), folder / "placement.creds"
+        ),
+        "bench": issue(trust, everything, folder / "bench.creds"),
+    }
 
 
 @dataclass
@@ -325,13 +351,19 @@ async def bench_end_to_end(
 ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="mdq-bench-placement-") as folder:
         root = Path(folder)
+        trusts = {name: Trust.generate() if auth else None for name, (_, auth) in SERVERS.items()}
         servers = {
-            name: start_nats(root / name / "nats", sync_interval=sync)
-            for name, sync in SERVERS.items()
+            name: start_nats(
+                root / name / "nats",
+                sync_interval=sync,
+                auth=trust.server_block() if (trust := trusts[name]) else "",
+            )
+            for name, (sync, _) in SERVERS.items()
         }
         try:
             return await _end_to_end(
                 {name: server.url for name, server in servers.items()},
+                trusts,
                 root,
                 jobs,
                 latency_jobs,
@@ -359,12 +391,21 @@ def payloads_for(prefix: str, count: int) -> list[tuple[str, bytes]]:
     return out
 
 
-async def open_side(name: str, url: str, root: Path, stack: contextlib.ExitStack) -> Side:
+async def open_side(
+    name: str, url: str, trust: Trust | None, root: Path, stack: contextlib.ExitStack
+) -> Side:
     """Start the raw and the mdq pipeline against ``url``; wait until both answer and follow;
-    warm both up."""
+    warm both up. With ``trust``, every process authenticates with its own credentials."""
     namespace = "bench"
     subjects = Subjects(namespace=namespace)
-    nc = await connect(url, name=f"bench-{name}", subjects=subjects)
+    creds: dict[str, Path] = {}
+    if trust is not None:
+        creds = issue_side_creds(trust, subjects, root / name / "creds")
+
+    def as_identity(identity: str) -> dict[str, str]:
+        return {"MDQ_NATS_CREDS": str(creds[identity])} if creds else {}
+
+    nc = await connect(url, name=f"bench-{name}", subjects=subjects, creds=creds.get("bench"))
     reporter = asyncio.create_task(keep_nodes_reporting(nc, subjects, 8))
     env = os.environ | {
         "NATS_URL": url,
@@ -379,7 +420,7 @@ async def open_side(name: str, url: str, root: Path, stack: contextlib.ExitStack
     (logs / "raw").mkdir(parents=True)
     (logs / "mdq").mkdir()
     python = sys.executable
-    raw = await nats.connect(url)
+    raw = await nats.connect(url, **auth_options(creds.get("bench")))
     await raw.jetstream().add_stream(name="RAWBENCH", subjects=["raw.job.>"])
     # Both pipelines run side by side (idle while another is measured) and the rounds
     # alternate, so a change in the machine's background load hits all of them.
@@ -389,15 +430,19 @@ async def open_side(name: str, url: str, root: Path, stack: contextlib.ExitStack
                 [python, "bench/raw_bus.py", "responder", url],
                 [python, "bench/raw_bus.py", "consumer", url],
             ],
-            env,
+            env | as_identity("bench"),
             logs / "raw",
         )
     )
+    mdq_logs = logs / "mdq"
+    stack.enter_context(
+        processes([[python, "-m", "services.intake"]], env | as_identity("intake"), mdq_logs)
+    )
+    placement_logs = logs / "placement"
+    placement_logs.mkdir()
     stack.enter_context(
         processes(
-            [[python, "-m", "services.intake"], [python, "bench/placement_noop.py"]],
-            env,
-            logs / "mdq",
+            [[python, "bench/placement_noop.py"]], env | as_identity("placement"), placement_logs
         )
     )
     probe_bound = await raw.subscribe("raw.job.probe.bound")
@@ -421,14 +466,20 @@ async def close_side(side: Side) -> None:
 
 
 async def _end_to_end(
-    urls: dict[str, str], root: Path, jobs: int, latency_jobs: int, rate: float, rounds: int
+    urls: dict[str, str],
+    trusts: dict[str, Trust | None],
+    root: Path,
+    jobs: int,
+    latency_jobs: int,
+    rate: float,
+    rounds: int,
 ) -> dict[str, Any]:
     results: dict[str, Any] = {}
     sides: dict[str, Side] = {}
     with contextlib.ExitStack() as stack:
         try:
             for name, url in urls.items():
-                sides[name] = await open_side(name, url, root, stack)
+                sides[name] = await open_side(name, url, trusts[name], root, stack)
             measured: dict[str, list[float]] = {
                 f"{kind}_{name}": [] for kind in ("raw", "mdq") for name in urls
             }
@@ -471,6 +522,9 @@ async def _end_to_end(
             results["fsync_default_per_s"] = max(measured["mdq_fsync_default"])
             results["raw_fsync_always_per_s"] = results["raw_bus_per_s"]
             results["raw_fsync_default_per_s"] = max(measured["raw_fsync_default"])
+            results["auth_off_per_s"] = max(measured["mdq_fsync_always_open"])
+            results["raw_auth_off_per_s"] = max(measured["raw_fsync_always_open"])
+            results["jobs_bound_auth_off_rounds"] = measured["mdq_fsync_always_open"]
 
             # The stage alone and the latency: on the fsync-always server (mdq's default).
             side = sides["fsync_always"]
@@ -532,6 +586,8 @@ def main() -> None:
     summary["raw_fsync_cost_ratio"] = round(
         e2e["raw_fsync_always_per_s"] / e2e["raw_fsync_default_per_s"], 3
     )
+    summary["auth_cost_ratio"] = round(e2e["jobs_bound_per_s"] / e2e["auth_off_per_s"], 3)
+    summary["raw_auth_cost_ratio"] = round(e2e["raw_bus_per_s"] / e2e["raw_auth_off_per_s"], 3)
     summary["ratio_vs_raw_fsync_default"] = round(
         e2e["fsync_default_per_s"] / e2e["raw_fsync_default_per_s"], 3
     )

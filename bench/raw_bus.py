@@ -11,6 +11,7 @@ minus deciding). Both run until killed.
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 
 import nats
@@ -25,7 +26,7 @@ CONCURRENCY = 128
 
 
 async def responder(url: str) -> None:
-    nc = await nats.connect(url)
+    nc = await nats.connect(url, user_credentials=os.environ.get("MDQ_NATS_CREDS"))
     js = nc.jetstream()
     slots = asyncio.Semaphore(CONCURRENCY)
     tasks: set[asyncio.Task[None]] = set()
@@ -46,7 +47,7 @@ async def responder(url: str) -> None:
 
 
 async def consumer(url: str) -> None:
-    nc = await nats.connect(url)
+    nc = await nats.connect(url, user_credentials=os.environ.get("MDQ_NATS_CREDS"))
     js = nc.jetstream()
     slots = asyncio.Semaphore(512)
     tasks: set[asyncio.Task[None]] = set()
@@ -72,7 +73,7 @@ async def consumer(url: str) -> None:
 
 
 async def ensure_stream(url: str) -> None:
-    nc = await nats.connect(url)
+    nc = await nats.connect(url, user_credentials=os.environ.get("MDQ_NATS_CREDS"))
     js = nc.jetstream()
     await js.add_stream(StreamConfig(name=STREAM, subjects=["raw.job.>"]))
     await nc.drain()
