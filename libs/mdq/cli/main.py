@@ -163,6 +163,7 @@ def _print_refusal(field: str, message: str) -> None:
 def _print_stack(info: StackInfo) -> None:
     lines = [
         f"NATS        {info.nats_url}" + ("  (embedded)" if info.embedded_nats else ""),
+        *([f"credentials {info.nats_creds}  (MDQ_NATS_CREDS)"] if info.nats_creds else []),
         f"PostgreSQL  {info.database_url}" + ("  (embedded)" if info.embedded_postgres else ""),
         *([f"password    {info.database_password_file}"] if info.database_password_file else []),
         f"metrics     {info.metrics_url}",
