@@ -1,0 +1,76 @@
+"""The embedded stack's NATS identities: made once, kept secret, one per process.
+
+What each child really got is read from ``/proc/<pid>/environ``; the files from the disk.
+"""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+import pytest
+
+from mdq.auth import nats_secrets_dir
+from mdq.bus.connect import identity_of_creds
+from mdq.stack import STACK_FILE, Stack
+from tests.integration.test_stack_database import process_env
+
+CHILDREN = {
+    "intake": "intake",
+    "placement": "placement",
+    "watcher": "watcher",
+    "recovery": "recovery",
+    "metrics": "metrics",
+    "local-backend": "agent",
+}
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+async def test_each_process_gets_its_own_identity_and_nothing_else(
+    tmp_path: Path, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("NATS_URL", raising=False)
+    monkeypatch.delenv("MDQ_NATS_CREDS", raising=False)
+    state = tmp_path / "state"
+    stack = Stack(state_dir=state, database_url=database_url, metrics_port=0, grace_s=5.0)
+    info = await stack.start()
+    try:
+        folder = nats_secrets_dir(state)
+        assert mode(folder.parent) == 0o700 and mode(folder) == 0o700
+        files = [path for path in folder.iterdir() if path.is_file()]
+        assert {path.name: mode(path) for path in files} == {path.name: 0o600 for path in files}
+        trust = json.loads((folder / "trust.json").read_text())
+        seeds = [value for key, value in trust.items() if key.endswith("seed")]
+        assert len(seeds) == 4
+
+        for child, identity in CHILDREN.items():
+            pid = stack.child_pid(child)
+            assert pid is not None, child
+            env = process_env(pid)
+            creds = Path(env["MDQ_NATS_CREDS"])
+            assert creds.parent == folder and identity_of_creds(creds) == identity, child
+            assert ("MDQ_NATS_RUNNER_ISSUER" in env) == (identity == "agent"), child
+            for seed in seeds:  # no process holds the operator's or the account's keys
+                assert not [k for k, v in env.items() if seed in v], (child, seed[:4])
+
+        # The CLI identity is in stack.json, and no secret is.
+        text = (state / STACK_FILE).read_text()
+        assert Path(info.nats_creds) == folder / "cli.creds"
+        assert identity_of_creds(Path(info.nats_creds)) == "cli"
+        assert not [seed for seed in seeds if seed in text]
+    finally:
+        await stack.stop()
+
+    # A second start keeps the identities (the server's trust and every file are reused).
+    before = {path.name: path.read_text() for path in nats_secrets_dir(state).glob("*.creds")}
+    again = Stack(state_dir=state, database_url=database_url, services=(), backend="kubernetes")
+    await again.start()
+    try:
+        after = {path.name: path.read_text() for path in nats_secrets_dir(state).glob("*.creds")}
+        assert after == before
+    finally:
+        await again.stop()
