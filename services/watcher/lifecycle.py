@@ -122,7 +122,11 @@ class Lifecycle:
             return
         if update.attempt < view.attempt or view.state.terminal:
             return
-        if update.phase == pb.POD_SUCCEEDED and view.state is JobState.BOUND:
+        if (
+            update.phase == pb.POD_SUCCEEDED
+            and view.state in (JobState.BOUND, JobState.RUNNING)
+            and not view.current.started_logged
+        ):
             # The pod ran and ended before its Running phase was seen (a watcher that started
             # after it, a phase change faster than the watch): it did start, and the log says
             # so before it says the job succeeded.
@@ -141,7 +145,13 @@ class Lifecycle:
 
     async def _lifecycle_event(self, view: JobView, update: PodUpdate) -> pb.Event | None:
         job, attempt = view.job_id, view.attempt
-        if update.phase == pb.POD_RUNNING and view.state is JobState.BOUND:
+        if (
+            update.phase == pb.POD_RUNNING
+            and view.state in (JobState.BOUND, JobState.RUNNING)
+            and not view.current.started_logged
+        ):
+            # RUNNING already: the runner's first report was folded before the pod's phase
+            # (a busy watch); the attempt still gets its one ``started`` in the log.
             body: pb.JobStarted | pb.JobSucceeded | pb.AttemptFailed = pb.JobStarted(
                 node=update.node, pod_name=update.pod_name
             )

@@ -122,6 +122,44 @@ async def test_a_pod_first_seen_succeeded_is_started_then_succeeded(
     assert kinds == ["started", "succeeded"]
 
 
+async def test_a_pod_seen_running_after_its_first_report_is_started_once(
+    nc: Client, subjects: Subjects
+) -> None:
+    """The runner's first report is folded before the pod's Running phase arrives (a busy
+    watch, a slow kubelet): the attempt is RUNNING already, and still gets its one ``started``
+    in the log; a Running phase seen again adds none."""
+    js = nc.jetstream()
+    bus = publisher(js, subjects)
+    await bus.publish(submitted("r5-md"))
+    await bus.publish(event("bound", pb.JobBound(node="n1"), job="r5-md", attempt=1))
+    backend = RecordingBackend()
+    lifecycle = make_lifecycle(nc, subjects, backend)
+    async with running(lifecycle.run()):
+
+        async def folded(state: JobState) -> bool:
+            view = lifecycle.book.jobs.get("r5-md")
+            return view is not None and view.state is state
+
+        await wait_for(lambda: folded(JobState.BOUND), what="the job BOUND in the fold")
+        report = pb.Progress(step=100, target_steps=1000)
+        await bus.publish(event("progress", report, job="r5-md", attempt=1, detail=100))
+        await wait_for(lambda: folded(JobState.RUNNING), what="the report folded first")
+        await backend.updates.put(pod("r5-md", 1, pb.POD_RUNNING))
+
+        async def started() -> bool:
+            return len(await events_of(js, subjects, "started", "r5-md")) == 1
+
+        await wait_for(started, what="started")
+        await backend.updates.put(pod("r5-md", 1, pb.POD_RUNNING))
+        await backend.updates.put(pod("r5-md", 1, pb.POD_FAILED, reason="Error", exit_code=1))
+
+        async def failed() -> bool:
+            return len(await events_of(js, subjects, "attempt_failed", "r5-md")) == 1
+
+        await wait_for(failed, what="attempt_failed")
+    assert len(await events_of(js, subjects, "started", "r5-md")) == 1
+
+
 async def test_failed_pod_is_classified_and_stale_attempts_are_fenced(
     nc: Client, subjects: Subjects
 ) -> None:

@@ -60,6 +60,9 @@ class AttemptRecord:
     steps_lost: int = 0
     pod_phase: int = 0
     """Last reported phase of the attempt's pod (pb.PodPhase); terminal means fenced."""
+    started_logged: bool = False
+    """The log holds this attempt's ``started`` event (whether or not it moved the state: a
+    first progress report folded earlier may have started the attempt already)."""
 
     @property
     def pod_terminated(self) -> bool:
@@ -140,6 +143,7 @@ class JobView:
                 self.node, self.pod_name = event.bound.node, event.bound.pod_name
                 self.current.node, self.current.pod_name = self.node, self.pod_name
             case "started":
+                self.current.started_logged = True
                 started_at = self.current.started_at
                 if self.state is JobState.RUNNING and started_at is not None and at < started_at:
                     # The attempt's first report was folded before this event (the progress
