@@ -24,13 +24,20 @@ up: $(STAMP)
 	$(BIN)/mdq up
 
 ## compose-secrets: generate docker-compose's passwords into .env (git-ignored, mode 0600;
-## existing values are kept). Needs only python3: no install.
-compose-secrets:
+## existing values are kept: PostgreSQL's, Grafana's admin, the group that may read the NATS
+## credentials) and its NATS credentials into secrets/nats/ (git-ignored; `mdq credentials`,
+## the generator of `mdq up`: an existing trust and unchanged credentials are kept)
+compose-secrets: $(STAMP)
 	PYTHONPATH=libs $(PYTHON) -m mdq.store.roles env-file .env
+	grep -q '^GRAFANA_ADMIN_PASSWORD=' .env || echo "GRAFANA_ADMIN_PASSWORD=$$($(PYTHON) -c 'import secrets; print(secrets.token_urlsafe(32))')" >> .env
+	grep -q '^MDQ_SECRETS_GID=' .env || echo "MDQ_SECRETS_GID=$$(id -g)" >> .env
+	$(BIN)/mdq credentials --out secrets/nats --group-readable
 
-## deploy-dev-secrets: the same for the Kubernetes dev overlay (deploy/overlays/dev/postgres.env)
-deploy-dev-secrets:
+## deploy-dev-secrets: the same for the Kubernetes dev overlay (deploy/overlays/dev/postgres.env,
+## deploy/overlays/dev/nats/ for its NATS Secrets)
+deploy-dev-secrets: $(STAMP)
 	PYTHONPATH=libs $(PYTHON) -m mdq.store.roles env-file deploy/overlays/dev/postgres.env
+	$(BIN)/mdq credentials --out deploy/overlays/dev/nats
 
 ## test: install and run every test (real NATS, PostgreSQL and OpenMM)
 test: $(STAMP)

@@ -10,6 +10,14 @@ time without touching the server: how each runner gets credentials for its own a
 ``Trust`` holds the operator and account keys (``<state>/secrets/nats/trust.json``, 0600);
 ``issue`` writes one identity's ``.creds`` file (0600) with the permissions of
 ``mdq.bus.permissions``; ``server_block`` is the configuration the server needs.
+
+``generate`` is the one generator of a deployment's NATS material, used by the embedded stack
+(``mdq up``), docker-compose (``make compose-secrets``) and Kubernetes (``make
+deploy-dev-secrets``, or ``mdq credentials`` for production): in one folder (0700) it keeps or
+makes the trust chain, writes the server's block (``nats-auth.conf``, which deploy/'s
+``nats.conf`` includes; public material only), one ``<identity>.creds`` per identity of
+``mdq.bus.permissions.IDENTITIES`` and the runner issuer of the node agent
+(``runner-issuer.json``). It is idempotent: what exists and still says the same is kept.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,12 +35,17 @@ from typing import Any
 import nacl.signing
 import nkeys
 
-from mdq.bus.permissions import Permissions, runner_permissions
+from mdq.bus.permissions import IDENTITIES, Permissions, runner_permissions, service_permissions
 from mdq.bus.subjects import Subjects
 
 SECRETS_DIR = "secrets"
 NATS_SECRETS = "nats"
 TRUST_FILE = "trust.json"
+SERVER_BLOCK_FILE = "nats-auth.conf"
+"""The server's half (``Trust.server_block``), included by deploy/base/nats.conf."""
+RUNNER_ISSUER_FILE = "runner-issuer.json"
+"""The node agent's runner-credential issuer (``MDQ_NATS_RUNNER_ISSUER``)."""
+CREDS_SUFFIX = ".creds"
 
 _UNLIMITED = {
     "subs": -1,
@@ -85,13 +99,16 @@ def decode_claims(token: str) -> dict[str, Any]:
     return claims
 
 
-def write_secret(path: Path, text: str) -> Path:
+def write_secret(path: Path, text: str, *, group_readable: bool = False) -> Path:
     """Write ``text`` to ``path`` readable by its owner only (0600, in a 0700 folder),
-    replacing it atomically."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(path.parent, 0o700)
+    replacing it atomically. ``group_readable``: 0640 in a 0750 folder, for a container that
+    runs as another user with the owner's group added (docker-compose.yml, ``group_add``)."""
+    folder_mode, file_mode = (0o750, 0o640) if group_readable else (0o700, 0o600)
+    path.parent.mkdir(mode=folder_mode, parents=True, exist_ok=True)
+    os.chmod(path.parent, folder_mode)
     partial = path.with_name(path.name + ".partial")
-    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, file_mode)
+    os.fchmod(descriptor, file_mode)  # whatever the umask
     with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
         handle.write(text)
         handle.flush()
@@ -147,6 +164,7 @@ class Trust:
         if path.exists():
             return cls(**json.loads(path.read_text(encoding="utf-8")))
         trust = cls.generate(namespace)
+        os.makedirs(folder, mode=0o700, exist_ok=True)
         document = {
             "operator_seed": trust.operator_seed,
             "system_seed": trust.system_seed,
@@ -264,9 +282,13 @@ class RunnerIssuer:
         document = json.loads(path.read_text(encoding="utf-8"))
         return cls(document["signing_seed"], document["account_public"])
 
-    def save(self, path: Path) -> Path:
+    def text(self) -> str:
+        """The file ``load`` reads."""
         document = {"signing_seed": self.signing_seed, "account_public": self.account_public}
-        return write_secret(path, json.dumps(document, indent=2) + "\n")
+        return json.dumps(document, indent=2) + "\n"
+
+    def save(self, path: Path) -> Path:
+        return write_secret(path, self.text())
 
     def creds(self, job_id: str) -> str:
         """Credentials for the runners of ``job_id``: the server gives them the runner
@@ -286,9 +308,11 @@ def runner_issuer(trust: Trust) -> RunnerIssuer:
     return RunnerIssuer(trust.runner_signing_seed, trust.account_public)
 
 
-def issue(trust: Trust, permissions: Permissions, path: Path) -> Path:
+def issue(
+    trust: Trust, permissions: Permissions, path: Path, *, group_readable: bool = False
+) -> Path:
     """Write the credentials of ``permissions.identity`` to ``path`` (0600)."""
-    return write_secret(path, trust.user_creds(permissions))
+    return write_secret(path, trust.user_creds(permissions), group_readable=group_readable)
 
 
 def nats_secrets_dir(state_dir: Path) -> Path:
@@ -299,3 +323,90 @@ def nats_secrets_dir(state_dir: Path) -> Path:
 def creds_path(state_dir: Path, identity: str) -> Path:
     """The credentials file of ``identity`` under ``state_dir``."""
     return nats_secrets_dir(state_dir) / f"{identity}.creds"
+
+
+class TrustMismatch(ValueError):
+    """The folder holds the trust chain of another namespace."""
+
+
+_JWT = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+")
+_UNSIGNED = ("iat", "jti")
+
+
+def _meaning(text: str) -> tuple[str, list[dict[str, Any]]]:
+    """``text`` with its JWTs taken out, and their claims less the time of signing: what a
+    server block or a ``.creds`` file says, which signing it again does not change."""
+    claims = [
+        {k: v for k, v in decode_claims(token).items() if k not in _UNSIGNED}
+        for token in _JWT.findall(text)
+    ]
+    return _JWT.sub("JWT", text), claims
+
+
+def _permissions_of(creds: str) -> dict[str, Any]:
+    """What the user JWT of a ``.creds`` text allows (and whose it is), not who signed when."""
+    (_, claims) = _meaning(creds.split("------END NATS USER JWT------", 1)[0])
+    (user,) = claims
+    return {"iss": user["iss"], "name": user["name"], "nats": user["nats"]}
+
+
+@dataclass(frozen=True, slots=True)
+class Generated:
+    """What ``generate`` wrote (or kept) in one folder."""
+
+    trust: Trust
+    folder: Path
+    server_block: Path
+    creds: dict[str, Path]
+    runner_issuer: Path
+    written: tuple[str, ...]
+    """The files (re)written this time; the rest were kept."""
+
+
+def generate(folder: Path, namespace: str = "mdq", *, group_readable: bool = False) -> Generated:
+    """Make or complete one deployment's NATS material in ``folder`` (0700): the trust chain,
+    ``nats-auth.conf`` (the server's block: public keys and signed JWTs), one ``.creds`` per
+    identity of ``IDENTITIES`` and ``runner-issuer.json`` (both 0600).
+
+    Idempotent: an existing trust chain is kept (raises ``TrustMismatch`` if it is another
+    namespace's); a file is rewritten only when missing or when what it says changed (the
+    permissions of an identity after an upgrade), never merely re-signed, so the Secrets made
+    from the folder stay the same. ``group_readable``: 0640 files in a 0750 folder (compose).
+    """
+    trust = Trust.load_or_create(folder, namespace)
+    if trust.namespace != namespace:
+        raise TrustMismatch(
+            f"{folder} holds the NATS identities of namespace {trust.namespace!r}, not "
+            f"{namespace!r}: use another folder (or remove that one)"
+        )
+    written: list[str] = []
+
+    def keep_or_write(path: Path, fresh: str, same: bool) -> None:
+        if not same:
+            write_secret(path, fresh, group_readable=group_readable)
+            written.append(path.name)
+        elif group_readable:
+            os.chmod(path, 0o640)
+
+    block = folder / SERVER_BLOCK_FILE
+    fresh_block = trust.server_block()
+    keep_or_write(
+        block,
+        fresh_block,
+        block.exists() and _meaning(block.read_text(encoding="utf-8")) == _meaning(fresh_block),
+    )
+    subjects = Subjects(namespace)
+    creds: dict[str, Path] = {}
+    for identity in IDENTITIES:
+        path = folder / f"{identity}{CREDS_SUFFIX}"
+        fresh = trust.user_creds(service_permissions(identity, subjects))
+        same = path.exists() and _permissions_of(
+            path.read_text(encoding="utf-8")
+        ) == _permissions_of(fresh)
+        keep_or_write(path, fresh, same)
+        creds[identity] = path
+    issuer = folder / RUNNER_ISSUER_FILE
+    wanted = runner_issuer(trust)
+    keep_or_write(issuer, wanted.text(), issuer.exists() and RunnerIssuer.load(issuer) == wanted)
+    os.chmod(folder, 0o750 if group_readable else 0o700)
+    return Generated(trust, folder, block, creds, issuer, tuple(written))

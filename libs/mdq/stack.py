@@ -46,9 +46,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Self
 
-from mdq.auth import Trust, creds_path, issue, nats_secrets_dir, runner_issuer
-from mdq.bus.permissions import IDENTITIES, service_permissions
-from mdq.bus.subjects import Subjects
+from mdq.auth import RUNNER_ISSUER_FILE, Generated, TrustMismatch, generate, nats_secrets_dir
+from mdq.bus.setup import prepare_bus
 from mdq.embedded import EmbeddedNats, EmbeddedPostgres, start_nats, start_postgres
 from mdq.store.stack_database import (
     StackDatabase,
@@ -65,7 +64,6 @@ STACK_FILE = "stack.json"
 STATUS_FILE = "status.json"
 NATS_SERVER = "nats-server"
 POSTGRES = "postgres"
-RUNNER_ISSUER_FILE = "runner-issuer.json"
 CHILD_IDENTITY = {"local-backend": "agent"}
 """The NATS identity of each child whose name is not its identity (services: their name)."""
 DATABASE_ENV = frozenset(
@@ -514,47 +512,29 @@ class Stack:
         raise KeyError(name)
 
     # -- servers ---------------------------------------------------------------------------
-    def _secure_bus(self) -> Trust:
+    def _secure_bus(self) -> Generated:
         """The embedded server's trust chain and every identity's credentials, made on first
-        start (0600 files in a 0700 folder under ``<state>/secrets/nats``) and kept after."""
-        folder = nats_secrets_dir(self.state_dir)
-        trust = Trust.load_or_create(folder, self.namespace)
-        if trust.namespace != self.namespace:
-            raise StackError(
-                f"{folder} holds the NATS identities of namespace {trust.namespace!r}, not "
-                f"{self.namespace!r}: use another --state-dir (or remove that folder)"
-            )
-        subjects = Subjects(self.namespace)
-        for identity in IDENTITIES:
-            path = creds_path(self.state_dir, identity)
-            if not path.exists():
-                issue(trust, service_permissions(identity, subjects), path)
-            self._creds[identity] = path
-        issuer = folder / RUNNER_ISSUER_FILE
-        if not issuer.exists():
-            runner_issuer(trust).save(issuer)
-        return trust
+        start (0600 files in a 0700 folder under ``<state>/secrets/nats``) and kept after: the
+        same generator as compose's and the manifests' (``mdq.auth.generate``)."""
+        try:
+            generated = generate(nats_secrets_dir(self.state_dir), self.namespace)
+        except TrustMismatch as error:
+            raise StackError(f"{error} (or use another --state-dir)") from error
+        self._creds.update(generated.creds)
+        return generated
 
     async def _prepare_bus(self) -> None:
         """Create or update the namespace's streams (and the local backend's buckets) as the
         admin identity, before any service starts: services may only read their info."""
-        from mdq.backends.local.records import ensure_buckets
-        from mdq.bus.connect import connect
-        from mdq.bus.streams import ensure_streams
         from mdq.settings import CommonSettings
 
-        replicas = CommonSettings().stream_replicas
-        subjects = Subjects(self.namespace)
-        client = await connect(
-            self._nats_url, name="mdq-stack-setup", wait=True, creds=self._creds.get("admin")
+        await prepare_bus(
+            self._nats_url,
+            namespace=self.namespace,
+            replicas=CommonSettings().stream_replicas,
+            local_backend=self.backend == "local",
+            creds=self._creds.get("admin"),
         )
-        try:
-            js = client.jetstream()
-            await ensure_streams(js, subjects, replicas=replicas)
-            if self.backend == "local":
-                await ensure_buckets(js, subjects, replicas=replicas)
-        finally:
-            await client.close()
 
     async def _prepare_bus_later(self) -> None:
         try:
@@ -564,12 +544,12 @@ class Stack:
 
     async def _start_servers(self) -> None:
         if not self._nats_url:
-            trust = await asyncio.to_thread(self._secure_bus)
+            generated = await asyncio.to_thread(self._secure_bus)
             self._servers.nats = await asyncio.to_thread(
                 start_nats,
                 self.state_dir / "nats",
                 log_file=self.logs_dir / "nats-server.log",
-                auth=trust.server_block(),
+                auth=generated.server_block.read_text(encoding="utf-8"),
             )
             self._nats_url = self._servers.nats.url
             self._server_watches.append(

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import functools
 import importlib.util
 import json
@@ -34,6 +35,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import tomllib
 import urllib.request
@@ -44,12 +46,17 @@ from urllib.parse import urlsplit
 
 import asyncpg
 import kubernetes_validate  # type: ignore[import-untyped]
+import nats
+import nats.errors
 import pytest
 import yaml
 from alembic.script import ScriptDirectory
 from pydantic_settings import BaseSettings
 
+from mdq.auth import SERVER_BLOCK_FILE, Generated, _meaning, generate
 from mdq.backends.kubernetes.settings import KubernetesSettings
+from mdq.bus.connect import auth_options, connect, identity_of_creds
+from mdq.bus.setup import prepare_bus
 from mdq.bus.subjects import Subjects
 from mdq.core.spec import PRIORITY_CLASSES
 from mdq.embedded import SYNC_ALWAYS, free_port, nats_server_binary
@@ -101,6 +108,7 @@ EXPECTED_RBAC: dict[str, set[Rule]] = {
     "mdq-intake": set(),
     "mdq-recovery": set(),
     "mdq-migrate": set(),
+    "mdq-bus-setup": set(),
     "mdq-runner": set(),
     "mdq-nats": set(),
     "mdq-postgres": set(),
@@ -142,6 +150,8 @@ def kustomization_dirs() -> list[str]:
 
 DEV_SECRETS = DEPLOY / "overlays" / "dev" / "postgres.env"
 """The dev overlay's generated passwords (``make deploy-dev-secrets``; git-ignored)."""
+DEV_NATS = DEPLOY / "overlays" / "dev" / "nats"
+"""The dev overlay's generated NATS material (``make deploy-dev-secrets``; git-ignored)."""
 
 
 @functools.cache
@@ -150,6 +160,7 @@ def build(target: str) -> tuple[Manifest, ...]:
     file is generated first when missing, as ``make deploy-dev-secrets`` does."""
     if not DEV_SECRETS.exists():
         assert roles_main(["env-file", str(DEV_SECRETS)]) == 0
+    generate(DEV_NATS, "mdq")  # idempotent, as make deploy-dev-secrets
     done = subprocess.run(
         [kubectl(), "kustomize", str(DEPLOY / target)],
         capture_output=True,
@@ -290,7 +301,7 @@ def test_each_workload_runs_as_its_own_account_and_only_api_users_get_a_token(
 @pytest.mark.parametrize("target", ["base", *OVERLAYS])
 def test_every_pod_passes_pod_security_restricted(target: str) -> None:
     templates = list(pod_templates(build(target)))
-    assert len(templates) == len(SERVICES) + 3  # + nats, postgres, the migration job
+    assert len(templates) == len(SERVICES) + 4  # + nats, postgres, the migration, bus setup
     for where, spec in templates:
         pod_context = spec.get("securityContext", {})
         for flag in ("hostNetwork", "hostPID", "hostIPC"):
@@ -454,8 +465,15 @@ def test_every_referenced_config_and_secret_exists_or_is_documented(overlay: str
                 if ref:
                     assert ref["name"] in secrets or f"secret generic {ref['name']}" in docs
         for volume in spec.get("volumes", []):
-            if "configMap" in volume:
-                assert volume["configMap"]["name"] in config_maps, where
+            sources = [volume, *volume.get("projected", {}).get("sources", [])]
+            for source in sources:
+                if "configMap" in source:
+                    assert source["configMap"]["name"] in config_maps, where
+                name = source.get("secret", {}).get("secretName") or source.get("secret", {}).get(
+                    "name"
+                )
+                if name:
+                    assert name in secrets or f"secret generic {name}" in docs, (where, name)
 
 
 def test_dev_roles_match_the_postgres_it_deploys() -> None:
@@ -759,11 +777,15 @@ def test_compose_runs_the_whole_stack() -> None:
             admin.path,
         )
         assert env["PGPASSWORD"].startswith(f"${{MDQ_PG_{role.upper()}_PASSWORD:?")
-    # Every file compose mounts from the repository exists.
+    # Every file compose mounts from the repository exists; those of secrets/nats/ are what
+    # the generator writes there (make compose-secrets).
+    generated = generated_names()
     for name, service in services.items():
         for volume in service.get("volumes", []):
             source = volume.split(":")[0]
-            if source.startswith("./"):
+            if source.startswith(COMPOSE_NATS + "/"):
+                assert source.removeprefix(COMPOSE_NATS + "/") in generated, (name, source)
+            elif source.startswith("./"):
                 assert (ROOT / source).exists(), (name, source)
 
 
@@ -779,7 +801,7 @@ def test_prometheus_scrapes_the_metrics_service() -> None:
         for target in static["targets"]
     }
     assert "metrics:9464" in targets
-    assert "9464:9464" in services["metrics"]["ports"]
+    assert "127.0.0.1:9464:9464" in services["metrics"]["ports"]
 
 
 def dashboard_metric_names(dashboard: Manifest) -> set[str]:
@@ -881,13 +903,23 @@ def nats_configs() -> dict[str, str]:
 
 
 def parsed_by_nats_server(conf: str, workdir: Path) -> Manifest:
-    """What the real nats-server makes of ``conf``: its /varz, with JetStream's config.
+    """What the real nats-server makes of ``conf``: its /varz, with JetStream's config."""
+    with deployed_nats(conf, workdir) as (_, varz):
+        return varz
 
-    The file is checked (``nats-server -t``) as it is, then run with its store in ``workdir``
-    and free ports (4222, 8222, 6222 and /tmp/nats.pid belong to others on this machine);
-    everything else is the file's own.
+
+@contextlib.contextmanager
+def deployed_nats(conf: str, workdir: Path) -> Iterator[tuple[str, Manifest]]:
+    """The real nats-server running ``conf`` as deployed: (its client URL, its /varz).
+
+    The generator's ``nats-auth.conf`` is written beside it (the file includes it), with the
+    rest of the generator's output (``generate(workdir)`` returns it again). The file is
+    checked (``nats-server -t``) as it is, then run with its store in ``workdir`` and free ports
+    (4222, 8222, 6222 and /tmp/nats.pid belong to others on this machine); everything else is
+    the file's own.
     """
     workdir.mkdir(parents=True, exist_ok=True)
+    generate(workdir, "mdq")  # nats-auth.conf beside it, as compose and the manifests mount it
     env = {"POD_NAME": "nats-0", "PATH": "/usr/bin:/bin"}
     as_deployed = workdir / "as-deployed.conf"
     as_deployed.write_text(conf)
@@ -904,8 +936,8 @@ def parsed_by_nats_server(conf: str, workdir: Path) -> Manifest:
     assert store is not None, "no JetStream store_dir"
     local = workdir / "local.conf"
     local.write_text(conf.replace(store.group(0), store.group(1) + json.dumps(str(workdir))))
-    monitor = free_port()
-    command = [nats_server_binary(), "-c", str(local), "-a", "127.0.0.1", "-p", str(free_port())]
+    monitor, port = free_port(), free_port()
+    command = [nats_server_binary(), "-c", str(local), "-a", "127.0.0.1", "-p", str(port)]
     command += ["-m", str(monitor), "-P", str(workdir / "pid"), "-l", str(workdir / "log")]
     if re.search(r"^cluster\s*\{", conf, re.M):
         command += ["--cluster", f"nats://127.0.0.1:{free_port()}"]
@@ -918,10 +950,11 @@ def parsed_by_nats_server(conf: str, workdir: Path) -> Manifest:
                 url = f"http://127.0.0.1:{monitor}/varz"
                 with urllib.request.urlopen(url, timeout=2) as response:
                     varz: Manifest = json.load(response)
-                    return varz
+                    break
             except OSError:
                 assert time.monotonic() < deadline, "nats-server did not answer on /varz"
                 time.sleep(0.05)
+        yield f"nats://127.0.0.1:{port}", varz
     finally:
         process.terminate()
         process.wait(timeout=10)
@@ -929,7 +962,7 @@ def parsed_by_nats_server(conf: str, workdir: Path) -> Manifest:
 
 def test_every_nats_configuration_is_tested() -> None:
     """Each nats.conf under deploy/ is one of the configurations checked below."""
-    files = {path.read_text() for path in DEPLOY.rglob("*.conf")}
+    files = {path.read_text() for path in DEPLOY.rglob("nats.conf")}
     assert files and files <= set(nats_configs().values())
     assert compose_nats_config()[0] == DEPLOY / "base" / "nats.conf"  # compose = the base
 
@@ -1065,3 +1098,383 @@ def test_every_image_is_pinned_to_a_release() -> None:
             repository = image.rpartition(":")[0].rsplit("/", 1)[-1]
             if repository in ("mdq", "mdq-runner"):
                 assert image.endswith(f":{version}"), f"{where}: {image} is not mdq {version}"
+
+
+# -- NATS authentication: one generator for mdq up, compose and the manifests --------------------
+COMPOSE_NATS = "./secrets/nats"
+"""Where ``make compose-secrets`` generates compose's NATS material (git-ignored)."""
+COMPOSE_IDENTITY = {
+    **{service: service for service in SERVICES},
+    "local-backend": "agent",
+    "cli": "cli",
+    "bus-setup": "admin",
+}
+"""The NATS identity of each compose service that connects (the others: none)."""
+K8S_IDENTITY = {
+    **{f"Deployment/mdq-{service}": service for service in SERVICES},
+    "Job/mdq-bus-setup": "admin",
+}
+"""The NATS identity of each workload of the manifests that connects (the others: none)."""
+
+
+@functools.cache
+def generated_sample() -> Generated:
+    """The generator's output in a folder of its own (what every deployment mounts from)."""
+    return generate(Path(tempfile.mkdtemp(prefix="mdq-nats-")), "mdq")
+
+
+def generated_names() -> set[str]:
+    sample = generated_sample()
+    return {
+        sample.server_block.name,
+        sample.runner_issuer.name,
+        *(path.name for path in sample.creds.values()),
+    }
+
+
+def compose_mounts(service: Manifest) -> dict[str, tuple[str, bool]]:
+    """Container path -> (source, read-only) of a compose service's volumes."""
+    out = {}
+    for volume in service.get("volumes", []):
+        source, inside, *mode = volume.split(":")
+        out[inside] = (source, mode == ["ro"])
+    return out
+
+
+def test_compose_gives_each_service_its_own_credentials_and_no_others() -> None:
+    services = compose()["services"]
+    sample = generated_sample()
+    for name, service in services.items():
+        mounts = compose_mounts(service)
+        secrets = {
+            inside: source
+            for inside, (source, _) in mounts.items()
+            if source.startswith(COMPOSE_NATS + "/")
+        }
+        for inside in secrets:
+            assert mounts[inside][1], f"{name}: {inside} is not mounted read-only"
+        env = service.get("environment", {})
+        identity = COMPOSE_IDENTITY.get(name)
+        if identity is None:
+            assert "MDQ_NATS_CREDS" not in env, name
+            expected = {f"{COMPOSE_NATS}/{SERVER_BLOCK_FILE}"} if name == "nats" else set()
+            assert set(secrets.values()) == expected, name
+            continue
+        own = f"{COMPOSE_NATS}/{sample.creds[identity].name}"
+        assert secrets.get(env["MDQ_NATS_CREDS"]) == own, name
+        expected = {own}
+        if identity == "agent":
+            issuer = f"{COMPOSE_NATS}/{sample.runner_issuer.name}"
+            assert secrets[env["MDQ_NATS_RUNNER_ISSUER"]] == issuer
+            expected.add(issuer)
+        assert set(secrets.values()) == expected, name
+    # The mdq containers may read the group-readable files (make compose-secrets).
+    for name in COMPOSE_IDENTITY:
+        assert services[name]["group_add"] == ["${MDQ_SECRETS_GID:?run make compose-secrets}"]
+    # make compose-secrets runs the generator into that folder.
+    makefile = (ROOT / "Makefile").read_text()
+    target = makefile.split("\ncompose-secrets:", 1)[1].split("\n\n", 1)[0]
+    assert f"mdq credentials --out {COMPOSE_NATS.removeprefix('./')} --group-readable" in target
+    dev_target = makefile.split("\ndeploy-dev-secrets:", 1)[1].split("\n\n", 1)[0]
+    assert f"mdq credentials --out {DEV_NATS.relative_to(ROOT).as_posix()}" in dev_target
+    ignored = subprocess.run(
+        ["git", "check-ignore", COMPOSE_NATS + "/x.creds", str(DEV_NATS / "x.creds")],
+        cwd=ROOT,
+        check=False,
+    )
+    assert ignored.returncode == 0
+
+
+def mounted_secrets(spec: Manifest) -> dict[str, tuple[str, str]]:
+    """Path in the container -> (Secret without kustomize's hash, key) of every Secret file a
+    pod's (first) container sees."""
+    (container, *_) = spec["containers"]
+    mount_of = {m["name"]: m["mountPath"] for m in container.get("volumeMounts", [])}
+    files: dict[str, tuple[str, str]] = {}
+    for volume in spec.get("volumes", []):
+        if volume["name"] not in mount_of:
+            continue
+        sources = volume.get("projected", {}).get("sources", [])
+        if "secret" in volume:
+            sources = [{"secret": {"name": volume["secret"]["secretName"], **volume["secret"]}}]
+        for source in sources:
+            if "secret" not in source:
+                continue
+            secret = re.sub(r"-[a-z0-9]{10}$", "", source["secret"]["name"])
+            items = source["secret"].get("items")
+            assert items, f"{secret}: mount named keys only"
+            for item in items:
+                files[f"{mount_of[volume['name']]}/{item['path']}"] = (secret, item["key"])
+    return files
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_each_workload_mounts_only_its_own_nats_credentials(overlay: str) -> None:
+    objects = build(overlay)
+    sample = generated_sample()
+    seen = set()
+    for where, spec in pod_templates(objects):
+        files = mounted_secrets(spec)
+        (container,) = spec["containers"]
+        env = {e["name"]: e.get("value") for e in container.get("env", [])}
+        identity = K8S_IDENTITY.get(where)
+        nats_files = {path: ref for path, ref in files.items() if ref[0].startswith("mdq-nats")}
+        if where == "StatefulSet/nats":
+            assert set(nats_files.values()) == {("mdq-nats-auth", SERVER_BLOCK_FILE)}
+            continue
+        if identity is None:
+            assert nats_files == {} and "MDQ_NATS_CREDS" not in env, where
+            continue
+        seen.add(identity)
+        name = sample.creds[identity].name
+        assert nats_files == {env["MDQ_NATS_CREDS"]: (f"mdq-nats-{identity}", name)}, where
+    assert seen == set(K8S_IDENTITY.values())
+
+
+def dev_secret(name: str) -> dict[str, str]:
+    secrets = of_kind(build("overlays/dev"), "Secret")
+    (found,) = [n for n in secrets if re.sub(r"-[a-z0-9]{10}$", "", n) == name]
+    return {k: base64.b64decode(v).decode() for k, v in secrets[found]["data"].items()}
+
+
+def test_the_dev_secrets_are_the_generators_files() -> None:
+    """Every NATS Secret of the dev overlay holds, byte for byte, the file the generator wrote
+    into the dev folder: the server's block, and each identity's own credentials."""
+    assert dev_secret("mdq-nats-auth") == {
+        SERVER_BLOCK_FILE: (DEV_NATS / SERVER_BLOCK_FILE).read_text()
+    }
+    for identity in set(K8S_IDENTITY.values()):
+        name = f"{identity}.creds"
+        assert dev_secret(f"mdq-nats-{identity}") == {name: (DEV_NATS / name).read_text()}
+        assert identity_of_creds(DEV_NATS / name) == identity
+
+
+@pytest.mark.parametrize("where", ["base", *OVERLAYS, "docker-compose.yml"])
+def test_every_nats_configuration_includes_the_generators_server_block(where: str) -> None:
+    """nats.conf includes nats-auth.conf from its own folder (an include is relative to the
+    including file), and compose and the StatefulSet put the generator's file exactly there;
+    what the generator writes there has the same shape wherever it is made."""
+    conf = nats_configs()[where]
+    assert re.findall(r"^include\s+(\S+)\s*$", conf, re.M) == [f"./{SERVER_BLOCK_FILE}"]
+    if where == "docker-compose.yml":
+        nats = compose()["services"]["nats"]
+        inside = nats["command"][nats["command"].index("--config") + 1]
+        beside = str(Path(inside).parent / SERVER_BLOCK_FILE)
+        assert compose_mounts(nats)[beside] == (f"{COMPOSE_NATS}/{SERVER_BLOCK_FILE}", True)
+        return
+    statefulset, _ = nats_server(build(where))
+    spec = statefulset["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    inside = container["args"][container["args"].index("--config") + 1]
+    beside = str(Path(inside).parent / SERVER_BLOCK_FILE)
+    assert mounted_secrets(spec)[beside] == ("mdq-nats-auth", SERVER_BLOCK_FILE)
+    if where == "overlays/dev":
+        text = dev_secret("mdq-nats-auth")[SERVER_BLOCK_FILE]
+        assert block_shape(text) == block_shape(generated_sample().server_block.read_text())
+
+
+NKEY = re.compile(r"\b[OA][A-Z2-7]{55}\b")
+
+
+def block_shape(text: str) -> str:
+    """A server block with its JWTs and public keys masked: what any trust chain's block says."""
+    return NKEY.sub("KEY", _meaning(text)[0])
+
+
+def test_compose_publishes_every_port_on_loopback_only() -> None:
+    for name, service in compose()["services"].items():
+        for port in service.get("ports", []):
+            assert str(port).startswith("127.0.0.1:"), (name, port)
+
+
+def test_compose_has_no_default_password() -> None:
+    """Grafana's admin password is required from .env; no password anywhere is a literal."""
+    text = (ROOT / "docker-compose.yml").read_text()
+    assert "admin/admin" not in text and "admin / admin" not in text
+    for name, service in compose()["services"].items():
+        for key, value in service.get("environment", {}).items():
+            if "PASSWORD" in key:
+                assert re.fullmatch(r"\$\{[A-Z_]+:\?[^}]+\}", str(value)), (name, key, value)
+    grafana = compose()["services"]["grafana"]["environment"]
+    assert grafana["GF_SECURITY_ADMIN_PASSWORD"].startswith("${GRAFANA_ADMIN_PASSWORD:?")
+    docs = (ROOT / "docs" / "deploy.md").read_text()
+    assert "admin / admin" not in docs and "admin/admin" not in docs
+
+
+async def test_the_generated_credentials_open_the_deployed_nats(tmp_path: Path) -> None:
+    """The generator's files with the nats.conf compose and the base deploy, on the real
+    nats-server: the admin's credentials make the streams (the setup step), a service's connect
+    and read them but may not make them, and an anonymous client or one of another trust chain
+    is refused."""
+    _, conf = compose_nats_config()
+    workdir = tmp_path / "nats"
+    with deployed_nats(conf, workdir) as (url, varz):
+        generated = generate(workdir, "mdq")  # what deployed_nats wrote: kept as it is
+        assert generated.written == ()
+        assert varz["auth_required"] is True
+        await prepare_bus(url, namespace="mdq", creds=generated.creds["admin"])
+        client = await connect(
+            url, name="intake", subjects=Subjects("mdq"), creds=generated.creds["intake"]
+        )
+        try:
+            jobs = Subjects("mdq").jobs_stream
+            assert (await client.jetstream().stream_info(jobs)).config.name == jobs
+        finally:
+            await client.close()
+        with pytest.raises(nats.errors.Error):  # intake may not make or change a stream
+            await asyncio.wait_for(
+                prepare_bus(url, namespace="other", creds=generated.creds["intake"]), 10
+            )
+        with pytest.raises(nats.errors.Error, match=r"[Aa]uthorization"):
+            await nats.connect(url, allow_reconnect=False, connect_timeout=2)
+        stranger = generate(tmp_path / "stranger", "mdq")
+        with pytest.raises(nats.errors.Error, match=r"[Aa]uthorization"):
+            await nats.connect(
+                url, allow_reconnect=False, connect_timeout=2, **auth_options(stranger.creds["cli"])
+            )
+
+
+# -- NetworkPolicies: who may reach whom ----------------------------------------------------------
+Labels = dict[str, str]
+NAMESPACE_LABELS: Labels = {"kubernetes.io/metadata.name": "mdq"}
+ELSEWHERE: Labels = {"kubernetes.io/metadata.name": "monitoring"}
+
+
+def selects(selector: Manifest, labels: Labels) -> bool:
+    """Whether a Kubernetes label selector matches ``labels`` ({} matches everything)."""
+    for key, value in selector.get("matchLabels", {}).items():
+        if labels.get(key) != value:
+            return False
+    for expression in selector.get("matchExpressions", []):
+        key, operator, values = expression["key"], expression["operator"], expression["values"]
+        assert operator in ("In", "NotIn"), operator
+        if (labels.get(key) in values) != (operator == "In"):
+            return False
+    return True
+
+
+def peer_matches(peer: Manifest, pod: Labels, namespace: Labels) -> bool:
+    """A from/to entry: a podSelector alone means this namespace; a namespaceSelector alone
+    every pod of the namespaces it selects; both, those pods of those namespaces."""
+    assert "ipBlock" not in peer, peer
+    if "namespaceSelector" in peer:
+        in_namespace = selects(peer["namespaceSelector"], namespace)
+    else:
+        in_namespace = namespace == NAMESPACE_LABELS
+    return in_namespace and selects(peer.get("podSelector", {}), pod)
+
+
+def allowed(
+    policies: list[Manifest],
+    direction: str,
+    subject: Labels,
+    peer: Labels,
+    port: int,
+    peer_namespace: Labels = NAMESPACE_LABELS,
+) -> bool:
+    """Whether the policies let ``subject`` (a pod of this namespace) receive from
+    (``Ingress``) or send to (``Egress``) ``peer`` on TCP/UDP ``port``: NetworkPolicy's rules
+    (a pod no policy of that direction selects is open; otherwise the union of their rules)."""
+    chosen = [
+        p
+        for p in policies
+        if direction in p["spec"]["policyTypes"] and selects(p["spec"]["podSelector"], subject)
+    ]
+    if not chosen:
+        return True
+    key, peers_key = ("ingress", "from") if direction == "Ingress" else ("egress", "to")
+    for policy in chosen:
+        for rule in policy["spec"].get(key, []):
+            ports = {p["port"] for p in rule.get("ports", [])}
+            if ports and port not in ports:
+                continue
+            peers = rule.get(peers_key)
+            if peers is None or any(peer_matches(p, peer, peer_namespace) for p in peers):
+                return True
+    return False
+
+
+def runner_pod_labels() -> Labels:
+    """The labels of a runner pod, from the code that makes it."""
+    from mdq.backends.kubernetes.objects import pod_manifest
+    from mdq.backends.port import PodSpec
+    from mdq.contracts import pb
+    from mdq.core.spec import normalize_job
+
+    spec = PodSpec(
+        name="mdq-j1-1",
+        job_id="j1",
+        attempt=1,
+        node="n1",
+        cpu=1.0,
+        memory_mb=256,
+        priority_class="normal",
+        spec=normalize_job(pb.JobSpec(name="j"), "jobs[0]"),
+        depends_on=(),
+        threads=1,
+        resume_from=None,
+    )
+    manifest = pod_manifest(
+        spec,
+        settings=KubernetesSettings(),
+        mdq_namespace="mdq",
+        nats_url="nats://nats:4222",
+        data_dir=Path("/data"),
+    )
+    labels: Labels = manifest["metadata"]["labels"]
+    return labels
+
+
+def workload_labels(objects: tuple[Manifest, ...]) -> dict[str, Labels]:
+    """The pod labels of every workload of a build, by its app.kubernetes.io/name, plus a
+    runner pod, a Prometheus pod and a stranger of the same namespace."""
+    pods = {
+        o["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"]: o["spec"][
+            "template"
+        ]["metadata"]["labels"]
+        for o in objects
+        if o["kind"] in ("Deployment", "StatefulSet", "Job")
+    }
+    pods["mdq-runner"] = runner_pod_labels()
+    pods["prometheus"] = {"app.kubernetes.io/name": "prometheus"}
+    pods["stranger"] = {"app": "debug-shell"}
+    return pods
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_network_policies_let_each_pod_reach_only_what_it_needs(overlay: str) -> None:
+    objects = build(overlay)
+    policies = list(of_kind(objects, "NetworkPolicy").values())
+    pods = workload_labels(objects)
+    nats_, postgres, metrics = pods["nats"], pods["postgres"], pods["mdq-metrics"]
+    mdq_clients = {f"mdq-{s}" for s in SERVICES} | {"mdq-bus-setup", "mdq-runner"}
+    # Default deny: a pod of mdq that no other policy opens receives nothing.
+    for name in ("mdq-intake", "mdq-placement", "mdq-watcher", "mdq-recovery", "mdq-runner"):
+        for source in pods:
+            assert not allowed(policies, "Ingress", pods[name], pods[source], 8080), (name, source)
+    for source, labels in pods.items():
+        # NATS: from mdq's pods only.
+        assert allowed(policies, "Ingress", nats_, labels, 4222) is (source in mdq_clients), source
+        # PostgreSQL: the watcher and the migration Job only.
+        expected = source in ("mdq-watcher", "mdq-migrate")
+        assert allowed(policies, "Ingress", postgres, labels, 5432) is expected, source
+        # The metrics port: Prometheus only, from its own namespace too.
+        assert allowed(policies, "Ingress", metrics, labels, 9464) is (source == "prometheus")
+        assert allowed(policies, "Ingress", metrics, labels, 9464, ELSEWHERE) is (
+            source == "prometheus"
+        )
+    # The NATS servers route to each other (the production cluster), nobody else does.
+    assert allowed(policies, "Ingress", nats_, nats_, 6222)
+    assert not allowed(policies, "Ingress", nats_, pods["mdq-runner"], 6222)
+    # A runner reaches NATS and DNS, and nothing else.
+    runner = pods["mdq-runner"]
+    dns = {"k8s-app": "kube-dns"}
+    kube_system = {"kubernetes.io/metadata.name": "kube-system"}
+    assert allowed(policies, "Egress", runner, nats_, 4222)
+    assert allowed(policies, "Egress", runner, dns, 53, kube_system)
+    assert not allowed(policies, "Egress", runner, postgres, 5432)
+    assert not allowed(policies, "Egress", runner, metrics, 9464)
+    assert not allowed(policies, "Egress", runner, nats_, 8222)
+    assert not allowed(policies, "Egress", runner, {"app": "anything"}, 443, ELSEWHERE)
+    # The NetworkPolicy peers name labels the workloads really carry.
+    assert {"mdq-intake", "mdq-watcher", "mdq-migrate", "mdq-bus-setup", "nats"} <= set(pods)

@@ -16,6 +16,9 @@ the stack a running ``mdq up`` recorded in ``<state>/stack.json``):
 * ``mdq watch [JOB...]`` — live progress bars until the jobs end (no ids: every active job);
 * ``mdq ls`` / ``mdq show JOB`` — the history in PostgreSQL;
 * ``mdq nodes`` — the latest load of every node.
+
+``mdq credentials --out DIR`` writes a deployment's NATS credentials (``mdq.auth.generate``):
+what ``make compose-secrets`` and ``make deploy-dev-secrets`` run.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
+from mdq.auth import TrustMismatch, generate
 from mdq.cli import history
 from mdq.cli import status as stack_status
 from mdq.cli.context import Endpoints, GlobalOptions, NoEndpoint, resolve_endpoints
@@ -527,6 +531,40 @@ def nodes(ctx: typer.Context) -> None:
         console.print("no node has reported its load yet")
         return
     console.print(table)
+
+
+@app.command()
+def credentials(
+    ctx: typer.Context,
+    out: Annotated[
+        Path,
+        typer.Option(
+            "--out", help="Folder of the deployment's NATS material (made 0700 if missing)."
+        ),
+    ],
+    namespace: Annotated[
+        str | None,
+        typer.Option("--namespace", help="The deployment's namespace (default: the global one)."),
+    ] = None,
+    group_readable: Annotated[
+        bool,
+        typer.Option(
+            "--group-readable",
+            help="0640 files in a 0750 folder, for containers given your group (compose).",
+        ),
+    ] = False,
+) -> None:
+    """Write a deployment's NATS trust chain and credentials: nats-auth.conf (the server's
+    block, public), one <identity>.creds per identity and runner-issuer.json (0600). The same
+    generator as `mdq up`; idempotent (an existing trust and unchanged credentials are kept)."""
+    chosen = namespace or _options(ctx).namespace or "mdq"
+    try:
+        generated = generate(out, chosen, group_readable=group_readable)
+    except TrustMismatch as error:
+        err_console.print(f"[red]{error}[/]")
+        raise typer.Exit(EXIT_REFUSED) from error
+    wrote = ", ".join(generated.written) or "nothing (all kept)"
+    console.print(f"NATS credentials of namespace {chosen} in {out}: wrote {wrote}")
 
 
 app.command("explain")(explain_command)

@@ -1,0 +1,83 @@
+"""Making a namespace's streams (and the local backend's buckets) as the admin identity.
+
+On an mdq server only ``admin`` may create, update, purge or delete a stream or a bucket
+(``mdq.bus.permissions``); every service only reads their info and waits until they exist
+(``mdq.bus.streams.require_streams``). So one step runs as admin before the services, the
+same everywhere:
+
+- ``mdq up`` calls ``prepare_bus`` itself (``mdq.stack.Stack``);
+- docker-compose.yml runs ``python -m mdq.bus.setup --local-backend`` (service
+  ``bus-setup``) and the Kubernetes base the Job ``mdq-bus-setup`` (``python -m
+  mdq.bus.setup``), each with the admin's credentials in ``MDQ_NATS_CREDS``.
+
+Idempotent: a stream that exists is brought up to date (its replica count only ever goes up).
+The replica count is ``MDQ_STREAM_REPLICAS`` (``CommonSettings``), the namespace
+``MDQ_NAMESPACE``, the server ``NATS_URL``; it waits for the server as the services do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+from pathlib import Path
+
+from mdq.bus.connect import connect
+from mdq.bus.streams import ensure_streams
+from mdq.bus.subjects import Subjects
+
+log = logging.getLogger("mdq.bus.setup")
+
+
+async def prepare_bus(
+    nats_url: str,
+    *,
+    namespace: str,
+    replicas: int = 1,
+    local_backend: bool = False,
+    creds: Path | str | None = None,
+) -> None:
+    """Create or update the streams of ``namespace`` (and, with ``local_backend``, the local
+    backend's KV buckets), connected with ``creds`` (default: ``MDQ_NATS_CREDS``), which must
+    be the admin's on an mdq server."""
+    from mdq.backends.local.records import ensure_buckets  # only with the local backend
+
+    subjects = Subjects(namespace)
+    client = await connect(nats_url, name="mdq-bus-setup", wait=True, creds=creds)
+    try:
+        js = client.jetstream()
+        await ensure_streams(js, subjects, replicas=replicas)
+        if local_backend:
+            await ensure_buckets(js, subjects, replicas=replicas)
+    finally:
+        await client.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    from mdq.settings import CommonSettings
+
+    parser = argparse.ArgumentParser(
+        prog="python -m mdq.bus.setup",
+        description="Create or update mdq's streams as the admin identity (MDQ_NATS_CREDS).",
+    )
+    parser.add_argument(
+        "--local-backend", action="store_true", help="also the local backend's KV buckets"
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    settings = CommonSettings()
+    asyncio.run(
+        prepare_bus(
+            settings.nats_url,
+            namespace=settings.namespace,
+            replicas=settings.stream_replicas,
+            local_backend=args.local_backend,
+        )
+    )
+    log.info("streams of namespace %s ready", settings.namespace)
+    print(f"streams of namespace {settings.namespace} ready", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,102 @@
+"""The one generator of a deployment's NATS material (``mdq.auth.generate``): what it writes,
+with which modes, and that running it again keeps what is there (idempotent), rewriting only
+what is missing or says something else."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from mdq.auth import (
+    RUNNER_ISSUER_FILE,
+    SERVER_BLOCK_FILE,
+    TRUST_FILE,
+    RunnerIssuer,
+    Trust,
+    TrustMismatch,
+    generate,
+)
+from mdq.bus.connect import identity_of_creds
+from mdq.bus.permissions import IDENTITIES, service_permissions
+from mdq.bus.subjects import Subjects
+from mdq.cli.main import app
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_it_writes_the_server_block_every_identity_and_the_runner_issuer(tmp_path: Path) -> None:
+    folder = tmp_path / "nats"
+    generated = generate(folder, "mdq")
+    names = {p.name for p in folder.iterdir()}
+    assert names == {
+        TRUST_FILE,
+        SERVER_BLOCK_FILE,
+        RUNNER_ISSUER_FILE,
+        *(f"{identity}.creds" for identity in IDENTITIES),
+    }
+    assert mode(folder) == 0o700
+    assert {mode(folder / name) for name in names} == {0o600}
+    for identity, path in generated.creds.items():
+        assert identity_of_creds(path) == identity
+    trust = Trust.load_or_create(folder)
+    assert generated.trust == trust
+    block = (folder / SERVER_BLOCK_FILE).read_text()
+    assert trust.operator_public in block or trust.system_public in block
+    assert trust.operator_seed not in block and trust.account_seed not in block  # public only
+    assert RunnerIssuer.load(folder / RUNNER_ISSUER_FILE).account_public == trust.account_public
+
+
+def test_running_it_again_keeps_everything_and_fills_in_what_is_missing(tmp_path: Path) -> None:
+    folder = tmp_path / "nats"
+    generate(folder, "mdq")
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    again = generate(folder, "mdq")
+    assert again.written == ()
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    (folder / "intake.creds").unlink()
+    (folder / SERVER_BLOCK_FILE).unlink()
+    third = generate(folder, "mdq")
+    assert set(third.written) == {"intake.creds", SERVER_BLOCK_FILE}
+    after = {p.name: p.read_bytes() for p in folder.iterdir()}
+    assert {name for name in after if after[name] != before[name]} <= set(third.written)
+    assert after["intake.creds"] != before["intake.creds"]  # a new key
+
+
+def test_credentials_whose_permissions_changed_are_issued_again(tmp_path: Path) -> None:
+    folder = tmp_path / "nats"
+    generated = generate(folder, "mdq")
+    # A file that no longer says what intake may do (here: metrics' permissions), same trust.
+    stale = generated.trust.user_creds(service_permissions("metrics", Subjects("mdq")))
+    (folder / "intake.creds").write_text(stale)
+    assert generate(folder, "mdq").written == ("intake.creds",)
+    assert identity_of_creds(folder / "intake.creds") == "intake"
+
+
+def test_another_namespaces_folder_is_refused(tmp_path: Path) -> None:
+    generate(tmp_path / "nats", "mdq")
+    with pytest.raises(TrustMismatch, match="'mdq', not 'other'"):
+        generate(tmp_path / "nats", "other")
+
+
+def test_group_readable_for_compose(tmp_path: Path) -> None:
+    folder = tmp_path / "nats"
+    generate(folder, "mdq", group_readable=True)
+    assert mode(folder) == 0o750
+    assert mode(folder / "intake.creds") == 0o640
+    assert mode(folder / TRUST_FILE) == 0o600  # the operator's seeds: never the group's
+
+
+def test_mdq_credentials_is_the_generator(tmp_path: Path) -> None:
+    folder = tmp_path / "out"
+    first = CliRunner().invoke(app, ["credentials", "--out", str(folder)])
+    assert first.exit_code == 0, first.output
+    assert "wrote nats-auth.conf" in first.output
+    second = CliRunner().invoke(app, ["credentials", "--out", str(folder)])
+    assert "nothing (all kept)" in second.output
+    refused = CliRunner().invoke(app, ["credentials", "--out", str(folder), "--namespace", "x"])
+    assert refused.exit_code == 2
