@@ -66,7 +66,7 @@ KV_WRITERS = {
     LEASE_BUCKET: {"placement"},
 }
 """Who may write each bucket (everyone else is refused)."""
-ATTACKERS = (*SERVICES, "cli", "runner")
+ATTACKERS = (*SERVICES, "cli", "runners", "runner")
 """Identities that try what they must not do (a rogue service, a rogue client or tenant, a
 rogue job's runner)."""
 
@@ -215,7 +215,7 @@ async def test_each_identity_publishes_only_the_event_kinds_it_owns(
     job = RUNNER_JOB if identity == "runner" else JOB
     subjects = {kind: event_subject(kind, job) for kind in EVENT_PRODUCERS}
     refused = await attempts_of[identity].refused(list(subjects.values()))
-    owner = "runner" if identity == "runner" else identity
+    owner = "runner" if identity in ("runner", "runners") else identity
     allowed = {kind for kind, producers in EVENT_PRODUCERS.items() if owner in producers}
     assert {kind for kind, subject in subjects.items() if subject not in refused} == allowed
 

@@ -1478,3 +1478,48 @@ def test_network_policies_let_each_pod_reach_only_what_it_needs(overlay: str) ->
     assert not allowed(policies, "Egress", runner, {"app": "anything"}, 443, ELSEWHERE)
     # The NetworkPolicy peers name labels the workloads really carry.
     assert {"mdq-intake", "mdq-watcher", "mdq-migrate", "mdq-bus-setup", "nats"} <= set(pods)
+
+
+def test_runner_pods_mount_the_runners_credentials_the_overlay_makes() -> None:
+    """The runner pod placement creates with the deployed settings mounts the Secret the dev
+    overlay makes from the generator's runners.creds, as a file its MDQ_NATS_CREDS names; the
+    credentials themselves never sit in the pod's environment."""
+    from mdq.backends.kubernetes.objects import pod_manifest
+    from mdq.backends.port import PodSpec
+    from mdq.contracts import pb
+    from mdq.core.spec import normalize_job
+
+    objects = build("overlays/dev")
+    config = config_map(objects, "mdq-config")["data"]
+    settings = KubernetesSettings(runner_creds_secret=config["MDQ_K8S_RUNNER_CREDS_SECRET"])
+    spec = PodSpec(
+        name="mdq-0123456789ab-j-1",
+        job_id="0123456789ab-j",
+        attempt=1,
+        node="node-1",
+        cpu=1.0,
+        memory_mb=256,
+        priority_class="normal",
+        spec=normalize_job(pb.JobSpec(name="j"), "jobs[0]"),
+        depends_on=(),
+        threads=1,
+        resume_from=None,
+    )
+    manifest = pod_manifest(
+        spec,
+        settings=settings,
+        mdq_namespace="mdq",
+        nats_url="nats://nats:4222",
+        data_dir=Path("/data"),
+    )
+    [container] = manifest["spec"]["containers"]
+    env = {variable["name"]: variable.get("value", "") for variable in container["env"]}
+    [volume] = [v for v in manifest["spec"]["volumes"] if "secret" in v]
+    [mount] = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
+    assert mount["readOnly"] is True
+    assert env["MDQ_NATS_CREDS"] == f"{mount['mountPath']}/nats.creds"
+    secret = of_kind(objects, "Secret")[volume["secret"]["secretName"]]  # no hash suffix
+    creds = base64.b64decode(secret["data"]["nats.creds"]).decode()
+    assert creds == (DEV_NATS / "runners.creds").read_text()
+    assert identity_of_creds(DEV_NATS / "runners.creds") == "runners"
+    assert not [name for name, value in env.items() if "NKEY SEED" in value or "eyJ" in value]

@@ -32,8 +32,10 @@ from mdq.core.producers import EVENT_PRODUCERS
 SERVICES = ("intake", "placement", "watcher", "recovery", "metrics", "agent")
 """The long-running identities, one credential each."""
 
-IDENTITIES = (*SERVICES, "cli", "admin")
-"""Every identity ``mdq up`` issues (runners get theirs per attempt)."""
+IDENTITIES = (*SERVICES, "cli", "runners", "admin")
+"""Every identity ``mdq up`` and the generator issue (a local runner gets its own per attempt;
+``runners`` is the one runner pods share on Kubernetes until the backend mints per-pod
+credentials there too)."""
 
 RUNNER_KINDS = ("progress", "checkpoint", "outputs")
 """What a runner reports about its own job."""
@@ -177,6 +179,13 @@ def service_permissions(identity: str, subjects: Subjects, names: Names = Names(
     elif identity == "agent":
         publish += _bucket(subjects.pods_bucket, write=True)
         publish += _bucket(subjects.nodes_bucket, write=True)
+    elif identity == "runners":
+        return Permissions(
+            identity=identity,
+            publish=(*COMMON_PUBLISH, *_events(subjects, RUNNER_KINDS)),
+            subscribe=(f"{inbox_prefix(identity)}.>",),
+            inbox_prefix=inbox_prefix(identity),
+        )
     elif identity == "cli":
         publish += [subjects.submit, subjects.api_submit]
         publish += [*_read_stream(jobs), *_read_stream(progress), *_read_stream(nodes)]

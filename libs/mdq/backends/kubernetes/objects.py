@@ -25,6 +25,8 @@ from mdq.contracts import pb
 Json = dict[str, Any]
 
 CONTAINER = "runner"
+RUNNER_CREDS_DIR = "/var/run/secrets/mdq-nats"
+"""Where a runner pod finds its NATS credentials (``KubernetesSettings.runner_creds_secret``)."""
 MANAGED_BY = "app.kubernetes.io/managed-by"
 NAMESPACE_LABEL = "mdq.io/namespace"
 JOB_LABEL = "mdq.io/job"
@@ -145,6 +147,18 @@ def pod_manifest(
         spec["priorityClassName"] = priority_class
     if settings.service_account:
         spec["serviceAccountName"] = settings.service_account
+    if settings.runner_creds_secret:
+        # A file, never an environment variable: the runner reads it by its path.
+        spec["volumes"].append(
+            {
+                "name": "nats-creds",
+                "secret": {"secretName": settings.runner_creds_secret, "defaultMode": 0o440},
+            }
+        )
+        container["volumeMounts"].append(
+            {"name": "nats-creds", "mountPath": RUNNER_CREDS_DIR, "readOnly": True}
+        )
+        env.append({"name": "MDQ_NATS_CREDS", "value": f"{RUNNER_CREDS_DIR}/nats.creds"})
     mount_path = settings.data_mount_path or str(data_dir)
     if settings.checkpoint_pvc and mount_path:
         spec["volumes"].append(

@@ -33,6 +33,12 @@ class KubernetesSettings(BaseSettings):
         description="Container command (JSON list) of the runner image; empty: python -m "
         "services.runner. An operator setting: a pod description never names a command.",
     )
+    runner_creds_secret: str = Field(
+        default="",
+        description="Secret holding the runners' NATS credentials (key nats.creds; the "
+        "generator's runners.creds), mounted read-only into every runner pod and named by its "
+        "MDQ_NATS_CREDS; empty: runner pods get none (a server without authentication).",
+    )
     checkpoint_pvc: str = Field(
         default="mdq-data",
         description="PersistentVolumeClaim with job outputs and checkpoints, mounted at the "
