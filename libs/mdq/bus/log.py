@@ -91,6 +91,13 @@ async def follow_log(
         # A push consumer may already have delivered messages when its info comes back: the
         # history is empty only if nothing is pending AND nothing was delivered yet.
         info = await subscription.consumer_info()
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            # Cancelled while the info request completed: nats-py's request runs under
+            # asyncio.wait_for, which on Python 3.11 can drop a cancellation that lands as
+            # its inner future completes. Without this the follower waited on ``failed``
+            # for ever and its caller's ``await`` hung (test_follow_log, 1 run in 3).
+            raise asyncio.CancelledError
         delivered = info.delivered.consumer_seq if info.delivered else 0
         if info.num_pending == 0 and not delivered:
             await mark_caught_up()
