@@ -13,6 +13,7 @@ import asyncio
 import re
 import stat
 import subprocess
+import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -32,8 +33,22 @@ PSQL = POSTGRES_BIN_PATH / "psql"
 DATABASE_VARIABLES = ("DATABASE_URL", "MDQ_DATABASE_URL", "PGPASSWORD", "PGUSER")
 
 
-def process_env(pid: int) -> dict[str, str]:
-    raw = Path(f"/proc/{pid}/environ").read_bytes()
+def process_env(pid: int, *, within_s: float = 10.0) -> dict[str, str]:
+    """The environment the process ``pid`` was started with, once it has one of its own.
+
+    A child just spawned may still be the parent's copy (between fork and exec) or in the
+    middle of its exec, when /proc shows the parent's environment or none: what it was given
+    is read once its command line is the mdq module it runs and its environment is there."""
+    deadline = time.monotonic() + within_s
+    while True:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+        module = cmdline[cmdline.index(b"-m") + 1] if b"-m" in cmdline[:-1] else b""
+        if module.startswith((b"services.", b"mdq.")) and raw:
+            break
+        if time.monotonic() > deadline:
+            raise AssertionError(f"process {pid} did not exec within {within_s} s: {cmdline!r}")
+        time.sleep(0.05)
     pairs = (item.decode(errors="replace").partition("=") for item in raw.split(b"\0") if item)
     return {key: value for key, _, value in pairs}
 
