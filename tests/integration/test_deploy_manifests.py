@@ -1394,18 +1394,18 @@ def allowed(
     return False
 
 
-def runner_pod_labels() -> Labels:
-    """The labels of a runner pod, from the code that makes it."""
+def runner_pod(settings: KubernetesSettings) -> Manifest:
+    """A runner pod as the Kubernetes backend makes it with ``settings``."""
     from mdq.backends.kubernetes.objects import pod_manifest
     from mdq.backends.port import PodSpec
     from mdq.contracts import pb
     from mdq.core.spec import normalize_job
 
     spec = PodSpec(
-        name="mdq-j1-1",
-        job_id="j1",
+        name="mdq-0123456789ab-j-1",
+        job_id="0123456789ab-j",
         attempt=1,
-        node="n1",
+        node="node-1",
         cpu=1.0,
         memory_mb=256,
         priority_class="normal",
@@ -1414,13 +1414,18 @@ def runner_pod_labels() -> Labels:
         threads=1,
         resume_from=None,
     )
-    manifest = pod_manifest(
+    return pod_manifest(
         spec,
-        settings=KubernetesSettings(),
+        settings=settings,
         mdq_namespace="mdq",
         nats_url="nats://nats:4222",
         data_dir=Path("/data"),
     )
+
+
+def runner_pod_labels() -> Labels:
+    """The labels of a runner pod, from the code that makes it."""
+    manifest = runner_pod(KubernetesSettings())
     labels: Labels = manifest["metadata"]["labels"]
     return labels
 
@@ -1484,33 +1489,10 @@ def test_runner_pods_mount_the_runners_credentials_the_overlay_makes() -> None:
     """The runner pod placement creates with the deployed settings mounts the Secret the dev
     overlay makes from the generator's runners.creds, as a file its MDQ_NATS_CREDS names; the
     credentials themselves never sit in the pod's environment."""
-    from mdq.backends.kubernetes.objects import pod_manifest
-    from mdq.backends.port import PodSpec
-    from mdq.contracts import pb
-    from mdq.core.spec import normalize_job
-
     objects = build("overlays/dev")
     config = config_map(objects, "mdq-config")["data"]
-    settings = KubernetesSettings(runner_creds_secret=config["MDQ_K8S_RUNNER_CREDS_SECRET"])
-    spec = PodSpec(
-        name="mdq-0123456789ab-j-1",
-        job_id="0123456789ab-j",
-        attempt=1,
-        node="node-1",
-        cpu=1.0,
-        memory_mb=256,
-        priority_class="normal",
-        spec=normalize_job(pb.JobSpec(name="j"), "jobs[0]"),
-        depends_on=(),
-        threads=1,
-        resume_from=None,
-    )
-    manifest = pod_manifest(
-        spec,
-        settings=settings,
-        mdq_namespace="mdq",
-        nats_url="nats://nats:4222",
-        data_dir=Path("/data"),
+    manifest = runner_pod(
+        KubernetesSettings(runner_creds_secret=config["MDQ_K8S_RUNNER_CREDS_SECRET"])
     )
     [container] = manifest["spec"]["containers"]
     env = {variable["name"]: variable.get("value", "") for variable in container["env"]}
