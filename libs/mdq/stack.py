@@ -635,6 +635,7 @@ class Stack:
                 "MDQ_WATCHER_BACKEND": self.backend,
                 "MDQ_METRICS_BACKEND": self.backend,
                 "MDQ_METRICS_PORT": str(metrics_port),
+                "MDQ_METRICS_HTTP_HOST": "127.0.0.1",  # on one machine, nobody else scrapes it
                 "MDQ_LOCAL_NODES": str(self.local_nodes),
                 "PYTHONUNBUFFERED": "1",
             }

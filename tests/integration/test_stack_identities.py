@@ -9,11 +9,13 @@ import json
 import stat
 from pathlib import Path
 
+import psutil
 import pytest
 
 from mdq.auth import nats_secrets_dir
 from mdq.bus.connect import identity_of_creds
 from mdq.stack import STACK_FILE, Stack
+from tests.helpers import wait_for
 from tests.integration.test_stack_database import process_env
 
 CHILDREN = {
@@ -56,6 +58,16 @@ async def test_each_process_gets_its_own_identity_and_nothing_else(
             assert ("MDQ_NATS_RUNNER_ISSUER" in env) == (identity == "agent"), child
             for seed in seeds:  # no process holds the operator's or the account's keys
                 assert not [k for k, v in env.items() if seed in v], (child, seed[:4])
+
+        # /metrics listens on the loopback only: on one machine, nobody else scrapes it.
+        metrics = psutil.Process(stack.child_pid("metrics"))
+
+        async def listening() -> bool:
+            return any(c.status == psutil.CONN_LISTEN for c in metrics.net_connections("inet"))
+
+        await wait_for(listening, timeout=60, what="/metrics listening")
+        addresses = {c.laddr.ip for c in metrics.net_connections("inet") if c.status == "LISTEN"}
+        assert addresses == {"127.0.0.1"}
 
         # The CLI identity is in stack.json, and no secret is.
         text = (state / STACK_FILE).read_text()
