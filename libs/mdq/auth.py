@@ -45,6 +45,8 @@ SERVER_BLOCK_FILE = "nats-auth.conf"
 """The server's half (``Trust.server_block``), included by deploy/base/nats.conf."""
 RUNNER_ISSUER_FILE = "runner-issuer.json"
 """The node agent's runner-credential issuer (``MDQ_NATS_RUNNER_ISSUER``)."""
+RUNNER_ISSUER_ENV = "MDQ_NATS_RUNNER_ISSUER"
+"""Where the node agent is told the runner issuer file is (set by the stack, compose, deploy)."""
 CREDS_SUFFIX = ".creds"
 
 _UNLIMITED = {

@@ -46,7 +46,15 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Self
 
-from mdq.auth import RUNNER_ISSUER_FILE, Generated, TrustMismatch, generate, nats_secrets_dir
+from mdq.auth import (
+    RUNNER_ISSUER_ENV,
+    RUNNER_ISSUER_FILE,
+    Generated,
+    TrustMismatch,
+    generate,
+    nats_secrets_dir,
+)
+from mdq.bus.connect import CREDS_ENV
 from mdq.bus.setup import prepare_bus
 from mdq.embedded import EmbeddedNats, EmbeddedPostgres, start_nats, start_postgres
 from mdq.store.stack_database import (
@@ -658,10 +666,10 @@ class Stack:
         identity = CHILD_IDENTITY.get(child, child)
         if identity not in self._creds:
             return {}
-        env = {"MDQ_NATS_CREDS": str(self._creds[identity])}
+        env = {CREDS_ENV: str(self._creds[identity])}
         if identity == "agent":
             issuer = nats_secrets_dir(self.state_dir) / RUNNER_ISSUER_FILE
-            env["MDQ_NATS_RUNNER_ISSUER"] = str(issuer)
+            env[RUNNER_ISSUER_ENV] = str(issuer)
         return env
 
     def _child(self, name: str, argv: tuple[str, ...]) -> ChildProcess:

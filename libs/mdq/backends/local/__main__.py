@@ -15,13 +15,11 @@ from pathlib import Path
 
 from nats.js import JetStreamContext
 
+from mdq.auth import RUNNER_ISSUER_ENV
 from mdq.backends.local.agent import NodeAgent
 from mdq.backends.local.settings import LocalAgentSettings
 from mdq.bus.connect import connect
 from mdq.settings import CommonSettings
-
-RUNNER_ISSUER_ENV = "MDQ_NATS_RUNNER_ISSUER"
-"""The runner-credential issuer the stack gives the agent (``mdq.auth.RunnerIssuer``)."""
 
 
 def build(
