@@ -11,14 +11,38 @@ import hashlib
 REQUEST_ID_HEX = 12
 
 
-def request_id_for_key(idempotency_key: str) -> str:
-    """The request id of a submit that carries an idempotency key."""
-    return hashlib.sha256(f"key:{idempotency_key}".encode()).hexdigest()[:REQUEST_ID_HEX]
+TENANT_SEPARATOR = "."
+"""Between a tenant's name and the rest of its request and job ids: the tenant is a subject
+token of its own (``mdq.job.<tenant>.<hex>-<name>.<kind>``), so the server can enforce who
+reads what with subject permissions."""
 
 
-def request_id_for_sequence(stream_sequence: int) -> str:
+def _scoped(tenant: str, hex_id: str) -> str:
+    return f"{tenant}{TENANT_SEPARATOR}{hex_id}" if tenant else hex_id
+
+
+def request_id_for_key(idempotency_key: str, tenant: str = "") -> str:
+    """The request id of a submit that carries an idempotency key: keys are per tenant (two
+    tenants' "run-1" are two requests, and neither learns of the other's)."""
+    seed = f"key:{tenant}:{idempotency_key}" if tenant else f"key:{idempotency_key}"
+    return _scoped(tenant, hashlib.sha256(seed.encode()).hexdigest()[:REQUEST_ID_HEX])
+
+
+def request_id_for_sequence(stream_sequence: int, tenant: str = "") -> str:
     """The request id of a keyless submit captured by the submit stream."""
-    return hashlib.sha256(f"seq:{stream_sequence}".encode()).hexdigest()[:REQUEST_ID_HEX]
+    digest = hashlib.sha256(f"seq:{stream_sequence}".encode()).hexdigest()[:REQUEST_ID_HEX]
+    return _scoped(tenant, digest)
+
+
+def tenant_of(job_or_request_id: str) -> str:
+    """The tenant of a job (or request) id; "" for the operator's jobs, which have none."""
+    tenant, separator, _ = job_or_request_id.partition(TENANT_SEPARATOR)
+    return tenant if separator else ""
+
+
+def job_name_of(job: str) -> str:
+    """The name a job was given in its submit (its id less the tenant and request id)."""
+    return job.rpartition(TENANT_SEPARATOR)[2][REQUEST_ID_HEX + 1 :]
 
 
 def job_id(request_id: str, job_name: str) -> str:
@@ -27,8 +51,9 @@ def job_id(request_id: str, job_name: str) -> str:
 
 
 def pod_name(job: str, attempt: int) -> str:
-    """The pod (or local process) name of one attempt of a job."""
-    return f"mdq-{job}-{attempt}"
+    """The pod (or local process) name of one attempt of a job: a DNS label (a Kubernetes
+    pod's hostname is its name), so a tenant's dot becomes a dash."""
+    return f"mdq-{job.replace(TENANT_SEPARATOR, '-')}-{attempt}"
 
 
 def event_id(kind: str, job: str, attempt: int, detail: str | int | None = None) -> str:
