@@ -174,7 +174,7 @@ class Tap:
             self.changed.set()
 
         await js.subscribe(client.subjects.job_all("*"), cb=on_message, ordered_consumer=True)
-        await js.subscribe(client.subjects.progress("*"), cb=on_message, ordered_consumer=True)
+        await js.subscribe(client.subjects.progress_all, cb=on_message, ordered_consumer=True)
 
     def find(self, kind: str, job_id: str, attempt: int) -> pb.Event | None:
         for event in self.events:

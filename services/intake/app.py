@@ -44,6 +44,7 @@ from faststream.nats import JStream, NatsBroker
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -57,6 +58,7 @@ from mdq.settings import CommonSettings
 from services.intake.handlers import (
     JSON_CONTENT_TYPE,
     PROTOBUF_CONTENT_TYPE,
+    Arrival,
     Outcome,
     SubmitHandler,
     is_json,
@@ -157,7 +159,7 @@ class Intake:
         self._in_flight = 0
         """Request-reply submits in batches being handled (at most ``concurrency``)."""
         self._requests: set[asyncio.Task[None]] = set()
-        self._request_subscription: Subscription | None = None
+        self._request_subscriptions: list[Subscription] = []
         self._register()
 
     @property
@@ -179,6 +181,8 @@ class Intake:
                 durable=settings.durable,
                 queue=settings.durable,  # the consumer's deliver group: replicas share it
                 config=ConsumerConfig(
+                    # the operator's submits and every tenant's (``mdq.submit.<tenant>``)
+                    filter_subjects=subjects.submit_subjects,
                     ack_wait=settings.ack_wait_s,
                     deliver_policy=DeliverPolicy.ALL,
                     max_ack_pending=settings.max_in_flight,
@@ -228,8 +232,10 @@ class Intake:
                 self._in_flight -= 1
                 self._schedule_batch()
 
+        tenant_of = self.subjects.tenant_of_submit
+        arrivals = [Arrival(message.data, tenant_of(message.subject)) for message in batch]
         try:
-            await self.handler.on_api_submits([message.data for message in batch], answer)
+            await self.handler.on_api_submits(arrivals, answer)
         except Exception as error:
             log.exception("a batch of %d request-reply submit(s) failed", len(batch))
             for index in range(len(batch)):
@@ -264,18 +270,22 @@ class Intake:
         task.add_done_callback(self._requests.discard)
 
     async def serve_requests(self) -> None:
-        """Subscribe to request-reply submits (queue group: replicas share them)."""
-        self._request_subscription = await self._connection().subscribe(
-            self.subjects.api_submit,
-            queue=self.settings.queue_group,
-            cb=self._on_request,
-            pending_msgs_limit=max(65_536, 16 * self.settings.concurrency),
-        )
+        """Subscribe to request-reply submits, the operator's and every tenant's (queue group:
+        replicas share them)."""
+        self._request_subscriptions = [
+            await self._connection().subscribe(
+                subject,
+                queue=self.settings.queue_group,
+                cb=self._on_request,
+                pending_msgs_limit=max(65_536, 16 * self.settings.concurrency),
+            )
+            for subject in self.subjects.api_submit_subjects
+        ]
 
     async def stop_requests(self) -> None:
         """Stop taking requests and let those in hand finish."""
-        subscription, self._request_subscription = self._request_subscription, None
-        if subscription is not None:
+        subscriptions, self._request_subscriptions = self._request_subscriptions, []
+        for subscription in subscriptions:
             with contextlib.suppress(Exception):
                 await subscription.unsubscribe()
         deadline = asyncio.get_running_loop().time() + 10
@@ -295,21 +305,23 @@ class Intake:
         """Handle one stream submit; ack it once done, nak it (retry later) on a NATS error."""
         sequence = raw.metadata.sequence.stream
         try:
-            await self._consume_one(raw.data, sequence=sequence)
+            await self._consume_one(
+                raw.data, sequence=sequence, tenant=self.subjects.tenant_of_submit(raw.subject)
+            )
         except TRANSIENT_ERRORS as error:
             log.warning("submit #%d: NATS error, will retry: %r", sequence, error)
             await raw.nak(delay=self.settings.retry_delay_s)
             return
         await raw.ack()
 
-    async def _consume_one(self, data: bytes, *, sequence: int) -> None:
+    async def _consume_one(self, data: bytes, *, sequence: int, tenant: str) -> None:
         try:
-            await self.handler.on_stream_submit(data, sequence=sequence)
+            await self.handler.on_stream_submit(data, sequence=sequence, tenant=tenant)
         except TRANSIENT_ERRORS:
             raise
         except Exception as error:  # a bug in one submit must not block the stream
             log.exception("submit #%d could not be handled; refusing it", sequence)
-            await self.handler.refuse_unhandled(sequence=sequence, error=error)
+            await self.handler.refuse_unhandled(sequence=sequence, error=error, tenant=tenant)
 
     async def prepare(self) -> None:
         """Connect, make sure the streams and the registry bucket exist, build the handler.
@@ -327,12 +339,30 @@ class Intake:
             where=redact_url(url),
             retry_on=NATS_NOT_READY,
         )
+        await self._widen_durable(js)
         requests = await Requests(connection).start()
         registry = await SubmitRegistry.open(
             js=js, requests=requests, subjects=self.subjects, replicas=replicas
         )
         publisher = EventPublisher(js=requests, subjects=self.subjects, producer="intake")
         self._handler = SubmitHandler(publisher=publisher, registry=registry)
+
+    async def _widen_durable(self, js: JetStreamContext) -> None:
+        """An intake durable made before tenants filters on the operator's submit subject
+        alone: widen it to every tenant's (an update of intake's own consumer, in place, so no
+        submit waiting in it is lost). A new one is made with the right filters."""
+        stream, durable = self.subjects.submit_stream, self.settings.durable
+        try:
+            info = await js.consumer_info(stream, durable)
+        except nats.js.errors.NotFoundError:
+            return
+        config = info.config
+        wanted = self.subjects.submit_subjects
+        has = config.filter_subjects or ([config.filter_subject] if config.filter_subject else [])
+        if sorted(has) != sorted(wanted):
+            config.filter_subject, config.filter_subjects = None, wanted
+            await js.add_consumer(stream, config=config)
+            log.info("intake's consumer %s now reads %s", durable, ", ".join(wanted))
 
     async def start(self) -> None:
         """Prepare and start consuming (for embedding, e.g. in tests)."""

@@ -66,7 +66,7 @@ from mdq.bus.publisher import EventPublisher
 from mdq.contracts import pb
 from mdq.core.documents import printable, quoted
 from mdq.core.fingerprint import Content, Earlier, changes, content_fingerprint, content_of
-from mdq.core.ids import REQUEST_ID_HEX, job_id, request_id_for_key, request_id_for_sequence
+from mdq.core.ids import job_id, job_name_of, request_id_for_key, request_id_for_sequence
 from mdq.core.spec import AcceptedJob, SpecError, validate_key, validate_submit
 from mdq.forcefields import ForceFieldFolders
 from services.intake.registry import JOB_ID_PATTERN, Claim, SubmitRegistry
@@ -165,6 +165,24 @@ def rejected_event(
     return publisher.event("rejected", body, job_id="", attempt=0, detail=detail)
 
 
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    """One submit as it arrived: its bytes, and the tenant whose subject it came on ("" = the
+    operator's), which the server enforced: only that tenant may publish there."""
+
+    data: bytes
+    tenant: str = ""
+
+
+def decode_as(data: bytes, tenant: str) -> pb.SubmitRequest:
+    """The submit request, with ``submitted_by`` the tenant it came from: never what a
+    tenant's payload says (the operator's identity may name who it submits for)."""
+    request = decode_submit(data)
+    if tenant:
+        request.submitted_by = tenant
+    return request
+
+
 Outcome = pb.SubmitReply | Exception
 """What became of one request-reply submit: its reply, or why it has none."""
 Answer = Callable[[int, Outcome], Awaitable[None]]
@@ -223,16 +241,16 @@ def acceptance(
     return accepted, reply, fingerprint
 
 
-def _prepare(index: int, data: bytes) -> _Ready | None:
+def _prepare(index: int, arrival: Arrival) -> _Ready | None:
     """The submit ready to be claimed, or None when it needs the one-by-one path (it is
     refused, names jobs of earlier submits, or fails in an unexpected way: the one-by-one path
     answers that too)."""
     try:
-        request = decode_submit(data)
+        request = decode_as(arrival.data, arrival.tenant)
         validate_key(request.idempotency_key, required=True)
         if external_refs(request):
             return None
-        request_id = request_id_for_key(request.idempotency_key)
+        request_id = request_id_for_key(request.idempotency_key, arrival.tenant)
         accepted, reply, fingerprint = acceptance(
             request, request_id=request_id, resolved={}, key_required=True
         )
@@ -257,11 +275,11 @@ class SubmitHandler:
         self._registry = registry
         self._locks = OnePerKey()
 
-    async def on_api_submit(self, data: bytes) -> pb.SubmitReply:
-        """A request-reply submit: the idempotency key is required."""
-        return await self._handle(data, sequence=None)
+    async def on_api_submit(self, data: bytes, tenant: str = "") -> pb.SubmitReply:
+        """A request-reply submit of ``tenant``: the idempotency key is required."""
+        return await self._handle(Arrival(data, tenant), sequence=None)
 
-    async def on_api_submits(self, batch: Sequence[bytes], answer: Answer) -> None:
+    async def on_api_submits(self, batch: Sequence[Arrival], answer: Answer) -> None:
         """Request-reply submits that arrived together: ``answer(index, outcome)`` is awaited
         for each as soon as its outcome is known (its reply, or the exception that kept it
         from one: the caller tells a NATS error from a bug).
@@ -276,16 +294,16 @@ class SubmitHandler:
         ``on_api_submit`` would give."""
         ready: list[_Ready] = []
         one_by_one: list[Awaitable[None]] = []
-        for index, data in enumerate(batch):
-            prepared = _prepare(index, data)
+        for index, arrival in enumerate(batch):
+            prepared = _prepare(index, arrival)
             if prepared is not None and self._locks.try_hold(prepared.request_id):
                 ready.append(prepared)
             else:
-                one_by_one.append(self._answer_one(index, data, answer))
+                one_by_one.append(self._answer_one(index, arrival, answer))
         await asyncio.gather(self._accept_together(ready, answer), *one_by_one)
 
-    async def _answer_one(self, index: int, data: bytes, answer: Answer) -> None:
-        await answer(index, await _settled(self.on_api_submit(data)))
+    async def _answer_one(self, index: int, arrival: Arrival, answer: Answer) -> None:
+        await answer(index, await _settled(self._handle(arrival, sequence=None)))
 
     async def _accept_together(self, ready: list[_Ready], answer: Answer) -> None:
         """Claim and publish prepared submits as batches, releasing each request id once its
@@ -361,25 +379,30 @@ class SubmitHandler:
             self._locks.release(submit.request_id)
         await answer(submit.index, outcome)
 
-    async def on_stream_submit(self, data: bytes, *, sequence: int) -> pb.SubmitReply:
-        """A submit captured by the submit stream at ``sequence`` (its id when keyless)."""
-        return await self._handle(data, sequence=sequence)
+    async def on_stream_submit(
+        self, data: bytes, *, sequence: int, tenant: str = ""
+    ) -> pb.SubmitReply:
+        """A submit of ``tenant`` captured by the submit stream at ``sequence`` (its id when
+        keyless)."""
+        return await self._handle(Arrival(data, tenant), sequence=sequence)
 
-    async def _handle(self, data: bytes, *, sequence: int | None) -> pb.SubmitReply:
-        fallback_id = request_id_for_sequence(sequence) if sequence is not None else ""
+    async def _handle(self, arrival: Arrival, *, sequence: int | None) -> pb.SubmitReply:
+        tenant = arrival.tenant
+        fallback_id = request_id_for_sequence(sequence, tenant) if sequence is not None else ""
         try:
-            request = decode_submit(data)
+            request = decode_as(arrival.data, tenant)
             validate_key(request.idempotency_key, required=sequence is None)
         except SpecError as error:
             return await self._refuse(request_id=fallback_id, idempotency_key="", error=error)
         key = request.idempotency_key
-        request_id = request_id_for_key(key) if key else fallback_id
+        request_id = request_id_for_key(key, tenant) if key else fallback_id
         async with self._exclusive(request_id):
             try:
+                refs = external_refs(request)
                 accepted, reply, fingerprint = acceptance(
                     request,
                     request_id=request_id,
-                    resolved=await self._registry.resolve_all(external_refs(request)),
+                    resolved=await self._registry.resolve_all(refs, tenant),
                     key_required=sequence is None,
                 )
             except SpecError as error:
@@ -447,7 +470,7 @@ class SubmitHandler:
         specs = [body.spec if body is not None else None for body in found]
         submitters = {body.submitted_by for body in found if body is not None}
         earlier = Earlier(
-            names=[job[REQUEST_ID_HEX + 1 :] for job in claim.reply.job_ids],
+            names=[job_name_of(job) for job in claim.reply.job_ids],
             specs=specs,
             submitted_by=submitters.pop() if len(submitters) == 1 else None,
         )
@@ -465,11 +488,13 @@ class SubmitHandler:
             request_id=request_id, idempotency_key=key, error=error, variant=variant[:16]
         )
 
-    async def refuse_unhandled(self, *, sequence: int, error: Exception) -> pb.SubmitReply:
+    async def refuse_unhandled(
+        self, *, sequence: int, error: Exception, tenant: str = ""
+    ) -> pb.SubmitReply:
         """Refuse a stream submit that failed in an unexpected way, so it is not retried forever."""
         reply = self.internal_error(error)
         return await self._refuse(
-            request_id=request_id_for_sequence(sequence),
+            request_id=request_id_for_sequence(sequence, tenant),
             idempotency_key="",
             error=SpecError(reply.error.field, reply.error.message),
         )

@@ -58,9 +58,13 @@ from mdq.bus.requests import KvEntry, Requests, is_wrong_last_sequence
 from mdq.bus.streams import await_leader, ensure_replicas
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
-from mdq.core.ids import REQUEST_ID_HEX, request_id_for_key
+from mdq.core.ids import REQUEST_ID_HEX, request_id_for_key, request_id_of, tenant_of
+from mdq.core.tenants import TENANT_PATTERN
 
-JOB_ID_PATTERN = re.compile(rf"[0-9a-f]{{{REQUEST_ID_HEX}}}-[a-z][a-z0-9-]{{0,39}}")  # fullmatch
+JOB_ID_PATTERN = re.compile(
+    rf"(?:{TENANT_PATTERN.pattern}\.)?[0-9a-f]{{{REQUEST_ID_HEX}}}-[a-z][a-z0-9-]{{0,39}}"
+)
+"""A job id (fullmatch): the operator's ``<hex>-<name>``, a tenant's ``<tenant>.<hex>-<name>``."""
 NO_MESSAGE_FOUND = 10037
 RETENTION_MARGIN = timedelta(days=1)
 """A claim this close to the jobs stream's retention may have outlived its events."""
@@ -233,32 +237,38 @@ class SubmitRegistry:
             return None
         raise APIError.from_error(error)
 
-    async def resolve(self, ref: str) -> str | None:
+    async def resolve(self, ref: str, tenant: str = "") -> str | None:
         """A dependency given as a job id or as the key of a single-job submit -> its job id,
-        once that job is in the log."""
+        once that job is in the log. A tenant's submit may name only its own jobs and keys
+        (another tenant's job is unknown to it, exactly as a job that does not exist)."""
         if JOB_ID_PATTERN.fullmatch(ref):
-            reply = await self.reply_for(ref[:REQUEST_ID_HEX])
+            if tenant and tenant_of(ref) != tenant:
+                return None
+            reply = await self.reply_for(request_id_of(ref))
             if reply is not None and ref in reply.job_ids:
                 return ref if await self.has_submitted(ref) else None
             if reply is None and await self._get(f"job.{ref}") is not None:  # legacy record
                 return ref
-        reply = await self.reply_for(request_id_for_key(ref))
+        reply = await self.reply_for(request_id_for_key(ref, tenant))
         if reply is not None:
             if len(reply.job_ids) == 1 and await self.has_submitted(reply.job_ids[0]):
                 return reply.job_ids[0]
             return None
+        if tenant:  # legacy records predate tenants
+            return None
         found = await self._get(f"key.{key_digest(ref)}")  # legacy record
         return found.decode() if found is not None else None
 
-    async def resolve_all(self, refs: Iterable[str]) -> dict[str, str]:
-        """Resolve many references at once; unknown ones are left out of the result."""
+    async def resolve_all(self, refs: Iterable[str], tenant: str = "") -> dict[str, str]:
+        """Resolve many references of ``tenant``'s submit at once; unknown ones are left out
+        of the result."""
         unique = list(dict.fromkeys(refs))
         if not unique:  # most submits: no need to start anything
             return {}
 
         async def bounded(ref: str) -> str | None:
             async with self._lookups:  # a submit may name hundreds of dependencies
-                return await self.resolve(ref)
+                return await self.resolve(ref, tenant)
 
         resolved = await asyncio.gather(*(bounded(ref) for ref in unique))
         return {ref: job for ref, job in zip(unique, resolved, strict=True) if job is not None}

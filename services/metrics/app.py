@@ -184,7 +184,7 @@ class MetricsService:
             asyncio.create_task(
                 follow_log(
                     self._js,
-                    self._subjects.progress("*"),
+                    self._subjects.progress_all,
                     on_event=self._followers.on_progress,
                     on_caught_up=_nothing,
                     deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,

@@ -119,22 +119,30 @@ def test_the_official_asyncapi_parser_accepts_it(tmp_path: Path) -> None:
 
 
 # -- true to the code -----------------------------------------------------------------------------
-STREAM_OF_CHANNEL = {"submit": "MDQ_SUBMIT", "progress": "MDQ_PROGRESS", "node_load": "MDQ_NODES"}
+STREAM_OF_CHANNEL = {
+    "submit": "MDQ_SUBMIT",
+    "submit_tenant": "MDQ_SUBMIT",
+    "progress": "MDQ_PROGRESS",
+    "node_load": "MDQ_NODES",
+}
 
 
 def test_every_event_kind_has_its_subject_and_stream(document: dict[str, Any]) -> None:
     channels = document["channels"]
     kinds = [f.name for f in pb.Event.DESCRIPTOR.oneofs_by_name["body"].fields]
-    assert set(kinds) | {"submit", "api_submit", "api_submit_reply"} == set(channels)
+    submits = {"submit", "api_submit", "api_submit_reply", "submit_tenant", "api_submit_tenant"}
+    assert set(kinds) | submits == set(channels)
     assert channels["submit"]["address"] == "mdq.submit"
     assert channels["api_submit"]["address"] == "mdq.api.submit"
+    assert channels["submit_tenant"]["address"] == "mdq.submit.{tenant}"
+    assert channels["api_submit_tenant"]["address"] == "mdq.api.submit.{tenant}"
     assert "x-jetstream" not in channels["api_submit"]  # core request-reply, not captured
     assert channels["progress"]["address"] == "mdq.progress.{job_id}"
     assert channels["node_load"]["address"] == "mdq.node.{node}.load"
     assert channels["rejected"]["address"] == "mdq.rejected.{request_id}"
     assert channels["bound"]["address"] == "mdq.job.{job_id}.bound"
     for name, channel in channels.items():
-        if name in ("api_submit", "api_submit_reply"):
+        if name in ("api_submit", "api_submit_reply", "api_submit_tenant"):
             continue
         assert channel["x-jetstream"]["stream"] == STREAM_OF_CHANNEL.get(name, "MDQ_JOBS"), name
         for parameter in re.findall(r"\{(\w+)\}", channel["address"]):

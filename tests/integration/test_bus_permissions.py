@@ -34,15 +34,20 @@ from mdq.bus.permissions import (
     markdown_table,
     runner_permissions,
     service_permissions,
+    tenant_permissions,
 )
-from mdq.bus.streams import ensure_streams
+from mdq.bus.streams import ensure_streams, ensure_tenant_stream
 from mdq.bus.subjects import Subjects
+from mdq.contracts import pb
 from mdq.core.producers import EVENT_PRODUCERS
 from mdq.embedded import EmbeddedNats, start_nats
 
 SUBJECTS = Subjects("mdq")
 JOB = "0123456789ab-victim"
+TENANT_JOB = "bob.0123456789ab-victim"
+"""A job of tenant bob: a tenant's job ids have two tokens."""
 RUNNER_JOB = "0123456789ab-mine"
+TENANT, OTHER_TENANT = "alice", "bob"
 LEASE_BUCKET = "mdq_placement"
 BUCKETS = (
     SUBJECTS.pods_bucket,
@@ -66,14 +71,18 @@ KV_WRITERS = {
     LEASE_BUCKET: {"placement"},
 }
 """Who may write each bucket (everyone else is refused)."""
-ATTACKERS = (*SERVICES, "cli", "runners", "runner")
-"""Identities that try what they must not do (a rogue service, a rogue client or tenant, a
-rogue job's runner)."""
+ATTACKERS = (*SERVICES, "cli", "runners", "runner", "tenant")
+"""Identities that try what they must not do (a rogue service, the operator's client, a rogue
+job's runner, a rogue tenant: alice)."""
 
 
 def permissions_of(identity: str) -> Permissions:
     if identity == "runner":
         return runner_permissions(SUBJECTS, RUNNER_JOB)
+    if identity == "tenant":
+        return tenant_permissions(SUBJECTS, TENANT)
+    if identity == "tenant-bob":
+        return tenant_permissions(SUBJECTS, OTHER_TENANT)
     return service_permissions(identity, SUBJECTS, Names(lease_bucket=LEASE_BUCKET))
 
 
@@ -107,6 +116,8 @@ def server() -> Iterator[Server]:
     # A runner's credentials come from the runner-scoped signing key, as the node agent's do.
     minted = runner_issuer(trust).creds(RUNNER_JOB)
     server.creds["runner"] = write_secret(folder / "runner.creds", minted)
+    for tenant in ("tenant", "tenant-bob"):  # as `mdq tenant add` issues them
+        server.creds[tenant] = issue(trust, permissions_of(tenant), folder / f"{tenant}.creds")
     server.trust = trust
     yield server
     embedded.stop()
@@ -122,6 +133,8 @@ async def prepared(server: Server) -> AsyncIterator[Server]:
     for bucket in BUCKETS:
         await js.create_key_value(bucket=bucket)
     await js.add_consumer(SUBJECTS.jobs_stream, durable_name="watcher-jobs", ack_policy="explicit")
+    for tenant in (TENANT, OTHER_TENANT):
+        await ensure_tenant_stream(js, SUBJECTS, tenant)
     yield server
     await admin.close()
 
@@ -166,7 +179,7 @@ async def attempts_of(prepared: Server) -> AsyncIterator[dict[str, Attempts]]:
         )
         return Attempts(client, errors)
 
-    for identity in ATTACKERS:
+    for identity in (*ATTACKERS, "tenant-bob"):
         opened[identity] = await open_one(identity)
     yield opened
     for attempts in opened.values():
@@ -208,11 +221,13 @@ async def test_the_runner_key_cannot_mint_wider_credentials(prepared: Server) ->
         await nats.connect(prepared.nats.url, user_credentials=str(path), allow_reconnect=False)
 
 
+@pytest.mark.parametrize("job_of", ["operator", "tenant"])
 @pytest.mark.parametrize("identity", ATTACKERS)
 async def test_each_identity_publishes_only_the_event_kinds_it_owns(
-    attempts_of: dict[str, Attempts], identity: str
+    attempts_of: dict[str, Attempts], identity: str, job_of: str
 ) -> None:
-    job = RUNNER_JOB if identity == "runner" else JOB
+    """For the operator's jobs and the tenants' (two-token ids) alike."""
+    job = RUNNER_JOB if identity == "runner" else JOB if job_of == "operator" else TENANT_JOB
     subjects = {kind: event_subject(kind, job) for kind in EVENT_PRODUCERS}
     refused = await attempts_of[identity].refused(list(subjects.values()))
     owner = "runner" if identity in ("runner", "runners") else identity
@@ -278,14 +293,17 @@ async def test_no_one_listens_to_another_identitys_replies(
     assert not await attempts_of[identity].refused([f"{own}.>"], subscribe=True)
 
 
+@pytest.mark.parametrize("identity", ["cli", "tenant"])
 async def test_nothing_refused_reached_the_streams(
-    prepared: Server, attempts_of: dict[str, Attempts]
+    prepared: Server, attempts_of: dict[str, Attempts], identity: str
 ) -> None:
-    """A rogue client forges every kind; of it, only what its table allows is stored."""
+    """A rogue client or tenant forges every kind; of it, only what its table allows is
+    stored (nothing: neither owns an event kind)."""
     admin = await connect(prepared.nats.url, name="check", creds=prepared.creds["admin"])
     js = admin.jetstream()
     before = (await js.stream_info(SUBJECTS.jobs_stream)).state.messages
-    await attempts_of["cli"].refused([event_subject(kind) for kind in EVENT_PRODUCERS])
+    forged = [event_subject(kind, job) for kind in EVENT_PRODUCERS for job in (JOB, TENANT_JOB)]
+    await attempts_of[identity].refused(forged)
     after = (await js.stream_info(SUBJECTS.jobs_stream)).state.messages
     await admin.close()
     assert after == before
@@ -296,3 +314,118 @@ def test_the_documented_table_is_the_enforced_one() -> None:
     text = (Path(__file__).resolve().parents[2] / "docs" / "security.md").read_text()
     documented = text.split("<!-- permissions:start -->\n", 1)[1].split("<!-- permissions:end")[0]
     assert documented == markdown_table(), "regenerate it: python -m mdq.bus.permissions"
+
+
+# -- tenants ---------------------------------------------------------------------------------
+
+
+async def test_a_tenant_submits_on_its_own_subjects_only(attempts_of: dict[str, Attempts]) -> None:
+    own = [SUBJECTS.submit_for(TENANT), SUBJECTS.api_submit_for(TENANT)]
+    others = [
+        SUBJECTS.submit,
+        SUBJECTS.api_submit,
+        SUBJECTS.submit_for(OTHER_TENANT),
+        SUBJECTS.api_submit_for(OTHER_TENANT),
+        SUBJECTS.submit_for("*"),
+    ]
+    assert await attempts_of["tenant"].refused([*own, *others]) == set(others)
+
+
+async def test_a_tenant_reads_its_own_stream_and_nothing_else(
+    attempts_of: dict[str, Attempts],
+) -> None:
+    """No way into the shared streams (which hold everyone's jobs), another tenant's stream,
+    or even the list of streams (it would name the other tenants)."""
+    own, bobs = SUBJECTS.tenant_stream(TENANT), SUBJECTS.tenant_stream(OTHER_TENANT)
+    allowed = [
+        f"$JS.API.STREAM.INFO.{own}",
+        f"$JS.API.CONSUMER.CREATE.{own}",
+        f"$JS.API.STREAM.MSG.GET.{own}",
+        f"$JS.API.DIRECT.GET.{own}.{SUBJECTS.job('alice.0123456789ab-x', 'bound')}",
+    ]
+    refused = [
+        "$JS.API.STREAM.NAMES",
+        "$JS.API.STREAM.LIST",
+        "$JS.API.INFO",
+        f"$JS.API.STREAM.INFO.{bobs}",
+        f"$JS.API.CONSUMER.CREATE.{bobs}",
+        f"$JS.API.STREAM.MSG.GET.{bobs}",
+        f"$JS.API.DIRECT.GET.{bobs}.{SUBJECTS.job(TENANT_JOB, 'bound')}",
+        f"$JS.API.STREAM.PURGE.{own}",
+        f"$JS.API.STREAM.DELETE.{own}",
+        f"$JS.API.STREAM.UPDATE.{own}",
+    ]
+    for stream in (SUBJECTS.jobs_stream, SUBJECTS.progress_stream, SUBJECTS.nodes_stream):
+        refused += [
+            f"$JS.API.STREAM.INFO.{stream}",
+            f"$JS.API.CONSUMER.CREATE.{stream}",
+            f"$JS.API.CONSUMER.CREATE.{stream}.mine.{SUBJECTS.namespace}.job.{TENANT}.>",
+            f"$JS.API.STREAM.MSG.GET.{stream}",
+            f"$JS.API.DIRECT.GET.{stream}.{SUBJECTS.job(TENANT_JOB, 'bound')}",
+        ]
+    assert await attempts_of["tenant"].refused([*allowed, *refused]) == set(refused)
+    core = [SUBJECTS.job_all("*"), SUBJECTS.job_all(f"{TENANT}.*"), SUBJECTS.progress_all]
+    assert await attempts_of["tenant"].refused(core, subscribe=True) == set(core)
+
+
+async def test_a_tenant_follows_its_own_jobs_and_only_them(prepared: Server) -> None:
+    """Placement binds a job of alice's and one of bob's; alice, reading her stream as the SDK
+    does, sees hers; the shared stream and bob's are refused by the server."""
+    placement = await connect(prepared.nats.url, name="p", creds=prepared.creds["placement"])
+    alice = await connect(prepared.nats.url, name="alice", creds=prepared.creds["tenant"])
+    try:
+        alice_job = f"{TENANT}.00000000000a-follow"
+        for job in (alice_job, f"{OTHER_TENANT}.00000000000b-follow"):
+            event = pb.Event(event_id=f"bound:{job}:1", job_id=job, attempt=1, producer="placement")
+            event.bound.node = "n1"
+            await placement.jetstream().publish(
+                SUBJECTS.job(job, "bound"), event.SerializeToString()
+            )
+        js = alice.jetstream()
+        stream = SUBJECTS.tenant_stream(TENANT)
+        subscription = await js.subscribe(
+            SUBJECTS.job_all("*"), stream=stream, ordered_consumer=True
+        )
+        message = await subscription.next_msg(timeout=5)
+        assert pb.Event.FromString(message.data).job_id == alice_job
+        with pytest.raises(nats.errors.TimeoutError):
+            await subscription.next_msg(timeout=0.5)  # bob's is not in her stream
+        for forbidden in (SUBJECTS.jobs_stream, SUBJECTS.tenant_stream(OTHER_TENANT)):
+            with pytest.raises((nats.errors.Error, asyncio.TimeoutError)):
+                await js.subscribe(SUBJECTS.job_all("*"), stream=forbidden, ordered_consumer=True)
+    finally:
+        await placement.close()
+        await alice.close()
+
+
+async def test_a_tenant_jobs_runner_reports_and_hears_its_acks(prepared: Server) -> None:
+    """A runner of a tenant's job (an id with a dot) gets credentials from the node agent's
+    issuer as any runner does; its JetStream publishes are acknowledged in its own inbox (the
+    one the server's template fills in from its name) and land in the tenant's stream."""
+    assert prepared.trust is not None
+    job = f"{TENANT}.0123456789ab-runs"
+    path = write_secret(
+        Path(tempfile.mkdtemp()) / "tenant-runner.creds", runner_issuer(prepared.trust).creds(job)
+    )
+    runner = await connect(prepared.nats.url, name="runner", creds=path)
+    try:
+        event = pb.Event(event_id=f"progress:{job}:1:10", job_id=job, attempt=1, producer="runner")
+        event.progress.step = 10
+        ack = await runner.jetstream().publish(
+            SUBJECTS.progress(job), event.SerializeToString(), timeout=5
+        )
+        assert ack.stream == SUBJECTS.progress_stream
+    finally:
+        await runner.close()
+    admin = await connect(prepared.nats.url, name="check", creds=prepared.creds["admin"])
+    try:
+        stream = SUBJECTS.tenant_stream(TENANT)
+        for _ in range(50):
+            info = await admin.jetstream().stream_info(stream, subjects_filter=">")
+            if SUBJECTS.progress(job) in (info.state.subjects or {}):
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError(f"the runner's progress never reached {stream}")
+    finally:
+        await admin.close()

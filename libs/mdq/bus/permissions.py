@@ -61,10 +61,14 @@ else listens there: every service and runner has its own prefix."""
 
 
 def inbox_prefix(identity: str) -> str:
-    """The reply-inbox prefix of ``identity`` (a subject token: dots become dashes)."""
+    """The reply-inbox prefix of ``identity``: ``_INBOX_<identity>``, dots kept (a tenant's job
+    id, a runner's identity, has one, and the server fills the runner template's
+    ``_INBOX_{{name()}}`` with the name as it is). Prefixes never overlap: a tenant may not be
+    named after an identity (``mdq.core.tenants.RESERVED``), so ``_INBOX_intake.>`` holds no
+    tenant's runner inbox."""
     if identity == "cli":
         return DEFAULT_INBOX
-    return "_INBOX_" + identity.replace(".", "-")
+    return "_INBOX_" + identity
 
 
 def _read_stream(stream: str) -> list[str]:
@@ -104,17 +108,19 @@ def _bucket(bucket: str, *, write: bool, own: bool = False) -> list[str]:
 
 
 def _events(subjects: Subjects, kinds: Iterable[str], job: str = "*") -> list[str]:
-    """The subjects of the event kinds given, for one job (or all)."""
+    """The subjects of the event kinds given, for one job (or, with "*", every job: the
+    operator's, whose ids are one token, and the tenants', whose ids are two)."""
+    jobs = [job] if job != "*" else ["*", "*.*"]
     out = []
     for kind in kinds:
-        if kind == "progress":
-            out.append(subjects.progress(job))
-        elif kind == "node_load":
+        if kind == "node_load":
             out.append(subjects.node_load())
         elif kind == "rejected":
-            out.append(subjects.rejected())
+            out += [subjects.rejected(), subjects.rejected("*.*")] if job == "*" else []
         else:
-            out.append(subjects.job(job, kind))
+            for each in jobs:
+                is_progress = kind == "progress"
+                out.append(subjects.progress(each) if is_progress else subjects.job(each, kind))
     return out
 
 
@@ -155,7 +161,7 @@ def service_permissions(identity: str, subjects: Subjects, names: Names = Names(
     if identity == "intake":
         publish += [*_durable(submit, names.intake_consumer), *_read_stream(jobs)]
         publish += _bucket(subjects.intake_bucket, write=True, own=True)
-        subscribe += [subjects.api_submit]
+        subscribe += subjects.api_submit_subjects
         respond = True
     elif identity == "placement":
         publish += [*_read_stream(jobs), *_read_stream(nodes)]
@@ -203,6 +209,39 @@ def service_permissions(identity: str, subjects: Subjects, names: Names = Names(
     )
 
 
+TENANT_PREFIX = "tenant."
+"""A tenant's identity is ``tenant.<name>`` (its credentials' name, ``identity_of_creds``)."""
+
+
+def tenant_identity(tenant: str) -> str:
+    """The NATS identity of ``tenant``."""
+    return TENANT_PREFIX + tenant
+
+
+def tenant_of_identity(identity: str) -> str:
+    """The tenant an identity stands for ("" if it is not a tenant's)."""
+    return identity.removeprefix(TENANT_PREFIX) if identity.startswith(TENANT_PREFIX) else ""
+
+
+def tenant_permissions(subjects: Subjects, tenant: str) -> Permissions:
+    """A tenant may submit on its own subjects, and read and follow its own stream (its jobs'
+    events, refusals and progress, ``Subjects.tenant_stream``): nothing else. Not even the
+    names of the streams or the account's figures (``$JS.API.STREAM.NAMES`` would list the
+    other tenants' streams): a tenant's client names its stream itself."""
+    identity = tenant_identity(tenant)
+    stream = subjects.tenant_stream(tenant)
+    prefix = inbox_prefix(identity)
+    publish = [subjects.submit_for(tenant), subjects.api_submit_for(tenant)]
+    publish += _read_stream(stream)
+    publish += [f"$JS.API.CONSUMER.CREATE.{stream}.>", f"$JS.API.CONSUMER.DELETE.{stream}.*"]
+    return Permissions(
+        identity=identity,
+        publish=tuple(publish),
+        subscribe=(f"{prefix}.>",),
+        inbox_prefix=prefix,
+    )
+
+
 RUNNER_NAME = "{{name()}}"
 """In a runner's permission template, the job id: the name its credentials were issued to."""
 
@@ -236,6 +275,7 @@ def markdown_table(subjects: Subjects | None = None) -> str:
     for identity in IDENTITIES:
         rows.append(_row(service_permissions(identity, subjects)))
     rows.append(_row(runner_permissions(subjects, "<job>")))
+    rows.append(_row(tenant_permissions(subjects, "<tenant>")))
     return "\n".join(rows) + "\n"
 
 
@@ -270,6 +310,8 @@ def _row(permissions: Permissions) -> str:
     name = f"`{permissions.identity}`"
     if permissions.identity.startswith("<"):
         name = f"runner of {name}"
+    elif tenant := tenant_of_identity(permissions.identity):
+        name = f"tenant `{tenant}` (identity `{permissions.identity}`)"
     listens = cell(list(permissions.subscribe))
     if permissions.respond:
         listens += " (answers requests)"

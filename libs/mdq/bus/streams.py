@@ -18,6 +18,7 @@ from nats.js.api import (
     RetentionPolicy,
     StorageType,
     StreamConfig,
+    StreamSource,
 )
 from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
@@ -33,7 +34,7 @@ def stream_configs(subjects: Subjects, *, replicas: int = 1) -> list[StreamConfi
     configs = [
         StreamConfig(
             name=subjects.submit_stream,
-            subjects=[subjects.submit],
+            subjects=subjects.submit_subjects,
             retention=RetentionPolicy.LIMITS,
             storage=StorageType.FILE,
             max_age=30 * DAY,
@@ -43,7 +44,8 @@ def stream_configs(subjects: Subjects, *, replicas: int = 1) -> list[StreamConfi
         ),
         StreamConfig(
             name=subjects.jobs_stream,
-            subjects=[subjects.job_all("*"), subjects.rejected("*")],
+            # "*.>" holds the tenants' two-token job ids too; their request ids have two tokens
+            subjects=[subjects.job_all("*"), subjects.rejected("*"), subjects.rejected("*.*")],
             retention=RetentionPolicy.LIMITS,
             storage=StorageType.FILE,
             max_age=365 * DAY,
@@ -51,7 +53,7 @@ def stream_configs(subjects: Subjects, *, replicas: int = 1) -> list[StreamConfi
         ),
         StreamConfig(
             name=subjects.progress_stream,
-            subjects=[subjects.progress("*")],
+            subjects=[subjects.progress_all],
             retention=RetentionPolicy.LIMITS,
             storage=StorageType.FILE,
             max_age=90 * DAY,
@@ -70,6 +72,44 @@ def stream_configs(subjects: Subjects, *, replicas: int = 1) -> list[StreamConfi
     for config in configs:
         config.num_replicas = replicas
     return configs
+
+
+TENANT_STREAM_MAX_AGE_S = 30 * DAY
+"""How long a tenant's own stream keeps its events (the history stays in PostgreSQL and the
+jobs and progress streams; this copy is what the tenant may follow and replay)."""
+
+
+def tenant_stream_config(subjects: Subjects, tenant: str, *, replicas: int = 1) -> StreamConfig:
+    """One tenant's stream: its jobs' events, refusals and progress, sourced by the server
+    from the shared streams (which a tenant may not read: they hold everyone's jobs)."""
+    jobs, refusals, progress = subjects.tenant_events(tenant)
+    return StreamConfig(
+        name=subjects.tenant_stream(tenant),
+        sources=[
+            StreamSource(name=subjects.jobs_stream, filter_subject=jobs),
+            StreamSource(name=subjects.jobs_stream, filter_subject=refusals),
+            StreamSource(name=subjects.progress_stream, filter_subject=progress),
+        ],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        max_age=TENANT_STREAM_MAX_AGE_S,
+        num_replicas=replicas,
+    )
+
+
+async def ensure_tenant_stream(
+    js: JetStreamContext, subjects: Subjects, tenant: str, *, replicas: int = 1
+) -> None:
+    """Create (or bring up to date) ``tenant``'s stream; as admin, after ``ensure_streams``."""
+    config = tenant_stream_config(subjects, tenant, replicas=replicas)
+    try:
+        await js.add_stream(config=config)
+    except BadRequestError:
+        existing = await js.stream_info(config.name or "")
+        config.num_replicas = max(replicas, existing.config.num_replicas or 1)
+        await js.update_stream(config=config)
+    if replicas > 1:
+        await await_leader(js, config.name or "")
 
 
 async def ensure_streams(js: JetStreamContext, subjects: Subjects, *, replicas: int = 1) -> None:

@@ -23,13 +23,39 @@ class Subjects:
     # -- subjects ------------------------------------------------------------------------
     @property
     def submit(self) -> str:
-        """Fire-and-forget submits, captured by the submit stream."""
+        """Fire-and-forget submits of the operator's identity, captured by the submit stream."""
         return f"{self.namespace}.submit"
 
     @property
     def api_submit(self) -> str:
-        """Request-reply submits."""
+        """Request-reply submits of the operator's identity."""
         return f"{self.namespace}.api.submit"
+
+    def submit_for(self, tenant: str = "") -> str:
+        """Fire-and-forget submits of ``tenant`` ("" = the operator): the server lets each
+        tenant publish only on its own token, and intake takes the tenant from it."""
+        return f"{self.submit}.{tenant}" if tenant else self.submit
+
+    def api_submit_for(self, tenant: str = "") -> str:
+        """Request-reply submits of ``tenant`` ("" = the operator)."""
+        return f"{self.api_submit}.{tenant}" if tenant else self.api_submit
+
+    def tenant_of_submit(self, subject: str) -> str:
+        """The tenant whose submit subject (either entrance) ``subject`` is; "" = operator."""
+        for base in (self.submit, self.api_submit):
+            if subject.startswith(base + "."):
+                return subject[len(base) + 1 :]
+        return ""
+
+    @property
+    def submit_subjects(self) -> list[str]:
+        """Every fire-and-forget submit subject: the operator's and each tenant's."""
+        return [self.submit, self.submit_for("*")]
+
+    @property
+    def api_submit_subjects(self) -> list[str]:
+        """Every request-reply submit subject: the operator's and each tenant's."""
+        return [self.api_submit, self.api_submit_for("*")]
 
     def job(self, job_id: str, kind: str) -> str:
         """One lifecycle event of a job."""
@@ -40,12 +66,27 @@ class Subjects:
         return f"{self.namespace}.job.{job_id}.>"
 
     def rejected(self, request_id: str = "*") -> str:
-        """The refusal of a submit."""
+        """The refusal of a submit (a tenant's request id has two tokens: ``alice.<hex>``)."""
         return f"{self.namespace}.rejected.{request_id}"
 
     def progress(self, job_id: str = "*") -> str:
-        """MD progress of a job (or of all jobs)."""
+        """MD progress of a job (or, with "*", of every job of the operator)."""
         return f"{self.namespace}.progress.{job_id}"
+
+    @property
+    def progress_all(self) -> str:
+        """MD progress of every job, the operator's and the tenants' (whose ids have two
+        tokens)."""
+        return f"{self.namespace}.progress.>"
+
+    def tenant_events(self, tenant: str) -> list[str]:
+        """Every subject of ``tenant``'s jobs and refusals: what it may read, and what its own
+        stream (``tenant_stream``) gathers from the jobs and progress streams."""
+        return [
+            self.job_all(f"{tenant}.*"),
+            self.rejected(f"{tenant}.*"),
+            self.progress(f"{tenant}.*"),
+        ]
 
     def node_load(self, node: str = "*") -> str:
         """Load of a node (or of all nodes)."""
@@ -80,6 +121,11 @@ class Subjects:
     @property
     def nodes_stream(self) -> str:
         return f"{self.namespace.upper()}_NODES"
+
+    def tenant_stream(self, tenant: str) -> str:
+        """The stream of one tenant's events, sourced from the jobs and progress streams: the
+        only stream a tenant may read, so it sees its own jobs and nothing else."""
+        return f"{self.namespace.upper()}_TENANT_{tenant}"
 
     @property
     def pods_bucket(self) -> str:

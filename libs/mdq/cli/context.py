@@ -6,7 +6,8 @@ running ``mdq up`` (state folder: ``--state-dir`` / ``MDQ_STATE_DIR``, default `
 database URL found there is the read-only role's (``mdq_reader``), its password read from the
 secret file stack.json names (``StackInfo.database_dsn``). NATS credentials come with the
 stack's URL (the CLI identity's file, ``stack.json``'s ``nats_creds``); with a URL of your
-own, ``MDQ_NATS_CREDS`` names yours.
+own, ``MDQ_NATS_CREDS`` names yours; ``--creds`` / ``MDQ_NATS_CREDS`` (a tenant's, say) win
+over the stack's.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ class GlobalOptions:
     database_url: str | None
     namespace: str | None
     state_dir: Path
+    nats_creds: str | None = None
+    """``--creds`` / ``MDQ_NATS_CREDS``: wins over the stack's CLI identity."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +73,6 @@ def resolve_endpoints(options: GlobalOptions) -> Endpoints:
         database_url=options.database_url or (stack.database_dsn() if stack else ""),
         namespace=options.namespace or (stack.namespace if stack else "mdq"),
         stack=stack,
-        nats_creds=stack.nats_creds if from_stack and stack else "",
+        nats_creds=options.nats_creds or (stack.nats_creds if from_stack and stack else ""),
         nats_admin_creds=stack.nats_admin_creds if from_stack and stack else "",
     )

@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from mdq.cli.live import format_energy, state_text, steps_label
 from mdq.cli.sparkline import sparkline
+from mdq.core.ids import tenant_of
 from mdq.core.state import JobState
 from mdq.store import queries
 from mdq.store.engine import create_engine
@@ -93,11 +94,22 @@ async def wait_for_projection(
 
 
 # -- tables --------------------------------------------------------------------------------
+OPERATOR_LABEL = "(operator)"
+"""The tenant column of a job the operator's own identity submitted."""
+
+
+def tenant_label(job_id: str) -> str:
+    """Whose a job is: its tenant (the server-enforced subject it was submitted on, which its
+    id carries), or the operator's."""
+    return tenant_of(job_id) or OPERATOR_LABEL
+
+
 def summary_table(jobs: Iterable[queries.JobSummary], *, title: str) -> Table:
-    """``mdq ls``: job, state, attempt, node, steps, speed, reason."""
+    """``mdq ls``: job, tenant, state, attempt, node, steps, speed, reason."""
     table = Table(title=title)
     for column, justify in (
         ("job", "left"),
+        ("tenant", "left"),
         ("state", "left"),
         ("attempt", "right"),
         ("node", "left"),
@@ -110,6 +122,7 @@ def summary_table(jobs: Iterable[queries.JobSummary], *, title: str) -> Table:
     for job in jobs:
         table.add_row(
             job.job_id,
+            tenant_label(job.job_id),
             state_text(job.state),
             str(job.attempt),
             job.node or "-",
@@ -159,6 +172,7 @@ def show_panel(detail: queries.JobDetail, timeline: Sequence[queries.TimelineEnt
     checkpoint = detail.latest_checkpoint
     for label, value in (
         ("job", job.job_id),
+        ("tenant", tenant_label(job.job_id)),
         ("task", job.task),
         ("state", state_text(job.state)),
         ("attempt", str(job.attempt)),

@@ -18,7 +18,9 @@ the stack a running ``mdq up`` recorded in ``<state>/stack.json``):
 * ``mdq nodes`` — the latest load of every node.
 
 ``mdq credentials --out DIR`` writes a deployment's NATS credentials (``mdq.auth.generate``):
-what ``make compose-secrets`` and ``make deploy-dev-secrets`` run.
+what ``make compose-secrets`` and ``make deploy-dev-secrets`` run. ``mdq tenant add NAME``
+adds a tenant (``mdq.cli.tenants``); a tenant runs the client commands with its credentials
+(``--creds`` / ``MDQ_NATS_CREDS``) and sees its own jobs only.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 from mdq.auth import TrustMismatch, generate
+from mdq.bus.connect import CREDS_ENV
 from mdq.cli import history
 from mdq.cli import status as stack_status
 from mdq.cli.context import Endpoints, GlobalOptions, NoEndpoint, resolve_endpoints
@@ -48,6 +51,7 @@ from mdq.cli.explain import waiting_entry
 from mdq.cli.live import follow_jobs, format_eta
 from mdq.cli.plot import plot as plot_command
 from mdq.cli.replay import replay as replay_command
+from mdq.cli.tenants import app as tenants_app
 from mdq.contracts import pb
 from mdq.core.state import JobState, JobView
 from mdq.sdk.client import IntakeUnavailable, MdqClient, SubmitRefused
@@ -108,6 +112,14 @@ def main(
             help="Folder of the local stack (servers' data, logs, stack.json).",
         ),
     ] = Path(".mdq"),
+    creds: Annotated[
+        Path | None,
+        typer.Option(
+            "--creds",
+            envvar=CREDS_ENV,
+            help="NATS credentials (a tenant's, say; default: the running stack's CLI identity).",
+        ),
+    ] = None,
 ) -> None:
     """Schedule, watch and recover molecular-dynamics jobs."""
     ctx.obj = GlobalOptions(
@@ -115,6 +127,7 @@ def main(
         database_url=database_url or None,
         namespace=namespace or None,
         state_dir=state_dir.resolve(),
+        nats_creds=str(creds) if creds else None,
     )
 
 
@@ -567,6 +580,7 @@ def credentials(
     console.print(f"NATS credentials of namespace {chosen} in {out}: wrote {wrote}")
 
 
+app.add_typer(tenants_app, name="tenant")
 app.command("explain")(explain_command)
 app.command("replay")(replay_command)
 app.command("plot")(plot_command)

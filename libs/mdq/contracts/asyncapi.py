@@ -53,8 +53,12 @@ Schema = dict[str, Any]
 PARAMETERS = {
     "job_id": "The job's id: its submit's request_id, '-', and JobSpec.name.",
     "request_id": "A submit's request id: 12 hex digits derived from its idempotency key (or, "
-    "for a keyless submit on mdq.submit, from its stream sequence).",
+    "for a keyless submit on mdq.submit, from its stream sequence); a tenant's starts with "
+    "its name and a dot (`alice.3f2a9c0d1e4b`), so its job ids and subjects carry one more "
+    "token.",
     "node": "A node's name.",
+    "tenant": "A tenant's name (`mdq tenant add`): only that tenant's credentials may publish "
+    "here, and intake takes the tenant from this token, never from the payload.",
 }
 
 HEADER = """\
@@ -505,6 +509,23 @@ def generate(subjects: Subjects | None = None) -> dict[str, Any]:
             + _stream_text(stream_of(subjects, subjects.api_submit)),
             "messages": {"SubmitRequest": {"$ref": "#/components/messages/SubmitRequest"}},
         },
+        "submit_tenant": {
+            "address": subjects.submit_for("{tenant}"),
+            "title": "Submit of a tenant (captured)",
+            "description": "A tenant's fire-and-forget submits, as `submit`; the jobs are the "
+            "tenant's (ids `<tenant>.<hex>-<name>`, `submitted_by` the tenant). "
+            + _stream_text(submit_stream),
+            "parameters": _parameters(subjects.submit_for("{tenant}")),
+            "messages": {"SubmitRequest": {"$ref": "#/components/messages/SubmitRequest"}},
+            **({"x-jetstream": submit_stream} if submit_stream else {}),
+        },
+        "api_submit_tenant": {
+            "address": subjects.api_submit_for("{tenant}"),
+            "title": "Submit of a tenant (request-reply)",
+            "description": "A tenant's request-reply submits, as `api_submit`.",
+            "parameters": _parameters(subjects.api_submit_for("{tenant}")),
+            "messages": {"SubmitRequest": {"$ref": "#/components/messages/SubmitRequest"}},
+        },
         "api_submit_reply": {
             "address": None,
             "title": "Submit reply",
@@ -526,6 +547,24 @@ def generate(subjects: Subjects | None = None) -> dict[str, Any]:
             "summary": "intake answers a request-reply submit.",
             "tags": [{"name": "intake"}],
             "messages": [{"$ref": "#/channels/api_submit/messages/SubmitRequest"}],
+            "reply": {
+                "channel": {"$ref": "#/channels/api_submit_reply"},
+                "messages": [{"$ref": "#/channels/api_submit_reply/messages/SubmitReply"}],
+            },
+        },
+        "intake_receives_submit_tenant": {
+            "action": "receive",
+            "channel": {"$ref": "#/channels/submit_tenant"},
+            "summary": "intake reads a tenant's captured submits through the same consumer.",
+            "tags": [{"name": "intake"}],
+            "messages": [{"$ref": "#/channels/submit_tenant/messages/SubmitRequest"}],
+        },
+        "intake_answers_api_submit_tenant": {
+            "action": "receive",
+            "channel": {"$ref": "#/channels/api_submit_tenant"},
+            "summary": "intake answers a tenant's request-reply submit.",
+            "tags": [{"name": "intake"}],
+            "messages": [{"$ref": "#/channels/api_submit_tenant/messages/SubmitRequest"}],
             "reply": {
                 "channel": {"$ref": "#/channels/api_submit_reply"},
                 "messages": [{"$ref": "#/channels/api_submit_reply/messages/SubmitReply"}],

@@ -40,6 +40,12 @@ def tenant_of(job_or_request_id: str) -> str:
     return tenant if separator else ""
 
 
+def request_id_of(job: str) -> str:
+    """The request id of the submit that made ``job`` (its tenant, if any, and hex digits)."""
+    tenant, separator, rest = job.rpartition(TENANT_SEPARATOR)
+    return f"{tenant}{separator}{rest[:REQUEST_ID_HEX]}"
+
+
 def job_name_of(job: str) -> str:
     """The name a job was given in its submit (its id less the tenant and request id)."""
     return job.rpartition(TENANT_SEPARATOR)[2][REQUEST_ID_HEX + 1 :]

@@ -16,6 +16,13 @@ TENANT_PATTERN = re.compile(r"[a-z][a-z0-9-]{0,30}")
 """A tenant's name (fullmatch): a subject token, a stream-name suffix and a PostgreSQL role
 suffix alike."""
 _LOOKS_LIKE_JOB_ID = re.compile(r"[0-9a-f]{12}-")
+RESERVED = frozenset(
+    {"intake", "placement", "watcher", "recovery", "metrics", "agent", "cli", "runners", "admin"}
+    | {"tenant", "operator"}
+)
+"""Names no tenant may take: the bus identities (a tenant's runners listen on
+``_INBOX_<tenant>.<job>``, which must not fall under an identity's ``_INBOX_<identity>.>``),
+``tenant`` (the tenants' own identities are ``tenant.<name>``) and ``operator``."""
 
 
 class TenantNameError(ValueError):
@@ -29,6 +36,8 @@ def validate_tenant_name(name: str) -> str:
             f"tenant name {name!r} must be 1 to 31 lowercase letters, digits or '-', "
             "starting with a letter"
         )
+    if name in RESERVED:
+        raise TenantNameError(f"tenant name {name!r} is reserved (an identity of mdq's own)")
     if _LOOKS_LIKE_JOB_ID.match(name):
         raise TenantNameError(
             f"tenant name {name!r} starts like a job id (12 hex digits and a dash)"

@@ -12,6 +12,10 @@ Everything goes through the bus, exactly as any other client would use it:
   SDK reports is what the log says;
 * ``node_loads`` reads the latest ``node_load`` of every node.
 
+Connected as a tenant (credentials made by ``mdq tenant add``), the client submits on the
+tenant's own subjects and reads the tenant's own stream (``Subjects.tenant_stream``): the
+server lets a tenant do nothing else, so the same calls work, for its own jobs only.
+
 ::
 
     async with await MdqClient.connect("nats://127.0.0.1:4222") as client:
@@ -24,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
@@ -40,12 +45,13 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from mdq.bus.codec import decode_event, encode
-from mdq.bus.connect import connect
+from mdq.bus.connect import CREDS_ENV, connect, identity_of_creds
 from mdq.bus.log import IDLE_HEARTBEAT_S
+from mdq.bus.permissions import tenant_of_identity
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.ids import job_id as make_job_id
-from mdq.core.ids import request_id_for_key, request_id_for_sequence
+from mdq.core.ids import request_id_for_key, request_id_for_sequence, request_id_of
 from mdq.core.state import JobBook, JobState, JobView
 
 SubmitInput = pb.SubmitRequest | Sequence[pb.JobSpec]
@@ -92,11 +98,6 @@ class JobUpdate:
         return self.event.WhichOneof("body") or ""
 
 
-def request_id_of(job: str) -> str:
-    """The request id part of a job id (``<request_id>-<name>``)."""
-    return job.split("-", 1)[0]
-
-
 def build_request(request: SubmitInput, *, idempotency_key: str | None = None) -> pb.SubmitRequest:
     """A copy of ``request`` (or a submit of the given jobs) with ``idempotency_key`` set if
     given."""
@@ -114,11 +115,24 @@ def build_request(request: SubmitInput, *, idempotency_key: str | None = None) -
 class MdqClient:
     """An async client of one mdq namespace on one NATS connection."""
 
-    def __init__(self, *, nc: Client, subjects: Subjects, owns_connection: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        nc: Client,
+        subjects: Subjects,
+        owns_connection: bool = False,
+        tenant: str = "",
+    ) -> None:
         self._nc = nc
         self._js = nc.jetstream()
         self._subjects = subjects
         self._owns_connection = owns_connection
+        self._tenant = tenant
+        # What a tenant may read: its own stream, which holds its jobs' events and progress.
+        self._jobs_stream = subjects.tenant_stream(tenant) if tenant else subjects.jobs_stream
+        self._progress_stream = (
+            subjects.tenant_stream(tenant) if tenant else subjects.progress_stream
+        )
 
     @classmethod
     async def connect(
@@ -133,12 +147,22 @@ class MdqClient:
         before any service ever ran is kept). ``creds``: the credentials file (default:
         ``MDQ_NATS_CREDS``; ``stack_endpoint`` finds a local stack's)."""
         subjects = Subjects(namespace)
-        nc = await connect(nats_url, name=name, subjects=subjects, creds=creds or None)
-        return cls(nc=nc, subjects=subjects, owns_connection=True)
+        chosen = creds or os.environ.get(CREDS_ENV)
+        tenant = tenant_of_identity(identity_of_creds(Path(chosen))) if chosen else ""
+        # a tenant may not look at the shared streams (their info included)
+        nc = await connect(
+            nats_url, name=name, subjects=None if tenant else subjects, creds=chosen or None
+        )
+        return cls(nc=nc, subjects=subjects, owns_connection=True, tenant=tenant)
 
     @property
     def subjects(self) -> Subjects:
         return self._subjects
+
+    @property
+    def tenant(self) -> str:
+        """The tenant this client submits as ("" = the operator), from its credentials."""
+        return self._tenant
 
     @property
     def nc(self) -> Client:
@@ -177,17 +201,16 @@ class MdqClient:
         built = build_request(request, idempotency_key=idempotency_key)
         if not built.idempotency_key:
             built.idempotency_key = f"sdk-{uuid.uuid4().hex}"
+        subject = self._subjects.api_submit_for(self._tenant)
         try:
-            reply_msg = await self._nc.request(
-                self._subjects.api_submit, encode(built), timeout=timeout
-            )
+            reply_msg = await self._nc.request(subject, encode(built), timeout=timeout)
         except nats.errors.NoRespondersError:
             raise IntakeUnavailable(
-                f"no intake answers on {self._subjects.api_submit}: is the stack running?"
+                f"no intake answers on {subject}: is the stack running?"
             ) from None
         except nats.errors.TimeoutError:
             raise IntakeUnavailable(
-                f"intake did not answer on {self._subjects.api_submit} within {timeout:g} s"
+                f"intake did not answer on {subject} within {timeout:g} s"
             ) from None
         reply = decode_reply(reply_msg.data)
         if reply.HasField("error") and (reply.error.field or reply.error.message):
@@ -197,7 +220,8 @@ class MdqClient:
     async def publish_submit(
         self, request: SubmitInput, *, idempotency_key: str | None = None
     ) -> list[str]:
-        """Publish a submit onto ``<ns>.submit`` (captured by a stream: durable even while
+        """Publish a submit onto ``<ns>.submit`` (a tenant's: ``<ns>.submit.<tenant>``;
+        captured by a stream: durable even while
         intake is down) and return the job ids intake will give the jobs if it accepts them.
 
         A refusal is published as an event; ``wait`` raises ``SubmitRefused`` for it. A keyed
@@ -207,11 +231,12 @@ class MdqClient:
         headers = (
             {"Nats-Msg-Id": f"submit:{built.idempotency_key}"} if built.idempotency_key else None
         )
-        ack = await self._js.publish(self._subjects.submit, encode(built), headers=headers)
+        subject = self._subjects.submit_for(self._tenant)
+        ack = await self._js.publish(subject, encode(built), headers=headers)
         request_id = (
-            request_id_for_key(built.idempotency_key)
+            request_id_for_key(built.idempotency_key, self._tenant)
             if built.idempotency_key
-            else request_id_for_sequence(ack.seq)
+            else request_id_for_sequence(ack.seq, self._tenant)
         )
         return [make_job_id(request_id, spec.name) for spec in built.jobs]
 
@@ -259,14 +284,10 @@ class MdqClient:
             return
         books = {job: JobBook() for job in ids}
         request_ids = {request_id_of(job) for job in ids}
-        targets = [(self._subjects.jobs_stream, self._subjects.job_all(job)) for job in ids]
-        targets += [
-            (self._subjects.jobs_stream, self._subjects.rejected(rid)) for rid in request_ids
-        ]
+        targets = [(self._jobs_stream, self._subjects.job_all(job)) for job in ids]
+        targets += [(self._jobs_stream, self._subjects.rejected(rid)) for rid in request_ids]
         if include_progress:
-            targets += [
-                (self._subjects.progress_stream, self._subjects.progress(job)) for job in ids
-            ]
+            targets += [(self._progress_stream, self._subjects.progress(job)) for job in ids]
         loop = asyncio.get_running_loop()
         settle_until: float | None = None
         async with self._ordered(targets, deliver_policy=DeliverPolicy.ALL) as queue:
@@ -309,9 +330,7 @@ class MdqClient:
             if request_id_of(job) != rejected.request_id or job in books[job].jobs:
                 continue
             try:
-                await self._js.get_last_msg(
-                    self._subjects.jobs_stream, self._subjects.job(job, "submitted")
-                )
+                await self._js.get_last_msg(self._jobs_stream, self._subjects.job(job, "submitted"))
             except NotFoundError:
                 raise SubmitRefused(
                     rejected.error.field, rejected.error.message, request_id=rejected.request_id

@@ -1,0 +1,218 @@
+"""Tenants in intake and in their own streams, against a real NATS JetStream.
+
+The server (``test_bus_permissions``) makes sure only tenant alice publishes on
+``<ns>.api.submit.alice``; here intake's side: the tenant comes from the subject, never from
+the payload, its ids carry it, its keys and dependencies are its own, and its stream gathers
+its events and no one else's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import pytest
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.api import ConsumerConfig, DeliverPolicy
+
+from mdq.bus.streams import ensure_tenant_stream
+from mdq.bus.subjects import Subjects
+from mdq.contracts import pb
+from mdq.core.ids import request_id_for_key, request_id_for_sequence
+from services.intake.app import Intake
+from tests.integration.test_intake import TIMEOUT, eventually, job_log, settings_for, started
+
+
+async def ask(
+    nc: Client, subjects: Subjects, tenant: str, payload: dict[str, object]
+) -> pb.SubmitReply:
+    """A request-reply submit on ``tenant``'s subject ("" = the operator's)."""
+    answer = await nc.request(
+        subjects.api_submit_for(tenant), json.dumps(payload).encode(), timeout=TIMEOUT
+    )
+    return pb.SubmitReply.FromString(answer.data) if answer.data[:1] != b"{" else _json(answer.data)
+
+
+def _json(data: bytes) -> pb.SubmitReply:
+    from google.protobuf import json_format
+
+    reply = pb.SubmitReply()
+    json_format.Parse(data, reply)
+    return reply
+
+
+async def submitted_events(js: JetStreamContext, subjects: Subjects) -> dict[str, pb.Event]:
+    """Every ``submitted`` event in the jobs stream, by subject."""
+    return {
+        subject: event
+        for subject, event in await job_log(js, subjects)
+        if event.WhichOneof("body") == "submitted"
+    }
+
+
+@pytest.fixture
+async def intake(nats_url: str, namespace: str, nc: Client) -> AsyncIterator[Intake]:
+    service = await started(settings_for(nats_url, namespace))
+    yield service
+    await service.stop()
+
+
+async def test_a_tenants_submit_is_its_own_whatever_the_payload_says(
+    intake: Intake, nc: Client, subjects: Subjects
+) -> None:
+    reply = await ask(
+        nc,
+        subjects,
+        "alice",
+        {"idempotency_key": "run-1", "submitted_by": "bob", "jobs": [{"name": "water"}]},
+    )
+    request_id = request_id_for_key("run-1", "alice")
+    assert request_id.startswith("alice.")
+    assert not reply.HasField("error"), reply
+    assert (reply.request_id, list(reply.job_ids)) == (request_id, [f"{request_id}-water"])
+    subject = f"{subjects.namespace}.job.{request_id}-water.submitted"
+    await eventually(
+        lambda: _has(nc.jetstream(), subjects, subject), "the tenant's submitted event"
+    )
+    event = (await submitted_events(nc.jetstream(), subjects))[subject]
+    assert event.submitted.submitted_by == "alice"  # the subject's tenant, not the payload's
+    assert event.submitted.request_id == request_id
+
+
+async def _has(js: JetStreamContext, subjects: Subjects, subject: str) -> bool:
+    return subject in await submitted_events(js, subjects)
+
+
+async def test_the_same_key_from_two_tenants_and_the_operator_is_three_requests(
+    intake: Intake, nc: Client, subjects: Subjects
+) -> None:
+    replies = {
+        tenant: await ask(
+            nc, subjects, tenant, {"idempotency_key": "shared", "jobs": [{"name": f"j{steps}"}]}
+        )
+        for tenant, steps in (("alice", 1), ("bob", 2), ("", 3))
+    }
+    # different content under one key: no "already used" refusal, nothing learned of another
+    assert all(not reply.HasField("error") for reply in replies.values()), replies
+    assert len({reply.request_id for reply in replies.values()}) == 3
+    assert replies[""].request_id == request_id_for_key("shared")  # the operator's as before
+
+
+async def test_a_tenant_depends_on_its_own_jobs_only(
+    intake: Intake, nc: Client, subjects: Subjects
+) -> None:
+    bobs = await ask(nc, subjects, "bob", {"idempotency_key": "prep", "jobs": [{"name": "eq"}]})
+    alices = await ask(nc, subjects, "alice", {"idempotency_key": "own", "jobs": [{"name": "eq"}]})
+    [bob_job], [alice_job] = bobs.job_ids, alices.job_ids
+    await eventually(
+        lambda: _has(nc.jetstream(), subjects, subjects.job(alice_job, "submitted")),
+        "alice's first job",
+    )
+    await eventually(
+        lambda: _has(nc.jetstream(), subjects, subjects.job(bob_job, "submitted")),
+        "bob's job",
+    )
+
+    async def depending_on(ref: str, key: str) -> pb.SubmitReply:
+        job = {"name": "md", "depends_on": [ref]}
+        return await ask(nc, subjects, "alice", {"idempotency_key": key, "jobs": [job]})
+
+    on_bobs_id = await depending_on(bob_job, "a1")
+    on_bobs_key = await depending_on("prep", "a2")
+    on_own_id = await depending_on(alice_job, "a3")
+    on_own_key = await depending_on("own", "a4")
+
+    for refused in (on_bobs_id, on_bobs_key):
+        assert refused.error.field == "jobs[0].depends_on[0]", refused
+        assert "unknown dependency" in refused.error.message
+    assert not on_own_id.HasField("error") and not on_own_key.HasField("error")
+    # the operator may name any job
+    operator = await ask(
+        nc,
+        subjects,
+        "",
+        {"idempotency_key": "op", "jobs": [{"name": "md", "depends_on": [bob_job]}]},
+    )
+    assert not operator.HasField("error"), operator
+
+
+async def test_a_tenants_stream_submit_is_its_own(
+    intake: Intake, nc: Client, subjects: Subjects
+) -> None:
+    js = nc.jetstream()
+    ack = await js.publish(
+        subjects.submit_for("carol"),
+        json.dumps({"submitted_by": "mallory", "jobs": [{"name": "keyless"}]}).encode(),
+    )
+    job = f"{request_id_for_sequence(ack.seq, 'carol')}-keyless"
+    assert job.startswith("carol.")
+    subject = subjects.job(job, "submitted")
+    await eventually(lambda: _has(js, subjects, subject), "carol's keyless submit")
+    assert (await submitted_events(js, subjects))[subject].submitted.submitted_by == "carol"
+
+
+async def test_an_intake_consumer_made_before_tenants_is_widened(
+    nats_url: str, namespace: str, nc: Client, subjects: Subjects
+) -> None:
+    """An upgrade: the durable consumer an earlier intake made reads the operator's subject
+    only; a tenant's submit waiting in the stream is handled once the new intake starts."""
+    from mdq.bus.streams import ensure_streams
+
+    js = nc.jetstream()
+    await ensure_streams(js, subjects)
+    await js.add_consumer(
+        subjects.submit_stream,
+        ConsumerConfig(
+            durable_name="intake",
+            deliver_group="intake",
+            deliver_subject="_INBOX.old-intake",
+            filter_subject=subjects.submit,
+            deliver_policy=DeliverPolicy.ALL,
+        ),
+    )
+    payload = {"idempotency_key": "early", "jobs": [{"name": "waited"}]}
+    await js.publish(subjects.submit_for("dave"), json.dumps(payload).encode())
+    service = await started(settings_for(nats_url, namespace))
+    try:
+        job = f"{request_id_for_key('early', 'dave')}-waited"
+        await eventually(
+            lambda: _has(js, subjects, subjects.job(job, "submitted")), "dave's waiting submit"
+        )
+    finally:
+        await service.stop()
+    info = await js.consumer_info(subjects.submit_stream, "intake")
+    assert sorted(info.config.filter_subjects or []) == sorted(subjects.submit_subjects)
+
+
+async def test_a_tenants_stream_holds_its_events_and_no_one_elses(
+    intake: Intake, nc: Client, subjects: Subjects
+) -> None:
+    js = nc.jetstream()
+    for tenant in ("erin", "frank"):
+        await ensure_tenant_stream(js, subjects, tenant)
+    erin = await ask(nc, subjects, "erin", {"idempotency_key": "k", "jobs": [{"name": "a"}]})
+    frank = await ask(nc, subjects, "frank", {"idempotency_key": "k", "jobs": [{"name": "a"}]})
+    operator = await ask(nc, subjects, "", {"idempotency_key": "k", "jobs": [{"name": "a"}]})
+    refused = await ask(nc, subjects, "erin", {"idempotency_key": "bad", "jobs": [{"name": "A"}]})
+    assert refused.error.field.startswith("jobs[0].name")
+    [erin_job] = erin.job_ids
+    await js.publish(subjects.progress(erin_job), pb.Event(job_id=erin_job).SerializeToString())
+
+    stream = subjects.tenant_stream("erin")
+
+    async def erin_has_three() -> bool:  # submitted, rejected, progress
+        return (await js.stream_info(stream)).state.messages >= 3
+
+    await eventually(erin_has_three, "erin's stream to gather her events")
+    await asyncio.sleep(0.2)  # anything else sourced by now would show
+    info = await js.stream_info(stream, subjects_filter=">")
+    held = set((info.state.subjects or {}).keys())
+    assert held == {
+        subjects.job(erin_job, "submitted"),
+        subjects.rejected(refused.request_id),
+        subjects.progress(erin_job),
+    }
+    others = {*frank.job_ids, *operator.job_ids}
+    assert not any(job in subject for subject in held for job in others)
