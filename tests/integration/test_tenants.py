@@ -9,18 +9,27 @@ its events and no one else's.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
+import nats.errors
 import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
+from mdq.auth import generate
+from mdq.bus.connect import CREDS_ENV
+from mdq.bus.setup import prepare_bus
 from mdq.bus.streams import ensure_tenant_stream
 from mdq.bus.subjects import Subjects
+from mdq.cli.tenants import add_tenant
 from mdq.contracts import pb
 from mdq.core.ids import request_id_for_key, request_id_for_sequence
+from mdq.embedded import start_nats
+from mdq.sdk.client import MdqClient
 from services.intake.app import Intake
 from tests.integration.test_intake import TIMEOUT, eventually, job_log, settings_for, started
 
@@ -216,3 +225,51 @@ async def test_a_tenants_stream_holds_its_events_and_no_one_elses(
     }
     others = {*frank.job_ids, *operator.job_ids}
     assert not any(job in subject for subject in held for job in others)
+
+
+# -- on a closed bus: `mdq tenant add`, then the SDK as that tenant -----------------------------
+
+
+@pytest.fixture
+def closed_bus(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """A nats-server that trusts only what ``mdq.auth`` signs, with every identity's
+    credentials generated in ``<tmp>/secrets`` as ``mdq up`` does: (url, secrets folder)."""
+    secrets = tmp_path / "secrets"
+    generated = generate(secrets)
+    server = start_nats(tmp_path / "nats", auth=generated.server_block.read_text())
+    yield server.url, secrets
+    server.stop()
+
+
+async def test_an_added_tenant_submits_and_follows_its_own_jobs(
+    closed_bus: tuple[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, secrets = closed_bus
+    admin = secrets / "admin.creds"
+    await prepare_bus(url, namespace="mdq", creds=admin)
+    added = await add_tenant(
+        "alice", secrets=secrets, nats_url=url, namespace="mdq", admin_creds=admin
+    )
+    assert added.creds == secrets / "tenants" / "alice.creds"
+    assert added.creds.stat().st_mode & 0o777 == 0o600
+    monkeypatch.setenv(CREDS_ENV, str(secrets / "intake.creds"))  # intake's own identity
+    service = await started(settings_for(url, "mdq"))
+    monkeypatch.delenv(CREDS_ENV)
+    try:
+        async with await MdqClient.connect(url, creds=added.creds) as client:
+            assert client.tenant == "alice"
+            [job] = await client.submit([pb.JobSpec(name="water")], idempotency_key="k1")
+            assert job.startswith("alice.")
+            async with contextlib.aclosing(client.watch([job])) as updates:
+                async with asyncio.timeout(10):
+                    first = await anext(updates)
+            assert (first.kind, first.job_id) == ("submitted", job)
+            assert first.event.submitted.submitted_by == "alice"
+            # the operator's stream is not hers to read: the server drops the request (and
+            # tells the client of a permissions violation), so no answer comes
+            with pytest.raises(nats.errors.TimeoutError):
+                await client.nc.request(
+                    f"$JS.API.STREAM.INFO.{client.subjects.jobs_stream}", timeout=1
+                )
+    finally:
+        await service.stop()
