@@ -98,7 +98,7 @@ def test_bad_policy_json_names_the_field(name: str, text: str, message: str) -> 
 
 
 def test_default_policy_is_conservative() -> None:
-    assert DEFAULT_POLICY == TenantPolicy()
+    assert TenantPolicy() == DEFAULT_POLICY
     assert not DEFAULT_POLICY.allow_high
     assert DEFAULT_POLICY.max_queued_jobs == 1000
     assert DEFAULT_POLICY.max_running_cpu == 16.0
