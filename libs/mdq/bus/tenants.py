@@ -9,8 +9,10 @@ they need no right to manage it.
 ``TenantDirectory`` watches the bucket and answers ``policy(tenant)`` from memory: a policy
 the admin changes applies within moments, without a restart. A tenant without a record, a
 record that does not parse (logged) and every tenant while the bucket does not exist yet get
-``DEFAULT_POLICY``; the directory keeps trying to open a missing bucket, and starts its watch
-again every ``resync_s`` (a KV watch can go silent after a server restart) or after an error.
+``DEFAULT_POLICY`` (so does every tenant without a policy read yet while the bucket cannot be
+opened: no right to read it, say); the directory keeps trying to open a missing bucket, and
+starts its watch again every ``resync_s`` (a KV watch can go silent after a server restart) or
+after an error.
 """
 
 from __future__ import annotations
@@ -85,6 +87,8 @@ class TenantDirectory:
         self._synced = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._missing_logged = False
+        """Whether the bucket's absence (or the failure to open it) was logged as a warning
+        since it was last opened (once per episode, not every retry)."""
 
     def policy(self, tenant: str) -> TenantPolicy:
         """``tenant``'s policy as last read (``DEFAULT_POLICY`` without one)."""
@@ -138,7 +142,16 @@ class TenantDirectory:
                 await asyncio.sleep(self._retry_s)
                 continue
             except Exception:
-                log.warning("could not open bucket %s; retrying", self._bucket, exc_info=True)
+                # no right to read it, or no server: waiting for it would not help the caller
+                log.log(
+                    logging.DEBUG if self._missing_logged else logging.WARNING,
+                    "could not open bucket %s; retrying (policies as last read, the default "
+                    "policy for the others)",
+                    self._bucket,
+                    exc_info=True,
+                )
+                self._missing_logged = True
+                self._synced.set()
                 await asyncio.sleep(self._retry_s)
                 continue
             self._missing_logged = False
