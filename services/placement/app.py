@@ -18,6 +18,14 @@ Safety (docs/placement.md):
 - replicas elect a leader with a KV lease (``lease.py``); followers fold the log and take over
   when the lease expires, first re-creating the pod of every BOUND job (a leader killed between
   publishing ``bound`` and creating the pod leaves exactly that).
+
+Tenants (``mdq.core.tenants``): placement reads each tenant's policy from the tenants bucket
+(``TenantDirectory``, live) and binds no job that would take its tenant's BOUND and RUNNING CPU
+above ``max_running_cpu``: the job waits (``mdq explain`` says "tenant alice is at its CPU
+quota: 8 of 8 cores running"), other tenants' jobs bind meanwhile, and it binds once one of its
+tenant's jobs ends. Each tenant's running CPU and queued jobs are kept incrementally as the log
+is folded, and written (``TenantUsage``, when they changed) into the waiting bucket under
+``tenant.<name>`` for intake's queued-jobs quota.
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ from mdq.bus.publisher import EventPublisher
 from mdq.bus.requests import EXPECTED_LAST_SUBJECT_SEQUENCE, is_wrong_last_sequence
 from mdq.bus.streams import open_bucket
 from mdq.bus.subjects import Subjects
+from mdq.bus.tenants import TenantDirectory
 from mdq.contracts import pb
 from mdq.core import ids
 from mdq.core.node_health import (
@@ -67,6 +76,14 @@ from mdq.core.placement import (
 )
 from mdq.core.spec import SpecError, normalize_job
 from mdq.core.state import JobBook, JobState, JobView, event_time
+from mdq.core.tenants import (
+    QUEUED_STATES,
+    TenantUsage,
+    cpu_quota_reason,
+    cpu_room,
+    policy_applies,
+    usage_key,
+)
 from mdq.core.timestamps import set_timestamp
 from mdq.memory import keep_state_out_of_gc
 from services.placement.lease import LeaderLease
@@ -78,13 +95,16 @@ Clock = Callable[[], datetime]
 
 HOLDING = (JobState.BOUND, JobState.RUNNING)
 PREEMPTION_SCAN = 64
+"""Unplaced jobs (in queue order) considered for preemption per pass."""
 WAITING_JOBS_PER_PASS = 32
 """Unplaced jobs (in queue order) whose explanation is refreshed per explaining pass."""
 WAITING_TTL_S = 3600.0
 """A waiting job's explanation expires this long after placement last wrote it."""
 WAITING_REFRESH_S = 600.0
-"""An unchanged explanation is written again this often (so it does not expire)."""
-"""Unplaced jobs (in queue order) considered for preemption per pass."""
+"""An unchanged explanation (or tenant usage) is written again this often (so it does not
+expire)."""
+TENANT_POLICIES_WAIT_S = 10.0
+"""At start, how long placement waits for the tenants' policies before it places anyway."""
 
 
 ExplainedScores = dict[int, tuple[NodeScore, bytes]]
@@ -112,6 +132,13 @@ def node_score_message(score: NodeScore) -> pb.NodeScore:
     )
 
 
+def _refresh(written: tuple[tuple[int, float], datetime], now: datetime) -> bool:
+    """Whether a tenant's unchanged usage is written again: while it is not nothing, every
+    ``WAITING_REFRESH_S`` (nothing is written once and left to expire)."""
+    counted, at = written
+    return counted != (0, 0.0) and (now - at).total_seconds() >= WAITING_REFRESH_S
+
+
 @dataclass(slots=True)
 class Nomination:
     """Room held on ``node`` for a job that preempted ``victims`` there."""
@@ -136,6 +163,7 @@ class Placement:
         clock: Clock = _utcnow,
         instance: str = "",
         stream_replicas: int = 1,
+        tenants: TenantDirectory | None = None,
     ) -> None:
         self._js = js
         self._subjects = subjects
@@ -144,6 +172,7 @@ class Placement:
         self._settings = settings
         self._namespace = namespace
         self._clock = clock
+        self.tenants = tenants or TenantDirectory(js, subjects)
         self.instance = instance or f"{socket.gethostname()}-{os.getpid()}-{id(self):x}"
         self._config = PlacementConfig(
             overload_threshold=settings.overload_threshold,
@@ -192,6 +221,15 @@ class Placement:
         after the binding, or when the job stops holding)."""
         self._inflight_totals: dict[str, list[float]] = {}
         """node -> [cpu, memory] summed over ``_inflight[node]`` (kept incrementally)."""
+        self._tenant_cpu: dict[str, float] = {}
+        """tenant -> CPU of its BOUND and RUNNING jobs (kept incrementally; no zero entries)."""
+        self._tenant_queued: dict[str, int] = {}
+        """tenant -> its jobs in ``QUEUED_STATES`` (kept incrementally; no zero entries)."""
+        self._tenants_seen: set[str] = set()
+        """Every tenant with a job in the log (each gets its usage written once at least)."""
+        self._usage_written: dict[str, tuple[tuple[int, float], datetime]] = {}
+        """tenant -> (queued jobs, running CPU) last written as its usage, and when."""
+        self._usage_at: datetime | None = None
         self._queued: dict[tuple[str, int], QueuedJob] = {}
         self._last_bound_seq: dict[str, int] = {}
         self._adopt: set[str] = set()
@@ -230,6 +268,8 @@ class Placement:
                 self._by_state[filed].discard(view.job_id)
             self._by_state[view.state].add(view.job_id)
             self._indexed_state[view.job_id] = view.state
+            if tenant := ids.tenant_of(view.job_id):
+                self._count_queued(tenant, filed, view.state)
         before = self._holding.get(view.job_id)
         now_holding = (
             (view.node, view.resources.cpu, int(view.resources.memory_mb))
@@ -238,11 +278,11 @@ class Placement:
         )
         if before != now_holding:
             if before is not None:
-                self._reserve(before, -1)
+                self._reserve(view.job_id, before, -1)
                 del self._holding[view.job_id]
                 self._forget_inflight(before[0], view.job_id)
             if now_holding is not None:
-                self._reserve(now_holding, +1)
+                self._reserve(view.job_id, now_holding, +1)
                 self._holding[view.job_id] = now_holding
         if view.state not in HOLDING:
             self._terminating.discard(view.job_id)
@@ -250,11 +290,33 @@ class Placement:
             self._nominations.pop(view.job_id, None)
             self._waiting_written.pop(view.job_id, None)
 
-    def _reserve(self, holding: tuple[str, float, int], sign: int) -> None:
+    def _reserve(self, job_id: str, holding: tuple[str, float, int], sign: int) -> None:
         node, cpu, memory = holding
         totals = self._reserved.setdefault(node, [0.0, 0.0])
         totals[0] += sign * cpu
         totals[1] += sign * memory
+        if tenant := ids.tenant_of(job_id):
+            running = self._tenant_cpu.get(tenant, 0.0) + sign * cpu
+            if running > 1e-6:
+                self._tenant_cpu[tenant] = running
+            else:
+                self._tenant_cpu.pop(tenant, None)
+
+    def _count_queued(self, tenant: str, before: JobState | None, after: JobState) -> None:
+        """A job of ``tenant`` moved from ``before`` (None: new) to ``after``."""
+        if before is None:
+            self._tenants_seen.add(tenant)
+        change = (after in QUEUED_STATES) - (before in QUEUED_STATES)
+        if change:
+            queued = self._tenant_queued.get(tenant, 0) + change
+            if queued > 0:
+                self._tenant_queued[tenant] = queued
+            else:
+                self._tenant_queued.pop(tenant, None)
+
+    def tenant_usage(self, tenant: str) -> tuple[int, float]:
+        """``tenant``'s jobs not running yet and the CPU of its BOUND and RUNNING jobs."""
+        return self._tenant_queued.get(tenant, 0), self._tenant_cpu.get(tenant, 0.0)
 
     def _note_binding(self, view: JobView, at: datetime) -> None:
         """Count a binding on its node until the node's load report reflects it (herd guard)."""
@@ -501,6 +563,7 @@ class Placement:
                 priority=view.priority,
                 submitted_at=view.submitted_at,
                 avoid_nodes=frozenset(view.avoid_nodes),
+                tenant=ids.tenant_of(view.job_id),
             )
             self._queued[key] = job
         return job
@@ -704,22 +767,83 @@ class Placement:
                 *(self._ensure_pod(v) for v in adopted if v.state is JobState.BOUND)
             )
         now = self._clock()
+        try:
+            return await self._place(now)
+        finally:
+            await self._write_usage()
+
+    async def _place(self, now: datetime) -> int:
         nodes = self.snapshot(now)
         queue = self.queue(now)
         if not queue:
             return 0
-        decisions = plan(nodes, queue, now, self._config, ordered=True)
+        room = self.tenant_room()
+        decisions = plan(nodes, queue, now, self._config, ordered=True, tenant_room=room)
         await self._bind_all(decisions)
         if len(decisions) < len(queue):
             placed = {decision.job_id for decision in decisions}
             unplaced = [job for job in queue if job.job_id not in placed]
-            await self._explain_waiting(nodes, unplaced, now)
+            held = self.quota_reasons(unplaced) if room else {}
+            await self._explain_waiting(nodes, unplaced, now, held)
             if self._settings.preemption:
-                await self._preempt(nodes, unplaced, now)
+                # a job its tenant's quota holds back may not take another's room either
+                candidates = [job for job in unplaced if job.job_id not in held]
+                await self._preempt(nodes, candidates, now)
         return len(decisions)
 
+    def tenant_room(self) -> dict[str, float]:
+        """The CPU each tenant with queued jobs and a CPU quota may still bind."""
+        room: dict[str, float] = {}
+        for tenant in self._tenant_queued:
+            left = cpu_room(self.tenants.policy(tenant), self._tenant_cpu.get(tenant, 0.0))
+            if left is not None:
+                room[tenant] = left
+        return room
+
+    def quota_reasons(self, jobs: list[QueuedJob]) -> dict[str, str]:
+        """job -> why its tenant's CPU quota keeps it from being bound now, for those it does."""
+        reasons: dict[str, str] = {}
+        for job in jobs:
+            if not policy_applies(job.tenant):
+                continue
+            running = self._tenant_cpu.get(job.tenant, 0.0)
+            reason = cpu_quota_reason(job.tenant, self.tenants.policy(job.tenant), running, job.cpu)
+            if reason:
+                reasons[job.job_id] = reason
+        return reasons
+
+    async def _write_usage(self) -> None:
+        """Write each tenant's usage (``TenantUsage``) into the waiting bucket under
+        ``tenant.<name>``, at most every ``tenant_usage_interval_s``, when it changed since
+        it was last written (and every ``WAITING_REFRESH_S`` while it is not nothing, so it
+        does not expire; an absent key means nothing queued or running). Best effort."""
+        interval = self._settings.tenant_usage_interval_s
+        now = self._clock()
+        last = self._usage_at
+        if interval <= 0 or (last is not None and (now - last).total_seconds() < interval):
+            return
+        self._usage_at = now
+        for tenant in sorted(self._tenants_seen):
+            queued, cpu = self.tenant_usage(tenant)
+            counted = (queued, round(cpu, 6))
+            written = self._usage_written.get(tenant)
+            if written is not None and written[0] == counted and not _refresh(written, now):
+                continue
+            usage = TenantUsage(queued_jobs=queued, running_cpu=counted[1], as_of=now)
+            try:
+                kv = await self._waiting_bucket()
+                await kv.put(usage_key(tenant), usage.to_json())
+            except Exception:
+                log.warning("could not write the usage of tenant %s", tenant, exc_info=True)
+                return
+            self._usage_written[tenant] = (counted, now)
+
     async def _explain_waiting(
-        self, nodes: list[NodeState], unplaced: list[QueuedJob], now: datetime
+        self,
+        nodes: list[NodeState],
+        unplaced: list[QueuedJob],
+        now: datetime,
+        held: dict[str, str] | None = None,
     ) -> None:
         """Write why the first unplaced jobs fit nowhere (``mdq explain``), at most every
         ``explain_waiting_interval_s`` and only where the answer changed. Best effort: an
@@ -731,7 +855,11 @@ class Placement:
         self._waiting_explained_at = now
         cordons = self.failure_cordons(now)
         for job in unplaced[:WAITING_JOBS_PER_PASS]:
-            waiting = explain_waiting(nodes, job, now, self._config)
+            reason = held.get(job.job_id) if held else None
+            if reason:
+                waiting = Waiting(job.job_id, (), {}, len(nodes), reason)
+            else:
+                waiting = explain_waiting(nodes, job, now, self._config)
             signature = (waiting.summary, tuple((s.node, s.filtered) for s in waiting.scores))
             written = self._waiting_written.get(job.job_id)
             if (
@@ -829,6 +957,11 @@ class Placement:
             ),
         ]
         try:
+            if not await self.tenants.wait_synced(TENANT_POLICIES_WAIT_S):
+                log.warning(
+                    "tenant policies not read after %.0f s; placing with what is known",
+                    TENANT_POLICIES_WAIT_S,
+                )
             await self._jobs_ready.wait()
             await self._nodes_ready.wait()
             log.info("caught up: %d jobs, %d nodes", len(self.book.jobs), len(self.nodes))
@@ -863,6 +996,7 @@ class Placement:
         finally:
             for task in tasks:
                 task.cancel()
+            await self.tenants.close()
             if self._lease is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.shield(self._lease.release())

@@ -81,6 +81,12 @@ class PlacementSettings(BaseSettings):
         "node's filter or score) to the KV bucket <namespace>_waiting for `mdq explain`; 0 "
         "turns it off.",
     )
+    tenant_usage_interval_s: float = Field(
+        default=1.0,
+        description="At most this often, write each tenant's usage (queued jobs, running CPU) "
+        "to the KV bucket <namespace>_waiting under tenant.<name>, where it changed (intake "
+        "checks the queued-jobs quota against it); 0 turns it off.",
+    )
     node_failures_to_cordon: int = Field(
         default=3,
         description="Distinct jobs crashing on one node within the window that make it suspect "

@@ -10,6 +10,9 @@ same everywhere:
   ``bus-setup``) and the Kubernetes base the Job ``mdq-bus-setup`` (``python -m
   mdq.bus.setup``), each with the admin's credentials in ``MDQ_NATS_CREDS``.
 
+It also makes the tenants bucket (``<namespace>_tenants``, ``mdq.bus.tenants``: each tenant's
+policy, written by the admin and read by the services).
+
 Idempotent: a stream that exists is brought up to date (its replica count only ever goes up).
 The replica count is ``MDQ_STREAM_REPLICAS`` (``CommonSettings``), the namespace
 ``MDQ_NAMESPACE``, the server ``NATS_URL``; it waits for the server as the services do.
@@ -25,6 +28,7 @@ from pathlib import Path
 from mdq.bus.connect import connect
 from mdq.bus.streams import ensure_streams
 from mdq.bus.subjects import Subjects
+from mdq.bus.tenants import ensure_tenants_bucket
 
 log = logging.getLogger("mdq.bus.setup")
 
@@ -37,9 +41,9 @@ async def prepare_bus(
     local_backend: bool = False,
     creds: Path | str | None = None,
 ) -> None:
-    """Create or update the streams of ``namespace`` (and, with ``local_backend``, the local
-    backend's KV buckets), connected with ``creds`` (default: ``MDQ_NATS_CREDS``), which must
-    be the admin's on an mdq server."""
+    """Create or update the streams of ``namespace`` and its tenants bucket (and, with
+    ``local_backend``, the local backend's KV buckets), connected with ``creds`` (default:
+    ``MDQ_NATS_CREDS``), which must be the admin's on an mdq server."""
     from mdq.backends.local.records import ensure_buckets  # only with the local backend
 
     subjects = Subjects(namespace)
@@ -47,6 +51,7 @@ async def prepare_bus(
     try:
         js = client.jetstream()
         await ensure_streams(js, subjects, replicas=replicas)
+        await ensure_tenants_bucket(js, subjects, replicas=replicas)
         if local_backend:
             await ensure_buckets(js, subjects, replicas=replicas)
     finally:

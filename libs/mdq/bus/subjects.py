@@ -143,6 +143,11 @@ class Subjects:
         return f"{self.namespace}_waiting"
 
     @property
+    def tenants_bucket(self) -> str:
+        """KV bucket of the admin: each tenant's policy (JSON, key: the tenant's name)."""
+        return f"{self.namespace}_tenants"
+
+    @property
     def intake_bucket(self) -> str:
         """KV bucket of intake: idempotency keys and known job ids."""
         return f"{self.namespace}_intake"

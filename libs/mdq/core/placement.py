@@ -28,6 +28,9 @@ Rules (docs/placement.md has the whole story):
   |CPU share - memory share| after placement. Minus ``overload_penalty`` on a node whose CPU or
   memory load is above ``overload_threshold`` (80%): the brief's rule, "an overloaded node
   lowers the job's priority there".
+- **Tenant CPU quotas.** A job whose tenant's bound and running CPU plus its own would exceed
+  the tenant's ``max_running_cpu`` (``tenant_room``, ``mdq.core.tenants``) is skipped: it
+  waits, and the jobs behind it in the queue, other tenants' included, still bind.
 - **Scaling.** Up to ``full_scan_nodes`` eligible nodes, every node is scored for every job.
   Above that, eligible nodes sit in a heap ranked by their job-independent load score; a job
   scores the ``sample_size`` best-ranked nodes that fit it (looking at no more than
@@ -147,6 +150,8 @@ class QueuedJob:
     avoid_nodes: frozenset[str] = frozenset()
     nominated_node: str = ""
     """Set after this job preempted work there: its requests are held on that node."""
+    tenant: str = ""
+    """Whose job it is (``mdq.core.ids.tenant_of``); "" for the operator's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -471,12 +476,17 @@ def plan(
     config: PlacementConfig = PlacementConfig(),
     *,
     ordered: bool = False,
+    tenant_room: dict[str, float] | None = None,
 ) -> list[Decision]:
     """Bind as many queued jobs as fit, best job first; each bound job counts on its node at
     once (reservations and in-flight load: the herd guard).
 
     ``nodes`` are updated in place (their reservations grow by what was bound). Pass
-    ``ordered=True`` when ``queue`` is already in ``queue_key`` order.
+    ``ordered=True`` when ``queue`` is already in ``queue_key`` order. ``tenant_room`` is the
+    CPU each tenant listed there may still bind (its quota less what it holds,
+    ``mdq.core.tenants.cpu_room``): a job of such a tenant bigger than what is left is not
+    bound (it waits; the jobs after it still may be, work-conserving), and the room shrinks in
+    place by what is bound.
     """
     planner = _Planner(nodes, now, config)
     jobs = list(queue) if ordered else order_queue(queue, now, config)
@@ -487,10 +497,16 @@ def plan(
     decisions: list[Decision] = []
     if not planner.eligible:
         return decisions
+    limited = tenant_room or None  # one test per job only when some tenant is limited
     for job in jobs:
+        room = limited.get(job.tenant) if limited is not None else None
+        if room is not None and job.cpu > room + 1e-9:
+            continue  # its tenant's CPU quota: it waits without taking a node's room
         decision = planner.decide(job)
         if decision is not None:
             decisions.append(decision)
+            if room is not None and limited is not None:
+                limited[job.tenant] = room - job.cpu
     return decisions
 
 

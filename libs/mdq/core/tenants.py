@@ -6,11 +6,35 @@ jobs' events, so intake takes the tenant from the subject the server enforced, n
 the payload. A tenant's request and job ids start with its name and a dot
 (``alice.3f2a9c0d1e4b-relax``, ``mdq.core.ids``). Jobs submitted by the operator's own
 identity (``cli``) have no tenant ("").
+
+What each tenant may do is its ``TenantPolicy`` (the admin writes it, as JSON, into the KV
+bucket ``<namespace>_tenants`` under the tenant's name; ``DEFAULT_POLICY`` without one):
+
+- intake refuses a submit with ``check_submit`` (a ``high`` job without ``allow_high``, a job
+  bigger than the tenant's whole CPU quota, more queued jobs than ``max_queued_jobs``) and
+  paces submits with ``SubmitRateLimiter`` (``submits_per_minute``, a token bucket);
+- placement binds no job that would take its tenant's BOUND and RUNNING CPU above
+  ``max_running_cpu`` (``cpu_quota_reason`` says why, for ``mdq explain``), and writes each
+  tenant's ``TenantUsage`` (queued jobs, running CPU) into its waiting bucket under
+  ``usage_key(tenant)`` (``tenant.<name>``) for intake's queued-jobs check.
+
+The operator's untenanted jobs are never limited.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from mdq.contracts import pb
+from mdq.core.spec import SpecError
+from mdq.core.state import JobState
+from mdq.core.timestamps import EPOCH
 
 TENANT_PATTERN = re.compile(r"[a-z][a-z0-9-]{0,30}")
 """A tenant's name (fullmatch): a subject token, a stream-name suffix and a PostgreSQL role
@@ -43,3 +67,334 @@ def validate_tenant_name(name: str) -> str:
             f"tenant name {name!r} starts like a job id (12 hex digits and a dash)"
         )
     return name
+
+
+# -- policies ----------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class TenantPolicy:
+    """What one tenant may do; ``None`` is unlimited. The field defaults are ``DEFAULT_POLICY``
+    (a tenant the admin wrote no policy for), and so are the keys a stored policy omits."""
+
+    allow_high: bool = False
+    """May submit jobs of the ``high`` priority class (the only one that preempts others)."""
+    max_queued_jobs: int | None = 1000
+    """Jobs of the tenant not running yet (``QUEUED_STATES``), this submit's included."""
+    max_running_cpu: float | None = 16.0
+    """Sum of ``resources.cpu`` of the tenant's BOUND and RUNNING jobs; placement binds none
+    that would take it above this (the job waits, other tenants' jobs bind)."""
+    submits_per_minute: float | None = 60.0
+    """Submits (requests, whatever their number of jobs) per minute, a token bucket."""
+    submit_burst: int | None = None
+    """Submits allowed at once after a quiet spell (the bucket's size); ``None``: ten seconds'
+    worth of ``submits_per_minute``, at least 1."""
+
+    def __post_init__(self) -> None:
+        _check_policy(self)
+
+    @property
+    def burst(self) -> float:
+        """The token bucket's size (meaningless without ``submits_per_minute``)."""
+        if self.submit_burst is not None:
+            return float(self.submit_burst)
+        rate = self.submits_per_minute or 0.0
+        return float(max(1, math.ceil(rate / 6)))
+
+    def to_json(self) -> bytes:
+        """The policy as the tenants bucket stores it (every field, nulls included)."""
+        return json.dumps(
+            {name: getattr(self, name) for name in _POLICY_FIELDS}, sort_keys=True
+        ).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> TenantPolicy:
+        """A policy from its JSON object; omitted keys take ``DEFAULT_POLICY``'s values, null
+        is unlimited. Raises ``ValueError`` naming the field for an unknown key or a value of
+        the wrong type or range."""
+        try:
+            raw = json.loads(data)
+        except (ValueError, UnicodeDecodeError) as error:
+            raise ValueError(f"tenant policy is not JSON: {error}") from None
+        if not isinstance(raw, dict):
+            raise ValueError(f"tenant policy must be a JSON object, got {type(raw).__name__}")
+        unknown = sorted(set(raw) - set(_POLICY_FIELDS))
+        if unknown:
+            raise ValueError(
+                f"tenant policy: unknown field {unknown[0]!r} (known: {', '.join(_POLICY_FIELDS)})"
+            )
+        values: dict[str, Any] = {}
+        for name, value in raw.items():
+            kind = _POLICY_FIELDS[name]
+            nullable = kind is not bool
+            if (value is None and nullable) or _is_a(kind, value):
+                values[name] = float(value) if kind is float and value is not None else value
+                continue
+            what = {bool: "true or false", int: "an integer", float: "a number"}[kind]
+            raise ValueError(
+                f"tenant policy: {name} must be {what}{' or null' if nullable else ''}, "
+                f"got {value!r}"
+            )
+        return cls(**values)
+
+
+def _is_a(kind: type, value: object) -> bool:
+    """Whether a JSON value is of ``kind`` (a bool is no number here, an integer is a float)."""
+    if isinstance(value, bool):
+        return kind is bool
+    if kind is int:
+        return isinstance(value, int)
+    return kind is float and isinstance(value, int | float)
+
+
+_POLICY_FIELDS: dict[str, type] = {
+    "allow_high": bool,
+    "max_queued_jobs": int,
+    "max_running_cpu": float,
+    "submits_per_minute": float,
+    "submit_burst": int,
+}
+
+
+def _check_policy(policy: TenantPolicy) -> None:
+    """ValueError naming the field of a limit out of range (types are the caller's)."""
+    checks: tuple[tuple[str, float | None, float], ...] = (
+        ("max_queued_jobs", policy.max_queued_jobs, 0),
+        ("max_running_cpu", policy.max_running_cpu, 0),
+        ("submits_per_minute", policy.submits_per_minute, 0),
+        ("submit_burst", policy.submit_burst, 1),
+    )
+    for name, value, low in checks:
+        if value is None:
+            continue
+        if not math.isfinite(value) or value < low or (name in _POSITIVE and value == 0):
+            bound = "more than 0" if name in _POSITIVE else f"at least {low}"
+            raise ValueError(f"tenant policy: {name} must be {bound}, got {value!r}")
+
+
+_POSITIVE = frozenset({"max_running_cpu", "submits_per_minute"})
+
+
+DEFAULT_POLICY = TenantPolicy()
+"""The policy of a tenant the admin wrote none for: no ``high`` jobs (they preempt other
+tenants' work), at most 1,000 jobs waiting, 16 cores running, 60 submits a minute in bursts of
+10. The operator's own untenanted jobs ("") are never limited (``policy_applies``)."""
+
+
+def policy_applies(tenant: str) -> bool:
+    """Whether a tenant's policy limits it: every tenant's does; the operator ("") has none."""
+    return bool(tenant)
+
+
+def _number(value: float) -> str:
+    return f"{value:g}"
+
+
+# -- usage -------------------------------------------------------------------------------------
+QUEUED_STATES = frozenset({JobState.WAITING, JobState.PENDING, JobState.RECOVERING})
+"""States of a job that is not running yet (or again): what ``max_queued_jobs`` counts."""
+RUNNING_STATES = frozenset({JobState.BOUND, JobState.RUNNING})
+"""States of a job that holds its CPU on a node: what ``max_running_cpu`` counts."""
+
+
+@dataclass(frozen=True, slots=True)
+class TenantUsage:
+    """What a tenant has in the system, as placement last counted it."""
+
+    queued_jobs: int = 0
+    """Jobs in ``QUEUED_STATES``."""
+    running_cpu: float = 0.0
+    """Sum of ``resources.cpu`` of the jobs in ``RUNNING_STATES``."""
+    as_of: datetime = EPOCH
+    """When placement counted it."""
+
+    def to_json(self) -> bytes:
+        """The usage as placement writes it (waiting bucket, key ``usage_key(tenant)``)."""
+        return json.dumps(
+            {
+                "queued_jobs": self.queued_jobs,
+                "running_cpu": self.running_cpu,
+                "as_of": self.as_of.astimezone(UTC).isoformat(),
+            },
+            sort_keys=True,
+        ).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> TenantUsage:
+        """The usage of its JSON; ``ValueError`` naming the field when malformed."""
+        try:
+            raw = json.loads(data)
+        except (ValueError, UnicodeDecodeError) as error:
+            raise ValueError(f"tenant usage is not JSON: {error}") from None
+        if not isinstance(raw, dict):
+            raise ValueError("tenant usage must be a JSON object")
+        unknown = sorted(set(raw) - {"queued_jobs", "running_cpu", "as_of"})
+        if unknown:
+            raise ValueError(f"tenant usage: unknown field {unknown[0]!r}")
+        queued, cpu, as_of = (
+            raw.get("queued_jobs", 0),
+            raw.get("running_cpu", 0.0),
+            raw.get("as_of"),
+        )
+        if not isinstance(queued, int) or isinstance(queued, bool) or queued < 0:
+            raise ValueError(f"tenant usage: queued_jobs must be an integer >= 0, got {queued!r}")
+        if not isinstance(cpu, int | float) or isinstance(cpu, bool) or not math.isfinite(cpu):
+            raise ValueError(f"tenant usage: running_cpu must be a number, got {cpu!r}")
+        if not isinstance(as_of, str):
+            raise ValueError(f"tenant usage: as_of must be an ISO 8601 time, got {as_of!r}")
+        try:
+            at = datetime.fromisoformat(as_of)
+        except ValueError:
+            raise ValueError(
+                f"tenant usage: as_of must be an ISO 8601 time, got {as_of!r}"
+            ) from None
+        return cls(
+            queued_jobs=queued,
+            running_cpu=float(cpu),
+            as_of=at if at.tzinfo else at.replace(tzinfo=UTC),
+        )
+
+
+USAGE_KEY_PREFIX = "tenant."
+"""Placement writes each tenant's ``TenantUsage`` into its waiting bucket under
+``tenant.<name>`` (no job id has that shape: a tenant's job ids are ``<tenant>.<12 hex>-...``)."""
+
+
+def usage_key(tenant: str) -> str:
+    """The waiting bucket's key of ``tenant``'s usage."""
+    return f"{USAGE_KEY_PREFIX}{tenant}"
+
+
+# -- submits -----------------------------------------------------------------------------------
+def check_submit(
+    tenant: str,
+    policy: TenantPolicy,
+    specs: Sequence[pb.JobSpec],
+    usage: TenantUsage | None,
+) -> SpecError | None:
+    """Why ``tenant`` may not submit ``specs`` (normalized: ``mdq.core.spec``) under ``policy``
+    with ``usage`` (None: nothing known, counted as nothing queued), or None. The operator
+    ("") is never refused here. ``usage`` is placement's last count: intake may add the jobs it
+    accepted since."""
+    if not policy_applies(tenant):
+        return None
+    for index, spec in enumerate(specs):
+        if spec.priority_class == "high" and not policy.allow_high:
+            return SpecError(
+                f"jobs[{index}].priority_class",
+                f"tenant {tenant} may not submit high-priority jobs (the class that preempts "
+                "other work); use normal or low",
+            )
+        limit = policy.max_running_cpu
+        if limit is not None and spec.resources.cpu > limit + CPU_EPSILON:
+            return SpecError(
+                f"jobs[{index}].resources.cpu",
+                f"tenant {tenant} may run at most {_number(limit)} cores at once; this job asks "
+                f"for {_number(spec.resources.cpu)}, so it could never run",
+            )
+    queued_limit = policy.max_queued_jobs
+    if queued_limit is not None:
+        queued = usage.queued_jobs if usage is not None else 0
+        if queued + len(specs) > queued_limit:
+            return SpecError(
+                "jobs",
+                f"tenant {tenant} may have at most {queued_limit} jobs waiting; it has {queued} "
+                f"and this submit adds {len(specs)}",
+            )
+    return None
+
+
+CPU_EPSILON = 1e-9
+
+
+# -- placement ---------------------------------------------------------------------------------
+def cpu_room(policy: TenantPolicy, running_cpu: float) -> float | None:
+    """CPU the tenant may still bind under ``policy`` (None: unlimited, never below 0)."""
+    if policy.max_running_cpu is None:
+        return None
+    return max(0.0, policy.max_running_cpu - running_cpu)
+
+
+def cpu_quota_reason(tenant: str, policy: TenantPolicy, running_cpu: float, job_cpu: float) -> str:
+    """Why binding a job of ``job_cpu`` cores would take ``tenant`` above its CPU quota with
+    ``running_cpu`` cores bound or running, for ``mdq explain``; "" when it would not."""
+    limit = policy.max_running_cpu
+    if not policy_applies(tenant) or limit is None:
+        return ""
+    if running_cpu + job_cpu <= limit + CPU_EPSILON:
+        return ""
+    reason = (
+        f"tenant {tenant} is at its CPU quota: {_number(running_cpu)} of {_number(limit)} cores "
+        "running"
+    )
+    if running_cpu + CPU_EPSILON < limit:
+        reason += f", this job needs {_number(job_cpu)}"
+    return reason
+
+
+# -- rate limit --------------------------------------------------------------------------------
+RATE_LIMIT_TENANTS = 10_000
+"""Tenants whose token bucket ``SubmitRateLimiter`` keeps at most (the idlest are forgotten
+first; a forgotten bucket is a full one)."""
+
+
+@dataclass(slots=True)
+class _Bucket:
+    tokens: float
+    at: float
+    full_at: float
+    """When the bucket is full again if nobody submits (forgetting it then loses nothing)."""
+
+
+class SubmitRateLimiter:
+    """Per-tenant token buckets of ``submits_per_minute`` and ``burst`` (pure: the caller passes
+    ``now``, seconds on any monotonic clock). A bucket that refilled is forgotten, so memory
+    stays bounded by the tenants that submitted recently (and by ``max_tenants`` anyway).
+    Each intake replica keeps its own: with N replicas a tenant may submit N times the rate."""
+
+    def __init__(self, *, max_tenants: int = RATE_LIMIT_TENANTS) -> None:
+        self._buckets: dict[str, _Bucket] = {}
+        """In the order their tenants last submitted (oldest first)."""
+        self._max_tenants = max_tenants
+
+    def __len__(self) -> int:
+        return len(self._buckets)
+
+    def acquire(self, tenant: str, policy: TenantPolicy, now: float) -> float:
+        """Take one submit's token: 0.0 when the submit may go, else the seconds to wait until
+        it may (nothing taken then)."""
+        self._forget_full(now)
+        rate_per_minute = policy.submits_per_minute
+        if not policy_applies(tenant) or rate_per_minute is None:
+            return 0.0
+        rate, size = rate_per_minute / 60.0, policy.burst
+        bucket = self._buckets.pop(tenant, None)
+        if bucket is None:
+            tokens = size
+        else:
+            tokens = min(size, bucket.tokens + max(0.0, now - bucket.at) * rate)
+        wait = 0.0
+        if tokens >= 1.0 - CPU_EPSILON:
+            tokens -= 1.0
+        else:
+            wait = (1.0 - tokens) / rate
+        self._buckets[tenant] = _Bucket(tokens, now, now + (size - tokens) / rate)
+        while len(self._buckets) > self._max_tenants:
+            del self._buckets[next(iter(self._buckets))]
+        return wait
+
+    def _forget_full(self, now: float) -> None:
+        """Forget the buckets that refilled, from the idlest on (stopping at the first that did
+        not: amortised, a few per call)."""
+        while self._buckets:
+            tenant, bucket = next(iter(self._buckets.items()))
+            if bucket.full_at > now:
+                return
+            del self._buckets[tenant]
+
+
+def rate_limit_message(tenant: str, policy: TenantPolicy, wait_s: float) -> str:
+    """What a submit refused by ``SubmitRateLimiter`` is told."""
+    rate = policy.submits_per_minute or 0.0
+    return (
+        f"rate limit: tenant {tenant} may submit {_number(rate)} times a minute; try again in "
+        f"{max(wait_s, 0.1):.1f} s"
+    )

@@ -1,0 +1,193 @@
+"""The tenants KV bucket: each tenant's ``TenantPolicy``, read live by the services.
+
+The bucket is ``<namespace>_tenants`` (``Subjects.tenants_bucket``); a key is a tenant's name,
+its value the policy's JSON (``TenantPolicy.to_json``). Only the admin writes it
+(``put_policy``, ``remove_policy``) and creates it (``ensure_tenants_bucket``, from
+``mdq.bus.setup.prepare_bus``); services only read and watch it (``TenantDirectory``), so
+they need no right to manage it.
+
+``TenantDirectory`` watches the bucket and answers ``policy(tenant)`` from memory: a policy
+the admin changes applies within moments, without a restart. A tenant without a record, a
+record that does not parse (logged) and every tenant while the bucket does not exist yet get
+``DEFAULT_POLICY`` (so does every tenant without a policy read yet while the bucket cannot be
+opened: no right to read it, say); the directory keeps trying to open a missing bucket, and
+starts its watch again every ``resync_s`` (a KV watch can go silent after a server restart) or
+after an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from nats.js import JetStreamContext
+from nats.js.api import KeyValueConfig, StorageType
+from nats.js.errors import BucketNotFoundError
+from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
+
+from mdq.bus.streams import open_bucket
+from mdq.bus.subjects import Subjects
+from mdq.core.tenants import DEFAULT_POLICY, TenantPolicy, validate_tenant_name
+
+log = logging.getLogger("mdq.bus.tenants")
+
+TENANTS_HISTORY = 5
+"""Policies kept per tenant (the latest and the ones before, for ``nats kv history``)."""
+
+
+async def ensure_tenants_bucket(
+    js: JetStreamContext, subjects: Subjects, *, replicas: int = 1
+) -> KeyValue:
+    """Create (idempotently) and open the tenants bucket; the admin's setup does this."""
+    return await open_bucket(
+        js,
+        KeyValueConfig(
+            bucket=subjects.tenants_bucket,
+            history=TENANTS_HISTORY,
+            storage=StorageType.FILE,
+            replicas=replicas,
+        ),
+    )
+
+
+async def put_policy(
+    js: JetStreamContext, subjects: Subjects, tenant: str, policy: TenantPolicy
+) -> int:
+    """Store ``tenant``'s policy (the admin); returns the entry's revision. The bucket must
+    exist (``ensure_tenants_bucket``)."""
+    validate_tenant_name(tenant)
+    kv = await js.key_value(subjects.tenants_bucket)
+    return await kv.put(tenant, policy.to_json())
+
+
+async def remove_policy(js: JetStreamContext, subjects: Subjects, tenant: str) -> None:
+    """Drop ``tenant``'s policy (the admin): it gets ``DEFAULT_POLICY`` again."""
+    validate_tenant_name(tenant)
+    kv = await js.key_value(subjects.tenants_bucket)
+    await kv.delete(tenant)
+
+
+class TenantDirectory:
+    """Every tenant's policy, kept up to date by a watch of the tenants bucket."""
+
+    def __init__(
+        self,
+        js: JetStreamContext,
+        subjects: Subjects,
+        *,
+        retry_s: float = 5.0,
+        resync_s: float = 300.0,
+    ) -> None:
+        self._js = js
+        self._bucket = subjects.tenants_bucket
+        self._retry_s = retry_s
+        self._resync_s = resync_s
+        self._policies: dict[str, TenantPolicy] = {}
+        self._synced = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._missing_logged = False
+        """Whether the bucket's absence (or the failure to open it) was logged as a warning
+        since it was last opened (once per episode, not every retry)."""
+
+    def policy(self, tenant: str) -> TenantPolicy:
+        """``tenant``'s policy as last read (``DEFAULT_POLICY`` without one)."""
+        return self._policies.get(tenant, DEFAULT_POLICY)
+
+    @property
+    def policies(self) -> dict[str, TenantPolicy]:
+        """A copy of the policies read (tenants without a record are absent)."""
+        return dict(self._policies)
+
+    @property
+    def synced(self) -> bool:
+        """Whether the bucket was read through once (or found missing)."""
+        return self._synced.is_set()
+
+    def start(self) -> None:
+        """Start following the bucket (idempotent)."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._follow(), name="tenant-policies")
+
+    async def wait_synced(self, timeout_s: float) -> bool:
+        """Start, then wait up to ``timeout_s`` until the bucket was read through once;
+        returns whether it was."""
+        self.start()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                await self._synced.wait()
+        return self.synced
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+            self._task = None
+
+    async def _follow(self) -> None:
+        while True:
+            try:
+                kv = await self._js.key_value(self._bucket)
+            except BucketNotFoundError:
+                if not self._missing_logged:
+                    log.warning(
+                        "no bucket %s (the admin's setup makes it): every tenant has the "
+                        "default policy until it exists",
+                        self._bucket,
+                    )
+                    self._missing_logged = True
+                self._policies = {}
+                self._synced.set()
+                await asyncio.sleep(self._retry_s)
+                continue
+            except Exception:
+                # no right to read it, or no server: waiting for it would not help the caller
+                log.log(
+                    logging.DEBUG if self._missing_logged else logging.WARNING,
+                    "could not open bucket %s; retrying (policies as last read, the default "
+                    "policy for the others)",
+                    self._bucket,
+                    exc_info=True,
+                )
+                self._missing_logged = True
+                self._synced.set()
+                await asyncio.sleep(self._retry_s)
+                continue
+            self._missing_logged = False
+            try:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self._resync_s):
+                        await self._watch(kv)
+            except Exception:
+                log.warning("watch of %s failed; starting it again", self._bucket, exc_info=True)
+                await asyncio.sleep(self._retry_s)
+
+    async def _watch(self, kv: KeyValue) -> None:
+        """Read the bucket through into a fresh table (the old one answers meanwhile), then
+        apply each change as it comes."""
+        watcher = await kv.watchall()
+        reading: dict[str, TenantPolicy] | None = {}
+        try:
+            async for entry in watcher:
+                if entry is None:
+                    if reading is not None:
+                        self._policies, reading = reading, None
+                        self._synced.set()
+                    continue
+                table = reading if reading is not None else self._policies
+                if entry.operation in (KV_DEL, KV_PURGE) or not entry.value:
+                    table.pop(entry.key, None)
+                    continue
+                try:
+                    table[entry.key] = TenantPolicy.from_json(entry.value)
+                except ValueError as error:
+                    table.pop(entry.key, None)
+                    log.error(
+                        "tenant %s: ignoring its policy (%s); it has the default policy",
+                        entry.key,
+                        error,
+                    )
+        finally:
+            with contextlib.suppress(Exception):
+                await watcher.stop()  # type: ignore[no-untyped-call]

@@ -1,0 +1,261 @@
+"""Tenant policies on a real JetStream: the tenants bucket and its live directory, and
+placement holding a tenant at its CPU quota while other tenants' jobs bind."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from nats.aio.client import Client
+from nats.js.errors import KeyNotFoundError
+
+from mdq.bus.setup import prepare_bus
+from mdq.bus.subjects import Subjects
+from mdq.bus.tenants import TenantDirectory, ensure_tenants_bucket, put_policy, remove_policy
+from mdq.contracts import pb
+from mdq.core.tenants import DEFAULT_POLICY, TenantPolicy, TenantUsage, usage_key
+from services.placement.app import Placement
+from services.placement.settings import PlacementSettings
+from tests.helpers import (
+    RecordingBackend,
+    event,
+    node_load,
+    publisher,
+    read_all,
+    running,
+    submitted,
+    wait_for,
+)
+
+ALICE_QUOTA = TenantPolicy(max_running_cpu=2.0)
+
+
+async def test_the_admin_setup_makes_the_tenants_bucket(nats_url: str, subjects: Subjects) -> None:
+    await prepare_bus(nats_url, namespace=subjects.namespace)
+    from mdq.bus.connect import connect
+
+    client = await connect(nats_url, name="test-tenants")
+    try:
+        kv = await client.jetstream().key_value(subjects.tenants_bucket)
+        assert (await kv.status()).bucket == f"{subjects.namespace}_tenants"
+    finally:
+        await client.close()
+
+
+async def test_policies_apply_live_without_a_restart(nc: Client, subjects: Subjects) -> None:
+    js = nc.jetstream()
+    directory = TenantDirectory(js, subjects, retry_s=0.1)
+    try:
+        # no bucket yet (the admin's setup has not run): every tenant has the default policy
+        assert await directory.wait_synced(5.0)
+        assert directory.policy("alice") == DEFAULT_POLICY
+        await ensure_tenants_bucket(js, subjects)
+        await put_policy(js, subjects, "alice", ALICE_QUOTA)
+
+        async def alice_read() -> bool:
+            return directory.policy("alice") == ALICE_QUOTA
+
+        await wait_for(alice_read, timeout=10, what="alice's policy once the bucket exists")
+        generous = TenantPolicy(allow_high=True, max_running_cpu=None)
+        await put_policy(js, subjects, "alice", generous)
+
+        async def changed() -> bool:
+            return directory.policy("alice") == generous
+
+        await wait_for(changed, timeout=10, what="alice's new policy")
+        assert directory.policy("bob") == DEFAULT_POLICY
+        kv = await js.key_value(subjects.tenants_bucket)
+        await kv.put("bob", b'{"max_gpus": 1}')  # malformed: bob keeps the default
+        await put_policy(js, subjects, "carol", ALICE_QUOTA)
+
+        async def carol_read() -> bool:
+            return directory.policy("carol") == ALICE_QUOTA
+
+        await wait_for(carol_read, timeout=10, what="carol's policy")
+        assert directory.policy("bob") == DEFAULT_POLICY
+        await remove_policy(js, subjects, "alice")
+
+        async def removed() -> bool:
+            return directory.policy("alice") == DEFAULT_POLICY
+
+        await wait_for(removed, timeout=10, what="alice back to the default policy")
+        assert directory.policies == {"carol": ALICE_QUOTA}
+    finally:
+        await directory.close()
+
+
+async def test_put_policy_refuses_a_bad_tenant_name(nc: Client, subjects: Subjects) -> None:
+    js = nc.jetstream()
+    await ensure_tenants_bucket(js, subjects)
+    with pytest.raises(ValueError, match="tenant name"):
+        await put_policy(js, subjects, "Alice", ALICE_QUOTA)
+
+
+def job(tenant: str, name: str) -> str:
+    return f"{tenant}.0123456789ab-{name}"
+
+
+TENANT_BOUND = "{}.job.*.*.bound"
+"""The bound events of tenants' jobs (their ids are two subject tokens)."""
+
+
+async def tenant_jobs_bound(nc: Client, subjects: Subjects) -> set[str]:
+    bound = await read_all(nc.jetstream(), TENANT_BOUND.format(subjects.namespace))
+    return {e.job_id for e in bound}
+
+
+async def test_a_tenant_at_its_cpu_quota_waits_while_others_bind(
+    nc: Client, subjects: Subjects, data_dir: Path
+) -> None:
+    """alice may run 2 cores: two of her three 1-core jobs bind, the third waits with the
+    reason in the waiting bucket (``mdq explain``) while bob's job, submitted after it, binds;
+    it binds once one of alice's jobs ends. Her usage is written for intake all along."""
+    js = nc.jetstream()
+    await ensure_tenants_bucket(js, subjects)
+    await put_policy(js, subjects, "alice", ALICE_QUOTA)
+    bus = publisher(js, subjects)
+    await bus.publish_all([node_load("n1", cpu_capacity=32, memory_mb=100_000)])
+    alice = [job("alice", f"a{i}") for i in range(3)]
+    for job_id in alice:
+        await bus.publish(submitted(job_id))
+        await asyncio.sleep(0.01)  # oldest first in the queue
+    await bus.publish(submitted(job("bob", "b0")))
+    placement = Placement(
+        js=js,
+        subjects=subjects,
+        publisher=publisher(js, subjects),
+        backend=RecordingBackend(),
+        settings=PlacementSettings(
+            reconcile_interval_s=0.2, explain_waiting_interval_s=0.2, tenant_usage_interval_s=0.2
+        ),
+        namespace=subjects.namespace,
+    )
+    kv = None
+
+    async def waiting_value(key: str) -> bytes:
+        nonlocal kv
+        try:
+            kv = kv or await js.key_value(subjects.waiting_bucket)
+            return (await kv.get(key)).value or b""
+        except KeyNotFoundError:
+            return b""
+
+    async def bound_jobs() -> set[str]:
+        return await tenant_jobs_bound(nc, subjects)
+
+    async with running(placement.run()):
+
+        async def two_of_alice_and_bob() -> bool:
+            return await bound_jobs() == {alice[0], alice[1], job("bob", "b0")}
+
+        await wait_for(two_of_alice_and_bob, what="alice's first two jobs and bob's bound")
+
+        async def explained() -> bool:
+            value = await waiting_value(alice[2])
+            return bool(value) and pb.JobWaiting.FromString(value).summary != ""
+
+        await wait_for(explained, what="why alice's third job waits")
+        waiting = pb.JobWaiting.FromString(await waiting_value(alice[2]))
+        assert waiting.summary == "tenant alice is at its CPU quota: 2 of 2 cores running"
+        assert waiting.attempt == 1
+
+        async def usage_written() -> bool:
+            value = await waiting_value(usage_key("alice"))
+            if not value:
+                return False
+            usage = TenantUsage.from_json(value)
+            return (usage.queued_jobs, usage.running_cpu) == (1, 2.0)
+
+        await wait_for(usage_written, what="alice's usage: 1 queued, 2 cores running")
+        bob = TenantUsage.from_json(await waiting_value(usage_key("bob")))
+        assert (bob.queued_jobs, bob.running_cpu) == (0, 1.0)
+        await asyncio.sleep(0.5)  # a few more passes: still held
+        assert alice[2] not in await bound_jobs()
+
+        await bus.publish(
+            event("succeeded", pb.JobSucceeded(final_step=1000), job=alice[0], attempt=1)
+        )
+
+        async def third_bound() -> bool:
+            return alice[2] in await bound_jobs()
+
+        await wait_for(third_bound, what="alice's third job bound once her first ended")
+
+        async def usage_follows() -> bool:
+            value = await waiting_value(usage_key("alice"))
+            usage = TenantUsage.from_json(value)
+            return (usage.queued_jobs, usage.running_cpu) == (0, 2.0)
+
+        await wait_for(usage_follows, what="alice's usage: nothing queued, 2 cores running")
+    assert len(await read_all(js, TENANT_BOUND.format(subjects.namespace))) == 4
+
+
+async def test_a_policy_raised_live_releases_the_held_jobs(
+    nc: Client, subjects: Subjects, data_dir: Path
+) -> None:
+    js = nc.jetstream()
+    await ensure_tenants_bucket(js, subjects)
+    await put_policy(js, subjects, "alice", TenantPolicy(max_running_cpu=1.0))
+    bus = publisher(js, subjects)
+    await bus.publish_all([node_load("n1", cpu_capacity=32, memory_mb=100_000)])
+    alice = [job("alice", f"a{i}") for i in range(3)]
+    await bus.publish_all([submitted(job_id) for job_id in alice])
+    placement = Placement(
+        js=js,
+        subjects=subjects,
+        publisher=publisher(js, subjects),
+        backend=RecordingBackend(),
+        settings=PlacementSettings(reconcile_interval_s=0.2),
+        namespace=subjects.namespace,
+    )
+    async with running(placement.run()):
+
+        async def one_bound() -> bool:
+            return len(await tenant_jobs_bound(nc, subjects)) == 1
+
+        await wait_for(one_bound, what="one of alice's jobs bound")
+        await asyncio.sleep(0.5)
+        assert len(await tenant_jobs_bound(nc, subjects)) == 1
+        await put_policy(js, subjects, "alice", TenantPolicy(max_running_cpu=3.0))
+
+        async def all_bound() -> bool:
+            return await tenant_jobs_bound(nc, subjects) == set(alice)
+
+        await wait_for(all_bound, what="alice's other jobs bound once her quota was raised")
+
+
+async def test_a_high_job_held_by_its_tenants_quota_preempts_nobody(
+    nc: Client, subjects: Subjects, data_dir: Path
+) -> None:
+    """alice may submit high jobs but run 1 core: her second high job waits for her quota,
+    and must not preempt the operator's low job to make room it could not use."""
+    js = nc.jetstream()
+    await ensure_tenants_bucket(js, subjects)
+    await put_policy(js, subjects, "alice", TenantPolicy(allow_high=True, max_running_cpu=1.0))
+    bus = publisher(js, subjects)
+    await bus.publish_all([node_load("n1", cpu_capacity=3)])
+    running_jobs = [("0123456789ab-low", 2, "low"), (job("alice", "h0"), 1, "high")]
+    for job_id, cpu, priority in running_jobs:  # the operator's low job, alice's high one
+        await bus.publish(submitted(job_id, cpu=cpu, priority=priority))
+        await bus.publish(event("bound", pb.JobBound(node="n1"), job=job_id, attempt=1))
+        await bus.publish(event("started", pb.JobStarted(node="n1"), job=job_id, attempt=1))
+    await bus.publish(submitted(job("alice", "h1"), cpu=1, priority="high"))
+    backend = RecordingBackend()
+    placement = Placement(
+        js=js,
+        subjects=subjects,
+        publisher=publisher(js, subjects),
+        backend=backend,
+        settings=PlacementSettings(reconcile_interval_s=0.2),
+        namespace=subjects.namespace,
+    )
+    async with running(placement.run()):
+
+        async def caught_up() -> bool:
+            return placement.tenant_usage("alice") == (1, 1.0)
+
+        await wait_for(caught_up, what="placement folded alice's jobs")
+        await asyncio.sleep(1.0)  # several passes
+    assert backend.deleted == []
+    assert await tenant_jobs_bound(nc, subjects) == {job("alice", "h0")}
