@@ -46,6 +46,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
+from nats.js.kv import KeyValue
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -54,6 +55,8 @@ from mdq.bus.connect import NATS_NOT_READY, auth_options, wait_for_nats
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.requests import Requests
 from mdq.bus.streams import require_streams
+from mdq.bus.tenants import TenantDirectory
+from mdq.core.tenants import TenantUsage, usage_key
 from mdq.settings import CommonSettings
 from services.intake.handlers import (
     JSON_CONTENT_TYPE,
@@ -65,9 +68,12 @@ from services.intake.handlers import (
     serialize_reply,
 )
 from services.intake.registry import SubmitRegistry
+from services.intake.tenants import TenantGate, UsageReader
 
 log = logging.getLogger(__name__)
 
+TENANT_POLICIES_WAIT_S = 5.0
+"""How long intake waits at start for the tenants' policies (then starts with the defaults)."""
 JSON_REPLY_HEADERS = {"content-type": JSON_CONTENT_TYPE}
 PROTOBUF_REPLY_HEADERS = {"content-type": PROTOBUF_CONTENT_TYPE}
 
@@ -160,6 +166,7 @@ class Intake:
         """Request-reply submits in batches being handled (at most ``concurrency``)."""
         self._requests: set[asyncio.Task[None]] = set()
         self._request_subscriptions: list[Subscription] = []
+        self._tenants: TenantDirectory | None = None
         self._register()
 
     @property
@@ -345,7 +352,33 @@ class Intake:
             js=js, requests=requests, subjects=self.subjects, replicas=replicas
         )
         publisher = EventPublisher(js=requests, subjects=self.subjects, producer="intake")
-        self._handler = SubmitHandler(publisher=publisher, registry=registry)
+        self._tenants = TenantDirectory(js, self.subjects)
+        if not await self._tenants.wait_synced(TENANT_POLICIES_WAIT_S):
+            log.warning("tenant policies not read yet: tenants get the default until they are")
+        gate = TenantGate(directory=self._tenants, read_usage=self._usage_reader(js))
+        self._handler = SubmitHandler(publisher=publisher, registry=registry, gate=gate)
+
+    def _usage_reader(self, js: JetStreamContext) -> UsageReader:
+        """Reads a tenant's usage as placement last wrote it into its waiting bucket."""
+        bucket: list[KeyValue] = []
+
+        async def read(tenant: str) -> TenantUsage | None:
+            if not bucket:
+                try:
+                    bucket.append(await js.key_value(self.subjects.waiting_bucket))
+                except nats.js.errors.BucketNotFoundError:  # placement never ran: nothing queued
+                    return None
+            try:
+                entry = await bucket[0].get(usage_key(tenant))
+            except nats.js.errors.KeyNotFoundError:
+                return None
+            try:
+                return TenantUsage.from_json(entry.value or b"")
+            except ValueError:
+                log.warning("tenant %s: unreadable usage in the waiting bucket", tenant)
+                return None
+
+        return read
 
     async def _widen_durable(self, js: JetStreamContext) -> None:
         """An intake durable made before tenants filters on the operator's submit subject
@@ -378,6 +411,8 @@ class Intake:
     async def stop(self) -> None:
         await self.stop_requests()
         await self.broker.stop()
+        if self._tenants is not None:
+            await self._tenants.close()
 
     async def run(self) -> None:
         """Run until SIGINT/SIGTERM."""

@@ -70,6 +70,7 @@ from mdq.core.ids import job_id, job_name_of, request_id_for_key, request_id_for
 from mdq.core.spec import AcceptedJob, SpecError, validate_key, validate_submit
 from mdq.forcefields import ForceFieldFolders
 from services.intake.registry import JOB_ID_PATTERN, Claim, SubmitRegistry
+from services.intake.tenants import TenantGate
 
 log = logging.getLogger(__name__)
 
@@ -246,6 +247,8 @@ def _prepare(index: int, arrival: Arrival) -> _Ready | None:
     refused, names jobs of earlier submits, or fails in an unexpected way: the one-by-one path
     answers that too)."""
     try:
+        if arrival.tenant:  # its policy is checked on the way (rate, quota): one by one
+            return None
         request = decode_as(arrival.data, arrival.tenant)
         validate_key(request.idempotency_key, required=True)
         if external_refs(request):
@@ -270,9 +273,17 @@ async def _settled(work: Awaitable[pb.SubmitReply]) -> Outcome:
 class SubmitHandler:
     """Turns submits into events; safe to call again with the same submit."""
 
-    def __init__(self, *, publisher: EventPublisher, registry: SubmitRegistry) -> None:
+    def __init__(
+        self,
+        *,
+        publisher: EventPublisher,
+        registry: SubmitRegistry,
+        gate: TenantGate | None = None,
+    ) -> None:
         self._publisher = publisher
         self._registry = registry
+        self._gate = gate
+        """Tenants' policies (rate, classes, quotas); None: no tenant is limited."""
         self._locks = OnePerKey()
 
     async def on_api_submit(self, data: bytes, tenant: str = "") -> pb.SubmitReply:
@@ -405,6 +416,10 @@ class SubmitHandler:
                     resolved=await self._registry.resolve_all(refs, tenant),
                     key_required=sequence is None,
                 )
+                if tenant and self._gate is not None:
+                    refused = await self._gate.refusal(tenant, [job.spec for job in accepted])
+                    if refused is not None:  # a retry of an accepted submit still gets its reply
+                        raise refused
             except SpecError as error:
                 claim = await self._registry.existing(request_id)
                 if claim is None:

@@ -54,6 +54,7 @@ BUCKETS = (
     SUBJECTS.nodes_bucket,
     SUBJECTS.intake_bucket,
     SUBJECTS.waiting_bucket,
+    SUBJECTS.tenants_bucket,
     LEASE_BUCKET,
 )
 STREAMS = (
@@ -68,6 +69,7 @@ KV_WRITERS = {
     SUBJECTS.nodes_bucket: {"agent"},
     SUBJECTS.intake_bucket: {"intake"},
     SUBJECTS.waiting_bucket: {"placement"},
+    SUBJECTS.tenants_bucket: set(),  # the admin's alone
     LEASE_BUCKET: {"placement"},
 }
 """Who may write each bucket (everyone else is refused)."""

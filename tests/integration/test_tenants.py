@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import nats.errors
@@ -19,15 +20,19 @@ import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
+from typer.testing import CliRunner
 
 from mdq.auth import generate
 from mdq.bus.connect import CREDS_ENV
 from mdq.bus.setup import prepare_bus
-from mdq.bus.streams import ensure_tenant_stream
+from mdq.bus.streams import ensure_streams, ensure_tenant_stream
 from mdq.bus.subjects import Subjects
+from mdq.bus.tenants import ensure_tenants_bucket, put_policy
+from mdq.cli.main import app as cli
 from mdq.cli.tenants import add_tenant
 from mdq.contracts import pb
 from mdq.core.ids import request_id_for_key, request_id_for_sequence
+from mdq.core.tenants import TenantPolicy, TenantUsage, usage_key
 from mdq.embedded import start_nats
 from mdq.sdk.client import MdqClient
 from services.intake.app import Intake
@@ -273,3 +278,86 @@ async def test_an_added_tenant_submits_and_follows_its_own_jobs(
                 )
     finally:
         await service.stop()
+
+
+# -- policies: intake refuses what a tenant's policy does not allow -----------------------------
+
+
+async def test_intake_enforces_each_tenants_policy(
+    nats_url: str, namespace: str, nc: Client, subjects: Subjects
+) -> None:
+    js = nc.jetstream()
+    await ensure_streams(js, subjects)
+    await ensure_tenants_bucket(js, subjects)
+    gina = TenantPolicy(max_queued_jobs=3, max_running_cpu=4, submits_per_minute=None)
+    await put_policy(js, subjects, "gina", gina)
+    await put_policy(js, subjects, "hank", TenantPolicy(max_queued_jobs=3, submits_per_minute=None))
+    await put_policy(js, subjects, "ivy", TenantPolicy(submits_per_minute=6, submit_burst=1))
+    waiting = await js.create_key_value(bucket=subjects.waiting_bucket)
+    # placement counted 3 of hank's jobs waiting a moment ago
+    await waiting.put(
+        usage_key("hank"), TenantUsage(queued_jobs=3, as_of=datetime.now(UTC)).to_json()
+    )
+    service = await started(settings_for(nats_url, namespace))
+    try:
+
+        async def submit(tenant: str, key: str, *jobs: dict[str, object]) -> pb.SubmitReply:
+            return await ask(nc, subjects, tenant, {"idempotency_key": key, "jobs": list(jobs)})
+
+        high = await submit("gina", "g1", {"name": "a", "priority_class": "high"})
+        wide = await submit("gina", "g2", {"name": "a", "resources": {"cpu": 8}})
+        two = await submit("gina", "g3", {"name": "a"}, {"name": "b"})
+        two_more = await submit("gina", "g4", {"name": "c"}, {"name": "d"})
+        again = await submit("gina", "g3", {"name": "a"}, {"name": "b"})  # a retry
+        hanks = await submit("hank", "h1", {"name": "a"})
+        ivy_first = await submit("ivy", "i1", {"name": "a"})
+        ivy_second = await submit("ivy", "i2", {"name": "a"})
+        operator = await submit("", "o1", {"name": "a", "priority_class": "high"})
+    finally:
+        await service.stop()
+
+    assert high.error.field == "jobs[0].priority_class", high
+    assert "may not submit high-priority jobs" in high.error.message
+    assert wide.error.field == "jobs[0].resources.cpu", wide
+    assert "could never run" in wide.error.message
+    assert not two.HasField("error") and len(two.job_ids) == 2
+    assert two_more.error.field == "jobs", two_more
+    assert "at most 3 jobs waiting; it has 2 and this submit adds 2" in two_more.error.message
+    assert again == two  # the retry of an accepted submit gets its reply, quota or not
+    assert hanks.error.field == "jobs" and "it has 3" in hanks.error.message, hanks
+    assert not ivy_first.HasField("error")
+    assert ivy_second.error.field == "" and "rate limit: tenant ivy" in ivy_second.error.message
+    assert not operator.HasField("error")  # the operator is never limited
+    refused = {high.request_id, wide.request_id, two_more.request_id, hanks.request_id}
+    rejected = {
+        event.rejected.request_id
+        for _, event in await job_log(js, subjects)
+        if event.WhichOneof("body") == "rejected"
+    }
+    assert refused <= rejected  # each refusal is in the log, for the tenant to read
+
+
+def test_mdq_tenant_add_and_ls(closed_bus: tuple[str, Path]) -> None:
+    """The operator's commands: add a tenant with its limits, change them, list them."""
+    url, secrets = closed_bus
+    asyncio.run(prepare_bus(url, namespace="mdq", creds=secrets / "admin.creds"))
+    runner = CliRunner()
+    base = ["--nats-url", url, "tenant"]
+    added = runner.invoke(
+        cli, [*base, "add", "lab-7", "--secrets", str(secrets), "--max-queued-jobs", "5"]
+    )
+    assert added.exit_code == 0, added.output
+    assert (secrets / "tenants" / "lab-7.creds").exists()
+    changed = runner.invoke(
+        cli, [*base, "add", "lab-7", "--secrets", str(secrets), "--submits-per-minute", "-1"]
+    )
+    assert changed.exit_code == 0, changed.output
+    listed = runner.invoke(
+        cli, ["--nats-url", url, "--creds", str(secrets / "admin.creds"), "tenant", "ls"]
+    )
+    assert listed.exit_code == 0, listed.output
+    [line] = [line for line in listed.output.splitlines() if line.startswith("lab-7 ")]
+    policy = TenantPolicy.from_json(line.split(" ", 1)[1])
+    assert policy.submits_per_minute is None and policy.max_queued_jobs == 1000  # replaced
+    refused = runner.invoke(cli, [*base, "add", "intake", "--secrets", str(secrets)])
+    assert refused.exit_code == 2 and "reserved" in refused.output

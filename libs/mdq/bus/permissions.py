@@ -161,6 +161,9 @@ def service_permissions(identity: str, subjects: Subjects, names: Names = Names(
     if identity == "intake":
         publish += [*_durable(submit, names.intake_consumer), *_read_stream(jobs)]
         publish += _bucket(subjects.intake_bucket, write=True, own=True)
+        # tenants' policies (the admin's), and their usage as placement counts it
+        publish += _bucket(subjects.tenants_bucket, write=False)
+        publish += _bucket(subjects.waiting_bucket, write=False)
         subscribe += subjects.api_submit_subjects
         respond = True
     elif identity == "placement":
@@ -169,6 +172,7 @@ def service_permissions(identity: str, subjects: Subjects, names: Names = Names(
         publish += _bucket(lease_bucket, write=True, own=True)
         publish += _bucket(subjects.pods_bucket, write=True)
         publish += _bucket(subjects.nodes_bucket, write=False)
+        publish += _bucket(subjects.tenants_bucket, write=False)
     elif identity == "watcher":
         jobs_consumer, progress_consumer = names.watcher_consumers
         publish += [*_durable(jobs, jobs_consumer), *_durable(progress, progress_consumer)]

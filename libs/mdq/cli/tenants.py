@@ -8,7 +8,12 @@ A tenant submits on its own subjects and reads its own stream, nothing else
    (``--secrets``), into ``<secrets>/tenants/<name>.creds`` (0600), for the operator to hand
    to the tenant. No server restart: the server trusts what the account key signs;
 2. creates the tenant's stream (``Subjects.tenant_stream``), which the server fills from the
-   jobs and progress streams with the tenant's events only, connected as admin.
+   jobs and progress streams with the tenant's events only, connected as admin;
+3. stores its policy (``mdq.core.tenants.TenantPolicy``: the ``high`` class, quotas, submit
+   rate) in the tenants bucket, which intake and placement follow live: run ``add`` again
+   with other limits to change them, no restart.
+
+``mdq tenant ls`` lists the tenants' policies.
 
 The tenant then uses mdq with ``MDQ_NATS_CREDS=<that file>`` (or ``--creds``): ``mdq submit``,
 ``mdq watch`` and the SDK find the tenant in the credentials.
@@ -22,6 +27,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from nats.js.errors import NoKeysError
+from nats.js.kv import KeyValue
 from rich.console import Console
 
 from mdq.auth import CREDS_SUFFIX, TRUST_FILE, Trust, issue, nats_secrets_dir
@@ -29,8 +36,14 @@ from mdq.bus.connect import connect
 from mdq.bus.permissions import tenant_permissions
 from mdq.bus.streams import ensure_tenant_stream
 from mdq.bus.subjects import Subjects
-from mdq.cli.context import GlobalOptions, NoEndpoint, resolve_endpoints
-from mdq.core.tenants import TenantNameError, validate_tenant_name
+from mdq.bus.tenants import ensure_tenants_bucket, put_policy
+from mdq.cli.context import Endpoints, GlobalOptions, NoEndpoint, resolve_endpoints
+from mdq.core.tenants import (
+    DEFAULT_POLICY,
+    TenantNameError,
+    TenantPolicy,
+    validate_tenant_name,
+)
 
 TENANTS_DIR = "tenants"
 """Where, in a secrets folder, the tenants' credentials are written."""
@@ -61,11 +74,12 @@ async def add_tenant(
     nats_url: str,
     namespace: str,
     admin_creds: Path | str | None,
+    policy: TenantPolicy = DEFAULT_POLICY,
     replicas: int = 1,
 ) -> AddedTenant:
-    """Mint ``tenant``'s credentials from the trust chain in ``secrets`` and create its stream
-    (connected with ``admin_creds``). Idempotent: run again, it mints fresh credentials (the
-    old ones stay valid) and leaves the stream as it is."""
+    """Mint ``tenant``'s credentials from the trust chain in ``secrets``, create its stream
+    and store its ``policy`` (connected with ``admin_creds``). Run again, it mints fresh
+    credentials (the old ones stay valid), leaves the stream and replaces the policy."""
     validate_tenant_name(tenant)
     if not (secrets / TRUST_FILE).exists():
         raise FileNotFoundError(
@@ -78,10 +92,18 @@ async def add_tenant(
     issue(trust, tenant_permissions(subjects, tenant), path)
     client = await connect(nats_url, name="mdq-tenant-add", creds=admin_creds or None)
     try:
-        await ensure_tenant_stream(client.jetstream(), subjects, tenant, replicas=replicas)
+        js = client.jetstream()
+        await ensure_tenant_stream(js, subjects, tenant, replicas=replicas)
+        await ensure_tenants_bucket(js, subjects, replicas=replicas)
+        await put_policy(js, subjects, tenant, policy)
     finally:
         await client.close()
     return AddedTenant(tenant, path, subjects.tenant_stream(tenant))
+
+
+def _limit(value: float | None) -> int:
+    """A default limit as the command line writes it (-1: unlimited)."""
+    return -1 if value is None else int(value)
 
 
 @app.command("add")
@@ -95,15 +117,32 @@ def add(
             help="Folder of the deployment's NATS material (default: the running stack's).",
         ),
     ] = None,
+    allow_high: Annotated[
+        bool, typer.Option("--allow-high", help="May submit in the high class (it preempts).")
+    ] = False,
+    max_queued_jobs: Annotated[
+        int, typer.Option(help="Jobs waiting at most (-1: unlimited).")
+    ] = _limit(DEFAULT_POLICY.max_queued_jobs),
+    max_running_cpu: Annotated[
+        float, typer.Option(help="Cores running at once at most (-1: unlimited).")
+    ] = _limit(DEFAULT_POLICY.max_running_cpu),
+    submits_per_minute: Annotated[
+        float, typer.Option(help="Submit rate (-1: unlimited).")
+    ] = _limit(DEFAULT_POLICY.submits_per_minute),
 ) -> None:
-    """Add a tenant: its credentials (<secrets>/tenants/NAME.creds) and its own stream."""
-    options = ctx.obj
-    if not isinstance(options, GlobalOptions):
-        raise typer.BadParameter("internal: global options missing")
+    """Add a tenant (or change its limits): its credentials (<secrets>/tenants/NAME.creds),
+    its own stream and its policy."""
+    endpoints = _endpoints_of(ctx)
+    options = _options_of(ctx)
     try:
         validate_tenant_name(name)
-        endpoints = resolve_endpoints(options)
-    except (TenantNameError, NoEndpoint) as error:
+        policy = TenantPolicy(
+            allow_high=allow_high,
+            max_queued_jobs=None if max_queued_jobs < 0 else max_queued_jobs,
+            max_running_cpu=None if max_running_cpu < 0 else max_running_cpu,
+            submits_per_minute=None if submits_per_minute < 0 else submits_per_minute,
+        )
+    except (TenantNameError, ValueError) as error:
         err_console.print(f"[red]{error}[/]")
         raise typer.Exit(2) from None
     folder = secrets or nats_secrets_dir(options.state_dir)
@@ -116,10 +155,56 @@ def add(
                 nats_url=endpoints.nats_url,
                 namespace=endpoints.namespace,
                 admin_creds=admin,
+                policy=policy,
             )
         )
     except FileNotFoundError as error:
         err_console.print(f"[red]{error}[/]")
         raise typer.Exit(2) from None
     console.print(f"tenant {added.tenant}: credentials {added.creds}, stream {added.stream}")
+    console.print(f"  policy: {policy.to_json().decode()}", highlight=False)
     console.print(f"  use: MDQ_NATS_CREDS={added.creds} mdq submit FILE", highlight=False)
+
+
+@app.command("ls")
+def list_tenants(ctx: typer.Context) -> None:
+    """Every tenant's policy (from the tenants bucket; the admin's credentials)."""
+    endpoints = _endpoints_of(ctx)
+    admin = endpoints.nats_admin_creds or endpoints.nats_creds
+
+    async def read() -> dict[str, TenantPolicy]:
+        client = await connect(endpoints.nats_url, name="mdq-tenant-ls", creds=admin or None)
+        try:
+            kv = await ensure_tenants_bucket(client.jetstream(), Subjects(endpoints.namespace))
+            found: dict[str, TenantPolicy] = {}
+            for key in await _keys(kv):
+                entry = await kv.get(key)
+                found[key] = TenantPolicy.from_json(entry.value or b"")
+            return found
+        finally:
+            await client.close()
+
+    for tenant, policy in sorted(asyncio.run(read()).items()):
+        typer.echo(f"{tenant}  {policy.to_json().decode()}")  # one line each, for scripts
+
+
+async def _keys(kv: KeyValue) -> list[str]:
+    try:
+        return list(await kv.keys())
+    except NoKeysError:
+        return []
+
+
+def _options_of(ctx: typer.Context) -> GlobalOptions:
+    options = ctx.obj
+    if not isinstance(options, GlobalOptions):
+        raise typer.BadParameter("internal: global options missing")
+    return options
+
+
+def _endpoints_of(ctx: typer.Context) -> Endpoints:
+    try:
+        return resolve_endpoints(_options_of(ctx))
+    except NoEndpoint as error:
+        err_console.print(f"[red]{error}[/]")
+        raise typer.Exit(3) from None
