@@ -100,11 +100,29 @@ def test_the_argv_is_this_interpreter_running_the_runner() -> None:
         pytest.param({"depends_on": ("../other",)}, "dependency", id="dependency-path"),
         pytest.param({"name": "mdq-other-2"}, "pod name", id="name-not-derived"),
         pytest.param({"attempt": 0, "name": "mdq-j1-0"}, "attempt", id="attempt-zero"),
+        pytest.param({"job_id": "..", "name": "mdq----2"}, "job id", id="dot-dot-alone"),
+        pytest.param({"job_id": "a..b", "name": "mdq-a--b-2"}, "job id", id="two-dots"),
+        pytest.param({"job_id": "alice.", "name": "mdq-alice--2"}, "job id", id="tenant-only"),
+        pytest.param({"job_id": "x.y.z", "name": "mdq-x-y-z-2"}, "job id", id="three-tokens"),
     ],
 )
 def test_ids_that_are_not_plain_names_are_refused(fields: dict[str, object], problem: str) -> None:
     with pytest.raises(PodRefused, match=problem):
         check_pod(pod(**fields))
+
+
+def test_a_tenants_job_is_a_plain_folder_name() -> None:
+    """``alice.<hex>-<name>``: one folder under the jobs root, its pod name a DNS label."""
+    job = "alice.0123456789ab-md"
+    check_pod(pod(job_id=job, name="mdq-alice-0123456789ab-md-2"))
+    env = runner_environment(
+        pod(job_id=job, name="mdq-alice-0123456789ab-md-2"),
+        data_dir=Path("/data"),
+        nats_url="nats://bus:4222",
+        namespace="ns",
+        host={},
+    )
+    assert RunnerTask.from_env(env).job_dir == Path("/data/jobs") / job
 
 
 def test_a_pod_record_round_trips_and_ignores_command_and_env(

@@ -27,6 +27,7 @@ from pathlib import Path
 from mdq.backends.port import PodSpec
 from mdq.core import ids
 from mdq.core.runner_task import RunnerTask, job_dir
+from mdq.core.tenants import TENANT_PATTERN
 
 RUNNER_MODULE = "services.runner"
 """The module every pod runs (``python -m services.runner``)."""
@@ -63,8 +64,9 @@ INHERITED_VARIABLES = frozenset(
 INHERITED_PREFIXES = ("MDQ_RUNNER_",)
 """...and by prefix: the runner's own settings (services.runner.settings)."""
 
-_SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
-"""A job id that is one plain folder name (intake's ids are "<hex>-<name>")."""
+_SAFE_ID = re.compile(rf"^(?:{TENANT_PATTERN.pattern}\.)?[A-Za-z0-9][A-Za-z0-9_-]{{0,127}}$")
+"""A job id that is one plain folder name: intake's ids are "<hex>-<name>", a tenant's
+"<tenant>.<hex>-<name>" (one dot, after a name that starts with a letter: never "." or "..")."""
 
 
 class PodRefused(ValueError):

@@ -163,7 +163,8 @@ def print_waiting(
         return
     at = to_datetime(waiting.at)
     console.print(f"attempt {view.attempt} not bound at {_clock(at)}: {waiting.summary}")
-    console.print(candidates_table(f"nodes at {_clock(at)}", list(waiting.candidates)))
+    if waiting.candidates:  # none when it waits for its tenant's quota, not for a node
+        console.print(candidates_table(f"nodes at {_clock(at)}", list(waiting.candidates)))
     for reason, more in unlisted(list(waiting.candidates), dict(waiting.filtered_counts)):
         console.print(f"… and {more} more nodes: {reason}")
     for cordon in waiting.cordons:

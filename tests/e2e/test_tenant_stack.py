@@ -1,0 +1,89 @@
+"""End to end on the embedded stack, whose NATS authenticates every connection: a tenant added
+with ``mdq tenant add`` runs a real OpenMM job through every service (its runner with
+credentials minted for that job), follows it from its own stream to SUCCEEDED, and the history
+says whose it is; another tenant cannot follow it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import asyncpg
+import nats.errors
+import pytest
+
+from mdq.auth import nats_secrets_dir
+from mdq.cli.tenants import add_tenant
+from mdq.contracts import pb
+from mdq.sdk.client import MdqClient, WaitTimeout
+from mdq.stack import Stack
+from tests.e2e.test_stack import md_job, request, submit_when_ready
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.e2e
+
+
+async def test_a_tenant_runs_a_job_and_another_cannot_follow_it(
+    tmp_path: Path, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("NATS_URL", raising=False)
+    monkeypatch.delenv("MDQ_NATS_CREDS", raising=False)
+    state = tmp_path / "state"
+    stack = Stack(
+        state_dir=state, database_url=database_url, local_nodes=1, metrics_port=0, grace_s=5.0
+    )
+    info = await stack.start()
+    try:
+        added = {
+            tenant: await add_tenant(
+                tenant,
+                secrets=nats_secrets_dir(state),
+                nats_url=info.nats_url,
+                namespace=stack.namespace,
+                admin_creds=info.nats_admin_creds,
+            )
+            for tenant in ("alice", "bob")
+        }
+        job = request(md_job("water", steps=500), key="alice-1")
+        job.submitted_by = "mallory"  # ignored: the tenant is whoever the server let submit
+        async with await MdqClient.connect(
+            info.nats_url, stack.namespace, creds=added["alice"].creds
+        ) as alice:
+            [job_id] = await submit_when_ready(alice, job)
+            states = await alice.wait([job_id], timeout=300)
+        assert job_id.startswith("alice.")
+        assert {str(state) for state in states.values()} == {"SUCCEEDED"}, states
+
+        async with await MdqClient.connect(
+            info.nats_url, stack.namespace, creds=added["bob"].creds
+        ) as bob:
+            with pytest.raises(WaitTimeout) as waited:
+                await bob.wait([job_id], timeout=3)
+            assert waited.value.states == {job_id: None}  # not even seen
+            # nor submit as her: the server drops what he publishes on her subject
+            as_alice = pb.SubmitRequest(jobs=[pb.JobSpec(name="x")], idempotency_key="b")
+            with pytest.raises(nats.errors.TimeoutError):
+                await bob.nc.request(
+                    bob.subjects.api_submit_for("alice"), as_alice.SerializeToString(), timeout=2
+                )
+    finally:
+        await stack.stop()
+
+    db = await asyncpg.connect(database_url)
+    try:
+
+        async def projected() -> bool:
+            return bool(
+                await db.fetchval("SELECT count(*) FROM progress WHERE job_id = $1", job_id)
+            )
+
+        await wait_for(projected, timeout=5, what="the tenant's progress in PostgreSQL")
+        row = await db.fetchrow(
+            "SELECT state, submitted_by, last_step FROM jobs WHERE job_id = $1", job_id
+        )
+    finally:
+        await db.close()
+    assert row is not None and dict(row) == {
+        "state": "SUCCEEDED",
+        "submitted_by": "alice",
+        "last_step": 500,
+    }
