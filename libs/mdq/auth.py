@@ -11,6 +11,13 @@ time without touching the server: how each runner gets credentials for its own a
 ``issue`` writes one identity's ``.creds`` file (0600) with the permissions of
 ``mdq.bus.permissions``; ``server_block`` is the configuration the server needs.
 
+``rotate`` replaces one identity's credentials: the old user key goes on the account's
+revocation list (``revocations.json``, public keys and times only), a new one is issued with
+the same permissions, and the server's block is rewritten; once the server reloads it
+(``nats-server --signal reload``, a rollout, or the next ``mdq up``), connections made with the
+old file are closed and refused, and a process that names the file by its path (every mdq
+process does) reconnects with the new one.
+
 ``generate`` is the one generator of a deployment's NATS material, used by the embedded stack
 (``mdq up``), docker-compose (``make compose-secrets``) and Kubernetes (``make
 deploy-dev-secrets``, or ``mdq credentials`` for production): in one folder (0700) it keeps or
@@ -45,6 +52,10 @@ SERVER_BLOCK_FILE = "nats-auth.conf"
 """The server's half (``Trust.server_block``), included by deploy/base/nats.conf."""
 RUNNER_ISSUER_FILE = "runner-issuer.json"
 """The node agent's runner-credential issuer (``MDQ_NATS_RUNNER_ISSUER``)."""
+REVOCATIONS_FILE = "revocations.json"
+"""Revoked user public keys -> the time of revocation (``rotate``), in the account's JWT."""
+TENANTS_DIR = "tenants"
+"""Where, in a secrets folder, the tenants' credentials are (``mdq tenant add``)."""
 RUNNER_ISSUER_ENV = "MDQ_NATS_RUNNER_ISSUER"
 """Where the node agent is told the runner issuer file is (set by the stack, compose, deploy)."""
 CREDS_SUFFIX = ".creds"
@@ -199,8 +210,9 @@ class Trust:
         }
         return encode_jwt(claims, operator)
 
-    def account_jwts(self) -> dict[str, str]:
-        """Account public key -> its JWT (the system account and mdq's, JetStream on)."""
+    def account_jwts(self, revocations: dict[str, int] | None = None) -> dict[str, str]:
+        """Account public key -> its JWT (the system account and mdq's, JetStream on; user
+        keys in ``revocations`` are refused for JWTs issued before their time)."""
         operator = _from_seed(self.operator_seed)
         system = {
             "iss": _public(operator),
@@ -221,7 +233,7 @@ class Trust:
                 "payload": -1,
             },
         }
-        account = {
+        account: dict[str, Any] = {
             "iss": _public(operator),
             "sub": self.account_public,
             "name": "MDQ",
@@ -232,6 +244,8 @@ class Trust:
                 "signing_keys": [runner_scope],
             },
         }
+        if revocations:
+            account["nats"]["revocations"] = dict(sorted(revocations.items()))
         return {
             self.system_public: encode_jwt(system, operator),
             self.account_public: encode_jwt(account, operator),
@@ -261,9 +275,17 @@ class Trust:
             claims["exp"] = int(time.time() + expires_s)
         return creds_text(encode_jwt(claims, _from_seed(self.account_seed)), _seed(user))
 
-    def server_block(self) -> str:
+    def reissue(self, creds: str) -> str:
+        """New credentials (a fresh user key) with the name and permissions of ``creds``."""
+        (_, (claims,)) = _meaning(creds.split("------END NATS USER JWT------", 1)[0])
+        user = _new_key(nkeys.PREFIX_BYTE_USER)
+        fresh = {**claims, "iss": self.account_public, "sub": _public(user)}
+        return creds_text(encode_jwt(fresh, _from_seed(self.account_seed)), _seed(user))
+
+    def server_block(self, revocations: dict[str, int] | None = None) -> str:
         """The nats-server configuration that trusts this chain (public material only)."""
-        preload = "\n".join(f'  {key}: "{jwt}"' for key, jwt in self.account_jwts().items())
+        jwts = self.account_jwts(revocations)
+        preload = "\n".join(f'  {key}: "{jwt}"' for key, jwt in jwts.items())
         return (
             f'operator: "{self.operator_jwt()}"\n'
             f'system_account: "{self.system_public}"\n'
@@ -391,7 +413,7 @@ def generate(folder: Path, namespace: str = "mdq", *, group_readable: bool = Fal
             os.chmod(path, 0o640)
 
     block = folder / SERVER_BLOCK_FILE
-    fresh_block = trust.server_block()
+    fresh_block = trust.server_block(load_revocations(folder))
     keep_or_write(
         block,
         fresh_block,
@@ -412,3 +434,58 @@ def generate(folder: Path, namespace: str = "mdq", *, group_readable: bool = Fal
     keep_or_write(issuer, wanted.text(), issuer.exists() and RunnerIssuer.load(issuer) == wanted)
     os.chmod(folder, 0o750 if group_readable else 0o700)
     return Generated(trust, folder, block, creds, issuer, tuple(written))
+
+
+def load_revocations(folder: Path) -> dict[str, int]:
+    """The revoked user keys of the deployment in ``folder`` (empty when none)."""
+    path = folder / REVOCATIONS_FILE
+    if not path.exists():
+        return {}
+    found = json.loads(path.read_text(encoding="utf-8"))
+    return {str(key): int(at) for key, at in found.items()}
+
+
+def identity_creds_path(folder: Path, identity: str) -> Path:
+    """Where ``generate`` or ``mdq tenant add`` keeps ``identity``'s credentials in ``folder``
+    (a tenant's identity is ``tenant.<name>``)."""
+    if identity.startswith("tenant."):
+        return folder / TENANTS_DIR / f"{identity.removeprefix('tenant.')}{CREDS_SUFFIX}"
+    return folder / f"{identity}{CREDS_SUFFIX}"
+
+
+@dataclass(frozen=True, slots=True)
+class Rotated:
+    """What ``rotate`` did."""
+
+    identity: str
+    creds: Path
+    revoked_key: str
+    server_block: Path
+
+
+def rotate(
+    folder: Path, identity: str, namespace: str = "mdq", *, group_readable: bool = False
+) -> Rotated:
+    """Replace ``identity``'s credentials in ``folder``: revoke the user key of the current
+    file (from now on), issue a new key with the same permissions into the same file, and
+    rewrite the server's block with the revocation. The server applies it when it reloads its
+    configuration; until then both files work."""
+    path = identity_creds_path(folder, identity)
+    if not path.exists():
+        raise FileNotFoundError(f"no credentials of {identity!r} at {path}")
+    trust = Trust.load_or_create(folder, namespace)
+    old = path.read_text(encoding="utf-8")
+    (token,) = _JWT.findall(old.split("------END NATS USER JWT------", 1)[0])
+    claims = decode_claims(token)
+    revocations = load_revocations(folder)
+    # JWTs of this key issued before this time are refused (so after its iat, which may be
+    # this very second); the key is never issued again, so nothing later is caught.
+    revocations[str(claims["sub"])] = max(int(time.time()), int(claims.get("iat", 0))) + 1
+    write_secret(
+        folder / REVOCATIONS_FILE,
+        json.dumps(revocations, indent=2, sort_keys=True) + "\n",
+        group_readable=group_readable,
+    )
+    write_secret(path, trust.reissue(old), group_readable=group_readable)
+    generate(folder, namespace, group_readable=group_readable)  # the block, with the revocation
+    return Rotated(identity, path, str(claims["sub"]), folder / SERVER_BLOCK_FILE)

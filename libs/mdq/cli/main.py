@@ -41,7 +41,7 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
-from mdq.auth import TrustMismatch, generate
+from mdq.auth import TrustMismatch, generate, nats_secrets_dir, rotate
 from mdq.bus.connect import CREDS_ENV
 from mdq.cli import history
 from mdq.cli import status as stack_status
@@ -550,11 +550,13 @@ def nodes(ctx: typer.Context) -> None:
 def credentials(
     ctx: typer.Context,
     out: Annotated[
-        Path,
+        Path | None,
         typer.Option(
-            "--out", help="Folder of the deployment's NATS material (made 0700 if missing)."
+            "--out",
+            help="Folder of the deployment's NATS material (made 0700 if missing; default: "
+            "the local stack's, <state dir>/secrets/nats).",
         ),
-    ],
+    ] = None,
     namespace: Annotated[
         str | None,
         typer.Option("--namespace", help="The deployment's namespace (default: the global one)."),
@@ -566,18 +568,39 @@ def credentials(
             help="0640 files in a 0750 folder, for containers given your group (compose).",
         ),
     ] = False,
+    rotate_identities: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--rotate",
+            help="Replace this identity's credentials (intake, tenant.alice, ...) and revoke "
+            "the old ones once the server reloads. Repeatable.",
+        ),
+    ] = None,
 ) -> None:
     """Write a deployment's NATS trust chain and credentials: nats-auth.conf (the server's
     block, public), one <identity>.creds per identity and runner-issuer.json (0600). The same
-    generator as `mdq up`; idempotent (an existing trust and unchanged credentials are kept)."""
+    generator as `mdq up`; idempotent (an existing trust and unchanged credentials are kept).
+    With --rotate, replace identities' credentials and revoke the old ones."""
     chosen = namespace or _options(ctx).namespace or "mdq"
+    folder = out or nats_secrets_dir(_options(ctx).state_dir)
     try:
-        generated = generate(out, chosen, group_readable=group_readable)
-    except TrustMismatch as error:
+        generated = generate(folder, chosen, group_readable=group_readable)
+        rotated = [
+            rotate(folder, identity, chosen, group_readable=group_readable)
+            for identity in rotate_identities or []
+        ]
+    except (TrustMismatch, FileNotFoundError) as error:
         err_console.print(f"[red]{error}[/]")
         raise typer.Exit(EXIT_REFUSED) from error
     wrote = ", ".join(generated.written) or "nothing (all kept)"
-    console.print(f"NATS credentials of namespace {chosen} in {out}: wrote {wrote}")
+    console.print(f"NATS credentials of namespace {chosen} in {folder}: wrote {wrote}")
+    for each in rotated:
+        console.print(f"rotated {each.identity}: new {each.creds}; revoked key {each.revoked_key}")
+    if rotated:
+        console.print(
+            "the old credentials stop working once the server reloads nats-auth.conf: "
+            "`nats-server --signal reload`, a rollout of its pods, or restarting `mdq up`"
+        )
 
 
 app.add_typer(tenants_app, name="tenant")

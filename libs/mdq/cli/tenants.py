@@ -31,9 +31,16 @@ from nats.js.errors import NoKeysError
 from nats.js.kv import KeyValue
 from rich.console import Console
 
-from mdq.auth import CREDS_SUFFIX, TRUST_FILE, Trust, issue, nats_secrets_dir
+from mdq.auth import (
+    CREDS_SUFFIX,
+    TRUST_FILE,
+    Trust,
+    identity_creds_path,
+    issue,
+    nats_secrets_dir,
+)
 from mdq.bus.connect import connect
-from mdq.bus.permissions import tenant_permissions
+from mdq.bus.permissions import tenant_identity, tenant_permissions
 from mdq.bus.streams import ensure_tenant_stream
 from mdq.bus.subjects import Subjects
 from mdq.bus.tenants import ensure_tenants_bucket, put_policy
@@ -44,9 +51,6 @@ from mdq.core.tenants import (
     TenantPolicy,
     validate_tenant_name,
 )
-
-TENANTS_DIR = "tenants"
-"""Where, in a secrets folder, the tenants' credentials are written."""
 
 console = Console()
 err_console = Console(stderr=True)
@@ -64,7 +68,7 @@ class AddedTenant:
 
 def tenant_creds_path(secrets: Path, tenant: str) -> Path:
     """Where the credentials of ``tenant`` are kept in a secrets folder."""
-    return secrets / TENANTS_DIR / f"{tenant}{CREDS_SUFFIX}"
+    return identity_creds_path(secrets, tenant_identity(tenant))
 
 
 async def add_tenant(

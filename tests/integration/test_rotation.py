@@ -1,0 +1,114 @@
+"""Rotating one identity's NATS credentials, against a real nats-server that reloads its
+configuration: the old file is refused and its live connections closed, the new file works,
+every other identity is untouched."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import signal
+from pathlib import Path
+
+import nats
+import nats.errors
+import pytest
+from typer.testing import CliRunner
+
+from mdq.auth import REVOCATIONS_FILE, generate, issue, rotate
+from mdq.bus.connect import auth_options, identity_of_creds
+from mdq.bus.permissions import tenant_permissions
+from mdq.bus.subjects import Subjects
+from mdq.cli.main import app as cli
+from mdq.embedded import EmbeddedNats, nats_config, start_nats
+from tests.helpers import wait_for
+
+
+def reload_with(server: EmbeddedNats, block: str) -> None:
+    """Rewrite the server's configuration with ``block`` and have it reload (SIGHUP)."""
+    config = server.store_dir / "nats.conf"
+    config.write_text(nats_config(port=server.port, store_dir=server.store_dir, auth=block))
+    server.process.send_signal(signal.SIGHUP)
+
+
+async def connects(creds: Path, url: str) -> bool:
+    try:
+        client = await nats.connect(url, allow_reconnect=False, **auth_options(creds))
+    except (nats.errors.Error, OSError):
+        return False
+    await client.close()
+    return True
+
+
+async def test_a_rotated_identity_reconnects_with_its_new_file_and_the_old_one_is_refused(
+    tmp_path: Path,
+) -> None:
+    folder = tmp_path / "secrets"
+    generated = generate(folder)
+    issue(generated.trust, tenant_permissions(Subjects(), "alice"), folder / "tenants/alice.creds")
+    server = start_nats(tmp_path / "nats", auth=generated.server_block.read_text())
+    intake = folder / "intake.creds"
+    old = shutil.copy(intake, tmp_path / "old-intake.creds")
+    old_alice = shutil.copy(folder / "tenants/alice.creds", tmp_path / "old-alice.creds")
+    rotated_client = await nats.connect(server.url, **auth_options(intake))
+    other_client = await nats.connect(server.url, **auth_options(folder / "placement.creds"))
+    try:
+        rotated = [rotate(folder, "intake"), rotate(folder, "tenant.alice")]
+        assert intake.read_bytes() != await asyncio.to_thread(Path(old).read_bytes)
+        assert identity_of_creds(intake) == "intake"  # same name, same permissions
+        revoked = json.loads((folder / REVOCATIONS_FILE).read_text())
+        assert set(revoked) == {each.revoked_key for each in rotated}
+        assert await connects(Path(old), server.url)  # nothing changes before the reload
+
+        reload_with(server, (folder / "nats-auth.conf").read_text())
+
+        async def old_refused() -> bool:
+            return not await connects(Path(old), server.url)
+
+        await wait_for(old_refused, timeout=10, what="the old intake file refused")
+        assert not await connects(Path(old_alice), server.url)
+        assert await connects(intake, server.url)
+        assert await connects(folder / "tenants/alice.creds", server.url)
+        assert await connects(folder / "placement.creds", server.url)  # untouched
+        # The server closed the rotated identity's live connection for good (nats-py does not
+        # retry a revoked user): its process restarts, as a supervisor restarts it, with the
+        # new file (above). Every other identity's connection stays.
+        assert rotated_client.is_closed and "revoked" in str(rotated_client.last_error)
+        await other_client.flush(timeout=5)
+        assert other_client.is_connected
+    finally:
+        await rotated_client.close()
+        await other_client.close()
+        server.stop()
+
+
+def test_mdq_credentials_rotate(tmp_path: Path) -> None:
+    folder = tmp_path / "secrets"
+    runner = CliRunner()
+    assert runner.invoke(cli, ["credentials", "--out", str(folder)]).exit_code == 0
+    before = (folder / "watcher.creds").read_text()
+    block = (folder / "nats-auth.conf").read_text()
+    done = runner.invoke(cli, ["credentials", "--out", str(folder), "--rotate", "watcher"])
+    assert done.exit_code == 0, done.output
+    assert "rotated watcher" in done.output and "reload" in done.output
+    assert (folder / "watcher.creds").read_text() != before
+    assert (folder / "nats-auth.conf").read_text() != block  # it carries the revocation
+    missing = runner.invoke(cli, ["credentials", "--out", str(folder), "--rotate", "nobody"])
+    assert missing.exit_code == 2 and "no credentials" in missing.output
+
+
+@pytest.mark.parametrize("identity", ["admin", "runners"])
+def test_rotating_keeps_the_permissions(tmp_path: Path, identity: str) -> None:
+    from mdq.auth import _meaning
+
+    folder = tmp_path / "secrets"
+    generate(folder)
+    path = folder / f"{identity}.creds"
+
+    def permissions() -> dict[str, object]:
+        (_, (claims,)) = _meaning(path.read_text().split("------END NATS USER JWT------")[0])
+        return {key: value for key, value in claims.items() if key != "sub"}
+
+    before = permissions()
+    rotate(folder, identity)
+    assert permissions() == before
