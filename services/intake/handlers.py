@@ -43,12 +43,14 @@ payload, missing or invalid key) is answered with the error and publishes nothin
 is no request to name. The stream message of a refused submit is acked like any other: a bad
 submit is never redelivered.
 
+One pipeline (``SubmitHandler.handle``) handles every submit: the request-reply submits that
+arrived together as one batch, a stream submit or a single request as a batch of one.
+
 Every submit gets exactly one answer. An unexpected exception while handling one (a bug) is
-that submit's answer, an "internal error in intake" refusal: ``_prepare`` sends a submit that
-raises to the one-by-one path, which settles every outcome (``_settled``); the stream entrance
-refuses it (``refuse_unhandled``). Errors are cut short and made encodable before they are
-sent (``submit_error``): a field path or message may quote up to a megabyte of what the client
-sent.
+that submit's answer, and only that submit's: the request-reply entrance answers it with an
+"internal error in intake" refusal, the stream entrance refuses it (``refuse_unhandled``).
+Errors are cut short and made encodable before they are sent (``submit_error``): a field path
+or message may quote up to a megabyte of what the client sent.
 """
 
 from __future__ import annotations
@@ -242,24 +244,62 @@ def acceptance(
     return accepted, reply, fingerprint
 
 
-def _prepare(index: int, arrival: Arrival) -> _Ready | None:
-    """The submit ready to be claimed, or None when it needs the one-by-one path (it is
-    refused, names jobs of earlier submits, or fails in an unexpected way: the one-by-one path
-    answers that too)."""
-    try:
-        if arrival.tenant:  # its policy is checked on the way (rate, quota): one by one
-            return None
-        request = decode_as(arrival.data, arrival.tenant)
-        validate_key(request.idempotency_key, required=True)
-        if external_refs(request):
-            return None
-        request_id = request_id_for_key(request.idempotency_key, arrival.tenant)
-        accepted, reply, fingerprint = acceptance(
-            request, request_id=request_id, resolved={}, key_required=True
-        )
-    except Exception:  # a SpecError, or a bug that the one-by-one path reports
-        return None
-    return _Ready(index, request, request_id, accepted, reply, fingerprint)
+@dataclass(frozen=True, slots=True)
+class Submit:
+    """One submit to handle: as it arrived, and from which entrance."""
+
+    arrival: Arrival
+    sequence: int | None = None
+    """Its submit stream sequence (the id of a keyless submit); None for request-reply, which
+    requires an idempotency key."""
+
+
+@dataclass(slots=True)
+class _Read:
+    """A submit that decoded and has a request id (not validated yet)."""
+
+    index: int
+    request: pb.SubmitRequest
+    request_id: str
+    tenant: str
+    key_required: bool
+
+
+def _read(index: int, submit: Submit) -> _Read:
+    """Decode ``submit`` and derive its request id; SpecError (a malformed payload, a missing
+    or invalid key) otherwise."""
+    tenant = submit.arrival.tenant
+    key_required = submit.sequence is None
+    request = decode_as(submit.arrival.data, tenant)
+    validate_key(request.idempotency_key, required=key_required)
+    key = request.idempotency_key
+    if key:
+        request_id = request_id_for_key(key, tenant)
+    else:
+        request_id = request_id_for_sequence(submit.sequence or 0, tenant)
+    return _Read(index, request, request_id, tenant, key_required)
+
+
+def _fallback_id(submit: Submit) -> str:
+    """The request id of a stream submit that does not decode (its sequence's); "" for
+    request-reply, whose refusal then names no request."""
+    if submit.sequence is None:
+        return ""
+    return request_id_for_sequence(submit.sequence, submit.arrival.tenant)
+
+
+async def _one(handle: Callable[[Answer], Awaitable[None]]) -> pb.SubmitReply:
+    """The outcome of a batch of one: its reply, or the exception that kept it from one."""
+    outcomes: list[Outcome] = []
+
+    async def keep(_index: int, outcome: Outcome) -> None:
+        outcomes.append(outcome)
+
+    await handle(keep)
+    (outcome,) = outcomes
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome
 
 
 async def _settled(work: Awaitable[pb.SubmitReply]) -> Outcome:
@@ -271,7 +311,9 @@ async def _settled(work: Awaitable[pb.SubmitReply]) -> Outcome:
 
 
 class SubmitHandler:
-    """Turns submits into events; safe to call again with the same submit."""
+    """Turns submits into events; safe to call again with the same submit.
+
+    One pipeline handles every submit, a single one being a batch of one (``handle``)."""
 
     def __init__(
         self,
@@ -288,33 +330,126 @@ class SubmitHandler:
 
     async def on_api_submit(self, data: bytes, tenant: str = "") -> pb.SubmitReply:
         """A request-reply submit of ``tenant``: the idempotency key is required."""
-        return await self._handle(Arrival(data, tenant), sequence=None)
+        return await _one(lambda answer: self.handle([Submit(Arrival(data, tenant))], answer))
 
     async def on_api_submits(self, batch: Sequence[Arrival], answer: Answer) -> None:
-        """Request-reply submits that arrived together: ``answer(index, outcome)`` is awaited
-        for each as soon as its outcome is known (its reply, or the exception that kept it
-        from one: the caller tells a NATS error from a bug).
+        """Request-reply submits that arrived together (``handle``)."""
+        await self.handle([Submit(arrival) for arrival in batch], answer)
 
-        A submit that passes every check needing no I/O (it decodes, validates, names no
-        earlier job, and its request id is not in hand here) is handled with the others like
-        it: their claims go out as one batch of registry writes, then their events as one batch
-        per position in their submits (so each submit's dependencies still come first), with no
-        task, lock or timer per submit. Every other submit (a refusal, a dependency to resolve,
-        a request id already in hand, a key seen before) takes the one-by-one path, side by
-        side, and does not hold up the others' answers. The outcome of each is what
-        ``on_api_submit`` would give."""
-        ready: list[_Ready] = []
-        one_by_one: list[Awaitable[None]] = []
-        for index, arrival in enumerate(batch):
-            prepared = _prepare(index, arrival)
-            if prepared is not None and self._locks.try_hold(prepared.request_id):
-                ready.append(prepared)
+    async def on_stream_submit(
+        self, data: bytes, *, sequence: int, tenant: str = ""
+    ) -> pb.SubmitReply:
+        """A submit of ``tenant`` captured by the submit stream at ``sequence`` (its id when
+        keyless)."""
+        submit = Submit(Arrival(data, tenant), sequence)
+        return await _one(lambda answer: self.handle([submit], answer))
+
+    async def handle(self, batch: Sequence[Submit], answer: Answer) -> None:
+        """Handle submits that arrived together: ``answer(index, outcome)`` is awaited for
+        each as soon as its outcome is known (its reply, or the exception that kept it from
+        one: the caller tells a NATS error from a bug).
+
+        The steps, each done for the whole batch at once where it costs I/O: decode and derive
+        the request ids; take each request id (one submit per request id at a time in this
+        process: a submit whose id is in hand waits for it, then goes on as a batch of its
+        own, without holding up the others); resolve the dependencies on earlier jobs;
+        validate; check the tenants' policies; claim the request ids in the registry as one
+        batch of writes; publish the events as one batch per position in their submits (so
+        each submit's dependencies still come first). A refusal, and a submit whose key was
+        claimed before (a retry, a replay, other content under a used key), takes its own
+        slower path side by side with the rest."""
+        held: list[_Read] = []
+        aside: list[Awaitable[None]] = []
+        for index, submit in enumerate(batch):
+            try:
+                read = _read(index, submit)
+            except SpecError as error:
+                aside.append(self._answer_refused(index, _fallback_id(submit), error, answer))
+                continue
+            except Exception as error:  # a bug: this submit's answer
+                aside.append(answer(index, error))
+                continue
+            if self._locks.try_hold(read.request_id):
+                held.append(read)
             else:
-                one_by_one.append(self._answer_one(index, arrival, answer))
-        await asyncio.gather(self._accept_together(ready, answer), *one_by_one)
+                aside.append(self._after_its_turn(read, answer))
+        await asyncio.gather(self._accept(held, answer), *aside)
 
-    async def _answer_one(self, index: int, arrival: Arrival, answer: Answer) -> None:
-        await answer(index, await _settled(self._handle(arrival, sequence=None)))
+    async def _answer_refused(
+        self, index: int, request_id: str, error: SpecError, answer: Answer
+    ) -> None:
+        """A submit refused before it had a request id to hold."""
+        outcome = await _settled(
+            self._refuse(request_id=request_id, idempotency_key="", error=error)
+        )
+        await answer(index, outcome)
+
+    async def _after_its_turn(self, read: _Read, answer: Answer) -> None:
+        """A submit whose request id another submit holds: once it has it, on its own."""
+        await self._locks.acquire(read.request_id)
+        await self._accept([read], answer)
+
+    async def _accept(self, held: list[_Read], answer: Answer) -> None:
+        """Validate, check and accept submits whose request ids are held; each is released
+        once its submit is answered."""
+        if not held:
+            return
+        refs = {read.index: external_refs(read.request) for read in held}
+        naming = [read for read in held if refs[read.index]]  # most submits name none
+        looked_up = await asyncio.gather(
+            *(self._registry.resolve_all(refs[read.index], read.tenant) for read in naming),
+            return_exceptions=True,
+        )
+        resolutions = dict(zip((read.index for read in naming), looked_up, strict=True))
+        found = [resolutions.get(read.index, {}) for read in held]
+        ready: list[_Ready] = []
+        aside: list[Awaitable[None]] = []
+        for read, resolved in zip(held, found, strict=True):
+            try:
+                if isinstance(resolved, BaseException):
+                    raise resolved
+                accepted, reply, fingerprint = acceptance(
+                    read.request,
+                    request_id=read.request_id,
+                    resolved=resolved,
+                    key_required=read.key_required,
+                )
+                if read.tenant and self._gate is not None:
+                    specs = [job.spec for job in accepted]
+                    if (refused := await self._gate.refusal(read.tenant, specs)) is not None:
+                        raise refused  # a retry of an accepted submit still gets its reply
+            except SpecError as error:
+                aside.append(self._answer_invalid(read, error, answer))
+                continue
+            except Exception as error:  # a NATS error, or a bug: this submit's answer
+                self._locks.release(read.request_id)
+                aside.append(answer(read.index, error))
+                continue
+            ready.append(
+                _Ready(read.index, read.request, read.request_id, accepted, reply, fingerprint)
+            )
+        await asyncio.gather(self._accept_together(ready, answer), *aside)
+
+    async def _answer_invalid(self, read: _Read, error: SpecError, answer: Answer) -> None:
+        """A submit that does not validate (or its tenant may not submit): refused, unless
+        its key was accepted before with the same content (a retry whose dependencies have
+        changed since, say), which gets that answer."""
+        try:
+            outcome = await _settled(self._invalid(read, error))
+        finally:
+            self._locks.release(read.request_id)
+        await answer(read.index, outcome)
+
+    async def _invalid(self, read: _Read, error: SpecError) -> pb.SubmitReply:
+        request, request_id = read.request, read.request_id
+        key = request.idempotency_key
+        claim = await self._registry.existing(request_id)
+        if claim is None:
+            return await self._refuse(request_id=request_id, idempotency_key=key, error=error)
+        content = content_of(request)
+        if claim.fingerprint is None or claim.fingerprint == content.fingerprint:
+            return claim.reply  # accepted before: that answer stands
+        return await self._conflict(request, request_id, claim, content)
 
     async def _accept_together(self, ready: list[_Ready], answer: Answer) -> None:
         """Claim and publish prepared submits as batches, releasing each request id once its
@@ -389,57 +524,6 @@ class SubmitHandler:
         finally:
             self._locks.release(submit.request_id)
         await answer(submit.index, outcome)
-
-    async def on_stream_submit(
-        self, data: bytes, *, sequence: int, tenant: str = ""
-    ) -> pb.SubmitReply:
-        """A submit of ``tenant`` captured by the submit stream at ``sequence`` (its id when
-        keyless)."""
-        return await self._handle(Arrival(data, tenant), sequence=sequence)
-
-    async def _handle(self, arrival: Arrival, *, sequence: int | None) -> pb.SubmitReply:
-        tenant = arrival.tenant
-        fallback_id = request_id_for_sequence(sequence, tenant) if sequence is not None else ""
-        try:
-            request = decode_as(arrival.data, tenant)
-            validate_key(request.idempotency_key, required=sequence is None)
-        except SpecError as error:
-            return await self._refuse(request_id=fallback_id, idempotency_key="", error=error)
-        key = request.idempotency_key
-        request_id = request_id_for_key(key, tenant) if key else fallback_id
-        async with self._exclusive(request_id):
-            try:
-                refs = external_refs(request)
-                accepted, reply, fingerprint = acceptance(
-                    request,
-                    request_id=request_id,
-                    resolved=await self._registry.resolve_all(refs, tenant),
-                    key_required=sequence is None,
-                )
-                if tenant and self._gate is not None:
-                    refused = await self._gate.refusal(tenant, [job.spec for job in accepted])
-                    if refused is not None:  # a retry of an accepted submit still gets its reply
-                        raise refused
-            except SpecError as error:
-                claim = await self._registry.existing(request_id)
-                if claim is None:
-                    return await self._refuse(
-                        request_id=request_id, idempotency_key=key, error=error
-                    )
-                content = content_of(request)
-                if claim.fingerprint is None or claim.fingerprint == content.fingerprint:
-                    # accepted before (a retry whose dependencies have changed since, say):
-                    # that answer stands
-                    return claim.reply
-                return await self._conflict(request, request_id, claim, content)
-            claimed = await self._registry.claim(
-                request_id=request_id, reply=reply, fingerprint=fingerprint
-            )
-            if not claimed:
-                return await self._seen_before(request, request_id, accepted, reply, fingerprint)
-            await self._publish(request, request_id=request_id, accepted=accepted)
-            log.info("accepted %s: %d job(s)", request_id, len(accepted))
-            return reply
 
     async def _publish(
         self, request: pb.SubmitRequest, *, request_id: str, accepted: list[AcceptedJob]
@@ -535,10 +619,6 @@ class SubmitHandler:
         log.info("refused %s: %s", request_id or "a request", error)
         return refusal(request_id, error)
 
-    def _exclusive(self, request_id: str) -> _Held:
-        """One submit per request id at a time in this process (stream and request-reply)."""
-        return self._locks.hold(request_id)
-
 
 class OnePerKey:
     """Mutual exclusion per key: one holder at a time, the others wait in arrival order.
@@ -554,6 +634,24 @@ class OnePerKey:
 
     def hold(self, key: str) -> _Held:
         return _Held(self, key)
+
+    async def acquire(self, key: str) -> None:
+        """Take the key, waiting for its holders before (in arrival order); ``release`` it
+        after."""
+        turns = self.waiting.get(key)
+        if turns is None:
+            self.waiting[key] = deque()
+            return
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        turns.append(turn)
+        try:
+            await turn
+        except BaseException:
+            if turn.done() and not turn.cancelled():  # handed over as it was cancelled
+                self.release(key)
+            elif turn in turns:
+                turns.remove(turn)
+            raise
 
     def try_hold(self, key: str) -> bool:
         """Take the key if nobody holds it (True); never waits. ``release`` it after."""
@@ -580,20 +678,7 @@ class _Held:
         self._locks, self._key = locks, key
 
     async def __aenter__(self) -> None:
-        turns = self._locks.waiting.get(self._key)
-        if turns is None:
-            self._locks.waiting[self._key] = deque()
-            return
-        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        turns.append(turn)
-        try:
-            await turn
-        except BaseException:
-            if turn.done() and not turn.cancelled():  # handed over as it was cancelled
-                self._locks.release(self._key)
-            elif turn in turns:
-                turns.remove(turn)
-            raise
+        await self._locks.acquire(self._key)
 
     async def __aexit__(self, *_exc: object) -> None:
         self._locks.release(self._key)
