@@ -25,7 +25,7 @@ import openmm
 from mdq.contracts import pb
 from mdq.core.convergence import ConvergenceTracker, done_reason
 from mdq.core.exit_codes import RunnerExit
-from mdq.core.runner_task import RunnerTask
+from mdq.core.runner_task import RunnerTask, inputs_home
 from services.runner.analysis import FILE_NAME as ANALYSIS_FILE
 from services.runner.analysis import analyze
 from services.runner.checkpoints import (
@@ -284,7 +284,8 @@ def _build(run: RunContext, integrator: openmm.Integrator | None = None) -> MdSy
         run.spec,
         threads=run.task.threads,
         integrator=integrator,
-        data_dir=run.data_dir,
+        # a tenant's "inputs/..." are its own: <data>/tenants/<tenant>/inputs
+        data_dir=inputs_home(run.data_dir, run.task.job_id) if run.data_dir else None,
         input_dirs=run.task.input_dirs,
     )
 

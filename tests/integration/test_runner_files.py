@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from mdq.contracts import pb
+from mdq.core.runner_task import inputs_home
 from mdq.forcefields import ForceFieldFolders, ForceFieldRefused, openmm_data_dirs
 from services.runner.checkpoints import CheckpointStore
 from services.runner.errors import InvalidInputError
@@ -144,6 +145,47 @@ def test_structure_paths_resolve_only_inside_the_jobs_own_inputs(
 ) -> None:
     data = data_dir_with_jobs
     roots = input_roots(data, [data / "jobs" / "dep"])
+    if found is None:
+        with pytest.raises(InvalidInputError):
+            resolve_input(relative, roots=roots)
+    else:
+        assert resolve_input(relative, roots=roots) == (data / found).resolve()
+
+
+@pytest.mark.parametrize(
+    ("job", "relative", "found"),
+    [
+        pytest.param(
+            "alice.0123456789ab-md",
+            "inputs/own.pdb",
+            "tenants/alice/inputs/own.pdb",
+            id="tenant-own-input",
+        ),
+        pytest.param(
+            "alice.0123456789ab-md", "inputs/protein.pdb", None, id="tenant-not-the-operators"
+        ),
+        pytest.param("alice.0123456789ab-md", "inputs/bobs.pdb", None, id="tenant-not-another"),
+        pytest.param(
+            "alice.0123456789ab-md", "tenants/bob/inputs/bobs.pdb", None, id="tenant-by-data-path"
+        ),
+        pytest.param(
+            "0123456789ab-md",
+            "inputs/protein.pdb",
+            "inputs/protein.pdb",
+            id="operator-shared-input",
+        ),
+        pytest.param("0123456789ab-md", "inputs/own.pdb", None, id="operator-not-a-tenants"),
+    ],
+)
+def test_a_tenants_inputs_are_its_own(
+    job: str, relative: str, found: str | None, data_dir_with_jobs: Path
+) -> None:
+    data = data_dir_with_jobs
+    for tenant, name in (("alice", "own.pdb"), ("bob", "bobs.pdb")):
+        folder = data / "tenants" / tenant / "inputs"
+        folder.mkdir(parents=True)
+        shutil.copy(data / "inputs" / "protein.pdb", folder / name)
+    roots = input_roots(inputs_home(data, job), [])
     if found is None:
         with pytest.raises(InvalidInputError):
             resolve_input(relative, roots=roots)

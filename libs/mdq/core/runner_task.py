@@ -20,6 +20,7 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from mdq.contracts import pb
+from mdq.core.ids import tenant_of
 
 ENV_JOB_ID = "MDQ_JOB_ID"
 ENV_ATTEMPT = "MDQ_ATTEMPT"
@@ -52,6 +53,18 @@ def jobs_root(data_dir: Path) -> Path:
 def job_dir(data_dir: Path, job_id: str) -> Path:
     """The folder of a job's outputs and checkpoints under the data root."""
     return jobs_root(data_dir) / job_id
+
+
+TENANTS_FOLDER = "tenants"
+"""Under the data root, one folder per tenant (``tenants/<tenant>/inputs``: its structures)."""
+
+
+def inputs_home(data_dir: Path, job_id: str) -> Path:
+    """The folder a job's ``inputs/...`` paths are named from: the data root for the
+    operator's jobs (``<data>/inputs``), ``<data>/tenants/<tenant>`` for a tenant's, so a
+    tenant's job reads its own tenant's inputs and never another's (nor the operator's)."""
+    tenant = tenant_of(job_id)
+    return data_dir / TENANTS_FOLDER / tenant if tenant else data_dir
 
 
 @dataclass(frozen=True, slots=True)
