@@ -236,7 +236,10 @@ class Trust:
         account: dict[str, Any] = {
             "iss": _public(operator),
             "sub": self.account_public,
-            "name": "MDQ",
+            # Its public key, not a label: the monitoring endpoint (/jsz?acc=<key>) selects an
+            # account by key and reports its name, and KEDA's nats-jetstream scaler asks for
+            # one and compares the other (deploy/components/keda-watcher).
+            "name": self.account_public,
             "nats": {
                 "type": "account",
                 "version": 2,

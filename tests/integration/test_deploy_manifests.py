@@ -623,7 +623,8 @@ def test_keda_scales_the_watcher_on_its_own_consumers_lag() -> None:
         assert host == "nats.mdq.svc.cluster.local" and port == monitor_port.group(1)
         nats_ports = {p["port"] for p in of_kind(objects, "Service")["nats"]["spec"]["ports"]}
         assert int(port) in nats_ports
-        assert meta["account"] == "$G"
+        # operator mode: the account's public key, from the overlay's ConfigMap
+        assert meta["account"] == config_map(objects, "mdq-nats-account")["data"]["account"]
         assert int(meta["lagThreshold"]) > 0
     assert seen == expected
     assert subjects.jobs_stream == "MDQ_JOBS" and subjects.progress_stream == "MDQ_PROGRESS"
@@ -1505,3 +1506,46 @@ def test_runner_pods_mount_the_runners_credentials_the_overlay_makes() -> None:
     assert creds == (DEV_NATS / "runners.creds").read_text()
     assert identity_of_creds(DEV_NATS / "runners.creds") == "runners"
     assert not [name for name, value in env.items() if "NKEY SEED" in value or "eyJ" in value]
+
+
+async def test_keda_finds_the_watchers_consumer_under_the_account_it_is_given(
+    tmp_path: Path,
+) -> None:
+    """What KEDA's nats-jetstream scaler does, against a real server with mdq's trust chain:
+    GET /jsz?acc=<account>&consumers=true&config=true, then look for an account whose name is
+    <account>, its stream and its consumer. The account to give it is the key `mdq
+    credentials` prints (with `$G`, KEDA found nothing on a closed bus)."""
+    from mdq.bus.setup import prepare_bus
+    from mdq.embedded import free_port, start_nats
+
+    folder = tmp_path / "nats-secrets"
+    generated = generate(folder, "mdq")
+    monitor = free_port()
+    server = start_nats(
+        tmp_path / "nats", auth=generated.server_block.read_text(), monitor_port=monitor
+    )
+    try:
+        admin = folder / "admin.creds"
+        await prepare_bus(server.url, namespace="mdq", creds=admin)
+        client = await connect(server.url, name="test", creds=admin)
+        await client.jetstream().add_consumer("MDQ_JOBS", durable_name=JOBS_CONSUMER)
+        await client.close()
+        account = generated.trust.account_public
+
+        def scaler_sees(account: str) -> bool:
+            url = f"http://127.0.0.1:{monitor}/jsz?acc={account}&consumers=true&config=true"
+            with urllib.request.urlopen(url, timeout=5) as answer:
+                found = json.load(answer)
+            return any(
+                consumer["name"] == JOBS_CONSUMER
+                for detail in found.get("account_details") or []
+                if detail["name"] == account
+                for stream in detail.get("stream_detail") or []
+                if stream["name"] == "MDQ_JOBS"
+                for consumer in stream.get("consumer_detail") or []
+            )
+
+        assert await asyncio.to_thread(scaler_sees, account)
+        assert not await asyncio.to_thread(scaler_sees, "$G")
+    finally:
+        server.stop()

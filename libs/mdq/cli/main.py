@@ -594,6 +594,7 @@ def credentials(
         raise typer.Exit(EXIT_REFUSED) from error
     wrote = ", ".join(generated.written) or "nothing (all kept)"
     console.print(f"NATS credentials of namespace {chosen} in {folder}: wrote {wrote}")
+    console.print(f"NATS account {generated.trust.account_public} (KEDA's trigger account)")
     for each in rotated:
         console.print(f"rotated {each.identity}: new {each.creds}; revoked key {each.revoked_key}")
     if rotated:
