@@ -661,13 +661,14 @@ class Stack:
         return env
 
     def _identity_env(self, child: str) -> dict[str, str]:
-        """The NATS credentials of one child (none when the server needs none); the node
-        agent also gets the runner issuer, to mint each runner's own credentials."""
+        """The NATS credentials of one child (none when the server needs none); whoever
+        starts the runners also gets the runner issuer, to mint each runner's own
+        credentials: the node agent, or placement on the Kubernetes backend."""
         identity = CHILD_IDENTITY.get(child, child)
         if identity not in self._creds:
             return {}
         env = {CREDS_ENV: str(self._creds[identity])}
-        if identity == "agent":
+        if identity == "agent" or (identity == "placement" and self.backend == "kubernetes"):
             issuer = nats_secrets_dir(self.state_dir) / RUNNER_ISSUER_FILE
             env[RUNNER_ISSUER_ENV] = str(issuer)
         return env

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+from pathlib import Path
 
+from mdq.auth import RUNNER_ISSUER_ENV
 from mdq.backends.factory import make_backend
 from mdq.bus.connect import connect
 from mdq.bus.publisher import EventPublisher
@@ -30,6 +33,8 @@ async def main() -> None:
         replicas=replicas,
         runner_nats_url=settings.runner_nats_url or common.nats_url,
         data_dir=common.data_dir.resolve(),
+        # Kubernetes: each runner pod gets credentials for its own job, minted with this key.
+        runner_issuer=Path(found) if (found := os.environ.get(RUNNER_ISSUER_ENV)) else None,
     )
     placement = Placement(
         js=js,

@@ -10,6 +10,11 @@ memory with a global resourceVersion and a bounded history of changes, and imple
   optimistic concurrency, PATCH);
 * nodes: create, get, list and watch, PATCH (cordon, taints, labels), delete, ``status``
   (GET, PUT, PATCH);
+* secrets: create (409 AlreadyExists; ``stringData`` folded into ``data``), get, list and
+  watch, delete (``preconditions`` honoured);
+* the garbage collector: an object whose every ``ownerReferences`` entry names a pod that no
+  longer exists (by uid) is deleted, after each pod removal and each secret creation (as
+  Kubernetes' does in the background; ``gc_paused`` holds it, ``collect_garbage`` runs it);
 * ``metrics.k8s.io/v1beta1`` node metrics, from a callback (the simulated kubelets' usage);
 * watches as the API server does them: ``resourceVersion`` to resume from, ``ERROR`` 410
   Expired for a version older than the retained history, ``BOOKMARK`` events when asked
@@ -27,6 +32,8 @@ what clients did.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
 import copy
 import json
@@ -47,6 +54,8 @@ NodeUsage = Callable[[], Mapping[str, tuple[float, float]]]
 """{node: (cpu cores in use, memory bytes in use)}."""
 
 UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
+KINDS = {"pods": "Pod", "nodes": "Node", "secrets": "Secret"}
+"""Each resource the emulator keeps, and its kind."""
 
 
 def query_flag(value: str | None) -> bool:
@@ -253,7 +262,9 @@ class KubeApiEmulator:
         self.node_monitor_grace_s = node_monitor_grace_s
         self.node_usage = node_usage
         self.version = 1
-        self.objects: dict[str, dict[Key, Json]] = {"pods": {}, "nodes": {}}
+        self.objects: dict[str, dict[Key, Json]] = {resource: {} for resource in KINDS}
+        self.gc_paused = False
+        """While True, nothing is garbage-collected (``collect_garbage`` catches up)."""
         self._history: deque[Change] = deque()
         self._floor = 0
         """Resuming a watch from a version below this answers 410 Expired."""
@@ -281,6 +292,11 @@ class KubeApiEmulator:
                 web.get("/api/v1/namespaces/{namespace}/pods/{name}/status", self._get_pod),
                 web.put("/api/v1/namespaces/{namespace}/pods/{name}/status", self._put_status),
                 web.patch("/api/v1/namespaces/{namespace}/pods/{name}/status", self._patch_status),
+                web.get("/api/v1/secrets", self._secrets_collection),
+                web.get("/api/v1/namespaces/{namespace}/secrets", self._secrets_collection),
+                web.post("/api/v1/namespaces/{namespace}/secrets", self._create_secret),
+                web.get("/api/v1/namespaces/{namespace}/secrets/{name}", self._get_secret),
+                web.delete("/api/v1/namespaces/{namespace}/secrets/{name}", self._delete_secret),
                 web.get("/api/v1/nodes", self._nodes_collection),
                 web.post("/api/v1/nodes", self._create_node),
                 web.get("/api/v1/nodes/{name}", self._get_node),
@@ -380,14 +396,33 @@ class KubeApiEmulator:
         for watch in list(self._watches):
             if watch.resource == resource:
                 watch.queue.put_nowait(change)
+        if resource == "pods" and after is None and not self.gc_paused:
+            self.collect_garbage()
         return change
 
     def _get(self, resource: str, key: Key) -> Json:
         obj = self.objects[resource].get(key)
         if obj is None:
-            kind = "pods" if resource == "pods" else "nodes"
-            raise ApiError(404, "NotFound", f'{kind} "{key[1]}" not found')
+            raise ApiError(404, "NotFound", f'{resource} "{key[1]}" not found')
         return obj
+
+    # -- the garbage collector -------------------------------------------------------------
+    def _owner_exists(self, namespace: str, reference: Mapping[str, Any]) -> bool:
+        if reference.get("kind") != "Pod":
+            return True  # an owner of a kind the emulator does not keep: left alone
+        owner = self.objects["pods"].get((namespace, str(reference.get("name", ""))))
+        return owner is not None and owner["metadata"].get("uid") == reference.get("uid")
+
+    def collect_garbage(self) -> list[Key]:
+        """Delete every secret whose owners (``ownerReferences``) are all gone, as Kubernetes'
+        garbage collector does with the dependents of a deleted owner; what it deleted."""
+        collected: list[Key] = []
+        for key, obj in list(self.objects["secrets"].items()):
+            owners = obj["metadata"].get("ownerReferences") or []
+            if owners and not any(self._owner_exists(key[0], ref) for ref in owners):
+                self._commit("secrets", key, None)
+                collected.append(key)
+        return collected
 
     # -- test controls ---------------------------------------------------------------------
     def expire_watches(self) -> int:
@@ -414,6 +449,17 @@ class KubeApiEmulator:
     def node(self, name: str) -> Json | None:
         obj = self.objects["nodes"].get(("", name))
         return copy.deepcopy(obj) if obj is not None else None
+
+    def secret(self, name: str, namespace: str = "default") -> Json | None:
+        obj = self.objects["secrets"].get((namespace, name))
+        return copy.deepcopy(obj) if obj is not None else None
+
+    def secrets(self, namespace: str | None = None) -> list[Json]:
+        return [
+            copy.deepcopy(obj)
+            for (where, _), obj in self.objects["secrets"].items()
+            if namespace is None or where == namespace
+        ]
 
     def disrupt_pod(self, name: str, namespace: str, *, reason: str, message: str = "") -> None:
         """Add a True DisruptionTarget condition (as the eviction API, the taint manager or
@@ -466,10 +512,9 @@ class KubeApiEmulator:
         watch = self._watch_for(request, resource)
         if query_flag(request.query.get("watch")):
             return await self._stream(request, watch)
-        kind = "PodList" if resource == "pods" else "NodeList"
         return web.json_response(
             {
-                "kind": kind,
+                "kind": f"{KINDS[resource]}List",
                 "apiVersion": "v1",
                 "metadata": {"resourceVersion": str(self.version)},
                 "items": self._matching(watch),
@@ -485,7 +530,7 @@ class KubeApiEmulator:
         response.enable_chunked_encoding()
         await response.prepare(request)
         self._watches.add(watch)
-        kind = "Pod" if watch.resource == "pods" else "Node"
+        kind = KINDS[watch.resource]
 
         async def send(event_type: str, obj: Json) -> None:
             line = json.dumps({"type": event_type, "object": obj}) + "\n"
@@ -690,6 +735,60 @@ class KubeApiEmulator:
             taints = obj["spec"].get("taints") or []
             obj["spec"]["taints"] = [t for t in taints if t.get("key") != UNREACHABLE_TAINT]
         return obj
+
+    # -- secrets ---------------------------------------------------------------------------
+    async def _secrets_collection(self, request: web.Request) -> web.StreamResponse:
+        return await self._collection(request, "secrets")
+
+    async def _create_secret(self, request: web.Request) -> web.Response:
+        namespace = request.match_info["namespace"]
+        secret = await request.json()
+        metadata = secret.setdefault("metadata", {})
+        name = metadata.get("name")
+        if not name:
+            raise ApiError(422, "Invalid", "metadata.name: Required value")
+        if (namespace, name) in self.objects["secrets"]:
+            raise ApiError(409, "AlreadyExists", f'secrets "{name}" already exists')
+        data = dict(secret.get("data") or {})
+        for key, value in data.items():
+            try:
+                base64.b64decode(str(value), validate=True)
+            except (binascii.Error, ValueError):
+                raise ApiError(400, "BadRequest", f"data[{key}]: illegal base64 data") from None
+        for key, value in (secret.pop("stringData", None) or {}).items():
+            data[key] = base64.b64encode(str(value).encode()).decode()
+        secret["data"] = data
+        metadata.update(namespace=namespace, uid=str(uuid.uuid4()), creationTimestamp=now_rfc3339())
+        secret["apiVersion"], secret["kind"] = "v1", "Secret"
+        secret.setdefault("type", "Opaque")
+        change = self._commit("secrets", (namespace, name), secret)
+        if not self.gc_paused:
+            self.collect_garbage()  # an owner that does not exist: collected at once
+        return web.json_response(change.final, status=201)
+
+    async def _get_secret(self, request: web.Request) -> web.Response:
+        key = (request.match_info["namespace"], request.match_info["name"])
+        return web.json_response(self._get("secrets", key))
+
+    async def _delete_secret(self, request: web.Request) -> web.Response:
+        key = (request.match_info["namespace"], request.match_info["name"])
+        secret = self._get("secrets", key)
+        preconditions: Json = {}
+        if request.can_read_body:
+            with contextlib.suppress(json.JSONDecodeError):
+                options = await request.json()
+                if isinstance(options, dict):
+                    preconditions = options.get("preconditions") or {}
+        for field_name in ("uid", "resourceVersion"):
+            wanted = preconditions.get(field_name)
+            if wanted and wanted != secret["metadata"].get(field_name):
+                raise ApiError(
+                    409,
+                    "Conflict",
+                    f"Precondition failed: {field_name} in precondition: {wanted}, "
+                    f"{field_name} in object meta: {secret['metadata'].get(field_name)}",
+                )
+        return web.json_response(self._commit("secrets", key, None).final)
 
     # -- nodes -----------------------------------------------------------------------------
     async def _nodes_collection(self, request: web.Request) -> web.StreamResponse:

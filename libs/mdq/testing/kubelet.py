@@ -8,8 +8,14 @@ environment (``valueFrom.fieldRef`` resolved). The host stands in for the runner
 holds nothing but Python programs: a container command must be ``python -m <module>`` of
 ``IMAGE_MODULES`` (else the pod fails to start, as with a missing executable), it runs with
 this interpreter, and of the host's environment only the runner's allowlist
-(``mdq.backends.launch.inherited_environment``) stands in for the image's. It reports the
-pod's status through the ``status`` subresource: Running, then
+(``mdq.backends.launch.inherited_environment``) stands in for the image's. ``secret`` volumes
+are honoured: the Secret's keys (or the volume's ``items``) are written into a folder of the
+pod's own (mode ``defaultMode``, or an item's ``mode``), and the container's ``mountPath``
+maps to that folder (an environment value under the mount path is rewritten to the folder,
+the process having no mount namespace of its own); while a Secret a volume names does not
+exist the pod waits, Pending with its container ``ContainerCreating``, as a kubelet does, and
+starts once it appears. It reports the pod's status through the ``status`` subresource:
+Running, then
 Succeeded or Failed with the container's exit code and reason (``Completed``, ``Error``,
 ``OOMKilled`` when the process tree went over the memory limit). A pod marked for deletion is
 stopped (SIGTERM, SIGKILL after its grace period), reported, and removed (delete with grace
@@ -23,9 +29,11 @@ pod ends Failed, reason Evicted, with a DisruptionTarget condition).
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
 import os
+import shutil
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -96,6 +104,8 @@ class SimulatedKubelet:
         memory_poll_s: float = 0.25,
         labels: dict[str, str] | None = None,
         index: int = 1,
+        volumes_dir: Path | None = None,
+        volume_poll_s: float = 0.2,
     ) -> None:
         self.node = node
         self._api_url = api_url
@@ -106,6 +116,10 @@ class SimulatedKubelet:
         self._memory_poll_s = memory_poll_s
         self._labels = labels or {}
         self._index = index
+        self._volumes_dir = volumes_dir or log_dir.parent / "volumes" / node
+        self._volume_poll_s = volume_poll_s
+        self.waiting: dict[Key, asyncio.Task[None]] = {}
+        """Pods whose volumes are not ready yet (a Secret missing): ContainerCreating."""
         self._settings = KubernetesSettings(watch_timeout_s=60, retry_backoff_s=0.2)
         self._api: k8s.ApiClient | None = None
         self._core: k8s.CoreV1Api | None = None
@@ -158,6 +172,10 @@ class SimulatedKubelet:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
+        for waiter in self.waiting.values():
+            waiter.cancel()
+        await asyncio.gather(*self.waiting.values(), return_exceptions=True)
+        self.waiting.clear()
         containers = list(self.running.values())
         for container in containers:
             if container.supervisor is not None:
@@ -241,6 +259,8 @@ class SimulatedKubelet:
         for key, container in list(self.running.items()):
             if key not in listed:
                 self._stop(container, grace_s=0)
+        for key in [key for key in self.waiting if key not in listed]:
+            self._stop_waiting(key)
         for pod in pods:
             await self._reconcile("MODIFIED", pod)
 
@@ -253,29 +273,142 @@ class SimulatedKubelet:
         uid = str(metadata.get("uid", ""))
         container = self.running.get(key)
         if kind == "DELETED":
+            self._stop_waiting(key)
+            shutil.rmtree(self._pod_volumes(key), ignore_errors=True)
             if container is not None:
                 self._stop(container, grace_s=0)
             return
         if metadata.get("deletionTimestamp"):
             if container is not None:
                 self._stop(container, grace_s=int(metadata.get("deletionGracePeriodSeconds") or 0))
-            elif uid not in self._handled or (pod.get("status") or {}).get("phase") in (
-                "Succeeded",
-                "Failed",
+            elif (
+                uid not in self._handled
+                or self._stop_waiting(key)
+                or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
             ):
                 await self._remove(key)
             return
         phase = (pod.get("status") or {}).get("phase", "Pending")
         if container is None and phase == "Pending" and uid not in self._handled:
             self._handled.add(uid)
-            await self._start(key, uid, pod)
+            mounts = await self._mount_volumes(key, pod)
+            if mounts is None:
+                self.waiting[key] = asyncio.create_task(
+                    self._wait_for_volumes(key, uid, pod), name=f"kubelet-{self.node}-{key[1]}"
+                )
+                return
+            await self._start(key, uid, pod, mounts)
 
-    async def _start(self, key: Key, uid: str, pod: Json) -> None:
+    # -- volumes ---------------------------------------------------------------------------
+    def _pod_volumes(self, key: Key) -> Path:
+        return self._volumes_dir / f"{key[0]}_{key[1]}"
+
+    def _stop_waiting(self, key: Key) -> bool:
+        """Give up a pod that waits for its volumes; whether one did."""
+        waiter = self.waiting.pop(key, None)
+        if waiter is not None:
+            waiter.cancel()
+        return waiter is not None
+
+    async def _mount_volumes(self, key: Key, pod: Json) -> dict[str, Path] | None:
+        """Write the pod's ``secret`` volumes into its folder: mountPath -> folder of each
+        volume its container mounts, or None while a Secret it needs does not exist."""
+        spec = pod.get("spec") or {}
+        container_spec = (spec.get("containers") or [{}])[0]
+        mount_paths = {m["name"]: m["mountPath"] for m in container_spec.get("volumeMounts") or []}
+        files: dict[str, dict[str, tuple[bytes, int]]] = {}
+        for volume in spec.get("volumes") or []:
+            source = volume.get("secret")
+            if source is None:
+                continue
+            try:
+                secret = await call_json(
+                    self.core.read_namespaced_secret, source.get("secretName", ""), key[0]
+                )
+            except ApiException as error:
+                if error.status != 404:
+                    raise
+                if source.get("optional"):
+                    files[volume["name"]] = {}
+                    continue
+                return None
+            data = {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
+            default_mode = int(source.get("defaultMode", 0o644))
+            items = source.get("items") or [{"key": k, "path": k} for k in sorted(data)]
+            if any(item["key"] not in data for item in items) and not source.get("optional"):
+                return None  # as a kubelet: a missing key fails the mount, and it retries
+            files[volume["name"]] = {
+                item["path"]: (data[item["key"]], int(item.get("mode", default_mode)))
+                for item in items
+                if item["key"] in data
+            }
+        mounts: dict[str, Path] = {}
+        for name, contents in files.items():
+            folder = self._pod_volumes(key) / name
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            for path, (content, mode) in contents.items():
+                target = folder / path
+                partial = target.with_name(target.name + ".partial")
+                descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                with os.fdopen(descriptor, "wb") as handle:
+                    handle.write(content)
+                os.chmod(partial, mode)
+                os.replace(partial, target)
+            if name in mount_paths:
+                mounts[mount_paths[name]] = folder
+        return mounts
+
+    async def _wait_for_volumes(self, key: Key, uid: str, pod: Json) -> None:
+        """ContainerCreating until every Secret the pod mounts exists; then start it."""
+        await self._write_status(key, self._creating_status)
+        while True:
+            await asyncio.sleep(self._volume_poll_s)
+            try:
+                mounts = await self._mount_volumes(key, pod)
+            except ApiException:
+                log.warning("kubelet %s: mounting %s/%s failed", self.node, *key, exc_info=True)
+                continue
+            if mounts is not None:
+                break
+        self.waiting.pop(key, None)
+        await self._start(key, uid, pod, mounts)
+
+    def _creating_status(self, status: Json) -> Json:
+        status.update(
+            phase="Pending",
+            hostIP="127.0.0.1",
+            conditions=self._conditions(status, ready=False),
+            containerStatuses=[
+                {
+                    "name": "runner",
+                    "ready": False,
+                    "started": False,
+                    "restartCount": 0,
+                    "image": "simulated",
+                    "imageID": "",
+                    "state": {"waiting": {"reason": "ContainerCreating"}},
+                }
+            ],
+        )
+        return status
+
+    @staticmethod
+    def _mapped(value: str, mounts: dict[str, Path]) -> str:
+        """``value`` with a path under a mount path rewritten to the host folder behind it."""
+        for mount_path in sorted(mounts, key=len, reverse=True):
+            if value == mount_path or value.startswith(mount_path.rstrip("/") + "/"):
+                return str(mounts[mount_path]) + value[len(mount_path.rstrip("/")) :]
+        return value
+
+    # -- containers ------------------------------------------------------------------------
+    async def _start(self, key: Key, uid: str, pod: Json, mounts: dict[str, Path]) -> None:
         spec = pod.get("spec") or {}
         container_spec = (spec.get("containers") or [{}])[0]
         try:
             argv = image_argv([*container_spec.get("command", []), *container_spec.get("args", [])])
-            env = {**inherited_environment(os.environ), **self._environment(pod, container_spec)}
+            own = self._environment(pod, container_spec)
+            own = {name: self._mapped(value, mounts) for name, value in own.items()}
+            env = {**inherited_environment(os.environ), **own}
             log_path = self._log_dir / f"{key[0]}_{key[1]}.log"
             with log_path.open("ab") as log_file:
                 process = await asyncio.create_subprocess_exec(

@@ -1,11 +1,18 @@
 """The Kubernetes backend: ``ClusterBackend`` over the Kubernetes API (kubernetes-asyncio).
 
 * ``create_pod`` creates the attempt's pod with mdq's ``schedulerName`` (the default scheduler
-  leaves it alone) and binds it to placement's node through the Binding subresource. Both
-  steps are idempotent: a pod that exists already (409 AlreadyExists) is bound if it is not
-  yet, and "already assigned" to the same node is success. A pod that existed is reported
-  with ``PodExists`` after its binding was ensured, so a placement restarted between create and
-  bind repairs the binding.
+  leaves it alone), then, given a runner issuer (``MDQ_NATS_RUNNER_ISSUER``), the pod's own
+  Secret with credentials minted for its job alone (``RunnerIssuer.creds``), owned by the pod
+  (the pod's uid is known only once it exists; Kubernetes deletes the Secret with it, and the
+  kubelet holds the pod in ContainerCreating until its Secret exists), and last binds it to
+  placement's node through the Binding subresource. Every step is idempotent: a pod that
+  exists already (409 AlreadyExists) is read back and the Secret it mounts is created if it
+  is missing (409: it is there), then it is bound if it is not yet ("already assigned" to the
+  same node is success). A pod that existed is reported with ``PodExists`` after all that,
+  so a placement restarted anywhere between the steps (it creates the pods of its bound jobs
+  again when it takes over) repairs the pod: an unbound pod runs nothing meanwhile. Without
+  an issuer every pod mounts the shared ``runner_creds_secret`` (one identity for every
+  runner), with a warning.
 * ``watch_pods`` lists the namespace's mdq pods and watches them from the list's
   resourceVersion, with bookmarks; a watch that ends is resumed from the last version seen,
   one that expired (410 Gone) is re-listed. ``PodTracker`` reports every transition once and
@@ -27,6 +34,7 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -39,15 +47,19 @@ from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.watch import Watch
 
+from mdq.auth import RunnerIssuer
 from mdq.backends.kubernetes.objects import (
     Json,
     NodeView,
     PodTracker,
     binding,
+    mounted_creds_secret,
     node_usage,
     node_view,
     pod_manifest,
     pod_update,
+    runner_secret,
+    runner_secret_name,
     selector,
 )
 from mdq.backends.kubernetes.settings import KubernetesSettings
@@ -203,9 +215,12 @@ class KubernetesBackend:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         runner_nats_url: str = "",
         data_dir: Path = DEFAULT_DATA_DIR,
+        runner_issuer: RunnerIssuer | None = None,
     ) -> None:
         self._runner_nats_url = runner_nats_url
         self._data_dir = data_dir
+        self._issuer = runner_issuer
+        self._warned_shared = False
         self._api = api
         self._core = k8s.CoreV1Api(api)
         self._custom = k8s.CustomObjectsApi(api)
@@ -224,9 +239,12 @@ class KubernetesBackend:
         mdq_namespace: str,
         runner_nats_url: str = "",
         data_dir: Path = DEFAULT_DATA_DIR,
+        runner_issuer: RunnerIssuer | None = None,
     ) -> KubernetesBackend:
         """The backend for ``settings`` (default: from MDQ_K8S_*); its pods' runners reach
-        NATS at ``runner_nats_url`` and find the data folder at ``data_dir``."""
+        NATS at ``runner_nats_url``, find the data folder at ``data_dir`` and authenticate
+        with credentials ``runner_issuer`` mints for each pod's job (None: the shared
+        ``runner_creds_secret``)."""
         settings = settings or KubernetesSettings()
         return cls(
             api=await api_client(settings),
@@ -234,6 +252,7 @@ class KubernetesBackend:
             mdq_namespace=mdq_namespace,
             runner_nats_url=runner_nats_url,
             data_dir=data_dir,
+            runner_issuer=runner_issuer,
         )
 
     @property
@@ -244,16 +263,23 @@ class KubernetesBackend:
     async def create_pod(self, pod: PodSpec) -> None:
         if not self._runner_nats_url:
             raise RuntimeError("the backend was not told the runners' NATS URL: it makes no pods")
+        creds_secret = None
+        if self._issuer is not None:
+            creds_secret = runner_secret_name(pod.name, secrets.token_hex(4))
+        else:
+            self._warn_shared_creds()
         manifest = pod_manifest(
             pod,
             settings=self._settings,
             mdq_namespace=self._mdq_namespace,
             nats_url=self._runner_nats_url,
             data_dir=self._data_dir,
+            creds_secret=creds_secret,
         )
         existed = False
+        created: Json | None = None
         try:
-            await call_json(
+            created = await call_json(
                 self._core.create_namespaced_pod,
                 self.namespace,
                 manifest,
@@ -263,9 +289,58 @@ class KubernetesBackend:
             if error.status != 409:
                 raise
             existed = True
+        if self._issuer is not None:
+            await self._ensure_creds_secret(pod, created or await self.read_pod(pod.name))
         await self._bind(pod.name, pod.node)
         if existed:
             raise PodExists(pod.name)
+
+    def _warn_shared_creds(self) -> None:
+        if self._warned_shared:
+            return
+        self._warned_shared = True
+        if self._settings.runner_creds_secret:
+            log.warning(
+                "no runner issuer (MDQ_NATS_RUNNER_ISSUER): every runner pod mounts the shared "
+                "Secret %s, so one job's runner can report for another's",
+                self._settings.runner_creds_secret,
+            )
+        else:
+            log.warning(
+                "no runner issuer (MDQ_NATS_RUNNER_ISSUER) and no MDQ_K8S_RUNNER_CREDS_SECRET: "
+                "runner pods get no NATS credentials (a server without authentication only)"
+            )
+
+    async def _ensure_creds_secret(self, pod: PodSpec, current: Json | None) -> None:
+        """Create the Secret the pod object ``current`` mounts, owned by it, with credentials
+        for ``pod``'s job alone; one that exists is this pod's (its name is new for each pod
+        object). Nothing for a pod that is gone (binding it fails) or mounts no Secret of its
+        own (made before the issuer was configured)."""
+        assert self._issuer is not None
+        if current is None:
+            return
+        metadata = current.get("metadata") or {}
+        name = mounted_creds_secret(current)
+        if not name or name == self._settings.runner_creds_secret:
+            log.info("pod %s mounts no credentials of its own", pod.name)
+            return
+        secret = runner_secret(
+            pod,
+            name=name,
+            mdq_namespace=self._mdq_namespace,
+            creds=self._issuer.creds(pod.job_id),
+            owner_uid=str(metadata.get("uid", "")),
+        )
+        try:
+            await call_json(
+                self._core.create_namespaced_secret,
+                self.namespace,
+                secret,
+                _request_timeout=self._settings.request_timeout_s,
+            )
+        except ApiException as error:
+            if error.status != 409:
+                raise
 
     async def _bind(self, name: str, node: str) -> None:
         try:

@@ -1,7 +1,9 @@
 """Kubernetes objects as mdq sees them (pure): the pod manifest, and pods and nodes read back.
 
 The backend speaks raw JSON (dicts in the API's camelCase) with the API server; this module
-turns a ``PodSpec`` into a pod manifest, a pod into the ``PodUpdate`` mdq reports (with the
+turns a ``PodSpec`` into a pod manifest and its runner's credentials into the pod's own
+Secret (owned by the pod, so Kubernetes deletes it with the pod), a pod into the ``PodUpdate``
+mdq reports (with the
 termination mapped to the reasons ``mdq.core.recovery.classify`` knows), a node into its
 readiness, and metrics.k8s.io quantities into numbers. ``PodTracker`` keeps the last update of
 every pod so a re-list (after a 410) or a redelivered event never reports a transition twice,
@@ -10,6 +12,7 @@ and a terminal update is final.
 
 from __future__ import annotations
 
+import base64
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -26,7 +29,14 @@ Json = dict[str, Any]
 
 CONTAINER = "runner"
 RUNNER_CREDS_DIR = "/var/run/secrets/mdq-nats"
-"""Where a runner pod finds its NATS credentials (``KubernetesSettings.runner_creds_secret``)."""
+"""Where a runner pod finds its NATS credentials: its own Secret's (``runner_secret``), or the
+shared one of ``KubernetesSettings.runner_creds_secret`` when placement has no runner issuer."""
+RUNNER_CREDS_KEY = "nats.creds"
+"""The key of the credentials in a runner's Secret, and the file's name in the pod."""
+RUNNER_CREDS_VOLUME = "nats-creds"
+SECRET_SUFFIX = "-nats-"
+"""A pod's own Secret is ``<pod>-nats-<nonce>`` (``runner_secret_name``)."""
+_NAME_LIMIT = 253
 MANAGED_BY = "app.kubernetes.io/managed-by"
 NAMESPACE_LABEL = "mdq.io/namespace"
 JOB_LABEL = "mdq.io/job"
@@ -84,6 +94,30 @@ def _cpu(cores: float) -> str:
     return f"{max(1, round(cores * 1000))}m"
 
 
+def runner_secret_name(pod_name: str, nonce: str) -> str:
+    """The name of the Secret with the credentials of pod ``pod_name``'s runner:
+    ``<pod>-nats-<nonce>`` (the backend draws the nonce for each pod it makes).
+
+    Derived from the pod's name, and new for each pod object made: a Secret of an earlier pod
+    of the same name that the garbage collector has not deleted yet (it goes with its owner,
+    in the background) never stands in for the new pod's, so placement needs no right to read
+    or delete Secrets to tell them apart (``create`` alone)."""
+    suffix = SECRET_SUFFIX + nonce
+    return pod_name[: _NAME_LIMIT - len(suffix)] + suffix
+
+
+def _labels(pod: PodSpec, mdq_namespace: str, name: str) -> dict[str, str]:
+    labels = {
+        "app.kubernetes.io/name": name,
+        MANAGED_BY: "mdq",
+        NAMESPACE_LABEL: mdq_namespace,
+        ATTEMPT_LABEL: str(pod.attempt),
+    }
+    if _LABEL_VALUE.match(pod.job_id) and len(pod.job_id) <= 63:
+        labels[JOB_LABEL] = pod.job_id
+    return labels
+
+
 def pod_manifest(
     pod: PodSpec,
     *,
@@ -91,21 +125,19 @@ def pod_manifest(
     mdq_namespace: str,
     nats_url: str,
     data_dir: Path,
+    creds_secret: str | None = None,
 ) -> Json:
     """The pod of one attempt: unscheduled (mdq binds it), never restarted, with limits.
 
     Its command is the runner's (``settings.runner_command`` or ``python -m services.runner``)
     and its environment only the task derived from ``pod``, the bus (``nats_url``, the
     namespace), the data folder as mounted in the pod (``data_dir``) and the pod's own name
-    and node (``mdq.backends.launch``): nothing of the creating service's environment."""
-    labels = {
-        "app.kubernetes.io/name": "mdq-runner",
-        MANAGED_BY: "mdq",
-        NAMESPACE_LABEL: mdq_namespace,
-        ATTEMPT_LABEL: str(pod.attempt),
-    }
-    if _LABEL_VALUE.match(pod.job_id) and len(pod.job_id) <= 63:
-        labels[JOB_LABEL] = pod.job_id
+    and node (``mdq.backends.launch``): nothing of the creating service's environment.
+
+    ``creds_secret``: the Secret whose ``nats.creds`` the runner authenticates with, mounted
+    read-only as a file (never an environment variable): the pod's own (``runner_secret``);
+    None: the shared ``settings.runner_creds_secret`` (none when that is empty too)."""
+    labels = _labels(pod, mdq_namespace, "mdq-runner")
     variables = runner_task(pod, data_dir=data_dir).to_env() | bus_environment(
         nats_url=nats_url, namespace=mdq_namespace, data_dir=data_dir
     )
@@ -147,18 +179,23 @@ def pod_manifest(
         spec["priorityClassName"] = priority_class
     if settings.service_account:
         spec["serviceAccountName"] = settings.service_account
-    if settings.runner_creds_secret:
+    secret_name = settings.runner_creds_secret if creds_secret is None else creds_secret
+    if secret_name:
         # A file, never an environment variable: the runner reads it by its path.
         spec["volumes"].append(
             {
-                "name": "nats-creds",
-                "secret": {"secretName": settings.runner_creds_secret, "defaultMode": 0o440},
+                "name": RUNNER_CREDS_VOLUME,
+                "secret": {
+                    "secretName": secret_name,
+                    "defaultMode": 0o440,
+                    "items": [{"key": RUNNER_CREDS_KEY, "path": RUNNER_CREDS_KEY}],
+                },
             }
         )
         container["volumeMounts"].append(
-            {"name": "nats-creds", "mountPath": RUNNER_CREDS_DIR, "readOnly": True}
+            {"name": RUNNER_CREDS_VOLUME, "mountPath": RUNNER_CREDS_DIR, "readOnly": True}
         )
-        env.append({"name": "MDQ_NATS_CREDS", "value": f"{RUNNER_CREDS_DIR}/nats.creds"})
+        env.append({"name": "MDQ_NATS_CREDS", "value": f"{RUNNER_CREDS_DIR}/{RUNNER_CREDS_KEY}"})
     mount_path = settings.data_mount_path or str(data_dir)
     if settings.checkpoint_pvc and mount_path:
         spec["volumes"].append(
@@ -179,6 +216,38 @@ def pod_manifest(
             },
         },
         "spec": spec,
+    }
+
+
+def mounted_creds_secret(pod: Mapping[str, Any]) -> str:
+    """The Secret a pod object mounts its runner's credentials from; "" for none."""
+    for volume in (pod.get("spec") or {}).get("volumes") or []:
+        if volume.get("name") == RUNNER_CREDS_VOLUME:
+            return str((volume.get("secret") or {}).get("secretName", ""))
+    return ""
+
+
+def runner_secret(
+    pod: PodSpec, *, name: str, mdq_namespace: str, creds: str, owner_uid: str
+) -> Json:
+    """The Secret ``name`` with the credentials of ``pod``'s runner (``creds``, the text of a
+    ``.creds`` file), owned by the pod object whose uid is ``owner_uid``: the garbage collector
+    deletes it with the pod. Immutable: nobody changes what a runner authenticates with."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "immutable": True,
+        "metadata": {
+            "name": name,
+            "labels": _labels(pod, mdq_namespace, "mdq-runner-creds"),
+            "annotations": {JOB_ANNOTATION: pod.job_id, ATTEMPT_ANNOTATION: str(pod.attempt)},
+            # No blockOwnerDeletion: setting it would need the pods/finalizers right.
+            "ownerReferences": [
+                {"apiVersion": "v1", "kind": "Pod", "name": pod.name, "uid": owner_uid}
+            ],
+        },
+        "data": {RUNNER_CREDS_KEY: base64.b64encode(creds.encode()).decode()},
     }
 
 
