@@ -53,7 +53,16 @@ import yaml
 from alembic.script import ScriptDirectory
 from pydantic_settings import BaseSettings
 
-from mdq.auth import SERVER_BLOCK_FILE, Generated, _meaning, generate
+from mdq.auth import (
+    RUNNER_ISSUER_ENV,
+    RUNNER_ISSUER_FILE,
+    SERVER_BLOCK_FILE,
+    Generated,
+    RunnerIssuer,
+    _meaning,
+    decode_claims,
+    generate,
+)
 from mdq.backends.kubernetes.settings import KubernetesSettings
 from mdq.bus.connect import auth_options, connect, identity_of_creds
 from mdq.bus.setup import prepare_bus
@@ -96,9 +105,11 @@ def _rules(scope: str, group: str, resource: str, *verbs: str) -> set[Rule]:
 
 EXPECTED_RBAC: dict[str, set[Rule]] = {
     # KubernetesBackend.create_pod: create the pod, bind it, read it when the binding exists;
-    # delete_pod: the victims of a preemption.
+    # delete_pod: the victims of a preemption. Each runner pod's own Secret: create alone
+    # (get or delete would let placement read every Secret of the namespace).
     "mdq-placement": _rules("namespace", "", "pods", "create", "get", "delete")
-    | _rules("namespace", "", "pods/binding", "create"),
+    | _rules("namespace", "", "pods/binding", "create")
+    | _rules("namespace", "", "secrets", "create"),
     # watch_pods lists + watches pods and nodes; delete_pod for lost runs and lost nodes.
     "mdq-watcher": _rules("namespace", "", "pods", "list", "watch", "delete")
     | _rules("cluster", "", "nodes", "list", "watch"),
@@ -1228,7 +1239,12 @@ def test_each_workload_mounts_only_its_own_nats_credentials(overlay: str) -> Non
             continue
         seen.add(identity)
         name = sample.creds[identity].name
-        assert nats_files == {env["MDQ_NATS_CREDS"]: (f"mdq-nats-{identity}", name)}, where
+        own = {env["MDQ_NATS_CREDS"]: (f"mdq-nats-{identity}", name)}
+        if identity == "placement":  # it mints each runner pod's credentials
+            own[env[RUNNER_ISSUER_ENV]] = ("mdq-nats-runner-issuer", sample.runner_issuer.name)
+        else:
+            assert RUNNER_ISSUER_ENV not in env, where
+        assert nats_files == own, where
     assert seen == set(K8S_IDENTITY.values())
 
 
@@ -1248,6 +1264,11 @@ def test_the_dev_secrets_are_the_generators_files() -> None:
         name = f"{identity}.creds"
         assert dev_secret(f"mdq-nats-{identity}") == {name: (DEV_NATS / name).read_text()}
         assert identity_of_creds(DEV_NATS / name) == identity
+    assert dev_secret("mdq-nats-runner-issuer") == {
+        RUNNER_ISSUER_FILE: (DEV_NATS / RUNNER_ISSUER_FILE).read_text()
+    }
+    # No Secret holds a credential every runner shares: each runner pod gets its own.
+    assert not [n for n in of_kind(build("overlays/dev"), "Secret") if "runners" in n]
 
 
 @pytest.mark.parametrize("where", ["base", *OVERLAYS, "docker-compose.yml"])
@@ -1395,8 +1416,9 @@ def allowed(
     return False
 
 
-def runner_pod(settings: KubernetesSettings) -> Manifest:
-    """A runner pod as the Kubernetes backend makes it with ``settings``."""
+def runner_pod(settings: KubernetesSettings, creds_secret: str | None = None) -> Manifest:
+    """A runner pod as the Kubernetes backend makes it with ``settings`` (and, given a runner
+    issuer, the name of its own Secret)."""
     from mdq.backends.kubernetes.objects import pod_manifest
     from mdq.backends.port import PodSpec
     from mdq.contracts import pb
@@ -1421,6 +1443,7 @@ def runner_pod(settings: KubernetesSettings) -> Manifest:
         mdq_namespace="mdq",
         nats_url="nats://nats:4222",
         data_dir=Path("/data"),
+        creds_secret=creds_secret,
     )
 
 
@@ -1486,26 +1509,58 @@ def test_network_policies_let_each_pod_reach_only_what_it_needs(overlay: str) ->
     assert {"mdq-intake", "mdq-watcher", "mdq-migrate", "mdq-bus-setup", "nats"} <= set(pods)
 
 
-def test_runner_pods_mount_the_runners_credentials_the_overlay_makes() -> None:
-    """The runner pod placement creates with the deployed settings mounts the Secret the dev
-    overlay makes from the generator's runners.creds, as a file its MDQ_NATS_CREDS names; the
-    credentials themselves never sit in the pod's environment."""
-    objects = build("overlays/dev")
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_runner_pods_get_credentials_of_their_own_from_placements_issuer(overlay: str) -> None:
+    """Placement, deployed, holds the runner issuer (the generator's runner-issuer.json, in the
+    dev overlay byte for byte) and no shared runner Secret is configured: each runner pod it
+    creates mounts a Secret of its own, read-only, as the file its MDQ_NATS_CREDS names, with
+    credentials for its job alone, owned by the pod; both objects valid for the API server,
+    and the credentials never in the pod's environment."""
+    from mdq.backends.kubernetes.objects import runner_secret, runner_secret_name
+    from mdq.backends.port import PodSpec
+
+    objects = build(overlay)
     config = config_map(objects, "mdq-config")["data"]
-    manifest = runner_pod(
-        KubernetesSettings(runner_creds_secret=config["MDQ_K8S_RUNNER_CREDS_SECRET"])
-    )
-    [container] = manifest["spec"]["containers"]
-    env = {variable["name"]: variable.get("value", "") for variable in container["env"]}
+    assert "MDQ_K8S_RUNNER_CREDS_SECRET" not in config
+    (container,) = deployment(objects, "placement")["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container.get("env", [])}
+    issuer_file = env[RUNNER_ISSUER_ENV]
+    mounted = mounted_secrets(deployment(objects, "placement")["spec"]["template"]["spec"])
+    assert mounted[issuer_file] == ("mdq-nats-runner-issuer", RUNNER_ISSUER_FILE)
+    if overlay == "overlays/dev":
+        issuer = RunnerIssuer.load(DEV_NATS / RUNNER_ISSUER_FILE)
+        assert dev_secret("mdq-nats-runner-issuer")[RUNNER_ISSUER_FILE] == issuer.text()
+    else:
+        issuer = RunnerIssuer.load(generated_sample().runner_issuer)
+
+    name = runner_secret_name("mdq-0123456789ab-j-1", "0a1b2c3d")
+    manifest = runner_pod(KubernetesSettings(), creds_secret=name)
+    [pod_container] = manifest["spec"]["containers"]
+    pod_env = {variable["name"]: variable.get("value", "") for variable in pod_container["env"]}
     [volume] = [v for v in manifest["spec"]["volumes"] if "secret" in v]
-    [mount] = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
+    assert volume["secret"]["secretName"] == name
+    [mount] = [m for m in pod_container["volumeMounts"] if m["name"] == volume["name"]]
     assert mount["readOnly"] is True
-    assert env["MDQ_NATS_CREDS"] == f"{mount['mountPath']}/nats.creds"
-    secret = of_kind(objects, "Secret")[volume["secret"]["secretName"]]  # no hash suffix
+    assert pod_env["MDQ_NATS_CREDS"] == f"{mount['mountPath']}/nats.creds"
+    assert not [k for k, v in pod_env.items() if "NKEY SEED" in v or "eyJ" in v]
+
+    spec = PodSpec(name="mdq-0123456789ab-j-1", job_id="0123456789ab-j", attempt=1,
+                   node="node-1", cpu=1.0, memory_mb=256, priority_class="normal")  # fmt: skip
+    secret = runner_secret(
+        spec,
+        name=name,
+        mdq_namespace="mdq",
+        creds=issuer.creds(spec.job_id),
+        owner_uid="6f1c1c6e-0000-4000-8000-000000000001",
+    )
+    for version in SCHEMA_VERSIONS:
+        kubernetes_validate.validate(secret, version, strict=True)
+        kubernetes_validate.validate(manifest, version, strict=True)
     creds = base64.b64decode(secret["data"]["nats.creds"]).decode()
-    assert creds == (DEV_NATS / "runners.creds").read_text()
-    assert identity_of_creds(DEV_NATS / "runners.creds") == "runners"
-    assert not [name for name, value in env.items() if "NKEY SEED" in value or "eyJ" in value]
+    assert decode_claims(creds.split("\n")[1])["name"] == spec.job_id
+    assert [o["uid"] for o in secret["metadata"]["ownerReferences"]] == [
+        "6f1c1c6e-0000-4000-8000-000000000001"
+    ]
 
 
 async def test_keda_finds_the_watchers_consumer_under_the_account_it_is_given(
