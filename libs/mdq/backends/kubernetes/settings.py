@@ -35,9 +35,12 @@ class KubernetesSettings(BaseSettings):
     )
     runner_creds_secret: str = Field(
         default="",
-        description="Secret holding the runners' NATS credentials (key nats.creds; the "
-        "generator's runners.creds), mounted read-only into every runner pod and named by its "
-        "MDQ_NATS_CREDS; empty: runner pods get none (a server without authentication).",
+        description="Fallback for a placement without a runner issuer (MDQ_NATS_RUNNER_ISSUER, "
+        "which gives each runner pod a Secret of its own with credentials for its job alone): "
+        "a Secret holding one identity for every runner (key nats.creds; the generator's "
+        "runners.creds, which may report for any job), mounted read-only into every runner "
+        "pod and named by its MDQ_NATS_CREDS; empty: runner pods get none (a server without "
+        "authentication).",
     )
     checkpoint_pvc: str = Field(
         default="mdq-data",
