@@ -291,7 +291,10 @@ class SimulatedKubelet:
         phase = (pod.get("status") or {}).get("phase", "Pending")
         if container is None and phase == "Pending" and uid not in self._handled:
             self._handled.add(uid)
-            mounts = await self._mount_volumes(key, pod)
+            try:
+                mounts = await self._mount_volumes(key, pod)
+            except ApiException:
+                mounts = None  # the API answered badly: wait and try again, as below
             if mounts is None:
                 self.waiting[key] = asyncio.create_task(
                     self._wait_for_volumes(key, uid, pod), name=f"kubelet-{self.node}-{key[1]}"
