@@ -33,9 +33,9 @@ SERVICES = ("intake", "placement", "watcher", "recovery", "metrics", "agent")
 """The long-running identities, one credential each."""
 
 IDENTITIES = (*SERVICES, "cli", "runners", "admin")
-"""Every identity ``mdq up`` and the generator issue (a local runner gets its own per attempt;
-``runners`` is the one runner pods share on Kubernetes until the backend mints per-pod
-credentials there too)."""
+"""Every identity ``mdq up`` and the generator issue. A runner gets credentials of its own per
+attempt (the node agent mints them; on Kubernetes placement does, into a Secret per pod);
+``runners`` is the shared fallback of a Kubernetes backend given no runner issuer."""
 
 RUNNER_KINDS = ("progress", "checkpoint", "outputs")
 """What a runner reports about its own job."""
