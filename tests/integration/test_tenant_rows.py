@@ -36,7 +36,8 @@ from mdq.cli.tenants import (
 )
 from mdq.core.ids import tenant_of
 from mdq.embedded import start_nats
-from mdq.stack import StackInfo
+from mdq.stack import Stack, StackInfo
+from mdq.store.engine import asyncpg_dsn
 from mdq.store.migrate import alembic_config, upgrade_async
 from mdq.store.projection import PROGRESS_COLUMNS
 from mdq.store.roles import (
@@ -494,3 +495,32 @@ async def test_mdq_tenant_add_makes_the_login_or_says_why_not(
     assert "credentials" in output and (secrets / "tenants" / "lab-a.creds").exists()
     code, output = none  # no stack, no administrator: said, not an error
     assert code == 0 and "no PostgreSQL login was made" in output, output
+
+
+async def test_on_the_embedded_stack_the_login_is_made_as_its_superuser(
+    tmp_path: Path, nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``mdq up``'s own PostgreSQL (passwords required): found from stack.json, reached as its
+    superuser; the tenant connects with its password, and with no other."""
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    monkeypatch.delenv(ENV_PREFIX, raising=False)
+    state = tmp_path / ".mdq"
+    stack = Stack(state_dir=state, nats_url=nats_url, services=(), metrics_port=0, grace_s=5.0)
+    info = await stack.start()
+    try:
+        admin = database_admin(info, state, None, {})
+        made = await add_tenant_database("lab-7", admin=admin, state_dir=state)
+        password = made.password_file.read_text().strip()
+        assert made.role == "mdq_tenant_lab-7" and made.url.startswith("postgresql://mdq_tenant")
+        tenant = await asyncpg.connect(
+            asyncpg_dsn(role_url(made.url, user=made.role, password=password))
+        )
+        try:
+            assert await tenant.fetchval("SELECT public.mdq_current_tenant()") == "lab-7"
+            assert await tenant.fetchval("SELECT count(*) FROM job_timeline") == 0
+        finally:
+            await tenant.close()
+        with pytest.raises(asyncpg.InvalidPasswordError):
+            await asyncpg.connect(asyncpg_dsn(role_url(made.url, user=made.role, password="no")))
+    finally:
+        await stack.stop()
