@@ -83,8 +83,12 @@ async def database_url(postgres_url: str, namespace: str) -> AsyncIterator[str]:
         yield url
     finally:
         await admin.execute(f'DROP DATABASE IF EXISTS "{namespace}" WITH (FORCE)')
-        # roles of the test's own (``database_roles``) belong to the server, not the database
-        for role in RoleNames.with_prefix(namespace).all():
+        # roles of the test's own (``database_roles``, tenants' logins and group: every name
+        # with the namespace's prefix) belong to the server, not the database
+        roles = await admin.fetch(
+            "SELECT rolname FROM pg_roles WHERE starts_with(rolname, $1)", f"{namespace}_"
+        )
+        for role in sorted((row["rolname"] for row in roles), key=len, reverse=True):
             await admin.execute(f'DROP ROLE IF EXISTS "{role}"')
         await admin.close()
 

@@ -122,13 +122,15 @@ async def test_the_writer_writes_its_tables_and_reads_the_views(
 async def test_no_role_is_a_superuser_or_may_make_roles_or_databases(
     database_url: str, database_roles: RoleUrls, namespace: str
 ) -> None:
+    """Nor bypass row security, but the writer: it writes every tenant's rows, and its COPY
+    into ``progress`` is refused where row security applies (test_tenant_rows.py)."""
     names = RoleNames.with_prefix(namespace)
     admin = await asyncpg.connect(database_url)
     try:
         rows = await admin.fetch(
             "SELECT rolname, rolsuper, rolcreaterole, rolcreatedb, rolbypassrls, rolcanlogin "
             "FROM pg_roles WHERE rolname = ANY($1::text[])",
-            list(names.all()),
+            [*names.all(), names.tenants],
         )
         owners = await admin.fetch(
             "SELECT DISTINCT pg_get_userbyid(c.relowner) AS owner FROM pg_class c "
@@ -140,7 +142,10 @@ async def test_no_role_is_a_superuser_or_may_make_roles_or_databases(
     finally:
         await admin.close()
     assert {row["rolname"]: tuple(row.values())[1:] for row in rows} == {
-        name: (False, False, False, False, True) for name in names.all()
+        names.owner: (False, False, False, False, True),
+        names.writer: (False, False, False, True, True),
+        names.reader: (False, False, False, False, True),
+        names.tenants: (False, False, False, False, False),
     }
     assert [row["owner"] for row in owners] == [names.owner]
     assert schema_owner == names.owner

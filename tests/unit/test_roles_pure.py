@@ -10,6 +10,7 @@ import pytest
 
 from mdq.store.roles import (
     RELATIONS,
+    TENANT_ROWS,
     Access,
     RoleError,
     RoleNames,
@@ -18,6 +19,7 @@ from mdq.store.roles import (
     provision_statements,
     role_url,
     settings_from_env,
+    tenant_statements,
     without_password,
 )
 from mdq.store.stack_database import load_or_create_passwords
@@ -139,3 +141,74 @@ def test_stack_passwords_are_private_files_made_once(tmp_path: Path) -> None:
     again = load_or_create_passwords(tmp_path)
     assert again == first and _mode(folder / "reader.password") == 0o600
     assert len({first.admin, first.roles.owner, first.roles.writer, first.roles.reader}) == 4
+
+
+# -- tenants -------------------------------------------------------------------------------------
+def test_only_the_writer_bypasses_row_security_and_the_group_cannot_log_in() -> None:
+    names = RoleNames.with_prefix("mdq")
+    statements = provision_statements(names, RolePasswords("o", "w", "r"))
+    altered = {s.split()[2]: s for s in statements if s.startswith("ALTER ROLE")}
+    assert " BYPASSRLS " in altered['"mdq_writer"']
+    assert all(" NOBYPASSRLS " in altered[f'"{n}"'] for n in ("mdq_owner", "mdq_reader"))
+    assert " NOLOGIN " in altered['"mdq_tenants"'] and " NOBYPASSRLS " in altered['"mdq_tenants"']
+
+
+TENANT_ROLE_NAMES = {
+    "plain": ("mdq", "alice", "mdq_tenant_alice"),
+    "dash kept": ("mdq", "lab-7", "mdq_tenant_lab-7"),
+    "other prefix": ("t0a1b2c3d4e", "x", "t0a1b2c3d4e_tenant_x"),
+}
+
+
+@pytest.mark.parametrize(
+    "prefix,tenant,role", TENANT_ROLE_NAMES.values(), ids=TENANT_ROLE_NAMES.keys()
+)
+def test_tenant_role_names(prefix: str, tenant: str, role: str) -> None:
+    names = RoleNames.with_prefix(prefix)
+    assert names.tenant(tenant) == role and names.prefix == prefix
+
+
+def test_a_tenant_role_name_postgresql_would_cut_is_refused() -> None:
+    assert len(RoleNames.with_prefix("m" * 24).tenant("a" * 31)) == 63
+    with pytest.raises(RoleError):
+        RoleNames.with_prefix("m" * 25).tenant("a" * 31)
+
+
+def test_tenant_logins_are_quoted_and_bad_names_refused() -> None:
+    statements = tenant_statements(RoleNames.with_prefix("mdq"), "lab-7", "p'w")
+    assert statements[-1] == 'GRANT "mdq_tenants" TO "mdq_tenant_lab-7"'
+    assert "PASSWORD 'p''w'" in statements[1] and " NOBYPASSRLS " in statements[1]
+    assert "NOSUPERUSER NOCREATEDB NOCREATEROLE" in statements[1]
+    for bad in ("Alice", "a_b", 'x"; DROP', "intake"):
+        with pytest.raises(ValueError):
+            tenant_statements(RoleNames.with_prefix("mdq"), bad, "pw")
+
+
+def _tenant_grants(statements: list[str]) -> list[str]:
+    return [s for s in statements if s.startswith("GRANT") and s.endswith('"mdq_tenants"')]
+
+
+def test_tenants_get_only_secured_relations_of_their_rows_and_the_views() -> None:
+    names = RoleNames.with_prefix("mdq")
+    everything = set(RELATIONS)
+    statements = grant_statements(names, everything, secured=everything, tenants=True)
+    granted = {s.split('"')[1] for s in _tenant_grants(statements) if " ON public." in s}
+    views = {n for n, a in RELATIONS.items() if a is Access.READ}
+    assert granted == set(TENANT_ROWS) | views  # not consumer_offsets, alembic_version
+    assert all(s.startswith("GRANT SELECT ON") for s in _tenant_grants(statements)[1:])
+    policies = [s for s in statements if s.startswith("CREATE POLICY")]
+    assert len(policies) == 2 * len(TENANT_ROWS)
+    readers = [s for s in policies if s.startswith("CREATE POLICY reader_rows")]
+    assert len(readers) == len(TENANT_ROWS)
+    assert all(s.endswith('TO "mdq_reader" USING (true)') for s in readers)
+
+
+def test_tenants_get_nothing_that_is_not_secured_or_without_their_group() -> None:
+    names = RoleNames.with_prefix("mdq")
+    unsecured = grant_statements(names, set(RELATIONS), secured={"events"}, tenants=True)
+    assert [s for s in _tenant_grants(unsecured) if " ON public." in s] == [
+        'GRANT SELECT ON public."events" TO "mdq_tenants"'
+    ]
+    assert not [s for s in unsecured if "POLICY" in s]
+    no_group = grant_statements(names, set(RELATIONS), secured=set(RELATIONS))
+    assert not [s for s in no_group if "mdq_tenants" in s]

@@ -11,17 +11,27 @@ A tenant submits on its own subjects and reads its own stream, nothing else
    jobs and progress streams with the tenant's events only, connected as admin;
 3. stores its policy (``mdq.core.tenants.TenantPolicy``: the ``high`` class, quotas, submit
    rate) in the tenants bucket, which intake and placement follow live: run ``add`` again
-   with other limits to change them, no restart.
+   with other limits to change them, no restart;
+4. makes the tenant's PostgreSQL login ``<prefix>_tenant_<name>`` (``mdq.store.roles``:
+   ``SELECT`` on the history, row security shows it its own jobs' rows only), with a password
+   kept in ``<state>/secrets/postgres/tenants/<name>.password`` (0600; made once, set again
+   on every ``add``), and prints the URL to hand over, without the password. Making a login
+   needs an administrator of the database (CREATEROLE; the owner has not): ``MDQ_PG_ADMIN_URL``
+   (+ ``MDQ_PG_ADMIN_PASSWORD``) or ``--database-admin-url``, else the running stack's embedded
+   server as its superuser. Without either, or when the database cannot be reached, it says
+   so; the NATS part is done all the same (and ``add`` may be run again).
 
 ``mdq tenant ls`` lists the tenants' policies.
 
 The tenant then uses mdq with ``MDQ_NATS_CREDS=<that file>`` (or ``--creds``): ``mdq submit``,
-``mdq watch`` and the SDK find the tenant in the credentials.
+``mdq watch`` and the SDK find the tenant in the credentials; ``mdq ls`` / ``show`` with
+``DATABASE_URL=<its URL>`` and ``PGPASSWORD=<its password>``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
@@ -50,6 +60,24 @@ from mdq.core.tenants import (
     TenantNameError,
     TenantPolicy,
     validate_tenant_name,
+)
+from mdq.stack import StackInfo
+from mdq.store.roles import (
+    DEFAULT_PREFIX,
+    ENV_ADMIN_PASSWORD,
+    ENV_ADMIN_URL,
+    ENV_PREFIX,
+    RoleNames,
+    provision_tenant,
+    role_url,
+    url_user,
+)
+from mdq.store.stack_database import (
+    ADMIN_FILE,
+    EMBEDDED_SUPERUSER,
+    POSTGRES_SECRETS,
+    SECRETS_DIR,
+    load_or_create_tenant_password,
 )
 
 console = Console()
@@ -105,6 +133,110 @@ async def add_tenant(
     return AddedTenant(tenant, path, subjects.tenant_stream(tenant))
 
 
+# -- the tenant's PostgreSQL login ---------------------------------------------------------------
+class NoDatabaseAdmin(RuntimeError):
+    """Nothing says how to reach the database as an administrator (the reason is the text)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DatabaseAdmin:
+    """How ``mdq tenant add`` reaches the database to make a tenant's login."""
+
+    url: str
+    """An administrator's URL, password included (never printed)."""
+    names: RoleNames
+
+
+@dataclass(frozen=True, slots=True)
+class TenantDatabase:
+    """The tenant's PostgreSQL login that ``add_tenant_database`` made."""
+
+    role: str
+    url: str
+    """The URL to hand over: the server and database, the tenant's user, no password."""
+    password_file: Path
+
+
+def role_names_for(stack: StackInfo | None, env: dict[str, str]) -> RoleNames:
+    """The installation's role names: ``MDQ_DB_ROLE_PREFIX``, else the prefix of the running
+    stack's reader (``<prefix>_reader``), else ``mdq``."""
+    if prefix := env.get(ENV_PREFIX, ""):
+        return RoleNames.with_prefix(prefix)
+    reader = url_user(stack.database_url) if stack and stack.database_url else ""
+    if reader.endswith("_reader"):
+        return RoleNames.with_prefix(reader.removesuffix("_reader"))
+    return RoleNames.with_prefix(DEFAULT_PREFIX)
+
+
+def database_admin(
+    stack: StackInfo | None, state_dir: Path, admin_url: str | None, env: dict[str, str]
+) -> DatabaseAdmin:
+    """The administrator's URL: ``admin_url`` (``--database-admin-url`` / ``MDQ_PG_ADMIN_URL``,
+    its password from ``MDQ_PG_ADMIN_PASSWORD`` when given), else the running stack's embedded
+    superuser (``<state>/secrets/postgres/admin.password``). Raises ``NoDatabaseAdmin``."""
+    names = role_names_for(stack, env)
+    if admin_url:
+        if password := env.get(ENV_ADMIN_PASSWORD, ""):
+            admin_url = role_url(admin_url, user=url_user(admin_url), password=password)
+        return DatabaseAdmin(admin_url, names)
+    if stack is None or not stack.database_url:
+        raise NoDatabaseAdmin(
+            f"no running stack in {state_dir} and no {ENV_ADMIN_URL}: no PostgreSQL login was made"
+        )
+    if not stack.embedded_postgres:
+        raise NoDatabaseAdmin(
+            "the stack's PostgreSQL is one it was given (DATABASE_URL), whose administrator it "
+            f"does not keep: set {ENV_ADMIN_URL} (and {ENV_ADMIN_PASSWORD}) to make the login"
+        )
+    password_file = state_dir / SECRETS_DIR / POSTGRES_SECRETS / ADMIN_FILE
+    try:
+        password = password_file.read_text(encoding="utf-8").strip()
+    except OSError as error:
+        raise NoDatabaseAdmin(f"cannot read the embedded superuser's password: {error}") from None
+    return DatabaseAdmin(
+        role_url(stack.database_url, user=EMBEDDED_SUPERUSER, password=password), names
+    )
+
+
+async def add_tenant_database(
+    tenant: str, *, admin: DatabaseAdmin, state_dir: Path
+) -> TenantDatabase:
+    """Make (or update) ``tenant``'s PostgreSQL login with the password kept under
+    ``state_dir`` (made the first time)."""
+    validate_tenant_name(tenant)
+    names = admin.names
+    names.tenant(tenant)  # a name too long for PostgreSQL: refused before a file is made
+    path, password = load_or_create_tenant_password(state_dir, tenant)
+    role = await provision_tenant(admin.url, names, tenant, password)
+    url = role_url(admin.url, user=role, password=None)
+    return TenantDatabase(role=role, url=url, password_file=path)
+
+
+def _database_step(name: str, endpoints: Endpoints, state_dir: Path, admin_url: str | None) -> bool:
+    """Step 4 of ``add``, reported on the console; False when the database could not do it."""
+    try:
+        admin = database_admin(endpoints.stack, state_dir, admin_url, dict(os.environ))
+    except NoDatabaseAdmin as error:
+        console.print(f"  [yellow]PostgreSQL: {error}[/]")
+        return True
+    try:
+        made = asyncio.run(add_tenant_database(name, admin=admin, state_dir=state_dir))
+    except Exception as error:  # reported: the NATS part is done, and add may run again
+        err_console.print(
+            f"[red]PostgreSQL: no login made for {name} ({type(error).__name__}: {error}); "
+            "the NATS part is done, run `mdq tenant add` again once the database answers[/]"
+        )
+        return False
+    console.print(
+        f"  PostgreSQL: role {made.role}, password in {made.password_file}", highlight=False
+    )
+    console.print(
+        f'  history: DATABASE_URL={made.url} PGPASSWORD="$(cat {made.password_file})" mdq ls',
+        highlight=False,
+    )
+    return True
+
+
 def _limit(value: float | None) -> int:
     """A default limit as the command line writes it (-1: unlimited)."""
     return -1 if value is None else int(value)
@@ -133,9 +265,18 @@ def add(
     submits_per_minute: Annotated[
         float, typer.Option(help="Submit rate (-1: unlimited).")
     ] = _limit(DEFAULT_POLICY.submits_per_minute),
+    database_admin_url: Annotated[
+        str | None,
+        typer.Option(
+            "--database-admin-url",
+            envvar=ENV_ADMIN_URL,
+            help="PostgreSQL administrator (CREATEROLE) for the tenant's login "
+            f"(password: {ENV_ADMIN_PASSWORD}; default: the running stack's embedded server).",
+        ),
+    ] = None,
 ) -> None:
     """Add a tenant (or change its limits): its credentials (<secrets>/tenants/NAME.creds),
-    its own stream and its policy."""
+    its own stream, its policy and its PostgreSQL login (history of its own jobs only)."""
     endpoints = _endpoints_of(ctx)
     options = _options_of(ctx)
     try:
@@ -168,6 +309,8 @@ def add(
     console.print(f"tenant {added.tenant}: credentials {added.creds}, stream {added.stream}")
     console.print(f"  policy: {policy.to_json().decode()}", highlight=False)
     console.print(f"  use: MDQ_NATS_CREDS={added.creds} mdq submit FILE", highlight=False)
+    if not _database_step(name, endpoints, options.state_dir, database_admin_url):
+        raise typer.Exit(1)
 
 
 @app.command("ls")

@@ -12,6 +12,24 @@ Three login roles, none a superuser, none allowed to create roles or databases:
   person gets a login of their own that is a member of it:
   ``CREATE ROLE alice LOGIN PASSWORD '...' IN ROLE mdq_reader``.
 
+Tenants (``mdq.core.tenants``) read the history too, each only its own jobs' rows:
+
+* **tenants** (``mdq_tenants``, NOLOGIN): the group of every tenant's login. ``SELECT`` on the
+  tables of per-job rows (``TENANT_ROWS``) and on the views, nothing else (not the offsets);
+  under row-level security (migration 0006) its policy shows a row only when its job id (a
+  rejection's request id) starts with the connected tenant's name and a dot
+  (``mdq_current_tenant()``, read from ``current_user``); a view is granted only when it is
+  ``security_invoker``, so it cannot read past the policies with its owner's rights.
+* **a tenant** (``mdq_tenant_<name>``, ``RoleNames.tenant``; the name keeps its ``-``, the
+  identifier is quoted): a login in that group, made by ``provision_tenant`` as an
+  administrator (``mdq tenant add``). Creating a login needs CREATEROLE, which the owner
+  deliberately lacks.
+
+Row security applies to the reader (a policy shows it every row) and the tenants; not to the
+owner (it owns the tables and is not FORCEd: the migrations must see every row) nor to the
+writer, which has BYPASSRLS: it writes every tenant's rows, and PostgreSQL refuses the
+projector's ``COPY`` into ``progress`` for a role that row security applies to.
+
 The names are ``<prefix>_owner`` / ``_writer`` / ``_reader`` (``RoleNames``; prefix ``mdq``, or
 ``MDQ_DB_ROLE_PREFIX``), since roles belong to the whole server, not to one database: two mdq
 installations on one server take two prefixes.
@@ -21,16 +39,18 @@ Applying them takes two steps, both idempotent, so every deployment runs both on
 ``setup_database`` / ``python -m mdq.store.roles``):
 
 1. ``provision`` as an administrator (a superuser, or a role with CREATEROLE that owns the
-   database): create the three roles if missing and set their passwords and attributes, make
+   database): create the three roles and the tenants' group if missing and set their
+   passwords and attributes, make
    the owner own the ``public`` schema and whatever mdq objects exist already (a database
    migrated before the roles existed), take ``CONNECT`` / ``TEMPORARY`` and ``CREATE`` on the
    schema away from ``PUBLIC``. Skipped when the operator made the roles by hand (a managed
    PostgreSQL), in which case the owner must already own the schema.
 2. the migrations as the owner, then ``grant`` (as the owner): every privilege of the writer
-   and the reader on the schema's relations is revoked and given again from the table below,
-   so a relation dropped from it, or a grant made by hand, does not linger. A relation the
-   table does not name gets nothing (tests/integration/test_roles.py checks that every relation
-   of the schema is named).
+   and the reader (and the tenants' group) on the schema's relations is revoked and given
+   again from the table below, and every row policy of a table under row security dropped and
+   made again, so a relation dropped from it, or a grant or policy made by hand, does not
+   linger. A relation the table does not name gets nothing (tests/integration/test_roles.py
+   checks that every relation of the schema is named).
 
 The SQL is built by pure functions (``provision_statements``, ``grant_statements``) and run by
 thin async ones, each in one transaction.
@@ -91,6 +111,27 @@ RELATIONS: dict[str, Access] = {
 WRITER_TABLE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE")
 """The projector inserts (COPY included) and upserts; it never deletes or truncates."""
 
+TENANT_ROWS: dict[str, str] = {
+    "jobs": "job_id",
+    "attempts": "job_id",
+    "job_events": "job_id",
+    "progress": "job_id",
+    "checkpoints": "job_id",
+    "placements": "job_id",
+    "rejections": "request_id",
+}
+"""The tables of per-job rows (migration 0006 puts them under row security), each with the
+column that names its job or submit: a tenant sees a row only when that starts with
+``<tenant>.``. A row whose column is NULL (an event of no job) is no tenant's."""
+
+READER_POLICY = "reader_rows"
+TENANT_POLICY = "tenant_rows"
+"""The policies' names (the same on every table; migration 0006's downgrade finds the
+tenants' group by ``TENANT_POLICY``)."""
+TENANT_ROLE_INFIX = "_tenant_"
+MAX_ROLE_NAME = 63
+"""PostgreSQL's NAMEDATALEN - 1: a longer name would be cut, and two tenants could meet."""
+
 
 class RoleError(RuntimeError):
     """The roles cannot be set up (a missing role, a bad prefix, no password)."""
@@ -98,11 +139,13 @@ class RoleError(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class RoleNames:
-    """The three login roles of one mdq installation."""
+    """The three login roles of one mdq installation, and its tenants' group."""
 
     owner: str
     writer: str
     reader: str
+    tenants: str
+    """The NOLOGIN group of the tenants' logins."""
 
     @classmethod
     def with_prefix(cls, prefix: str = DEFAULT_PREFIX) -> RoleNames:
@@ -111,10 +154,31 @@ class RoleNames:
                 f"role prefix {prefix!r}: lower-case letters, digits and _, starting with a "
                 "letter, at most 41 characters"
             )
-        return cls(owner=f"{prefix}_owner", writer=f"{prefix}_writer", reader=f"{prefix}_reader")
+        return cls(
+            owner=f"{prefix}_owner",
+            writer=f"{prefix}_writer",
+            reader=f"{prefix}_reader",
+            tenants=f"{prefix}_tenants",
+        )
+
+    @property
+    def prefix(self) -> str:
+        return self.tenants.removesuffix("_tenants")
 
     def all(self) -> tuple[str, str, str]:
+        """The three login roles (not the tenants' group)."""
         return (self.owner, self.writer, self.reader)
+
+    def tenant(self, tenant: str) -> str:
+        """The login role of ``tenant`` (``<prefix>_tenant_<name>``, the name's ``-`` kept:
+        the SQL always quotes it). Raises ``RoleError`` for a name PostgreSQL would cut."""
+        name = f"{self.prefix}{TENANT_ROLE_INFIX}{tenant}"
+        if len(name.encode()) > MAX_ROLE_NAME:
+            raise RoleError(
+                f"role {name!r} is longer than PostgreSQL's {MAX_ROLE_NAME} bytes: take a "
+                "shorter tenant name or role prefix"
+            )
+        return name
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,26 +258,36 @@ BEGIN
 END $$"""
 
 
+_TENANTS_GROUP = (
+    "ALTER ROLE {group} WITH NOLOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION "
+    "NOBYPASSRLS PASSWORD NULL"
+)
+
+
 def provision_statements(names: RoleNames, passwords: RolePasswords) -> list[str]:
     """The administrator's SQL (run in one transaction in the database mdq uses)."""
-    statements = [_ensure_role(name) for name in names.all()]
+    statements = [_ensure_role(name) for name in (*names.all(), names.tenants)]
     for name, password in zip(
         names.all(), (passwords.owner, passwords.writer, passwords.reader), strict=True
     ):
         if not password:
             raise RoleError(f"no password for {name}")
+        # the writer alone bypasses row security (see the module doc)
+        rls = "BYPASSRLS" if name == names.writer else "NOBYPASSRLS"
         statements.append(
             f"ALTER ROLE {quote_ident(name)} WITH LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE "
-            f"NOREPLICATION NOBYPASSRLS INHERIT PASSWORD {quote_literal(password)}"
+            f"NOREPLICATION {rls} INHERIT PASSWORD {quote_literal(password)}"
         )
+    statements.append(_TENANTS_GROUP.format(group=quote_ident(names.tenants)))
     owner, writer, reader = (quote_ident(name) for name in names.all())
+    tenants = quote_ident(names.tenants)
     database_privileges = (
         "DO $$ BEGIN "
         "EXECUTE format('REVOKE ALL ON DATABASE %I FROM PUBLIC', current_database()); "
         "EXECUTE format('GRANT CONNECT, TEMPORARY ON DATABASE %I TO %s', current_database(), "
         f"{quote_literal(owner)}); "
-        "EXECUTE format('GRANT CONNECT ON DATABASE %I TO %s, %s', current_database(), "
-        f"{quote_literal(writer)}, {quote_literal(reader)}); "
+        "EXECUTE format('GRANT CONNECT ON DATABASE %I TO %s, %s, %s', current_database(), "
+        f"{quote_literal(writer)}, {quote_literal(reader)}, {quote_literal(tenants)}); "
         "END $$"
     )
     statements += [
@@ -227,16 +301,30 @@ def provision_statements(names: RoleNames, passwords: RolePasswords) -> list[str
     return statements
 
 
-def grant_statements(names: RoleNames, existing: Iterable[str]) -> list[str]:
-    """The owner's SQL (one transaction): the writer's and the reader's privileges on the
-    relations of the schema that exist (``existing``), from ``RELATIONS`` alone."""
+def grant_statements(
+    names: RoleNames,
+    existing: Iterable[str],
+    *,
+    secured: Iterable[str] = (),
+    tenants: bool = False,
+) -> list[str]:
+    """The owner's SQL (one transaction): the writer's, the reader's and (with ``tenants``: the
+    group exists) the tenants' privileges on the relations of the schema that exist
+    (``existing``), from ``RELATIONS`` and ``TENANT_ROWS`` alone, and the row policies.
+
+    ``secured``: the relations that are safe to show a tenant, the tables under row security
+    and the views that are ``security_invoker`` (``schema_state``). The tenants get ``SELECT``
+    on those of ``TENANT_ROWS`` and on the views among them, nothing else; every table under
+    row security gets the reader's policy (every row) and the tenants' (their own rows)."""
     writer, reader = quote_ident(names.writer), quote_ident(names.reader)
-    present = set(existing)
+    group = quote_ident(names.tenants)
+    present, safe = set(existing), set(secured)
+    everyone = f"{writer}, {reader}" + (f", {group}" if tenants else "")
     statements = [
-        f"REVOKE ALL ON ALL TABLES IN SCHEMA public FROM {writer}, {reader}",
-        f"REVOKE ALL ON ALL SEQUENCES IN SCHEMA public FROM {writer}, {reader}",
-        f"REVOKE ALL ON SCHEMA public FROM {writer}, {reader}",
-        f"GRANT USAGE ON SCHEMA public TO {writer}, {reader}",
+        f"REVOKE ALL ON ALL TABLES IN SCHEMA public FROM {everyone}",
+        f"REVOKE ALL ON ALL SEQUENCES IN SCHEMA public FROM {everyone}",
+        f"REVOKE ALL ON SCHEMA public FROM {everyone}",
+        f"GRANT USAGE ON SCHEMA public TO {everyone}",
         f"GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO {writer}",
     ]
     for relation, access in sorted(RELATIONS.items()):
@@ -246,7 +334,62 @@ def grant_statements(names: RoleNames, existing: Iterable[str]) -> list[str]:
         statements.append(f"GRANT SELECT ON {target} TO {reader}")
         writer_privileges = WRITER_TABLE_PRIVILEGES if access is Access.WRITTEN else ("SELECT",)
         statements.append(f"GRANT {', '.join(writer_privileges)} ON {target} TO {writer}")
+        tenant_readable = relation in TENANT_ROWS or access is Access.READ
+        if tenants and tenant_readable and relation in safe:
+            statements.append(f"GRANT SELECT ON {target} TO {group}")
+    policed = sorted(table for table in TENANT_ROWS if table in present and table in safe)
+    if policed:
+        statements.append(_DROP_POLICIES)
+    for table in policed:
+        target = f"public.{quote_ident(table)}"
+        statements.append(
+            f"CREATE POLICY {READER_POLICY} ON {target} FOR SELECT TO {reader} USING (true)"
+        )
+        if tenants:
+            column = quote_ident(TENANT_ROWS[table])
+            statements.append(
+                f"CREATE POLICY {TENANT_POLICY} ON {target} FOR SELECT TO {group} "
+                f"USING (starts_with({column}, (SELECT public.mdq_current_tenant()) || '.'))"
+            )
     return statements
+
+
+_DROP_POLICIES = """
+DO $$
+DECLARE r record;
+BEGIN
+  FOR r IN SELECT policyname, tablename FROM pg_policies WHERE schemaname = 'public'
+  LOOP
+    EXECUTE format('DROP POLICY %I ON public.%I', r.policyname, r.tablename);
+  END LOOP;
+END $$"""
+
+
+def tenant_statements(names: RoleNames, tenant: str, password: str) -> list[str]:
+    """The administrator's SQL (one transaction) that makes (or updates) ``tenant``'s login:
+    a member of the tenants' group and nothing more. A role of that name that exists and is
+    not in the group is refused, not taken over."""
+    from mdq.core.tenants import validate_tenant_name
+
+    validate_tenant_name(tenant)
+    if not password:
+        raise RoleError(f"no password for tenant {tenant}")
+    role = names.tenant(tenant)
+    role_literal, group_literal = quote_literal(role), quote_literal(names.tenants)
+    return [
+        "DO $$ BEGIN "
+        f"IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = {group_literal}) THEN "
+        f"RAISE EXCEPTION 'no role %: run the database setup of this mdq version first "
+        f"(restart mdq up, or the migration step)', {group_literal}; END IF; "
+        f"IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = {role_literal}) THEN "
+        f"CREATE ROLE {quote_ident(role)}; "
+        f"ELSIF NOT pg_has_role({role_literal}, {group_literal}, 'MEMBER') THEN "
+        f"RAISE EXCEPTION 'role % exists and is not a tenant of this installation (not in %)', "
+        f"{role_literal}, {group_literal}; END IF; END $$",
+        f"ALTER ROLE {quote_ident(role)} WITH LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE "
+        f"NOREPLICATION NOBYPASSRLS INHERIT PASSWORD {quote_literal(password)}",
+        f"GRANT {quote_ident(names.tenants)} TO {quote_ident(role)}",
+    ]
 
 
 async def _run_in_transaction(url: str, statements: Sequence[str]) -> None:
@@ -268,6 +411,13 @@ async def provision(admin_url: str, names: RoleNames, passwords: RolePasswords) 
     await _run_in_transaction(admin_url, provision_statements(names, passwords))
 
 
+async def provision_tenant(admin_url: str, names: RoleNames, tenant: str, password: str) -> str:
+    """Create or update ``tenant``'s login with ``password`` (as an administrator: a superuser,
+    or a role with CREATEROLE that made the tenants' group); returns the role's name."""
+    await _run_in_transaction(admin_url, tenant_statements(names, tenant, password))
+    return names.tenant(tenant)
+
+
 async def schema_relations(url: str) -> set[str]:
     """Names of the tables and views of the ``public`` schema."""
     import asyncpg
@@ -283,6 +433,52 @@ async def schema_relations(url: str) -> set[str]:
         return {str(row["relname"]) for row in rows}
     finally:
         await connection.close()
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaState:
+    """What ``grant`` needs to know of the database (``schema_state``)."""
+
+    relations: frozenset[str]
+    """The tables and views of the ``public`` schema."""
+    secured: frozenset[str]
+    """The tables under row security and the ``security_invoker`` views."""
+    tenants: bool
+    """Whether the tenants' group exists."""
+    writer_bypasses_rls: bool
+
+
+_INVOKER = "ARRAY['security_invoker=true', 'security_invoker=on', 'security_invoker=1']"
+
+
+async def schema_state(url: str, names: RoleNames) -> SchemaState:
+    """The relations of the ``public`` schema, which are secured, and the roles' row-security
+    facts."""
+    import asyncpg
+
+    from mdq.store.engine import asyncpg_dsn
+
+    connection = await asyncpg.connect(asyncpg_dsn(url))
+    try:
+        rows = await connection.fetch(
+            "SELECT c.relname, (c.relkind IN ('r', 'p') AND c.relrowsecurity) "
+            f"OR (c.relkind = 'v' AND COALESCE(c.reloptions && {_INVOKER}, false)) AS secured "
+            "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'v', 'm')"
+        )
+        roles = await connection.fetch(
+            "SELECT rolname, rolbypassrls FROM pg_roles WHERE rolname = ANY($1::text[])",
+            [names.writer, names.tenants],
+        )
+    finally:
+        await connection.close()
+    bypass = {str(row["rolname"]): bool(row["rolbypassrls"]) for row in roles}
+    return SchemaState(
+        relations=frozenset(str(row["relname"]) for row in rows),
+        secured=frozenset(str(row["relname"]) for row in rows if row["secured"]),
+        tenants=names.tenants in bypass,
+        writer_bypasses_rls=bypass.get(names.writer, False),
+    )
 
 
 async def missing_roles(url: str, names: RoleNames) -> list[str]:
@@ -303,15 +499,25 @@ async def missing_roles(url: str, names: RoleNames) -> list[str]:
 
 
 async def grant(owner_url: str, names: RoleNames) -> None:
-    """Give the writer and the reader exactly their privileges (as the owner)."""
+    """Give the writer, the reader and the tenants exactly their privileges and row policies
+    (as the owner). Without the tenants' group (roles made by hand), tenants get nothing."""
     missing = await missing_roles(owner_url, names)
     if missing:
         raise RoleError(
             f"roles {', '.join(missing)} do not exist: run the setup with an administrator's "
             "URL (MDQ_PG_ADMIN_URL), or create them (docs/security.md, PostgreSQL roles)"
         )
-    existing = await schema_relations(owner_url)
-    await _run_in_transaction(owner_url, grant_statements(names, existing))
+    state = await schema_state(owner_url, names)
+    if state.secured & set(TENANT_ROWS) and not state.writer_bypasses_rls:
+        raise RoleError(
+            f"{names.writer} needs BYPASSRLS (ALTER ROLE {names.writer} BYPASSRLS, as a "
+            "superuser): the history tables are under row security, and PostgreSQL refuses "
+            "the projector's COPY into them for a role it applies to"
+        )
+    await _run_in_transaction(
+        owner_url,
+        grant_statements(names, state.relations, secured=state.secured, tenants=state.tenants),
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,17 +12,23 @@ and returns where each role connects: the stack gives the watcher the writer's U
 nothing else any database URL; ``stack.json`` names the reader's URL without its password and
 the file that holds it (``StackDatabase.reader_url``), which is how the CLI finds it. No
 superuser URL leaves the stack's own process.
+
+``mdq tenant add`` keeps each tenant's password in ``<state>/secrets/postgres/tenants/``
+(``load_or_create_tenant_password``), and reaches the embedded server as its superuser
+(``EMBEDDED_SUPERUSER``, ``admin.password``) to make the tenant's login.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
 from mdq.store.roles import (
     DEFAULT_PREFIX,
     ENV_PREFIX,
+    PASSWORD_BYTES,
     RoleNames,
     RolePasswords,
     RoleUrls,
@@ -35,6 +41,11 @@ SECRETS_DIR = "secrets"
 POSTGRES_SECRETS = "postgres"
 ADMIN_FILE = "admin.password"
 ROLE_FILES = ("owner.password", "writer.password", "reader.password")
+TENANTS_DIR = "tenants"
+"""Where, in ``<state>/secrets/postgres/``, ``mdq tenant add`` keeps each tenant's password
+(``<name>.password``), for the operator to hand over."""
+EMBEDDED_SUPERUSER = "postgres"
+"""The superuser of the embedded server (pgserver's), whose password is ``ADMIN_FILE``."""
 SECRET_DIR_MODE = 0o700
 SECRET_FILE_MODE = 0o600
 
@@ -78,8 +89,7 @@ class StackSecrets:
 
 def load_or_create_passwords(state_dir: Path) -> StackSecrets:
     """Read the stack's database passwords, making the missing ones (see the module doc)."""
-    private_dir(state_dir / SECRETS_DIR)
-    folder = private_dir(state_dir / SECRETS_DIR / POSTGRES_SECRETS)
+    folder = postgres_secrets_dir(state_dir)
     generated = RolePasswords.generate()
     fresh = (generated.owner, generated.writer, generated.reader)
     admin = read_or_create_secret(folder / ADMIN_FILE, RolePasswords.generate().owner)
@@ -88,6 +98,25 @@ def load_or_create_passwords(state_dir: Path) -> StackSecrets:
         for name, new in zip(ROLE_FILES, fresh, strict=True)
     ]
     return StackSecrets(folder=folder, admin=admin, roles=RolePasswords(*roles))
+
+
+def postgres_secrets_dir(state_dir: Path) -> Path:
+    """``<state>/secrets/postgres/`` (made, or tightened, to 0700 with its parent)."""
+    private_dir(state_dir / SECRETS_DIR)
+    return private_dir(state_dir / SECRETS_DIR / POSTGRES_SECRETS)
+
+
+def tenant_password_file(state_dir: Path, tenant: str) -> Path:
+    """Where the PostgreSQL password of ``tenant`` is kept."""
+    return state_dir / SECRETS_DIR / POSTGRES_SECRETS / TENANTS_DIR / f"{tenant}.password"
+
+
+def load_or_create_tenant_password(state_dir: Path, tenant: str) -> tuple[Path, str]:
+    """The file and the password of ``tenant``'s login; made (0600, folders 0700) the first
+    time, the same afterwards."""
+    private_dir(postgres_secrets_dir(state_dir) / TENANTS_DIR)
+    path = tenant_password_file(state_dir, tenant)
+    return path, read_or_create_secret(path, secrets.token_urlsafe(PASSWORD_BYTES))
 
 
 @dataclass(frozen=True, slots=True)
