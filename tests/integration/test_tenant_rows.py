@@ -383,7 +383,9 @@ async def test_the_migration_goes_down_closed_and_up_again(installation: Install
 # -- the CLI ------------------------------------------------------------------------------------
 def _history_cli(database_url: str, password: str, *args: str) -> str:
     env = {"DATABASE_URL": database_url, "PGPASSWORD": password, "COLUMNS": "200"}
-    result = CliRunner().invoke(cli, ["--nats-url", "nats://127.0.0.1:1", *args], env=env)
+    # no NATS at all: the history commands read PostgreSQL only
+    no_stack = ["--state-dir", "/nonexistent/mdq-state"]
+    result = CliRunner().invoke(cli, [*no_stack, *args], env=env)
     return f"exit {result.exit_code}\n{result.output}"
 
 

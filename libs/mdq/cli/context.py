@@ -56,13 +56,14 @@ class Endpoints:
         return self.database_url
 
 
-def resolve_endpoints(options: GlobalOptions) -> Endpoints:
-    """URLs and namespace for a client command (see the module docstring)."""
+def resolve_endpoints(options: GlobalOptions, *, need_nats: bool = True) -> Endpoints:
+    """URLs and namespace for a client command (see the module docstring); ``need_nats``:
+    False for the commands that read PostgreSQL only (``mdq ls``, a tenant's history)."""
     stack = None
     if not options.nats_url or not options.database_url:
         stack = read_stack_info(options.state_dir)
     nats_url = options.nats_url or (stack.nats_url if stack else "")
-    if not nats_url:
+    if not nats_url and need_nats:
         raise NoEndpoint(
             f"no NATS: set NATS_URL (or --nats-url), or start a stack with `mdq up` "
             f"(no running stack found in {options.state_dir})"

@@ -138,9 +138,9 @@ def _options(ctx: typer.Context) -> GlobalOptions:
     return options
 
 
-def _endpoints(ctx: typer.Context) -> Endpoints:
+def _endpoints(ctx: typer.Context, *, need_nats: bool = True) -> Endpoints:
     try:
-        return resolve_endpoints(_options(ctx))
+        return resolve_endpoints(_options(ctx), need_nats=need_nats)
     except NoEndpoint as error:
         err_console.print(f"[red]{error}[/]")
         raise typer.Exit(EXIT_UNAVAILABLE) from None
@@ -472,7 +472,7 @@ def list_jobs(
     limit: Annotated[int, typer.Option(help="How many of the latest jobs.")] = 50,
 ) -> None:
     """The latest jobs, from PostgreSQL."""
-    endpoints = _endpoints(ctx)
+    endpoints = _endpoints(ctx, need_nats=False)
     database_url = _database_url(endpoints)
     jobs = _run(history.list_jobs(database_url, limit=limit))
     console.print(history.summary_table(jobs, title=f"jobs (latest {limit})"))
@@ -484,7 +484,7 @@ def show(
     job_id: Annotated[str, typer.Argument(help="The job id.")],
 ) -> None:
     """One job from PostgreSQL: state, attempts, node, last progress, timeline."""
-    endpoints = _endpoints(ctx)
+    endpoints = _endpoints(ctx, need_nats=False)
     database_url = _database_url(endpoints)
     detail, timeline = _run(history.job_detail(database_url, job_id))
     if detail is None:
