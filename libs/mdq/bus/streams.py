@@ -101,7 +101,19 @@ async def ensure_tenant_stream(
     js: JetStreamContext, subjects: Subjects, tenant: str, *, replicas: int = 1
 ) -> None:
     """Create (or bring up to date) ``tenant``'s stream; as admin, after ``ensure_streams``."""
-    config = tenant_stream_config(subjects, tenant, replicas=replicas)
+    await _create_or_update(js, tenant_stream_config(subjects, tenant, replicas=replicas), replicas)
+
+
+async def ensure_streams(js: JetStreamContext, subjects: Subjects, *, replicas: int = 1) -> None:
+    """Create the namespace's streams, or bring existing ones up to date (their replica count
+    only ever goes up)."""
+    for config in stream_configs(subjects, replicas=replicas):
+        await _create_or_update(js, config, replicas)
+
+
+async def _create_or_update(js: JetStreamContext, config: StreamConfig, replicas: int) -> None:
+    """Create the stream of ``config``, or update it to ``config`` with its replica count never
+    lowered; on a cluster, return once it has a leader."""
     try:
         await js.add_stream(config=config)
     except BadRequestError:
@@ -110,20 +122,6 @@ async def ensure_tenant_stream(
         await js.update_stream(config=config)
     if replicas > 1:
         await await_leader(js, config.name or "")
-
-
-async def ensure_streams(js: JetStreamContext, subjects: Subjects, *, replicas: int = 1) -> None:
-    """Create the namespace's streams, or bring existing ones up to date (their replica count
-    only ever goes up)."""
-    for config in stream_configs(subjects, replicas=replicas):
-        try:
-            await js.add_stream(config=config)
-        except BadRequestError:
-            existing = await js.stream_info(config.name or "")
-            config.num_replicas = max(replicas, existing.config.num_replicas or 1)
-            await js.update_stream(config=config)
-        if replicas > 1:
-            await await_leader(js, config.name or "")
 
 
 async def require_streams(js: JetStreamContext, subjects: Subjects, *, replicas: int = 1) -> None:
