@@ -19,6 +19,10 @@ Safety (docs/placement.md):
   when the lease expires, first re-creating the pod of every BOUND job (a leader killed between
   publishing ``bound`` and creating the pod leaves exactly that).
 
+State (``mdq.core.placement_state``): everything placement knows — the folded log, the nodes'
+loads, reservations, in-flight bindings, fences, nominations, tenants' usage — is one pure
+``PlacementState``; this module keeps only I/O (subscriptions, publishes, pods, KV, logs).
+
 Tenants (``mdq.core.tenants``): placement reads each tenant's policy from the tenants bucket
 (``TenantDirectory``, live) and binds no job that would take its tenant's BOUND and RUNNING CPU
 above ``max_running_cpu``: the job waits (``mdq explain`` says "tenant alice is at its CPU
@@ -38,7 +42,6 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 from nats.js import JetStreamContext
@@ -54,12 +57,7 @@ from mdq.bus.subjects import Subjects
 from mdq.bus.tenants import TenantDirectory
 from mdq.contracts import pb
 from mdq.core import ids
-from mdq.core.node_health import (
-    NodeCapacity,
-    NodeHealth,
-    NodeHealthPolicy,
-    Suspicion,
-)
+from mdq.core.node_health import NodeCapacity, NodeHealth, NodeHealthPolicy, Suspicion
 from mdq.core.placement import (
     Decision,
     NodeScore,
@@ -67,23 +65,15 @@ from mdq.core.placement import (
     PlacementConfig,
     Preemption,
     QueuedJob,
-    RunningJob,
     Waiting,
     explain_waiting,
     plan,
     plan_preemptions,
-    queue_key,
 )
+from mdq.core.placement_state import PlacementState
 from mdq.core.spec import SpecError, normalize_job
 from mdq.core.state import JobBook, JobState, JobView, event_time
-from mdq.core.tenants import (
-    QUEUED_STATES,
-    TenantUsage,
-    cpu_quota_reason,
-    cpu_room,
-    policy_applies,
-    usage_key,
-)
+from mdq.core.tenants import TenantUsage, usage_key
 from mdq.core.timestamps import set_timestamp
 from mdq.memory import keep_state_out_of_gc
 from services.placement.lease import LeaderLease
@@ -93,7 +83,6 @@ log = logging.getLogger("mdq.placement")
 
 Clock = Callable[[], datetime]
 
-HOLDING = (JobState.BOUND, JobState.RUNNING)
 PREEMPTION_SCAN = 64
 """Unplaced jobs (in queue order) considered for preemption per pass."""
 WAITING_JOBS_PER_PASS = 32
@@ -137,15 +126,6 @@ def _refresh(written: tuple[tuple[int, float], datetime], now: datetime) -> bool
     ``WAITING_REFRESH_S`` (nothing is written once and left to expire)."""
     counted, at = written
     return counted != (0, 0.0) and (now - at).total_seconds() >= WAITING_REFRESH_S
-
-
-@dataclass(slots=True)
-class Nomination:
-    """Room held on ``node`` for a job that preempted ``victims`` there."""
-
-    node: str
-    victims: tuple[str, ...]
-    until: datetime
 
 
 class Placement:
@@ -196,42 +176,23 @@ class Placement:
             if settings.leader_election
             else None
         )
-        self.book = JobBook()
-        self.nodes: dict[str, NodeState] = {}
-        self.health = NodeHealth(
-            policy=NodeHealthPolicy(
+        self.state = PlacementState(
+            self._config,
+            load_settle_s=settings.load_settle_s,
+            health_policy=NodeHealthPolicy(
                 failures_to_cordon=settings.node_failures_to_cordon,
                 window_s=settings.node_failure_window_s,
                 cordon_s=settings.node_cordon_s,
                 max_cordoned_fraction=settings.max_cordoned_fraction,
-            )
+            ),
+            fail_on_dependency_failure=settings.fail_on_dependency_failure,
         )
+        """What placement knows (pure); everything below is this replica's I/O bookkeeping."""
         self._cordon_notes: dict[str, tuple[datetime, bool]] = {}
         """node -> (episode start, cordoned or held back) last logged, so each is logged once."""
-        self._by_state: dict[JobState, set[str]] = {state: set() for state in JobState}
-        self._indexed_state: dict[str, JobState] = {}
-        """job -> the state it is filed under in ``_by_state``."""
-        self._holding: dict[str, tuple[str, float, int]] = {}
-        """job -> (node, cpu, memory) of every BOUND or RUNNING job."""
-        self._reserved: dict[str, list[float]] = {}
-        """node -> [cpu, memory] reserved by BOUND and RUNNING jobs (kept incrementally)."""
-        self._inflight: dict[str, dict[str, tuple[datetime, float, int]]] = {}
-        """node -> job -> (bound at, cpu, memory) of holding jobs bound there that the node's
-        last load report may not reflect yet (dropped when a report comes ``load_settle_s``
-        after the binding, or when the job stops holding)."""
-        self._inflight_totals: dict[str, list[float]] = {}
-        """node -> [cpu, memory] summed over ``_inflight[node]`` (kept incrementally)."""
-        self._tenant_cpu: dict[str, float] = {}
-        """tenant -> CPU of its BOUND and RUNNING jobs (kept incrementally; no zero entries)."""
-        self._tenant_queued: dict[str, int] = {}
-        """tenant -> its jobs in ``QUEUED_STATES`` (kept incrementally; no zero entries)."""
-        self._tenants_seen: set[str] = set()
-        """Every tenant with a job in the log (each gets its usage written once at least)."""
         self._usage_written: dict[str, tuple[tuple[int, float], datetime]] = {}
         """tenant -> (queued jobs, running CPU) last written as its usage, and when."""
         self._usage_at: datetime | None = None
-        self._queued: dict[tuple[str, int], QueuedJob] = {}
-        self._last_bound_seq: dict[str, int] = {}
         self._adopt: set[str] = set()
         """Jobs bound by someone else (an old leader) whose pod this leader makes sure of."""
         self._binding: set[str] = set()
@@ -244,11 +205,6 @@ class Placement:
         """job -> (what its explanation said, when it was written), while it waits."""
         self._waiting_explained_at: datetime | None = None
         self._stream_replicas = stream_replicas
-        self._node_lost_at: dict[str, datetime] = {}
-        """node -> time of the latest job lost with it (FAILURE_NODE_LOST), until the node's
-        next load report (``_lost_since_report``)."""
-        self._nominations: dict[str, Nomination] = {}
-        self._terminating: set[str] = set()
         self._dirty = asyncio.Event()
         self._jobs_ready = asyncio.Event()
         self._nodes_ready = asyncio.Event()
@@ -260,82 +216,32 @@ class Placement:
         """``submitted`` events whose spec failed validation here: never bound."""
         """Bindings refused because another replica bound the job first."""
 
-    # -- folding the log -------------------------------------------------------------------
-    def _index(self, view: JobView) -> None:
-        filed = self._indexed_state.get(view.job_id)
-        if filed is not view.state:
-            if filed is not None:
-                self._by_state[filed].discard(view.job_id)
-            self._by_state[view.state].add(view.job_id)
-            self._indexed_state[view.job_id] = view.state
-            if tenant := ids.tenant_of(view.job_id):
-                self._count_queued(tenant, filed, view.state)
-        before = self._holding.get(view.job_id)
-        now_holding = (
-            (view.node, view.resources.cpu, int(view.resources.memory_mb))
-            if view.state in HOLDING and view.node
-            else None
-        )
-        if before != now_holding:
-            if before is not None:
-                self._reserve(view.job_id, before, -1)
-                del self._holding[view.job_id]
-                self._forget_inflight(before[0], view.job_id)
-            if now_holding is not None:
-                self._reserve(view.job_id, now_holding, +1)
-                self._holding[view.job_id] = now_holding
-        if view.state not in HOLDING:
-            self._terminating.discard(view.job_id)
-        if view.state is not JobState.PENDING:
-            self._nominations.pop(view.job_id, None)
-            self._waiting_written.pop(view.job_id, None)
+    # -- the state ---------------------------------------------------------------------------
+    @property
+    def book(self) -> JobBook:
+        """The jobs folded from the log (``PlacementState.book``)."""
+        return self.state.book
 
-    def _reserve(self, job_id: str, holding: tuple[str, float, int], sign: int) -> None:
-        node, cpu, memory = holding
-        totals = self._reserved.setdefault(node, [0.0, 0.0])
-        totals[0] += sign * cpu
-        totals[1] += sign * memory
-        if tenant := ids.tenant_of(job_id):
-            running = self._tenant_cpu.get(tenant, 0.0) + sign * cpu
-            if running > 1e-6:
-                self._tenant_cpu[tenant] = running
-            else:
-                self._tenant_cpu.pop(tenant, None)
+    @property
+    def nodes(self) -> dict[str, NodeState]:
+        """Each node's latest load report (``PlacementState.nodes``)."""
+        return self.state.nodes
 
-    def _count_queued(self, tenant: str, before: JobState | None, after: JobState) -> None:
-        """A job of ``tenant`` moved from ``before`` (None: new) to ``after``."""
-        if before is None:
-            self._tenants_seen.add(tenant)
-        change = (after in QUEUED_STATES) - (before in QUEUED_STATES)
-        if change:
-            queued = self._tenant_queued.get(tenant, 0) + change
-            if queued > 0:
-                self._tenant_queued[tenant] = queued
-            else:
-                self._tenant_queued.pop(tenant, None)
+    @property
+    def health(self) -> NodeHealth:
+        """Recent crashes per node and the suspicions they caused."""
+        return self.state.health
 
     def tenant_usage(self, tenant: str) -> tuple[int, float]:
         """``tenant``'s jobs not running yet and the CPU of its BOUND and RUNNING jobs."""
-        return self._tenant_queued.get(tenant, 0), self._tenant_cpu.get(tenant, 0.0)
+        return self.state.tenant_usage(tenant)
 
-    def _note_binding(self, view: JobView, at: datetime) -> None:
-        """Count a binding on its node until the node's load report reflects it (herd guard)."""
-        if not view.node or view.job_id not in self._holding:
-            return
-        self._forget_inflight(view.node, view.job_id)
-        cpu, memory = view.resources.cpu, int(view.resources.memory_mb)
-        self._inflight.setdefault(view.node, {})[view.job_id] = (at, cpu, memory)
-        totals = self._inflight_totals.setdefault(view.node, [0.0, 0.0])
-        totals[0] += cpu
-        totals[1] += memory
+    def _changed(self, view: JobView) -> None:
+        """A job's view changed: an explanation of why it waits is kept only while PENDING."""
+        if view.state is not JobState.PENDING:
+            self._waiting_written.pop(view.job_id, None)
 
-    def _forget_inflight(self, node: str, job_id: str) -> None:
-        entry = self._inflight.get(node, {}).pop(job_id, None)
-        if entry is not None:
-            totals = self._inflight_totals[node]
-            totals[0] -= entry[1]
-            totals[1] -= entry[2]
-
+    # -- folding the log -------------------------------------------------------------------
     def is_own_echo(self, sequence: int) -> bool:
         """Whether the log message at ``sequence`` is a bound event this replica applied."""
         if sequence in self._own_echoes:
@@ -365,72 +271,35 @@ class Placement:
             return
         if kind == "bound":
             self._own_echoes.discard(sequence)  # the echo overtook the publish's ack
-            self._last_bound_seq[event.job_id] = max(
-                sequence, self._last_bound_seq.get(event.job_id, 0)
-            )
-        view = self.book.apply(sequence, event)
-        if view is not None:
-            self._index(view)
-            if kind == "attempt_failed":
-                failure = event.attempt_failed
-                if failure.reason == pb.FAILURE_NODE_LOST and failure.node:
-                    lost_at = event_time(event)
-                    previous = self._node_lost_at.get(failure.node)
-                    if previous is None or lost_at > previous:
-                        self._node_lost_at[failure.node] = lost_at
-                if self.health.record(
-                    node=failure.node,
-                    job_id=event.job_id,
-                    reason=failure.reason,
-                    at=event_time(event),
-                ):
-                    log.info(
-                        "node %s suspect for %.0fs: %d jobs crashed there",
-                        failure.node,
-                        self.health.policy.cordon_s,
-                        self.health.policy.failures_to_cordon,
-                    )
+        folded = self.state.apply(sequence, event)
+        if folded is not None:
+            view = folded.view
+            self._changed(view)
+            if folded.suspect:
+                log.info(
+                    "node %s suspect for %.0fs: %d jobs crashed there",
+                    event.attempt_failed.node,
+                    self.health.policy.cordon_s,
+                    self.health.policy.failures_to_cordon,
+                )
             if kind == "bound" and view.job_id not in self._binding:
                 # bound by someone else (our own bindings are applied before their echo)
-                self._note_binding(view, event_time(event))
+                self.state.note_binding(view, event_time(event))
                 self._adopt.add(view.job_id)
             self._dirty.set()
 
     async def on_node_event(self, _sequence: int, event: pb.Event) -> None:
         if event.WhichOneof("body") != "node_load":
             return
-        load = event.node_load
-        known = self.nodes.get(load.node)
-        reported_at = event_time(event)
-        if known is not None and reported_at < known.reported_at:
-            return
-        self.nodes[load.node] = NodeState(
-            name=load.node,
-            cpu_capacity=load.cpu_capacity,
-            memory_capacity_mb=load.memory_capacity_mb,
-            ready=load.ready,
-            cordoned=load.cordoned,
-            cpu_load=load.cpu_load,
-            memory_load=load.memory_load,
-            reported_at=reported_at,
-        )
-        # bindings older than the settle time are in this report's live load now
-        horizon = reported_at - timedelta(seconds=self._settings.load_settle_s)
-        if recent := self._inflight.get(load.node):
-            for job_id in [job for job, entry in recent.items() if entry[0] <= horizon]:
-                self._forget_inflight(load.node, job_id)
-        self._dirty.set()
+        if self.state.apply_load(event.node_load, event_time(event)):
+            self._dirty.set()
 
     # -- deciding --------------------------------------------------------------------------
-    def _views(self, state: JobState) -> list[JobView]:
-        return [self.book.jobs[job_id] for job_id in self._by_state[state]]
-
     async def _release_waiting(self) -> None:
-        for view in self._views(JobState.WAITING):
-            deps = [self.book.jobs.get(dep) for dep in view.depends_on_ids]
-            failed = [d for d in deps if d is not None and d.state is JobState.FAILED]
-            if failed and self._settings.fail_on_dependency_failure:
-                names = ", ".join(d.job_id for d in failed)
+        for view in self.state.views(JobState.WAITING):
+            failed = self.state.dependency_verdict(view)
+            if failed:
+                names = ", ".join(failed)
                 await self._emit_and_apply(
                     view,
                     self._publisher.event(
@@ -443,7 +312,7 @@ class Placement:
                         attempt=view.attempt,
                     ),
                 )
-            elif all(d is not None and self._dependency_done(d) for d in deps):
+            elif failed is not None:
                 await self._emit_and_apply(
                     view,
                     self._publisher.event(
@@ -454,31 +323,15 @@ class Placement:
                     ),
                 )
 
-    def _dependency_done(self, dependency: JobView) -> bool:
-        if dependency.state is JobState.SUCCEEDED:
-            return True
-        # without fail-on-dependency-failure, a dependency that failed for good counts as done
-        return dependency.state is JobState.FAILED and not self._settings.fail_on_dependency_failure
-
     async def _emit_and_apply(self, view: JobView, event: pb.Event) -> None:
         """Publish an event and fold it in at once (the log echoes it later, a no-op then)."""
         await self._publisher.publish(event)
-        if view.apply(event):
-            self._index(view)
+        if self.state.apply_to(view, event):
+            self._changed(view)
 
     def _capacities(self, now: datetime) -> list[NodeCapacity]:
-        """What the cordon budget weighs: each node's CPU, whether placement could bind there
-        (ready, load fresh) and whether an operator cordoned it."""
-        timeout = self._settings.load_timeout_s
-        return [
-            NodeCapacity(
-                name=node.name,
-                cpu=node.cpu_capacity,
-                ready=node.ready and (now - node.reported_at).total_seconds() <= timeout,
-                cordoned=node.cordoned,
-            )
-            for node in self.nodes.values()
-        ]
+        """What the cordon budget weighs (``PlacementState.capacities``)."""
+        return self.state.capacities(now)
 
     def failure_cordons(self, now: datetime) -> dict[str, Suspicion]:
         """The failure cordons in force now, within the budget; logs each cordon, and each
@@ -519,71 +372,11 @@ class Placement:
     def snapshot(self, now: datetime) -> list[NodeState]:
         """Copies of the known nodes with their reservations, in-flight bindings and the
         failure cordons in force."""
-        cordons = self.failure_cordons(now)
-        nodes: list[NodeState] = []
-        for name in sorted(self.nodes):
-            node = self.nodes[name]
-            cpu, memory = self._reserved.get(name, (0.0, 0.0))
-            inflight_cpu, inflight_memory = self._inflight_totals.get(name, (0.0, 0.0))
-            nodes.append(
-                replace(
-                    node,
-                    ready=node.ready and not self._lost_since_report(node),
-                    cordoned=node.cordoned or name in cordons,
-                    reserved_cpu=cpu,
-                    reserved_memory_mb=int(memory),
-                    inflight_cpu=max(0.0, inflight_cpu),
-                    inflight_memory_mb=max(0, int(inflight_memory)),
-                )
-            )
-        return nodes
-
-    def _lost_since_report(self, node: NodeState) -> bool:
-        """Whether a job was lost with ``node`` (FAILURE_NODE_LOST) after its latest load
-        report: that report's "ready" is then older than the news that the node is gone, so the
-        node counts as not ready until it reports again. Without this, a job requeued within a
-        second of its node's loss is bound straight back to the dead node when its avoid-list
-        cannot be honoured (every other node full)."""
-        lost_at = self._node_lost_at.get(node.name)
-        if lost_at is None:
-            return False
-        if node.reported_at > lost_at:
-            del self._node_lost_at[node.name]  # a newer report speaks for the node again
-            return False
-        return True
-
-    def _queued_job(self, view: JobView) -> QueuedJob:
-        key = (view.job_id, view.attempt)
-        job = self._queued.get(key)
-        if job is None:
-            job = QueuedJob(
-                job_id=view.job_id,
-                cpu=view.resources.cpu,
-                memory_mb=int(view.resources.memory_mb),
-                priority=view.priority,
-                submitted_at=view.submitted_at,
-                avoid_nodes=frozenset(view.avoid_nodes),
-                tenant=ids.tenant_of(view.job_id),
-            )
-            self._queued[key] = job
-        return job
+        return self.state.node_states(self.failure_cordons(now))
 
     def queue(self, now: datetime) -> list[QueuedJob]:
         """The PENDING jobs due now, in queue order, with their nominations."""
-        jobs: list[QueuedJob] = []
-        for view in self._views(JobState.PENDING):
-            if view.not_before is not None and view.not_before > now:
-                continue
-            job = self._queued_job(view)
-            nomination = self._nominations.get(view.job_id)
-            if nomination is not None:
-                if nomination.until < now:
-                    del self._nominations[view.job_id]
-                else:
-                    job = replace(job, nominated_node=nomination.node)
-            jobs.append(job)
-        jobs.sort(key=lambda job: queue_key(job, self._config))
-        return jobs
+        return self.state.queue(now)
 
     def pod_for(self, view: JobView) -> PodSpec:
         """The pod of the job's current attempt on its bound node: a description of the
@@ -641,7 +434,7 @@ class Placement:
     def _fence(self, job_id: str) -> dict[str, str]:
         """The header that makes JetStream refuse a ``bound`` if anyone bound the job since
         this replica last looked."""
-        return {EXPECTED_LAST_SUBJECT_SEQUENCE: str(self._last_bound_seq.get(job_id, 0))}
+        return {EXPECTED_LAST_SUBJECT_SEQUENCE: str(self.state.fence_sequence(job_id))}
 
     def _accepted(self, event: pb.Event, result: PubAck | Exception) -> bool:
         """Whether a fenced ``bound`` was stored as ours; raises the error of a publish that
@@ -655,7 +448,7 @@ class Placement:
         if result.duplicate:
             self.fenced_total += 1
             return False
-        self._last_bound_seq[event.job_id] = result.seq
+        self.state.note_bound_sequence(event.job_id, result.seq)
         if result.seq > self.book.last_sequence:  # its echo is still to come
             self._own_echoes.add(result.seq)
         return True
@@ -698,9 +491,9 @@ class Placement:
                 except Exception as error:
                     failure = failure or error
                     continue
-                if view.apply(event):
-                    self._index(view)
-                self._note_binding(view, event_time(event))
+                if self.state.apply_to(view, event):
+                    self._changed(view)
+                self.state.note_binding(view, event_time(event))
                 bound.append(view)
         finally:
             self._binding.difference_update(job_ids)
@@ -709,30 +502,13 @@ class Placement:
         if failure is not None:
             raise failure
 
-    def _running_work(self) -> list[RunningJob]:
-        work: list[RunningJob] = []
-        for view in self._views(JobState.RUNNING):
-            if view.job_id in self._terminating or not view.node:
-                continue
-            work.append(
-                RunningJob(
-                    job_id=view.job_id,
-                    node=view.node,
-                    cpu=view.resources.cpu,
-                    memory_mb=int(view.resources.memory_mb),
-                    priority=view.priority,
-                    started_at=view.current.started_at,
-                )
-            )
-        return work
-
     async def _preempt(
         self, nodes: list[NodeState], unplaced: list[QueuedJob], now: datetime
     ) -> list[Preemption]:
-        candidates = [job for job in unplaced if job.job_id not in self._nominations]
+        candidates = [job for job in unplaced if not self.state.nominated(job.job_id)]
         if not candidates:
             return []
-        running = self._running_work()
+        running = self.state.running_work()
         if not running:
             return []
         lowest = min(work.priority for work in running)
@@ -742,14 +518,13 @@ class Placement:
             return []
         preemptions = plan_preemptions(nodes, candidates, running, now, self._config)
         until = now + timedelta(seconds=self._settings.preemption_timeout_s)
-        for preemption in preemptions:
+        # the victims' views are taken before the first await: nothing is pruned meanwhile
+        # (pruning happens between passes), this just keeps that true if that ever changes
+        victims = [[self.book.jobs[v] for v in p.victims] for p in preemptions]
+        for preemption, views in zip(preemptions, victims, strict=True):
             log.info("preemption for %s: %s", preemption.job_id, preemption.reason)
-            self._nominations[preemption.job_id] = Nomination(
-                node=preemption.node, victims=preemption.victims, until=until
-            )
-            for victim in preemption.victims:
-                self._terminating.add(victim)
-                view = self.book.jobs[victim]
+            self.state.nominate(preemption, until)
+            for view in views:
                 await self._backend.delete_pod(ids.pod_name(view.job_id, view.attempt))
                 self.preempted_total += 1
         return preemptions
@@ -761,7 +536,8 @@ class Placement:
         """
         await self._release_waiting()
         if self._adopt:
-            adopted = [self.book.jobs[job] for job in self._adopt]
+            # a job that ended (and was pruned) since it was adopted needs no pod
+            adopted = [view for job in self._adopt if (view := self.book.jobs.get(job))]
             self._adopt.clear()
             await asyncio.gather(
                 *(self._ensure_pod(v) for v in adopted if v.state is JobState.BOUND)
@@ -793,24 +569,11 @@ class Placement:
 
     def tenant_room(self) -> dict[str, float]:
         """The CPU each tenant with queued jobs and a CPU quota may still bind."""
-        room: dict[str, float] = {}
-        for tenant in self._tenant_queued:
-            left = cpu_room(self.tenants.policy(tenant), self._tenant_cpu.get(tenant, 0.0))
-            if left is not None:
-                room[tenant] = left
-        return room
+        return self.state.tenant_room(self.tenants.policy)
 
     def quota_reasons(self, jobs: list[QueuedJob]) -> dict[str, str]:
         """job -> why its tenant's CPU quota keeps it from being bound now, for those it does."""
-        reasons: dict[str, str] = {}
-        for job in jobs:
-            if not policy_applies(job.tenant):
-                continue
-            running = self._tenant_cpu.get(job.tenant, 0.0)
-            reason = cpu_quota_reason(job.tenant, self.tenants.policy(job.tenant), running, job.cpu)
-            if reason:
-                reasons[job.job_id] = reason
-        return reasons
+        return self.state.quota_reasons(jobs, self.tenants.policy)
 
     async def _write_usage(self) -> None:
         """Write each tenant's usage (``TenantUsage``) into the waiting bucket under
@@ -823,7 +586,7 @@ class Placement:
         if interval <= 0 or (last is not None and (now - last).total_seconds() < interval):
             return
         self._usage_at = now
-        for tenant in sorted(self._tenants_seen):
+        for tenant in self.state.tenants():
             queued, cpu = self.tenant_usage(tenant)
             counted = (queued, round(cpu, 6))
             written = self._usage_written.get(tenant)
@@ -908,7 +671,7 @@ class Placement:
 
     async def repair(self) -> None:
         """On taking over: make sure every BOUND job's pod exists (create is idempotent)."""
-        await asyncio.gather(*(self._ensure_pod(v) for v in self._views(JobState.BOUND)))
+        await asyncio.gather(*(self._ensure_pod(v) for v in self.state.views(JobState.BOUND)))
 
     # -- running ---------------------------------------------------------------------------
     async def _caught_up_jobs(self) -> None:
@@ -975,6 +738,7 @@ class Placement:
                     if task.done():
                         task.result()
                 self._dirty.clear()
+                self.state.prune()  # between passes: no view of an ended job is in use
                 if self.leader:
                     try:
                         started = time.perf_counter()

@@ -48,6 +48,7 @@ from collections import defaultdict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from mdq.contracts import pb
 
@@ -186,6 +187,43 @@ class NodeHealth:
             until=at + timedelta(seconds=self.policy.cordon_s),
         )
         return not active
+
+    def to_dict(self) -> dict[str, Any]:
+        """The recent failures and the verdicts as JSON-able values (the policy is
+        configuration, not state: ``from_dict`` takes it)."""
+        return {
+            "failures": {
+                node: [[at.isoformat(), job] for at, job in recent]
+                for node, recent in sorted(self._failures.items())
+                if recent
+            },
+            "suspects": [
+                {
+                    "node": s.node,
+                    "failures": s.failures,
+                    "last_failure": s.last_failure.isoformat(),
+                    "since": s.since.isoformat(),
+                    "until": s.until.isoformat(),
+                }
+                for _, s in sorted(self._suspects.items())
+            ],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], policy: NodeHealthPolicy) -> NodeHealth:
+        """The state ``to_dict`` wrote, under ``policy``."""
+        health = cls(policy=policy)
+        for node, recent in data["failures"].items():
+            health._failures[node] = deque((datetime.fromisoformat(at), job) for at, job in recent)
+        for s in data["suspects"]:
+            health._suspects[s["node"]] = Suspicion(
+                node=s["node"],
+                failures=int(s["failures"]),
+                last_failure=datetime.fromisoformat(s["last_failure"]),
+                since=datetime.fromisoformat(s["since"]),
+                until=datetime.fromisoformat(s["until"]),
+            )
+        return health
 
     def suspects(self, now: datetime) -> list[Suspicion]:
         """Every node whose verdict is in force at ``now`` (before the budget)."""

@@ -7,9 +7,11 @@ attempt other than the job's current one is ignored, and terminal states accept 
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
+from typing import Any, TypeVar
 
 from mdq.contracts import pb
 from mdq.core.spec import PRIORITY_CLASSES
@@ -46,6 +48,32 @@ def event_time(event: pb.Event) -> datetime:
     return to_datetime(event.time)
 
 
+# -- plain (JSON-able) forms, for snapshots of a service's state ----------------------------------
+Message = TypeVar("Message", pb.JobSpec, pb.Checkpoint, pb.Resources, pb.AttemptFailed)
+
+
+def message_text(message: pb.JobSpec | pb.Checkpoint | pb.Resources | pb.AttemptFailed) -> str:
+    """A message as base64 of its (deterministic) wire format."""
+    return base64.b64encode(message.SerializeToString(deterministic=True)).decode("ascii")
+
+
+def message_from_text(kind: type[Message], text: str) -> Message:
+    """The message ``message_text`` wrote."""
+    message = kind()
+    message.ParseFromString(base64.b64decode(text))
+    return message
+
+
+def time_text(at: datetime | None) -> str | None:
+    """An aware datetime as ISO 8601 (``None`` stays ``None``)."""
+    return None if at is None else at.isoformat()
+
+
+def time_from_text(text: str | None) -> datetime | None:
+    """The datetime ``time_text`` wrote."""
+    return None if text is None else datetime.fromisoformat(text)
+
+
 @dataclass(slots=True)
 class AttemptRecord:
     """What happened to one attempt."""
@@ -67,6 +95,37 @@ class AttemptRecord:
     @property
     def pod_terminated(self) -> bool:
         return self.pod_phase in (pb.POD_SUCCEEDED, pb.POD_FAILED)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field as JSON-able values (``from_dict`` reads it back)."""
+        return {
+            "attempt": self.attempt,
+            "node": self.node,
+            "pod_name": self.pod_name,
+            "resumed_from_step": self.resumed_from_step,
+            "started_at": time_text(self.started_at),
+            "ended_at": time_text(self.ended_at),
+            "failure": None if self.failure is None else message_text(self.failure),
+            "steps_lost": self.steps_lost,
+            "pod_phase": self.pod_phase,
+            "started_logged": self.started_logged,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AttemptRecord:
+        failure = data["failure"]
+        return cls(
+            attempt=int(data["attempt"]),
+            node=data["node"],
+            pod_name=data["pod_name"],
+            resumed_from_step=int(data["resumed_from_step"]),
+            started_at=time_from_text(data["started_at"]),
+            ended_at=time_from_text(data["ended_at"]),
+            failure=None if failure is None else message_from_text(pb.AttemptFailed, failure),
+            steps_lost=int(data["steps_lost"]),
+            pod_phase=int(data["pod_phase"]),
+            started_logged=bool(data["started_logged"]),
+        )
 
 
 @dataclass(slots=True)
@@ -110,6 +169,68 @@ class JobView:
         view.resources.CopyFrom(body.spec.resources)
         view.attempts[1] = AttemptRecord(attempt=1)
         return view
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field as JSON-able values: messages as base64 of their wire format, times as
+        ISO 8601 (``from_dict`` reads it back)."""
+        checkpoint, resume = self.latest_checkpoint, self.resume_from
+        return {
+            "job_id": self.job_id,
+            "spec": message_text(self.spec),
+            "request_id": self.request_id,
+            "depends_on_ids": list(self.depends_on_ids),
+            "submitted_at": time_text(self.submitted_at),
+            "state": self.state.value,
+            "attempt": self.attempt,
+            "node": self.node,
+            "pod_name": self.pod_name,
+            "last_step": self.last_step,
+            "last_progress_at": time_text(self.last_progress_at),
+            "last_potential": self.last_potential,
+            "done_reason": self.done_reason,
+            "latest_checkpoint": None if checkpoint is None else message_text(checkpoint),
+            "resume_from": None if resume is None else message_text(resume),
+            "resources": message_text(self.resources),
+            "avoid_nodes": list(self.avoid_nodes),
+            "not_before": time_text(self.not_before),
+            "final_reason": self.final_reason,
+            "final_message": self.final_message,
+            "attempts": [record.to_dict() for record in self.attempts.values()],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> JobView:
+        """The view ``to_dict`` wrote."""
+        checkpoint, resume = data["latest_checkpoint"], data["resume_from"]
+        submitted_at = time_from_text(data["submitted_at"])
+        assert submitted_at is not None
+        records = [AttemptRecord.from_dict(record) for record in data["attempts"]]
+        potential = data["last_potential"]
+        return cls(
+            job_id=data["job_id"],
+            spec=message_from_text(pb.JobSpec, data["spec"]),
+            request_id=data["request_id"],
+            depends_on_ids=tuple(data["depends_on_ids"]),
+            submitted_at=submitted_at,
+            state=JobState(data["state"]),
+            attempt=int(data["attempt"]),
+            node=data["node"],
+            pod_name=data["pod_name"],
+            last_step=int(data["last_step"]),
+            last_progress_at=time_from_text(data["last_progress_at"]),
+            last_potential=None if potential is None else float(potential),
+            done_reason=data["done_reason"],
+            latest_checkpoint=None
+            if checkpoint is None
+            else message_from_text(pb.Checkpoint, checkpoint),
+            resume_from=None if resume is None else message_from_text(pb.Checkpoint, resume),
+            resources=message_from_text(pb.Resources, data["resources"]),
+            avoid_nodes=tuple(data["avoid_nodes"]),
+            not_before=time_from_text(data["not_before"]),
+            final_reason=data["final_reason"],
+            final_message=data["final_message"],
+            attempts={record.attempt: record for record in records},
+        )
 
     @property
     def priority(self) -> int:

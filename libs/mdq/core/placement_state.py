@@ -1,0 +1,588 @@
+"""Placement's state: the job log and the nodes' loads folded into what binding needs (pure).
+
+The placement service owns one ``PlacementState``, feeds it every job event (``apply``) and
+node load (``apply_load``), and asks it what to decide on: the queue (``queue``), the nodes with
+their reservations and in-flight bindings (``node_states``), the WAITING jobs whose dependencies
+ended (``dependency_verdict``), the running work a preemptor may stop (``running_work``) and
+each tenant's usage (``tenant_usage``, ``tenant_room``). The service keeps only I/O: the
+subscriptions, the publishes and their fencing, the pods, the KV writes, the logs.
+
+What is kept, incrementally, as events are folded (no pass over all jobs per event):
+
+- ``book``: every job that has not ended (and those that ended since the last ``prune``), as
+  ``JobView``; jobs are filed per state (``views``);
+- per BOUND or RUNNING job, its (node, CPU, memory); per node, the sum of those
+  (*reservations*);
+- per node, the bindings its last load report cannot reflect yet (*in-flight*, the herd guard):
+  ``note_binding`` counts a binding, and a report ``load_settle_s`` after it settles it;
+- per tenant, the CPU of its BOUND and RUNNING jobs and its jobs in ``QUEUED_STATES``;
+- per job, the stream sequence of its last ``bound`` (the publish fence, ``fence_sequence``);
+- per node, the recent crashes (``NodeHealth``) and the time of the latest job lost with it;
+- the preemptors' nominations (held room) and the victims being terminated, in memory only;
+- per ended job forgotten by ``prune``, its final state: all a chain needs of it (whether the
+  dependency succeeded; the spec is not kept).
+
+Time is never read here: every method that depends on it takes ``now``. ``snapshot`` gives the
+state's content as plain JSON-able values and ``from_snapshot`` rebuilds an equal state from it
+(the indexes are re-derived from the jobs); nominations and the terminating victims are not in
+it (after a restart the preemptor simply re-plans, docs/placement.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Container, Iterable
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Any, NamedTuple
+
+from mdq.contracts import pb
+from mdq.core import ids
+from mdq.core.node_health import NodeCapacity, NodeHealth, NodeHealthPolicy
+from mdq.core.placement import (
+    NodeState,
+    PlacementConfig,
+    Preemption,
+    QueuedJob,
+    RunningJob,
+    queue_key,
+)
+from mdq.core.state import JobBook, JobState, JobView, event_time
+from mdq.core.tenants import QUEUED_STATES, TenantPolicy, cpu_quota_reason, cpu_room, policy_applies
+
+HOLDING = (JobState.BOUND, JobState.RUNNING)
+SNAPSHOT_VERSION = 1
+"""Bumped when ``snapshot``'s layout changes; ``from_snapshot`` refuses any other."""
+
+
+@dataclass(slots=True)
+class Nomination:
+    """Room held on ``node`` for a job that preempted ``victims`` there."""
+
+    node: str
+    victims: tuple[str, ...]
+    until: datetime
+
+
+class Folded(NamedTuple):
+    """What one folded job event changed."""
+
+    view: JobView
+    suspect: bool = False
+    """The event (an attempt that crashed) newly made its node suspect (``NodeHealth``)."""
+
+
+class PlacementState:
+    """Everything placement knows, folded from the log; no I/O, no clock."""
+
+    def __init__(
+        self,
+        config: PlacementConfig = PlacementConfig(),
+        *,
+        load_settle_s: float = 10.0,
+        health_policy: NodeHealthPolicy | None = None,
+        fail_on_dependency_failure: bool = True,
+    ) -> None:
+        self.config = config
+        self.load_settle_s = load_settle_s
+        """A binding counts as in-flight on its node until a load report this long after it."""
+        self.fail_on_dependency_failure = fail_on_dependency_failure
+        self.book = JobBook()
+        self.nodes: dict[str, NodeState] = {}
+        """node -> its latest load report (without reservations: ``node_states`` adds them)."""
+        self.health = NodeHealth(policy=health_policy or NodeHealthPolicy())
+        self._by_state: dict[JobState, set[str]] = {state: set() for state in JobState}
+        self._indexed_state: dict[str, JobState] = {}
+        """job -> the state it is filed under in ``_by_state``."""
+        self._holding: dict[str, tuple[str, float, int]] = {}
+        """job -> (node, cpu, memory) of every BOUND or RUNNING job."""
+        self._reserved: dict[str, list[float]] = {}
+        """node -> [cpu, memory] reserved by BOUND and RUNNING jobs (kept incrementally)."""
+        self._inflight: dict[str, dict[str, tuple[datetime, float, int]]] = {}
+        """node -> job -> (bound at, cpu, memory) of holding jobs bound there that the node's
+        last load report may not reflect yet (dropped when a report comes ``load_settle_s``
+        after the binding, or when the job stops holding)."""
+        self._inflight_totals: dict[str, list[float]] = {}
+        """node -> [cpu, memory] summed over ``_inflight[node]`` (kept incrementally)."""
+        self._tenant_cpu: dict[str, float] = {}
+        """tenant -> CPU of its BOUND and RUNNING jobs (kept incrementally; no zero entries)."""
+        self._tenant_queued: dict[str, int] = {}
+        """tenant -> its jobs in ``QUEUED_STATES`` (kept incrementally; no zero entries)."""
+        self._tenants_seen: set[str] = set()
+        """Every tenant with a job in the log (each gets its usage written once at least)."""
+        self._queued: dict[tuple[str, int], QueuedJob] = {}
+        """(job, attempt) -> its ``QueuedJob``, while PENDING (made once per attempt)."""
+        self._last_bound_seq: dict[str, int] = {}
+        """job -> stream sequence of its last ``bound`` event (the publish fence)."""
+        self._node_lost_at: dict[str, datetime] = {}
+        """node -> time of the latest job lost with it (FAILURE_NODE_LOST), until the node's
+        next load report (``_lost_since_report``)."""
+        self._nominations: dict[str, Nomination] = {}
+        self._terminating: set[str] = set()
+        """Victims of a preemption whose pods were deleted, while they still hold their room."""
+        self._ended: dict[str, JobState] = {}
+        """job -> final state (SUCCEEDED or FAILED) of each ended job ``prune`` forgot."""
+        self._ended_since: list[str] = []
+        """Jobs that ended since the last ``prune``."""
+
+    # -- folding the log -------------------------------------------------------------------
+    def apply(self, sequence: int, event: pb.Event) -> Folded | None:
+        """Fold one job event from the log (at stream ``sequence``); None if it changed no
+        job. Events of a job ``prune`` forgot change nothing (an ended job accepts none)."""
+        kind = event.WhichOneof("body")
+        if kind == "submitted" or kind == "bound":
+            job_id = event.job_id
+            if job_id in self._ended:
+                if sequence > self.book.last_sequence:
+                    self.book.last_sequence = sequence
+                return None
+            if kind == "bound":
+                self._last_bound_seq[job_id] = max(sequence, self._last_bound_seq.get(job_id, 0))
+        view = self.book.apply(sequence, event)
+        if view is None:
+            return None
+        self._index(view)
+        if kind != "attempt_failed":
+            return Folded(view)
+        failure = event.attempt_failed
+        at = event_time(event)
+        if failure.reason == pb.FAILURE_NODE_LOST and failure.node:
+            previous = self._node_lost_at.get(failure.node)
+            if previous is None or at > previous:
+                self._node_lost_at[failure.node] = at
+        suspect = self.health.record(
+            node=failure.node, job_id=event.job_id, reason=failure.reason, at=at
+        )
+        return Folded(view, suspect)
+
+    def apply_to(self, view: JobView, event: pb.Event) -> bool:
+        """Fold an event this replica published into ``view`` at once (its echo from the log
+        is a no-op later); False if it changed nothing."""
+        if not view.apply(event):
+            return False
+        self._index(view)
+        return True
+
+    def apply_load(self, load: pb.NodeLoad, reported_at: datetime) -> bool:
+        """Take a node's load report; False if an older one than what is known. Bindings
+        ``load_settle_s`` or more before the report are in its live load now: they settle."""
+        known = self.nodes.get(load.node)
+        if known is not None and reported_at < known.reported_at:
+            return False
+        self.nodes[load.node] = NodeState(
+            name=load.node,
+            cpu_capacity=load.cpu_capacity,
+            memory_capacity_mb=load.memory_capacity_mb,
+            ready=load.ready,
+            cordoned=load.cordoned,
+            cpu_load=load.cpu_load,
+            memory_load=load.memory_load,
+            reported_at=reported_at,
+        )
+        horizon = reported_at - timedelta(seconds=self.load_settle_s)
+        if recent := self._inflight.get(load.node):
+            for job_id in [job for job, entry in recent.items() if entry[0] <= horizon]:
+                self._forget_inflight(load.node, job_id)
+        return True
+
+    def _index(self, view: JobView) -> None:
+        filed = self._indexed_state.get(view.job_id)
+        if filed is not view.state:
+            if filed is not None:
+                self._by_state[filed].discard(view.job_id)
+                if filed is JobState.PENDING:  # its QueuedJob is never asked for again
+                    self._queued.pop((view.job_id, view.attempt), None)
+            self._by_state[view.state].add(view.job_id)
+            self._indexed_state[view.job_id] = view.state
+            if tenant := ids.tenant_of(view.job_id):
+                self._count_queued(tenant, filed, view.state)
+            if view.state is JobState.SUCCEEDED or view.state is JobState.FAILED:
+                self._ended_since.append(view.job_id)  # terminal: it never changes again
+        before = self._holding.get(view.job_id)
+        now_holding = (
+            (view.node, view.resources.cpu, int(view.resources.memory_mb))
+            if view.state in HOLDING and view.node
+            else None
+        )
+        if before != now_holding:
+            if before is not None:
+                self._reserve(view.job_id, before, -1)
+                del self._holding[view.job_id]
+                self._forget_inflight(before[0], view.job_id)
+            if now_holding is not None:
+                self._reserve(view.job_id, now_holding, +1)
+                self._holding[view.job_id] = now_holding
+        if view.state not in HOLDING:
+            self._terminating.discard(view.job_id)
+        if view.state is not JobState.PENDING:
+            self._nominations.pop(view.job_id, None)
+
+    def _reserve(self, job_id: str, holding: tuple[str, float, int], sign: int) -> None:
+        node, cpu, memory = holding
+        totals = self._reserved.setdefault(node, [0.0, 0.0])
+        totals[0] += sign * cpu
+        totals[1] += sign * memory
+        if tenant := ids.tenant_of(job_id):
+            running = self._tenant_cpu.get(tenant, 0.0) + sign * cpu
+            if running > 1e-6:
+                self._tenant_cpu[tenant] = running
+            else:
+                self._tenant_cpu.pop(tenant, None)
+
+    def _count_queued(self, tenant: str, before: JobState | None, after: JobState) -> None:
+        """A job of ``tenant`` moved from ``before`` (None: new) to ``after``."""
+        if before is None:
+            self._tenants_seen.add(tenant)
+        change = (after in QUEUED_STATES) - (before in QUEUED_STATES)
+        if change:
+            queued = self._tenant_queued.get(tenant, 0) + change
+            if queued > 0:
+                self._tenant_queued[tenant] = queued
+            else:
+                self._tenant_queued.pop(tenant, None)
+
+    # -- bindings ---------------------------------------------------------------------------
+    def note_binding(self, view: JobView, at: datetime) -> None:
+        """Count a binding (made ``at``) on its node until the node's load report reflects it
+        (herd guard); nothing if the job holds no room (it ended or was never bound)."""
+        if not view.node or view.job_id not in self._holding:
+            return
+        self._forget_inflight(view.node, view.job_id)
+        cpu, memory = view.resources.cpu, int(view.resources.memory_mb)
+        self._inflight.setdefault(view.node, {})[view.job_id] = (at, cpu, memory)
+        totals = self._inflight_totals.setdefault(view.node, [0.0, 0.0])
+        totals[0] += cpu
+        totals[1] += memory
+
+    def _forget_inflight(self, node: str, job_id: str) -> None:
+        entry = self._inflight.get(node, {}).pop(job_id, None)
+        if entry is not None:
+            totals = self._inflight_totals[node]
+            totals[0] -= entry[1]
+            totals[1] -= entry[2]
+
+    def inflight(self, node: str) -> dict[str, tuple[datetime, float, int]]:
+        """job -> (bound at, cpu, memory) of the bindings on ``node`` not settled yet."""
+        return dict(self._inflight.get(node, {}))
+
+    def fence_sequence(self, job_id: str) -> int:
+        """Stream sequence of the last ``bound`` of ``job_id`` seen (0: none): a bound this
+        replica publishes expects it as the subject's last."""
+        return self._last_bound_seq.get(job_id, 0)
+
+    def note_bound_sequence(self, job_id: str, sequence: int) -> None:
+        """This replica's ``bound`` of ``job_id`` was stored at ``sequence``."""
+        self._last_bound_seq[job_id] = sequence
+
+    # -- preemption -------------------------------------------------------------------------
+    def nominate(self, preemption: Preemption, until: datetime) -> None:
+        """Hold room on the preemption's node for its job until ``until`` (or until the job is
+        bound), and count its victims as terminating (they are no victims again)."""
+        self._nominations[preemption.job_id] = Nomination(
+            node=preemption.node, victims=preemption.victims, until=until
+        )
+        self._terminating.update(preemption.victims)
+
+    def nominated(self, job_id: str) -> bool:
+        """Whether room is held for ``job_id`` (a lapsed nomination counts until ``queue``)."""
+        return job_id in self._nominations
+
+    def running_work(self) -> list[RunningJob]:
+        """RUNNING jobs a preemptor may stop (not those being stopped already)."""
+        work: list[RunningJob] = []
+        for view in self.views(JobState.RUNNING):
+            if view.job_id in self._terminating or not view.node:
+                continue
+            work.append(
+                RunningJob(
+                    job_id=view.job_id,
+                    node=view.node,
+                    cpu=view.resources.cpu,
+                    memory_mb=int(view.resources.memory_mb),
+                    priority=view.priority,
+                    started_at=view.current.started_at,
+                )
+            )
+        return work
+
+    # -- what to decide on ------------------------------------------------------------------
+    def views(self, state: JobState) -> list[JobView]:
+        """The jobs in ``state`` (terminal states: only those ended since the last prune)."""
+        return [self.book.jobs[job_id] for job_id in self._by_state[state]]
+
+    def count(self, state: JobState) -> int:
+        """How many jobs are in ``state``."""
+        return len(self._by_state[state])
+
+    def dependency_verdict(self, view: JobView) -> tuple[str, ...] | None:
+        """For a WAITING job: None while it must wait; its failed dependencies when it fails
+        with them (``fail_on_dependency_failure``); () when it is released."""
+        states = [self.final_state(dep) for dep in view.depends_on_ids]
+        failed = tuple(
+            dep
+            for dep, state in zip(view.depends_on_ids, states, strict=True)
+            if state is JobState.FAILED
+        )
+        if failed and self.fail_on_dependency_failure:
+            return failed
+        if all(state is not None and self._dependency_done(state) for state in states):
+            return ()
+        return None
+
+    def final_state(self, job_id: str) -> JobState | None:
+        """The state of ``job_id`` (its final one if ``prune`` forgot it); None if unknown."""
+        view = self.book.jobs.get(job_id)
+        if view is not None:
+            return view.state
+        return self._ended.get(job_id)
+
+    def _dependency_done(self, state: JobState) -> bool:
+        if state is JobState.SUCCEEDED:
+            return True
+        # without fail-on-dependency-failure, a dependency that failed for good counts as done
+        return state is JobState.FAILED and not self.fail_on_dependency_failure
+
+    def _queued_job(self, view: JobView) -> QueuedJob:
+        key = (view.job_id, view.attempt)
+        job = self._queued.get(key)
+        if job is None:
+            job = QueuedJob(
+                job_id=view.job_id,
+                cpu=view.resources.cpu,
+                memory_mb=int(view.resources.memory_mb),
+                priority=view.priority,
+                submitted_at=view.submitted_at,
+                avoid_nodes=frozenset(view.avoid_nodes),
+                tenant=ids.tenant_of(view.job_id),
+            )
+            self._queued[key] = job
+        return job
+
+    def queue(self, now: datetime) -> list[QueuedJob]:
+        """The PENDING jobs due at ``now``, in queue order, with their nominations (a lapsed
+        nomination is dropped)."""
+        jobs: list[QueuedJob] = []
+        for view in self.views(JobState.PENDING):
+            if view.not_before is not None and view.not_before > now:
+                continue
+            job = self._queued_job(view)
+            nomination = self._nominations.get(view.job_id)
+            if nomination is not None:
+                if nomination.until < now:
+                    del self._nominations[view.job_id]
+                else:
+                    job = replace(job, nominated_node=nomination.node)
+            jobs.append(job)
+        jobs.sort(key=lambda job: queue_key(job, self.config))
+        return jobs
+
+    def capacities(self, now: datetime) -> list[NodeCapacity]:
+        """What the cordon budget weighs: each node's CPU, whether placement could bind there
+        (ready, load fresh at ``now``) and whether an operator cordoned it."""
+        timeout = self.config.load_timeout_s
+        return [
+            NodeCapacity(
+                name=node.name,
+                cpu=node.cpu_capacity,
+                ready=node.ready and (now - node.reported_at).total_seconds() <= timeout,
+                cordoned=node.cordoned,
+            )
+            for node in self.nodes.values()
+        ]
+
+    def node_states(self, cordons: Container[str] = ()) -> list[NodeState]:
+        """Copies of the known nodes, by name, with their reservations, in-flight bindings and
+        the failure ``cordons`` in force (``plan`` changes the copies, never the state)."""
+        nodes: list[NodeState] = []
+        for name in sorted(self.nodes):
+            node = self.nodes[name]
+            cpu, memory = self._reserved.get(name, (0.0, 0.0))
+            inflight_cpu, inflight_memory = self._inflight_totals.get(name, (0.0, 0.0))
+            nodes.append(
+                replace(
+                    node,
+                    ready=node.ready and not self._lost_since_report(node),
+                    cordoned=node.cordoned or name in cordons,
+                    reserved_cpu=cpu,
+                    reserved_memory_mb=int(memory),
+                    inflight_cpu=max(0.0, inflight_cpu),
+                    inflight_memory_mb=max(0, int(inflight_memory)),
+                )
+            )
+        return nodes
+
+    def _lost_since_report(self, node: NodeState) -> bool:
+        """Whether a job was lost with ``node`` (FAILURE_NODE_LOST) after its latest load
+        report: that report's "ready" is then older than the news that the node is gone, so the
+        node counts as not ready until it reports again. Without this, a job requeued within a
+        second of its node's loss is bound straight back to the dead node when its avoid-list
+        cannot be honoured (every other node full)."""
+        lost_at = self._node_lost_at.get(node.name)
+        if lost_at is None:
+            return False
+        if node.reported_at > lost_at:
+            del self._node_lost_at[node.name]  # a newer report speaks for the node again
+            return False
+        return True
+
+    # -- tenants ----------------------------------------------------------------------------
+    def tenant_usage(self, tenant: str) -> tuple[int, float]:
+        """``tenant``'s jobs not running yet and the CPU of its BOUND and RUNNING jobs."""
+        return self._tenant_queued.get(tenant, 0), self._tenant_cpu.get(tenant, 0.0)
+
+    def tenants(self) -> list[str]:
+        """Every tenant with a job in the log, by name."""
+        return sorted(self._tenants_seen)
+
+    def tenant_room(self, policy: Callable[[str], TenantPolicy]) -> dict[str, float]:
+        """The CPU each tenant with queued jobs and a CPU quota (its ``policy``) may still
+        bind."""
+        room: dict[str, float] = {}
+        for tenant in self._tenant_queued:
+            left = cpu_room(policy(tenant), self._tenant_cpu.get(tenant, 0.0))
+            if left is not None:
+                room[tenant] = left
+        return room
+
+    def quota_reasons(
+        self, jobs: Iterable[QueuedJob], policy: Callable[[str], TenantPolicy]
+    ) -> dict[str, str]:
+        """job -> why its tenant's CPU quota keeps it from being bound now, for those it does."""
+        reasons: dict[str, str] = {}
+        for job in jobs:
+            if not policy_applies(job.tenant):
+                continue
+            running = self._tenant_cpu.get(job.tenant, 0.0)
+            reason = cpu_quota_reason(job.tenant, policy(job.tenant), running, job.cpu)
+            if reason:
+                reasons[job.job_id] = reason
+        return reasons
+
+    # -- memory -----------------------------------------------------------------------------
+    def prune(self) -> int:
+        """Forget the jobs that ended since the last prune, keeping only their final state
+        (``final_state``: all a chain asks of a dependency); returns how many. An ended job
+        holds no room, counts in no tenant's usage and accepts no event, so nothing else
+        changes. Call it between decisions, never while views taken from ``views`` are still
+        being acted on (the service does it once per loop)."""
+        forgotten = 0
+        for job_id in self._ended_since:
+            view = self.book.jobs.pop(job_id, None)
+            if view is None:
+                continue
+            self._ended[job_id] = view.state
+            self._by_state[view.state].discard(job_id)
+            self._indexed_state.pop(job_id, None)
+            self._last_bound_seq.pop(job_id, None)
+            forgotten += 1
+        self._ended_since.clear()
+        return forgotten
+
+    def sizes(self) -> dict[str, int]:
+        """How many entries each index holds (what memory grows with)."""
+        return {
+            "jobs": len(self.book.jobs),
+            "indexed": len(self._indexed_state),
+            "holding": len(self._holding),
+            "inflight": sum(len(jobs) for jobs in self._inflight.values()),
+            "queued_jobs": len(self._queued),
+            "fences": len(self._last_bound_seq),
+            "nominations": len(self._nominations),
+            "terminating": len(self._terminating),
+            "ended": len(self._ended),
+            "ended_since_prune": len(self._ended_since),
+        }
+
+    # -- snapshot ---------------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        """The state's content as JSON-able values; ``from_snapshot`` rebuilds it. The
+        indexes derived from the jobs (states, reservations, tenant usage) are not in it."""
+        return {
+            "version": SNAPSHOT_VERSION,
+            "last_sequence": self.book.last_sequence,
+            "jobs": [view.to_dict() for view in self.book.jobs.values()],
+            "ended": sorted([job, state.value] for job, state in self._ended.items()),
+            "ended_since_prune": list(self._ended_since),
+            "fences": sorted([job, seq] for job, seq in self._last_bound_seq.items()),
+            "inflight": sorted(
+                [node, job, at.isoformat(), cpu, memory]
+                for node, jobs in self._inflight.items()
+                for job, (at, cpu, memory) in jobs.items()
+            ),
+            "nodes": [_node_to_dict(self.nodes[name]) for name in sorted(self.nodes)],
+            "node_lost_at": sorted(
+                [node, at.isoformat()] for node, at in self._node_lost_at.items()
+            ),
+            "health": self.health.to_dict(),
+            "tenants_seen": sorted(self._tenants_seen),
+        }
+
+    @classmethod
+    def from_snapshot(
+        cls,
+        data: dict[str, Any],
+        config: PlacementConfig = PlacementConfig(),
+        *,
+        load_settle_s: float = 10.0,
+        health_policy: NodeHealthPolicy | None = None,
+        fail_on_dependency_failure: bool = True,
+    ) -> PlacementState:
+        """The state ``snapshot`` wrote (under this configuration). Raises ``ValueError`` for
+        a snapshot of another layout (the caller then replays the log)."""
+        if data.get("version") != SNAPSHOT_VERSION:
+            raise ValueError(f"placement snapshot version {data.get('version')!r} is not mine")
+        state = cls(
+            config,
+            load_settle_s=load_settle_s,
+            health_policy=health_policy,
+            fail_on_dependency_failure=fail_on_dependency_failure,
+        )
+        state.book.last_sequence = int(data["last_sequence"])
+        state._tenants_seen.update(data["tenants_seen"])
+        for raw in data["jobs"]:
+            view = JobView.from_dict(raw)
+            state.book.jobs[view.job_id] = view
+            state._index(view)
+        state._ended_since = list(data["ended_since_prune"])
+        state._ended = {job: JobState(final) for job, final in data["ended"]}
+        state._last_bound_seq = {job: int(seq) for job, seq in data["fences"]}
+        for node, job, at, cpu, memory in data["inflight"]:
+            state._inflight.setdefault(node, {})[job] = (
+                datetime.fromisoformat(at),
+                float(cpu),
+                int(memory),
+            )
+            totals = state._inflight_totals.setdefault(node, [0.0, 0.0])
+            totals[0] += cpu
+            totals[1] += memory
+        state.nodes = {raw["name"]: _node_from_dict(raw) for raw in data["nodes"]}
+        state._node_lost_at = {
+            node: datetime.fromisoformat(at) for node, at in data["node_lost_at"]
+        }
+        state.health = NodeHealth.from_dict(data["health"], state.health.policy)
+        return state
+
+
+def _node_to_dict(node: NodeState) -> dict[str, Any]:
+    return {
+        "name": node.name,
+        "cpu_capacity": node.cpu_capacity,
+        "memory_capacity_mb": node.memory_capacity_mb,
+        "ready": node.ready,
+        "cordoned": node.cordoned,
+        "cpu_load": node.cpu_load,
+        "memory_load": node.memory_load,
+        "reported_at": node.reported_at.isoformat(),
+    }
+
+
+def _node_from_dict(data: dict[str, Any]) -> NodeState:
+    return NodeState(
+        name=data["name"],
+        cpu_capacity=float(data["cpu_capacity"]),
+        memory_capacity_mb=int(data["memory_capacity_mb"]),
+        ready=bool(data["ready"]),
+        cordoned=bool(data["cordoned"]),
+        cpu_load=float(data["cpu_load"]),
+        memory_load=float(data["memory_load"]),
+        reported_at=datetime.fromisoformat(data["reported_at"]),
+    )
