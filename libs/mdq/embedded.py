@@ -109,6 +109,14 @@ class NatsCluster:
     """Route ports of every server of the cluster (this one's may be among them)."""
 
 
+MAX_CONTROL_LINE = 32768
+"""The longest protocol line the server takes (its default is 4096). A client's CONNECT line
+carries its user JWT, and the JWT lists the identity's permissions: placement's is about 3.5
+KiB in namespace ``mdq`` and grows with the namespace's length (~5.9 KiB at 32 characters), so
+the default refused placement's connection in a namespace of 11 characters. The deploy/
+configurations set the same (tests/integration/test_deploy_manifests.py)."""
+
+
 def nats_config(
     *,
     port: int,
@@ -134,6 +142,9 @@ def nats_config(
     lines = [
         "# Written by mdq (mdq.embedded.nats_config); changes are overwritten on start.",
         f'listen: "127.0.0.1:{port}"',
+        # a client's CONNECT line carries its JWT, and a service's permissions make it larger
+        # than the server's default limit of 4 KiB (MAX_CONTROL_LINE)
+        f"max_control_line: {MAX_CONTROL_LINE}",
     ]
     if server_name:
         lines.append(f"server_name: {json.dumps(server_name)}")

@@ -68,7 +68,7 @@ from mdq.bus.connect import auth_options, connect, identity_of_creds
 from mdq.bus.setup import prepare_bus
 from mdq.bus.subjects import Subjects
 from mdq.core.spec import PRIORITY_CLASSES
-from mdq.embedded import SYNC_ALWAYS, free_port, nats_server_binary
+from mdq.embedded import MAX_CONTROL_LINE, SYNC_ALWAYS, free_port, nats_server_binary
 from mdq.settings import CommonSettings
 from mdq.store.engine import asyncpg_dsn
 from mdq.store.migrate import alembic_config
@@ -987,6 +987,8 @@ def test_nats_syncs_every_write_as_the_embedded_server_does(where: str, tmp_path
     varz = parsed_by_nats_server(conf, tmp_path / "nats")
     assert varz["jetstream"]["config"]["sync_always"] is True, where
     assert varz["server_name"] == "nats-0"  # from $POD_NAME, one name per server
+    # room for the CONNECT line of every identity, as on the embedded server
+    assert varz["max_control_line"] == MAX_CONTROL_LINE, where
 
 
 def test_the_production_nats_is_a_three_server_cluster(tmp_path: Path) -> None:

@@ -7,7 +7,9 @@ from dataclasses import dataclass
 
 from mdq.contracts import pb
 
-_TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")
+_TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
+"""A namespace: one subject token of at most 32 characters (every subject, stream and
+identity's permissions grow with it: ``mdq.embedded.MAX_CONTROL_LINE``)."""
 
 
 @dataclass(frozen=True, slots=True)
