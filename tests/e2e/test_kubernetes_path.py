@@ -39,7 +39,9 @@ async def cluster(tmp_path: Path) -> AsyncIterator[SimulatedCluster]:
         cpu_per_node=2.0,
         memory_mb_per_node=4096,
         heartbeat_s=0.3,
-        node_monitor_grace_s=1.5,
+        # a node is lost after 5 s without heartbeat (every 0.3 s): at 1.5 s, a loaded 2-core
+        # machine stalled the heartbeats long enough to lose healthy nodes
+        node_monitor_grace_s=5.0,
         bookmark_interval_s=0.5,
     ) as the_cluster:
         yield the_cluster

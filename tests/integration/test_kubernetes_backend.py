@@ -41,7 +41,9 @@ async def cluster(tmp_path: Path) -> AsyncIterator[SimulatedCluster]:
         work_dir=tmp_path / "cluster",
         namespace=K8S_NAMESPACE,
         heartbeat_s=0.3,
-        node_monitor_grace_s=1.5,
+        # a node is lost after 5 s without heartbeat (every 0.3 s): at 1.5 s, a loaded 2-core
+        # machine stalled the heartbeats long enough to lose healthy nodes
+        node_monitor_grace_s=5.0,
         bookmark_interval_s=0.3,
     ) as the_cluster:
         yield the_cluster
