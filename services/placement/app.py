@@ -70,6 +70,7 @@ from mdq.core.placement import (
     plan,
     plan_preemptions,
 )
+from mdq.core.placement_snapshot import encode as encode_snapshot
 from mdq.core.placement_state import PlacementState
 from mdq.core.spec import SpecError, normalize_job
 from mdq.core.state import JobBook, JobState, JobView, event_time
@@ -78,6 +79,7 @@ from mdq.core.timestamps import set_timestamp
 from mdq.memory import keep_state_out_of_gc
 from services.placement.lease import LeaderLease
 from services.placement.settings import PlacementSettings
+from services.placement.snapshot import SnapshotStore
 
 log = logging.getLogger("mdq.placement")
 
@@ -176,18 +178,32 @@ class Placement:
             if settings.leader_election
             else None
         )
+        self._health_policy = NodeHealthPolicy(
+            failures_to_cordon=settings.node_failures_to_cordon,
+            window_s=settings.node_failure_window_s,
+            cordon_s=settings.node_cordon_s,
+            max_cordoned_fraction=settings.max_cordoned_fraction,
+        )
         self.state = PlacementState(
             self._config,
             load_settle_s=settings.load_settle_s,
-            health_policy=NodeHealthPolicy(
-                failures_to_cordon=settings.node_failures_to_cordon,
-                window_s=settings.node_failure_window_s,
-                cordon_s=settings.node_cordon_s,
-                max_cordoned_fraction=settings.max_cordoned_fraction,
-            ),
+            health_policy=self._health_policy,
             fail_on_dependency_failure=settings.fail_on_dependency_failure,
         )
         """What placement knows (pure); everything below is this replica's I/O bookkeeping."""
+        self._snapshots = SnapshotStore(
+            js,
+            bucket=subjects.placement_snapshot_bucket,
+            stream=subjects.jobs_stream,
+            replicas=stream_replicas,
+        )
+        self._snapshot_sha: str | None = None
+        """SHA-256 of the state last written as (or restored from) the snapshot."""
+        self._snapshot_at: float | None = None
+        self.restored_sequence = 0
+        """The jobs-stream sequence of the snapshot this replica started from (0: it replayed
+        the whole log)."""
+        self.snapshots_written = 0
         self._cordon_notes: dict[str, tuple[datetime, bool]] = {}
         """node -> (episode start, cordoned or held back) last logged, so each is logged once."""
         self._usage_written: dict[str, tuple[tuple[int, float], datetime]] = {}
@@ -246,6 +262,9 @@ class Placement:
         """Whether the log message at ``sequence`` is a bound event this replica applied."""
         if sequence in self._own_echoes:
             self._own_echoes.discard(sequence)
+            # the state holds every event up to it (the log is fed in order): a snapshot
+            # taken now reflects this sequence, and a restart need not read it again
+            self.book.last_sequence = max(self.book.last_sequence, sequence)
             return True
         return False
 
@@ -674,6 +693,64 @@ class Placement:
         await asyncio.gather(*(self._ensure_pod(v) for v in self.state.views(JobState.BOUND)))
 
     # -- running ---------------------------------------------------------------------------
+    async def restore(self) -> int:
+        """Start from the snapshot if it may be used (``mdq.core.placement_snapshot.resume``);
+        returns the jobs-stream sequence it reflects (0: the whole log is to be replayed).
+        Logs one line either way."""
+        loaded = await self._snapshots.load()
+        if loaded.state is not None:
+            try:
+                state = PlacementState.from_snapshot(
+                    loaded.state,
+                    self._config,
+                    load_settle_s=self._settings.load_settle_s,
+                    health_policy=self._health_policy,
+                    fail_on_dependency_failure=self._settings.fail_on_dependency_failure,
+                )
+            except (ValueError, TypeError, KeyError) as error:
+                log.warning("full replay of the jobs log: snapshot unreadable: %r", error)
+                return 0
+            self.state = state
+            self._snapshot_sha = loaded.sha256
+            self.restored_sequence = loaded.resume.after
+            log.info(
+                "restored from the %s; replaying the jobs log from sequence %d",
+                loaded.resume.reason,
+                loaded.resume.after + 1,
+            )
+            return loaded.resume.after
+        log.info("full replay of the jobs log: %s", loaded.resume.reason)
+        return 0
+
+    async def _write_snapshot(self) -> None:
+        """Write the snapshot, at most every ``snapshot_interval_s`` and only when the state
+        changed since it was last written (or restored). Best effort: a snapshot that cannot
+        be written only makes the next restart replay more of the log."""
+        interval = self._settings.snapshot_interval_s
+        now = asyncio.get_running_loop().time()
+        if interval <= 0 or (self._snapshot_at is not None and now - self._snapshot_at < interval):
+            return
+        self._snapshot_at = now
+        if not self.book.last_sequence:
+            return
+        content = self.state.snapshot()
+        try:
+            sha256, chunks = await asyncio.to_thread(encode_snapshot, content)
+            if sha256 == self._snapshot_sha:
+                return
+            await self._snapshots.write(
+                sha256,
+                chunks,
+                sequence=int(content["last_sequence"]),
+                jobs=len(content["jobs"]),
+                now=self._clock(),
+            )
+            self._snapshot_sha = sha256
+        except Exception:
+            log.warning("could not write the snapshot", exc_info=True)
+            return
+        self.snapshots_written += 1
+
     async def _caught_up_jobs(self) -> None:
         self._jobs_ready.set()
 
@@ -697,6 +774,7 @@ class Placement:
 
     async def run(self) -> None:
         """Follow the logs and reconcile (while leader), forever."""
+        after = await self.restore()
         tasks = [
             asyncio.create_task(
                 follow_log(
@@ -705,6 +783,7 @@ class Placement:
                     on_event=self.on_job_event,
                     on_caught_up=self._caught_up_jobs,
                     skip=self.is_own_echo,
+                    start_sequence=after + 1 if after else 0,
                 ),
                 name="placement-jobs",
             ),
@@ -752,6 +831,7 @@ class Placement:
                     except Exception:
                         log.exception("reconcile failed; retrying")
                         await asyncio.sleep(0.5)
+                    await self._write_snapshot()
                 else:
                     self._adopt.clear()
                 with contextlib.suppress(TimeoutError):

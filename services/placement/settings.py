@@ -107,3 +107,11 @@ class PlacementSettings(BaseSettings):
         "(operator cordons included) above this; worst suspects first. Exception: one node of at "
         "most half the capacity when no other is cordoned. Never the last schedulable node.",
     )
+    snapshot_interval_s: float = Field(
+        default=60.0,
+        ge=0.0,
+        description="The leader writes a snapshot of placement's state (with the jobs stream's "
+        "sequence it reflects) to the KV bucket <namespace>_placement_snapshot at most this "
+        "often, when the state changed; a restart restores it and replays only the log after "
+        "it (docs/placement.md). 0: none is written (a restart replays the whole log).",
+    )

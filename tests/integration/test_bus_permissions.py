@@ -55,6 +55,7 @@ BUCKETS = (
     SUBJECTS.intake_bucket,
     SUBJECTS.waiting_bucket,
     SUBJECTS.tenants_bucket,
+    SUBJECTS.placement_snapshot_bucket,
     LEASE_BUCKET,
 )
 STREAMS = (
@@ -70,6 +71,7 @@ KV_WRITERS = {
     SUBJECTS.intake_bucket: {"intake"},
     SUBJECTS.waiting_bucket: {"placement"},
     SUBJECTS.tenants_bucket: set(),  # the admin's alone
+    SUBJECTS.placement_snapshot_bucket: {"placement"},
     LEASE_BUCKET: {"placement"},
 }
 """Who may write each bucket (everyone else is refused)."""

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import DeliverPolicy
+from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from mdq.bus.codec import decode_event, foreign_reason
 from mdq.contracts import pb
@@ -43,8 +43,12 @@ async def follow_log(
     on_caught_up: CaughtUp,
     deliver_policy: DeliverPolicy = DeliverPolicy.ALL,
     skip: Skip | None = None,
+    start_sequence: int = 0,
 ) -> None:
     """Feed every event on ``subject`` to ``on_event`` (with its stream sequence), forever.
+
+    With ``start_sequence`` (> 0), the history starts at that stream sequence (placement
+    restored from a snapshot reads only the log's tail); ``deliver_policy`` is then ignored.
 
     ``on_caught_up`` is awaited once, after the history that existed at the start has been
     fed (at once if there was none). Undecodable messages are skipped: the log is written only
@@ -75,9 +79,14 @@ async def follow_log(
         except Exception as error:  # ends follow_log with it, as a failing loop would
             failed.set_exception(error)
 
+    config = None
+    if start_sequence > 0:
+        deliver_policy = DeliverPolicy.BY_START_SEQUENCE
+        config = ConsumerConfig(opt_start_seq=start_sequence)
     subscription = await js.subscribe(
         subject,
         cb=on_message,
+        config=config,
         ordered_consumer=True,
         # The server sends a heartbeat after this much silence; two missed ones make nats-py
         # recreate the consumer where it left off (a server restart, a lost consumer), so

@@ -170,6 +170,7 @@ def service_permissions(identity: str, subjects: Subjects, names: Names = Names(
         publish += [*_read_stream(jobs), *_read_stream(nodes)]
         publish += _bucket(subjects.waiting_bucket, write=True, own=True)
         publish += _bucket(lease_bucket, write=True, own=True)
+        publish += _bucket(subjects.placement_snapshot_bucket, write=True, own=True)
         publish += _bucket(subjects.pods_bucket, write=True)
         publish += _bucket(subjects.nodes_bucket, write=False)
         publish += _bucket(subjects.tenants_bucket, write=False)
