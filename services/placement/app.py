@@ -1,13 +1,14 @@
 """The placement service: the log in, bindings and pods out.
 
 Placement keeps no database. It folds the job log (``JobBook``) and the latest load of every
-node into memory, then reconciles level-triggered: WAITING jobs whose dependencies succeeded
-are released, PENDING jobs are planned by the pure core (``mdq.core.placement.plan``) and for
-each decision it publishes ``bound`` (with the scores that explain it) and then creates the pod
-on the chosen node. A high-priority job that fits nowhere may preempt lower-priority running
-work (``plan_preemptions``): the victims' pods are deleted (SIGTERM: the runner checkpoints and
-exits PREEMPTED; recovery requeues them from that checkpoint) and the room is held for the
-preemptor until it is bound.
+node into memory (on start, from its last snapshot and the log after it when the snapshot is
+usable, ``snapshot.py``; else from the whole log), then reconciles level-triggered: WAITING
+jobs whose dependencies succeeded are released, PENDING jobs are planned by the pure core
+(``mdq.core.placement.plan``) and for each decision it publishes ``bound`` (with the scores
+that explain it) and then creates the pod on the chosen node. A high-priority job that fits
+nowhere may preempt lower-priority running work (``plan_preemptions``): the victims' pods are
+deleted (SIGTERM: the runner checkpoints and exits PREEMPTED; recovery requeues them from that
+checkpoint) and the room is held for the preemptor until it is bound.
 
 Safety (docs/placement.md):
 - every effect is idempotent: the bound event id and the pod name derive from job and attempt;

@@ -1,9 +1,9 @@
 """Reading the log: a stream's history in order, then live (ordered consumer).
 
 Stateful services (placement, recovery) keep no database of their own: on start they fold the
-whole job log into memory, then act on what they know (level-triggered), then keep folding
-live events. Everything they publish has a deterministic id, so acting again after a restart
-publishes nothing new.
+job log into memory (all of it, or placement the tail after its snapshot: ``start_sequence``),
+then act on what they know (level-triggered), then keep folding live events. Everything they
+publish has a deterministic id, so acting again after a restart publishes nothing new.
 """
 
 from __future__ import annotations
