@@ -35,9 +35,10 @@ SCRIPTED = ("python", "-m", "mdq.testing.scripted_runner")
 RUNNER_NATS = "nats://nats.example:4222"
 
 
-@pytest.fixture
-async def cluster(tmp_path: Path) -> AsyncIterator[SimulatedCluster]:
-    async with SimulatedCluster(
+def simulated_cluster(tmp_path: Path) -> SimulatedCluster:
+    """The two-node simulated cluster of the Kubernetes backend's tests (used as ``async
+    with``)."""
+    return SimulatedCluster(
         work_dir=tmp_path / "cluster",
         namespace=K8S_NAMESPACE,
         heartbeat_s=0.3,
@@ -45,7 +46,12 @@ async def cluster(tmp_path: Path) -> AsyncIterator[SimulatedCluster]:
         # machine stalled the heartbeats long enough to lose healthy nodes
         node_monitor_grace_s=5.0,
         bookmark_interval_s=0.3,
-    ) as the_cluster:
+    )
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[SimulatedCluster]:
+    async with simulated_cluster(tmp_path) as the_cluster:
         yield the_cluster
 
 

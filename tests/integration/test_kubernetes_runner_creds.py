@@ -54,6 +54,7 @@ from mdq.stack import Stack
 from mdq.testing.cluster import SimulatedCluster
 from mdq.testing.scripted_runner import scripted_spec
 from tests.helpers import wait_for
+from tests.integration.test_kubernetes_backend import simulated_cluster
 
 K8S_NAMESPACE = "mdq"
 MDQ_NAMESPACE = "mdq"
@@ -97,13 +98,7 @@ async def streams(bus: Bus) -> AsyncIterator[Bus]:
 
 @pytest.fixture
 async def cluster(tmp_path: Path) -> AsyncIterator[SimulatedCluster]:
-    async with SimulatedCluster(
-        work_dir=tmp_path / "cluster",
-        namespace=K8S_NAMESPACE,
-        heartbeat_s=0.3,
-        node_monitor_grace_s=5.0,
-        bookmark_interval_s=0.3,
-    ) as the_cluster:
+    async with simulated_cluster(tmp_path) as the_cluster:
         yield the_cluster
 
 
