@@ -17,6 +17,7 @@ from pathlib import Path
 from nats.aio.client import Client
 
 from mdq.backends.local.api import LocalBackend
+from mdq.bus.kv import bucket_keys
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.events import make_event
@@ -215,7 +216,7 @@ async def test_kill_9_during_a_burst_loses_no_job_and_binds_none_twice(
         pod = await backend.get_pod(e.bound.pod_name)
         assert pod is not None, f"pod of {e.job_id} missing"
         assert pod.node == e.bound.node
-    pods = await (await backend.buckets()).pods.keys()
+    pods = await bucket_keys((await backend.buckets()).pods)
     assert len(pods) == total + 1
 
 

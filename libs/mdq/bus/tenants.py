@@ -26,6 +26,7 @@ from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import BucketNotFoundError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
+from mdq.bus.kv import watch_through
 from mdq.bus.streams import open_bucket
 from mdq.bus.subjects import Subjects
 from mdq.core.tenants import DEFAULT_POLICY, TenantPolicy, validate_tenant_name
@@ -169,7 +170,7 @@ class TenantDirectory:
         watcher = await kv.watchall()
         reading: dict[str, TenantPolicy] | None = {}
         try:
-            async for entry in watcher:
+            async for entry in watch_through(watcher):
                 if entry is None:
                     if reading is not None:
                         self._policies, reading = reading, None

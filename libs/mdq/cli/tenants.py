@@ -37,8 +37,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from nats.js.errors import NoKeysError
-from nats.js.kv import KeyValue
 from rich.console import Console
 
 from mdq.auth import (
@@ -50,6 +48,7 @@ from mdq.auth import (
     nats_secrets_dir,
 )
 from mdq.bus.connect import connect
+from mdq.bus.kv import bucket_keys
 from mdq.bus.permissions import tenant_identity, tenant_permissions
 from mdq.bus.streams import ensure_tenant_stream
 from mdq.bus.subjects import Subjects
@@ -324,7 +323,7 @@ def list_tenants(ctx: typer.Context) -> None:
         try:
             kv = await ensure_tenants_bucket(client.jetstream(), Subjects(endpoints.namespace))
             found: dict[str, TenantPolicy] = {}
-            for key in await _keys(kv):
+            for key in await bucket_keys(kv):
                 entry = await kv.get(key)
                 found[key] = TenantPolicy.from_json(entry.value or b"")
             return found
@@ -333,13 +332,6 @@ def list_tenants(ctx: typer.Context) -> None:
 
     for tenant, policy in sorted(asyncio.run(read()).items()):
         typer.echo(f"{tenant}  {policy.to_json().decode()}")  # one line each, for scripts
-
-
-async def _keys(kv: KeyValue) -> list[str]:
-    try:
-        return list(await kv.keys())
-    except NoKeysError:
-        return []
 
 
 def _options_of(ctx: typer.Context) -> GlobalOptions:

@@ -31,6 +31,7 @@ from mdq.backends.local.records import (
     update_pod,
 )
 from mdq.backends.port import NodeSample, PodExists, PodSpec, PodUpdate
+from mdq.bus.kv import watch_through
 from mdq.bus.requests import is_wrong_last_sequence
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
@@ -82,14 +83,16 @@ class _NodeTable:
     async def _follow(self) -> None:
         watcher = await self._bucket.watchall()
         try:
-            async for entry in watcher:
+            async for entry in watch_through(watcher):
                 if entry is None:
                     self._synced.set()
                 elif _is_removal(entry):
                     self._records.pop(entry.key, None)
                 else:
                     try:
-                        self._records[entry.key] = NodeRecord.from_json(entry.key, entry.value)
+                        self._records[entry.key] = NodeRecord.from_json(
+                            entry.key, entry.value or b""
+                        )
                     except (ValueError, KeyError, TypeError):
                         log.warning("ignoring malformed node record %r", entry.key)
         finally:
