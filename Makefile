@@ -39,10 +39,12 @@ deploy-dev-secrets: $(STAMP)
 	PYTHONPATH=libs $(PYTHON) -m mdq.store.roles env-file deploy/overlays/dev/postgres.env
 	$(BIN)/mdq credentials --out deploy/overlays/dev/nats
 
-## test: install and run every test (real NATS, PostgreSQL and OpenMM)
+## test: install and run every test (real NATS, PostgreSQL and OpenMM), in TEST_WORKERS
+## processes (pytest-xdist; each has its own NATS and PostgreSQL, a test file stays in one)
+TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(BIN)/lint-imports
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -186,7 +186,10 @@ async def test_runners_killed_at_random_steps_while_recovery_is_killed_too(
                     if p.attempt == 1
                 ]
                 last_step[job] = steps[-1] if steps else 0
-                if last_step[job] >= kill_at[job] and (pid := runner_pid(job)) is not None:
+                if (
+                    last_step[job] >= kill_at[job]
+                    and (pid := runner_pid(job, stack.namespace)) is not None
+                ):
                     os.kill(pid, signal.SIGKILL)
                     recovery = stack.child_pid("recovery")
                     if recovery is not None:
@@ -195,7 +198,8 @@ async def test_runners_killed_at_random_steps_while_recovery_is_killed_too(
                 elif last_step[job] >= 6000 or time.monotonic() > deadline:
                     raise AssertionError(
                         f"no kill of {job} in time: its runner reached step {last_step[job]} "
-                        f"(kill due at {kill_at[job]}, runner pid {runner_pid(job)}) "
+                        f"(kill due at {kill_at[job]}, "
+                        f"runner pid {runner_pid(job, stack.namespace)}) "
                         f"{KILL_LOOP_S - (deadline - time.monotonic()):.0f}s into the loop "
                         f"(limit {KILL_LOOP_S:.0f}s); still to kill: "
                         + ", ".join(f"{j} at {last_step[j]}/{kill_at[j]}" for j in sorted(pending))

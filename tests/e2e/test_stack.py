@@ -170,7 +170,7 @@ async def test_runner_killed_mid_job_resumes_from_its_checkpoint(
             return len(await read_all(js, client.subjects.job(job_id, "checkpoint"))) >= 1
 
         await wait_for(checkpointed, timeout=120, what="a first checkpoint")
-        pid = runner_pid(job_id)
+        pid = runner_pid(job_id, stack.namespace)
         assert pid is not None, "the runner process of the job"
         os.kill(pid, signal.SIGKILL)
         states = await client.wait([job_id], timeout=300)

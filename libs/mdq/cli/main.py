@@ -74,8 +74,9 @@ DEMO_FILE = Path("examples/demo.yaml")
 DEMO_TIMEOUT_S = 540.0
 
 _WIDTH = None if sys.stdout.isatty() else 160
-console = Console(width=_WIDTH)
-err_console = Console(stderr=True, width=_WIDTH)
+# soft_wrap: paths and commands are printed whole, never broken at the width (tables still fit)
+console = Console(width=_WIDTH, soft_wrap=True)
+err_console = Console(stderr=True, width=_WIDTH, soft_wrap=True)
 app = typer.Typer(
     name="mdq",
     help="Schedule, watch and recover molecular-dynamics jobs on NATS + PostgreSQL.",

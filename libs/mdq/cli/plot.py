@@ -19,8 +19,10 @@ from mdq.cli.context import GlobalOptions, NoEndpoint, resolve_endpoints
 from mdq.cli.history import open_engine
 from mdq.store import queries
 
-console = Console()
-err_console = Console(stderr=True)
+# soft_wrap: a path or a command is printed whole on its line, never broken for the
+# terminal's width (it is there to be copied)
+console = Console(soft_wrap=True)
+err_console = Console(stderr=True, soft_wrap=True)
 
 
 async def load_trace(database_url: str, job_id: str) -> list[queries.ProgressPoint]:

@@ -295,8 +295,10 @@ async def compare(live_url: str, rebuilt_url: str) -> dict[str, tuple[int, int]]
 
 
 # -- the command ---------------------------------------------------------------------------
-console = Console()
-err_console = Console(stderr=True)
+# soft_wrap: a path or a command is printed whole on its line, never broken for the
+# terminal's width (it is there to be copied)
+console = Console(soft_wrap=True)
+err_console = Console(stderr=True, soft_wrap=True)
 
 
 def _endpoints(ctx: typer.Context) -> Endpoints:

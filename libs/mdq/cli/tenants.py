@@ -79,8 +79,10 @@ from mdq.store.stack_database import (
     load_or_create_tenant_password,
 )
 
-console = Console()
-err_console = Console(stderr=True)
+# soft_wrap: a path or a command is printed whole on its line, never broken for the
+# terminal's width (it is there to be copied)
+console = Console(soft_wrap=True)
+err_console = Console(stderr=True, soft_wrap=True)
 app = typer.Typer(help="Tenants: who may submit, and read their own jobs only.")
 
 
