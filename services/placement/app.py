@@ -53,6 +53,7 @@ from mdq.backends.port import ClusterBackend, PodExists, PodSpec
 from mdq.bus.log import follow_log
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.requests import EXPECTED_LAST_SUBJECT_SEQUENCE, is_wrong_last_sequence
+from mdq.bus.snapshots import SnapshotStore
 from mdq.bus.streams import open_bucket
 from mdq.bus.subjects import Subjects
 from mdq.bus.tenants import TenantDirectory
@@ -71,8 +72,8 @@ from mdq.core.placement import (
     plan,
     plan_preemptions,
 )
-from mdq.core.placement_snapshot import encode as encode_snapshot
 from mdq.core.placement_state import PlacementState
+from mdq.core.snapshot import encode as encode_snapshot
 from mdq.core.spec import SpecError, normalize_job
 from mdq.core.state import JobBook, JobState, JobView, event_time
 from mdq.core.tenants import TenantUsage, usage_key
@@ -80,7 +81,6 @@ from mdq.core.timestamps import set_timestamp
 from mdq.memory import keep_state_out_of_gc
 from services.placement.lease import LeaderLease
 from services.placement.settings import PlacementSettings
-from services.placement.snapshot import SnapshotStore
 
 log = logging.getLogger("mdq.placement")
 
@@ -695,7 +695,7 @@ class Placement:
 
     # -- running ---------------------------------------------------------------------------
     async def restore(self) -> int:
-        """Start from the snapshot if it may be used (``mdq.core.placement_snapshot.resume``);
+        """Start from the snapshot if it may be used (``mdq.core.snapshot.resume``);
         returns the jobs-stream sequence it reflects (0: the whole log is to be replayed).
         Logs one line either way."""
         loaded = await self._snapshots.load()

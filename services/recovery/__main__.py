@@ -7,6 +7,7 @@ import logging
 
 from mdq.bus.connect import connect
 from mdq.bus.publisher import EventPublisher
+from mdq.bus.snapshots import SnapshotStore
 from mdq.settings import CommonSettings
 from services.recovery.app import Recovery
 from services.recovery.settings import RecoverySettings
@@ -28,6 +29,13 @@ async def main() -> None:
         subjects=subjects,
         publisher=EventPublisher(js=js, subjects=subjects, producer="recovery"),
         policy=settings.policy(),
+        snapshots=SnapshotStore(
+            js,
+            bucket=subjects.recovery_snapshot_bucket,
+            stream=subjects.jobs_stream,
+            replicas=common.stream_replicas,
+        ),
+        snapshot_interval_s=settings.snapshot_interval_s,
     )
     try:
         await recovery.run()

@@ -1,16 +1,25 @@
 """The recovery service: every failed attempt gets a decision, exactly once.
 
-Recovery folds the job log into memory (``JobBook``) and, once caught up and after every
-change, decides for each RECOVERING job with the pure policy (``mdq.core.recovery.decide``):
+Recovery folds the job log into memory (``RecoveryState``: the jobs that have not ended; an
+ended job is forgotten at once) and, once caught up and after every change, decides for each
+RECOVERING job with the pure policy (``mdq.core.recovery.decide``):
 ``requeued`` (attempt + 1, resuming from the latest checkpoint, with overrides, an avoid-list
 and a not-before time for backoff — placement honours it) or ``failed`` for good. The event
 id is derived from job and attempt, so a decision published twice (a crash between publishing
 and seeing it echoed, or two replicas) lands once.
+
+A restart does not replay the whole history: the state is written, at most every
+``snapshot_interval_s`` and only when it changed, to recovery's own snapshot bucket
+(``mdq.bus.snapshots``), and a start restores it and folds only the log after its sequence
+(or the whole log, saying why, when the snapshot is missing, unreadable, or no longer matches
+the log). The snapshot is never the truth: folding is idempotent, so the tail on top of any
+snapshot the checks accept is the state a full replay gives.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -19,10 +28,13 @@ from nats.js import JetStreamContext
 
 from mdq.bus.log import follow_log
 from mdq.bus.publisher import EventPublisher
+from mdq.bus.snapshots import SnapshotStore
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.recovery import GiveUp, RecoveryPolicy, Wait, decide, requeued_body
-from mdq.core.state import JobBook, JobState, JobView
+from mdq.core.recovery_state import RecoveryState
+from mdq.core.snapshot import encode as encode_snapshot
+from mdq.core.state import JobState, JobView
 from mdq.memory import keep_state_out_of_gc
 
 log = logging.getLogger("mdq.recovery")
@@ -42,36 +54,44 @@ class Recovery:
         subjects: Subjects,
         publisher: EventPublisher,
         policy: RecoveryPolicy,
+        snapshots: SnapshotStore | None = None,
+        snapshot_interval_s: float = 60.0,
         clock: Callable[[], datetime] = _utcnow,
     ) -> None:
         self._js = js
         self._subjects = subjects
         self._publisher = publisher
         self._policy = policy
+        self._snapshots = snapshots
+        self._snapshot_interval_s = snapshot_interval_s
         self._clock = clock
-        self.book = JobBook()
-        self._recovering: set[str] = set()
+        self.state = RecoveryState()
+        """What recovery knows (pure): the live jobs."""
         self._caught_up = False
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._rechecks: set[asyncio.Task[None]] = set()
+        self._snapshot_sha: str | None = None
         self.decisions = 0
+        self.restored_sequence = 0
+        """The jobs-stream sequence of the snapshot this start restored (0: full replay)."""
+        self.snapshots_written = 0
+        self.first_sequence_read = 0
+        """The first jobs-stream sequence this start read (the snapshot's + 1 after a restore)."""
 
     async def on_event(self, sequence: int, event: pb.Event) -> None:
-        view = self.book.apply(sequence, event)
-        if view is None:
-            return
-        if view.state is JobState.RECOVERING:
-            self._recovering.add(view.job_id)
-            if self._caught_up:
-                await self._decide(view)
-        else:
-            self._recovering.discard(view.job_id)
+        self.first_sequence_read = self.first_sequence_read or sequence
+        view = self.state.apply(sequence, event)
+        if view is not None and view.state is JobState.RECOVERING and self._caught_up:
+            await self._decide(view)
 
     async def on_caught_up(self) -> None:
         self._caught_up = True
-        log.info("caught up: %d jobs, %d to recover", len(self.book.jobs), len(self._recovering))
-        for job_id in sorted(self._recovering):
-            await self._decide(self.book.jobs[job_id])
+        recovering = self.state.recovering()
+        log.info(
+            "caught up: %d live jobs, %d to recover", len(self.state.book.jobs), len(recovering)
+        )
+        for view in recovering:
+            await self._decide(view)
 
     async def _decide(self, view: JobView) -> None:
         decision = decide(view, self._policy, self._clock())
@@ -103,7 +123,7 @@ class Recovery:
             )
         await self._publisher.publish(event)
         if view.apply(event):
-            self._recovering.discard(view.job_id)
+            self.state.note(view)
         self.decisions += 1
 
     def _recheck_at(self, job_id: str, when: datetime) -> None:
@@ -115,7 +135,7 @@ class Recovery:
 
         def fire() -> None:
             self._timers.pop(job_id, None)
-            view = self.book.jobs.get(job_id)
+            view = self.state.get(job_id)
             if view is not None and view.state is JobState.RECOVERING:
                 task = loop.create_task(self._decide(view))
                 self._rechecks.add(task)
@@ -123,15 +143,91 @@ class Recovery:
 
         self._timers[job_id] = loop.call_later(delay, fire)
 
-    async def run(self) -> None:
-        """Follow the job log, forever (its fold kept out of the cyclic GC's way)."""
-        gc_task = asyncio.create_task(keep_state_out_of_gc(), name="gc")
+    async def restore(self) -> int:
+        """Start from the snapshot if it may be used (``mdq.core.snapshot.resume``); returns
+        the jobs-stream sequence it reflects (0: the whole log is to be replayed). Logs one
+        line either way."""
+        if self._snapshots is None:
+            return 0
+        loaded = await self._snapshots.load()
+        if loaded.state is None:
+            log.info("full replay of the jobs log: %s", loaded.resume.reason)
+            return 0
         try:
-            await follow_log(
+            self.state = RecoveryState.from_snapshot(loaded.state)
+        except (ValueError, TypeError, KeyError) as error:
+            log.warning("full replay of the jobs log: snapshot unreadable: %r", error)
+            return 0
+        self._snapshot_sha = loaded.sha256
+        self.restored_sequence = loaded.resume.after
+        log.info(
+            "restored from the %s; replaying the jobs log from sequence %d",
+            loaded.resume.reason,
+            loaded.resume.after + 1,
+        )
+        return loaded.resume.after
+
+    async def write_snapshot(self) -> bool:
+        """Write the state as the snapshot when it changed since it was last written (or
+        restored); True when one was written. Best effort: a snapshot that cannot be written
+        only makes the next start replay more of the log."""
+        if self._snapshots is None or not self.state.last_sequence:
+            return False
+        content = self.state.snapshot()
+        try:
+            sha256, chunks = await asyncio.to_thread(encode_snapshot, content)
+            if sha256 == self._snapshot_sha:
+                return False
+            await self._snapshots.write(
+                sha256,
+                chunks,
+                sequence=int(content["last_sequence"]),
+                jobs=len(content["jobs"]),
+                now=self._clock(),
+            )
+        except Exception:
+            log.warning("could not write the snapshot", exc_info=True)
+            return False
+        self._snapshot_sha = sha256
+        self.snapshots_written += 1
+        return True
+
+    async def _keep_snapshots(self, caught_up: asyncio.Event) -> None:
+        """Once caught up: a snapshot at once, then at most every ``snapshot_interval_s``."""
+        await caught_up.wait()
+        while True:
+            await self.write_snapshot()
+            await asyncio.sleep(self._snapshot_interval_s)
+
+    async def run(self) -> None:
+        """Restore, then follow the job log, forever (its fold kept out of the cyclic GC's
+        way), writing snapshots as it goes."""
+        after = await self.restore()
+        caught_up = asyncio.Event()
+
+        async def on_caught_up() -> None:
+            await self.on_caught_up()
+            caught_up.set()
+
+        tasks = [asyncio.create_task(keep_state_out_of_gc(), name="gc")]
+        if self._snapshots is not None and self._snapshot_interval_s > 0:
+            tasks.append(asyncio.create_task(self._keep_snapshots(caught_up), name="snapshots"))
+        try:
+            following = follow_log(
                 self._js,
                 self._subjects.job_all("*"),
                 on_event=self.on_event,
-                on_caught_up=self.on_caught_up,
+                on_caught_up=on_caught_up,
+                start_sequence=after + 1 if after else 0,
             )
+            watched = asyncio.create_task(following, name="recovery-jobs")
+            tasks.append(watched)
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()  # a snapshot writer or the fold that stopped: raise its error
         finally:
-            gc_task.cancel()
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task

@@ -25,6 +25,17 @@ class RecoverySettings(BaseSettings):
         default=60.0, description="Longest wait for a lost attempt's pod to be confirmed gone."
     )
 
+    snapshot_interval_s: float = Field(
+        default=60.0,
+        description=(
+            "How often, at most, recovery writes its state (the live jobs, with the jobs-stream "
+            "sequence it reflects) to the KV bucket <namespace>_recovery_snapshot, and only when "
+            "it changed; a start restores it and folds only the log after it. 0: no snapshot "
+            "is written (every start replays the whole log)."
+        ),
+        ge=0.0,
+    )
+
     def policy(self) -> RecoveryPolicy:
         return RecoveryPolicy(
             backoff_base_s=self.backoff_base_s,

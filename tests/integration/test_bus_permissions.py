@@ -56,6 +56,7 @@ BUCKETS = (
     SUBJECTS.waiting_bucket,
     SUBJECTS.tenants_bucket,
     SUBJECTS.placement_snapshot_bucket,
+    SUBJECTS.recovery_snapshot_bucket,
     LEASE_BUCKET,
 )
 STREAMS = (
@@ -72,6 +73,7 @@ KV_WRITERS = {
     SUBJECTS.waiting_bucket: {"placement"},
     SUBJECTS.tenants_bucket: set(),  # the admin's alone
     SUBJECTS.placement_snapshot_bucket: {"placement"},
+    SUBJECTS.recovery_snapshot_bucket: {"recovery"},
     LEASE_BUCKET: {"placement"},
 }
 """Who may write each bucket (everyone else is refused)."""

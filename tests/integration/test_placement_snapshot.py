@@ -15,13 +15,13 @@ import pytest
 from nats.aio.client import Client
 from nats.js.kv import KeyValue
 
+from mdq.bus.snapshots import HEAD_KEY, SnapshotStore
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
-from mdq.core.placement_snapshot import Head
+from mdq.core.snapshot import Head
 from mdq.core.state import JobBook
 from services.placement.app import Placement
 from services.placement.settings import PlacementSettings
-from services.placement.snapshot import HEAD_KEY, SnapshotStore
 from tests.helpers import (
     RecordingBackend,
     event,

@@ -47,7 +47,8 @@ async def test_crash_is_requeued_once_from_the_checkpoint(nc: Client, subjects: 
     async with running(second.run()):
 
         async def caught_up() -> bool:
-            return "r1-md" in second.book.jobs and second.book.jobs["r1-md"].attempt == 2
+            view = second.state.get("r1-md")
+            return view is not None and view.attempt == 2
 
         await wait_for(caught_up, what="second recovery caught up")
     events = await events_of(js, subjects, "requeued", "r1-md")

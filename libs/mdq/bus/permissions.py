@@ -182,6 +182,7 @@ def service_permissions(identity: str, subjects: Subjects, names: Names = Names(
         publish += _bucket(subjects.nodes_bucket, write=False)
     elif identity == "recovery":
         publish += [*_read_stream(jobs), *_read_stream(progress)]
+        publish += _bucket(subjects.recovery_snapshot_bucket, write=True, own=True)
         publish += _bucket(subjects.pods_bucket, write=True)
     elif identity == "metrics":
         publish += [*_read_stream(jobs), *_read_stream(progress), *_read_stream(nodes)]

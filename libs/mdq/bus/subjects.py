@@ -150,6 +150,11 @@ class Subjects:
         return f"{self.namespace}_placement_snapshot"
 
     @property
+    def recovery_snapshot_bucket(self) -> str:
+        """KV bucket of recovery: the snapshot of its state a restart begins from."""
+        return f"{self.namespace}_recovery_snapshot"
+
+    @property
     def tenants_bucket(self) -> str:
         """KV bucket of the admin: each tenant's policy (JSON, key: the tenant's name)."""
         return f"{self.namespace}_tenants"

@@ -9,7 +9,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from mdq.core.log_continuity import ServerLog
-from mdq.core.placement_snapshot import (
+from mdq.core.placement_state import PlacementState
+from mdq.core.snapshot import (
     CHUNK_BYTES,
     Head,
     SnapshotUnreadable,
@@ -18,7 +19,6 @@ from mdq.core.placement_snapshot import (
     next_slot,
     resume,
 )
-from mdq.core.placement_state import PlacementState
 
 CREATED = datetime(2026, 1, 1, tzinfo=UTC)
 STATE = dict(PlacementState().snapshot(), last_sequence=10)

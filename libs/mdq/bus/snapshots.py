@@ -1,11 +1,14 @@
-"""Placement's snapshot in its own KV bucket (``<namespace>_placement_snapshot``): written by
-the leader, read on start (the format and the checks: ``mdq.core.placement_snapshot``).
+"""A service's snapshot in a KV bucket of its own: placement's (``<namespace>_placement_snapshot``,
+written by the leader) and recovery's (``<namespace>_recovery_snapshot``); read on start. The
+format and the checks are ``mdq.core.snapshot``.
 
 Keys: ``head`` (written last, in one put, with compare-and-set on the revision it replaces: a
 deposed leader's late write is refused) and ``a.<i>`` / ``b.<i>``, the compressed chunks of
 the two slots used in turn. The bucket keeps one revision per key, so its size is bounded by
-twice the largest snapshot written. Every failure here is logged and survived: without a
-snapshot placement replays the log, as it always could.
+twice the largest snapshot written. Two writers at once (two recovery replicas) can mix their
+chunks in one slot; the head's checksum then fails and the next start replays the whole log.
+Every failure here is logged and survived: without a snapshot a service replays the log, as it
+always could.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from nats.js.kv import KeyValue
 
 from mdq.bus.streams import open_bucket
 from mdq.core.log_continuity import ServerLog, message_digest
-from mdq.core.placement_snapshot import (
+from mdq.core.snapshot import (
     Head,
     Resume,
     SnapshotUnreadable,
@@ -33,7 +36,7 @@ from mdq.core.placement_snapshot import (
     resume,
 )
 
-log = logging.getLogger("mdq.placement")
+log = logging.getLogger("mdq.snapshots")
 
 HEAD_KEY = "head"
 
@@ -48,7 +51,7 @@ class Loaded:
 
 
 class SnapshotStore:
-    """Reads and writes placement's snapshot of the jobs stream ``stream``."""
+    """Reads and writes one service's snapshot of the jobs stream ``stream``."""
 
     def __init__(self, js: JetStreamContext, *, bucket: str, stream: str, replicas: int) -> None:
         self._js = js
