@@ -16,6 +16,7 @@ import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 import nats
@@ -36,10 +37,12 @@ from mdq.bus.permissions import (
     service_permissions,
     tenant_permissions,
 )
+from mdq.bus.snapshots import SnapshotStore
 from mdq.bus.streams import ensure_streams, ensure_tenant_stream
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.producers import EVENT_PRODUCERS
+from mdq.core.snapshot import encode as encode_snapshot
 from mdq.embedded import EmbeddedNats, start_nats
 
 SUBJECTS = Subjects("mdq")
@@ -320,6 +323,36 @@ def test_the_documented_table_is_the_enforced_one() -> None:
     text = (Path(__file__).resolve().parents[2] / "docs" / "security.md").read_text()
     documented = text.split("<!-- permissions:start -->\n", 1)[1].split("<!-- permissions:end")[0]
     assert documented == markdown_table(), "regenerate it: python -m mdq.bus.permissions"
+
+
+@pytest.mark.parametrize(
+    "identity,bucket",
+    [
+        ("placement", SUBJECTS.placement_snapshot_bucket),
+        ("recovery", SUBJECTS.recovery_snapshot_bucket),
+    ],
+)
+async def test_a_stateful_service_writes_and_reads_its_snapshot_as_itself(
+    prepared: Server, identity: str, bucket: str
+) -> None:
+    """What the service does on a closed bus: a snapshot at the jobs log's last sequence,
+    written and read back through the store with the service's own credentials."""
+    admin = await connect(prepared.nats.url, name="admin", creds=prepared.creds["admin"])
+    await admin.jetstream().publish(SUBJECTS.job(JOB, "started"), b"any")
+    await admin.close()
+    client = await connect(prepared.nats.url, name=identity, creds=prepared.creds[identity])
+    try:
+        js = client.jetstream()
+        sequence = (await js.stream_info(SUBJECTS.jobs_stream)).state.last_seq or 0
+        store = SnapshotStore(js, bucket=bucket, stream=SUBJECTS.jobs_stream, replicas=1)
+        state = {"version": 1, "last_sequence": sequence, "jobs": []}
+        sha256, chunks = encode_snapshot(state)
+        await store.write(sha256, chunks, sequence=sequence, jobs=0, now=datetime.now(UTC))
+        loaded = await store.load()
+        assert loaded.resume.after == sequence, loaded.resume.reason
+        assert loaded.state == state | {"nodes": []}
+    finally:
+        await client.close()
 
 
 # -- tenants ---------------------------------------------------------------------------------
