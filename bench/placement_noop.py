@@ -73,5 +73,5 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.WARNING)
+    logging.basicConfig(level=os.environ.get("MDQ_BENCH_LOG_LEVEL", "WARNING"))
     asyncio.run(main())
