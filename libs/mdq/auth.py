@@ -370,6 +370,21 @@ def _meaning(text: str) -> tuple[str, list[dict[str, Any]]]:
     return _JWT.sub("JWT", text), claims
 
 
+_OPERATOR_LINE = re.compile(r'^operator: "([^"]+)"$', re.MULTILINE)
+
+
+def _keep_operator_jwt(old_block: str, fresh_block: str) -> str:
+    """``fresh_block`` with the operator JWT of ``old_block`` when the two say the same (they
+    differ only in the time of signing). A server refuses to reload a configuration whose
+    operator JWT changed ("config reload not supported for TrustedOperators"), so a block
+    rewritten for a revocation must keep the operator line the server started with, or the
+    rotation never takes effect until a restart."""
+    old, fresh = _OPERATOR_LINE.search(old_block), _OPERATOR_LINE.search(fresh_block)
+    if old is None or fresh is None or _meaning(old.group(1)) != _meaning(fresh.group(1)):
+        return fresh_block
+    return fresh_block[: fresh.start(1)] + old.group(1) + fresh_block[fresh.end(1) :]
+
+
 def _permissions_of(creds: str) -> dict[str, Any]:
     """What the user JWT of a ``.creds`` text allows (and whose it is), not who signed when."""
     (_, claims) = _meaning(creds.split("------END NATS USER JWT------", 1)[0])
@@ -417,10 +432,10 @@ def generate(folder: Path, namespace: str = "mdq", *, group_readable: bool = Fal
 
     block = folder / SERVER_BLOCK_FILE
     fresh_block = trust.server_block(load_revocations(folder))
+    old_block = block.read_text(encoding="utf-8") if block.exists() else ""
+    fresh_block = _keep_operator_jwt(old_block, fresh_block)
     keep_or_write(
-        block,
-        fresh_block,
-        block.exists() and _meaning(block.read_text(encoding="utf-8")) == _meaning(fresh_block),
+        block, fresh_block, bool(old_block) and _meaning(old_block) == _meaning(fresh_block)
     )
     subjects = Subjects(namespace)
     creds: dict[str, Path] = {}

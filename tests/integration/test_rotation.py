@@ -53,6 +53,12 @@ async def test_a_rotated_identity_reconnects_with_its_new_file_and_the_old_one_i
     rotated_client = await nats.connect(server.url, **auth_options(intake))
     other_client = await nats.connect(server.url, **auth_options(folder / "placement.creds"))
     try:
+        # The server is up when it accepts connections, but it enables JetStream for the
+        # account a moment later; a reload in that moment is overtaken by the start-up's own
+        # update of the account, with the old claims (seen under load: the revocation never
+        # applied). A rotation on a running deployment comes long after; here the test waits
+        # for the account's JetStream, as a deployment's services do before anything else.
+        await other_client.jetstream().account_info()
         rotated = [rotate(folder, "intake"), rotate(folder, "tenant.alice")]
         assert intake.read_bytes() != await asyncio.to_thread(Path(old).read_bytes)
         assert identity_of_creds(intake) == "intake"  # same name, same permissions

@@ -100,3 +100,24 @@ def test_mdq_credentials_is_the_generator(tmp_path: Path) -> None:
     assert "nothing (all kept)" in second.output
     refused = CliRunner().invoke(app, ["credentials", "--out", str(folder), "--namespace", "x"])
     assert refused.exit_code == 2
+
+
+def test_a_rotation_keeps_the_operator_jwt_the_server_started_with(tmp_path: Path) -> None:
+    """nats-server refuses to reload a configuration whose operator JWT changed ("config
+    reload not supported for TrustedOperators"), so the block a rotation rewrites must keep
+    it, though it is signed again a second or more later (seen: the revocation never took
+    effect)."""
+    import re
+    import time
+
+    from mdq.auth import SERVER_BLOCK_FILE, generate, rotate
+
+    folder = tmp_path / "secrets"
+    generate(folder)
+    before = (folder / SERVER_BLOCK_FILE).read_text()
+    time.sleep(1.1)  # the next signing is in another second: another iat, another JWT
+    rotate(folder, "intake")
+    after = (folder / SERVER_BLOCK_FILE).read_text()
+    operator = re.compile(r'^operator: "([^"]+)"$', re.MULTILINE)
+    assert operator.findall(after) == operator.findall(before) != []
+    assert after != before, "the account JWT carries the revocation"
