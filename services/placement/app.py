@@ -47,6 +47,7 @@ from datetime import UTC, datetime, timedelta
 
 from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy, KeyValueConfig, PubAck
+from nats.js.errors import NotFoundError
 from nats.js.kv import KeyValue
 
 from mdq.backends.port import ClusterBackend, PodExists, PodSpec
@@ -190,6 +191,7 @@ class Placement:
             load_settle_s=settings.load_settle_s,
             health_policy=self._health_policy,
             fail_on_dependency_failure=settings.fail_on_dependency_failure,
+            ended_memory=settings.ended_memory,
         )
         """What placement knows (pure); everything below is this replica's I/O bookkeeping."""
         self._snapshots = SnapshotStore(
@@ -315,6 +317,39 @@ class Placement:
             self._dirty.set()
 
     # -- deciding --------------------------------------------------------------------------
+    async def _look_up_dependencies(self) -> bool:
+        """Read from the log the final state of each dependency the state no longer remembers
+        (it keeps the ``ended_memory`` jobs that ended last): the last ``succeeded`` or
+        ``failed`` event on the dependency's own subject. True when any was learned."""
+        learned = False
+        for job_id in self.state.take_unknown_dependencies():
+            final: JobState | None = None
+            try:
+                for kind, state in (("succeeded", JobState.SUCCEEDED), ("failed", JobState.FAILED)):
+                    try:
+                        await self._js.get_last_msg(
+                            self._subjects.jobs_stream, self._subjects.job(job_id, kind)
+                        )
+                    except NotFoundError:
+                        continue
+                    final = state
+                    break
+            except Exception:  # asked again on a later pass
+                log.warning("could not read dependency %s from the log", job_id, exc_info=True)
+                self.state.ask_again(job_id)
+                continue
+            if final is None:
+                log.warning(
+                    "dependency %s is neither live nor ended in the jobs log (aged out?): "
+                    "the jobs that depend on it wait",
+                    job_id,
+                )
+                self.state.learn_missing(job_id)
+            else:
+                self.state.learn_final(job_id, final)
+                learned = True
+        return learned
+
     async def _release_waiting(self) -> None:
         for view in self.state.views(JobState.WAITING):
             failed = self.state.dependency_verdict(view)
@@ -555,6 +590,8 @@ class Placement:
         Returns the number of jobs bound.
         """
         await self._release_waiting()
+        if await self._look_up_dependencies():
+            await self._release_waiting()  # what the log said releases or fails its dependents
         if self._adopt:
             # a job that ended (and was pruned) since it was adopted needs no pod
             adopted = [view for job in self._adopt if (view := self.book.jobs.get(job))]
@@ -707,6 +744,7 @@ class Placement:
                     load_settle_s=self._settings.load_settle_s,
                     health_policy=self._health_policy,
                     fail_on_dependency_failure=self._settings.fail_on_dependency_failure,
+                    ended_memory=self._settings.ended_memory,
                 )
             except (ValueError, TypeError, KeyError) as error:
                 log.warning("full replay of the jobs log: snapshot unreadable: %r", error)

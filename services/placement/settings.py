@@ -5,6 +5,8 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from mdq.core.placement_state import ENDED_MEMORY
+
 
 class PlacementSettings(BaseSettings):
     """How placement scores nodes and starts runners."""
@@ -114,4 +116,12 @@ class PlacementSettings(BaseSettings):
         "sequence it reflects) to the KV bucket <namespace>_placement_snapshot at most this "
         "often, when the state changed; a restart restores it and replays only the log after "
         "it (docs/placement.md). 0: none is written (a restart replays the whole log).",
+    )
+    ended_memory: int = Field(
+        default=ENDED_MEMORY,
+        ge=0,
+        description="How many ended jobs' final states placement keeps in memory (and in its "
+        "snapshot), the newest: a chain asks whether its dependency succeeded. A job that "
+        "depends on an older one has it read from the jobs log (its succeeded or failed "
+        "event), so memory does not grow with the history (docs/placement.md).",
     )

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
 from nats.aio.client import Client
 
 from mdq.bus.connect import connect
@@ -283,3 +285,68 @@ async def test_a_submitted_event_with_an_invalid_spec_is_never_bound(
     assert sorted(backend.pods) == ["mdq-r9-honest-1"]
     assert placement.invalid_specs_total == 1
     assert "r9-forged" not in placement.book.jobs
+
+
+async def test_a_dependency_forgotten_long_ago_is_read_from_the_log(
+    nc: Client, subjects: Subjects, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Placement remembers no ended job here (``ended_memory`` 0): a chain whose dependency
+    ended before the chain was submitted has its final state read from the jobs log."""
+    js = nc.jetstream()
+    bus = publisher(js, subjects)
+    await bus.publish(node_load("n1"))
+    await bus.publish_all([submitted("r9-old"), submitted("r9-bad")])
+    backend = RecordingBackend()
+    placement = Placement(
+        js=js,
+        subjects=subjects,
+        publisher=publisher(js, subjects),
+        backend=backend,
+        settings=PlacementSettings(reconcile_interval_s=0.1, ended_memory=0),
+        namespace=subjects.namespace,
+    )
+    caplog.set_level(logging.WARNING, logger="mdq.placement")
+    async with running(placement.run()):
+
+        async def both_bound() -> bool:
+            return len(await events_of(js, subjects, "bound")) == 2
+
+        await wait_for(both_bound, what="the two dependencies bound")
+        await bus.publish(
+            event("succeeded", pb.JobSucceeded(final_step=1), job="r9-old", attempt=1)
+        )
+        await bus.publish(
+            event("failed", pb.JobFailed(reason=pb.FAILURE_UNSTABLE), job="r9-bad", attempt=1)
+        )
+
+        async def forgotten() -> bool:
+            return placement.state.sizes()["jobs"] == 0
+
+        await wait_for(forgotten, what="both ended and forgotten")
+        assert placement.state.sizes()["ended"] == 0
+        await bus.publish_all(
+            [
+                submitted("r9-next", depends_on=("r9-old",)),
+                submitted("r9-doomed", depends_on=("r9-bad",)),
+                submitted("r9-orphan", depends_on=("r9-ghost",)),
+            ]
+        )
+
+        async def decided() -> bool:
+            return bool(
+                await events_of(js, subjects, "bound", "r9-next")
+                and await events_of(js, subjects, "failed", "r9-doomed")
+            )
+
+        await wait_for(decided, what="next released and bound, doomed failed")
+
+        async def orphan_said() -> bool:
+            return "dependency r9-ghost is neither live nor ended" in caplog.text
+
+        await wait_for(orphan_said, what="the orphan's missing dependency logged")
+    assert len(await events_of(js, subjects, "released", "r9-next")) == 1
+    failure = (await events_of(js, subjects, "failed", "r9-doomed"))[0].failed
+    assert failure.reason == pb.FAILURE_DEPENDENCY_FAILED and "r9-bad" in failure.message
+    assert await events_of(js, subjects, "released", "r9-orphan") == []
+    assert await events_of(js, subjects, "failed", "r9-orphan") == []
+    assert caplog.text.count("dependency r9-ghost is neither") == 1, "asked once"

@@ -593,6 +593,8 @@ def test_pruned_jobs_leave_no_trace_but_their_final_state() -> None:
         "nominations": 0,
         "terminating": 0,
         "ended": 0,
+        "learned": 0,
+        "missing": 0,
         "ended_since_prune": 0,
     }
     assert state.final_state("alice.1-a") is JobState.SUCCEEDED
@@ -619,6 +621,79 @@ def test_memory_does_not_grow_with_ended_jobs() -> None:
     sizes = state.sizes()
     assert [key for key, size in sizes.items() if size and key != "ended"] == []
     assert sizes["ended"] == 200  # the compact record: a job id and a final state each
+    bounded = fold(NODES, ended_memory=50)
+    for index in range(200):
+        job = f"r-{index}"
+        fold_more(bounded, [sub(job), bound(job, "n1"), started(job), succeeded(job)])
+        bounded.prune()
+    assert bounded.sizes()["ended"] == 50, "and no more than ended_memory of them"
+
+
+def test_only_the_newest_ended_jobs_are_remembered() -> None:
+    state = fold(NODES, ended_memory=3)
+    for index in range(10):
+        job = f"r-{index}"
+        fold_more(state, [sub(job), bound(job, "n1"), started(job), succeeded(job)])
+        state.prune()
+    assert state.sizes()["ended"] == 3
+    assert [state.final_state(f"r-{i}") for i in (7, 8, 9)] == [JobState.SUCCEEDED] * 3
+    assert state.take_unknown_dependencies() == [], "asking about a remembered job files nothing"
+
+
+def test_a_forgotten_dependency_is_looked_up_once_and_then_releases_its_job() -> None:
+    state = fold([sub("r-x"), bound("r-x", "n1"), succeeded("r-x"), prune], ended_memory=0)
+    fold_more(state, [sub("r-a", deps=("r-x",))])
+    view = state.book.jobs["r-a"]
+    assert state.dependency_verdict(view) is None, "unknown: it waits"
+    assert state.take_unknown_dependencies() == ["r-x"]
+    assert state.dependency_verdict(view) is None
+    assert state.take_unknown_dependencies() == [], "handed out once until answered"
+    state.learn_final("r-x", JobState.SUCCEEDED)
+    assert state.dependency_verdict(view) == ()
+    state.prune()
+    assert state.sizes()["learned"] == 1, "kept while r-a waits"
+    fold_more(state, [released("r-a")])
+    state.prune()
+    assert state.sizes()["learned"] == 0, "dropped once nothing waits for it"
+
+
+def test_a_forgotten_dependency_that_failed_fails_its_job() -> None:
+    state = fold([sub("r-x"), failed("r-x"), prune], ended_memory=0)
+    fold_more(state, [sub("r-a", deps=("r-x",))])
+    view = state.book.jobs["r-a"]
+    assert state.dependency_verdict(view) is None
+    assert state.take_unknown_dependencies() == ["r-x"]
+    state.learn_final("r-x", JobState.FAILED)
+    assert state.dependency_verdict(view) == ("r-x",)
+
+
+def test_a_dependency_the_log_lacks_keeps_its_job_waiting_and_is_not_asked_again() -> None:
+    state = fold([sub("r-a", deps=("r-gone",))])
+    view = state.book.jobs["r-a"]
+    assert state.dependency_verdict(view) is None
+    assert state.take_unknown_dependencies() == ["r-gone"]
+    state.learn_missing("r-gone")
+    assert state.dependency_verdict(view) is None and state.is_missing("r-gone")
+    assert state.take_unknown_dependencies() == []
+
+
+def test_a_failed_look_up_is_asked_again() -> None:
+    state = fold([sub("r-a", deps=("r-x",))])
+    state.dependency_verdict(state.book.jobs["r-a"])
+    assert state.take_unknown_dependencies() == ["r-x"]
+    state.ask_again("r-x")
+    assert state.take_unknown_dependencies() == ["r-x"]
+
+
+def test_the_snapshot_keeps_the_newest_ended_jobs_in_order() -> None:
+    state = fold(NODES, ended_memory=2)
+    for job in ("r-a", "r-b", "r-c"):
+        fold_more(state, [sub(job), failed(job)])
+        state.prune()
+    content = json.loads(json.dumps(state.snapshot()))
+    assert content["ended"] == [["r-b", "FAILED"], ["r-c", "FAILED"]]
+    restored = PlacementState.from_snapshot(content, ended_memory=1)
+    assert restored.snapshot()["ended"] == [["r-c", "FAILED"]]
 
 
 # -- snapshot ------------------------------------------------------------------------------------

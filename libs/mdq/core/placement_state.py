@@ -20,7 +20,11 @@ What is kept, incrementally, as events are folded (no pass over all jobs per eve
 - per node, the recent crashes (``NodeHealth``) and the time of the latest job lost with it;
 - the preemptors' nominations (held room) and the victims being terminated, in memory only;
 - per ended job forgotten by ``prune``, its final state: all a chain needs of it (whether the
-  dependency succeeded; the spec is not kept).
+  dependency succeeded; the spec is not kept), for the ``ended_memory`` jobs that ended last
+  (or were looked up last). Memory is bounded by that, not by the history: a dependency that
+  is neither live nor remembered is *unknown* (``take_unknown_dependencies``); the service
+  reads its terminal event from the log and tells the state (``learn_final``), or tells it
+  the log has none (``learn_missing``: the job waits, and ``mdq explain`` says why).
 
 Time is never read here: every method that depends on it takes ``now``. ``snapshot`` gives the
 state's content as plain JSON-able values and ``from_snapshot`` rebuilds an equal state from it
@@ -30,6 +34,7 @@ it (after a restart the preemptor simply re-plans, docs/placement.md).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -52,6 +57,8 @@ from mdq.core.tenants import QUEUED_STATES, TenantPolicy, cpu_quota_reason, cpu_
 HOLDING = (JobState.BOUND, JobState.RUNNING)
 SNAPSHOT_VERSION = 1
 """Bumped when ``snapshot``'s layout changes; ``from_snapshot`` refuses any other."""
+ENDED_MEMORY = 10_000
+"""How many ended jobs' final states are kept by default (``ended_memory``)."""
 
 
 @dataclass(slots=True)
@@ -81,8 +88,12 @@ class PlacementState:
         load_settle_s: float = 10.0,
         health_policy: NodeHealthPolicy | None = None,
         fail_on_dependency_failure: bool = True,
+        ended_memory: int = ENDED_MEMORY,
     ) -> None:
         self.config = config
+        self.ended_memory = ended_memory
+        """The most ended jobs whose final state is kept (the newest; older ones are read from
+        the log when a job depends on them)."""
         self.load_settle_s = load_settle_s
         """A binding counts as in-flight on its node until a load report this long after it."""
         self.fail_on_dependency_failure = fail_on_dependency_failure
@@ -119,8 +130,19 @@ class PlacementState:
         self._nominations: dict[str, Nomination] = {}
         self._terminating: set[str] = set()
         """Victims of a preemption whose pods were deleted, while they still hold their room."""
-        self._ended: dict[str, JobState] = {}
-        """job -> final state (SUCCEEDED or FAILED) of each ended job ``prune`` forgot."""
+        self._ended: OrderedDict[str, JobState] = OrderedDict()
+        """job -> final state (SUCCEEDED or FAILED) of the ``ended_memory`` ended jobs that
+        ``prune`` forgot (or the service looked up) last, oldest first."""
+        self._unknown: set[str] = set()
+        """Dependencies of waiting jobs that are neither live nor remembered, not yet handed to
+        the service to look up (``take_unknown_dependencies``)."""
+        self._asked: set[str] = set()
+        """Dependencies handed to the service and not answered yet."""
+        self._missing: set[str] = set()
+        """Dependencies the log holds no terminal event of (``learn_missing``)."""
+        self._learned: dict[str, JobState] = {}
+        """Final states the service read from the log (``learn_final``), kept while a WAITING
+        job depends on them (``prune`` drops the others)."""
         self._ended_since: list[str] = []
         """Jobs that ended since the last ``prune``."""
 
@@ -329,11 +351,48 @@ class PlacementState:
         return None
 
     def final_state(self, job_id: str) -> JobState | None:
-        """The state of ``job_id`` (its final one if ``prune`` forgot it); None if unknown."""
+        """The state of ``job_id`` (its final one if ``prune`` forgot it); None if unknown
+        (then it is filed for the service to look up, once)."""
         view = self.book.jobs.get(job_id)
         if view is not None:
             return view.state
-        return self._ended.get(job_id)
+        final = self._ended.get(job_id) or self._learned.get(job_id)
+        if final is None and job_id not in self._asked and job_id not in self._missing:
+            self._unknown.add(job_id)
+        return final
+
+    def take_unknown_dependencies(self) -> list[str]:
+        """The dependencies to read from the log (each handed out once until answered)."""
+        unknown = sorted(self._unknown)
+        self._asked.update(unknown)
+        self._unknown.clear()
+        return unknown
+
+    def learn_final(self, job_id: str, final: JobState) -> None:
+        """The service read ``job_id``'s terminal event from the log: remember its state."""
+        self._asked.discard(job_id)
+        if job_id not in self.book.jobs:
+            self._learned[job_id] = final
+
+    def learn_missing(self, job_id: str) -> None:
+        """The log holds no terminal event of ``job_id`` (aged out, or a bug): its dependents
+        wait; ``is_missing`` says so to the explanation."""
+        self._asked.discard(job_id)
+        self._missing.add(job_id)
+
+    def ask_again(self, job_id: str) -> None:
+        """The look-up of ``job_id`` failed (the log could not be read): hand it out again."""
+        self._asked.discard(job_id)
+        self._unknown.add(job_id)
+
+    def is_missing(self, job_id: str) -> bool:
+        return job_id in self._missing
+
+    def _remember_ended(self, job_id: str, final: JobState) -> None:
+        self._ended[job_id] = final
+        self._ended.move_to_end(job_id)
+        while len(self._ended) > self.ended_memory:
+            self._ended.popitem(last=False)
 
     def _dependency_done(self, state: JobState) -> bool:
         if state is JobState.SUCCEEDED:
@@ -469,12 +528,20 @@ class PlacementState:
             view = self.book.jobs.pop(job_id, None)
             if view is None:
                 continue
-            self._ended[job_id] = view.state
+            self._remember_ended(job_id, view.state)
             self._by_state[view.state].discard(job_id)
             self._indexed_state.pop(job_id, None)
             self._last_bound_seq.pop(job_id, None)
             forgotten += 1
         self._ended_since.clear()
+        if self._learned or self._missing:
+            needed = {
+                dep
+                for job_id in self._by_state[JobState.WAITING]
+                for dep in self.book.jobs[job_id].depends_on_ids
+            }
+            self._learned = {job: st for job, st in self._learned.items() if job in needed}
+            self._missing &= needed
         return forgotten
 
     def sizes(self) -> dict[str, int]:
@@ -489,6 +556,8 @@ class PlacementState:
             "nominations": len(self._nominations),
             "terminating": len(self._terminating),
             "ended": len(self._ended),
+            "learned": len(self._learned),
+            "missing": len(self._missing),
             "ended_since_prune": len(self._ended_since),
         }
 
@@ -500,7 +569,7 @@ class PlacementState:
             "version": SNAPSHOT_VERSION,
             "last_sequence": self.book.last_sequence,
             "jobs": [view.to_dict() for view in self.book.jobs.values()],
-            "ended": sorted([job, state.value] for job, state in self._ended.items()),
+            "ended": [[job, state.value] for job, state in self._ended.items()],  # oldest first
             "ended_since_prune": list(self._ended_since),
             "fences": sorted([job, seq] for job, seq in self._last_bound_seq.items()),
             "inflight": sorted(
@@ -525,6 +594,7 @@ class PlacementState:
         load_settle_s: float = 10.0,
         health_policy: NodeHealthPolicy | None = None,
         fail_on_dependency_failure: bool = True,
+        ended_memory: int = ENDED_MEMORY,
     ) -> PlacementState:
         """The state ``snapshot`` wrote (under this configuration). Raises ``ValueError`` for
         a snapshot of another layout (the caller then replays the log)."""
@@ -535,6 +605,7 @@ class PlacementState:
             load_settle_s=load_settle_s,
             health_policy=health_policy,
             fail_on_dependency_failure=fail_on_dependency_failure,
+            ended_memory=ended_memory,
         )
         state.book.last_sequence = int(data["last_sequence"])
         state._tenants_seen.update(data["tenants_seen"])
@@ -543,7 +614,8 @@ class PlacementState:
             state.book.jobs[view.job_id] = view
             state._index(view)
         state._ended_since = list(data["ended_since_prune"])
-        state._ended = {job: JobState(final) for job, final in data["ended"]}
+        for job, final in data["ended"]:
+            state._remember_ended(job, JobState(final))
         state._last_bound_seq = {job: int(seq) for job, seq in data["fences"]}
         for node, job, at, cpu, memory in data["inflight"]:
             state._inflight.setdefault(node, {})[job] = (
