@@ -54,7 +54,7 @@ from mdq.backends.port import ClusterBackend, PodExists, PodSpec
 from mdq.bus.log import follow_log
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.requests import EXPECTED_LAST_SUBJECT_SEQUENCE, is_wrong_last_sequence
-from mdq.bus.snapshots import SnapshotStore
+from mdq.bus.snapshots import SnapshotKeeper, SnapshotStore
 from mdq.bus.streams import open_bucket
 from mdq.bus.subjects import Subjects
 from mdq.bus.tenants import TenantDirectory
@@ -74,7 +74,6 @@ from mdq.core.placement import (
     plan_preemptions,
 )
 from mdq.core.placement_state import PlacementState
-from mdq.core.snapshot import encode as encode_snapshot
 from mdq.core.spec import SpecError, normalize_job
 from mdq.core.state import JobBook, JobState, JobView, event_time
 from mdq.core.tenants import TenantUsage, usage_key
@@ -194,13 +193,15 @@ class Placement:
             ended_memory=settings.ended_memory,
         )
         """What placement knows (pure); everything below is this replica's I/O bookkeeping."""
-        self._snapshots = SnapshotStore(
-            js,
-            bucket=subjects.placement_snapshot_bucket,
-            stream=subjects.jobs_stream,
-            replicas=stream_replicas,
+        self._snapshots = SnapshotKeeper(
+            SnapshotStore(
+                js,
+                bucket=subjects.placement_snapshot_bucket,
+                stream=subjects.jobs_stream,
+                replicas=stream_replicas,
+            ),
+            logger=log,
         )
-        self._snapshot_sha: str | None = None
         """SHA-256 of the state last written as (or restored from) the snapshot."""
         self._snapshot_at: float | None = None
         self.restored_sequence = 0
@@ -735,31 +736,20 @@ class Placement:
         """Start from the snapshot if it may be used (``mdq.core.snapshot.resume``);
         returns the jobs-stream sequence it reflects (0: the whole log is to be replayed).
         Logs one line either way."""
-        loaded = await self._snapshots.load()
-        if loaded.state is not None:
-            try:
-                state = PlacementState.from_snapshot(
-                    loaded.state,
-                    self._config,
-                    load_settle_s=self._settings.load_settle_s,
-                    health_policy=self._health_policy,
-                    fail_on_dependency_failure=self._settings.fail_on_dependency_failure,
-                    ended_memory=self._settings.ended_memory,
-                )
-            except (ValueError, TypeError, KeyError) as error:
-                log.warning("full replay of the jobs log: snapshot unreadable: %r", error)
-                return 0
-            self.state = state
-            self._snapshot_sha = loaded.sha256
-            self.restored_sequence = loaded.resume.after
-            log.info(
-                "restored from the %s; replaying the jobs log from sequence %d",
-                loaded.resume.reason,
-                loaded.resume.after + 1,
+        restored = await self._snapshots.restore(
+            lambda data: PlacementState.from_snapshot(
+                data,
+                self._config,
+                load_settle_s=self._settings.load_settle_s,
+                health_policy=self._health_policy,
+                fail_on_dependency_failure=self._settings.fail_on_dependency_failure,
+                ended_memory=self._settings.ended_memory,
             )
-            return loaded.resume.after
-        log.info("full replay of the jobs log: %s", loaded.resume.reason)
-        return 0
+        )
+        if restored is None:
+            return 0
+        self.state, self.restored_sequence = restored
+        return self.restored_sequence
 
     async def _write_snapshot(self) -> None:
         """Write the snapshot, at most every ``snapshot_interval_s`` and only when the state
@@ -772,21 +762,7 @@ class Placement:
         self._snapshot_at = now
         if not self.book.last_sequence:
             return
-        content = self.state.snapshot()
-        try:
-            sha256, chunks = await asyncio.to_thread(encode_snapshot, content)
-            if sha256 == self._snapshot_sha:
-                return
-            await self._snapshots.write(
-                sha256,
-                chunks,
-                sequence=int(content["last_sequence"]),
-                jobs=len(content["jobs"]),
-                now=self._clock(),
-            )
-            self._snapshot_sha = sha256
-        except Exception:
-            log.warning("could not write the snapshot", exc_info=True)
+        if not await self._snapshots.write(self.state.snapshot(), now=self._clock()):
             return
         self.snapshots_written += 1
 

@@ -28,12 +28,11 @@ from nats.js import JetStreamContext
 
 from mdq.bus.log import follow_log
 from mdq.bus.publisher import EventPublisher
-from mdq.bus.snapshots import SnapshotStore
+from mdq.bus.snapshots import SnapshotKeeper, SnapshotStore
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.recovery import GiveUp, RecoveryPolicy, Wait, decide, requeued_body
 from mdq.core.recovery_state import RecoveryState
-from mdq.core.snapshot import encode as encode_snapshot
 from mdq.core.state import JobState, JobView
 from mdq.memory import keep_state_out_of_gc
 
@@ -62,7 +61,7 @@ class Recovery:
         self._subjects = subjects
         self._publisher = publisher
         self._policy = policy
-        self._snapshots = snapshots
+        self._snapshots = None if snapshots is None else SnapshotKeeper(snapshots, logger=log)
         self._snapshot_interval_s = snapshot_interval_s
         self._clock = clock
         self.state = RecoveryState()
@@ -70,7 +69,6 @@ class Recovery:
         self._caught_up = False
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._rechecks: set[asyncio.Task[None]] = set()
-        self._snapshot_sha: str | None = None
         self.decisions = 0
         self.restored_sequence = 0
         """The jobs-stream sequence of the snapshot this start restored (0: full replay)."""
@@ -149,23 +147,11 @@ class Recovery:
         line either way."""
         if self._snapshots is None:
             return 0
-        loaded = await self._snapshots.load()
-        if loaded.state is None:
-            log.info("full replay of the jobs log: %s", loaded.resume.reason)
+        restored = await self._snapshots.restore(RecoveryState.from_snapshot)
+        if restored is None:
             return 0
-        try:
-            self.state = RecoveryState.from_snapshot(loaded.state)
-        except (ValueError, TypeError, KeyError) as error:
-            log.warning("full replay of the jobs log: snapshot unreadable: %r", error)
-            return 0
-        self._snapshot_sha = loaded.sha256
-        self.restored_sequence = loaded.resume.after
-        log.info(
-            "restored from the %s; replaying the jobs log from sequence %d",
-            loaded.resume.reason,
-            loaded.resume.after + 1,
-        )
-        return loaded.resume.after
+        self.state, self.restored_sequence = restored
+        return self.restored_sequence
 
     async def write_snapshot(self) -> bool:
         """Write the state as the snapshot when it changed since it was last written (or
@@ -173,22 +159,8 @@ class Recovery:
         only makes the next start replay more of the log."""
         if self._snapshots is None or not self.state.last_sequence:
             return False
-        content = self.state.snapshot()
-        try:
-            sha256, chunks = await asyncio.to_thread(encode_snapshot, content)
-            if sha256 == self._snapshot_sha:
-                return False
-            await self._snapshots.write(
-                sha256,
-                chunks,
-                sequence=int(content["last_sequence"]),
-                jobs=len(content["jobs"]),
-                now=self._clock(),
-            )
-        except Exception:
-            log.warning("could not write the snapshot", exc_info=True)
+        if not await self._snapshots.write(self.state.snapshot(), now=self._clock()):
             return False
-        self._snapshot_sha = sha256
         self.snapshots_written += 1
         return True
 

@@ -13,11 +13,13 @@ always could.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig
@@ -32,6 +34,7 @@ from mdq.core.snapshot import (
     SnapshotUnreadable,
     chunk_key,
     decode,
+    encode,
     next_slot,
     resume,
 )
@@ -149,3 +152,60 @@ class SnapshotStore:
             await kv.update(HEAD_KEY, head.to_json(), last=revision)
         else:
             await kv.create(HEAD_KEY, head.to_json())
+
+
+State = TypeVar("State")
+
+
+class SnapshotKeeper:
+    """What a stateful service does with its snapshots, logged the same way by each: restore
+    the last one on start (or say why the whole log is replayed), and write the state again
+    when it changed since it was written or restored."""
+
+    def __init__(self, store: SnapshotStore, *, logger: logging.Logger) -> None:
+        self._store = store
+        self._log = logger
+        self._sha256: str | None = None
+        """The SHA-256 of the state last written or restored (nothing new: nothing written)."""
+
+    async def restore(self, rebuild: Callable[[dict[str, Any]], State]) -> tuple[State, int] | None:
+        """The state ``rebuild`` makes of the snapshot, and the jobs-stream sequence it reflects
+        (the log is to be followed from the next one); None when the whole log is to be
+        replayed. Logs one line either way."""
+        loaded = await self._store.load()
+        if loaded.state is None:
+            self._log.info("full replay of the jobs log: %s", loaded.resume.reason)
+            return None
+        try:
+            state = rebuild(loaded.state)
+        except (ValueError, TypeError, KeyError) as error:
+            self._log.warning("full replay of the jobs log: snapshot unreadable: %r", error)
+            return None
+        self._sha256 = loaded.sha256
+        self._log.info(
+            "restored from the %s; replaying the jobs log from sequence %d",
+            loaded.resume.reason,
+            loaded.resume.after + 1,
+        )
+        return state, loaded.resume.after
+
+    async def write(self, content: dict[str, Any], *, now: datetime) -> bool:
+        """Write ``content`` (a state's ``snapshot()``) unless it is what was last written or
+        restored; True when written. Best effort: a failure is logged, and only makes the
+        next start replay more of the log."""
+        try:
+            sha256, chunks = await asyncio.to_thread(encode, content)
+            if sha256 == self._sha256:
+                return False
+            await self._store.write(
+                sha256,
+                chunks,
+                sequence=int(content["last_sequence"]),
+                jobs=len(content["jobs"]),
+                now=now,
+            )
+        except Exception:
+            self._log.warning("could not write the snapshot", exc_info=True)
+            return False
+        self._sha256 = sha256
+        return True
