@@ -51,7 +51,7 @@ from nats.js.errors import NotFoundError
 from nats.js.kv import KeyValue
 
 from mdq.backends.port import ClusterBackend, PodExists, PodSpec
-from mdq.bus.log import follow_log
+from mdq.bus.log import follow_log, raise_if_cancelling
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.requests import EXPECTED_LAST_SUBJECT_SEQUENCE, is_wrong_last_sequence
 from mdq.bus.snapshots import SnapshotKeeper, SnapshotStore
@@ -781,6 +781,7 @@ class Placement:
             except Exception:
                 log.exception("lease check failed")
                 held = False
+            raise_if_cancelling()  # else a stopped replica would go on renewing its lease
             if held and not self.leader:
                 await self.repair()
                 self._dirty.set()
@@ -849,6 +850,7 @@ class Placement:
                     await self._write_snapshot()
                 else:
                     self._adopt.clear()
+                raise_if_cancelling()  # a cancel that a pass's NATS requests dropped
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(self._settings.reconcile_interval_s):
                         await self._dirty.wait()

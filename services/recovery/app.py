@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 
 from nats.js import JetStreamContext
 
-from mdq.bus.log import follow_log
+from mdq.bus.log import follow_log, raise_if_cancelling
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.snapshots import SnapshotKeeper, SnapshotStore
 from mdq.bus.subjects import Subjects
@@ -169,6 +169,7 @@ class Recovery:
         await caught_up.wait()
         while True:
             await self.write_snapshot()
+            raise_if_cancelling()  # a cancel the snapshot's NATS requests dropped
             await asyncio.sleep(self._snapshot_interval_s)
 
     async def run(self) -> None:

@@ -4,6 +4,8 @@ falls back to a full replay and says so."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 
 import pytest
@@ -171,3 +173,39 @@ async def test_without_a_usable_snapshot_the_whole_log_is_replayed_and_said(
         await wait_for(a_requeued, what="rf-a requeued after a full replay")
     assert second.restored_sequence == 0
     assert "full replay of the jobs log: snapshot unreadable" in caplog.text
+
+
+class _DroppingStore(SnapshotStore):
+    """A snapshot store whose write loses the cancellation that lands in it, as nats-py's
+    requests can on Python 3.11 (their ``asyncio.wait_for`` returns the answer instead)."""
+
+    async def write(self, *args: object, **kwargs: object) -> None:
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(30)
+
+
+async def test_recovery_stops_when_a_snapshot_write_drops_its_cancel(
+    nc: Client, subjects: Subjects
+) -> None:
+    await run_job(nc, subjects, "rc-a", ends=False)
+    js = nc.jetstream()
+    recovery = Recovery(
+        js=js,
+        subjects=subjects,
+        publisher=publisher(js, subjects),
+        policy=RecoveryPolicy(),
+        snapshots=_DroppingStore(
+            js, bucket=subjects.recovery_snapshot_bucket, stream=subjects.jobs_stream, replicas=1
+        ),
+        snapshot_interval_s=0.05,
+    )
+    task = asyncio.create_task(recovery.run())
+
+    async def folded() -> bool:
+        return recovery.state.last_sequence > 0
+
+    await wait_for(folded, what="the log folded")
+    await asyncio.sleep(0.3)  # the writer is inside its (dropping) write now
+    task.cancel()
+    done, _ = await asyncio.wait([task], timeout=5)
+    assert done, "recovery did not stop after its cancel"

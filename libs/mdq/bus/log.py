@@ -35,6 +35,19 @@ V1_ACK_TOKENS = 9
 V2_ACK_TOKENS = 11
 
 
+def raise_if_cancelling() -> None:
+    """Raise ``CancelledError`` when the current task has been asked to stop.
+
+    nats-py runs each request under ``asyncio.wait_for``, which on Python 3.11 drops a
+    cancellation that lands just as its inner future completes: the awaiting code gets the
+    answer instead, and a loop that never awaits anything else cancellable runs on for ever
+    (a service then does not stop when it is cancelled). The task still counts the cancel
+    (``cancelling()``), so a loop calls this after its NATS requests, once per round."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 async def follow_log(
     js: JetStreamContext,
     subject: str,
@@ -100,13 +113,9 @@ async def follow_log(
         # A push consumer may already have delivered messages when its info comes back: the
         # history is empty only if nothing is pending AND nothing was delivered yet.
         info = await subscription.consumer_info()
-        task = asyncio.current_task()
-        if task is not None and task.cancelling():
-            # Cancelled while the info request completed: nats-py's request runs under
-            # asyncio.wait_for, which on Python 3.11 can drop a cancellation that lands as
-            # its inner future completes. Without this the follower waited on ``failed``
-            # for ever and its caller's ``await`` hung (test_follow_log, 1 run in 3).
-            raise asyncio.CancelledError
+        # Cancelled while the info request completed? Without this the follower waited on
+        # ``failed`` for ever and its caller's ``await`` hung (test_follow_log, 1 run in 3).
+        raise_if_cancelling()
         delivered = info.delivered.consumer_seq if info.delivered else 0
         if info.num_pending == 0 and not delivered:
             await mark_caught_up()
