@@ -179,7 +179,10 @@ class _DroppingStore(SnapshotStore):
     """A snapshot store whose write loses the cancellation that lands in it, as nats-py's
     requests can on Python 3.11 (their ``asyncio.wait_for`` returns the answer instead)."""
 
+    entered = asyncio.Event()
+
     async def write(self, *args: object, **kwargs: object) -> None:
+        self.entered.set()
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.sleep(30)
 
@@ -189,14 +192,15 @@ async def test_recovery_stops_when_a_snapshot_write_drops_its_cancel(
 ) -> None:
     await run_job(nc, subjects, "rc-a", ends=False)
     js = nc.jetstream()
+    store = _DroppingStore(
+        js, bucket=subjects.recovery_snapshot_bucket, stream=subjects.jobs_stream, replicas=1
+    )
     recovery = Recovery(
         js=js,
         subjects=subjects,
         publisher=publisher(js, subjects),
         policy=RecoveryPolicy(),
-        snapshots=_DroppingStore(
-            js, bucket=subjects.recovery_snapshot_bucket, stream=subjects.jobs_stream, replicas=1
-        ),
+        snapshots=store,
         snapshot_interval_s=0.05,
     )
     task = asyncio.create_task(recovery.run())
@@ -205,7 +209,7 @@ async def test_recovery_stops_when_a_snapshot_write_drops_its_cancel(
         return recovery.state.last_sequence > 0
 
     await wait_for(folded, what="the log folded")
-    await asyncio.sleep(0.3)  # the writer is inside its (dropping) write now
+    await asyncio.wait_for(store.entered.wait(), timeout=20)  # inside its (dropping) write
     task.cancel()
     done, _ = await asyncio.wait([task], timeout=5)
     assert done, "recovery did not stop after its cancel"
