@@ -65,7 +65,7 @@ from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.runner_task import RunnerTask, job_dir
 from mdq.core.spec import normalize_job
-from mdq.embedded import start_nats
+from mdq.embedded import SHARED_FILE_STORE, start_nats
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 REPORT_EVERY = 1_000
@@ -327,7 +327,8 @@ async def main() -> None:
         parser.error(f"--systems: choose from water_box, lennard_jones, got {args.systems!r}")
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="mdq-bench-runner-") as temp:
-        nats = start_nats(Path(temp) / "nats")
+        # a namespace per run, on one server
+        nats = start_nats(Path(temp) / "nats", max_file_store=SHARED_FILE_STORE)
         data_dir = Path(temp) / "data"
         run = 0
         try:

@@ -54,7 +54,7 @@ from mdq.core import ids
 from mdq.core.events import make_event
 from mdq.core.producers import EVENT_PRODUCERS
 from mdq.core.spec import normalize_job
-from mdq.embedded import SYNC_SERVER_DEFAULT, start_nats
+from mdq.embedded import SHARED_FILE_STORE, SYNC_SERVER_DEFAULT, start_nats
 
 REPO = Path(__file__).resolve().parents[1]
 NODES = 8
@@ -335,7 +335,9 @@ async def namespace_run(
 
 async def run(history: int, burst: int) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="mdq-bench-scale-"))
-    server = start_nats(root / "nats", sync_interval=SYNC_SERVER_DEFAULT)
+    server = start_nats(  # two namespaces on one server
+        root / "nats", sync_interval=SYNC_SERVER_DEFAULT, max_file_store=SHARED_FILE_STORE
+    )
     try:
         empty = await namespace_run(server.url, root, "empty", 0, burst)
         big = await namespace_run(server.url, root, "big", history, burst)

@@ -21,7 +21,7 @@ from nats.js import JetStreamContext
 
 from mdq.bus.connect import connect
 from mdq.bus.subjects import Subjects
-from mdq.embedded import start_nats, start_postgres
+from mdq.embedded import SHARED_FILE_STORE, start_nats, start_postgres
 from mdq.store.engine import create_writer_pool
 from mdq.store.roles import RoleNames, RolePasswords, RoleUrls, role_urls, setup_database_async
 
@@ -32,7 +32,9 @@ def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if url := os.environ.get("NATS_URL"):
         yield url
         return
-    server = start_nats(tmp_path_factory.mktemp("nats"))
+    # Every test's namespace makes streams on this one server, and JetStream reserves each
+    # stream's size limit against the file store (nothing is allocated): room for them all.
+    server = start_nats(tmp_path_factory.mktemp("nats"), max_file_store=SHARED_FILE_STORE)
     yield server.url
     server.stop()
 

@@ -22,6 +22,8 @@ from urllib.parse import quote
 
 import psutil
 
+from mdq.bus.storage import StorageSettings
+
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nobody listens on right now."""
@@ -60,6 +62,8 @@ class EmbeddedNats:
     sync_interval: str = SYNC_ALWAYS
     auth: str = ""
     """The authentication block of its configuration ("" = open; ``mdq.auth.Trust``)."""
+    max_file_store: int | None = None
+    """Its JetStream file store in bytes (None: ``nats_config``'s default)."""
 
     @property
     def pid(self) -> int:
@@ -81,6 +85,7 @@ class EmbeddedNats:
             log_file=self.log_file,
             sync_interval=self.sync_interval,
             auth=self.auth,
+            max_file_store=self.max_file_store,
         )
 
     def stop(self) -> None:
@@ -117,6 +122,12 @@ the default refused placement's connection in a namespace of 11 characters. The 
 configurations set the same (tests/integration/test_deploy_manifests.py)."""
 
 
+SHARED_FILE_STORE = 1 << 50
+"""``max_file_store`` of a NATS that many namespaces share (the tests', the benchmarks'):
+JetStream reserves each stream's size limit against it when the stream is made, nothing is
+allocated, so 1 PiB of reservations leaves room for ~40,000 namespaces' limits."""
+
+
 def nats_config(
     *,
     port: int,
@@ -126,8 +137,14 @@ def nats_config(
     server_name: str = "",
     cluster: NatsCluster | None = None,
     auth: str = "",
+    max_file_store: int | None = None,
 ) -> str:
     """The nats-server configuration of the embedded default.
+
+    ``max_file_store`` (bytes) is the file store JetStream may use; by default what one mdq
+    namespace's stream and bucket limits reserve (``StorageSettings.server_bytes``, from
+    ``MDQ_STORAGE_*``): JetStream reserves each stream's size limit when it is made and refuses
+    a stream that does not fit.
 
     ``sync_interval: always`` makes JetStream fsync each message before it is acknowledged, so
     nothing mdq was told is stored can vanish with the page cache (Jepsen's NATS 2.12.1
@@ -150,7 +167,13 @@ def nats_config(
         lines.append(f"server_name: {json.dumps(server_name)}")
     if monitor_port is not None:
         lines.append(f'http: "127.0.0.1:{monitor_port}"')
-    lines += ["jetstream {", f"  store_dir: {json.dumps(str(store_dir))}"]
+    if max_file_store is None:
+        max_file_store = StorageSettings().server_bytes()
+    lines += [
+        "jetstream {",
+        f"  store_dir: {json.dumps(str(store_dir))}",
+        f"  max_file_store: {max_file_store}",
+    ]
     if sync_interval:
         lines.append(f"  sync_interval: {sync_interval}")
     lines.append("}")
@@ -179,6 +202,7 @@ def start_nats(
     server_name: str = "",
     cluster: NatsCluster | None = None,
     auth: str = "",
+    max_file_store: int | None = None,
 ) -> EmbeddedNats:
     """Start nats-server with JetStream on 127.0.0.1 and wait until it accepts connections.
 
@@ -198,6 +222,7 @@ def start_nats(
             server_name=server_name,
             cluster=cluster,
             auth=auth,
+            max_file_store=max_file_store,
         )
     )
     process = subprocess.Popen(
@@ -213,7 +238,14 @@ def start_nats(
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
                 return EmbeddedNats(
-                    process, f"nats://127.0.0.1:{port}", port, store_dir, log, sync_interval, auth
+                    process,
+                    f"nats://127.0.0.1:{port}",
+                    port,
+                    store_dir,
+                    log,
+                    sync_interval,
+                    auth,
+                    max_file_store,
                 )
         except OSError:
             time.sleep(0.05)

@@ -33,6 +33,7 @@ import contextlib
 import fcntl
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -56,6 +57,7 @@ from mdq.auth import (
 )
 from mdq.bus.connect import CREDS_ENV
 from mdq.bus.setup import prepare_bus
+from mdq.bus.storage import StorageSettings
 from mdq.embedded import EmbeddedNats, EmbeddedPostgres, start_nats, start_postgres
 from mdq.store.stack_database import (
     StackDatabase,
@@ -553,6 +555,7 @@ class Stack:
     async def _start_servers(self) -> None:
         if not self._nats_url:
             generated = await asyncio.to_thread(self._secure_bus)
+            self._warn_if_the_disk_is_short(self.state_dir / "nats")
             self._servers.nats = await asyncio.to_thread(
                 start_nats,
                 self.state_dir / "nats",
@@ -575,6 +578,20 @@ class Stack:
             self._server_watches.append(
                 ServerWatch(POSTGRES, self._servers.postgres.data_dir / "log", time.time())
             )
+
+    def _warn_if_the_disk_is_short(self, store: Path) -> None:
+        """Say so when the streams' limits (``MDQ_STORAGE_*``) add up to more than the disk
+        under the NATS store has free: JetStream would find the disk full before a limit."""
+        store.mkdir(parents=True, exist_ok=True)
+        needed, free = StorageSettings().server_bytes(), shutil.disk_usage(store).free
+        if needed > free:
+            line = (
+                f"the streams' size limits (MDQ_STORAGE_*) add up to {needed / 2**30:.1f} GiB, "
+                f"more than the {free / 2**30:.1f} GiB free under {store}: lower them "
+                "(docs/durability.md, Bounded storage)"
+            )
+            self._note(line)
+            print(f"mdq up: warning: {line}", file=sys.stderr, flush=True)
 
     def _server_pid(self, name: str) -> int | None:
         server = self._servers.nats if name == NATS_SERVER else self._servers.postgres

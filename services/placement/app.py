@@ -171,7 +171,7 @@ class Placement:
         self._lease = (
             LeaderLease(
                 js=js,
-                bucket=f"{namespace}_placement",
+                bucket=subjects.lease_bucket,
                 holder=self.instance,
                 ttl_s=settings.lease_ttl_s,
                 replicas=stream_replicas,

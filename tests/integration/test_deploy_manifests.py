@@ -66,6 +66,7 @@ from mdq.auth import (
 from mdq.backends.kubernetes.settings import KubernetesSettings
 from mdq.bus.connect import auth_options, connect, identity_of_creds
 from mdq.bus.setup import prepare_bus
+from mdq.bus.storage import StorageSettings
 from mdq.bus.subjects import Subjects
 from mdq.core.spec import PRIORITY_CLASSES
 from mdq.embedded import MAX_CONTROL_LINE, SYNC_ALWAYS, free_port, nats_server_binary
@@ -420,7 +421,12 @@ def test_the_config_map_names_real_settings_and_parses_into_them(
     objects = build(overlay)
     data: dict[str, str] = config_map(objects, "mdq-config")["data"]
     known = settings_env_names(
-        CommonSettings, PlacementSettings, WatcherSettings, MetricsSettings, KubernetesSettings
+        CommonSettings,
+        PlacementSettings,
+        WatcherSettings,
+        MetricsSettings,
+        KubernetesSettings,
+        StorageSettings,
     ) | {"PYTHONUNBUFFERED"}
     assert set(data) <= known, set(data) - known
     for key, value in data.items():
@@ -991,6 +997,36 @@ def test_nats_syncs_every_write_as_the_embedded_server_does(where: str, tmp_path
     assert varz["max_control_line"] == MAX_CONTROL_LINE, where
 
 
+def storage_settings(where: str) -> StorageSettings:
+    """The stream and bucket limits (``MDQ_STORAGE_*``) mdq's services get in ``where``."""
+    if where == "docker-compose.yml":
+        setup = compose()["services"]["bus-setup"]  # the one that makes the streams
+        assert setup["env_file"] == "deploy/base/storage.env"
+        lines = (ROOT / setup["env_file"]).read_text().splitlines()
+        pairs = [line.split("=", 1) for line in lines if line and not line.startswith("#")]
+        data = {key: value for key, value in pairs}
+    else:
+        data = config_map(build(where), "mdq-config")["data"]
+    prefix = "MDQ_STORAGE_"
+    limits = {
+        key[len(prefix) :].lower(): value for key, value in data.items() if key[:12] == prefix
+    }
+    assert limits, f"{where}: no MDQ_STORAGE_* settings"
+    return StorageSettings.model_validate(limits)
+
+
+@pytest.mark.parametrize("where", ["base", *OVERLAYS, "docker-compose.yml"])
+def test_the_stream_limits_fit_the_nats_file_store(where: str, tmp_path: Path) -> None:
+    """JetStream reserves each stream's size limit against its file store when the stream is
+    made, and refuses one that does not fit: the limits mdq is given must fit the file store
+    of the NATS it is deployed with (the real nats-server's reading of it)."""
+    storage = storage_settings(where)
+    varz = parsed_by_nats_server(nats_configs()[where], tmp_path / "nats")
+    file_store = varz["jetstream"]["config"]["max_storage"]
+    assert 0 < storage.server_bytes() <= file_store, (where, storage.server_bytes(), file_store)
+    assert storage.server_bytes() > file_store / 2, "most of the file store is left unused"
+
+
 def test_the_production_nats_is_a_three_server_cluster(tmp_path: Path) -> None:
     objects = build("overlays/production")
     statefulset, conf = nats_server(objects)
@@ -1336,7 +1372,12 @@ async def test_the_generated_credentials_open_the_deployed_nats(tmp_path: Path) 
         generated = generate(workdir, "mdq")  # what deployed_nats wrote: kept as it is
         assert generated.written == ()
         assert varz["auth_required"] is True
-        await prepare_bus(url, namespace="mdq", creds=generated.creds["admin"])
+        await prepare_bus(
+            url,
+            namespace="mdq",
+            creds=generated.creds["admin"],
+            storage=storage_settings("base"),  # as the bus-setup Job: fits its file store
+        )
         client = await connect(
             url, name="intake", subjects=Subjects("mdq"), creds=generated.creds["intake"]
         )
@@ -1347,7 +1388,13 @@ async def test_the_generated_credentials_open_the_deployed_nats(tmp_path: Path) 
             await client.close()
         with pytest.raises(nats.errors.Error):  # intake may not make or change a stream
             await asyncio.wait_for(
-                prepare_bus(url, namespace="other", creds=generated.creds["intake"]), 10
+                prepare_bus(
+                    url,
+                    namespace="other",
+                    creds=generated.creds["intake"],
+                    storage=storage_settings("base"),
+                ),
+                10,
             )
         with pytest.raises(nats.errors.Error, match=r"[Aa]uthorization"):
             await nats.connect(url, allow_reconnect=False, connect_timeout=2)

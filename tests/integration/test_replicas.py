@@ -25,7 +25,7 @@ from mdq.backends.local.records import ensure_buckets
 from mdq.bus.requests import Requests
 from mdq.bus.streams import ensure_streams, stream_configs
 from mdq.bus.subjects import Subjects
-from mdq.embedded import EmbeddedNats, NatsCluster, start_nats
+from mdq.embedded import SHARED_FILE_STORE, EmbeddedNats, NatsCluster, start_nats
 from mdq.settings import CommonSettings
 from services.intake.registry import SubmitRegistry
 from services.placement.lease import LeaderLease
@@ -75,6 +75,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[EmbeddedN
                     tmp_path_factory.mktemp(f"nats-{index}"),
                     server_name=f"n{index}",
                     cluster=NatsCluster(name="mdq-test", port=route, routes=routes),
+                    max_file_store=SHARED_FILE_STORE,  # every test's namespace on one cluster
                 )
             )
         yield servers

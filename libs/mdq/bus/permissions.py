@@ -145,7 +145,7 @@ class Names:
 
 def service_permissions(identity: str, subjects: Subjects, names: Names = Names()) -> Permissions:
     """The permissions of one long-running identity (``IDENTITIES``)."""
-    lease_bucket = names.lease_bucket or f"{subjects.namespace}_placement"
+    lease_bucket = names.lease_bucket or subjects.lease_bucket
     jobs, progress, nodes, submit = (
         subjects.jobs_stream,
         subjects.progress_stream,

@@ -10,8 +10,10 @@ same everywhere:
   ``bus-setup``) and the Kubernetes base the Job ``mdq-bus-setup`` (``python -m
   mdq.bus.setup``), each with the admin's credentials in ``MDQ_NATS_CREDS``.
 
-It also makes the tenants bucket (``<namespace>_tenants``, ``mdq.bus.tenants``: each tenant's
-policy, written by the admin and read by the services).
+Every stream and bucket gets the size and age limits of ``MDQ_STORAGE_*``
+(``mdq.bus.storage``), older buckets included. It also makes the tenants bucket
+(``<namespace>_tenants``, ``mdq.bus.tenants``: each tenant's policy, written by the admin and
+read by the services).
 
 Idempotent: a stream that exists is brought up to date (its replica count only ever goes up).
 The replica count is ``MDQ_STREAM_REPLICAS`` (``CommonSettings``), the namespace
@@ -26,7 +28,8 @@ import logging
 from pathlib import Path
 
 from mdq.bus.connect import connect
-from mdq.bus.streams import ensure_streams
+from mdq.bus.storage import StorageSettings
+from mdq.bus.streams import ensure_bucket_limits, ensure_streams
 from mdq.bus.subjects import Subjects
 from mdq.bus.tenants import ensure_tenants_bucket
 
@@ -40,20 +43,24 @@ async def prepare_bus(
     replicas: int = 1,
     local_backend: bool = False,
     creds: Path | str | None = None,
+    storage: StorageSettings | None = None,
 ) -> None:
     """Create or update the streams of ``namespace`` and its tenants bucket (and, with
     ``local_backend``, the local backend's KV buckets), connected with ``creds`` (default:
-    ``MDQ_NATS_CREDS``), which must be the admin's on an mdq server."""
+    ``MDQ_NATS_CREDS``), which must be the admin's on an mdq server; every stream and
+    bucket with the limits of ``storage`` (default: ``MDQ_STORAGE_*``)."""
+    storage = storage or StorageSettings()
     from mdq.backends.local.records import ensure_buckets  # only with the local backend
 
     subjects = Subjects(namespace)
     client = await connect(nats_url, name="mdq-bus-setup", wait=True, creds=creds)
     try:
         js = client.jetstream()
-        await ensure_streams(js, subjects, replicas=replicas)
+        await ensure_streams(js, subjects, replicas=replicas, storage=storage)
         await ensure_tenants_bucket(js, subjects, replicas=replicas)
         if local_backend:
             await ensure_buckets(js, subjects, replicas=replicas)
+        await ensure_bucket_limits(js, subjects, storage)
     finally:
         await client.close()
 

@@ -5,11 +5,17 @@ single server, 3 on the production overlay's three-node NATS cluster, docs/durab
 existing stream's replica count is raised to it but never lowered: a process started without
 the setting (a CLI on a laptop, an older service) must not scale production streams down;
 lower it by hand (``nats stream edit --replicas``) if you mean to.
+
+Each has the size and age limit and the discard policy of ``mdq.bus.storage`` (settings
+``MDQ_STORAGE_*``). An update never sets a stream's size limit below what it holds: that would
+drop history (discard old) or refuse every new event (discard new) at once; the limit stays at
+the stream's size, and a warning says so.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from nats.js import JetStreamContext
 from nats.js.api import (
@@ -23,24 +29,31 @@ from nats.js.api import (
 from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
+from mdq.bus.storage import DAY_S, StorageSettings
 from mdq.bus.subjects import Subjects
 
+log = logging.getLogger("mdq.bus.streams")
+
 MAX_SUBMIT_BYTES = 1024 * 1024
-DAY = 24 * 3600.0
 
 
-def stream_configs(subjects: Subjects, *, replicas: int = 1) -> list[StreamConfig]:
-    """Definitions of every stream: history is kept (limits retention) so replay works."""
+def stream_configs(
+    subjects: Subjects, *, replicas: int = 1, storage: StorageSettings | None = None
+) -> list[StreamConfig]:
+    """Definitions of every stream: history is kept (limits retention) so replay works, within
+    the limits of ``storage`` (default: ``MDQ_STORAGE_*`` from the environment)."""
+    storage = storage or StorageSettings()
     configs = [
         StreamConfig(
             name=subjects.submit_stream,
             subjects=subjects.submit_subjects,
             retention=RetentionPolicy.LIMITS,
             storage=StorageType.FILE,
-            max_age=30 * DAY,
+            max_age=storage.submit_days * DAY_S,
+            max_bytes=int(storage.submit_bytes),
             max_msg_size=MAX_SUBMIT_BYTES,
             duplicate_window=3600.0,
-            discard=DiscardPolicy.OLD,
+            discard=DiscardPolicy.NEW,  # a full stream refuses the submitter, drops nothing
         ),
         StreamConfig(
             name=subjects.jobs_stream,
@@ -48,16 +61,20 @@ def stream_configs(subjects: Subjects, *, replicas: int = 1) -> list[StreamConfi
             subjects=[subjects.job_all("*"), subjects.rejected("*"), subjects.rejected("*.*")],
             retention=RetentionPolicy.LIMITS,
             storage=StorageType.FILE,
-            max_age=365 * DAY,
+            max_age=storage.jobs_days * DAY_S,
+            max_bytes=int(storage.jobs_bytes),
             duplicate_window=3600.0,
+            discard=DiscardPolicy.NEW,  # never drops a live job's events (intake stops first)
         ),
         StreamConfig(
             name=subjects.progress_stream,
             subjects=[subjects.progress_all],
             retention=RetentionPolicy.LIMITS,
             storage=StorageType.FILE,
-            max_age=90 * DAY,
+            max_age=storage.progress_days * DAY_S,
+            max_bytes=int(storage.progress_bytes),
             duplicate_window=600.0,
+            discard=DiscardPolicy.OLD,  # PostgreSQL keeps the history
         ),
         StreamConfig(
             name=subjects.nodes_stream,
@@ -65,8 +82,10 @@ def stream_configs(subjects: Subjects, *, replicas: int = 1) -> list[StreamConfi
             retention=RetentionPolicy.LIMITS,
             storage=StorageType.FILE,
             max_msgs_per_subject=1,
-            max_age=DAY,
+            max_age=storage.nodes_days * DAY_S,
+            max_bytes=int(storage.nodes_bytes),
             duplicate_window=60.0,
+            discard=DiscardPolicy.OLD,  # a node's next report replaces it anyway
         ),
     ]
     for config in configs:
@@ -74,14 +93,18 @@ def stream_configs(subjects: Subjects, *, replicas: int = 1) -> list[StreamConfi
     return configs
 
 
-TENANT_STREAM_MAX_AGE_S = 30 * DAY
-"""How long a tenant's own stream keeps its events (the history stays in PostgreSQL and the
-jobs and progress streams; this copy is what the tenant may follow and replay)."""
-
-
-def tenant_stream_config(subjects: Subjects, tenant: str, *, replicas: int = 1) -> StreamConfig:
+def tenant_stream_config(
+    subjects: Subjects,
+    tenant: str,
+    *,
+    replicas: int = 1,
+    storage: StorageSettings | None = None,
+) -> StreamConfig:
     """One tenant's stream: its jobs' events, refusals and progress, sourced by the server
-    from the shared streams (which a tenant may not read: they hold everyone's jobs)."""
+    from the shared streams (which a tenant may not read: they hold everyone's jobs). It is a
+    copy (the history stays in PostgreSQL and the shared streams), so it drops its oldest
+    events at its limits (``MDQ_STORAGE_TENANT_*``)."""
+    storage = storage or StorageSettings()
     jobs, refusals, progress = subjects.tenant_events(tenant)
     return StreamConfig(
         name=subjects.tenant_stream(tenant),
@@ -92,36 +115,73 @@ def tenant_stream_config(subjects: Subjects, tenant: str, *, replicas: int = 1) 
         ],
         retention=RetentionPolicy.LIMITS,
         storage=StorageType.FILE,
-        max_age=TENANT_STREAM_MAX_AGE_S,
+        max_age=storage.tenant_days * DAY_S,
+        max_bytes=int(storage.tenant_bytes),
+        discard=DiscardPolicy.OLD,
         num_replicas=replicas,
     )
 
 
 async def ensure_tenant_stream(
-    js: JetStreamContext, subjects: Subjects, tenant: str, *, replicas: int = 1
+    js: JetStreamContext,
+    subjects: Subjects,
+    tenant: str,
+    *,
+    replicas: int = 1,
+    storage: StorageSettings | None = None,
 ) -> None:
     """Create (or bring up to date) ``tenant``'s stream; as admin, after ``ensure_streams``."""
-    await _create_or_update(js, tenant_stream_config(subjects, tenant, replicas=replicas), replicas)
+    config = tenant_stream_config(subjects, tenant, replicas=replicas, storage=storage)
+    await _create_or_update(js, config, replicas)
 
 
-async def ensure_streams(js: JetStreamContext, subjects: Subjects, *, replicas: int = 1) -> None:
+async def ensure_streams(
+    js: JetStreamContext,
+    subjects: Subjects,
+    *,
+    replicas: int = 1,
+    storage: StorageSettings | None = None,
+) -> None:
     """Create the namespace's streams, or bring existing ones up to date (their replica count
-    only ever goes up)."""
-    for config in stream_configs(subjects, replicas=replicas):
+    only ever goes up, their size limit never below what they hold)."""
+    for config in stream_configs(subjects, replicas=replicas, storage=storage):
         await _create_or_update(js, config, replicas)
 
 
 async def _create_or_update(js: JetStreamContext, config: StreamConfig, replicas: int) -> None:
     """Create the stream of ``config``, or update it to ``config`` with its replica count never
-    lowered; on a cluster, return once it has a leader."""
+    lowered and its size limit never under its size; on a cluster, return once it has a
+    leader."""
+    name = config.name or ""
     try:
-        await js.add_stream(config=config)
-    except BadRequestError:
-        existing = await js.stream_info(config.name or "")
-        config.num_replicas = max(replicas, existing.config.num_replicas or 1)
-        await js.update_stream(config=config)
+        # Looked up first: the server checks a create against the file store before it sees
+        # that the stream exists, so re-creating a big one answers "insufficient storage".
+        existing = await js.stream_info(name)
+    except NotFoundError:
+        try:
+            await js.add_stream(config=config)
+        except BadRequestError:  # made meanwhile by another process
+            existing = await js.stream_info(name)
+        else:
+            if replicas > 1:
+                await await_leader(js, name)
+            return
+    config.num_replicas = max(replicas, existing.config.num_replicas or 1)
+    held = existing.state.bytes
+    if config.max_bytes is not None and 0 < config.max_bytes < held:
+        log.warning(
+            "stream %s holds %d bytes, more than its new size limit %d: the limit stays at %d "
+            "(lowering it would drop history or refuse every event); trim the stream on "
+            "purpose first if you mean to",
+            name,
+            held,
+            config.max_bytes,
+            held,
+        )
+        config.max_bytes = held
+    await js.update_stream(config=config)
     if replicas > 1:
-        await await_leader(js, config.name or "")
+        await await_leader(js, name)
 
 
 async def require_streams(js: JetStreamContext, subjects: Subjects, *, replicas: int = 1) -> None:
@@ -174,10 +234,18 @@ async def ensure_replicas(js: JetStreamContext, stream: str, replicas: int) -> N
         await js.update_stream(config=info.config)
 
 
-async def open_bucket(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:
+async def open_bucket(
+    js: JetStreamContext, config: KeyValueConfig, *, storage: StorageSettings | None = None
+) -> KeyValue:
     """Open the KV bucket of ``config`` as it is when it exists (created concurrently, or
     with another config by an older version), or create it; with at least ``config.replicas``
-    copies. An existing bucket is only read first: opening one needs no right to manage it."""
+    copies. An existing bucket is only read first: opening one needs no right to manage it.
+
+    A bucket made here has a size limit: ``config.max_bytes``, or else ``bucket_bytes`` of
+    ``storage`` (``MDQ_STORAGE_BUCKET_BYTES``). The setup brings older buckets' limits up to
+    date (``ensure_bucket_limits``)."""
+    if not config.max_bytes or config.max_bytes < 0:
+        config.max_bytes = int((storage or StorageSettings()).bucket_bytes)
     try:
         kv = await js.key_value(config.bucket)
     except BucketNotFoundError:
@@ -189,3 +257,58 @@ async def open_bucket(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:
     if (config.replicas or 1) > 1:
         await await_leader(js, f"KV_{config.bucket}")
     return kv
+
+
+def bucket_limits(subjects: Subjects, storage: StorageSettings) -> dict[str, tuple[int, float]]:
+    """Every bucket of the namespace -> (size limit in bytes, age limit in seconds, 0: none).
+
+    Only intake's registry (its duplicate window) has an age limit of these settings; the
+    waiting view and the lease set their own short ones when they make their bucket, and the
+    policies, the snapshots and the local backend's tables are state kept in place (one value
+    per key), not history, so they have none."""
+    bucket = int(storage.bucket_bytes)
+    limits = {
+        name: (bucket, 0.0)
+        for name in (
+            subjects.tenants_bucket,
+            subjects.pods_bucket,
+            subjects.nodes_bucket,
+            subjects.waiting_bucket,
+            subjects.placement_snapshot_bucket,
+            subjects.recovery_snapshot_bucket,
+            subjects.lease_bucket,
+        )
+    }
+    limits[subjects.intake_bucket] = (int(storage.registry_bytes), storage.registry_days * DAY_S)
+    return limits
+
+
+async def ensure_bucket_limits(
+    js: JetStreamContext, subjects: Subjects, storage: StorageSettings | None = None
+) -> None:
+    """Give the namespace's existing buckets the size (and, where it has one, age) limit of
+    ``storage``, as admin: buckets made by an earlier version have none. A missing bucket is
+    left to its owner, which makes it with these limits."""
+    for bucket, (max_bytes, max_age) in bucket_limits(
+        subjects, storage or StorageSettings()
+    ).items():
+        await ensure_bucket_limit(js, bucket, max_bytes=max_bytes, max_age_s=max_age)
+
+
+async def ensure_bucket_limit(
+    js: JetStreamContext, bucket: str, *, max_bytes: int, max_age_s: float = 0.0
+) -> None:
+    """Set an existing bucket's size limit (never below what it holds, as for streams) and,
+    when ``max_age_s`` > 0, its age limit; a bucket that does not exist is left alone."""
+    try:
+        info = await js.stream_info(f"KV_{bucket}")
+    except NotFoundError:
+        return
+    config = info.config
+    wanted_bytes = max(max_bytes, info.state.bytes)
+    wanted_age = max_age_s if max_age_s > 0 else (config.max_age or 0.0)
+    if config.max_bytes == wanted_bytes and (config.max_age or 0.0) == wanted_age:
+        return
+    config.max_bytes, config.max_age = wanted_bytes, wanted_age
+    await js.update_stream(config=config)
+    log.info("bucket %s: size limit %d bytes, age limit %g s", bucket, wanted_bytes, wanted_age)

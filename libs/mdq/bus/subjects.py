@@ -155,6 +155,11 @@ class Subjects:
         return f"{self.namespace}_recovery_snapshot"
 
     @property
+    def lease_bucket(self) -> str:
+        """KV bucket of placement: the leader lease of its replicas."""
+        return f"{self.namespace}_placement"
+
+    @property
     def tenants_bucket(self) -> str:
         """KV bucket of the admin: each tenant's policy (JSON, key: the tenant's name)."""
         return f"{self.namespace}_tenants"

@@ -385,6 +385,8 @@ def stream_of(subjects: Subjects, address: str) -> dict[str, Any] | None:
     }
     limits = {
         "max_age_s": config.max_age,
+        "max_bytes": config.max_bytes,
+        "discard": config.discard.value if config.discard else None,
         "max_msgs_per_subject": config.max_msgs_per_subject,
         "max_msg_size_bytes": config.max_msg_size,
         "duplicate_window_s": config.duplicate_window,
@@ -399,6 +401,12 @@ def _stream_text(stream: Mapping[str, Any] | None) -> str:
     text = f"Captured by the JetStream stream `{stream['stream']}` ({stream['retention']} retention"
     if "max_age_s" in stream:
         text += f", kept {stream['max_age_s'] / 86400:g} days"
+    if "max_bytes" in stream:
+        text += f" and at most {stream['max_bytes'] / 2**20:g} MiB (MDQ_STORAGE_*)"
+    if stream.get("discard") == "new":
+        text += ", a full stream refuses new messages"
+    elif stream.get("discard") == "old":
+        text += ", a full stream drops its oldest"
     if "max_msgs_per_subject" in stream:
         text += f", only the latest {stream['max_msgs_per_subject']} per subject"
     if "duplicate_window_s" in stream:

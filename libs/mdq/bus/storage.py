@@ -1,0 +1,150 @@
+"""How much JetStream keeps, and for how long: the size and age limit of every stream and bucket.
+
+Every limit comes from one settings group (environment variables ``MDQ_STORAGE_*``, documented
+in docs/durability.md "Bounded storage"), read by whoever creates or updates a stream or a
+bucket: ``mdq up`` and the bus-setup Job (the streams, the tenants bucket, the local backend's
+tables) and each service for the buckets it owns. What happens at a limit is chosen per stream:
+
+- the **submit** and **jobs** streams discard *new* messages when full: a full stream refuses
+  the publisher (JetStream's "maximum bytes exceeded"), it never drops an accepted submit or a
+  live job's lifecycle event to make room. Intake stops accepting new submits once the jobs
+  stream is ``jobs_high_water`` full (``JobsLogRoom``), so the room above that mark is kept for
+  the events of the jobs already accepted;
+- the **progress**, **nodes** and **tenant** streams discard *old* messages: PostgreSQL keeps the
+  history, a node's load report is replaced by its next one, and a tenant's stream is a copy;
+- every **bucket** discards new writes (JetStream KV's rule) at its size limit. Intake's request
+  registry also has an age limit, ``registry_days``: the duplicate window intake promises
+  (docs/durability.md), shorter than the jobs log's, so that a key reused after it is refused
+  by the log (``services.intake.registry``).
+
+A stream's age limit removes its oldest messages whatever its discard policy (JetStream's
+``max_age``), so the jobs log's ``jobs_days`` must outlast the longest-lived job; it is at least
+``MIN_JOBS_DAYS``.
+
+JetStream reserves each stream's ``max_bytes`` against the server's ``max_file_store`` when the
+stream is made (err_code 10047 "insufficient storage resources" otherwise), so a server that
+holds mdq needs at least ``server_bytes()`` of file store: the embedded server is configured
+with it (``mdq.embedded``), the Kubernetes NATS with its volume's size (deploy/).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import ByteSize, Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DAY_S = 24 * 3600.0
+MIN_JOBS_DAYS = 30.0
+"""The jobs log keeps at least a month: no job lives longer than its own log."""
+MiB = 1024 * 1024
+GiB = 1024 * MiB
+
+
+class StorageSettings(BaseSettings):
+    """Size and age limits of the namespace's streams and buckets (``MDQ_STORAGE_*``).
+
+    Sizes take units (``8GiB``, ``512MiB``, or bytes); ages are in days (fractions allowed)."""
+
+    model_config = SettingsConfigDict(env_prefix="MDQ_STORAGE_", extra="ignore")
+
+    submit_bytes: ByteSize = Field(
+        default=ByteSize(1 * GiB),
+        gt=0,
+        description="Submit stream (fire-and-forget submits as they arrived): size limit; "
+        "when full, a new submit is refused to its publisher.",
+    )
+    submit_days: float = Field(
+        default=7.0, gt=0, description="Submit stream: how long a submit is kept (for replay)."
+    )
+    jobs_bytes: ByteSize = Field(
+        default=ByteSize(8 * GiB),
+        gt=0,
+        description="Jobs stream (every job's lifecycle, the log of record): size limit.",
+    )
+    jobs_days: float = Field(
+        default=365.0,
+        ge=MIN_JOBS_DAYS,
+        description="Jobs stream: how long an event is kept; longer than any job lives.",
+    )
+    jobs_high_water: float = Field(
+        default=0.9,
+        gt=0,
+        lt=1,
+        description="Share of the jobs stream's size limit above which intake refuses new "
+        "submits, keeping the rest for the lifecycle events of jobs already accepted.",
+    )
+    progress_bytes: ByteSize = Field(
+        default=ByteSize(8 * GiB), gt=0, description="Progress stream: size limit (oldest go)."
+    )
+    progress_days: float = Field(
+        default=90.0, gt=0, description="Progress stream: how long a report is kept."
+    )
+    nodes_bytes: ByteSize = Field(
+        default=ByteSize(64 * MiB),
+        gt=0,
+        description="Node load stream (the last report of each node): size limit.",
+    )
+    nodes_days: float = Field(
+        default=1.0, gt=0, description="Node load stream: how long a node's last report lasts."
+    )
+    tenant_bytes: ByteSize = Field(
+        default=ByteSize(512 * MiB),
+        gt=0,
+        description="Each tenant's own stream (a copy of its events): size limit (oldest go).",
+    )
+    tenant_days: float = Field(
+        default=30.0, gt=0, description="Each tenant's stream: how long an event is kept."
+    )
+    registry_bytes: ByteSize = Field(
+        default=ByteSize(512 * MiB),
+        gt=0,
+        description="Intake's request registry (one record per accepted submit): size limit.",
+    )
+    registry_days: float = Field(
+        default=30.0,
+        gt=0,
+        description="Intake's duplicate window: a submit's key is remembered this long (the "
+        "same key and content get the same reply); after it, the key is refused as used "
+        "while the jobs log still holds its jobs. Shorter than jobs_days.",
+    )
+    bucket_bytes: ByteSize = Field(
+        default=ByteSize(256 * MiB),
+        gt=0,
+        description="Every other bucket (placement's queue view, the snapshots, the leader "
+        "lease, the tenants' policies, the local backend's tables): size limit of each.",
+    )
+    expected_tenants: int = Field(
+        default=8,
+        ge=0,
+        description="Tenants whose streams server_bytes() makes room for (the embedded server).",
+    )
+
+    @model_validator(mode="after")
+    def _registry_inside_the_log(self) -> StorageSettings:
+        if self.registry_days >= self.jobs_days:
+            raise ValueError(
+                f"MDQ_STORAGE_REGISTRY_DAYS ({self.registry_days:g}) must be shorter than "
+                f"MDQ_STORAGE_JOBS_DAYS ({self.jobs_days:g}): a key reused after the duplicate "
+                "window is refused only while the jobs log still holds its jobs"
+            )
+        return self
+
+    BUCKETS_PER_NAMESPACE: ClassVar[int] = 8
+    """Buckets of one namespace sized ``bucket_bytes``: waiting, two snapshots, lease,
+    tenants, the local backend's pods and nodes, and one to spare."""
+
+    def streams_bytes(self) -> int:
+        """The shared streams' size limits together."""
+        return int(self.submit_bytes + self.jobs_bytes + self.progress_bytes + self.nodes_bytes)
+
+    def server_bytes(self) -> int:
+        """File store one namespace's streams and buckets reserve on a server, with room for
+        ``expected_tenants`` tenant streams: the least ``max_file_store`` a server that holds
+        this namespace needs."""
+        return (
+            self.streams_bytes()
+            + int(self.registry_bytes)
+            + self.BUCKETS_PER_NAMESPACE * int(self.bucket_bytes)
+            + self.expected_tenants * int(self.tenant_bytes)
+        )
