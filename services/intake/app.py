@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import logging
 import warnings
+from collections.abc import Awaitable, Callable
 
 import nats.errors
 import nats.js.errors
@@ -54,6 +55,7 @@ from mdq.backoff import keep_trying, redact_url
 from mdq.bus.connect import NATS_NOT_READY, auth_options, wait_for_nats
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.requests import Requests
+from mdq.bus.storage import StorageSettings
 from mdq.bus.streams import require_streams
 from mdq.bus.tenants import TenantDirectory
 from mdq.core.tenants import TenantUsage, usage_key
@@ -68,6 +70,7 @@ from services.intake.handlers import (
     serialize_reply,
 )
 from services.intake.registry import SubmitRegistry
+from services.intake.room import JobsLogRoom, LogSize
 from services.intake.tenants import TenantGate, UsageReader
 
 log = logging.getLogger(__name__)
@@ -132,6 +135,12 @@ class IntakeSettings(BaseSettings):
         default=1.0,
         ge=0,
         description="Delay before a submit that failed on a NATS error is delivered again.",
+    )
+    log_room_refresh_s: float = Field(
+        default=1.0,
+        ge=0,
+        description="How often intake reads the jobs stream's size to check it against "
+        "MDQ_STORAGE_JOBS_HIGH_WATER (0: before every batch of submits).",
     )
     log_level: str = Field(default="INFO", description="Level of intake's own log.")
 
@@ -348,15 +357,31 @@ class Intake:
         )
         await self._widen_durable(js)
         requests = await Requests(connection).start()
+        storage = StorageSettings()
         registry = await SubmitRegistry.open(
-            js=js, requests=requests, subjects=self.subjects, replicas=replicas
+            js=js, requests=requests, subjects=self.subjects, replicas=replicas, storage=storage
+        )
+        room = JobsLogRoom(
+            self._jobs_log_size(js),
+            high_water=storage.jobs_high_water,
+            refresh_s=self.settings.log_room_refresh_s,
         )
         publisher = EventPublisher(js=requests, subjects=self.subjects, producer="intake")
         self._tenants = TenantDirectory(js, self.subjects)
         if not await self._tenants.wait_synced(TENANT_POLICIES_WAIT_S):
             log.warning("tenant policies not read yet: tenants get the default until they are")
         gate = TenantGate(directory=self._tenants, read_usage=self._usage_reader(js))
-        self._handler = SubmitHandler(publisher=publisher, registry=registry, gate=gate)
+        self._handler = SubmitHandler(publisher=publisher, registry=registry, gate=gate, room=room)
+
+    def _jobs_log_size(self, js: JetStreamContext) -> Callable[[], Awaitable[LogSize]]:
+        """Reads the jobs stream's size and size limit from the server."""
+        stream = self.subjects.jobs_stream
+
+        async def read() -> LogSize:
+            info = await js.stream_info(stream)
+            return LogSize(held=info.state.bytes, limit=info.config.max_bytes or -1)
+
+        return read
 
     def _usage_reader(self, js: JetStreamContext) -> UsageReader:
         """Reads a tenant's usage as placement last wrote it into its waiting bucket."""

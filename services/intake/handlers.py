@@ -30,6 +30,26 @@ events) rather than answering with the first submit's job ids as if the change h
 accepted. A claim written before fingerprints existed has none: a resubmit under its key gets
 its recorded reply, whatever its content, as it did then.
 
+Keys after the duplicate window
+-------------------------------
+The registry forgets a claim after ``MDQ_STORAGE_REGISTRY_DAYS`` (its age limit, the duplicate
+window). Job ids follow from the request id, so a key used again after that would name jobs the
+log already holds: every ``submitted`` event is published on the condition that its job has none
+yet (``Nats-Expected-Last-Subject-Sequence: 0``), and the server refuses it otherwise. When the
+job's ``submitted`` event is older than the window, the submit is refused (field
+``idempotency_key``: used before the window), and that refusal is what the registry remembers for
+the key; when it is younger, an intake of an earlier version (which recorded a submit after its
+events) died in between, and the submit is completed as accepted. Completing a claimed submit's
+events reads the same refusal as "already there".
+
+A full jobs log
+---------------
+Above ``MDQ_STORAGE_JOBS_HIGH_WATER`` of the jobs stream's size limit no new submit is accepted
+(``JobsLogRoom``): the rest of the stream is kept for the events of the jobs already accepted.
+Retries of accepted submits still get their replies. When even a refusal's ``rejected`` event
+finds no room, a request-reply submit is answered without it, and a stream submit waits in the
+submit stream (its publish is a NATS error: nak, retried later).
+
 Refused submits
 ---------------
 A refused submit publishes only a ``rejected`` event (to ``subjects.rejected(request_id)``, with
@@ -65,6 +85,7 @@ from functools import cache
 
 from mdq.bus.codec import decode_submit, encode, to_json
 from mdq.bus.publisher import EventPublisher
+from mdq.bus.requests import CREATE_ONLY, is_stream_full, is_wrong_last_sequence
 from mdq.contracts import pb
 from mdq.core.documents import printable, quoted
 from mdq.core.fingerprint import Content, Earlier, changes, content_fingerprint, content_of
@@ -72,6 +93,7 @@ from mdq.core.ids import job_id, job_name_of, request_id_for_key, request_id_for
 from mdq.core.spec import AcceptedJob, SpecError, validate_key, validate_submit
 from mdq.forcefields import ForceFieldFolders
 from services.intake.registry import JOB_ID_PATTERN, Claim, SubmitRegistry
+from services.intake.room import JobsLogRoom
 from services.intake.tenants import TenantGate
 
 log = logging.getLogger(__name__)
@@ -321,11 +343,14 @@ class SubmitHandler:
         publisher: EventPublisher,
         registry: SubmitRegistry,
         gate: TenantGate | None = None,
+        room: JobsLogRoom | None = None,
     ) -> None:
         self._publisher = publisher
         self._registry = registry
         self._gate = gate
         """Tenants' policies (rate, classes, quotas); None: no tenant is limited."""
+        self._room = room
+        """How full the jobs log is; None: never refuse for room."""
         self._locks = OnePerKey()
 
     async def on_api_submit(self, data: bytes, tenant: str = "") -> pb.SubmitReply:
@@ -404,10 +429,19 @@ class SubmitHandler:
         found = [resolutions.get(read.index, {}) for read in held]
         ready: list[_Ready] = []
         aside: list[Awaitable[None]] = []
+        try:
+            full = None if self._room is None else await self._room.refusal()
+        except Exception as error:  # a NATS error: none of them can be accepted now
+            for read in held:
+                self._locks.release(read.request_id)
+            await asyncio.gather(*(answer(read.index, error) for read in held))
+            return
         for read, resolved in zip(held, found, strict=True):
             try:
                 if isinstance(resolved, BaseException):
                     raise resolved
+                if full is not None:
+                    raise full  # a retry of an accepted submit still gets its reply
                 accepted, reply, fingerprint = acceptance(
                     read.request,
                     request_id=read.request_id,
@@ -445,7 +479,12 @@ class SubmitHandler:
         key = request.idempotency_key
         claim = await self._registry.existing(request_id)
         if claim is None:
-            return await self._refuse(request_id=request_id, idempotency_key=key, error=error)
+            return await self._refuse(
+                request_id=request_id,
+                idempotency_key=key,
+                error=error,
+                answer_unrecorded=read.key_required,  # request-reply: the client waits
+            )
         content = content_of(request)
         if claim.fingerprint is None or claim.fingerprint == content.fingerprint:
             return claim.reply  # accepted before: that answer stands
@@ -458,6 +497,7 @@ class SubmitHandler:
             return
         outcomes: dict[int, Outcome] = {}
         seen: list[_Ready] = []
+        reused: list[_Ready] = []
         try:
             claims = await self._registry.claim_many(
                 [(submit.request_id, submit.reply, submit.fingerprint) for submit in ready]
@@ -473,7 +513,9 @@ class SubmitHandler:
                 round_ = [
                     submit
                     for submit in publishing
-                    if position < len(submit.accepted) and submit.index not in outcomes
+                    if position < len(submit.accepted)
+                    and submit.index not in outcomes
+                    and submit not in reused
                 ]
                 results = await self._publisher.publish_each(
                     [
@@ -484,20 +526,24 @@ class SubmitHandler:
                                 request=submit.request,
                                 request_id=submit.request_id,
                             ),
-                            None,
+                            CREATE_ONLY,  # refused if the log holds this job already
                         )
                         for submit in round_
                     ]
                 )
                 for submit, result in zip(round_, results, strict=True):
-                    if isinstance(result, Exception):
+                    if position == 0 and is_wrong_last_sequence(result):
+                        reused.append(submit)  # its key's claim expired: refused below
+                    elif isinstance(result, Exception) and not is_wrong_last_sequence(result):
                         outcomes[submit.index] = result
             for submit in publishing:
-                outcomes.setdefault(submit.index, submit.reply)
+                if submit not in reused:
+                    outcomes.setdefault(submit.index, submit.reply)
             if publishing:
                 log.info("accepted %d submit(s) together", len(publishing))
         except Exception as error:  # the connection, say: all left fail
             seen.clear()
+            reused.clear()
             for submit in ready:
                 outcomes.setdefault(submit.index, error)
         finally:
@@ -506,7 +552,49 @@ class SubmitHandler:
                     self._locks.release(submit.request_id)
         for index, outcome in outcomes.items():
             await answer(index, outcome)
-        await asyncio.gather(*(self._answer_seen(submit, answer) for submit in seen))
+        await asyncio.gather(
+            *(self._answer_seen(submit, answer) for submit in seen),
+            *(self._answer_reused(submit, answer) for submit in reused),
+        )
+
+    async def _answer_reused(self, submit: _Ready, answer: Answer) -> None:
+        """A submit claimed anew whose first job the log already holds. Its ``submitted``
+        event is younger than the duplicate window: an intake of an earlier version (which
+        wrote its record after the events) died in between, and the submit is completed and
+        answered as accepted. Older: its key's claim expired, and it is refused; the refusal
+        is what the key records now."""
+        try:
+            outcome = await _settled(self._reused(submit))
+        finally:
+            self._locks.release(submit.request_id)
+        await answer(submit.index, outcome)
+
+    async def _reused(self, submit: _Ready) -> pb.SubmitReply:
+        request, request_id = submit.request, submit.request_id
+        first = job_id(request_id, submit.accepted[0].name)
+        if await self._registry.submitted_within_window(first):
+            await self._publish(request, request_id=request_id, accepted=submit.accepted)
+            return submit.reply
+        key = request.idempotency_key
+        jobs = ", ".join(job_id(request_id, job.name) for job in submit.accepted)
+        what = f"idempotency key {quoted(key)}" if key else f"request {request_id}"
+        error = SpecError(
+            "idempotency_key" if key else "",
+            f"{what} was used by a submit older than intake's duplicate window "
+            f"({self._registry.window_days:g} days), whose jobs the log still holds ({jobs}): "
+            "a new submit needs a new key",
+        )
+        reply = await self._refuse(
+            request_id=request_id,
+            idempotency_key=key,
+            error=error,
+            variant="reused",
+            answer_unrecorded=key != "",
+        )
+        await self._registry.overwrite(
+            request_id=request_id, reply=reply, fingerprint=submit.fingerprint
+        )
+        return reply
 
     async def _answer_seen(self, submit: _Ready, answer: Answer) -> None:
         """A prepared submit whose key was claimed before: the recorded reply (retries and
@@ -530,7 +618,12 @@ class SubmitHandler:
     ) -> None:
         for job in accepted:  # one at a time: the log keeps dependencies first
             event = submitted_event(self._publisher, job, request=request, request_id=request_id)
-            await self._publisher.publish(event)
+            try:
+                await self._publisher.publish(event, headers=CREATE_ONLY)
+            except Exception as error:
+                if not is_wrong_last_sequence(error):
+                    raise
+                # the log holds this job already (published before the crash): done
 
     async def _seen_before(
         self,
@@ -604,18 +697,32 @@ class SubmitHandler:
         return refusal("", SpecError("", f"internal error in intake: {type(error).__name__}"))
 
     async def _refuse(
-        self, *, request_id: str, idempotency_key: str, error: SpecError, variant: str = ""
+        self,
+        *,
+        request_id: str,
+        idempotency_key: str,
+        error: SpecError,
+        variant: str = "",
+        answer_unrecorded: bool = False,
     ) -> pb.SubmitReply:
+        """Publish the ``rejected`` event of a refused submit and return its reply. When the
+        jobs log has no room even for that event, a submit whose client waits for the answer
+        (``answer_unrecorded``) gets it anyway; a stream submit gets the NATS error (retried)."""
         if request_id:
-            await self._publisher.publish(
-                rejected_event(
-                    self._publisher,
-                    request_id=request_id,
-                    idempotency_key=idempotency_key,
-                    error=error,
-                    variant=variant,
+            try:
+                await self._publisher.publish(
+                    rejected_event(
+                        self._publisher,
+                        request_id=request_id,
+                        idempotency_key=idempotency_key,
+                        error=error,
+                        variant=variant,
+                    )
                 )
-            )
+            except Exception as failure:
+                if not (answer_unrecorded and is_stream_full(failure)):
+                    raise
+                log.warning("refused %s without a rejected event: the jobs log is full", request_id)
         log.info("refused %s: %s", request_id or "a request", error)
         return refusal(request_id, error)
 

@@ -35,7 +35,14 @@ envelope, and the hot path goes through ``mdq.bus.requests.Requests``.
 A refusal of changed content under a key says what changed from the first submit's jobs as
 its ``submitted`` events carry them (``submitted``), read from the log only then.
 
-Refused submits are not remembered (see ``services.intake.handlers``).
+Refused submits are not remembered (see ``services.intake.handlers``), except a key used again
+after the duplicate window, whose refusal is recorded under it.
+
+The bucket has the age limit ``MDQ_STORAGE_REGISTRY_DAYS``, the duplicate window intake
+promises: a claim older than that is gone, and a dependency named by its job id is then looked
+up in the log (which keeps jobs for ``MDQ_STORAGE_JOBS_DAYS``, longer); a dependency named by
+the key of a submit older than the window is unknown. A key used again after the window is
+refused by the log itself (``services.intake.handlers``).
 """
 
 from __future__ import annotations
@@ -55,7 +62,8 @@ from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import APIError, BucketNotFoundError
 
 from mdq.bus.requests import KvEntry, Requests, is_wrong_last_sequence
-from mdq.bus.streams import await_leader, ensure_replicas
+from mdq.bus.storage import DAY_S, StorageSettings
+from mdq.bus.streams import await_leader, ensure_bucket_limit, ensure_replicas
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.ids import REQUEST_ID_HEX, request_id_for_key, request_id_of, tenant_of
@@ -100,22 +108,34 @@ class SubmitRegistry:
         requests: Requests,
         subjects: Subjects,
         events_retention: timedelta | None,
+        window_days: float = StorageSettings.model_fields["registry_days"].default,
         max_concurrent_lookups: int = 64,
     ) -> None:
         self._requests = requests
         self._subjects = subjects
         self._bucket = subjects.intake_bucket
         self._events_retention = events_retention
+        self.window_days = window_days
+        """The duplicate window: how long a claim is kept (the bucket's age limit)."""
         self._lookups = asyncio.Semaphore(max_concurrent_lookups)
 
     @classmethod
     async def open(
-        cls, *, js: JetStreamContext, requests: Requests, subjects: Subjects, replicas: int = 1
+        cls,
+        *,
+        js: JetStreamContext,
+        requests: Requests,
+        subjects: Subjects,
+        replicas: int = 1,
+        storage: StorageSettings | None = None,
     ) -> SubmitRegistry:
         """Open the bucket, creating it (file storage, latest value only, direct gets,
-        ``replicas`` copies) if it is missing, and turning on direct gets for a bucket created
-        without them (and raising its replica count). The jobs stream must exist: its
+        ``replicas`` copies, the size and age limits of ``storage``) if it is missing, and
+        turning on direct gets for a bucket created without them (and raising its replica
+        count, and bringing its limits up to date). The jobs stream must exist: its
         retention bounds how long a claim's events can be expected in it."""
+        storage = storage or StorageSettings()
+        window_s = storage.registry_days * DAY_S
         bucket = subjects.intake_bucket
         try:
             await js.key_value(bucket)
@@ -127,6 +147,8 @@ class SubmitRegistry:
                     storage=StorageType.FILE,
                     direct=True,
                     replicas=replicas,
+                    ttl=window_s,
+                    max_bytes=int(storage.registry_bytes),
                 )
             )
             if replicas > 1:
@@ -137,10 +159,18 @@ class SubmitRegistry:
             if not info.config.allow_direct:
                 info.config.allow_direct = True
                 await js.update_stream(info.config)
+            await ensure_bucket_limit(
+                js, bucket, max_bytes=int(storage.registry_bytes), max_age_s=window_s
+            )
         jobs = await js.stream_info(subjects.jobs_stream)
         max_age = jobs.config.max_age or 0.0
         retention = timedelta(seconds=max_age) if max_age > 0 else None
-        return cls(requests=requests, subjects=subjects, events_retention=retention)
+        return cls(
+            requests=requests,
+            subjects=subjects,
+            events_retention=retention,
+            window_days=storage.registry_days,
+        )
 
     async def _get(self, key: str) -> bytes | None:
         return await self._requests.kv_get(self._bucket, key)
@@ -206,6 +236,15 @@ class SubmitRegistry:
             return True
         return datetime.now(UTC) - claim.written_at < self._events_retention - RETENTION_MARGIN
 
+    async def submitted_within_window(self, job_id: str) -> bool:
+        """Whether the log's ``submitted`` event of ``job_id`` is younger than the duplicate
+        window (so no claim of it can have expired yet)."""
+        data = await self._last_submitted(job_id)
+        if data is None:
+            return False
+        written = pb.Event.FromString(data).time.ToDatetime(tzinfo=UTC)
+        return datetime.now(UTC) - written < timedelta(days=self.window_days)
+
     async def has_submitted(self, job_id: str) -> bool:
         """Whether the jobs stream holds the ``submitted`` event of ``job_id``."""
         return await self._last_submitted(job_id) is not None
@@ -248,6 +287,8 @@ class SubmitRegistry:
             if reply is not None and ref in reply.job_ids:
                 return ref if await self.has_submitted(ref) else None
             if reply is None and await self._get(f"job.{ref}") is not None:  # legacy record
+                return ref
+            if await self.has_submitted(ref):  # claimed before the window (or refused since)
                 return ref
         reply = await self.reply_for(request_id_for_key(ref, tenant))
         if reply is not None:

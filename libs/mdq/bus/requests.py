@@ -266,6 +266,16 @@ class Requests:
         )
 
 
+STREAM_FULL = 10077
+"""JetStream's err_code for a publish to a stream at its size limit ("maximum bytes exceeded",
+a stream that discards new messages, ``mdq.bus.storage``)."""
+
+
+def is_stream_full(error: object) -> bool:
+    """Whether a publish was refused because its stream is at its size limit."""
+    return isinstance(error, nats.js.errors.APIError) and error.err_code == STREAM_FULL
+
+
 def is_wrong_last_sequence(error: object) -> bool:
     """Whether a conditional write (a fenced publish, a KV create or update) was refused
     because its expected last (subject) sequence did not hold: someone wrote there first."""

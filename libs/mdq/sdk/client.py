@@ -37,6 +37,7 @@ from types import TracebackType
 from typing import Self
 
 import nats.errors
+import nats.js.errors
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from nats.aio.client import Client
@@ -48,6 +49,7 @@ from mdq.bus.codec import decode_event, encode
 from mdq.bus.connect import CREDS_ENV, connect, identity_of_creds
 from mdq.bus.log import IDLE_HEARTBEAT_S
 from mdq.bus.permissions import tenant_of_identity
+from mdq.bus.requests import is_stream_full
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.ids import job_id as make_job_id
@@ -226,13 +228,24 @@ class MdqClient:
 
         A refusal is published as an event; ``wait`` raises ``SubmitRefused`` for it. A keyed
         submit is published with the key as ``Nats-Msg-Id``, so a retried publish is dropped.
+        A full submit stream refuses the publish itself: ``SubmitRefused`` at once.
         """
         built = build_request(request, idempotency_key=idempotency_key)
         headers = (
             {"Nats-Msg-Id": f"submit:{built.idempotency_key}"} if built.idempotency_key else None
         )
         subject = self._subjects.submit_for(self._tenant)
-        ack = await self._js.publish(subject, encode(built), headers=headers)
+        try:
+            ack = await self._js.publish(subject, encode(built), headers=headers)
+        except nats.js.errors.APIError as error:
+            if is_stream_full(error):
+                raise SubmitRefused(
+                    "",
+                    "mdq's submit stream is full (its size limit, MDQ_STORAGE_SUBMIT_BYTES): "
+                    "nothing was stored; submit again once intake has caught up or an "
+                    "operator has raised the limit",
+                ) from error
+            raise
         request_id = (
             request_id_for_key(built.idempotency_key, self._tenant)
             if built.idempotency_key
