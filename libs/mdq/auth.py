@@ -481,6 +481,79 @@ class Rotated:
     server_block: Path
 
 
+ISSUED_KEYS_SUFFIX = ".keys"
+"""Beside a tenant's ``.creds``: the public key of every credentials file ever issued to it
+(one per line, nothing secret), so that removing the tenant revokes them all."""
+
+
+def creds_key(creds: str) -> str:
+    """The user public key of a ``.creds`` text (its JWT's subject)."""
+    (token,) = _JWT.findall(creds.split("------END NATS USER JWT------", 1)[0])
+    return str(decode_claims(token)["sub"])
+
+
+def issued_keys_path(folder: Path, identity: str) -> Path:
+    """Where the keys issued to ``identity`` are listed (``ISSUED_KEYS_SUFFIX``)."""
+    return identity_creds_path(folder, identity).with_suffix(ISSUED_KEYS_SUFFIX)
+
+
+def issue_recorded(trust: Trust, permissions: Permissions, folder: Path) -> Path:
+    """Issue ``permissions.identity``'s credentials into its file in ``folder`` (0600) and add
+    their key to its issued keys: what ``mdq tenant add`` does, each time with a fresh key
+    (the earlier files stay valid until the identity is removed)."""
+    path = identity_creds_path(folder, permissions.identity)
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    text = trust.user_creds(permissions)
+    keys = issued_keys_path(folder, permissions.identity)
+    known = keys.read_text(encoding="utf-8").split() if keys.exists() else []
+    write_secret(keys, "".join(f"{key}\n" for key in [*known, creds_key(text)]))
+    return write_secret(path, text)
+
+
+def _revoke(folder: Path, keys: list[str], *, group_readable: bool) -> None:
+    """Put ``keys`` on the deployment's revocation list from now on (JWTs of a key issued
+    before this time are refused; a key is never issued again, so nothing later is caught)."""
+    revocations = load_revocations(folder)
+    now = int(time.time()) + 1
+    for key in keys:
+        revocations[key] = max(now, revocations.get(key, 0))
+    write_secret(
+        folder / REVOCATIONS_FILE,
+        json.dumps(revocations, indent=2, sort_keys=True) + "\n",
+        group_readable=group_readable,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Revoked:
+    """What ``revoke_identity`` did."""
+
+    identity: str
+    revoked_keys: tuple[str, ...]
+    server_block: Path
+
+
+def revoke_identity(
+    folder: Path, identity: str, namespace: str = "mdq", *, group_readable: bool = False
+) -> Revoked:
+    """Revoke every key ever issued to ``identity`` in ``folder`` (its current file's and the
+    recorded ones), delete its credentials and the record, and rewrite the server's block with
+    the revocations. The server applies it when it reloads its configuration. Nothing to
+    revoke (no file, no record): an empty result, the block left as it is."""
+    path = identity_creds_path(folder, identity)
+    record = issued_keys_path(folder, identity)
+    keys = record.read_text(encoding="utf-8").split() if record.exists() else []
+    if path.exists():
+        keys.append(creds_key(path.read_text(encoding="utf-8")))
+    keys = sorted(set(keys))
+    if keys:
+        _revoke(folder, keys, group_readable=group_readable)
+        generate(folder, namespace, group_readable=group_readable)  # the block
+    path.unlink(missing_ok=True)
+    record.unlink(missing_ok=True)
+    return Revoked(identity, tuple(keys), folder / SERVER_BLOCK_FILE)
+
+
 def rotate(
     folder: Path, identity: str, namespace: str = "mdq", *, group_readable: bool = False
 ) -> Rotated:
@@ -493,17 +566,12 @@ def rotate(
         raise FileNotFoundError(f"no credentials of {identity!r} at {path}")
     trust = Trust.load_or_create(folder, namespace)
     old = path.read_text(encoding="utf-8")
-    (token,) = _JWT.findall(old.split("------END NATS USER JWT------", 1)[0])
-    claims = decode_claims(token)
-    revocations = load_revocations(folder)
-    # JWTs of this key issued before this time are refused (so after its iat, which may be
-    # this very second); the key is never issued again, so nothing later is caught.
-    revocations[str(claims["sub"])] = max(int(time.time()), int(claims.get("iat", 0))) + 1
-    write_secret(
-        folder / REVOCATIONS_FILE,
-        json.dumps(revocations, indent=2, sort_keys=True) + "\n",
-        group_readable=group_readable,
-    )
-    write_secret(path, trust.reissue(old), group_readable=group_readable)
+    key = creds_key(old)
+    _revoke(folder, [key], group_readable=group_readable)
+    fresh = trust.reissue(old)
+    if (record := issued_keys_path(folder, identity)).exists():  # a tenant's: kept complete
+        known = record.read_text(encoding="utf-8").split()
+        write_secret(record, "".join(f"{each}\n" for each in [*known, creds_key(fresh)]))
+    write_secret(path, fresh, group_readable=group_readable)
     generate(folder, namespace, group_readable=group_readable)  # the block, with the revocation
-    return Rotated(identity, path, str(claims["sub"]), folder / SERVER_BLOCK_FILE)
+    return Rotated(identity, path, key, folder / SERVER_BLOCK_FILE)

@@ -64,6 +64,8 @@ class EmbeddedNats:
     """The authentication block of its configuration ("" = open; ``mdq.auth.Trust``)."""
     max_file_store: int | None = None
     """Its JetStream file store in bytes (None: ``nats_config``'s default)."""
+    auth_file: Path | None = None
+    """The authentication block as a file its configuration includes (``nats_config``)."""
 
     @property
     def pid(self) -> int:
@@ -86,6 +88,7 @@ class EmbeddedNats:
             sync_interval=self.sync_interval,
             auth=self.auth,
             max_file_store=self.max_file_store,
+            auth_file=self.auth_file,
         )
 
     def stop(self) -> None:
@@ -138,6 +141,8 @@ def nats_config(
     cluster: NatsCluster | None = None,
     auth: str = "",
     max_file_store: int | None = None,
+    auth_file: Path | None = None,
+    config_dir: Path | None = None,
 ) -> str:
     """The nats-server configuration of the embedded default.
 
@@ -155,6 +160,9 @@ def nats_config(
     127.0.0.1 (off by default); ``cluster`` makes the server one of a JetStream cluster.
     ``auth`` is the block that makes every client authenticate (``mdq.auth.Trust.server_block``:
     the operator, the accounts, no secrets); without it the server is open (tests only).
+    ``auth_file`` is that block as a file, included (relative to ``config_dir``, where the
+    configuration is written: nats-server resolves an include from the including file), so
+    that a rewritten block (a revocation) applies when the server reloads (SIGHUP).
     """
     lines = [
         "# Written by mdq (mdq.embedded.nats_config); changes are overwritten on start.",
@@ -188,6 +196,9 @@ def nats_config(
         ]
     if auth:
         lines.append(auth.rstrip("\n"))
+    if auth_file is not None:
+        where = os.path.relpath(auth_file, config_dir or store_dir)
+        lines.append(f"include {json.dumps(where)}")
     lines.append("")
     return "\n".join(lines)
 
@@ -203,6 +214,7 @@ def start_nats(
     cluster: NatsCluster | None = None,
     auth: str = "",
     max_file_store: int | None = None,
+    auth_file: Path | None = None,
 ) -> EmbeddedNats:
     """Start nats-server with JetStream on 127.0.0.1 and wait until it accepts connections.
 
@@ -223,6 +235,8 @@ def start_nats(
             cluster=cluster,
             auth=auth,
             max_file_store=max_file_store,
+            auth_file=auth_file,
+            config_dir=config.parent,
         )
     )
     process = subprocess.Popen(
@@ -246,6 +260,7 @@ def start_nats(
                     sync_interval,
                     auth,
                     max_file_store,
+                    auth_file,
                 )
         except OSError:
             time.sleep(0.05)

@@ -47,6 +47,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Self
 
+import psutil
+
 from mdq.auth import (
     RUNNER_ISSUER_ENV,
     RUNNER_ISSUER_FILE,
@@ -282,6 +284,26 @@ def read_stack_status(state_dir: Path) -> tuple[float, list[ChildStatus]] | None
         return float(data["updated_at"]), [ChildStatus.from_dict(c) for c in data["children"]]
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def reload_embedded_nats(state_dir: Path) -> bool:
+    """Have the embedded nats-server of the stack running on ``state_dir`` reload its
+    configuration (SIGHUP): a revocation written into ``nats-auth.conf`` applies at once. False
+    when no stack with an embedded server runs there (a server of the user's, say)."""
+    found = read_stack_status(state_dir)
+    if found is None or read_stack_info(state_dir) is None:
+        return False
+    for part in found[1]:
+        if part.name != NATS_SERVER or not part.running or part.pid is None:
+            continue
+        try:
+            if "nats-server" not in psutil.Process(part.pid).name():
+                return False  # the pid is someone else's now
+            os.kill(part.pid, signal.SIGHUP)
+        except (psutil.Error, OSError):
+            return False
+        return True
+    return False
 
 
 def _exit_text(code: int | None) -> str | None:
@@ -560,7 +582,9 @@ class Stack:
                 start_nats,
                 self.state_dir / "nats",
                 log_file=self.logs_dir / "nats-server.log",
-                auth=generated.server_block.read_text(encoding="utf-8"),
+                # included, not copied: a revocation (`mdq tenant rm`, a rotation) applies
+                # when the server reloads (``reload_embedded_nats``)
+                auth_file=generated.server_block,
             )
             self._nats_url = self._servers.nats.url
             self._server_watches.append(

@@ -118,3 +118,102 @@ def test_rotating_keeps_the_permissions(tmp_path: Path, identity: str) -> None:
     before = permissions()
     rotate(folder, identity)
     assert permissions() == before
+
+
+async def test_a_removed_tenant_is_refused_with_every_file_it_was_given(tmp_path: Path) -> None:
+    """``mdq tenant rm``: every credentials file ever issued to the tenant (``add`` twice makes
+    two keys) is revoked once the server reloads; its stream and policy are gone; every other
+    identity is untouched; it can be added again."""
+    from nats.js.errors import KeyNotFoundError, NotFoundError
+
+    from mdq.bus.setup import prepare_bus
+    from mdq.cli.tenants import add_tenant, remove_tenant
+
+    folder = tmp_path / "secrets"
+    generated = generate(folder)
+    server = start_nats(tmp_path / "nats", auth=generated.server_block.read_text())
+    admin = folder / "admin.creds"
+    subjects = Subjects("mdq")
+    try:
+        await prepare_bus(server.url, namespace="mdq", creds=admin)
+        given = []
+        for round_ in range(2):  # a second add mints a second key; the first stays valid
+            added = await add_tenant(
+                "alice", secrets=folder, nats_url=server.url, namespace="mdq", admin_creds=admin
+            )
+            given.append(Path(shutil.copy(added.creds, tmp_path / f"alice-{round_}.creds")))
+        assert [await connects(path, server.url) for path in given] == [True, True]
+
+        removed = await remove_tenant(
+            "alice", secrets=folder, nats_url=server.url, namespace="mdq", admin_creds=admin
+        )
+        assert len(removed.revoked_keys) == 2
+        assert removed.stream_deleted and removed.policy_deleted
+        assert not (folder / "tenants" / "alice.creds").exists()
+        reload_with(server, removed.server_block.read_text())
+
+        async def all_refused() -> bool:
+            return not any([await connects(path, server.url) for path in given])
+
+        await wait_for(all_refused, timeout=10, what="every file alice was given refused")
+        assert await connects(folder / "placement.creds", server.url)
+        client = await nats.connect(server.url, **auth_options(admin))
+        try:
+            js = client.jetstream()
+            with pytest.raises(NotFoundError):
+                await js.stream_info(subjects.tenant_stream("alice"))
+            with pytest.raises(KeyNotFoundError):
+                await (await js.key_value(subjects.tenants_bucket)).get("alice")
+        finally:
+            await client.close()
+
+        again = await remove_tenant(
+            "alice", secrets=folder, nats_url=server.url, namespace="mdq", admin_creds=admin
+        )
+        assert again.revoked_keys == () and not again.stream_deleted and not again.policy_deleted
+        back = await add_tenant(
+            "alice", secrets=folder, nats_url=server.url, namespace="mdq", admin_creds=admin
+        )
+        assert await connects(back.creds, server.url)  # a new key: not on the list
+    finally:
+        server.stop()
+
+
+async def test_mdq_tenant_rm_on_the_embedded_stack_takes_effect_at_once(
+    tmp_path: Path, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On `mdq up`'s own NATS, `mdq tenant rm` has the server reload (its configuration
+    includes nats-auth.conf): the tenant's file is refused with no restart."""
+    from mdq.auth import nats_secrets_dir
+    from mdq.stack import Stack
+
+    monkeypatch.delenv("NATS_URL", raising=False)
+    monkeypatch.delenv("MDQ_NATS_CREDS", raising=False)
+    state = tmp_path / "state"
+    stack = Stack(state_dir=state, database_url=database_url, services=(), metrics_port=0)
+    info = await stack.start()
+    try:
+        runner = CliRunner()
+        base = ["--state-dir", str(state)]
+        env = {"COLUMNS": "300", "MDQ_PG_ADMIN_URL": None}
+        added = await asyncio.to_thread(
+            runner.invoke, cli, [*base, "tenant", "add", "lab"], env=env
+        )
+        assert added.exit_code == 0, added.output
+        given = Path(
+            shutil.copy(nats_secrets_dir(state) / "tenants/lab.creds", tmp_path / "lab.creds")
+        )
+        assert await connects(given, info.nats_url)
+        removed = await asyncio.to_thread(
+            runner.invoke, cli, [*base, "tenant", "rm", "lab"], env=env
+        )
+        assert removed.exit_code == 0, removed.output
+        assert "1 key(s) revoked" in removed.output and "reloaded" in removed.output
+
+        async def refused() -> bool:
+            return not await connects(given, info.nats_url)
+
+        await wait_for(refused, timeout=10, what="the removed tenant's file refused")
+        assert await connects(nats_secrets_dir(state) / "placement.creds", info.nats_url)
+    finally:
+        await stack.stop()

@@ -51,6 +51,7 @@ from mdq.store.roles import (
     RoleError,
     RoleNames,
     RoleUrls,
+    drop_tenant,
     grant,
     provision_tenant,
     role_url,
@@ -353,6 +354,33 @@ async def test_tenant_logins_are_made_once_and_take_over_no_other_role(
         await provision_tenant(installation.admin, names, "bob", "pw")
     with pytest.raises(RoleError, match="longer than"):
         RoleNames.with_prefix("m" * 30).tenant("a" * 30)
+
+
+async def test_a_removed_tenant_can_no_longer_log_in_and_no_other_role_is_dropped(
+    installation: Installation,
+) -> None:
+    names = installation.names
+    session = await asyncpg.connect(installation.tenants["alice"])  # open while she is removed
+    try:
+        role = await drop_tenant(installation.admin, names, "alice")
+        with pytest.raises((asyncpg.PostgresError, asyncpg.InterfaceError)):  # session ended
+            await session.fetch("SELECT 1")
+    finally:
+        await session.close()
+    with pytest.raises(asyncpg.InvalidAuthorizationSpecificationError):  # no such role now
+        await asyncpg.connect(installation.tenants["alice"])
+    admin = await asyncpg.connect(installation.admin)
+    try:
+        assert await admin.fetchval("SELECT count(*) FROM pg_roles WHERE rolname = $1", role) == 0
+        await admin.execute(f'CREATE ROLE "{names.tenant("bob")}" LOGIN')  # not a tenant's
+        await drop_tenant(installation.admin, names, "alice")  # again: nothing left to do
+        with pytest.raises(asyncpg.RaiseError, match="not a tenant"):
+            await drop_tenant(installation.admin, names, "bob")
+        bob = names.tenant("bob")
+        assert await admin.fetchval("SELECT count(*) FROM pg_roles WHERE rolname = $1", bob) == 1
+    finally:
+        await admin.close()
+    assert await _owners_seen(installation.tenants["lab"], "jobs") == {"lab"}  # the others stay
 
 
 async def test_the_migration_goes_down_closed_and_up_again(installation: Installation) -> None:

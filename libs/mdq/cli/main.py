@@ -63,6 +63,7 @@ from mdq.stack import (
     StackInfo,
     read_stack_info,
     read_stack_status,
+    reload_embedded_nats,
 )
 
 EXIT_OK = 0
@@ -598,7 +599,14 @@ def credentials(
     console.print(f"NATS account {generated.trust.account_public} (KEDA's trigger account)")
     for each in rotated:
         console.print(f"rotated {each.identity}: new {each.creds}; revoked key {each.revoked_key}")
-    if rotated:
+    state_dir = _options(ctx).state_dir
+    if not rotated:
+        return
+    if folder.resolve() == nats_secrets_dir(state_dir).resolve() and reload_embedded_nats(
+        state_dir
+    ):
+        console.print("the stack's NATS reloaded: the old credentials no longer connect")
+    else:
         console.print(
             "the old credentials stop working once the server reloads nats-auth.conf: "
             "`nats-server --signal reload`, a rollout of its pods, or restarting `mdq up`"

@@ -21,7 +21,11 @@ A tenant submits on its own subjects and reads its own stream, nothing else
    server as its superuser. Without either, or when the database cannot be reached, it says
    so; the NATS part is done all the same (and ``add`` may be run again).
 
-``mdq tenant ls`` lists the tenants' policies.
+``mdq tenant rm NAME`` takes a tenant off: every credentials file it was ever given is revoked
+(``add`` lists each key it mints beside the file, ``<name>.keys``), its stream, policy and
+PostgreSQL login are deleted, and the running stack's NATS reloads so that the revocation applies
+at once (another server: the command says to reload it). ``mdq tenant ls`` lists the tenants'
+policies.
 
 The tenant then uses mdq with ``MDQ_NATS_CREDS=<that file>`` (or ``--creds``): ``mdq submit``,
 ``mdq watch`` and the SDK find the tenant in the credentials; ``mdq ls`` / ``show`` with
@@ -37,6 +41,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from nats.js.errors import KeyNotFoundError, NotFoundError
 from rich.console import Console
 
 from mdq.auth import (
@@ -44,15 +49,16 @@ from mdq.auth import (
     TRUST_FILE,
     Trust,
     identity_creds_path,
-    issue,
+    issue_recorded,
     nats_secrets_dir,
+    revoke_identity,
 )
 from mdq.bus.connect import connect
 from mdq.bus.kv import bucket_keys
 from mdq.bus.permissions import tenant_identity, tenant_permissions
 from mdq.bus.streams import ensure_tenant_stream
 from mdq.bus.subjects import Subjects
-from mdq.bus.tenants import ensure_tenants_bucket, put_policy
+from mdq.bus.tenants import ensure_tenants_bucket, put_policy, remove_policy
 from mdq.cli.context import Endpoints, GlobalOptions, NoEndpoint, resolve_endpoints
 from mdq.core.tenants import (
     DEFAULT_POLICY,
@@ -60,13 +66,14 @@ from mdq.core.tenants import (
     TenantPolicy,
     validate_tenant_name,
 )
-from mdq.stack import StackInfo
+from mdq.stack import StackInfo, reload_embedded_nats
 from mdq.store.roles import (
     DEFAULT_PREFIX,
     ENV_ADMIN_PASSWORD,
     ENV_ADMIN_URL,
     ENV_PREFIX,
     RoleNames,
+    drop_tenant,
     provision_tenant,
     role_url,
     url_user,
@@ -77,6 +84,7 @@ from mdq.store.stack_database import (
     POSTGRES_SECRETS,
     SECRETS_DIR,
     load_or_create_tenant_password,
+    tenant_password_file,
 )
 
 # soft_wrap: a path or a command is printed whole on its line, never broken for the
@@ -120,9 +128,7 @@ async def add_tenant(
         )
     subjects = Subjects(namespace)
     trust = Trust.load_or_create(secrets, namespace)
-    path = tenant_creds_path(secrets, tenant)
-    path.parent.mkdir(mode=0o700, exist_ok=True)
-    issue(trust, tenant_permissions(subjects, tenant), path)
+    path = issue_recorded(trust, tenant_permissions(subjects, tenant), secrets)
     client = await connect(nats_url, name="mdq-tenant-add", creds=admin_creds or None)
     try:
         js = client.jetstream()
@@ -132,6 +138,60 @@ async def add_tenant(
     finally:
         await client.close()
     return AddedTenant(tenant, path, subjects.tenant_stream(tenant))
+
+
+@dataclass(frozen=True, slots=True)
+class RemovedTenant:
+    """What ``remove_tenant`` did."""
+
+    tenant: str
+    revoked_keys: tuple[str, ...]
+    """Every key ever issued to the tenant, now on the revocation list."""
+    server_block: Path
+    """The server's block with the revocations: applied when the server reloads it."""
+    stream_deleted: bool
+    policy_deleted: bool
+
+
+async def remove_tenant(
+    tenant: str,
+    *,
+    secrets: Path,
+    nats_url: str,
+    namespace: str,
+    admin_creds: Path | str | None,
+) -> RemovedTenant:
+    """Take ``tenant`` off the bus: revoke every credentials file ever issued to it (and
+    delete the current one), then delete its stream and its policy (connected with
+    ``admin_creds``). Its accepted jobs go on; its history stays in PostgreSQL. Run again, it
+    finds nothing more to do."""
+    validate_tenant_name(tenant)
+    if not (secrets / TRUST_FILE).exists():
+        raise FileNotFoundError(
+            f"no NATS trust chain in {secrets} (made by `mdq up` or `mdq credentials --out`)"
+        )
+    subjects = Subjects(namespace)
+    revoked = revoke_identity(secrets, tenant_identity(tenant), namespace)
+    client = await connect(nats_url, name="mdq-tenant-rm", creds=admin_creds or None)
+    try:
+        js = client.jetstream()
+        try:
+            stream_deleted = await js.delete_stream(subjects.tenant_stream(tenant))
+        except NotFoundError:
+            stream_deleted = False
+        kv = await ensure_tenants_bucket(js, subjects)
+        try:
+            await kv.get(tenant)
+        except KeyNotFoundError:
+            policy_deleted = False
+        else:
+            await remove_policy(js, subjects, tenant)
+            policy_deleted = True
+    finally:
+        await client.close()
+    return RemovedTenant(
+        tenant, revoked.revoked_keys, revoked.server_block, stream_deleted, policy_deleted
+    )
 
 
 # -- the tenant's PostgreSQL login ---------------------------------------------------------------
@@ -311,6 +371,98 @@ def add(
     console.print(f"  policy: {policy.to_json().decode()}", highlight=False)
     console.print(f"  use: MDQ_NATS_CREDS={added.creds} mdq submit FILE", highlight=False)
     if not _database_step(name, endpoints, options.state_dir, database_admin_url):
+        raise typer.Exit(1)
+
+
+def _database_removal(
+    name: str, endpoints: Endpoints, state_dir: Path, admin_url: str | None
+) -> bool:
+    """The PostgreSQL part of ``rm``, reported on the console; False when it failed."""
+    try:
+        admin = database_admin(endpoints.stack, state_dir, admin_url, dict(os.environ))
+    except NoDatabaseAdmin as error:
+        console.print(f"  [yellow]PostgreSQL: {error}[/]")
+        return True
+    try:
+        role = asyncio.run(drop_tenant(admin.url, admin.names, name))
+    except Exception as error:  # reported: the NATS part is done, and rm may run again
+        err_console.print(
+            f"[red]PostgreSQL: the login of {name} was not dropped ({type(error).__name__}: "
+            f"{error}); the NATS part is done, run `mdq tenant rm` again once the database "
+            "answers[/]"
+        )
+        return False
+    tenant_password_file(state_dir, name).unlink(missing_ok=True)
+    console.print(f"  PostgreSQL: role {role} dropped (its jobs' history stays)", highlight=False)
+    return True
+
+
+@app.command("rm")
+def remove(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="The tenant to remove.")],
+    secrets: Annotated[
+        Path | None,
+        typer.Option(
+            "--secrets",
+            help="Folder of the deployment's NATS material (default: the running stack's).",
+        ),
+    ] = None,
+    database_admin_url: Annotated[
+        str | None,
+        typer.Option(
+            "--database-admin-url",
+            envvar=ENV_ADMIN_URL,
+            help="PostgreSQL administrator (CREATEROLE) that drops the tenant's login "
+            f"(password: {ENV_ADMIN_PASSWORD}; default: the running stack's embedded server).",
+        ),
+    ] = None,
+) -> None:
+    """Remove a tenant: revoke every credentials file it was given, delete its stream, its
+    policy and its PostgreSQL login. Jobs it submitted go on; their history stays."""
+    endpoints = _endpoints_of(ctx)
+    options = _options_of(ctx)
+    try:
+        validate_tenant_name(name)
+    except TenantNameError as error:
+        err_console.print(f"[red]{error}[/]")
+        raise typer.Exit(2) from None
+    stack_secrets = nats_secrets_dir(options.state_dir)
+    folder = secrets or stack_secrets
+    admin = endpoints.nats_admin_creds or str(folder / f"admin{CREDS_SUFFIX}")
+    try:
+        removed = asyncio.run(
+            remove_tenant(
+                name,
+                secrets=folder,
+                nats_url=endpoints.nats_url,
+                namespace=endpoints.namespace,
+                admin_creds=admin,
+            )
+        )
+    except FileNotFoundError as error:
+        err_console.print(f"[red]{error}[/]")
+        raise typer.Exit(2) from None
+    keys = len(removed.revoked_keys)
+    console.print(
+        f"tenant {name}: {keys} key(s) revoked, stream "
+        f"{'deleted' if removed.stream_deleted else 'already gone'}, policy "
+        f"{'deleted' if removed.policy_deleted else 'already gone'}",
+        highlight=False,
+    )
+    if (
+        keys
+        and folder.resolve() == stack_secrets.resolve()
+        and reload_embedded_nats(options.state_dir)
+    ):
+        console.print("  the stack's NATS reloaded: its credentials no longer connect")
+    elif keys:
+        console.print(
+            f"  its credentials stop working once the server reloads {removed.server_block}: "
+            "`nats-server --signal reload`, a rollout of the NATS pods, or restarting `mdq up`",
+            highlight=False,
+        )
+    if not _database_removal(name, endpoints, options.state_dir, database_admin_url):
         raise typer.Exit(1)
 
 

@@ -392,6 +392,37 @@ def tenant_statements(names: RoleNames, tenant: str, password: str) -> list[str]
     ]
 
 
+def drop_tenant_statements(names: RoleNames, tenant: str) -> list[str]:
+    """The administrator's SQL that removes ``tenant``'s login: no more logins, its sessions
+    ended (where the administrator may end them), the role dropped. A role of that name that is
+    not in the tenants' group is refused, not dropped; no such role is no error."""
+    from mdq.core.tenants import validate_tenant_name
+
+    validate_tenant_name(tenant)
+    role = names.tenant(tenant)
+    role_literal, group_literal = quote_literal(role), quote_literal(names.tenants)
+    return [
+        "DO $$ BEGIN "
+        f"IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = {role_literal}) THEN RETURN; END IF; "
+        f"IF NOT pg_has_role({role_literal}, {group_literal}, 'MEMBER') THEN "
+        f"RAISE EXCEPTION 'role % is not a tenant of this installation (not in %): not dropped', "
+        f"{role_literal}, {group_literal}; END IF; "
+        f"ALTER ROLE {quote_ident(role)} NOLOGIN; "
+        "BEGIN "
+        f"PERFORM pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = {role_literal}; "
+        "EXCEPTION WHEN insufficient_privilege THEN "
+        "RAISE NOTICE 'open sessions of % end when they disconnect', "
+        f"{role_literal}; END; "
+        f"DROP ROLE {quote_ident(role)}; END $$",
+    ]
+
+
+async def drop_tenant(admin_url: str, names: RoleNames, tenant: str) -> str:
+    """Remove ``tenant``'s login (``drop_tenant_statements``); returns the role's name."""
+    await _run_in_transaction(admin_url, drop_tenant_statements(names, tenant))
+    return names.tenant(tenant)
+
+
 async def _run_in_transaction(url: str, statements: Sequence[str]) -> None:
     import asyncpg
 
