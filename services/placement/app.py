@@ -84,6 +84,10 @@ from services.placement.settings import PlacementSettings
 
 log = logging.getLogger("mdq.placement")
 
+REPLAY_PRUNE_BATCH = 1024
+"""While placement replays the log (before it has caught up), it forgets ended jobs every this
+many, so a cold start's memory follows the live jobs, not the length of the history."""
+
 Clock = Callable[[], datetime]
 
 PREEMPTION_SCAN = 64
@@ -295,6 +299,10 @@ class Placement:
         if kind == "bound":
             self._own_echoes.discard(sequence)  # the echo overtook the publish's ack
         folded = self.state.apply(sequence, event)
+        if not self._jobs_ready.is_set() and self.state.unpruned_ended >= REPLAY_PRUNE_BATCH:
+            # replaying: no pass runs yet, so no view is in use, and ended jobs are let go as
+            # the replay goes, not all at once after it (a cold start folds the whole log)
+            self.state.prune()
         if folded is not None:
             view = folded.view
             self._changed(view)

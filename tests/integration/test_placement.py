@@ -16,7 +16,7 @@ from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.placement import NodeScore
 from mdq.embedded import start_nats
-from services.placement.app import Placement, candidate_entry
+from services.placement.app import REPLAY_PRUNE_BATCH, Placement, candidate_entry
 from services.placement.settings import PlacementSettings
 from tests.helpers import (
     RecordingBackend,
@@ -350,3 +350,48 @@ async def test_a_dependency_forgotten_long_ago_is_read_from_the_log(
     assert await events_of(js, subjects, "released", "r9-orphan") == []
     assert await events_of(js, subjects, "failed", "r9-orphan") == []
     assert caplog.text.count("dependency r9-ghost is neither") == 1, "asked once"
+
+
+async def test_a_cold_replay_lets_ended_jobs_go_as_it_reads(
+    nc: Client, subjects: Subjects, data_dir: Path
+) -> None:
+    """With no snapshot placement folds the whole log: ended jobs are forgotten every
+    ``REPLAY_PRUNE_BATCH`` as it reads, so what it holds follows the live jobs, not the
+    history (issue 15; ``make bench-scale`` measures the RSS)."""
+    js = nc.jetstream()
+    bus = publisher(js, subjects)
+    await bus.publish(node_load("n1"))
+    history = 3 * REPLAY_PRUNE_BATCH
+    for start in range(0, history, 500):
+        await bus.publish_all(
+            [
+                each
+                for index in range(start, min(start + 500, history))
+                for each in (
+                    submitted(f"r{index}-old"),
+                    event(
+                        "failed",
+                        pb.JobFailed(reason=pb.FAILURE_UNSTABLE),
+                        job=f"r{index}-old",
+                        attempt=0,
+                    ),
+                )
+            ]
+        )
+    placement = make_placement(nc, subjects, RecordingBackend(), data_dir)
+    held: list[int] = []
+    fold = placement.on_job_event
+
+    async def folding(sequence: int, event: pb.Event) -> None:
+        await fold(sequence, event)
+        held.append(placement.state.sizes()["jobs"])
+
+    placement.on_job_event = folding  # type: ignore[method-assign]
+    async with running(placement.run()):
+
+        async def replayed() -> bool:
+            return len(held) >= 2 * history
+
+        await wait_for(replayed, timeout=60, what="the whole history folded")
+    assert max(held) <= REPLAY_PRUNE_BATCH + 1, max(held)
+    assert placement.state.sizes()["jobs"] <= REPLAY_PRUNE_BATCH

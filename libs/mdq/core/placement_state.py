@@ -517,6 +517,11 @@ class PlacementState:
         return reasons
 
     # -- memory -----------------------------------------------------------------------------
+    @property
+    def unpruned_ended(self) -> int:
+        """Jobs that ended since the last ``prune`` (their views are still held)."""
+        return len(self._ended_since)
+
     def prune(self) -> int:
         """Forget the jobs that ended since the last prune, keeping only their final state
         (``final_state``: all a chain asks of a dependency); returns how many. An ended job
