@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest
@@ -148,6 +148,30 @@ async def test_node_utilisation_adds_up_busy_time_per_node_and_hour(
     n2_busy = retried.times["succeeded:2"] - retried.times["started:2"]
     assert float(by_node["n2"]["cpu_core_s"]) == pytest.approx(n2_busy.total_seconds() * 1.0)
     assert by_node["n2"]["hour"] + timedelta(hours=1) > retried.times["succeeded:2"]
+
+
+async def test_node_utilisation_since_is_the_view_from_that_hour_on(
+    projected: tuple[asyncpg.Pool, History, History],
+) -> None:
+    """The function docs/history.md uses for "the last 24 hours" gives the view's rows from
+    the hour of its argument on, without spreading the whole history over its hours."""
+    pool, retried, doomed = projected
+    oldest = min(doomed.times["started:1"], retried.times["started:1"])
+    for since in (oldest - timedelta(hours=2), oldest, datetime.now(UTC) + timedelta(hours=2)):
+        view = await pool.fetch(
+            "SELECT node, hour, attempts, busy_s, cpu_core_s FROM node_utilisation "
+            "WHERE hour >= date_trunc('hour', $1::timestamptz) ORDER BY node, hour",
+            since,
+        )
+        function = await pool.fetch(
+            "SELECT node, hour, attempts, busy_s, cpu_core_s FROM node_utilisation_since($1) "
+            "ORDER BY node, hour",
+            since,
+        )
+        assert [tuple(row) for row in function] == [tuple(row) for row in view], since
+    assert view == [] and function == []  # the last since is in the future
+    everything = await pool.fetchval("SELECT count(*) FROM node_utilisation_since($1)", oldest)
+    assert everything == 2  # n1's hour and n2's: the test's history, all of it
 
 
 async def test_job_outputs_lists_each_reported_file(

@@ -27,6 +27,7 @@ from sqlalchemy import (
     Text,
     column,
     table,
+    text,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -63,6 +64,13 @@ class Job(Base):
         Index(None, "state"),
         Index(None, "request_id"),
         Index(None, "submitted_at"),
+        # revision 0007: mdq ls --state S, newest first
+        Index(
+            "ix_jobs_state_submitted_at",
+            "state",
+            text("submitted_at DESC"),
+            "job_id",
+        ),
     )
 
     job_id: Mapped[str] = mapped_column(primary_key=True, comment="request_id-name")
@@ -98,6 +106,13 @@ class Attempt(Base):
     __table_args__ = (
         ForeignKeyConstraint(["job_id"], ["jobs.job_id"], ondelete="CASCADE"),
         Index(None, "node", "started_at"),  # revision 0002: node utilisation
+        Index("ix_attempts_ended_at", "ended_at"),  # revision 0007: attempts in a window
+        Index(  # revision 0007: failures_by_reason from the index alone
+            "ix_attempts_failures",
+            "failure_reason",
+            postgresql_include=["job_id", "steps_lost", "ended_at"],
+            postgresql_where=text("failure_reason IS NOT NULL"),
+        ),
     )
 
     job_id: Mapped[str] = mapped_column(primary_key=True)
