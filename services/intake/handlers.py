@@ -224,6 +224,8 @@ class _Ready:
     accepted: list[AcceptedJob]
     reply: pb.SubmitReply
     fingerprint: bytes
+    answered_now: bool = False
+    """A request-reply submit (its client waits for the answer), not a stream submit."""
 
 
 @cache
@@ -330,6 +332,16 @@ async def _settled(work: Awaitable[pb.SubmitReply]) -> Outcome:
         return await work
     except Exception as error:
         return error
+
+
+REGISTRY_FULL = SpecError(
+    "",
+    "intake's request registry is full (its size limit, MDQ_STORAGE_REGISTRY_BYTES): nothing "
+    "was accepted; submit again once older keys have left the duplicate window or an operator "
+    "has raised the limit",
+)
+"""The answer to a request-reply submit whose claim the full registry refused (a stream submit
+meets it as a NATS error and waits in its stream)."""
 
 
 class SubmitHandler:
@@ -460,7 +472,15 @@ class SubmitHandler:
                 aside.append(answer(read.index, error))
                 continue
             ready.append(
-                _Ready(read.index, read.request, read.request_id, accepted, reply, fingerprint)
+                _Ready(
+                    read.index,
+                    read.request,
+                    read.request_id,
+                    accepted,
+                    reply,
+                    fingerprint,
+                    answered_now=read.key_required,
+                )
             )
         await asyncio.gather(self._accept_together(ready, answer), *aside)
 
@@ -504,7 +524,9 @@ class SubmitHandler:
             )
             publishing: list[_Ready] = []
             for submit, claimed in zip(ready, claims, strict=True):
-                if isinstance(claimed, Exception):
+                if is_stream_full(claimed) and submit.answered_now:
+                    outcomes[submit.index] = refusal(submit.request_id, REGISTRY_FULL)
+                elif isinstance(claimed, Exception):  # a full registry: a stream submit waits
                     outcomes[submit.index] = claimed
                 else:
                     (publishing if claimed else seen).append(submit)

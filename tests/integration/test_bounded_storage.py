@@ -10,6 +10,8 @@ submitted, never a silent loss.
   handled;
 - a key used again after intake's duplicate window is refused by the log (no second run of its
   jobs), and its old job can still be named as a dependency;
+- a full request registry refuses a request-reply submit with a clear error, and a stream submit
+  waits until it has room;
 - an update never sets a size limit below what a stream holds.
 """
 
@@ -28,7 +30,7 @@ from pydantic import ByteSize
 
 from mdq.bus.setup import prepare_bus
 from mdq.bus.storage import DAY_S, StorageSettings
-from mdq.bus.streams import ensure_streams
+from mdq.bus.streams import ensure_bucket_limit, ensure_streams
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.ids import request_id_for_key
@@ -289,3 +291,42 @@ async def test_the_registry_opens_older_buckets_with_the_duplicate_window(
     config = (await js.stream_info(f"KV_{subjects.intake_bucket}")).config
     assert config.max_age == pytest.approx(3 * DAY_S) and registry.window_days == 3
     assert config.max_bytes == int(storage.registry_bytes)
+
+
+async def test_a_full_request_registry_refuses_clearly_and_a_stream_submit_waits(
+    nats_url: str,
+    namespace: str,
+    nc: Client,
+    subjects: Subjects,
+    monkeypatch: pytest.MonkeyPatch,
+    running_intake: list[Intake],
+) -> None:
+    limits(monkeypatch, registry_bytes=str(4 * KiB))
+    running_intake.append(await started_intake(nats_url, namespace))  # makes the registry
+    accepted: list[str] = []
+    refused = None
+    for index in range(100):
+        reply = await ask(nc, subjects, f"reg-{index}")
+        if reply.HasField("error"):
+            refused = reply.error
+            break
+        accepted.extend(reply.job_ids)
+    assert refused is not None, "the registry never filled"
+    assert refused.field == "" and "request registry is full" in refused.message, refused
+    assert "MDQ_STORAGE_REGISTRY_BYTES" in refused.message
+    assert accepted and await submitted_jobs(nc, subjects) == accepted
+    js = nc.jetstream()
+    await js.publish(
+        subjects.submit,
+        json.dumps({"idempotency_key": "queued", "jobs": [{"name": "md"}]}).encode(),
+    )
+    await asyncio.sleep(1.0)  # intake met the full registry and put the submit back (nak)
+    queued = f"{request_id_for_key('queued')}-md"
+    assert queued not in await submitted_jobs(nc, subjects)
+
+    await ensure_bucket_limit(js, subjects.intake_bucket, max_bytes=1 << 20)  # the operator
+
+    async def handled() -> bool:
+        return queued in await submitted_jobs(nc, subjects)
+
+    await eventually(handled, "the stream submit once the registry had room")
