@@ -115,6 +115,21 @@ async def sample_consumer_lag(js: JetStreamContext, subjects: Subjects, exporter
         exporter.consumer_lag.labels(consumer, stream).set(lag)
 
 
+async def sample_streams(js: JetStreamContext, subjects: Subjects, exporter: Exporter) -> None:
+    """How full each stream of the namespace is: what it holds against its size limit, so an
+    alert can fire long before a full stream refuses events (deploy/prometheus/alerts.yml)."""
+    for stream in (
+        subjects.submit_stream,
+        subjects.jobs_stream,
+        subjects.progress_stream,
+        subjects.nodes_stream,
+    ):
+        info = await js.stream_info(stream)
+        exporter.stream_bytes.labels(stream).set(info.state.bytes)
+        exporter.stream_messages.labels(stream).set(info.state.messages)
+        exporter.stream_limit_bytes.labels(stream).set(max(0, info.config.max_bytes or 0))
+
+
 async def _nothing() -> None:
     return None
 
@@ -223,6 +238,10 @@ class MetricsService:
                 await sample_consumer_lag(self._js, self._subjects, self.exporter)
             except Exception:
                 log.warning("reading the watcher's consumer lag failed", exc_info=True)
+            try:
+                await sample_streams(self._js, self._subjects, self.exporter)
+            except Exception:
+                log.warning("reading the streams' sizes failed", exc_info=True)
             elapsed = time.monotonic() - started
             await asyncio.sleep(max(0.0, self._settings.interval_s - elapsed))
 

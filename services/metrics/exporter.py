@@ -83,6 +83,25 @@ class Exporter:
             ["consumer", "stream"],
             registry=self.registry,
         )
+        self.stream_bytes = Gauge(
+            "mdq_stream_bytes",
+            "Bytes a JetStream stream of the namespace holds.",
+            ["stream"],
+            registry=self.registry,
+        )
+        self.stream_limit_bytes = Gauge(
+            "mdq_stream_limit_bytes",
+            "The size limit of a stream (MDQ_STORAGE_*; 0: none). The jobs stream refuses "
+            "new submits above MDQ_STORAGE_JOBS_HIGH_WATER of it.",
+            ["stream"],
+            registry=self.registry,
+        )
+        self.stream_messages = Gauge(
+            "mdq_stream_messages",
+            "Messages a stream holds.",
+            ["stream"],
+            registry=self.registry,
+        )
         self._nodes: set[str] = set()
         self.set_job_counts({})
 

@@ -46,6 +46,8 @@ from tests.helpers import OwnersPublisher, wait_for
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "mdq.json"
 SCRAPE_CONFIG = ROOT / "deploy" / "prometheus" / "prometheus.yml"
+ALERT_RULES = ROOT / "deploy" / "prometheus" / "alerts.yml"
+ALERT_CASES = ROOT / "deploy" / "prometheus" / "alerts.test.yml"
 NODES = ("p1", "p2")
 SCRAPE_INTERVAL = "1s"
 
@@ -132,6 +134,7 @@ def start_prometheus(folder: Path, config: str, port: int) -> Prometheus:
     if binary is None:
         pytest.skip("prometheus not installed: apt-get install prometheus")
     (folder / "prometheus.yml").write_text(config)
+    shutil.copy(ALERT_RULES, folder / "alerts.yml")  # rule_files is relative to the config
     log = folder / "prometheus.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
@@ -378,11 +381,34 @@ async def test_every_panel_query_returns_data_and_one_series_per_job(
     assert {s["metric"]["job_id"]: float(s["value"][1]) for s in steps} == {
         job.job_id: float(job.step) for job in JOBS
     }
+    # The alert rules of compose's Prometheus load, and their inputs are scraped.
+    groups = prometheus.get("/api/v1/rules")["data"]["groups"]
+    alerts = {rule["name"] for group in groups for rule in group["rules"]}
+    assert alerts == {"MdqStreamNearlyFull", "MdqJobsLogRefusingSubmits"}, groups
+    assert prometheus.vector("mdq_stream_bytes / (mdq_stream_limit_bytes > 0)")
     lost = prometheus.vector("mdq_md_steps_lost_total")
     assert [float(s["value"][1]) for s in lost] == [200.0]
     recoveries = prometheus.vector("mdq_recoveries_total")
     assert [s["metric"]["reason"] for s in recoveries] == ["FAILURE_OOM_KILLED"]
     assert len(checked) >= len(queries)
+
+
+def test_the_storage_alerts_fire_when_and_only_when_they_should() -> None:
+    """promtool's rule tests (deploy/prometheus/alerts.test.yml): a stream above 80 % for 10
+    minutes, the jobs log at its 90 % mark, and a stream without a limit never."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed: apt-get install prometheus")
+    done = subprocess.run(
+        [promtool, "test", "rules", ALERT_CASES.name],
+        cwd=ALERT_CASES.parent,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS" in done.stdout
 
 
 def test_grafana_variables_are_substituted_as_grafana_does() -> None:

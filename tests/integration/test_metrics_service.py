@@ -145,6 +145,34 @@ async def test_lifecycle_metrics_and_consumer_lag(
     assert lag == {"watcher-jobs": float(jobs_in_stream), "watcher-progress": 4.0}
 
 
+async def test_each_stream_shows_what_it_holds_against_its_size_limit(
+    nc: Client, subjects: Subjects, service: MetricsService
+) -> None:
+    """What an operator alerts on before a full stream refuses events (bounded storage)."""
+    js = nc.jetstream()
+    await OwnersPublisher(js=js, subjects=subjects).publish(submitted("0123456789ab-a"))
+    jobs = await js.stream_info(subjects.jobs_stream)
+    limit = jobs.config.max_bytes
+    assert limit and limit > 0
+    text = await scrape_until(
+        service, f'mdq_stream_messages{{stream="{subjects.jobs_stream}"}} 1.0'
+    )
+    samples = {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("mdq_stream_")
+    }
+
+    def sample(name: str, stream: str) -> float:
+        return samples[f'{name}{{stream="{stream}"}}']
+
+    assert sample("mdq_stream_bytes", subjects.jobs_stream) == jobs.state.bytes > 0
+    assert sample("mdq_stream_limit_bytes", subjects.jobs_stream) == limit
+    for stream in (subjects.submit_stream, subjects.progress_stream, subjects.nodes_stream):
+        configured = (await js.stream_info(stream)).config.max_bytes
+        assert sample("mdq_stream_limit_bytes", stream) == configured, stream
+
+
 @pytest.mark.parametrize("cordoned", [False, True], ids=["schedulable", "cordoned"])
 async def test_a_node_sample_becomes_a_node_load_event(
     nc: Client, subjects: Subjects, cordoned: bool
