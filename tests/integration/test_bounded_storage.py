@@ -83,6 +83,20 @@ async def ask(nc: Client, subjects: Subjects, key: str, **job: object) -> pb.Sub
     return json_format.Parse(answer.data, pb.SubmitReply())
 
 
+async def submit_until_refused(
+    nc: Client, subjects: Subjects, prefix: str, *, at_most: int = 200
+) -> tuple[list[str], pb.SubmitError]:
+    """Request-reply submits of one job each (keys ``<prefix>-<n>``) until one is refused:
+    the accepted jobs' ids, and the refusal."""
+    accepted: list[str] = []
+    for index in range(at_most):
+        reply = await ask(nc, subjects, f"{prefix}-{index}")
+        if reply.HasField("error"):
+            return accepted, reply.error
+        accepted.extend(reply.job_ids)
+    raise AssertionError(f"{at_most} submits and none refused: no limit was reached")
+
+
 async def submitted_jobs(nc: Client, subjects: Subjects) -> list[str]:
     """The job ids of every ``submitted`` event in the jobs stream, in order."""
     js = nc.jetstream()
@@ -139,15 +153,7 @@ async def test_a_full_jobs_log_refuses_new_submits_and_keeps_the_accepted_ones(
     running_intake.append(await started_intake(nats_url, namespace))
     js = nc.jetstream()
 
-    accepted: list[str] = []
-    refusal = None
-    for index in range(200):
-        reply = await ask(nc, subjects, f"fill-{index}")
-        if reply.HasField("error"):
-            refusal = reply.error
-            break
-        accepted.extend(reply.job_ids)
-    assert refusal is not None, "the jobs log never filled"
+    accepted, refusal = await submit_until_refused(nc, subjects, "fill")
     assert refusal.field == "" and "jobs log is full" in refusal.message, refusal
     assert "MDQ_STORAGE_JOBS_BYTES" in refusal.message
     assert accepted and await submitted_jobs(nc, subjects) == accepted  # none lost
@@ -303,15 +309,7 @@ async def test_a_full_request_registry_refuses_clearly_and_a_stream_submit_waits
 ) -> None:
     limits(monkeypatch, registry_bytes=str(4 * KiB))
     running_intake.append(await started_intake(nats_url, namespace))  # makes the registry
-    accepted: list[str] = []
-    refused = None
-    for index in range(100):
-        reply = await ask(nc, subjects, f"reg-{index}")
-        if reply.HasField("error"):
-            refused = reply.error
-            break
-        accepted.extend(reply.job_ids)
-    assert refused is not None, "the registry never filled"
+    accepted, refused = await submit_until_refused(nc, subjects, "reg")
     assert refused.field == "" and "request registry is full" in refused.message, refused
     assert "MDQ_STORAGE_REGISTRY_BYTES" in refused.message
     assert accepted and await submitted_jobs(nc, subjects) == accepted
