@@ -78,8 +78,14 @@ def node_load(
     return event("node_load", body, job="", attempt=0, detail=f"{name}:{time.time_ns()}")
 
 
-async def read_all(js: JetStreamContext, subject: str, *, timeout: float = 0.5) -> list[pb.Event]:
-    """Every event currently stored on ``subject`` (in stream order)."""
+async def read_all(js: JetStreamContext, subject: str, *, timeout: float = 10.0) -> list[pb.Event]:
+    """Every event currently stored on ``subject`` (in stream order).
+
+    The consumer's info says how many there are, so a wait here is for a message known to be
+    stored, never for one that may not come: ``timeout`` is how late one may arrive. It was
+    0.5 s, and on the 2-core machine, with a test's MD runners on both cores and recovery being
+    killed, one arrived later (test_runners_killed_at_random_steps… failed in a fresh-clone
+    run on nats' TimeoutError inside its kill loop)."""
     events: list[pb.Event] = []
     subscription = await js.subscribe(
         subject, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL
