@@ -60,23 +60,25 @@ class JobsLogRoom:
         self._refresh_s = refresh_s
         self._size: LogSize | None = None
         self._read_at = 0.0
-        self._reading: asyncio.Future[LogSize] | None = None
+        self._reading = asyncio.Lock()
+        """One read at a time: concurrent batches wait for it and share its answer."""
+
+    def _fresh(self) -> LogSize | None:
+        if self._size is None:
+            return None
+        age = asyncio.get_running_loop().time() - self._read_at
+        return self._size if age < self._refresh_s else None
 
     async def size(self) -> LogSize:
         """The stream's size, read again when the last reading is older than ``refresh_s``."""
-        loop = asyncio.get_running_loop()
-        if self._size is not None and loop.time() - self._read_at < self._refresh_s:
+        if (size := self._fresh()) is not None:
+            return size
+        async with self._reading:
+            if (size := self._fresh()) is not None:  # read by the batch this one waited for
+                return size
+            self._size = await self._read_size()
+            self._read_at = asyncio.get_running_loop().time()
             return self._size
-        if self._reading is None:
-            self._reading = asyncio.ensure_future(self._read_size())
-            reading = self._reading
-            try:
-                self._size = await reading
-                self._read_at = loop.time()
-            finally:
-                self._reading = None
-            return self._size
-        return await asyncio.shield(self._reading)
 
     async def refusal(self) -> SpecError | None:
         """The refusal of a new submit now, or None while the log has room."""

@@ -3,6 +3,8 @@ which intake refuses new submits (``services.intake.room``): tables of named cas
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from nats.js.api import DiscardPolicy
 from pydantic import ValidationError
@@ -10,7 +12,7 @@ from pydantic import ValidationError
 from mdq.bus.storage import DAY_S, GiB, MiB, StorageSettings
 from mdq.bus.streams import bucket_limits, stream_configs, tenant_stream_config
 from mdq.bus.subjects import Subjects
-from services.intake.room import LogSize, room_refusal
+from services.intake.room import JobsLogRoom, LogSize, room_refusal
 
 SUBJECTS = Subjects("mdq")
 SMALL = StorageSettings.model_validate(
@@ -123,3 +125,32 @@ def test_new_submits_are_refused_from_the_high_water_mark(
     assert (refusal is not None) is refused
     if refusal is not None:
         assert "jobs log is full" in refusal.message and "MDQ_STORAGE_JOBS_BYTES" in refusal.message
+
+
+async def test_concurrent_batches_share_one_reading_of_the_log_size() -> None:
+    reads: list[int] = []
+    gate = asyncio.Event()
+
+    async def read() -> LogSize:
+        reads.append(1)
+        await gate.wait()  # the server answers once every batch has asked
+        return LogSize(held=950, limit=1000)
+
+    room = JobsLogRoom(read, high_water=0.9, refresh_s=60)
+    asking = [asyncio.ensure_future(room.refusal()) for _ in range(5)]
+    await asyncio.sleep(0)
+    gate.set()
+    refusals = await asyncio.gather(*asking)
+    assert len(reads) == 1 and all(refusal is not None for refusal in refusals)
+    assert await room.refusal() is not None and len(reads) == 1  # still fresh
+
+
+async def test_a_reading_older_than_the_refresh_is_read_again() -> None:
+    sizes = iter([LogSize(held=950, limit=1000), LogSize(held=950, limit=4000)])
+
+    async def read() -> LogSize:
+        return next(sizes)
+
+    room = JobsLogRoom(read, high_water=0.9, refresh_s=0)  # 0: read before every batch
+    assert await room.refusal() is not None
+    assert await room.refusal() is None  # an operator raised the limit meanwhile
