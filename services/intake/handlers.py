@@ -517,7 +517,8 @@ class SubmitHandler:
             return
         outcomes: dict[int, Outcome] = {}
         seen: list[_Ready] = []
-        reused: list[_Ready] = []
+        reused: dict[int, _Ready] = {}
+        """Submits whose first job the log already holds (by index): answered apart."""
         try:
             claims = await self._registry.claim_many(
                 [(submit.request_id, submit.reply, submit.fingerprint) for submit in ready]
@@ -537,7 +538,7 @@ class SubmitHandler:
                     for submit in publishing
                     if position < len(submit.accepted)
                     and submit.index not in outcomes
-                    and submit not in reused
+                    and submit.index not in reused
                 ]
                 results = await self._publisher.publish_each(
                     [
@@ -555,11 +556,11 @@ class SubmitHandler:
                 )
                 for submit, result in zip(round_, results, strict=True):
                     if position == 0 and is_wrong_last_sequence(result):
-                        reused.append(submit)  # its key's claim expired: refused below
+                        reused[submit.index] = submit  # the log holds it: sorted out below
                     elif isinstance(result, Exception) and not is_wrong_last_sequence(result):
                         outcomes[submit.index] = result
             for submit in publishing:
-                if submit not in reused:
+                if submit.index not in reused:
                     outcomes.setdefault(submit.index, submit.reply)
             if publishing:
                 log.info("accepted %d submit(s) together", len(publishing))
@@ -576,7 +577,7 @@ class SubmitHandler:
             await answer(index, outcome)
         await asyncio.gather(
             *(self._answer_seen(submit, answer) for submit in seen),
-            *(self._answer_reused(submit, answer) for submit in reused),
+            *(self._answer_reused(submit, answer) for submit in reused.values()),
         )
 
     async def _answer_reused(self, submit: _Ready, answer: Answer) -> None:
