@@ -97,6 +97,18 @@ async def submit_until_refused(
     raise AssertionError(f"{at_most} submits and none refused: no limit was reached")
 
 
+async def put_back_by_intake(nc: Client, subjects: Subjects) -> None:
+    """Until intake has been handed the stream submit again after it could not handle it (the
+    submit stream's durable redelivered it): intake has seen it and did not ack it."""
+    durable = IntakeSettings().durable
+
+    async def redelivered() -> bool:
+        info = await nc.jetstream().consumer_info(subjects.submit_stream, durable)
+        return (info.num_redelivered or 0) >= 1 and (info.num_ack_pending or 0) >= 1
+
+    await eventually(redelivered, "intake to put the stream submit back")
+
+
 async def submitted_jobs(nc: Client, subjects: Subjects) -> list[str]:
     """The job ids of every ``submitted`` event in the jobs stream, in order."""
     js = nc.jetstream()
@@ -182,7 +194,7 @@ async def test_a_full_jobs_log_refuses_new_submits_and_keeps_the_accepted_ones(
     assert "jobs log is full" in answered.error.message
     stream_submit = json.dumps({"idempotency_key": "waits", "jobs": [{"name": "md"}]})
     await js.publish(subjects.submit, stream_submit.encode())
-    await asyncio.sleep(1.0)  # intake met the full log and put the submit back (nak)
+    await put_back_by_intake(nc, subjects)  # it met the full log: nak, not ack
     waits = request_id_for_key("waits")
     assert not any(job.startswith(waits) for job in await submitted_jobs(nc, subjects))
 
@@ -318,7 +330,7 @@ async def test_a_full_request_registry_refuses_clearly_and_a_stream_submit_waits
         subjects.submit,
         json.dumps({"idempotency_key": "queued", "jobs": [{"name": "md"}]}).encode(),
     )
-    await asyncio.sleep(1.0)  # intake met the full registry and put the submit back (nak)
+    await put_back_by_intake(nc, subjects)  # it met the full registry: nak, not ack
     queued = f"{request_id_for_key('queued')}-md"
     assert queued not in await submitted_jobs(nc, subjects)
 
