@@ -167,21 +167,27 @@ async def _create_or_update(js: JetStreamContext, config: StreamConfig, replicas
                 await await_leader(js, name)
             return
     config.num_replicas = max(replicas, existing.config.num_replicas or 1)
-    held = existing.state.bytes
-    if config.max_bytes is not None and 0 < config.max_bytes < held:
-        log.warning(
-            "stream %s holds %d bytes, more than its new size limit %d: the limit stays at %d "
-            "(lowering it would drop history or refuse every event); trim the stream on "
-            "purpose first if you mean to",
-            name,
-            held,
-            config.max_bytes,
-            held,
-        )
-        config.max_bytes = held
+    if config.max_bytes is not None and config.max_bytes > 0:
+        config.max_bytes = _size_limit(name, config.max_bytes, existing.state.bytes)
     await js.update_stream(config=config)
     if replicas > 1:
         await await_leader(js, name)
+
+
+def _size_limit(stream: str, wanted: int, held: int) -> int:
+    """The size limit to give ``stream``: ``wanted``, never below the ``held`` bytes (that
+    would drop history, or refuse every new event, at once); a warning says when it stays."""
+    if wanted >= held:
+        return wanted
+    log.warning(
+        "stream %s holds %d bytes, more than its new size limit %d: the limit stays at %d; "
+        "trim the stream on purpose first if you mean to",
+        stream,
+        held,
+        wanted,
+        held,
+    )
+    return held
 
 
 async def require_streams(js: JetStreamContext, subjects: Subjects, *, replicas: int = 1) -> None:
@@ -305,7 +311,7 @@ async def ensure_bucket_limit(
     except NotFoundError:
         return
     config = info.config
-    wanted_bytes = max(max_bytes, info.state.bytes)
+    wanted_bytes = _size_limit(f"KV_{bucket}", max_bytes, info.state.bytes)
     wanted_age = max_age_s if max_age_s > 0 else (config.max_age or 0.0)
     if config.max_bytes == wanted_bytes and (config.max_age or 0.0) == wanted_age:
         return
