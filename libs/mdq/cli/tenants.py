@@ -36,9 +36,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, TypeVar
 
 import typer
 from nats.js.errors import KeyNotFoundError, NotFoundError
@@ -92,6 +93,7 @@ from mdq.store.stack_database import (
 console = Console(soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True)
 app = typer.Typer(help="Tenants: who may submit, and read their own jobs only.")
+Done = TypeVar("Done")
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,12 +275,35 @@ async def add_tenant_database(
     return TenantDatabase(role=role, url=url, password_file=path)
 
 
-def _database_step(name: str, endpoints: Endpoints, state_dir: Path, admin_url: str | None) -> bool:
-    """Step 4 of ``add``, reported on the console; False when the database could not do it."""
+def _database_admin_or_say(
+    endpoints: Endpoints, state_dir: Path, admin_url: str | None
+) -> DatabaseAdmin | None:
+    """The database's administrator for ``add`` and ``rm``; None, said on the console, when
+    nothing says how to reach one (not an error: the NATS part stands alone)."""
     try:
-        admin = database_admin(endpoints.stack, state_dir, admin_url, dict(os.environ))
+        return database_admin(endpoints.stack, state_dir, admin_url, dict(os.environ))
     except NoDatabaseAdmin as error:
         console.print(f"  [yellow]PostgreSQL: {error}[/]")
+        return None
+
+
+def _run_as_admin(work: Coroutine[Any, Any, Done]) -> Done:
+    """Run ``add``'s or ``rm``'s NATS part; a folder without a trust chain exits with 2."""
+    try:
+        return asyncio.run(work)
+    except FileNotFoundError as error:
+        err_console.print(f"[red]{error}[/]")
+        raise typer.Exit(2) from None
+
+
+def _admin_creds(endpoints: Endpoints, secrets: Path) -> str:
+    """The admin's credentials: as the endpoints say, else the secrets folder's."""
+    return endpoints.nats_admin_creds or str(secrets / f"admin{CREDS_SUFFIX}")
+
+
+def _database_step(name: str, endpoints: Endpoints, state_dir: Path, admin_url: str | None) -> bool:
+    """Step 4 of ``add``, reported on the console; False when the database could not do it."""
+    if (admin := _database_admin_or_say(endpoints, state_dir, admin_url)) is None:
         return True
     try:
         made = asyncio.run(add_tenant_database(name, admin=admin, state_dir=state_dir))
@@ -352,21 +377,16 @@ def add(
         err_console.print(f"[red]{error}[/]")
         raise typer.Exit(2) from None
     folder = secrets or nats_secrets_dir(options.state_dir)
-    admin = endpoints.nats_admin_creds or str(folder / f"admin{CREDS_SUFFIX}")
-    try:
-        added = asyncio.run(
-            add_tenant(
-                name,
-                secrets=folder,
-                nats_url=endpoints.nats_url,
-                namespace=endpoints.namespace,
-                admin_creds=admin,
-                policy=policy,
-            )
+    added = _run_as_admin(
+        add_tenant(
+            name,
+            secrets=folder,
+            nats_url=endpoints.nats_url,
+            namespace=endpoints.namespace,
+            admin_creds=_admin_creds(endpoints, folder),
+            policy=policy,
         )
-    except FileNotFoundError as error:
-        err_console.print(f"[red]{error}[/]")
-        raise typer.Exit(2) from None
+    )
     console.print(f"tenant {added.tenant}: credentials {added.creds}, stream {added.stream}")
     console.print(f"  policy: {policy.to_json().decode()}", highlight=False)
     console.print(f"  use: MDQ_NATS_CREDS={added.creds} mdq submit FILE", highlight=False)
@@ -378,10 +398,7 @@ def _database_removal(
     name: str, endpoints: Endpoints, state_dir: Path, admin_url: str | None
 ) -> bool:
     """The PostgreSQL part of ``rm``, reported on the console; False when it failed."""
-    try:
-        admin = database_admin(endpoints.stack, state_dir, admin_url, dict(os.environ))
-    except NoDatabaseAdmin as error:
-        console.print(f"  [yellow]PostgreSQL: {error}[/]")
+    if (admin := _database_admin_or_say(endpoints, state_dir, admin_url)) is None:
         return True
     try:
         role = asyncio.run(drop_tenant(admin.url, admin.names, name))
@@ -429,20 +446,15 @@ def remove(
         raise typer.Exit(2) from None
     stack_secrets = nats_secrets_dir(options.state_dir)
     folder = secrets or stack_secrets
-    admin = endpoints.nats_admin_creds or str(folder / f"admin{CREDS_SUFFIX}")
-    try:
-        removed = asyncio.run(
-            remove_tenant(
-                name,
-                secrets=folder,
-                nats_url=endpoints.nats_url,
-                namespace=endpoints.namespace,
-                admin_creds=admin,
-            )
+    removed = _run_as_admin(
+        remove_tenant(
+            name,
+            secrets=folder,
+            nats_url=endpoints.nats_url,
+            namespace=endpoints.namespace,
+            admin_creds=_admin_creds(endpoints, folder),
         )
-    except FileNotFoundError as error:
-        err_console.print(f"[red]{error}[/]")
-        raise typer.Exit(2) from None
+    )
     keys = len(removed.revoked_keys)
     console.print(
         f"tenant {name}: {keys} key(s) revoked, stream "
