@@ -497,6 +497,19 @@ def issued_keys_path(folder: Path, identity: str) -> Path:
     return identity_creds_path(folder, identity).with_suffix(ISSUED_KEYS_SUFFIX)
 
 
+def issued_keys(folder: Path, identity: str) -> list[str]:
+    """The keys recorded as issued to ``identity`` (empty: no record)."""
+    record = issued_keys_path(folder, identity)
+    return record.read_text(encoding="utf-8").split() if record.exists() else []
+
+
+def _record_issued(folder: Path, identity: str, key: str) -> None:
+    write_secret(
+        issued_keys_path(folder, identity),
+        "".join(f"{each}\n" for each in [*issued_keys(folder, identity), key]),
+    )
+
+
 def issue_recorded(trust: Trust, permissions: Permissions, folder: Path) -> Path:
     """Issue ``permissions.identity``'s credentials into its file in ``folder`` (0600) and add
     their key to its issued keys: what ``mdq tenant add`` does, each time with a fresh key
@@ -504,9 +517,7 @@ def issue_recorded(trust: Trust, permissions: Permissions, folder: Path) -> Path
     path = identity_creds_path(folder, permissions.identity)
     path.parent.mkdir(mode=0o700, exist_ok=True)
     text = trust.user_creds(permissions)
-    keys = issued_keys_path(folder, permissions.identity)
-    known = keys.read_text(encoding="utf-8").split() if keys.exists() else []
-    write_secret(keys, "".join(f"{key}\n" for key in [*known, creds_key(text)]))
+    _record_issued(folder, permissions.identity, creds_key(text))
     return write_secret(path, text)
 
 
@@ -541,8 +552,7 @@ def revoke_identity(
     the revocations. The server applies it when it reloads its configuration. Nothing to
     revoke (no file, no record): an empty result, the block left as it is."""
     path = identity_creds_path(folder, identity)
-    record = issued_keys_path(folder, identity)
-    keys = record.read_text(encoding="utf-8").split() if record.exists() else []
+    keys = issued_keys(folder, identity)
     if path.exists():
         keys.append(creds_key(path.read_text(encoding="utf-8")))
     keys = sorted(set(keys))
@@ -550,7 +560,7 @@ def revoke_identity(
         _revoke(folder, keys, group_readable=group_readable)
         generate(folder, namespace, group_readable=group_readable)  # the block
     path.unlink(missing_ok=True)
-    record.unlink(missing_ok=True)
+    issued_keys_path(folder, identity).unlink(missing_ok=True)
     return Revoked(identity, tuple(keys), folder / SERVER_BLOCK_FILE)
 
 
@@ -569,9 +579,8 @@ def rotate(
     key = creds_key(old)
     _revoke(folder, [key], group_readable=group_readable)
     fresh = trust.reissue(old)
-    if (record := issued_keys_path(folder, identity)).exists():  # a tenant's: kept complete
-        known = record.read_text(encoding="utf-8").split()
-        write_secret(record, "".join(f"{each}\n" for each in [*known, creds_key(fresh)]))
+    if issued_keys_path(folder, identity).exists():  # a tenant's: the record stays complete
+        _record_issued(folder, identity, creds_key(fresh))
     write_secret(path, fresh, group_readable=group_readable)
     generate(folder, namespace, group_readable=group_readable)  # the block, with the revocation
     return Rotated(identity, path, key, folder / SERVER_BLOCK_FILE)

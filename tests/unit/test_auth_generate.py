@@ -121,3 +121,36 @@ def test_a_rotation_keeps_the_operator_jwt_the_server_started_with(tmp_path: Pat
     operator = re.compile(r'^operator: "([^"]+)"$', re.MULTILINE)
     assert operator.findall(after) == operator.findall(before) != []
     assert after != before, "the account JWT carries the revocation"
+
+
+def test_removing_a_tenant_revokes_every_key_it_was_given_rotations_included(
+    tmp_path: Path,
+) -> None:
+    from mdq.auth import (
+        Trust,
+        creds_key,
+        identity_creds_path,
+        issue_recorded,
+        load_revocations,
+        revoke_identity,
+        rotate,
+    )
+    from mdq.bus.permissions import tenant_permissions
+    from mdq.bus.subjects import Subjects
+
+    folder = tmp_path / "secrets"
+    generate(folder)
+    trust = Trust.load_or_create(folder)
+    path = identity_creds_path(folder, "tenant.alice")
+    given = []
+    for _ in range(2):  # `mdq tenant add` twice: two files, both valid
+        issue_recorded(trust, tenant_permissions(Subjects(), "alice"), folder)
+        given.append(creds_key(path.read_text()))
+    rotate(folder, "tenant.alice")
+    given.append(creds_key(path.read_text()))
+
+    removed = revoke_identity(folder, "tenant.alice")
+
+    assert sorted(removed.revoked_keys) == sorted(given) and len(set(given)) == 3
+    assert set(given) <= set(load_revocations(folder))
+    assert not path.exists() and revoke_identity(folder, "tenant.alice").revoked_keys == ()
