@@ -328,17 +328,29 @@ def _limit(value: float | None) -> int:
     return -1 if value is None else int(value)
 
 
+SecretsFolder = Annotated[
+    Path | None,
+    typer.Option(
+        "--secrets",
+        help="Folder of the deployment's NATS material (default: the running stack's).",
+    ),
+]
+DatabaseAdminUrl = Annotated[
+    str | None,
+    typer.Option(
+        "--database-admin-url",
+        envvar=ENV_ADMIN_URL,
+        help="PostgreSQL administrator (CREATEROLE) that makes or drops the tenant's login "
+        f"(password: {ENV_ADMIN_PASSWORD}; default: the running stack's embedded server).",
+    ),
+]
+
+
 @app.command("add")
 def add(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="The tenant (lowercase letters, digits, '-').")],
-    secrets: Annotated[
-        Path | None,
-        typer.Option(
-            "--secrets",
-            help="Folder of the deployment's NATS material (default: the running stack's).",
-        ),
-    ] = None,
+    secrets: SecretsFolder = None,
     allow_high: Annotated[
         bool, typer.Option("--allow-high", help="May submit in the high class (it preempts).")
     ] = False,
@@ -351,15 +363,7 @@ def add(
     submits_per_minute: Annotated[
         float, typer.Option(help="Submit rate (-1: unlimited).")
     ] = _limit(DEFAULT_POLICY.submits_per_minute),
-    database_admin_url: Annotated[
-        str | None,
-        typer.Option(
-            "--database-admin-url",
-            envvar=ENV_ADMIN_URL,
-            help="PostgreSQL administrator (CREATEROLE) for the tenant's login "
-            f"(password: {ENV_ADMIN_PASSWORD}; default: the running stack's embedded server).",
-        ),
-    ] = None,
+    database_admin_url: DatabaseAdminUrl = None,
 ) -> None:
     """Add a tenant (or change its limits): its credentials (<secrets>/tenants/NAME.creds),
     its own stream, its policy and its PostgreSQL login (history of its own jobs only)."""
@@ -418,22 +422,8 @@ def _database_removal(
 def remove(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="The tenant to remove.")],
-    secrets: Annotated[
-        Path | None,
-        typer.Option(
-            "--secrets",
-            help="Folder of the deployment's NATS material (default: the running stack's).",
-        ),
-    ] = None,
-    database_admin_url: Annotated[
-        str | None,
-        typer.Option(
-            "--database-admin-url",
-            envvar=ENV_ADMIN_URL,
-            help="PostgreSQL administrator (CREATEROLE) that drops the tenant's login "
-            f"(password: {ENV_ADMIN_PASSWORD}; default: the running stack's embedded server).",
-        ),
-    ] = None,
+    secrets: SecretsFolder = None,
+    database_admin_url: DatabaseAdminUrl = None,
 ) -> None:
     """Remove a tenant: revoke every credentials file it was given, delete its stream, its
     policy and its PostgreSQL login. Jobs it submitted go on; their history stays."""
