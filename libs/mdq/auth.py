@@ -35,14 +35,20 @@ import json
 import os
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import nacl.signing
 import nkeys
 
-from mdq.bus.permissions import IDENTITIES, Permissions, runner_permissions, service_permissions
+from mdq.bus.permissions import (
+    IDENTITIES,
+    Permissions,
+    account_bridge,
+    runner_permissions,
+    service_permissions,
+)
 from mdq.bus.subjects import Subjects
 
 SECRETS_DIR = "secrets"
@@ -148,17 +154,27 @@ def creds_text(user_jwt: str, seed: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Trust:
-    """The operator, the system account, mdq's account and its runner signing key: their seeds
-    and signed JWTs, for one namespace."""
+    """The operator, the system account, mdq's two accounts and the runner signing key: their
+    seeds and signed JWTs, for one namespace.
+
+    mdq's streams and buckets live in one account (``account_seed``, the *streams* account) to
+    which no user may log in; every identity logs in to the other (``users_seed``, the *users*
+    account), which reaches the streams through the imports of
+    ``mdq.bus.permissions.account_bridge``. A JetStream answer then always comes back in the
+    users account, where no stream stores it (the reply-subject trick)."""
 
     operator_seed: str
     system_seed: str
     account_seed: str
+    """The streams account: JetStream, the exports, no users (its connection limit is 0)."""
     runner_signing_seed: str
-    """A signing key of the account scoped to the runner template: what it signs can publish
-    one job's progress, checkpoints and outputs, whatever the JWT says. The node agent holds
-    it (``runner_issuer``), never the account key."""
+    """A signing key of the users account scoped to the runner template: what it signs can
+    publish one job's progress, checkpoints and outputs, whatever the JWT says. The node agent
+    holds it (``runner_issuer``), never an account key."""
     namespace: str = "mdq"
+    users_seed: str = ""
+    """The users account: every identity's credentials are signed by it. A trust chain made
+    before it existed gets one on load (``load_or_create``)."""
 
     @classmethod
     def generate(cls, namespace: str = "mdq") -> Trust:
@@ -168,22 +184,29 @@ class Trust:
             account_seed=_seed(_new_key(nkeys.PREFIX_BYTE_ACCOUNT)),
             runner_signing_seed=_seed(_new_key(nkeys.PREFIX_BYTE_ACCOUNT)),
             namespace=namespace,
+            users_seed=_seed(_new_key(nkeys.PREFIX_BYTE_ACCOUNT)),
         )
 
     @classmethod
     def load_or_create(cls, folder: Path, namespace: str = "mdq") -> Trust:
-        """The trust chain kept in ``folder`` (created, 0600, on first use)."""
+        """The trust chain kept in ``folder`` (created, 0600, on first use; a chain of one
+        account, from before the users account, gets its users account added and kept)."""
         path = folder / TRUST_FILE
         if path.exists():
-            return cls(**json.loads(path.read_text(encoding="utf-8")))
-        trust = cls.generate(namespace)
-        os.makedirs(folder, mode=0o700, exist_ok=True)
+            trust = cls(**json.loads(path.read_text(encoding="utf-8")))
+            if trust.users_seed:
+                return trust
+            trust = replace(trust, users_seed=_seed(_new_key(nkeys.PREFIX_BYTE_ACCOUNT)))
+        else:
+            trust = cls.generate(namespace)
+            os.makedirs(folder, mode=0o700, exist_ok=True)
         document = {
             "operator_seed": trust.operator_seed,
             "system_seed": trust.system_seed,
             "account_seed": trust.account_seed,
             "runner_signing_seed": trust.runner_signing_seed,
             "namespace": trust.namespace,
+            "users_seed": trust.users_seed,
         }
         write_secret(path, json.dumps(document, indent=2) + "\n")
         return trust
@@ -198,7 +221,13 @@ class Trust:
 
     @property
     def account_public(self) -> str:
+        """The streams account (the one the monitoring endpoint's ``/jsz?acc=`` reports)."""
         return _public(_from_seed(self.account_seed))
+
+    @property
+    def users_public(self) -> str:
+        """The account every identity logs in to."""
+        return _public(_from_seed(self.users_seed))
 
     def operator_jwt(self) -> str:
         operator = _from_seed(self.operator_seed)
@@ -211,8 +240,9 @@ class Trust:
         return encode_jwt(claims, operator)
 
     def account_jwts(self, revocations: dict[str, int] | None = None) -> dict[str, str]:
-        """Account public key -> its JWT (the system account and mdq's, JetStream on; user
-        keys in ``revocations`` are refused for JWTs issued before their time)."""
+        """Account public key -> its JWT: the system account, the streams account (JetStream,
+        its exports, no connections) and the users account (its imports, the runner signing
+        key; user keys in ``revocations`` are refused for JWTs issued before their time)."""
         operator = _from_seed(self.operator_seed)
         system = {
             "iss": _public(operator),
@@ -233,7 +263,19 @@ class Trust:
                 "payload": -1,
             },
         }
-        account: dict[str, Any] = {
+        bridge = account_bridge(Subjects(self.namespace))
+
+        def service(subject: str) -> dict[str, Any]:
+            shared: dict[str, Any] = {"name": subject, "subject": subject, "type": "service"}
+            if subject in bridge.multi_response:
+                shared["response_type"] = "Stream"
+            return shared
+
+        shared = [service(subject) for subject in bridge.services]
+        shared += [
+            {"name": subject, "subject": subject, "type": "stream"} for subject in bridge.streams
+        ]
+        streams: dict[str, Any] = {
             "iss": _public(operator),
             "sub": self.account_public,
             # Its public key, not a label: the monitoring endpoint (/jsz?acc=<key>) selects an
@@ -243,15 +285,31 @@ class Trust:
             "nats": {
                 "type": "account",
                 "version": 2,
-                "limits": {**_UNLIMITED, **_JETSTREAM},
-                "signing_keys": [runner_scope],
+                # no connection of any user, nor of a leaf node: only the imports reach it
+                "limits": {**_UNLIMITED, **_JETSTREAM, "conn": 0, "leaf": 0},
+                "exports": shared,
             },
         }
+        users: dict[str, Any] = {
+            "iss": _public(operator),
+            "sub": self.users_public,
+            "name": self.users_public,
+            "nats": {
+                "type": "account",
+                "version": 2,
+                "limits": _UNLIMITED,  # no JetStream of its own: "$JS.API.>" is imported
+                "signing_keys": [runner_scope],
+                "imports": [{**each, "account": self.account_public} for each in shared],
+            },
+        }
+        for each in users["nats"]["imports"]:
+            each.pop("response_type", None)
         if revocations:
-            account["nats"]["revocations"] = dict(sorted(revocations.items()))
+            users["nats"]["revocations"] = dict(sorted(revocations.items()))
         return {
             self.system_public: encode_jwt(system, operator),
-            self.account_public: encode_jwt(account, operator),
+            self.account_public: encode_jwt(streams, operator),
+            self.users_public: encode_jwt(users, operator),
         }
 
     def user_creds(self, permissions: Permissions, *, expires_s: float | None = None) -> str:
@@ -269,21 +327,21 @@ class Trust:
         if permissions.respond:
             nats["resp"] = {"max": 1, "ttl": 0}
         claims: dict[str, Any] = {
-            "iss": self.account_public,
+            "iss": self.users_public,
             "sub": _public(user),
             "name": permissions.identity,
             "nats": nats,
         }
         if expires_s is not None:
             claims["exp"] = int(time.time() + expires_s)
-        return creds_text(encode_jwt(claims, _from_seed(self.account_seed)), _seed(user))
+        return creds_text(encode_jwt(claims, _from_seed(self.users_seed)), _seed(user))
 
     def reissue(self, creds: str) -> str:
         """New credentials (a fresh user key) with the name and permissions of ``creds``."""
         (_, (claims,)) = _meaning(creds.split("------END NATS USER JWT------", 1)[0])
         user = _new_key(nkeys.PREFIX_BYTE_USER)
-        fresh = {**claims, "iss": self.account_public, "sub": _public(user)}
-        return creds_text(encode_jwt(fresh, _from_seed(self.account_seed)), _seed(user))
+        fresh = {**claims, "iss": self.users_public, "sub": _public(user)}
+        return creds_text(encode_jwt(fresh, _from_seed(self.users_seed)), _seed(user))
 
     def server_block(self, revocations: dict[str, int] | None = None) -> str:
         """The nats-server configuration that trusts this chain (public material only)."""
@@ -303,6 +361,7 @@ class RunnerIssuer:
 
     signing_seed: str
     account_public: str
+    """The users account, whose scoped signing key ``signing_seed`` is."""
 
     @classmethod
     def load(cls, path: Path) -> RunnerIssuer:
@@ -332,7 +391,7 @@ class RunnerIssuer:
 
 def runner_issuer(trust: Trust) -> RunnerIssuer:
     """The runner-credential issuer of ``trust`` (for the node agent)."""
-    return RunnerIssuer(trust.runner_signing_seed, trust.account_public)
+    return RunnerIssuer(trust.runner_signing_seed, trust.users_public)
 
 
 def issue(
@@ -447,11 +506,25 @@ def generate(folder: Path, namespace: str = "mdq", *, group_readable: bool = Fal
         ) == _permissions_of(fresh)
         keep_or_write(path, fresh, same)
         creds[identity] = path
+    for tenant_creds in sorted((folder / TENANTS_DIR).glob(f"*{CREDS_SUFFIX}")):
+        _move_to_users_account(trust, folder, tenant_creds)
     issuer = folder / RUNNER_ISSUER_FILE
     wanted = runner_issuer(trust)
     keep_or_write(issuer, wanted.text(), issuer.exists() and RunnerIssuer.load(issuer) == wanted)
     os.chmod(folder, 0o750 if group_readable else 0o700)
     return Generated(trust, folder, block, creds, issuer, tuple(written))
+
+
+def _move_to_users_account(trust: Trust, folder: Path, path: Path) -> None:
+    """Reissue a tenant's credentials signed before the users account existed (by the streams
+    account, which no one may log in to any more) with the same name and permissions, and
+    record the new key: an upgrade keeps every tenant, whose new file must reach it."""
+    old = path.read_text(encoding="utf-8")
+    if _permissions_of(old)["iss"] == trust.users_public:
+        return
+    fresh = trust.reissue(old)
+    _record_issued(folder, _permissions_of(old)["name"], creds_key(fresh))
+    write_secret(path, fresh)
 
 
 def load_revocations(folder: Path) -> dict[str, int]:

@@ -12,6 +12,7 @@ allowed cases included, so a table that allowed too much or too little fails her
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -316,6 +317,115 @@ async def test_nothing_refused_reached_the_streams(
     after = (await js.stream_info(SUBJECTS.jobs_stream)).state.messages
     await admin.close()
     assert after == before
+
+
+async def stored_messages(prepared: Server) -> dict[str, int]:
+    """How many messages each stream and bucket holds, tenants' streams included (as admin)."""
+    admin = await connect(prepared.nats.url, name="count", creds=prepared.creds["admin"])
+    try:
+        js = admin.jetstream()
+        streams = (*STREAMS, SUBJECTS.tenant_stream(TENANT), SUBJECTS.tenant_stream(OTHER_TENANT))
+        return {stream: (await js.stream_info(stream)).state.messages for stream in streams}
+    finally:
+        await admin.close()
+
+
+def every_stored_subject() -> list[str]:
+    """A subject of every kind some stream or bucket stores: each event kind for an
+    operator's and a tenant's job, each submit entrance, each bucket's keys."""
+    subjects = [event_subject(kind, job) for kind in EVENT_PRODUCERS for job in (JOB, TENANT_JOB)]
+    subjects += [SUBJECTS.submit, SUBJECTS.submit_for(TENANT)]
+    return subjects + [f"$KV.{bucket}.forged-key" for bucket in BUCKETS]
+
+
+@pytest.mark.parametrize("identity", ATTACKERS)
+async def test_the_reply_subject_trick_stores_nothing(
+    prepared: Server, attempts_of: dict[str, Attempts], identity: str
+) -> None:
+    """A JetStream API request the identity may make, naming a stream's or a bucket's subject
+    as its reply subject (nats-server discussion #8924): the answer comes back in the users
+    account, where no stream captures it, so nothing is stored. Red with the streams in the
+    account the identities log in to."""
+    request = (
+        f"$JS.API.STREAM.INFO.{SUBJECTS.tenant_stream(TENANT)}"
+        if identity == "tenant"
+        else "$JS.API.INFO"
+    )
+    client = attempts_of[identity].client
+    answer = await client.request(request, b"", timeout=5)  # the request itself is allowed
+    assert b'"type":"io.nats.jetstream.api.v1.' in answer.data
+    before = await stored_messages(prepared)
+    for reply in every_stored_subject():
+        await client.publish(request, b"", reply=reply)
+    await client.flush()
+    await asyncio.sleep(0.5)  # the answers, wherever they went, have been sent
+    assert await stored_messages(prepared) == before
+
+
+@pytest.mark.parametrize("identity", ["cli", "tenant-bob"])
+async def test_a_push_consumer_delivering_into_a_stream_stores_nothing(
+    prepared: Server, identity: str
+) -> None:
+    """An identity that may create consumers (the operator's client on the nodes stream, a
+    tenant on its own stream) names another stream's or a bucket's subject as a push
+    consumer's delivery subject, while something listens there (the admin): the
+    server delivers in the streams account, where nothing listens, so no stream stores the
+    copies. Red with the streams in the account the identities log in to."""
+    if identity == "cli":
+        stream, seed = SUBJECTS.nodes_stream, SUBJECTS.node_load("n9")
+    else:
+        stream = SUBJECTS.tenant_stream(OTHER_TENANT)
+        seed = SUBJECTS.job(f"{OTHER_TENANT}.00000000000c-copy", "bound")
+    targets = (SUBJECTS.job(JOB, "succeeded"), f"$KV.{SUBJECTS.pods_bucket}.forged")
+    admin = await connect(prepared.nats.url, name="seed", creds=prepared.creds["admin"])
+    listeners = [await admin.subscribe(target) for target in targets]
+    await admin.jetstream().publish(seed, b"copied")
+    client = await connect(prepared.nats.url, name=identity, creds=prepared.creds[identity])
+    try:
+        for _ in range(50):  # a tenant's stream gathers from the jobs stream, a moment later
+            if (await admin.jetstream().stream_info(stream)).state.messages:
+                break
+            await asyncio.sleep(0.1)
+        before = await stored_messages(prepared)
+        for target in targets:
+            config = {"deliver_subject": target, "deliver_policy": "all", "ack_policy": "none"}
+            body = json.dumps({"stream_name": stream, "config": config}).encode()
+            answer = await client.request(f"$JS.API.CONSUMER.CREATE.{stream}", body, timeout=5)
+            assert b'"error"' not in answer.data, answer.data  # the consumer was made
+        await asyncio.sleep(0.5)
+        assert await stored_messages(prepared) == before
+    finally:
+        for listener in listeners:
+            await listener.unsubscribe()
+        await client.close()
+        await admin.close()
+
+
+async def test_no_one_logs_in_to_the_streams_account(prepared: Server, tmp_path: Path) -> None:
+    """Credentials signed by the streams account itself, allowing everything, are refused: only
+    the imports of the users account reach the streams."""
+    import nkeys
+
+    from mdq.auth import _new_key, _public, _seed
+
+    assert prepared.trust is not None
+    account = nkeys.from_seed(bytearray(prepared.trust.account_seed.encode()))
+    user = _new_key(nkeys.PREFIX_BYTE_USER)
+    claims = {
+        "iss": _public(account),
+        "sub": _public(user),
+        "name": "intruder",
+        "nats": {
+            "type": "user",
+            "version": 2,
+            "pub": {"allow": [">"]},
+            "sub": {"allow": [">"]},
+            **{"subs": -1, "data": -1, "payload": -1},
+        },
+    }
+    path = write_secret(tmp_path / "s.creds", creds_text(encode_jwt(claims, account), _seed(user)))
+    with pytest.raises((nats.errors.Error, OSError)):
+        await nats.connect(prepared.nats.url, user_credentials=str(path), allow_reconnect=False)
 
 
 def test_the_documented_table_is_the_enforced_one() -> None:

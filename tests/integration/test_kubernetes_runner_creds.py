@@ -243,8 +243,8 @@ async def test_each_runner_pod_gets_its_own_secret_and_reports_for_its_own_job_o
         minted.append(creds)
         claims = decode_claims(creds.split("\n")[1])
         assert claims["name"] == job
-        assert claims["iss"] != streams.trust.account_public
-        assert claims["nats"]["issuer_account"] == streams.trust.account_public
+        assert claims["iss"] != streams.trust.users_public
+        assert claims["nats"]["issuer_account"] == streams.trust.users_public
         # Mounted into this pod alone, read-only, as a file the environment names.
         [volume] = [v for v in stored["spec"]["volumes"] if "secret" in v]
         assert volume["secret"]["secretName"] == name

@@ -47,7 +47,7 @@ async def test_each_process_gets_its_own_identity_and_nothing_else(
         assert {path.name: mode(path) for path in files} == {path.name: 0o600 for path in files}
         trust = json.loads((folder / "trust.json").read_text())
         seeds = [value for key, value in trust.items() if key.endswith("seed")]
-        assert len(seeds) == 4
+        assert len(seeds) == 5  # operator, system, streams and users accounts, runner key
 
         for child, identity in CHILDREN.items():
             pid = stack.child_pid(child)

@@ -4,7 +4,9 @@ what is missing or says something else."""
 
 from __future__ import annotations
 
+import json
 import stat
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,10 +19,17 @@ from mdq.auth import (
     RunnerIssuer,
     Trust,
     TrustMismatch,
+    creds_key,
+    decode_claims,
     generate,
+    identity_creds_path,
+    issue,
+    issue_recorded,
+    issued_keys,
+    write_secret,
 )
 from mdq.bus.connect import identity_of_creds
-from mdq.bus.permissions import IDENTITIES, service_permissions
+from mdq.bus.permissions import IDENTITIES, service_permissions, tenant_permissions
 from mdq.bus.subjects import Subjects
 from mdq.cli.main import app
 
@@ -47,8 +56,9 @@ def test_it_writes_the_server_block_every_identity_and_the_runner_issuer(tmp_pat
     assert generated.trust == trust
     block = (folder / SERVER_BLOCK_FILE).read_text()
     assert trust.operator_public in block or trust.system_public in block
-    assert trust.operator_seed not in block and trust.account_seed not in block  # public only
-    assert RunnerIssuer.load(folder / RUNNER_ISSUER_FILE).account_public == trust.account_public
+    seeds = (trust.operator_seed, trust.account_seed, trust.users_seed, trust.runner_signing_seed)
+    assert not [seed for seed in seeds if seed in block]  # public only
+    assert RunnerIssuer.load(folder / RUNNER_ISSUER_FILE).account_public == trust.users_public
 
 
 def test_running_it_again_keeps_everything_and_fills_in_what_is_missing(tmp_path: Path) -> None:
@@ -157,3 +167,38 @@ def test_removing_a_tenant_revokes_every_key_it_was_given_rotations_included(
     assert sorted(removed.revoked_keys) == sorted(given) and len(set(given)) == 3
     assert set(given) <= set(load_revocations(folder))
     assert not path.exists() and revoke_identity(folder, "tenant.alice").revoked_keys == ()
+
+
+def test_a_trust_chain_from_before_the_users_account_is_upgraded_in_place(tmp_path: Path) -> None:
+    """A deployment made when every identity logged in to the streams account: its chain keeps
+    its keys and gains a users account; the services' and the tenants' credentials are
+    reissued from it (same names and permissions), each new tenant key recorded for removal."""
+    folder = tmp_path / "nats"
+    first = generate(folder)
+    document = json.loads((folder / TRUST_FILE).read_text())
+    del document["users_seed"]
+    write_secret(folder / TRUST_FILE, json.dumps(document))
+    old_trust = first.trust
+    streams_signed = replace(old_trust, users_seed=old_trust.account_seed)  # the old signer
+    tenant = tenant_permissions(Subjects(), "alice")
+    issue_recorded(streams_signed, tenant, folder)
+    for identity in IDENTITIES:
+        issue(
+            streams_signed, service_permissions(identity, Subjects()), folder / f"{identity}.creds"
+        )
+
+    again = generate(folder)
+
+    trust = again.trust
+    assert trust.users_seed and trust.users_seed != old_trust.account_seed
+    assert (trust.operator_seed, trust.account_seed) == (
+        old_trust.operator_seed,
+        old_trust.account_seed,
+    )
+    assert json.loads((folder / TRUST_FILE).read_text())["users_seed"] == trust.users_seed
+    alice = identity_creds_path(folder, tenant.identity)
+    for path in [alice, *again.creds.values()]:
+        claims = decode_claims(path.read_text().split("\n")[1])
+        assert claims["iss"] == trust.users_public, path.name
+    assert decode_claims(alice.read_text().split("\n")[1])["name"] == "tenant.alice"
+    assert creds_key(alice.read_text()) in issued_keys(folder, tenant.identity)

@@ -270,6 +270,54 @@ def runner_permissions(subjects: Subjects, job_id: str = RUNNER_NAME) -> Permiss
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Bridge:
+    """What crosses between the two accounts of a deployment (``mdq.auth``): the *streams*
+    account holds every stream and bucket and no user may log in to it; every identity logs in
+    to the *users* account, which reaches the streams through imports.
+
+    A JetStream API request is answered in the requester's own account, on the reply subject it
+    named there, so naming a stream's subject as the reply subject (nats-server discussion
+    #8924) stores nothing: no stream listens in the users account. The same holds for a push
+    consumer's delivery subject, which the server delivers in the streams account, where only
+    the inboxes exported back have any interest."""
+
+    services: tuple[str, ...]
+    """Subjects the users account sends into the streams account (requests and publishes whose
+    answer, if any, comes back to the sender): the JetStream API, acknowledgements, flow
+    control, KV writes, and the subjects the streams capture."""
+    streams: tuple[str, ...]
+    """Subjects the streams account sends back unasked: push consumers' deliveries (ordered
+    consumers, KV watches) to each identity's reply inbox."""
+    multi_response: tuple[str, ...] = ("$JS.API.>",)
+    """Services whose one request may have many answers (a pull request's messages)."""
+
+
+def account_bridge(subjects: Subjects) -> Bridge:
+    """The imports and exports between the users and the streams account of ``subjects``'s
+    namespace. Only mdq's streams' subjects cross, never request-reply subjects of services
+    (``mdq.api.>`` stays in the users account, between its client and intake)."""
+    captured = [
+        # The operator's submit subject is one token under the namespace, but bridged by a
+        # wildcard: a JetStream answer landing in the users account on a subject that is
+        # imported *literally* is passed on into the streams account (and stored), while on a
+        # wildcard import it is not (nats-server 2.15; test_bus_permissions'
+        # test_the_reply_subject_trick_stores_nothing). No other subject has one token there.
+        f"{subjects.namespace}.*",
+        subjects.submit_for("*"),
+        subjects.job_all("*"),
+        f"{subjects.namespace}.rejected.>",
+        subjects.progress_all,
+        f"{subjects.namespace}.node.>",
+    ]
+    inboxes = [inbox_prefix(identity) for identity in IDENTITIES if identity != "runners"]
+    inboxes.append(inbox_prefix(TENANT_PREFIX.rstrip(".")))
+    return Bridge(
+        services=("$JS.API.>", "$JS.ACK.>", "$JS.FC.>", "$KV.>", *captured),
+        streams=tuple(f"{prefix}.>" for prefix in inboxes),
+    )
+
+
 def markdown_table(subjects: Subjects | None = None) -> str:
     """The permission table of docs/security.md, generated from the patterns of this module (a
     test keeps the two equal): what each identity may publish, read, own and listen to."""
