@@ -529,7 +529,11 @@ async def one_round(
 
 async def run(arguments: argparse.Namespace) -> dict[str, Any]:
     folder = Path(tempfile.mkdtemp(prefix="mdq-bench-ingest-"))
-    trusts = {name: Trust.generate() if auth else None for name, (_, auth) in SERVERS.items()}
+    namespaces = {name: "bench" + uuid.uuid4().hex[:8] for name in SERVERS}
+    trusts = {
+        name: Trust.generate(namespaces[name]) if auth else None
+        for name, (_, auth) in SERVERS.items()
+    }
     embedded = {
         name: start_nats(
             folder / name,
@@ -541,7 +545,7 @@ async def run(arguments: argparse.Namespace) -> dict[str, Any]:
     postgres = start_postgres(folder / "pg", database="bench", keep=False)
     servers = []
     for name, nats_server in embedded.items():
-        trust, subjects = trusts[name], Subjects("bench" + uuid.uuid4().hex[:8])
+        trust, subjects = trusts[name], Subjects(namespaces[name])
         admin = None  # the harness publishes every kind and makes the raw loops' consumers
         if trust is not None:
             admin = issue(trust, service_permissions("admin", subjects), folder / f"{name}.creds")

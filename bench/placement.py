@@ -54,7 +54,7 @@ from nats.aio.msg import Msg
 
 from mdq.auth import Trust, issue
 from mdq.bus.connect import auth_options, connect
-from mdq.bus.permissions import Permissions, service_permissions
+from mdq.bus.permissions import Bridge, Permissions, inbox_prefix, service_permissions
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
@@ -322,6 +322,13 @@ authentication (the cost of the closed bus), the third the same with the server'
 fsync interval (the cost of fsync-always)."""
 
 
+NAMESPACE = "bench"
+"""mdq's namespace on every server of the run."""
+RAW_BRIDGE = Bridge(services=("raw.job.>",), streams=(f"{inbox_prefix('bench')}.>",))
+"""On an authenticating server, the raw loop's stream subjects and its ordered consumers'
+deliveries cross between the accounts as mdq's own do (``mdq.bus.permissions.Bridge``)."""
+
+
 def issue_side_creds(trust: Trust, subjects: Subjects, folder: Path) -> dict[str, Path]:
     """Credentials of one side: intake's and placement's own, everything for the bench
     harness (it publishes every kind) and for the raw loop (its own subjects and stream)."""
@@ -351,12 +358,14 @@ async def bench_end_to_end(
 ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="mdq-bench-placement-") as folder:
         root = Path(folder)
-        trusts = {name: Trust.generate() if auth else None for name, (_, auth) in SERVERS.items()}
+        trusts = {
+            name: Trust.generate(NAMESPACE) if auth else None for name, (_, auth) in SERVERS.items()
+        }
         servers = {
             name: start_nats(
                 root / name / "nats",
                 sync_interval=sync,
-                auth=trust.server_block() if (trust := trusts[name]) else "",
+                auth=trust.server_block(extra=RAW_BRIDGE) if (trust := trusts[name]) else "",
             )
             for name, (sync, _) in SERVERS.items()
         }
@@ -396,7 +405,7 @@ async def open_side(
 ) -> Side:
     """Start the raw and the mdq pipeline against ``url``; wait until both answer and follow;
     warm both up. With ``trust``, every process authenticates with its own credentials."""
-    namespace = "bench"
+    namespace = NAMESPACE
     subjects = Subjects(namespace=namespace)
     creds: dict[str, Path] = {}
     if trust is not None:

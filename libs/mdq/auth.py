@@ -44,6 +44,7 @@ import nkeys
 
 from mdq.bus.permissions import (
     IDENTITIES,
+    Bridge,
     Permissions,
     account_bridge,
     runner_permissions,
@@ -239,10 +240,13 @@ class Trust:
         }
         return encode_jwt(claims, operator)
 
-    def account_jwts(self, revocations: dict[str, int] | None = None) -> dict[str, str]:
+    def account_jwts(
+        self, revocations: dict[str, int] | None = None, *, extra: Bridge | None = None
+    ) -> dict[str, str]:
         """Account public key -> its JWT: the system account, the streams account (JetStream,
         its exports, no connections) and the users account (its imports, the runner signing
-        key; user keys in ``revocations`` are refused for JWTs issued before their time)."""
+        key; user keys in ``revocations`` are refused for JWTs issued before their time).
+        ``extra`` bridges more subjects (a benchmark's raw baseline beside mdq's)."""
         operator = _from_seed(self.operator_seed)
         system = {
             "iss": _public(operator),
@@ -264,6 +268,12 @@ class Trust:
             },
         }
         bridge = account_bridge(Subjects(self.namespace))
+        if extra is not None:
+            bridge = replace(
+                bridge,
+                services=(*bridge.services, *extra.services),
+                streams=(*bridge.streams, *extra.streams),
+            )
 
         def service(subject: str) -> dict[str, Any]:
             shared: dict[str, Any] = {"name": subject, "subject": subject, "type": "service"}
@@ -343,9 +353,11 @@ class Trust:
         fresh = {**claims, "iss": self.users_public, "sub": _public(user)}
         return creds_text(encode_jwt(fresh, _from_seed(self.users_seed)), _seed(user))
 
-    def server_block(self, revocations: dict[str, int] | None = None) -> str:
+    def server_block(
+        self, revocations: dict[str, int] | None = None, *, extra: Bridge | None = None
+    ) -> str:
         """The nats-server configuration that trusts this chain (public material only)."""
-        jwts = self.account_jwts(revocations)
+        jwts = self.account_jwts(revocations, extra=extra)
         preload = "\n".join(f'  {key}: "{jwt}"' for key, jwt in jwts.items())
         return (
             f'operator: "{self.operator_jwt()}"\n'
@@ -362,11 +374,14 @@ class RunnerIssuer:
     signing_seed: str
     account_public: str
     """The users account, whose scoped signing key ``signing_seed`` is."""
+    expires_s: float | None = None
+    """How long the credentials it mints live (None: for ever; ``MDQ_NATS_RUNNER_CREDS_TTL_S``
+    where a desk renews them, ``mdq.bus.runner_creds``)."""
 
     @classmethod
-    def load(cls, path: Path) -> RunnerIssuer:
+    def load(cls, path: Path, *, expires_s: float | None = None) -> RunnerIssuer:
         document = json.loads(path.read_text(encoding="utf-8"))
-        return cls(document["signing_seed"], document["account_public"])
+        return cls(document["signing_seed"], document["account_public"], expires_s)
 
     def text(self) -> str:
         """The file ``load`` reads."""
@@ -378,14 +393,17 @@ class RunnerIssuer:
 
     def creds(self, job_id: str) -> str:
         """Credentials for the runners of ``job_id``: the server gives them the runner
-        template with this job id filled in, and nothing else."""
+        template with this job id filled in, and nothing else; they expire ``expires_s`` from
+        now (``mdq.bus.runner_creds`` renews them while the attempt lives)."""
         user = _new_key(nkeys.PREFIX_BYTE_USER)
-        claims = {
+        claims: dict[str, Any] = {
             "iss": _public(_from_seed(self.signing_seed)),
             "sub": _public(user),
             "name": job_id,
             "nats": {"type": "user", "version": 2, "issuer_account": self.account_public},
         }
+        if self.expires_s is not None:
+            claims["exp"] = int(time.time() + self.expires_s)
         return creds_text(encode_jwt(claims, _from_seed(self.signing_seed)), _seed(user))
 
 

@@ -47,6 +47,17 @@ class CommonSettings(BaseSettings):
         default=Path(".mdq/data"),
         description="Root of job outputs and checkpoints (a shared volume on Kubernetes).",
     )
+    runner_creds_ttl_s: float = Field(
+        default=3600.0,
+        ge=2.0,
+        validation_alias=AliasChoices("MDQ_NATS_RUNNER_CREDS_TTL_S"),
+        description=(
+            "Lifetime of each runner's NATS credentials; a runner renews them at half-life "
+            "while its attempt runs, so an ended pod's (or a copied) file stops working within "
+            "this long. On Kubernetes it must exceed the longest time a pod waits to start "
+            "(image pull): the Secret is minted when the pod is made."
+        ),
+    )
 
     @property
     def subjects(self) -> Subjects:

@@ -7,11 +7,12 @@ import logging
 import os
 from pathlib import Path
 
-from mdq.auth import RUNNER_ISSUER_ENV
+from mdq.auth import RUNNER_ISSUER_ENV, RunnerIssuer
 from mdq.backends.factory import make_backend
 from mdq.bus.connect import connect
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.requests import Requests
+from mdq.bus.runner_creds import RenewalDesk
 from mdq.settings import CommonSettings
 from services.placement.app import Placement
 from services.placement.settings import PlacementSettings
@@ -26,6 +27,8 @@ async def main() -> None:
     )
     js = nc.jetstream()
     requests = await Requests(nc).start()
+    found = os.environ.get(RUNNER_ISSUER_ENV)
+    issuer_path = Path(found) if found else None
     backend = await make_backend(
         kind=settings.backend,
         nc=nc,
@@ -34,7 +37,8 @@ async def main() -> None:
         runner_nats_url=settings.runner_nats_url or common.nats_url,
         data_dir=common.data_dir.resolve(),
         # Kubernetes: each runner pod gets credentials for its own job, minted with this key.
-        runner_issuer=Path(found) if (found := os.environ.get(RUNNER_ISSUER_ENV)) else None,
+        runner_issuer=issuer_path,
+        runner_creds_ttl_s=common.runner_creds_ttl_s,
     )
     placement = Placement(
         js=js,
@@ -45,9 +49,18 @@ async def main() -> None:
         namespace=common.namespace,
         stream_replicas=replicas,
     )
+    desk = None
+    if issuer_path is not None and settings.backend == "kubernetes":
+        # the runner pods' credentials expire; renewed while their attempt is the live one
+        issuer = RunnerIssuer.load(issuer_path, expires_s=common.runner_creds_ttl_s)
+        desk = await RenewalDesk(
+            nc, subjects, mint=issuer.creds, verdict=placement.runs_attempt
+        ).start()
     try:
         await placement.run()
     finally:
+        if desk is not None:
+            await desk.close()
         await backend.close()
         await nc.drain()
 

@@ -32,8 +32,9 @@ from pathlib import Path
 from google.protobuf.json_format import ParseError
 from nats.aio.client import Client
 
-from mdq.bus.connect import connect
+from mdq.bus.connect import CREDS_ENV, connect
 from mdq.bus.publisher import EventPublisher
+from mdq.bus.runner_creds import RenewableCreds
 from mdq.core.exit_codes import RunnerExit
 from mdq.core.runner_task import RunnerTask, jobs_root
 from mdq.core.spec import SpecError, normalize_job
@@ -88,7 +89,7 @@ def exit_code_for(error: BaseException) -> RunnerExit:
 
 
 async def _connect_unless_stopped(
-    url: str, task: RunnerTask, stopped: asyncio.Event
+    url: str, task: RunnerTask, stopped: asyncio.Event, creds: RenewableCreds | None = None
 ) -> Client | None:
     """Connect to NATS, waiting (with backoff, one log line per try) while it is not there;
     None if SIGTERM/SIGINT came first.
@@ -99,7 +100,7 @@ async def _connect_unless_stopped(
     MD; a pod that waits too long is stopped by the cluster (SIGTERM), which ends the wait.
     """
     connecting = asyncio.create_task(
-        connect(url, name=f"runner-{task.job_id}-{task.attempt}", wait=True)
+        connect(url, name=f"runner-{task.job_id}-{task.attempt}", wait=True, creds=creds)
     )
     stopping = asyncio.create_task(stopped.wait())
     try:
@@ -129,8 +130,10 @@ async def run(task: RunnerTask, *, common: CommonSettings, settings: RunnerSetti
         loop.add_signal_handler(signum, request_stop, signum)
     task.job_dir.mkdir(parents=True, exist_ok=True)
     os.chdir(task.job_dir)  # relative names resolve in the job's own folder, nowhere else
+    found = os.environ.get(CREDS_ENV)
+    creds = RenewableCreds.load(Path(found)) if found else None
     try:
-        client = await _connect_unless_stopped(common.nats_url, task, stopped)
+        client = await _connect_unless_stopped(common.nats_url, task, stopped, creds)
     except BaseException:
         for signum in STOP_SIGNALS:
             loop.remove_signal_handler(signum)
@@ -147,6 +150,24 @@ async def run(task: RunnerTask, *, common: CommonSettings, settings: RunnerSetti
         attempt=task.attempt,
         attempts_per_important_event=settings.publish_attempts,
     )
+    renewing = None
+    if creds is not None:
+
+        def credentials_lost(why: str) -> None:
+            log.error("%s: checkpointing and stopping", why)
+            stop.set()
+            stopped.set()
+
+        renewing = asyncio.create_task(
+            creds.keep_renewed(
+                client,
+                common.subjects,
+                job_id=task.job_id,
+                attempt=task.attempt,
+                on_lost=credentials_lost,
+            ),
+            name="renew-credentials",
+        )
     metrics = RunnerMetrics(job_id=task.job_id, attempt=task.attempt)
     context = RunContext(
         task=task,
@@ -175,6 +196,10 @@ async def run(task: RunnerTask, *, common: CommonSettings, settings: RunnerSetti
     finally:
         for signum in STOP_SIGNALS:
             loop.remove_signal_handler(signum)
+        if renewing is not None:
+            renewing.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await renewing
         metrics.close()
         try:
             await asyncio.wait_for(client.drain(), timeout=CLOSE_TIMEOUT_S)

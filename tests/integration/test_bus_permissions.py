@@ -247,6 +247,7 @@ async def test_each_identity_publishes_only_the_event_kinds_it_owns(
 
 async def test_a_runner_reports_for_its_own_job_only(attempts_of: dict[str, Attempts]) -> None:
     others = [event_subject(kind, JOB) for kind in RUNNER_KINDS]
+    others.append(SUBJECTS.runner_creds(JOB))  # nor asks for another job's credentials
     assert await attempts_of["runner"].refused(others) == set(others)
 
 

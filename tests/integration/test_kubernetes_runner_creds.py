@@ -425,12 +425,16 @@ async def test_the_factory_gives_the_backend_the_issuer_it_is_told(
         subjects=SUBJECTS,
         runner_nats_url=streams.nats.url,
         runner_issuer=issuer_file,
+        runner_creds_ttl_s=600,
     )
     try:
         spec = pod("0123456789ab-factory", "pass")
         await made.create_pod(spec)
         [secret] = own_secrets(cluster, spec.name)
-        assert decode_claims(creds_of(secret).split("\n")[1])["name"] == spec.job_id
+        claims = decode_claims(creds_of(secret).split("\n")[1])
+        assert claims["name"] == spec.job_id
+        # short-lived: the runner renews them from placement while its attempt is the live one
+        assert 0 < claims["exp"] - claims["iat"] <= 600
     finally:
         await made.close()
 

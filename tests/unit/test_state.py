@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
@@ -128,3 +129,25 @@ def test_start_time_does_not_depend_on_stream_interleaving(history: list[pb.Even
     assert view.state is JobState.RUNNING
     assert view.attempts[1].started_at == NOW.replace(second=5)
     assert view.last_step == 100
+
+
+@pytest.mark.parametrize(
+    ("name", "state", "job_attempt", "asked", "live"),
+    [
+        ("bound, this attempt", JobState.BOUND, 2, 2, True),
+        ("running, this attempt", JobState.RUNNING, 2, 2, True),
+        ("running, an earlier attempt", JobState.RUNNING, 2, 1, False),
+        ("running, a later attempt than there is", JobState.RUNNING, 2, 3, False),
+        ("recovering after this attempt failed", JobState.RECOVERING, 2, 2, False),
+        ("waiting for its node again", JobState.PENDING, 2, 2, False),
+        ("succeeded", JobState.SUCCEEDED, 2, 2, False),
+        ("failed", JobState.FAILED, 2, 2, False),
+    ],
+)
+def test_which_attempt_is_live(
+    name: str, state: JobState, job_attempt: int, asked: int, live: bool
+) -> None:
+    """Whose runner credentials are renewed (``JobView.runs_attempt``)."""
+    view = JobBook().apply(1, SUBMIT)
+    assert view is not None
+    assert replace(view, state=state, attempt=job_attempt).runs_attempt(asked) is live, name

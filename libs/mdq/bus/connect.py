@@ -33,6 +33,7 @@ from nats.aio.client import Client
 
 from mdq.backoff import DEFAULT_BACKOFF, Backoff, keep_trying, redact_url
 from mdq.bus.permissions import inbox_prefix
+from mdq.bus.runner_creds import RenewableCreds
 from mdq.bus.streams import require_streams
 from mdq.bus.subjects import Subjects
 
@@ -69,10 +70,16 @@ def identity_of_creds(creds: Path) -> str:
     return str(claims["name"])
 
 
-def auth_options(creds: Path | str | None = None) -> dict[str, Any]:
+Creds = Path | str | RenewableCreds
+"""A credentials file, or credentials held in memory and renewed (a runner's)."""
+
+
+def auth_options(creds: Creds | None = None) -> dict[str, Any]:
     """The nats-py connect options that authenticate with ``creds`` (default: the file named
     by ``MDQ_NATS_CREDS``; none: connect anonymously, which an mdq server refuses): the
     credentials and this identity's own reply-inbox prefix, the only one it may listen on."""
+    if isinstance(creds, RenewableCreds):
+        return creds.connect_options()
     chosen = creds or os.environ.get(CREDS_ENV)
     if not chosen:
         return {}
@@ -109,7 +116,7 @@ async def _connect_once(
     subjects: Subjects | None,
     replicas: int = 1,
     timeout_s: float | None = None,
-    creds: Path | str | None = None,
+    creds: Creds | None = None,
 ) -> Client:
     """One nats-py connect (then the streams); with ``timeout_s``, give up after that long:
     nats-py keeps trying on its own when the server went away right after the probe."""
@@ -141,7 +148,7 @@ async def connect(
     replicas: int = 1,
     wait: bool = False,
     backoff: Backoff = DEFAULT_BACKOFF,
-    creds: Path | str | None = None,
+    creds: Creds | None = None,
 ) -> Client:
     """Connect (retrying forever on reconnects) and, if ``subjects`` is given, make sure the
     namespace's streams exist, with at least ``replicas`` copies each.

@@ -174,6 +174,8 @@ def service_permissions(identity: str, subjects: Subjects, names: Names = Names(
         publish += _bucket(subjects.pods_bucket, write=True)
         publish += _bucket(subjects.nodes_bucket, write=False)
         publish += _bucket(subjects.tenants_bucket, write=False)
+        subscribe.append(subjects.runner_creds(">"))  # renewals, on Kubernetes
+        respond = True
     elif identity == "watcher":
         jobs_consumer, progress_consumer = names.watcher_consumers
         publish += [*_durable(jobs, jobs_consumer), *_durable(progress, progress_consumer)]
@@ -191,6 +193,8 @@ def service_permissions(identity: str, subjects: Subjects, names: Names = Names(
     elif identity == "agent":
         publish += _bucket(subjects.pods_bucket, write=True)
         publish += _bucket(subjects.nodes_bucket, write=True)
+        subscribe.append(subjects.runner_creds(">"))  # renewals of its pods' runners
+        respond = True
     elif identity == "runners":
         return Permissions(
             identity=identity,
@@ -253,8 +257,8 @@ RUNNER_NAME = "{{name()}}"
 
 
 def runner_permissions(subjects: Subjects, job_id: str = RUNNER_NAME) -> Permissions:
-    """A runner may publish its own job's progress, checkpoints and outputs, and hear the
-    acknowledgements in its own inbox: nothing else.
+    """A runner may publish its own job's progress, checkpoints and outputs, ask for fresh
+    credentials for its own job, and hear the answers in its own inbox: nothing else.
 
     Its identity is the job id (ids never clash with a service's name: they start with 12 hex
     digits and a dash). With the default ``job_id`` this is the template of the account's
@@ -262,9 +266,10 @@ def runner_permissions(subjects: Subjects, job_id: str = RUNNER_NAME) -> Permiss
     credentials, so whoever holds that key can mint runner credentials, and nothing more."""
     identity = job_id
     prefix = inbox_prefix(identity)
+    renewal = subjects.runner_creds(job_id)  # fresh credentials for its own job only
     return Permissions(
         identity=identity,
-        publish=(*COMMON_PUBLISH, *_events(subjects, RUNNER_KINDS, job_id)),
+        publish=(*COMMON_PUBLISH, *_events(subjects, RUNNER_KINDS, job_id), renewal),
         subscribe=(f"{prefix}.>",),
         inbox_prefix=prefix,
     )

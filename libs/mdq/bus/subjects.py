@@ -42,6 +42,11 @@ class Subjects:
         """Request-reply submits of ``tenant`` ("" = the operator)."""
         return f"{self.api_submit}.{tenant}" if tenant else self.api_submit
 
+    def runner_creds(self, job_id: str = "*") -> str:
+        """Where the runner of ``job_id`` asks for fresh credentials (request-reply;
+        ``mdq.bus.runner_creds``); ">" for every job, tenants' two-token ids included."""
+        return f"{self.namespace}.api.runner_creds.{job_id}"
+
     def tenant_of_submit(self, subject: str) -> str:
         """The tenant whose submit subject (either entrance) ``subject`` is; "" = operator."""
         for base in (self.submit, self.api_submit):

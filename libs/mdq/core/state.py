@@ -237,6 +237,11 @@ class JobView:
         """Numeric priority of the job's class (higher runs first)."""
         return PRIORITY_CLASSES.get(self.spec.priority_class, PRIORITY_CLASSES["normal"])
 
+    def runs_attempt(self, attempt: int) -> bool:
+        """Whether ``attempt`` is this job's live attempt: bound to a node or running (its
+        runner's credentials are renewed, ``mdq.bus.runner_creds``)."""
+        return self.attempt == attempt and self.state in (JobState.BOUND, JobState.RUNNING)
+
     @property
     def current(self) -> AttemptRecord:
         record = self.attempts.get(self.attempt)

@@ -36,6 +36,7 @@ def build(
         memory_poll_s=settings.memory_poll_s,
         replicas=common.stream_replicas,
         runner_issuer=Path(found) if (found := os.environ.get(RUNNER_ISSUER_ENV)) else None,
+        runner_creds_ttl_s=common.runner_creds_ttl_s,
         nats_url=common.nats_url,
         runner_module=settings.runner_module,
     )

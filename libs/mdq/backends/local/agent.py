@@ -19,7 +19,10 @@ A pod record describes an attempt; it never says what to run. The agent starts
 from the record and an allowlist of its own variables (``mdq.backends.launch``): a forged
 record can at most start the runner on a spec the runner validates again, and never sees the
 agent's secrets (DATABASE_URL, credentials). A record whose ids are not plain names is
-refused (StartError).
+refused (StartError). On an authenticating server each runner gets NATS credentials of its own
+job, valid for ``MDQ_NATS_RUNNER_CREDS_TTL_S``, and the agent renews them while that pod runs
+(``mdq.bus.runner_creds.RenewalDesk``): once the pod ended, its file stops working within the
+TTL.
 """
 
 from __future__ import annotations
@@ -64,7 +67,9 @@ from mdq.backends.local.records import (
 )
 from mdq.backends.port import PodSpec
 from mdq.bus.connect import CREDS_ENV
+from mdq.bus.fetch import connection_of
 from mdq.bus.requests import is_wrong_last_sequence
+from mdq.bus.runner_creds import RenewalDesk
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 
@@ -131,9 +136,11 @@ class NodeAgent:
         runner_module: str = RUNNER_MODULE,
         host_env: Mapping[str, str] | None = None,
         runner_issuer: Path | None = None,
+        runner_creds_ttl_s: float | None = None,
     ) -> None:
         """``runner_issuer`` (``MDQ_NATS_RUNNER_ISSUER``): the key that mints each runner's own
-        NATS credentials, written 0600 beside it under ``runners/`` while the pod lives."""
+        NATS credentials, written 0600 beside it under ``runners/`` while the pod lives, valid
+        for ``runner_creds_ttl_s`` and renewed by this agent while the pod runs."""
         if not nodes:
             raise ValueError("a node agent needs at least one node")
         self._js = js
@@ -152,7 +159,11 @@ class NodeAgent:
         self._running: dict[str, RunningPod] = {}
         self._claimed: set[str] = set()
         self._cores = CorePicker()
-        self._issuer = RunnerIssuer.load(runner_issuer) if runner_issuer else None
+        self._issuer = (
+            RunnerIssuer.load(runner_issuer, expires_s=runner_creds_ttl_s)
+            if runner_issuer
+            else None
+        )
         self._runner_creds_dir = runner_issuer.parent / "runners" if runner_issuer else None
 
     @property
@@ -173,6 +184,15 @@ class NodeAgent:
             asyncio.create_task(self._watch_pods(), name="watch-pods"),
         }
         stopping = asyncio.create_task(stop.wait(), name="stop")
+        desk = None
+        if self._issuer is not None:
+            issuer = self._issuer
+            desk = await RenewalDesk(
+                connection_of(self._js),
+                self._subjects,
+                mint=issuer.creds,
+                verdict=self.runs_attempt,
+            ).start()
         try:
             done, _ = await asyncio.wait({*tasks, stopping}, return_when=asyncio.FIRST_COMPLETED)
             for task in done - {stopping}:
@@ -182,10 +202,21 @@ class NodeAgent:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            if desk is not None:
+                with contextlib.suppress(Exception):
+                    await desk.close()
             await self._stop_all(reason="Evicted", message="node agent shut down")
             with contextlib.suppress(Exception):
                 await self._publish_nodes(ready=False)
             log.info("node agent stopped")
+
+    def runs_attempt(self, job_id: str, attempt: int) -> bool | None:
+        """Whether this agent runs ``attempt`` of ``job_id`` now (its runner's credentials are
+        renewed); None when it runs no attempt of that job (another agent's to answer)."""
+        ours = [pod.spec for pod in self._running.values() if pod.spec.job_id == job_id]
+        if not ours:
+            return None
+        return any(spec.attempt == attempt for spec in ours)
 
     # -- nodes ---------------------------------------------------------------------------
     async def _heartbeat_forever(self) -> None:
