@@ -87,3 +87,42 @@ async def test_a_tenant_runs_a_job_and_another_cannot_follow_it(
         "submitted_by": "alice",
         "last_step": 500,
     }
+
+
+RENEWAL_TTL_S = 8
+
+
+async def test_a_runner_outlives_its_first_credentials(
+    tmp_path: Path, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With runner credentials that live 8 s, a job that runs longer still reports to the end:
+    its runner renewed them from the node agent (its pod log says so) and reconnected on the
+    fresh ones; without the renewal the server ends its connection and the job cannot
+    succeed."""
+    monkeypatch.delenv("NATS_URL", raising=False)
+    monkeypatch.delenv("MDQ_NATS_CREDS", raising=False)
+    stack = Stack(
+        state_dir=tmp_path / "state",
+        database_url=database_url,
+        local_nodes=1,
+        metrics_port=0,
+        grace_s=5.0,
+        extra_env={"MDQ_NATS_RUNNER_CREDS_TTL_S": str(RENEWAL_TTL_S)},
+    )
+    info = await stack.start()
+    try:
+        async with await MdqClient.connect(
+            info.nats_url, stack.namespace, creds=info.nats_creds
+        ) as client:
+            long_job = md_job("outlives", steps=12_000)
+            long_job["report_interval_steps"] = 500
+            long_job["checkpoint_interval_steps"] = 4000
+            [job_id] = await submit_when_ready(client, request(long_job, key="renew-1"))
+            states = await client.wait([job_id], timeout=300)
+        assert {str(state) for state in states.values()} == {"SUCCEEDED"}, states
+        [log] = (stack.data_dir / "pods").glob(f"*{job_id}*.log")
+        text = log.read_text()
+        assert "NATS credentials renewed" in text, text[-2000:]
+        assert "could not be published" not in text, text[-2000:]
+    finally:
+        await stack.stop()
