@@ -51,6 +51,8 @@ log = logging.getLogger("mdq.runner")
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 CLOSE_TIMEOUT_S = 10.0
+RECONNECT_FLUSH_S = 5.0
+"""How long a renewal's reconnect waits for the events in flight to be acknowledged."""
 
 
 def configure_logging(task: RunnerTask | None = None) -> None:
@@ -165,6 +167,7 @@ async def run(task: RunnerTask, *, common: CommonSettings, settings: RunnerSetti
                 job_id=task.job_id,
                 attempt=task.attempt,
                 on_lost=credentials_lost,
+                before_reconnect=lambda: outbox.flush(timeout_s=RECONNECT_FLUSH_S),
             ),
             name="renew-credentials",
         )

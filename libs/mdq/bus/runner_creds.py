@@ -24,7 +24,7 @@ import base64
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -133,11 +133,14 @@ class RenewableCreds:
         job_id: str,
         attempt: int,
         on_lost: Callable[[str], None],
+        before_reconnect: Callable[[], Awaitable[object]] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         """Renew at half-life, for as long as the attempt lives (run it as a task, cancel it
         when the attempt ends). ``on_lost`` is told why, once, when the attempt is refused
-        fresh credentials or its current ones expire unrenewed; then this returns."""
+        fresh credentials or its current ones expire unrenewed; then this returns.
+        ``before_reconnect`` is awaited before each reconnect: the runner lets the events in
+        flight be acknowledged first (an acknowledgement sent on the old connection is lost)."""
         request = json.dumps({"attempt": attempt}).encode()
         while True:
             renew_at = self.current.renew_at()
@@ -166,6 +169,8 @@ class RenewableCreds:
                     return
                 self.current = Credentials.parse(reply["creds"])
                 self.renewals += 1
+                if before_reconnect is not None:
+                    await before_reconnect()
                 await nc.force_reconnect()  # from now on on the fresh credentials
                 log.info("NATS credentials renewed, valid for %.0f s", self._left(clock))
                 break
