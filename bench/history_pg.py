@@ -158,6 +158,10 @@ async def load(admin_url: str, jobs: int, progress_rows: int, log: Callable[[str
     per_job = max(1, progress_rows // jobs)
     connection = await asyncpg.connect(asyncpg_dsn(admin_url))
     try:
+        # the year's monthly partitions, as the watcher made them month by month
+        await connection.execute(
+            "SELECT mdq_make_partitions(now() - interval '366 days', now() + interval '1 day')"
+        )
         for what, sql, args in (
             ("jobs", LOAD_JOBS, (jobs, NODES)),
             ("attempts", LOAD_ATTEMPTS, ()),

@@ -16,6 +16,7 @@ from mdq.backends.port import ClusterBackend
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.subjects import Subjects
 from mdq.store.engine import create_writer_pool, database_location
+from mdq.store.partitions import keep_partitions
 from services.watcher.lifecycle import Lifecycle, LostRunPolicy
 from services.watcher.projector import Projector
 from services.watcher.settings import WatcherSettings
@@ -57,6 +58,14 @@ async def run_watcher(
         async with asyncio.TaskGroup() as group:
             group.create_task(projector.run(), name="projector")
             group.create_task(lifecycle.run(), name="lifecycle")
+            group.create_task(
+                keep_partitions(
+                    pool,
+                    months_ahead=settings.partition_months_ahead,
+                    retention_days=settings.history_retention_days,
+                ),
+                name="partitions",
+            )
     finally:
         try:
             await asyncio.wait_for(pool.close(), timeout=POOL_CLOSE_TIMEOUT_S)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -21,3 +21,25 @@ class WatcherSettings(BaseSettings):
         default=5.0, description="... nor sooner than this many of its own progress intervals."
     )
     pool_size: int = Field(default=4, description="PostgreSQL connections.")
+    partition_months_ahead: int = Field(
+        default=2,
+        ge=1,
+        le=24,
+        description="Monthly partitions of progress and job_events made ahead of time.",
+    )
+    history_retention_days: int = Field(
+        default=0,
+        ge=0,
+        description=(
+            "Detach the months of progress and job_events that ended more than this many days "
+            "ago (0: keep everything; at least 31 otherwise). Detached months stay in the "
+            "database as plain tables for the owner to archive and drop."
+        ),
+    )
+
+    @field_validator("history_retention_days")
+    @classmethod
+    def _whole_months(cls, days: int) -> int:
+        if 0 < days < 31:
+            raise ValueError("a retention keeps at least a month (31 days), or 0 for ever")
+        return days

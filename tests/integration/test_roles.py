@@ -176,6 +176,16 @@ async def test_setup_takes_over_a_database_migrated_before_the_roles_and_runs_ag
             )
             == names.owner
         )
+        # the partitions and the functions too: a SECURITY DEFINER function the writer runs
+        # (revision 0008) would otherwise run as the administrator
+        owners = await owner.fetch(
+            "SELECT relname AS name, pg_get_userbyid(relowner) AS owner FROM pg_class "
+            "WHERE relname LIKE 'progress%' OR relname LIKE 'job_events%' "
+            "UNION ALL SELECT proname, pg_get_userbyid(proowner) FROM pg_proc "
+            "WHERE pronamespace = 'public'::regnamespace"
+        )
+        assert {row["name"] for row in owners} >= {"progress_default", "mdq_make_partitions"}
+        assert {row["owner"] for row in owners} == {names.owner}
 
 
 async def test_every_relation_of_the_schema_has_an_access_rule(

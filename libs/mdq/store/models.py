@@ -138,15 +138,20 @@ class EventRecord(Base):
     """
 
     __tablename__ = "job_events"
-    __table_args__ = (Index(None, "job_id", "time"),)
+    __table_args__ = (
+        Index(None, "job_id", "time"),
+        {"postgresql_partition_by": "RANGE (time)"},  # revision 0008: monthly partitions
+    )
 
+    # Not unique by itself: a partitioned table's keys hold its partition key. The projector
+    # looks a batch's ids up before it inserts (mdq.store.projection).
     event_id: Mapped[str] = mapped_column(primary_key=True)
     stream: Mapped[str]
     stream_seq: Mapped[int]
     job_id: Mapped[str | None]
     attempt: Mapped[int] = mapped_column(Integer)
     kind: Mapped[str] = mapped_column(comment="Event.body case: submitted, bound ...")
-    time: Mapped[datetime]
+    time: Mapped[datetime] = mapped_column(primary_key=True)
     producer: Mapped[str]
     body: Mapped[dict[str, Any]] = mapped_column(comment="The body, protobuf JSON mapping.")
 
@@ -155,11 +160,12 @@ class ProgressRecord(Base):
     """MD progress reports (the energy trace of every attempt), each event stored once here."""
 
     __tablename__ = "progress"
+    __table_args__ = ({"postgresql_partition_by": "RANGE (time)"},)  # revision 0008
 
     job_id: Mapped[str] = mapped_column(primary_key=True)
     attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
     step: Mapped[int] = mapped_column(primary_key=True)
-    time: Mapped[datetime]
+    time: Mapped[datetime] = mapped_column(primary_key=True)
     time_ps: Mapped[float]
     potential_kj_mol: Mapped[float]
     kinetic_kj_mol: Mapped[float]

@@ -8,10 +8,11 @@ batches (up to ``batch_size`` messages, or what arrived within ``batch_wait_s``,
 ``mdq.bus.fetch.BatchFetcher``). Each batch is applied in ONE transaction that also moves the
 consumer's offset, and only acknowledged after the commit:
 
-* ``job_events``: every event but progress reports once, keyed by its deterministic event id
-  (``ON CONFLICT DO NOTHING ... RETURNING``); an event whose id is already stored (a
-  republished copy) has no other effect, so replays and republishes change nothing.
-* ``progress``: every progress report once, keyed by (job, attempt, step), with its envelope;
+* ``job_events``: every event but progress reports once, by its deterministic event id (looked
+  up before the insert, ``... RETURNING``: the table is partitioned by month, so the id alone is
+  no key); an event whose id is already stored (a republished copy) has no other effect, so
+  replays and republishes change nothing.
+* ``progress``: every progress report once, keyed by (job, attempt, step, time), with its envelope;
   one COPY per batch, falling back to ``INSERT ... ON CONFLICT DO NOTHING RETURNING`` when the
   batch holds a republished copy of a stored report (``_store_progress``). The view ``events``
   (migration 0003) shows both tables as one.
@@ -448,13 +449,24 @@ _UPSERT_ATTEMPT = (
     + ", ".join(f"{c.name} = EXCLUDED.{c.name}" for c in _ATTEMPT_TABLE[len(_ATTEMPT_KEY) :])
 )
 _INSERT_EVENTS = """
+WITH incoming AS (
+    SELECT * FROM unnest($1::text[], $3::bigint[], $4::text[], $5::int[], $6::text[],
+        $7::timestamptz[], $8::text[], $9::text[]) WITH ORDINALITY
+        AS e(event_id, seq, job_id, attempt, kind, time, producer, body, n)
+), fresh AS (
+    SELECT DISTINCT ON (i.event_id) i.* FROM incoming i
+    WHERE NOT EXISTS (SELECT FROM job_events j WHERE j.event_id = i.event_id)
+    ORDER BY i.event_id, i.n
+)
 INSERT INTO job_events (event_id, stream, stream_seq, job_id, attempt, kind, time, producer, body)
-SELECT e.event_id, $2, e.seq, e.job_id, e.attempt, e.kind, e.time, e.producer, e.body::jsonb
-FROM unnest($1::text[], $3::bigint[], $4::text[], $5::int[], $6::text[], $7::timestamptz[],
-    $8::text[], $9::text[]) AS e(event_id, seq, job_id, attempt, kind, time, producer, body)
-ON CONFLICT (event_id) DO NOTHING
+SELECT f.event_id, $2, f.seq, f.job_id, f.attempt, f.kind, f.time, f.producer, f.body::jsonb
+FROM fresh f
+ON CONFLICT DO NOTHING
 RETURNING event_id
 """
+"""Every event id once: ``job_events`` is partitioned by time, so its key is (event_id, time)
+and a republished copy with a new time would not conflict; the ids are looked up first (one
+writer per stream, under the consumer offset's lock)."""
 PROGRESS_COLUMNS = (
     "job_id",
     "attempt",

@@ -108,6 +108,13 @@ RELATIONS: dict[str, Access] = {
 }
 """Every relation of mdq's schema and who may use it."""
 
+WRITER_FUNCTIONS = (
+    "mdq_make_partitions(timestamptz, timestamptz)",
+    "mdq_detach_partitions(timestamptz)",
+)
+"""The owner's functions the writer may execute (revision 0008: the watcher makes the months
+ahead and detaches the expired ones, with no DDL of its own); PUBLIC may execute none."""
+
 WRITER_TABLE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE")
 """The projector inserts (COPY included) and upserts; it never deletes or truncates."""
 
@@ -246,14 +253,27 @@ BEGIN
     SELECT c.relname, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
     WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'v', 'm', 'S')
       AND c.relowner <> {owner_oid}
-      AND NOT EXISTS (SELECT FROM pg_depend d
-                      WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid
-                        AND d.deptype IN ('a', 'i'))
+      -- a partitioned table and its partitions have automatic dependencies, owned all the same
+      AND (c.relispartition OR c.relkind = 'p'
+           OR NOT EXISTS (SELECT FROM pg_depend d
+                          WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid
+                            AND d.deptype IN ('a', 'i')))
   LOOP
     EXECUTE format('ALTER %s %I OWNER TO %I',
       CASE r.relkind WHEN 'v' THEN 'VIEW' WHEN 'm' THEN 'MATERIALIZED VIEW'
                      WHEN 'S' THEN 'SEQUENCE' ELSE 'TABLE' END,
       r.relname, {owner});
+  END LOOP;
+  -- the schema's functions too: a SECURITY DEFINER one (revision 0008) runs as its owner
+  FOR r IN
+    SELECT p.oid::regprocedure::text AS signature FROM pg_proc p
+    JOIN pg_namespace n ON n.oid = p.pronamespace
+    WHERE n.nspname = 'public' AND p.proowner <> {owner_oid}
+      AND NOT EXISTS (SELECT FROM pg_depend d
+                      WHERE d.classid = 'pg_proc'::regclass AND d.objid = p.oid
+                        AND d.deptype = 'e')
+  LOOP
+    EXECUTE format('ALTER FUNCTION %s OWNER TO %I', r.signature, {owner});
   END LOOP;
 END $$"""
 
@@ -337,6 +357,13 @@ def grant_statements(
         tenant_readable = relation in TENANT_ROWS or access is Access.READ
         if tenants and tenant_readable and relation in safe:
             statements.append(f"GRANT SELECT ON {target} TO {group}")
+    for function in WRITER_FUNCTIONS:
+        signature = quote_literal(f"public.{function}")
+        statements.append(
+            f"DO $$ BEGIN IF to_regprocedure({signature}) IS NOT NULL THEN "
+            f"REVOKE ALL ON FUNCTION public.{function} FROM PUBLIC; "
+            f"GRANT EXECUTE ON FUNCTION public.{function} TO {writer}; END IF; END $$"
+        )
     policed = sorted(table for table in TENANT_ROWS if table in present and table in safe)
     if policed:
         statements.append(_DROP_POLICIES)
@@ -459,7 +486,8 @@ async def schema_relations(url: str) -> set[str]:
     try:
         rows = await connection.fetch(
             "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-            "WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'v', 'm')"
+            "WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'v', 'm') "
+            "AND NOT c.relispartition"  # a partition is read through its table only
         )
         return {str(row["relname"]) for row in rows}
     finally:
@@ -495,7 +523,8 @@ async def schema_state(url: str, names: RoleNames) -> SchemaState:
             "SELECT c.relname, (c.relkind IN ('r', 'p') AND c.relrowsecurity) "
             f"OR (c.relkind = 'v' AND COALESCE(c.reloptions && {_INVOKER}, false)) AS secured "
             "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-            "WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'v', 'm')"
+            "WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'v', 'm') "
+            "AND NOT c.relispartition"
         )
         roles = await connection.fetch(
             "SELECT rolname, rolbypassrls FROM pg_roles WHERE rolname = ANY($1::text[])",
