@@ -160,3 +160,19 @@ async def test_the_watchers_keeper_makes_the_months_ahead(writer: asyncpg.Pool) 
         assert not keeper.done()
     finally:
         keeper.cancel()
+
+
+async def test_watcher_replicas_making_the_same_months_at_once_all_succeed(
+    database_roles: RoleUrls,
+) -> None:
+    """Every watcher replica keeps the partitions: concurrent calls wait for each other
+    instead of failing on a month another one is making."""
+    pools = [
+        await asyncpg.create_pool(database_roles.writer, min_size=1, max_size=1) for _ in range(4)
+    ]
+    try:
+        made = await asyncio.gather(*(make_partitions(pool, months_ahead=12) for pool in pools))
+        assert sum(made) == 2 * 10  # the 10 months not made yet, for both tables, once each
+    finally:
+        for pool in pools:
+            await pool.close()

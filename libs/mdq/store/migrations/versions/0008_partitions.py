@@ -19,7 +19,8 @@ months go but a ``DELETE`` of millions of rows. Both are now native range partit
   months that ended before ``before`` (``MDQ_WATCHER_HISTORY_RETENTION_DAYS``; 0, the default,
   keeps everything): they stay in the database as plain tables, readable by the owner alone,
   to archive (``pg_dump -t``) and drop. Both run as the owner (SECURITY DEFINER, a fixed
-  ``search_path``): the writer has no DDL, and may execute these two and nothing else
+  ``search_path``; one at a time, under an advisory lock, however many watcher replicas
+  call them): the writer has no DDL, and may execute these two and nothing else
   (``mdq.store.roles`` grants it; PUBLIC may not);
 * the views over the two tables (``events``, ``job_timeline``, ``job_outputs``) are made again
   on the new tables, ``security_invoker`` as before. Row security is on the partitioned tables,
@@ -133,6 +134,7 @@ BEGIN
   IF upto - since > interval '100 years' THEN
     RAISE EXCEPTION 'partitions from % to %: more than a century', since, upto;
   END IF;
+  PERFORM pg_advisory_xact_lock(hashtext('mdq partitions'));  -- one watcher replica at a time
   FOREACH parent IN ARRAY ARRAY['progress', 'job_events'] LOOP
     month := date_trunc('month', since AT TIME ZONE 'UTC');
     WHILE month <= upto AT TIME ZONE 'UTC' LOOP
@@ -153,6 +155,7 @@ DECLARE
   r record;
   month timestamp;
 BEGIN
+  PERFORM pg_advisory_xact_lock(hashtext('mdq partitions'));
   FOR r IN
     SELECT parent.relname AS parent, child.relname AS child
     FROM pg_inherits i
