@@ -13,6 +13,7 @@ from mdq.bus.connect import connect
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.requests import Requests
 from mdq.bus.runner_creds import RenewalDesk
+from mdq.bus.storage import StorageSettings
 from mdq.settings import CommonSettings
 from services.placement.app import Placement
 from services.placement.settings import PlacementSettings
@@ -48,6 +49,7 @@ async def main() -> None:
         settings=settings,
         namespace=common.namespace,
         stream_replicas=replicas,
+        jobs_log_days=StorageSettings().jobs_days,
     )
     desk = None
     if issuer_path is not None and settings.backend == "kubernetes":

@@ -60,6 +60,7 @@ from mdq.bus.subjects import Subjects
 from mdq.bus.tenants import TenantDirectory
 from mdq.contracts import pb
 from mdq.core import ids
+from mdq.core.expiry import ENDED_BY_PLACEMENT, expired, expiry_message, max_job_age
 from mdq.core.node_health import NodeCapacity, NodeHealth, NodeHealthPolicy, Suspicion
 from mdq.core.placement import (
     Decision,
@@ -151,7 +152,11 @@ class Placement:
         instance: str = "",
         stream_replicas: int = 1,
         tenants: TenantDirectory | None = None,
+        jobs_log_days: float = 365.0,
     ) -> None:
+        """``jobs_log_days``: how long the jobs log keeps events (``MDQ_STORAGE_JOBS_DAYS``): a
+        job that has waited that long less a day without running is ended
+        (``mdq.core.expiry``)."""
         self._js = js
         self._subjects = subjects
         self._publisher = publisher
@@ -159,6 +164,8 @@ class Placement:
         self._settings = settings
         self._namespace = namespace
         self._clock = clock
+        self._jobs_log_days = jobs_log_days
+        self._max_age = max_job_age(jobs_log_days)
         self.tenants = tenants or TenantDirectory(js, subjects)
         self.instance = instance or f"{socket.gethostname()}-{os.getpid()}-{id(self):x}"
         self._config = PlacementConfig(
@@ -396,6 +403,26 @@ class Placement:
                     ),
                 )
 
+    async def _end_expired(self) -> None:
+        """End every job that has waited as long as the jobs log keeps events, less a day,
+        without an attempt under way (``FAILURE_EXPIRED``)."""
+        now = self._clock()
+        for state in ENDED_BY_PLACEMENT:
+            for view in self.state.views(state):
+                if not expired(view, now, self._max_age):
+                    continue
+                message = expiry_message(view, now, self._jobs_log_days)
+                log.warning("job %s ended: %s", view.job_id, message)
+                await self._emit_and_apply(
+                    view,
+                    self._publisher.event(
+                        "failed",
+                        pb.JobFailed(reason=pb.FAILURE_EXPIRED, message=message),
+                        job_id=view.job_id,
+                        attempt=view.attempt,
+                    ),
+                )
+
     async def _emit_and_apply(self, view: JobView, event: pb.Event) -> None:
         """Publish an event and fold it in at once (the log echoes it later, a no-op then)."""
         await self._publisher.publish(event)
@@ -607,6 +634,7 @@ class Placement:
 
         Returns the number of jobs bound.
         """
+        await self._end_expired()
         await self._release_waiting()
         if await self._look_up_dependencies():
             await self._release_waiting()  # what the log said releases or fails its dependents

@@ -14,6 +14,7 @@ from nats.aio.client import Client
 
 from mdq.backends.port import ClusterBackend
 from mdq.bus.publisher import EventPublisher
+from mdq.bus.storage import StorageSettings
 from mdq.bus.subjects import Subjects
 from mdq.store.engine import create_writer_pool, database_location
 from mdq.store.partitions import keep_partitions
@@ -53,6 +54,7 @@ async def run_watcher(
             min_silence_s=settings.lost_min_silence_s,
             interval_factor=settings.lost_interval_factor,
         ),
+        jobs_log_days=StorageSettings().jobs_days,
     )
     try:
         async with asyncio.TaskGroup() as group:

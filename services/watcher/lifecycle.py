@@ -5,8 +5,10 @@ backend's pod updates, and publishes ``pod`` plus the lifecycle event each impli
 (``started``, ``succeeded``, ``attempt_failed``), fenced by attempt: an update of any other
 attempt than the job's current one changes nothing. A RUNNING job that stays silent for too
 long is declared lost (``attempt_failed`` with FAILURE_LOST) and its pod is deleted, so the
-next attempt never runs beside it. Every event id is derived from job, attempt and phase, so
-two watcher replicas, or a restart that sees every pod again, publish each fact once.
+next attempt never runs beside it; so is the attempt of a job that has lived as long as the
+jobs log keeps events (FAILURE_EXPIRED, ``mdq.core.expiry``). Every event id is derived from
+job, attempt and phase, so two watcher replicas, or a restart that sees every pod again,
+publish each fact once.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from mdq.bus.log import follow_log
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
+from mdq.core.expiry import ENDED_BY_THE_WATCHER, expired, expiry_message, max_job_age
 from mdq.core.recovery import classify
 from mdq.core.state import JobBook, JobState, JobView
 
@@ -60,7 +63,11 @@ class Lifecycle:
         lost: LostRunPolicy = LostRunPolicy(),
         check_interval_s: float = 1.0,
         clock: Callable[[], datetime] = _utcnow,
+        jobs_log_days: float = 365.0,
     ) -> None:
+        """``jobs_log_days``: how long the jobs log keeps events (``MDQ_STORAGE_JOBS_DAYS``); a
+        bound or running attempt of a job that has lived that long less a day is ended
+        (``mdq.core.expiry``)."""
         self._js = js
         self._subjects = subjects
         self._publisher = publisher
@@ -68,6 +75,8 @@ class Lifecycle:
         self._lost = lost
         self._check_interval_s = check_interval_s
         self._clock = clock
+        self._jobs_log_days = jobs_log_days
+        self._max_age = max_job_age(jobs_log_days)
         self.book = JobBook()
         self._intervals: dict[str, float] = {}
         self._deferred: dict[str, PodUpdate] = {}
@@ -229,11 +238,40 @@ class Lifecycle:
             lost.append(view.job_id)
         return lost
 
+    async def check_expired(self) -> list[str]:
+        """End the bound or running attempt of every job that has lived as long as the jobs
+        log keeps events, less a day (``FAILURE_EXPIRED``, pod deleted); return their ids."""
+        now = self._clock()
+        ended: list[str] = []
+        for view in list(self.book.jobs.values()):
+            if view.state not in ENDED_BY_THE_WATCHER or not expired(view, now, self._max_age):
+                continue
+            event = self._publisher.event(
+                "attempt_failed",
+                pb.AttemptFailed(
+                    reason=pb.FAILURE_EXPIRED,
+                    message=expiry_message(view, now, self._jobs_log_days),
+                    node=view.node,
+                    last_step=view.last_step,
+                ),
+                job_id=view.job_id,
+                attempt=view.attempt,
+            )
+            await self._publisher.publish(event)
+            pod = view.pod_name
+            view.apply(event)
+            if pod:
+                await self._backend.delete_pod(pod)
+            log.warning("job %s ended: %s", view.job_id, event.attempt_failed.message)
+            ended.append(view.job_id)
+        return ended
+
     async def _watch_silence(self) -> None:
         while True:
             await asyncio.sleep(self._check_interval_s)
             try:
                 await self.check_lost()
+                await self.check_expired()
             except Exception:
                 log.exception("lost-run check failed")
 

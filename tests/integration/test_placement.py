@@ -395,3 +395,31 @@ async def test_a_cold_replay_lets_ended_jobs_go_as_it_reads(
         await wait_for(replayed, timeout=60, what="the whole history folded")
     assert max(held) <= REPLAY_PRUNE_BATCH + 1, max(held)
     assert placement.state.sizes()["jobs"] <= REPLAY_PRUNE_BATCH
+
+
+async def test_a_job_waiting_as_long_as_the_jobs_log_keeps_is_ended(
+    nc: Client, subjects: Subjects, data_dir: Path
+) -> None:
+    """Submitted 400 days ago and never run (no node; a dependency that never ends): failed
+    with FAILURE_EXPIRED while the log still holds it. A job submitted now waits on."""
+    js = nc.jetstream()
+    bus = publisher(js, subjects)
+    long_ago = datetime.now(UTC) - timedelta(days=400)
+    for submit in (
+        submitted("r9-pending"),
+        submitted("r9-waiting", depends_on=("r9-never",)),
+        submitted("r9-never"),
+    ):
+        submit.time.FromDatetime(long_ago)
+        await bus.publish(submit)
+    await bus.publish(submitted("r9-young"))
+    async with running(make_placement(nc, subjects, RecordingBackend(), data_dir).run()):
+
+        async def ended() -> bool:
+            return len(await events_of(js, subjects, "failed")) == 3
+
+        await wait_for(ended, what="the three old jobs to end")
+    failed = {event.job_id: event.failed for event in await events_of(js, subjects, "failed")}
+    assert set(failed) == {"r9-pending", "r9-waiting", "r9-never"}
+    assert {failure.reason for failure in failed.values()} == {pb.FAILURE_EXPIRED}
+    assert "the jobs log keeps 365 days" in failed["r9-pending"].message

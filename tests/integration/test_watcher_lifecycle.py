@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 from nats.aio.client import Client
 
 from mdq.backends.port import PodUpdate
@@ -228,3 +230,46 @@ async def test_silent_running_job_is_declared_lost_once_and_its_pod_deleted(
     events = await events_of(js, subjects, "attempt_failed", "r3-md")
     assert len(events) == 1 and events[0].attempt_failed.reason == pb.FAILURE_LOST
     assert "mdq-r3-md-1" in first.deleted + second.deleted
+
+
+async def test_a_running_job_as_old_as_the_jobs_log_is_ended_and_its_pod_deleted(
+    nc: Client, subjects: Subjects
+) -> None:
+    """Seen from a year and a day later (the clock): its attempt fails with FAILURE_EXPIRED
+    while its history is still in the log, and its pod goes; a younger job runs on."""
+    js = nc.jetstream()
+    bus = publisher(js, subjects)
+    later = datetime.now(UTC) + timedelta(days=365)
+    for job in ("r5-old", "r5-young"):
+        submit = submitted(job)
+        if job == "r5-young":
+            submit.time.FromDatetime(later - timedelta(days=100))
+        await bus.publish(submit)
+        pod_name = f"mdq-{job}-1"
+        await bus.publish(
+            event("bound", pb.JobBound(node="n1", pod_name=pod_name), job=job, attempt=1)
+        )
+        await bus.publish(event("started", pb.JobStarted(node="n1"), job=job, attempt=1))
+    backend = RecordingBackend()
+    lifecycle = Lifecycle(
+        js=js,
+        subjects=subjects,
+        publisher=publisher(js, subjects),
+        backend=backend,
+        lost=LostRunPolicy(min_silence_s=1e9),  # nothing is lost for silence here
+        check_interval_s=0.2,
+        clock=lambda: later,
+        jobs_log_days=365,  # the old one lived 365 days, more than 364; the young one 100
+    )
+    async with running(lifecycle.run()):
+
+        async def ended() -> bool:
+            view = lifecycle.book.jobs.get("r5-old")
+            return view is not None and view.state is JobState.RECOVERING
+
+        await wait_for(ended, what="the old job's attempt to end")
+    [failed] = await events_of(js, subjects, "attempt_failed", "r5-old")
+    assert failed.attempt_failed.reason == pb.FAILURE_EXPIRED
+    assert "the jobs log keeps 365 days" in failed.attempt_failed.message
+    assert backend.deleted == ["mdq-r5-old-1"]
+    assert not await events_of(js, subjects, "attempt_failed", "r5-young")

@@ -138,7 +138,9 @@ def test_disruptions_retry_at_once_elsewhere_without_counting(reason: pb.Failure
 
 
 @pytest.mark.parametrize(
-    "reason", [pb.FAILURE_UNSTABLE, pb.FAILURE_INVALID_INPUT], ids=["unstable", "invalid input"]
+    "reason",
+    [pb.FAILURE_UNSTABLE, pb.FAILURE_INVALID_INPUT, pb.FAILURE_EXPIRED],
+    ids=["unstable", "invalid input", "lived as long as the jobs log keeps"],
 )
 def test_hopeless_failures_give_up_at_once(reason: pb.FailureReason) -> None:
     decision = decide(view_with_failures(reason))

@@ -53,6 +53,7 @@ class FailureReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FAILURE_RETRIES_EXHAUSTED: _ClassVar[FailureReason]
     FAILURE_QUARANTINED: _ClassVar[FailureReason]
     FAILURE_ENVIRONMENT: _ClassVar[FailureReason]
+    FAILURE_EXPIRED: _ClassVar[FailureReason]
 
 class PodPhase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -90,6 +91,7 @@ FAILURE_DEPENDENCY_FAILED: FailureReason
 FAILURE_RETRIES_EXHAUSTED: FailureReason
 FAILURE_QUARANTINED: FailureReason
 FAILURE_ENVIRONMENT: FailureReason
+FAILURE_EXPIRED: FailureReason
 POD_PHASE_UNSPECIFIED: PodPhase
 POD_PENDING: PodPhase
 POD_RUNNING: PodPhase

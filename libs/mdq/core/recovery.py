@@ -24,7 +24,7 @@ NOT_THE_JOBS_FAULT = frozenset({pb.FAILURE_EVICTED, pb.FAILURE_NODE_LOST, pb.FAI
 BACKED_OFF = frozenset({pb.FAILURE_CRASHED, pb.FAILURE_ENVIRONMENT})
 """Failures retried after an exponential backoff (per class): a crash, or a full disk that
 needs time to free."""
-NOT_WORTH_RETRYING = frozenset({pb.FAILURE_UNSTABLE, pb.FAILURE_INVALID_INPUT})
+NOT_WORTH_RETRYING = frozenset({pb.FAILURE_UNSTABLE, pb.FAILURE_INVALID_INPUT, pb.FAILURE_EXPIRED})
 MOVE_TO_ANOTHER_NODE = frozenset({pb.FAILURE_EVICTED, pb.FAILURE_NODE_LOST, pb.FAILURE_LOST})
 
 
