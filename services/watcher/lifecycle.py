@@ -29,6 +29,7 @@ from mdq.bus.log import follow_log
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
+from mdq.core import ids
 from mdq.core.expiry import ENDED_BY_THE_WATCHER, expired, expiry_message, max_job_age
 from mdq.core.recovery import classify
 from mdq.core.state import JobBook, JobState, JobView
@@ -219,21 +220,7 @@ class Lifecycle:
             silence = (now - view.last_progress_at).total_seconds()
             if silence <= self.silence_limit(view):
                 continue
-            event = self._publisher.event(
-                "attempt_failed",
-                pb.AttemptFailed(
-                    reason=pb.FAILURE_LOST,
-                    message=f"no progress for {silence:.0f}s",
-                    node=view.node,
-                    last_step=view.last_step,
-                ),
-                job_id=view.job_id,
-                attempt=view.attempt,
-            )
-            await self._publisher.publish(event)
-            pod = view.pod_name
-            view.apply(event)
-            await self._backend.delete_pod(pod)
+            await self._end_attempt(view, pb.FAILURE_LOST, f"no progress for {silence:.0f}s")
             log.warning("job %s attempt %d lost after %.0fs", view.job_id, view.attempt, silence)
             lost.append(view.job_id)
         return lost
@@ -246,25 +233,27 @@ class Lifecycle:
         for view in list(self.book.jobs.values()):
             if view.state not in ENDED_BY_THE_WATCHER or not expired(view, now, self._max_age):
                 continue
-            event = self._publisher.event(
-                "attempt_failed",
-                pb.AttemptFailed(
-                    reason=pb.FAILURE_EXPIRED,
-                    message=expiry_message(view, now, self._jobs_log_days),
-                    node=view.node,
-                    last_step=view.last_step,
-                ),
-                job_id=view.job_id,
-                attempt=view.attempt,
-            )
-            await self._publisher.publish(event)
-            pod = view.pod_name
-            view.apply(event)
-            if pod:
-                await self._backend.delete_pod(pod)
-            log.warning("job %s ended: %s", view.job_id, event.attempt_failed.message)
+            message = expiry_message(view, now, self._jobs_log_days)
+            await self._end_attempt(view, pb.FAILURE_EXPIRED, message)
+            log.warning("job %s ended: %s", view.job_id, message)
             ended.append(view.job_id)
         return ended
+
+    async def _end_attempt(self, view: JobView, reason: pb.FailureReason, message: str) -> None:
+        """Fail ``view``'s current attempt (``attempt_failed``, folded in at once) and delete
+        its pod, so that the next attempt never runs beside it."""
+        event = self._publisher.event(
+            "attempt_failed",
+            pb.AttemptFailed(
+                reason=reason, message=message, node=view.node, last_step=view.last_step
+            ),
+            job_id=view.job_id,
+            attempt=view.attempt,
+        )
+        await self._publisher.publish(event)
+        pod = view.pod_name or ids.pod_name(view.job_id, view.attempt)
+        view.apply(event)
+        await self._backend.delete_pod(pod)
 
     async def _watch_silence(self) -> None:
         while True:
