@@ -19,9 +19,12 @@ Ratios are big over empty for the same measure (``rss_ratio_*``, ``restart_ratio
 ``bound_per_s_ratio``); goals: RSS ratio ≤ 1.2 for each service, restart-to-first-bound ≤ 2 s
 and its ratio ≤ 1.5, bound/s ratio ≥ 0.9. The server keeps JetStream's default fsync interval
 (writing the history is not what is measured) and clients do not authenticate (the closed
-bus's cost is bench-placement's ``auth_cost_ratio``). The PostgreSQL half of the issue's bench
-(1,000,000 jobs, 20,000,000 progress rows, query p99) is not here yet. ``--quick``: 20,000 ended
-jobs, a burst of 1,000. The last line printed is one JSON object.
+bus's cost is bench-placement's ``auth_cost_ratio``). Then the PostgreSQL half runs in a
+process of its own, once the bus half has stopped everything it started: ``bench/history_pg.py``
+(``make bench-history``: 1,000,000 jobs, 20,000,000 progress rows, the p99 of ``mdq ls``,
+``mdq show``, ``mdq plot`` and every query docs/history.md documents; goal ≤ 50 ms each), whose
+``pg_*`` keys join the line (``--no-pg`` skips it). ``--quick``: 20,000 ended jobs, a burst of
+1,000, and the PostgreSQL half's 100,000 jobs. The last line printed is one JSON object.
 """
 
 from __future__ import annotations
@@ -364,16 +367,39 @@ async def run(history: int, burst: int) -> dict[str, Any]:
     return summary
 
 
+PG_KEYS = ("pg_jobs", "pg_progress_rows", "pg_job_events_rows", "pg_p99_ms", "pg_p99_ms_max")
+
+
+def postgresql_part(*, quick: bool) -> dict[str, Any]:
+    """The second part (issue 15): ``bench/history_pg.py`` in its own process, after the bus
+    part has stopped everything it started; its ``pg_*`` keys (and its slowest query)."""
+    command = [sys.executable, str(Path(__file__).with_name("history_pg.py"))]
+    done = subprocess.run(
+        [*command, *(["--quick"] if quick else [])], check=True, capture_output=True, text=True
+    )
+    measured = json.loads(done.stdout.strip().splitlines()[-1])
+    part = {key: measured[key] for key in PG_KEYS}
+    part["pg_slowest"] = measured["slowest"]
+    return part
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--history", type=int, default=200_000, help="ended jobs in 'big'")
     parser.add_argument("--burst", type=int, default=5000, help="jobs of the bound/s burst")
     parser.add_argument("--quick", action="store_true", help="20,000 ended jobs, burst 1,000")
+    parser.add_argument(
+        "--no-pg",
+        action="store_true",
+        help="skip the PostgreSQL part (bench/history_pg.py: 1,000,000 jobs, 20,000,000 rows)",
+    )
     args = parser.parse_args()
     if args.quick:
         args.history, args.burst = 20_000, 1000
     load = os.getloadavg()[0]
     summary = asyncio.run(run(args.history, args.burst))
+    if not args.no_pg:
+        summary.update(postgresql_part(quick=args.quick))
     summary["quick"] = args.quick
     summary["cpus"] = os.cpu_count() or 0
     summary["load_average_at_start"] = round(load, 2)
