@@ -275,6 +275,26 @@ def runner_permissions(subjects: Subjects, job_id: str = RUNNER_NAME) -> Permiss
     )
 
 
+PULL_REQUESTS = "$JS.API.CONSUMER.MSG.NEXT.>"
+"""A pull consumer's requests: one request, up to a batch of messages back."""
+JETSTREAM_API = (
+    "$JS.API.INFO",
+    "$JS.API.STREAM.>",
+    "$JS.API.DIRECT.>",
+    "$JS.API.ACCOUNT.>",
+    "$JS.API.META.>",
+    "$JS.API.SERVER.>",
+    *(
+        f"$JS.API.CONSUMER.{verb}.>"
+        for verb in ("CREATE", "DURABLE", "INFO", "DELETE", "NAMES", "LIST", "PAUSE", "UNPIN")
+    ),
+    "$JS.API.CONSUMER.LEADER.>",
+    PULL_REQUESTS,
+)
+"""The JetStream API, in parts that do not overlap (an import matches one of them only), so
+that pull requests alone are bridged with many answers."""
+
+
 @dataclass(frozen=True, slots=True)
 class Bridge:
     """What crosses between the two accounts of a deployment (``mdq.auth``): the *streams*
@@ -294,8 +314,10 @@ class Bridge:
     streams: tuple[str, ...]
     """Subjects the streams account sends back unasked: push consumers' deliveries (ordered
     consumers, KV watches) to each identity's reply inbox."""
-    multi_response: tuple[str, ...] = ("$JS.API.>",)
-    """Services whose one request may have many answers (a pull request's messages)."""
+    multi_response: tuple[str, ...] = (PULL_REQUESTS,)
+    """Services whose one request may have many answers (a pull request's messages): the
+    server keeps the way back open until none came for a while (2 minutes), so only these are
+    bridged that way; every other request's way back closes with its one answer."""
 
 
 def account_bridge(subjects: Subjects) -> Bridge:
@@ -318,7 +340,7 @@ def account_bridge(subjects: Subjects) -> Bridge:
     inboxes = [inbox_prefix(identity) for identity in IDENTITIES if identity != "runners"]
     inboxes.append(inbox_prefix(TENANT_PREFIX.rstrip(".")))
     return Bridge(
-        services=("$JS.API.>", "$JS.ACK.>", "$JS.FC.>", "$KV.>", *captured),
+        services=(*JETSTREAM_API, "$JS.ACK.>", "$JS.FC.>", "$KV.>", *captured),
         streams=tuple(f"{prefix}.>" for prefix in inboxes),
     )
 
