@@ -60,7 +60,13 @@ from mdq.bus.subjects import Subjects
 from mdq.bus.tenants import TenantDirectory
 from mdq.contracts import pb
 from mdq.core import ids
-from mdq.core.expiry import ENDED_BY_PLACEMENT, expired, expiry_message, max_job_age
+from mdq.core.expiry import (
+    CHECK_EVERY,
+    ENDED_BY_PLACEMENT,
+    expired,
+    expiry_message,
+    max_job_age,
+)
 from mdq.core.node_health import NodeCapacity, NodeHealth, NodeHealthPolicy, Suspicion
 from mdq.core.placement import (
     Decision,
@@ -166,6 +172,7 @@ class Placement:
         self._clock = clock
         self._jobs_log_days = jobs_log_days
         self._max_age = max_job_age(jobs_log_days)
+        self._expiry_checked_at: datetime | None = None
         self.tenants = tenants or TenantDirectory(js, subjects)
         self.instance = instance or f"{socket.gethostname()}-{os.getpid()}-{id(self):x}"
         self._config = PlacementConfig(
@@ -407,6 +414,9 @@ class Placement:
         """End every job that has waited as long as the jobs log keeps events, less a day,
         without an attempt under way (``FAILURE_EXPIRED``)."""
         now = self._clock()
+        if self._expiry_checked_at is not None and now - self._expiry_checked_at < CHECK_EVERY:
+            return  # not on every pass: a flood's pending jobs would be walked each time
+        self._expiry_checked_at = now
         for state in ENDED_BY_PLACEMENT:
             for view in self.state.views(state):
                 if not expired(view, now, self._max_age):

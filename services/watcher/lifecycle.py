@@ -30,7 +30,13 @@ from mdq.bus.publisher import EventPublisher
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core import ids
-from mdq.core.expiry import ENDED_BY_THE_WATCHER, expired, expiry_message, max_job_age
+from mdq.core.expiry import (
+    CHECK_EVERY,
+    ENDED_BY_THE_WATCHER,
+    expired,
+    expiry_message,
+    max_job_age,
+)
 from mdq.core.recovery import classify
 from mdq.core.state import JobBook, JobState, JobView
 
@@ -78,6 +84,7 @@ class Lifecycle:
         self._clock = clock
         self._jobs_log_days = jobs_log_days
         self._max_age = max_job_age(jobs_log_days)
+        self._expiry_checked_at: datetime | None = None
         self.book = JobBook()
         self._intervals: dict[str, float] = {}
         self._deferred: dict[str, PodUpdate] = {}
@@ -230,6 +237,11 @@ class Lifecycle:
         log keeps events, less a day (``FAILURE_EXPIRED``, pod deleted); return their ids."""
         now = self._clock()
         ended: list[str] = []
+        if not self._jobs_ready.is_set():
+            return ended  # the log's tail may still end them
+        if self._expiry_checked_at is not None and now - self._expiry_checked_at < CHECK_EVERY:
+            return ended  # once a minute, not with every silence check
+        self._expiry_checked_at = now
         for view in list(self.book.jobs.values()):
             if view.state not in ENDED_BY_THE_WATCHER or not expired(view, now, self._max_age):
                 continue

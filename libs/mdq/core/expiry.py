@@ -18,6 +18,9 @@ from mdq.core.state import JobState, JobView
 
 EXPIRY_MARGIN = timedelta(days=1)
 """How long before its events would age out a job is ended."""
+CHECK_EVERY = timedelta(minutes=1)
+"""How often the services look for expired jobs: the margin is a day, so a look per minute is
+plenty, and it stays off their per-pass and per-second paths."""
 
 
 def max_job_age(jobs_log_days: float) -> timedelta:
