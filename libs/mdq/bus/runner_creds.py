@@ -33,7 +33,9 @@ import nats.errors
 import nkeys
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 
+from mdq.auth import decode_claims
 from mdq.bus.permissions import inbox_prefix
 from mdq.bus.subjects import Subjects
 
@@ -73,8 +75,7 @@ class Credentials:
     @classmethod
     def parse(cls, text: str) -> Credentials:
         token = _between(text, _JWT_BEGIN, _JWT_END)
-        body = token.split(".")[1]
-        claims = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+        claims = decode_claims(token)
         expires = claims.get("exp")
         return cls(
             jwt=token,
@@ -194,7 +195,7 @@ class RenewalDesk:
         self._mint = mint
         self._verdict = verdict
         self._prefix = subjects.runner_creds("")
-        self._subscription: Any = None
+        self._subscription: Subscription | None = None
         self.renewed = 0
         self.refused = 0
 
