@@ -26,6 +26,7 @@ from mdq.bus.streams import ensure_streams
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.embedded import EmbeddedNats, start_nats
+from tests.helpers import wait_for
 
 SUBJECTS = Subjects("mdq")
 JOB = "0123456789ab-renew"
@@ -145,8 +146,12 @@ async def test_an_ended_attempt_is_refused_and_its_file_stops_working(
     assert lost == [f"its NATS credentials were not renewed: attempt 1 of job {JOB} is not running"]
     assert desk.refused == 1
     expires_at = creds.current.expires_at or 0
-    await asyncio.sleep(max(0.0, expires_at - time.time()) + 1.5)
-    assert client.is_closed  # the server ended the connection when the JWT expired
+
+    async def closed() -> bool:
+        return client.is_closed
+
+    # the server ends the connection when the JWT expires
+    await wait_for(closed, timeout=max(0.0, expires_at - time.time()) + 5, what="the close")
     with pytest.raises((nats.errors.Error, OSError)):
         await nats.connect(bus.nats.url, user_credentials=str(path), allow_reconnect=False)
 
