@@ -399,7 +399,7 @@ async def test_a_push_consumer_delivering_into_a_stream_stores_nothing(
             info = await admin.jetstream().consumer_info(stream, made)
             # nothing listens on its delivery subject where the server delivers it: unbound,
             # nothing delivered, so nothing can have been stored
-            assert not info.push_bound and info.delivered.stream_seq == 0, info
+            assert not info.push_bound and info.delivered.consumer_seq == 0, info
         assert await stored_messages(prepared) == before
     finally:
         for listener in listeners:
