@@ -154,8 +154,11 @@ async def test_each_stream_shows_what_it_holds_against_its_size_limit(
     jobs = await js.stream_info(subjects.jobs_stream)
     limit = jobs.config.max_bytes
     assert limit and limit > 0
-    text = await scrape_until(
-        service, f'mdq_stream_messages{{stream="{subjects.jobs_stream}"}} 1.0'
+    streams = (subjects.submit_stream, subjects.progress_stream, subjects.nodes_stream)
+    text = await scrape_until(  # each stream's figures appear as the service reads them
+        service,
+        f'mdq_stream_messages{{stream="{subjects.jobs_stream}"}} 1.0',
+        *(f'mdq_stream_limit_bytes{{stream="{stream}"}}' for stream in streams),
     )
     samples = {
         line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
