@@ -22,7 +22,12 @@
     intake, placement as placement). ``auth_cost_ratio`` is the median over the rounds of mdq's
     rate with authentication over its rate without, the two servers measured one right after
     the other in each round (``auth_cost_round_ratios``; ``auth_cost_ratio_best``: best round
-    over best round); ``raw_auth_cost_*`` the same for the raw loop.
+    over best round); ``raw_auth_cost_*`` the same for the raw loop. **In CPU**: around every
+    round the CPU time of the server, the pipeline's processes and this harness is read from
+    /proc; ``auth_cpu_cost_ratio`` is the median of the rounds' CPU per job with
+    authentication over without (> 1: what the closed bus costs), ``server_auth_cpu_cost_ratio``
+    the same for nats-server alone, ``cpu_us_per_job_*`` / ``server_cpu_us_per_job_*`` the
+    figures (``raw_*`` for the raw loop).
 (c) **Latency submit → job.bound** at 500 submits/s offered (open loop), p50 and p99, and the
     placement stage alone against the raw consumer stage, on the fsync-always server.
 
@@ -51,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 import nats
+import psutil
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
@@ -142,7 +148,9 @@ def bench_core(quick: bool) -> dict[str, float]:
 
 # -- (b)/(c) end to end --------------------------------------------------------------------------
 @contextlib.contextmanager
-def processes(commands: list[list[str]], env: dict[str, str], logs: Path) -> Iterator[None]:
+def processes(
+    commands: list[list[str]], env: dict[str, str], logs: Path
+) -> Iterator[list[subprocess.Popen[bytes]]]:
     children = [
         subprocess.Popen(
             command,
@@ -154,7 +162,7 @@ def processes(commands: list[list[str]], env: dict[str, str], logs: Path) -> Ite
         for i, command in enumerate(commands)
     ]
     try:
-        yield
+        yield children
     finally:
         for child in children:
             child.terminate()
@@ -353,6 +361,55 @@ class Side:
     nc: Client
     raw: Client
     reporter: asyncio.Task[None]
+    server: psutil.Process
+    """The side's nats-server."""
+    raw_processes: list[psutil.Process]
+    """The raw loop's responder and consumer."""
+    mdq_processes: list[psutil.Process]
+    """mdq's intake and placement."""
+
+
+def cpu_seconds(processes: list[psutil.Process]) -> float:
+    """User plus system CPU seconds the processes have used so far (read from /proc)."""
+    return sum(sum(process.cpu_times()[:2]) for process in processes)
+
+
+@dataclass
+class Measured:
+    """One throughput round of one pipeline on one side, seen from outside."""
+
+    per_s: float
+    """Jobs (round trips) per second, wall clock."""
+    pipeline_cpu_us: float
+    """CPU microseconds per job of the server, the pipeline's processes and the harness."""
+    server_cpu_us: float
+    """CPU microseconds per job of the nats-server alone."""
+
+
+async def measured_throughput(
+    side: Side,
+    pipeline: list[psutil.Process],
+    nc: Client,
+    request_subject: str,
+    bound_subject: str,
+    payloads: list[tuple[str, bytes]],
+) -> Measured:
+    """``throughput``, with the CPU the server and the pipeline's processes (and this harness,
+    which drives only this side meanwhile) used for it, per job. CPU time is what the closed
+    bus costs on a machine that is not saturated; on this 2-core one the rate follows it, with
+    the scheduler's noise on top."""
+    harness = psutil.Process()
+    everyone = [side.server, harness, *pipeline]
+    server_before, all_before = cpu_seconds([side.server]), cpu_seconds(everyone)
+    per_s = await throughput(nc, request_subject, bound_subject, payloads)
+    await asyncio.sleep(0.5)  # the acknowledgements and bookkeeping that trail the last job
+    server_after, all_after = cpu_seconds([side.server]), cpu_seconds(everyone)
+    jobs = len(payloads)
+    return Measured(
+        per_s=per_s,
+        pipeline_cpu_us=1e6 * (all_after - all_before) / jobs,
+        server_cpu_us=1e6 * (server_after - server_before) / jobs,
+    )
 
 
 async def bench_end_to_end(
@@ -373,7 +430,7 @@ async def bench_end_to_end(
         }
         try:
             return await _end_to_end(
-                {name: server.url for name, server in servers.items()},
+                {name: (server.url, server.process.pid) for name, server in servers.items()},
                 trusts,
                 root,
                 jobs,
@@ -403,7 +460,12 @@ def payloads_for(prefix: str, count: int) -> list[tuple[str, bytes]]:
 
 
 async def open_side(
-    name: str, url: str, trust: Trust | None, root: Path, stack: contextlib.ExitStack
+    name: str,
+    url: str,
+    server_pid: int,
+    trust: Trust | None,
+    root: Path,
+    stack: contextlib.ExitStack,
 ) -> Side:
     """Start the raw and the mdq pipeline against ``url``; wait until both answer and follow;
     warm both up. With ``trust``, every process authenticates with its own credentials."""
@@ -435,7 +497,7 @@ async def open_side(
     await raw.jetstream().add_stream(name="RAWBENCH", subjects=["raw.job.>"])
     # Both pipelines run side by side (idle while another is measured) and the rounds
     # alternate, so a change in the machine's background load hits all of them.
-    stack.enter_context(
+    raw_children = stack.enter_context(
         processes(
             [
                 [python, "bench/raw_bus.py", "responder", url],
@@ -446,12 +508,12 @@ async def open_side(
         )
     )
     mdq_logs = logs / "mdq"
-    stack.enter_context(
+    mdq_children = stack.enter_context(
         processes([[python, "-m", "services.intake"]], env | as_identity("intake"), mdq_logs)
     )
     placement_logs = logs / "placement"
     placement_logs.mkdir()
-    stack.enter_context(
+    mdq_children += stack.enter_context(
         processes(
             [[python, "bench/placement_noop.py"]], env | as_identity("placement"), placement_logs
         )
@@ -465,7 +527,16 @@ async def open_side(
     await probe_bound.next_msg(timeout=60)  # placement is following too
     await throughput(raw, "raw.api.submit", "raw.job.*.bound", raw_payloads("w", 500))
     await throughput(nc, subjects.api_submit, subjects.job("*", "bound"), payloads_for("warm", 500))
-    return Side(name=name, subjects=subjects, nc=nc, raw=raw, reporter=reporter)
+    return Side(
+        name=name,
+        subjects=subjects,
+        nc=nc,
+        raw=raw,
+        reporter=reporter,
+        server=psutil.Process(server_pid),
+        raw_processes=[psutil.Process(child.pid) for child in raw_children],
+        mdq_processes=[psutil.Process(child.pid) for child in mdq_children],
+    )
 
 
 async def close_side(side: Side) -> None:
@@ -477,7 +548,7 @@ async def close_side(side: Side) -> None:
 
 
 async def _end_to_end(
-    urls: dict[str, str],
+    urls: dict[str, tuple[str, int]],
     trusts: dict[str, Trust | None],
     root: Path,
     jobs: int,
@@ -489,40 +560,49 @@ async def _end_to_end(
     sides: dict[str, Side] = {}
     with contextlib.ExitStack() as stack:
         try:
-            for name, url in urls.items():
-                sides[name] = await open_side(name, url, trusts[name], root, stack)
+            for name, (url, server_pid) in urls.items():
+                sides[name] = await open_side(name, url, server_pid, trusts[name], root, stack)
             measured: dict[str, list[float]] = {
                 f"{kind}_{name}": [] for kind in ("raw", "mdq") for name in urls
             }
+            cpu: dict[str, list[Measured]] = {key: [] for key in measured}
             for number in range(rounds):
                 order = list(urls) if number % 2 == 0 else list(reversed(urls))
                 for name in order:
                     side = sides[name]
-                    bound = side.subjects.job("*", "bound")
-                    measured[f"raw_{name}"].append(
-                        await throughput(
-                            side.raw,
-                            "raw.api.submit",
-                            "raw.job.*.bound",
-                            raw_payloads(f"r{number}-", jobs),
-                        )
+                    raw = await measured_throughput(
+                        side,
+                        side.raw_processes,
+                        side.raw,
+                        "raw.api.submit",
+                        "raw.job.*.bound",
+                        raw_payloads(f"r{number}-", jobs),
                     )
-                    await asyncio.sleep(0.5)
-                    measured[f"mdq_{name}"].append(
-                        await throughput(
-                            side.nc,
-                            side.subjects.api_submit,
-                            bound,
-                            payloads_for(f"tp{number}", jobs),
-                        )
+                    ours = await measured_throughput(
+                        side,
+                        side.mdq_processes,
+                        side.nc,
+                        side.subjects.api_submit,
+                        side.subjects.job("*", "bound"),
+                        payloads_for(f"tp{number}", jobs),
                     )
-                    await asyncio.sleep(0.5)
+                    for kind, seen in (("raw", raw), ("mdq", ours)):
+                        measured[f"{kind}_{name}"].append(seen.per_s)
+                        cpu[f"{kind}_{name}"].append(seen)
                     print(
-                        f"round {number + 1} {name:13s}: raw bus "
-                        f"{measured[f'raw_{name}'][-1]:.0f} round trips/s, "
-                        f"mdq {measured[f'mdq_{name}'][-1]:.0f} jobs bound/s",
+                        f"round {number + 1} {name:17s}: raw bus {raw.per_s:.0f} round trips/s "
+                        f"({raw.pipeline_cpu_us:.0f} us CPU each, server {raw.server_cpu_us:.0f}), "
+                        f"mdq {ours.per_s:.0f} jobs bound/s ({ours.pipeline_cpu_us:.0f} us, "
+                        f"server {ours.server_cpu_us:.0f})",
                         flush=True,
                     )
+            for key, seen_rounds in cpu.items():
+                results[f"cpu_us_per_job_{key}_rounds"] = [
+                    seen.pipeline_cpu_us for seen in seen_rounds
+                ]
+                results[f"server_cpu_us_per_job_{key}_rounds"] = [
+                    seen.server_cpu_us for seen in seen_rounds
+                ]
             results["raw_bus_per_s"] = max(measured["raw_fsync_always"])
             results["jobs_bound_per_s"] = max(measured["mdq_fsync_always"])
             results["raw_bus_rounds"] = measured["raw_fsync_always"]
@@ -612,6 +692,18 @@ def main() -> None:
         summary[f"{key}_ratio"] = round(statistics.median(paired), 3)
         summary[f"{key}_round_ratios"] = [round(ratio, 3) for ratio in paired]
         summary[f"{key}_ratio_best"] = round(e2e[best_on] / e2e[best_off], 3)
+    # The same pairs in CPU: microseconds of CPU per job, with over without authentication, of
+    # the server plus the pipeline's processes plus the harness (``auth_cpu_cost_ratio``: > 1
+    # is what the closed bus costs), and of the server alone (``server_auth_cpu_cost_ratio``).
+    for key, kind in (("auth_cpu_cost", "mdq"), ("raw_auth_cpu_cost", "raw")):
+        for prefix, label in (("", "cpu_us_per_job"), ("server_", "server_cpu_us_per_job")):
+            on = e2e[f"{label}_{kind}_fsync_always_rounds"]
+            off = e2e[f"{label}_{kind}_fsync_always_open_rounds"]
+            paired = [a / b for a, b in zip(on, off, strict=True)]
+            summary[f"{prefix}{key}_ratio"] = round(statistics.median(paired), 3)
+            summary[f"{prefix}{key}_round_ratios"] = [round(ratio, 3) for ratio in paired]
+            summary[f"{label}_{kind}_auth_on"] = round(statistics.median(on))
+            summary[f"{label}_{kind}_auth_off"] = round(statistics.median(off))
     summary["ratio_vs_raw_fsync_default"] = round(
         e2e["fsync_default_per_s"] / e2e["raw_fsync_default_per_s"], 3
     )
