@@ -68,10 +68,11 @@ from mdq.store.stack_database import (
     role_names_from_env,
 )
 
-SERVICES: tuple[str, ...] = ("intake", "placement", "watcher", "recovery", "metrics")
+SERVICES: tuple[str, ...] = ("intake", "placement", "watcher", "recovery", "metrics", "console")
 """The services of a stack, started as ``python -m services.<name>``."""
 BACKENDS: tuple[str, ...] = ("local", "kubernetes")
 DEFAULT_METRICS_PORT = 9464
+DEFAULT_CONSOLE_PORT = 8089
 STACK_FILE = "stack.json"
 STATUS_FILE = "status.json"
 NATS_SERVER = "nats-server"
@@ -120,6 +121,8 @@ class StackInfo:
     database_password_file: str = ""
     """The file holding the password of ``database_url``'s role (the reader: ``database_url``
     is written without it); '' when the URL needs none."""
+    console_url: str = ""
+    """The web console ("" when the stack runs none)."""
 
     def database_dsn(self) -> str:
         """``database_url`` with its password (read from ``database_password_file``): what
@@ -175,7 +178,7 @@ def _port_free(port: int) -> bool:
 
 
 def claim_metrics_port(
-    start: int = DEFAULT_METRICS_PORT, *, tries: int = 100
+    start: int = DEFAULT_METRICS_PORT, *, tries: int = 100, purpose: str = "metrics"
 ) -> tuple[int, IO[str]]:
     """The first port from ``start`` on that is free and not claimed by another stack, and the
     open lock file that claims it (held until closed, released by the kernel if the stack
@@ -188,7 +191,7 @@ def claim_metrics_port(
     lock_dir = Path(tempfile.gettempdir())
     for port in range(start, start + tries):
         try:
-            claim = (lock_dir / f"mdq-metrics-port-{port}.lock").open("a", encoding="utf-8")
+            claim = (lock_dir / f"mdq-{purpose}-port-{port}.lock").open("a", encoding="utf-8")
         except OSError:  # another user's claim
             continue
         try:
@@ -199,7 +202,7 @@ def claim_metrics_port(
         if _port_free(port):
             return port, claim
         claim.close()
-    raise StackError(f"no free port for /metrics in {start}..{start + tries - 1}")
+    raise StackError(f"no free port for {purpose} in {start}..{start + tries - 1}")
 
 
 @dataclass(slots=True)
@@ -371,6 +374,8 @@ class Stack:
         self.local_nodes = local_nodes
         self._metrics_port = metrics_port
         self._metrics_port_claim: IO[str] | None = None
+        self._console_port = 0
+        self._console_port_claim: IO[str] | None = None
         self._services = tuple(services)
         self._extra_env = dict(extra_env or {})
         self._grace_s = grace_s
@@ -414,6 +419,8 @@ class Stack:
                 self._bus_setup = asyncio.create_task(self._prepare_bus_later(), name="bus-setup")
             await asyncio.to_thread(self._migrate)
             metrics_port = self._choose_metrics_port()
+            if "console" in self._services:
+                self._console_port = self._choose_console_port()
             self._env = self._child_env(metrics_port)
             self._children = [self._child(name, argv) for name, argv in self._programs()]
             for child in self._children:
@@ -426,6 +433,7 @@ class Stack:
                 else "",
                 namespace=self.namespace,
                 metrics_url=f"http://127.0.0.1:{metrics_port}/metrics",
+                console_url=f"http://127.0.0.1:{self._console_port}/" if self._console_port else "",
                 state_dir=str(self.state_dir),
                 logs_dir=str(self.logs_dir),
                 data_dir=str(self.data_dir),
@@ -469,6 +477,9 @@ class Stack:
         if self._metrics_port_claim is not None:
             self._metrics_port_claim.close()
             self._metrics_port_claim = None
+        if self._console_port_claim is not None:
+            self._console_port_claim.close()
+            self._console_port_claim = None
         info_path = self.state_dir / STACK_FILE
         with contextlib.suppress(OSError, ValueError, TypeError):
             if StackInfo.from_json(info_path.read_text(encoding="utf-8")).pid == os.getpid():
@@ -659,6 +670,16 @@ class Stack:
         port, self._metrics_port_claim = claim_metrics_port(DEFAULT_METRICS_PORT)
         return port
 
+    def _choose_console_port(self) -> int:
+        """``MDQ_CONSOLE_PORT``, else the first free one from 8089, claimed until the stack
+        stops (as the metrics port is)."""
+        if configured := os.environ.get("MDQ_CONSOLE_PORT"):
+            return int(configured)
+        port, self._console_port_claim = claim_metrics_port(
+            DEFAULT_CONSOLE_PORT, purpose="the console"
+        )
+        return port
+
     # -- children --------------------------------------------------------------------------
     def _programs(self) -> list[tuple[str, tuple[str, ...]]]:
         python = sys.executable
@@ -686,6 +707,8 @@ class Stack:
                 "MDQ_METRICS_PORT": str(metrics_port),
                 "MDQ_METRICS_HTTP_HOST": "127.0.0.1",  # on one machine, nobody else scrapes it
                 "MDQ_LOCAL_NODES": str(self.local_nodes),
+                "MDQ_CONSOLE_PORT": str(self._console_port),
+                "MDQ_CONSOLE_HOST": "127.0.0.1",  # no login of its own: this machine only
                 "PYTHONUNBUFFERED": "1",
             }
         )
@@ -693,12 +716,14 @@ class Stack:
         return env
 
     def child_env(self, name: str) -> dict[str, str]:
-        """The environment the named child is started with: its own NATS identity, and for
-        the watcher alone a database, the writer's URL (``DATABASE_ENV`` is taken out of
-        everyone else's)."""
+        """The environment the named child is started with: its own NATS identity; a database
+        for the watcher (the writer's URL) and the console (the read-only role's) alone
+        (``DATABASE_ENV`` is taken out of everyone else's)."""
         env = {**self._env, **self._identity_env(name)}
         if name == "watcher" and self._database is not None:
             env["DATABASE_URL"] = self._database.urls.writer
+        if name == "console" and self._database is not None:
+            env["DATABASE_URL"] = self._database.urls.reader
         return env
 
     def _identity_env(self, child: str) -> dict[str, str]:

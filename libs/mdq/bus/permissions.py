@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from mdq.bus.subjects import Subjects
 from mdq.core.producers import EVENT_PRODUCERS
 
-SERVICES = ("intake", "placement", "watcher", "recovery", "metrics", "agent")
+SERVICES = ("intake", "placement", "watcher", "recovery", "metrics", "agent", "console")
 """The long-running identities, one credential each."""
 
 IDENTITIES = (*SERVICES, "cli", "runners", "admin")
@@ -202,6 +202,12 @@ def service_permissions(identity: str, subjects: Subjects, names: Names = Names(
             subscribe=(f"{inbox_prefix(identity)}.>",),
             inbox_prefix=inbox_prefix(identity),
         )
+    elif identity == "console":
+        # a reader of every job's events (history replays, live charts, the nodes' load) that
+        # may submit on the operator's request-reply entrance (its submit page)
+        publish += [subjects.api_submit]
+        publish += [*_read_stream(jobs), *_read_stream(progress), *_read_stream(nodes)]
+        subscribe += [subjects.job_all(), subjects.progress_all]
     elif identity == "cli":
         publish += [subjects.submit, subjects.api_submit]
         publish += [*_read_stream(jobs), *_read_stream(progress), *_read_stream(nodes)]

@@ -186,6 +186,7 @@ def _print_stack(info: StackInfo) -> None:
         f"PostgreSQL  {info.database_url}" + ("  (embedded)" if info.embedded_postgres else ""),
         *([f"password    {info.database_password_file}"] if info.database_password_file else []),
         f"metrics     {info.metrics_url}",
+        *([f"console     {info.console_url}"] if info.console_url else []),
         f"namespace   {info.namespace}",
         f"backend     {info.backend}",
         f"logs        {info.logs_dir}",

@@ -1,0 +1,5 @@
+"""``python -m services.console``."""
+
+from services.console.app import main
+
+main()

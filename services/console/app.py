@@ -1,0 +1,479 @@
+"""Composition root and pages of the console: Starlette, Jinja2 templates, server-sent events.
+
+``build_app`` takes what the pages need (``Console``: the read-only engine, a NATS client with
+the console's own credentials, the data folder) and returns the ASGI app; ``main`` builds them
+from the environment and serves the app with uvicorn. The pages are rendered on the server; the
+charts are drawn in the browser by uPlot (``static/``, shipped in the package: no CDN, no build
+step) from JSON in the protobuf JSON mapping — history from PostgreSQL, then live events from
+the progress stream over server-sent events (``/jobs/<id>/live``).
+
+The console writes nothing but submits: its submit page asks intake on the operator's
+request-reply entrance, as the CLI does, and shows a refusal's field and message exactly as the
+CLI prints them. Every page answers a bad parameter with 400 and the parameter's name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import re
+import secrets
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from google.protobuf import json_format
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js.api import ConsumerConfig, DeliverPolicy
+from sqlalchemy.ext.asyncio import AsyncEngine
+from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.applications import Starlette
+from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import FileResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+
+from mdq.bus.codec import decode_event
+from mdq.bus.connect import connect
+from mdq.bus.log import IDLE_HEARTBEAT_S
+from mdq.bus.subjects import Subjects
+from mdq.contracts import pb
+from mdq.core import ids
+from mdq.core.runner_task import job_dir
+from mdq.sdk.client import IntakeUnavailable, MdqClient, SubmitRefused
+from mdq.sdk.jobfile import JobFileError, parse_job_text
+from mdq.settings import CommonSettings
+from mdq.store import queries
+from mdq.store.engine import create_engine
+from services.console import reads
+from services.console.filters import (
+    OPERATOR,
+    PAGE_SIZES,
+    FilterError,
+    JobFilter,
+    parse_filter,
+    parse_label,
+)
+from services.console.live import NodeBoard
+from services.console.settings import ConsoleSettings
+
+log = logging.getLogger("mdq.console")
+
+PACKAGE = Path(__file__).resolve().parent
+JOB_ID = re.compile(r"^(?:[a-z][a-z0-9-]{0,30}\.)?[0-9a-f]{12}-[a-z][a-z0-9-]{0,39}$")
+"""A job id (``mdq.core.ids``): an optional tenant, the request's hex digits, the name."""
+MAX_SUBMIT_BYTES = 1 << 20
+"""Largest job file the submit page takes (intake's own limit is lower)."""
+LIVE_REWIND_S = 2.0
+"""The live stream starts this long before the newest point the page was drawn with."""
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
+        "frame-ancestors 'none'; form-action 'self'; base-uri 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+}
+"""Sent with every page: scripts and styles only from the console itself, never framed."""
+
+
+@dataclass
+class Console:
+    """What the pages read from and submit through."""
+
+    engine: AsyncEngine
+    nc: Client
+    subjects: Subjects
+    data_dir: Path
+    nodes: NodeBoard = field(default_factory=NodeBoard)
+    submit_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    """Every submit form carries it; a form posted from another site cannot know it."""
+
+
+templates = Jinja2Templates(directory=str(PACKAGE / "templates"))
+templates.env.globals["OPERATOR"] = OPERATOR
+templates.env.globals["PAGE_SIZES"] = PAGE_SIZES
+templates.env.filters["when"] = lambda at: "" if at is None else at.strftime("%Y-%m-%d %H:%M:%S")
+templates.env.filters["tenant_label"] = lambda job_id: ids.tenant_of(job_id) or "(operator)"
+
+
+def _console(request: Request) -> Console:
+    console: Console = request.app.state.console
+    return console
+
+
+def _page(request: Request, name: str, context: Mapping[str, Any], status: int = 200) -> Response:
+    response = templates.TemplateResponse(request, name, dict(context), status_code=status)
+    response.headers.update(SECURITY_HEADERS)
+    return response
+
+
+def _refuse(request: Request, field_name: str, message: str) -> Response:
+    return _page(
+        request,
+        "error.html",
+        {"field": field_name, "message": message, "title": "Bad request"},
+        400,
+    )
+
+
+def _job_id(request: Request) -> str:
+    job_id = str(request.path_params["job_id"])
+    if not JOB_ID.match(job_id):
+        raise HTTPException(404, "no such job")
+    return job_id
+
+
+# -- the JSON the browser reads: the protobuf JSON mapping of the events --------------------
+def progress_event(job_id: str, point: queries.ProgressPoint) -> dict[str, Any]:
+    """One stored progress report as the ``Event`` it came from (protobuf JSON mapping)."""
+    event = pb.Event(
+        job_id=job_id,
+        attempt=point.attempt,
+        progress=pb.Progress(
+            step=point.step,
+            target_steps=point.target_steps,
+            time_ps=point.time_ps,
+            potential_kj_mol=point.potential_kj_mol,
+            kinetic_kj_mol=point.kinetic_kj_mol,
+            temperature_k=point.temperature_k,
+            ns_per_day=point.ns_per_day,
+            eta_s=point.eta_s,
+            done_reason=point.done_reason,
+        ),
+    )
+    event.time.FromDatetime(point.time)
+    return json_format.MessageToDict(event, preserving_proto_field_name=True)
+
+
+def event_json(event: pb.Event) -> dict[str, Any]:
+    return json_format.MessageToDict(event, preserving_proto_field_name=True)
+
+
+def _json_script(value: object) -> str:
+    """JSON safe to place inside a ``<script type="application/json">`` element."""
+    return json.dumps(value).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+templates.env.filters["json_script"] = _json_script
+
+
+# -- pages ------------------------------------------------------------------------------------
+async def home(request: Request) -> Response:
+    return RedirectResponse("/jobs", status_code=302)
+
+
+async def jobs_page(request: Request) -> Response:
+    try:
+        chosen = parse_filter(dict(request.query_params))
+    except FilterError as error:
+        return _refuse(request, error.field, error.message)
+    page = await reads.list_jobs(_console(request).engine, chosen)
+    return _page(
+        request,
+        "jobs.html",
+        {
+            "title": "Jobs",
+            "filter": chosen,
+            "page": page,
+            "next_query": chosen.query(after=page.next_cursor) if page.next_cursor else "",
+            "first_query": chosen.query(after=None) if chosen.after else "",
+        },
+    )
+
+
+async def job_page(request: Request) -> Response:
+    job_id = _job_id(request)
+    found = await reads.job_page(_console(request).engine, job_id)
+    if found is None:
+        raise HTTPException(404, f"no job {job_id} in the history (yet)")
+    points = [progress_event(job_id, point) for point in found.progress]
+    return _page(
+        request,
+        "job.html",
+        {
+            "title": f"Job {found.detail.job.name}",
+            "job": found.detail.job,
+            "found": found,
+            "spec_json": json.dumps(found.detail.job.spec, indent=2, sort_keys=True),
+            "points": points,
+            "tenant": ids.tenant_of(job_id),
+        },
+    )
+
+
+async def job_live(request: Request) -> Response:
+    """Server-sent events of a job from the point after ``attempt``/``step``: its progress from
+    the progress stream (``progress``, gap-free: the stream is read from a little before the
+    newest point the page has) and its lifecycle events as they happen (``event``)."""
+    job_id = _job_id(request)
+    try:
+        attempt = int(request.query_params.get("attempt", "0"))
+        step = int(request.query_params.get("step", "-1"))
+        since_text = request.query_params.get("since", "")
+        since = datetime.fromisoformat(since_text) if since_text else None
+    except ValueError:
+        return _refuse(request, "attempt/step/since", "integers and an ISO time")
+    console = _console(request)
+    return EventSourceResponse(
+        _live_events(console, job_id, attempt=attempt, step=step, since=since), ping=15
+    )
+
+
+async def _live_events(
+    console: Console, job_id: str, *, attempt: int, step: int, since: datetime | None
+) -> AsyncIterator[ServerSentEvent]:
+    queue: asyncio.Queue[pb.Event] = asyncio.Queue(4_096)
+
+    async def on_message(message: Msg) -> None:
+        with contextlib.suppress(ValueError):
+            event = decode_event(message.data)
+            if event.job_id == job_id:
+                if queue.full():
+                    queue.get_nowait()
+                queue.put_nowait(event)
+
+    start = (since or datetime.now(UTC) - timedelta(days=1)) - timedelta(seconds=LIVE_REWIND_S)
+    if start.tzinfo is None:
+        start = start.replace(tzinfo=UTC)
+    js = console.nc.jetstream()
+    progress = await js.subscribe(
+        console.subjects.progress(job_id),
+        stream=console.subjects.progress_stream,
+        cb=on_message,
+        ordered_consumer=True,
+        deliver_policy=DeliverPolicy.BY_START_TIME,
+        config=ConsumerConfig(opt_start_time=start.astimezone(UTC)),
+        idle_heartbeat=IDLE_HEARTBEAT_S,
+    )
+    lifecycle = await console.nc.subscribe(console.subjects.job_all(job_id), cb=on_message)
+    last = (attempt, step)
+    try:
+        yield ServerSentEvent(data="{}", event="ready")
+        while True:
+            event = await queue.get()
+            if event.WhichOneof("body") == "progress":
+                position = (event.attempt, event.progress.step)
+                if position <= last:
+                    continue
+                last = position
+                yield ServerSentEvent(data=json.dumps(event_json(event)), event="progress")
+            else:
+                yield ServerSentEvent(data=json.dumps(event_json(event)), event="event")
+    finally:
+        for subscription in (progress, lifecycle):
+            with contextlib.suppress(Exception):
+                await subscription.unsubscribe()
+
+
+async def job_output(request: Request) -> Response:
+    """One of the job's own output files, by its place in the job's outputs list: nothing
+    else under the data folder can be named."""
+    job_id = _job_id(request)
+    index = int(request.path_params["index"])
+    console = _console(request)
+    found = await reads.job_page(console.engine, job_id)
+    if found is None or not 0 <= index < len(found.outputs):
+        raise HTTPException(404, "no such output")
+    output = found.outputs[index]
+    path = await asyncio.to_thread(_inside_job_dir, console.data_dir, job_id, output.path)
+    if path is None:
+        raise HTTPException(404, "the output is not in the job's folder here")
+    return FileResponse(path, filename=path.name, headers=SECURITY_HEADERS)
+
+
+def _inside_job_dir(data_dir: Path, job_id: str, reported: str) -> Path | None:
+    """The reported file, if it resolves (links followed) to a file inside the job's own
+    folder; None otherwise."""
+    home_dir = job_dir(data_dir, job_id).resolve()
+    path = Path(reported).resolve()
+    return path if path.is_relative_to(home_dir) and path.is_file() else None
+
+
+async def campaign_page(request: Request) -> Response:
+    label_text = request.query_params.get("label", "")
+    try:
+        key, value = parse_label(label_text)
+    except FilterError as error:
+        return _refuse(request, error.field, error.message)
+    jobs = await reads.campaign(_console(request).engine, key, value)
+    curves = [
+        {
+            "jobId": job.row.job_id,
+            "name": job.row.name,
+            "state": job.row.state,
+            "steps": job.steps,
+            "potentialKjMol": job.potential_kj_mol,
+            "temperatureK": job.temperature_k,
+        }
+        for job in jobs
+    ]
+    states: dict[str, int] = {}
+    for job in jobs:
+        states[job.row.state] = states.get(job.row.state, 0) + 1
+    return _page(
+        request,
+        "campaign.html",
+        {
+            "title": f"Campaign {key}={value}",
+            "label": f"{key}={value}",
+            "jobs": jobs,
+            "curves": curves,
+            "states": sorted(states.items()),
+            "list_query": JobFilter(label=(key, value)).query(),
+        },
+    )
+
+
+async def nodes_page(request: Request) -> Response:
+    console = _console(request)
+    on_nodes = await reads.jobs_on_nodes(console.engine)
+    started = await reads.node_attempts_last_hour(console.engine, datetime.now(UTC))
+    names = sorted(set(console.nodes.nodes) | {n for n in on_nodes if n})
+    nodes = []
+    for name in names:
+        view = console.nodes.nodes.get(name)
+        nodes.append(
+            {
+                "name": name,
+                "latest": view.latest if view else None,
+                "jobs": on_nodes.get(name, []),
+                "started_last_hour": started.get(name, 0),
+                "history": {
+                    "t": [sample.at for sample in view.samples] if view else [],
+                    "cpu": [sample.cpu_load for sample in view.samples] if view else [],
+                    "memory": [sample.memory_load for sample in view.samples] if view else [],
+                },
+            }
+        )
+    return _page(request, "nodes.html", {"title": "Nodes", "nodes": nodes})
+
+
+async def submit_page(request: Request) -> Response:
+    console = _console(request)
+    context: dict[str, Any] = {"title": "Submit", "token": console.submit_token, "text": ""}
+    if request.method == "GET":
+        return _page(request, "submit.html", context)
+    origin = request.headers.get("origin")
+    if origin is not None and origin != f"{request.url.scheme}://{request.url.netloc}":
+        return _refuse(request, "origin", "a submit must come from the console's own page")
+    async with request.form(max_files=1, max_fields=4, max_part_size=MAX_SUBMIT_BYTES) as form:
+        token = str(form.get("token", ""))
+        upload = form.get("file")
+        text = str(form.get("text", ""))
+        source = "the pasted job"
+        if isinstance(upload, UploadFile) and upload.filename:
+            text = (await upload.read(MAX_SUBMIT_BYTES + 1)).decode("utf-8", errors="replace")
+            source = upload.filename
+    if not hmac.compare_digest(token, console.submit_token):
+        return _refuse(request, "token", "the form is stale: reload the submit page")
+    context["text"] = text
+    if len(text.encode()) > MAX_SUBMIT_BYTES:
+        context["refusal"] = {"field": "", "message": f"at most {MAX_SUBMIT_BYTES} bytes"}
+        return _page(request, "submit.html", context, 400)
+    try:
+        submit = parse_job_text(text, source=source)
+    except JobFileError as error:
+        context["refusal"] = {"field": error.field, "message": f"{error.source}: {error.message}"}
+        return _page(request, "submit.html", context, 400)
+    client = MdqClient(nc=console.nc, subjects=console.subjects)
+    try:
+        job_ids = await client.submit(submit)
+    except SubmitRefused as error:
+        context["refusal"] = {"field": error.field, "message": error.message}
+        return _page(request, "submit.html", context, 400)
+    except IntakeUnavailable as error:
+        context["refusal"] = {"field": "", "message": str(error)}
+        return _page(request, "submit.html", context, 503)
+    context["submitted"] = job_ids
+    return _page(request, "submit.html", context)
+
+
+async def healthz(request: Request) -> Response:
+    console = _console(request)
+    healthy = console.nc.is_connected
+    return Response(
+        "ok\n" if healthy else "nats disconnected\n", status_code=200 if healthy else 503
+    )
+
+
+async def not_found(request: Request, error: Exception) -> Response:
+    detail = error.detail if isinstance(error, HTTPException) else "not found"
+    return _page(request, "error.html", {"title": "Not found", "field": "", "message": detail}, 404)
+
+
+def build_app(console: Console) -> Starlette:
+    """The console's ASGI app over ``console``'s engine and NATS client."""
+    app = Starlette(
+        routes=[
+            Route("/", home),
+            Route("/jobs", jobs_page),
+            Route("/jobs/{job_id}", job_page),
+            Route("/jobs/{job_id}/live", job_live),
+            Route("/jobs/{job_id}/outputs/{index:int}", job_output),
+            Route("/campaigns", campaign_page),
+            Route("/nodes", nodes_page),
+            Route("/submit", submit_page, methods=["GET", "POST"]),
+            Route("/healthz", healthz),
+            Mount("/static", app=StaticFiles(directory=PACKAGE / "static"), name="static"),
+        ],
+        exception_handlers={404: not_found},
+    )
+    app.state.console = console
+    return app
+
+
+# -- composition root ------------------------------------------------------------------------
+async def serve(common: CommonSettings, settings: ConsoleSettings) -> None:
+    """Connect, follow the nodes, and serve until cancelled or told to stop."""
+    subjects = Subjects(common.namespace)
+    nc = await connect(common.nats_url, name="mdq-console", subjects=subjects, wait=True)
+    engine = create_engine(common.database_url, pool_size=4)
+    console = Console(engine=engine, nc=nc, subjects=subjects, data_dir=common.data_dir)
+    follower = asyncio.create_task(console.nodes.follow(nc, subjects), name="nodes")
+    config = uvicorn.Config(
+        build_app(console), host=settings.host, port=settings.port, log_level="warning"
+    )
+    server = uvicorn.Server(config)
+    watcher = asyncio.create_task(_announce(server, settings), name="announce")
+    try:
+        await server.serve()
+    finally:
+        follower.cancel()
+        watcher.cancel()
+        await engine.dispose()
+        with contextlib.suppress(Exception):
+            await nc.drain()
+
+
+async def _announce(server: uvicorn.Server, settings: ConsoleSettings) -> None:
+    """Log the URL once the server listens (and write it to ``url_file``)."""
+    while not server.started:  # noqa: ASYNC110 - uvicorn offers no event to wait on
+        await asyncio.sleep(0.05)
+    sockets = [sock for listener in server.servers for sock in listener.sockets]
+    host, port = sockets[0].getsockname()[:2]
+    url = f"http://{host}:{port}/"
+    log.warning("console at %s", url)
+    if settings.url_file:
+        target = Path(settings.url_file)
+        temporary = target.with_suffix(".tmp")
+        temporary.write_text(url + "\n", encoding="utf-8")
+        temporary.replace(target)
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    common = CommonSettings()
+    if not common.database_url:
+        raise SystemExit("the console needs DATABASE_URL (the read-only role's)")
+    asyncio.run(serve(common, ConsoleSettings()))

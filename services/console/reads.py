@@ -1,0 +1,343 @@
+"""What the console reads from PostgreSQL, as the read-only role: one function per page.
+
+Every function takes the engine and returns plain values (the ``mdq.store.queries`` dataclasses
+where they exist), so the pages never hold a connection. The jobs list pages by keyset (the last
+row's submit time and id, ``services.console.filters.Cursor``): each page is an index range
+scan, however deep into a year of history it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from google.protobuf import json_format
+from sqlalchemy import and_, func, or_, select, text, tuple_
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from mdq.contracts import pb
+from mdq.core import ids
+from mdq.store import queries
+from mdq.store.models import Attempt, CheckpointRecord, Job, Placement, ProgressRecord
+from services.console.filters import OPERATOR, Cursor, JobFilter
+
+ACTIVE_ON_A_NODE = ("BOUND", "RUNNING")
+"""The states of a job that holds a node now."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobRow:
+    """One line of the jobs list."""
+
+    job_id: str
+    name: str
+    tenant: str
+    state: str
+    attempt: int
+    priority_class: str
+    node: str | None
+    submitted_at: datetime
+    target_steps: int
+    last_step: int
+    last_ns_per_day: float | None
+    labels: dict[str, str]
+    reason: str
+
+    @property
+    def fraction_done(self) -> float:
+        return 0.0 if self.target_steps <= 0 else min(1.0, self.last_step / self.target_steps)
+
+
+@dataclass(frozen=True, slots=True)
+class JobsPage:
+    """A page of the jobs list and where the next one starts (None: this is the last)."""
+
+    rows: list[JobRow]
+    next_cursor: Cursor | None
+
+
+async def list_jobs(engine: AsyncEngine, chosen: JobFilter) -> JobsPage:
+    """The jobs ``chosen`` admits, newest submit first, one page of them."""
+    query = select(
+        Job.job_id,
+        Job.name,
+        Job.state,
+        Job.attempt,
+        Job.priority_class,
+        Job.node,
+        Job.submitted_at,
+        Job.target_steps,
+        Job.last_step,
+        Job.last_ns_per_day,
+        Job.spec["labels"].label("labels"),
+        Job.done_reason,
+        Job.final_reason,
+    )
+    conditions: list[Any] = []
+    if chosen.state:
+        conditions.append(Job.state == chosen.state)
+    if chosen.tenant == OPERATOR:
+        conditions.append(~Job.job_id.contains(ids.TENANT_SEPARATOR, autoescape=True))
+    elif chosen.tenant:
+        conditions.append(
+            Job.job_id.startswith(chosen.tenant + ids.TENANT_SEPARATOR, autoescape=True)
+        )
+    if chosen.priority_class:
+        conditions.append(Job.priority_class == chosen.priority_class)
+    if chosen.label is not None:
+        key, value = chosen.label
+        conditions.append(Job.spec.contains({"labels": {key: value}}))
+    if chosen.name:
+        conditions.append(Job.name.icontains(chosen.name, autoescape=True))
+    if chosen.since is not None:
+        conditions.append(Job.submitted_at >= chosen.since)
+    if chosen.until is not None:
+        conditions.append(Job.submitted_at < chosen.until)
+    if chosen.after is not None:
+        conditions.append(
+            tuple_(Job.submitted_at, Job.job_id)
+            < tuple_(chosen.after.submitted_at, chosen.after.job_id)
+        )
+    query = (
+        query.where(and_(*conditions))
+        .order_by(Job.submitted_at.desc(), Job.job_id.desc())
+        .limit(chosen.size + 1)
+    )
+    async with engine.connect() as connection:
+        result = list(await connection.execute(query))
+    rows = [
+        JobRow(
+            job_id=row.job_id,
+            name=row.name,
+            tenant=ids.tenant_of(row.job_id),
+            state=row.state,
+            attempt=row.attempt,
+            priority_class=row.priority_class,
+            node=row.node,
+            submitted_at=row.submitted_at,
+            target_steps=row.target_steps,
+            last_step=row.last_step,
+            last_ns_per_day=row.last_ns_per_day,
+            labels=dict(row.labels or {}),
+            reason=row.final_reason or row.done_reason or "",
+        )
+        for row in result[: chosen.size]
+    ]
+    more = len(result) > chosen.size
+    last = rows[-1] if rows else None
+    return JobsPage(
+        rows=rows,
+        next_cursor=Cursor(last.submitted_at, last.job_id) if more and last else None,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementRecord:
+    """Why one attempt went where it went: every node's score or the filter that excluded it
+    (the ``bound`` event's ``NodeScore`` list, stored in the protobuf JSON mapping)."""
+
+    attempt: int
+    node: str
+    candidates: list[pb.NodeScore]
+    time: datetime
+
+    @property
+    def scored(self) -> list[pb.NodeScore]:
+        """The candidates, the chosen node first, then by score."""
+        return sorted(
+            (c for c in self.candidates if not c.filtered),
+            key=lambda c: (c.node != self.node, -c.score),
+        )
+
+    @property
+    def filtered(self) -> list[pb.NodeScore]:
+        """The nodes a filter excluded, with its reason."""
+        return [c for c in self.candidates if c.filtered]
+
+
+def _node_scores(stored: list[Any]) -> list[pb.NodeScore]:
+    return [
+        json_format.ParseDict(score, pb.NodeScore(), ignore_unknown_fields=True)
+        for score in stored or ()
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class OutputFile:
+    """One file a job's runner reported at its end (the view ``job_outputs``)."""
+
+    attempt: int
+    kind: str
+    path: str
+    format: str
+    size_bytes: int
+    sha256: str
+
+    @property
+    def name(self) -> str:
+        return self.path.rsplit("/", 1)[-1]
+
+
+@dataclass(frozen=True, slots=True)
+class JobPage:
+    """Everything the job page shows."""
+
+    detail: queries.JobDetail
+    timeline: list[queries.TimelineEntry]
+    progress: list[queries.ProgressPoint]
+    checkpoints: list[queries.CheckpointInfo]
+    placements: list[PlacementRecord]
+    outputs: list[OutputFile]
+
+
+async def job_page(engine: AsyncEngine, job_id: str) -> JobPage | None:
+    """A job with its history; None if PostgreSQL has never heard of it."""
+    detail = await queries.job_detail(engine, job_id)
+    if detail is None:
+        return None
+    timeline = await queries.job_timeline(engine, job_id)
+    progress = await queries.progress_trace(engine, job_id)
+    async with engine.connect() as connection:
+        checkpoint_rows = await connection.execute(
+            select(CheckpointRecord.__table__)
+            .where(CheckpointRecord.job_id == job_id)
+            .order_by(CheckpointRecord.attempt, CheckpointRecord.step)
+        )
+        checkpoints = [
+            queries.CheckpointInfo(**{k: v for k, v in row._asdict().items() if k != "job_id"})
+            for row in checkpoint_rows
+        ]
+        placement_rows = await connection.execute(
+            select(Placement.attempt, Placement.node, Placement.candidates, Placement.time)
+            .where(Placement.job_id == job_id)
+            .order_by(Placement.attempt)
+        )
+        placements = [
+            PlacementRecord(
+                attempt=row.attempt,
+                node=row.node,
+                candidates=_node_scores(row.candidates),
+                time=row.time,
+            )
+            for row in placement_rows
+        ]
+        output_rows = await connection.execute(
+            text(
+                "SELECT attempt, kind, path, format, size_bytes, sha256 FROM job_outputs "
+                "WHERE job_id = :job ORDER BY attempt, path"
+            ),
+            {"job": job_id},
+        )
+        outputs = [OutputFile(**row._asdict()) for row in output_rows]
+    return JobPage(
+        detail=detail,
+        timeline=timeline,
+        progress=progress,
+        checkpoints=checkpoints,
+        placements=placements,
+        outputs=outputs,
+    )
+
+
+async def progress_since(
+    engine: AsyncEngine, job_id: str, *, attempt: int, step: int
+) -> list[queries.ProgressPoint]:
+    """The job's progress reports after (``attempt``, ``step``), in order: what a live chart
+    that has those missed."""
+    query = (
+        select(*queries.PROGRESS_POINT)
+        .where(ProgressRecord.job_id == job_id)
+        .where(tuple_(ProgressRecord.attempt, ProgressRecord.step) > tuple_(attempt, step))
+        .order_by(ProgressRecord.attempt, ProgressRecord.step)
+    )
+    async with engine.connect() as connection:
+        return [queries.ProgressPoint(**row._asdict()) for row in await connection.execute(query)]
+
+
+@dataclass(frozen=True, slots=True)
+class CampaignJob:
+    """One job of a campaign with its energy curve (every attempt, by step)."""
+
+    row: JobRow
+    steps: list[int]
+    potential_kj_mol: list[float]
+    temperature_k: list[float]
+
+
+CAMPAIGN_LIMIT = 200
+"""Most jobs a campaign page overlays (the newest)."""
+CURVE_POINTS = 2_000
+"""Most points of one job's curve on the campaign page (evenly thinned beyond)."""
+
+
+async def campaign(engine: AsyncEngine, key: str, value: str) -> list[CampaignJob]:
+    """The jobs labelled ``key=value`` (the newest ``CAMPAIGN_LIMIT``), each with its curve."""
+    page = await list_jobs(engine, JobFilter(label=(key, value), size=CAMPAIGN_LIMIT))
+    rows = sorted(page.rows, key=lambda row: (row.submitted_at, row.job_id))
+    if not rows:
+        return []
+    progress = ProgressRecord
+    numbered = (
+        select(
+            progress.job_id,
+            progress.step,
+            progress.potential_kj_mol,
+            progress.temperature_k,
+            func.row_number().over(partition_by=progress.job_id, order_by=progress.step).label("n"),
+            func.count().over(partition_by=progress.job_id).label("total"),
+        )
+        .where(progress.job_id.in_([row.job_id for row in rows]))
+        .subquery()
+    )
+    thinned = (
+        select(numbered)
+        .where(
+            or_(
+                numbered.c.total <= CURVE_POINTS,
+                numbered.c.n == numbered.c.total,  # every curve keeps its last point
+                (numbered.c.n % ((numbered.c.total + CURVE_POINTS - 1) // CURVE_POINTS)) == 0,
+            )
+        )
+        .order_by(numbered.c.job_id, numbered.c.step)
+    )
+    curves: dict[str, CampaignJob] = {
+        row.job_id: CampaignJob(row=row, steps=[], potential_kj_mol=[], temperature_k=[])
+        for row in rows
+    }
+    async with engine.connect() as connection:
+        for point in await connection.execute(thinned):
+            curve = curves[point.job_id]
+            curve.steps.append(point.step)
+            curve.potential_kj_mol.append(point.potential_kj_mol)
+            curve.temperature_k.append(point.temperature_k)
+    return list(curves.values())
+
+
+@dataclass(frozen=True, slots=True)
+class NodeJobs:
+    """The jobs on one node now."""
+
+    node: str
+    jobs: list[JobRow]
+
+
+async def jobs_on_nodes(engine: AsyncEngine) -> dict[str, list[JobRow]]:
+    """Every job bound or running now, by node."""
+    by_node: dict[str, list[JobRow]] = {}
+    for state in ACTIVE_ON_A_NODE:
+        page = await list_jobs(engine, JobFilter(state=state, size=200))
+        for row in page.rows:
+            by_node.setdefault(row.node or "", []).append(row)
+    return by_node
+
+
+async def node_attempts_last_hour(engine: AsyncEngine, now: datetime) -> dict[str, int]:
+    """How many attempts each node started in the last hour."""
+    query = (
+        select(Attempt.node, func.count())
+        .where(Attempt.started_at >= now - timedelta(hours=1))
+        .group_by(Attempt.node)
+    )
+    async with engine.connect() as connection:
+        return {node or "": count for node, count in await connection.execute(query)}

@@ -1,0 +1,28 @@
+"""Settings of the console, env prefix ``MDQ_CONSOLE_`` (bus, database, data folder from
+``mdq.settings.CommonSettings``)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ConsoleSettings(BaseSettings):
+    """Where the console listens."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="MDQ_CONSOLE_", extra="ignore", populate_by_name=True
+    )
+
+    host: str = Field(
+        default="127.0.0.1",
+        description=(
+            "Address the console listens on. It has no login of its own and submits as the "
+            "operator: keep it on loopback, or behind an authenticating proxy (docs/console.md)."
+        ),
+    )
+    port: int = Field(default=8089, ge=0, le=65535, description="Port; 0 picks a free one.")
+    url_file: str = Field(
+        default="",
+        description="Where to write the console's URL once it listens (mdq up reads it).",
+    )

@@ -1,0 +1,319 @@
+"""The console's pages over HTTP, on a history projected into a real PostgreSQL by the
+watcher's projector and a real NATS (``services.console``): what each page shows, keyset
+pages, live progress over server-sent events, downloads only of a job's own files, and
+refusals that name the parameter. The browser itself: tests/e2e/test_console_browser.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import aiohttp
+import asyncpg
+import pytest
+import uvicorn
+from nats.aio.client import Client
+
+from mdq.bus.subjects import Subjects
+from mdq.contracts import pb
+from mdq.core.runner_task import job_dir
+from mdq.store.engine import create_engine
+from mdq.store.projection import Projector
+from mdq.store.roles import RoleUrls
+from services.console import reads
+from services.console.app import Console, build_app
+from services.console.filters import JobFilter
+from tests.helpers import OwnersPublisher
+from tests.integration.test_projector import History, requeue_history
+
+
+@dataclass
+class Site:
+    """A console serving a projected history."""
+
+    url: str
+    console: Console
+    retried: History
+    doomed: History
+    publisher: OwnersPublisher
+    trajectory: bytes
+
+
+async def _serve(console: Console) -> tuple[uvicorn.Server, asyncio.Task[None], str]:
+    server = uvicorn.Server(
+        uvicorn.Config(build_app(console), host="127.0.0.1", port=0, log_level="warning")
+    )
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        assert not task.done(), "the console's server stopped before it listened"
+        await asyncio.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    return server, task, f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture
+async def site(
+    nc: Client,
+    subjects: Subjects,
+    database_roles: RoleUrls,
+    pool: asyncpg.Pool,
+    data_dir: Path,
+) -> AsyncIterator[Site]:
+    js = nc.jetstream()
+    retried = History("retried")
+    first, second = requeue_history(retried)
+    doomed = History("doomed", request_id="ba9876543210")
+    folder = job_dir(data_dir, retried.job_id)
+    folder.mkdir(parents=True)
+    trajectory = b"DCD frames" * 100
+    (folder / "trajectory.dcd").write_bytes(trajectory)
+    secret = data_dir / "secret.txt"  # not the job's: no output may name it
+    secret.write_text("not yours")
+    outputs = pb.JobOutputs(
+        final_step=1000,
+        output_dir=str(folder),
+        files=[
+            pb.OutputFile(
+                kind="trajectory",
+                path=str(folder / "trajectory.dcd"),
+                format="dcd",
+                size_bytes=len(trajectory),
+            ),
+            pb.OutputFile(kind="final_state", path=str(folder / ".." / ".." / "secret.txt")),
+        ],
+    )
+    events = [
+        *first,
+        *second,
+        retried.event("outputs", outputs, 2),
+        doomed.submitted(),
+        doomed.bound(1, "n1"),
+        doomed.started(1, "n1"),
+        doomed.attempt_failed(1, "n1", last_step=40),
+        doomed.failed(1),
+    ]
+    publisher = OwnersPublisher(js=js, subjects=subjects)
+    for event in events:
+        await publisher.publish(event)
+    projector = Projector(js=js, subjects=subjects, pool=pool)
+    projecting = asyncio.create_task(projector.run())
+    engine = create_engine(database_roles.reader)
+    server: uvicorn.Server | None = None
+    serving: asyncio.Task[None] | None = None
+    try:
+        deadline = asyncio.get_running_loop().time() + 20
+        while await pool.fetchval("SELECT count(*) FROM events") < len(events):
+            assert asyncio.get_running_loop().time() < deadline, "the history was projected"
+            await asyncio.sleep(0.05)
+        console = Console(engine=engine, nc=nc, subjects=subjects, data_dir=data_dir)
+        server, serving, url = await _serve(console)
+        yield Site(url, console, retried, doomed, publisher, trajectory)
+    finally:
+        if server is not None and serving is not None:
+            server.should_exit = True
+            await asyncio.wait_for(serving, timeout=10)
+        projector.stop()
+        await asyncio.wait_for(projecting, timeout=10)
+        await engine.dispose()
+
+
+async def get(url: str) -> tuple[int, str]:
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        return response.status, await response.text()
+
+
+async def test_the_jobs_page_lists_every_job_newest_first(site: Site) -> None:
+    status, html = await get(f"{site.url}/jobs")
+    assert status == 200
+    listed = re.findall(r'data-job="([^"]+)"', html)
+    assert listed == [site.doomed.job_id, site.retried.job_id]  # doomed was submitted last
+    assert "FAILED" in html and "SUCCEEDED" in html
+
+
+@pytest.mark.parametrize(
+    "query, expected",
+    [
+        ("state=FAILED", ["doomed"]),
+        ("state=succeeded", ["retried"]),
+        ("priority=high", ["doomed", "retried"]),
+        ("priority=low", []),
+        ("name=RETR", ["retried"]),
+        ("tenant=-", ["doomed", "retried"]),
+        ("tenant=alice", []),
+        ("until=2026-11-29T12:00:00%2B00:00", []),
+        ("since=2026-11-29T12:00:00%2B00:00", ["doomed", "retried"]),
+    ],
+)
+async def test_the_jobs_page_filters(site: Site, query: str, expected: list[str]) -> None:
+    status, html = await get(f"{site.url}/jobs?{query}")
+    assert status == 200
+    names = {site.doomed.job_id: "doomed", site.retried.job_id: "retried"}
+    assert [names[job] for job in re.findall(r'data-job="([^"]+)"', html)] == expected
+
+
+@pytest.mark.parametrize(
+    "query, field",
+    [
+        ("state=DONE", "state"),
+        ("colour=red", "colour"),
+        ("size=7", "size"),
+        ("after=forged", "after"),
+        ("label=nokey", "label"),
+    ],
+)
+async def test_a_bad_filter_is_refused_naming_it(site: Site, query: str, field: str) -> None:
+    status, html = await get(f"{site.url}/jobs?{query}")
+    assert status == 400
+    assert f'<code id="error-field">{field}</code>' in html
+
+
+async def test_pages_follow_one_another_by_keyset_without_overlap(site: Site) -> None:
+    engine = site.console.engine
+    first = await reads.list_jobs(engine, JobFilter(size=1))
+    assert [row.job_id for row in first.rows] == [site.doomed.job_id]
+    assert first.next_cursor is not None
+    second = await reads.list_jobs(engine, JobFilter(size=1, after=first.next_cursor))
+    assert [row.job_id for row in second.rows] == [site.retried.job_id]
+    assert second.next_cursor is None  # the last page says so
+    # the link the page renders leads to the same second page
+    cursor = first.next_cursor.encode()
+    status, html = await get(f"{site.url}/jobs?after={cursor}")
+    assert status == 200
+    assert re.findall(r'data-job="([^"]+)"', html) == [site.retried.job_id]
+
+
+async def test_a_job_page_shows_attempts_explanation_checkpoints_and_points(site: Site) -> None:
+    status, html = await get(f"{site.url}/jobs/{site.retried.job_id}")
+    assert status == 200
+    assert 'id="attempt-1"' in html and 'id="attempt-2"' in html
+    resumed = re.search(r'id="attempt-2">.*?<td class="resumed">(\d+)</td>', html, re.S)
+    assert resumed is not None and resumed.group(1) == "200"  # resumed from its checkpoint
+    assert "filtered: insufficient cpu" in html  # the explanation names the excluded node
+    assert re.search(r"<td>n-busy</td>", html)
+    data = re.search(r'<script type="application/json" id="job-data">(.*?)</script>', html, re.S)
+    assert data is not None
+    points = json.loads(data.group(1))["points"]
+    steps = [(p["attempt"], int(p["progress"]["step"])) for p in points]
+    assert steps == [(1, 100), (1, 200), (1, 300), *((2, s) for s in range(300, 1001, 100))]
+    assert points[0]["progress"]["potential_kj_mol"] == pytest.approx(-1010.0)
+    assert "trajectory.dcd" in html
+
+
+async def test_an_unknown_job_and_a_malformed_id_are_not_found(site: Site) -> None:
+    assert (await get(f"{site.url}/jobs/0123456789ab-nobody"))[0] == 404
+    assert (await get(f"{site.url}/jobs/..%2F..%2Fetc"))[0] == 404
+
+
+async def test_a_job_output_downloads_and_nothing_else_does(site: Site) -> None:
+    job = site.retried.job_id
+    _, html = await get(f"{site.url}/jobs/{job}")
+    links = dict(
+        (name, int(index))
+        for index, name in re.findall(rf'href="/jobs/{job}/outputs/(\d+)" download>([^<]+)<', html)
+    )
+    assert set(links) == {"trajectory.dcd", "secret.txt"}
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{site.url}/jobs/{job}/outputs/{links['trajectory.dcd']}") as got:
+            assert got.status == 200
+            assert await got.read() == site.trajectory
+        # the other output names a file outside the job's folder: refused
+        async with session.get(f"{site.url}/jobs/{job}/outputs/{links['secret.txt']}") as got:
+            assert got.status == 404
+            assert "not yours" not in await got.text()
+        async with session.get(f"{site.url}/jobs/{job}/outputs/2") as got:
+            assert got.status == 404
+
+
+async def test_the_campaign_and_nodes_pages_render(site: Site) -> None:
+    status, html = await get(f"{site.url}/campaigns?label=campaign=none")
+    assert status == 200 and "0 job(s)" in html
+    assert (await get(f"{site.url}/campaigns?label=broken"))[0] == 400
+    status, html = await get(f"{site.url}/nodes")
+    assert status == 200
+
+
+async def _sse_events(
+    response: aiohttp.ClientResponse, kinds: set[str], count: int
+) -> list[dict[str, object]]:
+    """The data of the next ``count`` events of ``kinds`` on an event stream."""
+    found: list[dict[str, object]] = []
+    kind = ""
+    async for raw in response.content:
+        line = raw.decode().rstrip("\r\n")
+        if line.startswith("event:"):
+            kind = line.partition(":")[2].strip()
+        elif line.startswith("data:") and kind in kinds:
+            found.append({"kind": kind, **json.loads(line.partition(":")[2])})
+            if len(found) >= count:
+                return found
+    return found
+
+
+async def test_live_progress_arrives_once_and_in_order(site: Site) -> None:
+    history = site.retried
+    job = history.job_id
+    url = f"{site.url}/jobs/{job}/live?attempt=2&step=1000"
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        assert response.status == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        # the stream replays what the page already has, and none of it is sent again
+        await asyncio.wait_for(_sse_events(response, {"ready"}, 1), timeout=10)
+        history.clock += timedelta(seconds=1)
+        await site.publisher.publish(history.progress(2, 1100))
+        await site.publisher.publish(history.progress(2, 900))  # older: not drawn again
+        await site.publisher.publish(history.progress(2, 1200))
+        events = await asyncio.wait_for(_sse_events(response, {"progress"}, 2), timeout=10)
+    steps = [int(event["progress"]["step"]) for event in events]  # type: ignore[index]
+    assert steps == [1100, 1200]
+    assert {event["job_id"] for event in events} == {job}
+
+
+async def test_live_lifecycle_events_reach_the_page(site: Site) -> None:
+    history = site.doomed
+    url = f"{site.url}/jobs/{history.job_id}/live?attempt=1&step=40"
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        await asyncio.wait_for(_sse_events(response, {"ready"}, 1), timeout=10)
+        await site.publisher.publish(history.requeued(2, resume_step=0, steps_lost=40))
+        [event] = await asyncio.wait_for(_sse_events(response, {"event"}, 1), timeout=10)
+    assert "requeued" in event and event["attempt"] == 2
+
+
+async def test_the_submit_page_refuses_a_bad_file_naming_the_field(site: Site) -> None:
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{site.url}/submit") as response:
+            page = await response.text()
+        token = re.search(r'name="token" value="([^"]+)"', page)
+        assert token is not None
+        bad = "jobs:\n  - name: x\n    steps: many\n"
+        form = {"token": token.group(1), "text": bad}
+        async with session.post(f"{site.url}/submit", data=form) as response:
+            html = await response.text()
+            assert response.status == 400
+        assert re.search(r'id="refusal-field">jobs\[0\]\.steps<', html), html
+        async with session.post(
+            f"{site.url}/submit", data={"token": "guess", "text": bad}
+        ) as response:
+            assert response.status == 400
+            assert 'id="error-field">token<' in await response.text()
+        async with session.post(
+            f"{site.url}/submit", data=form, headers={"Origin": "http://evil.example"}
+        ) as response:
+            assert response.status == 400
+            assert 'id="error-field">origin<' in await response.text()
+
+
+async def test_pages_forbid_foreign_scripts_and_framing(site: Site) -> None:
+    async with aiohttp.ClientSession() as session, session.get(f"{site.url}/jobs") as response:
+        policy = response.headers["Content-Security-Policy"]
+    assert "script-src 'self'" in policy and "frame-ancestors 'none'" in policy
+
+
+async def test_static_assets_ship_inside_the_package(site: Site) -> None:
+    for name in ("uPlot.iife.min.js", "uPlot.min.css", "console.js", "console.css"):
+        status, body = await get(f"{site.url}/static/{name}")
+        assert status == 200 and len(body) > 100, name
