@@ -1,0 +1,241 @@
+"""The console in a real browser: headless Chromium (Debian's ``chromium`` and
+``chromium-driver``, driven by Selenium) against the whole stack (every service, the local
+backend, real OpenMM). A person submits from the page, watches the chart gain points while
+the job runs, opens the placement explanation, and follows the job into its second attempt
+after its runner is killed. Screenshots of every page go to ``MDQ_TEST_ARTIFACTS`` (default
+``test-artifacts/``) under ``console/``.
+
+Skipped, saying what to install, where Chromium or its driver is missing (``.ci/run`` installs
+both)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import signal
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+from mdq.stack import Stack
+from mdq.testing.processes import runner_pid
+
+pytestmark = pytest.mark.e2e
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+if CHROMIUM is None or CHROMEDRIVER is None:
+    pytest.skip(
+        "the console's browser tests need Debian's chromium and chromium-driver "
+        "(apt-get install chromium chromium-driver); .ci/run installs them",
+        allow_module_level=True,
+    )
+
+from selenium import webdriver  # noqa: E402 - only where a browser exists
+from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.common.keys import Keys  # noqa: E402
+from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
+
+T = TypeVar("T")
+REPO = Path(__file__).resolve().parents[2]
+SHOTS = Path(os.environ.get("MDQ_TEST_ARTIFACTS") or REPO / "test-artifacts") / "console"
+
+JOB_FILE = """\
+# a small water box, long enough to be watched and killed once
+idempotency_key: browser-{key}
+jobs:
+  - name: watched
+    task: TASK_MD
+    system: {{water_box: {{box_nm: 1.6}}}}
+    temperature_k: 300
+    steps: 4000
+    report_interval_steps: 100
+    checkpoint_interval_steps: 500
+    resources: {{cpu: 1, memory_mb: 1024}}
+    labels: {{campaign: browser}}
+"""
+
+
+@pytest.fixture
+async def stack(
+    nats_url: str, database_url: str, namespace: str, tmp_path: Path
+) -> AsyncIterator[Stack]:
+    the_stack = Stack(
+        state_dir=tmp_path / "state",
+        namespace=namespace,
+        nats_url=nats_url,
+        database_url=database_url,
+        local_nodes=2,
+        metrics_port=0,
+        extra_env={"MDQ_RECOVERY_BACKOFF_BASE_S": "1", "MDQ_METRICS_INTERVAL_S": "1"},
+        grace_s=5.0,
+    )
+    await the_stack.start()
+    try:
+        yield the_stack
+    finally:
+        await the_stack.stop()
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[WebDriver]:
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--window-size=1300,1600",
+        f"--user-data-dir={tmp_path / 'chromium'}",
+    ):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def shoot(driver: WebDriver, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    driver.save_screenshot(str(SHOTS / f"{name}.png"))
+
+
+async def until(check: Callable[[], T | None], *, timeout: float, what: str) -> T:
+    """Poll ``check`` (blocking browser calls, in a thread) until it returns a value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = await asyncio.to_thread(check)
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.25)
+
+
+async def test_a_person_submits_watches_and_follows_a_retried_job(
+    stack: Stack, browser: WebDriver, namespace: str
+) -> None:
+    console = stack.info.console_url.rstrip("/")
+    assert console, "mdq up starts the console"
+
+    def console_answers() -> bool:
+        try:
+            browser.get(f"{console}/submit")
+        except Exception:  # noqa: BLE001 - not listening yet
+            return False
+        return bool(browser.find_elements(By.ID, "text"))
+
+    await until(console_answers, timeout=60, what="the console's submit page")
+    # Keyboard first: the first Tab reaches the skip link.
+    browser.find_element(By.TAG_NAME, "body").send_keys(Keys.TAB)
+    assert browser.switch_to.active_element.text == "Skip to content"
+    text = browser.find_element(By.ID, "text")
+    text.clear()
+    text.send_keys(JOB_FILE.format(key=namespace))
+    shoot(browser, "submit")
+
+    def accepted() -> str | None:
+        browser.find_element(By.ID, "submit-button").click()
+        links = browser.find_elements(By.CSS_SELECTOR, "#accepted a")
+        refusal = browser.find_elements(By.ID, "refusal")
+        if refusal and "intake" not in refusal[0].text.lower():
+            raise AssertionError(f"refused: {refusal[0].text}")
+        return links[0].text if links else None
+
+    job_id = await until(accepted, timeout=60, what="intake to accept the submit")
+    browser.find_element(By.CSS_SELECTOR, "#accepted a").click()
+    assert browser.find_element(By.ID, "job-id").text == job_id
+
+    def points() -> int:
+        return int(browser.find_element(By.ID, "charts").get_attribute("data-points") or 0)
+
+    # The chart gains points while the job runs, without a reload.
+    first = await until(lambda: points() or None, timeout=120, what="a first point on the chart")
+    page = browser.current_url
+    await until(lambda: points() >= first + 3 or None, timeout=60, what="the chart to grow")
+    assert browser.current_url == page
+    assert browser.find_element(By.ID, "job-state").text == "RUNNING"
+    assert int(browser.find_element(By.ID, "point-count").text) == points()
+    shoot(browser, "job-running")
+
+    # Once a checkpoint is written, the runner dies; the page follows the second attempt.
+    def checkpointed() -> bool:
+        return points() * 100 > 600  # past the first checkpoint at step 500
+
+    await until(checkpointed, timeout=120, what="the job to pass its first checkpoint")
+    pid = runner_pid(job_id, stack.namespace)
+    assert pid is not None, "the job's runner"
+    os.kill(pid, signal.SIGKILL)
+    await until(
+        lambda: browser.find_element(By.ID, "job-attempt").text == "2" or None,
+        timeout=120,
+        what="the page to show attempt 2 live",
+    )
+
+    def second_attempt_row() -> str | None:
+        browser.get(f"{console}/jobs/{job_id}")
+        rows = browser.find_elements(By.ID, "attempt-2")
+        return rows[0].find_element(By.CLASS_NAME, "resumed").text if rows else None
+
+    resumed = await until(second_attempt_row, timeout=60, what="attempt 2 in the history")
+    assert int(resumed) >= 500, "the second attempt resumed from a checkpoint, not from 0"
+    failed = browser.find_element(By.ID, "attempt-1").text
+    assert "FAILURE_CRASHED" in failed
+
+    # The explanation: every node's score, the chosen one marked.
+    details = browser.find_element(By.ID, "explain-1")
+    details.find_element(By.TAG_NAME, "summary").click()
+    table = details.find_element(By.TAG_NAME, "table")
+    assert table.is_displayed()
+    assert "chosen" in table.text and re.search(r"local-\d", table.text)
+    shoot(browser, "job-retried")
+
+    browser.get(f"{console}/jobs?label=campaign=browser")
+    assert job_id in browser.page_source
+    shoot(browser, "jobs")
+    browser.get(f"{console}/campaigns?label=campaign=browser")
+    assert browser.find_elements(By.CSS_SELECTOR, "#chart-campaign canvas")
+    shoot(browser, "campaign")
+    browser.get(f"{console}/nodes")
+    assert "local-1" in browser.page_source and "local-2" in browser.page_source
+    shoot(browser, "nodes")
+
+
+async def test_a_refusal_on_the_page_names_the_field_as_the_cli_does(
+    stack: Stack, browser: WebDriver
+) -> None:
+    console = stack.info.console_url.rstrip("/")
+
+    def submit_page() -> bool:
+        try:
+            browser.get(f"{console}/submit")
+        except Exception:  # noqa: BLE001 - not listening yet
+            return False
+        return bool(browser.find_elements(By.ID, "text"))
+
+    await until(submit_page, timeout=60, what="the console's submit page")
+    text = browser.find_element(By.ID, "text")
+    text.clear()
+    text.send_keys("jobs:\n  - name: x\n    resources: {cpu: -1}\n")
+    browser.find_element(By.ID, "submit-button").click()
+
+    def refusal() -> tuple[str, str] | None:
+        field = browser.find_elements(By.ID, "refusal-field")
+        message = browser.find_elements(By.ID, "refusal-message")
+        return (field[0].text, message[0].text) if field and message else None
+
+    field, message = await until(refusal, timeout=60, what="the refusal")
+    assert field == "jobs[0].resources.cpu" and message
+    shoot(browser, "submit-refused")
