@@ -17,7 +17,7 @@ install: $(STAMP)
 
 ## run: install, start the embedded stack, run the demo campaign, print the history, exit
 run: $(STAMP)
-	$(BIN)/mdq demo
+	$(BIN)/mdq demo $(if $(KEEP_UP),--keep-up,)
 
 ## up: start the embedded stack (or use NATS_URL / DATABASE_URL) and keep it running
 up: $(STAMP)

@@ -37,6 +37,7 @@ if CHROMIUM is None or CHROMEDRIVER is None:
     )
 
 from selenium import webdriver  # noqa: E402 - only where a browser exists
+from selenium.common.exceptions import WebDriverException  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
@@ -124,20 +125,26 @@ async def until(check: Callable[[], T | None], *, timeout: float, what: str) -> 
         await asyncio.sleep(0.25)
 
 
+async def open_submit_page(browser: WebDriver, console: str) -> None:
+    """Open the submit page once the console listens (the stack starts it in the background)."""
+
+    def opened() -> bool:
+        try:
+            browser.get(f"{console}/submit")
+        except WebDriverException:  # not listening yet
+            return False
+        return bool(browser.find_elements(By.ID, "text"))
+
+    await until(opened, timeout=60, what="the console's submit page")
+
+
 async def test_a_person_submits_watches_and_follows_a_retried_job(
     stack: Stack, browser: WebDriver, namespace: str
 ) -> None:
     console = stack.info.console_url.rstrip("/")
     assert console, "mdq up starts the console"
 
-    def console_answers() -> bool:
-        try:
-            browser.get(f"{console}/submit")
-        except Exception:  # noqa: BLE001 - not listening yet
-            return False
-        return bool(browser.find_elements(By.ID, "text"))
-
-    await until(console_answers, timeout=60, what="the console's submit page")
+    await open_submit_page(browser, console)
     # Keyboard first: the first Tab reaches the skip link.
     browser.find_element(By.TAG_NAME, "body").send_keys(Keys.TAB)
     assert browser.switch_to.active_element.text == "Skip to content"
@@ -218,14 +225,7 @@ async def test_a_refusal_on_the_page_names_the_field_as_the_cli_does(
 ) -> None:
     console = stack.info.console_url.rstrip("/")
 
-    def submit_page() -> bool:
-        try:
-            browser.get(f"{console}/submit")
-        except Exception:  # noqa: BLE001 - not listening yet
-            return False
-        return bool(browser.find_elements(By.ID, "text"))
-
-    await until(submit_page, timeout=60, what="the console's submit page")
+    await open_submit_page(browser, console)
     text = browser.find_element(By.ID, "text")
     text.clear()
     text.send_keys("jobs:\n  - name: x\n    resources: {cpu: -1}\n")

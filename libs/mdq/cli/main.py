@@ -26,6 +26,7 @@ adds a tenant (``mdq.cli.tenants``); a tenant runs the client commands with its 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import getpass
 import os
 import secrets
@@ -35,6 +36,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
+from urllib.parse import urlencode
 
 import typer
 from rich.console import Console
@@ -306,11 +308,18 @@ def demo(
     file: Annotated[Path, typer.Option(help="The campaign to run.")] = DEMO_FILE,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the jobs.")] = DEMO_TIMEOUT_S,
     backend: Annotated[str, typer.Option(help="Execution backend.")] = "local",
+    keep_up: Annotated[
+        bool,
+        typer.Option(
+            "--keep-up", help="Keep the stack (and its web console) up until Ctrl-C afterwards."
+        ),
+    ] = False,
 ) -> None:
     """Run the demo campaign on a fresh stack (what `make run` does).
 
     Starts the stack, submits examples/demo.yaml, shows live progress, prints the history read
-    back from PostgreSQL and stops. Exit 0 if every job succeeded, else 1.
+    back from PostgreSQL and the campaign's page in the web console, and stops (with
+    ``--keep-up``: after Ctrl-C). Exit 0 if every job succeeded, else 1.
     """
     options = _options(ctx)
     try:
@@ -323,7 +332,16 @@ def demo(
     request.submitted_by = request.submitted_by or _user()
     running = read_stack_info(options.state_dir)
     try:
-        code = _run(_demo(options, request, running=running, limit_s=timeout, backend=backend))
+        code = _run(
+            _demo(
+                options,
+                request,
+                running=running,
+                limit_s=timeout,
+                backend=backend,
+                keep_up=keep_up,
+            )
+        )
     except StackError as error:
         err_console.print(f"[red]{error}[/]")
         raise typer.Exit(EXIT_UNAVAILABLE) from None
@@ -337,6 +355,7 @@ async def _demo(
     running: StackInfo | None,
     limit_s: float,
     backend: str,
+    keep_up: bool = False,
 ) -> int:
     task = asyncio.current_task()
     loop = asyncio.get_running_loop()
@@ -356,8 +375,23 @@ async def _demo(
     async with stack:
         _print_stack(stack.info)
         code = await _demo_campaign(stack.info, request, limit_s=limit_s)
+        if keep_up:
+            console.print("the stack stays up; press Ctrl-C to stop it")
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.Event().wait()
         console.print("stopping the stack ...")
     return code
+
+
+def campaign_url(info: StackInfo, request: pb.SubmitRequest) -> str:
+    """The console's page of the submit's campaign (its jobs' ``campaign`` label), or of its
+    jobs list; "" when the stack runs no console."""
+    if not info.console_url:
+        return ""
+    labels = {job.labels["campaign"] for job in request.jobs if "campaign" in job.labels}
+    if len(labels) == 1:
+        return f"{info.console_url}campaigns?{urlencode({'label': f'campaign={labels.pop()}'})}"
+    return f"{info.console_url}jobs"
 
 
 async def _demo_campaign(info: StackInfo, request: pb.SubmitRequest, *, limit_s: float) -> int:
@@ -388,6 +422,8 @@ async def _demo_campaign(info: StackInfo, request: pb.SubmitRequest, *, limit_s:
         "[green]all jobs succeeded[/]" if code == EXIT_OK else "[red]not all jobs succeeded[/]"
     )
     console.print(f"{verdict} in {elapsed:.0f} s")
+    if url := campaign_url(info, request):
+        console.print(f"the campaign in the web console: {url}")
     return code
 
 
