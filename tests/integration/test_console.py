@@ -66,6 +66,7 @@ async def site(
 ) -> AsyncIterator[Site]:
     js = nc.jetstream()
     retried = History("retried")
+    retried.spec.labels["campaign"] = "water"
     first, second = requeue_history(retried)
     doomed = History("doomed", request_id="ba9876543210")
     folder = job_dir(data_dir, retried.job_id)
@@ -145,6 +146,9 @@ async def test_the_jobs_page_lists_every_job_newest_first(site: Site) -> None:
         ("name=RETR", ["retried"]),
         ("tenant=-", ["doomed", "retried"]),
         ("tenant=alice", []),
+        ("label=campaign=water", ["retried"]),
+        ("label=campaign=ice", []),
+        ("label=campaign=water&state=FAILED", []),
         ("until=2026-11-29T12:00:00%2B00:00", []),
         ("since=2026-11-29T12:00:00%2B00:00", ["doomed", "retried"]),
     ],
@@ -227,6 +231,17 @@ async def test_a_job_output_downloads_and_nothing_else_does(site: Site) -> None:
             assert "not yours" not in await got.text()
         async with session.get(f"{site.url}/jobs/{job}/outputs/2") as got:
             assert got.status == 404
+
+
+async def test_a_campaign_page_overlays_its_jobs_curves(site: Site) -> None:
+    status, html = await get(f"{site.url}/campaigns?label=campaign=water")
+    assert status == 200 and "1 job(s)" in html
+    data = re.search(r'type="application/json" id="campaign-data">(.*?)</script>', html, re.S)
+    assert data is not None
+    [curve] = json.loads(data.group(1))
+    assert curve["jobId"] == site.retried.job_id
+    assert len(curve["steps"]) == len(curve["potentialKjMol"]) == 11  # both attempts' points
+    assert curve["steps"] == sorted(curve["steps"])
 
 
 async def test_the_campaign_and_nodes_pages_render(site: Site) -> None:

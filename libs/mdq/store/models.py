@@ -71,6 +71,13 @@ class Job(Base):
             text("submitted_at DESC"),
             "job_id",
         ),
+        # revision 0009: the console's keyset pages and its label filter
+        Index("ix_jobs_submitted_at_job_id", "submitted_at", "job_id"),
+        Index(
+            "ix_jobs_labels",
+            text("(spec -> 'labels') jsonb_path_ops"),
+            postgresql_using="gin",
+        ),
     )
 
     job_id: Mapped[str] = mapped_column(primary_key=True, comment="request_id-name")
