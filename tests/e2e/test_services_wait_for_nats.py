@@ -43,6 +43,7 @@ async def test_every_service_waits_for_nats_and_works_once_it_starts(
             "watcher",
             "recovery",
             "metrics",
+            "console",
             "local-backend",
         }
 

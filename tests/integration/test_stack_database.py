@@ -66,7 +66,7 @@ async def test_the_embedded_stack_gives_each_process_its_least_role(
     stack = Stack(
         state_dir=state,
         nats_url=nats_url,
-        services=("watcher",),
+        services=("watcher", "console"),
         metrics_port=0,
         grace_s=5.0,
     )
@@ -96,6 +96,14 @@ async def test_the_embedded_stack_gives_each_process_its_least_role(
         for env in (watcher, agent):
             for secret in (password["admin"], password["owner"], password["reader"]):
                 assert not [key for key, value in env.items() if secret in value]
+        # The web console reads as the reader, and holds no other role's password.
+        console_pid = stack.child_pid("console")
+        assert console_pid is not None
+        console = process_env(console_pid)
+        url = urlsplit(console["DATABASE_URL"])
+        assert (url.username, url.password) == ("mdq_reader", password["reader"])
+        for secret in (password["admin"], password["owner"], password["writer"]):
+            assert not [key for key, value in console.items() if secret in value]
 
         # stack.json: the reader, without its password, and where that password is.
         text = (state / STACK_FILE).read_text()

@@ -24,6 +24,7 @@ CHILDREN = {
     "watcher": "watcher",
     "recovery": "recovery",
     "metrics": "metrics",
+    "console": "console",
     "local-backend": "agent",
 }
 
@@ -68,6 +69,17 @@ async def test_each_process_gets_its_own_identity_and_nothing_else(
         await wait_for(listening, timeout=60, what="/metrics listening")
         addresses = {c.laddr.ip for c in metrics.net_connections("inet") if c.status == "LISTEN"}
         assert addresses == {"127.0.0.1"}
+
+        # So does the web console: it has no login of its own.
+        console = psutil.Process(stack.child_pid("console"))
+
+        async def console_listening() -> bool:
+            return any(c.status == psutil.CONN_LISTEN for c in console.net_connections("inet"))
+
+        await wait_for(console_listening, timeout=60, what="the console listening")
+        addresses = {c.laddr.ip for c in console.net_connections("inet") if c.status == "LISTEN"}
+        assert addresses == {"127.0.0.1"}
+        assert info.console_url.startswith("http://127.0.0.1:")
 
         # The CLI identity is in stack.json, and no secret is.
         text = (state / STACK_FILE).read_text()
