@@ -24,6 +24,7 @@ CHILDREN = {
     "watcher": "watcher",
     "recovery": "recovery",
     "metrics": "metrics",
+    "console": "console",
     "local-backend": "agent",
 }
 
