@@ -41,7 +41,7 @@ import tomllib
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import asyncpg
@@ -73,8 +73,10 @@ from mdq.embedded import MAX_CONTROL_LINE, SYNC_ALWAYS, free_port, nats_server_b
 from mdq.settings import CommonSettings
 from mdq.store.engine import asyncpg_dsn
 from mdq.store.migrate import alembic_config
-from mdq.store.roles import ENV_FILE_KEYS, ENV_PASSWORDS, role_url
+from mdq.store.roles import ENV_FILE_KEYS, ENV_PASSWORDS, RoleNames, role_url
 from mdq.store.roles import main as roles_main
+from services.console.app import Console, build_app
+from services.console.settings import ConsoleSettings
 from services.metrics.exporter import Exporter
 from services.metrics.settings import MetricsSettings
 from services.placement.settings import PlacementSettings
@@ -85,7 +87,10 @@ Manifest = dict[str, Any]
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
-SERVICES = ("intake", "placement", "watcher", "recovery", "metrics")
+SERVICES = ("intake", "placement", "watcher", "recovery", "metrics", "console")
+DATABASE_ROLE = {"watcher": "writer", "console": "reader"}
+"""The services that get a database credential, and whose: the watcher is the single writer;
+the console reads the history as the read-only role. No other service gets one."""
 OVERLAYS = {"overlays/dev": "mdq-dev", "overlays/production": "mdq"}
 """Each overlay and the namespace it deploys into."""
 SCHEMA_VERSIONS = ("1.31.0", kubernetes_validate.utils.latest_version())
@@ -119,6 +124,7 @@ EXPECTED_RBAC: dict[str, set[Rule]] = {
     | _rules("cluster", "metrics.k8s.io", "nodes", "list"),
     "mdq-intake": set(),
     "mdq-recovery": set(),
+    "mdq-console": set(),
     "mdq-migrate": set(),
     "mdq-bus-setup": set(),
     "mdq-runner": set(),
@@ -357,13 +363,15 @@ def test_each_deployment_runs_its_service(overlay: str) -> None:
         (container,) = deployment(objects, service)["spec"]["template"]["spec"]["containers"]
         assert container["command"] == ["python", "-m", f"services.{service}"]
         assert importlib.util.find_spec(f"services.{service}.__main__") is not None
-        # Only the watcher (the single writer) gets a database credential: the writer's.
+        # Only the watcher (the single writer) and the console (the reader) get a database
+        # credential, each its own role's password alone.
+        role = DATABASE_ROLE.get(service)
         assert secret_references(container) == (
-            {("mdq-postgres", "MDQ_PG_WRITER_PASSWORD")} if service == "watcher" else set()
+            {("mdq-postgres", f"MDQ_PG_{role.upper()}_PASSWORD")} if role else set()
         ), service
         env = {e["name"]: e.get("value") for e in container.get("env", [])}
-        if service == "watcher":
-            assert urlsplit(env["DATABASE_URL"]).username == "mdq_writer"
+        if role:
+            assert urlsplit(env["DATABASE_URL"]).username == f"mdq_{role}"
             assert urlsplit(env["DATABASE_URL"]).password is None
         else:
             assert "DATABASE_URL" not in env and "PGPASSWORD" not in env, service
@@ -395,6 +403,7 @@ def test_replicas_are_set_per_service_by_each_overlay() -> None:
         "watcher": 1,
         "recovery": 2,
         "metrics": 1,
+        "console": 2,  # stateless
     }
     for objects in (dev, production):
         # Placement is the scheduler of the runner pods: never two during a rollout.
@@ -672,13 +681,45 @@ def compose() -> Manifest:
     return loaded
 
 
+ROLE_PROBE = """
+import asyncio, asyncpg, os
+async def main():
+    c = await asyncpg.connect(os.environ['DATABASE_URL'])
+    print(await c.fetchval('SELECT current_user'), await c.fetchval('SELECT count(*) FROM jobs'))
+    try:
+        await c.execute("UPDATE jobs SET state = state WHERE job_id = 'none'")
+        print('wrote')
+    except asyncpg.InsufficientPrivilegeError:
+        print('refused')
+asyncio.run(main())
+"""
+"""Who a deployed URL logs in as, what it reads, and whether it may update the jobs table."""
+
+
+async def connect_as_deployed(url: str, password: str) -> list[str]:
+    """What ``ROLE_PROBE`` prints, run as a service is: ``DATABASE_URL`` without a password,
+    the password in ``PGPASSWORD``."""
+    probe = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        ROLE_PROBE,
+        env={"DATABASE_URL": url, "PGPASSWORD": password, "PATH": "/usr/bin:/bin"},
+        cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(probe.communicate(), timeout=60)
+    assert probe.returncode == 0, err.decode()
+    return out.decode().split()
+
+
 async def test_the_migration_job_and_compose_migrate_really_migrate(
     database_url: str, namespace: str, tmp_path: Path
 ) -> None:
     """The command both run, with the environment they give it (the administrator's URL, the
     generated passwords), against the fixture's PostgreSQL: the roles are made, the schema is
-    migrated, and the writer connects the way the watcher does (URL without a password, the
-    password in PGPASSWORD)."""
+    migrated, and the writer and the reader connect the way the watcher and the console do (URL
+    without a password, the password in PGPASSWORD): the writer may write, the reader not."""
     command = migration_command()
     assert compose()["services"]["migrate"]["command"] == command
     assert command[:3] == ["python", "-m", "mdq.store.roles"]
@@ -712,27 +753,15 @@ async def test_the_migration_job_and_compose_migrate_really_migrate(
     out, err = await asyncio.wait_for(process.communicate(), timeout=60)
     assert process.returncode == 0, err.decode()
     assert "migrated" in out.decode()
-    writer = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        "import asyncio, asyncpg, os\n"
-        "async def main():\n"
-        "    c = await asyncpg.connect(os.environ['DATABASE_URL'])\n"
-        "    print(await c.fetchval('SELECT current_user'), await c.fetchval("
-        "'SELECT count(*) FROM jobs'))\n"
-        "asyncio.run(main())",
-        env={
-            "DATABASE_URL": role_url(database_url, user=f"{namespace}_writer", password=None),
-            "PGPASSWORD": passwords["MDQ_PG_WRITER_PASSWORD"],
-            "PATH": "/usr/bin:/bin",
-        },
-        cwd=ROOT,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(writer.communicate(), timeout=60)
-    assert writer.returncode == 0, err.decode()
-    assert out.decode().split() == [f"{namespace}_writer", "0"]
+    # The watcher's and the console's way in (deployment(...) and compose: a URL without a
+    # password, the role's password in PGPASSWORD): the writer may update the projection,
+    # the reader only read it.
+    for role, may_write in (("writer", True), ("reader", False)):
+        seen = await connect_as_deployed(
+            role_url(database_url, user=f"{namespace}_{role}", password=None),
+            passwords[f"MDQ_PG_{role.upper()}_PASSWORD"],
+        )
+        assert seen == [f"{namespace}_{role}", "0", "wrote" if may_write else "refused"], role
     head = ScriptDirectory.from_config(alembic_config(database_url)).get_current_head()
     connection = await asyncpg.connect(asyncpg_dsn(database_url))
     try:
@@ -762,8 +791,10 @@ def test_compose_runs_the_whole_stack() -> None:
         assert depends["nats"]["condition"] == "service_healthy"
         env = services[service]["environment"]
         assert urlsplit(env["NATS_URL"]).hostname == "nats"
-        # Only the watcher has a database credential (the writer's).
-        assert ("DATABASE_URL" in env) is (service == "watcher"), service
+        # Only the watcher (the writer's) and the console (the reader's) have a database
+        # credential.
+        assert ("DATABASE_URL" in env) is (service in DATABASE_ROLE), service
+        assert ("PGPASSWORD" in env) is (service in DATABASE_ROLE), service
     assert services["local-backend"]["command"] == ["python", "-m", "mdq.backends.local"]
     assert importlib.util.find_spec("mdq.backends.local.__main__") is not None
     # The runner processes of the local backend write where placement says the data is.
@@ -785,7 +816,7 @@ def test_compose_runs_the_whole_stack() -> None:
         "/" + postgres["POSTGRES_DB"],
     )
     assert migrate["MDQ_PG_ADMIN_PASSWORD"] == postgres["POSTGRES_PASSWORD"]
-    for service, role in (("watcher", "writer"), ("cli", "reader")):
+    for service, role in (*DATABASE_ROLE.items(), ("cli", "reader")):
         env = services[service]["environment"]
         url = urlsplit(env["DATABASE_URL"])
         assert (url.hostname, url.username, url.password, url.path) == (
@@ -1503,9 +1534,13 @@ def runner_pod_labels() -> Labels:
     return labels
 
 
+CONSOLE_PROXY = "mdq-console-proxy"
+"""The label (app.kubernetes.io/name) of the authenticating proxy in front of the console."""
+
+
 def workload_labels(objects: tuple[Manifest, ...]) -> dict[str, Labels]:
     """The pod labels of every workload of a build, by its app.kubernetes.io/name, plus a
-    runner pod, a Prometheus pod and a stranger of the same namespace."""
+    runner pod, a Prometheus pod, the console's proxy and a stranger of the same namespace."""
     pods = {
         o["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"]: o["spec"][
             "template"
@@ -1515,6 +1550,7 @@ def workload_labels(objects: tuple[Manifest, ...]) -> dict[str, Labels]:
     }
     pods["mdq-runner"] = runner_pod_labels()
     pods["prometheus"] = {"app.kubernetes.io/name": "prometheus"}
+    pods[CONSOLE_PROXY] = {"app.kubernetes.io/name": CONSOLE_PROXY}
     pods["stranger"] = {"app": "debug-shell"}
     return pods
 
@@ -1525,17 +1561,29 @@ def test_network_policies_let_each_pod_reach_only_what_it_needs(overlay: str) ->
     policies = list(of_kind(objects, "NetworkPolicy").values())
     pods = workload_labels(objects)
     nats_, postgres, metrics = pods["nats"], pods["postgres"], pods["mdq-metrics"]
+    console = pods["mdq-console"]
     mdq_clients = {f"mdq-{s}" for s in SERVICES} | {"mdq-bus-setup", "mdq-runner"}
     # Default deny: a pod of mdq that no other policy opens receives nothing.
-    for name in ("mdq-intake", "mdq-placement", "mdq-watcher", "mdq-recovery", "mdq-runner"):
+    for name in (
+        "mdq-intake",
+        "mdq-placement",
+        "mdq-watcher",
+        "mdq-recovery",
+        "mdq-console",
+        "mdq-runner",
+    ):
         for source in pods:
             assert not allowed(policies, "Ingress", pods[name], pods[source], 8080), (name, source)
     for source, labels in pods.items():
         # NATS: from mdq's pods only.
         assert allowed(policies, "Ingress", nats_, labels, 4222) is (source in mdq_clients), source
-        # PostgreSQL: the watcher and the migration Job only.
-        expected = source in ("mdq-watcher", "mdq-migrate")
+        # PostgreSQL: the watcher, the console (the read-only role) and the migration Job.
+        expected = source in ("mdq-watcher", "mdq-console", "mdq-migrate")
         assert allowed(policies, "Ingress", postgres, labels, 5432) is expected, source
+        # The console has no login: its port only from the authenticating proxy, and only
+        # from the proxy of this namespace (a pod elsewhere can carry any label).
+        assert allowed(policies, "Ingress", console, labels, 8089) is (source == CONSOLE_PROXY)
+        assert not allowed(policies, "Ingress", console, labels, 8089, ELSEWHERE), source
         # The metrics port: Prometheus only, from its own namespace too.
         assert allowed(policies, "Ingress", metrics, labels, 9464) is (source == "prometheus")
         assert allowed(policies, "Ingress", metrics, labels, 9464, ELSEWHERE) is (
@@ -1555,7 +1603,8 @@ def test_network_policies_let_each_pod_reach_only_what_it_needs(overlay: str) ->
     assert not allowed(policies, "Egress", runner, nats_, 8222)
     assert not allowed(policies, "Egress", runner, {"app": "anything"}, 443, ELSEWHERE)
     # The NetworkPolicy peers name labels the workloads really carry.
-    assert {"mdq-intake", "mdq-watcher", "mdq-migrate", "mdq-bus-setup", "nats"} <= set(pods)
+    assert {"mdq-intake", "mdq-watcher", "mdq-console", "mdq-migrate", "mdq-bus-setup"} <= set(pods)
+    assert "nats" in pods
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -1653,3 +1702,129 @@ async def test_keda_finds_the_watchers_consumer_under_the_account_it_is_given(
         assert not await asyncio.to_thread(scaler_sees, "$G")
     finally:
         server.stop()
+
+
+# -- the web console: it reads, it never writes, and only its proxy reaches it -------------------
+def console_pod(objects: tuple[Manifest, ...]) -> tuple[Manifest, Manifest]:
+    """The console Deployment's pod spec and its one container."""
+    spec: Manifest = deployment(objects, "console")["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    return spec, container
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_console_reads_the_history_as_the_read_only_role(overlay: str) -> None:
+    """The console's database URL is the reader's (never the writer's, the owner's or the
+    superuser's), on the PostgreSQL the watcher writes, and its pod reads the reader's password
+    alone; compose gives it the same."""
+    roles = RoleNames.with_prefix()
+    objects = build(overlay)
+    _, container = console_pod(objects)
+    env = {e["name"]: e for e in container["env"]}
+    url = urlsplit(env["DATABASE_URL"]["value"])
+    assert url.username == roles.reader and url.password is None
+    assert url.username not in (roles.writer, roles.owner, "mdq")
+    (watcher,) = deployment(objects, "watcher")["spec"]["template"]["spec"]["containers"]
+    writer = urlsplit({e["name"]: e.get("value") for e in watcher["env"]}["DATABASE_URL"])
+    assert (url.hostname, url.port, url.path) == (writer.hostname, writer.port, writer.path)
+    assert url.hostname in of_kind(objects, "Service")
+    assert "value" not in env["PGPASSWORD"]
+    assert secret_references(container) == {("mdq-postgres", "MDQ_PG_READER_PASSWORD")}
+    assert not [name for name in env if name.startswith("MDQ_PG_")]
+    if overlay == "overlays/dev":  # the key it reads is the generated reader's password
+        (name,) = [n for n in of_kind(objects, "Secret") if n.startswith("mdq-postgres-")]
+        assert env["PGPASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == name
+    service = compose()["services"]["console"]
+    compose_url = urlsplit(service["environment"]["DATABASE_URL"])
+    assert (compose_url.hostname, compose_url.username, compose_url.password) == (
+        "postgres",
+        roles.reader,
+        None,
+    )
+    assert service["environment"]["PGPASSWORD"] == (
+        "${MDQ_PG_READER_PASSWORD:?run make compose-secrets}"
+    )
+    assert not [name for name in service["environment"] if name.startswith("MDQ_PG_")]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_console_mounts_the_data_volume_read_only(overlay: str) -> None:
+    """The downloads come from the job data claim, mounted read-only where MDQ_DATA_DIR says
+    (the claim and the mount both say so); nothing the console mounts is writable but its
+    /tmp. Compose mounts the data volume read-only too."""
+    objects = build(overlay)
+    spec, container = console_pod(objects)
+    data_dir = config_map(objects, "mdq-config")["data"]["MDQ_DATA_DIR"]
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    data = mounts[data_dir]
+    assert data.get("readOnly") is True
+    claim = volumes[data["name"]]["persistentVolumeClaim"]
+    assert claim["claimName"] == KubernetesSettings().checkpoint_pvc == "mdq-data"
+    assert claim["claimName"] in of_kind(objects, "PersistentVolumeClaim")
+    assert claim.get("readOnly") is True
+    assert {path for path, mount in mounts.items() if not mount.get("readOnly")} == {"/tmp"}
+    assert "emptyDir" in volumes[mounts["/tmp"]["name"]]
+    service = compose()["services"]["console"]
+    compose_data = service["environment"]["MDQ_DATA_DIR"]
+    assert compose_mounts(service)[compose_data] == ("mdq-data", True)
+    assert all(read_only for _, read_only in compose_mounts(service).values())
+
+
+@pytest.mark.parametrize(("overlay", "namespace"), OVERLAYS.items())
+def test_the_console_has_no_kubernetes_api_token(overlay: str, namespace: str) -> None:
+    objects = build(overlay)
+    spec, _ = console_pod(objects)
+    assert spec["serviceAccountName"] == "mdq-console"
+    assert spec["automountServiceAccountToken"] is False
+    account = of_kind(objects, "ServiceAccount")["mdq-console"]
+    assert account["automountServiceAccountToken"] is False
+    assert granted(objects, namespace)["mdq-console"] == set()
+    for volume in spec["volumes"]:
+        for source in volume.get("projected", {}).get("sources", []):
+            assert "serviceAccountToken" not in source, volume["name"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_console_listens_where_its_service_probes_and_policy_look(
+    overlay: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The console's settings, as its pod gives them, listen on every address of the pod at the
+    port its container names ``http``; the Service and the probes use that port, the probes a
+    route the app serves; the NetworkPolicy that opens the port admits the proxy label the docs
+    name, and nothing else. Compose publishes the same port on 127.0.0.1 alone."""
+    objects = build(overlay)
+    _, container = console_pod(objects)
+    for key, value in config_map(objects, "mdq-config")["data"].items():
+        monkeypatch.setenv(key, value)
+    for variable in container["env"]:
+        if "value" in variable:
+            monkeypatch.setenv(variable["name"], variable["value"])
+    settings = ConsoleSettings()
+    assert settings.host == "0.0.0.0"  # the Service and the proxy reach the pod's address
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"http": settings.port}
+    service = of_kind(objects, "Service")["mdq-console"]
+    labels = deployment(objects, "console")["spec"]["template"]["metadata"]["labels"]
+    assert selects({"matchLabels": service["spec"]["selector"]}, labels)
+    assert [(p["port"], p["targetPort"]) for p in service["spec"]["ports"]] == [(8089, "http")]
+    served = {getattr(route, "path", None) for route in build_app(cast("Console", None)).routes}
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "http"}, probe
+    assert "/healthz" in served
+    (policy,) = [
+        p
+        for p in of_kind(objects, "NetworkPolicy").values()
+        if p["spec"]["podSelector"] and selects(p["spec"]["podSelector"], labels)
+    ]
+    (rule,) = policy["spec"]["ingress"]
+    assert [p["port"] for p in rule["ports"]] == [settings.port]
+    assert rule["from"] == [
+        {"podSelector": {"matchLabels": {"app.kubernetes.io/name": CONSOLE_PROXY}}}
+    ]
+    for doc in ("deploy.md", "console.md"):
+        assert f"app.kubernetes.io/name: {CONSOLE_PROXY}" in (ROOT / "docs" / doc).read_text()
+    composed = compose()["services"]["console"]
+    assert composed["command"] == container["command"] == ["python", "-m", "services.console"]
+    compose_port = int(composed["environment"]["MDQ_CONSOLE_PORT"])
+    assert composed["ports"] == [f"127.0.0.1:{compose_port}:{compose_port}"]
+    assert compose_port == settings.port
