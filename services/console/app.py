@@ -74,6 +74,8 @@ JOB_ID = re.compile(r"^(?:[a-z][a-z0-9-]{0,30}\.)?[0-9a-f]{12}-[a-z][a-z0-9-]{0,
 """A job id (``mdq.core.ids``): an optional tenant, the request's hex digits, the name."""
 MAX_SUBMIT_BYTES = 1 << 20
 """Largest job file the submit page takes (intake's own limit is lower)."""
+PENDING_REFRESH_S = 2
+"""A job page asked for before the job is in PostgreSQL reloads itself this often."""
 LIVE_REWIND_S = 2.0
 """The live stream starts this long before the newest point the page was drawn with."""
 SECURITY_HEADERS = {
@@ -195,8 +197,19 @@ async def jobs_page(request: Request) -> Response:
 async def job_page(request: Request) -> Response:
     job_id = _job_id(request)
     found = await reads.job_page(_console(request).engine, job_id)
-    if found is None:
-        raise HTTPException(404, f"no job {job_id} in the history (yet)")
+    if found is None:  # unknown, or just submitted and not projected yet: look again soon
+        return _page(
+            request,
+            "error.html",
+            {
+                "title": "Not in the history yet",
+                "field": "",
+                "message": f"no job {job_id} in the history yet; this page looks again "
+                f"every {PENDING_REFRESH_S} s",
+                "refresh_s": PENDING_REFRESH_S,
+            },
+            404,
+        )
     points = [progress_event(job_id, point) for point in found.progress]
     return _page(
         request,

@@ -41,7 +41,8 @@ TENANT_PATTERN = re.compile(r"[a-z][a-z0-9-]{0,30}")
 suffix alike."""
 _LOOKS_LIKE_JOB_ID = re.compile(r"[0-9a-f]{12}-")
 RESERVED = frozenset(
-    {"intake", "placement", "watcher", "recovery", "metrics", "agent", "cli", "runners", "admin"}
+    {"intake", "placement", "watcher", "recovery", "metrics", "agent", "console", "cli"}
+    | {"runners", "admin"}
     | {"tenant", "operator"}
 )
 """Names no tenant may take: the bus identities (a tenant's runners listen on
