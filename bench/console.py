@@ -58,6 +58,7 @@ from mdq.contracts import pb  # noqa: E402
 from mdq.embedded import free_port, start_nats, start_postgres  # noqa: E402
 from mdq.store.engine import asyncpg_dsn  # noqa: E402
 from mdq.store.roles import RoleNames, RolePasswords, role_urls, setup_database_async  # noqa: E402
+from mdq.testing.browser import MISSING, chromium_paths, headless_chromium  # noqa: E402
 from services.console.filters import Cursor  # noqa: E402
 
 LIVE_RATE = 10.0
@@ -115,28 +116,9 @@ async def live_latency(
     console_url: str, nats_url: str, job_id: str, events: int, folder: Path
 ) -> dict[str, Any]:
     """Bus → drawn point in the browser, against a bare subscriber on the same subject."""
-    chromium = shutil.which("chromium")
-    driver_path = shutil.which("chromedriver")
-    if chromium is None or driver_path is None:
-        return {"p99_live_ms": None, "live": "skipped: apt-get install chromium chromium-driver"}
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for argument in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        f"--user-data-dir={folder / 'chromium'}",
-    ):
-        options.add_argument(argument)
-    driver = webdriver.Chrome(service=Service(driver_path), options=options)
+    if chromium_paths() is None:
+        return {"p99_live_ms": None, "live": f"skipped: {MISSING}"}
+    driver = headless_chromium(folder / "chromium")
     nc = await nats.connect(nats_url)
     try:
         await asyncio.to_thread(driver.get, f"{console_url}/jobs/{job_id}")

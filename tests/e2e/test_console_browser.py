@@ -13,32 +13,24 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import shutil
 import signal
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
 import pytest
 
 from mdq.stack import Stack
+from mdq.testing.browser import MISSING, chromium_paths, headless_chromium
 from mdq.testing.processes import runner_pid
 
 pytestmark = pytest.mark.e2e
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMEDRIVER = shutil.which("chromedriver")
-if CHROMIUM is None or CHROMEDRIVER is None:
-    pytest.skip(
-        "the console's browser tests need Debian's chromium and chromium-driver "
-        "(apt-get install chromium chromium-driver); .ci/run installs them",
-        allow_module_level=True,
-    )
+if chromium_paths() is None:
+    pytest.skip(MISSING, allow_module_level=True)
 
-from selenium import webdriver  # noqa: E402 - only where a browser exists
 from selenium.common.exceptions import WebDriverException  # noqa: E402
-from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
@@ -64,44 +56,8 @@ jobs:
 
 
 @pytest.fixture
-async def stack(
-    nats_url: str, database_url: str, namespace: str, tmp_path: Path
-) -> AsyncIterator[Stack]:
-    the_stack = Stack(
-        state_dir=tmp_path / "state",
-        namespace=namespace,
-        nats_url=nats_url,
-        database_url=database_url,
-        local_nodes=2,
-        metrics_port=0,
-        extra_env={"MDQ_RECOVERY_BACKOFF_BASE_S": "1", "MDQ_METRICS_INTERVAL_S": "1"},
-        grace_s=5.0,
-    )
-    await the_stack.start()
-    try:
-        yield the_stack
-    finally:
-        await the_stack.stop()
-
-
-@pytest.fixture
 def browser(tmp_path: Path) -> Iterator[WebDriver]:
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for argument in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--window-size=1300,1600",
-        f"--user-data-dir={tmp_path / 'chromium'}",
-    ):
-        options.add_argument(argument)
-    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    driver = headless_chromium(tmp_path / "chromium")
     try:
         yield driver
     finally:

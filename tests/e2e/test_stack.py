@@ -8,8 +8,6 @@ import asyncio
 import json
 import os
 import signal
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import asyncpg
 import pytest
@@ -21,27 +19,6 @@ from mdq.testing.processes import runner_pid
 from tests.helpers import read_all, wait_for
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-async def stack(
-    nats_url: str, database_url: str, namespace: str, tmp_path: Path
-) -> AsyncIterator[Stack]:
-    the_stack = Stack(
-        state_dir=tmp_path / "state",
-        namespace=namespace,
-        nats_url=nats_url,
-        database_url=database_url,
-        local_nodes=2,
-        metrics_port=0,
-        extra_env={"MDQ_RECOVERY_BACKOFF_BASE_S": "1", "MDQ_METRICS_INTERVAL_S": "1"},
-        grace_s=5.0,
-    )
-    await the_stack.start()
-    try:
-        yield the_stack
-    finally:
-        await the_stack.stop()
 
 
 def md_job(
