@@ -156,7 +156,8 @@ def signal_inside(process: asyncio.subprocess.Process, module: str) -> None:
     the host's process table, and ``buildah run`` does not pass SIGTERM on (it kills its child
     and exits 1), while Kubernetes and compose signal the container's process directly."""
     for child in psutil.Process(process.pid).children(recursive=True):
-        if module in " ".join(child.cmdline()):
+        # the interpreter itself, not buildah's chroot helper that carries the same arguments
+        if child.name().startswith("python") and module in " ".join(child.cmdline()):
             child.terminate()
             return
     raise AssertionError(f"no {module} process under buildah run {process.pid}")
