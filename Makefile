@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run up test test-fast lint proto asyncapi bench-placement bench-recovery bench-runner bench-ingest bench-scale bench-history bench-console chaos clean install compose-secrets deploy-dev-secrets
+.PHONY: run up test test-fast test-images images lock lint proto asyncapi bench-placement bench-recovery bench-runner bench-ingest bench-scale bench-history bench-console chaos clean install compose-secrets deploy-dev-secrets
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "mdq needs Python 3.11 or newer")'
@@ -41,10 +41,32 @@ deploy-dev-secrets: $(STAMP)
 
 ## test: install and run every test (real NATS, PostgreSQL and OpenMM), in TEST_WORKERS
 ## processes (pytest-xdist; each has its own NATS and PostgreSQL, a test file stays in one)
+## (the image test, marked `images`, is left to `make test-images`: it builds both images)
 TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(BIN)/lint-imports
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile
+	@echo "note: tests marked 'images' (build + run the container images) are deselected here: make test-images"
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not images"
+
+## test-images: build both images with buildah and run intake and the runner inside them against
+## a test NATS (tests/integration/test_images.py; as root, needs buildah and debootstrap;
+## cached under MDQ_IMAGE_CACHE, default ~/.cache/mdq-images)
+test-images: $(STAMP)
+	$(BIN)/pytest -q -s -m images tests/integration/test_images.py --durations=0
+
+## images: build deploy/Dockerfile (mdq) and deploy/runner.Dockerfile (mdq-runner) with buildah;
+## IMAGE_MODE=auto (default: the public base and PyPI where a registry answers, else a
+## debootstrap bookworm base and a host wheelhouse) | public | offline (docs/deploy.md)
+IMAGE_MODE ?= auto
+images: $(STAMP)
+	$(BIN)/python -m mdq.testing.images --mode $(IMAGE_MODE)
+
+## lock: re-pin the images' Python packages with their hashes (deploy/requirements/*.txt)
+lock: $(STAMP)
+	$(BIN)/uv pip compile pyproject.toml --universal --python-version 3.11 --generate-hashes \
+		--no-header --index-url https://pypi.org/simple -o deploy/requirements/runtime.txt
+	$(BIN)/uv pip compile deploy/requirements/build.in --universal --python-version 3.11 \
+		--generate-hashes --no-header --index-url https://pypi.org/simple -o deploy/requirements/build.txt
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

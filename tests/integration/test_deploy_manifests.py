@@ -51,6 +51,9 @@ import nats.errors
 import pytest
 import yaml
 from alembic.script import ScriptDirectory
+from packaging.markers import Marker
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 from pydantic_settings import BaseSettings
 
 from mdq.auth import (
@@ -891,23 +894,49 @@ def test_grafana_is_provisioned_with_a_dashboard_of_real_metrics() -> None:
     assert json.loads(generated["data"]["mdq.json"]) == dashboard
 
 
-# -- Dockerfiles (read, not built: no Docker engine here) -----------------------------------------
+# -- Dockerfiles (read here; built and run by tests/integration/test_images.py) -------------------
 def dockerfile(name: str) -> list[str]:
     """Instructions of a Dockerfile, continuation lines joined, comments dropped."""
     text = (DEPLOY / name).read_text().replace("\\\n", " ")
     return [line.strip() for line in text.splitlines() if line.strip() and line[0] != "#"]
 
 
+def base_images(name: str) -> list[str]:
+    """The images a Dockerfile's stages start from, with its build arguments' defaults (the
+    public build), stages that start from an earlier stage left out."""
+    lines = dockerfile(name)
+    defaults = dict(
+        line.split(None, 1)[1].split("=", 1)
+        for line in lines
+        if line.startswith("ARG ") and "=" in line
+    )
+    stages: set[str] = set()
+    bases = []
+    for line in (line for line in lines if line.startswith("FROM ")):
+        words = line.split()
+        image = re.sub(r"\$\{(\w+)\}", lambda m: defaults[m.group(1)], words[1])
+        if image not in stages and image not in bases and image != "scratch":
+            bases.append(image)
+        if len(words) == 4 and words[2].upper() == "AS":
+            stages.add(words[3])
+    return bases
+
+
 @pytest.mark.parametrize("name", ["Dockerfile", "runner.Dockerfile"])
 def test_dockerfiles_build_the_project_as_a_non_root_user(name: str) -> None:
     lines = dockerfile(name)
+    assert base_images(name) == ["python:3.11.11-slim"]  # the default BASE_IMAGE, every stage
     stages = [line for line in lines if line.startswith("FROM ")]
-    assert stages and all(line.split()[1].startswith("python:3.11") for line in stages)
     final = lines[lines.index(stages[-1]) :]
+    assert stages[-1] == "FROM ${BASE_IMAGE}"  # the runtime: no build stage's tools
     users = [line.split()[1] for line in final if line.startswith("USER ")]
     assert users and users[-1].split(":")[0] == str(SERVICE_UID)
-    assert any("pip wheel" in line and line.rstrip().endswith(" .") for line in lines)
-    assert any("pip install /wheels/" in line for line in final)
+    assert any("pip wheel" in line and " . " in f"{line} " for line in lines)
+    # every third-party package from the hash-pinned lock; the final stage takes the venv only
+    assert any("--require-hashes" in line and "runtime.txt" in line for line in lines)
+    copied = [line.split()[-1] for line in final if line.startswith("COPY --from")]
+    assert copied == ["/opt/mdq"]
+    assert not any("pip" in line for line in final)
     for line in lines:
         if line.startswith("COPY ") and "--from" not in line:
             for source in line.split()[1:-1]:
@@ -923,12 +952,43 @@ def test_dockerfiles_build_the_project_as_a_non_root_user(name: str) -> None:
 
 def test_the_runner_image_carries_openmm_and_runs_the_runner() -> None:
     lines = dockerfile("runner.Dockerfile")
-    assert any("pip install" in line and "openmm" in line for line in lines)
+    # OpenMM pinned with its hashes in the lock both images install; its extra at that version
+    lock = (DEPLOY / "requirements" / "runtime.txt").read_text()
+    assert re.search(r"^openmm==[0-9.]+ \\$", lock, re.MULTILINE), "openmm is not pinned"
+    assert any('"openmm${OPENMM_EXTRA}==$(' in line for line in lines)
     assert any("getPlatformByName('CPU')" in line for line in lines)
     assert lines[-1] == 'CMD ["python", "-m", "services.runner"]'
     assert importlib.util.find_spec("services.runner.__main__") is not None
     services_image = dockerfile("Dockerfile")
     assert any("import mdq.contracts, services.intake" in line for line in services_image)
+
+
+def locked(name: str) -> dict[str, str]:
+    """``deploy/requirements/<name>``: each package's pinned version (for Python 3.11)."""
+    pins: dict[str, str] = {}
+    for line in (DEPLOY / "requirements" / name).read_text().splitlines():
+        match = re.match(r"^([A-Za-z0-9_.-]+)==([^ ;]+)( ; (.*?))? \\$", line)
+        if match and (match.group(4) is None or Marker(match.group(4)).evaluate()):
+            pins[canonicalize_name(match.group(1))] = match.group(2)
+    return pins
+
+
+def test_the_images_lock_pins_every_dependency_within_pyproject() -> None:
+    """The images install exactly the lock (``--no-deps``): a dependency added to or
+    narrowed in pyproject.toml without ``make lock`` fails here, not in an image build."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    pins = locked("runtime.txt")
+    for text in project["project"]["dependencies"]:
+        requirement = Requirement(text)
+        name = canonicalize_name(requirement.name)
+        assert name in pins, f"{name} is not in deploy/requirements/runtime.txt: make lock"
+        assert requirement.specifier.contains(pins[name]), (text, pins[name])
+    build = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"]
+    build_pins = locked("build.txt")
+    for text in build:
+        requirement = Requirement(text)
+        assert requirement.specifier.contains(build_pins[canonicalize_name(requirement.name)])
+    assert "pip" in build_pins
 
 
 # -- durability: fsync, the NATS cluster, replicas, pinned images ---------------------------------
@@ -1171,7 +1231,7 @@ def deployed_images() -> dict[str, set[str]]:
         service["image"] for service in compose()["services"].values() if "image" in service
     }
     for name in ("Dockerfile", "runner.Dockerfile"):
-        images[name] = {line.split()[1] for line in dockerfile(name) if line.startswith("FROM ")}
+        images[name] = set(base_images(name))
     return images
 
 
