@@ -207,7 +207,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         child = start_console(env, folder / "console.log")
         url = f"http://127.0.0.1:{port}"
         rng = random.Random(16)
-        campaigns = max(1, args.jobs // JOBS_PER_CAMPAIGN)
+        campaigns = max(1, args.jobs // JOBS_PER_CAMPAIGN)  # c0 … c<campaigns - 1>
 
         def some_job() -> str:
             return f"{rng.randint(1, args.jobs):012x}-md"

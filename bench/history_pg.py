@@ -59,7 +59,8 @@ HISTORY_DOC = ROOT / "docs" / "history.md"
 EXAMPLE_JOB = "3f2a9c1e0b7d-water-300k"
 NODES = 64
 JOBS_PER_CAMPAIGN = 200
-"""Jobs sharing each ``campaign`` label (the console's campaign page, bench/console.py)."""
+"""Jobs sharing each ``campaign`` label, submitted one after the other as a campaign is (the
+console's campaign page, bench/console.py)."""
 
 LOAD_JOBS = """
 INSERT INTO jobs (job_id, request_id, name, task, state, attempt, priority_class, node, pod_name,
@@ -71,7 +72,7 @@ SELECT lpad(to_hex(i), 12, '0') || '-md', lpad(to_hex(i), 12, '0'), 'md', 'TASK_
          WHEN i % 29 = 0 THEN 'FAILED' ELSE 'SUCCEEDED' END,
     1, (ARRAY['high', 'normal', 'low'])[1 + i % 3], 'node-' || (i % $2), 'pod-' || i,
     jsonb_build_object('name', 'md', 'steps', '20000', 'temperatureK', 300,
-        'labels', jsonb_build_object('campaign', 'c' || (i % $3))),
+        'labels', jsonb_build_object('campaign', 'c' || (i / $3))),
     '{}'::text[], 'bench', now() - interval '365 days' * (1 - i::float8 / $1),
     now() - interval '365 days' * (1 - i::float8 / $1) + interval '2 hours',
     20000, 20000, -41000.5, 300.2, 14.5,
@@ -166,7 +167,7 @@ async def load(admin_url: str, jobs: int, progress_rows: int, log: Callable[[str
             "SELECT mdq_make_partitions(now() - interval '366 days', now() + interval '1 day')"
         )
         for what, sql, args in (
-            ("jobs", LOAD_JOBS, (jobs, NODES, max(1, jobs // JOBS_PER_CAMPAIGN))),
+            ("jobs", LOAD_JOBS, (jobs, NODES, JOBS_PER_CAMPAIGN)),
             ("attempts", LOAD_ATTEMPTS, ()),
             ("job_events", LOAD_EVENTS, ()),
             ("placements", LOAD_PLACEMENTS, ()),

@@ -282,6 +282,8 @@ class CampaignJob:
 
 CAMPAIGN_LIMIT = 200
 """Most jobs a campaign page overlays (the newest)."""
+CLOCK_MARGIN = timedelta(days=1)
+"""How much earlier than its job's submit a progress report's time may be (runner clocks)."""
 CURVE_POINTS = 2_000
 """Most points of one job's curve on the campaign page (evenly thinned beyond)."""
 
@@ -300,6 +302,9 @@ async def campaign(engine: AsyncEngine, key: str, value: str) -> list[CampaignJo
             ProgressRecord.temperature_k,
         )
         .where(ProgressRecord.job_id == func.any(array([row.job_id for row in rows])))
+        # no report is older than its job's submit (a day's margin for clocks): the monthly
+        # partitions before the campaign's first submit are not read at all
+        .where(ProgressRecord.time >= min(row.submitted_at for row in rows) - CLOCK_MARGIN)
         .order_by(ProgressRecord.job_id, ProgressRecord.attempt, ProgressRecord.step)
     )
     curves: dict[str, CampaignJob] = {
