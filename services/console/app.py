@@ -31,6 +31,7 @@ import uvicorn
 from google.protobuf import json_format
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sse_starlette import EventSourceResponse, ServerSentEvent
@@ -220,31 +221,52 @@ async def job_page(request: Request) -> Response:
             "found": found,
             "spec_json": json.dumps(found.detail.job.spec, indent=2, sort_keys=True),
             "points": points,
+            "events_since": found.detail.job.updated_at.isoformat(),
             "tenant": ids.tenant_of(job_id),
         },
     )
 
 
 async def job_live(request: Request) -> Response:
-    """Server-sent events of a job from the point after ``attempt``/``step``: its progress from
-    the progress stream (``progress``, gap-free: the stream is read from a little before the
-    newest point the page has) and its lifecycle events as they happen (``event``)."""
+    """Server-sent events of a job, both gap-free: its progress after ``attempt``/``step``
+    from the progress stream (``progress``, read from a little before ``since``, the newest
+    point the page has), and its lifecycle events from the jobs stream (``event``, read from
+    a little before ``events_since``, the time of the last event the page's state was folded
+    from: the history lags the bus, so an event between the two would be missed otherwise)."""
     job_id = _job_id(request)
     try:
         attempt = int(request.query_params.get("attempt", "0"))
         step = int(request.query_params.get("step", "-1"))
         since_text = request.query_params.get("since", "")
         since = datetime.fromisoformat(since_text) if since_text else None
+        events_text = request.query_params.get("events_since", "")
+        events_since = datetime.fromisoformat(events_text) if events_text else None
     except ValueError:
-        return _refuse(request, "attempt/step/since", "integers and an ISO time")
+        return _refuse(request, "attempt/step/since/events_since", "integers and ISO times")
     console = _console(request)
     return EventSourceResponse(
-        _live_events(console, job_id, attempt=attempt, step=step, since=since), ping=15
+        _live_events(
+            console, job_id, attempt=attempt, step=step, since=since, events_since=events_since
+        ),
+        ping=15,
     )
 
 
+def _rewound(at: datetime | None, default: datetime) -> datetime:
+    chosen = at or default
+    if chosen.tzinfo is None:
+        chosen = chosen.replace(tzinfo=UTC)
+    return (chosen - timedelta(seconds=LIVE_REWIND_S)).astimezone(UTC)
+
+
 async def _live_events(
-    console: Console, job_id: str, *, attempt: int, step: int, since: datetime | None
+    console: Console,
+    job_id: str,
+    *,
+    attempt: int,
+    step: int,
+    since: datetime | None,
+    events_since: datetime | None,
 ) -> AsyncIterator[ServerSentEvent]:
     queue: asyncio.Queue[pb.Event] = asyncio.Queue(4_096)
 
@@ -256,20 +278,31 @@ async def _live_events(
                     queue.get_nowait()
                 queue.put_nowait(event)
 
-    start = (since or datetime.now(UTC) - timedelta(days=1)) - timedelta(seconds=LIVE_REWIND_S)
-    if start.tzinfo is None:
-        start = start.replace(tzinfo=UTC)
+    now = datetime.now(UTC)
     js = console.nc.jetstream()
-    progress = await js.subscribe(
-        console.subjects.progress(job_id),
-        stream=console.subjects.progress_stream,
-        cb=on_message,
-        ordered_consumer=True,
-        deliver_policy=DeliverPolicy.BY_START_TIME,
-        config=ConsumerConfig(opt_start_time=start.astimezone(UTC)),
-        idle_heartbeat=IDLE_HEARTBEAT_S,
+
+    async def follow(
+        subject: str, stream: str, start: datetime
+    ) -> JetStreamContext.PushSubscription:
+        return await js.subscribe(
+            subject,
+            stream=stream,
+            cb=on_message,
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.BY_START_TIME,
+            config=ConsumerConfig(opt_start_time=start),
+            idle_heartbeat=IDLE_HEARTBEAT_S,
+        )
+
+    subjects = console.subjects
+    progress = await follow(
+        subjects.progress(job_id),
+        subjects.progress_stream,
+        _rewound(since, now - timedelta(days=1)),
     )
-    lifecycle = await console.nc.subscribe(console.subjects.job_all(job_id), cb=on_message)
+    lifecycle = await follow(
+        subjects.job_all(job_id), subjects.jobs_stream, _rewound(events_since, now)
+    )
     last = (attempt, step)
     try:
         yield ServerSentEvent(data="{}", event="ready")

@@ -8,10 +8,12 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import asyncpg
@@ -290,14 +292,42 @@ async def test_live_progress_arrives_once_and_in_order(site: Site) -> None:
     assert {event["job_id"] for event in events} == {job}
 
 
-async def test_live_lifecycle_events_reach_the_page(site: Site) -> None:
+async def _sse_until(
+    response: aiohttp.ClientResponse, kind: str, found: Callable[[dict[str, Any]], bool]
+) -> dict[str, Any]:
+    """The data of the first ``kind`` event on an event stream that ``found`` accepts."""
+    current = ""
+    async for raw in response.content:
+        line = raw.decode().rstrip("\r\n")
+        if line.startswith("event:"):
+            current = line.partition(":")[2].strip()
+        elif line.startswith("data:") and current == kind:
+            data: dict[str, Any] = json.loads(line.partition(":")[2])
+            if found(data):
+                return data
+    raise AssertionError(f"the stream ended before a matching {kind}")
+
+
+async def test_live_lifecycle_events_reach_the_page_even_between_history_and_stream(
+    site: Site,
+) -> None:
     history = site.doomed
-    url = f"{site.url}/jobs/{history.job_id}/live?attempt=1&step=40"
+    folded_at = datetime.now(UTC)  # the page's state is as of here
+    # published after the history the page shows, before the page asks for the live stream
+    await site.publisher.publish(history.requeued(2, resume_step=0, steps_lost=40))
+    since = quote(folded_at.isoformat())
+    url = f"{site.url}/jobs/{history.job_id}/live?attempt=1&step=40&events_since={since}"
     async with aiohttp.ClientSession() as session, session.get(url) as response:
-        await asyncio.wait_for(_sse_events(response, {"ready"}, 1), timeout=10)
-        await site.publisher.publish(history.requeued(2, resume_step=0, steps_lost=40))
-        [event] = await asyncio.wait_for(_sse_events(response, {"event"}, 1), timeout=10)
-    assert "requeued" in event and event["attempt"] == 2
+        missed = await asyncio.wait_for(
+            _sse_until(response, "event", lambda e: "requeued" in e), timeout=10
+        )
+        assert missed["attempt"] == 2
+        await site.publisher.publish(history.bound(2, "n2"))  # and what happens from now on
+        live = await asyncio.wait_for(
+            _sse_until(response, "event", lambda e: "bound" in e and e["attempt"] == 2),
+            timeout=10,
+        )
+    assert live["bound"]["node"] == "n2"
 
 
 async def test_the_submit_page_refuses_a_bad_file_naming_the_field(site: Site) -> None:

@@ -203,11 +203,10 @@ def service_permissions(identity: str, subjects: Subjects, names: Names = Names(
             inbox_prefix=inbox_prefix(identity),
         )
     elif identity == "console":
-        # a reader of every job's events (history replays, live charts, the nodes' load) that
-        # may submit on the operator's request-reply entrance (its submit page)
+        # a reader of every job's events (ordered consumers: live charts and states, the
+        # nodes' load) that may submit on the operator's request-reply entrance (its submit page)
         publish += [subjects.api_submit]
         publish += [*_read_stream(jobs), *_read_stream(progress), *_read_stream(nodes)]
-        subscribe += [subjects.job_all(), subjects.progress_all]
     elif identity == "cli":
         publish += [subjects.submit, subjects.api_submit]
         publish += [*_read_stream(jobs), *_read_stream(progress), *_read_stream(nodes)]

@@ -113,7 +113,8 @@
 
     var status = byId("live-status");
     var query = "attempt=" + last.attempt + "&step=" + last.step +
-      (last.time ? "&since=" + encodeURIComponent(last.time) : "");
+      (last.time ? "&since=" + encodeURIComponent(last.time) : "") +
+      "&events_since=" + encodeURIComponent(data.eventsSince);
     var source = new EventSource("/jobs/" + encodeURIComponent(data.jobId) + "/live?" + query);
     source.addEventListener("ready", function () { status.textContent = "live: following"; });
     source.addEventListener("progress", function (message) {
