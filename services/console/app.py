@@ -328,10 +328,10 @@ async def job_output(request: Request) -> Response:
     job_id = _job_id(request)
     index = int(request.path_params["index"])
     console = _console(request)
-    found = await reads.job_page(console.engine, job_id)
-    if found is None or not 0 <= index < len(found.outputs):
+    outputs = await reads.job_outputs(console.engine, job_id)
+    if not 0 <= index < len(outputs):
         raise HTTPException(404, "no such output")
-    output = found.outputs[index]
+    output = outputs[index]
     path = await asyncio.to_thread(_inside_job_dir, console.data_dir, job_id, output.path)
     if path is None:
         raise HTTPException(404, "the output is not in the job's folder here")
@@ -491,7 +491,7 @@ async def serve(common: CommonSettings, settings: ConsoleSettings) -> None:
         build_app(console), host=settings.host, port=settings.port, log_level="warning"
     )
     server = uvicorn.Server(config)
-    watcher = asyncio.create_task(_announce(server, settings), name="announce")
+    watcher = asyncio.create_task(_announce(server), name="announce")
     try:
         await server.serve()
     finally:
@@ -502,19 +502,13 @@ async def serve(common: CommonSettings, settings: ConsoleSettings) -> None:
             await nc.drain()
 
 
-async def _announce(server: uvicorn.Server, settings: ConsoleSettings) -> None:
-    """Log the URL once the server listens (and write it to ``url_file``)."""
+async def _announce(server: uvicorn.Server) -> None:
+    """Log the URL once the server listens."""
     while not server.started:  # noqa: ASYNC110 - uvicorn offers no event to wait on
         await asyncio.sleep(0.05)
     sockets = [sock for listener in server.servers for sock in listener.sockets]
     host, port = sockets[0].getsockname()[:2]
-    url = f"http://{host}:{port}/"
-    log.warning("console at %s", url)
-    if settings.url_file:
-        target = Path(settings.url_file)
-        temporary = target.with_suffix(".tmp")
-        temporary.write_text(url + "\n", encoding="utf-8")
-        temporary.replace(target)
+    log.warning("console at http://%s:%s/", host, port)
 
 
 def main() -> None:

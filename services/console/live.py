@@ -1,13 +1,7 @@
-"""The console's live view of the bus: a job's events as they happen, and every node's load.
-
-``LiveJobs`` holds one NATS subscription per job somebody watches (its progress and its
-lifecycle events), however many browsers watch it, and fans each event out to every watcher's
-queue; the subscription goes when the last watcher leaves. A watcher too slow to keep up loses
-its oldest points, never the bus's or another watcher's (its queue is bounded).
-
-``NodeBoard`` follows the nodes stream (the latest load of every node first, then live) and
-keeps the last hour of each node's samples for the nodes page. Neither writes anything.
-"""
+"""The console's live view of the nodes: ``NodeBoard`` follows the nodes stream (the latest
+load of every node first, then live) and keeps the last hour of each node's samples for the
+nodes page (bounded: one sample per ``NODE_SAMPLE_EVERY_S``). It writes nothing. A job's live
+events are read per page (``services.console.app.job_live``)."""
 
 from __future__ import annotations
 
@@ -16,12 +10,10 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
 from nats.js.api import DeliverPolicy
 
 from mdq.bus.codec import decode_event
@@ -30,75 +22,10 @@ from mdq.contracts import pb
 
 log = logging.getLogger("mdq.console.live")
 
-WATCHER_QUEUE = 2_048
-"""Events one watcher may have waiting before its oldest are dropped."""
 NODE_HISTORY_S = 3_600.0
 """How far back the nodes page shows each node's load."""
 NODE_SAMPLE_EVERY_S = 10.0
 """Samples closer together than this are folded into one (an hour is at most 360 points)."""
-
-
-@dataclass
-class _Watched:
-    subscriptions: list[Subscription]
-    queues: set[asyncio.Queue[pb.Event]] = field(default_factory=set)
-
-
-class LiveJobs:
-    """Fan-out of each watched job's events from NATS to the browsers that watch it."""
-
-    def __init__(self, nc: Client, subjects: Subjects) -> None:
-        self._nc = nc
-        self._subjects = subjects
-        self._watched: dict[str, _Watched] = {}
-        self._lock = asyncio.Lock()
-
-    @property
-    def watched_jobs(self) -> int:
-        return len(self._watched)
-
-    def _deliver(self, job_id: str, message: Msg) -> None:
-        try:
-            event = decode_event(message.data)
-        except ValueError:
-            log.warning("an undecodable message on %s", message.subject)
-            return
-        if event.job_id != job_id:  # the subject names the job; the event must agree
-            return
-        watched = self._watched.get(job_id)
-        for queue in watched.queues if watched else ():
-            if queue.full():
-                queue.get_nowait()
-            queue.put_nowait(event)
-
-    @contextlib.asynccontextmanager
-    async def watch(self, job_id: str) -> AsyncIterator[asyncio.Queue[pb.Event]]:
-        """A queue of ``job_id``'s events from now on, for as long as the context lasts."""
-        queue: asyncio.Queue[pb.Event] = asyncio.Queue(WATCHER_QUEUE)
-        async with self._lock:
-            watched = self._watched.get(job_id)
-            if watched is None:
-
-                async def on_message(message: Msg) -> None:
-                    self._deliver(job_id, message)
-
-                subscriptions = [
-                    await self._nc.subscribe(self._subjects.progress(job_id), cb=on_message),
-                    await self._nc.subscribe(self._subjects.job_all(job_id), cb=on_message),
-                ]
-                await self._nc.flush()  # the server has them before the page reads history
-                watched = self._watched[job_id] = _Watched(subscriptions)
-            watched.queues.add(queue)
-        try:
-            yield queue
-        finally:
-            async with self._lock:
-                watched.queues.discard(queue)
-                if not watched.queues:
-                    del self._watched[job_id]
-                    for subscription in watched.subscriptions:
-                        with contextlib.suppress(Exception):
-                            await subscription.unsubscribe()
 
 
 @dataclass(frozen=True, slots=True)

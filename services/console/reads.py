@@ -237,37 +237,28 @@ async def job_page(engine: AsyncEngine, job_id: str) -> JobPage | None:
             )
             for row in placement_rows
         ]
-        output_rows = await connection.execute(
-            text(
-                "SELECT attempt, kind, path, format, size_bytes, sha256 FROM job_outputs "
-                "WHERE job_id = :job ORDER BY attempt, path"
-            ),
-            {"job": job_id},
-        )
-        outputs = [OutputFile(**row._asdict()) for row in output_rows]
     return JobPage(
         detail=detail,
         timeline=timeline,
         progress=progress,
         checkpoints=checkpoints,
         placements=placements,
-        outputs=outputs,
+        outputs=await job_outputs(engine, job_id),
     )
 
 
-async def progress_since(
-    engine: AsyncEngine, job_id: str, *, attempt: int, step: int
-) -> list[queries.ProgressPoint]:
-    """The job's progress reports after (``attempt``, ``step``), in order: what a live chart
-    that has those missed."""
-    query = (
-        select(*queries.PROGRESS_POINT)
-        .where(ProgressRecord.job_id == job_id)
-        .where(tuple_(ProgressRecord.attempt, ProgressRecord.step) > tuple_(attempt, step))
-        .order_by(ProgressRecord.attempt, ProgressRecord.step)
-    )
+async def job_outputs(engine: AsyncEngine, job_id: str) -> list[OutputFile]:
+    """The files a job's runners reported (the view ``job_outputs``), by attempt and path: the
+    order the job page numbers its download links in."""
     async with engine.connect() as connection:
-        return [queries.ProgressPoint(**row._asdict()) for row in await connection.execute(query)]
+        rows = await connection.execute(
+            text(
+                "SELECT attempt, kind, path, format, size_bytes, sha256 FROM job_outputs "
+                "WHERE job_id = :job ORDER BY attempt, path"
+            ),
+            {"job": job_id},
+        )
+        return [OutputFile(**row._asdict()) for row in rows]
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,14 +318,6 @@ async def campaign(engine: AsyncEngine, key: str, value: str) -> list[CampaignJo
             curve.potential_kj_mol[:] = [curve.potential_kj_mol[i] for i in keep]
             curve.temperature_k[:] = [curve.temperature_k[i] for i in keep]
     return list(curves.values())
-
-
-@dataclass(frozen=True, slots=True)
-class NodeJobs:
-    """The jobs on one node now."""
-
-    node: str
-    jobs: list[JobRow]
 
 
 async def jobs_on_nodes(engine: AsyncEngine) -> dict[str, list[JobRow]]:

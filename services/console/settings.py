@@ -22,7 +22,3 @@ class ConsoleSettings(BaseSettings):
         ),
     )
     port: int = Field(default=8089, ge=0, le=65535, description="Port; 0 picks a free one.")
-    url_file: str = Field(
-        default="",
-        description="Where to write the console's URL once it listens (mdq up reads it).",
-    )
