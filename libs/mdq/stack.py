@@ -177,12 +177,12 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def claim_metrics_port(
+def claim_port(
     start: int = DEFAULT_METRICS_PORT, *, tries: int = 100, purpose: str = "metrics"
 ) -> tuple[int, IO[str]]:
-    """The first port from ``start`` on that is free and not claimed by another stack, and the
-    open lock file that claims it (held until closed, released by the kernel if the stack
-    dies).
+    """The first port from ``start`` on that is free and not claimed by another stack (for
+    /metrics, or for the console: ``purpose``), and the open lock file that claims it (held
+    until closed, released by the kernel if the stack dies).
 
     Ports are taken below the ephemeral range on purpose: a port picked there can be taken by
     an outgoing connection (a service's NATS client) before the metrics server binds it. The
@@ -667,7 +667,7 @@ class Stack:
             return self._metrics_port
         if self._metrics_port is None and (configured := os.environ.get("MDQ_METRICS_PORT")):
             return int(configured)
-        port, self._metrics_port_claim = claim_metrics_port(DEFAULT_METRICS_PORT)
+        port, self._metrics_port_claim = claim_port(DEFAULT_METRICS_PORT)
         return port
 
     def _choose_console_port(self) -> int:
@@ -675,9 +675,7 @@ class Stack:
         stops (as the metrics port is)."""
         if configured := os.environ.get("MDQ_CONSOLE_PORT"):
             return int(configured)
-        port, self._console_port_claim = claim_metrics_port(
-            DEFAULT_CONSOLE_PORT, purpose="the console"
-        )
+        port, self._console_port_claim = claim_port(DEFAULT_CONSOLE_PORT, purpose="the console")
         return port
 
     # -- children --------------------------------------------------------------------------
