@@ -19,7 +19,8 @@ index; ``*_ratio_vs_raw`` is the page's p99 over its baseline's.
 Live: headless Chromium (Debian's, through Selenium; skipped with a note where it is missing)
 opens a running job's page; this process publishes ``--live-events`` progress events to the
 progress stream at 10 per second, as a runner would, and reads when the page drew each point
-(``window.mdqDrawnAt``, the page's own clock, which is this machine's); the baseline is a bare
+(a MutationObserver the bench injects on the chart's ``data-last-step``, in the browser's
+clock, which is this machine's); the baseline is a bare
 nats-py subscriber on the same subject in this process. One JSON line: ``history_jobs``,
 ``p50_*_ms``, ``p99_list_ms`` (the slowest list variant), ``p99_job_ms``, ``p99_campaign_ms``
 (goal ≤ 100 each), ``p99_live_ms`` (goal ≤ 500), the ratios.
@@ -61,6 +62,14 @@ from mdq.store.roles import RoleNames, RolePasswords, role_urls, setup_database_
 from mdq.testing.browser import MISSING, chromium_paths, headless_chromium  # noqa: E402
 from services.console.filters import Cursor  # noqa: E402
 
+OBSERVER = """
+window.benchDrawn = [];
+const charts = document.getElementById('charts');
+new MutationObserver(() => {
+  window.benchDrawn.push([Number(charts.getAttribute('data-last-step')), Date.now()]);
+}).observe(charts, {attributes: true, attributeFilter: ['data-last-step']});
+"""
+"""Injected by the bench into the job page: the time each redraw moved the chart's last step."""
 LIVE_RATE = 10.0
 """Progress events per second on the live job (a runner reports far less often)."""
 
@@ -129,6 +138,9 @@ async def live_latency(
             if time.monotonic() > deadline:
                 raise SystemExit("the job page never said it follows the job live")
             await asyncio.sleep(0.1)
+        # The bench's own observer (not the page's code) notes when the chart's last drawn
+        # step changes: the page sets ``data-last-step`` on #charts as it draws.
+        await asyncio.to_thread(driver.execute_script, OBSERVER)
         subjects = Subjects("mdq")
         seen: dict[int, float] = {}
 
@@ -154,13 +166,17 @@ async def live_latency(
             await publisher.publish(event)
             await asyncio.sleep(1 / LIVE_RATE)
         await asyncio.sleep(2.0)
-        drawn: dict[str, float] = await asyncio.to_thread(
-            driver.execute_script, "return window.mdqDrawnAt || {};"
+        seen_drawn: list[list[float]] = await asyncio.to_thread(
+            driver.execute_script, "return window.benchDrawn;"
         )
     finally:
         await nc.drain()
         await asyncio.to_thread(driver.quit)
-    latencies = [drawn[f"1:{step}"] - at for step, at in sent.items() if f"1:{step}" in drawn]
+    latencies = []
+    for step, at in sent.items():  # a point is drawn with the first redraw at or past its step
+        drawn_at = next((t for last, t in seen_drawn if last >= step), None)
+        if drawn_at is not None:
+            latencies.append(drawn_at - at)
     raw = [seen[step] - at for step, at in sent.items() if step in seen]
     if len(latencies) < events or len(raw) < events:
         raise SystemExit(f"drawn {len(latencies)} and seen {len(raw)} of {events} live points")

@@ -59,9 +59,6 @@
       ["chart-speed", function (p) { return p.speed; }]
     ];
 
-    var undrawn = [];
-    window.mdqDrawnAt = {};  // step -> when its point was drawn (ms): what bench-console reads
-
     function add(event) {
       var progress = event.progress || {};
       var attempt = number(event.attempt);
@@ -73,7 +70,6 @@
       });
       last = { attempt: attempt, step: step, time: event.time || last.time };
       count += 1;
-      undrawn.push(attempt + ":" + step);
       return true;
     }
 
@@ -96,9 +92,6 @@
       byId("charts").setAttribute("data-points", String(count));
       byId("charts").setAttribute("data-last-step", String(last.step));
       if (last.step >= 0) { byId("job-step").textContent = String(last.step); }
-      var now = Date.now();
-      undrawn.forEach(function (key) { window.mdqDrawnAt[key] = now; });
-      undrawn = [];
     }
 
     data.points.forEach(add);
