@@ -1,5 +1,6 @@
 """Keeping the cyclic garbage collector's pauses short in services that hold a large, growing
-state in memory (placement's and recovery's fold of the whole job log).
+state in memory (placement's and recovery's fold of the whole job log), or many long-lived
+objects whose collection pauses a request (the console's web stack).
 
 CPython's oldest-generation collection walks every tracked object; with the views of tens of
 thousands of jobs that is 50-130 ms (measured in placement at 20,000-35,000 jobs, collecting

@@ -10,16 +10,30 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime, timedelta
-from typing import Any
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
 
 from google.protobuf import json_format
-from sqlalchemy import and_, cast, func, literal, select, text, tuple_
-from sqlalchemy.dialects.postgresql import JSONB, array
+from sqlalchemy import (
+    Row,
+    Select,
+    case,
+    cast,
+    func,
+    literal,
+    select,
+    text,
+    true,
+    tuple_,
+    type_coerce,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, aggregate_order_by
 from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.types import NullType
 
 from mdq.contracts import pb
 from mdq.core import ids
+from mdq.core.state import TERMINAL_STATES
 from mdq.store import queries
 from mdq.store.models import Attempt, CheckpointRecord, Job, Placement, ProgressRecord
 from services.console.filters import OPERATOR, Cursor, JobFilter
@@ -40,6 +54,7 @@ class JobRow:
     priority_class: str
     node: str | None
     submitted_at: datetime
+    updated_at: datetime
     target_steps: int
     last_step: int
     last_ns_per_day: float | None
@@ -59,9 +74,13 @@ class JobsPage:
     next_cursor: Cursor | None
 
 
-async def list_jobs(engine: AsyncEngine, chosen: JobFilter) -> JobsPage:
-    """The jobs ``chosen`` admits, newest submit first, one page of them."""
-    query = select(
+AnySelect = Select[*tuple[Any, ...]]
+"""A select of any columns (the label path selects from a CTE, the other from the table)."""
+
+
+def _jobs_query(chosen: JobFilter, limit: int) -> AnySelect:
+    """The first ``limit`` jobs ``chosen`` admits, newest submit first."""
+    query: AnySelect = select(
         Job.job_id,
         Job.name,
         Job.state,
@@ -69,6 +88,7 @@ async def list_jobs(engine: AsyncEngine, chosen: JobFilter) -> JobsPage:
         Job.priority_class,
         Job.node,
         Job.submitted_at,
+        Job.updated_at,
         Job.target_steps,
         Job.last_step,
         Job.last_ns_per_day,
@@ -104,41 +124,49 @@ async def list_jobs(engine: AsyncEngine, chosen: JobFilter) -> JobsPage:
         )
     if chosen.label is None:
         query = (
-            query.where(and_(*conditions))
+            query.where(*conditions)
             .order_by(Job.submitted_at.desc(), Job.job_id.desc())
-            .limit(chosen.size + 1)
+            .limit(limit)
         )
     else:
         # PostgreSQL guesses that a label matches 0.1 % of the jobs whatever it is, so it walks
         # the newest-first index hoping to meet a page of them soon; a campaign's jobs are
         # spread over the year, and it read every job (80 ms at 100,000). The jobs of a label
         # come from its index first (a campaign: hundreds), then are sorted.
-        matched = query.where(and_(*conditions)).cte("matched").prefix_with("MATERIALIZED")
+        matched = query.where(*conditions).cte("matched").prefix_with("MATERIALIZED")
         query = (
             select(matched)
             .order_by(matched.c.submitted_at.desc(), matched.c.job_id.desc())
-            .limit(chosen.size + 1)
+            .limit(limit)
         )
-    async with engine.connect() as connection:
-        result = list(await connection.execute(query))
-    rows = [
-        JobRow(
-            job_id=row.job_id,
-            name=row.name,
-            tenant=ids.tenant_of(row.job_id),
-            state=row.state,
-            attempt=row.attempt,
-            priority_class=row.priority_class,
-            node=row.node,
-            submitted_at=row.submitted_at,
-            target_steps=row.target_steps,
-            last_step=row.last_step,
-            last_ns_per_day=row.last_ns_per_day,
-            labels=dict(row.labels or {}),
-            reason=row.final_reason or row.done_reason or "",
-        )
-        for row in result[: chosen.size]
-    ]
+    return query
+
+
+def _job_row(row: Row[Any]) -> JobRow:
+    """A line of the jobs list from a row of ``_jobs_query``."""
+    return JobRow(
+        job_id=row.job_id,
+        name=row.name,
+        tenant=ids.tenant_of(row.job_id),
+        state=row.state,
+        attempt=row.attempt,
+        priority_class=row.priority_class,
+        node=row.node,
+        submitted_at=row.submitted_at,
+        updated_at=row.updated_at,
+        target_steps=row.target_steps,
+        last_step=row.last_step,
+        last_ns_per_day=row.last_ns_per_day,
+        labels=dict(row.labels or {}),
+        reason=row.final_reason or row.done_reason or "",
+    )
+
+
+async def list_jobs(engine: AsyncEngine, chosen: JobFilter) -> JobsPage:
+    """The jobs ``chosen`` admits, newest submit first, one page of them."""
+    async with engine.connect() as connection:  # one more than a page: is there a next one
+        result = list(await connection.execute(_jobs_query(chosen, chosen.size + 1)))
+    rows = [_job_row(row) for row in result[: chosen.size]]
     more = len(result) > chosen.size
     last = rows[-1] if rows else None
     return JobsPage(
@@ -280,44 +308,73 @@ CURVE_POINTS = 2_000
 
 
 async def campaign(engine: AsyncEngine, key: str, value: str) -> list[CampaignJob]:
-    """The jobs labelled ``key=value`` (the newest ``CAMPAIGN_LIMIT``), each with its curve."""
-    page = await list_jobs(engine, JobFilter(label=(key, value), size=CAMPAIGN_LIMIT))
-    rows = sorted(page.rows, key=lambda row: (row.submitted_at, row.job_id))
-    if not rows:
-        return []
-    query = (
+    """The jobs labelled ``key=value`` (the newest ``CAMPAIGN_LIMIT``), each with its curve.
+
+    One statement: the label's jobs from its index, then each job's curve in one lateral
+    probe of ``progress`` limited to when the job's reports can have been made — a clock
+    margin before its submit to a clock margin after its last event if it has ended — so
+    run-time pruning reads only the one or two monthly partitions of each job, whatever the
+    year holds (``job_id = ANY(...)`` over the campaign's whole span probed every partition
+    from its first submit on, for every job). Each curve comes as three arrays: one row a job.
+    """
+    newest = _jobs_query(JobFilter(label=(key, value)), CAMPAIGN_LIMIT).subquery()
+    order = (ProgressRecord.attempt, ProgressRecord.step)
+    ended = newest.c.state.in_(sorted(state.name for state in TERMINAL_STATES))
+
+    def aggregated(column: Any, name: str) -> Any:
+        # typed as an array of no particular type: asyncpg's lists are handed on as they are,
+        # not walked item by item in Python by SQLAlchemy's float processor
+        return type_coerce(
+            func.array_agg(aggregate_order_by(column, *order)), ARRAY(NullType())
+        ).label(name)
+
+    curve = (
         select(
-            ProgressRecord.job_id,
-            ProgressRecord.step,
-            ProgressRecord.potential_kj_mol,
-            ProgressRecord.temperature_k,
+            aggregated(ProgressRecord.step, "steps"),
+            aggregated(ProgressRecord.potential_kj_mol, "potentials"),
+            aggregated(ProgressRecord.temperature_k, "temperatures"),
         )
-        .where(ProgressRecord.job_id == func.any(array([row.job_id for row in rows])))
-        # no report is older than its job's submit (a day's margin for clocks): the monthly
-        # partitions before the campaign's first submit are not read at all
-        .where(ProgressRecord.time >= min(row.submitted_at for row in rows) - CLOCK_MARGIN)
-        .order_by(ProgressRecord.job_id, ProgressRecord.attempt, ProgressRecord.step)
+        .where(ProgressRecord.job_id == newest.c.job_id)
+        .where(ProgressRecord.time >= newest.c.submitted_at - CLOCK_MARGIN)
+        .where(
+            ProgressRecord.time
+            <= case((ended, newest.c.updated_at + CLOCK_MARGIN), else_=literal(INFINITY))
+        )
+        .lateral("curve")
     )
-    curves: dict[str, CampaignJob] = {
-        row.job_id: CampaignJob(row=row, steps=[], potential_kj_mol=[], temperature_k=[])
-        for row in rows
-    }
+    query = (
+        select(newest, curve.c.steps, curve.c.potentials, curve.c.temperatures)
+        .select_from(newest.join(curve, true()))
+        .order_by(newest.c.submitted_at, newest.c.job_id)
+    )
     async with engine.connect() as connection:
-        for point in await connection.execute(query):
-            curve = curves[point.job_id]
-            curve.steps.append(point.step)
-            curve.potential_kj_mol.append(point.potential_kj_mol)
-            curve.temperature_k.append(point.temperature_k)
-    for curve in curves.values():
-        # a curve of more points than a chart is wide is thinned evenly, its last point kept
-        # (window functions in SQL did the same 10 times slower on the partitioned table)
-        if len(curve.steps) > CURVE_POINTS:
-            every = -(-len(curve.steps) // CURVE_POINTS)
-            keep = [*range(0, len(curve.steps) - 1, every), len(curve.steps) - 1]
-            curve.steps[:] = [curve.steps[i] for i in keep]
-            curve.potential_kj_mol[:] = [curve.potential_kj_mol[i] for i in keep]
-            curve.temperature_k[:] = [curve.temperature_k[i] for i in keep]
-    return list(curves.values())
+        result = list(await connection.execute(query))
+    return [
+        CampaignJob(
+            row=_job_row(row),
+            steps=_thinned(row.steps or []),
+            potential_kj_mol=_thinned(row.potentials or []),
+            temperature_k=_thinned(row.temperatures or []),
+        )
+        for row in result
+    ]
+
+
+Point = TypeVar("Point", int, float)
+
+INFINITY = datetime.max.replace(tzinfo=UTC)
+"""No end yet: the upper bound of a running job's progress window."""
+
+
+def _thinned(points: list[Point]) -> list[Point]:
+    """A curve of more points than a chart is wide, thinned evenly with its last point kept
+    (window functions in SQL did the same 10 times slower on the partitioned table)."""
+    if len(points) <= CURVE_POINTS:
+        return points
+    every = -(-len(points) // CURVE_POINTS)
+    kept = points[0 : len(points) - 1 : every]
+    kept.append(points[-1])
+    return kept
 
 
 async def jobs_on_nodes(engine: AsyncEngine) -> dict[str, list[JobRow]]:

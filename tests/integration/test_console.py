@@ -248,6 +248,34 @@ async def test_a_campaign_page_overlays_its_jobs_curves(site: Site) -> None:
     assert curve["steps"] == sorted(curve["steps"])
 
 
+async def test_a_campaign_curve_keeps_reports_of_a_runner_whose_clock_is_off(
+    site: Site, pool: asyncpg.Pool
+) -> None:
+    # the campaign page reads each job's reports only from a clock margin before its submit to
+    # one after its last event (so only its own partitions are read); a runner clock half a
+    # day behind, on a job that has ended, still puts every point on the curve
+    skewed = History("skewed", request_id="cafe01234567")
+    skewed.spec.labels["campaign"] = "skew"
+    events = [skewed.submitted(), skewed.bound(1, "n1"), skewed.started(1, "n1")]
+    skewed.clock -= timedelta(hours=12)
+    events += [skewed.progress(1, step) for step in (100, 200, 300)]
+    skewed.clock += timedelta(hours=12)
+    events.append(skewed.succeeded(1, 1000))
+    for event in events:
+        await site.publisher.publish(event)
+    deadline = asyncio.get_running_loop().time() + 20
+    query = (
+        "SELECT state, count(p.job_id) FROM jobs LEFT JOIN progress p USING (job_id) "
+        "WHERE job_id = $1 GROUP BY state"
+    )
+    while await pool.fetchrow(query, skewed.job_id) != ("SUCCEEDED", 3):
+        assert asyncio.get_running_loop().time() < deadline, "the skewed job was projected"
+        await asyncio.sleep(0.05)
+    [job] = await reads.campaign(site.console.engine, "campaign", "skew")
+    assert job.steps == [100, 200, 300]
+    assert job.potential_kj_mol == [-1010.0, -1020.0, -1030.0]
+
+
 async def test_the_campaign_and_nodes_pages_render(site: Site) -> None:
     status, html = await get(f"{site.url}/campaigns?label=campaign=none")
     assert status == 200 and "0 job(s)" in html
