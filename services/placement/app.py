@@ -67,6 +67,7 @@ from mdq.core.expiry import (
     expiry_message,
     max_job_age,
 )
+from mdq.core.fairshare import OPERATOR_WEIGHT, Fairness
 from mdq.core.node_health import NodeCapacity, NodeHealth, NodeHealthPolicy, Suspicion
 from mdq.core.placement import (
     Decision,
@@ -667,7 +668,14 @@ class Placement:
         if not queue:
             return 0
         room = self.tenant_room()
-        decisions = plan(nodes, queue, now, self._config, ordered=True, tenant_room=room)
+        fairness = (
+            Fairness(held=self.state.held(), weight=self._weight)
+            if self._settings.fair_share
+            else None
+        )
+        decisions = plan(
+            nodes, queue, now, self._config, ordered=True, tenant_room=room, fairness=fairness
+        )
         await self._bind_all(decisions)
         if len(decisions) < len(queue):
             placed = {decision.job_id for decision in decisions}
@@ -679,6 +687,11 @@ class Placement:
                 candidates = [job for job in unplaced if job.job_id not in held]
                 await self._preempt(nodes, candidates, now)
         return len(decisions)
+
+    def _weight(self, tenant: str) -> float:
+        """A tenant's fair-share weight: its policy's (read at each pass, so a change to the
+        tenants bucket counts from the next), the operator's ``OPERATOR_WEIGHT``."""
+        return self.tenants.policy(tenant).weight if tenant else OPERATOR_WEIGHT
 
     def tenant_room(self) -> dict[str, float]:
         """The CPU each tenant with queued jobs and a CPU quota may still bind."""

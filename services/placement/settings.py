@@ -66,6 +66,12 @@ class PlacementSettings(BaseSettings):
     lease_ttl_s: float = Field(
         default=6.0, description="The lease expires this long after its holder last renewed it."
     )
+    fair_share: bool = Field(
+        default=True,
+        description="When more work waits than fits, bind the next job of the tenant with the "
+        "smallest weighted dominant share (each tenant's weight is its policy's, "
+        "docs/placement.md); off: queue order (priority class and age) across all tenants.",
+    )
     preemption: bool = Field(
         default=True,
         description="A job that fits nowhere may preempt running work of a lower priority class.",

@@ -260,3 +260,64 @@ async def test_a_high_job_held_by_its_tenants_quota_preempts_nobody(
         await asyncio.sleep(1.0)  # several passes
     assert backend.deleted == []
     assert await tenant_jobs_bound(nc, subjects) == {job("alice", "h0")}
+
+
+async def test_a_full_cluster_is_shared_by_weight_and_a_weight_changes_live(
+    nc: Client, subjects: Subjects, data_dir: Path
+) -> None:
+    """8 free cores, alice (weight 1) floods first, bob (weight 3) after her: bob gets 6 and
+    alice 2, not alice all 8. Then the weights are swapped in the tenants bucket (no restart)
+    and a second node of 8 cores comes: all 8 go to alice, now far below her share (with the
+    old weights they would have been split 4:4)."""
+    js = nc.jetstream()
+    await ensure_tenants_bucket(js, subjects)
+    await put_policy(js, subjects, "bob", TenantPolicy(weight=3.0))
+    bus = publisher(js, subjects)
+    await bus.publish_all([node_load("n1", cpu_capacity=8, memory_mb=100_000)])
+    alice = [job("alice", f"a{i}") for i in range(10)]
+    bob = [job("bob", f"b{i}") for i in range(10)]
+    for job_id in [*alice, *bob]:
+        await bus.publish(submitted(job_id))
+    placement = Placement(
+        js=js,
+        subjects=subjects,
+        publisher=publisher(js, subjects),
+        backend=RecordingBackend(),
+        settings=PlacementSettings(reconcile_interval_s=0.2),
+        namespace=subjects.namespace,
+    )
+
+    async def split() -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for job_id in await tenant_jobs_bound(nc, subjects):
+            tenant = job_id.partition(".")[0]
+            counts[tenant] = counts.get(tenant, 0) + 1
+        return counts
+
+    async with running(placement.run()):
+
+        async def full() -> bool:
+            return sum((await split()).values()) == 8
+
+        await wait_for(full, what="8 jobs bound on the 8 cores")
+        await asyncio.sleep(0.5)  # a few more passes: nothing more fits
+        assert await split() == {"alice": 2, "bob": 6}
+        await put_policy(js, subjects, "alice", TenantPolicy(weight=3.0))
+        await put_policy(js, subjects, "bob", TenantPolicy(weight=1.0))
+
+        async def followed() -> bool:
+            return (
+                placement.tenants.policy("alice").weight == 3.0
+                and placement.tenants.policy("bob").weight == 1.0
+            )
+
+        await wait_for(followed, what="placement's directory has the new weights")
+        # one event, so one pass sees all 8 new cores at once
+        await bus.publish(node_load("n2", cpu_capacity=8, memory_mb=100_000))
+
+        async def full_again() -> bool:
+            return sum((await split()).values()) == 16
+
+        await wait_for(full_again, what="8 more jobs bound on the second node")
+        await asyncio.sleep(0.5)
+        assert await split() == {"alice": 10, "bob": 6}

@@ -59,6 +59,7 @@ POLICY_JSON_CASES = [
         '{"max_queued_jobs": 0}',
         TenantPolicy(max_queued_jobs=0),
     ),
+    ("a fair-share weight", '{"weight": 2}', TenantPolicy(weight=2.0)),
 ]
 
 
@@ -85,6 +86,9 @@ BAD_POLICY_CASES = [
     ("zero rate", '{"submits_per_minute": 0}', "submits_per_minute must be more than 0"),
     ("NaN rate", '{"submits_per_minute": NaN}', "submits_per_minute must be more than 0"),
     ("zero burst", '{"submit_burst": 0}', "submit_burst must be at least 1"),
+    ("zero weight", '{"weight": 0}', "weight must be more than 0"),
+    ("weight null", '{"weight": null}', "weight must be a number, got None"),
+    ("weight infinite", '{"weight": Infinity}', "weight must be more than 0"),
 ]
 
 

@@ -363,6 +363,10 @@ def add(
     submits_per_minute: Annotated[
         float, typer.Option(help="Submit rate (-1: unlimited).")
     ] = _limit(DEFAULT_POLICY.submits_per_minute),
+    weight: Annotated[
+        float,
+        typer.Option(help="Fair-share weight: twice the weight, twice the share when full."),
+    ] = DEFAULT_POLICY.weight,
     database_admin_url: DatabaseAdminUrl = None,
 ) -> None:
     """Add a tenant (or change its limits): its credentials (<secrets>/tenants/NAME.creds),
@@ -376,6 +380,7 @@ def add(
             max_queued_jobs=None if max_queued_jobs < 0 else max_queued_jobs,
             max_running_cpu=None if max_running_cpu < 0 else max_running_cpu,
             submits_per_minute=None if submits_per_minute < 0 else submits_per_minute,
+            weight=weight,
         )
     except (TenantNameError, ValueError) as error:
         err_console.print(f"[red]{error}[/]")

@@ -31,6 +31,9 @@ Rules (docs/placement.md has the whole story):
 - **Tenant CPU quotas.** A job whose tenant's bound and running CPU plus its own would exceed
   the tenant's ``max_running_cpu`` (``tenant_room``, ``mdq.core.tenants``) is skipped: it
   waits, and the jobs behind it in the queue, other tenants' included, still bind.
+- **Fair share.** Given ``fairness``, jobs of several tenants are taken in weighted
+  dominant-resource-fair order (``mdq.core.fairshare``): the next job of the tenant with the
+  smallest weighted share, each binding counted at once; within a tenant, queue order.
 - **Scaling.** Up to ``full_scan_nodes`` eligible nodes, every node is scored for every job.
   Above that, eligible nodes sit in a heap ranked by their job-independent load score; a job
   scores the ``sample_size`` best-ranked nodes that fit it (looking at no more than
@@ -48,6 +51,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import NamedTuple
+
+from mdq.core.fairshare import Fairness, FairQueue
 
 NOT_READY = "not ready"
 CORDONED = "cordoned"
@@ -477,6 +482,7 @@ def plan(
     *,
     ordered: bool = False,
     tenant_room: dict[str, float] | None = None,
+    fairness: Fairness | None = None,
 ) -> list[Decision]:
     """Bind as many queued jobs as fit, best job first; each bound job counts on its node at
     once (reservations and in-flight load: the herd guard).
@@ -486,7 +492,10 @@ def plan(
     CPU each tenant listed there may still bind (its quota less what it holds,
     ``mdq.core.tenants.cpu_room``): a job of such a tenant bigger than what is left is not
     bound (it waits; the jobs after it still may be, work-conserving), and the room shrinks in
-    place by what is bound.
+    place by what is bound. With ``fairness`` and jobs of more than one tenant in the queue,
+    the jobs are taken in weighted dominant-resource-fair order instead (``FairQueue``,
+    ``mdq.core.fairshare``): the next job of the tenant whose weighted share of the eligible
+    nodes' capacity is the smallest, each binding counting at once.
     """
     planner = _Planner(nodes, now, config)
     jobs = list(queue) if ordered else order_queue(queue, now, config)
@@ -498,13 +507,24 @@ def plan(
     if not planner.eligible:
         return decisions
     limited = tenant_room or None  # one test per job only when some tenant is limited
-    for job in jobs:
+    fair: FairQueue[QueuedJob] | None = None
+    if fairness is not None and len({job.tenant for job in jobs}) > 1:
+        fair = FairQueue(
+            jobs,
+            fairness.held,
+            fairness.weight,
+            total_cpu=sum(node.cpu_capacity for node in planner.eligible),
+            total_memory_mb=sum(node.memory_capacity_mb for node in planner.eligible),
+        )
+    for job in fair if fair is not None else jobs:
         room = limited.get(job.tenant) if limited is not None else None
         if room is not None and job.cpu > room + 1e-9:
             continue  # its tenant's CPU quota: it waits without taking a node's room
         decision = planner.decide(job)
         if decision is not None:
             decisions.append(decision)
+            if fair is not None:
+                fair.charge(job)
             if room is not None and limited is not None:
                 limited[job.tenant] = room - job.cpu
     return decisions

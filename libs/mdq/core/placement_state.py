@@ -15,7 +15,8 @@ What is kept, incrementally, as events are folded (no pass over all jobs per eve
   (*reservations*);
 - per node, the bindings its last load report cannot reflect yet (*in-flight*, the herd guard):
   ``note_binding`` counts a binding, and a report ``load_settle_s`` after it settles it;
-- per tenant, the CPU of its BOUND and RUNNING jobs and its jobs in ``QUEUED_STATES``;
+- per tenant, the CPU (and, for fair share, the CPU and memory, the operator's included) of
+  its BOUND and RUNNING jobs and its jobs in ``QUEUED_STATES``;
 - per job, the stream sequence of its last ``bound`` (the publish fence, ``fence_sequence``);
 - per node, the recent crashes (``NodeHealth``) and the time of the latest job lost with it;
 - the preemptors' nominations (held room) and the victims being terminated, in memory only;
@@ -42,6 +43,7 @@ from typing import Any, NamedTuple
 
 from mdq.contracts import pb
 from mdq.core import ids
+from mdq.core.fairshare import Held
 from mdq.core.node_health import NodeCapacity, NodeHealth, NodeHealthPolicy
 from mdq.core.placement import (
     NodeState,
@@ -116,6 +118,9 @@ class PlacementState:
         """node -> [cpu, memory] summed over ``_inflight[node]`` (kept incrementally)."""
         self._tenant_cpu: dict[str, float] = {}
         """tenant -> CPU of its BOUND and RUNNING jobs (kept incrementally; no zero entries)."""
+        self._held: dict[str, Held] = {}
+        """tenant ("" the operator) -> requests of its BOUND and RUNNING jobs (fair share; kept
+        incrementally; no empty entries)."""
         self._tenant_queued: dict[str, int] = {}
         """tenant -> its jobs in ``QUEUED_STATES`` (kept incrementally; no zero entries)."""
         self._tenants_seen: set[str] = set()
@@ -243,7 +248,13 @@ class PlacementState:
         totals = self._reserved.setdefault(node, [0.0, 0.0])
         totals[0] += sign * cpu
         totals[1] += sign * memory
-        if tenant := ids.tenant_of(job_id):
+        tenant = ids.tenant_of(job_id)
+        held = self._held.setdefault(tenant, Held())
+        held.cpu += sign * cpu
+        held.memory_mb += sign * memory
+        if held.cpu < 1e-6 and held.memory_mb < 0.5:
+            del self._held[tenant]
+        if tenant:
             running = self._tenant_cpu.get(tenant, 0.0) + sign * cpu
             if running > 1e-6:
                 self._tenant_cpu[tenant] = running
@@ -487,6 +498,11 @@ class PlacementState:
     def tenant_usage(self, tenant: str) -> tuple[int, float]:
         """``tenant``'s jobs not running yet and the CPU of its BOUND and RUNNING jobs."""
         return self._tenant_queued.get(tenant, 0), self._tenant_cpu.get(tenant, 0.0)
+
+    def held(self) -> dict[str, Held]:
+        """Each tenant's ("" the operator's) BOUND and RUNNING requests, for fair share (copies:
+        ``plan`` may count bindings on them)."""
+        return {tenant: Held(held.cpu, held.memory_mb) for tenant, held in self._held.items()}
 
     def tenants(self) -> list[str]:
         """Every tenant with a job in the log, by name."""

@@ -88,6 +88,9 @@ class TenantPolicy:
     submit_burst: int | None = None
     """Submits allowed at once after a quiet spell (the bucket's size); ``None``: ten seconds'
     worth of ``submits_per_minute``, at least 1."""
+    weight: float = 1.0
+    """The tenant's weight in fair share (``mdq.core.fairshare``): when more work waits than
+    fits, a tenant of weight 2 gets twice the dominant share of one of weight 1."""
 
     def __post_init__(self) -> None:
         _check_policy(self)
@@ -125,7 +128,7 @@ class TenantPolicy:
         values: dict[str, Any] = {}
         for name, value in raw.items():
             kind = _POLICY_FIELDS[name]
-            nullable = kind is not bool
+            nullable = name not in _NOT_NULL
             if (value is None and nullable) or _is_a(kind, value):
                 values[name] = float(value) if kind is float and value is not None else value
                 continue
@@ -152,7 +155,10 @@ _POLICY_FIELDS: dict[str, type] = {
     "max_running_cpu": float,
     "submits_per_minute": float,
     "submit_burst": int,
+    "weight": float,
 }
+_NOT_NULL = frozenset({"allow_high", "weight"})
+"""Fields without an "unlimited": null is refused for them."""
 
 
 def _check_policy(policy: TenantPolicy) -> None:
@@ -162,6 +168,7 @@ def _check_policy(policy: TenantPolicy) -> None:
         ("max_running_cpu", policy.max_running_cpu, 0),
         ("submits_per_minute", policy.submits_per_minute, 0),
         ("submit_burst", policy.submit_burst, 1),
+        ("weight", policy.weight, 0),
     )
     for name, value, low in checks:
         if value is None:
@@ -171,7 +178,7 @@ def _check_policy(policy: TenantPolicy) -> None:
             raise ValueError(f"tenant policy: {name} must be {bound}, got {value!r}")
 
 
-_POSITIVE = frozenset({"max_running_cpu", "submits_per_minute"})
+_POSITIVE = frozenset({"max_running_cpu", "submits_per_minute", "weight"})
 
 
 DEFAULT_POLICY = TenantPolicy()

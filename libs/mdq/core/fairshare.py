@@ -1,0 +1,125 @@
+"""Fair share between tenants: weighted dominant-resource fairness over the queue (pure).
+
+When more work waits than fits, which tenant's job is bound next decides who gets the cluster.
+mdq uses dominant-resource fairness (Ghodsi et al., NSDI 2011), weighted: a tenant's *dominant
+share* is the larger of its CPU share and its memory share of the schedulable capacity (the
+requests of its BOUND and RUNNING jobs over the capacity of the nodes placement may bind to),
+and its *weighted share* is that over its weight (``TenantPolicy.weight``; the operator's own
+untenanted jobs weigh ``OPERATOR_WEIGHT``). ``FairQueue`` hands ``plan`` the queued jobs one at
+a time: always the next job, in queue order (priority class and age), of the tenant whose
+weighted share is the smallest now, and the share of a tenant grows as soon as one of its jobs
+is bound (``charge``), so one pass over a flooded queue already interleaves the tenants by
+weight. Ties go to the job earlier in queue order, so with one tenant, or tenants at equal
+shares, the order is exactly the queue's.
+
+It is work-conserving: a job that fits nowhere is passed over and charges nothing, so the jobs
+after it, of any tenant, still bind; a tenant alone in the queue takes everything idle.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
+
+OPERATOR_WEIGHT = 1.0
+"""Weight of the operator's own untenanted jobs (tenant "")."""
+
+
+class Request(Protocol):
+    """What fairness needs of a queued job (``mdq.core.placement.QueuedJob`` has it)."""
+
+    @property
+    def tenant(self) -> str: ...
+
+    @property
+    def cpu(self) -> float: ...
+
+    @property
+    def memory_mb(self) -> int: ...
+
+
+Job = TypeVar("Job", bound=Request)
+
+
+@dataclass(frozen=True, slots=True)
+class Fairness:
+    """What ``plan`` needs to order the queue fairly: each tenant's held requests now and its
+    weight."""
+
+    held: Mapping[str, Held]
+    weight: Callable[[str], float]
+
+
+@dataclass(slots=True)
+class Held:
+    """What one tenant's BOUND and RUNNING jobs request in total."""
+
+    cpu: float = 0.0
+    memory_mb: float = 0.0
+
+
+def dominant_share(held: Held, total_cpu: float, total_memory_mb: float) -> float:
+    """The larger of ``held``'s CPU and memory shares of the capacity (0 with no capacity)."""
+    cpu = held.cpu / total_cpu if total_cpu > 0 else 0.0
+    memory = held.memory_mb / total_memory_mb if total_memory_mb > 0 else 0.0
+    return max(cpu, memory)
+
+
+class FairQueue(Generic[Job]):
+    """The queue in weighted-DRF order, decided job by job as ``plan`` binds them.
+
+    Iterate it for the jobs; call ``charge(job)`` for each one bound before asking for the
+    next. ``queue`` must be in queue order (``queue_key``); ``held`` is each tenant's current
+    requests (tenants absent hold nothing) and is not changed; ``weight`` gives a tenant's
+    weight (> 0).
+    """
+
+    def __init__(
+        self,
+        queue: Sequence[Job],
+        held: Mapping[str, Held],
+        weight: Callable[[str], float],
+        total_cpu: float,
+        total_memory_mb: float,
+    ) -> None:
+        self._total_cpu = total_cpu
+        self._total_memory_mb = total_memory_mb
+        self._by_tenant: dict[str, list[tuple[int, Job]]] = {}
+        for position, job in enumerate(queue):
+            self._by_tenant.setdefault(job.tenant, []).append((position, job))
+        self._held = {
+            tenant: Held(held[tenant].cpu, held[tenant].memory_mb) if tenant in held else Held()
+            for tenant in self._by_tenant
+        }
+        self._weight = {tenant: weight(tenant) for tenant in self._by_tenant}
+        self._next = dict.fromkeys(self._by_tenant, 0)
+        self._heap = [
+            (self.weighted_share(tenant), jobs[0][0], tenant)
+            for tenant, jobs in self._by_tenant.items()
+        ]
+        heapq.heapify(self._heap)
+
+    def weighted_share(self, tenant: str) -> float:
+        """``tenant``'s dominant share now (with what was charged) over its weight."""
+        share = dominant_share(self._held[tenant], self._total_cpu, self._total_memory_mb)
+        return share / self._weight[tenant]
+
+    def charge(self, job: Job) -> None:
+        """``job`` was bound: its requests count in its tenant's share from now on."""
+        held = self._held[job.tenant]
+        held.cpu += job.cpu
+        held.memory_mb += job.memory_mb
+
+    def __iter__(self) -> Iterator[Job]:
+        heap = self._heap
+        while heap:
+            _, _, tenant = heapq.heappop(heap)
+            jobs = self._by_tenant[tenant]
+            index = self._next[tenant]
+            yield jobs[index][1]
+            index += 1
+            self._next[tenant] = index
+            if index < len(jobs):  # its share as it is now: after the caller's charge, if any
+                heapq.heappush(heap, (self.weighted_share(tenant), jobs[index][0], tenant))

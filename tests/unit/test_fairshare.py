@@ -1,0 +1,209 @@
+"""Fair share between tenants (weighted dominant-resource fairness), as tables of named cases:
+the order ``FairQueue`` hands out, and what ``plan`` binds with it when more waits than fits."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from mdq.core.fairshare import Fairness, FairQueue, Held, dominant_share
+from mdq.core.placement import NodeState, QueuedJob, plan
+
+NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
+
+
+def job(job_id: str, tenant: str, cpu: float = 1, memory_mb: int = 1024) -> QueuedJob:
+    return QueuedJob(
+        job_id=job_id,
+        cpu=cpu,
+        memory_mb=memory_mb,
+        priority=500,
+        submitted_at=NOW,
+        tenant=tenant,
+    )
+
+
+def node(name: str, cpu: float = 4, memory_mb: int = 16_384) -> NodeState:
+    return NodeState(
+        name=name,
+        cpu_capacity=cpu,
+        memory_capacity_mb=memory_mb,
+        ready=True,
+        cpu_load=0.0,
+        memory_load=0.0,
+        reported_at=NOW - timedelta(seconds=1),
+    )
+
+
+SHARE_CASES = [
+    ("nothing held", Held(), 0.0),
+    ("cpu dominates", Held(cpu=4, memory_mb=1024), 0.5),
+    ("memory dominates", Held(cpu=1, memory_mb=8192), 0.5),
+    ("all of it", Held(cpu=8, memory_mb=16_384), 1.0),
+]
+
+
+@pytest.mark.parametrize(("name", "held", "share"), SHARE_CASES, ids=[c[0] for c in SHARE_CASES])
+def test_dominant_share(name: str, held: Held, share: float) -> None:
+    assert dominant_share(held, 8, 16_384) == pytest.approx(share)
+
+
+def test_no_capacity_is_no_share() -> None:
+    assert dominant_share(Held(cpu=4, memory_mb=4096), 0, 0) == 0.0
+
+
+# each case: queue (job id = tenant + number, in queue order), held now, weights, and the
+# tenants of the first jobs handed out when every job is bound (charged) as it comes
+ORDER_CASES: list[tuple[str, list[QueuedJob], dict[str, Held], dict[str, float], str]] = [
+    (
+        "one tenant keeps queue order",
+        [job("a1", "a"), job("a2", "a"), job("a3", "a")],
+        {},
+        {},
+        "aaa",
+    ),
+    (
+        "equal weights alternate (ties by queue order)",
+        [job("a1", "a"), job("a2", "a"), job("a3", "a"), job("b1", "b"), job("b2", "b")],
+        {},
+        {},
+        "ababa",
+    ),
+    (
+        "weight 2 gets two jobs for one",
+        [*(job(f"a{i}", "a") for i in range(6)), *(job(f"b{i}", "b") for i in range(6))],
+        {},
+        {"b": 2.0},
+        "abbabbabb",
+    ),
+    (
+        "a tenant already holding much waits for the others",
+        [job("a1", "a"), job("a2", "a"), job("b1", "b"), job("b2", "b"), job("b3", "b")],
+        {"a": Held(cpu=4)},
+        {},
+        "bbba",
+    ),
+    (
+        "dominant resource: big-memory jobs count by memory",
+        [job("m1", "m", 1, 8192), job("m2", "m", 1, 8192), job("c1", "c"), job("c2", "c")],
+        {},
+        {},
+        "mccm",
+    ),
+    (
+        "the operator's jobs take part as a tenant of weight 1",
+        [job("o1", ""), job("o2", ""), job("t1", "t"), job("t2", "t")],
+        {},
+        {},
+        "-t-t",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "queue", "held", "weight", "expected"), ORDER_CASES, ids=[c[0] for c in ORDER_CASES]
+)
+def test_fair_order_when_every_job_is_bound(
+    name: str,
+    queue: list[QueuedJob],
+    held: dict[str, Held],
+    weight: dict[str, float],
+    expected: str,
+) -> None:
+    fair = FairQueue(queue, held, lambda tenant: weight.get(tenant, 1.0), 8, 16_384)
+    order = []
+    for each in fair:
+        order.append(each.tenant or "-")
+        fair.charge(each)
+    assert "".join(order[: len(expected)]) == expected
+    assert sorted(j.job_id for j in queue) == sorted(  # every job exactly once
+        j.job_id for j in FairQueue(queue, held, lambda _: 1.0, 8, 16_384)
+    )
+
+
+def test_a_job_not_bound_charges_nothing() -> None:
+    # a's first job fits nowhere (not charged): a is still the poorer tenant afterwards
+    queue = [job("a1", "a"), job("a2", "a"), job("b1", "b"), job("b2", "b")]
+    fair = FairQueue(queue, {"b": Held(cpu=1)}, lambda _: 1.0, 8, 16_384)
+    order = []
+    for each in fair:
+        order.append(each.job_id)
+        if each.job_id != "a1":
+            fair.charge(each)
+    assert order == ["a1", "a2", "b1", "b2"]
+
+
+def test_held_mapping_is_not_changed() -> None:
+    held = {"a": Held(cpu=1)}
+    fair = FairQueue([job("a1", "a"), job("b1", "b")], held, lambda _: 1.0, 8, 16_384)
+    for each in fair:
+        fair.charge(each)
+    assert held == {"a": Held(cpu=1)}
+
+
+PLAN_CASES = [
+    (
+        # 8 one-core slots, a flood from a (submitted first) and b: without fairness a takes
+        # all 8; with it, 4 each
+        "a flood does not starve a later tenant",
+        [*(job(f"a{i}", "a") for i in range(10)), *(job(f"b{i}", "b") for i in range(10))],
+        {},
+        {},
+        {"a": 4, "b": 4},
+    ),
+    (
+        "weights 1:1:2 split 8 slots 2:2:4",
+        [
+            *(job(f"a{i}", "a") for i in range(10)),
+            *(job(f"b{i}", "b") for i in range(10)),
+            *(job(f"c{i}", "c") for i in range(10)),
+        ],
+        {},
+        {"c": 2.0},
+        {"a": 2, "b": 2, "c": 4},
+    ),
+    (
+        "what a tenant already runs counts",
+        [*(job(f"a{i}", "a") for i in range(10)), *(job(f"b{i}", "b") for i in range(10))],
+        {"a": Held(cpu=2, memory_mb=2048)},
+        {},
+        {"a": 2, "b": 4},
+    ),
+    (
+        "work-conserving: a tenant alone takes all the room",
+        [*(job(f"a{i}", "a") for i in range(10)), job("b0", "b", cpu=16)],
+        {},
+        {},
+        {"a": 8},
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "queue", "held", "weight", "bound"), PLAN_CASES, ids=[c[0] for c in PLAN_CASES]
+)
+def test_plan_binds_fair_shares(
+    name: str,
+    queue: list[QueuedJob],
+    held: dict[str, Held],
+    weight: dict[str, float],
+    bound: dict[str, int],
+) -> None:
+    free_cpu = 8 - sum(h.cpu for h in held.values())
+    nodes = [node("n1", cpu=4), node("n2", cpu=4)]
+    nodes[0] = replace(nodes[0], reserved_cpu=8 - free_cpu)  # what is held sits on n1
+    fairness = Fairness(held=held, weight=lambda tenant: weight.get(tenant, 1.0))
+    decisions = plan(nodes, queue, NOW, ordered=True, fairness=fairness)
+    counts: dict[str, int] = {}
+    for decision in decisions:
+        tenant = decision.job_id[0]
+        counts[tenant] = counts.get(tenant, 0) + 1
+    assert counts == bound
+
+
+def test_plan_without_fairness_keeps_queue_order() -> None:
+    queue = [*(job(f"a{i}", "a") for i in range(10)), *(job(f"b{i}", "b") for i in range(10))]
+    decisions = plan([node("n1"), node("n2")], queue, NOW, ordered=True)
+    assert [d.job_id for d in decisions] == [f"a{i}" for i in range(8)]
