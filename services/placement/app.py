@@ -43,7 +43,9 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy, KeyValueConfig, PubAck
@@ -67,7 +69,7 @@ from mdq.core.expiry import (
     expiry_message,
     max_job_age,
 )
-from mdq.core.fairshare import OPERATOR_WEIGHT, Fairness
+from mdq.core.fairshare import OPERATOR_WEIGHT, Fairness, fairness_reason
 from mdq.core.node_health import NodeCapacity, NodeHealth, NodeHealthPolicy, Suspicion
 from mdq.core.placement import (
     Decision,
@@ -136,11 +138,12 @@ def node_score_message(score: NodeScore) -> pb.NodeScore:
     )
 
 
-def _refresh(written: tuple[tuple[int, float], datetime], now: datetime) -> bool:
-    """Whether a tenant's unchanged usage is written again: while it is not nothing, every
-    ``WAITING_REFRESH_S`` (nothing is written once and left to expire)."""
+def _refresh(written: tuple[tuple[Any, ...], datetime], now: datetime) -> bool:
+    """Whether a tenant's unchanged usage is written again: while it is not nothing (jobs
+    queued or CPU running), every ``WAITING_REFRESH_S`` (nothing is written once and left to
+    expire)."""
     counted, at = written
-    return counted != (0, 0.0) and (now - at).total_seconds() >= WAITING_REFRESH_S
+    return counted[:2] != (0, 0.0) and (now - at).total_seconds() >= WAITING_REFRESH_S
 
 
 class Placement:
@@ -229,7 +232,7 @@ class Placement:
         self.snapshots_written = 0
         self._cordon_notes: dict[str, tuple[datetime, bool]] = {}
         """node -> (episode start, cordoned or held back) last logged, so each is logged once."""
-        self._usage_written: dict[str, tuple[tuple[int, float], datetime]] = {}
+        self._usage_written: dict[str, tuple[tuple[Any, ...], datetime]] = {}
         """tenant -> (queued jobs, running CPU) last written as its usage, and when."""
         self._usage_at: datetime | None = None
         self._adopt: set[str] = set()
@@ -712,13 +715,32 @@ class Placement:
         if interval <= 0 or (last is not None and (now - last).total_seconds() < interval):
             return
         self._usage_at = now
+        shares = self.state.shares(now, self._weight) if self._settings.fair_share else {}
         for tenant in self.state.tenants():
             queued, cpu = self.tenant_usage(tenant)
-            counted = (queued, round(cpu, 6))
+            standing = shares.get(tenant)
+            counted: tuple[Any, ...] = (queued, round(cpu, 6), self._weight(tenant))
+            if standing is not None:
+                counted += (
+                    standing.running_jobs,
+                    round(standing.running.memory_mb, 3),
+                    round(standing.share, 4),
+                    round(standing.fair_share, 4),
+                )
             written = self._usage_written.get(tenant)
             if written is not None and written[0] == counted and not _refresh(written, now):
                 continue
-            usage = TenantUsage(queued_jobs=queued, running_cpu=counted[1], as_of=now)
+            usage = TenantUsage(
+                queued_jobs=queued, running_cpu=counted[1], as_of=now, weight=counted[2]
+            )
+            if standing is not None:
+                usage = replace(
+                    usage,
+                    running_jobs=counted[3],
+                    running_memory_mb=counted[4],
+                    share=counted[5],
+                    fair_share=counted[6],
+                )
             try:
                 kv = await self._waiting_bucket()
                 await kv.put(usage_key(tenant), usage.to_json())
@@ -743,12 +765,18 @@ class Placement:
             return
         self._waiting_explained_at = now
         cordons = self.failure_cordons(now)
+        shares = self.state.shares(now, self._weight) if self._settings.fair_share else {}
         for job in unplaced[:WAITING_JOBS_PER_PASS]:
             reason = held.get(job.job_id) if held else None
             if reason:
                 waiting = Waiting(job.job_id, (), {}, len(nodes), reason)
             else:
                 waiting = explain_waiting(nodes, job, now, self._config)
+                standing = shares.get(job.tenant)
+                if standing is not None and len(shares) > 1:  # others compete for the room
+                    note = fairness_reason(job.tenant, standing.share, standing.fair_share)
+                    if note:
+                        waiting = replace(waiting, summary=f"{waiting.summary}; {note}")
             signature = (waiting.summary, tuple((s.node, s.filtered) for s in waiting.scores))
             written = self._waiting_written.get(job.job_id)
             if (

@@ -41,9 +41,11 @@ from mdq.bus.permissions import (
 from mdq.bus.snapshots import SnapshotStore
 from mdq.bus.streams import ensure_streams, ensure_tenant_stream
 from mdq.bus.subjects import Subjects
+from mdq.cli.queues import tenant_usages
 from mdq.contracts import pb
 from mdq.core.producers import EVENT_PRODUCERS
 from mdq.core.snapshot import encode as encode_snapshot
+from mdq.core.tenants import TenantUsage, usage_key
 from mdq.embedded import EmbeddedNats, start_nats
 
 SUBJECTS = Subjects("mdq")
@@ -585,3 +587,25 @@ async def test_a_tenant_jobs_runner_reports_and_hears_its_acks(prepared: Server)
             raise AssertionError(f"the runner's progress never reached {stream}")
     finally:
         await admin.close()
+
+
+async def test_the_operators_client_reads_the_tenants_shares_and_a_tenant_cannot(
+    prepared: Server, attempts_of: dict[str, Attempts]
+) -> None:
+    """``mdq queues`` as the operator's identity reads placement's per-tenant counts from the
+    waiting bucket (an ephemeral consumer for its keys, then gets); a tenant's identity may
+    not read that bucket at all."""
+    usage = TenantUsage(queued_jobs=3, running_cpu=2.0, as_of=datetime.now(UTC), share=0.25)
+    placement = await connect(prepared.nats.url, name="p", creds=prepared.creds["placement"])
+    kv = await placement.jetstream().key_value(SUBJECTS.waiting_bucket)
+    await kv.put(usage_key(TENANT), usage.to_json())
+    await placement.close()
+    seen = await tenant_usages(prepared.nats.url, "mdq", creds=str(prepared.creds["cli"]))
+    assert seen == {TENANT: usage}
+    bucket = f"KV_{SUBJECTS.waiting_bucket}"
+    tries = [
+        f"$JS.API.STREAM.INFO.{bucket}",
+        f"$JS.API.CONSUMER.CREATE.{bucket}",
+        f"$JS.API.DIRECT.GET.{bucket}.$KV.{SUBJECTS.waiting_bucket}.{usage_key(TENANT)}",
+    ]
+    assert await attempts_of["tenant"].refused(tries) == set(tries)

@@ -9,10 +9,12 @@ from pathlib import Path
 import pytest
 from nats.aio.client import Client
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError
+from rich.console import Console
 
 from mdq.bus.setup import prepare_bus
 from mdq.bus.subjects import Subjects
 from mdq.bus.tenants import TenantDirectory, ensure_tenants_bucket, put_policy, remove_policy
+from mdq.cli.queues import queues_table, tenant_usages
 from mdq.contracts import pb
 from mdq.core.tenants import DEFAULT_POLICY, TenantPolicy, TenantUsage, usage_key
 from services.placement.app import Placement
@@ -263,7 +265,7 @@ async def test_a_high_job_held_by_its_tenants_quota_preempts_nobody(
 
 
 async def test_a_full_cluster_is_shared_by_weight_and_a_weight_changes_live(
-    nc: Client, subjects: Subjects, data_dir: Path
+    nc: Client, nats_url: str, subjects: Subjects, data_dir: Path
 ) -> None:
     """8 free cores, alice (weight 1) floods first, bob (weight 3) after her: bob gets 6 and
     alice 2, not alice all 8. Then the weights are swapped in the tenants bucket (no restart)
@@ -283,7 +285,7 @@ async def test_a_full_cluster_is_shared_by_weight_and_a_weight_changes_live(
         subjects=subjects,
         publisher=publisher(js, subjects),
         backend=RecordingBackend(),
-        settings=PlacementSettings(reconcile_interval_s=0.2),
+        settings=PlacementSettings(reconcile_interval_s=0.2, explain_waiting_interval_s=0.2),
         namespace=subjects.namespace,
     )
 
@@ -302,6 +304,24 @@ async def test_a_full_cluster_is_shared_by_weight_and_a_weight_changes_live(
         await wait_for(full, what="8 jobs bound on the 8 cores")
         await asyncio.sleep(0.5)  # a few more passes: nothing more fits
         assert await split() == {"alice": 2, "bob": 6}
+
+        # mdq queues: what placement wrote for each tenant
+        async def counted() -> bool:
+            usages = await tenant_usages(nats_url, subjects.namespace)
+            return {t: u.running_jobs for t, u in usages.items()} == {"alice": 2, "bob": 6}
+
+        await wait_for(counted, what="placement's count of both tenants in its waiting bucket")
+        usages = await tenant_usages(nats_url, subjects.namespace)
+        alice_usage, bob_usage = usages["alice"], usages["bob"]
+        assert (alice_usage.weight, alice_usage.queued_jobs) == (1.0, 8)
+        assert (alice_usage.share, alice_usage.fair_share) == (0.25, 0.25)
+        assert (bob_usage.weight, bob_usage.share, bob_usage.fair_share) == (3.0, 0.75, 0.75)
+        assert bob_usage.running_cpu == 6.0
+        wide = Console(width=200, record=True)
+        wide.print(queues_table(usages))
+        text = wide.export_text()
+        assert "alice" in text and "25.0%" in text and "75.0%" in text
+
         await put_policy(js, subjects, "alice", TenantPolicy(weight=3.0))
         await put_policy(js, subjects, "bob", TenantPolicy(weight=1.0))
 
@@ -312,6 +332,20 @@ async def test_a_full_cluster_is_shared_by_weight_and_a_weight_changes_live(
             )
 
         await wait_for(followed, what="placement's directory has the new weights")
+
+        # bob now holds 75 % against a fair 25 %: mdq explain says so of his waiting jobs
+        async def explained() -> bool:
+            try:
+                kv = await js.key_value(subjects.waiting_bucket)
+                entry = await kv.get(bob[6])
+            except (BucketNotFoundError, KeyNotFoundError):
+                return False
+            return (
+                "fair share: tenant bob holds 75%"
+                in pb.JobWaiting.FromString(entry.value or b"").summary
+            )
+
+        await wait_for(explained, what="why bob's next job waits: his share is above his due")
         # one event, so one pass sees all 8 new cores at once
         await bus.publish(node_load("n2", cpu_capacity=8, memory_mb=100_000))
 

@@ -8,7 +8,14 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from mdq.core.fairshare import Fairness, FairQueue, Held, dominant_share
+from mdq.core.fairshare import (
+    Fairness,
+    FairQueue,
+    Held,
+    dominant_share,
+    fair_shares,
+    fairness_reason,
+)
 from mdq.core.placement import NodeState, QueuedJob, plan
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
@@ -207,3 +214,65 @@ def test_plan_without_fairness_keeps_queue_order() -> None:
     queue = [*(job(f"a{i}", "a") for i in range(10)), *(job(f"b{i}", "b") for i in range(10))]
     decisions = plan([node("n1"), node("n2")], queue, NOW, ordered=True)
     assert [d.job_id for d in decisions] == [f"a{i}" for i in range(8)]
+
+
+FAIR_SHARE_CASES: list[tuple[str, dict[str, float], dict[str, float], dict[str, float]]] = [
+    ("one tenant wanting more than all gets all", {"a": 3.0}, {}, {"a": 1.0}),
+    ("one tenant wanting little gets what it wants", {"a": 0.2}, {}, {"a": 0.2}),
+    ("two equal tenants, both flooding", {"a": 5.0, "b": 5.0}, {}, {"a": 0.5, "b": 0.5}),
+    (
+        "weights 1:1:2, all flooding",
+        {"a": 9.0, "b": 9.0, "c": 9.0},
+        {"c": 2.0},
+        {"a": 0.25, "b": 0.25, "c": 0.5},
+    ),
+    (
+        "what a small tenant leaves goes to the others by weight",
+        {"a": 0.1, "b": 9.0, "c": 9.0},
+        {"c": 2.0},
+        {"a": 0.1, "b": 0.3, "c": 0.6},
+    ),
+    ("no demand, no share", {"a": 0.0, "b": 2.0}, {}, {"a": 0.0, "b": 1.0}),
+    ("all satisfied", {"a": 0.2, "b": 0.3}, {}, {"a": 0.2, "b": 0.3}),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "demands", "weight", "expected"),
+    FAIR_SHARE_CASES,
+    ids=[c[0] for c in FAIR_SHARE_CASES],
+)
+def test_fair_shares_water_fill_by_weight(
+    name: str, demands: dict[str, float], weight: dict[str, float], expected: dict[str, float]
+) -> None:
+    shares = fair_shares(demands, lambda tenant: weight.get(tenant, 1.0))
+    assert shares == pytest.approx(expected)
+
+
+REASON_CASES = [
+    ("below its fair share: nothing to say", "alice", 0.2, 0.5, ""),
+    ("at it: nothing to say", "alice", 0.5, 0.5, ""),
+    (
+        "above it",
+        "alice",
+        0.75,
+        0.25,
+        "fair share: tenant alice holds 75% of the cluster, above its fair share of 25%, so "
+        "its jobs go after those of tenants below theirs",
+    ),
+    (
+        "the operator",
+        "",
+        0.6,
+        0.5,
+        "fair share: the operator holds 60% of the cluster, above its fair share of 50%, so "
+        "its jobs go after those of tenants below theirs",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "tenant", "share", "fair", "reason"), REASON_CASES, ids=[c[0] for c in REASON_CASES]
+)
+def test_fairness_reason(name: str, tenant: str, share: float, fair: float, reason: str) -> None:
+    assert fairness_reason(tenant, share, fair) == reason

@@ -807,3 +807,26 @@ def test_a_view_round_trips_every_field() -> None:
     assert set(data) == {f.name for f in fields(JobView)}, "a field left out of the snapshot"
     assert set(data["attempts"][0]) == {f.name for f in fields(AttemptRecord)}
     assert JobView.from_dict(data) == view
+
+
+def test_shares_report_running_share_and_fair_share_per_tenant() -> None:
+    # 8 cores: alice runs 2 of her 6 one-core jobs, bob waits with 6, carol (weight 2) with 1;
+    # the operator runs one job of 4 GiB
+    steps: list[Step] = [load("n1", cpu=8, memory_mb=16_384)]
+    steps += [sub(f"alice.1-a{i}") for i in range(6)] + [bound("alice.1-a0", "n1")]
+    steps += [bound("alice.1-a1", "n1")]
+    steps += [sub(f"bob.1-b{i}") for i in range(6)] + [sub("carol.1-c0")]
+    steps += [sub("1-op", memory_mb=4096), bound("1-op", "n1")]
+    state = fold(steps)
+    weights = {"carol": 2.0}
+    report = state.shares(at(1), lambda tenant: weights.get(tenant, 1.0))
+    assert set(report) == {"alice", "bob", "carol", ""}
+    alice, bob, carol, operator = report["alice"], report["bob"], report["carol"], report[""]
+    assert (alice.running_jobs, alice.running.cpu, alice.share) == (2, 2.0, 0.25)
+    assert (bob.running_jobs, bob.share) == (0, 0.0)
+    assert operator.share == 0.25  # its memory dominates: 4 of 16 GiB
+    # demands: alice 6/8, bob 6/8, carol 1/8, operator 1/4: carol and the operator are
+    # satisfied, alice and bob split the other 5/8
+    assert carol.fair_share == pytest.approx(0.125) and carol.weight == 2.0
+    assert operator.fair_share == pytest.approx(0.25)
+    assert alice.fair_share == pytest.approx(0.3125) == bob.fair_share

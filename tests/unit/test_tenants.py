@@ -112,7 +112,25 @@ def test_default_policy_is_conservative() -> None:
 USAGE_JSON_CASES = [
     ("nothing", TenantUsage(as_of=NOW)),
     ("some", TenantUsage(queued_jobs=98, running_cpu=7.5, as_of=NOW)),
+    (
+        "with its fair share",
+        TenantUsage(
+            queued_jobs=40,
+            running_cpu=6.0,
+            as_of=NOW,
+            running_jobs=6,
+            running_memory_mb=6144.0,
+            weight=2.0,
+            share=0.75,
+            fair_share=0.5,
+        ),
+    ),
 ]
+
+
+def test_usage_written_by_an_older_placement_reads_with_defaults() -> None:
+    usage = TenantUsage.from_json('{"queued_jobs": 3, "as_of": "2026-01-01T00:00:00+00:00"}')
+    assert (usage.queued_jobs, usage.weight, usage.share, usage.fair_share) == (3, 1.0, 0.0, 0.0)
 
 
 @pytest.mark.parametrize(("name", "usage"), USAGE_JSON_CASES, ids=[c[0] for c in USAGE_JSON_CASES])
@@ -126,6 +144,8 @@ BAD_USAGE_CASES = [
     ("cpu a string", '{"running_cpu": "1", "as_of": "2026-01-01T00:00:00+00:00"}', "running_cpu"),
     ("no time", '{"queued_jobs": 1}', "as_of"),
     ("bad time", '{"as_of": "yesterday"}', "as_of"),
+    ("share a string", '{"as_of": "2026-01-01T00:00:00+00:00", "share": "half"}', "share"),
+    ("jobs a float", '{"as_of": "2026-01-01T00:00:00+00:00", "running_jobs": 1.5}', "running_jobs"),
 ]
 
 

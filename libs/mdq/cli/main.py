@@ -52,6 +52,7 @@ from mdq.cli.explain import explain as explain_command
 from mdq.cli.explain import waiting_entry
 from mdq.cli.live import follow_jobs, format_eta
 from mdq.cli.plot import plot as plot_command
+from mdq.cli.queues import queues_table, tenant_usages
 from mdq.cli.replay import replay as replay_command
 from mdq.cli.tenants import app as tenants_app
 from mdq.contracts import pb
@@ -583,6 +584,20 @@ def nodes(ctx: typer.Context) -> None:
         console.print("no node has reported its load yet")
         return
     console.print(table)
+
+
+@app.command()
+def queues(ctx: typer.Context) -> None:
+    """Each tenant's weight, jobs running and queued, share of the cluster and fair share
+    (placement's last count, from its waiting bucket)."""
+    endpoints = _endpoints(ctx)
+    usages = _run(
+        tenant_usages(endpoints.nats_url, endpoints.namespace, creds=endpoints.nats_creds)
+    )
+    if not usages:
+        console.print("no tenant has jobs queued or running (or placement has not counted yet)")
+        return
+    console.print(queues_table(usages))
 
 
 @app.command()

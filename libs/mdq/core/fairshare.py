@@ -123,3 +123,43 @@ class FairQueue(Generic[Job]):
             self._next[tenant] = index
             if index < len(jobs):  # its share as it is now: after the caller's charge, if any
                 heapq.heappush(heap, (self.weighted_share(tenant), jobs[index][0], tenant))
+
+
+def fair_shares(demands: Mapping[str, float], weight: Callable[[str], float]) -> dict[str, float]:
+    """Each tenant's fair dominant share of the whole capacity (1.0) when ``demands`` (the
+    dominant share each tenant would hold with all its queued jobs bound) compete for it:
+    weighted water-filling (max-min fairness). A tenant demanding less than its weighted part
+    gets its demand, and what it leaves is split among the others by weight, until every
+    tenant is either satisfied or at its part of what is left. Tenants demanding nothing get 0.
+    """
+    shares = dict.fromkeys(demands, 0.0)
+    active = {tenant for tenant, demand in demands.items() if demand > 0}
+    left = 1.0
+    while active and left > 1e-12:
+        total_weight = sum(weight(tenant) for tenant in active)
+        parts = {tenant: left * weight(tenant) / total_weight for tenant in active}
+        satisfied = {tenant for tenant in active if demands[tenant] <= parts[tenant] + 1e-12}
+        if not satisfied:
+            shares.update(parts)
+            break
+        for tenant in satisfied:
+            shares[tenant] = demands[tenant]
+            left -= demands[tenant]
+        active -= satisfied
+    return shares
+
+
+ABOVE_FAIR_SHARE = 0.005
+"""How far above its fair share a tenant must be for ``fairness_reason`` to speak (rounding)."""
+
+
+def fairness_reason(tenant: str, share: float, fair_share: float) -> str:
+    """Why fair share puts ``tenant``'s jobs after other tenants', for ``mdq explain``; "" when
+    it is not above its fair share."""
+    if share <= fair_share + ABOVE_FAIR_SHARE:
+        return ""
+    who = f"tenant {tenant}" if tenant else "the operator"
+    return (
+        f"fair share: {who} holds {share:.0%} of the cluster, above its fair share of "
+        f"{fair_share:.0%}, so its jobs go after those of tenants below theirs"
+    )

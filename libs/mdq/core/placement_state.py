@@ -43,7 +43,7 @@ from typing import Any, NamedTuple
 
 from mdq.contracts import pb
 from mdq.core import ids
-from mdq.core.fairshare import Held
+from mdq.core.fairshare import Held, dominant_share, fair_shares
 from mdq.core.node_health import NodeCapacity, NodeHealth, NodeHealthPolicy
 from mdq.core.placement import (
     NodeState,
@@ -51,6 +51,7 @@ from mdq.core.placement import (
     Preemption,
     QueuedJob,
     RunningJob,
+    node_filter,
     queue_key,
 )
 from mdq.core.state import JobBook, JobState, JobView, event_time
@@ -70,6 +71,19 @@ class Nomination:
     node: str
     victims: tuple[str, ...]
     until: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class TenantShare:
+    """One tenant's fair-share standing (``PlacementState.shares``)."""
+
+    running_jobs: int
+    running: Held
+    weight: float
+    share: float
+    """Dominant share of the schedulable capacity now."""
+    fair_share: float
+    """The dominant share it is due (``mdq.core.fairshare.fair_shares``)."""
 
 
 class Folded(NamedTuple):
@@ -503,6 +517,43 @@ class PlacementState:
         """Each tenant's ("" the operator's) BOUND and RUNNING requests, for fair share (copies:
         ``plan`` may count bindings on them)."""
         return {tenant: Held(held.cpu, held.memory_mb) for tenant, held in self._held.items()}
+
+    def shares(self, now: datetime, weight: Callable[[str], float]) -> dict[str, TenantShare]:
+        """Each tenant's ("" the operator's) fair-share standing at ``now``: its running
+        requests, its dominant share of the schedulable capacity (nodes ready, not cordoned,
+        load fresh) and the fair share it is due while every tenant's PENDING jobs compete
+        (``fair_shares``). Tenants with nothing running or pending are left out."""
+        nodes = [
+            n for n in self.node_states() if not node_filter(n, now, self.config, check_load=False)
+        ]
+        total_cpu = sum(node.cpu_capacity for node in nodes)
+        total_memory_mb = float(sum(node.memory_capacity_mb for node in nodes))
+        wanted = {tenant: Held(held.cpu, held.memory_mb) for tenant, held in self._held.items()}
+        for view in self.views(JobState.PENDING):
+            tenant = ids.tenant_of(view.job_id)
+            held = wanted.setdefault(tenant, Held())
+            held.cpu += view.resources.cpu
+            held.memory_mb += view.resources.memory_mb
+        running: dict[str, int] = {}
+        for job_id in self._holding:
+            tenant = ids.tenant_of(job_id)
+            running[tenant] = running.get(tenant, 0) + 1
+        demands = {
+            tenant: dominant_share(held, total_cpu, total_memory_mb)
+            for tenant, held in wanted.items()
+        }
+        fair = fair_shares(demands, weight)
+        report: dict[str, TenantShare] = {}
+        for tenant in wanted:
+            held = self._held.get(tenant, Held())
+            report[tenant] = TenantShare(
+                running_jobs=running.get(tenant, 0),
+                running=Held(held.cpu, held.memory_mb),
+                weight=weight(tenant),
+                share=dominant_share(held, total_cpu, total_memory_mb),
+                fair_share=fair[tenant],
+            )
+        return report
 
     def tenants(self) -> list[str]:
         """Every tenant with a job in the log, by name."""

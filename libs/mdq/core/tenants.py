@@ -213,6 +213,18 @@ class TenantUsage:
     """Sum of ``resources.cpu`` of the jobs in ``RUNNING_STATES``."""
     as_of: datetime = EPOCH
     """When placement counted it."""
+    running_jobs: int = 0
+    """Jobs in ``RUNNING_STATES``."""
+    running_memory_mb: float = 0.0
+    """Sum of ``resources.memory_mb`` of the jobs in ``RUNNING_STATES``."""
+    weight: float = 1.0
+    """The tenant's fair-share weight (its policy's) when placement counted."""
+    share: float = 0.0
+    """Its dominant share now: the larger of its running CPU and memory over the schedulable
+    capacity (``mdq.core.fairshare``)."""
+    fair_share: float = 0.0
+    """The dominant share it is due while what every tenant has queued competes for the
+    cluster (``fair_shares``: weighted water-filling; 0 with nothing queued or running)."""
 
     def to_json(self) -> bytes:
         """The usage as placement writes it (waiting bucket, key ``usage_key(tenant)``)."""
@@ -221,6 +233,7 @@ class TenantUsage:
                 "queued_jobs": self.queued_jobs,
                 "running_cpu": self.running_cpu,
                 "as_of": self.as_of.astimezone(UTC).isoformat(),
+                **{name: getattr(self, name) for name in _USAGE_EXTRAS},
             },
             sort_keys=True,
         ).encode()
@@ -234,7 +247,7 @@ class TenantUsage:
             raise ValueError(f"tenant usage is not JSON: {error}") from None
         if not isinstance(raw, dict):
             raise ValueError("tenant usage must be a JSON object")
-        unknown = sorted(set(raw) - {"queued_jobs", "running_cpu", "as_of"})
+        unknown = sorted(set(raw) - {"queued_jobs", "running_cpu", "as_of", *_USAGE_EXTRAS})
         if unknown:
             raise ValueError(f"tenant usage: unknown field {unknown[0]!r}")
         queued, cpu, as_of = (
@@ -254,11 +267,31 @@ class TenantUsage:
             raise ValueError(
                 f"tenant usage: as_of must be an ISO 8601 time, got {as_of!r}"
             ) from None
+        extras: dict[str, Any] = {}
+        for name, kind in _USAGE_EXTRAS.items():  # optional: an older placement wrote none
+            if name not in raw:
+                continue
+            value = raw[name]
+            if not _is_a(kind, value) or (kind is float and not math.isfinite(value)):
+                what = "an integer" if kind is int else "a number"
+                raise ValueError(f"tenant usage: {name} must be {what}, got {value!r}")
+            extras[name] = float(value) if kind is float else value
         return cls(
             queued_jobs=queued,
             running_cpu=float(cpu),
             as_of=at if at.tzinfo else at.replace(tzinfo=UTC),
+            **extras,
         )
+
+
+_USAGE_EXTRAS: dict[str, type] = {
+    "running_jobs": int,
+    "running_memory_mb": float,
+    "weight": float,
+    "share": float,
+    "fair_share": float,
+}
+"""The usage's fields beyond what intake's quota check reads (``mdq queues`` shows them)."""
 
 
 USAGE_KEY_PREFIX = "tenant."
