@@ -78,9 +78,11 @@ from mdq.core.placement import (
     PlacementConfig,
     Preemption,
     QueuedJob,
+    Standing,
     Waiting,
     explain_waiting,
     plan,
+    plan_fair_reclaims,
     plan_preemptions,
 )
 from mdq.core.placement_state import PlacementState
@@ -253,6 +255,9 @@ class Placement:
         self.leader = self._lease is None
         self.bound_total = 0
         self.preempted_total = 0
+        self.reclaimed_total = 0
+        """Running jobs stopped to give a tenant its fair share back (in ``preempted_total``
+        too)."""
         self.fenced_total = 0
         self.invalid_specs_total = 0
         """``submitted`` events whose spec failed validation here: never bound."""
@@ -631,6 +636,11 @@ class Placement:
         if not candidates:
             return []
         preemptions = plan_preemptions(nodes, candidates, running, now, self._config)
+        await self._stop_for(preemptions, now)
+        return preemptions
+
+    async def _stop_for(self, preemptions: list[Preemption], now: datetime) -> None:
+        """Hold each preemptor's room on its node and delete its victims' pods."""
         until = now + timedelta(seconds=self._settings.preemption_timeout_s)
         # the victims' views are taken before the first await: nothing is pruned meanwhile
         # (pruning happens between passes), this just keeps that true if that ever changes
@@ -641,7 +651,38 @@ class Placement:
             for view in views:
                 await self._backend.delete_pod(ids.pod_name(view.job_id, view.attempt))
                 self.preempted_total += 1
-        return preemptions
+
+    async def _reclaim(
+        self, nodes: list[NodeState], unplaced: list[QueuedJob], now: datetime
+    ) -> list[Preemption]:
+        """Give tenants below their fair share room back from those above theirs
+        (``plan_fair_reclaims``), by the preemption path: the waiting job is nominated on the
+        node, the victims' pods are deleted (SIGTERM: they checkpoint, and recovery requeues
+        them at once)."""
+        candidates = [job for job in unplaced if not self.state.nominated(job.job_id)]
+        if not candidates:
+            return []
+        shares = self.state.shares(now, self._weight)
+        if len(shares) < 2:
+            return []  # one tenant: nobody to take from
+        standing = {t: Standing(s.share, s.fair_share) for t, s in shares.items()}
+        if not any(figures.share > figures.fair_share for figures in standing.values()):
+            return []
+        total_cpu, total_memory_mb = self.state.schedulable_capacity(now)
+        reclaims = plan_fair_reclaims(
+            nodes,
+            candidates[:PREEMPTION_SCAN],
+            self.state.running_work(),
+            standing,
+            total_cpu,
+            total_memory_mb,
+            now,
+            self._config,
+            min_run_s=self._settings.fair_share_min_run_s,
+        )
+        await self._stop_for(reclaims, now)
+        self.reclaimed_total += sum(len(reclaim.victims) for reclaim in reclaims)
+        return reclaims
 
     async def reconcile(self) -> int:
         """One pass: release chains, bind what fits, preempt for what does not fit.
@@ -685,10 +726,12 @@ class Placement:
             unplaced = [job for job in queue if job.job_id not in placed]
             held = self.quota_reasons(unplaced) if room else {}
             await self._explain_waiting(nodes, unplaced, now, held)
+            # a job its tenant's quota holds back may not take another's room either
+            candidates = [job for job in unplaced if job.job_id not in held]
             if self._settings.preemption:
-                # a job its tenant's quota holds back may not take another's room either
-                candidates = [job for job in unplaced if job.job_id not in held]
                 await self._preempt(nodes, candidates, now)
+            if self._settings.fair_share and self._settings.fair_share_reclaim:
+                await self._reclaim(nodes, candidates, now)
         return len(decisions)
 
     def _weight(self, tenant: str) -> float:

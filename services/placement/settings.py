@@ -72,6 +72,16 @@ class PlacementSettings(BaseSettings):
         "smallest weighted dominant share (each tenant's weight is its policy's, "
         "docs/placement.md); off: queue order (priority class and age) across all tenants.",
     )
+    fair_share_reclaim: bool = Field(
+        default=True,
+        description="With fair_share: a tenant below its fair share whose job fits nowhere "
+        "gets room back from tenants above theirs by checkpoint-first preemption.",
+    )
+    fair_share_min_run_s: float = Field(
+        default=120.0,
+        ge=0,
+        description="Work younger than this is never stopped to give a tenant its share.",
+    )
     preemption: bool = Field(
         default=True,
         description="A job that fits nowhere may preempt running work of a lower priority class.",

@@ -16,6 +16,7 @@ from mdq.bus.subjects import Subjects
 from mdq.bus.tenants import TenantDirectory, ensure_tenants_bucket, put_policy, remove_policy
 from mdq.cli.queues import queues_table, tenant_usages
 from mdq.contracts import pb
+from mdq.core import ids
 from mdq.core.tenants import DEFAULT_POLICY, TenantPolicy, TenantUsage, usage_key
 from services.placement.app import Placement
 from services.placement.settings import PlacementSettings
@@ -355,3 +356,55 @@ async def test_a_full_cluster_is_shared_by_weight_and_a_weight_changes_live(
         await wait_for(full_again, what="8 more jobs bound on the second node")
         await asyncio.sleep(0.5)
         assert await split() == {"alice": 10, "bob": 6}
+
+
+async def test_a_tenant_below_its_share_gets_room_back_and_no_more(
+    nc: Client, subjects: Subjects, data_dir: Path
+) -> None:
+    """alice runs 8 jobs on the 8 cores; bob submits 6: half the cluster is his due, so
+    placement stops 4 of alice's (their pods deleted: SIGTERM, a checkpoint, requeued by
+    recovery) with the room held for 4 of bob's, and stops nothing more in the passes while
+    they leave (the stopped ones and the held room count as gone and as bob's)."""
+    js = nc.jetstream()
+    bus = publisher(js, subjects)
+    await bus.publish_all([node_load("n1", cpu_capacity=8, memory_mb=100_000)])
+    alice = [job("alice", f"a{i}") for i in range(8)]
+    await bus.publish_all([submitted(job_id) for job_id in alice])
+    backend = RecordingBackend()
+    placement = Placement(
+        js=js,
+        subjects=subjects,
+        publisher=publisher(js, subjects),
+        backend=backend,
+        settings=PlacementSettings(reconcile_interval_s=0.2, fair_share_min_run_s=0),
+        namespace=subjects.namespace,
+    )
+    async with running(placement.run()):
+
+        async def all_bound() -> bool:
+            return await tenant_jobs_bound(nc, subjects) == set(alice)
+
+        await wait_for(all_bound, what="alice's 8 jobs bound")
+        await bus.publish_all(
+            [
+                event(
+                    "started",
+                    pb.JobStarted(node="n1", pod_name=ids.pod_name(j, 1)),
+                    job=j,
+                    attempt=1,
+                )
+                for j in alice
+            ]
+        )
+        bob = [job("bob", f"b{i}") for i in range(6)]
+        await bus.publish_all([submitted(job_id) for job_id in bob])
+
+        async def reclaimed() -> bool:
+            return len(backend.deleted) >= 4
+
+        await wait_for(reclaimed, what="4 of alice's jobs stopped for bob")
+        await asyncio.sleep(1.0)  # five more passes: the victims have not left yet
+        assert len(backend.deleted) == 4
+        assert set(backend.deleted) <= {ids.pod_name(j, 1) for j in alice}
+        assert placement.reclaimed_total == 4
+        assert [placement.state.nominated(j) for j in bob] == [True] * 4 + [False] * 2

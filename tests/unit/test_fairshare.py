@@ -16,7 +16,14 @@ from mdq.core.fairshare import (
     fair_shares,
     fairness_reason,
 )
-from mdq.core.placement import NodeState, QueuedJob, plan
+from mdq.core.placement import (
+    NodeState,
+    QueuedJob,
+    RunningJob,
+    Standing,
+    plan,
+    plan_fair_reclaims,
+)
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 
@@ -276,3 +283,120 @@ REASON_CASES = [
 )
 def test_fairness_reason(name: str, tenant: str, share: float, fair: float, reason: str) -> None:
     assert fairness_reason(tenant, share, fair) == reason
+
+
+# -- reclaiming from over-share tenants ----------------------------------------------------------
+def work(
+    job_id: str,
+    tenant: str,
+    node_name: str = "n1",
+    *,
+    ran_s: float = 600,
+    checkpoint_s_ago: float | None = None,
+    cpu: float = 1,
+) -> RunningJob:
+    return RunningJob(
+        job_id=job_id,
+        node=node_name,
+        cpu=cpu,
+        memory_mb=1024,
+        priority=500,
+        started_at=NOW - timedelta(seconds=ran_s),
+        tenant=tenant,
+        checkpoint_at=None
+        if checkpoint_s_ago is None
+        else NOW - timedelta(seconds=checkpoint_s_ago),
+    )
+
+
+def full(name: str = "n1", cpu: float = 4) -> NodeState:
+    return replace(node(name, cpu=cpu), reserved_cpu=cpu, reserved_memory_mb=int(cpu) * 1024)
+
+
+# a 4-core node full of a's work (share 0.5 of 8 cores on two nodes, the other full of c's)
+RECLAIM_CASES: list[
+    tuple[
+        str,
+        list[RunningJob],
+        dict[str, Standing],
+        list[QueuedJob],
+        list[tuple[str, tuple[str, ...]]],
+    ]
+] = [
+    (
+        "a newcomer below its share takes one job's room from the tenant above",
+        [work(f"a{i}", "a") for i in range(4)] + [work(f"c{i}", "c", "n2") for i in range(4)],
+        {"a": Standing(0.5, 0.25), "b": Standing(0.0, 0.25), "c": Standing(0.5, 0.5)},
+        [job("b0", "b")],
+        [("b0", ("a0",))],
+    ),
+    (
+        "never below the victim's own fair share: two jobs for b, then a is at its due",
+        [work(f"a{i}", "a") for i in range(4)] + [work(f"c{i}", "c", "n2") for i in range(4)],
+        {"a": Standing(0.5, 0.25), "b": Standing(0.0, 0.25), "c": Standing(0.5, 0.5)},
+        [job(f"b{i}", "b") for i in range(4)],
+        [("b0", ("a0",)), ("b1", ("a1",))],
+    ),
+    (
+        "the least work lost first: the most recent checkpoint",
+        [
+            work("a0", "a", checkpoint_s_ago=300),
+            work("a1", "a"),
+            work("a2", "a", checkpoint_s_ago=5),
+            work("a3", "a", checkpoint_s_ago=60),
+        ]
+        + [work(f"c{i}", "c", "n2") for i in range(4)],
+        {"a": Standing(0.5, 0.25), "b": Standing(0.0, 0.25), "c": Standing(0.5, 0.5)},
+        [job("b0", "b")],
+        [("b0", ("a2",))],
+    ),
+    (
+        "never work in its first minutes",
+        [work(f"a{i}", "a", ran_s=30) for i in range(4)]
+        + [work(f"c{i}", "c", "n2") for i in range(4)],
+        {"a": Standing(0.5, 0.25), "b": Standing(0.0, 0.25), "c": Standing(0.5, 0.5)},
+        [job("b0", "b")],
+        [],
+    ),
+    (
+        "a tenant at its fair share reclaims nothing",
+        [work(f"a{i}", "a") for i in range(4)] + [work(f"b{i}", "b", "n2") for i in range(4)],
+        {"a": Standing(0.5, 0.5), "b": Standing(0.5, 0.5)},
+        [job("b9", "b")],
+        [],
+    ),
+    (
+        "nobody above its share: nothing to take",
+        [work(f"a{i}", "a") for i in range(4)] + [work(f"c{i}", "c", "n2") for i in range(4)],
+        {"a": Standing(0.5, 0.5), "b": Standing(0.0, 0.0), "c": Standing(0.5, 0.5)},
+        [job("b0", "b")],
+        [],
+    ),
+    (
+        "the most over-share tenant gives first",
+        [work("a0", "a"), work("a1", "a"), work("c0", "c"), work("c1", "c")]
+        + [work(f"c{i}", "c", "n2") for i in range(2, 6)],
+        {"a": Standing(0.25, 0.2), "b": Standing(0.0, 0.2), "c": Standing(0.75, 0.6)},
+        [job("b0", "b")],
+        [("b0", ("c0",))],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "running", "standing", "waiting", "expected"),
+    RECLAIM_CASES,
+    ids=[c[0] for c in RECLAIM_CASES],
+)
+def test_fair_reclaims(
+    name: str,
+    running: list[RunningJob],
+    standing: dict[str, Standing],
+    waiting: list[QueuedJob],
+    expected: list[tuple[str, tuple[str, ...]]],
+) -> None:
+    nodes = [full("n1"), full("n2")]
+    reclaims = plan_fair_reclaims(nodes, waiting, running, standing, 8, 32_768, NOW)
+    assert [(r.job_id, r.victims) for r in reclaims] == expected
+    for reclaim in reclaims:
+        assert reclaim.reason.startswith("fair share: tenant b is below its fair share")

@@ -169,6 +169,10 @@ class RunningJob:
     memory_mb: int
     priority: int
     started_at: datetime | None = None
+    tenant: str = ""
+    """Whose job it is ("" the operator's)."""
+    checkpoint_at: datetime | None = None
+    """When its latest checkpoint was reported (None: none yet this run)."""
 
 
 class NodeScore(NamedTuple):
@@ -663,3 +667,129 @@ def plan_preemptions(
             )
         )
     return preemptions
+
+
+# -- fair-share reclaim ------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Standing:
+    """A tenant's fair-share figures for ``plan_fair_reclaims``: its dominant share now and
+    the share it is due (``mdq.core.fairshare``)."""
+
+    share: float
+    fair_share: float
+
+
+def plan_fair_reclaims(
+    nodes: Sequence[NodeState],
+    unplaced: Iterable[QueuedJob],
+    running: Iterable[RunningJob],
+    standing: dict[str, Standing],
+    total_cpu: float,
+    total_memory_mb: float,
+    now: datetime,
+    config: PlacementConfig = PlacementConfig(),
+    *,
+    min_run_s: float = 120.0,
+    limit: int = 16,
+) -> list[Preemption]:
+    """Give a tenant below its fair share room back from tenants above theirs.
+
+    For each waiting job (queue order) whose tenant would still be at or below its fair
+    share with it bound, look for running work of tenants above their fair share to stop on
+    one node where the job would then fit: never work that started less than ``min_run_s``
+    ago, never so much of one tenant's work that it would fall below its own fair share, the
+    most over-share tenant's first and, within it, the work that loses least (reported a
+    checkpoint most recently; the runner checkpoints on SIGTERM anyway); the node needing the
+    fewest victims wins. Stopped work is requeued at once by recovery from its checkpoint.
+    Shares change as reclaims are planned, so two waiting jobs never count the same victim and
+    a tenant is never pushed past its fair share in one pass. ``nodes`` are updated in place,
+    as ``plan_preemptions`` does.
+    """
+    shares = {tenant: figures.share for tenant, figures in standing.items()}
+    fair = {tenant: figures.fair_share for tenant, figures in standing.items()}
+
+    def dominant(cpu: float, memory_mb: float) -> float:
+        return max(
+            cpu / total_cpu if total_cpu > 0 else 0.0,
+            memory_mb / total_memory_mb if total_memory_mb > 0 else 0.0,
+        )
+
+    def loss(work: RunningJob) -> float:
+        since = work.checkpoint_at or work.started_at or now
+        return (now - since).total_seconds()
+
+    by_node: dict[str, list[RunningJob]] = {}
+    for work in running:
+        if work.started_at is None or (now - work.started_at).total_seconds() < min_run_s:
+            continue  # in its first minutes: never a victim
+        by_node.setdefault(work.node, []).append(work)
+    eligible = [node for node in nodes if not node_filter(node, now, config, check_load=False)]
+    taken: set[str] = set()
+    reclaims: list[Preemption] = []
+    for job in unplaced:
+        if len(reclaims) >= limit:
+            break
+        if job.nominated_node or job.tenant not in fair:
+            continue
+        gain = dominant(job.cpu, job.memory_mb)
+        if shares[job.tenant] + gain > fair[job.tenant] + 1e-9:
+            continue  # it would take its tenant above its fair share
+        best: tuple[tuple[int, float], NodeState, list[RunningJob]] | None = None
+        for node in eligible:
+            if node.name in job.avoid_nodes:
+                continue
+            if job.cpu > node.cpu_capacity + 1e-9 or job.memory_mb > node.memory_capacity_mb:
+                continue
+            victims = sorted(
+                (
+                    v
+                    for v in by_node.get(node.name, ())
+                    if v.job_id not in taken
+                    and v.tenant != job.tenant
+                    and v.tenant in fair
+                    and shares[v.tenant] > fair[v.tenant] + 1e-9
+                ),
+                key=lambda v: (fair[v.tenant] - shares[v.tenant], loss(v)),
+            )
+            free_cpu = node.cpu_capacity - node.reserved_cpu
+            free_mem = node.memory_capacity_mb - node.reserved_memory_mb
+            left = dict(shares)
+            chosen: list[RunningJob] = []
+            for victim in victims:
+                if job.cpu <= free_cpu + 1e-9 and job.memory_mb <= free_mem:
+                    break
+                after = left[victim.tenant] - dominant(victim.cpu, victim.memory_mb)
+                if after < fair[victim.tenant] - 1e-9:
+                    continue  # that would take its tenant below its own fair share
+                left[victim.tenant] = after
+                chosen.append(victim)
+                free_cpu += victim.cpu
+                free_mem += victim.memory_mb
+            if not (job.cpu <= free_cpu + 1e-9 and job.memory_mb <= free_mem) or not chosen:
+                continue
+            cost = (len(chosen), sum(loss(v) for v in chosen))
+            if best is None or cost < best[0]:
+                best = (cost, node, chosen)
+        if best is None:
+            continue
+        _, node, chosen = best
+        for victim in chosen:
+            taken.add(victim.job_id)
+            shares[victim.tenant] -= dominant(victim.cpu, victim.memory_mb)
+            node.reserved_cpu -= victim.cpu
+            node.reserved_memory_mb -= victim.memory_mb
+        shares[job.tenant] += gain
+        node.reserved_cpu += job.cpu
+        node.reserved_memory_mb += job.memory_mb
+        owners = sorted({v.tenant or "the operator" for v in chosen})
+        reclaims.append(
+            Preemption(
+                job_id=job.job_id,
+                node=node.name,
+                victims=tuple(v.job_id for v in chosen),
+                reason=f"fair share: tenant {job.tenant or 'the operator'} is below its fair "
+                f"share; reclaiming {', '.join(v.job_id for v in chosen)} on {node.name} from "
+                f"{', '.join(owners)} (above theirs)",
+            )
+        )
+    return reclaims

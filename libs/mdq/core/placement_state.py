@@ -347,6 +347,8 @@ class PlacementState:
                     memory_mb=int(view.resources.memory_mb),
                     priority=view.priority,
                     started_at=view.current.started_at,
+                    tenant=ids.tenant_of(view.job_id),
+                    checkpoint_at=view.checkpoint_at,
                 )
             )
         return work
@@ -518,18 +520,50 @@ class PlacementState:
         ``plan`` may count bindings on them)."""
         return {tenant: Held(held.cpu, held.memory_mb) for tenant, held in self._held.items()}
 
+    def _held_as_planned(self) -> dict[str, Held]:
+        """Each tenant's requests as preemptions already under way will leave them: victims
+        being stopped no longer count for their tenants, and jobs with room held for them
+        (nominated, still PENDING) count for theirs; otherwise the passes until the victims
+        are gone would see the same shortfall again and stop more."""
+        held = {tenant: Held(h.cpu, h.memory_mb) for tenant, h in self._held.items()}
+        for victim in self._terminating:
+            holding = self._holding.get(victim)
+            if holding is not None:
+                mine = held.setdefault(ids.tenant_of(victim), Held())
+                mine.cpu -= holding[1]
+                mine.memory_mb -= holding[2]
+        for job_id in self._nominations:
+            view = self.book.jobs.get(job_id)
+            if view is not None and view.state is JobState.PENDING:
+                mine = held.setdefault(ids.tenant_of(job_id), Held())
+                mine.cpu += view.resources.cpu
+                mine.memory_mb += view.resources.memory_mb
+        return held
+
+    def schedulable_capacity(self, now: datetime) -> tuple[float, float]:
+        """CPU and memory (MiB) of the nodes placement may bind to at ``now`` (ready, not
+        cordoned, load fresh): what fair shares are shares of."""
+        nodes = [
+            node
+            for node in self.node_states()
+            if not node_filter(node, now, self.config, check_load=False)
+        ]
+        return (
+            sum(node.cpu_capacity for node in nodes),
+            float(sum(node.memory_capacity_mb for node in nodes)),
+        )
+
     def shares(self, now: datetime, weight: Callable[[str], float]) -> dict[str, TenantShare]:
         """Each tenant's ("" the operator's) fair-share standing at ``now``: its running
         requests, its dominant share of the schedulable capacity (nodes ready, not cordoned,
         load fresh) and the fair share it is due while every tenant's PENDING jobs compete
         (``fair_shares``). Tenants with nothing running or pending are left out."""
-        nodes = [
-            n for n in self.node_states() if not node_filter(n, now, self.config, check_load=False)
-        ]
-        total_cpu = sum(node.cpu_capacity for node in nodes)
-        total_memory_mb = float(sum(node.memory_capacity_mb for node in nodes))
-        wanted = {tenant: Held(held.cpu, held.memory_mb) for tenant, held in self._held.items()}
+        total_cpu, total_memory_mb = self.schedulable_capacity(now)
+        holding = self._held_as_planned()
+        wanted = {tenant: Held(held.cpu, held.memory_mb) for tenant, held in holding.items()}
         for view in self.views(JobState.PENDING):
+            if view.job_id in self._nominations:
+                continue  # counted as held already
             tenant = ids.tenant_of(view.job_id)
             held = wanted.setdefault(tenant, Held())
             held.cpu += view.resources.cpu
@@ -545,7 +579,7 @@ class PlacementState:
         fair = fair_shares(demands, weight)
         report: dict[str, TenantShare] = {}
         for tenant in wanted:
-            held = self._held.get(tenant, Held())
+            held = holding.get(tenant, Held())
             report[tenant] = TenantShare(
                 running_jobs=running.get(tenant, 0),
                 running=Held(held.cpu, held.memory_mb),

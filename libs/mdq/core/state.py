@@ -146,6 +146,8 @@ class JobView:
     last_potential: float | None = None
     done_reason: str = ""
     latest_checkpoint: pb.Checkpoint | None = None
+    checkpoint_at: datetime | None = None
+    """When ``latest_checkpoint`` was reported (what a preemption would lose is the work since)."""
     resume_from: pb.Checkpoint | None = None
     resources: pb.Resources = field(default_factory=pb.Resources)
     avoid_nodes: tuple[str, ...] = ()
@@ -189,6 +191,7 @@ class JobView:
             "last_potential": self.last_potential,
             "done_reason": self.done_reason,
             "latest_checkpoint": None if checkpoint is None else message_text(checkpoint),
+            "checkpoint_at": time_text(self.checkpoint_at),
             "resume_from": None if resume is None else message_text(resume),
             "resources": message_text(self.resources),
             "avoid_nodes": list(self.avoid_nodes),
@@ -223,6 +226,7 @@ class JobView:
             latest_checkpoint=None
             if checkpoint is None
             else message_from_text(pb.Checkpoint, checkpoint),
+            checkpoint_at=time_from_text(data.get("checkpoint_at")),  # older snapshots: none
             resume_from=None if resume is None else message_from_text(pb.Checkpoint, resume),
             resources=message_from_text(pb.Resources, data["resources"]),
             avoid_nodes=tuple(data["avoid_nodes"]),
@@ -298,6 +302,7 @@ class JobView:
                 if self.latest_checkpoint and event.checkpoint.step <= self.latest_checkpoint.step:
                     return False
                 self.latest_checkpoint = event.checkpoint
+                self.checkpoint_at = at
             case "succeeded":
                 if self.state not in (JobState.BOUND, JobState.RUNNING):
                     return False
