@@ -28,6 +28,7 @@ from mdq.bus.connect import connect
 from mdq.bus.log import follow_log
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.subjects import Subjects
+from mdq.bus.tenants import read_tenant_usages
 from mdq.contracts import pb
 from mdq.settings import CommonSettings
 from services.metrics.exporter import Exporter
@@ -242,6 +243,10 @@ class MetricsService:
                 await sample_streams(self._js, self._subjects, self.exporter)
             except Exception:
                 log.warning("reading the streams' sizes failed", exc_info=True)
+            try:
+                self.exporter.set_tenants(await read_tenant_usages(self._js, self._subjects))
+            except Exception:
+                log.warning("reading the tenants' shares failed", exc_info=True)
             elapsed = time.monotonic() - started
             await asyncio.sleep(max(0.0, self._settings.interval_s - elapsed))
 

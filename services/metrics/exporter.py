@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from mdq.backends.port import NodeSample
 from mdq.core.state import JobState
+from mdq.core.tenants import TenantUsage
 from services.metrics.folding import JobProgress, LifecycleFacts
 
 
@@ -102,8 +103,60 @@ class Exporter:
             ["stream"],
             registry=self.registry,
         )
+        tenant = ["tenant"]
+        self.tenant_weight = Gauge(
+            "mdq_tenant_weight", "Fair-share weight (its policy's).", tenant, registry=self.registry
+        )
+        self.tenant_share = Gauge(
+            "mdq_tenant_share_ratio",
+            "Dominant share of the schedulable capacity its running jobs request (0..1).",
+            tenant,
+            registry=self.registry,
+        )
+        self.tenant_fair_share = Gauge(
+            "mdq_tenant_fair_share_ratio",
+            "Dominant share it is due while every tenant's queued work competes (0..1).",
+            tenant,
+            registry=self.registry,
+        )
+        self.tenant_running_jobs = Gauge(
+            "mdq_tenant_running_jobs", "Jobs bound or running.", tenant, registry=self.registry
+        )
+        self.tenant_queued_jobs = Gauge(
+            "mdq_tenant_queued_jobs", "Jobs not running yet.", tenant, registry=self.registry
+        )
+        self.tenant_running_cpu = Gauge(
+            "mdq_tenant_running_cpu_cores",
+            "CPU requested by its jobs bound or running.",
+            tenant,
+            registry=self.registry,
+        )
         self._nodes: set[str] = set()
+        self._tenants: set[str] = set()
         self.set_job_counts({})
+
+    def set_tenants(self, usages: Mapping[str, TenantUsage]) -> None:
+        """Show these tenants' fair-share figures (placement's count; no longer the tenants
+        whose count expired)."""
+        gauges = (
+            self.tenant_weight,
+            self.tenant_share,
+            self.tenant_fair_share,
+            self.tenant_running_jobs,
+            self.tenant_queued_jobs,
+            self.tenant_running_cpu,
+        )
+        for tenant, usage in usages.items():
+            self.tenant_weight.labels(tenant).set(usage.weight)
+            self.tenant_share.labels(tenant).set(usage.share)
+            self.tenant_fair_share.labels(tenant).set(usage.fair_share)
+            self.tenant_running_jobs.labels(tenant).set(usage.running_jobs)
+            self.tenant_queued_jobs.labels(tenant).set(usage.queued_jobs)
+            self.tenant_running_cpu.labels(tenant).set(usage.running_cpu)
+        for gone in self._tenants - set(usages):
+            for gauge in gauges:
+                gauge.remove(gone)
+        self._tenants = set(usages)
 
     def set_nodes(self, samples: Iterable[NodeSample]) -> None:
         """Show these nodes (and no longer the ones missing from them)."""

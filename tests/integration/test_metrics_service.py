@@ -19,6 +19,7 @@ from mdq.contracts import pb
 from mdq.core.events import make_event
 from mdq.core.ids import pod_name
 from mdq.core.producers import owner_of
+from mdq.core.tenants import TenantUsage, usage_key
 from services.metrics.app import MetricsService, node_load_event
 from services.metrics.settings import MetricsSettings
 from tests.helpers import OwnersPublisher, RecordingBackend, submitted
@@ -195,3 +196,38 @@ async def test_a_node_sample_becomes_a_node_load_event(
     assert (load.node, load.ready, load.cordoned) == ("node-1", True, cordoned)
     assert (load.cpu_capacity, load.memory_capacity_mb, load.cpu_load) == (8.0, 16384, 0.25)
     assert subjects.for_event(event) == subjects.node_load("node-1")
+
+
+async def test_each_tenants_fair_share_figures_are_served_and_dropped_when_gone(
+    nc: Client, subjects: Subjects, service: MetricsService
+) -> None:
+    """Placement's count of each tenant (its waiting bucket, ``tenant.<name>``) becomes
+    per-tenant gauges; a tenant whose count is gone loses its series."""
+    js = nc.jetstream()
+    kv = await js.create_key_value(bucket=subjects.waiting_bucket)
+    usage = TenantUsage(
+        queued_jobs=12,
+        running_cpu=6.0,
+        as_of=datetime.now(UTC),
+        running_jobs=6,
+        weight=3.0,
+        share=0.75,
+        fair_share=0.5,
+    )
+    await kv.put(usage_key("bob"), usage.to_json())
+    await kv.put("0123456789ab-a", b"a job's explanation, not a tenant's count")
+    text = await scrape_until(service, 'mdq_tenant_share_ratio{tenant="bob"} 0.75')
+    for line in (
+        'mdq_tenant_weight{tenant="bob"} 3.0',
+        'mdq_tenant_fair_share_ratio{tenant="bob"} 0.5',
+        'mdq_tenant_running_jobs{tenant="bob"} 6.0',
+        'mdq_tenant_queued_jobs{tenant="bob"} 12.0',
+        'mdq_tenant_running_cpu_cores{tenant="bob"} 6.0',
+    ):
+        assert line in text
+    assert text.count("mdq_tenant_weight{") == 1
+    await kv.delete(usage_key("bob"))
+    deadline = asyncio.get_running_loop().time() + 15
+    while 'tenant="bob"' in await asyncio.to_thread(scrape, service.http_port):
+        assert asyncio.get_running_loop().time() < deadline, "bob's series outlived his count"
+        await asyncio.sleep(0.1)

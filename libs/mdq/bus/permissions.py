@@ -190,6 +190,7 @@ def service_permissions(identity: str, subjects: Subjects, names: Names = Names(
         publish += [*_read_stream(jobs), *_read_stream(progress), *_read_stream(nodes)]
         publish += _bucket(subjects.nodes_bucket, write=False)
         publish += _bucket(subjects.pods_bucket, write=False)
+        publish += _bucket(subjects.waiting_bucket, write=False)  # the tenants' fair shares
     elif identity == "agent":
         publish += _bucket(subjects.pods_bucket, write=True)
         publish += _bucket(subjects.nodes_bucket, write=True)

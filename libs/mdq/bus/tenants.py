@@ -23,13 +23,19 @@ import logging
 
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
-from nats.js.errors import BucketNotFoundError
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from mdq.bus.kv import watch_through
 from mdq.bus.streams import open_bucket
 from mdq.bus.subjects import Subjects
-from mdq.core.tenants import DEFAULT_POLICY, TenantPolicy, validate_tenant_name
+from mdq.core.tenants import (
+    DEFAULT_POLICY,
+    USAGE_KEY_PREFIX,
+    TenantPolicy,
+    TenantUsage,
+    validate_tenant_name,
+)
 
 log = logging.getLogger("mdq.bus.tenants")
 
@@ -192,3 +198,25 @@ class TenantDirectory:
         finally:
             with contextlib.suppress(Exception):
                 await watcher.stop()  # type: ignore[no-untyped-call]
+
+
+async def read_tenant_usages(js: JetStreamContext, subjects: Subjects) -> dict[str, TenantUsage]:
+    """Each tenant's latest ``TenantUsage`` as placement wrote it into its waiting bucket
+    (keys ``tenant.<name>``), by tenant; {} while the bucket does not exist. Entries that
+    expire meanwhile or do not parse are left out."""
+    try:
+        kv = await js.key_value(subjects.waiting_bucket)
+    except BucketNotFoundError:
+        return {}  # placement has written nothing yet
+    try:
+        keys = await kv.keys()
+    except NoKeysError:
+        return {}
+    usages: dict[str, TenantUsage] = {}
+    for key in sorted(k for k in keys if k.startswith(USAGE_KEY_PREFIX)):
+        try:
+            entry = await kv.get(key)
+            usages[key[len(USAGE_KEY_PREFIX) :]] = TenantUsage.from_json(entry.value or b"")
+        except (KeyNotFoundError, ValueError):
+            continue
+    return usages

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError
 from rich.table import Table
 
 from mdq.bus.connect import connect
 from mdq.bus.subjects import Subjects
-from mdq.core.tenants import USAGE_KEY_PREFIX, TenantUsage
+from mdq.bus.tenants import read_tenant_usages
+from mdq.core.tenants import TenantUsage
 
 ABOVE_FAIR_MARGIN = 0.02
 """How far above its fair share a tenant's share must be to be marked (rounding, one job)."""
@@ -27,25 +27,10 @@ ABOVE_FAIR_MARGIN = 0.02
 async def tenant_usages(
     nats_url: str, namespace: str, *, creds: str = ""
 ) -> dict[str, TenantUsage]:
-    """Each tenant's latest usage from placement's waiting bucket, by tenant (unreadable
-    entries are left out)."""
+    """Each tenant's latest usage from placement's waiting bucket, by tenant."""
     nc = await connect(nats_url, name="mdq-queues", creds=creds or None)
     try:
-        kv = await nc.jetstream().key_value(Subjects(namespace=namespace).waiting_bucket)
-        try:
-            keys = await kv.keys()
-        except NoKeysError:
-            return {}
-        usages: dict[str, TenantUsage] = {}
-        for key in sorted(k for k in keys if k.startswith(USAGE_KEY_PREFIX)):
-            try:
-                entry = await kv.get(key)
-                usages[key[len(USAGE_KEY_PREFIX) :]] = TenantUsage.from_json(entry.value or b"")
-            except (KeyNotFoundError, ValueError):
-                continue  # expired meanwhile, or not a usage this version reads
-        return usages
-    except BucketNotFoundError:
-        return {}  # placement has written nothing yet
+        return await read_tenant_usages(nc.jetstream(), Subjects(namespace=namespace))
     finally:
         await nc.drain()
 
