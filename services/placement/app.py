@@ -69,7 +69,7 @@ from mdq.core.expiry import (
     expiry_message,
     max_job_age,
 )
-from mdq.core.fairshare import OPERATOR_WEIGHT, Fairness, fairness_reason
+from mdq.core.fairshare import OPERATOR_WEIGHT, Fairness, fairness_reason, max_share_reason
 from mdq.core.node_health import NodeCapacity, NodeHealth, NodeHealthPolicy, Suspicion
 from mdq.core.placement import (
     Decision,
@@ -85,7 +85,7 @@ from mdq.core.placement import (
     plan_fair_reclaims,
     plan_preemptions,
 )
-from mdq.core.placement_state import PlacementState
+from mdq.core.placement_state import PlacementState, TenantShare
 from mdq.core.spec import SpecError, normalize_job
 from mdq.core.state import JobBook, JobState, JobView, event_time
 from mdq.core.tenants import TenantUsage, usage_key
@@ -662,7 +662,7 @@ class Placement:
         candidates = [job for job in unplaced if not self.state.nominated(job.job_id)]
         if not candidates:
             return []
-        shares = self.state.shares(now, self._weight)
+        shares = self._shares(now)
         if len(shares) < 2:
             return []  # one tenant: nobody to take from
         standing = {t: Standing(s.share, s.fair_share) for t, s in shares.items()}
@@ -713,7 +713,12 @@ class Placement:
             return 0
         room = self.tenant_room()
         fairness = (
-            Fairness(held=self.state.held(), weight=self._weight)
+            Fairness(
+                held=self.state.held(),
+                weight=self._weight,
+                guaranteed=self._guaranteed,
+                maximum=self._maximum,
+            )
             if self._settings.fair_share
             else None
         )
@@ -733,6 +738,20 @@ class Placement:
             if self._settings.fair_share and self._settings.fair_share_reclaim:
                 await self._reclaim(nodes, candidates, now)
         return len(decisions)
+
+    def _shares(self, now: datetime) -> dict[str, TenantShare]:
+        """Each tenant's fair-share standing now ({} with fair share off)."""
+        if not self._settings.fair_share:
+            return {}
+        return self.state.shares(now, self._weight, self._guaranteed, self._maximum)
+
+    def _guaranteed(self, tenant: str) -> float:
+        """A tenant's guaranteed share (its policy's; none for the operator)."""
+        return (self.tenants.policy(tenant).guaranteed_share or 0.0) if tenant else 0.0
+
+    def _maximum(self, tenant: str) -> float | None:
+        """A tenant's maximum share (its policy's; none for the operator)."""
+        return self.tenants.policy(tenant).max_share if tenant else None
 
     def _weight(self, tenant: str) -> float:
         """A tenant's fair-share weight: its policy's (read at each pass, so a change to the
@@ -758,7 +777,7 @@ class Placement:
         if interval <= 0 or (last is not None and (now - last).total_seconds() < interval):
             return
         self._usage_at = now
-        shares = self.state.shares(now, self._weight) if self._settings.fair_share else {}
+        shares = self._shares(now)
         for tenant in self.state.tenants():
             queued, cpu = self.tenant_usage(tenant)
             standing = shares.get(tenant)
@@ -808,7 +827,7 @@ class Placement:
             return
         self._waiting_explained_at = now
         cordons = self.failure_cordons(now)
-        shares = self.state.shares(now, self._weight) if self._settings.fair_share else {}
+        shares = self._shares(now)
         for job in unplaced[:WAITING_JOBS_PER_PASS]:
             reason = held.get(job.job_id) if held else None
             if reason:
@@ -816,10 +835,18 @@ class Placement:
             else:
                 waiting = explain_waiting(nodes, job, now, self._config)
                 standing = shares.get(job.tenant)
-                if standing is not None and len(shares) > 1:  # others compete for the room
-                    note = fairness_reason(job.tenant, standing.share, standing.fair_share)
-                    if note:
-                        waiting = replace(waiting, summary=f"{waiting.summary}; {note}")
+                note = ""
+                if standing is not None:
+                    note = max_share_reason(
+                        job.tenant,
+                        standing.share,
+                        self._maximum(job.tenant),
+                        standing.job_share(job),
+                    )
+                    if not note and len(shares) > 1:  # others compete for the room
+                        note = fairness_reason(job.tenant, standing.share, standing.fair_share)
+                if note:
+                    waiting = replace(waiting, summary=f"{waiting.summary}; {note}")
             signature = (waiting.summary, tuple((s.node, s.filtered) for s in waiting.scores))
             written = self._waiting_written.get(job.job_id)
             if (

@@ -408,3 +408,43 @@ async def test_a_tenant_below_its_share_gets_room_back_and_no_more(
         assert set(backend.deleted) <= {ids.pod_name(j, 1) for j in alice}
         assert placement.reclaimed_total == 4
         assert [placement.state.nominated(j) for j in bob] == [True] * 4 + [False] * 2
+
+
+async def test_a_tenant_at_its_maximum_share_waits_and_says_why(
+    nc: Client, subjects: Subjects, data_dir: Path
+) -> None:
+    """alice may hold a quarter of the 8 cores: 2 of her 6 jobs bind even with the cluster
+    idle, and the others' explanation names the cap."""
+    js = nc.jetstream()
+    await ensure_tenants_bucket(js, subjects)
+    await put_policy(js, subjects, "alice", TenantPolicy(max_share=0.25))
+    bus = publisher(js, subjects)
+    await bus.publish_all([node_load("n1", cpu_capacity=8, memory_mb=100_000)])
+    alice = [job("alice", f"a{i}") for i in range(6)]
+    await bus.publish_all([submitted(job_id) for job_id in alice])
+    placement = Placement(
+        js=js,
+        subjects=subjects,
+        publisher=publisher(js, subjects),
+        backend=RecordingBackend(),
+        settings=PlacementSettings(reconcile_interval_s=0.2, explain_waiting_interval_s=0.2),
+        namespace=subjects.namespace,
+    )
+    async with running(placement.run()):
+
+        async def two_bound() -> bool:
+            return len(await tenant_jobs_bound(nc, subjects)) == 2
+
+        await wait_for(two_bound, what="2 of alice's jobs bound")
+
+        async def explained() -> bool:
+            try:
+                kv = await js.key_value(subjects.waiting_bucket)
+                entry = await kv.get(alice[2])
+            except (BucketNotFoundError, KeyNotFoundError):
+                return False
+            summary = pb.JobWaiting.FromString(entry.value or b"").summary
+            return "tenant alice is at its maximum share: it holds 25% of the cluster" in summary
+
+        await wait_for(explained, what="why alice's third job waits: her maximum share")
+        assert len(await tenant_jobs_bound(nc, subjects)) == 2

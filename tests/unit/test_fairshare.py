@@ -126,21 +126,21 @@ def test_fair_order_when_every_job_is_bound(
     weight: dict[str, float],
     expected: str,
 ) -> None:
-    fair = FairQueue(queue, held, lambda tenant: weight.get(tenant, 1.0), 8, 16_384)
+    fair = FairQueue(queue, Fairness(held, lambda tenant: weight.get(tenant, 1.0)), 8, 16_384)
     order = []
     for each in fair:
         order.append(each.tenant or "-")
         fair.charge(each)
     assert "".join(order[: len(expected)]) == expected
     assert sorted(j.job_id for j in queue) == sorted(  # every job exactly once
-        j.job_id for j in FairQueue(queue, held, lambda _: 1.0, 8, 16_384)
+        j.job_id for j in FairQueue(queue, Fairness(held, lambda _: 1.0), 8, 16_384)
     )
 
 
 def test_a_job_not_bound_charges_nothing() -> None:
     # a's first job fits nowhere (not charged): a is still the poorer tenant afterwards
     queue = [job("a1", "a"), job("a2", "a"), job("b1", "b"), job("b2", "b")]
-    fair = FairQueue(queue, {"b": Held(cpu=1)}, lambda _: 1.0, 8, 16_384)
+    fair = FairQueue(queue, Fairness({"b": Held(cpu=1)}, lambda _: 1.0), 8, 16_384)
     order = []
     for each in fair:
         order.append(each.job_id)
@@ -151,7 +151,7 @@ def test_a_job_not_bound_charges_nothing() -> None:
 
 def test_held_mapping_is_not_changed() -> None:
     held = {"a": Held(cpu=1)}
-    fair = FairQueue([job("a1", "a"), job("b1", "b")], held, lambda _: 1.0, 8, 16_384)
+    fair = FairQueue([job("a1", "a"), job("b1", "b")], Fairness(held, lambda _: 1.0), 8, 16_384)
     for each in fair:
         fair.charge(each)
     assert held == {"a": Held(cpu=1)}
@@ -400,3 +400,87 @@ def test_fair_reclaims(
     assert [(r.job_id, r.victims) for r in reclaims] == expected
     for reclaim in reclaims:
         assert reclaim.reason.startswith("fair share: tenant b is below its fair share")
+
+
+GUARANTEE_CASES: list[
+    tuple[str, dict[str, float], dict[str, float], dict[str, float], dict[str, float]]
+] = [
+    # name, demands, guaranteed, maximum, expected fair shares (equal weights)
+    (
+        "a guarantee above the weighted part is a floor",
+        {"a": 9, "b": 9, "c": 9},
+        {"a": 0.5},
+        {},
+        {"a": 0.5, "b": 0.25, "c": 0.25},
+    ),
+    (
+        "a guarantee below it changes nothing",
+        {"a": 9, "b": 9},
+        {"a": 0.2},
+        {},
+        {"a": 0.5, "b": 0.5},
+    ),
+    (
+        "a guarantee is only as much as is demanded",
+        {"a": 0.1, "b": 9},
+        {"a": 0.5},
+        {},
+        {"a": 0.1, "b": 0.9},
+    ),
+    (
+        "a maximum caps the demand; the rest goes to the others",
+        {"a": 9, "b": 9},
+        {},
+        {"a": 0.2},
+        {"a": 0.2, "b": 0.8},
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "demands", "guaranteed", "maximum", "expected"),
+    GUARANTEE_CASES,
+    ids=[c[0] for c in GUARANTEE_CASES],
+)
+def test_fair_shares_with_guarantees_and_maximums(
+    name: str,
+    demands: dict[str, float],
+    guaranteed: dict[str, float],
+    maximum: dict[str, float],
+    expected: dict[str, float],
+) -> None:
+    shares = fair_shares(
+        demands,
+        lambda _: 1.0,
+        guaranteed=lambda tenant: guaranteed.get(tenant, 0.0),
+        maximum=lambda tenant: maximum.get(tenant),
+    )
+    assert shares == pytest.approx(expected)
+
+
+def test_a_tenant_below_its_guarantee_goes_first_whatever_its_weight() -> None:
+    # a (weight 4) holds 1/8, b (weight 1) nothing: by weighted share a goes first, but a's
+    # guarantee of 1/2 puts it ahead until it holds half
+    queue = [job("b1", "b"), *(job(f"a{i}", "a") for i in range(5))]
+    fairness = Fairness(
+        {"a": Held(cpu=1)},
+        lambda t: 4.0 if t == "a" else 1.0,
+        guaranteed=lambda t: 0.5 if t == "a" else 0.0,
+    )
+    fair = FairQueue(queue, fairness, 8, 16_384)
+    order = []
+    for each in fair:
+        order.append(each.job_id)
+        fair.charge(each)
+    assert order[:3] == ["a0", "a1", "a2"]
+
+
+def test_plan_binds_no_job_over_its_tenants_maximum_share() -> None:
+    # a may hold at most a quarter of the 8 cores: 2 jobs bind, the rest wait, b's still bind
+    # (and with a alone in the queue the cap holds too)
+    fairness = Fairness({}, lambda _: 1.0, maximum=lambda t: 0.25 if t == "a" else None)
+    queue = [*(job(f"a{i}", "a") for i in range(6)), job("b0", "b")]
+    decisions = plan([node("n1"), node("n2")], queue, NOW, ordered=True, fairness=fairness)
+    assert sorted(d.job_id for d in decisions) == ["a0", "a1", "b0"]
+    alone = plan([node("n1"), node("n2")], queue[:6], NOW, ordered=True, fairness=fairness)
+    assert [d.job_id for d in alone] == ["a0", "a1"]

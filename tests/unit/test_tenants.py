@@ -60,6 +60,11 @@ POLICY_JSON_CASES = [
         TenantPolicy(max_queued_jobs=0),
     ),
     ("a fair-share weight", '{"weight": 2}', TenantPolicy(weight=2.0)),
+    (
+        "a guaranteed and a maximum share",
+        '{"guaranteed_share": 0.2, "max_share": 0.5}',
+        TenantPolicy(guaranteed_share=0.2, max_share=0.5),
+    ),
 ]
 
 
@@ -89,6 +94,9 @@ BAD_POLICY_CASES = [
     ("zero weight", '{"weight": 0}', "weight must be more than 0"),
     ("weight null", '{"weight": null}', "weight must be a number, got None"),
     ("weight infinite", '{"weight": Infinity}', "weight must be more than 0"),
+    ("share above 1", '{"max_share": 1.5}', "max_share is a share of the cluster, 0 to 1"),
+    ("zero maximum share", '{"max_share": 0}', "max_share must be more than 0"),
+    ("negative guarantee", '{"guaranteed_share": -0.1}', "guaranteed_share must be at least 0"),
 ]
 
 

@@ -367,6 +367,15 @@ def add(
         float,
         typer.Option(help="Fair-share weight: twice the weight, twice the share when full."),
     ] = DEFAULT_POLICY.weight,
+    guaranteed_share: Annotated[
+        float,
+        typer.Option(
+            help="Share of the cluster (0 to 1) it is due whatever the weights (0: none)."
+        ),
+    ] = 0.0,
+    max_share: Annotated[
+        float, typer.Option(help="Most of the cluster (0 to 1) it may hold at once (-1: no cap).")
+    ] = -1.0,
     database_admin_url: DatabaseAdminUrl = None,
 ) -> None:
     """Add a tenant (or change its limits): its credentials (<secrets>/tenants/NAME.creds),
@@ -381,6 +390,8 @@ def add(
             max_running_cpu=None if max_running_cpu < 0 else max_running_cpu,
             submits_per_minute=None if submits_per_minute < 0 else submits_per_minute,
             weight=weight,
+            guaranteed_share=guaranteed_share or None,
+            max_share=None if max_share < 0 else max_share,
         )
     except (TenantNameError, ValueError) as error:
         err_console.print(f"[red]{error}[/]")

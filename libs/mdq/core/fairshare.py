@@ -43,13 +43,26 @@ class Request(Protocol):
 Job = TypeVar("Job", bound=Request)
 
 
+def no_guarantee(_tenant: str) -> float:
+    """The guaranteed share of a tenant whose policy sets none."""
+    return 0.0
+
+
+def no_maximum(_tenant: str) -> float | None:
+    """The maximum share of a tenant whose policy sets none (unlimited)."""
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class Fairness:
-    """What ``plan`` needs to order the queue fairly: each tenant's held requests now and its
-    weight."""
+    """What ``plan`` needs to order the queue fairly: each tenant's held requests now, its
+    weight, and its guaranteed and maximum dominant shares (policy ``guaranteed_share``,
+    ``max_share``)."""
 
     held: Mapping[str, Held]
     weight: Callable[[str], float]
+    guaranteed: Callable[[str], float] = no_guarantee
+    maximum: Callable[[str], float | None] = no_maximum
 
 
 @dataclass(slots=True)
@@ -79,11 +92,11 @@ class FairQueue(Generic[Job]):
     def __init__(
         self,
         queue: Sequence[Job],
-        held: Mapping[str, Held],
-        weight: Callable[[str], float],
+        fairness: Fairness,
         total_cpu: float,
         total_memory_mb: float,
     ) -> None:
+        held, weight = fairness.held, fairness.weight
         self._total_cpu = total_cpu
         self._total_memory_mb = total_memory_mb
         self._by_tenant: dict[str, list[tuple[int, Job]]] = {}
@@ -94,17 +107,34 @@ class FairQueue(Generic[Job]):
             for tenant in self._by_tenant
         }
         self._weight = {tenant: weight(tenant) for tenant in self._by_tenant}
+        self._guaranteed = {tenant: fairness.guaranteed(tenant) for tenant in self._by_tenant}
+        self._maximum = {tenant: fairness.maximum(tenant) for tenant in self._by_tenant}
         self._next = dict.fromkeys(self._by_tenant, 0)
         self._heap = [
-            (self.weighted_share(tenant), jobs[0][0], tenant)
-            for tenant, jobs in self._by_tenant.items()
+            (*self._rank(tenant), jobs[0][0], tenant) for tenant, jobs in self._by_tenant.items()
         ]
         heapq.heapify(self._heap)
 
+    def _share(self, tenant: str) -> float:
+        return dominant_share(self._held[tenant], self._total_cpu, self._total_memory_mb)
+
+    def _rank(self, tenant: str) -> tuple[int, float]:
+        """Tenants below their guaranteed share first, then by weighted share."""
+        below = self._share(tenant) < self._guaranteed[tenant] - 1e-12
+        return (0 if below else 1, self.weighted_share(tenant))
+
+    def over_maximum(self, job: Job) -> bool:
+        """Whether binding ``job`` would take its tenant above its maximum share."""
+        maximum = self._maximum[job.tenant]
+        if maximum is None:
+            return False
+        held = self._held[job.tenant]
+        after = Held(held.cpu + job.cpu, held.memory_mb + job.memory_mb)
+        return dominant_share(after, self._total_cpu, self._total_memory_mb) > maximum + 1e-9
+
     def weighted_share(self, tenant: str) -> float:
         """``tenant``'s dominant share now (with what was charged) over its weight."""
-        share = dominant_share(self._held[tenant], self._total_cpu, self._total_memory_mb)
-        return share / self._weight[tenant]
+        return self._share(tenant) / self._weight[tenant]
 
     def charge(self, job: Job) -> None:
         """``job`` was bound: its requests count in its tenant's share from now on."""
@@ -115,26 +145,58 @@ class FairQueue(Generic[Job]):
     def __iter__(self) -> Iterator[Job]:
         heap = self._heap
         while heap:
-            _, _, tenant = heapq.heappop(heap)
+            *_, tenant = heapq.heappop(heap)
             jobs = self._by_tenant[tenant]
             index = self._next[tenant]
             yield jobs[index][1]
             index += 1
             self._next[tenant] = index
             if index < len(jobs):  # its share as it is now: after the caller's charge, if any
-                heapq.heappush(heap, (self.weighted_share(tenant), jobs[index][0], tenant))
+                heapq.heappush(heap, (*self._rank(tenant), jobs[index][0], tenant))
 
 
-def fair_shares(demands: Mapping[str, float], weight: Callable[[str], float]) -> dict[str, float]:
+def fair_shares(
+    demands: Mapping[str, float],
+    weight: Callable[[str], float],
+    guaranteed: Callable[[str], float] = no_guarantee,
+    maximum: Callable[[str], float | None] = no_maximum,
+) -> dict[str, float]:
     """Each tenant's fair dominant share of the whole capacity (1.0) when ``demands`` (the
-    dominant share each tenant would hold with all its queued jobs bound) compete for it:
-    weighted water-filling (max-min fairness). A tenant demanding less than its weighted part
-    gets its demand, and what it leaves is split among the others by weight, until every
-    tenant is either satisfied or at its part of what is left. Tenants demanding nothing get 0.
+    dominant share each tenant would hold with all its queued jobs bound) compete for it.
+
+    Weighted water-filling (max-min fairness): a tenant demanding less than its weighted part
+    gets its demand, and what it leaves is split among the others by weight, until every tenant
+    is either satisfied or at its part of what is left. A tenant's ``maximum`` caps its demand;
+    its ``guaranteed`` share is a floor (as far as it demands it): a tenant the water-filling
+    would leave below it is given it, and the others share what remains. Tenants demanding
+    nothing get 0.
     """
+    wanted = {}
+    for tenant, demand in demands.items():
+        cap = maximum(tenant)
+        wanted[tenant] = min(demand, cap) if cap is not None else demand
+    pinned: dict[str, float] = {}
+    while True:
+        free = {tenant: demand for tenant, demand in wanted.items() if tenant not in pinned}
+        shares = _water_fill(free, weight, 1.0 - sum(pinned.values()))
+        low = {
+            tenant
+            for tenant in free
+            if shares[tenant] < min(free[tenant], guaranteed(tenant)) - 1e-12
+        }
+        if not low:
+            return {**shares, **pinned}
+        for tenant in low:
+            pinned[tenant] = min(free[tenant], guaranteed(tenant))
+
+
+def _water_fill(
+    demands: Mapping[str, float], weight: Callable[[str], float], capacity: float
+) -> dict[str, float]:
+    """Weighted max-min fair split of ``capacity`` among ``demands``."""
     shares = dict.fromkeys(demands, 0.0)
     active = {tenant for tenant, demand in demands.items() if demand > 0}
-    left = 1.0
+    left = max(0.0, capacity)
     while active and left > 1e-12:
         total_weight = sum(weight(tenant) for tenant in active)
         parts = {tenant: left * weight(tenant) / total_weight for tenant in active}
@@ -162,4 +224,16 @@ def fairness_reason(tenant: str, share: float, fair_share: float) -> str:
     return (
         f"fair share: {who} holds {share:.0%} of the cluster, above its fair share of "
         f"{fair_share:.0%}, so its jobs go after those of tenants below theirs"
+    )
+
+
+def max_share_reason(tenant: str, share: float, maximum: float | None, job_share: float) -> str:
+    """Why ``tenant``'s maximum share keeps a job of ``job_share`` (its dominant share of the
+    cluster) waiting while the tenant holds ``share``, for ``mdq explain``; "" when it does not.
+    """
+    if maximum is None or share + job_share <= maximum + 1e-9:
+        return ""
+    who = f"tenant {tenant}" if tenant else "the operator"
+    return (
+        f"{who} is at its maximum share: it holds {share:.0%} of the cluster, at most {maximum:.0%}"
     )

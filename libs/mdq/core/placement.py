@@ -512,11 +512,12 @@ def plan(
         return decisions
     limited = tenant_room or None  # one test per job only when some tenant is limited
     fair: FairQueue[QueuedJob] | None = None
-    if fairness is not None and len({job.tenant for job in jobs}) > 1:
+    tenants = {job.tenant for job in jobs} if fairness is not None else set()
+    capped = fairness is not None and any(fairness.maximum(t) is not None for t in tenants)
+    if fairness is not None and (len(tenants) > 1 or capped):
         fair = FairQueue(
             jobs,
-            fairness.held,
-            fairness.weight,
+            fairness,
             total_cpu=sum(node.cpu_capacity for node in planner.eligible),
             total_memory_mb=sum(node.memory_capacity_mb for node in planner.eligible),
         )
@@ -524,6 +525,8 @@ def plan(
         room = limited.get(job.tenant) if limited is not None else None
         if room is not None and job.cpu > room + 1e-9:
             continue  # its tenant's CPU quota: it waits without taking a node's room
+        if fair is not None and fair.over_maximum(job):
+            continue  # its tenant's maximum share: it waits, the others' jobs still bind
         decision = planner.decide(job)
         if decision is not None:
             decisions.append(decision)

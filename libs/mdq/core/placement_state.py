@@ -43,7 +43,7 @@ from typing import Any, NamedTuple
 
 from mdq.contracts import pb
 from mdq.core import ids
-from mdq.core.fairshare import Held, dominant_share, fair_shares
+from mdq.core.fairshare import Held, dominant_share, fair_shares, no_guarantee, no_maximum
 from mdq.core.node_health import NodeCapacity, NodeHealth, NodeHealthPolicy
 from mdq.core.placement import (
     NodeState,
@@ -84,6 +84,13 @@ class TenantShare:
     """Dominant share of the schedulable capacity now."""
     fair_share: float
     """The dominant share it is due (``mdq.core.fairshare.fair_shares``)."""
+    total_cpu: float = 0.0
+    """The schedulable capacity the shares are of."""
+    total_memory_mb: float = 0.0
+
+    def job_share(self, job: QueuedJob) -> float:
+        """The dominant share of the capacity ``job`` requests."""
+        return dominant_share(Held(job.cpu, job.memory_mb), self.total_cpu, self.total_memory_mb)
 
 
 class Folded(NamedTuple):
@@ -553,7 +560,13 @@ class PlacementState:
             float(sum(node.memory_capacity_mb for node in nodes)),
         )
 
-    def shares(self, now: datetime, weight: Callable[[str], float]) -> dict[str, TenantShare]:
+    def shares(
+        self,
+        now: datetime,
+        weight: Callable[[str], float],
+        guaranteed: Callable[[str], float] = no_guarantee,
+        maximum: Callable[[str], float | None] = no_maximum,
+    ) -> dict[str, TenantShare]:
         """Each tenant's ("" the operator's) fair-share standing at ``now``: its running
         requests, its dominant share of the schedulable capacity (nodes ready, not cordoned,
         load fresh) and the fair share it is due while every tenant's PENDING jobs compete
@@ -576,7 +589,7 @@ class PlacementState:
             tenant: dominant_share(held, total_cpu, total_memory_mb)
             for tenant, held in wanted.items()
         }
-        fair = fair_shares(demands, weight)
+        fair = fair_shares(demands, weight, guaranteed, maximum)
         report: dict[str, TenantShare] = {}
         for tenant in wanted:
             held = holding.get(tenant, Held())
@@ -586,6 +599,8 @@ class PlacementState:
                 weight=weight(tenant),
                 share=dominant_share(held, total_cpu, total_memory_mb),
                 fair_share=fair[tenant],
+                total_cpu=total_cpu,
+                total_memory_mb=total_memory_mb,
             )
         return report
 

@@ -91,6 +91,12 @@ class TenantPolicy:
     weight: float = 1.0
     """The tenant's weight in fair share (``mdq.core.fairshare``): when more work waits than
     fits, a tenant of weight 2 gets twice the dominant share of one of weight 1."""
+    guaranteed_share: float | None = None
+    """A dominant share of the cluster the tenant is due whatever the weights, as far as it has
+    work for it (fair share's floor; the guarantees of all tenants should add up to 1 at most)."""
+    max_share: float | None = None
+    """The most of the cluster (dominant share) the tenant may hold at once; placement binds no
+    job that would take it above (the job waits, others' jobs bind)."""
 
     def __post_init__(self) -> None:
         _check_policy(self)
@@ -156,6 +162,8 @@ _POLICY_FIELDS: dict[str, type] = {
     "submits_per_minute": float,
     "submit_burst": int,
     "weight": float,
+    "guaranteed_share": float,
+    "max_share": float,
 }
 _NOT_NULL = frozenset({"allow_high", "weight"})
 """Fields without an "unlimited": null is refused for them."""
@@ -169,6 +177,8 @@ def _check_policy(policy: TenantPolicy) -> None:
         ("submits_per_minute", policy.submits_per_minute, 0),
         ("submit_burst", policy.submit_burst, 1),
         ("weight", policy.weight, 0),
+        ("guaranteed_share", policy.guaranteed_share, 0),
+        ("max_share", policy.max_share, 0),
     )
     for name, value, low in checks:
         if value is None:
@@ -176,9 +186,14 @@ def _check_policy(policy: TenantPolicy) -> None:
         if not math.isfinite(value) or value < low or (name in _POSITIVE and value == 0):
             bound = "more than 0" if name in _POSITIVE else f"at least {low}"
             raise ValueError(f"tenant policy: {name} must be {bound}, got {value!r}")
+        if name in _FRACTIONS and value > 1:
+            raise ValueError(
+                f"tenant policy: {name} is a share of the cluster, 0 to 1, got {value!r}"
+            )
 
 
-_POSITIVE = frozenset({"max_running_cpu", "submits_per_minute", "weight"})
+_POSITIVE = frozenset({"max_running_cpu", "submits_per_minute", "weight", "max_share"})
+_FRACTIONS = frozenset({"guaranteed_share", "max_share"})
 
 
 DEFAULT_POLICY = TenantPolicy()
