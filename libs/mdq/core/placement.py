@@ -47,7 +47,7 @@ Rules (docs/placement.md has the whole story):
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import NamedTuple
@@ -592,6 +592,46 @@ def explain_waiting(
 
 
 # -- preemption --------------------------------------------------------------------------------
+def _may_host(node: NodeState, job: QueuedJob) -> bool:
+    """Whether ``job`` could run on ``node`` at all (not avoided, not bigger than it)."""
+    if node.name in job.avoid_nodes:
+        return False
+    return job.cpu <= node.cpu_capacity + 1e-9 and job.memory_mb <= node.memory_capacity_mb
+
+
+def _victims_for(
+    node: NodeState,
+    job: QueuedJob,
+    victims: Iterable[RunningJob],
+    admit: Callable[[RunningJob], bool] | None = None,
+) -> list[RunningJob]:
+    """The first of ``victims`` (in order; those ``admit`` refuses are passed over) whose
+    stopping makes room for ``job`` on ``node``; [] when they cannot, or none is needed."""
+    free_cpu = node.cpu_capacity - node.reserved_cpu
+    free_mem = node.memory_capacity_mb - node.reserved_memory_mb
+    chosen: list[RunningJob] = []
+    for victim in victims:
+        if job.cpu <= free_cpu + 1e-9 and job.memory_mb <= free_mem:
+            break
+        if admit is not None and not admit(victim):
+            continue
+        chosen.append(victim)
+        free_cpu += victim.cpu
+        free_mem += victim.memory_mb
+    fits = job.cpu <= free_cpu + 1e-9 and job.memory_mb <= free_mem
+    return chosen if fits else []
+
+
+def _make_room(node: NodeState, job: QueuedJob, victims: list[RunningJob], taken: set[str]) -> None:
+    """Release ``victims`` on ``node`` and reserve ``job`` there (nobody counts them twice)."""
+    for victim in victims:
+        taken.add(victim.job_id)
+        node.reserved_cpu -= victim.cpu
+        node.reserved_memory_mb -= victim.memory_mb
+    node.reserved_cpu += job.cpu
+    node.reserved_memory_mb += job.memory_mb
+
+
 def plan_preemptions(
     nodes: Sequence[NodeState],
     unplaced: Iterable[QueuedJob],
@@ -624,9 +664,7 @@ def plan_preemptions(
             break
         best: tuple[tuple[int, int, float], NodeState, list[RunningJob]] | None = None
         for node in eligible:
-            if node.name in job.avoid_nodes:
-                continue
-            if job.cpu > node.cpu_capacity + 1e-9 or job.memory_mb > node.memory_capacity_mb:
+            if not _may_host(node, job):
                 continue
             victims = sorted(
                 (
@@ -636,16 +674,8 @@ def plan_preemptions(
                 ),
                 key=lambda v: (v.priority, -(v.started_at.timestamp() if v.started_at else 0.0)),
             )
-            free_cpu = node.cpu_capacity - node.reserved_cpu
-            free_mem = node.memory_capacity_mb - node.reserved_memory_mb
-            chosen: list[RunningJob] = []
-            for victim in victims:
-                if job.cpu <= free_cpu + 1e-9 and job.memory_mb <= free_mem:
-                    break
-                chosen.append(victim)
-                free_cpu += victim.cpu
-                free_mem += victim.memory_mb
-            if not (job.cpu <= free_cpu + 1e-9 and job.memory_mb <= free_mem) or not chosen:
+            chosen = _victims_for(node, job, victims)
+            if not chosen:
                 continue
             cost = (max(v.priority for v in chosen), len(chosen), sum(v.cpu for v in chosen))
             if best is None or cost < best[0]:
@@ -653,12 +683,7 @@ def plan_preemptions(
         if best is None:
             continue
         _, node, chosen = best
-        for victim in chosen:
-            taken.add(victim.job_id)
-            node.reserved_cpu -= victim.cpu
-            node.reserved_memory_mb -= victim.memory_mb
-        node.reserved_cpu += job.cpu
-        node.reserved_memory_mb += job.memory_mb
+        _make_room(node, job, chosen, taken)
         names = ", ".join(v.job_id for v in chosen)
         preemptions.append(
             Preemption(
@@ -739,9 +764,7 @@ def plan_fair_reclaims(
             continue  # it would take its tenant above its fair share
         best: tuple[tuple[int, float], NodeState, list[RunningJob]] | None = None
         for node in eligible:
-            if node.name in job.avoid_nodes:
-                continue
-            if job.cpu > node.cpu_capacity + 1e-9 or job.memory_mb > node.memory_capacity_mb:
+            if not _may_host(node, job):
                 continue
             victims = sorted(
                 (
@@ -754,21 +777,18 @@ def plan_fair_reclaims(
                 ),
                 key=lambda v: (fair[v.tenant] - shares[v.tenant], loss(v)),
             )
-            free_cpu = node.cpu_capacity - node.reserved_cpu
-            free_mem = node.memory_capacity_mb - node.reserved_memory_mb
             left = dict(shares)
-            chosen: list[RunningJob] = []
-            for victim in victims:
-                if job.cpu <= free_cpu + 1e-9 and job.memory_mb <= free_mem:
-                    break
+
+            def keeps_its_due(victim: RunningJob, left: dict[str, float] = left) -> bool:
+                # never a victim whose loss takes its tenant below its own fair share
                 after = left[victim.tenant] - dominant(victim.cpu, victim.memory_mb)
                 if after < fair[victim.tenant] - 1e-9:
-                    continue  # that would take its tenant below its own fair share
+                    return False
                 left[victim.tenant] = after
-                chosen.append(victim)
-                free_cpu += victim.cpu
-                free_mem += victim.memory_mb
-            if not (job.cpu <= free_cpu + 1e-9 and job.memory_mb <= free_mem) or not chosen:
+                return True
+
+            chosen = _victims_for(node, job, victims, keeps_its_due)
+            if not chosen:
                 continue
             cost = (len(chosen), sum(loss(v) for v in chosen))
             if best is None or cost < best[0]:
@@ -777,13 +797,9 @@ def plan_fair_reclaims(
             continue
         _, node, chosen = best
         for victim in chosen:
-            taken.add(victim.job_id)
             shares[victim.tenant] -= dominant(victim.cpu, victim.memory_mb)
-            node.reserved_cpu -= victim.cpu
-            node.reserved_memory_mb -= victim.memory_mb
         shares[job.tenant] += gain
-        node.reserved_cpu += job.cpu
-        node.reserved_memory_mb += job.memory_mb
+        _make_room(node, job, chosen, taken)
         owners = sorted({v.tenant or "the operator" for v in chosen})
         reclaims.append(
             Preemption(
