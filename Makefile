@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run up test test-fast test-images images lock lint proto asyncapi bench-placement bench-recovery bench-runner bench-ingest bench-scale bench-history bench-console chaos clean install compose-secrets deploy-dev-secrets
+.PHONY: run up test test-fast test-images images lock lint proto asyncapi bench-placement bench-recovery bench-runner bench-ingest bench-scale bench-history bench-console bench-fairshare chaos clean install compose-secrets deploy-dev-secrets
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "mdq needs Python 3.11 or newer")'
@@ -110,6 +110,10 @@ bench-scale: $(STAMP)
 ## bench-console: the web console at a year's size (1,000,000 jobs): p99 of the jobs list, a job page, a campaign page; bus -> chart latency in headless Chromium
 bench-console: $(STAMP)
 	$(BIN)/python bench/console.py $(BENCH_ARGS)
+
+## bench-fairshare: three tenants (weights 1:1:2) flood the local backend, a fourth arrives: share error, utilisation, time to fair share, steps lost per preemption, Jain's index (from the process table)
+bench-fairshare: $(STAMP)
+	$(BIN)/python bench/fairshare.py $(BENCH_ARGS)
 
 ## bench-history: PostgreSQL at a year's size (1,000,000 jobs, 20,000,000 progress rows): p99 of mdq ls / show / plot and of every query docs/history.md documents
 bench-history: $(STAMP)

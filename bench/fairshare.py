@@ -1,0 +1,372 @@
+"""Benchmark: fair share between tenants on a flooded cluster (issue 19, item 5).
+
+The whole stack runs (embedded NATS and PostgreSQL, every service, the local backend with two
+nodes of ``--cores-per-node`` schedulable cores each, real OpenMM runners of one core each).
+Three tenants with weights 1:1:2 each submit more long MD jobs than fit; after ``--newcomer-s``
+a fourth (weight 2) arrives with its own flood. Everything is measured from outside, four
+times a second, from the process table (each runner process carries ``MDQ_JOB_ID`` and
+``MDQ_ATTEMPT`` in its environment; a job id starts with its tenant) and the runners' own
+files; never from a figure mdq reports about itself:
+
+- a tenant's **share** is the cores its running runner processes requested (one each) over the
+  cores of the two nodes; its **fair share** is its weight over the weights of the tenants
+  flooding at that moment (every tenant here always wants more than it gets);
+- ``share_error_max``: the largest |share - fair share| of any tenant in the steady windows —
+  from the moment every core is busy until the newcomer arrives, and from the moment the
+  newcomer holds its fair share until the end;
+- ``utilisation``: busy cores over cores, averaged over the same windows;
+- ``time_to_fair_s``: from the newcomer's submit until its running processes hold its whole
+  fair share;
+- ``max_steps_lost``: for every attempt that was stopped to give the newcomer room, the last
+  step its energy table (``energies.csv``) had while it ran minus the step its next attempt
+  resumes from: the step that attempt's runner logged, or, while it still waits, the newest
+  checkpoint file in the job's folder once the stopped runner was gone (what the retry loads);
+  reports come every ``REPORT_INTERVAL`` steps, the resolution of this figure;
+- ``checkpoint_interval_s``: the median time between a job's checkpoint files here;
+- ``jains_index``: Jain's fairness index of share / fair share over the tenants, from the mean
+  shares of the second window.
+
+Placement runs with its defaults but ``MDQ_PLACEMENT_FAIR_SHARE_MIN_RUN_S`` (the bench's
+``--min-run-s``, 5 s: the newcomer arrives long before the default two minutes). The baseline
+is the same run with fair share off (``MDQ_PLACEMENT_FAIR_SHARE=false``: queue order, the first
+flood keeps everything), its share error and newcomer wait printed beside (``--no-baseline``
+skips it). The last line printed is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+from google.protobuf import json_format
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from recovery import BenchFailed, logged_resume, newest_checkpoint_step
+
+from mdq.bus.subjects import Subjects
+from mdq.bus.tenants import ensure_tenants_bucket, put_policy
+from mdq.contracts import pb
+from mdq.core import ids
+from mdq.core.runner_task import ENV_ATTEMPT, ENV_JOB_ID, job_dir
+from mdq.core.tenants import TenantPolicy
+from mdq.embedded import start_nats, start_postgres
+from mdq.sdk.client import IntakeUnavailable, MdqClient
+from mdq.stack import Stack
+
+NAMESPACE = "benchfair"
+CHECKPOINT_INTERVAL = 200
+REPORT_INTERVAL = 20
+FLOODERS = {"ada": 1.0, "bo": 1.0, "cy": 2.0}
+NEWCOMER = ("dee", 2.0)
+"""Its weight: 2, so with 12 cores every fair share is whole cores (2, 2, 4 and 4)."""
+POLL_S = 0.25
+
+
+def job(name: str) -> dict[str, object]:
+    return {
+        "name": name,
+        "system": {"water_box": {"box_nm": 1.6}},
+        "steps": 10_000_000,  # longer than the bench: every tenant always wants more
+        "report_interval_steps": REPORT_INTERVAL,
+        "checkpoint_interval_steps": CHECKPOINT_INTERVAL,
+        "resources": {"cpu": 1, "memory_mb": 256},
+        "max_retries": 20,
+    }
+
+
+async def flood(client: MdqClient, tenant: str, jobs: int) -> None:
+    request = json_format.ParseDict(
+        {"idempotency_key": f"flood-{tenant}", "jobs": [job(f"md{i}") for i in range(jobs)]},
+        pb.SubmitRequest(),
+    )
+    for _ in range(120):
+        try:
+            await client.submit(request, timeout=10)
+            return
+        except IntakeUnavailable:
+            await asyncio.sleep(0.5)
+    raise BenchFailed(f"intake never answered {tenant}'s submit")
+
+
+def running_attempts() -> dict[str, int]:
+    """job id -> attempt of every runner process on this machine (from their environment)."""
+    found: dict[str, int] = {}
+    for process in psutil.process_iter(["cmdline"]):
+        try:
+            if "services.runner" not in " ".join(process.info["cmdline"] or ()):
+                continue
+            env = process.environ()
+            if ENV_JOB_ID in env and ENV_ATTEMPT in env:
+                found[env[ENV_JOB_ID]] = int(env[ENV_ATTEMPT])
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, ValueError):
+            continue
+    return found
+
+
+def checkpoint_interval_s(data_dir: Path) -> float | None:
+    """The median time between two checkpoints of one job, from the files' modification times
+    (the wall-clock length of a checkpoint interval on this loaded machine)."""
+    gaps = []
+    for folder in (data_dir / "jobs").glob("*/checkpoints"):
+        times = sorted(path.stat().st_mtime for path in folder.glob("ckpt-*.xml"))
+        gaps += [later - earlier for earlier, later in itertools.pairwise(times)]
+    return round(statistics.median(gaps), 2) if gaps else None
+
+
+def last_energy_step(path: Path) -> int:
+    """The step of the last complete row of a runner's energy table (-1 if none)."""
+    last = -1
+    if not path.is_file():
+        return last
+    with path.open() as table:
+        for line in table:
+            if not line.endswith("\n"):
+                break
+            head = line.split(",", 1)[0]
+            if head.isdigit():
+                last = int(head)
+    return last
+
+
+@dataclass
+class Sample:
+    at: float
+    cores: dict[str, int]
+
+
+@dataclass
+class Run:
+    samples: list[Sample] = field(default_factory=list)
+    newcomer_at: float = 0.0
+    stopped: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
+    """(job, attempt) of every attempt seen to stop while its job went on -> the last step of
+    its energy table while it ran, and the newest checkpoint step on disk when it had gone."""
+    checkpoint_interval_s: float | None = None
+
+
+def fair_shares(tenants: dict[str, float]) -> dict[str, float]:
+    total = sum(tenants.values())
+    return {tenant: weight / total for tenant, weight in tenants.items()}
+
+
+def tenant_of(job_id: str) -> str:
+    return ids.tenant_of(job_id)
+
+
+async def measure(args: argparse.Namespace, *, fair_share: bool) -> dict[str, Any]:
+    root = Path(tempfile.mkdtemp(prefix="mdq-bench-fairshare-"))
+    nats = start_nats(root / "nats")
+    postgres = start_postgres(root / "pg", keep=False)
+    cores = 2 * args.cores_per_node
+    stack = Stack(
+        state_dir=root / "state",
+        namespace=NAMESPACE,
+        nats_url=nats.url,
+        database_url=postgres.url,
+        metrics_port=0,
+        local_nodes=2,
+        extra_env={
+            "MDQ_LOCAL_CPU_PER_NODE": str(args.cores_per_node),
+            "MDQ_PLACEMENT_FAIR_SHARE": "true" if fair_share else "false",
+            "MDQ_PLACEMENT_FAIR_SHARE_MIN_RUN_S": str(args.min_run_s),
+            "MDQ_RECOVERY_BACKOFF_BASE_S": "0.5",
+            "MDQ_RECOVERY_QUARANTINE_AFTER": "1000",
+        },
+        grace_s=5.0,
+    )
+    await stack.start()
+    run = Run()
+    try:
+        async with await MdqClient.connect(nats.url, NAMESPACE) as operator:
+            js = operator.nc.jetstream()
+            subjects = Subjects(NAMESPACE)
+            await ensure_tenants_bucket(js, subjects)
+            everyone = {**FLOODERS, NEWCOMER[0]: NEWCOMER[1]}
+            for tenant, weight in everyone.items():
+                # no CPU quota in the way: fair share alone decides
+                await put_policy(
+                    js, subjects, tenant, TenantPolicy(weight=weight, max_running_cpu=None)
+                )
+            clients = {
+                tenant: MdqClient(nc=operator.nc, subjects=subjects, tenant=tenant)
+                for tenant in everyone
+            }
+            # the three floods together, as three groups starting a campaign the same morning
+            await asyncio.gather(
+                *(flood(clients[tenant], tenant, args.jobs_per_tenant) for tenant in FLOODERS)
+            )
+            started = time.monotonic()
+            seen: dict[str, int] = {}
+            steps: dict[tuple[str, int], int] = {}
+            end = started + args.newcomer_s + args.after_s
+            while time.monotonic() < end:
+                now = time.monotonic()
+                if not run.newcomer_at and now - started >= args.newcomer_s:
+                    run.newcomer_at = now - started
+                    await flood(clients[NEWCOMER[0]], NEWCOMER[0], args.jobs_per_tenant)
+                attempts = await asyncio.to_thread(running_attempts)
+                for job_id, attempt in attempts.items():
+                    table = job_dir(stack.data_dir, job_id) / "energies.csv"
+                    steps[(job_id, attempt)] = max(
+                        steps.get((job_id, attempt), -1), last_energy_step(table)
+                    )
+                for job_id, attempt in seen.items():
+                    if attempts.get(job_id) != attempt and (job_id, attempt) not in run.stopped:
+                        # gone: what it reached, and the newest checkpoint on disk now (the
+                        # runner writes one on SIGTERM before it exits; a retry resumes there)
+                        folder = job_dir(stack.data_dir, job_id) / "checkpoints"
+                        run.stopped[(job_id, attempt)] = (
+                            steps.get((job_id, attempt), -1),
+                            newest_checkpoint_step(folder),
+                        )
+                seen = attempts
+                cores_now: dict[str, int] = {}
+                for job_id in attempts:
+                    tenant = tenant_of(job_id)
+                    if tenant not in everyone:
+                        continue  # not one of the bench's jobs (a runner's own helper process)
+                    cores_now[tenant] = cores_now.get(tenant, 0) + 1
+                run.samples.append(Sample(at=now - started, cores=cores_now))
+                if args.verbose and len(run.samples) % 8 == 0:
+                    print(
+                        f"{now - started:6.1f} s {dict(sorted(cores_now.items()))}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                await asyncio.sleep(POLL_S)
+        lost = []
+        for (job_id, attempt), (last_step, newest) in sorted(run.stopped.items()):
+            log_path = stack.data_dir / "pods" / f"{ids.pod_name(job_id, attempt + 1)}.log"
+            resumed = logged_resume(log_path)  # a retry that ran says where it resumed
+            start = resumed if resumed is not None else newest
+            if last_step >= 0 and start >= 0:
+                lost.append(max(0, last_step - start))
+        run.checkpoint_interval_s = checkpoint_interval_s(stack.data_dir)
+    finally:
+        await stack.stop()
+        nats.stop()
+        postgres.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    summary = summarise(run, cores, lost)
+    if fair_share:  # what this bench promises to measure; the baseline may well never get there
+        if summary["time_to_fair_s"] is None:
+            raise BenchFailed("the newcomer never held its fair share")
+        if not lost:
+            raise BenchFailed(
+                "no attempt was seen stopped for the newcomer: no steps lost measured"
+            )
+        if not summary["steady_samples"]:
+            raise BenchFailed("no steady window: the cluster was never full")
+    return summary
+
+
+def summarise(run: Run, cores: int, lost: list[int]) -> dict[str, Any]:
+    before = fair_shares(FLOODERS)
+    after = fair_shares({**FLOODERS, NEWCOMER[0]: NEWCOMER[1]})
+    first_window: list[Sample] = []
+    full_at = next((s.at for s in run.samples if sum(s.cores.values()) >= cores), None)
+    newcomer_rel = run.newcomer_at
+    due = after[NEWCOMER[0]] * cores
+    fair_at = next(
+        (
+            s.at
+            for s in run.samples
+            if s.at >= newcomer_rel and s.cores.get(NEWCOMER[0], 0) >= due - 1e-9
+        ),
+        None,
+    )
+    if full_at is not None:  # the second half of the first phase: past the first floods' start
+        settled = max(full_at, newcomer_rel / 2)
+        first_window = [s for s in run.samples if settled <= s.at < newcomer_rel]
+    second_window = [s for s in run.samples if fair_at is not None and s.at >= fair_at]
+
+    def errors(window: list[Sample], fair: dict[str, float]) -> list[float]:
+        return [
+            max(abs(s.cores.get(t, 0) / cores - share) for t, share in fair.items()) for s in window
+        ]
+
+    errs = errors(first_window, before) + errors(second_window, after)
+    windows = first_window + second_window
+    means = (
+        {
+            t: statistics.mean(s.cores.get(t, 0) / cores for s in second_window) / share
+            for t, share in after.items()
+        }
+        if second_window
+        else {}
+    )
+    jain = (
+        sum(means.values()) ** 2 / (len(means) * sum(x * x for x in means.values()))
+        if means
+        else 0.0
+    )
+    return {
+        "tenants": len(after),
+        "cores": cores,
+        "share_error_max": round(max(errs), 4) if errs else None,
+        "utilisation": round(statistics.mean(sum(s.cores.values()) / cores for s in windows), 4)
+        if windows
+        else None,
+        "time_to_fair_s": round(fair_at - newcomer_rel, 2) if fair_at is not None else None,
+        "max_steps_lost": max(lost) if lost else None,
+        "checkpoint_interval_s": run.checkpoint_interval_s,
+        "preemptions_measured": len(lost),
+        "checkpoint_interval_steps": CHECKPOINT_INTERVAL,
+        "jains_index": round(jain, 4) if means else None,
+        "steady_samples": len(windows),
+    }
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    result = await measure(args, fair_share=True)
+    result["bench"] = "fairshare"
+    if not args.no_baseline:
+        baseline = await measure(args, fair_share=False)
+        result["baseline_fair_share_off"] = {
+            key: baseline[key]
+            for key in ("share_error_max", "utilisation", "time_to_fair_s", "jains_index")
+        }
+    result["goals"] = {
+        "share_error_max": 0.05,
+        "utilisation": 0.95,
+        "time_to_fair_s": "one checkpoint interval + 5 s",
+        "jains_index": 0.95,
+    }
+    result["measured"] = (
+        "shares: runner processes per tenant in the process table, 4 times a second; steps "
+        "lost: the stopped attempt's energies.csv minus its retry's logged resume step (or the "
+        "newest checkpoint file while the retry waits)"
+    )
+    return result
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cores-per-node", type=int, default=6)
+    parser.add_argument("--jobs-per-tenant", type=int, default=16)
+    parser.add_argument("--newcomer-s", type=float, default=60.0)
+    parser.add_argument("--after-s", type=float, default=60.0)
+    parser.add_argument("--min-run-s", type=float, default=5.0)
+    parser.add_argument("--no-baseline", action="store_true")
+    parser.add_argument("--verbose", action="store_true", help="the shares every 2 s on stderr")
+    parser.add_argument("--quick", action="store_true", help="45 s, then 45 s, no baseline")
+    cli = parser.parse_args()
+    if cli.quick:
+        cli.newcomer_s, cli.after_s, cli.no_baseline = 45.0, 45.0, True
+    try:
+        print(json.dumps(asyncio.run(main(cli))))
+    except BenchFailed as failure:
+        print(f"bench-fairshare FAILED: {failure}", file=sys.stderr, flush=True)
+        sys.exit(1)
