@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 from nats.aio.client import Client
+from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError
 from rich.console import Console
 
@@ -95,6 +97,23 @@ async def test_put_policy_refuses_a_bad_tenant_name(nc: Client, subjects: Subjec
         await put_policy(js, subjects, "Alice", ALICE_QUOTA)
 
 
+def placement_of(
+    js: JetStreamContext,
+    subjects: Subjects,
+    backend: RecordingBackend | None = None,
+    **settings: Any,
+) -> Placement:
+    """A placement service on the test's bus, with a recording backend."""
+    return Placement(
+        js=js,
+        subjects=subjects,
+        publisher=publisher(js, subjects),
+        backend=backend or RecordingBackend(),
+        settings=PlacementSettings(**settings),
+        namespace=subjects.namespace,
+    )
+
+
 def job(tenant: str, name: str) -> str:
     return f"{tenant}.0123456789ab-{name}"
 
@@ -124,15 +143,12 @@ async def test_a_tenant_at_its_cpu_quota_waits_while_others_bind(
         await bus.publish(submitted(job_id))
         await asyncio.sleep(0.01)  # oldest first in the queue
     await bus.publish(submitted(job("bob", "b0")))
-    placement = Placement(
-        js=js,
-        subjects=subjects,
-        publisher=publisher(js, subjects),
-        backend=RecordingBackend(),
-        settings=PlacementSettings(
-            reconcile_interval_s=0.2, explain_waiting_interval_s=0.2, tenant_usage_interval_s=0.2
-        ),
-        namespace=subjects.namespace,
+    placement = placement_of(
+        js,
+        subjects,
+        reconcile_interval_s=0.2,
+        explain_waiting_interval_s=0.2,
+        tenant_usage_interval_s=0.2,
     )
     kv = None
 
@@ -205,14 +221,7 @@ async def test_a_policy_raised_live_releases_the_held_jobs(
     await bus.publish_all([node_load("n1", cpu_capacity=32, memory_mb=100_000)])
     alice = [job("alice", f"a{i}") for i in range(3)]
     await bus.publish_all([submitted(job_id) for job_id in alice])
-    placement = Placement(
-        js=js,
-        subjects=subjects,
-        publisher=publisher(js, subjects),
-        backend=RecordingBackend(),
-        settings=PlacementSettings(reconcile_interval_s=0.2),
-        namespace=subjects.namespace,
-    )
+    placement = placement_of(js, subjects, reconcile_interval_s=0.2)
     async with running(placement.run()):
 
         async def one_bound() -> bool:
@@ -246,14 +255,7 @@ async def test_a_high_job_held_by_its_tenants_quota_preempts_nobody(
         await bus.publish(event("started", pb.JobStarted(node="n1"), job=job_id, attempt=1))
     await bus.publish(submitted(job("alice", "h1"), cpu=1, priority="high"))
     backend = RecordingBackend()
-    placement = Placement(
-        js=js,
-        subjects=subjects,
-        publisher=publisher(js, subjects),
-        backend=backend,
-        settings=PlacementSettings(reconcile_interval_s=0.2),
-        namespace=subjects.namespace,
-    )
+    placement = placement_of(js, subjects, reconcile_interval_s=0.2, backend=backend)
     async with running(placement.run()):
 
         async def caught_up() -> bool:
@@ -281,14 +283,7 @@ async def test_a_full_cluster_is_shared_by_weight_and_a_weight_changes_live(
     bob = [job("bob", f"b{i}") for i in range(10)]
     for job_id in [*alice, *bob]:
         await bus.publish(submitted(job_id))
-    placement = Placement(
-        js=js,
-        subjects=subjects,
-        publisher=publisher(js, subjects),
-        backend=RecordingBackend(),
-        settings=PlacementSettings(reconcile_interval_s=0.2, explain_waiting_interval_s=0.2),
-        namespace=subjects.namespace,
-    )
+    placement = placement_of(js, subjects, reconcile_interval_s=0.2, explain_waiting_interval_s=0.2)
 
     async def split() -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -371,13 +366,8 @@ async def test_a_tenant_below_its_share_gets_room_back_and_no_more(
     alice = [job("alice", f"a{i}") for i in range(8)]
     await bus.publish_all([submitted(job_id) for job_id in alice])
     backend = RecordingBackend()
-    placement = Placement(
-        js=js,
-        subjects=subjects,
-        publisher=publisher(js, subjects),
-        backend=backend,
-        settings=PlacementSettings(reconcile_interval_s=0.2, fair_share_min_run_s=0),
-        namespace=subjects.namespace,
+    placement = placement_of(
+        js, subjects, reconcile_interval_s=0.2, fair_share_min_run_s=0, backend=backend
     )
     async with running(placement.run()):
 
@@ -422,14 +412,7 @@ async def test_a_tenant_at_its_maximum_share_waits_and_says_why(
     await bus.publish_all([node_load("n1", cpu_capacity=8, memory_mb=100_000)])
     alice = [job("alice", f"a{i}") for i in range(6)]
     await bus.publish_all([submitted(job_id) for job_id in alice])
-    placement = Placement(
-        js=js,
-        subjects=subjects,
-        publisher=publisher(js, subjects),
-        backend=RecordingBackend(),
-        settings=PlacementSettings(reconcile_interval_s=0.2, explain_waiting_interval_s=0.2),
-        namespace=subjects.namespace,
-    )
+    placement = placement_of(js, subjects, reconcile_interval_s=0.2, explain_waiting_interval_s=0.2)
     async with running(placement.run()):
 
         async def two_bound() -> bool:
