@@ -99,6 +99,7 @@ SEEN: dict[str, str] = {
     "failures_by_reason": "SELECT reason FROM failures_by_reason",
     "node_utilisation": "SELECT node FROM node_utilisation",
     "job_outputs": "SELECT job_id FROM job_outputs",
+    "attempt_usage": "SELECT job_id FROM attempt_usage",
 }
 """For each relation a tenant may read, a query whose values say whose each row is."""
 
