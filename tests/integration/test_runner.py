@@ -246,7 +246,7 @@ async def test_md_run_reaches_its_step_target(
     usage = usage_event.usage
     assert 40 < usage.peak_memory_mb < spec.resources.memory_mb, usage
     assert usage.source == "rusage"
-    assert 0 < usage.cpu_seconds and 0 < usage.wall_seconds
+    assert usage.cpu_seconds > 0 and usage.wall_seconds > 0
     assert usage.mean_cores == pytest.approx(usage.cpu_seconds / usage.wall_seconds)
     assert (usage.steps, usage.exit_code) == (400, RunnerExit.OK)
     assert usage.ns_per_day == pytest.approx(progress[-1].ns_per_day)

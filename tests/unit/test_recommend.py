@@ -144,7 +144,7 @@ RECOMMEND_CASES: list[tuple[str, list[UsageSample], int, float, Confidence, str]
     (
         "no history: physical estimate, wide margin",
         [],
-        160,  # (96 + 2.662 * 1.4) * 1.5 = 149.6 -> 160
+        176,  # (104 + 2.662 * 3.9) * 1.5 = 171.6 -> 176
         1.0,
         Confidence.LOW,
         "no history: physical estimate",
@@ -152,7 +152,7 @@ RECOMMEND_CASES: list[tuple[str, list[UsageSample], int, float, Confidence, str]
     (
         "too few runs: still the physical estimate",
         [used(100.0), used(100.0)],
-        160,
+        176,
         1.0,
         Confidence.LOW,
         "no history",
@@ -249,6 +249,27 @@ def test_recommend(
     assert (recommendation.memory_mb, recommendation.cpu) == (memory_mb, cpu)
     assert recommendation.confidence is confidence
     assert evidence in recommendation.evidence
+
+
+PHYSICAL_CASES = [
+    # name, atoms, threads, pme, peak measured here (getrusage; bare OpenMM + 32 MiB of runner)
+    ("water box 3 nm", 2661, 1, True, 81.4 + 32),
+    ("water box 5 nm", 12255, 1, True, 118.3 + 32),
+    ("water box 6 nm", 21384, 1, True, 156.8 + 32),
+    ("LJ fluid 8k", 8000, 1, False, 72.1 + 32),
+    ("LJ fluid 64k", 64000, 1, False, 196.8 + 32),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "atoms", "threads", "pme", "measured"),
+    PHYSICAL_CASES,
+    ids=[c[0] for c in PHYSICAL_CASES],
+)
+def test_physical_model_fits_the_measurements_within_15_percent(
+    name: str, atoms: int, threads: int, pme: bool, measured: float
+) -> None:
+    assert physical_memory_mb(atoms, threads, pme=pme) == pytest.approx(measured, rel=0.15)
 
 
 def test_physical_model_grows_with_atoms_and_threads() -> None:

@@ -181,12 +181,30 @@ class Barostat(_message.Message):
     def __init__(self, pressure_bar: _Optional[float] = ..., frequency_steps: _Optional[int] = ...) -> None: ...
 
 class Resources(_message.Message):
-    __slots__ = ("cpu", "memory_mb")
+    __slots__ = ("cpu", "memory_mb", "auto")
     CPU_FIELD_NUMBER: _ClassVar[int]
     MEMORY_MB_FIELD_NUMBER: _ClassVar[int]
+    AUTO_FIELD_NUMBER: _ClassVar[int]
     cpu: float
     memory_mb: int
-    def __init__(self, cpu: _Optional[float] = ..., memory_mb: _Optional[int] = ...) -> None: ...
+    auto: bool
+    def __init__(self, cpu: _Optional[float] = ..., memory_mb: _Optional[int] = ..., auto: _Optional[bool] = ...) -> None: ...
+
+class ResourceRecommendation(_message.Message):
+    __slots__ = ("memory_mb", "cpu", "confidence", "samples", "evidence", "applied")
+    MEMORY_MB_FIELD_NUMBER: _ClassVar[int]
+    CPU_FIELD_NUMBER: _ClassVar[int]
+    CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    memory_mb: int
+    cpu: float
+    confidence: str
+    samples: int
+    evidence: str
+    applied: bool
+    def __init__(self, memory_mb: _Optional[int] = ..., cpu: _Optional[float] = ..., confidence: _Optional[str] = ..., samples: _Optional[int] = ..., evidence: _Optional[str] = ..., applied: _Optional[bool] = ...) -> None: ...
 
 class Convergence(_message.Message):
     __slots__ = ("tolerance_kj_mol", "reports")
@@ -300,18 +318,20 @@ class Event(_message.Message):
     def __init__(self, event_id: _Optional[str] = ..., job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., producer: _Optional[str] = ..., submitted: _Optional[_Union[JobSubmitted, _Mapping]] = ..., rejected: _Optional[_Union[JobRejected, _Mapping]] = ..., released: _Optional[_Union[JobReleased, _Mapping]] = ..., bound: _Optional[_Union[JobBound, _Mapping]] = ..., started: _Optional[_Union[JobStarted, _Mapping]] = ..., succeeded: _Optional[_Union[JobSucceeded, _Mapping]] = ..., attempt_failed: _Optional[_Union[AttemptFailed, _Mapping]] = ..., requeued: _Optional[_Union[JobRequeued, _Mapping]] = ..., failed: _Optional[_Union[JobFailed, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., pod: _Optional[_Union[PodStatus, _Mapping]] = ..., outputs: _Optional[_Union[JobOutputs, _Mapping]] = ..., usage: _Optional[_Union[AttemptUsage, _Mapping]] = ..., node_load: _Optional[_Union[NodeLoad, _Mapping]] = ...) -> None: ...
 
 class JobSubmitted(_message.Message):
-    __slots__ = ("spec", "request_id", "idempotency_key", "depends_on_ids", "submitted_by")
+    __slots__ = ("spec", "request_id", "idempotency_key", "depends_on_ids", "submitted_by", "recommended")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     DEPENDS_ON_IDS_FIELD_NUMBER: _ClassVar[int]
     SUBMITTED_BY_FIELD_NUMBER: _ClassVar[int]
+    RECOMMENDED_FIELD_NUMBER: _ClassVar[int]
     spec: JobSpec
     request_id: str
     idempotency_key: str
     depends_on_ids: _containers.RepeatedScalarFieldContainer[str]
     submitted_by: str
-    def __init__(self, spec: _Optional[_Union[JobSpec, _Mapping]] = ..., request_id: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., depends_on_ids: _Optional[_Iterable[str]] = ..., submitted_by: _Optional[str] = ...) -> None: ...
+    recommended: ResourceRecommendation
+    def __init__(self, spec: _Optional[_Union[JobSpec, _Mapping]] = ..., request_id: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., depends_on_ids: _Optional[_Iterable[str]] = ..., submitted_by: _Optional[str] = ..., recommended: _Optional[_Union[ResourceRecommendation, _Mapping]] = ...) -> None: ...
 
 class JobRejected(_message.Message):
     __slots__ = ("request_id", "idempotency_key", "error")

@@ -60,13 +60,21 @@ MIN_CPU = 0.1
 MAX_CPU = 256.0
 
 # The physical model (docs/requests.md, "The physical model"): peak RSS of a runner in MiB =
-# RUNNER_BASE_MB + atoms * MB_PER_KILOATOM / 1000 (+ MB_PER_THREAD per CPU thread beyond one).
-RUNNER_BASE_MB = 96.0
-"""Peak resident memory of a runner with a tiny system: Python, OpenMM, nats-py, protobuf."""
-MB_PER_KILOATOM = 1.4
-"""Peak resident memory per thousand atoms (fitted on water boxes and Lennard-Jones fluids)."""
-MB_PER_THREAD = 2.0
-"""Extra peak memory per CPU thread beyond the first (per-thread force buffers)."""
+# base + atoms / 1000 * per-kiloatom (+ MB_PER_THREAD per CPU thread beyond one), the two
+# figures by nonbonded method (PME's reciprocal-space grid costs more per atom than a cutoff).
+# Fitted to peaks measured with getrusage around bench/bare_openmm.py (OpenMM 8.6.1, CPU
+# platform, this project's recipes) plus the runner's own imports (nats-py, protobuf,
+# prometheus: +32 MiB over bare OpenMM).
+PME_BASE_MB = 104.0
+"""A runner's peak with a tiny PME system (water box, solvated structure)."""
+PME_MB_PER_KILOATOM = 3.9
+"""PME: peak memory per thousand atoms (water boxes of 774 to 21,384 atoms)."""
+CUTOFF_BASE_MB = 90.0
+"""A runner's peak with a tiny cutoff system (Lennard-Jones fluid)."""
+CUTOFF_MB_PER_KILOATOM = 2.2
+"""Cutoff methods: peak memory per thousand atoms (Lennard-Jones fluids of 1,000 to 64,000)."""
+MB_PER_THREAD = 1.0
+"""Extra peak memory per CPU thread beyond the first (1 and 2 threads measured the same)."""
 WATER_ATOMS_PER_NM3 = 98.6
 """Atoms per nm³ of the runner's TIP3P water box (3 nm is 2,661 atoms)."""
 
@@ -240,14 +248,18 @@ def _round_cpu(cpu: float) -> float:
     return min(MAX_CPU, max(MIN_CPU, math.ceil(round(cpu * 10, 6)) / 10))
 
 
-def physical_memory_mb(atoms: int, threads: int) -> float:
+def physical_memory_mb(atoms: int, threads: int, *, pme: bool = True) -> float:
     """The physical model's peak resident memory of a runner, in MiB (before the margin)."""
-    return RUNNER_BASE_MB + max(0, atoms) * MB_PER_KILOATOM / 1000 + MB_PER_THREAD * (threads - 1)
+    base, per_kiloatom = (
+        (PME_BASE_MB, PME_MB_PER_KILOATOM) if pme else (CUTOFF_BASE_MB, CUTOFF_MB_PER_KILOATOM)
+    )
+    return base + max(0, atoms) * per_kiloatom / 1000 + MB_PER_THREAD * (threads - 1)
 
 
 def physical_estimate(fingerprint: CostFingerprint, *, atoms: int) -> Recommendation:
     """A recommendation without history: the physical model plus PHYSICAL_MARGIN."""
-    memory = physical_memory_mb(atoms, fingerprint.threads) * (1 + PHYSICAL_MARGIN)
+    pme = fingerprint.nonbonded_method in (pb.NONBONDED_PME, pb.NONBONDED_METHOD_UNSPECIFIED)
+    memory = physical_memory_mb(atoms, fingerprint.threads, pme=pme) * (1 + PHYSICAL_MARGIN)
     what = f"{_short_count(atoms)} atoms" if atoms > 0 else "atoms unknown"
     return Recommendation(
         memory_mb=_round_memory(memory),
@@ -337,3 +349,53 @@ def recommend_for_spec(
     an ``auto`` job passes :func:`threads_for` of its atom count."""
     atoms = estimate_atoms(spec)
     return recommend(fingerprint_of(spec, threads=threads), atoms=atoms, history=history)
+
+
+def auto_threads(spec: pb.JobSpec) -> int | None:
+    """The threads an ``auto`` job is recommended for: its stated CPU request's, or, with the
+    CPU left to intake, :func:`threads_for` its atom count; None for a job that is not auto."""
+    if not spec.resources.auto:
+        return None
+    if spec.resources.cpu > 0:
+        return max(1, math.ceil(spec.resources.cpu))
+    return threads_for(estimate_atoms(spec))
+
+
+def apply_recommendation(spec: pb.JobSpec, recommendation: Recommendation) -> pb.JobSpec:
+    """A copy of a normalized spec with what ``resources.auto`` left unset filled in from
+    ``recommendation`` (a stated value is kept); a spec that is not auto is returned as is."""
+    filled = pb.JobSpec()
+    filled.CopyFrom(spec)
+    if spec.resources.auto:
+        if filled.resources.cpu == 0:
+            filled.resources.cpu = recommendation.cpu
+        if filled.resources.memory_mb == 0:
+            filled.resources.memory_mb = recommendation.memory_mb
+    return filled
+
+
+def recommendation_message(
+    recommendation: Recommendation, *, applied: bool
+) -> pb.ResourceRecommendation:
+    """The recommendation as the ``submitted`` event records it."""
+    return pb.ResourceRecommendation(
+        memory_mb=recommendation.memory_mb,
+        cpu=recommendation.cpu,
+        confidence=str(recommendation.confidence),
+        samples=recommendation.samples,
+        evidence=recommendation.evidence,
+        applied=applied,
+    )
+
+
+def recommend_job(
+    spec: pb.JobSpec, *, history: Sequence[UsageSample]
+) -> tuple[pb.JobSpec, pb.ResourceRecommendation]:
+    """Intake's step: the spec with an ``auto`` job's resources filled in, and the
+    recommendation to record with it (for a job that states its resources: what history would
+    have chosen, for the same threads)."""
+    recommendation = recommend_for_spec(spec, history=history, threads=auto_threads(spec))
+    applied = spec.resources.auto and (spec.resources.cpu == 0 or spec.resources.memory_mb == 0)
+    return apply_recommendation(spec, recommendation), recommendation_message(
+        recommendation, applied=applied
+    )
