@@ -296,8 +296,10 @@ USAGE_HISTORY = text(
      ORDER BY u.time DESC LIMIT :limit)
     UNION ALL
     (SELECT j.spec, 0.0, 0.0,
-            COALESCE((b.body->'resources'->>'memory_mb')::double precision, 0),
-            COALESCE((b.body->'resources'->>'cpu')::double precision, 0), true, a.ended_at
+            COALESCE((b.body->'resources'->>'memory_mb')::double precision,
+                     (j.spec->'resources'->>'memory_mb')::double precision, 0),
+            COALESCE((b.body->'resources'->>'cpu')::double precision,
+                     (j.spec->'resources'->>'cpu')::double precision, 0), true, a.ended_at
      FROM attempts a
      JOIN jobs j ON j.job_id = a.job_id
      JOIN job_events b ON b.job_id = a.job_id AND b.attempt = a.attempt AND b.kind = 'bound'
