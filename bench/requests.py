@@ -61,8 +61,9 @@ SYSTEMS: list[tuple[str, dict[str, object], int]] = [
     ("lj-4k", {"lennard_jones": {"atoms": 4000}}, 4000),
     ("lj-12k", {"lennard_jones": {"atoms": 12000}}, 12000),
 ]
-NODE_CPU = 4
-"""Virtual cores per node: room for four one-core jobs, so memory decides how many fit."""
+NODE_CPU = 1
+"""Cores per node: the machine's two cores, one per node, not overcommitted (a runner's
+measured cores under overcommit would understate what it needs)."""
 NODE_MEMORY_MB = 2048
 CLOCK_TICKS = 100  # os.sysconf("SC_CLK_TCK") on Linux
 

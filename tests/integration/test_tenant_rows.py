@@ -135,6 +135,14 @@ async def _write_rows(writer_url: str) -> None:
                 job,
             )
             await connection.execute(
+                "INSERT INTO job_events (event_id, stream, stream_seq, job_id, attempt, kind, "
+                "time, producer, body) VALUES ($1, 'NS_JOBS', $2, $3, 1, 'usage', now(), "
+                """'runner', '{"peak_memory_mb": 120.5, "mean_cores": 0.9}')""",
+                f"usage:{job}:1",
+                seq + 1000,
+                job,
+            )
+            await connection.execute(
                 "INSERT INTO progress (job_id, attempt, step, time, time_ps, potential_kj_mol, "
                 "kinetic_kj_mol, temperature_k, ns_per_day, event_id, stream, stream_seq, "
                 "producer, target_steps, eta_s, done_reason) VALUES ($1, 1, 50, now(), 0.1, "
