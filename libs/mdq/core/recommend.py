@@ -330,7 +330,9 @@ def recommend(
         for usage in measured
         if usage.cpu_limit > 0 and usage.mean_cores >= THROTTLED_FRACTION * usage.cpu_limit
     ]
-    cpu = _round_cpu(cores)
+    # never more than the fingerprint's threads: ceil(cpu) sets the threads, and OpenMM's
+    # helper threads (and Python's) can lift the mean a little above them
+    cpu = min(_round_cpu(cores), float(fingerprint.threads))
     evidence += f"; p{round(CPU_QUANTILE * 100)} of cores used"
     if throttled and max(throttled) > cpu:
         cpu = _round_cpu(max(throttled))
