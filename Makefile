@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run up test test-fast test-images images lock lint proto asyncapi bench-placement bench-recovery bench-runner bench-ingest bench-scale bench-history bench-console bench-fairshare chaos clean install compose-secrets deploy-dev-secrets
+.PHONY: run up test test-fast test-images images lock lint proto asyncapi bench-placement bench-recovery bench-runner bench-ingest bench-scale bench-history bench-console bench-fairshare bench-requests chaos clean install compose-secrets deploy-dev-secrets
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "mdq needs Python 3.11 or newer")'
@@ -106,6 +106,10 @@ bench-recovery: $(STAMP)
 ## bench-scale: a year of history against none, side by side: RSS of placement, recovery and intake, restart to the first job bound, jobs bound/s
 bench-scale: $(STAMP)
 	$(BIN)/python bench/scale.py $(BENCH_ARGS)
+
+## bench-requests: hand-set against learned resource requests, same campaign on the same two local nodes: memory and CPU slack measured from /proc, OOM kills, makespan ratio (docs/requests.md)
+bench-requests: $(STAMP)
+	$(BIN)/python bench/requests.py $(BENCH_ARGS)
 
 ## bench-console: the web console at a year's size (1,000,000 jobs): p99 of the jobs list, a job page, a campaign page; bus -> chart latency in headless Chromium
 bench-console: $(STAMP)

@@ -69,6 +69,7 @@ from services.intake.handlers import (
     is_json,
     serialize_reply,
 )
+from services.intake.history import UsageHistory
 from services.intake.registry import SubmitRegistry
 from services.intake.room import JobsLogRoom, LogSize
 from services.intake.tenants import TenantGate, UsageReader
@@ -142,6 +143,28 @@ class IntakeSettings(BaseSettings):
         description="How often intake reads the jobs stream's size to check it against "
         "MDQ_STORAGE_JOBS_HIGH_WATER (0: before every batch of submits).",
     )
+    recommend_resources: bool = Field(
+        default=True,
+        description="Recommend each job's resources from measured history (docs/requests.md): "
+        "fill in a job's resources.auto, record what history would have chosen for the others. "
+        "False: record nothing and refuse resources.auto.",
+    )
+    auto_resources: bool = Field(
+        default=False,
+        description="Treat a job that states neither resources.cpu nor resources.memory_mb as "
+        "resources.auto (else it gets the defaults, 1 core and 1024 MiB).",
+    )
+    history_database_url: str = Field(
+        default="",
+        description="PostgreSQL URL (a read-only role) to read the measured usage from; empty: "
+        "recommend from the physical estimate alone.",
+    )
+    history_refresh_s: float = Field(
+        default=300.0, gt=0, description="How often the usage history is read again."
+    )
+    history_days: int = Field(
+        default=90, ge=1, description="How far back the usage history reaches, in days."
+    )
     log_level: str = Field(default="INFO", description="Level of intake's own log.")
 
 
@@ -168,6 +191,7 @@ class Intake:
             **auth_options(),  # MDQ_NATS_CREDS: intake's own identity
         )
         self._handler: SubmitHandler | None = None
+        self._history: UsageHistory | None = None
         self._arrived: list[Msg] = []
         """Request-reply submits received and not yet handed to a batch."""
         self._batch_scheduled = False
@@ -371,7 +395,21 @@ class Intake:
         if not await self._tenants.wait_synced(TENANT_POLICIES_WAIT_S):
             log.warning("tenant policies not read yet: tenants get the default until they are")
         gate = TenantGate(directory=self._tenants, read_usage=self._usage_reader(js))
-        self._handler = SubmitHandler(publisher=publisher, registry=registry, gate=gate, room=room)
+        self._history = UsageHistory(
+            database_url=self.settings.history_database_url,
+            refresh_s=self.settings.history_refresh_s,
+            days=self.settings.history_days,
+            limit=20_000,
+        )
+        self._history.start()
+        self._handler = SubmitHandler(
+            publisher=publisher,
+            registry=registry,
+            gate=gate,
+            room=room,
+            history=self._history.samples if self.settings.recommend_resources else None,
+            auto_resources=self.settings.auto_resources,
+        )
 
     def _jobs_log_size(self, js: JetStreamContext) -> Callable[[], Awaitable[LogSize]]:
         """Reads the jobs stream's size and size limit from the server."""

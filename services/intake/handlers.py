@@ -80,7 +80,7 @@ import hashlib
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 
 from mdq.bus.codec import decode_submit, encode, to_json
@@ -90,6 +90,7 @@ from mdq.contracts import pb
 from mdq.core.documents import printable, quoted
 from mdq.core.fingerprint import Content, Earlier, changes, content_fingerprint, content_of
 from mdq.core.ids import job_id, job_name_of, request_id_for_key, request_id_for_sequence
+from mdq.core.recommend import UsageSample, recommend_job
 from mdq.core.spec import AcceptedJob, SpecError, validate_key, validate_submit
 from mdq.forcefields import ForceFieldFolders
 from services.intake.registry import JOB_ID_PATTERN, Claim, SubmitRegistry
@@ -169,6 +170,8 @@ def submitted_event(
     body.idempotency_key = request.idempotency_key
     body.depends_on_ids.extend(job.depends_on_ids)
     body.submitted_by = request.submitted_by
+    if job.recommended is not None:
+        body.recommended.CopyFrom(job.recommended)
     return event
 
 
@@ -246,10 +249,13 @@ def acceptance(
     request_id: str,
     resolved: Mapping[str, str],
     key_required: bool,
+    history: Sequence[UsageSample] | None = None,
 ) -> tuple[list[AcceptedJob], pb.SubmitReply, bytes]:
     """The jobs of a submit in publishing order, the reply that names them and the content
     fingerprint; SpecError if it cannot be accepted (``resolved``: its dependencies on
-    earlier jobs, as job ids)."""
+    earlier jobs, as job ids). With ``history`` (measured usage, ``mdq.core.recommend``), each
+    job gets a resource recommendation, and an ``auto`` job's resources are filled in from it
+    (after the fingerprint: a resubmit is the same content whatever history learned since)."""
     accepted = validate_submit(
         request,
         request_id=request_id,
@@ -265,7 +271,38 @@ def acceptance(
     fingerprint = content_fingerprint(
         [specs[job.name] for job in request.jobs], request.submitted_by
     )
+    if history is not None:
+        accepted = [_recommended(job, history) for job in accepted]
+    else:
+        for index, job in enumerate(request.jobs):
+            if job.resources.auto and not (job.resources.cpu and job.resources.memory_mb):
+                raise SpecError(
+                    f"jobs[{index}].resources.auto",
+                    "this intake recommends no resources (MDQ_INTAKE_RECOMMEND_RESOURCES=false): "
+                    "state cpu and memory_mb",
+                )
     return accepted, reply, fingerprint
+
+
+def with_auto_resources(request: pb.SubmitRequest) -> pb.SubmitRequest:
+    """``request`` with every job that states neither resources.cpu nor resources.memory_mb
+    marked resources.auto (MDQ_INTAKE_AUTO_RESOURCES); the request itself when none is."""
+    unset = [job for job in request.jobs if not (job.resources.cpu or job.resources.memory_mb)]
+    if not unset:
+        return request
+    marked = pb.SubmitRequest()
+    marked.CopyFrom(request)
+    for job in marked.jobs:
+        if not (job.resources.cpu or job.resources.memory_mb):
+            job.resources.auto = True
+    return marked
+
+
+def _recommended(job: AcceptedJob, history: Sequence[UsageSample]) -> AcceptedJob:
+    if job.spec.task == pb.TASK_ANALYZE and not job.spec.resources.auto:
+        return job  # nothing to learn: no system
+    spec, recommendation = recommend_job(job.spec, history=history)
+    return replace(job, spec=spec, recommended=recommendation)
 
 
 @dataclass(frozen=True, slots=True)
@@ -356,8 +393,15 @@ class SubmitHandler:
         registry: SubmitRegistry,
         gate: TenantGate | None = None,
         room: JobsLogRoom | None = None,
+        history: Callable[[], Sequence[UsageSample]] | None = None,
+        auto_resources: bool = False,
     ) -> None:
         self._publisher = publisher
+        self._auto_resources = auto_resources
+        """A job that states neither cpu nor memory_mb is resources.auto (docs/requests.md)."""
+        self._history = history
+        """Measured usage the resource recommender learns from; None: recommend nothing (an
+        ``auto`` job is then refused, naming resources.auto)."""
         self._registry = registry
         self._gate = gate
         """Tenants' policies (rate, classes, quotas); None: no tenant is limited."""
@@ -455,10 +499,11 @@ class SubmitHandler:
                 if full is not None:
                     raise full  # a retry of an accepted submit still gets its reply
                 accepted, reply, fingerprint = acceptance(
-                    read.request,
+                    with_auto_resources(read.request) if self._auto_resources else read.request,
                     request_id=read.request_id,
                     resolved=resolved,
                     key_required=read.key_required,
+                    history=self._history() if self._history is not None else None,
                 )
                 if read.tenant and self._gate is not None:
                     specs = [job.spec for job in accepted]

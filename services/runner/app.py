@@ -46,6 +46,7 @@ from services.runner.metrics import RunnerMetrics
 from services.runner.outbox import Outbox
 from services.runner.settings import RunnerSettings
 from services.runner.system import is_nan_error
+from services.runner.usage import measure
 
 log = logging.getLogger("mdq.runner")
 
@@ -180,6 +181,7 @@ async def run(task: RunnerTask, *, common: CommonSettings, settings: RunnerSetti
         stop=stop,
         data_dir=common.data_dir,
     )
+    code = RunnerExit.CRASHED  # until the task says otherwise (for the usage report)
     try:
         if settings.metrics_port > 0:
             metrics.serve(port=settings.metrics_port)
@@ -199,6 +201,9 @@ async def run(task: RunnerTask, *, common: CommonSettings, settings: RunnerSetti
     finally:
         for signum in STOP_SIGNALS:
             loop.remove_signal_handler(signum)
+        with contextlib.suppress(Exception):  # a report about the attempt, never its outcome
+            _report_usage(task, outbox, settings, code=code)
+            await outbox.flush(timeout_s=min(settings.flush_timeout_s, CLOSE_TIMEOUT_S))
         if renewing is not None:
             renewing.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -212,6 +217,22 @@ async def run(task: RunnerTask, *, common: CommonSettings, settings: RunnerSetti
         log.warning("%d events could not be published", outbox.failed)
     log.info("exiting with %s (%d)", code.name, int(code))
     return code
+
+
+def _report_usage(
+    task: RunnerTask, outbox: Outbox, settings: RunnerSettings, *, code: RunnerExit
+) -> None:
+    """Publish the attempt's ``usage`` (``services.runner.usage``) as it ends."""
+    resumed = task.resume_from.step if task.resume_from is not None else 0
+    outbox.usage(
+        measure(
+            task.spec,
+            exit_code=int(code),
+            steps=max(0, outbox.last_step - resumed),
+            ns_per_day=outbox.ns_per_day,
+            source=settings.usage_source,
+        )
+    )
 
 
 def checked_task(task: RunnerTask, *, data_dir: Path, env: Mapping[str, str]) -> RunnerTask:

@@ -40,9 +40,16 @@ class Outbox:
         self._in_flight: set[asyncio.Task[None]] = set()
         self.failed = 0
         """Events that could not be published (given up on)."""
+        self.last_step = 0
+        """The step of the latest progress event (for the usage report)."""
+        self.ns_per_day = 0.0
+        """The speed of the latest progress event that had one."""
 
     def progress(self, progress: pb.Progress) -> None:
         """Publish a progress event (id ``progress:<job>:<attempt>:<step>``)."""
+        self.last_step = max(self.last_step, progress.step)
+        if progress.ns_per_day > 0:
+            self.ns_per_day = progress.ns_per_day
         self._send("progress", progress, detail=progress.step, important=bool(progress.done_reason))
 
     def checkpoint(self, checkpoint: pb.Checkpoint) -> None:
@@ -52,6 +59,10 @@ class Outbox:
     def outputs(self, outputs: pb.JobOutputs) -> None:
         """Publish the outputs event of a successful attempt (id ``outputs:<job>:<attempt>``)."""
         self._send("outputs", outputs, detail=None, important=True)
+
+    def usage(self, usage: pb.AttemptUsage) -> None:
+        """Publish what the attempt used, once as it ends (id ``usage:<job>:<attempt>``)."""
+        self._send("usage", usage, detail=None, important=True)
 
     async def flush(self, *, timeout_s: float) -> bool:
         """Wait for every event in flight; False if some were still pending at the timeout."""

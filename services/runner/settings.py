@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -34,6 +36,13 @@ class RunnerSettings(BaseSettings):
         default=30.0,
         gt=0,
         description="Longest wait for outstanding publishes at checkpoints and before exit.",
+    )
+    usage_source: Literal["auto", "rusage", "cgroup"] = Field(
+        default="auto",
+        description=(
+            "Where the usage report's peak memory comes from: the process (rusage), the "
+            "container (cgroup v2 memory.peak), or auto (cgroup under Kubernetes)."
+        ),
     )
     absurd_energy_per_atom_kj_mol: float = Field(
         default=1e5,

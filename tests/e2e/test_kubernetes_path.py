@@ -137,6 +137,7 @@ async def test_a_job_runs_through_kubernetes_and_survives_a_watch_expiry(
         ("progress", 1): 6,
         ("checkpoint", 1): 2,
         ("outputs", 1): 1,
+        ("usage", 1): 1,
         ("succeeded", 1): 1,
     }
     assert facts.final_steps == (1500,) and (facts.state, facts.last_step) == ("SUCCEEDED", 1500)

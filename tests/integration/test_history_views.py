@@ -17,11 +17,25 @@ from nats.aio.client import Client
 
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
-from mdq.store.engine import create_writer_pool
+from mdq.store.engine import create_engine, create_writer_pool
 from mdq.store.migrate import upgrade_async
 from mdq.store.projection import Projector
+from mdq.store.queries import usage_history
 from tests.helpers import OwnersPublisher
 from tests.integration.test_projector import History, requeue_history
+
+USAGE = pb.AttemptUsage(
+    peak_memory_mb=612.5,
+    cpu_seconds=90.0,
+    wall_seconds=60.0,
+    mean_cores=1.5,
+    ns_per_day=31.0,
+    source="rusage",
+    memory_limit_mb=2048,
+    cpu_limit=2.0,
+    exit_code=0,
+    steps=800,
+)
 
 
 @pytest.fixture
@@ -53,6 +67,7 @@ async def projected(
         *first,
         *second,
         retried.event("outputs", outputs, 2),
+        retried.event("usage", USAGE, 2),
         doomed.submitted(),
         doomed.bound(1, "n1"),
         doomed.started(1, "n1"),
@@ -96,9 +111,10 @@ async def test_job_timeline_is_the_jobs_events_in_order(
         "started",
         "succeeded",
         "outputs",
+        "usage",
     ]
     assert sum(row["kind"] == "progress" for row in rows) == 11
-    assert rows[-1]["time"] == retried.times["outputs:2"]
+    assert rows[-1]["time"] == retried.times["usage:2"]
 
 
 async def test_attempt_history_has_placement_checkpoint_and_loss(
@@ -211,3 +227,24 @@ async def test_job_outputs_lists_each_reported_file(
         await pool.fetchval("SELECT count(*) FROM job_outputs WHERE job_id = $1", doomed.job_id)
         == 0
     )
+
+
+async def test_attempt_usage_and_the_history_the_recommender_reads(
+    projected: tuple[asyncpg.Pool, History, History], database_url: str
+) -> None:
+    pool, retried, _ = projected
+    [row] = await pool.fetch("SELECT * FROM attempt_usage WHERE job_id = $1", retried.job_id)
+    assert (row["attempt"], row["peak_memory_mb"], row["mean_cores"]) == (2, 612.5, 1.5)
+    assert (row["memory_limit_mb"], row["cpu_limit"], row["steps"]) == (2048, 2.0, 800)
+    assert (row["ns_per_day"], row["source"], row["exit_code"]) == (31.0, "rusage", 0)
+    engine = create_engine(database_url)
+    try:
+        samples = await usage_history(engine, days=100_000)
+    finally:
+        await engine.dispose()
+    measured = [sample for sample in samples if not sample.oom_killed]
+    oom = [sample for sample in samples if sample.oom_killed]
+    assert [(s.peak_memory_mb, s.mean_cores, s.cpu_limit) for s in measured] == [(612.5, 1.5, 2.0)]
+    assert measured[0].fingerprint.threads == 2  # the CPU it ran with
+    # both OOM-killed attempts (retried's first, doomed's only) with the limit they ran under
+    assert sorted(s.memory_limit_mb for s in oom) == [1024.0, 1024.0]

@@ -197,6 +197,80 @@ async def test_request_reply_accepts_and_publishes_submitted(
     assert submitted.spec.task == pb.TASK_MD
 
 
+async def test_auto_resources_are_filled_in_and_stated_ones_kept(
+    intake: Intake, nc: Client, subjects: Subjects
+) -> None:
+    reply = await ask(
+        nc,
+        subjects,
+        {
+            "idempotency_key": "auto-1",
+            "jobs": [
+                {
+                    "name": "auto",
+                    "system": {"water_box": {"box_nm": 3}},
+                    "resources": {"auto": True},
+                },
+                {"name": "half", "resources": {"auto": True, "cpu": 2}},
+                {"name": "stated", "resources": {"cpu": 1, "memory_mb": 2048}},
+            ],
+        },
+    )
+    assert not reply.HasField("error"), reply
+    events = {
+        e.job_id.rsplit("-", 1)[1]: e.submitted
+        for _, e in await wait_for_events(nc.jetstream(), subjects, 3)
+    }
+    auto = events["auto"]
+    # no history here: the physical estimate, with its evidence, applied to the spec
+    assert auto.recommended.applied and auto.recommended.confidence == "low"
+    assert "no history: physical estimate for water_box, 2.7k atoms" in auto.recommended.evidence
+    assert auto.spec.resources.memory_mb == auto.recommended.memory_mb
+    assert 64 <= auto.spec.resources.memory_mb < 1024
+    assert auto.spec.resources.cpu == auto.recommended.cpu == 1.0
+    half = events["half"]  # a stated value next to auto is kept
+    assert (half.spec.resources.cpu, half.recommended.applied) == (2.0, True)
+    assert half.spec.resources.memory_mb == half.recommended.memory_mb
+    stated = events["stated"]  # stated resources are kept; history's choice is only recorded
+    assert (stated.spec.resources.cpu, stated.spec.resources.memory_mb) == (1.0, 2048)
+    assert not stated.recommended.applied and stated.recommended.memory_mb > 0
+    # the same submit again is the same content (the fingerprint is of what was asked)
+    again = await ask(
+        nc,
+        subjects,
+        {
+            "idempotency_key": "auto-1",
+            "jobs": [
+                {
+                    "name": "auto",
+                    "system": {"water_box": {"box_nm": 3}},
+                    "resources": {"auto": True},
+                },
+                {"name": "half", "resources": {"auto": True, "cpu": 2}},
+                {"name": "stated", "resources": {"cpu": 1, "memory_mb": 2048}},
+            ],
+        },
+    )
+    assert list(again.job_ids) == list(reply.job_ids), again
+
+
+async def test_auto_resources_of_the_wrong_type_are_refused_naming_the_field(
+    intake: Intake, nc: Client, subjects: Subjects
+) -> None:
+    reply = await ask(
+        nc,
+        subjects,
+        {"idempotency_key": "auto-2", "jobs": [{"name": "w", "resources": {"auto": "yes"}}]},
+    )
+    assert reply.error.field == "jobs[0].resources.auto", reply
+    unknown = await ask(
+        nc,
+        subjects,
+        {"idempotency_key": "auto-3", "jobs": [{"name": "w", "resources": {"automatic": True}}]},
+    )
+    assert unknown.error.field.startswith("jobs[0].resources"), unknown
+
+
 async def test_protobuf_request_gets_protobuf_reply(
     intake: Intake, nc: Client, subjects: Subjects
 ) -> None:

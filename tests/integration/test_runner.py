@@ -56,6 +56,7 @@ class JobEvents:
     progress: list[pb.Event] = field(default_factory=list)
     checkpoints: list[pb.Event] = field(default_factory=list)
     outputs: list[pb.Event] = field(default_factory=list)
+    usage: list[pb.Event] = field(default_factory=list)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def on_message(self, message: Msg) -> None:
@@ -65,6 +66,8 @@ class JobEvents:
             self.progress.append(event)
         elif kind == "outputs":
             self.outputs.append(event)
+        elif kind == "usage":
+            self.usage.append(event)
         else:
             self.checkpoints.append(event)
         self.changed.set()
@@ -155,6 +158,7 @@ async def tap(nc: Client, subjects: Subjects, job_id: str) -> JobEvents:
         subjects.job(job_id, "checkpoint"), cb=events.on_message, ordered_consumer=True
     )
     await js.subscribe(subjects.job(job_id, "outputs"), cb=events.on_message, ordered_consumer=True)
+    await js.subscribe(subjects.job(job_id, "usage"), cb=events.on_message, ordered_consumer=True)
     return events
 
 
@@ -234,6 +238,19 @@ async def test_md_run_reaches_its_step_target(
     for file in by_kind.values():
         assert Path(file.path).parent == task.job_dir
         assert on_disk(Path(file.path)) == (file.sha256, file.size_bytes)
+    # what the attempt used, reported once as it ended (the resource recommender learns from it)
+    await events.wait_until(lambda: bool(events.usage))
+    [usage_event] = events.usage
+    assert usage_event.event_id == "usage:job-target:1"
+    assert usage_event.producer == "runner"
+    usage = usage_event.usage
+    assert 40 < usage.peak_memory_mb < spec.resources.memory_mb, usage
+    assert usage.source == "rusage"
+    assert usage.cpu_seconds > 0 and usage.wall_seconds > 0
+    assert usage.mean_cores == pytest.approx(usage.cpu_seconds / usage.wall_seconds)
+    assert (usage.steps, usage.exit_code) == (400, RunnerExit.OK)
+    assert usage.ns_per_day == pytest.approx(progress[-1].ns_per_day)
+    assert (usage.memory_limit_mb, usage.cpu_limit) == (1024, 1.0)
 
 
 async def test_checkpoint_events_match_the_files_on_disk(

@@ -99,6 +99,7 @@ SEEN: dict[str, str] = {
     "failures_by_reason": "SELECT reason FROM failures_by_reason",
     "node_utilisation": "SELECT node FROM node_utilisation",
     "job_outputs": "SELECT job_id FROM job_outputs",
+    "attempt_usage": "SELECT job_id FROM attempt_usage",
 }
 """For each relation a tenant may read, a query whose values say whose each row is."""
 
@@ -131,6 +132,14 @@ async def _write_rows(writer_url: str) -> None:
                 """'runner', '{"output_dir": "/d", "files": [{"kind": "trajectory"}]}')""",
                 f"outputs:{job}:1",
                 seq,
+                job,
+            )
+            await connection.execute(
+                "INSERT INTO job_events (event_id, stream, stream_seq, job_id, attempt, kind, "
+                "time, producer, body) VALUES ($1, 'NS_JOBS', $2, $3, 1, 'usage', now(), "
+                """'runner', '{"peak_memory_mb": 120.5, "mean_cores": 0.9}')""",
+                f"usage:{job}:1",
+                seq + 1000,
                 job,
             )
             await connection.execute(

@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from typing import Annotated
 
 import typer
+from google.protobuf import json_format
 from nats.js.api import DeliverPolicy
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError
 from rich.console import Console
@@ -29,6 +30,7 @@ from mdq.bus.codec import decode_event
 from mdq.bus.connect import connect
 from mdq.bus.subjects import Subjects
 from mdq.cli.context import GlobalOptions, NoEndpoint, resolve_endpoints
+from mdq.cli.recommend import recorded_choice
 from mdq.contracts import pb
 from mdq.core.state import JobBook, JobState, JobView
 from mdq.core.timestamps import to_datetime
@@ -214,6 +216,11 @@ def explain(
     bound = [event for event in events if event.WhichOneof("body") == "bound"]
     state = view.state.value if view is not None else "unknown"
     console.print(f"job {job_id}: {state}, attempt {view.attempt if view else '?'}")
+    for event in events:
+        if event.WhichOneof("body") == "submitted" and event.submitted.HasField("recommended"):
+            body = json_format.MessageToDict(event.submitted, preserving_proto_field_name=True)
+            if (line := recorded_choice(body)) is not None:
+                console.print(line, highlight=False)
     for event in bound:
         console.print(bound_table(event))
     if view is not None and view.state in (JobState.WAITING, JobState.PENDING):

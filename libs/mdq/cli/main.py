@@ -46,6 +46,7 @@ from rich.table import Table
 from mdq.auth import TrustMismatch, generate, nats_secrets_dir, rotate
 from mdq.bus.connect import CREDS_ENV
 from mdq.cli import history
+from mdq.cli import recommend as recommendations
 from mdq.cli import status as stack_status
 from mdq.cli.context import Endpoints, GlobalOptions, NoEndpoint, resolve_endpoints
 from mdq.cli.explain import explain as explain_command
@@ -56,6 +57,8 @@ from mdq.cli.queues import queues_table, tenant_usages
 from mdq.cli.replay import replay as replay_command
 from mdq.cli.tenants import app as tenants_app
 from mdq.contracts import pb
+from mdq.core.recommend import UsageSample
+from mdq.core.spec import SpecError
 from mdq.core.state import JobState, JobView
 from mdq.sdk.client import IntakeUnavailable, MdqClient, SubmitRefused
 from mdq.sdk.jobfile import JobFileError, load_job_file
@@ -519,6 +522,40 @@ def list_jobs(
 
 
 @app.command()
+def recommend(
+    ctx: typer.Context,
+    file: Annotated[Path, typer.Argument(help="Job file: YAML or JSON (protobuf JSON mapping).")],
+    days: Annotated[int, typer.Option(help="How far back the usage history reaches.")] = 90,
+) -> None:
+    """Print the resources history recommends for each job of FILE, and their evidence.
+
+    Reads the measured usage from PostgreSQL when one is known (DATABASE_URL, --database-url,
+    a running stack); without one, the physical estimate alone. Exit 2 naming the field when a
+    job does not validate.
+    """
+    try:
+        request = load_job_file(file)
+    except JobFileError as error:
+        _print_refusal(error.field, f"{error.source}: {error.message}")
+        raise typer.Exit(EXIT_REFUSED) from None
+    endpoints = _endpoints(ctx, need_nats=False)
+    history: list[UsageSample] = []
+    source = "no database: physical estimate only"
+    if endpoints.database_url:
+        try:
+            history = _run(recommendations.read_history(endpoints.database_url, days=days))
+            source = f"{len(history)} measured attempts of the last {days} days"
+        except Exception as error:  # the estimate is still worth printing
+            err_console.print(f"(usage history not read: {error})")
+    try:
+        table = recommendations.recommendations_table(request, history=history, source=source)
+    except SpecError as error:
+        _print_refusal(error.field, error.message)
+        raise typer.Exit(EXIT_REFUSED) from None
+    console.print(table)
+
+
+@app.command()
 def show(
     ctx: typer.Context,
     job_id: Annotated[str, typer.Argument(help="The job id.")],
@@ -531,6 +568,9 @@ def show(
         err_console.print(f"[red]no job {job_id} in PostgreSQL[/]")
         raise typer.Exit(EXIT_FAILED)
     console.print(history.show_panel(detail, timeline))
+    for entry in timeline:
+        if entry.kind == "submitted" and (line := recommendations.recorded_choice(entry.body)):
+            console.print(line, highlight=False)
     if detail.job.state in ("PENDING", "WAITING") and endpoints.nats_url:
         try:
             waiting = _run(

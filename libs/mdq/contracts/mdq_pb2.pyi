@@ -181,12 +181,30 @@ class Barostat(_message.Message):
     def __init__(self, pressure_bar: _Optional[float] = ..., frequency_steps: _Optional[int] = ...) -> None: ...
 
 class Resources(_message.Message):
-    __slots__ = ("cpu", "memory_mb")
+    __slots__ = ("cpu", "memory_mb", "auto")
     CPU_FIELD_NUMBER: _ClassVar[int]
     MEMORY_MB_FIELD_NUMBER: _ClassVar[int]
+    AUTO_FIELD_NUMBER: _ClassVar[int]
     cpu: float
     memory_mb: int
-    def __init__(self, cpu: _Optional[float] = ..., memory_mb: _Optional[int] = ...) -> None: ...
+    auto: bool
+    def __init__(self, cpu: _Optional[float] = ..., memory_mb: _Optional[int] = ..., auto: _Optional[bool] = ...) -> None: ...
+
+class ResourceRecommendation(_message.Message):
+    __slots__ = ("memory_mb", "cpu", "confidence", "samples", "evidence", "applied")
+    MEMORY_MB_FIELD_NUMBER: _ClassVar[int]
+    CPU_FIELD_NUMBER: _ClassVar[int]
+    CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    memory_mb: int
+    cpu: float
+    confidence: str
+    samples: int
+    evidence: str
+    applied: bool
+    def __init__(self, memory_mb: _Optional[int] = ..., cpu: _Optional[float] = ..., confidence: _Optional[str] = ..., samples: _Optional[int] = ..., evidence: _Optional[str] = ..., applied: _Optional[bool] = ...) -> None: ...
 
 class Convergence(_message.Message):
     __slots__ = ("tolerance_kj_mol", "reports")
@@ -256,7 +274,7 @@ class JobSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., task: _Optional[_Union[Task, str]] = ..., system: _Optional[_Union[System, _Mapping]] = ..., temperature_k: _Optional[float] = ..., timestep_fs: _Optional[float] = ..., steps: _Optional[int] = ..., report_interval_steps: _Optional[int] = ..., checkpoint_interval_steps: _Optional[int] = ..., convergence: _Optional[_Union[Convergence, _Mapping]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., priority_class: _Optional[str] = ..., depends_on: _Optional[_Iterable[str]] = ..., max_retries: _Optional[int] = ..., friction_per_ps: _Optional[float] = ..., seed: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., integrator: _Optional[_Union[Integrator, str]] = ..., barostat: _Optional[_Union[Barostat, _Mapping]] = ..., nonbonded_method: _Optional[_Union[NonbondedMethod, str]] = ..., cutoff_nm: _Optional[float] = ..., platform: _Optional[str] = ..., checkpoint_interval_s: _Optional[float] = ..., trajectory_interval_steps: _Optional[int] = ..., trajectory_format: _Optional[_Union[TrajectoryFormat, str]] = ...) -> None: ...
 
 class Event(_message.Message):
-    __slots__ = ("event_id", "job_id", "attempt", "time", "producer", "submitted", "rejected", "released", "bound", "started", "succeeded", "attempt_failed", "requeued", "failed", "progress", "checkpoint", "pod", "outputs", "node_load")
+    __slots__ = ("event_id", "job_id", "attempt", "time", "producer", "submitted", "rejected", "released", "bound", "started", "succeeded", "attempt_failed", "requeued", "failed", "progress", "checkpoint", "pod", "outputs", "usage", "node_load")
     EVENT_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
@@ -275,6 +293,7 @@ class Event(_message.Message):
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     POD_FIELD_NUMBER: _ClassVar[int]
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
     NODE_LOAD_FIELD_NUMBER: _ClassVar[int]
     event_id: str
     job_id: str
@@ -294,22 +313,25 @@ class Event(_message.Message):
     checkpoint: Checkpoint
     pod: PodStatus
     outputs: JobOutputs
+    usage: AttemptUsage
     node_load: NodeLoad
-    def __init__(self, event_id: _Optional[str] = ..., job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., producer: _Optional[str] = ..., submitted: _Optional[_Union[JobSubmitted, _Mapping]] = ..., rejected: _Optional[_Union[JobRejected, _Mapping]] = ..., released: _Optional[_Union[JobReleased, _Mapping]] = ..., bound: _Optional[_Union[JobBound, _Mapping]] = ..., started: _Optional[_Union[JobStarted, _Mapping]] = ..., succeeded: _Optional[_Union[JobSucceeded, _Mapping]] = ..., attempt_failed: _Optional[_Union[AttemptFailed, _Mapping]] = ..., requeued: _Optional[_Union[JobRequeued, _Mapping]] = ..., failed: _Optional[_Union[JobFailed, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., pod: _Optional[_Union[PodStatus, _Mapping]] = ..., outputs: _Optional[_Union[JobOutputs, _Mapping]] = ..., node_load: _Optional[_Union[NodeLoad, _Mapping]] = ...) -> None: ...
+    def __init__(self, event_id: _Optional[str] = ..., job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., producer: _Optional[str] = ..., submitted: _Optional[_Union[JobSubmitted, _Mapping]] = ..., rejected: _Optional[_Union[JobRejected, _Mapping]] = ..., released: _Optional[_Union[JobReleased, _Mapping]] = ..., bound: _Optional[_Union[JobBound, _Mapping]] = ..., started: _Optional[_Union[JobStarted, _Mapping]] = ..., succeeded: _Optional[_Union[JobSucceeded, _Mapping]] = ..., attempt_failed: _Optional[_Union[AttemptFailed, _Mapping]] = ..., requeued: _Optional[_Union[JobRequeued, _Mapping]] = ..., failed: _Optional[_Union[JobFailed, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., pod: _Optional[_Union[PodStatus, _Mapping]] = ..., outputs: _Optional[_Union[JobOutputs, _Mapping]] = ..., usage: _Optional[_Union[AttemptUsage, _Mapping]] = ..., node_load: _Optional[_Union[NodeLoad, _Mapping]] = ...) -> None: ...
 
 class JobSubmitted(_message.Message):
-    __slots__ = ("spec", "request_id", "idempotency_key", "depends_on_ids", "submitted_by")
+    __slots__ = ("spec", "request_id", "idempotency_key", "depends_on_ids", "submitted_by", "recommended")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     DEPENDS_ON_IDS_FIELD_NUMBER: _ClassVar[int]
     SUBMITTED_BY_FIELD_NUMBER: _ClassVar[int]
+    RECOMMENDED_FIELD_NUMBER: _ClassVar[int]
     spec: JobSpec
     request_id: str
     idempotency_key: str
     depends_on_ids: _containers.RepeatedScalarFieldContainer[str]
     submitted_by: str
-    def __init__(self, spec: _Optional[_Union[JobSpec, _Mapping]] = ..., request_id: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., depends_on_ids: _Optional[_Iterable[str]] = ..., submitted_by: _Optional[str] = ...) -> None: ...
+    recommended: ResourceRecommendation
+    def __init__(self, spec: _Optional[_Union[JobSpec, _Mapping]] = ..., request_id: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., depends_on_ids: _Optional[_Iterable[str]] = ..., submitted_by: _Optional[str] = ..., recommended: _Optional[_Union[ResourceRecommendation, _Mapping]] = ...) -> None: ...
 
 class JobRejected(_message.Message):
     __slots__ = ("request_id", "idempotency_key", "error")
@@ -530,6 +552,30 @@ class JobOutputs(_message.Message):
     output_dir: str
     files: _containers.RepeatedCompositeFieldContainer[OutputFile]
     def __init__(self, final_step: _Optional[int] = ..., output_dir: _Optional[str] = ..., files: _Optional[_Iterable[_Union[OutputFile, _Mapping]]] = ...) -> None: ...
+
+class AttemptUsage(_message.Message):
+    __slots__ = ("peak_memory_mb", "cpu_seconds", "wall_seconds", "mean_cores", "ns_per_day", "source", "memory_limit_mb", "cpu_limit", "exit_code", "steps")
+    PEAK_MEMORY_MB_FIELD_NUMBER: _ClassVar[int]
+    CPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    WALL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MEAN_CORES_FIELD_NUMBER: _ClassVar[int]
+    NS_PER_DAY_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_LIMIT_MB_FIELD_NUMBER: _ClassVar[int]
+    CPU_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    peak_memory_mb: float
+    cpu_seconds: float
+    wall_seconds: float
+    mean_cores: float
+    ns_per_day: float
+    source: str
+    memory_limit_mb: int
+    cpu_limit: float
+    exit_code: int
+    steps: int
+    def __init__(self, peak_memory_mb: _Optional[float] = ..., cpu_seconds: _Optional[float] = ..., wall_seconds: _Optional[float] = ..., mean_cores: _Optional[float] = ..., ns_per_day: _Optional[float] = ..., source: _Optional[str] = ..., memory_limit_mb: _Optional[int] = ..., cpu_limit: _Optional[float] = ..., exit_code: _Optional[int] = ..., steps: _Optional[int] = ...) -> None: ...
 
 class PodStatus(_message.Message):
     __slots__ = ("pod_name", "node", "phase", "exit_code", "reason", "message")

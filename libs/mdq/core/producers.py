@@ -22,6 +22,7 @@ EVENT_PRODUCERS: dict[str, frozenset[str]] = {
     "progress": frozenset({"runner"}),
     "checkpoint": frozenset({"runner"}),
     "outputs": frozenset({"runner"}),
+    "usage": frozenset({"runner"}),
     "node_load": frozenset({"metrics"}),
 }
 """Event kind -> the producers that may emit it (proto/mdq/v1/mdq.proto, ``Event.body``)."""

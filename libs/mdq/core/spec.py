@@ -69,6 +69,8 @@ class AcceptedJob:
     spec: pb.JobSpec
     depends_on_names: tuple[str, ...]
     depends_on_ids: tuple[str, ...]
+    recommended: pb.ResourceRecommendation | None = None
+    """What the resource recommender chose for it (intake; mdq.core.recommend)."""
 
 
 DEFAULT_STEPS = {pb.TASK_MD: 10_000, pb.TASK_MINIMIZE: 500, pb.TASK_ANALYZE: 1}
@@ -156,10 +158,14 @@ def normalize_job(
         conv.reports = int(_default(conv.reports, 3))
         _check_range(path, "convergence.reports", conv.reports, 1, 1000)
     resources = job.resources
-    resources.cpu = cpu = _default(resources.cpu, 1.0)
-    _check_range(path, "resources.cpu", cpu, 0.1, 256)
-    resources.memory_mb = memory_mb = int(_default(resources.memory_mb, 1024))
-    _check_range(path, "resources.memory_mb", memory_mb, 64, 1_048_576)
+    # resources.auto: what is left unset stays 0 here, for intake to choose
+    # (mdq.core.recommend.apply_recommendation) before the job is recorded
+    if not (resources.auto and resources.cpu == 0):
+        resources.cpu = cpu = _default(resources.cpu, 1.0)
+        _check_range(path, "resources.cpu", cpu, 0.1, 256)
+    if not (resources.auto and resources.memory_mb == 0):
+        resources.memory_mb = memory_mb = int(_default(resources.memory_mb, 1024))
+        _check_range(path, "resources.memory_mb", memory_mb, 64, 1_048_576)
     job.priority_class = job.priority_class or "normal"
     if job.priority_class not in PRIORITY_CLASSES:
         raise SpecError(f"{path}.priority_class", f"must be one of {', '.join(PRIORITY_CLASSES)}")

@@ -6,13 +6,17 @@ returns plain frozen dataclasses, so callers never hold a session or a row objec
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from google.protobuf import json_format
+from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from mdq.contracts import pb
+from mdq.core.recommend import UsageSample, fingerprint_of
 from mdq.store.models import EVENTS, Attempt, CheckpointRecord, Job, ProgressRecord
 
 
@@ -281,3 +285,52 @@ async def progress_trace(
 
 def _without(values: dict[str, Any], *names: str) -> dict[str, Any]:
     return {key: value for key, value in values.items() if key not in names}
+
+
+USAGE_HISTORY = text(
+    """
+    (SELECT j.spec, u.peak_memory_mb, u.mean_cores, u.memory_limit_mb::double precision AS limit_mb,
+            u.cpu_limit, false AS oom_killed, u.time
+     FROM attempt_usage u JOIN jobs j ON j.job_id = u.job_id
+     WHERE u.time >= now() - make_interval(days => :days) AND u.peak_memory_mb > 0
+     ORDER BY u.time DESC LIMIT :limit)
+    UNION ALL
+    (SELECT j.spec, 0.0, 0.0,
+            COALESCE((b.body->'resources'->>'memory_mb')::double precision,
+                     (j.spec->'resources'->>'memory_mb')::double precision, 0),
+            COALESCE((b.body->'resources'->>'cpu')::double precision,
+                     (j.spec->'resources'->>'cpu')::double precision, 0), true, a.ended_at
+     FROM attempts a
+     JOIN jobs j ON j.job_id = a.job_id
+     JOIN job_events b ON b.job_id = a.job_id AND b.attempt = a.attempt AND b.kind = 'bound'
+     WHERE a.failure_reason = 'FAILURE_OOM_KILLED'
+       AND a.ended_at >= now() - make_interval(days => :days)
+     ORDER BY a.ended_at DESC LIMIT :limit)
+    """
+)
+
+
+async def usage_history(
+    engine: AsyncEngine, *, days: int = 90, limit: int = 20_000
+) -> list[UsageSample]:
+    """What the resource recommender learns from (``mdq.core.recommend``): the measured usage of
+    the attempts of the last ``days`` days (the view ``attempt_usage``), and the OOM-killed
+    attempts with the memory limit they were bound with; at most ``limit`` of each, newest
+    first. An attempt's threads are those of the CPU it ran with."""
+    async with engine.connect() as connection:
+        rows = (await connection.execute(USAGE_HISTORY, {"days": days, "limit": limit})).all()
+    samples: list[UsageSample] = []
+    for row in rows:
+        spec = json_format.ParseDict(row.spec, pb.JobSpec(), ignore_unknown_fields=True)
+        cpu = row.cpu_limit or spec.resources.cpu
+        samples.append(
+            UsageSample(
+                fingerprint=fingerprint_of(spec, threads=max(1, math.ceil(cpu))),
+                peak_memory_mb=row.peak_memory_mb,
+                mean_cores=row.mean_cores,
+                memory_limit_mb=row.limit_mb,
+                cpu_limit=cpu,
+                oom_killed=row.oom_killed,
+            )
+        )
+    return samples

@@ -103,6 +103,7 @@ RELATIONS: dict[str, Access] = {
     "failures_by_reason": Access.READ,
     "node_utilisation": Access.READ,
     "job_outputs": Access.READ,
+    "attempt_usage": Access.READ,
     # the migrations' own bookkeeping
     "alembic_version": Access.OWNER_ONLY,
 }

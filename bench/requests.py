@@ -1,0 +1,289 @@
+"""Benchmark: resource requests learned from history against requests set by hand.
+
+Runs the whole stack (embedded NATS and PostgreSQL, every service, the local backend with two
+nodes, real OpenMM runners) twice over the same campaign: at least six system sizes (TIP3P
+water boxes and Lennard-Jones fluids, small to the largest this 2-core machine runs
+comfortably), several runs of each.
+
+1. **hand-set**: each job states the requests a careful person writes without history (below);
+2. **learned**: the same jobs with ``resources: {auto: true}``; intake recommends from the
+   measured usage of the first campaign (``MDQ_INTAKE_HISTORY_DATABASE_URL``, read every 2 s).
+
+The careful person's requests (documented in docs/requests.md, "Measured"): one core per job
+(OpenMM's CPU platform, one thread: what a single small system uses), and memory by rule of
+thumb — 512 MiB below 5,000 atoms, 1024 MiB up to 30,000 — twice a guess at what a small MD job
+needs, rounded to a power of two, so that no job is OOM-killed.
+
+Measured from outside mdq: every 0.1 s the bench finds each runner process in the process
+table (``MDQ_JOB_ID`` / ``MDQ_ATTEMPT`` in its environment) and reads, for it and its
+descendants, the kernel's high-water mark of resident memory (``VmHWM`` of
+``/proc/<pid>/status``) and its CPU time (``/proc/<pid>/stat``); wall time is from the first
+to the last time it was seen. ``slack = 1 - peak / requested`` per attempt (requested: the
+resources the attempt's job was recorded with); CPU slack is ``1 - cores used / cores
+requested``; the makespan is the bench's clock from the submit to the last job's end, on the
+same two nodes (``MDQ_LOCAL_CPU_PER_NODE`` virtual cores and ``MDQ_LOCAL_MEMORY_MB_PER_NODE``
+MiB each). OOM kills are the attempts that ended ``FAILURE_OOM_KILLED``.
+
+Usage: ``make bench-requests`` (``python bench/requests.py``; ``--quick`` runs fewer steps).
+The last line printed is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import asyncpg
+import psutil
+from google.protobuf import json_format
+
+from mdq.contracts import pb
+from mdq.core.runner_task import ENV_ATTEMPT, ENV_JOB_ID
+from mdq.embedded import start_nats, start_postgres
+from mdq.sdk.client import IntakeUnavailable, MdqClient
+from mdq.stack import Stack
+
+SYSTEMS: list[tuple[str, dict[str, object], int]] = [
+    # name, system, atoms (for the hand-set rule)
+    ("water-2nm", {"water_box": {"box_nm": 2.0}}, 774),
+    ("water-3nm", {"water_box": {"box_nm": 3.0}}, 2661),
+    ("water-4nm", {"water_box": {"box_nm": 4.0}}, 6282),
+    ("lj-1k", {"lennard_jones": {"atoms": 1000}}, 1000),
+    ("lj-4k", {"lennard_jones": {"atoms": 4000}}, 4000),
+    ("lj-12k", {"lennard_jones": {"atoms": 12000}}, 12000),
+]
+NODE_CPU = 1
+"""Cores per node: the machine's two cores, one per node, not overcommitted (a runner's
+measured cores under overcommit would understate what it needs)."""
+NODE_MEMORY_MB = 2048
+CLOCK_TICKS = 100  # os.sysconf("SC_CLK_TCK") on Linux
+
+
+def hand_set(atoms: int) -> dict[str, object]:
+    """What a careful person requests without history (the module docstring)."""
+    return {"cpu": 1, "memory_mb": 512 if atoms < 5000 else 1024}
+
+
+@dataclass
+class Seen:
+    """One attempt's runner as the sampler saw it."""
+
+    peak_kib: int = 0
+    cpu_s: float = 0.0
+    first: float = 0.0
+    last: float = 0.0
+
+
+@dataclass
+class Sampler:
+    """Reads every runner's VmHWM and CPU time from /proc, every ``interval_s``."""
+
+    interval_s: float = 0.1
+    seen: dict[tuple[str, int], Seen] = field(default_factory=dict)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _pids: dict[int, tuple[str, int] | None] = field(default_factory=dict)
+
+    def _attempt_of(self, process: psutil.Process) -> tuple[str, int] | None:
+        if process.pid not in self._pids:
+            try:
+                cmdline = " ".join(process.cmdline())
+                env = process.environ() if "services.runner" in cmdline else {}
+            except psutil.Error:
+                return None
+            job_id, attempt = env.get(ENV_JOB_ID), env.get(ENV_ATTEMPT)
+            self._pids[process.pid] = (job_id, int(attempt)) if job_id and attempt else None
+        return self._pids[process.pid]
+
+    @staticmethod
+    def _read(pid: int) -> tuple[int, float]:
+        peak = 0
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                peak = int(line.split()[1])
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return peak, (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+    def sample(self) -> None:
+        now = time.monotonic()
+        for process in psutil.process_iter():
+            key = self._attempt_of(process)
+            if key is None:
+                continue
+            try:
+                tree = [process, *process.children(recursive=True)]
+                readings = [self._read(member.pid) for member in tree]
+            except (OSError, psutil.Error, ValueError, IndexError):
+                continue
+            seen = self.seen.setdefault(key, Seen(first=now))
+            seen.peak_kib = max(seen.peak_kib, sum(peak for peak, _ in readings))
+            seen.cpu_s = max(seen.cpu_s, sum(cpu for _, cpu in readings))
+            seen.last = now
+
+    def run(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def jobs(phase: str, runs: int, steps: int) -> list[dict[str, object]]:
+    out = []
+    for name, system, atoms in SYSTEMS:
+        for run in range(runs):
+            out.append(
+                {
+                    "name": f"{name}-{phase}-{run}",
+                    "system": system,
+                    "steps": steps,
+                    "report_interval_steps": min(100, steps),
+                    "checkpoint_interval_steps": steps,
+                    "seed": run + 1,
+                    "resources": {"auto": True} if phase == "learned" else hand_set(atoms),
+                    "max_retries": 3,
+                }
+            )
+    return out
+
+
+async def submit(client: MdqClient, key: str, specs: list[dict[str, object]]) -> list[str]:
+    request = json_format.ParseDict({"idempotency_key": key, "jobs": specs}, pb.SubmitRequest())
+    for _ in range(120):
+        try:
+            return await client.submit(request, timeout=10)
+        except IntakeUnavailable:
+            await asyncio.sleep(0.5)
+    raise RuntimeError("intake never answered")
+
+
+@dataclass
+class Phase:
+    makespan_s: float
+    memory_slack: list[float]
+    cpu_slack: list[float]
+    oom_kills: int
+    requested: dict[str, tuple[float, int]]
+
+
+async def run_phase(
+    client: MdqClient, database_url: str, sampler: Sampler, phase: str, runs: int, steps: int
+) -> Phase:
+    started = time.monotonic()
+    job_ids = await submit(client, f"bench-requests-{phase}", jobs(phase, runs, steps))
+    await client.wait(job_ids, timeout=3600)
+    makespan = time.monotonic() - started
+    await asyncio.sleep(1.0)  # the projection catches up (requests, failures)
+    connection = await asyncpg.connect(database_url)
+    try:
+        rows = await connection.fetch(
+            "SELECT job_id, spec FROM jobs WHERE job_id = ANY($1::text[])", job_ids
+        )
+        failures = await connection.fetchval(
+            "SELECT count(*) FROM attempts WHERE job_id = ANY($1::text[]) "
+            "AND failure_reason = 'FAILURE_OOM_KILLED'",
+            job_ids,
+        )
+    finally:
+        await connection.close()
+    requested: dict[str, tuple[float, int]] = {}
+    for row in rows:
+        spec = json.loads(row["spec"]) if isinstance(row["spec"], str) else row["spec"]
+        resources = spec.get("resources", {})
+        requested[row["job_id"]] = (float(resources["cpu"]), int(resources["memory_mb"]))
+    memory_slack, cpu_slack = [], []
+    for (job_id, _attempt), seen in sampler.seen.items():
+        if job_id not in requested or seen.last <= seen.first:
+            continue
+        cpu, memory_mb = requested[job_id]
+        memory_slack.append(1 - seen.peak_kib / 1024 / memory_mb)
+        cpu_slack.append(1 - (seen.cpu_s / (seen.last - seen.first)) / cpu)
+    return Phase(makespan, memory_slack, cpu_slack, int(failures), requested)
+
+
+def p95(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+
+
+async def main(runs: int, steps: int) -> dict[str, object]:
+    root = Path(tempfile.mkdtemp(prefix="mdq-bench-requests-"))
+    nats = start_nats(root / "nats")
+    postgres = start_postgres(root / "pg", keep=False)
+    stack = Stack(
+        state_dir=root / "state",
+        namespace="benchreq",
+        nats_url=nats.url,
+        database_url=postgres.url,
+        metrics_port=0,
+        local_nodes=2,
+        extra_env={
+            "MDQ_METRICS_INTERVAL_S": "1",
+            "MDQ_LOCAL_CPU_PER_NODE": str(NODE_CPU),
+            "MDQ_LOCAL_MEMORY_MB_PER_NODE": str(NODE_MEMORY_MB),
+            "MDQ_INTAKE_HISTORY_DATABASE_URL": postgres.url,
+            "MDQ_INTAKE_HISTORY_REFRESH_S": "2",
+            "MDQ_RUNNER_WARMUP_MINIMIZE_ITERATIONS": "20",
+        },
+        grace_s=5.0,
+    )
+    sampler = Sampler()
+    thread = threading.Thread(target=sampler.run, daemon=True)
+    thread.start()
+    await stack.start()
+    try:
+        async with await MdqClient.connect(nats.url, "benchreq") as client:
+            hand = await run_phase(client, postgres.url, sampler, "hand", runs, steps)
+            await asyncio.sleep(5.0)  # intake reads the first campaign's usage (every 2 s)
+            learned = await run_phase(client, postgres.url, sampler, "learned", runs, steps)
+    finally:
+        sampler.stop()
+        thread.join(timeout=5)
+        await stack.stop()
+        nats.stop()
+        postgres.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    if not learned.memory_slack or not hand.memory_slack:
+        raise SystemExit("no runner was measured")
+    return {
+        "systems": len(SYSTEMS),
+        "runs": len(learned.memory_slack),
+        "runs_per_system": runs,
+        "steps": steps,
+        "mean_memory_slack": round(statistics.mean(learned.memory_slack), 3),
+        "p95_memory_slack": round(p95(learned.memory_slack), 3),
+        "mean_cpu_slack": round(statistics.mean(learned.cpu_slack), 3),
+        "oom_kills": learned.oom_kills,
+        "makespan_ratio": round(learned.makespan_s / hand.makespan_s, 3),
+        "hand_set_mean_memory_slack": round(statistics.mean(hand.memory_slack), 3),
+        "hand_set_p95_memory_slack": round(p95(hand.memory_slack), 3),
+        "hand_set_mean_cpu_slack": round(statistics.mean(hand.cpu_slack), 3),
+        "hand_set_oom_kills": hand.oom_kills,
+        "hand_set_makespan_s": round(hand.makespan_s, 1),
+        "learned_makespan_s": round(learned.makespan_s, 1),
+        "learned_requests_mb": sorted({memory for _, memory in learned.requested.values()}),
+        "nodes": f"2 x ({NODE_CPU} cores, {NODE_MEMORY_MB} MiB)",
+        "measured": "peak: VmHWM of each runner's process tree from /proc, sampled every 0.1 s "
+        "by the bench; requested: the resources each job was recorded with",
+    }
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=4, help="runs of each system per campaign")
+    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--quick", action="store_true", help="3 runs of 300 steps")
+    args = parser.parse_args()
+    runs, steps = (3, 300) if args.quick else (args.runs, args.steps)
+    result = asyncio.run(main(runs, steps))
+    print(json.dumps(result), flush=True)
+    sys.exit(0)
