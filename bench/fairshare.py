@@ -53,7 +53,7 @@ from google.protobuf import json_format
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from recovery import BenchFailed, logged_resume, newest_checkpoint_step
+from recovery import BenchFailed, last_energy_step, logged_resume, newest_checkpoint_step
 
 from mdq.bus.subjects import Subjects
 from mdq.bus.tenants import ensure_tenants_bucket, put_policy
@@ -128,21 +128,6 @@ def checkpoint_interval_s(data_dir: Path) -> float | None:
     return round(statistics.median(gaps), 2) if gaps else None
 
 
-def last_energy_step(path: Path) -> int:
-    """The step of the last complete row of a runner's energy table (-1 if none)."""
-    last = -1
-    if not path.is_file():
-        return last
-    with path.open() as table:
-        for line in table:
-            if not line.endswith("\n"):
-                break
-            head = line.split(",", 1)[0]
-            if head.isdigit():
-                last = int(head)
-    return last
-
-
 @dataclass
 class Sample:
     at: float
@@ -162,10 +147,6 @@ class Run:
 def fair_shares(tenants: dict[str, float]) -> dict[str, float]:
     total = sum(tenants.values())
     return {tenant: weight / total for tenant, weight in tenants.items()}
-
-
-def tenant_of(job_id: str) -> str:
-    return ids.tenant_of(job_id)
 
 
 async def measure(args: argparse.Namespace, *, fair_share: bool) -> dict[str, Any]:
@@ -230,9 +211,10 @@ async def measure(args: argparse.Namespace, *, fair_share: bool) -> dict[str, An
                 attempts = await asyncio.to_thread(running_attempts)
                 for job_id, attempt in attempts.items():
                     table = job_dir(stack.data_dir, job_id) / "energies.csv"
-                    steps[(job_id, attempt)] = max(
-                        steps.get((job_id, attempt), -1), last_energy_step(table)
-                    )
+                    if table.is_file():  # a runner just started may not have written one yet
+                        steps[(job_id, attempt)] = max(
+                            steps.get((job_id, attempt), -1), last_energy_step(table)
+                        )
                 for job_id, attempt in seen.items():
                     if attempts.get(job_id) != attempt and (job_id, attempt) not in run.stopped:
                         # gone: what it reached, and the newest checkpoint on disk now (the
@@ -245,7 +227,7 @@ async def measure(args: argparse.Namespace, *, fair_share: bool) -> dict[str, An
                 seen = attempts
                 cores_now: dict[str, int] = {}
                 for job_id in attempts:
-                    tenant = tenant_of(job_id)
+                    tenant = ids.tenant_of(job_id)
                     if tenant not in everyone:
                         continue  # not one of the bench's jobs (a runner's own helper process)
                     cores_now[tenant] = cores_now.get(tenant, 0) + 1

@@ -197,25 +197,21 @@ async def test_request_reply_accepts_and_publishes_submitted(
     assert submitted.spec.task == pb.TASK_MD
 
 
+AUTO_SUBMIT: dict[str, object] = {
+    "idempotency_key": "auto-1",
+    "jobs": [
+        {"name": "auto", "system": {"water_box": {"box_nm": 3}}, "resources": {"auto": True}},
+        {"name": "half", "resources": {"auto": True, "cpu": 2}},
+        {"name": "stated", "resources": {"cpu": 1, "memory_mb": 2048}},
+    ],
+}
+"""Three jobs: resources left to history, one of two stated, both stated."""
+
+
 async def test_auto_resources_are_filled_in_and_stated_ones_kept(
     intake: Intake, nc: Client, subjects: Subjects
 ) -> None:
-    reply = await ask(
-        nc,
-        subjects,
-        {
-            "idempotency_key": "auto-1",
-            "jobs": [
-                {
-                    "name": "auto",
-                    "system": {"water_box": {"box_nm": 3}},
-                    "resources": {"auto": True},
-                },
-                {"name": "half", "resources": {"auto": True, "cpu": 2}},
-                {"name": "stated", "resources": {"cpu": 1, "memory_mb": 2048}},
-            ],
-        },
-    )
+    reply = await ask(nc, subjects, AUTO_SUBMIT)
     assert not reply.HasField("error"), reply
     events = {
         e.job_id.rsplit("-", 1)[1]: e.submitted
@@ -235,22 +231,7 @@ async def test_auto_resources_are_filled_in_and_stated_ones_kept(
     assert (stated.spec.resources.cpu, stated.spec.resources.memory_mb) == (1.0, 2048)
     assert not stated.recommended.applied and stated.recommended.memory_mb > 0
     # the same submit again is the same content (the fingerprint is of what was asked)
-    again = await ask(
-        nc,
-        subjects,
-        {
-            "idempotency_key": "auto-1",
-            "jobs": [
-                {
-                    "name": "auto",
-                    "system": {"water_box": {"box_nm": 3}},
-                    "resources": {"auto": True},
-                },
-                {"name": "half", "resources": {"auto": True, "cpu": 2}},
-                {"name": "stated", "resources": {"cpu": 1, "memory_mb": 2048}},
-            ],
-        },
-    )
+    again = await ask(nc, subjects, AUTO_SUBMIT)
     assert list(again.job_ids) == list(reply.job_ids), again
 
 
