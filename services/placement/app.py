@@ -254,6 +254,8 @@ class Placement:
         self._nodes_ready = asyncio.Event()
         self.leader = self._lease is None
         self.bound_total = 0
+        self.passes_total = 0
+        """Reconcile passes begun (tests wait for passes instead of sleeping)."""
         self.preempted_total = 0
         self.reclaimed_total = 0
         """Running jobs stopped to give a tenant its fair share back (in ``preempted_total``
@@ -689,6 +691,7 @@ class Placement:
 
         Returns the number of jobs bound.
         """
+        self.passes_total += 1
         await self._end_expired()
         await self._release_waiting()
         if await self._look_up_dependencies():

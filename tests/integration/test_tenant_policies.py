@@ -114,6 +114,17 @@ def placement_of(
     )
 
 
+async def more_passes(placement: Placement, passes: int = 3) -> None:
+    """Wait until placement has begun ``passes`` more reconcile passes (and so finished the
+    ones before): what did not happen in them is not going to for lack of a pass."""
+    target = placement.passes_total + passes
+
+    async def done() -> bool:
+        return placement.passes_total >= target
+
+    await wait_for(done, what=f"{passes} more placement passes")
+
+
 def job(tenant: str, name: str) -> str:
     return f"{tenant}.0123456789ab-{name}"
 
@@ -190,7 +201,7 @@ async def test_a_tenant_at_its_cpu_quota_waits_while_others_bind(
         await wait_for(usage_written, what="alice's usage: 1 queued, 2 cores running")
         bob = TenantUsage.from_json(await waiting_value(usage_key("bob")))
         assert (bob.queued_jobs, bob.running_cpu) == (0, 1.0)
-        await asyncio.sleep(0.5)  # a few more passes: still held
+        await more_passes(placement)  # still held
         assert alice[2] not in await bound_jobs()
 
         await bus.publish(
@@ -228,7 +239,7 @@ async def test_a_policy_raised_live_releases_the_held_jobs(
             return len(await tenant_jobs_bound(nc, subjects)) == 1
 
         await wait_for(one_bound, what="one of alice's jobs bound")
-        await asyncio.sleep(0.5)
+        await more_passes(placement)
         assert len(await tenant_jobs_bound(nc, subjects)) == 1
         await put_policy(js, subjects, "alice", TenantPolicy(max_running_cpu=3.0))
 
@@ -262,7 +273,7 @@ async def test_a_high_job_held_by_its_tenants_quota_preempts_nobody(
             return placement.tenant_usage("alice") == (1, 1.0)
 
         await wait_for(caught_up, what="placement folded alice's jobs")
-        await asyncio.sleep(1.0)  # several passes
+        await more_passes(placement, 5)
     assert backend.deleted == []
     assert await tenant_jobs_bound(nc, subjects) == {job("alice", "h0")}
 
@@ -298,7 +309,7 @@ async def test_a_full_cluster_is_shared_by_weight_and_a_weight_changes_live(
             return sum((await split()).values()) == 8
 
         await wait_for(full, what="8 jobs bound on the 8 cores")
-        await asyncio.sleep(0.5)  # a few more passes: nothing more fits
+        await more_passes(placement)  # nothing more fits
         assert await split() == {"alice": 2, "bob": 6}
 
         # mdq queues: what placement wrote for each tenant
@@ -349,7 +360,7 @@ async def test_a_full_cluster_is_shared_by_weight_and_a_weight_changes_live(
             return sum((await split()).values()) == 16
 
         await wait_for(full_again, what="8 more jobs bound on the second node")
-        await asyncio.sleep(0.5)
+        await more_passes(placement)
         assert await split() == {"alice": 10, "bob": 6}
 
 
@@ -393,7 +404,7 @@ async def test_a_tenant_below_its_share_gets_room_back_and_no_more(
             return len(backend.deleted) >= 4
 
         await wait_for(reclaimed, what="4 of alice's jobs stopped for bob")
-        await asyncio.sleep(1.0)  # five more passes: the victims have not left yet
+        await more_passes(placement, 5)  # the victims have not left yet
         assert len(backend.deleted) == 4
         assert set(backend.deleted) <= {ids.pod_name(j, 1) for j in alice}
         assert placement.reclaimed_total == 4
