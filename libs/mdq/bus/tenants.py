@@ -23,7 +23,7 @@ import logging
 
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError
+from nats.js.errors import BucketNotFoundError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from mdq.bus.kv import watch_through
@@ -202,21 +202,25 @@ class TenantDirectory:
 
 async def read_tenant_usages(js: JetStreamContext, subjects: Subjects) -> dict[str, TenantUsage]:
     """Each tenant's latest ``TenantUsage`` as placement wrote it into its waiting bucket
-    (keys ``tenant.<name>``), by tenant; {} while the bucket does not exist. Entries that
-    expire meanwhile or do not parse are left out."""
+    (keys ``tenant.<name>``), by tenant; {} while the bucket does not exist. One watch filtered
+    by the server to those keys, values included (the bucket's many job explanations are never
+    sent); entries that do not parse are left out."""
     try:
         kv = await js.key_value(subjects.waiting_bucket)
     except BucketNotFoundError:
         return {}  # placement has written nothing yet
-    try:
-        keys = await kv.keys()
-    except NoKeysError:
-        return {}
+    watcher = await kv.watch(f"{USAGE_KEY_PREFIX}>", ignore_deletes=True)
     usages: dict[str, TenantUsage] = {}
-    for key in sorted(k for k in keys if k.startswith(USAGE_KEY_PREFIX)):
-        try:
-            entry = await kv.get(key)
-            usages[key[len(USAGE_KEY_PREFIX) :]] = TenantUsage.from_json(entry.value or b"")
-        except (KeyNotFoundError, ValueError):
-            continue
+    try:
+        async for entry in watcher:
+            if entry is None:
+                break  # the marker after the current values
+            try:
+                usages[entry.key[len(USAGE_KEY_PREFIX) :]] = TenantUsage.from_json(
+                    entry.value or b""
+                )
+            except ValueError:
+                continue
+    finally:
+        await watcher.stop()  # type: ignore[no-untyped-call]
     return usages
