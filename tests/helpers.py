@@ -18,6 +18,7 @@ from mdq.bus.codec import decode_event
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
+from mdq.core.clusters import cluster_of
 from mdq.core.events import make_event
 from mdq.core.producers import owner_of
 from mdq.core.spec import normalize_job
@@ -45,12 +46,15 @@ def submitted(
     depends_on: tuple[str, ...] = (),
     priority: str = "normal",
     max_retries: int = 3,
+    clusters: pb.ClusterSelector | None = None,
 ) -> pb.Event:
     spec = pb.JobSpec(
         name=job.split("-", 1)[-1], steps=1000, priority_class=priority, max_retries=max_retries
     )
     spec.resources.cpu, spec.resources.memory_mb = cpu, memory_mb
     spec.depends_on.extend(depends_on)
+    if clusters is not None:
+        spec.clusters.CopyFrom(clusters)
     body = pb.JobSubmitted(
         spec=normalize_job(spec, "jobs[0]"),
         request_id=job.split("-", 1)[0],
@@ -66,7 +70,10 @@ def node_load(
     memory_mb: int = 8192,
     cpu_load: float = 0.0,
     ready: bool = True,
+    cluster_labels: dict[str, str] | None = None,
 ) -> pb.Event:
+    """A node's load report; a ``name`` of "<cluster>/<node>" is a node of that cluster, whose
+    ``cluster_labels`` come with it."""
     body = pb.NodeLoad(
         node=name,
         cpu_load=cpu_load,
@@ -74,6 +81,8 @@ def node_load(
         cpu_capacity=cpu_capacity,
         memory_capacity_mb=memory_mb,
         ready=ready,
+        cluster=cluster_of(name),
+        cluster_labels=cluster_labels or {},
     )
     return event("node_load", body, job="", attempt=0, detail=f"{name}:{time.time_ns()}")
 

@@ -42,7 +42,7 @@ import math
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -62,6 +62,7 @@ from mdq.bus.subjects import Subjects
 from mdq.bus.tenants import TenantDirectory
 from mdq.contracts import pb
 from mdq.core import ids
+from mdq.core.clusters import cluster_of
 from mdq.core.expiry import (
     CHECK_EVERY,
     ENDED_BY_PLACEMENT,
@@ -72,6 +73,7 @@ from mdq.core.expiry import (
 from mdq.core.fairshare import OPERATOR_WEIGHT, Fairness, fairness_reason, max_share_reason
 from mdq.core.node_health import NodeCapacity, NodeHealth, NodeHealthPolicy, Suspicion
 from mdq.core.placement import (
+    ClusterSummary,
     Decision,
     NodeScore,
     NodeState,
@@ -140,6 +142,21 @@ def node_score_message(score: NodeScore) -> pb.NodeScore:
     )
 
 
+def cluster_score_messages(summaries: Iterable[ClusterSummary]) -> list[pb.ClusterScore]:
+    """Core ``ClusterSummary``s as the contract's messages."""
+    return [
+        pb.ClusterScore(
+            cluster=summary.cluster,
+            best_score=summary.best_score,
+            best_node=summary.best_node,
+            candidates=summary.candidates,
+            filtered_counts=summary.filtered_counts,
+            cpu_reserved=summary.cpu_reserved,
+        )
+        for summary in summaries
+    ]
+
+
 def _refresh(written: tuple[tuple[Any, ...], datetime], now: datetime) -> bool:
     """Whether a tenant's unchanged usage is written again: while it is not nothing (jobs
     queued or CPU running), every ``WAITING_REFRESH_S`` (nothing is written once and left to
@@ -191,6 +208,9 @@ class Placement:
             aging_per_minute=settings.aging_per_minute,
             full_scan_nodes=settings.full_scan_nodes,
             sample_size=settings.sample_size,
+            cluster_preference_weight=settings.cluster_preference_weight,
+            locality_weight=settings.locality_weight,
+            cluster_load_weight=settings.cluster_load_weight,
         )
         self._lease = (
             LeaderLease(
@@ -547,6 +567,9 @@ class Placement:
         body.nodes_total = decision.nodes_total
         body.filtered_counts.update(decision.filtered_counts)
         body.not_examined = decision.not_examined
+        body.cluster = cluster_of(decision.node)
+        if decision.clusters:
+            body.clusters.extend(cluster_score_messages(decision.clusters))
         body.resources.CopyFrom(view.resources)
         if view.resume_from is not None:
             body.resume_from.CopyFrom(view.resume_from)
@@ -876,6 +899,7 @@ class Placement:
             nodes_total=waiting.nodes_total,
             filtered_counts=waiting.filtered_counts,
             summary=waiting.summary,
+            clusters=cluster_score_messages(waiting.clusters),
         )
         set_timestamp(message.at, now)
         for name, suspicion in sorted(cordons.items()):

@@ -49,6 +49,24 @@ class PlacementSettings(BaseSettings):
     aging_per_minute: float = Field(
         default=10.0, description="Priority points a pending job gains per minute of waiting."
     )
+    cluster_preference_weight: float = Field(
+        default=20.0,
+        ge=0.0,
+        description="Score points for a node whose cluster has every label the job's "
+        "clusters.prefer names (pro rata).",
+    )
+    locality_weight: float = Field(
+        default=15.0,
+        ge=0.0,
+        description="Score points for a node on the cluster holding all of a chain job's "
+        "dependencies' outputs (pro rata).",
+    )
+    cluster_load_weight: float = Field(
+        default=10.0,
+        ge=0.0,
+        description="With several clusters: score points a node loses per unit of its "
+        "cluster's reserved CPU share.",
+    )
     load_settle_s: float = Field(
         default=10.0,
         description="A binding counts on top of a node's live load until a load report this "

@@ -13,6 +13,7 @@ import pytest
 from google.protobuf.message import Message
 
 from mdq.contracts import pb
+from mdq.core.clusters import Selector, cluster_of
 from mdq.core.events import make_event
 from mdq.core.node_health import NodeHealthPolicy
 from mdq.core.placement import PlacementConfig, Preemption
@@ -108,9 +109,24 @@ def released(job: str) -> Step:
     return ev("released", pb.JobReleased(), job, 0)
 
 
-def load(node: str, t: float = 0, *, cpu: float = 8, memory_mb: int = 16_384) -> Step:
+def load(
+    node: str,
+    t: float = 0,
+    *,
+    cpu: float = 8,
+    memory_mb: int = 16_384,
+    labels: dict[str, str] | None = None,
+) -> Step:
+    """A load report of ``node`` ("<cluster>/<node>" for a node of a named cluster, whose
+    ``labels`` come with it)."""
     body = pb.NodeLoad(
-        node=node, cpu_capacity=cpu, memory_capacity_mb=memory_mb, ready=True, cpu_load=0.25
+        node=node,
+        cpu_capacity=cpu,
+        memory_capacity_mb=memory_mb,
+        ready=True,
+        cpu_load=0.25,
+        cluster=cluster_of(node),
+        cluster_labels=labels or {},
     )
     return lambda state: state.apply_load(body, at(t))
 
@@ -733,6 +749,25 @@ SNAPSHOT_CASES: list[tuple[str, list[Step]]] = [
 ]
 
 
+SNAPSHOT_CASES.append(
+    (
+        "two named clusters, a chain whose dependency ended on one of them",
+        [
+            load("hpc/n1", labels={"site": "centre"}),
+            load("hpc/n2", labels={"site": "centre"}),
+            load("dept/n1", labels={"site": "campus"}),
+            sub("r-a"),
+            bound("r-a", "hpc/n2"),
+            started("r-a"),
+            sub("r-b", deps=("r-a",)),
+            succeeded("r-a"),
+            prune,
+            released("r-b"),
+        ],
+    )
+)
+
+
 @pytest.mark.parametrize(
     "history", [case[1] for case in SNAPSHOT_CASES], ids=[case[0] for case in SNAPSHOT_CASES]
 )
@@ -830,3 +865,92 @@ def test_shares_report_running_share_and_fair_share_per_tenant() -> None:
     assert carol.fair_share == pytest.approx(0.125) and carol.weight == 2.0
     assert operator.fair_share == pytest.approx(0.25)
     assert alice.fair_share == pytest.approx(0.3125) == bob.fair_share
+
+
+CLUSTER_NODES = [
+    load("hpc/n1", labels={"site": "centre"}),
+    load("dept/n1", labels={"site": "campus"}),
+]
+
+
+def test_nodes_of_named_clusters_carry_their_cluster_and_one_shared_label_set() -> None:
+    state = fold([*CLUSTER_NODES, load("hpc/n2", labels={"site": "centre"})])
+    nodes = {node.name: node for node in state.node_states()}
+    assert nodes["hpc/n1"].cluster == "hpc"
+    assert nodes["hpc/n1"].cluster_labels == {"site": "centre"}
+    assert nodes["hpc/n1"].cluster_labels is nodes["hpc/n2"].cluster_labels
+    assert nodes["dept/n1"].cluster_labels == {"site": "campus"}
+    # a cluster relabelled: its next reports carry the new labels
+    fold_more(state, [load("hpc/n1", t=1, labels={"site": "centre", "gpu": "true"})])
+    assert state.nodes["hpc/n1"].cluster_labels == {"site": "centre", "gpu": "true"}
+
+
+LOCALITY_CASES = [
+    (
+        "a dependency still known: where it ran",
+        [*CLUSTER_NODES, sub("r-a"), bound("r-a", "hpc/n1"), sub("r-b", deps=("r-a",))],
+        ("hpc",),
+    ),
+    (
+        "a dependency pruned: where it ended is remembered",
+        [
+            *CLUSTER_NODES,
+            sub("r-a"),
+            bound("r-a", "dept/n1"),
+            started("r-a"),
+            sub("r-b", deps=("r-a",)),
+            succeeded("r-a"),
+            prune,
+            released("r-b"),
+        ],
+        ("dept",),
+    ),
+    (
+        "a dependency read back from the log: not known",
+        [*CLUSTER_NODES, sub("r-b", deps=("r-gone",))],
+        ("",),
+    ),
+    (
+        "one unnamed cluster: no locality at all",
+        [load("n1"), sub("r-a"), bound("r-a", "n1"), sub("r-b", deps=("r-a",))],
+        (),
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "history", "expected"), LOCALITY_CASES)
+def test_a_chain_job_knows_where_its_dependencies_outputs_are(
+    name: str, history: list[Step], expected: tuple[str, ...]
+) -> None:
+    state = fold(history)
+    view = state.book.jobs["r-b"]
+    assert state._queued_job(view).data_clusters == expected
+
+
+def test_a_queued_job_carries_its_cluster_selector() -> None:
+    spec_step = sub("r-a")
+    state = fold([*CLUSTER_NODES, spec_step])
+    view = state.book.jobs["r-a"]
+    assert state._queued_job(view).clusters == Selector()
+    view.spec.clusters.require["site"] = "centre"
+    fresh = fold([*CLUSTER_NODES])
+    event = make_event(
+        "submitted",
+        pb.JobSubmitted(spec=view.spec, request_id="r"),
+        job_id="r-c",
+        attempt=0,
+        producer="test",
+        at=at(0),
+    )
+    fresh.apply(1, event)
+    queued = fresh._queued_job(fresh.book.jobs["r-c"])
+    assert queued.clusters.require == frozenset({("site", "centre")})
+
+
+def test_a_snapshot_from_before_clusters_loads_into_the_unnamed_cluster() -> None:
+    snapshot = fold([*NODES, sub("r-a"), bound("r-a", "n1"), succeeded("r-a"), prune]).snapshot()
+    for node in snapshot["nodes"]:
+        del node["cluster"], node["cluster_labels"]
+    restored = PlacementState.from_snapshot(snapshot, load_settle_s=SETTLE_S)
+    assert {node.cluster for node in restored.node_states()} == {""}
+    assert restored.final_state("r-a") is JobState.SUCCEEDED

@@ -241,6 +241,26 @@ RANGE_CASES = [
     ),
     pytest.param(job(labels={"k" * 64: "v"}), f"jobs[2].labels[{'k' * 64!r}]", id="label-key-long"),
     pytest.param(job(labels={"k": "v" * 64}), "jobs[2].labels['k']", id="label-value-long"),
+    pytest.param(
+        job(clusters=pb.ClusterSelector(require={"site": ""})),
+        "jobs[2].clusters.require['site']",
+        id="cluster-require-empty-value",
+    ),
+    pytest.param(
+        job(clusters=pb.ClusterSelector(prefer={"gpu type": "a100"})),
+        "jobs[2].clusters.prefer['gpu type']",
+        id="cluster-prefer-bad-key",
+    ),
+    pytest.param(
+        job(clusters=pb.ClusterSelector(require={f"k{i}": "v" for i in range(17)})),
+        "jobs[2].clusters.require",
+        id="cluster-require-too-many",
+    ),
+    pytest.param(
+        job(clusters=pb.ClusterSelector(require={"site\x00": "x"})),
+        "jobs[2].clusters.require['site\\x00']",
+        id="cluster-require-nul-key",
+    ),
     pytest.param(job(depends_on=["md", ""]), "jobs[2].depends_on[1]", id="dependency-empty"),
     pytest.param(
         job(depends_on=["x" * (MAX_KEY_LENGTH + 1)]),

@@ -16,6 +16,7 @@ with their end.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Annotated
 
@@ -144,6 +145,42 @@ def candidates_table(title: str, candidates: list[pb.NodeScore], chosen: str = "
     return table
 
 
+def clusters_table(
+    title: str, clusters: Sequence[pb.ClusterScore], chosen: str | None = None
+) -> Table:
+    """The cluster choice: each cluster's best node and score, or why none of its nodes
+    could take the job (its filtered nodes per reason)."""
+    table = Table(title=title, title_justify="left")
+    for column, justify in (
+        ("cluster", "left"),
+        ("best node", "left"),
+        ("score", "right"),
+        ("candidates", "right"),
+        ("cpu reserved", "right"),
+        ("verdict", "left"),
+    ):
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    for cluster in clusters:
+        filtered = ", ".join(
+            f"{n} {reason}" for reason, n in sorted(cluster.filtered_counts.items())
+        )
+        if cluster.cluster == chosen:
+            verdict = "[green]chosen[/]"
+        elif cluster.best_node:
+            verdict = "candidate"
+        else:
+            verdict = f"[red]no node: {filtered or 'none known'}[/]"
+        table.add_row(
+            cluster.cluster or "(unnamed)",
+            cluster.best_node or "-",
+            f"{cluster.best_score:.1f}" if cluster.best_node else "-",
+            str(cluster.candidates),
+            f"{cluster.cpu_reserved:.0%}",
+            verdict,
+        )
+    return table
+
+
 def print_waiting(
     view: JobView,
     dependencies: dict[str, str],
@@ -165,6 +202,8 @@ def print_waiting(
         return
     at = to_datetime(waiting.at)
     console.print(f"attempt {view.attempt} not bound at {_clock(at)}: {waiting.summary}")
+    if waiting.clusters:
+        console.print(clusters_table(f"clusters at {_clock(at)}", list(waiting.clusters)))
     if waiting.candidates:  # none when it waits for its tenant's quota, not for a node
         console.print(candidates_table(f"nodes at {_clock(at)}", list(waiting.candidates)))
     for reason, more in unlisted(list(waiting.candidates), dict(waiting.filtered_counts)):
@@ -222,6 +261,9 @@ def explain(
             if (line := recorded_choice(body)) is not None:
                 console.print(line, highlight=False)
     for event in bound:
+        if event.bound.clusters:
+            title = f"attempt {event.attempt}: cluster {event.bound.cluster}"
+            console.print(clusters_table(title, list(event.bound.clusters), event.bound.cluster))
         console.print(bound_table(event))
     if view is not None and view.state in (JobState.WAITING, JobState.PENDING):
         url, namespace = endpoints.nats_url, endpoints.namespace

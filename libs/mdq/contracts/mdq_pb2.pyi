@@ -215,7 +215,7 @@ class Convergence(_message.Message):
     def __init__(self, tolerance_kj_mol: _Optional[float] = ..., reports: _Optional[int] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "task", "system", "temperature_k", "timestep_fs", "steps", "report_interval_steps", "checkpoint_interval_steps", "convergence", "resources", "priority_class", "depends_on", "max_retries", "friction_per_ps", "seed", "labels", "integrator", "barostat", "nonbonded_method", "cutoff_nm", "platform", "checkpoint_interval_s", "trajectory_interval_steps", "trajectory_format")
+    __slots__ = ("name", "task", "system", "temperature_k", "timestep_fs", "steps", "report_interval_steps", "checkpoint_interval_steps", "convergence", "resources", "priority_class", "depends_on", "max_retries", "friction_per_ps", "seed", "labels", "integrator", "barostat", "nonbonded_method", "cutoff_nm", "platform", "checkpoint_interval_s", "trajectory_interval_steps", "trajectory_format", "clusters")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -247,6 +247,7 @@ class JobSpec(_message.Message):
     CHECKPOINT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     TRAJECTORY_INTERVAL_STEPS_FIELD_NUMBER: _ClassVar[int]
     TRAJECTORY_FORMAT_FIELD_NUMBER: _ClassVar[int]
+    CLUSTERS_FIELD_NUMBER: _ClassVar[int]
     name: str
     task: Task
     system: System
@@ -271,7 +272,30 @@ class JobSpec(_message.Message):
     checkpoint_interval_s: float
     trajectory_interval_steps: int
     trajectory_format: TrajectoryFormat
-    def __init__(self, name: _Optional[str] = ..., task: _Optional[_Union[Task, str]] = ..., system: _Optional[_Union[System, _Mapping]] = ..., temperature_k: _Optional[float] = ..., timestep_fs: _Optional[float] = ..., steps: _Optional[int] = ..., report_interval_steps: _Optional[int] = ..., checkpoint_interval_steps: _Optional[int] = ..., convergence: _Optional[_Union[Convergence, _Mapping]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., priority_class: _Optional[str] = ..., depends_on: _Optional[_Iterable[str]] = ..., max_retries: _Optional[int] = ..., friction_per_ps: _Optional[float] = ..., seed: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., integrator: _Optional[_Union[Integrator, str]] = ..., barostat: _Optional[_Union[Barostat, _Mapping]] = ..., nonbonded_method: _Optional[_Union[NonbondedMethod, str]] = ..., cutoff_nm: _Optional[float] = ..., platform: _Optional[str] = ..., checkpoint_interval_s: _Optional[float] = ..., trajectory_interval_steps: _Optional[int] = ..., trajectory_format: _Optional[_Union[TrajectoryFormat, str]] = ...) -> None: ...
+    clusters: ClusterSelector
+    def __init__(self, name: _Optional[str] = ..., task: _Optional[_Union[Task, str]] = ..., system: _Optional[_Union[System, _Mapping]] = ..., temperature_k: _Optional[float] = ..., timestep_fs: _Optional[float] = ..., steps: _Optional[int] = ..., report_interval_steps: _Optional[int] = ..., checkpoint_interval_steps: _Optional[int] = ..., convergence: _Optional[_Union[Convergence, _Mapping]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., priority_class: _Optional[str] = ..., depends_on: _Optional[_Iterable[str]] = ..., max_retries: _Optional[int] = ..., friction_per_ps: _Optional[float] = ..., seed: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., integrator: _Optional[_Union[Integrator, str]] = ..., barostat: _Optional[_Union[Barostat, _Mapping]] = ..., nonbonded_method: _Optional[_Union[NonbondedMethod, str]] = ..., cutoff_nm: _Optional[float] = ..., platform: _Optional[str] = ..., checkpoint_interval_s: _Optional[float] = ..., trajectory_interval_steps: _Optional[int] = ..., trajectory_format: _Optional[_Union[TrajectoryFormat, str]] = ..., clusters: _Optional[_Union[ClusterSelector, _Mapping]] = ...) -> None: ...
+
+class ClusterSelector(_message.Message):
+    __slots__ = ("require", "prefer")
+    class RequireEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class PreferEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    REQUIRE_FIELD_NUMBER: _ClassVar[int]
+    PREFER_FIELD_NUMBER: _ClassVar[int]
+    require: _containers.ScalarMap[str, str]
+    prefer: _containers.ScalarMap[str, str]
+    def __init__(self, require: _Optional[_Mapping[str, str]] = ..., prefer: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Event(_message.Message):
     __slots__ = ("event_id", "job_id", "attempt", "time", "producer", "submitted", "rejected", "released", "bound", "started", "succeeded", "attempt_failed", "requeued", "failed", "progress", "checkpoint", "pod", "outputs", "usage", "node_load")
@@ -364,7 +388,7 @@ class NodeScore(_message.Message):
     def __init__(self, node: _Optional[str] = ..., score: _Optional[float] = ..., filtered: _Optional[str] = ..., cpu_load: _Optional[float] = ..., memory_load: _Optional[float] = ...) -> None: ...
 
 class JobBound(_message.Message):
-    __slots__ = ("node", "pod_name", "candidates", "resources", "resume_from", "nodes_total", "filtered_counts", "not_examined")
+    __slots__ = ("node", "pod_name", "candidates", "resources", "resume_from", "nodes_total", "filtered_counts", "not_examined", "cluster", "clusters")
     class FilteredCountsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -380,6 +404,8 @@ class JobBound(_message.Message):
     NODES_TOTAL_FIELD_NUMBER: _ClassVar[int]
     FILTERED_COUNTS_FIELD_NUMBER: _ClassVar[int]
     NOT_EXAMINED_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    CLUSTERS_FIELD_NUMBER: _ClassVar[int]
     node: str
     pod_name: str
     candidates: _containers.RepeatedCompositeFieldContainer[NodeScore]
@@ -388,10 +414,35 @@ class JobBound(_message.Message):
     nodes_total: int
     filtered_counts: _containers.ScalarMap[str, int]
     not_examined: int
-    def __init__(self, node: _Optional[str] = ..., pod_name: _Optional[str] = ..., candidates: _Optional[_Iterable[_Union[NodeScore, _Mapping]]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., resume_from: _Optional[_Union[Checkpoint, _Mapping]] = ..., nodes_total: _Optional[int] = ..., filtered_counts: _Optional[_Mapping[str, int]] = ..., not_examined: _Optional[int] = ...) -> None: ...
+    cluster: str
+    clusters: _containers.RepeatedCompositeFieldContainer[ClusterScore]
+    def __init__(self, node: _Optional[str] = ..., pod_name: _Optional[str] = ..., candidates: _Optional[_Iterable[_Union[NodeScore, _Mapping]]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., resume_from: _Optional[_Union[Checkpoint, _Mapping]] = ..., nodes_total: _Optional[int] = ..., filtered_counts: _Optional[_Mapping[str, int]] = ..., not_examined: _Optional[int] = ..., cluster: _Optional[str] = ..., clusters: _Optional[_Iterable[_Union[ClusterScore, _Mapping]]] = ...) -> None: ...
+
+class ClusterScore(_message.Message):
+    __slots__ = ("cluster", "best_score", "best_node", "candidates", "filtered_counts", "cpu_reserved")
+    class FilteredCountsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    BEST_SCORE_FIELD_NUMBER: _ClassVar[int]
+    BEST_NODE_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    FILTERED_COUNTS_FIELD_NUMBER: _ClassVar[int]
+    CPU_RESERVED_FIELD_NUMBER: _ClassVar[int]
+    cluster: str
+    best_score: float
+    best_node: str
+    candidates: int
+    filtered_counts: _containers.ScalarMap[str, int]
+    cpu_reserved: float
+    def __init__(self, cluster: _Optional[str] = ..., best_score: _Optional[float] = ..., best_node: _Optional[str] = ..., candidates: _Optional[int] = ..., filtered_counts: _Optional[_Mapping[str, int]] = ..., cpu_reserved: _Optional[float] = ...) -> None: ...
 
 class JobWaiting(_message.Message):
-    __slots__ = ("attempt", "at", "candidates", "nodes_total", "filtered_counts", "summary", "cordons")
+    __slots__ = ("attempt", "at", "candidates", "nodes_total", "filtered_counts", "summary", "cordons", "clusters")
     class FilteredCountsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -406,6 +457,7 @@ class JobWaiting(_message.Message):
     FILTERED_COUNTS_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
     CORDONS_FIELD_NUMBER: _ClassVar[int]
+    CLUSTERS_FIELD_NUMBER: _ClassVar[int]
     attempt: int
     at: _timestamp_pb2.Timestamp
     candidates: _containers.RepeatedCompositeFieldContainer[NodeScore]
@@ -413,7 +465,8 @@ class JobWaiting(_message.Message):
     filtered_counts: _containers.ScalarMap[str, int]
     summary: str
     cordons: _containers.RepeatedCompositeFieldContainer[FailureCordon]
-    def __init__(self, attempt: _Optional[int] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., candidates: _Optional[_Iterable[_Union[NodeScore, _Mapping]]] = ..., nodes_total: _Optional[int] = ..., filtered_counts: _Optional[_Mapping[str, int]] = ..., summary: _Optional[str] = ..., cordons: _Optional[_Iterable[_Union[FailureCordon, _Mapping]]] = ...) -> None: ...
+    clusters: _containers.RepeatedCompositeFieldContainer[ClusterScore]
+    def __init__(self, attempt: _Optional[int] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., candidates: _Optional[_Iterable[_Union[NodeScore, _Mapping]]] = ..., nodes_total: _Optional[int] = ..., filtered_counts: _Optional[_Mapping[str, int]] = ..., summary: _Optional[str] = ..., cordons: _Optional[_Iterable[_Union[FailureCordon, _Mapping]]] = ..., clusters: _Optional[_Iterable[_Union[ClusterScore, _Mapping]]] = ...) -> None: ...
 
 class FailureCordon(_message.Message):
     __slots__ = ("node", "until", "failures")
@@ -594,7 +647,14 @@ class PodStatus(_message.Message):
     def __init__(self, pod_name: _Optional[str] = ..., node: _Optional[str] = ..., phase: _Optional[_Union[PodPhase, str]] = ..., exit_code: _Optional[int] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class NodeLoad(_message.Message):
-    __slots__ = ("node", "cpu_load", "memory_load", "cpu_capacity", "memory_capacity_mb", "ready", "cordoned")
+    __slots__ = ("node", "cpu_load", "memory_load", "cpu_capacity", "memory_capacity_mb", "ready", "cordoned", "cluster", "cluster_labels")
+    class ClusterLabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     NODE_FIELD_NUMBER: _ClassVar[int]
     CPU_LOAD_FIELD_NUMBER: _ClassVar[int]
     MEMORY_LOAD_FIELD_NUMBER: _ClassVar[int]
@@ -602,6 +662,8 @@ class NodeLoad(_message.Message):
     MEMORY_CAPACITY_MB_FIELD_NUMBER: _ClassVar[int]
     READY_FIELD_NUMBER: _ClassVar[int]
     CORDONED_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_LABELS_FIELD_NUMBER: _ClassVar[int]
     node: str
     cpu_load: float
     memory_load: float
@@ -609,4 +671,6 @@ class NodeLoad(_message.Message):
     memory_capacity_mb: int
     ready: bool
     cordoned: bool
-    def __init__(self, node: _Optional[str] = ..., cpu_load: _Optional[float] = ..., memory_load: _Optional[float] = ..., cpu_capacity: _Optional[float] = ..., memory_capacity_mb: _Optional[int] = ..., ready: _Optional[bool] = ..., cordoned: _Optional[bool] = ...) -> None: ...
+    cluster: str
+    cluster_labels: _containers.ScalarMap[str, str]
+    def __init__(self, node: _Optional[str] = ..., cpu_load: _Optional[float] = ..., memory_load: _Optional[float] = ..., cpu_capacity: _Optional[float] = ..., memory_capacity_mb: _Optional[int] = ..., ready: _Optional[bool] = ..., cordoned: _Optional[bool] = ..., cluster: _Optional[str] = ..., cluster_labels: _Optional[_Mapping[str, str]] = ...) -> None: ...

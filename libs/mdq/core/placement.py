@@ -28,6 +28,14 @@ Rules (docs/placement.md has the whole story):
   |CPU share - memory share| after placement. Minus ``overload_penalty`` on a node whose CPU or
   memory load is above ``overload_threshold`` (80%): the brief's rule, "an overloaded node
   lowers the job's priority there".
+- **Clusters.** Nodes of every execution cluster are placed on together (``mdq.core.clusters``;
+  a node's name is ``<cluster>/<node>``). A job's ``clusters.require`` filters out the nodes
+  of clusters without those labels; ``clusters.prefer`` adds ``cluster_preference_weight``
+  points times the fraction of preferred labels the node's cluster has; a chain's job adds
+  ``locality_weight`` points times the fraction of its dependencies whose outputs are on the
+  node's cluster; with more than one cluster, a node loses ``cluster_load_weight`` points
+  times the share of its cluster's CPU reserved when the pass began (a busy cluster's nodes
+  rank below an idle one's). Each decision says how every cluster fared (``ClusterSummary``).
 - **Tenant CPU quotas.** A job whose tenant's bound and running CPU plus its own would exceed
   the tenant's ``max_running_cpu`` (``tenant_room``, ``mdq.core.tenants``) is skipped: it
   waits, and the jobs behind it in the queue, other tenants' included, still bind.
@@ -47,11 +55,12 @@ Rules (docs/placement.md has the whole story):
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import NamedTuple
 
+from mdq.core.clusters import NO_SELECTOR, Selector, cluster_of, locality
 from mdq.core.fairshare import Fairness, FairQueue
 
 NOT_READY = "not ready"
@@ -61,6 +70,7 @@ OVERLOADED = "load above hard threshold"
 AVOIDED = "avoided after a failure there"
 NO_CPU = "insufficient cpu"
 NO_MEMORY = "insufficient memory"
+CLUSTER_MISMATCH = "cluster labels do not match"
 
 EXPLAIN_FILTERED_LIMIT = 16
 """Filtered nodes listed by name in a decision on a large cluster (the rest are counted)."""
@@ -90,6 +100,12 @@ class PlacementConfig:
     """On larger clusters: how many fitting best-ranked nodes are scored per job."""
     max_examined: int = 64
     """On larger clusters: at most this many ranked nodes are looked at before a full scan."""
+    cluster_preference_weight: float = 20.0
+    """Points for a node whose cluster has every label the job prefers (pro rata)."""
+    locality_weight: float = 15.0
+    """Points for a node whose cluster holds every dependency's outputs (pro rata)."""
+    cluster_load_weight: float = 10.0
+    """Points a node loses per unit of its cluster's reserved CPU share (several clusters)."""
 
 
 @dataclass(slots=True)
@@ -115,6 +131,10 @@ class NodeState:
     """CPU requests bound here that the last load report cannot reflect yet (herd guard)."""
     inflight_memory_mb: int = 0
     """Memory requests bound here that the last load report cannot reflect yet."""
+    cluster: str = ""
+    """Its execution cluster ("" in a single-cluster deployment); ``name`` is qualified."""
+    cluster_labels: Mapping[str, str] = field(default_factory=dict)
+    """Its cluster's labels (what a job's ``clusters`` selector matches)."""
 
     def cpu_share(self) -> float:
         """Effective CPU utilisation: max(live + in-flight, reservations), 0..1+."""
@@ -157,6 +177,10 @@ class QueuedJob:
     """Set after this job preempted work there: its requests are held on that node."""
     tenant: str = ""
     """Whose job it is (``mdq.core.ids.tenant_of``); "" for the operator's."""
+    clusters: Selector = NO_SELECTOR
+    """The clusters it requires and prefers (its spec's ``clusters``)."""
+    data_clusters: tuple[str, ...] = ()
+    """The cluster holding each dependency's outputs ("" where not known): data locality."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +210,19 @@ class NodeScore(NamedTuple):
 
 
 @dataclass(frozen=True, slots=True)
+class ClusterSummary:
+    """How one cluster fared for one job: its best scored node, or why it had none."""
+
+    cluster: str
+    best_score: float = 0.0
+    best_node: str = ""
+    candidates: int = 0
+    filtered_counts: dict[str, int] = field(default_factory=dict)
+    cpu_reserved: float = 0.0
+    """Its reserved CPU share when the pass began (the cluster load term)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Decision:
     """A job bound to ``node``, with the scores that explain the choice."""
 
@@ -197,6 +234,8 @@ class Decision:
     nodes_total: int = 0
     not_examined: int = 0
     """Eligible nodes that were not scored (the heap ranked them lower)."""
+    clusters: tuple[ClusterSummary, ...] = ()
+    """Every cluster's best node or filters (empty with one unnamed cluster)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,7 +288,9 @@ def node_filter(
 
 
 def job_filter(node: NodeState, job: QueuedJob, *, honour_avoid: bool = True) -> str:
-    """Why ``job`` may not go to ``node``, or "" (avoid-list, fit)."""
+    """Why ``job`` may not go to ``node``, or "" (cluster labels, avoid-list, fit)."""
+    if job.clusters.require and not job.clusters.admits(node.cluster_labels):
+        return CLUSTER_MISMATCH
     if honour_avoid and node.name in job.avoid_nodes:
         return AVOIDED
     if node.reserved_cpu + job.cpu > node.cpu_capacity + 1e-9:
@@ -269,12 +310,45 @@ def load_score(utilisation: float, target: float) -> float:
     return 100.0 * target * (1.0 - u) / (1.0 - target) if target < 1.0 else 100.0
 
 
-def _rank(node: NodeState, config: PlacementConfig) -> float:
-    """Job-independent rank of an eligible node (its load score before any job lands)."""
-    return load_score(max(node.cpu_share(), node.memory_share()), config.target_load)
+def _rank(node: NodeState, config: PlacementConfig, penalty: float = 0.0) -> float:
+    """Job-independent rank of an eligible node (its load score before any job lands, less
+    its cluster's load ``penalty``)."""
+    return load_score(max(node.cpu_share(), node.memory_share()), config.target_load) - penalty
 
 
-def _score_fitting(node: NodeState, job: QueuedJob, config: PlacementConfig) -> NodeScore:
+def cluster_terms(node: NodeState, job: QueuedJob, config: PlacementConfig) -> float:
+    """The job-dependent cluster points of ``node`` for ``job``: preferred labels, locality."""
+    points = 0.0
+    if job.clusters.prefer:
+        points += config.cluster_preference_weight * job.clusters.preference(node.cluster_labels)
+    if job.data_clusters:
+        points += config.locality_weight * locality(job.data_clusters, node.cluster)
+    return points
+
+
+def cluster_load_penalties(
+    nodes: Iterable[NodeState], config: PlacementConfig
+) -> dict[str, tuple[float, float]]:
+    """cluster -> (its reserved CPU share, the points its nodes lose for it), over ``nodes``
+    (the eligible ones); empty with fewer than two clusters, where the term would only shift
+    every score alike."""
+    totals: dict[str, list[float]] = {}
+    for node in nodes:
+        entry = totals.setdefault(node.cluster, [0.0, 0.0])
+        entry[0] += node.reserved_cpu
+        entry[1] += node.cpu_capacity
+    if len(totals) < 2:
+        return {}
+    penalties: dict[str, tuple[float, float]] = {}
+    for cluster, (reserved, capacity) in totals.items():
+        share = min(1.0, reserved / capacity) if capacity > 0 else 1.0
+        penalties[cluster] = (share, config.cluster_load_weight * share)
+    return penalties
+
+
+def _score_fitting(
+    node: NodeState, job: QueuedJob, config: PlacementConfig, penalty: float = 0.0
+) -> NodeScore:
     # the hot path of plan: NodeState.cpu_share/memory_share/expected_load, inlined
     cpu_cap, mem_cap = node.cpu_capacity, node.memory_capacity_mb
     cpu_live = node.cpu_load + node.inflight_cpu / cpu_cap
@@ -288,6 +362,9 @@ def _score_fitting(node: NodeState, job: QueuedJob, config: PlacementConfig) -> 
     score -= config.balance_weight * abs(cpu_after - mem_after)
     if cpu_live > config.overload_threshold or mem_live > config.overload_threshold:
         score -= config.overload_penalty
+    if job.clusters.prefer or job.data_clusters:
+        score += cluster_terms(node, job, config)
+    score -= penalty
     return NodeScore(node.name, round(score, 3), "", node.cpu_load, node.memory_load)
 
 
@@ -308,6 +385,44 @@ def score_node(
     if reason:
         return _filtered(node, reason)
     return _score_fitting(node, job, config)
+
+
+def summarise_clusters(
+    scores: Iterable[NodeScore],
+    penalties: Mapping[str, tuple[float, float]],
+    filtered_before: Mapping[str, Mapping[str, int]] | None = None,
+) -> tuple[ClusterSummary, ...]:
+    """Per cluster (every one in ``filtered_before`` — the nodes already filtered out per
+    cluster and reason — and every one a score names): its best candidate and score, its
+    candidates and its filtered nodes per reason; best first."""
+    best: dict[str, NodeScore] = {}
+    candidates: dict[str, int] = {}
+    filtered: dict[str, dict[str, int]] = {
+        cluster: dict(counts) for cluster, counts in (filtered_before or {}).items()
+    }
+    for score in scores:
+        cluster = cluster_of(score.node)
+        counts = filtered.setdefault(cluster, {})
+        if score.filtered:
+            counts[score.filtered] = counts.get(score.filtered, 0) + 1
+            continue
+        candidates[cluster] = candidates.get(cluster, 0) + 1
+        known = best.get(cluster)
+        if known is None or (score.score, known.node) > (known.score, score.node):
+            best[cluster] = score
+    summaries = [
+        ClusterSummary(
+            cluster=cluster,
+            best_score=best[cluster].score if cluster in best else 0.0,
+            best_node=best[cluster].node if cluster in best else "",
+            candidates=candidates.get(cluster, 0),
+            filtered_counts=counts,
+            cpu_reserved=round(penalties[cluster][0], 4) if cluster in penalties else 0.0,
+        )
+        for cluster, counts in filtered.items()
+    ]
+    summaries.sort(key=lambda s: (not s.best_node, -s.best_score, s.cluster))
+    return tuple(summaries)
 
 
 # -- planning ----------------------------------------------------------------------------------
@@ -333,18 +448,32 @@ class _Planner:
             else:
                 self.eligible.append(node)
         self.by_name = {node.name: node for node in self.eligible}
+        self.penalties = cluster_load_penalties(self.eligible, config)
+        """cluster -> (reserved CPU share, points lost), with several clusters only."""
+        self.clustered = any(node.cluster for node in nodes)
+        self.static_by_cluster: dict[str, dict[str, int]] = {}
+        """cluster -> its nodes filtered out before any job, per reason (every cluster)."""
+        if self.clustered:
+            for node in nodes:
+                self.static_by_cluster.setdefault(node.cluster, {})
+            for score in self.static:
+                counts = self.static_by_cluster[cluster_of(score.node)]
+                counts[score.filtered] = counts.get(score.filtered, 0) + 1
         self.position = {node.name: index for index, node in enumerate(self.eligible)}
         self.small = len(self.eligible) <= config.full_scan_nodes
         self.version = {node.name: 0 for node in self.eligible}
         self.touched: list[str] = []
         """Nodes whose room changed in this plan, in order (a cached scan redoes these)."""
-        self.scans: dict[tuple[float, int], tuple[int, list[NodeScore]]] = {}
-        """The last full scan of each job shape (cpu, memory) without an avoid-list to honour:
-        ``len(touched)`` when it was made, and its scores in ``eligible`` order."""
+        self.scans: dict[
+            tuple[float, int, Selector, tuple[str, ...]], tuple[int, list[NodeScore]]
+        ] = {}
+        """The last full scan of each job shape (cpu, memory, cluster terms) without an
+        avoid-list to honour: ``len(touched)`` when it was made, and its scores in
+        ``eligible`` order."""
         self.heap: list[tuple[float, int, int, str]] = []
         if not self.small:
             self.heap = [
-                (-_rank(node, config), self.order[node.name], 0, node.name)
+                (-_rank(node, config, self.penalty(node)), self.order[node.name], 0, node.name)
                 for node in self.eligible
             ]
             heapq.heapify(self.heap)
@@ -352,15 +481,19 @@ class _Planner:
         self.nowhere: list[tuple[float, int]] = []
         """(cpu, memory) of jobs without avoid-lists that fit on no node in this plan."""
 
+    def penalty(self, node: NodeState) -> float:
+        entry = self.penalties.get(node.cluster)
+        return entry[1] if entry is not None else 0.0
+
     # requests only shrink the room left, so a job at least as big as one that fit nowhere
-    # fits nowhere either
+    # fits nowhere either (a job that requires clusters may fit where the other could not)
     def dominated(self, job: QueuedJob) -> bool:
-        if self.holds:
+        if self.holds or job.clusters.require:
             return False  # a nominee's held room may come back: no shortcut then
         return any(job.cpu >= cpu and job.memory_mb >= mem for cpu, mem in self.nowhere)
 
     def remember_nowhere(self, job: QueuedJob) -> None:
-        if job.avoid_nodes or self.dominated(job):
+        if job.avoid_nodes or job.clusters.require or self.dominated(job):
             return
         self.nowhere = [
             (cpu, mem) for cpu, mem in self.nowhere if not (cpu >= job.cpu and mem >= job.memory_mb)
@@ -388,12 +521,20 @@ class _Planner:
         version = self.version[node.name] + 1
         self.version[node.name] = version
         heapq.heappush(
-            self.heap, (-_rank(node, self.config), self.order[node.name], version, node.name)
+            self.heap,
+            (
+                -_rank(node, self.config, self.penalty(node)),
+                self.order[node.name],
+                version,
+                node.name,
+            ),
         )
 
     def _score(self, node: NodeState, job: QueuedJob, honour_avoid: bool) -> NodeScore:
         reason = job_filter(node, job, honour_avoid=honour_avoid)
-        return _filtered(node, reason) if reason else _score_fitting(node, job, self.config)
+        if reason:
+            return _filtered(node, reason)
+        return _score_fitting(node, job, self.config, self.penalty(node))
 
     def full_scan(self, job: QueuedJob, honour_avoid: bool) -> list[NodeScore]:
         """Every eligible node's score for ``job``. A job's scores depend only on its shape
@@ -401,7 +542,7 @@ class _Planner:
         (a campaign of replicas, say) rescores only the nodes touched since."""
         if honour_avoid and job.avoid_nodes:
             return [self._score(node, job, True) for node in self.eligible]
-        shape = (job.cpu, job.memory_mb)
+        shape = (job.cpu, job.memory_mb, job.clusters, job.data_clusters)
         cached = self.scans.get(shape)
         changed = len(self.touched) - cached[0] if cached is not None else 0
         if cached is None or changed >= len(self.eligible):
@@ -430,7 +571,7 @@ class _Planner:
             if reason:
                 scores.append(_filtered(node, reason))
             else:
-                scores.append(_score_fitting(node, job, self.config))
+                scores.append(_score_fitting(node, job, self.config, self.penalty(node)))
                 fitting += 1
         for entry in popped:
             heapq.heappush(heap, entry)
@@ -441,7 +582,9 @@ class _Planner:
             return None
         self.hold(job, -1)
         examined = len(self.eligible)
-        if self.small:
+        # preferred labels and locality are not in the heap's job-independent rank: such a job
+        # scores every node (replicas of it cost a node per decision, as any shape does)
+        if self.small or job.clusters.prefer or job.data_clusters:
             scores = self.full_scan(job, True)
         else:
             scores, examined = self.sampled(job)
@@ -475,6 +618,9 @@ class _Planner:
             filtered_counts=counts,
             nodes_total=self.nodes_total,
             not_examined=len(self.eligible) - examined,
+            clusters=summarise_clusters(scores, self.penalties, self.static_by_cluster)
+            if self.clustered
+            else (),
         )
 
 
@@ -554,6 +700,8 @@ class Waiting:
     nodes_total: int
     summary: str
     """"0/2 nodes are available: 2 cordoned" (the Kubernetes scheduler's words for it)."""
+    clusters: tuple[ClusterSummary, ...] = ()
+    """Every cluster's best node or filters (empty with one unnamed cluster)."""
 
 
 def explain_waiting(
@@ -566,7 +714,18 @@ def explain_waiting(
     took in the same pass is already reserved). The avoid-list is not applied, since ``plan``
     drops it when nothing else fits; a node that passes every filter is listed with its score
     (the job then waits behind room held for a preemptor, or behind a job ranked before it)."""
-    scores = [score_node(node, job, now, config, honour_avoid=False) for node in nodes]
+    penalties = cluster_load_penalties(
+        [node for node in nodes if not node_filter(node, now, config)], config
+    )
+
+    def scored(node: NodeState) -> NodeScore:
+        reason = node_filter(node, now, config) or job_filter(node, job, honour_avoid=False)
+        if reason:
+            return _filtered(node, reason)
+        entry = penalties.get(node.cluster)
+        return _score_fitting(node, job, config, entry[1] if entry is not None else 0.0)
+
+    scores = [scored(node) for node in nodes]
     counts: dict[str, int] = {}
     for score in scores:
         if score.filtered:
@@ -582,19 +741,26 @@ def explain_waiting(
             summary += f": {reasons}"
         if candidates:
             summary += "; the job waits behind jobs ranked before it or room held for another"
+    clustered = any(node.cluster for node in nodes)
     return Waiting(
         job_id=job.job_id,
         scores=tuple((candidates + filtered)[:EXPLAIN_WAITING_LIMIT]),
         filtered_counts=counts,
         nodes_total=len(nodes),
         summary=summary,
+        clusters=summarise_clusters(scores, penalties, {node.cluster: {} for node in nodes})
+        if clustered
+        else (),
     )
 
 
 # -- preemption --------------------------------------------------------------------------------
 def _may_host(node: NodeState, job: QueuedJob) -> bool:
-    """Whether ``job`` could run on ``node`` at all (not avoided, not bigger than it)."""
+    """Whether ``job`` could run on ``node`` at all (its cluster admitted, not avoided, not
+    bigger than it)."""
     if node.name in job.avoid_nodes:
+        return False
+    if job.clusters.require and not job.clusters.admits(node.cluster_labels):
         return False
     return job.cpu <= node.cpu_capacity + 1e-9 and job.memory_mb <= node.memory_capacity_mb
 

@@ -36,13 +36,14 @@ it (after a restart the preemptor simply re-plans, docs/placement.md).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Container, Iterable
+from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 from mdq.contracts import pb
 from mdq.core import ids
+from mdq.core.clusters import NO_SELECTOR, Selector, cluster_of
 from mdq.core.fairshare import Held, dominant_share, fair_shares, no_guarantee, no_maximum
 from mdq.core.node_health import NodeCapacity, NodeHealth, NodeHealthPolicy
 from mdq.core.placement import (
@@ -159,6 +160,11 @@ class PlacementState:
         self._ended: OrderedDict[str, JobState] = OrderedDict()
         """job -> final state (SUCCEEDED or FAILED) of the ``ended_memory`` ended jobs that
         ``prune`` forgot (or the service looked up) last, oldest first."""
+        self._ended_cluster: dict[str, str] = {}
+        """job -> the cluster its last attempt ran on (its outputs are there), for the jobs of
+        ``_ended`` that ran on a named cluster (data locality of their dependents)."""
+        self._cluster_labels: dict[str, dict[str, str]] = {}
+        """cluster -> its labels as last reported (one dict shared by its nodes)."""
         self._unknown: set[str] = set()
         """Dependencies of waiting jobs that are neither live nor remembered, not yet handed to
         the service to look up (``take_unknown_dependencies``)."""
@@ -225,12 +231,30 @@ class PlacementState:
             cpu_load=load.cpu_load,
             memory_load=load.memory_load,
             reported_at=reported_at,
+            cluster=load.cluster,
+            cluster_labels=self._labels_of(load.cluster, load.cluster_labels),
         )
         horizon = reported_at - timedelta(seconds=self.load_settle_s)
         if recent := self._inflight.get(load.node):
             for job_id in [job for job, entry in recent.items() if entry[0] <= horizon]:
                 self._forget_inflight(load.node, job_id)
         return True
+
+    def _labels_of(self, cluster: str, labels: Mapping[str, str]) -> dict[str, str]:
+        """``labels`` of ``cluster``, as one dict its nodes share (a cluster's thousand nodes
+        report the same labels)."""
+        known = self._cluster_labels.get(cluster)
+        if known is None or known != labels:
+            known = self._cluster_labels[cluster] = dict(labels)
+        return known
+
+    def output_cluster(self, job_id: str) -> str:
+        """The cluster holding ``job_id``'s outputs: where its last attempt ran ("" when
+        not known, or in a single-cluster deployment)."""
+        view = self.book.jobs.get(job_id)
+        if view is not None:
+            return cluster_of(view.node)
+        return self._ended_cluster.get(job_id, "")
 
     def _index(self, view: JobView) -> None:
         filed = self._indexed_state.get(view.job_id)
@@ -422,11 +446,14 @@ class PlacementState:
     def is_missing(self, job_id: str) -> bool:
         return job_id in self._missing
 
-    def _remember_ended(self, job_id: str, final: JobState) -> None:
+    def _remember_ended(self, job_id: str, final: JobState, cluster: str = "") -> None:
         self._ended[job_id] = final
         self._ended.move_to_end(job_id)
+        if cluster:
+            self._ended_cluster[job_id] = cluster
         while len(self._ended) > self.ended_memory:
-            self._ended.popitem(last=False)
+            forgotten, _ = self._ended.popitem(last=False)
+            self._ended_cluster.pop(forgotten, None)
 
     def _dependency_done(self, state: JobState) -> bool:
         if state is JobState.SUCCEEDED:
@@ -446,6 +473,12 @@ class PlacementState:
                 submitted_at=view.submitted_at,
                 avoid_nodes=frozenset(view.avoid_nodes),
                 tenant=ids.tenant_of(view.job_id),
+                clusters=Selector.of(view.spec.clusters)
+                if view.spec.HasField("clusters")
+                else NO_SELECTOR,
+                data_clusters=tuple(self.output_cluster(dep) for dep in view.depends_on_ids)
+                if self._cluster_labels.keys() - {""}
+                else (),
             )
             self._queued[key] = job
         return job
@@ -649,7 +682,7 @@ class PlacementState:
             view = self.book.jobs.pop(job_id, None)
             if view is None:
                 continue
-            self._remember_ended(job_id, view.state)
+            self._remember_ended(job_id, view.state, cluster_of(view.node))
             self._by_state[view.state].discard(job_id)
             self._indexed_state.pop(job_id, None)
             self._last_bound_seq.pop(job_id, None)
@@ -690,7 +723,10 @@ class PlacementState:
             "version": SNAPSHOT_VERSION,
             "last_sequence": self.book.last_sequence,
             "jobs": [view.to_dict() for view in self.book.jobs.values()],
-            "ended": [[job, state.value] for job, state in self._ended.items()],  # oldest first
+            "ended": [  # oldest first; the cluster its outputs are on, where one is named
+                [job, state.value, *([where] if (where := self._ended_cluster.get(job)) else [])]
+                for job, state in self._ended.items()
+            ],
             "ended_since_prune": list(self._ended_since),
             "fences": sorted([job, seq] for job, seq in self._last_bound_seq.items()),
             "inflight": sorted(
@@ -735,8 +771,8 @@ class PlacementState:
             state.book.jobs[view.job_id] = view
             state._index(view)
         state._ended_since = list(data["ended_since_prune"])
-        for job, final in data["ended"]:
-            state._remember_ended(job, JobState(final))
+        for job, final, *where in data["ended"]:
+            state._remember_ended(job, JobState(final), where[0] if where else "")
         state._last_bound_seq = {job: int(seq) for job, seq in data["fences"]}
         for node, job, at, cpu, memory in data["inflight"]:
             state._inflight.setdefault(node, {})[job] = (
@@ -747,7 +783,7 @@ class PlacementState:
             totals = state._inflight_totals.setdefault(node, [0.0, 0.0])
             totals[0] += cpu
             totals[1] += memory
-        state.nodes = {raw["name"]: _node_from_dict(raw) for raw in data["nodes"]}
+        state.nodes = {raw["name"]: _node_from_dict(raw, state._labels_of) for raw in data["nodes"]}
         state._node_lost_at = {
             node: datetime.fromisoformat(at) for node, at in data["node_lost_at"]
         }
@@ -765,10 +801,15 @@ def _node_to_dict(node: NodeState) -> dict[str, Any]:
         "cpu_load": node.cpu_load,
         "memory_load": node.memory_load,
         "reported_at": node.reported_at.isoformat(),
+        "cluster": node.cluster,
+        "cluster_labels": dict(node.cluster_labels),
     }
 
 
-def _node_from_dict(data: dict[str, Any]) -> NodeState:
+def _node_from_dict(
+    data: dict[str, Any], labels_of: Callable[[str, Mapping[str, str]], dict[str, str]]
+) -> NodeState:
+    cluster = str(data.get("cluster", ""))  # a snapshot from before clusters: the unnamed one
     return NodeState(
         name=data["name"],
         cpu_capacity=float(data["cpu_capacity"]),
@@ -778,4 +819,6 @@ def _node_from_dict(data: dict[str, Any]) -> NodeState:
         cpu_load=float(data["cpu_load"]),
         memory_load=float(data["memory_load"]),
         reported_at=datetime.fromisoformat(data["reported_at"]),
+        cluster=cluster,
+        cluster_labels=labels_of(cluster, data.get("cluster_labels", {})),
     )

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from mdq.contracts import pb
+from mdq.core.clusters import selector_error
 from mdq.core.ids import job_id
 from mdq.core.text import first_nul
 
@@ -179,6 +180,8 @@ def normalize_job(
             raise SpecError(
                 f"{path}.labels[{key!r}]", f"keys and values are 1 to {MAX_LABEL_LENGTH} chars"
             )
+    if (problem := selector_error(job.clusters)) is not None:
+        raise SpecError(f"{path}.clusters.{problem[0]}", problem[1])
     if len(job.depends_on) > MAX_DEPENDENCIES:
         raise SpecError(f"{path}.depends_on", f"at most {MAX_DEPENDENCIES} dependencies")
     for index, ref in enumerate(job.depends_on):
