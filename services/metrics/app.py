@@ -50,6 +50,8 @@ def node_load_event(publisher: EventPublisher, sample: NodeSample, *, time_ms: i
         memory_capacity_mb=sample.memory_capacity_mb,
         ready=sample.ready,
         cordoned=sample.cordoned,
+        cluster=sample.cluster,
+        cluster_labels=sample.cluster_labels,
     )
     return publisher.event(
         "node_load", body, job_id="", attempt=0, detail=f"{sample.name}:{time_ms}"

@@ -34,6 +34,13 @@ class Exporter:
         self.node_ready = Gauge(
             "mdq_node_ready", "1 if the node is ready for work.", node, registry=self.registry
         )
+        self.node_cluster = Gauge(
+            "mdq_node_cluster_info",
+            '1 for each node of a named execution cluster (node is "<cluster>/<node>"): '
+            "join on node to group the node metrics by cluster.",
+            ("node", "cluster"),
+            registry=self.registry,
+        )
         self.node_cpu_capacity = Gauge(
             "mdq_node_cpu_capacity_cores", "Allocatable CPU cores.", node, registry=self.registry
         )
@@ -132,6 +139,8 @@ class Exporter:
             registry=self.registry,
         )
         self._nodes: set[str] = set()
+        self._clusters: dict[str, str] = {}
+        """node -> its cluster, for the nodes of named clusters shown now."""
         self._tenants: set[str] = set()
         self.set_job_counts({})
 
@@ -168,7 +177,12 @@ class Exporter:
             self.node_ready.labels(sample.name).set(1 if sample.ready else 0)
             self.node_cpu_capacity.labels(sample.name).set(sample.cpu_capacity)
             self.node_memory_capacity.labels(sample.name).set(sample.memory_capacity_mb)
+            if sample.cluster:
+                self.node_cluster.labels(sample.name, sample.cluster).set(1)
+                self._clusters[sample.name] = sample.cluster
         for gone in self._nodes - seen:
+            if (cluster := self._clusters.pop(gone, None)) is not None:
+                self.node_cluster.remove(gone, cluster)
             for gauge in (
                 self.node_cpu_load,
                 self.node_memory_load,

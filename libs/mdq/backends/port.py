@@ -8,7 +8,7 @@ updates, so nothing above this port knows which one runs.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -76,6 +76,11 @@ class NodeSample:
     cordoned: bool = False
     """Ready, but taking no new pods (Kubernetes: unschedulable, or a NoSchedule/NoExecute taint
     mdq does not tolerate); its running pods keep running."""
+    cluster: str = ""
+    """Its execution cluster, "" for the one unnamed cluster (``mdq.backends.clusters`` sets it
+    and qualifies ``name`` as "<cluster>/<node>")."""
+    cluster_labels: Mapping[str, str] = field(default_factory=dict)
+    """Its cluster's labels, which jobs' ``clusters`` selectors match."""
 
 
 class PodExists(Exception):

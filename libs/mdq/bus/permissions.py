@@ -141,6 +141,24 @@ class Names:
     watcher_consumers: tuple[str, str] = ("watcher-jobs", "watcher-progress")
     lease_bucket: str = ""
     """Placement's leader lease ("" = ``<namespace>_placement``)."""
+    local_clusters: tuple[str, ...] = ()
+    """Named local clusters (``mdq up --clusters``): each has pods and nodes buckets of its
+    own, granted as the unnamed cluster's are."""
+
+
+def _local_buckets(
+    subjects: Subjects, names: Names, *, pods: bool | None, nodes: bool | None
+) -> list[str]:
+    """The local backend's buckets of every local cluster: ``pods`` / ``nodes`` None (not at
+    all), False (read) or True (write)."""
+    out: list[str] = []
+    for cluster in ("", *names.local_clusters):
+        local = subjects.for_local_cluster(cluster)
+        if pods is not None:
+            out += _bucket(local.pods_bucket, write=pods)
+        if nodes is not None:
+            out += _bucket(local.nodes_bucket, write=nodes)
+    return out
 
 
 def service_permissions(identity: str, subjects: Subjects, names: Names = Names()) -> Permissions:
@@ -171,8 +189,7 @@ def service_permissions(identity: str, subjects: Subjects, names: Names = Names(
         publish += _bucket(subjects.waiting_bucket, write=True, own=True)
         publish += _bucket(lease_bucket, write=True, own=True)
         publish += _bucket(subjects.placement_snapshot_bucket, write=True, own=True)
-        publish += _bucket(subjects.pods_bucket, write=True)
-        publish += _bucket(subjects.nodes_bucket, write=False)
+        publish += _local_buckets(subjects, names, pods=True, nodes=False)
         publish += _bucket(subjects.tenants_bucket, write=False)
         subscribe.append(subjects.runner_creds(">"))  # renewals, on Kubernetes
         respond = True
@@ -180,20 +197,17 @@ def service_permissions(identity: str, subjects: Subjects, names: Names = Names(
         jobs_consumer, progress_consumer = names.watcher_consumers
         publish += [*_durable(jobs, jobs_consumer), *_durable(progress, progress_consumer)]
         publish += [*_read_stream(jobs), *_read_stream(progress)]
-        publish += _bucket(subjects.pods_bucket, write=True)
-        publish += _bucket(subjects.nodes_bucket, write=False)
+        publish += _local_buckets(subjects, names, pods=True, nodes=False)
     elif identity == "recovery":
         publish += [*_read_stream(jobs), *_read_stream(progress)]
         publish += _bucket(subjects.recovery_snapshot_bucket, write=True, own=True)
-        publish += _bucket(subjects.pods_bucket, write=True)
+        publish += _local_buckets(subjects, names, pods=True, nodes=None)
     elif identity == "metrics":
         publish += [*_read_stream(jobs), *_read_stream(progress), *_read_stream(nodes)]
-        publish += _bucket(subjects.nodes_bucket, write=False)
-        publish += _bucket(subjects.pods_bucket, write=False)
+        publish += _local_buckets(subjects, names, pods=False, nodes=False)
         publish += _bucket(subjects.waiting_bucket, write=False)  # the tenants' fair shares
     elif identity == "agent":
-        publish += _bucket(subjects.pods_bucket, write=True)
-        publish += _bucket(subjects.nodes_bucket, write=True)
+        publish += _local_buckets(subjects, names, pods=True, nodes=True)
         subscribe.append(subjects.runner_creds(">"))  # renewals of its pods' runners
         respond = True
     elif identity == "runners":

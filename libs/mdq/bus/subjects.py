@@ -17,10 +17,20 @@ class Subjects:
     """All subjects and stream names under ``namespace`` (default "mdq")."""
 
     namespace: str = "mdq"
+    local_cluster: str = ""
+    """The local backend's cluster these names are for ("" the one unnamed cluster): each
+    local cluster of a multi-cluster deployment has its own pods and nodes buckets
+    (``mdq.backends.clusters``); every other name is the namespace's."""
 
     def __post_init__(self) -> None:
         if not _TOKEN.match(self.namespace):
             raise ValueError(f"namespace must match {_TOKEN.pattern}: {self.namespace!r}")
+        if self.local_cluster and not _TOKEN.match(self.local_cluster):
+            raise ValueError(f"local cluster must match {_TOKEN.pattern}: {self.local_cluster!r}")
+
+    def for_local_cluster(self, cluster: str) -> Subjects:
+        """The names of ``cluster``'s local backend ("" the unnamed one) in this namespace."""
+        return Subjects(self.namespace, cluster)
 
     # -- subjects ------------------------------------------------------------------------
     @property
@@ -137,12 +147,20 @@ class Subjects:
     @property
     def pods_bucket(self) -> str:
         """KV bucket of the local backend's pods (its 'API server')."""
-        return f"{self.namespace}_local_pods"
+        return (
+            f"{self.namespace}_local_{self.local_cluster}_pods"
+            if self.local_cluster
+            else (f"{self.namespace}_local_pods")
+        )
 
     @property
     def nodes_bucket(self) -> str:
         """KV bucket of the local backend's nodes (capacity, heartbeat, live usage)."""
-        return f"{self.namespace}_local_nodes"
+        return (
+            f"{self.namespace}_local_{self.local_cluster}_nodes"
+            if self.local_cluster
+            else (f"{self.namespace}_local_nodes")
+        )
 
     @property
     def waiting_bucket(self) -> str:

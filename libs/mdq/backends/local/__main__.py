@@ -28,7 +28,7 @@ def build(
     """The agent for these settings."""
     return NodeAgent(
         js=js,
-        subjects=common.subjects,
+        subjects=common.subjects.for_local_cluster(settings.cluster),
         nodes=settings.node_configs(),
         data_dir=common.data_dir,
         heartbeat_s=settings.heartbeat_s,

@@ -22,6 +22,13 @@ class LocalAgentSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="MDQ_LOCAL_", extra="ignore")
 
+    cluster: str = Field(
+        default="",
+        pattern=r"^([a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?)?$",
+        description="The local cluster these nodes belong to (a multi-cluster deployment, "
+        "MDQ_CLUSTERS_FILE); empty: the one unnamed cluster. Its pods and nodes buckets are "
+        "its own.",
+    )
     nodes: int = Field(default=2, ge=1, le=256, description="How many nodes (without node_names).")
     node_prefix: str = Field(
         default="local", description='Nodes are named "<prefix>-1" ... "<prefix>-<nodes>".'

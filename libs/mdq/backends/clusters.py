@@ -1,0 +1,347 @@
+"""Several execution clusters behind the one backend port (issue 18).
+
+A deployment that runs jobs on more than one cluster lists them in a *clusters file*
+(``MDQ_CLUSTERS_FILE``, YAML or JSON; in Kubernetes a ConfigMap, each cluster's credentials a
+Secret mounted beside it)::
+
+    clusters:
+      - name: dept                 # a DNS label: nodes are named "dept/<node>"
+        labels: {site: campus}
+        kind: kubernetes
+        kubernetes:                # MDQ_K8S_* settings for this cluster (over the defaults)
+          kubeconfig: /etc/mdq/clusters/dept/kubeconfig
+          namespace: mdq
+      - name: burst
+        labels: {site: cloud, spot: "true"}
+        kind: kubernetes
+        kubernetes: {kubeconfig: /etc/mdq/clusters/burst/kubeconfig}
+
+``ClusterRouter`` is the ``ClusterBackend`` of such a deployment: it holds one backend per
+cluster and
+
+- creates a pod on the cluster its node names (``<cluster>/<node>``), under the node's own name
+  there;
+- deletes a pod on every cluster (a pod's name names its job and attempt, not its cluster;
+  deleting where it is not is a no-op), so a preemption or a cancel needs no map that a restart
+  would lose;
+- merges the clusters' pod watches, each update's node qualified, and restarts a cluster's
+  watch after an error with a backoff (a cluster that cannot be reached does not stop the
+  others);
+- samples every cluster's nodes concurrently, each with a deadline, qualifying their names and
+  adding the cluster's name and labels; a cluster that fails or is late reports no node this
+  round (its nodes' reports go stale and placement stops choosing them);
+- re-reads the file when it changes (``follow``): a cluster added is connected, one removed is
+  closed, relabelled ones report their new labels — no service restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from mdq.backends.port import ClusterBackend, NodeSample, PodSpec, PodUpdate
+from mdq.core.clusters import (
+    CLUSTER_NAME_PATTERN,
+    LABEL_PATTERN,
+    cluster_of,
+    local_name,
+    qualified,
+)
+
+log = logging.getLogger(__name__)
+
+SAMPLE_TIMEOUT_S = 5.0
+"""How long one cluster's node sample may take before its nodes are left out of the round."""
+WATCH_RETRY_S = (0.5, 10.0)
+"""First and longest wait before a failed pod watch of one cluster is opened again."""
+
+
+class UnknownCluster(LookupError):
+    """A pod names a node of a cluster the router does not hold (removed, or never added)."""
+
+
+class ClusterEntry(BaseModel):
+    """One execution cluster of the clusters file."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(description="DNS label of at most 32 characters; nodes are <name>/<node>.")
+    kind: Literal["kubernetes", "local"] = Field(description="Which backend runs its pods.")
+    labels: dict[str, str] = Field(
+        default_factory=dict, description="What jobs' clusters.require / prefer match."
+    )
+    kubernetes: dict[str, Any] = Field(
+        default_factory=dict,
+        description="MDQ_K8S_* settings of this cluster (field names in lower case), over the "
+        "process's own; kind kubernetes only.",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _dns_label(cls, name: str) -> str:
+        if not CLUSTER_NAME_PATTERN.fullmatch(name):
+            raise ValueError("must be a DNS label of 1 to 32 lower-case letters, digits or '-'")
+        return name
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, labels: dict[str, str]) -> dict[str, str]:
+        for key, value in labels.items():
+            if not LABEL_PATTERN.fullmatch(key) or not LABEL_PATTERN.fullmatch(value):
+                raise ValueError(f"label {key!r}: keys and values are 1 to 63 letters or digits")
+        return labels
+
+
+class ClustersFile(BaseModel):
+    """The clusters file's content."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    clusters: list[ClusterEntry]
+
+    @field_validator("clusters")
+    @classmethod
+    def _unique(cls, clusters: list[ClusterEntry]) -> list[ClusterEntry]:
+        names = [cluster.name for cluster in clusters]
+        if len(set(names)) != len(names):
+            raise ValueError("cluster names must be unique")
+        return clusters
+
+
+class BadClustersFile(ValueError):
+    """The clusters file cannot be read or does not validate (the message names the field)."""
+
+
+def parse_clusters(text: str) -> list[ClusterEntry]:
+    """The clusters of a clusters file's text (YAML, of which JSON is a subset)."""
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise BadClustersFile(f"not YAML: {error}") from None
+    try:
+        return ClustersFile.model_validate(document).clusters
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise BadClustersFile(f"{where}: {first['msg']}") from None
+
+
+def read_clusters(path: Path) -> list[ClusterEntry]:
+    try:
+        return parse_clusters(path.read_text())
+    except OSError as error:
+        raise BadClustersFile(f"{path}: {error.strerror}") from None
+
+
+Connect = Callable[[ClusterEntry], Awaitable[ClusterBackend]]
+"""Makes the backend of one cluster (the composition root knows how, per kind)."""
+
+
+@dataclass
+class _Member:
+    entry: ClusterEntry
+    backend: ClusterBackend
+    watch: asyncio.Task[None] | None = None
+
+
+@dataclass
+class ClusterRouter:
+    """``ClusterBackend`` over several clusters (the module docstring)."""
+
+    connect: Connect
+    sample_timeout_s: float = SAMPLE_TIMEOUT_S
+    _members: dict[str, _Member] = field(default_factory=dict)
+    _updates: asyncio.Queue[PodUpdate] | None = None
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _follower: asyncio.Task[None] | None = None
+    file_errors: int = 0
+    """Times the followed clusters file changed into one that did not read or validate."""
+
+    @property
+    def clusters(self) -> dict[str, ClusterEntry]:
+        """The clusters held now, by name."""
+        return {name: member.entry for name, member in self._members.items()}
+
+    async def sync(self, entries: list[ClusterEntry]) -> None:
+        """Hold exactly ``entries``: connect the new, close the removed, relabel the rest (a
+        cluster whose connection settings changed is reconnected). A cluster that fails to
+        connect is left out (and logged) until the next sync; the others are kept."""
+        async with self._lock:
+            wanted = {entry.name: entry for entry in entries}
+            for name in [name for name in self._members if name not in wanted]:
+                await self._drop(name)
+            for name, entry in wanted.items():
+                member = self._members.get(name)
+                if member is not None and (member.entry.kind, member.entry.kubernetes) == (
+                    entry.kind,
+                    entry.kubernetes,
+                ):
+                    member.entry = entry  # labels only: the backend stays
+                    continue
+                if member is not None:
+                    await self._drop(name)
+                try:
+                    backend = await self.connect(entry)
+                except Exception:
+                    log.exception("cluster %s: could not connect; left out until next time", name)
+                    continue
+                self._members[name] = _Member(entry, backend)
+                if self._updates is not None:
+                    self._start_watch(self._members[name])
+                log.info("cluster %s (%s) added, labels %s", name, entry.kind, entry.labels)
+
+    async def _drop(self, name: str) -> None:
+        member = self._members.pop(name)
+        if member.watch is not None:
+            member.watch.cancel()
+            await asyncio.gather(member.watch, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await member.backend.close()
+        log.info("cluster %s removed", name)
+
+    def _member(self, node: str) -> _Member:
+        cluster = cluster_of(node)
+        member = self._members.get(cluster)
+        if member is None:
+            raise UnknownCluster(f"no cluster {cluster!r} (node {node!r})")
+        return member
+
+    # -- the port ----------------------------------------------------------------------------
+    async def create_pod(self, pod: PodSpec) -> None:
+        member = self._member(pod.node)
+        await member.backend.create_pod(replace(pod, node=local_name(pod.node)))
+
+    async def delete_pod(self, name: str) -> None:
+        """Delete ``name`` wherever it is. Raises the first error only when no cluster could
+        be asked (a pod on a cluster that cannot be reached now is stopped when it is fenced)."""
+        members = list(self._members.values())
+        results = await asyncio.gather(
+            *(member.backend.delete_pod(name) for member in members), return_exceptions=True
+        )
+        errors = [
+            (member.entry.name, result)
+            for member, result in zip(members, results, strict=True)
+            if isinstance(result, BaseException)
+        ]
+        for cluster, error in errors:
+            log.warning("cluster %s: deleting pod %s failed: %s", cluster, name, error)
+        if errors and len(errors) == len(members):
+            raise errors[0][1]
+
+    async def watch_pods(self) -> AsyncIterator[PodUpdate]:
+        """Every cluster's pods (current state, then changes), nodes qualified; clusters added
+        later join the stream."""
+        if self._updates is not None:
+            raise RuntimeError("the router's pods are watched once")
+        self._updates = asyncio.Queue()
+        for member in self._members.values():
+            self._start_watch(member)
+        try:
+            while True:
+                yield await self._updates.get()
+        finally:
+            for member in self._members.values():
+                if member.watch is not None:
+                    member.watch.cancel()
+            self._updates = None
+
+    def _start_watch(self, member: _Member) -> None:
+        member.watch = asyncio.create_task(
+            self._pump(member), name=f"cluster-{member.entry.name}-pods"
+        )
+
+    async def _pump(self, member: _Member) -> None:
+        cluster = member.entry.name
+        delay = WATCH_RETRY_S[0]
+        while True:
+            try:
+                async for update in member.backend.watch_pods():
+                    delay = WATCH_RETRY_S[0]
+                    assert self._updates is not None
+                    self._updates.put_nowait(replace(update, node=qualified(cluster, update.node)))
+                log.warning("cluster %s: pod watch ended; opening it again", cluster)
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                log.warning(
+                    "cluster %s: pod watch failed (%s); again in %.1f s", cluster, error, delay
+                )
+            await asyncio.sleep(delay)
+            delay = min(WATCH_RETRY_S[1], delay * 2)
+
+    async def sample_nodes(self) -> list[NodeSample]:
+        members = list(self._members.values())
+        results = await asyncio.gather(
+            *(self._sample(member) for member in members), return_exceptions=True
+        )
+        samples: list[NodeSample] = []
+        for member, result in zip(members, results, strict=True):
+            if isinstance(result, BaseException):
+                log.warning("cluster %s: no node sample this round: %s", member.entry.name, result)
+                continue
+            samples.extend(result)
+        return samples
+
+    async def _sample(self, member: _Member) -> list[NodeSample]:
+        entry = member.entry
+        async with asyncio.timeout(self.sample_timeout_s):
+            found = await member.backend.sample_nodes()
+        labels: Mapping[str, str] = dict(entry.labels)
+        return [
+            replace(
+                sample,
+                name=qualified(entry.name, sample.name),
+                cluster=entry.name,
+                cluster_labels=labels,
+            )
+            for sample in found
+        ]
+
+    async def close(self) -> None:
+        if self._follower is not None:
+            self._follower.cancel()
+            await asyncio.gather(self._follower, return_exceptions=True)
+        async with self._lock:
+            for name in list(self._members):
+                await self._drop(name)
+
+    # -- following the file ------------------------------------------------------------------
+    def follow_in_background(self, path: Path, *, interval_s: float = 2.0) -> None:
+        """``follow`` ``path`` until ``close``."""
+        self._follower = asyncio.create_task(
+            self.follow(path, interval_s=interval_s), name="clusters-file"
+        )
+
+    async def follow(self, path: Path, *, interval_s: float = 2.0) -> None:
+        """Re-read ``path`` whenever its content changes, forever; a file that does not read
+        or validate keeps the clusters as they are (and is logged once per change)."""
+        last: str | None = None
+        while True:
+            try:
+                text = await asyncio.to_thread(path.read_text)
+            except OSError as error:
+                text = f"unreadable: {error}"
+            if text != last:
+                last = text
+                try:
+                    await self.sync(parse_clusters(text))
+                except BadClustersFile as error:
+                    self.file_errors += 1
+                    log.error("clusters file %s: %s; clusters unchanged", path, error)
+            await asyncio.sleep(interval_s)
+
+
+def clusters_json(entries: list[ClusterEntry]) -> str:
+    """A clusters file's text for ``entries`` (what ``mdq up --clusters`` writes)."""
+    return json.dumps(
+        {"clusters": [entry.model_dump(exclude_defaults=True) for entry in entries]}, indent=2
+    )
