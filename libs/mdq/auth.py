@@ -45,6 +45,7 @@ import nkeys
 from mdq.bus.permissions import (
     IDENTITIES,
     Bridge,
+    Names,
     Permissions,
     account_bridge,
     runner_permissions,
@@ -482,10 +483,17 @@ class Generated:
     """The files (re)written this time; the rest were kept."""
 
 
-def generate(folder: Path, namespace: str = "mdq", *, group_readable: bool = False) -> Generated:
+def generate(
+    folder: Path,
+    namespace: str = "mdq",
+    *,
+    group_readable: bool = False,
+    local_clusters: tuple[str, ...] = (),
+) -> Generated:
     """Make or complete one deployment's NATS material in ``folder`` (0700): the trust chain,
     ``nats-auth.conf`` (the server's block: public keys and signed JWTs), one ``.creds`` per
-    identity of ``IDENTITIES`` and ``runner-issuer.json`` (both 0600).
+    identity of ``IDENTITIES`` and ``runner-issuer.json`` (both 0600). ``local_clusters``: the
+    named local clusters whose buckets the services and agents may use (``mdq up --clusters``).
 
     Idempotent: an existing trust chain is kept (raises ``TrustMismatch`` if it is another
     namespace's); a file is rewritten only when missing or when what it says changed (the
@@ -518,7 +526,9 @@ def generate(folder: Path, namespace: str = "mdq", *, group_readable: bool = Fal
     creds: dict[str, Path] = {}
     for identity in IDENTITIES:
         path = folder / f"{identity}{CREDS_SUFFIX}"
-        fresh = trust.user_creds(service_permissions(identity, subjects))
+        fresh = trust.user_creds(
+            service_permissions(identity, subjects, Names(local_clusters=local_clusters))
+        )
         same = path.exists() and _permissions_of(
             path.read_text(encoding="utf-8")
         ) == _permissions_of(fresh)

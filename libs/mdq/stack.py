@@ -77,7 +77,11 @@ STACK_FILE = "stack.json"
 STATUS_FILE = "status.json"
 NATS_SERVER = "nats-server"
 POSTGRES = "postgres"
-CHILD_IDENTITY = {"local-backend": "agent"}
+LOCAL_AGENT = "local-backend"
+"""The node agent's child name (``local-backend-<cluster>`` for each named local cluster)."""
+LOCAL_CLUSTER_PREFIX = "lab"
+"""Named local clusters are ``lab1``, ``lab2``, ... (labelled ``site=lab1``, ...)."""
+CHILD_IDENTITY = {LOCAL_AGENT: "agent"}
 """The NATS identity of each child whose name is not its identity (services: their name)."""
 DATABASE_ENV = frozenset(
     {"DATABASE_URL", "MDQ_DATABASE_URL", "PGPASSWORD", "PGUSER", "PGPASSFILE", "PGSERVICE"}
@@ -351,6 +355,7 @@ class Stack:
         nats_url: str | None = None,
         database_url: str | None = None,
         local_nodes: int = 2,
+        clusters: int = 0,
         metrics_port: int | None = None,
         services: Sequence[str] = SERVICES,
         extra_env: dict[str, str] | None = None,
@@ -372,6 +377,11 @@ class Stack:
         with it, and it goes to no child and not into stack.json."""
         self._database: StackDatabase | None = None
         self.local_nodes = local_nodes
+        if clusters and backend != "local":
+            raise ValueError("--clusters runs local clusters: it needs the local backend")
+        self.local_clusters = tuple(f"{LOCAL_CLUSTER_PREFIX}{n}" for n in range(1, clusters + 1))
+        """Named local clusters of ``local_nodes`` nodes each, one node agent each (``mdq up
+        --clusters``); () for the one unnamed cluster."""
         self._metrics_port = metrics_port
         self._metrics_port_claim: IO[str] | None = None
         self._console_port = 0
@@ -411,6 +421,8 @@ class Stack:
             )
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self.local_clusters:
+            self._write_clusters_file()
         try:
             await self._start_servers()
             if self._servers.nats is not None:
@@ -521,7 +533,7 @@ class Stack:
         return servers + [
             ChildStatus(
                 name=child.name,
-                kind="agent" if child.name == "local-backend" else "service",
+                kind="agent" if child.name.startswith(LOCAL_AGENT) else "service",
                 pid=child.pid,
                 running=child.running,
                 restarts=child.restarts,
@@ -560,7 +572,11 @@ class Stack:
         start (0600 files in a 0700 folder under ``<state>/secrets/nats``) and kept after: the
         same generator as compose's and the manifests' (``mdq.auth.generate``)."""
         try:
-            generated = generate(nats_secrets_dir(self.state_dir), self.namespace)
+            generated = generate(
+                nats_secrets_dir(self.state_dir),
+                self.namespace,
+                local_clusters=self.local_clusters,
+            )
         except TrustMismatch as error:
             raise StackError(f"{error} (or use another --state-dir)") from error
         self._creds.update(generated.creds)
@@ -576,6 +592,7 @@ class Stack:
             namespace=self.namespace,
             replicas=CommonSettings().stream_replicas,
             local_backend=self.backend == "local",
+            local_clusters=self.local_clusters,
             creds=self._creds.get("admin"),
         )
 
@@ -685,8 +702,31 @@ class Stack:
             (name, (python, "-m", f"services.{name}")) for name in self._services
         ]
         if self.backend == "local":
-            programs.append(("local-backend", (python, "-m", "mdq.backends.local")))
+            agent = (python, "-m", "mdq.backends.local")
+            if not self.local_clusters:
+                programs.append((LOCAL_AGENT, agent))
+            for cluster in self.local_clusters:
+                programs.append((f"{LOCAL_AGENT}-{cluster}", agent))
         return programs
+
+    @property
+    def backend_kind(self) -> str:
+        """What the services are told to use: the backend, or "clusters" (``ClusterRouter``)
+        when the stack runs named local clusters."""
+        return "clusters" if self.local_clusters else self.backend
+
+    @property
+    def clusters_file(self) -> Path:
+        return self.state_dir / "clusters.json"
+
+    def _write_clusters_file(self) -> None:
+        from mdq.backends.clusters import ClusterEntry, clusters_json
+
+        entries = [
+            ClusterEntry(name=cluster, kind="local", labels={"site": cluster})
+            for cluster in self.local_clusters
+        ]
+        self.clusters_file.write_text(clusters_json(entries) + "\n", encoding="utf-8")
 
     def _child_env(self, metrics_port: int) -> dict[str, str]:
         env = {key: value for key, value in os.environ.items() if key not in DATABASE_ENV}
@@ -698,10 +738,10 @@ class Stack:
                 "MDQ_NAMESPACE": self.namespace,
                 "MDQ_DATA_DIR": str(self.data_dir),
                 "MDQ_STATE_DIR": str(self.state_dir),
-                "MDQ_BACKEND": self.backend,
-                "MDQ_PLACEMENT_BACKEND": self.backend,
-                "MDQ_WATCHER_BACKEND": self.backend,
-                "MDQ_METRICS_BACKEND": self.backend,
+                "MDQ_BACKEND": self.backend_kind,
+                "MDQ_PLACEMENT_BACKEND": self.backend_kind,
+                "MDQ_WATCHER_BACKEND": self.backend_kind,
+                "MDQ_METRICS_BACKEND": self.backend_kind,
                 "MDQ_METRICS_PORT": str(metrics_port),
                 "MDQ_METRICS_HTTP_HOST": "127.0.0.1",  # on one machine, nobody else scrapes it
                 "MDQ_LOCAL_NODES": str(self.local_nodes),
@@ -710,6 +750,8 @@ class Stack:
                 "PYTHONUNBUFFERED": "1",
             }
         )
+        if self.local_clusters:
+            env["MDQ_CLUSTERS_FILE"] = str(self.clusters_file)
         env.update(self._extra_env)
         return env
 
@@ -718,6 +760,8 @@ class Stack:
         for the watcher (the writer's URL) and the console (the read-only role's) alone
         (``DATABASE_ENV`` is taken out of everyone else's)."""
         env = {**self._env, **self._identity_env(name)}
+        if name.startswith(f"{LOCAL_AGENT}-"):
+            env["MDQ_LOCAL_CLUSTER"] = name.removeprefix(f"{LOCAL_AGENT}-")
         if name == "watcher" and self._database is not None:
             env["DATABASE_URL"] = self._database.urls.writer
         if name == "console" and self._database is not None:
@@ -728,7 +772,7 @@ class Stack:
         """The NATS credentials of one child (none when the server needs none); whoever
         starts the runners also gets the runner issuer, to mint each runner's own
         credentials: the node agent, or placement on the Kubernetes backend."""
-        identity = CHILD_IDENTITY.get(child, child)
+        identity = "agent" if child.startswith(LOCAL_AGENT) else CHILD_IDENTITY.get(child, child)
         if identity not in self._creds:
             return {}
         env = {CREDS_ENV: str(self._creds[identity])}

@@ -44,9 +44,11 @@ async def prepare_bus(
     local_backend: bool = False,
     creds: Path | str | None = None,
     storage: StorageSettings | None = None,
+    local_clusters: tuple[str, ...] = (),
 ) -> None:
     """Create or update the streams of ``namespace`` and its tenants bucket (and, with
-    ``local_backend``, the local backend's KV buckets), connected with ``creds`` (default:
+    ``local_backend``, the local backend's KV buckets, of each of ``local_clusters`` too),
+    connected with ``creds`` (default:
     ``MDQ_NATS_CREDS``), which must be the admin's on an mdq server; every stream and
     bucket with the limits of ``storage`` (default: ``MDQ_STORAGE_*``)."""
     storage = storage or StorageSettings()
@@ -60,6 +62,8 @@ async def prepare_bus(
         await ensure_tenants_bucket(js, subjects, replicas=replicas)
         if local_backend:
             await ensure_buckets(js, subjects, replicas=replicas)
+        for cluster in local_clusters:
+            await ensure_buckets(js, subjects.for_local_cluster(cluster), replicas=replicas)
         await ensure_bucket_limits(js, subjects, storage)
     finally:
         await client.close()

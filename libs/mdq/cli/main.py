@@ -222,7 +222,18 @@ def up(
     backend: Annotated[
         str, typer.Option(help=f"Execution backend: {', '.join(BACKENDS)}.")
     ] = "local",
-    nodes: Annotated[int, typer.Option(help="Virtual nodes of the local backend.")] = 2,
+    nodes: Annotated[
+        int, typer.Option(help="Virtual nodes of the local backend (of each local cluster).")
+    ] = 2,
+    clusters: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=8,
+            help="Run this many local execution clusters (lab1, lab2, ..., labelled site=lab1, "
+            "...), each with its own node agent; 0: one unnamed cluster.",
+        ),
+    ] = 0,
     kubeconfig: Annotated[
         str,
         typer.Option(
@@ -245,6 +256,7 @@ def up(
         nats_url=options.nats_url,
         database_url=options.database_url,
         local_nodes=nodes,
+        clusters=clusters,
         extra_env={"MDQ_K8S_KUBECONFIG": str(Path(kubeconfig).resolve())} if kubeconfig else None,
     )
 
