@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run up test test-fast test-images images lock lint proto asyncapi bench-placement bench-recovery bench-runner bench-ingest bench-scale bench-history bench-console bench-fairshare bench-requests chaos clean install compose-secrets deploy-dev-secrets
+.PHONY: run up test test-fast test-images images lock lint proto asyncapi bench-placement bench-recovery bench-runner bench-ingest bench-scale bench-history bench-console bench-fairshare bench-multicluster bench-requests chaos clean install compose-secrets deploy-dev-secrets
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "mdq needs Python 3.11 or newer")'
@@ -114,6 +114,10 @@ bench-requests: $(STAMP)
 ## bench-console: the web console at a year's size (1,000,000 jobs): p99 of the jobs list, a job page, a campaign page; bus -> chart latency in headless Chromium
 bench-console: $(STAMP)
 	$(BIN)/python bench/console.py $(BENCH_ARGS)
+
+## bench-multicluster: placement throughput over 3 clusters of 1,000 nodes against 1 of 3,000 (the real intake and placement, side by side)
+bench-multicluster: $(STAMP)
+	$(BIN)/python bench/multicluster.py $(BENCH_ARGS)
 
 ## bench-fairshare: three tenants (weights 1:1:2) flood the local backend, a fourth arrives: share error, utilisation, time to fair share, steps lost per preemption, Jain's index (from the process table)
 bench-fairshare: $(STAMP)

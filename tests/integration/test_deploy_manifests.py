@@ -66,6 +66,7 @@ from mdq.auth import (
     decode_claims,
     generate,
 )
+from mdq.backends.clusters import parse_clusters
 from mdq.backends.kubernetes.settings import KubernetesSettings
 from mdq.bus.connect import auth_options, connect, identity_of_creds
 from mdq.bus.setup import prepare_bus
@@ -94,8 +95,14 @@ SERVICES = ("intake", "placement", "watcher", "recovery", "metrics", "console")
 DATABASE_ROLE = {"watcher": "writer", "console": "reader"}
 """The services that get a database credential, and whose: the watcher is the single writer;
 the console reads the history as the read-only role. No other service gets one."""
-OVERLAYS = {"overlays/dev": "mdq-dev", "overlays/production": "mdq"}
+OVERLAYS = {
+    "overlays/dev": "mdq-dev",
+    "overlays/production": "mdq",
+    "overlays/two-clusters": "mdq",
+}
 """Each overlay and the namespace it deploys into."""
+REMOTE_CLUSTER = "remote-cluster"
+"""What a second execution cluster gets (``kubectl apply -k deploy/remote-cluster`` there)."""
 SCHEMA_VERSIONS = ("1.31.0", kubernetes_validate.utils.latest_version())
 CUSTOM_KINDS = {"ScaledObject"}
 """Kinds whose schema is not Kubernetes' own (checked by their own test)."""
@@ -222,10 +229,10 @@ def deployment(objects: tuple[Manifest, ...], service: str) -> Manifest:
 # -- schemas ----------------------------------------------------------------------------------
 def test_every_kustomization_is_tested() -> None:
     """A new overlay cannot slip past these tests."""
-    assert set(kustomization_dirs()) == {"base", "grafana", *OVERLAYS}
+    assert set(kustomization_dirs()) == {"base", "grafana", REMOTE_CLUSTER, *OVERLAYS}
 
 
-@pytest.mark.parametrize("target", ["base", "grafana", *OVERLAYS])
+@pytest.mark.parametrize("target", ["base", "grafana", REMOTE_CLUSTER, *OVERLAYS])
 @pytest.mark.parametrize("version", SCHEMA_VERSIONS)
 def test_every_object_validates_against_the_kubernetes_schemas(target: str, version: str) -> None:
     objects = build(target)
@@ -255,6 +262,48 @@ def test_the_validator_refuses_a_broken_manifest() -> None:
     broken["spec"]["replicas"] = "two"
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(broken, SCHEMA_VERSIONS[0], strict=True)
+
+
+# -- several clusters --------------------------------------------------------------------------
+API_USERS = ("mdq-placement", "mdq-watcher", "mdq-metrics")
+
+
+def test_a_remote_cluster_grants_each_home_service_its_home_verbs_and_nothing_more() -> None:
+    objects = build(REMOTE_CLUSTER)
+    grants = granted(objects, "mdq")
+    assert grants == {**{name: EXPECTED_RBAC[name] for name in API_USERS}, "mdq-runner": set()}
+    tokens = {
+        secret["metadata"]["annotations"]["kubernetes.io/service-account.name"]
+        for secret in of_kind(objects, "Secret").values()
+        if secret["type"] == "kubernetes.io/service-account-token"
+    }
+    assert tokens == set(API_USERS)  # one kubeconfig per home service
+    [namespace] = of_kind(objects, "Namespace").values()
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    assert "mdq-data" in of_kind(objects, "PersistentVolumeClaim")
+
+
+def test_two_clusters_run_the_api_users_over_the_clusters_file_with_their_own_kubeconfigs() -> None:
+    objects = build("overlays/two-clusters")
+    clusters = of_kind(objects, "ConfigMap")["mdq-clusters"]  # no hash: updated in place
+    entries = parse_clusters(clusters["data"]["clusters.yaml"])
+    assert [entry.name for entry in entries] == ["home", "remote"]
+    for service in ("placement", "watcher", "metrics"):
+        spec = deployment(objects, service)["spec"]["template"]["spec"]
+        [container] = spec["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env[f"MDQ_{service.upper()}_BACKEND"] == "clusters"
+        mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        assert Path(env["MDQ_CLUSTERS_FILE"]).parent == Path(mounts["clusters"])
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        # each service reaches the remote cluster as its own identity there
+        assert volumes["cluster-remote"]["secret"]["secretName"] == (
+            f"mdq-cluster-remote-{service}"
+        )
+        remote = next(entry for entry in entries if entry.name == "remote")
+        assert Path(remote.kubernetes["kubeconfig"]).parent == Path(mounts["cluster-remote"])
+    untouched = deployment(objects, "intake")["spec"]["template"]["spec"]["containers"][0]
+    assert "MDQ_CLUSTERS_FILE" not in {e["name"] for e in untouched.get("env", [])}
 
 
 # -- RBAC ------------------------------------------------------------------------------------

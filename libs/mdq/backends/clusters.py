@@ -15,6 +15,7 @@ Secret mounted beside it)::
         labels: {site: cloud, spot: "true"}
         kind: kubernetes
         kubernetes: {kubeconfig: /etc/mdq/clusters/burst/kubeconfig}
+        runner_nats_url: tls://nats.example.org:4222   # how its runners reach the bus
 
 ``ClusterRouter`` is the ``ClusterBackend`` of such a deployment: it holds one backend per
 cluster and
@@ -84,6 +85,12 @@ class ClusterEntry(BaseModel):
         description="MDQ_K8S_* settings of this cluster (field names in lower case), over the "
         "process's own; kind kubernetes only.",
     )
+    runner_nats_url: str = Field(
+        default="",
+        description="The NATS URL this cluster's runner pods reach (another cluster's pods "
+        "reach the bus from outside: a LoadBalancer or public address); empty: the one "
+        "placement gives every cluster (MDQ_PLACEMENT_RUNNER_NATS_URL). Kind kubernetes only.",
+    )
 
     @field_validator("name")
     @classmethod
@@ -142,6 +149,11 @@ def read_clusters(path: Path) -> list[ClusterEntry]:
         raise BadClustersFile(f"{path}: {error.strerror}") from None
 
 
+def _connection(entry: ClusterEntry) -> tuple[object, ...]:
+    """What the backend of ``entry`` is made from (a change reconnects; labels do not)."""
+    return (entry.kind, entry.kubernetes, entry.runner_nats_url)
+
+
 Connect = Callable[[ClusterEntry], Awaitable[ClusterBackend]]
 """Makes the backend of one cluster (the composition root knows how, per kind)."""
 
@@ -181,10 +193,7 @@ class ClusterRouter:
                 await self._drop(name)
             for name, entry in wanted.items():
                 member = self._members.get(name)
-                if member is not None and (member.entry.kind, member.entry.kubernetes) == (
-                    entry.kind,
-                    entry.kubernetes,
-                ):
+                if member is not None and _connection(member.entry) == _connection(entry):
                     member.entry = entry  # labels only: the backend stays
                     continue
                 if member is not None:

@@ -109,7 +109,7 @@ async def _cluster_router(
         return await KubernetesBackend.connect(
             settings=KubernetesSettings(**entry.kubernetes),
             mdq_namespace=subjects.namespace,
-            runner_nats_url=runner_nats_url,
+            runner_nats_url=entry.runner_nats_url or runner_nats_url,
             data_dir=DEFAULT_DATA_DIR if data_dir is None else data_dir,
             runner_issuer=(
                 RunnerIssuer.load(runner_issuer, expires_s=runner_creds_ttl_s)
