@@ -63,6 +63,7 @@ BUCKETS = (
     SUBJECTS.tenants_bucket,
     SUBJECTS.placement_snapshot_bucket,
     SUBJECTS.recovery_snapshot_bucket,
+    SUBJECTS.clusters_lost_bucket,
     LEASE_BUCKET,
 )
 STREAMS = (
@@ -80,6 +81,7 @@ KV_WRITERS = {
     SUBJECTS.tenants_bucket: set(),  # the admin's alone
     SUBJECTS.placement_snapshot_bucket: {"placement"},
     SUBJECTS.recovery_snapshot_bucket: {"recovery"},
+    SUBJECTS.clusters_lost_bucket: {"watcher"},
     LEASE_BUCKET: {"placement"},
 }
 """Who may write each bucket (everyone else is refused)."""

@@ -14,12 +14,23 @@ from pathlib import Path
 import pytest
 from nats.aio.client import Client
 
-from mdq.backends.clusters import BadClustersFile, ClusterRouter, UnknownCluster, parse_clusters
+from mdq.backends.clusters import (
+    BadClustersFile,
+    ClusterEntry,
+    ClusterLost,
+    ClusterRouter,
+    KvLostClusters,
+    UnknownCluster,
+    parse_clusters,
+)
 from mdq.backends.factory import CLUSTERS_RELOAD_ENV, make_backend
+from mdq.backends.kubernetes.backend import KubernetesBackend
+from mdq.backends.kubernetes.settings import KubernetesSettings
 from mdq.backends.local.agent import NodeAgent, NodeConfig
-from mdq.backends.port import PodSpec, PodUpdate
+from mdq.backends.port import ClusterBackend, PodSpec, PodUpdate
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
+from mdq.core.recovery import classify
 from mdq.testing.cluster import SimulatedCluster
 from mdq.testing.scripted_runner import scripted_spec
 from tests.helpers import wait_for
@@ -250,3 +261,94 @@ def test_a_bad_clusters_file_is_refused_naming_the_field(
 ) -> None:
     with pytest.raises(BadClustersFile, match=message.replace(".", r"\.")):
         parse_clusters(text)
+
+
+async def test_a_cluster_that_stops_answering_is_lost_then_fenced_when_it_is_back(
+    nc: Client, subjects: Subjects, tmp_path: Path
+) -> None:
+    """East's API goes away (its kubelets and their pods go on, as in a network partition):
+    after ``lost_after_s`` its running pod is reported FAILED NodeLost and the loss recorded
+    for every process; no pod is created there and another process's router (metrics') shows
+    its nodes not ready until the watcher's router has deleted the stale pod when east answers
+    again."""
+    east = SimulatedCluster(work_dir=tmp_path / "east", namespace="mdq", heartbeat_s=0.3)
+    west = SimulatedCluster(work_dir=tmp_path / "west", namespace="mdq", heartbeat_s=0.3)
+    async with east, west:
+        entries = [
+            ClusterEntry.model_validate(kubernetes_entry("east", east, {"site": "campus"})),
+            ClusterEntry.model_validate(kubernetes_entry("west", west, {"site": "centre"})),
+        ]
+
+        async def connect(entry: ClusterEntry) -> ClusterBackend:
+            settings = KubernetesSettings(**entry.kubernetes)
+            return await KubernetesBackend.connect(
+                settings=settings, mdq_namespace=subjects.namespace, runner_nats_url="nats://x:1"
+            )
+
+        js = nc.jetstream()
+        watcher_side = ClusterRouter(
+            connect=connect,
+            lost=KvLostClusters(js, subjects).start(),
+            # well above a loaded machine's slowest answer, so west is never lost by mistake
+            lost_after_s=4.0,
+            probe_interval_s=0.3,
+            sample_timeout_s=2.0,
+        )
+        metrics_side = ClusterRouter(connect=connect, lost=KvLostClusters(js, subjects).start())
+        await watcher_side.sync(entries)
+        await metrics_side.sync(entries)
+        try:
+            async with collecting(watcher_side) as seen:
+                await watcher_side.create_pod(
+                    pod("e2", "east/node-1", "import time; time.sleep(120)")
+                )
+
+                def of(name: str) -> list[PodUpdate]:
+                    return [u for u in seen if u.pod_name == name]
+
+                async def running_on_east() -> bool:
+                    return any(u.phase == pb.POD_RUNNING for u in of("mdq-e2-1"))
+
+                await wait_for(running_on_east, what="the pod running on east", timeout=30)
+                port = int(east.api.url.rsplit(":", 1)[1])
+                await east.api.stop()  # a partition: the kubelets and the pod go on
+
+                async def reported_lost() -> bool:
+                    return any(u.phase == pb.POD_FAILED for u in of("mdq-e2-1"))
+
+                await wait_for(reported_lost, what="east's pod reported lost", timeout=30)
+                [lost] = [u for u in of("mdq-e2-1") if u.phase == pb.POD_FAILED]
+                assert lost.reason == "NodeLost" and "cluster east lost" in lost.message
+                assert lost.node == "east/node-1"
+                assert classify(pod_reason=lost.reason, exit_code=0) == pb.FAILURE_NODE_LOST
+
+                async def recorded() -> bool:
+                    return "east" in metrics_side.lost_now()
+
+                await wait_for(recorded, what="the loss recorded for the other processes")
+                with pytest.raises(ClusterLost):
+                    await metrics_side.create_pod(pod("e3", "east/node-2", "print('no')"))
+
+                await east.api.start(port=port)  # back, pods and all
+                # until it is fenced, the other router keeps its nodes out
+                east_nodes = [s for s in await metrics_side.sample_nodes() if s.cluster == "east"]
+                if metrics_side.lost_now():
+                    assert east_nodes and not any(s.ready for s in east_nodes)
+
+                async def fenced() -> bool:
+                    stored = east.api.pod("mdq-e2-1", "mdq")
+                    gone = stored is None or bool(stored["metadata"].get("deletionTimestamp"))
+                    return gone and not metrics_side.lost_now() and not watcher_side.lost_now()
+
+                await wait_for(fenced, what="east fenced: its stale pod deleted", timeout=30)
+
+                async def east_ready() -> bool:
+                    samples = await metrics_side.sample_nodes()
+                    return any(s.cluster == "east" and s.ready for s in samples)
+
+                await wait_for(east_ready, what="east's nodes ready again", timeout=30)
+                # the stale pod's later updates (deleted) are not passed on as news
+                assert [u.phase for u in of("mdq-e2-1")].count(pb.POD_FAILED) == 1
+        finally:
+            await watcher_side.close()
+            await metrics_side.close()

@@ -10,6 +10,7 @@ import pytest
 
 from mdq.contracts import pb
 from mdq.core.clusters import (
+    Reachability,
     Selector,
     cluster_of,
     local_name,
@@ -328,3 +329,46 @@ def test_preemption_only_on_admitted_clusters() -> None:
     urgent = job("urgent", cpu=4, priority=1000, clusters=selector(require={"site": "centre"}))
     [preemption] = plan_preemptions(nodes, [urgent], running, NOW, CONFIG)
     assert preemption.node == "hpc/n1" and preemption.victims == ("low-hpc",)
+
+
+REACHABILITY_CASES = [
+    # (name, [(verb, at seconds)], lost after the last step, [steps returning True])
+    ("answering all along", [("answered", 0), ("answered", 50), ("answered", 100)], False, []),
+    ("silent less than the limit", [("answered", 0), ("silent", 59)], False, []),
+    (
+        "silent for the limit: lost, once",
+        [("answered", 0), ("silent", 60), ("silent", 90)],
+        True,
+        [1],
+    ),
+    (
+        "silent from the start counts from the first silence",
+        [("silent", 10), ("silent", 69)],
+        False,
+        [],
+    ),
+    (
+        "back after a loss: fence it",
+        [("answered", 0), ("silent", 61), ("answered", 70)],
+        True,
+        [1, 2],
+    ),
+    (
+        "an answer in between resets the clock",
+        [("answered", 0), ("silent", 40), ("answered", 50), ("silent", 100)],
+        False,
+        [],
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "steps", "lost", "signals"), REACHABILITY_CASES)
+def test_a_cluster_is_lost_after_its_silence_and_fenced_when_it_answers(
+    name: str, steps: list[tuple[str, float]], lost: bool, signals: list[int]
+) -> None:
+    reach = Reachability(lost_after_s=60)
+    said = [i for i, (verb, now) in enumerate(steps) if getattr(reach, verb)("c", now)]
+    assert said == signals
+    assert ("c" in reach.lost) is lost
+    reach.fenced("c")
+    assert "c" not in reach.lost

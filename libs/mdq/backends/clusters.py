@@ -32,7 +32,17 @@ cluster and
   adding the cluster's name and labels; a cluster that fails or is late reports no node this
   round (its nodes' reports go stale and placement stops choosing them);
 - re-reads the file when it changes (``follow``): a cluster added is connected, one removed is
-  closed, relabelled ones report their new labels — no service restarts.
+  closed, relabelled ones report their new labels — no service restarts;
+- survives the loss of a whole cluster (issue 18, item 4). While its pods are watched (the
+  watcher's process), the router asks every cluster for its nodes every ``probe_interval_s``;
+  one that has not answered for ``lost_after_s`` (``MDQ_CLUSTERS_LOST_AFTER_S``, 60 s) is
+  *lost*: it is recorded in the KV bucket ``NS_clusters_lost`` with the pods it had running,
+  and each of them is reported FAILED "NodeLost" ("cluster … lost"), so recovery requeues its
+  job on the other clusters from its latest checkpoint (not counted as a retry). When the
+  cluster answers again it is *fenced*: those pods are deleted there, and only then is its
+  record removed. Every router (placement's, metrics') follows the bucket: while a cluster is
+  recorded lost its nodes are reported not ready and no pod is created there, so nothing new
+  runs on it before its stale pods are gone. Updates of a fenced pod are not passed on.
 """
 
 from __future__ import annotations
@@ -41,18 +51,28 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import yaml
+from nats.js import JetStreamContext
+from nats.js.api import KeyValueConfig
+from nats.js.errors import BucketNotFoundError
+from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from mdq.backends.port import ClusterBackend, NodeSample, PodSpec, PodUpdate
+from mdq.bus.kv import watch_through
+from mdq.bus.streams import open_bucket
+from mdq.bus.subjects import Subjects
+from mdq.contracts import pb
 from mdq.core.clusters import (
     CLUSTER_NAME_PATTERN,
     LABEL_PATTERN,
+    Reachability,
     cluster_of,
     local_name,
     qualified,
@@ -66,8 +86,38 @@ WATCH_RETRY_S = (0.5, 10.0)
 """First and longest wait before a failed pod watch of one cluster is opened again."""
 
 
+LOST_AFTER_S = 60.0
+"""How long a cluster may not answer before it is lost (its jobs move to other clusters)."""
+LIVE_PHASES = (pb.POD_PENDING, pb.POD_RUNNING)
+
+
 class UnknownCluster(LookupError):
     """A pod names a node of a cluster the router does not hold (removed, or never added)."""
+
+
+class ClusterLost(RuntimeError):
+    """A pod names a node of a cluster that is lost and not fenced yet: nothing runs there."""
+
+
+class LostClusters(Protocol):
+    """Where the lost and not yet fenced clusters are recorded, for every process's router
+    (``KvLostClusters``; tests may keep it in memory)."""
+
+    def names(self) -> set[str]:
+        """The clusters recorded lost now."""
+        ...
+
+    def pods(self, cluster: str) -> list[str]:
+        """The pods recorded lost with ``cluster`` (deleted when it is fenced)."""
+        ...
+
+    async def mark(self, cluster: str, pods: list[str]) -> None:
+        """Record ``cluster`` lost, with the pods it had running."""
+        ...
+
+    async def clear(self, cluster: str) -> None:
+        """``cluster`` is fenced."""
+        ...
 
 
 class ClusterEntry(BaseModel):
@@ -154,6 +204,76 @@ def _connection(entry: ClusterEntry) -> tuple[object, ...]:
     return (entry.kind, entry.kubernetes, entry.runner_nats_url)
 
 
+class KvLostClusters:
+    """``LostClusters`` in the KV bucket ``NS_clusters_lost`` (key: the cluster; value: JSON
+    ``{"since": unix time, "pods": [...]}``), followed by a watch. Only the watcher may write
+    it (``mdq.bus.permissions``); its first ``mark`` makes the bucket, and a reader whose
+    bucket does not exist yet looks again every few seconds (nothing is lost until then)."""
+
+    RETRY_S = 5.0
+
+    def __init__(self, js: JetStreamContext, subjects: Subjects) -> None:
+        self._js = js
+        self._bucket_name = subjects.clusters_lost_bucket
+        self._records: dict[str, list[str]] = {}
+        self._kv: KeyValue | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> KvLostClusters:
+        self._task = asyncio.create_task(self._follow(), name="clusters-lost")
+        return self
+
+    def names(self) -> set[str]:
+        return set(self._records)
+
+    def pods(self, cluster: str) -> list[str]:
+        return list(self._records.get(cluster, ()))
+
+    async def _bucket(self) -> KeyValue:
+        if self._kv is None:
+            self._kv = await open_bucket(
+                self._js, KeyValueConfig(bucket=self._bucket_name, history=1)
+            )
+        return self._kv
+
+    async def mark(self, cluster: str, pods: list[str]) -> None:
+        record = {"since": time.time(), "pods": pods}
+        await (await self._bucket()).put(cluster, json.dumps(record).encode())
+        self._records[cluster] = list(pods)
+
+    async def clear(self, cluster: str) -> None:
+        await (await self._bucket()).delete(cluster)
+        self._records.pop(cluster, None)
+
+    async def _follow(self) -> None:
+        while True:
+            try:
+                kv = self._kv or await self._js.key_value(self._bucket_name)
+                watcher = await kv.watchall()
+                async for entry in watch_through(watcher):
+                    if entry is None:
+                        continue
+                    if entry.operation in (KV_DEL, KV_PURGE) or not entry.value:
+                        self._records.pop(entry.key, None)
+                        continue
+                    try:
+                        self._records[entry.key] = list(json.loads(entry.value)["pods"])
+                    except (ValueError, KeyError, TypeError):
+                        log.warning("ignoring a malformed lost-cluster record %r", entry.key)
+            except asyncio.CancelledError:
+                raise
+            except BucketNotFoundError:
+                pass  # no cluster was ever lost
+            except Exception as error:
+                log.warning("following %s failed (%s); again soon", self._bucket_name, error)
+            await asyncio.sleep(self.RETRY_S)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+
 Connect = Callable[[ClusterEntry], Awaitable[ClusterBackend]]
 """Makes the backend of one cluster (the composition root knows how, per kind)."""
 
@@ -170,11 +290,23 @@ class ClusterRouter:
     """``ClusterBackend`` over several clusters (the module docstring)."""
 
     connect: Connect
+    lost: LostClusters | None = None
+    """The shared record of lost clusters; None: losses are not detected nor heeded."""
+    lost_after_s: float = LOST_AFTER_S
+    probe_interval_s: float = 2.0
     sample_timeout_s: float = SAMPLE_TIMEOUT_S
     _members: dict[str, _Member] = field(default_factory=dict)
     _updates: asyncio.Queue[PodUpdate] | None = None
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _follower: asyncio.Task[None] | None = None
+    _live: dict[str, dict[str, PodUpdate]] = field(default_factory=dict)
+    """cluster -> pod -> its last update, for its pods pending or running (watched only)."""
+    _fenced_pods: dict[str, set[str]] = field(default_factory=dict)
+    """cluster -> the pods reported lost with it (deleted when it answers again)."""
+    _stale: set[str] = field(default_factory=set)
+    """Pods reported lost whose end their cluster has not reported yet: their updates are not
+    news (their attempt ended NodeLost), so they are not passed on."""
+    _reach: Reachability | None = None
     file_errors: int = 0
     """Times the followed clusters file changed into one that did not read or validate."""
 
@@ -210,6 +342,9 @@ class ClusterRouter:
 
     async def _drop(self, name: str) -> None:
         member = self._members.pop(name)
+        self._live.pop(name, None)
+        if self._reach is not None:
+            self._reach.forget(name)
         if member.watch is not None:
             member.watch.cancel()
             await asyncio.gather(member.watch, return_exceptions=True)
@@ -225,8 +360,17 @@ class ClusterRouter:
         return member
 
     # -- the port ----------------------------------------------------------------------------
+    def lost_now(self) -> set[str]:
+        """The clusters lost and not fenced yet (as recorded, and as this router found)."""
+        found = set(self.lost.names()) if self.lost is not None else set()
+        if self._reach is not None:
+            found |= self._reach.lost
+        return found
+
     async def create_pod(self, pod: PodSpec) -> None:
         member = self._member(pod.node)
+        if member.entry.name in self.lost_now():
+            raise ClusterLost(f"cluster {member.entry.name} is lost: no pod is created there")
         await member.backend.create_pod(replace(pod, node=local_name(pod.node)))
 
     async def delete_pod(self, name: str) -> None:
@@ -254,10 +398,18 @@ class ClusterRouter:
         self._updates = asyncio.Queue()
         for member in self._members.values():
             self._start_watch(member)
+        prober = None
+        if self.lost is not None:
+            self._reach = Reachability(lost_after_s=self.lost_after_s)
+            for cluster in self.lost.names():  # lost before a restart: still to be fenced
+                self._reach.lost.add(cluster)
+            prober = asyncio.create_task(self._probe_forever(), name="clusters-probe")
         try:
             while True:
                 yield await self._updates.get()
         finally:
+            if prober is not None:
+                prober.cancel()
             for member in self._members.values():
                 if member.watch is not None:
                     member.watch.cancel()
@@ -275,6 +427,15 @@ class ClusterRouter:
             try:
                 async for update in member.backend.watch_pods():
                     delay = WATCH_RETRY_S[0]
+                    if update.pod_name in self._stale:
+                        if update.phase not in LIVE_PHASES:
+                            self._stale.discard(update.pod_name)  # its end, at last
+                        continue  # reported lost already; deleted when the cluster is fenced
+                    live = self._live.setdefault(cluster, {})
+                    if update.phase in LIVE_PHASES:
+                        live[update.pod_name] = update
+                    else:
+                        live.pop(update.pod_name, None)
                     assert self._updates is not None
                     self._updates.put_nowait(replace(update, node=qualified(cluster, update.node)))
                 log.warning("cluster %s: pod watch ended; opening it again", cluster)
@@ -286,6 +447,71 @@ class ClusterRouter:
                 )
             await asyncio.sleep(delay)
             delay = min(WATCH_RETRY_S[1], delay * 2)
+
+    # -- losing and fencing a cluster --------------------------------------------------------
+    async def _probe_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.probe_interval_s)
+            for member in list(self._members.values()):
+                try:
+                    await self._probe(member)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # the next round tries again
+                    log.exception("cluster %s: probing failed", member.entry.name)
+
+    async def _probe(self, member: _Member) -> None:
+        assert self._reach is not None and self.lost is not None
+        cluster, now = member.entry.name, asyncio.get_running_loop().time()
+        try:
+            async with asyncio.timeout(self.sample_timeout_s):
+                await member.backend.sample_nodes()
+        except (Exception, TimeoutError) as error:
+            if self._reach.silent(cluster, now):
+                await self._declare_lost(member, error)
+            return
+        if self._reach.answered(cluster, now):
+            await self._fence(member)
+
+    async def _declare_lost(self, member: _Member, error: BaseException) -> None:
+        assert self.lost is not None and self._updates is not None
+        cluster = member.entry.name
+        pods = list(self._live.pop(cluster, {}).values())
+        self._fenced_pods.setdefault(cluster, set()).update(p.pod_name for p in pods)
+        self._stale.update(p.pod_name for p in pods)
+        await self.lost.mark(cluster, sorted(self._fenced_pods[cluster]))
+        log.error(
+            "cluster %s lost: no answer for %.0f s (%s); its %d running pods end NodeLost",
+            cluster,
+            self.lost_after_s,
+            error,
+            len(pods),
+        )
+        message = f"cluster {cluster} lost: its API did not answer for {self.lost_after_s:.0f} s"
+        for update in pods:
+            self._updates.put_nowait(
+                replace(
+                    update,
+                    node=qualified(cluster, update.node),
+                    phase=pb.POD_FAILED,
+                    exit_code=0,
+                    reason="NodeLost",
+                    message=message,
+                )
+            )
+
+    async def _fence(self, member: _Member) -> None:
+        """Delete the pods reported lost with ``member``'s cluster; then it is usable again
+        (a delete that fails leaves it lost until the next probe)."""
+        assert self.lost is not None and self._reach is not None
+        cluster = member.entry.name
+        stale = sorted(self._fenced_pods.get(cluster, set()) | set(self.lost.pods(cluster)))
+        for name in stale:
+            await member.backend.delete_pod(name)
+        await self.lost.clear(cluster)
+        self._reach.fenced(cluster)
+        self._fenced_pods.pop(cluster, None)
+        log.warning("cluster %s answers again: fenced, %d stale pods deleted", cluster, len(stale))
 
     async def sample_nodes(self) -> list[NodeSample]:
         members = list(self._members.values())
@@ -305,12 +531,14 @@ class ClusterRouter:
         async with asyncio.timeout(self.sample_timeout_s):
             found = await member.backend.sample_nodes()
         labels: Mapping[str, str] = dict(entry.labels)
+        usable = entry.name not in self.lost_now()  # a lost cluster's nodes wait for fencing
         return [
             replace(
                 sample,
                 name=qualified(entry.name, sample.name),
                 cluster=entry.name,
                 cluster_labels=labels,
+                ready=sample.ready and usable,
             )
             for sample in found
         ]
@@ -319,6 +547,8 @@ class ClusterRouter:
         if self._follower is not None:
             self._follower.cancel()
             await asyncio.gather(self._follower, return_exceptions=True)
+        if isinstance(self.lost, KvLostClusters):
+            await self.lost.close()
         async with self._lock:
             for name in list(self._members):
                 await self._drop(name)

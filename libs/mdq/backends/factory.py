@@ -16,6 +16,10 @@ CLUSTERS_FILE_ENV = "MDQ_CLUSTERS_FILE"
 """The clusters file of the ``clusters`` kind (``mdq.backends.clusters``)."""
 CLUSTERS_RELOAD_ENV = "MDQ_CLUSTERS_RELOAD_S"
 """How often the clusters file is read again for changes (seconds, default 2)."""
+CLUSTERS_LOST_AFTER_ENV = "MDQ_CLUSTERS_LOST_AFTER_S"
+"""How long a cluster may not answer before it is lost (seconds, default 60)."""
+CLUSTERS_PROBE_ENV = "MDQ_CLUSTERS_PROBE_S"
+"""How often the watcher asks every cluster whether it answers (seconds, default 2)."""
 
 
 class UnknownBackend(ValueError):
@@ -92,7 +96,13 @@ async def _cluster_router(
     runner_issuer: Path | None,
     runner_creds_ttl_s: float | None,
 ) -> ClusterBackend:
-    from mdq.backends.clusters import ClusterEntry, ClusterRouter, read_clusters
+    from mdq.backends.clusters import (
+        LOST_AFTER_S,
+        ClusterEntry,
+        ClusterRouter,
+        KvLostClusters,
+        read_clusters,
+    )
 
     if not str(path) or str(path) == ".":
         raise UnknownBackend(f"backend kind 'clusters' needs a clusters file ({CLUSTERS_FILE_ENV})")
@@ -118,7 +128,13 @@ async def _cluster_router(
             ),
         )
 
-    router = ClusterRouter(connect=connect)
+    js = nc.jetstream() if isinstance(nc, Client) else nc
+    router = ClusterRouter(
+        connect=connect,
+        lost=KvLostClusters(js, subjects).start(),
+        lost_after_s=float(os.environ.get(CLUSTERS_LOST_AFTER_ENV, LOST_AFTER_S)),
+        probe_interval_s=float(os.environ.get(CLUSTERS_PROBE_ENV, 2.0)),
+    )
     await router.sync(read_clusters(path))  # a bad file at start is an error to see now
     router.follow_in_background(path, interval_s=float(os.environ.get(CLUSTERS_RELOAD_ENV, 2.0)))
     return router

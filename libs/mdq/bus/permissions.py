@@ -190,6 +190,7 @@ def service_permissions(identity: str, subjects: Subjects, names: Names = Names(
         publish += _bucket(lease_bucket, write=True, own=True)
         publish += _bucket(subjects.placement_snapshot_bucket, write=True, own=True)
         publish += _local_buckets(subjects, names, pods=True, nodes=False)
+        publish += _bucket(subjects.clusters_lost_bucket, write=False)
         publish += _bucket(subjects.tenants_bucket, write=False)
         subscribe.append(subjects.runner_creds(">"))  # renewals, on Kubernetes
         respond = True
@@ -198,6 +199,8 @@ def service_permissions(identity: str, subjects: Subjects, names: Names = Names(
         publish += [*_durable(jobs, jobs_consumer), *_durable(progress, progress_consumer)]
         publish += [*_read_stream(jobs), *_read_stream(progress)]
         publish += _local_buckets(subjects, names, pods=True, nodes=False)
+        # the clusters it declares lost, until it has fenced them (mdq.backends.clusters)
+        publish += _bucket(subjects.clusters_lost_bucket, write=True, own=True)
     elif identity == "recovery":
         publish += [*_read_stream(jobs), *_read_stream(progress)]
         publish += _bucket(subjects.recovery_snapshot_bucket, write=True, own=True)
@@ -205,6 +208,7 @@ def service_permissions(identity: str, subjects: Subjects, names: Names = Names(
     elif identity == "metrics":
         publish += [*_read_stream(jobs), *_read_stream(progress), *_read_stream(nodes)]
         publish += _local_buckets(subjects, names, pods=False, nodes=False)
+        publish += _bucket(subjects.clusters_lost_bucket, write=False)
         publish += _bucket(subjects.waiting_bucket, write=False)  # the tenants' fair shares
     elif identity == "agent":
         publish += _local_buckets(subjects, names, pods=True, nodes=True)

@@ -163,6 +163,13 @@ class Subjects:
         )
 
     @property
+    def clusters_lost_bucket(self) -> str:
+        """KV bucket of the watcher: the execution clusters it declared lost and has not
+        fenced yet (key: the cluster; value: JSON, when and which pods), which placement and
+        metrics read so that nothing is placed there until its stale pods are gone."""
+        return f"{self.namespace}_clusters_lost"
+
+    @property
     def waiting_bucket(self) -> str:
         """KV bucket of placement: why each waiting job is not bound yet (``mdq explain``)."""
         return f"{self.namespace}_waiting"

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mdq.contracts import pb
 
@@ -102,3 +102,37 @@ def locality(data_clusters: tuple[str, ...], cluster: str) -> float:
     if not data_clusters:
         return 0.0
     return sum(where == cluster for where in data_clusters) / len(data_clusters)
+
+
+@dataclass(slots=True)
+class Reachability:
+    """When each cluster last answered, and whether it counts as lost (pure: the caller gives
+    the clock). A cluster is lost once it has not answered for ``lost_after_s``: its running
+    jobs are then given up there and requeued on other clusters, and it must be *fenced* —
+    its stale pods deleted — when it answers again, before anything runs there."""
+
+    lost_after_s: float
+    answered_at: dict[str, float] = field(default_factory=dict)
+    lost: set[str] = field(default_factory=set)
+
+    def answered(self, cluster: str, now: float) -> bool:
+        """``cluster`` answered at ``now``; True when it was lost (it needs fencing now)."""
+        self.answered_at[cluster] = now
+        return cluster in self.lost
+
+    def silent(self, cluster: str, now: float) -> bool:
+        """``cluster`` did not answer at ``now``; True the moment it becomes lost (once)."""
+        since = self.answered_at.setdefault(cluster, now)  # first seen silent: count from now
+        if cluster in self.lost or now - since < self.lost_after_s:
+            return False
+        self.lost.add(cluster)
+        return True
+
+    def fenced(self, cluster: str) -> None:
+        """Its stale pods are deleted: it is a cluster like the others again."""
+        self.lost.discard(cluster)
+
+    def forget(self, cluster: str) -> None:
+        """It left the clusters file."""
+        self.answered_at.pop(cluster, None)
+        self.lost.discard(cluster)
