@@ -238,6 +238,38 @@ def test_mdq_nodes_shows_the_latest_load_of_each_node(nats_url: str, namespace: 
     assert "yes" in lines["node-a"] and "no" in lines["node-b"]
 
 
+def test_mdq_nodes_names_each_node_within_its_cluster(nats_url: str, namespace: str) -> None:
+    subjects = Subjects(namespace)
+
+    async def publish() -> None:
+        nc = await connect(nats_url, name="test", subjects=subjects)
+        try:
+            publisher = EventPublisher(js=nc.jetstream(), subjects=subjects, producer="metrics")
+            for cluster, labels in (("lab1", {"site": "lab1"}), ("hpc", {"gpu": "true"})):
+                body = pb.NodeLoad(
+                    node=f"{cluster}/local-1",
+                    cpu_capacity=2,
+                    memory_capacity_mb=2048,
+                    ready=True,
+                    cluster=cluster,
+                    cluster_labels=labels,
+                )
+                await publisher.emit("node_load", body, job_id="", attempt=0, detail=f"{cluster}:1")
+        finally:
+            await nc.close()
+
+    asyncio.run(publish())
+    result = _cli(nats_url, namespace, "nodes")
+    assert result.exit_code == 0, result.output
+    rows = {
+        cells[0]: cells
+        for line in result.stdout.splitlines()
+        if "/" in line and (cells := [c.strip() for c in line.strip("│ ").split("│")])
+    }
+    assert rows["lab1/local-1"][1:3] == ["lab1", "site=lab1"]
+    assert rows["hpc/local-1"][1:3] == ["hpc", "gpu=true"]
+
+
 def test_mdq_nodes_with_no_node_yet(nats_url: str, namespace: str) -> None:
     result = _cli(nats_url, namespace, "nodes")
     assert result.exit_code == 0

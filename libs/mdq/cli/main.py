@@ -607,8 +607,10 @@ def nodes(ctx: typer.Context) -> None:
 
     loads = _run(_with_client(endpoints, work))
     table = Table(title="nodes")
+    clustered = any(event.node_load.cluster for event in loads.values())
     for column, justify in (
         ("node", "left"),
+        *((("cluster", "left"), ("labels", "left")) if clustered else ()),
         ("ready", "left"),
         ("cpu load", "right"),
         ("cpu capacity", "right"),
@@ -616,13 +618,15 @@ def nodes(ctx: typer.Context) -> None:
         ("memory capacity", "right"),
         ("reported", "left"),
     ):
-        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+        table.add_column(column, justify=justify)
     now = time.time()
     for name, event in loads.items():
         load = event.node_load
         age = now - event.time.ToSeconds() if event.HasField("time") else 0.0
+        labels = ",".join(f"{k}={v}" for k, v in sorted(load.cluster_labels.items()))
         table.add_row(
             name,
+            *((load.cluster or "-", labels or "-") if clustered else ()),
             ("[yellow]cordoned[/]" if load.cordoned else "[green]yes[/]")
             if load.ready
             else "[red]no[/]",
