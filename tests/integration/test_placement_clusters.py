@@ -5,14 +5,14 @@ explanation."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from nats.aio.client import Client
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError
 
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.placement import CLUSTER_MISMATCH
-from services.placement.app import Placement
-from services.placement.settings import PlacementSettings
 from tests.helpers import (
     RecordingBackend,
     event,
@@ -23,25 +23,14 @@ from tests.helpers import (
     submitted,
     wait_for,
 )
+from tests.integration.test_placement import make_placement
 
 CAMPUS = {"site": "campus"}
 CENTRE = {"site": "centre", "fabric": "infiniband"}
 
 
-def make_placement(nc: Client, subjects: Subjects, backend: RecordingBackend) -> Placement:
-    js = nc.jetstream()
-    return Placement(
-        js=js,
-        subjects=subjects,
-        publisher=publisher(js, subjects),
-        backend=backend,
-        settings=PlacementSettings(reconcile_interval_s=0.2),
-        namespace=subjects.namespace,
-    )
-
-
 async def test_jobs_go_to_the_clusters_they_ask_for_and_chains_follow_their_data(
-    nc: Client, subjects: Subjects
+    nc: Client, subjects: Subjects, data_dir: Path
 ) -> None:
     js = nc.jetstream()
     bus = publisher(js, subjects)
@@ -61,7 +50,7 @@ async def test_jobs_go_to_the_clusters_they_ask_for_and_chains_follow_their_data
         ]
     )
     backend = RecordingBackend()
-    async with running(make_placement(nc, subjects, backend).run()):
+    async with running(make_placement(nc, subjects, backend, data_dir).run()):
 
         async def two_bound() -> bool:
             return len(await events_of(js, subjects, "bound")) == 2
