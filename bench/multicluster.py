@@ -12,9 +12,20 @@ turn (which goes first alternates) and times, from outside, the first submit to 
 ``job.<id>.bound`` on the bus. ``placement_ratio_3x1000_vs_1x3000`` is the median over the
 rounds of the two rates' quotient (goal ≥ 0.9); both rates per round are printed.
 
-The failover keys (``failover_p50_s``, ``failover_p95_s``, ``max_steps_lost``,
-``checkpoint_interval_steps``, ``jobs``, ``succeeded``: a whole cluster killed mid-campaign)
-are null until cluster loss (issue 18, item 4) and the copied checkpoints (item 3) exist.
+**Failover: a whole cluster lost mid-campaign.** The embedded stack with two local clusters
+(``mdq up --clusters 2``: ``lab1`` and ``lab2``, one node of 4 virtual cores each, real OpenMM
+runners), ``--failover-jobs`` MD jobs, half preferring each cluster. Once every job runs and
+has written a checkpoint, the whole of ``lab1`` is frozen (SIGSTOP to its node agent and every
+runner under it: a partition — nothing there answers, nothing there dies). Measured from
+outside: for each job that ran on ``lab1``, the time from the freeze until a runner process of
+its next attempt is in the process table (``failover_p50_s``, ``failover_p95_s``), and the
+steps it lost (its frozen runner's last energy-table row minus the step the next attempt's
+runner logged it resumed from; ``max_steps_lost``, against ``checkpoint_interval_steps``).
+Then ``lab1`` is thawed (SIGCONT): its stale runners must stop (fenced), and every job must
+end SUCCEEDED exactly once (``jobs``, ``succeeded``, from the log). Local clusters share this
+machine's data folder, so the retry reads the checkpoint its predecessor wrote; between
+Kubernetes clusters that needs the copied checkpoints of issue 18, item 3 (not there yet).
+``--no-failover`` skips it.
 
 ``--quick``: 1,000 jobs per round, 2 rounds. The last line printed is one JSON object.
 """
@@ -26,6 +37,8 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -33,12 +46,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 from nats.aio.client import Client
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from placement import payloads_for, processes, submit_payload, throughput, wait_for_responder
+from recovery import BenchFailed, last_energy_step, logged_resume, percentile, submit
 
+from mdq.bus.codec import decode_event
 from mdq.bus.connect import connect
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.setup import prepare_bus
@@ -46,7 +62,10 @@ from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core import ids
 from mdq.core.clusters import qualified
-from mdq.embedded import SHARED_FILE_STORE, start_nats
+from mdq.core.runner_task import ENV_ATTEMPT, ENV_JOB_ID, job_dir
+from mdq.embedded import SHARED_FILE_STORE, start_nats, start_postgres
+from mdq.sdk.client import MdqClient
+from mdq.stack import Stack
 
 REPO = Path(__file__).resolve().parents[1]
 NODES = 3000
@@ -178,16 +197,165 @@ async def bench(jobs: int, rounds: int) -> dict[str, Any]:
         "round_ratios": [round(r, 3) for r in ratios],
         "bound_per_s_1x3000": [round(r["one"], 1) for r in per_round],
         "bound_per_s_3x1000": [round(r["three"], 1) for r in per_round],
-        "failover_p50_s": None,
-        "failover_p95_s": None,
-        "max_steps_lost": None,
-        "checkpoint_interval_steps": None,
-        "jobs": None,
-        "succeeded": None,
         "goals": {"placement_ratio_3x1000_vs_1x3000": 0.9},
-        "not_measured_yet": "cluster loss (issue 18 items 3 and 4): the failover keys are null",
         "measured": "wall clock from the first submit to the last job.<id>.bound on the bus, "
         "the real intake and placement processes, side by side in one run",
+    }
+
+
+FAILOVER_CHECKPOINT_INTERVAL = 500
+FAILOVER_REPORT_INTERVAL = 100
+
+
+def failover_job(name: str, cluster: str, steps: int) -> dict[str, object]:
+    return {
+        "name": name,
+        "system": {"water_box": {"box_nm": 1.6}},
+        "steps": steps,
+        "report_interval_steps": FAILOVER_REPORT_INTERVAL,
+        "checkpoint_interval_steps": FAILOVER_CHECKPOINT_INTERVAL,
+        "resources": {"cpu": 1, "memory_mb": 512},
+        "clusters": {"prefer": {"site": cluster}},
+        "max_retries": 3,
+    }
+
+
+def runners_under(pid: int) -> dict[str, tuple[int, psutil.Process]]:
+    """job -> (attempt, process) of every runner below the process ``pid`` (a node agent)."""
+    found: dict[str, tuple[int, psutil.Process]] = {}
+    for child in psutil.Process(pid).children(recursive=True):
+        try:
+            env = child.environ()
+            if ENV_JOB_ID in env and "services.runner" in " ".join(child.cmdline()):
+                found[env[ENV_JOB_ID]] = (int(env[ENV_ATTEMPT]), child)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def attempt_running(job_id: str, attempt: int, frozen: set[int]) -> bool:
+    for process in psutil.process_iter(["cmdline"]):
+        try:
+            if process.pid in frozen or "services.runner" not in " ".join(
+                process.info["cmdline"] or ()
+            ):
+                continue
+            env = process.environ()
+            if env.get(ENV_JOB_ID) == job_id and env.get(ENV_ATTEMPT) == str(attempt):
+                return True
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return False
+
+
+async def failover(jobs: int, steps: int) -> dict[str, Any]:
+    root = Path(tempfile.mkdtemp(prefix="mdq-bench-failover-"))
+    nats_server = start_nats(root / "nats")
+    postgres = start_postgres(root / "pg", keep=False)
+    stack = Stack(
+        state_dir=root / "state",
+        namespace="benchfail",
+        nats_url=nats_server.url,
+        database_url=postgres.url,
+        metrics_port=0,
+        local_nodes=1,
+        clusters=2,
+        extra_env={"MDQ_LOCAL_CPU_PER_NODE": "4", "MDQ_RECOVERY_BACKOFF_BASE_S": "0.5"},
+        grace_s=5.0,
+    )
+    await stack.start()
+    frozen: list[psutil.Process] = []
+    try:
+        async with await MdqClient.connect(nats_server.url, "benchfail") as client:
+            specs = [
+                failover_job(f"md{i}", "lab1" if i % 2 == 0 else "lab2", steps) for i in range(jobs)
+            ]
+            job_ids = await submit(client, "failover", *specs)
+            agent = stack.child_pid("local-backend-lab1")
+            if agent is None:
+                raise BenchFailed("no node agent of lab1")
+            # every job running, each past its first checkpoint
+            deadline = time.monotonic() + 300
+            while True:
+                on_lab1 = runners_under(agent)
+                checkpointed = [
+                    j
+                    for j in job_ids
+                    if any((job_dir(stack.data_dir, j) / "checkpoints").glob("ckpt-*.xml"))
+                ]
+                if on_lab1 and len(checkpointed) == len(job_ids):
+                    break
+                if time.monotonic() > deadline:
+                    raise BenchFailed("the jobs never all ran and checkpointed")
+                await asyncio.sleep(0.2)
+            frozen = [psutil.Process(agent), *(p for _, p in on_lab1.values())]
+            for process in frozen:
+                process.send_signal(signal.SIGSTOP)
+            lost_at = time.monotonic()
+            last_steps = {
+                j: last_energy_step(job_dir(stack.data_dir, j) / "energies.csv") for j in on_lab1
+            }
+            print(f"froze lab1 with {sorted(on_lab1)}", file=sys.stderr, flush=True)
+            frozen_pids = {p.pid for p in frozen}
+            moved: dict[str, float] = {}
+            while len(moved) < len(on_lab1):
+                for job_id, (attempt, _) in on_lab1.items():
+                    if job_id not in moved and attempt_running(job_id, attempt + 1, frozen_pids):
+                        moved[job_id] = time.monotonic() - lost_at
+                if time.monotonic() - lost_at > 300:
+                    raise BenchFailed(f"not every job of lab1 moved: {sorted(moved)}")
+                await asyncio.sleep(0.05)
+            lost_steps = []
+            for job_id, (attempt, _) in on_lab1.items():
+                log = stack.data_dir / "pods" / f"{ids.pod_name(job_id, attempt + 1)}.log"
+                for _ in range(600):
+                    if (resumed := logged_resume(log)) is not None:
+                        break
+                    await asyncio.sleep(0.1)
+                else:
+                    raise BenchFailed(f"{log} never said where it resumed")
+                lost_steps.append(max(0, last_steps[job_id] - resumed))
+            for process in frozen:  # the cluster is back
+                process.send_signal(signal.SIGCONT)
+            stale = [p for p in frozen[1:]]
+            gone = psutil.wait_procs(stale, timeout=60)[1]
+            if gone:
+                raise BenchFailed(f"stale runners still alive 60 s after lab1 came back: {gone}")
+            states = await client.wait(job_ids, timeout=900)
+            js = client.nc.jetstream()
+            succeeded: dict[str, int] = {}
+            subscription = await js.subscribe(
+                client.subjects.job("*", "succeeded"), ordered_consumer=True
+            )
+            try:
+                while True:
+                    try:
+                        message = await subscription.next_msg(timeout=2)
+                    except Exception:
+                        break
+                    event = decode_event(message.data)
+                    succeeded[event.job_id] = succeeded.get(event.job_id, 0) + 1
+            finally:
+                await subscription.unsubscribe()
+    finally:
+        for process in frozen:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.send_signal(signal.SIGCONT)
+        await stack.stop()
+        nats_server.stop()
+        postgres.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    timings = list(moved.values())
+    return {
+        "failover_p50_s": round(statistics.median(timings), 2),
+        "failover_p95_s": round(percentile(timings, 0.95), 2),
+        "failover_jobs_moved": len(timings),
+        "max_steps_lost": max(lost_steps),
+        "checkpoint_interval_steps": FAILOVER_CHECKPOINT_INTERVAL,
+        "report_interval_steps": FAILOVER_REPORT_INTERVAL,
+        "jobs": len(job_ids),
+        "succeeded": sum(1 for j in job_ids if str(states.get(j)) == "SUCCEEDED"),
+        "succeeded_exactly_once": all(succeeded.get(j) == 1 for j in job_ids),
     }
 
 
@@ -196,7 +364,20 @@ if __name__ == "__main__":
     parser.add_argument("--jobs", type=int, default=5000, help="jobs per round and side")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="1,000 jobs, 2 rounds")
+    parser.add_argument("--failover-jobs", type=int, default=4)
+    parser.add_argument("--failover-steps", type=int, default=8000)
+    parser.add_argument("--no-failover", action="store_true")
+    parser.add_argument("--no-placement", action="store_true")
     cli = parser.parse_args()
     if cli.quick:
         cli.jobs, cli.rounds = 1000, 2
-    print(json.dumps(asyncio.run(bench(cli.jobs, cli.rounds))))
+    result: dict[str, Any] = {"bench": "multicluster"}
+    try:
+        if not cli.no_placement:
+            result |= asyncio.run(bench(cli.jobs, cli.rounds))
+        if not cli.no_failover:
+            result |= asyncio.run(failover(cli.failover_jobs, cli.failover_steps))
+    except BenchFailed as failure:
+        print(f"bench-multicluster FAILED: {failure}", file=sys.stderr, flush=True)
+        sys.exit(1)
+    print(json.dumps(result))
