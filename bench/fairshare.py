@@ -53,7 +53,7 @@ from google.protobuf import json_format
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from recovery import BenchFailed, last_energy_step, logged_resume, newest_checkpoint_step
+from recovery import BenchFailed
 
 from mdq.bus.subjects import Subjects
 from mdq.bus.tenants import ensure_tenants_bucket, put_policy
@@ -64,6 +64,7 @@ from mdq.core.tenants import TenantPolicy
 from mdq.embedded import start_nats, start_postgres
 from mdq.sdk.client import IntakeUnavailable, MdqClient
 from mdq.stack import Stack
+from mdq.testing.runner_files import last_energy_step, logged_resume, newest_checkpoint_step
 
 NAMESPACE = "benchfair"
 CHECKPOINT_INTERVAL = 200

@@ -52,7 +52,7 @@ from nats.aio.client import Client
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from placement import payloads_for, processes, submit_payload, throughput, wait_for_responder
-from recovery import BenchFailed, last_energy_step, logged_resume, percentile, submit
+from recovery import BenchFailed, percentile, submit
 
 from mdq.bus.codec import decode_event
 from mdq.bus.connect import connect
@@ -66,6 +66,7 @@ from mdq.core.runner_task import ENV_ATTEMPT, ENV_JOB_ID, job_dir
 from mdq.embedded import SHARED_FILE_STORE, start_nats, start_postgres
 from mdq.sdk.client import MdqClient
 from mdq.stack import Stack
+from mdq.testing.runner_files import last_energy_step, logged_resume
 
 REPO = Path(__file__).resolve().parents[1]
 NODES = 3000

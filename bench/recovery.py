@@ -31,7 +31,6 @@ import asyncio
 import contextlib
 import json
 import random
-import re
 import shutil
 import signal
 import statistics
@@ -52,13 +51,12 @@ from mdq.core.runner_task import ENV_ATTEMPT, ENV_JOB_ID, job_dir
 from mdq.embedded import start_nats, start_postgres
 from mdq.sdk.client import IntakeUnavailable, MdqClient
 from mdq.stack import Stack
+from mdq.testing.runner_files import last_energy_step, logged_resume, newest_checkpoint_step
 
 CHECKPOINT_INTERVAL = 1000
 REPORT_INTERVAL = 10
 """Reports (rows of the runner's energy table) every 10 steps: the resolution of the step a
 killed runner had reached."""
-RESUMED = re.compile(r"resuming from \S+ at step (\d+)")
-STARTED_OVER = "starting over from step 0"
 
 
 class BenchFailed(RuntimeError):
@@ -77,34 +75,6 @@ def runner_process(job_id: str, attempt: int) -> psutil.Process | None:
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
     return None
-
-
-def last_energy_step(path: Path) -> int:
-    """The step of the last complete row of a runner's energy table (-1 if none)."""
-    last = -1
-    with path.open() as table:
-        for line in table:
-            if not line.endswith("\n"):
-                break  # a row cut by the kill: not written
-            head = line.split(",", 1)[0]
-            if head.isdigit():
-                last = int(head)
-    return last
-
-
-def newest_checkpoint_step(folder: Path) -> int:
-    steps = [int(path.stem.split("-")[1]) for path in folder.glob("ckpt-*.xml")]
-    return max(steps, default=-1)
-
-
-def logged_resume(log_path: Path) -> int | None:
-    """The step a runner's log says it resumed from (0: started over), None if not yet."""
-    if not log_path.is_file():
-        return None
-    text = log_path.read_text(errors="replace")
-    if found := RESUMED.search(text):
-        return int(found.group(1))
-    return 0 if STARTED_OVER in text else None
 
 
 async def resumed_step(log_path: Path, timeout: float = 180.0) -> int:

@@ -6,15 +6,22 @@ node within its cluster."""
 
 from __future__ import annotations
 
+import contextlib
+import signal
+from collections import Counter
 from pathlib import Path
 
 import asyncpg
+import psutil
 import pytest
 
+from mdq.core import ids
+from mdq.core.runner_task import ENV_ATTEMPT, ENV_JOB_ID, job_dir
 from mdq.sdk.client import MdqClient
 from mdq.stack import Stack
+from mdq.testing.runner_files import last_energy_step, logged_resume
 from tests.e2e.test_stack import md_job, request, submit_when_ready
-from tests.helpers import events_of
+from tests.helpers import events_of, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -74,3 +81,102 @@ async def test_jobs_run_on_the_clusters_they_ask_for(
     finally:
         await db.close()
     assert nodes == {on_lab2: "lab2/local-1", on_lab1: "lab1/local-1", analyze: "lab2/local-1"}
+
+
+async def test_a_whole_cluster_lost_mid_campaign_its_jobs_finish_on_the_other(
+    tmp_path: Path, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 18, item 5 on local clusters: once every job ran and checkpointed, all of lab1
+    freezes (SIGSTOP to its node agent and its runners: a partition, nothing there answers or
+    dies). Its jobs run again on lab2 from their checkpoints, losing at most one checkpoint
+    interval; when lab1 thaws its stale runners stop; every job SUCCEEDED exactly once."""
+    monkeypatch.delenv("NATS_URL", raising=False)
+    monkeypatch.delenv("MDQ_NATS_CREDS", raising=False)
+    stack = Stack(
+        state_dir=tmp_path / "state",
+        database_url=database_url,
+        local_nodes=1,
+        clusters=2,
+        metrics_port=0,
+        extra_env={"MDQ_LOCAL_CPU_PER_NODE": "4", "MDQ_RECOVERY_BACKOFF_BASE_S": "0.5"},
+        grace_s=5.0,
+    )
+    info = await stack.start()
+    frozen: list[psutil.Process] = []
+    interval = 500
+    try:
+        campaign = request(
+            *(
+                md_job(
+                    f"md{i}",
+                    steps=4000,
+                    checkpoint_interval_steps=interval,
+                    report_interval_steps=100,
+                    resources={"cpu": 1, "memory_mb": 512},
+                    clusters={"prefer": {"site": "lab1" if i % 2 == 0 else "lab2"}},
+                )
+                for i in range(4)
+            ),
+            key="clusters-lost",
+        )
+        async with await MdqClient.connect(
+            info.nats_url, stack.namespace, creds=info.nats_creds
+        ) as client:
+            job_ids = await submit_when_ready(client, campaign)
+            agent = stack.child_pid("local-backend-lab1")
+            assert agent is not None
+
+            def lab1_runners() -> dict[str, tuple[int, psutil.Process]]:
+                found = {}
+                for child in psutil.Process(agent).children(recursive=True):
+                    with contextlib.suppress(psutil.Error):
+                        env = child.environ()
+                        if "services.runner" in " ".join(child.cmdline()) and ENV_JOB_ID in env:
+                            found[env[ENV_JOB_ID]] = (int(env[ENV_ATTEMPT]), child)
+                return found
+
+            def folder(job_id: str) -> Path:
+                return job_dir(stack.data_dir, job_id)
+
+            async def all_running_and_checkpointed() -> bool:
+                checkpointed = all(
+                    any((folder(j) / "checkpoints").glob("ckpt-*.xml")) for j in job_ids
+                )
+                return checkpointed and len(lab1_runners()) == 2
+
+            await wait_for(all_running_and_checkpointed, timeout=240, what="every job checkpointed")
+            on_lab1 = lab1_runners()
+            frozen = [psutil.Process(agent), *(process for _, process in on_lab1.values())]
+            for process in frozen:
+                process.send_signal(signal.SIGSTOP)
+            last_steps = {j: last_energy_step(folder(j) / "energies.csv") for j in on_lab1}
+
+            def resumed(job_id: str, attempt: int) -> int | None:
+                log = stack.data_dir / "pods" / f"{ids.pod_name(job_id, attempt + 1)}.log"
+                return logged_resume(log)
+
+            async def moved() -> bool:
+                return all(resumed(j, a) is not None for j, (a, _) in on_lab1.items())
+
+            await wait_for(moved, timeout=120, what="lab1's jobs running again on lab2")
+            for job_id, (attempt, _) in on_lab1.items():
+                step = resumed(job_id, attempt)
+                assert step is not None and step > 0, "resumed from its checkpoint"
+                assert last_steps[job_id] - step <= interval
+            for process in frozen:
+                process.send_signal(signal.SIGCONT)
+            _, alive = psutil.wait_procs(frozen[1:], timeout=60)
+            assert not alive, "lab1's stale runners stop once it answers again"
+            states = await client.wait(job_ids, timeout=300)
+            assert {str(state) for state in states.values()} == {"SUCCEEDED"}, states
+            js = client.nc.jetstream()
+            succeeded = Counter(e.job_id for e in await events_of(js, client.subjects, "succeeded"))
+            bound = {e.job_id: e.bound for e in await events_of(js, client.subjects, "bound")}
+        assert succeeded == dict.fromkeys(job_ids, 1)
+        for job_id in on_lab1:  # its last attempt ran on lab2
+            assert bound[job_id].cluster == "lab2"
+    finally:
+        for process in frozen:
+            with contextlib.suppress(psutil.Error):
+                process.send_signal(signal.SIGCONT)
+        await stack.stop()
