@@ -127,13 +127,17 @@ async def wait_for(
     interval: float = 0.1,
     what: str = "condition",
 ) -> None:
-    """Poll ``check`` until it is true, or fail after ``timeout`` seconds."""
+    """Poll ``check`` until it is true, or fail after ``timeout`` seconds.
+
+    The check runs once more at the deadline: a loop starved past it (two loaded cores) must
+    not fail a condition that came true while this coroutine was not running."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while True:
         if await check():
             return
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         await asyncio.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 async def events_of(

@@ -10,6 +10,13 @@ into the permanent generation (``gc.freeze``, a constant-time splice) every ``in
 a collection only walks what is new. Frozen objects are still freed by reference counting;
 only a reference cycle frozen while alive and dropped later would wait, so once every
 ``full_every_s`` everything is unfrozen and collected once.
+
+The permanent generation belongs to the whole process, and a process may run more than one
+keeper (services started in one test process, or a thread with a loop of its own), so the
+unfreeze and the full collection happen under one process-wide lock that every freeze takes
+too: a freeze from elsewhere can never slip in between them and hide a cycle from the pass.
+The decisions are made by ``GcKeeper`` on a clock it is given, so they are tested without
+waiting for time to pass.
 """
 
 from __future__ import annotations
@@ -17,26 +24,54 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import threading
 import time
+from collections.abc import Callable
 
 log = logging.getLogger("mdq.gc")
 
+_PERMANENT_GENERATION = threading.Lock()
+"""Held while the permanent generation is changed: a freeze, or an unfreeze and its collection."""
 
-async def keep_state_out_of_gc(*, interval_s: float = 10.0, full_every_s: float = 3600.0) -> None:
-    """Run forever (as a task): freeze survivors every ``interval_s``, full pass every
-    ``full_every_s``."""
-    last_full = time.monotonic()
-    gc.freeze()
-    while True:
-        await asyncio.sleep(interval_s)
-        if time.monotonic() - last_full >= full_every_s:
+
+class GcKeeper:
+    """Freezes survivors on every ``tick`` and, once ``full_every_s`` has passed on ``clock``
+    since the last full pass (or since it was made), unfreezes and collects everything."""
+
+    def __init__(self, *, full_every_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._full_every_s = full_every_s
+        self._clock = clock
+        self._last_full = clock()
+
+    def freeze(self) -> None:
+        """Move every object tracked now into the permanent generation."""
+        with _PERMANENT_GENERATION:
+            gc.freeze()
+
+    def tick(self) -> int | None:
+        """Freeze survivors; first run the full pass if it is due. Returns the number of
+        unreachable objects the full pass found, None when none ran."""
+        found: int | None = None
+        if self._clock() - self._last_full >= self._full_every_s:
             started = time.perf_counter()
-            gc.unfreeze()
-            found = gc.collect()
-            last_full = time.monotonic()
+            with _PERMANENT_GENERATION:
+                gc.unfreeze()
+                found = gc.collect()
+            self._last_full = self._clock()
             log.info(
                 "full collection: %d unreachable objects, %.0f ms",
                 found,
                 1000 * (time.perf_counter() - started),
             )
-        gc.freeze()
+        self.freeze()
+        return found
+
+
+async def keep_state_out_of_gc(*, interval_s: float = 10.0, full_every_s: float = 3600.0) -> None:
+    """Run forever (as a task): freeze survivors every ``interval_s``, full pass every
+    ``full_every_s``."""
+    keeper = GcKeeper(full_every_s=full_every_s)
+    keeper.freeze()
+    while True:
+        await asyncio.sleep(interval_s)
+        keeper.tick()
