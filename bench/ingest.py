@@ -26,16 +26,21 @@ Every side's rows are counted after it ran: exactly ``--events`` rows in ``progr
 exactly the lifecycle events in ``job_events`` for the watcher), or the bench fails.
 
 The cost of the closed bus (every client authenticated, each with its least permissions:
-``mdq.auth``): the same events on a third server, fsync-always without authentication;
-``auth_cost_ratio`` is the watcher's rate with authentication (``events_per_s``) over its rate
-without, ``publish_auth_cost_ratio`` the same for publishing the reports.
+``mdq.auth``): the same events on a third server, fsync-always without authentication.
+The two are measured one right after the other in every round, so ``auth_cost_ratio`` is the
+median over the rounds of the watcher's rate with authentication over its rate without
+(``auth_cost_round_ratios``; ``auth_cost_ratio_best``: best round over best round), and
+``publish_auth_cost_ratio`` the median of the publish slices' quotients. **In CPU**:
+``server_auth_cpu_cost_ratio`` is the median of the rounds' nats-server CPU per event projected
+(read from /proc around each watcher run) with authentication over without; the watcher runs
+in this process, so the server's CPU is what the closed bus adds.
 
 ``ratio_vs_raw = events_per_s / raw_pipeline_per_s``, both on the fsync-always server. The
 cost of fsync-always: ``fsync_always_per_s`` / ``fsync_default_per_s`` (the watcher on each
 server, ``fsync_cost_ratio`` their quotient), the same for the raw loop (``raw_fsync_*``) and
 for publishing the reports (``publish_fsync_*``: 2,000 publishes in flight, where the fsyncs
-are paid). The best round of each is reported and every round listed. ``--quick``: 10,000
-reports of 20 jobs, 2 rounds. The last line printed is one JSON object.
+are paid). The best round of each is reported and every round listed (5 rounds). ``--quick``:
+10,000 reports of 20 jobs, 2 rounds. The last line printed is one JSON object.
 """
 
 from __future__ import annotations
@@ -46,17 +51,19 @@ import contextlib
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 import nats.errors
+import psutil
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
@@ -425,9 +432,10 @@ same without authentication (the cost of the closed bus), the third the same wit
 server's default fsync interval (the cost of fsync-always)."""
 
 
-PUBLISH_SLICES = 4
+PUBLISH_SLICES = 8
 """The reports are published in slices, alternating the servers (ABBA), so that a change in
-the machine's load hits every server's publish rate."""
+the machine's load hits every server's publish rate; the cost of authentication in publishing
+is the median of the slices' quotients."""
 
 
 @dataclass
@@ -441,7 +449,11 @@ class Server:
     trust: Trust | None
     """The server's trust chain when its clients authenticate."""
     folder: Path
+    process: psutil.Process
+    """The server's process, whose CPU time is read around each watcher run."""
     publish_s: float = 0.0
+    slice_rates: list[float] = field(default_factory=list)
+    """The reports' publish rate of each slice."""
 
     async def watcher_client(self, consumers: tuple[str, str]) -> Client:
         """A connection as the watcher would make it: on an authenticating server with the
@@ -458,6 +470,11 @@ class Server:
         return self.nc.jetstream()
 
 
+def paired(numerators: list[float], denominators: list[float]) -> list[float]:
+    """The quotients of two series measured side by side, pair by pair."""
+    return [round(a / b, 3) for a, b in zip(numerators, denominators, strict=True)]
+
+
 async def publish_all(
     servers: list[Server], lifecycle: list[pb.Event], progress: list[pb.Event]
 ) -> None:
@@ -471,6 +488,7 @@ async def publish_all(
         for server in servers if index % 4 in (0, 3) else list(reversed(servers)):
             rate = await publish(server.js, server.subjects, chunk)
             server.publish_s += len(chunk) / rate
+            server.slice_rates.append(rate)
 
 
 async def one_round(
@@ -506,6 +524,7 @@ async def one_round(
     watcher_url = await fresh_database(postgres_url, f"bench_watcher_{name}_{number}")
     consumers = (f"watcher-jobs-{uuid.uuid4().hex[:6]}", f"watcher-progress-{uuid.uuid4().hex[:6]}")
     watcher_nc = await server.watcher_client(consumers)
+    cpu_before = sum(server.process.cpu_times()[:2])
     try:
         results[f"watcher_{name}"].append(
             await watcher(
@@ -520,9 +539,13 @@ async def one_round(
         )
     finally:
         await watcher_nc.drain()
+    events = len(progress) + lifecycle
+    server_cpu_us = 1e6 * (sum(server.process.cpu_times()[:2]) - cpu_before) / events
+    results[f"server_cpu_us_watcher_{name}"].append(server_cpu_us)
     print(
         f"round {number + 1} {name:13s}: raw {results[f'raw_{name}'][-1]:9,.0f} ev/s, "
-        f"watcher {results[f'watcher_{name}'][-1]:9,.0f} ev/s",
+        f"watcher {results[f'watcher_{name}'][-1]:9,.0f} ev/s "
+        f"(server {server_cpu_us:.1f} us CPU per event)",
         flush=True,
     )
 
@@ -557,6 +580,7 @@ async def run(arguments: argparse.Namespace) -> dict[str, Any]:
                 url=nats_server.url,
                 trust=trust,
                 folder=folder,
+                process=psutil.Process(nats_server.process.pid),
             )
         )
     try:
@@ -574,6 +598,7 @@ async def run(arguments: argparse.Namespace) -> dict[str, Any]:
         for server in servers:
             results[f"raw_{server.name}"] = []
             results[f"watcher_{server.name}"] = []
+            results[f"server_cpu_us_watcher_{server.name}"] = []
         for number in range(arguments.rounds):
             # Alternate which server goes first, so load drifts hit both alike.
             for server in servers if number % 2 == 0 else list(reversed(servers)):
@@ -587,6 +612,15 @@ async def run(arguments: argparse.Namespace) -> dict[str, Any]:
                     results=results,
                 )
         best = {key: max(values) for key, values in results.items()}
+        auth_rounds = paired(results["watcher_fsync_always"], results["watcher_fsync_always_open"])
+        auth_cpu_rounds = paired(
+            results["server_cpu_us_watcher_fsync_always"],
+            results["server_cpu_us_watcher_fsync_always_open"],
+        )
+        by_name = {server.name: server for server in servers}
+        publish_auth_slices = paired(
+            by_name["fsync_always"].slice_rates, by_name["fsync_always_open"].slice_rates
+        )
         publish_rate = {server.name: len(progress) / server.publish_s for server in servers}
         events_per_s, raw_per_s = best["watcher_fsync_always"], best["raw_fsync_always"]
         return {
@@ -615,17 +649,26 @@ async def run(arguments: argparse.Namespace) -> dict[str, Any]:
             ),
             "auth_on_per_s": round(events_per_s),
             "auth_off_per_s": round(best["watcher_fsync_always_open"]),
-            "auth_cost_ratio": round(events_per_s / best["watcher_fsync_always_open"], 3),
+            "auth_cost_ratio": round(statistics.median(auth_rounds), 3),
+            "auth_cost_round_ratios": auth_rounds,
+            "auth_cost_ratio_best": round(events_per_s / best["watcher_fsync_always_open"], 3),
+            "server_auth_cpu_cost_ratio": round(statistics.median(auth_cpu_rounds), 3),
+            "server_auth_cpu_cost_round_ratios": auth_cpu_rounds,
+            "server_cpu_us_per_event_auth_on": round(
+                statistics.median(results["server_cpu_us_watcher_fsync_always"]), 1
+            ),
+            "server_cpu_us_per_event_auth_off": round(
+                statistics.median(results["server_cpu_us_watcher_fsync_always_open"]), 1
+            ),
             "publish_auth_on_per_s": round(publish_rate["fsync_always"]),
             "publish_auth_off_per_s": round(publish_rate["fsync_always_open"]),
-            "publish_auth_cost_ratio": round(
-                publish_rate["fsync_always"] / publish_rate["fsync_always_open"], 3
-            ),
+            "publish_auth_cost_ratio": round(statistics.median(publish_auth_slices), 3),
+            "publish_auth_cost_slice_ratios": publish_auth_slices,
             "rows_checked": "exact: progress and job_events after every watcher run, progress "
             "after every raw run",
             "watcher_batch_size": WatcherSettings().batch_size,
             "raw_batch_size": arguments.raw_batch,
-            "all_rounds": {key: [round(v) for v in values] for key, values in results.items()},
+            "all_rounds": {key: [round(v, 1) for v in values] for key, values in results.items()},
             "quick": arguments.quick,
             "cpus": os.cpu_count(),
             "load_avg_1m": round(os.getloadavg()[0], 2),
@@ -644,7 +687,7 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=50_000, help="progress events")
     parser.add_argument("--jobs", type=int, default=50, help="running jobs they belong to")
     parser.add_argument(
-        "--rounds", type=int, default=2, help="rounds, each on every server (best kept)"
+        "--rounds", type=int, default=5, help="rounds, each on every server (best kept)"
     )
     parser.add_argument(
         "--quick", action="store_true", help="10,000 events, 20 jobs, 2 rounds: a check"
