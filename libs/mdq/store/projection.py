@@ -93,6 +93,7 @@ from mdq.core.log_continuity import Continuity, ServerLog, StoredOffset, check, 
 from mdq.core.state import AttemptRecord, JobState, JobView, event_time
 from mdq.core.text import scrub_nul
 from mdq.core.timestamps import set_timestamp
+from mdq.store.batch_insert import BatchColumn, BatchInsert
 from mdq.store.engine import SCHEMA_NOT_READY, connection_lost
 
 log = logging.getLogger("mdq.store.projection")
@@ -448,18 +449,43 @@ _UPSERT_ATTEMPT = (
     f"ON CONFLICT ({_names(_ATTEMPT_KEY)}) DO UPDATE SET "
     + ", ".join(f"{c.name} = EXCLUDED.{c.name}" for c in _ATTEMPT_TABLE[len(_ATTEMPT_KEY) :])
 )
-_INSERT_EVENTS = """
+
+
+class _Stored(NamedTuple):
+    """A fact of the batch with the stream it was read from."""
+
+    stream: str
+    fact: _Fact
+
+
+def _body_json(stored: _Stored) -> str:
+    return _json(getattr(stored.fact.event, stored.fact.kind))
+
+
+_EVENTS: BatchInsert[_Stored] = BatchInsert(
+    "job_events",
+    (
+        BatchColumn("event_id", "text", lambda s: s.fact.event.event_id),
+        BatchColumn("stream", "text", lambda s: s.stream),
+        BatchColumn("stream_seq", "bigint", lambda s: s.fact.sequence),
+        BatchColumn("job_id", "text", lambda s: s.fact.event.job_id or None),
+        BatchColumn("attempt", "int", lambda s: s.fact.event.attempt),
+        BatchColumn("kind", "text", lambda s: s.fact.kind),
+        BatchColumn("time", "timestamptz", lambda s: s.fact.at),
+        BatchColumn("producer", "text", lambda s: s.fact.event.producer),
+        BatchColumn("body", "text", _body_json, into="::jsonb"),
+    ),
+)
+_INSERT_EVENTS = f"""
 WITH incoming AS (
-    SELECT * FROM unnest($1::text[], $3::bigint[], $4::text[], $5::int[], $6::text[],
-        $7::timestamptz[], $8::text[], $9::text[]) WITH ORDINALITY
-        AS e(event_id, seq, job_id, attempt, kind, time, producer, body, n)
+    SELECT * FROM {_EVENTS.unnest("e", ordinality="n")}
 ), fresh AS (
     SELECT DISTINCT ON (i.event_id) i.* FROM incoming i
     WHERE NOT EXISTS (SELECT FROM job_events j WHERE j.event_id = i.event_id)
     ORDER BY i.event_id, i.n
 )
-INSERT INTO job_events (event_id, stream, stream_seq, job_id, attempt, kind, time, producer, body)
-SELECT f.event_id, $2, f.seq, f.job_id, f.attempt, f.kind, f.time, f.producer, f.body::jsonb
+INSERT INTO job_events ({", ".join(_EVENTS.names)})
+SELECT {_EVENTS.select_list("f")}
 FROM fresh f
 ON CONFLICT DO NOTHING
 RETURNING event_id
@@ -467,52 +493,86 @@ RETURNING event_id
 """Every event id once: ``job_events`` is partitioned by time, so its key is (event_id, time)
 and a republished copy with a new time would not conflict; the ids are looked up first (one
 writer per stream, under the consumer offset's lock)."""
-PROGRESS_COLUMNS = (
-    "job_id",
-    "attempt",
-    "step",
-    "time",
-    "time_ps",
-    "potential_kj_mol",
-    "kinetic_kj_mol",
-    "temperature_k",
-    "ns_per_day",
-    "event_id",
-    "stream",
-    "stream_seq",
-    "producer",
-    "target_steps",
-    "eta_s",
-    "done_reason",
+
+
+def _report(stored: _Stored) -> pb.Progress:
+    return stored.fact.event.progress
+
+
+_PROGRESS: BatchInsert[_Stored] = BatchInsert(
+    "progress",
+    (
+        BatchColumn("job_id", "text", lambda s: s.fact.event.job_id),
+        BatchColumn("attempt", "int", lambda s: s.fact.event.attempt),
+        BatchColumn("step", "bigint", lambda s: _report(s).step),
+        BatchColumn("time", "timestamptz", lambda s: s.fact.at),
+        BatchColumn("time_ps", "float8", lambda s: _report(s).time_ps),
+        BatchColumn("potential_kj_mol", "float8", lambda s: _report(s).potential_kj_mol),
+        BatchColumn("kinetic_kj_mol", "float8", lambda s: _report(s).kinetic_kj_mol),
+        BatchColumn("temperature_k", "float8", lambda s: _report(s).temperature_k),
+        BatchColumn("ns_per_day", "float8", lambda s: _report(s).ns_per_day),
+        BatchColumn("event_id", "text", lambda s: s.fact.event.event_id),
+        BatchColumn("stream", "text", lambda s: s.stream),
+        BatchColumn("stream_seq", "bigint", lambda s: s.fact.sequence),
+        BatchColumn("producer", "text", lambda s: s.fact.event.producer),
+        BatchColumn("target_steps", "bigint", lambda s: _report(s).target_steps),
+        BatchColumn("eta_s", "float8", lambda s: _report(s).eta_s),
+        BatchColumn("done_reason", "text", lambda s: _report(s).done_reason),
+    ),
+    returning=("job_id", "attempt", "step"),
 )
-_INSERT_PROGRESS = """
-INSERT INTO progress (job_id, attempt, step, time, time_ps, potential_kj_mol, kinetic_kj_mol,
-    temperature_k, ns_per_day, event_id, stream, stream_seq, producer, target_steps, eta_s,
-    done_reason)
-SELECT * FROM unnest($1::text[], $2::int[], $3::bigint[], $4::timestamptz[], $5::float8[],
-    $6::float8[], $7::float8[], $8::float8[], $9::float8[], $10::text[], $11::text[],
-    $12::bigint[], $13::text[], $14::bigint[], $15::float8[], $16::text[])
-ON CONFLICT DO NOTHING
-RETURNING job_id, attempt, step
-"""
-_INSERT_CHECKPOINTS = """
-INSERT INTO checkpoints (job_id, attempt, step, path, sha256, size_bytes, time_ps, time)
-SELECT * FROM unnest($1::text[], $2::int[], $3::bigint[], $4::text[], $5::text[],
-    $6::bigint[], $7::float8[], $8::timestamptz[])
-ON CONFLICT DO NOTHING
-"""
-_INSERT_PLACEMENTS = """
-INSERT INTO placements (job_id, attempt, node, candidates, time)
-SELECT p.job_id, p.attempt, p.node, p.candidates::jsonb, p.time
-FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::timestamptz[])
-    AS p(job_id, attempt, node, candidates, time)
-ON CONFLICT DO NOTHING
-"""
-_INSERT_REJECTIONS = """
-INSERT INTO rejections (request_id, idempotency_key, field, message, time)
-SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::timestamptz[])
-ON CONFLICT DO NOTHING
-"""
+PROGRESS_COLUMNS = _PROGRESS.names
+"""The columns of ``progress`` in the order the watcher's COPY writes them."""
+
+_CHECKPOINTS: BatchInsert[_Fact] = BatchInsert(
+    "checkpoints",
+    (
+        BatchColumn("job_id", "text", lambda f: f.event.job_id),
+        BatchColumn("attempt", "int", lambda f: f.event.attempt),
+        BatchColumn("step", "bigint", lambda f: f.event.checkpoint.step),
+        BatchColumn("path", "text", lambda f: f.event.checkpoint.path),
+        BatchColumn("sha256", "text", lambda f: f.event.checkpoint.sha256),
+        BatchColumn("size_bytes", "bigint", lambda f: f.event.checkpoint.size_bytes),
+        BatchColumn("time_ps", "float8", lambda f: f.event.checkpoint.time_ps),
+        BatchColumn("time", "timestamptz", lambda f: f.at),
+    ),
+)
+
+
+def _placement_candidates(fact: _Fact) -> str:
+    candidates = [
+        json_format.MessageToDict(c, preserving_proto_field_name=True)
+        for c in fact.event.bound.candidates
+    ]
+    return json.dumps(candidates, sort_keys=True)
+
+
+_PLACEMENTS: BatchInsert[_Fact] = BatchInsert(
+    "placements",
+    (
+        BatchColumn("job_id", "text", lambda f: f.event.job_id),
+        BatchColumn("attempt", "int", lambda f: f.event.attempt),
+        BatchColumn("node", "text", lambda f: f.event.bound.node),
+        BatchColumn("candidates", "text", _placement_candidates, into="::jsonb"),
+        BatchColumn("time", "timestamptz", lambda f: f.at),
+    ),
+)
+_REJECTIONS: BatchInsert[_Fact] = BatchInsert(
+    "rejections",
+    (
+        BatchColumn("request_id", "text", lambda f: f.event.rejected.request_id),
+        BatchColumn("idempotency_key", "text", lambda f: _blank(f.event.rejected.idempotency_key)),
+        BatchColumn("field", "text", lambda f: _blank(f.event.rejected.error.field)),
+        BatchColumn("message", "text", lambda f: f.event.rejected.error.message),
+        BatchColumn("time", "timestamptz", lambda f: f.at),
+    ),
+)
+_FACT_TABLES: dict[str, BatchInsert[_Fact]] = {
+    "checkpoint": _CHECKPOINTS,
+    "bound": _PLACEMENTS,
+    "rejected": _REJECTIONS,
+}
+"""The append-only facts: the event kind that makes a row, and its table."""
 _LOCK_OFFSET = """
 INSERT INTO consumer_offsets (consumer, stream, last_seq, updated_at)
 VALUES ($1, $2, 0, now()) ON CONFLICT (consumer) DO NOTHING
@@ -700,7 +760,7 @@ async def _cancel(task: asyncio.Task[list[Msg]] | None) -> None:
 
 
 def _columns(rows: Sequence[tuple[Any, ...]], width: int) -> list[list[Any]]:
-    """Rows to columns, for ``unnest($1::type[], ...)``."""
+    """Key tuples to columns, for the lookups' ``unnest($1::type[], ...)``."""
     if not rows:
         return [[] for _ in range(width)]
     return [list(column) for column in zip(*rows, strict=True)]
@@ -742,40 +802,17 @@ async def _store_progress(
     for fact in reports:
         key = (fact.event.job_id, fact.event.attempt, fact.event.progress.step)
         unique.setdefault(key, fact)
-    rows = [_progress_row(stream, fact) for fact in unique.values()]
+    rows = _PROGRESS.rows(_Stored(stream, fact) for fact in unique.values())
     try:
         async with connection.transaction():  # a savepoint
             await connection.copy_records_to_table(
-                "progress", records=rows, columns=PROGRESS_COLUMNS
+                _PROGRESS.table, records=rows, columns=_PROGRESS.names
             )
     except asyncpg.UniqueViolationError:
-        stored = await connection.fetch(_INSERT_PROGRESS, *_columns(rows, len(PROGRESS_COLUMNS)))
-        new = {(record[0], record[1], record[2]) for record in stored}
+        stored = await connection.fetch(_PROGRESS.sql, *_PROGRESS.arrays_of_rows(rows))
+        new = {(record["job_id"], record["attempt"], record["step"]) for record in stored}
         return [fact for key, fact in unique.items() if key in new]
     return list(unique.values())
-
-
-def _progress_row(stream: str, fact: _Fact) -> tuple[Any, ...]:
-    event = fact.event
-    body = event.progress
-    return (
-        event.job_id,
-        event.attempt,
-        body.step,
-        fact.at,
-        body.time_ps,
-        body.potential_kj_mol,
-        body.kinetic_kj_mol,
-        body.temperature_k,
-        body.ns_per_day,
-        event.event_id,
-        stream,
-        fact.sequence,
-        event.producer,
-        body.target_steps,
-        body.eta_s,
-        body.done_reason,
-    )
 
 
 class Projector:
@@ -1233,8 +1270,9 @@ class Projector:
             (reports if kind == "progress" and event.job_id else others).append(fact)
         facts: list[_Fact] = []
         if others:
-            inserted = await connection.fetch(_INSERT_EVENTS, *self._event_columns(feed, others))
-            new_ids = {record[0] for record in inserted}
+            stored = [_Stored(feed.stream, fact) for fact in others]
+            inserted = await connection.fetch(_INSERT_EVENTS, *_EVENTS.arrays(stored))
+            new_ids = {record["event_id"] for record in inserted}
             for fact in others:
                 if fact.event.event_id in new_ids:
                     new_ids.discard(fact.event.event_id)  # a second copy in the batch: duplicate
@@ -1251,79 +1289,11 @@ class Projector:
         return len(facts)
 
     @staticmethod
-    def _event_columns(feed: _Feed, candidates: list[_Fact]) -> list[Any]:
-        ids: list[str] = []
-        seqs: list[int] = []
-        jobs: list[str | None] = []
-        attempts: list[int] = []
-        kinds: list[str] = []
-        times: list[datetime] = []
-        producers: list[str] = []
-        bodies: list[str] = []
-        for sequence, event, kind, at in candidates:
-            ids.append(event.event_id)
-            seqs.append(sequence)
-            jobs.append(event.job_id or None)
-            attempts.append(event.attempt)
-            kinds.append(kind)
-            times.append(at)
-            producers.append(event.producer)
-            bodies.append(_json(getattr(event, kind)))
-        return [ids, feed.stream, seqs, jobs, attempts, kinds, times, producers, bodies]
-
-    @staticmethod
     async def _insert_facts(connection: asyncpg.Connection, facts: list[_Fact]) -> None:
         """Checkpoint, placement and rejection rows (append-only facts)."""
-        checkpoints: list[tuple[Any, ...]] = []
-        placements: list[tuple[Any, ...]] = []
-        rejections: list[tuple[Any, ...]] = []
-        for _, event, kind, at in facts:
-            if kind == "checkpoint":
-                body_c = event.checkpoint
-                checkpoints.append(
-                    (
-                        event.job_id,
-                        event.attempt,
-                        body_c.step,
-                        body_c.path,
-                        body_c.sha256,
-                        body_c.size_bytes,
-                        body_c.time_ps,
-                        at,
-                    )
-                )
-            elif kind == "bound":
-                body_b = event.bound
-                candidates = [
-                    json_format.MessageToDict(score, preserving_proto_field_name=True)
-                    for score in body_b.candidates
-                ]
-                placements.append(
-                    (
-                        event.job_id,
-                        event.attempt,
-                        body_b.node,
-                        json.dumps(candidates, sort_keys=True),
-                        at,
-                    )
-                )
-            elif kind == "rejected":
-                body_r = event.rejected
-                rejections.append(
-                    (
-                        body_r.request_id,
-                        _blank(body_r.idempotency_key),
-                        _blank(body_r.error.field),
-                        body_r.error.message,
-                        at,
-                    )
-                )
-        if checkpoints:
-            await connection.execute(_INSERT_CHECKPOINTS, *_columns(checkpoints, 8))
-        if placements:
-            await connection.execute(_INSERT_PLACEMENTS, *_columns(placements, 5))
-        if rejections:
-            await connection.execute(_INSERT_REJECTIONS, *_columns(rejections, 5))
+        for kind, table in _FACT_TABLES.items():
+            if rows := [fact for fact in facts if fact.kind == kind]:
+                await connection.execute(table.sql, *table.arrays(rows))
 
     @staticmethod
     async def _fold_jobs(
