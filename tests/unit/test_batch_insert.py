@@ -16,7 +16,7 @@ class Reading(NamedTuple):
     document: dict[str, int]
 
 
-READINGS = BatchInsert(
+READINGS: BatchInsert[Reading] = BatchInsert(
     "readings",
     (
         BatchColumn("sensor", "text", lambda r: r.sensor),
