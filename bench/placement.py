@@ -27,7 +27,10 @@
     /proc; ``auth_cpu_cost_ratio`` is the median of the rounds' CPU per job with
     authentication over without (> 1: what the closed bus costs), ``server_auth_cpu_cost_ratio``
     the same for nats-server alone, ``cpu_us_per_job_*`` / ``server_cpu_us_per_job_*`` the
-    figures (``raw_*`` for the raw loop).
+    figures (``raw_*`` for the raw loop). **Where the CPU sets the pace**: a fourth server, the
+    server's default fsync interval without authentication, paired with the third the same way
+    (``auth_cost_fsync_default_ratio``, ``auth_cpu_cost_fsync_default_ratio``, ...): with
+    fsync-always every acknowledgement waits for the disk, which hides CPU.
 (c) **Latency submit → job.bound** at 500 submits/s offered (open loop), p50 and p99, and the
     placement stage alone against the raw consumer stage, on the fsync-always server.
 
@@ -324,12 +327,14 @@ SERVERS = {
     "fsync_always": (SYNC_ALWAYS, True),
     "fsync_always_open": (SYNC_ALWAYS, False),
     "fsync_default": (SYNC_SERVER_DEFAULT, True),
+    "fsync_default_open": (SYNC_SERVER_DEFAULT, False),
 }
 """The NATS servers of every run: (JetStream ``sync_interval``, whether clients authenticate).
 mdq's embedded default is the first (fsync-always, every client with its own least-privilege
 credentials: intake as intake, placement as placement); the second is the same without
 authentication (the cost of the closed bus), the third the same with the server's default
-fsync interval (the cost of fsync-always)."""
+fsync interval (the cost of fsync-always), the fourth that one without authentication (the cost
+of the closed bus where the server's CPU, not the disk, sets the pace)."""
 
 
 NAMESPACE = "bench"
@@ -617,6 +622,8 @@ async def _end_to_end(
             results["raw_auth_off_per_s"] = max(measured["raw_fsync_always_open"])
             results["jobs_bound_auth_off_rounds"] = measured["mdq_fsync_always_open"]
             results["raw_bus_auth_off_rounds"] = measured["raw_fsync_always_open"]
+            results["jobs_bound_fsync_default_auth_off_rounds"] = measured["mdq_fsync_default_open"]
+            results["raw_bus_fsync_default_auth_off_rounds"] = measured["raw_fsync_default_open"]
 
             # The stage alone and the latency: on the fsync-always server (mdq's default).
             side = sides["fsync_always"]
@@ -687,23 +694,33 @@ def main() -> None:
          "auth_off_per_s"),
         ("raw_auth_cost", "raw_bus_rounds", "raw_bus_auth_off_rounds", "raw_bus_per_s",
          "raw_auth_off_per_s"),
+        ("auth_cost_fsync_default", "jobs_bound_fsync_default_rounds",
+         "jobs_bound_fsync_default_auth_off_rounds", "", ""),
+        ("raw_auth_cost_fsync_default", "raw_bus_fsync_default_rounds",
+         "raw_bus_fsync_default_auth_off_rounds", "", ""),
     ):  # fmt: skip
         paired = [on / off for on, off in zip(e2e[rounds_on], e2e[rounds_off], strict=True)]
         summary[f"{key}_ratio"] = round(statistics.median(paired), 3)
         summary[f"{key}_round_ratios"] = [round(ratio, 3) for ratio in paired]
-        summary[f"{key}_ratio_best"] = round(e2e[best_on] / e2e[best_off], 3)
+        if best_on:
+            summary[f"{key}_ratio_best"] = round(e2e[best_on] / e2e[best_off], 3)
     # The same pairs in CPU: microseconds of CPU per job, with over without authentication, of
     # the server plus the pipeline's processes plus the harness (``auth_cpu_cost_ratio``: > 1
     # is what the closed bus costs), and of the server alone (``server_auth_cpu_cost_ratio``).
+    # ``*_fsync_default``: the same pairs on the two servers with the server's default fsync
+    # interval, where no fsync wait hides the CPU.
     for key, kind in (("auth_cpu_cost", "mdq"), ("raw_auth_cpu_cost", "raw")):
         for prefix, label in (("", "cpu_us_per_job"), ("server_", "server_cpu_us_per_job")):
-            on = e2e[f"{label}_{kind}_fsync_always_rounds"]
-            off = e2e[f"{label}_{kind}_fsync_always_open_rounds"]
-            paired = [a / b for a, b in zip(on, off, strict=True)]
-            summary[f"{prefix}{key}_ratio"] = round(statistics.median(paired), 3)
-            summary[f"{prefix}{key}_round_ratios"] = [round(ratio, 3) for ratio in paired]
-            summary[f"{label}_{kind}_auth_on"] = round(statistics.median(on))
-            summary[f"{label}_{kind}_auth_off"] = round(statistics.median(off))
+            for sync, suffix in (("fsync_always", ""), ("fsync_default", "_fsync_default")):
+                on = e2e[f"{label}_{kind}_{sync}_rounds"]
+                off = e2e[f"{label}_{kind}_{sync}_open_rounds"]
+                paired = [a / b for a, b in zip(on, off, strict=True)]
+                summary[f"{prefix}{key}{suffix}_ratio"] = round(statistics.median(paired), 3)
+                summary[f"{prefix}{key}{suffix}_round_ratios"] = [
+                    round(ratio, 3) for ratio in paired
+                ]
+                summary[f"{label}_{kind}_auth_on{suffix}"] = round(statistics.median(on))
+                summary[f"{label}_{kind}_auth_off{suffix}"] = round(statistics.median(off))
     summary["ratio_vs_raw_fsync_default"] = round(
         e2e["fsync_default_per_s"] / e2e["raw_fsync_default_per_s"], 3
     )
