@@ -23,6 +23,16 @@ resources the attempt's job was recorded with); CPU slack is ``1 - cores used / 
 requested``; the makespan is the bench's clock from the submit to the last job's end, on the
 same two nodes (``MDQ_LOCAL_CPU_PER_NODE`` virtual cores and ``MDQ_LOCAL_MEMORY_MB_PER_NODE``
 MiB each). OOM kills are the attempts that ended ``FAILURE_OOM_KILLED``.
+``*_machine_cpu_busy`` is the share of the whole machine's CPU time (``/proc/stat``, all cores)
+that was busy during each campaign: at about 1 the campaign was bound by the cores themselves,
+and no requests, however well learned, could have finished it sooner.
+
+Learned requests shorten a campaign only where memory, not CPU, decides how many jobs run at
+once: nodes with more cores than their memory fits hand-set jobs. The default nodes are this
+2-core machine's cores, one each (no overcommit: a runner's measured cores under overcommit
+would understate what it needs), so CPU binds in both campaigns. On a machine of 2 x N cores,
+``--node-cpu N --node-memory-mb M`` gives two nodes of N cores and M MiB (with M / 1024 < N the
+hand-set jobs fit by memory, the learned ones by cores).
 
 Usage: ``make bench-requests`` (``python bench/requests.py``; ``--quick`` runs fewer steps).
 The last line printed is one JSON object.
@@ -33,6 +43,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -41,6 +52,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import psutil
@@ -166,9 +178,21 @@ async def submit(client: MdqClient, key: str, specs: list[dict[str, object]]) ->
     raise RuntimeError("intake never answered")
 
 
+def machine_cpu_busy(before: Any, after: Any) -> float:
+    """The share of the machine's CPU time (all cores) that was busy between two readings of
+    ``psutil.cpu_times()``: near 1 means the campaign was bound by the cores themselves, and
+    no choice of requests could have run it faster."""
+    total = sum(after) - sum(before)
+    idle = (after.idle + getattr(after, "iowait", 0.0)) - (
+        before.idle + getattr(before, "iowait", 0.0)
+    )
+    return 1 - idle / total if total > 0 else 0.0
+
+
 @dataclass
 class Phase:
     makespan_s: float
+    machine_cpu_busy: float
     memory_slack: list[float]
     cpu_slack: list[float]
     oom_kills: int
@@ -178,10 +202,10 @@ class Phase:
 async def run_phase(
     client: MdqClient, database_url: str, sampler: Sampler, phase: str, runs: int, steps: int
 ) -> Phase:
-    started = time.monotonic()
+    started, cpu_before = time.monotonic(), psutil.cpu_times()
     job_ids = await submit(client, f"bench-requests-{phase}", jobs(phase, runs, steps))
     await client.wait(job_ids, timeout=3600)
-    makespan = time.monotonic() - started
+    makespan, busy = time.monotonic() - started, machine_cpu_busy(cpu_before, psutil.cpu_times())
     await asyncio.sleep(1.0)  # the projection catches up (requests, failures)
     connection = await asyncpg.connect(database_url)
     try:
@@ -207,7 +231,7 @@ async def run_phase(
         cpu, memory_mb = requested[job_id]
         memory_slack.append(1 - seen.peak_kib / 1024 / memory_mb)
         cpu_slack.append(1 - (seen.cpu_s / (seen.last - seen.first)) / cpu)
-    return Phase(makespan, memory_slack, cpu_slack, int(failures), requested)
+    return Phase(makespan, busy, memory_slack, cpu_slack, int(failures), requested)
 
 
 def p95(values: list[float]) -> float:
@@ -215,7 +239,7 @@ def p95(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
 
 
-async def main(runs: int, steps: int) -> dict[str, object]:
+async def main(runs: int, steps: int, node_cpu: int, node_memory_mb: int) -> dict[str, object]:
     root = Path(tempfile.mkdtemp(prefix="mdq-bench-requests-"))
     nats = start_nats(root / "nats")
     postgres = start_postgres(root / "pg", keep=False)
@@ -228,8 +252,8 @@ async def main(runs: int, steps: int) -> dict[str, object]:
         local_nodes=2,
         extra_env={
             "MDQ_METRICS_INTERVAL_S": "1",
-            "MDQ_LOCAL_CPU_PER_NODE": str(NODE_CPU),
-            "MDQ_LOCAL_MEMORY_MB_PER_NODE": str(NODE_MEMORY_MB),
+            "MDQ_LOCAL_CPU_PER_NODE": str(node_cpu),
+            "MDQ_LOCAL_MEMORY_MB_PER_NODE": str(node_memory_mb),
             "MDQ_INTAKE_HISTORY_DATABASE_URL": postgres.url,
             "MDQ_INTAKE_HISTORY_REFRESH_S": "2",
             "MDQ_RUNNER_WARMUP_MINIMIZE_ITERATIONS": "20",
@@ -270,8 +294,11 @@ async def main(runs: int, steps: int) -> dict[str, object]:
         "hand_set_oom_kills": hand.oom_kills,
         "hand_set_makespan_s": round(hand.makespan_s, 1),
         "learned_makespan_s": round(learned.makespan_s, 1),
+        "hand_set_machine_cpu_busy": round(hand.machine_cpu_busy, 3),
+        "learned_machine_cpu_busy": round(learned.machine_cpu_busy, 3),
         "learned_requests_mb": sorted({memory for _, memory in learned.requested.values()}),
-        "nodes": f"2 x ({NODE_CPU} cores, {NODE_MEMORY_MB} MiB)",
+        "nodes": f"2 x ({node_cpu} cores, {node_memory_mb} MiB)",
+        "machine_cores": os.cpu_count(),
         "measured": "peak: VmHWM of each runner's process tree from /proc, sampled every 0.1 s "
         "by the bench; requested: the resources each job was recorded with",
     }
@@ -282,8 +309,17 @@ if __name__ == "__main__":
     parser.add_argument("--runs", type=int, default=4, help="runs of each system per campaign")
     parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--quick", action="store_true", help="3 runs of 300 steps")
+    parser.add_argument(
+        "--node-cpu",
+        type=int,
+        default=NODE_CPU,
+        help="cores of each of the two nodes (at most half the machine's: no overcommit)",
+    )
+    parser.add_argument("--node-memory-mb", type=int, default=NODE_MEMORY_MB)
     args = parser.parse_args()
+    if 2 * args.node_cpu > (os.cpu_count() or 1):
+        parser.error(f"2 nodes x {args.node_cpu} cores overcommit this machine's cores")
     runs, steps = (3, 300) if args.quick else (args.runs, args.steps)
-    result = asyncio.run(main(runs, steps))
+    result = asyncio.run(main(runs, steps, args.node_cpu, args.node_memory_mb))
     print(json.dumps(result), flush=True)
     sys.exit(0)
