@@ -71,8 +71,11 @@ STREAMS = (
     SUBJECTS.jobs_stream,
     SUBJECTS.progress_stream,
     SUBJECTS.nodes_stream,
+    SUBJECTS.node_summaries_stream,
     *(f"KV_{bucket}" for bucket in BUCKETS),
 )
+SHARED_STREAMS = STREAMS[:5]
+"""The namespace's own streams (the rest are buckets)."""
 KV_WRITERS = {
     SUBJECTS.pods_bucket: {"placement", "watcher", "recovery", "agent"},
     SUBJECTS.nodes_bucket: {"agent"},
@@ -105,6 +108,8 @@ def event_subject(kind: str, job: str = JOB) -> str:
         return SUBJECTS.progress(job)
     if kind == "node_load":
         return SUBJECTS.node_load("n1")
+    if kind == "node_summary":
+        return SUBJECTS.node_summary("n1")
     if kind == "rejected":
         return SUBJECTS.rejected("0123456789ab")
     return SUBJECTS.job(job, kind)
@@ -274,7 +279,7 @@ async def test_only_admin_purges_deletes_creates_or_updates_streams(
     ]
     tries += [
         f"$JS.API.STREAM.{verb}.{stream}"
-        for stream in (*STREAMS[:4], "EVIL")
+        for stream in (*SHARED_STREAMS, "EVIL")
         for verb in ("CREATE", "UPDATE")
     ]
     tries += [f"$JS.API.STREAM.MSG.DELETE.{stream}" for stream in STREAMS]
@@ -322,6 +327,29 @@ async def test_nothing_refused_reached_the_streams(
     after = (await js.stream_info(SUBJECTS.jobs_stream)).state.messages
     await admin.close()
     assert after == before
+
+
+SUMMARY_READERS = {"console", "cli"}
+"""Who may read the nodes' summarised load (``NS_NODE_SUMMARIES``): the console, whose nodes
+page draws each node's last hour from it, and the operator's client."""
+
+
+@pytest.mark.parametrize("identity", ATTACKERS)
+async def test_only_the_console_and_the_operator_read_the_nodes_summaries(
+    attempts_of: dict[str, Attempts], identity: str
+) -> None:
+    """Metrics publishes them, and nobody else may (the event kinds test); of the rest, only
+    the console and the operator's client may read them: no other service needs them, and a
+    tenant may not learn the load of the nodes its jobs share with others."""
+    stream = SUBJECTS.node_summaries_stream
+    tries = [
+        f"$JS.API.CONSUMER.CREATE.{stream}",
+        f"$JS.API.STREAM.MSG.GET.{stream}",
+        f"$JS.API.DIRECT.GET.{stream}.{SUBJECTS.node_summary('n1')}",
+        f"$JS.FC.{stream}.any",
+    ]
+    refused = await attempts_of[identity].refused(tries)
+    assert refused == (set() if identity in SUMMARY_READERS else set(tries))
 
 
 async def stored_messages(prepared: Server) -> dict[str, int]:
@@ -515,7 +543,12 @@ async def test_a_tenant_reads_its_own_stream_and_nothing_else(
         f"$JS.API.STREAM.DELETE.{own}",
         f"$JS.API.STREAM.UPDATE.{own}",
     ]
-    for stream in (SUBJECTS.jobs_stream, SUBJECTS.progress_stream, SUBJECTS.nodes_stream):
+    for stream in (
+        SUBJECTS.jobs_stream,
+        SUBJECTS.progress_stream,
+        SUBJECTS.nodes_stream,
+        SUBJECTS.node_summaries_stream,
+    ):
         refused += [
             f"$JS.API.STREAM.INFO.{stream}",
             f"$JS.API.CONSUMER.CREATE.{stream}",
