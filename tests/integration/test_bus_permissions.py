@@ -15,6 +15,7 @@ import asyncio
 import json
 import shutil
 import tempfile
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -38,6 +39,7 @@ from mdq.bus.permissions import (
     service_permissions,
     tenant_permissions,
 )
+from mdq.bus.publisher import EventPublisher
 from mdq.bus.snapshots import SnapshotStore
 from mdq.bus.streams import ensure_streams, ensure_tenant_stream
 from mdq.bus.subjects import Subjects
@@ -47,6 +49,9 @@ from mdq.core.producers import EVENT_PRODUCERS
 from mdq.core.snapshot import encode as encode_snapshot
 from mdq.core.tenants import TenantUsage, usage_key
 from mdq.embedded import EmbeddedNats, start_nats
+from services.console.live import NodeBoard
+from services.metrics.app import node_summary_event
+from tests.helpers import wait_for
 
 SUBJECTS = Subjects("mdq")
 JOB = "0123456789ab-victim"
@@ -350,6 +355,50 @@ async def test_only_the_console_and_the_operator_read_the_nodes_summaries(
     ]
     refused = await attempts_of[identity].refused(tries)
     assert refused == (set() if identity in SUMMARY_READERS else set(tries))
+
+
+async def test_the_console_reads_the_hour_metrics_summarised_across_the_bridge(
+    prepared: Server,
+) -> None:
+    """On the closed bus, as each runs: metrics publishes a node's summary as itself, the
+    summaries stream (in the streams account) stores it, and the console, following the nodes
+    as it does with its own credentials, has it in the node's last hour."""
+    metrics = await connect(prepared.nats.url, name="metrics", creds=prepared.creds["metrics"])
+    console = await connect(prepared.nats.url, name="console", creds=prepared.creds["console"])
+    board = NodeBoard()
+    following = asyncio.create_task(board.follow(console, SUBJECTS))
+    try:
+        publisher = EventPublisher(js=metrics.jetstream(), subjects=SUBJECTS, producer="metrics")
+        summary = pb.NodeLoadSummary(
+            node="n7",
+            samples=30,
+            cpu_load_mean=0.25,
+            cpu_load_max=0.5,
+            memory_load_mean=0.125,
+            memory_load_max=0.375,
+        )
+        end = int(time.time()) // 60 * 60
+        summary.start.FromSeconds(end - 60)
+        summary.end.FromSeconds(end)
+        ack = await publisher.publish(node_summary_event(publisher, summary))
+        assert ack.stream == SUBJECTS.node_summaries_stream
+
+        async def shown() -> bool:
+            return board.history("n7").t == [float(end)]
+
+        await wait_for(shown, timeout=10, what="the summary in the console's hour of n7")
+        history = board.history("n7")
+        assert (history.cpu, history.cpu_max, history.memory, history.memory_max) == (
+            [0.25],
+            [0.5],
+            [0.125],
+            [0.375],
+        )
+    finally:
+        following.cancel()
+        await asyncio.gather(following, return_exceptions=True)
+        await metrics.close()
+        await console.close()
 
 
 async def stored_messages(prepared: Server) -> dict[str, int]:
