@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run up test test-fast test-images images lock lint proto asyncapi bench-placement bench-recovery bench-runner bench-ingest bench-scale bench-history bench-console bench-fairshare bench-multicluster bench-requests chaos clean install compose-secrets deploy-dev-secrets
+.PHONY: run up test test-fast test-images images lock lint proto asyncapi bench-placement bench-recovery bench-runner bench-ingest bench-scale bench-history bench-console bench-nodes-hour bench-fairshare bench-multicluster bench-requests chaos clean install compose-secrets deploy-dev-secrets
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "mdq needs Python 3.11 or newer")'
@@ -114,6 +114,10 @@ bench-requests: $(STAMP)
 ## bench-console: the web console at a year's size (1,000,000 jobs): p99 of the jobs list, a job page, a campaign page; bus -> chart latency in headless Chromium
 bench-console: $(STAMP)
 	$(BIN)/python bench/console.py $(BENCH_ARGS)
+
+## bench-nodes-hour: the nodes page's hour at 3,000 nodes: the summaries stream's size, a console restart's read of it against a bare consumer, the metrics service's pace with and without summarising
+bench-nodes-hour: $(STAMP)
+	$(BIN)/python bench/nodes_hour.py $(BENCH_ARGS)
 
 ## bench-multicluster: placement throughput over 3 clusters of 1,000 nodes against 1 of 3,000 (the real intake and placement, side by side)
 bench-multicluster: $(STAMP)

@@ -66,7 +66,7 @@ from services.console.filters import (
     parse_filter,
     parse_label,
 )
-from services.console.live import NodeBoard
+from services.console.live import NodeBoard, follow_nodes
 from services.console.settings import ConsoleSettings
 
 log = logging.getLogger("mdq.console")
@@ -396,14 +396,11 @@ async def nodes_page(request: Request) -> Response:
                 "latest": view.latest if view else None,
                 "jobs": on_nodes.get(name, []),
                 "started_last_hour": started.get(name, 0),
-                "history": {
-                    "t": [sample.at for sample in view.samples] if view else [],
-                    "cpu": [sample.cpu_load for sample in view.samples] if view else [],
-                    "memory": [sample.memory_load for sample in view.samples] if view else [],
-                },
+                "history": console.nodes.history(name).columns(),
             }
         )
-    return _page(request, "nodes.html", {"title": "Nodes", "nodes": nodes})
+    context = {"title": "Nodes", "nodes": nodes, "history_read": console.nodes.history_read}
+    return _page(request, "nodes.html", context)
 
 
 async def submit_page(request: Request) -> Response:
@@ -487,7 +484,7 @@ async def serve(common: CommonSettings, settings: ConsoleSettings) -> None:
     nc = await connect(common.nats_url, name="mdq-console", subjects=subjects, wait=True)
     engine = create_engine(common.database_url, pool_size=4)
     console = Console(engine=engine, nc=nc, subjects=subjects, data_dir=common.data_dir)
-    follower = asyncio.create_task(console.nodes.follow(nc, subjects), name="nodes")
+    follower = asyncio.create_task(follow_nodes(console.nodes, nc, subjects), name="nodes")
     # the web stack's modules, templates and compiled statements are hundreds of thousands of
     # objects that live for ever: left in the oldest generation, every full collection walked
     # them all, a 100-150 ms pause inside one request in every ~70 (bench-console's p99)

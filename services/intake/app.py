@@ -37,11 +37,13 @@ import contextlib
 import logging
 import warnings
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import nats.errors
 import nats.js.errors
 from faststream import AckPolicy, FastStream, StreamMessage
 from faststream.nats import JStream, NatsBroker
+from faststream.nats.security import NatsCredentials
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -173,6 +175,17 @@ async def _raw_message(message: StreamMessage[Msg]) -> Msg:
     return message.raw_message
 
 
+def broker_auth_options() -> dict[str, Any]:
+    """``auth_options`` for FastStream's broker: the credentials file as
+    ``security=NatsCredentials`` (its ``user_credentials`` argument is deprecated), this
+    identity's reply-inbox prefix as it is."""
+    options = auth_options()
+    credentials = options.pop("user_credentials", None)
+    if credentials is not None:
+        options["security"] = NatsCredentials(credentials)
+    return options
+
+
 class Intake:
     """The intake service: one broker, its subscribers and the handler they call."""
 
@@ -188,7 +201,7 @@ class Intake:
             # Handlers take the decoded body as it is: no dependency injection or validation
             # per message (FastStream's costliest step here, a thread hop per message).
             apply_types=False,
-            **auth_options(),  # MDQ_NATS_CREDS: intake's own identity
+            **broker_auth_options(),  # MDQ_NATS_CREDS: intake's own identity
         )
         self._handler: SubmitHandler | None = None
         self._history: UsageHistory | None = None

@@ -1,8 +1,9 @@
 """Composition root of the metrics service: wire NATS, the backend and the exporter, then run.
 
-Three loops share one ``Exporter``: sampling nodes (and publishing ``node_load``), folding the
-jobs log into job counts, following progress (the latest per job first, then live). The
-Prometheus HTTP server runs in its own thread and only reads the exporter's registry.
+Three loops share one ``Exporter``: sampling nodes (and publishing ``node_load``, and once per
+summary interval each node's ``node_summary``), folding the jobs log into job counts, following
+progress (the latest per job first, then live). The Prometheus HTTP server runs in its own
+thread and only reads the exporter's registry.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from mdq.bus.tenants import read_tenant_usages
 from mdq.contracts import pb
 from mdq.settings import CommonSettings
 from services.metrics.exporter import Exporter
-from services.metrics.folding import JobCounts, LifecycleClock, ProgressBoard
+from services.metrics.folding import JobCounts, LifecycleClock, LoadSummaries, ProgressBoard
 from services.metrics.settings import MetricsSettings
 
 log = logging.getLogger("mdq.metrics")
@@ -58,16 +59,43 @@ def node_load_event(publisher: EventPublisher, sample: NodeSample, *, time_ms: i
     )
 
 
+def node_summary_event(publisher: EventPublisher, summary: pb.NodeLoadSummary) -> pb.Event:
+    """The ``node_summary`` event of one node's interval: its id is the node's and the
+    interval's, so two metrics replicas' summaries of one interval are stored once."""
+    start_ms = summary.start.ToMilliseconds()
+    return publisher.event(
+        "node_summary", summary, job_id="", attempt=0, detail=f"{summary.node}:{start_ms}"
+    )
+
+
 async def sample_nodes_once(
-    *, backend: ClusterBackend, publisher: EventPublisher, exporter: Exporter
-) -> list[NodeSample]:
-    """Sample every node, show it on /metrics and publish its load."""
+    *,
+    backend: ClusterBackend,
+    publisher: EventPublisher,
+    exporter: Exporter,
+    summaries: LoadSummaries,
+) -> list[pb.NodeLoadSummary]:
+    """Sample every node, show it on /metrics and publish its load; fold the loads into
+    ``summaries`` and return the summaries of the interval this closes, if it closes one (the
+    caller publishes them)."""
     samples = await backend.sample_nodes()
     exporter.set_nodes(samples)
-    time_ms = int(time.time() * 1000)
-    await publisher.publish_all(node_load_event(publisher, s, time_ms=time_ms) for s in samples)
+    now = time.time()
+    time_ms = int(now * 1000)
+    loads = [node_load_event(publisher, s, time_ms=time_ms) for s in samples]
+    closed = summaries.add((event.node_load for event in loads), now)
+    await publisher.publish_all(loads)
     exporter.node_load_events.inc(len(samples))
-    return samples
+    return closed
+
+
+async def publish_summaries(publisher: EventPublisher, closed: list[pb.NodeLoadSummary]) -> None:
+    """Publish the summaries of a closed interval; on failure they are lost (a gap of one
+    interval in the nodes' hour), which is said in the log."""
+    try:
+        await publisher.publish_all(node_summary_event(publisher, s) for s in closed)
+    except Exception:
+        log.warning("publishing %d node summaries failed", len(closed), exc_info=True)
 
 
 @dataclass
@@ -126,6 +154,7 @@ async def sample_streams(js: JetStreamContext, subjects: Subjects, exporter: Exp
         subjects.jobs_stream,
         subjects.progress_stream,
         subjects.nodes_stream,
+        subjects.node_summaries_stream,
     ):
         info = await js.stream_info(stream)
         exporter.stream_bytes.labels(stream).set(info.state.bytes)
@@ -158,6 +187,7 @@ class MetricsService:
         self._followers = Followers(
             exporter=self.exporter, jobs=JobCounts(), progress=ProgressBoard()
         )
+        self._summaries = LoadSummaries(settings.summary_interval_s)
         self._http: tuple[WSGIServer, Thread] | None = None
 
     @property
@@ -229,28 +259,53 @@ class MetricsService:
             await self._backend.close()
 
     async def _sample_forever(self) -> None:
-        while True:
-            started = time.monotonic()
-            try:
-                await sample_nodes_once(
-                    backend=self._backend, publisher=self._publisher, exporter=self.exporter
-                )
-            except Exception:  # NATS away for a moment: sample again next time
-                log.warning("sampling nodes failed", exc_info=True)
-            try:
-                await sample_consumer_lag(self._js, self._subjects, self.exporter)
-            except Exception:
-                log.warning("reading the watcher's consumer lag failed", exc_info=True)
-            try:
-                await sample_streams(self._js, self._subjects, self.exporter)
-            except Exception:
-                log.warning("reading the streams' sizes failed", exc_info=True)
-            try:
-                self.exporter.set_tenants(await read_tenant_usages(self._js, self._subjects))
-            except Exception:
-                log.warning("reading the tenants' shares failed", exc_info=True)
-            elapsed = time.monotonic() - started
-            await asyncio.sleep(max(0.0, self._settings.interval_s - elapsed))
+        # A closed interval's summaries (one per node, once a minute) are published beside
+        # the sampling, not in its round: at 3,000 nodes they take as long as a round's loads,
+        # and placement's loads keep their pace.
+        summarising: asyncio.Task[None] | None = None
+        try:
+            while True:
+                summarising = await self._sample_round(summarising)
+        finally:
+            if summarising is not None:
+                summarising.cancel()
+
+    async def _sample_round(
+        self, summarising: asyncio.Task[None] | None
+    ) -> asyncio.Task[None] | None:
+        """One sampling round; return the task publishing summaries, if one runs."""
+        started = time.monotonic()
+        try:
+            closed = await sample_nodes_once(
+                backend=self._backend,
+                publisher=self._publisher,
+                exporter=self.exporter,
+                summaries=self._summaries,
+            )
+        except Exception:  # NATS away for a moment: sample again next time
+            log.warning("sampling nodes failed", exc_info=True)
+            closed = []
+        if closed:
+            if summarising is not None:
+                await summarising  # the previous interval's, long done at a minute
+            summarising = asyncio.create_task(
+                publish_summaries(self._publisher, closed), name="node-summaries"
+            )
+        try:
+            await sample_consumer_lag(self._js, self._subjects, self.exporter)
+        except Exception:
+            log.warning("reading the watcher's consumer lag failed", exc_info=True)
+        try:
+            await sample_streams(self._js, self._subjects, self.exporter)
+        except Exception:
+            log.warning("reading the streams' sizes failed", exc_info=True)
+        try:
+            self.exporter.set_tenants(await read_tenant_usages(self._js, self._subjects))
+        except Exception:
+            log.warning("reading the tenants' shares failed", exc_info=True)
+        elapsed = time.monotonic() - started
+        await asyncio.sleep(max(0.0, self._settings.interval_s - elapsed))
+        return summarising
 
 
 async def build(

@@ -4,13 +4,17 @@
 each state. ``ProgressBoard`` keeps the latest MD step and energy of each job's current attempt
 and forgets a job once it is finished, so the exported series stay bounded.
 ``LifecycleClock`` times placement (PENDING → bound) and names what each retry recovered from.
+``LoadSummaries`` folds each node's load samples into one summary per fixed interval (the
+``node_summary`` events the console's nodes page draws its hour from).
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from mdq.contracts import pb
 from mdq.core.state import JobBook, JobState, JobView, event_time
@@ -119,3 +123,73 @@ class LifecycleClock:
         if view.state.terminal:
             self.pending_since.pop(event.job_id, None)
         return LifecycleFacts()
+
+
+@dataclass(slots=True)
+class _NodeInterval:
+    """The samples of one node in the open interval, as running sums and peaks."""
+
+    cluster: str
+    samples: int = 0
+    cpu_sum: float = 0.0
+    cpu_max: float = 0.0
+    memory_sum: float = 0.0
+    memory_max: float = 0.0
+
+    def add(self, load: pb.NodeLoad) -> None:
+        self.samples += 1
+        self.cpu_sum += load.cpu_load
+        self.memory_sum += load.memory_load
+        self.cpu_max = max(self.cpu_max, load.cpu_load)
+        self.memory_max = max(self.memory_max, load.memory_load)
+
+
+class LoadSummaries:
+    """Each node's load, summarised over fixed intervals of ``interval_s`` that start at whole
+    multiples of it since the epoch (so every node's, and every replica's, line up).
+
+    ``add`` takes one round of samples and the time it was taken; when that time lies in a
+    later interval than the open one, the open interval is closed and its summaries returned,
+    one per node that was sampled in it. Memory: one running sum per node.
+    """
+
+    def __init__(self, interval_s: float) -> None:
+        if interval_s <= 0:
+            raise ValueError(f"interval_s must be > 0: {interval_s}")
+        self.interval_s = interval_s
+        self._index: int | None = None
+        self._nodes: dict[str, _NodeInterval] = {}
+
+    def add(self, loads: Iterable[pb.NodeLoad], at: float) -> list[pb.NodeLoadSummary]:
+        """Fold the loads sampled at ``at`` (seconds since the epoch); return the summaries of
+        the interval this closes (none while the interval is still open)."""
+        index = math.floor(at / self.interval_s)
+        closed = self._close() if self._index is not None and index != self._index else []
+        self._index = index
+        for load in loads:
+            node = self._nodes.get(load.node)
+            if node is None:
+                node = self._nodes[load.node] = _NodeInterval(cluster=load.cluster)
+            node.add(load)
+        return closed
+
+    def _close(self) -> list[pb.NodeLoadSummary]:
+        assert self._index is not None
+        start = datetime.fromtimestamp(self._index * self.interval_s, UTC)
+        end = datetime.fromtimestamp((self._index + 1) * self.interval_s, UTC)
+        summaries = []
+        for name, node in sorted(self._nodes.items()):
+            summary = pb.NodeLoadSummary(
+                node=name,
+                cluster=node.cluster,
+                samples=node.samples,
+                cpu_load_mean=node.cpu_sum / node.samples,
+                cpu_load_max=node.cpu_max,
+                memory_load_mean=node.memory_sum / node.samples,
+                memory_load_max=node.memory_max,
+            )
+            summary.start.FromDatetime(start)
+            summary.end.FromDatetime(end)
+            summaries.append(summary)
+        self._nodes = {}
+        return summaries

@@ -7,7 +7,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class MetricsSettings(BaseSettings):
-    """How often nodes are sampled, where /metrics is served, which backend to ask."""
+    """How often nodes are sampled and summarised, where /metrics is served, which backend to
+    ask."""
 
     model_config = SettingsConfigDict(
         env_prefix="MDQ_METRICS_", extra="ignore", populate_by_name=True
@@ -15,6 +16,14 @@ class MetricsSettings(BaseSettings):
 
     interval_s: float = Field(
         default=2.0, gt=0, description="Seconds between node samples (and node_load events)."
+    )
+    summary_interval_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="Seconds of samples each node_summary event summarises (mean and peak "
+        "load per node; the console's nodes page draws its last hour from them). The "
+        "summaries stream keeps one a minute per node (MDQ_STORAGE_NODE_SUMMARIES_MINUTES): "
+        "a shorter interval shows a shorter past there.",
     )
     http_port: int = Field(
         default=9464,

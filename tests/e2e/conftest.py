@@ -14,8 +14,9 @@ from mdq.stack import Stack
 async def stack(
     nats_url: str, database_url: str, namespace: str, tmp_path: Path
 ) -> AsyncIterator[Stack]:
-    """Every service, two local nodes, recovery's backoff and the metrics' sampling shortened
-    for tests (files with needs of their own define ``stack`` themselves)."""
+    """Every service, two local nodes, recovery's backoff and the metrics' sampling and
+    summaries shortened for tests (files with needs of their own define ``stack``
+    themselves)."""
     the_stack = Stack(
         state_dir=tmp_path / "state",
         namespace=namespace,
@@ -23,7 +24,11 @@ async def stack(
         database_url=database_url,
         local_nodes=2,
         metrics_port=0,
-        extra_env={"MDQ_RECOVERY_BACKOFF_BASE_S": "1", "MDQ_METRICS_INTERVAL_S": "1"},
+        extra_env={
+            "MDQ_RECOVERY_BACKOFF_BASE_S": "1",
+            "MDQ_METRICS_INTERVAL_S": "1",
+            "MDQ_METRICS_SUMMARY_INTERVAL_S": "10",
+        },
         grace_s=5.0,
     )
     await the_stack.start()

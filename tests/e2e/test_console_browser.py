@@ -183,9 +183,57 @@ async def test_a_person_submits_watches_and_follows_a_retried_job(
     browser.get(f"{console}/campaigns?label=campaign=browser")
     assert browser.find_elements(By.CSS_SELECTOR, "#chart-campaign canvas")
     shoot(browser, "campaign")
-    browser.get(f"{console}/nodes")
-    assert "local-1" in browser.page_source and "local-2" in browser.page_source
+    # Each node's chart: its summaries (one every 10 s here), then its latest report.
+    before = await until(
+        lambda: node_charts(browser, console, at_least=3),
+        timeout=60,
+        what="every node's chart with its recent summaries",
+    )
+    assert {"local-1", "local-2"} <= set(before)
     shoot(browser, "nodes")
+    # A console restarted (a rollout, a crash) draws the same past, not one that starts now.
+    killed = stack.child_pid("console")
+    assert killed is not None
+    os.kill(killed, signal.SIGKILL)
+    await until(
+        lambda: stack.child_pid("console") not in (None, killed) or None,
+        timeout=30,
+        what="the console to be started again",
+    )
+    after = await until(
+        lambda: node_charts(browser, console, at_least=2),
+        timeout=60,
+        what="the restarted console's charts",
+    )
+    for node, (_, earliest) in before.items():
+        # as far back as before: the restarted console read the past from the stream
+        assert after[node][1] <= earliest, (node, before[node], after[node])
+
+
+def node_charts(
+    browser: WebDriver, console: str, *, at_least: int
+) -> dict[str, tuple[int, float]] | None:
+    """Each node's number of points on the nodes page and the time of its first, once every
+    node has a drawn chart of ``at_least`` points and the console has read the nodes' past;
+    None until then."""
+    try:
+        browser.get(f"{console}/nodes")
+    except WebDriverException:  # the console is not listening (yet, or again)
+        return None
+    if browser.find_elements(By.ID, "history-reading"):
+        return None
+    charts = browser.find_elements(By.CSS_SELECTOR, ".node-chart")
+    drawn = browser.find_elements(By.CSS_SELECTOR, ".node-chart canvas")
+    points = {
+        (chart.get_attribute("aria-label") or "").split(" ")[2]: (
+            int(chart.get_attribute("data-points") or 0),
+            float(chart.get_attribute("data-first") or "inf"),
+        )
+        for chart in charts
+    }
+    if len(charts) < 2 or len(drawn) != len(charts):
+        return None
+    return points if min(count for count, _ in points.values()) >= at_least else None
 
 
 async def test_a_refusal_on_the_page_names_the_field_as_the_cli_does(

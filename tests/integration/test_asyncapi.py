@@ -124,6 +124,7 @@ STREAM_OF_CHANNEL = {
     "submit_tenant": "MDQ_SUBMIT",
     "progress": "MDQ_PROGRESS",
     "node_load": "MDQ_NODES",
+    "node_summary": "MDQ_NODE_SUMMARIES",
 }
 
 
@@ -139,6 +140,7 @@ def test_every_event_kind_has_its_subject_and_stream(document: dict[str, Any]) -
     assert "x-jetstream" not in channels["api_submit"]  # core request-reply, not captured
     assert channels["progress"]["address"] == "mdq.progress.{job_id}"
     assert channels["node_load"]["address"] == "mdq.node.{node}.load"
+    assert channels["node_summary"]["address"] == "mdq.node.{node}.summary"
     assert channels["rejected"]["address"] == "mdq.rejected.{request_id}"
     assert channels["bound"]["address"] == "mdq.job.{job_id}.bound"
     for name, channel in channels.items():
@@ -148,6 +150,8 @@ def test_every_event_kind_has_its_subject_and_stream(document: dict[str, Any]) -
         for parameter in re.findall(r"\{(\w+)\}", channel["address"]):
             assert channel["parameters"][parameter]["description"], (name, parameter)
     assert document["channels"]["node_load"]["x-jetstream"]["max_msgs_per_subject"] == 1
+    summaries = document["channels"]["node_summary"]["x-jetstream"]
+    assert (summaries["max_msgs_per_subject"], summaries["max_age_s"]) == (80, 75 * 60.0)
     # A real event of each kind goes where its channel says.
     subjects = Subjects()
     event = make_event(

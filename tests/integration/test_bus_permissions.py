@@ -15,6 +15,7 @@ import asyncio
 import json
 import shutil
 import tempfile
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -38,6 +39,7 @@ from mdq.bus.permissions import (
     service_permissions,
     tenant_permissions,
 )
+from mdq.bus.publisher import EventPublisher
 from mdq.bus.snapshots import SnapshotStore
 from mdq.bus.streams import ensure_streams, ensure_tenant_stream
 from mdq.bus.subjects import Subjects
@@ -47,6 +49,9 @@ from mdq.core.producers import EVENT_PRODUCERS
 from mdq.core.snapshot import encode as encode_snapshot
 from mdq.core.tenants import TenantUsage, usage_key
 from mdq.embedded import EmbeddedNats, start_nats
+from services.console.live import NodeBoard
+from services.metrics.app import node_summary_event
+from tests.helpers import wait_for
 
 SUBJECTS = Subjects("mdq")
 JOB = "0123456789ab-victim"
@@ -71,8 +76,11 @@ STREAMS = (
     SUBJECTS.jobs_stream,
     SUBJECTS.progress_stream,
     SUBJECTS.nodes_stream,
+    SUBJECTS.node_summaries_stream,
     *(f"KV_{bucket}" for bucket in BUCKETS),
 )
+SHARED_STREAMS = STREAMS[:5]
+"""The namespace's own streams (the rest are buckets)."""
 KV_WRITERS = {
     SUBJECTS.pods_bucket: {"placement", "watcher", "recovery", "agent"},
     SUBJECTS.nodes_bucket: {"agent"},
@@ -105,6 +113,8 @@ def event_subject(kind: str, job: str = JOB) -> str:
         return SUBJECTS.progress(job)
     if kind == "node_load":
         return SUBJECTS.node_load("n1")
+    if kind == "node_summary":
+        return SUBJECTS.node_summary("n1")
     if kind == "rejected":
         return SUBJECTS.rejected("0123456789ab")
     return SUBJECTS.job(job, kind)
@@ -274,7 +284,7 @@ async def test_only_admin_purges_deletes_creates_or_updates_streams(
     ]
     tries += [
         f"$JS.API.STREAM.{verb}.{stream}"
-        for stream in (*STREAMS[:4], "EVIL")
+        for stream in (*SHARED_STREAMS, "EVIL")
         for verb in ("CREATE", "UPDATE")
     ]
     tries += [f"$JS.API.STREAM.MSG.DELETE.{stream}" for stream in STREAMS]
@@ -322,6 +332,73 @@ async def test_nothing_refused_reached_the_streams(
     after = (await js.stream_info(SUBJECTS.jobs_stream)).state.messages
     await admin.close()
     assert after == before
+
+
+SUMMARY_READERS = {"console", "cli"}
+"""Who may read the nodes' summarised load (``NS_NODE_SUMMARIES``): the console, whose nodes
+page draws each node's last hour from it, and the operator's client."""
+
+
+@pytest.mark.parametrize("identity", ATTACKERS)
+async def test_only_the_console_and_the_operator_read_the_nodes_summaries(
+    attempts_of: dict[str, Attempts], identity: str
+) -> None:
+    """Metrics publishes them, and nobody else may (the event kinds test); of the rest, only
+    the console and the operator's client may read them: no other service needs them, and a
+    tenant may not learn the load of the nodes its jobs share with others."""
+    stream = SUBJECTS.node_summaries_stream
+    tries = [
+        f"$JS.API.CONSUMER.CREATE.{stream}",
+        f"$JS.API.STREAM.MSG.GET.{stream}",
+        f"$JS.API.DIRECT.GET.{stream}.{SUBJECTS.node_summary('n1')}",
+        f"$JS.FC.{stream}.any",
+    ]
+    refused = await attempts_of[identity].refused(tries)
+    assert refused == (set() if identity in SUMMARY_READERS else set(tries))
+
+
+async def test_the_console_reads_the_hour_metrics_summarised_across_the_bridge(
+    prepared: Server,
+) -> None:
+    """On the closed bus, as each runs: metrics publishes a node's summary as itself, the
+    summaries stream (in the streams account) stores it, and the console, following the nodes
+    as it does with its own credentials, has it in the node's last hour."""
+    metrics = await connect(prepared.nats.url, name="metrics", creds=prepared.creds["metrics"])
+    console = await connect(prepared.nats.url, name="console", creds=prepared.creds["console"])
+    board = NodeBoard()
+    following = asyncio.create_task(board.follow(console, SUBJECTS))
+    try:
+        publisher = EventPublisher(js=metrics.jetstream(), subjects=SUBJECTS, producer="metrics")
+        summary = pb.NodeLoadSummary(
+            node="n7",
+            samples=30,
+            cpu_load_mean=0.25,
+            cpu_load_max=0.5,
+            memory_load_mean=0.125,
+            memory_load_max=0.375,
+        )
+        end = int(time.time()) // 60 * 60
+        summary.start.FromSeconds(end - 60)
+        summary.end.FromSeconds(end)
+        ack = await publisher.publish(node_summary_event(publisher, summary))
+        assert ack.stream == SUBJECTS.node_summaries_stream
+
+        async def shown() -> bool:
+            return board.history("n7").t == [float(end)]
+
+        await wait_for(shown, timeout=10, what="the summary in the console's hour of n7")
+        history = board.history("n7")
+        assert (history.cpu, history.cpu_max, history.memory, history.memory_max) == (
+            [0.25],
+            [0.5],
+            [0.125],
+            [0.375],
+        )
+    finally:
+        following.cancel()
+        await asyncio.gather(following, return_exceptions=True)
+        await metrics.close()
+        await console.close()
 
 
 async def stored_messages(prepared: Server) -> dict[str, int]:
@@ -515,7 +592,12 @@ async def test_a_tenant_reads_its_own_stream_and_nothing_else(
         f"$JS.API.STREAM.DELETE.{own}",
         f"$JS.API.STREAM.UPDATE.{own}",
     ]
-    for stream in (SUBJECTS.jobs_stream, SUBJECTS.progress_stream, SUBJECTS.nodes_stream):
+    for stream in (
+        SUBJECTS.jobs_stream,
+        SUBJECTS.progress_stream,
+        SUBJECTS.nodes_stream,
+        SUBJECTS.node_summaries_stream,
+    ):
         refused += [
             f"$JS.API.STREAM.INFO.{stream}",
             f"$JS.API.CONSUMER.CREATE.{stream}",

@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -21,6 +23,7 @@ import pytest
 import uvicorn
 from nats.aio.client import Client
 
+from mdq.backends.port import NodeSample
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.runner_task import job_dir
@@ -30,7 +33,9 @@ from mdq.store.roles import RoleUrls
 from services.console import reads
 from services.console.app import Console, build_app
 from services.console.filters import JobFilter
-from tests.helpers import OwnersPublisher
+from services.metrics.app import MetricsService
+from services.metrics.settings import MetricsSettings
+from tests.helpers import OwnersPublisher, RecordingBackend, read_all, wait_for
 from tests.integration.test_projector import History, requeue_history
 
 
@@ -282,6 +287,132 @@ async def test_the_campaign_and_nodes_pages_render(site: Site) -> None:
     assert (await get(f"{site.url}/campaigns?label=broken"))[0] == 400
     status, html = await get(f"{site.url}/nodes")
     assert status == 200
+
+
+class SwingingNodes(RecordingBackend):
+    """Two nodes whose load swings from one sample to the next, so that each summary's mean
+    and peak differ."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.taken = 0
+
+    async def sample_nodes(self) -> list[NodeSample]:
+        self.taken += 1
+        swing = (self.taken % 4) / 4
+        return [
+            NodeSample(
+                name=name,
+                cpu_capacity=4,
+                memory_capacity_mb=8192,
+                ready=True,
+                cpu_load=swing * share,
+                memory_load=(1 - swing) * share,
+            )
+            for name, share in (("lab-a", 0.5), ("lab-b", 1.0))
+        ]
+
+
+HOUR_OF_SUMMARIES = 60
+"""An hour of one summary a minute, here test-accelerated to one every 0.1 s."""
+NODE_DATA = re.compile(r'<script type="application/json" class="node-data">(.*?)</script>', re.S)
+
+
+@asynccontextmanager
+async def console_serving(site: Site, nc: Client, subjects: Subjects) -> AsyncIterator[str]:
+    """A console started now (as after a restart: nothing in memory), once it has read the
+    nodes' history; its URL."""
+    console = Console(
+        engine=site.console.engine, nc=nc, subjects=subjects, data_dir=site.console.data_dir
+    )
+    following = asyncio.create_task(console.nodes.follow(nc, subjects))
+    server, serving, url = await _serve(console)
+    try:
+
+        async def history_read() -> bool:
+            assert not following.done(), "following the nodes stopped"
+            return console.nodes.history_read
+
+        await wait_for(history_read, timeout=20, what="the console to read the nodes' hour")
+        yield url
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(serving, timeout=10)
+        following.cancel()
+        await asyncio.gather(following, return_exceptions=True)
+
+
+async def nodes_page_data(url: str) -> dict[str, dict[str, list[float]]]:
+    """Each node's chart data on the nodes page, as the server sent it."""
+    status, html = await get(f"{url}/nodes")
+    assert status == 200
+    names = re.findall(r'<h2 id="node-\d+">([^<]+)</h2>', html)
+    charts = [json.loads(text) for text in NODE_DATA.findall(html)]
+    return dict(zip(names, charts, strict=True))
+
+
+async def test_the_nodes_page_shows_the_real_last_hour_whenever_the_console_started(
+    site: Site, nc: Client, subjects: Subjects
+) -> None:
+    """The metrics service (real, test-accelerated: a summary every 0.1 s) summarises an hour's
+    worth of its samples before any console runs; a console started then draws each node's
+    hour from them, mean and peak of each, then the node's latest report; a restarted one (or
+    a second replica) draws the very same."""
+    js = nc.jetstream()
+    settings = MetricsSettings(
+        interval_s=0.02, summary_interval_s=0.1, http_port=0, http_host="127.0.0.1"
+    )
+    metrics = MetricsService(js=js, subjects=subjects, backend=SwingingNodes(), settings=settings)
+    stop = asyncio.Event()
+    running = asyncio.create_task(metrics.run(stop))
+    try:
+
+        async def an_hour_summarised() -> bool:
+            assert not running.done(), "the metrics service stopped"
+            info = await js.stream_info(subjects.node_summaries_stream)
+            return info.state.messages >= 2 * HOUR_OF_SUMMARIES
+
+        await wait_for(an_hour_summarised, timeout=60, what="an hour of summaries per node")
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, timeout=10)
+        await metrics.close()
+
+    summaries: dict[str, list[pb.NodeLoadSummary]] = defaultdict(list)
+    for event in await read_all(js, subjects.node_summary()):
+        summaries[event.node_summary.node].append(event.node_summary)
+    latest = {
+        event.node_load.node: event.time.ToMilliseconds() / 1000
+        for event in await read_all(js, subjects.node_load())
+    }
+    expected: dict[str, dict[str, list[float]]] = {}
+    for node, of_node in summaries.items():
+        assert len(of_node) >= HOUR_OF_SUMMARIES
+        assert any(s.cpu_load_max > s.cpu_load_mean for s in of_node), "the loads swing"
+        ends = [s.end.ToMilliseconds() / 1000 for s in of_node]
+        assert ends == sorted(ends)
+        last = [latest[node]] if latest[node] > ends[-1] else []
+        expected[node] = {
+            "t": ends + last,
+            "cpu": [s.cpu_load_mean for s in of_node],
+            "cpu_max": [s.cpu_load_max for s in of_node],
+            "memory": [s.memory_load_mean for s in of_node],
+            "memory_max": [s.memory_load_max for s in of_node],
+        }
+    assert set(expected) == {"lab-a", "lab-b"}
+
+    shown = []
+    for _start in ("started after the hour", "restarted"):
+        async with console_serving(site, nc, subjects) as url:
+            data = await nodes_page_data(url)
+        shown.append(data)
+        for node, chart in expected.items():
+            assert data[node]["t"] == chart["t"], node
+            for series in ("cpu", "cpu_max", "memory", "memory_max"):
+                # the summaries, then the latest report's load (when it is newer)
+                assert data[node][series][: len(chart[series])] == chart[series], (node, series)
+                assert len(data[node][series]) == len(chart["t"])
+    assert shown[0] == shown[1]
 
 
 async def _sse_events(

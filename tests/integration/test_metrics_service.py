@@ -20,7 +20,8 @@ from mdq.core.events import make_event
 from mdq.core.ids import pod_name
 from mdq.core.producers import owner_of
 from mdq.core.tenants import TenantUsage, usage_key
-from services.metrics.app import MetricsService, node_load_event
+from services.metrics.app import MetricsService, node_load_event, node_summary_event
+from services.metrics.folding import LoadSummaries
 from services.metrics.settings import MetricsSettings
 from tests.helpers import OwnersPublisher, RecordingBackend, submitted
 
@@ -155,7 +156,12 @@ async def test_each_stream_shows_what_it_holds_against_its_size_limit(
     jobs = await js.stream_info(subjects.jobs_stream)
     limit = jobs.config.max_bytes
     assert limit and limit > 0
-    streams = (subjects.submit_stream, subjects.progress_stream, subjects.nodes_stream)
+    streams = (
+        subjects.submit_stream,
+        subjects.progress_stream,
+        subjects.nodes_stream,
+        subjects.node_summaries_stream,
+    )
     text = await scrape_until(  # each stream's figures appear as the service reads them
         service,
         f'mdq_stream_messages{{stream="{subjects.jobs_stream}"}} 1.0',
@@ -172,7 +178,7 @@ async def test_each_stream_shows_what_it_holds_against_its_size_limit(
 
     assert sample("mdq_stream_bytes", subjects.jobs_stream) == jobs.state.bytes > 0
     assert sample("mdq_stream_limit_bytes", subjects.jobs_stream) == limit
-    for stream in (subjects.submit_stream, subjects.progress_stream, subjects.nodes_stream):
+    for stream in streams:
         configured = (await js.stream_info(stream)).config.max_bytes
         assert sample("mdq_stream_limit_bytes", stream) == configured, stream
 
@@ -196,6 +202,34 @@ async def test_a_node_sample_becomes_a_node_load_event(
     assert (load.node, load.ready, load.cordoned) == ("node-1", True, cordoned)
     assert (load.cpu_capacity, load.memory_capacity_mb, load.cpu_load) == (8.0, 16384, 0.25)
     assert subjects.for_event(event) == subjects.node_load("node-1")
+
+
+async def test_a_summary_becomes_a_node_summary_event_of_its_node_and_interval(
+    nc: Client, subjects: Subjects
+) -> None:
+    """Its id names the node and the interval, so two metrics replicas' summaries of one
+    interval are stored once (the stream's duplicate window)."""
+    js = nc.jetstream()
+    summaries = LoadSummaries(60.0)
+    start = 1_700_000_040.0  # a whole minute
+    for seconds, cpu in ((1, 0.25), (31, 0.75)):
+        summaries.add([pb.NodeLoad(node="node-1", cpu_load=cpu, cluster="lab")], start + seconds)
+    [summary] = summaries.add([pb.NodeLoad(node="node-1")], start + 61)
+    replicas = [EventPublisher(js=js, subjects=subjects, producer="metrics") for _ in range(2)]
+    events = [node_summary_event(publisher, summary) for publisher in replicas]
+    assert events[0].event_id == events[1].event_id
+    assert subjects.for_event(events[0]) == subjects.node_summary("node-1")
+    acks = [await p.publish(event) for p, event in zip(replicas, events, strict=True)]
+    assert acks[0].stream == subjects.node_summaries_stream
+    assert acks[1].duplicate and not acks[0].duplicate
+    body = events[0].node_summary
+    assert (body.cluster, body.samples, body.cpu_load_mean, body.cpu_load_max) == (
+        "lab",
+        2,
+        0.5,
+        0.75,
+    )
+    assert body.start.ToSeconds() == start and body.end.ToSeconds() == start + 60
 
 
 async def test_each_tenants_fair_share_figures_are_served_and_dropped_when_gone(

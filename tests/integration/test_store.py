@@ -12,6 +12,7 @@ import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from sqlalchemy import text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -117,6 +118,42 @@ async def test_the_migrations_create_exactly_the_models(engine: AsyncEngine) -> 
 
     async with engine.connect() as connection:
         assert await connection.run_sync(differences) == []
+
+
+def _index_definitions(connection: Connection, schema: str) -> dict[str, str]:
+    """Each index of the models' tables in ``schema`` as PostgreSQL itself prints it
+    (``pg_indexes.indexdef``), with the schema's name left out."""
+    rows = connection.execute(
+        text("SELECT indexname, tablename, indexdef FROM pg_indexes WHERE schemaname = :schema"),
+        {"schema": schema},
+    )
+    return {
+        name: definition.replace(f"{schema}.", "").replace(" ON ONLY ", " ON ")
+        for name, table, definition in rows
+        if table in Base.metadata.tables
+    }
+
+
+async def test_the_migrations_make_each_index_as_the_models_declare_it(
+    engine: AsyncEngine,
+) -> None:
+    """What alembic's comparison cannot see: an index's method (USING gin) and its operator
+    classes (``jsonb_path_ops``). The models' own DDL, made in a schema of its own, and the
+    migrations' are the same indexes in PostgreSQL's words."""
+
+    def both(connection: Connection) -> tuple[dict[str, str], dict[str, str]]:
+        connection.exec_driver_sql("CREATE SCHEMA models")
+        connection.exec_driver_sql("SET search_path TO models")
+        Base.metadata.create_all(connection)
+        declared = _index_definitions(connection, "models")
+        connection.exec_driver_sql("SET search_path TO public")
+        return _index_definitions(connection, "public"), declared
+
+    async with engine.connect() as connection:
+        migrated, declared = await connection.run_sync(both)
+        await connection.rollback()
+    assert "USING gin" in declared["ix_jobs_labels"]
+    assert migrated == declared
 
 
 async def test_queries_on_an_empty_projection(engine: AsyncEngine) -> None:

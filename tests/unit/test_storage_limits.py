@@ -25,6 +25,8 @@ SMALL = StorageSettings.model_validate(
         "progress_days": 9,
         "nodes_bytes": 7 * MiB,
         "nodes_days": 0.5,
+        "node_summaries_bytes": 29 * MiB,
+        "node_summaries_minutes": 90,
         "tenant_bytes": 11 * MiB,
         "tenant_days": 13,
         "registry_bytes": 17 * MiB,
@@ -39,6 +41,7 @@ STREAMS = {
     SUBJECTS.jobs_stream: (3 * MiB, 40, DiscardPolicy.NEW),  # never drops a live job's events
     SUBJECTS.progress_stream: (5 * MiB, 9, DiscardPolicy.OLD),  # PostgreSQL has the history
     SUBJECTS.nodes_stream: (7 * MiB, 0.5, DiscardPolicy.OLD),  # replaced by the next report
+    SUBJECTS.node_summaries_stream: (29 * MiB, 90 / 1440, DiscardPolicy.OLD),  # an hour is read
 }
 
 
@@ -52,6 +55,20 @@ def test_each_stream_has_its_limits_and_discard_policy(stream: str) -> None:
 
 def test_every_stream_is_in_the_table() -> None:
     assert {config.name for config in stream_configs(SUBJECTS, storage=SMALL)} == set(STREAMS)
+
+
+@pytest.mark.parametrize(
+    ("stream", "per_subject"),
+    [
+        (SUBJECTS.nodes_stream, 1),  # the latest report of each node
+        (SUBJECTS.node_summaries_stream, 95),  # one a minute of its 90, and 5 spare
+        (SUBJECTS.jobs_stream, -1),  # every event of a job (no limit)
+    ],
+    ids=["nodes", "node-summaries", "jobs"],
+)
+def test_what_each_stream_keeps_of_one_subject(stream: str, per_subject: int) -> None:
+    configs = {config.name: config for config in stream_configs(SUBJECTS, storage=SMALL)}
+    assert configs[stream].max_msgs_per_subject == per_subject
 
 
 def test_a_tenant_stream_is_a_copy_that_drops_its_oldest() -> None:
@@ -93,8 +110,16 @@ def test_sizes_take_units_from_the_environment(monkeypatch: pytest.MonkeyPatch) 
         ({"jobs_days": 7}, "jobs_days"),  # shorter than a job may live
         ({"jobs_high_water": 1.0}, "jobs_high_water"),  # no room left for accepted jobs
         ({"jobs_bytes": 0}, "jobs_bytes"),
+        ({"node_summaries_minutes": 60}, "node_summaries_minutes"),  # the hour's first minute
     ],
-    ids=["registry-as-long-as-log", "registry-equal-log", "log-too-short", "no-room", "zero"],
+    ids=[
+        "registry-as-long-as-log",
+        "registry-equal-log",
+        "log-too-short",
+        "no-room",
+        "zero",
+        "summaries-shorter-than-the-hour",
+    ],
 )
 def test_unsafe_settings_are_refused_naming_them(fields: dict[str, object], named: str) -> None:
     with pytest.raises(ValidationError, match=named):
@@ -102,7 +127,7 @@ def test_unsafe_settings_are_refused_naming_them(fields: dict[str, object], name
 
 
 def test_server_bytes_is_what_the_namespace_reserves() -> None:
-    expected = (1 + 3 + 5 + 7) * MiB + 17 * MiB + 8 * 23 * MiB + 8 * 11 * MiB
+    expected = (1 + 3 + 5 + 7 + 29) * MiB + 17 * MiB + 8 * 23 * MiB + 8 * 11 * MiB
     assert SMALL.server_bytes() == expected
 
 

@@ -86,5 +86,6 @@ def foreign_reason(event: pb.Event, subject: str) -> str | None:
     except ValueError as error:
         return str(error)
     if subject != expected:
-        return f"a {kind} event of {event.job_id or event.node_load.node} on {subject}"
+        about = event.job_id or event.node_load.node or event.node_summary.node
+        return f"a {kind} event of {about} on {subject}"
     return None

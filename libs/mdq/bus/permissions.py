@@ -115,6 +115,8 @@ def _events(subjects: Subjects, kinds: Iterable[str], job: str = "*") -> list[st
     for kind in kinds:
         if kind == "node_load":
             out.append(subjects.node_load())
+        elif kind == "node_summary":
+            out.append(subjects.node_summary())
         elif kind == "rejected":
             out += [subjects.rejected(), subjects.rejected("*.*")] if job == "*" else []
         else:
@@ -164,14 +166,18 @@ def _local_buckets(
 def service_permissions(identity: str, subjects: Subjects, names: Names = Names()) -> Permissions:
     """The permissions of one long-running identity (``IDENTITIES``)."""
     lease_bucket = names.lease_bucket or subjects.lease_bucket
-    jobs, progress, nodes, submit = (
+    jobs, progress, nodes, submit, summaries = (
         subjects.jobs_stream,
         subjects.progress_stream,
         subjects.nodes_stream,
         subjects.submit_stream,
+        subjects.node_summaries_stream,
     )
     publish: list[str] = [*COMMON_PUBLISH, *_events(subjects, _owned(identity))]
-    publish += [f"$JS.API.STREAM.INFO.{stream}" for stream in (submit, jobs, progress, nodes)]
+    # every service checks on start that the streams exist (``require_streams``)
+    publish += [
+        f"$JS.API.STREAM.INFO.{stream}" for stream in (submit, jobs, progress, nodes, summaries)
+    ]
     subscribe: list[str] = []
     respond = False
     if identity == "admin":
@@ -223,12 +229,15 @@ def service_permissions(identity: str, subjects: Subjects, names: Names = Names(
         )
     elif identity == "console":
         # a reader of every job's events (ordered consumers: live charts and states, the
-        # nodes' load) that may submit on the operator's request-reply entrance (its submit page)
+        # nodes' load and their last hour) that may submit on the operator's request-reply
+        # entrance (its submit page)
         publish += [subjects.api_submit]
         publish += [*_read_stream(jobs), *_read_stream(progress), *_read_stream(nodes)]
+        publish += _read_stream(summaries)
     elif identity == "cli":
         publish += [subjects.submit, subjects.api_submit]
         publish += [*_read_stream(jobs), *_read_stream(progress), *_read_stream(nodes)]
+        publish += _read_stream(summaries)
         publish += _bucket(subjects.waiting_bucket, write=False)
     else:
         raise ValueError(f"unknown identity {identity!r}; known: {', '.join(IDENTITIES)}")
@@ -359,6 +368,7 @@ def account_bridge(subjects: Subjects) -> Bridge:
         subjects.job_all("*"),
         f"{subjects.namespace}.rejected.>",
         subjects.progress_all,
+        # the nodes' load reports and their summaries (NS_NODES, NS_NODE_SUMMARIES)
         f"{subjects.namespace}.node.>",
     ]
     inboxes = [inbox_prefix(identity) for identity in IDENTITIES if identity != "runners"]

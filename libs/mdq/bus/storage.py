@@ -10,8 +10,9 @@ tables) and each service for the buckets it owns. What happens at a limit is cho
   live job's lifecycle event to make room. Intake stops accepting new submits once the jobs
   stream is ``jobs_high_water`` full (``JobsLogRoom``), so the room above that mark is kept for
   the events of the jobs already accepted;
-- the **progress**, **nodes** and **tenant** streams discard *old* messages: PostgreSQL keeps the
-  history, a node's load report is replaced by its next one, and a tenant's stream is a copy;
+- the **progress**, **nodes**, **node summaries** and **tenant** streams discard *old* messages:
+  PostgreSQL keeps the history, a node's load report is replaced by its next one, a node's
+  summaries matter for an hour, and a tenant's stream is a copy;
 - every **bucket** discards new writes (JetStream KV's rule) at its size limit. Intake's request
   registry also has an age limit, ``registry_days``: the duplicate window intake promises
   (docs/durability.md), shorter than the jobs log's, so that a key reused after it is refused
@@ -29,6 +30,7 @@ with it (``mdq.embedded``), the Kubernetes NATS with its volume's size (deploy/)
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar
 
 from pydantic import ByteSize, Field, model_validator
@@ -37,6 +39,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 DAY_S = 24 * 3600.0
 MIN_JOBS_DAYS = 30.0
 """The jobs log keeps at least a month: no job lives longer than its own log."""
+NODE_SUMMARIES_SPARE = 5
+"""Summaries of one node kept beyond one a minute over the age limit."""
 MiB = 1024 * 1024
 GiB = 1024 * MiB
 
@@ -88,6 +92,19 @@ class StorageSettings(BaseSettings):
     nodes_days: float = Field(
         default=1.0, gt=0, description="Node load stream: how long a node's last report lasts."
     )
+    node_summaries_bytes: ByteSize = Field(
+        default=ByteSize(128 * MiB),
+        gt=0,
+        description="Node load summaries stream (each node's load a minute at a time, the "
+        "console's last hour): size limit (oldest go).",
+    )
+    node_summaries_minutes: float = Field(
+        default=75.0,
+        ge=61.0,
+        description="Node load summaries stream: how long a summary is kept; more than the "
+        "hour the console shows, so the hour's first minute is still there. Each node keeps "
+        "at most one summary per minute of it (node_summaries_per_node).",
+    )
     tenant_bytes: ByteSize = Field(
         default=ByteSize(512 * MiB),
         gt=0,
@@ -134,9 +151,22 @@ class StorageSettings(BaseSettings):
     """Buckets of one namespace sized ``bucket_bytes``: waiting, two snapshots, lease,
     tenants, the local backend's pods and nodes, and one to spare."""
 
+    def node_summaries_per_node(self) -> int:
+        """The most summaries the stream keeps of one node: one a minute over its age limit,
+        and a few more (a node summarised twice in a minute by two metrics replicas whose
+        clocks differ): a summary interval shorter than a minute shows a shorter past, and
+        no node can push the others' summaries out."""
+        return math.ceil(self.node_summaries_minutes) + NODE_SUMMARIES_SPARE
+
     def streams_bytes(self) -> int:
         """The shared streams' size limits together."""
-        return int(self.submit_bytes + self.jobs_bytes + self.progress_bytes + self.nodes_bytes)
+        return int(
+            self.submit_bytes
+            + self.jobs_bytes
+            + self.progress_bytes
+            + self.nodes_bytes
+            + self.node_summaries_bytes
+        )
 
     def server_bytes(self) -> int:
         """File store one namespace's streams and buckets reserve on a server, with room for

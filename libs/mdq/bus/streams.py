@@ -87,6 +87,18 @@ def stream_configs(
             duplicate_window=60.0,
             discard=DiscardPolicy.OLD,  # a node's next report replaces it anyway
         ),
+        StreamConfig(
+            name=subjects.node_summaries_stream,
+            subjects=[subjects.node_summary("*")],
+            retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE,
+            # bounded per node too: a node summarised too often cannot crowd the others out
+            max_msgs_per_subject=storage.node_summaries_per_node(),
+            max_age=storage.node_summaries_minutes * 60.0,
+            max_bytes=int(storage.node_summaries_bytes),
+            duplicate_window=120.0,  # two metrics replicas summarise the same minute once
+            discard=DiscardPolicy.OLD,  # only the last hour is read
+        ),
     ]
     for config in configs:
         config.num_replicas = replicas

@@ -109,6 +109,10 @@ class Subjects:
         """Load of a node (or of all nodes)."""
         return f"{self.namespace}.node.{node}.load"
 
+    def node_summary(self, node: str = "*") -> str:
+        """The summarised load of a node (or of all nodes), one per interval."""
+        return f"{self.namespace}.node.{node}.summary"
+
     def for_event(self, event: pb.Event) -> str:
         """Where ``event`` is published."""
         kind = event.WhichOneof("body")
@@ -116,6 +120,8 @@ class Subjects:
             return self.progress(event.job_id)
         if kind == "node_load":
             return self.node_load(event.node_load.node)
+        if kind == "node_summary":
+            return self.node_summary(event.node_summary.node)
         if kind == "rejected":
             return self.rejected(event.rejected.request_id)
         if not kind or not event.job_id:
@@ -138,6 +144,11 @@ class Subjects:
     @property
     def nodes_stream(self) -> str:
         return f"{self.namespace.upper()}_NODES"
+
+    @property
+    def node_summaries_stream(self) -> str:
+        """Each node's summarised load of the last hour and a bit (the console's nodes page)."""
+        return f"{self.namespace.upper()}_NODE_SUMMARIES"
 
     def tenant_stream(self, tenant: str) -> str:
         """The stream of one tenant's events, sourced from the jobs and progress streams: the

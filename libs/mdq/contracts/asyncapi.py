@@ -349,6 +349,8 @@ def event_address(subjects: Subjects, kind: str) -> str:
     getattr(event, kind).SetInParent()
     if kind == "node_load":
         event.node_load.node = "{node}"
+    if kind == "node_summary":
+        event.node_summary.node = "{node}"
     if kind == "rejected":
         event.rejected.request_id = "{request_id}"
     return subjects.for_event(event)
@@ -399,7 +401,9 @@ def _stream_text(stream: Mapping[str, Any] | None) -> str:
     if stream is None:
         return "Core NATS (no stream): delivered only to whoever listens now."
     text = f"Captured by the JetStream stream `{stream['stream']}` ({stream['retention']} retention"
-    if "max_age_s" in stream:
+    if "max_age_s" in stream and stream["max_age_s"] < 86400:
+        text += f", kept {stream['max_age_s'] / 60:g} minutes"
+    elif "max_age_s" in stream:
         text += f", kept {stream['max_age_s'] / 86400:g} days"
     if "max_bytes" in stream:
         text += f" and at most {stream['max_bytes'] / 2**20:g} MiB (MDQ_STORAGE_*)"

@@ -298,7 +298,7 @@ class ClusterSelector(_message.Message):
     def __init__(self, require: _Optional[_Mapping[str, str]] = ..., prefer: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Event(_message.Message):
-    __slots__ = ("event_id", "job_id", "attempt", "time", "producer", "submitted", "rejected", "released", "bound", "started", "succeeded", "attempt_failed", "requeued", "failed", "progress", "checkpoint", "pod", "outputs", "usage", "node_load")
+    __slots__ = ("event_id", "job_id", "attempt", "time", "producer", "submitted", "rejected", "released", "bound", "started", "succeeded", "attempt_failed", "requeued", "failed", "progress", "checkpoint", "pod", "outputs", "usage", "node_load", "node_summary")
     EVENT_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
@@ -319,6 +319,7 @@ class Event(_message.Message):
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     NODE_LOAD_FIELD_NUMBER: _ClassVar[int]
+    NODE_SUMMARY_FIELD_NUMBER: _ClassVar[int]
     event_id: str
     job_id: str
     attempt: int
@@ -339,7 +340,8 @@ class Event(_message.Message):
     outputs: JobOutputs
     usage: AttemptUsage
     node_load: NodeLoad
-    def __init__(self, event_id: _Optional[str] = ..., job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., producer: _Optional[str] = ..., submitted: _Optional[_Union[JobSubmitted, _Mapping]] = ..., rejected: _Optional[_Union[JobRejected, _Mapping]] = ..., released: _Optional[_Union[JobReleased, _Mapping]] = ..., bound: _Optional[_Union[JobBound, _Mapping]] = ..., started: _Optional[_Union[JobStarted, _Mapping]] = ..., succeeded: _Optional[_Union[JobSucceeded, _Mapping]] = ..., attempt_failed: _Optional[_Union[AttemptFailed, _Mapping]] = ..., requeued: _Optional[_Union[JobRequeued, _Mapping]] = ..., failed: _Optional[_Union[JobFailed, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., pod: _Optional[_Union[PodStatus, _Mapping]] = ..., outputs: _Optional[_Union[JobOutputs, _Mapping]] = ..., usage: _Optional[_Union[AttemptUsage, _Mapping]] = ..., node_load: _Optional[_Union[NodeLoad, _Mapping]] = ...) -> None: ...
+    node_summary: NodeLoadSummary
+    def __init__(self, event_id: _Optional[str] = ..., job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., producer: _Optional[str] = ..., submitted: _Optional[_Union[JobSubmitted, _Mapping]] = ..., rejected: _Optional[_Union[JobRejected, _Mapping]] = ..., released: _Optional[_Union[JobReleased, _Mapping]] = ..., bound: _Optional[_Union[JobBound, _Mapping]] = ..., started: _Optional[_Union[JobStarted, _Mapping]] = ..., succeeded: _Optional[_Union[JobSucceeded, _Mapping]] = ..., attempt_failed: _Optional[_Union[AttemptFailed, _Mapping]] = ..., requeued: _Optional[_Union[JobRequeued, _Mapping]] = ..., failed: _Optional[_Union[JobFailed, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., pod: _Optional[_Union[PodStatus, _Mapping]] = ..., outputs: _Optional[_Union[JobOutputs, _Mapping]] = ..., usage: _Optional[_Union[AttemptUsage, _Mapping]] = ..., node_load: _Optional[_Union[NodeLoad, _Mapping]] = ..., node_summary: _Optional[_Union[NodeLoadSummary, _Mapping]] = ...) -> None: ...
 
 class JobSubmitted(_message.Message):
     __slots__ = ("spec", "request_id", "idempotency_key", "depends_on_ids", "submitted_by", "recommended")
@@ -674,3 +676,25 @@ class NodeLoad(_message.Message):
     cluster: str
     cluster_labels: _containers.ScalarMap[str, str]
     def __init__(self, node: _Optional[str] = ..., cpu_load: _Optional[float] = ..., memory_load: _Optional[float] = ..., cpu_capacity: _Optional[float] = ..., memory_capacity_mb: _Optional[int] = ..., ready: _Optional[bool] = ..., cordoned: _Optional[bool] = ..., cluster: _Optional[str] = ..., cluster_labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class NodeLoadSummary(_message.Message):
+    __slots__ = ("node", "cluster", "start", "end", "samples", "cpu_load_mean", "cpu_load_max", "memory_load_mean", "memory_load_max")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    CPU_LOAD_MEAN_FIELD_NUMBER: _ClassVar[int]
+    CPU_LOAD_MAX_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_LOAD_MEAN_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_LOAD_MAX_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    cluster: str
+    start: _timestamp_pb2.Timestamp
+    end: _timestamp_pb2.Timestamp
+    samples: int
+    cpu_load_mean: float
+    cpu_load_max: float
+    memory_load_mean: float
+    memory_load_max: float
+    def __init__(self, node: _Optional[str] = ..., cluster: _Optional[str] = ..., start: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., samples: _Optional[int] = ..., cpu_load_mean: _Optional[float] = ..., cpu_load_max: _Optional[float] = ..., memory_load_mean: _Optional[float] = ..., memory_load_max: _Optional[float] = ...) -> None: ...

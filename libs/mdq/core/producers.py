@@ -24,6 +24,7 @@ EVENT_PRODUCERS: dict[str, frozenset[str]] = {
     "outputs": frozenset({"runner"}),
     "usage": frozenset({"runner"}),
     "node_load": frozenset({"metrics"}),
+    "node_summary": frozenset({"metrics"}),
 }
 """Event kind -> the producers that may emit it (proto/mdq/v1/mdq.proto, ``Event.body``)."""
 

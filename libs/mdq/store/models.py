@@ -26,6 +26,7 @@ from sqlalchemy import (
     MetaData,
     Text,
     column,
+    literal_column,
     table,
     text,
 )
@@ -73,10 +74,13 @@ class Job(Base):
         ),
         # revision 0009: the console's keyset pages and its label filter
         Index("ix_jobs_submitted_at_job_id", "submitted_at", "job_id"),
+        # the operator class in postgresql_ops, apart from the expression, so that alembic
+        # can compare the expression (the DDL is revision 0009's, word for word)
         Index(
             "ix_jobs_labels",
-            text("(spec -> 'labels') jsonb_path_ops"),
+            literal_column("(spec -> 'labels')").label("labels"),
             postgresql_using="gin",
+            postgresql_ops={"labels": "jsonb_path_ops"},
         ),
     )
 

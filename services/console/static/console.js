@@ -154,9 +154,25 @@
   }
 
   // -- nodes: load over the last hour ---------------------------------------------------------
+  /* The summaries of the last hour (the mean of each minute, dashed its peak), then the latest
+     report; CPU and memory each in one colour. */
   function initNode(target, history) {
-    if (!history.t.length) { target.textContent = "No samples yet."; return; }
-    makeChart(target, "time", ["CPU", "memory"], [history.t, history.cpu, history.memory], true);
+    if (!history.t.length) { target.textContent = "No load reported in the last hour."; return; }
+    var line = function (label, i, dash) {
+      var s = { label: label, stroke: colour(i), width: dash ? 1 : 1.5, spanGaps: true, points: { show: history.t.length < 3 } };
+      if (dash) { s.dash = [4, 4]; }
+      return s;
+    };
+    var options = {
+      width: chartWidth(target), height: 220,
+      series: [{ label: "time" }, line("CPU", 0, false), line("CPU peak", 0, true),
+        line("memory", 1, false), line("memory peak", 1, true)],
+      // a fraction of the node: from 0 to 1 (or past it, for a node running over its capacity)
+      scales: { x: { time: true }, y: { range: function (u, min, max) { return [0, Math.max(1, max)]; } } },
+      axes: [{ label: "time" }, { size: 80 }],
+      legend: { live: true }
+    };
+    new uPlot(options, [history.t, history.cpu, history.cpu_max, history.memory, history.memory_max], target);
   }
 
   var job = byId("job-data");
