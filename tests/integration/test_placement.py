@@ -68,6 +68,29 @@ async def test_binds_pending_jobs_spread_over_nodes_with_pods(
     assert {c.node for c in bound[0].bound.candidates} == {"n1", "n2"}
 
 
+async def test_a_node_named_with_dots_is_followed_and_bound_to(
+    nc: Client, subjects: Subjects, data_dir: Path
+) -> None:
+    """Kubernetes names nodes with DNS subdomains (EKS: ``ip-10-0-0-1.ec2.internal``): the
+    node's load is stored, followed by placement and bound to under its own name, although
+    its name's dots would split a subject into more tokens than the nodes stream captures."""
+    js = nc.jetstream()
+    bus = publisher(js, subjects)
+    node = "ip-10-0-0-1.ec2.internal"
+    await bus.publish_all([node_load(node)])
+    await bus.publish_all([submitted("r1-dotted")])
+    backend = RecordingBackend()
+    async with running(make_placement(nc, subjects, backend, data_dir).run()):
+
+        async def bound() -> bool:
+            return len(await events_of(js, subjects, "bound")) == 1
+
+        await wait_for(bound, what="the job bound")
+    [event] = await events_of(js, subjects, "bound")
+    assert event.bound.node == node
+    assert backend.pods["mdq-r1-dotted-1"].node == node
+
+
 async def test_full_nodes_leave_jobs_pending_until_capacity_frees(
     nc: Client, subjects: Subjects, data_dir: Path
 ) -> None:

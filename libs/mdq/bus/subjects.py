@@ -4,12 +4,33 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from urllib.parse import quote, unquote
 
 from mdq.contracts import pb
 
 _TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
 """A namespace: one subject token of at most 32 characters (every subject, stream and
 identity's permissions grow with it: ``mdq.embedded.MAX_CONTROL_LINE``)."""
+
+
+WILDCARDS = ("*", ">")
+
+
+def node_token(node: str) -> str:
+    """A node's name as one subject token.
+
+    Kubernetes names nodes with DNS subdomains (``ip-10-0-0-1.ec2.internal``), and a dot
+    separates a subject's tokens: the dot, ``%`` and anything else a token may not hold are
+    percent-escaped (``ip-10-0-0-1%2Eec2%2Einternal``), reversibly (``node_name``); ``/``, which
+    joins a cluster and its node, stays. A wildcard stays a wildcard: every node."""
+    if node in WILDCARDS:
+        return node
+    return quote(node, safe="/").replace(".", "%2E")
+
+
+def node_name(token: str) -> str:
+    """The node whose subject token is ``token`` (``node_token`` reversed)."""
+    return unquote(token)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,12 +127,12 @@ class Subjects:
         ]
 
     def node_load(self, node: str = "*") -> str:
-        """Load of a node (or of all nodes)."""
-        return f"{self.namespace}.node.{node}.load"
+        """Load of a node (or of all nodes), its name one token (``node_token``)."""
+        return f"{self.namespace}.node.{node_token(node)}.load"
 
     def node_summary(self, node: str = "*") -> str:
         """The summarised load of a node (or of all nodes), one per interval."""
-        return f"{self.namespace}.node.{node}.summary"
+        return f"{self.namespace}.node.{node_token(node)}.summary"
 
     def for_event(self, event: pb.Event) -> str:
         """Where ``event`` is published."""

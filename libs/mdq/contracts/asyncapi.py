@@ -40,7 +40,7 @@ from google.protobuf.descriptor import (
 )
 
 from mdq.bus.streams import stream_configs
-from mdq.bus.subjects import Subjects
+from mdq.bus.subjects import Subjects, node_token
 from mdq.contracts import pb
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -56,7 +56,8 @@ PARAMETERS = {
     "for a keyless submit on mdq.submit, from its stream sequence); a tenant's starts with "
     "its name and a dot (`alice.3f2a9c0d1e4b`), so its job ids and subjects carry one more "
     "token.",
-    "node": "A node's name.",
+    "node": "A node's name as one token: its dots (and any other character a token may not "
+    "hold) percent-escaped, %2E for a dot.",
     "tenant": "A tenant's name (`mdq tenant add`): only that tenant's credentials may publish "
     "here, and intake takes the tenant from this token, never from the payload.",
 }
@@ -353,7 +354,8 @@ def event_address(subjects: Subjects, kind: str) -> str:
         event.node_summary.node = "{node}"
     if kind == "rejected":
         event.rejected.request_id = "{request_id}"
-    return subjects.for_event(event)
+    # a node's name is escaped into one token; the placeholder stands for that token
+    return subjects.for_event(event).replace(node_token("{node}"), "{node}")
 
 
 def subject_matches(pattern: str, address: str) -> bool:
