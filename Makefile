@@ -26,12 +26,14 @@ up: $(STAMP)
 ## compose-secrets: generate docker-compose's passwords into .env (git-ignored, mode 0600;
 ## existing values are kept: PostgreSQL's, Grafana's admin, the group that may read the NATS
 ## credentials) and its NATS credentials into secrets/nats/ (git-ignored; `mdq credentials`,
-## the generator of `mdq up`: an existing trust and unchanged credentials are kept)
+## the generator of `mdq up`: an existing trust and unchanged credentials are kept) and the web
+## console's access token into secrets/console.token (0640; kept once made)
 compose-secrets: $(STAMP)
 	PYTHONPATH=libs $(PYTHON) -m mdq.store.roles env-file .env
 	grep -q '^GRAFANA_ADMIN_PASSWORD=' .env || echo "GRAFANA_ADMIN_PASSWORD=$$($(PYTHON) -c 'import secrets; print(secrets.token_urlsafe(32))')" >> .env
 	grep -q '^MDQ_SECRETS_GID=' .env || echo "MDQ_SECRETS_GID=$$(id -g)" >> .env
 	$(BIN)/mdq credentials --out secrets/nats --group-readable
+	$(BIN)/mdq console-token --out secrets/console.token --group-readable
 
 ## deploy-dev-secrets: the same for the Kubernetes dev overlay (deploy/overlays/dev/postgres.env,
 ## deploy/overlays/dev/nats/ for its NATS Secrets)

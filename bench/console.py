@@ -33,6 +33,7 @@ import asyncio
 import json
 import os
 import random
+import secrets
 import shutil
 import subprocess
 import sys
@@ -42,6 +43,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import aiohttp
 import asyncpg
@@ -122,7 +124,7 @@ async def wait_healthy(
 
 
 async def live_latency(
-    console_url: str, nats_url: str, job_id: str, events: int, folder: Path
+    console_url: str, nats_url: str, job_id: str, events: int, folder: Path, token: str
 ) -> dict[str, Any]:
     """Bus → drawn point in the browser, against a bare subscriber on the same subject."""
     if chromium_paths() is None:
@@ -130,7 +132,9 @@ async def live_latency(
     driver = headless_chromium(folder / "chromium")
     nc = await nats.connect(nats_url)
     try:
-        await asyncio.to_thread(driver.get, f"{console_url}/jobs/{job_id}")
+        # the access link, as a person opens it: the console keeps a session cookie
+        link = f"{console_url}/jobs/{job_id}?{urlencode({'token': token})}"
+        await asyncio.to_thread(driver.get, link)
         deadline = time.monotonic() + 30
         while "following" not in await asyncio.to_thread(
             lambda: driver.find_element("id", "live-status").text
@@ -212,12 +216,16 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         jobs = int(await raw.fetchval("SELECT count(*) FROM jobs"))
         running = await raw.fetchval("SELECT job_id FROM jobs WHERE state = 'RUNNING' LIMIT 1")
         port = free_port()
+        token = secrets.token_urlsafe(32)  # every request goes through the access gate
+        token_file = folder / "console.token"
+        token_file.write_text(token)
         env = os.environ | {
             "DATABASE_URL": urls.reader,
             "NATS_URL": bus.url,
             "MDQ_NAMESPACE": "mdq",
             "MDQ_DATA_DIR": str(folder / "data"),
             "MDQ_CONSOLE_PORT": str(port),
+            "MDQ_CONSOLE_ACCESS_TOKEN_FILE": str(token_file),
             "PYTHONPATH": str(ROOT),
         }
         child = start_console(env, folder / "console.log")
@@ -237,7 +245,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         deep = iter(cursors)
 
         results: dict[str, list[float]] = {}
-        async with aiohttp.ClientSession() as session:
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"}) as session:
             await wait_healthy(session, url, child)
             pages: dict[str, Callable[[], Awaitable[Any]]] = {
                 "list newest": lambda: fetch_ok(session, f"{url}/jobs"),
@@ -275,7 +283,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             ),
         }
         await raw.close()
-        live = await live_latency(url, bus.url, running, args.live_events, folder)
+        live = await live_latency(url, bus.url, running, args.live_events, folder, token)
     finally:
         if child is not None:
             child.terminate()

@@ -34,6 +34,7 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -135,6 +136,15 @@ def write_secret(path: Path, text: str, *, group_readable: bool = False) -> Path
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(partial, path)
+    return path
+
+
+def ensure_token_file(path: Path, *, group_readable: bool = False) -> Path:
+    """A random access token (256 bits, URL-safe) in ``path``, written as ``write_secret``
+    writes (0600; 0640 ``group_readable``), or the one already there: a link that holds it
+    keeps working."""
+    if not (path.is_file() and path.read_text(encoding="utf-8").strip()):
+        write_secret(path, secrets.token_urlsafe(32) + "\n", group_readable=group_readable)
     return path
 
 

@@ -46,14 +46,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Self
+from urllib.parse import urlencode
 
 import psutil
 
 from mdq.auth import (
     RUNNER_ISSUER_ENV,
     RUNNER_ISSUER_FILE,
+    SECRETS_DIR,
     Generated,
     TrustMismatch,
+    ensure_token_file,
     generate,
     nats_secrets_dir,
 )
@@ -68,6 +71,9 @@ from mdq.store.stack_database import (
     role_names_from_env,
 )
 
+CONSOLE_TOKEN_FILE = "console.token"
+"""The console's access token, under ``<state>/secrets/`` (``services.console.access``)."""
+CONSOLE_TOKEN_ENV = "MDQ_CONSOLE_ACCESS_TOKEN_FILE"
 SERVICES: tuple[str, ...] = ("intake", "placement", "watcher", "recovery", "metrics", "console")
 """The services of a stack, started as ``python -m services.<name>``."""
 BACKENDS: tuple[str, ...] = ("local", "kubernetes")
@@ -127,6 +133,21 @@ class StackInfo:
     is written without it); '' when the URL needs none."""
     console_url: str = ""
     """The web console ("" when the stack runs none)."""
+    console_token_file: str = ""
+    """The file holding the console's access token (0600, under the secrets folder): only who
+    can read it gets in (``console_link``)."""
+
+    def console_link(self, path: str = "") -> str:
+        """The console's address of ``path`` (e.g. ``jobs``) with its access token: what a
+        person opens; "" when the stack runs no console."""
+        if not self.console_url:
+            return ""
+        link = f"{self.console_url}{path.lstrip('/')}"
+        if not self.console_token_file:
+            return link
+        token = Path(self.console_token_file).read_text(encoding="utf-8").strip()
+        separator = "&" if "?" in link else "?"
+        return f"{link}{separator}{urlencode({'token': token})}"
 
     def database_dsn(self) -> str:
         """``database_url`` with its password (read from ``database_password_file``): what
@@ -385,6 +406,7 @@ class Stack:
         self._metrics_port = metrics_port
         self._metrics_port_claim: IO[str] | None = None
         self._console_port = 0
+        self._console_token_file = self.state_dir / SECRETS_DIR / CONSOLE_TOKEN_FILE
         self._console_port_claim: IO[str] | None = None
         self._services = tuple(services)
         self._extra_env = dict(extra_env or {})
@@ -433,6 +455,7 @@ class Stack:
             metrics_port = self._choose_metrics_port()
             if "console" in self._services:
                 self._console_port = self._choose_console_port()
+                self._console_token_file = self._console_token()
             self._env = self._child_env(metrics_port)
             self._children = [self._child(name, argv) for name, argv in self._programs()]
             for child in self._children:
@@ -446,6 +469,7 @@ class Stack:
                 namespace=self.namespace,
                 metrics_url=f"http://127.0.0.1:{metrics_port}/metrics",
                 console_url=f"http://127.0.0.1:{self._console_port}/" if self._console_port else "",
+                console_token_file=str(self._console_token_file) if self._console_port else "",
                 state_dir=str(self.state_dir),
                 logs_dir=str(self.logs_dir),
                 data_dir=str(self.data_dir),
@@ -687,6 +711,12 @@ class Stack:
         port, self._metrics_port_claim = claim_port(DEFAULT_METRICS_PORT)
         return port
 
+    def _console_token(self) -> Path:
+        """The console's access token (``services.console.access``): made once under the
+        secrets folder (0600) and kept, so a link keeps working across restarts of the
+        stack."""
+        return ensure_token_file(self.state_dir / SECRETS_DIR / CONSOLE_TOKEN_FILE)
+
     def _choose_console_port(self) -> int:
         """``MDQ_CONSOLE_PORT``, else the first free one from 8089, claimed until the stack
         stops (as the metrics port is)."""
@@ -746,7 +776,7 @@ class Stack:
                 "MDQ_METRICS_HTTP_HOST": "127.0.0.1",  # on one machine, nobody else scrapes it
                 "MDQ_LOCAL_NODES": str(self.local_nodes),
                 "MDQ_CONSOLE_PORT": str(self._console_port),
-                "MDQ_CONSOLE_HOST": "127.0.0.1",  # no login of its own: this machine only
+                "MDQ_CONSOLE_HOST": "127.0.0.1",  # this machine only, and only with its token
                 "PYTHONUNBUFFERED": "1",
             }
         )
@@ -766,6 +796,8 @@ class Stack:
             env["DATABASE_URL"] = self._database.urls.writer
         if name == "console" and self._database is not None:
             env["DATABASE_URL"] = self._database.urls.reader
+        if name == "console":
+            env[CONSOLE_TOKEN_ENV] = str(self._console_token_file)
         return env
 
     def _identity_env(self, child: str) -> dict[str, str]:

@@ -38,6 +38,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.applications import Starlette
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
@@ -58,6 +59,7 @@ from mdq.settings import CommonSettings
 from mdq.store import queries
 from mdq.store.engine import create_engine
 from services.console import reads
+from services.console.access import AccessGate, read_token
 from services.console.filters import (
     OPERATOR,
     PAGE_SIZES,
@@ -456,8 +458,10 @@ async def not_found(request: Request, error: Exception) -> Response:
     return _page(request, "error.html", {"title": "Not found", "field": "", "message": detail}, 404)
 
 
-def build_app(console: Console) -> Starlette:
-    """The console's ASGI app over ``console``'s engine and NATS client."""
+def build_app(console: Console, *, access_token: str | None = None) -> Starlette:
+    """The console's ASGI app over ``console``'s engine and NATS client; with
+    ``access_token``, only requests that carry it (or its session) get in
+    (``services.console.access``)."""
     app = Starlette(
         routes=[
             Route("/", home),
@@ -472,6 +476,7 @@ def build_app(console: Console) -> Starlette:
             Mount("/static", app=StaticFiles(directory=PACKAGE / "static"), name="static"),
         ],
         exception_handlers={404: not_found},
+        middleware=[Middleware(AccessGate, token=access_token)] if access_token else [],
     )
     app.state.console = console
     return app
@@ -489,8 +494,12 @@ async def serve(common: CommonSettings, settings: ConsoleSettings) -> None:
     # objects that live for ever: left in the oldest generation, every full collection walked
     # them all, a 100-150 ms pause inside one request in every ~70 (bench-console's p99)
     freezer = asyncio.create_task(keep_state_out_of_gc(), name="gc")
+    token = read_token(settings.access_token_file) if settings.access_token_file else None
     config = uvicorn.Config(
-        build_app(console), host=settings.host, port=settings.port, log_level="warning"
+        build_app(console, access_token=token),
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
     )
     server = uvicorn.Server(config)
     watcher = asyncio.create_task(_announce(server), name="announce")

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -17,8 +19,16 @@ class ConsoleSettings(BaseSettings):
     host: str = Field(
         default="127.0.0.1",
         description=(
-            "Address the console listens on. It has no login of its own and submits as the "
-            "operator: keep it on loopback, or behind an authenticating proxy (docs/console.md)."
+            "Address the console listens on. It submits as the operator: keep it on loopback "
+            "with an access token, or behind an authenticating proxy (docs/console.md)."
         ),
     )
     port: int = Field(default=8089, ge=0, le=65535, description="Port; 0 picks a free one.")
+    access_token_file: Path | None = Field(
+        default=None,
+        description=(
+            "A file holding the console's access token (at least 32 characters): every page "
+            "then asks for it once (the link `mdq up` prints, ?token=...) and keeps a session "
+            "cookie. Unset: no gate (behind an authenticating proxy only)."
+        ),
+    )

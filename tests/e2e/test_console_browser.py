@@ -81,12 +81,14 @@ async def until(check: Callable[[], T | None], *, timeout: float, what: str) -> 
         await asyncio.sleep(0.25)
 
 
-async def open_submit_page(browser: WebDriver, console: str) -> None:
-    """Open the submit page once the console listens (the stack starts it in the background)."""
+async def open_submit_page(browser: WebDriver, stack: Stack) -> None:
+    """Open the submit page by the link ``mdq up`` prints (its access token: the console keeps
+    a session cookie, so the other pages open by their plain address), once the console
+    listens (the stack starts it in the background)."""
 
     def opened() -> bool:
         try:
-            browser.get(f"{console}/submit")
+            browser.get(stack.info.console_link("submit"))
         except WebDriverException:  # not listening yet
             return False
         return bool(browser.find_elements(By.ID, "text"))
@@ -100,7 +102,7 @@ async def test_a_person_submits_watches_and_follows_a_retried_job(
     console = stack.info.console_url.rstrip("/")
     assert console, "mdq up starts the console"
 
-    await open_submit_page(browser, console)
+    await open_submit_page(browser, stack)
     # Keyboard first: the first Tab reaches the skip link.
     browser.find_element(By.TAG_NAME, "body").send_keys(Keys.TAB)
     assert browser.switch_to.active_element.text == "Skip to content"
@@ -239,9 +241,7 @@ def node_charts(
 async def test_a_refusal_on_the_page_names_the_field_as_the_cli_does(
     stack: Stack, browser: WebDriver
 ) -> None:
-    console = stack.info.console_url.rstrip("/")
-
-    await open_submit_page(browser, console)
+    await open_submit_page(browser, stack)
     text = browser.find_element(By.ID, "text")
     text.clear()
     text.send_keys("jobs:\n  - name: x\n    resources: {cpu: -1}\n")
@@ -255,3 +255,9 @@ async def test_a_refusal_on_the_page_names_the_field_as_the_cli_does(
     field, message = await until(refusal, timeout=60, what="the refusal")
     assert field == "jobs[0].resources.cpu" and message
     shoot(browser, "submit-refused")
+    # Another account on this machine, without the link: the way to get it, and nothing else.
+    browser.delete_all_cookies()
+    browser.get(f"{stack.info.console_url.rstrip('/')}/jobs")
+    assert "needs its access link" in browser.page_source
+    assert not browser.find_elements(By.TAG_NAME, "table")
+    shoot(browser, "access-link-needed")

@@ -51,9 +51,16 @@ class Site:
     trajectory: bytes
 
 
-async def _serve(console: Console) -> tuple[uvicorn.Server, asyncio.Task[None], str]:
+async def _serve(
+    console: Console, *, access_token: str | None = None
+) -> tuple[uvicorn.Server, asyncio.Task[None], str]:
     server = uvicorn.Server(
-        uvicorn.Config(build_app(console), host="127.0.0.1", port=0, log_level="warning")
+        uvicorn.Config(
+            build_app(console, access_token=access_token),
+            host="127.0.0.1",
+            port=0,
+            log_level="warning",
+        )
     )
     task = asyncio.create_task(server.serve())
     while not server.started:
@@ -523,3 +530,65 @@ async def test_static_assets_ship_inside_the_package(site: Site) -> None:
     for name in ("uPlot.iife.min.js", "uPlot.min.css", "console.js", "console.css"):
         status, body = await get(f"{site.url}/static/{name}")
         assert status == 200 and len(body) > 100, name
+
+
+TOKEN = "t0ken-" + "x" * 40
+
+
+@pytest.fixture
+async def gated(site: Site) -> AsyncIterator[str]:
+    """The same console behind its access token, as ``mdq up`` serves it."""
+    server, serving, url = await _serve(site.console, access_token=TOKEN)
+    try:
+        yield url
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(serving, timeout=10)
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/", "/jobs", "/jobs?state=FAILED", "/nodes", "/submit", "/static/console.js"],
+)
+async def test_without_its_token_the_console_shows_only_how_to_get_the_link(
+    gated: str, site: Site, path: str
+) -> None:
+    """Loopback is every account's on a shared machine: without the link nothing of the jobs
+    shows (nor a file, nor the submit form); a wrong token is no better."""
+    for url in (f"{gated}{path}", f"{gated}{path}{'&' if '?' in path else '?'}token=wrong"):
+        async with aiohttp.ClientSession() as session, session.get(url) as response:
+            assert response.status == 401, url
+            body = await response.text()
+        assert "needs its access link" in body and "mdq console" in body
+        assert site.retried.job_id not in body and "<form" not in body
+
+
+async def test_the_link_opens_a_session_and_drops_the_token_from_the_address(gated: str) -> None:
+    # a browser keeps cookies of 127.0.0.1; aiohttp only when told to
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as session:
+        async with session.get(
+            f"{gated}/jobs?state=FAILED&token={TOKEN}", allow_redirects=False
+        ) as response:
+            assert response.status == 303
+            assert response.headers["Location"] == "/jobs?state=FAILED"
+            cookie = response.headers["Set-Cookie"]
+        assert TOKEN not in cookie, "the cookie holds an HMAC of the token, not the token"
+        assert "HttpOnly" in cookie and "samesite=strict" in cookie.lower()
+        async with session.get(f"{gated}/jobs?state=FAILED") as response:
+            assert response.status == 200  # the session cookie
+            assert "doomed" in await response.text()
+        async with session.get(f"{gated}/jobs/{'x' * 3}/live") as response:
+            assert response.status != 401  # live streams too (a 400/404 of its own here)
+
+
+async def test_a_script_may_bring_the_token_as_a_bearer_and_health_needs_none(
+    gated: str,
+) -> None:
+    async with aiohttp.ClientSession() as session:
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        async with session.get(f"{gated}/jobs", headers=headers) as response:
+            assert response.status == 200
+        async with session.get(f"{gated}/jobs", headers={"Authorization": "Bearer no"}) as r:
+            assert r.status == 401
+        async with session.get(f"{gated}/healthz") as response:
+            assert response.status == 200  # the liveness probe says nothing of the jobs

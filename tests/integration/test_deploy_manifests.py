@@ -881,13 +881,39 @@ def test_compose_runs_the_whole_stack() -> None:
     # Every file compose mounts from the repository exists; those of secrets/nats/ are what
     # the generator writes there (make compose-secrets).
     generated = generated_names()
+    made_by_recipe = compose_secrets_outputs()
     for name, service in services.items():
         for volume in service.get("volumes", []):
             source = volume.split(":")[0]
             if source.startswith(COMPOSE_NATS + "/"):
                 assert source.removeprefix(COMPOSE_NATS + "/") in generated, (name, source)
+            elif source.startswith("./secrets/"):
+                assert source.removeprefix("./") in made_by_recipe, (name, source)
             elif source.startswith("./"):
                 assert (ROOT / source).exists(), (name, source)
+
+
+def compose_secrets_outputs() -> set[str]:
+    """The files ``make compose-secrets`` writes with an ``--out FILE`` of its recipe (the NATS
+    folder is checked against the generator itself)."""
+    makefile = (ROOT / "Makefile").read_text()
+    recipe = makefile.split("\ncompose-secrets:", 1)[1].split("\n\n", 1)[0]
+    return {
+        line.split("--out", 1)[1].split()[0]
+        for line in recipe.splitlines()
+        if "--out" in line and "credentials" not in line
+    }
+
+
+def test_the_console_in_compose_asks_for_its_token() -> None:
+    """Every local account reaches 127.0.0.1:8089: the console has its access token there, made
+    by make compose-secrets (``mdq console-token``), readable by the containers' group only."""
+    console = compose()["services"]["console"]
+    token_file = console["environment"]["MDQ_CONSOLE_ACCESS_TOKEN_FILE"]
+    source, read_only = compose_mounts(console)[token_file]
+    assert read_only and source == "./secrets/console.token"
+    assert "secrets/console.token" in compose_secrets_outputs()
+    assert "--group-readable" in (ROOT / "Makefile").read_text().split("console-token", 1)[1]
 
 
 def test_prometheus_scrapes_the_metrics_service() -> None:

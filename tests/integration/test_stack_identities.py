@@ -5,10 +5,12 @@ What each child really got is read from ``/proc/<pid>/environ``; the files from 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import stat
 from pathlib import Path
 
+import aiohttp
 import psutil
 import pytest
 
@@ -70,7 +72,8 @@ async def test_each_process_gets_its_own_identity_and_nothing_else(
         addresses = {c.laddr.ip for c in metrics.net_connections("inet") if c.status == "LISTEN"}
         assert addresses == {"127.0.0.1"}
 
-        # So does the web console: it has no login of its own.
+        # So does the web console, and loopback is every account's on a shared machine: the
+        # console lets in only who brings the token that only the stack's owner can read.
         console = psutil.Process(stack.child_pid("console"))
 
         async def console_listening() -> bool:
@@ -80,6 +83,25 @@ async def test_each_process_gets_its_own_identity_and_nothing_else(
         addresses = {c.laddr.ip for c in console.net_connections("inet") if c.status == "LISTEN"}
         assert addresses == {"127.0.0.1"}
         assert info.console_url.startswith("http://127.0.0.1:")
+        token_file = Path(info.console_token_file)
+        assert token_file.parent == state / "secrets" and mode(token_file) == 0o600
+        token = (await asyncio.to_thread(token_file.read_text)).strip()
+        holders = [
+            c
+            for c in CHILDREN
+            if "MDQ_CONSOLE_ACCESS_TOKEN_FILE" in process_env(stack.child_pid(c) or 0)
+        ]
+        assert holders == ["console"], "only the console is told where its token is"
+        for child in CHILDREN:  # and no process holds the token itself
+            env = process_env(stack.child_pid(child) or 0)
+            assert not [k for k, v in env.items() if token in v], child
+        jar = aiohttp.CookieJar(unsafe=True)  # keeps 127.0.0.1's cookies, as a browser does
+        async with aiohttp.ClientSession(cookie_jar=jar) as session:
+            async with session.get(f"{info.console_url}jobs") as response:
+                assert response.status == 401
+            async with session.get(info.console_link("jobs")) as response:
+                assert response.status == 200
+        assert token not in (state / STACK_FILE).read_text()
 
         # The CLI identity is in stack.json, and no secret is.
         text = (state / STACK_FILE).read_text()

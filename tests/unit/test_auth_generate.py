@@ -21,6 +21,7 @@ from mdq.auth import (
     TrustMismatch,
     creds_key,
     decode_claims,
+    ensure_token_file,
     generate,
     identity_creds_path,
     issue,
@@ -202,3 +203,18 @@ def test_a_trust_chain_from_before_the_users_account_is_upgraded_in_place(tmp_pa
         assert claims["iss"] == trust.users_public, path.name
     assert decode_claims(alice.read_text().split("\n")[1])["name"] == "tenant.alice"
     assert creds_key(alice.read_text()) in issued_keys(folder, tenant.identity)
+
+
+@pytest.mark.parametrize(("group_readable", "file_mode"), [(False, 0o600), (True, 0o640)])
+def test_a_token_file_is_made_once_private_and_kept(
+    tmp_path: Path, group_readable: bool, file_mode: int
+) -> None:
+    path = tmp_path / "secrets" / "console.token"
+    ensure_token_file(path, group_readable=group_readable)
+    token = path.read_text().strip()
+    assert len(token) >= 43  # 256 bits, URL-safe
+    assert stat.S_IMODE(path.stat().st_mode) == file_mode
+    ensure_token_file(path, group_readable=group_readable)
+    assert path.read_text().strip() == token, "a link that holds it keeps working"
+    other = tmp_path / "other.token"
+    assert ensure_token_file(other).read_text().strip() != token

@@ -43,7 +43,7 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
-from mdq.auth import TrustMismatch, generate, nats_secrets_dir, rotate
+from mdq.auth import TrustMismatch, ensure_token_file, generate, nats_secrets_dir, rotate
 from mdq.bus.connect import CREDS_ENV
 from mdq.cli import history
 from mdq.cli import recommend as recommendations
@@ -192,7 +192,7 @@ def _print_stack(info: StackInfo) -> None:
         f"PostgreSQL  {info.database_url}" + ("  (embedded)" if info.embedded_postgres else ""),
         *([f"password    {info.database_password_file}"] if info.database_password_file else []),
         f"metrics     {info.metrics_url}",
-        *([f"console     {info.console_url}"] if info.console_url else []),
+        *([f"console     {info.console_link()}"] if info.console_url else []),
         f"namespace   {info.namespace}",
         f"backend     {info.backend}",
         f"logs        {info.logs_dir}",
@@ -295,6 +295,42 @@ def status(ctx: typer.Context) -> None:
     )
     stack_status.render(console, parts, probes, now=time.time())
     raise typer.Exit(EXIT_OK if stack_status.healthy(parts, probes) else EXIT_FAILED)
+
+
+@app.command("console")
+def console_command(ctx: typer.Context) -> None:
+    """Print the running stack's web console link: its address with the access token (read
+    from the state folder's secrets, so only the account that runs the stack can). Exit 3 when
+    no stack with a console runs on the state folder."""
+    info = read_stack_info(_options(ctx).state_dir)
+    if info is None or not info.console_url:
+        err_console.print("[red]no running stack with a console[/] (start one: mdq up)")
+        raise typer.Exit(EXIT_UNAVAILABLE)
+    try:
+        link = info.console_link()
+    except OSError as error:
+        err_console.print(f"[red]cannot read the console's token[/]: {error}")
+        raise typer.Exit(EXIT_UNAVAILABLE) from None
+    console.print(link, soft_wrap=True)
+
+
+@app.command("console-token")
+def console_token(
+    out: Annotated[
+        Path, typer.Option("--out", help="The token file (kept when it already holds one).")
+    ],
+    group_readable: Annotated[
+        bool,
+        typer.Option(
+            "--group-readable", help="0640 in a 0750 folder, for containers given your group."
+        ),
+    ] = False,
+) -> None:
+    """Make the web console's access token for a deployment that is not ``mdq up`` (compose:
+    ``make compose-secrets``); the console reads it from MDQ_CONSOLE_ACCESS_TOKEN_FILE and its
+    link is its address with ``?token=`` and the file's content."""
+    ensure_token_file(out, group_readable=group_readable)
+    console.print(f"console token in {out}", soft_wrap=True)
 
 
 async def _submit_when_ready(
@@ -406,8 +442,8 @@ def campaign_url(info: StackInfo, request: pb.SubmitRequest) -> str:
         return ""
     labels = {job.labels["campaign"] for job in request.jobs if "campaign" in job.labels}
     if len(labels) == 1:
-        return f"{info.console_url}campaigns?{urlencode({'label': f'campaign={labels.pop()}'})}"
-    return f"{info.console_url}jobs"
+        return info.console_link(f"campaigns?{urlencode({'label': f'campaign={labels.pop()}'})}")
+    return info.console_link("jobs")
 
 
 async def _demo_campaign(info: StackInfo, request: pb.SubmitRequest, *, limit_s: float) -> int:
