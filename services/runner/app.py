@@ -33,6 +33,7 @@ from google.protobuf.json_format import ParseError
 from nats.aio.client import Client
 
 from mdq.bus.connect import CREDS_ENV, connect
+from mdq.bus.copies import CopyStore
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.runner_creds import RenewableCreds
 from mdq.core.exit_codes import RunnerExit
@@ -40,6 +41,7 @@ from mdq.core.runner_task import RunnerTask, jobs_root
 from mdq.core.spec import SpecError, normalize_job
 from mdq.forcefields import ForceFieldFolders
 from mdq.settings import CommonSettings
+from services.runner.copies import CheckpointCopier
 from services.runner.errors import RunnerError
 from services.runner.md import TASKS, RunContext
 from services.runner.metrics import RunnerMetrics
@@ -173,6 +175,9 @@ async def run(task: RunnerTask, *, common: CommonSettings, settings: RunnerSetti
             name="renew-credentials",
         )
     metrics = RunnerMetrics(job_id=task.job_id, attempt=task.attempt)
+    copies = (
+        CopyStore(client.jetstream(), common.subjects) if settings.copy_to_shared_store else None
+    )
     context = RunContext(
         task=task,
         settings=settings,
@@ -180,6 +185,10 @@ async def run(task: RunnerTask, *, common: CommonSettings, settings: RunnerSetti
         metrics=metrics,
         stop=stop,
         data_dir=common.data_dir,
+        copies=copies,
+        copier=None
+        if copies is None
+        else CheckpointCopier(copies, outbox, job_id=task.job_id, attempt=task.attempt),
     )
     code = RunnerExit.CRASHED  # until the task says otherwise (for the usage report)
     try:
@@ -201,6 +210,8 @@ async def run(task: RunnerTask, *, common: CommonSettings, settings: RunnerSetti
     finally:
         for signum in STOP_SIGNALS:
             loop.remove_signal_handler(signum)
+        if context.copier is not None:  # the last checkpoint's copy: what a move resumes from
+            await context.copier.finish(timeout_s=settings.copy_timeout_s)
         with contextlib.suppress(Exception):  # a report about the attempt, never its outcome
             _report_usage(task, outbox, settings, code=code)
             await outbox.flush(timeout_s=min(settings.flush_timeout_s, CLOSE_TIMEOUT_S))

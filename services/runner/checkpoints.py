@@ -213,6 +213,14 @@ class CheckpointStore:
             path.with_suffix(NATIVE_SUFFIX).unlink(missing_ok=True)
             path.with_suffix(".json").unlink(missing_ok=True)
 
+    def holds(self, checkpoint: pb.Checkpoint) -> bool:
+        """Whether this folder holds ``checkpoint``'s State XML, its sha256 matching."""
+        path = self._directory / checkpoint_name(checkpoint.step)
+        try:
+            return path.is_file() and sha256_of(path) == checkpoint.sha256
+        except OSError:
+            return False
+
     def _confined(self, announced: Path) -> Path:
         """The announced checkpoint if it is a file of this job's checkpoint folder (after
         following symlinks), else the file of the same name in that folder: a checkpoint path

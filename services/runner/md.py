@@ -22,6 +22,7 @@ from typing import Any
 
 import openmm
 
+from mdq.bus.copies import CopyStore
 from mdq.contracts import pb
 from mdq.core.convergence import ConvergenceTracker, done_reason
 from mdq.core.exit_codes import RunnerExit
@@ -34,6 +35,7 @@ from services.runner.checkpoints import (
     sha256_of,
     write_atomically,
 )
+from services.runner.copies import CheckpointCopier, fetch_resume_copy
 from services.runner.energies import FILE_NAME as ENERGIES_FILE
 from services.runner.energies import EnergyLog
 from services.runner.errors import InvalidInputError, UnstableError
@@ -71,6 +73,10 @@ class RunContext:
     """Set on SIGTERM: checkpoint at the next chunk boundary and exit PREEMPTED."""
     data_dir: Path | None = None
     """Root that structure paths are resolved in (MDQ_DATA_DIR)."""
+    copies: CopyStore | None = None
+    """The store every cluster shares (``mdq.bus.copies``); None: nothing is copied."""
+    copier: CheckpointCopier | None = None
+    """Copies this attempt's checkpoints and outputs into ``copies``."""
 
     @property
     def spec(self) -> pb.JobSpec:
@@ -172,6 +178,8 @@ async def _checkpoint(
         trajectory=mark,
     )
     run.outbox.checkpoint(checkpoint.to_pb())
+    if run.copier is not None:
+        run.copier.offer(checkpoint)  # in the background: the MD loop goes on
     run.metrics.checkpointed(step)
     log.info(
         "checkpoint at step %d: %s (%d bytes, sha256 %s)",
@@ -230,6 +238,8 @@ async def announce_outputs(
         return files
 
     files = await asyncio.to_thread(describe)
+    if run.copier is not None:
+        await run.copier.copy_outputs([(Path(file.path), file.kind) for file in files])
     run.outbox.outputs(pb.JobOutputs(final_step=final_step, output_dir=str(job_dir), files=files))
 
 
@@ -279,6 +289,15 @@ def _prepare_md(run: RunContext, md: MdSystem, store: CheckpointStore) -> StartP
     return StartPoint(resumed_step=None)
 
 
+async def _fetch_resume_copy(run: RunContext, store: CheckpointStore) -> None:
+    """Fetch the announced checkpoint's copy when the job's folder lacks it (a retry on
+    another cluster, ``services.runner.copies``)."""
+    if run.copies is not None:
+        await fetch_resume_copy(
+            run.task.resume_from, job_id=run.task.job_id, store=store, copies=run.copies
+        )
+
+
 def _build(run: RunContext, integrator: openmm.Integrator | None = None) -> MdSystem:
     return build_system(
         run.spec,
@@ -307,6 +326,7 @@ async def run_md(run: RunContext) -> RunnerExit:
     log.info("built %d atoms on the %s platform", md.atoms, md.platform)
     store = CheckpointStore(directory=run.task.job_dir / CHECKPOINT_DIR)
     store.remove_temporaries()
+    await _fetch_resume_copy(run, store)
     start = await asyncio.to_thread(_prepare_md, run, md, store)
     last_checkpoint = start.resumed_step
     target = spec.steps
@@ -452,6 +472,7 @@ async def run_minimize(run: RunContext) -> RunnerExit:
     md = await asyncio.to_thread(_build, run, openmm.VerletIntegrator(0.001))
     store = CheckpointStore(directory=run.task.job_dir / CHECKPOINT_DIR)
     store.remove_temporaries()
+    await _fetch_resume_copy(run, store)
     first = 0
     if run.task.resume_from is not None:
         loaded = await asyncio.to_thread(store.load, run.task.resume_from)

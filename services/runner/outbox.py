@@ -56,6 +56,11 @@ class Outbox:
         """Publish a checkpoint event (id ``checkpoint:<job>:<attempt>:<step>``)."""
         self._send("checkpoint", checkpoint, detail=checkpoint.step, important=True)
 
+    def copied(self, copied: pb.CheckpointCopied) -> None:
+        """Publish that a checkpoint was copied to the shared store (id
+        ``copied:<job>:<attempt>:<step>``)."""
+        self._send("copied", copied, detail=copied.checkpoint.step, important=True)
+
     def outputs(self, outputs: pb.JobOutputs) -> None:
         """Publish the outputs event of a successful attempt (id ``outputs:<job>:<attempt>``)."""
         self._send("outputs", outputs, detail=None, important=True)

@@ -37,6 +37,18 @@ class RunnerSettings(BaseSettings):
         gt=0,
         description="Longest wait for outstanding publishes at checkpoints and before exit.",
     )
+    copy_to_shared_store: bool = Field(
+        default=True,
+        description="Copy each verified checkpoint (in the background) and a successful "
+        "attempt's outputs to the store every cluster shares (NS_COPIES), so a retry on "
+        "another cluster resumes from the copy; false keeps them on the job's folder only "
+        "(one cluster, or a shared file system between clusters).",
+    )
+    copy_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="Longest wait, as the attempt ends, for the checkpoint copy in progress.",
+    )
     usage_source: Literal["auto", "rusage", "cgroup"] = Field(
         default="auto",
         description=(

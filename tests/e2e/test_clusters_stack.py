@@ -7,6 +7,7 @@ node within its cluster."""
 from __future__ import annotations
 
 import contextlib
+import shutil
 import signal
 from collections import Counter
 from pathlib import Path
@@ -86,10 +87,13 @@ async def test_jobs_run_on_the_clusters_they_ask_for(
 async def test_a_whole_cluster_lost_mid_campaign_its_jobs_finish_on_the_other(
     tmp_path: Path, database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 18, item 5 on local clusters: once every job ran and checkpointed, all of lab1
-    freezes (SIGSTOP to its node agent and its runners: a partition, nothing there answers or
-    dies). Its jobs run again on lab2 from their checkpoints, losing at most one checkpoint
-    interval; when lab1 thaws its stale runners stop; every job SUCCEEDED exactly once."""
+    """Issue 18, item 5 on local clusters: once every job ran and had a checkpoint copied to
+    the shared store, all of lab1 freezes (SIGSTOP to its node agent and its runners: a
+    partition, nothing there answers or dies) and its jobs' checkpoint files are deleted (its
+    data volume is gone with it; the two local clusters share one folder here). Its jobs run
+    again on lab2 from their latest *copied* checkpoints, fetched and checked, losing at most
+    a checkpoint interval plus the copy's lag (recorded per attempt in PostgreSQL); when lab1
+    thaws its stale runners stop; every job SUCCEEDED exactly once."""
     monkeypatch.delenv("NATS_URL", raising=False)
     monkeypatch.delenv("MDQ_NATS_CREDS", raising=False)
     stack = Stack(
@@ -138,18 +142,20 @@ async def test_a_whole_cluster_lost_mid_campaign_its_jobs_finish_on_the_other(
             def folder(job_id: str) -> Path:
                 return job_dir(stack.data_dir, job_id)
 
-            async def all_running_and_checkpointed() -> bool:
-                checkpointed = all(
-                    any((folder(j) / "checkpoints").glob("ckpt-*.xml")) for j in job_ids
-                )
-                return checkpointed and len(lab1_runners()) == 2
+            js = client.nc.jetstream()
 
-            await wait_for(all_running_and_checkpointed, timeout=240, what="every job checkpointed")
+            async def all_running_and_copied() -> bool:
+                copied = {e.job_id for e in await events_of(js, client.subjects, "copied")}
+                return copied >= set(job_ids) and len(lab1_runners()) == 2
+
+            await wait_for(all_running_and_copied, timeout=240, what="every job's copy")
             on_lab1 = lab1_runners()
             frozen = [psutil.Process(agent), *(process for _, process in on_lab1.values())]
             for process in frozen:
                 process.send_signal(signal.SIGSTOP)
             last_steps = {j: last_energy_step(folder(j) / "energies.csv") for j in on_lab1}
+            for job_id in on_lab1:  # lab1's volume is gone with it
+                shutil.rmtree(folder(job_id) / "checkpoints")
 
             def resumed(job_id: str, attempt: int) -> int | None:
                 log = stack.data_dir / "pods" / f"{ids.pod_name(job_id, attempt + 1)}.log"
@@ -159,17 +165,20 @@ async def test_a_whole_cluster_lost_mid_campaign_its_jobs_finish_on_the_other(
                 return all(resumed(j, a) is not None for j, (a, _) in on_lab1.items())
 
             await wait_for(moved, timeout=120, what="lab1's jobs running again on lab2")
+            copies = [e for e in await events_of(js, client.subjects, "copied")]
             for job_id, (attempt, _) in on_lab1.items():
                 step = resumed(job_id, attempt)
-                assert step is not None and step > 0, "resumed from its checkpoint"
-                assert last_steps[job_id] - step <= interval
+                assert step is not None and step > 0, "resumed from its copied checkpoint"
+                latest_copy = max(c.copied.checkpoint.step for c in copies if c.job_id == job_id)
+                assert step == latest_copy
+                log = stack.data_dir / "pods" / f"{ids.pod_name(job_id, attempt + 1)}.log"
+                assert f"fetched the copy of checkpoint {step}" in log.read_text()
             for process in frozen:
                 process.send_signal(signal.SIGCONT)
             _, alive = psutil.wait_procs(frozen[1:], timeout=60)
             assert not alive, "lab1's stale runners stop once it answers again"
             states = await client.wait(job_ids, timeout=300)
             assert {str(state) for state in states.values()} == {"SUCCEEDED"}, states
-            js = client.nc.jetstream()
             succeeded = Counter(e.job_id for e in await events_of(js, client.subjects, "succeeded"))
             bound = {e.job_id: e.bound for e in await events_of(js, client.subjects, "bound")}
         assert succeeded == dict.fromkeys(job_ids, 1)
@@ -180,3 +189,24 @@ async def test_a_whole_cluster_lost_mid_campaign_its_jobs_finish_on_the_other(
             with contextlib.suppress(psutil.Error):
                 process.send_signal(signal.SIGCONT)
         await stack.stop()
+
+    db = await asyncpg.connect(database_url)
+    try:
+        rows = {
+            (row["job_id"], row["attempt"]): row
+            for row in await db.fetch(
+                "SELECT job_id, attempt, failure_reason, steps_lost, copy_lag_steps,"
+                " resumed_from_step, resumed_from_copy FROM attempts"
+                " WHERE job_id = ANY($1::text[])",
+                list(on_lab1),
+            )
+        }
+    finally:
+        await db.close()
+    for job_id, (attempt, _) in on_lab1.items():
+        lost, retry = rows[job_id, attempt], rows[job_id, attempt + 1]
+        assert lost["failure_reason"] == "FAILURE_CLUSTER_LOST"
+        assert retry["resumed_from_copy"] and retry["resumed_from_step"] == resumed(job_id, attempt)
+        # what the attempt reached less where its retry began, at most an interval plus the lag
+        assert last_steps[job_id] - retry["resumed_from_step"] <= lost["steps_lost"]
+        assert lost["steps_lost"] <= interval + lost["copy_lag_steps"]

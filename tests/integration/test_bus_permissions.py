@@ -77,9 +77,10 @@ STREAMS = (
     SUBJECTS.progress_stream,
     SUBJECTS.nodes_stream,
     SUBJECTS.node_summaries_stream,
+    SUBJECTS.copies_stream,
     *(f"KV_{bucket}" for bucket in BUCKETS),
 )
-SHARED_STREAMS = STREAMS[:5]
+SHARED_STREAMS = STREAMS[:6]
 """The namespace's own streams (the rest are buckets)."""
 KV_WRITERS = {
     SUBJECTS.pods_bucket: {"placement", "watcher", "recovery", "agent"},
@@ -417,6 +418,7 @@ def every_stored_subject() -> list[str]:
     operator's and a tenant's job, each submit entrance, each bucket's keys."""
     subjects = [event_subject(kind, job) for kind in EVENT_PRODUCERS for job in (JOB, TENANT_JOB)]
     subjects += [SUBJECTS.submit, SUBJECTS.submit_for(TENANT)]
+    subjects += [SUBJECTS.copy(job, "ckpt.1.a.m") for job in (JOB, TENANT_JOB)]
     return subjects + [f"$KV.{bucket}.forged-key" for bucket in BUCKETS]
 
 

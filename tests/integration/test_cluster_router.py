@@ -318,9 +318,9 @@ async def test_a_cluster_that_stops_answering_is_lost_then_fenced_when_it_is_bac
 
                 await wait_for(reported_lost, what="east's pod reported lost", timeout=30)
                 [lost] = [u for u in of("mdq-e2-1") if u.phase == pb.POD_FAILED]
-                assert lost.reason == "NodeLost" and "cluster east lost" in lost.message
+                assert lost.reason == "ClusterLost" and "cluster east lost" in lost.message
                 assert lost.node == "east/node-1"
-                assert classify(pod_reason=lost.reason, exit_code=0) == pb.FAILURE_NODE_LOST
+                assert classify(pod_reason=lost.reason, exit_code=0) == pb.FAILURE_CLUSTER_LOST
 
                 async def recorded() -> bool:
                     return "east" in metrics_side.lost_now()

@@ -25,6 +25,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from mdq.bus.codec import decode_event
+from mdq.bus.copies import CopyStore
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.exit_codes import RunnerExit
@@ -57,6 +58,7 @@ class JobEvents:
     checkpoints: list[pb.Event] = field(default_factory=list)
     outputs: list[pb.Event] = field(default_factory=list)
     usage: list[pb.Event] = field(default_factory=list)
+    copied: list[pb.Event] = field(default_factory=list)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def on_message(self, message: Msg) -> None:
@@ -68,6 +70,8 @@ class JobEvents:
             self.outputs.append(event)
         elif kind == "usage":
             self.usage.append(event)
+        elif kind == "copied":
+            self.copied.append(event)
         else:
             self.checkpoints.append(event)
         self.changed.set()
@@ -159,6 +163,7 @@ async def tap(nc: Client, subjects: Subjects, job_id: str) -> JobEvents:
     )
     await js.subscribe(subjects.job(job_id, "outputs"), cb=events.on_message, ordered_consumer=True)
     await js.subscribe(subjects.job(job_id, "usage"), cb=events.on_message, ordered_consumer=True)
+    await js.subscribe(subjects.job(job_id, "copied"), cb=events.on_message, ordered_consumer=True)
     return events
 
 
@@ -323,6 +328,50 @@ async def test_resume_after_kill_continues_the_trajectory(
         "ckpt-000000002900.json",
         "ckpt-000000002900.xml",
     ], "the newest checkpoint and the one before it are kept, nothing else"
+
+
+async def test_a_retry_on_another_cluster_resumes_from_the_copied_checkpoint(
+    nc: Client, subjects: Subjects, data_dir: Path, start_runner: StartRunner, tmp_path: Path
+) -> None:
+    """The first attempt copies its checkpoints to the shared store as it runs (each copy
+    announced with its lag) and is killed; the retry runs where no file of the job exists (the
+    other cluster's data folder), fetches the announced copy, checks it and goes on from its
+    step; its outputs are copied too, byte for byte what its outputs event announces."""
+    spec = md_spec("md", steps=2000, report_interval_steps=20, checkpoint_interval_steps=100)
+    first_task = make_task(data_dir, "job-moves", spec)
+    events = await tap(nc, subjects, first_task.job_id)
+    first = await start_runner(first_task)
+    await events.wait_until(lambda: len(events.copied) >= 2)
+    first.process.kill()
+    assert await first.wait() == -signal.SIGKILL
+    await asyncio.sleep(0.3)
+    _, checkpoints = events.of_attempt(1)
+    copies = [event.copied for event in events.copied]
+    assert all(c.checkpoint.copy_slot in ("1.a", "1.b") for c in copies)
+    assert [c.checkpoint.copy_slot for c in copies[:2]] == ["1.a", "1.b"]  # slots alternate
+    written = {c.step: c.sha256 for c in checkpoints}
+    assert all(written[c.checkpoint.step] == c.checkpoint.sha256 for c in copies)
+    assert all(0 <= c.copy_lag_s < 30 and c.bytes > c.checkpoint.size_bytes for c in copies)
+    resume_from = copies[-1].checkpoint
+
+    elsewhere = tmp_path / "other-cluster" / "data"
+    second_task = make_task(elsewhere, "job-moves", spec, attempt=2, resume_from=resume_from)
+    second = await start_runner(second_task)
+    assert await second.wait() == RunnerExit.OK, second.stderr
+    assert f"fetched the copy of checkpoint {resume_from.step}" in second.stderr
+    await events.wait_until(lambda: bool(events.outputs))
+    after, _ = events.of_attempt(2)
+    assert after[0].step == resume_from.step + 20, "went on from the copy's step"
+    assert after[-1].step == spec.steps
+    fetched = second_task.job_dir.resolve() / "checkpoints" / f"ckpt-{resume_from.step:012d}.xml"
+    assert f"resuming from {fetched} at step {resume_from.step}" in second.stderr
+    client = CopyStore(nc.jetstream(), subjects)
+    manifest = await client.outputs_manifest("job-moves", 2)
+    assert manifest is not None
+    announced = {f.kind: f.sha256 for f in events.outputs[-1].outputs.files}
+    assert {f.kind: f.sha256 for f in manifest.files} == announced
+    copied_back = await client.fetch(manifest, tmp_path / "downloaded")
+    assert {sha256_file(path) for path in copied_back} == set(announced.values())
 
 
 async def test_corrupt_resume_checkpoint_falls_back_to_the_previous_one(

@@ -22,6 +22,7 @@ CLASSIFY_CASES = [
     ("evicted", "Evicted", 0, pb.FAILURE_EVICTED),
     ("preempted by SIGTERM", "Error", RunnerExit.PREEMPTED, pb.FAILURE_EVICTED),
     ("node lost", "NodeLost", 0, pb.FAILURE_NODE_LOST),
+    ("whole cluster lost", "ClusterLost", 0, pb.FAILURE_CLUSTER_LOST),
     ("NaN energy", "Error", RunnerExit.UNSTABLE, pb.FAILURE_UNSTABLE),
     ("bad input", "Error", RunnerExit.INVALID_INPUT, pb.FAILURE_INVALID_INPUT),
     ("data disk full", "Error", RunnerExit.NO_SPACE, pb.FAILURE_ENVIRONMENT),
@@ -129,7 +130,9 @@ def test_oom_retries_with_more_memory() -> None:
 
 
 @pytest.mark.parametrize(
-    "reason", [pb.FAILURE_EVICTED, pb.FAILURE_NODE_LOST], ids=["evicted", "node lost"]
+    "reason",
+    [pb.FAILURE_EVICTED, pb.FAILURE_NODE_LOST, pb.FAILURE_CLUSTER_LOST],
+    ids=["evicted", "node lost", "cluster lost"],
 )
 def test_disruptions_retry_at_once_elsewhere_without_counting(reason: pb.FailureReason) -> None:
     decision = decide(view_with_failures(*[reason] * 5, max_retries=1))
@@ -152,6 +155,85 @@ def test_retry_resumes_from_latest_checkpoint_and_counts_lost_steps() -> None:
     assert isinstance(decision, Requeue)
     assert decision.resume_from is not None and decision.resume_from.step == 4000
     assert decision.steps_lost == 700
+
+
+def _copied(step: int, slot: str = "1.a") -> pb.Event:
+    return make_event(
+        "copied",
+        pb.CheckpointCopied(
+            checkpoint=pb.Checkpoint(step=step, path="c", sha256=f"s{step}", copy_slot=slot)
+        ),
+        job_id="r-md",
+        attempt=1,
+        producer="t",
+        at=NOW,
+    )
+
+
+def _failed_after(reason: pb.FailureReason, *, checkpoint: int, copies: tuple[int, ...]) -> JobView:
+    """One attempt that checkpointed at ``checkpoint``, had ``copies`` copied, reached
+    ``checkpoint + 700`` and failed with ``reason``."""
+    view = view_with_failures(pb.FAILURE_CRASHED, checkpoint_step=checkpoint)
+    for step in copies:
+        view.apply(_copied(step))
+    view.attempts[1].failure = pb.AttemptFailed(
+        reason=reason, node="lab1/n1", last_step=checkpoint + 700
+    )
+    return view
+
+
+# (name, failure, latest checkpoint, copied steps, resumed step, its copy slot, lost, copy lag)
+RESUME_CASES = [
+    ("cluster lost: the latest copy, its lag counted", pb.FAILURE_CLUSTER_LOST, 4000,
+     (2000, 3000), 3000, "1.a", 1700, 1000),
+    ("cluster lost, the latest checkpoint copied: nothing lags", pb.FAILURE_CLUSTER_LOST, 4000,
+     (3000, 4000), 4000, "1.a", 700, 0),
+    ("cluster lost, nothing copied yet: the latest checkpoint (a shared folder may hold it)",
+     pb.FAILURE_CLUSTER_LOST, 4000, (), 4000, "", 700, 0),
+    ("crash, the latest checkpoint copied: resumed as its copy, fetchable elsewhere",
+     pb.FAILURE_CRASHED, 4000, (4000,), 4000, "1.a", 700, 0),
+    ("node lost, the copy behind: the latest checkpoint on the cluster's volume",
+     pb.FAILURE_NODE_LOST, 4000, (3000,), 4000, "", 700, 0),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "reason", "checkpoint", "copies", "step", "slot", "lost", "lag"),
+    RESUME_CASES,
+    ids=[case[0] for case in RESUME_CASES],
+)
+def test_where_a_retry_resumes_with_copies(
+    name: str,
+    reason: pb.FailureReason,
+    checkpoint: int,
+    copies: tuple[int, ...],
+    step: int,
+    slot: str,
+    lost: int,
+    lag: int,
+) -> None:
+    view = _failed_after(reason, checkpoint=checkpoint, copies=copies)
+    decision = decide(view)
+    assert isinstance(decision, Requeue)
+    assert decision.resume_from is not None
+    assert (decision.resume_from.step, decision.resume_from.copy_slot) == (step, slot)
+    assert (decision.steps_lost, decision.copy_lag_steps) == (lost, lag)
+    body = requeued_body(decision, view, NOW)
+    assert (body.steps_lost, body.copy_lag_steps) == (lost, lag)
+    assert view.apply(make_event("requeued", body, job_id="r-md", attempt=2, producer="t", at=NOW))
+    assert (view.attempts[1].steps_lost, view.attempts[1].copy_lag_steps) == (lost, lag)
+    assert view.attempts[2].resumed_from_copy is bool(slot)
+    assert view.attempts[2].resumed_from_step == step
+
+
+def test_an_older_copy_never_replaces_a_newer_one() -> None:
+    view = view_with_failures(pb.FAILURE_CRASHED, checkpoint_step=4000)
+    assert view.apply(_copied(3000, "1.b"))
+    assert not view.apply(_copied(2000, "1.a"))
+    assert not view.apply(_copied(5000, ""))  # no slot: not a copy at all
+    assert view.latest_copy is not None and view.latest_copy.copy_slot == "1.b"
+    restored = JobView.from_dict(view.to_dict())
+    assert restored.latest_copy == view.latest_copy
 
 
 def _lost_view(*, pod_stopped: bool) -> JobView:

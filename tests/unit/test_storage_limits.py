@@ -32,6 +32,8 @@ SMALL = StorageSettings.model_validate(
         "registry_bytes": 17 * MiB,
         "registry_days": 19,
         "bucket_bytes": 23 * MiB,
+        "copies_bytes": 31 * MiB,
+        "copies_days": 3,
     }
 )
 
@@ -42,6 +44,7 @@ STREAMS = {
     SUBJECTS.progress_stream: (5 * MiB, 9, DiscardPolicy.OLD),  # PostgreSQL has the history
     SUBJECTS.nodes_stream: (7 * MiB, 0.5, DiscardPolicy.OLD),  # replaced by the next report
     SUBJECTS.node_summaries_stream: (29 * MiB, 90 / 1440, DiscardPolicy.OLD),  # an hour is read
+    SUBJECTS.copies_stream: (31 * MiB, 3, DiscardPolicy.OLD),  # ended jobs' copies go first
 }
 
 
@@ -63,8 +66,9 @@ def test_every_stream_is_in_the_table() -> None:
         (SUBJECTS.nodes_stream, 1),  # the latest report of each node
         (SUBJECTS.node_summaries_stream, 95),  # one a minute of its 90, and 5 spare
         (SUBJECTS.jobs_stream, -1),  # every event of a job (no limit)
+        (SUBJECTS.copies_stream, 1),  # a chunk of a slot: its next copy replaces it
     ],
-    ids=["nodes", "node-summaries", "jobs"],
+    ids=["nodes", "node-summaries", "jobs", "copies"],
 )
 def test_what_each_stream_keeps_of_one_subject(stream: str, per_subject: int) -> None:
     configs = {config.name: config for config in stream_configs(SUBJECTS, storage=SMALL)}
@@ -127,7 +131,7 @@ def test_unsafe_settings_are_refused_naming_them(fields: dict[str, object], name
 
 
 def test_server_bytes_is_what_the_namespace_reserves() -> None:
-    expected = (1 + 3 + 5 + 7 + 29) * MiB + 17 * MiB + 8 * 23 * MiB + 8 * 11 * MiB
+    expected = (1 + 3 + 5 + 7 + 29 + 31) * MiB + 17 * MiB + 8 * 23 * MiB + 8 * 11 * MiB
     assert SMALL.server_bytes() == expected
 
 

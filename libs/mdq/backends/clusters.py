@@ -37,8 +37,9 @@ cluster and
   watcher's process), the router asks every cluster for its nodes every ``probe_interval_s``;
   one that has not answered for ``lost_after_s`` (``MDQ_CLUSTERS_LOST_AFTER_S``, 60 s) is
   *lost*: it is recorded in the KV bucket ``NS_clusters_lost`` with the pods it had running,
-  and each of them is reported FAILED "NodeLost" ("cluster … lost"), so recovery requeues its
-  job on the other clusters from its latest checkpoint (not counted as a retry). When the
+  and each of them is reported FAILED "ClusterLost" ("cluster … lost"), so recovery requeues its
+  job on the other clusters from its latest *copied* checkpoint (``mdq.bus.copies``: the lost
+  cluster's files are out of reach), not counted as a retry. When the
   cluster answers again it is *fenced*: those pods are deleted there, and only then is its
   record removed. Every router (placement's, metrics') follows the bucket: while a cluster is
   recorded lost its nodes are reported not ready and no pod is created there, so nothing new
@@ -77,6 +78,7 @@ from mdq.core.clusters import (
     local_name,
     qualified,
 )
+from mdq.core.recovery import CLUSTER_LOST_REASON
 
 log = logging.getLogger(__name__)
 
@@ -495,7 +497,7 @@ class ClusterRouter:
                     node=qualified(cluster, update.node),
                     phase=pb.POD_FAILED,
                     exit_code=0,
-                    reason="NodeLost",
+                    reason=CLUSTER_LOST_REASON,
                     message=message,
                 )
             )

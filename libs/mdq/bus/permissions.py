@@ -13,8 +13,9 @@ The rules, in short (docs/security.md has the full table):
   ephemeral ordered consumers, and manages only its own durable consumers and KV buckets;
 - only ``admin`` creates, updates, purges or deletes streams and buckets (``mdq up`` and the
   migration Job run as admin before any service starts);
-- a runner publishes only its own job's progress, checkpoints and outputs (its credentials
-  are minted per attempt, ``runner_permissions``);
+- a runner publishes only its own job's progress, checkpoints and outputs, and writes and reads
+  only its own job's copies in the shared store (its credentials are minted per attempt,
+  ``runner_permissions``);
 - every identity has its own reply-inbox prefix, so no one can listen to another's replies.
 
 Pure: no I/O. It lives beside ``Subjects`` (which the pure core may not import), so a
@@ -37,8 +38,21 @@ IDENTITIES = (*SERVICES, "cli", "runners", "admin")
 attempt (the node agent mints them; on Kubernetes placement does, into a Secret per pod);
 ``runners`` is the shared fallback of a Kubernetes backend given no runner issuer."""
 
-RUNNER_KINDS = ("progress", "checkpoint", "outputs", "usage")
+RUNNER_KINDS = ("progress", "checkpoint", "outputs", "usage", "copied")
 """What a runner reports about its own job."""
+
+COPY_PARTS = ("ckpt", "out")
+"""A job's parts in the copies stream: its checkpoints' copies and its outputs'."""
+
+
+def _copies(subjects: Subjects, job: str) -> list[str]:
+    """Write and read (direct get by subject) the copies of ``job`` ("*": of every job) in
+    the store every cluster shares (``mdq.bus.copies``): a runner's own job's, nothing else."""
+    if job == "*":
+        stream = subjects.copies_stream
+        return [subjects.copies_all, f"$JS.API.DIRECT.GET.{stream}.{subjects.copies_all}"]
+    parts = [subjects.copy(job, f"{part}.>") for part in COPY_PARTS]
+    return [*parts, *(f"$JS.API.DIRECT.GET.{subjects.copies_stream}.{part}" for part in parts)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +190,8 @@ def service_permissions(identity: str, subjects: Subjects, names: Names = Names(
     publish: list[str] = [*COMMON_PUBLISH, *_events(subjects, _owned(identity))]
     # every service checks on start that the streams exist (``require_streams``)
     publish += [
-        f"$JS.API.STREAM.INFO.{stream}" for stream in (submit, jobs, progress, nodes, summaries)
+        f"$JS.API.STREAM.INFO.{stream}"
+        for stream in (submit, jobs, progress, nodes, summaries, subjects.copies_stream)
     ]
     subscribe: list[str] = []
     respond = False
@@ -223,7 +238,11 @@ def service_permissions(identity: str, subjects: Subjects, names: Names = Names(
     elif identity == "runners":
         return Permissions(
             identity=identity,
-            publish=(*COMMON_PUBLISH, *_events(subjects, RUNNER_KINDS)),
+            publish=(
+                *COMMON_PUBLISH,
+                *_events(subjects, RUNNER_KINDS),
+                *_copies(subjects, "*"),
+            ),
             subscribe=(f"{inbox_prefix(identity)}.>",),
             inbox_prefix=inbox_prefix(identity),
         )
@@ -302,7 +321,12 @@ def runner_permissions(subjects: Subjects, job_id: str = RUNNER_NAME) -> Permiss
     renewal = subjects.runner_creds(job_id)  # fresh credentials for its own job only
     return Permissions(
         identity=identity,
-        publish=(*COMMON_PUBLISH, *_events(subjects, RUNNER_KINDS, job_id), renewal),
+        publish=(
+            *COMMON_PUBLISH,
+            *_events(subjects, RUNNER_KINDS, job_id),
+            *_copies(subjects, job_id),
+            renewal,
+        ),
         subscribe=(f"{prefix}.>",),
         inbox_prefix=prefix,
     )
@@ -370,6 +394,7 @@ def account_bridge(subjects: Subjects) -> Bridge:
         subjects.progress_all,
         # the nodes' load reports and their summaries (NS_NODES, NS_NODE_SUMMARIES)
         f"{subjects.namespace}.node.>",
+        subjects.copies_all,  # the runners' copies of checkpoints and outputs (NS_COPIES)
     ]
     inboxes = [inbox_prefix(identity) for identity in IDENTITIES if identity != "runners"]
     inboxes.append(inbox_prefix(TENANT_PREFIX.rstrip(".")))
@@ -409,6 +434,9 @@ def _row(permissions: Permissions) -> str:
     for pattern in permissions.publish:
         if not pattern.startswith(("$", "_")):
             events.append(pattern)
+        elif (direct := _after(pattern, "$JS.API.DIRECT.GET.")) and direct.partition(".")[2] != ">":
+            stream, _, subject = direct.partition(".")  # direct gets of some subjects only
+            streams.append(f"{stream} ({subject})")
         elif (stream := _after(pattern, "$JS.API.CONSUMER.CREATE.")) and "." not in stream:
             (buckets if stream.startswith("KV_") else streams).append(stream.removeprefix("KV_"))
         elif durable := _after(pattern, "$JS.API.CONSUMER.DURABLE.CREATE."):

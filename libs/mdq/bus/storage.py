@@ -105,6 +105,18 @@ class StorageSettings(BaseSettings):
         "hour the console shows, so the hour's first minute is still there. Each node keeps "
         "at most one summary per minute of it (node_summaries_per_node).",
     )
+    copies_bytes: ByteSize = Field(
+        default=ByteSize(4 * GiB),
+        gt=0,
+        description="Copies stream (each job's latest two checkpoints per attempt and its "
+        "outputs, in the store every cluster shares): size limit; the oldest copies go first.",
+    )
+    copies_days: float = Field(
+        default=14.0,
+        gt=0,
+        description="Copies stream: how long a copy is kept. A running job copies each new "
+        "checkpoint, so only ended jobs' copies (their outputs) age out.",
+    )
     tenant_bytes: ByteSize = Field(
         default=ByteSize(512 * MiB),
         gt=0,
@@ -166,6 +178,7 @@ class StorageSettings(BaseSettings):
             + self.progress_bytes
             + self.nodes_bytes
             + self.node_summaries_bytes
+            + self.copies_bytes
         )
 
     def server_bytes(self) -> int:

@@ -35,6 +35,9 @@ from mdq.bus.subjects import Subjects
 log = logging.getLogger("mdq.bus.streams")
 
 MAX_SUBMIT_BYTES = 1024 * 1024
+COPY_MAX_MESSAGE_BYTES = 512 * 1024
+"""The largest message of the copies stream: a chunk (``mdq.bus.copies.CHUNK_BYTES``) and its
+headers."""
 
 
 def stream_configs(
@@ -98,6 +101,19 @@ def stream_configs(
             max_bytes=int(storage.node_summaries_bytes),
             duplicate_window=120.0,  # two metrics replicas summarise the same minute once
             discard=DiscardPolicy.OLD,  # only the last hour is read
+        ),
+        StreamConfig(
+            name=subjects.copies_stream,
+            subjects=[subjects.copies_all],
+            retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE,
+            # a subject per chunk of a file of a slot: a slot's new copy replaces its old one
+            max_msgs_per_subject=1,
+            max_age=storage.copies_days * DAY_S,
+            max_bytes=int(storage.copies_bytes),
+            max_msg_size=COPY_MAX_MESSAGE_BYTES,
+            allow_direct=True,  # a runner reads its own job's copies by subject (direct get)
+            discard=DiscardPolicy.OLD,  # the oldest copies (ended jobs' outputs) go first
         ),
     ]
     for config in configs:

@@ -134,6 +134,19 @@ class Subjects:
         """The summarised load of a node (or of all nodes), one per interval."""
         return f"{self.namespace}.node.{node_token(node)}.summary"
 
+    def copy(self, job_id: str, part: str = ">") -> str:
+        """A part of the copies of ``job_id``'s checkpoints and outputs in the store every
+        cluster shares (``copies_stream``, ``mdq.bus.copies``): ``ckpt.<attempt>.<slot>...``
+        or ``out.<attempt>...``; ">" for all of them. The fixed ``ckpt``/``out`` token after
+        the id keeps one job's subjects from matching another's (a tenant's id has two
+        tokens)."""
+        return f"{self.namespace}.copy.{job_id}.{part}"
+
+    @property
+    def copies_all(self) -> str:
+        """Every job's copies (the copies stream's subjects)."""
+        return f"{self.namespace}.copy.>"
+
     def for_event(self, event: pb.Event) -> str:
         """Where ``event`` is published."""
         kind = event.WhichOneof("body")
@@ -170,6 +183,12 @@ class Subjects:
     def node_summaries_stream(self) -> str:
         """Each node's summarised load of the last hour and a bit (the console's nodes page)."""
         return f"{self.namespace.upper()}_NODE_SUMMARIES"
+
+    @property
+    def copies_stream(self) -> str:
+        """The copies of every job's latest checkpoints and its outputs, shared by every
+        cluster (``mdq.bus.copies``): what a retry on another cluster resumes from."""
+        return f"{self.namespace.upper()}_COPIES"
 
     def tenant_stream(self, tenant: str) -> str:
         """The stream of one tenant's events, sourced from the jobs and progress streams: the

@@ -200,17 +200,21 @@ def show_panel(detail: queries.JobDetail, timeline: Sequence[queries.TimelineEnt
         )
     if detail.attempts:
         attempts = Table(title="attempts")
-        for column in ("attempt", "node", "started", "ended", "last step", "failure", "lost"):
+        columns = ("attempt", "node", "started", "ended", "from", "last step", "failure", "lost")
+        for column in columns:
             attempts.add_column(column)
         for attempt in detail.attempts:
+            copy = " (copy)" if attempt.resumed_from_copy else ""
+            lag = f" ({attempt.copy_lag_steps} copy lag)" if attempt.copy_lag_steps else ""
             attempts.add_row(
                 str(attempt.attempt),
                 attempt.node or "-",
                 format_time(attempt.started_at),
                 format_time(attempt.ended_at),
+                f"{attempt.resumed_from_step}{copy}",
                 str(attempt.last_step),
                 _reason(None, attempt.failure_reason, attempt.failure_message) or "-",
-                str(attempt.steps_lost),
+                f"{attempt.steps_lost}{lag}",
             )
         parts.append(attempts)
     energies = energy_trace(timeline, attempt=job.attempt)

@@ -54,6 +54,7 @@ class FailureReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FAILURE_QUARANTINED: _ClassVar[FailureReason]
     FAILURE_ENVIRONMENT: _ClassVar[FailureReason]
     FAILURE_EXPIRED: _ClassVar[FailureReason]
+    FAILURE_CLUSTER_LOST: _ClassVar[FailureReason]
 
 class PodPhase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -92,6 +93,7 @@ FAILURE_RETRIES_EXHAUSTED: FailureReason
 FAILURE_QUARANTINED: FailureReason
 FAILURE_ENVIRONMENT: FailureReason
 FAILURE_EXPIRED: FailureReason
+FAILURE_CLUSTER_LOST: FailureReason
 POD_PHASE_UNSPECIFIED: PodPhase
 POD_PENDING: PodPhase
 POD_RUNNING: PodPhase
@@ -298,7 +300,7 @@ class ClusterSelector(_message.Message):
     def __init__(self, require: _Optional[_Mapping[str, str]] = ..., prefer: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Event(_message.Message):
-    __slots__ = ("event_id", "job_id", "attempt", "time", "producer", "submitted", "rejected", "released", "bound", "started", "succeeded", "attempt_failed", "requeued", "failed", "progress", "checkpoint", "pod", "outputs", "usage", "node_load", "node_summary")
+    __slots__ = ("event_id", "job_id", "attempt", "time", "producer", "submitted", "rejected", "released", "bound", "started", "succeeded", "attempt_failed", "requeued", "failed", "progress", "checkpoint", "pod", "outputs", "usage", "copied", "node_load", "node_summary")
     EVENT_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
@@ -318,6 +320,7 @@ class Event(_message.Message):
     POD_FIELD_NUMBER: _ClassVar[int]
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
+    COPIED_FIELD_NUMBER: _ClassVar[int]
     NODE_LOAD_FIELD_NUMBER: _ClassVar[int]
     NODE_SUMMARY_FIELD_NUMBER: _ClassVar[int]
     event_id: str
@@ -339,9 +342,10 @@ class Event(_message.Message):
     pod: PodStatus
     outputs: JobOutputs
     usage: AttemptUsage
+    copied: CheckpointCopied
     node_load: NodeLoad
     node_summary: NodeLoadSummary
-    def __init__(self, event_id: _Optional[str] = ..., job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., producer: _Optional[str] = ..., submitted: _Optional[_Union[JobSubmitted, _Mapping]] = ..., rejected: _Optional[_Union[JobRejected, _Mapping]] = ..., released: _Optional[_Union[JobReleased, _Mapping]] = ..., bound: _Optional[_Union[JobBound, _Mapping]] = ..., started: _Optional[_Union[JobStarted, _Mapping]] = ..., succeeded: _Optional[_Union[JobSucceeded, _Mapping]] = ..., attempt_failed: _Optional[_Union[AttemptFailed, _Mapping]] = ..., requeued: _Optional[_Union[JobRequeued, _Mapping]] = ..., failed: _Optional[_Union[JobFailed, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., pod: _Optional[_Union[PodStatus, _Mapping]] = ..., outputs: _Optional[_Union[JobOutputs, _Mapping]] = ..., usage: _Optional[_Union[AttemptUsage, _Mapping]] = ..., node_load: _Optional[_Union[NodeLoad, _Mapping]] = ..., node_summary: _Optional[_Union[NodeLoadSummary, _Mapping]] = ...) -> None: ...
+    def __init__(self, event_id: _Optional[str] = ..., job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., producer: _Optional[str] = ..., submitted: _Optional[_Union[JobSubmitted, _Mapping]] = ..., rejected: _Optional[_Union[JobRejected, _Mapping]] = ..., released: _Optional[_Union[JobReleased, _Mapping]] = ..., bound: _Optional[_Union[JobBound, _Mapping]] = ..., started: _Optional[_Union[JobStarted, _Mapping]] = ..., succeeded: _Optional[_Union[JobSucceeded, _Mapping]] = ..., attempt_failed: _Optional[_Union[AttemptFailed, _Mapping]] = ..., requeued: _Optional[_Union[JobRequeued, _Mapping]] = ..., failed: _Optional[_Union[JobFailed, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., pod: _Optional[_Union[PodStatus, _Mapping]] = ..., outputs: _Optional[_Union[JobOutputs, _Mapping]] = ..., usage: _Optional[_Union[AttemptUsage, _Mapping]] = ..., copied: _Optional[_Union[CheckpointCopied, _Mapping]] = ..., node_load: _Optional[_Union[NodeLoad, _Mapping]] = ..., node_summary: _Optional[_Union[NodeLoadSummary, _Mapping]] = ...) -> None: ...
 
 class JobSubmitted(_message.Message):
     __slots__ = ("spec", "request_id", "idempotency_key", "depends_on_ids", "submitted_by", "recommended")
@@ -513,20 +517,22 @@ class AttemptFailed(_message.Message):
     def __init__(self, reason: _Optional[_Union[FailureReason, str]] = ..., exit_code: _Optional[int] = ..., message: _Optional[str] = ..., node: _Optional[str] = ..., last_step: _Optional[int] = ...) -> None: ...
 
 class JobRequeued(_message.Message):
-    __slots__ = ("resume_from", "resources", "avoid_nodes", "not_before", "after", "steps_lost")
+    __slots__ = ("resume_from", "resources", "avoid_nodes", "not_before", "after", "steps_lost", "copy_lag_steps")
     RESUME_FROM_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
     AVOID_NODES_FIELD_NUMBER: _ClassVar[int]
     NOT_BEFORE_FIELD_NUMBER: _ClassVar[int]
     AFTER_FIELD_NUMBER: _ClassVar[int]
     STEPS_LOST_FIELD_NUMBER: _ClassVar[int]
+    COPY_LAG_STEPS_FIELD_NUMBER: _ClassVar[int]
     resume_from: Checkpoint
     resources: Resources
     avoid_nodes: _containers.RepeatedScalarFieldContainer[str]
     not_before: _timestamp_pb2.Timestamp
     after: FailureReason
     steps_lost: int
-    def __init__(self, resume_from: _Optional[_Union[Checkpoint, _Mapping]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., avoid_nodes: _Optional[_Iterable[str]] = ..., not_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., after: _Optional[_Union[FailureReason, str]] = ..., steps_lost: _Optional[int] = ...) -> None: ...
+    copy_lag_steps: int
+    def __init__(self, resume_from: _Optional[_Union[Checkpoint, _Mapping]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., avoid_nodes: _Optional[_Iterable[str]] = ..., not_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., after: _Optional[_Union[FailureReason, str]] = ..., steps_lost: _Optional[int] = ..., copy_lag_steps: _Optional[int] = ...) -> None: ...
 
 class JobFailed(_message.Message):
     __slots__ = ("reason", "message")
@@ -563,7 +569,7 @@ class Progress(_message.Message):
     def __init__(self, step: _Optional[int] = ..., target_steps: _Optional[int] = ..., time_ps: _Optional[float] = ..., potential_kj_mol: _Optional[float] = ..., kinetic_kj_mol: _Optional[float] = ..., temperature_k: _Optional[float] = ..., ns_per_day: _Optional[float] = ..., eta_s: _Optional[float] = ..., done_reason: _Optional[str] = ..., volume_nm3: _Optional[float] = ..., density_g_cm3: _Optional[float] = ...) -> None: ...
 
 class Checkpoint(_message.Message):
-    __slots__ = ("step", "path", "sha256", "size_bytes", "time_ps", "native_path", "native_sha256", "platform")
+    __slots__ = ("step", "path", "sha256", "size_bytes", "time_ps", "native_path", "native_sha256", "platform", "copy_slot")
     STEP_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
@@ -572,6 +578,7 @@ class Checkpoint(_message.Message):
     NATIVE_PATH_FIELD_NUMBER: _ClassVar[int]
     NATIVE_SHA256_FIELD_NUMBER: _ClassVar[int]
     PLATFORM_FIELD_NUMBER: _ClassVar[int]
+    COPY_SLOT_FIELD_NUMBER: _ClassVar[int]
     step: int
     path: str
     sha256: str
@@ -580,7 +587,48 @@ class Checkpoint(_message.Message):
     native_path: str
     native_sha256: str
     platform: str
-    def __init__(self, step: _Optional[int] = ..., path: _Optional[str] = ..., sha256: _Optional[str] = ..., size_bytes: _Optional[int] = ..., time_ps: _Optional[float] = ..., native_path: _Optional[str] = ..., native_sha256: _Optional[str] = ..., platform: _Optional[str] = ...) -> None: ...
+    copy_slot: str
+    def __init__(self, step: _Optional[int] = ..., path: _Optional[str] = ..., sha256: _Optional[str] = ..., size_bytes: _Optional[int] = ..., time_ps: _Optional[float] = ..., native_path: _Optional[str] = ..., native_sha256: _Optional[str] = ..., platform: _Optional[str] = ..., copy_slot: _Optional[str] = ...) -> None: ...
+
+class CopyManifest(_message.Message):
+    __slots__ = ("job_id", "attempt", "slot", "checkpoint", "files", "copied_at")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    SLOT_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    COPIED_AT_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    attempt: int
+    slot: str
+    checkpoint: Checkpoint
+    files: _containers.RepeatedCompositeFieldContainer[CopiedFile]
+    copied_at: _timestamp_pb2.Timestamp
+    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., slot: _Optional[str] = ..., checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., files: _Optional[_Iterable[_Union[CopiedFile, _Mapping]]] = ..., copied_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class CopiedFile(_message.Message):
+    __slots__ = ("name", "sha256", "size_bytes", "chunks", "kind")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    sha256: str
+    size_bytes: int
+    chunks: int
+    kind: str
+    def __init__(self, name: _Optional[str] = ..., sha256: _Optional[str] = ..., size_bytes: _Optional[int] = ..., chunks: _Optional[int] = ..., kind: _Optional[str] = ...) -> None: ...
+
+class CheckpointCopied(_message.Message):
+    __slots__ = ("checkpoint", "copy_lag_s", "bytes")
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    COPY_LAG_S_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    checkpoint: Checkpoint
+    copy_lag_s: float
+    bytes: int
+    def __init__(self, checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., copy_lag_s: _Optional[float] = ..., bytes: _Optional[int] = ...) -> None: ...
 
 class OutputFile(_message.Message):
     __slots__ = ("kind", "path", "sha256", "size_bytes", "format", "frames")

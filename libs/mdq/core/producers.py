@@ -23,6 +23,7 @@ EVENT_PRODUCERS: dict[str, frozenset[str]] = {
     "checkpoint": frozenset({"runner"}),
     "outputs": frozenset({"runner"}),
     "usage": frozenset({"runner"}),
+    "copied": frozenset({"runner"}),
     "node_load": frozenset({"metrics"}),
     "node_summary": frozenset({"metrics"}),
 }

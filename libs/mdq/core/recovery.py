@@ -4,6 +4,9 @@ Each failure class gets the policy it calls for:
 - crashed: retry after an exponential backoff (5 s, 10 s, ...), counted against max_retries;
 - OOM-killed: retry with 1.5x the memory (up to a cap), counted;
 - evicted / preempted / node lost: retry at once on another node, not the job's fault;
+- cluster lost: the same, from the latest checkpoint *copied* to the store every cluster shares
+  (the lost cluster's files are out of reach); the steps between the latest checkpoint and
+  that copy are the copy's lag, recorded with the steps lost;
 - lost (silent): retry at once, counted (the old attempt is fenced off by the watcher);
 - unstable (NaN energy) / invalid input: fail at once — retrying will not help.
 Every retry resumes from the latest checkpoint; the steps done past it are the lost work.
@@ -20,12 +23,19 @@ from mdq.core.exit_codes import RunnerExit
 from mdq.core.state import JobView
 from mdq.core.timestamps import set_timestamp
 
-NOT_THE_JOBS_FAULT = frozenset({pb.FAILURE_EVICTED, pb.FAILURE_NODE_LOST, pb.FAILURE_ENVIRONMENT})
+NOT_THE_JOBS_FAULT = frozenset(
+    {pb.FAILURE_EVICTED, pb.FAILURE_NODE_LOST, pb.FAILURE_CLUSTER_LOST, pb.FAILURE_ENVIRONMENT}
+)
 BACKED_OFF = frozenset({pb.FAILURE_CRASHED, pb.FAILURE_ENVIRONMENT})
 """Failures retried after an exponential backoff (per class): a crash, or a full disk that
 needs time to free."""
 NOT_WORTH_RETRYING = frozenset({pb.FAILURE_UNSTABLE, pb.FAILURE_INVALID_INPUT, pb.FAILURE_EXPIRED})
-MOVE_TO_ANOTHER_NODE = frozenset({pb.FAILURE_EVICTED, pb.FAILURE_NODE_LOST, pb.FAILURE_LOST})
+MOVE_TO_ANOTHER_NODE = frozenset(
+    {pb.FAILURE_EVICTED, pb.FAILURE_NODE_LOST, pb.FAILURE_CLUSTER_LOST, pb.FAILURE_LOST}
+)
+CLUSTER_LOST_REASON = "ClusterLost"
+"""The pod reason of an attempt whose whole cluster was declared lost
+(``mdq.backends.clusters``)."""
 
 
 def classify(*, pod_reason: str, exit_code: int) -> pb.FailureReason:
@@ -37,6 +47,8 @@ def classify(*, pod_reason: str, exit_code: int) -> pb.FailureReason:
         return pb.FAILURE_EVICTED
     if reason in ("nodelost", "nodenotready"):
         return pb.FAILURE_NODE_LOST
+    if reason == CLUSTER_LOST_REASON.lower():
+        return pb.FAILURE_CLUSTER_LOST
     if exit_code == RunnerExit.UNSTABLE:
         return pb.FAILURE_UNSTABLE
     if exit_code == RunnerExit.INVALID_INPUT:
@@ -75,6 +87,8 @@ class Requeue:
     delay_s: float
     steps_lost: int
     after: pb.FailureReason
+    copy_lag_steps: int = 0
+    """Of ``steps_lost``, those between the latest checkpoint and the copy resumed from."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +178,7 @@ def decide(
             deadline = failed_at + timedelta(seconds=policy.fence_timeout_s)
             if now < deadline:
                 return Wait(until=deadline)
-    checkpoint = view.latest_checkpoint
+    checkpoint, copy_lag_steps = resume_point(view, cluster_lost=reason == pb.FAILURE_CLUSTER_LOST)
     resumed_step = checkpoint.step if checkpoint else 0
     steps_lost = max(0, max(failure.last_step, view.last_step) - resumed_step)
     memory: int | None = None
@@ -190,7 +204,25 @@ def decide(
         delay_s=delay,
         steps_lost=steps_lost,
         after=reason,
+        copy_lag_steps=copy_lag_steps,
     )
+
+
+def resume_point(view: JobView, *, cluster_lost: bool) -> tuple[pb.Checkpoint | None, int]:
+    """The checkpoint a retry resumes from, and the steps it is behind the latest one.
+
+    After a cluster loss, the latest checkpoint *copied* to the shared store (``copy_slot``
+    set): the lost cluster's files are out of reach; with no copy at all, the latest
+    checkpoint still (a cluster sharing the lost one's data folder may hold it). Otherwise the
+    latest checkpoint, given as its copy when that is copied too, so a retry placed on another
+    cluster can fetch it."""
+    latest, copy = view.latest_checkpoint, view.latest_copy
+    if cluster_lost and copy is not None:
+        lag = max(0, latest.step - copy.step) if latest is not None else 0
+        return copy, lag
+    if latest is not None and copy is not None and copy.step == latest.step:
+        return copy, 0
+    return latest, 0
 
 
 def requeued_body(decision: Requeue, view: JobView, now: datetime) -> pb.JobRequeued:
@@ -199,6 +231,7 @@ def requeued_body(decision: Requeue, view: JobView, now: datetime) -> pb.JobRequ
         avoid_nodes=list(decision.avoid_nodes),
         after=decision.after,
         steps_lost=decision.steps_lost,
+        copy_lag_steps=decision.copy_lag_steps,
     )
     if decision.resume_from is not None:
         body.resume_from.CopyFrom(decision.resume_from)

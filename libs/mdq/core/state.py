@@ -86,6 +86,11 @@ class AttemptRecord:
     ended_at: datetime | None = None
     failure: pb.AttemptFailed | None = None
     steps_lost: int = 0
+    copy_lag_steps: int = 0
+    """Of ``steps_lost``, the steps between the latest checkpoint and the copy the next
+    attempt resumed from (after a cluster loss)."""
+    resumed_from_copy: bool = False
+    """This attempt resumes from a checkpoint copied to the shared store (``copy_slot``)."""
     pod_phase: int = 0
     """Last reported phase of the attempt's pod (pb.PodPhase); terminal means fenced."""
     started_logged: bool = False
@@ -107,6 +112,8 @@ class AttemptRecord:
             "ended_at": time_text(self.ended_at),
             "failure": None if self.failure is None else message_text(self.failure),
             "steps_lost": self.steps_lost,
+            "copy_lag_steps": self.copy_lag_steps,
+            "resumed_from_copy": self.resumed_from_copy,
             "pod_phase": self.pod_phase,
             "started_logged": self.started_logged,
         }
@@ -123,6 +130,8 @@ class AttemptRecord:
             ended_at=time_from_text(data["ended_at"]),
             failure=None if failure is None else message_from_text(pb.AttemptFailed, failure),
             steps_lost=int(data["steps_lost"]),
+            copy_lag_steps=int(data.get("copy_lag_steps", 0)),  # older snapshots: none
+            resumed_from_copy=bool(data.get("resumed_from_copy", False)),
             pod_phase=int(data["pod_phase"]),
             started_logged=bool(data["started_logged"]),
         )
@@ -148,6 +157,9 @@ class JobView:
     latest_checkpoint: pb.Checkpoint | None = None
     checkpoint_at: datetime | None = None
     """When ``latest_checkpoint`` was reported (what a preemption would lose is the work since)."""
+    latest_copy: pb.Checkpoint | None = None
+    """The newest checkpoint copied to the store every cluster shares (``copied`` events of
+    any attempt: each is a state of this job's own run), its ``copy_slot`` set."""
     resume_from: pb.Checkpoint | None = None
     resources: pb.Resources = field(default_factory=pb.Resources)
     avoid_nodes: tuple[str, ...] = ()
@@ -175,7 +187,7 @@ class JobView:
     def to_dict(self) -> dict[str, Any]:
         """Every field as JSON-able values: messages as base64 of their wire format, times as
         ISO 8601 (``from_dict`` reads it back)."""
-        checkpoint, resume = self.latest_checkpoint, self.resume_from
+        checkpoint, resume, copy = self.latest_checkpoint, self.resume_from, self.latest_copy
         return {
             "job_id": self.job_id,
             "spec": message_text(self.spec),
@@ -192,6 +204,7 @@ class JobView:
             "done_reason": self.done_reason,
             "latest_checkpoint": None if checkpoint is None else message_text(checkpoint),
             "checkpoint_at": time_text(self.checkpoint_at),
+            "latest_copy": None if copy is None else message_text(copy),
             "resume_from": None if resume is None else message_text(resume),
             "resources": message_text(self.resources),
             "avoid_nodes": list(self.avoid_nodes),
@@ -227,6 +240,9 @@ class JobView:
             if checkpoint is None
             else message_from_text(pb.Checkpoint, checkpoint),
             checkpoint_at=time_from_text(data.get("checkpoint_at")),  # older snapshots: none
+            latest_copy=None
+            if data.get("latest_copy") is None
+            else message_from_text(pb.Checkpoint, data["latest_copy"]),
             resume_from=None if resume is None else message_from_text(pb.Checkpoint, resume),
             resources=message_from_text(pb.Resources, data["resources"]),
             avoid_nodes=tuple(data["avoid_nodes"]),
@@ -303,6 +319,13 @@ class JobView:
                     return False
                 self.latest_checkpoint = event.checkpoint
                 self.checkpoint_at = at
+            case "copied":
+                copied = event.copied.checkpoint
+                if not copied.copy_slot:
+                    return False
+                if self.latest_copy and copied.step <= self.latest_copy.step:
+                    return False
+                self.latest_copy = copied
             case "succeeded":
                 if self.state not in (JobState.BOUND, JobState.RUNNING):
                     return False
@@ -321,6 +344,7 @@ class JobView:
                     return False
                 requeue = event.requeued
                 self.current.steps_lost = requeue.steps_lost
+                self.current.copy_lag_steps = requeue.copy_lag_steps
                 self.attempt = event.attempt
                 self.state = JobState.PENDING
                 self.node = self.pod_name = ""
@@ -334,6 +358,9 @@ class JobView:
                     to_datetime(requeue.not_before) if requeue.HasField("not_before") else None
                 )
                 self.current.resumed_from_step = self.last_step
+                self.current.resumed_from_copy = bool(
+                    self.resume_from is not None and self.resume_from.copy_slot
+                )
             case "failed":
                 self.state = JobState.FAILED
                 self.final_reason = pb.FailureReason.Name(event.failed.reason)

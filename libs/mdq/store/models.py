@@ -18,6 +18,7 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     DateTime,
     Double,
     ForeignKeyConstraint,
@@ -26,6 +27,7 @@ from sqlalchemy import (
     MetaData,
     Text,
     column,
+    false,
     literal_column,
     table,
     text,
@@ -139,6 +141,16 @@ class Attempt(Base):
     resumed_from_step: Mapped[int] = mapped_column(comment="Checkpoint step resumed from.")
     steps_lost: Mapped[int] = mapped_column(comment="Steps beyond the checkpoint, lost.")
     last_step: Mapped[int] = mapped_column(comment="Last MD step this attempt reached.")
+    resumed_from_copy: Mapped[bool] = mapped_column(  # revision 0011
+        Boolean,
+        server_default=false(),
+        comment="Resumed from a checkpoint copied to the shared store.",
+    )
+    copy_lag_steps: Mapped[int] = mapped_column(  # revision 0011
+        Integer,
+        server_default="0",
+        comment="Of steps_lost, the steps the resumed-from copy lagged the latest checkpoint.",
+    )
 
 
 class EventRecord(Base):

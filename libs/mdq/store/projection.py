@@ -265,6 +265,8 @@ class _JobRow:
                 ended_at=attempt["ended_at"],
                 failure=failure,
                 steps_lost=attempt["steps_lost"],
+                copy_lag_steps=attempt["copy_lag_steps"],
+                resumed_from_copy=attempt["resumed_from_copy"],
             )
             if attempt["bound_at"] is not None:
                 row.bound_at[number] = attempt["bound_at"]
@@ -418,6 +420,8 @@ _ATTEMPT_TABLE: tuple[Column[_AttemptOf], ...] = (
     Column("resumed_from_step", lambda of: of.record.resumed_from_step),
     Column("steps_lost", lambda of: of.record.steps_lost),
     Column("last_step", lambda of: of.row.attempt_last_step.get(of.number, 0)),
+    Column("resumed_from_copy", lambda of: of.record.resumed_from_copy),
+    Column("copy_lag_steps", lambda of: of.record.copy_lag_steps),
 )
 
 

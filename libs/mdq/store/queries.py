@@ -93,6 +93,11 @@ class AttemptInfo:
     resumed_from_step: int
     steps_lost: int
     last_step: int
+    resumed_from_copy: bool = False
+    """It resumed from a checkpoint fetched from the store every cluster shares."""
+    copy_lag_steps: int = 0
+    """Of ``steps_lost``, the steps the copy its retry resumed from lagged its latest
+    checkpoint (after its cluster was lost)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,7 @@ from mdq.bus.kv import watch_through
 from mdq.bus.requests import is_wrong_last_sequence
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
+from mdq.core.recovery import CLUSTER_LOST_REASON
 
 log = logging.getLogger(__name__)
 
@@ -219,27 +220,40 @@ class LocalBackend:
         while True:
             await asyncio.sleep(interval)
             try:
-                lost_nodes = {node.name for node in await self.sample_nodes() if not node.ready}
+                samples = await self.sample_nodes()
+                lost_nodes = {node.name for node in samples if not node.ready}
+                # a named cluster none of whose agents answers is lost as a whole: its jobs
+                # resume elsewhere from their copied checkpoints (its files are out of reach)
+                whole = bool(self._subjects.local_cluster) and len(lost_nodes) == len(samples)
                 for name, update in list(pods_seen.items()):
                     if update.node in lost_nodes and update.phase in (
                         pb.POD_PENDING,
                         pb.POD_RUNNING,
                     ):
-                        await self.mark_node_lost(name, update.node)
+                        await self.mark_node_lost(name, update.node, cluster_lost=whole)
             except Exception:  # retried on the next round
                 log.exception("marking pods of lost nodes failed")
 
-    async def mark_node_lost(self, name: str, node: str) -> None:
-        """Mark one live pod FAILED "NodeLost" (compare-and-set; a no-op if it ended)."""
+    async def mark_node_lost(self, name: str, node: str, *, cluster_lost: bool = False) -> None:
+        """Mark one live pod FAILED "NodeLost" (compare-and-set; a no-op if it ended), or
+        "ClusterLost" when every node of its named cluster stopped answering."""
         status = PodStatus(
             pb.POD_FAILED, 0, "NodeLost", f"node {node} stopped answering (no heartbeat)"
         )
+        if cluster_lost:
+            cluster = self._subjects.local_cluster
+            status = PodStatus(
+                pb.POD_FAILED,
+                0,
+                CLUSTER_LOST_REASON,
+                f"cluster {cluster} lost: none of its node agents answers (no heartbeat)",
+            )
 
         def lose(record: PodRecord) -> PodRecord | None:
             return None if record.terminal else record.with_status(status)
 
         if await update_pod((await self.buckets()).pods, name, lose) is not None:
-            log.warning("pod %s marked NodeLost: node %s stopped heartbeating", name, node)
+            log.warning("pod %s marked %s: node %s stopped heartbeating", name, status.reason, node)
 
     async def get_pod(self, name: str) -> PodUpdate | None:
         """The current state of one pod, or None if there is none."""
