@@ -25,7 +25,7 @@ from nats.js.errors import NotFoundError
 
 from mdq.backends.port import ClusterBackend, PodUpdate
 from mdq.bus.codec import decode_event
-from mdq.bus.log import follow_log
+from mdq.bus.log import follow_log, raise_if_cancelling
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
@@ -275,6 +275,7 @@ class Lifecycle:
                 await self.check_expired()
             except Exception:
                 log.exception("lost-run check failed")
+            raise_if_cancelling()  # a stop its NATS requests dropped (mdq.bus.log)
 
     # -- running ---------------------------------------------------------------------------
     async def run(self) -> None:

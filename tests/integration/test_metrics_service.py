@@ -265,3 +265,49 @@ async def test_each_tenants_fair_share_figures_are_served_and_dropped_when_gone(
     while 'tenant="bob"' in await asyncio.to_thread(scrape, service.http_port):
         assert asyncio.get_running_loop().time() < deadline, "bob's series outlived his count"
         await asyncio.sleep(0.1)
+
+
+class DroppingACancel(MetricsService):
+    """A metrics service whose sampling round, once its stop was asked, loses the cancel the
+    way nats-py's requests do on Python 3.11 (``asyncio.wait_for`` hands back an answer that
+    landed with the cancel, and the cancel is gone)."""
+
+    def __init__(self, stopping: asyncio.Event, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self._stopping = stopping
+        self.dropped = False
+
+    async def _sample_round(
+        self, summarising: asyncio.Task[None] | None
+    ) -> asyncio.Task[None] | None:
+        summarising = await super()._sample_round(summarising)
+        if not self.dropped:
+            self.dropped = True
+            try:
+                await self._stopping.wait()
+                await asyncio.sleep(3600)  # where the stop's cancel lands
+            except asyncio.CancelledError:
+                pass  # ... and is dropped
+        return summarising
+
+
+async def test_a_stop_whose_cancel_a_request_dropped_still_stops(
+    nc: Client, subjects: Subjects
+) -> None:
+    """The sampling loop checks for a pending cancel each round: without it, the service ran on
+    after a stop whose cancel nats-py dropped, and its caller waited for ever (the console's
+    nodes-page test hung so, one run in three beside other tests)."""
+    stop = asyncio.Event()
+    metrics = DroppingACancel(
+        stop,
+        js=nc.jetstream(),
+        subjects=subjects,
+        backend=RecordingBackend(),
+        settings=MetricsSettings(interval_s=0.05, http_port=0, http_host="127.0.0.1"),
+    )
+    running = asyncio.create_task(metrics.run(stop))
+    await asyncio.sleep(0.3)
+    stop.set()
+    await asyncio.wait_for(running, 10)
+    await metrics.close()
+    assert metrics.dropped
