@@ -45,7 +45,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, Self
+from typing import IO, TYPE_CHECKING, Any, Self
 from urllib.parse import urlencode
 
 import psutil
@@ -70,6 +70,9 @@ from mdq.store.stack_database import (
     prepare,
     role_names_from_env,
 )
+
+if TYPE_CHECKING:
+    from mdq.backends.clusters import ClusterEntry
 
 CONSOLE_TOKEN_FILE = "console.token"
 """The console's access token, under ``<state>/secrets/`` (``services.console.access``)."""
@@ -377,6 +380,7 @@ class Stack:
         database_url: str | None = None,
         local_nodes: int = 2,
         clusters: int = 0,
+        remote_clusters: Sequence[ClusterEntry] = (),
         metrics_port: int | None = None,
         services: Sequence[str] = SERVICES,
         extra_env: dict[str, str] | None = None,
@@ -403,6 +407,11 @@ class Stack:
         self.local_clusters = tuple(f"{LOCAL_CLUSTER_PREFIX}{n}" for n in range(1, clusters + 1))
         """Named local clusters of ``local_nodes`` nodes each, one node agent each (``mdq up
         --clusters``); () for the one unnamed cluster."""
+        if remote_clusters and backend != "local":
+            raise ValueError("remote clusters join the local backend's named clusters")
+        self.remote_clusters = tuple(remote_clusters)
+        """Clusters of the clusters file beside the named local ones (a Kubernetes API of
+        somewhere else), each run by its own backend; the stack starts nothing for them."""
         self._metrics_port = metrics_port
         self._metrics_port_claim: IO[str] | None = None
         self._console_port = 0
@@ -443,7 +452,7 @@ class Stack:
             )
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        if self.local_clusters:
+        if self.local_clusters or self.remote_clusters:
             self._write_clusters_file()
         try:
             await self._start_servers()
@@ -742,8 +751,8 @@ class Stack:
     @property
     def backend_kind(self) -> str:
         """What the services are told to use: the backend, or "clusters" (``ClusterRouter``)
-        when the stack runs named local clusters."""
-        return "clusters" if self.local_clusters else self.backend
+        when the stack runs named local clusters or has remote ones."""
+        return "clusters" if self.local_clusters or self.remote_clusters else self.backend
 
     @property
     def clusters_file(self) -> Path:
@@ -753,8 +762,11 @@ class Stack:
         from mdq.backends.clusters import ClusterEntry, clusters_json
 
         entries = [
-            ClusterEntry(name=cluster, kind="local", labels={"site": cluster})
-            for cluster in self.local_clusters
+            *(
+                ClusterEntry(name=cluster, kind="local", labels={"site": cluster})
+                for cluster in self.local_clusters
+            ),
+            *self.remote_clusters,
         ]
         self.clusters_file.write_text(clusters_json(entries) + "\n", encoding="utf-8")
 
@@ -780,7 +792,7 @@ class Stack:
                 "PYTHONUNBUFFERED": "1",
             }
         )
-        if self.local_clusters:
+        if self.local_clusters or self.remote_clusters:
             env["MDQ_CLUSTERS_FILE"] = str(self.clusters_file)
         env.update(self._extra_env)
         return env
@@ -808,7 +820,10 @@ class Stack:
         if identity not in self._creds:
             return {}
         env = {CREDS_ENV: str(self._creds[identity])}
-        if identity == "agent" or (identity == "placement" and self.backend == "kubernetes"):
+        creates_pods = self.backend == "kubernetes" or any(
+            cluster.kind == "kubernetes" for cluster in self.remote_clusters
+        )
+        if identity == "agent" or (identity == "placement" and creates_pods):
             issuer = nats_secrets_dir(self.state_dir) / RUNNER_ISSUER_FILE
             env[RUNNER_ISSUER_ENV] = str(issuer)
         return env

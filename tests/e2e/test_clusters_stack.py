@@ -16,13 +16,15 @@ import asyncpg
 import psutil
 import pytest
 
+from mdq.backends.clusters import ClusterEntry
 from mdq.core import ids
 from mdq.core.runner_task import ENV_ATTEMPT, ENV_JOB_ID, job_dir
 from mdq.sdk.client import MdqClient
 from mdq.stack import Stack
+from mdq.testing.cluster import SimulatedCluster
 from mdq.testing.runner_files import last_energy_step, logged_resume
 from tests.e2e.test_stack import md_job, request, submit_when_ready
-from tests.helpers import events_of, wait_for
+from tests.helpers import events_of, read_all, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -209,4 +211,144 @@ async def test_a_whole_cluster_lost_mid_campaign_its_jobs_finish_on_the_other(
         assert retry["resumed_from_copy"] and retry["resumed_from_step"] == resumed(job_id, attempt)
         # what the attempt reached less where its retry began, at most an interval plus the lag
         assert last_steps[job_id] - retry["resumed_from_step"] <= lost["steps_lost"]
+        assert lost["steps_lost"] <= interval + lost["copy_lag_steps"]
+
+
+async def test_a_kubernetes_cluster_lost_mid_campaign_its_jobs_resume_from_copies(
+    tmp_path: Path, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 18, item 5 across kinds: two Kubernetes clusters (API emulators, a kubelet each)
+    and a local one, one campaign. Once every job runs and had a checkpoint copied, the whole
+    of ``east`` dies — its kubelet crashes (its runners die with it) and its API stops
+    answering — and its jobs' files are deleted (its volume is gone). After
+    MDQ_CLUSTERS_LOST_AFTER_S the router declares it lost: each of its jobs fails
+    FAILURE_CLUSTER_LOST (not counted as a retry) and runs again on another cluster from its
+    latest copied checkpoint, fetched and checked, losing at most an interval plus the copy's
+    lag (recorded per attempt); every job SUCCEEDED exactly once."""
+    monkeypatch.delenv("NATS_URL", raising=False)
+    monkeypatch.delenv("MDQ_NATS_CREDS", raising=False)
+    kubes = {
+        name: SimulatedCluster(
+            work_dir=tmp_path / name,
+            namespace="mdq",
+            nodes=(node,),
+            cpu_per_node=2.0,
+            memory_mb_per_node=4096,
+            heartbeat_s=0.3,
+            node_monitor_grace_s=5.0,
+            bookmark_interval_s=0.5,
+        )
+        for name, node in (("east", "ip-10-0-1-17.ec2.internal"), ("west", "node-w1"))
+    }
+    for kube in kubes.values():
+        await kube.start()
+    stack = Stack(
+        state_dir=tmp_path / "state",
+        database_url=database_url,
+        local_nodes=1,
+        clusters=1,
+        remote_clusters=[
+            ClusterEntry(
+                name=name,
+                kind="kubernetes",
+                labels={"site": name},
+                kubernetes={
+                    "kubeconfig": str(kube.kubeconfig),
+                    "namespace": "mdq",
+                    "node_lost_after_s": 1,
+                    "termination_grace_s": 3,
+                    "retry_backoff_s": 0.2,
+                },
+            )
+            for name, kube in kubes.items()
+        ],
+        metrics_port=0,
+        extra_env={
+            "MDQ_LOCAL_CPU_PER_NODE": "2",
+            "MDQ_RECOVERY_BACKOFF_BASE_S": "0.5",
+            "MDQ_CLUSTERS_LOST_AFTER_S": "4",
+            "MDQ_METRICS_INTERVAL_S": "1",
+        },
+        grace_s=5.0,
+    )
+    interval = 500
+    info = await stack.start()
+    try:
+        campaign = request(
+            *(
+                md_job(
+                    f"md-{site}",
+                    steps=4000,
+                    checkpoint_interval_steps=interval,
+                    report_interval_steps=100,
+                    resources={"cpu": 1, "memory_mb": 512},
+                    clusters={"prefer": {"site": site}},
+                )
+                for site in ("east", "west", "lab1")
+            ),
+            key="kubernetes-cluster-lost",
+        )
+        async with await MdqClient.connect(
+            info.nats_url, stack.namespace, creds=info.nats_creds
+        ) as client:
+            job_ids = await submit_when_ready(client, campaign)
+            js = client.nc.jetstream()
+
+            async def every_job_copied_and_east_busy() -> bool:
+                copied = {e.job_id for e in await events_of(js, client.subjects, "copied")}
+                bound = await events_of(js, client.subjects, "bound")
+                return copied >= set(job_ids) and any(e.bound.cluster == "east" for e in bound)
+
+            await wait_for(every_job_copied_and_east_busy, timeout=240, what="copies")
+            bound = await events_of(js, client.subjects, "bound")
+            on_east = {e.job_id: e.attempt for e in bound if e.bound.cluster == "east"}
+            for kubelet in kubes["east"].kubelets.values():
+                await kubelet.crash()
+            await kubes["east"].api.stop()
+            for job_id in on_east:  # east's volume is gone with it
+                shutil.rmtree(job_dir(stack.data_dir, job_id) / "checkpoints", ignore_errors=True)
+            states = await client.wait(job_ids, timeout=300)
+            assert {str(state) for state in states.values()} == {"SUCCEEDED"}, states
+            succeeded = Counter(e.job_id for e in await events_of(js, client.subjects, "succeeded"))
+            copies = await events_of(js, client.subjects, "copied")
+            first_reports = {}
+            for job_id, attempt in on_east.items():
+                reports = [
+                    e.progress.step
+                    for e in await read_all(js, client.subjects.progress(job_id))
+                    if e.attempt == attempt + 1
+                ]
+                first_reports[job_id] = min(reports)
+            final = {e.job_id: e.bound for e in await events_of(js, client.subjects, "bound")}
+    finally:
+        await stack.stop()
+        for kube in kubes.values():
+            with contextlib.suppress(Exception):
+                await kube.stop()
+    assert succeeded == dict.fromkeys(job_ids, 1)
+    assert on_east, "a job preferred east and ran there"
+    db = await asyncpg.connect(database_url)
+    try:
+        rows = {
+            (row["job_id"], row["attempt"]): row
+            for row in await db.fetch(
+                "SELECT job_id, attempt, failure_reason, steps_lost, copy_lag_steps,"
+                " resumed_from_step, resumed_from_copy, node FROM attempts"
+                " WHERE job_id = ANY($1::text[])",
+                list(on_east),
+            )
+        }
+    finally:
+        await db.close()
+    for job_id, attempt in on_east.items():
+        lost, retry = rows[job_id, attempt], rows[job_id, attempt + 1]
+        assert lost["failure_reason"] == "FAILURE_CLUSTER_LOST"
+        assert lost["node"].startswith("east/")
+        assert final[job_id].cluster in ("west", "lab1")
+        latest_copy = max(
+            c.copied.checkpoint.step for c in copies if c.job_id == job_id and c.attempt == attempt
+        )
+        assert retry["resumed_from_copy"] and retry["resumed_from_step"] == latest_copy > 0
+        # it went on from the copy (its files were gone): its first report is the next one
+        assert first_reports[job_id] == latest_copy + 100
         assert lost["steps_lost"] <= interval + lost["copy_lag_steps"]

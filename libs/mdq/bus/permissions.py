@@ -435,8 +435,8 @@ def _row(permissions: Permissions) -> str:
         if not pattern.startswith(("$", "_")):
             events.append(pattern)
         elif (direct := _after(pattern, "$JS.API.DIRECT.GET.")) and direct.partition(".")[2] != ">":
-            stream, _, subject = direct.partition(".")  # direct gets of some subjects only
-            streams.append(f"{stream} ({subject})")
+            read, _, subject = direct.partition(".")  # direct gets of some subjects only
+            streams.append(f"{read} ({subject})")
         elif (stream := _after(pattern, "$JS.API.CONSUMER.CREATE.")) and "." not in stream:
             (buckets if stream.startswith("KV_") else streams).append(stream.removeprefix("KV_"))
         elif durable := _after(pattern, "$JS.API.CONSUMER.DURABLE.CREATE."):
