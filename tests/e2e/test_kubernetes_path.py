@@ -139,6 +139,7 @@ async def test_a_job_runs_through_kubernetes_and_survives_a_watch_expiry(
         ("started", 1): 1,
         ("progress", 1): 6,
         ("checkpoint", 1): 2,
+        ("copied", 1): 2,  # both copied to the shared store (two checkpoints, never skipped)
         ("outputs", 1): 1,
         ("usage", 1): 1,
         ("succeeded", 1): 1,

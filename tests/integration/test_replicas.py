@@ -114,7 +114,7 @@ async def test_streams_and_buckets_have_three_copies(clustered: Client, namespac
     subjects = Subjects(namespace)
     await ensure_streams(js, subjects, replicas=3)
     streams = [config.name or "" for config in stream_configs(subjects)]
-    assert len(streams) == 5  # submit, jobs, progress, nodes, node summaries
+    assert len(streams) == 6  # submit, jobs, progress, nodes, node summaries, copies
 
     await ensure_buckets(js, subjects, replicas=3)
     requests = await Requests(clustered).start()

@@ -106,7 +106,7 @@ class StorageSettings(BaseSettings):
         "at most one summary per minute of it (node_summaries_per_node).",
     )
     copies_bytes: ByteSize = Field(
-        default=ByteSize(4 * GiB),
+        default=ByteSize(2 * GiB),
         gt=0,
         description="Copies stream (each job's latest two checkpoints per attempt and its "
         "outputs, in the store every cluster shares): size limit; the oldest copies go first.",
