@@ -141,11 +141,12 @@ class CheckpointCopier:
 
 async def fetch_resume_copy(
     announced: pb.Checkpoint | None, *, job_id: str, store: CheckpointStore, copies: CopyStore
-) -> pb.CopyManifest | None:
+) -> pb.CopyFetched | None:
     """Bring the copy of ``announced`` into the job's checkpoint folder when the folder does
     not hold the checkpoint itself (a retry on another cluster than the one that wrote it);
-    the manifest fetched, None if nothing was (no copy announced, the file is here, or no
-    usable copy: ``CheckpointStore.load`` then falls back as it always does).
+    what was fetched (the copy's checkpoint, bytes, seconds), None if nothing was (no copy
+    announced, the file is here, or no usable copy: ``CheckpointStore.load`` then falls back
+    as it always does).
 
     The announced copy's slot is tried first, then the other slot of the same attempt: a
     runner of that attempt that went on (a cluster that only looked lost) may have copied a
@@ -160,6 +161,7 @@ async def fetch_resume_copy(
     except ValueError as error:
         log.warning("ignoring the announced copy: %s", error)
         return None
+    started = time.monotonic()
     manifests = []
     for each in (slot, other_slot(slot)):
         try:
@@ -191,6 +193,10 @@ async def fetch_resume_copy(
             manifest.checkpoint.copy_slot,
             ", ".join(path.name for path in written),
         )
-        return manifest
+        return pb.CopyFetched(
+            checkpoint=manifest.checkpoint,
+            bytes=sum(file.size_bytes for file in manifest.files),
+            fetch_s=time.monotonic() - started,
+        )
     log.warning("no usable copy of checkpoint %d in the shared store", announced.step)
     return None

@@ -289,13 +289,22 @@ def _prepare_md(run: RunContext, md: MdSystem, store: CheckpointStore) -> StartP
     return StartPoint(resumed_step=None)
 
 
-async def _fetch_resume_copy(run: RunContext, store: CheckpointStore) -> None:
+async def _fetch_resume_copy(run: RunContext, store: CheckpointStore) -> pb.CopyFetched | None:
     """Fetch the announced checkpoint's copy when the job's folder lacks it (a retry on
-    another cluster, ``services.runner.copies``)."""
-    if run.copies is not None:
-        await fetch_resume_copy(
-            run.task.resume_from, job_id=run.task.job_id, store=store, copies=run.copies
-        )
+    another cluster, ``services.runner.copies``); what was fetched, if anything."""
+    if run.copies is None:
+        return None
+    return await fetch_resume_copy(
+        run.task.resume_from, job_id=run.task.job_id, store=store, copies=run.copies
+    )
+
+
+def _announce_fetched(run: RunContext, fetched: pb.CopyFetched | None, resumed: int | None) -> None:
+    """Tell that this attempt resumed from the fetched copy (the ``fetched`` event, which
+    the history records as the attempt's ``resumed_from_copy``), when it did: a copy fetched
+    but not loaded (unreadable after all) left the attempt on another start."""
+    if fetched is not None and resumed == fetched.checkpoint.step:
+        run.outbox.fetched(fetched)
 
 
 def _build(run: RunContext, integrator: openmm.Integrator | None = None) -> MdSystem:
@@ -326,8 +335,9 @@ async def run_md(run: RunContext) -> RunnerExit:
     log.info("built %d atoms on the %s platform", md.atoms, md.platform)
     store = CheckpointStore(directory=run.task.job_dir / CHECKPOINT_DIR)
     store.remove_temporaries()
-    await _fetch_resume_copy(run, store)
+    fetched = await _fetch_resume_copy(run, store)
     start = await asyncio.to_thread(_prepare_md, run, md, store)
+    _announce_fetched(run, fetched, start.resumed_step)
     last_checkpoint = start.resumed_step
     target = spec.steps
     every_frame = spec.trajectory_interval_steps
@@ -472,7 +482,7 @@ async def run_minimize(run: RunContext) -> RunnerExit:
     md = await asyncio.to_thread(_build, run, openmm.VerletIntegrator(0.001))
     store = CheckpointStore(directory=run.task.job_dir / CHECKPOINT_DIR)
     store.remove_temporaries()
-    await _fetch_resume_copy(run, store)
+    fetched = await _fetch_resume_copy(run, store)
     first = 0
     if run.task.resume_from is not None:
         loaded = await asyncio.to_thread(store.load, run.task.resume_from)
@@ -480,6 +490,7 @@ async def run_minimize(run: RunContext) -> RunnerExit:
             md.restore(loaded.state, step=loaded.file.step)
             first = loaded.file.step
             log.info("resuming minimisation from %s at iteration %d", loaded.file.path, first)
+            _announce_fetched(run, fetched, first)
     absurd = run.settings.absurd_energy_per_atom_kj_mol
     # A resumed minimisation reports its start iteration again: keep the rows before it.
     with EnergyLog(

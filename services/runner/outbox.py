@@ -61,6 +61,11 @@ class Outbox:
         ``copied:<job>:<attempt>:<step>``)."""
         self._send("copied", copied, detail=copied.checkpoint.step, important=True)
 
+    def fetched(self, fetched: pb.CopyFetched) -> None:
+        """Publish that the attempt resumed from a copy fetched from the shared store (id
+        ``fetched:<job>:<attempt>``)."""
+        self._send("fetched", fetched, detail=None, important=True)
+
     def outputs(self, outputs: pb.JobOutputs) -> None:
         """Publish the outputs event of a successful attempt (id ``outputs:<job>:<attempt>``)."""
         self._send("outputs", outputs, detail=None, important=True)

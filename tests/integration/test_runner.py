@@ -59,6 +59,7 @@ class JobEvents:
     outputs: list[pb.Event] = field(default_factory=list)
     usage: list[pb.Event] = field(default_factory=list)
     copied: list[pb.Event] = field(default_factory=list)
+    fetched: list[pb.Event] = field(default_factory=list)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def on_message(self, message: Msg) -> None:
@@ -72,6 +73,8 @@ class JobEvents:
             self.usage.append(event)
         elif kind == "copied":
             self.copied.append(event)
+        elif kind == "fetched":
+            self.fetched.append(event)
         else:
             self.checkpoints.append(event)
         self.changed.set()
@@ -164,6 +167,7 @@ async def tap(nc: Client, subjects: Subjects, job_id: str) -> JobEvents:
     await js.subscribe(subjects.job(job_id, "outputs"), cb=events.on_message, ordered_consumer=True)
     await js.subscribe(subjects.job(job_id, "usage"), cb=events.on_message, ordered_consumer=True)
     await js.subscribe(subjects.job(job_id, "copied"), cb=events.on_message, ordered_consumer=True)
+    await js.subscribe(subjects.job(job_id, "fetched"), cb=events.on_message, ordered_consumer=True)
     return events
 
 
@@ -299,7 +303,9 @@ async def test_resume_after_kill_continues_the_trajectory(
     await asyncio.sleep(0.3)  # events that were in flight at the kill
     before, checkpoints = events.of_attempt(1)
     assert before[-1].step < spec.steps, "the first attempt finished before it was killed"
-    resume_from = checkpoints[-1]
+    resume_from = pb.Checkpoint()
+    resume_from.CopyFrom(checkpoints[-1])
+    resume_from.copy_slot = "1.a"  # announced as copied too: the folder's own file comes first
 
     second = await start_runner(
         make_task(data_dir, "job-kill", spec, attempt=2, resume_from=resume_from)
@@ -311,6 +317,8 @@ async def test_resume_after_kill_continues_the_trajectory(
     assert after[0].time_ps == pytest.approx(after[0].step * TIMESTEP_PS)
     assert after[-1].step == spec.steps
     assert after[-1].done_reason == "steps_reached"
+    assert not events.fetched, "the job's folder held the checkpoint: nothing fetched"
+    assert "no copy needed" in second.stderr
     at_checkpoint = next(p for p in before if p.step == resume_from.step)
     assert after[0].potential_kj_mol == pytest.approx(at_checkpoint.potential_kj_mol, rel=0.03)
     assert after[0].temperature_k == pytest.approx(at_checkpoint.temperature_k, abs=60)
@@ -359,7 +367,11 @@ async def test_a_retry_on_another_cluster_resumes_from_the_copied_checkpoint(
     second = await start_runner(second_task)
     assert await second.wait() == RunnerExit.OK, second.stderr
     assert f"fetched the copy of checkpoint {resume_from.step}" in second.stderr
-    await events.wait_until(lambda: bool(events.outputs))
+    await events.wait_until(lambda: bool(events.outputs) and bool(events.fetched))
+    [told] = events.fetched  # once, for the attempt that resumed from it
+    assert told.attempt == 2 and told.producer == "runner"
+    assert told.fetched.checkpoint == resume_from
+    assert told.fetched.bytes > resume_from.size_bytes and told.fetched.fetch_s > 0
     after, _ = events.of_attempt(2)
     assert after[0].step == resume_from.step + 20, "went on from the copy's step"
     assert after[-1].step == spec.steps

@@ -222,8 +222,22 @@ def test_where_a_retry_resumes_with_copies(
     assert (body.steps_lost, body.copy_lag_steps) == (lost, lag)
     assert view.apply(make_event("requeued", body, job_id="r-md", attempt=2, producer="t", at=NOW))
     assert (view.attempts[1].steps_lost, view.attempts[1].copy_lag_steps) == (lost, lag)
-    assert view.attempts[2].resumed_from_copy is bool(slot)
     assert view.attempts[2].resumed_from_step == step
+    # Only the runner knows whether it used the copy: its folder may hold the file itself.
+    assert not view.attempts[2].resumed_from_copy
+    if slot:
+        fetched = pb.CopyFetched(checkpoint=decision.resume_from, bytes=1, fetch_s=0.1)
+        assert not view.apply(
+            make_event("fetched", fetched, job_id="r-md", attempt=1, producer="runner", at=NOW)
+        )
+        assert view.apply(
+            make_event("fetched", fetched, job_id="r-md", attempt=2, producer="runner", at=NOW)
+        )
+        assert not view.apply(
+            make_event("fetched", fetched, job_id="r-md", attempt=2, producer="runner", at=NOW)
+        )
+        assert view.attempts[2].resumed_from_copy
+        assert JobView.from_dict(view.to_dict()).attempts[2].resumed_from_copy
 
 
 def test_an_older_copy_never_replaces_a_newer_one() -> None:

@@ -38,7 +38,7 @@ IDENTITIES = (*SERVICES, "cli", "runners", "admin")
 attempt (the node agent mints them; on Kubernetes placement does, into a Secret per pod);
 ``runners`` is the shared fallback of a Kubernetes backend given no runner issuer."""
 
-RUNNER_KINDS = ("progress", "checkpoint", "outputs", "usage", "copied")
+RUNNER_KINDS = ("progress", "checkpoint", "outputs", "usage", "copied", "fetched")
 """What a runner reports about its own job."""
 
 COPY_PARTS = ("ckpt", "out")

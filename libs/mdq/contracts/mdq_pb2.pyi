@@ -300,7 +300,7 @@ class ClusterSelector(_message.Message):
     def __init__(self, require: _Optional[_Mapping[str, str]] = ..., prefer: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Event(_message.Message):
-    __slots__ = ("event_id", "job_id", "attempt", "time", "producer", "submitted", "rejected", "released", "bound", "started", "succeeded", "attempt_failed", "requeued", "failed", "progress", "checkpoint", "pod", "outputs", "usage", "copied", "node_load", "node_summary")
+    __slots__ = ("event_id", "job_id", "attempt", "time", "producer", "submitted", "rejected", "released", "bound", "started", "succeeded", "attempt_failed", "requeued", "failed", "progress", "checkpoint", "pod", "outputs", "usage", "copied", "fetched", "node_load", "node_summary")
     EVENT_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
@@ -321,6 +321,7 @@ class Event(_message.Message):
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     COPIED_FIELD_NUMBER: _ClassVar[int]
+    FETCHED_FIELD_NUMBER: _ClassVar[int]
     NODE_LOAD_FIELD_NUMBER: _ClassVar[int]
     NODE_SUMMARY_FIELD_NUMBER: _ClassVar[int]
     event_id: str
@@ -343,9 +344,10 @@ class Event(_message.Message):
     outputs: JobOutputs
     usage: AttemptUsage
     copied: CheckpointCopied
+    fetched: CopyFetched
     node_load: NodeLoad
     node_summary: NodeLoadSummary
-    def __init__(self, event_id: _Optional[str] = ..., job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., producer: _Optional[str] = ..., submitted: _Optional[_Union[JobSubmitted, _Mapping]] = ..., rejected: _Optional[_Union[JobRejected, _Mapping]] = ..., released: _Optional[_Union[JobReleased, _Mapping]] = ..., bound: _Optional[_Union[JobBound, _Mapping]] = ..., started: _Optional[_Union[JobStarted, _Mapping]] = ..., succeeded: _Optional[_Union[JobSucceeded, _Mapping]] = ..., attempt_failed: _Optional[_Union[AttemptFailed, _Mapping]] = ..., requeued: _Optional[_Union[JobRequeued, _Mapping]] = ..., failed: _Optional[_Union[JobFailed, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., pod: _Optional[_Union[PodStatus, _Mapping]] = ..., outputs: _Optional[_Union[JobOutputs, _Mapping]] = ..., usage: _Optional[_Union[AttemptUsage, _Mapping]] = ..., copied: _Optional[_Union[CheckpointCopied, _Mapping]] = ..., node_load: _Optional[_Union[NodeLoad, _Mapping]] = ..., node_summary: _Optional[_Union[NodeLoadSummary, _Mapping]] = ...) -> None: ...
+    def __init__(self, event_id: _Optional[str] = ..., job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., producer: _Optional[str] = ..., submitted: _Optional[_Union[JobSubmitted, _Mapping]] = ..., rejected: _Optional[_Union[JobRejected, _Mapping]] = ..., released: _Optional[_Union[JobReleased, _Mapping]] = ..., bound: _Optional[_Union[JobBound, _Mapping]] = ..., started: _Optional[_Union[JobStarted, _Mapping]] = ..., succeeded: _Optional[_Union[JobSucceeded, _Mapping]] = ..., attempt_failed: _Optional[_Union[AttemptFailed, _Mapping]] = ..., requeued: _Optional[_Union[JobRequeued, _Mapping]] = ..., failed: _Optional[_Union[JobFailed, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., pod: _Optional[_Union[PodStatus, _Mapping]] = ..., outputs: _Optional[_Union[JobOutputs, _Mapping]] = ..., usage: _Optional[_Union[AttemptUsage, _Mapping]] = ..., copied: _Optional[_Union[CheckpointCopied, _Mapping]] = ..., fetched: _Optional[_Union[CopyFetched, _Mapping]] = ..., node_load: _Optional[_Union[NodeLoad, _Mapping]] = ..., node_summary: _Optional[_Union[NodeLoadSummary, _Mapping]] = ...) -> None: ...
 
 class JobSubmitted(_message.Message):
     __slots__ = ("spec", "request_id", "idempotency_key", "depends_on_ids", "submitted_by", "recommended")
@@ -629,6 +631,16 @@ class CheckpointCopied(_message.Message):
     copy_lag_s: float
     bytes: int
     def __init__(self, checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., copy_lag_s: _Optional[float] = ..., bytes: _Optional[int] = ...) -> None: ...
+
+class CopyFetched(_message.Message):
+    __slots__ = ("checkpoint", "bytes", "fetch_s")
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    FETCH_S_FIELD_NUMBER: _ClassVar[int]
+    checkpoint: Checkpoint
+    bytes: int
+    fetch_s: float
+    def __init__(self, checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., bytes: _Optional[int] = ..., fetch_s: _Optional[float] = ...) -> None: ...
 
 class OutputFile(_message.Message):
     __slots__ = ("kind", "path", "sha256", "size_bytes", "format", "frames")

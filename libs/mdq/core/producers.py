@@ -24,6 +24,7 @@ EVENT_PRODUCERS: dict[str, frozenset[str]] = {
     "outputs": frozenset({"runner"}),
     "usage": frozenset({"runner"}),
     "copied": frozenset({"runner"}),
+    "fetched": frozenset({"runner"}),
     "node_load": frozenset({"metrics"}),
     "node_summary": frozenset({"metrics"}),
 }

@@ -37,7 +37,7 @@ class JobState(StrEnum):
 TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED})
 
 ATTEMPT_EVENTS = frozenset(
-    {"bound", "started", "succeeded", "attempt_failed", "progress", "checkpoint", "pod"}
+    {"bound", "started", "succeeded", "attempt_failed", "progress", "checkpoint", "pod", "fetched"}
 )
 TIMED_EVENTS = frozenset({"started", "progress", "succeeded", "attempt_failed", "failed"})
 """Events whose time ``JobView.apply`` records."""
@@ -90,7 +90,8 @@ class AttemptRecord:
     """Of ``steps_lost``, the steps between the latest checkpoint and the copy the next
     attempt resumed from (after a cluster loss)."""
     resumed_from_copy: bool = False
-    """This attempt resumes from a checkpoint copied to the shared store (``copy_slot``)."""
+    """This attempt's runner resumed from the shared store's copy of a checkpoint (its
+    ``fetched`` event: the job's folder lacked the file), not from the file itself."""
     pod_phase: int = 0
     """Last reported phase of the attempt's pod (pb.PodPhase); terminal means fenced."""
     started_logged: bool = False
@@ -319,6 +320,12 @@ class JobView:
                     return False
                 self.latest_checkpoint = event.checkpoint
                 self.checkpoint_at = at
+            case "fetched":
+                # the runner resumed from the shared store's copy (its folder lacked the file)
+                if self.current.resumed_from_copy or self.current.ended_at is not None:
+                    return False
+                self.current.resumed_from_copy = True
+                self.current.resumed_from_step = event.fetched.checkpoint.step
             case "copied":
                 copied = event.copied.checkpoint
                 if not copied.copy_slot:
@@ -358,9 +365,6 @@ class JobView:
                     to_datetime(requeue.not_before) if requeue.HasField("not_before") else None
                 )
                 self.current.resumed_from_step = self.last_step
-                self.current.resumed_from_copy = bool(
-                    self.resume_from is not None and self.resume_from.copy_slot
-                )
             case "failed":
                 self.state = JobState.FAILED
                 self.final_reason = pb.FailureReason.Name(event.failed.reason)
