@@ -74,6 +74,11 @@ QUICK = {"water_steps": 2_100, "water_box_nm": 2.5, "report_every": 100, "checkp
 """``--quick``: a smaller water box, a tenth of the steps and of both intervals (one checkpoint
 still falls inside the run), one round."""
 SECONDS_PER_DAY = 86_400.0
+SIDES = ("bare", "mdq", "uncopied", "uncopied", "mdq", "bare")
+"""One round: the bare loop, the runner, the runner without copies, and back (ABCCBA), so a
+drift of the machine's load weighs on every side alike."""
+ONLY_COPIED = ("bare", "mdq", "mdq", "bare")
+"""One round with ``--no-uncopied`` (ABBA)."""
 WARMUP_MINIMIZE_ITERATIONS = 100
 
 
@@ -113,6 +118,8 @@ class Case:
     atoms: int = 0
     bare: list[Timed] = field(default_factory=list)
     mdq: list[Timed] = field(default_factory=list)
+    uncopied: list[Timed] = field(default_factory=list)
+    """The runner with ``MDQ_RUNNER_COPY_TO_SHARED_STORE=false``: what copying costs."""
 
     def summary(self) -> dict[str, object]:
         bare_wall = [run.wall_ns_per_day for run in self.bare]
@@ -142,6 +149,23 @@ class Case:
                 statistics.fmean(mdq_steady) / statistics.fmean(bare_steady), 4
             ),
             "energy_rows": self.mdq[-1].energy_rows,
+            **self.copies_summary(mdq_wall, mdq_steady),
+        }
+
+    def copies_summary(self, mdq_wall: list[float], mdq_steady: list[float]) -> dict[str, object]:
+        """The runner copying its checkpoints and outputs against the same runner not
+        copying them (issue 18: the copies must not slow the MD loop)."""
+        if not self.uncopied:
+            return {}
+        wall = [run.wall_ns_per_day for run in self.uncopied]
+        steady = [run.steady_ns_per_day for run in self.uncopied]
+        return {
+            "uncopied_ns_per_day": round(max(wall), 3),
+            "uncopied_steady_ns_per_day": round(max(steady), 3),
+            "copies_ratio": round(max(mdq_wall) / max(wall), 4),
+            "copies_steady_ratio": round(max(mdq_steady) / max(steady), 4),
+            "uncopied_runs": [round(value, 3) for value in wall],
+            "uncopied_steady_runs": [round(value, 3) for value in steady],
         }
 
 
@@ -215,10 +239,11 @@ async def bare_run(spec: pb.JobSpec, *, threads: int, out_dir: Path) -> tuple[Ti
 
 
 async def mdq_run(
-    spec: pb.JobSpec, *, threads: int, nats_url: str, data_dir: Path, run: int
+    spec: pb.JobSpec, *, threads: int, nats_url: str, data_dir: Path, run: int, copies: bool = True
 ) -> Timed:
     """The real runner in a process of its own, timed from spawn to exit and by the receipt
-    of its progress events."""
+    of its progress events; ``copies``: whether it copies its checkpoints and outputs to the
+    shared store (its default)."""
     subjects = Subjects(f"bench{os.getpid()}r{run}")
     client = await connect(nats_url, name="bench-runner", subjects=subjects)
     job_id = f"{spec.name}-{run}"
@@ -249,6 +274,7 @@ async def mdq_run(
         "MDQ_NAMESPACE": subjects.namespace,
         "MDQ_DATA_DIR": str(data_dir),
         "MDQ_RUNNER_WARMUP_MINIMIZE_ITERATIONS": str(WARMUP_MINIMIZE_ITERATIONS),
+        "MDQ_RUNNER_COPY_TO_SHARED_STORE": str(copies).lower(),
     }
     started = time.monotonic()
     process = await asyncio.create_subprocess_exec(
@@ -278,6 +304,12 @@ async def mdq_run(
     )
 
 
+def min_of(summaries: dict[str, dict[str, object]], key: str) -> float | None:
+    """The lowest ``key`` over the systems; None where no system measured it."""
+    values = [float(summary[key]) for summary in summaries.values() if key in summary]  # type: ignore[arg-type]
+    return min(values) if values else None
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=1, help="ABBA rounds per system")
@@ -294,6 +326,11 @@ async def main() -> None:
     parser.add_argument("--report-every", type=int, default=REPORT_EVERY)
     parser.add_argument("--checkpoint-every", type=int, default=CHECKPOINT_EVERY)
     parser.add_argument("--quick", action="store_true", help=f"water box only, one round, {QUICK}")
+    parser.add_argument(
+        "--no-uncopied",
+        action="store_true",
+        help="skip the runs of the runner that does not copy to the shared store",
+    )
     args = parser.parse_args()
     if args.quick:
         args.systems, args.rounds = "water_box", 1
@@ -334,7 +371,7 @@ async def main() -> None:
         try:
             for case in cases:
                 for _ in range(args.rounds):
-                    for side in ("bare", "mdq", "mdq", "bare"):
+                    for side in ONLY_COPIED if args.no_uncopied else SIDES:
                         run += 1
                         if side == "bare":
                             timed, case.atoms = await bare_run(
@@ -348,8 +385,9 @@ async def main() -> None:
                                 nats_url=nats.url,
                                 data_dir=data_dir,
                                 run=run,
+                                copies=side == "mdq",
                             )
-                            case.mdq.append(timed)
+                            (case.mdq if side == "mdq" else case.uncopied).append(timed)
                         print(
                             f"{case.name:14s} {side:4s} wall {timed.wall_s:7.2f} s "
                             f"= {timed.wall_ns_per_day:8.3f} ns/day, steady "
@@ -357,7 +395,7 @@ async def main() -> None:
                             f"(load {os.getloadavg()[0]:.2f})",
                             flush=True,
                         )
-                rows = {timed.energy_rows for timed in case.bare + case.mdq}
+                rows = {timed.energy_rows for timed in case.bare + case.mdq + case.uncopied}
                 if len(rows) != 1:
                     raise RuntimeError(f"{case.name}: the sides reported differently: {rows} rows")
         finally:
@@ -379,6 +417,8 @@ async def main() -> None:
         "bare_steady_ns_per_day": summaries[worst]["bare_steady_ns_per_day"],
         "mdq_steady_ns_per_day": summaries[worst]["mdq_steady_ns_per_day"],
         "steady_ratio": summaries[worst]["steady_ratio"],
+        "copies_ratio": min_of(summaries, "copies_ratio"),
+        "copies_steady_ratio": min_of(summaries, "copies_steady_ratio"),
         "measured": "by the bench: spawn to exit (wall), report receipt times (steady)",
         "worst_system": worst,
         "systems": summaries,
