@@ -83,7 +83,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cache
 
-from mdq.bus.codec import decode_submit, encode, to_json
+from mdq.bus.codec import decode_submit, encode, submit_is_json, to_json
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.requests import CREATE_ONLY, is_stream_full, is_wrong_last_sequence
 from mdq.contracts import pb
@@ -104,8 +104,9 @@ PROTOBUF_CONTENT_TYPE = "application/x-protobuf"
 
 
 def is_json(data: bytes) -> bool:
-    """Whether a client sent the JSON mapping (the same test as ``mdq.bus.codec``)."""
-    return data.lstrip()[:1] in (b"{", b"[", b'"') or not data.strip()
+    """Whether a client sent the JSON mapping (``mdq.bus.codec.submit_is_json``, the test
+    its decoding uses): a bare ``null`` or ``42`` is JSON too, and is answered in JSON."""
+    return submit_is_json(data)
 
 
 def serialize_reply(reply: pb.SubmitReply, *, as_json: bool) -> bytes:

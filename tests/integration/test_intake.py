@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
+from typing import cast
 
 import pytest
 from google.protobuf import json_format
@@ -262,6 +263,67 @@ async def test_protobuf_request_gets_protobuf_reply(
     assert list(reply.job_ids) == [f"{request_id_for_key('binary-1')}-bin"]
 
 
+ANSWERED_IN_KIND = [
+    pytest.param(b"null", "application/json", "", "got null", id="bare-null"),
+    pytest.param(b"42", "application/json", "", "got the number 42", id="bare-number"),
+    pytest.param(b" true", "application/json", "", "got true", id="bare-true"),
+    pytest.param(
+        b'{"idempotency_key": "dup", "jobs": [{"name": "a", "steps": 300, "steps": 5}]}',
+        "application/json",
+        "jobs[0].steps",
+        "given twice",
+        id="a-json-key-twice",
+    ),
+    pytest.param(
+        b'{"idempotency_key": "utf", "jobs": [{"name": "caf\xe9"}]}',
+        "application/json",
+        "jobs[0].name",
+        "byte 0xe9 at offset 49",
+        id="latin-1-in-json",
+    ),
+    pytest.param(
+        pb.SubmitRequest(idempotency_key="pb-99", jobs=[pb.JobSpec(name="a")]).SerializeToString()
+        + b"\x98\x06\x01",
+        "application/x-protobuf",
+        "#99",
+        "unknown field number 99",
+        id="protobuf-field-99",
+    ),
+    pytest.param(
+        pb.SubmitRequest(
+            idempotency_key="k" * 34, jobs=[pb.JobSpec(name="a", task=cast(pb.Task, 9))]
+        ).SerializeToString(),
+        "application/x-protobuf",
+        "jobs[0].task",
+        "must be one of TASK_MD, TASK_MINIMIZE, TASK_ANALYZE, got 9",
+        id="protobuf-key-34-long",
+    ),
+]
+
+
+@pytest.mark.parametrize(("data", "content_type", "field", "fragment"), ANSWERED_IN_KIND)
+async def test_a_refusal_comes_in_the_encoding_of_the_request(
+    intake: Intake,
+    nc: Client,
+    subjects: Subjects,
+    data: bytes,
+    content_type: str,
+    field: str,
+    fragment: str,
+) -> None:
+    """A bare JSON value is JSON, and so is its answer; a protobuf submit whose key's length
+    is a byte that starts JSON (34 is '"') is protobuf."""
+    answer = await nc.request(subjects.api_submit, data, timeout=TIMEOUT)
+    assert (answer.headers or {}).get("content-type") == content_type
+    reply = pb.SubmitReply()
+    if content_type == "application/json":
+        json_format.Parse(answer.data, reply)
+    else:
+        reply.ParseFromString(answer.data)
+    assert (reply.error.field, fragment in reply.error.message) == (field, True), reply.error
+    assert not reply.job_ids
+
+
 async def test_same_key_gives_same_ids_and_no_second_event(
     intake: Intake, nc: Client, subjects: Subjects, tap: Tap
 ) -> None:
@@ -377,16 +439,17 @@ def nested_labels(key: str, depth: int) -> bytes:
     return before + b'{"a": ' * depth + b'"x"' + b"}" * depth + after
 
 
-# the path of the first object nested more than MAX_DEPTH (32) deep in nested_labels
-TOO_DEEP_IN_LABELS = "jobs[0].labels" + ".a" * (MAX_DEPTH + 1 - 4)
+# the path of the first object nested more than MAX_DEPTH (32) deep in nested_labels (the
+# labels are a map: its keys in brackets)
+TOO_DEEP_IN_LABELS = "jobs[0].labels['a']" + ".a" * (MAX_DEPTH + 1 - 5)
 
 # (payload builder taking a key, decodes?, accepted field paths, fragment of the message)
 BAD_INPUTS = [
     pytest.param(
         lambda key: b'{"idempotency_key": "' + key.encode() + b'", "jobs": [',
         False,
-        {""},
-        "malformed JSON",
+        {"jobs[0]"},
+        "malformed JSON at line 1, column",
         id="malformed-json",
     ),
     pytest.param(

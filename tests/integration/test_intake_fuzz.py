@@ -167,8 +167,9 @@ def encoded(payload: object, key: str) -> bytes:
 
 # -- what comes back ---------------------------------------------------------------------------
 
-PATH = re.compile(r"^$|^(\w+|\[)")
-"""A field path: empty (the whole document), or starting with a field name or a bracket."""
+PATH = re.compile(r"^$|^(\w+|\[|#\d+$)")
+"""A field path: empty (the whole document), or starting with a field name or a bracket, or
+the number of an unknown protobuf field of the submit itself (``#99``)."""
 
 
 def check_refusal(error: pb.SubmitError) -> None:

@@ -41,8 +41,9 @@ def nested(depth: int, leaf: str = '"x"') -> str:
     return head.replace('"HERE"', '{"a": ' * depth + leaf + "}" * depth)
 
 
-DEEP_LABELS = "jobs[0].labels" + ".a" * (MAX_DEPTH + 1 - 4)
-"""The first object too deep in ``nested``: root, jobs, the job, labels are the first four."""
+DEEP_LABELS = "jobs[0].labels['a']" + ".a" * (MAX_DEPTH + 1 - 5)
+"""The first object too deep in ``nested``: root, jobs, the job, labels are the first four
+(the labels are a map: their keys are in brackets)."""
 
 REFUSED = {
     "a number among the dependencies of the second job": Refused(
@@ -108,7 +109,7 @@ REFUSED = {
     "a list for a task": Refused(
         submit({"name": "a", "task": ["TASK_MD"]}),
         field="jobs[0].task",
-        message="must be one of TASK_UNSPECIFIED, TASK_MD",
+        message="must be one of TASK_MD, TASK_MINIMIZE, TASK_ANALYZE, got [",
     ),
     "a system that is a number": Refused(
         submit({"name": "a", "system": 3}),
@@ -118,7 +119,7 @@ REFUSED = {
     "two systems at once": Refused(
         submit({"name": "a", "system": {"water_box": {}, "lennard_jones": {}}}),
         field="jobs[0].system",
-        message='multiple "kind" oneof fields',
+        message="set only one of water_box, lennard_jones, structure; got water_box and",
     ),
     "a key that is a list": Refused(
         json.dumps({"idempotency_key": ["k"], "jobs": [{"name": "a"}]}),
@@ -145,6 +146,111 @@ REFUSED = {
         .replace("]" * 100 + '"', "]" * 100),
         field="jobs" + "[0]" * (MAX_DEPTH - 1),
         message="more than 32 levels",
+    ),
+    # -- a key given twice: JSON parsers keep the last one without a word
+    "a field of a job given twice": Refused(
+        '{"jobs": [{"name": "a", "temperature_k": 300, "temperature_k": 5}]}',
+        field="jobs[0].temperature_k",
+        message="given twice in one object",
+    ),
+    "the key of the submit given twice": Refused(
+        '{"idempotency_key": "a", "jobs": [{"name": "a"}], "idempotency_key": "b"}',
+        field="idempotency_key",
+        message="given twice",
+    ),
+    "the jobs given twice": Refused(
+        '{"jobs": [{"name": "a"}], "jobs": [{"name": "b"}]}', field="jobs", message="given twice"
+    ),
+    "a label given twice": Refused(
+        '{"jobs": [{"name": "a", "labels": {"team": "md", "team": "qm"}}]}',
+        field="jobs[0].labels['team']",
+        message="given twice",
+    ),
+    "a field deep in the second job given twice": Refused(
+        '{"jobs": [{"name": "a"}, {"name": "b", "system": {"water_box": '
+        '{"box_nm": 2, "box_nm": 3}}}]}',
+        field="jobs[1].system.water_box.box_nm",
+        message="given twice",
+    ),
+    "a field given twice in camelCase": Refused(
+        '{"jobs": [{"name": "a", "temperatureK": 300, "temperatureK": 5}]}',
+        field="jobs[0].temperature_k",
+        message="given twice",
+    ),
+    "one field under both spellings": Refused(
+        submit({"name": "a", "temperature_k": 300, "temperatureK": 5}),
+        field="jobs[0].temperature_k",
+        message="given twice, as 'temperature_k' and 'temperatureK'",
+    ),
+    # -- values said in the caller's terms: the allowed range, the valid names
+    "a word for the steps": Refused(
+        submit({"name": "a", "steps": "many"}),
+        field="jobs[0].steps",
+        message='must be a whole number between 1 and 10000000000, got "many"',
+    ),
+    "a word for a temperature": Refused(
+        submit({"name": "a", "temperature_k": "many"}),
+        field="jobs[0].temperature_k",
+        message='must be a number between 1 and 5000, got "many"',
+    ),
+    "more retries than a whole number holds": Refused(
+        submit({"name": "a", "max_retries": 10**18}),
+        field="jobs[0].max_retries",
+        message="must be a whole number between 0 and 20, got 1000000000000000000",
+    ),
+    "a seed past 32 bits": Refused(
+        submit({"name": "a", "seed": 2**31}),
+        field="jobs[0].seed",
+        message="must be a whole number between -2147483648 and 2147483647, got 2147483648",
+    ),
+    "more steps than a whole number holds": Refused(
+        submit({"name": "a", "steps": 10**30}),
+        field="jobs[0].steps",
+        message="must be a whole number between 1 and 10000000000, got 1" + "0" * 30,
+    ),
+    "a fraction of a memory size": Refused(
+        submit({"name": "a", "resources": {"memory_mb": "512.5"}}),
+        field="jobs[0].resources.memory_mb",
+        message='must be a whole number between 64 and 1048576, got "512.5"',
+    ),
+    "a task that does not exist": Refused(
+        submit({"name": "a", "task": "TASK_X"}),
+        field="jobs[0].task",
+        message='must be one of TASK_MD, TASK_MINIMIZE, TASK_ANALYZE, got "TASK_X"',
+    ),
+    "an integrator in lower case": Refused(
+        submit({"name": "a", "integrator": "verlet"}),
+        field="jobs[0].integrator",
+        message="must be one of INTEGRATOR_LANGEVIN_MIDDLE, INTEGRATOR_LANGEVIN, "
+        'INTEGRATOR_VERLET, INTEGRATOR_NOSE_HOOVER, got "verlet"',
+    ),
+    "a misspelt field": Refused(
+        submit({"name": "a", "temprature_k": 300}),
+        field="jobs[0].temprature_k",
+        message="unknown field 'temprature_k': did you mean 'temperature_k'?",
+    ),
+    "a misspelt field in camelCase": Refused(
+        submit({"name": "a", "temperatureKk": 300}),
+        field="jobs[0].temperatureKk",
+        message="did you mean 'temperature_k'?",
+    ),
+    "a field that resembles none": Refused(
+        submit({"name": "a", "resources": {"gpus": 1}}),
+        field="jobs[0].resources.gpus",
+        message="unknown field 'gpus' (the fields here: cpu, memory_mb, auto)",
+    ),
+    "a trailing comma": Refused(
+        '{"jobs": [{"name": "a", "steps": 10,}]}',
+        field="jobs[0].steps",
+        message="malformed JSON at line 1, column 37: expecting a key in double quotes",
+    ),
+    "single quotes": Refused(
+        "{'jobs': []}", field="", message="malformed JSON at line 1, column 2: expecting a key"
+    ),
+    "a missing comma between jobs": Refused(
+        '{"jobs": [{"name": "a"}\n {"name": "b"}]}',
+        field="jobs[0]",
+        message="malformed JSON at line 2, column 2: expecting ',' delimiter",
     ),
 }
 
@@ -223,7 +329,7 @@ def test_deep_yaml_is_refused() -> None:
 def test_deep_yaml_that_loads_is_refused_with_its_path() -> None:
     with pytest.raises(JobFileError) as caught:
         parse_job_text("name: a\nlabels: " + "{a: " * 40 + "x" + "}" * 40 + "\n")
-    assert caught.value.field == "jobs[0].labels" + ".a" * (MAX_DEPTH + 1 - 4)
+    assert caught.value.field == DEEP_LABELS
 
 
 # -- paths -------------------------------------------------------------------------------------

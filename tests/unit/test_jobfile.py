@@ -67,14 +67,39 @@ ACCEPTED: dict[str, Accepted] = {
     "explicit zero retries keeps presence": Accepted(
         "name: once\nmax_retries: 0\n", key="", names=("once",), check="max_retries=0"
     ),
+    "keys merged in YAML may be overridden": Accepted(
+        "jobs:\n  - &base {name: a, steps: 10}\n  - <<: *base\n    name: b\n",
+        key="",
+        names=("a", "b"),
+    ),
     "labels map": Accepted(
         "name: l\nlabels: {campaign: demo}\n", key="", names=("l",), check="labels.campaign=demo"
     ),
 }
 
 REFUSED: dict[str, Refused] = {
+    "a field given twice in YAML": Refused(
+        "name: a\ntemperature_k: 300\ntemperature_k: 5\n",
+        field="jobs[0].temperature_k",
+        message="given twice in one object",
+    ),
+    "a label given twice in YAML": Refused(
+        "jobs:\n  - name: a\n  - name: b\n    labels: {team: md, team: qm}\n",
+        field="jobs[1].labels['team']",
+        message="given twice in one object",
+    ),
+    "the jobs given twice in YAML": Refused(
+        "jobs: [{name: a}]\njobs: [{name: b}]\n", field="jobs", message="given twice"
+    ),
+    "one field under both spellings in YAML": Refused(
+        "name: a\nmax_retries: 1\nmaxRetries: 2\n",
+        field="jobs[0].max_retries",
+        message="given twice, as 'max_retries' and 'maxRetries'",
+    ),
     "unknown top-level field": Refused(
-        "idempotency_key: k\njobz: []\n", field="jobz", message="unknown field: jobz"
+        "idempotency_key: k\njobz: []\n",
+        field="jobz",
+        message="unknown field 'jobz': did you mean 'jobs'?",
     ),
     "unknown job field": Refused(
         "jobs:\n  - name: a\n  - name: b\n    temprature_k: 300\n",
@@ -84,7 +109,8 @@ REFUSED: dict[str, Refused] = {
     "every unknown field is named": Refused(
         "name: a\nstepz: 3\nresources: {cpus: 1}\n",
         field="jobs[0].stepz",
-        message="jobs[0].stepz, jobs[0].resources.cpus",
+        message="jobs[0].stepz (did you mean 'steps'?), "
+        "jobs[0].resources.cpus (did you mean 'cpu'?)",
     ),
     "unknown field in the oneof system": Refused(
         "name: a\nsystem: {water_box: {edge_nm: 2}}\n",
@@ -114,7 +140,9 @@ REFUSED: dict[str, Refused] = {
     ),
     "not a mapping at all": Refused("- a\n- b\n", field="", message="mapping"),
     "malformed yaml": Refused("jobs: [\n", field="", message="not valid YAML or JSON"),
-    "malformed json": Refused('{"jobs": [}', field="", message="not valid YAML or JSON"),
+    "malformed json": Refused(
+        '{"jobs": [}', field="jobs[0]", message="malformed JSON at line 1, column 11: a value is"
+    ),
 }
 
 

@@ -320,14 +320,24 @@ MESSAGE_CASES = [
         "must be between 1 and 1000, got 5000",
         id="range-of-a-default-only-when-enabled",
     ),
-    pytest.param(job(integrator=99), "jobs[2].integrator", "unknown value 99", id="enum"),
     pytest.param(
-        job(nonbonded_method=99), "jobs[2].nonbonded_method", "unknown value 99", id="enum-method"
+        job(integrator=99),
+        "jobs[2].integrator",
+        "must be one of INTEGRATOR_LANGEVIN_MIDDLE, INTEGRATOR_LANGEVIN, INTEGRATOR_VERLET, "
+        "INTEGRATOR_NOSE_HOOVER, got 99",
+        id="enum",
+    ),
+    pytest.param(
+        job(nonbonded_method=99),
+        "jobs[2].nonbonded_method",
+        "must be one of NONBONDED_PME, NONBONDED_CUTOFF_PERIODIC, NONBONDED_CUTOFF_NON_PERIODIC, "
+        "NONBONDED_NO_CUTOFF, got 99",
+        id="enum-method",
     ),
     pytest.param(
         job(trajectory_interval_steps=100, trajectory_format=7),
         "jobs[2].trajectory_format",
-        "unknown value 7",
+        "must be one of TRAJECTORY_DCD, TRAJECTORY_XTC, got 7",
         id="enum-trajectory",
     ),
     pytest.param(

@@ -1,23 +1,51 @@
 """Encoding on the bus: protobuf binary inside mdq, protobuf or its JSON mapping at the edge.
 
 Anything a client sends is decoded here; every problem becomes a SpecError that names the
-field (unknown field, wrong type, malformed JSON, nesting too deep, oversized message), never an
-exception that would take a consumer down. The JSON mapping is parsed by
+field (unknown field, in JSON or protobuf; a key given twice; wrong type; malformed JSON or
+text that is not UTF-8; nesting too deep; oversized message), never an exception that would
+take a consumer down. ``submit_is_json`` says which encoding a client used, which is the one
+intake answers in. The JSON mapping is parsed by
 ``mdq.core.documents``, as job files are, so both name a problem by the same path
 (``jobs[1].depends_on[0]``).
 """
 
 from __future__ import annotations
 
+import json
+import re
+from typing import cast
+
 from google.protobuf import json_format
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
 from mdq.bus.streams import MAX_SUBMIT_BYTES
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
-from mdq.core.documents import MAX_DEPTH, load_json, parse_document, printable
+from mdq.core.documents import (
+    MAX_DEPTH,
+    Duplicated,
+    camel_case_names,
+    duplicate_error,
+    load_json,
+    parse_document,
+    unknown_field_error,
+)
 from mdq.core.producers import producer_may_emit
 from mdq.core.spec import SpecError
+
+_VARINT_TYPES = frozenset(
+    {
+        FieldDescriptor.TYPE_INT32,
+        FieldDescriptor.TYPE_INT64,
+        FieldDescriptor.TYPE_UINT32,
+        FieldDescriptor.TYPE_UINT64,
+        FieldDescriptor.TYPE_SINT32,
+        FieldDescriptor.TYPE_SINT64,
+        FieldDescriptor.TYPE_BOOL,
+        FieldDescriptor.TYPE_ENUM,
+    }
+)
 
 
 def encode(message: Message) -> bytes:
@@ -44,28 +72,89 @@ def to_dict(message: Message) -> dict[str, object]:
     return json_format.MessageToDict(message, preserving_proto_field_name=True)
 
 
+_SUBMIT = cast(Descriptor, pb.SubmitRequest.DESCRIPTOR)
+_CAMEL_CASE_KEY = re.compile(
+    b'"(?:' + b"|".join(re.escape(name.encode()) for name in camel_case_names(_SUBMIT)) + b')"'
+)
+"""A key that may give a field a second time, under its other spelling (``temperatureK``)."""
+_UTF8_BOM = b"\xef\xbb\xbf"
+"""A byte-order mark, which some editors write before UTF-8 text: skipped."""
+_JSON_BLANKS = b" \t\r\n"
+_JSON_STARTS = frozenset(b'{["-0123456789tfn')
+"""The first byte of a JSON text after its blanks: an object, a list, a string, a number,
+true, false or null."""
+_SUBMIT_TAGS = frozenset(
+    (field.number << 3) | (0 if field.type in _VARINT_TYPES else 2)
+    for field in _SUBMIT.fields
+    if field.number < 16
+)
+"""The first byte of a protobuf ``SubmitRequest`` that has only known fields: the tag of
+one of them (``\\n``, the idempotency key, is a JSON blank too)."""
+
+
+def submit_is_json(data: bytes) -> bool:
+    """Whether a client sent the JSON mapping rather than protobuf binary: a text that starts
+    like JSON (after blanks, and a UTF-8 byte-order mark) or is empty. A protobuf submit whose
+    first field is its idempotency key starts with a newline, and the key's length may be a
+    byte that starts JSON (``{`` is 123): such a text is protobuf when it reads as a
+    ``SubmitRequest`` with no unknown field. Intake answers in the encoding this names."""
+    start = data.removeprefix(_UTF8_BOM).lstrip(_JSON_BLANKS)[:1]
+    if not start:
+        return True
+    if start[0] not in _JSON_STARTS:
+        return False
+    if data[0] not in _SUBMIT_TAGS:
+        return True
+    try:
+        request = pb.SubmitRequest.FromString(data)
+    except DecodeError:
+        return True
+    return unknown_field_error(request) is not None
+
+
 def decode_submit(data: bytes) -> pb.SubmitRequest:
-    """A submit as a client sent it: JSON (protobuf JSON mapping) or protobuf binary."""
+    """A submit as a client sent it: JSON (protobuf JSON mapping) or protobuf binary
+    (``submit_is_json`` tells which). Duplicate JSON keys and unknown protobuf fields are
+    refused, as unknown JSON fields are."""
     if len(data) > MAX_SUBMIT_BYTES:
         raise SpecError("", f"submit is {len(data)} bytes, the limit is {MAX_SUBMIT_BYTES}")
     request = pb.SubmitRequest()
-    if data.lstrip()[:1] in (b"{", b"[", b'"') or not data.strip():
-        try:
-            document = load_json(data or b"null")
-        except SpecError:  # nested too deep
-            raise
-        except (ValueError, UnicodeDecodeError) as error:
-            raise SpecError("", printable(f"malformed JSON: {error}")) from None
+    if submit_is_json(data):
+        if not data.strip(_JSON_BLANKS):
+            raise SpecError("", "the submit is empty: send a JSON object with a 'jobs' list")
+        document = load_json(data, descriptor=_SUBMIT)  # a SpecError says where
+        if isinstance(document, Duplicated):
+            raise duplicate_error(document, _SUBMIT) or SpecError("", "a key given twice")
         if not isinstance(document, dict):
-            raise SpecError("", "a submit is a JSON object with a 'jobs' list")
+            raise SpecError(
+                "", f"a submit is a JSON object with a 'jobs' list, got {_json_kind(document)}"
+            )
         brackets = data.count(b"{") + data.count(b"[")  # C speed: most submits hold a few
-        parse_document(document, request, nested=brackets > MAX_DEPTH)
+        respelled = _CAMEL_CASE_KEY.search(data) is not None  # as most clients send none
+        parse_document(document, request, nested=brackets > MAX_DEPTH, respelled=respelled)
         return request
     try:
         request.ParseFromString(data)
-    except DecodeError as error:
-        raise SpecError("", f"neither JSON nor a protobuf SubmitRequest: {error}") from None
+    except DecodeError:
+        raise SpecError(
+            "",
+            "neither JSON nor a protobuf mdq.v1.SubmitRequest: the protobuf wire format is "
+            "broken (cut short, or not protobuf)",
+        ) from None
+    if (unknown := unknown_field_error(request)) is not None:
+        raise unknown
     return request
+
+
+def _json_kind(document: object) -> str:
+    """What a JSON value is, for a person: ``null``, ``the number 42``, ``a list``."""
+    if document is None or isinstance(document, bool):
+        return json.dumps(document)
+    if isinstance(document, int | float):
+        return f"the number {json.dumps(document)}"
+    if isinstance(document, str):
+        return "a string"
+    return "a list"
 
 
 def foreign_reason(event: pb.Event, subject: str) -> str | None:

@@ -17,6 +17,18 @@ style of the validation errors (``jobs[1].depends_on[0]``, ``jobs[0].labels['tea
   document one at a time (the key, then each element of a list, each entry of a map, each
   field of a nested message), so the path it reports is exactly what ParseDict refuses. This
   runs only once a parse has failed.
+- **Text.** A JSON text must be UTF-8 (a leading byte-order mark is skipped); the first byte
+  that is not is named by its offset and by the path it falls in (``load_json``). A syntax
+  error is named by its line, column and path. An object that holds a key twice is refused
+  (``jobs[0].temperature_k: given twice``): ``json.loads`` would keep the last silently. So is
+  a message given one field under both its spellings (``temperature_k`` and ``temperatureK``).
+- **Values.** What ParseDict refuses is said in the caller's terms, from the field and the
+  value (``_explain``): a whole number with its allowed range (``mdq.core.spec.RANGES``, or
+  the range of its protobuf type), an enum with its valid names, a oneof with its members, an
+  unknown field with the fields that exist there.
+- **Protobuf.** A binary submit may carry no field this version does not know
+  (``unknown_field_error``): protobuf keeps them silently, so a client built from a newer
+  ``mdq.proto`` would otherwise lose what it asked for without a word.
 
 Error messages are cut to ``MAX_REASON_CHARS`` and hold no lone surrogates (JSON may carry
 ``"\\ud800"``, which neither protobuf nor a terminal can encode).
@@ -24,17 +36,21 @@ Error messages are cut to ``MAX_REASON_CHARS`` and hold no lone surrogates (JSON
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from functools import cache
 from json.decoder import scanstring  # type: ignore[attr-defined]  # C accelerated, untyped
 from typing import Any, cast
 
 from google.protobuf import json_format, message_factory
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
+from google.protobuf.unknown_fields import UnknownFieldSet
 
-from mdq.core.spec import SpecError
+from mdq.core.spec import RANGES, SpecError, enum_choices
 
 MAX_DEPTH = 32
 """Lists and objects nested in each other, at most (a submit needs six:
@@ -77,8 +93,10 @@ def join(path: str, key: object) -> str:
     return f"{path}[{quoted(key)}]"
 
 
-def field_names(descriptor: Descriptor) -> dict[str, FieldDescriptor]:
-    """Both spellings the JSON mapping accepts: proto names and lowerCamelCase json names."""
+@cache
+def field_names(descriptor: Descriptor) -> Mapping[str, FieldDescriptor]:
+    """Both spellings the JSON mapping accepts: proto names and lowerCamelCase json names
+    (one mapping per message type, kept)."""
     names: dict[str, FieldDescriptor] = {}
     for field in descriptor.fields:
         names[field.name] = field
@@ -110,11 +128,14 @@ def _deeper_than_allowed(document: object) -> bool:
     return True
 
 
-def nesting_error(document: object, prefix: str = "") -> SpecError | None:
+def nesting_error(
+    document: object, prefix: str = "", descriptor: Descriptor | None = None
+) -> SpecError | None:
     """The error for the first list or object (in document order) nested more than
     ``MAX_DEPTH`` deep in ``document`` (lists and dicts, as JSON and YAML load), None if there
     is none. Walks without recursion, and builds a path only for the culprit (a reference
-    cycle, which a YAML alias can make, is too deep as well)."""
+    cycle, which a YAML alias can make, is too deep as well), naming fields as
+    ``descriptor``'s message does (``keyed_path``)."""
     if not _deeper_than_allowed(document):
         return None
     # depth first, for the first culprit in document order:
@@ -136,9 +157,7 @@ def nesting_error(document: object, prefix: str = "") -> SpecError | None:
             while entry[2] is not None:
                 keys.append(entry[3])
                 entry = entry[2]
-            path = prefix
-            for key in reversed(keys):
-                path = join(path, key)
+            path = keyed_path(keys[::-1], descriptor, prefix)
             return SpecError(path, _too_deep("lists and objects are nested"))
         nested = [
             (child, depth + 1, entry, key)
@@ -149,29 +168,29 @@ def nesting_error(document: object, prefix: str = "") -> SpecError | None:
     return None
 
 
-def nesting_error_in_json(text: str, prefix: str = "") -> SpecError:
-    """The error for a JSON text too deep to load: the path of its first list or object
-    nested more than ``MAX_DEPTH`` deep, found by scanning the text (no recursion); the
-    whole document (``prefix``) when the text breaks off before that."""
-    # each open container: [is an object, its current key or index, a key comes next]
-    stack: list[list[Any]] = []
+# each open container while a JSON text is scanned: [is an object, its current key or index
+# (None before an object's first key), a key comes next]
+_Open = list[Any]
+
+
+def _scan(text: str) -> Iterator[tuple[int, int, str, list[_Open]]]:
+    """The structure of a JSON text, without recursion: for each bracket, brace, comma, colon
+    and string, (where it starts, where it ends, its first character, the containers open
+    after it). Stops at a string that does not end; does not check the grammar (a text that
+    ``json.loads`` refused is scanned too, to say where it went wrong)."""
+    stack: list[_Open] = []
     position = 0
     while match := _STRUCTURE.search(text, position):
-        char, position = match.group(), match.end()
+        char, start, position = match.group(), match.start(), match.end()
         top = stack[-1] if stack else None
         if char == '"':
             try:
                 string, position = scanstring(text, position)
             except ValueError:
-                break
+                return
             if top is not None and top[0] and top[2]:
                 top[1], top[2] = string, False
         elif char in "{[":
-            if len(stack) >= MAX_DEPTH:
-                path = prefix
-                for _, key, _ in stack:
-                    path = join(path, key) if key is not None else path
-                return SpecError(path, _too_deep("lists and objects are nested"))
             stack.append([char == "{", None if char == "{" else 0, True])
         elif char in "}]":
             if stack:
@@ -181,40 +200,370 @@ def nesting_error_in_json(text: str, prefix: str = "") -> SpecError:
                 top[2] = True
             else:
                 top[1] += 1
+        yield start, position, char, stack
+
+
+def _stack_path(stack: list[_Open], prefix: str, descriptor: Descriptor | None = None) -> str:
+    return keyed_path([key for _, key, _ in stack if key is not None], descriptor, prefix)
+
+
+def keyed_path(keys: list[object], descriptor: Descriptor | None, prefix: str = "") -> str:
+    """The path of a value reached by ``keys`` (object keys and list indices) from a
+    ``descriptor`` message, as the other errors name it: proto names of fields, a map's keys
+    in brackets (``jobs[0].labels['x']``); keys outside the message as they are."""
+    path, message, map_values = prefix, descriptor, False
+    for key in keys:
+        if map_values:  # a key of a map: its value is a string, or a message of ours
+            path, map_values = f"{path}[{quoted(key)}]", False
+            continue
+        if isinstance(key, int):  # an index: the elements are of the repeated field's type
+            path = f"{path}[{key}]"
+            continue
+        field = field_names(message).get(str(key)) if message is not None else None
+        if field is None:
+            path, message = join(path, key), None
+            continue
+        path, entry = join(path, field.name), field.message_type
+        if entry is not None and entry.GetOptions().map_entry:
+            message, map_values = entry.fields_by_name["value"].message_type, True
+        else:
+            message = entry if _is_plain_message(field) else None
+    return path
+
+
+def nesting_error_in_json(
+    text: str, prefix: str = "", descriptor: Descriptor | None = None
+) -> SpecError:
+    """The error for a JSON text too deep to load: the path of its first list or object
+    nested more than ``MAX_DEPTH`` deep, found by scanning the text (no recursion); the
+    whole document (``prefix``) when the text breaks off before that."""
+    for _, _, char, stack in _scan(text):
+        if char in "{[" and len(stack) > MAX_DEPTH:
+            return SpecError(
+                _stack_path(stack[:-1], prefix, descriptor),
+                _too_deep("lists and objects are nested"),
+            )
     return SpecError(prefix, _too_deep("the document is nested"))
 
 
-def load_json(data: bytes | str, prefix: str = "") -> object:
-    """``json.loads``; a text nested too deep for it (it gives up with ``RecursionError``) is
-    a ``SpecError`` naming where, ValueError is a text that is no JSON. A document it loads
-    may still be too deep for a message: ``parse_document`` checks."""
+def path_at(
+    text: str, position: int, prefix: str = "", descriptor: Descriptor | None = None
+) -> str:
+    """The path of the value of a JSON text that holds character ``position`` (or, for a
+    position between values, of the value before it): where a syntax error or a bad byte
+    is. Fields are named as in ``descriptor``'s message (``keyed_path``)."""
+    path = prefix
+    for start, end, _, stack in _scan(text):
+        if start >= position:
+            break
+        path = _stack_path(stack, prefix, descriptor)
+        if end > position:  # inside this string
+            break
+    return path
+
+
+class Duplicated:
+    """What an object that holds a key twice loads as (``load_json``, and job files' YAML):
+    no mapping, so the protobuf parser refuses it wherever it is, and ``duplicate_error``
+    names it."""
+
+    __slots__ = ("key", "mapping")
+
+    def __init__(self, key: object, mapping: Mapping[Any, object]) -> None:
+        self.key = key
+        """The first key given a second time."""
+        self.mapping = mapping
+        """The object as it would have loaded (the last of each key)."""
+
+    def __repr__(self) -> str:  # ParseDict may quote the value it refuses
+        return f"<an object with {quoted(self.key)} twice>"
+
+
+def _object(pairs: list[tuple[str, object]]) -> dict[str, object] | Duplicated:
+    """``json.loads``' ``object_pairs_hook``: the object, or a ``Duplicated`` marker."""
+    loaded = dict(pairs)
+    if len(loaded) == len(pairs):
+        return loaded
+    seen: set[str] = set()
+    for key, _ in pairs:  # the first key given again
+        if key in seen:
+            return Duplicated(key, loaded)
+        seen.add(key)
+    raise AssertionError("unreachable: fewer keys than pairs means a key was repeated")
+
+
+_BOM = "\ufeff"
+
+
+def load_json(data: bytes | str, prefix: str = "", descriptor: Descriptor | None = None) -> object:
+    """A JSON text as Python values, or a ``SpecError`` that says where it went wrong: a
+    byte that is not UTF-8 (its offset, and the path it falls in), a syntax error (its line,
+    column and path), nesting too deep for ``json.loads`` (which gives up with
+    ``RecursionError``). An object holding a key twice loads as ``Duplicated``; a document it
+    loads may still be too deep for a message: ``parse_document`` checks both. Paths name
+    fields as ``descriptor``'s message does, when the text is meant to be one."""
+    if isinstance(data, bytes):
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise _not_utf8(data, error, prefix, descriptor) from None
+    else:
+        text = data
+    if text.startswith(_BOM):
+        text = text[1:]
     try:
-        return json.loads(data)
+        return json.loads(text, object_pairs_hook=_object)
     except RecursionError:
-        text = data if isinstance(data, str) else data.decode(json.detect_encoding(data), "replace")
-        raise nesting_error_in_json(text, prefix) from None
+        raise nesting_error_in_json(text, prefix, descriptor) from None
+    except json.JSONDecodeError as error:
+        where = f"line {error.lineno}, column {error.colno}"
+        reason = _JSON_ERRORS.get(error.msg, error.msg[:1].lower() + error.msg[1:])
+        raise SpecError(
+            path_at(text, error.pos, prefix, descriptor),
+            printable(f"malformed JSON at {where}: {reason}"),
+        ) from None
+
+
+_JSON_ERRORS = {
+    "Expecting value": "a value is missing, or is not JSON (strings need double quotes)",
+    "Extra data": "more text after the end of the JSON document",
+    "Expecting property name enclosed in double quotes": (
+        "expecting a key in double quotes (no trailing commas, no comments)"
+    ),
+}
+"""Python's wording of the JSON errors that need more words for a person; the others
+("Expecting ',' delimiter", "Unterminated string starting at") are said as they are."""
+
+
+def _not_utf8(
+    data: bytes, error: UnicodeDecodeError, prefix: str, descriptor: Descriptor | None
+) -> SpecError:
+    """Where a text that is not UTF-8 goes wrong: the offset of its first bad byte, and the
+    path of the value it is in (the text up to there is UTF-8)."""
+    bad = data[error.start : error.start + 1]
+    before = data[: error.start].decode("utf-8")
+    line = before.count("\n") + 1
+    column = len(before) - (before.rfind("\n") + 1) + 1
+    text = data.decode("utf-8", "replace")  # a bad byte in a key shows as U+FFFD
+    return SpecError(
+        path_at(text, len(before), prefix, descriptor),
+        f"is not UTF-8 text: byte 0x{bad.hex()} at offset {error.start} (line {line}, "
+        f"column {column}); JSON is UTF-8",
+    )
+
+
+def duplicate_error(
+    document: object, descriptor: Descriptor | None, prefix: str = ""
+) -> SpecError | None:
+    """The error for the first object of ``document`` (in document order) that holds a key
+    twice (a ``Duplicated``), or that gives one field of ``descriptor``'s message under both
+    of its spellings (``temperature_k`` and ``temperatureK``); None if there is none. Paths
+    use the proto names of the fields, as the other errors do."""
+    found = _duplicate_in(document, descriptor)
+    if found is None:
+        return None
+    keys, reason = found
+    return SpecError(keyed_path(keys[::-1], descriptor, prefix), reason)
+
+
+_WHICH = "(which one is meant?): give it once"
+_TWICE = f"given twice in one object {_WHICH}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Child:
+    """What the value under one key of a message is: a message of ours (``message``), a map
+    (``message`` is then the type of its values, None for strings), or anything else."""
+
+    name: str
+    message: Descriptor | None
+    is_map: bool
+    aliased: bool
+    """Whether the field has a second spelling (``temperatureK`` for ``temperature_k``)."""
+
+
+@cache
+def _children(descriptor: Descriptor) -> dict[str, _Child]:
+    children: dict[str, _Child] = {}
+    for key, field in field_names(descriptor).items():
+        entry = field.message_type
+        is_map = entry is not None and entry.GetOptions().map_entry
+        if is_map and entry is not None:
+            message = entry.fields_by_name["value"].message_type
+        else:
+            message = entry if _is_plain_message(field) else None
+        aliased = field.json_name != field.name
+        children[key] = _Child(field.name, message, is_map, aliased)
+    return children
+
+
+_Found = tuple[list[object], str]
+"""The keys down to a problem, innermost first, and what it is."""
+
+
+def _duplicate_in(value: object, descriptor: Descriptor | None) -> _Found | None:
+    """Depth first, in document order; a path is built only for the culprit."""
+    if isinstance(value, Duplicated):
+        return [value.key], _TWICE
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            if isinstance(item, _CONTAINERS) and (found := _duplicate_in(item, descriptor)):
+                found[0].append(index)
+                return found
+        return None
+    if not isinstance(value, dict):
+        return None
+    children = _children(descriptor) if descriptor is not None else {}
+    spelled: dict[str, str] | None = None
+    for key, item in value.items():
+        child = children.get(key)
+        if child is not None and child.aliased:
+            spelled = {} if spelled is None else spelled
+            if (other := spelled.setdefault(child.name, key)) != key:
+                return [key], f"given twice, as {quoted(other)} and {quoted(key)} {_WHICH}"
+        if not isinstance(item, _CONTAINERS):
+            continue
+        if child is not None and child.is_map:
+            found = _duplicate_in_map(item, child.message)
+        else:
+            found = _duplicate_in(item, child.message if child is not None else None)
+        if found is not None:
+            found[0].append(key)
+            return found
+    return None
+
+
+def _duplicate_in_map(value: object, value_type: Descriptor | None) -> _Found | None:
+    """In the object of a map field: its keys are the client's own."""
+    if not isinstance(value, dict):
+        return _duplicate_in(value, None)
+    for key, item in value.items():
+        if isinstance(item, _CONTAINERS) and (found := _duplicate_in(item, value_type)):
+            found[0].append(key)
+            return found
+    return None
+
+
+_CONTAINERS = (dict, list, Duplicated)
+
+
+# -- protobuf ----------------------------------------------------------------------------------
+
+_WIRE_TYPES = {
+    0: "varint",
+    1: "64-bit",
+    2: "length-delimited",
+    3: "group",
+    4: "group end",
+    5: "32-bit",
+}
+
+
+def unknown_field_error(message: Message, prefix: str = "") -> SpecError | None:
+    """The error for the first field of a parsed protobuf ``message`` (or of a message in it)
+    that its type does not define, None if there is none. Protobuf keeps such fields without
+    a word; a client built from a newer ``mdq.proto`` would lose what it asked for. The path
+    names the message and the field's number (``jobs[0].resources.#99``); a known number on
+    the wire in another form than its type's (or a map entry that cannot be read) names the
+    field itself."""
+    clean = type(message)()
+    clean.CopyFrom(message)
+    clean.DiscardUnknownFields()
+    if clean.ByteSize() == message.ByteSize():  # C speed: most submits stop here
+        return None
+    return _unknown_in(message, prefix)
+
+
+def _unknown_in(message: Message, path: str) -> SpecError | None:
+    descriptor = _descriptor(message)
+    unknowns = UnknownFieldSet(message)
+    if len(unknowns):
+        unknown = unknowns[0]
+        number, wire = unknown.field_number, _WIRE_TYPES.get(unknown.wire_type, "unknown")
+        known = descriptor.fields_by_number.get(number)
+        if known is not None:
+            return SpecError(
+                join(path, known.name),
+                f"field {number} ({known.name}) of {descriptor.full_name} came as {wire} data, "
+                "which is not its type (or a map entry that cannot be read)",
+            )
+        return SpecError(
+            f"{path}.#{number}" if path else f"#{number}",
+            f"unknown field number {number} ({wire}) of {descriptor.full_name}: this mdq does "
+            "not know it (was the client built from a newer mdq.proto?)",
+        )
+    for field, value in message.ListFields():
+        if field.message_type is None:
+            continue
+        here = join(path, field.name)
+        if field.message_type.GetOptions().map_entry:
+            if field.message_type.fields_by_name["value"].message_type is not None:
+                items = [(f"{here}[{quoted(key)}]", item) for key, item in value.items()]
+            else:
+                continue
+        elif field.is_repeated:
+            items = [(f"{here}[{index}]", item) for index, item in enumerate(value)]
+        else:
+            items = [(here, value)]
+        for where, item in items:
+            if (found := _unknown_in(item, where)) is not None:
+                return found
+    return None
 
 
 # -- types -------------------------------------------------------------------------------------
 
 
 def parse_document(
-    document: Mapping[str, Any], message: Message, *, prefix: str = "", nested: bool = True
+    document: Mapping[str, Any],
+    message: Message,
+    *,
+    prefix: str = "",
+    nested: bool = True,
+    respelled: bool = True,
 ) -> None:
     """``json_format.ParseDict`` of ``document`` into ``message`` (unknown fields refused); a
     ``SpecError`` naming the exact path of the first problem (``prefix`` before it).
     ``nested=False`` skips the nesting check of a document known to be shallow (a JSON text
-    with at most ``MAX_DEPTH`` brackets, say)."""
-    if nested and (too_deep := nesting_error(document, prefix)) is not None:
+    with at most ``MAX_DEPTH`` brackets, say); ``respelled=False`` skips looking for a field
+    given under both its spellings, which ParseDict takes silently (the last wins), in a
+    document known to hold none of ``camel_case_names`` (a JSON text without them, say)."""
+    descriptor = _descriptor(message)
+    if nested and (too_deep := nesting_error(document, prefix, descriptor)) is not None:
         raise too_deep
+    if respelled and (twice := duplicate_error(document, descriptor, prefix)) is not None:
+        raise twice
     try:
         json_format.ParseDict(_dict(document), message, ignore_unknown_fields=False)
     except Exception as error:  # ParseError; upb's SystemError on a key it cannot encode
+        if (twice := duplicate_error(document, descriptor, prefix)) is not None:
+            raise twice from None
         reason = _reason(error)
-        found = _locate(document, _descriptor(message), prefix)
+        found = _locate(document, descriptor, prefix)
         if found is None:  # only a combination of fields fails (two members of a oneof, say)
             raise SpecError(_path_in(str(error), prefix), reason) from None
         raise SpecError(*found) from None
+
+
+@cache
+def camel_case_names(descriptor: Descriptor) -> frozenset[str]:
+    """The lowerCamelCase spellings (``temperatureK``) of the fields of ``descriptor``'s
+    message and of every message in it, where they differ from the proto names: a document
+    without any of them cannot give a field twice under two spellings."""
+    names: set[str] = set()
+    seen: set[str] = set()
+    todo = [descriptor]
+    while todo:
+        message = todo.pop()
+        if message.full_name in seen:
+            continue
+        seen.add(message.full_name)
+        for key, child in _children(message).items():
+            if child.aliased and key != child.name:
+                names.add(key)
+            if child.message is not None:
+                todo.append(child.message)
+    return frozenset(names)
 
 
 def _dict(document: Mapping[str, Any]) -> dict[str, Any]:
@@ -279,7 +628,7 @@ def _locate(
             continue
         field = known.get(key) if isinstance(key, str) else None
         if field is None:
-            return join(path, key), f"unknown field {quoted(key)} of {descriptor.full_name}"
+            return join(path, key), unknown_field_reason(key, descriptor)
         here = join(path, field.name)
         if (wrong := _expected(field, value, whole=True)) is not None:
             return here, wrong
@@ -289,7 +638,11 @@ def _locate(
                 value_field = message_type.fields_by_name["value"]
                 for map_key, item in value.items():
                     if (why := _refused(descriptor, {key: {map_key: item}})) is not None:
-                        return f"{here}[{quoted(map_key)}]", _expected(value_field, item) or why
+                        if _has_lone_surrogate(map_key):
+                            why = _LONE_SURROGATE
+                        else:
+                            why = _explain(value_field, item, why)
+                        return f"{here}[{quoted(map_key)}]", why
         elif field.is_repeated:
             if isinstance(value, list):
                 for index, item in enumerate(value):
@@ -298,14 +651,106 @@ def _locate(
                         plain = message_type is not None and _is_plain_message(field)
                         if plain and message_type is not None and isinstance(item, Mapping):
                             return _locate(item, message_type, element) or (element, why)
-                        return element, _expected(field, item) or why
+                        return element, _explain(field, item, why)
         elif message_type is not None and _is_plain_message(field) and isinstance(value, Mapping):
             return _locate(value, message_type, here) or (here, reason)
-        return here, reason
+        return here, _explain(field, value, reason)
+    return _oneof_conflict(document, descriptor, path)
+
+
+def near_field(key: object, descriptor: Descriptor) -> str | None:
+    """The proto name of the field of ``descriptor`` that an unknown ``key`` looks like a
+    misspelling of (either spelling), None if none is close."""
+    names = field_names(descriptor)
+    near = difflib.get_close_matches(str(key), list(names), n=1, cutoff=0.75)
+    return names[near[0]].name if near else None
+
+
+def unknown_field_reason(key: object, descriptor: Descriptor) -> str:
+    """An unknown field: the known name it looks like, else the names there are."""
+    if (near := near_field(key, descriptor)) is not None:
+        return f"unknown field {quoted(key)}: did you mean {near!r}?"
+    names = ", ".join(field.name for field in descriptor.fields)
+    return f"unknown field {quoted(key)} (the fields here: {names})"
+
+
+def _oneof_conflict(
+    document: Mapping[str, Any], descriptor: Descriptor, path: str
+) -> tuple[str, str] | None:
+    """(path, reason) when ``document`` sets two members of one oneof (a system that is
+    both a water box and a Lennard-Jones fluid), which ParseDict refuses only together."""
+    known = field_names(descriptor)
+    chosen: dict[str, str] = {}
+    for key, value in document.items():
+        field = known.get(key) if isinstance(key, str) else None
+        if field is None or value is None or field.containing_oneof is None:
+            continue
+        oneof = field.containing_oneof
+        if oneof.name in chosen:
+            members = ", ".join(member.name for member in oneof.fields)
+            return path, f"set only one of {members}; got {chosen[oneof.name]} and {field.name}"
+        chosen[oneof.name] = field.name
     return None
 
 
+_LONE_SURROGATE = (
+    "holds a lone surrogate (\\ud800 to \\udfff without its pair), which is no character"
+)
+
+
+def _has_lone_surrogate(value: object) -> bool:
+    return isinstance(value, str) and _SURROGATE.search(value) is not None
+
+
+def _bounds(field: FieldDescriptor) -> tuple[float, float] | None:
+    """The allowed range of a numeric field: the job's own (``mdq.core.spec.RANGES``), else
+    what its protobuf type holds (None for a floating-point number)."""
+    if (fixed := RANGES.get(field.full_name)) is not None:
+        return fixed
+    return _TYPE_RANGES.get(field.cpp_type)
+
+
+def _number(value: float) -> str:
+    """A bound as a person writes it: 10000000000, 0.1 (an integer exactly, however large)."""
+    if isinstance(value, int) or value.is_integer():
+        return str(int(value))
+    return f"{value:g}"
+
+
+def _between(bounds: tuple[float, float] | None) -> str:
+    if bounds is None:
+        return ""
+    low, high = (_number(bound) for bound in bounds)
+    return f" between {low} and {high}"
+
+
+def _explain(field: FieldDescriptor, value: object, reason: str) -> str:
+    """Why ParseDict refuses ``value`` (one element, for a list) as ``field``, in the
+    caller's terms; ``reason`` (ParseDict's own words, without its paths) for anything
+    else."""
+    if (wrong := _expected(field, value)) is not None:
+        return wrong
+    if field.enum_type is not None:
+        return f"must be one of {enum_choices(field.enum_type)}, got {_shown(value)}"
+    if field.cpp_type in _TYPE_RANGES:
+        return f"must be a whole number{_between(_bounds(field))}, got {_shown(value)}"
+    if field.cpp_type in _FLOATING:
+        return f"must be a number{_between(_bounds(field))}, got {_shown(value)}"
+    if _has_lone_surrogate(value):
+        return _LONE_SURROGATE
+    return reason
+
+
 _NUMBER = float | int
+_TYPE_RANGES: dict[int, tuple[float, float]] = {
+    FieldDescriptor.CPPTYPE_INT32: (-(2**31), 2**31 - 1),
+    FieldDescriptor.CPPTYPE_INT64: (-(2**63), 2**63 - 1),
+    FieldDescriptor.CPPTYPE_UINT32: (0, 2**32 - 1),
+    FieldDescriptor.CPPTYPE_UINT64: (0, 2**64 - 1),
+}
+"""What each protobuf integer type holds."""
+_FLOATING = frozenset({FieldDescriptor.CPPTYPE_DOUBLE, FieldDescriptor.CPPTYPE_FLOAT})
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _expected(field: FieldDescriptor, value: object, *, whole: bool = False) -> str | None:
@@ -332,7 +777,7 @@ def _expected(field: FieldDescriptor, value: object, *, whole: bool = False) -> 
         return f"must be true or false, got {_shown(value)}"
     if kind == FieldDescriptor.TYPE_ENUM and not isinstance(value, str | int):
         enum_type = field.enum_type
-        names = ", ".join(item.name for item in enum_type.values) if enum_type else "its names"
+        names = enum_choices(enum_type) if enum_type else "its names"
         return f"must be one of {names}, got {_shown(value)}"
     numeric = kind not in (
         FieldDescriptor.TYPE_STRING,

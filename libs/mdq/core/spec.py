@@ -13,6 +13,9 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
+from typing import Protocol
+
+from google.protobuf.descriptor import EnumDescriptor
 
 from mdq.contracts import pb
 from mdq.core.clusters import selector_error
@@ -52,6 +55,39 @@ PLATFORMS = {"cpu": "CPU", "cuda": "CUDA", "opencl": "OpenCL", "reference": "Ref
 DEFAULT_BAROSTAT_FREQUENCY = 25
 PERIODIC_METHODS = (pb.NONBONDED_PME, pb.NONBONDED_CUTOFF_PERIODIC)
 
+RANGES: dict[str, tuple[float, float]] = {
+    "mdq.v1.JobSpec.temperature_k": (1.0, 5000.0),
+    "mdq.v1.JobSpec.timestep_fs": (0.1, 5.0),
+    "mdq.v1.JobSpec.friction_per_ps": (0.01, 100.0),
+    "mdq.v1.JobSpec.steps": (1, 1e10),
+    # at least min(10, steps): a job of a few steps may report every step
+    "mdq.v1.JobSpec.report_interval_steps": (1, 1e7),
+    # at least the report interval
+    "mdq.v1.JobSpec.checkpoint_interval_steps": (1, 1e9),
+    "mdq.v1.JobSpec.max_retries": (0, 20),
+    "mdq.v1.JobSpec.checkpoint_interval_s": (1.0, 1e6),
+    "mdq.v1.JobSpec.trajectory_interval_steps": (1, 1e9),
+    "mdq.v1.JobSpec.cutoff_nm": CUTOFF_RANGE_NM,
+    "mdq.v1.Convergence.tolerance_kj_mol": (0.0, 1e9),
+    "mdq.v1.Convergence.reports": (1, 1000),
+    "mdq.v1.Resources.cpu": (0.1, 256),
+    "mdq.v1.Resources.memory_mb": (64, 1_048_576),
+    "mdq.v1.Barostat.pressure_bar": (0.0, 1e5),
+    "mdq.v1.Barostat.frequency_steps": (1, 10_000),
+    "mdq.v1.WaterBox.box_nm": (1.2, 10.0),
+    "mdq.v1.LennardJonesFluid.atoms": (2, 1_000_000),
+    "mdq.v1.LennardJonesFluid.sigma_nm": (0.05, 2.0),
+    "mdq.v1.LennardJonesFluid.epsilon_kj_mol": (0.001, 100.0),
+    "mdq.v1.LennardJonesFluid.mass_dalton": (0.5, 1000.0),
+    "mdq.v1.LennardJonesFluid.density_atoms_nm3": (0.01, 1000.0),
+    "mdq.v1.LennardJonesFluid.cutoff_nm": CUTOFF_RANGE_NM,
+    "mdq.v1.Structure.padding_nm": (0.0, 10.0),
+}
+"""The allowed range of each numeric field of a job (by its full protobuf name), where it is
+fixed: the checks below use these, and a value the decoder cannot even read as a number says
+this range (``mdq.core.documents``). 0 (or leaving a field out) means its default where it
+has one."""
+
 
 class SpecError(ValueError):
     """A submit that cannot be accepted; ``field`` is the path of the culprit."""
@@ -77,10 +113,38 @@ class AcceptedJob:
 DEFAULT_STEPS = {pb.TASK_MD: 10_000, pb.TASK_MINIMIZE: 500, pb.TASK_ANALYZE: 1}
 
 
+_V1 = "mdq.v1."
+_JOB = {
+    name[len(f"{_V1}JobSpec.") :]: bounds
+    for name, bounds in RANGES.items()
+    if name.startswith(f"{_V1}JobSpec.")
+}
+_FLUID = {
+    name[len(f"{_V1}LennardJonesFluid.") :]: bounds
+    for name, bounds in RANGES.items()
+    if name.startswith(f"{_V1}LennardJonesFluid.")
+}
+
 _TASKS = frozenset(pb.Task.values())
 _INTEGRATORS = frozenset(pb.Integrator.values())
 _NONBONDED_METHODS = frozenset(pb.NonbondedMethod.values())
 _TRAJECTORY_FORMATS = frozenset(pb.TrajectoryFormat.values())
+
+
+_ENUMS = {"integrator": "Integrator", "trajectory_format": "TrajectoryFormat"}
+"""The enum type of each field checked by ``_enum_value``."""
+
+
+class _Enum(Protocol):
+    @property
+    def DESCRIPTOR(self) -> EnumDescriptor: ...  # the generated name
+
+
+def enum_choices(enum: _Enum | EnumDescriptor) -> str:
+    """The names a client may give a field of this enum type, comma separated: every value
+    but 0, the unset one (leaving the field out means its default)."""
+    descriptor = enum if isinstance(enum, EnumDescriptor) else enum.DESCRIPTOR
+    return ", ".join(value.name for value in descriptor.values if value.number != 0)
 
 
 def _bound(value: float) -> str:
@@ -129,50 +193,61 @@ def normalize_job(
             "must be 1 to 40 lowercase letters, digits or '-', starting with a letter",
         )
     if job.task not in _TASKS:
-        raise SpecError(f"{path}.task", f"unknown task {job.task}")
+        raise SpecError(f"{path}.task", f"must be one of {enum_choices(pb.Task)}, got {job.task}")
     if job.task == pb.TASK_UNSPECIFIED:
         job.task = pb.TASK_MD
     _normalize_engine(job, path)
     if job.task != pb.TASK_ANALYZE:
         _normalize_system(job, path, force_field_exists)
     job.temperature_k = temperature_k = _default(job.temperature_k, 300.0)
-    _check_range(path, "temperature_k", temperature_k, 1.0, 5000.0)
+    _check_range(path, "temperature_k", temperature_k, *_JOB["temperature_k"])
     job.timestep_fs = timestep_fs = _default(job.timestep_fs, 2.0)
-    _check_range(path, "timestep_fs", timestep_fs, 0.1, 5.0)
+    _check_range(path, "timestep_fs", timestep_fs, *_JOB["timestep_fs"])
     job.friction_per_ps = friction_per_ps = _default(job.friction_per_ps, 1.0)
-    _check_range(path, "friction_per_ps", friction_per_ps, 0.01, 100.0)
+    _check_range(path, "friction_per_ps", friction_per_ps, *_JOB["friction_per_ps"])
     job.steps = steps = int(_default(job.steps, DEFAULT_STEPS[job.task]))
-    _check_range(path, "steps", steps, 1, 1e10)
+    _check_range(path, "steps", steps, *_JOB["steps"])
     report = job.report_interval_steps
     if report == 0:
         job.report_interval_steps = report = max(1, min(500, steps))
     else:
         # a default below 10 (fewer steps than that) must pass again when re-validated
-        _check_range(path, "report_interval_steps", report, min(10, steps), 1e7)
+        low, high = _JOB["report_interval_steps"]
+        _check_range(path, "report_interval_steps", report, max(low, min(10, steps)), high)
     if job.checkpoint_interval_steps == 0:
         job.checkpoint_interval_steps = max(report, min(5000, steps))
     else:
-        _check_range(path, "checkpoint_interval_steps", job.checkpoint_interval_steps, report, 1e9)
+        low, high = _JOB["checkpoint_interval_steps"]
+        checkpoint = job.checkpoint_interval_steps
+        _check_range(path, "checkpoint_interval_steps", checkpoint, max(low, report), high)
     conv = job.convergence
-    _check_range(path, "convergence.tolerance_kj_mol", conv.tolerance_kj_mol, 0.0, 1e9)
+    tolerance = conv.tolerance_kj_mol
+    _check_range(
+        path,
+        "convergence.tolerance_kj_mol",
+        tolerance,
+        *RANGES[f"{_V1}Convergence.tolerance_kj_mol"],
+    )
     if conv.tolerance_kj_mol > 0:
         conv.reports = int(_default(conv.reports, 3))
-        _check_range(path, "convergence.reports", conv.reports, 1, 1000)
+        _check_range(
+            path, "convergence.reports", conv.reports, *RANGES[f"{_V1}Convergence.reports"]
+        )
     resources = job.resources
     # resources.auto: what is left unset stays 0 here, for intake to choose
     # (mdq.core.recommend.apply_recommendation) before the job is recorded
     if not (resources.auto and resources.cpu == 0):
         resources.cpu = cpu = _default(resources.cpu, 1.0)
-        _check_range(path, "resources.cpu", cpu, 0.1, 256)
+        _check_range(path, "resources.cpu", cpu, *RANGES[f"{_V1}Resources.cpu"])
     if not (resources.auto and resources.memory_mb == 0):
         resources.memory_mb = memory_mb = int(_default(resources.memory_mb, 1024))
-        _check_range(path, "resources.memory_mb", memory_mb, 64, 1_048_576)
+        _check_range(path, "resources.memory_mb", memory_mb, *RANGES[f"{_V1}Resources.memory_mb"])
     job.priority_class = job.priority_class or "normal"
     if job.priority_class not in PRIORITY_CLASSES:
         raise SpecError(f"{path}.priority_class", f"must be one of {', '.join(PRIORITY_CLASSES)}")
     if not job.HasField("max_retries"):
         job.max_retries = 3
-    _check_range(path, "max_retries", job.max_retries, 0, 20)
+    _check_range(path, "max_retries", job.max_retries, *_JOB["max_retries"])
     if len(job.labels) > MAX_LABELS:
         raise SpecError(f"{path}.labels", f"at most {MAX_LABELS} labels")
     for key, value in job.labels.items():
@@ -196,7 +271,8 @@ def _enum_value(path: str, name: str, value: int, values: frozenset[int], defaul
     """``value`` of a generated enum, its default when unset; SpecError on ``{path}.{name}``
     when it is not one of the enum's ``values``."""
     if value not in values:
-        raise SpecError(f"{path}.{name}", f"unknown value {value}")
+        choices = enum_choices(getattr(pb, _ENUMS[name]))
+        raise SpecError(f"{path}.{name}", f"must be one of {choices}, got {value}")
     return default if value == 0 else value
 
 
@@ -206,9 +282,13 @@ def _normalize_engine(job: pb.JobSpec, path: str) -> None:
         path, "integrator", job.integrator, _INTEGRATORS, pb.INTEGRATOR_LANGEVIN_MIDDLE
     )
     if job.nonbonded_method not in _NONBONDED_METHODS:
-        raise SpecError(f"{path}.nonbonded_method", f"unknown value {job.nonbonded_method}")
+        choices = enum_choices(pb.NonbondedMethod)
+        raise SpecError(
+            f"{path}.nonbonded_method", f"must be one of {choices}, got {job.nonbonded_method}"
+        )
     barostat = job.barostat
-    _check_range(path, "barostat.pressure_bar", barostat.pressure_bar, 0.0, 1e5)
+    pressure = barostat.pressure_bar
+    _check_range(path, "barostat.pressure_bar", pressure, *RANGES[f"{_V1}Barostat.pressure_bar"])
     if barostat.pressure_bar > 0:
         if job.integrator == pb.INTEGRATOR_VERLET:
             raise SpecError(
@@ -218,7 +298,10 @@ def _normalize_engine(job: pb.JobSpec, path: str) -> None:
         barostat.frequency_steps = int(
             _default(barostat.frequency_steps, DEFAULT_BAROSTAT_FREQUENCY)
         )
-        _check_range(path, "barostat.frequency_steps", barostat.frequency_steps, 1, 10_000)
+        frequency = barostat.frequency_steps
+        _check_range(
+            path, "barostat.frequency_steps", frequency, *RANGES[f"{_V1}Barostat.frequency_steps"]
+        )
     elif barostat.frequency_steps:
         raise SpecError(f"{path}.barostat.pressure_bar", "is needed with frequency_steps (NPT)")
     platform = PLATFORMS.get((job.platform or "CPU").lower())
@@ -226,9 +309,11 @@ def _normalize_engine(job: pb.JobSpec, path: str) -> None:
         raise SpecError(f"{path}.platform", f"must be one of {', '.join(PLATFORMS.values())}")
     job.platform = platform
     if job.checkpoint_interval_s != 0:
-        _check_range(path, "checkpoint_interval_s", job.checkpoint_interval_s, 1.0, 1e6)
+        seconds = job.checkpoint_interval_s
+        _check_range(path, "checkpoint_interval_s", seconds, *_JOB["checkpoint_interval_s"])
     if job.trajectory_interval_steps != 0:
-        _check_range(path, "trajectory_interval_steps", job.trajectory_interval_steps, 1, 1e9)
+        every = job.trajectory_interval_steps
+        _check_range(path, "trajectory_interval_steps", every, *_JOB["trajectory_interval_steps"])
         job.trajectory_format = _enum_value(  # type: ignore[assignment]
             path, "trajectory_format", job.trajectory_format, _TRAJECTORY_FORMATS, pb.TRAJECTORY_DCD
         )
@@ -258,7 +343,7 @@ def _normalize_system(
     if kind == "water_box":
         box = system.water_box
         box.box_nm = box_nm = _default(box.box_nm, 2.0)
-        _check_range(path, "system.water_box.box_nm", box_nm, 1.2, 10.0)
+        _check_range(path, "system.water_box.box_nm", box_nm, *RANGES[f"{_V1}WaterBox.box_nm"])
         job.nonbonded_method = method = job.nonbonded_method or pb.NONBONDED_PME
         if method not in PERIODIC_METHODS:
             raise SpecError(
@@ -282,17 +367,17 @@ def _normalize_lennard_jones(job: pb.JobSpec, path: str) -> None:
     fluid = job.system.lennard_jones
     here = f"{path}.system.lennard_jones"
     fluid.atoms = int(_default(fluid.atoms, LJ_DEFAULT_ATOMS))
-    _check_range(here, "atoms", fluid.atoms, 2, 1_000_000)
+    _check_range(here, "atoms", fluid.atoms, *_FLUID["atoms"])
     fluid.sigma_nm = _default(fluid.sigma_nm, ARGON_SIGMA_NM)
-    _check_range(here, "sigma_nm", fluid.sigma_nm, 0.05, 2.0)
+    _check_range(here, "sigma_nm", fluid.sigma_nm, *_FLUID["sigma_nm"])
     fluid.epsilon_kj_mol = _default(fluid.epsilon_kj_mol, ARGON_EPSILON_KJ_MOL)
-    _check_range(here, "epsilon_kj_mol", fluid.epsilon_kj_mol, 0.001, 100.0)
+    _check_range(here, "epsilon_kj_mol", fluid.epsilon_kj_mol, *_FLUID["epsilon_kj_mol"])
     fluid.mass_dalton = _default(fluid.mass_dalton, ARGON_MASS_DALTON)
-    _check_range(here, "mass_dalton", fluid.mass_dalton, 0.5, 1000.0)
+    _check_range(here, "mass_dalton", fluid.mass_dalton, *_FLUID["mass_dalton"])
     fluid.density_atoms_nm3 = _default(
         fluid.density_atoms_nm3, LJ_REDUCED_DENSITY / fluid.sigma_nm**3
     )
-    _check_range(here, "density_atoms_nm3", fluid.density_atoms_nm3, 0.01, 1000.0)
+    _check_range(here, "density_atoms_nm3", fluid.density_atoms_nm3, *_FLUID["density_atoms_nm3"])
     job.nonbonded_method = job.nonbonded_method or pb.NONBONDED_CUTOFF_PERIODIC
     if job.nonbonded_method != pb.NONBONDED_CUTOFF_PERIODIC:
         raise SpecError(
@@ -375,7 +460,7 @@ def _normalize_structure(
                 "force-field folder (MDQ_FORCEFIELD_DIR); files in the working or data folder "
                 "are never loaded",
             )
-    _check_range(here, "padding_nm", structure.padding_nm, 0.0, 10.0)
+    _check_range(here, "padding_nm", structure.padding_nm, *RANGES[f"{_V1}Structure.padding_nm"])
     structure.water_model = structure.water_model or "tip3p"
     if structure.water_model not in WATER_MODELS:
         raise SpecError(f"{here}.water_model", f"must be one of {', '.join(WATER_MODELS)}")

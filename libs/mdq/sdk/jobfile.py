@@ -20,7 +20,8 @@ a wrong type reads the same from both (``jobs[1].depends_on[0]: must be a string
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -29,9 +30,20 @@ from google.protobuf.descriptor import Descriptor
 from google.protobuf.message import Message
 
 from mdq.contracts import pb
-from mdq.core.documents import MAX_DEPTH, field_names, load_json, nesting_error, parse_document
+from mdq.core.documents import (
+    MAX_DEPTH,
+    Duplicated,
+    duplicate_error,
+    field_names,
+    load_json,
+    near_field,
+    nesting_error,
+    parse_document,
+    unknown_field_reason,
+)
 from mdq.core.spec import SpecError
 
+_SUBMIT = cast(Descriptor, pb.SubmitRequest.DESCRIPTOR)
 _SUBMIT_KEYS = frozenset(
     {"jobs", "idempotency_key", "idempotencyKey", "submitted_by", "submittedBy"}
 )
@@ -49,17 +61,29 @@ class JobFileError(SpecError):
         return f"{where}{self.field}: {self.message}" if self.field else f"{where}{self.message}"
 
 
+@dataclass(frozen=True, slots=True)
+class Unknown:
+    """A key that its message does not define."""
+
+    path: str
+    reason: str
+    """``mdq.core.documents.unknown_field_reason``: the name it looks like, or the names."""
+    near: str | None
+    """The field it looks like a misspelling of."""
+
+
 def unknown_fields(
     document: Mapping[str, Any], descriptor: Descriptor, path: str = ""
-) -> list[str]:
-    """Paths of every key in ``document`` that ``descriptor`` does not define (recursively)."""
-    found: list[str] = []
+) -> list[Unknown]:
+    """Every key in ``document`` that ``descriptor`` does not define (recursively)."""
+    found: list[Unknown] = []
     known = field_names(descriptor)
     for key, value in document.items():
         where = f"{path}.{key}" if path else str(key)
         field = known.get(str(key))
         if field is None:
-            found.append(where)
+            reason = unknown_field_reason(key, descriptor)
+            found.append(Unknown(where, reason, near_field(key, descriptor)))
             continue
         if field.message_type is None or field.message_type.GetOptions().map_entry:
             continue
@@ -75,24 +99,56 @@ def unknown_fields(
     return found
 
 
+class _Loader(yaml.SafeLoader):
+    """YAML's safe loader, but a mapping that holds a key twice loads as a ``Duplicated``
+    marker, as a JSON object does (``mdq.core.documents.load_json``): PyYAML keeps the last
+    one without a word. Keys merged in with ``<<`` may be overridden, as YAML means them to."""
+
+
+def _mapping(loader: _Loader, node: yaml.MappingNode) -> object:
+    seen: set[object] = set()
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = loader.construct_object(key_node, deep=True)
+        if isinstance(key, Hashable):
+            if key in seen:
+                return Duplicated(key, loader.construct_mapping(node, deep=True))
+            seen.add(key)
+    return loader.construct_mapping(node, deep=True)
+
+
+_Loader.add_constructor("tag:yaml.org,2002:map", _mapping)
+
+
 def submit_from_document(document: object, *, source: str = "") -> pb.SubmitRequest:
-    """A submit from a parsed YAML/JSON document (a submit, or one bare job)."""
-    if not isinstance(document, Mapping):
+    """A submit from a parsed YAML/JSON document (a submit, or one bare job). An object
+    that holds a key twice is a ``Duplicated`` marker (``_Loader``, ``load_json``)."""
+    mapping = document.mapping if isinstance(document, Duplicated) else document
+    if not isinstance(mapping, Mapping):
         raise JobFileError(
             "", "a job file is a mapping: a submit with a 'jobs' list, or one job", source=source
         )
-    if not _SUBMIT_KEYS.intersection(document):
-        document = {"jobs": [dict(document)]}
-    if (too_deep := nesting_error(document)) is not None:
+    if not _SUBMIT_KEYS.intersection(mapping):
+        document = {"jobs": [document if isinstance(document, Duplicated) else dict(mapping)]}
+    if (too_deep := nesting_error(document, descriptor=_SUBMIT)) is not None:
         raise JobFileError(too_deep.field, too_deep.message, source=source)
-    unknown = unknown_fields(document, cast(Descriptor, pb.SubmitRequest.DESCRIPTOR))
+    if (twice := duplicate_error(document, _SUBMIT)) is not None:
+        raise JobFileError(twice.field, twice.message, source=source)
+    assert isinstance(document, Mapping)  # a root Duplicated is an error above
+    unknown = unknown_fields(document, _SUBMIT)
     if unknown:
+        if len(unknown) == 1:
+            what = unknown[0].reason
+        else:
+            what = "unknown fields: " + ", ".join(
+                f"{each.path} (did you mean {each.near!r}?)" if each.near else each.path
+                for each in unknown
+            )
         raise JobFileError(
-            unknown[0],
-            ("unknown fields: " if len(unknown) > 1 else "unknown field: ")
-            + ", ".join(unknown)
-            + " (a job file is the protobuf JSON mapping of mdq.v1.SubmitRequest,"
-            " see docs/jobspec.md)",
+            unknown[0].path,
+            f"{what} (a job file is the protobuf JSON mapping of mdq.v1.SubmitRequest, see "
+            "docs/jobspec.md)",
             source=source,
         )
     jobs = document.get("jobs", [])
@@ -111,7 +167,7 @@ def submit_from_document(document: object, *, source: str = "") -> pb.SubmitRequ
 def _parse_into(document: Mapping[str, Any], message: Message, *, prefix: str, source: str) -> None:
     """Parse one message; a problem becomes a JobFileError naming the field, as intake would."""
     try:
-        parse_document(document, message, prefix=prefix)
+        parse_document(document, message, prefix=prefix, respelled=False)  # checked before
     except SpecError as error:
         raise JobFileError(error.field, error.message, source=source) from None
 
@@ -122,8 +178,11 @@ def parse_job_text(text: str, *, source: str = "") -> pb.SubmitRequest:
     stripped = text.lstrip()
     try:
         is_json = stripped.startswith(("{", "["))
-        document = load_json(text) if is_json else yaml.safe_load(text)
-    except SpecError as error:  # JSON nested too deep
+        if is_json:
+            document = load_json(text, descriptor=_SUBMIT)
+        else:  # a SafeLoader: builds plain values only
+            document = yaml.load(text, Loader=_Loader)
+    except SpecError as error:  # JSON malformed, not UTF-8 or nested too deep
         raise JobFileError(error.field, error.message, source=source) from None
     except RecursionError:  # YAML nested too deep for PyYAML's composer
         raise JobFileError(
