@@ -111,16 +111,20 @@ class Followers:
         view = self.jobs.apply(sequence, event)
         if view is None:
             return
+        shown = self.progress.jobs.get(view.job_id)
+        if shown is not None and self.jobs.is_over(view.job_id, shown.attempt):
+            # its attempt is over (the job ended, failed over, or was requeued): its series
+            # go first, so no scrape sees the job counted as done and its series still there
+            self.progress.forget(view.job_id)
+            self.exporter.hide_progress(shown)
         self.exporter.set_job_counts(self.jobs.counts)
         self.exporter.record_lifecycle(self.clock.apply(event, view))
-        if view.state.terminal and (shown := self.progress.forget(view.job_id)) is not None:
-            self.exporter.hide_progress(shown)
 
     async def on_progress(self, _sequence: int, event: pb.Event) -> None:
         if event.WhichOneof("body") != "progress":
             return
         self.exporter.progress_events.inc()
-        if self.jobs.is_finished(event.job_id):
+        if self.jobs.is_over(event.job_id, event.attempt):
             return
         replaced, entry = self.progress.apply(event)
         if replaced is not None:

@@ -57,6 +57,19 @@ class Exporter:
             attempt,
             registry=self.registry,
         )
+        self.md_temperature = Gauge(
+            "md_temperature_k",
+            "Instantaneous temperature of a running job at its latest report, K.",
+            attempt,
+            registry=self.registry,
+        )
+        self.md_ns_per_day = Gauge(
+            "md_ns_per_day",
+            "Speed of a running MD job over its latest report interval, ns/day (none for a "
+            "minimisation or an analysis).",
+            attempt,
+            registry=self.registry,
+        )
         self.progress_events = Counter(
             "mdq_progress_events", "Progress events received.", registry=self.registry
         )
@@ -208,12 +221,21 @@ class Exporter:
             self.steps_lost.inc(facts.steps_lost)
 
     def show_progress(self, progress: JobProgress) -> None:
+        """The series of a running job's attempt: its latest step, energy, temperature and
+        speed (no speed series without MD)."""
         labels = (progress.job_id, str(progress.attempt))
         self.md_step.labels(*labels).set(progress.step)
         self.md_energy.labels(*labels).set(progress.potential_kj_mol)
+        self.md_temperature.labels(*labels).set(progress.temperature_k)
+        if progress.ns_per_day is not None:
+            self.md_ns_per_day.labels(*labels).set(progress.ns_per_day)
+        else:
+            with contextlib.suppress(KeyError):
+                self.md_ns_per_day.remove(*labels)
 
     def hide_progress(self, progress: JobProgress) -> None:
+        """No series of this attempt any more (it ended, or its job did)."""
         labels = (progress.job_id, str(progress.attempt))
-        for gauge in (self.md_step, self.md_energy):
+        for gauge in (self.md_step, self.md_energy, self.md_temperature, self.md_ns_per_day):
             with contextlib.suppress(KeyError):
                 gauge.remove(*labels)

@@ -1,8 +1,9 @@
 """What the metrics service keeps in memory, folded from events (pure: no I/O).
 
 ``JobCounts`` folds the jobs log with the shared state machine and keeps how many jobs are in
-each state. ``ProgressBoard`` keeps the latest MD step and energy of each job's current attempt
-and forgets a job once it is finished, so the exported series stay bounded.
+each state. ``ProgressBoard`` keeps the latest MD step, energy, temperature and speed of each
+job's current attempt, the speed over the last report interval (``mdq.core.speed``), and
+forgets a job once its attempt is over, so the exported series are those of the jobs running.
 ``LifecycleClock`` times placement (PENDING → bound) and names what each retry recovered from.
 ``LoadSummaries`` folds each node's load samples into one summary per fixed interval (the
 ``node_summary`` events the console's nodes page draws its hour from).
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from mdq.contracts import pb
+from mdq.core.speed import interval_ns_per_day
 from mdq.core.state import JobBook, JobState, JobView, event_time
 
 
@@ -38,9 +40,16 @@ class JobCounts:
             self.counts[view.state] += 1
         return view
 
-    def is_finished(self, job_id: str) -> bool:
+    def is_over(self, job_id: str, attempt: int) -> bool:
+        """Whether the log already says that ``attempt`` of the job ended: the job finished,
+        a later attempt was started, or this one failed. The jobs log and the progress log
+        are followed apart, so a report may come before its attempt's ``bound``: not over."""
         view = self.book.jobs.get(job_id)
-        return view is not None and view.state.terminal
+        if view is None:
+            return False
+        if view.state.terminal or attempt < view.attempt:
+            return True
+        return attempt == view.attempt and view.state is JobState.RECOVERING
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +60,14 @@ class JobProgress:
     attempt: int
     step: int
     potential_kj_mol: float
+    temperature_k: float = 0.0
+    ns_per_day: float | None = None
+    """Over the interval since the attempt's previous report; for its first report seen, the
+    runner's own figure (since the attempt started stepping); None without MD (a
+    minimisation, an analysis) or before any simulated time passed."""
+    time_ps: float = 0.0
+    at_s: float = 0.0
+    """The report's event time, seconds since the epoch."""
 
 
 class ProgressBoard:
@@ -61,18 +78,34 @@ class ProgressBoard:
 
     def apply(self, event: pb.Event) -> tuple[JobProgress | None, JobProgress | None]:
         """Fold a progress event; return (the entry it replaced if of another attempt, the
-        new entry), or (None, None) when it is stale."""
+        new entry), or (None, None) when it is stale or adds nothing (a report seen before)."""
         previous = self.jobs.get(event.job_id)
         if previous is not None and (
             event.attempt < previous.attempt
-            or (event.attempt == previous.attempt and event.progress.step < previous.step)
+            or (event.attempt == previous.attempt and event.progress.step <= previous.step)
         ):
             return None, None
+        report = event.progress
+        at_s = event.time.seconds + event.time.nanos / 1e9
+        speed = None
+        if previous is not None and previous.attempt == event.attempt:
+            speed = interval_ns_per_day(
+                time_ps=report.time_ps,
+                at_s=at_s,
+                previous_time_ps=previous.time_ps,
+                previous_at_s=previous.at_s,
+            )
+        if speed is None and report.time_ps > 0 and report.ns_per_day > 0:
+            speed = report.ns_per_day
         entry = JobProgress(
             job_id=event.job_id,
             attempt=event.attempt,
-            step=event.progress.step,
-            potential_kj_mol=event.progress.potential_kj_mol,
+            step=report.step,
+            potential_kj_mol=report.potential_kj_mol,
+            temperature_k=report.temperature_k,
+            ns_per_day=speed,
+            time_ps=report.time_ps,
+            at_s=at_s,
         )
         self.jobs[event.job_id] = entry
         replaced = previous if previous is not None and previous.attempt != entry.attempt else None

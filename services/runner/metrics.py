@@ -7,10 +7,12 @@ Grafana can chart a job's step and energy next to the node it runs on.
 from __future__ import annotations
 
 import logging
+import time
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
+from mdq.core.speed import interval_ns_per_day
 from services.runner.system import EnergySample
 
 log = logging.getLogger(__name__)
@@ -20,16 +22,17 @@ GAUGES = {
     "md_step": "Current MD step (or minimiser iteration) of the attempt.",
     "md_energy": "Potential energy at the last progress report, kJ/mol.",
     "md_kinetic_energy": "Kinetic energy at the last progress report, kJ/mol.",
-    "md_temperature": "Instantaneous temperature at the last progress report, K.",
+    "md_temperature_k": "Instantaneous temperature at the last progress report, K.",
     "md_time_ps": "Simulated time at the last progress report, ps.",
     "md_volume_nm3": "Periodic box volume at the last progress report, nm^3 (0: not periodic).",
     "md_density_g_cm3": "Mass density at the last progress report, g/cm^3 (0: not periodic).",
-    "md_ns_per_day": "Speed of the attempt since it started stepping, ns/day.",
+    "md_ns_per_day": "Speed of the attempt over its last report interval, ns/day.",
     "md_eta_seconds": "Estimated seconds to the step target at the current speed.",
     "md_checkpoint_step": "Step of the attempt's latest checkpoint.",
 }
 """Every gauge the runner exports (labels ``job_id``, ``attempt``: not ``job``, which Prometheus
-keeps for the scrape job); md_step and md_energy are the brief's names."""
+keeps for the scrape job); md_step, md_energy, md_temperature_k and md_ns_per_day are also the
+metrics service's, with the same meaning, so a dashboard merges the two."""
 
 
 class RunnerMetrics:
@@ -45,6 +48,8 @@ class RunnerMetrics:
             for name, text in GAUGES.items()
         }
         self._server: WSGIServer | None = None
+        self._last: tuple[float, float] | None = None
+        """(simulated time, monotonic time) of the last report: the interval's speed."""
 
     def serve(self, *, port: int) -> None:
         """Serve /metrics on ``port`` (all interfaces) in a background thread."""
@@ -52,12 +57,24 @@ class RunnerMetrics:
         log.info("serving metrics on port %d", port)
 
     def observe(self, sample: EnergySample, *, ns_per_day: float = 0.0, eta_s: float = 0.0) -> None:
-        """Record one progress report."""
+        """Record one progress report; ``ns_per_day`` (the attempt's speed since it started)
+        is shown for the first one, the speed over the interval since the report before for
+        the others."""
+        now = time.monotonic()
+        if self._last is not None:
+            interval = interval_ns_per_day(
+                time_ps=sample.time_ps,
+                at_s=now,
+                previous_time_ps=self._last[0],
+                previous_at_s=self._last[1],
+            )
+            ns_per_day = ns_per_day if interval is None else interval
+        self._last = (sample.time_ps, now)
         values = {
             "md_step": sample.step,
             "md_energy": sample.potential_kj_mol,
             "md_kinetic_energy": sample.kinetic_kj_mol,
-            "md_temperature": sample.temperature_k,
+            "md_temperature_k": sample.temperature_k,
             "md_time_ps": sample.time_ps,
             "md_volume_nm3": sample.volume_nm3,
             "md_density_g_cm3": sample.density_g_cm3,

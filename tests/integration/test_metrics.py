@@ -136,6 +136,77 @@ async def test_publishes_node_load_and_serves_node_gauges(
     assert 'mdq_node_memory_capacity_mib{node="m1"} 1024.0' in text
 
 
+T0 = 1_764_417_600.0
+
+
+async def publish_report(
+    publisher: OwnersPublisher, job: str, *, step: int, energy: float, at: float, attempt: int = 1
+) -> None:
+    """A progress report of an MD job at 2 fs a step, taken at ``at`` (seconds since the
+    epoch); the runner's own speed figure is 40 ns/day, its temperature 301.5 K."""
+    report = pb.Progress(
+        step=step,
+        target_steps=1000,
+        time_ps=step * 0.002,
+        potential_kj_mol=energy,
+        temperature_k=301.5,
+        ns_per_day=40.0,
+    )
+    event = publisher.event("progress", report, job_id=job, attempt=attempt, detail=step)
+    event.time.FromNanoseconds(int(at * 1e9))
+    await publisher.publish(event)
+
+
+async def test_an_attempt_that_fails_takes_its_series_with_it(
+    service: MetricsService, nc: Client, subjects: Subjects
+) -> None:
+    """A failed attempt's last figures are not a running job's: its series go when it fails,
+    and its job's next attempt has its own; a minimisation has no speed series."""
+    publisher = OwnersPublisher(js=nc.jetstream(), subjects=subjects)
+    job, minimize = "abc123-retry", "abc123-min"
+    for name, task in ((job, pb.TASK_MD), (minimize, pb.TASK_MINIMIZE)):
+        spec = pb.JobSpec(name=name.split("-")[1], steps=1000, task=task)
+        await publisher.emit(
+            "submitted", pb.JobSubmitted(spec=spec, request_id="abc123"), job_id=name, attempt=0
+        )
+        bound = pb.JobBound(node="m1", pod_name=f"mdq-{name}-1")
+        await publisher.emit("bound", bound, job_id=name, attempt=1)
+    await publish_report(publisher, job, step=500, energy=-1.0, at=T0)
+    minimized = pb.Progress(step=40, potential_kj_mol=-9.0, temperature_k=0.0)
+    await publisher.emit("progress", minimized, job_id=minimize, attempt=1, detail=40)
+    first = f'attempt="1",job_id="{job}"'
+    text = await eventually(
+        scrape_until(
+            service.http_port,
+            f"md_ns_per_day{{{first}}} 40.0",
+            f'md_step{{attempt="1",job_id="{minimize}"}} 40.0',
+        ),
+        what="both jobs' series",
+    )
+    assert f'md_ns_per_day{{attempt="1",job_id="{minimize}"}}' not in text
+
+    failed = pb.AttemptFailed(reason=pb.FAILURE_OOM_KILLED, node="m1")
+    await publisher.emit("attempt_failed", failed, job_id=job, attempt=1)
+    await eventually(_without(service.http_port, first), what="the failed attempt's series to go")
+    requeued = pb.JobRequeued(after=pb.FAILURE_OOM_KILLED)
+    await publisher.emit("requeued", requeued, job_id=job, attempt=2)
+    await publisher.emit("bound", pb.JobBound(node="m2"), job_id=job, attempt=2)
+    await publish_report(publisher, job, step=700, energy=-2.0, at=T0 + 60, attempt=2)
+    text = await eventually(
+        scrape_until(service.http_port, f'md_step{{attempt="2",job_id="{job}"}} 700.0'),
+        what="the next attempt's series",
+    )
+    assert first not in text
+
+
+def _without(port: int, needle: str) -> Callable[[], Awaitable[str | None]]:
+    async def probe() -> str | None:
+        text = await asyncio.to_thread(scrape, port)
+        return text if needle not in text else None
+
+    return probe
+
+
 async def test_serves_md_progress_and_job_counts(
     nc: Client, subjects: Subjects, agent: subprocess.Popen[bytes]
 ) -> None:
@@ -151,8 +222,7 @@ async def test_serves_md_progress_and_job_counts(
         "bound", pb.JobBound(node="m1", pod_name=f"mdq-{job}-1"), job_id=job, attempt=1
     )
     await publisher.emit("started", pb.JobStarted(node="m1"), job_id=job, attempt=1)
-    progress = pb.Progress(step=500, target_steps=1000, potential_kj_mol=-1234.5)
-    await publisher.emit("progress", progress, job_id=job, attempt=1, detail=500)
+    await publish_report(publisher, job, step=500, energy=-1234.5, at=T0)
 
     # Started after the events: the history is folded and the latest progress shown.
     settings = MetricsSettings(interval_s=0.3, http_port=0, http_host="127.0.0.1")
@@ -165,14 +235,19 @@ async def test_serves_md_progress_and_job_counts(
             scrape_until(port, f'md_step{{attempt="1",job_id="{job}"}} 500.0'), what="md_step"
         )
         assert f'md_energy{{attempt="1",job_id="{job}"}} -1234.5' in text
+        assert f'md_temperature_k{{attempt="1",job_id="{job}"}} 301.5' in text
+        # the first report seen: the runner's own figure, since the attempt started
+        assert f'md_ns_per_day{{attempt="1",job_id="{job}"}} 40.0' in text
         assert 'mdq_jobs{state="RUNNING"} 1.0' in text
         assert 'mdq_jobs{state="SUCCEEDED"} 0.0' in text
 
-        progress = pb.Progress(step=1000, target_steps=1000, potential_kj_mol=-1240.0)
-        await publisher.emit("progress", progress, job_id=job, attempt=1, detail=1000)
+        # 1 ps more in 2 s of the events' time: 43.2 ns/day over that interval, whatever the
+        # runner's average since the start says
+        await publish_report(publisher, job, step=1000, energy=-1240.0, at=T0 + 2)
         text = await eventually(
             scrape_until(port, f'md_step{{attempt="1",job_id="{job}"}} 1000.0'), what="live md_step"
         )
+        assert f'md_ns_per_day{{attempt="1",job_id="{job}"}} 43.2' in text
         assert "mdq_progress_events_total 2.0" in text
 
         succeeded = pb.JobSucceeded(final_step=1000, reason="steps_reached")
@@ -182,6 +257,8 @@ async def test_serves_md_progress_and_job_counts(
         )
         assert 'mdq_jobs{state="RUNNING"} 0.0' in text
         assert f'job_id="{job}"' not in text, "a finished job's progress series stays"
+        for gauge in ("md_step", "md_energy", "md_temperature_k", "md_ns_per_day"):
+            assert f"# TYPE {gauge} gauge" in text, gauge
     finally:
         stop.set()
         await asyncio.wait_for(running, 10)

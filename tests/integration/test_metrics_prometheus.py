@@ -72,6 +72,10 @@ JOBS = (
     Job("0123456789ab-c", attempt=1, step=50, energy=-900.25, runner_endpoint=False),
 )
 JOB_IDS = {job.job_id for job in JOBS}
+TEMPERATURE_K = 300.25
+NS_PER_DAY = 30.0
+"""Every job's latest report: its temperature, and its speed (one report: the runner's own
+figure, in both exporters)."""
 
 
 # -- a real Prometheus --------------------------------------------------------------------------
@@ -196,11 +200,11 @@ def runners() -> Iterator[list[int]]:
             time_ps=job.step * 0.002,
             potential_kj_mol=job.energy,
             kinetic_kj_mol=400.0,
-            temperature_k=300.0,
+            temperature_k=TEMPERATURE_K,
             volume_nm3=27.0,
             density_g_cm3=1.0,
         )
-        runner.observe(sample, ns_per_day=30.0, eta_s=60.0)
+        runner.observe(sample, ns_per_day=NS_PER_DAY, eta_s=60.0)
         runner.checkpointed(job.step)
         served.append(runner)
         ports.append(port)
@@ -242,7 +246,14 @@ async def feed_job_events(nc: Client, subjects: Subjects) -> None:
                 await publisher.emit("attempt_failed", failed, job_id=job.job_id, attempt=attempt)
                 requeued = pb.JobRequeued(after=pb.FAILURE_OOM_KILLED, steps_lost=200)
                 await publisher.emit("requeued", requeued, job_id=job.job_id, attempt=attempt + 1)
-        progress = pb.Progress(step=job.step, target_steps=10_000, potential_kj_mol=job.energy)
+        progress = pb.Progress(
+            step=job.step,
+            target_steps=10_000,
+            time_ps=job.step * 0.002,
+            potential_kj_mol=job.energy,
+            temperature_k=TEMPERATURE_K,
+            ns_per_day=NS_PER_DAY,
+        )
         await publisher.emit(
             "progress", progress, job_id=job.job_id, attempt=job.attempt, detail=job.step
         )
@@ -295,6 +306,10 @@ def legend_labels(legend: str) -> set[str]:
     return set(re.findall(r"\{\{\s*(\w+)\s*\}\}", legend))
 
 
+PER_JOB_GAUGES = ("md_step", "md_energy", "md_temperature_k", "md_ns_per_day")
+"""The metrics service's series of every running job, each with a panel of the dashboard."""
+
+
 def is_per_job(expr: str) -> bool:
     return bool(re.search(r"\bmd_\w+", expr))
 
@@ -321,7 +336,10 @@ async def test_every_panel_query_returns_data_and_one_series_per_job(
         running = prometheus.vector('mdq_jobs{state="RUNNING"}')
         return (
             [float(s["value"][1]) for s in running] == [float(len(JOBS))]
-            and scraped_thrice('md_step{job="mdq-metrics"}', len(JOBS))
+            and all(
+                scraped_thrice(f'{gauge}{{job="mdq-metrics"}}', len(JOBS))
+                for gauge in PER_JOB_GAUGES
+            )
             and scraped_thrice("mdq_recoveries_total", 1)
             and scraped_thrice("mdq_node_ready", len(NODES))
             and scraped_thrice("mdq_consumer_lag_messages", 2)
@@ -376,11 +394,20 @@ async def test_every_panel_query_returns_data_and_one_series_per_job(
             assert sorted(json.dumps(s["metric"], sort_keys=True) for s in ranged) == labels, where
         checked.append(expr)
 
-    # The values are the jobs' own, whichever exporter Prometheus read them from.
-    steps = prometheus.vector("max by (job_id, attempt) (md_step)")
-    assert {s["metric"]["job_id"]: float(s["value"][1]) for s in steps} == {
-        job.job_id: float(job.step) for job in JOBS
+    # Every per-job gauge has a panel that draws it.
+    drawn = {
+        gauge for gauge in PER_JOB_GAUGES for q in queries if re.search(rf"\b{gauge}\b", q.expr)
     }
+    assert drawn == set(PER_JOB_GAUGES)
+    # The values are the jobs' own, whichever exporter Prometheus read them from.
+    for gauge, expected in (
+        ("md_step", {job.job_id: float(job.step) for job in JOBS}),
+        ("md_energy", {job.job_id: job.energy for job in JOBS}),
+        ("md_temperature_k", {job.job_id: TEMPERATURE_K for job in JOBS}),
+        ("md_ns_per_day", {job.job_id: NS_PER_DAY for job in JOBS}),
+    ):
+        values = prometheus.vector(f"max by (job_id, attempt) ({gauge})")
+        assert {s["metric"]["job_id"]: float(s["value"][1]) for s in values} == expected, gauge
     # The alert rules of compose's Prometheus load, and their inputs are scraped.
     groups = prometheus.get("/api/v1/rules")["data"]["groups"]
     alerts = {rule["name"] for group in groups for rule in group["rules"]}
@@ -391,6 +418,25 @@ async def test_every_panel_query_returns_data_and_one_series_per_job(
     recoveries = prometheus.vector("mdq_recoveries_total")
     assert [s["metric"]["reason"] for s in recoveries] == ["FAILURE_OOM_KILLED"]
     assert len(checked) >= len(queries)
+
+    # A job that ends takes its series with it: the metrics service no longer serves them,
+    # and Prometheus marks them stale at its next scrape (c has no runner endpoint of its own).
+    ended = JOBS[2]
+    assert not ended.runner_endpoint
+    publisher = OwnersPublisher(js=nc.jetstream(), subjects=subjects)
+    succeeded = pb.JobSucceeded(final_step=ended.step, reason="steps_reached")
+    await publisher.emit("succeeded", succeeded, job_id=ended.job_id, attempt=ended.attempt)
+
+    def gone() -> bool:
+        return all(
+            {s["metric"]["job_id"] for s in prometheus.vector(gauge)} == JOB_IDS - {ended.job_id}
+            for gauge in PER_JOB_GAUGES
+        )
+
+    async def gone_from_prometheus() -> bool:
+        return await asyncio.to_thread(gone)
+
+    await wait_for(gone_from_prometheus, timeout=30, what="the ended job's series to go stale")
 
 
 def test_the_storage_alerts_fire_when_and_only_when_they_should() -> None:

@@ -463,7 +463,7 @@ async def test_sigterm_checkpoints_and_exits_preempted(
     metrics = await asyncio.to_thread(scrape)
     assert 'md_step{attempt="1",job_id="job-term"}' in metrics
     assert 'md_energy{attempt="1",job_id="job-term"} -' in metrics
-    for gauge in ("md_temperature", "md_ns_per_day", "md_eta_seconds", "md_density_g_cm3"):
+    for gauge in ("md_temperature_k", "md_ns_per_day", "md_eta_seconds", "md_density_g_cm3"):
         assert f'{gauge}{{attempt="1",job_id="job-term"}}' in metrics, gauge
     assert f'md_volume_nm3{{attempt="1",job_id="job-term"}} {BOX_NM**3}' in metrics
 
