@@ -111,14 +111,36 @@ def unlisted(candidates: list[pb.NodeScore], counts: dict[str, int]) -> list[tup
     ]
 
 
+SCALE_NOTE = (
+    "score: higher wins. With the default settings it is 100 x (1 - the node's utilisation "
+    "with the job) (100: an idle node), less up to 10 for CPU and memory out of balance, less "
+    "50 on a node above 80 % load, plus up to 20 for a preferred cluster and 15 for the "
+    "dependencies' outputs, less up to 10 for a busy cluster: from about -70 to 135. "
+    "cpu, memory: the figures each decision used: for a scored node its utilisation with the "
+    "job; filtered for load, its live load plus what was bound there since its report (the "
+    "limit is 95 %); filtered for room, its reservations plus the job over its capacity "
+    "(above 100 %); other filters, its utilisation before the job. docs/placement.md, "
+    '"What mdq explain shows".'
+)
+"""What the numbers of the node and cluster tables mean (printed under them)."""
+
+
+def _share(value: float) -> str:
+    """A utilisation as a percentage: whole numbers, but never rounded onto a limit it
+    passed (0.951 is 95.1 %, not 95 %)."""
+    whole = f"{value:.0%}"
+    return whole if abs(round(value * 100) - value * 100) < 0.05 else f"{value:.1%}"
+
+
 def candidates_table(title: str, candidates: list[pb.NodeScore], chosen: str = "") -> Table:
-    """Nodes with their scores, then the filtered ones with their reasons."""
+    """Nodes with their scores, then the filtered ones with their reasons; cpu and memory
+    are the figures each decision used (``SCALE_NOTE``)."""
     table = Table(title=title)
     for column, justify in (
         ("node", "left"),
         ("score", "right"),
-        ("cpu load", "right"),
-        ("memory load", "right"),
+        ("cpu", "right"),
+        ("memory", "right"),
         ("verdict", "left"),
     ):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
@@ -130,16 +152,16 @@ def candidates_table(title: str, candidates: list[pb.NodeScore], chosen: str = "
         table.add_row(
             candidate.node,
             f"{candidate.score:.1f}",
-            f"{candidate.cpu_load:.0%}",
-            f"{candidate.memory_load:.0%}",
+            _share(candidate.cpu_load),
+            _share(candidate.memory_load),
             verdict,
         )
     for candidate in (c for c in candidates if c.filtered):
         table.add_row(
             candidate.node,
             "-",
-            f"{candidate.cpu_load:.0%}",
-            f"{candidate.memory_load:.0%}",
+            _share(candidate.cpu_load),
+            _share(candidate.memory_load),
             f"[red]filtered: {candidate.filtered}[/]",
         )
     return table
@@ -265,8 +287,11 @@ def explain(
             title = f"attempt {event.attempt}: cluster {event.bound.cluster}"
             console.print(clusters_table(title, list(event.bound.clusters), event.bound.cluster))
         console.print(bound_table(event))
+    waiting = None
     if view is not None and view.state in (JobState.WAITING, JobState.PENDING):
         url, namespace = endpoints.nats_url, endpoints.namespace
         dependencies = asyncio.run(dependency_states(url, namespace, view, creds=creds))
         waiting = asyncio.run(waiting_entry(url, namespace, job_id, creds=creds))
         print_waiting(view, dependencies, waiting, datetime.now(UTC))
+    if bound or (waiting is not None and waiting.candidates):
+        console.print(SCALE_NOTE, style="dim", highlight=False)

@@ -154,13 +154,18 @@ class NodeState:
             self.reserved_memory_mb / self.memory_capacity_mb,
         )
 
-    def expected_load(self) -> float:
-        """Live load plus what was bound since the report: the larger of CPU and memory."""
+    def expected_loads(self) -> tuple[float, float]:
+        """Live CPU and memory load plus what was bound since the report."""
         cpu = self.cpu_load + (self.inflight_cpu / self.cpu_capacity if self.cpu_capacity else 1)
         memory = self.memory_load + (
             self.inflight_memory_mb / self.memory_capacity_mb if self.memory_capacity_mb else 1
         )
-        return max(cpu, memory)
+        return cpu, memory
+
+    def expected_load(self) -> float:
+        """Live load plus what was bound since the report: the larger of CPU and memory (what
+        the hard threshold is compared with)."""
+        return max(self.expected_loads())
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +205,14 @@ class RunningJob:
 
 
 class NodeScore(NamedTuple):
-    """One node's score for one job, or why it was filtered out (a tuple: made per node)."""
+    """One node's score for one job, or why it was filtered out (a tuple: made per node).
+
+    ``cpu_load`` and ``memory_load`` are the figures the decision used, 0..1 and above
+    (docs/placement.md, "What mdq explain shows"): for a scored node its utilisation with the
+    job placed (what the load term of the score used); for a node filtered as overloaded its
+    live load plus what was bound there since its report (what the hard threshold was
+    compared with); for one filtered for room, its reservations plus the job's requests over
+    its capacity; for any other filter, its utilisation before the job."""
 
     node: str
     score: float = 0.0
@@ -365,11 +377,23 @@ def _score_fitting(
     if job.clusters.prefer or job.data_clusters:
         score += cluster_terms(node, job, config)
     score -= penalty
-    return NodeScore(node.name, round(score, 3), "", node.cpu_load, node.memory_load)
+    return NodeScore(node.name, round(score, 3), "", cpu_after, mem_after)
 
 
-def _filtered(node: NodeState, reason: str) -> NodeScore:
-    return NodeScore(node.name, 0.0, reason, node.cpu_load, node.memory_load)
+def _filtered(node: NodeState, reason: str, job: QueuedJob | None = None) -> NodeScore:
+    """A node filtered out, with the figures its filter looked at."""
+    if reason == OVERLOADED:
+        cpu, memory = node.expected_loads()
+    elif job is not None and reason in (NO_CPU, NO_MEMORY):
+        cpu = _ratio(node.reserved_cpu + job.cpu, node.cpu_capacity)
+        memory = _ratio(node.reserved_memory_mb + job.memory_mb, node.memory_capacity_mb)
+    else:
+        cpu, memory = node.cpu_share(), node.memory_share()
+    return NodeScore(node.name, 0.0, reason, cpu, memory)
+
+
+def _ratio(amount: float, capacity: float) -> float:
+    return amount / capacity if capacity > 0 else 1.0
 
 
 def score_node(
@@ -383,7 +407,7 @@ def score_node(
     """Filter and score one node for one job."""
     reason = node_filter(node, now, config) or job_filter(node, job, honour_avoid=honour_avoid)
     if reason:
-        return _filtered(node, reason)
+        return _filtered(node, reason, job)
     return _score_fitting(node, job, config)
 
 
@@ -533,7 +557,7 @@ class _Planner:
     def _score(self, node: NodeState, job: QueuedJob, honour_avoid: bool) -> NodeScore:
         reason = job_filter(node, job, honour_avoid=honour_avoid)
         if reason:
-            return _filtered(node, reason)
+            return _filtered(node, reason, job)
         return _score_fitting(node, job, self.config, self.penalty(node))
 
     def full_scan(self, job: QueuedJob, honour_avoid: bool) -> list[NodeScore]:
@@ -569,7 +593,7 @@ class _Planner:
             node = self.by_name[entry[3]]
             reason = job_filter(node, job)
             if reason:
-                scores.append(_filtered(node, reason))
+                scores.append(_filtered(node, reason, job))
             else:
                 scores.append(_score_fitting(node, job, self.config, self.penalty(node)))
                 fitting += 1
@@ -721,7 +745,7 @@ def explain_waiting(
     def scored(node: NodeState) -> NodeScore:
         reason = node_filter(node, now, config) or job_filter(node, job, honour_avoid=False)
         if reason:
-            return _filtered(node, reason)
+            return _filtered(node, reason, job)
         entry = penalties.get(node.cluster)
         return _score_fitting(node, job, config, entry[1] if entry is not None else 0.0)
 
