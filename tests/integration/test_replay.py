@@ -8,6 +8,7 @@ fresh database, with another batch size, and every projected table must be ident
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -178,6 +179,11 @@ async def test_replay_reads_the_job_from_the_log_and_folds_it(
     assert result.exit_code == 0, result.output
     assert "requeued" in result.output and "SUCCEEDED" in result.output
     assert "(ignored)" in result.output
+    # not a terminal (a pipe, a file): as wide as mdq's other commands, not Rich's 80
+    # columns; a progress report's detail fits on its row, whole
+    assert re.search(
+        r"step \d+/\d+ +E [-\d,.]+ kJ/mol +T [\d.]+ K +[\d.]+ ns/day", result.output
+    ), result.output
     missing = await asyncio.to_thread(
         runner.invoke,
         app,

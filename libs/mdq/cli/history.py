@@ -52,6 +52,11 @@ def _maybe(value: float | int | None, pattern: str) -> str:
     return "-" if value is None else pattern.format(value)
 
 
+def submitted_label(at: datetime | None, by: str | None) -> str:
+    """When a job was submitted, and by whom when the submit said (``submitted_by``)."""
+    return f"{format_time(at)} by {by}" if by else format_time(at)
+
+
 # -- queries -------------------------------------------------------------------------------
 async def list_jobs(database_url: str, *, limit: int) -> list[queries.JobSummary]:
     """The most recently submitted jobs."""
@@ -127,7 +132,7 @@ def summary_table(jobs: Iterable[queries.JobSummary], *, title: str) -> Table:
             str(job.attempt),
             job.node or "-",
             steps_label(job.last_step, job.target_steps),
-            _maybe(job.last_ns_per_day, "{:.1f}"),
+            _maybe(job.last_ns_per_day or None, "{:.1f}"),  # 0: no MD, no speed
             format_time(job.submitted_at),
             _reason(job.done_reason, job.final_reason),
         )
@@ -179,25 +184,27 @@ def show_panel(detail: queries.JobDetail, timeline: Sequence[queries.TimelineEnt
         ("node", job.node or "-"),
         ("steps", steps_label(job.last_step, job.target_steps)),
         ("last energy", format_energy(job.last_potential_kj_mol)),
-        ("temperature", _maybe(job.last_temperature_k, "{:.1f} K")),
-        ("speed", _maybe(job.last_ns_per_day, "{:.1f} ns/day")),
+        ("temperature", _maybe(job.last_temperature_k or None, "{:.1f} K")),  # 0: no MD
+        ("speed", _maybe(job.last_ns_per_day or None, "{:.1f} ns/day")),
         ("last progress", format_time(job.last_progress_at)),
         (
             "checkpoint",
             f"step {checkpoint.step} ({checkpoint.path})" if checkpoint is not None else "-",
         ),
         ("depends on", ", ".join(job.depends_on) or "-"),
-        ("submitted", f"{format_time(job.submitted_at)} by {job.submitted_by or '?'}"),
+        ("submitted", submitted_label(job.submitted_at, job.submitted_by)),
         ("reason", _reason(job.done_reason, job.final_reason, job.final_message) or "-"),
     ):
         summary.add_row(label, value)
     parts: list[Any] = [Panel(summary, title=f"job {job.job_id}", expand=False)]
     if last is not None:
-        parts.append(
-            f"last progress: attempt {last.attempt}, step {last.step}, "
-            f"{format_energy(last.potential_kj_mol)}, {last.temperature_k:.1f} K, "
-            f"{last.ns_per_day:.1f} ns/day"
-        )
+        figures = [f"attempt {last.attempt}", f"step {last.step}"]
+        figures.append(format_energy(last.potential_kj_mol))
+        if last.temperature_k:  # none for an analysis
+            figures.append(f"{last.temperature_k:.1f} K")
+        if last.ns_per_day:  # none without MD (a minimisation, an analysis)
+            figures.append(f"{last.ns_per_day:.1f} ns/day")
+        parts.append("last progress: " + ", ".join(figures))
     if detail.attempts:
         attempts = Table(title="attempts")
         columns = ("attempt", "node", "started", "ended", "from", "last step", "failure", "lost")

@@ -77,6 +77,9 @@ EXIT_FAILED = 1
 EXIT_REFUSED = 2
 EXIT_UNAVAILABLE = 3
 
+MAX_LISTED = 10_000
+"""The most jobs ``mdq ls`` lists and ``mdq watch`` follows at once (a terminal's worth)."""
+
 DEMO_FILE = Path("examples/demo.yaml")
 DEMO_TIMEOUT_S = 540.0
 
@@ -223,7 +226,10 @@ def up(
         str, typer.Option(help=f"Execution backend: {', '.join(BACKENDS)}.")
     ] = "local",
     nodes: Annotated[
-        int, typer.Option(help="Virtual nodes of the local backend (of each local cluster).")
+        int,
+        typer.Option(
+            min=1, max=64, help="Virtual nodes of the local backend (of each local cluster)."
+        ),
     ] = 2,
     clusters: Annotated[
         int,
@@ -358,7 +364,9 @@ def _demo_file(path: Path) -> Path:
 def demo(
     ctx: typer.Context,
     file: Annotated[Path, typer.Option(help="The campaign to run.")] = DEMO_FILE,
-    timeout: Annotated[float, typer.Option(help="Seconds to wait for the jobs.")] = DEMO_TIMEOUT_S,
+    timeout: Annotated[
+        float, typer.Option(min=0, help="Seconds to wait for the jobs.")
+    ] = DEMO_TIMEOUT_S,
     backend: Annotated[str, typer.Option(help="Execution backend.")] = "local",
     keep_up: Annotated[
         bool,
@@ -495,7 +503,7 @@ def submit(
     key: Annotated[
         str | None, typer.Option("--key", help="Idempotency key (default: the file's, or new).")
     ] = None,
-    timeout: Annotated[float, typer.Option(help="Seconds to wait with --wait.")] = 3600.0,
+    timeout: Annotated[float, typer.Option(min=0, help="Seconds to wait with --wait.")] = 3600.0,
 ) -> None:
     """Submit the jobs of FILE and print their ids.
 
@@ -533,8 +541,10 @@ def watch(
             help="Job ids to follow; none: every job not finished yet (from PostgreSQL)."
         ),
     ] = None,
-    timeout: Annotated[float, typer.Option(help="Seconds to wait.")] = 3600.0,
-    limit: Annotated[int, typer.Option(help="Most jobs followed without ids.")] = 50,
+    timeout: Annotated[float, typer.Option(min=0, help="Seconds to wait.")] = 3600.0,
+    limit: Annotated[
+        int, typer.Option(min=1, max=MAX_LISTED, help="Most jobs followed without ids.")
+    ] = 50,
 ) -> None:
     """Live progress bars of jobs (step/target, energy, ns/day, ETA) until they end.
 
@@ -560,7 +570,9 @@ def watch(
 @app.command("ls")
 def list_jobs(
     ctx: typer.Context,
-    limit: Annotated[int, typer.Option(help="How many of the latest jobs.")] = 50,
+    limit: Annotated[
+        int, typer.Option(min=1, max=MAX_LISTED, help="How many of the latest jobs.")
+    ] = 50,
 ) -> None:
     """The latest jobs, from PostgreSQL."""
     endpoints = _endpoints(ctx, need_nats=False)
@@ -573,7 +585,9 @@ def list_jobs(
 def recommend(
     ctx: typer.Context,
     file: Annotated[Path, typer.Argument(help="Job file: YAML or JSON (protobuf JSON mapping).")],
-    days: Annotated[int, typer.Option(help="How far back the usage history reaches.")] = 90,
+    days: Annotated[
+        int, typer.Option(min=1, max=3650, help="How far back the usage history reaches.")
+    ] = 90,
 ) -> None:
     """Print the resources history recommends for each job of FILE, and their evidence.
 

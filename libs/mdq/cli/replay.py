@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import sys
 import time
 import uuid
 from collections.abc import Sequence
@@ -150,15 +152,16 @@ def _detail(event: pb.Event) -> str:
                 parts.append(f"resume_from.step={value.get('step', 0)}")
             continue
         parts.append(f"{key}={value}")
-    return " ".join(parts)[:110]
+    return " ".join(parts)
 
 
 def timeline_table(job_id: str, lines: Sequence[ReplayLine], *, progress_every: int = 1) -> Table:
     """The replay as a table; with ``progress_every`` > 1 only every n-th progress report
     (and the last one of each attempt) is shown."""
     table = Table(title=f"replay of {job_id} from the log ({len(lines)} events)")
-    for column in ("time", "stream:seq", "att", "event", "state", "detail"):
-        table.add_column(column)
+    for column in ("time", "stream:seq", "att", "event", "state"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("detail", overflow="fold")  # whole: wrapped at the width, never cut
     seen_progress = 0
     for index, line in enumerate(lines):
         item = line.logged
@@ -296,9 +299,11 @@ async def compare(live_url: str, rebuilt_url: str) -> dict[str, tuple[int, int]]
 
 # -- the command ---------------------------------------------------------------------------
 # soft_wrap: a path or a command is printed whole on its line, never broken for the
-# terminal's width (it is there to be copied)
-console = Console(soft_wrap=True)
-err_console = Console(stderr=True, soft_wrap=True)
+# terminal's width (it is there to be copied). A terminal's own width; else (a pipe, a file)
+# $COLUMNS or 160, as mdq's other commands (Rich would take 80).
+_WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160
+console = Console(width=_WIDTH, soft_wrap=True)
+err_console = Console(stderr=True, width=_WIDTH, soft_wrap=True)
 
 
 def _endpoints(ctx: typer.Context) -> Endpoints:
@@ -376,9 +381,12 @@ def replay(
         bool, typer.Option("--compare", help="After --rebuild, compare with the live database.")
     ] = False,
     progress_every: Annotated[
-        int, typer.Option(help="Show every n-th progress report (and the last of each run).")
+        int,
+        typer.Option(min=1, help="Show every n-th progress report (and the last of each run)."),
     ] = 1,
-    batch_size: Annotated[int, typer.Option(help="Events per transaction when rebuilding.")] = 2000,
+    batch_size: Annotated[
+        int, typer.Option(min=1, max=100_000, help="Events per transaction when rebuilding.")
+    ] = 2000,
 ) -> None:
     """A job's whole timeline from the JetStream log, or --rebuild the projection from it."""
     endpoints = _endpoints(ctx)

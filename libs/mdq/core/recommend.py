@@ -79,6 +79,10 @@ WATER_ATOMS_PER_NM3 = 98.6
 """Atoms per nm³ of the runner's TIP3P water box (3 nm is 2,661 atoms)."""
 
 
+NO_SYSTEM = "none"
+"""The system kind of an analysis job's fingerprint: it simulates nothing."""
+
+
 class Confidence(StrEnum):
     """How much a recommendation rests on."""
 
@@ -95,7 +99,7 @@ class CostFingerprint:
     """What drives the cost of an MD job; jobs with equal fingerprints cost about the same."""
 
     system_kind: str
-    """``water_box``, ``lennard_jones``, ``structure`` (or ``none`` for analysis)."""
+    """``water_box``, ``lennard_jones``, ``structure`` (or ``NO_SYSTEM`` for analysis)."""
     atom_bucket: int
     """round(log(atoms) / log(ATOM_BUCKET_RATIO)); -1 when the atom count is unknown."""
     nonbonded_method: int
@@ -121,9 +125,11 @@ class CostFingerprint:
 
     def describe(self, atoms: int = 0) -> str:
         """For people: ``water_box ~2.6k atoms`` (``atoms``: the job's own count, else the
-        bucket's middle)."""
+        bucket's middle); ``analysis jobs`` (no system); ``structure, size unknown``."""
+        if self.system_kind == NO_SYSTEM:
+            return "analysis jobs"
         if self.atom_bucket < 0:
-            return f"{self.system_kind} (atoms unknown)"
+            return f"{self.system_kind}, size unknown"
         count = atoms if atoms > 0 else bucket_atoms(self.atom_bucket)
         return f"{self.system_kind} ~{_short_count(count)} atoms"
 
@@ -211,7 +217,7 @@ def fingerprint_of(spec: pb.JobSpec, *, threads: int | None = None) -> CostFinge
     """The cost fingerprint of a normalized spec; ``threads`` overrides ceil(resources.cpu)."""
     kind = spec.system.WhichOneof("kind") if spec.task != pb.TASK_ANALYZE else None
     return CostFingerprint(
-        system_kind=kind or "none",
+        system_kind=kind or NO_SYSTEM,
         atom_bucket=bucket_of(estimate_atoms(spec)) if kind else -1,
         nonbonded_method=int(spec.nonbonded_method),
         cutoff_nm=round(round(spec.cutoff_nm / 0.05) * 0.05, 2),
@@ -258,21 +264,36 @@ def physical_memory_mb(atoms: int, threads: int, *, pme: bool = True) -> float:
     return base + max(0, atoms) * per_kiloatom / 1000 + MB_PER_THREAD * (threads - 1)
 
 
-def physical_estimate(fingerprint: CostFingerprint, *, atoms: int) -> Recommendation:
-    """A recommendation without history: the physical model plus PHYSICAL_MARGIN."""
+def physical_estimate(
+    fingerprint: CostFingerprint, *, atoms: int, cpu_asked: float = 0.0
+) -> Recommendation:
+    """A recommendation without history: the physical model plus PHYSICAL_MARGIN; the CPU is
+    the fingerprint's threads, or the CPU the job asked for when that is less (nothing says
+    it needs more)."""
     pme = fingerprint.nonbonded_method in (pb.NONBONDED_PME, pb.NONBONDED_METHOD_UNSPECIFIED)
     memory = physical_memory_mb(atoms, fingerprint.threads, pme=pme) * (1 + PHYSICAL_MARGIN)
-    what = f"{_short_count(atoms)} atoms" if atoms > 0 else "atoms unknown"
+    if fingerprint.system_kind == NO_SYSTEM:
+        what = "an analysis job"
+    else:
+        size = f"~{_short_count(atoms)} atoms" if atoms > 0 else "size unknown"
+        what = f"{fingerprint.system_kind}, {size}"
+    threads = "1 thread" if fingerprint.threads == 1 else f"{fingerprint.threads} threads"
     return Recommendation(
         memory_mb=_round_memory(memory),
-        cpu=float(fingerprint.threads),
+        cpu=_cpu_at_most(float(fingerprint.threads), cpu_asked),
         confidence=Confidence.LOW,
         samples=0,
         evidence=(
-            f"no history: physical estimate for {fingerprint.system_kind}, {what}, "
-            f"{fingerprint.threads} thread(s), +{PHYSICAL_MARGIN * 100:.0f} %"
+            f"no history: physical estimate for {what}, {threads}, "
+            f"+{PHYSICAL_MARGIN * 100:.0f} % memory"
         ),
     )
+
+
+def _cpu_at_most(cpu: float, cpu_asked: float) -> float:
+    """``cpu``, but not above what the job asked for (when it asked): a job's CPU use fills
+    the cores it is given, so history at a larger allowance is no evidence it needs more."""
+    return min(cpu, cpu_asked) if cpu_asked > 0 else cpu
 
 
 def _matching(
@@ -291,16 +312,22 @@ def _measured(usage: UsageSample) -> bool:
 
 
 def recommend(
-    fingerprint: CostFingerprint, *, atoms: int, history: Sequence[UsageSample]
+    fingerprint: CostFingerprint,
+    *,
+    atoms: int,
+    history: Sequence[UsageSample],
+    cpu_asked: float = 0.0,
 ) -> Recommendation:
     """Recommend memory and CPU for a job of ``fingerprint`` from ``history`` (any attempts;
-    those of other fingerprints are ignored)."""
+    those of other fingerprints are ignored). ``cpu_asked``: the cores the job asked for (0:
+    none), which the CPU recommended never exceeds (a fraction of a core included: a job
+    asking 0.5 runs one thread, like one asking 1, but is given half of it)."""
     matching, widened = _matching(history, fingerprint)
     measured = [usage for usage in matching if _measured(usage)]
     oom_limits = [usage.memory_limit_mb for usage in matching if usage.oom_killed]
     floor = max(oom_limits, default=0.0) * OOM_FLOOR_FACTOR
     if len(measured) < MIN_SAMPLES:
-        estimate = physical_estimate(fingerprint, atoms=atoms)
+        estimate = physical_estimate(fingerprint, atoms=atoms, cpu_asked=cpu_asked)
         if floor <= estimate.memory_mb:
             return estimate
         return replace(
@@ -337,6 +364,9 @@ def recommend(
     if throttled and max(throttled) > cpu:
         cpu = _round_cpu(max(throttled))
         evidence += ", kept at the allowance a throttled attempt used in full"
+    if cpu_asked > 0 and cpu > cpu_asked:
+        cpu = cpu_asked
+        evidence += f", at most the {cpu_asked:g} asked for"
     return Recommendation(
         memory_mb=_round_memory(memory),
         cpu=cpu,
@@ -352,7 +382,10 @@ def recommend_for_spec(
     """:func:`recommend` for a normalized spec. ``threads`` defaults to the spec's CPU request;
     an ``auto`` job passes :func:`threads_for` of its atom count."""
     atoms = estimate_atoms(spec)
-    return recommend(fingerprint_of(spec, threads=threads), atoms=atoms, history=history)
+    fingerprint = fingerprint_of(spec, threads=threads)
+    # the cores it asked for, unless told to recommend for other threads than they give
+    asked = spec.resources.cpu if fingerprint.threads == math.ceil(spec.resources.cpu) else 0.0
+    return recommend(fingerprint, atoms=atoms, history=history, cpu_asked=asked)
 
 
 def auto_threads(spec: pb.JobSpec) -> int | None:
