@@ -8,8 +8,10 @@ projected by the watcher's projector; the views must answer the questions they a
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import asyncpg
 import pytest
@@ -17,6 +19,7 @@ from nats.aio.client import Client
 
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
+from mdq.core.spec import normalize_job
 from mdq.store.engine import create_engine, create_writer_pool
 from mdq.store.migrate import upgrade_async
 from mdq.store.projection import Projector
@@ -227,6 +230,34 @@ async def test_job_outputs_lists_each_reported_file(
         await pool.fetchval("SELECT count(*) FROM job_outputs WHERE job_id = $1", doomed.job_id)
         == 0
     )
+
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+def trajectory_example() -> tuple[str, str]:
+    """docs/history.md's query for where a job's trajectory is, and the words before it."""
+    text = (DOCS / "history.md").read_text()
+    after = text.partition("Where a job's trajectory is")[2]
+    return after.split("```sql", 1)[0], after.split("```sql", 1)[1].split("```", 1)[0]
+
+
+async def test_the_trajectory_example_says_when_it_returns_nothing(
+    projected: tuple[asyncpg.Pool, History, History],
+) -> None:
+    """The docs' query, as a reader pastes it: a row for a job that wrote a trajectory,
+    nothing for one that did not, which is every job by default (trajectories are off unless
+    ``trajectory_interval_steps`` is set), and the docs say so next to it."""
+    pool, retried, doomed = projected
+    words, query = trajectory_example()
+    assert "trajectory_interval_steps" in words and "returns nothing" in words, words
+    example_id = re.search(r"job_id = '([^']+)'", query)
+    assert example_id is not None, query
+    for job, rows in ((retried, 1), (doomed, 0)):
+        found = await pool.fetch(query.replace(example_id.group(1), job.job_id))
+        assert len(found) == rows, (job.job_id, found)
+    default = normalize_job(pb.JobSpec(name="a"), "jobs[0]")
+    assert default.trajectory_interval_steps == 0
 
 
 async def test_attempt_usage_and_the_history_the_recommender_reads(
