@@ -25,10 +25,11 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import uvicorn
 from google.protobuf import json_format
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -51,6 +52,7 @@ from mdq.bus.log import IDLE_HEARTBEAT_S
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core import ids
+from mdq.core.documents import field_names
 from mdq.core.runner_task import job_dir
 from mdq.memory import keep_state_out_of_gc
 from mdq.sdk.client import IntakeUnavailable, MdqClient, SubmitRefused
@@ -162,6 +164,52 @@ def progress_event(job_id: str, point: queries.ProgressPoint) -> dict[str, Any]:
     return json_format.MessageToDict(event, preserving_proto_field_name=True)
 
 
+_JOB_SPEC = cast(Descriptor, pb.JobSpec.DESCRIPTOR)
+_WIDE_INTEGERS = frozenset(
+    {
+        FieldDescriptor.TYPE_INT64,
+        FieldDescriptor.TYPE_UINT64,
+        FieldDescriptor.TYPE_SINT64,
+        FieldDescriptor.TYPE_FIXED64,
+        FieldDescriptor.TYPE_SFIXED64,
+    }
+)
+
+
+def plain_numbers(value: Any, descriptor: Descriptor | None) -> Any:
+    """The protobuf JSON mapping of a ``descriptor`` message (a job's spec, as stored) with
+    its 64-bit integers as numbers: the mapping writes them as strings (``"steps":
+    "15000"``), for JavaScript's sake, which a person reads as text. Keys the message does
+    not define are kept as they are."""
+    if isinstance(value, list):
+        return [plain_numbers(item, descriptor) for item in value]
+    if not isinstance(value, dict) or descriptor is None:
+        return value
+    known = field_names(descriptor)
+    plain: dict[str, Any] = {}
+    for key, item in value.items():
+        field = known.get(key)
+        if field is None:
+            plain[key] = item
+        elif field.type in _WIDE_INTEGERS:
+            plain[key] = _integer(item)
+        elif field.message_type is not None and field.message_type.GetOptions().map_entry:
+            values = field.message_type.fields_by_name["value"].message_type
+            is_map = isinstance(item, dict)
+            plain[key] = {k: plain_numbers(v, values) for k, v in item.items()} if is_map else item
+        else:
+            plain[key] = plain_numbers(item, field.message_type)
+    return plain
+
+
+def _integer(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_integer(item) for item in value]
+    if isinstance(value, str) and value.lstrip("-").isdigit():
+        return int(value)
+    return value
+
+
 def event_json(event: pb.Event) -> dict[str, Any]:
     return json_format.MessageToDict(event, preserving_proto_field_name=True)
 
@@ -215,6 +263,8 @@ async def job_page(request: Request) -> Response:
             404,
         )
     points = [progress_event(job_id, point) for point in found.progress]
+    spec = found.detail.job.spec
+    md = spec.get("task", "TASK_MD") == "TASK_MD"
     return _page(
         request,
         "job.html",
@@ -222,8 +272,10 @@ async def job_page(request: Request) -> Response:
             "title": f"Job {found.detail.job.name}",
             "job": found.detail.job,
             "found": found,
-            "spec_json": json.dumps(found.detail.job.spec, indent=2, sort_keys=True),
+            "spec_json": json.dumps(plain_numbers(spec, _JOB_SPEC), indent=2, sort_keys=True),
             "points": points,
+            # the line the temperature chart draws at the job's thermostat (MD only)
+            "target_temperature_k": float(spec.get("temperature_k", 0)) if md else None,
             "events_since": found.detail.job.updated_at.isoformat(),
             "tenant": ids.tenant_of(job_id),
         },

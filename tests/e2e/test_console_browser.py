@@ -11,13 +11,15 @@ both)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
 import time
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
@@ -52,7 +54,19 @@ jobs:
     checkpoint_interval_steps: 500
     resources: {{cpu: 1, memory_mb: 1024}}
     labels: {{campaign: browser}}
+  - name: summary
+    task: TASK_ANALYZE
+    depends_on: [watched]
+    resources: {{cpu: 0.5, memory_mb: 512}}
 """
+
+STATUS_WATCH = """
+window.mdqStatuses = [];
+var line = document.getElementById('live-status');
+new MutationObserver(function () { window.mdqStatuses.push(line.textContent); })
+  .observe(line, {childList: true, characterData: true, subtree: true});
+"""
+"""Records every text the job page's status line shows (read back at the end)."""
 
 
 @pytest.fixture
@@ -128,6 +142,15 @@ async def test_a_person_submits_watches_and_follows_a_retried_job(
         what="the job page (once the job is in the history)",
     )
     assert shown == [job_id]
+    browser.execute_script(STATUS_WATCH)
+    # The spec as submitted, numbers as numbers (the JSON mapping writes int64 as strings).
+    spec = browser.find_element(By.ID, "spec").text
+    assert '"steps": 4000' in spec and '"steps": "4000"' not in spec, spec
+    # The temperature chart draws the thermostat's temperature beside the attempts' lines.
+
+    def temperature_series() -> list[str] | None:
+        series = browser.find_element(By.ID, "chart-temperature").get_attribute("data-series")
+        return json.loads(series) if series else None
 
     def points() -> int:
         return int(browser.find_element(By.ID, "charts").get_attribute("data-points") or 0)
@@ -145,6 +168,7 @@ async def test_a_person_submits_watches_and_follows_a_retried_job(
         " document.getElementById('charts').getAttribute('data-points')];"
     )
     assert int(caption) == int(charted)
+    assert "thermostat 300 K" in (temperature_series() or []), temperature_series()
     shoot(browser, "job-running")
 
     # Once a checkpoint is written, the runner dies; the page follows the second attempt.
@@ -160,6 +184,18 @@ async def test_a_person_submits_watches_and_follows_a_retried_job(
         timeout=120,
         what="the page to show attempt 2 live",
     )
+    # The status line said what happened in words, never an event's internal name.
+    statuses: list[str] = browser.execute_script("return window.mdqStatuses;")
+    assert any(s == "live: attempt 1, this attempt failed: its runner crashed" for s in statuses), (
+        statuses
+    )
+    for status in statuses:
+        assert "_" not in status and not re.fullmatch(r"live: \w+ \(attempt \d+\)", status), (
+            statuses
+        )
+    # The speed is the last interval's (simulated time over wall time between the last two
+    # reports), not the runner's average since the attempt started.
+    await assert_speed_is_the_last_intervals(browser, f"{console}/jobs/{job_id}")
 
     def second_attempt_row() -> str | None:
         browser.get(f"{console}/jobs/{job_id}")
@@ -210,6 +246,78 @@ async def test_a_person_submits_watches_and_follows_a_retried_job(
     for node, (_, earliest) in before.items():
         # as far back as before: the restarted console read the past from the stream
         assert after[node][1] <= earliest, (node, before[node], after[node])
+    # Each node chart's time axis: times of day, never two ticks alike, none crowded.
+    for chart in browser.find_elements(By.CSS_SELECTOR, ".node-chart"):
+        ticks = json.loads(chart.get_attribute("data-ticks") or "[]")
+        width = int(chart.get_attribute("clientWidth") or 0)
+        assert ticks and all(re.fullmatch(r"\d\d:\d\d(:\d\d)?", tick) for tick in ticks), ticks
+        assert len(set(ticks)) == len(ticks) and len(ticks) <= width // 90 + 1, (ticks, width)
+
+    # The analysis (after the MD job) has no speed: nothing in the list, no chart of it.
+    summary_id = job_id.rsplit("-", 1)[0] + "-summary"
+
+    def summary_done() -> bool:
+        browser.get(f"{console}/jobs/{summary_id}")
+        states = browser.find_elements(By.ID, "job-state")
+        return bool(states) and states[0].text == "SUCCEEDED"
+
+    await until(summary_done, timeout=300, what="the analysis to succeed")
+    assert browser.find_element(By.ID, "no-speed").is_displayed()
+    # A node's name is never broken over two lines, even in a narrow window.
+    browser.set_window_size(900, 1600)
+    browser.get(f"{console}/jobs")
+    lines = browser.execute_script(NODE_LINES)
+    assert len(lines) >= 2 and set(lines) == {1}, lines
+    shoot(browser, "jobs-narrow")
+    browser.set_window_size(1300, 1600)
+    browser.get(f"{console}/jobs")
+    speeds = {
+        row.get_attribute("data-job"): row.find_element(By.CLASS_NAME, "speed").text
+        for row in browser.find_elements(By.CSS_SELECTOR, "#jobs tbody tr[data-job]")
+    }
+    assert speeds[summary_id] == "" and float(speeds[job_id]) > 0, speeds
+    shoot(browser, "jobs-with-analysis")
+
+
+NODE_LINES = """
+return Array.from(document.querySelectorAll('#jobs td.node span'))
+  .filter(function (span) { return span.textContent.trim(); })
+  .map(function (span) {
+    var range = document.createRange();
+    range.selectNodeContents(span);
+    return new Set(Array.from(range.getClientRects()).map(function (r) { return r.top; })).size;
+  });
+"""
+"""How many lines each node name in the jobs list takes."""
+
+
+async def assert_speed_is_the_last_intervals(browser: WebDriver, page: str) -> None:
+    """The speed chart's newest point, against the page's own progress reports: the
+    simulated time between the newest two of the newest attempt over the wall time between
+    them (once that attempt has two reports)."""
+
+    def seconds(point: dict[str, Any]) -> float:
+        """The report's time to the millisecond, as the page reads it."""
+        at = datetime.fromisoformat(str(point["time"]).replace("Z", "+00:00"))
+        return at.replace(microsecond=at.microsecond // 1000 * 1000).timestamp()
+
+    def compared() -> tuple[float, float] | None:
+        browser.get(page)
+        script = browser.find_element(By.ID, "job-data").get_attribute("textContent")
+        points = json.loads(script or "{}")["points"]
+        newest = max(int(point.get("attempt", 0)) for point in points)
+        reports = [point for point in points if int(point.get("attempt", 0)) == newest]
+        if len(reports) < 2:
+            return None
+        before, last = reports[-2]["progress"], reports[-1]["progress"]
+        simulated_ns = (last["time_ps"] - before["time_ps"]) / 1000
+        elapsed_days = (seconds(reports[-1]) - seconds(reports[-2])) / 86_400
+        shown = browser.find_element(By.ID, "chart-speed").get_attribute("data-last")
+        return float(shown or "nan"), simulated_ns / elapsed_days
+
+    shown, expected = await until(compared, timeout=60, what="two reports of the newest attempt")
+    # float seconds since the epoch against the page's whole milliseconds: within 1e-6
+    assert shown == pytest.approx(expected, rel=1e-6), (shown, expected)
 
 
 def node_charts(
