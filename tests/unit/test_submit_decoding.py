@@ -49,6 +49,11 @@ ENCODINGS = {
     "a protobuf submit": (protobuf(pb.JobSpec(name="a")), False),
     "a protobuf submit with a key": (protobuf(pb.JobSpec(name="a"), key="k"), False),
     "bytes that are neither": (b"\xff\xfe\x00garbage", False),
+    "a newer client's protobuf with a key 34 long": (
+        protobuf(pb.JobSpec(name="a"), key="k" * 34) + b"\x98\x06\x01",  # and field 99
+        False,
+    ),
+    "JSON after a newline": (b'\n\n{"jobs": [{"name": "a"}]}', True),
     # the key is the first field: a newline (its tag), then its length, which may be a byte
     # that starts JSON: 34 is '"', 45 '-', 48 to 57 digits, 91 '[', 102 'f', 110 'n',
     # 116 't', 123 '{'; 32 is a blank
@@ -134,6 +139,12 @@ REFUSED = {
         b'{"submitted_by": "a", "submitted_by": "b", "jobs": [{"name": "a"}]}',
         "submitted_by",
         "given twice",
+        fragment=True,
+    ),
+    "one field under both spellings, one behind an escape": Refused(
+        b'{"jobs": [{"name": "a", "temperature_k": 300, "temperature\\u004b": 5}]}',
+        "jobs[0].temperature_k",
+        "given twice, as 'temperature_k' and 'temperatureK'",
         fragment=True,
     ),
     "one field under both its spellings": Refused(

@@ -96,8 +96,10 @@ def submit_is_json(data: bytes) -> bool:
     """Whether a client sent the JSON mapping rather than protobuf binary: a text that starts
     like JSON (after blanks, and a UTF-8 byte-order mark) or is empty. A protobuf submit whose
     first field is its idempotency key starts with a newline, and the key's length may be a
-    byte that starts JSON (``{`` is 123): such a text is protobuf when it reads as a
-    ``SubmitRequest`` with no unknown field. Intake answers in the encoding this names."""
+    byte that starts JSON (``{`` is 123): such bytes are protobuf when they read as a
+    ``SubmitRequest`` (unknown fields and all: a newer client's, which is then told so in
+    protobuf), which JSON text practically never does (every length would have to land on
+    the next field's tag, up to the last byte). Intake answers in the encoding this names."""
     start = data.removeprefix(_UTF8_BOM).lstrip(_JSON_BLANKS)[:1]
     if not start:
         return True
@@ -106,10 +108,10 @@ def submit_is_json(data: bytes) -> bool:
     if data[0] not in _SUBMIT_TAGS:
         return True
     try:
-        request = pb.SubmitRequest.FromString(data)
+        pb.SubmitRequest.FromString(data)
     except DecodeError:
         return True
-    return unknown_field_error(request) is not None
+    return False
 
 
 def decode_submit(data: bytes) -> pb.SubmitRequest:
@@ -130,7 +132,8 @@ def decode_submit(data: bytes) -> pb.SubmitRequest:
                 "", f"a submit is a JSON object with a 'jobs' list, got {_json_kind(document)}"
             )
         brackets = data.count(b"{") + data.count(b"[")  # C speed: most submits hold a few
-        respelled = _CAMEL_CASE_KEY.search(data) is not None  # as most clients send none
+        # most clients send no camelCase key; one may hide behind a \u escape
+        respelled = b"\\u" in data or _CAMEL_CASE_KEY.search(data) is not None
         parse_document(document, request, nested=brackets > MAX_DEPTH, respelled=respelled)
         return request
     try:
