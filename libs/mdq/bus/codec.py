@@ -26,6 +26,7 @@ from mdq.core.documents import (
     MAX_DEPTH,
     Duplicated,
     camel_case_names,
+    drop_unknown_fields,
     duplicate_error,
     load_json,
     parse_document,
@@ -144,8 +145,9 @@ def decode_submit(data: bytes) -> pb.SubmitRequest:
             "neither JSON nor a protobuf mdq.v1.SubmitRequest: the protobuf wire format is "
             "broken (cut short, or not protobuf)",
         ) from None
-    if (unknown := unknown_field_error(request)) is not None:
-        raise unknown
+    if drop_unknown_fields(request):  # read them again, to name one
+        again = pb.SubmitRequest.FromString(data)
+        raise unknown_field_error(again) or SpecError("", "fields this mdq does not know")
     return request
 
 

@@ -27,8 +27,9 @@ style of the validation errors (``jobs[1].depends_on[0]``, ``jobs[0].labels['tea
   the range of its protobuf type), an enum with its valid names, a oneof with its members, an
   unknown field with the fields that exist there.
 - **Protobuf.** A binary submit may carry no field this version does not know
-  (``unknown_field_error``): protobuf keeps them silently, so a client built from a newer
-  ``mdq.proto`` would otherwise lose what it asked for without a word.
+  (``drop_unknown_fields``, ``unknown_field_error``): protobuf keeps them silently, so a
+  client built from a newer ``mdq.proto`` would otherwise lose what it asked for without a
+  word.
 
 Error messages are cut to ``MAX_REASON_CHARS`` and hold no lone surrogates (JSON may carry
 ``"\\ud800"``, which neither protobuf nor a terminal can encode).
@@ -459,18 +460,22 @@ _WIRE_TYPES = {
 }
 
 
+def drop_unknown_fields(message: Message) -> bool:
+    """Drop the fields of a parsed protobuf ``message`` (and of the messages in it) that
+    their types do not define; whether there were any. Protobuf keeps them without a word,
+    so a client built from a newer ``mdq.proto`` would lose what it asked for: a caller
+    refuses such a message, naming the field with ``unknown_field_error`` on a fresh parse
+    (this runs at C speed; that one walks every message in Python)."""
+    size = message.ByteSize()
+    message.DiscardUnknownFields()
+    return message.ByteSize() != size
+
+
 def unknown_field_error(message: Message, prefix: str = "") -> SpecError | None:
     """The error for the first field of a parsed protobuf ``message`` (or of a message in it)
-    that its type does not define, None if there is none. Protobuf keeps such fields without
-    a word; a client built from a newer ``mdq.proto`` would lose what it asked for. The path
-    names the message and the field's number (``jobs[0].resources.#99``); a known number on
-    the wire in another form than its type's (or a map entry that cannot be read) names the
-    field itself."""
-    clean = type(message)()
-    clean.CopyFrom(message)
-    clean.DiscardUnknownFields()
-    if clean.ByteSize() == message.ByteSize():  # C speed: most submits stop here
-        return None
+    that its type does not define, None if there is none. The path names the message and the
+    field's number (``jobs[0].resources.#99``); a known number on the wire in another form
+    than its type's (or a map entry that cannot be read) names the field itself."""
     return _unknown_in(message, prefix)
 
 
