@@ -11,6 +11,7 @@ import os
 import shutil
 import tempfile
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from mdq.bus.subjects import Subjects
 from mdq.embedded import SHARED_FILE_STORE, start_nats, start_postgres
 from mdq.store.engine import create_writer_pool
 from mdq.store.roles import RoleNames, RolePasswords, RoleUrls, role_urls, setup_database_async
+from tests.stack_health import KILLS, fail_unless_healthy, stack_state_dirs
 
 
 @pytest.fixture(scope="session")
@@ -53,6 +55,49 @@ def postgres_url() -> Iterator[str]:
     yield server.url
     server.stop()
     shutil.rmtree(folder, ignore_errors=True)
+
+
+NO_SKIPS_ENV = "MDQ_TESTS_NO_SKIPS"
+"""Set (to 1) by CI: a run in which any test was skipped fails, naming each skip and why, so
+a missing tool (a browser, Prometheus, root) cannot turn a test into a silent pass."""
+
+_skipped: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        _skipped.append(f"{report.nodeid}: {reason}")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if hasattr(session.config, "workerinput") or not os.environ.get(NO_SKIPS_ENV):
+        return  # xdist's workers report to the controller, which decides
+    if _skipped:
+        lines = "\n".join(f"  {line}" for line in _skipped)
+        print(f"\n{NO_SKIPS_ENV} is set and {len(_skipped)} test(s) skipped:\n{lines}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture
+def kills(request: pytest.FixtureRequest) -> Counter[str]:
+    """For a test that kills parts of its stack on purpose a number of times it learns as it
+    runs: it counts each kill here (``kills["recovery"] += 1``), and ``stack_health`` expects
+    exactly that many exits of each part."""
+    counted: Counter[str] = request.node.stash.setdefault(KILLS, Counter())
+    return counted
+
+
+@pytest.fixture(autouse=True)
+def stack_health(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[None]:
+    """Fail the test if a stack it started under ``tmp_path`` saw a part crash, hang on stop or
+    log a traceback, beyond what its ``expected_crashes`` marker or its ``kills`` name
+    (tests/stack_health.py; a stack kept elsewhere is checked by its own fixture). Torn down
+    after every other fixture of the test, so its stacks have stopped and their notes are
+    whole."""
+    yield
+    if state_dirs := stack_state_dirs(tmp_path):
+        fail_unless_healthy(request.node, state_dirs)
 
 
 @pytest.fixture

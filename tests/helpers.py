@@ -146,6 +146,31 @@ async def events_of(
     return await read_all(js, subjects.job(job, kind))
 
 
+MARKER_PREFIX = "mk"
+"""Request ids of ``placement_settled``'s marker jobs: ``mk<n>-marker``."""
+
+
+async def placement_settled(
+    js: JetStreamContext, subjects: Subjects, *, tag: int | str = 0, timeout: float = 20.0
+) -> str:
+    """A positive marker for "placement did nothing more": a node too small for anything a
+    test submits (0.5 cores) and a job that fits only there (0.1 cores, 64 MB), published
+    after everything the test did. Placement folds the jobs log in order and binds in passes
+    over what it has folded, so once the marker is bound, every event before it has been
+    folded and a binding pass has run over it: what was not bound by then was refused, not
+    late. Returns the marker's job id (leave it out of the test's counts)."""
+    marker_job = f"{MARKER_PREFIX}{tag}-marker"
+    bus = OwnersPublisher(js=js, subjects=subjects)
+    await bus.publish(node_load(f"marker{tag}", cpu_capacity=0.5, memory_mb=128))
+    await bus.publish(submitted(marker_job, cpu=0.1, memory_mb=64))
+
+    async def marker_bound() -> bool:
+        return bool(await events_of(js, subjects, "bound", marker_job))
+
+    await wait_for(marker_bound, timeout=timeout, what=f"placement to bind its marker {marker_job}")
+    return marker_job
+
+
 class RecordingBackend:
     """The cluster backend port, in memory: records pods, reports what the test tells it.
 

@@ -946,11 +946,16 @@ class Stack:
             assert child.process is not None
             with contextlib.suppress(subprocess.TimeoutExpired):
                 child.process.wait(timeout=max(0.0, deadline - time.monotonic()))
-            if child.process.poll() is None:
+            hung = child.process.poll() is None
+            if hung:
                 self._note(f"{child.name}: no exit {self._grace_s:g} s after SIGTERM; SIGKILL")
             self._kill_group(child.process.pid, signal.SIGKILL)
             child.process.wait()
             child.last_exit_code = child.process.returncode
+            # 0: a clean stop; -SIGTERM: ended by the signal itself, before the service set
+            # up its handling (a stop while it still imports its modules)
+            if not hung and child.last_exit_code not in (0, -signal.SIGTERM):
+                self._note(f"{child.name}: exited with {child.last_exit_code} on stop")
         for child in self._children:
             if child.log_file is not None:
                 child.log_file.close()

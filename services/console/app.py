@@ -21,7 +21,7 @@ import json
 import logging
 import re
 import secrets
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -49,6 +49,7 @@ from starlette.templating import Jinja2Templates
 from mdq.bus.codec import decode_event
 from mdq.bus.connect import connect
 from mdq.bus.log import IDLE_HEARTBEAT_S
+from mdq.bus.runtime import run_service
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core import ids
@@ -552,11 +553,18 @@ async def serve(common: CommonSettings, settings: ConsoleSettings) -> None:
         host=settings.host,
         port=settings.port,
         log_level="warning",
+        timeout_graceful_shutdown=2,  # live pages hold their event streams open
     )
-    server = uvicorn.Server(config)
+    server = _Server(config)
     watcher = asyncio.create_task(_announce(server), name="announce")
+    serving = asyncio.create_task(server.serve(), name="uvicorn")
     try:
-        await server.serve()
+        await asyncio.shield(serving)
+    except asyncio.CancelledError:
+        # stopped (mdq.bus.runtime): uvicorn closes its sockets and ends its requests
+        server.should_exit = True
+        await serving
+        raise
     finally:
         follower.cancel()
         watcher.cancel()
@@ -564,6 +572,16 @@ async def serve(common: CommonSettings, settings: ConsoleSettings) -> None:
         await engine.dispose()
         with contextlib.suppress(Exception):
             await nc.drain()
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, leaving the process's stop signals to ``mdq.bus.runtime.run_service``: its own
+    handlers would re-raise SIGTERM after its shutdown and end the process before the
+    console's connections are closed."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
 
 
 async def _announce(server: uvicorn.Server) -> None:
@@ -580,4 +598,4 @@ def main() -> None:
     common = CommonSettings()
     if not common.database_url:
         raise SystemExit("the console needs DATABASE_URL (the read-only role's)")
-    asyncio.run(serve(common, ConsoleSettings()))
+    run_service(lambda: serve(common, ConsoleSettings()))

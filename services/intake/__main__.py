@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
+from mdq.bus.runtime import run_service
 from services.intake.app import build_intake
 
 
@@ -15,7 +15,7 @@ def main() -> None:
         level=intake.settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    asyncio.run(intake.run())
+    run_service(intake.run)
 
 
 if __name__ == "__main__":

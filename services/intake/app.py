@@ -26,8 +26,8 @@
   ``application/x-protobuf``). On a transient NATS error no reply is sent: the client times out
   and retries with the same key, which is safe.
 
-``Intake.start()`` / ``stop()`` run it inside another program (tests); ``Intake.run()`` runs it
-as a process with FastStream's signal handling (``python -m services.intake``).
+``Intake.start()`` / ``stop()`` run it inside another program (tests); ``Intake.run()`` serves
+until cancelled, which ``python -m services.intake`` does on SIGTERM (``mdq.bus.runtime``).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from typing import Any
 
 import nats.errors
 import nats.js.errors
-from faststream import AckPolicy, FastStream, StreamMessage
+from faststream import AckPolicy, StreamMessage
 from faststream.nats import JStream, NatsBroker
 from faststream.nats.security import NatsCredentials
 from nats.aio.client import Client
@@ -491,13 +491,14 @@ class Intake:
             await self._tenants.close()
 
     async def run(self) -> None:
-        """Run until SIGINT/SIGTERM."""
-        await FastStream(
-            self.broker,
-            on_startup=[self.prepare],
-            after_startup=[self.serve_requests],
-            on_shutdown=[self.stop_requests],
-        ).run()
+        """Serve until cancelled (``mdq.bus.runtime.run_service`` cancels on SIGTERM/SIGINT),
+        then stop: the requests in hand are answered and the broker's connection drained,
+        also when the stop comes while it is still starting."""
+        try:
+            await self.start()
+            await asyncio.Future()  # until cancelled
+        finally:
+            await self.stop()
 
 
 def build_intake(

@@ -28,6 +28,7 @@ from mdq.backends.port import ClusterBackend, NodeSample
 from mdq.bus.connect import connect
 from mdq.bus.log import follow_log, raise_if_cancelling
 from mdq.bus.publisher import EventPublisher
+from mdq.bus.runtime import run_service
 from mdq.bus.subjects import Subjects
 from mdq.bus.tenants import read_tenant_usages
 from mdq.contracts import pb
@@ -346,4 +347,4 @@ def main() -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    asyncio.run(serve(CommonSettings(), MetricsSettings()))
+    run_service(lambda: serve(CommonSettings(), MetricsSettings()))

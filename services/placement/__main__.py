@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 from pathlib import Path
@@ -13,6 +12,7 @@ from mdq.bus.connect import connect
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.requests import Requests
 from mdq.bus.runner_creds import RenewalDesk
+from mdq.bus.runtime import run_service
 from mdq.bus.storage import StorageSettings
 from mdq.settings import CommonSettings
 from services.placement.app import Placement
@@ -69,4 +69,4 @@ async def main() -> None:
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    asyncio.run(main())
+    run_service(main)

@@ -252,6 +252,8 @@ class Placement:
         """The jobs-stream sequence of the snapshot this replica started from (0: it replayed
         the whole log)."""
         self.snapshots_written = 0
+        self.snapshot_decisions = 0
+        """How many times an interval passed and the snapshot was written or found unchanged."""
         self._cordon_notes: dict[str, tuple[datetime, bool]] = {}
         """node -> (episode start, cordoned or held back) last logged, so each is logged once."""
         self._usage_written: dict[str, tuple[tuple[Any, ...], datetime]] = {}
@@ -955,9 +957,10 @@ class Placement:
         self._snapshot_at = now
         if not self.book.last_sequence:
             return
-        if not await self._snapshots.write(self.state.snapshot(), now=self._clock()):
-            return
-        self.snapshots_written += 1
+        written = await self._snapshots.write(self.state.snapshot(), now=self._clock())
+        self.snapshot_decisions += 1
+        if written:
+            self.snapshots_written += 1
 
     async def _caught_up_jobs(self) -> None:
         self._jobs_ready.set()

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from mdq.bus.connect import connect
 from mdq.bus.publisher import EventPublisher
+from mdq.bus.runtime import run_service
 from mdq.bus.snapshots import SnapshotStore
 from mdq.settings import CommonSettings
 from services.recovery.app import Recovery
@@ -45,4 +45,4 @@ async def main() -> None:
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    asyncio.run(main())
+    run_service(main)

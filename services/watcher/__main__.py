@@ -16,12 +16,12 @@ does not exist) stops the watcher too, non-zero.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sys
 
 from mdq.backends.factory import make_backend
 from mdq.bus.connect import connect
+from mdq.bus.runtime import run_service
 from mdq.settings import CommonSettings
 from mdq.store.projection import LogContinuityError
 from services.watcher.app import run_watcher
@@ -59,7 +59,7 @@ async def main() -> None:
 def run() -> int:
     """Run the watcher; the process's exit status."""
     try:
-        asyncio.run(main())
+        run_service(main)
     except BaseExceptionGroup as group:
         broken = group.subgroup(LogContinuityError)
         if broken is None:

@@ -46,6 +46,7 @@ async def events(client: MdqClient, job_id: str, kind: str) -> list[pb.Event]:
     return await read_all(client.nc.jetstream(), client.subjects.job(job_id, kind))
 
 
+@pytest.mark.expected_crashes({"local-backend": 1})
 async def test_agent_killed_under_running_jobs_cordons_no_node(
     nats_url: str, database_url: str, namespace: str, tmp_path: Path
 ) -> None:

@@ -11,6 +11,7 @@ import random
 import signal
 import subprocess
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -19,10 +20,12 @@ from google.protobuf import json_format
 
 from mdq.backends.local.launcher import start_agent
 from mdq.contracts import pb
+from mdq.core.runner_task import job_dir
 from mdq.embedded import start_nats
 from mdq.sdk.client import MdqClient
 from mdq.stack import Stack
 from mdq.testing.processes import runner_pid
+from mdq.testing.runner_files import last_energy_step, newest_checkpoint_step
 from tests.e2e.test_stack import md_job, submit_when_ready
 from tests.helpers import read_all, wait_for
 from tests.log_agreement import assert_postgres_agrees_with_log
@@ -162,8 +165,22 @@ async def test_dead_node_moves_its_job_elsewhere_from_the_checkpoint(
     assert resumed[0] > max(checkpoints) and resumed[-1] == 6000
 
 
+def wait_gone(pid: int, timeout_s: float = 10.0) -> None:
+    """Until process ``pid`` is gone or a zombie (killed: its files are final)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return
+        if state == "Z":
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"process {pid} still there {timeout_s} s after SIGKILL")
+
+
 async def test_runners_killed_at_random_steps_while_recovery_is_killed_too(
-    stack: Stack, database_url: str
+    stack: Stack, database_url: str, kills: Counter[str]
 ) -> None:
     rng = random.Random(7)
     interval = 1000
@@ -177,6 +194,9 @@ async def test_runners_killed_at_random_steps_while_recovery_is_killed_too(
         kill_at = {job: rng.randrange(1200, 4500, 100) for job in job_ids}
         pending = set(job_ids)
         last_step = dict.fromkeys(job_ids, 0)
+        on_disk: dict[str, tuple[int, int]] = {}
+        """job -> (the last step in the killed runner's energy table, its newest checkpoint
+        file's step), read from disk once it is dead"""
         deadline = time.monotonic() + KILL_LOOP_S
         while pending:
             for job in sorted(pending):
@@ -191,9 +211,16 @@ async def test_runners_killed_at_random_steps_while_recovery_is_killed_too(
                     and (pid := runner_pid(job, stack.namespace)) is not None
                 ):
                     os.kill(pid, signal.SIGKILL)
+                    await asyncio.to_thread(wait_gone, pid)
+                    folder = job_dir(stack.data_dir, job)
+                    on_disk[job] = (
+                        last_energy_step(folder / "energies.csv"),
+                        newest_checkpoint_step(folder / "checkpoints"),
+                    )
                     recovery = stack.child_pid("recovery")
                     if recovery is not None:
                         os.kill(recovery, signal.SIGKILL)  # recovery dies mid-decision
+                        kills["recovery"] += 1
                     pending.discard(job)
                 elif last_step[job] >= 6000 or time.monotonic() > deadline:
                     raise AssertionError(
@@ -217,6 +244,11 @@ async def test_runners_killed_at_random_steps_while_recovery_is_killed_too(
                 "lost work ≤ one checkpoint interval"
             )
             assert requeues[0].requeued.steps_lost == failure.last_step - resume
+            # and from outside: the dead runner's files agree, and lost at most one interval
+            reached, newest_checkpoint = on_disk[job]
+            assert resume == newest_checkpoint, "resumed from the newest checkpoint on disk"
+            assert 0 <= reached - newest_checkpoint <= interval, "lost work ≤ one interval"
+            assert failure.last_step <= reached
             progress = await read_all(js, client.subjects.progress(job))
             second = [p.progress.step for p in progress if p.attempt == 2]
             assert second[0] > resume and second[-1] == 6000

@@ -30,6 +30,7 @@ from mdq.sdk.client import MdqClient
 from mdq.stack import NATS_SERVER, POSTGRES, Stack
 from tests.e2e.test_stack import md_job, request, submit_when_ready
 from tests.helpers import read_all, wait_for
+from tests.stack_health import fail_unless_healthy
 
 pytestmark = pytest.mark.e2e
 
@@ -38,13 +39,16 @@ STEPS = 3000
 
 
 @pytest.fixture
-def state_dir() -> Iterator[Path]:
+def state_dir(request: pytest.FixtureRequest) -> Iterator[Path]:
     """The stack's state folder, outside pytest's temporary root: a pytest session starting
     meanwhile resets that root to mode 0700, which the embedded PostgreSQL (run as its own
-    user) could then no longer cross."""
+    user) could then no longer cross. Checked for crashes before it is removed."""
     folder = Path(tempfile.mkdtemp(prefix="mdq-heal-"))
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
+    try:
+        yield folder
+        fail_unless_healthy(request.node, [folder])
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture
@@ -120,6 +124,7 @@ async def _campaign_through_a_kill(
     return job_ids, back_after
 
 
+@pytest.mark.expected_crashes({NATS_SERVER: 1, POSTGRES: 1})
 async def test_killed_servers_are_restarted_in_place_and_campaigns_finish(
     stack: Stack, state_dir: Path, record_property: Callable[[str, object], None]
 ) -> None:

@@ -1124,9 +1124,11 @@ async def test_many_submits_at_once_each_accepted_once(
         by_key.setdefault(key, set()).update(reply.job_ids)
     assert all(len(job_ids) == 1 for job_ids in by_key.values())
     events = await wait_for_events(nc.jetstream(), subjects, 150)
-    assert sorted(event.job_id for _, event in events) == sorted(
-        job_id for job_ids in by_key.values() for job_id in job_ids
-    )
+    accepted = sorted(job_id for job_ids in by_key.values() for job_id in job_ids)
+    assert sorted(event.job_id for _, event in events) == accepted
+    # published once each: a second publish (which JetStream would drop) shows in the tap
+    await settled(nc, subjects, tap)
+    assert sorted(tap.subjects) == sorted(subjects.job(job, "submitted") for job in accepted)
 
 
 async def test_a_mixed_burst_is_handled_as_one_by_one_submits_would_be(

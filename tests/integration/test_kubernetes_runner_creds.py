@@ -12,7 +12,6 @@ and runs once placement creates it again.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import json
@@ -353,7 +352,13 @@ async def test_a_pod_left_without_its_secret_waits_and_runs_once_created_again(
         return waiting_reason() == "ContainerCreating"
 
     await wait_for(creating, timeout=10, what="the bound pod in ContainerCreating")
-    await asyncio.sleep(1.0)  # and it stays there: nothing runs without its credentials
+    kubelet = cluster.kubelets["node-2"]
+
+    async def looked_five_times() -> bool:
+        return kubelet.mount_tries[(K8S_NAMESPACE, bound.name)] >= 5
+
+    # and it stays there: the kubelet looked for its credentials five times, in vain
+    await wait_for(looked_five_times, timeout=20, what="five tries at the pod's volumes")
     assert await phase_of(cluster, bound.name) == "Pending" and waiting_reason()
     assert cluster.kubelets["node-2"].pid_of(bound.name, K8S_NAMESPACE) is None
     assert await phase_of(cluster, unbound.name) == "Pending"

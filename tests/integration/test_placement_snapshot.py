@@ -4,7 +4,6 @@ back to a full replay and says so; a snapshot is written only when the state cha
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 from collections import Counter
@@ -27,6 +26,7 @@ from tests.helpers import (
     event,
     events_of,
     node_load,
+    placement_settled,
     publisher,
     running,
     submitted,
@@ -89,6 +89,17 @@ async def caught_up(nc: Client, subjects: Subjects, placement: Placement) -> Non
     await wait_for(folded, what=f"the log folded up to {last}")
 
 
+async def decided(placement: Placement, *, times: int) -> None:
+    """Until ``placement`` decided ``times`` more times whether to write a snapshot: the
+    positive marker that intervals passed (and what they wrote can be counted)."""
+    start = placement.snapshot_decisions
+
+    async def enough() -> bool:
+        return placement.snapshot_decisions >= start + times
+
+    await wait_for(enough, what=f"{times} snapshot decisions")
+
+
 async def first_run(nc: Client, subjects: Subjects) -> int:
     """One node with room for two jobs; three submitted: two bound, one pending. Returns the
     sequence of the snapshot that holds both bindings."""
@@ -128,12 +139,11 @@ async def test_a_restart_from_the_snapshot_binds_what_a_full_replay_binds(
             return len(await bound_counts(nc, subjects)) == 3
 
         await wait_for(three_bound, what="the pending job bound in the room that freed")
-        await caught_up(nc, subjects, restarted)
-        await asyncio.sleep(0.5)  # nothing else is bound
+        marker = await placement_settled(nc.jetstream(), subjects, tag=1)
     assert restarted.restored_sequence == sequence
     assert f"replaying the jobs log from sequence {sequence + 1}" in caplog.text
     counts = await bound_counts(nc, subjects)
-    assert counts == {"r1-j0": 1, "r1-j1": 1, "r1-j2": 1}, "no job bound twice, j3 waits"
+    assert counts == {"r1-j0": 1, "r1-j1": 1, "r1-j2": 1, marker: 1}, "none twice, j3 waits"
     assert restarted.fenced_total == 0
 
     # a placement that replays the whole log knows the same, and binds nothing more
@@ -142,13 +152,14 @@ async def test_a_restart_from_the_snapshot_binds_what_a_full_replay_binds(
     caplog.clear()
     replayed = make_placement(nc, subjects, interval_s=0)
     async with running(replayed.run()):
-        await caught_up(nc, subjects, replayed)
-        await asyncio.sleep(0.5)
+        second_marker = await placement_settled(nc.jetstream(), subjects, tag=2)
     assert replayed.restored_sequence == 0
     assert "full replay of the jobs log: no snapshot" in caplog.text
-    assert outcome(replayed) == outcome(restarted)
+    replayed_knows = outcome(replayed)
+    assert replayed_knows.pop(second_marker) == ("BOUND", "marker2")
+    assert replayed_knows == outcome(restarted)
     assert outcome(restarted)["r1-j3"] == ("PENDING", "")
-    assert await bound_counts(nc, subjects) == counts
+    assert await bound_counts(nc, subjects) == counts + Counter({second_marker: 1})
 
 
 async def rewrite_head(kv: KeyValue, **changes: Any) -> Head:
@@ -197,8 +208,7 @@ async def test_an_unusable_snapshot_falls_back_to_a_full_replay(
     caplog.set_level(logging.INFO, logger="mdq.placement")
     restarted = make_placement(nc, subjects)
     async with running(restarted.run()):
-        await caught_up(nc, subjects, restarted)
-        await asyncio.sleep(0.3)
+        await placement_settled(nc.jetstream(), subjects)
     assert restarted.restored_sequence == 0
     assert reason in caplog.text
     assert "restored from the snapshot" not in caplog.text
@@ -224,7 +234,7 @@ async def test_a_snapshot_is_written_only_when_the_state_changed(
     restarted = make_placement(nc, subjects)
     async with running(restarted.run()):
         await caught_up(nc, subjects, restarted)
-        await asyncio.sleep(1.0)  # ten intervals
+        await decided(restarted, times=5)
         assert restarted.restored_sequence > 0
         assert restarted.snapshots_written == 0
         await publisher(nc.jetstream(), subjects).publish(submitted("r1-j5"))
@@ -233,7 +243,7 @@ async def test_a_snapshot_is_written_only_when_the_state_changed(
             return restarted.snapshots_written == 1
 
         await wait_for(written, what="a snapshot once a job was submitted")
-        await asyncio.sleep(0.5)
+        await decided(restarted, times=5)
         assert restarted.snapshots_written == 1
     loaded = await store(nc, subjects).load()
     assert loaded.resume.after == await last_job_sequence(nc, subjects)

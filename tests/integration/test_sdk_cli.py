@@ -361,6 +361,7 @@ async def test_publish_submit_goes_through_the_stream_and_a_refusal_reaches_wait
 
 
 # -- the stack ---------------------------------------------------------------------------
+@pytest.mark.expected_crashes({"intake": 1})
 async def test_stack_supervises_and_client_commands_find_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, database_url: str
 ) -> None:

@@ -5,3 +5,5 @@ service shares: the subject names of a namespace, the stream definitions, the pr
 codec of the edge, publishing with Nats-Msg-Id deduplication, and reading a stream's history
 (replay) before following it live.
 """
+
+from mdq.bus import nats_fixes as _nats_fixes  # noqa: F401 (a fix to nats-py, applied on import)

@@ -22,6 +22,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,28 @@ CLIENT_OPTIONS: dict[str, Any] = {
     "connect_timeout": CONNECT_TIMEOUT_S,
 }
 DEFAULT_PORTS = {"nats": 4222, "tls": 4222, "ws": 80, "wss": 443}
+
+log = logging.getLogger("mdq.bus")
+
+LOST_CONNECTION: tuple[type[Exception], ...] = (
+    OSError,
+    nats.errors.UnexpectedEOF,
+    nats.errors.StaleConnectionError,
+    nats.errors.ConnectionClosedError,
+    nats.errors.NoServersError,
+)
+"""Errors of a connection to a server that went away: nats-py reconnects by itself."""
+
+
+async def log_client_error(error: Exception) -> None:
+    """nats-py's error callback: one line per error. Its own logs a traceback for each
+    failed reconnect, which says nothing more than the error and fills every service's log
+    while a server restarts."""
+    if isinstance(error, LOST_CONNECTION):
+        log.warning("NATS connection: %s: %s (reconnecting)", type(error).__name__, error)
+    else:
+        log.error("NATS: %s: %s", type(error).__name__, error)
+
 
 CREDS_ENV = "MDQ_NATS_CREDS"
 """The environment variable naming this process's NATS credentials file (``mdq up`` sets it
@@ -123,7 +146,13 @@ async def _connect_once(
     client = Client()
     try:
         async with asyncio.timeout(timeout_s):
-            await client.connect(url, name=name, **CLIENT_OPTIONS, **auth_options(creds))
+            await client.connect(
+                url,
+                name=name,
+                error_cb=log_client_error,
+                **CLIENT_OPTIONS,
+                **auth_options(creds),
+            )
         if subjects is not None:
             await require_streams(client.jetstream(), subjects, replicas=replicas)
     except BaseException:

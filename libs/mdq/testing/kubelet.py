@@ -35,6 +35,7 @@ import logging
 import os
 import shutil
 import signal
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,6 +121,9 @@ class SimulatedKubelet:
         self._volume_poll_s = volume_poll_s
         self.waiting: dict[Key, asyncio.Task[None]] = {}
         """Pods whose volumes are not ready yet (a Secret missing): ContainerCreating."""
+        self.mount_tries: Counter[Key] = Counter()
+        """How many times each pod's volumes were looked for (for tests: a positive marker
+        that a pod waited through that many tries)."""
         self._settings = KubernetesSettings(watch_timeout_s=60, retry_backoff_s=0.2)
         self._api: k8s.ApiClient | None = None
         self._core: k8s.CoreV1Api | None = None
@@ -368,6 +372,7 @@ class SimulatedKubelet:
             await asyncio.sleep(self._volume_poll_s)
             try:
                 mounts = await self._mount_volumes(key, pod)
+                self.mount_tries[key] += 1
             except ApiException:
                 log.warning("kubelet %s: mounting %s/%s failed", self.node, *key, exc_info=True)
                 continue

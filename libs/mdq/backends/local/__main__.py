@@ -19,6 +19,7 @@ from mdq.auth import RUNNER_ISSUER_ENV
 from mdq.backends.local.agent import NodeAgent
 from mdq.backends.local.settings import LocalAgentSettings
 from mdq.bus.connect import connect
+from mdq.bus.runtime import run_service
 from mdq.settings import CommonSettings
 
 
@@ -43,7 +44,8 @@ def build(
 
 
 async def serve(common: CommonSettings, settings: LocalAgentSettings) -> None:
-    """Connect, run the agent, stop it cleanly on SIGTERM/SIGINT."""
+    """Connect, run the agent, stop it cleanly on SIGTERM/SIGINT (before it is connected,
+    ``run_service`` cancels the wait for NATS; afterwards the agent's own stop runs)."""
     nc = await connect(
         common.nats_url, name=f"mdq-local-agent-{'+'.join(settings.names())}", wait=True
     )
@@ -61,7 +63,7 @@ def main() -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    asyncio.run(serve(CommonSettings(), LocalAgentSettings()))
+    run_service(lambda: serve(CommonSettings(), LocalAgentSettings()))
 
 
 if __name__ == "__main__":

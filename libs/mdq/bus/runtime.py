@@ -1,0 +1,84 @@
+"""How a service process runs: its main coroutine until it returns or the process is told to
+stop, and then a clean exit.
+
+Kubernetes and ``mdq up`` stop a service with SIGTERM (then SIGKILL after a grace period).
+``run_service`` turns SIGTERM and SIGINT into a cancel of the service's main coroutine, so its
+``finally`` blocks run (drain the NATS connection, close pools and backends) and the process
+exits 0. A stop that is not clean (an exception while stopping, a crash) still exits non-zero,
+which the stack's supervisor and the tests read as a crash (docs/architecture.md).
+
+On Python 3.11 a cancel can be lost: ``asyncio.wait_for`` (which nats-py runs every request
+under) hands back an answer that lands together with the cancel and drops the cancel, so the
+service runs on. A stop still running after ``SLOW_STOP_S`` logs where it waits and is
+cancelled again, every ``SLOW_STOP_S``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+SLOW_STOP_S = 1.5
+"""After this long stopping, the service logs where it waits, and cancels it again."""
+
+log = logging.getLogger("mdq.runtime")
+
+
+def run_service(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Run ``main()`` in a new event loop until it returns, or until SIGTERM/SIGINT cancels
+    it; returns normally after a stop by signal. Any other end (an exception, a cancel that no
+    signal asked for) propagates."""
+    asyncio.run(_until_signalled(main))
+
+
+async def _until_signalled(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    signalled: list[signal.Signals] = []
+
+    def stop(sig: signal.Signals) -> None:
+        if not signalled:
+            task.cancel(f"stopped by {sig.name}")
+            loop.call_later(SLOW_STOP_S, _cancel_again, task)
+        signalled.append(sig)
+
+    for sig in STOP_SIGNALS:
+        loop.add_signal_handler(sig, stop, sig)
+    try:
+        await main()
+    except asyncio.CancelledError:
+        if not signalled:
+            raise
+        while task.uncancel():  # every cancel of the stop was answered
+            pass
+    finally:
+        for sig in STOP_SIGNALS:
+            loop.remove_signal_handler(sig)
+
+
+def _cancel_again(main: asyncio.Task[None]) -> None:
+    """A stop that takes long: say where the service's main coroutine waits, and cancel it
+    again (the first cancel may have been lost), until it ends."""
+    if main.done():
+        return
+    _log_where_it_waits(main)
+    main.cancel("stop still running; cancelled again")
+    asyncio.get_running_loop().call_later(SLOW_STOP_S, _cancel_again, main)
+
+
+def _log_where_it_waits(main: asyncio.Task[None]) -> None:
+    frames = []
+    awaited: Any = main.get_coro()
+    while awaited is not None:  # down the chain of awaits to the innermost
+        frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "gi_frame", None)
+        if frame is not None:
+            frames.append(
+                f"  {frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+            )
+        awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom", None)
+    log.warning("still stopping after %g s; waiting in:\n%s", SLOW_STOP_S, "\n".join(frames[-4:]))
