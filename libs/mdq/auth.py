@@ -23,7 +23,7 @@ process does) reconnects with the new one.
 deploy-dev-secrets``, or ``mdq credentials`` for production): in one folder (0700) it keeps or
 makes the trust chain, writes the server's block (``nats-auth.conf``, which deploy/'s
 ``nats.conf`` includes; public material only), one ``<identity>.creds`` per identity of
-``mdq.bus.permissions.IDENTITIES`` and the runner issuer of the node agent
+``mdq.bus.permissions.IDENTITIES`` and placement's runner issuer
 (``runner-issuer.json``). It is idempotent: what exists and still says the same is kept.
 """
 
@@ -53,6 +53,7 @@ from mdq.bus.permissions import (
     service_permissions,
 )
 from mdq.bus.subjects import Subjects
+from mdq.core.tenants import check_job_id
 
 SECRETS_DIR = "secrets"
 NATS_SECRETS = "nats"
@@ -60,13 +61,14 @@ TRUST_FILE = "trust.json"
 SERVER_BLOCK_FILE = "nats-auth.conf"
 """The server's half (``Trust.server_block``), included by deploy/base/nats.conf."""
 RUNNER_ISSUER_FILE = "runner-issuer.json"
-"""The node agent's runner-credential issuer (``MDQ_NATS_RUNNER_ISSUER``)."""
+"""Placement's runner-credential issuer (``MDQ_NATS_RUNNER_ISSUER``): it alone mints runner
+credentials, the local node agents' included (``mdq.bus.runner_creds``)."""
 REVOCATIONS_FILE = "revocations.json"
 """Revoked user public keys -> the time of revocation (``rotate``), in the account's JWT."""
 TENANTS_DIR = "tenants"
 """Where, in a secrets folder, the tenants' credentials are (``mdq tenant add``)."""
 RUNNER_ISSUER_ENV = "MDQ_NATS_RUNNER_ISSUER"
-"""Where the node agent is told the runner issuer file is (set by the stack, compose, deploy)."""
+"""Where placement is told the runner issuer file is (set by the stack, compose, deploy)."""
 CREDS_SUFFIX = ".creds"
 
 _UNLIMITED = {
@@ -181,8 +183,9 @@ class Trust:
     """The streams account: JetStream, the exports, no users (its connection limit is 0)."""
     runner_signing_seed: str
     """A signing key of the users account scoped to the runner template: what it signs can
-    publish one job's progress, checkpoints and outputs, whatever the JWT says. The node agent
-    holds it (``runner_issuer``), never an account key."""
+    publish one job's progress, checkpoints and outputs, whatever the JWT says (but the job is
+    the JWT's name, filled in as it is: ``RunnerIssuer.creds`` mints for job ids only).
+    Placement alone holds it (``runner_issuer``), never an account key."""
     namespace: str = "mdq"
     users_seed: str = ""
     """The users account: every identity's credentials are signed by it. A trust chain made
@@ -405,7 +408,12 @@ class RunnerIssuer:
     def creds(self, job_id: str) -> str:
         """Credentials for the runners of ``job_id``: the server gives them the runner
         template with this job id filled in, and nothing else; they expire ``expires_s`` from
-        now (``mdq.bus.runner_creds`` renews them while the attempt lives)."""
+        now (``mdq.bus.runner_creds`` renews them while the attempt lives).
+
+        ``job_id`` must be a job id (``mdq.core.tenants.check_job_id``, ``JobIdError``
+        otherwise): the server fills it into the template as it is, so ``*``, ``>``,
+        ``alice.*`` or ``intake`` would grant every job's (or an identity's) subjects."""
+        check_job_id(job_id)
         user = _new_key(nkeys.PREFIX_BYTE_USER)
         claims: dict[str, Any] = {
             "iss": _public(_from_seed(self.signing_seed)),
@@ -419,7 +427,7 @@ class RunnerIssuer:
 
 
 def runner_issuer(trust: Trust) -> RunnerIssuer:
-    """The runner-credential issuer of ``trust`` (for the node agent)."""
+    """The runner-credential issuer of ``trust`` (placement's)."""
     return RunnerIssuer(trust.runner_signing_seed, trust.users_public)
 
 

@@ -813,17 +813,14 @@ class Stack:
         return env
 
     def _identity_env(self, child: str) -> dict[str, str]:
-        """The NATS credentials of one child (none when the server needs none); whoever
-        starts the runners also gets the runner issuer, to mint each runner's own
-        credentials: the node agent, or placement on the Kubernetes backend."""
+        """The NATS credentials of one child (none when the server needs none); placement
+        alone also gets the runner issuer: it mints every runner's own credentials, the
+        node agents' included (they ask it, holding no key: docs/security.md)."""
         identity = "agent" if child.startswith(LOCAL_AGENT) else CHILD_IDENTITY.get(child, child)
         if identity not in self._creds:
             return {}
         env = {CREDS_ENV: str(self._creds[identity])}
-        creates_pods = self.backend == "kubernetes" or any(
-            cluster.kind == "kubernetes" for cluster in self.remote_clusters
-        )
-        if identity == "agent" or (identity == "placement" and creates_pods):
+        if identity == "placement":
             issuer = nats_secrets_dir(self.state_dir) / RUNNER_ISSUER_FILE
             env[RUNNER_ISSUER_ENV] = str(issuer)
         return env

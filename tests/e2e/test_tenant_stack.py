@@ -96,7 +96,7 @@ async def test_a_runner_outlives_its_first_credentials(
     tmp_path: Path, database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With runner credentials that live 8 s, a job that runs longer still reports to the end:
-    its runner renewed them from the node agent (its pod log says so) and reconnected on the
+    its runner renewed them from placement (its pod log says so) and reconnected on the
     fresh ones; without the renewal the server ends its connection and the job cannot
     succeed."""
     monkeypatch.delenv("NATS_URL", raising=False)

@@ -58,7 +58,8 @@ async def test_each_process_gets_its_own_identity_and_nothing_else(
             env = process_env(pid)
             creds = Path(env["MDQ_NATS_CREDS"])
             assert creds.parent == folder and identity_of_creds(creds) == identity, child
-            assert ("MDQ_NATS_RUNNER_ISSUER" in env) == (identity == "agent"), child
+            # placement alone holds the runner key; the node agent asks it for credentials
+            assert ("MDQ_NATS_RUNNER_ISSUER" in env) == (identity == "placement"), child
             for seed in seeds:  # no process holds the operator's or the account's keys
                 assert not [k for k, v in env.items() if seed in v], (child, seed[:4])
 

@@ -213,7 +213,7 @@ def service_permissions(identity: str, subjects: Subjects, names: Names = Names(
         publish += _local_buckets(subjects, names, pods=True, nodes=False)
         publish += _bucket(subjects.clusters_lost_bucket, write=False)
         publish += _bucket(subjects.tenants_bucket, write=False)
-        subscribe.append(subjects.runner_creds(">"))  # renewals, on Kubernetes
+        subscribe.append(subjects.runner_creds(">"))  # it mints every runner's credentials
         respond = True
     elif identity == "watcher":
         jobs_consumer, progress_consumer = names.watcher_consumers
@@ -233,8 +233,8 @@ def service_permissions(identity: str, subjects: Subjects, names: Names = Names(
         publish += _bucket(subjects.waiting_bucket, write=False)  # the tenants' fair shares
     elif identity == "agent":
         publish += _local_buckets(subjects, names, pods=True, nodes=True)
-        subscribe.append(subjects.runner_creds(">"))  # renewals of its pods' runners
-        respond = True
+        # its pods' runners' first credentials, asked of placement (it holds no key)
+        publish += [subjects.runner_creds("*"), subjects.runner_creds("*.*")]
     elif identity == "runners":
         return Permissions(
             identity=identity,
