@@ -342,7 +342,10 @@ class Trust:
         nats: dict[str, Any] = {
             "type": "user",
             "version": 2,
-            "pub": {"allow": list(permissions.publish)},
+            "pub": {
+                "allow": list(permissions.publish),
+                **({"deny": list(permissions.publish_deny)} if permissions.publish_deny else {}),
+            },
             "sub": {"allow": list(permissions.subscribe)},
             "subs": -1,
             "data": -1,

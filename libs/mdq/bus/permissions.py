@@ -66,6 +66,10 @@ class Permissions:
     """May answer requests it received (a reply to the request's inbox, once, promptly)."""
     inbox_prefix: str = ""
     """Where its replies come back; only it may subscribe there."""
+    publish_deny: tuple[str, ...] = ()
+    """Carved out of ``publish``: the services' durable consumers, which a reader that may
+    make pull consumers of its own on their stream must not pull from, acknowledge, change or
+    delete."""
 
 
 DEFAULT_INBOX = "_INBOX"
@@ -95,6 +99,38 @@ def _read_stream(stream: str) -> list[str]:
         f"$JS.API.CONSUMER.INFO.{stream}.*",
         f"$JS.FC.{stream}.>",
     ]
+
+
+def _pull_reader(stream: str) -> list[str]:
+    """Read a stream through pull consumers of one's own making, as any language's stock client
+    does (nats.js ``js.consumers.get()``, nats.go ``OrderedConsumer``, nats-py
+    ``pull_subscribe``): create one by name (with its filter in the subject or not), pull,
+    acknowledge, delete it. The services' durables on that stream are carved out
+    (``_protected``); the stream's own limits bound how many a tenant keeps
+    (``mdq.bus.streams.tenant_stream_config``)."""
+    return [
+        f"$JS.API.CONSUMER.CREATE.{stream}.>",
+        f"$JS.API.CONSUMER.MSG.NEXT.{stream}.*",
+        f"$JS.API.CONSUMER.DELETE.{stream}.*",
+        f"$JS.ACK.{stream}.>",
+    ]
+
+
+def _protected(streams: Iterable[str], names: Names) -> list[str]:
+    """What a pull reader of ``streams`` may not do to the services' durable consumers
+    (intake's, the watcher's): change, delete, pull from, acknowledge for them."""
+    durables = (names.intake_consumer, *names.watcher_consumers)
+    out: list[str] = []
+    for stream in streams:
+        for durable in durables:
+            out += [
+                f"$JS.API.CONSUMER.CREATE.{stream}.{durable}",
+                f"$JS.API.CONSUMER.CREATE.{stream}.{durable}.>",
+                f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}",
+                f"$JS.API.CONSUMER.DELETE.{stream}.{durable}",
+                f"$JS.ACK.{stream}.{durable}.>",
+            ]
+    return out
 
 
 def _durable(stream: str, consumer: str) -> list[str]:
@@ -194,6 +230,7 @@ def service_permissions(identity: str, subjects: Subjects, names: Names = Names(
         for stream in (submit, jobs, progress, nodes, summaries, subjects.copies_stream)
     ]
     subscribe: list[str] = []
+    deny: list[str] = []
     respond = False
     if identity == "admin":
         return Permissions(identity, ("$JS.>", "$KV.>", f"{subjects.namespace}.>"), (">",), True)
@@ -255,8 +292,12 @@ def service_permissions(identity: str, subjects: Subjects, names: Names = Names(
         publish += _read_stream(summaries)
     elif identity == "cli":
         publish += [subjects.submit, subjects.api_submit]
-        publish += [*_read_stream(jobs), *_read_stream(progress), *_read_stream(nodes)]
-        publish += _read_stream(summaries)
+        # what a person reads, with mdq's commands or any stock client: ordered and pull
+        # consumers of its own (never a service's durable: ``_protected``)
+        read = (jobs, progress, nodes, summaries)
+        for stream in read:
+            publish += [*_read_stream(stream), *_pull_reader(stream)]
+        deny += _protected(read, names)
         publish += _bucket(subjects.waiting_bucket, write=False)
     else:
         raise ValueError(f"unknown identity {identity!r}; known: {', '.join(IDENTITIES)}")
@@ -268,6 +309,7 @@ def service_permissions(identity: str, subjects: Subjects, names: Names = Names(
         subscribe=tuple(subscribe),
         respond=respond,
         inbox_prefix=prefix,
+        publish_deny=tuple(deny),
     )
 
 
@@ -294,8 +336,7 @@ def tenant_permissions(subjects: Subjects, tenant: str) -> Permissions:
     stream = subjects.tenant_stream(tenant)
     prefix = inbox_prefix(identity)
     publish = [subjects.submit_for(tenant), subjects.api_submit_for(tenant)]
-    publish += _read_stream(stream)
-    publish += [f"$JS.API.CONSUMER.CREATE.{stream}.>", f"$JS.API.CONSUMER.DELETE.{stream}.*"]
+    publish += [*_read_stream(stream), *_pull_reader(stream)]
     return Permissions(
         identity=identity,
         publish=tuple(publish),
@@ -438,6 +479,8 @@ def _row(permissions: Permissions) -> str:
             read, _, subject = direct.partition(".")  # direct gets of some subjects only
             streams.append(f"{read} ({subject})")
         elif (stream := _after(pattern, "$JS.API.CONSUMER.CREATE.")) and "." not in stream:
+            if f"$JS.API.CONSUMER.MSG.NEXT.{stream}.*" in permissions.publish:
+                stream += " (pull)"
             (buckets if stream.startswith("KV_") else streams).append(stream.removeprefix("KV_"))
         elif durable := _after(pattern, "$JS.API.CONSUMER.DURABLE.CREATE."):
             owns.append(f"consumer {durable.replace('.', '/')}")

@@ -125,6 +125,18 @@ class StorageSettings(BaseSettings):
     tenant_days: float = Field(
         default=30.0, gt=0, description="Each tenant's stream: how long an event is kept."
     )
+    tenant_consumers: int = Field(
+        default=16,
+        ge=1,
+        description="Each tenant's stream: the most consumers a tenant may keep on it at once "
+        "(its clients' ordered and pull consumers; the server refuses more).",
+    )
+    tenant_consumer_idle_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="Each tenant's stream: a consumer no client used for this long is deleted "
+        "by the server, durable or not (so a tenant cannot keep one for ever).",
+    )
     registry_bytes: ByteSize = Field(
         default=ByteSize(512 * MiB),
         gt=0,

@@ -24,6 +24,7 @@ from nats.js.api import (
     RetentionPolicy,
     StorageType,
     StreamConfig,
+    StreamConsumerLimits,
     StreamSource,
 )
 from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError
@@ -131,7 +132,10 @@ def tenant_stream_config(
     """One tenant's stream: its jobs' events, refusals and progress, sourced by the server
     from the shared streams (which a tenant may not read: they hold everyone's jobs). It is a
     copy (the history stays in PostgreSQL and the shared streams), so it drops its oldest
-    events at its limits (``MDQ_STORAGE_TENANT_*``)."""
+    events at its limits (``MDQ_STORAGE_TENANT_*``). The tenant makes its own consumers on it
+    (ordered and pull, ``mdq.bus.permissions.tenant_permissions``): at most
+    ``tenant_consumers`` at once, each deleted by the server after ``tenant_consumer_idle_s``
+    unused, durable or not."""
     storage = storage or StorageSettings()
     jobs, refusals, progress = subjects.tenant_events(tenant)
     return StreamConfig(
@@ -147,6 +151,8 @@ def tenant_stream_config(
         max_bytes=int(storage.tenant_bytes),
         discard=DiscardPolicy.OLD,
         num_replicas=replicas,
+        max_consumers=storage.tenant_consumers,
+        consumer_limits=StreamConsumerLimits(inactive_threshold=storage.tenant_consumer_idle_s),
     )
 
 

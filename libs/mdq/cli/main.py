@@ -60,7 +60,13 @@ from mdq.contracts import pb
 from mdq.core.recommend import UsageSample
 from mdq.core.spec import SpecError
 from mdq.core.state import JobState, JobView
-from mdq.sdk.client import IntakeUnavailable, MdqClient, SubmitRefused
+from mdq.sdk.client import (
+    IntakeUnavailable,
+    MdqClient,
+    OperatorOnly,
+    SubmitRefused,
+    tenant_of_creds,
+)
 from mdq.sdk.jobfile import JobFileError, load_job_file
 from mdq.stack import (
     BACKENDS,
@@ -641,7 +647,11 @@ def nodes(ctx: typer.Context) -> None:
     async def work(client: MdqClient) -> dict[str, pb.Event]:
         return await client.node_loads()
 
-    loads = _run(_with_client(endpoints, work))
+    try:
+        loads = _run(_with_client(endpoints, work))
+    except OperatorOnly as error:
+        err_console.print(f"[red]{error}[/]")
+        raise typer.Exit(EXIT_FAILED) from None
     table = Table(title="nodes")
     clustered = any(event.node_load.cluster for event in loads.values())
     for column, justify in (
@@ -683,6 +693,12 @@ def queues(ctx: typer.Context) -> None:
     """Each tenant's weight, jobs running and queued, share of the cluster and fair share
     (placement's last count, from its waiting bucket)."""
     endpoints = _endpoints(ctx)
+    if tenant := tenant_of_creds(endpoints.nats_creds):
+        err_console.print(
+            f"[red]the tenants' shares are the operator's to read; tenant {tenant}'s "
+            "credentials may not (docs/security.md, Tenants)[/]"
+        )
+        raise typer.Exit(EXIT_FAILED)
     usages = _run(
         tenant_usages(endpoints.nats_url, endpoints.namespace, creds=endpoints.nats_creds)
     )
