@@ -66,7 +66,7 @@ from mdq.bus.streams import await_leader, ensure_bucket_limit, ensure_replicas
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.ids import request_id_for_key, request_id_of, tenant_of
-from mdq.core.tenants import JOB_ID_PATTERN
+from mdq.core.tenants import JOB_ID_PATTERN as JOB_ID_PATTERN  # the handlers use it too
 
 NO_MESSAGE_FOUND = 10037
 RETENTION_MARGIN = timedelta(days=1)

@@ -407,7 +407,11 @@ async def stored_messages(prepared: Server) -> dict[str, int]:
     admin = await connect(prepared.nats.url, name="count", creds=prepared.creds["admin"])
     try:
         js = admin.jetstream()
-        streams = (*STREAMS, SUBJECTS.tenant_stream(TENANT), SUBJECTS.tenant_stream(OTHER_TENANT))
+        streams = (
+            *STREAMS,
+            *(SUBJECTS.tenant_stream(tenant) for tenant in (TENANT, OTHER_TENANT)),
+            *(SUBJECTS.tenant_submit_stream(tenant) for tenant in (TENANT, OTHER_TENANT)),
+        )
         return {stream: (await js.stream_info(stream)).state.messages for stream in streams}
     finally:
         await admin.close()
@@ -695,3 +699,49 @@ async def test_the_operators_client_reads_the_tenants_shares_and_a_tenant_cannot
         f"$JS.API.DIRECT.GET.{bucket}.$KV.{SUBJECTS.waiting_bucket}.{usage_key(TENANT)}",
     ]
     assert await attempts_of["tenant"].refused(tries) == set(tries)
+
+
+async def test_a_tenant_cannot_squat_another_tenants_idempotency_key(
+    prepared: Server,
+) -> None:
+    """Bob publishes first under the message id alice's SDK would give her key
+    (``submit:<key>``); her submit is stored all the same (her own submit stream
+    deduplicates among her keys only), and reaches the submit stream intake reads. Red with
+    the one shared submit stream deduplicating every tenant's ids together."""
+    bob = await connect(prepared.nats.url, name="bob", creds=prepared.creds["tenant-bob"])
+    alice = await connect(prepared.nats.url, name="alice", creds=prepared.creds["tenant"])
+    admin = await connect(prepared.nats.url, name="check", creds=prepared.creds["admin"])
+    key = {"Nats-Msg-Id": f"submit:squat-{time.time_ns()}"}
+    try:
+        squat = await bob.jetstream().publish(
+            SUBJECTS.submit_for(OTHER_TENANT), b'{"jobs": []}', headers=key
+        )
+        assert not squat.duplicate and squat.stream == SUBJECTS.tenant_submit_stream(OTHER_TENANT)
+        mine = await alice.jetstream().publish(
+            SUBJECTS.submit_for(TENANT), b'{"jobs": [{"name": "w"}]}', headers=key
+        )
+        assert not mine.duplicate and mine.stream == SUBJECTS.tenant_submit_stream(TENANT)
+        subject = SUBJECTS.submit_for(TENANT)
+        for _ in range(100):  # the submit stream sources it a moment later
+            found = await admin.jetstream().stream_info(
+                SUBJECTS.submit_stream, subjects_filter=subject
+            )
+            if (found.state.subjects or {}).get(subject):
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError("alice's submit never reached the submit stream")
+        # and no answer tells bob whether alice used a key: his own stream knows his alone
+        again = await bob.jetstream().publish(
+            SUBJECTS.submit_for(OTHER_TENANT), b'{"jobs": []}', headers=key
+        )
+        assert again.duplicate  # his own key, used by him
+        probe = {"Nats-Msg-Id": f"submit:probe-{time.time_ns()}"}
+        await alice.jetstream().publish(SUBJECTS.submit_for(TENANT), b"{}", headers=probe)
+        oracle = await bob.jetstream().publish(
+            SUBJECTS.submit_for(OTHER_TENANT), b"{}", headers=probe
+        )
+        assert not oracle.duplicate
+    finally:
+        for client in (bob, alice, admin):
+            await client.close()

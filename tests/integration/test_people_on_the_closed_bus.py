@@ -298,6 +298,27 @@ async def test_the_sdk_works_with_each_identity(closed: Closed, who: str) -> Non
                 await client.node_loads()
 
 
+async def test_another_tenant_cannot_squat_a_tenants_key(closed: Closed) -> None:
+    """Bob publishes first under the message id alice's SDK gives her key; her fire-and-forget
+    submit under that key is still accepted by intake and runs. Red with one submit stream
+    deduplicating every tenant's message ids together (hers was dropped as bob's copy)."""
+    key = f"squat-{os.urandom(3).hex()}"
+    bob = await nats.connect(closed.url, **auth_options(str(closed.creds(OTHER))))
+    try:
+        squat = await bob.jetstream().publish(
+            SUBJECTS.submit_for(OTHER), b'{"jobs": []}', headers={"Nats-Msg-Id": f"submit:{key}"}
+        )
+        assert not squat.duplicate
+    finally:
+        await bob.close()
+    async with await MdqClient.connect(closed.url, NS, creds=closed.creds(TENANT)) as alice:
+        [job] = await alice.publish_submit(
+            pb.SubmitRequest(jobs=[pb.JobSpec(name="w", steps=500)]), idempotency_key=key
+        )
+        await run_job(closed, job)
+        assert {str(s) for s in (await alice.wait([job], timeout=30)).values()} == {"SUCCEEDED"}
+
+
 # -- pull consumers, as any language's stock client makes them -------------------------------
 @pytest.mark.parametrize("who", WHO)
 async def test_a_person_reads_its_jobs_with_pull_consumers_of_its_own(

@@ -155,16 +155,29 @@ async def test_a_tenant_depends_on_its_own_jobs_only(
 async def test_a_tenants_stream_submit_is_its_own(
     intake: Intake, nc: Client, subjects: Subjects
 ) -> None:
+    """A keyless submit on carol's subject is stored by her own submit stream (as ``mdq
+    tenant add`` makes it), which the submit stream sources; its request id is carol's and
+    comes from the submit stream's sequence, as any keyless stream submit's."""
     js = nc.jetstream()
+    await ensure_tenant_stream(js, subjects, "carol")
     ack = await js.publish(
         subjects.submit_for("carol"),
         json.dumps({"submitted_by": "mallory", "jobs": [{"name": "keyless"}]}).encode(),
     )
-    job = f"{request_id_for_sequence(ack.seq, 'carol')}-keyless"
-    assert job.startswith("carol.")
-    subject = subjects.job(job, "submitted")
-    await eventually(lambda: _has(js, subjects, subject), "carol's keyless submit")
-    assert (await submitted_events(js, subjects))[subject].submitted.submitted_by == "carol"
+    assert ack.stream == subjects.tenant_submit_stream("carol")
+
+    async def carols() -> list[pb.Event]:
+        events = (await submitted_events(js, subjects)).values()
+        return [event for event in events if event.job_id.startswith("carol.")]
+
+    async def seen() -> bool:
+        return bool(await carols())
+
+    await eventually(seen, "carol's keyless submit")
+    [event] = await carols()
+    copied = await js.get_last_msg(subjects.submit_stream, subjects.submit_for("carol"))
+    assert event.job_id == f"{request_id_for_sequence(copied.seq or 0, 'carol')}-keyless"
+    assert event.submitted.submitted_by == "carol"
 
 
 async def test_an_intake_consumer_made_before_tenants_is_widened(
@@ -187,6 +200,7 @@ async def test_an_intake_consumer_made_before_tenants_is_widened(
         ),
     )
     payload = {"idempotency_key": "early", "jobs": [{"name": "waited"}]}
+    await ensure_tenant_stream(js, subjects, "dave")
     await js.publish(subjects.submit_for("dave"), json.dumps(payload).encode())
     service = await started(settings_for(nats_url, namespace))
     try:

@@ -239,9 +239,15 @@ class MdqClient:
         intake is down) and return the job ids intake will give the jobs if it accepts them.
 
         A refusal is published as an event; ``wait`` raises ``SubmitRefused`` for it. A keyed
-        submit is published with the key as ``Nats-Msg-Id``, so a retried publish is dropped.
+        submit is published with the key as ``Nats-Msg-Id``, so a retried publish is dropped
+        (a tenant's among its own submits only: its own submit stream deduplicates them). A
+        tenant's submit without a key gets a fresh one: its job ids cannot come from the
+        sequence of the submit stream intake reads, which its acknowledgement does not name.
         A full submit stream refuses the publish itself: ``SubmitRefused`` at once.
         """
+        if self._tenant and not idempotency_key:
+            given = request.idempotency_key if isinstance(request, pb.SubmitRequest) else ""
+            idempotency_key = given or uuid.uuid4().hex
         built = build_request(request, idempotency_key=idempotency_key)
         headers = (
             {"Nats-Msg-Id": f"submit:{built.idempotency_key}"} if built.idempotency_key else None
