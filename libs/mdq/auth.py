@@ -31,11 +31,13 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import hmac
 import json
 import os
 import re
 import secrets
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -124,12 +126,17 @@ def decode_claims(token: str) -> dict[str, Any]:
 
 
 def write_secret(path: Path, text: str, *, group_readable: bool = False) -> Path:
-    """Write ``text`` to ``path`` readable by its owner only (0600, in a 0700 folder),
-    replacing it atomically. ``group_readable``: 0640 in a 0750 folder, for a container that
-    runs as another user with the owner's group added (docker-compose.yml, ``group_add``)."""
+    """Write ``text`` to ``path`` readable by its owner only (0600), replacing it atomically;
+    the folders it has to make are 0700. ``group_readable``: 0640 (folders made 0750), for a
+    container that runs as another user with the owner's group added (docker-compose.yml,
+    ``group_add``). A folder that exists keeps its mode: whoever made it chose it (an
+    embedded PostgreSQL may share it); make a private one first where it matters
+    (``generate``, the stack's ``secrets/``)."""
     folder_mode, file_mode = (0o750, 0o640) if group_readable else (0o700, 0o600)
+    missing = [each for each in path.parents if not each.exists()]
     path.parent.mkdir(mode=folder_mode, parents=True, exist_ok=True)
-    os.chmod(path.parent, folder_mode)
+    for folder in missing:
+        os.chmod(folder, folder_mode)  # mkdir's mode is masked by the umask
     partial = path.with_name(path.name + ".partial")
     descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, file_mode)
     os.fchmod(descriptor, file_mode)  # whatever the umask
@@ -148,6 +155,29 @@ def ensure_token_file(path: Path, *, group_readable: bool = False) -> Path:
     if not (path.is_file() and path.read_text(encoding="utf-8").strip()):
         write_secret(path, secrets.token_urlsafe(32) + "\n", group_readable=group_readable)
     return path
+
+
+WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+def bearer_guard(app: WsgiApp, token_file: Path) -> WsgiApp:
+    """``app`` answering only requests that bring the token in ``token_file`` (read at each
+    request, so a new token applies at once): ``Authorization: Bearer <token>``; 401 without
+    it. What keeps ``/metrics`` (job ids, so tenants' names) from other accounts on a
+    machine whose loopback they share."""
+
+    def guarded(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        token = token_file.read_text(encoding="utf-8").strip()
+        given = str(environ.get("HTTP_AUTHORIZATION", ""))
+        if not token or not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            start_response(
+                "401 Unauthorized",
+                [("Content-Type", "text/plain; charset=utf-8"), ("WWW-Authenticate", "Bearer")],
+            )
+            return [b"this endpoint needs its token: Authorization: Bearer <token>\n"]
+        return app(environ, start_response)
+
+    return guarded
 
 
 def creds_text(user_jwt: str, seed: str) -> str:

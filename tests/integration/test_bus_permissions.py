@@ -58,6 +58,8 @@ JOB = "0123456789ab-victim"
 TENANT_JOB = "bob.0123456789ab-victim"
 """A job of tenant bob: a tenant's job ids have two tokens."""
 RUNNER_JOB = "0123456789ab-mine"
+COPY = "ckpt.1.a.m"
+"""A subject of a job's copies (its slot a's manifest of attempt 1)."""
 TENANT, OTHER_TENANT = "alice", "bob"
 LEASE_BUCKET = "mdq_placement"
 BUCKETS = (
@@ -434,14 +436,16 @@ async def test_the_reply_subject_trick_stores_nothing(
     as its reply subject (nats-server discussion #8924): the answer comes back in the users
     account, where no stream captures it, so nothing is stored. Red with the streams in the
     account the identities log in to."""
-    request = (
-        f"$JS.API.STREAM.INFO.{SUBJECTS.tenant_stream(TENANT)}"
-        if identity == "tenant"
-        else "$JS.API.INFO"
-    )
+    requests = {
+        "tenant": f"$JS.API.STREAM.INFO.{SUBJECTS.tenant_stream(TENANT)}",
+        # a runner's one JetStream request: a direct get of its own job's copies
+        "runner": f"$JS.API.DIRECT.GET.{SUBJECTS.copies_stream}.{SUBJECTS.copy(RUNNER_JOB, COPY)}",
+        "runners": f"$JS.API.DIRECT.GET.{SUBJECTS.copies_stream}.{SUBJECTS.copy(JOB, COPY)}",
+    }
+    request = requests.get(identity, "$JS.API.INFO")
     client = attempts_of[identity].client
     answer = await client.request(request, b"", timeout=5)  # the request itself is allowed
-    assert b'"type":"io.nats.jetstream.api.v1.' in answer.data
+    assert answer.headers or b'"type":"io.nats.jetstream.api.v1.' in answer.data
     before = await stored_messages(prepared)
     for reply in every_stored_subject():
         await client.publish(request, b"", reply=reply)
@@ -745,3 +749,13 @@ async def test_a_tenant_cannot_squat_another_tenants_idempotency_key(
     finally:
         for client in (bob, alice, admin):
             await client.close()
+
+
+@pytest.mark.parametrize("identity", ["runner", "runners", "tenant"])
+async def test_no_runner_nor_tenant_lists_or_counts_the_streams(
+    attempts_of: dict[str, Attempts], identity: str
+) -> None:
+    """The names of the streams name every tenant (``MDQ_TENANT_<name>``); the account's
+    figures count them. Red with ``COMMON_PUBLISH`` in the runner template."""
+    tries = ["$JS.API.STREAM.NAMES", "$JS.API.STREAM.LIST", "$JS.API.INFO"]
+    assert await attempts_of[identity].refused(tries) == set(tries)

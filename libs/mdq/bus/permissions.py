@@ -276,7 +276,6 @@ def service_permissions(identity: str, subjects: Subjects, names: Names = Names(
         return Permissions(
             identity=identity,
             publish=(
-                *COMMON_PUBLISH,
                 *_events(subjects, RUNNER_KINDS),
                 *_copies(subjects, "*"),
             ),
@@ -351,7 +350,9 @@ RUNNER_NAME = "{{name()}}"
 
 def runner_permissions(subjects: Subjects, job_id: str = RUNNER_NAME) -> Permissions:
     """A runner may publish its own job's progress, checkpoints and outputs, ask for fresh
-    credentials for its own job, and hear the answers in its own inbox: nothing else.
+    credentials for its own job, and hear the answers in its own inbox: nothing else, not
+    even the names of the streams or the account's figures (``COMMON_PUBLISH``: they would
+    name, or count, the tenants).
 
     Its identity is the job id (ids never clash with a service's name: they start with 12 hex
     digits and a dash). With the default ``job_id`` this is the template of the account's
@@ -363,7 +364,6 @@ def runner_permissions(subjects: Subjects, job_id: str = RUNNER_NAME) -> Permiss
     return Permissions(
         identity=identity,
         publish=(
-            *COMMON_PUBLISH,
             *_events(subjects, RUNNER_KINDS, job_id),
             *_copies(subjects, job_id),
             renewal,

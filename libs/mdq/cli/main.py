@@ -43,7 +43,14 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
-from mdq.auth import TrustMismatch, ensure_token_file, generate, nats_secrets_dir, rotate
+from mdq.auth import (
+    SECRETS_DIR,
+    TrustMismatch,
+    ensure_token_file,
+    generate,
+    nats_secrets_dir,
+    rotate,
+)
 from mdq.bus.connect import CREDS_ENV
 from mdq.cli import history
 from mdq.cli import recommend as recommendations
@@ -70,6 +77,7 @@ from mdq.sdk.client import (
 from mdq.sdk.jobfile import JobFileError, load_job_file
 from mdq.stack import (
     BACKENDS,
+    CONSOLE_TOKEN_FILE,
     Stack,
     StackError,
     StackInfo,
@@ -197,7 +205,8 @@ def _print_stack(info: StackInfo) -> None:
         *([f"credentials {info.nats_creds}  (MDQ_NATS_CREDS)"] if info.nats_creds else []),
         f"PostgreSQL  {info.database_url}" + ("  (embedded)" if info.embedded_postgres else ""),
         *([f"password    {info.database_password_file}"] if info.database_password_file else []),
-        f"metrics     {info.metrics_url}",
+        f"metrics     {info.metrics_url}  (Authorization: Bearer <the token in "
+        f"{Path(info.state_dir) / SECRETS_DIR / CONSOLE_TOKEN_FILE}>)",
         *([f"console     {info.console_link()}"] if info.console_url else []),
         f"namespace   {info.namespace}",
         f"backend     {info.backend}",
@@ -297,7 +306,13 @@ def status(ctx: typer.Context) -> None:
         raise typer.Exit(EXIT_UNAVAILABLE)
     _updated_at, parts = found
     probes = _run(
-        stack_status.probe_servers(info.nats_url, info.database_dsn(), creds=info.nats_creds)
+        stack_status.probe_servers(
+            info.nats_url,
+            info.database_dsn(),
+            creds=info.nats_creds,
+            shown_database_url=info.database_url,
+            password_file=info.database_password_file,
+        )
     )
     stack_status.render(console, parts, probes, now=time.time())
     raise typer.Exit(EXIT_OK if stack_status.healthy(parts, probes) else EXIT_FAILED)

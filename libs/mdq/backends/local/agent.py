@@ -73,6 +73,7 @@ from mdq.bus.requests import is_wrong_last_sequence
 from mdq.bus.runner_creds import CredsRefused, request_runner_creds
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
+from mdq.files import UMASK, open_log, private_folder
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +174,7 @@ class NodeAgent:
         """Register the nodes, heartbeat them and run their pods until ``stop`` is set; then
         stop the pods (SIGTERM, SIGKILL after the grace period) and report them Evicted."""
         self._buckets = await ensure_buckets(self._js, self._subjects, replicas=self._replicas)
-        self._log_dir.mkdir(parents=True, exist_ok=True)
+        private_folder(self._log_dir)
         await self._publish_nodes(ready=True)
         log.info("node agent serving %s", ", ".join(self._nodes))
         tasks = {
@@ -347,10 +348,9 @@ class NodeAgent:
             )
             creds = write_secret(self._runner_creds_dir / f"{spec.name}.creds", text)
             env[CREDS_ENV] = str(creds)
-        workdir = runner_task(spec, data_dir=self._data_dir).job_dir
-        workdir.mkdir(parents=True, exist_ok=True)
+        workdir = private_folder(runner_task(spec, data_dir=self._data_dir).job_dir)
         log_path = self._log_dir / f"{spec.name}.log"
-        with log_path.open("ab") as log_file:
+        with open_log(log_path) as log_file:
             return await asyncio.create_subprocess_exec(
                 *module_argv(self._runner_module),
                 stdin=asyncio.subprocess.DEVNULL,
@@ -360,6 +360,7 @@ class NodeAgent:
                 cwd=workdir,
                 start_new_session=True,
                 preexec_fn=die_with_parent(),
+                umask=UMASK,  # its outputs and checkpoints: no other account reads them
             )
 
     async def _supervise(self, pod: RunningPod) -> None:
