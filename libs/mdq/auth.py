@@ -377,9 +377,9 @@ class Trust:
                 **({"deny": list(permissions.publish_deny)} if permissions.publish_deny else {}),
             },
             "sub": {"allow": list(permissions.subscribe)},
-            "subs": -1,
+            "subs": permissions.max_subscriptions,
             "data": -1,
-            "payload": -1,
+            "payload": permissions.max_payload,
         }
         if permissions.respond:
             nats["resp"] = {"max": 1, "ttl": 0}

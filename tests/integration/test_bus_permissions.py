@@ -12,6 +12,7 @@ allowed cases included, so a table that allowed too much or too little fails her
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shutil
 import tempfile
@@ -32,6 +33,8 @@ from mdq.bus.permissions import (
     IDENTITIES,
     RUNNER_KINDS,
     SERVICES,
+    TENANT_MAX_PAYLOAD,
+    TENANT_MAX_SUBSCRIPTIONS,
     Names,
     Permissions,
     markdown_table,
@@ -759,3 +762,41 @@ async def test_no_runner_nor_tenant_lists_or_counts_the_streams(
     figures count them. Red with ``COMMON_PUBLISH`` in the runner template."""
     tries = ["$JS.API.STREAM.NAMES", "$JS.API.STREAM.LIST", "$JS.API.INFO"]
     assert await attempts_of[identity].refused(tries) == set(tries)
+
+
+async def test_a_tenants_connection_is_held_to_its_limits(prepared: Server) -> None:
+    """The server enforces the tenant's subscriptions and message size (its JWT's limits):
+    a flood of subscriptions ends the connection, a message bigger than a submit may be is
+    refused (the size is also the server's default). Red with unlimited JWTs."""
+    errors: list[str] = []
+
+    async def on_error(error: Exception) -> None:
+        errors.append(str(error))
+
+    client = await nats.connect(
+        prepared.nats.url,
+        user_credentials=str(prepared.creds["tenant"]),
+        inbox_prefix=permissions_of("tenant").inbox_prefix,
+        error_cb=on_error,
+        allow_reconnect=False,
+    )
+    try:
+        assert client.max_payload == TENANT_MAX_PAYLOAD
+        with pytest.raises(nats.errors.MaxPayloadError):
+            await client.publish(SUBJECTS.submit_for(TENANT), b"x" * (TENANT_MAX_PAYLOAD + 1))
+        own = permissions_of("tenant").inbox_prefix
+        for number in range(TENANT_MAX_SUBSCRIPTIONS):
+            await client.subscribe(f"{own}.sub{number}")
+        await client.flush()
+        assert client.is_connected  # as many as it may hold
+        await client.subscribe(f"{own}.one-more")
+        with contextlib.suppress(nats.errors.Error):
+            await client.flush()
+        for _ in range(50):
+            if client.is_closed:
+                break
+            await asyncio.sleep(0.1)
+        # the server says so and ends the connection
+        assert "maximum subscriptions exceeded" in str(client.last_error).lower()
+    finally:
+        await client.close()

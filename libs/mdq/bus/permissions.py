@@ -70,6 +70,10 @@ class Permissions:
     """Carved out of ``publish``: the services' durable consumers, which a reader that may
     make pull consumers of its own on their stream must not pull from, acknowledge, change or
     delete."""
+    max_subscriptions: int = -1
+    """Subscriptions one connection may hold (-1: no limit), enforced by the server."""
+    max_payload: int = -1
+    """The largest message one connection may publish, bytes (-1: the server's)."""
 
 
 DEFAULT_INBOX = "_INBOX"
@@ -312,6 +316,12 @@ def service_permissions(identity: str, subjects: Subjects, names: Names = Names(
     )
 
 
+TENANT_MAX_SUBSCRIPTIONS = 256
+"""Subscriptions a tenant's connection may hold: its replies' and its consumers' (at most
+``MDQ_STORAGE_TENANT_CONSUMERS`` of those) with room to spare, not a flood of them."""
+TENANT_MAX_PAYLOAD = 1024 * 1024
+"""The largest message a tenant may publish: a submit at its largest (``MAX_SUBMIT_BYTES``)."""
+
 TENANT_PREFIX = "tenant."
 """A tenant's identity is ``tenant.<name>`` (its credentials' name, ``identity_of_creds``)."""
 
@@ -341,6 +351,8 @@ def tenant_permissions(subjects: Subjects, tenant: str) -> Permissions:
         publish=tuple(publish),
         subscribe=(f"{prefix}.>",),
         inbox_prefix=prefix,
+        max_subscriptions=TENANT_MAX_SUBSCRIPTIONS,
+        max_payload=TENANT_MAX_PAYLOAD,
     )
 
 

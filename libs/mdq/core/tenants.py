@@ -478,6 +478,12 @@ class SubmitRateLimiter:
             del self._buckets[tenant]
 
 
+class RateRefusal(SpecError):
+    """A submit refused for its tenant's rate (``SubmitRateLimiter``). It changed nothing; a
+    client that asked by request-reply hears it in the answer and nothing records it (a
+    flood of them would otherwise fill the jobs log and the history, docs/security.md)."""
+
+
 def rate_limit_message(tenant: str, policy: TenantPolicy, wait_s: float) -> str:
     """What a submit refused by ``SubmitRateLimiter`` is told."""
     rate = policy.submits_per_minute or 0.0
