@@ -65,6 +65,7 @@ from mdq.bus.setup import prepare_bus
 from mdq.bus.storage import StorageSettings
 from mdq.embedded import EmbeddedNats, EmbeddedPostgres, start_nats, start_postgres
 from mdq.files import open_log, private_folder, touch_private
+from mdq.store.roles import close_other_databases
 from mdq.store.stack_database import (
     StackDatabase,
     load_or_create_passwords,
@@ -706,6 +707,8 @@ class Stack:
         self._database = prepare(
             self._database_url, load_or_create_passwords(self.state_dir), role_names_from_env()
         )
+        if self._servers.postgres is not None:  # the whole server is the stack's
+            asyncio.run(close_other_databases(self._database_url))
 
     def _stop_servers(self) -> None:
         if self._servers.nats is not None:
