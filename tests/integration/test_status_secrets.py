@@ -8,11 +8,11 @@ from urllib.parse import urlsplit
 
 from rich.console import Console
 
-from mdq.cli.status import probe_servers, render
+from mdq.cli.status import Probe, probe_servers, render
 from mdq.store.roles import RoleUrls
 
 
-def _shown(probes: list, password_file: str) -> str:  # type: ignore[type-arg]
+def _shown(probes: list[Probe]) -> str:
     console = Console(record=True, width=400)
     render(console, [], probes, now=0.0)
     return console.export_text()
@@ -28,12 +28,12 @@ async def test_status_shows_the_password_file_never_the_password(
     probes = await probe_servers(
         nats_url, url, shown_database_url=bare, password_file="/state/secrets/reader.password"
     )
-    text = _shown(probes, "/state/secrets/reader.password")
+    text = _shown(probes)
     assert "answers" in text and "/state/secrets/reader.password" in text
     assert password not in text
     # nor when it does not answer (no such database): the error does not hold it either
     split = urlsplit(url)
     wrong = url.replace(split.path, "/no_such_database")
     failed = await probe_servers(nats_url, wrong, password_file="/state/secrets/reader.password")
-    text = _shown(failed, "")
+    text = _shown(failed)
     assert "does not answer" in text and password not in text
