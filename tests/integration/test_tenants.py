@@ -375,3 +375,36 @@ def test_mdq_tenant_add_and_ls(closed_bus: tuple[str, Path]) -> None:
     assert policy.submits_per_minute is None and policy.max_queued_jobs == 1000  # replaced
     refused = runner.invoke(cli, [*base, "add", "intake", "--secrets", str(secrets)])
     assert refused.exit_code == 2 and "reserved" in refused.output
+
+
+async def test_an_older_submit_stream_gives_its_tenants_streams_of_their_own(
+    nc: Client, subjects: Subjects
+) -> None:
+    """A deployment from before: one submit stream captured every tenant's subject. The next
+    setup takes those subjects off it, makes each tenant's submit stream and sources it."""
+    from nats.js.api import StreamConfig
+
+    js = nc.jetstream()
+    await js.delete_stream(subjects.submit_stream)
+    await js.add_stream(
+        StreamConfig(name=subjects.submit_stream, subjects=subjects.submit_subjects)
+    )
+    await ensure_tenant_stream(js, subjects, "olga")  # as an older `mdq tenant add` made it
+    await js.delete_stream(subjects.tenant_submit_stream("olga"))
+    await js.update_stream(
+        StreamConfig(name=subjects.submit_stream, subjects=subjects.submit_subjects)
+    )
+    await ensure_streams(js, subjects)
+    info = await js.stream_info(subjects.submit_stream)
+    assert info.config.subjects == [subjects.submit]
+    assert [source.name for source in info.config.sources or []] == [
+        subjects.tenant_submit_stream("olga")
+    ]
+    ack = await js.publish(subjects.submit_for("olga"), b'{"jobs": []}')
+    assert ack.stream == subjects.tenant_submit_stream("olga")
+
+    async def sourced() -> bool:
+        found = await js.stream_info(subjects.submit_stream, subjects_filter=">")
+        return subjects.submit_for("olga") in (found.state.subjects or {})
+
+    await eventually(sourced, "olga's submit in the submit stream")
