@@ -23,7 +23,7 @@ process does) reconnects with the new one.
 deploy-dev-secrets``, or ``mdq credentials`` for production): in one folder (0700) it keeps or
 makes the trust chain, writes the server's block (``nats-auth.conf``, which deploy/'s
 ``nats.conf`` includes; public material only), one ``<identity>.creds`` per identity of
-``mdq.bus.permissions.IDENTITIES`` and the runner issuer of the node agent
+``mdq.bus.permissions.IDENTITIES`` and placement's runner issuer
 (``runner-issuer.json``). It is idempotent: what exists and still says the same is kept.
 """
 
@@ -31,11 +31,13 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import hmac
 import json
 import os
 import re
 import secrets
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -53,6 +55,7 @@ from mdq.bus.permissions import (
     service_permissions,
 )
 from mdq.bus.subjects import Subjects
+from mdq.core.tenants import check_job_id
 
 SECRETS_DIR = "secrets"
 NATS_SECRETS = "nats"
@@ -60,13 +63,14 @@ TRUST_FILE = "trust.json"
 SERVER_BLOCK_FILE = "nats-auth.conf"
 """The server's half (``Trust.server_block``), included by deploy/base/nats.conf."""
 RUNNER_ISSUER_FILE = "runner-issuer.json"
-"""The node agent's runner-credential issuer (``MDQ_NATS_RUNNER_ISSUER``)."""
+"""Placement's runner-credential issuer (``MDQ_NATS_RUNNER_ISSUER``): it alone mints runner
+credentials, the local node agents' included (``mdq.bus.runner_creds``)."""
 REVOCATIONS_FILE = "revocations.json"
 """Revoked user public keys -> the time of revocation (``rotate``), in the account's JWT."""
 TENANTS_DIR = "tenants"
 """Where, in a secrets folder, the tenants' credentials are (``mdq tenant add``)."""
 RUNNER_ISSUER_ENV = "MDQ_NATS_RUNNER_ISSUER"
-"""Where the node agent is told the runner issuer file is (set by the stack, compose, deploy)."""
+"""Where placement is told the runner issuer file is (set by the stack, compose, deploy)."""
 CREDS_SUFFIX = ".creds"
 
 _UNLIMITED = {
@@ -122,12 +126,17 @@ def decode_claims(token: str) -> dict[str, Any]:
 
 
 def write_secret(path: Path, text: str, *, group_readable: bool = False) -> Path:
-    """Write ``text`` to ``path`` readable by its owner only (0600, in a 0700 folder),
-    replacing it atomically. ``group_readable``: 0640 in a 0750 folder, for a container that
-    runs as another user with the owner's group added (docker-compose.yml, ``group_add``)."""
+    """Write ``text`` to ``path`` readable by its owner only (0600), replacing it atomically;
+    the folders it has to make are 0700. ``group_readable``: 0640 (folders made 0750), for a
+    container that runs as another user with the owner's group added (docker-compose.yml,
+    ``group_add``). A folder that exists keeps its mode: whoever made it chose it (an
+    embedded PostgreSQL may share it); make a private one first where it matters
+    (``generate``, the stack's ``secrets/``)."""
     folder_mode, file_mode = (0o750, 0o640) if group_readable else (0o700, 0o600)
+    missing = [each for each in path.parents if not each.exists()]
     path.parent.mkdir(mode=folder_mode, parents=True, exist_ok=True)
-    os.chmod(path.parent, folder_mode)
+    for folder in missing:
+        os.chmod(folder, folder_mode)  # mkdir's mode is masked by the umask
     partial = path.with_name(path.name + ".partial")
     descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, file_mode)
     os.fchmod(descriptor, file_mode)  # whatever the umask
@@ -146,6 +155,29 @@ def ensure_token_file(path: Path, *, group_readable: bool = False) -> Path:
     if not (path.is_file() and path.read_text(encoding="utf-8").strip()):
         write_secret(path, secrets.token_urlsafe(32) + "\n", group_readable=group_readable)
     return path
+
+
+WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+def bearer_guard(app: WsgiApp, token_file: Path) -> WsgiApp:
+    """``app`` answering only requests that bring the token in ``token_file`` (read at each
+    request, so a new token applies at once): ``Authorization: Bearer <token>``; 401 without
+    it. What keeps ``/metrics`` (job ids, so tenants' names) from other accounts on a
+    machine whose loopback they share."""
+
+    def guarded(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        token = token_file.read_text(encoding="utf-8").strip()
+        given = str(environ.get("HTTP_AUTHORIZATION", ""))
+        if not token or not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            start_response(
+                "401 Unauthorized",
+                [("Content-Type", "text/plain; charset=utf-8"), ("WWW-Authenticate", "Bearer")],
+            )
+            return [b"this endpoint needs its token: Authorization: Bearer <token>\n"]
+        return app(environ, start_response)
+
+    return guarded
 
 
 def creds_text(user_jwt: str, seed: str) -> str:
@@ -181,8 +213,9 @@ class Trust:
     """The streams account: JetStream, the exports, no users (its connection limit is 0)."""
     runner_signing_seed: str
     """A signing key of the users account scoped to the runner template: what it signs can
-    publish one job's progress, checkpoints and outputs, whatever the JWT says. The node agent
-    holds it (``runner_issuer``), never an account key."""
+    publish one job's progress, checkpoints and outputs, whatever the JWT says (but the job is
+    the JWT's name, filled in as it is: ``RunnerIssuer.creds`` mints for job ids only).
+    Placement alone holds it (``runner_issuer``), never an account key."""
     namespace: str = "mdq"
     users_seed: str = ""
     """The users account: every identity's credentials are signed by it. A trust chain made
@@ -339,11 +372,14 @@ class Trust:
         nats: dict[str, Any] = {
             "type": "user",
             "version": 2,
-            "pub": {"allow": list(permissions.publish)},
+            "pub": {
+                "allow": list(permissions.publish),
+                **({"deny": list(permissions.publish_deny)} if permissions.publish_deny else {}),
+            },
             "sub": {"allow": list(permissions.subscribe)},
-            "subs": -1,
+            "subs": permissions.max_subscriptions,
             "data": -1,
-            "payload": -1,
+            "payload": permissions.max_payload,
         }
         if permissions.respond:
             nats["resp"] = {"max": 1, "ttl": 0}
@@ -405,7 +441,12 @@ class RunnerIssuer:
     def creds(self, job_id: str) -> str:
         """Credentials for the runners of ``job_id``: the server gives them the runner
         template with this job id filled in, and nothing else; they expire ``expires_s`` from
-        now (``mdq.bus.runner_creds`` renews them while the attempt lives)."""
+        now (``mdq.bus.runner_creds`` renews them while the attempt lives).
+
+        ``job_id`` must be a job id (``mdq.core.tenants.check_job_id``, ``JobIdError``
+        otherwise): the server fills it into the template as it is, so ``*``, ``>``,
+        ``alice.*`` or ``intake`` would grant every job's (or an identity's) subjects."""
+        check_job_id(job_id)
         user = _new_key(nkeys.PREFIX_BYTE_USER)
         claims: dict[str, Any] = {
             "iss": _public(_from_seed(self.signing_seed)),
@@ -419,7 +460,7 @@ class RunnerIssuer:
 
 
 def runner_issuer(trust: Trust) -> RunnerIssuer:
-    """The runner-credential issuer of ``trust`` (for the node agent)."""
+    """The runner-credential issuer of ``trust`` (placement's)."""
     return RunnerIssuer(trust.runner_signing_seed, trust.users_public)
 
 

@@ -64,10 +64,13 @@ from mdq.bus.connect import CREDS_ENV
 from mdq.bus.setup import prepare_bus
 from mdq.bus.storage import StorageSettings
 from mdq.embedded import EmbeddedNats, EmbeddedPostgres, start_nats, start_postgres
+from mdq.files import open_log, private_folder, touch_private
+from mdq.store.roles import close_other_databases
 from mdq.store.stack_database import (
     StackDatabase,
     load_or_create_passwords,
     prepare,
+    private_dir,
     role_names_from_env,
 )
 
@@ -77,6 +80,8 @@ if TYPE_CHECKING:
 CONSOLE_TOKEN_FILE = "console.token"
 """The console's access token, under ``<state>/secrets/`` (``services.console.access``)."""
 CONSOLE_TOKEN_ENV = "MDQ_CONSOLE_ACCESS_TOKEN_FILE"
+METRICS_TOKEN_ENV = "MDQ_METRICS_TOKEN_FILE"
+"""/metrics asks for the console's token (``Authorization: Bearer``), on one machine."""
 SERVICES: tuple[str, ...] = ("intake", "placement", "watcher", "recovery", "metrics", "console")
 """The services of a stack, started as ``python -m services.<name>``."""
 BACKENDS: tuple[str, ...] = ("local", "kubernetes")
@@ -450,8 +455,9 @@ class Stack:
                 f"a stack already runs on {self.state_dir} (pid {running.pid}, NATS "
                 f"{running.nats_url}); use it, or stop it first"
             )
-        self.logs_dir.mkdir(parents=True, exist_ok=True)
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.state_dir / SECRETS_DIR)  # 0700, before anything is written in it
+        private_folder(self.logs_dir)
+        private_folder(self.data_dir)
         if self.local_clusters or self.remote_clusters:
             self._write_clusters_file()
         try:
@@ -462,9 +468,10 @@ class Stack:
                 self._bus_setup = asyncio.create_task(self._prepare_bus_later(), name="bus-setup")
             await asyncio.to_thread(self._migrate)
             metrics_port = self._choose_metrics_port()
+            # the console's token also guards /metrics: every account reaches the loopback
+            self._console_token_file = self._console_token()
             if "console" in self._services:
                 self._console_port = self._choose_console_port()
-                self._console_token_file = self._console_token()
             self._env = self._child_env(metrics_port)
             self._children = [self._child(name, argv) for name, argv in self._programs()]
             for child in self._children:
@@ -642,7 +649,7 @@ class Stack:
             self._servers.nats = await asyncio.to_thread(
                 start_nats,
                 self.state_dir / "nats",
-                log_file=self.logs_dir / "nats-server.log",
+                log_file=touch_private(self.logs_dir / "nats-server.log"),
                 # included, not copied: a revocation (`mdq tenant rm`, a rotation) applies
                 # when the server reloads (``reload_embedded_nats``)
                 auth_file=generated.server_block,
@@ -700,6 +707,8 @@ class Stack:
         self._database = prepare(
             self._database_url, load_or_create_passwords(self.state_dir), role_names_from_env()
         )
+        if self._servers.postgres is not None:  # the whole server is the stack's
+            asyncio.run(close_other_databases(self._database_url))
 
     def _stop_servers(self) -> None:
         if self._servers.nats is not None:
@@ -810,20 +819,19 @@ class Stack:
             env["DATABASE_URL"] = self._database.urls.reader
         if name == "console":
             env[CONSOLE_TOKEN_ENV] = str(self._console_token_file)
+        if name == "metrics":
+            env[METRICS_TOKEN_ENV] = str(self._console_token_file)
         return env
 
     def _identity_env(self, child: str) -> dict[str, str]:
-        """The NATS credentials of one child (none when the server needs none); whoever
-        starts the runners also gets the runner issuer, to mint each runner's own
-        credentials: the node agent, or placement on the Kubernetes backend."""
+        """The NATS credentials of one child (none when the server needs none); placement
+        alone also gets the runner issuer: it mints every runner's own credentials, the
+        node agents' included (they ask it, holding no key: docs/security.md)."""
         identity = "agent" if child.startswith(LOCAL_AGENT) else CHILD_IDENTITY.get(child, child)
         if identity not in self._creds:
             return {}
         env = {CREDS_ENV: str(self._creds[identity])}
-        creates_pods = self.backend == "kubernetes" or any(
-            cluster.kind == "kubernetes" for cluster in self.remote_clusters
-        )
-        if identity == "agent" or (identity == "placement" and creates_pods):
+        if identity == "placement":
             issuer = nats_secrets_dir(self.state_dir) / RUNNER_ISSUER_FILE
             env[RUNNER_ISSUER_ENV] = str(issuer)
         return env
@@ -833,7 +841,7 @@ class Stack:
 
     def _spawn(self, child: ChildProcess) -> None:
         if child.log_file is None or child.log_file.closed:
-            child.log_file = child.log_path.open("ab")
+            child.log_file = open_log(child.log_path)
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         child.log_file.write(f"---- {stamp} mdq stack starts {' '.join(child.argv)}\n".encode())
         child.log_file.flush()
@@ -968,7 +976,7 @@ class Stack:
             os.killpg(pid, sig)
 
     def _note(self, line: str) -> None:
-        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        private_folder(self.logs_dir)
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        with (self.logs_dir / "stack.log").open("a", encoding="utf-8") as log:
-            log.write(f"{stamp} {line}\n")
+        with open_log(self.logs_dir / "stack.log") as log:
+            log.write(f"{stamp} {line}\n".encode())

@@ -208,6 +208,8 @@ class Intake:
         self._arrived: list[Msg] = []
         """Request-reply submits received and not yet handed to a batch."""
         self._batch_scheduled = False
+        self.ignored_without_reply = 0
+        """Messages on a request-reply entrance that named no reply subject, dropped unread."""
         self._in_flight = 0
         """Request-reply submits in batches being handled (at most ``concurrency``)."""
         self._requests: set[asyncio.Task[None]] = set()
@@ -298,6 +300,13 @@ class Intake:
             answered.update(range(len(batch)))
 
     async def _on_request(self, message: Msg) -> None:
+        if not message.reply:
+            # Not a request: nobody would hear the answer. Such a message is what lands here
+            # when a client names an entrance as the reply subject of another request (a
+            # JetStream API answer, say, aimed at another tenant's entrance); it is dropped
+            # unread (docs/security.md, "Tenants").
+            self.ignored_without_reply += 1
+            return
         # Requests that arrive together are handled together: nats-py hands over every message
         # already read before the loop runs anything else, and the batch starts after that.
         self._arrived.append(message)

@@ -92,6 +92,7 @@ from mdq.core.fingerprint import Content, Earlier, changes, content_fingerprint,
 from mdq.core.ids import job_id, job_name_of, request_id_for_key, request_id_for_sequence
 from mdq.core.recommend import UsageSample, recommend_job
 from mdq.core.spec import AcceptedJob, SpecError, validate_key, validate_submit
+from mdq.core.tenants import RateRefusal
 from mdq.forcefields import ForceFieldFolders
 from services.intake.registry import JOB_ID_PATTERN, Claim, SubmitRegistry
 from services.intake.room import JobsLogRoom
@@ -544,6 +545,8 @@ class SubmitHandler:
         request, request_id = read.request, read.request_id
         key = request.idempotency_key
         claim = await self._registry.existing(request_id)
+        if claim is None and isinstance(error, RateRefusal) and read.key_required:
+            return refusal(request_id, error)  # answered, not recorded: a flood stores nothing
         if claim is None:
             return await self._refuse(
                 request_id=request_id,

@@ -51,7 +51,6 @@ import asyncio
 import base64
 import hashlib
 import json
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -66,13 +65,9 @@ from mdq.bus.storage import DAY_S, StorageSettings
 from mdq.bus.streams import await_leader, ensure_bucket_limit, ensure_replicas
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
-from mdq.core.ids import REQUEST_ID_HEX, request_id_for_key, request_id_of, tenant_of
-from mdq.core.tenants import TENANT_PATTERN
+from mdq.core.ids import request_id_for_key, request_id_of, tenant_of
+from mdq.core.tenants import JOB_ID_PATTERN as JOB_ID_PATTERN  # the handlers use it too
 
-JOB_ID_PATTERN = re.compile(
-    rf"(?:{TENANT_PATTERN.pattern}\.)?[0-9a-f]{{{REQUEST_ID_HEX}}}-[a-z][a-z0-9-]{{0,39}}"
-)
-"""A job id (fullmatch): the operator's ``<hex>-<name>``, a tenant's ``<tenant>.<hex>-<name>``."""
 NO_MESSAGE_FOUND = 10037
 RETENTION_MARGIN = timedelta(days=1)
 """A claim this close to the jobs stream's retention may have outlived its events."""

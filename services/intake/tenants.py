@@ -12,7 +12,8 @@ nothing published but its ``rejected`` event, when:
   (``TenantUsage`` in its waiting bucket, key ``tenant.<name>``, read at most once a second
   per tenant) plus the jobs this replica accepted since that count.
 
-The operator's submits ("" tenant) are never limited here.
+The operator's submits ("" tenant) are never limited here. A rate refusal is a
+``RateRefusal``: asked by request-reply, it is answered and not recorded.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from mdq.bus.tenants import TenantDirectory
 from mdq.contracts import pb
 from mdq.core.spec import SpecError
 from mdq.core.tenants import (
+    RateRefusal,
     SubmitRateLimiter,
     TenantUsage,
     check_submit,
@@ -71,7 +73,7 @@ class TenantGate:
         now = self.clock()
         wait = self.limiter.acquire(tenant, policy, now)
         if wait > 0:
-            return SpecError("", rate_limit_message(tenant, policy, wait))
+            return RateRefusal("", rate_limit_message(tenant, policy, wait))
         usage = await self._current_usage(tenant, now)
         error = check_submit(tenant, policy, specs, usage)
         if error is None:

@@ -14,15 +14,18 @@ import logging
 import signal
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from threading import Thread
-from wsgiref.simple_server import WSGIServer
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy
 from nats.js.errors import NotFoundError
-from prometheus_client import start_http_server
+from prometheus_client import make_wsgi_app, start_http_server
+from prometheus_client.exposition import ThreadingWSGIServer
 
+from mdq.auth import WsgiApp, bearer_guard
 from mdq.backends.factory import make_backend
 from mdq.backends.port import ClusterBackend, NodeSample
 from mdq.bus.connect import connect
@@ -205,12 +208,26 @@ class MetricsService:
     def start_http(self) -> int:
         """Serve /metrics (in a thread); return the port."""
         if self._http is None:
-            self._http = start_http_server(
-                self._settings.http_port,
-                addr=self._settings.http_host,
-                registry=self.exporter.registry,
+            if self._settings.token_file:
+                self._http = _serve_guarded(
+                    make_wsgi_app(self.exporter.registry),
+                    host=self._settings.http_host,
+                    port=self._settings.http_port,
+                    token_file=Path(self._settings.token_file),
+                )
+            else:
+                self._http = start_http_server(
+                    self._settings.http_port,
+                    addr=self._settings.http_host,
+                    registry=self.exporter.registry,
+                )
+            guarded = " (token required)" if self._settings.token_file else ""
+            log.info(
+                "serving /metrics on http://%s:%d%s",
+                self._settings.http_host,
+                self.http_port,
+                guarded,
             )
-            log.info("serving /metrics on http://%s:%d", self._settings.http_host, self.http_port)
         return self.http_port
 
     def stop_http(self) -> None:
@@ -323,6 +340,25 @@ async def build(
     """The service on this connection, with the backend the settings name."""
     backend = await make_backend(kind=settings.backend, nc=nc, subjects=subjects, replicas=replicas)
     return MetricsService(js=nc.jetstream(), subjects=subjects, backend=backend, settings=settings)
+
+
+def _serve_guarded(
+    app: WsgiApp, *, host: str, port: int, token_file: Path
+) -> tuple[WSGIServer, Thread]:
+    """``app`` behind ``bearer_guard``, served in a thread as prometheus_client serves it."""
+    server = make_server(
+        host, port, bearer_guard(app, token_file), ThreadingWSGIServer, handler_class=_Quiet
+    )
+    thread = Thread(target=server.serve_forever, daemon=True, name="metrics-http")
+    thread.start()
+    return server, thread
+
+
+class _Quiet(WSGIRequestHandler):
+    """No line per request on stderr."""
+
+    def log_message(self, format: str, *args: object) -> None:
+        return None
 
 
 async def serve(common: CommonSettings, settings: MetricsSettings) -> None:

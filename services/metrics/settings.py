@@ -33,4 +33,11 @@ class MetricsSettings(BaseSettings):
         description="Port of /metrics; 0 picks a free one (logged).",
     )
     http_host: str = Field(default="0.0.0.0", description="Address /metrics listens on.")
+    token_file: str = Field(
+        default="",
+        description="A file holding the token /metrics asks for (Authorization: Bearer "
+        "<token>; 401 without it); empty: none (a deployment whose network lets only "
+        "Prometheus reach the port). mdq up gives it the console's token: every account of "
+        "the machine reaches its loopback.",
+    )
     backend: str = Field(default="local", description='Cluster backend kind: "local".')

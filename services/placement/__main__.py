@@ -11,7 +11,7 @@ from mdq.backends.factory import make_backend
 from mdq.bus.connect import connect
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.requests import Requests
-from mdq.bus.runner_creds import RenewalDesk
+from mdq.bus.runner_creds import RenewalDesk, log_verdict
 from mdq.bus.runtime import run_service
 from mdq.bus.storage import StorageSettings
 from mdq.settings import CommonSettings
@@ -37,7 +37,7 @@ async def main() -> None:
         replicas=replicas,
         runner_nats_url=settings.runner_nats_url or common.nats_url,
         data_dir=common.data_dir.resolve(),
-        # Kubernetes: each runner pod gets credentials for its own job, minted with this key.
+        # Kubernetes: each runner pod gets a Secret with credentials for its own job.
         runner_issuer=issuer_path,
         runner_creds_ttl_s=common.runner_creds_ttl_s,
     )
@@ -52,11 +52,13 @@ async def main() -> None:
         jobs_log_days=StorageSettings().jobs_days,
     )
     desk = None
-    if issuer_path is not None and settings.backend == "kubernetes":
-        # the runner pods' credentials expire; renewed while their attempt is the live one
+    if issuer_path is not None:
+        # Placement alone holds the runner issuer: it mints the first credentials of the local
+        # node agents' pods (which hold no key) and renews every runner's while its attempt is
+        # the live one in the jobs log; it refuses any name that is not a job id.
         issuer = RunnerIssuer.load(issuer_path, expires_s=common.runner_creds_ttl_s)
         desk = await RenewalDesk(
-            nc, subjects, mint=issuer.creds, verdict=placement.runs_attempt
+            nc, subjects, mint=issuer.creds, verdict=log_verdict(js, subjects)
         ).start()
     try:
         await placement.run()

@@ -303,15 +303,6 @@ class Placement:
         """Recent crashes per node and the suspicions they caused."""
         return self.state.health
 
-    def runs_attempt(self, job_id: str, attempt: int) -> bool | None:
-        """Whether ``attempt`` of ``job_id`` is the job's live attempt (bound or running): its
-        runner's credentials are renewed (``mdq.bus.runner_creds``). None (no answer) while
-        this replica has not caught up with the jobs log, whose tail may say otherwise."""
-        if not self._jobs_ready.is_set():
-            return None
-        view = self.book.jobs.get(job_id)
-        return view is not None and view.runs_attempt(attempt)
-
     def tenant_usage(self, tenant: str) -> tuple[int, float]:
         """``tenant``'s jobs not running yet and the CPU of its BOUND and RUNNING jobs."""
         return self.state.tenant_usage(tenant)

@@ -5,6 +5,7 @@ says whose it is; another tenant cannot follow it."""
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 
 import asyncpg
@@ -52,6 +53,13 @@ async def test_a_tenant_runs_a_job_and_another_cannot_follow_it(
             states = await alice.wait([job_id], timeout=300)
         assert job_id.startswith("alice.")
         assert {str(state) for state in states.values()} == {"SUCCEEDED"}, states
+        # what the job wrote (trajectory, checkpoints, its pod's log) is for the stack's
+        # owner and group alone: folders 0750, files 0640 at most (docs/security.md "Files")
+        written = [*(stack.data_dir / "jobs").rglob("*"), *(stack.data_dir / "pods").rglob("*")]
+        assert any(path.is_file() for path in written), written
+        for path in [stack.data_dir, *written]:
+            loose = stat.S_IMODE(path.stat().st_mode) & (0o027 if path.is_dir() else 0o137)
+            assert not loose, (path, oct(path.stat().st_mode))
 
         async with await MdqClient.connect(
             info.nats_url, stack.namespace, creds=added["bob"].creds
@@ -96,7 +104,7 @@ async def test_a_runner_outlives_its_first_credentials(
     tmp_path: Path, database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With runner credentials that live 8 s, a job that runs longer still reports to the end:
-    its runner renewed them from the node agent (its pod log says so) and reconnected on the
+    its runner renewed them from placement (its pod log says so) and reconnected on the
     fresh ones; without the renewal the server ends its connection and the job cannot
     succeed."""
     monkeypatch.delenv("NATS_URL", raising=False)

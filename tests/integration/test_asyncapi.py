@@ -121,7 +121,7 @@ def test_the_official_asyncapi_parser_accepts_it(tmp_path: Path) -> None:
 # -- true to the code -----------------------------------------------------------------------------
 STREAM_OF_CHANNEL = {
     "submit": "MDQ_SUBMIT",
-    "submit_tenant": "MDQ_SUBMIT",
+    "submit_tenant": "MDQ_SUBMIT_{tenant}",  # its own, sourced by MDQ_SUBMIT
     "progress": "MDQ_PROGRESS",
     "node_load": "MDQ_NODES",
     "node_summary": "MDQ_NODE_SUMMARIES",

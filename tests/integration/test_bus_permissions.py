@@ -12,6 +12,7 @@ allowed cases included, so a table that allowed too much or too little fails her
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shutil
 import tempfile
@@ -32,6 +33,8 @@ from mdq.bus.permissions import (
     IDENTITIES,
     RUNNER_KINDS,
     SERVICES,
+    TENANT_MAX_PAYLOAD,
+    TENANT_MAX_SUBSCRIPTIONS,
     Names,
     Permissions,
     markdown_table,
@@ -58,6 +61,8 @@ JOB = "0123456789ab-victim"
 TENANT_JOB = "bob.0123456789ab-victim"
 """A job of tenant bob: a tenant's job ids have two tokens."""
 RUNNER_JOB = "0123456789ab-mine"
+COPY = "ckpt.1.a.m"
+"""A subject of a job's copies (its slot a's manifest of attempt 1)."""
 TENANT, OTHER_TENANT = "alice", "bob"
 LEASE_BUCKET = "mdq_placement"
 BUCKETS = (
@@ -407,7 +412,11 @@ async def stored_messages(prepared: Server) -> dict[str, int]:
     admin = await connect(prepared.nats.url, name="count", creds=prepared.creds["admin"])
     try:
         js = admin.jetstream()
-        streams = (*STREAMS, SUBJECTS.tenant_stream(TENANT), SUBJECTS.tenant_stream(OTHER_TENANT))
+        streams = (
+            *STREAMS,
+            *(SUBJECTS.tenant_stream(tenant) for tenant in (TENANT, OTHER_TENANT)),
+            *(SUBJECTS.tenant_submit_stream(tenant) for tenant in (TENANT, OTHER_TENANT)),
+        )
         return {stream: (await js.stream_info(stream)).state.messages for stream in streams}
     finally:
         await admin.close()
@@ -430,14 +439,16 @@ async def test_the_reply_subject_trick_stores_nothing(
     as its reply subject (nats-server discussion #8924): the answer comes back in the users
     account, where no stream captures it, so nothing is stored. Red with the streams in the
     account the identities log in to."""
-    request = (
-        f"$JS.API.STREAM.INFO.{SUBJECTS.tenant_stream(TENANT)}"
-        if identity == "tenant"
-        else "$JS.API.INFO"
-    )
+    requests = {
+        "tenant": f"$JS.API.STREAM.INFO.{SUBJECTS.tenant_stream(TENANT)}",
+        # a runner's one JetStream request: a direct get of its own job's copies
+        "runner": f"$JS.API.DIRECT.GET.{SUBJECTS.copies_stream}.{SUBJECTS.copy(RUNNER_JOB, COPY)}",
+        "runners": f"$JS.API.DIRECT.GET.{SUBJECTS.copies_stream}.{SUBJECTS.copy(JOB, COPY)}",
+    }
+    request = requests.get(identity, "$JS.API.INFO")
     client = attempts_of[identity].client
     answer = await client.request(request, b"", timeout=5)  # the request itself is allowed
-    assert b'"type":"io.nats.jetstream.api.v1.' in answer.data
+    assert answer.headers or b'"type":"io.nats.jetstream.api.v1.' in answer.data
     before = await stored_messages(prepared)
     for reply in every_stored_subject():
         await client.publish(request, b"", reply=reply)
@@ -695,3 +706,97 @@ async def test_the_operators_client_reads_the_tenants_shares_and_a_tenant_cannot
         f"$JS.API.DIRECT.GET.{bucket}.$KV.{SUBJECTS.waiting_bucket}.{usage_key(TENANT)}",
     ]
     assert await attempts_of["tenant"].refused(tries) == set(tries)
+
+
+async def test_a_tenant_cannot_squat_another_tenants_idempotency_key(
+    prepared: Server,
+) -> None:
+    """Bob publishes first under the message id alice's SDK would give her key
+    (``submit:<key>``); her submit is stored all the same (her own submit stream
+    deduplicates among her keys only), and reaches the submit stream intake reads. Red with
+    the one shared submit stream deduplicating every tenant's ids together."""
+    bob = await connect(prepared.nats.url, name="bob", creds=prepared.creds["tenant-bob"])
+    alice = await connect(prepared.nats.url, name="alice", creds=prepared.creds["tenant"])
+    admin = await connect(prepared.nats.url, name="check", creds=prepared.creds["admin"])
+    key = {"Nats-Msg-Id": f"submit:squat-{time.time_ns()}"}
+    try:
+        squat = await bob.jetstream().publish(
+            SUBJECTS.submit_for(OTHER_TENANT), b'{"jobs": []}', headers=key
+        )
+        assert not squat.duplicate and squat.stream == SUBJECTS.tenant_submit_stream(OTHER_TENANT)
+        mine = await alice.jetstream().publish(
+            SUBJECTS.submit_for(TENANT), b'{"jobs": [{"name": "w"}]}', headers=key
+        )
+        assert not mine.duplicate and mine.stream == SUBJECTS.tenant_submit_stream(TENANT)
+        subject = SUBJECTS.submit_for(TENANT)
+        for _ in range(100):  # the submit stream sources it a moment later
+            found = await admin.jetstream().stream_info(
+                SUBJECTS.submit_stream, subjects_filter=subject
+            )
+            if (found.state.subjects or {}).get(subject):
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError("alice's submit never reached the submit stream")
+        # and no answer tells bob whether alice used a key: his own stream knows his alone
+        again = await bob.jetstream().publish(
+            SUBJECTS.submit_for(OTHER_TENANT), b'{"jobs": []}', headers=key
+        )
+        assert again.duplicate  # his own key, used by him
+        probe = {"Nats-Msg-Id": f"submit:probe-{time.time_ns()}"}
+        await alice.jetstream().publish(SUBJECTS.submit_for(TENANT), b"{}", headers=probe)
+        oracle = await bob.jetstream().publish(
+            SUBJECTS.submit_for(OTHER_TENANT), b"{}", headers=probe
+        )
+        assert not oracle.duplicate
+    finally:
+        for client in (bob, alice, admin):
+            await client.close()
+
+
+@pytest.mark.parametrize("identity", ["runner", "runners", "tenant"])
+async def test_no_runner_nor_tenant_lists_or_counts_the_streams(
+    attempts_of: dict[str, Attempts], identity: str
+) -> None:
+    """The names of the streams name every tenant (``MDQ_TENANT_<name>``); the account's
+    figures count them. Red with ``COMMON_PUBLISH`` in the runner template."""
+    tries = ["$JS.API.STREAM.NAMES", "$JS.API.STREAM.LIST", "$JS.API.INFO"]
+    assert await attempts_of[identity].refused(tries) == set(tries)
+
+
+async def test_a_tenants_connection_is_held_to_its_limits(prepared: Server) -> None:
+    """The server enforces the tenant's subscriptions and message size (its JWT's limits):
+    a flood of subscriptions ends the connection, a message bigger than a submit may be is
+    refused (the size is also the server's default). Red with unlimited JWTs."""
+    errors: list[str] = []
+
+    async def on_error(error: Exception) -> None:
+        errors.append(str(error))
+
+    client = await nats.connect(
+        prepared.nats.url,
+        user_credentials=str(prepared.creds["tenant"]),
+        inbox_prefix=permissions_of("tenant").inbox_prefix,
+        error_cb=on_error,
+        allow_reconnect=False,
+    )
+    try:
+        assert client.max_payload == TENANT_MAX_PAYLOAD
+        with pytest.raises(nats.errors.MaxPayloadError):
+            await client.publish(SUBJECTS.submit_for(TENANT), b"x" * (TENANT_MAX_PAYLOAD + 1))
+        own = permissions_of("tenant").inbox_prefix
+        for number in range(TENANT_MAX_SUBSCRIPTIONS):
+            await client.subscribe(f"{own}.sub{number}")
+        await client.flush()
+        assert client.is_connected  # as many as it may hold
+        await client.subscribe(f"{own}.one-more")
+        with contextlib.suppress(nats.errors.Error):
+            await client.flush()
+        for _ in range(50):
+            if client.is_closed:
+                break
+            await asyncio.sleep(0.1)
+        # the server says so and ends the connection
+        assert "maximum subscriptions exceeded" in str(client.last_error).lower()
+    finally:
+        await client.close()

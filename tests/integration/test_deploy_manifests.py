@@ -1384,10 +1384,12 @@ def test_compose_gives_each_service_its_own_credentials_and_no_others() -> None:
         own = f"{COMPOSE_NATS}/{sample.creds[identity].name}"
         assert secrets.get(env["MDQ_NATS_CREDS"]) == own, name
         expected = {own}
-        if identity == "agent":
+        if identity == "placement":  # it alone mints runners' credentials (the agent asks it)
             issuer = f"{COMPOSE_NATS}/{sample.runner_issuer.name}"
             assert secrets[env["MDQ_NATS_RUNNER_ISSUER"]] == issuer
             expected.add(issuer)
+        else:
+            assert "MDQ_NATS_RUNNER_ISSUER" not in env, name
         assert set(secrets.values()) == expected, name
     # The mdq containers may read the group-readable files (make compose-secrets).
     for name in COMPOSE_IDENTITY:

@@ -447,15 +447,15 @@ async def test_the_factory_gives_the_backend_the_issuer_it_is_told(
 @pytest.mark.parametrize(
     ("backend_kind", "child", "gets_issuer"),
     [
-        ("local", "local-backend", True),
-        ("local", "placement", False),
+        ("local", "local-backend", False),  # it asks placement, holding no key
+        ("local", "placement", True),
         ("kubernetes", "placement", True),
         ("kubernetes", "watcher", False),
         ("kubernetes", "metrics", False),
         ("kubernetes", "intake", False),
     ],
 )
-def test_the_stack_gives_the_runner_issuer_to_whoever_starts_runners(
+def test_the_stack_gives_the_runner_issuer_to_placement_alone(
     tmp_path: Path, backend_kind: str, child: str, gets_issuer: bool
 ) -> None:
     stack = Stack(state_dir=tmp_path / "state", backend=backend_kind, nats_url="", metrics_port=0)

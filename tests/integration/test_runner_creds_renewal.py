@@ -21,7 +21,7 @@ from nats.aio.client import Client
 from mdq.auth import RunnerIssuer, Trust, issue, runner_issuer, write_secret
 from mdq.bus.connect import connect
 from mdq.bus.permissions import service_permissions
-from mdq.bus.runner_creds import RenewableCreds, RenewalDesk, Verdict
+from mdq.bus.runner_creds import RenewableCreds, RenewalDesk
 from mdq.bus.streams import ensure_streams
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
@@ -45,7 +45,7 @@ class Bus:
         )
 
 
-StartDesk = Callable[[Verdict], Awaitable[RenewalDesk]]
+StartDesk = Callable[[Callable[[str, int], bool | None]], Awaitable[RenewalDesk]]
 
 
 @pytest.fixture(scope="module")
@@ -60,16 +60,20 @@ def bus() -> Iterator[Bus]:
 
 @pytest.fixture
 async def desk_for(bus: Bus) -> AsyncIterator[StartDesk]:
-    """Start a desk as the node agent does (its own identity), deciding with ``verdict``."""
+    """Start a desk as placement does (its own identity), deciding with ``verdict``."""
     opened: list[tuple[Client, RenewalDesk]] = []
     admin_creds = issue(bus.trust, service_permissions("admin", SUBJECTS), bus.folder / "a.creds")
     admin = await connect(bus.nats.url, name="admin", creds=admin_creds)
     await ensure_streams(admin.jetstream(), SUBJECTS)
     await admin.close()
 
-    async def start(verdict: Verdict) -> RenewalDesk:
-        creds = issue(bus.trust, service_permissions("agent", SUBJECTS), bus.folder / "agent.creds")
-        client = await connect(bus.nats.url, name="agent", creds=creds)
+    async def start(decide: Callable[[str, int], bool | None]) -> RenewalDesk:
+        async def verdict(job: str, attempt: int) -> bool | None:
+            return decide(job, attempt)
+
+        path = bus.folder / "placement.creds"
+        creds = issue(bus.trust, service_permissions("placement", SUBJECTS), path)
+        client = await connect(bus.nats.url, name="placement", creds=creds)
         desk = await RenewalDesk(client, SUBJECTS, mint=bus.issuer().creds, verdict=verdict).start()
         opened.append((client, desk))
         return desk
@@ -159,8 +163,8 @@ async def test_an_ended_attempt_is_refused_and_its_file_stops_working(
         await nats.connect(bus.nats.url, user_credentials=str(path), allow_reconnect=False)
 
 
-async def test_a_desk_leaves_another_agents_pod_to_it(bus: Bus, desk_for: StartDesk) -> None:
-    """An agent that runs no attempt of the job says nothing (the one that does answers)."""
+async def test_a_desk_that_cannot_tell_says_nothing(bus: Bus, desk_for: StartDesk) -> None:
+    """A desk whose verdict is None (not its to say) does not answer: the asker asks again."""
     await desk_for(lambda job, attempt: None)
     client = await connect(
         bus.nats.url, name="runner", creds=RenewableCreds(bus.issuer().creds(JOB))

@@ -58,7 +58,8 @@ async def test_each_process_gets_its_own_identity_and_nothing_else(
             env = process_env(pid)
             creds = Path(env["MDQ_NATS_CREDS"])
             assert creds.parent == folder and identity_of_creds(creds) == identity, child
-            assert ("MDQ_NATS_RUNNER_ISSUER" in env) == (identity == "agent"), child
+            # placement alone holds the runner key; the node agent asks it for credentials
+            assert ("MDQ_NATS_RUNNER_ISSUER" in env) == (identity == "placement"), child
             for seed in seeds:  # no process holds the operator's or the account's keys
                 assert not [k for k, v in env.items() if seed in v], (child, seed[:4])
 
@@ -87,11 +88,10 @@ async def test_each_process_gets_its_own_identity_and_nothing_else(
         assert token_file.parent == state / "secrets" and mode(token_file) == 0o600
         token = (await asyncio.to_thread(token_file.read_text)).strip()
         holders = [
-            c
-            for c in CHILDREN
-            if "MDQ_CONSOLE_ACCESS_TOKEN_FILE" in process_env(stack.child_pid(c) or 0)
+            c for c in CHILDREN if str(token_file) in process_env(stack.child_pid(c) or 0).values()
         ]
-        assert holders == ["console"], "only the console is told where its token is"
+        # the console and /metrics (job ids name the tenants) ask for it
+        assert holders == ["metrics", "console"], "only they are told where the token is"
         for child in CHILDREN:  # and no process holds the token itself
             env = process_env(stack.child_pid(child) or 0)
             assert not [k for k, v in env.items() if token in v], child
@@ -102,6 +102,18 @@ async def test_each_process_gets_its_own_identity_and_nothing_else(
             async with session.get(info.console_link("jobs")) as response:
                 assert response.status == 200
         assert token not in (state / STACK_FILE).read_text()
+        async with aiohttp.ClientSession() as session:
+            async with session.get(info.metrics_url) as response:
+                assert response.status == 401  # another account of the machine
+            bearer = {"Authorization": f"Bearer {token}"}
+            async with session.get(info.metrics_url, headers=bearer) as response:
+                assert response.status == 200 and "mdq_jobs" in await response.text()
+
+        # Logs: no other account reads them (folder 0750, files 0640 at most).
+        logs = state / "logs"
+        assert mode(logs) & 0o027 == 0 and mode(state / "data") & 0o027 == 0
+        for path in logs.rglob("*"):
+            assert mode(path) & (0o027 if path.is_dir() else 0o137) == 0, (path, oct(mode(path)))
 
         # The CLI identity is in stack.json, and no secret is.
         text = (state / STACK_FILE).read_text()

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
@@ -559,9 +560,18 @@ async def test_on_the_embedded_stack_the_login_is_made_as_its_superuser(
         try:
             assert await tenant.fetchval("SELECT public.mdq_current_tenant()") == "lab-7"
             assert await tenant.fetchval("SELECT count(*) FROM job_timeline") == 0
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await tenant.execute("CREATE TEMPORARY TABLE scratch (x int)")
         finally:
             await tenant.close()
         with pytest.raises(asyncpg.InvalidPasswordError):
             await asyncpg.connect(asyncpg_dsn(role_url(made.url, user=made.role, password="no")))
+        # the server is the stack's: no other database lets a tenant in (nor make temporary
+        # tables there); red while PostgreSQL's default CONNECT for PUBLIC stood
+        mine = urlsplit(role_url(made.url, user=made.role, password=password))
+        for database in ("postgres", "template1"):
+            elsewhere = urlunsplit(mine._replace(path=f"/{database}"))
+            with pytest.raises(asyncpg.InsufficientPrivilegeError, match="permission denied"):
+                await asyncpg.connect(asyncpg_dsn(elsewhere))
     finally:
         await stack.stop()

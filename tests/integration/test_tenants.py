@@ -155,16 +155,29 @@ async def test_a_tenant_depends_on_its_own_jobs_only(
 async def test_a_tenants_stream_submit_is_its_own(
     intake: Intake, nc: Client, subjects: Subjects
 ) -> None:
+    """A keyless submit on carol's subject is stored by her own submit stream (as ``mdq
+    tenant add`` makes it), which the submit stream sources; its request id is carol's and
+    comes from the submit stream's sequence, as any keyless stream submit's."""
     js = nc.jetstream()
+    await ensure_tenant_stream(js, subjects, "carol")
     ack = await js.publish(
         subjects.submit_for("carol"),
         json.dumps({"submitted_by": "mallory", "jobs": [{"name": "keyless"}]}).encode(),
     )
-    job = f"{request_id_for_sequence(ack.seq, 'carol')}-keyless"
-    assert job.startswith("carol.")
-    subject = subjects.job(job, "submitted")
-    await eventually(lambda: _has(js, subjects, subject), "carol's keyless submit")
-    assert (await submitted_events(js, subjects))[subject].submitted.submitted_by == "carol"
+    assert ack.stream == subjects.tenant_submit_stream("carol")
+
+    async def carols() -> list[pb.Event]:
+        events = (await submitted_events(js, subjects)).values()
+        return [event for event in events if event.job_id.startswith("carol.")]
+
+    async def seen() -> bool:
+        return bool(await carols())
+
+    await eventually(seen, "carol's keyless submit")
+    [event] = await carols()
+    copied = await js.get_last_msg(subjects.submit_stream, subjects.submit_for("carol"))
+    assert event.job_id == f"{request_id_for_sequence(copied.seq or 0, 'carol')}-keyless"
+    assert event.submitted.submitted_by == "carol"
 
 
 async def test_an_intake_consumer_made_before_tenants_is_widened(
@@ -187,6 +200,7 @@ async def test_an_intake_consumer_made_before_tenants_is_widened(
         ),
     )
     payload = {"idempotency_key": "early", "jobs": [{"name": "waited"}]}
+    await ensure_tenant_stream(js, subjects, "dave")
     await js.publish(subjects.submit_for("dave"), json.dumps(payload).encode())
     service = await started(settings_for(nats_url, namespace))
     try:
@@ -361,3 +375,36 @@ def test_mdq_tenant_add_and_ls(closed_bus: tuple[str, Path]) -> None:
     assert policy.submits_per_minute is None and policy.max_queued_jobs == 1000  # replaced
     refused = runner.invoke(cli, [*base, "add", "intake", "--secrets", str(secrets)])
     assert refused.exit_code == 2 and "reserved" in refused.output
+
+
+async def test_an_older_submit_stream_gives_its_tenants_streams_of_their_own(
+    nc: Client, subjects: Subjects
+) -> None:
+    """A deployment from before: one submit stream captured every tenant's subject. The next
+    setup takes those subjects off it, makes each tenant's submit stream and sources it."""
+    from nats.js.api import StreamConfig
+
+    js = nc.jetstream()
+    await js.delete_stream(subjects.submit_stream)
+    await js.add_stream(
+        StreamConfig(name=subjects.submit_stream, subjects=subjects.submit_subjects)
+    )
+    await ensure_tenant_stream(js, subjects, "olga")  # as an older `mdq tenant add` made it
+    await js.delete_stream(subjects.tenant_submit_stream("olga"))
+    await js.update_stream(
+        StreamConfig(name=subjects.submit_stream, subjects=subjects.submit_subjects)
+    )
+    await ensure_streams(js, subjects)
+    info = await js.stream_info(subjects.submit_stream)
+    assert info.config.subjects == [subjects.submit]
+    assert [source.name for source in info.config.sources or []] == [
+        subjects.tenant_submit_stream("olga")
+    ]
+    ack = await js.publish(subjects.submit_for("olga"), b'{"jobs": []}')
+    assert ack.stream == subjects.tenant_submit_stream("olga")
+
+    async def sourced() -> bool:
+        found = await js.stream_info(subjects.submit_stream, subjects_filter=">")
+        return subjects.submit_for("olga") in (found.state.subjects or {})
+
+    await eventually(sourced, "olga's submit in the submit stream")

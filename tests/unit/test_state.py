@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
@@ -10,7 +9,7 @@ from google.protobuf.message import Message
 
 from mdq.contracts import pb
 from mdq.core.events import make_event
-from mdq.core.state import JobBook, JobState
+from mdq.core.state import JobBook, JobState, attempt_lives
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
@@ -132,22 +131,25 @@ def test_start_time_does_not_depend_on_stream_interleaving(history: list[pb.Even
 
 
 @pytest.mark.parametrize(
-    ("name", "state", "job_attempt", "asked", "live"),
+    ("name", "asked", "last_bound", "last_failed", "ended", "live"),
     [
-        ("bound, this attempt", JobState.BOUND, 2, 2, True),
-        ("running, this attempt", JobState.RUNNING, 2, 2, True),
-        ("running, an earlier attempt", JobState.RUNNING, 2, 1, False),
-        ("running, a later attempt than there is", JobState.RUNNING, 2, 3, False),
-        ("recovering after this attempt failed", JobState.RECOVERING, 2, 2, False),
-        ("waiting for its node again", JobState.PENDING, 2, 2, False),
-        ("succeeded", JobState.SUCCEEDED, 2, 2, False),
-        ("failed", JobState.FAILED, 2, 2, False),
+        ("bound, this attempt", 2, 2, None, False, True),
+        ("bound again after an earlier attempt failed", 2, 2, 1, False, True),
+        ("never bound", 1, None, None, False, False),
+        ("an earlier attempt than the one bound", 1, 2, 1, False, False),
+        ("a later attempt than the one bound", 3, 2, None, False, False),
+        ("this attempt failed", 2, 2, 2, False, False),
+        ("the job ended", 2, 2, None, True, False),
     ],
 )
 def test_which_attempt_is_live(
-    name: str, state: JobState, job_attempt: int, asked: int, live: bool
+    name: str,
+    asked: int,
+    last_bound: int | None,
+    last_failed: int | None,
+    ended: bool,
+    live: bool,
 ) -> None:
-    """Whose runner credentials are renewed (``JobView.runs_attempt``)."""
-    view = JobBook().apply(1, SUBMIT)
-    assert view is not None
-    assert replace(view, state=state, attempt=job_attempt).runs_attempt(asked) is live, name
+    """Whose runner gets and renews credentials (``attempt_lives``, from the jobs log)."""
+    got = attempt_lives(asked, last_bound=last_bound, last_failed=last_failed, ended=ended)
+    assert got is live, name

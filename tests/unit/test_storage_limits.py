@@ -28,6 +28,7 @@ SMALL = StorageSettings.model_validate(
         "node_summaries_bytes": 29 * MiB,
         "node_summaries_minutes": 90,
         "tenant_bytes": 11 * MiB,
+        "tenant_submit_bytes": 37 * MiB,
         "tenant_days": 13,
         "registry_bytes": 17 * MiB,
         "registry_days": 19,
@@ -131,7 +132,8 @@ def test_unsafe_settings_are_refused_naming_them(fields: dict[str, object], name
 
 
 def test_server_bytes_is_what_the_namespace_reserves() -> None:
-    expected = (1 + 3 + 5 + 7 + 29 + 31) * MiB + 17 * MiB + 8 * 23 * MiB + 8 * 11 * MiB
+    tenants = 8 * (11 + 37) * MiB  # each expected tenant's events and submits
+    expected = (1 + 3 + 5 + 7 + 29 + 31) * MiB + 17 * MiB + 8 * 23 * MiB + tenants
     assert SMALL.server_bytes() == expected
 
 

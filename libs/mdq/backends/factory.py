@@ -45,7 +45,7 @@ async def make_backend(
     issuer in the file ``runner_issuer`` (``MDQ_NATS_RUNNER_ISSUER``), valid for
     ``runner_creds_ttl_s`` and renewed while the attempt lives (``mdq.bus.runner_creds``),
     all of which only the service creating pods must give). The local backend's runners get
-    these from their node agent.
+    theirs from their node agent, which asks placement's desk for them (it holds no key).
 
     "clusters": several execution clusters (``mdq.backends.clusters.ClusterRouter``), listed
     in ``clusters_file`` (default ``MDQ_CLUSTERS_FILE``), each made as one of the other kinds

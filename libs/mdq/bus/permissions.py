@@ -66,6 +66,14 @@ class Permissions:
     """May answer requests it received (a reply to the request's inbox, once, promptly)."""
     inbox_prefix: str = ""
     """Where its replies come back; only it may subscribe there."""
+    publish_deny: tuple[str, ...] = ()
+    """Carved out of ``publish``: the services' durable consumers, which a reader that may
+    make pull consumers of its own on their stream must not pull from, acknowledge, change or
+    delete."""
+    max_subscriptions: int = -1
+    """Subscriptions one connection may hold (-1: no limit), enforced by the server."""
+    max_payload: int = -1
+    """The largest message one connection may publish, bytes (-1: the server's)."""
 
 
 DEFAULT_INBOX = "_INBOX"
@@ -95,6 +103,38 @@ def _read_stream(stream: str) -> list[str]:
         f"$JS.API.CONSUMER.INFO.{stream}.*",
         f"$JS.FC.{stream}.>",
     ]
+
+
+def _pull_reader(stream: str) -> list[str]:
+    """Read a stream through pull consumers of one's own making, as any language's stock client
+    does (nats.js ``js.consumers.get()``, nats.go ``OrderedConsumer``, nats-py
+    ``pull_subscribe``): create one by name (with its filter in the subject or not), pull,
+    acknowledge, delete it. The services' durables on that stream are carved out
+    (``_protected``); the stream's own limits bound how many a tenant keeps
+    (``mdq.bus.streams.tenant_stream_config``)."""
+    return [
+        f"$JS.API.CONSUMER.CREATE.{stream}.>",
+        f"$JS.API.CONSUMER.MSG.NEXT.{stream}.*",
+        f"$JS.API.CONSUMER.DELETE.{stream}.*",
+        f"$JS.ACK.{stream}.>",
+    ]
+
+
+def _protected(streams: Iterable[str], names: Names) -> list[str]:
+    """What a pull reader of ``streams`` may not do to the services' durable consumers
+    (intake's, the watcher's): change, delete, pull from, acknowledge for them."""
+    durables = (names.intake_consumer, *names.watcher_consumers)
+    out: list[str] = []
+    for stream in streams:
+        for durable in durables:
+            out += [
+                f"$JS.API.CONSUMER.CREATE.{stream}.{durable}",
+                f"$JS.API.CONSUMER.CREATE.{stream}.{durable}.>",
+                f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}",
+                f"$JS.API.CONSUMER.DELETE.{stream}.{durable}",
+                f"$JS.ACK.{stream}.{durable}.>",
+            ]
+    return out
 
 
 def _durable(stream: str, consumer: str) -> list[str]:
@@ -194,6 +234,7 @@ def service_permissions(identity: str, subjects: Subjects, names: Names = Names(
         for stream in (submit, jobs, progress, nodes, summaries, subjects.copies_stream)
     ]
     subscribe: list[str] = []
+    deny: list[str] = []
     respond = False
     if identity == "admin":
         return Permissions(identity, ("$JS.>", "$KV.>", f"{subjects.namespace}.>"), (">",), True)
@@ -213,7 +254,7 @@ def service_permissions(identity: str, subjects: Subjects, names: Names = Names(
         publish += _local_buckets(subjects, names, pods=True, nodes=False)
         publish += _bucket(subjects.clusters_lost_bucket, write=False)
         publish += _bucket(subjects.tenants_bucket, write=False)
-        subscribe.append(subjects.runner_creds(">"))  # renewals, on Kubernetes
+        subscribe.append(subjects.runner_creds(">"))  # it mints every runner's credentials
         respond = True
     elif identity == "watcher":
         jobs_consumer, progress_consumer = names.watcher_consumers
@@ -233,13 +274,12 @@ def service_permissions(identity: str, subjects: Subjects, names: Names = Names(
         publish += _bucket(subjects.waiting_bucket, write=False)  # the tenants' fair shares
     elif identity == "agent":
         publish += _local_buckets(subjects, names, pods=True, nodes=True)
-        subscribe.append(subjects.runner_creds(">"))  # renewals of its pods' runners
-        respond = True
+        # its pods' runners' first credentials, asked of placement (it holds no key)
+        publish += [subjects.runner_creds("*"), subjects.runner_creds("*.*")]
     elif identity == "runners":
         return Permissions(
             identity=identity,
             publish=(
-                *COMMON_PUBLISH,
                 *_events(subjects, RUNNER_KINDS),
                 *_copies(subjects, "*"),
             ),
@@ -255,8 +295,12 @@ def service_permissions(identity: str, subjects: Subjects, names: Names = Names(
         publish += _read_stream(summaries)
     elif identity == "cli":
         publish += [subjects.submit, subjects.api_submit]
-        publish += [*_read_stream(jobs), *_read_stream(progress), *_read_stream(nodes)]
-        publish += _read_stream(summaries)
+        # what a person reads, with mdq's commands or any stock client: ordered and pull
+        # consumers of its own (never a service's durable: ``_protected``)
+        read = (jobs, progress, nodes, summaries)
+        for stream in read:
+            publish += [*_read_stream(stream), *_pull_reader(stream)]
+        deny += _protected(read, names)
         publish += _bucket(subjects.waiting_bucket, write=False)
     else:
         raise ValueError(f"unknown identity {identity!r}; known: {', '.join(IDENTITIES)}")
@@ -268,8 +312,15 @@ def service_permissions(identity: str, subjects: Subjects, names: Names = Names(
         subscribe=tuple(subscribe),
         respond=respond,
         inbox_prefix=prefix,
+        publish_deny=tuple(deny),
     )
 
+
+TENANT_MAX_SUBSCRIPTIONS = 256
+"""Subscriptions a tenant's connection may hold: its replies' and its consumers' (at most
+``MDQ_STORAGE_TENANT_CONSUMERS`` of those) with room to spare, not a flood of them."""
+TENANT_MAX_PAYLOAD = 1024 * 1024
+"""The largest message a tenant may publish: a submit at its largest (``MAX_SUBMIT_BYTES``)."""
 
 TENANT_PREFIX = "tenant."
 """A tenant's identity is ``tenant.<name>`` (its credentials' name, ``identity_of_creds``)."""
@@ -294,13 +345,14 @@ def tenant_permissions(subjects: Subjects, tenant: str) -> Permissions:
     stream = subjects.tenant_stream(tenant)
     prefix = inbox_prefix(identity)
     publish = [subjects.submit_for(tenant), subjects.api_submit_for(tenant)]
-    publish += _read_stream(stream)
-    publish += [f"$JS.API.CONSUMER.CREATE.{stream}.>", f"$JS.API.CONSUMER.DELETE.{stream}.*"]
+    publish += [*_read_stream(stream), *_pull_reader(stream)]
     return Permissions(
         identity=identity,
         publish=tuple(publish),
         subscribe=(f"{prefix}.>",),
         inbox_prefix=prefix,
+        max_subscriptions=TENANT_MAX_SUBSCRIPTIONS,
+        max_payload=TENANT_MAX_PAYLOAD,
     )
 
 
@@ -310,7 +362,9 @@ RUNNER_NAME = "{{name()}}"
 
 def runner_permissions(subjects: Subjects, job_id: str = RUNNER_NAME) -> Permissions:
     """A runner may publish its own job's progress, checkpoints and outputs, ask for fresh
-    credentials for its own job, and hear the answers in its own inbox: nothing else.
+    credentials for its own job, and hear the answers in its own inbox: nothing else, not
+    even the names of the streams or the account's figures (``COMMON_PUBLISH``: they would
+    name, or count, the tenants).
 
     Its identity is the job id (ids never clash with a service's name: they start with 12 hex
     digits and a dash). With the default ``job_id`` this is the template of the account's
@@ -322,7 +376,6 @@ def runner_permissions(subjects: Subjects, job_id: str = RUNNER_NAME) -> Permiss
     return Permissions(
         identity=identity,
         publish=(
-            *COMMON_PUBLISH,
             *_events(subjects, RUNNER_KINDS, job_id),
             *_copies(subjects, job_id),
             renewal,
@@ -438,6 +491,8 @@ def _row(permissions: Permissions) -> str:
             read, _, subject = direct.partition(".")  # direct gets of some subjects only
             streams.append(f"{read} ({subject})")
         elif (stream := _after(pattern, "$JS.API.CONSUMER.CREATE.")) and "." not in stream:
+            if f"$JS.API.CONSUMER.MSG.NEXT.{stream}.*" in permissions.publish:
+                stream += " (pull)"
             (buckets if stream.startswith("KV_") else streams).append(stream.removeprefix("KV_"))
         elif durable := _after(pattern, "$JS.API.CONSUMER.DURABLE.CREATE."):
             owns.append(f"consumer {durable.replace('.', '/')}")

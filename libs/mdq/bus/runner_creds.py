@@ -4,11 +4,18 @@ A runner's credentials (``mdq.auth.RunnerIssuer.creds``) expire ``MDQ_NATS_RUNNE
 after they are minted, and the server ends a connection whose credentials expired. While the
 attempt runs, the runner asks for fresh ones at half-life (``keep_renewed``) on
 ``<ns>.api.runner_creds.<job id>``, a subject the server lets only that job's credentials
-publish on (the runner template fills in the job id). Whoever holds the runner issuer answers
-(``RenewalDesk``): placement on Kubernetes, from the jobs log (the job is BOUND or RUNNING in
-that very attempt), the local node agent from the pods it runs. So a pod that ended, a runner of
-an attempt that was superseded, or a copy of a runner's file stops working within one TTL, with
-no revocation list and no change to the server's configuration.
+publish on (the runner template fills in the job id). Placement, the one process that holds the
+runner issuer, answers (``RenewalDesk``) from the jobs log (``log_verdict``: that very attempt
+was bound last and has neither failed nor ended). So a pod that ended, a runner of an attempt
+that was superseded, or a copy of a runner's file stops working within one TTL, with no
+revocation list and no change to the server's configuration.
+
+The same desk gives a runner its first credentials: the local node agent, which holds no key,
+asks on the same subject when it starts a pod (``request_runner_creds``). The desk mints only
+for a job id intake could have made (``mdq.core.tenants.check_job_id``): the server fills the
+credential's name into the runner template as it is, so a name such as ``*``, ``alice.*`` or
+``intake`` would otherwise grant every job's subjects, or an identity's inbox
+(docs/security.md, "NATS: every connection proves who it is").
 
 The runner holds its credentials in memory (``RenewableCreds``: nats-py asks for the JWT and a
 signature of the server's nonce at each connect); after a renewal it reconnects at once, so the
@@ -34,10 +41,15 @@ import nkeys
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
 
 from mdq.auth import decode_claims
 from mdq.bus.permissions import inbox_prefix
 from mdq.bus.subjects import Subjects
+from mdq.contracts import pb
+from mdq.core.state import attempt_lives
+from mdq.core.tenants import JobIdError, check_job_id
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +58,14 @@ RENEW_TIMEOUT_S = 5.0
 RETRY_S = 5.0
 """How long a runner waits before asking again after an unanswered renewal (at most)."""
 
-Verdict = Callable[[str, int], bool | None]
-"""``(job id, attempt) ->`` True: that attempt runs, renew; False: it does not, refuse; None:
-not this desk's to say (another node agent's pod), stay silent."""
+Verdict = Callable[[str, int], Awaitable[bool | None]]
+"""``(job id, attempt) ->`` True: that attempt runs, mint; False: it does not, refuse; None:
+not this desk's to say, stay silent. An error is no answer either (the asker asks again)."""
+
+
+class CredsRefused(Exception):
+    """The desk refused credentials: the attempt does not live, or the job id is not one."""
+
 
 _JWT_BEGIN, _JWT_END = "-----BEGIN NATS USER JWT-----", "------END NATS USER JWT------"
 _SEED_BEGIN, _SEED_END = "-----BEGIN USER NKEY SEED-----", "------END USER NKEY SEED------"
@@ -189,7 +206,8 @@ class RenewalDesk:
         verdict: Verdict,
     ) -> None:
         """``mint(job_id)``: fresh credentials for that job's runner
-        (``RunnerIssuer.creds`` with the TTL); ``verdict``: whether the attempt lives."""
+        (``RunnerIssuer.creds`` with the TTL); ``verdict``: whether the attempt lives
+        (``log_verdict``)."""
         self._nc = nc
         self._subjects = subjects
         self._mint = mint
@@ -206,13 +224,26 @@ class RenewalDesk:
         return self
 
     async def _answer(self, message: Msg) -> None:
+        if not message.reply:
+            return
         job_id = message.subject[len(self._prefix) :]
+        try:
+            check_job_id(job_id)
+        except JobIdError as error:
+            self.refused += 1
+            log.warning("refused runner credentials: %s", error)
+            await message.respond(json.dumps({"error": str(error)}).encode())
+            return
         try:
             attempt = int(json.loads(message.data)["attempt"])
         except (ValueError, TypeError, KeyError):
             attempt = 0  # no attempt runs as number 0: refused below
-        live = self._verdict(job_id, attempt) if attempt > 0 else False
-        if live is None or not message.reply:
+        try:
+            live = await self._verdict(job_id, attempt) if attempt > 0 else False
+        except Exception:  # the log cannot be read now: no answer, the asker asks again
+            log.warning("could not tell whether %s attempt %d runs", job_id, attempt, exc_info=True)
+            return
+        if live is None:
             return
         if live:
             reply: dict[str, str] = {"creds": self._mint(job_id)}
@@ -220,10 +251,74 @@ class RenewalDesk:
         else:
             reply = {"error": f"attempt {attempt} of job {job_id} is not running"}
             self.refused += 1
-            log.info("refused to renew the credentials of %s attempt %d", job_id, attempt)
+            log.info("refused runner credentials for %s attempt %d", job_id, attempt)
         await message.respond(json.dumps(reply).encode())
 
     async def close(self) -> None:
         if self._subscription is not None:
             await self._subscription.unsubscribe()
             self._subscription = None
+
+
+def log_verdict(js: JetStreamContext, subjects: Subjects) -> Verdict:
+    """Whether an attempt lives, read from the jobs log at the moment of asking: the job's
+    last ``bound`` event is of that attempt, no ``attempt_failed`` of it or a later one came
+    after, and the job has not ended (``succeeded``, ``failed``). Four reads of a subject's
+    last message, no state: every placement replica answers alike, and a pod whose ``bound``
+    event was acknowledged a moment ago is already live."""
+    stream = subjects.jobs_stream
+
+    async def last(job_id: str, kind: str) -> pb.Event | None:
+        try:
+            message = await js.get_last_msg(stream, subjects.job(job_id, kind))
+        except NotFoundError:
+            return None
+        return pb.Event.FromString(message.data or b"")
+
+    async def verdict(job_id: str, attempt: int) -> bool:
+        bound = await last(job_id, "bound")
+        if bound is None or bound.attempt != attempt:
+            return False  # no need to read more
+        failed = await last(job_id, "attempt_failed")
+        ended = [await last(job_id, kind) for kind in ("succeeded", "failed")]
+        return attempt_lives(
+            attempt,
+            last_bound=bound.attempt,
+            last_failed=None if failed is None else failed.attempt,
+            ended=any(event is not None for event in ended),
+        )
+
+    return verdict
+
+
+async def request_runner_creds(
+    nc: Client,
+    subjects: Subjects,
+    *,
+    job_id: str,
+    attempt: int,
+    wait_s: float,
+    timeout_s: float = RENEW_TIMEOUT_S,
+) -> str:
+    """The first credentials of ``attempt`` of ``job_id``, from the desk (what the local node
+    agent asks before it starts a pod). Asks again while no desk answers, for ``wait_s`` at
+    most (then ``TimeoutError``); ``CredsRefused`` when the desk says no."""
+    request = json.dumps({"attempt": attempt}).encode()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    while True:
+        try:
+            answer = await nc.request(subjects.runner_creds(job_id), request, timeout=timeout_s)
+        except (nats.errors.Error, OSError) as error:  # no desk yet, or no answer in time
+            left = deadline - loop.time()
+            if left <= 0:
+                raise TimeoutError(
+                    f"no runner credentials for {job_id} attempt {attempt} within "
+                    f"{wait_s:g} s ({error!r}): is placement running with the runner issuer?"
+                ) from error
+            await asyncio.sleep(min(RETRY_S / 5, left))
+            continue
+        reply = json.loads(answer.data)
+        if "creds" in reply:
+            return str(reply["creds"])
+        raise CredsRefused(str(reply.get("error")))

@@ -125,6 +125,24 @@ class StorageSettings(BaseSettings):
     tenant_days: float = Field(
         default=30.0, gt=0, description="Each tenant's stream: how long an event is kept."
     )
+    tenant_submit_bytes: ByteSize = Field(
+        default=ByteSize(64 * MiB),
+        gt=0,
+        description="Each tenant's submit stream (its fire-and-forget submits, deduplicated "
+        "among its own): size limit; full, it refuses that tenant's publishes alone.",
+    )
+    tenant_consumers: int = Field(
+        default=16,
+        ge=1,
+        description="Each tenant's stream: the most consumers a tenant may keep on it at once "
+        "(its clients' ordered and pull consumers; the server refuses more).",
+    )
+    tenant_consumer_idle_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="Each tenant's stream: a consumer no client used for this long is deleted "
+        "by the server, durable or not (so a tenant cannot keep one for ever).",
+    )
     registry_bytes: ByteSize = Field(
         default=ByteSize(512 * MiB),
         gt=0,
@@ -183,11 +201,11 @@ class StorageSettings(BaseSettings):
 
     def server_bytes(self) -> int:
         """File store one namespace's streams and buckets reserve on a server, with room for
-        ``expected_tenants`` tenant streams: the least ``max_file_store`` a server that holds
-        this namespace needs."""
+        ``expected_tenants`` tenants' streams (events and submits): the least
+        ``max_file_store`` a server that holds this namespace needs."""
         return (
             self.streams_bytes()
             + int(self.registry_bytes)
             + self.BUCKETS_PER_NAMESPACE * int(self.bucket_bytes)
-            + self.expected_tenants * int(self.tenant_bytes)
+            + self.expected_tenants * int(self.tenant_bytes + self.tenant_submit_bytes)
         )

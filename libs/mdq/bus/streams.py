@@ -15,7 +15,10 @@ the stream's size, and a warning says so.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
+from collections.abc import Iterable
 
 from nats.js import JetStreamContext
 from nats.js.api import (
@@ -24,11 +27,13 @@ from nats.js.api import (
     RetentionPolicy,
     StorageType,
     StreamConfig,
+    StreamConsumerLimits,
     StreamSource,
 )
 from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
+from mdq.bus.fetch import connection_of
 from mdq.bus.storage import DAY_S, StorageSettings
 from mdq.bus.subjects import Subjects
 
@@ -40,24 +45,76 @@ COPY_MAX_MESSAGE_BYTES = 512 * 1024
 headers."""
 
 
+def submit_stream_config(
+    subjects: Subjects,
+    *,
+    tenants: Iterable[str] = (),
+    replicas: int = 1,
+    storage: StorageSettings | None = None,
+) -> StreamConfig:
+    """The stream intake reads every fire-and-forget submit from: it captures the operator's
+    (``NS.submit``) and sources each tenant's submit stream (``tenant_submit_stream_config``).
+
+    Its duplicate window is none while it sources a tenant (0: JetStream gives a stream with
+    sources no default window): a message id (``submit:<key>``) is deduplicated in the
+    tenant's own stream, among that tenant's keys only, and never here, where one tenant's
+    id would drop another's submit (and its acknowledgement would say the key was used).
+    Intake's registry, keyed by the tenant's own request id, keeps submits idempotent."""
+    storage = storage or StorageSettings()
+    sources = [StreamSource(name=subjects.tenant_submit_stream(t)) for t in sorted(tenants)]
+    return StreamConfig(
+        name=subjects.submit_stream,
+        subjects=[subjects.submit],
+        sources=sources or None,
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        max_age=storage.submit_days * DAY_S,
+        max_bytes=int(storage.submit_bytes),
+        max_msg_size=MAX_SUBMIT_BYTES,
+        duplicate_window=0.0 if sources else 3600.0,
+        discard=DiscardPolicy.NEW,  # a full stream refuses the submitter, drops nothing
+        num_replicas=replicas,
+    )
+
+
+def tenant_submit_stream_config(
+    subjects: Subjects,
+    tenant: str,
+    *,
+    replicas: int = 1,
+    storage: StorageSettings | None = None,
+) -> StreamConfig:
+    """One tenant's submits (``NS.submit.<tenant>``): deduplicated by message id among its
+    own (an hour), within a size of its own (``MDQ_STORAGE_TENANT_SUBMIT_BYTES``; full, it
+    refuses that tenant's publishes and nobody else's); the submit stream sources it."""
+    storage = storage or StorageSettings()
+    return StreamConfig(
+        name=subjects.tenant_submit_stream(tenant),
+        subjects=[subjects.submit_for(tenant)],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        max_age=storage.submit_days * DAY_S,
+        max_bytes=int(storage.tenant_submit_bytes),
+        max_msg_size=MAX_SUBMIT_BYTES,
+        duplicate_window=3600.0,
+        discard=DiscardPolicy.NEW,
+        num_replicas=replicas,
+    )
+
+
 def stream_configs(
-    subjects: Subjects, *, replicas: int = 1, storage: StorageSettings | None = None
+    subjects: Subjects,
+    *,
+    replicas: int = 1,
+    storage: StorageSettings | None = None,
+    tenants: Iterable[str] = (),
 ) -> list[StreamConfig]:
-    """Definitions of every stream: history is kept (limits retention) so replay works, within
-    the limits of ``storage`` (default: ``MDQ_STORAGE_*`` from the environment)."""
+    """Definitions of every shared stream (the submit stream sourcing ``tenants``' submit
+    streams): history is kept (limits retention) so replay works, within the limits of
+    ``storage`` (default: ``MDQ_STORAGE_*`` from the environment)."""
     storage = storage or StorageSettings()
     configs = [
-        StreamConfig(
-            name=subjects.submit_stream,
-            subjects=subjects.submit_subjects,
-            retention=RetentionPolicy.LIMITS,
-            storage=StorageType.FILE,
-            max_age=storage.submit_days * DAY_S,
-            max_bytes=int(storage.submit_bytes),
-            max_msg_size=MAX_SUBMIT_BYTES,
-            duplicate_window=3600.0,
-            discard=DiscardPolicy.NEW,  # a full stream refuses the submitter, drops nothing
-        ),
+        submit_stream_config(subjects, tenants=tenants, storage=storage),
         StreamConfig(
             name=subjects.jobs_stream,
             # "*.>" holds the tenants' two-token job ids too; their request ids have two tokens
@@ -131,7 +188,10 @@ def tenant_stream_config(
     """One tenant's stream: its jobs' events, refusals and progress, sourced by the server
     from the shared streams (which a tenant may not read: they hold everyone's jobs). It is a
     copy (the history stays in PostgreSQL and the shared streams), so it drops its oldest
-    events at its limits (``MDQ_STORAGE_TENANT_*``)."""
+    events at its limits (``MDQ_STORAGE_TENANT_*``). The tenant makes its own consumers on it
+    (ordered and pull, ``mdq.bus.permissions.tenant_permissions``): at most
+    ``tenant_consumers`` at once, each deleted by the server after ``tenant_consumer_idle_s``
+    unused, durable or not."""
     storage = storage or StorageSettings()
     jobs, refusals, progress = subjects.tenant_events(tenant)
     return StreamConfig(
@@ -147,6 +207,8 @@ def tenant_stream_config(
         max_bytes=int(storage.tenant_bytes),
         discard=DiscardPolicy.OLD,
         num_replicas=replicas,
+        max_consumers=storage.tenant_consumers,
+        consumer_limits=StreamConsumerLimits(inactive_threshold=storage.tenant_consumer_idle_s),
     )
 
 
@@ -158,8 +220,74 @@ async def ensure_tenant_stream(
     replicas: int = 1,
     storage: StorageSettings | None = None,
 ) -> None:
-    """Create (or bring up to date) ``tenant``'s stream; as admin, after ``ensure_streams``."""
+    """Create (or bring up to date) ``tenant``'s streams, its events' and its submits', and
+    make the submit stream source the latter; as admin, after ``ensure_streams``."""
     config = tenant_stream_config(subjects, tenant, replicas=replicas, storage=storage)
+    await _create_or_update(js, config, replicas)
+    tenants = {*await tenants_with_streams(js, subjects), tenant}
+    await _ensure_submit_streams(js, subjects, tenants, replicas=replicas, storage=storage)
+
+
+async def remove_tenant_streams(js: JetStreamContext, subjects: Subjects, tenant: str) -> bool:
+    """Delete ``tenant``'s streams (as admin), its submit stream first taken out of the submit
+    stream's sources; whether its events' stream existed."""
+    others = [each for each in await tenants_with_streams(js, subjects) if each != tenant]
+    with contextlib.suppress(NotFoundError):
+        await js.stream_info(subjects.submit_stream)
+        await _ensure_submit_streams(js, subjects, others, replicas=1, storage=None)
+    with contextlib.suppress(NotFoundError):
+        await js.delete_stream(subjects.tenant_submit_stream(tenant))
+    try:
+        return await js.delete_stream(subjects.tenant_stream(tenant))
+    except NotFoundError:
+        return False
+
+
+async def tenants_with_streams(js: JetStreamContext, subjects: Subjects) -> list[str]:
+    """The tenants that have a stream of their events in this namespace (as admin: the list of
+    streams names every tenant)."""
+    prefix = subjects.tenant_stream("")
+    names: list[str] = []
+    offset = 0
+    while True:
+        request = json.dumps({"offset": offset}).encode()
+        reply = await connection_of(js).request("$JS.API.STREAM.NAMES", request, timeout=5)
+        answer = json.loads(reply.data)
+        page = answer.get("streams") or []
+        names += [name for name in page if name.startswith(prefix)]
+        offset += len(page)
+        if not page or offset >= int(answer.get("total", 0)):
+            break
+    return sorted(name.removeprefix(prefix) for name in names)
+
+
+async def _ensure_submit_streams(
+    js: JetStreamContext,
+    subjects: Subjects,
+    tenants: Iterable[str],
+    *,
+    replicas: int,
+    storage: StorageSettings | None,
+) -> None:
+    """The submit stream capturing the operator's subject alone and sourcing the submit stream
+    of each of ``tenants``, each made first. The submit stream is updated before a tenant's is
+    made: one made before tenants had their own captured theirs too, and two streams may not
+    capture one subject."""
+    tenants = sorted(set(tenants))
+    config = submit_stream_config(subjects, replicas=replicas, storage=storage)
+    try:
+        existing = await js.stream_info(subjects.submit_stream)
+    except NotFoundError:
+        existing = None
+    if existing is not None and existing.config.subjects != [subjects.submit]:
+        kept = [source.name for source in existing.config.sources or []]
+        config.sources = [StreamSource(name=name) for name in kept] or None
+        config.duplicate_window = 0.0 if kept else config.duplicate_window
+        await _create_or_update(js, config, replicas)
+    for tenant in tenants:
+        made = tenant_submit_stream_config(subjects, tenant, replicas=replicas, storage=storage)
+        await _create_or_update(js, made, replicas)
+    config = submit_stream_config(subjects, tenants=tenants, replicas=replicas, storage=storage)
     await _create_or_update(js, config, replicas)
 
 
@@ -171,8 +299,13 @@ async def ensure_streams(
     storage: StorageSettings | None = None,
 ) -> None:
     """Create the namespace's streams, or bring existing ones up to date (their replica count
-    only ever goes up, their size limit never below what they hold)."""
+    only ever goes up, their size limit never below what they hold); the submit stream keeps
+    sourcing every tenant's submit stream."""
     for config in stream_configs(subjects, replicas=replicas, storage=storage):
+        if config.name == subjects.submit_stream:
+            tenants = await tenants_with_streams(js, subjects)
+            await _ensure_submit_streams(js, subjects, tenants, replicas=replicas, storage=storage)
+            continue
         await _create_or_update(js, config, replicas)
 
 

@@ -190,6 +190,12 @@ class Subjects:
         cluster (``mdq.bus.copies``): what a retry on another cluster resumes from."""
         return f"{self.namespace.upper()}_COPIES"
 
+    def tenant_submit_stream(self, tenant: str) -> str:
+        """The stream that captures one tenant's fire-and-forget submits
+        (``submit_for(tenant)``): its message ids (idempotency keys) are deduplicated there,
+        among the tenant's own only; the submit stream sources it for intake."""
+        return f"{self.namespace.upper()}_SUBMIT_{tenant}"
+
     def tenant_stream(self, tenant: str) -> str:
         """The stream of one tenant's events, sourced from the jobs and progress streams: the
         only stream a tenant may read, so it sees its own jobs and nothing else."""

@@ -35,6 +35,7 @@ from mdq.cli.recommend import recorded_choice
 from mdq.contracts import pb
 from mdq.core.state import JobBook, JobState, JobView
 from mdq.core.timestamps import to_datetime
+from mdq.sdk.client import tenant_of_creds
 
 console = Console(width=160)
 
@@ -42,13 +43,19 @@ console = Console(width=160)
 async def job_events(
     nats_url: str, namespace: str, job_id: str, *, creds: str = ""
 ) -> list[pb.Event]:
-    """Every event of ``job_id`` in the job log, in order."""
+    """Every event of ``job_id`` in the job log, in order (a tenant's: from its own stream,
+    the only one it may read)."""
     subjects = Subjects(namespace=namespace)
+    tenant = tenant_of_creds(creds)
+    stream = subjects.tenant_stream(tenant) if tenant else subjects.jobs_stream
     nc = await connect(nats_url, name="mdq-explain", creds=creds or None)
     try:
         js = nc.jetstream()
         subscription = await js.subscribe(
-            subjects.job_all(job_id), ordered_consumer=True, deliver_policy=DeliverPolicy.ALL
+            subjects.job_all(job_id),
+            stream=stream,
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.ALL,
         )
         try:
             info = await subscription.consumer_info()
@@ -68,7 +75,10 @@ async def job_events(
 async def waiting_entry(
     nats_url: str, namespace: str, job_id: str, *, creds: str = ""
 ) -> pb.JobWaiting | None:
-    """Placement's latest word on why ``job_id`` waits, or None if it has none."""
+    """Placement's latest word on why ``job_id`` waits, or None if it has none (nor for a
+    tenant: placement's table is the operator's, it names every tenant's jobs)."""
+    if tenant_of_creds(creds):
+        return None
     nc = await connect(nats_url, name="mdq-explain", creds=creds or None)
     try:
         kv = await nc.jetstream().key_value(Subjects(namespace=namespace).waiting_bucket)

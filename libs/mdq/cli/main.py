@@ -43,7 +43,14 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
-from mdq.auth import TrustMismatch, ensure_token_file, generate, nats_secrets_dir, rotate
+from mdq.auth import (
+    SECRETS_DIR,
+    TrustMismatch,
+    ensure_token_file,
+    generate,
+    nats_secrets_dir,
+    rotate,
+)
 from mdq.bus.connect import CREDS_ENV
 from mdq.cli import history
 from mdq.cli import recommend as recommendations
@@ -60,10 +67,17 @@ from mdq.contracts import pb
 from mdq.core.recommend import UsageSample
 from mdq.core.spec import SpecError
 from mdq.core.state import JobState, JobView
-from mdq.sdk.client import IntakeUnavailable, MdqClient, SubmitRefused
+from mdq.sdk.client import (
+    IntakeUnavailable,
+    MdqClient,
+    OperatorOnly,
+    SubmitRefused,
+    tenant_of_creds,
+)
 from mdq.sdk.jobfile import JobFileError, load_job_file
 from mdq.stack import (
     BACKENDS,
+    CONSOLE_TOKEN_FILE,
     Stack,
     StackError,
     StackInfo,
@@ -194,7 +208,8 @@ def _print_stack(info: StackInfo) -> None:
         *([f"credentials {info.nats_creds}  (MDQ_NATS_CREDS)"] if info.nats_creds else []),
         f"PostgreSQL  {info.database_url}" + ("  (embedded)" if info.embedded_postgres else ""),
         *([f"password    {info.database_password_file}"] if info.database_password_file else []),
-        f"metrics     {info.metrics_url}",
+        f"metrics     {info.metrics_url}  (Authorization: Bearer <the token in "
+        f"{Path(info.state_dir) / SECRETS_DIR / CONSOLE_TOKEN_FILE}>)",
         *([f"console     {info.console_link()}"] if info.console_url else []),
         f"namespace   {info.namespace}",
         f"backend     {info.backend}",
@@ -297,7 +312,13 @@ def status(ctx: typer.Context) -> None:
         raise typer.Exit(EXIT_UNAVAILABLE)
     _updated_at, parts = found
     probes = _run(
-        stack_status.probe_servers(info.nats_url, info.database_dsn(), creds=info.nats_creds)
+        stack_status.probe_servers(
+            info.nats_url,
+            info.database_dsn(),
+            creds=info.nats_creds,
+            shown_database_url=info.database_url,
+            password_file=info.database_password_file,
+        )
     )
     stack_status.render(console, parts, probes, now=time.time())
     raise typer.Exit(EXIT_OK if stack_status.healthy(parts, probes) else EXIT_FAILED)
@@ -655,7 +676,11 @@ def nodes(ctx: typer.Context) -> None:
     async def work(client: MdqClient) -> dict[str, pb.Event]:
         return await client.node_loads()
 
-    loads = _run(_with_client(endpoints, work))
+    try:
+        loads = _run(_with_client(endpoints, work))
+    except OperatorOnly as error:
+        err_console.print(f"[red]{error}[/]")
+        raise typer.Exit(EXIT_FAILED) from None
     table = Table(title="nodes")
     clustered = any(event.node_load.cluster for event in loads.values())
     for column, justify in (
@@ -697,6 +722,12 @@ def queues(ctx: typer.Context) -> None:
     """Each tenant's weight, jobs running and queued, share of the cluster and fair share
     (placement's last count, from its waiting bucket)."""
     endpoints = _endpoints(ctx)
+    if tenant := tenant_of_creds(endpoints.nats_creds):
+        err_console.print(
+            f"[red]the tenants' shares are the operator's to read; tenant {tenant}'s "
+            "credentials may not (docs/security.md, Tenants)[/]"
+        )
+        raise typer.Exit(EXIT_FAILED)
     usages = _run(
         tenant_usages(endpoints.nats_url, endpoints.namespace, creds=endpoints.nats_creds)
     )

@@ -40,6 +40,7 @@ from mdq.cli.context import Endpoints, GlobalOptions, NoEndpoint, resolve_endpoi
 from mdq.cli.live import state_text
 from mdq.contracts import pb
 from mdq.core.state import JobView, event_time
+from mdq.sdk.client import tenant_of_creds
 from mdq.store.engine import asyncpg_dsn, create_writer_pool
 from mdq.store.migrate import upgrade_async
 from mdq.store.projection import JOBS_CONSUMER, PROGRESS_CONSUMER, Projector
@@ -85,7 +86,7 @@ class ReplayLine:
 async def read_subject(js: JetStreamContext, stream: str, subject: str) -> list[LoggedEvent]:
     """Every message stored on ``subject`` now, in stream order (an ordered consumer)."""
     subscription = await js.subscribe(
-        subject, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL
+        subject, stream=stream, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL
     )
     logged: list[LoggedEvent] = []
     try:
@@ -107,11 +108,16 @@ async def read_subject(js: JetStreamContext, stream: str, subject: str) -> list[
     return logged
 
 
-async def read_job_log(js: JetStreamContext, subjects: Subjects, job_id: str) -> list[LoggedEvent]:
-    """The job's lifecycle and progress events, merged in the order they happened."""
+async def read_job_log(
+    js: JetStreamContext, subjects: Subjects, job_id: str, *, tenant: str = ""
+) -> list[LoggedEvent]:
+    """The job's lifecycle and progress events, merged in the order they happened (as
+    ``tenant``: from its own stream, the only one it may read)."""
+    jobs = subjects.tenant_stream(tenant) if tenant else subjects.jobs_stream
+    progress_stream = subjects.tenant_stream(tenant) if tenant else subjects.progress_stream
     lifecycle, progress = await asyncio.gather(
-        read_subject(js, subjects.jobs_stream, subjects.job_all(job_id)),
-        read_subject(js, subjects.progress_stream, subjects.progress(job_id)),
+        read_subject(js, jobs, subjects.job_all(job_id)),
+        read_subject(js, progress_stream, subjects.progress(job_id)),
     )
     return sorted(lifecycle + progress, key=lambda item: (item.at, item.stream, item.sequence))
 
@@ -321,7 +327,8 @@ async def _replay_job(endpoints: Endpoints, job_id: str, progress_every: int) ->
     subjects = Subjects(endpoints.namespace)
     nc = await connect(endpoints.nats_url, name="mdq-replay", creds=endpoints.nats_creds or None)
     try:
-        logged = await read_job_log(nc.jetstream(), subjects, job_id)
+        tenant = tenant_of_creds(endpoints.nats_creds)
+        logged = await read_job_log(nc.jetstream(), subjects, job_id, tenant=tenant)
     finally:
         await nc.drain()
     if not logged:

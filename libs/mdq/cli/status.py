@@ -9,6 +9,7 @@ answer is the servers' own and not the stack's opinion of them.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from dataclasses import dataclass
 
@@ -56,9 +57,24 @@ async def probe_nats(url: str, *, limit_s: float = PROBE_TIMEOUT_S, creds: str =
     return Probe("NATS", url, True, "answers", _since(started))
 
 
-async def probe_postgres(url: str, *, limit_s: float = PROBE_TIMEOUT_S) -> Probe:
-    """Connect once and run ``SELECT 1``, within ``limit_s``."""
+def without_password(text: str) -> str:
+    """``text`` with the password of every URL in it taken out (``user:secret@`` ->
+    ``user@``): what ``mdq status`` may print."""
+    return _PASSWORD_IN_URL.sub(r"\1@", text)
+
+
+_PASSWORD_IN_URL = re.compile(r"(//[^:/@\s]+):[^@\s]*@")
+
+
+async def probe_postgres(
+    url: str, *, limit_s: float = PROBE_TIMEOUT_S, shown: str = "", password_file: str = ""
+) -> Probe:
+    """Connect once and run ``SELECT 1``, within ``limit_s``. The probe names ``shown`` (or
+    ``url`` without its password) and the file the password is in, never the password."""
     started = time.monotonic()
+    name = without_password(shown or url) + (
+        f" (password in {password_file})" if password_file else ""
+    )
     try:
         async with asyncio.timeout(limit_s):
             connection = await asyncpg.connect(url, timeout=limit_s)
@@ -67,16 +83,27 @@ async def probe_postgres(url: str, *, limit_s: float = PROBE_TIMEOUT_S) -> Probe
             finally:
                 await connection.close()
     except Exception as error:  # any failure to answer is the answer
-        return Probe("PostgreSQL", url, False, f"{type(error).__name__}: {error}", _since(started))
-    return Probe("PostgreSQL", url, True, "answers", _since(started))
+        detail = without_password(f"{type(error).__name__}: {error}")
+        return Probe("PostgreSQL", name, False, detail, _since(started))
+    return Probe("PostgreSQL", name, True, "answers", _since(started))
 
 
-async def probe_servers(nats_url: str, database_url: str, *, creds: str = "") -> list[Probe]:
+async def probe_servers(
+    nats_url: str,
+    database_url: str,
+    *,
+    creds: str = "",
+    shown_database_url: str = "",
+    password_file: str = "",
+) -> list[Probe]:
     """Both probes side by side (PostgreSQL only when a URL is known); ``creds``: the NATS
-    credentials to connect with."""
+    credentials to connect with; ``database_url`` may hold a password, which no probe shows
+    (``shown_database_url`` and ``password_file`` say where it is instead)."""
     probes = [probe_nats(nats_url, creds=creds)]
     if database_url:
-        probes.append(probe_postgres(database_url))
+        probes.append(
+            probe_postgres(database_url, shown=shown_database_url, password_file=password_file)
+        )
     return list(await asyncio.gather(*probes))
 
 

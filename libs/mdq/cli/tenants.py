@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
-from nats.js.errors import KeyNotFoundError, NotFoundError
+from nats.js.errors import KeyNotFoundError
 from rich.console import Console
 
 from mdq.auth import (
@@ -57,7 +57,7 @@ from mdq.auth import (
 from mdq.bus.connect import connect
 from mdq.bus.kv import bucket_keys
 from mdq.bus.permissions import tenant_identity, tenant_permissions
-from mdq.bus.streams import ensure_tenant_stream
+from mdq.bus.streams import ensure_tenant_stream, remove_tenant_streams
 from mdq.bus.subjects import Subjects
 from mdq.bus.tenants import ensure_tenants_bucket, put_policy, remove_policy
 from mdq.cli.context import Endpoints, GlobalOptions, NoEndpoint, resolve_endpoints
@@ -177,10 +177,7 @@ async def remove_tenant(
     client = await connect(nats_url, name="mdq-tenant-rm", creds=admin_creds or None)
     try:
         js = client.jetstream()
-        try:
-            stream_deleted = await js.delete_stream(subjects.tenant_stream(tenant))
-        except NotFoundError:
-            stream_deleted = False
+        stream_deleted = await remove_tenant_streams(js, subjects, tenant)
         kv = await ensure_tenants_bucket(js, subjects)
         try:
             await kv.get(tenant)

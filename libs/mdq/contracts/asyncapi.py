@@ -38,8 +38,9 @@ from google.protobuf.descriptor import (
     FieldDescriptor,
     OneofDescriptor,
 )
+from nats.js.api import StreamConfig
 
-from mdq.bus.streams import stream_configs
+from mdq.bus.streams import stream_configs, tenant_submit_stream_config
 from mdq.bus.subjects import Subjects, node_token
 from mdq.contracts import pb
 
@@ -380,7 +381,11 @@ def stream_of(subjects: Subjects, address: str) -> dict[str, Any] | None:
         raise ValueError(f"{address} is captured by several streams: {[c.name for c in found]}")
     if not found:
         return None
-    config = found[0]
+    return _describe(found[0])
+
+
+def _describe(config: StreamConfig) -> dict[str, Any]:
+    """A stream's name, subjects and limits, as the document shows them."""
     stream: dict[str, Any] = {
         "stream": config.name,
         "subjects": list(config.subjects or []),
@@ -506,6 +511,7 @@ def generate(subjects: Subjects | None = None) -> dict[str, Any]:
     messages["SubmitReply"]["description"] = messages["SubmitRequest"]["description"]
 
     submit_stream = stream_of(subjects, subjects.submit)
+    tenant_submits = _describe(tenant_submit_stream_config(subjects, "{tenant}"))
     channels: dict[str, Schema] = {
         "submit": {
             "address": subjects.submit,
@@ -528,10 +534,12 @@ def generate(subjects: Subjects | None = None) -> dict[str, Any]:
             "title": "Submit of a tenant (captured)",
             "description": "A tenant's fire-and-forget submits, as `submit`; the jobs are the "
             "tenant's (ids `<tenant>.<hex>-<name>`, `submitted_by` the tenant). "
-            + _stream_text(submit_stream),
+            + _stream_text(tenant_submits)
+            + f" The stream `{subjects.submit_stream}` sources it for intake, without "
+            "deduplicating: a message id is the tenant's own.",
             "parameters": _parameters(subjects.submit_for("{tenant}")),
             "messages": {"SubmitRequest": {"$ref": "#/components/messages/SubmitRequest"}},
-            **({"x-jetstream": submit_stream} if submit_stream else {}),
+            "x-jetstream": tenant_submits,
         },
         "api_submit_tenant": {
             "address": subjects.api_submit_for("{tenant}"),

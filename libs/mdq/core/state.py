@@ -258,11 +258,6 @@ class JobView:
         """Numeric priority of the job's class (higher runs first)."""
         return PRIORITY_CLASSES.get(self.spec.priority_class, PRIORITY_CLASSES["normal"])
 
-    def runs_attempt(self, attempt: int) -> bool:
-        """Whether ``attempt`` is this job's live attempt: bound to a node or running (its
-        runner's credentials are renewed, ``mdq.bus.runner_creds``)."""
-        return self.attempt == attempt and self.state in (JobState.BOUND, JobState.RUNNING)
-
     @property
     def current(self) -> AttemptRecord:
         record = self.attempts.get(self.attempt)
@@ -399,3 +394,15 @@ class JobBook:
         if existing is None or not existing.apply(event):
             return None
         return existing
+
+
+def attempt_lives(
+    attempt: int, *, last_bound: int | None, last_failed: int | None, ended: bool
+) -> bool:
+    """Whether ``attempt`` of a job is its live attempt (its runner gets and renews NATS
+    credentials, ``mdq.bus.runner_creds``), from the jobs log: the attempt of the job's last
+    ``bound`` event (None: never bound), of its last ``attempt_failed`` event (None: none) and
+    whether it ended (``succeeded`` or ``failed``). Live: bound last, not failed, not ended."""
+    if ended or last_bound != attempt:
+        return False
+    return last_failed is None or last_failed < attempt

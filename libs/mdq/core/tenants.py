@@ -32,6 +32,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from mdq.contracts import pb
+from mdq.core.ids import REQUEST_ID_HEX, TENANT_SEPARATOR
 from mdq.core.spec import SpecError
 from mdq.core.state import JobState
 from mdq.core.timestamps import EPOCH
@@ -68,6 +69,36 @@ def validate_tenant_name(name: str) -> str:
             f"tenant name {name!r} starts like a job id (12 hex digits and a dash)"
         )
     return name
+
+
+JOB_ID_PATTERN = re.compile(
+    rf"(?:{TENANT_PATTERN.pattern}{re.escape(TENANT_SEPARATOR)})?"
+    rf"[0-9a-f]{{{REQUEST_ID_HEX}}}-[a-z][a-z0-9-]{{0,39}}"
+)
+"""A job id as intake makes them (fullmatch): the operator's ``<hex>-<name>``, a tenant's
+``<tenant>.<hex>-<name>``. ASCII letters, digits, ``-`` and at most one ``.``: never a NATS
+wildcard (``*``, ``>``), never an identity's name (``intake``), never an inbox prefix."""
+
+
+class JobIdError(ValueError):
+    """A value that is not a job id intake could have made."""
+
+
+def check_job_id(value: str, field: str = "job_id") -> str:
+    """``value`` if it is a job id (``JOB_ID_PATTERN``, its tenant not a reserved name);
+    raises ``JobIdError`` naming ``field`` otherwise. What a runner's credentials are issued
+    to: the server fills the name into the runner's permission template as it is, so a name
+    holding a wildcard would grant every job's subjects."""
+    shown = value if len(value) <= 80 else value[:80] + "…"
+    if not JOB_ID_PATTERN.fullmatch(value):
+        raise JobIdError(
+            f"{field}: {shown!r} is not a job id ('<12 hex digits>-<name>', or "
+            "'<tenant>.<12 hex digits>-<name>'; lowercase letters, digits and '-')"
+        )
+    tenant, separator, _ = value.partition(TENANT_SEPARATOR)
+    if separator and tenant in RESERVED:
+        raise JobIdError(f"{field}: {shown!r} names the reserved tenant {tenant!r}")
+    return value
 
 
 # -- policies ----------------------------------------------------------------------------------
@@ -445,6 +476,12 @@ class SubmitRateLimiter:
             if bucket.full_at > now:
                 return
             del self._buckets[tenant]
+
+
+class RateRefusal(SpecError):
+    """A submit refused for its tenant's rate (``SubmitRateLimiter``). It changed nothing; a
+    client that asked by request-reply hears it in the answer and nothing records it (a
+    flood of them would otherwise fill the jobs log and the history, docs/security.md)."""
 
 
 def rate_limit_message(tenant: str, policy: TenantPolicy, wait_s: float) -> str:

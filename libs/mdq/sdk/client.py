@@ -78,6 +78,18 @@ class IntakeUnavailable(MdqError):
     """Nobody answered a request-reply submit (intake not running, or too slow)."""
 
 
+class OperatorOnly(MdqError, PermissionError):
+    """What the operator's identity alone may read (the nodes' load, the tenants' shares),
+    asked with a tenant's credentials: the server would refuse it, so the SDK says so first."""
+
+
+def tenant_of_creds(creds: str | Path | None) -> str:
+    """The tenant a credentials file stands for ("" for the operator's, or none given:
+    ``MDQ_NATS_CREDS`` then)."""
+    chosen = creds or os.environ.get(CREDS_ENV)
+    return tenant_of_identity(identity_of_creds(Path(chosen))) if chosen else ""
+
+
 class WaitTimeout(MdqError, TimeoutError):
     """``wait`` gave up; ``states`` holds what was known (None: not seen yet)."""
 
@@ -150,7 +162,7 @@ class MdqClient:
         ``MDQ_NATS_CREDS``; ``stack_endpoint`` finds a local stack's)."""
         subjects = Subjects(namespace)
         chosen = creds or os.environ.get(CREDS_ENV)
-        tenant = tenant_of_identity(identity_of_creds(Path(chosen))) if chosen else ""
+        tenant = tenant_of_creds(chosen)
         # a tenant may not look at the shared streams (their info included)
         nc = await connect(
             nats_url, name=name, subjects=None if tenant else subjects, creds=chosen or None
@@ -227,9 +239,15 @@ class MdqClient:
         intake is down) and return the job ids intake will give the jobs if it accepts them.
 
         A refusal is published as an event; ``wait`` raises ``SubmitRefused`` for it. A keyed
-        submit is published with the key as ``Nats-Msg-Id``, so a retried publish is dropped.
+        submit is published with the key as ``Nats-Msg-Id``, so a retried publish is dropped
+        (a tenant's among its own submits only: its own submit stream deduplicates them). A
+        tenant's submit without a key gets a fresh one: its job ids cannot come from the
+        sequence of the submit stream intake reads, which its acknowledgement does not name.
         A full submit stream refuses the publish itself: ``SubmitRefused`` at once.
         """
+        if self._tenant and not idempotency_key:
+            given = request.idempotency_key if isinstance(request, pb.SubmitRequest) else ""
+            idempotency_key = given or uuid.uuid4().hex
         built = build_request(request, idempotency_key=idempotency_key)
         headers = (
             {"Nats-Msg-Id": f"submit:{built.idempotency_key}"} if built.idempotency_key else None
@@ -397,7 +415,13 @@ class MdqClient:
 
     # -- nodes -----------------------------------------------------------------------------
     async def node_loads(self, *, fetch_timeout_s: float = 5.0) -> dict[str, pb.Event]:
-        """The latest ``node_load`` event of every node, by node name."""
+        """The latest ``node_load`` event of every node, by node name (an ephemeral pull
+        consumer). ``OperatorOnly`` for a tenant: which nodes run what is the operator's."""
+        if self._tenant:
+            raise OperatorOnly(
+                f"the nodes' load is the operator's to read; tenant {self._tenant}'s "
+                "credentials may not (docs/security.md, Tenants)"
+            )
         subscription = await self._js.pull_subscribe(
             self._subjects.node_load("*"),
             stream=self._subjects.nodes_stream,

@@ -465,6 +465,31 @@ async def _run_in_transaction(url: str, statements: Sequence[str]) -> None:
         await connection.close()
 
 
+async def close_other_databases(admin_url: str) -> list[str]:
+    """On a server mdq owns whole (``mdq up``'s embedded one), take ``CONNECT`` and
+    ``TEMPORARY`` on every other database (``postgres``, ``template1``) from ``PUBLIC``, which
+    PostgreSQL gives them by default: a tenant's login then reaches mdq's database alone, where
+    it may make no temporary table either. As the administrator; returns the databases closed.
+    Not for a server shared with others, whose other databases are not mdq's to close."""
+    import asyncpg
+
+    from mdq.store.engine import asyncpg_dsn
+
+    connection = await asyncpg.connect(asyncpg_dsn(admin_url))
+    try:
+        others = await connection.fetch(
+            "SELECT datname FROM pg_database WHERE datallowconn AND datname <> current_database()"
+        )
+        names = sorted(str(row["datname"]) for row in others)
+        for name in names:
+            await connection.execute(
+                f"REVOKE CONNECT, TEMPORARY ON DATABASE {quote_ident(name)} FROM PUBLIC"
+            )
+    finally:
+        await connection.close()
+    return names
+
+
 async def provision(admin_url: str, names: RoleNames, passwords: RolePasswords) -> None:
     """Create or update the roles and hand the schema to the owner (as an administrator)."""
     await _run_in_transaction(admin_url, provision_statements(names, passwords))

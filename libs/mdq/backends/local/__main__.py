@@ -15,12 +15,25 @@ from pathlib import Path
 
 from nats.js import JetStreamContext
 
-from mdq.auth import RUNNER_ISSUER_ENV
 from mdq.backends.local.agent import NodeAgent
 from mdq.backends.local.settings import LocalAgentSettings
-from mdq.bus.connect import connect
+from mdq.bus.connect import CREDS_ENV, connect
 from mdq.bus.runtime import run_service
 from mdq.settings import CommonSettings
+
+
+def runner_creds_dir(settings: LocalAgentSettings) -> Path | None:
+    """Where the runners' credentials go: None when the agent itself connects without
+    credentials (an open server: runners need none), else ``MDQ_LOCAL_RUNNER_CREDS_DIR`` or
+    ``runners/`` beside the agent's own file."""
+    own = os.environ.get(CREDS_ENV)
+    if not own:
+        return None
+    return (
+        Path(settings.runner_creds_dir)
+        if settings.runner_creds_dir
+        else Path(own).parent / "runners"
+    )
 
 
 def build(
@@ -36,8 +49,8 @@ def build(
         grace_s=settings.grace_s,
         memory_poll_s=settings.memory_poll_s,
         replicas=common.stream_replicas,
-        runner_issuer=Path(found) if (found := os.environ.get(RUNNER_ISSUER_ENV)) else None,
-        runner_creds_ttl_s=common.runner_creds_ttl_s,
+        runner_creds_dir=runner_creds_dir(settings),
+        runner_creds_wait_s=settings.runner_creds_wait_s,
         nats_url=common.nats_url,
         runner_module=settings.runner_module,
     )

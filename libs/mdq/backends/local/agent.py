@@ -20,9 +20,10 @@ from the record and an allowlist of its own variables (``mdq.backends.launch``):
 record can at most start the runner on a spec the runner validates again, and never sees the
 agent's secrets (DATABASE_URL, credentials). A record whose ids are not plain names is
 refused (StartError). On an authenticating server each runner gets NATS credentials of its own
-job, valid for ``MDQ_NATS_RUNNER_CREDS_TTL_S``, and the agent renews them while that pod runs
-(``mdq.bus.runner_creds.RenewalDesk``): once the pod ended, its file stops working within the
-TTL.
+job, valid for ``MDQ_NATS_RUNNER_CREDS_TTL_S``: the agent holds no key to mint them, it asks
+placement's desk (``mdq.bus.runner_creds.request_runner_creds``), which mints them only for the
+attempt the jobs log says is live and renews them (the runner asks) while it stays so; once the
+pod ended, its file stops working within the TTL.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ import nats.errors
 from nats.js import JetStreamContext
 from nats.js.errors import APIError
 
-from mdq.auth import RunnerIssuer, write_secret
+from mdq.auth import write_secret
 from mdq.backends.launch import (
     RUNNER_MODULE,
     module_argv,
@@ -69,9 +70,10 @@ from mdq.backends.port import PodSpec
 from mdq.bus.connect import CREDS_ENV
 from mdq.bus.fetch import connection_of
 from mdq.bus.requests import is_wrong_last_sequence
-from mdq.bus.runner_creds import RenewalDesk
+from mdq.bus.runner_creds import CredsRefused, request_runner_creds
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
+from mdq.files import UMASK, open_log, private_folder
 
 log = logging.getLogger(__name__)
 
@@ -135,12 +137,12 @@ class NodeAgent:
         nats_url: str,
         runner_module: str = RUNNER_MODULE,
         host_env: Mapping[str, str] | None = None,
-        runner_issuer: Path | None = None,
-        runner_creds_ttl_s: float | None = None,
+        runner_creds_dir: Path | None = None,
+        runner_creds_wait_s: float = 30.0,
     ) -> None:
-        """``runner_issuer`` (``MDQ_NATS_RUNNER_ISSUER``): the key that mints each runner's own
-        NATS credentials, written 0600 beside it under ``runners/`` while the pod lives, valid
-        for ``runner_creds_ttl_s`` and renewed by this agent while the pod runs."""
+        """``runner_creds_dir``: on an authenticating server, where each runner's own NATS
+        credentials are written (0600) while its pod lives, asked of placement's desk at the
+        pod's start (``runner_creds_wait_s`` at most; None: runners need none)."""
         if not nodes:
             raise ValueError("a node agent needs at least one node")
         self._js = js
@@ -159,12 +161,8 @@ class NodeAgent:
         self._running: dict[str, RunningPod] = {}
         self._claimed: set[str] = set()
         self._cores = CorePicker()
-        self._issuer = (
-            RunnerIssuer.load(runner_issuer, expires_s=runner_creds_ttl_s)
-            if runner_issuer
-            else None
-        )
-        self._runner_creds_dir = runner_issuer.parent / "runners" if runner_issuer else None
+        self._runner_creds_dir = runner_creds_dir
+        self._runner_creds_wait_s = runner_creds_wait_s
 
     @property
     def _kv(self) -> Buckets:
@@ -176,7 +174,7 @@ class NodeAgent:
         """Register the nodes, heartbeat them and run their pods until ``stop`` is set; then
         stop the pods (SIGTERM, SIGKILL after the grace period) and report them Evicted."""
         self._buckets = await ensure_buckets(self._js, self._subjects, replicas=self._replicas)
-        self._log_dir.mkdir(parents=True, exist_ok=True)
+        private_folder(self._log_dir)
         await self._publish_nodes(ready=True)
         log.info("node agent serving %s", ", ".join(self._nodes))
         tasks = {
@@ -184,15 +182,6 @@ class NodeAgent:
             asyncio.create_task(self._watch_pods(), name="watch-pods"),
         }
         stopping = asyncio.create_task(stop.wait(), name="stop")
-        desk = None
-        if self._issuer is not None:
-            issuer = self._issuer
-            desk = await RenewalDesk(
-                connection_of(self._js),
-                self._subjects,
-                mint=issuer.creds,
-                verdict=self.runs_attempt,
-            ).start()
         try:
             done, _ = await asyncio.wait({*tasks, stopping}, return_when=asyncio.FIRST_COMPLETED)
             for task in done - {stopping}:
@@ -202,21 +191,10 @@ class NodeAgent:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            if desk is not None:
-                with contextlib.suppress(Exception):
-                    await desk.close()
             await self._stop_all(reason="Evicted", message="node agent shut down")
             with contextlib.suppress(Exception):
                 await self._publish_nodes(ready=False)
             log.info("node agent stopped")
-
-    def runs_attempt(self, job_id: str, attempt: int) -> bool | None:
-        """Whether this agent runs ``attempt`` of ``job_id`` now (its runner's credentials are
-        renewed); None when it runs no attempt of that job (another agent's to answer)."""
-        ours = [pod.spec for pod in self._running.values() if pod.spec.job_id == job_id]
-        if not ours:
-            return None
-        return any(spec.attempt == attempt for spec in ours)
 
     # -- nodes ---------------------------------------------------------------------------
     async def _heartbeat_forever(self) -> None:
@@ -330,7 +308,12 @@ class NodeAgent:
             raise
         try:
             process = await self._spawn(spec)
-        except (OSError, ValueError) as error:  # PodRefused is a ValueError
+        except (
+            OSError,
+            ValueError,
+            CredsRefused,
+            TimeoutError,
+        ) as error:  # PodRefused: a ValueError
             code = 127 if isinstance(error, FileNotFoundError) else 126
             failed = PodStatus(pb.POD_FAILED, code, "StartError", str(error))
             await self._set_status(spec.name, failed)
@@ -345,7 +328,9 @@ class NodeAgent:
     async def _spawn(self, spec: PodSpec) -> asyncio.subprocess.Process:
         """Start the runner of ``spec``: this agent's argv, the allowlisted environment, the
         job's own folder as working directory, and (on an authenticating server) credentials
-        of its own job, minted now and removed when the pod ends."""
+        of its own job, given by placement's desk now and removed when the pod ends
+        (``CredsRefused`` when the desk says the attempt does not live, ``TimeoutError``
+        when no desk answers)."""
         env = runner_environment(
             spec,
             data_dir=self._data_dir,
@@ -353,14 +338,19 @@ class NodeAgent:
             namespace=self._subjects.namespace,
             host=self._host_env,
         )
-        if self._issuer is not None and self._runner_creds_dir is not None:
-            creds = self._runner_creds_dir / f"{spec.name}.creds"
-            write_secret(creds, self._issuer.creds(spec.job_id))
+        if self._runner_creds_dir is not None:
+            text = await request_runner_creds(
+                connection_of(self._js),
+                self._subjects,
+                job_id=spec.job_id,
+                attempt=spec.attempt,
+                wait_s=self._runner_creds_wait_s,
+            )
+            creds = write_secret(self._runner_creds_dir / f"{spec.name}.creds", text)
             env[CREDS_ENV] = str(creds)
-        workdir = runner_task(spec, data_dir=self._data_dir).job_dir
-        workdir.mkdir(parents=True, exist_ok=True)
+        workdir = private_folder(runner_task(spec, data_dir=self._data_dir).job_dir)
         log_path = self._log_dir / f"{spec.name}.log"
-        with log_path.open("ab") as log_file:
+        with open_log(log_path) as log_file:
             return await asyncio.create_subprocess_exec(
                 *module_argv(self._runner_module),
                 stdin=asyncio.subprocess.DEVNULL,
@@ -370,6 +360,7 @@ class NodeAgent:
                 cwd=workdir,
                 start_new_session=True,
                 preexec_fn=die_with_parent(),
+                umask=UMASK,  # its outputs and checkpoints: no other account reads them
             )
 
     async def _supervise(self, pod: RunningPod) -> None:

@@ -52,6 +52,19 @@ class LocalAgentSettings(BaseSettings):
         default=0.5, gt=0, description="Seconds between memory-limit checks of each pod."
     )
 
+    runner_creds_dir: str = Field(
+        default="",
+        description="Where each pod's NATS credentials are written (0600) while it runs, on "
+        "an authenticating server (the agent connects with MDQ_NATS_CREDS); empty: "
+        "'runners/' beside the agent's own credentials file.",
+    )
+    runner_creds_wait_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="How long a pod's start waits for placement to answer with its runner's "
+        "credentials (the agent holds no key to mint them) before the pod fails (StartError).",
+    )
+
     runner_module: str = Field(
         default="services.runner",
         pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$",

@@ -1,0 +1,83 @@
+"""Intake's request-reply entrances take requests only: a message without a reply subject is
+dropped unread. Such messages are what lands there when a client names an entrance as the
+reply subject of another request (a JetStream API answer, aimed by one tenant at another's
+entrance), and nobody would hear an answer to them anyway. And a tenant flooding them past its
+rate is answered, not recorded: its refusals cost no storage."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import pytest
+from nats.aio.client import Client
+from nats.js.errors import NotFoundError
+
+from mdq.bus.streams import ensure_streams
+from mdq.bus.subjects import Subjects
+from mdq.bus.tenants import ensure_tenants_bucket, put_policy
+from mdq.core.ids import request_id_for_key
+from mdq.core.tenants import TenantPolicy
+from services.intake.app import Intake
+from tests.integration.test_intake import eventually, job_log, settings_for, started
+from tests.integration.test_tenants import ask
+
+
+@pytest.fixture
+async def intake(nats_url: str, namespace: str, nc: Client) -> AsyncIterator[Intake]:
+    service = await started(settings_for(nats_url, namespace))
+    yield service
+    await service.stop()
+
+
+def submit(key: str) -> bytes:
+    return json.dumps({"idempotency_key": key, "jobs": [{"name": "w", "steps": 100}]}).encode()
+
+
+async def test_a_message_without_a_reply_subject_is_not_a_submit(
+    intake: Intake, nc: Client, subjects: Subjects
+) -> None:
+    """Red while intake parsed them: each made a job."""
+    await nc.publish(subjects.api_submit, submit("unasked"))
+    await nc.publish(subjects.api_submit_for("bob"), submit("unasked"))
+
+    async def both_dropped() -> bool:
+        return intake.ignored_without_reply == 2
+
+    await eventually(both_dropped, "the two messages without a reply subject dropped")
+    answer = await nc.request(subjects.api_submit, submit("asked"), timeout=10)
+    assert json.loads(answer.data)["job_ids"]  # a request is still a request
+    js = nc.jetstream()
+    for tenant in ("", "bob"):
+        job = f"{request_id_for_key('unasked', tenant)}-w"
+        with pytest.raises(NotFoundError):
+            await js.get_last_msg(subjects.jobs_stream, subjects.job(job, "submitted"))
+
+
+async def test_a_tenants_refusals_for_its_rate_are_answered_not_stored(
+    nats_url: str, namespace: str, nc: Client, subjects: Subjects
+) -> None:
+    """Forty request-reply submits at once from a tenant allowed one: one accepted, the rest
+    told "rate limit", and not one ``rejected`` event in the jobs log (the history's
+    ``rejections`` rows come from them). Red while each refusal was stored."""
+    js = nc.jetstream()
+    await ensure_streams(js, subjects)
+    await ensure_tenants_bucket(js, subjects)
+    await put_policy(js, subjects, "flood", TenantPolicy(submits_per_minute=1, submit_burst=1))
+    service = await started(settings_for(nats_url, namespace))
+    try:
+        replies = await asyncio.gather(
+            *(
+                ask(nc, subjects, "flood", {"idempotency_key": f"k{n}", "jobs": [{"name": "w"}]})
+                for n in range(40)
+            )
+        )
+    finally:
+        await service.stop()
+    accepted = [reply for reply in replies if not reply.HasField("error")]
+    refused = [reply for reply in replies if reply.HasField("error")]
+    assert len(accepted) == 1 and len(refused) == 39
+    assert all("rate limit: tenant flood" in reply.error.message for reply in refused)
+    kinds = [event.WhichOneof("body") for _, event in await job_log(js, subjects)]
+    assert kinds.count("submitted") == 1 and kinds.count("rejected") == 0, kinds
