@@ -29,7 +29,7 @@ async def stack(
             "MDQ_METRICS_INTERVAL_S": "1",
             "MDQ_METRICS_SUMMARY_INTERVAL_S": "10",
         },
-        grace_s=5.0,
+        grace_s=15.0,
     )
     await the_stack.start()
     try:

@@ -57,7 +57,7 @@ async def test_agent_killed_under_running_jobs_cordons_no_node(
         database_url=database_url,
         local_nodes=len(NODES),
         metrics_port=0,
-        grace_s=5.0,
+        grace_s=15.0,
         extra_env={
             "MDQ_LOCAL_CPU_PER_NODE": "1",
             "MDQ_METRICS_INTERVAL_S": "1",

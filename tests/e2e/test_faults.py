@@ -67,7 +67,7 @@ async def start_stack(
         local_nodes=2,
         metrics_port=0,
         extra_env=FAST_RECOVERY | env,
-        grace_s=5.0,
+        grace_s=15.0,
     )
     await stack.start()
     return stack

@@ -63,7 +63,7 @@ async def stack(
         local_nodes=2,
         metrics_port=0,
         extra_env={"MDQ_RECOVERY_BACKOFF_BASE_S": "1", "MDQ_METRICS_INTERVAL_S": "1"},
-        grace_s=5.0,
+        grace_s=15.0,
     )
     await the_stack.start()
     try:

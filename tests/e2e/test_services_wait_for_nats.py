@@ -31,7 +31,7 @@ async def test_every_service_waits_for_nats_and_works_once_it_starts(
         database_url=database_url,
         local_nodes=1,
         metrics_port=0,
-        grace_s=5.0,
+        grace_s=15.0,
     )
     server: EmbeddedNats | None = None
     await stack.start()

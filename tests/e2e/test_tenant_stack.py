@@ -30,7 +30,7 @@ async def test_a_tenant_runs_a_job_and_another_cannot_follow_it(
     monkeypatch.delenv("MDQ_NATS_CREDS", raising=False)
     state = tmp_path / "state"
     stack = Stack(
-        state_dir=state, database_url=database_url, local_nodes=1, metrics_port=0, grace_s=5.0
+        state_dir=state, database_url=database_url, local_nodes=1, metrics_port=0, grace_s=15.0
     )
     info = await stack.start()
     try:
@@ -114,7 +114,7 @@ async def test_a_runner_outlives_its_first_credentials(
         database_url=database_url,
         local_nodes=1,
         metrics_port=0,
-        grace_s=5.0,
+        grace_s=15.0,
         extra_env={"MDQ_NATS_RUNNER_CREDS_TTL_S": str(RENEWAL_TTL_S)},
     )
     info = await stack.start()

@@ -118,7 +118,7 @@ async def test_the_readme_python_client_with_the_credentials_mdq_up_made(
         services=("intake",),
         backend="kubernetes",  # no node agent: only intake answers here
         metrics_port=0,
-        grace_s=5.0,
+        grace_s=15.0,
     )
     info = await stack.start()
     try:

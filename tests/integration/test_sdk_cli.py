@@ -376,7 +376,7 @@ async def test_stack_supervises_and_client_commands_find_it(
         services=("intake",),
         backend="kubernetes",  # no node agent: only intake is under test here
         metrics_port=0,
-        grace_s=5.0,
+        grace_s=15.0,
         max_backoff_s=1.0,
     )
     info = await stack.start()
@@ -472,7 +472,7 @@ async def test_mdq_ls_and_show_read_the_history_from_postgresql(
         database_url=database_url,
         services=("intake", "watcher"),
         metrics_port=0,
-        grace_s=5.0,
+        grace_s=15.0,
     )
     await stack.start()
     try:

@@ -68,7 +68,7 @@ async def test_the_embedded_stack_gives_each_process_its_least_role(
         nats_url=nats_url,
         services=("watcher", "console"),
         metrics_port=0,
-        grace_s=5.0,
+        grace_s=15.0,
     )
     info = await stack.start()
     try:

@@ -41,7 +41,7 @@ async def test_each_process_gets_its_own_identity_and_nothing_else(
     monkeypatch.delenv("NATS_URL", raising=False)
     monkeypatch.delenv("MDQ_NATS_CREDS", raising=False)
     state = tmp_path / "state"
-    stack = Stack(state_dir=state, database_url=database_url, metrics_port=0, grace_s=5.0)
+    stack = Stack(state_dir=state, database_url=database_url, metrics_port=0, grace_s=15.0)
     info = await stack.start()
     try:
         folder = nats_secrets_dir(state)

@@ -547,7 +547,7 @@ async def test_on_the_embedded_stack_the_login_is_made_as_its_superuser(
     monkeypatch.delenv("DATABASE_URL", raising=False)
     monkeypatch.delenv(ENV_PREFIX, raising=False)
     state = tmp_path / ".mdq"
-    stack = Stack(state_dir=state, nats_url=nats_url, services=(), metrics_port=0, grace_s=5.0)
+    stack = Stack(state_dir=state, nats_url=nats_url, services=(), metrics_port=0, grace_s=15.0)
     info = await stack.start()
     try:
         admin = database_admin(info, state, None, {})

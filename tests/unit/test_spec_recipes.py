@@ -237,7 +237,12 @@ ERROR_CASES = [
         id="water-box-cutoff-too-long",
     ),
     pytest.param(job(cutoff_nm=0.05), "cutoff_nm", "between", id="cutoff-too-short"),
-    pytest.param(job(nonbonded_method=42), "nonbonded_method", "unknown", id="method-unknown"),
+    pytest.param(
+        job(nonbonded_method=42),
+        "nonbonded_method",
+        "must be one of NONBONDED_PME",
+        id="method-unknown",
+    ),
     # -- structure: source and path tricks
     pytest.param(job(system=structure()), "system.structure", "pdb_path or", id="no-source"),
     pytest.param(
@@ -356,7 +361,9 @@ ERROR_CASES = [
         id="solvated-not-periodic",
     ),
     # -- engine
-    pytest.param(job(integrator=17), "integrator", "unknown", id="integrator-unknown"),
+    pytest.param(
+        job(integrator=17), "integrator", "must be one of INTEGRATOR_", id="integrator-unknown"
+    ),
     pytest.param(
         job(integrator=pb.INTEGRATOR_VERLET, barostat=pb.Barostat(pressure_bar=1)),
         "barostat.pressure_bar",
@@ -403,7 +410,7 @@ ERROR_CASES = [
     pytest.param(
         job(trajectory_interval_steps=10, trajectory_format=9),
         "trajectory_format",
-        "unknown",
+        "must be one of TRAJECTORY_",
         id="trajectory-format-unknown",
     ),
 ]

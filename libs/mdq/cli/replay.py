@@ -306,10 +306,16 @@ async def compare(live_url: str, rebuilt_url: str) -> dict[str, tuple[int, int]]
 # -- the command ---------------------------------------------------------------------------
 # soft_wrap: a path or a command is printed whole on its line, never broken for the
 # terminal's width (it is there to be copied). A terminal's own width; else (a pipe, a file)
-# $COLUMNS or 160, as mdq's other commands (Rich would take 80).
-_WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160
-console = Console(width=_WIDTH, soft_wrap=True)
-err_console = Console(stderr=True, width=_WIDTH, soft_wrap=True)
+def _width() -> int | None:
+    """$COLUMNS, or the terminal's width, or 160 off a terminal (as mdq's other commands; Rich
+    would take 80). Read when the command prints, not when the module is imported."""
+    if columns := os.environ.get("COLUMNS", ""):
+        return int(columns) if columns.isdigit() else None
+    return None if sys.stdout.isatty() else 160
+
+
+def _console(*, stderr: bool = False) -> Console:
+    return Console(stderr=stderr, width=_width(), soft_wrap=True)
 
 
 def _endpoints(ctx: typer.Context) -> Endpoints:
@@ -319,7 +325,7 @@ def _endpoints(ctx: typer.Context) -> Endpoints:
     try:
         return resolve_endpoints(options)
     except NoEndpoint as error:
-        err_console.print(f"[red]{error}[/]")
+        _console(stderr=True).print(f"[red]{error}[/]")
         raise typer.Exit(3) from None
 
 
@@ -332,9 +338,9 @@ async def _replay_job(endpoints: Endpoints, job_id: str, progress_every: int) ->
     finally:
         await nc.drain()
     if not logged:
-        err_console.print(f"[red]no events of job {job_id} in the log[/]")
+        _console(stderr=True).print(f"[red]no events of job {job_id} in the log[/]")
         return 1
-    console.print(timeline_table(job_id, fold(logged), progress_every=progress_every))
+    _console().print(timeline_table(job_id, fold(logged), progress_every=progress_every))
     return 0
 
 
@@ -342,7 +348,9 @@ async def _rebuild(endpoints: Endpoints, into: str | None, check: bool, batch_si
     live_url = endpoints.database_url
     if into is None:
         if not live_url:
-            err_console.print("[red]--rebuild needs --into URL or a DATABASE_URL to sit next to[/]")
+            _console(stderr=True).print(
+                "[red]--rebuild needs --into URL or a DATABASE_URL to sit next to[/]"
+            )
             return 3
         into = await _fresh_database(live_url)
     subjects = Subjects(endpoints.namespace)
@@ -353,24 +361,24 @@ async def _rebuild(endpoints: Endpoints, into: str | None, check: bool, batch_si
     finally:
         await nc.drain()
     rate = report.events / report.seconds if report.seconds else 0.0
-    console.print(
+    _console().print(
         f"rebuilt {report.events} events into {report.database_url} in {report.seconds:.1f} s "
         f"({rate:,.0f} events/s); stream positions {report.last_seq}"
     )
     if not check:
         return 0
     if not live_url:
-        err_console.print("[red]--compare needs the live DATABASE_URL[/]")
+        _console(stderr=True).print("[red]--compare needs the live DATABASE_URL[/]")
         return 3
     differences = await compare(live_url, into)
     if differences:
         for table, (only_live, only_rebuilt) in differences.items():
-            console.print(
+            _console().print(
                 f"[red]{table}[/]: {only_live} rows only in the live projection, "
                 f"{only_rebuilt} only in the rebuilt one"
             )
         return 1
-    console.print("[green]the rebuilt projection equals the live one[/]")
+    _console().print("[green]the rebuilt projection equals the live one[/]")
     return 0
 
 
@@ -402,6 +410,6 @@ def replay(
     elif job_id:
         code = asyncio.run(_replay_job(endpoints, job_id, max(1, progress_every)))
     else:
-        err_console.print("[red]give a JOB to replay, or --rebuild[/]")
+        _console(stderr=True).print("[red]give a JOB to replay, or --rebuild[/]")
         code = 2
     raise typer.Exit(code)
