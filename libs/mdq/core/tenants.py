@@ -212,8 +212,9 @@ def _number(value: float) -> str:
 
 
 # -- usage -------------------------------------------------------------------------------------
-QUEUED_STATES = frozenset({JobState.WAITING, JobState.PENDING, JobState.RECOVERING})
-"""States of a job that is not running yet (or again): what ``max_queued_jobs`` counts."""
+QUEUED_STATES = frozenset({JobState.WAITING, JobState.PENDING, JobState.RECOVERING, JobState.HELD})
+"""States of a job that is not running yet (or again), held ones included: what
+``max_queued_jobs`` counts."""
 RUNNING_STATES = frozenset({JobState.BOUND, JobState.RUNNING})
 """States of a job that holds its CPU on a node: what ``max_running_cpu`` counts."""
 
