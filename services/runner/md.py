@@ -7,7 +7,8 @@ stability and convergence, writes trajectory frames, checkpoints (every
 ``checkpoint_interval_steps`` steps, and after ``checkpoint_interval_s`` seconds when set), and
 honours a stop request (SIGTERM) by checkpointing at once and exiting PREEMPTED. A successful
 run leaves the final state, the trajectory and the energy table in the job's output folder and
-announces them, with their sha256, in an ``outputs`` event.
+announces them, with their sha256, in an ``outputs`` event; its last checkpoint is of its final
+step, which an extend continues from.
 """
 
 from __future__ import annotations
@@ -403,6 +404,8 @@ async def run_md(run: RunContext) -> RunnerExit:
                     _report(run, energies, sample, speed=speed, reason=reason)
                     rows = energies.rows
                     await _write_final_state(run, md)
+                    if step != last_checkpoint:  # what an extend continues from (docs/control.md)
+                        await _checkpoint(run, md, store, step, trajectory)
                     break
                 due = step % spec.checkpoint_interval_steps == 0 or (
                     seconds_between_checkpoints > 0

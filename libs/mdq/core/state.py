@@ -520,7 +520,10 @@ class JobView:
                 priority = event.reprioritized.priority_class
                 if priority == self.spec.priority_class:
                     return False
-                self.spec.priority_class = priority
+                spec = pb.JobSpec()  # a copy: the spec may be a message others hold
+                spec.CopyFrom(self.spec)
+                spec.priority_class = priority
+                self.spec = spec
             case _:
                 return False
         return True
