@@ -30,8 +30,8 @@ from referencing.jsonschema import DRAFT7
 from mdq.bus.codec import decode_submit, to_dict
 from mdq.bus.subjects import Subjects
 from mdq.contracts import asyncapi, pb
-from mdq.core.events import make_event
 from mdq.core.control import EVENT_KINDS as CONTROL_EVENT_KINDS
+from mdq.core.events import make_event
 from mdq.core.spec import SpecError
 
 ROOT = Path(__file__).resolve().parents[2]

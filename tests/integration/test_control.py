@@ -78,9 +78,7 @@ async def kind_of_all(nc: Client, subjects: Subjects, kind: str) -> list[pb.Even
 
 
 def outcomes(reply: pb.ControlReply) -> dict[str, tuple[str, str]]:
-    return {
-        o.job_id: (pb.ControlResult.Name(o.result), o.state) for o in reply.outcomes
-    }
+    return {o.job_id: (pb.ControlResult.Name(o.result), o.state) for o in reply.outcomes}
 
 
 async def test_a_pending_job_is_cancelled_at_once_and_never_bound(
@@ -118,9 +116,7 @@ async def test_a_pending_job_is_cancelled_at_once_and_never_bound(
     assert backend.pods == {}
 
 
-async def test_a_running_job_is_stopped_and_its_pod_deleted(
-    nc: Client, subjects: Subjects
-) -> None:
+async def test_a_running_job_is_stopped_and_its_pod_deleted(nc: Client, subjects: Subjects) -> None:
     js = nc.jetstream()
     bus = publisher(js, subjects)
     await bus.publish(node_load("n1"))
@@ -168,8 +164,10 @@ async def test_a_held_job_is_not_placed_until_released(nc: Client, subjects: Sub
         await bus.publish(node_load("n1", cpu_capacity=128))  # room: but it is held
 
         async def two_more_passes() -> bool:
-            return placement.passes_total >= passes + 2 and "n1" in placement.nodes and (
-                placement.nodes["n1"].cpu_capacity == 128
+            return (
+                placement.passes_total >= passes + 2
+                and "n1" in placement.nodes
+                and (placement.nodes["n1"].cpu_capacity == 128)
             )
 
         await wait_for(two_more_passes, what="passes with room for it")
@@ -237,7 +235,9 @@ async def test_reprioritize_reranks_the_queue_within_the_tenants_classes(
         assert f"mdq-{second.replace('.', '-')}-1" in backend.pods
         assert backend.deleted == []  # nothing restarted
     changed = await kind_of_all(nc, subjects, "reprioritized")
-    assert [(e.job_id, e.reprioritized.previous, e.reprioritized.priority_class) for e in changed] == [
+    assert [
+        (e.job_id, e.reprioritized.previous, e.reprioritized.priority_class) for e in changed
+    ] == [
         (first, "normal", "low"),
         (second, "low", "normal"),
     ]
@@ -295,7 +295,10 @@ async def test_bad_requests_are_refused_naming_the_field(nc: Client, subjects: S
         cases: list[tuple[dict[str, object], str]] = [
             ({"verb": "cancel"}, ""),  # no jobs named
             ({"verb": "cancel", "job_ids": ["x"], "labels": {"a": "b"}}, ""),
-            ({"verb": "reprioritize", "job_ids": ["x"], "priority_class": "urgent"}, "priority_class"),
+            (
+                {"verb": "reprioritize", "job_ids": ["x"], "priority_class": "urgent"},
+                "priority_class",
+            ),
             ({"verb": "extend", "job_ids": ["x"], "extend_steps": 0}, "extend_steps"),
             ({"verb": "extend", "labels": {"a": "b"}, "extend_steps": 5}, "job_ids"),
             ({"verb": "cancel", "job_ids": ["x"], "reason": "r" * 501}, "reason"),
@@ -358,8 +361,12 @@ async def test_verbs_that_do_not_apply_get_a_clear_answer(nc: Client, subjects: 
         await wait_for(both_bound, what="both bound")
         for name in ("done", "min"):
             await bus.publish(
-                event("succeeded", pb.JobSucceeded(final_step=1000), job=f"gggggggggggg-{name}",
-                      attempt=1)  # fmt: skip
+                event(
+                    "succeeded",
+                    pb.JobSucceeded(final_step=1000),
+                    job=f"gggggggggggg-{name}",
+                    attempt=1,
+                )
             )
 
         async def forgotten() -> bool:

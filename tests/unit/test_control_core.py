@@ -74,7 +74,8 @@ EXTENDED2 = ev(
 
 FOLD_CASES: list[tuple[str, list[pb.Event], JobState, int, Stop, str]] = [
     # name, history, state, attempt, stop, hold
-    ("a pending job is cancelled at once", [SUBMIT, CANCELLED], JobState.CANCELLED, 1, Stop.NONE, ""),
+    ("a pending job is cancelled at once", [SUBMIT, CANCELLED], JobState.CANCELLED, 1,
+     Stop.NONE, ""),
     ("a waiting job is held", [SUBMIT_WAITING, HELD], JobState.HELD, 1, Stop.NONE, "WAITING"),
     ("a released wait goes back to waiting", [SUBMIT_WAITING, HELD, UNHELD], JobState.WAITING, 1,
      Stop.NONE, ""),
@@ -169,7 +170,7 @@ def test_wall_time_sums_the_attempts_since_the_extension() -> None:
             pb.AttemptFailed(reason=pb.FAILURE_EVICTED),
             1,
             at=NOW + timedelta(seconds=30),
-        ),  # fmt: skip
+        ),
         ev("requeued", pb.JobRequeued(), 2),
         ev("bound", pb.JobBound(node="n2"), 2),
         ev("started", pb.JobStarted(), 2, at=NOW + timedelta(seconds=40)),
