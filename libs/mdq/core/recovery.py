@@ -146,10 +146,11 @@ class Cancel:
 
 
 def failure_history(view: JobView) -> list[tuple[int, pb.AttemptFailed]]:
-    """(attempt, failure) for every failed attempt so far, oldest first."""
+    """(attempt, failure) for every failed attempt of the run in force (since the job was
+    submitted or extended), oldest first."""
     return [
-        (number, record.failure)
-        for number, record in sorted(view.attempts.items())
+        (record.attempt, record.failure)
+        for record in view.run_attempts()
         if record.failure is not None
     ]
 
@@ -167,8 +168,7 @@ def crash_loop(view: JobView, policy: RecoveryPolicy) -> int:
     """How many of the latest attempts failed identically without progress (0 if the latest
     streak is shorter than the policy's threshold)."""
     streak: list[tuple[int, int]] = []
-    for number in sorted(view.attempts, reverse=True):
-        record = view.attempts[number]
+    for record in reversed(view.run_attempts()):
         failure = record.failure
         if failure is None or failure.last_step > record.resumed_from_step:
             break

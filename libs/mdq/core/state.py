@@ -223,6 +223,9 @@ class JobView:
     """Who asked for ``stop``, and why (None for a limit)."""
     stop_message: str = ""
     """For people: the limit crossed, for a ``Stop.LIMIT``."""
+    since_attempt: int = 1
+    """The first attempt of the run in force: 1, or the attempt an extend began. Its wall time
+    (``ran_s``) and its failures count from there; earlier attempts are history."""
 
     @classmethod
     def from_submitted(cls, event: pb.Event) -> JobView:
@@ -263,6 +266,7 @@ class JobView:
         view.attempts[event.attempt] = AttemptRecord(
             attempt=event.attempt, resumed_from_step=view.last_step
         )
+        view.since_attempt = event.attempt
         return view
 
     def to_dict(self) -> dict[str, Any]:
@@ -297,6 +301,7 @@ class JobView:
             "stop": self.stop.value,
             "stop_origin": None if self.stop_origin is None else message_text(self.stop_origin),
             "stop_message": self.stop_message,
+            "since_attempt": self.since_attempt,
         }
 
     def control_dict(self) -> dict[str, Any]:
@@ -320,6 +325,7 @@ class JobView:
         origin = data.get("stop_origin")
         self.stop_origin = None if not origin else message_from_text(pb.ControlOrigin, origin)
         self.stop_message = str(data.get("stop_message", ""))
+        self.since_attempt = int(data.get("since_attempt", 1))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> JobView:
@@ -549,16 +555,24 @@ class JobView:
         self.final_reason = self.final_message = ""
         self.hold, self.stop, self.stop_origin, self.stop_message = "", Stop.NONE, None, ""
         # the extension runs on its own (its wall time, its retries): the attempts before it
-        # are history (the log and the projection keep them), as they are to a fold that
-        # knows the job from ``from_extended`` alone
-        self.attempts = dict(fresh.attempts)
+        # are history, as they are to a fold that knows the job from ``from_extended`` alone
+        self.attempts[fresh.attempt] = fresh.attempts[fresh.attempt]
+        self.since_attempt = fresh.attempt
         return True
+
+    def run_attempts(self) -> list[AttemptRecord]:
+        """The attempts of the run in force (since the job was submitted or extended)."""
+        return [
+            record
+            for number, record in sorted(self.attempts.items())
+            if number >= self.since_attempt
+        ]
 
     def ran_s(self, now: datetime) -> float:
         """Seconds the job's attempts since it was submitted (or extended) ran, the current
         one until ``now``: what ``JobSpec.max_wall_s`` bounds."""
         total = 0.0
-        for record in self.attempts.values():
+        for record in self.run_attempts():
             if record.started_at is not None:
                 ended = record.ended_at or now
                 total += max(0.0, (ended - record.started_at).total_seconds())
