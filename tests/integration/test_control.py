@@ -4,13 +4,16 @@ requester's own jobs only; the log says what happened."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import pytest
 from nats.aio.client import Client
+from typer.testing import CliRunner, Result
 
 from mdq.bus.subjects import Subjects
+from mdq.cli.main import app
 from mdq.contracts import pb
 from mdq.core.control import control_id_for_key
 from mdq.core.spec import normalize_job
@@ -426,3 +429,49 @@ async def test_a_succeeded_job_is_extended_as_a_new_attempt(nc: Client, subjects
     [extended] = await events_of(js, subjects, "extended")
     assert (extended.attempt, extended.extended.added_steps) == (2, 500)
     assert len(await events_of(js, subjects, "bound", "hhhhhhhhhhhh-md")) == 2
+
+
+def cli(nats_url: str, namespace: str, *args: str) -> Result:
+    env = {"NATS_URL": nats_url, "MDQ_NAMESPACE": namespace, "DATABASE_URL": ""}
+    return CliRunner().invoke(app, list(args), env=env, catch_exceptions=False)
+
+
+async def test_the_cli_verbs_exit_as_documented(
+    nc: Client, subjects: Subjects, nats_url: str
+) -> None:
+    js = nc.jetstream()
+    bus = publisher(js, subjects)
+    await bus.publish(node_load("n1", cpu_capacity=1))
+    for name in ("a", "b"):
+        await bus.publish(job(f"iiiiiiiiiiii-{name}", cpu=8, labels={"campaign": "x"}))
+    backend = RecordingBackend()
+    namespace = subjects.namespace
+
+    async def run(*args: str) -> Result:
+        return await asyncio.to_thread(cli, nats_url, namespace, *args)
+
+    async with placement_running(nc, subjects, backend):
+        held = await run("hold", "-l", "campaign=x", "--reason", "check inputs", "--wait")
+        assert held.exit_code == 0, held.output
+        assert "iiiiiiiiiiii-a" in held.stdout and "iiiiiiiiiiii-b" in held.stdout
+        assert held.stdout.count("HELD") >= 4  # each job's outcome, then its state waited for
+        released = await run("release", "iiiiiiiiiiii-a")
+        assert released.exit_code == 0 and "done" in released.stdout
+        cancelled = await run("cancel", "iiiiiiiiiiii-a", "iiiiiiiiiiii-b", "--wait")
+        assert cancelled.exit_code == 0, cancelled.output
+        assert "iiiiiiiiiiii-b CANCELLED" in cancelled.stdout
+        # a job it cannot change: exit 1, and why
+        again = await run("extend", "iiiiiiiiiiii-a", "--steps", "5")
+        assert again.exit_code == 1 and "not_applicable" in again.stdout
+        unknown = await run("requeue", "nnnnnnnnnnnn-x")
+        assert unknown.exit_code == 1 and "not_found" in unknown.stdout
+        # a refused request: exit 2, naming the field
+        refused = await run("reprioritize", "iiiiiiiiiiii-a", "--priority", "urgent")
+        assert refused.exit_code == 2 and "priority_class" in refused.stderr
+        bad_label = await run("hold", "-l", "campaign")
+        assert bad_label.exit_code == 2 and "KEY=VALUE" in bad_label.output
+
+
+def test_the_cli_says_when_nobody_answers(nats_url: str, namespace: str) -> None:
+    result = cli(nats_url, namespace, "cancel", "nnnnnnnnnnnn-x", "--key", "k")
+    assert result.exit_code == 3 and "is placement running?" in result.stderr
