@@ -69,7 +69,7 @@ async def test_placement_killed_after_the_request_event_finishes_the_effect(
             job="r1-running",
             attempt=1,
             detail="c1",
-        )  # fmt: skip
+        )
     )
     await bus.publish(submitted("r1-pending", cpu=8))  # fits nowhere
     await bus.publish(
@@ -79,7 +79,7 @@ async def test_placement_killed_after_the_request_event_finishes_the_effect(
             job="r1-pending",
             attempt=1,
             detail="c1",
-        )  # fmt: skip
+        )
     )
     backend = RecordingBackend()
     async with placement_running(nc, subjects, backend):
@@ -115,7 +115,7 @@ async def test_recovery_ends_a_stopped_or_recovering_cancel_once(
             job="r2-stopped",
             attempt=1,
             detail="c1",
-        )  # fmt: skip
+        )
     )
     await bus.publish(
         event(
@@ -123,7 +123,7 @@ async def test_recovery_ends_a_stopped_or_recovering_cancel_once(
             pb.AttemptFailed(reason=pb.FAILURE_STOPPED, node="n1"),
             job="r2-stopped",
             attempt=1,
-        )  # fmt: skip
+        )
     )
     await bus.publish(
         event(
@@ -131,7 +131,7 @@ async def test_recovery_ends_a_stopped_or_recovering_cancel_once(
             pb.AttemptFailed(reason=pb.FAILURE_LOST, node="n1"),
             job="r2-lost",
             attempt=1,
-        )  # fmt: skip
+        )
     )
     recovery = make_recovery(nc, subjects)
     async with running(recovery.run()):
@@ -148,7 +148,7 @@ async def test_recovery_ends_a_stopped_or_recovering_cancel_once(
                 job="r2-lost",
                 attempt=1,
                 detail="c1",
-            )  # fmt: skip
+            )
         )
 
         async def lost_cancelled() -> bool:
@@ -184,7 +184,7 @@ async def test_a_cancel_that_raced_a_requeue_still_ends_the_job(
             pb.AttemptFailed(reason=pb.FAILURE_CRASHED, node="n1"),
             job="r3-md",
             attempt=1,
-        )  # fmt: skip
+        )
     )
     await bus.publish(
         event(
@@ -193,7 +193,7 @@ async def test_a_cancel_that_raced_a_requeue_still_ends_the_job(
             job="r3-md",
             attempt=1,
             detail="c1",
-        )  # fmt: skip
+        )
     )
     await bus.publish(event("requeued", pb.JobRequeued(), job="r3-md", attempt=2))
     backend = RecordingBackend()
