@@ -121,9 +121,10 @@ from mdq.core.state import (
     Stop,
     event_time,
 )
-from mdq.core.tenants import TenantUsage, usage_key
+from mdq.core.tenants import RunawayLimits, TenantUsage, usage_key
 from mdq.core.timestamps import set_timestamp
 from mdq.memory import keep_state_out_of_gc
+from mdq.settings import LimitSettings
 from services.placement.control import ControlDesk, ControlRegistry, NotLeader
 from services.placement.lease import LeaderLease
 from services.placement.settings import PlacementSettings
@@ -230,11 +231,13 @@ class Placement:
         jobs_log_days: float = 365.0,
         nc: Client | None = None,
         storage: StorageSettings | None = None,
+        limits: RunawayLimits | None = None,
     ) -> None:
         """``jobs_log_days``: how long the jobs log keeps events (``MDQ_STORAGE_JOBS_DAYS``): a
         job that has waited that long less a day without running is ended
         (``mdq.core.expiry``). ``nc``: the connection job-control requests are answered on
-        while this replica leads (None: none are)."""
+        while this replica leads (None: none are). ``limits``: the operator's default runaway
+        limits (``MDQ_LIMITS_*``), which bound an extend where a tenant's policy sets none."""
         self._js = js
         self._subjects = subjects
         self._publisher = publisher
@@ -335,6 +338,7 @@ class Placement:
         self.stopped_total = 0
         """Pods deleted to stop a job on request."""
         self._control_queue: list[PendingControl] = []
+        self._limit_defaults = limits if limits is not None else LimitSettings().defaults()
         self._pods_stopped: set[tuple[str, int]] = set()
         """(job, attempt) whose pod this process deleted to stop it (once each)."""
         self.controls = (
@@ -490,8 +494,10 @@ class Placement:
                 pending.answer.set_result(reply)
 
     def _limits(self, tenant: str) -> Limits:
-        """What bounds an extend of ``tenant``'s jobs."""
-        return Limits()
+        """What bounds an extend of ``tenant``'s jobs: its steps limit (its policy's, else the
+        operator's default)."""
+        policy = self.tenants.policy(tenant) if tenant else None
+        return Limits(max_steps=RunawayLimits.of(policy, self._limit_defaults).max_steps)
 
     async def _read_job(self, job_id: str) -> tuple[JobView | None, int]:
         """A job placement no longer holds (it ended), folded from its history in the log;

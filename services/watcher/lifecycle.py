@@ -203,6 +203,9 @@ class Lifecycle:
             message = update.message or update.reason
             if reason == pb.FAILURE_STOPPED:
                 message = f"stopped for a {view.stop.value}: {message}"
+            elif reason == pb.FAILURE_LIMIT_EXCEEDED:
+                limit = view.spec.max_disk_mb
+                message = f"its folder outgrew its max_disk_mb of {limit} MiB: {message}"
             body = pb.AttemptFailed(
                 reason=reason,
                 exit_code=update.exit_code,

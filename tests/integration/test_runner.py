@@ -587,3 +587,29 @@ async def test_exploding_simulation_exits_unstable(
     assert "NaN" in runner.stderr
     assert not any(event.progress.done_reason for event in events.progress)
     assert not (task.job_dir / "final_state.xml").exists()
+
+
+async def test_a_folder_past_max_disk_mb_stops_at_a_checkpoint(
+    nc: Client, subjects: Subjects, data_dir: Path, start_runner: StartRunner
+) -> None:
+    """A runaway trajectory (a frame every step) fills the job's folder past its max_disk_mb:
+    the runner checkpoints and exits LIMIT_EXCEEDED (FAILURE_LIMIT_EXCEEDED: never retried)
+    long before its step target."""
+    spec = md_spec(
+        "md",
+        steps=1_000_000,
+        report_interval_steps=10,
+        checkpoint_interval_steps=500_000,
+        trajectory_interval_steps=1,
+        max_disk_mb=1,
+    )
+    task = make_task(data_dir, "job-disk", spec)
+    events = await tap(nc, subjects, task.job_id)
+    runner = await start_runner(task)
+    assert await runner.wait() == RunnerExit.LIMIT_EXCEEDED, runner.stderr
+    assert "LIMIT_EXCEEDED: the job's folder holds" in runner.stderr
+    await events.wait_until(lambda: bool(events.checkpoints))
+    progress, checkpoints = events.of_attempt(1)
+    [checkpoint] = checkpoints
+    assert checkpoint.step == progress[-1].step < spec.steps
+    assert sha256_file(checkpoint.path) == checkpoint.sha256
