@@ -28,9 +28,7 @@ async def intake(
     monkeypatch.setenv("MDQ_LIMITS_MAX_DISK_MB", "2048")
     js = nc.jetstream()
     await ensure_tenants_bucket(js, subjects)
-    await put_policy(
-        js, subjects, "alice", TenantPolicy(max_steps_per_job=5000, max_wall_s=600)
-    )
+    await put_policy(js, subjects, "alice", TenantPolicy(max_steps_per_job=5000, max_wall_s=600))
     service = await started(settings_for(nats_url, namespace))
     yield service
     await service.stop()
