@@ -14,6 +14,7 @@ from mdq.backends.port import PodUpdate
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.recovery import RecoveryPolicy
+from mdq.sdk.client import MdqClient
 from services.recovery.app import Recovery
 from services.watcher.lifecycle import Lifecycle, LostRunPolicy
 from tests.helpers import (
@@ -301,3 +302,47 @@ async def test_a_run_past_its_max_wall_s_is_stopped_and_fails_for_good(
     assert final.failed.reason == pb.FAILURE_LIMIT_EXCEEDED
     assert "its max_wall_s is 60 s" in final.failed.message
     assert await events_of(js, subjects, "requeued", job) == []
+
+
+async def test_a_cancel_during_a_recovery_backoff_ends_the_job_at_once(
+    nc: Client, subjects: Subjects
+) -> None:
+    """A crashed job waiting out its backoff (PENDING, not before two seconds from now) is
+    cancelled at once, and is never bound once the backoff is over."""
+    js = nc.jetstream()
+    bus = publisher(js, subjects)
+    await bus.publish(node_load("n1"))
+    await bus.publish(submitted("r6-md"))
+    await bus.publish(event("bound", pb.JobBound(node="n1"), job="r6-md", attempt=1))
+    await bus.publish(
+        event(
+            "attempt_failed",
+            pb.AttemptFailed(reason=pb.FAILURE_CRASHED, node="n1"),
+            job="r6-md",
+            attempt=1,
+        )
+    )
+    backoff = pb.JobRequeued(after=pb.FAILURE_CRASHED)
+    until = datetime.now(UTC) + timedelta(seconds=2)
+    backoff.not_before.FromDatetime(until)
+    await bus.publish(event("requeued", backoff, job="r6-md", attempt=2))
+    backend = RecordingBackend()
+    client = MdqClient(nc=nc, subjects=subjects)
+    async with placement_running(nc, subjects, backend) as placement:
+        reply = await client.cancel(["r6-md"])
+        [outcome] = reply.outcomes
+        assert (outcome.result, outcome.state, outcome.attempt) == (
+            pb.CONTROL_DONE,
+            "CANCELLED",
+            2,
+        )
+        passes: list[int] = []
+
+        async def passes_after_the_backoff() -> bool:
+            if datetime.now(UTC) > until:
+                passes.append(placement.passes_total)
+            return len(passes) > 1 and passes[-1] >= passes[0] + 2
+
+        await wait_for(passes_after_the_backoff, what="two placement passes after the backoff")
+    assert await terminal_events(nc, subjects, "r6-md") == ["cancelled"]
+    assert backend.pods == {}
