@@ -63,6 +63,7 @@ from nats.js.errors import NotFoundError
 from nats.js.kv import KeyValue
 
 from mdq.backends.port import ClusterBackend, PodExists, PodSpec
+from mdq.bus.codec import decode_event
 from mdq.bus.log import follow_log, raise_if_cancelling, read_history
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.requests import EXPECTED_LAST_SUBJECT_SEQUENCE, is_wrong_last_sequence
@@ -530,15 +531,15 @@ class Placement:
                 for job in selector.job_ids
                 if not may_control(tenant, job)
             ]
-            unheld = [job for job in mine if job not in self.book.jobs]
+            forgotten = [job for job in mine if job not in self.book.jobs]
             slots = asyncio.Semaphore(HISTORY_READS_AT_ONCE)
 
             async def read(job: str) -> tuple[JobView | None, int]:
                 async with slots:
                     return await self._read_job(job)
 
-            read_back = await asyncio.gather(*(read(job) for job in unheld))
-            found = dict(zip(unheld, read_back, strict=True))
+            read_back = await asyncio.gather(*(read(job) for job in forgotten))
+            found = dict(zip(forgotten, read_back, strict=True))
             for job in mine:  # decided with no await since the views were taken
                 known = self.book.jobs.get(job)
                 if known is not None:
@@ -570,7 +571,12 @@ class Placement:
                 detail=action.detail,
             )
             planned.append((view, held, action, event))
-        results = await self._publisher.publish_each([(event, None) for *_, event in planned])
+        # in batches, as bindings are: one batch's acks are awaited under one timer
+        size = self._settings.bind_concurrency
+        results: list[PubAck | Exception] = []
+        for start in range(0, len(planned), size):
+            batch = planned[start : start + size]
+            results += await self._publisher.publish_each([(event, None) for *_, event in batch])
         failure: Exception | None = None
         stops: list[tuple[str, int]] = []
         for (view, held, action, event), result in zip(planned, results, strict=True):
@@ -639,8 +645,9 @@ class Placement:
         await self._stop_pods(pods)
 
     async def _learn_fences(self) -> None:
-        """Read from the log the last ``bound`` of each extended job placement had forgotten
-        (its publish fence), before it is bound again."""
+        """Read from the log the last ``bound`` of each job whose publish fence is not known
+        (an extended job placement had forgotten, a binding refused by its fence): a binding of
+        an earlier attempt becomes the fence, one of the current attempt is left to its echo."""
         for job_id in self.state.take_unknown_fences():
             try:
                 message = await self._js.get_last_msg(
@@ -652,6 +659,13 @@ class Placement:
                 log.warning("could not read the last binding of %s", job_id, exc_info=True)
                 self.state.ask_fence_again(job_id)
                 continue
+            view = self.book.jobs.get(job_id)
+            try:
+                bound_attempt = decode_event(message.data or b"").attempt
+            except Exception:
+                bound_attempt = 0
+            if view is None or bound_attempt >= view.attempt:
+                continue  # a binding of this attempt is in the log: its echo settles the job
             self.state.fence_learned(job_id, message.seq or 0)
 
     # -- deciding --------------------------------------------------------------------------
@@ -886,6 +900,9 @@ class Placement:
         if is_wrong_last_sequence(result):
             log.info("%s was bound by another replica; not binding it", event.job_id)
             self.fenced_total += 1
+            # read the last binding again: one of this attempt settles it when its echo comes;
+            # one of an earlier attempt only means the fence was stale (an extended job)
+            self.state.ask_fence_again(event.job_id)
             return False
         if isinstance(result, Exception):
             raise result

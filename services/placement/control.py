@@ -16,7 +16,8 @@ means a job is never bound and cancelled at the same moment. The decisions are t
   ``ctl.<control id>`` with the request's fingerprint before anything is published, then its
   answer. A resend with the same key gets that answer; other content under the key is refused;
   a claim without an answer (placement died in between) is decided again, and its events,
-  whose ids derive from the control id, land once.
+  whose ids derive from the control id, land once. A resend that arrives while its request is
+  still being decided (a big selector takes seconds) waits for that decision.
 """
 
 from __future__ import annotations
@@ -175,6 +176,8 @@ class ControlDesk:
         self._subscriptions: list[Subscription] = []
         self._slots = asyncio.Semaphore(CONCURRENCY)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._deciding: dict[str, asyncio.Task[tuple[str, pb.ControlReply]]] = {}
+        """control id -> its decision under way here (a resend waits for it)."""
         self.answered = 0
         self.refused = 0
 
@@ -225,7 +228,9 @@ class ControlDesk:
         )
 
     async def handle(self, data: bytes, subject: str) -> pb.ControlReply:
-        """The answer to one request (refusals included); raises what leaves it unanswered."""
+        """The answer to one request (refusals included); raises what leaves it unanswered.
+        A resend of a request still being decided here (a client that stopped waiting and
+        sent it again) waits for that decision and gets its answer."""
         tenant = self._subjects.tenant_of_control(subject)
         control_id = ""
         try:
@@ -236,20 +241,35 @@ class ControlDesk:
             self.refused += 1
             return refusal(control_id, error)
         mark = fingerprint(request)
+        deciding = self._deciding.get(control_id)
+        if deciding is None:
+            deciding = asyncio.get_running_loop().create_task(
+                self._decide_once(request, tenant, control_id, mark)
+            )
+            self._deciding[control_id] = deciding
+            deciding.add_done_callback(lambda _: self._deciding.pop(control_id, None))
+        decided_mark, reply = await asyncio.shield(deciding)
+        if decided_mark != mark:
+            self.refused += 1
+            return refusal(control_id, _used_for_another(request.control_key))
+        return reply
+
+    async def _decide_once(
+        self, request: pb.ControlRequest, tenant: str, control_id: str, mark: str
+    ) -> tuple[str, pb.ControlReply]:
+        """(the fingerprint the answer is for, the answer): the recorded one, or a decision
+        made now and recorded."""
         claim = await self._registry.claim(control_id, mark)
         if claim is not None:
             if claim.fingerprint != mark:
-                self.refused += 1
-                return refusal(
-                    control_id,
-                    ControlRefused(
-                        "control_key",
-                        f"{request.control_key!r} was used for another request; use a new key",
-                    ),
-                )
+                return claim.fingerprint, pb.ControlReply()
             if claim.reply is not None:
-                return claim.reply
+                return mark, claim.reply
         reply = await self._decide(request, tenant, control_id)
         await self._registry.record(control_id, mark, reply)
         self.answered += 1
-        return reply
+        return mark, reply
+
+
+def _used_for_another(key: str) -> ControlRefused:
+    return ControlRefused("control_key", f"{key!r} was used for another request; use a new key")

@@ -475,3 +475,45 @@ async def test_the_cli_verbs_exit_as_documented(
 def test_the_cli_says_when_nobody_answers(nats_url: str, namespace: str) -> None:
     result = cli(nats_url, namespace, "cancel", "nnnnnnnnnnnn-x", "--key", "k")
     assert result.exit_code == 3 and "is placement running?" in result.stderr
+
+
+async def test_a_resend_while_its_request_is_decided_gets_the_same_answer(
+    nc: Client, subjects: Subjects
+) -> None:
+    """A big selector takes seconds: a client that stopped waiting and sent the request again
+    (the same key) waits for the decision under way, which is made once; other content under
+    the key is refused."""
+    from services.placement.control import ControlDesk, ControlRegistry
+
+    release = asyncio.Event()
+    decided: list[str] = []
+
+    async def decide(request: pb.ControlRequest, tenant: str, control_id: str) -> pb.ControlReply:
+        decided.append(control_id)
+        await release.wait()
+        return pb.ControlReply(control_id=control_id, matched=7)
+
+    desk = ControlDesk(
+        nc=nc,
+        subjects=subjects,
+        registry=ControlRegistry(nc.jetstream(), subjects),
+        decide=decide,
+        allow_high=lambda tenant: True,
+    )
+    request = pb.ControlRequest(control_key="slow", verb=pb.CONTROL_CANCEL, labels={"a": "b"})
+    other = pb.ControlRequest(control_key="slow", verb=pb.CONTROL_HOLD, labels={"a": "b"})
+    first = asyncio.create_task(desk.handle(request.SerializeToString(), subjects.api_control))
+    second = asyncio.create_task(desk.handle(request.SerializeToString(), subjects.api_control))
+    refused = asyncio.create_task(desk.handle(other.SerializeToString(), subjects.api_control))
+
+    async def deciding() -> bool:
+        return bool(decided)
+
+    await wait_for(deciding, what="the decision under way")
+    release.set()
+    answers = await asyncio.gather(first, second, refused)
+    assert answers[0] == answers[1] and answers[0].matched == 7
+    assert answers[2].error.field == "control_key"
+    assert len(decided) == 1
+    again = await desk.handle(request.SerializeToString(), subjects.api_control)
+    assert again == answers[0] and len(decided) == 1  # recorded: not decided again
