@@ -11,7 +11,7 @@ import asyncpg
 from nats.js import JetStreamContext
 
 from mdq.bus.subjects import Subjects
-from mdq.cli.replay import compare, rebuild
+from mdq.cli.replay import compare, rebuild, table_contents
 from mdq.contracts import pb
 from mdq.store.projection import Projector
 from tests.helpers import OwnersPublisher
@@ -177,4 +177,10 @@ async def test_control_events_project_and_rebuild_equal(
 
     report = await rebuild(js, subjects, spare_database, batch_size=500)
     assert report.events == len(events)
-    assert await compare(database_url, spare_database) == {}
+    differences = await compare(database_url, spare_database)
+    if differences:
+        live, again = await table_contents(database_url), await table_contents(spare_database)
+        for table in differences:
+            print("LIVE", sorted(set(live[table]) - set(again[table])))
+            print("REBUILT", sorted(set(again[table]) - set(live[table])))
+    assert differences == {}

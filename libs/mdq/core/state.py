@@ -460,6 +460,8 @@ class JobView:
                 self.state = JobState.RECOVERING
                 self.current.failure = event.attempt_failed
                 self.current.ended_at = at
+                # the furthest step known, whether its report or the failure came first
+                self.last_step = max(self.last_step, event.attempt_failed.last_step)
             case "requeued":
                 if self.state is not JobState.RECOVERING or event.attempt != self.attempt + 1:
                     return False
@@ -474,6 +476,7 @@ class JobView:
                 self.resume_from = requeue.resume_from if requeue.HasField("resume_from") else None
                 self.last_step = self.resume_from.step if self.resume_from else 0
                 self.last_progress_at = None
+                self.last_potential = None  # the new attempt has reported nothing yet
                 if requeue.HasField("resources"):
                     self.resources.CopyFrom(requeue.resources)
                 self.avoid_nodes = tuple(requeue.avoid_nodes)
@@ -546,6 +549,7 @@ class JobView:
         self.node = self.pod_name = ""
         self.last_step = fresh.last_step
         self.last_progress_at = None
+        self.last_potential = None
         self.done_reason = ""
         self.latest_checkpoint = fresh.latest_checkpoint
         self.resume_from = fresh.resume_from

@@ -306,12 +306,15 @@ class _JobRow:
                 self.attempt_last_step[attempt] = max(previous, event.attempt_failed.last_step)
             case "requeued":
                 self.attempt_last_step[attempt] = self.view.last_step
+                # the new attempt has reported nothing yet (whichever stream came first)
+                self.last_temperature_k = self.last_ns_per_day = None
             case "reprioritized":
                 self.priority_class = event.reprioritized.priority_class
             case "extended":
                 self.target_steps = event.extended.spec.steps
                 self.priority_class = event.extended.spec.priority_class or self.priority_class
                 self.attempt_last_step[attempt] = self.view.last_step
+                self.last_temperature_k = self.last_ns_per_day = None
             case _:
                 pass
 
