@@ -5,6 +5,7 @@ the server on hers (nobody answers); the job ends CANCELLED with no runner left.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import nats.errors
@@ -16,10 +17,28 @@ from mdq.contracts import pb
 from mdq.sdk.client import MdqClient
 from mdq.stack import Stack
 from mdq.testing.processes import runner_pid
-from tests.e2e.test_control_stack import gone, long_job, running_pid
+from tests.e2e.test_control_stack import gone, long_job
 from tests.e2e.test_stack import request, submit_when_ready
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.e2e
+
+
+async def stepping(stack: Stack, job_id: str) -> int:
+    """Once the job's runner runs and has written a report row: its pid (from outside: the
+    process table and the runner's own energy table)."""
+    table = stack.data_dir / "jobs" / job_id / "energies.csv"
+
+    async def stepped() -> bool:
+        if runner_pid(job_id, stack.namespace) is None:
+            return False
+        rows = await asyncio.to_thread(lambda: table.read_text() if table.is_file() else "")
+        return len(rows.splitlines()) > 1
+
+    await wait_for(stepped, timeout=180, what=f"{job_id} stepping")
+    pid = runner_pid(job_id, stack.namespace)
+    assert pid is not None
+    return pid
 
 
 async def test_a_tenant_cancels_its_own_job_and_no_one_elses(
@@ -54,7 +73,7 @@ async def test_a_tenant_cancels_its_own_job_and_no_one_elses(
             job = long_job("mine", steps=10_000_000)
             job["labels"] = {"team": "x"}
             [job_id] = await submit_when_ready(alice, request(job, key="alice-ctl"))
-            pid = await running_pid(alice, stack, job_id)
+            pid = await stepping(stack, job_id)  # a tenant reads its own stream only: outside
             # bob on his own subject: placement refuses, naming why
             theirs = await bob.cancel([job_id])
             assert [(o.result, o.state) for o in theirs.outcomes] == [(pb.CONTROL_FORBIDDEN, "")]
