@@ -335,6 +335,9 @@ def test_stops_never_count_against_retries_or_make_a_crash_loop() -> None:
 STOPPED_CLASSES = [
     ("preempted while stopping", "Error", 5, True, pb.FAILURE_STOPPED),
     ("deleted before it ran", "Deleted", 0, True, pb.FAILURE_STOPPED),
+    ("a container ended by the stop's SIGTERM", "Error", 143, True, pb.FAILURE_STOPPED),
+    ("killed after the grace period", "Error", 137, True, pb.FAILURE_STOPPED),
+    ("SIGTERMed with no stop asked", "Error", 143, False, pb.FAILURE_CRASHED),
     ("preempted, no stop asked", "Error", 5, False, pb.FAILURE_EVICTED),
     ("OOM while stopping stays OOM", "OOMKilled", 137, True, pb.FAILURE_OOM_KILLED),
     ("blew up while stopping", "Error", 4, True, pb.FAILURE_UNSTABLE),

@@ -48,6 +48,9 @@ NOT_WORTH_RETRYING = frozenset(
 MOVE_TO_ANOTHER_NODE = frozenset(
     {pb.FAILURE_EVICTED, pb.FAILURE_NODE_LOST, pb.FAILURE_CLUSTER_LOST, pb.FAILURE_LOST}
 )
+STOP_SIGNAL_EXITS = frozenset({128 + 15, 128 + 9})
+"""Exit codes of a container ended by the signals a pod's deletion sends (SIGTERM, then
+SIGKILL after the grace period)."""
 CLUSTER_LOST_REASON = "ClusterLost"
 """The pod reason of an attempt whose whole cluster was declared lost
 (``mdq.backends.clusters``)."""
@@ -77,12 +80,17 @@ def classify(*, pod_reason: str, exit_code: int) -> pb.FailureReason:
 
 def classify_stopped(*, pod_reason: str, exit_code: int, stopping: bool) -> pb.FailureReason:
     """``classify``, for an attempt whose job may be being stopped on request (``stopping``):
-    a runner that stopped on the request (PREEMPTED, the pod deleted or evicted) was STOPPED,
-    not evicted; every other end (an OOM kill, a blow-up on the way) is what it was."""
+    a runner that stopped on the request was STOPPED, not evicted or crashed: it exited
+    PREEMPTED, its pod was deleted or evicted, or it died of the stop's own signals (a container
+    that ends on SIGTERM exits 143, one killed after the grace period 137); every other end (an
+    OOM kill, a blow-up on the way) is what it was."""
     reason = classify(pod_reason=pod_reason, exit_code=exit_code)
     if stopping and (
         reason == pb.FAILURE_EVICTED
-        or (reason == pb.FAILURE_CRASHED and pod_reason.lower() == "deleted")
+        or (
+            reason == pb.FAILURE_CRASHED
+            and (pod_reason.lower() == "deleted" or exit_code in STOP_SIGNAL_EXITS)
+        )
     ):
         return pb.FAILURE_STOPPED
     return reason
