@@ -12,6 +12,7 @@ from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from mdq.bus.subjects import Subjects
+from mdq.core.tenants import RunawayLimits
 
 
 class CommonSettings(BaseSettings):
@@ -62,3 +63,39 @@ class CommonSettings(BaseSettings):
     @property
     def subjects(self) -> Subjects:
         return Subjects(self.namespace)
+
+
+class LimitSettings(BaseSettings):
+    """The operator's default runaway limits of a job (``MDQ_LIMITS_*``, docs/control.md): what
+    a tenant whose policy sets none is held to, and the operator's own jobs. 0: no limit."""
+
+    model_config = SettingsConfigDict(env_prefix="MDQ_LIMITS_", extra="ignore")
+
+    max_steps_per_job: int = Field(
+        default=1_000_000_000,
+        ge=0,
+        description="A job's step target at most, at submit and after an extend (a typo of "
+        "10^10 steps is refused naming the field).",
+    )
+    max_wall_s: float = Field(
+        default=7 * 86_400.0,
+        ge=0,
+        description="Seconds a job may run (its attempts together), and the max_wall_s of a "
+        "job that states none; a job running longer stops at a checkpoint and fails "
+        "(FAILURE_LIMIT_EXCEEDED), never retried.",
+    )
+    max_disk_mb: int = Field(
+        default=100 * 1024,
+        ge=0,
+        description="MiB a job's folder may hold (trajectory, checkpoints, outputs), and the "
+        "max_disk_mb of a job that states none; a job writing more stops at a checkpoint and "
+        "fails (FAILURE_LIMIT_EXCEEDED), never retried.",
+    )
+
+    def defaults(self) -> RunawayLimits:
+        """These limits as ``RunawayLimits`` (0 is none)."""
+        return RunawayLimits(
+            max_steps=self.max_steps_per_job or None,
+            max_wall_s=self.max_wall_s or None,
+            max_disk_mb=self.max_disk_mb or None,
+        )

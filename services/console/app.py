@@ -7,9 +7,14 @@ charts are drawn in the browser by uPlot (``static/``, shipped in the package: n
 step) from JSON in the protobuf JSON mapping — history from PostgreSQL, then live events from
 the progress stream over server-sent events (``/jobs/<id>/live``).
 
-The console writes nothing but submits: its submit page asks intake on the operator's
-request-reply entrance, as the CLI does, and shows a refusal's field and message exactly as the
-CLI prints them. Every page answers a bad parameter with 400 and the parameter's name.
+The console writes nothing but submits and job-control requests: its submit page asks intake
+on the operator's request-reply entrance, and a job's page (one job) and a campaign's page (every
+job of a label, after a confirmation page that says how many) ask placement to cancel, hold,
+release, requeue, reprioritize or extend (docs/control.md), as the CLI does; a refusal's field
+and message are shown exactly as the CLI prints them. Every form carries the console's token and
+is refused from another origin (CSRF), and a control form carries a control key made when the
+page was drawn, so a form posted twice is one request. Every page answers a bad parameter with
+400 and the parameter's name.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
+from urllib.parse import quote
 
 import uvicorn
 from google.protobuf import json_format
@@ -53,10 +59,19 @@ from mdq.bus.runtime import run_service
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core import ids
+from mdq.core.control import VERB_OF_WORD
 from mdq.core.documents import field_names
 from mdq.core.runner_task import job_dir
+from mdq.core.spec import PRIORITY_CLASSES
+from mdq.core.state import TERMINAL_STATES
 from mdq.memory import keep_state_out_of_gc
-from mdq.sdk.client import IntakeUnavailable, MdqClient, SubmitRefused
+from mdq.sdk.client import (
+    ControlRefused,
+    ControlUnavailable,
+    IntakeUnavailable,
+    MdqClient,
+    SubmitRefused,
+)
 from mdq.sdk.jobfile import JobFileError, parse_job_text
 from mdq.settings import CommonSettings
 from mdq.store import queries
@@ -106,7 +121,8 @@ class Console:
     data_dir: Path
     nodes: NodeBoard = field(default_factory=NodeBoard)
     submit_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
-    """Every submit form carries it; a form posted from another site cannot know it."""
+    """Every form (submit, job control) carries it; a form posted from another site cannot
+    know it."""
 
 
 templates = Jinja2Templates(directory=str(PACKAGE / "templates"))
@@ -124,6 +140,8 @@ def _console(request: Request) -> Console:
 def _page(request: Request, name: str, context: Mapping[str, Any], status: int = 200) -> Response:
     response = templates.TemplateResponse(request, name, dict(context), status_code=status)
     response.headers.update(SECURITY_HEADERS)
+    if "control" in context:  # its forms carry a control key: drawn anew, never from a cache
+        response.headers["Cache-Control"] = "no-store"
     return response
 
 
@@ -279,6 +297,7 @@ async def job_page(request: Request) -> Response:
             "target_temperature_k": float(spec.get("temperature_k", 0)) if md else None,
             "events_since": found.detail.job.updated_at.isoformat(),
             "tenant": ids.tenant_of(job_id),
+            "control": control_form(_console(request)),
         },
     )
 
@@ -433,6 +452,7 @@ async def campaign_page(request: Request) -> Response:
             "curves": curves,
             "states": sorted(states.items()),
             "list_query": JobFilter(label=(key, value)).query(),
+            "control": control_form(_console(request)),
         },
     )
 
@@ -498,6 +518,131 @@ async def submit_page(request: Request) -> Response:
     return _page(request, "submit.html", context)
 
 
+BULK_VERBS = ("cancel", "hold", "release", "requeue", "reprioritize")
+"""What a campaign's page may do to every job of its label (extend takes job ids)."""
+CONFIRM_LISTED = 50
+"""Jobs a bulk confirmation page names (it counts them all)."""
+
+
+def control_form(console: Console) -> dict[str, Any]:
+    """What a page's control forms carry: the console's token, a fresh control key (one per
+    drawn page: a form posted twice is one request), the verbs and classes."""
+    return {
+        "token": console.submit_token,
+        "control_key": f"console-{secrets.token_hex(12)}",
+        "verbs": BULK_VERBS,
+        "classes": tuple(PRIORITY_CLASSES),
+    }
+
+
+async def _control_form(request: Request) -> dict[str, str] | Response:
+    """The fields of a control form, or the refusal of one not from the console's page."""
+    console = _console(request)
+    origin = request.headers.get("origin")
+    if origin is not None and origin != f"{request.url.scheme}://{request.url.netloc}":
+        return _refuse(request, "origin", "a request must come from the console's own page")
+    async with request.form(max_files=0, max_fields=12, max_part_size=4096) as form:
+        fields = {name: str(value) for name, value in form.items()}
+    if not hmac.compare_digest(fields.get("token", ""), console.submit_token):
+        return _refuse(request, "token", "the form is stale: reload the page")
+    if fields.get("verb", "") not in VERB_OF_WORD:
+        return _refuse(request, "verb", f"must be one of {', '.join(VERB_OF_WORD)}")
+    return fields
+
+
+async def _send_control(
+    request: Request, fields: Mapping[str, str], *, job_ids: list[str], labels: dict[str, str]
+) -> Response:
+    """Ask placement, as the operator, and show each job's outcome (or the refusal)."""
+    console = _console(request)
+    verb = fields["verb"]
+    try:
+        steps = int(fields.get("extend_steps") or 0)
+    except ValueError:
+        return _refuse(request, "extend_steps", "must be a whole number of steps")
+    client = MdqClient(nc=console.nc, subjects=console.subjects)
+    context: dict[str, Any] = {"title": f"{verb.capitalize()}", "verb": verb}
+    context["back"] = (
+        f"/jobs/{job_ids[0]}" if job_ids else "/campaigns?label=" + quote_label(labels)
+    )
+    try:
+        reply = await client.control(
+            verb,
+            job_ids,
+            labels=labels,
+            reason=fields.get("reason", ""),
+            requested_by="the console",
+            priority_class=fields.get("priority_class", "") if verb == "reprioritize" else "",
+            extend_steps=steps if verb == "extend" else 0,
+            # one key per drawn page and verb: a form posted twice is one request, while the
+            # page's other buttons are requests of their own (pages with forms are not cached,
+            # so going back draws the page, and its key, anew)
+            control_key=f"{fields['control_key']}-{verb}" if fields.get("control_key") else None,
+        )
+    except ControlRefused as error:
+        context["refusal"] = {"field": error.field, "message": error.message}
+        return _page(request, "control.html", context, 400)
+    except ControlUnavailable as error:
+        context["refusal"] = {"field": "", "message": str(error)}
+        return _page(request, "control.html", context, 503)
+    context["reply"] = {
+        "matched": reply.matched,
+        "omitted": reply.omitted,
+        "outcomes": [
+            {
+                "job_id": outcome.job_id,
+                "result": pb.ControlResult.Name(outcome.result).removeprefix("CONTROL_").lower(),
+                "state": outcome.state,
+                "message": outcome.message,
+            }
+            for outcome in reply.outcomes
+        ],
+    }
+    return _page(request, "control.html", context)
+
+
+def quote_label(labels: Mapping[str, str]) -> str:
+    [(key, value)] = labels.items()
+    return quote(f"{key}={value}")
+
+
+async def job_control(request: Request) -> Response:
+    """One job's control form (its page's buttons): sent at once."""
+    job_id = _job_id(request)
+    fields = await _control_form(request)
+    if isinstance(fields, Response):
+        return fields
+    return await _send_control(request, fields, job_ids=[job_id], labels={})
+
+
+async def campaign_control(request: Request) -> Response:
+    """Every job of a label (a campaign's page): first a page that says how many jobs it would
+    change and asks to confirm; sent only with ``confirmed=yes``."""
+    fields = await _control_form(request)
+    if isinstance(fields, Response):
+        return fields
+    try:
+        key, value = parse_label(fields.get("label", ""))
+    except FilterError as error:
+        return _refuse(request, error.field, error.message)
+    if fields["verb"] not in BULK_VERBS:
+        return _refuse(request, "verb", f"a campaign takes {', '.join(BULK_VERBS)}")
+    if fields.get("confirmed") == "yes":
+        return await _send_control(request, fields, job_ids=[], labels={key: value})
+    jobs = await reads.campaign(_console(request).engine, key, value)
+    ended = {state.value for state in TERMINAL_STATES}
+    live = [job.row for job in jobs if job.row.state not in ended]
+    context = {
+        "title": f"{fields['verb'].capitalize()} {key}={value}?",
+        "fields": {name: fields.get(name, "") for name in (
+            "verb", "label", "reason", "priority_class", "control_key", "token")},
+        "count": len(live),
+        "listed": live[:CONFIRM_LISTED],
+        "label": f"{key}={value}",
+    }  # fmt: skip
+    return _page(request, "control_confirm.html", context)
+
+
 async def healthz(request: Request) -> Response:
     console = _console(request)
     healthy = console.nc.is_connected
@@ -522,6 +667,8 @@ def build_app(console: Console, *, access_token: str | None = None) -> Starlette
             Route("/jobs/{job_id}", job_page),
             Route("/jobs/{job_id}/live", job_live),
             Route("/jobs/{job_id}/outputs/{index:int}", job_output),
+            Route("/jobs/{job_id}/control", job_control, methods=["POST"]),
+            Route("/campaigns/control", campaign_control, methods=["POST"]),
             Route("/campaigns", campaign_page),
             Route("/nodes", nodes_page),
             Route("/submit", submit_page, methods=["GET", "POST"]),

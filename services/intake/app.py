@@ -60,8 +60,8 @@ from mdq.bus.requests import Requests
 from mdq.bus.storage import StorageSettings
 from mdq.bus.streams import require_streams
 from mdq.bus.tenants import TenantDirectory
-from mdq.core.tenants import TenantUsage, usage_key
-from mdq.settings import CommonSettings
+from mdq.core.tenants import RunawayLimits, TenantUsage, usage_key
+from mdq.settings import CommonSettings, LimitSettings
 from services.intake.handlers import (
     JSON_CONTENT_TYPE,
     PROTOBUF_CONTENT_TYPE,
@@ -431,7 +431,19 @@ class Intake:
             room=room,
             history=self._history.samples if self.settings.recommend_resources else None,
             auto_resources=self.settings.auto_resources,
+            limits=self._runaway_limits(LimitSettings().defaults()),
         )
+
+    def _runaway_limits(self, defaults: RunawayLimits) -> Callable[[str], RunawayLimits]:
+        """tenant ("" the operator) -> its runaway limits: its policy's (read live from the
+        tenants bucket), the operator's ``defaults`` where it sets none."""
+
+        def limits(tenant: str) -> RunawayLimits:
+            if not tenant or self._tenants is None:
+                return defaults
+            return RunawayLimits.of(self._tenants.policy(tenant), defaults)
+
+        return limits
 
     def _jobs_log_size(self, js: JetStreamContext) -> Callable[[], Awaitable[LogSize]]:
         """Reads the jobs stream's size and size limit from the server."""

@@ -92,7 +92,7 @@ from mdq.core.fingerprint import Content, Earlier, changes, content_fingerprint,
 from mdq.core.ids import job_id, job_name_of, request_id_for_key, request_id_for_sequence
 from mdq.core.recommend import UsageSample, recommend_job
 from mdq.core.spec import AcceptedJob, SpecError, validate_key, validate_submit
-from mdq.core.tenants import RateRefusal
+from mdq.core.tenants import RateRefusal, RunawayLimits, apply_runaway_limits
 from mdq.forcefields import ForceFieldFolders
 from services.intake.registry import JOB_ID_PATTERN, Claim, SubmitRegistry
 from services.intake.room import JobsLogRoom
@@ -286,6 +286,27 @@ def acceptance(
     return accepted, reply, fingerprint
 
 
+def limited(
+    request: pb.SubmitRequest,
+    accepted: list[AcceptedJob],
+    tenant: str,
+    limits: Callable[[str], RunawayLimits],
+) -> list[AcceptedJob]:
+    """The accepted jobs held to ``tenant``'s runaway limits (``apply_runaway_limits``: a job
+    above one is refused naming its field in the submit; an unset wall time or disk gets the
+    limit, after the fingerprint, so a resubmit is the same content whatever the limits
+    became)."""
+    index = {job.name: i for i, job in enumerate(request.jobs)}
+    bounds = limits(tenant)
+    return [
+        replace(
+            job,
+            spec=apply_runaway_limits(tenant, bounds, job.spec, f"jobs[{index[job.name]}]"),
+        )
+        for job in accepted
+    ]
+
+
 def with_auto_resources(request: pb.SubmitRequest) -> pb.SubmitRequest:
     """``request`` with every job that states neither resources.cpu nor resources.memory_mb
     marked resources.auto (MDQ_INTAKE_AUTO_RESOURCES); the request itself when none is."""
@@ -397,8 +418,11 @@ class SubmitHandler:
         room: JobsLogRoom | None = None,
         history: Callable[[], Sequence[UsageSample]] | None = None,
         auto_resources: bool = False,
+        limits: Callable[[str], RunawayLimits] | None = None,
     ) -> None:
         self._publisher = publisher
+        self._limits = limits
+        """tenant ("" the operator) -> its runaway limits (docs/control.md); None: none."""
         self._auto_resources = auto_resources
         """A job that states neither cpu nor memory_mb is resources.auto (docs/requests.md)."""
         self._history = history
@@ -507,6 +531,8 @@ class SubmitHandler:
                     key_required=read.key_required,
                     history=self._history() if self._history is not None else None,
                 )
+                if self._limits is not None:
+                    accepted = limited(read.request, accepted, read.tenant, self._limits)
                 if read.tenant and self._gate is not None:
                     specs = [job.spec for job in accepted]
                     if (refused := await self._gate.refusal(read.tenant, specs)) is not None:

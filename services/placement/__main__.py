@@ -50,6 +50,7 @@ async def main() -> None:
         namespace=common.namespace,
         stream_replicas=replicas,
         jobs_log_days=StorageSettings().jobs_days,
+        nc=nc,  # job control is answered on it while this replica leads
     )
     desk = None
     if issuer_path is not None:

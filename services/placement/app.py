@@ -24,6 +24,15 @@ State (``mdq.core.placement_state``): everything placement knows — the folded 
 loads, reservations, in-flight bindings, fences, nominations, tenants' usage — is one pure
 ``PlacementState``; this module keeps only I/O (subscriptions, publishes, pods, KV, logs).
 
+Job control (``services.placement.control``, docs/control.md): the leader answers cancel, hold,
+release, requeue, reprioritize and extend requests, in this loop between passes, so a job is
+never decided on by a pass and a request at once. A job that runs nothing is cancelled or held
+by one event; a bound or running one is stopped: the request's event, then its pod deleted (the
+runner checkpoints and exits; recovery decides what follows). Each pass also settles what a
+crash may have left half done: a cancel folded for a job that runs nothing is ended, a stopping
+job's pod is deleted (once per attempt and process), a pod of a job cancelled while bound is
+deleted, and a job being stopped never gets a pod (re)created.
+
 Tenants (``mdq.core.tenants``): placement reads each tenant's policy from the tenants bucket
 (``TenantDirectory``, live) and binds no job that would take its tenant's BOUND and RUNNING CPU
 above ``max_running_cpu``: the job waits (``mdq explain`` says "tenant alice is at its CPU
@@ -43,26 +52,40 @@ import os
 import socket
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy, KeyValueConfig, PubAck
 from nats.js.errors import NotFoundError
 from nats.js.kv import KeyValue
 
 from mdq.backends.port import ClusterBackend, PodExists, PodSpec
-from mdq.bus.log import follow_log, raise_if_cancelling
+from mdq.bus.codec import decode_event
+from mdq.bus.log import follow_log, raise_if_cancelling, read_history
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.requests import EXPECTED_LAST_SUBJECT_SEQUENCE, is_wrong_last_sequence
 from mdq.bus.snapshots import SnapshotKeeper, SnapshotStore
+from mdq.bus.storage import StorageSettings
 from mdq.bus.streams import open_bucket
 from mdq.bus.subjects import Subjects
 from mdq.bus.tenants import TenantDirectory
 from mdq.contracts import pb
 from mdq.core import ids
 from mdq.core.clusters import cluster_of
+from mdq.core.control import (
+    Action,
+    Limits,
+    Selector,
+    decide,
+    forbidden,
+    may_control,
+    not_found,
+    origin_of,
+    reply_of,
+)
 from mdq.core.expiry import (
     CHECK_EVERY,
     ENDED_BY_PLACEMENT,
@@ -88,11 +111,22 @@ from mdq.core.placement import (
     plan_preemptions,
 )
 from mdq.core.placement_state import PlacementState, TenantShare
+from mdq.core.recovery import cancel_message
 from mdq.core.spec import SpecError, normalize_job
-from mdq.core.state import JobBook, JobState, JobView, event_time
-from mdq.core.tenants import TenantUsage, usage_key
+from mdq.core.state import (
+    IDLE_STATES,
+    LIVE_STATES,
+    JobBook,
+    JobState,
+    JobView,
+    Stop,
+    event_time,
+)
+from mdq.core.tenants import RunawayLimits, TenantUsage, usage_key
 from mdq.core.timestamps import set_timestamp
 from mdq.memory import keep_state_out_of_gc
+from mdq.settings import LimitSettings
+from services.placement.control import ControlDesk, ControlRegistry, NotLeader
 from services.placement.lease import LeaderLease
 from services.placement.settings import PlacementSettings
 
@@ -115,6 +149,20 @@ WAITING_REFRESH_S = 600.0
 expire)."""
 TENANT_POLICIES_WAIT_S = 10.0
 """At start, how long placement waits for the tenants' policies before it places anyway."""
+POD_DELETES_AT_ONCE = 64
+"""Pods deleted side by side when a request (or a pass) stops many jobs."""
+HISTORY_READS_AT_ONCE = 16
+"""Jobs placement no longer holds whose history a request reads from the log side by side."""
+
+
+@dataclass(slots=True)
+class PendingControl:
+    """A job-control request waiting for its turn in the loop."""
+
+    request: pb.ControlRequest
+    tenant: str
+    control_id: str
+    answer: asyncio.Future[pb.ControlReply]
 
 
 ExplainedScores = dict[int, tuple[NodeScore, bytes]]
@@ -182,10 +230,15 @@ class Placement:
         stream_replicas: int = 1,
         tenants: TenantDirectory | None = None,
         jobs_log_days: float = 365.0,
+        nc: Client | None = None,
+        storage: StorageSettings | None = None,
+        limits: RunawayLimits | None = None,
     ) -> None:
         """``jobs_log_days``: how long the jobs log keeps events (``MDQ_STORAGE_JOBS_DAYS``): a
         job that has waited that long less a day without running is ended
-        (``mdq.core.expiry``)."""
+        (``mdq.core.expiry``). ``nc``: the connection job-control requests are answered on
+        while this replica leads (None: none are). ``limits``: the operator's default runaway
+        limits (``MDQ_LIMITS_*``), which bound an extend where a tenant's policy sets none."""
         self._js = js
         self._subjects = subjects
         self._publisher = publisher
@@ -283,6 +336,25 @@ class Placement:
         """Running jobs stopped to give a tenant its fair share back (in ``preempted_total``
         too)."""
         self.fenced_total = 0
+        self.controls_total = 0
+        """Job-control requests decided by this replica."""
+        self.stopped_total = 0
+        """Pods deleted to stop a job on request."""
+        self._control_queue: list[PendingControl] = []
+        self._limit_defaults = limits if limits is not None else LimitSettings().defaults()
+        self._pods_stopped: set[tuple[str, int]] = set()
+        """(job, attempt) whose pod this process deleted to stop it (once each)."""
+        self.controls = (
+            None
+            if nc is None
+            else ControlDesk(
+                nc=nc,
+                subjects=subjects,
+                registry=ControlRegistry(js, subjects, replicas=stream_replicas, storage=storage),
+                decide=self.control,
+                allow_high=lambda tenant: not tenant or self.tenants.policy(tenant).allow_high,
+            )
+        )
         self.invalid_specs_total = 0
         """``submitted`` events whose spec failed validation here: never bound."""
         """Bindings refused because another replica bound the job first."""
@@ -372,6 +444,223 @@ class Placement:
         if self.state.apply_load(event.node_load, event_time(event)):
             self._dirty.set()
 
+    # -- job control -------------------------------------------------------------------------
+    async def control(
+        self, request: pb.ControlRequest, tenant: str, control_id: str
+    ) -> pb.ControlReply:
+        """Decide a job-control request (checked already: ``mdq.core.control.check_request``)
+        in the loop, between passes; ``NotLeader`` when this replica stops leading first."""
+        answer: asyncio.Future[pb.ControlReply] = asyncio.get_running_loop().create_future()
+        self._control_queue.append(PendingControl(request, tenant, control_id, answer))
+        self._dirty.set()
+        return await answer
+
+    def _refuse_controls(self) -> None:
+        queue, self._control_queue = self._control_queue, []
+        for pending in queue:
+            if not pending.answer.done():
+                pending.answer.set_exception(NotLeader("this placement replica does not lead"))
+
+    async def _serve_controls(self) -> None:
+        """Open or close the control entrance with the lease; decide what is queued."""
+        if self.controls is not None:
+            try:
+                await self.controls.open_if(self.leader)
+            except Exception:
+                log.exception("could not open the job-control entrance; retrying")
+        if not self.leader:
+            self._refuse_controls()
+            return
+        while self._control_queue:
+            pending = self._control_queue.pop(0)
+            if pending.answer.done():
+                continue
+            try:
+                reply = await self._apply_control(
+                    pending.request, pending.tenant, pending.control_id
+                )
+            except Exception as error:  # unanswered: the client sends it again
+                log.exception("job-control request %s failed", pending.control_id)
+                if not pending.answer.done():
+                    pending.answer.set_exception(error)
+                continue
+            if not pending.answer.done():
+                pending.answer.set_result(reply)
+
+    def _limits(self, tenant: str) -> Limits:
+        """What bounds an extend of ``tenant``'s jobs: its steps limit (its policy's, else the
+        operator's default)."""
+        policy = self.tenants.policy(tenant) if tenant else None
+        return Limits(max_steps=RunawayLimits.of(policy, self._limit_defaults).max_steps)
+
+    async def _read_job(self, job_id: str) -> tuple[JobView | None, int]:
+        """A job placement no longer holds (it ended), folded from its history in the log;
+        (None, 0) when the log holds none. With the stream sequence of its last ``bound``."""
+        book = JobBook()
+        last_bound = 0
+        for sequence, event in await read_history(self._js, self._subjects.job_all(job_id)):
+            if event.job_id != job_id:
+                continue
+            book.apply(0, event)
+            if event.WhichOneof("body") == "bound":
+                last_bound = sequence
+        return book.jobs.get(job_id), last_bound
+
+    async def _apply_control(
+        self, request: pb.ControlRequest, tenant: str, control_id: str
+    ) -> pb.ControlReply:
+        origin = origin_of(request, control_id=control_id, tenant=tenant)
+        selector = Selector.of(request, tenant)
+        limits = self._limits(tenant)
+        verb = request.verb
+        outcomes: list[pb.ControlOutcome] = []
+        targets: list[tuple[JobView, bool]] = []
+        """(view, whether placement holds it)"""
+        fences: dict[str, int] = {}
+        if selector.by_id:
+            mine = [job for job in selector.job_ids if may_control(tenant, job)]
+            outcomes += [
+                forbidden(job, tenant).outcome(job)
+                for job in selector.job_ids
+                if not may_control(tenant, job)
+            ]
+            forgotten = [job for job in mine if job not in self.book.jobs]
+            slots = asyncio.Semaphore(HISTORY_READS_AT_ONCE)
+
+            async def read(job: str) -> tuple[JobView | None, int]:
+                async with slots:
+                    return await self._read_job(job)
+
+            read_back = await asyncio.gather(*(read(job) for job in forgotten))
+            found = dict(zip(forgotten, read_back, strict=True))
+            for job in mine:  # decided with no await since the views were taken
+                known = self.book.jobs.get(job)
+                if known is not None:
+                    targets.append((known, True))
+                    continue
+                view, last_bound = found.get(job, (None, 0))
+                if view is None:
+                    outcomes.append(not_found(job).outcome(job))
+                else:
+                    targets.append((view, False))
+                    fences[job] = last_bound
+        else:
+            targets = [
+                (view, True)
+                for view in self.book.jobs.values()
+                if not view.state.terminal and selector.matches(view)
+            ]
+        planned: list[tuple[JobView, bool, Action, pb.Event]] = []
+        for view, held in targets:
+            action = decide(verb, view, request, origin, limits)
+            if not action.kind or action.body is None:
+                outcomes.append(action.outcome(view.job_id))
+                continue
+            event = self._publisher.event(
+                action.kind,
+                action.body,
+                job_id=view.job_id,
+                attempt=action.attempt,
+                detail=action.detail,
+            )
+            planned.append((view, held, action, event))
+        # in batches, as bindings are: one batch's acks are awaited under one timer
+        size = self._settings.bind_concurrency
+        results: list[PubAck | Exception] = []
+        for start in range(0, len(planned), size):
+            batch = planned[start : start + size]
+            results += await self._publisher.publish_each([(event, None) for *_, event in batch])
+        failure: Exception | None = None
+        stops: list[tuple[str, int]] = []
+        for (view, held, action, event), result in zip(planned, results, strict=True):
+            if isinstance(result, Exception):
+                failure = failure or result
+                continue
+            outcomes.append(action.outcome(view.job_id))
+            if event.WhichOneof("body") == "extended" and view.job_id in fences:
+                self.state.fence_learned(view.job_id, fences[view.job_id])
+            if held and self.state.apply_to(view, event):
+                self._changed(view)
+            if action.stop_pod:
+                stops.append((view.job_id, view.attempt))
+        await self._stop_pods(stops)
+        if failure is not None:
+            raise failure  # unanswered; the resend finds what did land already done
+        self.controls_total += 1
+        log.info(
+            "job control %s (%s): %d jobs",
+            control_id,
+            pb.ControlVerb.Name(verb),
+            len(outcomes),
+        )
+        return reply_of(control_id, outcomes)
+
+    async def _stop_pods(self, pods: list[tuple[str, int]]) -> None:
+        """Delete the pods of these (job, attempt)s, once each per process: each runner gets
+        SIGTERM, checkpoints and exits."""
+        pods = [pod for pod in pods if pod not in self._pods_stopped]
+        if not pods:
+            return
+        slots = asyncio.Semaphore(POD_DELETES_AT_ONCE)
+
+        async def stop(job_id: str, attempt: int) -> None:
+            async with slots:
+                await self._backend.delete_pod(ids.pod_name(job_id, attempt))
+            self._pods_stopped.add((job_id, attempt))
+            self.stopped_total += 1
+
+        results = await asyncio.gather(*(stop(*pod) for pod in pods), return_exceptions=True)
+        for pod, result in zip(pods, results, strict=True):
+            if isinstance(result, Exception):
+                log.warning("could not delete the pod of %s attempt %d: %r", *pod, result)
+
+    async def _settle_stops(self) -> None:
+        """What job control left to do, level-triggered (a crash between a request's event and
+        its effect, a cancel folded after the job's attempt ended): end a cancelled job that
+        runs nothing, delete the pods of jobs being stopped and of jobs cancelled while bound."""
+        pods: list[tuple[str, int]] = list(self.state.take_orphan_pods())
+        stopping = self.state.stopping()
+        self._pods_stopped &= {(view.job_id, view.attempt) for view in stopping}
+        for view in stopping:
+            if view.stop is Stop.CANCEL and view.state in IDLE_STATES:
+                origin = view.stop_origin or pb.ControlOrigin()
+                await self._emit_and_apply(
+                    view,
+                    self._publisher.event(
+                        "cancelled",
+                        pb.JobCancelled(origin=origin, message=cancel_message(origin)),
+                        job_id=view.job_id,
+                        attempt=view.attempt,
+                    ),
+                )
+            elif view.state in LIVE_STATES:
+                pods.append((view.job_id, view.attempt))
+        await self._stop_pods(pods)
+
+    async def _learn_fences(self) -> None:
+        """Read from the log the last ``bound`` of each job whose publish fence is not known
+        (an extended job placement had forgotten, a binding refused by its fence): a binding of
+        an earlier attempt becomes the fence, one of the current attempt is left to its echo."""
+        for job_id in self.state.take_unknown_fences():
+            try:
+                message = await self._js.get_last_msg(
+                    self._subjects.jobs_stream, self._subjects.job(job_id, "bound")
+                )
+            except NotFoundError:
+                continue
+            except Exception:
+                log.warning("could not read the last binding of %s", job_id, exc_info=True)
+                self.state.ask_fence_again(job_id)
+                continue
+            view = self.book.jobs.get(job_id)
+            try:
+                bound_attempt = decode_event(message.data or b"").attempt
+            except Exception:
+                bound_attempt = 0
+            if view is None or bound_attempt >= view.attempt:
+                continue  # a binding of this attempt is in the log: its echo settles the job
+            self.state.fence_learned(job_id, message.seq or 0)
+
     # -- deciding --------------------------------------------------------------------------
     async def _look_up_dependencies(self) -> bool:
         """Read from the log the final state of each dependency the state no longer remembers
@@ -381,7 +670,11 @@ class Placement:
         for job_id in self.state.take_unknown_dependencies():
             final: JobState | None = None
             try:
-                for kind, state in (("succeeded", JobState.SUCCEEDED), ("failed", JobState.FAILED)):
+                for kind, state in (
+                    ("succeeded", JobState.SUCCEEDED),
+                    ("failed", JobState.FAILED),
+                    ("cancelled", JobState.CANCELLED),
+                ):
                     try:
                         await self._js.get_last_msg(
                             self._subjects.jobs_stream, self._subjects.job(job_id, kind)
@@ -407,7 +700,26 @@ class Placement:
         return learned
 
     async def _release_waiting(self) -> None:
-        for view in self.state.views(JobState.WAITING):
+        held_waiting = [v for v in self.state.views(JobState.HELD) if v.hold == "WAITING"]
+        for view in [*self.state.views(JobState.WAITING), *held_waiting]:
+            cancelled = self.state.cancelled_dependencies(view)
+            if cancelled:
+                names = ", ".join(cancelled)
+                await self._emit_and_apply(
+                    view,
+                    self._publisher.event(
+                        "cancelled",
+                        pb.JobCancelled(
+                            dependency=cancelled[0],
+                            message=f"dependency {names} was cancelled",
+                        ),
+                        job_id=view.job_id,
+                        attempt=view.attempt,
+                    ),
+                )
+                continue
+            if view.state is not JobState.WAITING:
+                continue
             failed = self.state.dependency_verdict(view)
             if failed:
                 names = ", ".join(failed)
@@ -530,6 +842,8 @@ class Placement:
         )
 
     async def _ensure_pod(self, view: JobView) -> None:
+        if view.state is not JobState.BOUND or view.stop is not Stop.NONE:
+            return  # ended or being stopped meanwhile: no pod (one made is deleted by a pass)
         with contextlib.suppress(PodExists):
             await self._backend.create_pod(self.pod_for(view))
 
@@ -579,6 +893,9 @@ class Placement:
         if is_wrong_last_sequence(result):
             log.info("%s was bound by another replica; not binding it", event.job_id)
             self.fenced_total += 1
+            # read the last binding again: one of this attempt settles it when its echo comes;
+            # one of an earlier attempt only means the fence was stale (an extended job)
+            self.state.ask_fence_again(event.job_id)
             return False
         if isinstance(result, Exception):
             raise result
@@ -708,6 +1025,8 @@ class Placement:
         Returns the number of jobs bound.
         """
         self.passes_total += 1
+        await self._settle_stops()
+        await self._learn_fences()
         await self._end_expired()
         await self._release_waiting()
         if await self._look_up_dependencies():
@@ -1021,6 +1340,7 @@ class Placement:
                         task.result()
                 self._dirty.clear()
                 self.state.prune()  # between passes: no view of an ended job is in use
+                await self._serve_controls()
                 if self.leader:
                     try:
                         started = time.perf_counter()
@@ -1044,6 +1364,9 @@ class Placement:
         finally:
             for task in tasks:
                 task.cancel()
+            if self.controls is not None:
+                await self.controls.close()
+            self._refuse_controls()
             await self.tenants.close()
             if self._lease is not None:
                 with contextlib.suppress(Exception):

@@ -4,9 +4,11 @@ Recovery folds the job log into memory (``RecoveryState``: the jobs that have no
 ended job is forgotten at once) and, once caught up and after every change, decides for each
 RECOVERING job with the pure policy (``mdq.core.recovery.decide``):
 ``requeued`` (attempt + 1, resuming from the latest checkpoint, with overrides, an avoid-list
-and a not-before time for backoff — placement honours it) or ``failed`` for good. The event
-id is derived from job and attempt, so a decision published twice (a crash between publishing
-and seeing it echoed, or two replicas) lands once.
+and a not-before time for backoff — placement honours it), ``failed`` for good, or, for an
+attempt stopped by a job-control cancel, ``cancelled``. A job-control request folded while a
+job is RECOVERING (a cancel during a backoff's fence wait) is decided at once. The event id is
+derived from job and attempt, so a decision published twice (a crash between publishing and
+seeing it echoed, or two replicas) lands once.
 
 A restart does not replay the whole history: the state is written, at most every
 ``snapshot_interval_s`` and only when it changed, to recovery's own snapshot bucket
@@ -31,7 +33,7 @@ from mdq.bus.publisher import EventPublisher
 from mdq.bus.snapshots import SnapshotKeeper, SnapshotStore
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
-from mdq.core.recovery import GiveUp, RecoveryPolicy, Wait, decide, requeued_body
+from mdq.core.recovery import Cancel, GiveUp, RecoveryPolicy, Wait, decide, requeued_body
 from mdq.core.recovery_state import RecoveryState
 from mdq.core.state import JobState, JobView
 from mdq.memory import keep_state_out_of_gc
@@ -96,7 +98,15 @@ class Recovery:
         if isinstance(decision, Wait):
             self._recheck_at(view.job_id, decision.until)
             return
-        if isinstance(decision, GiveUp):
+        if isinstance(decision, Cancel):
+            event = self._publisher.event(
+                "cancelled",
+                pb.JobCancelled(origin=decision.origin, message=decision.message),
+                job_id=view.job_id,
+                attempt=view.attempt,
+            )
+            log.info("job %s %s", view.job_id, decision.message)
+        elif isinstance(decision, GiveUp):
             event = self._publisher.event(
                 "failed",
                 pb.JobFailed(reason=decision.reason, message=decision.message),

@@ -5,15 +5,19 @@ most ``max_chunk_steps`` long); each chunk runs in a worker thread so the event 
 publishing. Between chunks the loop reports (energies, volume, density, ns/day, ETA), checks
 stability and convergence, writes trajectory frames, checkpoints (every
 ``checkpoint_interval_steps`` steps, and after ``checkpoint_interval_s`` seconds when set), and
-honours a stop request (SIGTERM) by checkpointing at once and exiting PREEMPTED. A successful
+honours a stop request (SIGTERM) by checkpointing at once and exiting PREEMPTED, and a folder
+grown past the job's ``max_disk_mb`` the same way, exiting LIMIT_EXCEEDED. A successful
 run leaves the final state, the trajectory and the energy table in the job's output folder and
-announces them, with their sha256, in an ``outputs`` event.
+announces them, with their sha256, in an ``outputs`` event; its last checkpoint is of its final
+step, which an extend continues from.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -110,6 +114,16 @@ def next_chunk(*, step: int, target: int, boundaries: tuple[int, ...], max_steps
     ends = [target, step + max_steps]
     ends.extend((step // every + 1) * every for every in boundaries if every > 0)
     return max(1, min(ends) - step)
+
+
+def folder_mb(folder: Path) -> float:
+    """MiB the files under ``folder`` hold (what ``JobSpec.max_disk_mb`` bounds)."""
+    total = 0
+    for root, _, files in os.walk(folder):
+        for name in files:
+            with contextlib.suppress(OSError):  # a temporary file renamed meanwhile
+                total += os.lstat(os.path.join(root, name)).st_size
+    return total / (1024 * 1024)
 
 
 def output_path(job_dir: Path, name: str) -> Path:
@@ -359,6 +373,7 @@ async def run_md(run: RunContext) -> RunnerExit:
         tolerance=spec.convergence.tolerance_kj_mol, reports=spec.convergence.reports
     )
     seconds_between_checkpoints = spec.checkpoint_interval_s
+    disk_mb = spec.max_disk_mb
     absurd = run.settings.absurd_energy_per_atom_kj_mol
     try:
         with EnergyLog(
@@ -403,7 +418,22 @@ async def run_md(run: RunContext) -> RunnerExit:
                     _report(run, energies, sample, speed=speed, reason=reason)
                     rows = energies.rows
                     await _write_final_state(run, md)
+                    if step != last_checkpoint:  # what an extend continues from (docs/control.md)
+                        await _checkpoint(run, md, store, step, trajectory)
                     break
+                if disk_mb and step % spec.report_interval_steps == 0:
+                    used = await asyncio.to_thread(folder_mb, run.task.job_dir)
+                    if used > disk_mb:  # a runaway: stop at a checkpoint, never retried
+                        if step != last_checkpoint:
+                            await _checkpoint(run, md, store, step, trajectory)
+                        log.error(
+                            "LIMIT_EXCEEDED: the job's folder holds %.0f MiB, its max_disk_mb "
+                            "is %d; stopped at step %d",
+                            used,
+                            disk_mb,
+                            step,
+                        )
+                        return RunnerExit.LIMIT_EXCEEDED
                 due = step % spec.checkpoint_interval_steps == 0 or (
                     seconds_between_checkpoints > 0
                     and time.monotonic() - last_checkpoint_at >= seconds_between_checkpoints

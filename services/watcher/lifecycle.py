@@ -6,9 +6,14 @@ backend's pod updates, and publishes ``pod`` plus the lifecycle event each impli
 attempt than the job's current one changes nothing. A RUNNING job that stays silent for too
 long is declared lost (``attempt_failed`` with FAILURE_LOST) and its pod is deleted, so the
 next attempt never runs beside it; so is the attempt of a job that has lived as long as the
-jobs log keeps events (FAILURE_EXPIRED, ``mdq.core.expiry``). Every event id is derived from
-job, attempt and phase, so two watcher replicas, or a restart that sees every pod again,
-publish each fact once.
+jobs log keeps events (FAILURE_EXPIRED, ``mdq.core.expiry``). A running job that has run
+longer than its ``max_wall_s`` (its attempts together) gets ``limit_exceeded`` and its pod is
+deleted: the runner checkpoints and exits, and recovery fails the job (FAILURE_LIMIT_EXCEEDED).
+The attempt of a job being stopped on request (``JobView.stop``: job control, a limit) that
+ends because it was stopped fails FAILURE_STOPPED, never EVICTED or CRASHED (it is not the
+node's fault either). A pod still pending or running for a job that was CANCELLED is deleted.
+Every event id is derived from job, attempt and phase, so two watcher replicas, or a restart
+that sees every pod again, publish each fact once.
 """
 
 from __future__ import annotations
@@ -37,8 +42,8 @@ from mdq.core.expiry import (
     expiry_message,
     max_job_age,
 )
-from mdq.core.recovery import classify
-from mdq.core.state import JobBook, JobState, JobView
+from mdq.core.recovery import classify_stopped
+from mdq.core.state import JobBook, JobState, JobView, Stop
 
 log = logging.getLogger("mdq.watcher.lifecycle")
 
@@ -137,6 +142,14 @@ class Lifecycle:
         ):
             self._deferred[update.job_id] = update  # the log has not caught up with the pod
             return
+        if (
+            view.state is JobState.CANCELLED
+            and update.attempt == view.attempt
+            and update.phase in (pb.POD_PENDING, pb.POD_RUNNING)
+        ):
+            # cancelled while bound (a cancel that raced a binding): nothing may run it
+            await self._backend.delete_pod(update.pod_name)
+            return
         if update.attempt < view.attempt or view.state.terminal:
             return
         if (
@@ -183,10 +196,20 @@ class Lifecycle:
             return self._publisher.event("succeeded", body, job_id=job, attempt=attempt)
         if update.phase == pb.POD_FAILED and view.state in (JobState.BOUND, JobState.RUNNING):
             last = await self._last_progress(job, attempt)
+            stopping = view.stop is not Stop.NONE
+            reason = classify_stopped(
+                pod_reason=update.reason, exit_code=update.exit_code, stopping=stopping
+            )
+            message = update.message or update.reason
+            if reason == pb.FAILURE_STOPPED:
+                message = f"stopped for a {view.stop.value}: {message}"
+            elif reason == pb.FAILURE_LIMIT_EXCEEDED:
+                limit = view.spec.max_disk_mb
+                message = f"its folder outgrew its max_disk_mb of {limit} MiB: {message}"
             body = pb.AttemptFailed(
-                reason=classify(pod_reason=update.reason, exit_code=update.exit_code),
+                reason=reason,
                 exit_code=update.exit_code,
-                message=update.message or update.reason,
+                message=message,
                 node=update.node,
                 last_step=max(view.last_step, last.step if last else 0),
             )
@@ -232,6 +255,36 @@ class Lifecycle:
             lost.append(view.job_id)
         return lost
 
+    async def check_limits(self) -> list[str]:
+        """Stop every running job that ran longer than its ``max_wall_s`` (``limit_exceeded``,
+        pod deleted: the runner checkpoints and exits); return their ids."""
+        now = self._clock()
+        stopped: list[str] = []
+        if not self._jobs_ready.is_set():
+            return stopped  # the log's tail may have stopped them already
+        for view in list(self.book.jobs.values()):
+            limit = view.spec.max_wall_s
+            if limit <= 0 or view.state is not JobState.RUNNING:
+                continue
+            if view.stop in (Stop.CANCEL, Stop.LIMIT):
+                continue
+            ran = view.ran_s(now)
+            if ran <= limit:
+                continue
+            message = f"ran {ran:.0f} s, its max_wall_s is {limit:g} s"
+            event = self._publisher.event(
+                "limit_exceeded",
+                pb.LimitExceeded(limit="max_wall_s", limit_value=limit, used=ran, message=message),
+                job_id=view.job_id,
+                attempt=view.attempt,
+            )
+            await self._publisher.publish(event)
+            view.apply(event)
+            await self._backend.delete_pod(view.pod_name or ids.pod_name(view.job_id, view.attempt))
+            log.warning("job %s attempt %d stopped: %s", view.job_id, view.attempt, message)
+            stopped.append(view.job_id)
+        return stopped
+
     async def check_expired(self) -> list[str]:
         """End the bound or running attempt of every job that has lived as long as the jobs
         log keeps events, less a day (``FAILURE_EXPIRED``, pod deleted); return their ids."""
@@ -272,6 +325,7 @@ class Lifecycle:
             await asyncio.sleep(self._check_interval_s)
             try:
                 await self.check_lost()
+                await self.check_limits()
                 await self.check_expired()
             except Exception:
                 log.exception("lost-run check failed")

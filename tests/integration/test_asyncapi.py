@@ -30,6 +30,7 @@ from referencing.jsonschema import DRAFT7
 from mdq.bus.codec import decode_submit, to_dict
 from mdq.bus.subjects import Subjects
 from mdq.contracts import asyncapi, pb
+from mdq.core.control import EVENT_KINDS as CONTROL_EVENT_KINDS
 from mdq.core.events import make_event
 from mdq.core.spec import SpecError
 
@@ -132,7 +133,10 @@ def test_every_event_kind_has_its_subject_and_stream(document: dict[str, Any]) -
     channels = document["channels"]
     kinds = [f.name for f in pb.Event.DESCRIPTOR.oneofs_by_name["body"].fields]
     submits = {"submit", "api_submit", "api_submit_reply", "submit_tenant", "api_submit_tenant"}
-    assert set(kinds) | submits == set(channels)
+    controls = {"api_control", "api_control_tenant", "api_control_reply"}
+    assert set(kinds) | submits | controls == set(channels)
+    assert channels["api_control"]["address"] == "mdq.api.control"
+    assert channels["api_control_tenant"]["address"] == "mdq.api.control.{tenant}"
     assert channels["submit"]["address"] == "mdq.submit"
     assert channels["api_submit"]["address"] == "mdq.api.submit"
     assert channels["submit_tenant"]["address"] == "mdq.submit.{tenant}"
@@ -144,8 +148,8 @@ def test_every_event_kind_has_its_subject_and_stream(document: dict[str, Any]) -
     assert channels["rejected"]["address"] == "mdq.rejected.{request_id}"
     assert channels["bound"]["address"] == "mdq.job.{job_id}.bound"
     for name, channel in channels.items():
-        if name in ("api_submit", "api_submit_reply", "api_submit_tenant"):
-            continue
+        if name.startswith(("api_submit", "api_control")):
+            continue  # core request-reply: no stream
         assert channel["x-jetstream"]["stream"] == STREAM_OF_CHANNEL.get(name, "MDQ_JOBS"), name
         for parameter in re.findall(r"\{(\w+)\}", channel["address"]):
             assert channel["parameters"][parameter]["description"], (name, parameter)
@@ -170,6 +174,9 @@ def published_in_code() -> dict[str, set[str]]:
         for source in service.rglob("*.py"):
             for kind in EMITS.findall(source.read_text()):
                 found[kind].add(service.name)
+    # placement publishes the events of job control's decisions (mdq.core.control.Action)
+    for kind in CONTROL_EVENT_KINDS:
+        found[kind].add("placement")
     return dict(found)
 
 

@@ -581,6 +581,26 @@ async def test_a_tenant_submits_on_its_own_subjects_only(attempts_of: dict[str, 
     assert await attempts_of["tenant"].refused([*own, *others]) == set(others)
 
 
+async def test_a_tenant_controls_jobs_on_its_own_subject_only(
+    attempts_of: dict[str, Attempts],
+) -> None:
+    """Job control (docs/control.md): alice may ask on her own subject only, so placement,
+    which takes the tenant from the subject, controls her jobs only; nobody but placement may
+    listen on a control subject (and hear others' requests)."""
+    own = [SUBJECTS.api_control_for(TENANT)]
+    others = [
+        SUBJECTS.api_control,
+        SUBJECTS.api_control_for(OTHER_TENANT),
+        SUBJECTS.api_control_for("*"),
+        f"{SUBJECTS.api_control}.{OTHER_TENANT}.x",
+    ]
+    assert await attempts_of["tenant"].refused([*own, *others]) == set(others)
+    listen = SUBJECTS.api_control_subjects
+    for identity in ("tenant", "cli", "console", "intake", "watcher", "runner"):
+        assert await attempts_of[identity].refused(listen, subscribe=True) == set(listen), identity
+    assert await attempts_of["placement"].refused(listen, subscribe=True) == set()
+
+
 async def test_a_tenant_reads_its_own_stream_and_nothing_else(
     attempts_of: dict[str, Attempts],
 ) -> None:

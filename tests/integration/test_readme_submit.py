@@ -21,6 +21,9 @@ from mdq.core.ids import request_id_for_key
 from mdq.embedded import child_environment
 from mdq.stack import Stack
 from services.intake.app import Intake
+from tests.helpers import RecordingBackend, events_of, node_load, publisher
+from tests.integration.test_control import job as control_job
+from tests.integration.test_control import placement_running
 from tests.integration.test_intake import settings_for, started, wait_for_events
 from tests.integration.test_sdk_cli import _intake_answers
 
@@ -33,7 +36,12 @@ def code_blocks(language: str) -> list[str]:
 
 
 def readme_client() -> str:
-    [snippet] = [block for block in code_blocks("python") if "nats.connect(" in block]
+    [snippet] = [block for block in code_blocks("python") if ".api.submit" in block]
+    return snippet
+
+
+def readme_control_client() -> str:
+    [snippet] = [block for block in code_blocks("python") if ".api.control" in block]
     return snippet
 
 
@@ -58,8 +66,36 @@ async def run(*command: str, env: dict[str, str], cwd: Path) -> tuple[int, str]:
 
 
 def test_the_client_is_about_ten_lines() -> None:
-    lines = [line for line in readme_client().splitlines() if line.strip()]
-    assert len(lines) <= 12, lines
+    for client in (readme_client(), readme_control_client()):
+        lines = [line for line in client.splitlines() if line.strip()]
+        assert len(lines) <= 12, lines
+
+
+async def test_the_readme_control_client_cancels_a_job(
+    nats_url: str, namespace: str, nc: Client, subjects: Subjects, tmp_path: Path
+) -> None:
+    """The plain-NATS job-control snippet, run as written against placement (its leader
+    answers job control) on the test's namespace: the job it names ends CANCELLED."""
+    js = nc.jetstream()
+    bus = publisher(js, subjects)
+    await bus.publish(node_load("n1", cpu_capacity=1))
+    await bus.publish(control_job("abcdefabcdef-w", cpu=8))  # fits nowhere: stays PENDING
+    async with placement_running(nc, subjects, RecordingBackend()):
+        script = tmp_path / "control.py"
+        script.write_text(readme_control_client())
+        env = child_environment(NATS_URL=nats_url, MDQ_NAMESPACE=namespace)
+        code, output = await run(
+            sys.executable, str(script), env={**env, "JOB_ID": "abcdefabcdef-w"}, cwd=tmp_path
+        )
+    assert code == 0, output
+    [outcome] = ast.literal_eval(output.strip().splitlines()[-1])
+    assert (outcome["job_id"], outcome["result"], outcome["state"]) == (
+        "abcdefabcdef-w",
+        "CONTROL_DONE",
+        "CANCELLED",
+    )
+    [cancelled] = await events_of(js, subjects, "cancelled")
+    assert cancelled.job_id == "abcdefabcdef-w"
 
 
 async def test_the_readme_python_client_submits_both_ways(

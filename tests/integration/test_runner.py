@@ -271,10 +271,12 @@ async def test_checkpoint_events_match_the_files_on_disk(
     runner = await start_runner(task)
 
     assert await runner.wait() == RunnerExit.OK, runner.stderr
-    await events.wait_until(lambda: len(events.checkpoints) >= 2)
+    await events.wait_until(lambda: len(events.checkpoints) >= 3)
     _, checkpoints = events.of_attempt(1)
-    assert [c.step for c in checkpoints] == [100, 200]
-    for checkpoint in checkpoints:
+    # the last is of the final step: what an extend continues from
+    assert [c.step for c in checkpoints] == [100, 200, 300]
+    assert not await asyncio.to_thread(Path(checkpoints[0].path).exists), "the newest two kept"
+    for checkpoint in checkpoints[1:]:
         path = Path(checkpoint.path)
         assert path.parent == task.job_dir / "checkpoints"
         assert on_disk(path) == (checkpoint.sha256, checkpoint.size_bytes)
@@ -329,13 +331,13 @@ async def test_resume_after_kill_continues_the_trajectory(
     assert steps == list(range(20, spec.steps + 1, 20)), "the energy table is one trajectory"
     kept = sorted(path.name for path in (first_task.job_dir / "checkpoints").iterdir())
     assert kept == [
-        "ckpt-000000002800.chk",
-        "ckpt-000000002800.json",
-        "ckpt-000000002800.xml",
         "ckpt-000000002900.chk",
         "ckpt-000000002900.json",
         "ckpt-000000002900.xml",
-    ], "the newest checkpoint and the one before it are kept, nothing else"
+        "ckpt-000000003000.chk",
+        "ckpt-000000003000.json",
+        "ckpt-000000003000.xml",
+    ], "the newest checkpoint (the final step's) and the one before it are kept, nothing else"
 
 
 async def test_a_retry_on_another_cluster_resumes_from_the_copied_checkpoint(
@@ -394,22 +396,22 @@ async def test_corrupt_resume_checkpoint_falls_back_to_the_previous_one(
     events = await tap(nc, subjects, first_task.job_id)
     first = await start_runner(first_task)
     assert await first.wait() == RunnerExit.OK, first.stderr
-    await events.wait_until(lambda: len(events.checkpoints) >= 2)
+    await events.wait_until(lambda: len(events.checkpoints) >= 3)
     _, checkpoints = events.of_attempt(1)
     newest = checkpoints[-1]
-    assert newest.step == 200
+    assert newest.step == 300  # the final step's
     flip_bytes(Path(newest.path))
 
     second = await start_runner(
         make_task(data_dir, "job-corrupt", spec, attempt=2, resume_from=newest)
     )
     assert await second.wait() == RunnerExit.OK, second.stderr
-    await events.wait_until(lambda: len(events.of_attempt(2)[0]) >= 4)
+    await events.wait_until(lambda: len(events.of_attempt(2)[0]) >= 2)
     after, _ = events.of_attempt(2)
-    assert after[0].step == 150, "resumed from the checkpoint of step 100"
+    assert after[0].step == 250, "resumed from the checkpoint of step 200"
     assert after[-1].step == 300
     assert "falling back to checkpoint" in second.stderr
-    assert "ckpt-000000000100.xml" in second.stderr
+    assert "ckpt-000000000200.xml" in second.stderr
 
 
 async def test_a_pruned_resume_checkpoint_falls_back_to_the_newest_one_on_disk(
@@ -585,3 +587,29 @@ async def test_exploding_simulation_exits_unstable(
     assert "NaN" in runner.stderr
     assert not any(event.progress.done_reason for event in events.progress)
     assert not (task.job_dir / "final_state.xml").exists()
+
+
+async def test_a_folder_past_max_disk_mb_stops_at_a_checkpoint(
+    nc: Client, subjects: Subjects, data_dir: Path, start_runner: StartRunner
+) -> None:
+    """A runaway trajectory (a frame every step) fills the job's folder past its max_disk_mb:
+    the runner checkpoints and exits LIMIT_EXCEEDED (FAILURE_LIMIT_EXCEEDED: never retried)
+    long before its step target."""
+    spec = md_spec(
+        "md",
+        steps=1_000_000,
+        report_interval_steps=10,
+        checkpoint_interval_steps=500_000,
+        trajectory_interval_steps=1,
+        max_disk_mb=1,
+    )
+    task = make_task(data_dir, "job-disk", spec)
+    events = await tap(nc, subjects, task.job_id)
+    runner = await start_runner(task)
+    assert await runner.wait() == RunnerExit.LIMIT_EXCEEDED, runner.stderr
+    assert "LIMIT_EXCEEDED: the job's folder holds" in runner.stderr
+    await events.wait_until(lambda: bool(events.checkpoints))
+    progress, checkpoints = events.of_attempt(1)
+    [checkpoint] = checkpoints
+    assert checkpoint.step == progress[-1].step < spec.steps
+    assert sha256_file(checkpoint.path) == checkpoint.sha256

@@ -18,7 +18,7 @@ from mdq.core.events import make_event
 from mdq.core.node_health import NodeHealthPolicy
 from mdq.core.placement import PlacementConfig, Preemption
 from mdq.core.placement_state import PlacementState
-from mdq.core.state import AttemptRecord, JobState, JobView
+from mdq.core.state import AttemptRecord, JobState, JobView, Stop
 from mdq.core.timestamps import set_timestamp
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -612,6 +612,8 @@ def test_pruned_jobs_leave_no_trace_but_their_final_state() -> None:
         "learned": 0,
         "missing": 0,
         "ended_since_prune": 0,
+        "stopping": 0,
+        "orphan_pods": 0,
     }
     assert state.final_state("alice.1-a") is JobState.SUCCEEDED
     assert state.tenants() == ["alice"]
@@ -837,6 +839,10 @@ def test_a_view_round_trips_every_field() -> None:
             ),
             2: AttemptRecord(attempt=2),
         },
+        hold="PENDING",
+        stop=Stop.HOLD,
+        stop_origin=pb.ControlOrigin(control_id="c1", requested_by="ann", reason="why"),
+        stop_message="m",
     )
     data = json.loads(json.dumps(view.to_dict()))
     assert set(data) == {f.name for f in fields(JobView)}, "a field left out of the snapshot"

@@ -55,7 +55,7 @@ def test_each_batched_insert_names_every_column_of_its_model_once(
 def test_placeholders_follow_the_table_order() -> None:
     values = projection._INSERT_JOB.split("VALUES (", 1)[1].split(")", 1)[0].split(", ")
     assert values == [
-        f"${i}::jsonb" if column.name == "spec" else f"${i}"
+        f"${i}::jsonb" if column.name in ("spec", "control") else f"${i}"
         for i, column in enumerate(projection._JOB_TABLE, 1)
     ]
     assert projection._UPDATE_JOB.endswith("WHERE job_id = $1")

@@ -251,10 +251,13 @@ def service_permissions(identity: str, subjects: Subjects, names: Names = Names(
         publish += _bucket(subjects.waiting_bucket, write=True, own=True)
         publish += _bucket(lease_bucket, write=True, own=True)
         publish += _bucket(subjects.placement_snapshot_bucket, write=True, own=True)
+        # job control's answers, by control key (services.placement.control)
+        publish += _bucket(subjects.control_bucket, write=True, own=True)
         publish += _local_buckets(subjects, names, pods=True, nodes=False)
         publish += _bucket(subjects.clusters_lost_bucket, write=False)
         publish += _bucket(subjects.tenants_bucket, write=False)
         subscribe.append(subjects.runner_creds(">"))  # it mints every runner's credentials
+        subscribe += subjects.api_control_subjects  # job control, answered by the leader
         respond = True
     elif identity == "watcher":
         jobs_consumer, progress_consumer = names.watcher_consumers
@@ -288,13 +291,13 @@ def service_permissions(identity: str, subjects: Subjects, names: Names = Names(
         )
     elif identity == "console":
         # a reader of every job's events (ordered consumers: live charts and states, the
-        # nodes' load and their last hour) that may submit on the operator's request-reply
-        # entrance (its submit page)
-        publish += [subjects.api_submit]
+        # nodes' load and their last hour) that may submit and control jobs on the operator's
+        # request-reply entrances (its submit page, its job-control buttons)
+        publish += [subjects.api_submit, subjects.api_control]
         publish += [*_read_stream(jobs), *_read_stream(progress), *_read_stream(nodes)]
         publish += _read_stream(summaries)
     elif identity == "cli":
-        publish += [subjects.submit, subjects.api_submit]
+        publish += [subjects.submit, subjects.api_submit, subjects.api_control]
         # what a person reads, with mdq's commands or any stock client: ordered and pull
         # consumers of its own (never a service's durable: ``_protected``)
         read = (jobs, progress, nodes, summaries)
@@ -337,14 +340,19 @@ def tenant_of_identity(identity: str) -> str:
 
 
 def tenant_permissions(subjects: Subjects, tenant: str) -> Permissions:
-    """A tenant may submit on its own subjects, and read and follow its own stream (its jobs'
-    events, refusals and progress, ``Subjects.tenant_stream``): nothing else. Not even the
+    """A tenant may submit and control jobs on its own subjects (placement acts on its own
+    jobs only), and read and follow its own stream (its jobs' events, refusals and progress,
+    ``Subjects.tenant_stream``): nothing else. Not even the
     names of the streams or the account's figures (``$JS.API.STREAM.NAMES`` would list the
     other tenants' streams): a tenant's client names its stream itself."""
     identity = tenant_identity(tenant)
     stream = subjects.tenant_stream(tenant)
     prefix = inbox_prefix(identity)
-    publish = [subjects.submit_for(tenant), subjects.api_submit_for(tenant)]
+    publish = [
+        subjects.submit_for(tenant),
+        subjects.api_submit_for(tenant),
+        subjects.api_control_for(tenant),
+    ]
     publish += [*_read_stream(stream), *_pull_reader(stream)]
     return Permissions(
         identity=identity,

@@ -429,10 +429,10 @@ async def open_bucket(
 def bucket_limits(subjects: Subjects, storage: StorageSettings) -> dict[str, tuple[int, float]]:
     """Every bucket of the namespace -> (size limit in bytes, age limit in seconds, 0: none).
 
-    Only intake's registry (its duplicate window) has an age limit of these settings; the
-    waiting view and the lease set their own short ones when they make their bucket, and the
-    policies, the snapshots and the local backend's tables are state kept in place (one value
-    per key), not history, so they have none."""
+    Only intake's registry and job control's answers (the duplicate window) have an age limit
+    of these settings; the waiting view and the lease set their own short ones when they make
+    their bucket, and the policies, the snapshots and the local backend's tables are state kept
+    in place (one value per key), not history, so they have none."""
     bucket = int(storage.bucket_bytes)
     limits = {
         name: (bucket, 0.0)
@@ -447,6 +447,8 @@ def bucket_limits(subjects: Subjects, storage: StorageSettings) -> dict[str, tup
         )
     }
     limits[subjects.intake_bucket] = (int(storage.registry_bytes), storage.registry_days * DAY_S)
+    # job control's answers, for the same duplicate window as submits'
+    limits[subjects.control_bucket] = (int(storage.registry_bytes), storage.registry_days * DAY_S)
     return limits
 
 

@@ -73,6 +73,26 @@ class Subjects:
         """Request-reply submits of ``tenant`` ("" = the operator)."""
         return f"{self.api_submit}.{tenant}" if tenant else self.api_submit
 
+    @property
+    def api_control(self) -> str:
+        """Request-reply job control of the operator's identity (placement's leader answers)."""
+        return f"{self.namespace}.api.control"
+
+    def api_control_for(self, tenant: str = "") -> str:
+        """Request-reply job control of ``tenant`` ("" = the operator): the server lets each
+        tenant request only on its own token, and placement controls that tenant's jobs only."""
+        return f"{self.api_control}.{tenant}" if tenant else self.api_control
+
+    @property
+    def api_control_subjects(self) -> list[str]:
+        """Every job-control subject: the operator's and each tenant's."""
+        return [self.api_control, self.api_control_for("*")]
+
+    def tenant_of_control(self, subject: str) -> str:
+        """The tenant whose job-control subject ``subject`` is ("" = the operator)."""
+        prefix = self.api_control + "."
+        return subject[len(prefix) :] if subject.startswith(prefix) else ""
+
     def runner_creds(self, job_id: str = "*") -> str:
         """Where the runner of ``job_id`` asks for fresh credentials (request-reply;
         ``mdq.bus.runner_creds``); ">" for every job, tenants' two-token ids included."""
@@ -250,6 +270,12 @@ class Subjects:
     def tenants_bucket(self) -> str:
         """KV bucket of the admin: each tenant's policy (JSON, key: the tenant's name)."""
         return f"{self.namespace}_tenants"
+
+    @property
+    def control_bucket(self) -> str:
+        """KV bucket of placement: each job-control request's key, content and answer (what a
+        resend with the same key is answered), for the duplicate window."""
+        return f"{self.namespace}_control"
 
     @property
     def intake_bucket(self) -> str:

@@ -297,6 +297,10 @@ def explain(
             title = f"attempt {event.attempt}: cluster {event.bound.cluster}"
             console.print(clusters_table(title, list(event.bound.clusters), event.bound.cluster))
         console.print(bound_table(event))
+    if view is not None and view.state is JobState.HELD:
+        console.print(f"held: it is not placed until released (mdq release {job_id})")
+    if view is not None and view.stop.value:
+        console.print(f"being stopped for a {view.stop.value} (docs/control.md)")
     waiting = None
     if view is not None and view.state in (JobState.WAITING, JobState.PENDING):
         url, namespace = endpoints.nats_url, endpoints.namespace

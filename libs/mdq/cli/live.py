@@ -26,8 +26,10 @@ STATE_STYLES = {
     "BOUND": "cyan",
     "RUNNING": "blue",
     "RECOVERING": "magenta",
+    "HELD": "yellow",
     "SUCCEEDED": "green",
     "FAILED": "bold red",
+    "CANCELLED": "dim",
 }
 
 

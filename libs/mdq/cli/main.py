@@ -15,7 +15,9 @@ the stack a running ``mdq up`` recorded in ``<state>/stack.json``):
 * ``mdq submit FILE [--wait]`` — exit 2 with the field and message when refused;
 * ``mdq watch [JOB...]`` — live progress bars until the jobs end (no ids: every active job);
 * ``mdq ls`` / ``mdq show JOB`` — the history in PostgreSQL;
-* ``mdq nodes`` — the latest load of every node.
+* ``mdq nodes`` — the latest load of every node;
+* ``mdq cancel | hold | release | requeue | reprioritize | extend`` — job control
+  (``mdq.cli.control``, docs/control.md).
 
 ``mdq credentials --out DIR`` writes a deployment's NATS credentials (``mdq.auth.generate``):
 what ``make compose-secrets`` and ``make deploy-dev-secrets`` run. ``mdq tenant add NAME``
@@ -56,6 +58,7 @@ from mdq.cli import history
 from mdq.cli import recommend as recommendations
 from mdq.cli import status as stack_status
 from mdq.cli.context import Endpoints, GlobalOptions, NoEndpoint, resolve_endpoints
+from mdq.cli.control import register as register_control
 from mdq.cli.explain import explain as explain_command
 from mdq.cli.explain import waiting_entry
 from mdq.cli.live import follow_jobs, format_eta
@@ -802,6 +805,12 @@ def credentials(
         )
 
 
+def _run_control(ctx: typer.Context, work: Callable[[MdqClient], Awaitable[int]]) -> int:
+    """Run a job-control command's ``work`` with a client of the context's endpoints."""
+    return _run(_with_client(_endpoints(ctx), work))
+
+
+register_control(app, run=_run_control, console=console, err=err_console)
 app.add_typer(tenants_app, name="tenant")
 app.command("explain")(explain_command)
 app.command("replay")(replay_command)

@@ -373,6 +373,15 @@ def add(
     max_share: Annotated[
         float, typer.Option(help="Most of the cluster (0 to 1) it may hold at once (-1: no cap).")
     ] = -1.0,
+    max_steps_per_job: Annotated[
+        int, typer.Option(help="A job's step target at most (0: the operator's default).")
+    ] = 0,
+    max_wall_s: Annotated[
+        float, typer.Option(help="Seconds a job may run (0: the operator's default).")
+    ] = 0.0,
+    max_disk_mb: Annotated[
+        int, typer.Option(help="MiB a job's folder may hold (0: the operator's default).")
+    ] = 0,
     database_admin_url: DatabaseAdminUrl = None,
 ) -> None:
     """Add a tenant (or change its limits): its credentials (<secrets>/tenants/NAME.creds),
@@ -389,6 +398,9 @@ def add(
             weight=weight,
             guaranteed_share=guaranteed_share or None,
             max_share=None if max_share < 0 else max_share,
+            max_steps_per_job=max_steps_per_job or None,
+            max_wall_s=max_wall_s or None,
+            max_disk_mb=max_disk_mb or None,
         )
     except (TenantNameError, ValueError) as error:
         err_console.print(f"[red]{error}[/]")

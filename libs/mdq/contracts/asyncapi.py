@@ -504,11 +504,20 @@ def generate(subjects: Subjects | None = None) -> dict[str, Any]:
             event=False,
         ),
     }
+    for name in ("ControlRequest", "ControlReply"):
+        messages[name] = _message(
+            name,
+            summary=comments.get(getattr(pb, name).DESCRIPTOR.full_name, ""),
+            payload=name,
+            content_type="application/json",
+            event=False,
+        )
     messages["SubmitRequest"]["description"] = (
         "JSON (the protobuf JSON mapping) or protobuf binary (`application/x-protobuf`); "
         "a reply is in the encoding of its request."
     )
-    messages["SubmitReply"]["description"] = messages["SubmitRequest"]["description"]
+    for name in ("SubmitReply", "ControlRequest", "ControlReply"):
+        messages[name]["description"] = messages["SubmitRequest"]["description"]
 
     submit_stream = stream_of(subjects, subjects.submit)
     tenant_submits = _describe(tenant_submit_stream_config(subjects, "{tenant}"))
@@ -554,6 +563,29 @@ def generate(subjects: Subjects | None = None) -> dict[str, Any]:
             "description": "The reply subject (an inbox) that the requester gave.",
             "messages": {"SubmitReply": {"$ref": "#/components/messages/SubmitReply"}},
         },
+        "api_control": {
+            "address": subjects.api_control,
+            "title": "Job control (request-reply)",
+            "description": "Cancel, hold, release, requeue, reprioritize or extend jobs, by id, "
+            "request id or labels (docs/control.md); placement's leader answers every request "
+            "with a ControlReply (each job's outcome, or the error with the field at fault), "
+            "idempotent under its control key. "
+            + _stream_text(stream_of(subjects, subjects.api_control)),
+            "messages": {"ControlRequest": {"$ref": "#/components/messages/ControlRequest"}},
+        },
+        "api_control_tenant": {
+            "address": subjects.api_control_for("{tenant}"),
+            "title": "Job control of a tenant (request-reply)",
+            "description": "A tenant's job control, as `api_control`, for its own jobs only.",
+            "parameters": _parameters(subjects.api_control_for("{tenant}")),
+            "messages": {"ControlRequest": {"$ref": "#/components/messages/ControlRequest"}},
+        },
+        "api_control_reply": {
+            "address": None,
+            "title": "Job control reply",
+            "description": "The reply subject (an inbox) that the requester gave.",
+            "messages": {"ControlReply": {"$ref": "#/components/messages/ControlReply"}},
+        },
     }
     operations: dict[str, Schema] = {
         "intake_receives_submit": {
@@ -580,6 +612,28 @@ def generate(subjects: Subjects | None = None) -> dict[str, Any]:
             "summary": "intake reads a tenant's captured submits through the same consumer.",
             "tags": [{"name": "intake"}],
             "messages": [{"$ref": "#/channels/submit_tenant/messages/SubmitRequest"}],
+        },
+        "placement_answers_api_control": {
+            "action": "receive",
+            "channel": {"$ref": "#/channels/api_control"},
+            "summary": "placement's leader answers a job-control request.",
+            "tags": [{"name": "placement"}],
+            "messages": [{"$ref": "#/channels/api_control/messages/ControlRequest"}],
+            "reply": {
+                "channel": {"$ref": "#/channels/api_control_reply"},
+                "messages": [{"$ref": "#/channels/api_control_reply/messages/ControlReply"}],
+            },
+        },
+        "placement_answers_api_control_tenant": {
+            "action": "receive",
+            "channel": {"$ref": "#/channels/api_control_tenant"},
+            "summary": "placement's leader answers a tenant's job-control request.",
+            "tags": [{"name": "placement"}],
+            "messages": [{"$ref": "#/channels/api_control_tenant/messages/ControlRequest"}],
+            "reply": {
+                "channel": {"$ref": "#/channels/api_control_reply"},
+                "messages": [{"$ref": "#/channels/api_control_reply/messages/ControlReply"}],
+            },
         },
         "intake_answers_api_submit_tenant": {
             "action": "receive",

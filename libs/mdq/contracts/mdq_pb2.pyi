@@ -39,6 +39,26 @@ class TrajectoryFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TRAJECTORY_DCD: _ClassVar[TrajectoryFormat]
     TRAJECTORY_XTC: _ClassVar[TrajectoryFormat]
 
+class ControlVerb(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CONTROL_VERB_UNSPECIFIED: _ClassVar[ControlVerb]
+    CONTROL_CANCEL: _ClassVar[ControlVerb]
+    CONTROL_HOLD: _ClassVar[ControlVerb]
+    CONTROL_RELEASE: _ClassVar[ControlVerb]
+    CONTROL_REQUEUE: _ClassVar[ControlVerb]
+    CONTROL_REPRIORITIZE: _ClassVar[ControlVerb]
+    CONTROL_EXTEND: _ClassVar[ControlVerb]
+
+class ControlResult(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CONTROL_RESULT_UNSPECIFIED: _ClassVar[ControlResult]
+    CONTROL_DONE: _ClassVar[ControlResult]
+    CONTROL_STOPPING: _ClassVar[ControlResult]
+    CONTROL_UNCHANGED: _ClassVar[ControlResult]
+    CONTROL_NOT_APPLICABLE: _ClassVar[ControlResult]
+    CONTROL_NOT_FOUND: _ClassVar[ControlResult]
+    CONTROL_FORBIDDEN: _ClassVar[ControlResult]
+
 class FailureReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     FAILURE_REASON_UNSPECIFIED: _ClassVar[FailureReason]
@@ -55,6 +75,8 @@ class FailureReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FAILURE_ENVIRONMENT: _ClassVar[FailureReason]
     FAILURE_EXPIRED: _ClassVar[FailureReason]
     FAILURE_CLUSTER_LOST: _ClassVar[FailureReason]
+    FAILURE_STOPPED: _ClassVar[FailureReason]
+    FAILURE_LIMIT_EXCEEDED: _ClassVar[FailureReason]
 
 class PodPhase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -80,6 +102,20 @@ NONBONDED_NO_CUTOFF: NonbondedMethod
 TRAJECTORY_FORMAT_UNSPECIFIED: TrajectoryFormat
 TRAJECTORY_DCD: TrajectoryFormat
 TRAJECTORY_XTC: TrajectoryFormat
+CONTROL_VERB_UNSPECIFIED: ControlVerb
+CONTROL_CANCEL: ControlVerb
+CONTROL_HOLD: ControlVerb
+CONTROL_RELEASE: ControlVerb
+CONTROL_REQUEUE: ControlVerb
+CONTROL_REPRIORITIZE: ControlVerb
+CONTROL_EXTEND: ControlVerb
+CONTROL_RESULT_UNSPECIFIED: ControlResult
+CONTROL_DONE: ControlResult
+CONTROL_STOPPING: ControlResult
+CONTROL_UNCHANGED: ControlResult
+CONTROL_NOT_APPLICABLE: ControlResult
+CONTROL_NOT_FOUND: ControlResult
+CONTROL_FORBIDDEN: ControlResult
 FAILURE_REASON_UNSPECIFIED: FailureReason
 FAILURE_CRASHED: FailureReason
 FAILURE_OOM_KILLED: FailureReason
@@ -94,6 +130,8 @@ FAILURE_QUARANTINED: FailureReason
 FAILURE_ENVIRONMENT: FailureReason
 FAILURE_EXPIRED: FailureReason
 FAILURE_CLUSTER_LOST: FailureReason
+FAILURE_STOPPED: FailureReason
+FAILURE_LIMIT_EXCEEDED: FailureReason
 POD_PHASE_UNSPECIFIED: PodPhase
 POD_PENDING: PodPhase
 POD_RUNNING: PodPhase
@@ -217,7 +255,7 @@ class Convergence(_message.Message):
     def __init__(self, tolerance_kj_mol: _Optional[float] = ..., reports: _Optional[int] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "task", "system", "temperature_k", "timestep_fs", "steps", "report_interval_steps", "checkpoint_interval_steps", "convergence", "resources", "priority_class", "depends_on", "max_retries", "friction_per_ps", "seed", "labels", "integrator", "barostat", "nonbonded_method", "cutoff_nm", "platform", "checkpoint_interval_s", "trajectory_interval_steps", "trajectory_format", "clusters")
+    __slots__ = ("name", "task", "system", "temperature_k", "timestep_fs", "steps", "report_interval_steps", "checkpoint_interval_steps", "convergence", "resources", "priority_class", "depends_on", "max_retries", "friction_per_ps", "seed", "labels", "integrator", "barostat", "nonbonded_method", "cutoff_nm", "platform", "checkpoint_interval_s", "trajectory_interval_steps", "trajectory_format", "clusters", "max_wall_s", "max_disk_mb")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -250,6 +288,8 @@ class JobSpec(_message.Message):
     TRAJECTORY_INTERVAL_STEPS_FIELD_NUMBER: _ClassVar[int]
     TRAJECTORY_FORMAT_FIELD_NUMBER: _ClassVar[int]
     CLUSTERS_FIELD_NUMBER: _ClassVar[int]
+    MAX_WALL_S_FIELD_NUMBER: _ClassVar[int]
+    MAX_DISK_MB_FIELD_NUMBER: _ClassVar[int]
     name: str
     task: Task
     system: System
@@ -275,7 +315,9 @@ class JobSpec(_message.Message):
     trajectory_interval_steps: int
     trajectory_format: TrajectoryFormat
     clusters: ClusterSelector
-    def __init__(self, name: _Optional[str] = ..., task: _Optional[_Union[Task, str]] = ..., system: _Optional[_Union[System, _Mapping]] = ..., temperature_k: _Optional[float] = ..., timestep_fs: _Optional[float] = ..., steps: _Optional[int] = ..., report_interval_steps: _Optional[int] = ..., checkpoint_interval_steps: _Optional[int] = ..., convergence: _Optional[_Union[Convergence, _Mapping]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., priority_class: _Optional[str] = ..., depends_on: _Optional[_Iterable[str]] = ..., max_retries: _Optional[int] = ..., friction_per_ps: _Optional[float] = ..., seed: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., integrator: _Optional[_Union[Integrator, str]] = ..., barostat: _Optional[_Union[Barostat, _Mapping]] = ..., nonbonded_method: _Optional[_Union[NonbondedMethod, str]] = ..., cutoff_nm: _Optional[float] = ..., platform: _Optional[str] = ..., checkpoint_interval_s: _Optional[float] = ..., trajectory_interval_steps: _Optional[int] = ..., trajectory_format: _Optional[_Union[TrajectoryFormat, str]] = ..., clusters: _Optional[_Union[ClusterSelector, _Mapping]] = ...) -> None: ...
+    max_wall_s: float
+    max_disk_mb: int
+    def __init__(self, name: _Optional[str] = ..., task: _Optional[_Union[Task, str]] = ..., system: _Optional[_Union[System, _Mapping]] = ..., temperature_k: _Optional[float] = ..., timestep_fs: _Optional[float] = ..., steps: _Optional[int] = ..., report_interval_steps: _Optional[int] = ..., checkpoint_interval_steps: _Optional[int] = ..., convergence: _Optional[_Union[Convergence, _Mapping]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., priority_class: _Optional[str] = ..., depends_on: _Optional[_Iterable[str]] = ..., max_retries: _Optional[int] = ..., friction_per_ps: _Optional[float] = ..., seed: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., integrator: _Optional[_Union[Integrator, str]] = ..., barostat: _Optional[_Union[Barostat, _Mapping]] = ..., nonbonded_method: _Optional[_Union[NonbondedMethod, str]] = ..., cutoff_nm: _Optional[float] = ..., platform: _Optional[str] = ..., checkpoint_interval_s: _Optional[float] = ..., trajectory_interval_steps: _Optional[int] = ..., trajectory_format: _Optional[_Union[TrajectoryFormat, str]] = ..., clusters: _Optional[_Union[ClusterSelector, _Mapping]] = ..., max_wall_s: _Optional[float] = ..., max_disk_mb: _Optional[int] = ...) -> None: ...
 
 class ClusterSelector(_message.Message):
     __slots__ = ("require", "prefer")
@@ -299,8 +341,82 @@ class ClusterSelector(_message.Message):
     prefer: _containers.ScalarMap[str, str]
     def __init__(self, require: _Optional[_Mapping[str, str]] = ..., prefer: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
+class ControlRequest(_message.Message):
+    __slots__ = ("control_key", "verb", "job_ids", "request_id", "labels", "reason", "requested_by", "priority_class", "extend_steps")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    CONTROL_KEY_FIELD_NUMBER: _ClassVar[int]
+    VERB_FIELD_NUMBER: _ClassVar[int]
+    JOB_IDS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_BY_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_CLASS_FIELD_NUMBER: _ClassVar[int]
+    EXTEND_STEPS_FIELD_NUMBER: _ClassVar[int]
+    control_key: str
+    verb: ControlVerb
+    job_ids: _containers.RepeatedScalarFieldContainer[str]
+    request_id: str
+    labels: _containers.ScalarMap[str, str]
+    reason: str
+    requested_by: str
+    priority_class: str
+    extend_steps: int
+    def __init__(self, control_key: _Optional[str] = ..., verb: _Optional[_Union[ControlVerb, str]] = ..., job_ids: _Optional[_Iterable[str]] = ..., request_id: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., reason: _Optional[str] = ..., requested_by: _Optional[str] = ..., priority_class: _Optional[str] = ..., extend_steps: _Optional[int] = ...) -> None: ...
+
+class ControlOutcome(_message.Message):
+    __slots__ = ("job_id", "result", "state", "attempt", "message")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    result: ControlResult
+    state: str
+    attempt: int
+    message: str
+    def __init__(self, job_id: _Optional[str] = ..., result: _Optional[_Union[ControlResult, str]] = ..., state: _Optional[str] = ..., attempt: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class ControlError(_message.Message):
+    __slots__ = ("field", "message")
+    FIELD_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    field: str
+    message: str
+    def __init__(self, field: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class ControlReply(_message.Message):
+    __slots__ = ("control_id", "outcomes", "error", "matched", "omitted", "counts")
+    class CountsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    CONTROL_ID_FIELD_NUMBER: _ClassVar[int]
+    OUTCOMES_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    MATCHED_FIELD_NUMBER: _ClassVar[int]
+    OMITTED_FIELD_NUMBER: _ClassVar[int]
+    COUNTS_FIELD_NUMBER: _ClassVar[int]
+    control_id: str
+    outcomes: _containers.RepeatedCompositeFieldContainer[ControlOutcome]
+    error: ControlError
+    matched: int
+    omitted: int
+    counts: _containers.ScalarMap[str, int]
+    def __init__(self, control_id: _Optional[str] = ..., outcomes: _Optional[_Iterable[_Union[ControlOutcome, _Mapping]]] = ..., error: _Optional[_Union[ControlError, _Mapping]] = ..., matched: _Optional[int] = ..., omitted: _Optional[int] = ..., counts: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
 class Event(_message.Message):
-    __slots__ = ("event_id", "job_id", "attempt", "time", "producer", "submitted", "rejected", "released", "bound", "started", "succeeded", "attempt_failed", "requeued", "failed", "progress", "checkpoint", "pod", "outputs", "usage", "copied", "fetched", "node_load", "node_summary")
+    __slots__ = ("event_id", "job_id", "attempt", "time", "producer", "submitted", "rejected", "released", "bound", "started", "succeeded", "attempt_failed", "requeued", "failed", "progress", "checkpoint", "pod", "outputs", "usage", "copied", "fetched", "cancel_requested", "cancelled", "held", "node_load", "node_summary", "unheld", "requeue_requested", "reprioritized", "extended", "limit_exceeded")
     EVENT_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
@@ -322,8 +438,16 @@ class Event(_message.Message):
     USAGE_FIELD_NUMBER: _ClassVar[int]
     COPIED_FIELD_NUMBER: _ClassVar[int]
     FETCHED_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_REQUESTED_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
     NODE_LOAD_FIELD_NUMBER: _ClassVar[int]
     NODE_SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    UNHELD_FIELD_NUMBER: _ClassVar[int]
+    REQUEUE_REQUESTED_FIELD_NUMBER: _ClassVar[int]
+    REPRIORITIZED_FIELD_NUMBER: _ClassVar[int]
+    EXTENDED_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_EXCEEDED_FIELD_NUMBER: _ClassVar[int]
     event_id: str
     job_id: str
     attempt: int
@@ -345,9 +469,17 @@ class Event(_message.Message):
     usage: AttemptUsage
     copied: CheckpointCopied
     fetched: CopyFetched
+    cancel_requested: CancelRequested
+    cancelled: JobCancelled
+    held: JobHeld
     node_load: NodeLoad
     node_summary: NodeLoadSummary
-    def __init__(self, event_id: _Optional[str] = ..., job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., producer: _Optional[str] = ..., submitted: _Optional[_Union[JobSubmitted, _Mapping]] = ..., rejected: _Optional[_Union[JobRejected, _Mapping]] = ..., released: _Optional[_Union[JobReleased, _Mapping]] = ..., bound: _Optional[_Union[JobBound, _Mapping]] = ..., started: _Optional[_Union[JobStarted, _Mapping]] = ..., succeeded: _Optional[_Union[JobSucceeded, _Mapping]] = ..., attempt_failed: _Optional[_Union[AttemptFailed, _Mapping]] = ..., requeued: _Optional[_Union[JobRequeued, _Mapping]] = ..., failed: _Optional[_Union[JobFailed, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., pod: _Optional[_Union[PodStatus, _Mapping]] = ..., outputs: _Optional[_Union[JobOutputs, _Mapping]] = ..., usage: _Optional[_Union[AttemptUsage, _Mapping]] = ..., copied: _Optional[_Union[CheckpointCopied, _Mapping]] = ..., fetched: _Optional[_Union[CopyFetched, _Mapping]] = ..., node_load: _Optional[_Union[NodeLoad, _Mapping]] = ..., node_summary: _Optional[_Union[NodeLoadSummary, _Mapping]] = ...) -> None: ...
+    unheld: JobUnheld
+    requeue_requested: RequeueRequested
+    reprioritized: JobReprioritized
+    extended: JobExtended
+    limit_exceeded: LimitExceeded
+    def __init__(self, event_id: _Optional[str] = ..., job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., producer: _Optional[str] = ..., submitted: _Optional[_Union[JobSubmitted, _Mapping]] = ..., rejected: _Optional[_Union[JobRejected, _Mapping]] = ..., released: _Optional[_Union[JobReleased, _Mapping]] = ..., bound: _Optional[_Union[JobBound, _Mapping]] = ..., started: _Optional[_Union[JobStarted, _Mapping]] = ..., succeeded: _Optional[_Union[JobSucceeded, _Mapping]] = ..., attempt_failed: _Optional[_Union[AttemptFailed, _Mapping]] = ..., requeued: _Optional[_Union[JobRequeued, _Mapping]] = ..., failed: _Optional[_Union[JobFailed, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., pod: _Optional[_Union[PodStatus, _Mapping]] = ..., outputs: _Optional[_Union[JobOutputs, _Mapping]] = ..., usage: _Optional[_Union[AttemptUsage, _Mapping]] = ..., copied: _Optional[_Union[CheckpointCopied, _Mapping]] = ..., fetched: _Optional[_Union[CopyFetched, _Mapping]] = ..., cancel_requested: _Optional[_Union[CancelRequested, _Mapping]] = ..., cancelled: _Optional[_Union[JobCancelled, _Mapping]] = ..., held: _Optional[_Union[JobHeld, _Mapping]] = ..., node_load: _Optional[_Union[NodeLoad, _Mapping]] = ..., node_summary: _Optional[_Union[NodeLoadSummary, _Mapping]] = ..., unheld: _Optional[_Union[JobUnheld, _Mapping]] = ..., requeue_requested: _Optional[_Union[RequeueRequested, _Mapping]] = ..., reprioritized: _Optional[_Union[JobReprioritized, _Mapping]] = ..., extended: _Optional[_Union[JobExtended, _Mapping]] = ..., limit_exceeded: _Optional[_Union[LimitExceeded, _Mapping]] = ...) -> None: ...
 
 class JobSubmitted(_message.Message):
     __slots__ = ("spec", "request_id", "idempotency_key", "depends_on_ids", "submitted_by", "recommended")
@@ -485,6 +617,94 @@ class FailureCordon(_message.Message):
     until: _timestamp_pb2.Timestamp
     failures: int
     def __init__(self, node: _Optional[str] = ..., until: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., failures: _Optional[int] = ...) -> None: ...
+
+class ControlOrigin(_message.Message):
+    __slots__ = ("control_id", "requested_by", "tenant", "reason")
+    CONTROL_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_BY_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    control_id: str
+    requested_by: str
+    tenant: str
+    reason: str
+    def __init__(self, control_id: _Optional[str] = ..., requested_by: _Optional[str] = ..., tenant: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class CancelRequested(_message.Message):
+    __slots__ = ("origin",)
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    origin: ControlOrigin
+    def __init__(self, origin: _Optional[_Union[ControlOrigin, _Mapping]] = ...) -> None: ...
+
+class JobCancelled(_message.Message):
+    __slots__ = ("origin", "dependency", "message")
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    DEPENDENCY_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    origin: ControlOrigin
+    dependency: str
+    message: str
+    def __init__(self, origin: _Optional[_Union[ControlOrigin, _Mapping]] = ..., dependency: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class JobHeld(_message.Message):
+    __slots__ = ("origin",)
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    origin: ControlOrigin
+    def __init__(self, origin: _Optional[_Union[ControlOrigin, _Mapping]] = ...) -> None: ...
+
+class JobUnheld(_message.Message):
+    __slots__ = ("origin",)
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    origin: ControlOrigin
+    def __init__(self, origin: _Optional[_Union[ControlOrigin, _Mapping]] = ...) -> None: ...
+
+class RequeueRequested(_message.Message):
+    __slots__ = ("origin",)
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    origin: ControlOrigin
+    def __init__(self, origin: _Optional[_Union[ControlOrigin, _Mapping]] = ...) -> None: ...
+
+class JobReprioritized(_message.Message):
+    __slots__ = ("origin", "priority_class", "previous")
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_CLASS_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_FIELD_NUMBER: _ClassVar[int]
+    origin: ControlOrigin
+    priority_class: str
+    previous: str
+    def __init__(self, origin: _Optional[_Union[ControlOrigin, _Mapping]] = ..., priority_class: _Optional[str] = ..., previous: _Optional[str] = ...) -> None: ...
+
+class JobExtended(_message.Message):
+    __slots__ = ("origin", "added_steps", "spec", "resume_from", "request_id", "depends_on_ids", "submitted_at", "resources")
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    ADDED_STEPS_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FROM_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    DEPENDS_ON_IDS_FIELD_NUMBER: _ClassVar[int]
+    SUBMITTED_AT_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    origin: ControlOrigin
+    added_steps: int
+    spec: JobSpec
+    resume_from: Checkpoint
+    request_id: str
+    depends_on_ids: _containers.RepeatedScalarFieldContainer[str]
+    submitted_at: _timestamp_pb2.Timestamp
+    resources: Resources
+    def __init__(self, origin: _Optional[_Union[ControlOrigin, _Mapping]] = ..., added_steps: _Optional[int] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., resume_from: _Optional[_Union[Checkpoint, _Mapping]] = ..., request_id: _Optional[str] = ..., depends_on_ids: _Optional[_Iterable[str]] = ..., submitted_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ...) -> None: ...
+
+class LimitExceeded(_message.Message):
+    __slots__ = ("limit", "limit_value", "used", "message")
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_VALUE_FIELD_NUMBER: _ClassVar[int]
+    USED_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    limit: str
+    limit_value: float
+    used: float
+    message: str
+    def __init__(self, limit: _Optional[str] = ..., limit_value: _Optional[float] = ..., used: _Optional[float] = ..., message: _Optional[str] = ...) -> None: ...
 
 class JobStarted(_message.Message):
     __slots__ = ("node", "pod_name")

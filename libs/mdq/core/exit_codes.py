@@ -23,3 +23,6 @@ class RunnerExit(IntEnum):
     """The runner hit its memory limit (MemoryError under RLIMIT_AS)."""
     NO_SPACE = 7
     """The data disk was full (ENOSPC or EDQUOT): the environment failed, not the job."""
+    LIMIT_EXCEEDED = 8
+    """The job's folder outgrew its ``max_disk_mb``: a checkpoint was written and the runner
+    stopped; the job fails for good (FAILURE_LIMIT_EXCEEDED)."""

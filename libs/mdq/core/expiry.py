@@ -45,6 +45,6 @@ def expiry_message(view: JobView, now: datetime, jobs_log_days: float) -> str:
 
 ENDED_BY_THE_WATCHER = frozenset({JobState.BOUND, JobState.RUNNING})
 """An attempt with a pod: ``attempt_failed`` and the pod deleted."""
-ENDED_BY_PLACEMENT = frozenset({JobState.WAITING, JobState.PENDING})
+ENDED_BY_PLACEMENT = frozenset({JobState.WAITING, JobState.PENDING, JobState.HELD})
 """No attempt under way: ``failed``. (RECOVERING is recovery's to decide first; it becomes
 one of the others.)"""

@@ -20,6 +20,8 @@ What is kept, incrementally, as events are folded (no pass over all jobs per eve
 - per job, the stream sequence of its last ``bound`` (the publish fence, ``fence_sequence``);
 - per node, the recent crashes (``NodeHealth``) and the time of the latest job lost with it;
 - the preemptors' nominations (held room) and the victims being terminated, in memory only;
+- the jobs being stopped on request (``stopping``: job control, a limit) and the pods of jobs
+  cancelled while they held a node (``take_orphan_pods``), for the service to delete;
 - per ended job forgotten by ``prune``, its final state: all a chain needs of it (whether the
   dependency succeeded; the spec is not kept), for the ``ended_memory`` jobs that ended last
   (or were looked up last). Memory is bounded by that, not by the history: a dependency that
@@ -55,7 +57,7 @@ from mdq.core.placement import (
     node_filter,
     queue_key,
 )
-from mdq.core.state import JobBook, JobState, JobView, event_time
+from mdq.core.state import JobBook, JobState, JobView, Stop, event_time
 from mdq.core.tenants import QUEUED_STATES, TenantPolicy, cpu_quota_reason, cpu_room, policy_applies
 
 HOLDING = (JobState.BOUND, JobState.RUNNING)
@@ -177,6 +179,14 @@ class PlacementState:
         job depends on them (``prune`` drops the others)."""
         self._ended_since: list[str] = []
         """Jobs that ended since the last ``prune``."""
+        self._stopping: set[str] = set()
+        """Live jobs whose attempt is being stopped on request (``JobView.stop`` set)."""
+        self._unknown_fences: set[str] = set()
+        """Jobs extended after ``prune`` forgot them: the sequence of their last ``bound`` (the
+        publish fence) is to be read from the log before they are bound again."""
+        self._orphan_pods: set[tuple[str, int]] = set()
+        """(job, attempt) of jobs that ended CANCELLED while they held a node: their pod may
+        still run (a cancel that raced a binding) and is to be deleted."""
 
     # -- folding the log -------------------------------------------------------------------
     def apply(self, sequence: int, event: pb.Event) -> Folded | None:
@@ -194,6 +204,13 @@ class PlacementState:
         view = self.book.apply(sequence, event)
         if view is None:
             return None
+        if kind == "extended":  # an ended job lives again: no longer one to remember
+            self._ended.pop(view.job_id, None)
+            self._ended_cluster.pop(view.job_id, None)
+            if view.job_id not in self._last_bound_seq:
+                self._unknown_fences.add(view.job_id)
+        elif kind == "reprioritized":  # its queue entry holds the old priority
+            self._queued.pop((view.job_id, view.attempt), None)
         self._index(view)
         if kind != "attempt_failed":
             return Folded(view)
@@ -213,6 +230,8 @@ class PlacementState:
         is a no-op later); False if it changed nothing."""
         if not view.apply(event):
             return False
+        if event.WhichOneof("body") == "reprioritized":
+            self._queued.pop((view.job_id, view.attempt), None)
         self._index(view)
         return True
 
@@ -267,8 +286,8 @@ class PlacementState:
             self._indexed_state[view.job_id] = view.state
             if tenant := ids.tenant_of(view.job_id):
                 self._count_queued(tenant, filed, view.state)
-            if view.state is JobState.SUCCEEDED or view.state is JobState.FAILED:
-                self._ended_since.append(view.job_id)  # terminal: it never changes again
+            if view.state.terminal:
+                self._ended_since.append(view.job_id)  # forgotten at the next prune
         before = self._holding.get(view.job_id)
         now_holding = (
             (view.node, view.resources.cpu, int(view.resources.memory_mb))
@@ -280,6 +299,8 @@ class PlacementState:
                 self._reserve(view.job_id, before, -1)
                 del self._holding[view.job_id]
                 self._forget_inflight(before[0], view.job_id)
+                if view.state is JobState.CANCELLED:
+                    self._orphan_pods.add((view.job_id, view.attempt))
             if now_holding is not None:
                 self._reserve(view.job_id, now_holding, +1)
                 self._holding[view.job_id] = now_holding
@@ -287,6 +308,10 @@ class PlacementState:
             self._terminating.discard(view.job_id)
         if view.state is not JobState.PENDING:
             self._nominations.pop(view.job_id, None)
+        if view.stop is not Stop.NONE and not view.state.terminal:
+            self._stopping.add(view.job_id)
+        else:
+            self._stopping.discard(view.job_id)
 
     def _reserve(self, job_id: str, holding: tuple[str, float, int], sign: int) -> None:
         node, cpu, memory = holding
@@ -384,6 +409,34 @@ class PlacementState:
             )
         return work
 
+    # -- job control --------------------------------------------------------------------------
+    def stopping(self) -> list[JobView]:
+        """The live jobs whose attempt is being stopped on request (``JobView.stop``), by id."""
+        return [self.book.jobs[job_id] for job_id in sorted(self._stopping)]
+
+    def take_unknown_fences(self) -> list[str]:
+        """Extended jobs whose last ``bound`` is to be read from the log (``fence_learned``
+        tells it); each handed out once."""
+        unknown = sorted(self._unknown_fences)
+        self._unknown_fences.clear()
+        return unknown
+
+    def ask_fence_again(self, job_id: str) -> None:
+        """The look-up of ``job_id``'s last ``bound`` failed: hand it out again."""
+        self._unknown_fences.add(job_id)
+
+    def fence_learned(self, job_id: str, sequence: int) -> None:
+        """The service read ``job_id``'s last ``bound`` from the log: at ``sequence``."""
+        if sequence > self._last_bound_seq.get(job_id, 0):
+            self._last_bound_seq[job_id] = sequence
+
+    def take_orphan_pods(self) -> list[tuple[str, int]]:
+        """(job, attempt) of the pods to delete because their job was cancelled while it held
+        a node; each handed out once."""
+        orphans = sorted(self._orphan_pods)
+        self._orphan_pods.clear()
+        return orphans
+
     # -- what to decide on ------------------------------------------------------------------
     def views(self, state: JobState) -> list[JobView]:
         """The jobs in ``state`` (terminal states: only those ended since the last prune)."""
@@ -392,6 +445,13 @@ class PlacementState:
     def count(self, state: JobState) -> int:
         """How many jobs are in ``state``."""
         return len(self._by_state[state])
+
+    def cancelled_dependencies(self, view: JobView) -> tuple[str, ...]:
+        """The dependencies of a waiting (or held while waiting) job that were CANCELLED: the
+        job is cancelled with them."""
+        return tuple(
+            dep for dep in view.depends_on_ids if self.final_state(dep) is JobState.CANCELLED
+        )
 
     def dependency_verdict(self, view: JobView) -> tuple[str, ...] | None:
         """For a WAITING job: None while it must wait; its failed dependencies when it fails
@@ -489,6 +549,8 @@ class PlacementState:
         jobs: list[QueuedJob] = []
         for view in self.views(JobState.PENDING):
             if view.not_before is not None and view.not_before > now:
+                continue
+            if view.stop is Stop.CANCEL:  # cancelled before it is bound (the service ends it)
                 continue
             job = self._queued_job(view)
             nomination = self._nominations.get(view.job_id)
@@ -679,9 +741,10 @@ class PlacementState:
         being acted on (the service does it once per loop)."""
         forgotten = 0
         for job_id in self._ended_since:
-            view = self.book.jobs.pop(job_id, None)
-            if view is None:
+            view = self.book.jobs.get(job_id)
+            if view is None or not view.state.terminal:  # gone, or extended since it ended
                 continue
+            del self.book.jobs[job_id]
             self._remember_ended(job_id, view.state, cluster_of(view.node))
             self._by_state[view.state].discard(job_id)
             self._indexed_state.pop(job_id, None)
@@ -713,6 +776,8 @@ class PlacementState:
             "learned": len(self._learned),
             "missing": len(self._missing),
             "ended_since_prune": len(self._ended_since),
+            "stopping": len(self._stopping),
+            "orphan_pods": len(self._orphan_pods),
         }
 
     # -- snapshot ---------------------------------------------------------------------------

@@ -8,8 +8,15 @@ Each failure class gets the policy it calls for:
   (the lost cluster's files are out of reach); the steps between the latest checkpoint and
   that copy are the copy's lag, recorded with the steps lost;
 - lost (silent): retry at once, counted (the old attempt is fenced off by the watcher);
-- unstable (NaN energy) / invalid input: fail at once — retrying will not help.
+- unstable (NaN energy) / invalid input / a runaway limit crossed: fail at once — retrying
+  will not help.
 Every retry resumes from the latest checkpoint; the steps done past it are the lost work.
+
+An attempt stopped on request (``JobView.stop``: job control, a limit; docs/control.md) is
+decided by the request: a cancel ends the job CANCELLED (``Cancel``), a limit ends it FAILED
+(FAILURE_LIMIT_EXCEEDED), a hold or a requeue queues the next attempt at once from the
+checkpoint the stop wrote, never counted against max_retries (the fold leaves a held job
+HELD). A hold or requeue whose attempt failed some other way first is decided as that failure.
 """
 
 from __future__ import annotations
@@ -20,19 +27,30 @@ from datetime import datetime, timedelta
 
 from mdq.contracts import pb
 from mdq.core.exit_codes import RunnerExit
-from mdq.core.state import JobView
+from mdq.core.state import JobView, Stop
 from mdq.core.timestamps import set_timestamp
 
 NOT_THE_JOBS_FAULT = frozenset(
-    {pb.FAILURE_EVICTED, pb.FAILURE_NODE_LOST, pb.FAILURE_CLUSTER_LOST, pb.FAILURE_ENVIRONMENT}
+    {
+        pb.FAILURE_EVICTED,
+        pb.FAILURE_NODE_LOST,
+        pb.FAILURE_CLUSTER_LOST,
+        pb.FAILURE_ENVIRONMENT,
+        pb.FAILURE_STOPPED,
+    }
 )
 BACKED_OFF = frozenset({pb.FAILURE_CRASHED, pb.FAILURE_ENVIRONMENT})
 """Failures retried after an exponential backoff (per class): a crash, or a full disk that
 needs time to free."""
-NOT_WORTH_RETRYING = frozenset({pb.FAILURE_UNSTABLE, pb.FAILURE_INVALID_INPUT, pb.FAILURE_EXPIRED})
+NOT_WORTH_RETRYING = frozenset(
+    {pb.FAILURE_UNSTABLE, pb.FAILURE_INVALID_INPUT, pb.FAILURE_EXPIRED, pb.FAILURE_LIMIT_EXCEEDED}
+)
 MOVE_TO_ANOTHER_NODE = frozenset(
     {pb.FAILURE_EVICTED, pb.FAILURE_NODE_LOST, pb.FAILURE_CLUSTER_LOST, pb.FAILURE_LOST}
 )
+STOP_SIGNAL_EXITS = frozenset({128 + 15, 128 + 9})
+"""Exit codes of a container ended by the signals a pod's deletion sends (SIGTERM, then
+SIGKILL after the grace period)."""
 CLUSTER_LOST_REASON = "ClusterLost"
 """The pod reason of an attempt whose whole cluster was declared lost
 (``mdq.backends.clusters``)."""
@@ -55,7 +73,27 @@ def classify(*, pod_reason: str, exit_code: int) -> pb.FailureReason:
         return pb.FAILURE_INVALID_INPUT
     if exit_code == RunnerExit.NO_SPACE:
         return pb.FAILURE_ENVIRONMENT
+    if exit_code == RunnerExit.LIMIT_EXCEEDED:
+        return pb.FAILURE_LIMIT_EXCEEDED
     return pb.FAILURE_CRASHED
+
+
+def classify_stopped(*, pod_reason: str, exit_code: int, stopping: bool) -> pb.FailureReason:
+    """``classify``, for an attempt whose job may be being stopped on request (``stopping``):
+    a runner that stopped on the request was STOPPED, not evicted or crashed: it exited
+    PREEMPTED, its pod was deleted or evicted, or it died of the stop's own signals (a container
+    that ends on SIGTERM exits 143, one killed after the grace period 137); every other end (an
+    OOM kill, a blow-up on the way) is what it was."""
+    reason = classify(pod_reason=pod_reason, exit_code=exit_code)
+    if stopping and (
+        reason == pb.FAILURE_EVICTED
+        or (
+            reason == pb.FAILURE_CRASHED
+            and (pod_reason.lower() == "deleted" or exit_code in STOP_SIGNAL_EXITS)
+        )
+    ):
+        return pb.FAILURE_STOPPED
+    return reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,11 +145,20 @@ class GiveUp:
     message: str
 
 
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """End the job CANCELLED: its attempt was stopped for a cancel."""
+
+    origin: pb.ControlOrigin
+    message: str
+
+
 def failure_history(view: JobView) -> list[tuple[int, pb.AttemptFailed]]:
-    """(attempt, failure) for every failed attempt so far, oldest first."""
+    """(attempt, failure) for every failed attempt of the run in force (since the job was
+    submitted or extended), oldest first."""
     return [
-        (number, record.failure)
-        for number, record in sorted(view.attempts.items())
+        (record.attempt, record.failure)
+        for record in view.run_attempts()
         if record.failure is not None
     ]
 
@@ -129,13 +176,12 @@ def crash_loop(view: JobView, policy: RecoveryPolicy) -> int:
     """How many of the latest attempts failed identically without progress (0 if the latest
     streak is shorter than the policy's threshold)."""
     streak: list[tuple[int, int]] = []
-    for number in sorted(view.attempts, reverse=True):
-        record = view.attempts[number]
+    for record in reversed(view.run_attempts()):
         failure = record.failure
         if failure is None or failure.last_step > record.resumed_from_step:
             break
-        if failure.reason == pb.FAILURE_ENVIRONMENT:
-            break  # a full disk fails every job alike: no sign of this job looping
+        if failure.reason in (pb.FAILURE_ENVIRONMENT, pb.FAILURE_STOPPED):
+            break  # a full disk fails every job alike, a stop was asked for: no loop
         signature = (failure.reason, failure.exit_code)
         if streak and signature != streak[0]:
             break
@@ -143,13 +189,27 @@ def crash_loop(view: JobView, policy: RecoveryPolicy) -> int:
     return len(streak) if len(streak) >= policy.quarantine_after else 0
 
 
+def cancel_message(origin: pb.ControlOrigin) -> str:
+    """How a cancel reads in the job's history: "cancelled by alice: wrong temperature"."""
+    who = origin.requested_by or (f"tenant {origin.tenant}" if origin.tenant else "the operator")
+    return f"cancelled by {who}" + (f": {origin.reason}" if origin.reason else "")
+
+
 def decide(
     view: JobView, policy: RecoveryPolicy = RecoveryPolicy(), now: datetime | None = None
-) -> Requeue | GiveUp | Wait:
+) -> Requeue | GiveUp | Wait | Cancel:
     """What to do with a job whose current attempt failed."""
     failure = view.current.failure
     if failure is None:
         raise ValueError(f"job {view.job_id} attempt {view.attempt} has not failed")
+    if view.stop is Stop.CANCEL:
+        origin = view.stop_origin or pb.ControlOrigin()
+        return Cancel(origin, cancel_message(origin))
+    if view.stop is Stop.LIMIT:
+        return GiveUp(
+            pb.FAILURE_LIMIT_EXCEEDED,
+            f"{view.stop_message or 'a runaway limit was crossed'}: {describe_attempts(view)}",
+        )
     reason = failure.reason
     history = failure_history(view)
     if reason in NOT_WORTH_RETRYING:
@@ -162,8 +222,11 @@ def decide(
             f"{describe_attempts(view)}",
         )
     counted = [f for _, f in history if f.reason not in NOT_THE_JOBS_FAULT]
-    disruptions = len(history) - len(counted)
-    if reason in NOT_THE_JOBS_FAULT:
+    # stops were asked for: neither the job's fault nor a disruption to bound
+    disruptions = sum(1 for _, f in history if f.reason != pb.FAILURE_STOPPED) - len(counted)
+    if reason == pb.FAILURE_STOPPED:
+        pass
+    elif reason in NOT_THE_JOBS_FAULT:
         if disruptions > policy.max_disruptions:
             return GiveUp(pb.FAILURE_RETRIES_EXHAUSTED, describe_attempts(view))
     elif len(counted) > view.spec.max_retries:
@@ -195,7 +258,10 @@ def decide(
         delay = min(
             policy.backoff_max_s, policy.backoff_base_s * policy.backoff_factor ** (alike - 1)
         )
-    avoid = (failure.node,) if reason in MOVE_TO_ANOTHER_NODE and failure.node else ()
+    moved = reason in MOVE_TO_ANOTHER_NODE or (
+        reason == pb.FAILURE_STOPPED and view.stop is Stop.REQUEUE  # placed anew, off the node
+    )
+    avoid = (failure.node,) if moved and failure.node else ()
     return Requeue(
         attempt=view.attempt + 1,
         resume_from=checkpoint,

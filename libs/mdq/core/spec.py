@@ -24,6 +24,10 @@ from mdq.core.text import first_nul
 
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9-]{0,39}$")
 PRIORITY_CLASSES: dict[str, int] = {"high": 1000, "normal": 500, "low": 100}
+MAX_WALL_S = 1e8
+"""The most wall time a job may ask for (``max_wall_s``), about three years."""
+MAX_DISK_MB = 1 << 30
+"""The most disk a job may ask for (``max_disk_mb``, MiB): a PiB."""
 MAX_JOBS_PER_SUBMIT = 500
 MAX_KEY_LENGTH = 200
 MAX_LABELS = 32
@@ -66,6 +70,8 @@ RANGES: dict[str, tuple[float, float]] = {
     "mdq.v1.JobSpec.checkpoint_interval_steps": (1, 1e9),
     "mdq.v1.JobSpec.max_retries": (0, 20),
     "mdq.v1.JobSpec.checkpoint_interval_s": (1.0, 1e6),
+    "mdq.v1.JobSpec.max_wall_s": (1.0, MAX_WALL_S),
+    "mdq.v1.JobSpec.max_disk_mb": (1, MAX_DISK_MB),
     "mdq.v1.JobSpec.trajectory_interval_steps": (1, 1e9),
     "mdq.v1.JobSpec.cutoff_nm": CUTOFF_RANGE_NM,
     "mdq.v1.Convergence.tolerance_kj_mol": (0.0, 1e9),
@@ -311,6 +317,10 @@ def _normalize_engine(job: pb.JobSpec, path: str) -> None:
     if job.checkpoint_interval_s != 0:
         seconds = job.checkpoint_interval_s
         _check_range(path, "checkpoint_interval_s", seconds, *_JOB["checkpoint_interval_s"])
+    if job.max_wall_s != 0:  # 0: the tenant's limit (intake fills it in)
+        _check_range(path, "max_wall_s", job.max_wall_s, *_JOB["max_wall_s"])
+    if job.max_disk_mb != 0:
+        _check_range(path, "max_disk_mb", job.max_disk_mb, *_JOB["max_disk_mb"])
     if job.trajectory_interval_steps != 0:
         every = job.trajectory_interval_steps
         _check_range(path, "trajectory_interval_steps", every, *_JOB["trajectory_interval_steps"])

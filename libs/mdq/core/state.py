@@ -2,7 +2,16 @@
 
 Every service that needs a job's state (placement, recovery, the watcher, ``mdq replay``)
 folds the same log with ``JobView.apply``, so they agree. Fencing lives here: an event of an
-attempt other than the job's current one is ignored, and terminal states accept nothing.
+attempt other than the job's current one is ignored, and terminal states accept nothing but
+an ``extended`` of a SUCCEEDED job (the one way back, as a new attempt).
+
+Job control (docs/control.md) is folded here too. A job that runs nothing (WAITING, PENDING,
+HELD) is CANCELLED or HELD by one event. A bound or running job is *stopped*: the request
+(``cancel_requested``, ``held``, ``requeue_requested``, ``limit_exceeded``) sets ``stop`` and
+its pod is deleted; the runner checkpoints and exits, the attempt fails FAILURE_STOPPED, and
+recovery decides what follows from ``stop`` (``cancelled``, or ``requeued``, which leaves a
+held job HELD). A cancel is sticky: whatever state the job reaches before its ``cancelled``,
+the ``stop`` stays until a terminal event, so no race loses it.
 """
 
 from __future__ import annotations
@@ -26,21 +35,54 @@ class JobState(StrEnum):
     BOUND = "BOUND"
     RUNNING = "RUNNING"
     RECOVERING = "RECOVERING"
+    HELD = "HELD"
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
 
     @property
     def terminal(self) -> bool:
         return self in TERMINAL_STATES
 
 
-TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED})
+TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+LIVE_STATES = frozenset({JobState.BOUND, JobState.RUNNING})
+"""States of a job whose attempt has a pod: stopping it means deleting the pod."""
+IDLE_STATES = frozenset({JobState.WAITING, JobState.PENDING, JobState.HELD})
+"""States of a job with no attempt under way (nothing to stop, nothing to decide)."""
 
 ATTEMPT_EVENTS = frozenset(
-    {"bound", "started", "succeeded", "attempt_failed", "progress", "checkpoint", "pod", "fetched"}
+    {
+        "bound",
+        "started",
+        "succeeded",
+        "attempt_failed",
+        "progress",
+        "checkpoint",
+        "pod",
+        "fetched",
+        "requeue_requested",
+        "limit_exceeded",
+    }
 )
-TIMED_EVENTS = frozenset({"started", "progress", "succeeded", "attempt_failed", "failed"})
+TIMED_EVENTS = frozenset(
+    {"started", "progress", "succeeded", "attempt_failed", "failed", "cancelled", "extended"}
+)
 """Events whose time ``JobView.apply`` records."""
+
+
+class Stop(StrEnum):
+    """Why a job's attempt is being stopped (``JobView.stop``)."""
+
+    NONE = ""
+    CANCEL = "cancel"
+    """A cancel: the job ends CANCELLED (sticky until the job ends)."""
+    HOLD = "hold"
+    """A hold: the job is requeued HELD."""
+    REQUEUE = "requeue"
+    """A requeue: the job is requeued at once."""
+    LIMIT = "limit"
+    """A runaway limit: the job ends FAILED (FAILURE_LIMIT_EXCEEDED)."""
 
 
 def event_time(event: pb.Event) -> datetime:
@@ -49,10 +91,14 @@ def event_time(event: pb.Event) -> datetime:
 
 
 # -- plain (JSON-able) forms, for snapshots of a service's state ----------------------------------
-Message = TypeVar("Message", pb.JobSpec, pb.Checkpoint, pb.Resources, pb.AttemptFailed)
+Message = TypeVar(
+    "Message", pb.JobSpec, pb.Checkpoint, pb.Resources, pb.AttemptFailed, pb.ControlOrigin
+)
 
 
-def message_text(message: pb.JobSpec | pb.Checkpoint | pb.Resources | pb.AttemptFailed) -> str:
+def message_text(
+    message: pb.JobSpec | pb.Checkpoint | pb.Resources | pb.AttemptFailed | pb.ControlOrigin,
+) -> str:
     """A message as base64 of its (deterministic) wire format."""
     return base64.b64encode(message.SerializeToString(deterministic=True)).decode("ascii")
 
@@ -168,6 +214,18 @@ class JobView:
     final_reason: str = ""
     final_message: str = ""
     attempts: dict[int, AttemptRecord] = field(default_factory=dict)
+    hold: str = ""
+    """"" when not held; else the state a release returns the job to (WAITING or PENDING). Set
+    as soon as a hold is folded, also while the job's attempt is still being stopped."""
+    stop: Stop = Stop.NONE
+    """Why the job's attempt is being stopped (job control, a runaway limit)."""
+    stop_origin: pb.ControlOrigin | None = None
+    """Who asked for ``stop``, and why (None for a limit)."""
+    stop_message: str = ""
+    """For people: the limit crossed, for a ``Stop.LIMIT``."""
+    since_attempt: int = 1
+    """The first attempt of the run in force: 1, or the attempt an extend began. Its wall time
+    (``ran_s``) and its failures count from there; earlier attempts are history."""
 
     @classmethod
     def from_submitted(cls, event: pb.Event) -> JobView:
@@ -183,6 +241,32 @@ class JobView:
         )
         view.resources.CopyFrom(body.spec.resources)
         view.attempts[1] = AttemptRecord(attempt=1)
+        return view
+
+    @classmethod
+    def from_extended(cls, event: pb.Event) -> JobView:
+        """A view from a job's ``extended`` event, for a fold that forgot the ended job: what
+        the extended job needs from here on (its earlier attempts are history)."""
+        body = event.extended
+        resume = pb.Checkpoint()
+        resume.CopyFrom(body.resume_from)
+        view = cls(
+            job_id=event.job_id,
+            spec=body.spec,
+            request_id=body.request_id,
+            depends_on_ids=tuple(body.depends_on_ids),
+            submitted_at=to_datetime(body.submitted_at),
+            state=JobState.PENDING,
+            attempt=event.attempt,
+            last_step=resume.step,
+            latest_checkpoint=resume if body.HasField("resume_from") else None,
+            resume_from=resume if body.HasField("resume_from") else None,
+        )
+        view.resources.CopyFrom(body.resources)
+        view.attempts[event.attempt] = AttemptRecord(
+            attempt=event.attempt, resumed_from_step=view.last_step
+        )
+        view.since_attempt = event.attempt
         return view
 
     def to_dict(self) -> dict[str, Any]:
@@ -213,7 +297,35 @@ class JobView:
             "final_reason": self.final_reason,
             "final_message": self.final_message,
             "attempts": [record.to_dict() for record in self.attempts.values()],
+            "hold": self.hold,
+            "stop": self.stop.value,
+            "stop_origin": None if self.stop_origin is None else message_text(self.stop_origin),
+            "stop_message": self.stop_message,
+            "since_attempt": self.since_attempt,
         }
+
+    def control_dict(self) -> dict[str, Any]:
+        """The job-control part of the view (hold, stop) as JSON-able values, {} when there is
+        none (``apply_control_dict`` reads it back; the projection stores it as a column)."""
+        out: dict[str, Any] = {}
+        if self.hold:
+            out["hold"] = self.hold
+        if self.stop:
+            out["stop"] = self.stop.value
+        if self.stop_origin is not None:
+            out["stop_origin"] = message_text(self.stop_origin)
+        if self.stop_message:
+            out["stop_message"] = self.stop_message
+        return out
+
+    def apply_control_dict(self, data: dict[str, Any]) -> None:
+        """Take the job-control part ``control_dict`` wrote (missing keys: none)."""
+        self.hold = str(data.get("hold", ""))
+        self.stop = Stop(data.get("stop", ""))
+        origin = data.get("stop_origin")
+        self.stop_origin = None if not origin else message_from_text(pb.ControlOrigin, origin)
+        self.stop_message = str(data.get("stop_message", ""))
+        self.since_attempt = int(data.get("since_attempt", 1))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> JobView:
@@ -223,7 +335,7 @@ class JobView:
         assert submitted_at is not None
         records = [AttemptRecord.from_dict(record) for record in data["attempts"]]
         potential = data["last_potential"]
-        return cls(
+        view = cls(
             job_id=data["job_id"],
             spec=message_from_text(pb.JobSpec, data["spec"]),
             request_id=data["request_id"],
@@ -252,6 +364,8 @@ class JobView:
             final_message=data["final_message"],
             attempts={record.attempt: record for record in records},
         )
+        view.apply_control_dict(data)  # older snapshots: no job control
+        return view
 
     @property
     def priority(self) -> int:
@@ -269,7 +383,7 @@ class JobView:
         """Fold one event in; return False if it was ignored (stale, duplicate, terminal)."""
         kind = event.WhichOneof("body")
         if self.state.terminal:
-            return False
+            return kind == "extended" and self._extend(event)
         if kind in ATTEMPT_EVENTS and event.attempt != self.attempt:
             return False
         at = event_time(event) if kind in TIMED_EVENTS else EPOCH  # only these read it
@@ -341,6 +455,8 @@ class JobView:
                 self.state = JobState.RECOVERING
                 self.current.failure = event.attempt_failed
                 self.current.ended_at = at
+                # the furthest step known, whether its report or the failure came first
+                self.last_step = max(self.last_step, event.attempt_failed.last_step)
             case "requeued":
                 if self.state is not JobState.RECOVERING or event.attempt != self.attempt + 1:
                     return False
@@ -348,11 +464,14 @@ class JobView:
                 self.current.steps_lost = requeue.steps_lost
                 self.current.copy_lag_steps = requeue.copy_lag_steps
                 self.attempt = event.attempt
-                self.state = JobState.PENDING
+                self.state = JobState.HELD if self.hold else JobState.PENDING
+                if self.stop is not Stop.CANCEL:  # a cancel stays until the job ends
+                    self.stop, self.stop_origin, self.stop_message = Stop.NONE, None, ""
                 self.node = self.pod_name = ""
                 self.resume_from = requeue.resume_from if requeue.HasField("resume_from") else None
                 self.last_step = self.resume_from.step if self.resume_from else 0
                 self.last_progress_at = None
+                self.last_potential = None  # the new attempt has reported nothing yet
                 if requeue.HasField("resources"):
                     self.resources.CopyFrom(requeue.resources)
                 self.avoid_nodes = tuple(requeue.avoid_nodes)
@@ -367,9 +486,96 @@ class JobView:
                 self.current.ended_at = self.current.ended_at or at
             case "pod":
                 self.current.pod_phase = event.pod.phase
+            case "cancel_requested":
+                if self.stop is Stop.CANCEL:
+                    return False
+                self.stop, self.stop_origin = Stop.CANCEL, event.cancel_requested.origin
+                self.stop_message = ""
+            case "cancelled":
+                self.state = JobState.CANCELLED
+                self.final_reason = JobState.CANCELLED.value
+                self.final_message = event.cancelled.message
+                self.current.ended_at = self.current.ended_at or at
+            case "held":
+                if self.hold:
+                    return False
+                if self.state in (JobState.WAITING, JobState.PENDING):
+                    self.hold, self.state = self.state.value, JobState.HELD
+                else:  # stopped first (bound, running), or decided first (recovering)
+                    self.hold = JobState.PENDING.value
+                    if self.state in LIVE_STATES and self.stop is Stop.NONE:
+                        self.stop, self.stop_origin = Stop.HOLD, event.held.origin
+            case "unheld":
+                if not self.hold:
+                    return False
+                if self.state is JobState.HELD:
+                    self.state = JobState(self.hold)
+                self.hold = ""
+            case "requeue_requested":
+                if self.state not in LIVE_STATES or self.stop is not Stop.NONE:
+                    return False
+                self.stop, self.stop_origin = Stop.REQUEUE, event.requeue_requested.origin
+            case "limit_exceeded":
+                if self.state not in LIVE_STATES or self.stop in (Stop.CANCEL, Stop.LIMIT):
+                    return False
+                self.stop, self.stop_origin = Stop.LIMIT, None
+                self.stop_message = event.limit_exceeded.message
+            case "reprioritized":
+                priority = event.reprioritized.priority_class
+                if priority == self.spec.priority_class:
+                    return False
+                spec = pb.JobSpec()  # a copy: the spec may be a message others hold
+                spec.CopyFrom(self.spec)
+                spec.priority_class = priority
+                self.spec = spec
             case _:
                 return False
         return True
+
+    def _extend(self, event: pb.Event) -> bool:
+        """Fold an ``extended`` into an ended job: a SUCCEEDED one is PENDING again, as the new
+        attempt (its earlier attempts stay as they were)."""
+        if self.state is not JobState.SUCCEEDED or event.attempt <= self.attempt:
+            return False
+        fresh = JobView.from_extended(event)
+        self.spec = fresh.spec
+        self.state = JobState.PENDING
+        self.attempt = fresh.attempt
+        self.node = self.pod_name = ""
+        self.last_step = fresh.last_step
+        self.last_progress_at = None
+        self.last_potential = None
+        self.done_reason = ""
+        self.latest_checkpoint = fresh.latest_checkpoint
+        self.resume_from = fresh.resume_from
+        self.resources.CopyFrom(fresh.resources)
+        self.avoid_nodes = ()
+        self.not_before = None
+        self.final_reason = self.final_message = ""
+        self.hold, self.stop, self.stop_origin, self.stop_message = "", Stop.NONE, None, ""
+        # the extension runs on its own (its wall time, its retries): the attempts before it
+        # are history, as they are to a fold that knows the job from ``from_extended`` alone
+        self.attempts[fresh.attempt] = fresh.attempts[fresh.attempt]
+        self.since_attempt = fresh.attempt
+        return True
+
+    def run_attempts(self) -> list[AttemptRecord]:
+        """The attempts of the run in force (since the job was submitted or extended)."""
+        return [
+            record
+            for number, record in sorted(self.attempts.items())
+            if number >= self.since_attempt
+        ]
+
+    def ran_s(self, now: datetime) -> float:
+        """Seconds the job's attempts since it was submitted (or extended) ran, the current
+        one until ``now``: what ``JobSpec.max_wall_s`` bounds."""
+        total = 0.0
+        for record in self.run_attempts():
+            if record.started_at is not None:
+                ended = record.ended_at or now
+                total += max(0.0, (ended - record.started_at).total_seconds())
+        return total
 
 
 class JobBook:
@@ -384,13 +590,18 @@ class JobBook:
         if sequence and sequence <= self.last_sequence:
             return None
         self.last_sequence = max(self.last_sequence, sequence)
-        if event.WhichOneof("body") == "submitted":
+        kind = event.WhichOneof("body")
+        if kind == "submitted":
             if event.job_id in self.jobs:
                 return None
             view = JobView.from_submitted(event)
             self.jobs[event.job_id] = view
             return view
         existing = self.jobs.get(event.job_id)
+        if existing is None and kind == "extended":  # an ended job this book forgot
+            view = JobView.from_extended(event)
+            self.jobs[event.job_id] = view
+            return view
         if existing is None or not existing.apply(event):
             return None
         return existing

@@ -13,12 +13,18 @@ bucket ``<namespace>_tenants`` under the tenant's name; ``DEFAULT_POLICY`` witho
 - intake refuses a submit with ``check_submit`` (a ``high`` job without ``allow_high``, a job
   bigger than the tenant's whole CPU quota, more queued jobs than ``max_queued_jobs``) and
   paces submits with ``SubmitRateLimiter`` (``submits_per_minute``, a token bucket);
+- intake holds every job to its runaway limits (``RunawayLimits``: steps per job, wall time and
+  disk per job): the tenant's policy, or the operator's default where the policy sets none (the
+  operator's own jobs take the defaults); a job above one is refused naming the field and the
+  limit, and a job that states no ``max_wall_s`` / ``max_disk_mb`` gets the limit
+  (``apply_runaway_limits``), which the watcher (wall time) and the runner (disk) enforce;
 - placement binds no job that would take its tenant's BOUND and RUNNING CPU above
   ``max_running_cpu`` (``cpu_quota_reason`` says why, for ``mdq explain``), and writes each
   tenant's ``TenantUsage`` (queued jobs, running CPU) into its waiting bucket under
   ``usage_key(tenant)`` (``tenant.<name>``) for intake's queued-jobs check.
 
-The operator's untenanted jobs are never limited.
+The operator's untenanted jobs are never limited by a quota (only by the runaway limits'
+defaults).
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from typing import Any
 
 from mdq.contracts import pb
 from mdq.core.ids import REQUEST_ID_HEX, TENANT_SEPARATOR
-from mdq.core.spec import SpecError
+from mdq.core.spec import MAX_DISK_MB, MAX_WALL_S, SpecError
 from mdq.core.state import JobState
 from mdq.core.timestamps import EPOCH
 
@@ -128,6 +134,15 @@ class TenantPolicy:
     max_share: float | None = None
     """The most of the cluster (dominant share) the tenant may hold at once; placement binds no
     job that would take it above (the job waits, others' jobs bind)."""
+    max_steps_per_job: int | None = None
+    """A job's step target at most (at submit and after an extend); null: the operator's
+    default (``MDQ_INTAKE_MAX_STEPS_PER_JOB``), not unlimited."""
+    max_wall_s: float | None = None
+    """The wall time a job may run, seconds (its ``max_wall_s`` is this when unset, and may not
+    be more); null: the operator's default (``MDQ_INTAKE_MAX_WALL_S``)."""
+    max_disk_mb: int | None = None
+    """The disk a job's folder may use, MiB (its ``max_disk_mb`` is this when unset, and may
+    not be more); null: the operator's default (``MDQ_INTAKE_MAX_DISK_MB``)."""
 
     def __post_init__(self) -> None:
         _check_policy(self)
@@ -195,6 +210,9 @@ _POLICY_FIELDS: dict[str, type] = {
     "weight": float,
     "guaranteed_share": float,
     "max_share": float,
+    "max_steps_per_job": int,
+    "max_wall_s": float,
+    "max_disk_mb": int,
 }
 _NOT_NULL = frozenset({"allow_high", "weight"})
 """Fields without an "unlimited": null is refused for them."""
@@ -210,6 +228,9 @@ def _check_policy(policy: TenantPolicy) -> None:
         ("weight", policy.weight, 0),
         ("guaranteed_share", policy.guaranteed_share, 0),
         ("max_share", policy.max_share, 0),
+        ("max_steps_per_job", policy.max_steps_per_job, 1),
+        ("max_wall_s", policy.max_wall_s, 1),
+        ("max_disk_mb", policy.max_disk_mb, 1),
     )
     for name, value, low in checks:
         if value is None:
@@ -243,8 +264,9 @@ def _number(value: float) -> str:
 
 
 # -- usage -------------------------------------------------------------------------------------
-QUEUED_STATES = frozenset({JobState.WAITING, JobState.PENDING, JobState.RECOVERING})
-"""States of a job that is not running yet (or again): what ``max_queued_jobs`` counts."""
+QUEUED_STATES = frozenset({JobState.WAITING, JobState.PENDING, JobState.RECOVERING, JobState.HELD})
+"""States of a job that is not running yet (or again), held ones included: what
+``max_queued_jobs`` counts."""
 RUNNING_STATES = frozenset({JobState.BOUND, JobState.RUNNING})
 """States of a job that holds its CPU on a node: what ``max_running_cpu`` counts."""
 
@@ -390,6 +412,69 @@ def check_submit(
 
 
 CPU_EPSILON = 1e-9
+
+
+# -- runaway limits ---------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class RunawayLimits:
+    """What one job may do at most: its step target, its wall time (seconds), its disk (MiB);
+    None: no limit."""
+
+    max_steps: int | None = None
+    max_wall_s: float | None = None
+    max_disk_mb: int | None = None
+
+    @classmethod
+    def of(cls, policy: TenantPolicy | None, defaults: RunawayLimits) -> RunawayLimits:
+        """The limits of a tenant of ``policy`` (None: the operator): its own where it sets
+        them, the operator's ``defaults`` elsewhere."""
+
+        def pick(own: float | None, default: float | None) -> float | None:
+            return own if policy is not None and own is not None else default
+
+        steps = pick(policy.max_steps_per_job if policy else None, defaults.max_steps)
+        wall = pick(policy.max_wall_s if policy else None, defaults.max_wall_s)
+        disk = pick(policy.max_disk_mb if policy else None, defaults.max_disk_mb)
+        return cls(
+            max_steps=None if steps is None else int(steps),
+            max_wall_s=wall,
+            max_disk_mb=None if disk is None else int(disk),
+        )
+
+
+def apply_runaway_limits(
+    tenant: str, limits: RunawayLimits, spec: pb.JobSpec, path: str
+) -> pb.JobSpec:
+    """``spec`` (normalized; ``path`` its place in the submit, ``jobs[0]``) held to ``limits``:
+    above one it is refused (``SpecError`` naming the field and the limit); without a
+    ``max_wall_s`` or ``max_disk_mb`` it gets the limit (a copy; ``spec`` is not changed)."""
+    who = f"tenant {tenant}'s" if tenant else "the operator's"
+    if limits.max_steps is not None and spec.steps > limits.max_steps:
+        raise SpecError(
+            f"{path}.steps",
+            f"{spec.steps} steps is above {who} limit of {limits.max_steps} steps per job",
+        )
+    limited = pb.JobSpec()
+    limited.CopyFrom(spec)
+    wall = limits.max_wall_s
+    if wall is not None:
+        wall = min(wall, MAX_WALL_S)
+        if spec.max_wall_s > wall:
+            raise SpecError(
+                f"{path}.max_wall_s",
+                f"{_number(spec.max_wall_s)} s is above {who} limit of {_number(wall)} s per job",
+            )
+        limited.max_wall_s = spec.max_wall_s or wall
+    disk = limits.max_disk_mb
+    if disk is not None:
+        disk = min(disk, MAX_DISK_MB)
+        if spec.max_disk_mb > disk:
+            raise SpecError(
+                f"{path}.max_disk_mb",
+                f"{spec.max_disk_mb} MiB is above {who} limit of {disk} MiB per job",
+            )
+        limited.max_disk_mb = spec.max_disk_mb or disk
+    return limited
 
 
 # -- placement ---------------------------------------------------------------------------------

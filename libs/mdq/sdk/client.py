@@ -10,7 +10,11 @@ Everything goes through the bus, exactly as any other client would use it:
 * ``watch``/``wait``/``progress`` read a job's history from the start with ordered consumers
   and fold it with the same state machine the services use (``mdq.core.state``), so what the
   SDK reports is what the log says;
-* ``node_loads`` reads the latest ``node_load`` of every node.
+* ``node_loads`` reads the latest ``node_load`` of every node;
+* ``cancel``, ``hold``, ``release``, ``requeue``, ``reprioritize`` and ``extend`` are
+  request-reply job control on ``<ns>.api.control`` (placement's leader answers, with each
+  job's outcome; ``ControlRefused`` names the field of a refused request), and
+  ``wait_control`` waits for what they asked to have happened (docs/control.md).
 
 Connected as a tenant (credentials made by ``mdq tenant add``), the client submits on the
 tenant's own subjects and reads the tenant's own stream (``Subjects.tenant_stream``): the
@@ -34,7 +38,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 import nats.errors
 import nats.js.errors
@@ -52,6 +56,7 @@ from mdq.bus.permissions import tenant_of_identity
 from mdq.bus.requests import is_stream_full
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
+from mdq.core.control import VERB_OF_WORD
 from mdq.core.ids import job_id as make_job_id
 from mdq.core.ids import request_id_for_key, request_id_for_sequence, request_id_of
 from mdq.core.state import JobBook, JobState, JobView
@@ -90,6 +95,24 @@ def tenant_of_creds(creds: str | Path | None) -> str:
     return tenant_of_identity(identity_of_creds(Path(chosen))) if chosen else ""
 
 
+class ControlRefused(MdqError):
+    """A job-control request was refused as a whole; nothing changed. ``field`` is the path of
+    the culprit (e.g. ``priority_class``), ``""`` for the whole request."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}" if field else message)
+        self.field = field
+        self.message = message
+
+
+class ControlUnavailable(MdqError):
+    """Nobody answered a job-control request in time (placement down, or between leaders)."""
+
+
+CONTROL_RETRY_S = 0.5
+"""A job-control request nobody answered is sent again (the same key: safe) after this."""
+
+
 class WaitTimeout(MdqError, TimeoutError):
     """``wait`` gave up; ``states`` holds what was known (None: not seen yet)."""
 
@@ -106,6 +129,9 @@ class JobUpdate:
     event: pb.Event
     view: JobView | None
     """None until the job's ``submitted`` event has been seen."""
+    caught_up: bool = True
+    """Whether the job's history has been read up to now with this event (an older state
+    is not the job's state now)."""
 
     @property
     def kind(self) -> str:
@@ -314,6 +340,9 @@ class MdqClient:
         if not ids:
             return
         books = {job: JobBook() for job in ids}
+        behind = dict.fromkeys(ids, True)
+        """job -> whether its history is still being read: a job that ended may have been
+        extended since, so it counts as ended only once its history is read up to now."""
         request_ids = {request_id_of(job) for job in ids}
         targets = [(self._jobs_stream, self._subjects.job_all(job)) for job in ids]
         targets += [(self._jobs_stream, self._subjects.rejected(rid)) for rid in request_ids]
@@ -345,8 +374,17 @@ class MdqClient:
                 if book is None:
                     continue
                 book.apply(0, event)
-                yield JobUpdate(job_id=event.job_id, event=event, view=book.jobs.get(event.job_id))
-                if settle_until is None and all(_terminal(books[job], job) for job in ids):
+                if event.WhichOneof("body") != "progress":
+                    behind[event.job_id] = _pending(message) > 0
+                yield JobUpdate(
+                    job_id=event.job_id,
+                    event=event,
+                    view=book.jobs.get(event.job_id),
+                    caught_up=not behind[event.job_id],
+                )
+                if settle_until is None and all(
+                    not behind[job] and _terminal(books[job], job) for job in ids
+                ):
                     if not include_progress:
                         return
                     settle_until = loop.time() + settle_s
@@ -413,6 +451,152 @@ class MdqClient:
                 if update.kind == "progress":
                     yield update.job_id, update.event.progress
 
+    # -- job control -----------------------------------------------------------------------
+    async def control(
+        self,
+        verb: str | pb.ControlVerb,
+        job_ids: Sequence[str] = (),
+        *,
+        request_id: str = "",
+        labels: dict[str, str] | None = None,
+        reason: str = "",
+        requested_by: str = "",
+        priority_class: str = "",
+        extend_steps: int = 0,
+        control_key: str | None = None,
+        timeout: float = 15.0,  # noqa: ASYNC109 - the request-reply timeout of nats-py
+    ) -> pb.ControlReply:
+        """Send one job-control request (``verb``: "cancel", "hold", "release", "requeue",
+        "reprioritize", "extend", or the ``ControlVerb``) for ``job_ids``, a submit's
+        ``request_id`` or a label selector, and return the reply (each job's outcome).
+
+        The request goes under ``control_key`` (default: a fresh one) and is sent again while
+        nobody answers (placement restarting, a new leader), for ``timeout`` seconds in all;
+        then ``ControlUnavailable``. A refusal raises ``ControlRefused`` (field + message)."""
+        request = pb.ControlRequest(
+            control_key=control_key or f"sdk-{uuid.uuid4().hex}",
+            verb=VERB_OF_WORD[verb] if isinstance(verb, str) else verb,
+            job_ids=list(job_ids),
+            request_id=request_id,
+            labels=labels or {},
+            reason=reason,
+            requested_by=requested_by,
+            priority_class=priority_class,
+            extend_steps=extend_steps,
+        )
+        subject = self._subjects.api_control_for(self._tenant)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            left = deadline - loop.time()
+            try:
+                reply_msg = await self._nc.request(
+                    subject, encode(request), timeout=max(0.1, min(left, 5.0))
+                )
+                break
+            except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+                if loop.time() + CONTROL_RETRY_S >= deadline:
+                    raise ControlUnavailable(
+                        f"nobody answered on {subject} within {timeout:g} s: is placement running?"
+                    ) from None
+                await asyncio.sleep(CONTROL_RETRY_S)
+        reply = decode_control_reply(reply_msg.data)
+        if reply.HasField("error") and (reply.error.field or reply.error.message):
+            raise ControlRefused(reply.error.field, reply.error.message)
+        return reply
+
+    async def cancel(self, job_ids: Sequence[str] = (), **options: Any) -> pb.ControlReply:
+        """Cancel jobs (``control("cancel", ...)``): a running one checkpoints first."""
+        return await self.control("cancel", job_ids, **options)
+
+    async def hold(self, job_ids: Sequence[str] = (), **options: Any) -> pb.ControlReply:
+        """Hold jobs: not placed until released; a running one stops at a checkpoint."""
+        return await self.control("hold", job_ids, **options)
+
+    async def release(self, job_ids: Sequence[str] = (), **options: Any) -> pb.ControlReply:
+        """Release held jobs."""
+        return await self.control("release", job_ids, **options)
+
+    async def requeue(self, job_ids: Sequence[str] = (), **options: Any) -> pb.ControlReply:
+        """Stop running jobs at a checkpoint and place them anew."""
+        return await self.control("requeue", job_ids, **options)
+
+    async def reprioritize(
+        self, job_ids: Sequence[str] = (), *, priority_class: str, **options: Any
+    ) -> pb.ControlReply:
+        """Change jobs' priority class ("high", "normal", "low")."""
+        return await self.control("reprioritize", job_ids, priority_class=priority_class, **options)
+
+    async def extend(
+        self, job_ids: Sequence[str], *, steps: int, **options: Any
+    ) -> pb.ControlReply:
+        """Continue SUCCEEDED MD jobs for ``steps`` more steps, from their final checkpoint."""
+        return await self.control("extend", job_ids, extend_steps=steps, **options)
+
+    async def wait_control(
+        self,
+        verb: str,
+        reply: pb.ControlReply,
+        timeout: float,  # noqa: ASYNC109 - part of the SDK's API
+    ) -> dict[str, JobView]:
+        """Wait until what a request did is in effect for every job it changed (DONE or
+        STOPPING): cancel, a terminal state (CANCELLED, or SUCCEEDED/FAILED if the job ended
+        first); hold, HELD; release, no longer HELD; requeue, a new attempt; reprioritize, at
+        once; extend, the extended run ended. Returns the jobs' views; ``WaitTimeout``."""
+        changed = {
+            outcome.job_id: outcome
+            for outcome in reply.outcomes
+            if outcome.result in (pb.CONTROL_DONE, pb.CONTROL_STOPPING)
+        }
+        views: dict[str, JobView] = {}
+        done: set[str] = set()
+
+        def in_effect(job: str, view: JobView) -> bool:
+            outcome = changed[job]
+            if view.state.terminal and verb != "extend":
+                return True
+            match verb:
+                case "cancel":
+                    return view.state.terminal
+                case "hold":
+                    return view.state is JobState.HELD
+                case "release":
+                    return view.state is not JobState.HELD
+                case "requeue":
+                    return view.attempt > outcome.attempt
+                case "extend":
+                    return view.attempt >= outcome.attempt and view.state.terminal
+            return True
+
+        if not changed:
+            return views
+        try:
+            async with asyncio.timeout(timeout):
+                async with contextlib.aclosing(
+                    self.watch(list(changed), include_progress=False, settle_s=0.0)
+                ) as updates:
+                    async for update in updates:
+                        if update.view is None:
+                            continue
+                        views[update.job_id] = update.view
+                        if update.caught_up and in_effect(update.job_id, update.view):
+                            done.add(update.job_id)
+                        else:
+                            done.discard(update.job_id)
+                        if done >= changed.keys():
+                            return views
+        except TimeoutError:
+            waiting = ", ".join(
+                f"{job} ({views[job].state if job in views else 'not seen'})"
+                for job in changed
+                if job not in done
+            )
+            raise WaitTimeout(
+                f"{verb} not in effect after {timeout:g} s: {waiting}",
+                states={job: views[job].state if job in views else None for job in changed},
+            ) from None
+        return views
+
     # -- nodes -----------------------------------------------------------------------------
     async def node_loads(self, *, fetch_timeout_s: float = 5.0) -> dict[str, pb.Event]:
         """The latest ``node_load`` event of every node, by node name (an ephemeral pull
@@ -448,6 +632,24 @@ class MdqClient:
             with contextlib.suppress(Exception):
                 await subscription.unsubscribe()
         return dict(sorted(loads.items()))
+
+
+def _pending(message: Msg) -> int:
+    """Messages still to come to the ordered consumer that delivered ``message``."""
+    try:
+        return int(message.metadata.num_pending)
+    except Exception:  # not a JetStream delivery: nothing known to follow it
+        return 0
+
+
+def decode_control_reply(data: bytes) -> pb.ControlReply:
+    """A ControlReply as placement sent it: protobuf binary, or its JSON mapping."""
+    reply = pb.ControlReply()
+    if data.lstrip()[:1] == b"{":
+        json_format.ParseDict(json.loads(data), reply, ignore_unknown_fields=True)
+    else:
+        reply.ParseFromString(data)
+    return reply
 
 
 def _terminal(book: JobBook, job: str) -> bool:

@@ -110,6 +110,10 @@ class Job(Base):
     final_reason: Mapped[str | None] = mapped_column(comment="FailureReason name if FAILED.")
     final_message: Mapped[str | None]
     latest_checkpoint_step: Mapped[int | None]
+    # revision 0012
+    control: Mapped[dict[str, Any] | None] = mapped_column(
+        comment="Job control in force: hold, stop, who asked (JobView.control_dict)."
+    )
 
 
 class Attempt(Base):

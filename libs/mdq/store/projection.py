@@ -234,6 +234,9 @@ class _JobRow:
             final_reason=job["final_reason"] or "",
             final_message=job["final_message"] or "",
         )
+        spec.priority_class = job["priority_class"]  # what a reprioritize compares with
+        if job["control"]:
+            view.apply_control_dict(json.loads(job["control"]))
         row = cls(
             view=view,
             name=job["name"],
@@ -303,6 +306,15 @@ class _JobRow:
                 self.attempt_last_step[attempt] = max(previous, event.attempt_failed.last_step)
             case "requeued":
                 self.attempt_last_step[attempt] = self.view.last_step
+                # the new attempt has reported nothing yet (whichever stream came first)
+                self.last_temperature_k = self.last_ns_per_day = None
+            case "reprioritized":
+                self.priority_class = event.reprioritized.priority_class
+            case "extended":
+                self.target_steps = event.extended.spec.steps
+                self.priority_class = event.extended.spec.priority_class or self.priority_class
+                self.attempt_last_step[attempt] = self.view.last_step
+                self.last_temperature_k = self.last_ns_per_day = None
             case _:
                 pass
 
@@ -363,6 +375,12 @@ def _failure(of: _AttemptOf) -> pb.AttemptFailed | None:
     return of.record.failure
 
 
+def _control_json(view: JobView) -> str | None:
+    """The job control in force (``JobView.control_dict``) as JSON text, None when none."""
+    control = view.control_dict()
+    return json.dumps(control, sort_keys=True) if control else None
+
+
 _JOB_KEY: Column[_JobRow] = Column("job_id", lambda row: row.view.job_id)
 _JOB_MUTABLE: tuple[Column[_JobRow], ...] = (
     Column("state", lambda row: row.view.state.value),
@@ -383,12 +401,18 @@ _JOB_MUTABLE: tuple[Column[_JobRow], ...] = (
         "latest_checkpoint_step",
         lambda row: None if row.view.latest_checkpoint is None else row.view.latest_checkpoint.step,
     ),
+    Column("priority_class", lambda row: row.priority_class),
+    Column(
+        "control",
+        lambda row: _control_json(row.view),
+        cast="::jsonb",
+        read="control::text AS control",
+    ),
 )
 _JOB_FIXED: tuple[Column[_JobRow], ...] = (
     Column("request_id", lambda row: row.view.request_id),
     Column("name", lambda row: row.name),
     Column("task", lambda row: row.task),
-    Column("priority_class", lambda row: row.priority_class),
     Column("spec", lambda row: row.spec_json, cast="::jsonb", read="spec::text AS spec"),
     Column("depends_on", lambda row: list(row.view.depends_on_ids)),
     Column("submitted_by", lambda row: _blank(row.submitted_by)),
@@ -689,7 +713,7 @@ async def _settle_progress(connection: asyncpg.Connection, rows: dict[str, _JobR
     wanted = [
         (job_id, row.view.attempt, row.view.current.ended_at)
         for job_id, row in rows.items()
-        if row.view.state.value not in ("WAITING", "PENDING")
+        if row.view.state.value not in ("WAITING", "PENDING", "HELD")
     ]
     if not wanted:
         return

@@ -75,6 +75,8 @@ class JobRecord:
     final_reason: str | None
     final_message: str | None
     latest_checkpoint_step: int | None
+    control: dict[str, Any] | None = None
+    """Job control in force (``JobView.control_dict``): hold, stop, who asked; None: none."""
 
 
 @dataclass(frozen=True, slots=True)

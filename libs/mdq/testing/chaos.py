@@ -11,7 +11,9 @@ The harness owns every part so it can break every part:
   separate volumes);
 * ``mdq up`` with ``NATS_URL`` / ``DATABASE_URL`` set (services + local node agent, supervised),
   whose processes (intake, placement, watcher, recovery, metrics, the node agent, the runners)
-  are found by the process tree and their command lines and killed with SIGKILL.
+  are found by the process tree and their command lines and killed with SIGKILL;
+* job control: a ``cancel`` fault cancels a running job through placement (docs/control.md),
+  as its owner would, while the other faults go on.
 
 Faults come from a seeded schedule (the seed is printed): every kind at least
 ``faults_per_kind`` times, in random order, a random pause between them. A kill that finds no
@@ -25,8 +27,10 @@ interval) for the step each attempt reached.
 At the end it checks, from the log (JetStream) and from PostgreSQL:
 
 * every job SUCCEEDED, with the exact final step (PostgreSQL ``jobs.last_step``, and the last
-  progress report of the log);
-* exactly one ``succeeded`` event per job in the log (``double_succeeded`` counts the others);
+  progress report of the log), but a job the campaign cancelled: that one ends CANCELLED, or
+  SUCCEEDED when it succeeded before its stop took effect, with no runner left;
+* exactly one terminal event per job in the log (``double_succeeded`` counts the jobs with more
+  than one ``succeeded``);
 * no job ever had two live runners (``concurrent_runners``: samples that saw two);
 * steps lost per retry ≤ the checkpoint interval: the step an attempt reached (the most of its
   energy table's tail, sampled, and the checkpoints its own log announces) minus the step the
@@ -65,7 +69,7 @@ from mdq.embedded import EmbeddedNats, EmbeddedPostgres, free_port, start_nats, 
 
 SERVICE_KINDS: tuple[str, ...] = ("intake", "placement", "watcher", "recovery", "metrics")
 PROCESS_KINDS: tuple[str, ...] = (*SERVICE_KINDS, "agent", "runner")
-FAULT_KINDS: tuple[str, ...] = (*PROCESS_KINDS, "nats", "postgres", "disk_full")
+FAULT_KINDS: tuple[str, ...] = (*PROCESS_KINDS, "nats", "postgres", "disk_full", "cancel")
 """Every kind of fault the campaign injects."""
 
 MIN_PAUSE_S = 0.3
@@ -139,6 +143,10 @@ class ChaosReport:
     postgres_restarts: int = 0
     disk_full_episodes: int = 0
     disk_full_mode: str = ""
+    cancels: int = 0
+    """Cancels the campaign sent that placement took in hand (a running job each)."""
+    cancelled: int = 0
+    """Jobs that ended CANCELLED (the others it cancelled succeeded before their stop)."""
     double_succeeded: int = 0
     concurrent_runners: int = 0
     retries: int = 0
@@ -168,6 +176,8 @@ class ChaosReport:
             "postgres_restarts": self.postgres_restarts,
             "disk_full_episodes": self.disk_full_episodes,
             "disk_full_mode": self.disk_full_mode,
+            "cancels": self.cancels,
+            "cancelled": self.cancelled,
             "double_succeeded": self.double_succeeded,
             "concurrent_runners": self.concurrent_runners,
             "retries": self.retries,
@@ -592,6 +602,8 @@ class Campaign:
         self.events: list[str] = []
         self._kills: Counter[str] = Counter()
         self._missed: Counter[str] = Counter()
+        self.cancels: dict[str, str] = {}
+        """job -> the outcome of the cancel the campaign sent it (``CONTROL_STOPPING`` ...)."""
 
     # -- logging of what the harness did ---------------------------------------------------
     def note(self, line: str) -> None:
@@ -744,6 +756,8 @@ class Campaign:
             self.report.postgres_restarts += 1
             self.note("postgres restarted on the same folder")
             return True
+        if kind == "cancel":
+            return await self.cancel_one()
         if kind == "disk_full":
             if not self.disk.mounted:
                 return False
@@ -757,6 +771,41 @@ class Campaign:
             self.note("data disk freed")
             return True
         raise ValueError(f"unknown fault kind {kind!r}")
+
+    async def cancel_one(self) -> bool:
+        """Cancel one running job of the campaign, as its owner would (``mdq cancel``); False
+        when none runs now or nobody answered (placement or NATS down: tried again later)."""
+        from mdq.contracts import pb
+        from mdq.sdk.client import MdqClient
+
+        running = sorted({r.job_id for r in runner_processes(self.namespace)} - self.cancels.keys())
+        if not running or self.nats is None:
+            return False
+        job = self.rng.choice(running)
+        try:
+            client = await asyncio.wait_for(
+                MdqClient.connect(self.nats.url, self.namespace), self.deadline.bound(10)
+            )
+        except Exception:
+            return False
+        try:
+            reply = await client.cancel(
+                [job],
+                reason="chaos",
+                control_key=f"chaos-cancel-{job}",
+                timeout=self.deadline.bound(20),
+            )
+        except Exception as error:  # nobody answered in time: another job, later
+            self.note(f"cancel {job}: no answer ({error!r})")
+            return False
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(client.close(), 10)
+        [outcome] = reply.outcomes
+        result = pb.ControlResult.Name(outcome.result)
+        self.cancels[job] = result
+        self.note(f"cancel {job}: {result} ({outcome.state}) {outcome.message}")
+        return True
 
     async def run_faults(self, done: asyncio.Event) -> None:
         """The schedule, until it is through, the jobs are done, or the deadline."""
@@ -897,7 +946,18 @@ class Campaign:
             await nc.close()
         self.report.succeeded = sum(1 for j in self.job_ids if succeeded[j] >= 1 and not ended[j])
         self.report.double_succeeded = sum(1 for j in self.job_ids if succeeded[j] > 1)
+        stopped = self.stopped_jobs()
+        for job in stopped:  # ends CANCELLED, or SUCCEEDED when it succeeded before its stop
+            if succeeded[job] + ended[job] != 1:
+                problems.append(
+                    f"{job} (cancelled): {succeeded[job]} succeeded and {ended[job]} "
+                    "failed/cancelled events"
+                )
+            elif ended[job]:
+                self.report.cancelled += 1
         for job in self.job_ids:
+            if job in stopped and not succeeded[job]:
+                continue
             if succeeded[job] != 1 or ended[job]:
                 problems.append(
                     f"{job}: {succeeded[job]} succeeded and {ended[job]} failed/cancelled events"
@@ -961,6 +1021,10 @@ class Campaign:
         exact = 0
         for job in self.job_ids:
             row = rows.get(job)
+            if job in stopped and row is not None and row["state"] == "CANCELLED":
+                if succeeded_rows.get(job, 0):
+                    problems.append(f"{job}: CANCELLED in PostgreSQL, with a succeeded row")
+                continue
             if row is None or row["state"] != "SUCCEEDED":
                 problems.append(f"{job}: PostgreSQL says {row['state'] if row else 'no row'}")
             elif row["last_step"] != self.config.steps:
@@ -972,6 +1036,24 @@ class Campaign:
         self.report.final_step_exact = exact
         self.check_steps_lost(attempts)
         await self.check_rebuild()
+
+    def stopped_jobs(self) -> set[str]:
+        """The jobs the campaign's cancels stopped (or ended at once)."""
+        return {
+            job
+            for job, result in self.cancels.items()
+            if result in ("CONTROL_DONE", "CONTROL_STOPPING", "CONTROL_UNCHANGED")
+        }
+
+    def check_no_runner_of_a_cancelled_job(self) -> None:
+        """Once every job is terminal: no runner of a job the campaign cancelled is alive (the
+        process table, zombies excluded)."""
+        stopped = self.stopped_jobs()
+        for runner in runner_processes(self.namespace):
+            if runner.job_id in stopped:
+                self.report.problems.append(
+                    f"a runner of cancelled job {runner.job_id} is alive: pid {runner.pid}"
+                )
 
     def check_steps_lost(self, attempts: Sequence[Any]) -> None:
         assert self.sampler is not None
@@ -1088,6 +1170,9 @@ class Campaign:
             kind: self._kills[kind] for kind in FAULT_KINDS if kind in PROCESS_KINDS
         }
         self.report.missed = dict(self._missed)
+        self.report.cancels = len(self.cancels)
+        if done.is_set():
+            self.check_no_runner_of_a_cancelled_job()
         self.report.runner_samples = self.sampler.samples
         self.report.concurrent_runners = len(self.sampler.concurrent)
         for seen in self.sampler.concurrent[:5]:

@@ -7,7 +7,8 @@
   var PALETTE = ["#1f5fa8", "#c2410c", "#15803d", "#7c3aed", "#b91c1c", "#0e7490", "#a16207", "#be185d"];
   var STATE_OF_KIND = {
     released: "PENDING", bound: "BOUND", started: "RUNNING", succeeded: "SUCCEEDED",
-    failed: "FAILED", attempt_failed: "RECOVERING", requeued: "PENDING"
+    failed: "FAILED", attempt_failed: "RECOVERING", requeued: "PENDING", cancelled: "CANCELLED",
+    extended: "PENDING"
   };
   var ENVELOPE = ["event_id", "job_id", "attempt", "time", "producer"];
   var FAILURES = {

@@ -162,7 +162,9 @@ class LocalBackend:
 
     async def delete_pod(self, name: str) -> None:
         """A running pod is marked for deletion (its agent stops it, then removes it); a pod
-        nobody runs (pending, or finished) is removed at once."""
+        that never started ends FAILED "Deleted" (as Kubernetes reports a pod deleted before it
+        ran, so its attempt ends; its node's agent removes the record); a finished pod is
+        removed at once."""
         pods = (await self.buckets()).pods
         while True:
             current = await read_pod(pods, name)
@@ -175,6 +177,10 @@ class LocalBackend:
                         return
                     marked = replace(record, deletion_requested=True)
                     await pods.update(name, marked.to_json(), last=revision)
+                elif record.status.phase == pb.POD_PENDING:
+                    status = PodStatus(pb.POD_FAILED, 0, "Deleted", "pod deleted before it started")
+                    ended = replace(record.with_status(status), deletion_requested=True)
+                    await pods.update(name, ended.to_json(), last=revision)
                 else:
                     await pods.delete(name, last=revision)
                 return

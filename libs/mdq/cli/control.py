@@ -1,0 +1,247 @@
+"""``mdq cancel | hold | release | requeue | reprioritize | extend``: job control from the shell.
+
+Each command sends one ``ControlRequest`` (``MdqClient.control``; placement's leader answers,
+docs/control.md) for the jobs named by id, a submit (``--request``) or labels (``-l k=v``),
+prints each job's outcome and exits:
+
+- 0: the request was accepted and every job it named is done, being stopped, or already so;
+- 1: some job was not found, is another tenant's, or the verb does not apply to it (said per
+  job; nothing was changed for it), or ``--wait`` ran out of time;
+- 2: the request was refused (the field at fault is printed); nothing changed;
+- 3: nobody answered (placement not running).
+
+``--wait`` waits for the effect (``MdqClient.wait_control``): cancel, a terminal state; hold,
+HELD; requeue, the new attempt; extend, the extended run's end.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+from collections.abc import Callable
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from mdq.contracts import pb
+from mdq.sdk.client import ControlRefused, ControlUnavailable, MdqClient, WaitTimeout
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_REFUSED = 2
+EXIT_UNAVAILABLE = 3
+
+IN_HAND = (pb.CONTROL_DONE, pb.CONTROL_STOPPING, pb.CONTROL_UNCHANGED)
+"""Outcomes of a job the request took care of."""
+
+Jobs = Annotated[list[str] | None, typer.Argument(help="Job ids.", show_default=False)]
+Request = Annotated[
+    str, typer.Option("--request", help="Every job of this submit (its request id).")
+]
+Labels = Annotated[
+    list[str] | None,
+    typer.Option("-l", "--label", help="Every job with this label, KEY=VALUE (repeatable)."),
+]
+Reason = Annotated[str, typer.Option("--reason", help="Why, kept in the history.")]
+Key = Annotated[
+    str | None, typer.Option("--key", help="Control key (default: a new one); resend-safe.")
+]
+Wait = Annotated[bool, typer.Option("--wait", help="Wait until the effect is there.")]
+Timeout = Annotated[float, typer.Option(help="Seconds to wait with --wait.")]
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return os.environ.get("USER", "")
+
+
+def labels_of(pairs: list[str] | None) -> dict[str, str]:
+    """``KEY=VALUE`` options as a selector; ``typer.BadParameter`` naming a malformed one."""
+    labels: dict[str, str] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"a label is KEY=VALUE, got {pair!r}", param_hint="-l")
+        labels[key] = value
+    return labels
+
+
+def outcome_table(verb: str, reply: pb.ControlReply) -> Table:
+    table = Table(title=f"{verb}: {reply.matched} job(s)", title_justify="left")
+    for column in ("job", "outcome", "state", "message"):
+        table.add_column(column, overflow="fold")
+    for outcome in reply.outcomes:
+        name = pb.ControlResult.Name(outcome.result).removeprefix("CONTROL_").lower()
+        table.add_row(outcome.job_id, name, outcome.state or "—", outcome.message)
+    if reply.omitted:
+        table.caption = f"{reply.omitted} more not listed; all: {dict(reply.counts)}"
+    return table
+
+
+def exit_code_of(reply: pb.ControlReply) -> int:
+    """0 when every job is in hand, else 1 (not found, another tenant's, not applicable)."""
+    in_hand = sum(reply.counts.get(pb.ControlResult.Name(r), 0) for r in IN_HAND)
+    return EXIT_OK if in_hand == reply.matched else EXIT_FAILED
+
+
+Send = Callable[..., None]
+
+
+def make_command(verb: str, *, run: Callable[..., int], console: Console, err: Console) -> Send:
+    """The typer command of ``verb``; ``run(ctx, work)`` runs ``work(client)`` with a client
+    of the context's endpoints and exits with its code."""
+
+    def send(
+        ctx: typer.Context,
+        job_ids: list[str] | None,
+        request_id: str,
+        labels: list[str] | None,
+        reason: str,
+        key: str | None,
+        wait: bool,
+        timeout: float,
+        **extra: object,
+    ) -> None:
+        selector = labels_of(labels)
+
+        async def work(client: MdqClient) -> int:
+            try:
+                reply = await client.control(
+                    verb,
+                    job_ids or [],
+                    request_id=request_id,
+                    labels=selector,
+                    reason=reason,
+                    requested_by=_user(),
+                    control_key=key,
+                    **extra,  # type: ignore[arg-type]
+                )
+            except ControlRefused as error:
+                err.print(f"[bold red]{verb} refused[/]")
+                err.print(f"  field:   {error.field or '(the whole request)'}")
+                err.print(f"  message: {error.message}")
+                return EXIT_REFUSED
+            except ControlUnavailable as error:
+                err.print(f"[red]{error}[/]")
+                return EXIT_UNAVAILABLE
+            console.print(outcome_table(verb, reply))
+            code = exit_code_of(reply)
+            if not wait:
+                return code
+            try:
+                views = await client.wait_control(verb, reply, timeout)
+            except WaitTimeout as error:
+                err.print(f"[red]{error}[/]")
+                return EXIT_FAILED
+            for job_id, view in sorted(views.items()):
+                console.print(f"{job_id} {view.state.value} (attempt {view.attempt})")
+            return code
+
+        raise typer.Exit(run(ctx, work))
+
+    return send
+
+
+def register(app: typer.Typer, *, run: Callable[..., int], console: Console, err: Console) -> None:
+    """Add the six commands to ``app``."""
+    send = make_command  # one body, six signatures (typer reads each command's parameters)
+
+    @app.command("cancel")
+    def cancel(
+        ctx: typer.Context,
+        job_ids: Jobs = None,
+        request_id: Request = "",
+        labels: Labels = None,
+        reason: Reason = "",
+        key: Key = None,
+        wait: Wait = False,
+        timeout: Timeout = 600.0,
+    ) -> None:
+        """Cancel jobs: at once when not running; a running one checkpoints first and keeps
+        its outputs. Jobs waiting for them are cancelled too."""
+        command = send("cancel", run=run, console=console, err=err)
+        command(ctx, job_ids, request_id, labels, reason, key, wait, timeout)
+
+    @app.command("hold")
+    def hold(
+        ctx: typer.Context,
+        job_ids: Jobs = None,
+        request_id: Request = "",
+        labels: Labels = None,
+        reason: Reason = "",
+        key: Key = None,
+        wait: Wait = False,
+        timeout: Timeout = 600.0,
+    ) -> None:
+        """Hold jobs: not placed until released; a running one stops at a checkpoint."""
+        command = send("hold", run=run, console=console, err=err)
+        command(ctx, job_ids, request_id, labels, reason, key, wait, timeout)
+
+    @app.command("release")
+    def release(
+        ctx: typer.Context,
+        job_ids: Jobs = None,
+        request_id: Request = "",
+        labels: Labels = None,
+        reason: Reason = "",
+        key: Key = None,
+        wait: Wait = False,
+        timeout: Timeout = 600.0,
+    ) -> None:
+        """Release held jobs: they wait for their dependencies or are placed again."""
+        command = send("release", run=run, console=console, err=err)
+        command(ctx, job_ids, request_id, labels, reason, key, wait, timeout)
+
+    @app.command("requeue")
+    def requeue(
+        ctx: typer.Context,
+        job_ids: Jobs = None,
+        request_id: Request = "",
+        labels: Labels = None,
+        reason: Reason = "",
+        key: Key = None,
+        wait: Wait = False,
+        timeout: Timeout = 600.0,
+    ) -> None:
+        """Stop running jobs at a checkpoint and place them anew (another node if one fits)."""
+        command = send("requeue", run=run, console=console, err=err)
+        command(ctx, job_ids, request_id, labels, reason, key, wait, timeout)
+
+    @app.command("reprioritize")
+    def reprioritize(
+        ctx: typer.Context,
+        job_ids: Jobs = None,
+        priority: Annotated[
+            str, typer.Option("--priority", help="The new class: high, normal or low.")
+        ] = "",
+        request_id: Request = "",
+        labels: Labels = None,
+        reason: Reason = "",
+        key: Key = None,
+        wait: Wait = False,
+        timeout: Timeout = 600.0,
+    ) -> None:
+        """Change jobs' priority class; placement re-ranks, nothing restarts."""
+        command = send("reprioritize", run=run, console=console, err=err)
+        command(
+            ctx, job_ids, request_id, labels, reason, key, wait, timeout, priority_class=priority
+        )
+
+    @app.command("extend")
+    def extend(
+        ctx: typer.Context,
+        job_ids: Jobs = None,
+        steps: Annotated[int, typer.Option("--steps", help="Steps to add.")] = 0,
+        reason: Reason = "",
+        key: Key = None,
+        wait: Wait = False,
+        timeout: Timeout = 3600.0,
+    ) -> None:
+        """Continue SUCCEEDED MD jobs for --steps more steps from their final checkpoint, as a
+        new attempt of the same job (--wait: until the extended run ends)."""
+        command = send("extend", run=run, console=console, err=err)
+        command(ctx, job_ids, "", None, reason, key, wait, timeout, extend_steps=steps)
