@@ -402,7 +402,7 @@ async def test_the_readme_python_client_runs_as_the_operator(
     closed: Closed, tmp_path: Path
 ) -> None:
     script = tmp_path / "client.py"
-    script.write_text(readme_block("python", "nats.connect("))
+    script.write_text(readme_block("python", "api.submit"))
     env = child_environment(
         NATS_URL=closed.url, MDQ_NAMESPACE=NS, MDQ_NATS_CREDS=str(closed.creds("cli"))
     )
