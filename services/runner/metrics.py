@@ -11,7 +11,7 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
-from services.runner.system import EnergySample
+from services.runner.samples import EnergySample
 
 log = logging.getLogger(__name__)
 
