@@ -48,6 +48,8 @@ from services.runner.settings import RunnerSettings
 log = logging.getLogger(__name__)
 
 SECONDS_PER_DAY = 86_400.0
+STOP_POLL_S = 0.2
+"""How often a running chunk of an interruptible engine looks for a stop request."""
 
 
 @dataclass(slots=True)
@@ -211,7 +213,6 @@ async def _start(run: RunContext) -> tuple[Engine, StartPoint, pb.CopyFetched | 
     )
     engine = await asyncio.to_thread(open_engine, setup)
     try:
-        run.units = engine.units
         engine.checkpoints.remove_temporaries()
         fetched = None
         if run.copies is not None:
@@ -222,10 +223,29 @@ async def _start(run: RunContext) -> tuple[Engine, StartPoint, pb.CopyFetched | 
                 copies=run.copies,
             )
         start = await asyncio.to_thread(engine.prepare)
+        run.units = engine.units  # known once the engine has read its input
     except BaseException:
         engine.close()
         raise
     return engine, start, fetched
+
+
+async def _advance(run: RunContext, engine: Engine, steps: int) -> None:
+    """One chunk in a worker thread; a stop request interrupts it where the engine can (the
+    checkpoint then comes within a few steps, not at the chunk's end)."""
+    chunk = asyncio.ensure_future(asyncio.to_thread(engine.advance, steps))
+    if not engine.interruptible:
+        await chunk
+        return
+    while True:
+        done, _ = await asyncio.wait({chunk}, timeout=STOP_POLL_S)
+        if done:
+            chunk.result()
+            return
+        if run.stop.is_set():
+            engine.interrupt()
+            await chunk
+            return
 
 
 async def run_md(run: RunContext) -> RunnerExit:
@@ -265,7 +285,7 @@ async def run_md(run: RunContext) -> RunnerExit:
                         boundaries=boundaries,
                         max_steps=run.settings.max_chunk_steps,
                     )
-                    await asyncio.to_thread(engine.advance, chunk)
+                    await _advance(run, engine, chunk)
                     step = engine.step
                 reason = ""
                 if step % spec.report_interval_steps == 0 or step >= target:

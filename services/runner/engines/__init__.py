@@ -9,6 +9,7 @@ does the physics and its files (docs/engines.md):
 * ``advance`` / ``minimize`` — run steps (or minimiser iterations), synchronously: the loops
   call them in a worker thread, in chunks, so the event loop keeps publishing between them;
   ``minimize`` calls ``on_report`` as it goes and returns early when ``stop`` is set;
+  ``interrupt`` (from another thread) ends a running chunk early, where the engine can;
 * ``sample`` — the current energies in the engine-neutral units of
   :class:`services.runner.samples.EnergySample`;
 * ``checkpoint`` — write, fsync and verify (read back, sha256) a checkpoint of the current
@@ -78,6 +79,9 @@ class Engine(Protocol):
     boundaries: tuple[int, ...]
     """Step intervals the engine wants chunks to end on (OpenMM: trajectory frames)."""
     checkpoints: CheckpointFolder
+    interruptible: bool
+    """Whether ``interrupt`` can end a running chunk early (LAMMPS); else a stop request
+    waits for the chunk's end."""
 
     @property
     def step(self) -> int: ...
@@ -85,6 +89,8 @@ class Engine(Protocol):
     def prepare(self) -> StartPoint: ...
 
     def advance(self, steps: int) -> None: ...
+
+    def interrupt(self) -> None: ...
 
     def after_chunk(self, step: int) -> None: ...
 

@@ -85,6 +85,7 @@ class OpenMMEngine:
 
     name = OPENMM
     units = ""
+    interruptible = False
 
     def __init__(self, setup: EngineSetup, md: MdSystem) -> None:
         self._setup = setup
@@ -189,6 +190,9 @@ class OpenMMEngine:
             if is_nan_error(error):
                 raise UnstableError(f"simulation blew up after step {after}: {error}") from None
             raise
+
+    def interrupt(self) -> None:
+        """Nothing: a stop request waits for the chunk's end (``max_chunk_steps``)."""
 
     def after_chunk(self, step: int) -> None:
         """Write a trajectory frame on its steps."""
