@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -61,6 +62,8 @@ log = logging.getLogger("mdq.bus.inputs")
 
 SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 HEADER_ERROR = "Mdq-Error"
+HEADER_UNAVAILABLE = "Mdq-Unavailable"
+"""An answer saying intake could not serve the request now (the bus): ask again later."""
 HEADER_SEQ = "Mdq-Seq"
 HEADER_SIZE = "Mdq-Size"
 REQUEST_TIMEOUT_S = 10.0
@@ -185,6 +188,8 @@ async def lookup(js: JetStreamContext, bucket: str, sha256: str) -> ObjectInfo |
         )
     except NotFoundError:
         return None
+    except nats.errors.NoRespondersError:  # no stream answers direct gets for that bucket
+        raise NoInputsBucket(f"there is no inputs bucket {bucket}") from None
     except APIError as error:
         if error.code == 404 or "stream not found" in str(error.description or "").lower():
             raise NoInputsBucket(f"there is no inputs bucket {bucket}") from None
@@ -224,6 +229,8 @@ class InputDesk:
     ``Mdq-Seq`` (the chunk's sequence, the next request's ``after``) and ``Mdq-Size`` (the
     whole object's size), or an ``Mdq-Error`` header saying why not: the job has no submitted
     event, its spec names no input of that sha256, its tenant's bucket holds no such object.
+    An error of intake's own (the bus) is an ``Mdq-Unavailable`` header instead: the job's
+    input is fine, a later attempt may be served.
     Only the job's own runner may publish on that subject (``mdq.bus.permissions``)."""
 
     def __init__(self, client: Client, subjects: Subjects) -> None:
@@ -251,9 +258,9 @@ class InputDesk:
             return
         try:
             data, headers = await self.answer(message.subject, message.data)
-        except Exception as error:  # one runner's request, never the desk
+        except Exception as error:  # one runner's request, never the desk; not the job's fault
             log.exception("answering %s failed", message.subject)
-            data, headers = b"", {HEADER_ERROR: f"internal error: {type(error).__name__}"}
+            data, headers = b"", {HEADER_UNAVAILABLE: f"{type(error).__name__}: {error}"}
         try:
             await self._client.publish(message.reply, data, headers=headers)
         except Exception as error:  # the runner asks again
@@ -294,9 +301,7 @@ class InputDesk:
             return spec
         try:
             message = await self._js.get_msg(
-                self._subjects.jobs_stream,
-                subject=self._subjects.job(job_id, "submitted"),
-                direct=True,
+                self._subjects.jobs_stream, subject=self._subjects.job(job_id, "submitted")
             )
         except NotFoundError:
             return None
@@ -333,6 +338,10 @@ class FetchRefused(InputsError):
     """Intake refused to serve a file (its message says why); retrying will not help."""
 
 
+class FetchUnavailable(InputsError):
+    """Intake could not serve a file now; a later attempt may."""
+
+
 @dataclass(frozen=True, slots=True)
 class InputFetch:
     """How a runner asks intake for its input files (``InputDesk``)."""
@@ -354,6 +363,10 @@ class InputFetch:
             headers = answer.headers or {}
             if HEADER_ERROR in headers:
                 raise FetchRefused(headers[HEADER_ERROR])
+            if HEADER_UNAVAILABLE in headers:
+                raise FetchUnavailable(
+                    f"intake could not serve {sha256[:12]} now: {headers[HEADER_UNAVAILABLE]}"
+                )
             size = int(headers.get(HEADER_SIZE, "0"))
             seq = int(headers.get(HEADER_SEQ, str(after)))
             if answer.data:

@@ -85,6 +85,20 @@ def inbox_prefix(identity: str) -> str:
     return "_INBOX_" + identity
 
 
+def _inputs_upload(subjects: Subjects, tenant: str = "") -> list[str]:
+    """Put files into the inputs bucket of ``tenant`` ("" = the operator's) and read it back
+    (``mdq.bus.inputs.upload``: the bucket's info, an object's meta, its own objects' purge
+    when a put fails): that bucket and no other."""
+    bucket = subjects.inputs_bucket(tenant)
+    stream = f"OBJ_{bucket}"
+    return [f"$O.{bucket}.>", *_read_stream(stream), f"$JS.API.STREAM.PURGE.{stream}"]
+
+
+INPUTS_READ = ("$JS.API.DIRECT.GET.*", "$JS.API.DIRECT.GET.*.$O.*.M.*")
+"""Intake reads every inputs bucket (a tenant's is made when the tenant is added, so it is not
+named in advance): an object's meta by its name, its chunks by sequence (direct gets)."""
+
+
 def _read_stream(stream: str) -> list[str]:
     """Read a stream through ephemeral ordered consumers and direct gets (no durable)."""
     return [
@@ -203,7 +217,9 @@ def service_permissions(identity: str, subjects: Subjects, names: Names = Names(
         # tenants' policies (the admin's), and their usage as placement counts it
         publish += _bucket(subjects.tenants_bucket, write=False)
         publish += _bucket(subjects.waiting_bucket, write=False)
+        publish += INPUTS_READ  # submits' input files, and runners' requests for them
         subscribe += subjects.api_submit_subjects
+        subscribe.append(subjects.api_inputs(">"))
         respond = True
     elif identity == "placement":
         publish += [*_read_stream(jobs), *_read_stream(nodes)]
@@ -242,6 +258,7 @@ def service_permissions(identity: str, subjects: Subjects, names: Names = Names(
                 *COMMON_PUBLISH,
                 *_events(subjects, RUNNER_KINDS),
                 *_copies(subjects, "*"),
+                subjects.api_inputs(">"),
             ),
             subscribe=(f"{inbox_prefix(identity)}.>",),
             inbox_prefix=inbox_prefix(identity),
@@ -255,6 +272,7 @@ def service_permissions(identity: str, subjects: Subjects, names: Names = Names(
         publish += _read_stream(summaries)
     elif identity == "cli":
         publish += [subjects.submit, subjects.api_submit]
+        publish += _inputs_upload(subjects)  # the operator's jobs' input files
         publish += [*_read_stream(jobs), *_read_stream(progress), *_read_stream(nodes)]
         publish += _read_stream(summaries)
         publish += _bucket(subjects.waiting_bucket, write=False)
@@ -294,6 +312,7 @@ def tenant_permissions(subjects: Subjects, tenant: str) -> Permissions:
     stream = subjects.tenant_stream(tenant)
     prefix = inbox_prefix(identity)
     publish = [subjects.submit_for(tenant), subjects.api_submit_for(tenant)]
+    publish += _inputs_upload(subjects, tenant)  # its jobs' input files, in its own bucket
     publish += _read_stream(stream)
     publish += [f"$JS.API.CONSUMER.CREATE.{stream}.>", f"$JS.API.CONSUMER.DELETE.{stream}.*"]
     return Permissions(
@@ -310,7 +329,8 @@ RUNNER_NAME = "{{name()}}"
 
 def runner_permissions(subjects: Subjects, job_id: str = RUNNER_NAME) -> Permissions:
     """A runner may publish its own job's progress, checkpoints and outputs, ask for fresh
-    credentials for its own job, and hear the answers in its own inbox: nothing else.
+    credentials and for its input files for its own job, and hear the answers in its own inbox:
+    nothing else.
 
     Its identity is the job id (ids never clash with a service's name: they start with 12 hex
     digits and a dash). With the default ``job_id`` this is the template of the account's
@@ -326,6 +346,7 @@ def runner_permissions(subjects: Subjects, job_id: str = RUNNER_NAME) -> Permiss
             *_events(subjects, RUNNER_KINDS, job_id),
             *_copies(subjects, job_id),
             renewal,
+            subjects.api_inputs(job_id),  # its own job's input files, served by intake
         ),
         subscribe=(f"{prefix}.>",),
         inbox_prefix=prefix,
@@ -395,6 +416,7 @@ def account_bridge(subjects: Subjects) -> Bridge:
         # the nodes' load reports and their summaries (NS_NODES, NS_NODE_SUMMARIES)
         f"{subjects.namespace}.node.>",
         subjects.copies_all,  # the runners' copies of checkpoints and outputs (NS_COPIES)
+        "$O.>",  # the input files' object stores (an upload's chunks and meta)
     ]
     inboxes = [inbox_prefix(identity) for identity in IDENTITIES if identity != "runners"]
     inboxes.append(inbox_prefix(TENANT_PREFIX.rstrip(".")))
@@ -434,6 +456,10 @@ def _row(permissions: Permissions) -> str:
     for pattern in permissions.publish:
         if not pattern.startswith(("$", "_")):
             events.append(pattern)
+        elif pattern == "$JS.API.DIRECT.GET.*":
+            streams.append("any stream's messages by sequence (the inputs buckets)")
+        elif pattern == "$JS.API.DIRECT.GET.*.$O.*.M.*":
+            streams.append("any object store's metas by name")
         elif (direct := _after(pattern, "$JS.API.DIRECT.GET.")) and direct.partition(".")[2] != ">":
             read, _, subject = direct.partition(".")  # direct gets of some subjects only
             streams.append(f"{read} ({subject})")
@@ -443,6 +469,8 @@ def _row(permissions: Permissions) -> str:
             owns.append(f"consumer {durable.replace('.', '/')}")
         elif (bucket := _after(pattern, "$KV.")) is not None:
             writes.append(bucket.removesuffix(".>"))
+        elif (bucket := _after(pattern, "$O.")) is not None:
+            writes.append(f"object store {bucket.removesuffix('.>')}")
         elif bucket := _after(pattern, "$JS.API.STREAM.CREATE.KV_"):
             owns.append(f"bucket {bucket}")
 

@@ -125,6 +125,18 @@ class StorageSettings(BaseSettings):
     tenant_days: float = Field(
         default=30.0, gt=0, description="Each tenant's stream: how long an event is kept."
     )
+    inputs_bytes: ByteSize = Field(
+        default=ByteSize(1 * GiB),
+        gt=0,
+        description="The operator's inputs bucket (the input files of its jobs, an object "
+        "store, mdq.bus.inputs): size limit; when full, an upload is refused.",
+    )
+    tenant_inputs_bytes: ByteSize = Field(
+        default=ByteSize(256 * MiB),
+        gt=0,
+        description="Each tenant's inputs bucket (made by mdq tenant add): size limit, the "
+        "tenant's quota of input files; when full, the tenant's upload is refused.",
+    )
     registry_bytes: ByteSize = Field(
         default=ByteSize(512 * MiB),
         gt=0,
@@ -183,11 +195,12 @@ class StorageSettings(BaseSettings):
 
     def server_bytes(self) -> int:
         """File store one namespace's streams and buckets reserve on a server, with room for
-        ``expected_tenants`` tenant streams: the least ``max_file_store`` a server that holds
-        this namespace needs."""
+        ``expected_tenants`` tenants' streams and inputs buckets: the least ``max_file_store``
+        a server that holds this namespace needs."""
         return (
             self.streams_bytes()
             + int(self.registry_bytes)
             + self.BUCKETS_PER_NAMESPACE * int(self.bucket_bytes)
-            + self.expected_tenants * int(self.tenant_bytes)
+            + int(self.inputs_bytes)
+            + self.expected_tenants * (int(self.tenant_bytes) + int(self.tenant_inputs_bytes))
         )

@@ -33,7 +33,7 @@ import secrets
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
 from urllib.parse import urlencode
@@ -45,6 +45,7 @@ from rich.table import Table
 
 from mdq.auth import TrustMismatch, ensure_token_file, generate, nats_secrets_dir, rotate
 from mdq.bus.connect import CREDS_ENV
+from mdq.bus.inputs import Uploaded
 from mdq.cli import history
 from mdq.cli import recommend as recommendations
 from mdq.cli import status as stack_status
@@ -61,6 +62,7 @@ from mdq.core.recommend import UsageSample
 from mdq.core.spec import SpecError
 from mdq.core.state import JobState, JobView
 from mdq.sdk.client import IntakeUnavailable, MdqClient, SubmitRefused
+from mdq.sdk.inputs import LocalInput, resolve_inputs
 from mdq.sdk.jobfile import JobFileError, load_job_file
 from mdq.stack import (
     BACKENDS,
@@ -78,6 +80,8 @@ EXIT_REFUSED = 2
 EXIT_UNAVAILABLE = 3
 
 DEMO_FILE = Path("examples/demo.yaml")
+DEMO_FILES = {"openmm": DEMO_FILE, "lammps": Path("examples/lammps/demo.yaml")}
+"""The demo campaign of each engine (``mdq demo --engine``)."""
 DEMO_TIMEOUT_S = 540.0
 
 _WIDTH = None if sys.stdout.isatty() else 160
@@ -357,7 +361,17 @@ def _demo_file(path: Path) -> Path:
 @app.command()
 def demo(
     ctx: typer.Context,
-    file: Annotated[Path, typer.Option(help="The campaign to run.")] = DEMO_FILE,
+    file: Annotated[
+        Path | None,
+        typer.Option(help="The campaign to run (default: the engine's demo campaign)."),
+    ] = None,
+    engine: Annotated[
+        str,
+        typer.Option(
+            help="The demo campaign's engine: openmm (examples/demo.yaml) or lammps "
+            "(examples/lammps/demo.yaml: copper with EAM, a minimise → run → analyse chain)."
+        ),
+    ] = "openmm",
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the jobs.")] = DEMO_TIMEOUT_S,
     backend: Annotated[str, typer.Option(help="Execution backend.")] = "local",
     keep_up: Annotated[
@@ -369,13 +383,19 @@ def demo(
 ) -> None:
     """Run the demo campaign on a fresh stack (what `make run` does).
 
-    Starts the stack, submits examples/demo.yaml, shows live progress, prints the history read
-    back from PostgreSQL and the campaign's page in the web console, and stops (with
-    ``--keep-up``: after Ctrl-C). Exit 0 if every job succeeded, else 1.
+    Starts the stack, submits examples/demo.yaml (``--engine lammps``:
+    examples/lammps/demo.yaml, uploading its input files), shows live progress, prints the
+    history read back from PostgreSQL and the campaign's page in the web console, and stops
+    (with ``--keep-up``: after Ctrl-C). Exit 0 if every job succeeded, else 1.
     """
     options = _options(ctx)
+    if engine not in DEMO_FILES:
+        _print_refusal("--engine", f"must be one of {', '.join(DEMO_FILES)}, got {engine!r}")
+        raise typer.Exit(EXIT_REFUSED)
+    path = _demo_file(file or DEMO_FILES[engine])
     try:
-        request = load_job_file(_demo_file(file))
+        request = load_job_file(path)
+        files = resolve_inputs(request, path.parent, source=str(path))
     except JobFileError as error:
         _print_refusal(error.field, f"{error.source}: {error.message}")
         raise typer.Exit(EXIT_REFUSED) from None
@@ -388,6 +408,7 @@ def demo(
             _demo(
                 options,
                 request,
+                files=files,
                 running=running,
                 limit_s=timeout,
                 backend=backend,
@@ -404,6 +425,7 @@ async def _demo(
     options: GlobalOptions,
     request: pb.SubmitRequest,
     *,
+    files: Sequence[LocalInput] = (),
     running: StackInfo | None,
     limit_s: float,
     backend: str,
@@ -415,7 +437,7 @@ async def _demo(
         loop.add_signal_handler(signal.SIGTERM, task.cancel)
     if running is not None:
         console.print(f"using the stack already running on {running.state_dir}")
-        return await _demo_campaign(running, request, limit_s=limit_s)
+        return await _demo_campaign(running, request, files=files, limit_s=limit_s)
     stack = Stack(
         state_dir=options.state_dir,
         namespace=options.namespace,
@@ -426,7 +448,7 @@ async def _demo(
     console.print("starting the stack ...")
     async with stack:
         _print_stack(stack.info)
-        code = await _demo_campaign(stack.info, request, limit_s=limit_s)
+        code = await _demo_campaign(stack.info, request, files=files, limit_s=limit_s)
         if keep_up:
             console.print("the stack stays up; press Ctrl-C to stop it")
             with contextlib.suppress(asyncio.CancelledError):
@@ -446,12 +468,20 @@ def campaign_url(info: StackInfo, request: pb.SubmitRequest) -> str:
     return info.console_link("jobs")
 
 
-async def _demo_campaign(info: StackInfo, request: pb.SubmitRequest, *, limit_s: float) -> int:
+async def _demo_campaign(
+    info: StackInfo,
+    request: pb.SubmitRequest,
+    *,
+    files: Sequence[LocalInput] = (),
+    limit_s: float,
+) -> int:
     started = time.monotonic()
     async with await MdqClient.connect(
         info.nats_url, info.namespace, name="mdq-demo", creds=info.nats_creds
     ) as client:
         try:
+            if files:
+                _print_uploaded(await client.upload_inputs(files))
             job_ids = await _submit_when_ready(client, request, ready_within=60.0)
         except SubmitRefused as error:
             _print_refusal(error.field, error.message)
@@ -479,6 +509,16 @@ async def _demo_campaign(info: StackInfo, request: pb.SubmitRequest, *, limit_s:
     return code
 
 
+def _print_uploaded(uploaded: Sequence[Uploaded]) -> None:
+    """One line on stderr: the input files sent, and those the bucket had already."""
+    sent = [file for file in uploaded if file.sent]
+    err_console.print(
+        f"input files: {len(sent)} uploaded ({sum(file.size_bytes for file in sent)} bytes), "
+        f"{len(uploaded) - len(sent)} already there",
+        highlight=False,
+    )
+
+
 def _user() -> str:
     try:
         return getpass.getuser()
@@ -499,10 +539,13 @@ def submit(
 ) -> None:
     """Submit the jobs of FILE and print their ids.
 
-    Exit 2 with the field and message when the submit is refused.
+    The input files the jobs name (``inputs``, a LAMMPS job's script) are read relative to
+    FILE, checked, and uploaded first (docs/engines.md). Exit 2 with the field and message
+    when the submit is refused.
     """
     try:
         request = load_job_file(file)
+        files = resolve_inputs(request, file.parent, source=str(file))
     except JobFileError as error:
         _print_refusal(error.field, f"{error.source}: {error.message}")
         raise typer.Exit(EXIT_REFUSED) from None
@@ -512,6 +555,8 @@ def submit(
     endpoints = _endpoints(ctx)
 
     async def work(client: MdqClient) -> int:
+        if files:
+            _print_uploaded(await client.upload_inputs(files))
         job_ids = await client.submit(request)
         for job_id in job_ids:
             console.print(job_id, highlight=False)
