@@ -246,6 +246,8 @@ class LammpsEngine:
         self.atoms = int(self._lmp.get_natoms())
         if self.atoms <= 0:
             raise InvalidInputError(f"{script_name} creates no atoms")
+        units = str(self._lmp.extract_global("units"))
+        log.info("built %d atoms from %s (LAMMPS, units %s)", self.atoms, script_name, units)
         if loaded is not None:
             log.info("resuming from %s at step %d", loaded.file.path, loaded.file.step)
             return StartPoint(resumed_step=loaded.file.step)
