@@ -15,7 +15,11 @@ The rules, in short (docs/security.md has the full table):
   migration Job run as admin before any service starts);
 - a runner publishes only its own job's progress, checkpoints and outputs, and writes and reads
   only its own job's copies in the shared store (its credentials are minted per attempt,
-  ``runner_permissions``);
+  ``runner_permissions``); it reads no inputs bucket: it asks intake for its own job's input
+  files (``mdq.bus.inputs``);
+- a tenant and the operator's client write their own inputs bucket only (an Object Store, each
+  tenant's with its quota as size limit); intake reads them all, for the runners and to check
+  a submit's files;
 - every identity has its own reply-inbox prefix, so no one can listen to another's replies.
 
 Pure: no I/O. It lives beside ``Subjects`` (which the pure core may not import), so a
