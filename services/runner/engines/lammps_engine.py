@@ -54,7 +54,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar, cast
 
-from mdq.contracts import pb
 from mdq.core.engines import LAMMPS
 from mdq.core.ids import job_name_of
 from mdq.core.lammps_script import (
@@ -230,12 +229,10 @@ class LammpsEngine:
         self._job_dir = setup.task.job_dir
         self._work = setup.work_dir
         self.checkpoints = RestartStore(directory=self._job_dir / CHECKPOINT_DIR)
-        self._minimizing = self._spec.task == pb.TASK_MINIMIZE
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lammps")
         self._lmp: Any = None
         self._factors: UnitFactors = factors("lj")
         self._ran = False
-        self._resumed = False
         self.units = ""
         self.atoms = 0
         self.timestep_ps = 0.0
@@ -299,7 +296,6 @@ class LammpsEngine:
         self._configure_output()
         if loaded is None and self._step() != 0:
             self._lmp.command("reset_timestep 0")
-        self._resumed = loaded is not None
         self.atoms = int(self._lmp.get_natoms())
         if self.atoms <= 0:
             raise InvalidInputError(f"{script_name} creates no atoms")
