@@ -27,19 +27,26 @@ The ns/day the runner writes into its own progress events is printed as
 ``mdq_self_reported_ns_per_day`` for comparison only; no ratio uses it.
 
 Systems: a water box of 2,661 atoms (3 nm TIP3P, PME, 2 fs) and an argon Lennard-Jones fluid
-of 1,000 atoms (reduced density 0.8442, 2.5 sigma cutoff). OpenMM runs one CPU thread by
-default (``--threads``): on a 2-core machine two threads would share the cores with NATS, the
-runner's event loop and this process, and a fast system's per-step thread barriers turn every
-such interruption into lost time, which measures the machine rather than the runner. Runs
+of 1,000 atoms (reduced density 0.8442, 2.5 sigma cutoff) on OpenMM, and LAMMPS's own
+Lennard-Jones melt (``examples/lammps/in.lj-melt``, 4,000 atoms, reduced units) on LAMMPS: the
+runner (the script fetched through intake's desk, checked command by command, mdq's thermo
+output, verified restart files) against ``bench/bare_lammps.py``, a bare loop of the ``lammps``
+Python module on the same script with the same reports and restart files. Each engine runs
+one CPU thread by default (``--threads``): on a 2-core machine two threads would share the
+cores with NATS, the runner's event loop and this process, and a fast system's per-step thread
+barriers turn every such interruption into lost time, which measures the machine rather than
+the runner. Runs
 alternate bare, mdq, mdq, bare (ABBA) per round so drifts of the machine's load hit both sides
 alike; each side's speed is the best of its runs (the least disturbed by other load on this
 shared machine), and the ratio of the means is printed too. Both sides' energy tables must
 have the same number of rows and both must have written a checkpoint, or the bench fails.
-``--quick`` runs a 2.5 nm water box only, 2,100 steps reported every 100 and checkpointed
-every 1,000, one round (a check that the bench works; its ratio weighs start-up more). The
-last line printed is one JSON object with ``bare_ns_per_day``, ``mdq_ns_per_day`` and
-``ratio`` of the system with the worst (wall-clock) ratio, every system's figures, and the
-load average before and after.
+``--quick`` runs a 2.5 nm water box and the LAMMPS melt only, 2,100 steps reported every 100
+and checkpointed every 1,000, one round (a check that the bench works; its ratio weighs
+start-up more). The last line printed is one JSON object with ``bare_ns_per_day``,
+``mdq_ns_per_day`` and ``ratio`` of the system with the worst (wall-clock) ratio, whichever the
+engine, ``lammps_ratio`` and ``lammps_bare_steps_per_s`` (LAMMPS's wall-clock ratio and the
+bare loop's timesteps per second), every system's figures, and the load average before and
+after.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import csv
+import hashlib
 import json
 import os
 import statistics
@@ -57,10 +65,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from google.protobuf import json_format
+from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from mdq.bus.codec import decode_event
 from mdq.bus.connect import connect
+from mdq.bus.inputs import InputDesk, ensure_inputs_bucket, upload
+from mdq.bus.publisher import EventPublisher
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.runner_task import RunnerTask, job_dir
@@ -70,7 +81,17 @@ from mdq.embedded import SHARED_FILE_STORE, start_nats
 REPO_ROOT = Path(__file__).resolve().parents[1]
 REPORT_EVERY = 1_000
 CHECKPOINT_EVERY = 10_000
-QUICK = {"water_steps": 2_100, "water_box_nm": 2.5, "report_every": 100, "checkpoint_every": 1_000}
+QUICK = {
+    "water_steps": 2_100,
+    "water_box_nm": 2.5,
+    "lammps_steps": 2_100,
+    "report_every": 100,
+    "checkpoint_every": 1_000,
+}
+LAMMPS_SCRIPT = REPO_ROOT / "examples" / "lammps" / "in.lj-melt"
+LAMMPS_TIMESTEP_TAU = 0.005
+"""The Lennard-Jones melt's time step (LAMMPS's lj default), in tau: the "ns/day" of that case
+is in reduced time; its ratio and steps per second are what count."""
 """``--quick``: a smaller water box, a tenth of the steps and of both intervals (one checkpoint
 still falls inside the run), one round."""
 SECONDS_PER_DAY = 86_400.0
@@ -122,6 +143,10 @@ class Case:
     """The runner with ``MDQ_RUNNER_COPY_TO_SHARED_STORE=false``: what copying costs."""
 
     def summary(self) -> dict[str, object]:
+        steps_per_s = {
+            "bare_steps_per_s": round(self.spec.steps / min(run.wall_s for run in self.bare), 2),
+            "mdq_steps_per_s": round(self.spec.steps / min(run.wall_s for run in self.mdq), 2),
+        }
         bare_wall = [run.wall_ns_per_day for run in self.bare]
         mdq_wall = [run.wall_ns_per_day for run in self.mdq]
         bare_steady = [run.steady_ns_per_day for run in self.bare]
@@ -149,6 +174,7 @@ class Case:
                 statistics.fmean(mdq_steady) / statistics.fmean(bare_steady), 4
             ),
             "energy_rows": self.mdq[-1].energy_rows,
+            **steps_per_s,
             **self.copies_summary(mdq_wall, mdq_steady),
         }
 
@@ -179,6 +205,28 @@ def job_spec(
         seed=1,
         report_interval_steps=report_every,
         checkpoint_interval_steps=checkpoint_every,
+    )
+    return normalize_job(spec, "bench")
+
+
+def lammps_spec(
+    args: argparse.Namespace, *, steps: int, report_every: int, checkpoint_every: int
+) -> pb.JobSpec:
+    """The LAMMPS case: the Lennard-Jones melt of examples/lammps, its script an input file."""
+    data = LAMMPS_SCRIPT.read_bytes()
+    spec = pb.JobSpec(
+        name="lj-melt",
+        system=pb.System(
+            lammps=pb.LammpsInput(
+                script=LAMMPS_SCRIPT.name, variables={"N": str(args.lammps_cells)}
+            )
+        ),
+        steps=steps,
+        report_interval_steps=report_every,
+        checkpoint_interval_steps=checkpoint_every,
+    )
+    spec.inputs.add(
+        name=LAMMPS_SCRIPT.name, sha256=hashlib.sha256(data).hexdigest(), size_bytes=len(data)
     )
     return normalize_job(spec, "bench")
 
@@ -238,6 +286,80 @@ async def bare_run(spec: pb.JobSpec, *, threads: int, out_dir: Path) -> tuple[Ti
     return timed, atoms
 
 
+def is_lammps(spec: pb.JobSpec) -> bool:
+    return bool(spec.system.WhichOneof("kind") == "lammps")
+
+
+def timestep_of(spec: pb.JobSpec) -> float:
+    return LAMMPS_TIMESTEP_TAU if is_lammps(spec) else spec.timestep_fs / 1000.0
+
+
+async def bare_lammps_run(spec: pb.JobSpec, *, threads: int, out_dir: Path) -> tuple[Timed, int]:
+    """The bare loop of the lammps module in a process of its own (``bench/bare_lammps.py``);
+    and the atom count."""
+    reports: list[tuple[float, int]] = []
+    atoms = 0
+    variables = [
+        argument
+        for name, value in sorted(spec.system.lammps.variables.items())
+        for argument in ("--var", name, value)
+    ]
+    started = time.monotonic()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(REPO_ROOT / "bench" / "bare_lammps.py"),
+        str(LAMMPS_SCRIPT),
+        str(out_dir),
+        f"--steps={spec.steps}",
+        f"--threads={threads}",
+        f"--report-every={spec.report_interval_steps}",
+        f"--checkpoint-every={spec.checkpoint_interval_steps}",
+        *variables,
+        cwd=REPO_ROOT,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert process.stdout is not None and process.stderr is not None
+    errors = asyncio.create_task(process.stderr.read())
+    async for line in process.stdout:
+        received = time.monotonic()
+        word, _, value = line.decode().partition(" ")
+        if word == "step":
+            reports.append((received, int(value)))
+        elif word == "atoms":
+            atoms = int(value)
+    returncode = await process.wait()
+    wall = time.monotonic() - started
+    if returncode != 0:
+        raise RuntimeError(f"bare LAMMPS exited {returncode}:\n{(await errors).decode()[-2000:]}")
+    await errors
+    if spec.steps > spec.checkpoint_interval_steps and not sorted(
+        (out_dir / "checkpoints").glob("ckpt-*.restart")
+    ):
+        raise RuntimeError("bare LAMMPS wrote no restart: the benchmark is not measuring one")
+    timed = Timed(
+        steps=spec.steps,
+        timestep_ps=LAMMPS_TIMESTEP_TAU,
+        wall_s=wall,
+        reports=reports,
+        energy_rows=energy_rows(out_dir / "energies.csv"),
+    )
+    return timed, atoms
+
+
+async def stage_inputs(client: Client, subjects: Subjects, job_id: str, spec: pb.JobSpec) -> None:
+    """What intake does for a job with input files: the files in the operator's bucket and
+    the job's submitted event (the desk serves a job what its spec names)."""
+    js = client.jetstream()
+    bucket = await ensure_inputs_bucket(js, subjects, max_bytes=64 << 20)
+    await upload(js, bucket, LAMMPS_SCRIPT)
+    publisher = EventPublisher(js=js, subjects=subjects, producer="intake")
+    await publisher.publish(
+        publisher.event("submitted", pb.JobSubmitted(spec=spec), job_id=job_id, attempt=0)
+    )
+
+
 async def mdq_run(
     spec: pb.JobSpec, *, threads: int, nats_url: str, data_dir: Path, run: int, copies: bool = True
 ) -> Timed:
@@ -260,6 +382,11 @@ async def mdq_run(
     await client.jetstream().subscribe(
         subjects.progress(job_id), cb=on_progress, ordered_consumer=True
     )
+    desk: InputDesk | None = None
+    if spec.inputs:  # a LAMMPS job: its script comes through intake's desk
+        await stage_inputs(client, subjects, job_id, spec)
+        desk = InputDesk(client, subjects)
+        await desk.start()
     task = RunnerTask(
         job_id=job_id,
         attempt=1,
@@ -292,11 +419,18 @@ async def mdq_run(
     if process.returncode != 0:
         raise RuntimeError(f"runner exited {process.returncode}:\n{stderr.decode()[-2000:]}")
     last = await asyncio.wait_for(finished, 30)
+    if desk is not None:
+        await desk.stop()
     await client.drain()
-    check_checkpointed(spec, task.job_dir / "checkpoints", "the runner")
+    folder = task.job_dir / "checkpoints"
+    if is_lammps(spec):
+        if spec.steps > spec.checkpoint_interval_steps and not sorted(folder.glob("*.restart")):
+            raise RuntimeError("the runner wrote no restart: the benchmark is not measuring one")
+    else:
+        check_checkpointed(spec, folder, "the runner")
     return Timed(
         steps=spec.steps,
-        timestep_ps=spec.timestep_fs / 1000.0,
+        timestep_ps=timestep_of(spec),
         wall_s=wall,
         reports=reports,
         energy_rows=energy_rows(task.job_dir / "energies.csv"),
@@ -320,12 +454,20 @@ async def main() -> None:
     parser.add_argument("--lj-steps", type=int, default=21_000)
     parser.add_argument("--water-box-nm", type=float, default=3.0)
     parser.add_argument("--lj-atoms", type=int, default=1000)
+    parser.add_argument("--lammps-steps", type=int, default=10_500)
     parser.add_argument(
-        "--systems", default="water_box,lennard_jones", help="comma-separated subset to run"
+        "--lammps-cells", type=int, default=10, help="fcc cells a side (4 N^3 atoms)"
+    )
+    parser.add_argument(
+        "--systems",
+        default="water_box,lennard_jones,lammps",
+        help="comma-separated subset to run",
     )
     parser.add_argument("--report-every", type=int, default=REPORT_EVERY)
     parser.add_argument("--checkpoint-every", type=int, default=CHECKPOINT_EVERY)
-    parser.add_argument("--quick", action="store_true", help=f"water box only, one round, {QUICK}")
+    parser.add_argument(
+        "--quick", action="store_true", help=f"water box and LAMMPS only, one round, {QUICK}"
+    )
     parser.add_argument(
         "--no-uncopied",
         action="store_true",
@@ -333,7 +475,7 @@ async def main() -> None:
     )
     args = parser.parse_args()
     if args.quick:
-        args.systems, args.rounds = "water_box", 1
+        args.systems, args.rounds = "water_box,lammps", 1
         for key, value in QUICK.items():
             setattr(args, key, value)
     intervals = {"report_every": args.report_every, "checkpoint_every": args.checkpoint_every}
@@ -357,11 +499,14 @@ async def main() -> None:
                 **intervals,
             ),
         ),
+        Case(name="lammps", spec=lammps_spec(args, steps=args.lammps_steps, **intervals)),
     ]
     wanted = set(args.systems.split(","))
     cases = [case for case in cases if case.name in wanted]
     if not cases:
-        parser.error(f"--systems: choose from water_box, lennard_jones, got {args.systems!r}")
+        parser.error(
+            f"--systems: choose from water_box, lennard_jones, lammps, got {args.systems!r}"
+        )
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="mdq-bench-runner-") as temp:
         # a namespace per run, on one server
@@ -374,7 +519,8 @@ async def main() -> None:
                     for side in ONLY_COPIED if args.no_uncopied else SIDES:
                         run += 1
                         if side == "bare":
-                            timed, case.atoms = await bare_run(
+                            bare = bare_lammps_run if is_lammps(case.spec) else bare_run
+                            timed, case.atoms = await bare(
                                 case.spec, threads=args.threads, out_dir=Path(temp) / f"bare{run}"
                             )
                             case.bare.append(timed)
@@ -417,6 +563,10 @@ async def main() -> None:
         "bare_steady_ns_per_day": summaries[worst]["bare_steady_ns_per_day"],
         "mdq_steady_ns_per_day": summaries[worst]["mdq_steady_ns_per_day"],
         "steady_ratio": summaries[worst]["steady_ratio"],
+        "lammps_ratio": summaries["lammps"]["ratio"] if "lammps" in summaries else None,
+        "lammps_bare_steps_per_s": (
+            summaries["lammps"]["bare_steps_per_s"] if "lammps" in summaries else None
+        ),
         "copies_ratio": min_of(summaries, "copies_ratio"),
         "copies_steady_ratio": min_of(summaries, "copies_steady_ratio"),
         "measured": "by the bench: spawn to exit (wall), report receipt times (steady)",

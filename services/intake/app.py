@@ -26,6 +26,12 @@
   ``application/x-protobuf``). On a transient NATS error no reply is sent: the client times out
   and retries with the same key, which is safe.
 
+- ``subjects.api_inputs(<job id>)`` is where runners ask for their job's input files, one chunk
+  per request (``mdq.bus.inputs.InputDesk``, same queue group): intake serves a job only the
+  objects its own submitted spec names, from its own tenant's inputs bucket. Before accepting a
+  submit that names input files, intake checks them against that bucket and checks its LAMMPS
+  scripts (``services.intake.inputs``).
+
 ``Intake.start()`` / ``stop()`` run it inside another program (tests); ``Intake.run()`` serves
 until cancelled, which ``python -m services.intake`` does on SIGTERM (``mdq.bus.runtime``).
 """
@@ -55,6 +61,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from mdq.backoff import keep_trying, redact_url
 from mdq.bus.connect import NATS_NOT_READY, auth_options, wait_for_nats
+from mdq.bus.inputs import InputDesk
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.requests import Requests
 from mdq.bus.storage import StorageSettings
@@ -72,6 +79,7 @@ from services.intake.handlers import (
     serialize_reply,
 )
 from services.intake.history import UsageHistory
+from services.intake.inputs import InputsCheck
 from services.intake.registry import SubmitRegistry
 from services.intake.room import JobsLogRoom, LogSize
 from services.intake.tenants import TenantGate, UsageReader
@@ -215,6 +223,8 @@ class Intake:
         self._requests: set[asyncio.Task[None]] = set()
         self._request_subscriptions: list[Subscription] = []
         self._tenants: TenantDirectory | None = None
+        self._desk: InputDesk | None = None
+        """Answers runners asking for their input files (``mdq.bus.inputs``)."""
         self._register()
 
     @property
@@ -343,10 +353,15 @@ class Intake:
             )
             for subject in self.subjects.api_submit_subjects
         ]
+        if self._desk is not None:
+            await self._desk.start(queue=self.settings.queue_group)
 
     async def stop_requests(self) -> None:
         """Stop taking requests and let those in hand finish."""
         subscriptions, self._request_subscriptions = self._request_subscriptions, []
+        if self._desk is not None:
+            with contextlib.suppress(Exception):
+                await self._desk.stop()
         for subscription in subscriptions:
             with contextlib.suppress(Exception):
                 await subscription.unsubscribe()
@@ -432,7 +447,9 @@ class Intake:
             history=self._history.samples if self.settings.recommend_resources else None,
             auto_resources=self.settings.auto_resources,
             limits=self._runaway_limits(LimitSettings().defaults()),
+            inputs=InputsCheck(js, self.subjects),
         )
+        self._desk = InputDesk(connection, self.subjects)
 
     def _runaway_limits(self, defaults: RunawayLimits) -> Callable[[str], RunawayLimits]:
         """tenant ("" the operator) -> its runaway limits: its policy's (read live from the

@@ -94,6 +94,7 @@ from mdq.core.recommend import UsageSample, recommend_job
 from mdq.core.spec import AcceptedJob, SpecError, validate_key, validate_submit
 from mdq.core.tenants import RateRefusal, RunawayLimits, apply_runaway_limits
 from mdq.forcefields import ForceFieldFolders
+from services.intake.inputs import InputsCheck
 from services.intake.registry import JOB_ID_PATTERN, Claim, SubmitRegistry
 from services.intake.room import JobsLogRoom
 from services.intake.tenants import TenantGate
@@ -419,10 +420,14 @@ class SubmitHandler:
         history: Callable[[], Sequence[UsageSample]] | None = None,
         auto_resources: bool = False,
         limits: Callable[[str], RunawayLimits] | None = None,
+        inputs: InputsCheck | None = None,
     ) -> None:
         self._publisher = publisher
         self._limits = limits
         """tenant ("" the operator) -> its runaway limits (docs/control.md); None: none."""
+        self._inputs = inputs
+        """Checks the jobs' input files against the submitter's bucket and their LAMMPS
+        scripts (``services.intake.inputs``); None: a submit naming input files is refused."""
         self._auto_resources = auto_resources
         """A job that states neither cpu nor memory_mb is resources.auto (docs/requests.md)."""
         self._history = history
@@ -537,6 +542,8 @@ class SubmitHandler:
                     specs = [job.spec for job in accepted]
                     if (refused := await self._gate.refusal(read.tenant, specs)) is not None:
                         raise refused  # a retry of an accepted submit still gets its reply
+                if any(job.spec.inputs for job in accepted):
+                    await self._check_inputs(read, accepted)
             except SpecError as error:
                 aside.append(self._answer_invalid(read, error, answer))
                 continue
@@ -556,6 +563,16 @@ class SubmitHandler:
                 )
             )
         await asyncio.gather(self._accept_together(ready, answer), *aside)
+
+    async def _check_inputs(self, read: _Read, accepted: Sequence[AcceptedJob]) -> None:
+        """SpecError unless every job's input files are in the submitter's bucket and its
+        LAMMPS scripts pass (``services.intake.inputs``), named in submitted order."""
+        if self._inputs is None:
+            raise SpecError("jobs", "this intake reads no input files: submit jobs without inputs")
+        specs = {job.name: job.spec for job in accepted}
+        ordered = [specs[job.name] for job in read.request.jobs]
+        if (refused := await self._inputs.refusal(read.tenant, ordered)) is not None:
+            raise refused
 
     async def _answer_invalid(self, read: _Read, error: SpecError, answer: Answer) -> None:
         """A submit that does not validate (or its tenant may not submit): refused, unless

@@ -18,8 +18,8 @@ from services.runner.checkpoints import write_atomically
 from services.runner.energies import FILE_NAME as ENERGIES_FILE
 from services.runner.energies import read_samples
 from services.runner.errors import InvalidInputError
-from services.runner.recipes import dependency_file
-from services.runner.system import EnergySample
+from services.runner.paths import dependency_file
+from services.runner.samples import EnergySample
 
 FILE_NAME = "analysis.json"
 

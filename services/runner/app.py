@@ -12,7 +12,9 @@ The runner trusts nothing it is handed (``checked_task``): the spec is validated
 intake validates it (force-field names included, against OpenMM's data and
 MDQ_FORCEFIELD_DIR), the job and input folders must be the ones the data folder gives those
 job ids, and an invalid task exits INVALID_INPUT with one log line naming the problem. The
-attempt runs in its job's own folder (the working directory), never in the data folder.
+attempt runs in its job's own folder (the working directory), never in the data folder; the
+engine (``services.runner.engines``: OpenMM or LAMMPS, by the job's system) is imported only
+once the task is known.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from nats.aio.client import Client
 
 from mdq.bus.connect import CREDS_ENV, connect
 from mdq.bus.copies import CopyStore
+from mdq.bus.inputs import InputFetch
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.runner_creds import RenewableCreds
 from mdq.core.exit_codes import RunnerExit
@@ -42,12 +45,13 @@ from mdq.core.spec import SpecError, normalize_job
 from mdq.forcefields import ForceFieldFolders
 from mdq.settings import CommonSettings
 from services.runner.copies import CheckpointCopier
+from services.runner.engines import unstable
 from services.runner.errors import RunnerError
+from services.runner.inputs import InputFetcher
 from services.runner.md import TASKS, RunContext
 from services.runner.metrics import RunnerMetrics
 from services.runner.outbox import Outbox
 from services.runner.settings import RunnerSettings
-from services.runner.system import is_nan_error
 from services.runner.usage import measure
 
 log = logging.getLogger("mdq.runner")
@@ -88,7 +92,7 @@ def exit_code_for(error: BaseException) -> RunnerExit:
         return RunnerExit.NO_SPACE
     if isinstance(error, MemoryError) or "bad_alloc" in str(error):
         return RunnerExit.OUT_OF_MEMORY
-    if is_nan_error(error):
+    if unstable(error):
         return RunnerExit.UNSTABLE
     return RunnerExit.CRASHED
 
@@ -189,6 +193,9 @@ async def run(task: RunnerTask, *, common: CommonSettings, settings: RunnerSetti
         copier=None
         if copies is None
         else CheckpointCopier(copies, outbox, job_id=task.job_id, attempt=task.attempt),
+        inputs=InputFetcher(InputFetch(client, common.subjects, task.job_id))
+        if task.spec.inputs
+        else None,
     )
     code = RunnerExit.CRASHED  # until the task says otherwise (for the usage report)
     try:

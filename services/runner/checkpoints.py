@@ -30,13 +30,13 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-
-import openmm
-import openmm.unit as unit
+from typing import TYPE_CHECKING
 
 from mdq.contracts import pb
-from services.runner.system import parse_state
 from services.runner.trajectory import TrajectoryMark
+
+if TYPE_CHECKING:  # OpenMM is imported where a State XML is read, not by every engine
+    import openmm
 
 log = logging.getLogger(__name__)
 
@@ -277,6 +277,10 @@ class CheckpointStore:
             sha256 = str(sidecar.get("sha256") or "")
         if sha256 and actual != sha256:
             raise ValueError(f"sha256 is {actual}, expected {sha256}")
+        import openmm.unit as unit
+
+        from services.runner.system import parse_state
+
         state = parse_state(data.decode(errors="replace"))
         recorded_step = int(state.getStepCount())
         if recorded_step != step:

@@ -9,7 +9,7 @@
   for the copy in progress and the one waiting, so a preempted attempt's last checkpoint is
   copied too; a successful attempt's outputs are copied before its ``outputs`` event.
 * ``fetch_resume_copy`` brings the announced checkpoint from the store when the job's folder
-  does not hold it (a retry on another cluster); ``CheckpointStore.load`` then checks its
+  does not hold it (a retry on another cluster); the engine's checkpoint loading then checks its
   sha256 as it checks any checkpoint.
 """
 
@@ -21,13 +21,26 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Protocol
 
 from mdq.bus.copies import CopyStore, CopyUnusable, FileToCopy, other_slot, parse_copy_slot
 from mdq.contracts import pb
-from services.runner.checkpoints import CheckpointFile, CheckpointStore
+from services.runner.checkpoints import CheckpointFile
 from services.runner.outbox import Outbox
 
 log = logging.getLogger(__name__)
+
+
+class CheckpointFolder(Protocol):
+    """An engine's checkpoint folder, as the fetcher of a copy sees it (OpenMM's
+    ``CheckpointStore``, LAMMPS's restart folder)."""
+
+    @property
+    def directory(self) -> Path: ...
+
+    def holds(self, checkpoint: pb.Checkpoint) -> bool: ...
+
+    def remove_temporaries(self) -> None: ...
 
 
 class CheckpointCopier:
@@ -140,12 +153,12 @@ class CheckpointCopier:
 
 
 async def fetch_resume_copy(
-    announced: pb.Checkpoint | None, *, job_id: str, store: CheckpointStore, copies: CopyStore
+    announced: pb.Checkpoint | None, *, job_id: str, store: CheckpointFolder, copies: CopyStore
 ) -> pb.CopyFetched | None:
     """Bring the copy of ``announced`` into the job's checkpoint folder when the folder does
     not hold the checkpoint itself (a retry on another cluster than the one that wrote it);
     what was fetched (the copy's checkpoint, bytes, seconds), None if nothing was (no copy
-    announced, the file is here, or no usable copy: ``CheckpointStore.load`` then falls back
+    announced, the file is here, or no usable copy: the engine's checkpoint loading then falls back
     as it always does).
 
     The announced copy's slot is tried first, then the other slot of the same attempt: a

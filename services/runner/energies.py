@@ -1,25 +1,51 @@
 """The energy table of a job: ``job_dir/energies.csv``, one row per progress report.
 
 Columns: step, time_ps, potential_kj_mol, kinetic_kj_mol, temperature_k, volume_nm3,
-density_g_cm3 (the last two 0 for a non-periodic system; tables without them still read). An
-attempt that resumes from a checkpoint first drops the rows after the checkpoint's step (work
-the failed attempt did that is being redone), so the table describes one trajectory.
+density_g_cm3 (0 for a non-periodic system), total_kj_mol, pressure_bar (empty where the engine
+computes no pressure); tables without the later columns still read. The same table for every
+engine (docs/engines.md). An attempt that resumes from a checkpoint first drops the rows after
+the checkpoint's step (work the failed attempt did that is being redone), so the table describes
+one trajectory.
 """
 
 from __future__ import annotations
 
 import csv
 import io
-from dataclasses import astuple, fields
 from pathlib import Path
 from types import TracebackType
 from typing import TextIO
 
 from services.runner.checkpoints import write_atomically
-from services.runner.system import EnergySample
+from services.runner.samples import EnergySample
 
 FILE_NAME = "energies.csv"
-COLUMNS = tuple(field.name for field in fields(EnergySample))
+COLUMNS = (
+    "step",
+    "time_ps",
+    "potential_kj_mol",
+    "kinetic_kj_mol",
+    "temperature_k",
+    "volume_nm3",
+    "density_g_cm3",
+    "total_kj_mol",
+    "pressure_bar",
+)
+
+
+def row_of(sample: EnergySample) -> tuple[object, ...]:
+    """The table's row of ``sample`` (in ``COLUMNS`` order)."""
+    return (
+        sample.step,
+        sample.time_ps,
+        sample.potential_kj_mol,
+        sample.kinetic_kj_mol,
+        sample.temperature_k,
+        sample.volume_nm3,
+        sample.density_g_cm3,
+        sample.total_kj_mol,
+        "" if sample.pressure_bar is None else sample.pressure_bar,
+    )
 
 
 class EnergyLog:
@@ -36,7 +62,7 @@ class EnergyLog:
         buffer = io.StringIO()
         writer = csv.writer(buffer)
         writer.writerow(COLUMNS)
-        writer.writerows(astuple(sample) for sample in kept)
+        writer.writerows(row_of(sample) for sample in kept)
         write_atomically(path, buffer.getvalue().encode())
         self._handle: TextIO = path.open("a", newline="")
         self._writer = csv.writer(self._handle)
@@ -44,7 +70,7 @@ class EnergyLog:
         """Rows in the table now."""
 
     def append(self, sample: EnergySample) -> None:
-        self._writer.writerow(astuple(sample))
+        self._writer.writerow(row_of(sample))
         self._handle.flush()
         self.rows += 1
 
@@ -85,6 +111,7 @@ def read_samples(
                     temperature_k=float(row["temperature_k"]),
                     volume_nm3=float(row.get("volume_nm3") or 0.0),
                     density_g_cm3=float(row.get("density_g_cm3") or 0.0),
+                    pressure_bar=float(pressure) if (pressure := row.get("pressure_bar")) else None,
                 )
             except (KeyError, TypeError, ValueError) as error:
                 if skip_malformed:

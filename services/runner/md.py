@@ -1,15 +1,16 @@
 """The three tasks of a runner: MD, minimisation and analysis, each returning its exit code.
 
-MD integrates in chunks that end on report, trajectory and checkpoint boundaries (and are at
-most ``max_chunk_steps`` long); each chunk runs in a worker thread so the event loop keeps
-publishing. Between chunks the loop reports (energies, volume, density, ns/day, ETA), checks
-stability and convergence, writes trajectory frames, checkpoints (every
-``checkpoint_interval_steps`` steps, and after ``checkpoint_interval_s`` seconds when set), and
-honours a stop request (SIGTERM) by checkpointing at once and exiting PREEMPTED, and a folder
-grown past the job's ``max_disk_mb`` the same way, exiting LIMIT_EXCEEDED. A successful
-run leaves the final state, the trajectory and the energy table in the job's output folder and
-announces them, with their sha256, in an ``outputs`` event; its last checkpoint is of its final
-step, which an extend continues from.
+The loops here are the same for every engine (``services.runner.engines``, docs/engines.md):
+MD advances the engine in chunks that end on report, checkpoint and engine boundaries (and are
+at most ``max_chunk_steps`` long); each chunk runs in a worker thread so the event loop keeps
+publishing. Between chunks the loop reports (energies, volume, density, pressure, ns/day, ETA),
+checks stability and convergence, checkpoints (every ``checkpoint_interval_steps`` steps, and
+after ``checkpoint_interval_s`` seconds when set), and honours a stop request (SIGTERM) by
+checkpointing at once and exiting PREEMPTED, and a folder grown past the job's
+``max_disk_mb`` the same way, exiting LIMIT_EXCEEDED. A successful run leaves the engine's
+final state and files and the energy table in the job's output folder and announces them,
+with their sha256, in an ``outputs`` event; its last checkpoint is of its final step, which an extend
+continues from.
 """
 
 from __future__ import annotations
@@ -22,47 +23,37 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import openmm
 
 from mdq.bus.copies import CopyStore
 from mdq.contracts import pb
 from mdq.core.convergence import ConvergenceTracker, done_reason
 from mdq.core.exit_codes import RunnerExit
-from mdq.core.runner_task import RunnerTask, inputs_home
+from mdq.core.runner_task import RunnerTask
 from services.runner.analysis import FILE_NAME as ANALYSIS_FILE
 from services.runner.analysis import analyze
-from services.runner.checkpoints import (
-    CheckpointFile,
-    CheckpointStore,
-    sha256_of,
-    write_atomically,
-)
+from services.runner.checkpoints import CheckpointFile, sha256_of
 from services.runner.copies import CheckpointCopier, fetch_resume_copy
 from services.runner.energies import FILE_NAME as ENERGIES_FILE
 from services.runner.energies import EnergyLog
-from services.runner.errors import InvalidInputError, UnstableError
+from services.runner.engines import (
+    Engine,
+    EngineOutput,
+    EngineSetup,
+    StartPoint,
+    open_engine,
+)
+from services.runner.inputs import InputFetcher
 from services.runner.metrics import RunnerMetrics
 from services.runner.outbox import Outbox
-from services.runner.recipes import dependency_file
+from services.runner.paths import output_path, work_dir
+from services.runner.samples import EnergySample, check_stable
 from services.runner.settings import RunnerSettings
-from services.runner.system import (
-    EnergySample,
-    MdSystem,
-    build_system,
-    check_stable,
-    is_nan_error,
-    read_state,
-)
-from services.runner.trajectory import Trajectory, TrajectoryMark, file_name
 
 log = logging.getLogger(__name__)
 
-FINAL_STATE_FILE = "final_state.xml"
-CHECKPOINT_DIR = "checkpoints"
-MINIMIZER_TOLERANCE_KJ_MOL_NM = 10.0
 SECONDS_PER_DAY = 86_400.0
+STOP_POLL_S = 0.2
+"""How often a running chunk of an interruptible engine looks for a stop request."""
 
 
 @dataclass(slots=True)
@@ -81,6 +72,11 @@ class RunContext:
     """The store every cluster shares (``mdq.bus.copies``); None: nothing is copied."""
     copier: CheckpointCopier | None = None
     """Copies this attempt's checkpoints and outputs into ``copies``."""
+    inputs: InputFetcher | None = None
+    """Fetches the job's own input files into its working folder (None: it has none to
+    fetch, or no bus to fetch them from)."""
+    units: str = ""
+    """``Progress.units`` of this attempt's reports (the engine's)."""
 
     @property
     def spec(self) -> pb.JobSpec:
@@ -126,17 +122,6 @@ def folder_mb(folder: Path) -> float:
     return total / (1024 * 1024)
 
 
-def output_path(job_dir: Path, name: str) -> Path:
-    """``job_dir/name`` and nowhere else: a symlink planted under that name is removed first,
-    so writing to it cannot reach outside the job's folder."""
-    path = job_dir / name
-    if path.is_symlink():
-        path.unlink()
-    if path.name != name or path.parent.resolve() != job_dir.resolve():
-        raise InvalidInputError(f"output {name!r} would leave the job folder {job_dir}")
-    return path
-
-
 def _report(
     run: RunContext,
     energies: EnergyLog,
@@ -151,46 +136,30 @@ def _report(
         (0.0, 0.0) if speed is None else speed.rates(step=sample.step, target_steps=run.spec.steps)
     )
     run.metrics.observe(sample, ns_per_day=ns_per_day, eta_s=eta_s)
-    run.outbox.progress(
-        pb.Progress(
-            step=sample.step,
-            target_steps=run.spec.steps,
-            time_ps=sample.time_ps,
-            potential_kj_mol=sample.potential_kj_mol,
-            kinetic_kj_mol=sample.kinetic_kj_mol,
-            temperature_k=sample.temperature_k,
-            ns_per_day=ns_per_day,
-            eta_s=eta_s,
-            done_reason=reason,
-            volume_nm3=sample.volume_nm3,
-            density_g_cm3=sample.density_g_cm3,
-        )
+    progress = pb.Progress(
+        step=sample.step,
+        target_steps=run.spec.steps,
+        time_ps=sample.time_ps,
+        potential_kj_mol=sample.potential_kj_mol,
+        kinetic_kj_mol=sample.kinetic_kj_mol,
+        total_kj_mol=sample.total_kj_mol,
+        temperature_k=sample.temperature_k,
+        ns_per_day=ns_per_day,
+        eta_s=eta_s,
+        done_reason=reason,
+        volume_nm3=sample.volume_nm3,
+        density_g_cm3=sample.density_g_cm3,
+        units=run.units,
     )
+    if sample.pressure_bar is not None:
+        progress.pressure_bar = sample.pressure_bar
+    run.outbox.progress(progress)
 
 
-async def _checkpoint(
-    run: RunContext,
-    md: MdSystem,
-    store: CheckpointStore,
-    step: int,
-    trajectory: Trajectory | None = None,
-    *,
-    native: bool = True,
-) -> None:
-    """Write the checkpoint of the current state (State XML, native checkpoint, trajectory
-    mark), announce it, wait for what is in flight."""
-    xml, time_ps = md.snapshot()
-    native_data = md.native_checkpoint() if native else None
-    mark = trajectory.mark() if trajectory is not None else None
-    checkpoint: CheckpointFile = await asyncio.to_thread(
-        store.write,
-        state_xml=xml,
-        step=step,
-        time_ps=time_ps,
-        native=native_data,
-        platform=md.platform,
-        trajectory=mark,
-    )
+async def _checkpoint(run: RunContext, engine: Engine, step: int) -> None:
+    """Write the engine's checkpoint of the current state, announce it, wait for what is in
+    flight."""
+    checkpoint: CheckpointFile = await asyncio.to_thread(engine.checkpoint, step)
     run.outbox.checkpoint(checkpoint.to_pb())
     if run.copier is not None:
         run.copier.offer(checkpoint)  # in the background: the MD loop goes on
@@ -205,112 +174,38 @@ async def _checkpoint(
     await run.flush()
 
 
-async def _write_final_state(run: RunContext, md: MdSystem) -> None:
-    xml, _ = md.snapshot()
-    path = output_path(run.task.job_dir, FINAL_STATE_FILE)
-    await asyncio.to_thread(write_atomically, path, xml.encode())
-
-
-def _output_file(path: Path, *, kind: str, file_format: str, frames: int = 0) -> pb.OutputFile:
+def _output_file(output: EngineOutput) -> pb.OutputFile:
     return pb.OutputFile(
-        kind=kind,
-        path=str(path),
-        sha256=sha256_of(path),
-        size_bytes=path.stat().st_size,
-        format=file_format,
-        frames=frames,
+        kind=output.kind,
+        path=str(output.path),
+        sha256=sha256_of(output.path),
+        size_bytes=output.path.stat().st_size,
+        format=output.format,
+        frames=output.frames,
     )
 
 
 async def announce_outputs(
-    run: RunContext, *, final_step: int, trajectory: Trajectory | None = None, energy_rows: int = 0
+    run: RunContext, *, final_step: int, engine: Engine | None = None, energy_rows: int = 0
 ) -> None:
     """Publish the ``outputs`` event: every file the attempt leaves, with its sha256."""
     job_dir = run.task.job_dir
 
     def describe() -> list[pb.OutputFile]:
-        files: list[pb.OutputFile] = []
-        if trajectory is not None:
-            mark = trajectory.mark()
-            if trajectory.path.is_file():
-                files.append(
-                    _output_file(
-                        trajectory.path,
-                        kind="trajectory",
-                        file_format=trajectory.format,
-                        frames=mark.frames,
-                    )
-                )
+        found = engine.outputs() if engine is not None else []
         for name, kind, file_format, rows in (
-            (FINAL_STATE_FILE, "final_state", "xml", 0),
             (ENERGIES_FILE, "energies", "csv", energy_rows),
             (ANALYSIS_FILE, "analysis", "json", 0),
         ):
             path = job_dir / name
             if path.is_file() and not path.is_symlink():
-                files.append(_output_file(path, kind=kind, file_format=file_format, frames=rows))
-        return files
+                found.append(EngineOutput(path, kind, file_format, rows))
+        return [_output_file(output) for output in found]
 
     files = await asyncio.to_thread(describe)
     if run.copier is not None:
         await run.copier.copy_outputs([(Path(file.path), file.kind) for file in files])
     run.outbox.outputs(pb.JobOutputs(final_step=final_step, output_dir=str(job_dir), files=files))
-
-
-@dataclass(frozen=True, slots=True)
-class StartPoint:
-    """Where an MD attempt starts: the resumed step (None for a new run) and the trajectory's
-    length at that step."""
-
-    resumed_step: int | None
-    trajectory: TrajectoryMark | None = None
-
-
-def _prepare_md(run: RunContext, md: MdSystem, store: CheckpointStore) -> StartPoint:
-    """Put the start state into the context."""
-    task, spec = run.task, run.spec
-    if task.resume_from is not None:
-        loaded = store.load(task.resume_from, platform=md.platform)
-        if loaded is not None:
-            step = loaded.file.step
-            how = "State XML"
-            if loaded.native is not None:
-                try:
-                    md.load_native_checkpoint(loaded.native)
-                    how = "native checkpoint"
-                except Exception as error:  # OpenMMException: not loadable after all
-                    log.warning("native checkpoint unusable (%s): using the State XML", error)
-            if how == "State XML":
-                md.restore(loaded.state, step=step)
-            md.simulation.currentStep = step
-            log.info("resuming from %s at step %d (%s)", loaded.file.path, step, how)
-            return StartPoint(resumed_step=step, trajectory=loaded.trajectory)
-        log.warning("no usable checkpoint to resume from: starting over from step 0")
-    if task.input_dirs:
-        structure = dependency_file(task.input_dirs[0], FINAL_STATE_FILE)
-        if structure.is_file():
-            md.start_from_structure(
-                read_state(structure), temperature_k=spec.temperature_k, seed=spec.seed
-            )
-            log.info("starting from %s", structure)
-            return StartPoint(resumed_step=None)
-        log.info("%s does not exist: starting from the built system", structure)
-    md.start_fresh(
-        minimize_iterations=run.settings.warmup_minimize_iterations,
-        temperature_k=spec.temperature_k,
-        seed=spec.seed,
-    )
-    return StartPoint(resumed_step=None)
-
-
-async def _fetch_resume_copy(run: RunContext, store: CheckpointStore) -> pb.CopyFetched | None:
-    """Fetch the announced checkpoint's copy when the job's folder lacks it (a retry on
-    another cluster, ``services.runner.copies``); what was fetched, if anything."""
-    if run.copies is None:
-        return None
-    return await fetch_resume_copy(
-        run.task.resume_from, job_id=run.task.job_id, store=store, copies=run.copies
-    )
 
 
 def _announce_fetched(run: RunContext, fetched: pb.CopyFetched | None, resumed: int | None) -> None:
@@ -321,54 +216,60 @@ def _announce_fetched(run: RunContext, fetched: pb.CopyFetched | None, resumed: 
         run.outbox.fetched(fetched)
 
 
-def _build(run: RunContext, integrator: openmm.Integrator | None = None) -> MdSystem:
-    return build_system(
-        run.spec,
-        threads=run.task.threads,
-        integrator=integrator,
-        # a tenant's "inputs/..." are its own: <data>/tenants/<tenant>/inputs
-        data_dir=inputs_home(run.data_dir, run.task.job_id) if run.data_dir else None,
-        input_dirs=run.task.input_dirs,
+async def _start(run: RunContext) -> tuple[Engine, StartPoint, pb.CopyFetched | None]:
+    """Fetch the job's input files, build its engine, fetch the announced checkpoint's copy
+    when the folder lacks it (``services.runner.copies``) and put the start state in."""
+    folder = work_dir(run.task.job_dir)
+    if run.inputs is not None:
+        await run.inputs.fetch_all(run.spec.inputs, folder)
+    setup = EngineSetup(
+        task=run.task, settings=run.settings, data_dir=run.data_dir, work_dir=folder
     )
-
-
-async def _step(md: MdSystem, steps: int, *, after: int) -> None:
-    """Run ``steps`` MD steps in a worker thread; NaN coordinates are UnstableError."""
+    engine = await asyncio.to_thread(open_engine, setup)
     try:
-        await asyncio.to_thread(md.run, steps)
-    except openmm.OpenMMException as error:
-        if is_nan_error(error):
-            raise UnstableError(f"simulation blew up after step {after}: {error}") from None
+        engine.checkpoints.remove_temporaries()
+        fetched = None
+        if run.copies is not None:
+            fetched = await fetch_resume_copy(
+                run.task.resume_from,
+                job_id=run.task.job_id,
+                store=engine.checkpoints,
+                copies=run.copies,
+            )
+        start = await asyncio.to_thread(engine.prepare)
+        run.units = engine.units  # known once the engine has read its input
+    except BaseException:
+        engine.close()
         raise
+    return engine, start, fetched
+
+
+async def _advance(run: RunContext, engine: Engine, steps: int) -> None:
+    """One chunk in a worker thread; a stop request interrupts it where the engine can (the
+    checkpoint then comes within a few steps, not at the chunk's end)."""
+    chunk = asyncio.ensure_future(asyncio.to_thread(engine.advance, steps))
+    if not engine.interruptible:
+        await chunk
+        return
+    while True:
+        done, _ = await asyncio.wait({chunk}, timeout=STOP_POLL_S)
+        if done:
+            chunk.result()
+            return
+        if run.stop.is_set():
+            engine.interrupt()
+            await chunk
+            return
 
 
 async def run_md(run: RunContext) -> RunnerExit:
     """Integrate to the step target or convergence; checkpoint on the way."""
     spec = run.spec
-    md = await asyncio.to_thread(_build, run)
-    log.info("built %d atoms on the %s platform", md.atoms, md.platform)
-    store = CheckpointStore(directory=run.task.job_dir / CHECKPOINT_DIR)
-    store.remove_temporaries()
-    fetched = await _fetch_resume_copy(run, store)
-    start = await asyncio.to_thread(_prepare_md, run, md, store)
+    engine, start, fetched = await _start(run)
     _announce_fetched(run, fetched, start.resumed_step)
     last_checkpoint = start.resumed_step
     target = spec.steps
-    every_frame = spec.trajectory_interval_steps
-    trajectory = (
-        Trajectory(
-            path=output_path(run.task.job_dir, file_name(spec.trajectory_format)),
-            trajectory_format=spec.trajectory_format,
-            topology=md.topology,
-            timestep_ps=md.timestep_ps,
-            interval=every_frame,
-            resume=start.trajectory if start.resumed_step is not None else None,
-            resumed_step=start.resumed_step,
-        )
-        if every_frame > 0
-        else None
-    )
-    boundaries = (spec.report_interval_steps, spec.checkpoint_interval_steps, every_frame)
+    boundaries = (spec.report_interval_steps, spec.checkpoint_interval_steps, *engine.boundaries)
     tracker = ConvergenceTracker(
         tolerance=spec.convergence.tolerance_kj_mol, reports=spec.convergence.reports
     )
@@ -381,14 +282,14 @@ async def run_md(run: RunContext) -> RunnerExit:
             keep_through_step=start.resumed_step,
         ) as energies:
             speed = Speedometer(
-                start_step=md.step, started=time.monotonic(), timestep_ps=md.timestep_ps
+                start_step=engine.step, started=time.monotonic(), timestep_ps=engine.timestep_ps
             )
             last_checkpoint_at = time.monotonic()
             while True:
-                step = md.step
+                step = engine.step
                 if run.stop.is_set():
                     if step != last_checkpoint:
-                        await _checkpoint(run, md, store, step, trajectory)
+                        await _checkpoint(run, engine, step)
                     await run.flush()
                     log.info("stopped on request at step %d", step)
                     return RunnerExit.PREEMPTED
@@ -399,12 +300,12 @@ async def run_md(run: RunContext) -> RunnerExit:
                         boundaries=boundaries,
                         max_steps=run.settings.max_chunk_steps,
                     )
-                    await _step(md, chunk, after=step)
-                    step = md.step
+                    await _advance(run, engine, chunk)
+                    step = engine.step
                 reason = ""
                 if step % spec.report_interval_steps == 0 or step >= target:
-                    sample = md.sample()
-                    check_stable(sample, atoms=md.atoms, absurd_per_atom=absurd)
+                    sample = engine.sample()
+                    check_stable(sample, atoms=engine.atoms, absurd_per_atom=absurd)
                     reason = done_reason(
                         step=step,
                         target_steps=target,
@@ -412,20 +313,19 @@ async def run_md(run: RunContext) -> RunnerExit:
                     )
                     if not reason:
                         _report(run, energies, sample, speed=speed)
-                if trajectory is not None and step % every_frame == 0:
-                    trajectory.write(*md.positions())
+                engine.after_chunk(step)
                 if reason:
                     _report(run, energies, sample, speed=speed, reason=reason)
                     rows = energies.rows
-                    await _write_final_state(run, md)
                     if step != last_checkpoint:  # what an extend continues from (docs/control.md)
-                        await _checkpoint(run, md, store, step, trajectory)
+                        await _checkpoint(run, engine, step)
+                    await asyncio.to_thread(engine.finish)
                     break
                 if disk_mb and step % spec.report_interval_steps == 0:
                     used = await asyncio.to_thread(folder_mb, run.task.job_dir)
                     if used > disk_mb:  # a runaway: stop at a checkpoint, never retried
                         if step != last_checkpoint:
-                            await _checkpoint(run, md, store, step, trajectory)
+                            await _checkpoint(run, engine, step)
                         log.error(
                             "LIMIT_EXCEEDED: the job's folder holds %.0f MiB, its max_disk_mb "
                             "is %d; stopped at step %d",
@@ -439,141 +339,72 @@ async def run_md(run: RunContext) -> RunnerExit:
                     and time.monotonic() - last_checkpoint_at >= seconds_between_checkpoints
                 )
                 if due and step != last_checkpoint:
-                    await _checkpoint(run, md, store, step, trajectory)
+                    await _checkpoint(run, engine, step)
                     last_checkpoint = step
                     last_checkpoint_at = time.monotonic()
-        await announce_outputs(run, final_step=step, trajectory=trajectory, energy_rows=rows)
+        await announce_outputs(run, final_step=step, engine=engine, energy_rows=rows)
         await run.flush()
         log.info("finished at step %d: %s", step, reason)
         return RunnerExit.OK
     finally:
-        if trajectory is not None:
-            trajectory.close()
-
-
-class _MinimizationProgress(openmm.MinimizationReporter):  # type: ignore[misc]
-    """Counts minimiser iterations, hands every report-interval one to the event loop, and
-    asks the minimiser to stop on a stop request.
-
-    With constraints OpenMM minimises in rounds of growing restraint strength and applies
-    ``maxIterations`` to each round, so the total can exceed the spec's step target; stopping
-    a round early leaves the constraints unsatisfied, so the count is reported as it is rather
-    than cut at the target. A report is handed over one iteration late, so the last iteration
-    is never reported twice (the final report, with its done_reason, covers it).
-    """
-
-    def __init__(
-        self,
-        *,
-        loop: asyncio.AbstractEventLoop,
-        on_report: Any,
-        first_iteration: int,
-        interval: int,
-        stop: threading.Event,
-    ) -> None:
-        super().__init__()
-        self._loop = loop
-        self._on_report = on_report
-        self._first = first_iteration
-        self._interval = interval
-        self._stop = stop
-        self._pending: tuple[int, float] | None = None
-        self.iterations = 0
-
-    def report(self, iteration: int, x: Any, grad: Any, args: Any) -> bool:
-        self.iterations += 1
-        if self._pending is not None:
-            self._loop.call_soon_threadsafe(self._on_report, *self._pending)
-            self._pending = None
-        done = self._first + self.iterations
-        if done % self._interval == 0:
-            self._pending = (done, float(args["system energy"]))
-        return self._stop.is_set()
-
-
-def _minimizer_sample(md: MdSystem, *, iteration: int) -> EnergySample:
-    """The potential energy after ``iteration`` minimiser iterations (no dynamics: kinetic
-    energy and temperature are 0)."""
-    sample = md.sample(step=iteration)
-    return EnergySample(
-        step=iteration,
-        time_ps=0.0,
-        potential_kj_mol=sample.potential_kj_mol,
-        kinetic_kj_mol=0.0,
-        temperature_k=0.0,
-        volume_nm3=sample.volume_nm3,
-        density_g_cm3=sample.density_g_cm3,
-    )
+        engine.close()
 
 
 async def run_minimize(run: RunContext) -> RunnerExit:
     """Minimise for at most ``spec.steps`` iterations; write the minimised structure."""
     spec = run.spec
-    md = await asyncio.to_thread(_build, run, openmm.VerletIntegrator(0.001))
-    store = CheckpointStore(directory=run.task.job_dir / CHECKPOINT_DIR)
-    store.remove_temporaries()
-    fetched = await _fetch_resume_copy(run, store)
-    first = 0
-    if run.task.resume_from is not None:
-        loaded = await asyncio.to_thread(store.load, run.task.resume_from)
-        if loaded is not None:
-            md.restore(loaded.state, step=loaded.file.step)
-            first = loaded.file.step
-            log.info("resuming minimisation from %s at iteration %d", loaded.file.path, first)
+    engine, start, fetched = await _start(run)
+    try:
+        first = start.resumed_step or 0
+        if start.resumed_step is not None:
             _announce_fetched(run, fetched, first)
-    absurd = run.settings.absurd_energy_per_atom_kj_mol
-    # A resumed minimisation reports its start iteration again: keep the rows before it.
-    with EnergyLog(
-        path=output_path(run.task.job_dir, ENERGIES_FILE),
-        keep_through_step=first - 1 if first else None,
-    ) as energies:
+        absurd = run.settings.absurd_energy_per_atom_kj_mol
+        loop = asyncio.get_running_loop()
+        # A resumed minimisation reports its start iteration again: keep the rows before it.
+        with EnergyLog(
+            path=output_path(run.task.job_dir, ENERGIES_FILE),
+            keep_through_step=first - 1 if first else None,
+        ) as energies:
 
-        def report(iteration: int, potential: float) -> None:
-            sample = EnergySample(
-                step=iteration,
-                time_ps=0.0,
-                potential_kj_mol=potential,
-                kinetic_kj_mol=0.0,
-                temperature_k=0.0,
-            )
-            _report(run, energies, sample, speed=None)
+            def report(iteration: int, potential: float) -> None:
+                sample = EnergySample(
+                    step=iteration,
+                    time_ps=0.0,
+                    potential_kj_mol=potential,
+                    kinetic_kj_mol=0.0,
+                    temperature_k=0.0,
+                )
+                _report(run, energies, sample, speed=None)
 
-        start = _minimizer_sample(md, iteration=first)  # high energy is what minimising fixes
-        remaining = spec.steps - first
-        progress = _MinimizationProgress(
-            loop=asyncio.get_running_loop(),
-            on_report=report,
-            first_iteration=first,
-            interval=spec.report_interval_steps,
-            stop=run.stop,
-        )
-        if remaining > 0:
-            _report(run, energies, start, speed=None)
-            await asyncio.to_thread(
-                openmm.LocalEnergyMinimizer.minimize,
-                md.context,
-                MINIMIZER_TOLERANCE_KJ_MOL_NM,
-                remaining,
-                progress,
-            )
-        done = first + progress.iterations
-        await asyncio.sleep(0)  # let the reports handed over by the minimiser thread run
-        if run.stop.is_set():
-            md.simulation.currentStep = done
-            # The minimiser's context holds no dynamics worth a native checkpoint.
-            await _checkpoint(run, md, store, done, native=False)
-            log.info("stopped on request at iteration %d", done)
-            return RunnerExit.PREEMPTED
-        final = _minimizer_sample(md, iteration=done)
-        check_stable(final, atoms=md.atoms, absurd_per_atom=absurd)
-        md.simulation.currentStep = done
-        await _write_final_state(run, md)
-        _report(run, energies, final, speed=None, reason="minimized")
-        rows = energies.rows
-    await announce_outputs(run, final_step=done, energy_rows=rows)
-    await run.flush()
-    log.info("minimised in %d iterations: %.1f kJ/mol", progress.iterations, final.potential_kj_mol)
-    return RunnerExit.OK
+            def from_engine(iteration: int, potential: float) -> None:
+                """The engine reports from its worker thread: hand it to the event loop."""
+                loop.call_soon_threadsafe(report, iteration, potential)
+
+            remaining = spec.steps - first
+            iterations = 0
+            if remaining > 0:
+                # high energy is what minimising fixes: not checked for stability
+                _report(run, energies, engine.minimizer_sample(first), speed=None)
+                iterations = await asyncio.to_thread(
+                    engine.minimize, remaining, on_report=from_engine, stop=run.stop
+                )
+            done = first + iterations
+            await asyncio.sleep(0)  # let the reports handed over by the engine's thread run
+            if run.stop.is_set():
+                await _checkpoint(run, engine, done)
+                log.info("stopped on request at iteration %d", done)
+                return RunnerExit.PREEMPTED
+            final = engine.minimizer_sample(done)
+            check_stable(final, atoms=engine.atoms, absurd_per_atom=absurd)
+            await asyncio.to_thread(engine.finish)
+            _report(run, energies, final, speed=None, reason="minimized")
+            rows = energies.rows
+        await announce_outputs(run, final_step=done, engine=engine, energy_rows=rows)
+        await run.flush()
+        log.info("minimised in %d iterations: %.1f kJ/mol", iterations, final.potential_kj_mol)
+        return RunnerExit.OK
+    finally:
+        engine.close()
 
 
 async def run_analyze(run: RunContext) -> RunnerExit:

@@ -13,7 +13,7 @@ from wsgiref.simple_server import WSGIServer
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from mdq.core.speed import interval_ns_per_day
-from services.runner.system import EnergySample
+from services.runner.samples import EnergySample
 
 log = logging.getLogger(__name__)
 

@@ -1,18 +1,23 @@
 """System recipes: from a job's ``system`` to an OpenMM topology, system and start positions.
 
-Three recipes, each deterministic for a given spec, so every attempt rebuilds exactly the same
+Four recipes, each deterministic for a given spec, so every attempt rebuilds exactly the same
 system and a checkpoint only has to carry the state:
 
 * ``water_box`` — a cubic box of TIP3P water (amber14), the standard small benchmark;
 * ``lennard_jones`` — a periodic Lennard-Jones fluid (argon by default), atoms on a simple
   cubic lattice that melts during the run: the classic materials benchmark;
-* ``structure`` — a PDB / PDBx file (from the data folder's ``inputs`` folder or a
-  dependency's output folder) or inline text, parameterised with force fields from OpenMM's
-  own data or the operator's folder (``mdq.forcefields``), optionally solvated.
+* ``structure`` — a PDB / PDBx file (one of the job's own input files, from the data folder's
+  ``inputs`` folder or a dependency's output folder) or inline text, parameterised with force
+  fields from OpenMM's own data or the operator's folder (``mdq.forcefields``), optionally
+  solvated;
+* ``openmm_xml`` — a serialized OpenMM System and the State it starts from, two of the job's
+  input files; a System holding a force OpenMM does not ship (a ``PythonForce``, which runs
+  code as it is read, or a plugin's) is refused before OpenMM reads it.
 
-A structure path is resolved only inside the allowed folders (``<data>/inputs``, given as
-``inputs/...``, and the dependencies' folders) after following symlinks, so a spec cannot read
-another job's files or anything else under the data folder. A force-field name becomes the
+A structure path is resolved only inside the allowed folders (the job's working folder, where
+its input files are, ``<data>/inputs``, given as ``inputs/...``, and the dependencies' folders)
+after following symlinks, so a spec cannot read another job's files or anything else under the
+data folder. A force-field name becomes the
 absolute path of a file in a trusted folder before OpenMM sees it, so OpenMM never looks in
 the working directory (a force-field XML may hold Python that OpenMM runs).
 Every problem with the input is an :class:`InvalidInputError` (not worth retrying).
@@ -20,8 +25,10 @@ Every problem with the input is an :class:`InvalidInputError` (not worth retryin
 
 from __future__ import annotations
 
+import inspect
 import io
 import math
+import xml.etree.ElementTree as ElementTree
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -54,6 +61,8 @@ class Model:
     system: openmm.System
     positions: unit.Quantity
     periodic: bool
+    state: openmm.State | None = None
+    """The state to start from when the input gave one (a serialized State)."""
 
 
 INPUTS_FOLDER = "inputs"
@@ -84,17 +93,25 @@ def _load_force_field(*paths: str) -> app.ForceField:
 
 
 def build_model(
-    spec: pb.JobSpec, *, data_dir: Path | None = None, input_dirs: Sequence[Path] = ()
+    spec: pb.JobSpec,
+    *,
+    data_dir: Path | None = None,
+    input_dirs: Sequence[Path] = (),
+    work_dir: Path | None = None,
 ) -> Model:
-    """The system of ``spec`` (normalised); files are looked up under ``data_dir`` and
-    ``input_dirs`` only."""
+    """The system of ``spec`` (normalised); files are looked up in the job's working folder
+    ``work_dir`` (its input files), under ``data_dir`` and in ``input_dirs`` only."""
     kind = spec.system.WhichOneof("kind")
     if kind == "water_box":
         return water_box(spec)
     if kind == "lennard_jones":
         return lennard_jones(spec)
     if kind == "structure":
-        return structure(spec, data_dir=data_dir, input_dirs=input_dirs)
+        return structure(spec, data_dir=data_dir, input_dirs=input_dirs, work_dir=work_dir)
+    if kind == "openmm_xml":
+        if work_dir is None:
+            raise InvalidInputError("a serialized system needs the job's input files")
+        return serialized(spec, work_dir=work_dir)
     raise InvalidInputError(f"the job's system is not one the runner knows: {kind!r}")
 
 
@@ -180,12 +197,17 @@ class InputRoot:
     fence: Path
 
 
-def input_roots(data_dir: Path | None, input_dirs: Sequence[Path]) -> list[InputRoot]:
-    """Where a job's structure path may lead: ``<data>/inputs`` (named from the data folder,
-    ``inputs/x.pdb``) and each dependency's folder, nowhere else."""
+def input_roots(
+    data_dir: Path | None, input_dirs: Sequence[Path], work_dir: Path | None = None
+) -> list[InputRoot]:
+    """Where a job's structure path may lead: its own input files (the working folder),
+    ``<data>/inputs`` (named from the data folder, ``inputs/x.pdb``) and each dependency's
+    folder, nowhere else."""
     roots = [InputRoot(base=folder, fence=folder) for folder in input_dirs]
     if data_dir is not None:
         roots.insert(0, InputRoot(base=data_dir, fence=data_dir / INPUTS_FOLDER))
+    if work_dir is not None:
+        roots.insert(0, InputRoot(base=work_dir, fence=work_dir))
     return roots
 
 
@@ -209,15 +231,6 @@ def resolve_input(relative: str, *, roots: Sequence[InputRoot]) -> Path:
         f"structure file {relative!r} not found inside the job's allowed folders ({searched}; "
         "symlinks are followed and must stay inside)"
     )
-
-
-def dependency_file(folder: Path, name: str) -> Path:
-    """``folder/name`` of a dependency's folder, InvalidInputError if it resolves elsewhere
-    (a symlink planted there)."""
-    path = (folder / name).resolve()
-    if not path.is_relative_to(folder.resolve()):
-        raise InvalidInputError(f"{folder / name} leads outside the dependency's folder")
-    return path
 
 
 def _read_structure(
@@ -246,11 +259,16 @@ def _read_structure(
 
 
 def structure(
-    spec: pb.JobSpec, *, data_dir: Path | None = None, input_dirs: Sequence[Path] = ()
+    spec: pb.JobSpec,
+    *,
+    data_dir: Path | None = None,
+    input_dirs: Sequence[Path] = (),
+    work_dir: Path | None = None,
 ) -> Model:
     """A user structure with the spec's force fields, solvated when ``padding_nm`` > 0."""
     source = spec.system.structure
-    topology, positions = _read_structure(source, roots=input_roots(data_dir, input_dirs))
+    roots = input_roots(data_dir, input_dirs, work_dir)
+    topology, positions = _read_structure(source, roots=roots)
     fields = force_field(*source.force_fields)
     modeller = app.Modeller(topology, positions)
     if source.padding_nm > 0:
@@ -291,4 +309,80 @@ def structure(
         system=system,
         positions=modeller.positions,
         periodic=method in _PERIODIC,
+    )
+
+
+SAFE_FORCES = frozenset(
+    name
+    for name, kind in vars(openmm).items()
+    if inspect.isclass(kind) and issubclass(kind, openmm.Force) and kind is not openmm.Force
+) - {"PythonForce"}
+"""Force types a serialized System may hold: those OpenMM itself ships, less PythonForce
+(its XML carries a pickled Python callable, which reading would run)."""
+
+
+def check_serialized(text: str, *, expected: str, where: str) -> ElementTree.Element:
+    """The root of serialized OpenMM XML whose ``type`` is ``expected`` ("System", "State"),
+    every ``Force`` in it of :data:`SAFE_FORCES`; InvalidInputError otherwise. Checked before
+    OpenMM deserialises anything."""
+    if "<!DOCTYPE" in text or "<!ENTITY" in text:
+        raise InvalidInputError(f"{where}: a document type or entity is not allowed")
+    try:
+        root = ElementTree.fromstring(text)
+    except ElementTree.ParseError as error:
+        raise InvalidInputError(f"{where} is not XML: {error}") from None
+    if root.get("type") != expected:
+        raise InvalidInputError(
+            f"{where} holds a serialized {root.get('type') or root.tag!r}, not a {expected}"
+        )
+    for force in root.iter("Force"):
+        kind = force.get("type", "")
+        if kind not in SAFE_FORCES:
+            raise InvalidInputError(
+                f"{where}: force {kind!r} is refused (only forces OpenMM ships are read, and "
+                "never a PythonForce, whose XML holds code)"
+            )
+    return root
+
+
+def _read_input(work_dir: Path, name: str) -> str:
+    path = resolve_input(name, roots=[InputRoot(base=work_dir, fence=work_dir)])
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        raise InvalidInputError(f"cannot read the input file {name!r}: {error}") from None
+
+
+def serialized(spec: pb.JobSpec, *, work_dir: Path) -> Model:
+    """A System and a State deserialised from two of the job's input files; the topology is
+    one anonymous atom per particle (what a trajectory needs)."""
+    source = spec.system.openmm_xml
+    system_text = _read_input(work_dir, source.system_xml)
+    state_text = _read_input(work_dir, source.state_xml)
+    check_serialized(system_text, expected="System", where=source.system_xml)
+    check_serialized(state_text, expected="State", where=source.state_xml)
+    try:
+        system = openmm.XmlSerializer.deserialize(system_text)
+        state = openmm.XmlSerializer.deserialize(state_text)
+    except Exception as error:  # OpenMM raises a bare Exception on malformed XML
+        raise InvalidInputError(f"OpenMM cannot read the serialized system: {error}") from None
+    if not isinstance(system, openmm.System) or not isinstance(state, openmm.State):
+        raise InvalidInputError("the serialized files are not a System and a State")
+    positions = state.getPositions(asNumpy=False)
+    if len(positions) != system.getNumParticles():
+        raise InvalidInputError(
+            f"{source.state_xml} has {len(positions)} positions but {source.system_xml} "
+            f"{system.getNumParticles()} particles"
+        )
+    periodic = bool(system.usesPeriodicBoundaryConditions())
+    topology = app.Topology()
+    chain = topology.addChain()
+    for _ in range(system.getNumParticles()):
+        topology.addAtom("X", None, topology.addResidue("X", chain))
+    if periodic:
+        vectors = state.getPeriodicBoxVectors()
+        system.setDefaultPeriodicBoxVectors(*vectors)
+        topology.setPeriodicBoxVectors(vectors)
+    return Model(
+        topology=topology, system=system, positions=positions, periodic=periodic, state=state
     )

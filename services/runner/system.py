@@ -18,27 +18,15 @@ import openmm.app as app
 import openmm.unit as unit
 
 from mdq.contracts import pb
-from services.runner.errors import InvalidInputError, UnstableError
+from services.runner.errors import InvalidInputError
 from services.runner.recipes import Model, build_model
+from services.runner.samples import EnergySample
 
 MOLAR_GAS_CONSTANT_KJ_MOL_K = 0.00831446261815324
 """R in kJ/(mol K): kinetic energy to temperature."""
 GRAMS_PER_CM3_PER_DALTON_PER_NM3 = 1.66053906660e-3
 """1 Da/nm^3 in g/cm^3."""
 DEFAULT_PLATFORM = "CPU"
-
-
-@dataclass(frozen=True, slots=True)
-class EnergySample:
-    """The energies of the current state, as reported in progress events."""
-
-    step: int
-    time_ps: float
-    potential_kj_mol: float
-    kinetic_kj_mol: float
-    temperature_k: float
-    volume_nm3: float = 0.0
-    density_g_cm3: float = 0.0
 
 
 @dataclass(slots=True)
@@ -53,6 +41,8 @@ class MdSystem:
     periodic: bool = True
     mass_dalton: float = 0.0
     platform: str = DEFAULT_PLATFORM
+    start_state: openmm.State | None = None
+    """The state the job's input gave to start from (a serialized State), if any."""
 
     @property
     def context(self) -> openmm.Context:
@@ -241,10 +231,12 @@ def build_system(
     integrator: openmm.Integrator | None = None,
     data_dir: Path | None = None,
     input_dirs: Sequence[Path] = (),
+    work_dir: Path | None = None,
 ) -> MdSystem:
     """The job's simulation: its system (recipe), barostat, integrator (default: the spec's)
-    and platform. Structure files are looked up under ``data_dir`` and ``input_dirs``."""
-    model = build_model(spec, data_dir=data_dir, input_dirs=input_dirs)
+    and platform. Files are looked up in ``work_dir`` (the job's input files), under
+    ``data_dir`` and in ``input_dirs``."""
+    model = build_model(spec, data_dir=data_dir, input_dirs=input_dirs, work_dir=work_dir)
     _add_barostat(spec, model)
     platform, properties = select_platform(spec.platform, threads=threads)
     try:
@@ -277,6 +269,7 @@ def build_system(
         periodic=model.periodic,
         mass_dalton=math.fsum(masses),
         platform=platform.getName(),
+        start_state=model.state,
     )
 
 
@@ -299,21 +292,6 @@ def parse_state(xml: str) -> openmm.State:
     if not isinstance(state, openmm.State):
         raise ValueError(f"the XML holds a {type(state).__name__}, not a State")
     return state
-
-
-def check_stable(sample: EnergySample, *, atoms: int, absurd_per_atom: float) -> None:
-    """UnstableError if the energies are NaN/inf or absurdly large for ``atoms`` atoms."""
-    energies = (sample.potential_kj_mol, sample.kinetic_kj_mol)
-    if not all(math.isfinite(value) for value in energies):
-        raise UnstableError(
-            f"energy is not finite at step {sample.step}: potential "
-            f"{sample.potential_kj_mol} kJ/mol, kinetic {sample.kinetic_kj_mol} kJ/mol"
-        )
-    if abs(sample.potential_kj_mol) > absurd_per_atom * max(atoms, 1):
-        raise UnstableError(
-            f"potential energy exploded at step {sample.step}: "
-            f"{sample.potential_kj_mol:.6g} kJ/mol for {atoms} atoms"
-        )
 
 
 def is_nan_error(error: BaseException) -> bool:

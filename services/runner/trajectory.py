@@ -16,12 +16,13 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
-
-import openmm.app as app
-import openmm.unit as unit
+from typing import TYPE_CHECKING, BinaryIO
 
 from mdq.contracts import pb
+
+if TYPE_CHECKING:  # OpenMM is imported where a trajectory is written, not by every engine
+    import openmm.app as app
+    import openmm.unit as unit
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,9 @@ class Trajectory:
         first_step = interval
         if not append and resumed_step:
             first_step = (resumed_step // interval + 1) * interval
+        import openmm.app as app
+        import openmm.unit as unit
+
         dt = timestep_ps * unit.picosecond
         if self.format == "dcd":
             self._handle = path.open("r+b" if append else "w+b")

@@ -1,4 +1,5 @@
-"""The short chaos campaign (``make chaos`` in small): a few MD jobs on the embedded stack while
+"""The short chaos campaign (``make chaos`` in small): a few MD jobs (half OpenMM, half LAMMPS,
+whose scripts are uploaded as ``mdq submit`` does) on the embedded stack while
 every kind of fault hits once — kill -9 of intake, placement, watcher, recovery, metrics, the
 node agent and a runner, NATS and PostgreSQL killed and restarted, the data disk filled and
 freed, a running job cancelled — and every job still ends SUCCEEDED exactly once, at its exact
@@ -54,5 +55,7 @@ async def test_every_job_survives_one_of_every_fault() -> None:
     assert figures["double_succeeded"] == 0 and figures["concurrent_runners"] == 0
     assert figures["runner_samples"] > 0 and figures["retries"] >= 1
     assert 0 <= figures["max_steps_lost"] <= figures["checkpoint_interval_steps"] == 500
+    assert figures["lammps_jobs"] == SHORT.jobs // 2
+    assert 0 <= figures["max_steps_lost_thermo_log"] <= 500
     assert figures["rebuild_equal"] is True
     assert set(FAULT_KINDS) <= set(figures["kills"]) | {"nats", "postgres", "disk_full", "cancel"}

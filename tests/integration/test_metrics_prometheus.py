@@ -40,7 +40,7 @@ from mdq.embedded import free_port
 from services.metrics.app import MetricsService, build
 from services.metrics.settings import MetricsSettings
 from services.runner.metrics import RunnerMetrics
-from services.runner.system import EnergySample
+from services.runner.samples import EnergySample
 from tests.helpers import OwnersPublisher, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -233,8 +233,16 @@ async def test_md_run_reaches_its_step_target(
     assert all(0.85 < p.density_g_cm3 < 1.1 for p in progress), progress
     rows = (task.job_dir / "energies.csv").read_text().splitlines()
     assert rows[0] == (
-        "step,time_ps,potential_kj_mol,kinetic_kj_mol,temperature_k,volume_nm3,density_g_cm3"
+        "step,time_ps,potential_kj_mol,kinetic_kj_mol,temperature_k,volume_nm3,density_g_cm3,"
+        "total_kj_mol,pressure_bar"
     )
+    # OpenMM computes no pressure: the column is empty, the progress field unset
+    assert all(row.endswith(",") for row in rows[1:])
+    assert not any(p.HasField("pressure_bar") for p in progress)
+    assert all(
+        p.total_kj_mol == pytest.approx(p.potential_kj_mol + p.kinetic_kj_mol) for p in progress
+    )
+    assert all(p.units == "" for p in progress)
     assert [int(row.split(",")[0]) for row in rows[1:]] == list(range(50, 401, 50))
     assert "<State" in (task.job_dir / "final_state.xml").read_text()
     await events.wait_until(lambda: bool(events.outputs))

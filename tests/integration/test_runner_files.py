@@ -18,7 +18,8 @@ from mdq.core.runner_task import inputs_home
 from mdq.forcefields import ForceFieldFolders, ForceFieldRefused, openmm_data_dirs
 from services.runner.checkpoints import CheckpointStore
 from services.runner.errors import InvalidInputError
-from services.runner.recipes import dependency_file, force_field, input_roots, resolve_input
+from services.runner.paths import dependency_file
+from services.runner.recipes import force_field, input_roots, resolve_input
 
 TIP3P = "amber14/tip3p.xml"
 RID = "0123456789ab"

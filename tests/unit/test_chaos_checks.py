@@ -19,10 +19,13 @@ from mdq.testing.chaos import (
     Sampler,
     StepsLost,
     fault_schedule,
+    job_spec,
     last_energy_step,
     runner_log_facts,
     runner_processes,
     steps_lost,
+    thermo_log_attempts,
+    thermo_log_losses,
 )
 
 
@@ -191,3 +194,40 @@ def test_the_sampler_sees_two_live_runners_of_one_job(
     sampler.sample()
     assert [seen["job"] for seen in sampler.concurrent] == ["job-a"]
     assert sampler.reached == {("job-b", 1): 100}
+
+
+THERMO_LOG = """\
+mdq: attempt 1 starts fresh
+   Step          Time           Temp          PotEng
+         0   0              3             -27093.472
+       100   0.5            1.67          -19149.602
+       200   1              1.64          -19000.054
+       300   1.5
+mdq: attempt 2 resumes from step 200 (ckpt-000000000200.restart)
+   Step          Time           Temp          PotEng
+       200   1              1.64          -19000.054
+       300   1.5            1.66          -19108.849
+mdq: attempt 3 starts fresh
+"""
+
+
+def test_the_thermo_log_says_what_each_lammps_attempt_computed() -> None:
+    attempts = thermo_log_attempts(THERMO_LOG)
+    assert {n: (a.resumed_from, a.steps) for n, a in attempts.items()} == {
+        1: (None, [0, 100, 200]),  # the torn last line is no step
+        2: (200, [200, 300]),
+        3: (None, []),
+    }
+    losses = thermo_log_losses("j", attempts)
+    assert [(loss.attempt, loss.next_attempt, loss.lost) for loss in losses] == [
+        (1, 2, 0),
+        (2, 3, 300),  # a fresh start after a resumed attempt loses all it computed
+    ]
+
+
+def test_every_other_chaos_job_runs_on_lammps() -> None:
+    config = ChaosConfig(jobs=4, lammps_every=2)
+    specs = [job_spec(index, config) for index in range(4)]
+    assert ["lammps" in str(spec["system"]) for spec in specs] == [False, True, False, True]
+    assert specs[1]["inputs"] == [{"name": "in.lj-melt"}]
+    assert not any("lammps" in str(job_spec(i, ChaosConfig(lammps_every=0))) for i in range(4))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mdq.cli.live import format_eta, steps_text
+from mdq.cli.live import format_energy, format_eta, steps_text
 
 STEPS_CASES = {
     "under way": (1500, 5000.0, ("1500/5000", 5000.0)),
@@ -23,3 +23,9 @@ def test_steps_text(step: int, target: float | None, expected: tuple[str, float 
 
 def test_format_eta_is_hours_minutes_seconds() -> None:
     assert format_eta(3725.4) == "1:02:05"
+
+
+def test_energies_carry_their_unit() -> None:
+    assert format_energy(-1234.56) == "-1,234.6 kJ/mol"
+    assert format_energy(-1234.56, "lj") == "-1,234.6 ε (lj)"  # LAMMPS reduced units
+    assert format_energy(None, "lj") == "-"

@@ -35,6 +35,8 @@ SMALL = StorageSettings.model_validate(
         "bucket_bytes": 23 * MiB,
         "copies_bytes": 31 * MiB,
         "copies_days": 3,
+        "inputs_bytes": 37 * MiB,
+        "tenant_inputs_bytes": 41 * MiB,
     }
 )
 
@@ -133,8 +135,13 @@ def test_unsafe_settings_are_refused_naming_them(fields: dict[str, object], name
 
 
 def test_server_bytes_is_what_the_namespace_reserves() -> None:
-    tenants = 8 * (11 + 37) * MiB  # each expected tenant's events and submits
-    expected = (1 + 3 + 5 + 7 + 29 + 31) * MiB + 17 * MiB + 8 * 23 * MiB + tenants
+    expected = (
+        (1 + 3 + 5 + 7 + 29 + 31) * MiB
+        + 17 * MiB
+        + 8 * 23 * MiB
+        + 37 * MiB  # the operator's inputs bucket
+        + 8 * (11 + 37 + 41) * MiB  # each expected tenant's events, submits and inputs bucket
+    )
     assert SMALL.server_bytes() == expected
 
 

@@ -15,7 +15,11 @@ The rules, in short (docs/security.md has the full table):
   migration Job run as admin before any service starts);
 - a runner publishes only its own job's progress, checkpoints and outputs, and writes and reads
   only its own job's copies in the shared store (its credentials are minted per attempt,
-  ``runner_permissions``);
+  ``runner_permissions``); it reads no inputs bucket: it asks intake for its own job's input
+  files (``mdq.bus.inputs``);
+- a tenant and the operator's client write their own inputs bucket only (an Object Store, each
+  tenant's with its quota as size limit); intake reads them all, for the runners and to check
+  a submit's files;
 - every identity has its own reply-inbox prefix, so no one can listen to another's replies.
 
 Pure: no I/O. It lives beside ``Subjects`` (which the pure core may not import), so a
@@ -91,6 +95,20 @@ def inbox_prefix(identity: str) -> str:
     if identity == "cli":
         return DEFAULT_INBOX
     return "_INBOX_" + identity
+
+
+def _inputs_upload(subjects: Subjects, tenant: str = "") -> list[str]:
+    """Put files into the inputs bucket of ``tenant`` ("" = the operator's) and read it back
+    (``mdq.bus.inputs.upload``: the bucket's info, an object's meta, its own objects' purge
+    when a put fails): that bucket and no other."""
+    bucket = subjects.inputs_bucket(tenant)
+    stream = f"OBJ_{bucket}"
+    return [f"$O.{bucket}.>", *_read_stream(stream), f"$JS.API.STREAM.PURGE.{stream}"]
+
+
+INPUTS_READ = ("$JS.API.DIRECT.GET.*", "$JS.API.DIRECT.GET.*.$O.*.M.*")
+"""Intake reads every inputs bucket (a tenant's is made when the tenant is added, so it is not
+named in advance): an object's meta by its name, its chunks by sequence (direct gets)."""
 
 
 def _read_stream(stream: str) -> list[str]:
@@ -244,7 +262,9 @@ def service_permissions(identity: str, subjects: Subjects, names: Names = Names(
         # tenants' policies (the admin's), and their usage as placement counts it
         publish += _bucket(subjects.tenants_bucket, write=False)
         publish += _bucket(subjects.waiting_bucket, write=False)
+        publish += INPUTS_READ  # submits' input files, and runners' requests for them
         subscribe += subjects.api_submit_subjects
+        subscribe.append(subjects.api_inputs(">"))
         respond = True
     elif identity == "placement":
         publish += [*_read_stream(jobs), *_read_stream(nodes)]
@@ -285,6 +305,7 @@ def service_permissions(identity: str, subjects: Subjects, names: Names = Names(
             publish=(
                 *_events(subjects, RUNNER_KINDS),
                 *_copies(subjects, "*"),
+                subjects.api_inputs(">"),
             ),
             subscribe=(f"{inbox_prefix(identity)}.>",),
             inbox_prefix=inbox_prefix(identity),
@@ -298,6 +319,7 @@ def service_permissions(identity: str, subjects: Subjects, names: Names = Names(
         publish += _read_stream(summaries)
     elif identity == "cli":
         publish += [subjects.submit, subjects.api_submit, subjects.api_control]
+        publish += _inputs_upload(subjects)  # the operator's jobs' input files
         # what a person reads, with mdq's commands or any stock client: ordered and pull
         # consumers of its own (never a service's durable: ``_protected``)
         read = (jobs, progress, nodes, summaries)
@@ -354,6 +376,7 @@ def tenant_permissions(subjects: Subjects, tenant: str) -> Permissions:
         subjects.api_control_for(tenant),
     ]
     publish += [*_read_stream(stream), *_pull_reader(stream)]
+    publish += _inputs_upload(subjects, tenant)  # its jobs' input files, in its own bucket
     return Permissions(
         identity=identity,
         publish=tuple(publish),
@@ -370,9 +393,9 @@ RUNNER_NAME = "{{name()}}"
 
 def runner_permissions(subjects: Subjects, job_id: str = RUNNER_NAME) -> Permissions:
     """A runner may publish its own job's progress, checkpoints and outputs, ask for fresh
-    credentials for its own job, and hear the answers in its own inbox: nothing else, not
-    even the names of the streams or the account's figures (``COMMON_PUBLISH``: they would
-    name, or count, the tenants).
+    credentials and for its input files for its own job, and hear the answers in its own inbox:
+    nothing else, not even the names of the streams or the account's figures
+    (``COMMON_PUBLISH``: they would name, or count, the tenants).
 
     Its identity is the job id (ids never clash with a service's name: they start with 12 hex
     digits and a dash). With the default ``job_id`` this is the template of the account's
@@ -387,6 +410,7 @@ def runner_permissions(subjects: Subjects, job_id: str = RUNNER_NAME) -> Permiss
             *_events(subjects, RUNNER_KINDS, job_id),
             *_copies(subjects, job_id),
             renewal,
+            subjects.api_inputs(job_id),  # its own job's input files, served by intake
         ),
         subscribe=(f"{prefix}.>",),
         inbox_prefix=prefix,
@@ -456,6 +480,7 @@ def account_bridge(subjects: Subjects) -> Bridge:
         # the nodes' load reports and their summaries (NS_NODES, NS_NODE_SUMMARIES)
         f"{subjects.namespace}.node.>",
         subjects.copies_all,  # the runners' copies of checkpoints and outputs (NS_COPIES)
+        "$O.>",  # the input files' object stores (an upload's chunks and meta)
     ]
     inboxes = [inbox_prefix(identity) for identity in IDENTITIES if identity != "runners"]
     inboxes.append(inbox_prefix(TENANT_PREFIX.rstrip(".")))
@@ -495,6 +520,10 @@ def _row(permissions: Permissions) -> str:
     for pattern in permissions.publish:
         if not pattern.startswith(("$", "_")):
             events.append(pattern)
+        elif pattern == "$JS.API.DIRECT.GET.*":
+            streams.append("any stream's messages by sequence (the inputs buckets)")
+        elif pattern == "$JS.API.DIRECT.GET.*.$O.*.M.*":
+            streams.append("any object store's metas by name")
         elif (direct := _after(pattern, "$JS.API.DIRECT.GET.")) and direct.partition(".")[2] != ">":
             read, _, subject = direct.partition(".")  # direct gets of some subjects only
             streams.append(f"{read} ({subject})")
@@ -506,6 +535,8 @@ def _row(permissions: Permissions) -> str:
             owns.append(f"consumer {durable.replace('.', '/')}")
         elif (bucket := _after(pattern, "$KV.")) is not None:
             writes.append(bucket.removesuffix(".>"))
+        elif (bucket := _after(pattern, "$O.")) is not None:
+            writes.append(f"object store {bucket.removesuffix('.>')}")
         elif bucket := _after(pattern, "$JS.API.STREAM.CREATE.KV_"):
             owns.append(f"bucket {bucket}")
 

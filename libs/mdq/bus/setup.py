@@ -13,7 +13,9 @@ same everywhere:
 Every stream and bucket gets the size and age limits of ``MDQ_STORAGE_*``
 (``mdq.bus.storage``), older buckets included. It also makes the tenants bucket
 (``<namespace>_tenants``, ``mdq.bus.tenants``: each tenant's policy, written by the admin and
-read by the services).
+read by the services) and the operator's inputs bucket (``<namespace>_inputs``, an object store
+of the input files of the operator's jobs, ``mdq.bus.inputs``; each tenant's is made by ``mdq
+tenant add``).
 
 Idempotent: a stream that exists is brought up to date (its replica count only ever goes up).
 The replica count is ``MDQ_STREAM_REPLICAS`` (``CommonSettings``), the namespace
@@ -28,6 +30,7 @@ import logging
 from pathlib import Path
 
 from mdq.bus.connect import connect
+from mdq.bus.inputs import ensure_inputs_bucket
 from mdq.bus.storage import StorageSettings
 from mdq.bus.streams import ensure_bucket_limits, ensure_streams
 from mdq.bus.subjects import Subjects
@@ -60,6 +63,9 @@ async def prepare_bus(
         js = client.jetstream()
         await ensure_streams(js, subjects, replicas=replicas, storage=storage)
         await ensure_tenants_bucket(js, subjects, replicas=replicas)
+        await ensure_inputs_bucket(
+            js, subjects, max_bytes=int(storage.inputs_bytes), replicas=replicas
+        )
         if local_backend:
             await ensure_buckets(js, subjects, replicas=replicas)
         for cluster in local_clusters:

@@ -143,6 +143,18 @@ class StorageSettings(BaseSettings):
         description="Each tenant's stream: a consumer no client used for this long is deleted "
         "by the server, durable or not (so a tenant cannot keep one for ever).",
     )
+    inputs_bytes: ByteSize = Field(
+        default=ByteSize(1 * GiB),
+        gt=0,
+        description="The operator's inputs bucket (the input files of its jobs, an object "
+        "store, mdq.bus.inputs): size limit; when full, an upload is refused.",
+    )
+    tenant_inputs_bytes: ByteSize = Field(
+        default=ByteSize(256 * MiB),
+        gt=0,
+        description="Each tenant's inputs bucket (made by mdq tenant add): size limit, the "
+        "tenant's quota of input files; when full, the tenant's upload is refused.",
+    )
     registry_bytes: ByteSize = Field(
         default=ByteSize(512 * MiB),
         gt=0,
@@ -199,13 +211,25 @@ class StorageSettings(BaseSettings):
             + self.copies_bytes
         )
 
+    def _per_tenant_bytes(self) -> int:
+        """One tenant's streams (events, submits) and inputs bucket."""
+        return (
+            int(self.tenant_bytes) + int(self.tenant_submit_bytes) + int(self.tenant_inputs_bytes)
+        )
+
     def server_bytes(self) -> int:
         """File store one namespace's streams and buckets reserve on a server, with room for
-        ``expected_tenants`` tenants' streams (events and submits): the least
+        ``expected_tenants`` tenants' streams (events and submits) and inputs buckets: the least
         ``max_file_store`` a server that holds this namespace needs."""
         return (
             self.streams_bytes()
             + int(self.registry_bytes)
             + self.BUCKETS_PER_NAMESPACE * int(self.bucket_bytes)
-            + self.expected_tenants * int(self.tenant_bytes + self.tenant_submit_bytes)
+            + int(self.inputs_bytes)
+            + self.expected_tenants
+            * (
+                int(self.tenant_bytes)
+                + int(self.tenant_submit_bytes)
+                + int(self.tenant_inputs_bytes)
+            )
         )

@@ -98,6 +98,17 @@ class Subjects:
         ``mdq.bus.runner_creds``); ">" for every job, tenants' two-token ids included."""
         return f"{self.namespace}.api.runner_creds.{job_id}"
 
+    def api_inputs(self, job_id: str = "*") -> str:
+        """Where the runner of ``job_id`` asks intake for its input files' bytes
+        (request-reply, ``mdq.bus.inputs``); ">" for every job, tenants' two-token ids
+        included."""
+        return f"{self.namespace}.api.inputs.{job_id}"
+
+    def job_of_api_inputs(self, subject: str) -> str:
+        """The job id of an ``api_inputs`` subject ("" if it is not one)."""
+        base = f"{self.namespace}.api.inputs."
+        return subject[len(base) :] if subject.startswith(base) else ""
+
     def tenant_of_submit(self, subject: str) -> str:
         """The tenant whose submit subject (either entrance) ``subject`` is; "" = operator."""
         for base in (self.submit, self.api_submit):
@@ -270,6 +281,12 @@ class Subjects:
     def tenants_bucket(self) -> str:
         """KV bucket of the admin: each tenant's policy (JSON, key: the tenant's name)."""
         return f"{self.namespace}_tenants"
+
+    def inputs_bucket(self, tenant: str = "") -> str:
+        """Object Store bucket of the input files of ``tenant``'s jobs ("" = the operator's),
+        each object named by its sha256 (``mdq.bus.inputs``): a bucket per tenant, so its size
+        limit is the tenant's and the server lets each tenant write only its own."""
+        return f"{self.namespace}_inputs_{tenant}" if tenant else f"{self.namespace}_inputs"
 
     @property
     def control_bucket(self) -> str:

@@ -47,8 +47,12 @@ def format_eta(seconds: float) -> str:
     return f"{whole // 3600}:{whole % 3600 // 60:02d}:{whole % 60:02d}"
 
 
-def format_energy(value: float | None) -> str:
-    return "-" if value is None else f"{value:,.1f} kJ/mol"
+def format_energy(value: float | None, units: str = "") -> str:
+    """An energy with its unit: kJ/mol, or ε for a LAMMPS job in reduced Lennard-Jones units
+    (``Progress.units == "lj"``: no conversion exists)."""
+    if value is None:
+        return "-"
+    return f"{value:,.1f} ε (lj)" if units == "lj" else f"{value:,.1f} kJ/mol"
 
 
 def steps_label(step: int, target: float | None) -> str:
@@ -175,8 +179,11 @@ def _show(progress: Progress, task: TaskID, update: JobUpdate, name: str) -> Non
         report = update.event.progress
         fields["steps"], total = steps_text(report.step, float(report.target_steps) or total)
         analysis = view is not None and view.spec.task == pb.TASK_ANALYZE
-        fields["energy"] = "-" if analysis else format_energy(report.potential_kj_mol)
-        fields["speed"] = f"{report.ns_per_day:.1f} ns/d" if report.ns_per_day else "-"
+        fields["energy"] = "-" if analysis else format_energy(report.potential_kj_mol, report.units)
+        if report.units == "lj":  # reduced time: tau a day, not ns
+            fields["speed"] = f"{report.ns_per_day:.1f} kτ/d" if report.ns_per_day else "-"
+        else:
+            fields["speed"] = f"{report.ns_per_day:.1f} ns/d" if report.ns_per_day else "-"
         fields["eta"] = "0:00:00" if report.done_reason else format_eta(report.eta_s)
         progress.update(task, total=total, completed=report.step, **fields)
     else:

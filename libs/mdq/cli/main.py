@@ -35,7 +35,7 @@ import secrets
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
 from urllib.parse import urlencode
@@ -54,6 +54,7 @@ from mdq.auth import (
     rotate,
 )
 from mdq.bus.connect import CREDS_ENV
+from mdq.bus.inputs import Uploaded
 from mdq.cli import history
 from mdq.cli import recommend as recommendations
 from mdq.cli import status as stack_status
@@ -77,6 +78,7 @@ from mdq.sdk.client import (
     SubmitRefused,
     tenant_of_creds,
 )
+from mdq.sdk.inputs import LocalInput, resolve_inputs
 from mdq.sdk.jobfile import JobFileError, load_job_file
 from mdq.stack import (
     BACKENDS,
@@ -98,6 +100,8 @@ MAX_LISTED = 10_000
 """The most jobs ``mdq ls`` lists and ``mdq watch`` follows at once (a terminal's worth)."""
 
 DEMO_FILE = Path("examples/demo.yaml")
+DEMO_FILES = {"openmm": DEMO_FILE, "lammps": Path("examples/lammps/demo.yaml")}
+"""The demo campaign of each engine (``mdq demo --engine``)."""
 DEMO_TIMEOUT_S = 540.0
 
 _WIDTH = None if sys.stdout.isatty() else 160
@@ -387,7 +391,17 @@ def _demo_file(path: Path) -> Path:
 @app.command()
 def demo(
     ctx: typer.Context,
-    file: Annotated[Path, typer.Option(help="The campaign to run.")] = DEMO_FILE,
+    file: Annotated[
+        Path | None,
+        typer.Option(help="The campaign to run (default: the engine's demo campaign)."),
+    ] = None,
+    engine: Annotated[
+        str,
+        typer.Option(
+            help="The demo campaign's engine: openmm (examples/demo.yaml) or lammps "
+            "(examples/lammps/demo.yaml: copper with EAM, a minimise → run → analyse chain)."
+        ),
+    ] = "openmm",
     timeout: Annotated[
         float, typer.Option(min=0, help="Seconds to wait for the jobs.")
     ] = DEMO_TIMEOUT_S,
@@ -401,13 +415,19 @@ def demo(
 ) -> None:
     """Run the demo campaign on a fresh stack (what `make run` does).
 
-    Starts the stack, submits examples/demo.yaml, shows live progress, prints the history read
-    back from PostgreSQL and the campaign's page in the web console, and stops (with
-    ``--keep-up``: after Ctrl-C). Exit 0 if every job succeeded, else 1.
+    Starts the stack, submits examples/demo.yaml (``--engine lammps``:
+    examples/lammps/demo.yaml, uploading its input files), shows live progress, prints the
+    history read back from PostgreSQL and the campaign's page in the web console, and stops
+    (with ``--keep-up``: after Ctrl-C). Exit 0 if every job succeeded, else 1.
     """
     options = _options(ctx)
+    if engine not in DEMO_FILES:
+        _print_refusal("--engine", f"must be one of {', '.join(DEMO_FILES)}, got {engine!r}")
+        raise typer.Exit(EXIT_REFUSED)
+    path = _demo_file(file or DEMO_FILES[engine])
     try:
-        request = load_job_file(_demo_file(file))
+        request = load_job_file(path)
+        files = resolve_inputs(request, path.parent, source=str(path))
     except JobFileError as error:
         _print_refusal(error.field, f"{error.source}: {error.message}")
         raise typer.Exit(EXIT_REFUSED) from None
@@ -420,6 +440,7 @@ def demo(
             _demo(
                 options,
                 request,
+                files=files,
                 running=running,
                 limit_s=timeout,
                 backend=backend,
@@ -436,6 +457,7 @@ async def _demo(
     options: GlobalOptions,
     request: pb.SubmitRequest,
     *,
+    files: Sequence[LocalInput] = (),
     running: StackInfo | None,
     limit_s: float,
     backend: str,
@@ -447,7 +469,7 @@ async def _demo(
         loop.add_signal_handler(signal.SIGTERM, task.cancel)
     if running is not None:
         console.print(f"using the stack already running on {running.state_dir}")
-        return await _demo_campaign(running, request, limit_s=limit_s)
+        return await _demo_campaign(running, request, files=files, limit_s=limit_s)
     stack = Stack(
         state_dir=options.state_dir,
         namespace=options.namespace,
@@ -458,7 +480,7 @@ async def _demo(
     console.print("starting the stack ...")
     async with stack:
         _print_stack(stack.info)
-        code = await _demo_campaign(stack.info, request, limit_s=limit_s)
+        code = await _demo_campaign(stack.info, request, files=files, limit_s=limit_s)
         if keep_up:
             console.print("the stack stays up; press Ctrl-C to stop it")
             with contextlib.suppress(asyncio.CancelledError):
@@ -478,12 +500,20 @@ def campaign_url(info: StackInfo, request: pb.SubmitRequest) -> str:
     return info.console_link("jobs")
 
 
-async def _demo_campaign(info: StackInfo, request: pb.SubmitRequest, *, limit_s: float) -> int:
+async def _demo_campaign(
+    info: StackInfo,
+    request: pb.SubmitRequest,
+    *,
+    files: Sequence[LocalInput] = (),
+    limit_s: float,
+) -> int:
     started = time.monotonic()
     async with await MdqClient.connect(
         info.nats_url, info.namespace, name="mdq-demo", creds=info.nats_creds
     ) as client:
         try:
+            if files:
+                _print_uploaded(await client.upload_inputs(files))
             job_ids = await _submit_when_ready(client, request, ready_within=60.0)
         except SubmitRefused as error:
             _print_refusal(error.field, error.message)
@@ -511,6 +541,16 @@ async def _demo_campaign(info: StackInfo, request: pb.SubmitRequest, *, limit_s:
     return code
 
 
+def _print_uploaded(uploaded: Sequence[Uploaded]) -> None:
+    """One line on stderr: the input files sent, and those the bucket had already."""
+    sent = [file for file in uploaded if file.sent]
+    err_console.print(
+        f"input files: {len(sent)} uploaded ({sum(file.size_bytes for file in sent)} bytes), "
+        f"{len(uploaded) - len(sent)} already there",
+        highlight=False,
+    )
+
+
 def _user() -> str:
     try:
         return getpass.getuser()
@@ -531,10 +571,13 @@ def submit(
 ) -> None:
     """Submit the jobs of FILE and print their ids.
 
-    Exit 2 with the field and message when the submit is refused.
+    The input files the jobs name (``inputs``, a LAMMPS job's script) are read relative to
+    FILE, checked, and uploaded first (docs/engines.md). Exit 2 with the field and message
+    when the submit is refused.
     """
     try:
         request = load_job_file(file)
+        files = resolve_inputs(request, file.parent, source=str(file))
     except JobFileError as error:
         _print_refusal(error.field, f"{error.source}: {error.message}")
         raise typer.Exit(EXIT_REFUSED) from None
@@ -544,6 +587,8 @@ def submit(
     endpoints = _endpoints(ctx)
 
     async def work(client: MdqClient) -> int:
+        if files:
+            _print_uploaded(await client.upload_inputs(files))
         job_ids = await client.submit(request)
         for job_id in job_ids:
             console.print(job_id, highlight=False)

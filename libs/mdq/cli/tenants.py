@@ -8,7 +8,9 @@ A tenant submits on its own subjects and reads its own stream, nothing else
    (``--secrets``), into ``<secrets>/tenants/<name>.creds`` (0600), for the operator to hand
    to the tenant. No server restart: the server trusts what the account key signs;
 2. creates the tenant's stream (``Subjects.tenant_stream``), which the server fills from the
-   jobs and progress streams with the tenant's events only, connected as admin;
+   jobs and progress streams with the tenant's events only, and its inputs bucket
+   (``Subjects.inputs_bucket``: the input files of its jobs, ``MDQ_STORAGE_TENANT_INPUTS_BYTES``
+   its quota), connected as admin;
 3. stores its policy (``mdq.core.tenants.TenantPolicy``: the ``high`` class, quotas, submit
    rate) in the tenants bucket, which intake and placement follow live: run ``add`` again
    with other limits to change them, no restart;
@@ -23,7 +25,9 @@ A tenant submits on its own subjects and reads its own stream, nothing else
 
 ``mdq tenant rm NAME`` takes a tenant off: every credentials file it was ever given is revoked
 (``add`` lists each key it mints beside the file, ``<name>.keys``), its stream, policy and
-PostgreSQL login are deleted, and the running stack's NATS reloads so that the revocation applies
+PostgreSQL login are deleted (its inputs bucket stays: its accepted jobs read their input files
+from it; the admin deletes it with ``nats object del`` once they ended), and the running stack's
+NATS reloads so that the revocation applies
 at once (another server: the command says to reload it). ``mdq tenant ls`` lists the tenants'
 policies.
 
@@ -55,8 +59,10 @@ from mdq.auth import (
     revoke_identity,
 )
 from mdq.bus.connect import connect
+from mdq.bus.inputs import ensure_inputs_bucket
 from mdq.bus.kv import bucket_keys
 from mdq.bus.permissions import tenant_identity, tenant_permissions
+from mdq.bus.storage import StorageSettings
 from mdq.bus.streams import ensure_tenant_stream, remove_tenant_streams
 from mdq.bus.subjects import Subjects
 from mdq.bus.tenants import ensure_tenants_bucket, put_policy, remove_policy
@@ -135,6 +141,13 @@ async def add_tenant(
     try:
         js = client.jetstream()
         await ensure_tenant_stream(js, subjects, tenant, replicas=replicas)
+        await ensure_inputs_bucket(
+            js,
+            subjects,
+            tenant,
+            max_bytes=int(StorageSettings().tenant_inputs_bytes),
+            replicas=replicas,
+        )
         await ensure_tenants_bucket(js, subjects, replicas=replicas)
         await put_policy(js, subjects, tenant, policy)
     finally:

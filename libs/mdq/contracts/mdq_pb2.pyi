@@ -202,15 +202,52 @@ class Structure(_message.Message):
     water_model: str
     def __init__(self, pdb_path: _Optional[str] = ..., pdb_content: _Optional[str] = ..., force_fields: _Optional[_Iterable[str]] = ..., padding_nm: _Optional[float] = ..., water_model: _Optional[str] = ...) -> None: ...
 
+class InputFile(_message.Message):
+    __slots__ = ("name", "sha256", "size_bytes")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    sha256: str
+    size_bytes: int
+    def __init__(self, name: _Optional[str] = ..., sha256: _Optional[str] = ..., size_bytes: _Optional[int] = ...) -> None: ...
+
+class LammpsInput(_message.Message):
+    __slots__ = ("script", "variables")
+    class VariablesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    SCRIPT_FIELD_NUMBER: _ClassVar[int]
+    VARIABLES_FIELD_NUMBER: _ClassVar[int]
+    script: str
+    variables: _containers.ScalarMap[str, str]
+    def __init__(self, script: _Optional[str] = ..., variables: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class OpenMMSystemXml(_message.Message):
+    __slots__ = ("system_xml", "state_xml")
+    SYSTEM_XML_FIELD_NUMBER: _ClassVar[int]
+    STATE_XML_FIELD_NUMBER: _ClassVar[int]
+    system_xml: str
+    state_xml: str
+    def __init__(self, system_xml: _Optional[str] = ..., state_xml: _Optional[str] = ...) -> None: ...
+
 class System(_message.Message):
-    __slots__ = ("water_box", "lennard_jones", "structure")
+    __slots__ = ("water_box", "lennard_jones", "structure", "lammps", "openmm_xml")
     WATER_BOX_FIELD_NUMBER: _ClassVar[int]
     LENNARD_JONES_FIELD_NUMBER: _ClassVar[int]
     STRUCTURE_FIELD_NUMBER: _ClassVar[int]
+    LAMMPS_FIELD_NUMBER: _ClassVar[int]
+    OPENMM_XML_FIELD_NUMBER: _ClassVar[int]
     water_box: WaterBox
     lennard_jones: LennardJonesFluid
     structure: Structure
-    def __init__(self, water_box: _Optional[_Union[WaterBox, _Mapping]] = ..., lennard_jones: _Optional[_Union[LennardJonesFluid, _Mapping]] = ..., structure: _Optional[_Union[Structure, _Mapping]] = ...) -> None: ...
+    lammps: LammpsInput
+    openmm_xml: OpenMMSystemXml
+    def __init__(self, water_box: _Optional[_Union[WaterBox, _Mapping]] = ..., lennard_jones: _Optional[_Union[LennardJonesFluid, _Mapping]] = ..., structure: _Optional[_Union[Structure, _Mapping]] = ..., lammps: _Optional[_Union[LammpsInput, _Mapping]] = ..., openmm_xml: _Optional[_Union[OpenMMSystemXml, _Mapping]] = ...) -> None: ...
 
 class Barostat(_message.Message):
     __slots__ = ("pressure_bar", "frequency_steps")
@@ -255,7 +292,7 @@ class Convergence(_message.Message):
     def __init__(self, tolerance_kj_mol: _Optional[float] = ..., reports: _Optional[int] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "task", "system", "temperature_k", "timestep_fs", "steps", "report_interval_steps", "checkpoint_interval_steps", "convergence", "resources", "priority_class", "depends_on", "max_retries", "friction_per_ps", "seed", "labels", "integrator", "barostat", "nonbonded_method", "cutoff_nm", "platform", "checkpoint_interval_s", "trajectory_interval_steps", "trajectory_format", "clusters", "max_wall_s", "max_disk_mb")
+    __slots__ = ("name", "task", "system", "temperature_k", "timestep_fs", "steps", "report_interval_steps", "checkpoint_interval_steps", "convergence", "resources", "priority_class", "depends_on", "max_retries", "friction_per_ps", "seed", "labels", "integrator", "barostat", "nonbonded_method", "cutoff_nm", "platform", "checkpoint_interval_s", "trajectory_interval_steps", "trajectory_format", "clusters", "max_wall_s", "max_disk_mb", "inputs")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -290,6 +327,7 @@ class JobSpec(_message.Message):
     CLUSTERS_FIELD_NUMBER: _ClassVar[int]
     MAX_WALL_S_FIELD_NUMBER: _ClassVar[int]
     MAX_DISK_MB_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
     name: str
     task: Task
     system: System
@@ -317,7 +355,8 @@ class JobSpec(_message.Message):
     clusters: ClusterSelector
     max_wall_s: float
     max_disk_mb: int
-    def __init__(self, name: _Optional[str] = ..., task: _Optional[_Union[Task, str]] = ..., system: _Optional[_Union[System, _Mapping]] = ..., temperature_k: _Optional[float] = ..., timestep_fs: _Optional[float] = ..., steps: _Optional[int] = ..., report_interval_steps: _Optional[int] = ..., checkpoint_interval_steps: _Optional[int] = ..., convergence: _Optional[_Union[Convergence, _Mapping]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., priority_class: _Optional[str] = ..., depends_on: _Optional[_Iterable[str]] = ..., max_retries: _Optional[int] = ..., friction_per_ps: _Optional[float] = ..., seed: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., integrator: _Optional[_Union[Integrator, str]] = ..., barostat: _Optional[_Union[Barostat, _Mapping]] = ..., nonbonded_method: _Optional[_Union[NonbondedMethod, str]] = ..., cutoff_nm: _Optional[float] = ..., platform: _Optional[str] = ..., checkpoint_interval_s: _Optional[float] = ..., trajectory_interval_steps: _Optional[int] = ..., trajectory_format: _Optional[_Union[TrajectoryFormat, str]] = ..., clusters: _Optional[_Union[ClusterSelector, _Mapping]] = ..., max_wall_s: _Optional[float] = ..., max_disk_mb: _Optional[int] = ...) -> None: ...
+    inputs: _containers.RepeatedCompositeFieldContainer[InputFile]
+    def __init__(self, name: _Optional[str] = ..., task: _Optional[_Union[Task, str]] = ..., system: _Optional[_Union[System, _Mapping]] = ..., temperature_k: _Optional[float] = ..., timestep_fs: _Optional[float] = ..., steps: _Optional[int] = ..., report_interval_steps: _Optional[int] = ..., checkpoint_interval_steps: _Optional[int] = ..., convergence: _Optional[_Union[Convergence, _Mapping]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., priority_class: _Optional[str] = ..., depends_on: _Optional[_Iterable[str]] = ..., max_retries: _Optional[int] = ..., friction_per_ps: _Optional[float] = ..., seed: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., integrator: _Optional[_Union[Integrator, str]] = ..., barostat: _Optional[_Union[Barostat, _Mapping]] = ..., nonbonded_method: _Optional[_Union[NonbondedMethod, str]] = ..., cutoff_nm: _Optional[float] = ..., platform: _Optional[str] = ..., checkpoint_interval_s: _Optional[float] = ..., trajectory_interval_steps: _Optional[int] = ..., trajectory_format: _Optional[_Union[TrajectoryFormat, str]] = ..., clusters: _Optional[_Union[ClusterSelector, _Mapping]] = ..., max_wall_s: _Optional[float] = ..., max_disk_mb: _Optional[int] = ..., inputs: _Optional[_Iterable[_Union[InputFile, _Mapping]]] = ...) -> None: ...
 
 class ClusterSelector(_message.Message):
     __slots__ = ("require", "prefer")
@@ -765,7 +804,7 @@ class JobFailed(_message.Message):
     def __init__(self, reason: _Optional[_Union[FailureReason, str]] = ..., message: _Optional[str] = ...) -> None: ...
 
 class Progress(_message.Message):
-    __slots__ = ("step", "target_steps", "time_ps", "potential_kj_mol", "kinetic_kj_mol", "temperature_k", "ns_per_day", "eta_s", "done_reason", "volume_nm3", "density_g_cm3")
+    __slots__ = ("step", "target_steps", "time_ps", "potential_kj_mol", "kinetic_kj_mol", "temperature_k", "ns_per_day", "eta_s", "done_reason", "volume_nm3", "density_g_cm3", "total_kj_mol", "pressure_bar", "units")
     STEP_FIELD_NUMBER: _ClassVar[int]
     TARGET_STEPS_FIELD_NUMBER: _ClassVar[int]
     TIME_PS_FIELD_NUMBER: _ClassVar[int]
@@ -777,6 +816,9 @@ class Progress(_message.Message):
     DONE_REASON_FIELD_NUMBER: _ClassVar[int]
     VOLUME_NM3_FIELD_NUMBER: _ClassVar[int]
     DENSITY_G_CM3_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_KJ_MOL_FIELD_NUMBER: _ClassVar[int]
+    PRESSURE_BAR_FIELD_NUMBER: _ClassVar[int]
+    UNITS_FIELD_NUMBER: _ClassVar[int]
     step: int
     target_steps: int
     time_ps: float
@@ -788,7 +830,10 @@ class Progress(_message.Message):
     done_reason: str
     volume_nm3: float
     density_g_cm3: float
-    def __init__(self, step: _Optional[int] = ..., target_steps: _Optional[int] = ..., time_ps: _Optional[float] = ..., potential_kj_mol: _Optional[float] = ..., kinetic_kj_mol: _Optional[float] = ..., temperature_k: _Optional[float] = ..., ns_per_day: _Optional[float] = ..., eta_s: _Optional[float] = ..., done_reason: _Optional[str] = ..., volume_nm3: _Optional[float] = ..., density_g_cm3: _Optional[float] = ...) -> None: ...
+    total_kj_mol: float
+    pressure_bar: float
+    units: str
+    def __init__(self, step: _Optional[int] = ..., target_steps: _Optional[int] = ..., time_ps: _Optional[float] = ..., potential_kj_mol: _Optional[float] = ..., kinetic_kj_mol: _Optional[float] = ..., temperature_k: _Optional[float] = ..., ns_per_day: _Optional[float] = ..., eta_s: _Optional[float] = ..., done_reason: _Optional[str] = ..., volume_nm3: _Optional[float] = ..., density_g_cm3: _Optional[float] = ..., total_kj_mol: _Optional[float] = ..., pressure_bar: _Optional[float] = ..., units: _Optional[str] = ...) -> None: ...
 
 class Checkpoint(_message.Message):
     __slots__ = ("step", "path", "sha256", "size_bytes", "time_ps", "native_path", "native_sha256", "platform", "copy_slot")

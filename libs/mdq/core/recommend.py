@@ -5,12 +5,15 @@ core-hour pays for the guess. This module recommends a job's ``resources`` from 
 usage of earlier attempts of *similar* jobs, and says how sure it is (pure: no I/O; the
 callers hand it the history they read). docs/requests.md describes it for people.
 
-**Similar** means the same :class:`CostFingerprint`, what drives an MD job's cost: the system
-kind, the atom count (in geometric buckets of ratio :data:`ATOM_BUCKET_RATIO`), the nonbonded
-method and cutoff, whether a barostat runs, the integrator, the platform, the CPU threads and
-the trajectory and checkpoint intervals. When fewer than :data:`MIN_SAMPLES` attempts share the
-whole fingerprint, the intervals and the integrator are dropped (they move memory least: the
-*coarse* key); when that is too few as well, the physical estimate below is used.
+**Similar** means the same :class:`CostFingerprint`, what drives an MD job's cost: the engine
+(OpenMM or LAMMPS, ``mdq.core.engines``), the system kind, the atom count (in geometric buckets
+of ratio :data:`ATOM_BUCKET_RATIO`), the nonbonded method and cutoff, whether a barostat runs,
+the integrator, the platform, the CPU threads, the trajectory and checkpoint intervals, and the
+job's own input files (their sha256s: the same script and data) and LAMMPS variables. When
+fewer than :data:`MIN_SAMPLES` attempts share the whole fingerprint, the intervals, the
+integrator and the variables are dropped (they move memory least: the *coarse* key; a LAMMPS
+script swept over a temperature stays one key); when that is too few as well, the physical
+estimate below is used.
 
 **Memory**: the :data:`MEMORY_QUANTILE` quantile of the measured peak resident memory, plus a
 margin that shrinks as evidence grows (:func:`memory_margin`). An OOM-killed attempt's limit is
@@ -29,12 +32,14 @@ model"), with the wide margin :data:`PHYSICAL_MARGIN`; threads from the atom cou
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from mdq.contracts import pb
+from mdq.core.engines import LAMMPS, OPENMM, engine_of
 
 ATOM_BUCKET_RATIO = 1.5
 """Atom counts within this ratio of each other share a bucket (log-spaced buckets)."""
@@ -73,6 +78,10 @@ CUTOFF_BASE_MB = 90.0
 """A runner's peak with a tiny cutoff system (Lennard-Jones fluid)."""
 CUTOFF_MB_PER_KILOATOM = 2.2
 """Cutoff methods: peak memory per thousand atoms (Lennard-Jones fluids of 1,000 to 64,000)."""
+LAMMPS_BASE_MB = 124.0
+"""A LAMMPS runner's peak with a small system (the examples' 500-atom copper and
+Lennard-Jones boxes: the lammps and mpich libraries, no OpenMM); a LAMMPS job's atom count is
+in its script, unknown to the spec, so this base is its whole physical estimate."""
 MB_PER_THREAD = 1.0
 """Extra peak memory per CPU thread beyond the first (1 and 2 threads measured the same)."""
 WATER_ATOMS_PER_NM3 = 98.6
@@ -118,10 +127,24 @@ class CostFingerprint:
     """0 when no trajectory is written."""
     checkpoint_interval_steps: int
     """Steps between checkpoints."""
+    engine: str = OPENMM
+    """The engine that runs the job (``mdq.core.engines``)."""
+    inputs: str = ""
+    """A digest of the job's input files' sha256s ("" without input files): the same script
+    and data files, or the same structure file."""
+    variables: str = ""
+    """A digest of a LAMMPS job's variables ("" without)."""
 
     def coarse(self) -> CostFingerprint:
-        """The same fingerprint without what moves memory least (intervals, integrator)."""
-        return replace(self, integrator=0, trajectory_interval_steps=0, checkpoint_interval_steps=0)
+        """The same fingerprint without what moves memory least (intervals, integrator, a
+        LAMMPS script's variables)."""
+        return replace(
+            self,
+            integrator=0,
+            trajectory_interval_steps=0,
+            checkpoint_interval_steps=0,
+            variables="",
+        )
 
     def describe(self, atoms: int = 0) -> str:
         """For people: ``water_box ~2.6k atoms`` (``atoms``: the job's own count, else the
@@ -213,9 +236,17 @@ def threads_for(atoms: int) -> int:
     return 4
 
 
+def _digest(parts: Sequence[str]) -> str:
+    """A short digest of ``parts`` ("" for none)."""
+    if not parts:
+        return ""
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
 def fingerprint_of(spec: pb.JobSpec, *, threads: int | None = None) -> CostFingerprint:
     """The cost fingerprint of a normalized spec; ``threads`` overrides ceil(resources.cpu)."""
     kind = spec.system.WhichOneof("kind") if spec.task != pb.TASK_ANALYZE else None
+    variables = spec.system.lammps.variables if kind == "lammps" else {}
     return CostFingerprint(
         system_kind=kind or NO_SYSTEM,
         atom_bucket=bucket_of(estimate_atoms(spec)) if kind else -1,
@@ -227,6 +258,9 @@ def fingerprint_of(spec: pb.JobSpec, *, threads: int | None = None) -> CostFinge
         threads=threads if threads is not None else max(1, math.ceil(spec.resources.cpu)),
         trajectory_interval_steps=int(spec.trajectory_interval_steps),
         checkpoint_interval_steps=int(spec.checkpoint_interval_steps),
+        engine=engine_of(spec) if kind else "none",
+        inputs=_digest(sorted(f"{each.name}={each.sha256}" for each in spec.inputs)),
+        variables=_digest(sorted(f"{name}={value}" for name, value in variables.items())),
     )
 
 
@@ -271,7 +305,10 @@ def physical_estimate(
     the fingerprint's threads, or the CPU the job asked for when that is less (nothing says
     it needs more)."""
     pme = fingerprint.nonbonded_method in (pb.NONBONDED_PME, pb.NONBONDED_METHOD_UNSPECIFIED)
-    memory = physical_memory_mb(atoms, fingerprint.threads, pme=pme) * (1 + PHYSICAL_MARGIN)
+    peak = physical_memory_mb(atoms, fingerprint.threads, pme=pme)
+    if fingerprint.engine == LAMMPS:
+        peak = LAMMPS_BASE_MB + MB_PER_THREAD * (fingerprint.threads - 1)
+    memory = peak * (1 + PHYSICAL_MARGIN)
     if fingerprint.system_kind == NO_SYSTEM:
         what = "an analysis job"
     else:

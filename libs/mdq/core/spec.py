@@ -20,6 +20,7 @@ from google.protobuf.descriptor import EnumDescriptor
 from mdq.contracts import pb
 from mdq.core.clusters import selector_error
 from mdq.core.ids import job_id
+from mdq.core.lammps_script import check_variables
 from mdq.core.text import first_nul
 
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9-]{0,39}$")
@@ -56,6 +57,27 @@ MAX_PATH_CHARS = 1024
 MAX_FORCE_FIELDS = 16
 FORCE_FIELD_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_./-]{0,199}\.xml$")
 PLATFORMS = {"cpu": "CPU", "cuda": "CUDA", "opencl": "OpenCL", "reference": "Reference"}
+MAX_INPUTS = 64
+MAX_INPUT_NAME_CHARS = 255
+MAX_INPUT_BYTES = 1 << 40
+"""A sanity bound on an input file's size; the real limit is its tenant's bucket."""
+INPUT_NAME_PATTERN = re.compile(r"^[A-Za-z0-9._+/-]+$")
+SHA256_PATTERN = re.compile(r"^[0-9a-f]{64}$")
+RESERVED_INPUT_FOLDERS = ("deps",)
+"""Folders of the working folder that are mdq's: ``deps/`` holds the dependencies' outputs."""
+OPENMM_ONLY = (
+    "temperature_k",
+    "timestep_fs",
+    "friction_per_ps",
+    "integrator",
+    "nonbonded_method",
+    "cutoff_nm",
+    "platform",
+    "seed",
+    "trajectory_interval_steps",
+    "trajectory_format",
+)
+"""JobSpec fields of OpenMM's physics: a LAMMPS script sets these itself."""
 DEFAULT_BAROSTAT_FREQUENCY = 25
 PERIODIC_METHODS = (pb.NONBONDED_PME, pb.NONBONDED_CUTOFF_PERIODIC)
 
@@ -202,15 +224,19 @@ def normalize_job(
         raise SpecError(f"{path}.task", f"must be one of {enum_choices(pb.Task)}, got {job.task}")
     if job.task == pb.TASK_UNSPECIFIED:
         job.task = pb.TASK_MD
-    _normalize_engine(job, path)
-    if job.task != pb.TASK_ANALYZE:
-        _normalize_system(job, path, force_field_exists)
-    job.temperature_k = temperature_k = _default(job.temperature_k, 300.0)
-    _check_range(path, "temperature_k", temperature_k, *_JOB["temperature_k"])
-    job.timestep_fs = timestep_fs = _default(job.timestep_fs, 2.0)
-    _check_range(path, "timestep_fs", timestep_fs, *_JOB["timestep_fs"])
-    job.friction_per_ps = friction_per_ps = _default(job.friction_per_ps, 1.0)
-    _check_range(path, "friction_per_ps", friction_per_ps, *_JOB["friction_per_ps"])
+    _normalize_inputs(job, path)
+    if job.task != pb.TASK_ANALYZE and job.system.WhichOneof("kind") == "lammps":
+        _normalize_lammps(job, path)
+    else:
+        _normalize_engine(job, path)
+        if job.task != pb.TASK_ANALYZE:
+            _normalize_system(job, path, force_field_exists)
+        job.temperature_k = temperature_k = _default(job.temperature_k, 300.0)
+        _check_range(path, "temperature_k", temperature_k, *_JOB["temperature_k"])
+        job.timestep_fs = timestep_fs = _default(job.timestep_fs, 2.0)
+        _check_range(path, "timestep_fs", timestep_fs, *_JOB["timestep_fs"])
+        job.friction_per_ps = friction_per_ps = _default(job.friction_per_ps, 1.0)
+        _check_range(path, "friction_per_ps", friction_per_ps, *_JOB["friction_per_ps"])
     job.steps = steps = int(_default(job.steps, DEFAULT_STEPS[job.task]))
     _check_range(path, "steps", steps, *_JOB["steps"])
     report = job.report_interval_steps
@@ -366,6 +392,94 @@ def _normalize_system(
         _normalize_lennard_jones(job, path)
     elif kind == "structure":
         _normalize_structure(job, path, force_field_exists)
+    elif kind == "openmm_xml":
+        _normalize_openmm_xml(job, path)
+
+
+def _normalize_inputs(job: pb.JobSpec, path: str) -> None:
+    """The job's own input files: names that stay in its working folder, unique; the sha256
+    and size of each (``mdq submit`` fills them in from the files)."""
+    if len(job.inputs) > MAX_INPUTS:
+        raise SpecError(f"{path}.inputs", f"at most {MAX_INPUTS} input files")
+    seen: set[str] = set()
+    for index, each in enumerate(job.inputs):
+        here = f"{path}.inputs[{index}]"
+        name = each.name
+        parts = name.split("/")
+        if (
+            not name
+            or len(name) > MAX_INPUT_NAME_CHARS
+            or not INPUT_NAME_PATTERN.fullmatch(name)
+            or any(part in ("", ".", "..") for part in parts)
+        ):
+            raise SpecError(
+                f"{here}.name",
+                f"must be a relative path of 1 to {MAX_INPUT_NAME_CHARS} letters, digits, '.', "
+                f"'_', '-', '+' and '/', without '..', '.' or empty parts, got {name!r}",
+            )
+        if parts[0] in RESERVED_INPUT_FOLDERS and len(parts) > 1:
+            raise SpecError(
+                f"{here}.name",
+                f"{parts[0]}/ is mdq's (the dependencies' outputs): name the file elsewhere",
+            )
+        if name in seen:
+            raise SpecError(f"{here}.name", f"duplicate input file {name!r}")
+        seen.add(name)
+        if not SHA256_PATTERN.fullmatch(each.sha256):
+            raise SpecError(
+                f"{here}.sha256",
+                "must be the file's sha256, 64 lowercase hex digits (mdq submit fills it in "
+                "and uploads the file)",
+            )
+        _check_range(here, "size_bytes", each.size_bytes, 0, MAX_INPUT_BYTES)
+
+
+def _input_named(job: pb.JobSpec, field: str, name: str, *, what: str) -> None:
+    """SpecError on ``field`` unless ``name`` is one of the job's input files."""
+    if not name:
+        raise SpecError(field, f"must name the input file that is {what} (one of inputs)")
+    if name not in {each.name for each in job.inputs}:
+        raise SpecError(field, f"{name!r} is not one of the job's inputs: list it under inputs")
+
+
+def _normalize_lammps(job: pb.JobSpec, path: str) -> None:
+    """A LAMMPS job: its script is one of its inputs, its variables are safe, and OpenMM's
+    physics fields are unset (the script sets them)."""
+    here = f"{path}.system.lammps"
+    lammps = job.system.lammps
+    _input_named(job, f"{here}.script", lammps.script, what="the LAMMPS script")
+    problem = check_variables(dict(lammps.variables))
+    if problem is not None:
+        name, why = problem
+        field = f"{here}.variables[{name!r}]" if name else f"{here}.variables"
+        raise SpecError(field, why)
+    for name in OPENMM_ONLY:
+        if getattr(job, name):
+            raise SpecError(
+                f"{path}.{name}",
+                "is an OpenMM setting; a LAMMPS job sets its physics in its script "
+                "(system.lammps.variables pass values to it)",
+            )
+    if job.HasField("barostat"):
+        raise SpecError(
+            f"{path}.barostat", "is an OpenMM setting; a LAMMPS job sets its fixes in its script"
+        )
+    if job.checkpoint_interval_s != 0:
+        _check_range(path, "checkpoint_interval_s", job.checkpoint_interval_s, 1.0, 1e6)
+
+
+def _normalize_openmm_xml(job: pb.JobSpec, path: str) -> None:
+    """A serialized System and State: both are input files; the System holds its own
+    nonbonded settings."""
+    here = f"{path}.system.openmm_xml"
+    source = job.system.openmm_xml
+    _input_named(job, f"{here}.system_xml", source.system_xml, what="the System XML")
+    _input_named(job, f"{here}.state_xml", source.state_xml, what="the State XML")
+    for name in ("nonbonded_method", "cutoff_nm"):
+        if getattr(job, name):
+            raise SpecError(
+                f"{path}.{name}", "is set by the serialized System's own forces, not the spec"
+            )
 
 
 def lennard_jones_box_nm(fluid: pb.LennardJonesFluid) -> float:

@@ -51,6 +51,7 @@ from nats.js.errors import NotFoundError
 
 from mdq.bus.codec import decode_event, encode
 from mdq.bus.connect import CREDS_ENV, connect, identity_of_creds
+from mdq.bus.inputs import InputsError, Uploaded, upload
 from mdq.bus.log import IDLE_HEARTBEAT_S
 from mdq.bus.permissions import tenant_of_identity
 from mdq.bus.requests import is_stream_full
@@ -60,6 +61,7 @@ from mdq.core.control import VERB_OF_WORD
 from mdq.core.ids import job_id as make_job_id
 from mdq.core.ids import request_id_for_key, request_id_for_sequence, request_id_of
 from mdq.core.state import JobBook, JobState, JobView
+from mdq.sdk.inputs import LocalInput, resolve_inputs
 
 SubmitInput = pb.SubmitRequest | Sequence[pb.JobSpec]
 
@@ -256,6 +258,33 @@ class MdqClient:
         if reply.HasField("error") and (reply.error.field or reply.error.message):
             raise SubmitRefused(reply.error.field, reply.error.message, request_id=reply.request_id)
         return list(reply.job_ids)
+
+    async def upload_inputs(self, files: Sequence[LocalInput]) -> list[Uploaded]:
+        """Put input files into this client's inputs bucket (the tenant's, or the
+        operator's), each under its sha256; a file already there is not sent again. Raises
+        ``SubmitRefused`` (field "inputs") when the bucket is full or missing."""
+        bucket = self._subjects.inputs_bucket(self._tenant)
+        uploaded = []
+        for file in files:
+            try:
+                uploaded.append(await upload(self._js, bucket, file.path))
+            except InputsError as error:
+                raise SubmitRefused("inputs", f"{file.path.name}: {error}") from None
+        return uploaded
+
+    async def submit_with_inputs(
+        self,
+        request: pb.SubmitRequest,
+        *,
+        base: Path,
+        idempotency_key: str | None = None,
+        timeout: float = 15.0,  # noqa: ASYNC109 - the request-reply timeout of nats-py
+    ) -> list[str]:
+        """``submit`` after uploading the input files its jobs name, read from ``base`` (a
+        job file's folder; ``mdq.sdk.inputs``): the sha256 and size of each are filled in."""
+        files = resolve_inputs(request, base)
+        await self.upload_inputs(files)
+        return await self.submit(request, idempotency_key=idempotency_key, timeout=timeout)
 
     async def publish_submit(
         self, request: SubmitInput, *, idempotency_key: str | None = None

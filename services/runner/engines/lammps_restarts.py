@@ -1,0 +1,255 @@
+"""The LAMMPS engine's checkpoints: restart files, written atomically and verified.
+
+A checkpoint of step S is two files in ``checkpoints/``:
+
+* ``ckpt-<S:012d>.restart`` — LAMMPS's binary restart file (``write_restart``): box, atoms,
+  velocities, and the state of the fixes that keep one (a thermostat's, for instance); a retry
+  resumes from it with ``read_restart`` (``services.runner.engines.lammps_engine``);
+* ``ckpt-<S:012d>.json`` — the sidecar: step, sha256, size, time, units.
+
+LAMMPS writes the restart to a temporary name; the file is then fsynced, renamed into place and
+the folder fsynced, so a crash leaves the old checkpoint or the new one, never a torn one under
+the real name. It is verified as it is read back from disk: its header must be a LAMMPS restart's
+(the magic string, this machine's byte order) and hold the step of its name, and its sha256 is
+what is announced. Loading verifies both again and falls back to the newest good checkpoint in
+the folder, as the OpenMM engine does. The newest checkpoint and the one before it are kept.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from mdq.contracts import pb
+from services.runner.checkpoints import CheckpointFile, sha256_of, write_atomically
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"LammpS RestartT\x00"
+ENDIAN = 1
+HEADER_VERSION, HEADER_UNITS, HEADER_NTIMESTEP = 0, 4, 5
+"""The header records of a restart file that hold a string (version, units) and the step."""
+HEADER_RECORDS = 64
+"""The step comes within the first few records; a file without it in these is not a restart."""
+_NAME = re.compile(r"^ckpt-(\d{12})\.restart$")
+_TEMP_PREFIX = ".tmp-"
+SUFFIX = ".restart"
+
+
+class RestartUnusable(ValueError):
+    """A restart file that is not whole, not a restart, or not of the step it should be."""
+
+
+@dataclass(frozen=True, slots=True)
+class RestartHeader:
+    """What a restart file's header says."""
+
+    version: str
+    units: str
+    step: int
+
+
+def read_header(path: Path) -> RestartHeader:
+    """The header of a LAMMPS restart file; RestartUnusable if it is not one."""
+    with path.open("rb") as handle:
+        data = handle.read(4096)
+    if not data.startswith(MAGIC):
+        raise RestartUnusable(f"{path.name} is not a LAMMPS restart file")
+    offset = len(MAGIC)
+    try:
+        endian, _revision = struct.unpack_from("<ii", data, offset)
+        offset += 8
+        if endian != ENDIAN:
+            raise RestartUnusable(f"{path.name} was written with another byte order")
+        version = units = ""
+        for _ in range(HEADER_RECORDS):
+            (flag,) = struct.unpack_from("<i", data, offset)
+            offset += 4
+            if flag in (HEADER_VERSION, HEADER_UNITS):
+                (length,) = struct.unpack_from("<i", data, offset)
+                offset += 4
+                text = data[offset : offset + length].rstrip(b"\x00").decode()
+                offset += length
+                if flag == HEADER_VERSION:
+                    version = text
+                else:
+                    units = text
+            elif flag == HEADER_NTIMESTEP:
+                (step,) = struct.unpack_from("<q", data, offset)
+                return RestartHeader(version=version, units=units, step=step)
+            else:
+                offset += 4
+    except (struct.error, UnicodeDecodeError) as error:
+        raise RestartUnusable(f"{path.name} has a torn header: {error}") from None
+    raise RestartUnusable(f"{path.name} has no step in its header")
+
+
+def checkpoint_name(step: int) -> str:
+    return f"ckpt-{step:012d}{SUFFIX}"
+
+
+def step_of(path: Path) -> int | None:
+    match = _NAME.match(path.name)
+    return int(match.group(1)) if match else None
+
+
+def _fsync(path: Path) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _fsync_dir(directory: Path) -> None:
+    descriptor = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedRestart:
+    """A verified restart file to resume from."""
+
+    file: CheckpointFile
+    header: RestartHeader
+
+
+class RestartStore:
+    """The checkpoint folder of one LAMMPS job."""
+
+    def __init__(self, *, directory: Path) -> None:
+        self._directory = directory
+
+    @property
+    def directory(self) -> Path:
+        return self._directory
+
+    def remove_temporaries(self) -> None:
+        if not self._directory.is_dir():
+            return
+        for path in self._directory.glob(f"{_TEMP_PREFIX}*"):
+            path.unlink(missing_ok=True)
+
+    def steps(self) -> list[int]:
+        if not self._directory.is_dir():
+            return []
+        found = (step_of(path) for path in self._directory.iterdir())
+        return sorted(step for step in found if step is not None)
+
+    def write(
+        self, write_restart: Callable[[Path], None], *, step: int, time_ps: float, units: str
+    ) -> CheckpointFile:
+        """Have LAMMPS write the restart of ``step`` (``write_restart`` given a temporary
+        path), make it durable, rename it into place, verify it and write its sidecar;
+        prune older ones."""
+        self._directory.mkdir(parents=True, exist_ok=True)
+        path = self._directory / checkpoint_name(step)
+        temp = path.with_name(f"{_TEMP_PREFIX}{path.name}.{os.getpid()}")
+        temp.unlink(missing_ok=True)
+        write_restart(temp)
+        _fsync(temp)
+        os.replace(temp, path)
+        _fsync_dir(self._directory)
+        header = read_header(path)  # read back from disk: what is announced is what is there
+        if header.step != step:
+            raise RestartUnusable(f"{path.name} holds step {header.step}, not {step}")
+        checkpoint = CheckpointFile(
+            step=step,
+            path=path,
+            sha256=sha256_of(path),
+            size_bytes=path.stat().st_size,
+            time_ps=time_ps,
+        )
+        sidecar = {
+            "engine": "lammps",
+            "step": step,
+            "sha256": checkpoint.sha256,
+            "size_bytes": checkpoint.size_bytes,
+            "time_ps": time_ps,
+            "units": units,
+        }
+        write_atomically(path.with_suffix(".json"), json.dumps(sidecar).encode())
+        self._prune(keep_step=step)
+        return checkpoint
+
+    def _prune(self, *, keep_step: int) -> None:
+        """Keep ``keep_step`` and the newest checkpoint before it (later ones, of an attempt
+        that got further, are overwritten in time)."""
+        older = [step for step in self.steps() if step < keep_step]
+        for step in older[:-1]:
+            path = self._directory / checkpoint_name(step)
+            path.unlink(missing_ok=True)
+            path.with_suffix(".json").unlink(missing_ok=True)
+
+    def holds(self, checkpoint: pb.Checkpoint) -> bool:
+        """Whether this folder holds ``checkpoint``'s restart file, its sha256 matching."""
+        path = self._directory / checkpoint_name(checkpoint.step)
+        try:
+            return path.is_file() and sha256_of(path) == checkpoint.sha256
+        except OSError:
+            return False
+
+    def load(self, announced: pb.Checkpoint) -> LoadedRestart | None:
+        """The restart to resume from: ``announced`` if it verifies (sha256, header, step),
+        else the newest good one in the folder (a checkpoint of the job's own run loses least),
+        else None. The announced path is only a name: the file is looked up in this folder."""
+        path = self._directory / Path(announced.path).name
+        try:
+            return self._verify(path, step=announced.step, sha256=announced.sha256)
+        except (OSError, ValueError) as error:
+            log.warning(
+                "restart %s (step %d) is unusable: %s; looking for another one",
+                path,
+                announced.step,
+                error,
+            )
+        for step in reversed(self.steps()):
+            candidate = self._directory / checkpoint_name(step)
+            if candidate == path:
+                continue
+            try:
+                loaded = self._verify(candidate, step=step, sha256=None)
+            except (OSError, ValueError) as error:
+                log.warning("restart %s is unusable too: %s", candidate, error)
+                continue
+            log.warning("falling back to restart %s (step %d)", candidate, step)
+            return loaded
+        log.warning("no usable restart in %s", self._directory)
+        return None
+
+    def _verify(self, path: Path, *, step: int, sha256: str | None) -> LoadedRestart:
+        if path.is_symlink() or step_of(path) != step:
+            raise RestartUnusable(f"{path.name} is not the restart of step {step}")
+        sidecar: dict[str, object] = {}
+        try:
+            loaded = json.loads(path.with_suffix(".json").read_text())
+            sidecar = loaded if isinstance(loaded, dict) else {}
+        except (OSError, ValueError):
+            pass
+        expected = sha256 or str(sidecar.get("sha256") or "")
+        actual = sha256_of(path)
+        if expected and actual != expected:
+            raise RestartUnusable(f"sha256 is {actual}, expected {expected}")
+        header = read_header(path)
+        if header.step != step:
+            raise RestartUnusable(f"the restart is of step {header.step}, expected {step}")
+        time_ps = sidecar.get("time_ps")
+        return LoadedRestart(
+            file=CheckpointFile(
+                step=step,
+                path=path,
+                sha256=actual,
+                size_bytes=path.stat().st_size,
+                time_ps=float(time_ps) if isinstance(time_ps, int | float) else 0.0,
+            ),
+            header=header,
+        )
