@@ -9,8 +9,8 @@ after ``checkpoint_interval_s`` seconds when set), and honours a stop request (S
 checkpointing at once and exiting PREEMPTED, and a folder grown past the job's
 ``max_disk_mb`` the same way, exiting LIMIT_EXCEEDED. A successful run leaves the engine's
 final state and files and the energy table in the job's output folder and announces them,
-with their sha256, in an ``outputs`` event; its last checkpoint is of its final step, which an extend
-continues from.
+with their sha256, in an ``outputs`` event; its last checkpoint is of its final step, which an
+extend continues from.
 """
 
 from __future__ import annotations
