@@ -22,4 +22,28 @@ class RunnerExit(IntEnum):
     OUT_OF_MEMORY = 6
     """The runner hit its memory limit (MemoryError under RLIMIT_AS)."""
     NO_SPACE = 7
-    """The data disk was full (ENOSPC or EDQUOT): the environment failed, not the job."""
+    """The data disk was full (ENOSPC) or its quota exceeded (EDQUOT): the environment
+    failed, not the job."""
+    DISK_FAILED = 8
+    """The data disk refused a write or a read (EROFS: mounted read-only; EIO: an I/O error),
+    or the data volume is not mounted: the environment failed, not the job."""
+
+
+def describe(code: int) -> str:
+    """What an exit code of the runner says, for people ("exited with 7: ..."); "" for a code
+    the runner does not use."""
+    try:
+        member = RunnerExit(code)
+    except ValueError:
+        return ""
+    return _DESCRIPTIONS.get(member, "")
+
+
+_DESCRIPTIONS = {
+    RunnerExit.INVALID_INPUT: "invalid input",
+    RunnerExit.UNSTABLE: "the simulation blew up",
+    RunnerExit.PREEMPTED: "stopped on request after a checkpoint",
+    RunnerExit.OUT_OF_MEMORY: "out of memory",
+    RunnerExit.NO_SPACE: "the data disk was full (ENOSPC/EDQUOT)",
+    RunnerExit.DISK_FAILED: "the data disk failed (read-only, I/O error or not mounted)",
+}

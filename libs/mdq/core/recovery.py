@@ -3,6 +3,9 @@
 Each failure class gets the policy it calls for:
 - crashed: retry after an exponential backoff (5 s, 10 s, ...), counted against max_retries;
 - OOM-killed: retry with 1.5x the memory (up to a cap), counted;
+- environment (the node's data folder full, over quota, read-only, failing or not mounted; a
+  pod that could not start): retry after a backoff that grows with the failures of this kind in
+  a row, away from that node when another one fits; the node's, never the job's;
 - evicted / preempted / node lost: retry at once on another node, not the job's fault;
 - cluster lost: the same, from the latest checkpoint *copied* to the store every cluster shares
   (the lost cluster's files are out of reach); the steps between the latest checkpoint and
@@ -10,6 +13,13 @@ Each failure class gets the policy it calls for:
 - lost (silent): retry at once, counted (the old attempt is fenced off by the watcher);
 - unstable (NaN energy) / invalid input: fail at once — retrying will not help.
 Every retry resumes from the latest checkpoint; the steps done past it are the lost work.
+
+A job fails for good only for its own reasons: invalid input, an unstable simulation, its own
+crashes past ``max_retries`` (or a crash loop: ``quarantine_after`` identical failures in a
+row without progress), memory at the cap. Failures that are not its fault
+(``NOT_THE_JOBS_FAULT``) spend none of its retries and are never part of a crash loop, however
+many there are; only the operator's ``disruption_deadline_s`` (off by default) ends a job that
+such failures have kept from any progress for that long (docs/architecture.md, invariant 4).
 """
 
 from __future__ import annotations
@@ -31,8 +41,22 @@ BACKED_OFF = frozenset({pb.FAILURE_CRASHED, pb.FAILURE_ENVIRONMENT})
 needs time to free."""
 NOT_WORTH_RETRYING = frozenset({pb.FAILURE_UNSTABLE, pb.FAILURE_INVALID_INPUT, pb.FAILURE_EXPIRED})
 MOVE_TO_ANOTHER_NODE = frozenset(
-    {pb.FAILURE_EVICTED, pb.FAILURE_NODE_LOST, pb.FAILURE_CLUSTER_LOST, pb.FAILURE_LOST}
+    {
+        pb.FAILURE_EVICTED,
+        pb.FAILURE_NODE_LOST,
+        pb.FAILURE_CLUSTER_LOST,
+        pb.FAILURE_LOST,
+        pb.FAILURE_ENVIRONMENT,
+    }
 )
+"""Failures whose retry avoids the node they happened on (a preference: placement drops it
+when no other node fits)."""
+START_ERROR_REASON = "StartError"
+"""The pod reason of an attempt whose pod never started (the node agent could not create its
+folder or process; Kubernetes could not pull the image or create the container): the node's
+failure, whatever the exit code."""
+ENVIRONMENT_EXITS = frozenset({RunnerExit.NO_SPACE, RunnerExit.DISK_FAILED})
+"""Runner exits that say its data folder failed under it."""
 CLUSTER_LOST_REASON = "ClusterLost"
 """The pod reason of an attempt whose whole cluster was declared lost
 (``mdq.backends.clusters``)."""
@@ -53,7 +77,7 @@ def classify(*, pod_reason: str, exit_code: int) -> pb.FailureReason:
         return pb.FAILURE_UNSTABLE
     if exit_code == RunnerExit.INVALID_INPUT:
         return pb.FAILURE_INVALID_INPUT
-    if exit_code == RunnerExit.NO_SPACE:
+    if reason == START_ERROR_REASON.lower() or exit_code in ENVIRONMENT_EXITS:
         return pb.FAILURE_ENVIRONMENT
     return pb.FAILURE_CRASHED
 
@@ -67,8 +91,10 @@ class RecoveryPolicy:
     backoff_max_s: float = 300.0
     oom_memory_factor: float = 1.5
     oom_memory_cap_mb: int = 65536
-    max_disruptions: int = 20
-    """Retries for failures that are not the job's fault, before giving up anyway."""
+    disruption_deadline_s: float = 0.0
+    """The operator's deadline: a job whose latest attempts all failed for reasons not its own
+    (``NOT_THE_JOBS_FAULT``), without progress, for longer than this since the first of them
+    fails for good (FAILURE_RETRIES_EXHAUSTED, saying so). 0: never; such a job waits."""
     quarantine_after: int = 3
     """Identical failures in a row, without progress between them, that make a crash loop."""
     fence_timeout_s: float = 60.0
@@ -134,13 +160,49 @@ def crash_loop(view: JobView, policy: RecoveryPolicy) -> int:
         failure = record.failure
         if failure is None or failure.last_step > record.resumed_from_step:
             break
-        if failure.reason == pb.FAILURE_ENVIRONMENT:
-            break  # a full disk fails every job alike: no sign of this job looping
+        if failure.reason in NOT_THE_JOBS_FAULT:
+            continue  # the node's or the cluster's doing: neither part of a loop nor a break
         signature = (failure.reason, failure.exit_code)
         if streak and signature != streak[0]:
             break
         streak.append(signature)
     return len(streak) if len(streak) >= policy.quarantine_after else 0
+
+
+def in_a_row(view: JobView, reason: pb.FailureReason) -> int:
+    """How many of the latest attempts failed with ``reason``, one after the other: an
+    environment failure backs off by its own streak, so a bad hour last week does not make
+    today's first full disk wait the longest delay."""
+    count = 0
+    for number in sorted(view.attempts, reverse=True):
+        failure = view.attempts[number].failure
+        if failure is None or failure.reason != reason:
+            break
+        count += 1
+    return count
+
+
+def disrupted_since(view: JobView) -> datetime | None:
+    """When the latest run of failures that are not the job's own began (the end of the first
+    of them), if its attempts made no progress; None when the latest failure is the job's own
+    or one of them made progress."""
+    since: datetime | None = None
+    for number in sorted(view.attempts, reverse=True):
+        record = view.attempts[number]
+        failure = record.failure
+        if failure is None or failure.reason not in NOT_THE_JOBS_FAULT:
+            break
+        if failure.last_step > record.resumed_from_step:
+            return since
+        since = record.ended_at or since
+    return since
+
+
+def past_deadline(since: datetime, policy: RecoveryPolicy, now: datetime | None) -> bool:
+    """Whether the operator's ``disruption_deadline_s`` (if any) has passed since ``since``."""
+    if policy.disruption_deadline_s <= 0 or now is None:
+        return False
+    return now - since > timedelta(seconds=policy.disruption_deadline_s)
 
 
 def decide(
@@ -162,10 +224,15 @@ def decide(
             f"{describe_attempts(view)}",
         )
     counted = [f for _, f in history if f.reason not in NOT_THE_JOBS_FAULT]
-    disruptions = len(history) - len(counted)
     if reason in NOT_THE_JOBS_FAULT:
-        if disruptions > policy.max_disruptions:
-            return GiveUp(pb.FAILURE_RETRIES_EXHAUSTED, describe_attempts(view))
+        if (since := disrupted_since(view)) is not None and past_deadline(since, policy, now):
+            return GiveUp(
+                pb.FAILURE_RETRIES_EXHAUSTED,
+                f"failures not its own kept it from any progress since "
+                f"{since.isoformat(timespec='seconds')}, longer than the operator's deadline of "
+                f"{policy.disruption_deadline_s:g} s (MDQ_RECOVERY_DISRUPTION_DEADLINE_S): "
+                f"{describe_attempts(view)}",
+            )
     elif len(counted) > view.spec.max_retries:
         return GiveUp(
             pb.FAILURE_RETRIES_EXHAUSTED,
@@ -191,7 +258,11 @@ def decide(
         if memory <= view.resources.memory_mb:
             return GiveUp(reason, f"out of memory at the cap: {describe_attempts(view)}")
     if reason in BACKED_OFF:
-        alike = sum(1 for _, f in history if f.reason == reason)
+        alike = (
+            in_a_row(view, reason)
+            if reason == pb.FAILURE_ENVIRONMENT
+            else sum(1 for _, f in history if f.reason == reason)
+        )
         delay = min(
             policy.backoff_max_s, policy.backoff_base_s * policy.backoff_factor ** (alike - 1)
         )
