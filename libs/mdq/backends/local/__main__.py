@@ -39,6 +39,8 @@ def build(
         runner_creds_ttl_s=common.runner_creds_ttl_s,
         nats_url=common.nats_url,
         runner_module=settings.runner_module,
+        min_free_mb=settings.data_min_free_mb,
+        start_error_hold_s=settings.start_error_hold_s,
     )
 
 

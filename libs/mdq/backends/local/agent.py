@@ -19,8 +19,19 @@ A pod record describes an attempt; it never says what to run. The agent starts
 from the record and an allowlist of its own variables (``mdq.backends.launch``): a forged
 record can at most start the runner on a spec the runner validates again, and never sees the
 agent's secrets (DATABASE_URL, credentials). A record whose ids are not plain names is
-refused (StartError). On an authenticating server each runner gets NATS credentials of its own
-job, valid for ``MDQ_NATS_RUNNER_CREDS_TTL_S``, and the agent renews them while that pod runs
+refused (StartError).
+
+The node's health is the agent's to tell (``mdq.datadisk``): every heartbeat it probes the data
+folder — the volume's marker is there (``claim``, written the first time), enough room is free
+(``min_free_mb``), a small file can be written, fsynced and removed — and puts the problem in
+words in the node records ("" when healthy), with pods that could not start (their StartError
+message, for ``start_error_hold_s``). Placement takes no new pods on a node with a problem
+(within the cordon budget), and takes them again once a probe passes. A pod bound there anyway
+fails to start (StartError: the node's failure, never the job's), and it never creates a job's
+folder on the disk under a volume that is not mounted.
+
+On an authenticating server each runner gets NATS credentials of its own job, valid for
+``MDQ_NATS_RUNNER_CREDS_TTL_S``, and the agent renews them while that pod runs
 (``mdq.bus.runner_creds.RenewalDesk``): once the pod ended, its file stops working within the
 TTL.
 """
@@ -41,9 +52,11 @@ import nats.errors
 from nats.js import JetStreamContext
 from nats.js.errors import APIError
 
+from mdq import datadisk
 from mdq.auth import RunnerIssuer, write_secret
 from mdq.backends.launch import (
     RUNNER_MODULE,
+    PodRefused,
     module_argv,
     runner_environment,
     runner_task,
@@ -72,6 +85,7 @@ from mdq.bus.requests import is_wrong_last_sequence
 from mdq.bus.runner_creds import RenewalDesk
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
+from mdq.core.recovery import START_ERROR_REASON as START_ERROR
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +151,8 @@ class NodeAgent:
         host_env: Mapping[str, str] | None = None,
         runner_issuer: Path | None = None,
         runner_creds_ttl_s: float | None = None,
+        min_free_mb: int = 0,
+        start_error_hold_s: float = 30.0,
     ) -> None:
         """``runner_issuer`` (``MDQ_NATS_RUNNER_ISSUER``): the key that mints each runner's own
         NATS credentials, written 0600 beside it under ``runners/`` while the pod lives, valid
@@ -165,6 +181,11 @@ class NodeAgent:
             else None
         )
         self._runner_creds_dir = runner_issuer.parent / "runners" if runner_issuer else None
+        self._min_free_bytes = max(0, min_free_mb) * 2**20
+        self._start_error_hold_s = start_error_hold_s
+        self._start_failure: tuple[str, float] | None = None
+        self.problem = ""
+        """Why this agent's nodes cannot run pods now ("" when they can)."""
 
     @property
     def _kv(self) -> Buckets:
@@ -176,7 +197,13 @@ class NodeAgent:
         """Register the nodes, heartbeat them and run their pods until ``stop`` is set; then
         stop the pods (SIGTERM, SIGKILL after the grace period) and report them Evicted."""
         self._buckets = await ensure_buckets(self._js, self._subjects, replicas=self._replicas)
-        self._log_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            if datadisk.claim(self._data_dir):
+                log.info("data folder %s marked as mdq's volume", self._data_dir)
+            self._log_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as error:  # a sick disk is reported, not a reason to stay away
+            log.warning("data folder %s: %s", self._data_dir, error)
+        await self.check_health()
         await self._publish_nodes(ready=True)
         log.info("node agent serving %s", ", ".join(self._nodes))
         tasks = {
@@ -223,9 +250,31 @@ class NodeAgent:
         while True:
             await asyncio.sleep(self._heartbeat_s)
             try:
+                await self.check_health()
                 await self._publish_nodes(ready=True)
             except Exception:  # NATS away for a moment: beat again later
                 log.warning("heartbeat failed", exc_info=True)
+
+    async def check_health(self) -> str:
+        """Probe the data folder (``mdq.datadisk.probe``) and weigh recent start failures;
+        set and return ``problem``, logging each change once."""
+        problem = await asyncio.to_thread(
+            datadisk.probe, self._data_dir, min_free_bytes=self._min_free_bytes
+        )
+        failure = self._start_failure
+        if not problem and failure is not None:
+            if time.monotonic() - failure[1] < self._start_error_hold_s:
+                problem = f"pods could not start: {failure[0]}"
+            else:
+                self._start_failure = None
+        if problem != self.problem:
+            if problem:
+                log.warning("nodes %s take no new pods: %s", ", ".join(self._nodes), problem)
+            else:
+                log.info("nodes %s healthy again: %s passed its probe", ", ".join(self._nodes),
+                         self._data_dir)  # fmt: skip
+            self.problem = problem
+        return problem
 
     def _node_record(self, node: NodeConfig, *, ready: bool) -> NodeRecord:
         trees = [pod.tree for pod in self._running.values() if pod.spec.node == node.name]
@@ -239,6 +288,7 @@ class NodeAgent:
             cpu_load=min(1.0, cpu_percent / (node.cpu_capacity * 100.0)),
             memory_load=min(1.0, rss / (node.memory_capacity_mb * MIB)),
             heartbeat_unix=time.time(),
+            problem=self.problem,
         )
 
     async def _publish_nodes(self, *, ready: bool) -> None:
@@ -332,9 +382,16 @@ class NodeAgent:
             process = await self._spawn(spec)
         except (OSError, ValueError) as error:  # PodRefused is a ValueError
             code = 127 if isinstance(error, FileNotFoundError) else 126
-            failed = PodStatus(pb.POD_FAILED, code, "StartError", str(error))
+            disk = datadisk.disk_error(error)
+            message = f"on {spec.node}: {datadisk.describe(disk) if disk else error}"
+            failed = PodStatus(pb.POD_FAILED, code, START_ERROR, message)
             await self._set_status(spec.name, failed)
-            log.warning("pod %s could not start: %s", spec.name, error)
+            log.warning("pod %s could not start %s", spec.name, message)
+            if not isinstance(error, PodRefused):  # a forged record says nothing of the node
+                self._start_failure = (message, time.monotonic())
+                with contextlib.suppress(Exception):  # placement hears of it at once
+                    await self.check_health()
+                    await self._publish_nodes(ready=True)
             return
         pod = RunningPod(spec=spec, process=process, tree=ProcessTree(pid=process.pid))
         self._running[spec.name] = pod
@@ -358,6 +415,7 @@ class NodeAgent:
             write_secret(creds, self._issuer.creds(spec.job_id))
             env[CREDS_ENV] = str(creds)
         workdir = runner_task(spec, data_dir=self._data_dir).job_dir
+        datadisk.check_mounted(self._data_dir)  # never a job's folder on the disk under it
         workdir.mkdir(parents=True, exist_ok=True)
         log_path = self._log_dir / f"{spec.name}.log"
         with log_path.open("ab") as log_file:

@@ -51,6 +51,18 @@ class LocalAgentSettings(BaseSettings):
     memory_poll_s: float = Field(
         default=0.5, gt=0, description="Seconds between memory-limit checks of each pod."
     )
+    data_min_free_mb: int = Field(
+        default=0,
+        ge=0,
+        description="Free space the data folder must keep for the nodes to take new pods "
+        "(checked every heartbeat with a small write, fsync and delete, which a full, "
+        "read-only, failing or unmounted data disk fails anyway).",
+    )
+    start_error_hold_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="After a pod could not start, the nodes take no new pods for this long.",
+    )
 
     runner_module: str = Field(
         default="services.runner",
