@@ -43,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import random
 import re
@@ -53,9 +54,10 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +67,22 @@ from mdq.embedded import EmbeddedNats, EmbeddedPostgres, free_port, start_nats, 
 
 SERVICE_KINDS: tuple[str, ...] = ("intake", "placement", "watcher", "recovery", "metrics")
 PROCESS_KINDS: tuple[str, ...] = (*SERVICE_KINDS, "agent", "runner")
-FAULT_KINDS: tuple[str, ...] = (*PROCESS_KINDS, "nats", "postgres", "disk_full")
+SHORT_KINDS: tuple[str, ...] = (*PROCESS_KINDS, "nats", "postgres", "disk_full")
+"""Kills and short outages: ``faults_per_kind`` of each, and the random extra faults."""
+LONG_KINDS: tuple[str, ...] = ("disk_full_long", "nats_long", "postgres_long")
+"""Long episodes (``ChaosConfig.long_s``): the data disk full, NATS or PostgreSQL down."""
+STRIKE_KINDS: tuple[str, ...] = (
+    "strike_pod_start",
+    "strike_checkpoint",
+    "strike_snapshot",
+    "strike_backoff",
+)
+"""Kills at the worst moments: the node agent while a pod starts, a runner while it writes a
+checkpoint, placement while it writes its snapshot, placement and recovery while a job waits
+out a backoff."""
+ONCE_KINDS: tuple[str, ...] = (*LONG_KINDS, *STRIKE_KINDS)
+"""Kinds injected ``once_per_kind`` times (not among the random extra faults)."""
+FAULT_KINDS: tuple[str, ...] = (*SHORT_KINDS, *ONCE_KINDS)
 """Every kind of fault the campaign injects."""
 
 MIN_PAUSE_S = 0.3
@@ -99,6 +116,8 @@ class ChaosConfig:
     kinds: tuple[str, ...] = FAULT_KINDS
     """The kinds of fault injected (default: every kind)."""
     faults_per_kind: int = 1
+    once_per_kind: int = 1
+    """How many of each long episode and worst-moment strike (``ONCE_KINDS``)."""
     extra_faults: int = 0
     """Faults of random kinds on top of ``faults_per_kind`` of each kind."""
     max_faults_ahead: int | None = None
@@ -110,6 +129,13 @@ class ChaosConfig:
     """How long NATS or PostgreSQL stays down."""
     disk_full_s: tuple[float, float] = (2.0, 4.0)
     """How long the data disk stays full."""
+    long_s: dict[str, float] = field(
+        default_factory=lambda: {"disk_full_long": 30.0, "nats_long": 20.0, "postgres_long": 60.0}
+    )
+    """How long each long episode lasts."""
+    strike_wait_s: float = 30.0
+    """How long a strike waits for its moment before it counts as missed (and is tried
+    again later)."""
     disk_mb: int = 128
     deadline_s: float = 900.0
     """The whole campaign (faults, jobs, checks) ends by then, whatever happens."""
@@ -132,8 +158,11 @@ class ChaosReport:
     seed: int
     jobs: int = 0
     succeeded: int = 0
+    failed_for_good: int = 0
     final_step_exact: int = 0
     kills: dict[str, int] = field(default_factory=dict)
+    strikes: dict[str, int] = field(default_factory=dict)
+    """Long episodes and worst-moment strikes, by kind."""
     missed: dict[str, int] = field(default_factory=dict)
     nats_restarts: int = 0
     postgres_restarts: int = 0
@@ -161,8 +190,10 @@ class ChaosReport:
             "seed": self.seed,
             "jobs": self.jobs,
             "succeeded": self.succeeded,
+            "failed_for_good": self.failed_for_good,
             "final_step_exact": self.final_step_exact,
             "kills": dict(sorted(self.kills.items())),
+            "strikes": dict(sorted(self.strikes.items())),
             "missed": dict(sorted(self.missed.items())),
             "nats_restarts": self.nats_restarts,
             "postgres_restarts": self.postgres_restarts,
@@ -408,6 +439,8 @@ class Sampler:
         self.concurrent: list[dict[str, object]] = []
         self.reached: dict[tuple[str, int], int] = {}
         """(job, attempt) → the most step seen in the energy table while it ran."""
+        self.live: dict[str, int] = {}
+        """Job → the pid of its one live runner, as last sampled."""
         self.error: str = ""
 
     def start(self) -> None:
@@ -431,6 +464,7 @@ class Sampler:
         by_job: dict[str, list[RunnerProcess]] = defaultdict(list)
         for runner in runners:
             by_job[runner.job_id].append(runner)
+        self.live = {job: live[0].pid for job, live in by_job.items() if len(live) == 1}
         for job, live in by_job.items():
             if len(live) > 1:
                 self.concurrent.append(
@@ -536,13 +570,19 @@ def steps_lost(
 
 
 # -- the campaign ----------------------------------------------------------------------------
+def wanted(kind: str, config: ChaosConfig) -> int:
+    """How many faults of ``kind`` the campaign injects (before the random extra ones)."""
+    return config.once_per_kind if kind in ONCE_KINDS else config.faults_per_kind
+
+
 def fault_schedule(rng: random.Random, config: ChaosConfig) -> list[str]:
-    """Every kind ``faults_per_kind`` times plus ``extra_faults`` random ones, shuffled."""
+    """Every kind ``wanted`` times plus ``extra_faults`` random short ones, shuffled."""
     unknown = set(config.kinds) - set(FAULT_KINDS)
     if unknown:
         raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {FAULT_KINDS}")
-    kinds = [kind for kind in config.kinds for _ in range(config.faults_per_kind)]
-    kinds += [rng.choice(config.kinds) for _ in range(config.extra_faults)]
+    kinds = [kind for kind in config.kinds for _ in range(wanted(kind, config))]
+    short = [kind for kind in config.kinds if kind in SHORT_KINDS] or list(config.kinds)
+    kinds += [rng.choice(short) for _ in range(config.extra_faults)]
     rng.shuffle(kinds)
     return kinds
 
@@ -557,6 +597,10 @@ def job_spec(index: int, config: ChaosConfig) -> dict[str, object]:
         "report_interval_steps": config.report_interval_steps,
         "checkpoint_interval_steps": config.checkpoint_interval_steps,
         "resources": {"cpu": 1, "memory_mb": 1024},
+        # kill -9 of a runner is charged to its job as a crash (mdq cannot tell it from the
+        # job's own); room for the dice picking one job again and again, never for the faults
+        # mdq must not charge (those spend no retry at all: docs/architecture.md, invariant 4)
+        "max_retries": 10,
     }
 
 
@@ -572,7 +616,12 @@ class Campaign:
         )
         self.deadline = Deadline(config.deadline_s)
         self.run_deadline = Deadline(max(1.0, config.deadline_s - config.check_reserve_s))
-        self.namespace = f"chaos{seed:x}"[:20]
+        # Its own namespace, even for a seed another campaign on this machine replays at the
+        # same time: the runners it samples and kills are found by it.
+        self.namespace = f"ch{seed:x}{random.SystemRandom().randrange(1 << 24):06x}"
+        from mdq.bus.subjects import Subjects
+
+        self.subjects = Subjects(self.namespace)
         self.work = config.work_dir or Path(tempfile.mkdtemp(prefix="mdq-chaos-"))
         self.work.mkdir(parents=True, exist_ok=True)
         self.report.work_dir = str(self.work)
@@ -654,6 +703,9 @@ class Campaign:
                 "MDQ_METRICS_INTERVAL_S": "1",
                 "MDQ_RECOVERY_BACKOFF_BASE_S": "0.5",
                 "MDQ_RECOVERY_BACKOFF_MAX_S": "5",
+                # snapshots often, so that a strike can meet one being written
+                "MDQ_PLACEMENT_SNAPSHOT_INTERVAL_S": "5",
+                "MDQ_RECOVERY_SNAPSHOT_INTERVAL_S": "5",
                 "PYTHONUNBUFFERED": "1",
             }
         )
@@ -723,40 +775,158 @@ class Campaign:
         """One fault of ``kind``; False when there was nothing to hit."""
         if kind in PROCESS_KINDS:
             return self.kill_process(kind)
-        if kind == "nats":
-            assert self.nats is not None
-            self.nats.kill()
-            down = self.rng.uniform(*self.config.outage_s)
-            self.note(f"kill -9 nats-server; down for {down:.1f} s")
-            await asyncio.sleep(self.deadline.bound(down))
-            await asyncio.to_thread(self.start_nats)
-            self.report.nats_restarts += 1
-            self.note("nats-server restarted on the same port and store")
-            return True
-        if kind == "postgres":
-            killed = await asyncio.to_thread(self.kill_postgres)
-            if not killed:
-                return False
-            down = self.rng.uniform(*self.config.outage_s)
-            self.note(f"kill -9 postgres ({killed} processes); down for {down:.1f} s")
-            await asyncio.sleep(self.deadline.bound(down))
-            await asyncio.to_thread(self.start_postgres)
-            self.report.postgres_restarts += 1
-            self.note("postgres restarted on the same folder")
-            return True
-        if kind == "disk_full":
-            if not self.disk.mounted:
-                return False
-            written = await asyncio.to_thread(self.disk.fill)
-            left = self.disk.free_bytes()
-            hold = self.rng.uniform(*self.config.disk_full_s)
-            self.note(f"data disk full ({written} bytes written, {left} free); for {hold:.1f} s")
-            await asyncio.sleep(self.deadline.bound(hold))
-            self.disk.free()
-            self.report.disk_full_episodes += 1
-            self.note("data disk freed")
-            return True
+        long = self.config.long_s.get(kind)
+        if kind == "nats" or kind == "nats_long":
+            return await self.nats_down(long or self.rng.uniform(*self.config.outage_s))
+        if kind == "postgres" or kind == "postgres_long":
+            return await self.postgres_down(long or self.rng.uniform(*self.config.outage_s))
+        if kind == "disk_full" or kind == "disk_full_long":
+            return await self.disk_full(long or self.rng.uniform(*self.config.disk_full_s))
+        if kind == "strike_pod_start":
+            return await self.strike_pod_start()
+        if kind == "strike_checkpoint":
+            return await self.strike_checkpoint()
+        if kind == "strike_snapshot":
+            return await self.strike_on_subject(
+                f"$KV.{self.subjects.placement_snapshot_bucket}.>",
+                lambda subject, _data: not subject.endswith(".head"),
+                victims=("placement",),
+                moment="while it writes its snapshot",
+            )
+        if kind == "strike_backoff":
+            return await self.strike_on_subject(
+                self.subjects.job("*", "requeued"),
+                self._backs_off,
+                victims=("placement", "recovery"),
+                moment="while a job waits out its backoff",
+                make_it=lambda: self.kill_process("runner"),  # a crash: retried after a backoff
+            )
         raise ValueError(f"unknown fault kind {kind!r}")
+
+    async def nats_down(self, down: float) -> bool:
+        assert self.nats is not None
+        self.nats.kill()
+        self.note(f"kill -9 nats-server; down for {down:.1f} s")
+        await asyncio.sleep(self.deadline.bound(down))
+        await asyncio.to_thread(self.start_nats)
+        self.report.nats_restarts += 1
+        self.note("nats-server restarted on the same port and store")
+        return True
+
+    async def postgres_down(self, down: float) -> bool:
+        killed = await asyncio.to_thread(self.kill_postgres)
+        if not killed:
+            return False
+        self.note(f"kill -9 postgres ({killed} processes); down for {down:.1f} s")
+        await asyncio.sleep(self.deadline.bound(down))
+        await asyncio.to_thread(self.start_postgres)
+        self.report.postgres_restarts += 1
+        self.note("postgres restarted on the same folder")
+        return True
+
+    async def disk_full(self, hold: float) -> bool:
+        if not self.disk.mounted:
+            return False
+        written = await asyncio.to_thread(self.disk.fill)
+        left = self.disk.free_bytes()
+        self.note(f"data disk full ({written} bytes written, {left} free); for {hold:.1f} s")
+        await asyncio.sleep(self.deadline.bound(hold))
+        self.disk.free()
+        self.report.disk_full_episodes += 1
+        self.note("data disk freed")
+        return True
+
+    # -- strikes at the worst moments ------------------------------------------------------
+    async def strike_pod_start(self) -> bool:
+        """kill -9 the node agent the moment a pod starts: its log file appears (the agent
+        opens it right before it spawns the runner), so the claim, the spawn and the runner's
+        first moments are all in flight."""
+        pods = self.data_dir / "pods"
+        known = set(_names(pods))
+        until = time.monotonic() + self.deadline.bound(self.config.strike_wait_s)
+        while time.monotonic() < until:
+            new = set(_names(pods)) - known
+            if new:
+                if not self.kill_process("agent"):
+                    return False
+                self.note(f"  (the pod {sorted(new)[0].removesuffix('.log')} was starting)")
+                return True
+            await asyncio.sleep(0.005)
+        return False
+
+    async def strike_checkpoint(self) -> bool:
+        """kill -9 a runner while it writes a checkpoint (its temporary file is there)."""
+        assert self.sampler is not None
+        until = time.monotonic() + self.deadline.bound(self.config.strike_wait_s)
+        jobs_dir = self.data_dir / "jobs"
+        while time.monotonic() < until:
+            for job, pid in list(self.sampler.live.items()):
+                folder = jobs_dir / job / "checkpoints"
+                if any(name.startswith(".tmp-") for name in _names(folder)):
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        continue
+                    self.note(f"kill -9 runner pid {pid} ({job}) while it writes a checkpoint")
+                    return True
+            await asyncio.sleep(0.002)
+        return False
+
+    def _backs_off(self, _subject: str, data: bytes) -> bool:
+        """A ``requeued`` event whose job may not be bound for a while yet."""
+        from mdq.bus.codec import decode_event
+
+        requeued = decode_event(data).requeued
+        return (
+            requeued.HasField("not_before")
+            and requeued.not_before.ToMilliseconds() / 1000 > time.time() + 0.05
+        )
+
+    async def strike_on_subject(
+        self,
+        subject: str,
+        moment_came: Any,
+        *,
+        victims: tuple[str, ...],
+        moment: str,
+        make_it: Any = None,
+    ) -> bool:
+        """kill -9 ``victims`` the moment a message on ``subject`` satisfies ``moment_came``
+        (subject, data), after ``make_it()`` (if given) brought one about; False if none came
+        within ``strike_wait_s``."""
+        import nats
+
+        assert self.stack is not None
+        came = asyncio.Event()
+
+        async def on_message(message: Any) -> None:
+            with contextlib.suppress(Exception):  # a message it cannot read is not the moment
+                if not came.is_set() and moment_came(message.subject, message.data):
+                    came.set()
+
+        wait = self.deadline.bound(self.config.strike_wait_s)
+        try:
+            nc = await asyncio.wait_for(
+                nats.connect(f"nats://127.0.0.1:{self.nats_port}", name="chaos-strike"), wait
+            )
+        except (TimeoutError, OSError, nats.errors.Error):
+            return False
+        try:
+            await nc.subscribe(subject, cb=on_message)
+            await nc.flush()
+            if make_it is not None and not make_it():
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(came.wait(), wait)
+            if not came.is_set():
+                return False
+            hit = [kind for kind in victims if self.kill_process(kind)]
+            if hit:
+                self.note(f"  ({'+'.join(hit)} killed {moment})")
+            return bool(hit)
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(nc.close(), 10)
 
     async def run_faults(self, done: asyncio.Event) -> None:
         """The schedule, until it is through, the jobs are done, or the deadline."""
@@ -872,7 +1042,10 @@ class Campaign:
 
         problems = self.report.problems
         subjects = Subjects(self.namespace)
-        nc = await connect(f"nats://127.0.0.1:{self.nats_port}", name="chaos-check")
+        nc = await asyncio.wait_for(
+            connect(f"nats://127.0.0.1:{self.nats_port}", name="chaos-check"),
+            max(30.0, self.deadline.left()),
+        )
         try:
             succeeded, ended = await self.terminal_counts(nc)
             js = nc.jetstream()
@@ -896,6 +1069,7 @@ class Campaign:
         finally:
             await nc.close()
         self.report.succeeded = sum(1 for j in self.job_ids if succeeded[j] >= 1 and not ended[j])
+        self.report.failed_for_good = sum(1 for j in self.job_ids if ended[j])
         self.report.double_succeeded = sum(1 for j in self.job_ids if succeeded[j] > 1)
         for job in self.job_ids:
             if succeeded[job] != 1 or ended[job]:
@@ -1047,16 +1221,28 @@ class Campaign:
 
     # -- the whole -------------------------------------------------------------------------
     async def run(self) -> ChaosReport:
+        """The campaign, whatever happens: an exception anywhere in the harness (or a
+        cancellation) is a problem of the report, with its traceback, never a crash."""
         started = time.monotonic()
-        try:
-            await self._run()
-        except Exception as error:
-            self.report.problems.append(f"the campaign broke off: {error!r}")
-            self.note(f"broke off: {error!r}")
-        finally:
-            await asyncio.to_thread(self.cleanup)
-            self.report.duration_s = time.monotonic() - started
+        with harness_logs(self.work / "harness.log"):
+            try:
+                await self._run()
+            except BaseException as error:  # every failure is reported, even a cancellation
+                self.broke_off("the campaign broke off", error)
+            finally:
+                try:
+                    await asyncio.to_thread(self.cleanup)
+                except BaseException as error:
+                    self.broke_off("cleaning up failed", error)
+                self.report.duration_s = time.monotonic() - started
         return self.report
+
+    def broke_off(self, what: str, error: BaseException) -> None:
+        """Record ``error`` (with its traceback) as a problem of the campaign."""
+        trace = "".join(traceback.format_exception(error)).rstrip()
+        self.report.problems.append(f"{what}: {error!r}\n{trace}")
+        with contextlib.suppress(OSError):
+            self.note(f"{what}: {error!r}\n{trace}")
 
     async def _run(self) -> None:
         self.note(f"seed {self.report.seed}, namespace {self.namespace}, work {self.work}")
@@ -1098,11 +1284,14 @@ class Campaign:
             self.report.problems.append(
                 f"not every job was terminal within the deadline ({self.config.deadline_s:g} s)"
             )
+        self.report.strikes = {
+            kind: self._kills[kind] for kind in FAULT_KINDS if kind in ONCE_KINDS
+        }
         for kind in self.config.kinds:
             hits = self._kills[kind]
-            if hits < self.config.faults_per_kind:
+            if hits < wanted(kind, self.config):
                 self.report.problems.append(
-                    f"{kind}: hit {hits} times, wanted {self.config.faults_per_kind}"
+                    f"{kind}: hit {hits} times, wanted {wanted(kind, self.config)}"
                 )
         await self.check()
 
@@ -1135,6 +1324,32 @@ class Campaign:
             shutil.rmtree(self.work, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def harness_logs(path: Path) -> Iterator[None]:
+    """Send what the libraries the harness uses log (nats-py's reconnect errors while NATS is
+    down, asyncio's) to ``path`` instead of the terminal: the report is the one line printed."""
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    previous = root.level
+    root.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(previous)
+        handler.close()
+
+
+def _names(folder: Path) -> list[str]:
+    """The names in ``folder`` now ([] if it is not there)."""
+    try:
+        return os.listdir(folder)
+    except OSError:
+        return []
+
+
 def _descendants(pid: int) -> Iterator[psutil.Process]:
     with contextlib.suppress(psutil.Error):
         yield from psutil.Process(pid).children(recursive=True)
@@ -1143,3 +1358,67 @@ def _descendants(pid: int) -> Iterator[psutil.Process]:
 async def run_campaign(config: ChaosConfig) -> ChaosReport:
     """Run one campaign and return its report (every process it started is gone after)."""
     return await Campaign(config).run()
+
+
+@dataclass(slots=True)
+class SoakReport:
+    """Several campaigns, one after the other; ``to_json`` is the line ``make chaos-soak``
+    prints."""
+
+    campaigns: list[ChaosReport] = field(default_factory=list)
+    checkpoint_interval_steps: int = 0
+    problems: list[str] = field(default_factory=list)
+    """What broke the soak itself (a campaign's own problems are in ``failed_seeds``)."""
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and all(report.ok for report in self.campaigns)
+
+    def to_json(self) -> str:
+        reports = self.campaigns
+        document: dict[str, Any] = {
+            "ok": self.ok,
+            "seeds": [report.seed for report in reports],
+            "passed": sum(1 for report in reports if report.ok),
+            "jobs": sum(report.jobs for report in reports),
+            "succeeded": sum(report.succeeded for report in reports),
+            "failed_for_good": sum(report.failed_for_good for report in reports),
+            "double_succeeded": sum(report.double_succeeded for report in reports),
+            "concurrent_runners": sum(report.concurrent_runners for report in reports),
+            "max_steps_lost": max((report.max_steps_lost for report in reports), default=0),
+            "checkpoint_interval_steps": self.checkpoint_interval_steps,
+            "failed_seeds": [
+                {"seed": report.seed, "work_dir": report.work_dir, "problems": report.problems}
+                for report in reports
+                if not report.ok
+            ],
+            "durations_s": {str(report.seed): round(report.duration_s, 1) for report in reports},
+            "duration_s": round(sum(report.duration_s for report in reports), 1),
+            "problems": self.problems,
+        }
+        return json.dumps(document)
+
+
+async def run_soak(
+    config: ChaosConfig,
+    seeds: Sequence[int],
+    *,
+    on_report: Any = None,
+) -> SoakReport:
+    """One campaign per seed, each in a work folder of its own; ``on_report(index, report)``
+    is called after each. Never raises: whatever goes wrong between campaigns is a problem of
+    the soak, with its traceback."""
+    soak = SoakReport(checkpoint_interval_steps=config.checkpoint_interval_steps)
+    for index, seed in enumerate(seeds):
+        try:
+            work = None
+            if config.work_dir is not None:
+                work = config.work_dir / f"campaign-{index + 1}"
+            report = await run_campaign(replace(config, seed=seed, work_dir=work))
+            soak.campaigns.append(report)
+            if on_report is not None:
+                on_report(index, report)
+        except BaseException as error:  # a soak reports, it never dies with a traceback
+            trace = "".join(traceback.format_exception(error)).rstrip()
+            soak.problems.append(f"campaign {index + 1} (seed {seed}): {error!r}\n{trace}")
+    return soak
