@@ -51,6 +51,7 @@ from mdq.bus.log import IDLE_HEARTBEAT_S
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core import ids
+from mdq.core.recovery import NOT_CHARGED, charged_to_the_job
 from mdq.core.runner_task import job_dir
 from mdq.memory import keep_state_out_of_gc
 from mdq.sdk.client import IntakeUnavailable, MdqClient, SubmitRefused
@@ -109,8 +110,10 @@ class Console:
 templates = Jinja2Templates(directory=str(PACKAGE / "templates"))
 templates.env.globals["OPERATOR"] = OPERATOR
 templates.env.globals["PAGE_SIZES"] = PAGE_SIZES
+templates.env.globals["not_charged"] = NOT_CHARGED
 templates.env.filters["when"] = lambda at: "" if at is None else at.strftime("%Y-%m-%d %H:%M:%S")
 templates.env.filters["tenant_label"] = lambda job_id: ids.tenant_of(job_id) or "(operator)"
+templates.env.filters["charged"] = charged_to_the_job
 
 
 def _console(request: Request) -> Console:

@@ -62,6 +62,20 @@ CLUSTER_LOST_REASON = "ClusterLost"
 (``mdq.backends.clusters``)."""
 
 
+NOT_CHARGED = "not charged to the job"
+"""What the history says of a failure in ``NOT_THE_JOBS_FAULT`` (``mdq show``, the console)."""
+
+
+def charged_to_the_job(reason_name: str) -> bool:
+    """Whether a failure of this class (its name, as PostgreSQL ``attempts.failure_reason``
+    holds it) spends the job's retries; an unknown name does."""
+    try:
+        reason = pb.FailureReason.Value(reason_name)
+    except ValueError:
+        return True
+    return reason not in NOT_THE_JOBS_FAULT
+
+
 def classify(*, pod_reason: str, exit_code: int) -> pb.FailureReason:
     """The failure class of a terminated pod, from its reason and the runner's exit code."""
     reason = pod_reason.lower()
