@@ -130,7 +130,7 @@ async def test_environment_failures_are_named_and_not_charged_in_the_history(
         await asyncio.wait_for(serving, timeout=10)
         await engine.dispose()
     assert status == 200
-    cells = dict(re.findall(r'<tr id="attempt-(\d+)">(.*?)</tr>', html, re.S))
-    assert "FAILURE_ENVIRONMENT" in cells["1"] and "ENOSPC" in cells["1"]
-    assert NOT_CHARGED in cells["1"] and NOT_CHARGED in cells["2"]
-    assert "FAILURE_CRASHED" in cells["3"] and NOT_CHARGED not in cells["3"]
+    shown_rows = dict(re.findall(r'<tr id="attempt-(\d+)">(.*?)</tr>', html, re.S))
+    assert "FAILURE_ENVIRONMENT" in shown_rows["1"] and "ENOSPC" in shown_rows["1"]
+    assert NOT_CHARGED in shown_rows["1"] and NOT_CHARGED in shown_rows["2"]
+    assert "FAILURE_CRASHED" in shown_rows["3"] and NOT_CHARGED not in shown_rows["3"]
