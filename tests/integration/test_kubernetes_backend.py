@@ -474,6 +474,12 @@ async def test_the_factory_makes_the_kubernetes_backend_from_the_environment(
             ]},
             ("POD_FAILED", "StartError", 128),
         ),
+        (
+            {"phase": "Pending", "containerStatuses": [
+                {"name": "runner", "state": {"waiting": {"reason": "ImagePullBackOff"}}}
+            ]},
+            ("POD_FAILED", "StartError", 128),
+        ),
     ],
 )  # fmt: skip
 def test_pod_statuses_map_to_updates(

@@ -58,9 +58,20 @@ _PHASES: dict[str, pb.PodPhase] = {
 }
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _START_ERRORS = frozenset(
-    {"InvalidImageName", "CreateContainerConfigError", "CreateContainerError", "ErrImageNeverPull"}
+    {
+        "InvalidImageName",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "ErrImageNeverPull",
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "RunContainerError",
+    }
 )
-"""Waiting reasons a container never recovers from: the attempt failed to start."""
+"""Waiting reasons of a pod that did not start: the container never recovers from some, and
+an image the node cannot pull is retried by the kubelet for as long as the pod lives. Either
+is the node's failure, never the job's (StartError: FAILURE_ENVIRONMENT), and the attempt is
+retried after a backoff, elsewhere when another node fits."""
 _POD_REASONS = {
     "Evicted": "Evicted",
     "Preempting": "Preempted",
