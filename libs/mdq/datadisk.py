@@ -46,12 +46,19 @@ class VolumeMissing(OSError):
         )
 
 
+class NotAnswering(OSError):
+    """The data folder did not answer in time (a hung volume): what took too long, how long."""
+
+    def __init__(self, folder: Path, what: str, seconds: float) -> None:
+        super().__init__(errno.ETIMEDOUT, f"{what} in {folder} did not finish within {seconds:g} s")
+
+
 def disk_error(error: BaseException | None) -> OSError | None:
     """The ``OSError`` of a failing data disk behind ``error`` (itself, or one it was raised
     from), or None."""
     seen = 0
     while error is not None and seen < 16:  # a cause chain is short; a cycle is not followed
-        if isinstance(error, VolumeMissing) or (
+        if isinstance(error, (VolumeMissing, NotAnswering)) or (
             isinstance(error, OSError) and error.errno in DISK_ERRNOS
         ):
             return error
@@ -65,7 +72,7 @@ def exit_code_for(error: BaseException) -> RunnerExit | None:
     found = disk_error(error)
     if found is None:
         return None
-    if isinstance(found, VolumeMissing):
+    if isinstance(found, (VolumeMissing, NotAnswering)):
         return RunnerExit.DISK_FAILED
     return DISK_ERRNOS[found.errno or 0][1]
 
@@ -74,6 +81,8 @@ def describe(error: OSError) -> str:
     """Words for a data disk failure: "data disk full (ENOSPC): No space left on device: ..."."""
     if isinstance(error, VolumeMissing):
         return f"data volume missing: {error.strerror}"
+    if isinstance(error, NotAnswering):
+        return f"data disk not answering: {error.strerror}"
     what = DISK_ERRNOS.get(error.errno or 0, ("data disk failed", RunnerExit.DISK_FAILED))[0]
     name = errno.errorcode.get(error.errno or 0, str(error.errno))
     where = f": {error.filename}" if error.filename else ""
@@ -133,6 +142,7 @@ def probe(folder: Path, *, min_free_bytes: int = 0) -> str:
 __all__ = [
     "DISK_ERRNOS",
     "VOLUME_MARKER",
+    "NotAnswering",
     "VolumeMissing",
     "check_mounted",
     "claim",

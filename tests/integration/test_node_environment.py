@@ -45,7 +45,7 @@ def agent(nats_url: str, namespace: str, disk: SmallDisk, tmp_path: Path) -> Ite
         namespace=namespace,
         data_dir=disk.mount_point,
         node_names=NODES,
-        settings={**FAST, "start_error_hold_s": "1"},
+        settings={**FAST, "start_error_hold_s": "1", "probe_stall_s": "2"},
         log_file=tmp_path / "agent.log",  # off the disk that is failed
     )
     try:
@@ -84,6 +84,7 @@ CASES: list[tuple[str, Callable[[SmallDisk], None], Callable[[SmallDisk], None],
     ("read-only", SmallDisk.make_read_only, SmallDisk.remount, "data disk read-only (EROFS)"),
     ("dying", SmallDisk.shut_down, SmallDisk.remount, "data disk I/O error (EIO)"),
     ("unmounted", SmallDisk.unmount, SmallDisk.mount, "data volume missing"),
+    ("not answering", SmallDisk.freeze, SmallDisk.thaw, "data disk not answering"),
 ]
 
 

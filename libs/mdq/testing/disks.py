@@ -11,7 +11,9 @@ the block allocator, on which every failure of a data disk can be made for real:
 * ``shut_down`` is ext4's ``EXT4_IOC_SHUTDOWN`` (what ``xfs_io -c shutdown`` does): from then
   on every read and write fails with EIO, as on a device that died; ``unmount`` + ``mount``
   brings the filesystem back as the journal left it (after either);
-* ``unmount`` leaves the mount point an empty folder of the disk under it: a lost mount.
+* ``unmount`` leaves the mount point an empty folder of the disk under it: a lost mount;
+* ``freeze`` (``fsfreeze``) blocks every write, and so every fsync, until ``thaw``: a disk that
+  does not answer, like a hung network volume.
 
 Needs root (mount); ``mount`` raises ``DiskUnavailable`` saying why otherwise.
 """
@@ -29,6 +31,9 @@ from pathlib import Path
 EXT4_IOC_SHUTDOWN = 0x8004587D
 """_IOR('X', 125, __u32): shut the filesystem down."""
 EXT4_GOING_FLAGS_NOLOGFLUSH = 2
+FIFREEZE = 0xC0045877
+"""_IOWR('X', 119, int): block every write until thawed."""
+FITHAW = 0xC0045878
 """Shut down without flushing the journal (what a dying device does)."""
 
 
@@ -78,6 +83,19 @@ class SmallDisk:
             fcntl.ioctl(
                 descriptor, EXT4_IOC_SHUTDOWN, struct.pack("I", EXT4_GOING_FLAGS_NOLOGFLUSH)
             )
+        finally:
+            os.close(descriptor)
+
+    def freeze(self) -> None:
+        self._ioctl(FIFREEZE)
+
+    def thaw(self) -> None:
+        self._ioctl(FITHAW)
+
+    def _ioctl(self, request: int) -> None:
+        descriptor = os.open(self.mount_point, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.ioctl(descriptor, request, 0)
         finally:
             os.close(descriptor)
 

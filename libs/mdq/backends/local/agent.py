@@ -47,6 +47,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import nats.errors
 from nats.js import JetStreamContext
@@ -91,6 +92,8 @@ log = logging.getLogger(__name__)
 
 EXIT_KILLED = 137
 STATUS_WRITE_ATTEMPTS = 10
+PROBE_WAIT_S = 1.0
+"""How long a heartbeat waits for the data folder's probe before it goes out without news."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +117,12 @@ class RunningPod:
     oom_rss_mb: int = 0
     killer: asyncio.Task[None] | None = None
     supervisor: asyncio.Task[None] | None = field(default=None, repr=False)
+
+
+def _close_late_file(future: asyncio.Future[BinaryIO]) -> None:
+    """Close what a preparation that was given up on opened after all."""
+    if not future.cancelled() and future.exception() is None:
+        future.result().close()
 
 
 def final_status(
@@ -153,6 +162,7 @@ class NodeAgent:
         runner_creds_ttl_s: float | None = None,
         min_free_mb: int = 0,
         start_error_hold_s: float = 30.0,
+        probe_stall_s: float = 20.0,
     ) -> None:
         """``runner_issuer`` (``MDQ_NATS_RUNNER_ISSUER``): the key that mints each runner's own
         NATS credentials, written 0600 beside it under ``runners/`` while the pod lives, valid
@@ -183,7 +193,10 @@ class NodeAgent:
         self._runner_creds_dir = runner_issuer.parent / "runners" if runner_issuer else None
         self._min_free_bytes = max(0, min_free_mb) * 2**20
         self._start_error_hold_s = start_error_hold_s
+        self._probe_stall_s = probe_stall_s
         self._start_failure: tuple[str, float] | None = None
+        self._probe: asyncio.Future[str] | None = None
+        self._probe_started = 0.0
         self.problem = ""
         """Why this agent's nodes cannot run pods now ("" when they can)."""
 
@@ -257,10 +270,32 @@ class NodeAgent:
 
     async def check_health(self) -> str:
         """Probe the data folder (``mdq.datadisk.probe``) and weigh recent start failures;
-        set and return ``problem``, logging each change once."""
-        problem = await asyncio.to_thread(
-            datadisk.probe, self._data_dir, min_free_bytes=self._min_free_bytes
-        )
+        set and return ``problem``, logging each change once.
+
+        The probe runs in a thread of its own and is waited for briefly: a data disk that
+        hangs (a dead network volume) never holds up the heartbeat, which would make the
+        node look lost and fail its running pods; a probe still running after
+        ``probe_stall_s`` is itself the problem."""
+        if self._probe is None:
+            self._probe = asyncio.ensure_future(
+                asyncio.to_thread(
+                    datadisk.probe, self._data_dir, min_free_bytes=self._min_free_bytes
+                )
+            )
+            self._probe_started = time.monotonic()
+        await asyncio.wait({self._probe}, timeout=PROBE_WAIT_S)
+        if self._probe.done():
+            probe, self._probe = self._probe, None
+            try:
+                problem = probe.result()
+            except Exception as error:  # the probe's own failure says the folder is unusable
+                problem = f"data folder unusable: {error!r}"
+        elif (running := time.monotonic() - self._probe_started) > self._probe_stall_s:
+            problem = (
+                f"data disk not answering: a probe of {self._data_dir} has run {running:.0f} s"
+            )
+        else:
+            problem = self.problem  # no news yet
         failure = self._start_failure
         if not problem and failure is not None:
             if time.monotonic() - failure[1] < self._start_error_hold_s:
@@ -391,7 +426,7 @@ class NodeAgent:
                 self._start_failure = (message, time.monotonic())
                 with contextlib.suppress(Exception):  # placement hears of it at once
                     await self.check_health()
-                    await self._publish_nodes(ready=True)
+                    await asyncio.wait_for(self._publish_nodes(ready=True), PROBE_WAIT_S)
             return
         pod = RunningPod(spec=spec, process=process, tree=ProcessTree(pid=process.pid))
         self._running[spec.name] = pod
@@ -415,10 +450,23 @@ class NodeAgent:
             write_secret(creds, self._issuer.creds(spec.job_id))
             env[CREDS_ENV] = str(creds)
         workdir = runner_task(spec, data_dir=self._data_dir).job_dir
-        datadisk.check_mounted(self._data_dir)  # never a job's folder on the disk under it
-        workdir.mkdir(parents=True, exist_ok=True)
         log_path = self._log_dir / f"{spec.name}.log"
-        with log_path.open("ab") as log_file:
+
+        def prepare() -> BinaryIO:
+            datadisk.check_mounted(self._data_dir)  # never a job's folder on the disk under it
+            workdir.mkdir(parents=True, exist_ok=True)
+            return log_path.open("ab")
+
+        # in a thread, and not for ever: a hung data disk must not freeze the agent's loop
+        # (its heartbeats, its other pods)
+        preparing = asyncio.ensure_future(asyncio.to_thread(prepare))
+        done, _ = await asyncio.wait({preparing}, timeout=self._probe_stall_s)
+        if not done:
+            preparing.add_done_callback(_close_late_file)
+            raise datadisk.NotAnswering(
+                self._data_dir, "making the pod's folder", self._probe_stall_s
+            )
+        with preparing.result() as log_file:
             return await asyncio.create_subprocess_exec(
                 *module_argv(self._runner_module),
                 stdin=asyncio.subprocess.DEVNULL,

@@ -58,6 +58,13 @@ class LocalAgentSettings(BaseSettings):
         "(checked every heartbeat with a small write, fsync and delete, which a full, "
         "read-only, failing or unmounted data disk fails anyway).",
     )
+    probe_stall_s: float = Field(
+        default=20.0,
+        gt=0,
+        description="A probe of the data folder still running after this long means the disk "
+        "is not answering (a hung network volume): the nodes take no new pods. Heartbeats never "
+        "wait for the probe.",
+    )
     start_error_hold_s: float = Field(
         default=30.0,
         ge=0,
