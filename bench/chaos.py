@@ -24,9 +24,9 @@ from pathlib import Path
 
 from mdq.testing.chaos import (
     FAULT_KINDS,
+    Campaign,
     ChaosConfig,
     ChaosReport,
-    run_campaign,
     run_soak,
 )
 
@@ -109,7 +109,11 @@ async def _soak(config: ChaosConfig, seeds: list[int]) -> int:
 
 
 async def _one(config: ChaosConfig) -> int:
-    report = await run_campaign(config)
+    campaign = Campaign(config)
+    try:
+        report = await campaign.run()
+    except (asyncio.CancelledError, KeyboardInterrupt):  # Ctrl-C: what it saw, cleaned up
+        report = campaign.report
     print(report.to_json(), flush=True)
     return 0 if report.ok else 1
 

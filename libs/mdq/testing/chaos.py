@@ -85,6 +85,16 @@ ONCE_KINDS: tuple[str, ...] = (*LONG_KINDS, *STRIKE_KINDS)
 FAULT_KINDS: tuple[str, ...] = (*SHORT_KINDS, *ONCE_KINDS)
 """Every kind of fault the campaign injects."""
 
+PART_HELD_DOWN = {
+    "nats": "nats",
+    "nats_long": "nats",
+    "postgres": "postgres",
+    "postgres_long": "postgres",
+    "disk_full": "disk",
+    "disk_full_long": "disk",
+}
+"""The part of the campaign an outage holds down; one outage of a part at a time."""
+
 MIN_PAUSE_S = 0.3
 """The shortest pause between two faults (when the faults have fallen behind the jobs)."""
 
@@ -929,11 +939,43 @@ class Campaign:
                 await asyncio.wait_for(nc.close(), 10)
 
     async def run_faults(self, done: asyncio.Event) -> None:
-        """The schedule, until it is through, the jobs are done, or the deadline."""
+        """The schedule, until it is through, the jobs are done, or the deadline. A long
+        episode runs beside the schedule (the other kinds go on hitting meanwhile, as they
+        would in a bad hour); a fault of the part it holds down waits for its end."""
         schedule = fault_schedule(self.rng, self.config)
         self.note(f"fault schedule: {' '.join(schedule)}")
         retries: Counter[str] = Counter()
         total = len(schedule)
+        busy: set[str] = set()
+        episodes: set[asyncio.Task[None]] = set()
+        try:
+            await self._run_schedule(schedule, total, retries, done, busy, episodes)
+        finally:
+            await asyncio.gather(*episodes, return_exceptions=True)
+        if schedule:
+            self.note(f"faults not injected (jobs done or deadline): {' '.join(schedule)}")
+            self.report.problems.append(f"faults never injected: {' '.join(schedule)}")
+
+    async def _long_episode(self, kind: str, part: str, busy: set[str]) -> None:
+        try:
+            if await self.inject(kind):
+                self._kills[kind] += 1
+            else:
+                self._missed[kind] += 1
+        except BaseException as error:
+            self.broke_off(f"the long episode {kind}", error)
+        finally:
+            busy.discard(part)
+
+    async def _run_schedule(
+        self,
+        schedule: list[str],
+        total: int,
+        retries: Counter[str],
+        done: asyncio.Event,
+        busy: set[str],
+        episodes: set[asyncio.Task[None]],
+    ) -> None:
         while schedule and not done.is_set() and not self.run_deadline.passed:
             pause = self.rng.uniform(*self.config.pause_s)
             # Keep the faults ahead of the jobs: when a larger share of the jobs has ended
@@ -953,6 +995,14 @@ class Campaign:
             if done.is_set():
                 break
             kind = schedule.pop(0)
+            part = PART_HELD_DOWN.get(kind)
+            if part in busy:  # a long episode holds it down: this one comes after it
+                schedule.insert(min(len(schedule), 1 + self.rng.randrange(3)), kind)
+                continue
+            if kind in LONG_KINDS and part is not None:
+                busy.add(part)
+                episodes.add(asyncio.create_task(self._long_episode(kind, part, busy)))
+                continue
             if await self.inject(kind):
                 self._kills[kind] += 1
             else:
@@ -961,9 +1011,6 @@ class Campaign:
                 retries[kind] += 1
                 if retries[kind] <= 20:
                     schedule.insert(min(len(schedule), 1 + self.rng.randrange(3)), kind)
-        if schedule:
-            self.note(f"faults not injected (jobs done or deadline): {' '.join(schedule)}")
-            self.report.problems.append(f"faults never injected: {' '.join(schedule)}")
 
     # -- the jobs --------------------------------------------------------------------------
     async def submit(self) -> None:
@@ -1227,7 +1274,10 @@ class Campaign:
         with harness_logs(self.work / "harness.log"):
             try:
                 await self._run()
-            except BaseException as error:  # every failure is reported, even a cancellation
+            except (asyncio.CancelledError, KeyboardInterrupt):
+                self.report.problems.append("interrupted (Ctrl-C or cancelled)")
+                raise  # after the clean-up below: an interrupted soak stops
+            except BaseException as error:  # every failure of the harness is reported
                 self.broke_off("the campaign broke off", error)
             finally:
                 try:
@@ -1410,14 +1460,21 @@ async def run_soak(
     the soak, with its traceback."""
     soak = SoakReport(checkpoint_interval_steps=config.checkpoint_interval_steps)
     for index, seed in enumerate(seeds):
+        campaign: Campaign | None = None
         try:
             work = None
             if config.work_dir is not None:
                 work = config.work_dir / f"campaign-{index + 1}"
-            report = await run_campaign(replace(config, seed=seed, work_dir=work))
+            campaign = Campaign(replace(config, seed=seed, work_dir=work))
+            report = await campaign.run()
             soak.campaigns.append(report)
             if on_report is not None:
                 on_report(index, report)
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            if campaign is not None:
+                soak.campaigns.append(campaign.report)
+            soak.problems.append(f"interrupted in campaign {index + 1} (seed {seed})")
+            break
         except BaseException as error:  # a soak reports, it never dies with a traceback
             trace = "".join(traceback.format_exception(error)).rstrip()
             soak.problems.append(f"campaign {index + 1} (seed {seed}): {error!r}\n{trace}")
