@@ -34,6 +34,13 @@ STOPPED = "exited with 7: the data disk was full (ENOSPC/EDQUOT)"
 CRASHED = "exited with 1"
 
 
+def environment_query() -> str:
+    """docs/history.md's query of the attempts the environment failed."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "history.md").read_text()
+    after = text.split("Attempts the environment failed", 1)[1]
+    return after.split("```sql", 1)[1].split("```", 1)[0]
+
+
 def history_of(job: History) -> list[pb.Event]:
     def failed(attempt: int, reason: int, code: int, message: str, step: int) -> pb.Event:
         body = pb.AttemptFailed(
@@ -97,6 +104,13 @@ async def test_environment_failures_are_named_and_not_charged_in_the_history(
         (3, 1, "FAILURE_CRASHED", CRASHED),
         (4, None, None, None),
     ]
+
+    documented = await pool.fetch(environment_query())
+    assert [(r["node"], r["attempts"], r["jobs"]) for r in documented] in (
+        [("n1", 1, 1), ("n2", 1, 1)],
+        [("n2", 1, 1), ("n1", 1, 1)],
+    )
+    assert {r["latest"] for r in documented} == {STARTED_NOT, STOPPED}
 
     env = {"DATABASE_URL": database_url, "COLUMNS": "250"}
     shown = await asyncio.to_thread(
