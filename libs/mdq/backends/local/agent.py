@@ -91,7 +91,8 @@ from mdq.core.recovery import START_ERROR_REASON as START_ERROR
 log = logging.getLogger(__name__)
 
 EXIT_KILLED = 137
-STATUS_WRITE_ATTEMPTS = 10
+STATUS_RETRY_MAX_S = 5.0
+"""The longest wait between two tries of writing a pod's status while NATS does not answer."""
 PROBE_WAIT_S = 1.0
 """How long a heartbeat waits for the data folder's probe before it goes out without news."""
 
@@ -512,15 +513,26 @@ class NodeAgent:
             self._running.pop(pod.spec.name, None)
 
     async def _set_status(self, name: str, status: PodStatus) -> PodRecord | None:
-        """Write a pod's status, retrying while NATS does not answer (a lost terminal status
-        would leave the pod RUNNING for ever)."""
-        for attempt in range(STATUS_WRITE_ATTEMPTS):
+        """Write a pod's status, retrying for as long as NATS does not answer: a terminal
+        status given up on would leave the pod RUNNING with no process, until the watcher's
+        silence rule charged its job with a lost run; an agent that cannot report its pods
+        yet is the node's trouble, and the status goes out when NATS is back (an agent
+        killed meanwhile has its successor report the pod NodeLost)."""
+        attempt = 0
+        while True:
             try:
                 return await update_pod(self._kv.pods, name, lambda r: r.with_status(status))
-            except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
-                log.warning("writing the status of %s timed out (try %d)", name, attempt + 1)
-                await asyncio.sleep(min(5.0, 0.2 * 2**attempt))
-        return await update_pod(self._kv.pods, name, lambda r: r.with_status(status))
+            except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as error:
+                attempt += 1
+                delay = min(STATUS_RETRY_MAX_S, 0.2 * 2 ** min(attempt, 10))
+                log.warning(
+                    "writing the status of %s failed (%s, try %d); trying again in %.1f s",
+                    name,
+                    type(error).__name__,
+                    attempt,
+                    delay,
+                )
+                await asyncio.sleep(delay)
 
     def _request_stop(self, pod: RunningPod, *, reason: str, message: str) -> None:
         """SIGTERM the pod's group now, SIGKILL after the grace period."""
