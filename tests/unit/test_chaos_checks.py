@@ -45,6 +45,10 @@ def test_the_schedule_hits_every_kind_as_often_as_asked(per_kind: int, extra: in
     assert all(schedule.count(kind) == 1 for kind in ONCE_KINDS), "random extras are short"
     assert set(LONG_KINDS) | set(STRIKE_KINDS) == set(ONCE_KINDS) <= set(FAULT_KINDS)
     assert schedule == fault_schedule(random.Random(3), config), "the seed decides"
+    half = (len(schedule) - len(LONG_KINDS)) // 2 + len(LONG_KINDS)
+    for seed in range(50):
+        early = fault_schedule(random.Random(seed), config)[:half]
+        assert set(LONG_KINDS) <= set(early), "long episodes leave time after them"
 
 
 def test_a_soak_passes_only_if_every_campaign_did_and_names_the_failed_seeds() -> None:

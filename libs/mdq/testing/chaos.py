@@ -586,7 +586,9 @@ def wanted(kind: str, config: ChaosConfig) -> int:
 
 
 def fault_schedule(rng: random.Random, config: ChaosConfig) -> list[str]:
-    """Every kind ``wanted`` times plus ``extra_faults`` random short ones, shuffled."""
+    """Every kind ``wanted`` times plus ``extra_faults`` random short ones, shuffled; the long
+    episodes in the first half, so that the faults of the part one holds down (which wait for
+    its end) still land while jobs run."""
     unknown = set(config.kinds) - set(FAULT_KINDS)
     if unknown:
         raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {FAULT_KINDS}")
@@ -594,7 +596,10 @@ def fault_schedule(rng: random.Random, config: ChaosConfig) -> list[str]:
     short = [kind for kind in config.kinds if kind in SHORT_KINDS] or list(config.kinds)
     kinds += [rng.choice(short) for _ in range(config.extra_faults)]
     rng.shuffle(kinds)
-    return kinds
+    rest = [kind for kind in kinds if kind not in LONG_KINDS]
+    for kind in (kind for kind in kinds if kind in LONG_KINDS):
+        rest.insert(rng.randrange(len(rest) // 2 + 1), kind)
+    return rest
 
 
 def job_spec(index: int, config: ChaosConfig) -> dict[str, object]:
