@@ -277,10 +277,25 @@ class _JobRow:
         row.stored_attempts = {number: row.attempt_row(number) for number in view.attempts}
         return row
 
+    def _late_report(self, event: pb.Event) -> None:
+        """A report the fold fenced because its attempt had ended, but made before that end
+        (a runner cut off from the bus, its reports published late, after the job was even
+        requeued): it counts toward that attempt's last step, as it does when the PROGRESS
+        stream is folded first (a rebuild, ``_settle_ended``); one made after the end counts
+        in neither order."""
+        if event.WhichOneof("body") != "progress":
+            return
+        record = self.view.attempts.get(event.attempt)
+        if record is None or record.ended_at is None or event_time(event) > record.ended_at:
+            return
+        known = self.attempt_last_step.get(event.attempt, 0)
+        self.attempt_last_step[event.attempt] = max(known, event.progress.step)
+
     def apply(self, event: pb.Event) -> None:
         """Fold one event with the core state machine; record what the view does not keep."""
         was_open = self.view.current.ended_at is None
         if not self.view.apply(event):
+            self._late_report(event)
             return
         at = event_time(event)
         self.updated_at = at
