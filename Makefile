@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run up test test-fast test-images images lock lint proto asyncapi bench-placement bench-recovery bench-runner bench-ingest bench-scale bench-history bench-console bench-nodes-hour bench-fairshare bench-multicluster bench-requests bench-control chaos clean install compose-secrets deploy-dev-secrets
+.PHONY: run up test test-fast test-images images lock lint proto asyncapi bench-placement bench-recovery bench-runner bench-ingest bench-scale bench-history bench-console bench-nodes-hour bench-fairshare bench-multicluster bench-requests bench-control chaos clean install compose-secrets deploy-dev-secrets chaos-soak
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "mdq needs Python 3.11 or newer")'
@@ -144,3 +144,8 @@ bench-ingest: $(STAMP)
 ## chaos: >= 40 MD jobs while kill -9 hits every process, NATS/PostgreSQL restart, the data disk fills
 chaos: $(STAMP)
 	$(BIN)/python bench/chaos.py $(CHAOS_ARGS)
+
+## chaos-soak: SEEDS campaigns on fresh random seeds (each printed); one JSON line; exit 0 only if all pass
+SEEDS ?= 20
+chaos-soak: $(STAMP)
+	$(BIN)/python bench/chaos.py --soak $(SEEDS) $(CHAOS_ARGS)

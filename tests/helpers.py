@@ -71,9 +71,10 @@ def node_load(
     cpu_load: float = 0.0,
     ready: bool = True,
     cluster_labels: dict[str, str] | None = None,
+    problem: str = "",
 ) -> pb.Event:
     """A node's load report; a ``name`` of "<cluster>/<node>" is a node of that cluster, whose
-    ``cluster_labels`` come with it."""
+    ``cluster_labels`` come with it; ``problem``: why its environment cannot run pods."""
     body = pb.NodeLoad(
         node=name,
         cpu_load=cpu_load,
@@ -83,6 +84,7 @@ def node_load(
         ready=ready,
         cluster=cluster_of(name),
         cluster_labels=cluster_labels or {},
+        problem=problem,
     )
     return event("node_load", body, job="", attempt=0, detail=f"{name}:{time.time_ns()}")
 

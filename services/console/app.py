@@ -61,6 +61,7 @@ from mdq.contracts import pb
 from mdq.core import ids
 from mdq.core.control import VERB_OF_WORD
 from mdq.core.documents import field_names
+from mdq.core.recovery import NOT_CHARGED, charged_to_the_job
 from mdq.core.runner_task import job_dir
 from mdq.core.spec import PRIORITY_CLASSES
 from mdq.core.state import TERMINAL_STATES
@@ -128,8 +129,10 @@ class Console:
 templates = Jinja2Templates(directory=str(PACKAGE / "templates"))
 templates.env.globals["OPERATOR"] = OPERATOR
 templates.env.globals["PAGE_SIZES"] = PAGE_SIZES
+templates.env.globals["not_charged"] = NOT_CHARGED
 templates.env.filters["when"] = lambda at: "" if at is None else at.strftime("%Y-%m-%d %H:%M:%S")
 templates.env.filters["tenant_label"] = lambda job_id: ids.tenant_of(job_id) or "(operator)"
+templates.env.filters["charged"] = charged_to_the_job
 
 
 def _console(request: Request) -> Console:

@@ -57,6 +57,7 @@ def node_load_event(publisher: EventPublisher, sample: NodeSample, *, time_ms: i
         cordoned=sample.cordoned,
         cluster=sample.cluster,
         cluster_labels=sample.cluster_labels,
+        problem=sample.problem,
     )
     return publisher.event(
         "node_load", body, job_id="", attempt=0, detail=f"{sample.name}:{time_ms}"

@@ -34,6 +34,14 @@ class Exporter:
         self.node_ready = Gauge(
             "mdq_node_ready", "1 if the node is ready for work.", node, registry=self.registry
         )
+        self.node_problem = Gauge(
+            "mdq_node_problem",
+            "1 while the node reports that its environment cannot run pods (its data folder "
+            "full, read-only, failing or unmounted; pods that could not start): it takes no new "
+            "pods, within the cordon budget.",
+            node,
+            registry=self.registry,
+        )
         self.node_cluster = Gauge(
             "mdq_node_cluster_info",
             '1 for each node of a named execution cluster (node is "<cluster>/<node>"): '
@@ -188,6 +196,7 @@ class Exporter:
             self.node_cpu_load.labels(sample.name).set(sample.cpu_load)
             self.node_memory_load.labels(sample.name).set(sample.memory_load)
             self.node_ready.labels(sample.name).set(1 if sample.ready else 0)
+            self.node_problem.labels(sample.name).set(1 if sample.problem else 0)
             self.node_cpu_capacity.labels(sample.name).set(sample.cpu_capacity)
             self.node_memory_capacity.labels(sample.name).set(sample.memory_capacity_mb)
             if sample.cluster:
@@ -200,6 +209,7 @@ class Exporter:
                 self.node_cpu_load,
                 self.node_memory_load,
                 self.node_ready,
+                self.node_problem,
                 self.node_cpu_capacity,
                 self.node_memory_capacity,
             ):

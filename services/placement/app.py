@@ -307,7 +307,7 @@ class Placement:
         self.snapshots_written = 0
         self.snapshot_decisions = 0
         """How many times an interval passed and the snapshot was written or found unchanged."""
-        self._cordon_notes: dict[str, tuple[datetime, bool]] = {}
+        self._cordon_notes: dict[str, tuple[datetime | str, bool]] = {}
         """node -> (episode start, cordoned or held back) last logged, so each is logged once."""
         self._usage_written: dict[str, tuple[tuple[Any, ...], datetime]] = {}
         """tenant -> (queued jobs, running CPU) last written as its usage, and when."""
@@ -780,13 +780,15 @@ class Placement:
         return self.state.capacities(now)
 
     def failure_cordons(self, now: datetime) -> dict[str, Suspicion]:
-        """The failure cordons in force now, within the budget; logs each cordon, and each
-        suspect the budget leaves open, once per episode."""
-        if not self.health.suspects(now):
+        """The cordons placement imposes now (nodes whose environment fails, nodes where jobs
+        kept crashing), within the budget; logs each cordon, and each suspect the budget leaves
+        open, once per episode."""
+        capacities = self._capacities(now)
+        if not self.health.suspects(now) and not any(c.problem for c in capacities):
             if self._cordon_notes:
                 self._cordon_notes.clear()
             return {}
-        cordons = self.health.cordons(now, self._capacities(now))
+        cordons = self.health.cordons(now, capacities)
         for suspicion in cordons.cordoned.values():
             self._note_cordon(suspicion, cordoned=True)
         for suspicion in cordons.held_back:
@@ -794,11 +796,21 @@ class Placement:
         return cordons.cordoned
 
     def _note_cordon(self, suspicion: Suspicion, *, cordoned: bool) -> None:
-        note = (suspicion.since, cordoned)
+        note = (suspicion.problem or suspicion.since, cordoned)
         if self._cordon_notes.get(suspicion.node) == note:
             return
         self._cordon_notes[suspicion.node] = note
-        if cordoned:
+        if suspicion.problem and cordoned:
+            log.warning("node %s takes no new pods: %s", suspicion.node, suspicion.problem)
+        elif suspicion.problem:
+            log.warning(
+                "node %s reports %s, but the cordon budget is exhausted (at most %.0f%% of ready "
+                "CPU, never the last schedulable node): it keeps taking work",
+                suspicion.node,
+                suspicion.problem,
+                100 * self.health.policy.max_cordoned_fraction,
+            )
+        elif cordoned:
             log.warning(
                 "node %s cordoned until %s: %d jobs crashed there",
                 suspicion.node,
@@ -1215,6 +1227,8 @@ class Placement:
         )
         set_timestamp(message.at, now)
         for name, suspicion in sorted(cordons.items()):
+            if not suspicion.failures:
+                continue  # a failing environment: the node's filter reason names it
             cordon = message.cordons.add(node=name, failures=suspicion.failures)
             set_timestamp(cordon.until, suspicion.until)
         return message

@@ -24,6 +24,16 @@ class RecoverySettings(BaseSettings):
     fence_timeout_s: float = Field(
         default=60.0, description="Longest wait for a lost attempt's pod to be confirmed gone."
     )
+    disruption_deadline_s: float = Field(
+        default=0.0,
+        ge=0.0,
+        description=(
+            "A job whose latest attempts all failed for reasons not its own (a full or failing "
+            "data disk, a pod that could not start, eviction, a lost node or cluster), without "
+            "progress, for longer than this fails for good. 0: never (such a job waits for the "
+            "nodes to heal; its own retries are never spent on them)."
+        ),
+    )
 
     snapshot_interval_s: float = Field(
         default=60.0,
@@ -45,4 +55,5 @@ class RecoverySettings(BaseSettings):
             oom_memory_cap_mb=self.oom_memory_cap_mb,
             quarantine_after=self.quarantine_after,
             fence_timeout_s=self.fence_timeout_s,
+            disruption_deadline_s=self.disruption_deadline_s,
         )

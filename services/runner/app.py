@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
 import os
 import signal
@@ -34,6 +33,7 @@ from pathlib import Path
 from google.protobuf.json_format import ParseError
 from nats.aio.client import Client
 
+from mdq import datadisk
 from mdq.bus.connect import CREDS_ENV, connect
 from mdq.bus.copies import CopyStore
 from mdq.bus.inputs import InputFetch
@@ -73,23 +73,14 @@ def configure_logging(task: RunnerTask | None = None) -> None:
     )
 
 
-def _disk_full(error: BaseException | None) -> bool:
-    """Whether ``error`` or one it was raised from is a full disk or an exceeded quota."""
-    seen = 0
-    while error is not None and seen < 16:  # a cause chain is short; a cycle is not followed
-        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        error = error.__cause__ or error.__context__
-        seen += 1
-    return False
-
-
 def exit_code_for(error: BaseException) -> RunnerExit:
-    """The exit code that tells recovery what kind of failure ``error`` is."""
+    """The exit code that tells recovery what kind of failure ``error`` is: a data disk that
+    failed under the runner (full, over quota, read-only, I/O errors, not mounted) is the
+    node's failure (``mdq.datadisk``), whatever raised it."""
     if isinstance(error, RunnerError):
         return error.exit_code
-    if _disk_full(error):
-        return RunnerExit.NO_SPACE
+    if (disk := datadisk.exit_code_for(error)) is not None:
+        return disk
     if isinstance(error, MemoryError) or "bad_alloc" in str(error):
         return RunnerExit.OUT_OF_MEMORY
     if unstable(error):
@@ -211,6 +202,12 @@ async def run(task: RunnerTask, *, common: CommonSettings, settings: RunnerSetti
         code = exit_code_for(error)
         if isinstance(error, RunnerError):
             log.error("%s: %s", code.name, error)
+        elif disk := datadisk.disk_error(error):
+            log.error(
+                "%s: %s; stopping (the last checkpoint announced stays the one to resume from)",
+                code.name,
+                datadisk.describe(disk),
+            )
         else:
             log.exception("%s: %s", code.name, error)
         await outbox.flush(timeout_s=min(settings.flush_timeout_s, CLOSE_TIMEOUT_S))
@@ -307,6 +304,10 @@ def main(environ: Mapping[str, str] | None = None) -> int:
     except MemoryError:
         log.error("OUT_OF_MEMORY before the task could start")
         return RunnerExit.OUT_OF_MEMORY
-    except Exception:
-        log.exception("CRASHED before the task could start")
-        return RunnerExit.CRASHED
+    except Exception as error:
+        code = exit_code_for(error)
+        if disk := datadisk.disk_error(error):
+            log.error("%s before the task could start: %s", code.name, datadisk.describe(disk))
+        else:
+            log.exception("%s before the task could start", code.name)
+        return code

@@ -12,10 +12,13 @@ A checkpoint of step S is three files in ``checkpoints/``:
 
 Each is written to a temporary file, fsynced, renamed into place and the folder fsynced, so a
 crash leaves either the old file or the new one, never a torn one under the real name. The
-sha256 is read back from the renamed file: what is announced is what is on disk. Loading
-verifies the sha256 again: a torn, corrupt or missing XML makes the newest good checkpoint in
-the folder the one used, a corrupt native file only costs the exact continuation (the XML of
-the same step is used).
+sidecar is written last: it is what makes the set a checkpoint (a checkpoint found in the
+folder without one, or whose XML does not match it, is never loaded). The sha256 is read back
+from the renamed file: what is announced is what is on disk. Loading verifies the sha256
+again: a torn, corrupt or missing XML makes the newest good checkpoint in the folder the one
+used, a corrupt native file only costs the exact continuation (the XML of the same step is
+used). A write that fails (a full or failing data disk) removes its temporary file and what it
+had put in place of that step, and prunes nothing: the checkpoints before it stay as they were.
 
 The newest checkpoint and the one before it are kept (older ones are deleted), so a checkpoint
 that turns out to be bad still leaves a good one to fall back to (DESIGN invariant 5).
@@ -23,6 +26,7 @@ that turns out to be bad still leaves a good one to fall back to (DESIGN invaria
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -78,16 +82,21 @@ def write_atomically(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so that a crash leaves the old content or the new, whole."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temp = path.with_name(f"{_TEMP_PREFIX}{path.name}.{os.getpid()}")
-    descriptor = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        view = memoryview(data)
-        while view:
-            written = os.write(descriptor, view)
-            view = view[written:]
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-    os.replace(temp, path)
+        descriptor = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(descriptor, view)
+                view = view[written:]
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):  # a full disk must not keep the torn copy too
+            temp.unlink(missing_ok=True)
+        raise
     _fsync_dir(path.parent)
 
 
@@ -164,8 +173,40 @@ class CheckpointStore:
         platform: str = "",
         trajectory: TrajectoryMark | None = None,
     ) -> CheckpointFile:
-        """Write the checkpoint of ``step`` (XML, native, sidecar); prune older ones."""
+        """Write the checkpoint of ``step`` (XML, native, sidecar); prune older ones. When a
+        write fails, the files of ``step`` are removed (the sidecar, written last, is then
+        never there: nothing half-written is taken for a checkpoint) and the error raised."""
         path = self._directory / checkpoint_name(step)
+        try:
+            checkpoint = self._write_set(
+                path,
+                state_xml=state_xml,
+                step=step,
+                time_ps=time_ps,
+                native=native,
+                platform=platform,
+                trajectory=trajectory,
+            )
+        except BaseException:
+            for suffix in (".json", NATIVE_SUFFIX, ".xml"):
+                with contextlib.suppress(OSError):
+                    path.with_suffix(suffix).unlink(missing_ok=True)
+            raise
+        self._prune(keep_step=step)
+        return checkpoint
+
+    def _write_set(
+        self,
+        path: Path,
+        *,
+        state_xml: str,
+        step: int,
+        time_ps: float,
+        native: bytes | None,
+        platform: str,
+        trajectory: TrajectoryMark | None,
+    ) -> CheckpointFile:
+        """The files of one checkpoint, the sidecar last."""
         write_atomically(path, state_xml.encode())
         native_path: Path | None = None
         native_sha256 = ""
@@ -193,7 +234,6 @@ class CheckpointStore:
             "trajectory": trajectory.to_json() if trajectory else None,
         }
         write_atomically(path.with_suffix(".json"), json.dumps(sidecar).encode())
-        self._prune(keep_step=step)
         return checkpoint
 
     def steps(self) -> list[int]:
@@ -269,12 +309,15 @@ class CheckpointStore:
     def _verify(
         self, path: Path, *, step: int, sha256: str | None, platform: str
     ) -> LoadedCheckpoint:
-        """Read and check one checkpoint against ``sha256`` (or its sidecar's when None)."""
+        """Read and check one checkpoint against ``sha256`` (or, when None, its sidecar's: a
+        checkpoint found in the folder without its sidecar was never finished)."""
         data = path.read_bytes()
         actual = hashlib.sha256(data).hexdigest()
         sidecar = _read_sidecar(path)
         if sha256 is None:
             sha256 = str(sidecar.get("sha256") or "")
+            if not sha256:
+                raise ValueError("it has no sidecar: its write never finished")
         if sha256 and actual != sha256:
             raise ValueError(f"sha256 is {actual}, expected {sha256}")
         import openmm.unit as unit

@@ -296,6 +296,24 @@ async def test_the_campaign_and_nodes_pages_render(site: Site) -> None:
     assert status == 200
 
 
+async def test_the_nodes_page_says_why_a_node_takes_no_new_pods(
+    site: Site, nc: Client, subjects: Subjects
+) -> None:
+    problem = "data disk full (ENOSPC): No space left on device"
+    publisher = OwnersPublisher(js=nc.jetstream(), subjects=subjects)
+    for node, said in (("sick-node", problem), ("well-node", "")):
+        body = pb.NodeLoad(
+            node=node, cpu_capacity=2, memory_capacity_mb=2048, ready=True, problem=said
+        )
+        await publisher.emit("node_load", body, job_id="", attempt=0, detail=f"{node}:1")
+    async with console_serving(site, nc, subjects) as url:
+        status, html = await get(f"{url}/nodes")
+    assert status == 200
+    sections = dict(re.findall(r'<h2 id="node-\d+">([^<]+)</h2>(.*?)</section>', html, re.S))
+    assert f"Takes no new pods: {problem}" in sections["sick-node"]
+    assert "Takes no new pods" not in sections["well-node"]
+
+
 class SwingingNodes(RecordingBackend):
     """Two nodes whose load swings from one sample to the next, so that each summary's mean
     and peak differ."""

@@ -19,7 +19,7 @@ from kubernetes_asyncio import client as k8s
 
 from mdq.backends.factory import make_backend
 from mdq.backends.kubernetes.backend import KubernetesBackend, call_json
-from mdq.backends.kubernetes.objects import PodTracker, parse_quantity, pod_update
+from mdq.backends.kubernetes.objects import PodTracker, node_view, parse_quantity, pod_update
 from mdq.backends.kubernetes.settings import KubernetesSettings
 from mdq.backends.port import NodeSample, PodExists, PodSpec, PodUpdate
 from mdq.bus.subjects import Subjects
@@ -474,6 +474,12 @@ async def test_the_factory_makes_the_kubernetes_backend_from_the_environment(
             ]},
             ("POD_FAILED", "StartError", 128),
         ),
+        (
+            {"phase": "Pending", "containerStatuses": [
+                {"name": "runner", "state": {"waiting": {"reason": "ImagePullBackOff"}}}
+            ]},
+            ("POD_FAILED", "StartError", 128),
+        ),
     ],
 )  # fmt: skip
 def test_pod_statuses_map_to_updates(
@@ -494,6 +500,35 @@ def test_pod_statuses_map_to_updates(
     assert update is not None
     assert (pb.PodPhase.Name(update.phase), update.reason, update.exit_code) == expected
     assert (update.job_id, update.attempt, update.node) == ("j", 2, "n")
+
+
+NODE_PROBLEM_CASES = [
+    ("healthy", [{"type": "DiskPressure", "status": "False"}], ""),
+    (
+        "disk pressure",
+        [{"type": "DiskPressure", "status": "True", "message": "kubelet has disk pressure"}],
+        "DiskPressure: kubelet has disk pressure",
+    ),
+    (
+        "two at once",
+        [
+            {"type": "DiskPressure", "status": "True", "reason": "KubeletHasDiskPressure"},
+            {"type": "PIDPressure", "status": "True", "message": "too many processes"},
+        ],
+        "DiskPressure: KubeletHasDiskPressure; PIDPressure: too many processes",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "conditions", "problem"), NODE_PROBLEM_CASES, ids=[c[0] for c in NODE_PROBLEM_CASES]
+)
+def test_a_nodes_pressure_conditions_are_its_problem(
+    name: str, conditions: list[dict[str, str]], problem: str
+) -> None:
+    ready = {"type": "Ready", "status": "True"}
+    node = {"metadata": {"name": "n"}, "status": {"conditions": [ready, *conditions]}}
+    assert node_view(node).problem == problem
 
 
 def test_the_tracker_reports_each_transition_once_and_nothing_after_the_end() -> None:

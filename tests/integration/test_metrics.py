@@ -133,6 +133,7 @@ async def test_publishes_node_load_and_serves_node_gauges(
         what="node gauges",
     )
     assert 'mdq_node_ready{node="m2"} 1.0' in text
+    assert 'mdq_node_problem{node="m2"} 0.0' in text, "its data folder passes the agent's probe"
     assert 'mdq_node_memory_capacity_mib{node="m1"} 1024.0' in text
 
 

@@ -1,4 +1,5 @@
-"""Placement cordons a node on which several jobs failed, from the log alone."""
+"""Placement cordons a node whose environment fails (it says so in its load report) or on which
+several jobs failed (from the log alone), never every node."""
 
 from __future__ import annotations
 
@@ -117,3 +118,38 @@ async def test_node_lost_on_both_nodes_cordons_neither(
     decision, _ = await bind_one(nc, subjects, data_dir, "r10-new")
     assert decision.node == "n1"
     assert not [c.node for c in decision.candidates if c.filtered]
+
+
+FULL = "data disk full (ENOSPC): No space left on device"
+
+
+async def test_a_node_that_reports_a_problem_gets_no_new_work_until_it_is_healthy(
+    nc: Client, subjects: Subjects, data_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """n1 is the idle, obvious choice but its data disk is full: the job goes to n2, and n1's
+    filter reason names the problem; with n1 healthy again, the next job goes to n1."""
+    caplog.set_level(logging.WARNING, logger="mdq.placement")
+    bus = publisher(nc.jetstream(), subjects)
+    await bus.publish_all([node_load("n1", problem=FULL), node_load("n2", cpu_load=0.6)])
+    decision, _ = await bind_one(nc, subjects, data_dir, "r11-a")
+    assert decision.node == "n2"
+    assert any(c.node == "n1" and c.filtered == f"cordoned: {FULL}" for c in decision.candidates)
+    assert any(f"node n1 takes no new pods: {FULL}" in r.getMessage() for r in caplog.records)
+
+    await bus.publish_all([node_load("n1"), node_load("n2", cpu_load=0.6)])
+    healed, _ = await bind_one(nc, subjects, data_dir, "r11-b")
+    assert healed.node == "n1"
+
+
+async def test_a_problem_on_every_node_never_takes_them_all(
+    nc: Client, subjects: Subjects, data_dir: Path
+) -> None:
+    """A shared data disk fills for both nodes at once: one is cordoned, the other keeps taking
+    work (its pods may fail to start, which charges no job), so nothing waits for ever on
+    mdq's own verdict."""
+    bus = publisher(nc.jetstream(), subjects)
+    await bus.publish_all([node_load("n1", problem=FULL), node_load("n2", problem=FULL)])
+    decision, placement = await bind_one(nc, subjects, data_dir, "r12-a")
+    cordoned = {c.node for c in decision.candidates if c.filtered.startswith("cordoned")}
+    assert len(cordoned) == 1 and decision.node not in cordoned
+    assert set(placement.failure_cordons(datetime.now(UTC))) == cordoned

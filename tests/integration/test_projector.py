@@ -406,6 +406,40 @@ async def test_a_report_after_the_attempt_ended_counts_in_neither_order(
     assert (await attempt_rows(pool, history.job_id))[1]["last_step"] == 200
 
 
+@pytest.mark.parametrize("reports_first", [False, True], ids=["jobs-first", "reports-first"])
+async def test_a_late_report_of_an_attempt_already_requeued_counts_in_both_orders(
+    projector: Projector,
+    publisher: EventPublisher,
+    js: JetStreamContext,
+    subjects: Subjects,
+    pool: asyncpg.Pool,
+    reports_first: bool,
+) -> None:
+    """A runner cut off from the bus reported steps 100 and 200 before its node was declared
+    lost, but its reports reached the log only after the job was requeued (a chaos campaign's
+    NATS outage of 20 s). Live, the fold sees them after the requeue; a rebuild may fold them
+    first. Either way attempt 1 ends at step 200."""
+    history = History(f"cut-off-{int(reports_first)}")
+    reports = [history.progress(1, step) for step in (100, 200)]
+    jobs = [
+        history.submitted(),
+        history.bound(1, "n1"),
+        history.started(1, "n1"),
+        history.attempt_failed(1, "n1", last_step=0),
+        history.requeued(2, resume_step=0, steps_lost=0),
+        history.bound(2, "n2"),
+    ]
+    # the reports were made before the failure: their times come first
+    for report, at in zip(reports, (jobs[2], jobs[2]), strict=True):
+        report.time.CopyFrom(at.time)
+    for batch in (reports, jobs) if reports_first else (jobs, reports):
+        await publish_in_order(publisher, batch)
+        await wait_projected(js, subjects, pool)
+    attempts = await attempt_rows(pool, history.job_id)
+    assert attempts[1]["last_step"] == 200
+    assert (await job_row(pool, history.job_id))["attempt"] == 2
+
+
 async def test_failure_then_requeue_fills_both_attempts(
     projector: Projector,
     publisher: EventPublisher,

@@ -270,6 +270,30 @@ def test_mdq_nodes_names_each_node_within_its_cluster(nats_url: str, namespace: 
     assert rows["hpc/local-1"][1:3] == ["hpc", "gpu=true"]
 
 
+def test_mdq_nodes_says_why_a_node_takes_no_new_pods(nats_url: str, namespace: str) -> None:
+    subjects = Subjects(namespace)
+    full = "data disk full (ENOSPC): No space left on device"
+
+    async def publish() -> None:
+        nc = await connect(nats_url, name="test", subjects=subjects)
+        try:
+            publisher = EventPublisher(js=nc.jetstream(), subjects=subjects, producer="metrics")
+            for node, problem in (("node-a", full), ("node-b", "")):
+                body = pb.NodeLoad(
+                    node=node, cpu_capacity=2, memory_capacity_mb=2048, ready=True, problem=problem
+                )
+                await publisher.emit("node_load", body, job_id="", attempt=0, detail=f"{node}:1")
+        finally:
+            await nc.close()
+
+    asyncio.run(publish())
+    result = _cli(nats_url, namespace, "nodes")
+    assert result.exit_code == 0, result.output
+    assert "takes no new pods" in result.stdout
+    lines = {line.split()[1]: line for line in result.stdout.splitlines() if "node-" in line}
+    assert full in lines["node-a"] and "ENOSPC" not in lines["node-b"]
+
+
 def test_mdq_nodes_with_no_node_yet(nats_url: str, namespace: str) -> None:
     result = _cli(nats_url, namespace, "nodes")
     assert result.exit_code == 0

@@ -4,6 +4,7 @@ logs, a torn energy-table line is not taken for a step, and the schedule hits ev
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import subprocess
@@ -15,8 +16,14 @@ import pytest
 
 from mdq.testing.chaos import (
     FAULT_KINDS,
+    LONG_KINDS,
+    ONCE_KINDS,
+    SHORT_KINDS,
+    STRIKE_KINDS,
     ChaosConfig,
+    ChaosReport,
     Sampler,
+    SoakReport,
     StepsLost,
     fault_schedule,
     job_spec,
@@ -36,9 +43,29 @@ from mdq.testing.chaos import (
 def test_the_schedule_hits_every_kind_as_often_as_asked(per_kind: int, extra: int) -> None:
     config = ChaosConfig(faults_per_kind=per_kind, extra_faults=extra)
     schedule = fault_schedule(random.Random(3), config)
-    assert len(schedule) == per_kind * len(FAULT_KINDS) + extra
-    assert all(schedule.count(kind) >= per_kind for kind in FAULT_KINDS)
+    assert len(schedule) == per_kind * len(SHORT_KINDS) + len(ONCE_KINDS) + extra
+    assert all(schedule.count(kind) >= per_kind for kind in SHORT_KINDS)
+    assert all(schedule.count(kind) == 1 for kind in ONCE_KINDS), "random extras are short"
+    assert set(LONG_KINDS) | set(STRIKE_KINDS) == set(ONCE_KINDS) <= set(FAULT_KINDS)
     assert schedule == fault_schedule(random.Random(3), config), "the seed decides"
+    half = (len(schedule) - len(LONG_KINDS)) // 2 + len(LONG_KINDS)
+    for seed in range(50):
+        early = fault_schedule(random.Random(seed), config)[:half]
+        assert set(LONG_KINDS) <= set(early), "long episodes leave time after them"
+
+
+def test_a_soak_passes_only_if_every_campaign_did_and_names_the_failed_seeds() -> None:
+    good = ChaosReport(seed=1, jobs=40, succeeded=40, max_steps_lost=400, duration_s=300)
+    bad = ChaosReport(seed=2, jobs=40, succeeded=39, failed_for_good=1, max_steps_lost=500)
+    bad.problems.append("chaos-007: 0 succeeded and 1 failed/cancelled events")
+    both = json.loads(SoakReport([good, bad], checkpoint_interval_steps=500).to_json())
+    assert both["ok"] is False and both["seeds"] == [1, 2] and both["passed"] == 1
+    assert (both["jobs"], both["succeeded"], both["failed_for_good"]) == (80, 79, 1)
+    assert both["max_steps_lost"] == 500 and both["checkpoint_interval_steps"] == 500
+    assert both["failed_seeds"] == [{"seed": 2, "work_dir": "", "problems": bad.problems}]
+    assert {"double_succeeded", "concurrent_runners"} <= set(both)
+    only_good = json.loads(SoakReport([good], checkpoint_interval_steps=500).to_json())
+    assert only_good["ok"] is True and only_good["failed_seeds"] == []
 
 
 @pytest.mark.parametrize(
@@ -231,3 +258,28 @@ def test_every_other_chaos_job_runs_on_lammps() -> None:
     assert ["lammps" in str(spec["system"]) for spec in specs] == [False, True, False, True]
     assert specs[1]["inputs"] == [{"name": "in.lj-melt"}]
     assert not any("lammps" in str(job_spec(i, ChaosConfig(lammps_every=0))) for i in range(4))
+
+
+@pytest.mark.parametrize(
+    "mode", [pytest.param([], id="one-campaign"), pytest.param(["--soak", "2"], id="soak")]
+)
+def test_the_harness_never_ends_with_a_bare_traceback(mode: list[str], tmp_path: Path) -> None:
+    """The harness itself fails (its work folder cannot be made): one JSON line on stdout
+    whose problems hold the traceback, nothing else, and exit 1."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    done = subprocess.run(
+        [sys.executable, "bench/chaos.py", "--jobs", "1", "--work-dir", str(blocker / "x"), *mode],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[2],
+        check=False,
+    )
+    assert done.returncode == 1, done
+    [line] = done.stdout.splitlines()
+    report = json.loads(line)
+    assert report["ok"] is False
+    problems = report["problems"]
+    assert any("Traceback" in p and "NotADirectoryError" in p for p in problems), problems
+    assert "Traceback" not in done.stderr, done.stderr

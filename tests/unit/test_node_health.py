@@ -20,6 +20,9 @@ CRASH, LOST, NODE_LOST, EVICTED, OOM, UNSTABLE = (
     pb.FAILURE_UNSTABLE,
 )
 
+FULL = "data disk full (ENOSPC): No space left on device"
+"""A node's problem, as its agent reports it."""
+
 Failure = tuple[int, str, str, int]
 """(seconds after T0, node, job, reason)."""
 
@@ -228,6 +231,62 @@ BUDGET_CASES: list[tuple[str, list[NodeCapacity], list[Failure], int, set[str], 
         set(),
         [],
     ),
+    (
+        "a node whose data disk is full is cordoned while it says so",
+        [*equal("n1", "n2"), NodeCapacity("n3", 4.0, True, problem=FULL)],
+        [],
+        30,
+        {"n3"},
+        [],
+    ),
+    (
+        "a node that reports no problem any more takes work at once",
+        equal("n1", "n2", "n3"),
+        [],
+        30,
+        set(),
+        [],
+    ),
+    (
+        "a shared disk full on both of two nodes: one node stays open",
+        [NodeCapacity("n1", 4.0, True, problem=FULL), NodeCapacity("n2", 4.0, True, problem=FULL)],
+        [],
+        30,
+        {"n1"},
+        ["n2"],
+    ),
+    (
+        "every node of three failing: one cordoned, never all",
+        [NodeCapacity(f"n{i}", 4.0, True, problem=FULL) for i in (1, 2, 3)],
+        [],
+        30,
+        {"n1"},
+        ["n2", "n3"],
+    ),
+    (
+        "a failing disk comes before a node where jobs crashed",
+        [*equal("n1", "n2"), NodeCapacity("n3", 4.0, True, problem=FULL)],
+        crashes("n1", 0, 6),
+        30,
+        {"n3"},
+        ["n1"],
+    ),
+    (
+        "a problem on a node that is not ready takes no part",
+        [*equal("n1", "n2"), NodeCapacity("n3", 4.0, ready=False, problem=FULL)],
+        [],
+        30,
+        set(),
+        [],
+    ),
+    (
+        "the last schedulable node is never cordoned for its problem",
+        [NodeCapacity("n1", 4.0, True, problem=FULL), NodeCapacity("n2", 4.0, True, cordoned=True)],
+        [],
+        30,
+        set(),
+        ["n1"],
+    ),
 ]
 
 
@@ -246,6 +305,9 @@ def test_budget(
 ) -> None:
     cordons = fold(failures).cordons(T0 + timedelta(seconds=at), nodes)
     assert set(cordons.cordoned) == cordoned
+    for node in nodes:
+        if node.name in cordons.cordoned:
+            assert cordons.cordoned[node.name].problem == node.problem
     assert [s.node for s in cordons.held_back] == held_back
     ready = sum(n.cpu for n in nodes if n.ready)
     out = sum(n.cpu for n in nodes if n.ready and (n.cordoned or n.name in cordons.cordoned))

@@ -26,6 +26,11 @@ CLASSIFY_CASES = [
     ("NaN energy", "Error", RunnerExit.UNSTABLE, pb.FAILURE_UNSTABLE),
     ("bad input", "Error", RunnerExit.INVALID_INPUT, pb.FAILURE_INVALID_INPUT),
     ("data disk full", "Error", RunnerExit.NO_SPACE, pb.FAILURE_ENVIRONMENT),
+    ("data disk failing", "Error", RunnerExit.DISK_FAILED, pb.FAILURE_ENVIRONMENT),
+    ("agent could not create the pod's folder", "StartError", 126, pb.FAILURE_ENVIRONMENT),
+    ("agent found no runner to start", "StartError", 127, pb.FAILURE_ENVIRONMENT),
+    ("kubelet could not create the container", "StartError", 128, pb.FAILURE_ENVIRONMENT),
+    ("exit 126 of the runner itself", "Error", 126, pb.FAILURE_CRASHED),
 ]
 
 
@@ -113,13 +118,112 @@ def test_crashes_beyond_max_retries_give_up_with_every_attempt() -> None:
 
 def test_a_full_disk_backs_off_without_counting_against_the_job() -> None:
     """Five full-disk failures in a row, without progress, with one retry allowed: the job is
-    neither out of retries nor quarantined; it waits longer each time, on the same node."""
+    neither out of retries nor quarantined; it waits longer each time, away from that node."""
     delays = [
         decide(view_with_failures(*[pb.FAILURE_ENVIRONMENT] * n, max_retries=1)) for n in (1, 5)
     ]
     assert all(isinstance(d, Requeue) for d in delays)
     assert [d.delay_s for d in delays] == [5.0, 80.0]  # type: ignore[union-attr]
-    assert delays[1].avoid_nodes == ()  # type: ignore[union-attr]
+    assert delays[1].avoid_nodes == ("n5",)  # type: ignore[union-attr]
+    assert delays[1].after == pb.FAILURE_ENVIRONMENT  # type: ignore[union-attr]
+
+
+ENVIRONMENT_BACKOFF_CASES = [
+    ("first full disk", (pb.FAILURE_ENVIRONMENT,), 5.0),
+    ("third in a row", (pb.FAILURE_ENVIRONMENT,) * 3, 20.0),
+    (
+        "a crash between two bad spells starts the count again",
+        (pb.FAILURE_ENVIRONMENT,) * 4 + (pb.FAILURE_CRASHED, pb.FAILURE_ENVIRONMENT),
+        5.0,
+    ),
+    ("many in a row stop at the longest delay", (pb.FAILURE_ENVIRONMENT,) * 12, 300.0),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "reasons", "delay"),
+    ENVIRONMENT_BACKOFF_CASES,
+    ids=[c[0] for c in ENVIRONMENT_BACKOFF_CASES],
+)
+def test_an_environment_failure_backs_off_by_its_streak(
+    name: str, reasons: tuple[pb.FailureReason, ...], delay: float
+) -> None:
+    decision = decide(view_with_failures(*reasons, max_retries=1))
+    assert isinstance(decision, Requeue) and decision.delay_s == delay
+
+
+@pytest.mark.parametrize(
+    "reason",
+    [pb.FAILURE_ENVIRONMENT, pb.FAILURE_EVICTED, pb.FAILURE_NODE_LOST, pb.FAILURE_CLUSTER_LOST],
+    ids=["environment", "evicted", "node lost", "cluster lost"],
+)
+def test_failures_not_the_jobs_own_never_end_it(reason: pb.FailureReason) -> None:
+    """However many there are, without progress and with no retry allowed: a bad week on the
+    nodes costs time, never the job."""
+    decision = decide(_no_progress(*[reason] * 30, max_retries=0), now=NOW)
+    assert isinstance(decision, Requeue), decision
+
+
+def _ended(view: JobView, *ended: datetime) -> JobView:
+    for number, at in zip(sorted(view.attempts), ended, strict=True):
+        view.attempts[number].ended_at = at
+    return view
+
+
+DEADLINE = RecoveryPolicy(disruption_deadline_s=3600.0)
+DEADLINE_CASES = [
+    (
+        "disk full for two hours, no progress: past the operator's hour",
+        (pb.FAILURE_ENVIRONMENT,) * 3,
+        (NOW - timedelta(hours=2), NOW - timedelta(hours=1), NOW),
+        True,
+        True,
+    ),
+    (
+        "disk full for half an hour",
+        (pb.FAILURE_ENVIRONMENT,) * 3,
+        (NOW - timedelta(minutes=30), NOW - timedelta(minutes=10), NOW),
+        True,
+        False,
+    ),
+    (
+        "two hours of trouble, but the latest attempt made progress",
+        (pb.FAILURE_ENVIRONMENT,) * 3,
+        (NOW - timedelta(hours=2), NOW - timedelta(hours=1), NOW),
+        False,
+        False,
+    ),
+    (
+        "the job's own crash ends the streak",
+        (pb.FAILURE_ENVIRONMENT, pb.FAILURE_NODE_LOST, pb.FAILURE_CRASHED),
+        (NOW - timedelta(hours=3), NOW - timedelta(hours=2), NOW),
+        True,
+        False,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "reasons", "ended", "stalled", "gives_up"),
+    DEADLINE_CASES,
+    ids=[c[0] for c in DEADLINE_CASES],
+)
+def test_the_operators_deadline_ends_a_job_the_environment_keeps_failing(
+    name: str,
+    reasons: tuple[pb.FailureReason, ...],
+    ended: tuple[datetime, ...],
+    stalled: bool,
+    gives_up: bool,
+) -> None:
+    view = view_with_failures(*reasons, max_retries=5)
+    if stalled:
+        view = _no_progress(*reasons, max_retries=5)
+    decision = decide(_ended(view, *ended), DEADLINE, now=NOW)
+    assert isinstance(decision, GiveUp) is gives_up, decision
+    if gives_up:
+        assert decision.reason == pb.FAILURE_RETRIES_EXHAUSTED  # type: ignore[union-attr]
+        assert "MDQ_RECOVERY_DISRUPTION_DEADLINE_S" in decision.message  # type: ignore[union-attr]
+    assert isinstance(decide(_ended(view, *ended), RecoveryPolicy(), now=NOW), Requeue)
 
 
 def test_oom_retries_with_more_memory() -> None:
@@ -282,8 +386,8 @@ def test_lost_attempt_is_fenced_before_the_retry(
         assert decision.until == NOW + timedelta(seconds=RecoveryPolicy().fence_timeout_s)
 
 
-def _no_progress(*reasons: pb.FailureReason) -> JobView:
-    view = view_with_failures(*reasons, max_retries=10)
+def _no_progress(*reasons: pb.FailureReason, max_retries: int = 10) -> JobView:
+    view = view_with_failures(*reasons, max_retries=max_retries)
     for record in view.attempts.values():
         if record.failure is not None:
             record.failure.last_step = record.resumed_from_step
@@ -292,9 +396,15 @@ def _no_progress(*reasons: pb.FailureReason) -> JobView:
 
 QUARANTINE_CASES = [
     ("three identical crashes without progress", (pb.FAILURE_CRASHED,) * 3, True),
-    ("three evictions without progress", (pb.FAILURE_EVICTED,) * 3, True),
     ("two identical crashes are not yet a loop", (pb.FAILURE_CRASHED,) * 2, False),
     ("three full disks are the machine's trouble", (pb.FAILURE_ENVIRONMENT,) * 3, False),
+    ("three evictions are the cluster's doing", (pb.FAILURE_EVICTED,) * 3, False),
+    ("three lost nodes are the nodes' trouble", (pb.FAILURE_NODE_LOST,) * 3, False),
+    (
+        "a full disk between crashes neither counts nor breaks the loop",
+        (pb.FAILURE_CRASHED, pb.FAILURE_ENVIRONMENT, pb.FAILURE_CRASHED, pb.FAILURE_CRASHED),
+        True,
+    ),
     (
         "different failures are not a loop",
         (pb.FAILURE_CRASHED, pb.FAILURE_EVICTED, pb.FAILURE_CRASHED),

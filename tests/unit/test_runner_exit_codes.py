@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import errno
+from pathlib import Path
 
 import pytest
 
 from mdq.core.exit_codes import RunnerExit
+from mdq.datadisk import VolumeMissing
 from services.runner.app import exit_code_for
 from services.runner.errors import InvalidInputError
 
@@ -35,7 +37,11 @@ CASES = [
     ("disk full", _written_to_dev_full(), RunnerExit.NO_SPACE),
     ("disk full, wrapped", _raised_from(_written_to_dev_full()), RunnerExit.NO_SPACE),
     ("quota exceeded", OSError(errno.EDQUOT, "Disk quota exceeded"), RunnerExit.NO_SPACE),
-    ("another I/O error", OSError(errno.EIO, "Input/output error"), RunnerExit.CRASHED),
+    ("device I/O error", OSError(errno.EIO, "Input/output error"), RunnerExit.DISK_FAILED),
+    ("read-only disk", OSError(errno.EROFS, "Read-only file system"), RunnerExit.DISK_FAILED),
+    ("volume not mounted", VolumeMissing(Path("/data")), RunnerExit.DISK_FAILED),
+    ("another OS error", OSError(errno.EACCES, "Permission denied"), RunnerExit.CRASHED),
+    ("a connection refused", ConnectionRefusedError(111, "refused"), RunnerExit.CRASHED),
 ]
 
 

@@ -81,6 +81,9 @@ class NodeSample:
     and qualifies ``name`` as "<cluster>/<node>")."""
     cluster_labels: Mapping[str, str] = field(default_factory=dict)
     """Its cluster's labels, which jobs' ``clusters`` selectors match."""
+    problem: str = ""
+    """Why its environment cannot run pods now, in words ("" when it can): the local agent's
+    probe of its data folder, pods that could not start; Kubernetes' DiskPressure and kin."""
 
 
 class PodExists(Exception):

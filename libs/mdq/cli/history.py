@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from mdq.cli.live import format_energy, state_text, steps_label
 from mdq.cli.sparkline import sparkline
 from mdq.core.ids import tenant_of
+from mdq.core.recovery import NOT_CHARGED, charged_to_the_job
 from mdq.core.state import JobState
 from mdq.store import queries
 from mdq.store.engine import create_engine
@@ -46,6 +47,15 @@ def _reason(done: str | None, final: str | None, message: str | None = None) -> 
     if final:
         return f"{final}: {message}" if message else final
     return done or ""
+
+
+def _attempt_failure(reason: str | None, message: str | None) -> str:
+    """An attempt's failure, saying so when it is not charged to the job (the node's or the
+    cluster's doing: a full disk, a lost node, an eviction)."""
+    if not reason:
+        return "-"
+    text = _reason(None, reason, message)
+    return text if charged_to_the_job(reason) else f"{text} ({NOT_CHARGED})"
 
 
 def _maybe(value: float | int | None, pattern: str) -> str:
@@ -220,7 +230,7 @@ def show_panel(detail: queries.JobDetail, timeline: Sequence[queries.TimelineEnt
                 format_time(attempt.ended_at),
                 f"{attempt.resumed_from_step}{copy}",
                 str(attempt.last_step),
-                _reason(None, attempt.failure_reason, attempt.failure_message) or "-",
+                _attempt_failure(attempt.failure_reason, attempt.failure_message),
                 f"{attempt.steps_lost}{lag}",
             )
         parts.append(attempts)

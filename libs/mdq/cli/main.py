@@ -42,6 +42,7 @@ from urllib.parse import urlencode
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
@@ -731,10 +732,12 @@ def nodes(ctx: typer.Context) -> None:
         raise typer.Exit(EXIT_FAILED) from None
     table = Table(title="nodes")
     clustered = any(event.node_load.cluster for event in loads.values())
+    troubled = any(event.node_load.problem for event in loads.values())
     for column, justify in (
         ("node", "left"),
         *((("cluster", "left"), ("labels", "left")) if clustered else ()),
         ("ready", "left"),
+        *((("problem (takes no new pods)", "left"),) if troubled else ()),
         ("cpu load", "right"),
         ("cpu capacity", "right"),
         ("memory load", "right"),
@@ -753,6 +756,7 @@ def nodes(ctx: typer.Context) -> None:
             ("[yellow]cordoned[/]" if load.cordoned else "[green]yes[/]")
             if load.ready
             else "[red]no[/]",
+            *((f"[red]{escape(load.problem)}[/]" if load.problem else "-",) if troubled else ()),
             f"{load.cpu_load:.0%}",
             f"{load.cpu_capacity:g} cores",
             f"{load.memory_load:.0%}",

@@ -974,7 +974,7 @@ class PodStatus(_message.Message):
     def __init__(self, pod_name: _Optional[str] = ..., node: _Optional[str] = ..., phase: _Optional[_Union[PodPhase, str]] = ..., exit_code: _Optional[int] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class NodeLoad(_message.Message):
-    __slots__ = ("node", "cpu_load", "memory_load", "cpu_capacity", "memory_capacity_mb", "ready", "cordoned", "cluster", "cluster_labels")
+    __slots__ = ("node", "cpu_load", "memory_load", "cpu_capacity", "memory_capacity_mb", "ready", "cordoned", "cluster", "cluster_labels", "problem")
     class ClusterLabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -991,6 +991,7 @@ class NodeLoad(_message.Message):
     CORDONED_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_LABELS_FIELD_NUMBER: _ClassVar[int]
+    PROBLEM_FIELD_NUMBER: _ClassVar[int]
     node: str
     cpu_load: float
     memory_load: float
@@ -1000,7 +1001,8 @@ class NodeLoad(_message.Message):
     cordoned: bool
     cluster: str
     cluster_labels: _containers.ScalarMap[str, str]
-    def __init__(self, node: _Optional[str] = ..., cpu_load: _Optional[float] = ..., memory_load: _Optional[float] = ..., cpu_capacity: _Optional[float] = ..., memory_capacity_mb: _Optional[int] = ..., ready: _Optional[bool] = ..., cordoned: _Optional[bool] = ..., cluster: _Optional[str] = ..., cluster_labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    problem: str
+    def __init__(self, node: _Optional[str] = ..., cpu_load: _Optional[float] = ..., memory_load: _Optional[float] = ..., cpu_capacity: _Optional[float] = ..., memory_capacity_mb: _Optional[int] = ..., ready: _Optional[bool] = ..., cordoned: _Optional[bool] = ..., cluster: _Optional[str] = ..., cluster_labels: _Optional[_Mapping[str, str]] = ..., problem: _Optional[str] = ...) -> None: ...
 
 class NodeLoadSummary(_message.Message):
     __slots__ = ("node", "cluster", "start", "end", "samples", "cpu_load_mean", "cpu_load_max", "memory_load_mean", "memory_load_max")

@@ -22,7 +22,32 @@ class RunnerExit(IntEnum):
     OUT_OF_MEMORY = 6
     """The runner hit its memory limit (MemoryError under RLIMIT_AS)."""
     NO_SPACE = 7
-    """The data disk was full (ENOSPC or EDQUOT): the environment failed, not the job."""
-    LIMIT_EXCEEDED = 8
+    """The data disk was full (ENOSPC) or its quota exceeded (EDQUOT): the environment
+    failed, not the job."""
+    DISK_FAILED = 8
+    """The data disk refused a write or a read (EROFS: mounted read-only; EIO: an I/O error),
+    or the data volume is not mounted: the environment failed, not the job."""
+    LIMIT_EXCEEDED = 9
     """The job's folder outgrew its ``max_disk_mb``: a checkpoint was written and the runner
     stopped; the job fails for good (FAILURE_LIMIT_EXCEEDED)."""
+
+
+def describe(code: int) -> str:
+    """What an exit code of the runner says, for people ("exited with 7: ..."); "" for a code
+    the runner does not use."""
+    try:
+        member = RunnerExit(code)
+    except ValueError:
+        return ""
+    return _DESCRIPTIONS.get(member, "")
+
+
+_DESCRIPTIONS = {
+    RunnerExit.INVALID_INPUT: "invalid input",
+    RunnerExit.UNSTABLE: "the simulation blew up",
+    RunnerExit.PREEMPTED: "stopped on request after a checkpoint",
+    RunnerExit.OUT_OF_MEMORY: "out of memory",
+    RunnerExit.NO_SPACE: "the data disk was full (ENOSPC/EDQUOT)",
+    RunnerExit.DISK_FAILED: "the data disk failed (read-only, I/O error or not mounted)",
+    RunnerExit.LIMIT_EXCEEDED: "the job's folder outgrew its max_disk_mb",
+}

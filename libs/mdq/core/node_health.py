@@ -1,5 +1,11 @@
-"""Node health: a node on which many different jobs crash is cordoned for a while, within a
-budget that never lets this heuristic take out the cluster (pure).
+"""Node health: a node whose environment is failing, or on which many different jobs crash, is
+cordoned, within a budget that never lets mdq's own cordons take out the cluster (pure).
+
+A node reports its environment's problem with its load (``NodeLoad.problem``: its data folder
+full, read-only, failing or not mounted, pods that could not start; on Kubernetes a pressure
+condition): such a node is cordoned while it reports one, worst first in the budget below
+(a direct observation, where a crash is a guess), and takes work again with its first report
+without one. The failures its jobs met there (FAILURE_ENVIRONMENT) charge neither them nor it.
 
 One job crashing says little about its node; several different jobs crashing on the same node
 within a short window points at the node (a bad disk, a flaky GPU, a broken library). Placement
@@ -24,29 +30,31 @@ Which failures count (only those that implicate the node as a place to run jobs)
   the 60 s silence rule fires before a NotReady node's pods end NodeLost), the bus was away (every
   runner on every node falls silent at once), the watcher stalled. A node that is really
   unreachable is already kept out by readiness; a job lost on a node avoids it on its retry.
-- FAILURE_ENVIRONMENT (the data disk full: shared volumes fill for all nodes at once),
-  FAILURE_EVICTED (preemption, drain, agent shut down), FAILURE_OOM_KILLED (the job's request),
+- FAILURE_ENVIRONMENT (the data disk full, read-only, failing or unmounted; a pod that could not
+  start) — does not count: the node says so itself with its ``problem``, which cordons it
+  directly, and a shared volume fails every node at once.
+- FAILURE_EVICTED (preemption, drain, agent shut down), FAILURE_OOM_KILLED (the job's request),
   FAILURE_UNSTABLE and FAILURE_INVALID_INPUT (the job's physics or input): the job's or the
   operator's doing — do not count.
 
 The budget (``within_budget``), in CPU capacity of the *ready* nodes (unready nodes are out
-already and take no part): failure cordons are chosen worst first — most distinct failures,
-then most recent failure — and one is applied only if, counting operator cordons, the cordoned
-capacity stays within ``max_cordoned_fraction`` of the ready capacity. One exception keeps a
-small cluster able to fence off its one bad node: when no other ready node is cordoned, a
-single node holding at most half of the ready capacity may be cordoned (two equal nodes: one
-of them). Never is the last schedulable (ready, uncordoned) node cordoned. A suspect node the
-budget leaves open is reported ``held_back``: it keeps taking work. Like Kubernetes' node
-lifecycle controller, which stops evicting when most of a zone looks unhealthy, the reasoning
-is that when much of the cluster looks bad at once the fault is more likely the scheduler's own
-view (the bus, the control plane, an agent) than the nodes.
+already and take no part): cordons are chosen worst first — a reported problem, then most
+distinct failures, then most recent failure — and one is applied only if, counting operator
+cordons, the cordoned capacity stays within ``max_cordoned_fraction`` of the ready capacity.
+One exception keeps a small cluster able to fence off its one bad node: when no other ready
+node is cordoned, a single node holding at most half of the ready capacity may be cordoned (two
+equal nodes: one of them). Never is the last schedulable (ready, uncordoned) node cordoned. A
+suspect node the budget leaves open is reported ``held_back``: it keeps taking work. Like
+Kubernetes' node lifecycle controller, which stops evicting when most of a zone looks
+unhealthy, the reasoning is that when much of the cluster looks bad at once the fault is more
+likely the scheduler's own view (the bus, the control plane, an agent) than the nodes.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict, deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -86,7 +94,10 @@ class Suspicion:
     since: datetime
     """When this episode began (a renewal keeps it)."""
     until: datetime
-    """When the verdict lapses."""
+    """When the verdict lapses (a node's problem: when it was last seen; it lasts as long as
+    the node reports it)."""
+    problem: str = ""
+    """The problem the node reports ("" for a verdict on crashes alone)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +110,8 @@ class NodeCapacity:
     """Ready and reporting: placement could bind work there."""
     cordoned: bool = False
     """Cordoned by an operator (or the cluster): out, and counted against the budget."""
+    problem: str = ""
+    """Why its environment cannot run pods now ("" when it can): makes it a suspect."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,9 +125,40 @@ class Cordons:
 NO_CORDONS = Cordons()
 
 
-def severity_order(suspicion: Suspicion) -> tuple[int, float, str]:
-    """Worst first: most distinct failures, then most recent failure, then by name."""
-    return (-suspicion.failures, -suspicion.last_failure.timestamp(), suspicion.node)
+def severity_order(suspicion: Suspicion) -> tuple[int, int, float, str]:
+    """Worst first: a reported problem, then most distinct failures, then most recent
+    failure, then by name."""
+    return (
+        0 if suspicion.problem else 1,
+        -suspicion.failures,
+        -suspicion.last_failure.timestamp(),
+        suspicion.node,
+    )
+
+
+def with_problems(
+    suspects: Iterable[Suspicion], nodes: Iterable[NodeCapacity], now: datetime
+) -> list[Suspicion]:
+    """``suspects`` and every ready node that reports a problem, one suspicion per node (a
+    suspect on crashes that also reports a problem carries both)."""
+    by_node = {suspicion.node: suspicion for suspicion in suspects}
+    for node in nodes:
+        if not node.ready or not node.problem:
+            continue
+        known = by_node.get(node.name)
+        by_node[node.name] = (
+            replace(known, problem=node.problem)
+            if known is not None
+            else Suspicion(
+                node=node.name,
+                failures=0,
+                last_failure=now,
+                since=now,
+                until=now,
+                problem=node.problem,
+            )
+        )
+    return list(by_node.values())
 
 
 def within_budget(
@@ -230,8 +274,10 @@ class NodeHealth:
         return [s for s in self._suspects.values() if now < s.until]
 
     def cordons(self, now: datetime, nodes: Iterable[NodeCapacity]) -> Cordons:
-        """The failure cordons in force at ``now`` on these nodes, within the budget."""
-        suspects = self.suspects(now)
+        """The cordons in force at ``now`` on these nodes — failing environments and crash
+        verdicts — within the budget."""
+        known = list(nodes)
+        suspects = with_problems(self.suspects(now), known, now)
         if not suspects:
             return NO_CORDONS
-        return within_budget(suspects, nodes, self.policy.max_cordoned_fraction)
+        return within_budget(suspects, known, self.policy.max_cordoned_fraction)

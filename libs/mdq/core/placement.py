@@ -135,6 +135,8 @@ class NodeState:
     """Its execution cluster ("" in a single-cluster deployment); ``name`` is qualified."""
     cluster_labels: Mapping[str, str] = field(default_factory=dict)
     """Its cluster's labels (what a job's ``clusters`` selector matches)."""
+    problem: str = ""
+    """Why its environment cannot run pods now, as it reported ("" when it can)."""
 
     def cpu_share(self) -> float:
         """Effective CPU utilisation: max(live + in-flight, reservations), 0..1+."""
@@ -291,7 +293,7 @@ def node_filter(
     if not node.ready:
         return NOT_READY
     if node.cordoned:
-        return CORDONED
+        return f"{CORDONED}: {node.problem}" if node.problem else CORDONED
     if (now - node.reported_at).total_seconds() > config.load_timeout_s:
         return LOAD_STALE
     if check_load and node.expected_load() > config.hard_load_threshold:

@@ -252,6 +252,7 @@ class PlacementState:
             reported_at=reported_at,
             cluster=load.cluster,
             cluster_labels=self._labels_of(load.cluster, load.cluster_labels),
+            problem=load.problem,
         )
         horizon = reported_at - timedelta(seconds=self.load_settle_s)
         if recent := self._inflight.get(load.node):
@@ -573,6 +574,7 @@ class PlacementState:
                 cpu=node.cpu_capacity,
                 ready=node.ready and (now - node.reported_at).total_seconds() <= timeout,
                 cordoned=node.cordoned,
+                problem=node.problem,
             )
             for node in self.nodes.values()
         ]
@@ -868,6 +870,7 @@ def _node_to_dict(node: NodeState) -> dict[str, Any]:
         "reported_at": node.reported_at.isoformat(),
         "cluster": node.cluster,
         "cluster_labels": dict(node.cluster_labels),
+        "problem": node.problem,
     }
 
 
@@ -886,4 +889,5 @@ def _node_from_dict(
         reported_at=datetime.fromisoformat(data["reported_at"]),
         cluster=cluster,
         cluster_labels=labels_of(cluster, data.get("cluster_labels", {})),
+        problem=str(data.get("problem", "")),
     )

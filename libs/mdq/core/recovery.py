@@ -3,6 +3,9 @@
 Each failure class gets the policy it calls for:
 - crashed: retry after an exponential backoff (5 s, 10 s, ...), counted against max_retries;
 - OOM-killed: retry with 1.5x the memory (up to a cap), counted;
+- environment (the node's data folder full, over quota, read-only, failing or not mounted; a
+  pod that could not start): retry after a backoff that grows with the failures of this kind in
+  a row, away from that node when another one fits; the node's, never the job's;
 - evicted / preempted / node lost: retry at once on another node, not the job's fault;
 - cluster lost: the same, from the latest checkpoint *copied* to the store every cluster shares
   (the lost cluster's files are out of reach); the steps between the latest checkpoint and
@@ -11,6 +14,13 @@ Each failure class gets the policy it calls for:
 - unstable (NaN energy) / invalid input / a runaway limit crossed: fail at once — retrying
   will not help.
 Every retry resumes from the latest checkpoint; the steps done past it are the lost work.
+
+A job fails for good only for its own reasons: invalid input, an unstable simulation, its own
+crashes past ``max_retries`` (or a crash loop: ``quarantine_after`` identical failures in a
+row without progress), memory at the cap. Failures that are not its fault
+(``NOT_THE_JOBS_FAULT``) spend none of its retries and are never part of a crash loop, however
+many there are; only the operator's ``disruption_deadline_s`` (off by default) ends a job that
+such failures have kept from any progress for that long (docs/architecture.md, invariant 4).
 
 An attempt stopped on request (``JobView.stop``: job control, a limit; docs/control.md) is
 decided by the request: a cancel ends the job CANCELLED (``Cancel``), a limit ends it FAILED
@@ -46,14 +56,42 @@ NOT_WORTH_RETRYING = frozenset(
     {pb.FAILURE_UNSTABLE, pb.FAILURE_INVALID_INPUT, pb.FAILURE_EXPIRED, pb.FAILURE_LIMIT_EXCEEDED}
 )
 MOVE_TO_ANOTHER_NODE = frozenset(
-    {pb.FAILURE_EVICTED, pb.FAILURE_NODE_LOST, pb.FAILURE_CLUSTER_LOST, pb.FAILURE_LOST}
+    {
+        pb.FAILURE_EVICTED,
+        pb.FAILURE_NODE_LOST,
+        pb.FAILURE_CLUSTER_LOST,
+        pb.FAILURE_LOST,
+        pb.FAILURE_ENVIRONMENT,
+    }
 )
+"""Failures whose retry avoids the node they happened on (a preference: placement drops it
+when no other node fits)."""
+START_ERROR_REASON = "StartError"
+"""The pod reason of an attempt whose pod never started (the node agent could not create its
+folder or process; Kubernetes could not pull the image or create the container): the node's
+failure, whatever the exit code."""
+ENVIRONMENT_EXITS = frozenset({RunnerExit.NO_SPACE, RunnerExit.DISK_FAILED})
+"""Runner exits that say its data folder failed under it."""
 STOP_SIGNAL_EXITS = frozenset({128 + 15, 128 + 9})
 """Exit codes of a container ended by the signals a pod's deletion sends (SIGTERM, then
 SIGKILL after the grace period)."""
 CLUSTER_LOST_REASON = "ClusterLost"
 """The pod reason of an attempt whose whole cluster was declared lost
 (``mdq.backends.clusters``)."""
+
+
+NOT_CHARGED = "not charged to the job"
+"""What the history says of a failure in ``NOT_THE_JOBS_FAULT`` (``mdq show``, the console)."""
+
+
+def charged_to_the_job(reason_name: str) -> bool:
+    """Whether a failure of this class (its name, as PostgreSQL ``attempts.failure_reason``
+    holds it) spends the job's retries; an unknown name does."""
+    try:
+        reason = pb.FailureReason.Value(reason_name)
+    except ValueError:
+        return True
+    return reason not in NOT_THE_JOBS_FAULT
 
 
 def classify(*, pod_reason: str, exit_code: int) -> pb.FailureReason:
@@ -71,7 +109,7 @@ def classify(*, pod_reason: str, exit_code: int) -> pb.FailureReason:
         return pb.FAILURE_UNSTABLE
     if exit_code == RunnerExit.INVALID_INPUT:
         return pb.FAILURE_INVALID_INPUT
-    if exit_code == RunnerExit.NO_SPACE:
+    if reason == START_ERROR_REASON.lower() or exit_code in ENVIRONMENT_EXITS:
         return pb.FAILURE_ENVIRONMENT
     if exit_code == RunnerExit.LIMIT_EXCEEDED:
         return pb.FAILURE_LIMIT_EXCEEDED
@@ -105,8 +143,10 @@ class RecoveryPolicy:
     backoff_max_s: float = 300.0
     oom_memory_factor: float = 1.5
     oom_memory_cap_mb: int = 65536
-    max_disruptions: int = 20
-    """Retries for failures that are not the job's fault, before giving up anyway."""
+    disruption_deadline_s: float = 0.0
+    """The operator's deadline: a job whose latest attempts all failed for reasons not its own
+    (``NOT_THE_JOBS_FAULT``), without progress, for longer than this since the first of them
+    fails for good (FAILURE_RETRIES_EXHAUSTED, saying so). 0: never; such a job waits."""
     quarantine_after: int = 3
     """Identical failures in a row, without progress between them, that make a crash loop."""
     fence_timeout_s: float = 60.0
@@ -180,8 +220,10 @@ def crash_loop(view: JobView, policy: RecoveryPolicy) -> int:
         failure = record.failure
         if failure is None or failure.last_step > record.resumed_from_step:
             break
-        if failure.reason in (pb.FAILURE_ENVIRONMENT, pb.FAILURE_STOPPED):
-            break  # a full disk fails every job alike, a stop was asked for: no loop
+        if failure.reason == pb.FAILURE_STOPPED:
+            break  # a stop was asked for: what came before it is not this streak
+        if failure.reason in NOT_THE_JOBS_FAULT:
+            continue  # the node's or the cluster's doing: neither part of a loop nor a break
         signature = (failure.reason, failure.exit_code)
         if streak and signature != streak[0]:
             break
@@ -193,6 +235,44 @@ def cancel_message(origin: pb.ControlOrigin) -> str:
     """How a cancel reads in the job's history: "cancelled by alice: wrong temperature"."""
     who = origin.requested_by or (f"tenant {origin.tenant}" if origin.tenant else "the operator")
     return f"cancelled by {who}" + (f": {origin.reason}" if origin.reason else "")
+
+
+def in_a_row(view: JobView, reason: pb.FailureReason) -> int:
+    """How many of the latest attempts failed with ``reason``, one after the other: an
+    environment failure backs off by its own streak, so a bad hour last week does not make
+    today's first full disk wait the longest delay."""
+    count = 0
+    for number in sorted(view.attempts, reverse=True):
+        failure = view.attempts[number].failure
+        if failure is None or failure.reason != reason:
+            break
+        count += 1
+    return count
+
+
+def disrupted_since(view: JobView) -> datetime | None:
+    """When the latest run of failures that are not the job's own began (the end of the first
+    of them), if its attempts made no progress; None when the latest failure is the job's own
+    or one of them made progress."""
+    since: datetime | None = None
+    for number in sorted(view.attempts, reverse=True):
+        record = view.attempts[number]
+        failure = record.failure
+        if failure is None or failure.reason not in NOT_THE_JOBS_FAULT:
+            break
+        if failure.reason == pb.FAILURE_STOPPED:
+            break  # a stop was asked for: no disruption runs across it
+        if failure.last_step > record.resumed_from_step:
+            return since
+        since = record.ended_at or since
+    return since
+
+
+def past_deadline(since: datetime, policy: RecoveryPolicy, now: datetime | None) -> bool:
+    """Whether the operator's ``disruption_deadline_s`` (if any) has passed since ``since``."""
+    if policy.disruption_deadline_s <= 0 or now is None:
+        return False
+    return now - since > timedelta(seconds=policy.disruption_deadline_s)
 
 
 def decide(
@@ -222,13 +302,17 @@ def decide(
             f"{describe_attempts(view)}",
         )
     counted = [f for _, f in history if f.reason not in NOT_THE_JOBS_FAULT]
-    # stops were asked for: neither the job's fault nor a disruption to bound
-    disruptions = sum(1 for _, f in history if f.reason != pb.FAILURE_STOPPED) - len(counted)
     if reason == pb.FAILURE_STOPPED:
-        pass
+        pass  # a stop was asked for: decided by the request (above), never a retry spent
     elif reason in NOT_THE_JOBS_FAULT:
-        if disruptions > policy.max_disruptions:
-            return GiveUp(pb.FAILURE_RETRIES_EXHAUSTED, describe_attempts(view))
+        if (since := disrupted_since(view)) is not None and past_deadline(since, policy, now):
+            return GiveUp(
+                pb.FAILURE_RETRIES_EXHAUSTED,
+                f"failures not its own kept it from any progress since "
+                f"{since.isoformat(timespec='seconds')}, longer than the operator's deadline of "
+                f"{policy.disruption_deadline_s:g} s (MDQ_RECOVERY_DISRUPTION_DEADLINE_S): "
+                f"{describe_attempts(view)}",
+            )
     elif len(counted) > view.spec.max_retries:
         return GiveUp(
             pb.FAILURE_RETRIES_EXHAUSTED,
@@ -254,7 +338,11 @@ def decide(
         if memory <= view.resources.memory_mb:
             return GiveUp(reason, f"out of memory at the cap: {describe_attempts(view)}")
     if reason in BACKED_OFF:
-        alike = sum(1 for _, f in history if f.reason == reason)
+        alike = (
+            in_a_row(view, reason)
+            if reason == pb.FAILURE_ENVIRONMENT
+            else sum(1 for _, f in history if f.reason == reason)
+        )
         delay = min(
             policy.backoff_max_s, policy.backoff_base_s * policy.backoff_factor ** (alike - 1)
         )

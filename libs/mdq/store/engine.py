@@ -49,6 +49,21 @@ def connection_lost(error: BaseException) -> bool:
     return False
 
 
+def out_of_space(error: BaseException) -> bool:
+    """Whether ``error``, or one it was raised while handling, is PostgreSQL's full disk
+    (SQLSTATE 53100: "could not extend file ...: No space left on device")."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, asyncpg.exceptions.DiskFullError) or (
+            isinstance(current, asyncpg.PostgresError) and "No space left" in str(current)
+        ):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
 SCHEMA_NOT_READY: tuple[type[Exception], ...] = (asyncpg.UndefinedTableError,)
 """The database answers but has no mdq tables yet: the migrations (``mdq.store.migrate``, the
 ``mdq-migrate`` Job) may run beside the watcher, so the watcher waits for them on start."""

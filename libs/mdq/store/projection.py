@@ -46,16 +46,18 @@ numbers it already projected. It is not transient and must not be retried; the o
 rebuilds the projection from the log as it is (``mdq replay --rebuild``, docs/durability.md).
 
 PostgreSQL may be away when the projector starts or go away while it runs: a connection-class
-error (``mdq.store.engine.DATABASE_NOT_READY``: refused, reset, shutting down, disk full)
-drops the pool's connections and waits, with backoff and one log line per try ("PostgreSQL at
-<host> not reachable (...); retrying in 2.0 s"), until the server answers; then the batch in
-hand is tried again. It was never acknowledged, and a transaction cut off before its commit
-left the offset where it was (one cut off during its commit may have committed: the offset it
-moved makes the retry skip those messages), so nothing is lost or stored twice, however long
-the outage. Only the projection waits: the watcher's lifecycle half needs NATS alone. A
-database without the mdq tables yet (the migrations run beside the watcher) is waited for
-on start as well. Any other error while opening a consumer (``LogContinuityError`` above, a
-database that does not exist) is not retried: it stops the projector, and the watcher.
+error (``mdq.store.engine.DATABASE_NOT_READY``: refused, reset, shutting down, disk full) drops
+the pool's connections and waits (a full disk is named as such in one ERROR line per try:
+"PostgreSQL at <host> is out of disk space (...): the projection stalls ..."), with backoff and
+one log line per try ("PostgreSQL at <host> not reachable (...); retrying in 2.0 s"), until the
+server answers; then the batch in hand is tried again. It was never acknowledged, and a
+transaction cut off before its commit left the offset where it was (one cut off during its
+commit may have committed: the offset it moved makes the retry skip those messages), so nothing
+is lost or stored twice, however long the outage. Only the projection waits: the watcher's
+lifecycle half needs NATS alone. A database without the mdq tables yet (the migrations run
+beside the watcher) is waited for on start as well. Any other error while opening a consumer
+(``LogContinuityError`` above, a database that does not exist) is not retried: it stops the
+projector, and the watcher.
 
 Why asyncpg and not a SQLAlchemy engine for the writer: every write here is one set-based
 statement with array parameters per table per batch (the hot path is progress events, compared
@@ -94,7 +96,7 @@ from mdq.core.state import AttemptRecord, JobState, JobView, event_time
 from mdq.core.text import scrub_nul
 from mdq.core.timestamps import set_timestamp
 from mdq.store.batch_insert import BatchColumn, BatchInsert
-from mdq.store.engine import SCHEMA_NOT_READY, connection_lost
+from mdq.store.engine import SCHEMA_NOT_READY, connection_lost, out_of_space
 
 log = logging.getLogger("mdq.store.projection")
 
@@ -278,10 +280,25 @@ class _JobRow:
         row.stored_attempts = {number: row.attempt_row(number) for number in view.attempts}
         return row
 
+    def _late_report(self, event: pb.Event) -> None:
+        """A report the fold fenced because its attempt had ended, but made before that end
+        (a runner cut off from the bus, its reports published late, after the job was even
+        requeued): it counts toward that attempt's last step, as it does when the PROGRESS
+        stream is folded first (a rebuild, ``_settle_ended``); one made after the end counts
+        in neither order."""
+        if event.WhichOneof("body") != "progress":
+            return
+        record = self.view.attempts.get(event.attempt)
+        if record is None or record.ended_at is None or event_time(event) > record.ended_at:
+            return
+        known = self.attempt_last_step.get(event.attempt, 0)
+        self.attempt_last_step[event.attempt] = max(known, event.progress.step)
+
     def apply(self, event: pb.Event) -> None:
         """Fold one event with the core state machine; record what the view does not keep."""
         was_open = self.view.current.ended_at is None
         if not self.view.apply(event):
+            self._late_report(event)
             return
         at = event_time(event)
         self.updated_at = at
@@ -1076,11 +1093,20 @@ class Projector:
         acknowledged and its transaction, if it did not commit, left the offset where it was.
         """
         async with self._database_lock:
-            log.warning(
-                "PostgreSQL at %s unavailable (%s); reconnecting",
-                self._database,
-                describe_error(error),
-            )
+            if out_of_space(error):
+                log.error(
+                    "PostgreSQL at %s is out of disk space (%s): the projection stalls, storing "
+                    "and acknowledging nothing, and catches up once the disk has room again "
+                    "(mdq_consumer_lag_messages shows what waits)",
+                    self._database,
+                    describe_error(error),
+                )
+            else:
+                log.warning(
+                    "PostgreSQL at %s unavailable (%s); reconnecting",
+                    self._database,
+                    describe_error(error),
+                )
             await self._pool.expire_connections()  # the next acquire opens fresh ones
             delays = self._reconnect.delays()
             failures = 0

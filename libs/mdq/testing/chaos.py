@@ -52,6 +52,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import logging
 import os
 import random
 import re
@@ -62,9 +63,10 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -74,8 +76,33 @@ from mdq.embedded import EmbeddedNats, EmbeddedPostgres, free_port, start_nats, 
 
 SERVICE_KINDS: tuple[str, ...] = ("intake", "placement", "watcher", "recovery", "metrics")
 PROCESS_KINDS: tuple[str, ...] = (*SERVICE_KINDS, "agent", "runner")
-FAULT_KINDS: tuple[str, ...] = (*PROCESS_KINDS, "nats", "postgres", "disk_full", "cancel")
+SHORT_KINDS: tuple[str, ...] = (*PROCESS_KINDS, "nats", "postgres", "disk_full", "cancel")
+"""Kills and short outages: ``faults_per_kind`` of each, and the random extra faults."""
+LONG_KINDS: tuple[str, ...] = ("disk_full_long", "nats_long", "postgres_long")
+"""Long episodes (``ChaosConfig.long_s``): the data disk full, NATS or PostgreSQL down."""
+STRIKE_KINDS: tuple[str, ...] = (
+    "strike_pod_start",
+    "strike_checkpoint",
+    "strike_snapshot",
+    "strike_backoff",
+)
+"""Kills at the worst moments: the node agent while a pod starts, a runner while it writes a
+checkpoint, placement while it writes its snapshot, placement and recovery while a job waits
+out a backoff."""
+ONCE_KINDS: tuple[str, ...] = (*LONG_KINDS, *STRIKE_KINDS)
+"""Kinds injected ``once_per_kind`` times (not among the random extra faults)."""
+FAULT_KINDS: tuple[str, ...] = (*SHORT_KINDS, *ONCE_KINDS)
 """Every kind of fault the campaign injects."""
+
+PART_HELD_DOWN = {
+    "nats": "nats",
+    "nats_long": "nats",
+    "postgres": "postgres",
+    "postgres_long": "postgres",
+    "disk_full": "disk",
+    "disk_full_long": "disk",
+}
+"""The part of the campaign an outage holds down; one outage of a part at a time."""
 
 MIN_PAUSE_S = 0.3
 """The shortest pause between two faults (when the faults have fallen behind the jobs)."""
@@ -112,6 +139,8 @@ class ChaosConfig:
     kinds: tuple[str, ...] = FAULT_KINDS
     """The kinds of fault injected (default: every kind)."""
     faults_per_kind: int = 1
+    once_per_kind: int = 1
+    """How many of each long episode and worst-moment strike (``ONCE_KINDS``)."""
     extra_faults: int = 0
     """Faults of random kinds on top of ``faults_per_kind`` of each kind."""
     max_faults_ahead: int | None = None
@@ -123,6 +152,13 @@ class ChaosConfig:
     """How long NATS or PostgreSQL stays down."""
     disk_full_s: tuple[float, float] = (2.0, 4.0)
     """How long the data disk stays full."""
+    long_s: dict[str, float] = field(
+        default_factory=lambda: {"disk_full_long": 30.0, "nats_long": 20.0, "postgres_long": 60.0}
+    )
+    """How long each long episode lasts."""
+    strike_wait_s: float = 30.0
+    """How long a strike waits for its moment before it counts as missed (and is tried
+    again later)."""
     disk_mb: int = 128
     deadline_s: float = 900.0
     """The whole campaign (faults, jobs, checks) ends by then, whatever happens."""
@@ -145,8 +181,11 @@ class ChaosReport:
     seed: int
     jobs: int = 0
     succeeded: int = 0
+    failed_for_good: int = 0
     final_step_exact: int = 0
     kills: dict[str, int] = field(default_factory=dict)
+    strikes: dict[str, int] = field(default_factory=dict)
+    """Long episodes and worst-moment strikes, by kind."""
     missed: dict[str, int] = field(default_factory=dict)
     nats_restarts: int = 0
     postgres_restarts: int = 0
@@ -181,8 +220,10 @@ class ChaosReport:
             "seed": self.seed,
             "jobs": self.jobs,
             "succeeded": self.succeeded,
+            "failed_for_good": self.failed_for_good,
             "final_step_exact": self.final_step_exact,
             "kills": dict(sorted(self.kills.items())),
+            "strikes": dict(sorted(self.strikes.items())),
             "missed": dict(sorted(self.missed.items())),
             "nats_restarts": self.nats_restarts,
             "postgres_restarts": self.postgres_restarts,
@@ -432,6 +473,8 @@ class Sampler:
         self.concurrent: list[dict[str, object]] = []
         self.reached: dict[tuple[str, int], int] = {}
         """(job, attempt) → the most step seen in the energy table while it ran."""
+        self.live: dict[str, int] = {}
+        """Job → the pid of its one live runner, as last sampled."""
         self.error: str = ""
 
     def start(self) -> None:
@@ -455,6 +498,7 @@ class Sampler:
         by_job: dict[str, list[RunnerProcess]] = defaultdict(list)
         for runner in runners:
             by_job[runner.job_id].append(runner)
+        self.live = {job: live[0].pid for job, live in by_job.items() if len(live) == 1}
         for job, live in by_job.items():
             if len(live) > 1:
                 self.concurrent.append(
@@ -618,15 +662,26 @@ LAMMPS_SCRIPT = Path(__file__).resolve().parents[3] / "examples" / "lammps" / "i
 
 
 # -- the campaign ----------------------------------------------------------------------------
+def wanted(kind: str, config: ChaosConfig) -> int:
+    """How many faults of ``kind`` the campaign injects (before the random extra ones)."""
+    return config.once_per_kind if kind in ONCE_KINDS else config.faults_per_kind
+
+
 def fault_schedule(rng: random.Random, config: ChaosConfig) -> list[str]:
-    """Every kind ``faults_per_kind`` times plus ``extra_faults`` random ones, shuffled."""
+    """Every kind ``wanted`` times plus ``extra_faults`` random short ones, shuffled; the long
+    episodes in the first half, so that the faults of the part one holds down (which wait for
+    its end) still land while jobs run."""
     unknown = set(config.kinds) - set(FAULT_KINDS)
     if unknown:
         raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {FAULT_KINDS}")
-    kinds = [kind for kind in config.kinds for _ in range(config.faults_per_kind)]
-    kinds += [rng.choice(config.kinds) for _ in range(config.extra_faults)]
+    kinds = [kind for kind in config.kinds for _ in range(wanted(kind, config))]
+    short = [kind for kind in config.kinds if kind in SHORT_KINDS] or list(config.kinds)
+    kinds += [rng.choice(short) for _ in range(config.extra_faults)]
     rng.shuffle(kinds)
-    return kinds
+    rest = [kind for kind in kinds if kind not in LONG_KINDS]
+    for kind in (kind for kind in kinds if kind in LONG_KINDS):
+        rest.insert(rng.randrange(len(rest) // 2 + 1), kind)
+    return rest
 
 
 def is_lammps_job(index: int, config: ChaosConfig) -> bool:
@@ -659,6 +714,10 @@ def job_spec(index: int, config: ChaosConfig) -> dict[str, object]:
         "report_interval_steps": config.report_interval_steps,
         "checkpoint_interval_steps": config.checkpoint_interval_steps,
         "resources": {"cpu": 1, "memory_mb": 1024},
+        # kill -9 of a runner is charged to its job as a crash (mdq cannot tell it from the
+        # job's own); room for the dice picking one job again and again, never for the faults
+        # mdq must not charge (those spend no retry at all: docs/architecture.md, invariant 4)
+        "max_retries": 10,
     }
 
 
@@ -674,7 +733,12 @@ class Campaign:
         )
         self.deadline = Deadline(config.deadline_s)
         self.run_deadline = Deadline(max(1.0, config.deadline_s - config.check_reserve_s))
-        self.namespace = f"chaos{seed:x}"[:20]
+        # Its own namespace, even for a seed another campaign on this machine replays at the
+        # same time: the runners it samples and kills are found by it.
+        self.namespace = f"ch{seed:x}{random.SystemRandom().randrange(1 << 24):06x}"
+        from mdq.bus.subjects import Subjects
+
+        self.subjects = Subjects(self.namespace)
         self.work = config.work_dir or Path(tempfile.mkdtemp(prefix="mdq-chaos-"))
         self.work.mkdir(parents=True, exist_ok=True)
         self.report.work_dir = str(self.work)
@@ -758,6 +822,9 @@ class Campaign:
                 "MDQ_METRICS_INTERVAL_S": "1",
                 "MDQ_RECOVERY_BACKOFF_BASE_S": "0.5",
                 "MDQ_RECOVERY_BACKOFF_MAX_S": "5",
+                # snapshots often, so that a strike can meet one being written
+                "MDQ_PLACEMENT_SNAPSHOT_INTERVAL_S": "5",
+                "MDQ_RECOVERY_SNAPSHOT_INTERVAL_S": "5",
                 "PYTHONUNBUFFERED": "1",
             }
         )
@@ -827,42 +894,160 @@ class Campaign:
         """One fault of ``kind``; False when there was nothing to hit."""
         if kind in PROCESS_KINDS:
             return self.kill_process(kind)
-        if kind == "nats":
-            assert self.nats is not None
-            self.nats.kill()
-            down = self.rng.uniform(*self.config.outage_s)
-            self.note(f"kill -9 nats-server; down for {down:.1f} s")
-            await asyncio.sleep(self.deadline.bound(down))
-            await asyncio.to_thread(self.start_nats)
-            self.report.nats_restarts += 1
-            self.note("nats-server restarted on the same port and store")
-            return True
-        if kind == "postgres":
-            killed = await asyncio.to_thread(self.kill_postgres)
-            if not killed:
-                return False
-            down = self.rng.uniform(*self.config.outage_s)
-            self.note(f"kill -9 postgres ({killed} processes); down for {down:.1f} s")
-            await asyncio.sleep(self.deadline.bound(down))
-            await asyncio.to_thread(self.start_postgres)
-            self.report.postgres_restarts += 1
-            self.note("postgres restarted on the same folder")
-            return True
+        long = self.config.long_s.get(kind)
+        if kind == "nats" or kind == "nats_long":
+            return await self.nats_down(long or self.rng.uniform(*self.config.outage_s))
+        if kind == "postgres" or kind == "postgres_long":
+            return await self.postgres_down(long or self.rng.uniform(*self.config.outage_s))
+        if kind == "disk_full" or kind == "disk_full_long":
+            return await self.disk_full(long or self.rng.uniform(*self.config.disk_full_s))
+        if kind == "strike_pod_start":
+            return await self.strike_pod_start()
+        if kind == "strike_checkpoint":
+            return await self.strike_checkpoint()
+        if kind == "strike_snapshot":
+            return await self.strike_on_subject(
+                f"$KV.{self.subjects.placement_snapshot_bucket}.>",
+                lambda subject, _data: not subject.endswith(".head"),
+                victims=("placement",),
+                moment="while it writes its snapshot",
+            )
+        if kind == "strike_backoff":
+            return await self.strike_on_subject(
+                self.subjects.job("*", "requeued"),
+                self._backs_off,
+                victims=("placement", "recovery"),
+                moment="while a job waits out its backoff",
+                make_it=lambda: self.kill_process("runner"),  # a crash: retried after a backoff
+            )
         if kind == "cancel":
             return await self.cancel_one()
-        if kind == "disk_full":
-            if not self.disk.mounted:
-                return False
-            written = await asyncio.to_thread(self.disk.fill)
-            left = self.disk.free_bytes()
-            hold = self.rng.uniform(*self.config.disk_full_s)
-            self.note(f"data disk full ({written} bytes written, {left} free); for {hold:.1f} s")
-            await asyncio.sleep(self.deadline.bound(hold))
-            self.disk.free()
-            self.report.disk_full_episodes += 1
-            self.note("data disk freed")
-            return True
         raise ValueError(f"unknown fault kind {kind!r}")
+
+    async def nats_down(self, down: float) -> bool:
+        assert self.nats is not None
+        self.nats.kill()
+        self.note(f"kill -9 nats-server; down for {down:.1f} s")
+        await asyncio.sleep(self.deadline.bound(down))
+        await asyncio.to_thread(self.start_nats)
+        self.report.nats_restarts += 1
+        self.note("nats-server restarted on the same port and store")
+        return True
+
+    async def postgres_down(self, down: float) -> bool:
+        killed = await asyncio.to_thread(self.kill_postgres)
+        if not killed:
+            return False
+        self.note(f"kill -9 postgres ({killed} processes); down for {down:.1f} s")
+        await asyncio.sleep(self.deadline.bound(down))
+        await asyncio.to_thread(self.start_postgres)
+        self.report.postgres_restarts += 1
+        self.note("postgres restarted on the same folder")
+        return True
+
+    async def disk_full(self, hold: float) -> bool:
+        if not self.disk.mounted:
+            return False
+        written = await asyncio.to_thread(self.disk.fill)
+        left = self.disk.free_bytes()
+        self.note(f"data disk full ({written} bytes written, {left} free); for {hold:.1f} s")
+        await asyncio.sleep(self.deadline.bound(hold))
+        self.disk.free()
+        self.report.disk_full_episodes += 1
+        self.note("data disk freed")
+        return True
+
+    # -- strikes at the worst moments ------------------------------------------------------
+    async def strike_pod_start(self) -> bool:
+        """kill -9 the node agent the moment a pod starts: its log file appears (the agent
+        opens it right before it spawns the runner), so the claim, the spawn and the runner's
+        first moments are all in flight."""
+        pods = self.data_dir / "pods"
+        known = set(_names(pods))
+        until = time.monotonic() + self.deadline.bound(self.config.strike_wait_s)
+        while time.monotonic() < until:
+            new = set(_names(pods)) - known
+            if new:
+                if not self.kill_process("agent"):
+                    return False
+                self.note(f"  (the pod {sorted(new)[0].removesuffix('.log')} was starting)")
+                return True
+            await asyncio.sleep(0.005)
+        return False
+
+    async def strike_checkpoint(self) -> bool:
+        """kill -9 a runner while it writes a checkpoint (its temporary file is there)."""
+        assert self.sampler is not None
+        until = time.monotonic() + self.deadline.bound(self.config.strike_wait_s)
+        jobs_dir = self.data_dir / "jobs"
+        while time.monotonic() < until:
+            for job, pid in list(self.sampler.live.items()):
+                folder = jobs_dir / job / "checkpoints"
+                if any(name.startswith(".tmp-") for name in _names(folder)):
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        continue
+                    self.note(f"kill -9 runner pid {pid} ({job}) while it writes a checkpoint")
+                    return True
+            await asyncio.sleep(0.002)
+        return False
+
+    def _backs_off(self, _subject: str, data: bytes) -> bool:
+        """A ``requeued`` event whose job may not be bound for a while yet."""
+        from mdq.bus.codec import decode_event
+
+        requeued = decode_event(data).requeued
+        return (
+            requeued.HasField("not_before")
+            and requeued.not_before.ToMilliseconds() / 1000 > time.time() + 0.05
+        )
+
+    async def strike_on_subject(
+        self,
+        subject: str,
+        moment_came: Any,
+        *,
+        victims: tuple[str, ...],
+        moment: str,
+        make_it: Any = None,
+    ) -> bool:
+        """kill -9 ``victims`` the moment a message on ``subject`` satisfies ``moment_came``
+        (subject, data), after ``make_it()`` (if given) brought one about; False if none came
+        within ``strike_wait_s``."""
+        import nats
+
+        assert self.stack is not None
+        came = asyncio.Event()
+
+        async def on_message(message: Any) -> None:
+            with contextlib.suppress(Exception):  # a message it cannot read is not the moment
+                if not came.is_set() and moment_came(message.subject, message.data):
+                    came.set()
+
+        wait = self.deadline.bound(self.config.strike_wait_s)
+        try:
+            nc = await asyncio.wait_for(
+                nats.connect(f"nats://127.0.0.1:{self.nats_port}", name="chaos-strike"), wait
+            )
+        except (TimeoutError, OSError, nats.errors.Error):
+            return False
+        try:
+            await nc.subscribe(subject, cb=on_message)
+            await nc.flush()
+            if make_it is not None and not make_it():
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(came.wait(), wait)
+            if not came.is_set():
+                return False
+            hit = [kind for kind in victims if self.kill_process(kind)]
+            if hit:
+                self.note(f"  ({'+'.join(hit)} killed {moment})")
+            return bool(hit)
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(nc.close(), 10)
 
     async def cancel_one(self) -> bool:
         """Cancel one running job of the campaign, as its owner would (``mdq cancel``); False
@@ -900,11 +1085,43 @@ class Campaign:
         return True
 
     async def run_faults(self, done: asyncio.Event) -> None:
-        """The schedule, until it is through, the jobs are done, or the deadline."""
+        """The schedule, until it is through, the jobs are done, or the deadline. A long
+        episode runs beside the schedule (the other kinds go on hitting meanwhile, as they
+        would in a bad hour); a fault of the part it holds down waits for its end."""
         schedule = fault_schedule(self.rng, self.config)
         self.note(f"fault schedule: {' '.join(schedule)}")
         retries: Counter[str] = Counter()
         total = len(schedule)
+        busy: set[str] = set()
+        episodes: set[asyncio.Task[None]] = set()
+        try:
+            await self._run_schedule(schedule, total, retries, done, busy, episodes)
+        finally:
+            await asyncio.gather(*episodes, return_exceptions=True)
+        if schedule:
+            self.note(f"faults not injected (jobs done or deadline): {' '.join(schedule)}")
+            self.report.problems.append(f"faults never injected: {' '.join(schedule)}")
+
+    async def _long_episode(self, kind: str, part: str, busy: set[str]) -> None:
+        try:
+            if await self.inject(kind):
+                self._kills[kind] += 1
+            else:
+                self._missed[kind] += 1
+        except BaseException as error:
+            self.broke_off(f"the long episode {kind}", error)
+        finally:
+            busy.discard(part)
+
+    async def _run_schedule(
+        self,
+        schedule: list[str],
+        total: int,
+        retries: Counter[str],
+        done: asyncio.Event,
+        busy: set[str],
+        episodes: set[asyncio.Task[None]],
+    ) -> None:
         while schedule and not done.is_set() and not self.run_deadline.passed:
             pause = self.rng.uniform(*self.config.pause_s)
             # Keep the faults ahead of the jobs: when a larger share of the jobs has ended
@@ -924,6 +1141,14 @@ class Campaign:
             if done.is_set():
                 break
             kind = schedule.pop(0)
+            part = PART_HELD_DOWN.get(kind)
+            if part in busy:  # a long episode holds it down: this one comes after it
+                schedule.insert(min(len(schedule), 1 + self.rng.randrange(3)), kind)
+                continue
+            if kind in LONG_KINDS and part is not None:
+                busy.add(part)
+                episodes.add(asyncio.create_task(self._long_episode(kind, part, busy)))
+                continue
             if await self.inject(kind):
                 self._kills[kind] += 1
             else:
@@ -932,9 +1157,6 @@ class Campaign:
                 retries[kind] += 1
                 if retries[kind] <= 20:
                     schedule.insert(min(len(schedule), 1 + self.rng.randrange(3)), kind)
-        if schedule:
-            self.note(f"faults not injected (jobs done or deadline): {' '.join(schedule)}")
-            self.report.problems.append(f"faults never injected: {' '.join(schedule)}")
 
     # -- the jobs --------------------------------------------------------------------------
     async def submit(self) -> None:
@@ -1028,7 +1250,10 @@ class Campaign:
 
         problems = self.report.problems
         subjects = Subjects(self.namespace)
-        nc = await connect(f"nats://127.0.0.1:{self.nats_port}", name="chaos-check")
+        nc = await asyncio.wait_for(
+            connect(f"nats://127.0.0.1:{self.nats_port}", name="chaos-check"),
+            max(30.0, self.deadline.left()),
+        )
         try:
             succeeded, ended = await self.terminal_counts(nc)
             js = nc.jetstream()
@@ -1052,6 +1277,7 @@ class Campaign:
         finally:
             await nc.close()
         self.report.succeeded = sum(1 for j in self.job_ids if succeeded[j] >= 1 and not ended[j])
+        self.report.failed_for_good = sum(1 for j in self.job_ids if ended[j])
         self.report.double_succeeded = sum(1 for j in self.job_ids if succeeded[j] > 1)
         stopped = self.stopped_jobs()
         for job in stopped:  # ends CANCELLED, or SUCCEEDED when it succeeded before its stop
@@ -1260,16 +1486,31 @@ class Campaign:
 
     # -- the whole -------------------------------------------------------------------------
     async def run(self) -> ChaosReport:
+        """The campaign, whatever happens: an exception anywhere in the harness (or a
+        cancellation) is a problem of the report, with its traceback, never a crash."""
         started = time.monotonic()
-        try:
-            await self._run()
-        except Exception as error:
-            self.report.problems.append(f"the campaign broke off: {error!r}")
-            self.note(f"broke off: {error!r}")
-        finally:
-            await asyncio.to_thread(self.cleanup)
-            self.report.duration_s = time.monotonic() - started
+        with harness_logs(self.work / "harness.log"):
+            try:
+                await self._run()
+            except (asyncio.CancelledError, KeyboardInterrupt):
+                self.report.problems.append("interrupted (Ctrl-C or cancelled)")
+                raise  # after the clean-up below: an interrupted soak stops
+            except BaseException as error:  # every failure of the harness is reported
+                self.broke_off("the campaign broke off", error)
+            finally:
+                try:
+                    await asyncio.to_thread(self.cleanup)
+                except BaseException as error:
+                    self.broke_off("cleaning up failed", error)
+                self.report.duration_s = time.monotonic() - started
         return self.report
+
+    def broke_off(self, what: str, error: BaseException) -> None:
+        """Record ``error`` (with its traceback) as a problem of the campaign."""
+        trace = "".join(traceback.format_exception(error)).rstrip()
+        self.report.problems.append(f"{what}: {error!r}\n{trace}")
+        with contextlib.suppress(OSError):
+            self.note(f"{what}: {error!r}\n{trace}")
 
     async def _run(self) -> None:
         self.note(f"seed {self.report.seed}, namespace {self.namespace}, work {self.work}")
@@ -1314,11 +1555,14 @@ class Campaign:
             self.report.problems.append(
                 f"not every job was terminal within the deadline ({self.config.deadline_s:g} s)"
             )
+        self.report.strikes = {
+            kind: self._kills[kind] for kind in FAULT_KINDS if kind in ONCE_KINDS
+        }
         for kind in self.config.kinds:
             hits = self._kills[kind]
-            if hits < self.config.faults_per_kind:
+            if hits < wanted(kind, self.config):
                 self.report.problems.append(
-                    f"{kind}: hit {hits} times, wanted {self.config.faults_per_kind}"
+                    f"{kind}: hit {hits} times, wanted {wanted(kind, self.config)}"
                 )
         await self.check()
 
@@ -1351,6 +1595,32 @@ class Campaign:
             shutil.rmtree(self.work, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def harness_logs(path: Path) -> Iterator[None]:
+    """Send what the libraries the harness uses log (nats-py's reconnect errors while NATS is
+    down, asyncio's) to ``path`` instead of the terminal: the report is the one line printed."""
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    previous = root.level
+    root.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(previous)
+        handler.close()
+
+
+def _names(folder: Path) -> list[str]:
+    """The names in ``folder`` now ([] if it is not there)."""
+    try:
+        return os.listdir(folder)
+    except OSError:
+        return []
+
+
 def _descendants(pid: int) -> Iterator[psutil.Process]:
     with contextlib.suppress(psutil.Error):
         yield from psutil.Process(pid).children(recursive=True)
@@ -1359,3 +1629,74 @@ def _descendants(pid: int) -> Iterator[psutil.Process]:
 async def run_campaign(config: ChaosConfig) -> ChaosReport:
     """Run one campaign and return its report (every process it started is gone after)."""
     return await Campaign(config).run()
+
+
+@dataclass(slots=True)
+class SoakReport:
+    """Several campaigns, one after the other; ``to_json`` is the line ``make chaos-soak``
+    prints."""
+
+    campaigns: list[ChaosReport] = field(default_factory=list)
+    checkpoint_interval_steps: int = 0
+    problems: list[str] = field(default_factory=list)
+    """What broke the soak itself (a campaign's own problems are in ``failed_seeds``)."""
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and all(report.ok for report in self.campaigns)
+
+    def to_json(self) -> str:
+        reports = self.campaigns
+        document: dict[str, Any] = {
+            "ok": self.ok,
+            "seeds": [report.seed for report in reports],
+            "passed": sum(1 for report in reports if report.ok),
+            "jobs": sum(report.jobs for report in reports),
+            "succeeded": sum(report.succeeded for report in reports),
+            "failed_for_good": sum(report.failed_for_good for report in reports),
+            "double_succeeded": sum(report.double_succeeded for report in reports),
+            "concurrent_runners": sum(report.concurrent_runners for report in reports),
+            "max_steps_lost": max((report.max_steps_lost for report in reports), default=0),
+            "checkpoint_interval_steps": self.checkpoint_interval_steps,
+            "failed_seeds": [
+                {"seed": report.seed, "work_dir": report.work_dir, "problems": report.problems}
+                for report in reports
+                if not report.ok
+            ],
+            "durations_s": {str(report.seed): round(report.duration_s, 1) for report in reports},
+            "duration_s": round(sum(report.duration_s for report in reports), 1),
+            "problems": self.problems,
+        }
+        return json.dumps(document)
+
+
+async def run_soak(
+    config: ChaosConfig,
+    seeds: Sequence[int],
+    *,
+    on_report: Any = None,
+) -> SoakReport:
+    """One campaign per seed, each in a work folder of its own; ``on_report(index, report)``
+    is called after each. Never raises: whatever goes wrong between campaigns is a problem of
+    the soak, with its traceback."""
+    soak = SoakReport(checkpoint_interval_steps=config.checkpoint_interval_steps)
+    for index, seed in enumerate(seeds):
+        campaign: Campaign | None = None
+        try:
+            work = None
+            if config.work_dir is not None:
+                work = config.work_dir / f"campaign-{index + 1}"
+            campaign = Campaign(replace(config, seed=seed, work_dir=work))
+            report = await campaign.run()
+            soak.campaigns.append(report)
+            if on_report is not None:
+                on_report(index, report)
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            if campaign is not None:
+                soak.campaigns.append(campaign.report)
+            soak.problems.append(f"interrupted in campaign {index + 1} (seed {seed})")
+            break
+        except BaseException as error:  # a soak reports, it never dies with a traceback
+            trace = "".join(traceback.format_exception(error)).rstrip()
+            soak.problems.append(f"campaign {index + 1} (seed {seed}): {error!r}\n{trace}")
+    return soak

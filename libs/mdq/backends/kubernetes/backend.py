@@ -551,6 +551,7 @@ class KubernetesBackend:
                     memory_capacity_mb=view.memory_capacity_mb,
                     ready=view.ready,
                     cordoned=not view.schedulable,
+                    problem=view.problem,
                     cpu_load=min(1.0, cpu_used / view.cpu_capacity) if view.cpu_capacity else 0.0,
                     memory_load=min(1.0, memory_used / memory_bytes) if memory_bytes else 0.0,
                 )

@@ -58,9 +58,20 @@ _PHASES: dict[str, pb.PodPhase] = {
 }
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _START_ERRORS = frozenset(
-    {"InvalidImageName", "CreateContainerConfigError", "CreateContainerError", "ErrImageNeverPull"}
+    {
+        "InvalidImageName",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "ErrImageNeverPull",
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "RunContainerError",
+    }
 )
-"""Waiting reasons a container never recovers from: the attempt failed to start."""
+"""Waiting reasons of a pod that did not start: the container never recovers from some, and
+an image the node cannot pull is retried by the kubelet for as long as the pod lives. Either
+is the node's failure, never the job's (StartError: FAILURE_ENVIRONMENT), and the attempt is
+retried after a backoff, elsewhere when another node fits."""
 _POD_REASONS = {
     "Evicted": "Evicted",
     "Preempting": "Preempted",
@@ -459,6 +470,9 @@ class NodeView:
     """Not cordoned and without a NoSchedule / NoExecute taint mdq does not tolerate."""
     ready_since: datetime | None
     """When the Ready condition last changed."""
+    problem: str = ""
+    """The node's pressure conditions that are True ("DiskPressure: kubelet has disk
+    pressure"), "; "-joined: why its environment cannot run pods now."""
 
 
 def node_view(node: Mapping[str, Any], *, tolerated_taints: Iterable[str] = ()) -> NodeView:
@@ -480,7 +494,25 @@ def node_view(node: Mapping[str, Any], *, tolerated_taints: Iterable[str] = ()) 
         ready=ready_condition.get("status") == "True",
         schedulable=not spec.get("unschedulable", False) and not taints,
         ready_since=parse_time(ready_condition.get("lastTransitionTime")),
+        problem=node_problem(status.get("conditions") or []),
     )
+
+
+PROBLEM_CONDITIONS = ("DiskPressure", "PIDPressure", "MemoryPressure", "NetworkUnavailable")
+"""Node conditions that, when True, say the node's environment cannot take pods (the kubelet
+taints such a node too; mdq shows why)."""
+
+
+def node_problem(conditions: Iterable[Mapping[str, Any]]) -> str:
+    """The True pressure conditions of a node, in words ("" when none is)."""
+    found = []
+    conditions = list(conditions)
+    for kind in PROBLEM_CONDITIONS:
+        condition = _condition(conditions, kind)
+        if condition is not None and condition.get("status") == "True":
+            message = str(condition.get("message") or condition.get("reason") or "")
+            found.append(f"{kind}: {message}".rstrip(": "))
+    return "; ".join(found)
 
 
 def node_usage(metrics: Mapping[str, Any]) -> dict[str, tuple[float, float]]:

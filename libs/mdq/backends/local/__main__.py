@@ -53,6 +53,9 @@ def build(
         runner_creds_wait_s=settings.runner_creds_wait_s,
         nats_url=common.nats_url,
         runner_module=settings.runner_module,
+        min_free_mb=settings.data_min_free_mb,
+        start_error_hold_s=settings.start_error_hold_s,
+        probe_stall_s=settings.probe_stall_s,
     )
 
 

@@ -24,6 +24,15 @@ job, valid for ``MDQ_NATS_RUNNER_CREDS_TTL_S``: the agent holds no key to mint t
 placement's desk (``mdq.bus.runner_creds.request_runner_creds``), which mints them only for the
 attempt the jobs log says is live and renews them (the runner asks) while it stays so; once the
 pod ended, its file stops working within the TTL.
+
+The node's health is the agent's to tell (``mdq.datadisk``): every heartbeat it probes the data
+folder — the volume's marker is there (``claim``, written the first time), enough room is free
+(``min_free_mb``), a small file can be written, fsynced and removed — and puts the problem in
+words in the node records ("" when healthy), with pods that could not start (their StartError
+message, for ``start_error_hold_s``). Placement takes no new pods on a node with a problem
+(within the cordon budget), and takes them again once a probe passes. A pod bound there anyway
+fails to start (StartError: the node's failure, never the job's), and it never creates a job's
+folder on the disk under a volume that is not mounted.
 """
 
 from __future__ import annotations
@@ -37,14 +46,17 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import nats.errors
 from nats.js import JetStreamContext
 from nats.js.errors import APIError
 
+from mdq import datadisk
 from mdq.auth import write_secret
 from mdq.backends.launch import (
     RUNNER_MODULE,
+    PodRefused,
     module_argv,
     runner_environment,
     runner_task,
@@ -73,12 +85,16 @@ from mdq.bus.requests import is_wrong_last_sequence
 from mdq.bus.runner_creds import CredsRefused, request_runner_creds
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
+from mdq.core.recovery import START_ERROR_REASON as START_ERROR
 from mdq.files import UMASK, open_log, private_folder
 
 log = logging.getLogger(__name__)
 
 EXIT_KILLED = 137
-STATUS_WRITE_ATTEMPTS = 10
+STATUS_RETRY_MAX_S = 5.0
+"""The longest wait between two tries of writing a pod's status while NATS does not answer."""
+PROBE_WAIT_S = 1.0
+"""How long a heartbeat waits for the data folder's probe before it goes out without news."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +118,12 @@ class RunningPod:
     oom_rss_mb: int = 0
     killer: asyncio.Task[None] | None = None
     supervisor: asyncio.Task[None] | None = field(default=None, repr=False)
+
+
+def _close_late_file(future: asyncio.Future[BinaryIO]) -> None:
+    """Close what a preparation that was given up on opened after all."""
+    if not future.cancelled() and future.exception() is None:
+        future.result().close()
 
 
 def final_status(
@@ -139,6 +161,9 @@ class NodeAgent:
         host_env: Mapping[str, str] | None = None,
         runner_creds_dir: Path | None = None,
         runner_creds_wait_s: float = 30.0,
+        min_free_mb: int = 0,
+        start_error_hold_s: float = 30.0,
+        probe_stall_s: float = 20.0,
     ) -> None:
         """``runner_creds_dir``: on an authenticating server, where each runner's own NATS
         credentials are written (0600) while its pod lives, asked of placement's desk at the
@@ -163,6 +188,14 @@ class NodeAgent:
         self._cores = CorePicker()
         self._runner_creds_dir = runner_creds_dir
         self._runner_creds_wait_s = runner_creds_wait_s
+        self._min_free_bytes = max(0, min_free_mb) * 2**20
+        self._start_error_hold_s = start_error_hold_s
+        self._probe_stall_s = probe_stall_s
+        self._start_failure: tuple[str, float] | None = None
+        self._probe: asyncio.Future[str] | None = None
+        self._probe_started = 0.0
+        self.problem = ""
+        """Why this agent's nodes cannot run pods now ("" when they can)."""
 
     @property
     def _kv(self) -> Buckets:
@@ -174,7 +207,13 @@ class NodeAgent:
         """Register the nodes, heartbeat them and run their pods until ``stop`` is set; then
         stop the pods (SIGTERM, SIGKILL after the grace period) and report them Evicted."""
         self._buckets = await ensure_buckets(self._js, self._subjects, replicas=self._replicas)
-        private_folder(self._log_dir)
+        try:
+            if datadisk.claim(self._data_dir):
+                log.info("data folder %s marked as mdq's volume", self._data_dir)
+            private_folder(self._log_dir)
+        except OSError as error:  # a sick disk is reported, not a reason to stay away
+            log.warning("data folder %s: %s", self._data_dir, error)
+        await self.check_health()
         await self._publish_nodes(ready=True)
         log.info("node agent serving %s", ", ".join(self._nodes))
         tasks = {
@@ -201,9 +240,53 @@ class NodeAgent:
         while True:
             await asyncio.sleep(self._heartbeat_s)
             try:
+                await self.check_health()
                 await self._publish_nodes(ready=True)
             except Exception:  # NATS away for a moment: beat again later
                 log.warning("heartbeat failed", exc_info=True)
+
+    async def check_health(self) -> str:
+        """Probe the data folder (``mdq.datadisk.probe``) and weigh recent start failures;
+        set and return ``problem``, logging each change once.
+
+        The probe runs in a thread of its own and is waited for briefly: a data disk that
+        hangs (a dead network volume) never holds up the heartbeat, which would make the
+        node look lost and fail its running pods; a probe still running after
+        ``probe_stall_s`` is itself the problem."""
+        if self._probe is None:
+            self._probe = asyncio.ensure_future(
+                asyncio.to_thread(
+                    datadisk.probe, self._data_dir, min_free_bytes=self._min_free_bytes
+                )
+            )
+            self._probe_started = time.monotonic()
+        await asyncio.wait({self._probe}, timeout=PROBE_WAIT_S)
+        if self._probe.done():
+            probe, self._probe = self._probe, None
+            try:
+                problem = probe.result()
+            except Exception as error:  # the probe's own failure says the folder is unusable
+                problem = f"data folder unusable: {error!r}"
+        elif (running := time.monotonic() - self._probe_started) > self._probe_stall_s:
+            problem = (
+                f"data disk not answering: a probe of {self._data_dir} has run {running:.0f} s"
+            )
+        else:
+            problem = self.problem  # no news yet
+        failure = self._start_failure
+        if not problem and failure is not None:
+            if time.monotonic() - failure[1] < self._start_error_hold_s:
+                problem = f"pods could not start: {failure[0]}"
+            else:
+                self._start_failure = None
+        if problem != self.problem:
+            if problem:
+                log.warning("nodes %s take no new pods: %s", ", ".join(self._nodes), problem)
+            else:
+                log.info("nodes %s healthy again: %s passed its probe", ", ".join(self._nodes),
+                         self._data_dir)  # fmt: skip
+            self.problem = problem
+        return problem
 
     def _node_record(self, node: NodeConfig, *, ready: bool) -> NodeRecord:
         trees = [pod.tree for pod in self._running.values() if pod.spec.node == node.name]
@@ -217,6 +300,7 @@ class NodeAgent:
             cpu_load=min(1.0, cpu_percent / (node.cpu_capacity * 100.0)),
             memory_load=min(1.0, rss / (node.memory_capacity_mb * MIB)),
             heartbeat_unix=time.time(),
+            problem=self.problem,
         )
 
     async def _publish_nodes(self, *, ready: bool) -> None:
@@ -315,9 +399,16 @@ class NodeAgent:
             TimeoutError,
         ) as error:  # PodRefused: a ValueError
             code = 127 if isinstance(error, FileNotFoundError) else 126
-            failed = PodStatus(pb.POD_FAILED, code, "StartError", str(error))
+            disk = datadisk.disk_error(error)
+            message = f"on {spec.node}: {datadisk.describe(disk) if disk else error}"
+            failed = PodStatus(pb.POD_FAILED, code, START_ERROR, message)
             await self._set_status(spec.name, failed)
-            log.warning("pod %s could not start: %s", spec.name, error)
+            log.warning("pod %s could not start %s", spec.name, message)
+            if not isinstance(error, PodRefused):  # a forged record says nothing of the node
+                self._start_failure = (message, time.monotonic())
+                with contextlib.suppress(Exception):  # placement hears of it at once
+                    await self.check_health()
+                    await asyncio.wait_for(self._publish_nodes(ready=True), PROBE_WAIT_S)
             return
         pod = RunningPod(spec=spec, process=process, tree=ProcessTree(pid=process.pid))
         self._running[spec.name] = pod
@@ -348,9 +439,24 @@ class NodeAgent:
             )
             creds = write_secret(self._runner_creds_dir / f"{spec.name}.creds", text)
             env[CREDS_ENV] = str(creds)
-        workdir = private_folder(runner_task(spec, data_dir=self._data_dir).job_dir)
+        workdir = runner_task(spec, data_dir=self._data_dir).job_dir
         log_path = self._log_dir / f"{spec.name}.log"
-        with open_log(log_path) as log_file:
+
+        def prepare() -> BinaryIO:
+            datadisk.check_mounted(self._data_dir)  # never a job's folder on the disk under it
+            private_folder(workdir)
+            return open_log(log_path)
+
+        # in a thread, and not for ever: a hung data disk must not freeze the agent's loop
+        # (its heartbeats, its other pods)
+        preparing = asyncio.ensure_future(asyncio.to_thread(prepare))
+        done, _ = await asyncio.wait({preparing}, timeout=self._probe_stall_s)
+        if not done:
+            preparing.add_done_callback(_close_late_file)
+            raise datadisk.NotAnswering(
+                self._data_dir, "making the pod's folder", self._probe_stall_s
+            )
+        with preparing.result() as log_file:
             return await asyncio.create_subprocess_exec(
                 *module_argv(self._runner_module),
                 stdin=asyncio.subprocess.DEVNULL,
@@ -397,15 +503,26 @@ class NodeAgent:
             self._running.pop(pod.spec.name, None)
 
     async def _set_status(self, name: str, status: PodStatus) -> PodRecord | None:
-        """Write a pod's status, retrying while NATS does not answer (a lost terminal status
-        would leave the pod RUNNING for ever)."""
-        for attempt in range(STATUS_WRITE_ATTEMPTS):
+        """Write a pod's status, retrying for as long as NATS does not answer: a terminal
+        status given up on would leave the pod RUNNING with no process, until the watcher's
+        silence rule charged its job with a lost run; an agent that cannot report its pods
+        yet is the node's trouble, and the status goes out when NATS is back (an agent
+        killed meanwhile has its successor report the pod NodeLost)."""
+        attempt = 0
+        while True:
             try:
                 return await update_pod(self._kv.pods, name, lambda r: r.with_status(status))
-            except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
-                log.warning("writing the status of %s timed out (try %d)", name, attempt + 1)
-                await asyncio.sleep(min(5.0, 0.2 * 2**attempt))
-        return await update_pod(self._kv.pods, name, lambda r: r.with_status(status))
+            except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as error:
+                attempt += 1
+                delay = min(STATUS_RETRY_MAX_S, 0.2 * 2 ** min(attempt, 10))
+                log.warning(
+                    "writing the status of %s failed (%s, try %d); trying again in %.1f s",
+                    name,
+                    type(error).__name__,
+                    attempt,
+                    delay,
+                )
+                await asyncio.sleep(delay)
 
     def _request_stop(self, pod: RunningPod, *, reason: str, message: str) -> None:
         """SIGTERM the pod's group now, SIGKILL after the grace period."""

@@ -56,6 +56,7 @@ def node_sample(record: NodeRecord, *, now_unix: float, heartbeat_timeout_s: flo
         ready=record.ready and fresh,
         cpu_load=record.cpu_load,
         memory_load=record.memory_load,
+        problem=record.problem,
     )
 
 

@@ -17,6 +17,8 @@ from collections.abc import Callable
 
 import psutil
 
+from mdq.core.exit_codes import describe
+
 PR_SET_PDEATHSIG = 1
 MIB = 1024 * 1024
 
@@ -45,14 +47,15 @@ def exit_code_of(returncode: int) -> int:
 
 
 def describe_exit(returncode: int) -> str:
-    """Words for people: "exited with 3", "killed by SIGKILL"."""
+    """Words for people: "exited with 3: invalid input", "killed by SIGKILL"."""
     if returncode < 0:
         try:
             name = signal.Signals(-returncode).name
         except ValueError:
             name = f"signal {-returncode}"
         return f"killed by {name}"
-    return f"exited with {returncode}"
+    meaning = describe(returncode)
+    return f"exited with {returncode}: {meaning}" if meaning else f"exited with {returncode}"
 
 
 def signal_group(pid: int, sig: signal.Signals) -> None:

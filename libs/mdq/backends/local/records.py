@@ -5,7 +5,8 @@ description of the attempt: ids, resources, the job spec and checkpoint as base6
 the dependencies; never a command or environment, see ``mdq.backends.launch``), the status
 the node agent observed, and whether deletion was requested. Fields mdq does not write (a
 "command" or "env" of a forged record) are ignored, with a warning. ``<ns>_local_nodes`` holds one
-record per node (key = node name): capacity, readiness, live load and the heartbeat time.
+record per node (key = node name): capacity, readiness, live load, the heartbeat time and the
+node's problem (why it cannot run pods now, "" when it can).
 Every process that talks to the local backend (placement, the watcher, metrics, the node
 agents) reads and writes these buckets, so they share one view and it survives restarts.
 
@@ -184,10 +185,14 @@ class NodeRecord:
     cpu_load: float
     memory_load: float
     heartbeat_unix: float
+    problem: str = ""
+    """Why the node cannot run pods now ("" when it can): its agent's probe of the data folder,
+    or pods that could not start (``NodeAgent``)."""
 
     def to_json(self) -> bytes:
         return json.dumps(
             {
+                "problem": self.problem,
                 "cpu_capacity": self.cpu_capacity,
                 "memory_capacity_mb": self.memory_capacity_mb,
                 "ready": self.ready,
@@ -209,6 +214,7 @@ class NodeRecord:
             cpu_load=float(document["cpu_load"]),
             memory_load=float(document["memory_load"]),
             heartbeat_unix=float(document["heartbeat_unix"]),
+            problem=str(document.get("problem") or ""),
         )
 
 

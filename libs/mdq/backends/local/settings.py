@@ -51,6 +51,25 @@ class LocalAgentSettings(BaseSettings):
     memory_poll_s: float = Field(
         default=0.5, gt=0, description="Seconds between memory-limit checks of each pod."
     )
+    data_min_free_mb: int = Field(
+        default=0,
+        ge=0,
+        description="Free space the data folder must keep for the nodes to take new pods "
+        "(checked every heartbeat with a small write, fsync and delete, which a full, "
+        "read-only, failing or unmounted data disk fails anyway).",
+    )
+    probe_stall_s: float = Field(
+        default=20.0,
+        gt=0,
+        description="A probe of the data folder still running after this long means the disk "
+        "is not answering (a hung network volume): the nodes take no new pods. Heartbeats never "
+        "wait for the probe.",
+    )
+    start_error_hold_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="After a pod could not start, the nodes take no new pods for this long.",
+    )
 
     runner_creds_dir: str = Field(
         default="",

@@ -1,0 +1,163 @@
+"""A small real filesystem that tests can fill, make read-only, fail or unmount.
+
+``SmallDisk`` is an ext4 file system in a file, loop-mounted on a folder (``mkfs.ext4 -m 0``,
+so root cannot dip into reserved blocks): a real block filesystem, with fsync and ENOSPC from
+the block allocator, on which every failure of a data disk can be made for real:
+
+* ``fill`` writes a file until the filesystem refuses another byte (ENOSPC), ``free`` deletes it;
+* ``make_read_only`` reports an error to ext4 (its ``trigger_fs_error`` in sysfs), which,
+  mounted ``errors=remount-ro``, turns the filesystem read-only at once, files open for
+  writing or not, as a kernel does on a real error: every write fails with EROFS;
+* ``shut_down`` is ext4's ``EXT4_IOC_SHUTDOWN`` (what ``xfs_io -c shutdown`` does): from then
+  on every read and write fails with EIO, as on a device that died; ``unmount`` + ``mount``
+  brings the filesystem back as the journal left it (after either);
+* ``unmount`` leaves the mount point an empty folder of the disk under it: a lost mount;
+* ``freeze`` (``fsfreeze``) blocks every write, and so every fsync, until ``thaw``: a disk that
+  does not answer, like a hung network volume.
+
+Needs root (mount); ``mount`` raises ``DiskUnavailable`` saying why otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import struct
+import subprocess
+import time
+from pathlib import Path
+
+EXT4_IOC_SHUTDOWN = 0x8004587D
+"""_IOR('X', 125, __u32): shut the filesystem down."""
+EXT4_GOING_FLAGS_NOLOGFLUSH = 2
+FIFREEZE = 0xC0045877
+"""_IOWR('X', 119, int): block every write until thawed."""
+FITHAW = 0xC0045878
+"""Shut down without flushing the journal (what a dying device does)."""
+
+
+class DiskUnavailable(RuntimeError):
+    """The small disk cannot be made here (not root, no loop devices)."""
+
+
+class SmallDisk:
+    """An ext4 loop filesystem of ``size_mb`` MiB mounted on ``mount_point``."""
+
+    def __init__(self, *, mount_point: Path, image: Path, size_mb: int = 32) -> None:
+        self.mount_point = mount_point
+        self.image = image
+        self.size_mb = size_mb
+        self.filler = mount_point / ".test-fill"
+        self.mounted = False
+
+    def create(self) -> SmallDisk:
+        """Make the filesystem and mount it."""
+        self.mount_point.mkdir(parents=True, exist_ok=True)
+        with self.image.open("wb") as handle:
+            handle.truncate(self.size_mb * 1024 * 1024)
+        self._run("mkfs.ext4", "-q", "-F", "-m", "0", str(self.image))
+        self.mount()
+        return self
+
+    def mount(self) -> None:
+        self._run("mount", "-o", "loop,errors=remount-ro", str(self.image), str(self.mount_point))
+        self.mounted = True
+
+    def make_read_only(self) -> None:
+        """Every write fails with EROFS from now on (until unmounted and mounted)."""
+        source = subprocess.run(
+            ["findmnt", "-n", "-o", "SOURCE", str(self.mount_point)],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.strip()
+        trigger = Path("/sys/fs/ext4") / Path(source).name / "trigger_fs_error"
+        trigger.write_text("mdq test: made read-only\n")
+
+    def shut_down(self) -> None:
+        """Every read and write fails with EIO from now on (until unmounted and mounted)."""
+        descriptor = os.open(self.mount_point, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.ioctl(
+                descriptor, EXT4_IOC_SHUTDOWN, struct.pack("I", EXT4_GOING_FLAGS_NOLOGFLUSH)
+            )
+        finally:
+            os.close(descriptor)
+
+    def freeze(self) -> None:
+        self._ioctl(FIFREEZE)
+
+    def thaw(self) -> None:
+        self._ioctl(FITHAW)
+
+    def _ioctl(self, request: int) -> None:
+        descriptor = os.open(self.mount_point, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.ioctl(descriptor, request, 0)
+        finally:
+            os.close(descriptor)
+
+    def fill(self) -> int:
+        """Write a file until the filesystem refuses another byte; the bytes written."""
+        written = 0
+        descriptor = os.open(self.filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            for chunk in (1 << 20, 1 << 12, 1 << 9, 1):
+                block = b"\0" * chunk
+                while True:
+                    try:
+                        written += os.write(descriptor, block)
+                    except OSError:
+                        break
+            with contextlib.suppress(OSError):
+                os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+        return written
+
+    def fill_up(self) -> None:
+        """``fill``, for callers that do not need the count."""
+        self.fill()
+
+    def free(self) -> None:
+        self.filler.unlink(missing_ok=True)
+
+    def unmount(self) -> None:
+        """Unmount (lazily if something still holds it open)."""
+        if not self.mounted:
+            return
+        for _ in range(20):
+            done = subprocess.run(
+                ["umount", str(self.mount_point)], capture_output=True, timeout=30, check=False
+            )
+            if done.returncode == 0:
+                break
+            time.sleep(0.25)
+        else:
+            subprocess.run(
+                ["umount", "-l", str(self.mount_point)], capture_output=True, check=False
+            )
+        self.mounted = False
+
+    def remount(self) -> None:
+        """Unmount and mount again: back from ``make_read_only`` or ``shut_down``."""
+        self.unmount()
+        self.mount()
+
+    def destroy(self) -> None:
+        self.unmount()
+        self.image.unlink(missing_ok=True)
+
+    @staticmethod
+    def _run(*argv: str) -> None:
+        try:
+            subprocess.run(argv, check=True, capture_output=True, timeout=60)
+        except (OSError, subprocess.SubprocessError) as error:
+            stderr = getattr(error, "stderr", b"") or b""
+            why = stderr.decode(errors="replace").strip() or str(error)
+            raise DiskUnavailable(f"{' '.join(argv)}: {why}") from None
+
+
+__all__ = ["DiskUnavailable", "SmallDisk"]

@@ -1,0 +1,132 @@
+"""PostgreSQL on a full disk stalls the projection, says so, and catches up losing nothing.
+
+The database of this test lives on a real ext4 filesystem of its own (``SmallDisk``, loop
+mounted: the embedded stack's state folder volume), which is filled to the last byte while the
+watcher (its real composition, ``run_watcher``) projects a campaign's events. The projection
+stalls: one clear log line says the disk is full, nothing more is stored, and the watcher's
+consumer lag (what ``mdq_consumer_lag_messages`` exports) shows what waits. Once the disk has
+room again every event is projected exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+from nats.aio.client import Client
+
+from mdq.bus.subjects import Subjects
+from mdq.contracts import pb
+from mdq.embedded import EmbeddedPostgres, start_postgres
+from mdq.store.migrate import upgrade_async
+from mdq.testing.disks import SmallDisk
+from services.metrics.app import sample_consumer_lag
+from services.metrics.exporter import Exporter
+from services.watcher.app import run_watcher
+from tests.helpers import RecordingBackend, event, publisher, submitted, wait_for
+from tests.integration.test_fail_apart import (
+    SETTINGS,
+    alive,
+    assert_projected_once,
+    background,
+    projected_up_to,
+)
+
+
+@pytest.fixture
+def disk(tmp_path: Path) -> Iterator[SmallDisk]:
+    small = SmallDisk(mount_point=tmp_path / "state", image=tmp_path / "state.img", size_mb=160)
+    small.create()
+    try:
+        yield small
+    finally:
+        small.destroy()
+
+
+@pytest.fixture
+async def postgres_on_disk(disk: SmallDisk) -> AsyncIterator[EmbeddedPostgres]:
+    server = await asyncio.to_thread(
+        start_postgres, disk.mount_point / "postgres", database="mdq", keep=False
+    )
+    try:
+        await upgrade_async(server.url)
+        yield server
+    finally:
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(server.stop)
+
+
+async def publish_campaign(client: Client, subjects: Subjects, prefix: str, jobs: int) -> None:
+    """``jobs`` jobs that each ran 100 reports and succeeded."""
+    bus = publisher(client.jetstream(), subjects)
+    names = [f"r{prefix}{n}-job" for n in range(jobs)]
+    for job in names:
+        await bus.publish(submitted(job))
+        await bus.publish(event("bound", pb.JobBound(node="n1"), job=job, attempt=1))
+        await bus.publish(event("started", pb.JobStarted(node="n1"), job=job, attempt=1))
+    reports = [
+        event("progress", pb.Progress(step=s, target_steps=1000), job=job, attempt=1, detail=s)
+        for s in range(10, 1001, 10)
+        for job in names
+    ]
+    for start in range(0, len(reports), 500):
+        await asyncio.gather(*(bus.publish(report) for report in reports[start : start + 500]))
+    for job in names:
+        body = pb.JobSucceeded(final_step=1000, reason="steps_reached")
+        await bus.publish(event("succeeded", body, job=job, attempt=1))
+
+
+async def test_a_full_database_disk_stalls_the_projection_which_then_catches_up(
+    nc: Client,
+    subjects: Subjects,
+    disk: SmallDisk,
+    postgres_on_disk: EmbeddedPostgres,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="mdq.store.projection")
+    js = nc.jetstream()
+    url = postgres_on_disk.url
+    await publish_campaign(nc, subjects, "a", 5)
+    watcher = run_watcher(
+        nc=nc, subjects=subjects, database_url=url, backend=RecordingBackend(), settings=SETTINGS
+    )
+    async with background(watcher) as task:
+
+        async def caught_up() -> bool:
+            alive(task)
+            return await projected_up_to(url, js, subjects)
+
+        await wait_for(caught_up, timeout=60, what="the first projection")
+        filled = await asyncio.to_thread(disk.fill)
+        assert filled > 0
+        await publish_campaign(nc, subjects, "b", 20)
+
+        async def said_so() -> bool:
+            alive(task)
+            return any("out of disk space" in message for message in caplog.messages)
+
+        await wait_for(said_so, timeout=60, what="the projector to say the disk is full")
+        exporter = Exporter()
+        await sample_consumer_lag(js, subjects, exporter)
+        lag = exporter.registry.get_sample_value(
+            "mdq_consumer_lag_messages",
+            {"consumer": "watcher-progress", "stream": subjects.progress_stream},
+        )
+        assert lag is not None and lag > 0, "the lag metric shows what waits"
+        assert not await projected_up_to(url, js, subjects), "nothing more was stored"
+
+        await asyncio.to_thread(disk.free)
+        await wait_for(caught_up, timeout=120, what="the projection to catch up")
+        await assert_projected_once(url, js, subjects)
+        connection = await asyncpg.connect(url)
+        try:
+            states = await connection.fetch("SELECT state, last_step FROM jobs")
+        finally:
+            await connection.close()
+        assert sorted(tuple(r) for r in states) == [("SUCCEEDED", 1000)] * 25
+        alive(task)
