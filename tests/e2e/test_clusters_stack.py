@@ -235,7 +235,7 @@ async def test_a_kubernetes_cluster_lost_mid_campaign_its_jobs_resume_from_copie
             cpu_per_node=2.0,
             memory_mb_per_node=4096,
             heartbeat_s=0.3,
-            node_monitor_grace_s=15.0,
+            node_monitor_grace_s=5.0,
             bookmark_interval_s=0.5,
         )
         for name, node in (("east", "ip-10-0-1-17.ec2.internal"), ("west", "node-w1"))

@@ -44,7 +44,7 @@ def simulated_cluster(tmp_path: Path) -> SimulatedCluster:
         heartbeat_s=0.3,
         # a node is lost after 5 s without heartbeat (every 0.3 s): at 1.5 s, a loaded 2-core
         # machine stalled the heartbeats long enough to lose healthy nodes
-        node_monitor_grace_s=15.0,
+        node_monitor_grace_s=5.0,
         bookmark_interval_s=0.3,
     )
 

@@ -74,13 +74,16 @@ async def test_a_serialized_system_and_state_run(
     events = await tap(nc, subjects, job)
     runner = await start_runner(task)
     assert await runner.wait(WAIT_S) == RunnerExit.OK, runner.stderr
-    await events.wait_until(lambda: any(p.progress.done_reason for p in events.progress))
+    await events.wait_until(
+        lambda: any(p.progress.done_reason for p in events.progress)
+        and any(c.checkpoint.step == 200 for c in events.checkpoints)  # the final one
+    )
     progress, checkpoints = events.of_attempt(1)
     assert [p.step for p in progress] == [50, 100, 150, 200]
     assert "starting from the job's State XML" in runner.stderr
     assert all(p.volume_nm3 == pytest.approx(BOX_NM**3) for p in progress)
     assert all(40 < p.temperature_k < 300 for p in progress), "the State's velocities (120 K)"
-    assert [c.step for c in checkpoints] == [100]
+    assert [c.step for c in checkpoints] == [100, 200]  # and the final step, for an extend
 
 
 async def test_a_system_with_a_python_force_is_refused_before_openmm_reads_it(

@@ -188,9 +188,10 @@ async def test_a_lammps_job_reports_like_an_openmm_job(
     assert progress[-1].density_g_cm3 == pytest.approx(0.8442)  # the reduced density
     assert progress[-1].ns_per_day > 0
 
-    # restart files at the checkpoint interval, each verified on disk and announced whole
-    assert [c.step for c in checkpoints] == [200, 400]
-    for checkpoint in checkpoints:
+    # restart files at the checkpoint interval and at the final step (what an extend continues
+    # from), each verified on disk and announced whole
+    assert [c.step for c in checkpoints] == [200, 400, 600]
+    for checkpoint in checkpoints[-2:]:  # the runner keeps the latest and the one before
         path = Path(checkpoint.path)
         assert path.name == f"ckpt-{checkpoint.step:012d}.restart"
         assert on_disk(path) == (checkpoint.sha256, checkpoint.size_bytes)

@@ -25,6 +25,7 @@ from mdq.core.control import (
     reply_of,
 )
 from mdq.core.events import make_event
+from mdq.core.exit_codes import RunnerExit
 from mdq.core.recovery import Cancel, GiveUp, Requeue, classify_stopped
 from mdq.core.recovery import decide as recovery_decides
 from mdq.core.state import JobBook, JobState, JobView, Stop
@@ -341,7 +342,7 @@ STOPPED_CLASSES = [
     ("preempted, no stop asked", "Error", 5, False, pb.FAILURE_EVICTED),
     ("OOM while stopping stays OOM", "OOMKilled", 137, True, pb.FAILURE_OOM_KILLED),
     ("blew up while stopping", "Error", 4, True, pb.FAILURE_UNSTABLE),
-    ("over its disk limit", "Error", 8, False, pb.FAILURE_LIMIT_EXCEEDED),
+    ("over its disk limit", "Error", RunnerExit.LIMIT_EXCEEDED, False, pb.FAILURE_LIMIT_EXCEEDED),
 ]
 
 

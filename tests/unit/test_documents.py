@@ -119,7 +119,7 @@ REFUSED = {
     "two systems at once": Refused(
         submit({"name": "a", "system": {"water_box": {}, "lennard_jones": {}}}),
         field="jobs[0].system",
-        message="set only one of water_box, lennard_jones, structure; got water_box and",
+        message="set only one of water_box, lennard_jones, structure, lammps, openmm_xml; got",
     ),
     "a key that is a list": Refused(
         json.dumps({"idempotency_key": ["k"], "jobs": [{"name": "a"}]}),
