@@ -75,8 +75,10 @@ async def test_a_serialized_system_and_state_run(
     runner = await start_runner(task)
     assert await runner.wait(WAIT_S) == RunnerExit.OK, runner.stderr
     await events.wait_until(
-        lambda: any(p.progress.done_reason for p in events.progress)
-        and any(c.checkpoint.step == 200 for c in events.checkpoints)  # the final one
+        lambda: (
+            any(p.progress.done_reason for p in events.progress)
+            and any(c.checkpoint.step == 200 for c in events.checkpoints)
+        )  # the final one
     )
     progress, checkpoints = events.of_attempt(1)
     assert [p.step for p in progress] == [50, 100, 150, 200]
