@@ -129,9 +129,11 @@ EXPECTED_RBAC: dict[str, set[Rule]] = {
     # watch_pods lists + watches pods and nodes; delete_pod for lost runs and lost nodes.
     "mdq-watcher": _rules("namespace", "", "pods", "list", "watch", "delete")
     | _rules("cluster", "", "nodes", "list", "watch"),
-    # sample_nodes: the nodes, and their usage from metrics-server.
+    # sample_nodes: the nodes, their usage from metrics-server, and the namespace's Pending
+    # runner pods (a node where pods cannot start).
     "mdq-metrics": _rules("cluster", "", "nodes", "list")
-    | _rules("cluster", "metrics.k8s.io", "nodes", "list"),
+    | _rules("cluster", "metrics.k8s.io", "nodes", "list")
+    | _rules("namespace", "", "pods", "list"),
     "mdq-intake": set(),
     "mdq-recovery": set(),
     "mdq-console": set(),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,13 @@ from kubernetes_asyncio import client as k8s
 
 from mdq.backends.factory import make_backend
 from mdq.backends.kubernetes.backend import KubernetesBackend, call_json
-from mdq.backends.kubernetes.objects import PodTracker, node_view, parse_quantity, pod_update
+from mdq.backends.kubernetes.objects import (
+    PodTracker,
+    node_view,
+    parse_quantity,
+    pod_update,
+    start_problems,
+)
 from mdq.backends.kubernetes.settings import KubernetesSettings
 from mdq.backends.port import NodeSample, PodExists, PodSpec, PodUpdate
 from mdq.bus.subjects import Subjects
@@ -374,6 +381,55 @@ async def test_a_node_that_goes_not_ready_loses_its_pods(
     assert sum(u.phase == pb.POD_FAILED for u in updates.of(doomed.name)) == 1
 
 
+async def test_a_pod_without_a_sandbox_ends_start_error_and_its_node_takes_no_new_pods(
+    cluster: SimulatedCluster, namespace: str
+) -> None:
+    # node-1's CNI is broken: its pods wait in ContainerCreating for ever, node-1 stays Ready
+    cluster.kubelets["node-1"].sandbox_broken = True
+    settings = settings_for(cluster).model_copy(update={"sandbox_timeout_s": 3.0})
+    backend = await KubernetesBackend.connect(
+        settings=settings, mdq_namespace=namespace, runner_nats_url=RUNNER_NATS
+    )
+    updates = Updates(backend)
+    try:
+        stuck = pod("stuck", "print('never runs')", node="node-1")
+        fine = pod("fine", "print('runs')", node="node-2")
+        await backend.create_pod(stuck)
+        await backend.create_pod(fine)
+        assert (await updates.until_final(fine.name)).reason == "Completed"
+
+        # from half the timeout, the node says why it takes no new pods
+        async def problem_shown() -> bool:
+            samples = {s.name: s for s in await backend.sample_nodes()}
+            return bool(samples["node-1"].problem)
+
+        await wait_for(problem_shown, timeout=10, interval=0.2, what="node-1's problem")
+        samples = {s.name: s for s in await backend.sample_nodes()}
+        assert "no pod sandbox" in samples["node-1"].problem
+        assert samples["node-1"].ready and not samples["node-2"].problem
+
+        ended = await updates.until_final(stuck.name, timeout=15)
+        assert (ended.phase, ended.reason, ended.exit_code) == (pb.POD_FAILED, "StartError", 128)
+        assert "pod sandbox not created on node-1" in ended.message
+        assert classify(pod_reason=ended.reason, exit_code=ended.exit_code) == (
+            pb.FAILURE_ENVIRONMENT
+        )
+        assert updates.phases(stuck.name) == ["POD_PENDING", "POD_FAILED"]
+
+        # the pod was deleted: the problem goes with it, and the node is healthy again
+        async def healthy_again() -> bool:
+            samples = {s.name: s for s in await backend.sample_nodes()}
+            return not samples["node-1"].problem
+
+        await wait_for(healthy_again, timeout=10, interval=0.2, what="node-1 healthy again")
+        assert (cluster.api.pod(stuck.name, K8S_NAMESPACE) or {}).get("metadata", {}).get(
+            "deletionTimestamp"
+        ) or cluster.api.pod(stuck.name, K8S_NAMESPACE) is None
+    finally:
+        await updates.close()
+        await backend.close()
+
+
 async def test_nodes_are_sampled_with_readiness_cordons_taints_and_live_usage(
     backend: KubernetesBackend, cluster: SimulatedCluster, updates: Updates
 ) -> None:
@@ -547,4 +603,64 @@ def test_the_tracker_reports_each_transition_once_and_nothing_after_the_end() ->
     assert tracker.observe("MODIFIED", obj("Succeeded")) is None  # terminal is final
     assert tracker.observe("DELETED", obj("Succeeded")) is None
     assert parse_quantity("250m") == 0.25 and parse_quantity("1Gi") == 2**30
+
+
+SANDBOX_CASES = [
+    # (name, phase, node, sandbox condition status or None, seconds since, timed out)
+    ("sandbox stalled past the timeout", "Pending", "n", "False", 130, True),
+    ("sandbox stalled, not yet", "Pending", "n", "False", 100, False),
+    ("sandbox made", "Pending", "n", "True", 500, False),
+    ("no sandbox condition reported", "Pending", "n", None, 500, False),
+    ("not bound to a node yet", "Pending", "", "False", 500, False),
+    ("running", "Running", "n", "False", 500, False),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "phase", "node", "sandbox", "ago_s", "timed_out"),
+    SANDBOX_CASES,
+    ids=[c[0] for c in SANDBOX_CASES],
+)
+def test_a_pod_waiting_for_its_sandbox_times_out_once(
+    name: str, phase: str, node: str, sandbox: str | None, ago_s: int, timed_out: bool
+) -> None:
+    now = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
+    since = now - timedelta(seconds=ago_s)
+    conditions = [] if sandbox is None else [
+        {"type": "PodReadyToStartContainers", "status": sandbox,
+         "lastTransitionTime": since.isoformat().replace("+00:00", "Z")}
+    ]  # fmt: skip
+    obj = {
+        "metadata": {"name": "p", "annotations": {"mdq.io/job-id": "j", "mdq.io/attempt": "1"}},
+        "spec": {"nodeName": node},
+        "status": {"phase": phase, "conditions": conditions},
+    }
+    tracker = PodTracker()
+    tracker.observe("ADDED", obj)
+    ended = tracker.start_timeouts(now, 120)
+    assert [(u.reason, u.exit_code) for u in ended] == ([("StartError", 128)] if timed_out else [])
+    stalled = phase == "Pending" and bool(node) and sandbox == "False"
+    later = tracker.start_timeouts(now + timedelta(hours=1), 120)
+    assert len(later) == (1 if stalled and not timed_out else 0)  # once, and only when stalled
+    assert tracker.start_timeouts(now + timedelta(hours=2), 120) == []
+    if timed_out:
+        assert tracker.observe("MODIFIED", obj) is None  # terminal is final
+        assert start_problems([obj], now=now, stalled_after_s=60) == {
+            "n": "pods could not start: no pod sandbox for 130 s"
+        }
+    elif phase == "Pending":
+        assert start_problems([obj], now=now, stalled_after_s=120) == {}
+
+
+def test_a_start_error_waiting_reason_is_its_nodes_problem() -> None:
+    obj = {
+        "spec": {"nodeName": "n"},
+        "status": {"phase": "Pending", "containerStatuses": [
+            {"name": "runner", "state": {"waiting": {"reason": "ErrImagePull"}}}
+        ]},
+    }  # fmt: skip
+    now = datetime(2026, 12, 4, tzinfo=UTC)
+    assert start_problems([obj], now=now, stalled_after_s=60) == {
+        "n": "pods could not start: ErrImagePull"
+    }
     assert parse_quantity("1500000n") == pytest.approx(0.0015)

@@ -22,8 +22,10 @@ stopped (SIGTERM, SIGKILL after its grace period), reported, and removed (delete
 0), as the kubelet does.
 
 Faults for tests: ``crash`` (the node dies: processes killed, no more status or heartbeats, so
-the node lifecycle controller marks it NotReady) and ``evict`` (node-pressure eviction: the
-pod ends Failed, reason Evicted, with a DisruptionTarget condition).
+the node lifecycle controller marks it NotReady), ``evict`` (node-pressure eviction: the
+pod ends Failed, reason Evicted, with a DisruptionTarget condition) and ``sandbox_broken``
+(a broken CNI or runtime: new pods stay Pending in ContainerCreating with
+PodReadyToStartContainers False, and the node stays Ready, as a real kubelet leaves them).
 """
 
 from __future__ import annotations
@@ -133,6 +135,8 @@ class SimulatedKubelet:
         """uids of pods this kubelet started (never twice)."""
         self.watch_stats = WatchStats()
         self.alive = False
+        self.sandbox_broken = False
+        """While True, new pods never get a sandbox (see the module docstring)."""
 
     @property
     def core(self) -> k8s.CoreV1Api:
@@ -295,6 +299,9 @@ class SimulatedKubelet:
         phase = (pod.get("status") or {}).get("phase", "Pending")
         if container is None and phase == "Pending" and uid not in self._handled:
             self._handled.add(uid)
+            if self.sandbox_broken:
+                await self._write_status(key, self._no_sandbox_status)
+                return
             try:
                 mounts = await self._mount_volumes(key, pod)
             except ApiException:
@@ -398,6 +405,16 @@ class SimulatedKubelet:
                 }
             ],
         )
+        return status
+
+    def _no_sandbox_status(self, status: Json) -> Json:
+        status = self._creating_status(status)
+        no_sandbox = {
+            "type": "PodReadyToStartContainers",
+            "status": "False",
+            "lastTransitionTime": now_rfc3339(),
+        }
+        status["conditions"] = [*status["conditions"], no_sandbox]
         return status
 
     @staticmethod

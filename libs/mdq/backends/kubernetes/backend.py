@@ -19,9 +19,14 @@
   a terminal one last, whatever the re-lists. The same loop lists and watches the nodes: a
   node that has not been Ready (or is gone) for ``node_lost_after_s`` loses its unfinished
   pods — each is reported FAILED "NodeLost" and deleted, so its attempt is retried elsewhere.
+  A pod whose sandbox the node has not made for ``sandbox_timeout_s`` (a broken CNI or
+  runtime: the kubelet retries for ever and never fails the pod) is reported FAILED
+  "StartError" and deleted: the node's failure, never the job's.
 * ``sample_nodes`` reads the nodes (allocatable, Ready, cordon, taints) and metrics.k8s.io's
   node usage; a cordoned or tainted node is reported cordoned (ready, but placement binds
-  nothing new there; ``mdq explain`` says "cordoned").
+  nothing new there; ``mdq explain`` says "cordoned"). A node with a pressure condition, or
+  where mdq's pods cannot start (a start error, or a sandbox stalled for half of
+  ``sandbox_timeout_s``), reports that problem: placement sends it no new pods meanwhile.
 
 The API is spoken in raw JSON (``_preload_content=False``): the objects stay the API's own
 dicts, mapped by ``mdq.backends.kubernetes.objects``.
@@ -61,6 +66,7 @@ from mdq.backends.kubernetes.objects import (
     runner_secret,
     runner_secret_name,
     selector,
+    start_problems,
 )
 from mdq.backends.kubernetes.settings import KubernetesSettings
 from mdq.backends.port import NodeSample, PodExists, PodSpec, PodUpdate
@@ -420,9 +426,19 @@ class KubernetesBackend:
                 nodes.nodes[view.name] = view
 
         async def check_nodes() -> None:
-            interval = max(0.2, min(2.0, self._settings.node_lost_after_s / 4))
+            interval = max(
+                0.2,
+                min(
+                    2.0, self._settings.node_lost_after_s / 4, self._settings.sandbox_timeout_s / 4
+                ),
+            )
             while True:
                 await asyncio.sleep(interval)
+                for update in tracker.start_timeouts(
+                    self._clock(), self._settings.sandbox_timeout_s
+                ):
+                    log.warning("pod %s could not start: %s", update.pod_name, update.message)
+                    report(update)
                 if nodes.synced:
                     for update in await self._lose_pods(tracker, nodes):
                         queue.put_nowait(update)
@@ -538,8 +554,25 @@ class KubernetesBackend:
             raise
         return node_usage(metrics)
 
+    async def start_problems(self) -> dict[str, str]:
+        """node -> why mdq's pods cannot start there (``objects.start_problems``), from the
+        namespace's Pending pods: the node says nothing itself of a broken sandbox or image."""
+        pending = await call_json(
+            self._core.list_namespaced_pod,
+            self.namespace,
+            label_selector=self._selector,
+            field_selector="status.phase=Pending",
+        )
+        return start_problems(
+            pending.get("items") or [],
+            now=self._clock(),
+            stalled_after_s=self._settings.sandbox_timeout_s / 2,
+        )
+
     async def sample_nodes(self) -> list[NodeSample]:
-        views, usage = await asyncio.gather(self.list_nodes(), self.node_usage())
+        views, usage, starts = await asyncio.gather(
+            self.list_nodes(), self.node_usage(), self.start_problems()
+        )
         samples: list[NodeSample] = []
         for view in sorted(views, key=lambda v: v.name):
             cpu_used, memory_used = usage.get(view.name, (0.0, 0.0))
@@ -551,7 +584,7 @@ class KubernetesBackend:
                     memory_capacity_mb=view.memory_capacity_mb,
                     ready=view.ready,
                     cordoned=not view.schedulable,
-                    problem=view.problem,
+                    problem=view.problem or starts.get(view.name, ""),
                     cpu_load=min(1.0, cpu_used / view.cpu_capacity) if view.cpu_capacity else 0.0,
                     memory_load=min(1.0, memory_used / memory_bytes) if memory_bytes else 0.0,
                 )

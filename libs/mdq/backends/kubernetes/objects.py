@@ -72,6 +72,11 @@ _START_ERRORS = frozenset(
 an image the node cannot pull is retried by the kubelet for as long as the pod lives. Either
 is the node's failure, never the job's (StartError: FAILURE_ENVIRONMENT), and the attempt is
 retried after a backoff, elsewhere when another node fits."""
+SANDBOX_CONDITIONS = ("PodReadyToStartContainers", "PodHasNetwork")
+"""The pod condition that turns True once the kubelet has made the pod's sandbox (network
+namespace, CNI): ``PodReadyToStartContainers`` since Kubernetes 1.29, ``PodHasNetwork``
+before. While it stays False the container waits in ContainerCreating and the kubelet retries
+without ever failing the pod (a broken CNI or runtime on that node): ``sandbox_stalled_since``."""
 _POD_REASONS = {
     "Evicted": "Evicted",
     "Preempting": "Preempted",
@@ -314,6 +319,61 @@ def _failure(pod: Mapping[str, Any]) -> tuple[int, str, str]:
     return code, container_reason, message or f"exited with {code}"
 
 
+def sandbox_stalled_since(pod: Mapping[str, Any]) -> datetime | None:
+    """Since when a Pending pod, bound to a node, has waited for its sandbox
+    (``SANDBOX_CONDITIONS`` False: the condition's lastTransitionTime), else None."""
+    status = pod.get("status") or {}
+    if str(status.get("phase", "Pending") or "Pending") != "Pending":
+        return None
+    if not (pod.get("spec") or {}).get("nodeName"):
+        return None  # not bound yet: the scheduler's wait, not the node's
+    conditions = status.get("conditions") or []
+    for kind in SANDBOX_CONDITIONS:
+        condition = _condition(conditions, kind)
+        if condition is not None:
+            if condition.get("status") == "True":
+                return None
+            return parse_time(condition.get("lastTransitionTime")) or datetime.min.replace(
+                tzinfo=UTC
+            )
+    return None
+
+
+def sandbox_start_error(update: PodUpdate, since: datetime, now: datetime) -> PodUpdate:
+    """The terminal update of a pod whose sandbox was not made in time (StartError)."""
+    waited = (now - since).total_seconds()
+    return replace(
+        update,
+        phase=pb.POD_FAILED,
+        exit_code=128,
+        reason="StartError",
+        message=f"pod sandbox not created on {update.node or 'its node'} in {waited:.0f} s "
+        f"({SANDBOX_CONDITIONS[0]} False since {since.isoformat(timespec='seconds')})",
+    )
+
+
+def start_problems(
+    pods: Iterable[Mapping[str, Any]], *, now: datetime, stalled_after_s: float
+) -> dict[str, str]:
+    """node -> why pods cannot start there, from its pods as listed: a container waiting
+    with a start error (``_START_ERRORS``), or a sandbox stalled for ``stalled_after_s``."""
+    problems: dict[str, str] = {}
+    for pod in pods:
+        node = str((pod.get("spec") or {}).get("nodeName") or "")
+        if not node or node in problems:
+            continue
+        waiting = (_container_status(pod).get("state") or {}).get("waiting") or {}
+        if (reason := str(waiting.get("reason", ""))) in _START_ERRORS:
+            problems[node] = f"pods could not start: {reason}"
+            continue
+        since = sandbox_stalled_since(pod)
+        if since is not None and (now - since).total_seconds() >= stalled_after_s:
+            problems[node] = (
+                f"pods could not start: no pod sandbox for {(now - since).total_seconds():.0f} s"
+            )
+    return problems
+
+
 def pod_update(pod: Mapping[str, Any]) -> PodUpdate | None:
     """What mdq reports for this pod now; None for a pod that is not mdq's or in no known
     phase (Unknown: the node is not reporting; the node watch deals with that)."""
@@ -370,6 +430,8 @@ class PodTracker:
 
     def __init__(self) -> None:
         self.last: dict[str, PodUpdate] = {}
+        self.stalled: dict[str, datetime] = {}
+        """Pods waiting for their sandbox (``sandbox_stalled_since``): name -> since when."""
 
     def _offer(self, update: PodUpdate) -> PodUpdate | None:
         previous = self.last.get(update.pod_name)
@@ -387,6 +449,11 @@ class PodTracker:
     def observe(self, kind: str, pod: Mapping[str, Any]) -> PodUpdate | None:
         """A watch event (ADDED / MODIFIED / DELETED) of a pod; the update to report, if any."""
         name = str((pod.get("metadata") or {}).get("name", ""))
+        since = None if kind == "DELETED" else sandbox_stalled_since(pod)
+        if since is None:
+            self.stalled.pop(name, None)
+        else:
+            self.stalled[name] = since
         if kind == "DELETED":
             previous = self.last.pop(name, None)
             if previous is None or previous.phase in TERMINAL:
@@ -412,6 +479,20 @@ class PodTracker:
             if (update := self.observe("DELETED", gone)) is not None:
                 updates.append(update)
         return updates
+
+    def start_timeouts(self, now: datetime, limit_s: float) -> list[PodUpdate]:
+        """Every pod whose sandbox has been stalled for ``limit_s`` ends StartError (once)."""
+        ended: list[PodUpdate] = []
+        for name, since in list(self.stalled.items()):
+            if (now - since).total_seconds() < limit_s:
+                continue
+            del self.stalled[name]
+            update = self.last.get(name)
+            if update is None or update.phase != pb.POD_PENDING:
+                continue
+            self.last[name] = failed = sandbox_start_error(update, since, now)
+            ended.append(failed)
+        return ended
 
     def lose_node(self, node: str, message: str) -> list[PodUpdate]:
         """Every unfinished pod on ``node`` failed: the node is lost."""

@@ -70,6 +70,13 @@ class KubernetesSettings(BaseSettings):
         description="A node whose Ready condition has not been True for this long (or that is "
         "gone) loses its pods: each is reported FAILED NodeLost and deleted.",
     )
+    sandbox_timeout_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="A pod bound to a node whose sandbox (network, runtime) is still not made "
+        "after this long ends StartError (the node's failure, never the job's) and is deleted; "
+        "from half of it the node takes no new pods (mdq nodes shows why).",
+    )
     node_selector: str = Field(
         default="", description="Label selector of the nodes mdq may use; empty: every node."
     )
