@@ -100,7 +100,7 @@ CREATE TABLE IF NOT EXISTS {name} (
     kinetic_kj_mol float8 NOT NULL, temperature_k float8 NOT NULL, ns_per_day float8 NOT NULL,
     event_id text NOT NULL, stream text NOT NULL, stream_seq bigint NOT NULL,
     producer text NOT NULL, target_steps bigint NOT NULL, eta_s float8 NOT NULL,
-    done_reason text NOT NULL,
+    done_reason text NOT NULL, units text,
     PRIMARY KEY (job_id, attempt, step))
 """
 RAW_COLUMNS = list(PROGRESS_COLUMNS)
@@ -202,6 +202,7 @@ def row_of(event: pb.Event, stream: str, sequence: int) -> tuple[Any, ...]:
         body.target_steps,
         body.eta_s,
         body.done_reason,
+        body.units or None,
     )
 
 
@@ -249,6 +250,7 @@ def fast_row(event: pb.Event, stream: str, sequence: int) -> tuple[Any, ...]:
         body.target_steps,
         body.eta_s,
         body.done_reason,
+        body.units or None,
     )
 
 

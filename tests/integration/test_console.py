@@ -109,6 +109,7 @@ async def site(
         doomed.submitted(),
         doomed.bound(1, "n1"),
         doomed.started(1, "n1"),
+        doomed.progress(1, 20, units="lj"),  # a LAMMPS script in reduced LJ units
         doomed.attempt_failed(1, "n1", last_step=40),
         doomed.failed(1),
     ]
@@ -220,6 +221,13 @@ async def test_a_job_page_shows_attempts_explanation_checkpoints_and_points(site
     assert steps == [(1, 100), (1, 200), (1, 300), *((2, s) for s in range(300, 1001, 100))]
     assert points[0]["progress"]["potential_kj_mol"] == pytest.approx(-1010.0)
     assert "trajectory.dcd" in html
+    assert "Potential energy (kJ/mol)" in html and "Speed (ns/day)" in html, re.findall(
+        "<figcaption>[^<]*", html
+    )
+    _, reduced = await get(f"{site.url}/jobs/{site.doomed.job_id}")
+    for caption in ("Potential energy (ε, ", "Temperature (ε/k_B, ", "Speed (kτ/day, "):
+        assert caption in reduced, re.findall("<figcaption>[^<]*", reduced)
+    assert "kJ/mol" not in reduced and "ns/day" not in reduced
 
 
 async def test_an_unknown_job_and_a_malformed_id_are_not_found(site: Site) -> None:

@@ -97,8 +97,9 @@ class History:
         body = pb.JobStarted(node=node, pod_name=pod_name(self.job_id, attempt))
         return self.event("started", body, attempt)
 
-    def progress(self, attempt: int, step: int, done_reason: str = "") -> pb.Event:
+    def progress(self, attempt: int, step: int, done_reason: str = "", units: str = "") -> pb.Event:
         body = pb.Progress(
+            units=units,
             step=step,
             target_steps=self.spec.steps,
             time_ps=step * 0.002,
@@ -245,6 +246,26 @@ def requeue_history(history: History) -> tuple[list[pb.Event], list[pb.Event]]:
 # -- tests ------------------------------------------------------------------------------
 
 
+async def test_a_job_reporting_in_reduced_units_says_so_in_its_row(
+    projector: Projector,
+    publisher: EventPublisher,
+    js: JetStreamContext,
+    subjects: Subjects,
+    pool: asyncpg.Pool,
+) -> None:
+    history = History("lj-melt")
+    events = [
+        history.submitted(),
+        history.bound(1, "n1"),
+        history.started(1, "n1"),
+        *(history.progress(1, step, units="lj") for step in (100, 200)),
+    ]
+    await publish_in_order(publisher, events)
+    await wait_projected(js, subjects, pool)
+    job = await job_row(pool, history.job_id)
+    assert (job["last_step"], job["units"]) == (200, "lj")
+
+
 async def test_a_successful_history_becomes_rows(
     projector: Projector,
     publisher: EventPublisher,
@@ -283,6 +304,7 @@ async def test_a_successful_history_becomes_rows(
     assert job["submitted_by"] == "alice"
     assert job["submitted_at"] == history.times["submitted:0"]
     assert job["updated_at"] == history.times["succeeded:1"]
+    assert job["units"] is None  # in the units the column names say
 
     attempts = await attempt_rows(pool, history.job_id)
     assert list(attempts) == [1]

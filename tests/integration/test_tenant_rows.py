@@ -59,8 +59,8 @@ from mdq.store.roles import (
 )
 
 NOT_ALLOWED = (asyncpg.InsufficientPrivilegeError,)
-PROGRESS_TAIL = ("p:2", "NS_PROGRESS", 50, "runner", 100, 1.0, "")
-"""A progress row's ``event_id`` ... ``done_reason`` (``PROGRESS_COLUMNS``)."""
+PROGRESS_TAIL = ("p:2", "NS_PROGRESS", 50, "runner", 100, 1.0, "", None)
+"""A progress row's ``event_id`` ... ``units`` (``PROGRESS_COLUMNS``)."""
 TENANTS = ("alice", "lab", "lab-a")
 OPERATOR = "operator"
 OWNERS = (OPERATOR, *TENANTS)

@@ -125,7 +125,20 @@ def test_show_says_nothing_it_does_not_know() -> None:
     last = next(line for line in text.splitlines() if line.startswith("last progress"))
     assert last == "last progress: attempt 1, step 1, -10.0 kJ/mol", last
     with_name = shown(analysis("ada"))
+    assert "kJ/mol" in with_name and "(lj)" not in with_name
     assert any("by ada" in line for line in with_name.splitlines() if "submitted" in line)
+
+
+def test_show_gives_a_job_in_reduced_units_its_units() -> None:
+    """A LAMMPS job in LJ units stores reduced figures: show says so, never kJ/mol or K."""
+    detail = analysis(None)
+    record = replace(
+        detail.job, units="lj", task="TASK_MD", last_temperature_k=1.5, last_ns_per_day=2.0
+    )
+    last = replace(detail.last_progress, temperature_k=1.5, ns_per_day=2.0)
+    text = shown(replace(detail, job=record, last_progress=last))
+    assert "kJ/mol" not in text and " K" not in text and "ns/day" not in text, text
+    assert "-10.0 ε (lj)" in text and "1.50 ε/k_B (lj)" in text and "2.0 kτ/day (lj)" in text
 
 
 # -- mdq recommend ---------------------------------------------------------------------------------

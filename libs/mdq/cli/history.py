@@ -62,6 +62,16 @@ def _maybe(value: float | int | None, pattern: str) -> str:
     return "-" if value is None else pattern.format(value)
 
 
+def _temperature_format(units: str | None) -> str:
+    """A temperature's format: kelvin, or the reduced ε/k_B of a job in LJ units."""
+    return "{:.2f} ε/k_B (lj)" if units == "lj" else "{:.1f} K"
+
+
+def _speed_format(units: str | None) -> str:
+    """A speed's format: ns/day, or thousands of reduced time units τ a day in LJ units."""
+    return "{:.1f} kτ/day (lj)" if units == "lj" else "{:.1f} ns/day"
+
+
 def submitted_label(at: datetime | None, by: str | None) -> str:
     """When a job was submitted, and by whom when the submit said (``submitted_by``)."""
     return f"{format_time(at)} by {by}" if by else format_time(at)
@@ -193,9 +203,9 @@ def show_panel(detail: queries.JobDetail, timeline: Sequence[queries.TimelineEnt
         ("attempt", str(job.attempt)),
         ("node", job.node or "-"),
         ("steps", steps_label(job.last_step, job.target_steps)),
-        ("last energy", format_energy(job.last_potential_kj_mol)),
-        ("temperature", _maybe(job.last_temperature_k or None, "{:.1f} K")),  # 0: no MD
-        ("speed", _maybe(job.last_ns_per_day or None, "{:.1f} ns/day")),
+        ("last energy", format_energy(job.last_potential_kj_mol, job.units or "")),
+        ("temperature", _maybe(job.last_temperature_k or None, _temperature_format(job.units))),
+        ("speed", _maybe(job.last_ns_per_day or None, _speed_format(job.units))),
         ("last progress", format_time(job.last_progress_at)),
         (
             "checkpoint",
@@ -209,11 +219,11 @@ def show_panel(detail: queries.JobDetail, timeline: Sequence[queries.TimelineEnt
     parts: list[Any] = [Panel(summary, title=f"job {job.job_id}", expand=False)]
     if last is not None:
         figures = [f"attempt {last.attempt}", f"step {last.step}"]
-        figures.append(format_energy(last.potential_kj_mol))
+        figures.append(format_energy(last.potential_kj_mol, job.units or ""))
         if last.temperature_k:  # none for an analysis
-            figures.append(f"{last.temperature_k:.1f} K")
+            figures.append(_temperature_format(job.units).format(last.temperature_k))
         if last.ns_per_day:  # none without MD (a minimisation, an analysis)
-            figures.append(f"{last.ns_per_day:.1f} ns/day")
+            figures.append(_speed_format(job.units).format(last.ns_per_day))
         parts.append("last progress: " + ", ".join(figures))
     if detail.attempts:
         attempts = Table(title="attempts")

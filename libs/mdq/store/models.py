@@ -114,6 +114,11 @@ class Job(Base):
     control: Mapped[dict[str, Any] | None] = mapped_column(
         comment="Job control in force: hold, stop, who asked (JobView.control_dict)."
     )
+    # revision 0013
+    units: Mapped[str | None] = mapped_column(
+        comment="Units of the job's reported figures: NULL as the column names say; "
+        "lj: reduced Lennard-Jones units (docs/engines.md)."
+    )
 
 
 class Attempt(Base):
@@ -205,6 +210,10 @@ class ProgressRecord(Base):
     target_steps: Mapped[int]
     eta_s: Mapped[float]
     done_reason: Mapped[str] = mapped_column(comment="'' until the report that ends the run.")
+    # revision 0013
+    units: Mapped[str | None] = mapped_column(
+        comment="Progress.units: NULL as the column names say; lj: reduced LJ units."
+    )
 
 
 EVENTS = table(

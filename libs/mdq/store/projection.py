@@ -188,6 +188,8 @@ class _JobRow:
     updated_at: datetime
     last_temperature_k: float | None = None
     last_ns_per_day: float | None = None
+    units: str = ""
+    """``Progress.units`` of the job's reports ("" as the column names say, "lj")."""
     bound_at: dict[int, datetime] = field(default_factory=dict)
     attempt_last_step: dict[int, int] = field(default_factory=dict)
     ended_now: dict[int, int] = field(default_factory=dict)
@@ -250,6 +252,7 @@ class _JobRow:
             updated_at=job["updated_at"],
             last_temperature_k=job["last_temperature_k"],
             last_ns_per_day=job["last_ns_per_day"],
+            units=job["units"] or "",
         )
         for attempt in attempts:
             number = attempt["attempt"]
@@ -297,6 +300,8 @@ class _JobRow:
     def apply(self, event: pb.Event) -> None:
         """Fold one event with the core state machine; record what the view does not keep."""
         was_open = self.view.current.ended_at is None
+        if event.progress.units:  # a job's units: whichever of its reports is folded (a rebuild)
+            self.units = event.progress.units
         if not self.view.apply(event):
             self._late_report(event)
             return
@@ -410,6 +415,7 @@ _JOB_MUTABLE: tuple[Column[_JobRow], ...] = (
     Column("last_potential_kj_mol", lambda row: row.view.last_potential),
     Column("last_temperature_k", lambda row: row.last_temperature_k),
     Column("last_ns_per_day", lambda row: row.last_ns_per_day),
+    Column("units", lambda row: _blank(row.units)),
     Column("last_progress_at", lambda row: row.view.last_progress_at),
     Column("done_reason", lambda row: _blank(row.view.done_reason)),
     Column("final_reason", lambda row: _blank(row.view.final_reason)),
@@ -563,6 +569,7 @@ _PROGRESS: BatchInsert[_Stored] = BatchInsert(
         BatchColumn("target_steps", "bigint", lambda s: _report(s).target_steps),
         BatchColumn("eta_s", "float8", lambda s: _report(s).eta_s),
         BatchColumn("done_reason", "text", lambda s: _report(s).done_reason),
+        BatchColumn("units", "text", lambda s: _blank(_report(s).units)),
     ),
     returning=("job_id", "attempt", "step"),
 )
@@ -639,10 +646,11 @@ ON CONFLICT (consumer) DO UPDATE SET stream_created = EXCLUDED.stream_created
 
 
 _LATEST_REPORTS = """
-SELECT t.job_id, t.attempt, p.step, p.time, p.potential_kj_mol, p.temperature_k, p.ns_per_day
+SELECT t.job_id, t.attempt, p.step, p.time, p.potential_kj_mol, p.temperature_k, p.ns_per_day,
+    p.units
 FROM unnest($1::text[], $2::int[], $3::timestamptz[]) AS t(job_id, attempt, until)
 CROSS JOIN LATERAL (
-    SELECT step, time, potential_kj_mol, temperature_k, ns_per_day FROM progress p
+    SELECT step, time, potential_kj_mol, temperature_k, ns_per_day, units FROM progress p
     WHERE p.job_id = t.job_id AND p.attempt = t.attempt AND (t.until IS NULL OR p.time <= t.until)
     ORDER BY p.step DESC LIMIT 1  -- the primary key (job_id, attempt, step), read backwards
 ) AS p
@@ -706,6 +714,7 @@ async def _settle_ended(connection: asyncpg.Connection, rows: dict[str, _JobRow]
             row.attempt_last_step[number] = terminal
     for record in await connection.fetch(_LATEST_REPORTS, *_columns(wanted, 3)):
         row = rows[record["job_id"]]
+        row.units = record["units"] or row.units
         view, number = row.view, record["attempt"]
         step = max(row.attempt_last_step[number], record["step"])
         row.attempt_last_step[number] = step
@@ -736,6 +745,7 @@ async def _settle_progress(connection: asyncpg.Connection, rows: dict[str, _JobR
         return
     for record in await connection.fetch(_LATEST_REPORTS, *_columns(wanted, 3)):
         row = rows[record["job_id"]]
+        row.units = record["units"] or row.units
         view, at = row.view, record["time"]
         if view.last_progress_at is not None and at < view.last_progress_at:
             continue
@@ -751,7 +761,8 @@ async def _settle_progress(connection: asyncpg.Connection, rows: dict[str, _JobR
 
 _LATEST_PROGRESS = """
 SELECT p.job_id, p.attempt, p.event_id, p.time, p.producer, p.step, p.target_steps, p.time_ps,
-    p.potential_kj_mol, p.kinetic_kj_mol, p.temperature_k, p.ns_per_day, p.eta_s, p.done_reason
+    p.potential_kj_mol, p.kinetic_kj_mol, p.temperature_k, p.ns_per_day, p.eta_s, p.done_reason,
+    p.units
 FROM unnest($1::text[], $2::int[]) AS t(job_id, attempt)
 CROSS JOIN LATERAL (
     SELECT * FROM progress p WHERE p.job_id = t.job_id AND p.attempt = t.attempt
@@ -777,6 +788,7 @@ def progress_event(record: asyncpg.Record) -> pb.Event:
             ns_per_day=record["ns_per_day"],
             eta_s=record["eta_s"],
             done_reason=record["done_reason"],
+            units=record["units"] or "",
         ),
     )
     set_timestamp(event.time, record["time"])

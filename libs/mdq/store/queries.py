@@ -77,6 +77,8 @@ class JobRecord:
     latest_checkpoint_step: int | None
     control: dict[str, Any] | None = None
     """Job control in force (``JobView.control_dict``): hold, stop, who asked; None: none."""
+    units: str | None = None
+    """Units of the reported figures: None as the field names say; "lj": reduced LJ units."""
 
 
 @dataclass(frozen=True, slots=True)
