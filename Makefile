@@ -84,7 +84,7 @@ proto: $(STAMP)
 
 ## asyncapi: regenerate docs/asyncapi.yaml (the bus contract) from the subjects, streams and .proto
 asyncapi: $(STAMP)
-	$(BIN)/python -m mdq.contracts.asyncapi
+	$(BIN)/python -m mdq.bus.asyncapi
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .mdq

@@ -39,6 +39,7 @@ from mdq.bus.copies import CopyStore
 from mdq.bus.inputs import InputFetch
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.runner_creds import RenewableCreds
+from mdq.bus.subjects import Subjects
 from mdq.core.exit_codes import RunnerExit
 from mdq.core.runner_task import RunnerTask, jobs_root
 from mdq.core.spec import SpecError, normalize_job
@@ -143,7 +144,8 @@ async def run(task: RunnerTask, *, common: CommonSettings, settings: RunnerSetti
             loop.remove_signal_handler(signum)
         log.info("stopped while waiting for NATS: no step was run; exiting with PREEMPTED")
         return RunnerExit.PREEMPTED
-    publisher = EventPublisher(js=client.jetstream(), subjects=common.subjects, producer="runner")
+    subjects = Subjects(common.namespace)
+    publisher = EventPublisher(js=client.jetstream(), subjects=subjects, producer="runner")
     outbox = Outbox(
         publisher=publisher,
         job_id=task.job_id,
@@ -161,7 +163,7 @@ async def run(task: RunnerTask, *, common: CommonSettings, settings: RunnerSetti
         renewing = asyncio.create_task(
             creds.keep_renewed(
                 client,
-                common.subjects,
+                subjects,
                 job_id=task.job_id,
                 attempt=task.attempt,
                 on_lost=credentials_lost,
@@ -170,9 +172,7 @@ async def run(task: RunnerTask, *, common: CommonSettings, settings: RunnerSetti
             name="renew-credentials",
         )
     metrics = RunnerMetrics(job_id=task.job_id, attempt=task.attempt)
-    copies = (
-        CopyStore(client.jetstream(), common.subjects) if settings.copy_to_shared_store else None
-    )
+    copies = CopyStore(client.jetstream(), subjects) if settings.copy_to_shared_store else None
     context = RunContext(
         task=task,
         settings=settings,
@@ -184,7 +184,7 @@ async def run(task: RunnerTask, *, common: CommonSettings, settings: RunnerSetti
         copier=None
         if copies is None
         else CheckpointCopier(copies, outbox, job_id=task.job_id, attempt=task.attempt),
-        inputs=InputFetcher(InputFetch(client, common.subjects, task.job_id))
+        inputs=InputFetcher(InputFetch(client, subjects, task.job_id))
         if task.spec.inputs
         else None,
     )

@@ -44,7 +44,7 @@ from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from mdq.auth import decode_claims
+from mdq.bus.claims import decode_claims
 from mdq.bus.permissions import inbox_prefix
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb

@@ -426,6 +426,21 @@ async def open_bucket(
     return kv
 
 
+async def ensure_local_buckets(
+    js: JetStreamContext, subjects: Subjects, *, replicas: int = 1
+) -> tuple[KeyValue, KeyValue]:
+    """Create (idempotently) and open the local backend's pods and nodes buckets of
+    ``subjects``' namespace, in that order, with ``replicas`` copies (``MDQ_STREAM_REPLICAS``);
+    what they hold is ``mdq.backends.local.records``'."""
+    pods, nodes = [
+        await open_bucket(
+            js, KeyValueConfig(bucket=name, history=1, storage=StorageType.FILE, replicas=replicas)
+        )
+        for name in (subjects.pods_bucket, subjects.nodes_bucket)
+    ]
+    return pods, nodes
+
+
 def bucket_limits(subjects: Subjects, storage: StorageSettings) -> dict[str, tuple[int, float]]:
     """Every bucket of the namespace -> (size limit in bytes, age limit in seconds, 0: none).
 
