@@ -57,6 +57,7 @@ from mdq.bus.permissions import (
 )
 from mdq.bus.subjects import Subjects
 from mdq.core.tenants import check_job_id
+from mdq.errors import InvalidInput
 
 SECRETS_DIR = "secrets"
 NATS_SECRETS = "nats"
@@ -475,7 +476,7 @@ def creds_path(state_dir: Path, identity: str) -> Path:
     return nats_secrets_dir(state_dir) / f"{identity}.creds"
 
 
-class TrustMismatch(ValueError):
+class TrustMismatch(InvalidInput):
     """The folder holds the trust chain of another namespace."""
 
 

@@ -64,6 +64,7 @@ from mdq.bus.connect import CREDS_ENV
 from mdq.bus.setup import prepare_bus
 from mdq.bus.storage import StorageSettings
 from mdq.embedded import EmbeddedNats, EmbeddedPostgres, start_nats, start_postgres
+from mdq.errors import Unavailable
 from mdq.files import open_log, private_folder, touch_private
 from mdq.store.roles import close_other_databases
 from mdq.store.stack_database import (
@@ -112,7 +113,7 @@ def default_state_dir() -> Path:
     return Path(os.environ.get("MDQ_STATE_DIR") or ".mdq").resolve()
 
 
-class StackError(RuntimeError):
+class StackError(Unavailable, RuntimeError):
     """The stack cannot start (another one runs on the same state folder, a server failed)."""
 
 

@@ -43,6 +43,7 @@ from mdq.bus.subjects import Subjects
 from mdq.core.exit_codes import RunnerExit
 from mdq.core.runner_task import RunnerTask, jobs_root
 from mdq.core.spec import SpecError, normalize_job
+from mdq.errors import InvalidInput
 from mdq.forcefields import ForceFieldFolders
 from mdq.settings import CommonSettings
 from services.runner.copies import CheckpointCopier
@@ -278,7 +279,7 @@ def checked_task(task: RunnerTask, *, data_dir: Path, env: Mapping[str, str]) ->
     )
 
 
-class InvalidTask(ValueError):
+class InvalidTask(InvalidInput):
     """The task handed to the runner cannot be trusted or used."""
 
 

@@ -79,6 +79,7 @@ from mdq.core.clusters import (
     qualified,
 )
 from mdq.core.recovery import CLUSTER_LOST_REASON
+from mdq.errors import InvalidInput, NotFound, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -93,11 +94,11 @@ LOST_AFTER_S = 60.0
 LIVE_PHASES = (pb.POD_PENDING, pb.POD_RUNNING)
 
 
-class UnknownCluster(LookupError):
+class UnknownCluster(NotFound):
     """A pod names a node of a cluster the router does not hold (removed, or never added)."""
 
 
-class ClusterLost(RuntimeError):
+class ClusterLost(Unavailable, RuntimeError):
     """A pod names a node of a cluster that is lost and not fenced yet: nothing runs there."""
 
 
@@ -176,7 +177,7 @@ class ClustersFile(BaseModel):
         return clusters
 
 
-class BadClustersFile(ValueError):
+class BadClustersFile(InvalidInput):
     """The clusters file cannot be read or does not validate (the message names the field)."""
 
 

@@ -57,6 +57,7 @@ from mdq.bus.codec import decode_event
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.ids import tenant_of
+from mdq.errors import MdqError, NotFound, PermissionDenied, Unavailable
 
 log = logging.getLogger("mdq.bus.inputs")
 
@@ -72,15 +73,15 @@ CACHED_JOBS = 1024
 CACHED_OBJECTS = 4096
 
 
-class InputsError(Exception):
+class InputsError(MdqError):
     """An input file cannot be stored or read; the message says why, for people."""
 
 
-class InputsFull(InputsError):
+class InputsFull(InputsError, Unavailable):
     """The bucket is at its size limit (the tenant's)."""
 
 
-class NoInputsBucket(InputsError):
+class NoInputsBucket(InputsError, NotFound):
     """The bucket does not exist (the admin makes it: ``mdq up``, ``mdq tenant add``)."""
 
 
@@ -334,11 +335,11 @@ def _remember(cache: OrderedDict[K, V], key: K, value: V, limit: int) -> None:
         cache.popitem(last=False)
 
 
-class FetchRefused(InputsError):
+class FetchRefused(InputsError, PermissionDenied):
     """Intake refused to serve a file (its message says why); retrying will not help."""
 
 
-class FetchUnavailable(InputsError):
+class FetchUnavailable(InputsError, Unavailable):
     """Intake could not serve a file now; a later attempt may."""
 
 

@@ -66,13 +66,14 @@ from mdq.bus.storage import StorageSettings
 from mdq.bus.streams import ensure_tenant_stream, remove_tenant_streams
 from mdq.bus.subjects import Subjects
 from mdq.bus.tenants import ensure_tenants_bucket, put_policy, remove_policy
-from mdq.cli.context import Endpoints, GlobalOptions, NoEndpoint, resolve_endpoints
+from mdq.cli.context import Endpoints, GlobalOptions, resolve_endpoints
 from mdq.core.tenants import (
     DEFAULT_POLICY,
     TenantNameError,
     TenantPolicy,
     validate_tenant_name,
 )
+from mdq.errors import Unavailable
 from mdq.stack import StackInfo, reload_embedded_nats
 from mdq.store.roles import (
     DEFAULT_PREFIX,
@@ -207,7 +208,7 @@ async def remove_tenant(
 
 
 # -- the tenant's PostgreSQL login ---------------------------------------------------------------
-class NoDatabaseAdmin(RuntimeError):
+class NoDatabaseAdmin(Unavailable, RuntimeError):
     """Nothing says how to reach the database as an administrator (the reason is the text)."""
 
 
@@ -467,11 +468,7 @@ def remove(
     policy and its PostgreSQL login. Jobs it submitted go on; their history stays."""
     endpoints = _endpoints_of(ctx)
     options = _options_of(ctx)
-    try:
-        validate_tenant_name(name)
-    except TenantNameError as error:
-        err_console.print(f"[red]{error}[/]")
-        raise typer.Exit(2) from None
+    validate_tenant_name(name)
     stack_secrets = nats_secrets_dir(options.state_dir)
     folder = secrets or stack_secrets
     removed = _run_as_admin(
@@ -536,8 +533,4 @@ def _options_of(ctx: typer.Context) -> GlobalOptions:
 
 
 def _endpoints_of(ctx: typer.Context) -> Endpoints:
-    try:
-        return resolve_endpoints(_options_of(ctx))
-    except NoEndpoint as error:
-        err_console.print(f"[red]{error}[/]")
-        raise typer.Exit(3) from None
+    return resolve_endpoints(_options_of(ctx))

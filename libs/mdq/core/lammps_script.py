@@ -34,6 +34,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from mdq.errors import InvalidInput
+
 MAX_SCRIPT_BYTES = 1 << 20
 """A script (or an included file) of at most 1 MiB: larger inputs are data files."""
 MAX_INCLUDE_DEPTH = 8
@@ -120,7 +122,7 @@ class Command:
         return self.words[0].text if self.words else ""
 
 
-class ScriptError(ValueError):
+class ScriptError(InvalidInput):
     """A script line mdq refuses; ``line`` is 1-based (0: the script as a whole)."""
 
     def __init__(self, line: int, command: str, reason: str) -> None:

@@ -42,6 +42,7 @@ from mdq.core.ids import REQUEST_ID_HEX, TENANT_SEPARATOR
 from mdq.core.spec import MAX_DISK_MB, MAX_WALL_S, SpecError
 from mdq.core.state import JobState
 from mdq.core.timestamps import EPOCH
+from mdq.errors import InvalidInput
 
 TENANT_PATTERN = re.compile(r"[a-z][a-z0-9-]{0,30}")
 """A tenant's name (fullmatch): a subject token, a stream-name suffix and a PostgreSQL role
@@ -57,7 +58,7 @@ RESERVED = frozenset(
 ``tenant`` (the tenants' own identities are ``tenant.<name>``) and ``operator``."""
 
 
-class TenantNameError(ValueError):
+class TenantNameError(InvalidInput):
     """A tenant name that cannot be used."""
 
 
@@ -86,7 +87,7 @@ JOB_ID_PATTERN = re.compile(
 wildcard (``*``, ``>``), never an identity's name (``intake``), never an inbox prefix."""
 
 
-class JobIdError(ValueError):
+class JobIdError(InvalidInput):
     """A value that is not a job id intake could have made."""
 
 

@@ -69,6 +69,8 @@ from enum import Enum
 from pathlib import Path
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
+from mdq.errors import MdqError
+
 DEFAULT_PREFIX = "mdq"
 PASSWORD_BYTES = 32
 """``secrets.token_urlsafe(32)``: 43 characters, 256 bits, safe in a URL as it is."""
@@ -141,7 +143,7 @@ MAX_ROLE_NAME = 63
 """PostgreSQL's NAMEDATALEN - 1: a longer name would be cut, and two tenants could meet."""
 
 
-class RoleError(RuntimeError):
+class RoleError(MdqError, RuntimeError):
     """The roles cannot be set up (a missing role, a bad prefix, no password)."""
 
 

@@ -68,6 +68,7 @@ from mdq.core.lammps_script import (
     split_words,
 )
 from mdq.core.lammps_units import UnitFactors, factors
+from mdq.errors import Unavailable
 from services.runner.checkpoints import CheckpointFile, write_atomically
 from services.runner.engines import EngineOutput, EngineSetup, StartPoint
 from services.runner.engines.lammps_restarts import LoadedRestart, RestartStore
@@ -107,7 +108,7 @@ UNSTABLE_MARKERS = (
 """LAMMPS errors that mean the simulation blew up (a retry will not help)."""
 
 
-class LammpsUnavailable(RuntimeError):
+class LammpsUnavailable(Unavailable, RuntimeError):
     """The ``lammps`` module or MPICH's library cannot be loaded here."""
 
 
