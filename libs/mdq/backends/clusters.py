@@ -1,4 +1,4 @@
-"""Several execution clusters behind the one backend port (issue 18).
+"""Several execution clusters behind the one backend port.
 
 A deployment that runs jobs on more than one cluster lists them in a *clusters file*
 (``MDQ_CLUSTERS_FILE``, YAML or JSON; in Kubernetes a ConfigMap, each cluster's credentials a
@@ -33,7 +33,7 @@ cluster and
   round (its nodes' reports go stale and placement stops choosing them);
 - re-reads the file when it changes (``follow``): a cluster added is connected, one removed is
   closed, relabelled ones report their new labels — no service restarts;
-- survives the loss of a whole cluster (issue 18, item 4). While its pods are watched (the
+- survives the loss of a whole cluster. While its pods are watched (the
   watcher's process), the router asks every cluster for its nodes every ``probe_interval_s``;
   one that has not answered for ``lost_after_s`` (``MDQ_CLUSTERS_LOST_AFTER_S``, 60 s) is
   *lost*: it is recorded in the KV bucket ``NS_clusters_lost`` with the pods it had running,

@@ -1,6 +1,6 @@
 """The store every cluster shares: copies of each job's latest checkpoints and of its outputs.
 
-A job's checkpoints live on its cluster's data volume and die with it (issue 18). So the runner
+A job's checkpoints live on its cluster's data volume and die with it. So the runner
 copies each verified checkpoint, and a successful attempt's outputs, into the stream
 ``NS_COPIES`` of the same JetStream that carries the events, and a retry on another cluster
 fetches the copy and checks its sha256 before it resumes from it.

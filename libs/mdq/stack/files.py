@@ -169,7 +169,7 @@ class ChildStatus:
 
 def read_stack_status(state_dir: Path) -> tuple[float, list[ChildStatus]] | None:
     """When the running stack on ``state_dir`` last wrote its status, and every part's status;
-    None when there is no such file (no stack, or one from before this file existed)."""
+    None when there is no such file (no stack)."""
     try:
         data = json.loads((state_dir / STATUS_FILE).read_text(encoding="utf-8"))
         return float(data["updated_at"]), [ChildStatus.from_dict(c) for c in data["children"]]
