@@ -219,8 +219,8 @@ async def test_a_kubernetes_cluster_lost_mid_campaign_its_jobs_resume_from_copie
 ) -> None:
     """The loss of a whole cluster, across kinds: two Kubernetes clusters (API emulators, a
     kubelet each) and a local one, one campaign. Once every job runs and had a checkpoint
-    copied, the whole of ``east`` dies — its kubelet crashes (its runners die with it) and its API stops
-    answering — and its jobs' files are deleted (its volume is gone). After
+    copied, the whole of ``east`` dies — its kubelet crashes (its runners die with it) and its
+    API stops answering — and its jobs' files are deleted (its volume is gone). After
     MDQ_CLUSTERS_LOST_AFTER_S the router declares it lost: each of its jobs fails
     FAILURE_CLUSTER_LOST (not counted as a retry) and runs again on another cluster from its
     latest copied checkpoint, fetched and checked, losing at most an interval plus the copy's
