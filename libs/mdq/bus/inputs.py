@@ -1,27 +1,10 @@
 """The scientist's input files: content-addressed objects in NATS Object Store buckets.
 
-A job's own files (a LAMMPS script with its data and potential files, an OpenMM System and
-State, a PDB) travel with it (docs/engines.md, "Input files"):
-
-* **uploaded at submit** (``upload``, by ``mdq submit`` or the SDK) into the submitter's bucket,
-  ``<ns>_inputs`` for the operator and ``<ns>_inputs_<tenant>`` for each tenant
-  (``Subjects.inputs_bucket``), each object named by the sha256 of its bytes, so a file used by
-  many jobs is stored once and an upload of a file already there sends nothing. A bucket per
-  tenant because its size limit is then the tenant's (the server refuses a write past it:
-  ``InputsFull``) and the server lets each tenant write its own bucket only;
-* **referenced from the spec** (``JobSpec.inputs``: name, sha256, size), which intake checks
-  against the bucket before it accepts the submit (``lookup``);
-* **fetched by the runner** through intake (``InputDesk``), which answers on
-  ``<ns>.api.inputs.<job id>`` — a subject only that job's runner may publish on — with the
-  bytes of an object the job's own submitted spec names, and nothing else, one chunk per
-  request (``read_chunk``). The runner checks the whole file's sha256 and size before it uses
-  it (``services.runner.inputs``). So a job reads only its own inputs: a runner has no right on
-  any bucket, and intake serves a job the objects of its own spec from its own tenant's bucket.
-
-Buckets are made by the admin (``ensure_inputs_bucket``: ``mdq up`` the operator's, ``mdq
-tenant add`` each tenant's), with ``MDQ_STORAGE_INPUTS_BYTES`` and
-``MDQ_STORAGE_TENANT_INPUTS_BYTES`` as their size limits; an object stays until the admin
-removes it (``nats object rm``).
+``upload`` puts a job's files into the submitter's bucket (one per tenant, each object named by
+its sha256), intake checks the spec against it (``lookup``) and serves each runner the objects
+its own spec names (``InputDesk``, ``read_chunk``), and the runner fetches them (``InputFetch``);
+``ensure_inputs_bucket`` is the admin's. The whole path, and why a job reads only its own
+inputs: docs/engines.md, "Input files".
 """
 
 from __future__ import annotations
