@@ -61,7 +61,7 @@ test-images: $(STAMP)
 ## debootstrap bookworm base and a host wheelhouse) | public | offline (docs/deploy.md)
 IMAGE_MODE ?= auto
 images: $(STAMP)
-	$(BIN)/python -m mdq.testing.images --mode $(IMAGE_MODE)
+	$(BIN)/python -m tools.images --mode $(IMAGE_MODE)
 
 ## lock: re-pin the images' Python packages with their hashes (deploy/requirements/*.txt)
 lock: $(STAMP)
@@ -73,7 +73,7 @@ lock: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy libs services tests bench
+	$(BIN)/mypy libs services tests bench tools
 	$(BIN)/lint-imports
 
 ## proto: regenerate the Python code of proto/ (reproducible: pinned grpcio-tools)
@@ -84,7 +84,7 @@ proto: $(STAMP)
 
 ## asyncapi: regenerate docs/asyncapi.yaml (the bus contract) from the subjects, streams and .proto
 asyncapi: $(STAMP)
-	$(BIN)/python -m mdq.contracts.asyncapi
+	$(BIN)/python -m mdq.bus.asyncapi
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .mdq

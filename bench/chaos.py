@@ -1,6 +1,6 @@
 """``make chaos`` / ``make chaos-soak``: MD jobs on the embedded stack while every part fails.
 
-A thin command line over ``mdq.testing.chaos`` (which documents what is injected and checked).
+A thin command line over ``tools.chaos`` (which documents what is injected and checked).
 One campaign (``make chaos``) prints its JSON line and exits 1 when a check failed;
 ``--soak N`` (``make chaos-soak SEEDS=N``) runs N campaigns on fresh random seeds, or
 ``--seeds A,B`` those seeds, writing each seed as it starts and each campaign's line as it ends
@@ -22,7 +22,9 @@ import sys
 import traceback
 from pathlib import Path
 
-from mdq.testing.chaos import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's tools/
+
+from tools.chaos import (
     FAULT_KINDS,
     Campaign,
     ChaosConfig,
@@ -120,7 +122,7 @@ async def _one(config: ChaosConfig) -> int:
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
-    # What the libraries log goes to each campaign's harness.log (mdq.testing.chaos), never
+    # What the libraries log goes to each campaign's harness.log (tools.chaos), never
     # to the terminal, also before and after one: the report is the line printed.
     logging.getLogger().addHandler(logging.NullHandler())
     try:

@@ -1,4 +1,4 @@
-"""The web console at a year's size: ``make bench-console`` (issue 16, item 5).
+"""The web console at a year's size: ``make bench-console``.
 
 A fresh embedded PostgreSQL is set up as every deployment sets it up and loaded with
 bench-history's synthetic year (``bench/history_pg.py``: ``--jobs`` jobs, 1,000,000, each with a

@@ -1,4 +1,4 @@
-"""Benchmark: fair share between tenants on a flooded cluster (issue 19, item 5).
+"""Benchmark: fair share between tenants on a flooded cluster.
 
 The whole stack runs (embedded NATS and PostgreSQL, every service, the local backend with two
 nodes of ``--cores-per-node`` schedulable cores each, real OpenMM runners of one core each).

@@ -1,4 +1,4 @@
-"""PostgreSQL at a year's size: ``make bench-history`` (issue 15, items 4 and 6, PostgreSQL).
+"""PostgreSQL at a year's size: ``make bench-history``.
 
 A fresh embedded PostgreSQL is set up as every deployment sets it up (roles, migrations,
 grants: ``mdq.store.roles``), then loaded with a synthetic history straight into the tables:

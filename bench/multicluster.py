@@ -1,4 +1,4 @@
-"""Benchmark: placement over several clusters (issue 18, item 6): ``make bench-multicluster``.
+"""Benchmark: placement over several clusters: ``make bench-multicluster``.
 
 **Placement throughput, 3 clusters of 1,000 nodes against 1 cluster of 3,000.** One embedded
 NATS server (fsync-always, mdq's default), two namespaces side by side, each with the real
@@ -24,7 +24,7 @@ runner logged it resumed from; ``max_steps_lost``, against ``checkpoint_interval
 Then ``lab1`` is thawed (SIGCONT): its stale runners must stop (fenced), and every job must
 end SUCCEEDED exactly once (``jobs``, ``succeeded``, from the log). Local clusters share this
 machine's data folder, so the retry reads the checkpoint its predecessor wrote; between
-Kubernetes clusters that needs the copied checkpoints of issue 18, item 3 (not there yet).
+Kubernetes clusters that needs copied checkpoints.
 ``--no-failover`` skips it.
 
 ``--quick``: 1,000 jobs per round, 2 rounds. The last line printed is one JSON object.

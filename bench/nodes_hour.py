@@ -1,4 +1,4 @@
-"""The nodes page's hour at 3,000 nodes: ``make bench-nodes-hour`` (issue 16, the nodes page).
+"""The nodes page's hour at 3,000 nodes: ``make bench-nodes-hour``.
 
 An embedded NATS server with mdq's streams at their default limits (``MDQ_STORAGE_*``). An
 hour of the metrics service's node summaries for ``--nodes`` nodes (3,000: bench-multicluster's

@@ -17,6 +17,7 @@ from mdq.backends.port import NodeSample, PodExists, PodSpec, PodUpdate
 from mdq.bus.connect import connect
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.requests import Requests
+from mdq.bus.subjects import Subjects
 from mdq.settings import CommonSettings
 from services.placement.app import Placement
 from services.placement.settings import PlacementSettings
@@ -54,7 +55,7 @@ DATA_DIR = Path(os.environ.get("MDQ_DATA_DIR", ".mdq/data")).absolute()
 
 async def main() -> None:
     common, settings = CommonSettings(), PlacementSettings()
-    subjects = common.subjects
+    subjects = Subjects(common.namespace)
     nc = await connect(common.nats_url, name="mdq-placement-bench", subjects=subjects)
     js = nc.jetstream()
     requests = await Requests(nc).start()

@@ -180,7 +180,7 @@ class Case:
 
     def copies_summary(self, mdq_wall: list[float], mdq_steady: list[float]) -> dict[str, object]:
         """The runner copying its checkpoints and outputs against the same runner not
-        copying them (issue 18: the copies must not slow the MD loop)."""
+        copying them (the copies must not slow the MD loop)."""
         if not self.uncopied:
             return {}
         wall = [run.wall_ns_per_day for run in self.uncopied]

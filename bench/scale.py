@@ -1,4 +1,4 @@
-"""Benchmark of history size: ``make bench-scale`` (issue 15: constant memory, instant restart).
+"""Benchmark of history size: ``make bench-scale`` (constant memory, instant restart).
 
 Two namespaces on one NATS server, side by side in one run: ``empty`` (no history) and ``big``
 (``--history`` ended jobs, each with its whole life in the jobs stream — submitted, bound,
@@ -371,7 +371,7 @@ PG_KEYS = ("pg_jobs", "pg_progress_rows", "pg_job_events_rows", "pg_p99_ms", "pg
 
 
 def postgresql_part(*, quick: bool) -> dict[str, Any]:
-    """The second part (issue 15): ``bench/history_pg.py`` in its own process, after the bus
+    """The second part: ``bench/history_pg.py`` in its own process, after the bus
     part has stopped everything it started; its ``pg_*`` keys (and its slowest query)."""
     command = [sys.executable, str(Path(__file__).with_name("history_pg.py"))]
     done = subprocess.run(

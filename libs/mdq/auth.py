@@ -45,6 +45,7 @@ from typing import Any
 import nacl.signing
 import nkeys
 
+from mdq.bus.claims import decode_claims
 from mdq.bus.permissions import (
     IDENTITIES,
     Bridge,
@@ -56,6 +57,7 @@ from mdq.bus.permissions import (
 )
 from mdq.bus.subjects import Subjects
 from mdq.core.tenants import check_job_id
+from mdq.errors import InvalidInput
 
 SECRETS_DIR = "secrets"
 NATS_SECRETS = "nats"
@@ -116,13 +118,6 @@ def encode_jwt(claims: dict[str, Any], signer: nkeys.KeyPair) -> str:
     body = _b64(json.dumps(claims, separators=(",", ":")).encode())
     signature = signer.sign(f"{header}.{body}".encode())
     return f"{header}.{body}.{_b64(signature)}"
-
-
-def decode_claims(token: str) -> dict[str, Any]:
-    """The claims of a JWT (not verified: for reading what a credential allows)."""
-    body = token.split(".")[1]
-    claims: dict[str, Any] = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
-    return claims
 
 
 def write_secret(path: Path, text: str, *, group_readable: bool = False) -> Path:
@@ -481,7 +476,7 @@ def creds_path(state_dir: Path, identity: str) -> Path:
     return nats_secrets_dir(state_dir) / f"{identity}.creds"
 
 
-class TrustMismatch(ValueError):
+class TrustMismatch(InvalidInput):
     """The folder holds the trust chain of another namespace."""
 
 

@@ -445,14 +445,6 @@ def start_postgres(
     return EmbeddedPostgres(server, url, data_dir)
 
 
-def sqlalchemy_url(database_url: str) -> str:
-    """The SQLAlchemy (asyncpg driver) form of a postgresql:// URL."""
-    for prefix in ("postgresql+asyncpg://", "postgresql://", "postgres://"):
-        if database_url.startswith(prefix):
-            return "postgresql+asyncpg://" + database_url[len(prefix) :]
-    raise ValueError(f"not a PostgreSQL URL: {database_url!r}")
-
-
 def child_environment(**overrides: str) -> dict[str, str]:
     """The environment for a child service process."""
     env = dict(os.environ)

@@ -21,7 +21,7 @@ UMASK = 0o027
 
 def private_folder(path: Path) -> Path:
     """``path`` as a folder of at most ``DIR_MODE`` (made, with any missing parent, or
-    tightened: a folder made by an earlier version was 0755)."""
+    tightened: a folder made looser, 0755 say, is brought to it)."""
     missing = [each for each in (path, *path.parents) if not each.exists()]
     path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
     for each in (path, *missing):

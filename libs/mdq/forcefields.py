@@ -20,11 +20,13 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path, PurePosixPath
 
+from mdq.errors import InvalidInput
+
 ENV_FORCEFIELD_DIR = "MDQ_FORCEFIELD_DIR"
 """The operator's folder of extra force-field files; empty or unset: none."""
 
 
-class ForceFieldRefused(ValueError):
+class ForceFieldRefused(InvalidInput):
     """The name is not a force-field file in a trusted folder."""
 
 

@@ -11,7 +11,6 @@ from pathlib import Path
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from mdq.bus.subjects import Subjects
 from mdq.core.tenants import RunawayLimits
 
 
@@ -59,10 +58,6 @@ class CommonSettings(BaseSettings):
             "(image pull): the Secret is minted when the pod is made."
         ),
     )
-
-    @property
-    def subjects(self) -> Subjects:
-        return Subjects(self.namespace)
 
 
 class LimitSettings(BaseSettings):

@@ -19,6 +19,7 @@ from urllib.parse import urlencode
 
 from mdq.core.spec import MAX_LABEL_LENGTH, PRIORITY_CLASSES
 from mdq.core.state import JobState
+from mdq.errors import InvalidInput
 
 PAGE_SIZES = (25, 50, 100, 200)
 """The page sizes a person may ask for; the first is the default."""
@@ -34,7 +35,7 @@ KNOWN = frozenset(
 """Every query parameter of the jobs page."""
 
 
-class FilterError(ValueError):
+class FilterError(InvalidInput):
     """A query parameter that cannot be used; ``field`` names it."""
 
     def __init__(self, field: str, message: str) -> None:

@@ -66,6 +66,7 @@ from mdq.bus.publisher import EventPublisher
 from mdq.bus.requests import Requests
 from mdq.bus.storage import StorageSettings
 from mdq.bus.streams import require_streams
+from mdq.bus.subjects import Subjects
 from mdq.bus.tenants import TenantDirectory
 from mdq.core.tenants import RunawayLimits, TenantUsage, usage_key
 from mdq.settings import CommonSettings, LimitSettings
@@ -200,7 +201,7 @@ class Intake:
     def __init__(self, *, common: CommonSettings, settings: IntakeSettings) -> None:
         self.common = common
         self.settings = settings
-        self.subjects = common.subjects
+        self.subjects = Subjects(common.namespace)
         self.broker = NatsBroker(
             common.nats_url,
             name=f"mdq-intake-{common.namespace}",

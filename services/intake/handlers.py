@@ -21,8 +21,8 @@ now (JetStream drops the ones already there, by their ids); see
 ``SubmitRegistry.needs_events``. A crash (or a NATS error) anywhere before step 4 leaves the
 submit unacknowledged (the stream redelivers it) or unanswered (the client retries with the
 same key), and the retry takes exactly that path. So no reply ever names a job whose event is
-not in the log (DESIGN invariant 4), and a key is checked and recorded with one registry round
-trip instead of a lookup and a write.
+not in the log (docs/architecture.md, invariant 4), and a key is checked and recorded with
+one registry round trip instead of a lookup and a write.
 
 Other content under a key already used is refused (``_conflict``), field ``idempotency_key``,
 saying what differs (``jobs[0].steps: 1000 → 9000``, from the first submit's ``submitted``

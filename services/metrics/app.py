@@ -365,14 +365,19 @@ class _Quiet(WSGIRequestHandler):
 async def serve(common: CommonSettings, settings: MetricsSettings) -> None:
     """Connect, run until SIGTERM/SIGINT, close."""
     replicas = common.stream_replicas
+    subjects = Subjects(common.namespace)
     nc = await connect(
-        common.nats_url, name="mdq-metrics", subjects=common.subjects, replicas=replicas, wait=True
+        common.nats_url,
+        name="mdq-metrics",
+        subjects=subjects,
+        replicas=replicas,
+        wait=True,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    service = await build(nc=nc, subjects=common.subjects, settings=settings, replicas=replicas)
+    service = await build(nc=nc, subjects=subjects, settings=settings, replicas=replicas)
     try:
         await service.run(stop)
     finally:

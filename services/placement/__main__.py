@@ -14,6 +14,7 @@ from mdq.bus.requests import Requests
 from mdq.bus.runner_creds import RenewalDesk, log_verdict
 from mdq.bus.runtime import run_service
 from mdq.bus.storage import StorageSettings
+from mdq.bus.subjects import Subjects
 from mdq.settings import CommonSettings
 from services.placement.app import Placement
 from services.placement.settings import PlacementSettings
@@ -21,7 +22,7 @@ from services.placement.settings import PlacementSettings
 
 async def main() -> None:
     common, settings = CommonSettings(), PlacementSettings()
-    subjects = common.subjects
+    subjects = Subjects(common.namespace)
     replicas = common.stream_replicas
     nc = await connect(
         common.nats_url, name="mdq-placement", subjects=subjects, replicas=replicas, wait=True

@@ -8,6 +8,7 @@ from mdq.bus.connect import connect
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.runtime import run_service
 from mdq.bus.snapshots import SnapshotStore
+from mdq.bus.subjects import Subjects
 from mdq.settings import CommonSettings
 from services.recovery.app import Recovery
 from services.recovery.settings import RecoverySettings
@@ -15,7 +16,7 @@ from services.recovery.settings import RecoverySettings
 
 async def main() -> None:
     common, settings = CommonSettings(), RecoverySettings()
-    subjects = common.subjects
+    subjects = Subjects(common.namespace)
     nc = await connect(
         common.nats_url,
         name="mdq-recovery",

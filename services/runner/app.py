@@ -39,9 +39,11 @@ from mdq.bus.copies import CopyStore
 from mdq.bus.inputs import InputFetch
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.runner_creds import RenewableCreds
+from mdq.bus.subjects import Subjects
 from mdq.core.exit_codes import RunnerExit
 from mdq.core.runner_task import RunnerTask, jobs_root
 from mdq.core.spec import SpecError, normalize_job
+from mdq.errors import InvalidInput
 from mdq.forcefields import ForceFieldFolders
 from mdq.settings import CommonSettings
 from services.runner.copies import CheckpointCopier
@@ -143,7 +145,8 @@ async def run(task: RunnerTask, *, common: CommonSettings, settings: RunnerSetti
             loop.remove_signal_handler(signum)
         log.info("stopped while waiting for NATS: no step was run; exiting with PREEMPTED")
         return RunnerExit.PREEMPTED
-    publisher = EventPublisher(js=client.jetstream(), subjects=common.subjects, producer="runner")
+    subjects = Subjects(common.namespace)
+    publisher = EventPublisher(js=client.jetstream(), subjects=subjects, producer="runner")
     outbox = Outbox(
         publisher=publisher,
         job_id=task.job_id,
@@ -161,7 +164,7 @@ async def run(task: RunnerTask, *, common: CommonSettings, settings: RunnerSetti
         renewing = asyncio.create_task(
             creds.keep_renewed(
                 client,
-                common.subjects,
+                subjects,
                 job_id=task.job_id,
                 attempt=task.attempt,
                 on_lost=credentials_lost,
@@ -170,9 +173,7 @@ async def run(task: RunnerTask, *, common: CommonSettings, settings: RunnerSetti
             name="renew-credentials",
         )
     metrics = RunnerMetrics(job_id=task.job_id, attempt=task.attempt)
-    copies = (
-        CopyStore(client.jetstream(), common.subjects) if settings.copy_to_shared_store else None
-    )
+    copies = CopyStore(client.jetstream(), subjects) if settings.copy_to_shared_store else None
     context = RunContext(
         task=task,
         settings=settings,
@@ -184,7 +185,7 @@ async def run(task: RunnerTask, *, common: CommonSettings, settings: RunnerSetti
         copier=None
         if copies is None
         else CheckpointCopier(copies, outbox, job_id=task.job_id, attempt=task.attempt),
-        inputs=InputFetcher(InputFetch(client, common.subjects, task.job_id))
+        inputs=InputFetcher(InputFetch(client, subjects, task.job_id))
         if task.spec.inputs
         else None,
     )
@@ -278,7 +279,7 @@ def checked_task(task: RunnerTask, *, data_dir: Path, env: Mapping[str, str]) ->
     )
 
 
-class InvalidTask(ValueError):
+class InvalidTask(InvalidInput):
     """The task handed to the runner cannot be trusted or used."""
 
 

@@ -21,7 +21,8 @@ used). A write that fails (a full or failing data disk) removes its temporary fi
 had put in place of that step, and prunes nothing: the checkpoints before it stay as they were.
 
 The newest checkpoint and the one before it are kept (older ones are deleted), so a checkpoint
-that turns out to be bad still leaves a good one to fall back to (DESIGN invariant 5).
+that turns out to be bad still leaves a good one to fall back to (docs/architecture.md,
+invariant 5).
 """
 
 from __future__ import annotations

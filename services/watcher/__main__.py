@@ -22,6 +22,7 @@ import sys
 from mdq.backends.factory import make_backend
 from mdq.bus.connect import connect
 from mdq.bus.runtime import run_service
+from mdq.bus.subjects import Subjects
 from mdq.settings import CommonSettings
 from mdq.store.projection import LogContinuityError
 from services.watcher.app import run_watcher
@@ -37,7 +38,7 @@ async def main() -> None:
     common, settings = CommonSettings(), WatcherSettings()
     if not common.database_url:
         raise SystemExit("DATABASE_URL is not set: the watcher writes the history there")
-    subjects = common.subjects
+    subjects = Subjects(common.namespace)
     replicas = common.stream_replicas
     nc = await connect(
         common.nats_url, name="mdq-watcher", subjects=subjects, replicas=replicas, wait=True

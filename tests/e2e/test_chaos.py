@@ -7,7 +7,7 @@ checkpoint being written, a placement snapshot being written, a job waiting out 
 and every job still ends SUCCEEDED exactly once, at its exact final step (the cancelled one
 CANCELLED, or SUCCEEDED if it got there first, with no runner left), with no two runners of one
 job alive at once, at most one checkpoint interval of MD lost per retry, and a projection
-rebuilt from the log equal to the live one (``mdq.testing.chaos``)."""
+rebuilt from the log equal to the live one (``tools.chaos``)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import os
 
 import pytest
 
-from mdq.testing.chaos import (
+from tools.chaos import (
     PROCESS_KINDS,
     SHORT_KINDS,
     STRIKE_KINDS,

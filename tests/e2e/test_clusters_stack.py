@@ -1,5 +1,5 @@
 """End to end on the embedded stack with two local execution clusters (``mdq up --clusters
-2``; issue 18, items 1, 2 and 5): NATS authenticates every connection, each cluster's node agent
+2``): NATS authenticates every connection, each cluster's node agent
 may use its own cluster's buckets, and real OpenMM jobs run where their ``clusters`` selector
 sends them, a chain's analysis where its run left its outputs; events and PostgreSQL name the
 node within its cluster."""
@@ -89,8 +89,8 @@ async def test_jobs_run_on_the_clusters_they_ask_for(
 async def test_a_whole_cluster_lost_mid_campaign_its_jobs_finish_on_the_other(
     tmp_path: Path, database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 18, item 5 on local clusters: once every job ran and had a checkpoint copied to
-    the shared store, all of lab1 freezes (SIGSTOP to its node agent and its runners: a
+    """The loss of a whole cluster, on local clusters: once every job ran and had a checkpoint
+    copied to the shared store, all of lab1 freezes (SIGSTOP to its node agent and its runners: a
     partition, nothing there answers or dies) and its jobs' checkpoint files are deleted (its
     data volume is gone with it; the two local clusters share one folder here). Its jobs run
     again on lab2 from their latest *copied* checkpoints, fetched and checked, losing at most
@@ -217,10 +217,10 @@ async def test_a_whole_cluster_lost_mid_campaign_its_jobs_finish_on_the_other(
 async def test_a_kubernetes_cluster_lost_mid_campaign_its_jobs_resume_from_copies(
     tmp_path: Path, database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 18, item 5 across kinds: two Kubernetes clusters (API emulators, a kubelet each)
-    and a local one, one campaign. Once every job runs and had a checkpoint copied, the whole
-    of ``east`` dies — its kubelet crashes (its runners die with it) and its API stops
-    answering — and its jobs' files are deleted (its volume is gone). After
+    """The loss of a whole cluster, across kinds: two Kubernetes clusters (API emulators, a
+    kubelet each) and a local one, one campaign. Once every job runs and had a checkpoint
+    copied, the whole of ``east`` dies — its kubelet crashes (its runners die with it) and its
+    API stops answering — and its jobs' files are deleted (its volume is gone). After
     MDQ_CLUSTERS_LOST_AFTER_S the router declares it lost: each of its jobs fails
     FAILURE_CLUSTER_LOST (not counted as a retry) and runs again on another cluster from its
     latest copied checkpoint, fetched and checked, losing at most an interval plus the copy's

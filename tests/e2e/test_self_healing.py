@@ -1,4 +1,4 @@
-"""End to end: `mdq up`'s embedded servers heal themselves (issue 21).
+"""End to end: `mdq up`'s embedded servers heal themselves.
 
 A stack with its own NATS and PostgreSQL runs two small campaigns; kill -9 hits the NATS
 server during the first and the PostgreSQL postmaster during the second. The stack must restart

@@ -27,9 +27,10 @@ from google.protobuf.message import Message
 from referencing import Registry
 from referencing.jsonschema import DRAFT7
 
+from mdq.bus import asyncapi
 from mdq.bus.codec import decode_submit, to_dict
 from mdq.bus.subjects import Subjects
-from mdq.contracts import asyncapi, pb
+from mdq.contracts import pb
 from mdq.core.control import EVENT_KINDS as CONTROL_EVENT_KINDS
 from mdq.core.events import make_event
 from mdq.core.spec import SpecError

@@ -1,4 +1,4 @@
-"""Bounded storage against a real NATS JetStream (issue 15, item 3): every stream and bucket
+"""Bounded storage against a real NATS JetStream: every stream and bucket
 has the limits of ``MDQ_STORAGE_*``, and what happens at a limit is a clear error to whoever
 submitted, never a silent loss.
 
@@ -291,7 +291,7 @@ async def test_an_update_never_sets_a_size_limit_below_what_a_stream_holds(
 async def test_the_registry_opens_older_buckets_with_the_duplicate_window(
     nc: Client, subjects: Subjects, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A registry bucket made by an earlier version (no age or size limit) gets both."""
+    """A registry bucket made without an age or size limit gets both."""
     from nats.js.api import KeyValueConfig
 
     from mdq.bus.requests import Requests

@@ -1,4 +1,4 @@
-"""Several execution clusters behind one backend (issue 18, item 1): two simulated Kubernetes
+"""Several execution clusters behind one backend: two simulated Kubernetes
 clusters (API emulators over real HTTP, kubelets running the pods as processes) and a local
 cluster (a node agent of its own), routed by ``mdq.backends.clusters.ClusterRouter`` as the
 services make it from a clusters file that changes while it runs."""

@@ -63,11 +63,11 @@ from mdq.auth import (
     Generated,
     RunnerIssuer,
     _meaning,
-    decode_claims,
     generate,
 )
 from mdq.backends.clusters import parse_clusters
 from mdq.backends.kubernetes.settings import KubernetesSettings
+from mdq.bus.claims import decode_claims
 from mdq.bus.connect import auth_options, connect, identity_of_creds
 from mdq.bus.setup import prepare_bus
 from mdq.bus.storage import StorageSettings

@@ -1,4 +1,4 @@
-"""Parts fail apart (issue 12, item 4): NATS and PostgreSQL that are not there yet, or go away.
+"""Parts fail apart: NATS and PostgreSQL that are not there yet, or go away.
 
 - ``connect(wait=True)`` waits for a NATS server that starts later, saying so in its log;
 - the watcher (``services.watcher.app.run_watcher``, its real composition) starts without

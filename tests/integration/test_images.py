@@ -1,7 +1,7 @@
 """The two container images, built and run: the services image's intake and the runner image's
 runner, inside the images, against a real NATS that requires credentials.
 
-``mdq.testing.images`` builds ``deploy/Dockerfile`` and ``deploy/runner.Dockerfile`` with
+``tools.images`` builds ``deploy/Dockerfile`` and ``deploy/runner.Dockerfile`` with
 buildah (chroot isolation, vfs storage) on a debootstrap bookworm base and a host wheelhouse,
 as ``make images`` does where no registry answers. Each image then runs in a working container
 (``buildah run``: the host's network, the image's user, mounted secrets and data): intake from
@@ -39,8 +39,8 @@ from mdq.bus.subjects import Subjects
 from mdq.core.ids import request_id_for_key
 from mdq.core.runner_task import RunnerTask, job_dir
 from mdq.embedded import EmbeddedNats, start_nats
-from mdq.testing.images import INSTALL_HINT, Builder, Image, missing_tools, project_version
 from tests.helpers import read_all, wait_for
+from tools.images import INSTALL_HINT, Builder, Image, missing_tools, project_version
 
 pytestmark = [pytest.mark.images, pytest.mark.timeout(1800)]
 

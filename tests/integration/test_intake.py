@@ -666,7 +666,7 @@ def roomy_nats_url(tmp_path: Path) -> Iterator[str]:
 
 async def test_oversized_payload_gets_an_error_reply(roomy_nats_url: str, namespace: str) -> None:
     common = settings_for(roomy_nats_url, namespace)
-    subjects = common.subjects
+    subjects = Subjects(common.namespace)
     client = await connect(roomy_nats_url, name="big", subjects=subjects)
     intake = await started(common)
     try:

@@ -2,7 +2,7 @@
 thousands), submit-shaped documents with wrong types in every field, bracket soup and raw
 bytes, each sent to both submit subjects.
 
-Every message must get exactly one answer (DESIGN invariant 6):
+Every message must get exactly one answer (docs/architecture.md, invariant 6):
 
 - request-reply (``NS.api.submit``): one reply, in the request's encoding, that accepts the
   submit (job ids) or refuses it with a message and a field path (empty for the whole

@@ -29,7 +29,6 @@ from mdq.auth import (
     RUNNER_ISSUER_ENV,
     RunnerIssuer,
     Trust,
-    decode_claims,
     issue,
     nats_secrets_dir,
     runner_issuer,
@@ -44,6 +43,7 @@ from mdq.backends.kubernetes.objects import (
 )
 from mdq.backends.kubernetes.settings import KubernetesSettings
 from mdq.backends.port import PodExists, PodSpec
+from mdq.bus.claims import decode_claims
 from mdq.bus.connect import connect
 from mdq.bus.permissions import service_permissions
 from mdq.bus.streams import ensure_streams

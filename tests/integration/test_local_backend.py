@@ -463,7 +463,7 @@ async def test_nodes_that_keep_heartbeating_stay_ready_across_a_nats_server_rest
         await reconnected(client)
         await asyncio.sleep(2.0)  # the heartbeats resume; the outage itself is over
         verdicts = []
-        for _ in range(30):  # ten seconds: the window the silent watch used to cover
+        for _ in range(30):  # ten seconds of samples
             verdicts.append([s.ready for s in await backend.sample_nodes()])
             await asyncio.sleep(1 / 3)
         assert verdicts == [[True]] * 30

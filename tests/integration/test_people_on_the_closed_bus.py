@@ -45,6 +45,7 @@ from mdq.cli.tenants import add_tenant
 from mdq.contracts import pb
 from mdq.core.tenants import TenantUsage, usage_key
 from mdq.embedded import EmbeddedNats, child_environment, start_nats
+from mdq.errors import PermissionDenied
 from mdq.sdk import MdqClient, OperatorOnly
 
 REPO = Path(__file__).resolve().parents[2]
@@ -270,7 +271,7 @@ async def test_every_command_a_person_runs_works_with_their_credentials(
         assert TENANT in queues.stdout
     else:  # the operator's to read: said plainly, not a crash
         for refused in (nodes, queues):
-            assert refused.exit_code == 1, refused.output
+            assert refused.exit_code == PermissionDenied.exit_code, refused.output
             assert f"tenant {TENANT}'s credentials may not" in refused.output, refused.output
 
 

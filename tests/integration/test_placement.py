@@ -388,7 +388,7 @@ async def test_a_cold_replay_lets_ended_jobs_go_as_it_reads(
 ) -> None:
     """With no snapshot placement folds the whole log: ended jobs are forgotten every
     ``REPLAY_PRUNE_BATCH`` as it reads, so what it holds follows the live jobs, not the
-    history (issue 15; ``make bench-scale`` measures the RSS)."""
+    history (``make bench-scale`` measures the RSS)."""
     js = nc.jetstream()
     bus = publisher(js, subjects)
     await bus.publish(node_load("n1"))

@@ -1,4 +1,4 @@
-"""Placement across execution clusters against a real JetStream (issue 18, item 2): node
+"""Placement across execution clusters against a real JetStream: node
 loads of two named clusters with their labels, jobs that require or prefer clusters, a chain
 that follows its dependency's outputs, and the cluster choice in the log and in the waiting
 explanation."""

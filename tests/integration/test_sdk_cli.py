@@ -28,12 +28,13 @@ from typer.testing import CliRunner, Result
 from mdq.bus.connect import auth_options, connect
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.subjects import Subjects
-from mdq.cli.main import EXIT_REFUSED, app
+from mdq.cli.main import app
 from mdq.contracts import pb
 from mdq.core.ids import job_id, request_id_for_key
 from mdq.core.producers import owner_of
 from mdq.core.spec import validate_submit
 from mdq.core.state import JobState
+from mdq.errors import InvalidInput, NotFound
 from mdq.sdk import MdqClient, SubmitRefused, WaitTimeout, load_job_file
 from mdq.stack import STACK_FILE, Stack, read_stack_info
 from tests.helpers import wait_for
@@ -165,7 +166,7 @@ def test_mdq_submit_refused_by_intake_exits_2_naming_the_field(
     nats_url: str, intake: Subjects
 ) -> None:
     result = _cli(nats_url, intake.namespace, "submit", str(INVALID))
-    assert result.exit_code == EXIT_REFUSED
+    assert result.exit_code == InvalidInput.exit_code
     assert "jobs[0].resources.cpu" in result.output
     assert "between 0.1 and 256" in result.output
 
@@ -191,7 +192,7 @@ def test_a_bad_job_file_exits_2_before_anything_is_sent(
     bad = tmp_path / "bad.yaml"
     bad.write_text("jobs:\n  - name: a\n    temprature_k: 300\n")
     result = _cli(nats_url, intake.namespace, "submit", str(bad))
-    assert result.exit_code == EXIT_REFUSED
+    assert result.exit_code == InvalidInput.exit_code
     assert "jobs[0].temprature_k" in result.output
 
 
@@ -540,7 +541,7 @@ async def test_mdq_ls_and_show_read_the_history_from_postgresql(
         assert "why it waits (placement): 0/2 nodes are available: 2 cordoned" in pending.stdout
 
         unknown = await asyncio.to_thread(_cli, "", "", "show", "nope-nope", state_dir=tmp_path)
-        assert unknown.exit_code == 1 and "no job nope-nope" in unknown.output
+        assert unknown.exit_code == NotFound.exit_code and "no job nope-nope" in unknown.output
 
         # `mdq watch` without ids follows every unfinished job (none is placed: no placement).
         watched = await asyncio.to_thread(

@@ -20,7 +20,6 @@ from mdq.auth import (
     Trust,
     TrustMismatch,
     creds_key,
-    decode_claims,
     ensure_token_file,
     generate,
     identity_creds_path,
@@ -29,6 +28,7 @@ from mdq.auth import (
     issued_keys,
     write_secret,
 )
+from mdq.bus.claims import decode_claims
 from mdq.bus.connect import identity_of_creds
 from mdq.bus.permissions import IDENTITIES, service_permissions, tenant_permissions
 from mdq.bus.subjects import Subjects

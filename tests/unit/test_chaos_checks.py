@@ -1,4 +1,4 @@
-"""The chaos harness's own checks (``mdq.testing.chaos``) can fail: two runners of one job are
+"""The chaos harness's own checks (``tools.chaos``) can fail: two runners of one job are
 caught by the sampler, lost work beyond a checkpoint interval is computed from the runners'
 logs, a torn energy-table line is not taken for a step, and the schedule hits every kind."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from mdq.testing.chaos import (
+from tools.chaos import (
     FAULT_KINDS,
     LONG_KINDS,
     ONCE_KINDS,

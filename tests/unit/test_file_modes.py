@@ -53,7 +53,7 @@ def test_logs_and_job_folders_are_for_their_owner_and_group(tmp_path: Path) -> N
             log.write(b"line\n")
         made = touch_private(existing / "nats-server.log")
         loose = existing / "old.log"
-        loose.write_text("from an earlier version\n")
+        loose.write_text("made loose by hand\n")
         os.chmod(loose, 0o644)
         with open_log(loose) as log:
             log.write(b"more\n")
@@ -63,4 +63,4 @@ def test_logs_and_job_folders_are_for_their_owner_and_group(tmp_path: Path) -> N
         assert mode(each) == 0o750, each
     for each in (existing / "intake.log", made, loose):
         assert mode(each) == 0o640, each
-    assert loose.read_text() == "from an earlier version\nmore\n"
+    assert loose.read_text() == "made loose by hand\nmore\n"

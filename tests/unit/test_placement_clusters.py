@@ -1,4 +1,4 @@
-"""Placement across execution clusters (issue 18, item 2): names, selectors, cluster terms,
+"""Placement across execution clusters: names, selectors, cluster terms,
 and the per-cluster explanation, as tables of named cases."""
 
 from __future__ import annotations

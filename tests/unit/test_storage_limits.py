@@ -152,7 +152,7 @@ def test_server_bytes_is_what_the_namespace_reserves() -> None:
         (899, 1000, False),  # just below the mark
         (900, 1000, True),  # at it: the rest is the accepted jobs' room
         (1000, 1000, True),
-        (10**12, -1, False),  # a stream without a size limit (an older version's)
+        (10**12, -1, False),  # a stream without a size limit
         (10**12, 0, False),
     ],
     ids=["empty", "below", "at-mark", "full", "no-limit", "zero-limit"],

@@ -1,49 +1,12 @@
-"""Several execution clusters behind the one backend port (issue 18).
+"""Several execution clusters behind the one backend port: the clusters file and ``ClusterRouter``.
 
 A deployment that runs jobs on more than one cluster lists them in a *clusters file*
-(``MDQ_CLUSTERS_FILE``, YAML or JSON; in Kubernetes a ConfigMap, each cluster's credentials a
-Secret mounted beside it)::
-
-    clusters:
-      - name: dept                 # a DNS label: nodes are named "dept/<node>"
-        labels: {site: campus}
-        kind: kubernetes
-        kubernetes:                # MDQ_K8S_* settings for this cluster (over the defaults)
-          kubeconfig: /etc/mdq/clusters/dept/kubeconfig
-          namespace: mdq
-      - name: burst
-        labels: {site: cloud, spot: "true"}
-        kind: kubernetes
-        kubernetes: {kubeconfig: /etc/mdq/clusters/burst/kubeconfig}
-        runner_nats_url: tls://nats.example.org:4222   # how its runners reach the bus
-
-``ClusterRouter`` is the ``ClusterBackend`` of such a deployment: it holds one backend per
-cluster and
-
-- creates a pod on the cluster its node names (``<cluster>/<node>``), under the node's own name
-  there;
-- deletes a pod on every cluster (a pod's name names its job and attempt, not its cluster;
-  deleting where it is not is a no-op), so a preemption or a cancel needs no map that a restart
-  would lose;
-- merges the clusters' pod watches, each update's node qualified, and restarts a cluster's
-  watch after an error with a backoff (a cluster that cannot be reached does not stop the
-  others);
-- samples every cluster's nodes concurrently, each with a deadline, qualifying their names and
-  adding the cluster's name and labels; a cluster that fails or is late reports no node this
-  round (its nodes' reports go stale and placement stops choosing them);
-- re-reads the file when it changes (``follow``): a cluster added is connected, one removed is
-  closed, relabelled ones report their new labels — no service restarts;
-- survives the loss of a whole cluster (issue 18, item 4). While its pods are watched (the
-  watcher's process), the router asks every cluster for its nodes every ``probe_interval_s``;
-  one that has not answered for ``lost_after_s`` (``MDQ_CLUSTERS_LOST_AFTER_S``, 60 s) is
-  *lost*: it is recorded in the KV bucket ``NS_clusters_lost`` with the pods it had running,
-  and each of them is reported FAILED "ClusterLost" ("cluster … lost"), so recovery requeues its
-  job on the other clusters from its latest *copied* checkpoint (``mdq.bus.copies``: the lost
-  cluster's files are out of reach), not counted as a retry. When the
-  cluster answers again it is *fenced*: those pods are deleted there, and only then is its
-  record removed. Every router (placement's, metrics') follows the bucket: while a cluster is
-  recorded lost its nodes are reported not ready and no pod is created there, so nothing new
-  runs on it before its stale pods are gone. Updates of a fenced pod are not passed on.
+(``MDQ_CLUSTERS_FILE``, YAML or JSON, followed at run time; ``ClustersFile`` is its schema,
+``deploy/components/clusters/clusters.yaml`` an example). ``ClusterRouter`` is the
+``ClusterBackend`` of such a deployment: one backend per cluster, nodes named
+``<cluster>/<node>``, and a lost cluster recorded in ``NS_clusters_lost`` and fenced when it
+answers again. What it does with pods, watches, samples and a lost cluster: docs/placement.md,
+"The router".
 """
 
 from __future__ import annotations
@@ -79,6 +42,7 @@ from mdq.core.clusters import (
     qualified,
 )
 from mdq.core.recovery import CLUSTER_LOST_REASON
+from mdq.errors import InvalidInput, NotFound, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -93,11 +57,11 @@ LOST_AFTER_S = 60.0
 LIVE_PHASES = (pb.POD_PENDING, pb.POD_RUNNING)
 
 
-class UnknownCluster(LookupError):
+class UnknownCluster(NotFound):
     """A pod names a node of a cluster the router does not hold (removed, or never added)."""
 
 
-class ClusterLost(RuntimeError):
+class ClusterLost(Unavailable, RuntimeError):
     """A pod names a node of a cluster that is lost and not fenced yet: nothing runs there."""
 
 
@@ -176,7 +140,7 @@ class ClustersFile(BaseModel):
         return clusters
 
 
-class BadClustersFile(ValueError):
+class BadClustersFile(InvalidInput):
     """The clusters file cannot be read or does not validate (the message names the field)."""
 
 

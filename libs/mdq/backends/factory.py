@@ -10,6 +10,7 @@ from nats.js import JetStreamContext
 
 from mdq.backends.port import ClusterBackend
 from mdq.bus.subjects import Subjects
+from mdq.errors import InvalidInput
 
 BACKEND_KINDS = ("local", "kubernetes", "clusters")
 CLUSTERS_FILE_ENV = "MDQ_CLUSTERS_FILE"
@@ -22,7 +23,7 @@ CLUSTERS_PROBE_ENV = "MDQ_CLUSTERS_PROBE_S"
 """How often the watcher asks every cluster whether it answers (seconds, default 2)."""
 
 
-class UnknownBackend(ValueError):
+class UnknownBackend(InvalidInput):
     """The backend kind named in the settings does not exist (yet)."""
 
 

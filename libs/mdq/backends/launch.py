@@ -28,6 +28,7 @@ from mdq.backends.port import PodSpec
 from mdq.core import ids
 from mdq.core.runner_task import RunnerTask, job_dir
 from mdq.core.tenants import TENANT_PATTERN
+from mdq.errors import InvalidInput
 
 RUNNER_MODULE = "services.runner"
 """The module every pod runs (``python -m services.runner``)."""
@@ -69,7 +70,7 @@ _SAFE_ID = re.compile(rf"^(?:{TENANT_PATTERN.pattern}\.)?[A-Za-z0-9][A-Za-z0-9_-
 "<tenant>.<hex>-<name>" (one dot, after a name that starts with a letter: never "." or "..")."""
 
 
-class PodRefused(ValueError):
+class PodRefused(InvalidInput):
     """A pod description that cannot be run (a job id that is not a folder name, ...)."""
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from mdq.contracts import pb
+from mdq.errors import Conflict
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +87,7 @@ class NodeSample:
     probe of its data folder, pods that could not start; Kubernetes' DiskPressure and kin."""
 
 
-class PodExists(Exception):
+class PodExists(Conflict):
     """create_pod found a pod of that name already (idempotent callers may ignore it)."""
 
 

@@ -1,33 +1,10 @@
 """The store every cluster shares: copies of each job's latest checkpoints and of its outputs.
 
-A job's checkpoints live on its cluster's data volume and die with it (issue 18). So the runner
-copies each verified checkpoint, and a successful attempt's outputs, into the stream
-``NS_COPIES`` of the same JetStream that carries the events, and a retry on another cluster
-fetches the copy and checks its sha256 before it resumes from it.
-
-Why JetStream and not an S3-compatible store (docs/architecture.md, "Checkpoints outlive their
-cluster"): every cluster already reaches NATS, and nothing else; the copies get the bus's
-replication (three copies in production), its fsync policy, and its per-identity permissions
-without a second system to deploy, secure and pay for. A runner may write and read only its
-own job's subjects (``mdq.bus.permissions``), which a bucket of an object store (one subject
-per random chunk id) could not express. The price: the copies count against the JetStream
-file store (``MDQ_STORAGE_COPIES_BYTES``), so a site whose trajectories are tens of GB should
-keep trajectories on its own shared file system and let mdq copy the checkpoints.
-
-Layout (the subjects, ``Subjects.copy``):
-
-* ``NS.copy.<job>.ckpt.<attempt>.<slot>.<i>.<j>`` — chunk ``j`` of file ``i`` of the checkpoint
-  copy in ``slot`` ("a" or "b") of ``attempt``, and ``...<slot>.m`` its ``CopyManifest``,
-  published last. An attempt's copies alternate between its two slots, so the slot being
-  written is never the one the latest manifest names;
-* ``NS.copy.<job>.out.<attempt>.<i>.<j>`` and ``...out.<attempt>.m`` — a successful attempt's
-  outputs.
-
-The stream keeps one message per subject (``max_msgs_per_subject=1``): a slot's new copy
-replaces its old chunks, so a job holds at most two checkpoint copies per attempt. Chunks of a
-file longer than the last one written in the slot may linger; the manifest says how many
-chunks each file has, and the sha256 whether they are the right ones. A reader that raced a
-writer of the same slot sees a sha256 that does not match and looks at the other slot.
+The runner copies each verified checkpoint, and a successful attempt's outputs, in chunks into
+the stream ``NS_COPIES`` (``CopyStore``); a retry on another cluster fetches the copy named by
+the newest manifest and checks its sha256 before it resumes from it. The layout (two slots per
+attempt, a manifest published last) and why the bus rather than an object store:
+docs/placement.md, "Checkpoints outlive their cluster".
 """
 
 from __future__ import annotations

@@ -1,27 +1,10 @@
 """The scientist's input files: content-addressed objects in NATS Object Store buckets.
 
-A job's own files (a LAMMPS script with its data and potential files, an OpenMM System and
-State, a PDB) travel with it (docs/engines.md, "Input files"):
-
-* **uploaded at submit** (``upload``, by ``mdq submit`` or the SDK) into the submitter's bucket,
-  ``<ns>_inputs`` for the operator and ``<ns>_inputs_<tenant>`` for each tenant
-  (``Subjects.inputs_bucket``), each object named by the sha256 of its bytes, so a file used by
-  many jobs is stored once and an upload of a file already there sends nothing. A bucket per
-  tenant because its size limit is then the tenant's (the server refuses a write past it:
-  ``InputsFull``) and the server lets each tenant write its own bucket only;
-* **referenced from the spec** (``JobSpec.inputs``: name, sha256, size), which intake checks
-  against the bucket before it accepts the submit (``lookup``);
-* **fetched by the runner** through intake (``InputDesk``), which answers on
-  ``<ns>.api.inputs.<job id>`` — a subject only that job's runner may publish on — with the
-  bytes of an object the job's own submitted spec names, and nothing else, one chunk per
-  request (``read_chunk``). The runner checks the whole file's sha256 and size before it uses
-  it (``services.runner.inputs``). So a job reads only its own inputs: a runner has no right on
-  any bucket, and intake serves a job the objects of its own spec from its own tenant's bucket.
-
-Buckets are made by the admin (``ensure_inputs_bucket``: ``mdq up`` the operator's, ``mdq
-tenant add`` each tenant's), with ``MDQ_STORAGE_INPUTS_BYTES`` and
-``MDQ_STORAGE_TENANT_INPUTS_BYTES`` as their size limits; an object stays until the admin
-removes it (``nats object rm``).
+``upload`` puts a job's files into the submitter's bucket (one per tenant, each object named by
+its sha256), intake checks the spec against it (``lookup``) and serves each runner the objects
+its own spec names (``InputDesk``, ``read_chunk``), and the runner fetches them (``InputFetch``);
+``ensure_inputs_bucket`` is the admin's. The whole path, and why a job reads only its own
+inputs: docs/engines.md, "Input files".
 """
 
 from __future__ import annotations
@@ -57,6 +40,7 @@ from mdq.bus.codec import decode_event
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.ids import tenant_of
+from mdq.errors import MdqError, NotFound, PermissionDenied, Unavailable
 
 log = logging.getLogger("mdq.bus.inputs")
 
@@ -72,15 +56,15 @@ CACHED_JOBS = 1024
 CACHED_OBJECTS = 4096
 
 
-class InputsError(Exception):
+class InputsError(MdqError):
     """An input file cannot be stored or read; the message says why, for people."""
 
 
-class InputsFull(InputsError):
+class InputsFull(InputsError, Unavailable):
     """The bucket is at its size limit (the tenant's)."""
 
 
-class NoInputsBucket(InputsError):
+class NoInputsBucket(InputsError, NotFound):
     """The bucket does not exist (the admin makes it: ``mdq up``, ``mdq tenant add``)."""
 
 
@@ -334,11 +318,11 @@ def _remember(cache: OrderedDict[K, V], key: K, value: V, limit: int) -> None:
         cache.popitem(last=False)
 
 
-class FetchRefused(InputsError):
+class FetchRefused(InputsError, PermissionDenied):
     """Intake refused to serve a file (its message says why); retrying will not help."""
 
 
-class FetchUnavailable(InputsError):
+class FetchUnavailable(InputsError, Unavailable):
     """Intake could not serve a file now; a later attempt may."""
 
 

@@ -44,12 +44,13 @@ from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from mdq.auth import decode_claims
+from mdq.bus.claims import decode_claims
 from mdq.bus.permissions import inbox_prefix
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.state import attempt_lives
 from mdq.core.tenants import JobIdError, check_job_id
+from mdq.errors import PermissionDenied
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ Verdict = Callable[[str, int], Awaitable[bool | None]]
 not this desk's to say, stay silent. An error is no answer either (the asker asks again)."""
 
 
-class CredsRefused(Exception):
+class CredsRefused(PermissionDenied):
     """The desk refused credentials: the attempt does not live, or the job id is not one."""
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from mdq.bus.connect import connect
 from mdq.bus.inputs import ensure_inputs_bucket
 from mdq.bus.storage import StorageSettings
-from mdq.bus.streams import ensure_bucket_limits, ensure_streams
+from mdq.bus.streams import ensure_bucket_limits, ensure_local_buckets, ensure_streams
 from mdq.bus.subjects import Subjects
 from mdq.bus.tenants import ensure_tenants_bucket
 
@@ -55,8 +55,6 @@ async def prepare_bus(
     ``MDQ_NATS_CREDS``), which must be the admin's on an mdq server; every stream and
     bucket with the limits of ``storage`` (default: ``MDQ_STORAGE_*``)."""
     storage = storage or StorageSettings()
-    from mdq.backends.local.records import ensure_buckets  # only with the local backend
-
     subjects = Subjects(namespace)
     client = await connect(nats_url, name="mdq-bus-setup", wait=True, creds=creds)
     try:
@@ -67,9 +65,9 @@ async def prepare_bus(
             js, subjects, max_bytes=int(storage.inputs_bytes), replicas=replicas
         )
         if local_backend:
-            await ensure_buckets(js, subjects, replicas=replicas)
+            await ensure_local_buckets(js, subjects, replicas=replicas)
         for cluster in local_clusters:
-            await ensure_buckets(js, subjects.for_local_cluster(cluster), replicas=replicas)
+            await ensure_local_buckets(js, subjects.for_local_cluster(cluster), replicas=replicas)
         await ensure_bucket_limits(js, subjects, storage)
     finally:
         await client.close()

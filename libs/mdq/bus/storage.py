@@ -1,31 +1,9 @@
 """How much JetStream keeps, and for how long: the size and age limit of every stream and bucket.
 
-Every limit comes from one settings group (environment variables ``MDQ_STORAGE_*``, documented
-in docs/durability.md "Bounded storage"), read by whoever creates or updates a stream or a
-bucket: ``mdq up`` and the bus-setup Job (the streams, the tenants bucket, the local backend's
-tables) and each service for the buckets it owns. What happens at a limit is chosen per stream:
-
-- the **submit** and **jobs** streams discard *new* messages when full: a full stream refuses
-  the publisher (JetStream's "maximum bytes exceeded"), it never drops an accepted submit or a
-  live job's lifecycle event to make room. Intake stops accepting new submits once the jobs
-  stream is ``jobs_high_water`` full (``JobsLogRoom``), so the room above that mark is kept for
-  the events of the jobs already accepted;
-- the **progress**, **nodes**, **node summaries** and **tenant** streams discard *old* messages:
-  PostgreSQL keeps the history, a node's load report is replaced by its next one, a node's
-  summaries matter for an hour, and a tenant's stream is a copy;
-- every **bucket** discards new writes (JetStream KV's rule) at its size limit. Intake's request
-  registry also has an age limit, ``registry_days``: the duplicate window intake promises
-  (docs/durability.md), shorter than the jobs log's, so that a key reused after it is refused
-  by the log (``services.intake.registry``).
-
-A stream's age limit removes its oldest messages whatever its discard policy (JetStream's
-``max_age``), so the jobs log's ``jobs_days`` must outlast the longest-lived job; it is at least
-``MIN_JOBS_DAYS``.
-
-JetStream reserves each stream's ``max_bytes`` against the server's ``max_file_store`` when the
-stream is made (err_code 10047 "insufficient storage resources" otherwise), so a server that
-holds mdq needs at least ``server_bytes()`` of file store: the embedded server is configured
-with it (``mdq.embedded``), the Kubernetes NATS with its volume's size (deploy/).
+Every limit comes from one settings group (``StorageSettings``, ``MDQ_STORAGE_*``), read by
+whoever creates or updates a stream or a bucket; ``server_bytes`` is the file store a server
+that holds mdq needs. Which stream drops what when full, and why: docs/durability.md,
+"Bounded storage".
 """
 
 from __future__ import annotations

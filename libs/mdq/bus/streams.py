@@ -405,7 +405,7 @@ async def open_bucket(
     js: JetStreamContext, config: KeyValueConfig, *, storage: StorageSettings | None = None
 ) -> KeyValue:
     """Open the KV bucket of ``config`` as it is when it exists (created concurrently, or
-    with another config by an older version), or create it; with at least ``config.replicas``
+    with another config), or create it; with at least ``config.replicas``
     copies. An existing bucket is only read first: opening one needs no right to manage it.
 
     A bucket made here has a size limit: ``config.max_bytes``, or else ``bucket_bytes`` of
@@ -424,6 +424,21 @@ async def open_bucket(
     if (config.replicas or 1) > 1:
         await await_leader(js, f"KV_{config.bucket}")
     return kv
+
+
+async def ensure_local_buckets(
+    js: JetStreamContext, subjects: Subjects, *, replicas: int = 1
+) -> tuple[KeyValue, KeyValue]:
+    """Create (idempotently) and open the local backend's pods and nodes buckets of
+    ``subjects``' namespace, in that order, with ``replicas`` copies (``MDQ_STREAM_REPLICAS``);
+    what they hold is ``mdq.backends.local.records``'."""
+    pods, nodes = [
+        await open_bucket(
+            js, KeyValueConfig(bucket=name, history=1, storage=StorageType.FILE, replicas=replicas)
+        )
+        for name in (subjects.pods_bucket, subjects.nodes_bucket)
+    ]
+    return pods, nodes
 
 
 def bucket_limits(subjects: Subjects, storage: StorageSettings) -> dict[str, tuple[int, float]]:
@@ -456,7 +471,7 @@ async def ensure_bucket_limits(
     js: JetStreamContext, subjects: Subjects, storage: StorageSettings | None = None
 ) -> None:
     """Give the namespace's existing buckets the size (and, where it has one, age) limit of
-    ``storage``, as admin: buckets made by an earlier version have none. A missing bucket is
+    ``storage``, as admin: a bucket made without them gets them. A missing bucket is
     left to its owner, which makes it with these limits."""
     for bucket, (max_bytes, max_age) in bucket_limits(
         subjects, storage or StorageSettings()

@@ -15,10 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from mdq.errors import Unavailable
 from mdq.stack import StackInfo, read_stack_info
 
 
-class NoEndpoint(RuntimeError):
+class NoEndpoint(Unavailable, RuntimeError):
     """Neither an option/environment variable nor a running stack says where to connect."""
 
 

@@ -26,12 +26,8 @@ from rich.console import Console
 from rich.table import Table
 
 from mdq.contracts import pb
-from mdq.sdk.client import ControlRefused, ControlUnavailable, MdqClient, WaitTimeout
-
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_REFUSED = 2
-EXIT_UNAVAILABLE = 3
+from mdq.errors import EXIT_FAILED, EXIT_OK
+from mdq.sdk.client import MdqClient, WaitTimeout
 
 IN_HAND = (pb.CONTROL_DONE, pb.CONTROL_STOPPING, pb.CONTROL_UNCHANGED)
 """Outcomes of a job the request took care of."""
@@ -109,25 +105,16 @@ def make_command(verb: str, *, run: Callable[..., int], console: Console, err: C
         selector = labels_of(labels)
 
         async def work(client: MdqClient) -> int:
-            try:
-                reply = await client.control(
-                    verb,
-                    job_ids or [],
-                    request_id=request_id,
-                    labels=selector,
-                    reason=reason,
-                    requested_by=_user(),
-                    control_key=key,
-                    **extra,  # type: ignore[arg-type]
-                )
-            except ControlRefused as error:
-                err.print(f"[bold red]{verb} refused[/]")
-                err.print(f"  field:   {error.field or '(the whole request)'}")
-                err.print(f"  message: {error.message}")
-                return EXIT_REFUSED
-            except ControlUnavailable as error:
-                err.print(f"[red]{error}[/]")
-                return EXIT_UNAVAILABLE
+            reply = await client.control(
+                verb,
+                job_ids or [],
+                request_id=request_id,
+                labels=selector,
+                reason=reason,
+                requested_by=_user(),
+                control_key=key,
+                **extra,  # type: ignore[arg-type]
+            )
             console.print(outcome_table(verb, reply))
             code = exit_code_of(reply)
             if not wait:

@@ -30,7 +30,7 @@ from rich.table import Table
 from mdq.bus.codec import decode_event
 from mdq.bus.connect import connect
 from mdq.bus.subjects import Subjects
-from mdq.cli.context import GlobalOptions, NoEndpoint, resolve_endpoints
+from mdq.cli.context import GlobalOptions, resolve_endpoints
 from mdq.cli.recommend import recorded_choice
 from mdq.contracts import pb
 from mdq.core.state import JobBook, JobState, JobView
@@ -270,11 +270,7 @@ def explain(
     options = ctx.obj
     if not isinstance(options, GlobalOptions):
         raise typer.BadParameter("internal: global options missing")
-    try:
-        endpoints = resolve_endpoints(options)
-    except NoEndpoint as error:
-        Console(stderr=True).print(f"[red]{error}[/]")
-        raise typer.Exit(3) from None
+    endpoints = resolve_endpoints(options)
     creds = endpoints.nats_creds
     events = asyncio.run(job_events(endpoints.nats_url, endpoints.namespace, job_id, creds=creds))
     if not events:

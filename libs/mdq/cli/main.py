@@ -48,7 +48,6 @@ from rich.table import Table
 
 from mdq.auth import (
     SECRETS_DIR,
-    TrustMismatch,
     ensure_token_file,
     generate,
     nats_secrets_dir,
@@ -61,6 +60,7 @@ from mdq.cli import recommend as recommendations
 from mdq.cli import status as stack_status
 from mdq.cli.context import Endpoints, GlobalOptions, NoEndpoint, resolve_endpoints
 from mdq.cli.control import register as register_control
+from mdq.cli.errors import Commands, exit_codes_text
 from mdq.cli.explain import explain as explain_command
 from mdq.cli.explain import waiting_entry
 from mdq.cli.live import follow_jobs, format_eta
@@ -70,32 +70,26 @@ from mdq.cli.replay import replay as replay_command
 from mdq.cli.tenants import app as tenants_app
 from mdq.contracts import pb
 from mdq.core.recommend import UsageSample
-from mdq.core.spec import SpecError
 from mdq.core.state import JobState, JobView
+from mdq.errors import EXIT_FAILED, EXIT_OK, InvalidInput, NotFound, PermissionDenied, Unavailable
 from mdq.sdk.client import (
     IntakeUnavailable,
     MdqClient,
-    OperatorOnly,
-    SubmitRefused,
     tenant_of_creds,
 )
 from mdq.sdk.inputs import LocalInput, resolve_inputs
-from mdq.sdk.jobfile import JobFileError, load_job_file
+from mdq.sdk.jobfile import load_job_file
 from mdq.stack import (
     BACKENDS,
     CONSOLE_TOKEN_FILE,
     Stack,
-    StackError,
     StackInfo,
     read_stack_info,
     read_stack_status,
     reload_embedded_nats,
 )
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_REFUSED = 2
-EXIT_UNAVAILABLE = 3
+EXIT_UNAVAILABLE = Unavailable.exit_code
 
 MAX_LISTED = 10_000
 """The most jobs ``mdq ls`` lists and ``mdq watch`` follows at once (a terminal's worth)."""
@@ -115,6 +109,8 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=Commands,
+    epilog=exit_codes_text(),
 )
 
 T = TypeVar("T")
@@ -172,11 +168,7 @@ def _options(ctx: typer.Context) -> GlobalOptions:
 
 
 def _endpoints(ctx: typer.Context, *, need_nats: bool = True) -> Endpoints:
-    try:
-        return resolve_endpoints(_options(ctx), need_nats=need_nats)
-    except NoEndpoint as error:
-        err_console.print(f"[red]{error}[/]")
-        raise typer.Exit(EXIT_UNAVAILABLE) from None
+    return resolve_endpoints(_options(ctx), need_nats=need_nats)
 
 
 def _run(coroutine: Coroutine[Any, Any, T]) -> T:
@@ -191,23 +183,9 @@ async def _with_client(endpoints: Endpoints, work: Callable[[MdqClient], Awaitab
 
 
 def _exit_with(endpoints: Endpoints, work: Callable[[MdqClient], Awaitable[int]]) -> NoReturn:
-    """Run ``work`` with a client and exit with its code; a refused submit or an unreachable
-    intake exits with EXIT_REFUSED / EXIT_UNAVAILABLE and says why."""
-    try:
-        code = _run(_with_client(endpoints, work))
-    except SubmitRefused as error:
-        _print_refusal(error.field, error.message)
-        raise typer.Exit(EXIT_REFUSED) from None
-    except IntakeUnavailable as error:
-        err_console.print(f"[red]{error}[/]")
-        raise typer.Exit(EXIT_UNAVAILABLE) from None
-    raise typer.Exit(code)
-
-
-def _print_refusal(field: str, message: str) -> None:
-    err_console.print("[bold red]submit refused[/]")
-    err_console.print(f"  field:   {field or '(the whole submit)'}")
-    err_console.print(f"  message: {message}")
+    """Run ``work`` with a client and exit with its code (an ``MdqError`` with its own:
+    ``mdq.cli.errors``)."""
+    raise typer.Exit(_run(_with_client(endpoints, work)))
 
 
 def _print_stack(info: StackInfo) -> None:
@@ -228,12 +206,13 @@ def _print_stack(info: StackInfo) -> None:
 
 
 def _database_url(endpoints: Endpoints, *, hint: str = "") -> str:
-    """The PostgreSQL URL, or exit with EXIT_UNAVAILABLE saying why there is none."""
+    """The PostgreSQL URL, or ``NoEndpoint`` saying why there is none (and ``hint``)."""
     try:
         return endpoints.require_database()
     except NoEndpoint as error:
-        err_console.print(f"[red]{error}[/]" + (f" {hint}" if hint else ""))
-        raise typer.Exit(EXIT_UNAVAILABLE) from None
+        if not hint:
+            raise
+        raise NoEndpoint(f"{error} {hint}") from None
 
 
 def _final_code(views: dict[str, JobView], job_ids: list[str]) -> int:
@@ -300,11 +279,7 @@ def up(
             await stop.wait()
             console.print("stopping ...")
 
-    try:
-        _run(serve())
-    except StackError as error:
-        err_console.print(f"[red]{error}[/]")
-        raise typer.Exit(EXIT_UNAVAILABLE) from None
+    _run(serve())
 
 
 @app.command()
@@ -423,34 +398,27 @@ def demo(
     """
     options = _options(ctx)
     if engine not in DEMO_FILES:
-        _print_refusal("--engine", f"must be one of {', '.join(DEMO_FILES)}, got {engine!r}")
-        raise typer.Exit(EXIT_REFUSED)
+        raise InvalidInput(
+            f"must be one of {', '.join(DEMO_FILES)}, got {engine!r}", field="--engine"
+        )
     path = _demo_file(file or DEMO_FILES[engine])
-    try:
-        request = load_job_file(path)
-        files = resolve_inputs(request, path.parent, source=str(path))
-    except JobFileError as error:
-        _print_refusal(error.field, f"{error.source}: {error.message}")
-        raise typer.Exit(EXIT_REFUSED) from None
+    request = load_job_file(path)
+    files = resolve_inputs(request, path.parent, source=str(path))
     stamp = time.strftime("%Y%m%d-%H%M%S")
     request.idempotency_key = f"{request.idempotency_key or 'demo'}-{stamp}-{secrets.token_hex(2)}"
     request.submitted_by = request.submitted_by or _user()
     running = read_stack_info(options.state_dir)
-    try:
-        code = _run(
-            _demo(
-                options,
-                request,
-                files=files,
-                running=running,
-                limit_s=timeout,
-                backend=backend,
-                keep_up=keep_up,
-            )
+    code = _run(
+        _demo(
+            options,
+            request,
+            files=files,
+            running=running,
+            limit_s=timeout,
+            backend=backend,
+            keep_up=keep_up,
         )
-    except StackError as error:
-        err_console.print(f"[red]{error}[/]")
-        raise typer.Exit(EXIT_UNAVAILABLE) from None
+    )
     raise typer.Exit(code)
 
 
@@ -512,16 +480,9 @@ async def _demo_campaign(
     async with await MdqClient.connect(
         info.nats_url, info.namespace, name="mdq-demo", creds=info.nats_creds
     ) as client:
-        try:
-            if files:
-                _print_uploaded(await client.upload_inputs(files))
-            job_ids = await _submit_when_ready(client, request, ready_within=60.0)
-        except SubmitRefused as error:
-            _print_refusal(error.field, error.message)
-            return EXIT_REFUSED
-        except IntakeUnavailable as error:
-            err_console.print(f"[red]{error}[/]")
-            return EXIT_UNAVAILABLE
+        if files:
+            _print_uploaded(await client.upload_inputs(files))
+        job_ids = await _submit_when_ready(client, request, ready_within=60.0)
         names = dict(zip(job_ids, (job.name for job in request.jobs), strict=True))
         console.print(f"submitted {len(job_ids)} jobs (key {request.idempotency_key})")
         remaining = max(1.0, limit_s - (time.monotonic() - started))
@@ -576,12 +537,8 @@ def submit(
     FILE, checked, and uploaded first (docs/engines.md). Exit 2 with the field and message
     when the submit is refused.
     """
-    try:
-        request = load_job_file(file)
-        files = resolve_inputs(request, file.parent, source=str(file))
-    except JobFileError as error:
-        _print_refusal(error.field, f"{error.source}: {error.message}")
-        raise typer.Exit(EXIT_REFUSED) from None
+    request = load_job_file(file)
+    files = resolve_inputs(request, file.parent, source=str(file))
     if key:
         request.idempotency_key = key
     request.submitted_by = request.submitted_by or _user()
@@ -665,11 +622,7 @@ def recommend(
     a running stack); without one, the physical estimate alone. Exit 2 naming the field when a
     job does not validate.
     """
-    try:
-        request = load_job_file(file)
-    except JobFileError as error:
-        _print_refusal(error.field, f"{error.source}: {error.message}")
-        raise typer.Exit(EXIT_REFUSED) from None
+    request = load_job_file(file)
     endpoints = _endpoints(ctx, need_nats=False)
     history: list[UsageSample] = []
     source = "no database: physical estimate only"
@@ -679,11 +632,7 @@ def recommend(
             source = f"{len(history)} measured attempts of the last {days} days"
         except Exception as error:  # the estimate is still worth printing
             err_console.print(f"(usage history not read: {error})")
-    try:
-        table = recommendations.recommendations_table(request, history=history, source=source)
-    except SpecError as error:
-        _print_refusal(error.field, error.message)
-        raise typer.Exit(EXIT_REFUSED) from None
+    table = recommendations.recommendations_table(request, history=history, source=source)
     console.print(table)
 
 
@@ -697,8 +646,7 @@ def show(
     database_url = _database_url(endpoints)
     detail, timeline = _run(history.job_detail(database_url, job_id))
     if detail is None:
-        err_console.print(f"[red]no job {job_id} in PostgreSQL[/]")
-        raise typer.Exit(EXIT_FAILED)
+        raise NotFound(f"no job {job_id} in PostgreSQL")
     console.print(history.show_panel(detail, timeline))
     for entry in timeline:
         if entry.kind == "submitted" and (line := recommendations.recorded_choice(entry.body)):
@@ -725,11 +673,7 @@ def nodes(ctx: typer.Context) -> None:
     async def work(client: MdqClient) -> dict[str, pb.Event]:
         return await client.node_loads()
 
-    try:
-        loads = _run(_with_client(endpoints, work))
-    except OperatorOnly as error:
-        err_console.print(f"[red]{error}[/]")
-        raise typer.Exit(EXIT_FAILED) from None
+    loads = _run(_with_client(endpoints, work))
     table = Table(title="nodes")
     clustered = any(event.node_load.cluster for event in loads.values())
     troubled = any(event.node_load.problem for event in loads.values())
@@ -775,11 +719,10 @@ def queues(ctx: typer.Context) -> None:
     (placement's last count, from its waiting bucket)."""
     endpoints = _endpoints(ctx)
     if tenant := tenant_of_creds(endpoints.nats_creds):
-        err_console.print(
-            f"[red]the tenants' shares are the operator's to read; tenant {tenant}'s "
-            "credentials may not (docs/security.md, Tenants)[/]"
+        raise PermissionDenied(
+            f"the tenants' shares are the operator's to read; tenant {tenant}'s "
+            "credentials may not (docs/security.md, Tenants)"
         )
-        raise typer.Exit(EXIT_FAILED)
     usages = _run(
         tenant_usages(endpoints.nats_url, endpoints.namespace, creds=endpoints.nats_creds)
     )
@@ -832,9 +775,8 @@ def credentials(
             rotate(folder, identity, chosen, group_readable=group_readable)
             for identity in rotate_identities or []
         ]
-    except (TrustMismatch, FileNotFoundError) as error:
-        err_console.print(f"[red]{error}[/]")
-        raise typer.Exit(EXIT_REFUSED) from error
+    except FileNotFoundError as error:
+        raise InvalidInput(str(error)) from error
     wrote = ", ".join(generated.written) or "nothing (all kept)"
     console.print(f"NATS credentials of namespace {chosen} in {folder}: wrote {wrote}")
     console.print(f"NATS account {generated.trust.account_public} (KEDA's trigger account)")

@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from mdq.cli.context import GlobalOptions, NoEndpoint, resolve_endpoints
+from mdq.cli.context import GlobalOptions, resolve_endpoints
 from mdq.cli.history import open_engine
 from mdq.store import queries
 
@@ -72,11 +72,7 @@ def plot(
     options = ctx.obj
     if not isinstance(options, GlobalOptions):
         raise typer.BadParameter("internal: global options missing")
-    try:
-        database_url = resolve_endpoints(options).require_database()
-    except NoEndpoint as error:
-        err_console.print(f"[red]{error}[/]")
-        raise typer.Exit(3) from None
+    database_url = resolve_endpoints(options).require_database()
     trace = asyncio.run(load_trace(database_url, job_id))
     if not trace:
         err_console.print(f"[red]no progress of job {job_id} in PostgreSQL[/]")

@@ -36,7 +36,7 @@ from rich.table import Table
 from mdq.bus.codec import decode_event, to_dict
 from mdq.bus.connect import connect
 from mdq.bus.subjects import Subjects
-from mdq.cli.context import Endpoints, GlobalOptions, NoEndpoint, resolve_endpoints
+from mdq.cli.context import Endpoints, GlobalOptions, resolve_endpoints
 from mdq.cli.live import state_text
 from mdq.contracts import pb
 from mdq.core.state import JobView, event_time
@@ -322,11 +322,7 @@ def _endpoints(ctx: typer.Context) -> Endpoints:
     options = ctx.obj
     if not isinstance(options, GlobalOptions):
         raise typer.BadParameter("internal: global options missing")
-    try:
-        return resolve_endpoints(options)
-    except NoEndpoint as error:
-        _console(stderr=True).print(f"[red]{error}[/]")
-        raise typer.Exit(3) from None
+    return resolve_endpoints(options)
 
 
 async def _replay_job(endpoints: Endpoints, job_id: str, progress_every: int) -> int:

@@ -1,39 +1,10 @@
-"""``mdq tenant add NAME``: a tenant's NATS identity, its own stream, and its policy.
+"""``mdq tenant add | rm | ls``: a tenant's NATS identity, its streams, its policy, its login.
 
-A tenant submits on its own subjects and reads its own stream, nothing else
-(``mdq.bus.permissions.tenant_permissions``). Adding one, as the operator:
-
-1. mints the tenant's credentials with the deployment's trust chain (``mdq.auth``): the
-   running stack's (``<state>/secrets/nats``) or a folder made by ``mdq credentials --out``
-   (``--secrets``), into ``<secrets>/tenants/<name>.creds`` (0600), for the operator to hand
-   to the tenant. No server restart: the server trusts what the account key signs;
-2. creates the tenant's stream (``Subjects.tenant_stream``), which the server fills from the
-   jobs and progress streams with the tenant's events only, and its inputs bucket
-   (``Subjects.inputs_bucket``: the input files of its jobs, ``MDQ_STORAGE_TENANT_INPUTS_BYTES``
-   its quota), connected as admin;
-3. stores its policy (``mdq.core.tenants.TenantPolicy``: the ``high`` class, quotas, submit
-   rate) in the tenants bucket, which intake and placement follow live: run ``add`` again
-   with other limits to change them, no restart;
-4. makes the tenant's PostgreSQL login ``<prefix>_tenant_<name>`` (``mdq.store.roles``:
-   ``SELECT`` on the history, row security shows it its own jobs' rows only), with a password
-   kept in ``<state>/secrets/postgres/tenants/<name>.password`` (0600; made once, set again
-   on every ``add``), and prints the URL to hand over, without the password. Making a login
-   needs an administrator of the database (CREATEROLE; the owner has not): ``MDQ_PG_ADMIN_URL``
-   (+ ``MDQ_PG_ADMIN_PASSWORD``) or ``--database-admin-url``, else the running stack's embedded
-   server as its superuser. Without either, or when the database cannot be reached, it says
-   so; the NATS part is done all the same (and ``add`` may be run again).
-
-``mdq tenant rm NAME`` takes a tenant off: every credentials file it was ever given is revoked
-(``add`` lists each key it mints beside the file, ``<name>.keys``), its stream, policy and
-PostgreSQL login are deleted (its inputs bucket stays: its accepted jobs read their input files
-from it; the admin deletes it with ``nats object del`` once they ended), and the running stack's
-NATS reloads so that the revocation applies
-at once (another server: the command says to reload it). ``mdq tenant ls`` lists the tenants'
-policies.
-
-The tenant then uses mdq with ``MDQ_NATS_CREDS=<that file>`` (or ``--creds``): ``mdq submit``,
-``mdq watch`` and the SDK find the tenant in the credentials; ``mdq ls`` / ``show`` with
-``DATABASE_URL=<its URL>`` and ``PGPASSWORD=<its password>``.
+``add`` mints the tenant's credentials with the deployment's trust chain (``mdq.auth``),
+creates its streams and inputs bucket as admin, stores its policy in the tenants bucket and
+makes its PostgreSQL login (``mdq.store.roles``); ``rm`` revokes every key it was given and
+deletes what ``add`` made but its inputs bucket. Each step, and what the tenant then runs:
+docs/security.md, "Adding a tenant", "Removing a tenant" and "Tenants in PostgreSQL".
 """
 
 from __future__ import annotations
@@ -66,13 +37,14 @@ from mdq.bus.storage import StorageSettings
 from mdq.bus.streams import ensure_tenant_stream, remove_tenant_streams
 from mdq.bus.subjects import Subjects
 from mdq.bus.tenants import ensure_tenants_bucket, put_policy, remove_policy
-from mdq.cli.context import Endpoints, GlobalOptions, NoEndpoint, resolve_endpoints
+from mdq.cli.context import Endpoints, GlobalOptions, resolve_endpoints
 from mdq.core.tenants import (
     DEFAULT_POLICY,
     TenantNameError,
     TenantPolicy,
     validate_tenant_name,
 )
+from mdq.errors import Unavailable
 from mdq.stack import StackInfo, reload_embedded_nats
 from mdq.store.roles import (
     DEFAULT_PREFIX,
@@ -207,7 +179,7 @@ async def remove_tenant(
 
 
 # -- the tenant's PostgreSQL login ---------------------------------------------------------------
-class NoDatabaseAdmin(RuntimeError):
+class NoDatabaseAdmin(Unavailable, RuntimeError):
     """Nothing says how to reach the database as an administrator (the reason is the text)."""
 
 
@@ -467,11 +439,7 @@ def remove(
     policy and its PostgreSQL login. Jobs it submitted go on; their history stays."""
     endpoints = _endpoints_of(ctx)
     options = _options_of(ctx)
-    try:
-        validate_tenant_name(name)
-    except TenantNameError as error:
-        err_console.print(f"[red]{error}[/]")
-        raise typer.Exit(2) from None
+    validate_tenant_name(name)
     stack_secrets = nats_secrets_dir(options.state_dir)
     folder = secrets or stack_secrets
     removed = _run_as_admin(
@@ -536,8 +504,4 @@ def _options_of(ctx: typer.Context) -> GlobalOptions:
 
 
 def _endpoints_of(ctx: typer.Context) -> Endpoints:
-    try:
-        return resolve_endpoints(_options_of(ctx))
-    except NoEndpoint as error:
-        err_console.print(f"[red]{error}[/]")
-        raise typer.Exit(3) from None
+    return resolve_endpoints(_options_of(ctx))

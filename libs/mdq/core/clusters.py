@@ -1,6 +1,6 @@
 """Execution clusters: their names, how a node is named within one, and a job's selector (pure).
 
-mdq may run jobs on several execution clusters at once (issue 18): the department's Kubernetes
+mdq may run jobs on several execution clusters at once: the department's Kubernetes
 cluster, a national centre's allocation, a cloud account, or local clusters of virtual nodes.
 Each has a name (a DNS label) and labels (``site=hpc-centre``, ``gpu=true``). A node is named
 *within its cluster* everywhere in mdq — events, PostgreSQL, metrics, ``mdq nodes``, the

@@ -31,6 +31,7 @@ from mdq.core.ids import REQUEST_ID_HEX, tenant_of
 from mdq.core.recovery import cancel_message
 from mdq.core.spec import PRIORITY_CLASSES, SpecError
 from mdq.core.state import IDLE_STATES, LIVE_STATES, JobState, JobView, Stop
+from mdq.errors import InvalidInput
 
 MAX_KEY_CHARS = 200
 MAX_REASON_CHARS = 500
@@ -64,7 +65,7 @@ EVENT_KINDS = (
 """The events an ``Action`` may publish (placement publishes them)."""
 
 
-class ControlRefused(ValueError):
+class ControlRefused(InvalidInput):
     """A request refused as a whole; ``field`` is the path of the culprit ("" the message)."""
 
     def __init__(self, field: str, message: str) -> None:

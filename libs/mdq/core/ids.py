@@ -1,4 +1,4 @@
-"""Deterministic identities: request, job, pod and event ids (DESIGN invariant 3).
+"""Deterministic identities: request, job, pod and event ids (docs/architecture.md, invariant 3).
 
 Every id is derived from what the client sent, so a redelivered submit, a restarted service or
 a replayed log computes the same ids and JetStream's Nats-Msg-Id deduplication drops the copy.

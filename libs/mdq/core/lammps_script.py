@@ -1,38 +1,18 @@
 """LAMMPS input scripts as data, not code (pure): what mdq lets a script do, line by line.
 
-A scientist's script sets a system up (units, atoms, potential, fixes); mdq runs the steps and
-owns the host. A script could otherwise reach the host: run programs (``shell``), run Python
-(``python``, ``fix python/invoke``, ``pair_style python``, ``mliappy`` models, ``variable ...
-python``), load code (``plugin``), reach the network (``geturl``, ``kim``, ``mdi``), read the
-environment (``variable ... getenv``), or read and write files anywhere (``read_data /etc/...``,
-``include ../../other-job/in.x``, ``print ... file /...``, ``log``). So every command of a
-script, and of every file it includes, is checked here (docs/engines.md lists the rules and
-why):
-
-* **refused commands**: those that reach the host, those that would run commands mdq cannot
-  check first (``if``, ``jump``, ``label``, ``next``: their commands are in quotes and are
-  substituted only as they run), and those that are mdq's to issue (``run``, ``minimize`` and
-  the other run commands, ``log``, ``restart``, ``clear``, ``quit``, ``partition``);
-* **refused words**: a Python or network style anywhere in a command (``python``,
-  ``python/...``, ``mliappy``, ``mdi/...``, ``getenv``), a ``movie`` dump (it starts ffmpeg)
-  and a compressed file (``*.gz``, ``*.bz2``, ``*.xz``, ``*.zst``, ``*.lzma``, ``*.lz4``: LAMMPS
-  reads and writes those by running gzip, bzip2, ... through a shell, the file's name in its
-  command line);
-* **paths**: every word (quoted or not) that names a file must stay in the job's working
-  folder: no absolute path (``/...``, also after ``(``, ``=`` or ``,``), no ``~``, no ``..``
-  part, no backslash.
-
-Intake checks a script (and the files it includes by name) before it accepts the submit, and
-the refusal names the line (``in.melt line 12: shell rm -rf /: ...``); ``mdq submit`` checks the
-same before it uploads anything; the runner checks every command again, after LAMMPS has
-substituted its variables, just before it runs it (``check_command`` with ``expanded=True``: no
-``$`` may be left outside quotes).
+Every command of a script, and of every file it includes, is checked here: by ``mdq submit``
+before it uploads, by intake before it accepts the submit (``check_script``, the refusal naming
+the line), and by the runner again as each command runs, after LAMMPS substituted its variables
+(``check_command`` with ``expanded=True``). Which commands, words and paths are refused, and
+why: docs/engines.md, "Input scripts are data, not code".
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+from mdq.errors import InvalidInput
 
 MAX_SCRIPT_BYTES = 1 << 20
 """A script (or an included file) of at most 1 MiB: larger inputs are data files."""
@@ -120,7 +100,7 @@ class Command:
         return self.words[0].text if self.words else ""
 
 
-class ScriptError(ValueError):
+class ScriptError(InvalidInput):
     """A script line mdq refuses; ``line`` is 1-based (0: the script as a whole)."""
 
     def __init__(self, line: int, command: str, reason: str) -> None:

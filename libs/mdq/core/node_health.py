@@ -1,53 +1,11 @@
 """Node health: a node whose environment is failing, or on which many different jobs crash, is
 cordoned, within a budget that never lets mdq's own cordons take out the cluster (pure).
 
-A node reports its environment's problem with its load (``NodeLoad.problem``: its data folder
-full, read-only, failing or not mounted, pods that could not start; on Kubernetes a pressure
-condition): such a node is cordoned while it reports one, worst first in the budget below
-(a direct observation, where a crash is a guess), and takes work again with its first report
-without one. The failures its jobs met there (FAILURE_ENVIRONMENT) charge neither them nor it.
-
-One job crashing says little about its node; several different jobs crashing on the same node
-within a short window points at the node (a bad disk, a flaky GPU, a broken library). Placement
-folds every ``attempt_failed`` event into ``NodeHealth`` — with the event's own time, so a
-restarted placement reaches the same verdict from the log — and a node with
-``failures_to_cordon`` distinct failed jobs within ``window_s`` becomes *suspect* for
-``cordon_s``. A suspect node is cordoned (no new work; running work stays) only as far as the
-budget allows (``cordons``).
-
-Which failures count (only those that implicate the node as a place to run jobs):
-- FAILURE_CRASHED — counts. The runner itself ended with an unexpected error or signal; on one
-  node, across distinct jobs, that is the node's signature.
-- FAILURE_NODE_LOST — does not count. The node or its agent went away (no heartbeat, Kubernetes
-  NodeLost, or a restarted agent finding the pods its predecessor ran): infrastructure, not
-  evidence that the node is bad for jobs. kill -9 of the local node agent produces exactly
-  this: its runners die with it (PR_SET_PDEATHSIG), nobody is left to report their exit, and
-  their pods end "NodeLost" — from the restarted agent, or from the backend's heartbeat check
-  if the agent stays away — which recovery classifies as FAILURE_NODE_LOST. Counting it is how
-  one agent kill on the two-node stack cordoned both nodes.
-- FAILURE_LOST — does not count. Silence is the control plane's own observation, and its usual
-  causes are not the node: the node or agent died before it was declared lost (on Kubernetes
-  the 60 s silence rule fires before a NotReady node's pods end NodeLost), the bus was away (every
-  runner on every node falls silent at once), the watcher stalled. A node that is really
-  unreachable is already kept out by readiness; a job lost on a node avoids it on its retry.
-- FAILURE_ENVIRONMENT (the data disk full, read-only, failing or unmounted; a pod that could not
-  start) — does not count: the node says so itself with its ``problem``, which cordons it
-  directly, and a shared volume fails every node at once.
-- FAILURE_EVICTED (preemption, drain, agent shut down), FAILURE_OOM_KILLED (the job's request),
-  FAILURE_UNSTABLE and FAILURE_INVALID_INPUT (the job's physics or input): the job's or the
-  operator's doing — do not count.
-
-The budget (``within_budget``), in CPU capacity of the *ready* nodes (unready nodes are out
-already and take no part): cordons are chosen worst first — a reported problem, then most
-distinct failures, then most recent failure — and one is applied only if, counting operator
-cordons, the cordoned capacity stays within ``max_cordoned_fraction`` of the ready capacity.
-One exception keeps a small cluster able to fence off its one bad node: when no other ready
-node is cordoned, a single node holding at most half of the ready capacity may be cordoned (two
-equal nodes: one of them). Never is the last schedulable (ready, uncordoned) node cordoned. A
-suspect node the budget leaves open is reported ``held_back``: it keeps taking work. Like
-Kubernetes' node lifecycle controller, which stops evicting when most of a zone looks
-unhealthy, the reasoning is that when much of the cluster looks bad at once the fault is more
-likely the scheduler's own view (the bus, the control plane, an agent) than the nodes.
+Placement folds every node's reported problem and every ``attempt_failed`` event (with the
+event's own time, so a restarted placement reaches the same verdict from the log) into
+``NodeHealth``; ``cordons`` says which nodes to cordon within the budget (``within_budget``)
+and which suspects it holds back. Which failures count against a node, and why the budget is
+what it is: docs/placement.md, "Cordons".
 """
 
 from __future__ import annotations

@@ -6,50 +6,8 @@ the queue of pending jobs — and gets back one decision per job it could place,
 of every node it scored and why the others were filtered out. ``plan_preemptions`` says which
 lower-priority running jobs to stop for a high-priority job that fits nowhere.
 
-Rules (docs/placement.md has the whole story):
-
-- **Queue order.** Highest effective priority first, then oldest. Effective priority is the
-  class priority plus ``aging_per_minute`` points per minute waited, so a low job never starves.
-  Because every job ages at the same rate, the order does not depend on "now": it is the order
-  of ``submitted_at - priority / aging_per_minute`` (``queue_key``), cheap to keep sorted.
-- **Filters.** Node-wide first (checked once per plan): not ready, cordoned, load report older
-  than ``load_timeout_s``, live load above ``hard_load_threshold``. Then per job: on the job's
-  avoid-list (a preference, dropped when nothing else fits), requests do not fit capacity minus
-  reservations.
-- **Herd guard.** A node's load lags behind bindings: a pod bound a second ago does not show in
-  the load reported a second ago. A node's effective load is therefore the larger of (live load
-  + requests bound since its last report, ``inflight_*``) and (all reservations / capacity),
-  and ``plan`` adds every job it binds to both as it goes. A burst of jobs spreads.
-- **Score** (higher is better) of the utilisation ``u`` the node would have with the job
-  (the larger of CPU and memory): with ``target_load`` 0 (the default) ``100·(1-u)`` — spread;
-  with a target ``t`` it is TargetLoadPacking's: rising from ``100·t`` at 0 to 100 at ``t``,
-  then ``100·t·(1-u)/(1-t)`` above it (below an idle node's score) — pack up to ``t``, then
-  move on. Minus ``balance_weight`` per unit of
-  |CPU share - memory share| after placement. Minus ``overload_penalty`` on a node whose CPU or
-  memory load is above ``overload_threshold`` (80%): the brief's rule, "an overloaded node
-  lowers the job's priority there".
-- **Clusters.** Nodes of every execution cluster are placed on together (``mdq.core.clusters``;
-  a node's name is ``<cluster>/<node>``). A job's ``clusters.require`` filters out the nodes
-  of clusters without those labels; ``clusters.prefer`` adds ``cluster_preference_weight``
-  points times the fraction of preferred labels the node's cluster has; a chain's job adds
-  ``locality_weight`` points times the fraction of its dependencies whose outputs are on the
-  node's cluster; with more than one cluster, a node loses ``cluster_load_weight`` points
-  times the share of its cluster's CPU reserved when the pass began (a busy cluster's nodes
-  rank below an idle one's). Each decision says how every cluster fared (``ClusterSummary``).
-- **Tenant CPU quotas.** A job whose tenant's bound and running CPU plus its own would exceed
-  the tenant's ``max_running_cpu`` (``tenant_room``, ``mdq.core.tenants``) is skipped: it
-  waits, and the jobs behind it in the queue, other tenants' included, still bind.
-- **Fair share.** Given ``fairness``, jobs of several tenants are taken in weighted
-  dominant-resource-fair order (``mdq.core.fairshare``): the next job of the tenant with the
-  smallest weighted share, each binding counted at once; within a tenant, queue order.
-- **Scaling.** Up to ``full_scan_nodes`` eligible nodes, every node is scored for every job.
-  Above that, eligible nodes sit in a heap ranked by their job-independent load score; a job
-  scores the ``sample_size`` best-ranked nodes that fit it (looking at no more than
-  ``max_examined``) and falls back to a full scan only when none of those fits. A job whose
-  requests dominate those of a job that already fit nowhere in this plan is skipped at once.
-  A full scan for a job shaped (CPU, memory) like an earlier one in the same plan rescores only
-  the nodes whose room changed since, so a campaign of replicas costs one node per decision.
-  Each decision reports how many nodes were filtered, per reason, and how many not examined.
+The rules (queue order, filters, the herd guard, the score, clusters, tenant quotas, fair share,
+scaling) are docs/placement.md's, "The algorithm (``plan``)" and the sections after it.
 """
 
 from __future__ import annotations

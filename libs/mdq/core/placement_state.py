@@ -4,35 +4,9 @@ The placement service owns one ``PlacementState``, feeds it every job event (``a
 node load (``apply_load``), and asks it what to decide on: the queue (``queue``), the nodes with
 their reservations and in-flight bindings (``node_states``), the WAITING jobs whose dependencies
 ended (``dependency_verdict``), the running work a preemptor may stop (``running_work``) and
-each tenant's usage (``tenant_usage``, ``tenant_room``). The service keeps only I/O: the
-subscriptions, the publishes and their fencing, the pods, the KV writes, the logs.
-
-What is kept, incrementally, as events are folded (no pass over all jobs per event):
-
-- ``book``: every job that has not ended (and those that ended since the last ``prune``), as
-  ``JobView``; jobs are filed per state (``views``);
-- per BOUND or RUNNING job, its (node, CPU, memory); per node, the sum of those
-  (*reservations*);
-- per node, the bindings its last load report cannot reflect yet (*in-flight*, the herd guard):
-  ``note_binding`` counts a binding, and a report ``load_settle_s`` after it settles it;
-- per tenant, the CPU (and, for fair share, the CPU and memory, the operator's included) of
-  its BOUND and RUNNING jobs and its jobs in ``QUEUED_STATES``;
-- per job, the stream sequence of its last ``bound`` (the publish fence, ``fence_sequence``);
-- per node, the recent crashes (``NodeHealth``) and the time of the latest job lost with it;
-- the preemptors' nominations (held room) and the victims being terminated, in memory only;
-- the jobs being stopped on request (``stopping``: job control, a limit) and the pods of jobs
-  cancelled while they held a node (``take_orphan_pods``), for the service to delete;
-- per ended job forgotten by ``prune``, its final state: all a chain needs of it (whether the
-  dependency succeeded; the spec is not kept), for the ``ended_memory`` jobs that ended last
-  (or were looked up last). Memory is bounded by that, not by the history: a dependency that
-  is neither live nor remembered is *unknown* (``take_unknown_dependencies``); the service
-  reads its terminal event from the log and tells the state (``learn_final``), or tells it
-  the log has none (``learn_missing``: the job waits, and ``mdq explain`` says why).
-
-Time is never read here: every method that depends on it takes ``now``. ``snapshot`` gives the
-state's content as plain JSON-able values and ``from_snapshot`` rebuilds an equal state from it
-(the indexes are re-derived from the jobs); nominations and the terminating victims are not in
-it (after a restart the preemptor simply re-plans, docs/placement.md).
+each tenant's usage (``tenant_usage``, ``tenant_room``). Time is never read here: every method
+that depends on it takes ``now``. What is kept, and how memory stays bounded by
+``ended_memory`` rather than the history: docs/placement.md, "Where the state lives".
 """
 
 from __future__ import annotations

@@ -1,33 +1,10 @@
 """Resource requests learned from history: what a job will need, from what similar jobs used.
 
-People guess their jobs' memory and cores, and they guess high; a cluster paid for by the
-core-hour pays for the guess. This module recommends a job's ``resources`` from the measured
-usage of earlier attempts of *similar* jobs, and says how sure it is (pure: no I/O; the
-callers hand it the history they read). docs/requests.md describes it for people.
-
-**Similar** means the same :class:`CostFingerprint`, what drives an MD job's cost: the engine
-(OpenMM or LAMMPS, ``mdq.core.engines``), the system kind, the atom count (in geometric buckets
-of ratio :data:`ATOM_BUCKET_RATIO`), the nonbonded method and cutoff, whether a barostat runs,
-the integrator, the platform, the CPU threads, the trajectory and checkpoint intervals, and the
-job's own input files (their sha256s: the same script and data) and LAMMPS variables. When
-fewer than :data:`MIN_SAMPLES` attempts share the whole fingerprint, the intervals, the
-integrator and the variables are dropped (they move memory least: the *coarse* key; a LAMMPS
-script swept over a temperature stays one key); when that is too few as well, the physical
-estimate below is used.
-
-**Memory**: the :data:`MEMORY_QUANTILE` quantile of the measured peak resident memory, plus a
-margin that shrinks as evidence grows (:func:`memory_margin`). An OOM-killed attempt's limit is
-a lower bound: the recommendation is at least :data:`OOM_FLOOR_FACTOR` times the largest limit
-an attempt of that fingerprint was killed at, whatever the quantile says.
-
-**CPU**: the :data:`CPU_QUANTILE` quantile of the mean cores the attempts used (CPU seconds /
-wall seconds), rounded up to a tenth of a core. An attempt that used its whole allowance
-(at least :data:`THROTTLED_FRACTION` of it) was throttled: its use is a lower bound, so the
-recommendation is not below its allowance.
-
-**No history**: :func:`physical_estimate`, a straight line in the atom count fitted to peak
-resident memory measured with OpenMM 8.6 on the CPU platform (docs/requests.md, "The physical
-model"), with the wide margin :data:`PHYSICAL_MARGIN`; threads from the atom count.
+``recommend`` gives a job's ``resources`` from the measured usage of earlier attempts of jobs
+with the same cost fingerprint (``CostFingerprint``; the coarse key when too few share the
+whole one), and says how sure it is; ``physical_estimate`` when there is no history (pure: the
+callers hand it the history they read). The fingerprint, the quantiles and margins, and the
+physical model: docs/requests.md.
 """
 
 from __future__ import annotations

@@ -1,32 +1,9 @@
 """Recovery policy: classify a failed attempt and decide what happens next (pure).
 
-Each failure class gets the policy it calls for:
-- crashed: retry after an exponential backoff (5 s, 10 s, ...), counted against max_retries;
-- OOM-killed: retry with 1.5x the memory (up to a cap), counted;
-- environment (the node's data folder full, over quota, read-only, failing or not mounted; a
-  pod that could not start): retry after a backoff that grows with the failures of this kind in
-  a row, away from that node when another one fits; the node's, never the job's;
-- evicted / preempted / node lost: retry at once on another node, not the job's fault;
-- cluster lost: the same, from the latest checkpoint *copied* to the store every cluster shares
-  (the lost cluster's files are out of reach); the steps between the latest checkpoint and
-  that copy are the copy's lag, recorded with the steps lost;
-- lost (silent): retry at once, counted (the old attempt is fenced off by the watcher);
-- unstable (NaN energy) / invalid input / a runaway limit crossed: fail at once — retrying
-  will not help.
-Every retry resumes from the latest checkpoint; the steps done past it are the lost work.
-
-A job fails for good only for its own reasons: invalid input, an unstable simulation, its own
-crashes past ``max_retries`` (or a crash loop: ``quarantine_after`` identical failures in a
-row without progress), memory at the cap. Failures that are not its fault
-(``NOT_THE_JOBS_FAULT``) spend none of its retries and are never part of a crash loop, however
-many there are; only the operator's ``disruption_deadline_s`` (off by default) ends a job that
-such failures have kept from any progress for that long (docs/architecture.md, invariant 4).
-
-An attempt stopped on request (``JobView.stop``: job control, a limit; docs/control.md) is
-decided by the request: a cancel ends the job CANCELLED (``Cancel``), a limit ends it FAILED
-(FAILURE_LIMIT_EXCEEDED), a hold or a requeue queues the next attempt at once from the
-checkpoint the stop wrote, never counted against max_retries (the fold leaves a held job
-HELD). A hold or requeue whose attempt failed some other way first is decided as that failure.
+``classify`` names why an attempt failed from its pod's reason and exit code; ``decide`` says
+what follows: a requeue (when, where, with what memory, from which checkpoint), a wait, a final
+failure or a cancel. Which failure gets which policy, and why a job fails for good only for its
+own reasons: docs/recovery.md.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from mdq.core.clusters import selector_error
 from mdq.core.ids import job_id
 from mdq.core.lammps_script import check_variables
 from mdq.core.text import first_nul
+from mdq.errors import InvalidInput
 
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9-]{0,39}$")
 PRIORITY_CLASSES: dict[str, int] = {"high": 1000, "normal": 500, "low": 100}
@@ -117,7 +118,7 @@ this range (``mdq.core.documents``). 0 (or leaving a field out) means its defaul
 has one."""
 
 
-class SpecError(ValueError):
+class SpecError(InvalidInput):
     """A submit that cannot be accepted; ``field`` is the path of the culprit."""
 
     def __init__(self, field: str, message: str) -> None:

@@ -1,30 +1,12 @@
 """Tenants: who submits, and what each may do (pure).
 
-A tenant is a group of users sharing one NATS identity (``mdq tenant add``): the server lets it
-publish submits only on its own subject token (``mdq.submit.<tenant>``) and read only its own
-jobs' events, so intake takes the tenant from the subject the server enforced, never from
-the payload. A tenant's request and job ids start with its name and a dot
-(``alice.3f2a9c0d1e4b-relax``, ``mdq.core.ids``). Jobs submitted by the operator's own
-identity (``cli``) have no tenant ("").
-
-What each tenant may do is its ``TenantPolicy`` (the admin writes it, as JSON, into the KV
-bucket ``<namespace>_tenants`` under the tenant's name; ``DEFAULT_POLICY`` without one):
-
-- intake refuses a submit with ``check_submit`` (a ``high`` job without ``allow_high``, a job
-  bigger than the tenant's whole CPU quota, more queued jobs than ``max_queued_jobs``) and
-  paces submits with ``SubmitRateLimiter`` (``submits_per_minute``, a token bucket);
-- intake holds every job to its runaway limits (``RunawayLimits``: steps per job, wall time and
-  disk per job): the tenant's policy, or the operator's default where the policy sets none (the
-  operator's own jobs take the defaults); a job above one is refused naming the field and the
-  limit, and a job that states no ``max_wall_s`` / ``max_disk_mb`` gets the limit
-  (``apply_runaway_limits``), which the watcher (wall time) and the runner (disk) enforce;
-- placement binds no job that would take its tenant's BOUND and RUNNING CPU above
-  ``max_running_cpu`` (``cpu_quota_reason`` says why, for ``mdq explain``), and writes each
-  tenant's ``TenantUsage`` (queued jobs, running CPU) into its waiting bucket under
-  ``usage_key(tenant)`` (``tenant.<name>``) for intake's queued-jobs check.
-
-The operator's untenanted jobs are never limited by a quota (only by the runaway limits'
-defaults).
+A tenant is a group of users sharing one NATS identity; its request and job ids start with its
+name and a dot (``mdq.core.ids``), and the operator's own jobs have no tenant (""). Its
+``TenantPolicy`` (the tenants bucket; ``DEFAULT_POLICY`` without one) is checked here: a submit
+by ``check_submit`` and ``SubmitRateLimiter``, a job's runaway limits by ``RunawayLimits`` /
+``apply_runaway_limits``, the CPU quota by ``tenant_room`` / ``cpu_quota_reason``. What a
+tenant may do and how the server keeps tenants apart: docs/security.md, "Tenants";
+the quota's effect on placement: docs/placement.md, "Tenant quotas".
 """
 
 from __future__ import annotations
@@ -42,6 +24,7 @@ from mdq.core.ids import REQUEST_ID_HEX, TENANT_SEPARATOR
 from mdq.core.spec import MAX_DISK_MB, MAX_WALL_S, SpecError
 from mdq.core.state import JobState
 from mdq.core.timestamps import EPOCH
+from mdq.errors import InvalidInput
 
 TENANT_PATTERN = re.compile(r"[a-z][a-z0-9-]{0,30}")
 """A tenant's name (fullmatch): a subject token, a stream-name suffix and a PostgreSQL role
@@ -57,7 +40,7 @@ RESERVED = frozenset(
 ``tenant`` (the tenants' own identities are ``tenant.<name>``) and ``operator``."""
 
 
-class TenantNameError(ValueError):
+class TenantNameError(InvalidInput):
     """A tenant name that cannot be used."""
 
 
@@ -86,7 +69,7 @@ JOB_ID_PATTERN = re.compile(
 wildcard (``*``, ``>``), never an identity's name (``intake``), never an inbox prefix."""
 
 
-class JobIdError(ValueError):
+class JobIdError(InvalidInput):
     """A value that is not a job id intake could have made."""
 
 

@@ -11,11 +11,11 @@
         print(await client.wait(job_ids, timeout=600))
 """
 
+from mdq.errors import MdqError
 from mdq.sdk.client import (
     IntakeUnavailable,
     JobUpdate,
     MdqClient,
-    MdqError,
     OperatorOnly,
     SubmitRefused,
     WaitTimeout,

@@ -61,16 +61,13 @@ from mdq.core.control import VERB_OF_WORD
 from mdq.core.ids import job_id as make_job_id
 from mdq.core.ids import request_id_for_key, request_id_for_sequence, request_id_of
 from mdq.core.state import JobBook, JobState, JobView
+from mdq.errors import InvalidInput, MdqError, PermissionDenied, Unavailable
 from mdq.sdk.inputs import LocalInput, resolve_inputs
 
 SubmitInput = pb.SubmitRequest | Sequence[pb.JobSpec]
 
 
-class MdqError(Exception):
-    """Base of the SDK's errors."""
-
-
-class SubmitRefused(MdqError):
+class SubmitRefused(InvalidInput):
     """Intake refused a submit; nothing was created. ``field`` is the path of the culprit
     (e.g. ``jobs[0].resources.cpu``), ``""`` for the whole submit."""
 
@@ -81,11 +78,11 @@ class SubmitRefused(MdqError):
         self.request_id = request_id
 
 
-class IntakeUnavailable(MdqError):
+class IntakeUnavailable(Unavailable):
     """Nobody answered a request-reply submit (intake not running, or too slow)."""
 
 
-class OperatorOnly(MdqError, PermissionError):
+class OperatorOnly(PermissionDenied):
     """What the operator's identity alone may read (the nodes' load, the tenants' shares),
     asked with a tenant's credentials: the server would refuse it, so the SDK says so first."""
 
@@ -97,7 +94,7 @@ def tenant_of_creds(creds: str | Path | None) -> str:
     return tenant_of_identity(identity_of_creds(Path(chosen))) if chosen else ""
 
 
-class ControlRefused(MdqError):
+class ControlRefused(InvalidInput):
     """A job-control request was refused as a whole; nothing changed. ``field`` is the path of
     the culprit (e.g. ``priority_class``), ``""`` for the whole request."""
 
@@ -107,7 +104,7 @@ class ControlRefused(MdqError):
         self.message = message
 
 
-class ControlUnavailable(MdqError):
+class ControlUnavailable(Unavailable):
     """Nobody answered a job-control request in time (placement down, or between leaders)."""
 
 

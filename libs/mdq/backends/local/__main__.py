@@ -19,6 +19,7 @@ from mdq.backends.local.agent import NodeAgent
 from mdq.backends.local.settings import LocalAgentSettings
 from mdq.bus.connect import CREDS_ENV, connect
 from mdq.bus.runtime import run_service
+from mdq.bus.subjects import Subjects
 from mdq.settings import CommonSettings
 
 
@@ -42,7 +43,7 @@ def build(
     """The agent for these settings."""
     return NodeAgent(
         js=js,
-        subjects=common.subjects.for_local_cluster(settings.cluster),
+        subjects=Subjects(common.namespace).for_local_cluster(settings.cluster),
         nodes=settings.node_configs(),
         data_dir=common.data_dir,
         heartbeat_s=settings.heartbeat_s,

@@ -1,38 +1,9 @@
 """The node agent (the local backend's "kubelet"): runs the pods bound to its nodes.
 
-One agent process serves one or more virtual nodes. It registers them in the nodes bucket and
-heartbeats their capacity and live usage; it watches the pods bucket and runs every pending
-pod bound to one of its nodes as a subprocess (its own process group, dying with the agent),
-enforcing the memory limit by polling the tree's RSS and pinning CPU cores when it can. It
-writes each pod's status back: POD_RUNNING, then POD_SUCCEEDED ("Completed") or POD_FAILED
-("Error", "OOMKilled", "Deleted", "Evicted", "NodeLost", "StartError").
-
-Exactly-once start: a pod is claimed by a conditional write of POD_RUNNING on the revision the
-agent saw as POD_PENDING, before its process starts. A redelivered or stale update therefore
-never starts it again, and after a crash of the agent (kill -9 = node crash) the restarted
-agent finds the pods it had claimed still POD_RUNNING with no process and reports them
-POD_FAILED "NodeLost". The agent is level-triggered: if it cannot claim a pod (NATS gone)
-it exits with an error, and whatever restarts it reconciles from the buckets.
-
-A pod record describes an attempt; it never says what to run. The agent starts
-``<its interpreter> -m services.runner`` in the job's own folder, with an environment built
-from the record and an allowlist of its own variables (``mdq.backends.launch``): a forged
-record can at most start the runner on a spec the runner validates again, and never sees the
-agent's secrets (DATABASE_URL, credentials). A record whose ids are not plain names is
-refused (StartError). On an authenticating server each runner gets NATS credentials of its own
-job, valid for ``MDQ_NATS_RUNNER_CREDS_TTL_S``: the agent holds no key to mint them, it asks
-placement's desk (``mdq.bus.runner_creds.request_runner_creds``), which mints them only for the
-attempt the jobs log says is live and renews them (the runner asks) while it stays so; once the
-pod ended, its file stops working within the TTL.
-
-The node's health is the agent's to tell (``mdq.datadisk``): every heartbeat it probes the data
-folder — the volume's marker is there (``claim``, written the first time), enough room is free
-(``min_free_mb``), a small file can be written, fsynced and removed — and puts the problem in
-words in the node records ("" when healthy), with pods that could not start (their StartError
-message, for ``start_error_hold_s``). Placement takes no new pods on a node with a problem
-(within the cordon budget), and takes them again once a probe passes. A pod bound there anyway
-fails to start (StartError: the node's failure, never the job's), and it never creates a job's
-folder on the disk under a volume that is not mounted.
+One agent process serves one or more virtual nodes: it heartbeats their capacity, live usage
+and health into the nodes bucket, claims each pending pod bound to one of them with a
+conditional write before it starts it (so a pod never starts twice), runs it as a subprocess
+with its limits, and writes its status back. How, and why: docs/backends.md, "The node agent".
 """
 
 from __future__ import annotations

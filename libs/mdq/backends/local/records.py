@@ -25,7 +25,6 @@ from typing import Any, TypeVar, cast
 
 from google.protobuf.message import DecodeError, Message
 from nats.js import JetStreamContext
-from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import (
     APIError,
     KeyDeletedError,
@@ -35,7 +34,7 @@ from nats.js.kv import KeyValue
 
 from mdq.backends.port import PodSpec, PodUpdate
 from mdq.bus.requests import is_wrong_last_sequence
-from mdq.bus.streams import open_bucket
+from mdq.bus.streams import ensure_local_buckets
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 
@@ -226,19 +225,11 @@ class Buckets:
     nodes: KeyValue
 
 
-async def _bucket(js: JetStreamContext, name: str, replicas: int) -> KeyValue:
-    return await open_bucket(
-        js, KeyValueConfig(bucket=name, history=1, storage=StorageType.FILE, replicas=replicas)
-    )
-
-
 async def ensure_buckets(js: JetStreamContext, subjects: Subjects, *, replicas: int = 1) -> Buckets:
     """Create (idempotently) and open the pods and nodes buckets of ``subjects``' namespace,
     with ``replicas`` copies (``MDQ_STREAM_REPLICAS``)."""
-    return Buckets(
-        pods=await _bucket(js, subjects.pods_bucket, replicas),
-        nodes=await _bucket(js, subjects.nodes_bucket, replicas),
-    )
+    pods, nodes = await ensure_local_buckets(js, subjects, replicas=replicas)
+    return Buckets(pods=pods, nodes=nodes)
 
 
 async def read_pod(pods: KeyValue, name: str) -> tuple[PodRecord, int] | None:

@@ -17,7 +17,7 @@ from sqlalchemy import pool, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from mdq.embedded import sqlalchemy_url
+from mdq.store.engine import sqlalchemy_url
 from mdq.store.models import Base
 
 MIGRATION_LOCK_KEY = 0x6D6471  # "mdq"

@@ -3,7 +3,7 @@
 Progress reports are nearly all of the log (one every few hundred MD steps per running job).
 Until now each was written twice, as a JSONB row of ``events`` (a text primary key and an
 index on ``(job_id, time)``) and as a row of ``progress``; the first write was more than half
-of the watcher's cost per report (issue 6). Now:
+of the watcher's cost per report. Now:
 
 * the table ``events`` is renamed ``job_events`` and holds the events of the JOBS stream;
 * ``progress`` gains what the envelope and the body carried beyond the energies

@@ -1,4 +1,4 @@
-"""Indexes for the web console's jobs list at a year's size (issue 16; docs/console.md).
+"""Indexes for the web console's jobs list at a year's size (docs/console.md).
 
 * ``ix_jobs_submitted_at_job_id`` (submitted_at, job_id): the jobs list, newest first, pages
   by keyset (``(submitted_at, job_id) < (last row's)``): one index range scan per page, however

@@ -1,4 +1,4 @@
-"""The view ``attempt_usage``: what each attempt used, as its runner measured it (issue 17).
+"""The view ``attempt_usage``: what each attempt used, as its runner measured it.
 
 Each row is one ``usage`` event (``mdq.v1.AttemptUsage``, stored like every event in
 ``job_events``) with its fields as columns, next to the job's cost-relevant spec fields that the

@@ -1,4 +1,4 @@
-"""Attempts resumed from a copied checkpoint (issue 18): ``resumed_from_copy`` says an attempt
+"""Attempts resumed from a copied checkpoint: ``resumed_from_copy`` says an attempt
 began from a checkpoint fetched from the store every cluster shares (``mdq.bus.copies``), and
 ``copy_lag_steps`` says how many of an attempt's ``steps_lost`` were the copy's lag (the steps
 between its latest checkpoint and the copy its retry resumed from, after its cluster was lost).

@@ -1,54 +1,23 @@
-"""The whole of mdq on one machine: embedded NATS + PostgreSQL and every service, supervised.
-
-``Stack`` is what ``mdq up`` and ``mdq demo`` (``make run``) start:
-
-1. NATS JetStream and PostgreSQL: the embedded servers of ``mdq.embedded`` under the state
-   folder (``.mdq/`` in the working directory, or ``MDQ_STATE_DIR``), unless ``NATS_URL`` /
-   ``DATABASE_URL`` point at servers that already run;
-2. the database: roles, schema and grants (``mdq.store.stack_database``: passwords generated
-   under ``<state>/secrets/postgres/``; a given ``DATABASE_URL`` is an administrator's, used
-   only here);
-3. the services ``python -m services.<name>`` (intake, placement, watcher, recovery, metrics)
-   and, for the ``local`` backend, the node agent ``python -m mdq.backends.local`` (the
-   ``kubernetes`` backend runs no agent: the services talk to the cluster of
-   ``MDQ_K8S_KUBECONFIG``, or the in-cluster service account), each a
-   child process of this interpreter with the stack's environment, logging to
-   ``<state>/logs/<name>.log``; only the watcher gets a database URL (the writer's);
-4. supervision: a child that dies is started again after a small backoff (doubling, capped);
-   so is an embedded server (NATS, PostgreSQL), in place: same port, same data folder, so
-   every URL in ``stack.json`` stays valid and every client reconnects on its own;
-5. a clean stop: SIGTERM to every child, SIGKILL to whatever is left of its process group
-   after a grace period, then the embedded servers.
-
-Where everything is (URLs, folders, pid) is written to ``<state>/stack.json`` so that client
-commands (``mdq submit``, ``mdq ls`` ...) in another terminal find a running stack; how every
-part is doing (pid, restarts, start time, last exit) to ``<state>/status.json``, rewritten on
-every change, which ``mdq status`` reads.
-"""
+"""``Stack``: start, supervise and stop every part of mdq on this machine (docs/architecture.md,
+"On one machine: the stack")."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 import warnings
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import IO, TYPE_CHECKING, Any, Self
-from urllib.parse import urlencode
-
-import psutil
+from typing import IO, TYPE_CHECKING, Self
 
 from mdq.auth import (
     RUNNER_ISSUER_ENV,
@@ -77,22 +46,27 @@ from mdq.store.stack_database import (
 if TYPE_CHECKING:
     from mdq.backends.clusters import ClusterEntry
 
-CONSOLE_TOKEN_FILE = "console.token"
-"""The console's access token, under ``<state>/secrets/`` (``services.console.access``)."""
+from mdq.stack.files import (
+    CONSOLE_TOKEN_FILE,
+    LOCAL_AGENT,
+    NATS_SERVER,
+    POSTGRES,
+    STACK_FILE,
+    STATUS_FILE,
+    ChildStatus,
+    StackError,
+    StackInfo,
+    default_state_dir,
+    read_stack_info,
+)
+from mdq.stack.ports import DEFAULT_CONSOLE_PORT, DEFAULT_METRICS_PORT, claim_port
+
 CONSOLE_TOKEN_ENV = "MDQ_CONSOLE_ACCESS_TOKEN_FILE"
 METRICS_TOKEN_ENV = "MDQ_METRICS_TOKEN_FILE"
 """/metrics asks for the console's token (``Authorization: Bearer``), on one machine."""
 SERVICES: tuple[str, ...] = ("intake", "placement", "watcher", "recovery", "metrics", "console")
 """The services of a stack, started as ``python -m services.<name>``."""
 BACKENDS: tuple[str, ...] = ("local", "kubernetes")
-DEFAULT_METRICS_PORT = 9464
-DEFAULT_CONSOLE_PORT = 8089
-STACK_FILE = "stack.json"
-STATUS_FILE = "status.json"
-NATS_SERVER = "nats-server"
-POSTGRES = "postgres"
-LOCAL_AGENT = "local-backend"
-"""The node agent's child name (``local-backend-<cluster>`` for each named local cluster)."""
 LOCAL_CLUSTER_PREFIX = "lab"
 """Named local clusters are ``lab1``, ``lab2``, ... (labelled ``site=lab1``, ...)."""
 CHILD_IDENTITY = {LOCAL_AGENT: "agent"}
@@ -105,137 +79,6 @@ DATABASE_ENV = frozenset(
 # pgserver asks platformdirs for a runtime folder; without XDG_RUNTIME_DIR that is /tmp/…,
 # which is fine, and the warning would only clutter `make run`.
 warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
-
-
-def default_state_dir() -> Path:
-    """``MDQ_STATE_DIR``, or ``.mdq`` in the working directory."""
-    return Path(os.environ.get("MDQ_STATE_DIR") or ".mdq").resolve()
-
-
-class StackError(RuntimeError):
-    """The stack cannot start (another one runs on the same state folder, a server failed)."""
-
-
-@dataclass(frozen=True, slots=True)
-class StackInfo:
-    """Where a running stack's parts are; the content of ``<state>/stack.json``."""
-
-    nats_url: str
-    database_url: str
-    namespace: str
-    metrics_url: str
-    state_dir: str
-    logs_dir: str
-    data_dir: str
-    backend: str
-    pid: int
-    embedded_nats: bool
-    embedded_postgres: bool
-    nats_creds: str = ""
-    """The CLI's NATS credentials ("" when the server needs none): what ``mdq`` commands and
-    the SDK use when they find the stack here."""
-    nats_admin_creds: str = ""
-    """Credentials that may manage streams (``mdq replay --rebuild``); keep them to yourself."""
-    database_password_file: str = ""
-    """The file holding the password of ``database_url``'s role (the reader: ``database_url``
-    is written without it); '' when the URL needs none."""
-    console_url: str = ""
-    """The web console ("" when the stack runs none)."""
-    console_token_file: str = ""
-    """The file holding the console's access token (0600, under the secrets folder): only who
-    can read it gets in (``console_link``)."""
-
-    def console_link(self, path: str = "") -> str:
-        """The console's address of ``path`` (e.g. ``jobs``) with its access token: what a
-        person opens; "" when the stack runs no console."""
-        if not self.console_url:
-            return ""
-        link = f"{self.console_url}{path.lstrip('/')}"
-        if not self.console_token_file:
-            return link
-        token = Path(self.console_token_file).read_text(encoding="utf-8").strip()
-        separator = "&" if "?" in link else "?"
-        return f"{link}{separator}{urlencode({'token': token})}"
-
-    def database_dsn(self) -> str:
-        """``database_url`` with its password (read from ``database_password_file``): what
-        the CLI connects with; '' when there is no database."""
-        if not self.database_url or not self.database_password_file:
-            return self.database_url
-        from mdq.store.roles import role_url, url_user
-
-        password = Path(self.database_password_file).read_text(encoding="utf-8").strip()
-        return role_url(self.database_url, user=url_user(self.database_url), password=password)
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> StackInfo:
-        known = {name for name in cls.__dataclass_fields__}
-        data = {key: value for key, value in json.loads(text).items() if key in known}
-        return cls(**data)
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this pid exists (and is not a zombie of ours)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def read_stack_info(state_dir: Path) -> StackInfo | None:
-    """The info of the stack running on ``state_dir``, or None (none, or its owner died)."""
-    path = state_dir / STACK_FILE
-    try:
-        info = StackInfo.from_json(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, TypeError):
-        return None
-    return info if pid_alive(info.pid) else None
-
-
-def _port_free(port: int) -> bool:
-    """Whether a server could listen on ``port`` on every interface (as /metrics does)."""
-    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
-        try:
-            sock.bind(("0.0.0.0", port))
-        except OSError:
-            return False
-    return True
-
-
-def claim_port(
-    start: int = DEFAULT_METRICS_PORT, *, tries: int = 100, purpose: str = "metrics"
-) -> tuple[int, IO[str]]:
-    """The first port from ``start`` on that is free and not claimed by another stack (for
-    /metrics, or for the console: ``purpose``), and the open lock file that claims it (held
-    until closed, released by the kernel if the stack dies).
-
-    Ports are taken below the ephemeral range on purpose: a port picked there can be taken by
-    an outgoing connection (a service's NATS client) before the metrics server binds it. The
-    claim closes the other race: two stacks started at once both saw 9464 free, and the
-    second's metrics service failed to bind it, restart after restart."""
-    lock_dir = Path(tempfile.gettempdir())
-    for port in range(start, start + tries):
-        try:
-            claim = (lock_dir / f"mdq-{purpose}-port-{port}.lock").open("a", encoding="utf-8")
-        except OSError:  # another user's claim
-            continue
-        try:
-            fcntl.flock(claim, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            claim.close()
-            continue
-        if _port_free(port):
-            return port, claim
-        claim.close()
-    raise StackError(f"no free port for {purpose} in {start}..{start + tries - 1}")
 
 
 @dataclass(slots=True)
@@ -261,85 +104,6 @@ class ChildProcess:
     @property
     def pid(self) -> int | None:
         return self.process.pid if self.process is not None else None
-
-
-@dataclass(frozen=True, slots=True)
-class ChildStatus:
-    """What ``Stack.status`` says about one supervised part (a server or a child process)."""
-
-    name: str
-    pid: int | None
-    running: bool
-    restarts: int
-    last_exit_code: int | None
-    log_path: Path
-    kind: str = "service"
-    """``server`` (embedded NATS or PostgreSQL), ``service`` or ``agent`` (the node agent)."""
-    last_exit: str | None = None
-    """How the previous process ended: ``exit 1``, ``signal 9``, ``gone``; None if none has."""
-    started_at: float | None = None
-    """Wall-clock time (epoch seconds) the current process started; None while it is down."""
-
-    def uptime_s(self, now: float) -> float | None:
-        """Seconds the current process has been running at ``now``; None while it is down."""
-        return None if self.started_at is None or not self.running else now - self.started_at
-
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "name": self.name,
-            "kind": self.kind,
-            "pid": self.pid,
-            "running": self.running,
-            "restarts": self.restarts,
-            "last_exit_code": self.last_exit_code,
-            "last_exit": self.last_exit,
-            "started_at": self.started_at,
-            "log_path": str(self.log_path),
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ChildStatus:
-        return cls(
-            name=str(data["name"]),
-            kind=str(data.get("kind", "service")),
-            pid=data.get("pid"),
-            running=bool(data.get("running")),
-            restarts=int(data.get("restarts", 0)),
-            last_exit_code=data.get("last_exit_code"),
-            last_exit=data.get("last_exit"),
-            started_at=data.get("started_at"),
-            log_path=Path(str(data.get("log_path", ""))),
-        )
-
-
-def read_stack_status(state_dir: Path) -> tuple[float, list[ChildStatus]] | None:
-    """When the running stack on ``state_dir`` last wrote its status, and every part's status;
-    None when there is no such file (no stack, or one from before this file existed)."""
-    try:
-        data = json.loads((state_dir / STATUS_FILE).read_text(encoding="utf-8"))
-        return float(data["updated_at"]), [ChildStatus.from_dict(c) for c in data["children"]]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def reload_embedded_nats(state_dir: Path) -> bool:
-    """Have the embedded nats-server of the stack running on ``state_dir`` reload its
-    configuration (SIGHUP): a revocation written into ``nats-auth.conf`` applies at once. False
-    when no stack with an embedded server runs there (a server of the user's, say)."""
-    found = read_stack_status(state_dir)
-    if found is None or read_stack_info(state_dir) is None:
-        return False
-    for part in found[1]:
-        if part.name != NATS_SERVER or not part.running or part.pid is None:
-            continue
-        try:
-            if "nats-server" not in psutil.Process(part.pid).name():
-                return False  # the pid is someone else's now
-            os.kill(part.pid, signal.SIGHUP)
-        except (psutil.Error, OSError):
-            return False
-        return True
-    return False
 
 
 def _exit_text(code: int | None) -> str | None:

@@ -658,7 +658,7 @@ def thermo_log_losses(job: str, attempts: dict[int, ThermoAttempt]) -> list[Step
     return losses
 
 
-LAMMPS_SCRIPT = Path(__file__).resolve().parents[3] / "examples" / "lammps" / "in.lj-melt"
+LAMMPS_SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "lammps" / "in.lj-melt"
 
 
 # -- the campaign ----------------------------------------------------------------------------

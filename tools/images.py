@@ -42,7 +42,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 """The repository root: the build context (only meaningful in a checkout, not an install)."""
 DEPLOY = REPO_ROOT / "deploy"
 REQUIREMENTS = ("runtime.txt", "build.txt")
@@ -413,7 +413,7 @@ def _source() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mdq.testing.images", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m tools.images", description=__doc__)
     parser.add_argument("--mode", choices=("auto", "public", "offline"), default="auto")
     parser.add_argument("--cache", type=Path, default=default_cache())
     options = parser.parse_args(argv)
