@@ -49,6 +49,11 @@ class Background:
             log.error("%s failed", task.get_name(), exc_info=error)
             self._failures.append((task.get_name(), error))
 
+    def fail(self, what: str, error: Exception) -> None:
+        """Keep a failure that happened outside a task (a request handler of a fake server)."""
+        log.error("%s: %s failed", self.owner, what, exc_info=error)
+        self._failures.append((f"{self.owner}: {what}", error))
+
     @property
     def running(self) -> int:
         """How many tasks still run."""
