@@ -21,8 +21,16 @@ outside: for each job that ran on ``lab1``, the time from the freeze until a run
 its next attempt is in the process table (``failover_p50_s``, ``failover_p95_s``), and the
 steps it lost (its frozen runner's last energy-table row minus the step the next attempt's
 runner logged it resumed from; ``max_steps_lost``, against ``checkpoint_interval_steps``).
-Then ``lab1`` is thawed (SIGCONT): its stale runners must stop (fenced), and every job must
-end SUCCEEDED exactly once (``jobs``, ``succeeded``, from the log). Local clusters share this
+The resume step each retry logged is checked on disk: a checkpoint file of that step was in
+the job's folder at the freeze, and the energy table keeps exactly the frozen runner's rows up
+to it and is one trajectory once the retry reported past it. Then ``lab1`` is thawed
+(SIGCONT): its stale runners must stop (fenced), and every job must succeed exactly once as
+seen from outside: ``succeeded`` counts the jobs of which exactly one runner process exited 0
+(the node agents' own records of their children, ``mdq.testing.agent_log``), whose energy
+table is one trajectory to the last step and whose folder holds the last step's checkpoint;
+``succeeded_exactly_once`` says every job did. mdq's events and state are printed beside
+(``mdq_reported_succeeded``, ``mdq_reported_succeeded_exactly_once``) and must agree, else the
+bench fails. Local clusters share this
 machine's data folder, so the retry reads the checkpoint its predecessor wrote; between
 Kubernetes clusters that needs the copied checkpoints of issue 18, item 3 (not there yet).
 ``--no-failover`` skips it.
@@ -66,7 +74,14 @@ from mdq.core.runner_task import ENV_ATTEMPT, ENV_JOB_ID, job_dir
 from mdq.embedded import SHARED_FILE_STORE, start_nats, start_postgres
 from mdq.sdk.client import MdqClient
 from mdq.stack import Stack
-from mdq.testing.runner_files import last_energy_step, logged_resume
+from mdq.testing.agent_log import PodEnd, read_pod_ends
+from mdq.testing.runner_files import (
+    checkpoint_steps,
+    energy_rows,
+    last_energy_step,
+    logged_resume,
+    retry_table_problem,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 NODES = 3000
@@ -296,6 +311,12 @@ async def failover(jobs: int, steps: int) -> dict[str, Any]:
             last_steps = {
                 j: last_energy_step(job_dir(stack.data_dir, j) / "energies.csv") for j in on_lab1
             }
+            frozen_rows = {
+                j: energy_rows(job_dir(stack.data_dir, j) / "energies.csv") for j in on_lab1
+            }
+            frozen_checkpoints = {
+                j: checkpoint_steps(job_dir(stack.data_dir, j) / "checkpoints") for j in on_lab1
+            }
             print(f"froze lab1 with {sorted(on_lab1)}", file=sys.stderr, flush=True)
             frozen_pids = {p.pid for p in frozen}
             moved: dict[str, float] = {}
@@ -315,6 +336,18 @@ async def failover(jobs: int, steps: int) -> dict[str, Any]:
                     await asyncio.sleep(0.1)
                 else:
                     raise BenchFailed(f"{log} never said where it resumed")
+                if resumed and resumed not in frozen_checkpoints[job_id]:
+                    raise BenchFailed(f"{job_id}: the retry says step {resumed}, no such file")
+                table = job_dir(stack.data_dir, job_id) / "energies.csv"
+                for _ in range(1200):  # the retry's first row past its resume, on disk
+                    if last_energy_step(table) > resumed:
+                        break
+                    await asyncio.sleep(0.1)
+                problem = retry_table_problem(
+                    frozen_rows[job_id], energy_rows(table), resumed, FAILOVER_REPORT_INTERVAL
+                )
+                if problem:
+                    raise BenchFailed(f"{job_id}: the retry's energy table: {problem}")
                 lost_steps.append(max(0, last_steps[job_id] - resumed))
             for process in frozen:  # the cluster is back
                 process.send_signal(signal.SIGCONT)
@@ -338,6 +371,12 @@ async def failover(jobs: int, steps: int) -> dict[str, Any]:
                     succeeded[event.job_id] = succeeded.get(event.job_id, 0) + 1
             finally:
                 await subscription.unsubscribe()
+            ends = [
+                end
+                for name in ("local-backend-lab1", "local-backend-lab2")
+                for end in read_pod_ends(stack.logs_dir / f"{name}.log")
+            ]
+            on_disk = {j: succeeded_on_disk(stack.data_dir, j, steps, ends) for j in job_ids}
     finally:
         for process in frozen:
             with contextlib.suppress(psutil.NoSuchProcess):
@@ -347,6 +386,11 @@ async def failover(jobs: int, steps: int) -> dict[str, Any]:
         postgres.stop()
         shutil.rmtree(root, ignore_errors=True)
     timings = list(moved.values())
+    mdq_once = all(succeeded.get(j) == 1 for j in job_ids)
+    mdq_succeeded = sum(1 for j in job_ids if str(states.get(j)) == "SUCCEEDED")
+    outside = sum(1 for problem in on_disk.values() if problem is None)
+    if (outside == len(job_ids)) != (mdq_once and mdq_succeeded == len(job_ids)):
+        raise BenchFailed(f"mdq's events and the files disagree: {on_disk}, {succeeded}")
     return {
         "failover_p50_s": round(statistics.median(timings), 2),
         "failover_p95_s": round(percentile(timings, 0.95), 2),
@@ -355,9 +399,33 @@ async def failover(jobs: int, steps: int) -> dict[str, Any]:
         "checkpoint_interval_steps": FAILOVER_CHECKPOINT_INTERVAL,
         "report_interval_steps": FAILOVER_REPORT_INTERVAL,
         "jobs": len(job_ids),
-        "succeeded": sum(1 for j in job_ids if str(states.get(j)) == "SUCCEEDED"),
-        "succeeded_exactly_once": all(succeeded.get(j) == 1 for j in job_ids),
+        "succeeded": outside,
+        "succeeded_exactly_once": outside == len(job_ids),
+        "not_exactly_once": {j: p for j, p in on_disk.items() if p is not None},
+        "mdq_reported_succeeded": mdq_succeeded,
+        "mdq_reported_succeeded_exactly_once": mdq_once,
+        "failover_measured": "time: bench clock, freeze to the retry's runner process; steps "
+        "lost: frozen runner's energies.csv minus the retry's logged resume, checked against "
+        "the checkpoint files and energies.csv; success: the node agents' records of runner "
+        "exits and each job's files; mdq_reported_*: mdq's events, in no figure",
     }
+
+
+def succeeded_on_disk(data_dir: Path, job_id: str, steps: int, ends: list[PodEnd]) -> str | None:
+    """Why ``job_id`` did not succeed exactly once as its files and the agents' records say,
+    or None: exactly one of its runner processes exited 0, its energy table is one trajectory
+    to ``steps``, and its folder holds the checkpoint of ``steps``."""
+    pods = {ids.pod_name(job_id, attempt) for attempt in range(1, 20)}
+    exits = [end for end in ends if end.pod in pods and end.returncode == 0]
+    if len(exits) != 1:
+        return f"{len(exits)} runner processes exited 0"
+    folder = job_dir(data_dir, job_id)
+    table = [step for step, _ in energy_rows(folder / "energies.csv")]
+    if table != list(range(FAILOVER_REPORT_INTERVAL, steps + 1, FAILOVER_REPORT_INTERVAL)):
+        return "the energy table is not one trajectory to the last step"
+    if steps not in checkpoint_steps(folder / "checkpoints"):
+        return f"no checkpoint of step {steps}"
+    return None
 
 
 if __name__ == "__main__":
