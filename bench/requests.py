@@ -21,7 +21,8 @@ descendants, the kernel's high-water mark of resident memory (``VmHWM`` of
 ``/proc/<pid>/status``) and its CPU time (``/proc/<pid>/stat``); wall time is from the first
 to the last time it was seen. ``slack = 1 - peak / requested`` per attempt (requested: the
 resources the attempt's job was recorded with); CPU slack is ``1 - cores used / cores
-requested``; the makespan is the bench's clock from the submit to the last job's end, on the
+requested``; the makespan is the bench's clock from the submit to the last time the sampler saw
+a runner process of the campaign (its exit, within 0.1 s), on the
 same two nodes (``MDQ_LOCAL_CPU_PER_NODE`` virtual cores and ``MDQ_LOCAL_MEMORY_MB_PER_NODE``
 MiB each). OOM kills are counted from the process's side, twice: ``oom_kills`` are the runner
 processes (by pid, as the sampler found them) that the node agent, their parent, records as
@@ -256,7 +257,7 @@ async def run_phase(
     started, cpu_before = time.monotonic(), psutil.cpu_times()
     job_ids = await submit(client, f"bench-requests-{phase}", jobs(phase, runs, steps, rule=rule))
     await client.wait(job_ids, timeout=3600)
-    makespan, busy = time.monotonic() - started, machine_cpu_busy(cpu_before, psutil.cpu_times())
+    busy = machine_cpu_busy(cpu_before, psutil.cpu_times())
     pids = {pid: key for pid, key in sampler.runner_pids().items() if key[0] in job_ids}
 
     async def every_runner_ended() -> dict[int, tuple[str, int]] | None:
@@ -264,6 +265,10 @@ async def run_phase(
         return ends if set(pids) <= set(ends) else None
 
     ends = await until(every_runner_ended, "the node agent's end record of every runner seen")
+    last_seen = [s.last for key, s in list(sampler.seen.items()) if key[0] in job_ids]
+    if not last_seen:
+        raise RuntimeError(f"{phase}: the sampler saw no runner of the campaign")
+    makespan = max(last_seen) - started
     oom_killed = {p for p in pids if ends[p] == ("OOMKilled", -signal.SIGKILL)}
     connection = await asyncpg.connect(database_url)
     try:
