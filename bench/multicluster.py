@@ -279,8 +279,8 @@ async def bench(jobs: int, rounds: int) -> dict[str, Any]:
         "bound_per_s_1x3000": [round(r["one"], 1) for r in per_round],
         "bound_per_s_3x1000": [round(r["three"], 1) for r in per_round],
         "goals": {"placement_ratio_3x1000_vs_1x3000": 0.9},
-        "measured": "wall clock from the first submit to the last job.<id>.bound on the bus, "
-        "the real intake and placement processes, side by side in one run",
+        "measured": "wall clock from the first submit to the last job.<id>.bound of the "
+        "round's own jobs, the real intake and placement processes, side by side in one run",
     }
 
 
