@@ -343,6 +343,9 @@ async def main(evictions: int, kills: int, seed: int) -> dict[str, object]:
             kill.resumed_from < kill.newest_checkpoint for kill in measured
         ),
         "mdq_reported_max_steps_lost": max(kill.mdq_reported for kill in measured),
+        "kills_where_mdq_reported_other_steps_lost": sum(
+            kill.mdq_reported != kill.steps_lost for kill in measured
+        ),
         "checkpoint_interval_steps": CHECKPOINT_INTERVAL,
         "load_avg": [round(x, 2) for x in os.getloadavg()],
         "measured": "steps: runner's energies.csv at kill minus its retry's logged resume, "
