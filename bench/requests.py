@@ -401,6 +401,7 @@ async def main(
         "measured": "peak: VmHWM of each runner's process tree from /proc, sampled every 0.1 s "
         "by the bench; requested: the resources each job was recorded with; oom_kills: runner "
         "pids the node agent (their parent) recorded killed for memory with SIGKILL's status; "
+        "makespan: bench clock, submit to the last sighting of a runner of the campaign; "
         "mdq_reported_*: mdq's own attempts table, in no ratio",
     }
 
