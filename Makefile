@@ -113,7 +113,7 @@ bench-recovery: $(STAMP)
 bench-scale: $(STAMP)
 	$(BIN)/python bench/scale.py $(BENCH_ARGS)
 
-## bench-requests: hand-set against learned resource requests, same campaign on the same two local nodes: memory and CPU slack measured from /proc, OOM kills, makespan ratio (docs/requests.md)
+## bench-requests: hand-set (the brief's 2 cores, 4 Gi) against learned resource requests, same campaign on the same local nodes: memory and CPU slack measured from /proc, OOM kills from the node agent's record of each runner pid, makespan ratio (docs/requests.md)
 bench-requests: $(STAMP)
 	$(BIN)/python bench/requests.py $(BENCH_ARGS)
 

@@ -18,9 +18,13 @@ index; ``*_ratio_vs_raw`` is the page's p99 over its baseline's.
 
 Live: headless Chromium (Debian's, through Selenium; skipped with a note where it is missing)
 opens a running job's page; this process publishes ``--live-events`` progress events to the
-progress stream at 10 per second, as a runner would, and reads when the page drew each point
-(a MutationObserver the bench injects on the chart's ``data-last-step``, in the browser's
-clock, which is this machine's); the baseline is a bare
+progress stream at 10 per second, as a runner would, and reads when each chart painted each
+point, observed by the bench, not by the page's script: before the page loads, the bench
+installs (through the DevTools protocol) a wrapper around the chart library's constructor that
+adds a ``draw`` hook to every chart, noting the chart, the last step in the data it painted and
+the browser's clock (this machine's); a point is drawn when every chart has painted data
+reaching its step, and its latency runs from the moment this process published it. The
+baseline is a bare
 nats-py subscriber on the same subject in this process. One JSON line: ``history_jobs``,
 ``p50_*_ms``, ``p99_list_ms`` (the slowest list variant), ``p99_job_ms``, ``p99_campaign_ms``
 (goal ≤ 100 each), ``p99_live_ms`` (goal ≤ 500), the ratios.
@@ -66,12 +70,33 @@ from services.console.filters import Cursor  # noqa: E402
 
 OBSERVER = """
 window.benchDrawn = [];
-const charts = document.getElementById('charts');
-new MutationObserver(() => {
-  window.benchDrawn.push([Number(charts.getAttribute('data-last-step')), Date.now()]);
-}).observe(charts, {attributes: true, attributeFilter: ['data-last-step']});
+(function () {
+  let real = undefined;
+  function wrapped(options, data, target) {
+    options.hooks = options.hooks || {};
+    options.hooks.draw = (options.hooks.draw || []).concat([function (chart) {
+      const xs = chart.data[0] || [];
+      window.benchDrawn.push([
+        (target && target.id) || '?',
+        xs.length ? xs[xs.length - 1] : -1,
+        performance.timeOrigin + performance.now(),
+      ]);
+    }]);
+    return new real(options, data, target);
+  }
+  Object.defineProperty(window, 'uPlot', {
+    configurable: true,
+    get() { return real === undefined ? undefined : wrapped; },
+    set(value) {
+      real = value;
+      Object.assign(wrapped, value);
+      wrapped.prototype = value.prototype;
+    },
+  });
+})();
 """
-"""Injected by the bench into the job page: the time each redraw moved the chart's last step."""
+"""Installed by the bench before the job page's scripts run: every chart the page makes gets a
+``draw`` hook noting (chart, last step of the data it painted, the browser's clock in ms)."""
 LIVE_RATE = 10.0
 """Progress events per second on the live job (a runner reports far less often)."""
 
@@ -130,6 +155,9 @@ async def live_latency(
     if chromium_paths() is None:
         return {"p99_live_ms": None, "live": f"skipped: {MISSING}"}
     driver = headless_chromium(folder / "chromium")
+    await asyncio.to_thread(
+        driver.execute_cdp_cmd, "Page.addScriptToEvaluateOnNewDocument", {"source": OBSERVER}
+    )
     nc = await nats.connect(nats_url)
     try:
         # the access link, as a person opens it: the console keeps a session cookie
@@ -142,9 +170,12 @@ async def live_latency(
             if time.monotonic() > deadline:
                 raise SystemExit("the job page never said it follows the job live")
             await asyncio.sleep(0.1)
-        # The bench's own observer (not the page's code) notes when the chart's last drawn
-        # step changes: the page sets ``data-last-step`` on #charts as it draws.
-        await asyncio.to_thread(driver.execute_script, OBSERVER)
+        charts: list[str] = await asyncio.to_thread(
+            driver.execute_script,
+            "return [...new Set(window.benchDrawn.map(function (d) { return d[0]; }))];",
+        )
+        if len(charts) < 2:
+            raise SystemExit(f"the bench's draw hook saw the charts {charts}: not observing")
         subjects = Subjects("mdq")
         seen: dict[int, float] = {}
 
@@ -170,17 +201,21 @@ async def live_latency(
             await publisher.publish(event)
             await asyncio.sleep(1 / LIVE_RATE)
         await asyncio.sleep(2.0)
-        seen_drawn: list[list[float]] = await asyncio.to_thread(
+        seen_drawn: list[list[Any]] = await asyncio.to_thread(
             driver.execute_script, "return window.benchDrawn;"
         )
     finally:
         await nc.drain()
         await asyncio.to_thread(driver.quit)
     latencies = []
-    for step, at in sent.items():  # a point is drawn with the first redraw at or past its step
-        drawn_at = next((t for last, t in seen_drawn if last >= step), None)
-        if drawn_at is not None:
-            latencies.append(drawn_at - at)
+    for step, at in sent.items():
+        # drawn once every chart has painted data reaching its step
+        firsts = [
+            next((t for chart, last, t in seen_drawn if chart == name and last >= step), None)
+            for name in charts
+        ]
+        if all(first is not None for first in firsts):
+            latencies.append(max(first for first in firsts if first is not None) - at)
     raw = [seen[step] - at for step, at in sent.items() if step in seen]
     if len(latencies) < events or len(raw) < events:
         raise SystemExit(f"drawn {len(latencies)} and seen {len(raw)} of {events} live points")
@@ -190,6 +225,9 @@ async def live_latency(
         "p99_live_ms": round(p99(latencies), 1),
         "raw_subscriber_p99_ms": round(p99(raw), 2),
         "live_ratio_vs_raw": round(p99(latencies) / max(p99(raw), 0.01), 1),
+        "live_charts_observed": len(charts),
+        "live_measured": "publish time here to the last chart's uPlot draw hook reaching the "
+        "step, in the browser (the bench's hook, installed before the page's scripts)",
     }
 
 

@@ -11,20 +11,28 @@ files; never from a figure mdq reports about itself:
 - a tenant's **share** is the cores its running runner processes requested (one each) over the
   cores of the two nodes; its **fair share** is its weight over the weights of the tenants
   flooding at that moment (every tenant here always wants more than it gets);
-- ``share_error_max``: the largest |share - fair share| of any tenant in the steady windows —
+- fairness is measured from the newcomer's arrival (its submit) to the end, the time it
+  waits for its share included: ``share_error_mean_from_arrival`` is the mean over that window
+  of the largest |share - fair share| of any tenant, ``jains_index`` Jain's index of the mean
+  share / fair share of each tenant over it;
+- ``time_to_fair_s``, apart: from the newcomer's submit until its running processes hold its
+  whole fair share;
+- ``share_error_max_settled``: the largest |share - fair share| of any tenant once settled —
   from the moment every core is busy until the newcomer arrives, and from the moment the
-  newcomer holds its fair share until the end;
-- ``utilisation``: busy cores over cores, averaged over the same windows;
-- ``time_to_fair_s``: from the newcomer's submit until its running processes hold its whole
-  fair share;
+  newcomer holds its fair share until the end (the wait is in ``time_to_fair_s``);
+- ``utilisation``: busy cores over cores, averaged from the moment every core is busy to the
+  end;
 - ``max_steps_lost``: for every attempt that was stopped to give the newcomer room, the last
   step its energy table (``energies.csv``) had while it ran minus the step its next attempt
   resumes from: the step that attempt's runner logged, or, while it still waits, the newest
   checkpoint file in the job's folder once the stopped runner was gone (what the retry loads);
   reports come every ``REPORT_INTERVAL`` steps, the resolution of this figure;
 - ``checkpoint_interval_s``: the median time between a job's checkpoint files here;
-- ``jains_index``: Jain's fairness index of share / fair share over the tenants, from the mean
-  shares of the second window.
+- each stopped attempt's steps lost is checked against the files on disk: the step its retry
+  logged must be a checkpoint file in the job's folder when the stopped runner had gone, and
+  where that retry is the job's last attempt and reported past it, the energy table must keep
+  exactly the stopped attempt's rows up to it and be one trajectory
+  (``mdq.testing.runner_files.retry_table_problem``); a disagreement fails the bench.
 
 Placement runs with its defaults but ``MDQ_PLACEMENT_FAIR_SHARE_MIN_RUN_S`` (the bench's
 ``--min-run-s``, 5 s: the newcomer arrives long before the default two minutes). The baseline
@@ -39,6 +47,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -64,7 +73,14 @@ from mdq.core.tenants import TenantPolicy
 from mdq.embedded import start_nats, start_postgres
 from mdq.sdk.client import IntakeUnavailable, MdqClient
 from mdq.stack import Stack
-from mdq.testing.runner_files import last_energy_step, logged_resume, newest_checkpoint_step
+from mdq.testing.runner_files import (
+    checkpoint_steps,
+    energy_rows,
+    last_energy_step,
+    logged_resume,
+    newest_checkpoint_step,
+    retry_table_problem,
+)
 
 NAMESPACE = "benchfair"
 CHECKPOINT_INTERVAL = 200
@@ -142,7 +158,14 @@ class Run:
     stopped: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
     """(job, attempt) of every attempt seen to stop while its job went on -> the last step of
     its energy table while it ran, and the newest checkpoint step on disk when it had gone."""
+    stopped_files: dict[tuple[str, int], tuple[list[tuple[int, str]], set[int]]] = field(
+        default_factory=dict
+    )
+    """The same attempts -> their energy table's rows and the checkpoint steps on disk when
+    they had gone."""
     checkpoint_interval_s: float | None = None
+    tables_checked: int = 0
+    """Stopped attempts whose retry's energy table was checked against them on disk."""
 
 
 def fair_shares(tenants: dict[str, float]) -> dict[str, float]:
@@ -225,6 +248,11 @@ async def measure(args: argparse.Namespace, *, fair_share: bool) -> dict[str, An
                             steps.get((job_id, attempt), -1),
                             newest_checkpoint_step(folder),
                         )
+                        table = job_dir(stack.data_dir, job_id) / "energies.csv"
+                        run.stopped_files[(job_id, attempt)] = (
+                            energy_rows(table) if table.is_file() else [],
+                            checkpoint_steps(folder),
+                        )
                 seen = attempts
                 cores_now: dict[str, int] = {}
                 for job_id in attempts:
@@ -241,10 +269,24 @@ async def measure(args: argparse.Namespace, *, fair_share: bool) -> dict[str, An
                     )
                 await asyncio.sleep(POLL_S)
         lost = []
+        last_attempt: dict[str, int] = {}
+        for job_id, attempt in run.stopped:
+            last_attempt[job_id] = max(last_attempt.get(job_id, 0), attempt + 1)
         for (job_id, attempt), (last_step, newest) in sorted(run.stopped.items()):
             log_path = stack.data_dir / "pods" / f"{ids.pod_name(job_id, attempt + 1)}.log"
             resumed = logged_resume(log_path)  # a retry that ran says where it resumed
             start = resumed if resumed is not None else newest
+            rows, on_disk = run.stopped_files[(job_id, attempt)]
+            if resumed:
+                if resumed not in on_disk:
+                    raise BenchFailed(f"{job_id}#{attempt + 1} says step {resumed}: no such file")
+                table = job_dir(stack.data_dir, job_id) / "energies.csv"
+                table_now = energy_rows(table)
+                if last_attempt[job_id] == attempt + 1 and table_now and table_now[-1][0] > resumed:
+                    problem = retry_table_problem(rows, table_now, resumed, REPORT_INTERVAL)
+                    if problem:
+                        raise BenchFailed(f"{job_id}#{attempt + 1}'s energy table: {problem}")
+                    run.tables_checked += 1
             if last_step >= 0 and start >= 0:
                 lost.append(max(0, last_step - start))
         run.checkpoint_interval_s = checkpoint_interval_s(stack.data_dir)
@@ -286,6 +328,7 @@ def summarise(run: Run, cores: int, lost: list[int]) -> dict[str, Any]:
         settled = max(full_at, newcomer_rel / 2)
         first_window = [s for s in run.samples if settled <= s.at < newcomer_rel]
     second_window = [s for s in run.samples if fair_at is not None and s.at >= fair_at]
+    from_arrival = [s for s in run.samples if s.at >= newcomer_rel]
 
     def errors(window: list[Sample], fair: dict[str, float]) -> list[float]:
         return [
@@ -293,13 +336,14 @@ def summarise(run: Run, cores: int, lost: list[int]) -> dict[str, Any]:
         ]
 
     errs = errors(first_window, before) + errors(second_window, after)
-    windows = first_window + second_window
+    arrival_errs = errors(from_arrival, after)
+    busy = [s for s in run.samples if full_at is not None and s.at >= full_at]
     means = (
         {
-            t: statistics.mean(s.cores.get(t, 0) / cores for s in second_window) / share
+            t: statistics.mean(s.cores.get(t, 0) / cores for s in from_arrival) / share
             for t, share in after.items()
         }
-        if second_window
+        if from_arrival
         else {}
     )
     jain = (
@@ -310,9 +354,12 @@ def summarise(run: Run, cores: int, lost: list[int]) -> dict[str, Any]:
     return {
         "tenants": len(after),
         "cores": cores,
-        "share_error_max": round(max(errs), 4) if errs else None,
-        "utilisation": round(statistics.mean(sum(s.cores.values()) / cores for s in windows), 4)
-        if windows
+        "share_error_mean_from_arrival": round(statistics.mean(arrival_errs), 4)
+        if arrival_errs
+        else None,
+        "share_error_max_settled": round(max(errs), 4) if errs else None,
+        "utilisation": round(statistics.mean(sum(s.cores.values()) / cores for s in busy), 4)
+        if busy
         else None,
         "time_to_fair_s": round(fair_at - newcomer_rel, 2) if fair_at is not None else None,
         "max_steps_lost": max(lost) if lost else None,
@@ -321,8 +368,10 @@ def summarise(run: Run, cores: int, lost: list[int]) -> dict[str, Any]:
         if run.checkpoint_interval_s is not None
         else None,
         "preemptions_measured": len(lost),
+        "retry_tables_checked_on_disk": run.tables_checked,
         "jains_index": round(jain, 4) if means else None,
-        "steady_samples": len(windows),
+        "steady_samples": len(first_window) + len(second_window),
+        "samples_from_arrival": len(from_arrival),
     }
 
 
@@ -333,18 +382,26 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         baseline = await measure(args, fair_share=False)
         result["baseline_fair_share_off"] = {
             key: baseline[key]
-            for key in ("share_error_max", "utilisation", "time_to_fair_s", "jains_index")
+            for key in (
+                "share_error_mean_from_arrival",
+                "share_error_max_settled",
+                "utilisation",
+                "time_to_fair_s",
+                "jains_index",
+            )
         }
+    result["load_avg"] = [round(x, 2) for x in os.getloadavg()]
     result["goals"] = {
-        "share_error_max": 0.05,
+        "share_error_max_settled": 0.05,
         "utilisation": 0.95,
         "time_to_fair_s": "one checkpoint interval + 5 s",
-        "jains_index": 0.95,
+        "jains_index (from the newcomer's arrival)": 0.95,
     }
     result["measured"] = (
         "shares: runner processes per tenant in the process table, 4 times a second; steps "
         "lost: the stopped attempt's energies.csv minus its retry's logged resume step (or the "
-        "newest checkpoint file while the retry waits)"
+        "newest checkpoint file while the retry waits), checked against the checkpoint files "
+        "and the retry's energies.csv on disk; fairness from the newcomer's arrival"
     )
     return result
 

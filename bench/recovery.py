@@ -13,11 +13,15 @@ process table, the runners' own files and logs; never a figure mdq's events repo
    the job's folder: one row per report, flushed as written; reports every
    ``REPORT_INTERVAL`` steps, so the real step is at most ``REPORT_INTERVAL - 1`` further),
    minus the step the next attempt resumed from, as that runner's own log says
-   (``resuming from <checkpoint> at step N`` in ``<data>/pods/<pod>.log``). A kill that finds
-   no runner process, a runner that does not die, or a retry whose log never says where it
-   resumed fails the bench (exit status 1 and a message), never a silent skip. The
-   ``steps_lost`` of mdq's own ``requeued`` event is printed next to it for comparison only
-   (``mdq_reported_max_steps_lost``).
+   (``resuming from <checkpoint> at step N`` in ``<data>/pods/<pod>.log``), checked against
+   the files on disk: that step must be a checkpoint file in the job's folder when the runner
+   died, and once the retry has reported past it, the energy table must be one trajectory
+   that keeps exactly the killed runner's rows up to that step and holds the retry's after it
+   (``mdq.testing.runner_files.retry_table_problem``). A kill that finds no runner process, a
+   runner that does not die, a retry whose log never says where it resumed or whose files
+   disagree with its log fails the bench (exit status 1 and a message), never a silent skip.
+   The ``steps_lost`` of mdq's own ``requeued`` event is printed next to it for comparison
+   only (``mdq_reported_max_steps_lost``), never in a figure.
 
 Usage: ``make bench-recovery`` (``python bench/recovery.py --evictions 30 --kills 10``;
 ``--quick`` runs 5 evictions and 3 kills). The last line printed is one JSON object with the
@@ -30,6 +34,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import random
 import shutil
 import signal
@@ -51,7 +56,14 @@ from mdq.core.runner_task import ENV_ATTEMPT, ENV_JOB_ID, job_dir
 from mdq.embedded import start_nats, start_postgres
 from mdq.sdk.client import IntakeUnavailable, MdqClient
 from mdq.stack import Stack
-from mdq.testing.runner_files import last_energy_step, logged_resume, newest_checkpoint_step
+from mdq.testing.runner_files import (
+    checkpoint_steps,
+    energy_rows,
+    last_energy_step,
+    logged_resume,
+    newest_checkpoint_step,
+    retry_table_problem,
+)
 
 CHECKPOINT_INTERVAL = 1000
 REPORT_INTERVAL = 10
@@ -240,11 +252,24 @@ async def measure_kills(
         except psutil.TimeoutExpired:
             raise BenchFailed(f"runner pid {victim.pid} still alive 10 s after kill -9") from None
         last_step = last_energy_step(folder / "energies.csv")
+        killed_rows = energy_rows(folder / "energies.csv")
+        on_disk = checkpoint_steps(folder / "checkpoints")
         newest = newest_checkpoint_step(folder / "checkpoints")
         resumed = await resumed_step(data_dir / "pods" / f"{ids.pod_name(job_id, attempt + 1)}.log")
+        if resumed and resumed not in on_disk:
+            raise BenchFailed(f"kill {index + 1}: the retry says step {resumed}, no such file")
         requeued = await tap.until(
             lambda a=attempt: tap.find("requeued", job_id, a + 1), timeout=120
         )
+        # The table is read once the retry reported past its resume (the tap only paces).
+        await tap.until(
+            lambda a=attempt, r=resumed: tap.last_step(job_id, a + 1) > r or None, timeout=300
+        )
+        problem = retry_table_problem(
+            killed_rows, energy_rows(folder / "energies.csv"), resumed, REPORT_INTERVAL
+        )
+        if problem:
+            raise BenchFailed(f"kill {index + 1}: the retry's energy table: {problem}")
         kill = Kill(
             last_step=last_step,
             newest_checkpoint=newest,
@@ -318,9 +343,15 @@ async def main(evictions: int, kills: int, seed: int) -> dict[str, object]:
             kill.resumed_from < kill.newest_checkpoint for kill in measured
         ),
         "mdq_reported_max_steps_lost": max(kill.mdq_reported for kill in measured),
+        "kills_where_mdq_reported_other_steps_lost": sum(
+            kill.mdq_reported != kill.steps_lost for kill in measured
+        ),
         "checkpoint_interval_steps": CHECKPOINT_INTERVAL,
-        "measured": "steps: runner's energies.csv at kill minus its retry's log; time: bench "
-        "clock, delete to the retry's runner process",
+        "load_avg": [round(x, 2) for x in os.getloadavg()],
+        "measured": "steps: runner's energies.csv at kill minus its retry's logged resume, "
+        "checked against the checkpoint files at kill and the retry's energies.csv; time: bench "
+        "clock, delete to the retry's runner process; mdq_reported_*: mdq's own events, in no "
+        "figure",
         "slurm_requeue_steps_lost": "everything since the start",
     }
 

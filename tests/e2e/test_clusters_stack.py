@@ -327,8 +327,7 @@ async def test_a_kubernetes_cluster_lost_mid_campaign_its_jobs_resume_from_copie
     finally:
         await stack.stop()
         for kube in kubes.values():
-            with contextlib.suppress(Exception):
-                await kube.stop()
+            await kube.stop()  # raises what a kubelet or the emulator failed with, if any
     assert succeeded == dict.fromkeys(job_ids, 1)
     assert on_east, "a job preferred east and ran there"
     db = await asyncpg.connect(database_url)

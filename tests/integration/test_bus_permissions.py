@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import shutil
 import tempfile
 import time
@@ -175,17 +176,28 @@ class Attempts:
 
     client: Client
     errors: list[str]
+    markers: int = 0
 
     async def refused(self, subjects: list[str], *, subscribe: bool = False) -> set[str]:
-        """Which of ``subjects`` the server refused (a permissions violation each)."""
+        """Which of ``subjects`` the server refused (a permissions violation each).
+
+        A marker subject no identity here may use is tried last: the server answers a
+        connection's messages in order and the client hands its errors to the callback in
+        that order, so once the marker's refusal has come every earlier one has too."""
         self.errors.clear()
-        for subject in subjects:
+        self.markers += 1
+        marker = f"mdq_refusal_marker.{self.markers}"
+        for subject in [*subjects, marker]:
             if subscribe:
                 await self.client.subscribe(subject)
             else:
                 await self.client.publish(subject, b"forged")
         await self.client.flush()
-        await asyncio.sleep(0.2)  # the error callbacks run as their own tasks
+
+        async def marker_refused() -> bool:
+            return f'"{marker}"' in " ".join(self.errors)
+
+        await wait_for(marker_refused, timeout=20, what=f"the server to refuse {marker}")
         said = " ".join(self.errors)
         return {subject for subject in subjects if f'"{subject.lower()}"' in said}
 
@@ -452,10 +464,12 @@ async def test_the_reply_subject_trick_stores_nothing(
     before = await stored_messages(prepared)
     for reply in every_stored_subject():
         await client.publish(request, b"", reply=reply)
-    await client.flush()
-    # No event says "stored nowhere": an answer aimed at an imported subject is heard by no
-    # one in either account. Half a second is hundreds of times what an answer takes here.
-    await asyncio.sleep(0.5)
+    # No event says "stored nowhere", so the marker is one more request of the same kind
+    # answered in the client's own inbox: the server takes a connection's messages in order
+    # and hands its JetStream API requests to the API's queue in that order, so once the
+    # marker is answered every request before it has been answered too.
+    marker = await client.request(request, b"", timeout=10)
+    assert marker.headers or b'"type":"io.nats.jetstream.api.v1.' in marker.data
     assert await stored_messages(prepared) == before
 
 
@@ -643,14 +657,20 @@ async def test_a_tenant_reads_its_own_stream_and_nothing_else(
     assert await attempts_of["tenant"].refused(core, subscribe=True) == set(core)
 
 
-async def test_a_tenant_follows_its_own_jobs_and_only_them(prepared: Server) -> None:
-    """Placement binds a job of alice's and one of bob's; alice, reading her stream as the SDK
-    does, sees hers; the shared stream and bob's are refused by the server."""
+async def test_a_tenant_follows_its_own_jobs_and_only_them(
+    prepared: Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Placement binds a job of alice's, one of bob's, then a marker job of alice's; alice,
+    reading her stream as the SDK does, sees hers and the marker next (her stream sources the
+    jobs stream in order: bob's would come between); the shared stream and bob's are refused
+    by the server."""
+    caplog.set_level(logging.ERROR, logger="mdq.bus")
     placement = await connect(prepared.nats.url, name="p", creds=prepared.creds["placement"])
     alice = await connect(prepared.nats.url, name="alice", creds=prepared.creds["tenant"])
     try:
         alice_job = f"{TENANT}.00000000000a-follow"
-        for job in (alice_job, f"{OTHER_TENANT}.00000000000b-follow"):
+        marker_job = f"{TENANT}.00000000000c-marker"
+        for job in (alice_job, f"{OTHER_TENANT}.00000000000b-follow", marker_job):
             event = pb.Event(event_id=f"bound:{job}:1", job_id=job, attempt=1, producer="placement")
             event.bound.node = "n1"
             await placement.jetstream().publish(
@@ -661,13 +681,14 @@ async def test_a_tenant_follows_its_own_jobs_and_only_them(prepared: Server) -> 
         subscription = await js.subscribe(
             SUBJECTS.job_all("*"), stream=stream, ordered_consumer=True
         )
-        message = await subscription.next_msg(timeout=5)
-        assert pb.Event.FromString(message.data).job_id == alice_job
-        with pytest.raises(nats.errors.TimeoutError):
-            await subscription.next_msg(timeout=0.5)  # bob's is not in her stream
+        seen = [(await subscription.next_msg(timeout=10)).data for _ in range(2)]
+        assert [pb.Event.FromString(data).job_id for data in seen] == [alice_job, marker_job]
         for forbidden in (SUBJECTS.jobs_stream, SUBJECTS.tenant_stream(OTHER_TENANT)):
+            caplog.clear()
             with pytest.raises((nats.errors.Error, asyncio.TimeoutError)):
                 await js.subscribe(SUBJECTS.job_all("*"), stream=forbidden, ordered_consumer=True)
+            # the server's refusal, not any timeout
+            assert f"consumer.create.{forbidden}".lower() in caplog.text.lower(), caplog.text
     finally:
         await placement.close()
         await alice.close()

@@ -10,6 +10,7 @@ import contextlib
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from nats.aio.client import Client
@@ -329,11 +330,24 @@ async def test_a_cluster_that_stops_answering_is_lost_then_fenced_when_it_is_bac
                 with pytest.raises(ClusterLost):
                     await metrics_side.create_pod(pod("e3", "east/node-2", "print('no')"))
 
+                # The watcher's router fences east once it answers again; the fence is held
+                # at its start, so the other router's view before it is checked every time.
+                fence_reached, fence_may_go = asyncio.Event(), asyncio.Event()
+                fence = watcher_side._fence
+
+                async def held_fence(member: Any) -> None:
+                    fence_reached.set()
+                    await fence_may_go.wait()
+                    await fence(member)
+
+                watcher_side._fence = held_fence  # type: ignore[method-assign]
                 await east.api.start(port=port)  # back, pods and all
+                await asyncio.wait_for(fence_reached.wait(), timeout=30)
                 # until it is fenced, the other router keeps its nodes out
+                assert metrics_side.lost_now() == {"east"}
                 east_nodes = [s for s in await metrics_side.sample_nodes() if s.cluster == "east"]
-                if metrics_side.lost_now():
-                    assert east_nodes and not any(s.ready for s in east_nodes)
+                assert east_nodes and not any(s.ready for s in east_nodes)
+                fence_may_go.set()
 
                 async def fenced() -> bool:
                     stored = east.api.pod("mdq-e2-1", "mdq")

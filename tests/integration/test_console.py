@@ -30,6 +30,7 @@ from mdq.core.runner_task import job_dir
 from mdq.store.engine import create_engine
 from mdq.store.projection import Projector
 from mdq.store.roles import RoleUrls
+from mdq.testing.tasks import Background
 from services.console import reads
 from services.console.app import Console, build_app
 from services.console.filters import JobFilter
@@ -358,21 +359,21 @@ async def console_serving(site: Site, nc: Client, subjects: Subjects) -> AsyncIt
     console = Console(
         engine=site.console.engine, nc=nc, subjects=subjects, data_dir=site.console.data_dir
     )
-    following = asyncio.create_task(console.nodes.follow(nc, subjects))
-    server, serving, url = await _serve(console)
-    try:
+    async with Background("console_serving") as background:
+        following = background.spawn(console.nodes.follow(nc, subjects), name="nodes.follow")
+        server, serving, url = await _serve(console)
+        try:
 
-        async def history_read() -> bool:
-            assert not following.done(), "following the nodes stopped"
-            return console.nodes.history_read
+            async def history_read() -> bool:
+                assert not following.done(), "following the nodes stopped"
+                return console.nodes.history_read
 
-        await wait_for(history_read, timeout=20, what="the console to read the nodes' hour")
-        yield url
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(serving, timeout=10)
-        following.cancel()
-        await asyncio.gather(following, return_exceptions=True)
+            await wait_for(history_read, timeout=20, what="the console to read the nodes' hour")
+            yield url
+        finally:
+            server.should_exit = True
+            await asyncio.wait_for(serving, timeout=10)
+        # leaving Background cancels following and raises what it failed with, if it did
 
 
 async def nodes_page_data(url: str) -> dict[str, dict[str, list[float]]]:

@@ -11,6 +11,8 @@ itself.
 from __future__ import annotations
 
 import json
+import logging
+import re
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -93,13 +95,28 @@ async def connected(server: Server, identity: str) -> Client:
     return await connect(server.nats.url, name=identity, creds=server.creds[identity], wait=False)
 
 
+def refused(caplog: pytest.LogCaptureFixture, name: str) -> bool:
+    """Whether the server refused one of this test's clients a subject with ``name`` (a bucket,
+    its stream ``OBJ_<bucket>``, a job id) as one of its tokens: the permissions violation
+    ``mdq.bus.connect.log_client_error`` logs, not any timeout. Forgets what it read."""
+    subjects = re.findall(
+        r'permissions violation for (?:publish|subscription) to "([^"]+)"', caplog.text, re.I
+    )
+    caplog.clear()
+    names = (f".{name}.".lower(), f".obj_{name}.".lower())  # the server writes it lowercased
+    return any(n in f".{subject.lower()}." for subject in subjects for n in names)
+
+
 def file_of(tmp_path: Path, name: str, data: bytes) -> Path:
     path = tmp_path / name
     path.write_bytes(data)
     return path
 
 
-async def test_each_uploads_into_its_own_bucket_only(prepared: Server, tmp_path: Path) -> None:
+async def test_each_uploads_into_its_own_bucket_only(
+    prepared: Server, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR, logger="mdq.bus")
     alice = await connected(prepared, "alice")
     cli = await connected(prepared, "cli")
     admin = await connected(prepared, "admin")
@@ -111,11 +128,14 @@ async def test_each_uploads_into_its_own_bucket_only(prepared: Server, tmp_path:
         assert not again.sent, "content-addressed: a file that is there is not sent again"
         operator = await upload(cli.jetstream(), SUBJECTS.inputs_bucket(), script)
         assert operator.sent
+        caplog.clear()
         for bucket in (SUBJECTS.inputs_bucket("bob"), SUBJECTS.inputs_bucket()):
             with pytest.raises((InputsError, nats.errors.Error, TimeoutError)):
                 await upload(alice.jetstream(), bucket, file_of(tmp_path, "x", b"forged\n"))
+            assert refused(caplog, bucket), f"the server refused alice {bucket}"
         with pytest.raises((InputsError, nats.errors.Error, TimeoutError)):
             await upload(cli.jetstream(), SUBJECTS.inputs_bucket("bob"), script)
+        assert refused(caplog, SUBJECTS.inputs_bucket("bob")), "the server refused the cli bob's"
         js = admin.jetstream()
         assert await lookup(js, SUBJECTS.inputs_bucket("alice"), mine.sha256) is not None
         info = await js.stream_info(f"OBJ_{SUBJECTS.inputs_bucket('bob')}")
@@ -140,8 +160,9 @@ async def test_a_tenants_bucket_holds_its_quota_and_no_more(
 
 
 async def test_a_runner_gets_its_own_jobs_files_from_intake_and_nothing_itself(
-    prepared: Server, tmp_path: Path
+    prepared: Server, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.ERROR, logger="mdq.bus")
     alice = await connected(prepared, "alice")
     intake = await connected(prepared, "intake")
     runner = await connected(prepared, JOB)
@@ -167,18 +188,21 @@ async def test_a_runner_gets_its_own_jobs_files_from_intake_and_nothing_itself(
         # its spec's), on the first job's subject the server refuses
         with pytest.raises(FetchRefused, match="has no submitted event"):
             await InputFetch(other, SUBJECTS, OTHER_JOB).fetch(uploaded.sha256, bytearray().extend)
+        caplog.clear()
         with pytest.raises((nats.errors.Error, TimeoutError)):
             await InputFetch(other, SUBJECTS, JOB, timeout_s=1.0).fetch(
                 uploaded.sha256, bytearray().extend
             )
+        assert refused(caplog, JOB), "the server refused the other runner the job's subject"
         # and a runner reads no bucket by itself
+        alices = SUBJECTS.inputs_bucket("alice")
         with pytest.raises((nats.errors.Error, TimeoutError)):
-            await lookup(runner.jetstream(), SUBJECTS.inputs_bucket("alice"), uploaded.sha256)
+            await lookup(runner.jetstream(), alices, uploaded.sha256)
+        assert refused(caplog, alices), "the server refused the runner alice's bucket"
         request = json.dumps({"seq": 1}).encode()
         with pytest.raises((nats.errors.Error, TimeoutError)):
-            await runner.request(
-                f"$JS.API.DIRECT.GET.OBJ_{SUBJECTS.inputs_bucket('alice')}", request, timeout=1
-            )
+            await runner.request(f"$JS.API.DIRECT.GET.OBJ_{alices}", request, timeout=1)
+        assert refused(caplog, alices), "the server refused the runner a direct get"
         assert desk.served >= 2
     finally:
         await desk.stop()

@@ -10,6 +10,7 @@ transition reported twice, and nodes (Ready, cordon, taints, metrics.k8s.io) bec
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -34,6 +35,7 @@ from mdq.contracts import pb
 from mdq.core.recovery import classify
 from mdq.testing.cluster import SimulatedCluster
 from mdq.testing.scripted_runner import scripted_spec
+from mdq.testing.tasks import Background, BackgroundFailed
 from tests.helpers import wait_for
 
 K8S_NAMESPACE = "mdq"
@@ -91,7 +93,8 @@ class Updates:
 
     def __init__(self, backend: KubernetesBackend) -> None:
         self.seen: list[PodUpdate] = []
-        self._task = asyncio.create_task(self._collect(backend))
+        self._background = Background("the updates collector")
+        self._task = self._background.spawn(self._collect(backend), name="watch_pods")
 
     async def _collect(self, backend: KubernetesBackend) -> None:
         async for update in backend.watch_pods():
@@ -113,8 +116,8 @@ class Updates:
         return self.of(pod)[-1]
 
     async def close(self) -> None:
-        self._task.cancel()
-        await asyncio.gather(self._task, return_exceptions=True)
+        """Stop collecting; raise what the watch failed with, if it did."""
+        await self._background.close()
 
 
 @pytest.fixture
@@ -491,6 +494,49 @@ async def test_the_factory_makes_the_kubernetes_backend_from_the_environment(
         assert stored["metadata"]["labels"]["mdq.io/namespace"] == "fac"
     finally:
         await made.close()
+
+
+async def test_a_failure_inside_the_simulated_cluster_fails_its_stop(tmp_path: Path) -> None:
+    """A kubelet's supervisor that raises (here, on reporting a pod's end), or an emulator
+    handler that raises, is no silent log line: the cluster's ``check`` and ``stop`` raise it."""
+    unstarted = simulated_cluster(tmp_path)
+
+    async def metrics_bug(request: object) -> None:
+        raise ValueError("handler bug")
+
+    unstarted.api._node_metrics = metrics_bug  # type: ignore[method-assign,assignment]
+    the_cluster = await unstarted.start()
+    kubelet = the_cluster.kubelets["node-1"]
+    broken = RuntimeError("the kubelet's report broke")
+
+    async def report_breaks(*args: object, **kwargs: object) -> None:
+        raise broken
+
+    kubelet._report_terminated = report_breaks  # type: ignore[method-assign]
+    backend = await KubernetesBackend.connect(
+        settings=settings_for(the_cluster),
+        mdq_namespace="broken",
+        runner_nats_url=RUNNER_NATS,
+        data_dir=Path("/data"),
+    )
+    try:
+        await backend.create_pod(pod("quick", "pass"))
+
+        async def supervisor_failed() -> bool:
+            return bool(kubelet._background.failures)
+
+        await wait_for(supervisor_failed, timeout=20, what="the broken report")
+        with pytest.raises(BackgroundFailed) as raised:
+            the_cluster.check()
+        assert raised.value.exceptions == (broken,)
+        # an emulator handler's own exception (node metrics): answered 500, raised by stop
+        with contextlib.suppress(Exception):
+            await backend.sample_nodes()
+    finally:
+        await backend.close()
+    with pytest.raises(BackgroundFailed) as stopped:
+        await the_cluster.stop()
+    assert [str(e) for e in stopped.value.exceptions] == ["handler bug"]
 
 
 @pytest.mark.parametrize(

@@ -162,7 +162,10 @@ async def main():
     other = subjects.progress({other_job!r})
     await nc.publish(other, b"forged")
     await nc.flush()
-    await asyncio.sleep(0.3)
+    # the server's refusal comes to the error callback; wait for it, not for a fixed time
+    deadline = asyncio.get_running_loop().time() + 20
+    while not errors and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.02)
     await nc.close()
     text = open(creds).read()
     secret_lines = [line for line in text.splitlines() if line.startswith(("eyJ", "SU"))]
@@ -279,6 +282,12 @@ async def test_each_runner_pod_gets_its_own_secret_and_reports_for_its_own_job_o
     admin = await connect(streams.nats.url, name="admin", creds=streams.admin)
     try:
         js = admin.jetstream()
+        # each runner's refusal came back before it exited: the server had handled both
+        # publishes, so the stream's count of each subject is final
+        info = await js.stream_info(SUBJECTS.progress_stream, subjects_filter=">")
+        assert {job: (info.state.subjects or {}).get(SUBJECTS.progress(job)) for job in specs} == {
+            job: 1 for job in specs
+        }
         for job in specs:
             message = await js.get_last_msg(SUBJECTS.progress_stream, SUBJECTS.progress(job))
             assert message.data == b"mine"

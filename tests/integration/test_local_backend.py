@@ -33,6 +33,7 @@ from mdq.contracts import pb
 from mdq.core.runner_task import RunnerTask
 from mdq.embedded import start_nats
 from mdq.testing.scripted_runner import scripted_spec
+from mdq.testing.tasks import Background
 from tests.helpers import reconnected
 
 NODES = ("n1", "n2")
@@ -167,7 +168,8 @@ async def test_pods_run_on_their_node_and_report_their_exit(
         async for update in backend.watch_pods():
             seen.append(update)
 
-    watching = asyncio.create_task(watch())
+    background = Background("the pods watch")
+    background.spawn(watch(), name="watch_pods")
     ok = pod(
         "mdq-job-ok-1",
         "import os, time; time.sleep(0.5); "
@@ -207,7 +209,7 @@ async def test_pods_run_on_their_node_and_report_their_exit(
         pb.POD_RUNNING,
         pb.POD_SUCCEEDED,
     ], phases
-    watching.cancel()
+    await background.close()  # raises what the watch failed with, if it did
 
     # A watch started now reports the current state of every pod first.
     current: dict[str, PodUpdate] = {}
@@ -404,7 +406,8 @@ async def test_silent_node_is_lost_and_its_pods_fenced_when_it_returns(
         async for update in backend.watch_pods():
             seen.append(update)
 
-    watching = asyncio.create_task(watch())
+    background = Background("the pods watch")
+    background.spawn(watch(), name="watch_pods")
     try:
         os.kill(agent.pid, signal.SIGSTOP)  # the node stops answering, its pod keeps running
         lost = await until_terminal(backend, name, within=20)
@@ -418,8 +421,8 @@ async def test_silent_node_is_lost_and_its_pods_fenced_when_it_returns(
 
         await eventually(gone, within=15, what="the fenced pod's process to stop")
     finally:
-        watching.cancel()
         os.kill(agent.pid, signal.SIGCONT)
+        await background.close()  # raises what the watch failed with, if it did
 
 
 async def _ready(backend: LocalBackend, node: str) -> bool:

@@ -32,6 +32,7 @@ from mdq.core.exit_codes import RunnerExit
 from mdq.core.runner_task import RunnerTask, job_dir
 from mdq.core.spec import normalize_job
 from mdq.embedded import free_port
+from mdq.testing.runner_files import last_energy_step
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BOX_NM = 1.5
@@ -310,11 +311,15 @@ async def test_resume_after_kill_continues_the_trajectory(
     await events.wait_until(lambda: bool(events.checkpoints))
     first.process.kill()
     assert await first.wait() == -signal.SIGKILL
-    await asyncio.sleep(0.3)  # events that were in flight at the kill
+    # How far the attempt got is read from its energy table, final once it is dead; the
+    # report of the newest checkpoint's step, sent before it on another stream, is waited for.
+    newest = events.of_attempt(1)[1][-1].step
+    await events.wait_until(lambda: newest in {p.step for p in events.of_attempt(1)[0]})
     before, checkpoints = events.of_attempt(1)
-    assert before[-1].step < spec.steps, "the first attempt finished before it was killed"
+    last_row = last_energy_step(first_task.job_dir / "energies.csv")
+    assert last_row < spec.steps, "the first attempt finished before it was killed"
     resume_from = pb.Checkpoint()
-    resume_from.CopyFrom(checkpoints[-1])
+    resume_from.CopyFrom(next(c for c in checkpoints if c.step == newest))
     resume_from.copy_slot = "1.a"  # announced as copied too: the folder's own file comes first
 
     second = await start_runner(
@@ -362,9 +367,12 @@ async def test_a_retry_on_another_cluster_resumes_from_the_copied_checkpoint(
     await events.wait_until(lambda: len(events.copied) >= 2)
     first.process.kill()
     assert await first.wait() == -signal.SIGKILL
-    await asyncio.sleep(0.3)
-    _, checkpoints = events.of_attempt(1)
+    # every copy is announced after its checkpoint (on another stream): waited for
     copies = [event.copied for event in events.copied]
+    await events.wait_until(
+        lambda: {c.checkpoint.step for c in copies} <= {c.step for c in events.of_attempt(1)[1]}
+    )
+    _, checkpoints = events.of_attempt(1)
     assert all(c.checkpoint.copy_slot in ("1.a", "1.b") for c in copies)
     assert [c.checkpoint.copy_slot for c in copies[:2]] == ["1.a", "1.b"]  # slots alternate
     written = {c.step: c.sha256 for c in checkpoints}

@@ -26,6 +26,7 @@ from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.exit_codes import RunnerExit
 from mdq.core.spec import normalize_job
+from mdq.testing.runner_files import newest_checkpoint_step
 from services.runner.errors import InvalidInputError
 from services.runner.system import build_system
 from tests.integration.test_runner import (
@@ -151,13 +152,15 @@ def _more_reports_than(events: JobEvents, reports: int) -> bool:
     return len(events.progress) > reports
 
 
-async def stop_past_a_checkpoint(runner: Runner, events: JobEvents) -> None:
+async def stop_past_a_checkpoint(runner: Runner, events: JobEvents, job_dir: Path) -> None:
     """SIGSTOP ``runner`` at a moment when it has reported progress past its latest checkpoint.
 
     A fast runner can write its next checkpoint between the test seeing "progress past the
-    checkpoint" and a kill, so the runner is stopped first and the events it had already sent
-    are let in; if a checkpoint overtook the progress meanwhile, it runs on to its next report
-    and the check is made again.
+    checkpoint" and a kill, so the runner is stopped first and its checkpoint folder read: a
+    stopped runner writes nothing more, and it writes a checkpoint's files before announcing
+    it, so when the newest file on disk is older than the progress already seen, no checkpoint
+    event in flight can overtake that progress. Otherwise it runs on to its next report and
+    the check is made again.
     """
     deadline = asyncio.get_running_loop().time() + WAIT_S
     while True:
@@ -168,9 +171,8 @@ async def stop_past_a_checkpoint(runner: Runner, events: JobEvents) -> None:
             )
         )
         runner.process.send_signal(signal.SIGSTOP)
-        await asyncio.sleep(0.5)  # what the stopped runner had sent is delivered meanwhile
-        progress, checkpoints = events.of_attempt(1)
-        if progress[-1].step > checkpoints[-1].step:
+        progress, _ = events.of_attempt(1)
+        if progress[-1].step > newest_checkpoint_step(job_dir / "checkpoints"):
             return
         assert asyncio.get_running_loop().time() < deadline, "never stopped past a checkpoint"
         runner.process.send_signal(signal.SIGCONT)
@@ -198,7 +200,7 @@ async def test_resume_from_native_checkpoint_continues_energies_and_trajectory(
     first_task = make_task(data_dir, "job-lj-killed", spec)
     events = await tap(nc, subjects, first_task.job_id)
     first = await start_runner(first_task)
-    await stop_past_a_checkpoint(first, events)
+    await stop_past_a_checkpoint(first, events, first_task.job_dir)
     first.process.kill()
     assert await first.wait() == -signal.SIGKILL
     before, checkpoints = events.of_attempt(1)

@@ -230,17 +230,23 @@ async def test_a_tenants_stream_holds_its_events_and_no_one_elses(
 
     stream = subjects.tenant_stream("erin")
 
-    async def erin_has_three() -> bool:  # submitted, rejected, progress
-        return (await js.stream_info(stream)).state.messages >= 3
+    # A marker of erin's on the jobs stream, after every other job's event there: her stream
+    # sources each stream in order, so once the marker is in, every earlier event of the
+    # jobs stream has been taken or left out.
+    marker = subjects.job(erin_job, "held")
+    await js.publish(marker, pb.Event(job_id=erin_job).SerializeToString())
 
-    await eventually(erin_has_three, "erin's stream to gather her events")
-    await asyncio.sleep(0.2)  # anything else sourced by now would show
+    async def erin_has_four() -> bool:  # submitted, rejected, progress, the marker
+        return (await js.stream_info(stream)).state.messages >= 4
+
+    await eventually(erin_has_four, "erin's stream to gather her events and the marker")
     info = await js.stream_info(stream, subjects_filter=">")
     held = set((info.state.subjects or {}).keys())
     assert held == {
         subjects.job(erin_job, "submitted"),
         subjects.rejected(refused.request_id),
         subjects.progress(erin_job),
+        marker,
     }
     others = {*frank.job_ids, *operator.job_ids}
     assert not any(job in subject for subject in held for job in others)

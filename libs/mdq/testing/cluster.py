@@ -17,6 +17,7 @@ from typing import Self
 
 from mdq.testing.kube_api import KubeApiEmulator
 from mdq.testing.kubelet import SimulatedKubelet
+from mdq.testing.tasks import BackgroundFailed
 
 
 class SimulatedCluster:
@@ -76,9 +77,26 @@ class SimulatedCluster:
         return self
 
     async def stop(self) -> None:
+        """Stop every kubelet and the emulator; then raise ``BackgroundFailed`` holding what
+        any of them had failed with."""
+        failed: list[Exception] = []
         for kubelet in self.kubelets.values():
-            await kubelet.stop()
-        await self.api.stop()
+            try:
+                await kubelet.stop()
+            except BackgroundFailed as error:
+                failed.extend(error.exceptions)
+        try:
+            await self.api.stop()
+        except BackgroundFailed as error:
+            failed.extend(error.exceptions)
+        if failed:
+            raise BackgroundFailed("the simulated cluster's background tasks failed", failed)
+
+    def check(self) -> None:
+        """Raise ``BackgroundFailed`` if a kubelet's task or the emulator has failed so far."""
+        for kubelet in self.kubelets.values():
+            kubelet.check()
+        self.api.check()
 
     async def fail_node(self, name: str) -> None:
         """The node crashes: its processes die, its kubelet goes silent, and the node

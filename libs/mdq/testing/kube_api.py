@@ -47,6 +47,8 @@ from typing import Any
 
 from aiohttp import web
 
+from mdq.testing.tasks import Background
+
 Json = dict[str, Any]
 Key = tuple[str, str]
 """(namespace, name); namespace is "" for nodes."""
@@ -273,7 +275,8 @@ class KubeApiEmulator:
         self.expired: list[str] = []
         """User agents of the watches answered 410 Expired."""
         self._runner: web.AppRunner | None = None
-        self._controller: asyncio.Task[None] | None = None
+        self._background = Background("kube API emulator")
+        """The node lifecycle controller, and every handler's unexpected exception."""
         self.url = ""
 
     # -- serving ---------------------------------------------------------------------------
@@ -320,18 +323,23 @@ class KubeApiEmulator:
         bound_port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
         self.url = f"http://{host}:{bound_port}"
         if self.node_monitor_grace_s is not None:
-            self._controller = asyncio.create_task(self._node_lifecycle(), name="node-lifecycle")
+            self._background.spawn(self._node_lifecycle(), name="node lifecycle controller")
         return self.url
 
     async def stop(self) -> None:
-        if self._controller is not None:
-            self._controller.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._controller
-        self.drop_watches()
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        """Stop serving; raise ``BackgroundFailed`` if the controller or a request handler
+        raised unexpectedly while it served."""
+        try:
+            await self._background.close()
+        finally:
+            self.drop_watches()
+            if self._runner is not None:
+                await self._runner.cleanup()
+                self._runner = None
+
+    def check(self) -> None:
+        """Raise ``BackgroundFailed`` if the controller or a request handler has raised."""
+        self._background.check()
 
     def kubeconfig(self, *, namespace: str = "default") -> Json:
         """A kubeconfig (as a dict; write it as JSON or YAML) pointing at this emulator."""
@@ -364,6 +372,13 @@ class KubeApiEmulator:
             response = web.json_response(
                 status_body(400, "BadRequest", f"invalid JSON: {error}"), status=400
             )
+        except (web.HTTPException, ConnectionError):
+            raise  # an answer, or a client that went away
+        except Exception as error:
+            # A bug of the emulator, not an answer a real API server gives: answered 500 and
+            # raised again by ``check`` and ``stop``.
+            self._background.fail(f"{request.method} {request.path}", error)
+            raise
         self.requests.append(
             RequestRecord(
                 method=request.method,

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import logging
 import os
 import shutil
@@ -43,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -57,6 +57,7 @@ from mdq.backends.local.processes import (
     signal_group,
 )
 from mdq.testing.kube_api import now_rfc3339
+from mdq.testing.tasks import Background
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +130,9 @@ class SimulatedKubelet:
         self._settings = KubernetesSettings(watch_timeout_s=60, retry_backoff_s=0.2)
         self._api: k8s.ApiClient | None = None
         self._core: k8s.CoreV1Api | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._background = Background(f"kubelet {node}")
+        """Every task of this kubelet (heartbeat, pod watch, volume waits, supervisors,
+        killers): a failure of any is raised by ``check``, ``stop`` and ``crash``."""
         self.running: dict[Key, Container] = {}
         self._handled: set[str] = set()
         """uids of pods this kubelet started (never twice)."""
@@ -153,49 +156,45 @@ class SimulatedKubelet:
         self._log_dir.mkdir(parents=True, exist_ok=True)
         await self._register()
         self.alive = True
-        self._tasks = [
-            asyncio.create_task(self._heartbeat(), name=f"kubelet-{self.node}-heartbeat"),
-            asyncio.create_task(
-                list_and_watch(
-                    call=self.core.list_pod_for_all_namespaces,
-                    field_selector=f"spec.nodeName={self.node}",
-                    on_list=self._on_list,
-                    on_event=self._on_event,
-                    settings=self._settings,
-                    stats=self.watch_stats,
-                    what=f"kubelet {self.node} pod",
-                ),
-                name=f"kubelet-{self.node}-pods",
+        self._background.spawn(self._heartbeat(), name="heartbeat")
+        self._background.spawn(
+            list_and_watch(
+                call=self.core.list_pod_for_all_namespaces,
+                field_selector=f"spec.nodeName={self.node}",
+                on_list=self._on_list,
+                on_event=self._on_event,
+                settings=self._settings,
+                stats=self.watch_stats,
+                what=f"kubelet {self.node} pod",
             ),
-        ]
+            name="pod watch",
+        )
+
+    def check(self) -> None:
+        """Raise ``BackgroundFailed`` if any task of this kubelet has raised so far."""
+        self._background.check()
 
     async def stop(self) -> None:
         """Stop the kubelet and kill its pods (the test is over)."""
         await self.crash()
 
     async def crash(self) -> None:
-        """The node dies: every process is killed and nothing more is reported."""
+        """The node dies: every process is killed and nothing more is reported. Raises
+        ``BackgroundFailed`` when a task of the kubelet had failed before."""
         self.alive = False
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks = []
-        for waiter in self.waiting.values():
-            waiter.cancel()
-        await asyncio.gather(*self.waiting.values(), return_exceptions=True)
-        self.waiting.clear()
         containers = list(self.running.values())
-        for container in containers:
-            if container.supervisor is not None:
-                container.supervisor.cancel()
-            signal_group(container.process.pid, signal.SIGKILL)
-        for container in containers:
-            with contextlib.suppress(Exception):
+        try:
+            await self._background.close()  # every task cancelled and awaited
+        finally:
+            self.waiting.clear()
+            for container in containers:
+                signal_group(container.process.pid, signal.SIGKILL)
+            for container in containers:
                 await container.process.wait()
-        self.running.clear()
-        if self._api is not None:
-            await self._api.close()
-            self._api, self._core = None, None
+            self.running.clear()
+            if self._api is not None:
+                await self._api.close()
+                self._api, self._core = None, None
 
     # -- the node --------------------------------------------------------------------------
     def _ready_condition(self, *, transition: bool) -> Json:
@@ -307,8 +306,8 @@ class SimulatedKubelet:
             except ApiException:
                 mounts = None  # the API answered badly: wait and try again, as below
             if mounts is None:
-                self.waiting[key] = asyncio.create_task(
-                    self._wait_for_volumes(key, uid, pod), name=f"kubelet-{self.node}-{key[1]}"
+                self.waiting[key] = self._background.spawn(
+                    self._wait_for_volumes(key, uid, pod), name=f"volumes of {key[1]}"
                 )
                 return
             await self._start(key, uid, pod, mounts)
@@ -464,7 +463,9 @@ class SimulatedKubelet:
         self.running[key] = container
         log.info("kubelet %s: pod %s/%s started, pid %d", self.node, *key, process.pid)
         await self._write_status(key, lambda status: self._running_status(status, container))
-        container.supervisor = asyncio.create_task(self._supervise(container))
+        container.supervisor = self._background.spawn(
+            self._supervise(container), name=f"supervisor of {key[1]}"
+        )
 
     def _environment(self, pod: Json, container_spec: Json) -> dict[str, str]:
         fields = {
@@ -527,14 +528,17 @@ class SimulatedKubelet:
 
     async def _supervise(self, container: Container) -> None:
         exited = asyncio.create_task(container.process.wait())
-        while not exited.done():
-            await asyncio.wait({exited}, timeout=self._memory_poll_s)
-            if exited.done() or container.oom_rss_bytes or not container.memory_limit_bytes:
-                continue
-            rss = container.tree.rss_bytes()
-            if rss > container.memory_limit_bytes:
-                container.oom_rss_bytes = rss
-                signal_group(container.process.pid, signal.SIGKILL)
+        try:
+            while not exited.done():
+                await asyncio.wait({exited}, timeout=self._memory_poll_s)
+                if exited.done() or container.oom_rss_bytes or not container.memory_limit_bytes:
+                    continue
+                rss = container.tree.rss_bytes()
+                if rss > container.memory_limit_bytes:
+                    container.oom_rss_bytes = rss
+                    signal_group(container.process.pid, signal.SIGKILL)
+        finally:
+            exited.cancel()  # the supervisor was cancelled (the node crashed): stop waiting
         returncode = exited.result()
         signal_group(container.process.pid, signal.SIGKILL)
         if container.killer is not None:
@@ -558,8 +562,9 @@ class SimulatedKubelet:
                 started_at=container.started_at,
                 evicted=container.evicted_message,
             )
-        except Exception:
-            log.exception("kubelet %s: reporting %s failed", self.node, container.key)
+        except (ApiException, aiohttp.ClientError, OSError, TimeoutError):
+            # the API server is away (a partition in a test): the pod stays as last reported
+            log.warning("kubelet %s: reporting %s failed", self.node, container.key, exc_info=True)
             return
         if container.stopping and not container.evicted_message:
             await self._remove(container.key)
@@ -649,7 +654,9 @@ class SimulatedKubelet:
             signal_group(container.process.pid, signal.SIGKILL)
             return
         signal_group(container.process.pid, signal.SIGTERM)
-        container.killer = asyncio.create_task(self._kill_after(container, grace_s))
+        container.killer = self._background.spawn(
+            self._kill_after(container, grace_s), name=f"killer of {container.key[1]}"
+        )
 
     async def _kill_after(self, container: Container, grace_s: float) -> None:
         await asyncio.sleep(grace_s)

@@ -41,3 +41,42 @@ def logged_resume(log_path: Path) -> int | None:
     if found := RESUMED.search(text):
         return int(found.group(1))
     return 0 if STARTED_OVER in text else None
+
+
+def energy_rows(path: Path) -> list[tuple[int, str]]:
+    """(step, the whole line) of every complete row of a runner's energy table, in file order
+    (a row cut by a kill is left out)."""
+    rows: list[tuple[int, str]] = []
+    with path.open() as table:
+        for line in table:
+            if not line.endswith("\n"):
+                break
+            head = line.split(",", 1)[0]
+            if head.isdigit():
+                rows.append((int(head), line))
+    return rows
+
+
+def checkpoint_steps(folder: Path) -> set[int]:
+    """The steps of every checkpoint file (State XML) in a job's checkpoint folder."""
+    return {int(path.stem.split("-")[1]) for path in folder.glob("ckpt-*.xml")}
+
+
+def retry_table_problem(
+    killed: list[tuple[int, str]], now: list[tuple[int, str]], resumed: int, interval: int
+) -> str | None:
+    """What is wrong, if anything, with a job's energy table after its retry resumed from step
+    ``resumed`` (0: started over), against the table its killed attempt left (``killed``,
+    read when it died): the table must be one trajectory (every ``interval`` steps from the
+    first report on, no step twice, none missing), keep exactly the killed attempt's rows up
+    to ``resumed``, and hold the retry's rows past it. None when all holds."""
+    steps = [step for step, _ in now]
+    if steps != list(range(interval, interval * len(steps) + 1, interval)):
+        return f"the table is not one trajectory every {interval} steps: {steps[:3]}…{steps[-3:]}"
+    kept_before = [line for step, line in killed if step <= resumed]
+    kept_now = [line for step, line in now if step <= resumed]
+    if kept_now != kept_before:
+        return f"the rows up to step {resumed} are not those the killed attempt wrote"
+    if not steps or steps[-1] <= resumed:
+        return f"no row of the retry past step {resumed}"
+    return None

@@ -60,6 +60,9 @@ from mdq.core.recovery import START_ERROR_REASON as START_ERROR
 from mdq.files import UMASK, open_log, private_folder
 
 log = logging.getLogger(__name__)
+ENDED_LINE = "pod %s ended: %s %s (pid %d, returncode %d)"
+"""How a pod's end is logged: name, reason, message, pid, and the process's return code as
+Popen gives it (-9: SIGKILL); benchmarks read it (``mdq.testing.agent_log``)."""
 
 EXIT_KILLED = 137
 STATUS_RETRY_MAX_S = 5.0
@@ -463,7 +466,14 @@ class NodeAgent:
             stop_reason=pod.stop_reason,
             stop_message=pod.stop_message,
         )
-        log.info("pod %s ended: %s %s", pod.spec.name, status.reason, status.message)
+        log.info(
+            ENDED_LINE,
+            pod.spec.name,
+            status.reason,
+            status.message,
+            pod.process.pid,
+            returncode,
+        )
         if self._runner_creds_dir is not None:
             (self._runner_creds_dir / f"{pod.spec.name}.creds").unlink(missing_ok=True)
         try:
