@@ -135,6 +135,7 @@ def test_show_gives_a_job_in_reduced_units_its_units() -> None:
     record = replace(
         detail.job, units="lj", task="TASK_MD", last_temperature_k=1.5, last_ns_per_day=2.0
     )
+    assert detail.last_progress is not None
     last = replace(detail.last_progress, temperature_k=1.5, ns_per_day=2.0)
     text = shown(replace(detail, job=record, last_progress=last))
     assert "kJ/mol" not in text and " K" not in text and "ns/day" not in text, text
