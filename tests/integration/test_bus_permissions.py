@@ -820,3 +820,97 @@ async def test_a_tenants_connection_is_held_to_its_limits(prepared: Server) -> N
         assert "maximum subscriptions exceeded" in str(client.last_error).lower()
     finally:
         await client.close()
+
+
+DURABLES = (
+    ("intake", SUBJECTS.submit_stream, "intake"),
+    ("watcher", SUBJECTS.jobs_stream, "watcher-jobs"),
+    ("watcher", SUBJECTS.progress_stream, "watcher-progress"),
+)
+"""The services' durable consumers: (owner, stream, name)."""
+HIJACK_FILTER = "mdq.job.hijacked.>"
+
+
+@pytest.mark.parametrize(
+    "identity", [name for name in ATTACKERS if name not in ("watcher", "runner", "runners")]
+)
+async def test_no_reader_reconfigures_a_services_durable_consumer(
+    prepared: Server, attempts_of: dict[str, Attempts], identity: str
+) -> None:
+    """A reader asks to make a consumer under the name of a service's durable, with another
+    filter: by the nameless request (the name in its body, which no permission sees), by the
+    named one, by the legacy durable one. The durables keep their configuration. Red with the
+    nameless request granted on the streams that hold them (the `cli` identity and every
+    service reading them had it)."""
+    admin = await connect(prepared.nats.url, name="durables", creds=prepared.creds["admin"])
+    js = admin.jetstream()
+    try:
+        for _, stream, durable in DURABLES:
+            await js.add_consumer(stream, durable_name=durable, ack_policy="explicit")
+        attempts = attempts_of[identity]
+        attempts.errors.clear()
+        tries: list[str] = []
+        for owner, stream, durable in DURABLES:
+            if owner == identity:
+                continue
+            config = {"name": durable, "ack_policy": "explicit", "filter_subject": HIJACK_FILTER}
+            body = json.dumps({"stream_name": stream, "config": config}).encode()
+            legacy = {"durable_name": durable, "ack_policy": "explicit"}
+            legacy["filter_subject"] = HIJACK_FILTER
+            legacy_body = json.dumps({"stream_name": stream, "config": legacy}).encode()
+            for subject, payload in (
+                (f"$JS.API.CONSUMER.CREATE.{stream}", body),
+                (f"$JS.API.CONSUMER.CREATE.{stream}.{durable}", body),
+                (f"$JS.API.CONSUMER.CREATE.{stream}.{durable}.{HIJACK_FILTER}", body),
+                (f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.{durable}", legacy_body),
+            ):
+                reply = attempts.client.new_inbox()
+                await attempts.client.publish(subject, payload, reply=reply)
+                tries.append(subject)
+        await attempts.client.flush()
+        said = ""
+        for _ in range(50):  # each refusal comes back as an error of the connection
+            said = " ".join(attempts.errors)
+            if all(f'"{subject.lower()}"' in said for subject in tries):
+                break
+            await asyncio.sleep(0.1)
+        assert [subject for subject in tries if f'"{subject.lower()}"' not in said] == []
+        for _, stream, durable in DURABLES:
+            info = await js.consumer_info(stream, durable)
+            assert info.config.filter_subject != HIJACK_FILTER, (identity, stream, durable)
+    finally:
+        await admin.close()
+
+
+async def test_the_operators_client_makes_its_consumers_by_name(prepared: Server) -> None:
+    """The nameless consumer-create request on a stream that holds a service's durable is
+    refused to the operator's client; nats-py (with ``mdq.bus.nats_fixes``) follows that
+    stream all the same, through the named request."""
+    errors: list[str] = []
+
+    async def on_error(error: Exception) -> None:
+        errors.append(str(error))
+
+    admin = await connect(prepared.nats.url, name="seed", creds=prepared.creds["admin"])
+    job = "00000000000f-named"
+    await admin.jetstream().publish(SUBJECTS.job(job, "bound"), b"seed")
+    await admin.close()
+    client = await nats.connect(
+        prepared.nats.url,
+        user_credentials=str(prepared.creds["cli"]),
+        error_cb=on_error,
+        allow_reconnect=False,
+    )
+    try:
+        stream = SUBJECTS.jobs_stream
+        config = {"deliver_policy": "all", "ack_policy": "none"}
+        body = json.dumps({"stream_name": stream, "config": config}).encode()
+        with pytest.raises(nats.errors.TimeoutError):
+            await client.request(f"$JS.API.CONSUMER.CREATE.{stream}", body, timeout=1)
+        assert any("permissions violation" in error.lower() for error in errors), errors
+        subscription = await client.jetstream().subscribe(
+            SUBJECTS.job(job, "bound"), stream=stream, ordered_consumer=True
+        )
+        assert (await subscription.next_msg(timeout=5)).data == b"seed"
+    finally:
+        await client.close()
