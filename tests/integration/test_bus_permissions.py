@@ -44,7 +44,12 @@ from mdq.bus.permissions import (
 )
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.snapshots import SnapshotStore
-from mdq.bus.streams import ensure_streams, ensure_tenant_stream
+from mdq.bus.streams import (
+    ensure_streams,
+    ensure_tenant_stream,
+    stream_configs,
+    tenant_submit_stream_config,
+)
 from mdq.bus.subjects import Subjects
 from mdq.cli.queues import tenant_usages
 from mdq.contracts import pb
@@ -459,47 +464,107 @@ async def test_the_reply_subject_trick_stores_nothing(
     assert await stored_messages(prepared) == before
 
 
+def every_delivery_target() -> list[str]:
+    """Every subject a stream or bucket captures, as a push consumer's delivery subject: what
+    ``every_stored_subject`` names, the tenants' submits as the streams account stores them,
+    and the operator's and each tenant's literal submit subjects."""
+    targets = every_stored_subject()
+    targets += [SUBJECTS.submit_for(OTHER_TENANT)]
+    targets += [SUBJECTS.submit_stored(tenant) for tenant in (TENANT, OTHER_TENANT)]
+    return list(dict.fromkeys(targets))
+
+
 @pytest.mark.parametrize("identity", ["cli", "tenant-bob"])
 async def test_a_push_consumer_delivering_into_a_stream_stores_nothing(
     prepared: Server, identity: str
 ) -> None:
     """An identity that may create consumers (the operator's client on the nodes stream, a
-    tenant on its own stream) names another stream's or a bucket's subject as a push
-    consumer's delivery subject, while something listens there (the admin): the
-    server delivers in the streams account, where nothing listens, so no stream stores the
-    copies. Red with the streams in the account the identities log in to."""
+    tenant on its own stream) names a subject some stream captures (the operator's submits,
+    another tenant's, an event, a bucket's key) as a push consumer's delivery subject, with
+    idle heartbeats every 100 ms, which a consumer sends whether or not it has messages. The
+    server delivers in the streams account, where no stream listens on a literal subject (a
+    consumer is active only while a subscription on exactly its delivery subject exists), so
+    none is ever active and no stream stores a heartbeat, while a consumer of the same making
+    delivering into the identity's own inbox gets its heartbeats. Red with a submit stream
+    capturing its literal subject (the operator's submit stream then stores ten heartbeats a
+    second of each such consumer)."""
     if identity == "cli":
         stream, seed = SUBJECTS.nodes_stream, SUBJECTS.node_load("n9")
     else:
         stream = SUBJECTS.tenant_stream(OTHER_TENANT)
         seed = SUBJECTS.job(f"{OTHER_TENANT}.00000000000c-copy", "bound")
-    targets = (SUBJECTS.job(JOB, "succeeded"), f"$KV.{SUBJECTS.pods_bucket}.forged")
     admin = await connect(prepared.nats.url, name="seed", creds=prepared.creds["admin"])
-    listeners = [await admin.subscribe(target) for target in targets]
     await admin.jetstream().publish(seed, b"copied")
     client = await connect(prepared.nats.url, name=identity, creds=prepared.creds[identity])
+    made: list[str] = []
     try:
         for _ in range(50):  # a tenant's stream gathers from the jobs stream, a moment later
             if (await admin.jetstream().stream_info(stream)).state.messages:
                 break
             await asyncio.sleep(0.1)
         before = await stored_messages(prepared)
-        for target in targets:
-            config = {"deliver_subject": target, "deliver_policy": "all", "ack_policy": "none"}
+
+        async def push_consumer(target: str) -> str | None:
+            config = {
+                "deliver_subject": target,
+                "deliver_policy": "all",
+                "ack_policy": "none",
+                "idle_heartbeat": 100_000_000,  # ns
+                "flow_control": True,
+            }
             body = json.dumps({"stream_name": stream, "config": config}).encode()
             answer = await client.request(f"$JS.API.CONSUMER.CREATE.{stream}", body, timeout=5)
-            assert b'"error"' not in answer.data, answer.data  # the consumer was made
-            made = json.loads(answer.data)["name"]
-            info = await admin.jetstream().consumer_info(stream, made)
-            # nothing listens on its delivery subject where the server delivers it: unbound,
-            # nothing delivered, so nothing can have been stored
-            assert not info.push_bound and info.delivered.consumer_seq == 0, info
+            if b'"error"' in answer.data:  # into its own stream: "forms a cycle"
+                assert b"cycle" in answer.data, answer.data
+                return None
+            name: str = json.loads(answer.data)["name"]
+            made.append(name)
+            return name
+
+        targets = every_delivery_target()
+        for start in range(0, len(targets), 8):  # a tenant may hold 16 consumers at once
+            for target in targets[start : start + 8]:
+                await push_consumer(target)
+            # the marker: a consumer made alike, delivering into the identity's own inbox,
+            # hears its heartbeats; the others have had as long to send theirs
+            own = client.new_inbox()
+            heard = await client.subscribe(own)
+            assert await push_consumer(own)
+            beats = 0
+            while beats < 3:
+                message = await heard.next_msg(timeout=10)
+                beats += bool(message.headers and message.headers.get("Status") == "100")
+            await heard.unsubscribe()
+            for name in made:
+                info = await admin.jetstream().consumer_info(stream, name)
+                if info.config.deliver_subject != own:
+                    assert not info.push_bound and info.delivered.consumer_seq == 0, info
+                await admin.jetstream().delete_consumer(stream, name)
+            made.clear()
         assert await stored_messages(prepared) == before
     finally:
-        for listener in listeners:
-            await listener.unsubscribe()
+        for name in made:
+            with contextlib.suppress(nats.errors.Error):
+                await admin.jetstream().delete_consumer(stream, name)
         await client.close()
         await admin.close()
+
+
+def test_no_stream_captures_a_literal_subject() -> None:
+    """Every subject a stream of a closed bus captures has a wildcard, the operator's and the
+    tenants' submit streams included: a stream listening on a literal subject stores what a
+    push consumer delivers there."""
+    configs = [
+        *stream_configs(SUBJECTS, tenants=[TENANT]),
+        tenant_submit_stream_config(SUBJECTS, TENANT, closed=True),
+    ]
+    literal = {
+        (config.name, subject)
+        for config in configs
+        for subject in config.subjects or []
+        if not ({"*", ">"} & set(subject.split(".")))
+    }
+    assert literal == set()
 
 
 async def test_no_one_logs_in_to_the_streams_account(prepared: Server, tmp_path: Path) -> None:
@@ -748,7 +813,7 @@ async def test_a_tenant_cannot_squat_another_tenants_idempotency_key(
             SUBJECTS.submit_for(TENANT), b'{"jobs": [{"name": "w"}]}', headers=key
         )
         assert not mine.duplicate and mine.stream == SUBJECTS.tenant_submit_stream(TENANT)
-        subject = SUBJECTS.submit_for(TENANT)
+        subject = SUBJECTS.submit_stored(TENANT)  # as the streams account stores it
         for _ in range(100):  # the submit stream sources it a moment later
             found = await admin.jetstream().stream_info(
                 SUBJECTS.submit_stream, subjects_filter=subject

@@ -493,6 +493,10 @@ class Bridge:
     streams: tuple[str, ...]
     """Subjects the streams account sends back unasked: push consumers' deliveries (ordered
     consumers, KV watches) to each identity's reply inbox."""
+    mapped: tuple[tuple[str, str], ...] = ()
+    """Subjects the users account sends into the streams account under another name: (the
+    subject its clients publish on, the subject it lands on there). A tenant's submit gains a
+    token (``Subjects.submit_stored``), so its stream captures it with a wildcard."""
     multi_response: tuple[str, ...] = (PULL_REQUESTS,)
     """Services whose one request may have many answers (a pull request's messages): the
     server keeps the way back open until none came for a while (2 minutes), so only these are
@@ -510,7 +514,6 @@ def account_bridge(subjects: Subjects) -> Bridge:
         # wildcard import it is not (nats-server 2.15; test_bus_permissions'
         # test_the_reply_subject_trick_stores_nothing). No other subject has one token there.
         f"{subjects.namespace}.*",
-        subjects.submit_for("*"),
         subjects.job_all("*"),
         f"{subjects.namespace}.rejected.>",
         subjects.progress_all,
@@ -524,6 +527,9 @@ def account_bridge(subjects: Subjects) -> Bridge:
     return Bridge(
         services=(*JETSTREAM_API, "$JS.ACK.>", "$JS.FC.>", "$KV.>", *captured),
         streams=tuple(f"{prefix}.>" for prefix in inboxes),
+        # a tenant's submit, NS.submit.<tenant>, lands as NS.submit.<tenant>.in (no stream may
+        # listen on a literal subject: a push consumer could deliver into it)
+        mapped=((subjects.submit_for("*"), subjects.submit_stored("*")),),
     )
 
 
