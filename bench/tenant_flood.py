@@ -31,7 +31,9 @@ a flood by more than ``flood``'s own bound: what its submit stream may hold
 (``MDQ_STORAGE_TENANT_SUBMIT_BYTES``, the shared submit stream sources it) and, in the jobs
 stream, one ``rejected`` event per submit it held. ``load_avg`` is the machine's at the end.
 
-Usage: ``python bench/tenant_flood.py`` (``--rounds N``, ``--submits N`` per phase).
+Usage: ``make bench-tenant-flood`` (``python bench/tenant_flood.py``; ``--rounds N``,
+``--submits N`` per phase, ``--quick``: 15). Exits non-zero when intake dies or a submit is
+never seen.
 """
 
 from __future__ import annotations
@@ -476,8 +478,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--submits", type=int, default=40)
+    parser.add_argument("--quick", action="store_true", help="15 submits per phase")
     parser.add_argument("--flood", nargs=2, metavar=("URL", "CREDS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.quick:
+        args.submits = 15
     if args.flood:
         counts = asyncio.run(flood_until_interrupted(args.flood[0], Path(args.flood[1])))
         print(json.dumps(counts), flush=True)
