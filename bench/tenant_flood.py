@@ -12,7 +12,8 @@ Each round measures ``calm`` twice, side by side: alone (the baseline: the same 
 nobody else on the bus), then while tenant ``flood`` (the default policy: 60 submits a
 minute) does, all at once and without pause, everything its credentials let it:
 
-- request-reply submits far past its rate (intake answers each "rate limit", stores none);
+- request-reply submits far past its rate, 400 at once (more than intake takes at once, so
+  they wait in its line; intake answers each "rate limit", stores none);
 - fire-and-forget submits past its rate (each stored in its own submit stream, 64 MiB, and
   answered by a ``rejected`` event in the jobs stream);
 - messages over its 1 MiB payload (the client's own check switched off: the server ends the
@@ -81,6 +82,9 @@ NS = "mdq"
 SUBJECTS = Subjects(NS)
 CALM, FLOOD = "calm", "flood"
 CALM_POLICY = TenantPolicy(submits_per_minute=None, max_queued_jobs=None)
+REQUESTS_AT_ONCE = 400
+"""The flood's request-reply submits in flight at once: more than intake takes at once (128),
+so that requests wait in its line."""
 
 
 def submit_body(key: str) -> bytes:
@@ -256,7 +260,7 @@ class Flood:
     async def rate_refused_requests(self) -> None:
         tries = [
             self.main.request(SUBJECTS.api_submit_for(FLOOD), submit_body(f"r{i}"), timeout=5)
-            for i in range(50)
+            for i in range(REQUESTS_AT_ONCE)
         ]
         answers = await asyncio.gather(*tries, return_exceptions=True)
         self.count("rate_refused_requests", len(answers))
