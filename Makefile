@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run up test test-fast test-images images lock lint proto asyncapi bench-placement bench-recovery bench-runner bench-ingest bench-scale bench-history bench-console bench-nodes-hour bench-fairshare bench-multicluster bench-requests bench-control chaos clean install compose-secrets deploy-dev-secrets chaos-soak
+.PHONY: run up test test-fast test-images images lock lint proto asyncapi bench-placement bench-recovery bench-runner bench-ingest bench-scale bench-history bench-console bench-nodes-hour bench-fairshare bench-multicluster bench-requests bench-control bench-tenant-flood chaos clean install compose-secrets deploy-dev-secrets chaos-soak
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "mdq needs Python 3.11 or newer")'
@@ -104,6 +104,10 @@ bench-runner: $(STAMP)
 ## bench-control: job control from outside: cancel → runner gone (p50/p99, against a raw SIGTERM), checkpointed on cancel, 10,000 pending jobs cancelled by one selector (against raw publishing), runners left, double terminals
 bench-control: $(STAMP)
 	$(BIN)/python bench/control.py $(BENCH_ARGS)
+
+## bench-tenant-flood: one tenant floods the closed bus every way it may; another's submit -> submitted p99 against the same submits alone, and every shared stream's growth (docs/security.md)
+bench-tenant-flood: $(STAMP)
+	$(BIN)/python bench/tenant_flood.py $(BENCH_ARGS)
 
 ## bench-recovery: eviction → runner process up again (p50/p95), steps lost per kill -9 from the runner's own files
 bench-recovery: $(STAMP)

@@ -321,6 +321,7 @@ class Trust:
             return shared
 
         shared = [service(subject) for subject in bridge.services]
+        shared += [service(stored) for _, stored in bridge.mapped]
         shared += [
             {"name": subject, "subject": subject, "type": "stream"} for subject in bridge.streams
         ]
@@ -353,6 +354,9 @@ class Trust:
         }
         for each in users["nats"]["imports"]:
             each.pop("response_type", None)
+            for local, stored in bridge.mapped:  # published as ``local``, stored as ``stored``
+                if each["subject"] == stored:
+                    each["local_subject"] = local
         if revocations:
             users["nats"]["revocations"] = dict(sorted(revocations.items()))
         return {

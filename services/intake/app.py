@@ -68,6 +68,7 @@ from mdq.bus.storage import StorageSettings
 from mdq.bus.streams import require_streams
 from mdq.bus.subjects import Subjects
 from mdq.bus.tenants import TenantDirectory
+from mdq.core.fair_queue import FairQueue
 from mdq.core.tenants import RunawayLimits, TenantUsage, usage_key
 from mdq.settings import CommonSettings, LimitSettings
 from services.intake.handlers import (
@@ -214,7 +215,9 @@ class Intake:
         )
         self._handler: SubmitHandler | None = None
         self._history: UsageHistory | None = None
-        self._arrived: list[Msg] = []
+        self._arrived: FairQueue[Msg] = FairQueue()
+        """Request-reply submits waiting for room, taking turns between tenants: one
+        tenant's flood of them delays another's by a turn (``mdq.core.fair_queue``)."""
         """Request-reply submits received and not yet handed to a batch."""
         self._batch_scheduled = False
         self.ignored_without_reply = 0
@@ -320,7 +323,7 @@ class Intake:
             return
         # Requests that arrive together are handled together: nats-py hands over every message
         # already read before the loop runs anything else, and the batch starts after that.
-        self._arrived.append(message)
+        self._arrived.append(self.subjects.tenant_of_submit(message.subject), message)
         self._schedule_batch()
 
     def _schedule_batch(self) -> None:
@@ -336,7 +339,7 @@ class Intake:
         room = self.settings.concurrency - self._in_flight
         if room <= 0 or not self._arrived:
             return
-        batch, self._arrived = self._arrived[:room], self._arrived[room:]
+        batch = self._arrived.take(room)
         self._in_flight += len(batch)
         task = asyncio.create_task(self._serve(batch))
         self._requests.add(task)

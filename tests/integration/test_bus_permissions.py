@@ -45,7 +45,12 @@ from mdq.bus.permissions import (
 )
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.snapshots import SnapshotStore
-from mdq.bus.streams import ensure_streams, ensure_tenant_stream
+from mdq.bus.streams import (
+    ensure_streams,
+    ensure_tenant_stream,
+    stream_configs,
+    tenant_submit_stream_config,
+)
 from mdq.bus.subjects import Subjects
 from mdq.cli.queues import tenant_usages
 from mdq.contracts import pb
@@ -473,47 +478,107 @@ async def test_the_reply_subject_trick_stores_nothing(
     assert await stored_messages(prepared) == before
 
 
+def every_delivery_target() -> list[str]:
+    """Every subject a stream or bucket captures, as a push consumer's delivery subject: what
+    ``every_stored_subject`` names, the tenants' submits as the streams account stores them,
+    and the operator's and each tenant's literal submit subjects."""
+    targets = every_stored_subject()
+    targets += [SUBJECTS.submit_for(OTHER_TENANT)]
+    targets += [SUBJECTS.submit_stored(tenant) for tenant in (TENANT, OTHER_TENANT)]
+    return list(dict.fromkeys(targets))
+
+
 @pytest.mark.parametrize("identity", ["cli", "tenant-bob"])
 async def test_a_push_consumer_delivering_into_a_stream_stores_nothing(
     prepared: Server, identity: str
 ) -> None:
     """An identity that may create consumers (the operator's client on the nodes stream, a
-    tenant on its own stream) names another stream's or a bucket's subject as a push
-    consumer's delivery subject, while something listens there (the admin): the
-    server delivers in the streams account, where nothing listens, so no stream stores the
-    copies. Red with the streams in the account the identities log in to."""
+    tenant on its own stream) names a subject some stream captures (the operator's submits,
+    another tenant's, an event, a bucket's key) as a push consumer's delivery subject, with
+    idle heartbeats every 100 ms, which a consumer sends whether or not it has messages. The
+    server delivers in the streams account, where no stream listens on a literal subject (a
+    consumer is active only while a subscription on exactly its delivery subject exists), so
+    none is ever active and no stream stores a heartbeat, while a consumer of the same making
+    delivering into the identity's own inbox gets its heartbeats. Red with a submit stream
+    capturing its literal subject (the operator's submit stream then stores ten heartbeats a
+    second of each such consumer)."""
     if identity == "cli":
         stream, seed = SUBJECTS.nodes_stream, SUBJECTS.node_load("n9")
     else:
         stream = SUBJECTS.tenant_stream(OTHER_TENANT)
         seed = SUBJECTS.job(f"{OTHER_TENANT}.00000000000c-copy", "bound")
-    targets = (SUBJECTS.job(JOB, "succeeded"), f"$KV.{SUBJECTS.pods_bucket}.forged")
     admin = await connect(prepared.nats.url, name="seed", creds=prepared.creds["admin"])
-    listeners = [await admin.subscribe(target) for target in targets]
     await admin.jetstream().publish(seed, b"copied")
     client = await connect(prepared.nats.url, name=identity, creds=prepared.creds[identity])
+    made: list[str] = []
     try:
         for _ in range(50):  # a tenant's stream gathers from the jobs stream, a moment later
             if (await admin.jetstream().stream_info(stream)).state.messages:
                 break
             await asyncio.sleep(0.1)
         before = await stored_messages(prepared)
-        for target in targets:
-            config = {"deliver_subject": target, "deliver_policy": "all", "ack_policy": "none"}
+
+        async def push_consumer(target: str) -> str | None:
+            config = {
+                "deliver_subject": target,
+                "deliver_policy": "all",
+                "ack_policy": "none",
+                "idle_heartbeat": 100_000_000,  # ns
+                "flow_control": True,
+            }
             body = json.dumps({"stream_name": stream, "config": config}).encode()
             answer = await client.request(f"$JS.API.CONSUMER.CREATE.{stream}", body, timeout=5)
-            assert b'"error"' not in answer.data, answer.data  # the consumer was made
-            made = json.loads(answer.data)["name"]
-            info = await admin.jetstream().consumer_info(stream, made)
-            # nothing listens on its delivery subject where the server delivers it: unbound,
-            # nothing delivered, so nothing can have been stored
-            assert not info.push_bound and info.delivered.consumer_seq == 0, info
+            if b'"error"' in answer.data:  # into its own stream: "forms a cycle"
+                assert b"cycle" in answer.data, answer.data
+                return None
+            name: str = json.loads(answer.data)["name"]
+            made.append(name)
+            return name
+
+        targets = every_delivery_target()
+        for start in range(0, len(targets), 8):  # a tenant may hold 16 consumers at once
+            for target in targets[start : start + 8]:
+                await push_consumer(target)
+            # the marker: a consumer made alike, delivering into the identity's own inbox,
+            # hears its heartbeats; the others have had as long to send theirs
+            own = client.new_inbox()
+            heard = await client.subscribe(own)
+            assert await push_consumer(own)
+            beats = 0
+            while beats < 3:
+                message = await heard.next_msg(timeout=10)
+                beats += bool(message.headers and message.headers.get("Status") == "100")
+            await heard.unsubscribe()
+            for name in made:
+                info = await admin.jetstream().consumer_info(stream, name)
+                if info.config.deliver_subject != own:
+                    assert not info.push_bound and info.delivered.consumer_seq == 0, info
+                await admin.jetstream().delete_consumer(stream, name)
+            made.clear()
         assert await stored_messages(prepared) == before
     finally:
-        for listener in listeners:
-            await listener.unsubscribe()
+        for name in made:
+            with contextlib.suppress(nats.errors.Error):
+                await admin.jetstream().delete_consumer(stream, name)
         await client.close()
         await admin.close()
+
+
+def test_no_stream_captures_a_literal_subject() -> None:
+    """Every subject a stream of a closed bus captures has a wildcard, the operator's and the
+    tenants' submit streams included: a stream listening on a literal subject stores what a
+    push consumer delivers there."""
+    configs = [
+        *stream_configs(SUBJECTS, tenants=[TENANT]),
+        tenant_submit_stream_config(SUBJECTS, TENANT, closed=True),
+    ]
+    literal = {
+        (config.name, subject)
+        for config in configs
+        for subject in config.subjects or []
+        if not ({"*", ">"} & set(subject.split(".")))
+    }
+    assert literal == set()
 
 
 async def test_no_one_logs_in_to_the_streams_account(prepared: Server, tmp_path: Path) -> None:
@@ -769,7 +834,7 @@ async def test_a_tenant_cannot_squat_another_tenants_idempotency_key(
             SUBJECTS.submit_for(TENANT), b'{"jobs": [{"name": "w"}]}', headers=key
         )
         assert not mine.duplicate and mine.stream == SUBJECTS.tenant_submit_stream(TENANT)
-        subject = SUBJECTS.submit_for(TENANT)
+        subject = SUBJECTS.submit_stored(TENANT)  # as the streams account stores it
         for _ in range(100):  # the submit stream sources it a moment later
             found = await admin.jetstream().stream_info(
                 SUBJECTS.submit_stream, subjects_filter=subject
@@ -839,5 +904,99 @@ async def test_a_tenants_connection_is_held_to_its_limits(prepared: Server) -> N
             await asyncio.sleep(0.1)
         # the server says so and ends the connection
         assert "maximum subscriptions exceeded" in str(client.last_error).lower()
+    finally:
+        await client.close()
+
+
+DURABLES = (
+    ("intake", SUBJECTS.submit_stream, "intake"),
+    ("watcher", SUBJECTS.jobs_stream, "watcher-jobs"),
+    ("watcher", SUBJECTS.progress_stream, "watcher-progress"),
+)
+"""The services' durable consumers: (owner, stream, name)."""
+HIJACK_FILTER = "mdq.job.hijacked.>"
+
+
+@pytest.mark.parametrize(
+    "identity", [name for name in ATTACKERS if name not in ("watcher", "runner", "runners")]
+)
+async def test_no_reader_reconfigures_a_services_durable_consumer(
+    prepared: Server, attempts_of: dict[str, Attempts], identity: str
+) -> None:
+    """A reader asks to make a consumer under the name of a service's durable, with another
+    filter: by the nameless request (the name in its body, which no permission sees), by the
+    named one, by the legacy durable one. The durables keep their configuration. Red with the
+    nameless request granted on the streams that hold them (the `cli` identity and every
+    service reading them had it)."""
+    admin = await connect(prepared.nats.url, name="durables", creds=prepared.creds["admin"])
+    js = admin.jetstream()
+    try:
+        for _, stream, durable in DURABLES:
+            await js.add_consumer(stream, durable_name=durable, ack_policy="explicit")
+        attempts = attempts_of[identity]
+        attempts.errors.clear()
+        tries: list[str] = []
+        for owner, stream, durable in DURABLES:
+            if owner == identity:
+                continue
+            config = {"name": durable, "ack_policy": "explicit", "filter_subject": HIJACK_FILTER}
+            body = json.dumps({"stream_name": stream, "config": config}).encode()
+            legacy = {"durable_name": durable, "ack_policy": "explicit"}
+            legacy["filter_subject"] = HIJACK_FILTER
+            legacy_body = json.dumps({"stream_name": stream, "config": legacy}).encode()
+            for subject, payload in (
+                (f"$JS.API.CONSUMER.CREATE.{stream}", body),
+                (f"$JS.API.CONSUMER.CREATE.{stream}.{durable}", body),
+                (f"$JS.API.CONSUMER.CREATE.{stream}.{durable}.{HIJACK_FILTER}", body),
+                (f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.{durable}", legacy_body),
+            ):
+                reply = attempts.client.new_inbox()
+                await attempts.client.publish(subject, payload, reply=reply)
+                tries.append(subject)
+        await attempts.client.flush()
+        said = ""
+        for _ in range(50):  # each refusal comes back as an error of the connection
+            said = " ".join(attempts.errors)
+            if all(f'"{subject.lower()}"' in said for subject in tries):
+                break
+            await asyncio.sleep(0.1)
+        assert [subject for subject in tries if f'"{subject.lower()}"' not in said] == []
+        for _, stream, durable in DURABLES:
+            info = await js.consumer_info(stream, durable)
+            assert info.config.filter_subject != HIJACK_FILTER, (identity, stream, durable)
+    finally:
+        await admin.close()
+
+
+async def test_the_operators_client_makes_its_consumers_by_name(prepared: Server) -> None:
+    """The nameless consumer-create request on a stream that holds a service's durable is
+    refused to the operator's client; nats-py (with ``mdq.bus.nats_fixes``) follows that
+    stream all the same, through the named request."""
+    errors: list[str] = []
+
+    async def on_error(error: Exception) -> None:
+        errors.append(str(error))
+
+    admin = await connect(prepared.nats.url, name="seed", creds=prepared.creds["admin"])
+    job = "00000000000f-named"
+    await admin.jetstream().publish(SUBJECTS.job(job, "bound"), b"seed")
+    await admin.close()
+    client = await nats.connect(
+        prepared.nats.url,
+        user_credentials=str(prepared.creds["cli"]),
+        error_cb=on_error,
+        allow_reconnect=False,
+    )
+    try:
+        stream = SUBJECTS.jobs_stream
+        config = {"deliver_policy": "all", "ack_policy": "none"}
+        body = json.dumps({"stream_name": stream, "config": config}).encode()
+        with pytest.raises(nats.errors.TimeoutError):
+            await client.request(f"$JS.API.CONSUMER.CREATE.{stream}", body, timeout=1)
+        assert any("permissions violation" in error.lower() for error in errors), errors
+        subscription = await client.jetstream().subscribe(
+            SUBJECTS.job(job, "bound"), stream=stream, ordered_consumer=True
+        )
+        assert (await subscription.next_msg(timeout=5)).data == b"seed"
     finally:
         await client.close()

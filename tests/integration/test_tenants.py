@@ -391,18 +391,15 @@ async def test_an_older_submit_stream_gives_its_tenants_streams_of_their_own(
     from nats.js.api import StreamConfig
 
     js = nc.jetstream()
+    older = [subjects.submit, subjects.submit_for("*")]  # what the older stream captured
     await js.delete_stream(subjects.submit_stream)
-    await js.add_stream(
-        StreamConfig(name=subjects.submit_stream, subjects=subjects.submit_subjects)
-    )
+    await js.add_stream(StreamConfig(name=subjects.submit_stream, subjects=older))
     await ensure_tenant_stream(js, subjects, "olga")  # as an older `mdq tenant add` made it
     await js.delete_stream(subjects.tenant_submit_stream("olga"))
-    await js.update_stream(
-        StreamConfig(name=subjects.submit_stream, subjects=subjects.submit_subjects)
-    )
+    await js.update_stream(StreamConfig(name=subjects.submit_stream, subjects=older))
     await ensure_streams(js, subjects)
     info = await js.stream_info(subjects.submit_stream)
-    assert info.config.subjects == [subjects.submit]
+    assert info.config.subjects == [subjects.submit_capture]
     assert [source.name for source in info.config.sources or []] == [
         subjects.tenant_submit_stream("olga")
     ]

@@ -545,7 +545,9 @@ def generate(subjects: Subjects | None = None) -> dict[str, Any]:
             "tenant's (ids `<tenant>.<hex>-<name>`, `submitted_by` the tenant). "
             + _stream_text(tenant_submits)
             + f" The stream `{subjects.submit_stream}` sources it for intake, without "
-            "deduplicating: a message id is the tenant's own.",
+            "deduplicating: a message id is the tenant's own. On a closed bus the submit "
+            f"lands in the streams account as `{subjects.submit_stored('{tenant}')}` (the "
+            "import adds a token, so the stream captures no literal subject).",
             "parameters": _parameters(subjects.submit_for("{tenant}")),
             "messages": {"SubmitRequest": {"$ref": "#/components/messages/SubmitRequest"}},
             "x-jetstream": tenant_submits,

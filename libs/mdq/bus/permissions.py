@@ -112,15 +112,37 @@ named in advance): an object's meta by its name, its chunks by sequence (direct 
 
 
 def _read_stream(stream: str) -> list[str]:
-    """Read a stream through ephemeral ordered consumers and direct gets (no durable)."""
+    """Read a stream through ephemeral ordered consumers and direct gets (no durable).
+
+    Consumers are made by name (``$JS.API.CONSUMER.CREATE.<stream>.<name>[.<filter>]``, as
+    ``mdq.bus.nats_fixes`` makes nats-py do), never with the nameless request, whose body may
+    name any consumer of the stream, a service's durable included, where no permission sees
+    it; the named request's subject carries the name, so ``service_permissions`` denies the
+    other services' durables (``_protected``)."""
     return [
         f"$JS.API.STREAM.INFO.{stream}",
         f"$JS.API.STREAM.MSG.GET.{stream}",
         f"$JS.API.DIRECT.GET.{stream}.>",
-        f"$JS.API.CONSUMER.CREATE.{stream}",
+        f"$JS.API.CONSUMER.CREATE.{stream}.>",
         f"$JS.API.CONSUMER.INFO.{stream}.*",
         f"$JS.FC.{stream}.>",
     ]
+
+
+def _nameless_creates(publish: Iterable[str], subjects: Subjects) -> list[str]:
+    """JetStream's nameless consumer-create request (the consumer's name, if any, in the
+    body), which stock clients of older APIs use (nats-py's ordered consumers without
+    ``mdq.bus.nats_fixes``, nats.go's legacy ``Subscribe``), on each stream ``publish`` may
+    make consumers on that holds no service's durable consumer (a tenant's own stream, a
+    bucket, the nodes' streams): nowhere a body could name a durable."""
+    prefix = "$JS.API.CONSUMER.CREATE."
+    durable_streams = {subjects.submit_stream, subjects.jobs_stream, subjects.progress_stream}
+    streams = [
+        rest.removesuffix(".>")
+        for pattern in publish
+        if (rest := _after(pattern, prefix)) and rest.endswith(".>") and rest.count(".") == 1
+    ]
+    return [prefix + stream for stream in streams if stream not in durable_streams]
 
 
 def _pull_reader(stream: str) -> list[str]:
@@ -138,20 +160,34 @@ def _pull_reader(stream: str) -> list[str]:
     ]
 
 
-def _protected(streams: Iterable[str], names: Names) -> list[str]:
-    """What a pull reader of ``streams`` may not do to the services' durable consumers
-    (intake's, the watcher's): change, delete, pull from, acknowledge for them."""
-    durables = (names.intake_consumer, *names.watcher_consumers)
+def _durables(subjects: Subjects, names: Names) -> list[tuple[str, str, str]]:
+    """The services' durable consumers: (owner, stream, consumer)."""
+    jobs_consumer, progress_consumer = names.watcher_consumers
+    return [
+        ("intake", subjects.submit_stream, names.intake_consumer),
+        ("watcher", subjects.jobs_stream, jobs_consumer),
+        ("watcher", subjects.progress_stream, progress_consumer),
+    ]
+
+
+def _protected(
+    identity: str, publish: Iterable[str], subjects: Subjects, names: Names
+) -> list[str]:
+    """What ``identity``, allowed ``publish``, may not do to another service's durable
+    consumer on a stream it may make consumers on: change (create it anew under its name),
+    delete, pull from, acknowledge for it."""
+    allowed = set(publish)
     out: list[str] = []
-    for stream in streams:
-        for durable in durables:
-            out += [
-                f"$JS.API.CONSUMER.CREATE.{stream}.{durable}",
-                f"$JS.API.CONSUMER.CREATE.{stream}.{durable}.>",
-                f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}",
-                f"$JS.API.CONSUMER.DELETE.{stream}.{durable}",
-                f"$JS.ACK.{stream}.{durable}.>",
-            ]
+    for owner, stream, durable in _durables(subjects, names):
+        if owner == identity or f"$JS.API.CONSUMER.CREATE.{stream}.>" not in allowed:
+            continue
+        out += [
+            f"$JS.API.CONSUMER.CREATE.{stream}.{durable}",
+            f"$JS.API.CONSUMER.CREATE.{stream}.{durable}.>",
+            f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}",
+            f"$JS.API.CONSUMER.DELETE.{stream}.{durable}",
+            f"$JS.ACK.{stream}.{durable}.>",
+        ]
     return out
 
 
@@ -322,15 +358,15 @@ def service_permissions(identity: str, subjects: Subjects, names: Names = Names(
         publish += _inputs_upload(subjects)  # the operator's jobs' input files
         # what a person reads, with mdq's commands or any stock client: ordered and pull
         # consumers of its own (never a service's durable: ``_protected``)
-        read = (jobs, progress, nodes, summaries)
-        for stream in read:
+        for stream in (jobs, progress, nodes, summaries):
             publish += [*_read_stream(stream), *_pull_reader(stream)]
-        deny += _protected(read, names)
         publish += _bucket(subjects.waiting_bucket, write=False)
     else:
         raise ValueError(f"unknown identity {identity!r}; known: {', '.join(IDENTITIES)}")
     prefix = inbox_prefix(identity)
     subscribe.append(f"{prefix}.>")
+    deny += _protected(identity, publish, subjects, names)
+    publish += _nameless_creates(publish, subjects)
     return Permissions(
         identity=identity,
         publish=tuple(dict.fromkeys(publish)),
@@ -377,9 +413,10 @@ def tenant_permissions(subjects: Subjects, tenant: str) -> Permissions:
     ]
     publish += [*_read_stream(stream), *_pull_reader(stream)]
     publish += _inputs_upload(subjects, tenant)  # its jobs' input files, in its own bucket
+    publish += _nameless_creates(publish, subjects)
     return Permissions(
         identity=identity,
-        publish=tuple(publish),
+        publish=tuple(dict.fromkeys(publish)),
         subscribe=(f"{prefix}.>",),
         inbox_prefix=prefix,
         max_subscriptions=TENANT_MAX_SUBSCRIPTIONS,
@@ -456,6 +493,10 @@ class Bridge:
     streams: tuple[str, ...]
     """Subjects the streams account sends back unasked: push consumers' deliveries (ordered
     consumers, KV watches) to each identity's reply inbox."""
+    mapped: tuple[tuple[str, str], ...] = ()
+    """Subjects the users account sends into the streams account under another name: (the
+    subject its clients publish on, the subject it lands on there). A tenant's submit gains a
+    token (``Subjects.submit_stored``), so its stream captures it with a wildcard."""
     multi_response: tuple[str, ...] = (PULL_REQUESTS,)
     """Services whose one request may have many answers (a pull request's messages): the
     server keeps the way back open until none came for a while (2 minutes), so only these are
@@ -473,7 +514,6 @@ def account_bridge(subjects: Subjects) -> Bridge:
         # wildcard import it is not (nats-server 2.15; test_bus_permissions'
         # test_the_reply_subject_trick_stores_nothing). No other subject has one token there.
         f"{subjects.namespace}.*",
-        subjects.submit_for("*"),
         subjects.job_all("*"),
         f"{subjects.namespace}.rejected.>",
         subjects.progress_all,
@@ -487,6 +527,9 @@ def account_bridge(subjects: Subjects) -> Bridge:
     return Bridge(
         services=(*JETSTREAM_API, "$JS.ACK.>", "$JS.FC.>", "$KV.>", *captured),
         streams=tuple(f"{prefix}.>" for prefix in inboxes),
+        # a tenant's submit, NS.submit.<tenant>, lands as NS.submit.<tenant>.in (no stream may
+        # listen on a literal subject: a push consumer could deliver into it)
+        mapped=((subjects.submit_for("*"), subjects.submit_stored("*")),),
     )
 
 
@@ -527,7 +570,12 @@ def _row(permissions: Permissions) -> str:
         elif (direct := _after(pattern, "$JS.API.DIRECT.GET.")) and direct.partition(".")[2] != ">":
             read, _, subject = direct.partition(".")  # direct gets of some subjects only
             streams.append(f"{read} ({subject})")
-        elif (stream := _after(pattern, "$JS.API.CONSUMER.CREATE.")) and "." not in stream:
+        elif (
+            (stream := _after(pattern, "$JS.API.CONSUMER.CREATE."))
+            and stream.endswith(".>")
+            and stream.count(".") == 1
+        ):
+            stream = stream.removesuffix(".>")  # a reader: it makes consumers of its own
             if f"$JS.API.CONSUMER.MSG.NEXT.{stream}.*" in permissions.publish:
                 stream += " (pull)"
             (buckets if stream.startswith("KV_") else streams).append(stream.removeprefix("KV_"))

@@ -64,7 +64,7 @@ def submit_stream_config(
     sources = [StreamSource(name=subjects.tenant_submit_stream(t)) for t in sorted(tenants)]
     return StreamConfig(
         name=subjects.submit_stream,
-        subjects=[subjects.submit],
+        subjects=[subjects.submit_capture],
         sources=sources or None,
         retention=RetentionPolicy.LIMITS,
         storage=StorageType.FILE,
@@ -83,14 +83,21 @@ def tenant_submit_stream_config(
     *,
     replicas: int = 1,
     storage: StorageSettings | None = None,
+    closed: bool = True,
 ) -> StreamConfig:
     """One tenant's submits (``NS.submit.<tenant>``): deduplicated by message id among its
     own (an hour), within a size of its own (``MDQ_STORAGE_TENANT_SUBMIT_BYTES``; full, it
-    refuses that tenant's publishes and nobody else's); the submit stream sources it."""
+    refuses that tenant's publishes and nobody else's); the submit stream sources it.
+
+    On a ``closed`` bus the submits arrive in the streams account as ``submit_stored``, which
+    it captures with a wildcard (a literal subject would take in a push consumer's deliveries,
+    ``Subjects.submit_capture``); on an open server (one account, no import to add the token)
+    it captures ``NS.submit.<tenant>`` itself."""
     storage = storage or StorageSettings()
+    capture = f"{subjects.submit_for(tenant)}.*" if closed else subjects.submit_for(tenant)
     return StreamConfig(
         name=subjects.tenant_submit_stream(tenant),
-        subjects=[subjects.submit_for(tenant)],
+        subjects=[capture],
         retention=RetentionPolicy.LIMITS,
         storage=StorageType.FILE,
         max_age=storage.submit_days * DAY_S,
@@ -279,16 +286,27 @@ async def _ensure_submit_streams(
         existing = await js.stream_info(subjects.submit_stream)
     except NotFoundError:
         existing = None
-    if existing is not None and existing.config.subjects != [subjects.submit]:
+    if existing is not None and existing.config.subjects != [subjects.submit_capture]:
         kept = [source.name for source in existing.config.sources or []]
         config.sources = [StreamSource(name=name) for name in kept] or None
         config.duplicate_window = 0.0 if kept else config.duplicate_window
         await _create_or_update(js, config, replicas)
+    closed = closed_bus(js)
     for tenant in tenants:
-        made = tenant_submit_stream_config(subjects, tenant, replicas=replicas, storage=storage)
+        made = tenant_submit_stream_config(
+            subjects, tenant, replicas=replicas, storage=storage, closed=closed
+        )
         await _create_or_update(js, made, replicas)
     config = submit_stream_config(subjects, tenants=tenants, replicas=replicas, storage=storage)
     await _create_or_update(js, config, replicas)
+
+
+def closed_bus(js: JetStreamContext) -> bool:
+    """Whether ``js`` is connected to a closed bus (the server asks every client to
+    authenticate: mdq's two accounts, ``mdq.auth``), where a tenant's submits reach the streams
+    account as ``Subjects.submit_stored``."""
+    info = getattr(connection_of(js), "_server_info", None) or {}
+    return bool(info.get("auth_required"))
 
 
 async def ensure_streams(

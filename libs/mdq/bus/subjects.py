@@ -33,6 +33,11 @@ def node_name(token: str) -> str:
     return unquote(token)
 
 
+STORED_TOKEN = "in"
+"""The token a closed bus adds to a tenant's submit subject in the streams account
+(``Subjects.submit_stored``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Subjects:
     """All subjects and stream names under ``namespace`` (default "mdq")."""
@@ -68,6 +73,24 @@ class Subjects:
         """Fire-and-forget submits of ``tenant`` ("" = the operator): the server lets each
         tenant publish only on its own token, and intake takes the tenant from it."""
         return f"{self.submit}.{tenant}" if tenant else self.submit
+
+    @property
+    def submit_capture(self) -> str:
+        """What the submit stream captures: ``NS.*``, the operator's submit subject
+        (``NS.submit``) by a wildcard. A stream listening on a literal subject would store what a
+        push consumer delivers there (a consumer is active while a subscription on exactly its
+        delivery subject exists, and a stream subscribes to its subjects as written), so no
+        stream of a closed bus captures a literal subject (docs/security.md, "No delivery into a
+        stream"). No other subject of the namespace has one token after it."""
+        return f"{self.namespace}.*"
+
+    def submit_stored(self, tenant: str) -> str:
+        """Where a submit of ``tenant`` (``submit_for(tenant)``) lands in the streams account
+        of a closed bus: one more token, ``in``, which the users account's import adds
+        (``mdq.bus.permissions.account_bridge``), so its submit stream captures it with a
+        wildcard, ``NS.submit.<tenant>.*`` (``submit_capture``). ``tenant`` "*": every
+        tenant's."""
+        return f"{self.submit_for(tenant)}.{STORED_TOKEN}"
 
     def api_submit_for(self, tenant: str = "") -> str:
         """Request-reply submits of ``tenant`` ("" = the operator)."""
@@ -113,13 +136,14 @@ class Subjects:
         """The tenant whose submit subject (either entrance) ``subject`` is; "" = operator."""
         for base in (self.submit, self.api_submit):
             if subject.startswith(base + "."):
-                return subject[len(base) + 1 :]
+                return subject[len(base) + 1 :].split(".", 1)[0]  # ``submit_stored`` too
         return ""
 
     @property
     def submit_subjects(self) -> list[str]:
-        """Every fire-and-forget submit subject: the operator's and each tenant's."""
-        return [self.submit, self.submit_for("*")]
+        """Every fire-and-forget submit subject as the submit stream stores it: the
+        operator's and each tenant's, on an open server and on a closed bus."""
+        return [self.submit, self.submit_for("*"), self.submit_stored("*")]
 
     @property
     def api_submit_subjects(self) -> list[str]:

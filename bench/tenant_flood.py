@@ -1,0 +1,498 @@
+"""Benchmark: one tenant floods the closed bus every way it may; another tenant's submits go on.
+
+A nats-server configured by ``mdq.auth`` (the closed bus: two accounts, every identity its own
+credentials), the streams made as ``mdq up`` makes them, two tenants added with ``mdq tenant
+add``'s code, and intake as its own process with its own credentials. Tenant ``calm`` (no
+rate limit) submits one small job at a time on its request-reply entrance and waits for the
+job's ``submitted`` event in its own stream, ``MDQ_TENANT_calm``, where the SDK follows it:
+that is its submit's way through intake, the jobs stream and the server's copy into its
+stream. Measured from outside: the bench's clock from the request to the event's arrival.
+
+Each round measures ``calm`` twice, side by side: alone (the baseline: the same submits with
+nobody else on the bus), then while tenant ``flood`` (the default policy: 60 submits a
+minute) does, all at once and without pause, everything its credentials let it:
+
+- request-reply submits far past its rate, 400 at once (more than intake takes at once, so
+  they wait in its line; intake answers each "rate limit", stores none);
+- fire-and-forget submits past its rate (each stored in its own submit stream, 64 MiB, and
+  answered by a ``rejected`` event in the jobs stream);
+- messages over its 1 MiB payload (the client's own check switched off: the server ends the
+  connection), on a fresh connection each time;
+- subscriptions past its 256 (the server ends the connection), on a fresh connection each time;
+- consumers on its stream past its 16 (refused), made and deleted over and over;
+- push consumers delivering, with 100 ms heartbeats, into ``mdq.submit``, ``calm``'s submit
+  subjects and entrance (docs/security.md, "No delivery into a stream");
+- JetStream requests whose reply subject is a stream's subject or ``calm``'s entrance.
+
+The JSON line: ``calm``'s p50 and p99 submit → ``submitted`` per round, alone and under the
+flood, ``p99_ratio`` (median over rounds of flood / alone, and its spread), and every shared
+stream's growth in bytes during each flood and during each baseline (``calm``'s own submits
+store in both); ``ok`` when the p99 ratio's median is at most 2 and no shared stream grew during
+a flood by more than ``flood``'s own bound: what its submit stream may hold
+(``MDQ_STORAGE_TENANT_SUBMIT_BYTES``, the shared submit stream sources it) and, in the jobs
+stream, one ``rejected`` event per submit it held. ``load_avg`` is the machine's at the end.
+
+Usage: ``make bench-tenant-flood`` (``python bench/tenant_flood.py``; ``--rounds N``,
+``--submits N`` per phase, ``--quick``: 15). Exits non-zero when intake dies or a submit is
+never seen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import nats
+import nats.errors
+from nats.aio.client import Client
+from nats.js.api import DeliverPolicy, KeyValueConfig
+
+from mdq.auth import Generated, generate
+from mdq.bus.connect import connect
+from mdq.bus.permissions import (
+    TENANT_MAX_PAYLOAD,
+    TENANT_MAX_SUBSCRIPTIONS,
+    inbox_prefix,
+    tenant_identity,
+)
+from mdq.bus.storage import StorageSettings
+from mdq.bus.streams import ensure_streams
+from mdq.bus.subjects import Subjects
+from mdq.bus.tenants import ensure_tenants_bucket
+from mdq.cli.tenants import add_tenant
+from mdq.contracts import pb
+from mdq.core.tenants import TenantPolicy
+from mdq.embedded import EmbeddedNats, child_environment, start_nats
+
+REPO = Path(__file__).resolve().parents[1]
+NS = "mdq"
+SUBJECTS = Subjects(NS)
+CALM, FLOOD = "calm", "flood"
+CALM_POLICY = TenantPolicy(submits_per_minute=None, max_queued_jobs=None)
+REQUESTS_AT_ONCE = 400
+"""The flood's request-reply submits in flight at once: more than intake takes at once (128),
+so that requests wait in its line."""
+
+
+def submit_body(key: str) -> bytes:
+    return json.dumps({"idempotency_key": key, "jobs": [{"name": "w", "steps": 2000}]}).encode()
+
+
+async def tenant_client(url: str, creds: Path, tenant: str, **options: Any) -> Client:
+    return await nats.connect(
+        url,
+        user_credentials=str(creds),
+        inbox_prefix=inbox_prefix(tenant_identity(tenant)),
+        allow_reconnect=False,
+        **options,
+    )
+
+
+async def prepare(url: str, generated: Generated, secrets: Path) -> dict[str, Path]:
+    admin = await connect(url, name="admin", creds=generated.creds["admin"])
+    try:
+        await ensure_streams(admin.jetstream(), SUBJECTS)
+        await ensure_tenants_bucket(admin.jetstream(), SUBJECTS)
+    finally:
+        await admin.close()
+    placement = await connect(url, name="p", creds=generated.creds["placement"])
+    try:  # intake reads the tenants' usage there
+        await placement.jetstream().create_key_value(
+            KeyValueConfig(bucket=SUBJECTS.waiting_bucket, max_bytes=1 << 20)
+        )
+    finally:
+        await placement.close()
+    creds = {}
+    for tenant, policy in ((CALM, CALM_POLICY), (FLOOD, TenantPolicy())):
+        added = await add_tenant(
+            tenant,
+            secrets=secrets,
+            nats_url=url,
+            namespace=NS,
+            admin_creds=generated.creds["admin"],
+            policy=policy,
+        )
+        creds[tenant] = added.creds
+    return creds
+
+
+async def intake_answers(url: str, creds: Path) -> None:
+    nc = await tenant_client(url, creds, CALM)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                await nc.request(SUBJECTS.api_submit_for(CALM), b"{}", timeout=1.0)
+                return
+            except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("intake did not start answering") from None
+                await asyncio.sleep(0.2)
+    finally:
+        await nc.close()
+
+
+async def stream_bytes(url: str, admin_creds: Path) -> dict[str, int]:
+    """Every stream's size in bytes, as the server reports it to the admin."""
+    admin = await connect(url, name="count", creds=admin_creds)
+    try:
+        names = (await admin.request("$JS.API.STREAM.NAMES", b"{}", timeout=5)).data
+        out = {}
+        for name in json.loads(names)["streams"]:
+            out[name] = (await admin.jetstream().stream_info(name)).state.bytes
+        return out
+    finally:
+        await admin.close()
+
+
+async def intake_caught_up(url: str, admin_creds: Path) -> None:
+    """Return once intake's durable consumer has handled every submit stored (a flood's
+    fire-and-forget submits wait there after it stops), so a baseline runs on a quiet bus."""
+    admin = await connect(url, name="drain", creds=admin_creds)
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            info = await admin.jetstream().consumer_info(SUBJECTS.submit_stream, "intake")
+            if not info.num_pending and not info.num_ack_pending:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"intake still has {info.num_pending} submits waiting")
+            await asyncio.sleep(0.2)
+    finally:
+        await admin.close()
+
+
+async def measure_calm(url: str, creds: Path, label: str, submits: int) -> list[float]:
+    """Seconds from each of ``submits`` request-reply submits of ``calm`` to its job's
+    ``submitted`` event arriving from its own stream."""
+    nc = await tenant_client(url, creds, CALM)
+    arrived: dict[str, float] = {}
+    waiting: dict[str, asyncio.Future[None]] = {}
+
+    async def on_event(message: Any) -> None:
+        job = pb.Event.FromString(message.data).job_id
+        arrived[job] = time.monotonic()
+        if job in waiting and not waiting[job].done():
+            waiting[job].set_result(None)
+
+    try:
+        js = nc.jetstream()
+        subscription = await js.subscribe(
+            SUBJECTS.job(f"{CALM}.*", "submitted"),
+            stream=SUBJECTS.tenant_stream(CALM),
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.NEW,
+            cb=on_event,
+        )
+        latencies = []
+        for number in range(submits):
+            started = time.monotonic()
+            reply = await nc.request(
+                SUBJECTS.api_submit_for(CALM), submit_body(f"{label}-{number}"), timeout=30
+            )
+            [job] = json.loads(reply.data)["job_ids"]
+            if job not in arrived:
+                waiting[job] = asyncio.get_running_loop().create_future()
+                await asyncio.wait_for(waiting[job], timeout=30)
+            latencies.append(arrived[job] - started)
+        await subscription.unsubscribe()
+        return latencies
+    finally:
+        await nc.close()
+
+
+class Flood:
+    """Tenant ``flood``'s every way, each in a loop of its own until ``stop``."""
+
+    def __init__(self, url: str, creds: Path) -> None:
+        self.url, self.creds = url, creds
+        self.counts: dict[str, int] = {}
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.tricks: list[str] = []
+
+    def count(self, what: str, number: int = 1) -> None:
+        self.counts[what] = self.counts.get(what, 0) + number
+
+    async def start(self) -> None:
+        self.main = await tenant_client(self.url, self.creds, FLOOD)
+        ways: list[Callable[[], Awaitable[None]]] = [
+            self.rate_refused_requests,
+            self.fire_and_forget,
+            self.oversized,
+            self.subscriptions,
+            self.consumers,
+            self.reply_tricks,
+        ]
+        await self.delivery_tricks()
+        self._tasks = [asyncio.create_task(self._loop(way)) for way in ways]
+
+    async def _loop(self, way: Callable[[], Awaitable[None]]) -> None:
+        while not self._stop.is_set():
+            try:
+                await way()
+            except (TimeoutError, nats.errors.Error, OSError):
+                self.count("errors")
+            await asyncio.sleep(0)
+
+    async def stop(self) -> None:
+        self._stop.set()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        stream = SUBJECTS.tenant_stream(FLOOD)
+        with contextlib.suppress(nats.errors.Error):
+            for name in self.tricks:
+                await self.main.jetstream().delete_consumer(stream, name)
+        await self.main.close()
+
+    async def rate_refused_requests(self) -> None:
+        tries = [
+            self.main.request(SUBJECTS.api_submit_for(FLOOD), submit_body(f"r{i}"), timeout=5)
+            for i in range(REQUESTS_AT_ONCE)
+        ]
+        answers = await asyncio.gather(*tries, return_exceptions=True)
+        self.count("rate_refused_requests", len(answers))
+
+    async def fire_and_forget(self) -> None:
+        for number in range(100):
+            await self.main.publish(SUBJECTS.submit_for(FLOOD), submit_body(f"f{number}"))
+        await self.main.flush(timeout=5)
+        self.count("fire_and_forget", 100)
+        await asyncio.sleep(0.05)
+
+    async def oversized(self) -> None:
+        nc = await tenant_client(self.url, self.creds, FLOOD, error_cb=_ignore)
+        try:
+            nc._max_payload = 16 * TENANT_MAX_PAYLOAD  # the client's own check off
+            with contextlib.suppress(nats.errors.Error):
+                await nc.publish(SUBJECTS.submit_for(FLOOD), b"x" * (2 * TENANT_MAX_PAYLOAD))
+                await nc.flush(timeout=2)
+            self.count("oversized")
+        finally:
+            await nc.close()
+        await asyncio.sleep(0.1)
+
+    async def subscriptions(self) -> None:
+        nc = await tenant_client(self.url, self.creds, FLOOD, error_cb=_ignore)
+        try:
+            prefix = inbox_prefix(tenant_identity(FLOOD))
+            with contextlib.suppress(nats.errors.Error):
+                for number in range(TENANT_MAX_SUBSCRIPTIONS + 10):
+                    await nc.subscribe(f"{prefix}.flood.{number}")
+                await nc.flush(timeout=2)
+            self.count("subscription_floods")
+        finally:
+            await nc.close()
+        await asyncio.sleep(0.1)
+
+    async def consumers(self) -> None:
+        stream = SUBJECTS.tenant_stream(FLOOD)
+        made = []
+        for _ in range(20):  # past the stream's 16
+            config = {"deliver_policy": "all", "ack_policy": "explicit"}
+            body = json.dumps({"stream_name": stream, "config": config}).encode()
+            answer = await self.main.request(f"$JS.API.CONSUMER.CREATE.{stream}", body, timeout=5)
+            if b'"error"' in answer.data:
+                self.count("consumers_refused")
+            else:
+                made.append(json.loads(answer.data)["name"])
+                self.count("consumers_made")
+        for name in made:
+            await self.main.jetstream().delete_consumer(stream, name)
+
+    async def delivery_tricks(self) -> None:
+        stream = SUBJECTS.tenant_stream(FLOOD)
+        targets = [
+            SUBJECTS.submit,
+            SUBJECTS.submit_for(CALM),
+            SUBJECTS.submit_stored(CALM),
+            SUBJECTS.api_submit_for(CALM),
+        ]
+        for target in targets:
+            config = {
+                "deliver_subject": target,
+                "deliver_policy": "all",
+                "ack_policy": "none",
+                "idle_heartbeat": 100_000_000,
+                "flow_control": True,
+            }
+            body = json.dumps({"stream_name": stream, "config": config}).encode()
+            answer = await self.main.request(f"$JS.API.CONSUMER.CREATE.{stream}", body, timeout=5)
+            if b'"error"' not in answer.data:
+                self.tricks.append(json.loads(answer.data)["name"])
+            self.count("delivery_tricks")
+
+    async def reply_tricks(self) -> None:
+        request = f"$JS.API.STREAM.INFO.{SUBJECTS.tenant_stream(FLOOD)}"
+        replies = [
+            SUBJECTS.submit,
+            SUBJECTS.submit_for(CALM),
+            SUBJECTS.submit_stored(CALM),
+            SUBJECTS.api_submit,
+            SUBJECTS.api_submit_for(CALM),
+            SUBJECTS.job(f"{CALM}.0123456789ab-x", "succeeded"),
+        ]
+        for _ in range(20):
+            for reply in replies:
+                await self.main.publish(request, b"", reply=reply)
+        await self.main.flush(timeout=5)
+        self.count("reply_tricks", 20 * len(replies))
+        await asyncio.sleep(0.05)
+
+
+async def _ignore(_: Exception) -> None:
+    return None
+
+
+def start_process(args: list[str], **options: Any) -> subprocess.Popen[Any]:
+    """A child process in the repository's folder."""
+    return subprocess.Popen(args, cwd=REPO, **options)
+
+
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def growth(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    return {name: after.get(name, 0) - before.get(name, 0) for name in sorted(after)}
+
+
+async def run(rounds: int, submits: int) -> dict[str, Any]:
+    folder = Path(tempfile.mkdtemp(prefix="mdq-flood-"))
+    secrets = folder / "secrets"
+    generated = generate(secrets, NS)
+    server: EmbeddedNats = start_nats(folder / "nats", auth=generated.server_block.read_text())
+    env = child_environment(
+        NATS_URL=server.url, MDQ_NAMESPACE=NS, MDQ_NATS_CREDS=str(generated.creds["intake"])
+    )
+    log = (folder / "intake.log").open("wb")
+    intake = start_process(
+        [sys.executable, "-m", "services.intake"], env=env, stdout=log, stderr=log
+    )
+    try:
+        creds = await prepare(server.url, generated, secrets)
+        await intake_answers(server.url, creds[CALM])
+        await measure_calm(server.url, creds[CALM], "warm", 5)
+        admin = generated.creds["admin"]
+        per_round: list[dict[str, Any]] = []
+        for number in range(rounds):
+            await intake_caught_up(server.url, admin)  # the last flood's backlog handled
+            before = await stream_bytes(server.url, admin)
+            alone = await measure_calm(server.url, creds[CALM], f"a{number}", submits)
+            middle = await stream_bytes(server.url, admin)
+            flood = start_process(
+                [sys.executable, __file__, "--flood", server.url, str(creds[FLOOD])],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            assert flood.stdout is not None
+            await asyncio.to_thread(flood.stdout.readline)  # "flooding": under way
+            flooded = await measure_calm(server.url, creds[CALM], f"f{number}", submits)
+            after_flood = await stream_bytes(server.url, admin)
+            flood.send_signal(signal.SIGINT)
+            counts_line, _ = await asyncio.to_thread(flood.communicate, None, 60)
+            counts = json.loads(counts_line.strip().splitlines()[-1])
+            per_round.append(
+                {
+                    "alone_p50_ms": 1000 * quantile(alone, 0.5),
+                    "alone_p99_ms": 1000 * quantile(alone, 0.99),
+                    "flood_p50_ms": 1000 * quantile(flooded, 0.5),
+                    "flood_p99_ms": 1000 * quantile(flooded, 0.99),
+                    "p99_ratio": quantile(flooded, 0.99) / quantile(alone, 0.99),
+                    "growth_alone_bytes": growth(before, middle),
+                    "growth_flood_bytes": growth(middle, after_flood),
+                    "flood_counts": counts,
+                }
+            )
+        if intake.poll() is not None:
+            raise RuntimeError(f"intake exited {intake.returncode}: see {folder}/intake.log")
+    finally:
+        intake.terminate()
+        try:
+            intake.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            intake.kill()
+            intake.wait()
+        log.close()
+        server.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+    ratios = [each["p99_ratio"] for each in per_round]
+    shared = (
+        SUBJECTS.submit_stream,
+        SUBJECTS.jobs_stream,
+        SUBJECTS.progress_stream,
+        SUBJECTS.nodes_stream,
+        SUBJECTS.node_summaries_stream,
+        SUBJECTS.copies_stream,
+        SUBJECTS.tenant_stream(CALM),
+        SUBJECTS.tenant_submit_stream(CALM),
+    )
+    worst = {
+        name: max(each["growth_flood_bytes"].get(name, 0) for each in per_round) for name in shared
+    }
+    bound = int(StorageSettings().tenant_submit_bytes)
+    bounded = all(
+        worst[name] <= (2 * bound if name == SUBJECTS.jobs_stream else bound)
+        for name in shared
+        if name not in (SUBJECTS.tenant_stream(CALM), SUBJECTS.tenant_submit_stream(CALM))
+    )
+    ratio = statistics.median(ratios)
+    return {
+        "bench": "tenant_flood",
+        "rounds": rounds,
+        "submits_per_phase": submits,
+        "p99_ratio": round(ratio, 3),
+        "p99_ratio_spread": [round(min(ratios), 3), round(max(ratios), 3)],
+        "worst_shared_growth_in_a_flood_bytes": worst,
+        "flood_bound_bytes": bound,
+        "per_round": per_round,
+        "load_avg": list(os.getloadavg()),
+        "ok": ratio <= 2.0 and bounded,
+    }
+
+
+async def flood_until_interrupted(url: str, creds: Path) -> dict[str, int]:
+    """Tenant ``flood``'s process (its own, so that its client's work does not slow the
+    measured client): flood until SIGINT, then print what it did."""
+    flood = Flood(url, creds)
+    await flood.start()
+    await asyncio.sleep(1.0)  # every way under way
+    print("flooding", flush=True)
+    interrupted = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGINT, interrupted.set)
+    await interrupted.wait()
+    await flood.stop()
+    return flood.counts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--submits", type=int, default=40)
+    parser.add_argument("--quick", action="store_true", help="15 submits per phase")
+    parser.add_argument("--flood", nargs=2, metavar=("URL", "CREDS"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.quick:
+        args.submits = 15
+    if args.flood:
+        counts = asyncio.run(flood_until_interrupted(args.flood[0], Path(args.flood[1])))
+        print(json.dumps(counts), flush=True)
+        return
+    print(json.dumps(asyncio.run(run(args.rounds, args.submits))))
+
+
+if __name__ == "__main__":
+    main()
