@@ -101,6 +101,7 @@ SEEN: dict[str, str] = {
     "node_utilisation": "SELECT node FROM node_utilisation",
     "job_outputs": "SELECT job_id FROM job_outputs",
     "attempt_usage": "SELECT job_id FROM attempt_usage",
+    "usage_samples": "SELECT job_id FROM usage_samples",
 }
 """For each relation a tenant may read, a query whose values say whose each row is."""
 

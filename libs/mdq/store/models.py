@@ -249,6 +249,37 @@ class Placement(Base):
     time: Mapped[datetime]
 
 
+class UsageSampleRecord(Base):
+    """What each measured attempt used, by system (revision 0013): one row per ``usage`` event
+    of ``job_events``, written by a trigger on it, for the memory questions and the recommender."""
+
+    __tablename__ = "usage_samples"
+    __table_args__ = (
+        Index(
+            "ix_usage_samples_system",
+            "system_kind",
+            "box_nm",
+            postgresql_include=["peak_memory_mb", "memory_limit_mb", "mean_cores"],
+        ),
+        Index("ix_usage_samples_time", "time"),
+        {"comment": "One row per usage event (revision 0013): what each attempt used, by system."},
+    )
+
+    job_id: Mapped[str] = mapped_column(primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    time: Mapped[datetime]
+    system_kind: Mapped[str] = mapped_column(
+        comment="The spec's system case: water_box, structure, lammps, ... ('' none)."
+    )
+    box_nm: Mapped[float | None] = mapped_column(comment="A water box's edge, nm.")
+    peak_memory_mb: Mapped[float]
+    mean_cores: Mapped[float]
+    cpu_seconds: Mapped[float]
+    wall_seconds: Mapped[float]
+    memory_limit_mb: Mapped[int]
+    cpu_limit: Mapped[float]
+
+
 class Rejection(Base):
     """Submits that intake refused, with the field at fault."""
 

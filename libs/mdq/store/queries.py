@@ -298,7 +298,7 @@ USAGE_HISTORY = text(
     """
     (SELECT j.spec, u.peak_memory_mb, u.mean_cores, u.memory_limit_mb::double precision AS limit_mb,
             u.cpu_limit, false AS oom_killed, u.time
-     FROM attempt_usage u JOIN jobs j ON j.job_id = u.job_id
+     FROM usage_samples u JOIN jobs j ON j.job_id = u.job_id
      WHERE u.time >= now() - make_interval(days => :days) AND u.peak_memory_mb > 0
      ORDER BY u.time DESC LIMIT :limit)
     UNION ALL
@@ -321,9 +321,9 @@ async def usage_history(
     engine: AsyncEngine, *, days: int = 90, limit: int = 20_000
 ) -> list[UsageSample]:
     """What the resource recommender learns from (``mdq.core.recommend``): the measured usage of
-    the attempts of the last ``days`` days (the view ``attempt_usage``), and the OOM-killed
-    attempts with the memory limit they were bound with; at most ``limit`` of each, newest
-    first. An attempt's threads are those of the CPU it ran with."""
+    the attempts of the last ``days`` days (``usage_samples``, revision 0013), and the
+    OOM-killed attempts with the memory limit they were bound with; at most ``limit`` of each,
+    newest first. An attempt's threads are those of the CPU it ran with."""
     async with engine.connect() as connection:
         rows = (await connection.execute(USAGE_HISTORY, {"days": days, "limit": limit})).all()
     samples: list[UsageSample] = []

@@ -96,6 +96,8 @@ RELATIONS: dict[str, Access] = {
     "placements": Access.WRITTEN,
     "rejections": Access.WRITTEN,
     "consumer_offsets": Access.WRITTEN,
+    # kept by a trigger on job_events, as the writer inserts (revision 0013)
+    "usage_samples": Access.WRITTEN,
     # the views of docs/history.md
     "events": Access.READ,
     "job_timeline": Access.READ,
@@ -127,6 +129,7 @@ TENANT_ROWS: dict[str, str] = {
     "checkpoints": "job_id",
     "placements": "job_id",
     "rejections": "request_id",
+    "usage_samples": "job_id",
 }
 """The tables of per-job rows (migration 0006 puts them under row security), each with the
 column that names its job or submit: a tenant sees a row only when that starts with
