@@ -13,7 +13,7 @@ revision 0003 stores progress reports once, in ``progress``, and makes ``events`
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import date, datetime
 from typing import Any
 
 from sqlalchemy import (
@@ -278,6 +278,31 @@ class UsageSampleRecord(Base):
     wall_seconds: Mapped[float]
     memory_limit_mb: Mapped[int]
     cpu_limit: Mapped[float]
+
+
+class ProgressRollup(Base):
+    """Per job, attempt and month: the reports of a rolled-up month of ``progress`` (revision
+    0014, ``mdq_rollup_progress``), which keeps every Nth of them."""
+
+    __tablename__ = "progress_rollups"
+    __table_args__ = (
+        {"comment": "A rolled-up month of progress, per job and attempt (revision 0014)."},
+    )
+
+    job_id: Mapped[str] = mapped_column(primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    month: Mapped[date] = mapped_column(primary_key=True, comment="The month's first day (UTC).")
+    reports: Mapped[int] = mapped_column(comment="Reports the month held.")
+    kept: Mapped[int] = mapped_column(comment="Of those, kept in progress.")
+    first_step: Mapped[int]
+    last_step: Mapped[int]
+    first_time: Mapped[datetime]
+    last_time: Mapped[datetime]
+    min_potential_kj_mol: Mapped[float]
+    max_potential_kj_mol: Mapped[float]
+    mean_potential_kj_mol: Mapped[float]
+    mean_temperature_k: Mapped[float]
+    mean_ns_per_day: Mapped[float]
 
 
 class Rejection(Base):
