@@ -240,8 +240,8 @@ async def _relation_bytes(connection: asyncpg.Connection, table: str) -> int:
     """A table's size on disk with its indexes and TOAST, every partition included."""
     return int(
         await connection.fetchval(
-            "SELECT coalesce(sum(pg_total_relation_size(relid)), 0) "
-            "FROM pg_partition_tree($1::regclass)",
+            "SELECT coalesce((SELECT sum(pg_total_relation_size(relid)) "
+            "FROM pg_partition_tree($1::regclass)), pg_total_relation_size($1::regclass))",
             table,
         )
     )
