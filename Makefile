@@ -135,6 +135,7 @@ bench-fairshare: $(STAMP)
 
 ## bench-history: PostgreSQL at a big site's year (10,000,000 jobs, 200,000,000 progress rows, 40,000,000 job events; --quick 1,000,000 / 20,000,000): p99 of every CLI read, console page query and query docs/history.md documents; load time and disk against the same rows in unindexed tables
 bench-history: $(STAMP)
+	$(BIN)/python bench/history_shape.py
 	$(BIN)/python bench/history_pg.py $(BENCH_ARGS)
 
 ## bench-ingest: progress events/s NATS → PostgreSQL, watcher vs the fastest raw fetch+COPY loop; fsync-always vs server default

@@ -94,7 +94,7 @@ SELECT lpad(to_hex(i), 12, '0') || '-md', lpad(to_hex(i), 12, '0'), 'md', 'TASK_
     now() - interval '365 days' * (1 - i::float8 / $1) + interval '2 hours',
     'steps_reached',
     CASE WHEN i % 58 = 0 THEN 'FAILURE_OOM_KILLED' WHEN i % 29 = 0 THEN 'FAILURE_CRASHED' END,
-    NULL, 20000
+    CASE WHEN i % 29 = 0 THEN 'attempt 1 failed; no retry left' END, 20000
 FROM generate_series(1, $1) AS i
 """
 
@@ -104,7 +104,8 @@ INSERT INTO attempts (job_id, attempt, node, pod_name, bound_at, started_at, end
 SELECT job_id, 1, node, pod_name, submitted_at + interval '3 seconds',
     submitted_at + interval '5 seconds',
     CASE WHEN state = 'RUNNING' THEN NULL ELSE updated_at END,
-    CASE WHEN final_reason IS NOT NULL THEN 1 ELSE 0 END, final_reason, NULL, 0, 0, last_step
+    CASE WHEN final_reason IS NOT NULL THEN 1 ELSE 0 END, final_reason,
+    CASE WHEN final_reason IS NOT NULL THEN 'runner exited with code 1' END, 0, 0, last_step
 FROM jobs
 WHERE state <> 'WAITING'  -- a waiting job has no attempt yet
 """
