@@ -14,13 +14,16 @@ import json
 import re
 import sys
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 import pytest
+from sqlalchemy.dialects import postgresql
 
 from mdq.store.migrate import upgrade_async
+from services.console import reads
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
@@ -74,3 +77,20 @@ async def test_each_documented_query_reads_its_index_and_scans_no_table_whole(
             continue
         assert scanned == set(), (name, scanned)
         assert any(re.search(expected, index) for index in indexes), (name, expected, indexes)
+
+
+async def test_the_nodes_pages_count_reads_the_hour_from_an_index(year: str) -> None:
+    """The console's nodes page counts the attempts of the last hour per node: from
+    ``ix_attempts_started_at`` alone, not every attempt of the history."""
+    query = reads.node_attempts_last_hour_query(datetime.now(UTC))
+    dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
+    sql = str(query.compile(dialect=dialect, compile_kwargs={"literal_binds": True}))
+    connection = await asyncpg.connect(year)
+    try:
+        await connection.execute("SET enable_seqscan = off")
+        (plan,) = json.loads(await connection.fetchval(f"EXPLAIN (FORMAT JSON) {sql}"))
+    finally:
+        await connection.close()
+    nodes = list(_nodes(plan["Plan"]))
+    assert [n["Node Type"] for n in nodes if n["Node Type"] == "Seq Scan"] == []
+    assert {n.get("Index Name") for n in nodes} >= {"ix_attempts_started_at"}

@@ -124,6 +124,8 @@ class Attempt(Base):
         ForeignKeyConstraint(["job_id"], ["jobs.job_id"], ondelete="CASCADE"),
         Index(None, "node", "started_at"),  # revision 0002: node utilisation
         Index("ix_attempts_ended_at", "ended_at"),  # revision 0007: attempts in a window
+        # revision 0015: the attempts started in the last hour, per node (the nodes page)
+        Index("ix_attempts_started_at", "started_at", postgresql_include=["node"]),
         Index(  # revision 0007: failures_by_reason from the index alone
             "ix_attempts_failures",
             "failure_reason",
