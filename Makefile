@@ -121,7 +121,7 @@ bench-scale: $(STAMP)
 bench-requests: $(STAMP)
 	$(BIN)/python bench/requests.py $(BENCH_ARGS)
 
-## bench-console: the web console at a year's size (1,000,000 jobs): p99 of the jobs list, a job page, a campaign page; bus -> chart latency in headless Chromium
+## bench-console: the web console at a year's size (1,000,000 jobs; BENCH_ARGS=--history-jobs 10000000 for a big site's): p99 of the jobs list, a job page, a campaign page; bus -> chart latency in headless Chromium
 bench-console: $(STAMP)
 	$(BIN)/python bench/console.py $(BENCH_ARGS)
 
@@ -137,8 +137,9 @@ bench-multicluster: $(STAMP)
 bench-fairshare: $(STAMP)
 	$(BIN)/python bench/fairshare.py $(BENCH_ARGS)
 
-## bench-history: PostgreSQL at a year's size (1,000,000 jobs, 20,000,000 progress rows): p99 of mdq ls / show / plot and of every query docs/history.md documents
+## bench-history: PostgreSQL at a big site's year (10,000,000 jobs, 200,000,000 progress rows, 40,000,000 job events; --quick 1,000,000 / 20,000,000): p99 of every CLI read, console page query and query docs/history.md documents; load time and disk against the same rows in unindexed tables
 bench-history: $(STAMP)
+	$(BIN)/python bench/history_shape.py
 	$(BIN)/python bench/history_pg.py $(BENCH_ARGS)
 
 ## bench-ingest: progress events/s NATS → PostgreSQL, watcher vs the fastest raw fetch+COPY loop; fsync-always vs server default

@@ -1,7 +1,8 @@
 """The web console at a year's size: ``make bench-console``.
 
 A fresh embedded PostgreSQL is set up as every deployment sets it up and loaded with
-bench-history's synthetic year (``bench/history_pg.py``: ``--jobs`` jobs, 1,000,000, each with a
+bench-history's synthetic year (``bench/history_pg.py``: ``--history-jobs`` jobs, 1,000,000 by
+default and 10,000,000 for a big site's year, each with a
 ``campaign`` label shared by 200 jobs, their attempts, events, placements and ``--progress``
 rows). A real console (``python -m services.console``, a subprocess, as the read-only role)
 serves it, with an embedded NATS server. Timed from here, wall clock around each HTTP request
@@ -355,8 +356,17 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--jobs", type=int, default=1_000_000)
-    parser.add_argument("--progress", type=int, default=5_000_000)
+    parser.add_argument(
+        "--history-jobs",
+        "--jobs",
+        dest="jobs",
+        type=int,
+        default=1_000_000,
+        help="jobs of the synthetic history (1,000,000; a big site's year: 10,000,000)",
+    )
+    parser.add_argument(
+        "--progress", type=int, default=None, help="progress rows (default: 5 per job)"
+    )
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--live-events", type=int, default=100)
     parser.add_argument("--quick", action="store_true", help="100,000 jobs, 500,000 rows")
@@ -364,6 +374,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.quick:
         args.jobs, args.progress, args.runs, args.live_events = 100_000, 500_000, 50, 30
+    if args.progress is None:
+        args.progress = 5 * args.jobs
     print(json.dumps(asyncio.run(measure(args))))
     return 0
 

@@ -33,26 +33,32 @@ import os
 import random
 import re
 import shutil
+import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "libs"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import asyncpg
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from mdq.embedded import start_postgres
 from mdq.store.engine import asyncpg_dsn, create_engine
-from mdq.store.queries import job_detail, job_timeline, list_jobs, progress_trace
+from mdq.store.queries import job_detail, job_timeline, list_jobs, progress_trace, usage_history
 from mdq.store.roles import (
     RoleNames,
     RolePasswords,
     role_urls,
     setup_database_async,
 )
+from services.console import reads
+from services.console.filters import Cursor, JobFilter
 
 ROOT = Path(__file__).resolve().parents[1]
 HISTORY_DOC = ROOT / "docs" / "history.md"
@@ -71,13 +77,24 @@ SELECT lpad(to_hex(i), 12, '0') || '-md', lpad(to_hex(i), 12, '0'), 'md', 'TASK_
     CASE WHEN i > $1 - 200 THEN 'RUNNING' WHEN i > $1 - 400 THEN 'WAITING'
          WHEN i % 29 = 0 THEN 'FAILED' ELSE 'SUCCEEDED' END,
     1, (ARRAY['high', 'normal', 'low'])[1 + i % 3], 'node-' || (i % $2), 'pod-' || i,
-    jsonb_build_object('name', 'md', 'steps', '20000', 'temperatureK', 300,
-        'labels', jsonb_build_object('campaign', 'c' || (i / $3))),
+    jsonb_build_object('name', 'md', 'steps', '20000', 'temperature_k', 300,
+        'labels', jsonb_build_object('campaign', 'c' || (i / $3)),
+        'resources', jsonb_build_object('cpu', 1 + i % 4, 'memory_mb', (1024 * (1 + i % 3))::text),
+        'system', CASE WHEN i % 5 < 2
+            -- water boxes of 41 sizes, 2.0 to 6.0 nm (one in five jobs of each size is 3.0 nm)
+            THEN jsonb_build_object('water_box', jsonb_build_object(
+                'box_nm', CASE WHEN i % 25 = 0 THEN 3.0 ELSE 2.0 + ((i / 5) % 41) / 10.0 END))
+            WHEN i % 5 = 2 THEN jsonb_build_object('lammps', jsonb_build_object(
+                'script', 'in.lj-' || (i % 13)))
+            ELSE jsonb_build_object('structure', jsonb_build_object(
+                'pdb_path', 'protein-' || (i % 211) || '.pdb')) END),
     '{}'::text[], 'bench', now() - interval '365 days' * (1 - i::float8 / $1),
     now() - interval '365 days' * (1 - i::float8 / $1) + interval '2 hours',
     20000, 20000, -41000.5, 300.2, 14.5,
     now() - interval '365 days' * (1 - i::float8 / $1) + interval '2 hours',
-    'steps_reached', CASE WHEN i % 29 = 0 THEN 'FAILURE_CRASHED' END, NULL, 20000
+    'steps_reached',
+    CASE WHEN i % 58 = 0 THEN 'FAILURE_OOM_KILLED' WHEN i % 29 = 0 THEN 'FAILURE_CRASHED' END,
+    CASE WHEN i % 29 = 0 THEN 'attempt 1 failed; no retry left' END, 20000
 FROM generate_series(1, $1) AS i
 """
 
@@ -87,7 +104,8 @@ INSERT INTO attempts (job_id, attempt, node, pod_name, bound_at, started_at, end
 SELECT job_id, 1, node, pod_name, submitted_at + interval '3 seconds',
     submitted_at + interval '5 seconds',
     CASE WHEN state = 'RUNNING' THEN NULL ELSE updated_at END,
-    CASE WHEN final_reason IS NOT NULL THEN 1 ELSE 0 END, final_reason, NULL, 0, 0, last_step
+    CASE WHEN final_reason IS NOT NULL THEN 1 ELSE 0 END, final_reason,
+    CASE WHEN final_reason IS NOT NULL THEN 'runner exited with code 1' END, 0, 0, last_step
 FROM jobs
 WHERE state <> 'WAITING'  -- a waiting job has no attempt yet
 """
@@ -96,12 +114,33 @@ LOAD_EVENTS = """
 INSERT INTO job_events (event_id, stream, stream_seq, job_id, attempt, kind, time, producer, body)
 SELECT k.kind || ':' || j.job_id || ':' || k.attempt, 'MDQ_JOBS',
     row_number() OVER (), j.job_id, k.attempt, k.kind, j.submitted_at + k.after, k.producer,
-    CASE WHEN k.kind = 'submitted' THEN jsonb_build_object('spec', j.spec) ELSE '{}'::jsonb END
+    CASE k.kind
+        WHEN 'submitted' THEN jsonb_build_object('spec', j.spec, 'request_id', j.request_id)
+        WHEN 'bound' THEN jsonb_build_object('node', j.node, 'resources', j.spec->'resources')
+        WHEN 'usage' THEN jsonb_build_object(
+            'peak_memory_mb', 150 + 9.5 * coalesce(
+                (j.spec->'system'->'water_box'->>'box_nm')::float8 ^ 3, 40) + length(j.job_id),
+            'cpu_seconds', 7000.0, 'wall_seconds', 7200.0, 'mean_cores', 0.97,
+            'ns_per_day', 14.5, 'source', 'cgroup',
+            'memory_limit_mb', j.spec->'resources'->>'memory_mb',
+            'cpu_limit', j.spec->'resources'->'cpu', 'steps', '20000')
+        WHEN 'failed' THEN jsonb_build_object('reason', j.final_reason)
+        ELSE '{}'::jsonb END
 FROM jobs j
 CROSS JOIN (VALUES ('submitted', 0, interval '0 s', 'intake'),
                    ('bound', 1, interval '3 s', 'placement'),
-                   ('succeeded', 1, interval '2 hours', 'watcher'))
-    AS k(kind, attempt, after, producer)
+                   ('usage', 1, interval '2 hours', 'runner'),
+                   ('ended', 1, interval '2 hours 1 second', 'watcher'))
+    AS k0(kind0, attempt, after, producer)
+CROSS JOIN LATERAL (SELECT CASE WHEN k0.kind0 <> 'ended' THEN k0.kind0
+                                WHEN j.state = 'FAILED' THEN 'failed' ELSE 'succeeded' END)
+    AS k1(kind)
+CROSS JOIN LATERAL (SELECT k1.kind, k0.attempt, k0.after, k0.producer) AS k
+WHERE k0.kind0 = 'submitted'
+   OR (k0.kind0 = 'bound' AND j.state <> 'WAITING')
+   OR (k0.kind0 = 'usage' AND j.state IN ('SUCCEEDED', 'FAILED')
+       AND j.final_reason IS DISTINCT FROM 'FAILURE_OOM_KILLED')  -- an OOM kill reports none
+   OR (k0.kind0 = 'ended' AND j.state IN ('SUCCEEDED', 'FAILED'))
 """
 
 LOAD_PLACEMENTS = """
@@ -125,6 +164,40 @@ FROM (SELECT job_id, submitted_at, row_number() OVER (ORDER BY job_id) AS n
 CROSS JOIN generate_series(1, $1::int) AS s
 """
 
+LOADED = ("jobs", "attempts", "job_events", "placements", "progress")
+"""The tables the load writes, in order (``usage_samples`` follows ``job_events`` by trigger)."""
+MDQ_TABLES = (*LOADED, "usage_samples", "checkpoints", "rejections", "consumer_offsets")
+"""Every table of the schema: what ``pg_disk_bytes`` adds up (partitions and indexes too)."""
+
+
+DOC_PLANS: dict[str, str] = {
+    "doc:one_job_s_timeline_without_the_progress_reports": r"^job_events_\w+_job_id_time_idx$",
+    "doc:its_energy_trace_every_attempt_what_mdq_plot_dra": r"^progress_\w+_pkey$",
+    "doc:attempts_of_the_last_day_that_failed_with_the_ch": r"^ix_attempts_ended_at$",
+    "doc:jobs_cancelled_in_the_last_week_by_whom_and_why_": r"^ix_jobs_state",
+    "doc:every_job_control_request_a_job_received_in_orde": r"^job_events_\w+_job_id_time_idx$",
+    "doc:attempts_the_environment_failed_a_node_s_data_di": r"^ix_attempts_failures$",
+    "doc:failures_by_reason_most_frequent_first": r"^ix_attempts_failures$",
+    "doc:node_utilisation_over_the_last_24_hours_fraction": r"^ix_attempts_ended_at$",
+    "doc:how_much_memory_water_boxes_of_about_2_700_atoms": r"^ix_usage_samples_system$",
+    "doc:where_a_job_s_trajectory_is_and_what_to_check_it": r"^job_events_\w+_job_id_time_idx$",
+    "doc:why_placement_chose_a_node_every_candidate_s_sco": r"^pk_placements$",
+    "doc:jobs_running_now_and_how_far_along_they_are": r"^ix_jobs_state",
+    "doc:placement_latency_submitted_first_bound_the_jobs": r"^ix_jobs_submitted_at",
+    "doc:how_far_behind_the_projection_is_the_watcher_als": "",
+}
+"""Every documented query (``documented_queries``' names) and the index its plan must read at a
+year's size, as a regular expression over index names (a partitioned table's index appears as
+its partitions' indexes, ``job_events_y2026m12_job_id_time_idx``). "" for a table of a row per
+consumer, read whole. ``tests/integration/test_history_plans.py`` fails when a query of
+docs/history.md has no entry here, and checks each plan with EXPLAIN; the bench refuses to run
+without an entry."""
+
+NOT_IN_POSTGRESQL = {
+    "mdq explain": "reads the job's events from the JetStream log (mdq.cli.explain)",
+}
+"""CLI reads that issue no PostgreSQL query, said so in the JSON line."""
+
 
 def documented_queries() -> dict[str, str]:
     """Every SQL block of docs/history.md's operator questions (before "As a tenant"): name ->
@@ -138,14 +211,20 @@ def documented_queries() -> dict[str, str]:
     return found
 
 
-async def timed(runs: int, call: Callable[[], Awaitable[Any]]) -> list[float]:
-    """Wall-clock milliseconds of ``runs`` calls (after one warm-up call)."""
+async def timed(
+    runs: int, call: Callable[[], Awaitable[Any]], *, budget_s: float = 30.0
+) -> list[float]:
+    """Wall-clock milliseconds of ``runs`` calls (after one warm-up call), fewer if they take
+    more than ``budget_s`` in all (a call far off the goal need not be timed 100 times)."""
     await call()
-    times = []
+    times: list[float] = []
+    deadline = time.perf_counter() + budget_s
     for _ in range(runs):
         started = time.perf_counter()
         await call()
         times.append(1000 * (time.perf_counter() - started))
+        if started > deadline:
+            break
     return times
 
 
@@ -158,37 +237,151 @@ def p99(values: list[float]) -> float:
     return quantile(values, 0.99)
 
 
-async def load(admin_url: str, jobs: int, progress_rows: int, log: Callable[[str], None]) -> None:
+async def _relation_bytes(connection: asyncpg.Connection, table: str) -> int:
+    """A table's size on disk with its indexes and TOAST, every partition included."""
+    return int(
+        await connection.fetchval(
+            "SELECT coalesce((SELECT sum(pg_total_relation_size(relid)) "
+            "FROM pg_partition_tree($1::regclass)), pg_total_relation_size($1::regclass))",
+            table,
+        )
+    )
+
+
+async def load(
+    admin_url: str,
+    jobs: int,
+    progress_rows: int,
+    log: Callable[[str], None],
+    *,
+    raw_baseline: bool = False,
+) -> dict[str, Any]:
+    """Load the synthetic year through the real schema (the year's monthly partitions made first,
+    as the watcher made them; every index, row policy and trigger in place). With
+    ``raw_baseline``, each statement is also run into a plain copy of its table with no index,
+    partition or trigger (``raw_<table>``), right after it: the same rows, generated the same
+    way. Returns the times and sizes of both (``raw_*`` only with ``raw_baseline``)."""
     per_job = max(1, progress_rows // jobs)
     connection = await asyncpg.connect(asyncpg_dsn(admin_url))
+    pairs: list[tuple[str, float, float]] = []  # (statement, mdq s, raw s)
+    mdq_s = raw_s = 0.0
     try:
-        # the year's monthly partitions, as the watcher made them month by month
         await connection.execute(
             "SELECT mdq_make_partitions(now() - interval '366 days', now() + interval '1 day')"
         )
-        for what, sql, args in (
+        if raw_baseline:
+            for table in LOADED:
+                await connection.execute(
+                    f"CREATE TABLE raw_{table} (LIKE {table} INCLUDING DEFAULTS)"
+                )
+        chunks = 16  # by job id range: each statement's sort and WAL stay small
+        bounds = [f"{int(k * (jobs + 1) / chunks):012x}" for k in range(chunks)] + ["g"]
+        statements: list[tuple[str, str, tuple[Any, ...]]] = [
             ("jobs", LOAD_JOBS, (jobs, NODES, JOBS_PER_CAMPAIGN)),
             ("attempts", LOAD_ATTEMPTS, ()),
             ("job_events", LOAD_EVENTS, ()),
             ("placements", LOAD_PLACEMENTS, ()),
-        ):
+        ]
+        statements += [
+            (f"progress {k}", LOAD_PROGRESS, (per_job, low, high))
+            for k, (low, high) in enumerate(itertools.pairwise(bounds))
+        ]
+        for what, sql, args in statements:
             started = time.perf_counter()
             await connection.execute(sql, *args)
-            log(f"loaded {what} in {time.perf_counter() - started:.1f} s")
+            took = time.perf_counter() - started
+            mdq_s += took
+            raw_took = 0.0
+            if raw_baseline:
+                table = what.split()[0]
+                raw_sql = sql.replace(f"INSERT INTO {table} ", f"INSERT INTO raw_{table} ", 1)
+                started = time.perf_counter()
+                await connection.execute(raw_sql, *args)
+                raw_took = time.perf_counter() - started
+                raw_s += raw_took
+                pairs.append((what, took, raw_took))
+            log(f"loaded {what} in {took:.1f} s" + (f" (raw {raw_took:.1f} s)" * raw_baseline))
         started = time.perf_counter()
-        chunks = 16  # by job id range: each statement's sort and WAL stay small
-        bounds = [f"{int(k * (jobs + 1) / chunks):012x}" for k in range(chunks)] + ["g"]
-        for low, high in itertools.pairwise(bounds):
-            await connection.execute(LOAD_PROGRESS, per_job, low, high)
-        log(f"loaded progress in {time.perf_counter() - started:.1f} s")
-        started = time.perf_counter()
-        await connection.execute("VACUUM ANALYZE")
+        for table in MDQ_TABLES:
+            await connection.execute(f"VACUUM ANALYZE {table}")
+        vacuum_s = time.perf_counter() - started
+        mdq_s += vacuum_s
+        log(f"vacuum analyze in {vacuum_s:.1f} s")
+        sizes = {table: await _relation_bytes(connection, table) for table in MDQ_TABLES}
+        report: dict[str, Any] = {
+            "load_s": mdq_s,
+            "disk_bytes": sum(sizes.values()),
+            "disk_bytes_by_table": sizes,
+            "progress_bytes": sizes["progress"],
+        }
+        if raw_baseline:
+            raw_sizes = {
+                table: await _relation_bytes(connection, f"raw_{table}") for table in LOADED
+            }
+            report |= {
+                "raw_load_s": raw_s,
+                "raw_disk_bytes": sum(raw_sizes.values()),
+                "raw_progress_bytes": raw_sizes["progress"],
+                "load_quotients": [mdq / raw for _, mdq, raw in pairs if raw > 0],
+            }
+            for table in LOADED:
+                await connection.execute(f"DROP TABLE raw_{table}")
         # a year-old database is not one that was just written: flush the load's dirty pages
         # now, so the checkpointer writing gigabytes does not land inside the timed queries
         await connection.execute("CHECKPOINT")
-        log(f"vacuum analyze and checkpoint in {time.perf_counter() - started:.1f} s")
+        return report
     finally:
         await connection.close()
+
+
+Call = Callable[[], Awaitable[Any]]
+
+
+def cli_and_console_reads(
+    engine: AsyncEngine, some_job: Callable[[], str], jobs: int
+) -> dict[str, Call]:
+    """Every PostgreSQL read of the CLI (``ls``, ``show``, ``plot``, ``recommend``) and of the
+    console's pages, through mdq's own functions, as the read-only role."""
+    rng = random.Random(11)
+    campaigns = max(1, jobs // JOBS_PER_CAMPAIGN)
+
+    async def show() -> None:
+        job = some_job()
+        await job_detail(engine, job)
+        await job_timeline(engine, job)
+
+    async def deep_page() -> Any:
+        job = some_job()
+        detail = await job_detail(engine, job)
+        assert detail is not None
+        after = Cursor(detail.job.submitted_at, job)
+        return await reads.list_jobs(engine, JobFilter(after=after))
+
+    async def nodes_page() -> None:
+        await reads.jobs_on_nodes(engine)
+        await reads.node_attempts_last_hour(engine, datetime.now(UTC))
+
+    def campaign() -> tuple[str, str]:
+        return ("campaign", f"c{rng.randrange(campaigns)}")
+
+    return {
+        "mdq ls": lambda: list_jobs(engine),
+        "mdq ls --state RUNNING": lambda: list_jobs(engine, state="RUNNING"),
+        "mdq ls --state SUCCEEDED": lambda: list_jobs(engine, state="SUCCEEDED"),
+        "mdq show": show,
+        "mdq plot": lambda: progress_trace(engine, some_job()),
+        "mdq recommend (history)": lambda: usage_history(engine),
+        "console jobs": lambda: reads.list_jobs(engine, JobFilter()),
+        "console jobs ?state=FAILED": lambda: reads.list_jobs(engine, JobFilter(state="FAILED")),
+        "console jobs ?state&priority": lambda: reads.list_jobs(
+            engine, JobFilter(state="SUCCEEDED", priority_class="low", size=100)
+        ),
+        "console jobs ?label": lambda: reads.list_jobs(engine, JobFilter(label=campaign())),
+        "console jobs deep page": deep_page,
+        "console job page": lambda: reads.job_page(engine, some_job()),
+        "console campaign page": lambda: reads.campaign(engine, *campaign()),
+        "console nodes page": nodes_page,
+    }
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -196,6 +389,9 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         if args.verbose:
             print(line, file=sys.stderr, flush=True)
 
+    documented = documented_queries()
+    if missing := sorted(set(documented) - set(DOC_PLANS)):
+        raise SystemExit(f"docs/history.md queries without a plan entry in DOC_PLANS: {missing}")
     folder = Path(tempfile.mkdtemp(prefix="mdq-bench-history-"))
     server = start_postgres(folder / "pg", database="mdq", keep=False)
     try:
@@ -205,12 +401,12 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         await setup_database_async(
             admin_url=server.url, owner_url=urls.owner, names=names, passwords=passwords
         )
-        await load(server.url, args.jobs, args.progress, log)
+        loaded = await load(server.url, args.jobs, args.progress, log, raw_baseline=True)
         admin = await asyncpg.connect(asyncpg_dsn(server.url))
         try:
             counts = {
                 table: int(await admin.fetchval(f"SELECT count(*) FROM {table}"))
-                for table in ("jobs", "progress", "job_events")
+                for table in ("jobs", "progress", "job_events", "usage_samples")
             }
         finally:
             await admin.close()
@@ -221,65 +417,89 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
 
         engine = create_engine(urls.reader)
         raw = await asyncpg.connect(asyncpg_dsn(urls.reader))
-        results: dict[str, list[float]] = {}
+        rounds: dict[str, list[float]] = {}  # query -> p99 of each round
+        quotients: dict[str, list[float]] = {}  # query -> p99 / the round's baseline p99
+        p50s: dict[str, list[float]] = {}
+        baseline_p99: list[float] = []
         try:
-            calls: dict[str, Callable[[], Awaitable[Any]]] = {
-                "mdq ls": lambda: list_jobs(engine),
-                "mdq ls --state RUNNING": lambda: list_jobs(engine, state="RUNNING"),
-                "mdq ls --state SUCCEEDED": lambda: list_jobs(engine, state="SUCCEEDED"),
-                "mdq show (detail)": lambda: job_detail(engine, some_job()),
-                "mdq show (timeline)": lambda: job_timeline(engine, some_job()),
-                "mdq plot (trace)": lambda: progress_trace(engine, some_job()),
-            }
-            for name, sql in documented_queries().items():
+            calls = cli_and_console_reads(engine, some_job, args.jobs)
+            for name, sql in documented.items():
 
-                async def documented(sql: str = sql) -> Any:
+                async def run_documented(sql: str = sql) -> Any:
                     return await raw.fetch(sql.replace(EXAMPLE_JOB, some_job()))
 
-                calls[name] = documented
-            for name, call in calls.items():
-                results[name] = await timed(args.runs, call)
-                log(f"{name}: p99 {p99(results[name]):.1f} ms")
-            baseline = await timed(
-                args.runs, lambda: raw.fetchrow("SELECT * FROM jobs WHERE job_id = $1", some_job())
-            )
+                calls[name] = run_documented
+            for round_ in range(args.rounds):
+                baseline = await timed(
+                    args.runs,
+                    lambda: raw.fetchrow("SELECT * FROM jobs WHERE job_id = $1", some_job()),
+                )
+                baseline_p99.append(p99(baseline))
+                for name, call in calls.items():
+                    times = await timed(args.runs, call)
+                    rounds.setdefault(name, []).append(p99(times))
+                    p50s.setdefault(name, []).append(quantile(times, 0.5))
+                    quotients.setdefault(name, []).append(p99(times) / baseline_p99[-1])
+                    log(f"round {round_ + 1} {name}: p99 {p99(times):.1f} ms ({len(times)} runs)")
         finally:
             await raw.close()
             await engine.dispose()
     finally:
         server.stop()
         shutil.rmtree(folder, ignore_errors=True)
-    per_query = {name: round(p99(times), 2) for name, times in results.items()}
-    typical = {name: round(quantile(times, 0.5), 2) for name, times in results.items()}
-    worst = max(per_query.values())
-    raw_p99 = p99(baseline)
+    per_query = {name: round(statistics.median(values), 2) for name, values in rounds.items()}
+    worst = max(per_query, key=lambda name: per_query[name])
+    quotient_of_worst = quotients[worst]
+    load_quotients = loaded["load_quotients"]
     return {
         "bench": "history_pg",
         "pg_jobs": counts["jobs"],
         "pg_progress_rows": counts["progress"],
         "pg_job_events_rows": counts["job_events"],
+        "pg_usage_samples_rows": counts["usage_samples"],
+        "rounds": args.rounds,
         "runs": args.runs,
         "pg_p99_ms": per_query,
-        "pg_p50_ms": typical,
-        "pg_p99_ms_max": worst,
-        "slowest": max(per_query, key=lambda name: per_query[name]),
-        "raw_pk_p99_ms": round(raw_p99, 3),
-        "pg_ratio_vs_raw": round(worst / raw_p99, 1) if raw_p99 else None,
+        "pg_p99_spread_ms": {
+            name: [round(min(values), 2), round(max(values), 2)] for name, values in rounds.items()
+        },
+        "pg_p50_ms": {name: round(statistics.median(v), 2) for name, v in p50s.items()},
+        "pg_p99_ms_max": per_query[worst],
+        "pg_slowest": worst,
+        "pg_not_in_postgresql": NOT_IN_POSTGRESQL,
+        "raw_pk_p99_ms": round(statistics.median(baseline_p99), 3),
+        "pg_ratio_vs_raw": round(statistics.median(quotient_of_worst), 1),
+        "pg_ratio_vs_raw_spread": [
+            round(min(quotient_of_worst), 1),
+            round(max(quotient_of_worst), 1),
+        ],
         "goal_p99_ms": 50,
+        "pg_load_s": round(loaded["load_s"], 1),
+        "raw_load_s": round(loaded["raw_load_s"], 1),
+        "pg_load_ratio_vs_raw": round(statistics.median(load_quotients), 2),
+        "pg_load_ratio_spread": [round(min(load_quotients), 2), round(max(load_quotients), 2)],
+        "goal_load_s": 2400,
+        "pg_disk_bytes": loaded["disk_bytes"],
+        "pg_disk_bytes_by_table": loaded["disk_bytes_by_table"],
+        "raw_disk_bytes": loaded["raw_disk_bytes"],
+        "pg_disk_ratio_vs_raw": round(loaded["disk_bytes"] / loaded["raw_disk_bytes"], 2),
+        "pg_bytes_per_progress_row": round(loaded["progress_bytes"] / counts["progress"], 1),
+        "raw_bytes_per_progress_row": round(loaded["raw_progress_bytes"] / counts["progress"], 1),
         "load_avg": [round(value, 2) for value in os.getloadavg()],
     }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--jobs", type=int, default=1_000_000)
-    parser.add_argument("--progress", type=int, default=20_000_000)
-    parser.add_argument("--runs", type=int, default=100)
-    parser.add_argument("--quick", action="store_true", help="100,000 jobs, 2,000,000 rows")
+    parser.add_argument("--jobs", type=int, default=10_000_000)
+    parser.add_argument("--progress", type=int, default=200_000_000)
+    parser.add_argument("--runs", type=int, default=100, help="timed calls per query and round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="1,000,000 jobs, 20,000,000 rows")
     parser.add_argument("--verbose", action="store_true", help="say what it does on stderr")
     args = parser.parse_args()
     if args.quick:
-        args.jobs, args.progress = 100_000, 2_000_000
+        args.jobs, args.progress = 1_000_000, 20_000_000
     print(json.dumps(asyncio.run(measure(args))), flush=True)
     return 0
 

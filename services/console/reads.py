@@ -387,12 +387,17 @@ async def jobs_on_nodes(engine: AsyncEngine) -> dict[str, list[JobRow]]:
     return by_node
 
 
-async def node_attempts_last_hour(engine: AsyncEngine, now: datetime) -> dict[str, int]:
-    """How many attempts each node started in the last hour."""
-    query = (
+def node_attempts_last_hour_query(now: datetime) -> Select[str | None, int]:
+    """Per node, the attempts started in the hour before ``now`` (``ix_attempts_started_at``)."""
+    return (
         select(Attempt.node, func.count())
         .where(Attempt.started_at >= now - timedelta(hours=1))
         .group_by(Attempt.node)
     )
+
+
+async def node_attempts_last_hour(engine: AsyncEngine, now: datetime) -> dict[str, int]:
+    """How many attempts each node started in the last hour."""
+    query = node_attempts_last_hour_query(now)
     async with engine.connect() as connection:
         return {node or "": count for node, count in await connection.execute(query)}

@@ -65,6 +65,8 @@ async def run_watcher(
                     pool,
                     months_ahead=settings.partition_months_ahead,
                     retention_days=settings.history_retention_days,
+                    rollup_days=settings.progress_rollup_days,
+                    keep_every=settings.progress_rollup_keep_every,
                 ),
                 name="partitions",
             )

@@ -37,9 +37,25 @@ class WatcherSettings(BaseSettings):
         ),
     )
 
-    @field_validator("history_retention_days")
+    progress_rollup_days: int = Field(
+        default=0,
+        ge=0,
+        description=(
+            "Roll the months of progress that ended more than this many days ago up into a "
+            "summary per job and month (progress_rollups) plus every KEEP_EVERY-th report of "
+            "each attempt (0, the default: keep every report; at least 31 otherwise). The full "
+            "series stays in the NS_PROGRESS stream for as long as the log keeps it."
+        ),
+    )
+    progress_rollup_keep_every: int = Field(
+        default=10,
+        ge=1,
+        description="Of a rolled-up month, each attempt's first report and every N-th after it.",
+    )
+
+    @field_validator("history_retention_days", "progress_rollup_days")
     @classmethod
     def _whole_months(cls, days: int) -> int:
         if 0 < days < 31:
-            raise ValueError("a retention keeps at least a month (31 days), or 0 for ever")
+            raise ValueError("at least a month (31 days), or 0 for never")
         return days

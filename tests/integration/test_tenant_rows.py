@@ -101,6 +101,8 @@ SEEN: dict[str, str] = {
     "node_utilisation": "SELECT node FROM node_utilisation",
     "job_outputs": "SELECT job_id FROM job_outputs",
     "attempt_usage": "SELECT job_id FROM attempt_usage",
+    "usage_samples": "SELECT job_id FROM usage_samples",
+    "progress_rollups": "SELECT job_id FROM progress_rollups",
 }
 """For each relation a tenant may read, a query whose values say whose each row is."""
 
@@ -109,6 +111,7 @@ async def _write_rows(writer_url: str) -> None:
     """One job of each owner in every table, and an event of no job, as the writer."""
     connection = await asyncpg.connect(writer_url)
     try:
+        await connection.execute("SELECT mdq_make_partitions('2025-01-01Z', '2025-01-31Z')")
         for seq, owner in enumerate(OWNERS, start=1):
             job, node = job_of(owner), f"node-{owner}"
             await connection.execute(
@@ -152,6 +155,16 @@ async def _write_rows(writer_url: str) -> None:
                 f"progress:{job}:1:50",
                 seq,
             )
+            await connection.execute(  # a report of a month the rollup below rolls up
+                "INSERT INTO progress (job_id, attempt, step, time, time_ps, potential_kj_mol, "
+                "kinetic_kj_mol, temperature_k, ns_per_day, event_id, stream, stream_seq, "
+                "producer, target_steps, eta_s, done_reason) VALUES ($1, 1, 10, "
+                "'2025-01-15Z', 0.1, -1.0, 1.0, 300.0, 10.0, $2, 'NS_PROGRESS', $3, 'runner', "
+                "100, 1.0, '')",
+                job,
+                f"progress:{job}:1:10",
+                seq + 1000,
+            )
             await connection.execute(
                 "INSERT INTO checkpoints (job_id, attempt, step, path, sha256, size_bytes, "
                 "time_ps, time) VALUES ($1, 1, 50, '/c', 'ab', 1, 0.1, now())",
@@ -172,6 +185,8 @@ async def _write_rows(writer_url: str) -> None:
             "producer, body) VALUES ('rejected:x', 'NS_JOBS', 99, NULL, 0, 'rejected', now(), "
             "'intake', '{}')"
         )
+        # progress_rollups' rows: January 2025 rolled up, as the watcher does
+        await connection.execute("SELECT mdq_rollup_progress('2025-03-01Z', 10)")
     finally:
         await connection.close()
 
@@ -344,7 +359,11 @@ async def test_the_writer_still_upserts_and_copies(installation: Installation) -
             "ON CONFLICT (job_id) DO UPDATE SET state = 'SUCCEEDED'",
             job_of("lab"),
         )
-        assert await writer.fetchval("SELECT count(*) FROM progress") == len(OWNERS) + 1
+        # (beside each owner's report of January 2025, rolled up by ``_write_rows``)
+        assert (
+            await writer.fetchval("SELECT count(*) FROM progress WHERE time > '2025-02-01Z'")
+            == len(OWNERS) + 1
+        )
     finally:
         await writer.close()
     assert await _owners_seen(installation.tenants["alice"], "progress") == {"alice"}

@@ -53,6 +53,7 @@ PROJECTED_TABLES = (
     "checkpoints",
     "placements",
     "rejections",
+    "usage_samples",
 )
 
 

@@ -13,7 +13,7 @@ revision 0003 stores progress reports once, in ``progress``, and makes ``events`
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import date, datetime
 from typing import Any
 
 from sqlalchemy import (
@@ -114,7 +114,7 @@ class Job(Base):
     control: Mapped[dict[str, Any] | None] = mapped_column(
         comment="Job control in force: hold, stop, who asked (JobView.control_dict)."
     )
-    # revision 0013
+    # revision 0016
     units: Mapped[str | None] = mapped_column(
         comment="Units of the job's reported figures: NULL as the column names say; "
         "lj: reduced Lennard-Jones units (docs/engines.md)."
@@ -129,6 +129,8 @@ class Attempt(Base):
         ForeignKeyConstraint(["job_id"], ["jobs.job_id"], ondelete="CASCADE"),
         Index(None, "node", "started_at"),  # revision 0002: node utilisation
         Index("ix_attempts_ended_at", "ended_at"),  # revision 0007: attempts in a window
+        # revision 0015: the attempts started in the last hour, per node (the nodes page)
+        Index("ix_attempts_started_at", "started_at", postgresql_include=["node"]),
         Index(  # revision 0007: failures_by_reason from the index alone
             "ix_attempts_failures",
             "failure_reason",
@@ -210,7 +212,7 @@ class ProgressRecord(Base):
     target_steps: Mapped[int]
     eta_s: Mapped[float]
     done_reason: Mapped[str] = mapped_column(comment="'' until the report that ends the run.")
-    # revision 0013
+    # revision 0016
     units: Mapped[str | None] = mapped_column(
         comment="Progress.units: NULL as the column names say; lj: reduced LJ units."
     )
@@ -256,6 +258,62 @@ class Placement(Base):
     node: Mapped[str]
     candidates: Mapped[list[Any]] = mapped_column(comment="NodeScore list, JSON mapping.")
     time: Mapped[datetime]
+
+
+class UsageSampleRecord(Base):
+    """What each measured attempt used, by system (revision 0013): one row per ``usage`` event
+    of ``job_events``, written by a trigger on it, for the memory questions and the recommender."""
+
+    __tablename__ = "usage_samples"
+    __table_args__ = (
+        Index(
+            "ix_usage_samples_system",
+            "system_kind",
+            "box_nm",
+            postgresql_include=["peak_memory_mb", "memory_limit_mb", "mean_cores"],
+        ),
+        Index("ix_usage_samples_time", "time"),
+        {"comment": "One row per usage event (revision 0013): what each attempt used, by system."},
+    )
+
+    job_id: Mapped[str] = mapped_column(primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    time: Mapped[datetime]
+    system_kind: Mapped[str] = mapped_column(
+        comment="The spec's system case: water_box, structure, lammps, ... ('' none)."
+    )
+    box_nm: Mapped[float | None] = mapped_column(comment="A water box's edge, nm.")
+    peak_memory_mb: Mapped[float]
+    mean_cores: Mapped[float]
+    cpu_seconds: Mapped[float]
+    wall_seconds: Mapped[float]
+    memory_limit_mb: Mapped[int]
+    cpu_limit: Mapped[float]
+
+
+class ProgressRollup(Base):
+    """Per job, attempt and month: the reports of a rolled-up month of ``progress`` (revision
+    0014, ``mdq_rollup_progress``), which keeps every Nth of them."""
+
+    __tablename__ = "progress_rollups"
+    __table_args__ = (
+        {"comment": "A rolled-up month of progress, per job and attempt (revision 0014)."},
+    )
+
+    job_id: Mapped[str] = mapped_column(primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    month: Mapped[date] = mapped_column(primary_key=True, comment="The month's first day (UTC).")
+    reports: Mapped[int] = mapped_column(comment="Reports the month held.")
+    kept: Mapped[int] = mapped_column(comment="Of those, kept in progress.")
+    first_step: Mapped[int]
+    last_step: Mapped[int]
+    first_time: Mapped[datetime]
+    last_time: Mapped[datetime]
+    min_potential_kj_mol: Mapped[float]
+    max_potential_kj_mol: Mapped[float]
+    mean_potential_kj_mol: Mapped[float]
+    mean_temperature_k: Mapped[float]
+    mean_ns_per_day: Mapped[float]
 
 
 class Rejection(Base):

@@ -5,8 +5,11 @@ and every hour it makes the months from now through ``months_ahead`` that are mi
 (``mdq_make_partitions``), so a report never waits in the default partition at a month's turn,
 and, with a retention, detaches the months that ended more than ``retention_days`` ago
 (``mdq_detach_partitions``): they leave the history tables (and ``mdq ls``/``show``), stay in the
-database as plain tables readable by the owner alone, to archive and drop. Both functions run
-as the schema's owner; the writer may execute them and has no DDL of its own. A database that
+database as plain tables readable by the owner alone, to archive and drop; and, with a roll-up
+age, it rolls the months of ``progress`` that ended more than ``rollup_days`` ago up into
+per-job summaries plus every ``keep_every``-th report (``mdq_rollup_progress``, migration
+0014). The functions run as the schema's owner; the writer may execute them and has no DDL of
+its own. A database that
 is away is tried again later: the projector waits for it anyway, and nothing here is urgent.
 """
 
@@ -46,20 +49,38 @@ async def detach_expired(pool: asyncpg.Pool, *, retention_days: int) -> list[str
     return [str(row[0]) for row in rows]
 
 
+async def roll_up_progress(pool: asyncpg.Pool, *, rollup_days: int, keep_every: int) -> list[str]:
+    """Roll up the months of ``progress`` that ended more than ``rollup_days`` ago (0: none)
+    and are not rolled up yet, keeping every ``keep_every``-th report of each attempt (and its
+    first and last); return the partitions rolled up."""
+    if rollup_days <= 0:
+        return []
+    rows = await pool.fetch(
+        "SELECT mdq_rollup_progress(now() - make_interval(days => $1), $2)",
+        rollup_days,
+        keep_every,
+    )
+    return [str(row[0]) for row in rows]
+
+
 async def keep_partitions(
     pool: asyncpg.Pool,
     *,
     months_ahead: int,
     retention_days: int,
+    rollup_days: int = 0,
+    keep_every: int = 10,
     interval_s: float = CHECK_INTERVAL_S,
     retry_s: float = RETRY_S,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> None:
-    """Keep the partitions made ahead and the expired ones detached, for ever."""
+    """Keep the partitions made ahead, the expired ones detached and the old months of progress
+    rolled up, for ever."""
     while True:
         try:
             made = await make_partitions(pool, months_ahead=months_ahead)
             detached = await detach_expired(pool, retention_days=retention_days)
+            rolled = await roll_up_progress(pool, rollup_days=rollup_days, keep_every=keep_every)
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
             log.warning(
                 "keeping the history's partitions failed (%r); again in %.0f s", error, retry_s
@@ -74,5 +95,13 @@ async def keep_partitions(
                 name,
                 retention_days,
                 name,
+            )
+        for name in rolled:
+            log.info(
+                "rolled up %s: older than %d days; kept every %d-th report and a summary per "
+                "job (progress_rollups)",
+                name,
+                rollup_days,
+                keep_every,
             )
         await sleep(interval_s)

@@ -16,7 +16,7 @@ from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from mdq.contracts import pb
-from mdq.core.recommend import UsageSample, fingerprint_of
+from mdq.core.recommend import CostFingerprint, UsageSample, fingerprint_of
 from mdq.store.models import EVENTS, Attempt, CheckpointRecord, Job, ProgressRecord
 
 
@@ -298,13 +298,14 @@ def _without(values: dict[str, Any], *names: str) -> dict[str, Any]:
 
 USAGE_HISTORY = text(
     """
-    (SELECT j.spec, u.peak_memory_mb, u.mean_cores, u.memory_limit_mb::double precision AS limit_mb,
+    (SELECT (j.spec - 'name' - 'labels' - 'steps')::text AS spec,
+            u.peak_memory_mb, u.mean_cores, u.memory_limit_mb::double precision AS limit_mb,
             u.cpu_limit, false AS oom_killed, u.time
-     FROM attempt_usage u JOIN jobs j ON j.job_id = u.job_id
+     FROM usage_samples u JOIN jobs j ON j.job_id = u.job_id
      WHERE u.time >= now() - make_interval(days => :days) AND u.peak_memory_mb > 0
      ORDER BY u.time DESC LIMIT :limit)
     UNION ALL
-    (SELECT j.spec, 0.0, 0.0,
+    (SELECT (j.spec - 'name' - 'labels' - 'steps')::text, 0.0, 0.0,
             COALESCE((b.body->'resources'->>'memory_mb')::double precision,
                      (j.spec->'resources'->>'memory_mb')::double precision, 0),
             COALESCE((b.body->'resources'->>'cpu')::double precision,
@@ -317,24 +318,37 @@ USAGE_HISTORY = text(
      ORDER BY a.ended_at DESC LIMIT :limit)
     """
 )
+"""The samples with each job's spec as JSON text, without the fields that differ job to job and
+that the fingerprint does not read (``mdq.core.recommend.fingerprint_of``: name, labels, step
+target): many jobs of a campaign share the rest, so each distinct one is parsed once."""
 
 
 async def usage_history(
     engine: AsyncEngine, *, days: int = 90, limit: int = 20_000
 ) -> list[UsageSample]:
     """What the resource recommender learns from (``mdq.core.recommend``): the measured usage of
-    the attempts of the last ``days`` days (the view ``attempt_usage``), and the OOM-killed
-    attempts with the memory limit they were bound with; at most ``limit`` of each, newest
-    first. An attempt's threads are those of the CPU it ran with."""
+    the attempts of the last ``days`` days (``usage_samples``, revision 0013), and the
+    OOM-killed attempts with the memory limit they were bound with; at most ``limit`` of each,
+    newest first. An attempt's threads are those of the CPU it ran with."""
     async with engine.connect() as connection:
         rows = (await connection.execute(USAGE_HISTORY, {"days": days, "limit": limit})).all()
     samples: list[UsageSample] = []
+    specs: dict[str, pb.JobSpec] = {}
+    fingerprints: dict[tuple[str, int], CostFingerprint] = {}
     for row in rows:
-        spec = json_format.ParseDict(row.spec, pb.JobSpec(), ignore_unknown_fields=True)
+        spec = specs.get(row.spec)
+        if spec is None:
+            spec = json_format.Parse(row.spec, pb.JobSpec(), ignore_unknown_fields=True)
+            specs[row.spec] = spec
         cpu = row.cpu_limit or spec.resources.cpu
+        threads = max(1, math.ceil(cpu))
+        fingerprint = fingerprints.get((row.spec, threads))
+        if fingerprint is None:
+            fingerprint = fingerprint_of(spec, threads=threads)
+            fingerprints[(row.spec, threads)] = fingerprint
         samples.append(
             UsageSample(
-                fingerprint=fingerprint_of(spec, threads=max(1, math.ceil(cpu))),
+                fingerprint=fingerprint,
                 peak_memory_mb=row.peak_memory_mb,
                 mean_cores=row.mean_cores,
                 memory_limit_mb=row.limit_mb,

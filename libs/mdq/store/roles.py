@@ -36,6 +36,9 @@ class Access(Enum):
     """A table the projector writes: writer SELECT, INSERT, UPDATE; reader SELECT."""
     READ = "read"
     """A table or view for history queries: writer and reader SELECT."""
+    SUMMARIZED = "summarized"
+    """A table only the owner's functions write (the watcher calls them): writer and reader
+    SELECT."""
     OWNER_ONLY = "owner_only"
     """Neither: ``alembic_version``."""
 
@@ -50,6 +53,10 @@ RELATIONS: dict[str, Access] = {
     "placements": Access.WRITTEN,
     "rejections": Access.WRITTEN,
     "consumer_offsets": Access.WRITTEN,
+    # kept by a trigger on job_events, as the writer inserts (revision 0013)
+    "usage_samples": Access.WRITTEN,
+    # written by mdq_rollup_progress, the owner's (revision 0014)
+    "progress_rollups": Access.SUMMARIZED,
     # the views of docs/history.md
     "events": Access.READ,
     "job_timeline": Access.READ,
@@ -66,9 +73,11 @@ RELATIONS: dict[str, Access] = {
 WRITER_FUNCTIONS = (
     "mdq_make_partitions(timestamptz, timestamptz)",
     "mdq_detach_partitions(timestamptz)",
+    "mdq_rollup_progress(timestamptz, integer)",
 )
 """The owner's functions the writer may execute (revision 0008: the watcher makes the months
-ahead and detaches the expired ones, with no DDL of its own); PUBLIC may execute none."""
+ahead and detaches the expired ones; revision 0014: it rolls the old months of progress up;
+with no DDL of its own); PUBLIC may execute none."""
 
 WRITER_TABLE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE")
 """The projector inserts (COPY included) and upserts; it never deletes or truncates."""
@@ -81,6 +90,8 @@ TENANT_ROWS: dict[str, str] = {
     "checkpoints": "job_id",
     "placements": "job_id",
     "rejections": "request_id",
+    "usage_samples": "job_id",
+    "progress_rollups": "job_id",
 }
 """The tables of per-job rows (migration 0006 puts them under row security), each with the
 column that names its job or submit: a tenant sees a row only when that starts with
