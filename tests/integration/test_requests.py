@@ -50,7 +50,7 @@ async def test_a_failed_expectation_is_an_api_error(requests: Requests, subjects
 
 async def test_no_stream_for_the_subject(requests: Requests, namespace: str) -> None:
     with pytest.raises(NoStreamResponseError):
-        await requests.publish(f"{namespace}.nowhere", b"x")
+        await requests.publish(f"{namespace}.requests.nowhere", b"x")
 
 
 async def test_key_value_reads_and_writes(requests: Requests, nc: Client, namespace: str) -> None:
@@ -73,15 +73,15 @@ async def test_key_value_reads_and_writes(requests: Requests, nc: Client, namesp
 async def test_a_request_nobody_answers_times_out(
     requests: Requests, nc: Client, namespace: str
 ) -> None:
-    sink = await nc.subscribe(f"{namespace}.silent")  # listens, never answers
+    sink = await nc.subscribe(f"{namespace}.requests.silent")  # listens, never answers
     with pytest.raises(nats.errors.TimeoutError):
-        await requests.request(f"{namespace}.silent", b"hello", timeout_s=0.2)
+        await requests.request(f"{namespace}.requests.silent", b"hello", timeout_s=0.2)
     await sink.unsubscribe()
 
 
 async def test_a_request_to_nobody_has_no_responders(requests: Requests, namespace: str) -> None:
     with pytest.raises(nats.errors.NoRespondersError):
-        await requests.request(f"{namespace}.nobody", b"hello")
+        await requests.request(f"{namespace}.requests.nobody", b"hello")
 
 
 async def test_key_value_create_only_once_and_entry_time(
@@ -119,7 +119,7 @@ async def test_publish_many_gives_each_message_its_ack_or_error(
             (subjects.job("0123456789ab-a", "bound"), b"a", {"Nats-Msg-Id": "a"}),
             (fenced, b"b", expect_none),  # someone wrote there first: refused
             (subjects.job("0123456789ab-a", "bound"), b"a", {"Nats-Msg-Id": "a"}),  # duplicate
-            (f"{namespace}.nowhere", b"c", None),  # no stream
+            (f"{namespace}.requests.nowhere", b"c", None),  # no stream
             (subjects.job("0123456789ab-c", "bound"), b"c", expect_none),
         ]
     )
@@ -137,9 +137,9 @@ async def test_publish_many_gives_each_message_its_ack_or_error(
 async def test_publish_many_times_out_as_a_whole(
     requests: Requests, nc: Client, namespace: str
 ) -> None:
-    sink = await nc.subscribe(f"{namespace}.silent")  # a "stream" that never acks
+    sink = await nc.subscribe(f"{namespace}.requests.silent")  # a "stream" that never acks
     results = await requests.publish_many(
-        [(f"{namespace}.silent", b"x", None), (f"{namespace}.silent", b"y", None)], timeout_s=0.2
+        [(f"{namespace}.requests.silent", b"x", None), (f"{namespace}.requests.silent", b"y", None)], timeout_s=0.2
     )
     await sink.unsubscribe()
     assert all(isinstance(result, nats.errors.TimeoutError) for result in results)
@@ -151,21 +151,21 @@ async def test_requests_with_the_default_timeout_share_one_timer(
     """Many requests nobody answers all time out (shortly after their deadline, not before),
     and an answered request sent among them is not disturbed."""
     client = await Requests(nc, timeout_s=0.3).start()
-    sink = await nc.subscribe(f"{namespace}.silent")  # listens, never answers
+    sink = await nc.subscribe(f"{namespace}.requests.silent")  # listens, never answers
 
     async def echo(message: Msg) -> None:
         await message.respond(message.data)
 
-    responder = await nc.subscribe(f"{namespace}.echo", cb=echo)
+    responder = await nc.subscribe(f"{namespace}.requests.echo", cb=echo)
     try:
         loop = asyncio.get_running_loop()
         started = loop.time()
-        silent = [client.request(f"{namespace}.silent", b"x") for _ in range(50)]
+        silent = [client.request(f"{namespace}.requests.silent", b"x") for _ in range(50)]
         results = await asyncio.gather(
-            *silent, client.request(f"{namespace}.echo", b"hi"), return_exceptions=True
+            *silent, client.request(f"{namespace}.requests.echo", b"hi"), return_exceptions=True
         )
         elapsed = loop.time() - started
-        later = await client.request(f"{namespace}.echo", b"again")
+        later = await client.request(f"{namespace}.requests.echo", b"again")
     finally:
         await sink.unsubscribe()
         await responder.unsubscribe()
