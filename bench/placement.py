@@ -7,16 +7,21 @@
     the real intake service, folded by the real placement service (a subprocess whose backend
     creates no pod, ``bench/placement_noop.py``), until every ``job.<id>.bound`` arrived —
     against the raw baseline with the same messaging shape and no mdq logic
-    (``bench/raw_bus.py``: a responder that publishes to JetStream, 128 requests at once like
-    intake, and an ordered consumer that publishes a second event), same NATS server, same
-    client, same run. **The cost of fsync-always**: NATS servers run side by side, one with
+    (``bench/raw_bus.py``: a responder that publishes to JetStream and an ordered consumer that
+    publishes a second event, both group-committing with atomic batches), same NATS server, same
+    client, same run. The cluster: ``NODES`` nodes of ``NODE_CORES`` cores reporting their load,
+    jobs of 1 to ``MAX_JOB_CORES`` cores; a round's jobs fit, and the earlier rounds' have
+    settled by the next (``LOAD_SETTLE_S``), so each round counts only its own jobs.
+    **The cost of fsync-always**: NATS servers run side by side, one with
     JetStream ``sync_interval: always`` (mdq's embedded default: every write fsynced before it
     is acknowledged) and one with the server's default interval, each with both pipelines up;
     every round measures raw then mdq on each server, the servers' order alternating from round
-    to round. The best round of each is reported, and every round is listed:
-    ``jobs_bound_per_s``, ``raw_bus_per_s`` and ``ratio_vs_raw`` on the fsync-always server;
-    ``fsync_always_per_s`` / ``fsync_default_per_s`` (mdq on each server) and their quotient
-    ``fsync_cost_ratio``, the same for the raw loop (``raw_fsync_*``). **The cost of the
+    to round (at least 3 rounds). ``ratio_vs_raw`` (mdq over raw on the fsync-always server)
+    and ``fsync_cost_ratio`` (mdq on fsync-always over mdq on the default interval) are medians
+    of the rounds' paired quotients, each listed (``*_rounds``) with their ``*_spread`` and the
+    best round over the best round (``*_best``); ``jobs_bound_per_s``, ``raw_bus_per_s``,
+    ``fsync_always_per_s`` / ``fsync_default_per_s`` are the best rounds, the same for the raw
+    loop (``raw_fsync_*``). **The cost of the
     closed bus**: a third server, fsync-always without authentication; on the others every
     process proves who it is with its own least-privilege credentials (``mdq.auth``: intake as
     intake, placement as placement). ``auth_cost_ratio`` is the median over the rounds of mdq's
@@ -31,13 +36,16 @@
     server's default fsync interval without authentication, paired with the third the same way
     (``auth_cost_fsync_default_ratio``, ``auth_cpu_cost_fsync_default_ratio``, ...): with
     fsync-always every acknowledgement waits for the disk, which hides CPU.
-(c) **Latency submit → job.bound** at 500 submits/s offered (open loop), p50 and p99, and the
-    placement stage alone against the raw consumer stage, on the fsync-always server.
+(c) **Latency submit → job.bound below capacity**, on the fsync-always server: the capacity is
+    the median of mdq's rounds there (``capacity_jobs_per_s``); submits are then offered open
+    loop at 10 %, 50 % and 80 % of it (``LOAD_LEVELS``, at most ``LATENCY_SECONDS`` of them each):
+    ``p50_ms_at_<n>pct`` and ``p99_ms_at_<n>pct``. Before them, the placement stage alone
+    against the raw consumer stage.
 
 Everything shares this machine's cores (NATS, intake, placement, the load generator), so the
 absolute figures depend on its load; ratios are measured in the same run. The NATS servers are
-started embedded in a temporary folder. ``--quick``: smaller core runs, 2,000 jobs per round, 2
-rounds, 500 latency jobs. The last line printed is one JSON object.
+started embedded in a temporary folder. ``--quick``: smaller core runs, 2,000 jobs per round, 3
+rounds, 1,000 latency jobs a level. The last line printed is one JSON object.
 """
 
 from __future__ import annotations
@@ -62,6 +70,7 @@ import nats
 import psutil
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.js.api import StreamConfig
 
 from mdq.auth import Trust, issue
 from mdq.bus.connect import auth_options, connect
@@ -81,6 +90,20 @@ ROUNDS = 5
 WINDOW = 256
 """Requests in flight in the closed-loop throughput rounds (both pipelines)."""
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
+NODES = 1000
+NODE_CORES = 64
+NODE_MEMORY_MB = 256 * 1024
+MAX_JOB_CORES = 16
+"""End to end: ``NODES`` nodes of ``NODE_CORES`` cores, jobs of 1 to ``MAX_JOB_CORES`` cores
+(8.5 on average: a round of 5,000 jobs takes two thirds of the cluster)."""
+REPORT_S = 5.0
+LOAD_SETTLE_S = 2.0
+"""Placement's ``MDQ_PLACEMENT_LOAD_SETTLE_S`` in the bench: a binding counts on top of its
+node's load until a report this long after it."""
+LOAD_LEVELS = (0.1, 0.5, 0.8)
+"""Latency is measured at these shares of the capacity measured in the same run."""
+LATENCY_SECONDS = 8.0
+"""A latency level offers at most this many seconds of submits (``--latency-jobs`` at most)."""
 
 
 # -- (a) the pure core ---------------------------------------------------------------------------
@@ -176,11 +199,16 @@ def processes(
                 child.kill()
 
 
-def submit_payload(key: str) -> bytes:
+def submit_payload(key: str, cpu: int = 1) -> bytes:
     request = pb.SubmitRequest(idempotency_key=key, submitted_by="bench")
     job = request.jobs.add(name="j", steps=1000)
-    job.resources.cpu, job.resources.memory_mb = 1, 512
+    job.resources.cpu, job.resources.memory_mb = cpu, 512 * cpu
     return request.SerializeToString()
+
+
+def job_cores(index: int) -> int:
+    """The cores of the bench's ``index``-th job of a round: 1 to ``MAX_JOB_CORES``."""
+    return 1 + index % MAX_JOB_CORES
 
 
 class Arrivals:
@@ -301,17 +329,20 @@ async def latency(
 
 
 async def keep_nodes_reporting(nc: Client, subjects: Subjects, count: int) -> None:
+    """``count`` nodes of ``NODE_CORES`` cores, each reporting a tenth of its CPU busy every
+    ``REPORT_S``: what the earlier rounds' jobs held has settled by the next round
+    (``LOAD_SETTLE_S``), so each round's jobs find the cluster as the first round's did."""
     bus = EventPublisher(js=nc.jetstream(), subjects=subjects, producer="metrics")
     while True:
         await bus.publish_all(
             bus.event(
                 "node_load",
                 pb.NodeLoad(
-                    node=f"node{i}",
+                    node=f"node{i:04d}",
                     cpu_load=0.1,
                     memory_load=0.1,
-                    cpu_capacity=1e7,
-                    memory_capacity_mb=1 << 40,
+                    cpu_capacity=NODE_CORES,
+                    memory_capacity_mb=NODE_MEMORY_MB,
                     ready=True,
                 ),
                 job_id="",
@@ -320,7 +351,7 @@ async def keep_nodes_reporting(nc: Client, subjects: Subjects, count: int) -> No
             )
             for i in range(count)
         )
-        await asyncio.sleep(2.0)
+        await asyncio.sleep(REPORT_S)
 
 
 SERVERS = {
@@ -372,6 +403,16 @@ class Side:
     """The raw loop's responder and consumer."""
     mdq_processes: list[psutil.Process]
     """mdq's intake and placement."""
+    settled_at: float = 0.0
+    """``time.monotonic()`` when the jobs bound so far have settled on their nodes."""
+
+    async def settle(self) -> None:
+        """Wait until the jobs of the side's earlier rounds have settled: a load report
+        ``LOAD_SETTLE_S`` after them came (one every ``REPORT_S``)."""
+        await asyncio.sleep(max(0.0, self.settled_at - time.monotonic()))
+
+    def bound_now(self) -> None:
+        self.settled_at = time.monotonic() + LOAD_SETTLE_S + REPORT_S + 0.5
 
 
 def cpu_seconds(processes: list[psutil.Process]) -> float:
@@ -417,9 +458,7 @@ async def measured_throughput(
     )
 
 
-async def bench_end_to_end(
-    jobs: int, latency_jobs: int, rate: float, rounds: int
-) -> dict[str, Any]:
+async def bench_end_to_end(jobs: int, latency_jobs: int, rounds: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="mdq-bench-placement-") as folder:
         root = Path(folder)
         trusts = {
@@ -440,7 +479,6 @@ async def bench_end_to_end(
                 root,
                 jobs,
                 latency_jobs,
-                rate,
                 rounds,
             )
         finally:
@@ -460,7 +498,7 @@ def payloads_for(prefix: str, count: int) -> list[tuple[str, bytes]]:
     for i in range(count):
         key = f"{prefix}-{i}"
         job = ids.job_id(ids.request_id_for_key(key), "j")
-        out.append((job, submit_payload(key)))
+        out.append((job, submit_payload(key, job_cores(i))))
     return out
 
 
@@ -484,7 +522,7 @@ async def open_side(
         return {"MDQ_NATS_CREDS": str(creds[identity])} if creds else {}
 
     nc = await connect(url, name=f"bench-{name}", subjects=subjects, creds=creds.get("bench"))
-    reporter = asyncio.create_task(keep_nodes_reporting(nc, subjects, 8))
+    reporter = asyncio.create_task(keep_nodes_reporting(nc, subjects, NODES))
     env = os.environ | {
         "NATS_URL": url,
         "MDQ_NAMESPACE": namespace,
@@ -492,6 +530,7 @@ async def open_side(
         "MDQ_INTAKE_LOG_LEVEL": "warning",
         "MDQ_PLACEMENT_LEADER_ELECTION": "false",
         "MDQ_PLACEMENT_RECONCILE_INTERVAL_S": "1.0",
+        "MDQ_PLACEMENT_LOAD_SETTLE_S": str(LOAD_SETTLE_S),
         "PYTHONPATH": str(REPO),
     }
     logs = root / name / "logs"
@@ -499,7 +538,10 @@ async def open_side(
     (logs / "mdq").mkdir()
     python = sys.executable
     raw = await nats.connect(url, **auth_options(creds.get("bench")))
-    await raw.jetstream().add_stream(name="RAWBENCH", subjects=["raw.job.>"])
+    # the raw loop group-commits with atomic batches (bench/raw_bus.py)
+    await raw.jetstream().add_stream(
+        config=StreamConfig(name="RAWBENCH", subjects=["raw.job.>"], allow_atomic=True)
+    )
     # Both pipelines run side by side (idle while another is measured) and the rounds
     # alternate, so a change in the machine's background load hits all of them.
     raw_children = stack.enter_context(
@@ -558,7 +600,6 @@ async def _end_to_end(
     root: Path,
     jobs: int,
     latency_jobs: int,
-    rate: float,
     rounds: int,
 ) -> dict[str, Any]:
     results: dict[str, Any] = {}
@@ -583,6 +624,7 @@ async def _end_to_end(
                         "raw.job.*.bound",
                         raw_payloads(f"r{number}-", jobs),
                     )
+                    await side.settle()
                     ours = await measured_throughput(
                         side,
                         side.mdq_processes,
@@ -591,6 +633,7 @@ async def _end_to_end(
                         side.subjects.job("*", "bound"),
                         payloads_for(f"tp{number}", jobs),
                     )
+                    side.bound_now()
                     for kind, seen in (("raw", raw), ("mdq", ours)):
                         measured[f"{kind}_{name}"].append(seen.per_s)
                         cpu[f"{kind}_{name}"].append(seen)
@@ -640,16 +683,34 @@ async def _end_to_end(
                 side.nc, bound, submitted_events(side.subjects, "pl", jobs)
             )
             print(f"placement stage: {results['placement_bound_per_s']:.0f} jobs bound/s")
-            await asyncio.sleep(1.0)
-            latencies = await latency(
-                side.nc, side.subjects.api_submit, bound, payloads_for("lat", latency_jobs), rate
-            )
-            results["p50_submit_to_bound_ms"] = statistics.median(latencies)
-            results["p99_submit_to_bound_ms"] = latencies[int(0.99 * (len(latencies) - 1))]
-            print(
-                f"mdq at {rate:.0f}/s offered: p50 {results['p50_submit_to_bound_ms']:.1f} ms, "
-                f"p99 {results['p99_submit_to_bound_ms']:.1f} ms"
-            )
+            # Latency below capacity: the capacity is the median of mdq's rounds on this
+            # server; each level offers its share of it, open loop (a bench that offers more
+            # than capacity measures a queue).
+            capacity = statistics.median(measured["mdq_fsync_always"])
+            results["capacity_jobs_per_s"] = capacity
+            side.bound_now()  # the stage's jobs
+            for level in LOAD_LEVELS:
+                await side.settle()
+                rate = level * capacity
+                count = max(200, min(latency_jobs, round(rate * LATENCY_SECONDS)))
+                latencies = await latency(
+                    side.nc,
+                    side.subjects.api_submit,
+                    bound,
+                    payloads_for(f"lat{round(100 * level)}-", count),
+                    rate,
+                )
+                side.bound_now()
+                percent = f"{round(100 * level)}pct"
+                results[f"p50_ms_at_{percent}"] = statistics.median(latencies)
+                results[f"p99_ms_at_{percent}"] = latencies[int(0.99 * (len(latencies) - 1))]
+                results[f"offered_per_s_at_{percent}"] = rate
+                print(
+                    f"mdq at {rate:.0f}/s offered ({percent} of {capacity:.0f}/s), {count} jobs: "
+                    f"p50 {results[f'p50_ms_at_{percent}']:.1f} ms, "
+                    f"p99 {results[f'p99_ms_at_{percent}']:.1f} ms",
+                    flush=True,
+                )
         finally:
             for side in sides.values():
                 await close_side(side)
@@ -660,31 +721,45 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=5000, help="jobs per throughput round")
     parser.add_argument("--latency-jobs", type=int, default=2500, help="jobs at the offered rate")
-    parser.add_argument("--rate", type=float, default=500.0, help="offered submits/s for (c)")
     parser.add_argument("--rounds", type=int, default=ROUNDS, help="rounds on each server")
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="smaller core runs, 2,000 jobs per round, 2 rounds, 500 latency jobs",
+        help="smaller core runs, 2,000 jobs per round, 3 rounds, 1,000 latency jobs a level",
     )
     args = parser.parse_args()
     if args.quick:
-        args.jobs, args.rounds, args.latency_jobs = 2000, 2, 500
+        args.jobs, args.rounds, args.latency_jobs = 2000, 3, 1000
     load = os.getloadavg()[0]
+    if args.rounds < 3:
+        parser.error("--rounds: at least 3 (the ratios are medians of paired rounds)")
     summary: dict[str, Any] = {}
     summary.update(bench_core(args.quick))
-    e2e = asyncio.run(bench_end_to_end(args.jobs, args.latency_jobs, args.rate, args.rounds))
+    e2e = asyncio.run(bench_end_to_end(args.jobs, args.latency_jobs, args.rounds))
     summary.update(
         {
             key: [round(v) for v in value] if isinstance(value, list) else round(value, 1)
             for key, value in e2e.items()
         }
     )
-    summary["ratio_vs_raw"] = round(e2e["jobs_bound_per_s"] / e2e["raw_bus_per_s"], 3)
-    summary["fsync_cost_ratio"] = round(e2e["fsync_always_per_s"] / e2e["fsync_default_per_s"], 3)
-    summary["raw_fsync_cost_ratio"] = round(
-        e2e["raw_fsync_always_per_s"] / e2e["raw_fsync_default_per_s"], 3
-    )
+    # Every ratio is the median of the rounds' paired quotients (the two sides of a pair
+    # measured in the same round, one right after the other), with each round's quotient and
+    # their spread (max - min); ``*_best`` is best round over best round.
+    for key, rounds_on, rounds_off, best_on, best_off in (
+        ("ratio_vs_raw", "jobs_bound_rounds", "raw_bus_rounds", "jobs_bound_per_s",
+         "raw_bus_per_s"),
+        ("fsync_cost_ratio", "jobs_bound_rounds", "jobs_bound_fsync_default_rounds",
+         "fsync_always_per_s", "fsync_default_per_s"),
+        ("raw_fsync_cost_ratio", "raw_bus_rounds", "raw_bus_fsync_default_rounds",
+         "raw_fsync_always_per_s", "raw_fsync_default_per_s"),
+        ("ratio_vs_raw_fsync_default", "jobs_bound_fsync_default_rounds",
+         "raw_bus_fsync_default_rounds", "fsync_default_per_s", "raw_fsync_default_per_s"),
+    ):  # fmt: skip
+        paired = [on / off for on, off in zip(e2e[rounds_on], e2e[rounds_off], strict=True)]
+        summary[key] = round(statistics.median(paired), 3)
+        summary[f"{key}_rounds"] = [round(ratio, 3) for ratio in paired]
+        summary[f"{key}_spread"] = round(max(paired) - min(paired), 3)
+        summary[f"{key}_best"] = round(e2e[best_on] / e2e[best_off], 3)
     # The two fsync-always servers, with and without authentication, are measured one right
     # after the other in every round (the order alternates, they stay neighbours): each round's
     # quotient sees the same machine, and the median of them is the key. The best round over
@@ -721,15 +796,13 @@ def main() -> None:
                 ]
                 summary[f"{label}_{kind}_auth_on{suffix}"] = round(statistics.median(on))
                 summary[f"{label}_{kind}_auth_off{suffix}"] = round(statistics.median(off))
-    summary["ratio_vs_raw_fsync_default"] = round(
-        e2e["fsync_default_per_s"] / e2e["raw_fsync_default_per_s"], 3
-    )
     summary["placement_ratio_vs_raw_consumer"] = round(
         e2e["placement_bound_per_s"] / e2e["raw_consumer_per_s"], 3
     )
     summary["quick"] = args.quick
     summary["cpus"] = os.cpu_count() or 0
     summary["load_average_at_start"] = round(load, 2)
+    summary["load_average_at_end"] = round(os.getloadavg()[0], 2)
     print(json.dumps(summary))
 
 

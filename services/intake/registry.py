@@ -126,8 +126,9 @@ class SubmitRegistry:
     ) -> SubmitRegistry:
         """Open the bucket, creating it (file storage, latest value only, direct gets,
         ``replicas`` copies, the size and age limits of ``storage``) if it is missing, and
-        turning on direct gets for a bucket created without them (and raising its replica
-        count, and bringing its limits up to date). The jobs stream must exist: its
+        turning on direct gets and atomic batches (``Requests.publish_batch``) where they are
+        off (and raising an existing bucket's replica count, and bringing its limits up to
+        date). The jobs stream must exist: its
         retention bounds how long a claim's events can be expected in it."""
         storage = storage or StorageSettings()
         window_s = storage.registry_days * DAY_S
@@ -150,13 +151,14 @@ class SubmitRegistry:
                 await await_leader(js, f"KV_{bucket}")  # writable before the first claim
         else:
             await ensure_replicas(js, f"KV_{bucket}", replicas)
-            info = await js.stream_info(f"KV_{bucket}")
-            if not info.config.allow_direct:
-                info.config.allow_direct = True
-                await js.update_stream(info.config)
             await ensure_bucket_limit(
                 js, bucket, max_bytes=int(storage.registry_bytes), max_age_s=window_s
             )
+        info = await js.stream_info(f"KV_{bucket}")
+        if not (info.config.allow_direct and info.config.allow_atomic):
+            # direct gets for the lookups, atomic batches for the claims (one flush a batch)
+            info.config.allow_direct = info.config.allow_atomic = True
+            await js.update_stream(info.config)
         jobs = await js.stream_info(subjects.jobs_stream)
         max_age = jobs.config.max_age or 0.0
         retention = timedelta(seconds=max_age) if max_age > 0 else None
