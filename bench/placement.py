@@ -76,6 +76,7 @@ from mdq.auth import Trust, issue
 from mdq.bus.connect import auth_options, connect
 from mdq.bus.permissions import Bridge, Permissions, inbox_prefix, service_permissions
 from mdq.bus.publisher import EventPublisher
+from mdq.bus.requests import Requests
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core import ids
@@ -414,6 +415,38 @@ class Side:
     def bound_now(self) -> None:
         self.settled_at = time.monotonic() + LOAD_SETTLE_S + REPORT_S + 0.5
 
+    async def end(self, jobs: list[str]) -> None:
+        """End the bound ``jobs`` (a ``succeeded`` event each, as their runners would): their
+        cores are free for the next round, which placement folds before its submits (one
+        stream, in order). Published as atomic batches, outside any measurement."""
+        now = datetime.now(UTC)
+        events = [
+            make_event(
+                "succeeded",
+                pb.JobSucceeded(final_step=1000, reason="steps_reached"),
+                job_id=job,
+                attempt=0,
+                producer="runner",
+                at=now,
+            )
+            for job in jobs
+        ]
+        requests = await Requests(self.nc).start()
+        try:
+            results = await requests.publish_batch(
+                [
+                    (self.subjects.for_event(event), event.SerializeToString(), None)
+                    for event in events
+                ],
+                timeout_s=30,
+            )
+        finally:
+            await requests.close()
+        failed = [result for result in results if isinstance(result, Exception)]
+        if failed:
+            raise RuntimeError(f"ending {len(failed)} of the round's jobs failed: {failed[0]!r}")
+        self.bound_now()
+
 
 def cpu_seconds(processes: list[psutil.Process]) -> float:
     """User plus system CPU seconds the processes have used so far (read from /proc)."""
@@ -573,8 +606,9 @@ async def open_side(
     await wait_for_responder(nc, subjects.api_submit, submit_payload("probe"))
     await probe_bound.next_msg(timeout=60)  # placement is following too
     await throughput(raw, "raw.api.submit", "raw.job.*.bound", raw_payloads("w", 500))
-    await throughput(nc, subjects.api_submit, subjects.job("*", "bound"), payloads_for("warm", 500))
-    return Side(
+    warm = payloads_for("warm", 500)
+    await throughput(nc, subjects.api_submit, subjects.job("*", "bound"), warm)
+    side = Side(
         name=name,
         subjects=subjects,
         nc=nc,
@@ -584,6 +618,8 @@ async def open_side(
         raw_processes=[psutil.Process(child.pid) for child in raw_children],
         mdq_processes=[psutil.Process(child.pid) for child in mdq_children],
     )
+    await side.end([job for job, _ in warm])
+    return side
 
 
 async def close_side(side: Side) -> None:
@@ -625,15 +661,16 @@ async def _end_to_end(
                         raw_payloads(f"r{number}-", jobs),
                     )
                     await side.settle()
+                    round_payloads = payloads_for(f"tp{number}", jobs)
                     ours = await measured_throughput(
                         side,
                         side.mdq_processes,
                         side.nc,
                         side.subjects.api_submit,
                         side.subjects.job("*", "bound"),
-                        payloads_for(f"tp{number}", jobs),
+                        round_payloads,
                     )
-                    side.bound_now()
+                    await side.end([job for job, _ in round_payloads])
                     for kind, seen in (("raw", raw), ("mdq", ours)):
                         measured[f"{kind}_{name}"].append(seen.per_s)
                         cpu[f"{kind}_{name}"].append(seen)
@@ -679,28 +716,26 @@ async def _end_to_end(
             )
             print(f"raw consumer stage: {results['raw_consumer_per_s']:.0f} events/s")
             await asyncio.sleep(0.5)
+            stage_events = submitted_events(side.subjects, "pl", jobs)
             results["placement_bound_per_s"] = await publish_then_count(
-                side.nc, bound, submitted_events(side.subjects, "pl", jobs)
+                side.nc, bound, stage_events
             )
+            await side.end([f"pl{i:06d}-j" for i in range(jobs)])
             print(f"placement stage: {results['placement_bound_per_s']:.0f} jobs bound/s")
             # Latency below capacity: the capacity is the median of mdq's rounds on this
             # server; each level offers its share of it, open loop (a bench that offers more
             # than capacity measures a queue).
             capacity = statistics.median(measured["mdq_fsync_always"])
             results["capacity_jobs_per_s"] = capacity
-            side.bound_now()  # the stage's jobs
             for level in LOAD_LEVELS:
                 await side.settle()
                 rate = level * capacity
                 count = max(200, min(latency_jobs, round(rate * LATENCY_SECONDS)))
+                level_payloads = payloads_for(f"lat{round(100 * level)}-", count)
                 latencies = await latency(
-                    side.nc,
-                    side.subjects.api_submit,
-                    bound,
-                    payloads_for(f"lat{round(100 * level)}-", count),
-                    rate,
+                    side.nc, side.subjects.api_submit, bound, level_payloads, rate
                 )
-                side.bound_now()
+                await side.end([job for job, _ in level_payloads])
                 percent = f"{round(100 * level)}pct"
                 results[f"p50_ms_at_{percent}"] = statistics.median(latencies)
                 results[f"p99_ms_at_{percent}"] = latencies[int(0.99 * (len(latencies) - 1))]
