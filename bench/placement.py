@@ -416,7 +416,7 @@ class Side:
         self.settled_at = time.monotonic() + LOAD_SETTLE_S + REPORT_S + 0.5
 
     async def end(self, jobs: list[str]) -> None:
-        """End the bound ``jobs`` (a ``succeeded`` event each, as their runners would): their
+        """End the bound ``jobs`` (a ``succeeded`` event each, as the watcher would): their
         cores are free for the next round, which placement folds before its submits (one
         stream, in order). Published as atomic batches, outside any measurement."""
         now = datetime.now(UTC)
@@ -426,7 +426,7 @@ class Side:
                 pb.JobSucceeded(final_step=1000, reason="steps_reached"),
                 job_id=job,
                 attempt=0,
-                producer="runner",
+                producer="watcher",  # the producer that ends a job (mdq.core.producers)
                 at=now,
             )
             for job in jobs
