@@ -425,7 +425,7 @@ class Side:
                 "succeeded",
                 pb.JobSucceeded(final_step=1000, reason="steps_reached"),
                 job_id=job,
-                attempt=0,
+                attempt=1,  # the first attempt, the one bound
                 producer="watcher",  # the producer that ends a job (mdq.core.producers)
                 at=now,
             )
