@@ -10,8 +10,8 @@
     (``bench/raw_bus.py``: a responder that publishes to JetStream and an ordered consumer that
     publishes a second event, both group-committing with atomic batches), same NATS server, same
     client, same run. The cluster: ``NODES`` nodes of ``NODE_CORES`` cores reporting their load,
-    jobs of 1 to ``MAX_JOB_CORES`` cores; a round's jobs fit, and the earlier rounds' have
-    settled by the next (``LOAD_SETTLE_S``), so each round counts only its own jobs.
+    jobs of 1 to ``MAX_JOB_CORES`` cores; a round's jobs fit, and end after it (a ``succeeded``
+    event each), so each round counts only its own jobs.
     **The cost of fsync-always**: NATS servers run side by side, one with
     JetStream ``sync_interval: always`` (mdq's embedded default: every write fsynced before it
     is acknowledged) and one with the server's default interval, each with both pipelines up;
@@ -97,10 +97,11 @@ NODE_MEMORY_MB = 256 * 1024
 MAX_JOB_CORES = 16
 """End to end: ``NODES`` nodes of ``NODE_CORES`` cores, jobs of 1 to ``MAX_JOB_CORES`` cores
 (8.5 on average: a round of 5,000 jobs takes two thirds of the cluster)."""
-REPORT_S = 5.0
-LOAD_SETTLE_S = 2.0
-"""Placement's ``MDQ_PLACEMENT_LOAD_SETTLE_S`` in the bench: a binding counts on top of its
-node's load until a report this long after it."""
+REPORT_S = 30.0
+LOAD_TIMEOUT_S = 600.0
+"""Nodes report every ``REPORT_S``; placement trusts a report this long in the bench
+(``MDQ_PLACEMENT_LOAD_TIMEOUT_S``): a thousand fsynced reports every few seconds would compete
+with what is measured for the disk. Ended jobs free their cores and in-flight counts at once."""
 LOAD_LEVELS = (0.1, 0.5, 0.8)
 """Latency is measured at these shares of the capacity measured in the same run."""
 LATENCY_SECONDS = 8.0
@@ -331,11 +332,12 @@ async def latency(
 
 async def keep_nodes_reporting(nc: Client, subjects: Subjects, count: int) -> None:
     """``count`` nodes of ``NODE_CORES`` cores, each reporting a tenth of its CPU busy every
-    ``REPORT_S``: what the earlier rounds' jobs held has settled by the next round
-    (``LOAD_SETTLE_S``), so each round's jobs find the cluster as the first round's did."""
+    ``REPORT_S`` (placement trusts a report for ``LOAD_TIMEOUT_S``). A report that fails (a
+    machine too busy to acknowledge it in time) is sent again at the next turn."""
     bus = EventPublisher(js=nc.jetstream(), subjects=subjects, producer="metrics")
+    requests = await Requests(nc, timeout_s=60).start()
     while True:
-        await bus.publish_all(
+        events = [
             bus.event(
                 "node_load",
                 pb.NodeLoad(
@@ -351,7 +353,12 @@ async def keep_nodes_reporting(nc: Client, subjects: Subjects, count: int) -> No
                 detail=f"node{i}:{time.time_ns()}",
             )
             for i in range(count)
+        ]
+        results = await requests.publish_many(
+            [(subjects.for_event(event), event.SerializeToString(), None) for event in events]
         )
+        if failed := [result for result in results if isinstance(result, Exception)]:
+            print(f"{len(failed)} node reports failed ({failed[0]!r}); sent again later")
         await asyncio.sleep(REPORT_S)
 
 
@@ -404,16 +411,6 @@ class Side:
     """The raw loop's responder and consumer."""
     mdq_processes: list[psutil.Process]
     """mdq's intake and placement."""
-    settled_at: float = 0.0
-    """``time.monotonic()`` when the jobs bound so far have settled on their nodes."""
-
-    async def settle(self) -> None:
-        """Wait until the jobs of the side's earlier rounds have settled: a load report
-        ``LOAD_SETTLE_S`` after them came (one every ``REPORT_S``)."""
-        await asyncio.sleep(max(0.0, self.settled_at - time.monotonic()))
-
-    def bound_now(self) -> None:
-        self.settled_at = time.monotonic() + LOAD_SETTLE_S + REPORT_S + 0.5
 
     async def end(self, jobs: list[str]) -> None:
         """End the bound ``jobs`` (a ``succeeded`` event each, as the watcher would): their
@@ -445,7 +442,6 @@ class Side:
         failed = [result for result in results if isinstance(result, Exception)]
         if failed:
             raise RuntimeError(f"ending {len(failed)} of the round's jobs failed: {failed[0]!r}")
-        self.bound_now()
 
 
 def cpu_seconds(processes: list[psutil.Process]) -> float:
@@ -563,7 +559,7 @@ async def open_side(
         "MDQ_INTAKE_LOG_LEVEL": "warning",
         "MDQ_PLACEMENT_LEADER_ELECTION": "false",
         "MDQ_PLACEMENT_RECONCILE_INTERVAL_S": "1.0",
-        "MDQ_PLACEMENT_LOAD_SETTLE_S": str(LOAD_SETTLE_S),
+        "MDQ_PLACEMENT_LOAD_TIMEOUT_S": str(LOAD_TIMEOUT_S),
         "PYTHONPATH": str(REPO),
     }
     logs = root / name / "logs"
@@ -660,7 +656,6 @@ async def _end_to_end(
                         "raw.job.*.bound",
                         raw_payloads(f"r{number}-", jobs),
                     )
-                    await side.settle()
                     round_payloads = payloads_for(f"tp{number}", jobs)
                     ours = await measured_throughput(
                         side,
@@ -728,7 +723,6 @@ async def _end_to_end(
             capacity = statistics.median(measured["mdq_fsync_always"])
             results["capacity_jobs_per_s"] = capacity
             for level in LOAD_LEVELS:
-                await side.settle()
                 rate = level * capacity
                 count = max(200, min(latency_jobs, round(rate * LATENCY_SECONDS)))
                 level_payloads = payloads_for(f"lat{round(100 * level)}-", count)
