@@ -6,11 +6,13 @@ idempotency record); ``python bench/raw_bus.py consumer URL`` follows ``raw.job.
 with an ordered consumer and publishes ``raw.job.<id>.bound`` to JetStream for each (what
 placement does, minus deciding). Both run until killed.
 
-Both group-commit, the strongest loop we could write on a server that fsyncs every write
-(``sync_interval: always``): whatever arrived while the previous write was in flight goes out
-as one JetStream atomic batch (up to ``MAX_BATCH`` messages, one flush), and the requests are
-answered once its commit is acknowledged. ``--plain`` publishes message by message instead
-(up to ``CONCURRENCY`` in flight), the loop of the earlier benches.
+Two loops in each process, chosen per job: a job id starting with ``PLAIN`` goes the plain
+way, message by message (up to ``CONCURRENCY`` in flight), the loop of the earlier benches;
+any other job is group-committed, the strongest loop we could write on a server that fsyncs
+every write (``sync_interval: always``): whatever arrived while the previous write was in
+flight goes out as one JetStream atomic batch (up to ``MAX_BATCH`` messages, one flush), and
+the requests are answered once its commit is acknowledged. The bench measures both and keeps
+the faster as the baseline of each round.
 """
 
 from __future__ import annotations
@@ -23,13 +25,14 @@ import sys
 import nats
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.js.api import DeliverPolicy, StreamConfig
+from nats.js.api import DeliverPolicy
 
-STREAM = "RAWBENCH"
 CONCURRENCY = 128
 """Requests handled at once by the plain loop, as ``MDQ_INTAKE_CONCURRENCY`` defaults to."""
 MAX_BATCH = 1000
 """nats-server's limit of messages in one atomic batch."""
+PLAIN = "p-"
+"""Job ids with this prefix are published one by one, the others in atomic batches."""
 
 
 class Batcher:
@@ -72,7 +75,7 @@ class Batcher:
                 await answer.respond(subject.split(".")[2].encode())
 
 
-async def responder(url: str, plain: bool) -> None:
+async def responder(url: str) -> None:
     nc = await nats.connect(url, user_credentials=os.environ.get("MDQ_NATS_CREDS"))
     js = nc.jetstream()
     batcher = Batcher(nc)
@@ -86,8 +89,8 @@ async def responder(url: str, plain: bool) -> None:
             await message.respond(job.encode())
 
     async def on_request(message: Msg) -> None:  # a callback, as intake's: no task per wait
-        if not plain:
-            job = message.data[:40].decode(errors="replace").split("\n", 1)[0]
+        job = message.data[:40].decode(errors="replace").split("\n", 1)[0]
+        if not job.startswith(PLAIN):
             batcher.put(f"raw.job.{job}.submitted", message.data, message)
             return
         task = asyncio.create_task(answer(message))
@@ -98,7 +101,7 @@ async def responder(url: str, plain: bool) -> None:
     await batcher.run()
 
 
-async def consumer(url: str, plain: bool) -> None:
+async def consumer(url: str) -> None:
     nc = await nats.connect(url, user_credentials=os.environ.get("MDQ_NATS_CREDS"))
     js = nc.jetstream()
     batcher = Batcher(nc)
@@ -110,7 +113,7 @@ async def consumer(url: str, plain: bool) -> None:
             await js.publish(subject.replace(".submitted", ".bound"), data[:64])
 
     async def on_submitted(message: Msg) -> None:  # a callback, as mdq.bus.log.follow_log
-        if not plain:
+        if not message.subject.startswith(f"raw.job.{PLAIN}"):
             batcher.put(message.subject.replace(".submitted", ".bound"), message.data[:64], None)
             return
         task = asyncio.create_task(bind(message.subject, message.data))
@@ -128,12 +131,6 @@ async def consumer(url: str, plain: bool) -> None:
     await batcher.run()
 
 
-def stream_config() -> StreamConfig:
-    """The raw loop's stream: file storage, atomic batches allowed."""
-    return StreamConfig(name=STREAM, subjects=["raw.job.>"], allow_atomic=True)
-
-
 if __name__ == "__main__":
     role, url = sys.argv[1], sys.argv[2]
-    plain = "--plain" in sys.argv[3:]
-    asyncio.run(responder(url, plain) if role == "responder" else consumer(url, plain))
+    asyncio.run(responder(url) if role == "responder" else consumer(url))
