@@ -10,7 +10,8 @@
     (``bench/raw_bus.py``: a responder that publishes to JetStream and an ordered consumer that
     publishes a second event), same NATS server, same client, same run; each round measures
     its two loops, group-committing with atomic batches and message by message, and keeps the
-    faster (``raw_batched_*_rounds``, ``raw_plain_*_rounds`` list both). The cluster: ``NODES`` nodes of ``NODE_CORES`` cores reporting their load,
+    faster (``raw_batched_*_rounds``, ``raw_plain_*_rounds`` list both). The cluster: ``NODES``
+    nodes of ``NODE_CORES`` cores reporting their load,
     jobs of 1 to ``MAX_JOB_CORES`` cores; a round's jobs fit, and end after it (a ``succeeded``
     event each), so each round counts only its own jobs.
     **The cost of fsync-always**: NATS servers run side by side, one with
