@@ -89,6 +89,7 @@ from nats.js.errors import NotFoundError
 from mdq.backoff import DEFAULT_BACKOFF, Backoff, describe_error
 from mdq.bus.codec import decode_event, foreign_reason
 from mdq.bus.fetch import BatchFetcher
+from mdq.bus.log import delivery_position
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.log_continuity import Continuity, ServerLog, StoredOffset, check, message_digest
@@ -1144,7 +1145,9 @@ class Projector:
         """Project one batch (retrying the same batch until it commits), then acknowledge."""
         batch: dict[int, tuple[Msg, pb.Event | None]] = {}
         for message in messages:
-            sequence = message.metadata.sequence.stream
+            # from the reply subject directly: nats-py's ``Msg.metadata`` builds dataclasses
+            # and a datetime per message, a tenth of the projector's CPU
+            sequence = delivery_position(message.reply)[0]
             if sequence not in batch:
                 batch[sequence] = (message, self._decode(feed, sequence, message))
         ordered = sorted(batch.items())
