@@ -60,7 +60,7 @@ from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import APIError, BucketNotFoundError
 
-from mdq.bus.requests import KvEntry, Requests, is_wrong_last_sequence
+from mdq.bus.requests import CREATE_ONLY, GroupCommit, KvEntry, Requests, is_wrong_last_sequence
 from mdq.bus.storage import DAY_S, StorageSettings
 from mdq.bus.streams import await_leader, ensure_bucket_limit, ensure_replicas
 from mdq.bus.subjects import Subjects
@@ -113,6 +113,8 @@ class SubmitRegistry:
         self.window_days = window_days
         """The duplicate window: how long a claim is kept (the bucket's age limit)."""
         self._lookups = asyncio.Semaphore(max_concurrent_lookups)
+        self._claims = GroupCommit(requests)
+        """Claims of the batches handled at the same time go out as one atomic batch."""
 
     @classmethod
     async def open(
@@ -189,14 +191,15 @@ class SubmitRegistry:
     async def claim_many(
         self, submits: Sequence[tuple[str, pb.SubmitReply, bytes]]
     ) -> list[bool | Exception]:
-        """``claim`` for many (request id, reply, fingerprint) at once, as one batch of KV
-        creates: each result is True (claimed), False (known), or the error of its write."""
-        results = await self._requests.kv_create_many(
-            self._bucket,
+        """``claim`` for many (request id, reply, fingerprint) at once, as KV creates in one
+        atomic batch shared with the other submits being claimed at that moment
+        (``GroupCommit``): each result is True (claimed), False (known), or the error of its
+        write."""
+        results = await self._claims.publish(
             [
-                (f"req.{request_id}", _record(reply, fingerprint))
+                (f"$KV.{self._bucket}.req.{request_id}", _record(reply, fingerprint), CREATE_ONLY)
                 for request_id, reply, fingerprint in submits
-            ],
+            ]
         )
         return [
             False

@@ -14,7 +14,7 @@ from nats.aio.msg import Msg
 from nats.js.api import KeyValueConfig, PubAck
 from nats.js.errors import APIError, NoStreamResponseError
 
-from mdq.bus.requests import CREATE_ONLY, MAX_ATOMIC_BATCH, Requests
+from mdq.bus.requests import CREATE_ONLY, MAX_ATOMIC_BATCH, GroupCommit, Requests
 from mdq.bus.subjects import Subjects
 
 
@@ -188,6 +188,41 @@ async def test_a_refused_batch_stores_nothing_and_each_message_gets_its_own_answ
     info = await nc.jetstream().stream_info(subjects.jobs_stream)
     assert info.state.messages == 4 and info.state.last_seq == last.seq
     assert taken.seq < earlier.seq < first.seq
+
+
+async def test_group_commit_shares_one_batch_among_callers_and_answers_each(
+    requests: Requests, nc: Client, subjects: Subjects
+) -> None:
+    """Callers that hand in messages while a batch is in flight go out together in the next
+    one: one batch id for several callers, each caller's messages in order, each its own
+    results (a refused message sends the whole batch one by one, each still answered)."""
+    group = GroupCommit(requests)
+    taken = subjects.job("0123456789ab-taken", "bound")
+    await requests.publish(taken, b"first")
+
+    def messages(caller: int, count: int) -> list[tuple[str, bytes, dict[str, str] | None]]:
+        return [
+            (subjects.job(f"0123456789ab-c{caller}x{i}", "bound"), f"{caller}.{i}".encode(), None)
+            for i in range(count)
+        ]
+
+    first, second, third = await asyncio.gather(
+        group.publish(messages(1, 3)), group.publish(messages(2, 2)), group.publish(messages(3, 4))
+    )
+    assert all(isinstance(r, PubAck) for r in [*first, *second, *third])
+    sequences = [r.seq for r in [*first, *second, *third] if isinstance(r, PubAck)]
+    assert sequences == list(range(2, 2 + 9))  # stored one after another, callers in order
+    batch_ids = set()
+    for sequence in sequences[3:]:  # the two callers that waited for the first batch
+        stored = await nc.jetstream().get_msg(subjects.jobs_stream, sequence)
+        batch_ids.add((stored.headers or {})["Nats-Batch-Id"])
+    assert len(batch_ids) == 1  # shared one batch: one flush
+
+    refused, fine = await asyncio.gather(
+        group.publish([(taken, b"again", CREATE_ONLY)]), group.publish(messages(4, 2))
+    )
+    assert isinstance(refused[0], APIError) and refused[0].err_code in (10071, 10164)
+    assert all(isinstance(result, PubAck) for result in fine)
 
 
 async def test_publish_batch_splits_at_the_server_s_batch_limit(

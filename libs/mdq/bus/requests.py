@@ -332,6 +332,58 @@ class Requests:
         )
 
 
+class GroupCommit:
+    """Group commit for one stream: at most one atomic batch in flight, and what callers hand
+    in meanwhile goes out together in the next (``Requests.publish_batch``), as etcd's and
+    Kafka's writers do. Each caller's messages stay together and in order, and each gets its
+    own results, exactly as from ``publish_batch``; the next batch takes whole callers' lists,
+    up to ``MAX_ATOMIC_BATCH`` messages (a longer list goes alone, in chunks).
+
+    Small concurrent batches would each cost a flush and compete for the server's batches in
+    flight per stream; this way a stream's writers share one flush however they arrive."""
+
+    def __init__(self, requests: Requests) -> None:
+        self._requests = requests
+        self._waiting: deque[tuple[Sequence[Outgoing], asyncio.Future[list[PubAck | Exception]]]]
+        self._waiting = deque()
+        self._committer: asyncio.Task[None] | None = None
+
+    async def publish(self, messages: Sequence[Outgoing]) -> list[PubAck | Exception]:
+        """Store ``messages`` (all for this stream) with the next batch; their results."""
+        if not messages:
+            return []
+        future: asyncio.Future[list[PubAck | Exception]] = (
+            asyncio.get_running_loop().create_future()
+        )
+        self._waiting.append((messages, future))
+        if self._committer is None or self._committer.done():
+            self._committer = asyncio.create_task(self._commit_all())
+        return await future
+
+    async def _commit_all(self) -> None:
+        while self._waiting:
+            taken = [self._waiting.popleft()]
+            count = len(taken[0][0])
+            while self._waiting and count + len(self._waiting[0][0]) <= MAX_ATOMIC_BATCH:
+                count += len(self._waiting[0][0])
+                taken.append(self._waiting.popleft())
+            messages = [message for group, _ in taken for message in group]
+            try:
+                results = await self._requests.publish_batch(messages)
+            except BaseException as error:  # the connection: every caller of the batch sees it
+                for _, future in taken:
+                    if not future.done():
+                        future.set_exception(error)
+                if isinstance(error, asyncio.CancelledError):
+                    raise
+                continue
+            first = 0
+            for group, future in taken:
+                if not future.done():
+                    future.set_result(results[first : first + len(group)])
+                first += len(group)
+
+
 STREAM_FULL = 10077
 """JetStream's err_code for a publish to a stream at its size limit ("maximum bytes exceeded",
 a stream that discards new messages, ``mdq.bus.storage``)."""
