@@ -322,15 +322,6 @@ class Requests:
         otherwise with an ``APIError`` that ``is_wrong_last_sequence``."""
         return await self.publish(f"$KV.{bucket}.{key}", value, headers=CREATE_ONLY)
 
-    async def kv_create_many(
-        self, bucket: str, entries: Sequence[tuple[str, bytes]]
-    ) -> list[PubAck | Exception]:
-        """``kv_create`` for many (key, value) at once, as ``publish_batch`` (one atomic batch
-        per ``MAX_ATOMIC_BATCH``; a key that exists sends its batch through one by one)."""
-        return await self.publish_batch(
-            [(f"$KV.{bucket}.{key}", value, CREATE_ONLY) for key, value in entries]
-        )
-
 
 class GroupCommit:
     """Group commit for one stream: at most one atomic batch in flight, and what callers hand
