@@ -41,7 +41,8 @@
 (c) **Latency submit → job.bound below capacity**, on the fsync-always server: the capacity is
     the median of mdq's rounds there (``capacity_jobs_per_s``); submits are then offered open
     loop at 10 %, 50 % and 80 % of it (``LOAD_LEVELS``, at most ``LATENCY_SECONDS`` of them each):
-    ``p50_ms_at_<n>pct`` and ``p99_ms_at_<n>pct``. Before them, the placement stage alone
+    ``p50_ms_at_<n>pct`` and ``p99_ms_at_<n>pct``, and the batched raw loop at the same rates
+    (``raw_p50_ms_at_<n>pct``, ``raw_p99_ms_at_<n>pct``). Before them, the placement stage alone
     against the raw consumer stage.
 
 Everything shares this machine's cores (NATS, intake, placement, the load generator), so the
@@ -748,10 +749,24 @@ async def _end_to_end(
                 results[f"p50_ms_at_{percent}"] = statistics.median(latencies)
                 results[f"p99_ms_at_{percent}"] = latencies[int(0.99 * (len(latencies) - 1))]
                 results[f"offered_per_s_at_{percent}"] = rate
+                # the batched raw loop at the same rate: what the machine's hops cost alone
+                raw_latencies = await latency(
+                    side.raw,
+                    "raw.api.submit",
+                    "raw.job.*.bound",
+                    raw_payloads(f"l{round(100 * level)}-", count),
+                    rate,
+                )
+                results[f"raw_p50_ms_at_{percent}"] = statistics.median(raw_latencies)
+                results[f"raw_p99_ms_at_{percent}"] = raw_latencies[
+                    int(0.99 * (len(raw_latencies) - 1))
+                ]
                 print(
                     f"mdq at {rate:.0f}/s offered ({percent} of {capacity:.0f}/s), {count} jobs: "
                     f"p50 {results[f'p50_ms_at_{percent}']:.1f} ms, "
-                    f"p99 {results[f'p99_ms_at_{percent}']:.1f} ms",
+                    f"p99 {results[f'p99_ms_at_{percent}']:.1f} ms; raw loop p50 "
+                    f"{results[f'raw_p50_ms_at_{percent}']:.1f} ms, "
+                    f"p99 {results[f'raw_p99_ms_at_{percent}']:.1f} ms",
                     flush=True,
                 )
         finally:
