@@ -347,7 +347,8 @@ class GroupCommit:
             asyncio.get_running_loop().create_future()
         )
         self._waiting.append((messages, future))
-        if self._committer is None or self._committer.done():
+        committer = self._committer
+        if committer is None or committer.done() or committer.get_loop() is not future.get_loop():
             self._committer = asyncio.create_task(self._commit_all())
         return await future
 
