@@ -60,7 +60,7 @@ from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import APIError, BucketNotFoundError
 
-from mdq.bus.requests import KvEntry, Requests, is_wrong_last_sequence
+from mdq.bus.requests import CREATE_ONLY, GroupCommit, KvEntry, Requests, is_wrong_last_sequence
 from mdq.bus.storage import DAY_S, StorageSettings
 from mdq.bus.streams import await_leader, ensure_bucket_limit, ensure_replicas
 from mdq.bus.subjects import Subjects
@@ -113,6 +113,8 @@ class SubmitRegistry:
         self.window_days = window_days
         """The duplicate window: how long a claim is kept (the bucket's age limit)."""
         self._lookups = asyncio.Semaphore(max_concurrent_lookups)
+        self._claims = GroupCommit(requests)
+        """Claims of the batches handled at the same time go out as one atomic batch."""
 
     @classmethod
     async def open(
@@ -126,8 +128,9 @@ class SubmitRegistry:
     ) -> SubmitRegistry:
         """Open the bucket, creating it (file storage, latest value only, direct gets,
         ``replicas`` copies, the size and age limits of ``storage``) if it is missing, and
-        turning on direct gets for a bucket created without them (and raising its replica
-        count, and bringing its limits up to date). The jobs stream must exist: its
+        turning on direct gets and atomic batches (``Requests.publish_batch``) where they are
+        off (and raising an existing bucket's replica count, and bringing its limits up to
+        date). The jobs stream must exist: its
         retention bounds how long a claim's events can be expected in it."""
         storage = storage or StorageSettings()
         window_s = storage.registry_days * DAY_S
@@ -150,13 +153,14 @@ class SubmitRegistry:
                 await await_leader(js, f"KV_{bucket}")  # writable before the first claim
         else:
             await ensure_replicas(js, f"KV_{bucket}", replicas)
-            info = await js.stream_info(f"KV_{bucket}")
-            if not info.config.allow_direct:
-                info.config.allow_direct = True
-                await js.update_stream(info.config)
             await ensure_bucket_limit(
                 js, bucket, max_bytes=int(storage.registry_bytes), max_age_s=window_s
             )
+        info = await js.stream_info(f"KV_{bucket}")
+        if not (info.config.allow_direct and info.config.allow_atomic):
+            # direct gets for the lookups, atomic batches for the claims (one flush a batch)
+            info.config.allow_direct = info.config.allow_atomic = True
+            await js.update_stream(info.config)
         jobs = await js.stream_info(subjects.jobs_stream)
         max_age = jobs.config.max_age or 0.0
         retention = timedelta(seconds=max_age) if max_age > 0 else None
@@ -187,14 +191,15 @@ class SubmitRegistry:
     async def claim_many(
         self, submits: Sequence[tuple[str, pb.SubmitReply, bytes]]
     ) -> list[bool | Exception]:
-        """``claim`` for many (request id, reply, fingerprint) at once, as one batch of KV
-        creates: each result is True (claimed), False (known), or the error of its write."""
-        results = await self._requests.kv_create_many(
-            self._bucket,
+        """``claim`` for many (request id, reply, fingerprint) at once, as KV creates in one
+        atomic batch shared with the other submits being claimed at that moment
+        (``GroupCommit``): each result is True (claimed), False (known), or the error of its
+        write."""
+        results = await self._claims.publish(
             [
-                (f"req.{request_id}", _record(reply, fingerprint))
+                (f"$KV.{self._bucket}.req.{request_id}", _record(reply, fingerprint), CREATE_ONLY)
                 for request_id, reply, fingerprint in submits
-            ],
+            ]
         )
         return [
             False

@@ -783,12 +783,13 @@ class Placement:
         """The cordons placement imposes now (nodes whose environment fails, nodes where jobs
         kept crashing), within the budget; logs each cordon, and each suspect the budget leaves
         open, once per episode."""
-        capacities = self._capacities(now)
-        if not self.health.suspects(now) and not any(c.problem for c in capacities):
+        if not self.health.suspects(now) and not any(
+            node.problem for node in self.state.nodes.values()
+        ):  # most passes: no node to weigh, and no capacities to build
             if self._cordon_notes:
                 self._cordon_notes.clear()
             return {}
-        cordons = self.health.cordons(now, capacities)
+        cordons = self.health.cordons(now, self._capacities(now))
         for suspicion in cordons.cordoned.values():
             self._note_cordon(suspicion, cordoned=True)
         for suspicion in cordons.held_back:

@@ -1179,6 +1179,14 @@ async def test_a_mixed_burst_is_handled_as_one_by_one_submits_would_be(
         int(r.getMessage().split()[1]) for r in caplog.records if "together" in r.getMessage()
     ]
     assert together and max(together) > 1  # some were batched
+    # and written as atomic batches: many events stored with one flush (docs/durability.md)
+    batches: dict[str, int] = {}
+    info = await nc.jetstream().stream_info(subjects.jobs_stream)
+    for sequence in range(1, info.state.last_seq + 1):
+        stored = await nc.jetstream().get_msg(subjects.jobs_stream, sequence)
+        if batch := (stored.headers or {}).get("Nats-Batch-Id"):
+            batches[batch] = batches.get(batch, 0) + 1
+    assert batches and max(batches.values()) > 1
 
 
 async def test_a_submit_waiting_for_its_key_does_not_hold_up_the_others(

@@ -12,6 +12,8 @@ import pytest
 from nats.aio.client import Client
 
 from mdq.bus.connect import connect
+from mdq.bus.publisher import EventPublisher
+from mdq.bus.requests import Requests
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.placement import NodeScore
@@ -67,6 +69,44 @@ async def test_binds_pending_jobs_spread_over_nodes_with_pods(
     # the pod describes the attempt (no command, no environment: the backend builds those)
     assert (pod.job_id, pod.attempt, pod.spec.name, pod.threads) == ("r1-job0", 1, "job0", 1)
     assert {c.node for c in bound[0].bound.candidates} == {"n1", "n2"}
+
+
+async def test_a_pass_s_bindings_are_stored_as_one_atomic_batch(
+    nc: Client, subjects: Subjects, data_dir: Path
+) -> None:
+    """Over ``Requests`` (as the service runs), the ``bound`` events of one pass go to the log
+    as one atomic batch: one flush for all of them (docs/durability.md, "Group commit"), each
+    still fenced and stored once."""
+    js = nc.jetstream()
+    bus = publisher(js, subjects)
+    await bus.publish_all([node_load("n1", cpu_capacity=64, memory_mb=1_000_000)])
+    await bus.publish_all([submitted(f"r8-job{i}") for i in range(12)])
+    requests = await Requests(nc).start()
+    placement = Placement(
+        js=js,
+        subjects=subjects,
+        publisher=EventPublisher(js=requests, subjects=subjects, producer="placement"),
+        backend=RecordingBackend(),
+        settings=PlacementSettings(reconcile_interval_s=0.2),
+        namespace=subjects.namespace,
+    )
+    try:
+        async with running(placement.run()):
+
+            async def all_bound() -> bool:
+                return len(await events_of(js, subjects, "bound")) == 12
+
+            await wait_for(all_bound, what="12 bound events")
+    finally:
+        await requests.close()
+    batches: Counter[str] = Counter()
+    info = await js.stream_info(subjects.jobs_stream)
+    for sequence in range(1, info.state.last_seq + 1):
+        stored = await js.get_msg(subjects.jobs_stream, sequence)
+        if stored.subject and stored.subject.endswith(".bound"):
+            batches[(stored.headers or {}).get("Nats-Batch-Id", "")] += 1
+    assert "" not in batches and sum(batches.values()) == 12
+    assert max(batches.values()) > 1  # more than one binding per flush
 
 
 async def test_a_node_named_with_dots_is_followed_and_bound_to(

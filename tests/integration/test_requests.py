@@ -14,7 +14,7 @@ from nats.aio.msg import Msg
 from nats.js.api import KeyValueConfig, PubAck
 from nats.js.errors import APIError, NoStreamResponseError
 
-from mdq.bus.requests import Requests
+from mdq.bus.requests import CREATE_ONLY, MAX_ATOMIC_BATCH, GroupCommit, Requests
 from mdq.bus.subjects import Subjects
 
 
@@ -132,6 +132,108 @@ async def test_publish_many_gives_each_message_its_ack_or_error(
     assert isinstance(last, PubAck) and last.seq > first.seq
     stored = await nc.jetstream().get_msg(subjects.jobs_stream, last.seq)
     assert stored.data == b"c"
+
+
+async def test_publish_batch_stores_a_batch_at_once_with_each_message_s_sequence(
+    requests: Requests, nc: Client, subjects: Subjects
+) -> None:
+    """An atomic batch: every message stored, one after another, each ack naming its own
+    sequence; the server's stream info agrees."""
+    jobs = [f"0123456789ab-{index}" for index in range(5)]
+    results = await requests.publish_batch(
+        [
+            (
+                subjects.job(job, "submitted"),
+                job.encode(),
+                {"Nats-Msg-Id": f"s:{job}"} | CREATE_ONLY,
+            )
+            for job in jobs
+        ]
+    )
+
+    assert all(isinstance(result, PubAck) for result in results)
+    sequences = [result.seq for result in results if isinstance(result, PubAck)]
+    assert sequences == list(range(sequences[0], sequences[0] + len(jobs)))
+    for job, sequence in zip(jobs, sequences, strict=True):
+        stored = await nc.jetstream().get_msg(subjects.jobs_stream, sequence)
+        assert stored.subject == subjects.job(job, "submitted") and stored.data == job.encode()
+        assert stored.headers is not None and stored.headers["Nats-Batch-Id"]  # one batch
+
+
+async def test_a_refused_batch_stores_nothing_and_each_message_gets_its_own_answer(
+    requests: Requests, nc: Client, subjects: Subjects, namespace: str
+) -> None:
+    """One message the server refuses (a fence that does not hold, a duplicate id) makes it
+    refuse the whole atomic batch; the messages then go one by one, and each gets exactly
+    the answer ``publish_many`` gives it."""
+    fenced = subjects.job("0123456789ab-b", "bound")
+    taken = await requests.publish(fenced, b"taken")
+    earlier = await requests.publish(
+        subjects.job("0123456789ab-d", "bound"), b"d", headers={"Nats-Msg-Id": "d"}
+    )
+    messages = [
+        (subjects.job("0123456789ab-a", "bound"), b"a", {"Nats-Msg-Id": "a"}),
+        (fenced, b"b", CREATE_ONLY),  # someone wrote there first: refused
+        (subjects.job("0123456789ab-d", "bound"), b"d", {"Nats-Msg-Id": "d"}),  # duplicate
+        (subjects.job("0123456789ab-c", "bound"), b"c", CREATE_ONLY),
+    ]
+    results = await requests.publish_batch(messages)
+
+    first, refused, duplicate, last = results
+    assert isinstance(first, PubAck) and not first.duplicate
+    assert isinstance(refused, APIError) and refused.err_code == 10071
+    assert isinstance(duplicate, PubAck) and duplicate.duplicate and duplicate.seq == earlier.seq
+    assert isinstance(last, PubAck) and last.seq == first.seq + 1
+    # nothing of the refused batch was stored besides the one-by-one publishes
+    info = await nc.jetstream().stream_info(subjects.jobs_stream)
+    assert info.state.messages == 4 and info.state.last_seq == last.seq
+    assert taken.seq < earlier.seq < first.seq
+
+
+async def test_group_commit_shares_one_batch_among_callers_and_answers_each(
+    requests: Requests, nc: Client, subjects: Subjects
+) -> None:
+    """Callers that hand in messages while a batch is in flight go out together in the next
+    one: one batch id for several callers, each caller's messages in order, each its own
+    results (a refused message sends the whole batch one by one, each still answered)."""
+    group = GroupCommit(requests)
+    taken = subjects.job("0123456789ab-taken", "bound")
+    await requests.publish(taken, b"first")
+
+    def messages(caller: int, count: int) -> list[tuple[str, bytes, dict[str, str] | None]]:
+        return [
+            (subjects.job(f"0123456789ab-c{caller}x{i}", "bound"), f"{caller}.{i}".encode(), None)
+            for i in range(count)
+        ]
+
+    first, second, third = await asyncio.gather(
+        group.publish(messages(1, 3)), group.publish(messages(2, 2)), group.publish(messages(3, 4))
+    )
+    assert all(isinstance(r, PubAck) for r in [*first, *second, *third])
+    sequences = [r.seq for r in [*first, *second, *third] if isinstance(r, PubAck)]
+    assert sequences == list(range(2, 2 + 9))  # stored one after another, callers in order
+    batch_ids = set()
+    for sequence in sequences[3:]:  # the two callers that waited for the first batch
+        stored = await nc.jetstream().get_msg(subjects.jobs_stream, sequence)
+        batch_ids.add((stored.headers or {})["Nats-Batch-Id"])
+    assert len(batch_ids) == 1  # shared one batch: one flush
+
+    refused, fine = await asyncio.gather(
+        group.publish([(taken, b"again", CREATE_ONLY)]), group.publish(messages(4, 2))
+    )
+    assert isinstance(refused[0], APIError) and refused[0].err_code in (10071, 10164)
+    assert all(isinstance(result, PubAck) for result in fine)
+
+
+async def test_publish_batch_splits_at_the_server_s_batch_limit(
+    requests: Requests, nc: Client, subjects: Subjects
+) -> None:
+    count = MAX_ATOMIC_BATCH + 3
+    results = await requests.publish_batch(
+        [(subjects.job(f"0123456789ab-{index}", "bound"), b"x", None) for index in range(count)]
+    )
+    sequences = [result.seq for result in results if isinstance(result, PubAck)]
+    assert sequences == list(range(1, count + 1))
 
 
 async def test_publish_many_times_out_as_a_whole(

@@ -14,7 +14,7 @@ from google.protobuf.message import Message
 from nats.js.api import PubAck
 
 from mdq.bus.codec import encode
-from mdq.bus.requests import PUBLISH_ERRORS, JetStreamPublish, Requests
+from mdq.bus.requests import PUBLISH_ERRORS, GroupCommit, JetStreamPublish, Requests
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.events import make_event
@@ -35,6 +35,8 @@ class EventPublisher:
         self._subjects = subjects
         self._producer = producer
         self._slots = asyncio.Semaphore(max_in_flight)
+        self._group = GroupCommit(js) if isinstance(js, Requests) else None
+        """``publish_each``'s batches, one in flight (the producer's events: one stream)."""
 
     @property
     def subjects(self) -> Subjects:
@@ -77,11 +79,13 @@ class EventPublisher:
     async def publish_each(
         self, events: Sequence[tuple[pb.Event, dict[str, str] | None]]
     ) -> list[PubAck | Exception]:
-        """Publish events side by side, each with its added headers; each result is the
-        event's ack or the JetStream error of its publish (``APIError``, ``TimeoutError``, ...),
-        in order. Over ``Requests`` this costs no task per event."""
-        if isinstance(self._js, Requests):
-            return await self._js.publish_many(
+        """Publish events of one stream side by side, each with its added headers; each
+        result is the event's ack or the JetStream error of its publish (``APIError``,
+        ``TimeoutError``, ...), in order. Over ``Requests`` they go as atomic batches, one
+        flush each, shared with this publisher's other callers of the moment
+        (``GroupCommit``), and cost no task per event."""
+        if self._group is not None:
+            return await self._group.publish(
                 [
                     (
                         self._subjects.for_event(event),

@@ -132,6 +132,7 @@ def stream_configs(
             max_bytes=int(storage.jobs_bytes),
             duplicate_window=3600.0,
             discard=DiscardPolicy.NEW,  # never drops a live job's events (intake stops first)
+            allow_atomic=True,  # intake's and placement's batches: one flush each
         ),
         StreamConfig(
             name=subjects.progress_stream,
