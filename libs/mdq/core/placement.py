@@ -659,6 +659,7 @@ def plan(
     ordered: bool = False,
     tenant_room: dict[str, float] | None = None,
     fairness: Fairness | None = None,
+    capacity: tuple[float, float] | None = None,
 ) -> list[Decision]:
     """Bind as many queued jobs as fit, best job first; each bound job counts on its node at
     once (reservations and in-flight load: the herd guard).
@@ -671,7 +672,9 @@ def plan(
     place by what is bound. With ``fairness`` and jobs of more than one tenant in the queue,
     the jobs are taken in weighted dominant-resource-fair order instead (``FairQueue``,
     ``mdq.core.fairshare``): the next job of the tenant whose weighted share of the eligible
-    nodes' capacity is the smallest, each binding counting at once.
+    nodes' capacity is the smallest, each binding counting at once. ``capacity`` (CPU, memory
+    MiB) is what those shares are shares of when ``nodes`` are not every schedulable node (the
+    simulator hands over only nodes with room; docs/simulate.md); None: the eligible nodes'.
     """
     planner = _Planner(nodes, now, config)
     jobs = list(queue) if ordered else order_queue(queue, now, config)
@@ -687,12 +690,11 @@ def plan(
     tenants = {job.tenant for job in jobs} if fairness is not None else set()
     capped = fairness is not None and any(fairness.maximum(t) is not None for t in tenants)
     if fairness is not None and (len(tenants) > 1 or capped):
-        fair = FairQueue(
-            jobs,
-            fairness,
-            total_cpu=sum(node.cpu_capacity for node in planner.eligible),
-            total_memory_mb=sum(node.memory_capacity_mb for node in planner.eligible),
+        total_cpu, total_memory_mb = capacity or (
+            sum(node.cpu_capacity for node in planner.eligible),
+            float(sum(node.memory_capacity_mb for node in planner.eligible)),
         )
+        fair = FairQueue(jobs, fairness, total_cpu=total_cpu, total_memory_mb=total_memory_mb)
     for job in fair if fair is not None else jobs:
         room = limited.get(job.tenant) if limited is not None else None
         if room is not None and job.cpu > room + 1e-9:
