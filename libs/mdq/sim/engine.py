@@ -400,8 +400,13 @@ class Simulator:
                 state.cpu_load = state.memory_load = 0.0
 
     def placement_pass(self) -> None:
+        try:
+            self.place()
+        finally:
+            self.sample_shares()  # the shares as this pass left them, until the next
+
+    def place(self) -> None:
         jobs = self.window()
-        self.sample_shares()
         if not jobs:
             return
         self.metrics.passes += 1
