@@ -94,6 +94,8 @@ class _Job:
     deps_left: int = 0
     dependants: list[int] = field(default_factory=list)
     crashes: list[int] = field(default_factory=list)
+    crash_step: int = 0
+    """The crash the bound attempt meets, when its event is a crash."""
     view: JobView | None = None
     queued: QueuedJob | None = None
     nominated: tuple[str, float] | None = None
@@ -649,6 +651,7 @@ class Simulator:
                 crash = job.start_s + (step - job.resume_step) / job.rate
                 if crash < end:
                     end, kind = crash, _CRASH
+                    job.crash_step = step
                 break
         self.push(end, kind, job.index, job.token)
 
@@ -726,7 +729,8 @@ class Simulator:
             self.record_usage(job, oom=True)
         elif reason == pb.FAILURE_CRASHED:
             self.metrics.crashes += 1
-            job.crashes = [s for s in job.crashes if s > step]
+            step = job.crash_step
+            job.crashes.remove(step)  # a crash happens once
         elif reason == pb.FAILURE_NODE_LOST:
             self.metrics.node_losses += 1
         every = job.spec.checkpoint_every_steps
