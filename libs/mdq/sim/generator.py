@@ -213,7 +213,7 @@ def generate(spec: GeneratorSpec) -> Workload:
         t += rng.expovariate(rate)
     outages: list[NodeOutage] = []
     if spec.node_failures_per_day > 0:
-        horizon = span * 1.5
+        horizon = span + max(job.duration_s for job in jobs)  # while work may still run
         per_s = spec.node_failures_per_day / 86_400.0
         for node in nodes:
             at = rng.expovariate(per_s)
