@@ -47,7 +47,7 @@ class SimConfig:
     """How long room stays held on a node for the job that preempted there."""
     fair_share_min_run_s: float = 120.0
     """Work younger than this is never reclaimed for fair share."""
-    queue_window: int = 512
+    queue_window: int = 256
     """Queued jobs of each tenant handed to one pass, head of its queue first."""
     history_limit: int = 200
     """Most recent attempts per kind of job that learned requests read (intake's bound)."""

@@ -12,9 +12,10 @@ what it leaves out.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
@@ -101,6 +102,39 @@ class _Job:
     nominated: tuple[str, float] | None = None
     stopping: bool = False
     running: RunningJob | None = None
+
+
+_Entry = tuple[tuple[float, float, str], int, int]
+"""A queued job: its queue key, its index, and its token when queued (stale once it moved)."""
+
+
+class _TenantQueue:
+    """One tenant's queue: the ``size`` first entries in a sorted list (what a pass sees), the
+    rest in a heap; every entry of the list sorts before every entry of the heap."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.front: list[_Entry] = []
+        self.rest: list[_Entry] = []
+
+    def add(self, entry: _Entry) -> None:
+        if self.front and entry < self.front[-1]:
+            bisect.insort(self.front, entry)
+            if len(self.front) > self.size:
+                heapq.heappush(self.rest, self.front.pop())
+        else:
+            heapq.heappush(self.rest, entry)
+
+    def head(self, live: Callable[[_Entry], bool]) -> list[_Entry]:
+        """The first ``size`` live entries, in order (stale ones dropped on the way)."""
+        front = [entry for entry in self.front if live(entry)]
+        rest = self.rest
+        while len(front) < self.size and rest:
+            entry = heapq.heappop(rest)
+            if live(entry):
+                front.append(entry)
+        self.front = front
+        return front
 
 
 @dataclass(slots=True)
@@ -240,8 +274,8 @@ class Simulator:
                     raise ValueError(f"job {job.spec.job_id}: depends_on names unknown {dep!r}")
                 job.deps_left += 1
                 self.jobs[by_id[dep]].dependants.append(job.index)
-        self.queues: dict[str, list[tuple[tuple[float, float, str], int, int]]] = {}
-        """Per tenant: a heap of (queue key, job, its token when queued); stale entries skipped."""
+        self.queues: dict[str, _TenantQueue] = {}
+        """Per tenant: its queued jobs in queue order."""
         self.held: dict[str, Held] = {}
         self.pending_demand: dict[str, Held] = {}
         self.pass_at: float | None = None
@@ -362,32 +396,30 @@ class Simulator:
                 tenant=job.tenant,
             )
         key = queue_key(queued, self.config.placement)
-        heapq.heappush(self.queues.setdefault(job.tenant, []), (key, job.index, job.token))
+        queue = self.queues.get(job.tenant)
+        if queue is None:
+            queue = self.queues[job.tenant] = _TenantQueue(self.config.queue_window)
+        queue.add((key, job.index, job.token))
         self.wake()
 
     def window(self) -> list[_Job]:
         """The head of every tenant's queue (``queue_window`` each), in queue order."""
-        jobs: list[tuple[tuple[float, float, str], _Job]] = []
-        limit = self.config.queue_window
-        for queue in self.queues.values():
-            taken: list[tuple[tuple[float, float, str], int, int]] = []
-            while queue and len(taken) < limit:
-                entry = heapq.heappop(queue)
-                job = self.jobs[entry[1]]
-                if job.state != PENDING or job.token != entry[2]:
-                    continue
-                taken.append(entry)
-                jobs.append((entry[0], job))
-            for entry in taken:
-                heapq.heappush(queue, entry)
-        jobs.sort(key=lambda pair: pair[0])
-        return [job for _, job in jobs]
+        jobs = self.jobs
+
+        def live(entry: _Entry) -> bool:
+            job = jobs[entry[1]]
+            return job.state == PENDING and job.token == entry[2]
+
+        heads = [queue.head(live) for queue in self.queues.values()]
+        merged = heads[0] if len(heads) == 1 else sorted(e for head in heads for e in head)
+        return [jobs[entry[1]] for entry in merged]
 
     # -- placement ---------------------------------------------------------------------------
-    def refresh_nodes(self, now: datetime) -> None:
-        """Every node's load report as of now (the metrics service's), no binding in flight."""
+    def refresh_nodes(self, now: datetime, nodes: Iterable[_Node] | None = None) -> None:
+        """Each node's load report as of now (the metrics service's), no binding in flight
+        (``nodes``: those, else every node)."""
         live = self.config.sees_live_load
-        for node in self.nodes:
+        for node in self.nodes if nodes is None else nodes:
             state = node.state
             state.ready = node.up
             state.reported_at = now
@@ -413,7 +445,6 @@ class Simulator:
             return
         self.metrics.passes += 1
         now = _at(self.now)
-        self.refresh_nodes(now)
         queue: list[QueuedJob] = []
         min_cpu, min_memory = math.inf, math.inf
         nominated: set[str] = set()
@@ -431,18 +462,25 @@ class Simulator:
             min_cpu = min(min_cpu, queued.cpu)
             min_memory = min(min_memory, queued.memory_mb)
         # a node without room for the smallest queued job can take none of them: left out
-        nodes = [
-            node.state
+        # left out as well: a node its live load already filters out (above the hard
+        # threshold: what the pass binds only adds to it); the decisions are the same
+        hard = self.config.placement.hard_load_threshold if self.config.sees_live_load else 1e9
+        roomy = [
+            node
             for node in self.nodes
             if node.up
             and (
                 (
                     node.reserved_cpu + min_cpu <= node.spec.cpu + 1e-9
                     and node.reserved_memory_mb + min_memory <= node.spec.memory_mb
+                    and (node.used_cpu + node.spec.background_cpu) <= hard * node.spec.cpu
+                    and node.used_memory_mb <= hard * node.spec.memory_mb
                 )
                 or node.spec.name in nominated
             )
         ]
+        self.refresh_nodes(now, roomy)
+        nodes = [node.state for node in roomy]
         fairness = (
             Fairness(
                 held={t: Held(h.cpu, h.memory_mb) for t, h in self.held.items()},
