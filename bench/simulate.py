@@ -153,7 +153,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--learned-nodes", type=int, default=100)
-    parser.add_argument("--policy-jobs", type=int, default=20_000)
+    parser.add_argument("--policy-jobs", type=int, default=10_000)
     parser.add_argument("--validate", action="store_true")
     parser.add_argument("--quick", action="store_true", help="100 nodes, 10,000 jobs")
     args = parser.parse_args()
