@@ -12,7 +12,9 @@ configuration compared on it; medians of the paired quotients, their spread prin
    would be on an idle machine: this one is shared, see ``load_avg``).
 2. **Learned requests** on a memory-bound mix (``--learned-nodes`` nodes of 32 cores and
    16 GiB, one-thread jobs of 5,000 to 60,000 atoms whose hand-set requests are the rule of
-   bench/requests.py): ``learned_makespan_ratio``, learned over hand-set makespan.
+   bench/requests.py; a backlog submitted within minutes, as bench-requests submits its
+   campaign, runs of median 30 min): ``learned_makespan_ratio``, learned over hand-set
+   makespan.
 3. **Fair share**: three tenants (campaign shares 0.5 / 0.3 / 0.2) at offered load 1.5:
    ``fairshare_share_error_max``, the largest time-weighted |share - fair share| of any tenant,
    with fair share on; the same with FIFO beside it (``fifo_share_error_max``).
@@ -124,8 +126,9 @@ def memory_bound(jobs: int, nodes: int) -> Callable[[int], GeneratorSpec]:
         atoms_min=5_000,
         atoms_max=60_000,
         one_thread=True,
-        load=1.5,
+        load=100.0,  # a backlog, as bench/requests.py submits its campaign: all at once
         run_median_s=1_800.0,
+        run_sigma=0.5,
         crash_probability=0.0,
     )
 
