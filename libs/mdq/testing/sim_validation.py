@@ -144,7 +144,7 @@ async def run_and_simulate(
     real_starts = {row["job_id"]: (row["started"] - t0).total_seconds() for row in rows}
     config = SimConfig(
         "replay",
-        pass_interval_s=1.0,  # placement reconciles at least once a second
+        pass_interval_s=0.0,  # placement reacts to each event (and reconciles every second)
         start_delay_s=float(workload.notes["start_delay_s"]),
     )
     metrics = simulate(workload, config)
