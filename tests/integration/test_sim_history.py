@@ -4,12 +4,16 @@ wrote into a real PostgreSQL (events published as the services publish them)."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from nats.aio.client import Client
+from typer.testing import CliRunner
 
 from mdq.bus.subjects import Subjects
+from mdq.cli.main import app
 from mdq.contracts import pb
 from mdq.sim.config import SimConfig
 from mdq.sim.engine import simulate
@@ -104,3 +108,33 @@ async def test_an_empty_history_is_named(database_url: str) -> None:
             await export_history(engine, HistoryOptions(days=1))
     finally:
         await engine.dispose()
+
+
+def test_the_command_replays_the_history(history_url: str, tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        app,
+        [
+            "--database-url",
+            history_url,
+            "--state-dir",
+            str(tmp_path / "no-stack"),
+            "simulate",
+            "--from-history",
+            "--days",
+            "3650",
+            "--node-cpu",
+            "4",
+            "--node-memory-mb",
+            "8192",
+            "--extra-nodes",
+            "2",
+            "-c",
+            "fifo",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    line = json.loads(result.stdout.splitlines()[0])
+    assert line["workload"]["source"] == "history"
+    assert (line["workload"]["jobs"], line["workload"]["nodes"]) == (2, 4)
+    (fifo,) = line["configs"]
+    assert (fifo["succeeded"], fifo["crashes"]) == (2, 1)
