@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run up test test-fast test-images images lock lint proto asyncapi bench-placement bench-recovery bench-runner bench-ingest bench-scale bench-history bench-console bench-nodes-hour bench-fairshare bench-multicluster bench-requests bench-control bench-tenant-flood chaos clean install compose-secrets deploy-dev-secrets chaos-soak
+.PHONY: run up test test-fast test-images images lock lint proto asyncapi bench-placement bench-recovery bench-runner bench-ingest bench-scale bench-history bench-console bench-nodes-hour bench-fairshare bench-multicluster bench-requests bench-control bench-tenant-flood bench-simulate chaos clean install compose-secrets deploy-dev-secrets chaos-soak
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "mdq needs Python 3.11 or newer")'
@@ -120,6 +120,10 @@ bench-scale: $(STAMP)
 ## bench-requests: hand-set (the brief's 2 cores, 4 Gi) against learned resource requests, same campaign on the same local nodes: memory and CPU slack measured from /proc, OOM kills from the node agent's record of each runner pid, makespan ratio (docs/requests.md)
 bench-requests: $(STAMP)
 	$(BIN)/python bench/requests.py $(BENCH_ARGS)
+
+## bench-simulate: mdq simulate at 1,000 nodes and 100,000 jobs (speed against real time, measured from outside), learned vs hand-set requests on a memory-bound mix, fair share's share error, load-aware vs bin-packing under noisy neighbours (docs/simulate.md); BENCH_ARGS=--validate adds the real campaign's makespan error
+bench-simulate: $(STAMP)
+	$(BIN)/python bench/simulate.py $(BENCH_ARGS)
 
 ## bench-console: the web console at a year's size (1,000,000 jobs; BENCH_ARGS=--history-jobs 10000000 for a big site's): p99 of the jobs list, a job page, a campaign page; bus -> chart latency in headless Chromium
 bench-console: $(STAMP)

@@ -67,6 +67,7 @@ from mdq.cli.live import follow_jobs, format_eta
 from mdq.cli.plot import plot as plot_command
 from mdq.cli.queues import queues_table, tenant_usages
 from mdq.cli.replay import replay as replay_command
+from mdq.cli.simulate import simulate as simulate_command
 from mdq.cli.tenants import app as tenants_app
 from mdq.contracts import pb
 from mdq.core.recommend import UsageSample
@@ -806,3 +807,4 @@ app.add_typer(tenants_app, name="tenant")
 app.command("explain")(explain_command)
 app.command("replay")(replay_command)
 app.command("plot")(plot_command)
+app.command("simulate")(simulate_command)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import NamedTuple
 
 from mdq.core.clusters import NO_SELECTOR, Selector, cluster_of, locality
@@ -285,7 +285,16 @@ def load_score(utilisation: float, target: float) -> float:
 def _rank(node: NodeState, config: PlacementConfig, penalty: float = 0.0) -> float:
     """Job-independent rank of an eligible node (its load score before any job lands, less
     its cluster's load ``penalty``)."""
-    return load_score(max(node.cpu_share(), node.memory_share()), config.target_load) - penalty
+    # cpu_share and memory_share, inlined (every eligible node is ranked on every pass)
+    cpu_cap, mem_cap = node.cpu_capacity, node.memory_capacity_mb
+    if cpu_cap <= 0 or mem_cap <= 0:
+        return load_score(max(node.cpu_share(), node.memory_share()), config.target_load) - penalty
+    cpu = node.cpu_load + node.inflight_cpu / cpu_cap
+    reserved = node.reserved_cpu / cpu_cap
+    memory = node.memory_load + node.inflight_memory_mb / mem_cap
+    reserved_memory = node.reserved_memory_mb / mem_cap
+    share = max(cpu, reserved, memory, reserved_memory)
+    return load_score(share, config.target_load) - penalty
 
 
 def cluster_terms(node: NodeState, job: QueuedJob, config: PlacementConfig) -> float:
@@ -424,7 +433,23 @@ class _Planner:
         self.static: list[NodeScore] = []
         self.static_counts: dict[str, int] = {}
         self.eligible: list[NodeState] = []
+        # node_filter, inlined for the nodes that pass it (the hot path on large clusters);
+        # the others go through it for their reason
+        fresh_since = now - timedelta(seconds=config.load_timeout_s)
+        hard = config.hard_load_threshold
         for node in nodes:
+            cpu_cap, mem_cap = node.cpu_capacity, node.memory_capacity_mb
+            if (
+                node.ready
+                and not node.cordoned
+                and node.reported_at >= fresh_since
+                and cpu_cap > 0
+                and mem_cap > 0
+                and node.cpu_load + node.inflight_cpu / cpu_cap <= hard
+                and node.memory_load + node.inflight_memory_mb / mem_cap <= hard
+            ):
+                self.eligible.append(node)
+                continue
             reason = node_filter(node, now, config)
             if reason:
                 self.static.append(_filtered(node, reason))
@@ -432,9 +457,10 @@ class _Planner:
             else:
                 self.eligible.append(node)
         self.by_name = {node.name: node for node in self.eligible}
-        self.penalties = cluster_load_penalties(self.eligible, config)
-        """cluster -> (reserved CPU share, points lost), with several clusters only."""
         self.clustered = any(node.cluster for node in nodes)
+        # one unnamed cluster has no cluster load term (cluster_load_penalties: fewer than two)
+        self.penalties = cluster_load_penalties(self.eligible, config) if self.clustered else {}
+        """cluster -> (reserved CPU share, points lost), with several clusters only."""
         self.static_by_cluster: dict[str, dict[str, int]] = {}
         """cluster -> its nodes filtered out before any job, per reason (every cluster)."""
         if self.clustered:
@@ -456,8 +482,14 @@ class _Planner:
         ``eligible`` order."""
         self.heap: list[tuple[float, int, int, str]] = []
         if not self.small:
+            order, penalties = self.order, self.penalties
             self.heap = [
-                (-_rank(node, config, self.penalty(node)), self.order[node.name], 0, node.name)
+                (
+                    -_rank(node, config, self.penalty(node) if penalties else 0.0),
+                    order[node.name],
+                    0,
+                    node.name,
+                )
                 for node in self.eligible
             ]
             heapq.heapify(self.heap)
@@ -617,6 +649,7 @@ def plan(
     ordered: bool = False,
     tenant_room: dict[str, float] | None = None,
     fairness: Fairness | None = None,
+    capacity: tuple[float, float] | None = None,
 ) -> list[Decision]:
     """Bind as many queued jobs as fit, best job first; each bound job counts on its node at
     once (reservations and in-flight load: the herd guard).
@@ -629,7 +662,9 @@ def plan(
     place by what is bound. With ``fairness`` and jobs of more than one tenant in the queue,
     the jobs are taken in weighted dominant-resource-fair order instead (``FairQueue``,
     ``mdq.core.fairshare``): the next job of the tenant whose weighted share of the eligible
-    nodes' capacity is the smallest, each binding counting at once.
+    nodes' capacity is the smallest, each binding counting at once. ``capacity`` (CPU, memory
+    MiB) is what those shares are shares of when ``nodes`` are not every schedulable node (the
+    simulator hands over only nodes with room; docs/simulate.md); None: the eligible nodes'.
     """
     planner = _Planner(nodes, now, config)
     jobs = list(queue) if ordered else order_queue(queue, now, config)
@@ -645,12 +680,11 @@ def plan(
     tenants = {job.tenant for job in jobs} if fairness is not None else set()
     capped = fairness is not None and any(fairness.maximum(t) is not None for t in tenants)
     if fairness is not None and (len(tenants) > 1 or capped):
-        fair = FairQueue(
-            jobs,
-            fairness,
-            total_cpu=sum(node.cpu_capacity for node in planner.eligible),
-            total_memory_mb=sum(node.memory_capacity_mb for node in planner.eligible),
+        total_cpu, total_memory_mb = capacity or (
+            sum(node.cpu_capacity for node in planner.eligible),
+            float(sum(node.memory_capacity_mb for node in planner.eligible)),
         )
+        fair = FairQueue(jobs, fairness, total_cpu=total_cpu, total_memory_mb=total_memory_mb)
     for job in fair if fair is not None else jobs:
         room = limited.get(job.tenant) if limited is not None else None
         if room is not None and job.cpu > room + 1e-9:
