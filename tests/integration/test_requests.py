@@ -241,7 +241,11 @@ async def test_publish_many_times_out_as_a_whole(
 ) -> None:
     sink = await nc.subscribe(f"{namespace}.requests.silent")  # a "stream" that never acks
     results = await requests.publish_many(
-        [(f"{namespace}.requests.silent", b"x", None), (f"{namespace}.requests.silent", b"y", None)], timeout_s=0.2
+        [
+            (f"{namespace}.requests.silent", b"x", None),
+            (f"{namespace}.requests.silent", b"y", None),
+        ],
+        timeout_s=0.2,
     )
     await sink.unsubscribe()
     assert all(isinstance(result, nats.errors.TimeoutError) for result in results)
