@@ -39,6 +39,7 @@ CASES = {
     ),
     "defaults only": report(step=0),
     "a minimiser's report": report(step=250, potential_kj_mol=-9.0, done_reason="converged"),
+    "a LAMMPS report in reduced units": report(step=100, potential_kj_mol=-3.2, units="lj"),
 }
 
 

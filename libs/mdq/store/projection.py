@@ -604,6 +604,7 @@ def _progress_rows(stream: str, facts: Iterable[_Fact]) -> list[tuple[Any, ...]]
                 report.target_steps,
                 report.eta_s,
                 report.done_reason,
+                report.units or None,
             )
         )
     return rows
