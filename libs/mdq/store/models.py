@@ -282,7 +282,7 @@ class UsageSampleRecord(Base):
     memory_limit_mb: Mapped[int]
     cpu_limit: Mapped[float]
     spec_key: Mapped[str] = mapped_column(
-        comment="md5 of the job's spec without name, labels and steps."
+        comment="md5 of the fields of the job's spec that the cost fingerprint reads."
     )
     oom_killed: Mapped[bool] = mapped_column(
         comment="An OOM-killed attempt: no measured figures, the limits it was bound with."

@@ -311,12 +311,20 @@ USAGE_HISTORY = text(
 )
 """The samples, newest first from ``ix_usage_samples_time``, each with its ``spec_key``."""
 
+FINGERPRINT_INPUTS = """jsonb_strip_nulls(jsonb_build_object(
+    'task', spec->'task', 'system', spec->'system',
+    'nonbonded_method', spec->'nonbonded_method', 'cutoff_nm', spec->'cutoff_nm',
+    'barostat', spec->'barostat', 'integrator', spec->'integrator', 'platform', spec->'platform',
+    'resources', jsonb_build_object('cpu', spec->'resources'->'cpu'),
+    'trajectory_interval_steps', spec->'trajectory_interval_steps',
+    'checkpoint_interval_steps', spec->'checkpoint_interval_steps', 'inputs', spec->'inputs'))"""
+"""The fields of a job's spec that the cost fingerprint reads (``mdq.core.recommend.
+fingerprint_of``), as revision 0013 keys them (``spec_key``)."""
+
 HISTORY_SPECS = text(
-    "SELECT job_id, (spec - 'name' - 'labels' - 'steps')::text AS spec FROM jobs "
-    "WHERE job_id = ANY(:jobs)"
+    f"SELECT job_id, ({FINGERPRINT_INPUTS})::text AS spec FROM jobs WHERE job_id = ANY(:jobs)"
 ).bindparams(bindparam("jobs", type_=ARRAY(Text())))
-"""One job's spec per distinct ``spec_key``, without the fields the fingerprint does not read
-(``mdq.core.recommend.fingerprint_of``: name, labels, step target)."""
+"""One job's fingerprint inputs per distinct ``spec_key``."""
 
 
 async def usage_history(

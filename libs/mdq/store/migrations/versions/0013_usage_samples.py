@@ -11,9 +11,9 @@ attempt (key ``job_id, attempt``), with the job's system case (``system_kind``: 
 * ``ix_usage_samples_system`` (system_kind, box_nm) INCLUDE (peak_memory_mb, memory_limit_mb,
   mean_cores) answers a question about one kind and size of system from the index alone;
 * ``ix_usage_samples_time`` (oom_killed, time) gives the recommender the newest measured
-  samples and the newest OOM kills first, and each row's ``spec_key`` (the md5 of the job's spec
-  without the fields the cost fingerprint does not read: name, labels, step target) lets it read
-  and parse one spec per distinct key instead of one per sample
+  samples and the newest OOM kills first, and each row's ``spec_key`` (the md5 of the fields of the
+  job's spec that the cost fingerprint reads, ``FINGERPRINT_INPUTS``) lets it read and parse
+  those fields once per distinct key instead of a whole spec per sample
   (``mdq.store.queries.usage_history``).
 
 An OOM-killed attempt reports no usage: it is a row with ``oom_killed`` true, no measured
@@ -53,7 +53,17 @@ down_revision: str | None = "0012_job_control"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-SPEC_KEY = "md5((s.system_spec - 'name' - 'labels' - 'steps')::text)"
+FINGERPRINT_INPUTS = """jsonb_strip_nulls(jsonb_build_object(
+    'task', {s}->'task', 'system', {s}->'system',
+    'nonbonded_method', {s}->'nonbonded_method', 'cutoff_nm', {s}->'cutoff_nm',
+    'barostat', {s}->'barostat', 'integrator', {s}->'integrator', 'platform', {s}->'platform',
+    'resources', jsonb_build_object('cpu', {s}->'resources'->'cpu'),
+    'trajectory_interval_steps', {s}->'trajectory_interval_steps',
+    'checkpoint_interval_steps', {s}->'checkpoint_interval_steps', 'inputs', {s}->'inputs'))"""
+"""The fields of a spec (JSON ``{s}``) that the cost fingerprint reads
+(``mdq.core.recommend.fingerprint_of``); ``mdq.store.queries`` reads the same."""
+
+SPEC_KEY = f"md5(({FINGERPRINT_INPUTS.format(s='s.system_spec')})::text)"
 """The sample's ``spec_key``: what ``usage_history`` groups the samples' specs by."""
 
 SAMPLES_OF = f"""
@@ -170,7 +180,7 @@ def upgrade() -> None:
             "spec_key",
             sa.Text(),
             nullable=False,
-            comment="md5 of the job's spec without name, labels and steps.",
+            comment="md5 of the fields of the job's spec that the cost fingerprint reads.",
         ),
         sa.Column(
             "oom_killed",
