@@ -107,8 +107,27 @@ async def test_upgrade_fills_it_from_the_events_and_downgrade_removes_it(
     await asyncio.to_thread(command.upgrade, alembic_config(database_url), "0012_job_control")
     connection = await asyncpg.connect(database_url)
     try:
+        bound = json.dumps({"resources": {"cpu": 3, "memory_mb": "768"}})
         await connection.executemany(
-            INSERT_EVENT, [_submitted("cccc-md", WATER), _usage("cccc-md", 1, 2)]
+            INSERT_EVENT,
+            [
+                _submitted("cccc-md", WATER),
+                _usage("cccc-md", 1, 2),
+                ("bound:cccc-md:3", 9, "cccc-md", 3, "bound", bound),
+            ],
+        )
+        # an attempt OOM-killed before the upgrade: a sample with the limits it was bound with
+        await connection.execute(
+            "INSERT INTO jobs (job_id, request_id, name, task, state, attempt, priority_class, "
+            "spec, depends_on, submitted_at, updated_at, target_steps, last_step) VALUES "
+            "('cccc-md', 'cccc', 'md', 'TASK_MD', 'FAILED', 3, 'normal', $1::jsonb, '{}', "
+            "now(), now(), 100, 100)",
+            json.dumps({"system": WATER}),
+        )
+        await connection.execute(
+            "INSERT INTO attempts (job_id, attempt, node, bound_at, ended_at, resumed_from_step, "
+            "steps_lost, last_step, failure_reason) "
+            "VALUES ('cccc-md', 3, 'n', now(), now(), 0, 0, 0, 'FAILURE_OOM_KILLED')"
         )
         await upgrade_async(database_url)
         filled = await _samples(connection)
@@ -116,13 +135,19 @@ async def test_upgrade_fills_it_from_the_events_and_downgrade_removes_it(
         await asyncio.to_thread(command.downgrade, alembic_config(database_url), "0012_job_control")
         table = await connection.fetchval("SELECT to_regclass('usage_samples')")
         function = await connection.fetchval("SELECT to_regprocedure('mdq_usage_samples_insert()')")
+        oom_function = await connection.fetchval(
+            "SELECT to_regprocedure('mdq_usage_samples_oom()')"
+        )
         # events still insert without the trigger
         await connection.execute(*(INSERT_EVENT, *_usage("cccc-md", 2, 3)))
         events = await connection.fetchval("SELECT count(*) FROM job_events")
     finally:
         await connection.close()
-    assert filled == [("cccc-md", 1, "water_box", 3.0, 812.5, 3.5, 2048, 4.0)]
-    assert (table, function, events) == (None, None, 3)
+    assert filled == [
+        ("cccc-md", 1, "water_box", 3.0, 812.5, 3.5, 2048, 4.0),
+        ("cccc-md", 3, "water_box", 3.0, 0.0, 0.0, 768, 3.0),
+    ]
+    assert (table, function, oom_function, events) == (None, None, None, 4)
 
 
 OLD_USAGE_HISTORY = """
