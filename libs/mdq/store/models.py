@@ -262,7 +262,8 @@ class Placement(Base):
 
 class UsageSampleRecord(Base):
     """What each measured attempt used, by system (revision 0013): one row per ``usage`` event
-    of ``job_events``, written by a trigger on it, for the memory questions and the recommender."""
+    of ``job_events``, written by a trigger on it, and one per OOM-killed attempt, written by a
+    trigger on ``attempts``, for the memory questions and the recommender."""
 
     __tablename__ = "usage_samples"
     __table_args__ = (
@@ -270,9 +271,9 @@ class UsageSampleRecord(Base):
             "ix_usage_samples_system",
             "system_kind",
             "box_nm",
-            postgresql_include=["peak_memory_mb", "memory_limit_mb", "mean_cores"],
+            postgresql_include=["peak_memory_mb", "memory_limit_mb", "mean_cores", "oom_killed"],
         ),
-        Index("ix_usage_samples_time", "time"),
+        Index("ix_usage_samples_time", "oom_killed", "time"),
         {"comment": "One row per usage event (revision 0013): what each attempt used, by system."},
     )
 
@@ -289,6 +290,12 @@ class UsageSampleRecord(Base):
     wall_seconds: Mapped[float]
     memory_limit_mb: Mapped[int]
     cpu_limit: Mapped[float]
+    spec_key: Mapped[str] = mapped_column(
+        comment="md5 of the fields of the job's spec that the cost fingerprint reads."
+    )
+    oom_killed: Mapped[bool] = mapped_column(
+        comment="An OOM-killed attempt: no measured figures, the limits it was bound with."
+    )
 
 
 class ProgressRollup(Base):

@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from google.protobuf import json_format
-from sqlalchemy import select, text
+from sqlalchemy import ARRAY, Text, bindparam, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from mdq.contracts import pb
@@ -298,54 +298,71 @@ def _without(values: dict[str, Any], *names: str) -> dict[str, Any]:
 
 USAGE_HISTORY = text(
     """
-    (SELECT (j.spec - 'name' - 'labels' - 'steps')::text AS spec,
-            u.peak_memory_mb, u.mean_cores, u.memory_limit_mb::double precision AS limit_mb,
-            u.cpu_limit, false AS oom_killed, u.time
-     FROM usage_samples u JOIN jobs j ON j.job_id = u.job_id
-     WHERE u.time >= now() - make_interval(days => :days) AND u.peak_memory_mb > 0
-     ORDER BY u.time DESC LIMIT :limit)
+    (SELECT job_id, spec_key, peak_memory_mb, mean_cores,
+            memory_limit_mb::double precision AS limit_mb, cpu_limit, oom_killed
+     FROM usage_samples
+     WHERE NOT oom_killed AND time >= now() - make_interval(days => :days)
+       AND peak_memory_mb > 0
+     ORDER BY time DESC LIMIT :limit)
     UNION ALL
-    (SELECT (j.spec - 'name' - 'labels' - 'steps')::text, 0.0, 0.0,
-            COALESCE((b.body->'resources'->>'memory_mb')::double precision,
-                     (j.spec->'resources'->>'memory_mb')::double precision, 0),
-            COALESCE((b.body->'resources'->>'cpu')::double precision,
-                     (j.spec->'resources'->>'cpu')::double precision, 0), true, a.ended_at
-     FROM attempts a
-     JOIN jobs j ON j.job_id = a.job_id
-     JOIN job_events b ON b.job_id = a.job_id AND b.attempt = a.attempt AND b.kind = 'bound'
-     WHERE a.failure_reason = 'FAILURE_OOM_KILLED'
-       AND a.ended_at >= now() - make_interval(days => :days)
-     ORDER BY a.ended_at DESC LIMIT :limit)
+    (SELECT job_id, spec_key, 0.0, 0.0, memory_limit_mb::double precision, cpu_limit, oom_killed
+     FROM usage_samples
+     WHERE oom_killed AND time >= now() - make_interval(days => :days)
+     ORDER BY time DESC LIMIT :limit)
     """
 )
-"""The samples with each job's spec as JSON text, without the fields that differ job to job and
-that the fingerprint does not read (``mdq.core.recommend.fingerprint_of``: name, labels, step
-target): many jobs of a campaign share the rest, so each distinct one is parsed once."""
+"""The samples, newest first from ``ix_usage_samples_time``, each with its ``spec_key``."""
+
+FINGERPRINT_INPUTS = """jsonb_strip_nulls(jsonb_build_object(
+    'task', spec->'task', 'system', spec->'system',
+    'nonbonded_method', spec->'nonbonded_method', 'cutoff_nm', spec->'cutoff_nm',
+    'barostat', spec->'barostat', 'integrator', spec->'integrator', 'platform', spec->'platform',
+    'resources', jsonb_build_object('cpu', spec->'resources'->'cpu'),
+    'trajectory_interval_steps', spec->'trajectory_interval_steps',
+    'checkpoint_interval_steps', spec->'checkpoint_interval_steps', 'inputs', spec->'inputs'))"""
+"""The fields of a job's spec that the cost fingerprint reads (``mdq.core.recommend.
+fingerprint_of``), as revision 0013 keys them (``spec_key``)."""
+
+HISTORY_SPECS = text(
+    f"SELECT job_id, ({FINGERPRINT_INPUTS})::text AS spec FROM jobs WHERE job_id = ANY(:jobs)"
+).bindparams(bindparam("jobs", type_=ARRAY(Text())))
+"""One job's fingerprint inputs per distinct ``spec_key``."""
 
 
 async def usage_history(
     engine: AsyncEngine, *, days: int = 90, limit: int = 20_000
 ) -> list[UsageSample]:
     """What the resource recommender learns from (``mdq.core.recommend``): the measured usage of
-    the attempts of the last ``days`` days (``usage_samples``, revision 0013), and the
-    OOM-killed attempts with the memory limit they were bound with; at most ``limit`` of each,
-    newest first. An attempt's threads are those of the CPU it ran with."""
+    the attempts of the last ``days`` days, and the OOM-killed attempts with the memory limit
+    they were bound with (``usage_samples``, revision 0013); at most ``limit`` of each, newest
+    first. An attempt's threads are those of the CPU it ran with. The samples sharing a
+    ``spec_key`` share the spec the fingerprint reads: it is read and parsed once, from one of
+    their jobs (when that job has no row in ``jobs`` yet, the key's samples are left out)."""
     async with engine.connect() as connection:
         rows = (await connection.execute(USAGE_HISTORY, {"days": days, "limit": limit})).all()
-    samples: list[UsageSample] = []
+        chosen: dict[str, str] = {}
+        for row in rows:
+            chosen.setdefault(row.spec_key, row.job_id)
+        spec_rows = (
+            await connection.execute(HISTORY_SPECS, {"jobs": sorted(set(chosen.values()))})
+        ).all()
+    texts = {row.job_id: row.spec for row in spec_rows}
     specs: dict[str, pb.JobSpec] = {}
+    for key, job_id in chosen.items():
+        if job_id in texts:
+            specs[key] = json_format.Parse(texts[job_id], pb.JobSpec(), ignore_unknown_fields=True)
+    samples: list[UsageSample] = []
     fingerprints: dict[tuple[str, int], CostFingerprint] = {}
     for row in rows:
-        spec = specs.get(row.spec)
+        spec = specs.get(row.spec_key)
         if spec is None:
-            spec = json_format.Parse(row.spec, pb.JobSpec(), ignore_unknown_fields=True)
-            specs[row.spec] = spec
+            continue
         cpu = row.cpu_limit or spec.resources.cpu
         threads = max(1, math.ceil(cpu))
-        fingerprint = fingerprints.get((row.spec, threads))
+        fingerprint = fingerprints.get((row.spec_key, threads))
         if fingerprint is None:
             fingerprint = fingerprint_of(spec, threads=threads)
-            fingerprints[(row.spec, threads)] = fingerprint
+            fingerprints[(row.spec_key, threads)] = fingerprint
         samples.append(
             UsageSample(
                 fingerprint=fingerprint,

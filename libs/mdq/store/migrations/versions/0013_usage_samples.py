@@ -10,7 +10,18 @@ attempt (key ``job_id, attempt``), with the job's system case (``system_kind``: 
 
 * ``ix_usage_samples_system`` (system_kind, box_nm) INCLUDE (peak_memory_mb, memory_limit_mb,
   mean_cores) answers a question about one kind and size of system from the index alone;
-* ``ix_usage_samples_time`` gives the recommender the newest samples first.
+* ``ix_usage_samples_time`` (oom_killed, time) gives the recommender the newest measured
+  samples and the newest OOM kills first, and each row's ``spec_key`` (the md5 of the fields of the
+  job's spec that the cost fingerprint reads, ``FINGERPRINT_INPUTS``) lets it read and parse
+  those fields once per distinct key instead of a whole spec per sample
+  (``mdq.store.queries.usage_history``).
+
+An OOM-killed attempt reports no usage: it is a row with ``oom_killed`` true, no measured
+figures, and the limits it was bound with (its ``bound`` event's resources, else its spec's),
+at the attempt's end. It is written by a row trigger on ``attempts``
+(``mdq_usage_samples_oom``) when the attempt is stored as ended with ``FAILURE_OOM_KILLED``,
+so the recommender reads no ``job_events`` partition for it. The memory question of
+docs/history.md counts the measured rows only (``NOT oom_killed``).
 
 It is kept by PostgreSQL, not by the projector's code: an AFTER INSERT statement trigger on
 ``job_events`` (``mdq_usage_samples_insert``, with the statement's new rows as a transition
@@ -42,7 +53,20 @@ down_revision: str | None = "0012_job_control"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-SAMPLES_OF = """
+FINGERPRINT_INPUTS = """jsonb_strip_nulls(jsonb_build_object(
+    'task', {s}->'task', 'system', {s}->'system',
+    'nonbonded_method', {s}->'nonbonded_method', 'cutoff_nm', {s}->'cutoff_nm',
+    'barostat', {s}->'barostat', 'integrator', {s}->'integrator', 'platform', {s}->'platform',
+    'resources', jsonb_build_object('cpu', {s}->'resources'->'cpu'),
+    'trajectory_interval_steps', {s}->'trajectory_interval_steps',
+    'checkpoint_interval_steps', {s}->'checkpoint_interval_steps', 'inputs', {s}->'inputs'))"""
+"""The fields of a spec (JSON ``{s}``) that the cost fingerprint reads
+(``mdq.core.recommend.fingerprint_of``); ``mdq.store.queries`` reads the same."""
+
+SPEC_KEY = f"md5(({FINGERPRINT_INPUTS.format(s='s.system_spec')})::text)"
+"""The sample's ``spec_key``: what ``usage_history`` groups the samples' specs by."""
+
+SAMPLES_OF = f"""
     SELECT n.job_id, n.attempt, n.time, COALESCE(k.kind, '') AS system_kind,
            CASE WHEN k.kind = 'water_box'
                 THEN (s.system->'water_box'->>'box_nm')::double precision END AS box_nm,
@@ -51,14 +75,16 @@ SAMPLES_OF = """
            COALESCE((n.body->>'cpu_seconds')::double precision, 0),
            COALESCE((n.body->>'wall_seconds')::double precision, 0),
            COALESCE((n.body->>'memory_limit_mb')::bigint, 0),
-           COALESCE((n.body->>'cpu_limit')::double precision, 0)
-    FROM {source} n
+           COALESCE((n.body->>'cpu_limit')::double precision, 0),
+           {SPEC_KEY}, false
+    FROM {{source}} n
     LEFT JOIN jobs j ON j.job_id = n.job_id
     CROSS JOIN LATERAL (
-        SELECT COALESCE(j.spec->'system', (
-            SELECT e.body->'spec'->'system' FROM job_events e
-            WHERE e.job_id = n.job_id AND e.kind = 'submitted' LIMIT 1)) AS system
-    ) AS s
+        SELECT COALESCE(j.spec, (
+            SELECT e.body->'spec' FROM job_events e
+            WHERE e.job_id = n.job_id AND e.kind = 'submitted' LIMIT 1)) AS system_spec
+    ) AS s0
+    CROSS JOIN LATERAL (SELECT s0.system_spec, s0.system_spec->'system' AS system) AS s
     LEFT JOIN LATERAL (
         SELECT key AS kind FROM jsonb_object_keys(
             CASE WHEN jsonb_typeof(s.system) = 'object' THEN s.system END) AS key
@@ -70,8 +96,39 @@ SAMPLES_OF = """
 
 COLUMNS = (
     "job_id, attempt, time, system_kind, box_nm, peak_memory_mb, mean_cores, cpu_seconds, "
-    "wall_seconds, memory_limit_mb, cpu_limit"
+    "wall_seconds, memory_limit_mb, cpu_limit, spec_key, oom_killed"
 )
+
+OOM_OF = f"""
+    SELECT n.job_id, n.attempt, n.ended_at, COALESCE(k.kind, ''),
+           CASE WHEN k.kind = 'water_box'
+                THEN (s.system->'water_box'->>'box_nm')::double precision END,
+           0, 0, 0, 0,
+           COALESCE((b.resources->>'memory_mb')::bigint,
+                    (s.system_spec->'resources'->>'memory_mb')::bigint, 0),
+           COALESCE((b.resources->>'cpu')::double precision,
+                    (s.system_spec->'resources'->>'cpu')::double precision, 0),
+           {SPEC_KEY}, true
+    FROM {{source}} n
+    LEFT JOIN jobs j ON j.job_id = n.job_id
+    CROSS JOIN LATERAL (
+        SELECT COALESCE(j.spec, (
+            SELECT e.body->'spec' FROM job_events e
+            WHERE e.job_id = n.job_id AND e.kind = 'submitted' LIMIT 1)) AS system_spec
+    ) AS s0
+    CROSS JOIN LATERAL (SELECT s0.system_spec, s0.system_spec->'system' AS system) AS s
+    LEFT JOIN LATERAL (
+        SELECT e.body->'resources' AS resources FROM job_events e
+        WHERE e.job_id = n.job_id AND e.attempt = n.attempt AND e.kind = 'bound' LIMIT 1
+    ) AS b ON true
+    LEFT JOIN LATERAL (
+        SELECT key AS kind FROM jsonb_object_keys(
+            CASE WHEN jsonb_typeof(s.system) = 'object' THEN s.system END) AS key
+        ORDER BY key LIMIT 1
+    ) AS k ON true
+    WHERE n.failure_reason = 'FAILURE_OOM_KILLED' AND n.ended_at IS NOT NULL
+"""
+"""The samples of the OOM-killed attempts of ``source`` (a table of ``attempts`` rows)."""
 
 TRIGGER_FUNCTION = f"""
 CREATE FUNCTION mdq_usage_samples_insert() RETURNS trigger
@@ -80,6 +137,20 @@ BEGIN
     INSERT INTO usage_samples ({COLUMNS})
     {SAMPLES_OF.format(source="new_events")}
     ON CONFLICT DO NOTHING;
+    RETURN NULL;
+END
+$$
+"""
+
+OOM_TRIGGER_FUNCTION = f"""
+CREATE FUNCTION mdq_usage_samples_oom() RETURNS trigger
+LANGUAGE plpgsql SET search_path = public, pg_temp AS $$
+BEGIN
+    INSERT INTO usage_samples ({COLUMNS})
+    {OOM_OF.format(source="(SELECT NEW.*) AS")}
+    ON CONFLICT (job_id, attempt) DO UPDATE SET time = EXCLUDED.time,
+        memory_limit_mb = EXCLUDED.memory_limit_mb, cpu_limit = EXCLUDED.cpu_limit
+        WHERE usage_samples.oom_killed;
     RETURN NULL;
 END
 $$
@@ -105,6 +176,18 @@ def upgrade() -> None:
         sa.Column("wall_seconds", sa.Double(), nullable=False),
         sa.Column("memory_limit_mb", sa.BigInteger(), nullable=False),
         sa.Column("cpu_limit", sa.Double(), nullable=False),
+        sa.Column(
+            "spec_key",
+            sa.Text(),
+            nullable=False,
+            comment="md5 of the fields of the job's spec that the cost fingerprint reads.",
+        ),
+        sa.Column(
+            "oom_killed",
+            sa.Boolean(),
+            nullable=False,
+            comment="An OOM-killed attempt: no measured figures, the limits it was bound with.",
+        ),
         sa.PrimaryKeyConstraint("job_id", "attempt", name="pk_usage_samples"),
         comment="One row per usage event (revision 0013): what each attempt used, by system.",
     )
@@ -112,9 +195,9 @@ def upgrade() -> None:
         "ix_usage_samples_system",
         "usage_samples",
         ["system_kind", "box_nm"],
-        postgresql_include=["peak_memory_mb", "memory_limit_mb", "mean_cores"],
+        postgresql_include=["peak_memory_mb", "memory_limit_mb", "mean_cores", "oom_killed"],
     )
-    op.create_index("ix_usage_samples_time", "usage_samples", ["time"])
+    op.create_index("ix_usage_samples_time", "usage_samples", ["oom_killed", "time"])
     op.execute("ALTER TABLE usage_samples ENABLE ROW LEVEL SECURITY")
     op.execute(TRIGGER_FUNCTION)
     op.execute(
@@ -122,8 +205,18 @@ def upgrade() -> None:
         "REFERENCING NEW TABLE AS new_events FOR EACH STATEMENT "
         "EXECUTE FUNCTION mdq_usage_samples_insert()"
     )
+    op.execute(OOM_TRIGGER_FUNCTION)
+    op.execute(
+        "CREATE TRIGGER usage_samples_from_oom_kills AFTER INSERT OR UPDATE OF failure_reason, "
+        "ended_at ON attempts FOR EACH ROW WHEN (NEW.failure_reason = 'FAILURE_OOM_KILLED' "
+        "AND NEW.ended_at IS NOT NULL) EXECUTE FUNCTION mdq_usage_samples_oom()"
+    )
     op.execute(
         f"INSERT INTO usage_samples ({COLUMNS}) {SAMPLES_OF.format(source='job_events')} "
+        "ON CONFLICT DO NOTHING"
+    )
+    op.execute(
+        f"INSERT INTO usage_samples ({COLUMNS}) {OOM_OF.format(source='attempts')} "
         "ON CONFLICT DO NOTHING"
     )
 
@@ -131,6 +224,8 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.execute("DROP TRIGGER IF EXISTS usage_samples_from_events ON job_events")
     op.execute("DROP FUNCTION IF EXISTS mdq_usage_samples_insert()")
+    op.execute("DROP TRIGGER IF EXISTS usage_samples_from_oom_kills ON attempts")
+    op.execute("DROP FUNCTION IF EXISTS mdq_usage_samples_oom()")
     op.drop_index("ix_usage_samples_time", table_name="usage_samples")
     op.drop_index("ix_usage_samples_system", table_name="usage_samples")
     op.drop_table("usage_samples")
