@@ -330,6 +330,25 @@ def _rank(node: NodeState, config: PlacementConfig, penalty: float = 0.0) -> flo
     return load_score(max(node.cpu_share(), node.memory_share()), config.target_load) - penalty
 
 
+def _rank_of(node: NodeState, target: float) -> float:
+    """``_rank`` without a cluster penalty, its shares inlined (computed the same way: the
+    heap of a large cluster is built from it, a node at a time)."""
+    cpu_cap, mem_cap = node.cpu_capacity, node.memory_capacity_mb
+    if cpu_cap <= 0:
+        cpu = 1.0
+    else:
+        cpu = node.cpu_load + node.inflight_cpu / cpu_cap
+        reserved = node.reserved_cpu / cpu_cap
+        cpu = reserved if reserved > cpu else cpu
+    if mem_cap <= 0:
+        mem = 1.0
+    else:
+        mem = node.memory_load + node.inflight_memory_mb / mem_cap
+        reserved = node.reserved_memory_mb / mem_cap
+        mem = reserved if reserved > mem else mem
+    return load_score(mem if mem > cpu else cpu, target)
+
+
 def cluster_terms(node: NodeState, job: QueuedJob, config: PlacementConfig) -> float:
     """The job-dependent cluster points of ``node`` for ``job``: preferred labels, locality."""
     points = 0.0
@@ -453,7 +472,14 @@ def summarise_clusters(
 
 # -- planning ----------------------------------------------------------------------------------
 def _best(candidates: Sequence[NodeScore], order: dict[str, int]) -> NodeScore:
-    return max(candidates, key=lambda s: (s.score, -order[s.node]))
+    """The highest score; among equal scores the node that comes first in ``order``."""
+    best = candidates[0]
+    for score in candidates[1:]:
+        if score.score > best.score or (
+            score.score == best.score and order[score.node] < order[best.node]
+        ):
+            best = score
+    return best
 
 
 class _Planner:
@@ -466,17 +492,26 @@ class _Planner:
         self.static: list[NodeScore] = []
         self.static_counts: dict[str, int] = {}
         self.eligible: list[NodeState] = []
+        self.clustered = False
+        timeout, hard = config.load_timeout_s, config.hard_load_threshold
         for node in nodes:
-            reason = node_filter(node, now, config)
-            if reason:
-                self.static.append(_filtered(node, reason))
-                self.static_counts[reason] = self.static_counts.get(reason, 0) + 1
-            else:
+            if node.cluster:
+                self.clustered = True
+            # node_filter, inlined (the per-pass cost grows with the cluster)
+            if (
+                node.ready
+                and not node.cordoned
+                and not (now - node.reported_at).total_seconds() > timeout
+                and not max(node.expected_loads()) > hard
+            ):
                 self.eligible.append(node)
+                continue
+            reason = node_filter(node, now, config)
+            self.static.append(_filtered(node, reason))
+            self.static_counts[reason] = self.static_counts.get(reason, 0) + 1
         self.by_name = {node.name: node for node in self.eligible}
-        self.penalties = cluster_load_penalties(self.eligible, config)
+        self.penalties = cluster_load_penalties(self.eligible, config) if self.clustered else {}
         """cluster -> (reserved CPU share, points lost), with several clusters only."""
-        self.clustered = any(node.cluster for node in nodes)
         self.static_by_cluster: dict[str, dict[str, int]] = {}
         """cluster -> its nodes filtered out before any job, per reason (every cluster)."""
         if self.clustered:
@@ -498,23 +533,32 @@ class _Planner:
         ``eligible`` order."""
         self.heap: list[tuple[float, int, int, str]] = []
         if not self.small:
-            self.heap = [
-                (-_rank(node, config, self.penalty(node)), self.order[node.name], 0, node.name)
-                for node in self.eligible
-            ]
+            order, target, penalty = self.order, config.target_load, self.penalty
+            if self.penalties:
+                self.heap = [
+                    (-_rank(node, config, penalty(node)), order[node.name], 0, node.name)
+                    for node in self.eligible
+                ]
+            else:
+                self.heap = [
+                    (-_rank_of(node, target), order[node.name], 0, node.name)
+                    for node in self.eligible
+                ]
             heapq.heapify(self.heap)
         self.holds = False
         self.nowhere: list[tuple[float, int]] = []
         """(cpu, memory) of jobs without avoid-lists that fit on no node in this plan."""
 
     def penalty(self, node: NodeState) -> float:
+        if not self.penalties:
+            return 0.0
         entry = self.penalties.get(node.cluster)
         return entry[1] if entry is not None else 0.0
 
     # requests only shrink the room left, so a job at least as big as one that fit nowhere
     # fits nowhere either (a job that requires clusters may fit where the other could not)
     def dominated(self, job: QueuedJob) -> bool:
-        if self.holds or job.clusters.require:
+        if not self.nowhere or self.holds or job.clusters.require:
             return False  # a nominee's held room may come back: no shortcut then
         return any(job.cpu >= cpu and job.memory_mb >= mem for cpu, mem in self.nowhere)
 
@@ -527,6 +571,8 @@ class _Planner:
         self.nowhere.append((job.cpu, job.memory_mb))
 
     def hold(self, job: QueuedJob, sign: int) -> None:
+        if not job.nominated_node:
+            return
         node = self.by_name.get(job.nominated_node)
         if node is not None:
             node.reserved_cpu += sign * job.cpu
@@ -546,15 +592,12 @@ class _Planner:
             return
         version = self.version[node.name] + 1
         self.version[node.name] = version
-        heapq.heappush(
-            self.heap,
-            (
-                -_rank(node, self.config, self.penalty(node)),
-                self.order[node.name],
-                version,
-                node.name,
-            ),
+        rank = (
+            _rank(node, self.config, self.penalty(node))
+            if self.penalties
+            else _rank_of(node, self.config.target_load)
         )
+        heapq.heappush(self.heap, (-rank, self.order[node.name], version, node.name))
 
     def _score(self, node: NodeState, job: QueuedJob, honour_avoid: bool) -> NodeScore:
         reason = job_filter(node, job, honour_avoid=honour_avoid)
@@ -581,27 +624,41 @@ class _Planner:
         self.scans[shape] = (len(self.touched), scores)
         return scores
 
-    def sampled(self, job: QueuedJob) -> tuple[list[NodeScore], int]:
-        """Score the best-ranked fitting nodes; returns the scores and the nodes examined."""
+    def sampled(
+        self, job: QueuedJob
+    ) -> tuple[list[NodeScore], int, list[tuple[float, int, int, str]]]:
+        """Score the best-ranked fitting nodes; returns the scores, the nodes examined and
+        their heap entries, popped (the caller pushes them back: all but the node it binds,
+        which ``bind`` re-ranks)."""
         popped: list[tuple[float, int, int, str]] = []
         scores: list[NodeScore] = []
         fitting = 0
-        heap, version = self.heap, self.version
-        while heap and fitting < self.config.sample_size and len(popped) < self.config.max_examined:
+        heap, version, by_name, config = self.heap, self.version, self.by_name, self.config
+        sample_size, max_examined = config.sample_size, config.max_examined
+        cpu, memory, avoid = job.cpu, job.memory_mb, job.avoid_nodes
+        plain = not (job.clusters.require or avoid)
+        while heap and fitting < sample_size and len(popped) < max_examined:
             entry = heapq.heappop(heap)
             if entry[2] != version[entry[3]]:
                 continue  # stale: the node was re-ranked since
             popped.append(entry)
-            node = self.by_name[entry[3]]
-            reason = job_filter(node, job)
+            node = by_name[entry[3]]
+            # job_filter, inlined when the job has no cluster labels or avoid-list to check
+            if plain:
+                if node.reserved_cpu + cpu > node.cpu_capacity + 1e-9:
+                    reason = NO_CPU
+                elif node.reserved_memory_mb + memory > node.memory_capacity_mb:
+                    reason = NO_MEMORY
+                else:
+                    reason = ""
+            else:
+                reason = job_filter(node, job)
             if reason:
                 scores.append(_filtered(node, reason, job))
             else:
-                scores.append(_score_fitting(node, job, self.config, self.penalty(node)))
+                scores.append(_score_fitting(node, job, config, self.penalty(node)))
                 fitting += 1
-        for entry in popped:
-            heapq.heappush(heap, entry)
-        return scores, len(popped)
+        return scores, len(popped), popped
 
     def decide(self, job: QueuedJob) -> Decision | None:
         if self.dominated(job):
@@ -613,9 +670,19 @@ class _Planner:
         if self.small or job.clusters.prefer or job.data_clusters:
             scores = self.full_scan(job, True)
         else:
-            scores, examined = self.sampled(job)
-            if not any(not s.filtered for s in scores):
-                scores, examined = self.full_scan(job, True), len(self.eligible)
+            scores, examined, popped = self.sampled(job)
+            candidates = [s for s in scores if not s.filtered]
+            if candidates:
+                best = _best(candidates, self.order)
+                heap = self.heap
+                for entry in popped:
+                    if entry[3] != best.node:
+                        heapq.heappush(heap, entry)
+                self.bind(self.by_name[best.node], job)  # pushes its new rank
+                return self._explain(job, best.node, scores, examined)
+            for entry in popped:
+                heapq.heappush(self.heap, entry)
+            scores, examined = self.full_scan(job, True), len(self.eligible)
         candidates = [s for s in scores if not s.filtered]
         if not candidates and job.avoid_nodes:
             # The avoid-list is a preference: rather the same node than no node at all.
