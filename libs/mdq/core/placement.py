@@ -391,7 +391,11 @@ def _score_fitting(
     mem_after = (mem_live if mem_live > reserved_mem else reserved_mem) + job.memory_mb / mem_cap
     cpu_after = 1.0 if cpu_after > 1.0 else cpu_after
     mem_after = 1.0 if mem_after > 1.0 else mem_after
-    score = load_score(cpu_after if cpu_after > mem_after else mem_after, config.target_load)
+    u = cpu_after if cpu_after > mem_after else mem_after
+    if config.target_load <= 0.0:  # load_score's spreading case, inlined
+        score = 100.0 * (1.0 - (0.0 if u < 0.0 else u))
+    else:
+        score = load_score(u, config.target_load)
     score -= config.balance_weight * abs(cpu_after - mem_after)
     if cpu_live > config.overload_threshold or mem_live > config.overload_threshold:
         score -= config.overload_penalty
@@ -523,6 +527,10 @@ class _Planner:
         self.position = {node.name: index for index, node in enumerate(self.eligible)}
         self.small = len(self.eligible) <= config.full_scan_nodes
         self.version = {node.name: 0 for node in self.eligible}
+        self.sampled_scores: dict[tuple[str, float, int], tuple[int, NodeScore, bool]] = {}
+        """(node, cpu, memory) -> (the node's version, its score or filter for a job of that
+        shape without cluster labels or an avoid-list, whether it fits): a node the heap
+        offers again to a job of the same shape is scored again only when its room changed."""
         self.touched: list[str] = []
         """Nodes whose room changed in this plan, in order (a cached scan redoes these)."""
         self.scans: dict[
@@ -637,12 +645,20 @@ class _Planner:
         sample_size, max_examined = config.sample_size, config.max_examined
         cpu, memory, avoid = job.cpu, job.memory_mb, job.avoid_nodes
         plain = not (job.clusters.require or avoid)
+        cache = self.sampled_scores
         while heap and fitting < sample_size and len(popped) < max_examined:
             entry = heapq.heappop(heap)
             if entry[2] != version[entry[3]]:
                 continue  # stale: the node was re-ranked since
             popped.append(entry)
-            node = by_name[entry[3]]
+            name = entry[3]
+            if plain:
+                known = cache.get((name, cpu, memory))
+                if known is not None and known[0] == entry[2]:
+                    scores.append(known[1])
+                    fitting += known[2]
+                    continue
+            node = by_name[name]
             # job_filter, inlined when the job has no cluster labels or avoid-list to check
             if plain:
                 if node.reserved_cpu + cpu > node.cpu_capacity + 1e-9:
@@ -654,10 +670,13 @@ class _Planner:
             else:
                 reason = job_filter(node, job)
             if reason:
-                scores.append(_filtered(node, reason, job))
+                score = _filtered(node, reason, job)
             else:
-                scores.append(_score_fitting(node, job, config, self.penalty(node)))
+                score = _score_fitting(node, job, config, self.penalty(node))
                 fitting += 1
+            scores.append(score)
+            if plain:
+                cache[(name, cpu, memory)] = (entry[2], score, not reason)
         return scores, len(popped), popped
 
     def decide(self, job: QueuedJob) -> Decision | None:
