@@ -57,7 +57,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import NamedTuple
 
 from mdq.core.clusters import NO_SELECTOR, Selector, cluster_of, locality
@@ -492,25 +492,53 @@ class _Planner:
     def __init__(self, nodes: Sequence[NodeState], now: datetime, config: PlacementConfig) -> None:
         self.config = config
         self.nodes_total = len(nodes)
-        self.order = {node.name: index for index, node in enumerate(nodes)}
+        self.order: dict[str, int] = {}
         self.static: list[NodeScore] = []
         self.static_counts: dict[str, int] = {}
         self.eligible: list[NodeState] = []
         self.clustered = False
-        timeout, hard = config.load_timeout_s, config.hard_load_threshold
-        for node in nodes:
+        timeout, hard, target = (
+            config.load_timeout_s,
+            config.hard_load_threshold,
+            config.target_load,
+        )
+        # a report is too old when (now - reported_at).total_seconds() > timeout; with a
+        # timeout in whole microseconds that is reported_at < now - timeout, exactly
+        limit = timedelta(seconds=timeout)
+        cutoff = now - limit if limit.total_seconds() == timeout else None
+        ranked: list[tuple[float, int, int, str]] = []
+        """(-rank, index, version 0, name) of every eligible node (the heap's entries)."""
+        order, eligible = self.order, self.eligible
+        for index, node in enumerate(nodes):
+            name = node.name
+            order[name] = index
             if node.cluster:
                 self.clustered = True
-            # node_filter, inlined (the per-pass cost grows with the cluster)
+            # node_filter and _rank_of, inlined (the per-pass cost grows with the cluster)
+            cpu_cap, mem_cap = node.cpu_capacity, node.memory_capacity_mb
             if (
                 node.ready
                 and not node.cordoned
-                and not (now - node.reported_at).total_seconds() > timeout
-                and not max(node.expected_loads()) > hard
+                and cutoff is not None
+                and not node.reported_at < cutoff
+                and cpu_cap > 0
+                and mem_cap > 0
             ):
-                self.eligible.append(node)
-                continue
+                cpu = node.cpu_load + node.inflight_cpu / cpu_cap
+                mem = node.memory_load + node.inflight_memory_mb / mem_cap
+                if not (mem if mem > cpu else cpu) > hard:
+                    eligible.append(node)
+                    reserved = node.reserved_cpu / cpu_cap
+                    cpu = reserved if reserved > cpu else cpu
+                    reserved = node.reserved_memory_mb / mem_cap
+                    mem = reserved if reserved > mem else mem
+                    ranked.append((-load_score(mem if mem > cpu else cpu, target), index, 0, name))
+                    continue
             reason = node_filter(node, now, config)
+            if not reason:
+                eligible.append(node)
+                ranked.append((-_rank_of(node, target), index, 0, name))
+                continue
             self.static.append(_filtered(node, reason))
             self.static_counts[reason] = self.static_counts.get(reason, 0) + 1
         self.by_name = {node.name: node for node in self.eligible}
@@ -524,9 +552,11 @@ class _Planner:
             for score in self.static:
                 counts = self.static_by_cluster[cluster_of(score.node)]
                 counts[score.filtered] = counts.get(score.filtered, 0) + 1
-        self.position = {node.name: index for index, node in enumerate(self.eligible)}
+        self.position: dict[str, int] = {}
+        """name -> index in ``eligible`` (made by the first full scan that needs it)."""
         self.small = len(self.eligible) <= config.full_scan_nodes
-        self.version = {node.name: 0 for node in self.eligible}
+        self.version: dict[str, int] = {}
+        """name -> how many times its room changed in this plan (absent: never)."""
         self.sampled_scores: dict[tuple[str, float, int], tuple[int, NodeScore, bool]] = {}
         """(node, cpu, memory) -> (the node's version, its score or filter for a job of that
         shape without cluster labels or an avoid-list, whether it fits): a node the heap
@@ -541,17 +571,14 @@ class _Planner:
         ``eligible`` order."""
         self.heap: list[tuple[float, int, int, str]] = []
         if not self.small:
-            order, target, penalty = self.order, config.target_load, self.penalty
-            if self.penalties:
+            if self.penalties or len(order) < len(nodes):  # several clusters, or a name twice
+                penalty = self.penalty
                 self.heap = [
                     (-_rank(node, config, penalty(node)), order[node.name], 0, node.name)
                     for node in self.eligible
                 ]
             else:
-                self.heap = [
-                    (-_rank_of(node, target), order[node.name], 0, node.name)
-                    for node in self.eligible
-                ]
+                self.heap = ranked
             heapq.heapify(self.heap)
         self.holds = False
         self.nowhere: list[tuple[float, int]] = []
@@ -598,7 +625,7 @@ class _Planner:
         self.touched.append(node.name)
         if self.small:
             return
-        version = self.version[node.name] + 1
+        version = self.version.get(node.name, 0) + 1
         self.version[node.name] = version
         rank = (
             _rank(node, self.config, self.penalty(node))
@@ -626,6 +653,8 @@ class _Planner:
             scores = [self._score(node, job, False) for node in self.eligible]
         else:
             scores = list(cached[1])
+            if not self.position:
+                self.position = {node.name: index for index, node in enumerate(self.eligible)}
             for name in set(self.touched[cached[0] :]):
                 index = self.position[name]
                 scores[index] = self._score(self.eligible[index], job, False)
@@ -648,7 +677,7 @@ class _Planner:
         cache = self.sampled_scores
         while heap and fitting < sample_size and len(popped) < max_examined:
             entry = heapq.heappop(heap)
-            if entry[2] != version[entry[3]]:
+            if entry[2] != version.get(entry[3], 0):
                 continue  # stale: the node was re-ranked since
             popped.append(entry)
             name = entry[3]
