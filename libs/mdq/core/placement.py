@@ -542,6 +542,11 @@ class _Planner:
             self.static.append(_filtered(node, reason))
             self.static_counts[reason] = self.static_counts.get(reason, 0) + 1
         self.by_name = {node.name: node for node in self.eligible}
+        self.small = len(self.eligible) <= config.full_scan_nodes
+        self.static_listed = tuple(
+            self.static if self.small else self.static[:EXPLAIN_FILTERED_LIMIT]
+        )
+        """The nodes filtered out before any job that each decision lists."""
         self.penalties = cluster_load_penalties(self.eligible, config) if self.clustered else {}
         """cluster -> (reserved CPU share, points lost), with several clusters only."""
         self.static_by_cluster: dict[str, dict[str, int]] = {}
@@ -554,7 +559,6 @@ class _Planner:
                 counts[score.filtered] = counts.get(score.filtered, 0) + 1
         self.position: dict[str, int] = {}
         """name -> index in ``eligible`` (made by the first full scan that needs it)."""
-        self.small = len(self.eligible) <= config.full_scan_nodes
         self.version: dict[str, int] = {}
         """name -> how many times its room changed in this plan (absent: never)."""
         self.sampled_scores: dict[tuple[str, float, int], tuple[int, NodeScore, bool]] = {}
@@ -751,11 +755,10 @@ class _Planner:
         for score in scores:
             if score.filtered:
                 counts[score.filtered] = counts.get(score.filtered, 0) + 1
-        static = self.static if self.small else self.static[:EXPLAIN_FILTERED_LIMIT]
         return Decision(
             job_id=job.job_id,
             node=node,
-            scores=tuple(scores) + tuple(static),
+            scores=(*scores, *self.static_listed),
             filtered_counts=counts,
             nodes_total=self.nodes_total,
             not_examined=len(self.eligible) - examined,
