@@ -561,8 +561,8 @@ class _Planner:
         """name -> index in ``eligible`` (made by the first full scan that needs it)."""
         self.version: dict[str, int] = {}
         """name -> how many times its room changed in this plan (absent: never)."""
-        self.sampled_scores: dict[tuple[str, float, int], tuple[int, NodeScore, bool]] = {}
-        """(node, cpu, memory) -> (the node's version, its score or filter for a job of that
+        self.sampled_scores: dict[tuple[float, int], dict[str, tuple[int, NodeScore, bool]]] = {}
+        """(cpu, memory) -> node -> (the node's version, its score or filter for a job of that
         shape without cluster labels or an avoid-list, whether it fits): a node the heap
         offers again to a job of the same shape is scored again only when its room changed."""
         self.touched: list[str] = []
@@ -678,15 +678,16 @@ class _Planner:
         sample_size, max_examined = config.sample_size, config.max_examined
         cpu, memory, avoid = job.cpu, job.memory_mb, job.avoid_nodes
         plain = not (job.clusters.require or avoid)
-        cache = self.sampled_scores
+        cache = self.sampled_scores.setdefault((cpu, memory), {}) if plain else None
+        pop = heapq.heappop
         while heap and fitting < sample_size and len(popped) < max_examined:
-            entry = heapq.heappop(heap)
-            if entry[2] != version.get(entry[3], 0):
+            entry = pop(heap)
+            name = entry[3]
+            if entry[2] != version.get(name, 0):
                 continue  # stale: the node was re-ranked since
             popped.append(entry)
-            name = entry[3]
-            if plain:
-                known = cache.get((name, cpu, memory))
+            if cache is not None:
+                known = cache.get(name)
                 if known is not None and known[0] == entry[2]:
                     scores.append(known[1])
                     fitting += known[2]
@@ -708,8 +709,8 @@ class _Planner:
                 score = _score_fitting(node, job, config, self.penalty(node))
                 fitting += 1
             scores.append(score)
-            if plain:
-                cache[(name, cpu, memory)] = (entry[2], score, not reason)
+            if cache is not None:
+                cache[name] = (entry[2], score, not reason)
         return scores, len(popped), popped
 
     def decide(self, job: QueuedJob) -> Decision | None:
