@@ -48,7 +48,8 @@ Rules (docs/placement.md has the whole story):
   ``max_examined``) and falls back to a full scan only when none of those fits. A job whose
   requests dominate those of a job that already fit nowhere in this plan is skipped at once.
   A full scan for a job shaped (CPU, memory) like an earlier one in the same plan rescores only
-  the nodes whose room changed since, so a campaign of replicas costs one node per decision.
+  the nodes whose room changed since, so a campaign of replicas costs one node per decision;
+  the sampled path likewise keeps each node's score per job shape until the node's room changes.
   Each decision reports how many nodes were filtered, per reason, and how many not examined.
 """
 
