@@ -13,6 +13,7 @@ from mdq.core.placement import (
     PlacementConfig,
     QueuedJob,
     explain_waiting,
+    node_filter,
     order_queue,
     plan,
     score_node,
@@ -68,6 +69,72 @@ FILTER_CASES = [
 )
 def test_filters(name: str, the_node: NodeState, the_job: QueuedJob, filtered: str) -> None:
     assert score_node(the_node, the_job, NOW, CONFIG).filtered == filtered
+
+
+TIMEOUT = timedelta(seconds=CONFIG.load_timeout_s)
+ODD = PlacementConfig(load_timeout_s=0.1234567)
+"""A timeout that is not a whole number of microseconds."""
+NODE_FILTER_CASES = [
+    ("healthy", node(), CONFIG, ""),
+    ("not ready", node(ready=False), CONFIG, "not ready"),
+    ("cordoned", node(cordoned=True), CONFIG, "cordoned"),
+    (
+        "cordoned for a problem",
+        node(cordoned=True, problem="disk full"),
+        CONFIG,
+        "cordoned: disk full",
+    ),
+    ("report exactly the timeout old", node(reported_at=NOW - TIMEOUT), CONFIG, ""),
+    (
+        "report a microsecond older than the timeout",
+        node(reported_at=NOW - TIMEOUT - timedelta(microseconds=1)),
+        CONFIG,
+        "load report too old",
+    ),
+    ("odd timeout, just inside", node(reported_at=NOW - timedelta(microseconds=123456)), ODD, ""),
+    (
+        "odd timeout, just outside",
+        node(reported_at=NOW - timedelta(microseconds=123457)),
+        ODD,
+        "load report too old",
+    ),
+    ("load at the hard threshold", node(cpu_load=0.95), CONFIG, ""),
+    ("cpu load above the hard threshold", node(cpu_load=0.96), CONFIG, "load above hard threshold"),
+    (
+        "memory load above the hard threshold",
+        node(memory_load=0.96),
+        CONFIG,
+        "load above hard threshold",
+    ),
+    (
+        "in-flight bindings above the hard threshold",
+        node(cpu_load=0.5, inflight_cpu=4),
+        CONFIG,
+        "load above hard threshold",
+    ),
+    ("no cpu capacity", node(cpu_capacity=0), CONFIG, "load above hard threshold"),
+    ("no memory capacity", node(memory_capacity_mb=0), CONFIG, "load above hard threshold"),
+]
+
+
+@pytest.mark.parametrize("size", [1, 40], ids=["full scan", "ranked heap"])
+@pytest.mark.parametrize(
+    ("name", "the_node", "config", "filtered"),
+    NODE_FILTER_CASES,
+    ids=[c[0] for c in NODE_FILTER_CASES],
+)
+def test_plan_filters_nodes_as_node_filter_does(
+    name: str, the_node: NodeState, config: PlacementConfig, filtered: str, size: int
+) -> None:
+    """plan checks the node-wide filters itself, once per pass: it must agree with
+    node_filter on every case, on a small cluster and on one large enough for the heap."""
+    assert node_filter(the_node, NOW, config) == filtered
+    others = [node(f"busy{i}", cpu_load=0.7, reported_at=NOW) for i in range(size)]
+    decision = plan([the_node, *others], [job()], NOW, config)[0]
+    assert decision.filtered_counts == ({filtered: 1} if filtered else {})
+    if filtered:
+        assert decision.node != "n1"
+        assert ("n1", filtered) in [(score.node, score.filtered) for score in decision.scores]
 
 
 SCORE_ORDER_CASES = [

@@ -285,16 +285,26 @@ def load_score(utilisation: float, target: float) -> float:
 def _rank(node: NodeState, config: PlacementConfig, penalty: float = 0.0) -> float:
     """Job-independent rank of an eligible node (its load score before any job lands, less
     its cluster's load ``penalty``)."""
-    # cpu_share and memory_share, inlined (every eligible node is ranked on every pass)
+    return load_score(max(node.cpu_share(), node.memory_share()), config.target_load) - penalty
+
+
+def _rank_of(node: NodeState, target: float) -> float:
+    """``_rank`` without a cluster penalty, its shares inlined (computed the same way: the
+    heap of a large cluster is built from it, a node at a time)."""
     cpu_cap, mem_cap = node.cpu_capacity, node.memory_capacity_mb
-    if cpu_cap <= 0 or mem_cap <= 0:
-        return load_score(max(node.cpu_share(), node.memory_share()), config.target_load) - penalty
-    cpu = node.cpu_load + node.inflight_cpu / cpu_cap
-    reserved = node.reserved_cpu / cpu_cap
-    memory = node.memory_load + node.inflight_memory_mb / mem_cap
-    reserved_memory = node.reserved_memory_mb / mem_cap
-    share = max(cpu, reserved, memory, reserved_memory)
-    return load_score(share, config.target_load) - penalty
+    if cpu_cap <= 0:
+        cpu = 1.0
+    else:
+        cpu = node.cpu_load + node.inflight_cpu / cpu_cap
+        reserved = node.reserved_cpu / cpu_cap
+        cpu = reserved if reserved > cpu else cpu
+    if mem_cap <= 0:
+        mem = 1.0
+    else:
+        mem = node.memory_load + node.inflight_memory_mb / mem_cap
+        reserved = node.reserved_memory_mb / mem_cap
+        mem = reserved if reserved > mem else mem
+    return load_score(mem if mem > cpu else cpu, target)
 
 
 def cluster_terms(node: NodeState, job: QueuedJob, config: PlacementConfig) -> float:
@@ -339,7 +349,11 @@ def _score_fitting(
     mem_after = (mem_live if mem_live > reserved_mem else reserved_mem) + job.memory_mb / mem_cap
     cpu_after = 1.0 if cpu_after > 1.0 else cpu_after
     mem_after = 1.0 if mem_after > 1.0 else mem_after
-    score = load_score(cpu_after if cpu_after > mem_after else mem_after, config.target_load)
+    u = cpu_after if cpu_after > mem_after else mem_after
+    if config.target_load <= 0.0:  # load_score's spreading case, inlined
+        score = 100.0 * (1.0 - (0.0 if u < 0.0 else u))
+    else:
+        score = load_score(u, config.target_load)
     score -= config.balance_weight * abs(cpu_after - mem_after)
     if cpu_live > config.overload_threshold or mem_live > config.overload_threshold:
         score -= config.overload_penalty
@@ -420,7 +434,14 @@ def summarise_clusters(
 
 # -- planning ----------------------------------------------------------------------------------
 def _best(candidates: Sequence[NodeScore], order: dict[str, int]) -> NodeScore:
-    return max(candidates, key=lambda s: (s.score, -order[s.node]))
+    """The highest score; among equal scores the node that comes first in ``order``."""
+    best = candidates[0]
+    for score in candidates[1:]:
+        if score.score > best.score or (
+            score.score == best.score and order[score.node] < order[best.node]
+        ):
+            best = score
+    return best
 
 
 class _Planner:
@@ -429,36 +450,61 @@ class _Planner:
     def __init__(self, nodes: Sequence[NodeState], now: datetime, config: PlacementConfig) -> None:
         self.config = config
         self.nodes_total = len(nodes)
-        self.order = {node.name: index for index, node in enumerate(nodes)}
+        self.order: dict[str, int] = {}
         self.static: list[NodeScore] = []
         self.static_counts: dict[str, int] = {}
         self.eligible: list[NodeState] = []
-        # node_filter, inlined for the nodes that pass it (the hot path on large clusters);
-        # the others go through it for their reason
-        fresh_since = now - timedelta(seconds=config.load_timeout_s)
-        hard = config.hard_load_threshold
-        for node in nodes:
+        self.clustered = False
+        timeout, hard, target = (
+            config.load_timeout_s,
+            config.hard_load_threshold,
+            config.target_load,
+        )
+        # a report is too old when (now - reported_at).total_seconds() > timeout; with a
+        # timeout in whole microseconds that is reported_at < now - timeout, exactly
+        limit = timedelta(seconds=timeout)
+        cutoff = now - limit if limit.total_seconds() == timeout else None
+        ranked: list[tuple[float, int, int, str]] = []
+        """(-rank, index, version 0, name) of every eligible node (the heap's entries)."""
+        order, eligible = self.order, self.eligible
+        for index, node in enumerate(nodes):
+            name = node.name
+            order[name] = index
+            if node.cluster:
+                self.clustered = True
+            # node_filter and _rank_of, inlined (the per-pass cost grows with the cluster)
             cpu_cap, mem_cap = node.cpu_capacity, node.memory_capacity_mb
             if (
                 node.ready
                 and not node.cordoned
-                and node.reported_at >= fresh_since
+                and cutoff is not None
+                and not node.reported_at < cutoff
                 and cpu_cap > 0
                 and mem_cap > 0
-                and node.cpu_load + node.inflight_cpu / cpu_cap <= hard
-                and node.memory_load + node.inflight_memory_mb / mem_cap <= hard
             ):
-                self.eligible.append(node)
-                continue
+                cpu = node.cpu_load + node.inflight_cpu / cpu_cap
+                mem = node.memory_load + node.inflight_memory_mb / mem_cap
+                if not (mem if mem > cpu else cpu) > hard:
+                    eligible.append(node)
+                    reserved = node.reserved_cpu / cpu_cap
+                    cpu = reserved if reserved > cpu else cpu
+                    reserved = node.reserved_memory_mb / mem_cap
+                    mem = reserved if reserved > mem else mem
+                    ranked.append((-load_score(mem if mem > cpu else cpu, target), index, 0, name))
+                    continue
             reason = node_filter(node, now, config)
-            if reason:
-                self.static.append(_filtered(node, reason))
-                self.static_counts[reason] = self.static_counts.get(reason, 0) + 1
-            else:
-                self.eligible.append(node)
+            if not reason:
+                eligible.append(node)
+                ranked.append((-_rank_of(node, target), index, 0, name))
+                continue
+            self.static.append(_filtered(node, reason))
+            self.static_counts[reason] = self.static_counts.get(reason, 0) + 1
         self.by_name = {node.name: node for node in self.eligible}
-        self.clustered = any(node.cluster for node in nodes)
-        # one unnamed cluster has no cluster load term (cluster_load_penalties: fewer than two)
+        self.small = len(self.eligible) <= config.full_scan_nodes
+        self.static_listed = tuple(
+            self.static if self.small else self.static[:EXPLAIN_FILTERED_LIMIT]
+        )
+        """The nodes filtered out before any job that each decision lists."""
         self.penalties = cluster_load_penalties(self.eligible, config) if self.clustered else {}
         """cluster -> (reserved CPU share, points lost), with several clusters only."""
         self.static_by_cluster: dict[str, dict[str, int]] = {}
@@ -469,9 +515,14 @@ class _Planner:
             for score in self.static:
                 counts = self.static_by_cluster[cluster_of(score.node)]
                 counts[score.filtered] = counts.get(score.filtered, 0) + 1
-        self.position = {node.name: index for index, node in enumerate(self.eligible)}
-        self.small = len(self.eligible) <= config.full_scan_nodes
-        self.version = {node.name: 0 for node in self.eligible}
+        self.position: dict[str, int] = {}
+        """name -> index in ``eligible`` (made by the first full scan that needs it)."""
+        self.version: dict[str, int] = {}
+        """name -> how many times its room changed in this plan (absent: never)."""
+        self.sampled_scores: dict[tuple[float, int], dict[str, tuple[int, NodeScore, bool]]] = {}
+        """(cpu, memory) -> node -> (the node's version, its score or filter for a job of that
+        shape without cluster labels or an avoid-list, whether it fits): a node the heap
+        offers again to a job of the same shape is scored again only when its room changed."""
         self.touched: list[str] = []
         """Nodes whose room changed in this plan, in order (a cached scan redoes these)."""
         self.scans: dict[
@@ -482,29 +533,29 @@ class _Planner:
         ``eligible`` order."""
         self.heap: list[tuple[float, int, int, str]] = []
         if not self.small:
-            order, penalties = self.order, self.penalties
-            self.heap = [
-                (
-                    -_rank(node, config, self.penalty(node) if penalties else 0.0),
-                    order[node.name],
-                    0,
-                    node.name,
-                )
-                for node in self.eligible
-            ]
+            if self.penalties or len(order) < len(nodes):  # several clusters, or a name twice
+                penalty = self.penalty
+                self.heap = [
+                    (-_rank(node, config, penalty(node)), order[node.name], 0, node.name)
+                    for node in self.eligible
+                ]
+            else:
+                self.heap = ranked
             heapq.heapify(self.heap)
         self.holds = False
         self.nowhere: list[tuple[float, int]] = []
         """(cpu, memory) of jobs without avoid-lists that fit on no node in this plan."""
 
     def penalty(self, node: NodeState) -> float:
+        if not self.penalties:
+            return 0.0
         entry = self.penalties.get(node.cluster)
         return entry[1] if entry is not None else 0.0
 
     # requests only shrink the room left, so a job at least as big as one that fit nowhere
     # fits nowhere either (a job that requires clusters may fit where the other could not)
     def dominated(self, job: QueuedJob) -> bool:
-        if self.holds or job.clusters.require:
+        if not self.nowhere or self.holds or job.clusters.require:
             return False  # a nominee's held room may come back: no shortcut then
         return any(job.cpu >= cpu and job.memory_mb >= mem for cpu, mem in self.nowhere)
 
@@ -517,6 +568,8 @@ class _Planner:
         self.nowhere.append((job.cpu, job.memory_mb))
 
     def hold(self, job: QueuedJob, sign: int) -> None:
+        if not job.nominated_node:
+            return
         node = self.by_name.get(job.nominated_node)
         if node is not None:
             node.reserved_cpu += sign * job.cpu
@@ -534,17 +587,14 @@ class _Planner:
         self.touched.append(node.name)
         if self.small:
             return
-        version = self.version[node.name] + 1
+        version = self.version.get(node.name, 0) + 1
         self.version[node.name] = version
-        heapq.heappush(
-            self.heap,
-            (
-                -_rank(node, self.config, self.penalty(node)),
-                self.order[node.name],
-                version,
-                node.name,
-            ),
+        rank = (
+            _rank(node, self.config, self.penalty(node))
+            if self.penalties
+            else _rank_of(node, self.config.target_load)
         )
+        heapq.heappush(self.heap, (-rank, self.order[node.name], version, node.name))
 
     def _score(self, node: NodeState, job: QueuedJob, honour_avoid: bool) -> NodeScore:
         reason = job_filter(node, job, honour_avoid=honour_avoid)
@@ -565,33 +615,61 @@ class _Planner:
             scores = [self._score(node, job, False) for node in self.eligible]
         else:
             scores = list(cached[1])
+            if not self.position:
+                self.position = {node.name: index for index, node in enumerate(self.eligible)}
             for name in set(self.touched[cached[0] :]):
                 index = self.position[name]
                 scores[index] = self._score(self.eligible[index], job, False)
         self.scans[shape] = (len(self.touched), scores)
         return scores
 
-    def sampled(self, job: QueuedJob) -> tuple[list[NodeScore], int]:
-        """Score the best-ranked fitting nodes; returns the scores and the nodes examined."""
+    def sampled(
+        self, job: QueuedJob
+    ) -> tuple[list[NodeScore], int, list[tuple[float, int, int, str]]]:
+        """Score the best-ranked fitting nodes; returns the scores, the nodes examined and
+        their heap entries, popped (the caller pushes them back: all but the node it binds,
+        which ``bind`` re-ranks)."""
         popped: list[tuple[float, int, int, str]] = []
         scores: list[NodeScore] = []
         fitting = 0
-        heap, version = self.heap, self.version
-        while heap and fitting < self.config.sample_size and len(popped) < self.config.max_examined:
-            entry = heapq.heappop(heap)
-            if entry[2] != version[entry[3]]:
+        heap, version, by_name, config = self.heap, self.version, self.by_name, self.config
+        sample_size, max_examined = config.sample_size, config.max_examined
+        cpu, memory, avoid = job.cpu, job.memory_mb, job.avoid_nodes
+        plain = not (job.clusters.require or avoid)
+        cache = self.sampled_scores.setdefault((cpu, memory), {}) if plain else None
+        pop = heapq.heappop
+        while heap and fitting < sample_size and len(popped) < max_examined:
+            entry = pop(heap)
+            name = entry[3]
+            if entry[2] != version.get(name, 0):
                 continue  # stale: the node was re-ranked since
             popped.append(entry)
-            node = self.by_name[entry[3]]
-            reason = job_filter(node, job)
-            if reason:
-                scores.append(_filtered(node, reason, job))
+            if cache is not None:
+                known = cache.get(name)
+                if known is not None and known[0] == entry[2]:
+                    scores.append(known[1])
+                    fitting += known[2]
+                    continue
+            node = by_name[name]
+            # job_filter, inlined when the job has no cluster labels or avoid-list to check
+            if plain:
+                if node.reserved_cpu + cpu > node.cpu_capacity + 1e-9:
+                    reason = NO_CPU
+                elif node.reserved_memory_mb + memory > node.memory_capacity_mb:
+                    reason = NO_MEMORY
+                else:
+                    reason = ""
             else:
-                scores.append(_score_fitting(node, job, self.config, self.penalty(node)))
+                reason = job_filter(node, job)
+            if reason:
+                score = _filtered(node, reason, job)
+            else:
+                score = _score_fitting(node, job, config, self.penalty(node))
                 fitting += 1
-        for entry in popped:
-            heapq.heappush(heap, entry)
-        return scores, len(popped)
+            scores.append(score)
+            if cache is not None:
+                cache[name] = (entry[2], score, not reason)
+        return scores, len(popped), popped
 
     def decide(self, job: QueuedJob) -> Decision | None:
         if self.dominated(job):
@@ -603,9 +681,19 @@ class _Planner:
         if self.small or job.clusters.prefer or job.data_clusters:
             scores = self.full_scan(job, True)
         else:
-            scores, examined = self.sampled(job)
-            if not any(not s.filtered for s in scores):
-                scores, examined = self.full_scan(job, True), len(self.eligible)
+            scores, examined, popped = self.sampled(job)
+            candidates = [s for s in scores if not s.filtered]
+            if candidates:
+                best = _best(candidates, self.order)
+                heap = self.heap
+                for entry in popped:
+                    if entry[3] != best.node:
+                        heapq.heappush(heap, entry)
+                self.bind(self.by_name[best.node], job)  # pushes its new rank
+                return self._explain(job, best.node, scores, examined)
+            for entry in popped:
+                heapq.heappush(self.heap, entry)
+            scores, examined = self.full_scan(job, True), len(self.eligible)
         candidates = [s for s in scores if not s.filtered]
         if not candidates and job.avoid_nodes:
             # The avoid-list is a preference: rather the same node than no node at all.
@@ -626,11 +714,10 @@ class _Planner:
         for score in scores:
             if score.filtered:
                 counts[score.filtered] = counts.get(score.filtered, 0) + 1
-        static = self.static if self.small else self.static[:EXPLAIN_FILTERED_LIMIT]
         return Decision(
             job_id=job.job_id,
             node=node,
-            scores=tuple(scores) + tuple(static),
+            scores=(*scores, *self.static_listed),
             filtered_counts=counts,
             nodes_total=self.nodes_total,
             not_examined=len(self.eligible) - examined,
