@@ -1,4 +1,4 @@
-"""Old months of ``progress`` rolled up (migration 0014): a summary per job, attempt and month in
+"""Old months of ``progress`` rolled up (migration 0015): a summary per job, attempt and month in
 ``progress_rollups`` plus every Nth report kept, run by the watcher as the writer; newer months
 untouched; once per month; the settings that turn it on."""
 
@@ -196,7 +196,7 @@ def test_the_settings_turn_it_on_past_a_month(monkeypatch: pytest.MonkeyPatch) -
 
 async def test_downgrade_removes_the_table_and_the_function(database_url: str) -> None:
     await upgrade_async(database_url)
-    await asyncio.to_thread(command.downgrade, alembic_config(database_url), "0013_usage_samples")
+    await asyncio.to_thread(command.downgrade, alembic_config(database_url), "0014_usage_samples")
     connection = await asyncpg.connect(database_url)
     try:
         table = await connection.fetchval("SELECT to_regclass('progress_rollups')")

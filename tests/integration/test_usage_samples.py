@@ -1,4 +1,4 @@
-"""``usage_samples`` (revision 0013): one row per usage event, kept by a trigger on job_events,
+"""``usage_samples`` (revision 0014): one row per usage event, kept by a trigger on job_events,
 with the job's system; filled from existing events on upgrade, gone on downgrade."""
 
 from __future__ import annotations

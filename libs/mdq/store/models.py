@@ -114,7 +114,7 @@ class Job(Base):
     control: Mapped[dict[str, Any] | None] = mapped_column(
         comment="Job control in force: hold, stop, who asked (JobView.control_dict)."
     )
-    # revision 0016
+    # revision 0013
     units: Mapped[str | None] = mapped_column(
         comment="Units of the job's reported figures: NULL as the column names say; "
         "lj: reduced Lennard-Jones units (docs/engines.md)."
@@ -129,7 +129,7 @@ class Attempt(Base):
         ForeignKeyConstraint(["job_id"], ["jobs.job_id"], ondelete="CASCADE"),
         Index(None, "node", "started_at"),  # revision 0002: node utilisation
         Index("ix_attempts_ended_at", "ended_at"),  # revision 0007: attempts in a window
-        # revision 0015: the attempts started in the last hour, per node (the nodes page)
+        # revision 0016: the attempts started in the last hour, per node (the nodes page)
         Index("ix_attempts_started_at", "started_at", postgresql_include=["node"]),
         Index(  # revision 0007: failures_by_reason from the index alone
             "ix_attempts_failures",
@@ -212,7 +212,7 @@ class ProgressRecord(Base):
     target_steps: Mapped[int]
     eta_s: Mapped[float]
     done_reason: Mapped[str] = mapped_column(comment="'' until the report that ends the run.")
-    # revision 0016
+    # revision 0013
     units: Mapped[str | None] = mapped_column(
         comment="Progress.units: NULL as the column names say; lj: reduced LJ units."
     )
@@ -261,7 +261,7 @@ class Placement(Base):
 
 
 class UsageSampleRecord(Base):
-    """What each measured attempt used, by system (revision 0013): one row per ``usage`` event
+    """What each measured attempt used, by system (revision 0014): one row per ``usage`` event
     of ``job_events``, written by a trigger on it, and one per OOM-killed attempt, written by a
     trigger on ``attempts``, for the memory questions and the recommender."""
 
@@ -274,7 +274,7 @@ class UsageSampleRecord(Base):
             postgresql_include=["peak_memory_mb", "memory_limit_mb", "mean_cores", "oom_killed"],
         ),
         Index("ix_usage_samples_time", "oom_killed", "time"),
-        {"comment": "One row per usage event (revision 0013): what each attempt used, by system."},
+        {"comment": "One row per usage event (revision 0014): what each attempt used, by system."},
     )
 
     job_id: Mapped[str] = mapped_column(primary_key=True)
@@ -304,7 +304,7 @@ class ProgressRollup(Base):
 
     __tablename__ = "progress_rollups"
     __table_args__ = (
-        {"comment": "A rolled-up month of progress, per job and attempt (revision 0014)."},
+        {"comment": "A rolled-up month of progress, per job and attempt (revision 0015)."},
     )
 
     job_id: Mapped[str] = mapped_column(primary_key=True)

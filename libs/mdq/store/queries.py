@@ -321,7 +321,7 @@ FINGERPRINT_INPUTS = """jsonb_strip_nulls(jsonb_build_object(
     'trajectory_interval_steps', spec->'trajectory_interval_steps',
     'checkpoint_interval_steps', spec->'checkpoint_interval_steps', 'inputs', spec->'inputs'))"""
 """The fields of a job's spec that the cost fingerprint reads (``mdq.core.recommend.
-fingerprint_of``), as revision 0013 keys them (``spec_key``)."""
+fingerprint_of``), as revision 0014 keys them (``spec_key``)."""
 
 HISTORY_SPECS = text(
     f"SELECT job_id, ({FINGERPRINT_INPUTS})::text AS spec FROM jobs WHERE job_id = ANY(:jobs)"
@@ -334,7 +334,7 @@ async def usage_history(
 ) -> list[UsageSample]:
     """What the resource recommender learns from (``mdq.core.recommend``): the measured usage of
     the attempts of the last ``days`` days, and the OOM-killed attempts with the memory limit
-    they were bound with (``usage_samples``, revision 0013); at most ``limit`` of each, newest
+    they were bound with (``usage_samples``, revision 0014); at most ``limit`` of each, newest
     first. An attempt's threads are those of the CPU it ran with. The samples sharing a
     ``spec_key`` share the spec the fingerprint reads: it is read and parsed once, from one of
     their jobs (when that job has no row in ``jobs`` yet, the key's samples are left out)."""

@@ -53,9 +53,9 @@ RELATIONS: dict[str, Access] = {
     "placements": Access.WRITTEN,
     "rejections": Access.WRITTEN,
     "consumer_offsets": Access.WRITTEN,
-    # kept by a trigger on job_events, as the writer inserts (revision 0013)
+    # kept by a trigger on job_events, as the writer inserts (revision 0014)
     "usage_samples": Access.WRITTEN,
-    # written by mdq_rollup_progress, the owner's (revision 0014)
+    # written by mdq_rollup_progress, the owner's (revision 0015)
     "progress_rollups": Access.SUMMARIZED,
     # the views of docs/history.md
     "events": Access.READ,
@@ -76,7 +76,7 @@ WRITER_FUNCTIONS = (
     "mdq_rollup_progress(timestamptz, integer)",
 )
 """The owner's functions the writer may execute (revision 0008: the watcher makes the months
-ahead and detaches the expired ones; revision 0014: it rolls the old months of progress up;
+ahead and detaches the expired ones; revision 0015: it rolls the old months of progress up;
 with no DDL of its own); PUBLIC may execute none."""
 
 WRITER_TABLE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE")

@@ -38,8 +38,8 @@ it is what the recommender learns from. Existing usage events are copied in by t
 Row security as on the other tables of per-job rows (revision 0006): a tenant reads its own
 jobs' samples (``mdq.store.roles`` makes the policies).
 
-Revision ID: 0013_usage_samples
-Revises: 0012_job_control
+Revision ID: 0014_usage_samples
+Revises: 0013_progress_units
 Create Date: 2026-12-04
 """
 
@@ -48,8 +48,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0013_usage_samples"
-down_revision: str | None = "0012_job_control"
+revision: str = "0014_usage_samples"
+down_revision: str | None = "0013_progress_units"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
@@ -189,7 +189,7 @@ def upgrade() -> None:
             comment="An OOM-killed attempt: no measured figures, the limits it was bound with.",
         ),
         sa.PrimaryKeyConstraint("job_id", "attempt", name="pk_usage_samples"),
-        comment="One row per usage event (revision 0013): what each attempt used, by system.",
+        comment="One row per usage event (revision 0014): what each attempt used, by system.",
     )
     op.create_index(
         "ix_usage_samples_system",

@@ -6,8 +6,8 @@ The console's nodes page counts, per node, the attempts started in the last hour
 of the history (129 ms p50 at 1,000,000 jobs, ``make bench-history --quick``); this one reads
 the hour's attempts from the index alone.
 
-Revision ID: 0015_attempts_started_at
-Revises: 0014_progress_rollups
+Revision ID: 0016_attempts_started_at
+Revises: 0015_progress_rollups
 Create Date: 2026-12-04
 """
 
@@ -15,8 +15,8 @@ from collections.abc import Sequence
 
 from alembic import op
 
-revision: str = "0015_attempts_started_at"
-down_revision: str | None = "0014_progress_rollups"
+revision: str = "0016_attempts_started_at"
+down_revision: str | None = "0015_progress_rollups"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

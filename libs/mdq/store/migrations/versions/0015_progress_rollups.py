@@ -24,8 +24,8 @@ under the partitions' advisory lock); the writer may execute it, PUBLIC may not
 (``mdq.store.roles``). ``progress_rollups`` is under row security as the other tables of
 per-job rows (a tenant reads its own jobs').
 
-Revision ID: 0014_progress_rollups
-Revises: 0013_usage_samples
+Revision ID: 0015_progress_rollups
+Revises: 0014_usage_samples
 Create Date: 2026-12-04
 """
 
@@ -34,8 +34,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0014_progress_rollups"
-down_revision: str | None = "0013_usage_samples"
+revision: str = "0015_progress_rollups"
+down_revision: str | None = "0014_usage_samples"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
@@ -85,10 +85,10 @@ BEGIN
     EXECUTE format($q$
       INSERT INTO %I (job_id, attempt, step, time, time_ps, potential_kj_mol, kinetic_kj_mol,
           temperature_k, ns_per_day, event_id, stream, stream_seq, producer, target_steps,
-          eta_s, done_reason)
+          eta_s, done_reason, units)
       SELECT job_id, attempt, step, time, time_ps, potential_kj_mol, kinetic_kj_mol,
           temperature_k, ns_per_day, event_id, stream, stream_seq, producer, target_steps,
-          eta_s, done_reason
+          eta_s, done_reason, units
       FROM mdq_rollup WHERE keep ORDER BY job_id, attempt, step
     $q$, r.child);
     DROP TABLE mdq_rollup;
@@ -117,7 +117,7 @@ def upgrade() -> None:
         sa.Column("mean_temperature_k", sa.Double(), nullable=False),
         sa.Column("mean_ns_per_day", sa.Double(), nullable=False),
         sa.PrimaryKeyConstraint("job_id", "attempt", "month", name="pk_progress_rollups"),
-        comment="A rolled-up month of progress, per job and attempt (revision 0014).",
+        comment="A rolled-up month of progress, per job and attempt (revision 0015).",
     )
     op.execute("ALTER TABLE progress_rollups ENABLE ROW LEVEL SECURITY")
     op.execute(ROLLUP_FUNCTION)
