@@ -73,6 +73,7 @@ from typing import Any
 import psutil
 
 from mdq.embedded import EmbeddedNats, EmbeddedPostgres, free_port, start_nats, start_postgres
+from mdq.testing.disks import fill_file
 
 SERVICE_KINDS: tuple[str, ...] = ("intake", "placement", "watcher", "recovery", "metrics")
 PROCESS_KINDS: tuple[str, ...] = (*SERVICE_KINDS, "agent", "runner")
@@ -326,21 +327,7 @@ class DataDisk:
 
     def fill(self) -> int:
         """Write a file until the filesystem refuses another byte; the bytes written."""
-        written = 0
-        descriptor = os.open(self._filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        try:
-            for chunk in (1 << 20, 1 << 12, 1 << 9):
-                block = b"\0" * chunk
-                while True:
-                    try:
-                        written += os.write(descriptor, block)
-                    except OSError:
-                        break
-            with contextlib.suppress(OSError):
-                os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
-        return written
+        return fill_file(self._filler)
 
     def free(self) -> None:
         self._filler.unlink(missing_ok=True)

@@ -101,21 +101,7 @@ class SmallDisk:
 
     def fill(self) -> int:
         """Write a file until the filesystem refuses another byte; the bytes written."""
-        written = 0
-        descriptor = os.open(self.filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        try:
-            for chunk in (1 << 20, 1 << 12, 1 << 9, 1):
-                block = b"\0" * chunk
-                while True:
-                    try:
-                        written += os.write(descriptor, block)
-                    except OSError:
-                        break
-            with contextlib.suppress(OSError):
-                os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
-        return written
+        return fill_file(self.filler)
 
     def fill_up(self) -> None:
         """``fill``, for callers that do not need the count."""
@@ -161,3 +147,23 @@ class SmallDisk:
 
 
 __all__ = ["DiskUnavailable", "SmallDisk"]
+
+
+def fill_file(path: Path) -> int:
+    """Append zeros to ``path`` until its filesystem refuses another byte (in ever smaller
+    writes, down to one); the bytes written."""
+    written = 0
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        for chunk in (1 << 20, 1 << 12, 1 << 9, 1):
+            block = b"\0" * chunk
+            while True:
+                try:
+                    written += os.write(descriptor, block)
+                except OSError:
+                    break
+        with contextlib.suppress(OSError):
+            os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+    return written
