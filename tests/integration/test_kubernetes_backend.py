@@ -698,6 +698,25 @@ def test_a_pod_waiting_for_its_sandbox_times_out_once(
         assert start_problems([obj], now=now, stalled_after_s=120) == {}
 
 
+def test_a_stall_without_a_transition_time_is_dated_from_the_first_look() -> None:
+    obj = {
+        "metadata": {"name": "p", "annotations": {"mdq.io/job-id": "j", "mdq.io/attempt": "1"}},
+        "spec": {"nodeName": "n"},
+        "status": {"phase": "Pending", "conditions": [
+            {"type": "PodReadyToStartContainers", "status": "False"}
+        ]},
+    }  # fmt: skip
+    now = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
+    tracker = PodTracker()
+    tracker.observe("ADDED", obj)
+    assert tracker.start_timeouts(now, 120) == []  # not "stalled since the year 1"
+    tracker.observe("MODIFIED", obj)  # a later event keeps the date of the first look
+    assert tracker.start_timeouts(now + timedelta(seconds=119), 120) == []
+    ended = tracker.start_timeouts(now + timedelta(seconds=121), 120)
+    assert [(u.reason, u.exit_code) for u in ended] == [("StartError", 128)]
+    assert start_problems([obj], now=now, stalled_after_s=0) == {}  # undated: not judged
+
+
 def test_a_start_error_waiting_reason_is_its_nodes_problem() -> None:
     obj = {
         "spec": {"nodeName": "n"},

@@ -319,9 +319,15 @@ def _failure(pod: Mapping[str, Any]) -> tuple[int, str, str]:
     return code, container_reason, message or f"exited with {code}"
 
 
+UNDATED = datetime.min.replace(tzinfo=UTC)
+"""``sandbox_stalled_since`` of a stalled pod whose condition has no lastTransitionTime: the
+tracker dates the stall from its first check instead."""
+
+
 def sandbox_stalled_since(pod: Mapping[str, Any]) -> datetime | None:
     """Since when a Pending pod, bound to a node, has waited for its sandbox
-    (``SANDBOX_CONDITIONS`` False: the condition's lastTransitionTime), else None."""
+    (``SANDBOX_CONDITIONS`` False: the condition's lastTransitionTime, ``UNDATED`` without
+    one), else None."""
     status = pod.get("status") or {}
     if str(status.get("phase", "Pending") or "Pending") != "Pending":
         return None
@@ -333,9 +339,7 @@ def sandbox_stalled_since(pod: Mapping[str, Any]) -> datetime | None:
         if condition is not None:
             if condition.get("status") == "True":
                 return None
-            return parse_time(condition.get("lastTransitionTime")) or datetime.min.replace(
-                tzinfo=UTC
-            )
+            return parse_time(condition.get("lastTransitionTime")) or UNDATED
     return None
 
 
@@ -367,7 +371,7 @@ def start_problems(
             problems[node] = f"pods could not start: {reason}"
             continue
         since = sandbox_stalled_since(pod)
-        if since is not None and (now - since).total_seconds() >= stalled_after_s:
+        if since not in (None, UNDATED) and (now - since).total_seconds() >= stalled_after_s:
             problems[node] = (
                 f"pods could not start: no pod sandbox for {(now - since).total_seconds():.0f} s"
             )
@@ -452,7 +456,7 @@ class PodTracker:
         since = None if kind == "DELETED" else sandbox_stalled_since(pod)
         if since is None:
             self.stalled.pop(name, None)
-        else:
+        elif since is not UNDATED or name not in self.stalled:
             self.stalled[name] = since
         if kind == "DELETED":
             previous = self.last.pop(name, None)
@@ -484,6 +488,9 @@ class PodTracker:
         """Every pod whose sandbox has been stalled for ``limit_s`` ends StartError (once)."""
         ended: list[PodUpdate] = []
         for name, since in list(self.stalled.items()):
+            if since is UNDATED:
+                self.stalled[name] = now  # first seen stalled now: dated from here
+                continue
             if (now - since).total_seconds() < limit_s:
                 continue
             del self.stalled[name]
