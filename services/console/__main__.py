@@ -2,4 +2,5 @@
 
 from services.console.app import main
 
-main()
+if __name__ == "__main__":  # not in the simulation page's spawned processes, which import it
+    main()

@@ -75,6 +75,8 @@ from mdq.sdk.client import (
 )
 from mdq.sdk.jobfile import JobFileError, parse_job_text
 from mdq.settings import CommonSettings
+from mdq.sim.config import presets
+from mdq.sim.history import HistoryOptions, export_history
 from mdq.store import queries
 from mdq.store.engine import create_engine
 from services.console import reads
@@ -89,6 +91,17 @@ from services.console.filters import (
 )
 from services.console.live import NodeBoard, follow_nodes
 from services.console.settings import ConsoleSettings
+from services.console.simulate import (
+    DEFAULTS as SIMULATION_DEFAULTS,
+)
+from services.console.simulate import (
+    SimulationBusy,
+    SimulationFailed,
+    SimulationRefused,
+    Simulations,
+    charts,
+    parse_request,
+)
 
 log = logging.getLogger("mdq.console")
 
@@ -122,8 +135,10 @@ class Console:
     data_dir: Path
     nodes: NodeBoard = field(default_factory=NodeBoard)
     submit_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
-    """Every form (submit, job control) carries it; a form posted from another site cannot
-    know it."""
+    """Every form (submit, job control, simulation) carries it; a form posted from another site
+    cannot know it."""
+    simulations: Simulations = field(default_factory=Simulations)
+    """Runs the simulation page's comparisons, one at a time, each in a process of its own."""
 
 
 templates = Jinja2Templates(directory=str(PACKAGE / "templates"))
@@ -521,6 +536,68 @@ async def submit_page(request: Request) -> Response:
     return _page(request, "submit.html", context)
 
 
+async def simulate_page(request: Request) -> Response:
+    """Compare scheduler configurations (docs/simulate.md): the form, and on a post its
+    comparison as one bar chart per metric, the JSON line and the command that prints it."""
+    console = _console(request)
+    context: dict[str, Any] = {
+        "title": "Simulate",
+        "token": console.submit_token,
+        "presets": list(presets()),
+        "chosen": list(presets()),
+        "fields": dict(SIMULATION_DEFAULTS),
+        "time_limit_s": console.simulations.time_limit_s,
+    }
+    if request.method == "GET":
+        return _page(request, "simulate.html", context)
+    origin = request.headers.get("origin")
+    if origin is not None and origin != f"{request.url.scheme}://{request.url.netloc}":
+        return _refuse(request, "origin", "a simulation must be asked for from the console's page")
+    async with request.form(max_files=0, max_fields=40, max_part_size=4096) as form:
+        chosen = [str(value) for value in form.getlist("config")]
+        fields = {name: str(form.get(name, "")) for name in (*SIMULATION_DEFAULTS, "token")}
+    if not hmac.compare_digest(fields.pop("token"), console.submit_token):
+        return _refuse(request, "token", "the form is stale: reload the page")
+    context["chosen"] = chosen
+    context["fields"] = {name: fields[name] or value for name, value in SIMULATION_DEFAULTS.items()}
+    try:
+        asked = parse_request(chosen, fields)
+    except SimulationRefused as error:
+        context["refusal"] = {"field": error.field, "message": error.message}
+        return _page(request, "simulate.html", context, 400)
+    try:
+        if asked.source == "history":
+            try:
+                workload = await export_history(
+                    console.engine,
+                    HistoryOptions(
+                        days=int(asked.values["days"]),
+                        extra_nodes=int(asked.values["extra_nodes"]),
+                        node_cpu=asked.values["node_cpu"],
+                        node_memory_mb=int(asked.values["node_memory_mb"]),
+                    ),
+                )
+            except ValueError as error:  # nothing submitted in the window
+                context["refusal"] = {"field": "days", "message": str(error)}
+                return _page(request, "simulate.html", context, 400)
+            delay = float(workload.notes.get("start_delay_s", "0"))
+            line = await console.simulations.run(workload, asked.resolved_configs(delay))
+        else:
+            line = await console.simulations.run(asked.generator(), asked.resolved_configs())
+    except SimulationBusy as error:
+        context["refusal"] = {"field": "", "message": f"{error}: try again when it ends"}
+        return _page(request, "simulate.html", context, 409)
+    except SimulationFailed as error:
+        context["refusal"] = {"field": "", "message": str(error)}
+        return _page(request, "simulate.html", context, 503)
+    context["line"] = json.dumps(line)
+    context["workload"] = line["workload"]
+    context["configs"] = line["configs"]
+    context["charts"] = charts(line)
+    context["command"] = asked.command()
+    return _page(request, "simulate.html", context)
+
+
 BULK_VERBS = ("cancel", "hold", "release", "requeue", "reprioritize")
 """What a campaign's page may do to every job of its label (extend takes job ids)."""
 CONFIRM_LISTED = 50
@@ -675,6 +752,7 @@ def build_app(console: Console, *, access_token: str | None = None) -> Starlette
             Route("/campaigns", campaign_page),
             Route("/nodes", nodes_page),
             Route("/submit", submit_page, methods=["GET", "POST"]),
+            Route("/simulate", simulate_page, methods=["GET", "POST"]),
             Route("/healthz", healthz),
             Mount("/static", app=StaticFiles(directory=PACKAGE / "static"), name="static"),
         ],
@@ -691,7 +769,13 @@ async def serve(common: CommonSettings, settings: ConsoleSettings) -> None:
     subjects = Subjects(common.namespace)
     nc = await connect(common.nats_url, name="mdq-console", subjects=subjects, wait=True)
     engine = create_engine(common.database_url, pool_size=4)
-    console = Console(engine=engine, nc=nc, subjects=subjects, data_dir=common.data_dir)
+    console = Console(
+        engine=engine,
+        nc=nc,
+        subjects=subjects,
+        data_dir=common.data_dir,
+        simulations=Simulations(settings.simulation_time_limit_s),
+    )
     follower = asyncio.create_task(follow_nodes(console.nodes, nc, subjects), name="nodes")
     # the web stack's modules, templates and compiled statements are hundreds of thousands of
     # objects that live for ever: left in the oldest generation, every full collection walked

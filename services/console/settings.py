@@ -32,3 +32,12 @@ class ConsoleSettings(BaseSettings):
             "cookie. Unset: no gate (behind an authenticating proxy only)."
         ),
     )
+    simulation_time_limit_s: float = Field(
+        default=120.0,
+        gt=0,
+        le=3600,
+        description=(
+            "The simulation page's comparisons run in a process of their own, one at a time; "
+            "one still running after this long is killed and the page says so."
+        ),
+    )

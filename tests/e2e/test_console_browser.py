@@ -28,6 +28,7 @@ from mdq.sdk.client import IntakeUnavailable, MdqClient, SubmitRefused
 from mdq.stack import Stack
 from mdq.testing.browser import MISSING, chromium_paths, headless_chromium
 from mdq.testing.processes import runner_pid
+from services.console.simulate import CHART_HEIGHT
 
 pytestmark = pytest.mark.e2e
 
@@ -391,3 +392,47 @@ async def test_a_refusal_on_the_page_names_the_field_as_the_cli_does(
     assert "needs its access link" in browser.page_source
     assert not browser.find_elements(By.TAG_NAME, "table")
     shoot(browser, "access-link-needed")
+
+
+async def test_a_person_compares_scheduler_configurations_on_the_simulation_page(
+    stack: Stack, browser: WebDriver
+) -> None:
+    await open_submit_page(browser, stack)
+    browser.find_element(By.LINK_TEXT, "Simulate").click()
+    for box in browser.find_elements(By.CSS_SELECTOR, "input[name=config]"):
+        if box.get_attribute("value") not in ("fifo", "load-aware", "fair-share") and (
+            box.is_selected()
+        ):
+            box.click()  # untick: three configurations stay
+    for name, value in (("nodes", "3"), ("jobs", "400"), ("seed", "7")):
+        field = browser.find_element(By.ID, name)
+        field.clear()
+        field.send_keys(value)
+    browser.find_element(By.ID, "simulate-button").click()
+
+    def drawn() -> list[Any] | None:
+        charts = browser.find_elements(By.CSS_SELECTOR, "figure.sim-chart")
+        return charts or None
+
+    charts = await until(drawn, timeout=120, what="the simulation's charts")
+    shoot(browser, "simulate")
+    line = json.loads(browser.find_element(By.ID, "sim-line").get_attribute("textContent") or "")
+    names = [figures["config"] for figures in line["configs"]]
+    assert names == ["fifo", "load-aware", "fair-share"]
+    assert line["workload"]["jobs"] == 400 and line["workload"]["nodes"] == 3
+    assert len(charts) == 10
+    makespan = next(chart for chart in charts if chart.get_attribute("data-metric") == "makespan_s")
+    bars = makespan.find_elements(By.CSS_SELECTOR, "g.bar")
+    assert [bar.get_attribute("data-config") for bar in bars] == names
+    # each bar is drawn as tall as its figure, against the longest makespan's full height
+    heights = [bar.find_element(By.TAG_NAME, "rect").rect["height"] for bar in bars]
+    makespans = [figures["makespan_s"] for figures in line["configs"]]
+    assert len(set(makespans)) > 1  # fair share ends this workload sooner
+    for height, makespan in zip(heights, makespans, strict=True):
+        assert height == pytest.approx(CHART_HEIGHT * makespan / max(makespans), abs=1.5)
+    for bar, figures in zip(bars, line["configs"], strict=True):
+        title = bar.find_element(By.TAG_NAME, "title").get_attribute("textContent") or ""
+        assert title.startswith(f"{figures['config']}: ")
+    # the command the page names is the one a shell runs for the same line
+    command = browser.find_element(By.ID, "sim-command").text
+    assert command.startswith("mdq simulate -c fifo -c load-aware -c fair-share --nodes 3 ")

@@ -25,23 +25,10 @@ from mdq.sim.engine import Metrics, compare
 from mdq.sim.generator import GeneratorSpec, generate
 from mdq.sim.history import HistoryOptions, export_history
 from mdq.sim.model import Workload
+from mdq.sim.report import PANELS, report
 from mdq.sim.swf import SwfError, SwfOptions, read_swf
 
 err_console = Console(stderr=True, soft_wrap=True)
-
-PANELS = (
-    ("makespan_s", "makespan (h)", 1 / 3600),
-    ("mean_wait_s", "mean wait (min)", 1 / 60),
-    ("p95_wait_s", "p95 wait (min)", 1 / 60),
-    ("utilisation", "CPU utilisation", 1.0),
-    ("memory_slack", "memory slack", 1.0),
-    ("cpu_slack", "CPU slack", 1.0),
-    ("oom_kills", "OOM kills", 1.0),
-    ("share_error_max", "max tenant share error", 1.0),
-    ("preemptions", "preemptions", 1.0),
-    ("steps_lost", "steps lost", 1.0),
-)
-"""What the plot shows, one panel each: the metric, its title, the factor to its unit."""
 
 
 def draw(results: Sequence[Metrics], output: Path, title: str) -> Path:
@@ -54,10 +41,10 @@ def draw(results: Sequence[Metrics], output: Path, title: str) -> Path:
     figure, axes = pyplot.subplots(2, 5, figsize=(18, 7), constrained_layout=True)
     names = [result.config for result in results]
     colours = [f"C{i}" for i in range(len(results))]
-    for axis, (key, label, factor) in zip(axes.flat, PANELS, strict=True):
-        values = [float(getattr(result, key)) * factor for result in results]
+    for axis, panel in zip(axes.flat, PANELS, strict=True):
+        values = [float(getattr(result, panel.key)) * panel.factor for result in results]
         axis.bar(range(len(values)), values, color=colours)
-        axis.set_title(label)
+        axis.set_title(panel.title)
         axis.set_xticks(range(len(names)), names, rotation=30, ha="right")
         axis.grid(True, axis="y", alpha=0.3)
     figure.suptitle(title)
@@ -65,22 +52,6 @@ def draw(results: Sequence[Metrics], output: Path, title: str) -> Path:
     figure.savefig(output, dpi=110)
     pyplot.close(figure)
     return output
-
-
-def report(workload: Workload, results: Sequence[Metrics]) -> dict[str, object]:
-    """The JSON line: the workload and every configuration's figures."""
-    return {
-        "workload": {
-            "name": workload.name,
-            "nodes": len(workload.nodes),
-            "cores": sum(node.cpu for node in workload.nodes),
-            "jobs": len(workload.jobs),
-            "tenants": len({job.tenant for job in workload.jobs}),
-            "outages": len(workload.outages),
-            **workload.notes,
-        },
-        "configs": [result.summary() for result in results],
-    }
 
 
 def _history(options: GlobalOptions, history: HistoryOptions) -> Workload:
