@@ -51,7 +51,6 @@ import asyncio
 import json
 import os
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
@@ -70,7 +69,7 @@ from mdq.core.runner_task import ENV_ATTEMPT, ENV_JOB_ID
 from mdq.embedded import start_nats, start_postgres
 from mdq.sdk.client import IntakeUnavailable, MdqClient
 from mdq.stack import LOCAL_AGENT, Stack
-from mdq.testing.agent_log import read_pod_ends
+from mdq.testing.agent_log import PodEnd, read_pod_ends
 
 SYSTEMS: list[tuple[str, dict[str, object], int]] = [
     # name, system, atoms (for the hand-set rule)
@@ -167,10 +166,10 @@ class Sampler:
         self._stop.set()
 
 
-def agent_ends(log_path: Path, offset: int) -> dict[int, tuple[str, int]]:
+def agent_ends(log_path: Path, offset: int) -> dict[int, PodEnd]:
     """What the node agent recorded of each pod process that ended, from ``offset`` of its
-    log on: pid -> (reason, returncode as Popen gives it: -9 for SIGKILL)."""
-    return {end.pid: (end.reason, end.returncode) for end in read_pod_ends(log_path, offset)}
+    log on, by pid."""
+    return {end.pid: end for end in read_pod_ends(log_path, offset)}
 
 
 def jobs(phase: str, runs: int, steps: int, *, rule: bool = False) -> list[dict[str, object]]:
@@ -260,7 +259,7 @@ async def run_phase(
     busy = machine_cpu_busy(cpu_before, psutil.cpu_times())
     pids = {pid: key for pid, key in sampler.runner_pids().items() if key[0] in job_ids}
 
-    async def every_runner_ended() -> dict[int, tuple[str, int]] | None:
+    async def every_runner_ended() -> dict[int, PodEnd] | None:
         ends = await asyncio.to_thread(agent_ends, agent_log, offset)
         return ends if set(pids) <= set(ends) else None
 
@@ -269,7 +268,7 @@ async def run_phase(
     if not last_seen:
         raise RuntimeError(f"{phase}: the sampler saw no runner of the campaign")
     makespan = max(last_seen) - started
-    oom_killed = {p for p in pids if ends[p] == ("OOMKilled", -signal.SIGKILL)}
+    oom_killed = {p for p in pids if ends[p].oom_killed}
     connection = await asyncpg.connect(database_url)
     try:
 

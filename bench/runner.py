@@ -35,13 +35,16 @@ Python module on the same script with the same reports and restart files. Each e
 on every core of the machine by default (``--threads``, ``os.cpu_count()``), as a user's job on
 a node of its own would: the runner's bus, copies and checkpoints then compete with the MD
 threads for the cores instead of using a core the bare script leaves idle. Runs
-alternate bare, mdq, mdq, bare (ABBA) per round so drifts of the machine's load hit both sides
-alike; each side's speed is the best of its runs (the least disturbed by other load on this
-shared machine), and the ratio of the means is printed too. Both sides' energy tables must
-have the same number of rows and both must have written a checkpoint, or the bench fails.
+alternate bare, mdq, mdq, bare (ABBA; with the uncopied runner in the middle, ABCCBA) per
+round, three rounds by default, so drifts of the machine's load hit both sides alike; every
+ratio is the median of paired quotients (each run over the other side's run beside it in the
+same round), printed with each quotient and their spread; each side's ns/day is the best of its
+runs, and best over best is printed as ``*_best`` for comparison only. Both sides' energy
+tables must have the same number of rows and both must have written a checkpoint, or the bench
+fails.
 ``--quick`` runs a 2.5 nm water box and the LAMMPS melt only, 2,100 steps reported every 100
-and checkpointed every 1,000, one round (a check that the bench works; its ratio weighs
-start-up more). The last line printed is one JSON object with ``bare_ns_per_day``,
+and checkpointed every 1,000, one round (two pairs: a check that the bench works; its ratio
+weighs start-up more). The last line printed is one JSON object with ``bare_ns_per_day``,
 ``mdq_ns_per_day`` and ``ratio`` of the system with the worst (wall-clock) ratio, whichever the
 engine, ``lammps_ratio`` and ``lammps_bare_steps_per_s`` (LAMMPS's wall-clock ratio and the
 bare loop's timesteps per second), every system's figures, and the load average before and
@@ -155,12 +158,12 @@ class Case:
             "steps": self.spec.steps,
             "bare_ns_per_day": round(max(bare_wall), 3),
             "mdq_ns_per_day": round(max(mdq_wall), 3),
-            "ratio": round(max(mdq_wall) / max(bare_wall), 4),
+            **paired("ratio", mdq_wall, bare_wall),
             "bare_wall_s": round(min(run.wall_s for run in self.bare), 3),
             "mdq_wall_s": round(min(run.wall_s for run in self.mdq), 3),
             "bare_steady_ns_per_day": round(max(bare_steady), 3),
             "mdq_steady_ns_per_day": round(max(mdq_steady), 3),
-            "steady_ratio": round(max(mdq_steady) / max(bare_steady), 4),
+            **paired("steady_ratio", mdq_steady, bare_steady),
             "mdq_self_reported_ns_per_day": round(
                 max(run.self_reported_ns_per_day for run in self.mdq), 3
             ),
@@ -168,10 +171,6 @@ class Case:
             "mdq_runs": [round(value, 3) for value in mdq_wall],
             "bare_steady_runs": [round(value, 3) for value in bare_steady],
             "mdq_steady_runs": [round(value, 3) for value in mdq_steady],
-            "ratio_of_means": round(statistics.fmean(mdq_wall) / statistics.fmean(bare_wall), 4),
-            "steady_ratio_of_means": round(
-                statistics.fmean(mdq_steady) / statistics.fmean(bare_steady), 4
-            ),
             "energy_rows": self.mdq[-1].energy_rows,
             **steps_per_s,
             **self.copies_summary(mdq_wall, mdq_steady),
@@ -187,11 +186,29 @@ class Case:
         return {
             "uncopied_ns_per_day": round(max(wall), 3),
             "uncopied_steady_ns_per_day": round(max(steady), 3),
-            "copies_ratio": round(max(mdq_wall) / max(wall), 4),
-            "copies_steady_ratio": round(max(mdq_steady) / max(steady), 4),
+            **paired("copies_ratio", mdq_wall, wall),
+            **paired("copies_steady_ratio", mdq_steady, steady),
             "uncopied_runs": [round(value, 3) for value in wall],
             "uncopied_steady_runs": [round(value, 3) for value in steady],
         }
+
+
+def paired(key: str, numerators: list[float], denominators: list[float]) -> dict[str, object]:
+    """``key``: the median of paired quotients, each run over the run of the other side next to
+    it in the same round (the i-th of one side and the i-th of the other: bare, mdq | mdq, bare
+    in ABBA; mdq, uncopied | uncopied, mdq in ABCCBA), so that a drift of the machine's load
+    weighs on both sides of each quotient alike; ``key_pairs`` every quotient in run order,
+    ``key_spread`` the largest minus the smallest, ``key_best`` the best run over the best run
+    (what a quiet moment on one side alone can flatter: never a goal)."""
+    if len(numerators) != len(denominators) or not numerators:
+        raise RuntimeError(f"{key}: {len(numerators)} runs against {len(denominators)}")
+    quotients = [top / bottom for top, bottom in zip(numerators, denominators, strict=True)]
+    return {
+        key: round(statistics.median(quotients), 4),
+        f"{key}_pairs": [round(value, 4) for value in quotients],
+        f"{key}_spread": round(max(quotients) - min(quotients), 4),
+        f"{key}_best": round(max(numerators) / max(denominators), 4),
+    }
 
 
 def job_spec(
@@ -449,7 +466,9 @@ def min_of(summaries: dict[str, dict[str, object]], key: str) -> float | None:
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=1, help="ABBA rounds per system")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="rounds per system (each ABCCBA, or ABBA)"
+    )
     parser.add_argument(
         "--threads",
         type=int,

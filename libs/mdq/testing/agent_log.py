@@ -9,6 +9,7 @@ events and projection: OOM kills, and how many runs of a job exited 0.
 from __future__ import annotations
 
 import re
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,11 @@ class PodEnd:
     reason: str
     pid: int
     returncode: int
+
+    @property
+    def oom_killed(self) -> bool:
+        """The agent killed the process for its memory: its reason, with SIGKILL's status."""
+        return self.reason == "OOMKilled" and self.returncode == -signal.SIGKILL
 
 
 def pod_ends(text: str) -> list[PodEnd]:
