@@ -40,6 +40,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.applications import Starlette
@@ -580,6 +581,13 @@ async def simulate_page(request: Request) -> Response:
             except ValueError as error:  # nothing submitted in the window
                 context["refusal"] = {"field": "days", "message": str(error)}
                 return _page(request, "simulate.html", context, 400)
+            except (OSError, SQLAlchemyError) as error:
+                log.warning("simulation page: the history could not be read: %r", error)
+                context["refusal"] = {
+                    "field": "",
+                    "message": "the history database did not answer; try again in a moment",
+                }
+                return _page(request, "simulate.html", context, 503)
             delay = float(workload.notes.get("start_delay_s", "0"))
             line = await console.simulations.run(workload, asked.resolved_configs(delay))
         else:

@@ -26,6 +26,7 @@ from typer.testing import CliRunner
 
 from mdq.bus.subjects import Subjects
 from mdq.cli.main import app as cli
+from mdq.embedded import free_port
 from mdq.sim.generator import GeneratorSpec
 from mdq.sim.report import PANELS
 from mdq.store.engine import create_engine
@@ -282,3 +283,30 @@ async def test_the_runner_kills_its_process_when_its_caller_is_cancelled() -> No
     with pytest.raises(SimulationBusy):
         async with simulations._lock:  # held, as a running simulation holds it
             await simulations.run(GeneratorSpec(nodes=2, jobs=10), [])
+
+
+async def test_a_history_database_that_does_not_answer_is_a_503_and_generated_runs_go_on(
+    nc: Client, subjects: Subjects, data_dir: Path
+) -> None:
+    nobody = f"postgresql://mdq@127.0.0.1:{free_port()}/mdq"  # nothing listens there
+    engine = create_engine(nobody)
+    console = Console(engine=engine, nc=nc, subjects=subjects, data_dir=data_dir)
+    server = uvicorn.Server(
+        uvicorn.Config(build_app(console), host="127.0.0.1", port=0, log_level="warning")
+    )
+    serving = asyncio.create_task(server.serve())
+    try:
+        while not server.started:
+            assert not serving.done(), "the console's server stopped before it listened"
+            await asyncio.sleep(0.02)
+        url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+        status, shown = await post(url, [("config", "fifo"), ("source", "history")])
+        assert status == 503, shown
+        assert "the history database did not answer" in shown
+        status, shown = await post(url, [("config", "fifo"), ("nodes", "2"), ("jobs", "20")])
+        assert status == 200, shown
+        assert line_of(shown)["workload"]["jobs"] == 20
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(serving, timeout=10)
+        await engine.dispose()
