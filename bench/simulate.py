@@ -145,7 +145,7 @@ def noisy_mix(jobs: int, nodes: int) -> Callable[[int], GeneratorSpec]:
 
 def validation() -> float:
     """The validation campaign's makespan error (tests/e2e/test_sim_validation.py)."""
-    from mdq.testing.sim_validation import validate_on_this_machine
+    from tools.sim_validation import validate_on_this_machine
 
     return asyncio.run(validate_on_this_machine()).makespan_error
 

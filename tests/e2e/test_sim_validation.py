@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from mdq.stack import Stack
-from mdq.testing.sim_validation import run_and_simulate, stack_env
+from tools.sim_validation import run_and_simulate, stack_env
 
 pytestmark = pytest.mark.e2e
 

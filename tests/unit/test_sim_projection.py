@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from mdq.sim.history import DEFAULT_DOWN_S, HistoryOptions, project
-from mdq.testing.sim_validation import discordance
+from tools.sim_validation import discordance
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
 
