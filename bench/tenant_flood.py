@@ -72,10 +72,10 @@ from mdq.bus.storage import StorageSettings
 from mdq.bus.streams import ensure_streams
 from mdq.bus.subjects import Subjects
 from mdq.bus.tenants import ensure_tenants_bucket
-from mdq.cli.tenants import add_tenant
 from mdq.contracts import pb
 from mdq.core.tenants import TenantPolicy
 from mdq.embedded import EmbeddedNats, child_environment, start_nats
+from mdq.tenancy import add_tenant
 
 REPO = Path(__file__).resolve().parents[1]
 NS = "mdq"

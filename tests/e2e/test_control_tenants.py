@@ -12,10 +12,10 @@ import nats.errors
 import pytest
 
 from mdq.auth import nats_secrets_dir
-from mdq.cli.tenants import add_tenant
 from mdq.contracts import pb
 from mdq.sdk.client import MdqClient
 from mdq.stack import Stack
+from mdq.tenancy import add_tenant
 from mdq.testing.processes import runner_pid
 from tests.e2e.test_control_stack import gone, long_job
 from tests.e2e.test_stack import request, submit_when_ready

@@ -13,10 +13,10 @@ import nats.errors
 import pytest
 
 from mdq.auth import nats_secrets_dir
-from mdq.cli.tenants import add_tenant
 from mdq.contracts import pb
 from mdq.sdk.client import MdqClient, WaitTimeout
 from mdq.stack import Stack
+from mdq.tenancy import add_tenant
 from tests.e2e.test_stack import md_job, request, submit_when_ready
 from tests.helpers import wait_for
 

@@ -41,12 +41,12 @@ from mdq.bus.streams import ensure_streams
 from mdq.bus.subjects import Subjects
 from mdq.bus.tenants import ensure_tenants_bucket
 from mdq.cli.main import app
-from mdq.cli.tenants import add_tenant
 from mdq.contracts import pb
 from mdq.core.tenants import TenantUsage, usage_key
 from mdq.embedded import EmbeddedNats, child_environment, start_nats
 from mdq.errors import PermissionDenied
 from mdq.sdk import MdqClient, OperatorOnly
+from mdq.tenancy import add_tenant
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"

@@ -127,7 +127,7 @@ async def test_a_removed_tenant_is_refused_with_every_file_it_was_given(tmp_path
     from nats.js.errors import KeyNotFoundError, NotFoundError
 
     from mdq.bus.setup import prepare_bus
-    from mdq.cli.tenants import add_tenant, remove_tenant
+    from mdq.tenancy import add_tenant, remove_tenant
 
     folder = tmp_path / "secrets"
     generated = generate(folder)

@@ -28,13 +28,6 @@ from typer.testing import CliRunner
 from mdq.auth import generate
 from mdq.bus.setup import prepare_bus
 from mdq.cli.main import app as cli
-from mdq.cli.tenants import (
-    DatabaseAdmin,
-    NoDatabaseAdmin,
-    add_tenant_database,
-    database_admin,
-    role_names_for,
-)
 from mdq.core.ids import tenant_of
 from mdq.embedded import start_nats
 from mdq.stack import Stack, StackInfo
@@ -56,6 +49,13 @@ from mdq.store.roles import (
     grant,
     provision_tenant,
     role_url,
+)
+from mdq.tenancy import (
+    DatabaseAdmin,
+    NoDatabaseAdmin,
+    add_tenant_database,
+    database_admin,
+    role_names_for,
 )
 
 NOT_ALLOWED = (asyncpg.InsufficientPrivilegeError,)

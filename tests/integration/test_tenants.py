@@ -29,12 +29,12 @@ from mdq.bus.streams import ensure_streams, ensure_tenant_stream
 from mdq.bus.subjects import Subjects
 from mdq.bus.tenants import ensure_tenants_bucket, put_policy
 from mdq.cli.main import app as cli
-from mdq.cli.tenants import add_tenant
 from mdq.contracts import pb
 from mdq.core.ids import request_id_for_key, request_id_for_sequence
 from mdq.core.tenants import TenantPolicy, TenantUsage, usage_key
 from mdq.embedded import start_nats
 from mdq.sdk.client import MdqClient
+from mdq.tenancy import add_tenant
 from services.intake.app import Intake
 from tests.integration.test_intake import TIMEOUT, eventually, job_log, settings_for, started
 
