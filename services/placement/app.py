@@ -100,7 +100,6 @@ from mdq.core.placement import (
     Decision,
     NodeScore,
     NodeState,
-    PlacementConfig,
     Preemption,
     QueuedJob,
     Standing,
@@ -251,20 +250,7 @@ class Placement:
         self._expiry_checked_at: datetime | None = None
         self.tenants = tenants or TenantDirectory(js, subjects)
         self.instance = instance or f"{socket.gethostname()}-{os.getpid()}-{id(self):x}"
-        self._config = PlacementConfig(
-            overload_threshold=settings.overload_threshold,
-            overload_penalty=settings.overload_penalty,
-            hard_load_threshold=settings.hard_load_threshold,
-            target_load=settings.target_load,
-            balance_weight=settings.balance_weight,
-            load_timeout_s=settings.load_timeout_s,
-            aging_per_minute=settings.aging_per_minute,
-            full_scan_nodes=settings.full_scan_nodes,
-            sample_size=settings.sample_size,
-            cluster_preference_weight=settings.cluster_preference_weight,
-            locality_weight=settings.locality_weight,
-            cluster_load_weight=settings.cluster_load_weight,
-        )
+        self._config = settings.placement_config()
         self._lease = (
             LeaderLease(
                 js=js,

@@ -1,11 +1,22 @@
-"""Settings of the placement service (env prefix MDQ_PLACEMENT_)."""
+"""Settings of the placement service (env prefix MDQ_PLACEMENT_). The scoring tunables are the
+pure core's ``PlacementConfig``: their defaults come from it, and ``placement_config`` hands every
+one set here back to it."""
 
 from __future__ import annotations
+
+from dataclasses import fields
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from mdq.core.placement import PlacementConfig
 from mdq.core.placement_state import ENDED_MEMORY
+
+CORE_DEFAULTS = PlacementConfig()
+"""The core's defaults: the tunables' defaults here."""
+TUNABLES = frozenset(field.name for field in fields(PlacementConfig))
+"""The core's tunables; those of them this service's settings hold can be set from the
+environment."""
 
 
 class PlacementSettings(BaseSettings):
@@ -23,11 +34,15 @@ class PlacementSettings(BaseSettings):
         default=1.0, description="Reconcile at least this often, even with no new events."
     )
     overload_threshold: float = Field(
-        default=0.8, description="Live load above which a node lowers a job's priority there."
+        default=CORE_DEFAULTS.overload_threshold,
+        description="Live load above which a node lowers a job's priority there.",
     )
-    overload_penalty: float = Field(default=50.0, description="Score points that costs.")
+    overload_penalty: float = Field(
+        default=CORE_DEFAULTS.overload_penalty, description="Score points that costs."
+    )
     load_timeout_s: float = Field(
-        default=15.0, description="Nodes whose load went silent this long are not chosen."
+        default=CORE_DEFAULTS.load_timeout_s,
+        description="Nodes whose load went silent this long are not chosen.",
     )
     fail_on_dependency_failure: bool = Field(
         default=True,
@@ -35,34 +50,37 @@ class PlacementSettings(BaseSettings):
         "released once every dependency ended (succeeded or failed).",
     )
     target_load: float = Field(
-        default=0.0,
+        default=CORE_DEFAULTS.target_load,
         ge=0.0,
         le=1.0,
         description="TargetLoadPacking target utilisation; 0 spreads (least loaded first).",
     )
     hard_load_threshold: float = Field(
-        default=0.95, description="Live load (with in-flight bindings) above which a node is out."
+        default=CORE_DEFAULTS.hard_load_threshold,
+        description="Live load (with in-flight bindings) above which a node is out.",
     )
     balance_weight: float = Field(
-        default=10.0, description="Score points lost per unit of CPU/memory imbalance."
+        default=CORE_DEFAULTS.balance_weight,
+        description="Score points lost per unit of CPU/memory imbalance.",
     )
     aging_per_minute: float = Field(
-        default=10.0, description="Priority points a pending job gains per minute of waiting."
+        default=CORE_DEFAULTS.aging_per_minute,
+        description="Priority points a pending job gains per minute of waiting.",
     )
     cluster_preference_weight: float = Field(
-        default=20.0,
+        default=CORE_DEFAULTS.cluster_preference_weight,
         ge=0.0,
         description="Score points for a node whose cluster has every label the job's "
         "clusters.prefer names (pro rata).",
     )
     locality_weight: float = Field(
-        default=15.0,
+        default=CORE_DEFAULTS.locality_weight,
         ge=0.0,
         description="Score points for a node on the cluster holding all of a chain job's "
         "dependencies' outputs (pro rata).",
     )
     cluster_load_weight: float = Field(
-        default=10.0,
+        default=CORE_DEFAULTS.cluster_load_weight,
         ge=0.0,
         description="With several clusters: score points a node loses per unit of its "
         "cluster's reserved CPU share.",
@@ -73,10 +91,12 @@ class PlacementSettings(BaseSettings):
         "long after it (the herd guard).",
     )
     full_scan_nodes: int = Field(
-        default=32, description="Up to this many eligible nodes, every node is scored per job."
+        default=CORE_DEFAULTS.full_scan_nodes,
+        description="Up to this many eligible nodes, every node is scored per job.",
     )
     sample_size: int = Field(
-        default=4, description="Larger clusters: fitting best-ranked nodes scored per job."
+        default=CORE_DEFAULTS.sample_size,
+        description="Larger clusters: fitting best-ranked nodes scored per job.",
     )
     leader_election: bool = Field(
         default=True, description="Only the holder of the KV leader lease places jobs."
@@ -159,3 +179,9 @@ class PlacementSettings(BaseSettings):
         "depends on an older one has it read from the jobs log (its succeeded or failed "
         "event), so memory does not grow with the history (docs/placement.md).",
     )
+
+    def placement_config(self) -> PlacementConfig:
+        """The core's tunables as these settings set them (its own default for any tunable they
+        do not hold)."""
+        held = TUNABLES & set(type(self).model_fields)
+        return PlacementConfig(**{name: getattr(self, name) for name in held})
