@@ -52,7 +52,7 @@ class Site:
     trajectory: bytes
 
 
-async def _serve(
+async def serve_console(
     console: Console, *, access_token: str | None = None
 ) -> tuple[uvicorn.Server, asyncio.Task[None], str]:
     server = uvicorn.Server(
@@ -128,7 +128,7 @@ async def site(
             assert asyncio.get_running_loop().time() < deadline, "the history was projected"
             await asyncio.sleep(0.05)
         console = Console(engine=engine, nc=nc, subjects=subjects, data_dir=data_dir)
-        server, serving, url = await _serve(console)
+        server, serving, url = await serve_console(console)
         yield Site(url, console, retried, doomed, publisher, trajectory)
     finally:
         if server is not None and serving is not None:
@@ -361,7 +361,7 @@ async def console_serving(site: Site, nc: Client, subjects: Subjects) -> AsyncIt
     )
     async with Background("console_serving") as background:
         following = background.spawn(console.nodes.follow(nc, subjects), name="nodes.follow")
-        server, serving, url = await _serve(console)
+        server, serving, url = await serve_console(console)
         try:
 
             async def history_read() -> bool:
@@ -565,7 +565,7 @@ TOKEN = "t0ken-" + "x" * 40
 @pytest.fixture
 async def gated(site: Site) -> AsyncIterator[str]:
     """The same console behind its access token, as ``mdq up`` serves it."""
-    server, serving, url = await _serve(site.console, access_token=TOKEN)
+    server, serving, url = await serve_console(site.console, access_token=TOKEN)
     try:
         yield url
     finally:

@@ -21,7 +21,7 @@ from mdq.store.projection import Projector
 from mdq.store.roles import RoleUrls
 from services.console.app import Console
 from tests.helpers import OwnersPublisher, RecordingBackend, events_of, node_load
-from tests.integration.test_console import _serve
+from tests.integration.test_console import serve_console
 from tests.integration.test_control import job, placement_running
 
 FIRST, SECOND = "aaaaaaaaaaaa-first", "aaaaaaaaaaaa-second"
@@ -47,7 +47,7 @@ async def site(
             assert asyncio.get_running_loop().time() < deadline, "the jobs were projected"
             await asyncio.sleep(0.05)
         console = Console(engine=engine, nc=nc, subjects=subjects, data_dir=data_dir)
-        server, serving, url = await _serve(console)
+        server, serving, url = await serve_console(console)
         async with placement_running(nc, subjects, RecordingBackend()):
             yield url
     finally:

@@ -20,7 +20,6 @@ from typing import Any
 import aiohttp
 import asyncpg
 import pytest
-import uvicorn
 from nats.aio.client import Client
 from typer.testing import CliRunner
 
@@ -31,7 +30,7 @@ from mdq.sim.generator import GeneratorSpec
 from mdq.sim.report import PANELS
 from mdq.store.engine import create_engine
 from mdq.store.roles import RoleUrls
-from services.console.app import Console, build_app
+from services.console.app import Console
 from services.console.simulate import (
     SimulationBusy,
     SimulationFailed,
@@ -40,6 +39,7 @@ from services.console.simulate import (
 )
 from services.watcher.projector import Projector
 from tests.helpers import OwnersPublisher
+from tests.integration.test_console import serve_console
 from tests.integration.test_projector import History, requeue_history
 from tests.integration.test_sim_history import crash_history
 
@@ -82,20 +82,13 @@ async def page(
         data_dir=data_dir,
         simulations=Simulations(time_limit_s=4.0),
     )
-    server = uvicorn.Server(
-        uvicorn.Config(build_app(console), host="127.0.0.1", port=0, log_level="warning")
-    )
-    serving = asyncio.create_task(server.serve())
+    server, serving, url = await serve_console(console)
     try:
         deadline = asyncio.get_running_loop().time() + 20
         while await pool.fetchval("SELECT count(*) FROM events") < len(events):
             assert asyncio.get_running_loop().time() < deadline, "the history was projected"
             await asyncio.sleep(0.05)
-        while not server.started:
-            assert not serving.done(), "the console's server stopped before it listened"
-            await asyncio.sleep(0.02)
-        port = server.servers[0].sockets[0].getsockname()[1]
-        yield Page(f"http://127.0.0.1:{port}", console, database_roles.reader)
+        yield Page(url, console, database_roles.reader)
     finally:
         server.should_exit = True
         await asyncio.wait_for(serving, timeout=10)
@@ -291,15 +284,8 @@ async def test_a_history_database_that_does_not_answer_is_a_503_and_generated_ru
     nobody = f"postgresql://mdq@127.0.0.1:{free_port()}/mdq"  # nothing listens there
     engine = create_engine(nobody)
     console = Console(engine=engine, nc=nc, subjects=subjects, data_dir=data_dir)
-    server = uvicorn.Server(
-        uvicorn.Config(build_app(console), host="127.0.0.1", port=0, log_level="warning")
-    )
-    serving = asyncio.create_task(server.serve())
+    server, serving, url = await serve_console(console)
     try:
-        while not server.started:
-            assert not serving.done(), "the console's server stopped before it listened"
-            await asyncio.sleep(0.02)
-        url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
         status, shown = await post(url, [("config", "fifo"), ("source", "history")])
         assert status == 503, shown
         assert "the history database did not answer" in shown

@@ -26,7 +26,7 @@ from mdq.store.engine import create_engine
 from mdq.store.roles import RoleUrls
 from services.console.app import Console
 from tests.helpers import OwnersPublisher
-from tests.integration.test_console import _serve, get
+from tests.integration.test_console import get, serve_console
 from tests.integration.test_projector import History, running, wait_projected
 
 STARTED_NOT = "on n1: data disk full (ENOSPC): No space left on device: /data/jobs"
@@ -134,7 +134,7 @@ async def test_environment_failures_are_named_and_not_charged_in_the_history(
     assert "FAILURE_CRASHED" in lines["3"] and NOT_CHARGED not in lines["3"], lines["3"]
 
     engine = create_engine(database_roles.reader)
-    server, serving, url = await _serve(
+    server, serving, url = await serve_console(
         Console(engine=engine, nc=nc, subjects=subjects, data_dir=tmp_path)
     )
     try:
