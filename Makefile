@@ -44,11 +44,17 @@ deploy-dev-secrets: $(STAMP)
 ## test: install and run every test (real NATS, PostgreSQL and OpenMM), in TEST_WORKERS
 ## processes (pytest-xdist; each has its own NATS and PostgreSQL, a test file stays in one)
 ## (the image test, marked `images`, is left to `make test-images`: it builds both images)
+## Temporary folders go to a base of this run's own, removed afterwards: under the shared
+## /tmp/pytest-of-<user>, another pytest starting on the machine deletes older runs' folders
+## and resets that folder to 0700 while an embedded PostgreSQL (run as pgserver's own user)
+## still needs to traverse it.
 TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(BIN)/lint-imports
 	@echo "note: tests marked 'images' (build + run the container images) are deselected here: make test-images"
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not images"
+	@base=$$(mktemp -d "$${TMPDIR:-/tmp}/mdq-tests-XXXXXX") && \
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not images" --basetemp="$$base"; \
+	status=$$?; rm -rf "$$base"; exit $$status
 
 ## test-images: build both images with buildah and run intake and the runner inside them against
 ## a test NATS (tests/integration/test_images.py; as root, needs buildah and debootstrap;
