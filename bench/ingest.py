@@ -26,7 +26,7 @@ Every side's rows are counted after it ran: exactly ``--events`` rows in ``progr
 exactly the lifecycle events in ``job_events`` for the watcher), or the bench fails.
 
 The cost of the closed bus (every client authenticated, each with its least permissions:
-``mdq.auth``): the same events on a third server, fsync-always without authentication.
+``mdq.bus.security.auth``): the same events on a third server, fsync-always without authentication.
 The two are measured one right after the other in every round, so ``auth_cost_ratio`` is the
 median over the rounds of the watcher's rate with authentication over its rate without
 (``auth_cost_round_ratios``; ``auth_cost_ratio_best``: best round over best round), and
@@ -73,11 +73,11 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "libs")]
 
-from mdq.auth import Trust, issue  # noqa: E402
 from mdq.bus.codec import encode  # noqa: E402
 from mdq.bus.connect import connect  # noqa: E402
 from mdq.bus.fetch import BatchFetcher  # noqa: E402
-from mdq.bus.permissions import Names, service_permissions  # noqa: E402
+from mdq.bus.security.auth import Trust, issue  # noqa: E402
+from mdq.bus.security.permissions import Names, service_permissions  # noqa: E402
 from mdq.bus.streams import ensure_streams  # noqa: E402
 from mdq.bus.subjects import Subjects  # noqa: E402
 from mdq.contracts import pb  # noqa: E402
@@ -431,8 +431,8 @@ SERVERS = {
 }
 """The NATS servers of every run: (JetStream ``sync_interval``, whether clients authenticate).
 mdq's embedded default is the first: fsync before every acknowledgement, and every client
-proving who it is (``mdq.auth``), the watcher with its own least permissions. The second is the
-same without authentication (the cost of the closed bus), the third the same with the
+proving who it is (``mdq.bus.security.auth``), the watcher with its own least permissions. The
+second is the same without authentication (the cost of the closed bus), the third the same with the
 server's default fsync interval (the cost of fsync-always)."""
 
 

@@ -25,9 +25,9 @@
     ``fsync_always_per_s`` / ``fsync_default_per_s`` are the best rounds, the same for the raw
     loop (``raw_fsync_*``). **The cost of the
     closed bus**: a third server, fsync-always without authentication; on the others every
-    process proves who it is with its own least-privilege credentials (``mdq.auth``: intake as
-    intake, placement as placement). ``auth_cost_ratio`` is the median over the rounds of mdq's
-    rate with authentication over its rate without, the two servers measured one right after
+    process proves who it is with its own least-privilege credentials (``mdq.bus.security.auth``:
+    intake as intake, placement as placement). ``auth_cost_ratio`` is the median over the rounds of
+    mdq's rate with authentication over its rate without, the two servers measured one right after
     the other in each round (``auth_cost_round_ratios``; ``auth_cost_ratio_best``: best round
     over best round); ``raw_auth_cost_*`` the same for the raw loop. **In CPU**: around every
     round the CPU time of the server, the pipeline's processes and this harness is read from
@@ -75,11 +75,11 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.api import StreamConfig
 
-from mdq.auth import Trust, issue
 from mdq.bus.connect import auth_options, connect
-from mdq.bus.permissions import Bridge, Permissions, inbox_prefix, service_permissions
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.requests import Requests
+from mdq.bus.security.auth import Trust, issue
+from mdq.bus.security.permissions import Bridge, Permissions, inbox_prefix, service_permissions
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core import ids
@@ -383,7 +383,7 @@ NAMESPACE = "bench"
 """mdq's namespace on every server of the run."""
 RAW_BRIDGE = Bridge(services=("raw.job.>",), streams=(f"{inbox_prefix('bench')}.>",))
 """On an authenticating server, the raw loop's stream subjects and its ordered consumers'
-deliveries cross between the accounts as mdq's own do (``mdq.bus.permissions.Bridge``)."""
+deliveries cross between the accounts as mdq's own do (``mdq.bus.security.permissions.Bridge``)."""
 
 
 def issue_side_creds(trust: Trust, subjects: Subjects, folder: Path) -> dict[str, Path]:

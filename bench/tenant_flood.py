@@ -1,7 +1,7 @@
 """Benchmark: one tenant floods the closed bus every way it may; another tenant's submits go on.
 
-A nats-server configured by ``mdq.auth`` (the closed bus: two accounts, every identity its own
-credentials), the streams made as ``mdq up`` makes them, two tenants added with ``mdq tenant
+A nats-server configured by ``mdq.bus.security.auth`` (the closed bus: two accounts, every identity
+its own credentials), the streams made as ``mdq up`` makes them, two tenants added with ``mdq tenant
 add``'s code, and intake as its own process with its own credentials. Tenant ``calm`` (no
 rate limit) submits one small job at a time on its request-reply entrance and waits for the
 job's ``submitted`` event in its own stream, ``MDQ_TENANT_calm``, where the SDK follows it:
@@ -60,9 +60,9 @@ import nats.errors
 from nats.aio.client import Client
 from nats.js.api import DeliverPolicy, KeyValueConfig
 
-from mdq.auth import Generated, generate
 from mdq.bus.connect import connect
-from mdq.bus.permissions import (
+from mdq.bus.security.auth import Generated, generate
+from mdq.bus.security.permissions import (
     TENANT_MAX_PAYLOAD,
     TENANT_MAX_SUBSCRIPTIONS,
     inbox_prefix,

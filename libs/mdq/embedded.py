@@ -61,7 +61,8 @@ class EmbeddedNats:
     log_file: Path
     sync_interval: str = SYNC_ALWAYS
     auth: str = ""
-    """The authentication block of its configuration ("" = open; ``mdq.auth.Trust``)."""
+    """The authentication block of its configuration ("" = open;
+    ``mdq.bus.security.auth.Trust``)."""
     max_file_store: int | None = None
     """Its JetStream file store in bytes (None: ``nats_config``'s default)."""
     auth_file: Path | None = None
@@ -158,11 +159,12 @@ def nats_config(
     deployment files (deploy/, docker-compose.yml) set the same (tests/integration/
     test_deploy_manifests.py). ``monitor_port`` opens the HTTP monitoring endpoint on
     127.0.0.1 (off by default); ``cluster`` makes the server one of a JetStream cluster.
-    ``auth`` is the block that makes every client authenticate (``mdq.auth.Trust.server_block``:
-    the operator, the accounts, no secrets); without it the server is open (tests only).
-    ``auth_file`` is that block as a file, included (relative to ``config_dir``, where the
-    configuration is written: nats-server resolves an include from the including file), so
-    that a rewritten block (a revocation) applies when the server reloads (SIGHUP).
+    ``auth`` is the block that makes every client authenticate
+    (``mdq.bus.security.auth.Trust.server_block``: the operator, the accounts, no secrets); without
+    it the server is open (tests only). ``auth_file`` is that block as a file, included (relative
+    to ``config_dir``, where the configuration is written: nats-server resolves an include from the
+    including file), so that a rewritten block (a revocation) applies when the server reloads
+    (SIGHUP).
     """
     lines = [
         "# Written by mdq (mdq.embedded.nats_config); changes are overwritten on start.",

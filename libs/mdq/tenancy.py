@@ -12,17 +12,17 @@ from pathlib import Path
 
 from nats.js.errors import KeyNotFoundError
 
-from mdq.auth import (
+from mdq.bus.connect import connect
+from mdq.bus.inputs import ensure_inputs_bucket
+from mdq.bus.kv import bucket_keys
+from mdq.bus.security.auth import (
     TRUST_FILE,
     Trust,
     identity_creds_path,
     issue_recorded,
     revoke_identity,
 )
-from mdq.bus.connect import connect
-from mdq.bus.inputs import ensure_inputs_bucket
-from mdq.bus.kv import bucket_keys
-from mdq.bus.permissions import tenant_identity, tenant_permissions
+from mdq.bus.security.permissions import tenant_identity, tenant_permissions
 from mdq.bus.storage import StorageSettings
 from mdq.bus.streams import ensure_tenant_stream, remove_tenant_streams
 from mdq.bus.subjects import Subjects

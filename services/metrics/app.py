@@ -25,13 +25,13 @@ from nats.js.errors import NotFoundError
 from prometheus_client import make_wsgi_app, start_http_server
 from prometheus_client.exposition import ThreadingWSGIServer
 
-from mdq.auth import WsgiApp, bearer_guard
 from mdq.backends.factory import make_backend
 from mdq.backends.port import ClusterBackend, NodeSample
 from mdq.bus.connect import connect
 from mdq.bus.log import follow_log, raise_if_cancelling
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.runtime import run_service
+from mdq.bus.security.auth import WsgiApp, bearer_guard
 from mdq.bus.subjects import Subjects
 from mdq.bus.tenants import read_tenant_usages
 from mdq.contracts import pb

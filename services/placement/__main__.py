@@ -6,13 +6,13 @@ import logging
 import os
 from pathlib import Path
 
-from mdq.auth import RUNNER_ISSUER_ENV, RunnerIssuer
 from mdq.backends.factory import make_backend
 from mdq.bus.connect import connect
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.requests import Requests
-from mdq.bus.runner_creds import RenewalDesk, log_verdict
 from mdq.bus.runtime import run_service
+from mdq.bus.security.auth import RUNNER_ISSUER_ENV, RunnerIssuer
+from mdq.bus.security.runner_creds import RenewalDesk, log_verdict
 from mdq.bus.storage import StorageSettings
 from mdq.bus.subjects import Subjects
 from mdq.settings import CommonSettings

@@ -8,8 +8,8 @@ means a job is never bound and cancelled at the same moment. The decisions are t
 
 - ``ControlDesk`` subscribes while this replica leads (queue group ``placement``), decodes and
   checks each request (a refusal names the field), takes the tenant from the subject the server
-  enforced (a tenant may request on its own subject only: ``mdq.bus.permissions``), hands the
-  request to ``Placement.control`` and answers in the request's encoding (JSON or protobuf).
+  enforced (a tenant may request on its own subject only: ``mdq.bus.security.permissions``), hands
+  the request to ``Placement.control`` and answers in the request's encoding (JSON or protobuf).
   While no replica leads, nobody answers: the client's request times out and is sent again
   (the same key: safe).
 - ``ControlRegistry`` makes a request idempotent under its key, like a submit's: a KV create of

@@ -38,7 +38,7 @@ from mdq.bus.connect import CREDS_ENV, connect
 from mdq.bus.copies import CopyStore
 from mdq.bus.inputs import InputFetch
 from mdq.bus.publisher import EventPublisher
-from mdq.bus.runner_creds import RenewableCreds
+from mdq.bus.security.runner_creds import RenewableCreds
 from mdq.bus.subjects import Subjects
 from mdq.core.exit_codes import RunnerExit
 from mdq.core.runner_task import RunnerTask, jobs_root

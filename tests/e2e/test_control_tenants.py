@@ -11,7 +11,7 @@ from pathlib import Path
 import nats.errors
 import pytest
 
-from mdq.auth import nats_secrets_dir
+from mdq.bus.security.auth import nats_secrets_dir
 from mdq.contracts import pb
 from mdq.sdk.client import MdqClient
 from mdq.stack import Stack

@@ -12,7 +12,7 @@ import asyncpg
 import nats.errors
 import pytest
 
-from mdq.auth import nats_secrets_dir
+from mdq.bus.security.auth import nats_secrets_dir
 from mdq.contracts import pb
 from mdq.sdk.client import MdqClient, WaitTimeout
 from mdq.stack import Stack

@@ -1,10 +1,10 @@
 """Attacks on the bus, refused by a real nats-server configured by the code that configures mdq.
 
-One server runs with ``mdq.auth.Trust`` (operator, accounts, no secrets in its configuration),
-and every identity of ``mdq.bus.permissions`` connects with credentials issued by the same
-code ``mdq up`` uses. Each identity then tries what it must not do — forge every event kind
-it does not own, write into every KV bucket, purge, delete, create or update streams, take
-over another service's durable consumer, listen to another identity's replies — and the
+One server runs with ``mdq.bus.security.auth.Trust`` (operator, accounts, no secrets in its
+configuration), and every identity of ``mdq.bus.security.permissions`` connects with credentials
+issued by the same code ``mdq up`` uses. Each identity then tries what it must not do — forge every
+event kind it does not own, write into every KV bucket, purge, delete, create or update streams,
+take over another service's durable consumer, listen to another identity's replies — and the
 server's answer (a permissions violation, or nothing stored) is checked against the table,
 allowed cases included, so a table that allowed too much or too little fails here.
 """
@@ -28,9 +28,10 @@ import nats.errors
 import pytest
 from nats.aio.client import Client
 
-from mdq.auth import Trust, creds_text, encode_jwt, issue, runner_issuer, write_secret
 from mdq.bus.connect import connect
-from mdq.bus.permissions import (
+from mdq.bus.publisher import EventPublisher
+from mdq.bus.security.auth import Trust, creds_text, encode_jwt, issue, runner_issuer, write_secret
+from mdq.bus.security.permissions import (
     IDENTITIES,
     RUNNER_KINDS,
     SERVICES,
@@ -43,7 +44,6 @@ from mdq.bus.permissions import (
     service_permissions,
     tenant_permissions,
 )
-from mdq.bus.publisher import EventPublisher
 from mdq.bus.snapshots import SnapshotStore
 from mdq.bus.streams import (
     ensure_streams,
@@ -243,7 +243,7 @@ async def test_the_runner_key_cannot_mint_wider_credentials(prepared: Server) ->
     subject: the server refuses the connection instead of granting it."""
     import nkeys
 
-    from mdq.auth import _new_key, _public, _seed
+    from mdq.bus.security.auth import _new_key, _public, _seed
 
     assert prepared.trust is not None
     issuer = runner_issuer(prepared.trust)
@@ -586,7 +586,7 @@ async def test_no_one_logs_in_to_the_streams_account(prepared: Server, tmp_path:
     the imports of the users account reach the streams."""
     import nkeys
 
-    from mdq.auth import _new_key, _public, _seed
+    from mdq.bus.security.auth import _new_key, _public, _seed
 
     assert prepared.trust is not None
     account = nkeys.from_seed(bytearray(prepared.trust.account_seed.encode()))
@@ -612,7 +612,7 @@ def test_the_documented_table_is_the_enforced_one() -> None:
     """docs/security.md shows the table these tests enforce, not an older one."""
     text = (Path(__file__).resolve().parents[2] / "docs" / "security.md").read_text()
     documented = text.split("<!-- permissions:start -->\n", 1)[1].split("<!-- permissions:end")[0]
-    assert documented == markdown_table(), "regenerate it: python -m mdq.bus.permissions"
+    assert documented == markdown_table(), "regenerate it: python -m mdq.bus.security.permissions"
 
 
 @pytest.mark.parametrize(

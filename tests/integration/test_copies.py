@@ -18,10 +18,10 @@ import nats.errors
 import pytest
 from nats.aio.client import Client
 
-from mdq.auth import Trust, issue, runner_issuer, write_secret
 from mdq.bus.connect import connect
 from mdq.bus.copies import CopyStore, CopyUnusable, FileToCopy
-from mdq.bus.permissions import service_permissions
+from mdq.bus.security.auth import Trust, issue, runner_issuer, write_secret
+from mdq.bus.security.permissions import service_permissions
 from mdq.bus.streams import ensure_streams
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb

@@ -56,7 +56,10 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from pydantic_settings import BaseSettings
 
-from mdq.auth import (
+from mdq.backends.clusters import parse_clusters
+from mdq.backends.kubernetes.settings import KubernetesSettings
+from mdq.bus.connect import auth_options, connect, identity_of_creds
+from mdq.bus.security.auth import (
     RUNNER_ISSUER_ENV,
     RUNNER_ISSUER_FILE,
     SERVER_BLOCK_FILE,
@@ -65,10 +68,7 @@ from mdq.auth import (
     _meaning,
     generate,
 )
-from mdq.backends.clusters import parse_clusters
-from mdq.backends.kubernetes.settings import KubernetesSettings
-from mdq.bus.claims import decode_claims
-from mdq.bus.connect import auth_options, connect, identity_of_creds
+from mdq.bus.security.claims import decode_claims
 from mdq.bus.setup import prepare_bus
 from mdq.bus.storage import StorageSettings
 from mdq.bus.subjects import Subjects

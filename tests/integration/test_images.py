@@ -7,8 +7,8 @@ as ``make images`` does where no registry answers. Each image then runs in a wor
 (``buildah run``: the host's network, the image's user, mounted secrets and data): intake from
 the services image takes a submit from the stream and answers a request, and the runner image's
 runner runs the very job intake accepted, a tiny water box, and reports its progress and
-outputs on the bus. The server is configured by ``mdq.auth`` as every deployment's is, so each
-process inside an image proves who it is with the credentials file it is given.
+outputs on the bus. The server is configured by ``mdq.bus.security.auth`` as every deployment's is,
+so each process inside an image proves who it is with the credentials file it is given.
 
 Marked ``images`` (``make test-images``, run by ``.ci/run`` after ``make test``, which deselects
 it): a cold build takes minutes (debootstrap, the wheelhouse, vfs copies), a warm one seconds.
@@ -32,8 +32,8 @@ import psutil
 import pytest
 from nats.aio.client import Client
 
-from mdq.auth import Generated, generate, runner_issuer, write_secret
 from mdq.bus.connect import connect
+from mdq.bus.security.auth import Generated, generate, runner_issuer, write_secret
 from mdq.bus.setup import prepare_bus
 from mdq.bus.subjects import Subjects
 from mdq.core.ids import request_id_for_key
@@ -88,8 +88,8 @@ class Bus:
 
 @pytest.fixture(scope="module")
 async def bus() -> AsyncIterator[Bus]:
-    """A NATS server with ``mdq.auth``'s trust (no anonymous client gets in), its streams made
-    by the admin identity as ``mdq up`` and the bus-setup job make them."""
+    """A NATS server with ``mdq.bus.security.auth``'s trust (no anonymous client gets in), its
+    streams made by the admin identity as ``mdq up`` and the bus-setup job make them."""
     folder = Path(tempfile.mkdtemp(prefix="mdq-images-"))
     generated = generate(folder / "nats-secrets", NAMESPACE)
     server = start_nats(folder / "nats", auth_file=generated.server_block)

@@ -1,5 +1,5 @@
-"""The input files' buckets on a real nats-server configured by ``mdq.auth``: who may put a file
-where, and who may read it (docs/security.md, "Who may do what").
+"""The input files' buckets on a real nats-server configured by ``mdq.bus.security.auth``: who may
+put a file where, and who may read it (docs/security.md, "Who may do what").
 
 Each identity connects with credentials issued the way ``mdq up`` and ``mdq tenant add`` issue
 them (a runner's from the runner-scoped signing key), through the two-account bridge: a tenant
@@ -23,7 +23,6 @@ import nats.errors
 import pytest
 from nats.aio.client import Client
 
-from mdq.auth import Trust, issue, runner_issuer, write_secret
 from mdq.bus.connect import connect
 from mdq.bus.inputs import (
     FetchRefused,
@@ -35,8 +34,9 @@ from mdq.bus.inputs import (
     lookup,
     upload,
 )
-from mdq.bus.permissions import service_permissions, tenant_permissions
 from mdq.bus.publisher import EventPublisher
+from mdq.bus.security.auth import Trust, issue, runner_issuer, write_secret
+from mdq.bus.security.permissions import service_permissions, tenant_permissions
 from mdq.bus.streams import ensure_streams
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb

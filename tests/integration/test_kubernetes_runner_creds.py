@@ -1,8 +1,8 @@
 """Per-job runner credentials on Kubernetes, enforced by a real nats-server.
 
-A nats-server with mdq's trust chain (``mdq.auth.Trust``, as ``mdq up`` and deploy/ configure
-it), the Kubernetes API emulator and simulated kubelets: the backend, given the runner issuer
-(``MDQ_NATS_RUNNER_ISSUER``), makes each runner pod a Secret of its own with credentials
+A nats-server with mdq's trust chain (``mdq.bus.security.auth.Trust``, as ``mdq up`` and deploy/
+configure it), the Kubernetes API emulator and simulated kubelets: the backend, given the runner
+issuer (``MDQ_NATS_RUNNER_ISSUER``), makes each runner pod a Secret of its own with credentials
 minted for its job, owned by the pod and mounted into it alone. The pods' own programs then
 try the bus with what they were given: their job's progress is acknowledged, another job's
 refused by the server. Deleting the pod deletes the Secret (the garbage collector); a pod
@@ -25,14 +25,6 @@ from pathlib import Path
 import pytest
 from kubernetes_asyncio import client as k8s
 
-from mdq.auth import (
-    RUNNER_ISSUER_ENV,
-    RunnerIssuer,
-    Trust,
-    issue,
-    nats_secrets_dir,
-    runner_issuer,
-)
 from mdq.backends.factory import make_backend
 from mdq.backends.kubernetes.backend import KubernetesBackend, call_json
 from mdq.backends.kubernetes.objects import (
@@ -43,9 +35,17 @@ from mdq.backends.kubernetes.objects import (
 )
 from mdq.backends.kubernetes.settings import KubernetesSettings
 from mdq.backends.port import PodExists, PodSpec
-from mdq.bus.claims import decode_claims
 from mdq.bus.connect import connect
-from mdq.bus.permissions import service_permissions
+from mdq.bus.security.auth import (
+    RUNNER_ISSUER_ENV,
+    RunnerIssuer,
+    Trust,
+    issue,
+    nats_secrets_dir,
+    runner_issuer,
+)
+from mdq.bus.security.claims import decode_claims
+from mdq.bus.security.permissions import service_permissions
 from mdq.bus.streams import ensure_streams
 from mdq.bus.subjects import Subjects
 from mdq.embedded import EmbeddedNats, start_nats

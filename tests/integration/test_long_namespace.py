@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from mdq.auth import generate, issue, runner_issuer, write_secret
 from mdq.bus.connect import connect
-from mdq.bus.permissions import IDENTITIES, tenant_permissions
+from mdq.bus.security.auth import generate, issue, runner_issuer, write_secret
+from mdq.bus.security.permissions import IDENTITIES, tenant_permissions
 from mdq.bus.subjects import Subjects
 from mdq.embedded import start_nats
 

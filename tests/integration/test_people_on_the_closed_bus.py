@@ -1,7 +1,7 @@
 """People on the closed bus: every mdq command, the SDK and the README's clients, run with the
 identity a person gets, the operator's ``cli`` and a tenant's, against a real nats-server
-configured by the code that configures ``mdq up`` (``mdq.auth.generate``) and the real intake
-service in its own process with its own credentials.
+configured by the code that configures ``mdq up`` (``mdq.bus.security.auth.generate``) and the real
+intake service in its own process with its own credentials.
 
 What the services would log for a job (placement's ``bound``, the watcher's ``started`` and
 ``succeeded``, the runner's ``progress``) is published by each of them with its own
@@ -33,10 +33,10 @@ from nats.js.api import AckPolicy, ConsumerConfig, KeyValueConfig
 from nats.js.errors import APIError
 from typer.testing import CliRunner, Result
 
-from mdq.auth import Generated, generate, runner_issuer, write_secret
 from mdq.bus.connect import auth_options, connect
-from mdq.bus.permissions import inbox_prefix, tenant_identity
 from mdq.bus.publisher import EventPublisher
+from mdq.bus.security.auth import Generated, generate, runner_issuer, write_secret
+from mdq.bus.security.permissions import inbox_prefix, tenant_identity
 from mdq.bus.streams import ensure_streams
 from mdq.bus.subjects import Subjects
 from mdq.bus.tenants import ensure_tenants_bucket
@@ -239,7 +239,7 @@ async def test_every_command_a_person_runs_works_with_their_credentials(
 ) -> None:
     """submit, watch, explain and replay as the operator and as a tenant; nodes and queues
     as the operator (``mdq nodes`` was refused a pull consumer as ``cli``: red without
-    ``mdq.bus.permissions._pull_reader``)."""
+    ``mdq.bus.security.permissions._pull_reader``)."""
     key = f"cmd-{who}-{os.urandom(3).hex()}"
     submitted = await asyncio.to_thread(mdq, closed, who, "submit", str(job_file(tmp_path, key)))
     assert submitted.exit_code == 0, submitted.output

@@ -15,9 +15,9 @@ import nats.errors
 import pytest
 from typer.testing import CliRunner
 
-from mdq.auth import REVOCATIONS_FILE, generate, issue, rotate
 from mdq.bus.connect import auth_options, identity_of_creds
-from mdq.bus.permissions import tenant_permissions
+from mdq.bus.security.auth import REVOCATIONS_FILE, generate, issue, rotate
+from mdq.bus.security.permissions import tenant_permissions
 from mdq.bus.subjects import Subjects
 from mdq.cli.main import app as cli
 from mdq.embedded import EmbeddedNats, nats_config, start_nats
@@ -105,7 +105,7 @@ def test_mdq_credentials_rotate(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("identity", ["admin", "runners"])
 def test_rotating_keeps_the_permissions(tmp_path: Path, identity: str) -> None:
-    from mdq.auth import _meaning
+    from mdq.bus.security.auth import _meaning
 
     folder = tmp_path / "secrets"
     generate(folder)
@@ -184,7 +184,7 @@ async def test_mdq_tenant_rm_on_the_embedded_stack_takes_effect_at_once(
 ) -> None:
     """On `mdq up`'s own NATS, `mdq tenant rm` has the server reload (its configuration
     includes nats-auth.conf): the tenant's file is refused with no restart."""
-    from mdq.auth import nats_secrets_dir
+    from mdq.bus.security.auth import nats_secrets_dir
     from mdq.stack import Stack
 
     monkeypatch.delenv("NATS_URL", raising=False)

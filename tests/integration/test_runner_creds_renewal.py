@@ -18,10 +18,10 @@ import nats.errors
 import pytest
 from nats.aio.client import Client
 
-from mdq.auth import RunnerIssuer, Trust, issue, runner_issuer, write_secret
 from mdq.bus.connect import connect
-from mdq.bus.permissions import service_permissions
-from mdq.bus.runner_creds import RenewableCreds, RenewalDesk
+from mdq.bus.security.auth import RunnerIssuer, Trust, issue, runner_issuer, write_secret
+from mdq.bus.security.permissions import service_permissions
+from mdq.bus.security.runner_creds import RenewableCreds, RenewalDesk
 from mdq.bus.streams import ensure_streams
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb

@@ -6,9 +6,9 @@ every job of alice's, ``intake`` would listen on intake's reply inbox. The node 
 holds no key (``mdq up`` gives the runner issuer to placement alone) and asks placement's desk,
 which mints for a job id only, and only for the attempt the jobs log says is live.
 
-Against a real nats-server configured by ``mdq.auth``: the agent's identity asks the desk (as
-placement runs it, ``log_verdict`` over a jobs stream that holds a live ``bound`` event of an
-operator's and of a tenant's job, so a wildcard would match them) for each hostile name and is
+Against a real nats-server configured by ``mdq.bus.security.auth``: the agent's identity asks the
+desk (as placement runs it, ``log_verdict`` over a jobs stream that holds a live ``bound`` event of
+an operator's and of a tenant's job, so a wildcard would match them) for each hostile name and is
 refused, naming the field; for the live attempt it gets credentials that publish that job's
 progress and nothing of the other job's.
 """
@@ -28,10 +28,10 @@ import nats.errors
 import pytest
 from nats.aio.client import Client
 
-from mdq.auth import RunnerIssuer, Trust, issue, runner_issuer
 from mdq.bus.connect import connect
-from mdq.bus.permissions import service_permissions
-from mdq.bus.runner_creds import (
+from mdq.bus.security.auth import RunnerIssuer, Trust, issue, runner_issuer
+from mdq.bus.security.permissions import service_permissions
+from mdq.bus.security.runner_creds import (
     CredsRefused,
     RenewableCreds,
     RenewalDesk,

@@ -14,8 +14,8 @@ import aiohttp
 import psutil
 import pytest
 
-from mdq.auth import nats_secrets_dir
 from mdq.bus.connect import identity_of_creds
+from mdq.bus.security.auth import nats_secrets_dir
 from mdq.stack import STACK_FILE, Stack
 from tests.helpers import wait_for
 from tests.integration.test_stack_database import process_env

@@ -25,7 +25,7 @@ import pytest
 from alembic import command
 from typer.testing import CliRunner
 
-from mdq.auth import generate
+from mdq.bus.security.auth import generate
 from mdq.bus.setup import prepare_bus
 from mdq.cli.main import app as cli
 from mdq.core.ids import tenant_of
@@ -514,7 +514,8 @@ async def test_add_tenant_database_keeps_its_password_private(
 
 @pytest.fixture
 def closed_bus(tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    """A nats-server that trusts only what ``mdq.auth`` signs (as test_tenants.py's)."""
+    """A nats-server that trusts only what ``mdq.bus.security.auth`` signs (as
+    test_tenants.py's)."""
     secrets = tmp_path / "secrets"
     generated = generate(secrets)
     server = start_nats(tmp_path / "nats", auth=generated.server_block.read_text())

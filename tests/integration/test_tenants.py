@@ -22,8 +22,8 @@ from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from typer.testing import CliRunner
 
-from mdq.auth import generate
 from mdq.bus.connect import CREDS_ENV
+from mdq.bus.security.auth import generate
 from mdq.bus.setup import prepare_bus
 from mdq.bus.streams import ensure_streams, ensure_tenant_stream
 from mdq.bus.subjects import Subjects
@@ -257,7 +257,7 @@ async def test_a_tenants_stream_holds_its_events_and_no_one_elses(
 
 @pytest.fixture
 def closed_bus(tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    """A nats-server that trusts only what ``mdq.auth`` signs, with every identity's
+    """A nats-server that trusts only what ``mdq.bus.security.auth`` signs, with every identity's
     credentials generated in ``<tmp>/secrets`` as ``mdq up`` does: (url, secrets folder)."""
     secrets = tmp_path / "secrets"
     generated = generate(secrets)

@@ -1,5 +1,5 @@
-"""The one generator of a deployment's NATS material (``mdq.auth.generate``): what it writes,
-with which modes, and that running it again keeps what is there (idempotent), rewriting only
+"""The one generator of a deployment's NATS material (``mdq.bus.security.auth.generate``): what it
+writes, with which modes, and that running it again keeps what is there (idempotent), rewriting only
 what is missing or says something else."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from mdq.auth import (
+from mdq.bus.connect import identity_of_creds
+from mdq.bus.security.auth import (
     RUNNER_ISSUER_FILE,
     SERVER_BLOCK_FILE,
     TRUST_FILE,
@@ -28,9 +29,8 @@ from mdq.auth import (
     issued_keys,
     write_secret,
 )
-from mdq.bus.claims import decode_claims
-from mdq.bus.connect import identity_of_creds
-from mdq.bus.permissions import IDENTITIES, service_permissions, tenant_permissions
+from mdq.bus.security.claims import decode_claims
+from mdq.bus.security.permissions import IDENTITIES, service_permissions, tenant_permissions
 from mdq.bus.subjects import Subjects
 from mdq.cli.main import app
 
@@ -121,7 +121,7 @@ def test_a_rotation_keeps_the_operator_jwt_the_server_started_with(tmp_path: Pat
     import re
     import time
 
-    from mdq.auth import SERVER_BLOCK_FILE, generate, rotate
+    from mdq.bus.security.auth import SERVER_BLOCK_FILE, generate, rotate
 
     folder = tmp_path / "secrets"
     generate(folder)
@@ -137,7 +137,7 @@ def test_a_rotation_keeps_the_operator_jwt_the_server_started_with(tmp_path: Pat
 def test_removing_a_tenant_revokes_every_key_it_was_given_rotations_included(
     tmp_path: Path,
 ) -> None:
-    from mdq.auth import (
+    from mdq.bus.security.auth import (
         Trust,
         creds_key,
         identity_creds_path,
@@ -146,7 +146,7 @@ def test_removing_a_tenant_revokes_every_key_it_was_given_rotations_included(
         revoke_identity,
         rotate,
     )
-    from mdq.bus.permissions import tenant_permissions
+    from mdq.bus.security.permissions import tenant_permissions
     from mdq.bus.subjects import Subjects
 
     folder = tmp_path / "secrets"

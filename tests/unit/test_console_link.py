@@ -10,7 +10,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from typer.testing import CliRunner
 
-from mdq.auth import ensure_token_file
+from mdq.bus.security.auth import ensure_token_file
 from mdq.cli.main import app, campaign_url
 from mdq.contracts import pb
 from mdq.stack import STACK_FILE, StackInfo

@@ -7,11 +7,11 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from mdq.auth import TrustMismatch
 from mdq.backends.clusters import BadClustersFile, ClusterLost, UnknownCluster
 from mdq.backends.port import PodExists
 from mdq.bus.inputs import FetchRefused, FetchUnavailable, InputsFull, NoInputsBucket
-from mdq.bus.runner_creds import CredsRefused
+from mdq.bus.security.auth import TrustMismatch
+from mdq.bus.security.runner_creds import CredsRefused
 from mdq.cli.context import NoEndpoint
 from mdq.cli.errors import EXIT_CODES, Commands
 from mdq.core.control import ControlRefused as CoreControlRefused

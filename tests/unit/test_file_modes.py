@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mdq.auth import ensure_token_file, write_secret
+from mdq.bus.security.auth import ensure_token_file, write_secret
 from mdq.files import open_log, private_folder, touch_private
 
 

@@ -6,7 +6,7 @@ import hashlib
 
 import pytest
 
-from mdq.bus.permissions import IDENTITIES, inbox_prefix, tenant_identity
+from mdq.bus.security.permissions import IDENTITIES, inbox_prefix, tenant_identity
 from mdq.core import ids
 from mdq.core.tenants import RESERVED, TenantNameError, validate_tenant_name
 

@@ -173,7 +173,7 @@ def _connection(entry: ClusterEntry) -> tuple[object, ...]:
 class KvLostClusters:
     """``LostClusters`` in the KV bucket ``NS_clusters_lost`` (key: the cluster; value: JSON
     ``{"since": unix time, "pods": [...]}``), followed by a watch. Only the watcher may write
-    it (``mdq.bus.permissions``); its first ``mark`` makes the bucket, and a reader whose
+    it (``mdq.bus.security.permissions``); its first ``mark`` makes the bucket, and a reader whose
     bucket does not exist yet looks again every few seconds (nothing is lost until then)."""
 
     RETRY_S = 5.0

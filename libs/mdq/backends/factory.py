@@ -44,7 +44,7 @@ async def make_backend(
     ``subjects``' namespace; their runners reach NATS at ``runner_nats_url``, find the data
     folder at ``data_dir`` and authenticate with credentials minted for each pod's job by the
     issuer in the file ``runner_issuer`` (``MDQ_NATS_RUNNER_ISSUER``), valid for
-    ``runner_creds_ttl_s`` and renewed while the attempt lives (``mdq.bus.runner_creds``),
+    ``runner_creds_ttl_s`` and renewed while the attempt lives (``mdq.bus.security.runner_creds``),
     all of which only the service creating pods must give). The local backend's runners get
     theirs from their node agent, which asks placement's desk for them (it holds no key).
 
@@ -70,8 +70,8 @@ async def make_backend(
         await backend.buckets()
         return backend
     if kind == "kubernetes":
-        from mdq.auth import RunnerIssuer
         from mdq.backends.kubernetes.backend import DEFAULT_DATA_DIR, KubernetesBackend
+        from mdq.bus.security.auth import RunnerIssuer
 
         return await KubernetesBackend.connect(
             mdq_namespace=subjects.namespace,
@@ -112,9 +112,9 @@ async def _cluster_router(
         if entry.kind == "local":
             local = subjects.for_local_cluster(entry.name)
             return await make_backend(kind="local", nc=nc, subjects=local, replicas=replicas)
-        from mdq.auth import RunnerIssuer
         from mdq.backends.kubernetes.backend import DEFAULT_DATA_DIR, KubernetesBackend
         from mdq.backends.kubernetes.settings import KubernetesSettings
+        from mdq.bus.security.auth import RunnerIssuer
 
         # this cluster's settings over the process's MDQ_K8S_* (init arguments win)
         return await KubernetesBackend.connect(

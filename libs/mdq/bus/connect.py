@@ -33,8 +33,8 @@ import nats.js.errors
 from nats.aio.client import Client
 
 from mdq.backoff import DEFAULT_BACKOFF, Backoff, keep_trying, redact_url
-from mdq.bus.permissions import inbox_prefix
-from mdq.bus.runner_creds import RenewableCreds
+from mdq.bus.security.permissions import inbox_prefix
+from mdq.bus.security.runner_creds import RenewableCreds
 from mdq.bus.streams import require_streams
 from mdq.bus.subjects import Subjects
 

@@ -215,7 +215,7 @@ class InputDesk:
     event, its spec names no input of that sha256, its tenant's bucket holds no such object.
     An error of intake's own (the bus) is an ``Mdq-Unavailable`` header instead: the job's
     input is fine, a later attempt may be served.
-    Only the job's own runner may publish on that subject (``mdq.bus.permissions``)."""
+    Only the job's own runner may publish on that subject (``mdq.bus.security.permissions``)."""
 
     def __init__(self, client: Client, subjects: Subjects) -> None:
         self._client = client

@@ -1,7 +1,7 @@
 """Making a namespace's streams (and the local backend's buckets) as the admin identity.
 
 On an mdq server only ``admin`` may create, update, purge or delete a stream or a bucket
-(``mdq.bus.permissions``); every service only reads their info and waits until they exist
+(``mdq.bus.security.permissions``); every service only reads their info and waits until they exist
 (``mdq.bus.streams.require_streams``). So one step runs as admin before the services, the
 same everywhere:
 

@@ -197,7 +197,7 @@ def tenant_stream_config(
     from the shared streams (which a tenant may not read: they hold everyone's jobs). It is a
     copy (the history stays in PostgreSQL and the shared streams), so it drops its oldest
     events at its limits (``MDQ_STORAGE_TENANT_*``). The tenant makes its own consumers on it
-    (ordered and pull, ``mdq.bus.permissions.tenant_permissions``): at most
+    (ordered and pull, ``mdq.bus.security.permissions.tenant_permissions``): at most
     ``tenant_consumers`` at once, each deleted by the server after ``tenant_consumer_idle_s``
     unused, durable or not."""
     storage = storage or StorageSettings()
@@ -304,8 +304,8 @@ async def _ensure_submit_streams(
 
 def closed_bus(js: JetStreamContext) -> bool:
     """Whether ``js`` is connected to a closed bus (the server asks every client to
-    authenticate: mdq's two accounts, ``mdq.auth``), where a tenant's submits reach the streams
-    account as ``Subjects.submit_stored``."""
+    authenticate: mdq's two accounts, ``mdq.bus.security.auth``), where a tenant's submits reach
+    the streams account as ``Subjects.submit_stored``."""
     info = getattr(connection_of(js), "_server_info", None) or {}
     return bool(info.get("auth_required"))
 

@@ -87,7 +87,7 @@ class Subjects:
     def submit_stored(self, tenant: str) -> str:
         """Where a submit of ``tenant`` (``submit_for(tenant)``) lands in the streams account
         of a closed bus: one more token, ``in``, which the users account's import adds
-        (``mdq.bus.permissions.account_bridge``), so its submit stream captures it with a
+        (``mdq.bus.security.permissions.account_bridge``), so its submit stream captures it with a
         wildcard, ``NS.submit.<tenant>.*`` (``submit_capture``). ``tenant`` "*": every
         tenant's."""
         return f"{self.submit_for(tenant)}.{STORED_TOKEN}"
@@ -118,7 +118,7 @@ class Subjects:
 
     def runner_creds(self, job_id: str = "*") -> str:
         """Where the runner of ``job_id`` asks for fresh credentials (request-reply;
-        ``mdq.bus.runner_creds``); ">" for every job, tenants' two-token ids included."""
+        ``mdq.bus.security.runner_creds``); ">" for every job, tenants' two-token ids included."""
         return f"{self.namespace}.api.runner_creds.{job_id}"
 
     def api_inputs(self, job_id: str = "*") -> str:

@@ -19,10 +19,10 @@ the stack a running ``mdq up`` recorded in ``<state>/stack.json``):
 * ``mdq cancel | hold | release | requeue | reprioritize | extend`` — job control
   (``mdq.cli.control``, docs/control.md).
 
-``mdq credentials --out DIR`` writes a deployment's NATS credentials (``mdq.auth.generate``):
-what ``make compose-secrets`` and ``make deploy-dev-secrets`` run. ``mdq tenant add NAME``
-adds a tenant (``mdq.cli.tenants``); a tenant runs the client commands with its credentials
-(``--creds`` / ``MDQ_NATS_CREDS``) and sees its own jobs only.
+``mdq credentials --out DIR`` writes a deployment's NATS credentials
+(``mdq.bus.security.auth.generate``): what ``make compose-secrets`` and ``make deploy-dev-secrets``
+run. ``mdq tenant add NAME`` adds a tenant (``mdq.cli.tenants``); a tenant runs the client commands
+with its credentials (``--creds`` / ``MDQ_NATS_CREDS``) and sees its own jobs only.
 """
 
 from __future__ import annotations
@@ -46,15 +46,15 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
-from mdq.auth import (
+from mdq.bus.connect import CREDS_ENV
+from mdq.bus.inputs import Uploaded
+from mdq.bus.security.auth import (
     SECRETS_DIR,
     ensure_token_file,
     generate,
     nats_secrets_dir,
     rotate,
 )
-from mdq.bus.connect import CREDS_ENV
-from mdq.bus.inputs import Uploaded
 from mdq.cli import history
 from mdq.cli import recommend as recommendations
 from mdq.cli import status as stack_status

@@ -14,7 +14,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
-from mdq.auth import CREDS_SUFFIX, nats_secrets_dir
+from mdq.bus.security.auth import CREDS_SUFFIX, nats_secrets_dir
 from mdq.cli.context import Endpoints, GlobalOptions, resolve_endpoints
 from mdq.core.tenants import (
     DEFAULT_POLICY,

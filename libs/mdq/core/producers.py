@@ -1,8 +1,8 @@
 """Which producer may emit which event kind: the consumers' own check behind the server's.
 
 The mapping is the one in proto/mdq/v1/mdq.proto's ``Event.body`` comments. The server
-enforces it through each identity's publish permissions (``mdq.bus.permissions`` builds them
-from this table); the fold checks it again, so an event that reached the log some other way
+enforces it through each identity's publish permissions (``mdq.bus.security.permissions`` builds
+them from this table); the fold checks it again, so an event that reached the log some other way
 (a misconfigured server, a JetStream reply aimed at a stream subject) changes nothing.
 """
 

@@ -611,8 +611,8 @@ def attempt_lives(
     attempt: int, *, last_bound: int | None, last_failed: int | None, ended: bool
 ) -> bool:
     """Whether ``attempt`` of a job is its live attempt (its runner gets and renews NATS
-    credentials, ``mdq.bus.runner_creds``), from the jobs log: the attempt of the job's last
-    ``bound`` event (None: never bound), of its last ``attempt_failed`` event (None: none) and
+    credentials, ``mdq.bus.security.runner_creds``), from the jobs log: the attempt of the job's
+    last ``bound`` event (None: never bound), of its last ``attempt_failed`` event (None: none) and
     whether it ended (``succeeded`` or ``failed``). Live: bound last, not failed, not ended."""
     if ended or last_bound != attempt:
         return False

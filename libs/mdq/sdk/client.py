@@ -53,8 +53,8 @@ from mdq.bus.codec import decode_event, encode
 from mdq.bus.connect import CREDS_ENV, connect, identity_of_creds
 from mdq.bus.inputs import InputsError, Uploaded, upload
 from mdq.bus.log import IDLE_HEARTBEAT_S
-from mdq.bus.permissions import tenant_of_identity
 from mdq.bus.requests import is_stream_full
+from mdq.bus.security.permissions import tenant_of_identity
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.control import VERB_OF_WORD

@@ -19,7 +19,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Self
 
-from mdq.auth import (
+from mdq.bus.connect import CREDS_ENV
+from mdq.bus.security.auth import (
     RUNNER_ISSUER_ENV,
     RUNNER_ISSUER_FILE,
     SECRETS_DIR,
@@ -29,7 +30,6 @@ from mdq.auth import (
     generate,
     nats_secrets_dir,
 )
-from mdq.bus.connect import CREDS_ENV
 from mdq.bus.setup import prepare_bus
 from mdq.bus.storage import StorageSettings
 from mdq.embedded import EmbeddedNats, EmbeddedPostgres, start_nats, start_postgres
@@ -374,7 +374,7 @@ class Stack:
     def _secure_bus(self) -> Generated:
         """The embedded server's trust chain and every identity's credentials, made on first
         start (0600 files in a 0700 folder under ``<state>/secrets/nats``) and kept after: the
-        same generator as compose's and the manifests' (``mdq.auth.generate``)."""
+        same generator as compose's and the manifests' (``mdq.bus.security.auth.generate``)."""
         try:
             generated = generate(
                 nats_secrets_dir(self.state_dir),

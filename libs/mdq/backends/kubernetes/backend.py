@@ -27,7 +27,6 @@ from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.watch import Watch
 
-from mdq.auth import RunnerIssuer
 from mdq.backends.kubernetes.objects import (
     Json,
     NodeView,
@@ -45,6 +44,7 @@ from mdq.backends.kubernetes.objects import (
 )
 from mdq.backends.kubernetes.settings import KubernetesSettings
 from mdq.backends.port import NodeSample, PodExists, PodSpec, PodUpdate
+from mdq.bus.security.auth import RunnerIssuer
 
 log = logging.getLogger(__name__)
 

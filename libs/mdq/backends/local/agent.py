@@ -24,7 +24,6 @@ from nats.js import JetStreamContext
 from nats.js.errors import APIError
 
 from mdq import datadisk
-from mdq.auth import write_secret
 from mdq.backends.launch import (
     RUNNER_MODULE,
     PodRefused,
@@ -53,7 +52,8 @@ from mdq.backends.port import PodSpec
 from mdq.bus.connect import CREDS_ENV
 from mdq.bus.fetch import connection_of
 from mdq.bus.requests import is_wrong_last_sequence
-from mdq.bus.runner_creds import CredsRefused, request_runner_creds
+from mdq.bus.security.auth import write_secret
+from mdq.bus.security.runner_creds import CredsRefused, request_runner_creds
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.recovery import START_ERROR_REASON as START_ERROR

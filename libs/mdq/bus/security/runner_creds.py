@@ -1,13 +1,13 @@
 """Short-lived runner credentials, renewed while their attempt lives.
 
-A runner's credentials (``mdq.auth.RunnerIssuer.creds``) expire ``MDQ_NATS_RUNNER_CREDS_TTL_S``
-after they are minted, and the server ends a connection whose credentials expired. While the
-attempt runs, the runner asks for fresh ones at half-life (``keep_renewed``) on
-``<ns>.api.runner_creds.<job id>``, a subject the server lets only that job's credentials
-publish on (the runner template fills in the job id). Placement, the one process that holds the
-runner issuer, answers (``RenewalDesk``) from the jobs log (``log_verdict``: that very attempt
-was bound last and has neither failed nor ended). So a pod that ended, a runner of an attempt
-that was superseded, or a copy of a runner's file stops working within one TTL, with no
+A runner's credentials (``mdq.bus.security.auth.RunnerIssuer.creds``) expire
+``MDQ_NATS_RUNNER_CREDS_TTL_S`` after they are minted, and the server ends a connection whose
+credentials expired. While the attempt runs, the runner asks for fresh ones at half-life
+(``keep_renewed``) on ``<ns>.api.runner_creds.<job id>``, a subject the server lets only that job's
+credentials publish on (the runner template fills in the job id). Placement, the one process that
+holds the runner issuer, answers (``RenewalDesk``) from the jobs log (``log_verdict``: that very
+attempt was bound last and has neither failed nor ended). So a pod that ended, a runner of an
+attempt that was superseded, or a copy of a runner's file stops working within one TTL, with no
 revocation list and no change to the server's configuration.
 
 The same desk gives a runner its first credentials: the local node agent, which holds no key,
@@ -44,8 +44,8 @@ from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from mdq.bus.claims import decode_claims
-from mdq.bus.permissions import inbox_prefix
+from mdq.bus.security.claims import decode_claims
+from mdq.bus.security.permissions import inbox_prefix
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.state import attempt_lives

@@ -9,7 +9,7 @@ time without touching the server: how each runner gets credentials for its own a
 
 ``Trust`` holds the operator and account keys (``<state>/secrets/nats/trust.json``, 0600);
 ``issue`` writes one identity's ``.creds`` file (0600) with the permissions of
-``mdq.bus.permissions``; ``server_block`` is the configuration the server needs.
+``mdq.bus.security.permissions``; ``server_block`` is the configuration the server needs.
 
 ``rotate`` replaces one identity's credentials: the old user key goes on the account's
 revocation list (``revocations.json``, public keys and times only), a new one is issued with
@@ -23,7 +23,7 @@ process does) reconnects with the new one.
 deploy-dev-secrets``, or ``mdq credentials`` for production): in one folder (0700) it keeps or
 makes the trust chain, writes the server's block (``nats-auth.conf``, which deploy/'s
 ``nats.conf`` includes; public material only), one ``<identity>.creds`` per identity of
-``mdq.bus.permissions.IDENTITIES`` and placement's runner issuer
+``mdq.bus.security.permissions.IDENTITIES`` and placement's runner issuer
 (``runner-issuer.json``). It is idempotent: what exists and still says the same is kept.
 """
 
@@ -45,8 +45,8 @@ from typing import Any
 import nacl.signing
 import nkeys
 
-from mdq.bus.claims import decode_claims
-from mdq.bus.permissions import (
+from mdq.bus.security.claims import decode_claims
+from mdq.bus.security.permissions import (
     IDENTITIES,
     Bridge,
     Names,
@@ -66,7 +66,7 @@ SERVER_BLOCK_FILE = "nats-auth.conf"
 """The server's half (``Trust.server_block``), included by deploy/base/nats.conf."""
 RUNNER_ISSUER_FILE = "runner-issuer.json"
 """Placement's runner-credential issuer (``MDQ_NATS_RUNNER_ISSUER``): it alone mints runner
-credentials, the local node agents' included (``mdq.bus.runner_creds``)."""
+credentials, the local node agents' included (``mdq.bus.security.runner_creds``)."""
 REVOCATIONS_FILE = "revocations.json"
 """Revoked user public keys -> the time of revocation (``rotate``), in the account's JWT."""
 TENANTS_DIR = "tenants"
@@ -199,8 +199,8 @@ class Trust:
     mdq's streams and buckets live in one account (``account_seed``, the *streams* account) to
     which no user may log in; every identity logs in to the other (``users_seed``, the *users*
     account), which reaches the streams through the imports of
-    ``mdq.bus.permissions.account_bridge``. A JetStream answer then always comes back in the
-    users account, where no stream stores it (the reply-subject trick)."""
+    ``mdq.bus.security.permissions.account_bridge``. A JetStream answer then always comes back in
+    the users account, where no stream stores it (the reply-subject trick)."""
 
     operator_seed: str
     system_seed: str
@@ -422,7 +422,7 @@ class RunnerIssuer:
     """The users account, whose scoped signing key ``signing_seed`` is."""
     expires_s: float | None = None
     """How long the credentials it mints live (None: for ever; ``MDQ_NATS_RUNNER_CREDS_TTL_S``
-    where a desk renews them, ``mdq.bus.runner_creds``)."""
+    where a desk renews them, ``mdq.bus.security.runner_creds``)."""
 
     @classmethod
     def load(cls, path: Path, *, expires_s: float | None = None) -> RunnerIssuer:
@@ -440,7 +440,7 @@ class RunnerIssuer:
     def creds(self, job_id: str) -> str:
         """Credentials for the runners of ``job_id``: the server gives them the runner
         template with this job id filled in, and nothing else; they expire ``expires_s`` from
-        now (``mdq.bus.runner_creds`` renews them while the attempt lives).
+        now (``mdq.bus.security.runner_creds`` renews them while the attempt lives).
 
         ``job_id`` must be a job id (``mdq.core.tenants.check_job_id``, ``JobIdError``
         otherwise): the server fills it into the template as it is, so ``*``, ``>``,

@@ -3,8 +3,8 @@
 Every process connects as one identity and the server enforces what that identity may publish
 and subscribe to. This module is the single source of truth: the embedded server's
 configuration, the credentials ``mdq up`` writes, and the manifests are generated from it
-(``mdq.auth``), and the consumers' own check (``mdq.core.producers``) shares its table of
-event kinds and their producers.
+(``mdq.bus.security.auth``), and the consumers' own check (``mdq.core.producers``) shares its table
+of event kinds and their producers.
 
 The rules, in short (docs/security.md has the full table):
 
@@ -436,7 +436,7 @@ def runner_permissions(subjects: Subjects, job_id: str = RUNNER_NAME) -> Permiss
 
     Its identity is the job id (ids never clash with a service's name: they start with 12 hex
     digits and a dash). With the default ``job_id`` this is the template of the account's
-    runner signing key (``mdq.auth``): the server fills in the job id of each runner's
+    runner signing key (``mdq.bus.security.auth``): the server fills in the job id of each runner's
     credentials, so whoever holds that key can mint runner credentials, and nothing more."""
     identity = job_id
     prefix = inbox_prefix(identity)
@@ -476,9 +476,9 @@ that pull requests alone are bridged with many answers."""
 
 @dataclass(frozen=True, slots=True)
 class Bridge:
-    """What crosses between the two accounts of a deployment (``mdq.auth``): the *streams*
-    account holds every stream and bucket and no user may log in to it; every identity logs in
-    to the *users* account, which reaches the streams through imports.
+    """What crosses between the two accounts of a deployment (``mdq.bus.security.auth``): the
+    *streams* account holds every stream and bucket and no user may log in to it; every identity
+    logs in to the *users* account, which reaches the streams through imports.
 
     A JetStream API request is answered in the requester's own account, on the reply subject it
     named there, so naming a stream's subject as the reply subject (nats-server discussion

@@ -1,7 +1,7 @@
 """Reading what a NATS credential allows: the claims of its JWT, not verified.
 
-Verifying and minting credentials is ``mdq.auth``'s; this is the one read both it and the
-runners' credential desk (``mdq.bus.runner_creds``) need.
+Verifying and minting credentials is ``mdq.bus.security.auth``'s; this is the one read both it and
+the runners' credential desk (``mdq.bus.security.runner_creds``) need.
 """
 
 from __future__ import annotations
