@@ -573,15 +573,16 @@ async def simulate_page(request: Request) -> Response:
         async with simulations.turn():  # one at a time, a history's reading included
             if asked.source == "history":
                 history = asked.history()
-                try:
-                    limit = simulations.max_history_jobs
-                    rows = await read_history(console.engine, history, max_jobs=limit)
+                try:  # the turn is held: a database that never answers may not keep it
+                    async with asyncio.timeout(simulations.time_limit_s):
+                        limit = simulations.max_history_jobs
+                        rows = await read_history(console.engine, history, max_jobs=limit)
                 except HistoryTooLarge as error:
                     raise SimulationRefused(
                         "days",
                         f"{error}: ask for fewer days, or run `mdq simulate --from-history` itself",
                     ) from None
-                except (OSError, SQLAlchemyError) as error:
+                except (OSError, SQLAlchemyError, TimeoutError) as error:
                     log.warning("simulation page: the history could not be read: %r", error)
                     context["refusal"] = {
                         "field": "",

@@ -332,3 +332,33 @@ async def test_a_history_database_that_does_not_answer_is_a_503_and_generated_ru
         server.should_exit = True
         await asyncio.wait_for(serving, timeout=10)
         await engine.dispose()
+
+
+async def test_a_history_database_that_never_answers_gives_the_turn_back_at_the_time_limit(
+    nc: Client, subjects: Subjects, data_dir: Path
+) -> None:
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # takes the connection, never says a word
+
+    silent = await asyncio.start_server(hold, "127.0.0.1", 0)
+    port = silent.sockets[0].getsockname()[1]
+    engine = create_engine(f"postgresql://mdq@127.0.0.1:{port}/mdq")
+    console = Console(engine=engine, nc=nc, subjects=subjects, data_dir=data_dir)
+    console.simulations.time_limit_s = 2.0
+    server, serving, url = await serve_console(console)
+    try:
+        started = asyncio.get_running_loop().time()
+        status, shown = await post(url, [("config", "fifo"), ("source", "history")])
+        assert status == 503, shown
+        assert "the history database did not answer" in shown
+        # at the page's limit, long before asyncpg's own connect timeout (60 s)
+        assert asyncio.get_running_loop().time() - started < 30
+        assert not console.simulations.busy
+        console.simulations.time_limit_s = 120.0
+        status, shown = await post(url, [("config", "fifo"), ("nodes", "2"), ("jobs", "20")])
+        assert status == 200, shown
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(serving, timeout=10)
+        await engine.dispose()
+        silent.close()
