@@ -77,7 +77,8 @@ from mdq.sdk.client import (
 from mdq.sdk.jobfile import JobFileError, parse_job_text
 from mdq.settings import CommonSettings
 from mdq.sim.config import presets
-from mdq.sim.history import HistoryOptions, export_history
+from mdq.sim.generator import GeneratorSpec
+from mdq.sim.history import HistoryTooLarge, read_history
 from mdq.store import queries
 from mdq.store.engine import create_engine
 from services.console import reads
@@ -96,6 +97,7 @@ from services.console.simulate import (
     DEFAULTS as SIMULATION_DEFAULTS,
 )
 from services.console.simulate import (
+    HistorySource,
     SimulationBusy,
     SimulationFailed,
     SimulationRefused,
@@ -566,32 +568,34 @@ async def simulate_page(request: Request) -> Response:
     except SimulationRefused as error:
         context["refusal"] = {"field": error.field, "message": error.message}
         return _page(request, "simulate.html", context, 400)
+    simulations = console.simulations
     try:
-        if asked.source == "history":
-            try:
-                workload = await export_history(
-                    console.engine,
-                    HistoryOptions(
-                        days=int(asked.values["days"]),
-                        extra_nodes=int(asked.values["extra_nodes"]),
-                        node_cpu=asked.values["node_cpu"],
-                        node_memory_mb=int(asked.values["node_memory_mb"]),
-                    ),
-                )
-            except ValueError as error:  # nothing submitted in the window
-                context["refusal"] = {"field": "days", "message": str(error)}
-                return _page(request, "simulate.html", context, 400)
-            except (OSError, SQLAlchemyError) as error:
-                log.warning("simulation page: the history could not be read: %r", error)
-                context["refusal"] = {
-                    "field": "",
-                    "message": "the history database did not answer; try again in a moment",
-                }
-                return _page(request, "simulate.html", context, 503)
-            delay = float(workload.notes.get("start_delay_s", "0"))
-            line = await console.simulations.run(workload, asked.resolved_configs(delay))
-        else:
-            line = await console.simulations.run(asked.generator(), asked.resolved_configs())
+        async with simulations.turn():  # one at a time, a history's reading included
+            if asked.source == "history":
+                history = asked.history()
+                try:  # the turn is held: a database that never answers may not keep it
+                    async with asyncio.timeout(simulations.time_limit_s):
+                        limit = simulations.max_history_jobs
+                        rows = await read_history(console.engine, history, max_jobs=limit)
+                except HistoryTooLarge as error:
+                    raise SimulationRefused(
+                        "days",
+                        f"{error}: ask for fewer days, or run `mdq simulate --from-history` itself",
+                    ) from None
+                except (OSError, SQLAlchemyError, TimeoutError) as error:
+                    log.warning("simulation page: the history could not be read: %r", error)
+                    context["refusal"] = {
+                        "field": "",
+                        "message": "the history database did not answer; try again in a moment",
+                    }
+                    return _page(request, "simulate.html", context, 503)
+                source: GeneratorSpec | HistorySource = HistorySource(rows, history)
+            else:
+                source = asked.generator()
+            line = await simulations.compute(source, asked.resolved_configs())
+    except SimulationRefused as error:  # a history that makes no workload: its window
+        context["refusal"] = {"field": error.field, "message": error.message}
+        return _page(request, "simulate.html", context, 400)
     except SimulationBusy as error:
         context["refusal"] = {"field": "", "message": f"{error}: try again when it ends"}
         return _page(request, "simulate.html", context, 409)

@@ -3,17 +3,21 @@ workload or on this site's own history, as ``mdq simulate`` compares them (docs/
 drawn as one bar chart per metric.
 
 A simulation is CPU work, so it never runs in the console's event loop: each runs in a process
-of its own (``spawn``), one at a time, killed at ``time_limit_s``. The history is read here,
-through the console's read-only engine, and handed to that process. What a web request may ask
-for is bounded (``LIMITS``); every refusal names its field.
+of its own (``spawn``), one at a time, killed at ``time_limit_s``. A history is read here,
+through the console's read-only engine, while that one turn is held and at most as many jobs as
+a generated workload may have; its rows are handed to that process, which projects them into a
+workload (the projection is CPU work too). What a web request may ask for is bounded
+(``LIMITS``); every refusal names its field.
 """
 
 from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import shlex
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import Any
@@ -21,21 +25,24 @@ from typing import Any
 from mdq.sim.config import SimConfig, named, presets
 from mdq.sim.engine import compare
 from mdq.sim.generator import GeneratorSpec, generate
+from mdq.sim.history import HistoryOptions, HistoryRows, project
 from mdq.sim.model import Workload
 from mdq.sim.report import PANELS, best_by_panel, report
 
 SOURCES = ("generated", "history")
+MAX_SIMULATED_JOBS = 50_000
+"""Jobs one request may simulate: a generated workload's size, a history window's most."""
 MAX_CONFIGS = 8
 """Configurations one request may compare (each runs the whole workload)."""
 LIMITS: Mapping[str, tuple[float, float]] = {
     "nodes": (1, 2_000),
-    "jobs": (1, 50_000),
+    "jobs": (1, MAX_SIMULATED_JOBS),
     "seed": (0, 2**31 - 1),
     "load": (0.05, 10.0),
     "noisy_fraction": (0.0, 1.0),
     "node_failures_per_day": (0.0, 24.0),
     "days": (1, 3_650),
-    "extra_nodes": (0, 10_000),
+    "extra_nodes": (0, 2_000),
     "node_cpu": (0.5, 1_024.0),
     "node_memory_mb": (256, 1 << 24),
 }
@@ -81,6 +88,25 @@ class SimulationFailed(RuntimeError):
 
 
 @dataclass(frozen=True, slots=True)
+class HistorySource:
+    """A history's rows and what they do not say (the nodes' capacity), projected into a
+    workload in the simulation's process; the configurations take its measured start-up."""
+
+    rows: HistoryRows
+    options: HistoryOptions
+
+
+def workload_of(source: Workload | GeneratorSpec | HistorySource) -> Workload:
+    """The workload ``source`` describes (CPU work: called in the simulation's process).
+    Raises ValueError where a history's rows make no workload (no job, no node)."""
+    if isinstance(source, GeneratorSpec):
+        return generate(source)
+    if isinstance(source, HistorySource):
+        return project(source.rows.jobs, source.rows.attempts, source.options)
+    return source
+
+
+@dataclass(frozen=True, slots=True)
 class SimulationRequest:
     """What a valid form asks for."""
 
@@ -100,16 +126,23 @@ class SimulationRequest:
             node_failures_per_day=self.values["node_failures_per_day"],
         )
 
-    def resolved_configs(self, start_delay_s: float | None = None) -> list[SimConfig]:
-        """The named configurations (a history's own start-up delay where it measured one)."""
-        configs = named(list(self.configs))
-        if start_delay_s is None:
-            return configs
-        return [replace(config, start_delay_s=start_delay_s) for config in configs]
+    def history(self) -> HistoryOptions:
+        """The window and node capacity of the history this request describes."""
+        return HistoryOptions(
+            days=int(self.values["days"]),
+            extra_nodes=int(self.values["extra_nodes"]),
+            node_cpu=self.values["node_cpu"],
+            node_memory_mb=int(self.values["node_memory_mb"]),
+        )
+
+    def resolved_configs(self) -> list[SimConfig]:
+        """The named configurations."""
+        return named(list(self.configs))
 
     def command(self) -> str:
-        """The ``mdq simulate`` command line that prints the same JSON line."""
-        parts = ["mdq simulate", *(f"-c {name}" for name in self.configs)]
+        """The ``mdq simulate`` command line that prints the same JSON line (each argument
+        quoted for a POSIX shell)."""
+        parts = ["mdq simulate", *(f"-c {shlex.quote(name)}" for name in self.configs)]
         if self.source == "history":
             parts += [
                 "--from-history",
@@ -172,13 +205,21 @@ def parse_request(chosen: Sequence[str], fields: Mapping[str, str]) -> Simulatio
 
 
 def _simulate_in_child(
-    workload: Workload | GeneratorSpec, configs: list[SimConfig], sender: Connection
+    source: Workload | GeneratorSpec | HistorySource, configs: list[SimConfig], sender: Connection
 ) -> None:
-    """The simulation's own process: generate or take the workload, compare, send the report
-    (or the error) back."""
+    """The simulation's own process: build the workload, compare, send the report back; or
+    ("refused", why) where a history makes no workload, or ("error", traceback)."""
     try:
-        if isinstance(workload, GeneratorSpec):
-            workload = generate(workload)
+        try:
+            workload = workload_of(source)
+        except ValueError as error:
+            if not isinstance(source, HistorySource):
+                raise
+            sender.send(("refused", str(error)))
+            return
+        if isinstance(source, HistorySource):  # as mdq simulate --from-history: its start-up
+            delay = float(workload.notes.get("start_delay_s", "0"))
+            configs = [replace(config, start_delay_s=delay) for config in configs]
         sender.send(("ok", report(workload, compare(workload, configs))))
     except Exception:
         sender.send(("error", traceback.format_exc(limit=4)))
@@ -187,60 +228,82 @@ def _simulate_in_child(
 
 
 class Simulations:
-    """Runs one simulation at a time, each in a process of its own, killed at the time limit."""
+    """Runs one simulation at a time, each in a process of its own, killed at the time limit.
 
-    def __init__(self, time_limit_s: float = 120.0) -> None:
+    A caller holds the one turn (``turn``) for all its work, reading a history included, and
+    computes inside it (``compute``); ``run`` is both for a workload that needs no reading."""
+
+    def __init__(self, time_limit_s: float = 120.0, max_history_jobs: int = MAX_SIMULATED_JOBS):
         self.time_limit_s = time_limit_s
+        self.max_history_jobs = max_history_jobs
+        """The most jobs a history window may hold to be read (``read_history``'s bound)."""
         self._lock = asyncio.Lock()
 
     @property
     def busy(self) -> bool:
         return self._lock.locked()
 
-    async def run(
-        self, workload: Workload | GeneratorSpec, configs: list[SimConfig]
-    ) -> dict[str, Any]:
-        """The JSON line of ``mdq simulate`` for ``workload`` under ``configs``.
-
-        Raises ``SimulationBusy`` while another runs, ``SimulationFailed`` past the time limit
-        or on an error in the simulation. If the caller is cancelled, the process is killed
-        too."""
+    @asynccontextmanager
+    async def turn(self) -> AsyncIterator[None]:
+        """This console's one turn; raises ``SimulationBusy`` while another holds it."""
         if self._lock.locked():
             raise SimulationBusy("another simulation is running in this console")
         async with self._lock:
-            context = multiprocessing.get_context("spawn")
-            receiver, sender = context.Pipe(duplex=False)
-            process = context.Process(
-                target=_simulate_in_child,
-                args=(workload, configs, sender),
-                name="mdq-console-simulation",
-                daemon=True,
-            )
-            process.start()
-            sender.close()
+            yield
+
+    async def run(
+        self, source: Workload | GeneratorSpec | HistorySource, configs: list[SimConfig]
+    ) -> dict[str, Any]:
+        """``compute`` in a turn of its own."""
+        async with self.turn():
+            return await self.compute(source, configs)
+
+    async def compute(
+        self, source: Workload | GeneratorSpec | HistorySource, configs: list[SimConfig]
+    ) -> dict[str, Any]:
+        """The JSON line of ``mdq simulate`` for ``source`` under ``configs``; the caller holds
+        the turn.
+
+        Raises ``SimulationRefused`` (field ``days``) where a history's rows make no workload,
+        ``SimulationFailed`` past the time limit or on an error in the simulation. If the
+        caller is cancelled, the process is killed too."""
+        if not self._lock.locked():
+            raise RuntimeError("Simulations.compute: take the turn first (Simulations.turn)")
+        context = multiprocessing.get_context("spawn")
+        receiver, sender = context.Pipe(duplex=False)
+        process = context.Process(
+            target=_simulate_in_child,
+            args=(source, configs, sender),
+            name="mdq-console-simulation",
+            daemon=True,
+        )
+        process.start()
+        sender.close()
+        try:
+            answered = await asyncio.to_thread(receiver.poll, self.time_limit_s)
+            if not answered:
+                raise SimulationFailed(
+                    f"stopped after its time limit of {self.time_limit_s:g} s: ask for "
+                    "fewer jobs or configurations, or run `mdq simulate` itself"
+                )
             try:
-                answered = await asyncio.to_thread(receiver.poll, self.time_limit_s)
-                if not answered:
-                    raise SimulationFailed(
-                        f"stopped after its time limit of {self.time_limit_s:g} s: ask for "
-                        "fewer jobs or configurations, or run `mdq simulate` itself"
-                    )
-                try:
-                    status, payload = receiver.recv()
-                except EOFError:
-                    raise SimulationFailed(
-                        f"the simulation's process ended without an answer "
-                        f"(exit code {process.exitcode})"
-                    ) from None
-                if status != "ok":
-                    raise SimulationFailed(f"the simulation failed:\n{payload}")
-                result: dict[str, Any] = payload
-                return result
-            finally:
-                if process.is_alive():
-                    process.kill()
-                await asyncio.to_thread(process.join, 10)
-                receiver.close()
+                status, payload = receiver.recv()
+            except EOFError:
+                raise SimulationFailed(
+                    f"the simulation's process ended without an answer "
+                    f"(exit code {process.exitcode})"
+                ) from None
+            if status == "refused":
+                raise SimulationRefused("days", str(payload))
+            if status != "ok":
+                raise SimulationFailed(f"the simulation failed:\n{payload}")
+            result: dict[str, Any] = payload
+            return result
+        finally:
+            if process.is_alive():
+                process.kill()
+            await asyncio.to_thread(process.join, 10)
+            receiver.close()
 
 
 @dataclass(frozen=True, slots=True)

@@ -62,7 +62,8 @@ async def page(
     pool: asyncpg.Pool,
     data_dir: Path,
 ) -> AsyncIterator[Page]:
-    """A console (time limit 4 s) over a projected history of two jobs."""
+    """A console over a projected history of two jobs (the default time limit: a small
+    comparison's process, started on a loaded machine, is never cut short)."""
     js = nc.jetstream()
     retried = History("retried")
     first, second = requeue_history(retried)
@@ -80,7 +81,6 @@ async def page(
         nc=nc,
         subjects=subjects,
         data_dir=data_dir,
-        simulations=Simulations(time_limit_s=4.0),
     )
     server, serving, url = await serve_console(console)
     try:
@@ -209,6 +209,7 @@ async def test_the_sites_own_history_is_replayed_through_the_read_only_role(page
         pytest.param([("config", "bogus")], "config", id="unknown-config"),
         pytest.param([], "config", id="no-config"),
         pytest.param([("custom", "load-aware:no_such_tunable=1")], "custom", id="bad-custom"),
+        pytest.param([("custom", "load-aware:sample_size=inf")], "custom", id="custom-inf"),
         pytest.param([("config", "fifo"), ("source", "../etc")], "source", id="bad-source"),
         pytest.param(
             [("config", "fifo"), ("source", "history"), ("days", "1")], "days", id="empty-window"
@@ -222,6 +223,36 @@ async def test_a_bad_field_is_refused_naming_it(
     assert status == 400, shown
     assert f'id="refusal-field">{field}<' in shown, shown
     assert not bars_of(shown)
+
+
+async def test_a_history_window_past_the_bound_is_refused_before_its_attempts_are_read(
+    page: Page,
+) -> None:
+    page.console.simulations.max_history_jobs = 1  # the projected history holds two jobs
+    history = [("config", "fifo"), ("source", "history"), ("days", "3650")]
+    status, shown = await post(page.url, history)
+    assert status == 400, shown
+    assert 'id="refusal-field">days<' in shown
+    assert "the last 3650 days hold more than 1 jobs" in shown
+    assert not bars_of(shown)
+    page.console.simulations.max_history_jobs = 2
+    status, shown = await post(page.url, history)
+    assert status == 200, shown
+    assert line_of(shown)["workload"]["jobs"] == 2
+
+
+async def test_the_command_shown_is_quoted_for_a_shell(page: Page) -> None:
+    custom = "load-aware:target_load= 0.6"  # a number with a space before it is a number
+    fields = [("custom", custom), ("nodes", "2"), ("jobs", "20")]
+    status, shown = await post(page.url, fields)
+    assert status == 200, shown
+    line = line_of(shown)
+    assert [figures["config"] for figures in line["configs"]] == [custom]
+    command = command_of(shown)
+    assert command[2:4] == ["-c", custom]
+    printed = CliRunner().invoke(cli, command[1:])
+    assert printed.exit_code == 0, printed.output
+    assert json.loads(printed.stdout.splitlines()[0]) == line
 
 
 async def test_a_form_from_elsewhere_or_without_the_token_is_refused(page: Page) -> None:
@@ -238,6 +269,7 @@ async def test_a_form_from_elsewhere_or_without_the_token_is_refused(page: Page)
 
 
 async def test_one_simulation_at_a_time_and_none_past_its_time_limit(page: Page) -> None:
+    page.console.simulations.time_limit_s = 4.0
     every = [("config", name) for name in ("fifo", "priority", "load-aware", "binpack")]
     big = [*every, ("nodes", str(BIG.nodes)), ("jobs", str(BIG.jobs)), ("seed", "3")]
     first = asyncio.create_task(post(page.url, big))
@@ -253,6 +285,7 @@ async def test_one_simulation_at_a_time_and_none_past_its_time_limit(page: Page)
     assert status == 503, shown
     assert "time limit of 4 s" in shown
     assert multiprocessing.active_children() == []  # the simulation's process is gone
+    page.console.simulations.time_limit_s = 120.0
     status, shown = await post(page.url, [("config", "fifo"), ("jobs", "10"), ("nodes", "2")])
     assert status == 200, shown  # and the next one runs
 
@@ -286,6 +319,9 @@ async def test_a_history_database_that_does_not_answer_is_a_503_and_generated_ru
     console = Console(engine=engine, nc=nc, subjects=subjects, data_dir=data_dir)
     server, serving, url = await serve_console(console)
     try:
+        async with console.simulations.turn():  # a simulation holds the turn: no reading either
+            status, shown = await post(url, [("config", "fifo"), ("source", "history")])
+            assert status == 409, shown
         status, shown = await post(url, [("config", "fifo"), ("source", "history")])
         assert status == 503, shown
         assert "the history database did not answer" in shown
@@ -296,3 +332,33 @@ async def test_a_history_database_that_does_not_answer_is_a_503_and_generated_ru
         server.should_exit = True
         await asyncio.wait_for(serving, timeout=10)
         await engine.dispose()
+
+
+async def test_a_history_database_that_never_answers_gives_the_turn_back_at_the_time_limit(
+    nc: Client, subjects: Subjects, data_dir: Path
+) -> None:
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # takes the connection, never says a word
+
+    silent = await asyncio.start_server(hold, "127.0.0.1", 0)
+    port = silent.sockets[0].getsockname()[1]
+    engine = create_engine(f"postgresql://mdq@127.0.0.1:{port}/mdq")
+    console = Console(engine=engine, nc=nc, subjects=subjects, data_dir=data_dir)
+    console.simulations.time_limit_s = 2.0
+    server, serving, url = await serve_console(console)
+    try:
+        started = asyncio.get_running_loop().time()
+        status, shown = await post(url, [("config", "fifo"), ("source", "history")])
+        assert status == 503, shown
+        assert "the history database did not answer" in shown
+        # at the page's limit, long before asyncpg's own connect timeout (60 s)
+        assert asyncio.get_running_loop().time() - started < 30
+        assert not console.simulations.busy
+        console.simulations.time_limit_s = 120.0
+        status, shown = await post(url, [("config", "fifo"), ("nodes", "2"), ("jobs", "20")])
+        assert status == 200, shown
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(serving, timeout=10)
+        await engine.dispose()
+        silent.close()

@@ -8,6 +8,7 @@ stop grace of a preempted runner).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
@@ -74,32 +75,42 @@ def presets(weights: Mapping[str, float] | None = None) -> dict[str, SimConfig]:
     }
 
 
+def _tunable(name: str, key: str, value: str) -> float | int:
+    """A placement tunable's override: a finite number, not negative, whole where the tunable
+    counts something. Raises ValueError naming the tunable."""
+    if key not in PlacementConfig.__dataclass_fields__:
+        raise ValueError(f"configuration {name}: unknown placement tunable {key!r}")
+    try:
+        number = float(value)
+    except ValueError:
+        raise ValueError(f"configuration {name}: {key} must be a number, not {value!r}") from None
+    if not math.isfinite(number) or number < 0:
+        raise ValueError(f"configuration {name}: {key} must be a finite number ≥ 0, not {value!r}")
+    if not isinstance(getattr(PlacementConfig(), key), int):
+        return number
+    if number != int(number):
+        raise ValueError(f"configuration {name}: {key} must be a whole number, not {value!r}")
+    return int(number)
+
+
 def named(names: list[str], weights: Mapping[str, float] | None = None) -> list[SimConfig]:
     """The presets called ``names``, in that order; a ``NAME:key=value,...`` overrides the
     preset's placement tunables (``load-aware:target_load=0.7``). Raises ValueError naming an
-    unknown preset or tunable."""
+    unknown preset or tunable, or a value no tunable takes."""
     known = presets(weights)
     configs: list[SimConfig] = []
     for entry in names:
-        name, _, overrides = entry.partition(":")
+        name, colon, overrides = entry.partition(":")
         if name not in known:
             raise ValueError(f"configuration: unknown {name!r}; known: {', '.join(known)}")
         config = known[name]
+        if colon and not overrides:
+            raise ValueError(f"configuration {name}: no key=value after ':'")
         if overrides:
             changes: dict[str, float | int] = {}
-            defaults = PlacementConfig()
             for pair in overrides.split(","):
                 key, _, value = pair.partition("=")
-                if key not in PlacementConfig.__dataclass_fields__:
-                    raise ValueError(f"configuration {name}: unknown placement tunable {key!r}")
-                try:
-                    number = float(value)
-                    whole = isinstance(getattr(defaults, key), int)
-                    changes[key] = int(number) if whole else number
-                except ValueError:
-                    raise ValueError(
-                        f"configuration {name}: {key} must be a number, not {value!r}"
-                    ) from None
+                changes[key] = _tunable(name, key, value)
             placement = replace(config.placement, **changes)  # type: ignore[arg-type]
             config = replace(config, name=entry, placement=placement)
         configs.append(config)

@@ -32,6 +32,7 @@ JOBS = text(
     FROM jobs
     WHERE submitted_at >= now() - make_interval(days => :days)
     ORDER BY submitted_at, job_id
+    LIMIT :limit
     """
 )
 ATTEMPTS = text(
@@ -61,6 +62,19 @@ class HistoryOptions:
     node_memory_mb: int = 4096
     extra_nodes: int = 0
     """Nodes to add to those the history names ("what if we had N more?")."""
+
+
+class HistoryTooLarge(ValueError):
+    """The window holds more jobs than the reader was allowed to read."""
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryRows:
+    """The rows of ``JOBS`` and ``ATTEMPTS`` as mappings: what ``project`` turns into a
+    workload (plain values, so they can be handed to another process)."""
+
+    jobs: list[dict[str, Any]]
+    attempts: list[dict[str, Any]]
 
 
 @dataclass(slots=True)
@@ -209,9 +223,26 @@ def project(
     )
 
 
+async def read_history(
+    engine: AsyncEngine, options: HistoryOptions, *, max_jobs: int | None = None
+) -> HistoryRows:
+    """The rows of the last ``options.days`` days of mdq's history in PostgreSQL. With
+    ``max_jobs``, no more than that many jobs are read: a window that holds more raises
+    ``HistoryTooLarge`` before its attempts are read."""
+    limit = None if max_jobs is None else max_jobs + 1
+    async with engine.connect() as connection:
+        jobs = await connection.execute(JOBS, {"days": options.days, "limit": limit})
+        job_rows = [dict(row) for row in jobs.mappings()]
+        if max_jobs is not None and len(job_rows) > max_jobs:
+            raise HistoryTooLarge(
+                f"history: the last {options.days} days hold more than {max_jobs:,} jobs"
+            )
+        attempts = await connection.execute(ATTEMPTS, {"days": options.days})
+        attempt_rows = [dict(row) for row in attempts.mappings()]
+    return HistoryRows(job_rows, attempt_rows)
+
+
 async def export_history(engine: AsyncEngine, options: HistoryOptions) -> Workload:
     """The workload of the last ``options.days`` days of mdq's history in PostgreSQL."""
-    async with engine.connect() as connection:
-        jobs = (await connection.execute(JOBS, {"days": options.days})).mappings().all()
-        attempts = (await connection.execute(ATTEMPTS, {"days": options.days})).mappings().all()
-    return project([dict(row) for row in jobs], [dict(row) for row in attempts], options)
+    rows = await read_history(engine, options)
+    return project(rows.jobs, rows.attempts, options)
