@@ -255,7 +255,7 @@ def test_configurations_are_named_with_overrides() -> None:
             named([f"fifo:sample_size={value}"])
     with pytest.raises(ValueError, match="target_load must be a finite number ≥ 0, not 'nan'"):
         named(["fifo:target_load=nan"])
-    with pytest.raises(ValueError, match="sample_size must be a whole number, not '2.5'"):
+    with pytest.raises(ValueError, match=r"sample_size must be a whole number, not '2\.5'"):
         named(["fifo:sample_size=2.5"])
     with pytest.raises(ValueError, match="no key=value after ':'"):
         named(["fifo:"])  # it was taken as plain fifo under another name
