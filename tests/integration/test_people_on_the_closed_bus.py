@@ -179,22 +179,31 @@ async def run_job(closed: Closed, job: str, *, node: str = "n1") -> None:
             await nc.close()
 
 
-async def in_tenant_stream(closed: Closed, tenant: str, job: str) -> None:
-    """Wait until the server has copied ``job``'s terminal event into the tenant's stream."""
+async def stored(closed: Closed, stream: str, subject: str) -> None:
+    """Wait until ``stream`` holds a message on ``subject`` (read as the admin)."""
     admin = await connect(closed.url, name="check", creds=closed.generated.creds["admin"])
     try:
         deadline = time.monotonic() + TIMEOUT_S
-        subject = SUBJECTS.job(job, "succeeded")
         while True:
-            info = await admin.jetstream().stream_info(
-                SUBJECTS.tenant_stream(tenant), subjects_filter=subject
-            )
+            info = await admin.jetstream().stream_info(stream, subjects_filter=subject)
             if subject in (info.state.subjects or {}):
                 return
-            assert time.monotonic() < deadline, f"{job} never reached {tenant}'s stream"
+            assert time.monotonic() < deadline, f"{subject} never reached {stream}"
             await asyncio.sleep(0.1)
     finally:
         await admin.close()
+
+
+async def in_tenant_stream(closed: Closed, tenant: str, job: str) -> None:
+    """Wait until the server has copied ``job``'s terminal event into the tenant's stream."""
+    await stored(closed, SUBJECTS.tenant_stream(tenant), SUBJECTS.job(job, "succeeded"))
+
+
+async def accepted(closed: Closed, job: str) -> None:
+    """Wait until intake has logged ``job``'s ``submitted`` event: a fire-and-forget submit is
+    taken in the background, and a job's life published before its submit would be folded
+    into nothing."""
+    await stored(closed, SUBJECTS.jobs_stream, SUBJECTS.job(job, "submitted"))
 
 
 async def report_node(closed: Closed, node: str) -> None:
@@ -285,6 +294,7 @@ async def test_the_sdk_works_with_each_identity(closed: Closed, who: str) -> Non
         [later] = await client.publish_submit(
             request, idempotency_key=f"sdk-{who}-stream-{os.urandom(3).hex()}"
         )
+        await accepted(closed, later)
         for each in (job, later):
             await run_job(closed, each)
         states = await client.wait([job, later], timeout=30)
@@ -316,6 +326,7 @@ async def test_another_tenant_cannot_squat_a_tenants_key(closed: Closed) -> None
         [job] = await alice.publish_submit(
             pb.SubmitRequest(jobs=[pb.JobSpec(name="w", steps=500)]), idempotency_key=key
         )
+        await accepted(closed, job)
         await run_job(closed, job)
         assert {str(s) for s in (await alice.wait([job], timeout=30)).values()} == {"SUCCEEDED"}
 
