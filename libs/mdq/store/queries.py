@@ -13,7 +13,7 @@ from functools import lru_cache
 from typing import Any
 
 from google.protobuf import json_format
-from sqlalchemy import select, text
+from sqlalchemy import ColumnElement, Select, func, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from mdq.contracts import pb
@@ -202,6 +202,13 @@ async def list_jobs(
         return [JobSummary(**row._asdict()) for row in result]
 
 
+def job_rows_since(job_id: str) -> ColumnElement[Any]:
+    """From when ``job_id``'s rows in ``progress`` and ``job_events`` can exist (revision 0017,
+    ``mdq_job_since``): a per-job read that adds ``time >= job_rows_since(job_id)`` reads only the
+    months since the job's submission, not every monthly partition."""
+    return func.mdq_job_since(job_id)
+
+
 ACTIVE_STATES = ("WAITING", "PENDING", "BOUND", "RUNNING", "RECOVERING")
 
 
@@ -234,6 +241,7 @@ async def job_detail(engine: AsyncEngine, job_id: str) -> JobDetail | None:
             await connection.execute(
                 select(*PROGRESS_POINT)
                 .where(ProgressRecord.job_id == job_id)
+                .where(ProgressRecord.time >= job_rows_since(job_id))
                 .order_by(ProgressRecord.attempt.desc(), ProgressRecord.step.desc())
                 .limit(1)
             )
@@ -258,10 +266,10 @@ async def job_detail(engine: AsyncEngine, job_id: str) -> JobDetail | None:
     )
 
 
-async def job_timeline(engine: AsyncEngine, job_id: str) -> list[TimelineEntry]:
-    """Every stored event of a job in the order it happened (time, then stream order)."""
+def job_timeline_query(job_id: str) -> Select[*tuple[Any, ...]]:
+    """``job_timeline``'s query: the job's events since its submission (partitions pruned)."""
     events = EVENTS.c
-    query = (
+    return (
         select(
             events.event_id,
             events.stream,
@@ -272,24 +280,34 @@ async def job_timeline(engine: AsyncEngine, job_id: str) -> list[TimelineEntry]:
             events.producer,
             events.body,
         )
-        .where(events.job_id == job_id)
+        .where(events.job_id == job_id, events.time >= job_rows_since(job_id))
         .order_by(events.time, events.stream, events.stream_seq)
     )
+
+
+async def job_timeline(engine: AsyncEngine, job_id: str) -> list[TimelineEntry]:
+    """Every stored event of a job in the order it happened (time, then stream order)."""
     async with engine.connect() as connection:
-        result = await connection.execute(query)
+        result = await connection.execute(job_timeline_query(job_id))
         return [TimelineEntry(**row._asdict()) for row in result]
+
+
+def progress_trace_query(job_id: str, *, attempt: int | None = None) -> Select[*tuple[Any, ...]]:
+    """``progress_trace``'s query: the job's reports since its submission (partitions pruned)."""
+    query = select(*PROGRESS_POINT).where(
+        ProgressRecord.job_id == job_id, ProgressRecord.time >= job_rows_since(job_id)
+    )
+    if attempt is not None:
+        query = query.where(ProgressRecord.attempt == attempt)
+    return query.order_by(ProgressRecord.attempt, ProgressRecord.step)
 
 
 async def progress_trace(
     engine: AsyncEngine, job_id: str, *, attempt: int | None = None
 ) -> list[ProgressPoint]:
     """The progress reports of a job (for energy plots), by attempt then step."""
-    query = select(*PROGRESS_POINT).where(ProgressRecord.job_id == job_id)
-    if attempt is not None:
-        query = query.where(ProgressRecord.attempt == attempt)
-    query = query.order_by(ProgressRecord.attempt, ProgressRecord.step)
     async with engine.connect() as connection:
-        result = await connection.execute(query)
+        result = await connection.execute(progress_trace_query(job_id, attempt=attempt))
         return [ProgressPoint(**row._asdict()) for row in result]
 
 
