@@ -6,6 +6,8 @@ fails, and each query's plan, on the bench's own synthetic history at a small si
 index and scans no table whole. At this size a sequential scan is cheaper, and PostgreSQL would
 rightly choose it; with ``enable_seqscan`` off the planner takes the cheapest plan that does
 not scan a table whole, so a query that no index can serve still shows a Seq Scan and fails.
+Every per-job read of ``progress`` and ``job_events`` (documented, and mdq's own) is run with
+EXPLAIN ANALYZE and must read no monthly partition that ended before the job's submission.
 """
 
 from __future__ import annotations
