@@ -275,15 +275,20 @@ async def job_page(engine: AsyncEngine, job_id: str) -> JobPage | None:
     )
 
 
+JOB_OUTPUTS = (
+    "SELECT attempt, kind, path, format, size_bytes, sha256 FROM job_outputs "
+    "WHERE job_id = :job AND time >= mdq_job_since(:job) ORDER BY attempt, path"
+)
+"""A job's files, from the months since its submission only (``mdq.store.queries.
+job_rows_since``)."""
+
+
 async def job_outputs(engine: AsyncEngine, job_id: str) -> list[OutputFile]:
     """The files a job's runners reported (the view ``job_outputs``), by attempt and path: the
     order the job page numbers its download links in."""
     async with engine.connect() as connection:
         rows = await connection.execute(
-            text(
-                "SELECT attempt, kind, path, format, size_bytes, sha256 FROM job_outputs "
-                "WHERE job_id = :job ORDER BY attempt, path"
-            ),
+            text(JOB_OUTPUTS),
             {"job": job_id},
         )
         return [OutputFile(**row._asdict()) for row in rows]

@@ -6,6 +6,8 @@ fails, and each query's plan, on the bench's own synthetic history at a small si
 index and scans no table whole. At this size a sequential scan is cheaper, and PostgreSQL would
 rightly choose it; with ``enable_seqscan`` off the planner takes the cheapest plan that does
 not scan a table whole, so a query that no index can serve still shows a Seq Scan and fails.
+Every per-job read of ``progress`` and ``job_events`` (documented, and mdq's own) is run with
+EXPLAIN ANALYZE and must read no monthly partition that ended before the job's submission.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import json
 import re
 import sys
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ import asyncpg
 import pytest
 from sqlalchemy.dialects import postgresql
 
+from mdq.store import queries
 from mdq.store.migrate import upgrade_async
 from services.console import reads
 
@@ -94,3 +97,71 @@ async def test_the_nodes_pages_count_reads_the_hour_from_an_index(year: str) -> 
     nodes = list(_nodes(plan["Plan"]))
     assert [n["Node Type"] for n in nodes if n["Node Type"] == "Seq Scan"] == []
     assert {n.get("Index Name") for n in nodes} >= {"ix_attempts_started_at"}
+
+
+MONTH_PARTITION = re.compile(r"^(?:progress|job_events)_y(\d{4})m(\d{2})$")
+
+
+def _partitions_read(plan: dict[str, Any]) -> set[str]:
+    """The monthly partitions of ``progress`` and ``job_events`` an executed plan read."""
+    return {
+        node["Relation Name"]
+        for node in _nodes(plan["Plan"])
+        if MONTH_PARTITION.match(node.get("Relation Name", "")) and node.get("Actual Loops", 0)
+    }
+
+
+def _month_end(partition: str) -> datetime:
+    match = MONTH_PARTITION.match(partition)
+    assert match is not None
+    year, month = int(match[1]), int(match[2])
+    return datetime(year + month // 12, month % 12 + 1, 1, tzinfo=UTC)
+
+
+async def test_each_per_job_read_of_the_partitioned_tables_prunes_the_months_before_the_job(
+    year: str,
+) -> None:
+    """Every documented query and every read of mdq (``mdq show``, ``mdq plot``, the console's
+    job page) that reads a job's rows in ``progress`` or ``job_events`` reads no month that
+    ended before the job was submitted (``mdq_job_since``), run and not only planned."""
+    job = f"{JOBS // 2:012x}-md"
+    dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
+
+    def literal(query: Any) -> str:
+        return str(query.compile(dialect=dialect, compile_kwargs={"literal_binds": True}))
+
+    reads_of_mdq = {
+        "job_timeline": literal(queries.job_timeline_query(job)),
+        "progress_trace": literal(queries.progress_trace_query(job)),
+        "job_outputs": reads.JOB_OUTPUTS.replace(":job", f"'{job}'"),
+    }
+    documented = {
+        name: sql.replace(history_pg.EXAMPLE_JOB, job)
+        for name, sql in history_pg.documented_queries().items()
+    }
+    connection = await asyncpg.connect(year)
+    try:
+        submitted_at = await connection.fetchval(
+            "SELECT submitted_at FROM jobs WHERE job_id = $1", job
+        )
+        months = {
+            row["relname"]
+            for row in await connection.fetch(
+                "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+                "WHERE i.inhparent IN ('progress'::regclass, 'job_events'::regclass)"
+            )
+            if MONTH_PARTITION.match(row["relname"])
+        }
+        read: dict[str, set[str]] = {}
+        for name, sql in (documented | reads_of_mdq).items():
+            (plan,) = json.loads(await connection.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}"))
+            read[name] = _partitions_read(plan)
+    finally:
+        await connection.close()
+    before = {month for month in months if _month_end(month) < submitted_at - timedelta(days=1)}
+    assert len(before) >= 6  # the job is half a year old: there are months to prune
+    per_job = {name for name, partitions in read.items() if partitions}
+    assert per_job >= {"job_timeline", "progress_trace", "job_outputs"}
+    assert len(per_job) >= 7  # the four documented per-job queries read partitions too
+    for name in per_job:
+        assert read[name] & before == set(), (name, sorted(read[name] & before))

@@ -9,10 +9,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from datetime import datetime
+from functools import lru_cache
 from typing import Any
 
 from google.protobuf import json_format
-from sqlalchemy import ARRAY, Text, bindparam, select, text
+from sqlalchemy import ColumnElement, Select, func, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from mdq.contracts import pb
@@ -201,6 +202,13 @@ async def list_jobs(
         return [JobSummary(**row._asdict()) for row in result]
 
 
+def job_rows_since(job_id: str) -> ColumnElement[Any]:
+    """From when ``job_id``'s rows in ``progress`` and ``job_events`` can exist (revision 0017,
+    ``mdq_job_since``): a per-job read that adds ``time >= job_rows_since(job_id)`` reads only the
+    months since the job's submission, not every monthly partition."""
+    return func.mdq_job_since(job_id)
+
+
 ACTIVE_STATES = ("WAITING", "PENDING", "BOUND", "RUNNING", "RECOVERING")
 
 
@@ -233,6 +241,7 @@ async def job_detail(engine: AsyncEngine, job_id: str) -> JobDetail | None:
             await connection.execute(
                 select(*PROGRESS_POINT)
                 .where(ProgressRecord.job_id == job_id)
+                .where(ProgressRecord.time >= job_rows_since(job_id))
                 .order_by(ProgressRecord.attempt.desc(), ProgressRecord.step.desc())
                 .limit(1)
             )
@@ -257,10 +266,10 @@ async def job_detail(engine: AsyncEngine, job_id: str) -> JobDetail | None:
     )
 
 
-async def job_timeline(engine: AsyncEngine, job_id: str) -> list[TimelineEntry]:
-    """Every stored event of a job in the order it happened (time, then stream order)."""
+def job_timeline_query(job_id: str) -> Select[*tuple[Any, ...]]:
+    """``job_timeline``'s query: the job's events since its submission (partitions pruned)."""
     events = EVENTS.c
-    query = (
+    return (
         select(
             events.event_id,
             events.stream,
@@ -271,47 +280,40 @@ async def job_timeline(engine: AsyncEngine, job_id: str) -> list[TimelineEntry]:
             events.producer,
             events.body,
         )
-        .where(events.job_id == job_id)
+        .where(events.job_id == job_id, events.time >= job_rows_since(job_id))
         .order_by(events.time, events.stream, events.stream_seq)
     )
+
+
+async def job_timeline(engine: AsyncEngine, job_id: str) -> list[TimelineEntry]:
+    """Every stored event of a job in the order it happened (time, then stream order)."""
     async with engine.connect() as connection:
-        result = await connection.execute(query)
+        result = await connection.execute(job_timeline_query(job_id))
         return [TimelineEntry(**row._asdict()) for row in result]
+
+
+def progress_trace_query(job_id: str, *, attempt: int | None = None) -> Select[*tuple[Any, ...]]:
+    """``progress_trace``'s query: the job's reports since its submission (partitions pruned)."""
+    query = select(*PROGRESS_POINT).where(
+        ProgressRecord.job_id == job_id, ProgressRecord.time >= job_rows_since(job_id)
+    )
+    if attempt is not None:
+        query = query.where(ProgressRecord.attempt == attempt)
+    return query.order_by(ProgressRecord.attempt, ProgressRecord.step)
 
 
 async def progress_trace(
     engine: AsyncEngine, job_id: str, *, attempt: int | None = None
 ) -> list[ProgressPoint]:
     """The progress reports of a job (for energy plots), by attempt then step."""
-    query = select(*PROGRESS_POINT).where(ProgressRecord.job_id == job_id)
-    if attempt is not None:
-        query = query.where(ProgressRecord.attempt == attempt)
-    query = query.order_by(ProgressRecord.attempt, ProgressRecord.step)
     async with engine.connect() as connection:
-        result = await connection.execute(query)
+        result = await connection.execute(progress_trace_query(job_id, attempt=attempt))
         return [ProgressPoint(**row._asdict()) for row in result]
 
 
 def _without(values: dict[str, Any], *names: str) -> dict[str, Any]:
     return {key: value for key, value in values.items() if key not in names}
 
-
-USAGE_HISTORY = text(
-    """
-    (SELECT job_id, spec_key, peak_memory_mb, mean_cores,
-            memory_limit_mb::double precision AS limit_mb, cpu_limit, oom_killed
-     FROM usage_samples
-     WHERE NOT oom_killed AND time >= now() - make_interval(days => :days)
-       AND peak_memory_mb > 0
-     ORDER BY time DESC LIMIT :limit)
-    UNION ALL
-    (SELECT job_id, spec_key, 0.0, 0.0, memory_limit_mb::double precision, cpu_limit, oom_killed
-     FROM usage_samples
-     WHERE oom_killed AND time >= now() - make_interval(days => :days)
-     ORDER BY time DESC LIMIT :limit)
-    """
-)
-"""The samples, newest first from ``ix_usage_samples_time``, each with its ``spec_key``."""
 
 FINGERPRINT_INPUTS = """jsonb_strip_nulls(jsonb_build_object(
     'task', spec->'task', 'system', spec->'system',
@@ -323,10 +325,53 @@ FINGERPRINT_INPUTS = """jsonb_strip_nulls(jsonb_build_object(
 """The fields of a job's spec that the cost fingerprint reads (``mdq.core.recommend.
 fingerprint_of``), as revision 0014 keys them (``spec_key``)."""
 
-HISTORY_SPECS = text(
-    f"SELECT job_id, ({FINGERPRINT_INPUTS})::text AS spec FROM jobs WHERE job_id = ANY(:jobs)"
-).bindparams(bindparam("jobs", type_=ARRAY(Text())))
-"""One job's fingerprint inputs per distinct ``spec_key``."""
+USAGE_HISTORY = text(
+    f"""
+    WITH newest AS (
+        (SELECT job_id, spec_key, peak_memory_mb, mean_cores,
+                memory_limit_mb::double precision AS limit_mb, cpu_limit, oom_killed
+         FROM usage_samples
+         WHERE NOT oom_killed AND time >= now() - make_interval(days => :days)
+           AND peak_memory_mb > 0
+         ORDER BY time DESC LIMIT :limit)
+        UNION ALL
+        (SELECT job_id, spec_key, 0.0, 0.0, memory_limit_mb::double precision, cpu_limit,
+                oom_killed
+         FROM usage_samples
+         WHERE oom_killed AND time >= now() - make_interval(days => :days)
+         ORDER BY time DESC LIMIT :limit)
+    ), by_key AS (
+        SELECT spec_key COLLATE "C" AS spec_key, cpu_limit, min(job_id) AS job_id,
+               array_agg(peak_memory_mb) AS peaks, array_agg(mean_cores) AS cores,
+               array_agg(limit_mb) AS limits, array_agg(oom_killed) AS oom
+        FROM newest GROUP BY 1, 2
+    )
+    SELECT k.cpu_limit, k.peaks, k.cores, k.limits, k.oom,
+           ({FINGERPRINT_INPUTS})::text AS spec
+    FROM by_key k JOIN jobs j ON j.job_id = k.job_id
+    """
+)
+"""The samples (newest first from ``ix_usage_samples_time``, at most ``:limit`` measured and
+``:limit`` OOM-killed), one row per ``spec_key`` and CPU limit: the samples' figures as arrays
+and the fingerprint inputs of one of the key's jobs. A few hundred rows to decode instead of one
+per sample, and one fingerprint to make per row."""
+
+USAGE_HISTORY_WORK_MEM = "32MB"
+"""``work_mem`` for ``USAGE_HISTORY``: its grouping holds the arrays of every key at once (twice
+20,000 samples), in memory rather than spilled to disk at the default 4 MB."""
+
+
+@lru_cache(maxsize=65_536)
+def _parsed_inputs(inputs: str) -> pb.JobSpec:
+    """A spec's fingerprint inputs (JSON) as a spec, parsed once per process however often the
+    history is read again (intake reads it every few minutes). Callers do not modify it."""
+    return json_format.Parse(inputs, pb.JobSpec(), ignore_unknown_fields=True)
+
+
+@lru_cache(maxsize=65_536)
+def _fingerprint(inputs: str, threads: int) -> CostFingerprint:
+    """The cost fingerprint of a spec's fingerprint inputs at ``threads`` (frozen: shared)."""
+    return fingerprint_of(_parsed_inputs(inputs), threads=threads)
 
 
 async def usage_history(
@@ -335,42 +380,22 @@ async def usage_history(
     """What the resource recommender learns from (``mdq.core.recommend``): the measured usage of
     the attempts of the last ``days`` days, and the OOM-killed attempts with the memory limit
     they were bound with (``usage_samples``, revision 0014); at most ``limit`` of each, newest
-    first. An attempt's threads are those of the CPU it ran with. The samples sharing a
-    ``spec_key`` share the spec the fingerprint reads: it is read and parsed once, from one of
-    their jobs (when that job has no row in ``jobs`` yet, the key's samples are left out)."""
+    first (returned grouped by ``spec_key``, not in time order). An attempt's threads are those
+    of the CPU it ran with. The samples sharing a ``spec_key`` share the spec the fingerprint
+    reads: it is read once, from one of their jobs, and parsed once per process (when no job of
+    the key has a row in ``jobs`` yet, the key's samples are left out)."""
     async with engine.connect() as connection:
+        # the grouping keeps every key's arrays in memory at once: more than the default 4 MB
+        await connection.execute(text(f"SET LOCAL work_mem = '{USAGE_HISTORY_WORK_MEM}'"))
         rows = (await connection.execute(USAGE_HISTORY, {"days": days, "limit": limit})).all()
-        chosen: dict[str, str] = {}
-        for row in rows:
-            chosen.setdefault(row.spec_key, row.job_id)
-        spec_rows = (
-            await connection.execute(HISTORY_SPECS, {"jobs": sorted(set(chosen.values()))})
-        ).all()
-    texts = {row.job_id: row.spec for row in spec_rows}
-    specs: dict[str, pb.JobSpec] = {}
-    for key, job_id in chosen.items():
-        if job_id in texts:
-            specs[key] = json_format.Parse(texts[job_id], pb.JobSpec(), ignore_unknown_fields=True)
     samples: list[UsageSample] = []
-    fingerprints: dict[tuple[str, int], CostFingerprint] = {}
-    for row in rows:
-        spec = specs.get(row.spec_key)
-        if spec is None:
-            continue
-        cpu = row.cpu_limit or spec.resources.cpu
-        threads = max(1, math.ceil(cpu))
-        fingerprint = fingerprints.get((row.spec_key, threads))
-        if fingerprint is None:
-            fingerprint = fingerprint_of(spec, threads=threads)
-            fingerprints[(row.spec_key, threads)] = fingerprint
-        samples.append(
-            UsageSample(
-                fingerprint=fingerprint,
-                peak_memory_mb=row.peak_memory_mb,
-                mean_cores=row.mean_cores,
-                memory_limit_mb=row.limit_mb,
-                cpu_limit=cpu,
-                oom_killed=row.oom_killed,
+    for cpu_limit, peaks, cores, limits, oom, inputs in rows:
+        cpu = cpu_limit or _parsed_inputs(inputs).resources.cpu
+        fingerprint = _fingerprint(inputs, max(1, math.ceil(cpu)))
+        samples.extend(
+            UsageSample(fingerprint, peak, mean_cores, limit_mb, cpu, oom_killed)
+            for peak, mean_cores, limit_mb, oom_killed in zip(
+                peaks, cores, limits, oom, strict=True
             )
         )
     return samples
