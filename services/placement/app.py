@@ -1044,10 +1044,11 @@ class Placement:
             await self._write_usage()
 
     async def _place(self, now: datetime) -> int:
-        nodes = self.snapshot(now)
         queue = self.queue(now)
         if not queue:
+            self.failure_cordons(now)  # cordons are noted each pass, with work to place or not
             return 0
+        nodes = self.snapshot(now)  # a copy of every node: only for a pass with work
         room = self.tenant_room()
         fairness = (
             Fairness(

@@ -467,11 +467,13 @@ class _Planner:
         ranked: list[tuple[float, int, int, str]] = []
         """(-rank, index, version 0, name) of every eligible node (the heap's entries)."""
         order, eligible = self.order, self.eligible
+        by_name: dict[str, NodeState] = {}
+        clustered = False
         for index, node in enumerate(nodes):
             name = node.name
             order[name] = index
             if node.cluster:
-                self.clustered = True
+                clustered = True
             # node_filter and _rank_of, inlined (the per-pass cost grows with the cluster)
             cpu_cap, mem_cap = node.cpu_capacity, node.memory_capacity_mb
             if (
@@ -486,6 +488,7 @@ class _Planner:
                 mem = node.memory_load + node.inflight_memory_mb / mem_cap
                 if not (mem if mem > cpu else cpu) > hard:
                     eligible.append(node)
+                    by_name[name] = node
                     reserved = node.reserved_cpu / cpu_cap
                     cpu = reserved if reserved > cpu else cpu
                     reserved = node.reserved_memory_mb / mem_cap
@@ -495,11 +498,13 @@ class _Planner:
             reason = node_filter(node, now, config)
             if not reason:
                 eligible.append(node)
+                by_name[name] = node
                 ranked.append((-_rank_of(node, target), index, 0, name))
                 continue
             self.static.append(_filtered(node, reason))
             self.static_counts[reason] = self.static_counts.get(reason, 0) + 1
-        self.by_name = {node.name: node for node in self.eligible}
+        self.clustered = clustered
+        self.by_name = by_name
         self.small = len(self.eligible) <= config.full_scan_nodes
         self.static_listed = tuple(
             self.static if self.small else self.static[:EXPLAIN_FILTERED_LIMIT]
@@ -625,18 +630,26 @@ class _Planner:
 
     def sampled(
         self, job: QueuedJob
-    ) -> tuple[list[NodeScore], int, list[tuple[float, int, int, str]]]:
-        """Score the best-ranked fitting nodes; returns the scores, the nodes examined and
-        their heap entries, popped (the caller pushes them back: all but the node it binds,
-        which ``bind`` re-ranks)."""
+    ) -> tuple[list[NodeScore], int, list[tuple[float, int, int, str]], NodeScore | None]:
+        """Score the best-ranked fitting nodes; returns the scores, the nodes examined, their
+        heap entries, popped (the caller pushes them back: all but the node it binds, which
+        ``bind`` re-ranks), and the best fitting score (``_best``'s choice among them, made
+        as they are scored; None when none fits)."""
         popped: list[tuple[float, int, int, str]] = []
         scores: list[NodeScore] = []
         fitting = 0
+        best: NodeScore | None = None
+        best_score, best_order = 0.0, 0
         heap, version, by_name, config = self.heap, self.version, self.by_name, self.config
         sample_size, max_examined = config.sample_size, config.max_examined
         cpu, memory, avoid = job.cpu, job.memory_mb, job.avoid_nodes
         plain = not (job.clusters.require or avoid)
-        cache = self.sampled_scores.setdefault((cpu, memory), {}) if plain else None
+        cache: dict[str, tuple[int, NodeScore, bool]] | None = None
+        if plain:
+            cache = self.sampled_scores.get((cpu, memory))
+            if cache is None:
+                cache = self.sampled_scores[cpu, memory] = {}
+        penalised = bool(self.penalties)
         pop = heapq.heappop
         while heap and fitting < sample_size and len(popped) < max_examined:
             entry = pop(heap)
@@ -644,32 +657,43 @@ class _Planner:
             if entry[2] != version.get(name, 0):
                 continue  # stale: the node was re-ranked since
             popped.append(entry)
-            if cache is not None:
-                known = cache.get(name)
-                if known is not None and known[0] == entry[2]:
-                    scores.append(known[1])
-                    fitting += known[2]
-                    continue
-            node = by_name[name]
-            # job_filter, inlined when the job has no cluster labels or avoid-list to check
-            if plain:
-                if node.reserved_cpu + cpu > node.cpu_capacity + 1e-9:
-                    reason = NO_CPU
-                elif node.reserved_memory_mb + memory > node.memory_capacity_mb:
-                    reason = NO_MEMORY
+            known = cache.get(name) if cache is not None else None
+            if known is not None and known[0] == entry[2]:
+                score = known[1]
+                fits = known[2]
+            else:
+                node = by_name[name]
+                # job_filter, inlined when the job has no cluster labels or avoid-list to check
+                if plain:
+                    if node.reserved_cpu + cpu > node.cpu_capacity + 1e-9:
+                        reason = NO_CPU
+                    elif node.reserved_memory_mb + memory > node.memory_capacity_mb:
+                        reason = NO_MEMORY
+                    else:
+                        reason = ""
                 else:
-                    reason = ""
-            else:
-                reason = job_filter(node, job)
-            if reason:
-                score = _filtered(node, reason, job)
-            else:
-                score = _score_fitting(node, job, config, self.penalty(node))
-                fitting += 1
+                    reason = job_filter(node, job)
+                fits = not reason
+                if fits:
+                    penalty = self.penalty(node) if penalised else 0.0
+                    score = _score_fitting(node, job, config, penalty)
+                else:
+                    score = _filtered(node, reason, job)
+                if cache is not None:
+                    cache[name] = (entry[2], score, fits)
             scores.append(score)
-            if cache is not None:
-                cache[name] = (entry[2], score, not reason)
-        return scores, len(popped), popped
+            if fits:
+                fitting += 1
+                # _best: the highest score, among equals the node first in the nodes' order
+                # (a heap entry's index is that order)
+                value, rank = score.score, entry[1]
+                if (
+                    best is None
+                    or value > best_score
+                    or (value == best_score and rank < best_order)
+                ):
+                    best, best_score, best_order = score, value, rank
+        return scores, len(popped), popped, best
 
     def decide(self, job: QueuedJob) -> Decision | None:
         if self.dominated(job):
@@ -681,16 +705,14 @@ class _Planner:
         if self.small or job.clusters.prefer or job.data_clusters:
             scores = self.full_scan(job, True)
         else:
-            scores, examined, popped = self.sampled(job)
-            candidates = [s for s in scores if not s.filtered]
-            if candidates:
-                best = _best(candidates, self.order)
-                heap = self.heap
+            scores, examined, popped, chosen = self.sampled(job)
+            if chosen is not None:
+                heap, push, name = self.heap, heapq.heappush, chosen.node
                 for entry in popped:
-                    if entry[3] != best.node:
-                        heapq.heappush(heap, entry)
-                self.bind(self.by_name[best.node], job)  # pushes its new rank
-                return self._explain(job, best.node, scores, examined)
+                    if entry[3] != name:
+                        push(heap, entry)
+                self.bind(self.by_name[name], job)  # pushes its new rank
+                return self._explain(job, name, scores, examined)
             for entry in popped:
                 heapq.heappush(self.heap, entry)
             scores, examined = self.full_scan(job, True), len(self.eligible)
