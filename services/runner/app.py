@@ -255,12 +255,14 @@ def checked_task(task: RunnerTask, *, data_dir: Path, env: Mapping[str, str]) ->
     """``task`` with its spec validated again (``normalize_job``, force fields checked
     against the trusted folders of ``env``); InvalidTask if the spec is invalid or a folder
     is not the one ``data_dir`` gives its job id."""
+
+    def force_field_exists(name: str) -> bool:
+        # OpenMM's folders are looked up (importing OpenMM) only for a spec naming a force
+        # field: a LAMMPS attempt never loads OpenMM
+        return ForceFieldFolders.from_env(env).exists(name)
+
     try:
-        spec = normalize_job(
-            task.spec,
-            "spec",
-            force_field_exists=ForceFieldFolders.from_env(env).exists,
-        )
+        spec = normalize_job(task.spec, "spec", force_field_exists=force_field_exists)
     except SpecError as error:
         raise InvalidTask(f"the job spec is invalid: {error}") from None
     root = jobs_root(data_dir).resolve()
