@@ -1,15 +1,18 @@
-"""The runner's own check of its task (``services.runner.app.checked_task``): a LAMMPS task
-is checked without loading OpenMM (a start-up cost a LAMMPS attempt never needs), and an
-OpenMM task's force-field names are still checked against OpenMM's folders."""
+"""What the runner loads as it starts, each in a fresh process: its own check of its task
+(``services.runner.app.checked_task``) loads OpenMM only for a spec naming a force field (a
+LAMMPS attempt never needs it), and ``python -m services.runner`` leaves the NATS client's
+WebSocket transport (``aiohttp``) out unless its NATS URL is a WebSocket one."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 from mdq.contracts import pb
+from mdq.core.exit_codes import RunnerExit
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -18,6 +21,7 @@ import json, sys
 from pathlib import Path
 from google.protobuf import json_format
 from mdq.contracts import pb
+from mdq.core.exit_codes import RunnerExit
 from mdq.core.runner_task import RunnerTask, job_dir
 from services.runner.app import InvalidTask, checked_task
 
@@ -74,3 +78,34 @@ def test_an_openmm_task_naming_an_unknown_force_field_is_still_refused(tmp_path:
     result = check_in_a_fresh_process(tmp_path, spec)
     assert "nowhere/ff.xml" in str(result["outcome"]), result
     assert result["openmm"] is True
+
+
+ENTRY = """
+import runpy, sys
+try:
+    runpy.run_module("services.runner", run_name="__main__")
+except SystemExit as exit:
+    print(exit.code, "aiohttp.client" in sys.modules)
+"""
+
+
+def start_a_runner_without_a_task(nats_url: str) -> str:
+    environment = {
+        name: value for name, value in os.environ.items() if not name.startswith(("MDQ_", "NATS"))
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", ENTRY],
+        cwd=REPO,
+        env={**environment, "NATS_URL": nats_url},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    return done.stdout.splitlines()[-1]
+
+
+def test_the_runner_starts_without_the_websocket_transport_on_a_nats_url() -> None:
+    invalid_input = int(RunnerExit.INVALID_INPUT)
+    assert start_a_runner_without_a_task("nats://127.0.0.1:4222") == f"{invalid_input} False"
+    assert start_a_runner_without_a_task("nats://a:4222, wss://b:443") == f"{invalid_input} True"
