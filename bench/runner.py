@@ -467,7 +467,8 @@ def compile_bytecode() -> None:
     skipped), so both sides import them as the runner's image does (pip compiles what it
     installs): under ``PYTHONDONTWRITEBYTECODE`` (the images' setting) a process compiles every
     module it imports from source, each time, which no deployed runner pays."""
-    for folder in (sysconfig.get_paths()["purelib"], *(REPO_ROOT / name for name in SOURCES)):
+    packages = Path(sysconfig.get_paths()["purelib"])
+    for folder in (packages, *(REPO_ROOT / name for name in SOURCES)):
         compileall.compile_dir(folder, quiet=2, workers=0)
 
 
