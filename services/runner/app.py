@@ -47,7 +47,7 @@ from mdq.errors import InvalidInput
 from mdq.forcefields import ForceFieldFolders
 from mdq.settings import CommonSettings
 from services.runner.copies import CheckpointCopier
-from services.runner.engines import unstable
+from services.runner.engines import ENGINE_TASKS, load_engine, unstable
 from services.runner.errors import RunnerError
 from services.runner.inputs import InputFetcher
 from services.runner.md import TASKS, RunContext
@@ -132,6 +132,12 @@ async def run(task: RunnerTask, *, common: CommonSettings, settings: RunnerSetti
         loop.add_signal_handler(signum, request_stop, signum)
     task.job_dir.mkdir(parents=True, exist_ok=True)
     os.chdir(task.job_dir)  # relative names resolve in the job's own folder, nowhere else
+    # the engine's module and library load while the runner connects and fetches its inputs
+    engine_loading = (
+        asyncio.ensure_future(asyncio.to_thread(load_engine, task.spec))
+        if task.spec.task in ENGINE_TASKS
+        else None
+    )
     found = os.environ.get(CREDS_ENV)
     creds = RenewableCreds.load(Path(found)) if found else None
     try:
@@ -139,10 +145,12 @@ async def run(task: RunnerTask, *, common: CommonSettings, settings: RunnerSetti
     except BaseException:
         for signum in STOP_SIGNALS:
             loop.remove_signal_handler(signum)
+        await _settled(engine_loading)
         raise
     if client is None:
         for signum in STOP_SIGNALS:
             loop.remove_signal_handler(signum)
+        await _settled(engine_loading)
         log.info("stopped while waiting for NATS: no step was run; exiting with PREEMPTED")
         return RunnerExit.PREEMPTED
     subjects = Subjects(common.namespace)
@@ -188,6 +196,7 @@ async def run(task: RunnerTask, *, common: CommonSettings, settings: RunnerSetti
         inputs=InputFetcher(InputFetch(client, subjects, task.job_id))
         if task.spec.inputs
         else None,
+        engine_loading=engine_loading,
     )
     code = RunnerExit.CRASHED  # until the task says otherwise (for the usage report)
     try:
@@ -225,6 +234,7 @@ async def run(task: RunnerTask, *, common: CommonSettings, settings: RunnerSetti
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await renewing
         metrics.close()
+        await _settled(engine_loading)
         try:
             await asyncio.wait_for(client.drain(), timeout=CLOSE_TIMEOUT_S)
         except Exception as error:  # the outcome stands even if the goodbye fails
@@ -233,6 +243,14 @@ async def run(task: RunnerTask, *, common: CommonSettings, settings: RunnerSetti
         log.warning("%d events could not be published", outbox.failed)
     log.info("exiting with %s (%d)", code.name, int(code))
     return code
+
+
+async def _settled(loading: asyncio.Future[None] | None) -> None:
+    """Wait for the engine's loading to end, whatever its outcome (a failure to load is the
+    task's to report, when it opens the engine; one that never did has nothing to report)."""
+    if loading is not None:
+        with contextlib.suppress(Exception):
+            await loading
 
 
 def _report_usage(
@@ -255,12 +273,14 @@ def checked_task(task: RunnerTask, *, data_dir: Path, env: Mapping[str, str]) ->
     """``task`` with its spec validated again (``normalize_job``, force fields checked
     against the trusted folders of ``env``); InvalidTask if the spec is invalid or a folder
     is not the one ``data_dir`` gives its job id."""
+
+    def force_field_exists(name: str) -> bool:
+        # OpenMM's folders are looked up (importing OpenMM) only for a spec naming a force
+        # field: a LAMMPS attempt never loads OpenMM
+        return ForceFieldFolders.from_env(env).exists(name)
+
     try:
-        spec = normalize_job(
-            task.spec,
-            "spec",
-            force_field_exists=ForceFieldFolders.from_env(env).exists,
-        )
+        spec = normalize_job(task.spec, "spec", force_field_exists=force_field_exists)
     except SpecError as error:
         raise InvalidTask(f"the job spec is invalid: {error}") from None
     root = jobs_root(data_dir).resolve()

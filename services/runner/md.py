@@ -77,6 +77,9 @@ class RunContext:
     fetch, or no bus to fetch them from)."""
     units: str = ""
     """``Progress.units`` of this attempt's reports (the engine's)."""
+    engine_loading: asyncio.Future[None] | None = None
+    """The engine's module and library being loaded in a worker thread since the runner
+    started (``services.runner.engines.load_engine``); awaited before the engine is opened."""
 
     @property
     def spec(self) -> pb.JobSpec:
@@ -222,6 +225,8 @@ async def _start(run: RunContext) -> tuple[Engine, StartPoint, pb.CopyFetched | 
     folder = work_dir(run.task.job_dir)
     if run.inputs is not None:
         await run.inputs.fetch_all(run.spec.inputs, folder)
+    if run.engine_loading is not None:
+        await run.engine_loading
     setup = EngineSetup(
         task=run.task, settings=run.settings, data_dir=run.data_dir, work_dir=folder
     )

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from mdq.contracts import pb
 from mdq.core.engines import LAMMPS, OPENMM, engine_of
 from mdq.core.runner_task import RunnerTask
 from services.runner.checkpoints import CheckpointFile
@@ -115,6 +116,20 @@ _MODULES = {
     OPENMM: "services.runner.engines.openmm_engine",
     LAMMPS: "services.runner.engines.lammps_engine",
 }
+
+
+ENGINE_TASKS = frozenset({pb.TASK_UNSPECIFIED, pb.TASK_MD, pb.TASK_MINIMIZE})
+"""The tasks that run an engine (``analyze`` reads energy tables only)."""
+
+
+def load_engine(spec: pb.JobSpec) -> None:
+    """Import the module of the job's engine and load its library, touching nothing of the
+    job (synchronous: the runner calls it in a worker thread while it connects to NATS and
+    fetches the inputs, so that ``open_engine`` then only builds the job's instance)."""
+    module = importlib.import_module(_MODULES[engine_of(spec)])
+    load_library: Callable[[], object] | None = getattr(module, "load_library", None)
+    if load_library is not None:
+        load_library()
 
 
 def open_engine(setup: EngineSetup) -> Engine:

