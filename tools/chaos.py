@@ -1419,6 +1419,12 @@ class Campaign:
             path = self.data_dir / "jobs" / job / "log.lammps"
             try:
                 attempts = thermo_log_attempts(path.read_text(errors="replace"))
+            except FileNotFoundError as error:
+                if job in self.cancels:  # cancelled before LAMMPS wrote a line: nothing lost
+                    self.note(f"{job}: cancelled before its thermo log was written")
+                    continue
+                self.report.problems.append(f"{job}: no thermo log ({error})")
+                continue
             except OSError as error:
                 self.report.problems.append(f"{job}: no thermo log ({error})")
                 continue

@@ -20,6 +20,7 @@ from tools.chaos import (
     ONCE_KINDS,
     SHORT_KINDS,
     STRIKE_KINDS,
+    Campaign,
     ChaosConfig,
     ChaosReport,
     Sampler,
@@ -283,3 +284,26 @@ def test_the_harness_never_ends_with_a_bare_traceback(mode: list[str], tmp_path:
     problems = report["problems"]
     assert any("Traceback" in p and "NotADirectoryError" in p for p in problems), problems
     assert "Traceback" not in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(
+    "cancelled, problem",
+    [
+        pytest.param(False, True, id="running-job-without-a-log"),
+        pytest.param(True, False, id="cancelled-before-lammps-wrote-a-line"),
+    ],
+)
+def test_a_lammps_job_without_a_thermo_log_is_a_problem_unless_it_was_cancelled_first(
+    tmp_path: Path, cancelled: bool, problem: bool
+) -> None:
+    campaign = Campaign(ChaosConfig(jobs=2, lammps_every=2, work_dir=tmp_path))
+    campaign.job_ids = ["j0", "j1"]  # j1 runs on LAMMPS
+    if cancelled:
+        campaign.cancels["j1"] = "CONTROL_STOPPING"
+    campaign.check_thermo_logs()
+    assert bool(campaign.report.problems) is problem, campaign.report.problems
+    if problem:
+        assert campaign.report.problems == [
+            f"j1: no thermo log ([Errno 2] No such file or directory: "
+            f"'{campaign.data_dir / 'jobs' / 'j1' / 'log.lammps'}')"
+        ]
