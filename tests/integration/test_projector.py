@@ -462,6 +462,43 @@ async def test_a_late_report_of_an_attempt_already_requeued_counts_in_both_order
     assert (await job_row(pool, history.job_id))["attempt"] == 2
 
 
+@pytest.mark.parametrize("reports_first", [False, True], ids=["jobs-first", "reports-first"])
+async def test_a_target_reached_while_a_cancel_was_on_its_way_is_the_same_in_both_orders(
+    projector: Projector,
+    publisher: EventPublisher,
+    js: JetStreamContext,
+    subjects: Subjects,
+    pool: asyncpg.Pool,
+    reports_first: bool,
+) -> None:
+    """The runner reached its step target just as its cancel arrived (a chaos soak, seed
+    532494194): its last report says ``steps_reached``, the job ends CANCELLED. Live, that report
+    is folded before the attempt's end; a rebuild folds the jobs stream first and finds the
+    report after it. Either way the job keeps the report's done reason."""
+    history = History(f"raced-{int(reports_first)}")
+    origin = pb.ControlOrigin(control_id="c1", requested_by="ann", reason="typo")
+    jobs = [
+        history.submitted(),
+        history.bound(1, "n1"),
+        history.started(1, "n1"),
+        history.event("cancel_requested", pb.CancelRequested(origin=origin), 1, detail="c1"),
+    ]
+    report = history.progress(1, 1000, done_reason="steps_reached")
+    stopped = pb.AttemptFailed(
+        reason=pb.FAILURE_STOPPED, exit_code=5, message="stopped", node="n1", last_step=1000
+    )
+    jobs += [
+        history.event("attempt_failed", stopped, 1),
+        history.event("cancelled", pb.JobCancelled(origin=origin, message="cancelled by ann"), 1),
+    ]
+    for batch in ([report], jobs) if reports_first else (jobs, [report]):
+        await publish_in_order(publisher, batch)
+        await wait_projected(js, subjects, pool)
+    row = await job_row(pool, history.job_id)
+    figures = (row["state"], row["done_reason"], row["last_step"])
+    assert figures == ("CANCELLED", "steps_reached", 1000)
+
+
 async def test_failure_then_requeue_fills_both_attempts(
     projector: Projector,
     publisher: EventPublisher,

@@ -289,7 +289,9 @@ class _JobRow:
         (a runner cut off from the bus, its reports published late, after the job was even
         requeued): it counts toward that attempt's last step, as it does when the PROGRESS
         stream is folded first (a rebuild, ``_settle_ended``); one made after the end counts
-        in neither order."""
+        in neither order. A report of the job's last attempt also gives its done reason, as
+        when it is folded before the end (a runner that reached its target while a cancel was
+        on its way: the job ends CANCELLED, its last report said ``steps_reached``)."""
         if event.WhichOneof("body") != "progress":
             return
         record = self.view.attempts.get(event.attempt)
@@ -297,6 +299,8 @@ class _JobRow:
             return
         known = self.attempt_last_step.get(event.attempt, 0)
         self.attempt_last_step[event.attempt] = max(known, event.progress.step)
+        if event.attempt == self.view.attempt:
+            self.view.done_reason = event.progress.done_reason or self.view.done_reason
 
     def apply(self, event: pb.Event) -> None:
         """Fold one event with the core state machine; record what the view does not keep."""
