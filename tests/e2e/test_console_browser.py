@@ -307,19 +307,28 @@ async def assert_speed_is_the_last_intervals(browser: WebDriver, page: str) -> N
 
     def compared() -> tuple[float, float] | None:
         browser.get(page)
-        script = browser.find_element(By.ID, "job-data").get_attribute("textContent")
+        # one script, so no live event is drawn between the reads: the page's reports, the
+        # speed chart's newest point and the step that point is of
+        script, shown, shown_step = browser.execute_script(
+            "return [document.getElementById('job-data').textContent,"
+            " document.getElementById('chart-speed').getAttribute('data-last'),"
+            " document.getElementById('charts').getAttribute('data-last-step')];"
+        )
         points = json.loads(script or "{}")["points"]
         newest = max(int(point.get("attempt", 0)) for point in points)
         reports = [point for point in points if int(point.get("attempt", 0)) == newest]
         if len(reports) < 2:
             return None
         before, last = reports[-2]["progress"], reports[-1]["progress"]
+        if str(last.get("step", 0)) != shown_step:
+            return None  # the live stream drew a newer report than the page came with
         simulated_ns = (last["time_ps"] - before["time_ps"]) / 1000
         elapsed_days = (seconds(reports[-1]) - seconds(reports[-2])) / 86_400
-        shown = browser.find_element(By.ID, "chart-speed").get_attribute("data-last")
         return float(shown or "nan"), simulated_ns / elapsed_days
 
-    shown, expected = await until(compared, timeout=60, what="two reports of the newest attempt")
+    shown, expected = await until(
+        compared, timeout=60, what="two reports of the newest attempt, the last one drawn"
+    )
     # both from the same whole milliseconds; the difference of two epoch times as doubles
     # (about 2e-7 s apart near 1.7e9 s) over an interval of a fraction of a second: 1e-5
     assert shown == pytest.approx(expected, rel=1e-5), (shown, expected)
