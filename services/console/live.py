@@ -22,6 +22,7 @@ from nats.js.api import DeliverPolicy
 
 from mdq.bus.codec import decode_event
 from mdq.bus.log import follow_log
+from mdq.bus.outage import warn_try_failed
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 
@@ -190,6 +191,6 @@ async def follow_nodes(board: NodeBoard, nc: Client, subjects: Subjects) -> None
             await board.follow(nc, subjects)
         except asyncio.CancelledError:
             raise
-        except Exception:
-            log.warning("following the nodes failed; again in 2 s", exc_info=True)
+        except Exception as error:
+            warn_try_failed(log, "following the nodes failed; again in 2 s", error)
             await asyncio.sleep(2.0)

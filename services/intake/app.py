@@ -60,8 +60,9 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from mdq.backoff import keep_trying, redact_url
-from mdq.bus.connect import NATS_NOT_READY, auth_options, wait_for_nats
+from mdq.bus.connect import auth_options, wait_for_nats
 from mdq.bus.inputs import InputDesk
+from mdq.bus.outage import NATS_NOT_READY
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.requests import Requests
 from mdq.bus.storage import StorageSettings

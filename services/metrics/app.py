@@ -29,6 +29,7 @@ from mdq.backends.factory import make_backend
 from mdq.backends.port import ClusterBackend, NodeSample
 from mdq.bus.connect import connect
 from mdq.bus.log import follow_log, raise_if_cancelling
+from mdq.bus.outage import warn_try_failed
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.runtime import run_service
 from mdq.bus.security.auth import WsgiApp, bearer_guard
@@ -99,8 +100,8 @@ async def publish_summaries(publisher: EventPublisher, closed: list[pb.NodeLoadS
     interval in the nodes' hour), which is said in the log."""
     try:
         await publisher.publish_all(node_summary_event(publisher, s) for s in closed)
-    except Exception:
-        log.warning("publishing %d node summaries failed", len(closed), exc_info=True)
+    except Exception as error:
+        warn_try_failed(log, f"publishing {len(closed)} node summaries failed", error)
 
 
 @dataclass
@@ -309,8 +310,8 @@ class MetricsService:
                 exporter=self.exporter,
                 summaries=self._summaries,
             )
-        except Exception:  # NATS away for a moment: sample again next time
-            log.warning("sampling nodes failed", exc_info=True)
+        except Exception as error:  # NATS away for a moment: sample again next time
+            warn_try_failed(log, "sampling nodes failed", error)
             closed = []
         if closed:
             if summarising is not None:
@@ -320,16 +321,16 @@ class MetricsService:
             )
         try:
             await sample_consumer_lag(self._js, self._subjects, self.exporter)
-        except Exception:
-            log.warning("reading the watcher's consumer lag failed", exc_info=True)
+        except Exception as error:
+            warn_try_failed(log, "reading the watcher's consumer lag failed", error)
         try:
             await sample_streams(self._js, self._subjects, self.exporter)
-        except Exception:
-            log.warning("reading the streams' sizes failed", exc_info=True)
+        except Exception as error:
+            warn_try_failed(log, "reading the streams' sizes failed", error)
         try:
             self.exporter.set_tenants(await read_tenant_usages(self._js, self._subjects))
-        except Exception:
-            log.warning("reading the tenants' shares failed", exc_info=True)
+        except Exception as error:
+            warn_try_failed(log, "reading the tenants' shares failed", error)
         elapsed = time.monotonic() - started
         await asyncio.sleep(max(0.0, self._settings.interval_s - elapsed))
         return summarising

@@ -65,6 +65,7 @@ from nats.js.kv import KeyValue
 from mdq.backends.port import ClusterBackend, PodExists, PodSpec
 from mdq.bus.codec import decode_event
 from mdq.bus.log import follow_log, raise_if_cancelling, read_history
+from mdq.bus.outage import warn_try_failed
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.requests import EXPECTED_LAST_SUBJECT_SEQUENCE, is_wrong_last_sequence
 from mdq.bus.snapshots import SnapshotKeeper, SnapshotStore
@@ -634,8 +635,8 @@ class Placement:
                 )
             except NotFoundError:
                 continue
-            except Exception:
-                log.warning("could not read the last binding of %s", job_id, exc_info=True)
+            except Exception as error:
+                warn_try_failed(log, f"could not read the last binding of {job_id}", error)
                 self.state.ask_fence_again(job_id)
                 continue
             view = self.book.jobs.get(job_id)
@@ -669,8 +670,8 @@ class Placement:
                         continue
                     final = state
                     break
-            except Exception:  # asked again on a later pass
-                log.warning("could not read dependency %s from the log", job_id, exc_info=True)
+            except Exception as error:  # asked again on a later pass
+                warn_try_failed(log, f"could not read dependency {job_id} from the log", error)
                 self.state.ask_again(job_id)
                 continue
             if final is None:
@@ -1144,8 +1145,8 @@ class Placement:
             try:
                 kv = await self._waiting_bucket()
                 await kv.put(usage_key(tenant), usage.to_json())
-            except Exception:
-                log.warning("could not write the usage of tenant %s", tenant, exc_info=True)
+            except Exception as error:
+                warn_try_failed(log, f"could not write the usage of tenant {tenant}", error)
                 return
             self._usage_written[tenant] = (counted, now)
 
@@ -1197,8 +1198,8 @@ class Placement:
             try:
                 kv = await self._waiting_bucket()
                 await kv.put(job.job_id, message.SerializeToString())
-            except Exception:
-                log.warning("could not write why %s waits", job.job_id, exc_info=True)
+            except Exception as error:
+                warn_try_failed(log, f"could not write why {job.job_id} waits", error)
                 return
             self._waiting_written[job.job_id] = (signature, now)
 

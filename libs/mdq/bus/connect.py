@@ -28,25 +28,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import nats.errors
-import nats.js.errors
 from nats.aio.client import Client
 
 from mdq.backoff import DEFAULT_BACKOFF, Backoff, keep_trying, redact_url
+from mdq.bus.outage import LOST_CONNECTION, NATS_NOT_READY
 from mdq.bus.security.permissions import inbox_prefix
 from mdq.bus.security.runner_creds import RenewableCreds
 from mdq.bus.streams import require_streams
 from mdq.bus.subjects import Subjects
-
-NATS_NOT_READY: tuple[type[Exception], ...] = (
-    OSError,  # refused, reset, unreachable, and every timeout (nats' own TimeoutError too)
-    nats.errors.NoServersError,
-    nats.errors.NoRespondersError,  # JetStream not enabled yet
-    nats.errors.ConnectionClosedError,
-    nats.js.errors.ServiceUnavailableError,  # JetStream starting (503)
-    nats.js.errors.NoStreamResponseError,
-)
-"""Errors that mean "the server is not there yet", retried by ``connect(wait=True)``."""
 
 PROBE_TIMEOUT_S = 5.0
 CONNECT_TIMEOUT_S = 5
@@ -58,15 +47,6 @@ CLIENT_OPTIONS: dict[str, Any] = {
 DEFAULT_PORTS = {"nats": 4222, "tls": 4222, "ws": 80, "wss": 443}
 
 log = logging.getLogger("mdq.bus")
-
-LOST_CONNECTION: tuple[type[Exception], ...] = (
-    OSError,
-    nats.errors.UnexpectedEOF,
-    nats.errors.StaleConnectionError,
-    nats.errors.ConnectionClosedError,
-    nats.errors.NoServersError,
-)
-"""Errors of a connection to a server that went away: nats-py reconnects by itself."""
 
 
 async def log_client_error(error: Exception) -> None:

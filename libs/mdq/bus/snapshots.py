@@ -26,6 +26,7 @@ from nats.js.api import KeyValueConfig
 from nats.js.errors import KeyNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
+from mdq.bus.outage import warn_try_failed
 from mdq.bus.streams import open_bucket
 from mdq.core.log_continuity import ServerLog, message_digest
 from mdq.core.snapshot import (
@@ -119,7 +120,7 @@ class SnapshotStore:
         except SnapshotUnreadable as error:
             return Loaded(Resume(0, f"snapshot unreadable: {error}"))
         except Exception as error:  # the bucket or the stream could not be read
-            log.warning("could not read the snapshot", exc_info=True)
+            warn_try_failed(log, "could not read the snapshot", error)
             return Loaded(Resume(0, f"snapshot unreadable: {error!r}"))
 
     async def write(
@@ -204,8 +205,8 @@ class SnapshotKeeper:
                 jobs=len(content["jobs"]),
                 now=now,
             )
-        except Exception:
-            self._log.warning("could not write the snapshot", exc_info=True)
+        except Exception as error:
+            warn_try_failed(self._log, "could not write the snapshot", error)
             return False
         self._sha256 = sha256
         return True

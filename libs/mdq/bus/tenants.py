@@ -27,6 +27,7 @@ from nats.js.errors import BucketNotFoundError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from mdq.bus.kv import watch_through
+from mdq.bus.outage import warn_try_failed
 from mdq.bus.streams import open_bucket
 from mdq.bus.subjects import Subjects
 from mdq.core.tenants import (
@@ -166,8 +167,8 @@ class TenantDirectory:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(self._resync_s):
                         await self._watch(kv)
-            except Exception:
-                log.warning("watch of %s failed; starting it again", self._bucket, exc_info=True)
+            except Exception as error:
+                warn_try_failed(log, f"watch of {self._bucket} failed; starting it again", error)
                 await asyncio.sleep(self._retry_s)
 
     async def _watch(self, kv: KeyValue) -> None:

@@ -51,6 +51,7 @@ from mdq.backends.local.records import (
 from mdq.backends.port import PodSpec
 from mdq.bus.connect import CREDS_ENV
 from mdq.bus.fetch import connection_of
+from mdq.bus.outage import warn_try_failed
 from mdq.bus.requests import is_wrong_last_sequence
 from mdq.bus.security.auth import write_secret
 from mdq.bus.security.runner_creds import CredsRefused, request_runner_creds
@@ -216,8 +217,8 @@ class NodeAgent:
             try:
                 await self.check_health()
                 await self._publish_nodes(ready=True)
-            except Exception:  # NATS away for a moment: beat again later
-                log.warning("heartbeat failed", exc_info=True)
+            except Exception as error:  # NATS away for a moment: beat again later
+                warn_try_failed(log, "heartbeat failed", error)
 
     async def check_health(self) -> str:
         """Probe the data folder (``mdq.datadisk.probe``) and weigh recent start failures;

@@ -44,6 +44,7 @@ from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
+from mdq.bus.outage import warn_try_failed
 from mdq.bus.security.claims import decode_claims
 from mdq.bus.security.permissions import inbox_prefix
 from mdq.bus.subjects import Subjects
@@ -241,8 +242,8 @@ class RenewalDesk:
             attempt = 0  # no attempt runs as number 0: refused below
         try:
             live = await self._verdict(job_id, attempt) if attempt > 0 else False
-        except Exception:  # the log cannot be read now: no answer, the asker asks again
-            log.warning("could not tell whether %s attempt %d runs", job_id, attempt, exc_info=True)
+        except Exception as error:  # the log cannot be read now: no answer, the asker asks again
+            warn_try_failed(log, f"could not tell whether {job_id} attempt {attempt} runs", error)
             return
         if live is None:
             return
