@@ -2,7 +2,8 @@
 
 A real node agent (subprocess, real NATS) serves two nodes on a data folder that is a real ext4
 filesystem of its own (``mdq.testing.disks.SmallDisk``), failed for real: full (ENOSPC),
-read-only (EROFS), dying (EIO), unmounted. Within a heartbeat the nodes' records carry the
+read-only (EROFS), dying (EIO), unmounted, frozen; or a btrfs subvolume under a qgroup limit
+(``QuotaDisk``) that goes over its quota (EDQUOT). Within a heartbeat the nodes' records carry the
 problem in words (what ``mdq nodes``, placement and the console read); a pod bound there fails
 to start with that reason (StartError: FAILURE_ENVIRONMENT, never charged to its job) and, on a
 lost mount, leaves no job folder on the disk beneath; once the disk is healed the problem clears
@@ -25,21 +26,17 @@ from mdq.contracts import pb
 from mdq.core.recovery import classify
 from mdq.datadisk import VOLUME_MARKER
 from mdq.testing.disks import SmallDisk
+from tests.disks import Disk, made_disk, on_ext4
 from tests.integration.test_local_backend import FAST, NODES, eventually, pod, until_terminal
 
 
 @pytest.fixture
-def disk(tmp_path: Path) -> Iterator[SmallDisk]:
-    small = SmallDisk(mount_point=tmp_path / "data", image=tmp_path / "data.img", size_mb=24)
-    small.create()
-    try:
-        yield small
-    finally:
-        small.destroy()
+def disk(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Disk]:
+    yield from made_disk(request, tmp_path, "data")
 
 
 @pytest.fixture
-def agent(nats_url: str, namespace: str, disk: SmallDisk, tmp_path: Path) -> Iterator[None]:
+def agent(nats_url: str, namespace: str, disk: Disk, tmp_path: Path) -> Iterator[None]:
     process = start_agent(
         nats_url=nats_url,
         namespace=namespace,
@@ -79,23 +76,59 @@ async def problems(backend: LocalBackend, wanted: Callable[[str], bool]) -> list
         raise AssertionError(f"the nodes never said so; last seen {seen}") from None
 
 
-CASES: list[tuple[str, Callable[[SmallDisk], None], Callable[[SmallDisk], None], str]] = [
-    ("full", SmallDisk.fill_up, SmallDisk.free, "data disk full (ENOSPC)"),
-    ("read-only", SmallDisk.make_read_only, SmallDisk.remount, "data disk read-only (EROFS)"),
-    ("dying", SmallDisk.shut_down, SmallDisk.remount, "data disk I/O error (EIO)"),
-    ("unmounted", SmallDisk.unmount, SmallDisk.mount, "data volume missing"),
-    ("not answering", SmallDisk.freeze, SmallDisk.thaw, "data disk not answering"),
+CASES: list[tuple[str, str, Callable[[Disk], None], Callable[[Disk], None], str]] = [
+    ("full", "ext4", lambda d: d.fill_up(), lambda d: d.free(), "data disk full (ENOSPC)"),
+    (
+        "over quota",
+        "quota",
+        lambda d: d.fill_up(),
+        lambda d: d.free(),
+        "data disk quota exceeded (EDQUOT)",
+    ),
+    (
+        "read-only",
+        "ext4",
+        on_ext4(SmallDisk.make_read_only),
+        on_ext4(SmallDisk.remount),
+        "data disk read-only (EROFS)",
+    ),
+    (
+        "dying",
+        "ext4",
+        on_ext4(SmallDisk.shut_down),
+        on_ext4(SmallDisk.remount),
+        "data disk I/O error (EIO)",
+    ),
+    (
+        "unmounted",
+        "ext4",
+        on_ext4(SmallDisk.unmount),
+        on_ext4(SmallDisk.mount),
+        "data volume missing",
+    ),
+    (
+        "not answering",
+        "ext4",
+        on_ext4(SmallDisk.freeze),
+        on_ext4(SmallDisk.thaw),
+        "data disk not answering",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("name", "fail", "heal", "problem"), CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    ("name", "disk", "fail", "heal", "problem"),
+    CASES,
+    ids=[c[0] for c in CASES],
+    indirect=["disk"],
+)
 async def test_a_node_whose_data_disk_fails_takes_no_pods_says_why_and_comes_back(
-    disk: SmallDisk,
+    disk: Disk,
     agent: None,
     backend: LocalBackend,
     name: str,
-    fail: Callable[[SmallDisk], None],
-    heal: Callable[[SmallDisk], None],
+    fail: Callable[[Disk], None],
+    heal: Callable[[Disk], None],
     problem: str,
 ) -> None:
     await problems(backend, lambda text: text == "")

@@ -1,12 +1,13 @@
-"""The runner on a data disk that fails under it: full (ENOSPC), read-only (EROFS), dying (EIO).
+"""The runner on a data disk that fails under it: full (ENOSPC), over its quota (EDQUOT),
+read-only (EROFS), dying (EIO).
 
-The data folder is a real ext4 filesystem of its own (``mdq.testing.disks.SmallDisk``, loop
-mounted), failed for real while a real runner (``python -m services.runner``, real OpenMM,
-real NATS) integrates: the runner stops with the environment's exit code and a log line naming
-the failure, the last checkpoint it announced is intact on disk (sha256), nothing half-written
-is left that a retry could take for a checkpoint, and once the disk is back a retry resumes from
-that checkpoint. EDQUOT takes the same path as ENOSPC (``mdq.datadisk.DISK_ERRNOS``); this
-kernel has no quota support to make a real one (``tests/unit/test_runner_exit_codes.py``).
+The data folder is a real filesystem of its own, failed for real while a real runner
+(``python -m services.runner``, real OpenMM, real NATS) integrates: an ext4 loop mount
+(``mdq.testing.disks.SmallDisk``), or for the quota a btrfs subvolume under a qgroup limit
+(``QuotaDisk``). The runner stops with the environment's exit code and a log line naming the
+failure, the last checkpoint it announced is intact on disk (sha256), nothing half-written is
+left that a retry could take for a checkpoint, and once the disk is back a retry resumes from
+that checkpoint.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from mdq.contracts import pb
 from mdq.core.exit_codes import RunnerExit
 from mdq.testing.disks import SmallDisk
 from services.runner.checkpoints import CheckpointStore, checkpoint_name
+from tests.disks import Disk, made_disk, on_ext4
 from tests.integration.test_runner import (
     StartRunner,
     make_task,
@@ -39,13 +41,8 @@ __all__ = ["start_runner"]  # the fixture, used by name
 
 
 @pytest.fixture
-def disk(tmp_path: Path) -> Iterator[SmallDisk]:
-    small = SmallDisk(mount_point=tmp_path / "disk", image=tmp_path / "disk.img", size_mb=24)
-    small.create()
-    try:
-        yield small
-    finally:
-        small.destroy()
+def disk(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Disk]:
+    yield from made_disk(request, tmp_path, "disk")
 
 
 def sha256_of(path: Path) -> str:
@@ -60,25 +57,36 @@ def no_half_checkpoints(folder: Path) -> None:
         assert sidecar["sha256"] == sha256_of(xml), xml
 
 
-CASES: list[tuple[str, Callable[[SmallDisk], None], Callable[[SmallDisk], None], int, str]] = [
+CASES: list[tuple[str, str, Callable[[Disk], None], Callable[[Disk], None], int, str]] = [
     (
         "disk full",
-        SmallDisk.fill_up,
+        "ext4",
+        lambda d: d.fill_up(),
         lambda d: d.free(),
         RunnerExit.NO_SPACE,
         "data disk full (ENOSPC)",
     ),
     (
+        "quota exceeded",
+        "quota",
+        lambda d: d.fill_up(),
+        lambda d: d.free(),
+        RunnerExit.NO_SPACE,
+        "data disk quota exceeded (EDQUOT)",
+    ),
+    (
         "disk read-only",
-        lambda d: d.make_read_only(),
-        lambda d: d.remount(),
+        "ext4",
+        on_ext4(SmallDisk.make_read_only),
+        on_ext4(SmallDisk.remount),
         RunnerExit.DISK_FAILED,
         "data disk read-only (EROFS)",
     ),
     (
         "disk dying",
-        lambda d: d.shut_down(),
-        lambda d: d.remount(),
+        "ext4",
+        on_ext4(SmallDisk.shut_down),
+        on_ext4(SmallDisk.remount),
         RunnerExit.DISK_FAILED,
         "data disk I/O error (EIO)",
     ),
@@ -86,16 +94,19 @@ CASES: list[tuple[str, Callable[[SmallDisk], None], Callable[[SmallDisk], None],
 
 
 @pytest.mark.parametrize(
-    ("name", "fail", "heal", "code", "logged"), CASES, ids=[c[0] for c in CASES]
+    ("name", "disk", "fail", "heal", "code", "logged"),
+    CASES,
+    ids=[c[0] for c in CASES],
+    indirect=["disk"],
 )
 async def test_a_runner_whose_disk_fails_stops_keeps_its_checkpoint_and_resumes(
     nc: Client,
     subjects: Subjects,
-    disk: SmallDisk,
+    disk: Disk,
     start_runner: StartRunner,
     name: str,
-    fail: Callable[[SmallDisk], None],
-    heal: Callable[[SmallDisk], None],
+    fail: Callable[[Disk], None],
+    heal: Callable[[Disk], None],
     code: int,
     logged: str,
 ) -> None:

@@ -15,6 +15,13 @@ the block allocator, on which every failure of a data disk can be made for real:
 * ``freeze`` (``fsfreeze``) blocks every write, and so every fsync, until ``thaw``: a disk that
   does not answer, like a hung network volume.
 
+``QuotaDisk`` is a folder under a quota: a btrfs subvolume with a qgroup limit, on a btrfs file
+system in a file, loop-mounted, the subvolume bound on the mount point. Its ``fill_up`` writes
+until the quota refuses another byte, with EDQUOT (as a user's quota on a shared volume does),
+though the file system has room left; ``free`` gives the room back. btrfs's qgroups are its
+own, so this works on kernels built without the VFS quota support that ext4's and XFS's
+quotas need.
+
 Needs root (mount); ``mount`` raises ``DiskUnavailable`` saying why otherwise.
 """
 
@@ -146,7 +153,54 @@ class SmallDisk:
             raise DiskUnavailable(f"{' '.join(argv)}: {why}") from None
 
 
-__all__ = ["DiskUnavailable", "SmallDisk"]
+class QuotaDisk:
+    """A btrfs subvolume on ``mount_point`` limited to ``quota_mb`` MiB by a qgroup, on a
+    btrfs file system of ``size_mb`` MiB (plenty of room beyond the quota) in ``image``."""
+
+    def __init__(
+        self, *, mount_point: Path, image: Path, quota_mb: int = 24, size_mb: int = 256
+    ) -> None:
+        self.mount_point = mount_point
+        self.image = image
+        self.quota_mb = quota_mb
+        self.size_mb = size_mb
+        self.root = image.with_name(image.name + ".root")
+        self.filler = mount_point / ".test-fill"
+        self.mounted = False
+
+    def create(self) -> QuotaDisk:
+        """Make the file system, its quota'd subvolume, and mount it."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with self.image.open("wb") as handle:
+            handle.truncate(self.size_mb * 1024 * 1024)
+        SmallDisk._run("mkfs.btrfs", "-q", "-f", str(self.image))
+        SmallDisk._run("mount", "-o", "loop", str(self.image), str(self.root))
+        self.mounted = True
+        SmallDisk._run("btrfs", "quota", "enable", str(self.root))
+        SmallDisk._run("btrfs", "subvolume", "create", str(self.root / "volume"))
+        SmallDisk._run("btrfs", "qgroup", "limit", f"{self.quota_mb}M", str(self.root / "volume"))
+        self.mount_point.mkdir(parents=True, exist_ok=True)
+        SmallDisk._run("mount", "--bind", str(self.root / "volume"), str(self.mount_point))
+        return self
+
+    def fill_up(self) -> None:
+        """Write a file until the quota refuses another byte (EDQUOT)."""
+        fill_file(self.filler)
+
+    def free(self) -> None:
+        """Delete the filler and let btrfs account for it (a commit), so writes fit again."""
+        self.filler.unlink(missing_ok=True)
+        SmallDisk._run("btrfs", "filesystem", "sync", str(self.root))
+
+    def destroy(self) -> None:
+        if self.mounted:
+            for folder in (self.mount_point, self.root):
+                subprocess.run(["umount", "-l", str(folder)], capture_output=True, check=False)
+            self.mounted = False
+        self.image.unlink(missing_ok=True)
+
+
+__all__ = ["DiskUnavailable", "QuotaDisk", "SmallDisk"]
 
 
 def fill_file(path: Path) -> int:
