@@ -1,76 +1,8 @@
 """Intake's handling of one submit: decode -> validate -> claim -> publish.
 
-The same steps serve both entrances, the submit stream (fire-and-forget, durable while intake is
-down) and request-reply (a client waiting for its job ids); only the request id and whether the
-idempotency key is required differ.
-
-Crash-safe order of an accepted submit
---------------------------------------
-1. Validate (resolving dependencies through the registry).
-2. Claim ``req.<request_id>`` in the registry with the reply and the submit's content
-   fingerprint (``mdq.core.fingerprint``), in one round trip that fails if the request id is
-   known (a KV create).
-3. Publish one ``submitted`` event per job, dependencies first, each with its deterministic id
-   ``submitted:<job_id>:0`` as Nats-Msg-Id.
-4. Only then ack the stream message, or send the reply.
-
-If the claim exists, the submit was seen before. Same content (the same fingerprint): the
-answer is the recorded reply, and nothing new starts. If the last of its jobs' events is
-missing from the log, the earlier attempt died between steps 2 and 3: the events are published
-now (JetStream drops the ones already there, by their ids); see
-``SubmitRegistry.needs_events``. A crash (or a NATS error) anywhere before step 4 leaves the
-submit unacknowledged (the stream redelivers it) or unanswered (the client retries with the
-same key), and the retry takes exactly that path. So no reply ever names a job whose event is
-not in the log (docs/architecture.md, invariant 4), and a key is checked and recorded with
-one registry round trip instead of a lookup and a write.
-
-Other content under a key already used is refused (``_conflict``), field ``idempotency_key``,
-saying what differs (``jobs[0].steps: 1000 → 9000``, from the first submit's ``submitted``
-events) rather than answering with the first submit's job ids as if the change had been
-accepted. A claim written before fingerprints existed has none: a resubmit under its key gets
-its recorded reply, whatever its content, as it did then.
-
-Keys after the duplicate window
--------------------------------
-The registry forgets a claim after ``MDQ_STORAGE_REGISTRY_DAYS`` (its age limit, the duplicate
-window). Job ids follow from the request id, so a key used again after that would name jobs the
-log already holds: every ``submitted`` event is published on the condition that its job has none
-yet (``Nats-Expected-Last-Subject-Sequence: 0``), and the server refuses it otherwise. When the
-job's ``submitted`` event is older than the window, the submit is refused (field
-``idempotency_key``: used before the window), and that refusal is what the registry remembers for
-the key; when it is younger, an intake of an earlier version (which recorded a submit after its
-events) died in between, and the submit is completed as accepted. Completing a claimed submit's
-events reads the same refusal as "already there".
-
-A full jobs log
----------------
-Above ``MDQ_STORAGE_JOBS_HIGH_WATER`` of the jobs stream's size limit no new submit is accepted
-(``JobsLogRoom``): the rest of the stream is kept for the events of the jobs already accepted.
-Retries of accepted submits still get their replies. When even a refusal's ``rejected`` event
-finds no room, a request-reply submit is answered without it, and a stream submit waits in the
-submit stream (its publish is a NATS error: nak, retried later).
-
-Refused submits
----------------
-A refused submit publishes only a ``rejected`` event (to ``subjects.rejected(request_id)``, with
-event id ``rejected:-:0:<request_id>``, plus ``:<hash of the refused content>`` for a changed
-content under a used key, so each change gets its own) and is not remembered: it changed
-nothing, so a key refused before it was ever accepted stays free for a corrected submit. A
-submit that fails validation under a key that was accepted with the same content gets the
-recorded reply instead (a retry whose dependencies have changed since, say).
-A request-reply submit whose request id is unknown (malformed
-payload, missing or invalid key) is answered with the error and publishes nothing, since there
-is no request to name. The stream message of a refused submit is acked like any other: a bad
-submit is never redelivered.
-
-One pipeline (``SubmitHandler.handle``) handles every submit: the request-reply submits that
-arrived together as one batch, a stream submit or a single request as a batch of one.
-
-Every submit gets exactly one answer. An unexpected exception while handling one (a bug) is
-that submit's answer, and only that submit's: the request-reply entrance answers it with an
-"internal error in intake" refusal, the stream entrance refuses it (``refuse_unhandled``).
-Errors are cut short and made encodable before they are sent (``submit_error``): a field path
-or message may quote up to a megabyte of what the client sent.
+The same steps serve both entrances, the submit stream (fire-and-forget) and request-reply;
+``SubmitHandler.handle`` runs them for a batch of submits. The crash-safe order, idempotency
+keys and their window, the full jobs log and refusals: docs/intake.md.
 """
 
 from __future__ import annotations
@@ -598,7 +530,7 @@ class SubmitHandler:
                 answer_unrecorded=read.key_required,  # request-reply: the client waits
             )
         content = content_of(request)
-        if claim.fingerprint is None or claim.fingerprint == content.fingerprint:
+        if content.fingerprint is not None and claim.fingerprint == content.fingerprint:
             return claim.reply  # accepted before: that answer stands
         return await self._conflict(request, request_id, claim, content)
 
@@ -674,10 +606,10 @@ class SubmitHandler:
 
     async def _answer_reused(self, submit: _Ready, answer: Answer) -> None:
         """A submit claimed anew whose first job the log already holds. Its ``submitted``
-        event is younger than the duplicate window: an intake of an earlier version (which
-        wrote its record after the events) died in between, and the submit is completed and
-        answered as accepted. Older: its key's claim expired, and it is refused; the refusal
-        is what the key records now."""
+        event is younger than the duplicate window: the registry lost the claim (a bucket
+        purged or restored from a backup) while the log kept the jobs, and the submit is
+        completed and answered as accepted. Older: its key's claim expired, and it is refused;
+        the refusal is what the key records now."""
         try:
             outcome = await _settled(self._reused(submit))
         finally:
@@ -758,10 +690,8 @@ class SubmitHandler:
             )
             await self._publish(request, request_id=request_id, accepted=accepted)
             return reply
-        if claim.fingerprint is not None and claim.fingerprint != fingerprint:
+        if claim.fingerprint != fingerprint:
             return await self._conflict(request, request_id, claim, content_of(request))
-        if list(claim.reply.job_ids) != list(reply.job_ids):
-            return claim.reply  # a claim of an earlier version (no fingerprint): the key wins
         last = job_id(request_id, accepted[-1].name)
         if await self._registry.needs_events(claim, last):
             log.info("completing %s: its events were not all published", request_id)

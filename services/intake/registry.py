@@ -1,55 +1,13 @@
-"""What intake remembers between submits: a JetStream KV bucket (``Subjects.intake_bucket``).
-
-One key per accepted submit: ``req.<request_id>`` -> the serialized ``pb.SubmitReply``, followed
-by the submit's content fingerprint (``mdq.core.fingerprint``) as field ``FINGERPRINT_FIELD``, a
-field number ``SubmitReply`` does not use: a reader that does not know it (an intake of an
-earlier version, during a rolling upgrade) parses the record as the reply and skips it. A claim
-written by an earlier version has no fingerprint: a resubmit under its key is answered as those
-versions did (the recorded reply, whatever the content), since what it asked for is not known.
-
-It is a **claim**, written before the submit's events, in the same round trip as the check
-that the request id is new: a KV create (``Nats-Expected-Last-Subject-Sequence: 0``), which
-JetStream refuses when the key exists. So an accepted submit costs one registry round trip, not
-a lookup and then a write. What a claim does not prove by itself is that its events reached the
-log (intake may have died in between), so:
-
-- a submit whose claim already exists (a retry, a redelivery, a second replica) looks at the
-  log: when the last event of its jobs is missing and the claim is younger than the jobs
-  stream's retention, it publishes them (``SubmitRegistry.needs_events``); the events' ids make
-  that a no-op for any already there;
-- a dependency named through a claim counts only once its job's ``submitted`` event is in the
-  log (``resolve``), so a claim whose submit never finished names no job to wait for.
-
-Ids are derived, not allocated (``mdq.core.ids``), so the same record answers the two
-questions a later submit asks about its dependencies:
-
-- a job id ``<request_id>-<name>`` is known when ``req.<request_id>`` lists it;
-- the idempotency key of a single-job submit names that job: its request id is
-  ``request_id_for_key(key)``, and ``req.<that id>`` holds exactly one job id.
-
-Buckets written by earlier versions also hold ``job.<job_id>`` and ``key.<sha256(key)>``
-records, written after the events; they are still read when the new lookup finds nothing. The
-bucket serves reads with direct gets (``allow_direct``), which skip the JetStream API's JSON
-envelope, and the hot path goes through ``mdq.bus.requests.Requests``.
-
-A refusal of changed content under a key says what changed from the first submit's jobs as
-its ``submitted`` events carry them (``submitted``), read from the log only then.
-
-Refused submits are not remembered (see ``services.intake.handlers``), except a key used again
-after the duplicate window, whose refusal is recorded under it.
-
-The bucket has the age limit ``MDQ_STORAGE_REGISTRY_DAYS``, the duplicate window intake
-promises: a claim older than that is gone, and a dependency named by its job id is then looked
-up in the log (which keeps jobs for ``MDQ_STORAGE_JOBS_DAYS``, longer); a dependency named by
-the key of a submit older than the window is unknown. A key used again after the window is
-refused by the log itself (``services.intake.handlers``).
+"""What intake remembers between submits: one claim per accepted submit in a JetStream KV
+bucket (``Subjects.intake_bucket``), written before the submit's events, and the lookups of
+dependencies and of the first submit under a key. The record and why it is a claim:
+docs/intake.md, "The registry".
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import hashlib
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -73,11 +31,6 @@ RETENTION_MARGIN = timedelta(days=1)
 """A claim this close to the jobs stream's retention may have outlived its events."""
 
 
-def key_digest(idempotency_key: str) -> str:
-    """The KV-safe form of a client's idempotency key (the legacy ``key.*`` records)."""
-    return hashlib.sha256(idempotency_key.encode()).hexdigest()
-
-
 FINGERPRINT_FIELD = 15
 """Field number of the content fingerprint in a claim record (not one of SubmitReply's)."""
 _FINGERPRINT_TAG = bytes([FINGERPRINT_FIELD << 3 | 2])  # length-delimited; one byte below 16
@@ -87,7 +40,8 @@ FINGERPRINT_BYTES = 32
 @dataclass(frozen=True, slots=True)
 class Claim:
     """The record of an accepted submit and when it was written (the server's clock);
-    ``fingerprint``: its content's, None in claims written by earlier versions."""
+    ``fingerprint``: its content's (None: a record that holds none, which no content
+    matches)."""
 
     reply: pb.SubmitReply
     written_at: datetime
@@ -197,7 +151,11 @@ class SubmitRegistry:
         write."""
         results = await self._claims.publish(
             [
-                (f"$KV.{self._bucket}.req.{request_id}", _record(reply, fingerprint), CREATE_ONLY)
+                (
+                    f"$KV.{self._bucket}.req.{request_id}",
+                    claim_record(reply, fingerprint),
+                    CREATE_ONLY,
+                )
                 for request_id, reply, fingerprint in submits
             ]
         )
@@ -224,7 +182,9 @@ class SubmitRegistry:
     ) -> None:
         """Record a submit whatever the key holds (a record deleted by hand leaves a marker
         that a create would trip over)."""
-        await self._requests.kv_put(self._bucket, f"req.{request_id}", _record(reply, fingerprint))
+        await self._requests.kv_put(
+            self._bucket, f"req.{request_id}", claim_record(reply, fingerprint)
+        )
 
     async def needs_events(self, claim: Claim, last_job_id: str) -> bool:
         """Whether a claimed submit's events must be published (again): the last of them is
@@ -286,19 +246,12 @@ class SubmitRegistry:
             reply = await self.reply_for(request_id_of(ref))
             if reply is not None and ref in reply.job_ids:
                 return ref if await self.has_submitted(ref) else None
-            if reply is None and await self._get(f"job.{ref}") is not None:  # legacy record
-                return ref
             if await self.has_submitted(ref):  # claimed before the window (or refused since)
                 return ref
         reply = await self.reply_for(request_id_for_key(ref, tenant))
-        if reply is not None:
-            if len(reply.job_ids) == 1 and await self.has_submitted(reply.job_ids[0]):
-                return reply.job_ids[0]
-            return None
-        if tenant:  # legacy records predate tenants
-            return None
-        found = await self._get(f"key.{key_digest(ref)}")  # legacy record
-        return found.decode() if found is not None else None
+        if reply is not None and len(reply.job_ids) == 1:
+            return reply.job_ids[0] if await self.has_submitted(reply.job_ids[0]) else None
+        return None
 
     async def resolve_all(self, refs: Iterable[str], tenant: str = "") -> dict[str, str]:
         """Resolve many references of ``tenant``'s submit at once; unknown ones are left out
@@ -315,7 +268,7 @@ class SubmitRegistry:
         return {ref: job for ref, job in zip(unique, resolved, strict=True) if job is not None}
 
 
-def _record(reply: pb.SubmitReply, fingerprint: bytes) -> bytes:
+def claim_record(reply: pb.SubmitReply, fingerprint: bytes) -> bytes:
     """A claim record: the reply, then the fingerprint as field ``FINGERPRINT_FIELD``."""
     return (
         reply.SerializeToString(deterministic=True)
@@ -326,7 +279,7 @@ def _record(reply: pb.SubmitReply, fingerprint: bytes) -> bytes:
 
 
 def _parse(data: bytes) -> tuple[pb.SubmitReply, bytes | None]:
-    """The reply and fingerprint of a claim record (None: written by an earlier version)."""
+    """The reply and fingerprint of a claim record (None: the record holds none)."""
     reply = pb.SubmitReply()
     reply.ParseFromString(data)
     fingerprint = None

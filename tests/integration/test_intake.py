@@ -26,7 +26,6 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import MaxPayloadError, NoRespondersError
 from nats.js import JetStreamContext
-from nats.js.api import KeyValueConfig
 from nats.js.errors import APIError
 
 from mdq.bus import codec
@@ -37,13 +36,14 @@ from mdq.bus.streams import MAX_SUBMIT_BYTES
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.documents import MAX_DEPTH
+from mdq.core.fingerprint import content_of
 from mdq.core.ids import request_id_for_key, request_id_for_sequence
 from mdq.core.spec import normalize_job
 from mdq.embedded import child_environment, free_port, nats_server_binary
 from mdq.settings import CommonSettings
 from services.intake import handlers
 from services.intake.app import Intake, IntakeSettings, build_intake
-from services.intake.registry import RETENTION_MARGIN, SubmitRegistry, key_digest
+from services.intake.registry import RETENTION_MARGIN, SubmitRegistry, claim_record
 from tests.helpers import OwnersPublisher
 
 TIMEOUT = 5.0
@@ -797,19 +797,21 @@ async def test_resubmit_after_a_crash_between_claim_and_publish(
     record and no events: a dependency on it is unknown, and the retry publishes the events."""
     request_id = request_id_for_key("half-done")
     job_ids = [f"{request_id}-a", f"{request_id}-b"]
+    submit: dict[str, object] = {
+        "idempotency_key": "half-done",
+        "jobs": [{"name": "a"}, {"name": "b", "depends_on": ["a"]}],
+    }
+    fingerprint = content_of(handlers.decode_as(json.dumps(submit).encode(), "")).fingerprint
+    assert fingerprint is not None  # valid content has one
     kv = await nc.jetstream().key_value(subjects.intake_bucket)
     claimed = pb.SubmitReply(request_id=request_id, job_ids=job_ids)
-    await kv.create(f"req.{request_id}", claimed.SerializeToString(deterministic=True))
+    await kv.create(f"req.{request_id}", claim_record(claimed, fingerprint))
 
     waiting = await ask(
         nc,
         subjects,
         {"idempotency_key": "on-half", "jobs": [{"name": "md", "depends_on": [job_ids[0]]}]},
     )
-    submit: dict[str, object] = {
-        "idempotency_key": "half-done",
-        "jobs": [{"name": "a"}, {"name": "b", "depends_on": ["a"]}],
-    }
     reply = await ask(nc, subjects, submit)
     again = await ask(nc, subjects, submit)
     await eventually(lambda: tap.at_least(3), "the completed submit's events")
@@ -941,31 +943,6 @@ async def test_changed_content_under_a_used_key_is_rejected_on_the_stream(
     assert rejected.error.field == "idempotency_key"
     assert "jobs[0].steps: 1000 → 9000" in rejected.error.message
     assert len(tap.subjects) == 2  # the repeat published nothing
-
-
-async def test_a_claim_without_a_fingerprint_still_answers_its_key(
-    intake: Intake, nc: Client, subjects: Subjects
-) -> None:
-    """Claims written before content fingerprints existed hold only the reply: a resubmit
-    under their key gets that reply, whatever its content (what it asked for is unknown)."""
-    request_id = request_id_for_key("legacy")
-    claimed = pb.SubmitReply(request_id=request_id, job_ids=[f"{request_id}-a"])
-    kv = await nc.jetstream().key_value(subjects.intake_bucket)
-    await kv.create(f"req.{request_id}", claimed.SerializeToString(deterministic=True))
-    crashed = EventPublisher(js=nc.jetstream(), subjects=subjects, producer="intake")
-    await crashed.emit(
-        "submitted",
-        pb.JobSubmitted(spec=normalize_job(pb.JobSpec(name="a"), "jobs[0]"), request_id=request_id),
-        job_id=f"{request_id}-a",
-        attempt=0,
-    )
-
-    same = await ask(nc, subjects, {"idempotency_key": "legacy", "jobs": [{"name": "a"}]})
-    other = await ask(
-        nc, subjects, {"idempotency_key": "legacy", "jobs": [{"name": "a", "steps": 5}]}
-    )
-
-    assert same == claimed and other == claimed
 
 
 async def test_a_submit_that_breaks_intake_gets_an_error_and_the_others_their_answers(
@@ -1212,37 +1189,3 @@ async def test_a_submit_waiting_for_its_key_does_not_hold_up_the_others(
         intake.handler._locks.release(held)
     reply = await busy
     assert list(reply.job_ids) == [f"{held}-md"]
-
-
-async def test_dependencies_recorded_by_an_earlier_intake_still_resolve(
-    nats_url: str, namespace: str, nc: Client, subjects: Subjects
-) -> None:
-    """Earlier versions kept ``job.<id>`` and ``key.<sha>`` records in a bucket without direct
-    gets; a dependency on them still resolves, and the bucket is switched to direct gets."""
-    js = nc.jetstream()
-    old = await js.create_key_value(config=KeyValueConfig(bucket=subjects.intake_bucket))
-    old_job = "0123456789ab-eq"
-    await old.put(f"job.{old_job}", b"1")
-    await old.put(f"key.{key_digest('old-prep')}", old_job.encode())
-
-    service = await started(settings_for(nats_url, namespace))
-    try:
-        by_id = await ask(
-            nc,
-            subjects,
-            {"idempotency_key": "n1", "jobs": [{"name": "md", "depends_on": [old_job]}]},
-        )
-        by_key = await ask(
-            nc,
-            subjects,
-            {"idempotency_key": "n2", "jobs": [{"name": "md", "depends_on": ["old-prep"]}]},
-        )
-    finally:
-        await service.stop()
-
-    assert not by_id.HasField("error") and not by_key.HasField("error")
-    events = {event.job_id: event for _, event in await wait_for_events(js, subjects, 2)}
-    assert list(events[by_id.job_ids[0]].submitted.depends_on_ids) == [old_job]
-    assert list(events[by_key.job_ids[0]].submitted.depends_on_ids) == [old_job]
-    info = await js.stream_info(f"KV_{subjects.intake_bucket}")
-    assert info.config.allow_direct
