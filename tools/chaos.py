@@ -183,6 +183,8 @@ class ChaosReport:
     jobs: int = 0
     succeeded: int = 0
     failed_for_good: int = 0
+    """Jobs that ended without succeeding, other than those the campaign cancelled
+    (``cancelled``)."""
     final_step_exact: int = 0
     kills: dict[str, int] = field(default_factory=dict)
     strikes: dict[str, int] = field(default_factory=dict)
@@ -1264,9 +1266,10 @@ class Campaign:
         finally:
             await nc.close()
         self.report.succeeded = sum(1 for j in self.job_ids if succeeded[j] >= 1 and not ended[j])
-        self.report.failed_for_good = sum(1 for j in self.job_ids if ended[j])
         self.report.double_succeeded = sum(1 for j in self.job_ids if succeeded[j] > 1)
         stopped = self.stopped_jobs()
+        # a job the campaign cancelled ended for its person's reason, not failed
+        self.report.failed_for_good = sum(1 for j in self.job_ids if ended[j] and j not in stopped)
         for job in stopped:  # ends CANCELLED, or SUCCEEDED when it succeeded before its stop
             if succeeded[job] + ended[job] != 1:
                 problems.append(
