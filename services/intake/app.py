@@ -81,7 +81,7 @@ from services.intake.handlers import (
     is_json,
     serialize_reply,
 )
-from services.intake.history import UsageHistory
+from services.intake.history import HistoryReader
 from services.intake.inputs import InputsCheck
 from services.intake.registry import SubmitRegistry
 from services.intake.room import JobsLogRoom, LogSize
@@ -215,7 +215,7 @@ class Intake:
             **broker_auth_options(),  # MDQ_NATS_CREDS: intake's own identity
         )
         self._handler: SubmitHandler | None = None
-        self._history: UsageHistory | None = None
+        self._history: HistoryReader | None = None
         self._arrived: FairQueue[Msg] = FairQueue()
         """Request-reply submits waiting for room, taking turns between tenants: one
         tenant's flood of them delays another's by a turn (``mdq.core.fair_queue``)."""
@@ -437,7 +437,7 @@ class Intake:
         if not await self._tenants.wait_synced(TENANT_POLICIES_WAIT_S):
             log.warning("tenant policies not read yet: tenants get the default until they are")
         gate = TenantGate(directory=self._tenants, read_usage=self._usage_reader(js))
-        self._history = UsageHistory(
+        self._history = HistoryReader(
             database_url=self.settings.history_database_url,
             refresh_s=self.settings.history_refresh_s,
             days=self.settings.history_days,
@@ -449,7 +449,7 @@ class Intake:
             registry=registry,
             gate=gate,
             room=room,
-            history=self._history.samples if self.settings.recommend_resources else None,
+            history=self._history.history if self.settings.recommend_resources else None,
             auto_resources=self.settings.auto_resources,
             limits=self._runaway_limits(LimitSettings().defaults()),
             inputs=InputsCheck(js, self.subjects),

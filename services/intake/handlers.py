@@ -22,7 +22,7 @@ from mdq.contracts import pb
 from mdq.core.documents import printable, quoted
 from mdq.core.fingerprint import Content, Earlier, changes, content_fingerprint, content_of
 from mdq.core.ids import job_id, job_name_of, request_id_for_key, request_id_for_sequence
-from mdq.core.recommend import UsageSample, recommend_job
+from mdq.core.recommend import History, recommend_job
 from mdq.core.spec import AcceptedJob, SpecError, validate_key, validate_submit
 from mdq.core.tenants import RateRefusal, RunawayLimits, apply_runaway_limits
 from mdq.forcefields import ForceFieldFolders
@@ -184,7 +184,7 @@ def acceptance(
     request_id: str,
     resolved: Mapping[str, str],
     key_required: bool,
-    history: Sequence[UsageSample] | None = None,
+    history: History | None = None,
 ) -> tuple[list[AcceptedJob], pb.SubmitReply, bytes]:
     """The jobs of a submit in publishing order, the reply that names them and the content
     fingerprint; SpecError if it cannot be accepted (``resolved``: its dependencies on
@@ -254,7 +254,7 @@ def with_auto_resources(request: pb.SubmitRequest) -> pb.SubmitRequest:
     return marked
 
 
-def _recommended(job: AcceptedJob, history: Sequence[UsageSample]) -> AcceptedJob:
+def _recommended(job: AcceptedJob, history: History) -> AcceptedJob:
     if job.spec.task == pb.TASK_ANALYZE and not job.spec.resources.auto:
         return job  # nothing to learn: no system
     spec, recommendation = recommend_job(job.spec, history=history)
@@ -349,7 +349,7 @@ class SubmitHandler:
         registry: SubmitRegistry,
         gate: TenantGate | None = None,
         room: JobsLogRoom | None = None,
-        history: Callable[[], Sequence[UsageSample]] | None = None,
+        history: Callable[[], History] | None = None,
         auto_resources: bool = False,
         limits: Callable[[str], RunawayLimits] | None = None,
         inputs: InputsCheck | None = None,

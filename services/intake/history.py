@@ -12,16 +12,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
 
-from mdq.core.recommend import UsageSample
+from mdq.core.recommend import UsageHistory
 from mdq.store.engine import create_engine
 from mdq.store.queries import usage_history
 
 log = logging.getLogger(__name__)
 
 
-class UsageHistory:
+class HistoryReader:
     """The latest measured usage read from PostgreSQL (empty until read, or without a URL)."""
 
     def __init__(self, *, database_url: str, refresh_s: float, days: int, limit: int) -> None:
@@ -29,17 +28,17 @@ class UsageHistory:
         self._refresh_s = refresh_s
         self._days = days
         self._limit = limit
-        self._samples: list[UsageSample] = []
+        self._history = UsageHistory([])
         self._task: asyncio.Task[None] | None = None
 
-    def samples(self) -> Sequence[UsageSample]:
-        return self._samples
+    def history(self) -> UsageHistory:
+        return self._history
 
     async def refresh(self) -> None:
         """Read the history once (an error keeps the copy read before, and is logged)."""
         engine = create_engine(self._url, pool_size=1)
         try:
-            self._samples = await usage_history(engine, days=self._days, limit=self._limit)
+            self._history = await usage_history(engine, days=self._days, limit=self._limit)
         except Exception as error:
             log.warning("usage history not read (recommending from the last copy): %r", error)
         finally:

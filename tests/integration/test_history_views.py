@@ -270,7 +270,7 @@ async def test_attempt_usage_and_the_history_the_recommender_reads(
     assert (row["ns_per_day"], row["source"], row["exit_code"]) == (31.0, "rusage", 0)
     engine = create_engine(database_url)
     try:
-        samples = await usage_history(engine, days=100_000)
+        samples = (await usage_history(engine, days=100_000)).samples()
     finally:
         await engine.dispose()
     measured = [sample for sample in samples if not sample.oom_killed]

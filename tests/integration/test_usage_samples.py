@@ -235,7 +235,7 @@ async def test_the_recommenders_history_reads_the_same_samples_as_from_events(
         await connection.close()
     engine = create_engine(database_url)
     try:
-        new = await usage_history(engine, days=1)
+        new = (await usage_history(engine, days=1)).samples()
     finally:
         await engine.dispose()
 

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from mdq.contracts import pb
 from mdq.core.recommend import (
     Confidence,
     CostFingerprint,
+    UsageGroup,
+    UsageHistory,
     UsageSample,
     bucket_atoms,
     bucket_of,
@@ -245,6 +249,7 @@ RECOMMEND_CASES: list[tuple[str, list[UsageSample], int, float, Confidence, str]
     RECOMMEND_CASES,
     ids=[c[0] for c in RECOMMEND_CASES],
 )
+@pytest.mark.parametrize("indexed", [False, True], ids=["samples", "indexed history"])
 def test_recommend(
     name: str,
     history: list[UsageSample],
@@ -252,11 +257,46 @@ def test_recommend(
     cpu: float,
     confidence: Confidence,
     evidence: str,
+    indexed: bool,
 ) -> None:
-    recommendation = recommend(WATER, atoms=2662, history=history)
+    """Each case, from the samples as a list and from the same samples as an indexed
+    ``UsageHistory`` (what the history read gives): the same recommendation."""
+    given = UsageHistory.of(history) if indexed else history
+    recommendation = recommend(WATER, atoms=2662, history=given)
     assert (recommendation.memory_mb, recommendation.cpu) == (memory_mb, cpu)
     assert recommendation.confidence is confidence
     assert evidence in recommendation.evidence
+
+
+def test_a_grouped_history_recommends_from_its_own_kind_of_job_only() -> None:
+    """Groups of other fingerprints (other sizes, other integrators) are not read for a job
+    with enough exact samples; with too few, the coarse key gathers the groups that share it;
+    the samples of a group are its columns, in order."""
+    ours = UsageGroup(WATER, 1.0, [100.0, 110.0, 120.0], [0.9, 0.9, 0.9], [512.0] * 3, [False] * 3)
+    verlet = UsageGroup(VERLET, 1.0, [900.0] * 4, [0.9] * 4, [2048.0] * 4, [False] * 4)
+    other_size = replace(WATER, atom_bucket=WATER.atom_bucket + 3)
+    big = UsageGroup(other_size, 1.0, [5000.0] * 9, [0.9] * 9, [8192.0] * 9, [False] * 9)
+    history = UsageHistory([ours, verlet, big])
+    flat = ours.samples() + verlet.samples() + big.samples()
+    assert len(history) == 16 and history.samples() == flat
+    exact = recommend(WATER, atoms=2662, history=history)
+    assert exact == recommend(WATER, atoms=2662, history=flat)
+    assert exact.samples == 3 and "any intervals" not in exact.evidence
+    few = UsageHistory(
+        [
+            replace(
+                ours,
+                peak_memory_mb=[100.0],
+                mean_cores=[0.9],
+                memory_limit_mb=[512.0],
+                oom_killed=[False],
+            ),
+            verlet,
+            big,
+        ]
+    )
+    widened = recommend(WATER, atoms=2662, history=few)
+    assert widened.samples == 5 and "any intervals" in widened.evidence
 
 
 PHYSICAL_CASES = [

@@ -70,7 +70,7 @@ from mdq.cli.replay import replay as replay_command
 from mdq.cli.simulate import simulate as simulate_command
 from mdq.cli.tenants import app as tenants_app
 from mdq.contracts import pb
-from mdq.core.recommend import UsageSample
+from mdq.core.recommend import UsageHistory
 from mdq.core.state import JobState, JobView
 from mdq.errors import EXIT_FAILED, EXIT_OK, InvalidInput, NotFound, PermissionDenied, Unavailable
 from mdq.sdk.client import (
@@ -625,7 +625,7 @@ def recommend(
     """
     request = load_job_file(file)
     endpoints = _endpoints(ctx, need_nats=False)
-    history: list[UsageSample] = []
+    history = UsageHistory([])
     source = "no database: physical estimate only"
     if endpoints.database_url:
         try:

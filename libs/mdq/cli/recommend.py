@@ -7,19 +7,19 @@ estimate alone (said so). docs/requests.md.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from rich.table import Table
 
 from mdq.cli.history import open_engine
 from mdq.contracts import pb
-from mdq.core.recommend import UsageSample, recommend_job
+from mdq.core.recommend import History, UsageHistory, recommend_job
 from mdq.core.spec import normalize_job
 from mdq.store import queries
 
 
-async def read_history(database_url: str, *, days: int) -> list[UsageSample]:
+async def read_history(database_url: str, *, days: int) -> UsageHistory:
     async with open_engine(database_url) as engine:
         return await queries.usage_history(engine, days=days)
 
@@ -30,9 +30,7 @@ def _resources(spec: pb.JobSpec) -> str:
     return f"{cpu} cores, {memory}"
 
 
-def recommendations_table(
-    request: pb.SubmitRequest, *, history: Sequence[UsageSample], source: str
-) -> Table:
+def recommendations_table(request: pb.SubmitRequest, *, history: History, source: str) -> Table:
     """One row per job of ``request``: what it states, what is recommended, and why.
     SpecError (naming the field) for a job that does not validate."""
     table = Table(title=f"resource recommendations ({source})")

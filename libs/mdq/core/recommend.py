@@ -152,6 +152,97 @@ class UsageSample:
 
 
 @dataclass(frozen=True, slots=True)
+class UsageGroup:
+    """The past attempts of one fingerprint at one CPU allowance, as columns (what the history
+    read hands over: one group per kind of job rather than one object per attempt)."""
+
+    fingerprint: CostFingerprint
+    cpu_limit: float
+    peak_memory_mb: Sequence[float]
+    mean_cores: Sequence[float]
+    memory_limit_mb: Sequence[float]
+    oom_killed: Sequence[bool]
+
+    def samples(self) -> list[UsageSample]:
+        """The group's attempts, one ``UsageSample`` each."""
+        return [
+            UsageSample(self.fingerprint, peak, cores, limit, self.cpu_limit, oom)
+            for peak, cores, limit, oom in zip(
+                self.peak_memory_mb,
+                self.mean_cores,
+                self.memory_limit_mb,
+                self.oom_killed,
+                strict=True,
+            )
+        ]
+
+
+class UsageHistory:
+    """Past attempts indexed by fingerprint and by coarse fingerprint, so that a
+    recommendation reads only the attempts of its own kind of job however long the history;
+    each group's attempts become ``UsageSample`` objects the first time they are asked for."""
+
+    __slots__ = ("_by_coarse", "_by_fingerprint", "_groups", "_samples")
+
+    def __init__(self, groups: Sequence[UsageGroup]) -> None:
+        self._groups = list(groups)
+        self._by_fingerprint: dict[CostFingerprint, list[UsageGroup]] = {}
+        self._by_coarse: dict[CostFingerprint, list[UsageGroup]] = {}
+        for group in self._groups:
+            self._by_fingerprint.setdefault(group.fingerprint, []).append(group)
+            self._by_coarse.setdefault(group.fingerprint.coarse(), []).append(group)
+        self._samples: dict[int, list[UsageSample]] = {}
+
+    @classmethod
+    def of(cls, samples: Sequence[UsageSample]) -> UsageHistory:
+        """The history of single samples (tests, the simulator)."""
+        return cls(
+            [
+                UsageGroup(
+                    usage.fingerprint,
+                    usage.cpu_limit,
+                    (usage.peak_memory_mb,),
+                    (usage.mean_cores,),
+                    (usage.memory_limit_mb,),
+                    (usage.oom_killed,),
+                )
+                for usage in samples
+            ]
+        )
+
+    def __len__(self) -> int:
+        return sum(len(group.oom_killed) for group in self._groups)
+
+    def groups(self) -> list[UsageGroup]:
+        return list(self._groups)
+
+    def samples(self) -> list[UsageSample]:
+        """Every attempt of the history, one ``UsageSample`` each."""
+        return self._of(self._groups)
+
+    def exact(self, fingerprint: CostFingerprint) -> list[UsageSample]:
+        """The attempts of exactly ``fingerprint``."""
+        return self._of(self._by_fingerprint.get(fingerprint, ()))
+
+    def similar(self, coarse: CostFingerprint) -> list[UsageSample]:
+        """The attempts whose coarse fingerprint is ``coarse``."""
+        return self._of(self._by_coarse.get(coarse, ()))
+
+    def _of(self, groups: Sequence[UsageGroup]) -> list[UsageSample]:
+        found: list[UsageSample] = []
+        for group in groups:
+            samples = self._samples.get(id(group))
+            if samples is None:
+                samples = self._samples[id(group)] = group.samples()
+            found.extend(samples)
+        return found
+
+
+History = UsageHistory | Sequence[UsageSample]
+"""What a recommendation learns from: an indexed history, or plain samples (scanned)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Recommendation:
     """Recommended resources for one job, and why."""
 
@@ -310,14 +401,18 @@ def _cpu_at_most(cpu: float, cpu_asked: float) -> float:
     return min(cpu, cpu_asked) if cpu_asked > 0 else cpu
 
 
-def _matching(
-    history: Sequence[UsageSample], fingerprint: CostFingerprint
-) -> tuple[list[UsageSample], str]:
-    exact = [usage for usage in history if usage.fingerprint == fingerprint]
+def _matching(history: History, fingerprint: CostFingerprint) -> tuple[list[UsageSample], str]:
+    if isinstance(history, UsageHistory):
+        exact = history.exact(fingerprint)
+    else:
+        exact = [usage for usage in history if usage.fingerprint == fingerprint]
     if sum(1 for usage in exact if _measured(usage)) >= MIN_SAMPLES:
         return exact, ""
     coarse = fingerprint.coarse()
-    similar = [usage for usage in history if usage.fingerprint.coarse() == coarse]
+    if isinstance(history, UsageHistory):
+        similar = history.similar(coarse)
+    else:
+        similar = [usage for usage in history if usage.fingerprint.coarse() == coarse]
     return similar, " (any intervals and integrator)"
 
 
@@ -329,7 +424,7 @@ def recommend(
     fingerprint: CostFingerprint,
     *,
     atoms: int,
-    history: Sequence[UsageSample],
+    history: History,
     cpu_asked: float = 0.0,
 ) -> Recommendation:
     """Recommend memory and CPU for a job of ``fingerprint`` from ``history`` (any attempts;
@@ -391,7 +486,7 @@ def recommend(
 
 
 def recommend_for_spec(
-    spec: pb.JobSpec, *, history: Sequence[UsageSample], threads: int | None = None
+    spec: pb.JobSpec, *, history: History, threads: int | None = None
 ) -> Recommendation:
     """:func:`recommend` for a normalized spec. ``threads`` defaults to the spec's CPU request;
     an ``auto`` job passes :func:`threads_for` of its atom count."""
@@ -440,7 +535,7 @@ def recommendation_message(
 
 
 def recommend_job(
-    spec: pb.JobSpec, *, history: Sequence[UsageSample]
+    spec: pb.JobSpec, *, history: History
 ) -> tuple[pb.JobSpec, pb.ResourceRecommendation]:
     """Intake's step: the spec with an ``auto`` job's resources filled in, and the
     recommendation to record with it (for a job that states its resources: what history would

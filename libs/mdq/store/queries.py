@@ -17,7 +17,7 @@ from sqlalchemy import ColumnElement, Select, func, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from mdq.contracts import pb
-from mdq.core.recommend import CostFingerprint, UsageSample, fingerprint_of
+from mdq.core.recommend import CostFingerprint, UsageGroup, UsageHistory, fingerprint_of
 from mdq.store.models import EVENTS, Attempt, CheckpointRecord, Job, ProgressRecord
 
 
@@ -376,26 +376,21 @@ def _fingerprint(inputs: str, threads: int) -> CostFingerprint:
 
 async def usage_history(
     engine: AsyncEngine, *, days: int = 90, limit: int = 20_000
-) -> list[UsageSample]:
+) -> UsageHistory:
     """What the resource recommender learns from (``mdq.core.recommend``): the measured usage of
     the attempts of the last ``days`` days, and the OOM-killed attempts with the memory limit
     they were bound with (``usage_samples``, revision 0014); at most ``limit`` of each, newest
-    first (returned grouped by ``spec_key``, not in time order). An attempt's threads are those
-    of the CPU it ran with. The samples sharing a ``spec_key`` share the spec the fingerprint
-    reads: it is read once, from one of their jobs, and parsed once per process (when no job of
-    the key has a row in ``jobs`` yet, the key's samples are left out)."""
+    first, as one group per ``spec_key`` and CPU limit. An attempt's threads are those of the
+    CPU it ran with. The samples sharing a ``spec_key`` share the spec the fingerprint reads: it
+    is read once, from one of their jobs, and parsed once per process (when no job of the key
+    has a row in ``jobs`` yet, the key's samples are left out)."""
     async with engine.connect() as connection:
         # the grouping keeps every key's arrays in memory at once: more than the default 4 MB
         await connection.execute(text(f"SET LOCAL work_mem = '{USAGE_HISTORY_WORK_MEM}'"))
         rows = (await connection.execute(USAGE_HISTORY, {"days": days, "limit": limit})).all()
-    samples: list[UsageSample] = []
+    groups: list[UsageGroup] = []
     for cpu_limit, peaks, cores, limits, oom, inputs in rows:
         cpu = cpu_limit or _parsed_inputs(inputs).resources.cpu
         fingerprint = _fingerprint(inputs, max(1, math.ceil(cpu)))
-        samples.extend(
-            UsageSample(fingerprint, peak, mean_cores, limit_mb, cpu, oom_killed)
-            for peak, mean_cores, limit_mb, oom_killed in zip(
-                peaks, cores, limits, oom, strict=True
-            )
-        )
-    return samples
+        groups.append(UsageGroup(fingerprint, cpu, peaks, cores, limits, oom))
+    return UsageHistory(groups)
