@@ -175,7 +175,14 @@ on several connections at once."""
 
 LOADED = ("jobs", "attempts", "job_events", "placements", "progress")
 """The tables the load writes, in order (``usage_samples`` follows ``job_events`` by trigger)."""
-MDQ_TABLES = (*LOADED, "usage_samples", "checkpoints", "rejections", "consumer_offsets")
+MDQ_TABLES = (
+    *LOADED,
+    "usage_samples",
+    "usage_summaries",
+    "checkpoints",
+    "rejections",
+    "consumer_offsets",
+)
 """Every table of the schema: what ``pg_disk_bytes`` adds up (partitions and indexes too)."""
 
 

@@ -441,7 +441,7 @@ class Intake:
             database_url=self.settings.history_database_url,
             refresh_s=self.settings.history_refresh_s,
             days=self.settings.history_days,
-            limit=20_000,
+            kinds=20_000,
         )
         self._history.start()
         self._handler = SubmitHandler(

@@ -4,7 +4,8 @@ Intake keeps no database of its own; with ``MDQ_INTAKE_HISTORY_DATABASE_URL`` (a
 the CLI's reader) it reads ``mdq.store.queries.usage_history`` every
 ``MDQ_INTAKE_HISTORY_REFRESH_S`` and recommends from the last copy it read, so a slow or absent
 database never holds a submit up: without one (or before the first read) every recommendation
-is the physical estimate. The copy is bounded (``limit`` rows of each kind, ``days`` days).
+is the physical estimate. The copy is bounded (``kinds`` kinds of job, the newest attempts of
+each, ``days`` days).
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ log = logging.getLogger(__name__)
 class HistoryReader:
     """The latest measured usage read from PostgreSQL (empty until read, or without a URL)."""
 
-    def __init__(self, *, database_url: str, refresh_s: float, days: int, limit: int) -> None:
+    def __init__(self, *, database_url: str, refresh_s: float, days: int, kinds: int) -> None:
         self._url = database_url
         self._refresh_s = refresh_s
         self._days = days
-        self._limit = limit
+        self._kinds = kinds
         self._history = UsageHistory([])
         self._task: asyncio.Task[None] | None = None
 
@@ -38,7 +39,7 @@ class HistoryReader:
         """Read the history once (an error keeps the copy read before, and is logged)."""
         engine = create_engine(self._url, pool_size=1)
         try:
-            self._history = await usage_history(engine, days=self._days, limit=self._limit)
+            self._history = await usage_history(engine, days=self._days, kinds=self._kinds)
         except Exception as error:
             log.warning("usage history not read (recommending from the last copy): %r", error)
         finally:

@@ -102,6 +102,7 @@ SEEN: dict[str, str] = {
     "job_outputs": "SELECT job_id FROM job_outputs",
     "attempt_usage": "SELECT job_id FROM attempt_usage",
     "usage_samples": "SELECT job_id FROM usage_samples",
+    "usage_summaries": "SELECT job_id FROM usage_summaries",
     "progress_rollups": "SELECT job_id FROM progress_rollups",
 }
 """For each relation a tenant may read, a query whose values say whose each row is."""

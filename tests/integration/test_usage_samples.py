@@ -199,8 +199,9 @@ SPECS = [
 async def test_the_recommenders_history_reads_the_same_samples_as_from_events(
     database_url: str,
 ) -> None:
-    """``usage_history`` (one index, one spec per key) gives the samples that the spec of every
-    sample's job and the OOM kills' ``bound`` events give: same fingerprints, figures, limits."""
+    """``usage_history`` (one summary row per kind, one spec per kind) gives the samples that the
+    spec of every sample's job and the OOM kills' ``bound`` events give: same fingerprints,
+    figures, and the OOM-killed attempts' limits (a measured attempt's is not read)."""
     await upgrade_async(database_url)
     connection = await asyncpg.connect(database_url)
     try:
@@ -258,7 +259,7 @@ async def test_the_recommenders_history_reads_the_same_samples_as_from_events(
                 fingerprint=fingerprint_of(spec, threads=max(1, math.ceil(cpu))),
                 peak_memory_mb=row["peak_memory_mb"],
                 mean_cores=row["mean_cores"],
-                memory_limit_mb=row["limit_mb"],
+                memory_limit_mb=row["limit_mb"] if row["oom_killed"] else 0.0,
                 cpu_limit=cpu,
                 oom_killed=row["oom_killed"],
             )

@@ -54,6 +54,7 @@ PROJECTED_TABLES = (
     "placements",
     "rejections",
     "usage_samples",
+    "usage_summaries",
 )
 
 

@@ -144,7 +144,8 @@ class UsageSample:
     mean_cores: float
     """CPU seconds / wall seconds (0 when unmeasured)."""
     memory_limit_mb: float
-    """The memory the attempt was allowed."""
+    """The memory the attempt was allowed (what an OOM kill teaches; 0 where not read: the
+    history read hands over the limits of OOM-killed attempts only)."""
     cpu_limit: float
     """The cores the attempt was allowed."""
     oom_killed: bool = False
@@ -178,19 +179,19 @@ class UsageGroup:
 
 
 class UsageHistory:
-    """Past attempts indexed by fingerprint and by coarse fingerprint, so that a
-    recommendation reads only the attempts of its own kind of job however long the history;
-    each group's attempts become ``UsageSample`` objects the first time they are asked for."""
+    """Past attempts indexed by fingerprint (and, from the first look-up by coarse fingerprint,
+    by that too), so that a recommendation reads only the attempts of its own kind of job
+    however long the history; each group's attempts become ``UsageSample`` objects the first
+    time they are asked for."""
 
     __slots__ = ("_by_coarse", "_by_fingerprint", "_groups", "_samples")
 
     def __init__(self, groups: Sequence[UsageGroup]) -> None:
         self._groups = list(groups)
         self._by_fingerprint: dict[CostFingerprint, list[UsageGroup]] = {}
-        self._by_coarse: dict[CostFingerprint, list[UsageGroup]] = {}
         for group in self._groups:
             self._by_fingerprint.setdefault(group.fingerprint, []).append(group)
-            self._by_coarse.setdefault(group.fingerprint.coarse(), []).append(group)
+        self._by_coarse: dict[CostFingerprint, list[UsageGroup]] | None = None
         self._samples: dict[int, list[UsageSample]] = {}
 
     @classmethod
@@ -226,6 +227,10 @@ class UsageHistory:
 
     def similar(self, coarse: CostFingerprint) -> list[UsageSample]:
         """The attempts whose coarse fingerprint is ``coarse``."""
+        if self._by_coarse is None:
+            self._by_coarse = {}
+            for fingerprint, groups in self._by_fingerprint.items():
+                self._by_coarse.setdefault(fingerprint.coarse(), []).extend(groups)
         return self._of(self._by_coarse.get(coarse, ()))
 
     def _of(self, groups: Sequence[UsageGroup]) -> list[UsageSample]:

@@ -274,6 +274,19 @@ class UsageSampleRecord(Base):
             postgresql_include=["peak_memory_mb", "memory_limit_mb", "mean_cores", "oom_killed"],
         ),
         Index("ix_usage_samples_time", "oom_killed", "time"),
+        # revision 0018: a kind's newest samples (its owner: the job id's tenant, '' none)
+        Index(
+            "ix_usage_samples_kind",
+            "spec_key",
+            "cpu_limit",
+            "oom_killed",
+            # as PostgreSQL prints it, so that alembic compares it as the same expression
+            literal_column(
+                "(\nCASE\n    WHEN strpos(job_id, '.'::text) > 0 THEN "
+                "split_part(job_id, '.'::text, 1)\n    ELSE ''::text\nEND)"
+            ).label("owner"),
+            text("time DESC"),
+        ),
         {"comment": "One row per usage event (revision 0014): what each attempt used, by system."},
     )
 
@@ -296,6 +309,36 @@ class UsageSampleRecord(Base):
     oom_killed: Mapped[bool] = mapped_column(
         comment="An OOM-killed attempt: no measured figures, the limits it was bound with."
     )
+
+
+class UsageSummaryRecord(Base):
+    """The newest samples of each kind of job (revision 0018): per ``spec_key``, CPU limit,
+    measured or OOM-killed, and owner, the newest samples of ``usage_samples`` as arrays
+    (newest first) and the kind's fingerprint inputs, kept by a trigger on it; what the
+    recommender reads."""
+
+    __tablename__ = "usage_summaries"
+    __table_args__ = (
+        Index("ix_usage_summaries_newest", "newest"),
+        {"comment": "The newest samples of each kind of job (revision 0018), newest first."},
+    )
+
+    spec_key: Mapped[str] = mapped_column(primary_key=True, comment="usage_samples.spec_key.")
+    cpu_limit: Mapped[float] = mapped_column(primary_key=True)
+    oom_killed: Mapped[bool] = mapped_column(primary_key=True)
+    owner: Mapped[str] = mapped_column(
+        primary_key=True, comment="The tenant whose jobs these are ('' the operator's)."
+    )
+    job_id: Mapped[str] = mapped_column(
+        comment="The job of the kind's newest sample (whose rows these are)."
+    )
+    newest: Mapped[datetime]
+    spec: Mapped[str | None] = mapped_column(
+        comment="The fingerprint inputs of the kind's spec (JSON); NULL: none found."
+    )
+    peak_memory_mb: Mapped[list[float]] = mapped_column(ARRAY(Double()))
+    mean_cores: Mapped[list[float]] = mapped_column(ARRAY(Double()))
+    memory_limit_mb: Mapped[list[float]] = mapped_column(ARRAY(Double()))
 
 
 class ProgressRollup(Base):

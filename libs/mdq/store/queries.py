@@ -315,50 +315,20 @@ def _without(values: dict[str, Any], *names: str) -> dict[str, Any]:
     return {key: value for key, value in values.items() if key not in names}
 
 
-FINGERPRINT_INPUTS = """jsonb_strip_nulls(jsonb_build_object(
-    'task', spec->'task', 'system', spec->'system',
-    'nonbonded_method', spec->'nonbonded_method', 'cutoff_nm', spec->'cutoff_nm',
-    'barostat', spec->'barostat', 'integrator', spec->'integrator', 'platform', spec->'platform',
-    'resources', jsonb_build_object('cpu', spec->'resources'->'cpu'),
-    'trajectory_interval_steps', spec->'trajectory_interval_steps',
-    'checkpoint_interval_steps', spec->'checkpoint_interval_steps', 'inputs', spec->'inputs'))"""
-"""The fields of a job's spec that the cost fingerprint reads (``mdq.core.recommend.
-fingerprint_of``), as revision 0014 keys them (``spec_key``)."""
-
 USAGE_HISTORY = text(
-    f"""
-    WITH newest AS (
-        (SELECT job_id, spec_key, peak_memory_mb, mean_cores,
-                memory_limit_mb::double precision AS limit_mb, cpu_limit, oom_killed
-         FROM usage_samples
-         WHERE NOT oom_killed AND time >= now() - make_interval(days => :days)
-           AND peak_memory_mb > 0
-         ORDER BY time DESC LIMIT :limit)
-        UNION ALL
-        (SELECT job_id, spec_key, 0.0, 0.0, memory_limit_mb::double precision, cpu_limit,
-                oom_killed
-         FROM usage_samples
-         WHERE oom_killed AND time >= now() - make_interval(days => :days)
-         ORDER BY time DESC LIMIT :limit)
-    ), by_key AS (
-        SELECT spec_key COLLATE "C" AS spec_key, cpu_limit, min(job_id) AS job_id,
-               array_agg(peak_memory_mb) AS peaks, array_agg(mean_cores) AS cores,
-               array_agg(limit_mb) AS limits, array_agg(oom_killed) AS oom
-        FROM newest GROUP BY 1, 2
-    )
-    SELECT k.cpu_limit, k.peaks, k.cores, k.limits, k.oom,
-           ({FINGERPRINT_INPUTS})::text AS spec
-    FROM by_key k JOIN jobs j ON j.job_id = k.job_id
+    """
+    SELECT cpu_limit, oom_killed, spec,
+           CASE WHEN oom_killed THEN memory_limit_mb ELSE peak_memory_mb END AS figures,
+           CASE WHEN NOT oom_killed THEN mean_cores END AS cores
+    FROM usage_summaries
+    WHERE newest >= now() - make_interval(days => :days) AND spec IS NOT NULL
+    ORDER BY newest DESC LIMIT :kinds
     """
 )
-"""The samples (newest first from ``ix_usage_samples_time``, at most ``:limit`` measured and
-``:limit`` OOM-killed), one row per ``spec_key`` and CPU limit: the samples' figures as arrays
-and the fingerprint inputs of one of the key's jobs. A few hundred rows to decode instead of one
-per sample, and one fingerprint to make per row."""
-
-USAGE_HISTORY_WORK_MEM = "32MB"
-"""``work_mem`` for ``USAGE_HISTORY``: its grouping holds the arrays of every key at once (twice
-20,000 samples), in memory rather than spilled to disk at the default 4 MB."""
+"""The kinds of job with a sample in the last ``:days`` days, newest first, at most
+``:kinds``: one row each, with its fingerprint inputs and its newest samples as arrays
+(``usage_summaries``, revision 0018), only those the recommender reads: a measured kind's peak
+memory and mean cores, an OOM-killed kind's memory limits."""
 
 
 @lru_cache(maxsize=65_536)
@@ -375,22 +345,27 @@ def _fingerprint(inputs: str, threads: int) -> CostFingerprint:
 
 
 async def usage_history(
-    engine: AsyncEngine, *, days: int = 90, limit: int = 20_000
+    engine: AsyncEngine, *, days: int = 90, kinds: int = 20_000
 ) -> UsageHistory:
-    """What the resource recommender learns from (``mdq.core.recommend``): the measured usage of
-    the attempts of the last ``days`` days, and the OOM-killed attempts with the memory limit
-    they were bound with (``usage_samples``, revision 0014); at most ``limit`` of each, newest
-    first, as one group per ``spec_key`` and CPU limit. An attempt's threads are those of the
-    CPU it ran with. The samples sharing a ``spec_key`` share the spec the fingerprint reads: it
-    is read once, from one of their jobs, and parsed once per process (when no job of the key
-    has a row in ``jobs`` yet, the key's samples are left out)."""
+    """What the resource recommender learns from (``mdq.core.recommend``): for each kind of
+    job with an attempt in the last ``days`` days (at most ``kinds`` kinds, the most recently
+    run), its newest measured attempts and its newest OOM-killed ones with the memory limit
+    they were bound with (``usage_summaries``, revision 0018: ``SAMPLES_PER_KIND`` of each), as
+    one group per kind. An attempt's threads are those of the CPU it ran with. The kind's spec
+    fields are parsed and fingerprinted once per process (a kind whose spec was not found yet
+    is left out)."""
     async with engine.connect() as connection:
-        # the grouping keeps every key's arrays in memory at once: more than the default 4 MB
-        await connection.execute(text(f"SET LOCAL work_mem = '{USAGE_HISTORY_WORK_MEM}'"))
-        rows = (await connection.execute(USAGE_HISTORY, {"days": days, "limit": limit})).all()
+        rows = (await connection.execute(USAGE_HISTORY, {"days": days, "kinds": kinds})).all()
     groups: list[UsageGroup] = []
-    for cpu_limit, peaks, cores, limits, oom, inputs in rows:
+    for cpu_limit, oom_killed, inputs, figures, cores in rows:
         cpu = cpu_limit or _parsed_inputs(inputs).resources.cpu
         fingerprint = _fingerprint(inputs, max(1, math.ceil(cpu)))
-        groups.append(UsageGroup(fingerprint, cpu, peaks, cores, limits, oom))
+        count = len(figures)
+        if oom_killed:  # no measured figures: the limits they were killed at
+            zeros = [0.0] * count
+            groups.append(UsageGroup(fingerprint, cpu, zeros, zeros, figures, [True] * count))
+        else:  # the limits of measured attempts teach the recommender nothing
+            groups.append(
+                UsageGroup(fingerprint, cpu, figures, cores, [0.0] * count, [False] * count)
+            )
     return UsageHistory(groups)

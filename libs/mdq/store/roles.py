@@ -55,6 +55,8 @@ RELATIONS: dict[str, Access] = {
     "consumer_offsets": Access.WRITTEN,
     # kept by a trigger on job_events, as the writer inserts (revision 0014)
     "usage_samples": Access.WRITTEN,
+    # kept by a trigger on usage_samples (revision 0018)
+    "usage_summaries": Access.WRITTEN,
     # written by mdq_rollup_progress, the owner's (revision 0015)
     "progress_rollups": Access.SUMMARIZED,
     # the views of docs/history.md
@@ -91,6 +93,7 @@ TENANT_ROWS: dict[str, str] = {
     "placements": "job_id",
     "rejections": "request_id",
     "usage_samples": "job_id",
+    "usage_summaries": "job_id",
     "progress_rollups": "job_id",
 }
 """The tables of per-job rows (migration 0006 puts them under row security), each with the
