@@ -257,7 +257,9 @@ def _report_usage(
     task: RunnerTask, outbox: Outbox, settings: RunnerSettings, *, code: RunnerExit
 ) -> None:
     """Publish the attempt's ``usage`` (``services.runner.usage``) as it ends."""
-    resumed = task.resume_from.step if task.resume_from is not None else 0
+    resumed = outbox.first_step
+    if resumed is None:  # the engine never started
+        resumed = task.resume_from.step if task.resume_from is not None else 0
     outbox.usage(
         measure(
             task.spec,

@@ -272,15 +272,25 @@ class CheckpointStore:
         return self._directory / announced.name
 
     def load(self, announced: pb.Checkpoint, *, platform: str = "") -> LoadedCheckpoint | None:
-        """The checkpoint to resume from: ``announced`` if its sha256 matches and it parses,
-        else the newest good checkpoint in the folder, else None. Its native checkpoint comes
-        along when it was written on ``platform`` and verifies.
+        """The checkpoint to resume from: the newest good checkpoint in the folder later than
+        ``announced``, else ``announced`` if its sha256 matches and it parses, else the newest
+        good one before it, else None. Its native checkpoint comes along when it was written on
+        ``platform`` and verifies.
 
-        The fallback takes later checkpoints too: an attempt that was declared lost while its
-        runner still ran (a node that only looked lost) goes on checkpointing after recovery
-        announced the one to resume from, and its pruning may delete that one. Every verified
-        checkpoint in the folder is a state of this job's own run, so the newest loses least;
-        starting over from step 0 with good checkpoints on disk would lose them all."""
+        Every verified checkpoint in the folder is a state of this job's own run, so the newest
+        loses least. A later one than announced is an earlier attempt's that could not say so:
+        written while NATS was away, or by a runner declared lost while it still ran (a node
+        that only looked lost), whose pruning may even have deleted the announced one; starting
+        over from step 0 with good checkpoints on disk would lose them all."""
+        later = self._newest_good(after=announced.step, platform=platform)
+        if later is not None:
+            log.info(
+                "checkpoint %s (step %d) is later than the announced step %d: resuming from it",
+                later.file.path,
+                later.file.step,
+                announced.step,
+            )
+            return later
         path = self._confined(Path(announced.path))
         try:
             return self._verify(
@@ -293,18 +303,28 @@ class CheckpointStore:
                 announced.step,
                 error,
             )
+        earlier = self._newest_good(before=announced.step, platform=platform)
+        if earlier is not None:
+            log.warning(
+                "falling back to checkpoint %s (step %d)", earlier.file.path, earlier.file.step
+            )
+            return earlier
+        log.warning("no usable checkpoint in %s", self._directory)
+        return None
+
+    def _newest_good(
+        self, *, after: int = -1, before: int | None = None, platform: str
+    ) -> LoadedCheckpoint | None:
+        """The newest checkpoint in the folder that verifies against its sidecar, of a step
+        after ``after`` and (when given) before ``before``; None if there is none."""
         for step in reversed(self.steps()):
-            if step == announced.step and path == self._directory / checkpoint_name(step):
-                continue  # the one that just failed
+            if step <= after or (before is not None and step >= before):
+                continue
             candidate = self._directory / checkpoint_name(step)
             try:
-                loaded = self._verify(candidate, step=step, sha256=None, platform=platform)
+                return self._verify(candidate, step=step, sha256=None, platform=platform)
             except (OSError, ValueError) as error:
-                log.warning("checkpoint %s is unusable too: %s", candidate, error)
-                continue
-            log.warning("falling back to checkpoint %s (step %d)", candidate, step)
-            return loaded
-        log.warning("no usable checkpoint in %s", self._directory)
+                log.warning("checkpoint %s is unusable: %s", candidate, error)
         return None
 
     def _verify(

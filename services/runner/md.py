@@ -271,6 +271,7 @@ async def run_md(run: RunContext) -> RunnerExit:
     """Integrate to the step target or convergence; checkpoint on the way."""
     spec = run.spec
     engine, start, fetched = await _start(run)
+    run.outbox.first_step = start.resumed_step or 0
     _announce_fetched(run, fetched, start.resumed_step)
     last_checkpoint = start.resumed_step
     target = spec.steps
@@ -360,7 +361,7 @@ async def run_minimize(run: RunContext) -> RunnerExit:
     spec = run.spec
     engine, start, fetched = await _start(run)
     try:
-        first = start.resumed_step or 0
+        first = run.outbox.first_step = start.resumed_step or 0
         if start.resumed_step is not None:
             _announce_fetched(run, fetched, first)
         absurd = run.settings.absurd_energy_per_atom_kj_mol

@@ -42,6 +42,9 @@ class Outbox:
         """Events that could not be published (given up on)."""
         self.last_step = 0
         """The step of the latest progress event (for the usage report)."""
+        self.first_step: int | None = None
+        """The step this attempt started from, once its engine started (the checkpoint it
+        resumed from may be later than the one announced: ``CheckpointStore.load``)."""
         self.ns_per_day = 0.0
         """The speed of the latest progress event that had one."""
 

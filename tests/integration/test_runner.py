@@ -464,6 +464,33 @@ async def test_a_pruned_resume_checkpoint_falls_back_to_the_newest_one_on_disk(
     assert after[-1].step == 400
 
 
+async def test_a_later_checkpoint_than_announced_is_the_one_resumed_from(
+    nc: Client, subjects: Subjects, data_dir: Path, start_runner: StartRunner
+) -> None:
+    """The runner wrote a checkpoint it could not announce (NATS away, then the attempt
+    declared lost): recovery announces the one before, intact, and the retry resumes from the
+    later verified one on disk rather than recompute its steps."""
+    spec = md_spec("md", steps=400, report_interval_steps=50, checkpoint_interval_steps=100)
+    first_task = make_task(data_dir, "job-later", spec)
+    events = await tap(nc, subjects, first_task.job_id)
+    first = await start_runner(first_task)
+    assert await first.wait() == RunnerExit.OK, first.stderr
+    await events.wait_until(lambda: len(events.checkpoints) >= 4)
+    announced = events.of_attempt(1)[1][-2]  # 300: the announcement of 400 was lost
+    assert announced.step == 300
+
+    longer = md_spec("md", steps=500, report_interval_steps=50, checkpoint_interval_steps=100)
+    second = await start_runner(
+        make_task(data_dir, "job-later", longer, attempt=2, resume_from=announced)
+    )
+    assert await second.wait() == RunnerExit.OK, second.stderr
+    assert "later than the announced step 300: resuming from it" in second.stderr
+    await events.wait_until(lambda: any(p.done_reason for p in events.of_attempt(2)[0]))
+    after, _ = events.of_attempt(2)
+    assert after[0].step == 450, "resumed from the checkpoint of step 400"
+    assert after[-1].step == 500
+
+
 async def test_sigterm_checkpoints_and_exits_preempted(
     nc: Client, subjects: Subjects, data_dir: Path, start_runner: StartRunner
 ) -> None:

@@ -317,6 +317,44 @@ async def test_a_killed_job_resumes_from_its_restart_losing_at_most_one_interval
     assert events.of_attempt(2)[0][0].step == resume_from.step + 100
 
 
+async def test_a_later_restart_than_announced_is_the_one_resumed_from(
+    nc: Client, subjects: Subjects, data_dir: Path, stage: Stage, start_runner: StartRunner
+) -> None:
+    """The runner wrote a restart it could not announce (NATS away, then the attempt declared
+    lost): recovery announces the one before, and the retry resumes from the later one on disk,
+    losing nothing of what was verified."""
+    job = "lmp-later"
+    files = {"in.lj-melt": example("in.lj-melt")}
+    first_spec = await stage(
+        job,
+        lammps_spec("in.lj-melt", variables={"N": "8"}, steps=2000, checkpoint_interval_steps=500),
+        files,
+    )
+    first = make_task(data_dir, job, first_spec)
+    events = await tap(nc, subjects, job)
+    runner = await start_runner(first)
+    assert await runner.wait(WAIT_S) == RunnerExit.OK, runner.stderr
+    await events.wait_until(lambda: len(events.of_attempt(1)[1]) >= 4, within_s=WAIT_S)
+    announced = pb.Checkpoint()
+    announced.CopyFrom(events.of_attempt(1)[1][-2])  # 1500: the announcement of 2000 was lost
+    assert announced.step == 1500
+
+    longer = lammps_spec(
+        "in.lj-melt", variables={"N": "8"}, steps=3000, checkpoint_interval_steps=500
+    )
+    second_spec = await stage(job, longer, files)
+    second = await start_runner(
+        make_task(data_dir, job, second_spec, attempt=2, resume_from=announced)
+    )
+    assert await second.wait(WAIT_S) == RunnerExit.OK, second.stderr
+    assert "later than the announced step 1500: resuming from it" in second.stderr
+    log = first.job_dir / "log.lammps"
+    assert "attempt 2 resumes from step 2000" in log.read_text()
+    assert min(attempts_in_log(log)[2]) == 2000
+    await events.wait_until(lambda: any(p.done_reason for p in events.of_attempt(2)[0]))
+    assert events.of_attempt(2)[0][0].step > 2000
+
+
 async def test_sigterm_writes_a_restart_within_a_few_steps_and_the_job_resumes_from_it(
     nc: Client, subjects: Subjects, data_dir: Path, stage: Stage, start_runner: StartRunner
 ) -> None:

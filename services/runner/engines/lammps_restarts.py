@@ -199,9 +199,21 @@ class RestartStore:
             return False
 
     def load(self, announced: pb.Checkpoint) -> LoadedRestart | None:
-        """The restart to resume from: ``announced`` if it verifies (sha256, header, step),
-        else the newest good one in the folder (a checkpoint of the job's own run loses least),
-        else None. The announced path is only a name: the file is looked up in this folder."""
+        """The restart to resume from: the newest good one in the folder later than
+        ``announced`` (an earlier attempt's that could not say so: written while NATS was away,
+        or by a runner declared lost while it still ran), else ``announced`` if it verifies
+        (sha256, header, step), else the newest good one before it (a checkpoint of the job's
+        own run loses least), else None. The announced path is only a name: the file is looked
+        up in this folder."""
+        later = self._newest_good(after=announced.step)
+        if later is not None:
+            log.info(
+                "restart %s (step %d) is later than the announced step %d: resuming from it",
+                later.file.path,
+                later.file.step,
+                announced.step,
+            )
+            return later
         path = self._directory / Path(announced.path).name
         try:
             return self._verify(path, step=announced.step, sha256=announced.sha256)
@@ -212,18 +224,26 @@ class RestartStore:
                 announced.step,
                 error,
             )
-        for step in reversed(self.steps()):
-            candidate = self._directory / checkpoint_name(step)
-            if candidate == path:
-                continue
-            try:
-                loaded = self._verify(candidate, step=step, sha256=None)
-            except (OSError, ValueError) as error:
-                log.warning("restart %s is unusable too: %s", candidate, error)
-                continue
-            log.warning("falling back to restart %s (step %d)", candidate, step)
-            return loaded
+        earlier = self._newest_good(before=announced.step)
+        if earlier is not None:
+            log.warning(
+                "falling back to restart %s (step %d)", earlier.file.path, earlier.file.step
+            )
+            return earlier
         log.warning("no usable restart in %s", self._directory)
+        return None
+
+    def _newest_good(self, *, after: int = -1, before: int | None = None) -> LoadedRestart | None:
+        """The newest restart in the folder that verifies against its sidecar, of a step after
+        ``after`` and (when given) before ``before``; None if there is none."""
+        for step in reversed(self.steps()):
+            if step <= after or (before is not None and step >= before):
+                continue
+            candidate = self._directory / checkpoint_name(step)
+            try:
+                return self._verify(candidate, step=step, sha256=None)
+            except (OSError, ValueError) as error:
+                log.warning("restart %s is unusable: %s", candidate, error)
         return None
 
     def _verify(self, path: Path, *, step: int, sha256: str | None) -> LoadedRestart:
