@@ -9,7 +9,6 @@ import pytest
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql.base import PGDialect
 
-from mdq.store import projection
 from mdq.store.batch_insert import BatchInsert
 from mdq.store.models import (
     Attempt,
@@ -21,7 +20,7 @@ from mdq.store.models import (
     ProgressRecord,
     Rejection,
 )
-from mdq.store.projection import PROGRESS_COLUMNS
+from mdq.store.projection import PROGRESS_COLUMNS, facts, rows
 
 ARRAY_OF = {
     "TEXT": ("text", ""),
@@ -43,12 +42,12 @@ def table_columns(model: type[Base]) -> list[str]:
 @pytest.mark.parametrize(
     ("name", "columns", "model"),
     [
-        ("jobs", projection._JOB_TABLE, Job),
-        ("attempts", projection._ATTEMPT_TABLE, Attempt),
+        ("jobs", rows.JOB_TABLE, Job),
+        ("attempts", rows.ATTEMPT_TABLE, Attempt),
     ],
 )
 def test_the_column_table_is_every_column_of_the_model_in_order(
-    name: str, columns: tuple[projection.Column[object], ...], model: type[Base]
+    name: str, columns: tuple[rows.Column[object], ...], model: type[Base]
 ) -> None:
     assert [column.name for column in columns] == table_columns(model), name
     for column in columns:
@@ -60,11 +59,11 @@ def test_the_column_table_is_every_column_of_the_model_in_order(
 @pytest.mark.parametrize(
     ("name", "insert", "model"),
     [
-        ("job_events", projection._EVENTS, EventRecord),
-        ("progress", projection._PROGRESS, ProgressRecord),
-        ("checkpoints", projection._CHECKPOINTS, CheckpointRecord),
-        ("placements", projection._PLACEMENTS, Placement),
-        ("rejections", projection._REJECTIONS, Rejection),
+        ("job_events", facts.EVENTS, EventRecord),
+        ("progress", facts.PROGRESS, ProgressRecord),
+        ("checkpoints", facts.CHECKPOINTS, CheckpointRecord),
+        ("placements", facts.PLACEMENTS, Placement),
+        ("rejections", facts.REJECTIONS, Rejection),
     ],
 )
 def test_each_batched_insert_is_every_column_of_its_model_in_order(
@@ -82,19 +81,19 @@ def test_progress_columns_are_the_progress_table_s() -> None:
 
 
 def test_the_columns_written_once_are_columns_of_jobs() -> None:
-    assert set(table_columns(Job)) >= projection._JOB_FIXED
-    assert "job_id" not in projection._JOB_FIXED
+    assert set(table_columns(Job)) >= rows.JOB_FIXED
+    assert "job_id" not in rows.JOB_FIXED
 
 
 def test_placeholders_follow_the_table_order() -> None:
-    values = projection._INSERT_JOB.split("VALUES (", 1)[1].split(")", 1)[0].split(", ")
+    values = rows.INSERT_JOB.split("VALUES (", 1)[1].split(")", 1)[0].split(", ")
     assert values == [
         f"${i}::jsonb" if column.name in ("spec", "control") else f"${i}"
-        for i, column in enumerate(projection._JOB_TABLE, 1)
+        for i, column in enumerate(rows.JOB_TABLE, 1)
     ]
-    assert projection._UPDATE_JOB.endswith("WHERE job_id = $1")
-    assert "state = $2" in projection._UPDATE_JOB
-    assert "job_id = EXCLUDED" not in projection._UPSERT_ATTEMPT  # the key is not updated
-    assert "attempt = EXCLUDED" not in projection._UPSERT_ATTEMPT
-    for name in projection._JOB_FIXED:  # written once
-        assert f" {name} = $" not in projection._UPDATE_JOB
+    assert rows.UPDATE_JOB.endswith("WHERE job_id = $1")
+    assert "state = $2" in rows.UPDATE_JOB
+    assert "job_id = EXCLUDED" not in rows.UPSERT_ATTEMPT  # the key is not updated
+    assert "attempt = EXCLUDED" not in rows.UPSERT_ATTEMPT
+    for name in rows.JOB_FIXED:  # written once
+        assert f" {name} = $" not in rows.UPDATE_JOB
