@@ -8,7 +8,7 @@ import pytest
 
 from mdq.contracts import pb
 from mdq.core.events import make_event
-from mdq.store.projection import _PROGRESS, _Fact, _progress_rows, _Stored
+from mdq.store.projection.facts import PROGRESS, Fact, Stored, progress_rows
 
 AT = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -45,5 +45,5 @@ CASES = {
 
 @pytest.mark.parametrize("event", list(CASES.values()), ids=list(CASES))
 def test_progress_rows_are_the_column_table_s_rows(event: pb.Event) -> None:
-    fact = _Fact(17, event, "progress", AT)
-    assert _progress_rows("T_PROGRESS", [fact]) == _PROGRESS.rows([_Stored("T_PROGRESS", fact)])
+    fact = Fact(17, event, "progress", AT)
+    assert progress_rows("T_PROGRESS", [fact]) == PROGRESS.rows([Stored("T_PROGRESS", fact)])

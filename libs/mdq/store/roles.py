@@ -44,7 +44,7 @@ class Access(Enum):
 
 
 RELATIONS: dict[str, Access] = {
-    # the projection's tables (libs/mdq/store/projection.py writes every one of them)
+    # the projection's tables (libs/mdq/store/projection/ writes every one of them)
     "jobs": Access.WRITTEN,
     "attempts": Access.WRITTEN,
     "job_events": Access.WRITTEN,

@@ -1,0 +1,273 @@
+"""The projector: follows the JOBS and PROGRESS streams and projects each batch into PostgreSQL.
+
+It runs one ``Feed`` per stream and hands each batch to the ``Writer``, retrying the same
+batch until it commits and acknowledging it only then. Design: docs/history.md ("How the
+watcher writes it") and docs/durability.md, section 4.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import asyncpg
+import nats.errors
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+
+from mdq.backoff import DEFAULT_BACKOFF, Backoff, describe_error
+from mdq.bus.log import delivery_position
+from mdq.bus.subjects import Subjects
+from mdq.contracts import pb
+from mdq.core.text import scrub_nul
+from mdq.store.engine import SCHEMA_NOT_READY, connection_lost
+from mdq.store.projection.feed import (
+    JOBS_CONSUMER,
+    PROGRESS_CONSUMER,
+    ConsumerLag,
+    Feed,
+    LogContinuityError,
+    cancel_fetch,
+)
+from mdq.store.projection.writer import Writer, pause
+
+log = logging.getLogger("mdq.store.projection")
+
+SCHEMA_RETRY_S = 2.0
+
+
+class Projector:
+    """Consumes the JOBS and PROGRESS streams and projects them into PostgreSQL."""
+
+    def __init__(
+        self,
+        *,
+        js: JetStreamContext,
+        subjects: Subjects,
+        pool: asyncpg.Pool,
+        batch_size: int = 500,
+        batch_wait_s: float = 0.2,
+        ack_wait_s: float = 60.0,
+        jobs_consumer: str = JOBS_CONSUMER,
+        progress_consumer: str = PROGRESS_CONSUMER,
+        max_retry_delay_s: float = 5.0,
+        continuity_check_s: float = 10.0,
+        database: str = "the database",
+        reconnect: Backoff = DEFAULT_BACKOFF,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        self._max_retry_delay_s = max_retry_delay_s
+        self._database = database
+        self._feeds = tuple(
+            Feed(
+                stream=stream,
+                consumer=consumer,
+                js=js,
+                pool=pool,
+                batch_size=batch_size,
+                batch_wait_s=batch_wait_s,
+                ack_wait_s=ack_wait_s,
+                continuity_check_s=continuity_check_s,
+            )
+            for stream, consumer in (
+                (subjects.jobs_stream, jobs_consumer),
+                (subjects.progress_stream, progress_consumer),
+            )
+        )
+        self._stopping = asyncio.Event()
+        self._writer = Writer(
+            pool=pool, database=database, reconnect=reconnect, stopping=self._stopping
+        )
+        self.events_projected = 0
+        """Events applied (not counting skipped redeliveries and duplicates), for metrics."""
+
+    @property
+    def foreign_events(self) -> int:
+        """Events skipped as not what they claim to be (``mdq.bus.codec.foreign_reason``)."""
+        return sum(feed.foreign_events for feed in self._feeds)
+
+    @property
+    def continuity_checks(self) -> int:
+        """Checks of the log's continuity passed (``Feed.verify``), for tests and logs."""
+        return sum(feed.continuity_checks for feed in self._feeds)
+
+    # -- life cycle ------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Project both streams until ``stop()`` is called; raise ``LogContinuityError`` (not
+        in an exception group) when a stream is not the log the offsets were projected from."""
+        self._stopping.clear()
+        try:
+            async with asyncio.TaskGroup() as group:
+                for feed in self._feeds:
+                    group.create_task(self._follow_or_stop(feed), name=f"projector-{feed.consumer}")
+        except BaseExceptionGroup as group:
+            broken = group.subgroup(LogContinuityError)
+            if broken is None:
+                raise
+            first = broken.exceptions[0]
+            while isinstance(first, BaseExceptionGroup):
+                first = first.exceptions[0]
+            raise first from group
+        finally:
+            for feed in self._feeds:
+                await feed.unsubscribe()
+
+    async def _follow_or_stop(self, feed: Feed) -> None:
+        """``_follow``; when it fails, the other feed is asked to stop as well as cancelled. A
+        cancellation alone can be lost on Python 3.11 (``asyncio.timeout`` turns one that
+        lands as its deadline expires into a TimeoutError), which would leave the other feed
+        running and ``run()`` waiting on it for ever."""
+        try:
+            await self._follow(feed)
+        except BaseException:
+            self._stopping.set()
+            raise
+
+    def stop(self) -> None:
+        """Ask ``run()`` to return after the batch in hand is committed (or abandoned)."""
+        self._stopping.set()
+
+    async def lag(self) -> list[ConsumerLag]:
+        """How far each consumer is behind its stream (for metrics and logs)."""
+        return [await feed.lag() for feed in self._feeds]
+
+    async def _sleep(self, seconds: float) -> None:
+        await pause(self._stopping, seconds)
+
+    # -- consuming -------------------------------------------------------------------------
+    async def _follow(self, feed: Feed) -> None:
+        """Fetch and project batches until stopped; any unexpected error reopens the consumer
+        from the stored offset, which is always a correct place to resume.
+
+        The next batch is fetched while the current one is written (the two overlap: NATS
+        parsing in this process, the transaction in PostgreSQL); it is only projected after
+        the current one committed, and dropped, unacknowledged, when the consumer is reopened.
+        """
+        ahead: asyncio.Task[list[Msg]] | None = None
+        try:
+            while not self._stopping.is_set():
+                subscription = feed.subscription
+                if subscription is None:
+                    try:
+                        await feed.open()
+                    except LogContinuityError:
+                        raise  # not transient: stops the watcher
+                    except nats.errors.Error as error:
+                        log.warning("cannot open consumer %s (%r); retrying", feed.consumer, error)
+                        await self._sleep(1.0)
+                    except SCHEMA_NOT_READY as error:
+                        log.warning(
+                            "PostgreSQL at %s has no mdq tables yet (%s): waiting for the "
+                            "migrations (mdq.store.migrate); retrying in %.1f s",
+                            self._database,
+                            describe_error(error),
+                            SCHEMA_RETRY_S,
+                        )
+                        await self._sleep(SCHEMA_RETRY_S)
+                    except Exception as error:
+                        if not connection_lost(error):
+                            raise  # not an outage: stops the watcher
+                        await self._writer.reach_database(error)
+                    continue
+                fetching = ahead or asyncio.create_task(feed.fetch(subscription))
+                ahead = None
+                try:
+                    messages = await fetching
+                except nats.errors.Error as error:
+                    log.warning("fetch from %s failed, reopening: %r", feed.consumer, error)
+                    await feed.unsubscribe()  # reopened at the stored offset
+                    await self._sleep(1.0)
+                    continue
+                if not messages and not feed.verify_due():
+                    continue
+                if messages:
+                    ahead = asyncio.create_task(feed.fetch(subscription))
+                try:
+                    if feed.verify_due():
+                        await feed.verify()
+                    if messages:
+                        await self._handle(feed, messages)
+                except (asyncio.CancelledError, LogContinuityError):
+                    raise
+                except Exception as error:
+                    if connection_lost(error):  # the periodic check met an outage
+                        await self._writer.reach_database(error)
+                    else:
+                        log.exception(
+                            "consumer %s failed; reopening at the stored offset", feed.consumer
+                        )
+                        await feed.unsubscribe()
+                        await self._sleep(1.0)
+                if feed.subscription is not subscription:  # rewound or reopened
+                    await cancel_fetch(ahead)
+                    ahead = None
+        finally:
+            await cancel_fetch(ahead)
+
+    async def _handle(self, feed: Feed, messages: list[Msg]) -> None:
+        """Project one batch (retrying the same batch until it commits), then acknowledge."""
+        batch: dict[int, tuple[Msg, pb.Event | None]] = {}
+        for message in messages:
+            # from the reply subject directly: nats-py's ``Msg.metadata`` builds dataclasses
+            # and a datetime per message, a tenth of the projector's CPU
+            sequence = delivery_position(message.reply)[0]
+            if sequence not in batch:
+                batch[sequence] = (message, feed.decode(sequence, message))
+        ordered = sorted(batch.items())
+        catch_up = feed is self._feeds[0]  # the JOBS stream
+        delay = 0.05
+        scrubbed = False
+        while True:
+            try:
+                outcome = await self._writer.project(feed, ordered, catch_up=catch_up)
+                break
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                if isinstance(error, LogContinuityError):
+                    raise
+                if connection_lost(error):
+                    await self._writer.reach_database(error)
+                    if self._stopping.is_set():
+                        return  # not acknowledged: the next start resumes after the offset
+                    # then the same batch again, not at once: a server that answers a ping
+                    # but refuses the batch (a full disk) must not be hammered
+                    await self._sleep(delay)
+                    delay = min(delay * 2, self._max_retry_delay_s)
+                    continue
+                if isinstance(error, asyncpg.DataError) and not scrubbed:
+                    # Text PostgreSQL refuses (a NUL, e.g. in a pod's termination message):
+                    # store the batch with U+FFFD in its place rather than stop on it.
+                    scrubbed = True
+                    changed = [scrub_nul(e) for _, (_, e) in ordered if e is not None]
+                    if any(changed):
+                        log.error(
+                            "a batch of %s was refused (%s); %d event(s) scrubbed of NULs",
+                            feed.consumer,
+                            error,
+                            sum(changed),
+                        )
+                        continue
+                log.exception("projecting a batch from %s failed; retrying", feed.consumer)
+                if self._stopping.is_set():
+                    return  # not acknowledged: the next start resumes after the offset
+                await self._sleep(delay)
+                delay = min(delay * 2, self._max_retry_delay_s)
+        feed.projected_seq = max(feed.projected_seq, outcome.covered_seq)
+        self.events_projected += outcome.projected
+        if outcome.stale:
+            # Redeliveries, or new events reusing sequence numbers of a log that went
+            # backwards: not acknowledged (nor skipped) before the log is known to be the same.
+            await feed.verify()
+        if outcome.rewind_at is not None:
+            log.warning(
+                "gap in %s before stream sequence %d; rewinding", feed.consumer, outcome.rewind_at
+            )
+            await feed.rewind(outcome.rewind_at)
+            return
+        feed.trusted_start = 0
+        last_message = ordered[-1][1][0]
+        with contextlib.suppress(Exception):
+            await last_message.ack()  # AckAll: covers the whole batch

@@ -1,0 +1,253 @@
+"""One batch of the projection in one PostgreSQL transaction, and waiting out the database.
+
+The transaction locks the consumer's offset, skips what is at or below it, stops at a gap,
+stores the batch's facts (``facts``), folds it into the jobs' rows (``jobs``) and moves the
+offset. Why asyncpg and not SQLAlchemy here: docs/history.md ("How the watcher writes it");
+offsets, gaps and database outages: docs/durability.md, section 4.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+
+import asyncpg
+from nats.aio.msg import Msg
+
+from mdq.backoff import Backoff, describe_error
+from mdq.contracts import pb
+from mdq.core.log_continuity import message_digest
+from mdq.core.state import event_time
+from mdq.store.engine import connection_lost, out_of_space
+from mdq.store.projection.facts import (
+    EVENTS,
+    FACT_TABLES,
+    INSERT_EVENTS,
+    PROGRESS,
+    Fact,
+    Stored,
+    progress_rows,
+)
+from mdq.store.projection.feed import Feed
+from mdq.store.projection.jobs import fold_jobs
+
+log = logging.getLogger("mdq.store.projection")
+
+_LOCK_OFFSET = """
+INSERT INTO consumer_offsets (consumer, stream, last_seq, updated_at)
+VALUES ($1, $2, 0, now()) ON CONFLICT (consumer) DO NOTHING
+"""
+_READ_OFFSET = "SELECT last_seq FROM consumer_offsets WHERE consumer = $1 FOR UPDATE"
+_WRITE_OFFSET = """
+UPDATE consumer_offsets SET last_seq = GREATEST(last_seq, $2), stream = $3, updated_at = now(),
+    last_digest = $4
+WHERE consumer = $1
+"""
+
+Batch = list[tuple[int, tuple[Msg, pb.Event | None]]]
+"""A batch in stream order: each sequence with its message and its event (None: skipped)."""
+
+
+@dataclass(slots=True)
+class BatchOutcome:
+    """What one transaction did: the highest sequence it covers and where to rewind, if any."""
+
+    covered_seq: int
+    rewind_at: int | None
+    projected: int
+    stale: bool = False
+    """The batch held sequences at or below the stored offset (redeliveries, or a log that
+    went backwards: checked before they are acknowledged)."""
+
+
+async def pause(stopping: asyncio.Event, seconds: float) -> None:
+    """Wait ``seconds``, or until ``stopping`` is set."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            await stopping.wait()
+
+
+async def store_progress(
+    connection: asyncpg.Connection, stream: str, reports: list[Fact]
+) -> list[Fact]:
+    """Store progress reports in ``progress``; return the ones not stored before.
+
+    The fast path is one COPY: the batch holds only messages after the committed offset, so
+    its reports are new unless the log holds a republished copy of an older report (same job,
+    attempt and step). Then the COPY fails on the primary key, its savepoint is rolled back and
+    the batch is stored again with ``INSERT ... ON CONFLICT DO NOTHING``, which says which
+    reports were new. Copies within the batch are dropped first (the first one counts).
+    """
+    unique: dict[tuple[str, int, int], Fact] = {}
+    for fact in reports:
+        key = (fact.event.job_id, fact.event.attempt, fact.event.progress.step)
+        unique.setdefault(key, fact)
+    rows = progress_rows(stream, unique.values())
+    try:
+        async with connection.transaction():  # a savepoint
+            await connection.copy_records_to_table(
+                PROGRESS.table, records=rows, columns=PROGRESS.names
+            )
+    except asyncpg.UniqueViolationError:
+        stored = await connection.fetch(PROGRESS.sql, *PROGRESS.arrays_of_rows(rows))
+        new = {(record["job_id"], record["attempt"], record["step"]) for record in stored}
+        return [fact for key, fact in unique.items() if key in new]
+    return list(unique.values())
+
+
+async def _insert_facts(connection: asyncpg.Connection, facts: list[Fact]) -> None:
+    """Checkpoint, placement and rejection rows (append-only facts)."""
+    for kind, table in FACT_TABLES.items():
+        if rows := [fact for fact in facts if fact.kind == kind]:
+            await connection.execute(table.sql, *table.arrays(rows))
+
+
+class Writer:
+    """Writes the projection's batches, one transaction at a time, and waits out outages."""
+
+    def __init__(
+        self,
+        *,
+        pool: asyncpg.Pool,
+        database: str,
+        reconnect: Backoff,
+        stopping: asyncio.Event,
+    ) -> None:
+        self._pool = pool
+        self._database = database
+        self._reconnect = reconnect
+        self._stopping = stopping
+        self._write_lock = asyncio.Lock()
+        self._database_lock = asyncio.Lock()
+
+    async def project(self, feed: Feed, ordered: Batch, *, catch_up: bool) -> BatchOutcome:
+        """Project one batch of ``feed`` in one transaction, after any other batch's; with
+        ``catch_up`` (the JOBS stream), jobs catch up with their stored reports
+        (``jobs.fold_jobs``)."""
+        async with self._write_lock, self._pool.acquire() as connection, connection.transaction():
+            return await self._project(connection, feed, ordered, catch_up=catch_up)
+
+    async def _project(
+        self, connection: asyncpg.Connection, feed: Feed, ordered: Batch, *, catch_up: bool
+    ) -> BatchOutcome:
+        await connection.execute(_LOCK_OFFSET, feed.consumer, feed.stream)
+        offset = int(await connection.fetchval(_READ_OFFSET, feed.consumer))
+        expected = offset + 1
+        accepted: list[tuple[int, pb.Event | None]] = []
+        rewind_at: int | None = None
+        stale = False
+        last_message: Msg | None = None
+        for sequence, (message, event) in ordered:
+            if sequence <= offset:
+                stale = True
+                continue
+            if sequence != expected and expected != feed.trusted_start:
+                rewind_at = expected
+                break
+            accepted.append((sequence, event))
+            last_message = message
+            expected = sequence + 1
+        if not accepted or last_message is None:
+            return BatchOutcome(offset, rewind_at, projected=0, stale=stale)
+        if stale:
+            # Apply nothing of a batch that may come from a log that went backwards: once
+            # the log is verified, it is delivered again from right after the offset.
+            return BatchOutcome(offset, rewind_at=offset + 1, projected=0, stale=True)
+        projected = await self._apply(connection, feed.stream, accepted, catch_up=catch_up)
+        covered = accepted[-1][0]
+        digest = message_digest(last_message.subject, last_message.data)
+        await connection.execute(_WRITE_OFFSET, feed.consumer, covered, feed.stream, digest)
+        return BatchOutcome(covered_seq=covered, rewind_at=rewind_at, projected=projected)
+
+    @staticmethod
+    async def _apply(
+        connection: asyncpg.Connection,
+        stream: str,
+        accepted: list[tuple[int, pb.Event | None]],
+        *,
+        catch_up: bool,
+    ) -> int:
+        """Write the effects of ``accepted`` (in stream order); return how many were new.
+
+        Progress reports go to ``progress`` only (by COPY), every other event to
+        ``job_events``; an event already stored (a republished copy) has no other effect.
+        """
+        reports: list[Fact] = []
+        others: list[Fact] = []
+        for sequence, event in accepted:
+            if event is None:
+                continue
+            kind = event.WhichOneof("body") or ""
+            fact = Fact(sequence, event, kind, event_time(event))
+            # a report without a job id has no key in ``progress``: it is kept as an event
+            (reports if kind == "progress" and event.job_id else others).append(fact)
+        facts: list[Fact] = []
+        if others:
+            stored = [Stored(stream, fact) for fact in others]
+            inserted = await connection.fetch(INSERT_EVENTS, *EVENTS.arrays(stored))
+            new_ids = {record["event_id"] for record in inserted}
+            for fact in others:
+                if fact.event.event_id in new_ids:
+                    new_ids.discard(fact.event.event_id)  # a second copy in the batch: duplicate
+                    facts.append(fact)
+            await _insert_facts(connection, facts)
+        if reports:
+            new_reports = await store_progress(connection, stream, reports)
+            facts = sorted(facts + new_reports, key=lambda fact: fact.sequence)
+        if not facts:
+            return 0
+        await fold_jobs(connection, [fact.event for fact in facts], catch_up=catch_up)
+        return len(facts)
+
+    async def reach_database(self, error: BaseException) -> None:
+        """After a connection-class error: drop the pool's connections and wait, with backoff
+        and one log line per try, until PostgreSQL answers again (or the projector stops).
+
+        Both feeds may call it at once; the lock makes the second wait behind the first, and
+        its first try then succeeds. Nothing is lost meanwhile: the batch in hand was not
+        acknowledged and its transaction, if it did not commit, left the offset where it was.
+        """
+        async with self._database_lock:
+            if out_of_space(error):
+                log.error(
+                    "PostgreSQL at %s is out of disk space (%s): the projection stalls, storing "
+                    "and acknowledging nothing, and catches up once the disk has room again "
+                    "(mdq_consumer_lag_messages shows what waits)",
+                    self._database,
+                    describe_error(error),
+                )
+            else:
+                log.warning(
+                    "PostgreSQL at %s unavailable (%s); reconnecting",
+                    self._database,
+                    describe_error(error),
+                )
+            await self._pool.expire_connections()  # the next acquire opens fresh ones
+            delays = self._reconnect.delays()
+            failures = 0
+            while not self._stopping.is_set():
+                try:
+                    async with self._pool.acquire() as connection:
+                        await connection.fetchval("SELECT 1")
+                except Exception as retry_error:
+                    if not connection_lost(retry_error):
+                        raise
+                    failures += 1
+                    delay = next(delays)
+                    log.warning(
+                        "PostgreSQL at %s not reachable (%s); retrying in %.1f s",
+                        self._database,
+                        describe_error(retry_error),
+                        delay,
+                    )
+                    await pause(self._stopping, delay)
+                    continue
+                if failures:
+                    log.info(
+                        "PostgreSQL at %s reachable again after %d failed tries",
+                        self._database,
+                        failures,
+                    )
+                return
