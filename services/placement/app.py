@@ -51,7 +51,7 @@ import math
 import os
 import socket
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -97,9 +97,7 @@ from mdq.core.expiry import (
 from mdq.core.fairshare import OPERATOR_WEIGHT, Fairness, fairness_reason, max_share_reason
 from mdq.core.node_health import NodeCapacity, NodeHealth, NodeHealthPolicy, Suspicion
 from mdq.core.placement import (
-    ClusterSummary,
     Decision,
-    NodeScore,
     NodeState,
     Preemption,
     QueuedJob,
@@ -128,7 +126,15 @@ from mdq.memory import keep_state_out_of_gc
 from mdq.settings import LimitSettings
 from services.placement.control import ControlDesk, ControlRegistry, NotLeader
 from services.placement.lease import LeaderLease
+from services.placement.scores import (
+    ExplainedScores,
+    candidate_entry,
+    cluster_score_messages,
+    node_score_message,
+)
 from services.placement.settings import PlacementSettings
+
+__all__ = ["REPLAY_PRUNE_BATCH", "Placement", "candidate_entry"]
 
 log = logging.getLogger("mdq.placement")
 
@@ -165,44 +171,8 @@ class PendingControl:
     answer: asyncio.Future[pb.ControlReply]
 
 
-ExplainedScores = dict[int, tuple[NodeScore, bytes]]
-"""id(score) -> (the score, its encoded ``JobBound.candidates`` entry), for one plan."""
-
-
 def _utcnow() -> datetime:
     return datetime.now(UTC)
-
-
-def candidate_entry(score: NodeScore) -> bytes:
-    """One ``JobBound.candidates`` entry in wire format (tag, length, message): entries
-    concatenate into the repeated field."""
-    return pb.JobBound(candidates=[node_score_message(score)]).SerializeToString(deterministic=True)
-
-
-def node_score_message(score: NodeScore) -> pb.NodeScore:
-    """A core ``NodeScore`` as the contract's message."""
-    return pb.NodeScore(
-        node=score.node,
-        score=score.score,
-        filtered=score.filtered,
-        cpu_load=score.cpu_load,
-        memory_load=score.memory_load,
-    )
-
-
-def cluster_score_messages(summaries: Iterable[ClusterSummary]) -> list[pb.ClusterScore]:
-    """Core ``ClusterSummary``s as the contract's messages."""
-    return [
-        pb.ClusterScore(
-            cluster=summary.cluster,
-            best_score=summary.best_score,
-            best_node=summary.best_node,
-            candidates=summary.candidates,
-            filtered_counts=summary.filtered_counts,
-            cpu_reserved=summary.cpu_reserved,
-        )
-        for summary in summaries
-    ]
 
 
 def _refresh(written: tuple[tuple[Any, ...], datetime], now: datetime) -> bool:
