@@ -95,7 +95,7 @@ from mdq.core.expiry import (
     max_job_age,
 )
 from mdq.core.fairshare import OPERATOR_WEIGHT, Fairness, fairness_reason, max_share_reason
-from mdq.core.node_health import NodeCapacity, NodeHealth, NodeHealthPolicy, Suspicion
+from mdq.core.node_health import NodeHealth, NodeHealthPolicy, Suspicion
 from mdq.core.placement import (
     Decision,
     NodeState,
@@ -125,6 +125,7 @@ from mdq.core.timestamps import set_timestamp
 from mdq.memory import keep_state_out_of_gc
 from mdq.settings import LimitSettings
 from services.placement.control import ControlDesk, ControlRegistry, NotLeader
+from services.placement.cordons import Cordons
 from services.placement.lease import LeaderLease
 from services.placement.scores import (
     ExplainedScores,
@@ -247,6 +248,7 @@ class Placement:
             ended_memory=settings.ended_memory,
         )
         """What placement knows (pure); everything below is this replica's I/O bookkeeping."""
+        self.cordons = Cordons(self._current_state)
         self._snapshots = SnapshotKeeper(
             SnapshotStore(
                 js,
@@ -264,8 +266,6 @@ class Placement:
         self.snapshots_written = 0
         self.snapshot_decisions = 0
         """How many times an interval passed and the snapshot was written or found unchanged."""
-        self._cordon_notes: dict[str, tuple[datetime | str, bool]] = {}
-        """node -> (episode start, cordoned or held back) last logged, so each is logged once."""
         self._usage_written: dict[str, tuple[tuple[Any, ...], datetime]] = {}
         """tenant -> (queued jobs, running CPU) last written as its usage, and when."""
         self._usage_at: datetime | None = None
@@ -317,6 +317,10 @@ class Placement:
         """Bindings refused because another replica bound the job first."""
 
     # -- the state ---------------------------------------------------------------------------
+    def _current_state(self) -> PlacementState:
+        """The state now, for the parts (``restore`` replaces it)."""
+        return self.state
+
     @property
     def book(self) -> JobBook:
         """The jobs folded from the log (``PlacementState.book``)."""
@@ -732,63 +736,13 @@ class Placement:
         if self.state.apply_to(view, event):
             self._changed(view)
 
-    def _capacities(self, now: datetime) -> list[NodeCapacity]:
-        """What the cordon budget weighs (``PlacementState.capacities``)."""
-        return self.state.capacities(now)
-
     def failure_cordons(self, now: datetime) -> dict[str, Suspicion]:
-        """The cordons placement imposes now (nodes whose environment fails, nodes where jobs
-        kept crashing), within the budget; logs each cordon, and each suspect the budget leaves
-        open, once per episode."""
-        if not self.health.suspects(now) and not any(
-            node.problem for node in self.state.nodes.values()
-        ):  # most passes: no node to weigh, and no capacities to build
-            if self._cordon_notes:
-                self._cordon_notes.clear()
-            return {}
-        cordons = self.health.cordons(now, self._capacities(now))
-        for suspicion in cordons.cordoned.values():
-            self._note_cordon(suspicion, cordoned=True)
-        for suspicion in cordons.held_back:
-            self._note_cordon(suspicion, cordoned=False)
-        return cordons.cordoned
-
-    def _note_cordon(self, suspicion: Suspicion, *, cordoned: bool) -> None:
-        note = (suspicion.problem or suspicion.since, cordoned)
-        if self._cordon_notes.get(suspicion.node) == note:
-            return
-        self._cordon_notes[suspicion.node] = note
-        if suspicion.problem and cordoned:
-            log.warning("node %s takes no new pods: %s", suspicion.node, suspicion.problem)
-        elif suspicion.problem:
-            log.warning(
-                "node %s reports %s, but the cordon budget is exhausted (at most %.0f%% of ready "
-                "CPU, never the last schedulable node): it keeps taking work",
-                suspicion.node,
-                suspicion.problem,
-                100 * self.health.policy.max_cordoned_fraction,
-            )
-        elif cordoned:
-            log.warning(
-                "node %s cordoned until %s: %d jobs crashed there",
-                suspicion.node,
-                suspicion.until.isoformat(timespec="seconds"),
-                suspicion.failures,
-            )
-        else:
-            log.warning(
-                "node %s would be cordoned (%d jobs crashed there) but the cordon budget is "
-                "exhausted (at most %.0f%% of ready CPU, never the last schedulable node): it "
-                "keeps taking work",
-                suspicion.node,
-                suspicion.failures,
-                100 * self.health.policy.max_cordoned_fraction,
-            )
+        """The cordons placement imposes now (``Cordons.failure_cordons``)."""
+        return self.cordons.failure_cordons(now)
 
     def snapshot(self, now: datetime) -> list[NodeState]:
-        """Copies of the known nodes with their reservations, in-flight bindings and the
-        failure cordons in force."""
-        return self.state.node_states(self.failure_cordons(now))
+        """Copies of the known nodes as a pass sees them now (``Cordons.nodes``)."""
+        return self.cordons.nodes(now)
 
     def queue(self, now: datetime) -> list[QueuedJob]:
         """The PENDING jobs due now, in queue order, with their nominations."""
