@@ -52,15 +52,13 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 from nats.aio.client import Client
 from nats.js import JetStreamContext
-from nats.js.api import DeliverPolicy, KeyValueConfig, PubAck
+from nats.js.api import DeliverPolicy, PubAck
 from nats.js.errors import NotFoundError
-from nats.js.kv import KeyValue
 
 from mdq.backends.port import ClusterBackend, PodExists, PodSpec
 from mdq.bus.codec import decode_event
@@ -70,7 +68,6 @@ from mdq.bus.publisher import EventPublisher
 from mdq.bus.requests import EXPECTED_LAST_SUBJECT_SEQUENCE, is_wrong_last_sequence
 from mdq.bus.snapshots import SnapshotKeeper, SnapshotStore
 from mdq.bus.storage import StorageSettings
-from mdq.bus.streams import open_bucket
 from mdq.bus.subjects import Subjects
 from mdq.bus.tenants import TenantDirectory
 from mdq.contracts import pb
@@ -94,7 +91,6 @@ from mdq.core.expiry import (
     expiry_message,
     max_job_age,
 )
-from mdq.core.fairshare import OPERATOR_WEIGHT, Fairness, fairness_reason, max_share_reason
 from mdq.core.node_health import NodeHealth, NodeHealthPolicy, Suspicion
 from mdq.core.placement import (
     Decision,
@@ -102,13 +98,11 @@ from mdq.core.placement import (
     Preemption,
     QueuedJob,
     Standing,
-    Waiting,
-    explain_waiting,
     plan,
     plan_fair_reclaims,
     plan_preemptions,
 )
-from mdq.core.placement_state import PlacementState, TenantShare
+from mdq.core.placement_state import PlacementState
 from mdq.core.recovery import cancel_message
 from mdq.core.spec import SpecError, normalize_job
 from mdq.core.state import (
@@ -120,10 +114,10 @@ from mdq.core.state import (
     Stop,
     event_time,
 )
-from mdq.core.tenants import RunawayLimits, TenantUsage, usage_key
-from mdq.core.timestamps import set_timestamp
+from mdq.core.tenants import RunawayLimits
 from mdq.memory import keep_state_out_of_gc
 from mdq.settings import LimitSettings
+from services.placement.accounting import TenantAccounting
 from services.placement.control import ControlDesk, ControlRegistry, NotLeader
 from services.placement.cordons import Cordons
 from services.placement.lease import LeaderLease
@@ -131,9 +125,9 @@ from services.placement.scores import (
     ExplainedScores,
     candidate_entry,
     cluster_score_messages,
-    node_score_message,
 )
 from services.placement.settings import PlacementSettings
+from services.placement.waiting import WaitingBucket, WaitingExplainer
 
 __all__ = ["REPLAY_PRUNE_BATCH", "Placement", "candidate_entry"]
 
@@ -147,13 +141,6 @@ Clock = Callable[[], datetime]
 
 PREEMPTION_SCAN = 64
 """Unplaced jobs (in queue order) considered for preemption per pass."""
-WAITING_JOBS_PER_PASS = 32
-"""Unplaced jobs (in queue order) whose explanation is refreshed per explaining pass."""
-WAITING_TTL_S = 3600.0
-"""A waiting job's explanation expires this long after placement last wrote it."""
-WAITING_REFRESH_S = 600.0
-"""An unchanged explanation (or tenant usage) is written again this often (so it does not
-expire)."""
 TENANT_POLICIES_WAIT_S = 10.0
 """At start, how long placement waits for the tenants' policies before it places anyway."""
 POD_DELETES_AT_ONCE = 64
@@ -174,14 +161,6 @@ class PendingControl:
 
 def _utcnow() -> datetime:
     return datetime.now(UTC)
-
-
-def _refresh(written: tuple[tuple[Any, ...], datetime], now: datetime) -> bool:
-    """Whether a tenant's unchanged usage is written again: while it is not nothing (jobs
-    queued or CPU running), every ``WAITING_REFRESH_S`` (nothing is written once and left to
-    expire)."""
-    counted, at = written
-    return counted[:2] != (0, 0.0) and (now - at).total_seconds() >= WAITING_REFRESH_S
 
 
 class Placement:
@@ -249,6 +228,23 @@ class Placement:
         )
         """What placement knows (pure); everything below is this replica's I/O bookkeeping."""
         self.cordons = Cordons(self._current_state)
+        bucket = WaitingBucket(js, bucket=subjects.waiting_bucket, replicas=stream_replicas)
+        self.accounting = TenantAccounting(
+            state=self._current_state,
+            tenants=self.tenants,
+            settings=settings,
+            clock=clock,
+            bucket=bucket,
+        )
+        self.explainer = WaitingExplainer(
+            state=self._current_state,
+            config=self._config,
+            settings=settings,
+            bucket=bucket,
+            cordons=self.cordons.failure_cordons,
+            shares=self.accounting.shares,
+            maximum=self.accounting.maximum,
+        )
         self._snapshots = SnapshotKeeper(
             SnapshotStore(
                 js,
@@ -266,9 +262,6 @@ class Placement:
         self.snapshots_written = 0
         self.snapshot_decisions = 0
         """How many times an interval passed and the snapshot was written or found unchanged."""
-        self._usage_written: dict[str, tuple[tuple[Any, ...], datetime]] = {}
-        """tenant -> (queued jobs, running CPU) last written as its usage, and when."""
-        self._usage_at: datetime | None = None
         self._adopt: set[str] = set()
         """Jobs bound by someone else (an old leader) whose pod this leader makes sure of."""
         self._binding: set[str] = set()
@@ -276,10 +269,6 @@ class Placement:
         self._own_echoes: set[int] = set()
         """Stream sequences of bound events this replica published and applied: their echo
         from the log changes nothing, so it is not decoded."""
-        self._waiting_kv: KeyValue | None = None
-        self._waiting_written: dict[str, tuple[tuple[object, ...], datetime]] = {}
-        """job -> (what its explanation said, when it was written), while it waits."""
-        self._waiting_explained_at: datetime | None = None
         self._stream_replicas = stream_replicas
         self._dirty = asyncio.Event()
         self._jobs_ready = asyncio.Event()
@@ -342,8 +331,7 @@ class Placement:
 
     def _changed(self, view: JobView) -> None:
         """A job's view changed: an explanation of why it waits is kept only while PENDING."""
-        if view.state is not JobState.PENDING:
-            self._waiting_written.pop(view.job_id, None)
+        self.explainer.changed(view)
 
     # -- folding the log -------------------------------------------------------------------
     def is_own_echo(self, sequence: int) -> bool:
@@ -921,7 +909,7 @@ class Placement:
         candidates = [job for job in unplaced if not self.state.nominated(job.job_id)]
         if not candidates:
             return []
-        shares = self._shares(now)
+        shares = self.accounting.shares(now)
         if len(shares) < 2:
             return []  # one tenant: nobody to take from
         standing = {t: Standing(s.share, s.fair_share) for t, s in shares.items()}
@@ -966,7 +954,7 @@ class Placement:
         try:
             return await self._place(now)
         finally:
-            await self._write_usage()
+            await self.accounting.write_usage()
 
     async def _place(self, now: datetime) -> int:
         queue = self.queue(now)
@@ -974,17 +962,8 @@ class Placement:
             self.failure_cordons(now)  # cordons are noted each pass, with work to place or not
             return 0
         nodes = self.snapshot(now)  # a copy of every node: only for a pass with work
-        room = self.tenant_room()
-        fairness = (
-            Fairness(
-                held=self.state.held(),
-                weight=self._weight,
-                guaranteed=self._guaranteed,
-                maximum=self._maximum,
-            )
-            if self._settings.fair_share
-            else None
-        )
+        room = self.accounting.tenant_room()
+        fairness = self.accounting.fairness()
         decisions = plan(
             nodes, queue, now, self._config, ordered=True, tenant_room=room, fairness=fairness
         )
@@ -992,8 +971,8 @@ class Placement:
         if len(decisions) < len(queue):
             placed = {decision.job_id for decision in decisions}
             unplaced = [job for job in queue if job.job_id not in placed]
-            held = self.quota_reasons(unplaced) if room else {}
-            await self._explain_waiting(nodes, unplaced, now, held)
+            held = self.accounting.quota_reasons(unplaced) if room else {}
+            await self.explainer.explain(nodes, unplaced, now, held)
             # a job its tenant's quota holds back may not take another's room either
             candidates = [job for job in unplaced if job.job_id not in held]
             if self._settings.preemption:
@@ -1001,163 +980,6 @@ class Placement:
             if self._settings.fair_share and self._settings.fair_share_reclaim:
                 await self._reclaim(nodes, candidates, now)
         return len(decisions)
-
-    def _shares(self, now: datetime) -> dict[str, TenantShare]:
-        """Each tenant's fair-share standing now ({} with fair share off)."""
-        if not self._settings.fair_share:
-            return {}
-        return self.state.shares(now, self._weight, self._guaranteed, self._maximum)
-
-    def _guaranteed(self, tenant: str) -> float:
-        """A tenant's guaranteed share (its policy's; none for the operator)."""
-        return (self.tenants.policy(tenant).guaranteed_share or 0.0) if tenant else 0.0
-
-    def _maximum(self, tenant: str) -> float | None:
-        """A tenant's maximum share (its policy's; none for the operator)."""
-        return self.tenants.policy(tenant).max_share if tenant else None
-
-    def _weight(self, tenant: str) -> float:
-        """A tenant's fair-share weight: its policy's (read at each pass, so a change to the
-        tenants bucket counts from the next), the operator's ``OPERATOR_WEIGHT``."""
-        return self.tenants.policy(tenant).weight if tenant else OPERATOR_WEIGHT
-
-    def tenant_room(self) -> dict[str, float]:
-        """The CPU each tenant with queued jobs and a CPU quota may still bind."""
-        return self.state.tenant_room(self.tenants.policy)
-
-    def quota_reasons(self, jobs: list[QueuedJob]) -> dict[str, str]:
-        """job -> why its tenant's CPU quota keeps it from being bound now, for those it does."""
-        return self.state.quota_reasons(jobs, self.tenants.policy)
-
-    async def _write_usage(self) -> None:
-        """Write each tenant's usage (``TenantUsage``) into the waiting bucket under
-        ``tenant.<name>``, at most every ``tenant_usage_interval_s``, when it changed since
-        it was last written (and every ``WAITING_REFRESH_S`` while it is not nothing, so it
-        does not expire; an absent key means nothing queued or running). Best effort."""
-        interval = self._settings.tenant_usage_interval_s
-        now = self._clock()
-        last = self._usage_at
-        if interval <= 0 or (last is not None and (now - last).total_seconds() < interval):
-            return
-        self._usage_at = now
-        shares = self._shares(now)
-        for tenant in self.state.tenants():
-            queued, cpu = self.tenant_usage(tenant)
-            standing = shares.get(tenant)
-            counted: tuple[Any, ...] = (queued, round(cpu, 6), self._weight(tenant))
-            if standing is not None:
-                counted += (
-                    standing.running_jobs,
-                    round(standing.running.memory_mb, 3),
-                    round(standing.share, 4),
-                    round(standing.fair_share, 4),
-                )
-            written = self._usage_written.get(tenant)
-            if written is not None and written[0] == counted and not _refresh(written, now):
-                continue
-            usage = TenantUsage(
-                queued_jobs=queued, running_cpu=counted[1], as_of=now, weight=counted[2]
-            )
-            if standing is not None:
-                usage = replace(
-                    usage,
-                    running_jobs=counted[3],
-                    running_memory_mb=counted[4],
-                    share=counted[5],
-                    fair_share=counted[6],
-                )
-            try:
-                kv = await self._waiting_bucket()
-                await kv.put(usage_key(tenant), usage.to_json())
-            except Exception as error:
-                warn_try_failed(log, f"could not write the usage of tenant {tenant}", error)
-                return
-            self._usage_written[tenant] = (counted, now)
-
-    async def _explain_waiting(
-        self,
-        nodes: list[NodeState],
-        unplaced: list[QueuedJob],
-        now: datetime,
-        held: dict[str, str] | None = None,
-    ) -> None:
-        """Write why the first unplaced jobs fit nowhere (``mdq explain``), at most every
-        ``explain_waiting_interval_s`` and only where the answer changed. Best effort: an
-        explanation that cannot be written never holds placement up."""
-        interval = self._settings.explain_waiting_interval_s
-        last = self._waiting_explained_at
-        if interval <= 0 or (last is not None and (now - last).total_seconds() < interval):
-            return
-        self._waiting_explained_at = now
-        cordons = self.failure_cordons(now)
-        shares = self._shares(now)
-        for job in unplaced[:WAITING_JOBS_PER_PASS]:
-            reason = held.get(job.job_id) if held else None
-            if reason:
-                waiting = Waiting(job.job_id, (), {}, len(nodes), reason)
-            else:
-                waiting = explain_waiting(nodes, job, now, self._config)
-                standing = shares.get(job.tenant)
-                note = ""
-                if standing is not None:
-                    note = max_share_reason(
-                        job.tenant,
-                        standing.share,
-                        self._maximum(job.tenant),
-                        standing.job_share(job),
-                    )
-                    if not note and len(shares) > 1:  # others compete for the room
-                        note = fairness_reason(job.tenant, standing.share, standing.fair_share)
-                if note:
-                    waiting = replace(waiting, summary=f"{waiting.summary}; {note}")
-            signature = (waiting.summary, tuple((s.node, s.filtered) for s in waiting.scores))
-            written = self._waiting_written.get(job.job_id)
-            if (
-                written is not None
-                and written[0] == signature
-                and (now - written[1]).total_seconds() < WAITING_REFRESH_S
-            ):
-                continue
-            message = self._waiting_message(waiting, now, cordons)
-            try:
-                kv = await self._waiting_bucket()
-                await kv.put(job.job_id, message.SerializeToString())
-            except Exception as error:
-                warn_try_failed(log, f"could not write why {job.job_id} waits", error)
-                return
-            self._waiting_written[job.job_id] = (signature, now)
-
-    def _waiting_message(
-        self, waiting: Waiting, now: datetime, cordons: dict[str, Suspicion]
-    ) -> pb.JobWaiting:
-        message = pb.JobWaiting(
-            attempt=self.book.jobs[waiting.job_id].attempt,
-            candidates=[node_score_message(score) for score in waiting.scores],
-            nodes_total=waiting.nodes_total,
-            filtered_counts=waiting.filtered_counts,
-            summary=waiting.summary,
-            clusters=cluster_score_messages(waiting.clusters),
-        )
-        set_timestamp(message.at, now)
-        for name, suspicion in sorted(cordons.items()):
-            if not suspicion.failures:
-                continue  # a failing environment: the node's filter reason names it
-            cordon = message.cordons.add(node=name, failures=suspicion.failures)
-            set_timestamp(cordon.until, suspicion.until)
-        return message
-
-    async def _waiting_bucket(self) -> KeyValue:
-        if self._waiting_kv is None:
-            self._waiting_kv = await open_bucket(
-                self._js,
-                KeyValueConfig(
-                    bucket=self._subjects.waiting_bucket,
-                    ttl=WAITING_TTL_S,
-                    history=1,
-                    replicas=self._stream_replicas,
-                ),
-            )
-        return self._waiting_kv
 
     async def repair(self) -> None:
         """On taking over: make sure every BOUND job's pod exists (create is idempotent)."""
