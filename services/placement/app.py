@@ -52,7 +52,6 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from nats.aio.client import Client
@@ -62,7 +61,7 @@ from nats.js.errors import NotFoundError
 
 from mdq.backends.port import ClusterBackend, PodExists, PodSpec
 from mdq.bus.codec import decode_event
-from mdq.bus.log import follow_log, raise_if_cancelling, read_history
+from mdq.bus.log import follow_log, raise_if_cancelling
 from mdq.bus.outage import warn_try_failed
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.requests import EXPECTED_LAST_SUBJECT_SEQUENCE, is_wrong_last_sequence
@@ -73,17 +72,6 @@ from mdq.bus.tenants import TenantDirectory
 from mdq.contracts import pb
 from mdq.core import ids
 from mdq.core.clusters import cluster_of
-from mdq.core.control import (
-    Action,
-    Limits,
-    Selector,
-    decide,
-    forbidden,
-    may_control,
-    not_found,
-    origin_of,
-    reply_of,
-)
 from mdq.core.expiry import (
     CHECK_EVERY,
     ENDED_BY_PLACEMENT,
@@ -103,11 +91,8 @@ from mdq.core.placement import (
     plan_preemptions,
 )
 from mdq.core.placement_state import PlacementState
-from mdq.core.recovery import cancel_message
 from mdq.core.spec import SpecError, normalize_job
 from mdq.core.state import (
-    IDLE_STATES,
-    LIVE_STATES,
     JobBook,
     JobState,
     JobView,
@@ -118,8 +103,10 @@ from mdq.core.tenants import RunawayLimits
 from mdq.memory import keep_state_out_of_gc
 from mdq.settings import LimitSettings
 from services.placement.accounting import TenantAccounting
-from services.placement.control import ControlDesk, ControlRegistry, NotLeader
+from services.placement.control import ControlDesk, ControlRegistry
 from services.placement.cordons import Cordons
+from services.placement.emitter import Emitter
+from services.placement.job_control import JobControl
 from services.placement.lease import LeaderLease
 from services.placement.scores import (
     ExplainedScores,
@@ -143,20 +130,6 @@ PREEMPTION_SCAN = 64
 """Unplaced jobs (in queue order) considered for preemption per pass."""
 TENANT_POLICIES_WAIT_S = 10.0
 """At start, how long placement waits for the tenants' policies before it places anyway."""
-POD_DELETES_AT_ONCE = 64
-"""Pods deleted side by side when a request (or a pass) stops many jobs."""
-HISTORY_READS_AT_ONCE = 16
-"""Jobs placement no longer holds whose history a request reads from the log side by side."""
-
-
-@dataclass(slots=True)
-class PendingControl:
-    """A job-control request waiting for its turn in the loop."""
-
-    request: pb.ControlRequest
-    tenant: str
-    control_id: str
-    answer: asyncio.Future[pb.ControlReply]
 
 
 def _utcnow() -> datetime:
@@ -245,6 +218,9 @@ class Placement:
             shares=self.accounting.shares,
             maximum=self.accounting.maximum,
         )
+        self._emitter = Emitter(
+            state=self._current_state, publisher=publisher, changed=self.explainer.changed
+        )
         self._snapshots = SnapshotKeeper(
             SnapshotStore(
                 js,
@@ -282,14 +258,6 @@ class Placement:
         """Running jobs stopped to give a tenant its fair share back (in ``preempted_total``
         too)."""
         self.fenced_total = 0
-        self.controls_total = 0
-        """Job-control requests decided by this replica."""
-        self.stopped_total = 0
-        """Pods deleted to stop a job on request."""
-        self._control_queue: list[PendingControl] = []
-        self._limit_defaults = limits if limits is not None else LimitSettings().defaults()
-        self._pods_stopped: set[tuple[str, int]] = set()
-        """(job, attempt) whose pod this process deleted to stop it (once each)."""
         self.controls = (
             None
             if nc is None
@@ -300,6 +268,19 @@ class Placement:
                 decide=self.control,
                 allow_high=lambda tenant: not tenant or self.tenants.policy(tenant).allow_high,
             )
+        )
+        self.job_control = JobControl(
+            state=self._current_state,
+            publisher=publisher,
+            emitter=self._emitter,
+            backend=backend,
+            settings=settings,
+            tenants=self.tenants,
+            limits=limits if limits is not None else LimitSettings().defaults(),
+            desk=self.controls,
+            dirty=self._dirty,
+            js=js,
+            subjects=subjects,
         )
         self.invalid_specs_total = 0
         """``submitted`` events whose spec failed validation here: never bound."""
@@ -397,194 +378,8 @@ class Placement:
     async def control(
         self, request: pb.ControlRequest, tenant: str, control_id: str
     ) -> pb.ControlReply:
-        """Decide a job-control request (checked already: ``mdq.core.control.check_request``)
-        in the loop, between passes; ``NotLeader`` when this replica stops leading first."""
-        answer: asyncio.Future[pb.ControlReply] = asyncio.get_running_loop().create_future()
-        self._control_queue.append(PendingControl(request, tenant, control_id, answer))
-        self._dirty.set()
-        return await answer
-
-    def _refuse_controls(self) -> None:
-        queue, self._control_queue = self._control_queue, []
-        for pending in queue:
-            if not pending.answer.done():
-                pending.answer.set_exception(NotLeader("this placement replica does not lead"))
-
-    async def _serve_controls(self) -> None:
-        """Open or close the control entrance with the lease; decide what is queued."""
-        if self.controls is not None:
-            try:
-                await self.controls.open_if(self.leader)
-            except Exception:
-                log.exception("could not open the job-control entrance; retrying")
-        if not self.leader:
-            self._refuse_controls()
-            return
-        while self._control_queue:
-            pending = self._control_queue.pop(0)
-            if pending.answer.done():
-                continue
-            try:
-                reply = await self._apply_control(
-                    pending.request, pending.tenant, pending.control_id
-                )
-            except Exception as error:  # unanswered: the client sends it again
-                log.exception("job-control request %s failed", pending.control_id)
-                if not pending.answer.done():
-                    pending.answer.set_exception(error)
-                continue
-            if not pending.answer.done():
-                pending.answer.set_result(reply)
-
-    def _limits(self, tenant: str) -> Limits:
-        """What bounds an extend of ``tenant``'s jobs: its steps limit (its policy's, else the
-        operator's default)."""
-        policy = self.tenants.policy(tenant) if tenant else None
-        return Limits(max_steps=RunawayLimits.of(policy, self._limit_defaults).max_steps)
-
-    async def _read_job(self, job_id: str) -> tuple[JobView | None, int]:
-        """A job placement no longer holds (it ended), folded from its history in the log;
-        (None, 0) when the log holds none. With the stream sequence of its last ``bound``."""
-        book = JobBook()
-        last_bound = 0
-        for sequence, event in await read_history(self._js, self._subjects.job_all(job_id)):
-            if event.job_id != job_id:
-                continue
-            book.apply(0, event)
-            if event.WhichOneof("body") == "bound":
-                last_bound = sequence
-        return book.jobs.get(job_id), last_bound
-
-    async def _apply_control(
-        self, request: pb.ControlRequest, tenant: str, control_id: str
-    ) -> pb.ControlReply:
-        origin = origin_of(request, control_id=control_id, tenant=tenant)
-        selector = Selector.of(request, tenant)
-        limits = self._limits(tenant)
-        verb = request.verb
-        outcomes: list[pb.ControlOutcome] = []
-        targets: list[tuple[JobView, bool]] = []
-        """(view, whether placement holds it)"""
-        fences: dict[str, int] = {}
-        if selector.by_id:
-            mine = [job for job in selector.job_ids if may_control(tenant, job)]
-            outcomes += [
-                forbidden(job, tenant).outcome(job)
-                for job in selector.job_ids
-                if not may_control(tenant, job)
-            ]
-            forgotten = [job for job in mine if job not in self.book.jobs]
-            slots = asyncio.Semaphore(HISTORY_READS_AT_ONCE)
-
-            async def read(job: str) -> tuple[JobView | None, int]:
-                async with slots:
-                    return await self._read_job(job)
-
-            read_back = await asyncio.gather(*(read(job) for job in forgotten))
-            found = dict(zip(forgotten, read_back, strict=True))
-            for job in mine:  # decided with no await since the views were taken
-                known = self.book.jobs.get(job)
-                if known is not None:
-                    targets.append((known, True))
-                    continue
-                view, last_bound = found.get(job, (None, 0))
-                if view is None:
-                    outcomes.append(not_found(job).outcome(job))
-                else:
-                    targets.append((view, False))
-                    fences[job] = last_bound
-        else:
-            targets = [
-                (view, True)
-                for view in self.book.jobs.values()
-                if not view.state.terminal and selector.matches(view)
-            ]
-        planned: list[tuple[JobView, bool, Action, pb.Event]] = []
-        for view, held in targets:
-            action = decide(verb, view, request, origin, limits)
-            if not action.kind or action.body is None:
-                outcomes.append(action.outcome(view.job_id))
-                continue
-            event = self._publisher.event(
-                action.kind,
-                action.body,
-                job_id=view.job_id,
-                attempt=action.attempt,
-                detail=action.detail,
-            )
-            planned.append((view, held, action, event))
-        # in batches, as bindings are: one batch's acks are awaited under one timer
-        size = self._settings.bind_concurrency
-        results: list[PubAck | Exception] = []
-        for start in range(0, len(planned), size):
-            batch = planned[start : start + size]
-            results += await self._publisher.publish_each([(event, None) for *_, event in batch])
-        failure: Exception | None = None
-        stops: list[tuple[str, int]] = []
-        for (view, held, action, event), result in zip(planned, results, strict=True):
-            if isinstance(result, Exception):
-                failure = failure or result
-                continue
-            outcomes.append(action.outcome(view.job_id))
-            if event.WhichOneof("body") == "extended" and view.job_id in fences:
-                self.state.fence_learned(view.job_id, fences[view.job_id])
-            if held and self.state.apply_to(view, event):
-                self._changed(view)
-            if action.stop_pod:
-                stops.append((view.job_id, view.attempt))
-        await self._stop_pods(stops)
-        if failure is not None:
-            raise failure  # unanswered; the resend finds what did land already done
-        self.controls_total += 1
-        log.info(
-            "job control %s (%s): %d jobs",
-            control_id,
-            pb.ControlVerb.Name(verb),
-            len(outcomes),
-        )
-        return reply_of(control_id, outcomes)
-
-    async def _stop_pods(self, pods: list[tuple[str, int]]) -> None:
-        """Delete the pods of these (job, attempt)s, once each per process: each runner gets
-        SIGTERM, checkpoints and exits."""
-        pods = [pod for pod in pods if pod not in self._pods_stopped]
-        if not pods:
-            return
-        slots = asyncio.Semaphore(POD_DELETES_AT_ONCE)
-
-        async def stop(job_id: str, attempt: int) -> None:
-            async with slots:
-                await self._backend.delete_pod(ids.pod_name(job_id, attempt))
-            self._pods_stopped.add((job_id, attempt))
-            self.stopped_total += 1
-
-        results = await asyncio.gather(*(stop(*pod) for pod in pods), return_exceptions=True)
-        for pod, result in zip(pods, results, strict=True):
-            if isinstance(result, Exception):
-                log.warning("could not delete the pod of %s attempt %d: %r", *pod, result)
-
-    async def _settle_stops(self) -> None:
-        """What job control left to do, level-triggered (a crash between a request's event and
-        its effect, a cancel folded after the job's attempt ended): end a cancelled job that
-        runs nothing, delete the pods of jobs being stopped and of jobs cancelled while bound."""
-        pods: list[tuple[str, int]] = list(self.state.take_orphan_pods())
-        stopping = self.state.stopping()
-        self._pods_stopped &= {(view.job_id, view.attempt) for view in stopping}
-        for view in stopping:
-            if view.stop is Stop.CANCEL and view.state in IDLE_STATES:
-                origin = view.stop_origin or pb.ControlOrigin()
-                await self._emit_and_apply(
-                    view,
-                    self._publisher.event(
-                        "cancelled",
-                        pb.JobCancelled(origin=origin, message=cancel_message(origin)),
-                        job_id=view.job_id,
-                        attempt=view.attempt,
-                    ),
-                )
-            elif view.state in LIVE_STATES:
-                pods.append((view.job_id, view.attempt))
-        await self._stop_pods(pods)
+        """Decide a job-control request in the loop, between passes (``JobControl.control``)."""
+        return await self.job_control.control(request, tenant, control_id)
 
     async def _learn_fences(self) -> None:
         """Read from the log the last ``bound`` of each job whose publish fence is not known
@@ -654,7 +449,7 @@ class Placement:
             cancelled = self.state.cancelled_dependencies(view)
             if cancelled:
                 names = ", ".join(cancelled)
-                await self._emit_and_apply(
+                await self._emitter.emit(
                     view,
                     self._publisher.event(
                         "cancelled",
@@ -672,7 +467,7 @@ class Placement:
             failed = self.state.dependency_verdict(view)
             if failed:
                 names = ", ".join(failed)
-                await self._emit_and_apply(
+                await self._emitter.emit(
                     view,
                     self._publisher.event(
                         "failed",
@@ -685,7 +480,7 @@ class Placement:
                     ),
                 )
             elif failed is not None:
-                await self._emit_and_apply(
+                await self._emitter.emit(
                     view,
                     self._publisher.event(
                         "released",
@@ -708,7 +503,7 @@ class Placement:
                     continue
                 message = expiry_message(view, now, self._jobs_log_days)
                 log.warning("job %s ended: %s", view.job_id, message)
-                await self._emit_and_apply(
+                await self._emitter.emit(
                     view,
                     self._publisher.event(
                         "failed",
@@ -717,12 +512,6 @@ class Placement:
                         attempt=view.attempt,
                     ),
                 )
-
-    async def _emit_and_apply(self, view: JobView, event: pb.Event) -> None:
-        """Publish an event and fold it in at once (the log echoes it later, a no-op then)."""
-        await self._publisher.publish(event)
-        if self.state.apply_to(view, event):
-            self._changed(view)
 
     def failure_cordons(self, now: datetime) -> dict[str, Suspicion]:
         """The cordons placement imposes now (``Cordons.failure_cordons``)."""
@@ -857,8 +646,7 @@ class Placement:
                 except Exception as error:
                     failure = failure or error
                     continue
-                if self.state.apply_to(view, event):
-                    self._changed(view)
+                self._emitter.apply(view, event)
                 self.state.note_binding(view, event_time(event))
                 bound.append(view)
         finally:
@@ -937,7 +725,7 @@ class Placement:
         Returns the number of jobs bound.
         """
         self.passes_total += 1
-        await self._settle_stops()
+        await self.job_control.settle_stops()
         await self._learn_fences()
         await self._end_expired()
         await self._release_waiting()
@@ -1089,7 +877,7 @@ class Placement:
                         task.result()
                 self._dirty.clear()
                 self.state.prune()  # between passes: no view of an ended job is in use
-                await self._serve_controls()
+                await self.job_control.serve(self.leader)
                 if self.leader:
                     try:
                         started = time.perf_counter()
@@ -1113,9 +901,7 @@ class Placement:
         finally:
             for task in tasks:
                 task.cancel()
-            if self.controls is not None:
-                await self.controls.close()
-            self._refuse_controls()
+            await self.job_control.close()
             await self.tenants.close()
             if self._lease is not None:
                 with contextlib.suppress(Exception):
