@@ -47,31 +47,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import os
 import socket
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from nats.aio.client import Client
 from nats.js import JetStreamContext
-from nats.js.api import DeliverPolicy, PubAck
+from nats.js.api import DeliverPolicy
 from nats.js.errors import NotFoundError
 
-from mdq.backends.port import ClusterBackend, PodExists, PodSpec
+from mdq.backends.port import ClusterBackend
 from mdq.bus.codec import decode_event
 from mdq.bus.log import follow_log, raise_if_cancelling
 from mdq.bus.outage import warn_try_failed
 from mdq.bus.publisher import EventPublisher
-from mdq.bus.requests import EXPECTED_LAST_SUBJECT_SEQUENCE, is_wrong_last_sequence
 from mdq.bus.snapshots import SnapshotKeeper, SnapshotStore
 from mdq.bus.storage import StorageSettings
 from mdq.bus.subjects import Subjects
 from mdq.bus.tenants import TenantDirectory
 from mdq.contracts import pb
-from mdq.core import ids
-from mdq.core.clusters import cluster_of
 from mdq.core.expiry import (
     CHECK_EVERY,
     ENDED_BY_PLACEMENT,
@@ -81,14 +77,7 @@ from mdq.core.expiry import (
 )
 from mdq.core.node_health import NodeHealth, NodeHealthPolicy, Suspicion
 from mdq.core.placement import (
-    Decision,
     NodeState,
-    Preemption,
-    QueuedJob,
-    Standing,
-    plan,
-    plan_fair_reclaims,
-    plan_preemptions,
 )
 from mdq.core.placement_state import PlacementState
 from mdq.core.spec import SpecError, normalize_job
@@ -96,23 +85,20 @@ from mdq.core.state import (
     JobBook,
     JobState,
     JobView,
-    Stop,
     event_time,
 )
 from mdq.core.tenants import RunawayLimits
 from mdq.memory import keep_state_out_of_gc
 from mdq.settings import LimitSettings
 from services.placement.accounting import TenantAccounting
+from services.placement.binder import Binder
 from services.placement.control import ControlDesk, ControlRegistry
 from services.placement.cordons import Cordons
 from services.placement.emitter import Emitter
 from services.placement.job_control import JobControl
 from services.placement.lease import LeaderLease
-from services.placement.scores import (
-    ExplainedScores,
-    candidate_entry,
-    cluster_score_messages,
-)
+from services.placement.preemption import Preemptor
+from services.placement.scores import candidate_entry
 from services.placement.settings import PlacementSettings
 from services.placement.waiting import WaitingBucket, WaitingExplainer
 
@@ -126,8 +112,6 @@ many, so a cold start's memory follows the live jobs, not the length of the hist
 
 Clock = Callable[[], datetime]
 
-PREEMPTION_SCAN = 64
-"""Unplaced jobs (in queue order) considered for preemption per pass."""
 TENANT_POLICIES_WAIT_S = 10.0
 """At start, how long placement waits for the tenants' policies before it places anyway."""
 
@@ -221,6 +205,25 @@ class Placement:
         self._emitter = Emitter(
             state=self._current_state, publisher=publisher, changed=self.explainer.changed
         )
+        self.preemptor = Preemptor(
+            state=self._current_state,
+            backend=backend,
+            settings=settings,
+            config=self._config,
+            shares=self.accounting.shares,
+        )
+        self.binder = Binder(
+            state=self._current_state,
+            publisher=publisher,
+            backend=backend,
+            settings=settings,
+            config=self._config,
+            emitter=self._emitter,
+            cordons=self.cordons,
+            accounting=self.accounting,
+            explainer=self.explainer,
+            preemptor=self.preemptor,
+        )
         self._snapshots = SnapshotKeeper(
             SnapshotStore(
                 js,
@@ -238,26 +241,13 @@ class Placement:
         self.snapshots_written = 0
         self.snapshot_decisions = 0
         """How many times an interval passed and the snapshot was written or found unchanged."""
-        self._adopt: set[str] = set()
-        """Jobs bound by someone else (an old leader) whose pod this leader makes sure of."""
-        self._binding: set[str] = set()
-        """Jobs whose bound event this replica is publishing right now."""
-        self._own_echoes: set[int] = set()
-        """Stream sequences of bound events this replica published and applied: their echo
-        from the log changes nothing, so it is not decoded."""
         self._stream_replicas = stream_replicas
         self._dirty = asyncio.Event()
         self._jobs_ready = asyncio.Event()
         self._nodes_ready = asyncio.Event()
         self.leader = self._lease is None
-        self.bound_total = 0
         self.passes_total = 0
         """Reconcile passes begun (tests wait for passes instead of sleeping)."""
-        self.preempted_total = 0
-        self.reclaimed_total = 0
-        """Running jobs stopped to give a tenant its fair share back (in ``preempted_total``
-        too)."""
-        self.fenced_total = 0
         self.controls = (
             None
             if nc is None
@@ -284,7 +274,6 @@ class Placement:
         )
         self.invalid_specs_total = 0
         """``submitted`` events whose spec failed validation here: never bound."""
-        """Bindings refused because another replica bound the job first."""
 
     # -- the state ---------------------------------------------------------------------------
     def _current_state(self) -> PlacementState:
@@ -306,6 +295,18 @@ class Placement:
         """Recent crashes per node and the suspicions they caused."""
         return self.state.health
 
+    @property
+    def bound_total(self) -> int:
+        return self.binder.bound_total
+
+    @property
+    def fenced_total(self) -> int:
+        return self.binder.fenced_total
+
+    @property
+    def reclaimed_total(self) -> int:
+        return self.preemptor.reclaimed_total
+
     def tenant_usage(self, tenant: str) -> tuple[int, float]:
         """``tenant``'s jobs not running yet and the CPU of its BOUND and RUNNING jobs."""
         return self.state.tenant_usage(tenant)
@@ -317,8 +318,7 @@ class Placement:
     # -- folding the log -------------------------------------------------------------------
     def is_own_echo(self, sequence: int) -> bool:
         """Whether the log message at ``sequence`` is a bound event this replica applied."""
-        if sequence in self._own_echoes:
-            self._own_echoes.discard(sequence)
+        if self.binder.forget_echo(sequence):
             # the state holds every event up to it (the log is fed in order): a snapshot
             # taken now reflects this sequence, and a restart need not read it again
             self.book.last_sequence = max(self.book.last_sequence, sequence)
@@ -346,7 +346,7 @@ class Placement:
         if kind == "submitted" and not self._valid_submitted(event):
             return
         if kind == "bound":
-            self._own_echoes.discard(sequence)  # the echo overtook the publish's ack
+            self.binder.forget_echo(sequence)  # the echo overtook the publish's ack
         folded = self.state.apply(sequence, event)
         if not self._jobs_ready.is_set() and self.state.unpruned_ended >= REPLAY_PRUNE_BATCH:
             # replaying: no pass runs yet, so no view is in use, and ended jobs are let go as
@@ -362,10 +362,10 @@ class Placement:
                     self.health.policy.cordon_s,
                     self.health.policy.failures_to_cordon,
                 )
-            if kind == "bound" and view.job_id not in self._binding:
+            if kind == "bound" and not self.binder.is_binding(view.job_id):
                 # bound by someone else (our own bindings are applied before their echo)
                 self.state.note_binding(view, event_time(event))
-                self._adopt.add(view.job_id)
+                self.binder.adopt(view.job_id)
             self._dirty.set()
 
     async def on_node_event(self, _sequence: int, event: pb.Event) -> None:
@@ -521,204 +521,6 @@ class Placement:
         """Copies of the known nodes as a pass sees them now (``Cordons.nodes``)."""
         return self.cordons.nodes(now)
 
-    def queue(self, now: datetime) -> list[QueuedJob]:
-        """The PENDING jobs due now, in queue order, with their nominations."""
-        return self.state.queue(now)
-
-    def pod_for(self, view: JobView) -> PodSpec:
-        """The pod of the job's current attempt on its bound node: a description of the
-        attempt, never a command (the backend starts the runner; mdq.backends.launch)."""
-        return PodSpec(
-            name=ids.pod_name(view.job_id, view.attempt),
-            job_id=view.job_id,
-            attempt=view.attempt,
-            node=view.node,
-            cpu=view.resources.cpu,
-            memory_mb=int(view.resources.memory_mb),
-            priority_class=view.spec.priority_class,
-            spec=view.spec,
-            resume_from=view.resume_from,
-            depends_on=tuple(view.depends_on_ids),
-            threads=max(1, math.ceil(view.resources.cpu)),
-        )
-
-    async def _ensure_pod(self, view: JobView) -> None:
-        if view.state is not JobState.BOUND or view.stop is not Stop.NONE:
-            return  # ended or being stopped meanwhile: no pod (one made is deleted by a pass)
-        with contextlib.suppress(PodExists):
-            await self._backend.create_pod(self.pod_for(view))
-
-    def bound_event(
-        self, view: JobView, decision: Decision, explained: ExplainedScores
-    ) -> pb.Event:
-        """The ``bound`` event of a decision, with its explanation.
-
-        The decisions of one plan share most of their score objects (the core rescores only
-        the nodes a binding changed), so ``explained`` keeps each one's encoded candidate entry
-        by object for the plan: a decision's candidates are then one concatenation and one
-        parse instead of a message built per node."""
-        # The body is filled in place in the envelope: building it apart and copying it in
-        # (make_event) doubled the cost of the per-binding explanation.
-        event = self._publisher.event(
-            "bound", pb.JobBound(), job_id=view.job_id, attempt=view.attempt
-        )
-        body = event.bound
-        body.node = decision.node
-        body.pod_name = ids.pod_name(view.job_id, view.attempt)
-        entries = []
-        for score in decision.scores:
-            known = explained.get(id(score))
-            if known is None:  # the score object is kept with it, so its id stays its own
-                known = explained[id(score)] = (score, candidate_entry(score))
-            entries.append(known[1])
-        body.MergeFromString(b"".join(entries))
-        body.nodes_total = decision.nodes_total
-        body.filtered_counts.update(decision.filtered_counts)
-        body.not_examined = decision.not_examined
-        body.cluster = cluster_of(decision.node)
-        if decision.clusters:
-            body.clusters.extend(cluster_score_messages(decision.clusters))
-        body.resources.CopyFrom(view.resources)
-        if view.resume_from is not None:
-            body.resume_from.CopyFrom(view.resume_from)
-        return event
-
-    def _fence(self, job_id: str) -> dict[str, str]:
-        """The header that makes JetStream refuse a ``bound`` if anyone bound the job since
-        this replica last looked."""
-        return {EXPECTED_LAST_SUBJECT_SEQUENCE: str(self.state.fence_sequence(job_id))}
-
-    def _accepted(self, event: pb.Event, result: PubAck | Exception) -> bool:
-        """Whether a fenced ``bound`` was stored as ours; raises the error of a publish that
-        failed for another reason than the fence."""
-        if is_wrong_last_sequence(result):
-            log.info("%s was bound by another replica; not binding it", event.job_id)
-            self.fenced_total += 1
-            # read the last binding again: one of this attempt settles it when its echo comes;
-            # one of an earlier attempt only means the fence was stale (an extended job)
-            self.state.ask_fence_again(event.job_id)
-            return False
-        if isinstance(result, Exception):
-            raise result
-        if result.duplicate:
-            self.fenced_total += 1
-            return False
-        self.state.note_bound_sequence(event.job_id, result.seq)
-        if result.seq > self.book.last_sequence:  # its echo is still to come
-            self._own_echoes.add(result.seq)
-        return True
-
-    async def _bind_all(self, decisions: list[Decision]) -> None:
-        """Publish the decisions' ``bound`` events, fenced, ``bind_concurrency`` at a time,
-        then create their pods. A publish that failed for another reason than the fence is
-        raised once the others are applied."""
-        size = self._settings.bind_concurrency
-        failure: Exception | None = None
-        explained: ExplainedScores = {}
-        for start in range(0, len(decisions), size):
-            try:
-                await self._bind_batch(decisions[start : start + size], explained)
-            except Exception as error:  # the other batches still go
-                failure = failure or error
-        if failure is not None:
-            raise failure
-
-    async def _bind_batch(self, decisions: list[Decision], explained: ExplainedScores) -> None:
-        batch: list[tuple[JobView, pb.Event]] = []
-        for decision in decisions:
-            view = self.book.jobs[decision.job_id]
-            if view.state is JobState.PENDING:
-                batch.append((view, self.bound_event(view, decision, explained)))
-        if not batch:
-            return
-        job_ids = [view.job_id for view, _ in batch]
-        self._binding.update(job_ids)
-        bound: list[JobView] = []
-        failure: Exception | None = None
-        try:
-            results = await self._publisher.publish_each(
-                [(event, self._fence(event.job_id)) for _, event in batch]
-            )
-            for (view, event), result in zip(batch, results, strict=True):
-                try:
-                    if not self._accepted(event, result):
-                        continue
-                except Exception as error:
-                    failure = failure or error
-                    continue
-                self._emitter.apply(view, event)
-                self.state.note_binding(view, event_time(event))
-                bound.append(view)
-        finally:
-            self._binding.difference_update(job_ids)
-        await asyncio.gather(*(self._ensure_pod(view) for view in bound))
-        self.bound_total += len(bound)
-        if failure is not None:
-            raise failure
-
-    async def _preempt(
-        self, nodes: list[NodeState], unplaced: list[QueuedJob], now: datetime
-    ) -> list[Preemption]:
-        candidates = [job for job in unplaced if not self.state.nominated(job.job_id)]
-        if not candidates:
-            return []
-        running = self.state.running_work()
-        if not running:
-            return []
-        lowest = min(work.priority for work in running)
-        # the head of the queue only: a pass never costs more than a bounded search
-        candidates = [job for job in candidates if job.priority > lowest][:PREEMPTION_SCAN]
-        if not candidates:
-            return []
-        preemptions = plan_preemptions(nodes, candidates, running, now, self._config)
-        await self._stop_for(preemptions, now)
-        return preemptions
-
-    async def _stop_for(self, preemptions: list[Preemption], now: datetime) -> None:
-        """Hold each preemptor's room on its node and delete its victims' pods."""
-        until = now + timedelta(seconds=self._settings.preemption_timeout_s)
-        # the victims' views are taken before the first await: nothing is pruned meanwhile
-        # (pruning happens between passes), this just keeps that true if that ever changes
-        victims = [[self.book.jobs[v] for v in p.victims] for p in preemptions]
-        for preemption, views in zip(preemptions, victims, strict=True):
-            log.info("preemption for %s: %s", preemption.job_id, preemption.reason)
-            self.state.nominate(preemption, until)
-            for view in views:
-                await self._backend.delete_pod(ids.pod_name(view.job_id, view.attempt))
-                self.preempted_total += 1
-
-    async def _reclaim(
-        self, nodes: list[NodeState], unplaced: list[QueuedJob], now: datetime
-    ) -> list[Preemption]:
-        """Give tenants below their fair share room back from those above theirs
-        (``plan_fair_reclaims``), by the preemption path: the waiting job is nominated on the
-        node, the victims' pods are deleted (SIGTERM: they checkpoint, and recovery requeues
-        them at once)."""
-        candidates = [job for job in unplaced if not self.state.nominated(job.job_id)]
-        if not candidates:
-            return []
-        shares = self.accounting.shares(now)
-        if len(shares) < 2:
-            return []  # one tenant: nobody to take from
-        standing = {t: Standing(s.share, s.fair_share) for t, s in shares.items()}
-        if not any(figures.share > figures.fair_share for figures in standing.values()):
-            return []
-        total_cpu, total_memory_mb = self.state.schedulable_capacity(now)
-        reclaims = plan_fair_reclaims(
-            nodes,
-            candidates[:PREEMPTION_SCAN],
-            self.state.running_work(),
-            standing,
-            total_cpu,
-            total_memory_mb,
-            now,
-            self._config,
-            min_run_s=self._settings.fair_share_min_run_s,
-        )
-        await self._stop_for(reclaims, now)
-        self.reclaimed_total += sum(len(reclaim.victims) for reclaim in reclaims)
-        return reclaims
-
     async def reconcile(self) -> int:
         """One pass: release chains, bind what fits, preempt for what does not fit.
 
@@ -731,47 +533,16 @@ class Placement:
         await self._release_waiting()
         if await self._look_up_dependencies():
             await self._release_waiting()  # what the log said releases or fails its dependents
-        if self._adopt:
-            # a job that ended (and was pruned) since it was adopted needs no pod
-            adopted = [view for job in self._adopt if (view := self.book.jobs.get(job))]
-            self._adopt.clear()
-            await asyncio.gather(
-                *(self._ensure_pod(v) for v in adopted if v.state is JobState.BOUND)
-            )
+        await self.binder.ensure_adopted()
         now = self._clock()
         try:
-            return await self._place(now)
+            return await self.binder.place(now)
         finally:
             await self.accounting.write_usage()
 
-    async def _place(self, now: datetime) -> int:
-        queue = self.queue(now)
-        if not queue:
-            self.failure_cordons(now)  # cordons are noted each pass, with work to place or not
-            return 0
-        nodes = self.snapshot(now)  # a copy of every node: only for a pass with work
-        room = self.accounting.tenant_room()
-        fairness = self.accounting.fairness()
-        decisions = plan(
-            nodes, queue, now, self._config, ordered=True, tenant_room=room, fairness=fairness
-        )
-        await self._bind_all(decisions)
-        if len(decisions) < len(queue):
-            placed = {decision.job_id for decision in decisions}
-            unplaced = [job for job in queue if job.job_id not in placed]
-            held = self.accounting.quota_reasons(unplaced) if room else {}
-            await self.explainer.explain(nodes, unplaced, now, held)
-            # a job its tenant's quota holds back may not take another's room either
-            candidates = [job for job in unplaced if job.job_id not in held]
-            if self._settings.preemption:
-                await self._preempt(nodes, candidates, now)
-            if self._settings.fair_share and self._settings.fair_share_reclaim:
-                await self._reclaim(nodes, candidates, now)
-        return len(decisions)
-
     async def repair(self) -> None:
         """On taking over: make sure every BOUND job's pod exists (create is idempotent)."""
-        await asyncio.gather(*(self._ensure_pod(v) for v in self.state.views(JobState.BOUND)))
+        await self.binder.repair()
 
     # -- running ---------------------------------------------------------------------------
     async def restore(self) -> int:
@@ -893,7 +664,7 @@ class Placement:
                         await asyncio.sleep(0.5)
                     await self._write_snapshot()
                 else:
-                    self._adopt.clear()
+                    self.binder.drop_adopted()
                 raise_if_cancelling()  # a cancel that a pass's NATS requests dropped
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(self._settings.reconcile_interval_s):
