@@ -56,36 +56,22 @@ from datetime import UTC, datetime
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy
-from nats.js.errors import NotFoundError
 
 from mdq.backends.port import ClusterBackend
-from mdq.bus.codec import decode_event
 from mdq.bus.log import follow_log, raise_if_cancelling
-from mdq.bus.outage import warn_try_failed
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.snapshots import SnapshotKeeper, SnapshotStore
 from mdq.bus.storage import StorageSettings
 from mdq.bus.subjects import Subjects
 from mdq.bus.tenants import TenantDirectory
 from mdq.contracts import pb
-from mdq.core.expiry import (
-    CHECK_EVERY,
-    ENDED_BY_PLACEMENT,
-    expired,
-    expiry_message,
-    max_job_age,
-)
 from mdq.core.node_health import NodeHealth, NodeHealthPolicy, Suspicion
 from mdq.core.placement import (
     NodeState,
 )
 from mdq.core.placement_state import PlacementState
-from mdq.core.spec import SpecError, normalize_job
 from mdq.core.state import (
     JobBook,
-    JobState,
-    JobView,
-    event_time,
 )
 from mdq.core.tenants import RunawayLimits
 from mdq.memory import keep_state_out_of_gc
@@ -94,7 +80,10 @@ from services.placement.accounting import TenantAccounting
 from services.placement.binder import Binder
 from services.placement.control import ControlDesk, ControlRegistry
 from services.placement.cordons import Cordons
+from services.placement.dependencies import Dependencies
 from services.placement.emitter import Emitter
+from services.placement.expiry import Expiry
+from services.placement.intake import REPLAY_PRUNE_BATCH, Intake
 from services.placement.job_control import JobControl
 from services.placement.lease import LeaderLease
 from services.placement.preemption import Preemptor
@@ -105,10 +94,6 @@ from services.placement.waiting import WaitingBucket, WaitingExplainer
 __all__ = ["REPLAY_PRUNE_BATCH", "Placement", "candidate_entry"]
 
 log = logging.getLogger("mdq.placement")
-
-REPLAY_PRUNE_BATCH = 1024
-"""While placement replays the log (before it has caught up), it forgets ended jobs every this
-many, so a cold start's memory follows the live jobs, not the length of the history."""
 
 Clock = Callable[[], datetime]
 
@@ -153,9 +138,6 @@ class Placement:
         self._settings = settings
         self._namespace = namespace
         self._clock = clock
-        self._jobs_log_days = jobs_log_days
-        self._max_age = max_job_age(jobs_log_days)
-        self._expiry_checked_at: datetime | None = None
         self.tenants = tenants or TenantDirectory(js, subjects)
         self.instance = instance or f"{socket.gethostname()}-{os.getpid()}-{id(self):x}"
         self._config = settings.placement_config()
@@ -202,7 +184,7 @@ class Placement:
             shares=self.accounting.shares,
             maximum=self.accounting.maximum,
         )
-        self._emitter = Emitter(
+        emitter = Emitter(
             state=self._current_state, publisher=publisher, changed=self.explainer.changed
         )
         self.preemptor = Preemptor(
@@ -218,7 +200,7 @@ class Placement:
             backend=backend,
             settings=settings,
             config=self._config,
-            emitter=self._emitter,
+            emitter=emitter,
             cordons=self.cordons,
             accounting=self.accounting,
             explainer=self.explainer,
@@ -248,6 +230,29 @@ class Placement:
         self.leader = self._lease is None
         self.passes_total = 0
         """Reconcile passes begun (tests wait for passes instead of sleeping)."""
+        self.intake = Intake(
+            state=self._current_state,
+            binder=self.binder,
+            changed=self.explainer.changed,
+            dirty=self._dirty,
+            caught_up=self._jobs_ready,
+            js=js,
+            subjects=subjects,
+        )
+        self.dependencies = Dependencies(
+            state=self._current_state,
+            publisher=publisher,
+            emitter=emitter,
+            js=js,
+            subjects=subjects,
+        )
+        self.expiry = Expiry(
+            state=self._current_state,
+            publisher=publisher,
+            emitter=emitter,
+            clock=clock,
+            jobs_log_days=jobs_log_days,
+        )
         self.controls = (
             None
             if nc is None
@@ -262,7 +267,7 @@ class Placement:
         self.job_control = JobControl(
             state=self._current_state,
             publisher=publisher,
-            emitter=self._emitter,
+            emitter=emitter,
             backend=backend,
             settings=settings,
             tenants=self.tenants,
@@ -272,8 +277,6 @@ class Placement:
             js=js,
             subjects=subjects,
         )
-        self.invalid_specs_total = 0
-        """``submitted`` events whose spec failed validation here: never bound."""
 
     # -- the state ---------------------------------------------------------------------------
     def _current_state(self) -> PlacementState:
@@ -311,207 +314,25 @@ class Placement:
         """``tenant``'s jobs not running yet and the CPU of its BOUND and RUNNING jobs."""
         return self.state.tenant_usage(tenant)
 
-    def _changed(self, view: JobView) -> None:
-        """A job's view changed: an explanation of why it waits is kept only while PENDING."""
-        self.explainer.changed(view)
+    @property
+    def invalid_specs_total(self) -> int:
+        return self.intake.invalid_specs_total
 
-    # -- folding the log -------------------------------------------------------------------
     def is_own_echo(self, sequence: int) -> bool:
         """Whether the log message at ``sequence`` is a bound event this replica applied."""
-        if self.binder.forget_echo(sequence):
-            # the state holds every event up to it (the log is fed in order): a snapshot
-            # taken now reflects this sequence, and a restart need not read it again
-            self.book.last_sequence = max(self.book.last_sequence, sequence)
-            return True
-        return False
-
-    def _valid_submitted(self, event: pb.Event) -> bool:
-        """Whether a ``submitted`` event's spec passes intake's validation again. Only intake
-        may publish it, but placement acts on the spec (its resources, what the pod runs),
-        so a forged or corrupt one is skipped, counted and logged, never bound."""
-        try:
-            normalize_job(event.submitted.spec, "spec")
-        except SpecError as error:
-            self.invalid_specs_total += 1
-            log.error(
-                "ignoring job %s: its submitted spec is invalid (%s); it is never bound",
-                event.job_id,
-                error,
-            )
-            return False
-        return True
+        return self.intake.is_own_echo(sequence)
 
     async def on_job_event(self, sequence: int, event: pb.Event) -> None:
-        kind = event.WhichOneof("body")
-        if kind == "submitted" and not self._valid_submitted(event):
-            return
-        if kind == "bound":
-            self.binder.forget_echo(sequence)  # the echo overtook the publish's ack
-        folded = self.state.apply(sequence, event)
-        if not self._jobs_ready.is_set() and self.state.unpruned_ended >= REPLAY_PRUNE_BATCH:
-            # replaying: no pass runs yet, so no view is in use, and ended jobs are let go as
-            # the replay goes, not all at once after it (a cold start folds the whole log)
-            self.state.prune()
-        if folded is not None:
-            view = folded.view
-            self._changed(view)
-            if folded.suspect:
-                log.info(
-                    "node %s suspect for %.0fs: %d jobs crashed there",
-                    event.attempt_failed.node,
-                    self.health.policy.cordon_s,
-                    self.health.policy.failures_to_cordon,
-                )
-            if kind == "bound" and not self.binder.is_binding(view.job_id):
-                # bound by someone else (our own bindings are applied before their echo)
-                self.state.note_binding(view, event_time(event))
-                self.binder.adopt(view.job_id)
-            self._dirty.set()
+        await self.intake.on_job_event(sequence, event)
 
-    async def on_node_event(self, _sequence: int, event: pb.Event) -> None:
-        if event.WhichOneof("body") != "node_load":
-            return
-        if self.state.apply_load(event.node_load, event_time(event)):
-            self._dirty.set()
+    async def on_node_event(self, sequence: int, event: pb.Event) -> None:
+        await self.intake.on_node_event(sequence, event)
 
-    # -- job control -------------------------------------------------------------------------
     async def control(
         self, request: pb.ControlRequest, tenant: str, control_id: str
     ) -> pb.ControlReply:
         """Decide a job-control request in the loop, between passes (``JobControl.control``)."""
         return await self.job_control.control(request, tenant, control_id)
-
-    async def _learn_fences(self) -> None:
-        """Read from the log the last ``bound`` of each job whose publish fence is not known
-        (an extended job placement had forgotten, a binding refused by its fence): a binding of
-        an earlier attempt becomes the fence, one of the current attempt is left to its echo."""
-        for job_id in self.state.take_unknown_fences():
-            try:
-                message = await self._js.get_last_msg(
-                    self._subjects.jobs_stream, self._subjects.job(job_id, "bound")
-                )
-            except NotFoundError:
-                continue
-            except Exception as error:
-                warn_try_failed(log, f"could not read the last binding of {job_id}", error)
-                self.state.ask_fence_again(job_id)
-                continue
-            view = self.book.jobs.get(job_id)
-            try:
-                bound_attempt = decode_event(message.data or b"").attempt
-            except Exception:
-                bound_attempt = 0
-            if view is None or bound_attempt >= view.attempt:
-                continue  # a binding of this attempt is in the log: its echo settles the job
-            self.state.fence_learned(job_id, message.seq or 0)
-
-    # -- deciding --------------------------------------------------------------------------
-    async def _look_up_dependencies(self) -> bool:
-        """Read from the log the final state of each dependency the state no longer remembers
-        (it keeps the ``ended_memory`` jobs that ended last): the last ``succeeded`` or
-        ``failed`` event on the dependency's own subject. True when any was learned."""
-        learned = False
-        for job_id in self.state.take_unknown_dependencies():
-            final: JobState | None = None
-            try:
-                for kind, state in (
-                    ("succeeded", JobState.SUCCEEDED),
-                    ("failed", JobState.FAILED),
-                    ("cancelled", JobState.CANCELLED),
-                ):
-                    try:
-                        await self._js.get_last_msg(
-                            self._subjects.jobs_stream, self._subjects.job(job_id, kind)
-                        )
-                    except NotFoundError:
-                        continue
-                    final = state
-                    break
-            except Exception as error:  # asked again on a later pass
-                warn_try_failed(log, f"could not read dependency {job_id} from the log", error)
-                self.state.ask_again(job_id)
-                continue
-            if final is None:
-                log.warning(
-                    "dependency %s is neither live nor ended in the jobs log (aged out?): "
-                    "the jobs that depend on it wait",
-                    job_id,
-                )
-                self.state.learn_missing(job_id)
-            else:
-                self.state.learn_final(job_id, final)
-                learned = True
-        return learned
-
-    async def _release_waiting(self) -> None:
-        held_waiting = [v for v in self.state.views(JobState.HELD) if v.hold == "WAITING"]
-        for view in [*self.state.views(JobState.WAITING), *held_waiting]:
-            cancelled = self.state.cancelled_dependencies(view)
-            if cancelled:
-                names = ", ".join(cancelled)
-                await self._emitter.emit(
-                    view,
-                    self._publisher.event(
-                        "cancelled",
-                        pb.JobCancelled(
-                            dependency=cancelled[0],
-                            message=f"dependency {names} was cancelled",
-                        ),
-                        job_id=view.job_id,
-                        attempt=view.attempt,
-                    ),
-                )
-                continue
-            if view.state is not JobState.WAITING:
-                continue
-            failed = self.state.dependency_verdict(view)
-            if failed:
-                names = ", ".join(failed)
-                await self._emitter.emit(
-                    view,
-                    self._publisher.event(
-                        "failed",
-                        pb.JobFailed(
-                            reason=pb.FAILURE_DEPENDENCY_FAILED,
-                            message=f"dependency failed for good: {names}",
-                        ),
-                        job_id=view.job_id,
-                        attempt=view.attempt,
-                    ),
-                )
-            elif failed is not None:
-                await self._emitter.emit(
-                    view,
-                    self._publisher.event(
-                        "released",
-                        pb.JobReleased(depends_on_ids=list(view.depends_on_ids)),
-                        job_id=view.job_id,
-                        attempt=0,
-                    ),
-                )
-
-    async def _end_expired(self) -> None:
-        """End every job that has waited as long as the jobs log keeps events, less a day,
-        without an attempt under way (``FAILURE_EXPIRED``)."""
-        now = self._clock()
-        if self._expiry_checked_at is not None and now - self._expiry_checked_at < CHECK_EVERY:
-            return  # not on every pass: a flood's pending jobs would be walked each time
-        self._expiry_checked_at = now
-        for state in ENDED_BY_PLACEMENT:
-            for view in self.state.views(state):
-                if not expired(view, now, self._max_age):
-                    continue
-                message = expiry_message(view, now, self._jobs_log_days)
-                log.warning("job %s ended: %s", view.job_id, message)
-                await self._emitter.emit(
-                    view,
-                    self._publisher.event(
-                        "failed",
-                        pb.JobFailed(reason=pb.FAILURE_EXPIRED, message=message),
-                        job_id=view.job_id,
-                        attempt=view.attempt,
-                    ),
-                )
 
     def failure_cordons(self, now: datetime) -> dict[str, Suspicion]:
         """The cordons placement imposes now (``Cordons.failure_cordons``)."""
@@ -528,11 +349,11 @@ class Placement:
         """
         self.passes_total += 1
         await self.job_control.settle_stops()
-        await self._learn_fences()
-        await self._end_expired()
-        await self._release_waiting()
-        if await self._look_up_dependencies():
-            await self._release_waiting()  # what the log said releases or fails its dependents
+        await self.intake.learn_fences()
+        await self.expiry.end_expired()
+        await self.dependencies.release()
+        if await self.dependencies.look_up():
+            await self.dependencies.release()  # what the log said releases or fails dependents
         await self.binder.ensure_adopted()
         now = self._clock()
         try:
