@@ -1,7 +1,8 @@
 """The placement service: the jobs log in, bindings and pods out (docs/placement.md, job
 control: docs/control.md). ``Placement`` composes the parts of this package, each I/O with one
-concern around the pure ``PlacementState`` (docs/architecture.md lists them), and is the
-service's face: what ``__main__``, the tests and the benchmarks use."""
+concern around the pure ``PlacementState`` (docs/architecture.md, "Inside placement", lists
+them), orders a pass's steps (``reconcile``) and is the service's face: what ``__main__``, the
+tests and the benchmarks use."""
 
 from __future__ import annotations
 
