@@ -1,216 +1,55 @@
-"""The placement service: the log in, bindings and pods out.
-
-Placement keeps no database. It folds the job log (``JobBook``) and the latest load of every
-node into memory (on start, from its last snapshot and the log after it when the snapshot is
-usable, ``snapshot.py``; else from the whole log), then reconciles level-triggered: WAITING
-jobs whose dependencies succeeded are released, PENDING jobs are planned by the pure core
-(``mdq.core.placement.plan``) and for each decision it publishes ``bound`` (with the scores
-that explain it) and then creates the pod on the chosen node. A high-priority job that fits
-nowhere may preempt lower-priority running work (``plan_preemptions``): the victims' pods are
-deleted (SIGTERM: the runner checkpoints and exits PREEMPTED; recovery requeues them from that
-checkpoint) and the room is held for the preemptor until it is bound.
-
-Safety (docs/placement.md):
-- every effect is idempotent: the bound event id and the pod name derive from job and attempt;
-- the bound event is published with ``Nats-Expected-Last-Subject-Sequence`` set to the last
-  ``bound`` of that job this replica has seen: if anyone else bound the job since, JetStream
-  refuses the publish and this replica creates no pod — no job is bound twice, whatever the
-  replicas or restarts;
-- replicas elect a leader with a KV lease (``lease.py``); followers fold the log and take over
-  when the lease expires, first re-creating the pod of every BOUND job (a leader killed between
-  publishing ``bound`` and creating the pod leaves exactly that).
-
-State (``mdq.core.placement_state``): everything placement knows — the folded log, the nodes'
-loads, reservations, in-flight bindings, fences, nominations, tenants' usage — is one pure
-``PlacementState``; this module keeps only I/O (subscriptions, publishes, pods, KV, logs).
-
-Job control (``services.placement.control``, docs/control.md): the leader answers cancel, hold,
-release, requeue, reprioritize and extend requests, in this loop between passes, so a job is
-never decided on by a pass and a request at once. A job that runs nothing is cancelled or held
-by one event; a bound or running one is stopped: the request's event, then its pod deleted (the
-runner checkpoints and exits; recovery decides what follows). Each pass also settles what a
-crash may have left half done: a cancel folded for a job that runs nothing is ended, a stopping
-job's pod is deleted (once per attempt and process), a pod of a job cancelled while bound is
-deleted, and a job being stopped never gets a pod (re)created.
-
-Tenants (``mdq.core.tenants``): placement reads each tenant's policy from the tenants bucket
-(``TenantDirectory``, live) and binds no job that would take its tenant's BOUND and RUNNING CPU
-above ``max_running_cpu``: the job waits (``mdq explain`` says "tenant alice is at its CPU
-quota: 8 of 8 cores running"), other tenants' jobs bind meanwhile, and it binds once one of its
-tenant's jobs ends. Each tenant's running CPU and queued jobs are kept incrementally as the log
-is folded, and written (``TenantUsage``, when they changed) into the waiting bucket under
-``tenant.<name>`` for intake's queued-jobs quota.
-"""
+"""The placement service: the jobs log in, bindings and pods out (docs/placement.md, job
+control: docs/control.md). ``Placement`` composes the parts of this package, each I/O with one
+concern around the pure ``PlacementState`` (docs/architecture.md, "Inside placement", lists
+them), orders a pass's steps (``reconcile``) and is the service's face: what ``__main__``, the
+tests and the benchmarks use."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
-import math
 import os
 import socket
-import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
-from datetime import UTC, datetime, timedelta
-from typing import Any
+from collections.abc import Callable
+from datetime import UTC, datetime
 
 from nats.aio.client import Client
 from nats.js import JetStreamContext
-from nats.js.api import DeliverPolicy, KeyValueConfig, PubAck
-from nats.js.errors import NotFoundError
-from nats.js.kv import KeyValue
 
-from mdq.backends.port import ClusterBackend, PodExists, PodSpec
-from mdq.bus.codec import decode_event
-from mdq.bus.log import follow_log, raise_if_cancelling, read_history
-from mdq.bus.outage import warn_try_failed
+from mdq.backends.port import ClusterBackend
 from mdq.bus.publisher import EventPublisher
-from mdq.bus.requests import EXPECTED_LAST_SUBJECT_SEQUENCE, is_wrong_last_sequence
-from mdq.bus.snapshots import SnapshotKeeper, SnapshotStore
 from mdq.bus.storage import StorageSettings
-from mdq.bus.streams import open_bucket
 from mdq.bus.subjects import Subjects
 from mdq.bus.tenants import TenantDirectory
 from mdq.contracts import pb
-from mdq.core import ids
-from mdq.core.clusters import cluster_of
-from mdq.core.control import (
-    Action,
-    Limits,
-    Selector,
-    decide,
-    forbidden,
-    may_control,
-    not_found,
-    origin_of,
-    reply_of,
-)
-from mdq.core.expiry import (
-    CHECK_EVERY,
-    ENDED_BY_PLACEMENT,
-    expired,
-    expiry_message,
-    max_job_age,
-)
-from mdq.core.fairshare import OPERATOR_WEIGHT, Fairness, fairness_reason, max_share_reason
-from mdq.core.node_health import NodeCapacity, NodeHealth, NodeHealthPolicy, Suspicion
-from mdq.core.placement import (
-    ClusterSummary,
-    Decision,
-    NodeScore,
-    NodeState,
-    Preemption,
-    QueuedJob,
-    Standing,
-    Waiting,
-    explain_waiting,
-    plan,
-    plan_fair_reclaims,
-    plan_preemptions,
-)
-from mdq.core.placement_state import PlacementState, TenantShare
-from mdq.core.recovery import cancel_message
-from mdq.core.spec import SpecError, normalize_job
-from mdq.core.state import (
-    IDLE_STATES,
-    LIVE_STATES,
-    JobBook,
-    JobState,
-    JobView,
-    Stop,
-    event_time,
-)
-from mdq.core.tenants import RunawayLimits, TenantUsage, usage_key
-from mdq.core.timestamps import set_timestamp
-from mdq.memory import keep_state_out_of_gc
+from mdq.core.node_health import NodeHealthPolicy, Suspicion
+from mdq.core.placement import NodeState
+from mdq.core.placement_state import PlacementState
+from mdq.core.state import JobBook
+from mdq.core.tenants import RunawayLimits
 from mdq.settings import LimitSettings
-from services.placement.control import ControlDesk, ControlRegistry, NotLeader
+from services.placement.accounting import TenantAccounting
+from services.placement.binder import Binder
+from services.placement.control import ControlDesk, ControlRegistry
+from services.placement.cordons import Cordons
+from services.placement.dependencies import Dependencies
+from services.placement.emitter import Emitter
+from services.placement.expiry import Expiry
+from services.placement.intake import REPLAY_PRUNE_BATCH, Intake
+from services.placement.job_control import JobControl
 from services.placement.lease import LeaderLease
+from services.placement.loop import ServiceLoop
+from services.placement.preemption import Preemptor
+from services.placement.scores import candidate_entry
 from services.placement.settings import PlacementSettings
+from services.placement.snapshots import StateSnapshots
+from services.placement.waiting import WaitingBucket, WaitingExplainer
 
-log = logging.getLogger("mdq.placement")
-
-REPLAY_PRUNE_BATCH = 1024
-"""While placement replays the log (before it has caught up), it forgets ended jobs every this
-many, so a cold start's memory follows the live jobs, not the length of the history."""
+__all__ = ["REPLAY_PRUNE_BATCH", "Placement", "candidate_entry"]
 
 Clock = Callable[[], datetime]
-
-PREEMPTION_SCAN = 64
-"""Unplaced jobs (in queue order) considered for preemption per pass."""
-WAITING_JOBS_PER_PASS = 32
-"""Unplaced jobs (in queue order) whose explanation is refreshed per explaining pass."""
-WAITING_TTL_S = 3600.0
-"""A waiting job's explanation expires this long after placement last wrote it."""
-WAITING_REFRESH_S = 600.0
-"""An unchanged explanation (or tenant usage) is written again this often (so it does not
-expire)."""
-TENANT_POLICIES_WAIT_S = 10.0
-"""At start, how long placement waits for the tenants' policies before it places anyway."""
-POD_DELETES_AT_ONCE = 64
-"""Pods deleted side by side when a request (or a pass) stops many jobs."""
-HISTORY_READS_AT_ONCE = 16
-"""Jobs placement no longer holds whose history a request reads from the log side by side."""
-
-
-@dataclass(slots=True)
-class PendingControl:
-    """A job-control request waiting for its turn in the loop."""
-
-    request: pb.ControlRequest
-    tenant: str
-    control_id: str
-    answer: asyncio.Future[pb.ControlReply]
-
-
-ExplainedScores = dict[int, tuple[NodeScore, bytes]]
-"""id(score) -> (the score, its encoded ``JobBound.candidates`` entry), for one plan."""
 
 
 def _utcnow() -> datetime:
     return datetime.now(UTC)
-
-
-def candidate_entry(score: NodeScore) -> bytes:
-    """One ``JobBound.candidates`` entry in wire format (tag, length, message): entries
-    concatenate into the repeated field."""
-    return pb.JobBound(candidates=[node_score_message(score)]).SerializeToString(deterministic=True)
-
-
-def node_score_message(score: NodeScore) -> pb.NodeScore:
-    """A core ``NodeScore`` as the contract's message."""
-    return pb.NodeScore(
-        node=score.node,
-        score=score.score,
-        filtered=score.filtered,
-        cpu_load=score.cpu_load,
-        memory_load=score.memory_load,
-    )
-
-
-def cluster_score_messages(summaries: Iterable[ClusterSummary]) -> list[pb.ClusterScore]:
-    """Core ``ClusterSummary``s as the contract's messages."""
-    return [
-        pb.ClusterScore(
-            cluster=summary.cluster,
-            best_score=summary.best_score,
-            best_node=summary.best_node,
-            candidates=summary.candidates,
-            filtered_counts=summary.filtered_counts,
-            cpu_reserved=summary.cpu_reserved,
-        )
-        for summary in summaries
-    ]
-
-
-def _refresh(written: tuple[tuple[Any, ...], datetime], now: datetime) -> bool:
-    """Whether a tenant's unchanged usage is written again: while it is not nothing (jobs
-    queued or CPU running), every ``WAITING_REFRESH_S`` (nothing is written once and left to
-    expire)."""
-    counted, at = written
-    return counted[:2] != (0, 0.0) and (now - at).total_seconds() >= WAITING_REFRESH_S
 
 
 class Placement:
@@ -239,20 +78,11 @@ class Placement:
         (``mdq.core.expiry``). ``nc``: the connection job-control requests are answered on
         while this replica leads (None: none are). ``limits``: the operator's default runaway
         limits (``MDQ_LIMITS_*``), which bound an extend where a tenant's policy sets none."""
-        self._js = js
-        self._subjects = subjects
-        self._publisher = publisher
-        self._backend = backend
-        self._settings = settings
-        self._namespace = namespace
         self._clock = clock
-        self._jobs_log_days = jobs_log_days
-        self._max_age = max_job_age(jobs_log_days)
-        self._expiry_checked_at: datetime | None = None
         self.tenants = tenants or TenantDirectory(js, subjects)
         self.instance = instance or f"{socket.gethostname()}-{os.getpid()}-{id(self):x}"
-        self._config = settings.placement_config()
-        self._lease = (
+        config = settings.placement_config()
+        lease = (
             LeaderLease(
                 js=js,
                 bucket=subjects.lease_bucket,
@@ -263,74 +93,91 @@ class Placement:
             if settings.leader_election
             else None
         )
-        self._health_policy = NodeHealthPolicy(
+        health_policy = NodeHealthPolicy(
             failures_to_cordon=settings.node_failures_to_cordon,
             window_s=settings.node_failure_window_s,
             cordon_s=settings.node_cordon_s,
             max_cordoned_fraction=settings.max_cordoned_fraction,
         )
         self.state = PlacementState(
-            self._config,
+            config,
             load_settle_s=settings.load_settle_s,
-            health_policy=self._health_policy,
+            health_policy=health_policy,
             fail_on_dependency_failure=settings.fail_on_dependency_failure,
             ended_memory=settings.ended_memory,
         )
-        """What placement knows (pure); everything below is this replica's I/O bookkeeping."""
-        self._snapshots = SnapshotKeeper(
-            SnapshotStore(
-                js,
-                bucket=subjects.placement_snapshot_bucket,
-                stream=subjects.jobs_stream,
-                replicas=stream_replicas,
-            ),
-            logger=log,
-        )
-        """SHA-256 of the state last written as (or restored from) the snapshot."""
-        self._snapshot_at: float | None = None
+        """What placement knows (pure); the parts below hold only this replica's I/O
+        bookkeeping, and ask for the state each time (``restore`` replaces it)."""
         self.restored_sequence = 0
         """The jobs-stream sequence of the snapshot this replica started from (0: it replayed
         the whole log)."""
-        self.snapshots_written = 0
-        self.snapshot_decisions = 0
-        """How many times an interval passed and the snapshot was written or found unchanged."""
-        self._cordon_notes: dict[str, tuple[datetime | str, bool]] = {}
-        """node -> (episode start, cordoned or held back) last logged, so each is logged once."""
-        self._usage_written: dict[str, tuple[tuple[Any, ...], datetime]] = {}
-        """tenant -> (queued jobs, running CPU) last written as its usage, and when."""
-        self._usage_at: datetime | None = None
-        self._adopt: set[str] = set()
-        """Jobs bound by someone else (an old leader) whose pod this leader makes sure of."""
-        self._binding: set[str] = set()
-        """Jobs whose bound event this replica is publishing right now."""
-        self._own_echoes: set[int] = set()
-        """Stream sequences of bound events this replica published and applied: their echo
-        from the log changes nothing, so it is not decoded."""
-        self._waiting_kv: KeyValue | None = None
-        self._waiting_written: dict[str, tuple[tuple[object, ...], datetime]] = {}
-        """job -> (what its explanation said, when it was written), while it waits."""
-        self._waiting_explained_at: datetime | None = None
-        self._stream_replicas = stream_replicas
-        self._dirty = asyncio.Event()
-        self._jobs_ready = asyncio.Event()
-        self._nodes_ready = asyncio.Event()
-        self.leader = self._lease is None
-        self.bound_total = 0
+        self.snapshots = StateSnapshots(
+            js=js,
+            subjects=subjects,
+            replicas=stream_replicas,
+            settings=settings,
+            config=config,
+            health_policy=health_policy,
+            clock=clock,
+        )
+        self.service_loop = ServiceLoop(js=js, subjects=subjects, settings=settings, lease=lease)
         self.passes_total = 0
         """Reconcile passes begun (tests wait for passes instead of sleeping)."""
-        self.preempted_total = 0
-        self.reclaimed_total = 0
-        """Running jobs stopped to give a tenant its fair share back (in ``preempted_total``
-        too)."""
-        self.fenced_total = 0
-        self.controls_total = 0
-        """Job-control requests decided by this replica."""
-        self.stopped_total = 0
-        """Pods deleted to stop a job on request."""
-        self._control_queue: list[PendingControl] = []
-        self._limit_defaults = limits if limits is not None else LimitSettings().defaults()
-        self._pods_stopped: set[tuple[str, int]] = set()
-        """(job, attempt) whose pod this process deleted to stop it (once each)."""
+
+        state = self._current_state
+        bucket = WaitingBucket(js, bucket=subjects.waiting_bucket, replicas=stream_replicas)
+        self.cordons = Cordons(state)
+        self.accounting = TenantAccounting(
+            state=state, tenants=self.tenants, settings=settings, clock=clock, bucket=bucket
+        )
+        self.explainer = WaitingExplainer(
+            state=state,
+            config=config,
+            settings=settings,
+            bucket=bucket,
+            cordons=self.cordons.failure_cordons,
+            shares=self.accounting.shares,
+            maximum=self.accounting.maximum,
+        )
+        emitter = Emitter(state=state, publisher=publisher, changed=self.explainer.changed)
+        self.preemptor = Preemptor(
+            state=state,
+            backend=backend,
+            settings=settings,
+            config=config,
+            shares=self.accounting.shares,
+        )
+        self.binder = Binder(
+            state=state,
+            publisher=publisher,
+            backend=backend,
+            settings=settings,
+            config=config,
+            emitter=emitter,
+            cordons=self.cordons,
+            accounting=self.accounting,
+            explainer=self.explainer,
+            preemptor=self.preemptor,
+        )
+        self.intake = Intake(
+            state=state,
+            binder=self.binder,
+            changed=self.explainer.changed,
+            dirty=self.service_loop.dirty,
+            caught_up=self.service_loop.jobs_ready,
+            js=js,
+            subjects=subjects,
+        )
+        self.dependencies = Dependencies(
+            state=state, publisher=publisher, emitter=emitter, js=js, subjects=subjects
+        )
+        self.expiry = Expiry(
+            state=state,
+            publisher=publisher,
+            emitter=emitter,
+            clock=clock,
+            jobs_log_days=jobs_log_days,
+        )
         self.controls = (
             None
             if nc is None
@@ -342,11 +189,30 @@ class Placement:
                 allow_high=lambda tenant: not tenant or self.tenants.policy(tenant).allow_high,
             )
         )
-        self.invalid_specs_total = 0
-        """``submitted`` events whose spec failed validation here: never bound."""
-        """Bindings refused because another replica bound the job first."""
+        self.job_control = JobControl(
+            state=state,
+            publisher=publisher,
+            emitter=emitter,
+            backend=backend,
+            settings=settings,
+            tenants=self.tenants,
+            limits=limits if limits is not None else LimitSettings().defaults(),
+            desk=self.controls,
+            dirty=self.service_loop.dirty,
+            js=js,
+            subjects=subjects,
+        )
 
-    # -- the state ---------------------------------------------------------------------------
+    # -- the state and the counters ------------------------------------------------------------
+    def _current_state(self) -> PlacementState:
+        """The state now, for the parts (``restore`` replaces it)."""
+        return self.state
+
+    @property
+    def leader(self) -> bool:
+        """Whether this replica places jobs now (it holds the lease, or there is none)."""
+        return self.service_loop.leader
+
     @property
     def book(self) -> JobBook:
         """The jobs folded from the log (``PlacementState.book``)."""
@@ -357,1020 +223,95 @@ class Placement:
         """Each node's latest load report (``PlacementState.nodes``)."""
         return self.state.nodes
 
-    @property
-    def health(self) -> NodeHealth:
-        """Recent crashes per node and the suspicions they caused."""
-        return self.state.health
-
     def tenant_usage(self, tenant: str) -> tuple[int, float]:
         """``tenant``'s jobs not running yet and the CPU of its BOUND and RUNNING jobs."""
         return self.state.tenant_usage(tenant)
 
-    def _changed(self, view: JobView) -> None:
-        """A job's view changed: an explanation of why it waits is kept only while PENDING."""
-        if view.state is not JobState.PENDING:
-            self._waiting_written.pop(view.job_id, None)
+    def failure_cordons(self, now: datetime) -> dict[str, Suspicion]:
+        """The cordons placement imposes now (``Cordons.failure_cordons``)."""
+        return self.cordons.failure_cordons(now)
 
-    # -- folding the log -------------------------------------------------------------------
+    def snapshot(self, now: datetime) -> list[NodeState]:
+        """Copies of the known nodes as a pass sees them now (``Cordons.nodes``)."""
+        return self.cordons.nodes(now)
+
+    @property
+    def bound_total(self) -> int:
+        return self.binder.bound_total
+
+    @property
+    def fenced_total(self) -> int:
+        return self.binder.fenced_total
+
+    @property
+    def reclaimed_total(self) -> int:
+        return self.preemptor.reclaimed_total
+
+    @property
+    def invalid_specs_total(self) -> int:
+        return self.intake.invalid_specs_total
+
+    @property
+    def snapshots_written(self) -> int:
+        return self.snapshots.snapshots_written
+
+    @property
+    def snapshot_decisions(self) -> int:
+        return self.snapshots.snapshot_decisions
+
+    # -- the logs in, job control ----------------------------------------------------------------
     def is_own_echo(self, sequence: int) -> bool:
         """Whether the log message at ``sequence`` is a bound event this replica applied."""
-        if sequence in self._own_echoes:
-            self._own_echoes.discard(sequence)
-            # the state holds every event up to it (the log is fed in order): a snapshot
-            # taken now reflects this sequence, and a restart need not read it again
-            self.book.last_sequence = max(self.book.last_sequence, sequence)
-            return True
-        return False
-
-    def _valid_submitted(self, event: pb.Event) -> bool:
-        """Whether a ``submitted`` event's spec passes intake's validation again. Only intake
-        may publish it, but placement acts on the spec (its resources, what the pod runs),
-        so a forged or corrupt one is skipped, counted and logged, never bound."""
-        try:
-            normalize_job(event.submitted.spec, "spec")
-        except SpecError as error:
-            self.invalid_specs_total += 1
-            log.error(
-                "ignoring job %s: its submitted spec is invalid (%s); it is never bound",
-                event.job_id,
-                error,
-            )
-            return False
-        return True
+        return self.intake.is_own_echo(sequence)
 
     async def on_job_event(self, sequence: int, event: pb.Event) -> None:
-        kind = event.WhichOneof("body")
-        if kind == "submitted" and not self._valid_submitted(event):
-            return
-        if kind == "bound":
-            self._own_echoes.discard(sequence)  # the echo overtook the publish's ack
-        folded = self.state.apply(sequence, event)
-        if not self._jobs_ready.is_set() and self.state.unpruned_ended >= REPLAY_PRUNE_BATCH:
-            # replaying: no pass runs yet, so no view is in use, and ended jobs are let go as
-            # the replay goes, not all at once after it (a cold start folds the whole log)
-            self.state.prune()
-        if folded is not None:
-            view = folded.view
-            self._changed(view)
-            if folded.suspect:
-                log.info(
-                    "node %s suspect for %.0fs: %d jobs crashed there",
-                    event.attempt_failed.node,
-                    self.health.policy.cordon_s,
-                    self.health.policy.failures_to_cordon,
-                )
-            if kind == "bound" and view.job_id not in self._binding:
-                # bound by someone else (our own bindings are applied before their echo)
-                self.state.note_binding(view, event_time(event))
-                self._adopt.add(view.job_id)
-            self._dirty.set()
+        await self.intake.on_job_event(sequence, event)
 
-    async def on_node_event(self, _sequence: int, event: pb.Event) -> None:
-        if event.WhichOneof("body") != "node_load":
-            return
-        if self.state.apply_load(event.node_load, event_time(event)):
-            self._dirty.set()
+    async def on_node_event(self, sequence: int, event: pb.Event) -> None:
+        await self.intake.on_node_event(sequence, event)
 
-    # -- job control -------------------------------------------------------------------------
     async def control(
         self, request: pb.ControlRequest, tenant: str, control_id: str
     ) -> pb.ControlReply:
-        """Decide a job-control request (checked already: ``mdq.core.control.check_request``)
-        in the loop, between passes; ``NotLeader`` when this replica stops leading first."""
-        answer: asyncio.Future[pb.ControlReply] = asyncio.get_running_loop().create_future()
-        self._control_queue.append(PendingControl(request, tenant, control_id, answer))
-        self._dirty.set()
-        return await answer
+        """Decide a job-control request in the loop, between passes (``JobControl.control``)."""
+        return await self.job_control.control(request, tenant, control_id)
 
-    def _refuse_controls(self) -> None:
-        queue, self._control_queue = self._control_queue, []
-        for pending in queue:
-            if not pending.answer.done():
-                pending.answer.set_exception(NotLeader("this placement replica does not lead"))
-
-    async def _serve_controls(self) -> None:
-        """Open or close the control entrance with the lease; decide what is queued."""
-        if self.controls is not None:
-            try:
-                await self.controls.open_if(self.leader)
-            except Exception:
-                log.exception("could not open the job-control entrance; retrying")
-        if not self.leader:
-            self._refuse_controls()
-            return
-        while self._control_queue:
-            pending = self._control_queue.pop(0)
-            if pending.answer.done():
-                continue
-            try:
-                reply = await self._apply_control(
-                    pending.request, pending.tenant, pending.control_id
-                )
-            except Exception as error:  # unanswered: the client sends it again
-                log.exception("job-control request %s failed", pending.control_id)
-                if not pending.answer.done():
-                    pending.answer.set_exception(error)
-                continue
-            if not pending.answer.done():
-                pending.answer.set_result(reply)
-
-    def _limits(self, tenant: str) -> Limits:
-        """What bounds an extend of ``tenant``'s jobs: its steps limit (its policy's, else the
-        operator's default)."""
-        policy = self.tenants.policy(tenant) if tenant else None
-        return Limits(max_steps=RunawayLimits.of(policy, self._limit_defaults).max_steps)
-
-    async def _read_job(self, job_id: str) -> tuple[JobView | None, int]:
-        """A job placement no longer holds (it ended), folded from its history in the log;
-        (None, 0) when the log holds none. With the stream sequence of its last ``bound``."""
-        book = JobBook()
-        last_bound = 0
-        for sequence, event in await read_history(self._js, self._subjects.job_all(job_id)):
-            if event.job_id != job_id:
-                continue
-            book.apply(0, event)
-            if event.WhichOneof("body") == "bound":
-                last_bound = sequence
-        return book.jobs.get(job_id), last_bound
-
-    async def _apply_control(
-        self, request: pb.ControlRequest, tenant: str, control_id: str
-    ) -> pb.ControlReply:
-        origin = origin_of(request, control_id=control_id, tenant=tenant)
-        selector = Selector.of(request, tenant)
-        limits = self._limits(tenant)
-        verb = request.verb
-        outcomes: list[pb.ControlOutcome] = []
-        targets: list[tuple[JobView, bool]] = []
-        """(view, whether placement holds it)"""
-        fences: dict[str, int] = {}
-        if selector.by_id:
-            mine = [job for job in selector.job_ids if may_control(tenant, job)]
-            outcomes += [
-                forbidden(job, tenant).outcome(job)
-                for job in selector.job_ids
-                if not may_control(tenant, job)
-            ]
-            forgotten = [job for job in mine if job not in self.book.jobs]
-            slots = asyncio.Semaphore(HISTORY_READS_AT_ONCE)
-
-            async def read(job: str) -> tuple[JobView | None, int]:
-                async with slots:
-                    return await self._read_job(job)
-
-            read_back = await asyncio.gather(*(read(job) for job in forgotten))
-            found = dict(zip(forgotten, read_back, strict=True))
-            for job in mine:  # decided with no await since the views were taken
-                known = self.book.jobs.get(job)
-                if known is not None:
-                    targets.append((known, True))
-                    continue
-                view, last_bound = found.get(job, (None, 0))
-                if view is None:
-                    outcomes.append(not_found(job).outcome(job))
-                else:
-                    targets.append((view, False))
-                    fences[job] = last_bound
-        else:
-            targets = [
-                (view, True)
-                for view in self.book.jobs.values()
-                if not view.state.terminal and selector.matches(view)
-            ]
-        planned: list[tuple[JobView, bool, Action, pb.Event]] = []
-        for view, held in targets:
-            action = decide(verb, view, request, origin, limits)
-            if not action.kind or action.body is None:
-                outcomes.append(action.outcome(view.job_id))
-                continue
-            event = self._publisher.event(
-                action.kind,
-                action.body,
-                job_id=view.job_id,
-                attempt=action.attempt,
-                detail=action.detail,
-            )
-            planned.append((view, held, action, event))
-        # in batches, as bindings are: one batch's acks are awaited under one timer
-        size = self._settings.bind_concurrency
-        results: list[PubAck | Exception] = []
-        for start in range(0, len(planned), size):
-            batch = planned[start : start + size]
-            results += await self._publisher.publish_each([(event, None) for *_, event in batch])
-        failure: Exception | None = None
-        stops: list[tuple[str, int]] = []
-        for (view, held, action, event), result in zip(planned, results, strict=True):
-            if isinstance(result, Exception):
-                failure = failure or result
-                continue
-            outcomes.append(action.outcome(view.job_id))
-            if event.WhichOneof("body") == "extended" and view.job_id in fences:
-                self.state.fence_learned(view.job_id, fences[view.job_id])
-            if held and self.state.apply_to(view, event):
-                self._changed(view)
-            if action.stop_pod:
-                stops.append((view.job_id, view.attempt))
-        await self._stop_pods(stops)
-        if failure is not None:
-            raise failure  # unanswered; the resend finds what did land already done
-        self.controls_total += 1
-        log.info(
-            "job control %s (%s): %d jobs",
-            control_id,
-            pb.ControlVerb.Name(verb),
-            len(outcomes),
-        )
-        return reply_of(control_id, outcomes)
-
-    async def _stop_pods(self, pods: list[tuple[str, int]]) -> None:
-        """Delete the pods of these (job, attempt)s, once each per process: each runner gets
-        SIGTERM, checkpoints and exits."""
-        pods = [pod for pod in pods if pod not in self._pods_stopped]
-        if not pods:
-            return
-        slots = asyncio.Semaphore(POD_DELETES_AT_ONCE)
-
-        async def stop(job_id: str, attempt: int) -> None:
-            async with slots:
-                await self._backend.delete_pod(ids.pod_name(job_id, attempt))
-            self._pods_stopped.add((job_id, attempt))
-            self.stopped_total += 1
-
-        results = await asyncio.gather(*(stop(*pod) for pod in pods), return_exceptions=True)
-        for pod, result in zip(pods, results, strict=True):
-            if isinstance(result, Exception):
-                log.warning("could not delete the pod of %s attempt %d: %r", *pod, result)
-
-    async def _settle_stops(self) -> None:
-        """What job control left to do, level-triggered (a crash between a request's event and
-        its effect, a cancel folded after the job's attempt ended): end a cancelled job that
-        runs nothing, delete the pods of jobs being stopped and of jobs cancelled while bound."""
-        pods: list[tuple[str, int]] = list(self.state.take_orphan_pods())
-        stopping = self.state.stopping()
-        self._pods_stopped &= {(view.job_id, view.attempt) for view in stopping}
-        for view in stopping:
-            if view.stop is Stop.CANCEL and view.state in IDLE_STATES:
-                origin = view.stop_origin or pb.ControlOrigin()
-                await self._emit_and_apply(
-                    view,
-                    self._publisher.event(
-                        "cancelled",
-                        pb.JobCancelled(origin=origin, message=cancel_message(origin)),
-                        job_id=view.job_id,
-                        attempt=view.attempt,
-                    ),
-                )
-            elif view.state in LIVE_STATES:
-                pods.append((view.job_id, view.attempt))
-        await self._stop_pods(pods)
-
-    async def _learn_fences(self) -> None:
-        """Read from the log the last ``bound`` of each job whose publish fence is not known
-        (an extended job placement had forgotten, a binding refused by its fence): a binding of
-        an earlier attempt becomes the fence, one of the current attempt is left to its echo."""
-        for job_id in self.state.take_unknown_fences():
-            try:
-                message = await self._js.get_last_msg(
-                    self._subjects.jobs_stream, self._subjects.job(job_id, "bound")
-                )
-            except NotFoundError:
-                continue
-            except Exception as error:
-                warn_try_failed(log, f"could not read the last binding of {job_id}", error)
-                self.state.ask_fence_again(job_id)
-                continue
-            view = self.book.jobs.get(job_id)
-            try:
-                bound_attempt = decode_event(message.data or b"").attempt
-            except Exception:
-                bound_attempt = 0
-            if view is None or bound_attempt >= view.attempt:
-                continue  # a binding of this attempt is in the log: its echo settles the job
-            self.state.fence_learned(job_id, message.seq or 0)
-
-    # -- deciding --------------------------------------------------------------------------
-    async def _look_up_dependencies(self) -> bool:
-        """Read from the log the final state of each dependency the state no longer remembers
-        (it keeps the ``ended_memory`` jobs that ended last): the last ``succeeded`` or
-        ``failed`` event on the dependency's own subject. True when any was learned."""
-        learned = False
-        for job_id in self.state.take_unknown_dependencies():
-            final: JobState | None = None
-            try:
-                for kind, state in (
-                    ("succeeded", JobState.SUCCEEDED),
-                    ("failed", JobState.FAILED),
-                    ("cancelled", JobState.CANCELLED),
-                ):
-                    try:
-                        await self._js.get_last_msg(
-                            self._subjects.jobs_stream, self._subjects.job(job_id, kind)
-                        )
-                    except NotFoundError:
-                        continue
-                    final = state
-                    break
-            except Exception as error:  # asked again on a later pass
-                warn_try_failed(log, f"could not read dependency {job_id} from the log", error)
-                self.state.ask_again(job_id)
-                continue
-            if final is None:
-                log.warning(
-                    "dependency %s is neither live nor ended in the jobs log (aged out?): "
-                    "the jobs that depend on it wait",
-                    job_id,
-                )
-                self.state.learn_missing(job_id)
-            else:
-                self.state.learn_final(job_id, final)
-                learned = True
-        return learned
-
-    async def _release_waiting(self) -> None:
-        held_waiting = [v for v in self.state.views(JobState.HELD) if v.hold == "WAITING"]
-        for view in [*self.state.views(JobState.WAITING), *held_waiting]:
-            cancelled = self.state.cancelled_dependencies(view)
-            if cancelled:
-                names = ", ".join(cancelled)
-                await self._emit_and_apply(
-                    view,
-                    self._publisher.event(
-                        "cancelled",
-                        pb.JobCancelled(
-                            dependency=cancelled[0],
-                            message=f"dependency {names} was cancelled",
-                        ),
-                        job_id=view.job_id,
-                        attempt=view.attempt,
-                    ),
-                )
-                continue
-            if view.state is not JobState.WAITING:
-                continue
-            failed = self.state.dependency_verdict(view)
-            if failed:
-                names = ", ".join(failed)
-                await self._emit_and_apply(
-                    view,
-                    self._publisher.event(
-                        "failed",
-                        pb.JobFailed(
-                            reason=pb.FAILURE_DEPENDENCY_FAILED,
-                            message=f"dependency failed for good: {names}",
-                        ),
-                        job_id=view.job_id,
-                        attempt=view.attempt,
-                    ),
-                )
-            elif failed is not None:
-                await self._emit_and_apply(
-                    view,
-                    self._publisher.event(
-                        "released",
-                        pb.JobReleased(depends_on_ids=list(view.depends_on_ids)),
-                        job_id=view.job_id,
-                        attempt=0,
-                    ),
-                )
-
-    async def _end_expired(self) -> None:
-        """End every job that has waited as long as the jobs log keeps events, less a day,
-        without an attempt under way (``FAILURE_EXPIRED``)."""
-        now = self._clock()
-        if self._expiry_checked_at is not None and now - self._expiry_checked_at < CHECK_EVERY:
-            return  # not on every pass: a flood's pending jobs would be walked each time
-        self._expiry_checked_at = now
-        for state in ENDED_BY_PLACEMENT:
-            for view in self.state.views(state):
-                if not expired(view, now, self._max_age):
-                    continue
-                message = expiry_message(view, now, self._jobs_log_days)
-                log.warning("job %s ended: %s", view.job_id, message)
-                await self._emit_and_apply(
-                    view,
-                    self._publisher.event(
-                        "failed",
-                        pb.JobFailed(reason=pb.FAILURE_EXPIRED, message=message),
-                        job_id=view.job_id,
-                        attempt=view.attempt,
-                    ),
-                )
-
-    async def _emit_and_apply(self, view: JobView, event: pb.Event) -> None:
-        """Publish an event and fold it in at once (the log echoes it later, a no-op then)."""
-        await self._publisher.publish(event)
-        if self.state.apply_to(view, event):
-            self._changed(view)
-
-    def _capacities(self, now: datetime) -> list[NodeCapacity]:
-        """What the cordon budget weighs (``PlacementState.capacities``)."""
-        return self.state.capacities(now)
-
-    def failure_cordons(self, now: datetime) -> dict[str, Suspicion]:
-        """The cordons placement imposes now (nodes whose environment fails, nodes where jobs
-        kept crashing), within the budget; logs each cordon, and each suspect the budget leaves
-        open, once per episode."""
-        if not self.health.suspects(now) and not any(
-            node.problem for node in self.state.nodes.values()
-        ):  # most passes: no node to weigh, and no capacities to build
-            if self._cordon_notes:
-                self._cordon_notes.clear()
-            return {}
-        cordons = self.health.cordons(now, self._capacities(now))
-        for suspicion in cordons.cordoned.values():
-            self._note_cordon(suspicion, cordoned=True)
-        for suspicion in cordons.held_back:
-            self._note_cordon(suspicion, cordoned=False)
-        return cordons.cordoned
-
-    def _note_cordon(self, suspicion: Suspicion, *, cordoned: bool) -> None:
-        note = (suspicion.problem or suspicion.since, cordoned)
-        if self._cordon_notes.get(suspicion.node) == note:
-            return
-        self._cordon_notes[suspicion.node] = note
-        if suspicion.problem and cordoned:
-            log.warning("node %s takes no new pods: %s", suspicion.node, suspicion.problem)
-        elif suspicion.problem:
-            log.warning(
-                "node %s reports %s, but the cordon budget is exhausted (at most %.0f%% of ready "
-                "CPU, never the last schedulable node): it keeps taking work",
-                suspicion.node,
-                suspicion.problem,
-                100 * self.health.policy.max_cordoned_fraction,
-            )
-        elif cordoned:
-            log.warning(
-                "node %s cordoned until %s: %d jobs crashed there",
-                suspicion.node,
-                suspicion.until.isoformat(timespec="seconds"),
-                suspicion.failures,
-            )
-        else:
-            log.warning(
-                "node %s would be cordoned (%d jobs crashed there) but the cordon budget is "
-                "exhausted (at most %.0f%% of ready CPU, never the last schedulable node): it "
-                "keeps taking work",
-                suspicion.node,
-                suspicion.failures,
-                100 * self.health.policy.max_cordoned_fraction,
-            )
-
-    def snapshot(self, now: datetime) -> list[NodeState]:
-        """Copies of the known nodes with their reservations, in-flight bindings and the
-        failure cordons in force."""
-        return self.state.node_states(self.failure_cordons(now))
-
-    def queue(self, now: datetime) -> list[QueuedJob]:
-        """The PENDING jobs due now, in queue order, with their nominations."""
-        return self.state.queue(now)
-
-    def pod_for(self, view: JobView) -> PodSpec:
-        """The pod of the job's current attempt on its bound node: a description of the
-        attempt, never a command (the backend starts the runner; mdq.backends.launch)."""
-        return PodSpec(
-            name=ids.pod_name(view.job_id, view.attempt),
-            job_id=view.job_id,
-            attempt=view.attempt,
-            node=view.node,
-            cpu=view.resources.cpu,
-            memory_mb=int(view.resources.memory_mb),
-            priority_class=view.spec.priority_class,
-            spec=view.spec,
-            resume_from=view.resume_from,
-            depends_on=tuple(view.depends_on_ids),
-            threads=max(1, math.ceil(view.resources.cpu)),
-        )
-
-    async def _ensure_pod(self, view: JobView) -> None:
-        if view.state is not JobState.BOUND or view.stop is not Stop.NONE:
-            return  # ended or being stopped meanwhile: no pod (one made is deleted by a pass)
-        with contextlib.suppress(PodExists):
-            await self._backend.create_pod(self.pod_for(view))
-
-    def bound_event(
-        self, view: JobView, decision: Decision, explained: ExplainedScores
-    ) -> pb.Event:
-        """The ``bound`` event of a decision, with its explanation.
-
-        The decisions of one plan share most of their score objects (the core rescores only
-        the nodes a binding changed), so ``explained`` keeps each one's encoded candidate entry
-        by object for the plan: a decision's candidates are then one concatenation and one
-        parse instead of a message built per node."""
-        # The body is filled in place in the envelope: building it apart and copying it in
-        # (make_event) doubled the cost of the per-binding explanation.
-        event = self._publisher.event(
-            "bound", pb.JobBound(), job_id=view.job_id, attempt=view.attempt
-        )
-        body = event.bound
-        body.node = decision.node
-        body.pod_name = ids.pod_name(view.job_id, view.attempt)
-        entries = []
-        for score in decision.scores:
-            known = explained.get(id(score))
-            if known is None:  # the score object is kept with it, so its id stays its own
-                known = explained[id(score)] = (score, candidate_entry(score))
-            entries.append(known[1])
-        body.MergeFromString(b"".join(entries))
-        body.nodes_total = decision.nodes_total
-        body.filtered_counts.update(decision.filtered_counts)
-        body.not_examined = decision.not_examined
-        body.cluster = cluster_of(decision.node)
-        if decision.clusters:
-            body.clusters.extend(cluster_score_messages(decision.clusters))
-        body.resources.CopyFrom(view.resources)
-        if view.resume_from is not None:
-            body.resume_from.CopyFrom(view.resume_from)
-        return event
-
-    def _fence(self, job_id: str) -> dict[str, str]:
-        """The header that makes JetStream refuse a ``bound`` if anyone bound the job since
-        this replica last looked."""
-        return {EXPECTED_LAST_SUBJECT_SEQUENCE: str(self.state.fence_sequence(job_id))}
-
-    def _accepted(self, event: pb.Event, result: PubAck | Exception) -> bool:
-        """Whether a fenced ``bound`` was stored as ours; raises the error of a publish that
-        failed for another reason than the fence."""
-        if is_wrong_last_sequence(result):
-            log.info("%s was bound by another replica; not binding it", event.job_id)
-            self.fenced_total += 1
-            # read the last binding again: one of this attempt settles it when its echo comes;
-            # one of an earlier attempt only means the fence was stale (an extended job)
-            self.state.ask_fence_again(event.job_id)
-            return False
-        if isinstance(result, Exception):
-            raise result
-        if result.duplicate:
-            self.fenced_total += 1
-            return False
-        self.state.note_bound_sequence(event.job_id, result.seq)
-        if result.seq > self.book.last_sequence:  # its echo is still to come
-            self._own_echoes.add(result.seq)
-        return True
-
-    async def _bind_all(self, decisions: list[Decision]) -> None:
-        """Publish the decisions' ``bound`` events, fenced, ``bind_concurrency`` at a time,
-        then create their pods. A publish that failed for another reason than the fence is
-        raised once the others are applied."""
-        size = self._settings.bind_concurrency
-        failure: Exception | None = None
-        explained: ExplainedScores = {}
-        for start in range(0, len(decisions), size):
-            try:
-                await self._bind_batch(decisions[start : start + size], explained)
-            except Exception as error:  # the other batches still go
-                failure = failure or error
-        if failure is not None:
-            raise failure
-
-    async def _bind_batch(self, decisions: list[Decision], explained: ExplainedScores) -> None:
-        batch: list[tuple[JobView, pb.Event]] = []
-        for decision in decisions:
-            view = self.book.jobs[decision.job_id]
-            if view.state is JobState.PENDING:
-                batch.append((view, self.bound_event(view, decision, explained)))
-        if not batch:
-            return
-        job_ids = [view.job_id for view, _ in batch]
-        self._binding.update(job_ids)
-        bound: list[JobView] = []
-        failure: Exception | None = None
-        try:
-            results = await self._publisher.publish_each(
-                [(event, self._fence(event.job_id)) for _, event in batch]
-            )
-            for (view, event), result in zip(batch, results, strict=True):
-                try:
-                    if not self._accepted(event, result):
-                        continue
-                except Exception as error:
-                    failure = failure or error
-                    continue
-                if self.state.apply_to(view, event):
-                    self._changed(view)
-                self.state.note_binding(view, event_time(event))
-                bound.append(view)
-        finally:
-            self._binding.difference_update(job_ids)
-        await asyncio.gather(*(self._ensure_pod(view) for view in bound))
-        self.bound_total += len(bound)
-        if failure is not None:
-            raise failure
-
-    async def _preempt(
-        self, nodes: list[NodeState], unplaced: list[QueuedJob], now: datetime
-    ) -> list[Preemption]:
-        candidates = [job for job in unplaced if not self.state.nominated(job.job_id)]
-        if not candidates:
-            return []
-        running = self.state.running_work()
-        if not running:
-            return []
-        lowest = min(work.priority for work in running)
-        # the head of the queue only: a pass never costs more than a bounded search
-        candidates = [job for job in candidates if job.priority > lowest][:PREEMPTION_SCAN]
-        if not candidates:
-            return []
-        preemptions = plan_preemptions(nodes, candidates, running, now, self._config)
-        await self._stop_for(preemptions, now)
-        return preemptions
-
-    async def _stop_for(self, preemptions: list[Preemption], now: datetime) -> None:
-        """Hold each preemptor's room on its node and delete its victims' pods."""
-        until = now + timedelta(seconds=self._settings.preemption_timeout_s)
-        # the victims' views are taken before the first await: nothing is pruned meanwhile
-        # (pruning happens between passes), this just keeps that true if that ever changes
-        victims = [[self.book.jobs[v] for v in p.victims] for p in preemptions]
-        for preemption, views in zip(preemptions, victims, strict=True):
-            log.info("preemption for %s: %s", preemption.job_id, preemption.reason)
-            self.state.nominate(preemption, until)
-            for view in views:
-                await self._backend.delete_pod(ids.pod_name(view.job_id, view.attempt))
-                self.preempted_total += 1
-
-    async def _reclaim(
-        self, nodes: list[NodeState], unplaced: list[QueuedJob], now: datetime
-    ) -> list[Preemption]:
-        """Give tenants below their fair share room back from those above theirs
-        (``plan_fair_reclaims``), by the preemption path: the waiting job is nominated on the
-        node, the victims' pods are deleted (SIGTERM: they checkpoint, and recovery requeues
-        them at once)."""
-        candidates = [job for job in unplaced if not self.state.nominated(job.job_id)]
-        if not candidates:
-            return []
-        shares = self._shares(now)
-        if len(shares) < 2:
-            return []  # one tenant: nobody to take from
-        standing = {t: Standing(s.share, s.fair_share) for t, s in shares.items()}
-        if not any(figures.share > figures.fair_share for figures in standing.values()):
-            return []
-        total_cpu, total_memory_mb = self.state.schedulable_capacity(now)
-        reclaims = plan_fair_reclaims(
-            nodes,
-            candidates[:PREEMPTION_SCAN],
-            self.state.running_work(),
-            standing,
-            total_cpu,
-            total_memory_mb,
-            now,
-            self._config,
-            min_run_s=self._settings.fair_share_min_run_s,
-        )
-        await self._stop_for(reclaims, now)
-        self.reclaimed_total += sum(len(reclaim.victims) for reclaim in reclaims)
-        return reclaims
-
+    # -- a pass ----------------------------------------------------------------------------------
     async def reconcile(self) -> int:
-        """One pass: release chains, bind what fits, preempt for what does not fit.
+        """One pass: settle job control's stops, end expired jobs, release chains, bind what
+        fits, preempt for what does not fit.
 
         Returns the number of jobs bound.
         """
         self.passes_total += 1
-        await self._settle_stops()
-        await self._learn_fences()
-        await self._end_expired()
-        await self._release_waiting()
-        if await self._look_up_dependencies():
-            await self._release_waiting()  # what the log said releases or fails its dependents
-        if self._adopt:
-            # a job that ended (and was pruned) since it was adopted needs no pod
-            adopted = [view for job in self._adopt if (view := self.book.jobs.get(job))]
-            self._adopt.clear()
-            await asyncio.gather(
-                *(self._ensure_pod(v) for v in adopted if v.state is JobState.BOUND)
-            )
+        await self.job_control.settle_stops()
+        await self.intake.learn_fences()
+        await self.expiry.end_expired()
+        await self.dependencies.release()
+        if await self.dependencies.look_up():
+            await self.dependencies.release()  # what the log said releases or fails dependents
+        await self.binder.ensure_adopted()
         now = self._clock()
         try:
-            return await self._place(now)
+            return await self.binder.place(now)
         finally:
-            await self._write_usage()
-
-    async def _place(self, now: datetime) -> int:
-        queue = self.queue(now)
-        if not queue:
-            self.failure_cordons(now)  # cordons are noted each pass, with work to place or not
-            return 0
-        nodes = self.snapshot(now)  # a copy of every node: only for a pass with work
-        room = self.tenant_room()
-        fairness = (
-            Fairness(
-                held=self.state.held(),
-                weight=self._weight,
-                guaranteed=self._guaranteed,
-                maximum=self._maximum,
-            )
-            if self._settings.fair_share
-            else None
-        )
-        decisions = plan(
-            nodes, queue, now, self._config, ordered=True, tenant_room=room, fairness=fairness
-        )
-        await self._bind_all(decisions)
-        if len(decisions) < len(queue):
-            placed = {decision.job_id for decision in decisions}
-            unplaced = [job for job in queue if job.job_id not in placed]
-            held = self.quota_reasons(unplaced) if room else {}
-            await self._explain_waiting(nodes, unplaced, now, held)
-            # a job its tenant's quota holds back may not take another's room either
-            candidates = [job for job in unplaced if job.job_id not in held]
-            if self._settings.preemption:
-                await self._preempt(nodes, candidates, now)
-            if self._settings.fair_share and self._settings.fair_share_reclaim:
-                await self._reclaim(nodes, candidates, now)
-        return len(decisions)
-
-    def _shares(self, now: datetime) -> dict[str, TenantShare]:
-        """Each tenant's fair-share standing now ({} with fair share off)."""
-        if not self._settings.fair_share:
-            return {}
-        return self.state.shares(now, self._weight, self._guaranteed, self._maximum)
-
-    def _guaranteed(self, tenant: str) -> float:
-        """A tenant's guaranteed share (its policy's; none for the operator)."""
-        return (self.tenants.policy(tenant).guaranteed_share or 0.0) if tenant else 0.0
-
-    def _maximum(self, tenant: str) -> float | None:
-        """A tenant's maximum share (its policy's; none for the operator)."""
-        return self.tenants.policy(tenant).max_share if tenant else None
-
-    def _weight(self, tenant: str) -> float:
-        """A tenant's fair-share weight: its policy's (read at each pass, so a change to the
-        tenants bucket counts from the next), the operator's ``OPERATOR_WEIGHT``."""
-        return self.tenants.policy(tenant).weight if tenant else OPERATOR_WEIGHT
-
-    def tenant_room(self) -> dict[str, float]:
-        """The CPU each tenant with queued jobs and a CPU quota may still bind."""
-        return self.state.tenant_room(self.tenants.policy)
-
-    def quota_reasons(self, jobs: list[QueuedJob]) -> dict[str, str]:
-        """job -> why its tenant's CPU quota keeps it from being bound now, for those it does."""
-        return self.state.quota_reasons(jobs, self.tenants.policy)
-
-    async def _write_usage(self) -> None:
-        """Write each tenant's usage (``TenantUsage``) into the waiting bucket under
-        ``tenant.<name>``, at most every ``tenant_usage_interval_s``, when it changed since
-        it was last written (and every ``WAITING_REFRESH_S`` while it is not nothing, so it
-        does not expire; an absent key means nothing queued or running). Best effort."""
-        interval = self._settings.tenant_usage_interval_s
-        now = self._clock()
-        last = self._usage_at
-        if interval <= 0 or (last is not None and (now - last).total_seconds() < interval):
-            return
-        self._usage_at = now
-        shares = self._shares(now)
-        for tenant in self.state.tenants():
-            queued, cpu = self.tenant_usage(tenant)
-            standing = shares.get(tenant)
-            counted: tuple[Any, ...] = (queued, round(cpu, 6), self._weight(tenant))
-            if standing is not None:
-                counted += (
-                    standing.running_jobs,
-                    round(standing.running.memory_mb, 3),
-                    round(standing.share, 4),
-                    round(standing.fair_share, 4),
-                )
-            written = self._usage_written.get(tenant)
-            if written is not None and written[0] == counted and not _refresh(written, now):
-                continue
-            usage = TenantUsage(
-                queued_jobs=queued, running_cpu=counted[1], as_of=now, weight=counted[2]
-            )
-            if standing is not None:
-                usage = replace(
-                    usage,
-                    running_jobs=counted[3],
-                    running_memory_mb=counted[4],
-                    share=counted[5],
-                    fair_share=counted[6],
-                )
-            try:
-                kv = await self._waiting_bucket()
-                await kv.put(usage_key(tenant), usage.to_json())
-            except Exception as error:
-                warn_try_failed(log, f"could not write the usage of tenant {tenant}", error)
-                return
-            self._usage_written[tenant] = (counted, now)
-
-    async def _explain_waiting(
-        self,
-        nodes: list[NodeState],
-        unplaced: list[QueuedJob],
-        now: datetime,
-        held: dict[str, str] | None = None,
-    ) -> None:
-        """Write why the first unplaced jobs fit nowhere (``mdq explain``), at most every
-        ``explain_waiting_interval_s`` and only where the answer changed. Best effort: an
-        explanation that cannot be written never holds placement up."""
-        interval = self._settings.explain_waiting_interval_s
-        last = self._waiting_explained_at
-        if interval <= 0 or (last is not None and (now - last).total_seconds() < interval):
-            return
-        self._waiting_explained_at = now
-        cordons = self.failure_cordons(now)
-        shares = self._shares(now)
-        for job in unplaced[:WAITING_JOBS_PER_PASS]:
-            reason = held.get(job.job_id) if held else None
-            if reason:
-                waiting = Waiting(job.job_id, (), {}, len(nodes), reason)
-            else:
-                waiting = explain_waiting(nodes, job, now, self._config)
-                standing = shares.get(job.tenant)
-                note = ""
-                if standing is not None:
-                    note = max_share_reason(
-                        job.tenant,
-                        standing.share,
-                        self._maximum(job.tenant),
-                        standing.job_share(job),
-                    )
-                    if not note and len(shares) > 1:  # others compete for the room
-                        note = fairness_reason(job.tenant, standing.share, standing.fair_share)
-                if note:
-                    waiting = replace(waiting, summary=f"{waiting.summary}; {note}")
-            signature = (waiting.summary, tuple((s.node, s.filtered) for s in waiting.scores))
-            written = self._waiting_written.get(job.job_id)
-            if (
-                written is not None
-                and written[0] == signature
-                and (now - written[1]).total_seconds() < WAITING_REFRESH_S
-            ):
-                continue
-            message = self._waiting_message(waiting, now, cordons)
-            try:
-                kv = await self._waiting_bucket()
-                await kv.put(job.job_id, message.SerializeToString())
-            except Exception as error:
-                warn_try_failed(log, f"could not write why {job.job_id} waits", error)
-                return
-            self._waiting_written[job.job_id] = (signature, now)
-
-    def _waiting_message(
-        self, waiting: Waiting, now: datetime, cordons: dict[str, Suspicion]
-    ) -> pb.JobWaiting:
-        message = pb.JobWaiting(
-            attempt=self.book.jobs[waiting.job_id].attempt,
-            candidates=[node_score_message(score) for score in waiting.scores],
-            nodes_total=waiting.nodes_total,
-            filtered_counts=waiting.filtered_counts,
-            summary=waiting.summary,
-            clusters=cluster_score_messages(waiting.clusters),
-        )
-        set_timestamp(message.at, now)
-        for name, suspicion in sorted(cordons.items()):
-            if not suspicion.failures:
-                continue  # a failing environment: the node's filter reason names it
-            cordon = message.cordons.add(node=name, failures=suspicion.failures)
-            set_timestamp(cordon.until, suspicion.until)
-        return message
-
-    async def _waiting_bucket(self) -> KeyValue:
-        if self._waiting_kv is None:
-            self._waiting_kv = await open_bucket(
-                self._js,
-                KeyValueConfig(
-                    bucket=self._subjects.waiting_bucket,
-                    ttl=WAITING_TTL_S,
-                    history=1,
-                    replicas=self._stream_replicas,
-                ),
-            )
-        return self._waiting_kv
+            await self.accounting.write_usage()
 
     async def repair(self) -> None:
         """On taking over: make sure every BOUND job's pod exists (create is idempotent)."""
-        await asyncio.gather(*(self._ensure_pod(v) for v in self.state.views(JobState.BOUND)))
+        await self.binder.repair()
 
-    # -- running ---------------------------------------------------------------------------
+    # -- running ---------------------------------------------------------------------------------
     async def restore(self) -> int:
         """Start from the snapshot if it may be used (``mdq.core.snapshot.resume``);
         returns the jobs-stream sequence it reflects (0: the whole log is to be replayed).
         Logs one line either way."""
-        restored = await self._snapshots.restore(
-            lambda data: PlacementState.from_snapshot(
-                data,
-                self._config,
-                load_settle_s=self._settings.load_settle_s,
-                health_policy=self._health_policy,
-                fail_on_dependency_failure=self._settings.fail_on_dependency_failure,
-                ended_memory=self._settings.ended_memory,
-            )
-        )
+        restored = await self.snapshots.restore()
         if restored is None:
             return 0
         self.state, self.restored_sequence = restored
         return self.restored_sequence
 
-    async def _write_snapshot(self) -> None:
-        """Write the snapshot, at most every ``snapshot_interval_s`` and only when the state
-        changed since it was last written (or restored). Best effort: a snapshot that cannot
-        be written only makes the next restart replay more of the log."""
-        interval = self._settings.snapshot_interval_s
-        now = asyncio.get_running_loop().time()
-        if interval <= 0 or (self._snapshot_at is not None and now - self._snapshot_at < interval):
-            return
-        self._snapshot_at = now
-        if not self.book.last_sequence:
-            return
-        written = await self._snapshots.write(self.state.snapshot(), now=self._clock())
-        self.snapshot_decisions += 1
-        if written:
-            self.snapshots_written += 1
-
-    async def _caught_up_jobs(self) -> None:
-        self._jobs_ready.set()
-
-    async def _caught_up_nodes(self) -> None:
-        self._nodes_ready.set()
-
-    async def _keep_lease(self, lease: LeaderLease) -> None:
-        """Take or renew the lease every third of its TTL; flip ``leader`` accordingly."""
-        interval = self._settings.lease_ttl_s / 3
-        while True:
-            try:
-                held = await lease.try_acquire()
-            except Exception:
-                log.exception("lease check failed")
-                held = False
-            raise_if_cancelling()  # else a stopped replica would go on renewing its lease
-            if held and not self.leader:
-                await self.repair()
-                self._dirty.set()
-            self.leader = held
-            await asyncio.sleep(interval)
-
     async def run(self) -> None:
-        """Follow the logs and reconcile (while leader), forever."""
-        after = await self.restore()
-        tasks = [
-            asyncio.create_task(
-                follow_log(
-                    self._js,
-                    self._subjects.job_all("*"),
-                    on_event=self.on_job_event,
-                    on_caught_up=self._caught_up_jobs,
-                    skip=self.is_own_echo,
-                    start_sequence=after + 1 if after else 0,
-                ),
-                name="placement-jobs",
-            ),
-            asyncio.create_task(
-                follow_log(
-                    self._js,
-                    self._subjects.node_load("*"),
-                    on_event=self.on_node_event,
-                    on_caught_up=self._caught_up_nodes,
-                    deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
-                ),
-                name="placement-nodes",
-            ),
-        ]
-        try:
-            if not await self.tenants.wait_synced(TENANT_POLICIES_WAIT_S):
-                log.warning(
-                    "tenant policies not read after %.0f s; placing with what is known",
-                    TENANT_POLICIES_WAIT_S,
-                )
-            await self._jobs_ready.wait()
-            await self._nodes_ready.wait()
-            log.info("caught up: %d jobs, %d nodes", len(self.book.jobs), len(self.nodes))
-            tasks.append(asyncio.create_task(keep_state_out_of_gc(), name="gc"))
-            if self._lease is not None:
-                tasks.append(asyncio.create_task(self._keep_lease(self._lease), name="lease"))
-            else:
-                await self.repair()
-            while True:
-                for task in tasks:
-                    if task.done():
-                        task.result()
-                self._dirty.clear()
-                self.state.prune()  # between passes: no view of an ended job is in use
-                await self._serve_controls()
-                if self.leader:
-                    try:
-                        started = time.perf_counter()
-                        bound = await self.reconcile()
-                        if bound:
-                            log.info(
-                                "bound %d jobs in %.1f ms",
-                                bound,
-                                1000 * (time.perf_counter() - started),
-                            )
-                    except Exception:
-                        log.exception("reconcile failed; retrying")
-                        await asyncio.sleep(0.5)
-                    await self._write_snapshot()
-                else:
-                    self._adopt.clear()
-                raise_if_cancelling()  # a cancel that a pass's NATS requests dropped
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self._settings.reconcile_interval_s):
-                        await self._dirty.wait()
-        finally:
-            for task in tasks:
-                task.cancel()
-            if self.controls is not None:
-                await self.controls.close()
-            self._refuse_controls()
-            await self.tenants.close()
-            if self._lease is not None:
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(self._lease.release())
+        """Follow the logs and reconcile (while leader), forever (``ServiceLoop.run``)."""
+        await self.service_loop.run(self)

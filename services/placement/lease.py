@@ -10,7 +10,7 @@ follower takes over at its next try.
 
 The lease is an efficiency measure, not the safety net: a paused old leader that wakes up and
 binds before noticing it lost the lease is stopped by the per-job fence of the bound event
-(``Nats-Expected-Last-Subject-Sequence``, see ``app.py``).
+(``Nats-Expected-Last-Subject-Sequence``, see ``binder.py``).
 """
 
 from __future__ import annotations
