@@ -46,6 +46,22 @@ def _is_removal(entry: KeyValue.Entry) -> bool:
     return entry.operation in (KV_DEL, KV_PURGE) or not entry.value
 
 
+def removal_update(last_seen: PodUpdate | None) -> PodUpdate | None:
+    """What a pod's removal tells a watch whose last update of it was ``last_seen``: nothing
+    when that was its end, else that it ended, deleted. The bucket keeps one revision per pod,
+    so a watch that was behind reads the removal of a pod deleted while it ran (its agent
+    stopped it, wrote its end and removed it) without the end it overwrote; its attempt must
+    still end now, not when its silence makes it look lost."""
+    if last_seen is None or last_seen.phase not in (pb.POD_PENDING, pb.POD_RUNNING):
+        return None
+    return replace(
+        last_seen,
+        phase=pb.POD_FAILED,
+        reason="Deleted",
+        message="pod deleted; its end was not seen before its removal",
+    )
+
+
 def node_sample(record: NodeRecord, *, now_unix: float, heartbeat_timeout_s: float) -> NodeSample:
     """What a node record means now: a node whose agent stopped heartbeating is not ready."""
     fresh = now_unix - record.heartbeat_unix <= heartbeat_timeout_s
@@ -191,7 +207,8 @@ class LocalBackend:
 
     async def watch_pods(self) -> AsyncIterator[PodUpdate]:
         """Every pod's current state, then every change of status, forever (removals of
-        deleted pods are not reported; their last status was).
+        deleted pods are not reported when their last status was seen; a pod removed while the
+        watch last saw it live ends FAILED "Deleted", ``removal_update``).
 
         While watching, pods on a node whose agent stopped heartbeating are marked FAILED
         "NodeLost" (as Kubernetes' node lifecycle controller does), so their jobs are
@@ -206,7 +223,9 @@ class LocalBackend:
                 if entry is None:
                     continue
                 if _is_removal(entry):
-                    last.pop(entry.key, None)
+                    ended = removal_update(last.pop(entry.key, None))
+                    if ended is not None:
+                        yield ended
                     continue
                 try:
                     update = PodRecord.from_json(entry.value).to_update()
