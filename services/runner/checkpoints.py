@@ -33,9 +33,10 @@ import json
 import logging
 import os
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from mdq.contracts import pb
 from services.runner.trajectory import TrajectoryMark
@@ -145,6 +146,29 @@ def _read_sidecar(path: Path) -> dict[str, object]:
     except (OSError, ValueError):
         return {}
     return document if isinstance(document, dict) else {}
+
+
+Loaded = TypeVar("Loaded")
+
+
+def newest_verified(
+    steps: Sequence[int],
+    verify: Callable[[int], Loaded],
+    *,
+    after: int = -1,
+    before: int | None = None,
+) -> Loaded | None:
+    """What ``verify`` makes of the newest of ``steps`` after ``after`` and (when given) before
+    ``before`` that it accepts (it raises OSError or ValueError for an unusable one, which is
+    logged and passed over); None if it accepts none."""
+    for step in sorted(steps, reverse=True):
+        if step <= after or (before is not None and step >= before):
+            continue
+        try:
+            return verify(step)
+        except (OSError, ValueError) as error:
+            log.warning("the checkpoint of step %d is unusable: %s", step, error)
+    return None
 
 
 class CheckpointStore:
@@ -315,17 +339,11 @@ class CheckpointStore:
     def _newest_good(
         self, *, after: int = -1, before: int | None = None, platform: str
     ) -> LoadedCheckpoint | None:
-        """The newest checkpoint in the folder that verifies against its sidecar, of a step
-        after ``after`` and (when given) before ``before``; None if there is none."""
-        for step in reversed(self.steps()):
-            if step <= after or (before is not None and step >= before):
-                continue
-            candidate = self._directory / checkpoint_name(step)
-            try:
-                return self._verify(candidate, step=step, sha256=None, platform=platform)
-            except (OSError, ValueError) as error:
-                log.warning("checkpoint %s is unusable: %s", candidate, error)
-        return None
+        def verify(step: int) -> LoadedCheckpoint:
+            path = self._directory / checkpoint_name(step)
+            return self._verify(path, step=step, sha256=None, platform=platform)
+
+        return newest_verified(self.steps(), verify, after=after, before=before)
 
     def _verify(
         self, path: Path, *, step: int, sha256: str | None, platform: str

@@ -27,7 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mdq.contracts import pb
-from services.runner.checkpoints import CheckpointFile, sha256_of, write_atomically
+from services.runner.checkpoints import (
+    CheckpointFile,
+    newest_verified,
+    sha256_of,
+    write_atomically,
+)
 
 log = logging.getLogger(__name__)
 
@@ -234,17 +239,10 @@ class RestartStore:
         return None
 
     def _newest_good(self, *, after: int = -1, before: int | None = None) -> LoadedRestart | None:
-        """The newest restart in the folder that verifies against its sidecar, of a step after
-        ``after`` and (when given) before ``before``; None if there is none."""
-        for step in reversed(self.steps()):
-            if step <= after or (before is not None and step >= before):
-                continue
-            candidate = self._directory / checkpoint_name(step)
-            try:
-                return self._verify(candidate, step=step, sha256=None)
-            except (OSError, ValueError) as error:
-                log.warning("restart %s is unusable: %s", candidate, error)
-        return None
+        def verify(step: int) -> LoadedRestart:
+            return self._verify(self._directory / checkpoint_name(step), step=step, sha256=None)
+
+        return newest_verified(self.steps(), verify, after=after, before=before)
 
     def _verify(self, path: Path, *, step: int, sha256: str | None) -> LoadedRestart:
         if path.is_symlink() or step_of(path) != step:
