@@ -154,7 +154,7 @@ def summary_table(jobs: Iterable[queries.JobSummary], *, title: str) -> Table:
             steps_label(job.last_step, job.target_steps),
             _maybe(job.last_ns_per_day or None, "{:.1f}"),  # 0: no MD, no speed
             format_time(job.submitted_at),
-            _reason(job.done_reason, job.final_reason),
+            job.reason,
         )
     return table
 

@@ -1,7 +1,11 @@
-"""Read-only queries of the projection for the CLI (``mdq list``, ``mdq show``, timelines).
+"""Read-only queries of the projection for the CLI (``mdq ls``, ``mdq show``, timelines) and
+the read models other readers share: ``JobSummary`` is a job's line in ``mdq ls`` and in the
+console's lists (``services.console.reads``), selected with ``JOB_SUMMARY_COLUMNS`` and made by
+``job_summary`` whatever query filters and pages the jobs.
 
 Every function takes a SQLAlchemy ``AsyncEngine`` (see ``mdq.store.engine.create_engine``) and
-returns plain frozen dataclasses, so callers never hold a session or a row object.
+returns plain frozen dataclasses, so callers never hold a session or a row object. The tables
+are described in docs/history.md.
 """
 
 from __future__ import annotations
@@ -13,17 +17,19 @@ from functools import lru_cache
 from typing import Any
 
 from google.protobuf import json_format
-from sqlalchemy import ColumnElement, Select, func, select, text
+from sqlalchemy import ColumnElement, Row, Select, func, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from mdq.contracts import pb
+from mdq.core import ids
 from mdq.core.recommend import CostFingerprint, UsageGroup, UsageHistory, fingerprint_of
 from mdq.store.models import EVENTS, Attempt, CheckpointRecord, Job, ProgressRecord
 
 
 @dataclass(frozen=True, slots=True)
 class JobSummary:
-    """One line of ``mdq list``."""
+    """A job's summary line: one line of ``mdq ls``, of the console's jobs list and of its
+    campaign, nodes and confirmation pages."""
 
     job_id: str
     name: str
@@ -37,8 +43,23 @@ class JobSummary:
     target_steps: int
     last_step: int
     last_ns_per_day: float | None
+    labels: dict[str, str]
+    """The spec's labels (a campaign's, for one)."""
     done_reason: str | None
+    """Why its runner says the run is done (``steps_reached``, ``converged``...); None until
+    one says so."""
     final_reason: str | None
+    """Why it failed for good (a ``FailureReason`` name); None unless it has."""
+
+    @property
+    def tenant(self) -> str:
+        """Whose job it is: the tenant its id carries, "" for the operator's."""
+        return ids.tenant_of(self.job_id)
+
+    @property
+    def reason(self) -> str:
+        """The reason a line shows: why it failed for good, else why its run is done, else ""."""
+        return self.final_reason or self.done_reason or ""
 
     @property
     def fraction_done(self) -> float:
@@ -46,6 +67,48 @@ class JobSummary:
         if self.target_steps <= 0:
             return 0.0
         return min(1.0, self.last_step / self.target_steps)
+
+
+JOB_SUMMARY_COLUMNS = (
+    Job.job_id,
+    Job.name,
+    Job.task,
+    Job.state,
+    Job.attempt,
+    Job.priority_class,
+    Job.node,
+    Job.submitted_at,
+    Job.updated_at,
+    Job.target_steps,
+    Job.last_step,
+    Job.last_ns_per_day,
+    Job.spec["labels"].label("labels"),
+    Job.done_reason,
+    Job.final_reason,
+)
+"""The columns of ``jobs`` a ``JobSummary`` is made of, by the names ``job_summary`` reads."""
+
+
+def job_summary(row: Row[Any]) -> JobSummary:
+    """A job's summary line from a row that selected ``JOB_SUMMARY_COLUMNS`` (read by name,
+    so the row may carry more columns, or come from a subquery of them)."""
+    return JobSummary(
+        job_id=row.job_id,
+        name=row.name,
+        task=row.task,
+        state=row.state,
+        attempt=row.attempt,
+        priority_class=row.priority_class,
+        node=row.node,
+        submitted_at=row.submitted_at,
+        updated_at=row.updated_at,
+        target_steps=row.target_steps,
+        last_step=row.last_step,
+        last_ns_per_day=row.last_ns_per_day,
+        labels=dict(row.labels or {}),
+        done_reason=row.done_reason,
+        final_reason=row.final_reason,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,29 +240,15 @@ class TimelineEntry:
 async def list_jobs(
     engine: AsyncEngine, *, limit: int = 50, state: str | None = None
 ) -> list[JobSummary]:
-    """The most recently submitted jobs first (optionally only those in ``state``)."""
-    query = select(
-        Job.job_id,
-        Job.name,
-        Job.task,
-        Job.state,
-        Job.attempt,
-        Job.priority_class,
-        Job.node,
-        Job.submitted_at,
-        Job.updated_at,
-        Job.target_steps,
-        Job.last_step,
-        Job.last_ns_per_day,
-        Job.done_reason,
-        Job.final_reason,
-    )
+    """``mdq ls``: the most recently submitted jobs first (optionally only those in ``state``).
+    The console pages its own list with filters of its own (``services.console.reads``)."""
+    query = select(*JOB_SUMMARY_COLUMNS)
     if state is not None:
         query = query.where(Job.state == state)
     query = query.order_by(Job.submitted_at.desc(), Job.job_id).limit(limit)
     async with engine.connect() as connection:
         result = await connection.execute(query)
-        return [JobSummary(**row._asdict()) for row in result]
+        return [job_summary(row) for row in result]
 
 
 def job_rows_since(job_id: str) -> ColumnElement[Any]:
