@@ -1,9 +1,11 @@
 """What the console reads from PostgreSQL, as the read-only role: one function per page.
 
 Every function takes the engine and returns plain values (the ``mdq.store.queries`` dataclasses
-where they exist), so the pages never hold a connection. The jobs list pages by keyset (the last
-row's submit time and id, ``services.console.filters.Cursor``): each page is an index range
-scan, however deep into a year of history it is.
+where they exist), so the pages never hold a connection. A job's line in the lists is
+``mdq.store.queries.JobSummary``, the one ``mdq ls`` prints, of the same columns; the filters and
+paging are the console's own. The jobs list pages by keyset (the last row's submit time and id,
+``services.console.filters.Cursor``): each page is an index range scan, however deep into a year
+of history it is.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from typing import Any, TypeVar
 
 from google.protobuf import json_format
 from sqlalchemy import (
-    Row,
     Select,
     case,
     cast,
@@ -43,34 +44,10 @@ ACTIVE_ON_A_NODE = ("BOUND", "RUNNING")
 
 
 @dataclass(frozen=True, slots=True)
-class JobRow:
-    """One line of the jobs list."""
-
-    job_id: str
-    name: str
-    tenant: str
-    state: str
-    attempt: int
-    priority_class: str
-    node: str | None
-    submitted_at: datetime
-    updated_at: datetime
-    target_steps: int
-    last_step: int
-    last_ns_per_day: float | None
-    labels: dict[str, str]
-    reason: str
-
-    @property
-    def fraction_done(self) -> float:
-        return 0.0 if self.target_steps <= 0 else min(1.0, self.last_step / self.target_steps)
-
-
-@dataclass(frozen=True, slots=True)
 class JobsPage:
     """A page of the jobs list and where the next one starts (None: this is the last)."""
 
-    rows: list[JobRow]
+    rows: list[queries.JobSummary]
     next_cursor: Cursor | None
 
 
@@ -80,22 +57,7 @@ AnySelect = Select[*tuple[Any, ...]]
 
 def _jobs_query(chosen: JobFilter, limit: int) -> AnySelect:
     """The first ``limit`` jobs ``chosen`` admits, newest submit first."""
-    query: AnySelect = select(
-        Job.job_id,
-        Job.name,
-        Job.state,
-        Job.attempt,
-        Job.priority_class,
-        Job.node,
-        Job.submitted_at,
-        Job.updated_at,
-        Job.target_steps,
-        Job.last_step,
-        Job.last_ns_per_day,
-        Job.spec["labels"].label("labels"),
-        Job.done_reason,
-        Job.final_reason,
-    )
+    query: AnySelect = select(*queries.JOB_SUMMARY_COLUMNS)
     conditions: list[Any] = []
     if chosen.state:
         conditions.append(Job.state == chosen.state)
@@ -142,31 +104,11 @@ def _jobs_query(chosen: JobFilter, limit: int) -> AnySelect:
     return query
 
 
-def _job_row(row: Row[Any]) -> JobRow:
-    """A line of the jobs list from a row of ``_jobs_query``."""
-    return JobRow(
-        job_id=row.job_id,
-        name=row.name,
-        tenant=ids.tenant_of(row.job_id),
-        state=row.state,
-        attempt=row.attempt,
-        priority_class=row.priority_class,
-        node=row.node,
-        submitted_at=row.submitted_at,
-        updated_at=row.updated_at,
-        target_steps=row.target_steps,
-        last_step=row.last_step,
-        last_ns_per_day=row.last_ns_per_day,
-        labels=dict(row.labels or {}),
-        reason=row.final_reason or row.done_reason or "",
-    )
-
-
 async def list_jobs(engine: AsyncEngine, chosen: JobFilter) -> JobsPage:
     """The jobs ``chosen`` admits, newest submit first, one page of them."""
     async with engine.connect() as connection:  # one more than a page: is there a next one
         result = list(await connection.execute(_jobs_query(chosen, chosen.size + 1)))
-    rows = [_job_row(row) for row in result[: chosen.size]]
+    rows = [queries.job_summary(row) for row in result[: chosen.size]]
     more = len(result) > chosen.size
     last = rows[-1] if rows else None
     return JobsPage(
@@ -298,7 +240,7 @@ async def job_outputs(engine: AsyncEngine, job_id: str) -> list[OutputFile]:
 class CampaignJob:
     """One job of a campaign with its energy curve (every attempt, by step)."""
 
-    row: JobRow
+    row: queries.JobSummary
     steps: list[int]
     potential_kj_mol: list[float]
     temperature_k: list[float]
@@ -356,7 +298,7 @@ async def campaign(engine: AsyncEngine, key: str, value: str) -> list[CampaignJo
         result = list(await connection.execute(query))
     return [
         CampaignJob(
-            row=_job_row(row),
+            row=queries.job_summary(row),
             steps=_thinned(row.steps or []),
             potential_kj_mol=_thinned(row.potentials or []),
             temperature_k=_thinned(row.temperatures or []),
@@ -382,9 +324,9 @@ def _thinned(points: list[Point]) -> list[Point]:
     return kept
 
 
-async def jobs_on_nodes(engine: AsyncEngine) -> dict[str, list[JobRow]]:
+async def jobs_on_nodes(engine: AsyncEngine) -> dict[str, list[queries.JobSummary]]:
     """Every job bound or running now, by node."""
-    by_node: dict[str, list[JobRow]] = {}
+    by_node: dict[str, list[queries.JobSummary]] = {}
     for state in ACTIVE_ON_A_NODE:
         page = await list_jobs(engine, JobFilter(state=state, size=200))
         for row in page.rows:
