@@ -177,13 +177,14 @@ class JobPage:
 
 
 async def job_page(engine: AsyncEngine, job_id: str) -> JobPage | None:
-    """A job with its history; None if PostgreSQL has never heard of it."""
-    detail = await queries.job_detail(engine, job_id)
-    if detail is None:
-        return None
-    timeline = await queries.job_timeline(engine, job_id)
-    progress = await queries.progress_trace(engine, job_id)
+    """A job with its history; None if PostgreSQL has never heard of it. Every part is read on
+    one connection (one checkout of the pool, one liveness check)."""
     async with engine.connect() as connection:
+        detail = await queries.job_detail(connection, job_id)
+        if detail is None:
+            return None
+        timeline = await queries.job_timeline(connection, job_id)
+        progress = await queries.progress_trace(connection, job_id)
         checkpoint_rows = await connection.execute(
             select(CheckpointRecord.__table__)
             .where(CheckpointRecord.job_id == job_id)
@@ -207,13 +208,14 @@ async def job_page(engine: AsyncEngine, job_id: str) -> JobPage | None:
             )
             for row in placement_rows
         ]
+        outputs = await job_outputs(connection, job_id)
     return JobPage(
         detail=detail,
         timeline=timeline,
         progress=progress,
         checkpoints=checkpoints,
         placements=placements,
-        outputs=await job_outputs(engine, job_id),
+        outputs=outputs,
     )
 
 
@@ -225,10 +227,10 @@ JOB_OUTPUTS = (
 job_rows_since``)."""
 
 
-async def job_outputs(engine: AsyncEngine, job_id: str) -> list[OutputFile]:
+async def job_outputs(engine: queries.Reader, job_id: str) -> list[OutputFile]:
     """The files a job's runners reported (the view ``job_outputs``), by attempt and path: the
     order the job page numbers its download links in."""
-    async with engine.connect() as connection:
+    async with queries.connected(engine) as connection:
         rows = await connection.execute(
             text(JOB_OUTPUTS),
             {"job": job_id},

@@ -11,6 +11,8 @@ are described in docs/history.md.
 from __future__ import annotations
 
 import math
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
@@ -18,7 +20,7 @@ from typing import Any
 
 from google.protobuf import json_format
 from sqlalchemy import ColumnElement, Row, Select, func, select, text
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from mdq.contracts import pb
 from mdq.core import ids
@@ -273,9 +275,24 @@ async def active_job_ids(engine: AsyncEngine, *, limit: int = 200) -> list[str]:
         return list((await connection.scalars(query)).all())
 
 
-async def job_detail(engine: AsyncEngine, job_id: str) -> JobDetail | None:
+Reader = AsyncEngine | AsyncConnection
+"""What a read runs on: an engine (a connection of its pool for the read), or a connection
+already in hand (a page that reads several things reads them on one)."""
+
+
+@asynccontextmanager
+async def connected(reader: Reader) -> AsyncIterator[AsyncConnection]:
+    """A connection to read on: ``reader`` itself, or one of its pool for the block."""
+    if isinstance(reader, AsyncConnection):
+        yield reader
+        return
+    async with reader.connect() as connection:
+        yield connection
+
+
+async def job_detail(engine: Reader, job_id: str) -> JobDetail | None:
     """A job with its attempts, last progress report and latest checkpoint; None if unknown."""
-    async with engine.connect() as connection:
+    async with connected(engine) as connection:
         job_row = (
             await connection.execute(select(Job.__table__).where(Job.job_id == job_id))
         ).first()
@@ -334,9 +351,9 @@ def job_timeline_query(job_id: str) -> Select[*tuple[Any, ...]]:
     )
 
 
-async def job_timeline(engine: AsyncEngine, job_id: str) -> list[TimelineEntry]:
+async def job_timeline(engine: Reader, job_id: str) -> list[TimelineEntry]:
     """Every stored event of a job in the order it happened (time, then stream order)."""
-    async with engine.connect() as connection:
+    async with connected(engine) as connection:
         result = await connection.execute(job_timeline_query(job_id))
         return [TimelineEntry(**row._asdict()) for row in result]
 
@@ -352,10 +369,10 @@ def progress_trace_query(job_id: str, *, attempt: int | None = None) -> Select[*
 
 
 async def progress_trace(
-    engine: AsyncEngine, job_id: str, *, attempt: int | None = None
+    engine: Reader, job_id: str, *, attempt: int | None = None
 ) -> list[ProgressPoint]:
     """The progress reports of a job (for energy plots), by attempt then step."""
-    async with engine.connect() as connection:
+    async with connected(engine) as connection:
         result = await connection.execute(progress_trace_query(job_id, attempt=attempt))
         return [ProgressPoint(**row._asdict()) for row in result]
 
