@@ -27,6 +27,7 @@ from mdq.contracts import pb
 from mdq.core.exit_codes import RunnerExit
 from mdq.core.spec import normalize_job
 from mdq.testing.runner_files import newest_checkpoint_step
+from services.runner.checkpoints import checkpoint_name
 from services.runner.errors import InvalidInputError
 from services.runner.system import build_system
 from tests.integration.test_runner import (
@@ -248,9 +249,13 @@ async def test_corrupt_native_checkpoint_falls_back_to_the_state_xml(
     first = await start_runner(first_task)
     assert await first.wait() == RunnerExit.OK, first.stderr
     await events.wait_until(lambda: len(events.checkpoints) >= 3)
-    # resumed from the last checkpoint before the end (the one after it is the final step's)
+    # resumed from the checkpoint before the end: the final step's is removed (a resume takes
+    # the newest verified checkpoint in the folder, CheckpointStore.load)
     newest = next(c for c in events.of_attempt(1)[1] if c.step == 400)
     flip_bytes(Path(newest.native_path))
+    final = Path(newest.path).parent / checkpoint_name(600)
+    for suffix in (".xml", ".chk", ".json"):
+        final.with_suffix(suffix).unlink()
 
     second = await start_runner(
         make_task(data_dir, "job-lj-native", spec, attempt=2, resume_from=newest)
