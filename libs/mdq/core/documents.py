@@ -1,38 +1,9 @@
 """Client documents into protobuf messages, every problem named by its field path (pure).
 
-A submit from a plain NATS client is the protobuf JSON mapping of ``mdq.v1.SubmitRequest``;
-a job file is the same mapping written as YAML. Both are parsed here (by ``mdq.bus.codec`` for
-intake, by ``mdq.sdk.jobfile`` for the CLI), so both name a problem the same way, in the path
-style of the validation errors (``jobs[1].depends_on[0]``, ``jobs[0].labels['team']``):
-
-- **Nesting.** A submit is at most six lists and objects deep; a document nested more than
-  ``MAX_DEPTH`` deep is refused before the protobuf parser (or ``repr`` of a value in its
-  error message) recurses into it, naming the path of the first container too deep
-  (``nesting_error``). A JSON text too deep for ``json.loads`` itself (which raises
-  ``RecursionError`` some thousand levels down) is scanned without recursion for that same
-  path (``nesting_error_in_json``).
-- **Types.** ``json_format.ParseDict`` stops at the first problem, but its message names
-  only the chain of fields (``jobs.depends_on``), not the element of a list or the key of a
-  map. ``parse_document`` finds the element by asking ParseDict itself about the parts of the
-  document one at a time (the key, then each element of a list, each entry of a map, each
-  field of a nested message), so the path it reports is exactly what ParseDict refuses. This
-  runs only once a parse has failed.
-- **Text.** A JSON text must be UTF-8 (a leading byte-order mark is skipped); the first byte
-  that is not is named by its offset and by the path it falls in (``load_json``). A syntax
-  error is named by its line, column and path. An object that holds a key twice is refused
-  (``jobs[0].temperature_k: given twice``): ``json.loads`` would keep the last silently. So is
-  a message given one field under both its spellings (``temperature_k`` and ``temperatureK``).
-- **Values.** What ParseDict refuses is said in the caller's terms, from the field and the
-  value (``_explain``): a whole number with its allowed range (``mdq.core.spec.RANGES``, or
-  the range of its protobuf type), an enum with its valid names, a oneof with its members, an
-  unknown field with the fields that exist there.
-- **Protobuf.** A binary submit may carry no field this version does not know
-  (``drop_unknown_fields``, ``unknown_field_error``): protobuf keeps them silently, so a
-  client built from a newer ``mdq.proto`` would otherwise lose what it asked for without a
-  word.
-
-Error messages are cut to ``MAX_REASON_CHARS`` and hold no lone surrogates (JSON may carry
-``"\\ud800"``, which neither protobuf nor a terminal can encode).
+A submit (the protobuf JSON mapping of ``mdq.v1.SubmitRequest``) and a job file (the same
+mapping as YAML) are parsed here, for intake and for the CLI alike, so both name a problem the
+same way (``jobs[1].depends_on[0]``): nesting, types, text, values and unknown protobuf fields,
+as docs/jobspec.md ("How a submit or a job file is read") says.
 """
 
 from __future__ import annotations
