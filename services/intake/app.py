@@ -1,39 +1,9 @@
 """Composition root of intake: settings, the FastStream NatsBroker, and the two entrances.
 
-- ``subjects.submit`` is read through the submit stream with a durable consumer
-  (``MDQ_INTAKE_DURABLE``, "intake" by default), so submits published while intake is down are
-  handled when it comes back. It is a push consumer with a deliver group of the same name:
-  replicas share it, and each replica handles its submits one at a time in stream order (a
-  submit may depend on the key of the submit just before it). Each is acked after its events
-  were published and recorded (see ``services.intake.handlers``). A transient NATS error
-  (``TRANSIENT_ERRORS``: timeouts, a lost connection) naks it, to be redelivered after
-  ``MDQ_INTAKE_RETRY_DELAY_S``; any other error refuses the submit (field "", "internal error")
-  so one poisonous message cannot block the stream.
-  (A pull consumer would do as well, but FastStream 0.7.8's pull loop only catches
-  ``nats.errors.TimeoutError``, lets the plain ``asyncio.TimeoutError`` that nats-py 2.16's
-  ``fetch`` also raises escape, and restarts with a back-off that delays submits by seconds.)
-- ``subjects.api_submit`` is core NATS request-reply in queue group ``MDQ_INTAKE_QUEUE_GROUP``,
-  so replicas share the load, and each replica handles up to ``MDQ_INTAKE_CONCURRENCY`` of them
-  at once (their order does not matter: each client waits for its own reply; two with the same
-  key are serialized by the handler). Requests that arrive together (read from the socket in
-  one go) are handled as one batch: their registry claims and events go out as batches of
-  JetStream publishes, with no task, lock or timer per submit (``SubmitHandler.on_api_submits``).
-  This entrance is a plain nats-py subscription on the
-  broker's connection, not a FastStream subscriber: FastStream's per-message machinery
-  (context, middlewares, task groups) was ~40% of intake's CPU per submit in
-  ``make bench-placement``, and intake is the hot path of submitting. The reply is a
-  ``pb.SubmitReply`` in the encoding of the request (content-type ``application/json`` or
-  ``application/x-protobuf``). On a transient NATS error no reply is sent: the client times out
-  and retries with the same key, which is safe.
-
-- ``subjects.api_inputs(<job id>)`` is where runners ask for their job's input files, one chunk
-  per request (``mdq.bus.inputs.InputDesk``, same queue group): intake serves a job only the
-  objects its own submitted spec names, from its own tenant's inputs bucket. Before accepting a
-  submit that names input files, intake checks them against that bucket and checks its LAMMPS
-  scripts (``services.intake.inputs``).
-
-``Intake.start()`` / ``stop()`` run it inside another program (tests); ``Intake.run()`` serves
-until cancelled, which ``python -m services.intake`` does on SIGTERM (``mdq.bus.runtime``).
+``subjects.submit`` through the submit stream (a durable push consumer, deliver group shared by
+replicas), ``subjects.api_submit`` by request-reply (a plain nats-py queue subscription, batches
+of requests that arrive together), and the runners' input files (``subjects.api_inputs``): how
+each is served and why, docs/intake.md ("The service and its entrances").
 """
 
 from __future__ import annotations
