@@ -65,7 +65,7 @@ import threading
 import time
 import traceback
 from collections import Counter, defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -656,6 +656,19 @@ def wanted(kind: str, config: ChaosConfig) -> int:
     return config.once_per_kind if kind in ONCE_KINDS else config.faults_per_kind
 
 
+def short_of_wanted(
+    left: Sequence[str], injected: Mapping[str, int], config: ChaosConfig
+) -> list[str]:
+    """Of the faults ``left`` in the schedule when the jobs were done, those of a kind that hit
+    fewer than ``wanted`` times (each once): a campaign that never struck a kind as often as
+    it promised. A random extra one of a kind that hit its share is no such loss."""
+    short: list[str] = []
+    for kind in dict.fromkeys(left):
+        if injected.get(kind, 0) < wanted(kind, config):
+            short.append(kind)
+    return short
+
+
 def fault_schedule(rng: random.Random, config: ChaosConfig) -> list[str]:
     """Every kind ``wanted`` times plus ``extra_faults`` random short ones, shuffled; the long
     episodes in the first half, so that the faults of the part one holds down (which wait for
@@ -1089,7 +1102,8 @@ class Campaign:
             await asyncio.gather(*episodes, return_exceptions=True)
         if schedule:
             self.note(f"faults not injected (jobs done or deadline): {' '.join(schedule)}")
-            self.report.problems.append(f"faults never injected: {' '.join(schedule)}")
+            if short := short_of_wanted(schedule, self._kills, self.config):
+                self.report.problems.append(f"faults never injected: {' '.join(short)}")
 
     async def _long_episode(self, kind: str, part: str, busy: set[str]) -> None:
         try:
