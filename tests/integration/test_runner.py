@@ -435,7 +435,7 @@ async def test_a_pruned_resume_checkpoint_falls_back_to_the_newest_one_on_disk(
 ) -> None:
     """Recovery announced an old checkpoint, and a runner that went on after its attempt was
     declared lost pruned it: the retry resumes from the newest verified checkpoint in the
-    folder (later than the announced one), not from step 0 (the chaos campaign's bug)."""
+    folder (later than the announced one), not from step 0."""
     spec = md_spec("md", steps=400, report_interval_steps=50, checkpoint_interval_steps=100)
     first_task = make_task(data_dir, "job-pruned", spec)
     events = await tap(nc, subjects, first_task.job_id)

@@ -326,7 +326,7 @@ def test_faults_left_at_the_end_are_a_problem_only_below_their_share(
     left: list[str], injected: dict[str, int], per_kind: int, short: list[str]
 ) -> None:
     """The jobs were done before the schedule: a campaign that struck every kind as often as
-    it promised passes, whatever random extra faults were left (a soak seed failed on an extra
-    third kill of metrics)."""
+    it promised passes, whatever random extra faults were left; a kind struck fewer times
+    than promised fails it."""
     config = ChaosConfig(faults_per_kind=per_kind, once_per_kind=1)
     assert short_of_wanted(left, injected, config) == short
