@@ -103,6 +103,7 @@ SEEN: dict[str, str] = {
     "attempt_usage": "SELECT job_id FROM attempt_usage",
     "usage_samples": "SELECT job_id FROM usage_samples",
     "usage_summaries": "SELECT job_id FROM usage_summaries",
+    "failure_tallies": "SELECT reason FROM failure_tallies",
     "progress_rollups": "SELECT job_id FROM progress_rollups",
 }
 """For each relation a tenant may read, a query whose values say whose each row is."""
@@ -247,15 +248,16 @@ async def test_a_tenant_reads_only_its_own_rows(installation: Installation, rela
 async def test_every_table_of_job_rows_is_under_a_tenant_policy(
     installation: Installation,
 ) -> None:
-    """Any table with a ``job_id`` or ``request_id`` column is in ``TENANT_ROWS``, under row
-    security with the tenants' policy on that column; every view is ``security_invoker``."""
+    """Any table with a ``job_id``, ``request_id`` or ``tenant_prefix`` column is in
+    ``TENANT_ROWS``, under row security with the tenants' policy on that column; every view is
+    ``security_invoker``."""
     connection = await asyncpg.connect(installation.admin)
     try:
         keyed = await connection.fetch(
             "SELECT c.table_name, c.column_name FROM information_schema.columns c "
             "JOIN information_schema.tables t USING (table_schema, table_name) "
             "WHERE c.table_schema = 'public' AND t.table_type = 'BASE TABLE' "
-            "AND c.column_name IN ('job_id', 'request_id') "
+            "AND c.column_name IN ('job_id', 'request_id', 'tenant_prefix') "
             # a partition is read through its table, whose policy applies (no grant of its own)
             "AND c.table_name NOT IN (SELECT relname FROM pg_class WHERE relispartition)"
         )
@@ -276,7 +278,7 @@ async def test_every_table_of_job_rows_is_under_a_tenant_policy(
     tables = {row["table_name"] for row in keyed}
     assert tables == set(TENANT_ROWS)
     for row in keyed:
-        if row["column_name"] == "job_id" or row["table_name"] == "rejections":
+        if row["column_name"] in ("job_id", "tenant_prefix") or row["table_name"] == "rejections":
             assert TENANT_ROWS[row["table_name"]] == row["column_name"]
     by_table = {row["tablename"]: row for row in policed}
     assert set(by_table) == tables

@@ -93,7 +93,7 @@ def test_placeholders_follow_the_table_order() -> None:
     ]
     assert rows.UPDATE_JOB.endswith("WHERE job_id = $1")
     assert "state = $2" in rows.UPDATE_JOB
-    assert "job_id = EXCLUDED" not in rows.UPSERT_ATTEMPT  # the key is not updated
-    assert "attempt = EXCLUDED" not in rows.UPSERT_ATTEMPT
+    assert "job_id = EXCLUDED" not in rows.UPSERT_ATTEMPTS.sql  # the key is not updated
+    assert "attempt = EXCLUDED" not in rows.UPSERT_ATTEMPTS.sql
     for name in rows.JOB_FIXED:  # written once
         assert f" {name} = $" not in rows.UPDATE_JOB

@@ -55,6 +55,7 @@ PROJECTED_TABLES = (
     "rejections",
     "usage_samples",
     "usage_summaries",
+    "failure_tallies",
 )
 
 

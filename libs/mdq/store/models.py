@@ -341,6 +341,26 @@ class UsageSummaryRecord(Base):
     memory_limit_mb: Mapped[list[float]] = mapped_column(ARRAY(Double()))
 
 
+class FailureTally(Base):
+    """Failed attempts per owner and reason (revision 0019), kept by triggers on ``attempts``:
+    what the view ``failures_by_reason`` adds up."""
+
+    __tablename__ = "failure_tallies"
+    __table_args__ = (
+        {"comment": "Failed attempts per owner and reason (revision 0019), kept by triggers."},
+    )
+
+    tenant_prefix: Mapped[str] = mapped_column(
+        primary_key=True,
+        comment="Whose attempts: 'alice.' for tenant alice's jobs, '' for the operator's.",
+    )
+    reason: Mapped[str] = mapped_column(primary_key=True, comment="FailureReason name.")
+    attempts: Mapped[int] = mapped_column(BigInteger, comment="Failed attempts.")
+    jobs: Mapped[int] = mapped_column(BigInteger, comment="Jobs they belong to.")
+    steps_lost: Mapped[int] = mapped_column(BigInteger, comment="Sum of their steps lost.")
+    last_at: Mapped[datetime | None] = mapped_column(comment="The latest end.")
+
+
 class ProgressRollup(Base):
     """Per job, attempt and month: the reports of a rolled-up month of ``progress`` (revision
     0014, ``mdq_rollup_progress``), which keeps every Nth of them."""

@@ -57,6 +57,8 @@ RELATIONS: dict[str, Access] = {
     "usage_samples": Access.WRITTEN,
     # kept by a trigger on usage_samples (revision 0018)
     "usage_summaries": Access.WRITTEN,
+    # kept by triggers on attempts (revision 0019)
+    "failure_tallies": Access.WRITTEN,
     # written by mdq_rollup_progress, the owner's (revision 0015)
     "progress_rollups": Access.SUMMARIZED,
     # the views of docs/history.md
@@ -94,11 +96,13 @@ TENANT_ROWS: dict[str, str] = {
     "rejections": "request_id",
     "usage_samples": "job_id",
     "usage_summaries": "job_id",
+    "failure_tallies": "tenant_prefix",
     "progress_rollups": "job_id",
 }
 """The tables of per-job rows (migration 0006 puts them under row security), each with the
-column that names its job or submit: a tenant sees a row only when that starts with
-``<tenant>.``. A row whose column is NULL (an event of no job) is no tenant's."""
+column that names its job or submit (a tally: its owner, ``<tenant>.``): a tenant sees a row
+only when that starts with ``<tenant>.``. A row whose column is NULL (an event of no job) is
+no tenant's."""
 
 READER_POLICY = "reader_rows"
 TENANT_POLICY = "tenant_rows"

@@ -22,7 +22,7 @@ from mdq.store.projection.rows import (
     INSERT_JOB,
     JOB_COLUMNS,
     UPDATE_JOB,
-    UPSERT_ATTEMPT,
+    UPSERT_ATTEMPTS,
     attempt_row,
     job_insert,
     job_update,
@@ -269,4 +269,4 @@ async def fold_jobs(
     if updates:
         await connection.executemany(UPDATE_JOB, updates)
     if attempts:
-        await connection.executemany(UPSERT_ATTEMPT, attempts)
+        await connection.execute(UPSERT_ATTEMPTS.sql, *UPSERT_ATTEMPTS.arrays_of_rows(attempts))

@@ -18,7 +18,7 @@ from sqlalchemy.orm import DeclarativeBase
 
 from mdq.contracts import pb
 from mdq.core.state import AttemptRecord, JobView
-from mdq.store.batch_insert import model_columns
+from mdq.store.batch_insert import BatchInsert, model_columns
 from mdq.store.models import Attempt, Job
 from mdq.store.projection.fold import JobRow, blank
 
@@ -171,13 +171,18 @@ INSERT_JOB = (
     f"INSERT INTO jobs ({_names(JOB_TABLE)}) VALUES ({_placeholders(JOB_TABLE)}) "
     f"ON CONFLICT ({_names(_JOB_KEY)}) DO NOTHING"
 )
-UPSERT_ATTEMPT = (
-    f"INSERT INTO attempts ({_names(ATTEMPT_TABLE)}) VALUES ({_placeholders(ATTEMPT_TABLE)}) "
-    f"ON CONFLICT ({_names(_ATTEMPT_KEY)}) DO UPDATE SET "
+UPSERT_ATTEMPTS: BatchInsert[AttemptOf] = BatchInsert.of(
+    Attempt,
+    {column.name: column.value for column in ATTEMPT_TABLE},
+    conflict=f"ON CONFLICT ({_names(_ATTEMPT_KEY)}) DO UPDATE SET "
     + ", ".join(
         f"{c.name} = EXCLUDED.{c.name}" for c in ATTEMPT_TABLE if c.name not in _key(Attempt)
-    )
+    ),
 )
+"""A batch's changed attempts in one statement (``arrays_of_rows`` of ``attempt_row``s): the
+triggers on ``attempts`` (revision 0019's tallies) run once per batch, not once per row."""
+if UPSERT_ATTEMPTS.names != tuple(column.name for column in ATTEMPT_TABLE):
+    raise AssertionError("attempt_row's order is not the upsert's")
 
 
 def job_update(row: JobRow) -> tuple[Any, ...]:
@@ -191,6 +196,6 @@ def job_insert(row: JobRow) -> tuple[Any, ...]:
 
 
 def attempt_row(row: JobRow, number: int) -> tuple[Any, ...]:
-    """One attempts row, in the order of ``UPSERT_ATTEMPT``."""
+    """One attempts row, in the order of ``UPSERT_ATTEMPTS``."""
     of = AttemptOf(row, number)
     return tuple(column.value(of) for column in ATTEMPT_TABLE)

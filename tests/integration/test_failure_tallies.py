@@ -1,0 +1,202 @@
+"""``failure_tallies`` (revision 0019): failed attempts per owner and reason, kept by triggers on
+``attempts``; ``failures_by_reason`` adds them up and must say what counting ``attempts`` itself
+says, whatever statements wrote the attempts (multi-row upserts, rewrites with the same values, a
+reason changed or cleared, a latest end moved back, deletes), apart per owner, filled on upgrade
+and gone on downgrade; two writers on different jobs at once neither deadlock nor miscount."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import random
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+from alembic import command
+
+from mdq.store.migrate import alembic_config, upgrade_async
+
+revision = importlib.import_module("mdq.store.migrations.versions.0019_failure_tallies")
+NOW = datetime(2026, 12, 4, 12, tzinfo=UTC)
+REASONS = ("FAILURE_OOM_KILLED", "FAILURE_CRASHED", "FAILURE_EVICTED", None)
+OWNERS = ("", "alice.", "lab.")
+UPSERT = (
+    "INSERT INTO attempts (job_id, attempt, node, ended_at, resumed_from_step, steps_lost, "
+    "last_step, failure_reason) "
+    "SELECT * FROM unnest($1::text[], $2::int[], $3::text[], $4::timestamptz[], $5::int[], "
+    "$6::int[], $7::int[], $8::text[]) "
+    "ON CONFLICT (job_id, attempt) DO UPDATE SET ended_at = EXCLUDED.ended_at, "
+    "steps_lost = EXCLUDED.steps_lost, failure_reason = EXCLUDED.failure_reason"
+)
+BY_REASON = "SELECT reason, attempts, jobs, steps_lost, last_at FROM failures_by_reason"
+TALLIES = "SELECT * FROM failure_tallies"
+
+
+async def _jobs(connection: asyncpg.Connection, jobs: list[str]) -> None:
+    await connection.executemany(
+        "INSERT INTO jobs (job_id, request_id, name, task, state, attempt, priority_class, "
+        "spec, depends_on, submitted_at, updated_at, target_steps, last_step) VALUES ($1, $1, "
+        "'md', 'TASK_MD', 'RUNNING', 1, 'normal', '{}', '{}', now(), now(), 100, 0)",
+        [(job,) for job in jobs],
+    )
+
+
+def _row(job: str, attempt: int, rng: random.Random) -> tuple[Any, ...]:
+    """One attempt row with a random reason, steps lost and end."""
+    reason = rng.choice(REASONS)
+    lost = rng.choice((0, 10, 250))
+    ended = NOW + timedelta(minutes=rng.randrange(-60, 60))
+    return (job, attempt, "n1", ended, 0, lost, 0, reason)
+
+
+async def _upsert(connection: asyncpg.Connection, rows: list[tuple[Any, ...]]) -> None:
+    columns = list(zip(*rows, strict=True))
+    await connection.execute(UPSERT, *(list(column) for column in columns))
+
+
+async def _both(connection: asyncpg.Connection) -> tuple[set[tuple[Any, ...]], set[Any]]:
+    """The view as the tallies give it, and as counting ``attempts`` gives it."""
+    tallied = {tuple(row.values()) for row in await connection.fetch(BY_REASON)}
+    counted = {
+        tuple(row.values())
+        for row in await connection.fetch(revision.FAILURES_BY_REASON_FROM_ATTEMPTS)
+    }
+    return tallied, counted
+
+
+async def test_the_view_says_what_counting_the_attempts_says_after_any_statement(
+    database_url: str,
+) -> None:
+    await upgrade_async(database_url)
+    rng = random.Random(19)
+    jobs = [f"{owner}{index:012x}-md" for owner in OWNERS for index in range(12)]
+    connection = await asyncpg.connect(database_url)
+    try:
+        await _jobs(connection, jobs)
+        for step in range(60):
+            kind = rng.choice(("batch", "batch", "one", "same", "delete", "move_latest_back"))
+            if kind == "batch":  # a batch of upserts, new attempts and rewritten ones
+                picked = rng.sample(jobs, 8)
+                await _upsert(connection, [_row(job, rng.randint(1, 3), rng) for job in picked])
+            elif kind == "one":
+                await _upsert(connection, [_row(rng.choice(jobs), rng.randint(1, 3), rng)])
+            elif kind == "same":  # the watcher writes a job's attempts back whole
+                await connection.execute(
+                    "UPDATE attempts SET node = node WHERE job_id = ANY($1::text[])",
+                    rng.sample(jobs, 6),
+                )
+            elif kind == "delete":
+                await connection.execute(
+                    "DELETE FROM attempts WHERE job_id = $1 AND attempt = $2",
+                    rng.choice(jobs),
+                    rng.randint(1, 3),
+                )
+            else:  # the attempt holding a reason's latest end ends earlier
+                await connection.execute(
+                    "UPDATE attempts SET ended_at = ended_at - interval '3 hours' "
+                    "WHERE (failure_reason, ended_at) IN (SELECT failure_reason, max(ended_at) "
+                    "FROM attempts WHERE failure_reason IS NOT NULL GROUP BY failure_reason "
+                    "LIMIT 1)"
+                )
+            tallied, counted = await _both(connection)
+            assert tallied == counted, (step, kind)
+        failed = await connection.fetchval(
+            "SELECT count(*) FROM attempts WHERE failure_reason IS NOT NULL"
+        )
+        live = {tuple(row.values()) for row in await connection.fetch(TALLIES)}
+        await connection.execute("TRUNCATE failure_tallies")
+        await connection.execute(revision.TALLY_EXISTING)
+        from_scratch = {tuple(row.values()) for row in await connection.fetch(TALLIES)}
+    finally:
+        await connection.close()
+    assert failed > 20, "the sequence left failed attempts of several jobs"
+    assert {row for row in live if row[2] > 0} == from_scratch, "the same tallies from scratch"
+
+
+async def test_each_owner_has_its_own_tallies(database_url: str) -> None:
+    await upgrade_async(database_url)
+    connection = await asyncpg.connect(database_url)
+    try:
+        jobs = ["000000000001-md", "alice.000000000001-md", "alice.000000000002-md"]
+        await _jobs(connection, jobs)
+        rows = [(job, 1, "n1", NOW, 0, 5, 0, "FAILURE_CRASHED") for job in jobs]
+        rows.append((jobs[1], 2, "n1", NOW + timedelta(minutes=1), 0, 0, 0, "FAILURE_CRASHED"))
+        await _upsert(connection, rows)
+        tallies = {
+            row["tenant_prefix"]: tuple(row.values())[2:] for row in await connection.fetch(TALLIES)
+        }
+        [view] = await connection.fetch(BY_REASON)
+    finally:
+        await connection.close()
+    assert tallies == {
+        "": (1, 1, 5, NOW),
+        "alice.": (3, 2, 10, NOW + timedelta(minutes=1)),
+    }
+    assert tuple(view.values()) == ("FAILURE_CRASHED", 4, 3, 15, NOW + timedelta(minutes=1))
+
+
+async def test_two_writers_on_different_jobs_at_once_count_every_attempt(
+    database_url: str,
+) -> None:
+    """Two writers upsert failed attempts of their own jobs, the same owner's and the same
+    reasons (their rows in opposite orders), in transactions that overlap, as two watchers'
+    batches would: no deadlock, and the totals are the attempts'."""
+    await upgrade_async(database_url)
+    setup = await asyncpg.connect(database_url)
+    jobs = {side: [f"{side}{index:011x}-md" for index in range(20)] for side in ("a", "b")}
+    await _jobs(setup, jobs["a"] + jobs["b"])
+    reasons = ["FAILURE_CRASHED", "FAILURE_OOM_KILLED", "FAILURE_EVICTED"]
+
+    async def writer(side: str, order: list[str]) -> None:
+        connection = await asyncpg.connect(database_url)
+        try:
+            for attempt in range(1, 6):
+                rows = [
+                    (job, attempt, "n", NOW, 0, 1, 0, order[index % len(order)])
+                    for index, job in enumerate(jobs[side])
+                ]
+                async with connection.transaction():
+                    await _upsert(connection, rows)
+                    await asyncio.sleep(0.01)  # hold the tallies while the other one writes
+        finally:
+            await connection.close()
+
+    try:
+        await asyncio.wait_for(
+            asyncio.gather(writer("a", reasons), writer("b", reasons[::-1])), timeout=60
+        )
+        tallied, counted = await _both(setup)
+    finally:
+        await setup.close()
+    assert tallied == counted
+    assert sum(row[1] for row in tallied) == 2 * 20 * 5
+    assert sum(row[2] for row in tallied) == 2 * 20, "every job once per reason"
+
+
+async def test_the_upgrade_tallies_what_is_there_and_the_downgrade_counts_attempts_again(
+    database_url: str,
+) -> None:
+    await upgrade_async(database_url)
+    config = alembic_config(database_url)
+    connection = await asyncpg.connect(database_url)
+    try:
+        await asyncio.to_thread(command.downgrade, config, "0018_usage_summaries")
+        gone = await connection.fetchval("SELECT to_regclass('failure_tallies')")
+        triggers = await connection.fetchval(
+            "SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'failure_tallies%'"
+        )
+        jobs = [f"{index:012x}-md" for index in range(3)]
+        await _jobs(connection, jobs)
+        rows = [(job, 1, "n", NOW, 0, 7, 0, "FAILURE_EVICTED") for job in jobs]
+        await _upsert(connection, rows)
+        before = await connection.fetch(BY_REASON)  # the view counting attempts
+        await upgrade_async(database_url)
+        after = await connection.fetch(BY_REASON)
+        tallies = await connection.fetchval("SELECT count(*) FROM failure_tallies")
+    finally:
+        await connection.close()
+    assert (gone, triggers) == (None, 0)
+    assert [tuple(row.values()) for row in before] == [("FAILURE_EVICTED", 3, 3, 21, NOW)]
+    assert [tuple(r.values()) for r in after] == [tuple(r.values()) for r in before]
+    assert tallies == 1
