@@ -180,6 +180,7 @@ MDQ_TABLES = (
     "usage_samples",
     "usage_summaries",
     "failure_tallies",
+    "node_hours",
     "checkpoints",
     "rejections",
     "consumer_offsets",

@@ -104,6 +104,7 @@ SEEN: dict[str, str] = {
     "usage_samples": "SELECT job_id FROM usage_samples",
     "usage_summaries": "SELECT job_id FROM usage_summaries",
     "failure_tallies": "SELECT reason FROM failure_tallies",
+    "node_hours": "SELECT node FROM node_hours",
     "progress_rollups": "SELECT job_id FROM progress_rollups",
 }
 """For each relation a tenant may read, a query whose values say whose each row is."""

@@ -56,6 +56,7 @@ PROJECTED_TABLES = (
     "usage_samples",
     "usage_summaries",
     "failure_tallies",
+    "node_hours",
 )
 
 

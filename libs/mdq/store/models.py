@@ -14,6 +14,7 @@ revision 0003 stores progress reports once, in ``progress``, and makes ``events`
 from __future__ import annotations
 
 from datetime import date, datetime
+from decimal import Decimal
 from typing import Any
 
 from sqlalchemy import (
@@ -25,6 +26,7 @@ from sqlalchemy import (
     Index,
     Integer,
     MetaData,
+    Numeric,
     Text,
     column,
     false,
@@ -359,6 +361,28 @@ class FailureTally(Base):
     jobs: Mapped[int] = mapped_column(BigInteger, comment="Jobs they belong to.")
     steps_lost: Mapped[int] = mapped_column(BigInteger, comment="Sum of their steps lost.")
     last_at: Mapped[datetime | None] = mapped_column(comment="The latest end.")
+
+
+class NodeHour(Base):
+    """What ended attempts added to one node's hour, per owner (revision 0020), kept by
+    triggers on ``attempts``: what ``node_utilisation`` adds up."""
+
+    __tablename__ = "node_hours"
+    __table_args__ = (
+        {"comment": "What ended attempts added to each node's hours (revision 0020), by triggers."},
+    )
+
+    hour: Mapped[datetime] = mapped_column(primary_key=True, comment="The hour's start.")
+    node: Mapped[str] = mapped_column(primary_key=True)
+    tenant_prefix: Mapped[str] = mapped_column(
+        primary_key=True,
+        comment="Whose attempts: 'alice.' for tenant alice's jobs, '' for the operator's.",
+    )
+    attempts: Mapped[int] = mapped_column(comment="Ended attempts in the hour.")
+    busy_s: Mapped[Decimal] = mapped_column(Numeric(), comment="Their seconds in the hour.")
+    cpu_core_s: Mapped[Decimal] = mapped_column(
+        Numeric(), comment="Their seconds in the hour times their jobs' requested cores."
+    )
 
 
 class ProgressRollup(Base):

@@ -57,8 +57,9 @@ RELATIONS: dict[str, Access] = {
     "usage_samples": Access.WRITTEN,
     # kept by a trigger on usage_samples (revision 0018)
     "usage_summaries": Access.WRITTEN,
-    # kept by triggers on attempts (revision 0019)
+    # kept by triggers on attempts (revisions 0019 and 0020)
     "failure_tallies": Access.WRITTEN,
+    "node_hours": Access.WRITTEN,
     # written by mdq_rollup_progress, the owner's (revision 0015)
     "progress_rollups": Access.SUMMARIZED,
     # the views of docs/history.md
@@ -97,6 +98,7 @@ TENANT_ROWS: dict[str, str] = {
     "usage_samples": "job_id",
     "usage_summaries": "job_id",
     "failure_tallies": "tenant_prefix",
+    "node_hours": "tenant_prefix",
     "progress_rollups": "job_id",
 }
 """The tables of per-job rows (migration 0006 puts them under row security), each with the
