@@ -197,7 +197,7 @@ DOC_PLANS: dict[str, str] = {
     "doc:attempts_the_environment_failed_a_node_s_data_di": r"^ix_attempts_failures$",
     "doc:failures_by_reason_most_frequent_first": "",
     "doc:node_utilisation_over_the_last_24_hours_fraction": r"^ix_attempts_ended_at$",
-    "doc:how_much_memory_water_boxes_of_about_2_700_atoms": r"^ix_usage_samples_system$",
+    "doc:how_much_memory_water_boxes_of_about_2_700_atoms": r"^ix_usage_samples_recent$",
     "doc:where_a_job_s_trajectory_is_and_what_to_check_it": r"^job_events_\w+_job_id_time_idx$",
     "doc:why_placement_chose_a_node_every_candidate_s_sco": r"^pk_placements$",
     "doc:jobs_running_now_and_how_far_along_they_are": r"^ix_jobs_state",

@@ -269,11 +269,12 @@ class UsageSampleRecord(Base):
 
     __tablename__ = "usage_samples"
     __table_args__ = (
-        Index(
-            "ix_usage_samples_system",
+        Index(  # revision 0021: one system's measured samples in a window
+            "ix_usage_samples_recent",
             "system_kind",
-            "box_nm",
-            postgresql_include=["peak_memory_mb", "memory_limit_mb", "mean_cores", "oom_killed"],
+            "time",
+            postgresql_include=["box_nm", "peak_memory_mb", "memory_limit_mb", "mean_cores"],
+            postgresql_where=text("NOT oom_killed"),
         ),
         Index("ix_usage_samples_time", "oom_killed", "time"),
         # revision 0018: a kind's newest samples (its owner: the job id's tenant, '' none)
