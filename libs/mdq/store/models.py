@@ -78,6 +78,8 @@ class Job(Base):
         ),
         # revision 0009: the console's keyset pages and its label filter
         Index("ix_jobs_submitted_at_job_id", "submitted_at", "job_id"),
+        # revision 0022: the jobs cancelled in a window
+        Index("ix_jobs_cancelled", "updated_at", postgresql_where=text("state = 'CANCELLED'")),
         # the operator class in postgresql_ops, apart from the expression, so that alembic
         # can compare the expression (the DDL is revision 0009's, word for word)
         Index(
