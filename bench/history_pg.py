@@ -201,7 +201,7 @@ DOC_PLANS: dict[str, str] = {
     "doc:attempts_of_the_last_day_that_failed_with_the_ch": r"^ix_attempts_ended_at$",
     "doc:jobs_cancelled_in_the_last_week_by_whom_and_why_": r"^ix_jobs_cancelled$",
     "doc:every_job_control_request_a_job_received_in_orde": r"^job_events_\w+_job_id_time_idx$",
-    "doc:attempts_the_environment_failed_a_node_s_data_di": r"^ix_attempts_failures$",
+    "doc:attempts_the_environment_failed_in_the_last_30_d": r"^ix_attempts_failures$",
     "doc:failures_by_reason_most_frequent_first": "",
     "doc:node_utilisation_over_the_last_24_hours_fraction": r"^ix_attempts_ended_at$",
     "doc:how_much_memory_water_boxes_of_about_2_700_atoms": r"^ix_usage_samples_recent$",

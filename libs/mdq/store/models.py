@@ -135,10 +135,11 @@ class Attempt(Base):
         Index("ix_attempts_ended_at", "ended_at"),  # revision 0007: attempts in a window
         # revision 0016: the attempts started in the last hour, per node (the nodes page)
         Index("ix_attempts_started_at", "started_at", postgresql_include=["node"]),
-        Index(  # revision 0007: failures_by_reason from the index alone
+        Index(  # revision 0022: one reason's failed attempts in a window
             "ix_attempts_failures",
             "failure_reason",
-            postgresql_include=["job_id", "steps_lost", "ended_at"],
+            "ended_at",
+            postgresql_include=["job_id", "steps_lost"],
             postgresql_where=text("failure_reason IS NOT NULL"),
         ),
     )

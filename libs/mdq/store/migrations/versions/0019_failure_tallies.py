@@ -17,7 +17,7 @@ statement (an index probe by ``job_id``) and before it (after, less what the sta
 plus what it took away). Tallies are added to in key order, so two writers cannot deadlock on
 them; the watcher writes a job's rows under that job's row lock, so two writers never count the
 same job's attempts at once. When the attempt that held a tally's latest end goes away (an
-update moved it, or a delete), the latest end is read again from ``ix_attempts_failures``.
+update moved it, or a delete), the latest end is read again from that reason's failed attempts.
 
 The tally depends on the attempts alone, not on the order they were written in: a projection
 rebuilt from the log has the same tallies (``mdq replay --compare`` compares them). Row security
