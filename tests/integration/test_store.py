@@ -66,7 +66,7 @@ async def test_upgrade_creates_every_table_on_an_empty_database(database_url: st
     upgrade(database_url)  # the sync entry point, called from inside a running loop
 
     assert await _tables(database_url) == TABLES | {"alembic_version"}
-    assert await asyncio.to_thread(current_revision, database_url) == "0022_jobs_cancelled"
+    assert await asyncio.to_thread(current_revision, database_url) == "0023_ordered_summaries"
 
 
 async def test_upgrade_twice_changes_nothing(database_url: str) -> None:
@@ -86,7 +86,7 @@ async def test_upgrade_twice_changes_nothing(database_url: str) -> None:
         assert await connection.fetchval("SELECT last_seq FROM consumer_offsets") == 42
     finally:
         await connection.close()
-    assert await asyncio.to_thread(current_revision, database_url) == "0022_jobs_cancelled"
+    assert await asyncio.to_thread(current_revision, database_url) == "0023_ordered_summaries"
 
 
 async def test_concurrent_upgrades_wait_for_each_other(database_url: str) -> None:
