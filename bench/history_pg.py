@@ -176,6 +176,16 @@ FROM (SELECT job_id, submitted_at, row_number() OVER (ORDER BY job_id) AS n
 CROSS JOIN generate_series(1, $1::int) AS s
 """
 
+ROLLUP = """
+SELECT mdq_rollup_progress(
+    LEAST(now() - make_interval(days => $1),
+          now() - interval '365 days' * (1 - $2::float8 / $3) - interval '1 day'),
+    $4)
+"""
+"""Roll up the progress months older than ``$1`` days that hold no job from number ``$2`` of
+``$3`` on (the jobs not loaded yet: submitted at that fraction of the year, reporting within a
+day of it), keeping every ``$4``-th report."""
+
 LOAD_CHUNKS = 16
 """Statements per table, by job id range: each one's sort and WAL stay small, and they can run
 on several connections at once."""
@@ -188,6 +198,7 @@ MDQ_TABLES = (
     "usage_summaries",
     "failure_tallies",
     "node_hours",
+    "progress_rollups",
     "checkpoints",
     "rejections",
     "consumer_offsets",
@@ -287,15 +298,27 @@ async def load(
     *,
     raw_baseline: bool = False,
     workers: int = 1,
+    rollup_days: int = 0,
+    rollup_keep_every: int = 10,
 ) -> dict[str, Any]:
     """Load the synthetic year through the real schema (the year's monthly partitions made first,
     as the watcher made them; every index, row policy and trigger in place): table after table
-    (jobs, then what reads them), each in ``LOAD_CHUNKS`` statements by job id range, run on
-    ``workers`` connections at once. With ``raw_baseline``, the same statements are then run
-    into plain copies of the tables with no index, partition or trigger (``raw_<table>``), the
-    same way: the same rows, generated the same way. ``load_s`` and ``raw_load_s`` are wall
-    clock; the statements' paired quotients come with them. Returns the times and sizes of both
-    (``raw_*`` only with ``raw_baseline``)."""
+    (jobs, then what reads them), each in ``LOAD_CHUNKS`` statements by job id range (oldest
+    jobs first), run ``workers`` at a time on as many connections.
+
+    With ``rollup_days``, progress months that ended more than that many days ago are rolled up
+    as the watcher rolls them up (``mdq_rollup_progress``, keeping every ``rollup_keep_every``-th
+    report), after each wave of progress statements, for the months that wave completed: the
+    database holds what a site that set that age holds after a year, and never the whole year's
+    reports at once. Their time is ``rollup_s``, apart from ``load_s`` (a site spreads it over
+    the year).
+
+    With ``raw_baseline``, the same statements are then run into plain copies of the tables with
+    no index, partition or trigger (``raw_<table>``), the same way: the same rows, generated the
+    same way, every report kept. Each raw table's size is taken after each wave and the table
+    emptied, so the baseline never holds more than a wave's rows. ``load_s`` and ``raw_load_s``
+    are wall clock; the statements' paired quotients come with them. Returns the times and sizes
+    of both (``raw_*`` only with ``raw_baseline``)."""
     per_job = max(1, progress_rows // jobs)
     connection = await asyncpg.connect(asyncpg_dsn(admin_url))
     pool = await asyncpg.create_pool(asyncpg_dsn(admin_url), min_size=workers, max_size=workers)
@@ -326,8 +349,28 @@ async def load(
             ("progress", LOAD_PROGRESS, [(per_job, low, high, a) for a, _, low, high in chunks]),
         ]
 
+        rollup_s = 0.0
+        raw_bytes: dict[str, int] = dict.fromkeys(LOADED, 0)
+
+        async def after_wave(target: str, table: str, next_job: int) -> None:
+            """Roll the months the wave completed up (real progress), or take the raw table's
+            size and empty it (baseline)."""
+            nonlocal rollup_s
+            if target == "raw_":
+                raw_bytes[table] += await _relation_bytes(connection, f"raw_{table}")
+                await connection.execute(f"TRUNCATE raw_{table}")
+            elif table == "progress" and rollup_days > 0:
+                begun = time.perf_counter()
+                rolled = await connection.fetch(
+                    ROLLUP, rollup_days, next_job, jobs, rollup_keep_every
+                )
+                rollup_s += time.perf_counter() - begun
+                if rolled:
+                    log(f"rolled up {', '.join(row[0] for row in rolled)}")
+
         async def run_stages(target: str) -> tuple[float, dict[str, float]]:
-            """Every stage into ``target`` + table name; wall seconds, seconds per statement."""
+            """Every stage into ``target`` + table name, ``workers`` statements at a time; wall
+            seconds (without rollups), seconds per statement."""
             took: dict[str, float] = {}
             started = time.perf_counter()
             for table, sql, arguments in stages:
@@ -342,11 +385,16 @@ async def load(
                         took[f"{table} {index}"] = time.perf_counter() - begun
 
                 stage_started = time.perf_counter()
-                await asyncio.gather(*(one(k, args) for k, args in enumerate(arguments)))
+                for first in range(0, len(arguments), workers):
+                    wave = range(first, min(first + workers, len(arguments)))
+                    await asyncio.gather(*(one(k, arguments[k]) for k in wave))
+                    next_job = chunks[wave[-1] + 1][0] if wave[-1] + 1 < len(chunks) else jobs + 1
+                    await after_wave(target, table, next_job)
                 log(f"loaded {target}{table} in {time.perf_counter() - stage_started:.1f} s")
             return time.perf_counter() - started, took
 
         mdq_s, mdq_took = await run_stages("")
+        mdq_s -= rollup_s
         raw_s, raw_took = (await run_stages("raw_")) if raw_baseline else (0.0, {})
         started = time.perf_counter()
         for table in MDQ_TABLES:
@@ -357,18 +405,17 @@ async def load(
         sizes = {table: await _relation_bytes(connection, table) for table in MDQ_TABLES}
         report: dict[str, Any] = {
             "load_s": mdq_s,
+            "rollup_s": rollup_s,
+            "progress_reports": per_job * jobs,
             "disk_bytes": sum(sizes.values()),
             "disk_bytes_by_table": sizes,
             "progress_bytes": sizes["progress"],
         }
         if raw_baseline:
-            raw_sizes = {
-                table: await _relation_bytes(connection, f"raw_{table}") for table in LOADED
-            }
             report |= {
                 "raw_load_s": raw_s,
-                "raw_disk_bytes": sum(raw_sizes.values()),
-                "raw_progress_bytes": raw_sizes["progress"],
+                "raw_disk_bytes": sum(raw_bytes.values()),
+                "raw_progress_bytes": raw_bytes["progress"],
                 "load_quotients": [
                     mdq_took[what] / raw_took[what] for what in mdq_took if raw_took[what] > 0
                 ],
@@ -458,6 +505,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             log,
             raw_baseline=True,
             workers=args.load_workers,
+            rollup_days=args.rollup_days,
+            rollup_keep_every=args.rollup_keep_every,
         )
         admin = await asyncpg.connect(asyncpg_dsn(server.url))
         try:
@@ -511,7 +560,10 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "bench": "history_pg",
         "pg_jobs": counts["jobs"],
+        "pg_progress_reports": loaded["progress_reports"],
         "pg_progress_rows": counts["progress"],
+        "rollup_days": args.rollup_days,
+        "rollup_keep_every": args.rollup_keep_every,
         "pg_job_events_rows": counts["job_events"],
         "pg_usage_samples_rows": counts["usage_samples"],
         "rounds": args.rounds,
@@ -532,6 +584,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         ],
         "goal_p99_ms": 50,
         "pg_load_s": round(loaded["load_s"], 1),
+        "pg_rollup_s": round(loaded["rollup_s"], 1),
         "load_workers": args.load_workers,
         "raw_load_s": round(loaded["raw_load_s"], 1),
         "pg_load_ratio_vs_raw": round(statistics.median(load_quotients), 2),
@@ -542,7 +595,14 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         "raw_disk_bytes": loaded["raw_disk_bytes"],
         "pg_disk_ratio_vs_raw": round(loaded["disk_bytes"] / loaded["raw_disk_bytes"], 2),
         "pg_bytes_per_progress_row": round(loaded["progress_bytes"] / counts["progress"], 1),
-        "raw_bytes_per_progress_row": round(loaded["raw_progress_bytes"] / counts["progress"], 1),
+        "pg_bytes_per_progress_report": round(
+            (loaded["progress_bytes"] + loaded["disk_bytes_by_table"]["progress_rollups"])
+            / loaded["progress_reports"],
+            1,
+        ),
+        "raw_bytes_per_progress_row": round(
+            loaded["raw_progress_bytes"] / loaded["progress_reports"], 1
+        ),
         "load_avg": [round(value, 2) for value in os.getloadavg()],
     }
 
@@ -558,6 +618,15 @@ def main() -> int:
         type=int,
         default=os.cpu_count() or 2,
         help="connections loading chunks at once (default: one per CPU)",
+    )
+    parser.add_argument(
+        "--rollup-days",
+        type=int,
+        default=90,
+        help="roll progress months older than this up, as the watcher does (0: keep all)",
+    )
+    parser.add_argument(
+        "--rollup-keep-every", type=int, default=10, help="of a rolled-up month, every Nth report"
     )
     parser.add_argument("--quick", action="store_true", help="1,000,000 jobs, 20,000,000 rows")
     parser.add_argument("--verbose", action="store_true", help="say what it does on stderr")
