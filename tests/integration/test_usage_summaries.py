@@ -165,3 +165,52 @@ async def test_the_upgrade_summarizes_what_is_there_and_the_downgrade_drops_it(
     assert len(before) == 1 and len(before[0][7]) == 3
     assert (gone, trigger) == (None, 0)
     assert len(after[0][7]) == 4, "the upgrade summarized the samples there, the new one too"
+
+
+async def test_two_writers_of_oom_kills_of_the_same_kinds_at_once_do_not_deadlock(
+    database_url: str,
+) -> None:
+    """Two transactions write OOM-killed attempts of their own jobs, of the same five kinds of
+    job, each in one statement (as the watcher writes a batch), their rows in opposite orders,
+    again and again at the same time: each statement locks the kinds' summaries in key order,
+    so one waits for the other instead of a cycle of waits (a deadlock PostgreSQL breaks by
+    failing one of them)."""
+    await upgrade_async(database_url)
+    setup = await asyncpg.connect(database_url)
+    kinds, rounds = 5, 15
+    specs = [json.dumps(dict(SPEC, resources={"cpu": cpu})) for cpu in range(1, kinds + 1)]
+    jobs = {
+        side: [f"{side}{index:011x}-md" for index in range(kinds * rounds)] for side in ("a", "b")
+    }
+    await setup.executemany(
+        "INSERT INTO jobs (job_id, request_id, name, task, state, attempt, priority_class, spec, "
+        "depends_on, submitted_at, updated_at, target_steps, last_step) VALUES ($1, $1, 'md', "
+        "'TASK_MD', 'FAILED', 1, 'normal', $2::jsonb, '{}', now(), now(), 100, 0)",
+        [(job, specs[index % kinds]) for side in jobs for index, job in enumerate(jobs[side])],
+    )
+
+    async def writer(side: str, reverse: bool) -> None:
+        connection = await asyncpg.connect(database_url)
+        try:
+            for round_ in range(rounds):
+                batch = jobs[side][round_ * kinds : (round_ + 1) * kinds]
+                async with connection.transaction():
+                    await connection.execute(
+                        "INSERT INTO attempts (job_id, attempt, node, ended_at, "
+                        "resumed_from_step, steps_lost, last_step, failure_reason) "
+                        "SELECT j, 1, 'n', now(), 0, 0, 0, 'FAILURE_OOM_KILLED' "
+                        "FROM unnest($1::text[]) AS j",
+                        batch[::-1] if reverse else batch,
+                    )
+                    await asyncio.sleep(0.01)  # hold the summaries while the other one writes
+        finally:
+            await connection.close()
+
+    try:
+        await asyncio.wait_for(asyncio.gather(writer("a", False), writer("b", True)), timeout=60)
+        summaries = await setup.fetch(
+            "SELECT cardinality(memory_limit_mb) AS n FROM usage_summaries WHERE oom_killed"
+        )
+    finally:
+        await setup.close()
+    assert sorted(row["n"] for row in summaries) == [2 * rounds] * kinds
