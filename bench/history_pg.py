@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import itertools
 import json
 import os
@@ -61,6 +62,8 @@ from mdq.store.roles import (
 )
 from services.console import reads
 from services.console.filters import Cursor, JobFilter
+
+_rollups = importlib.import_module("mdq.store.migrations.versions.0015_progress_rollups")
 
 ROOT = Path(__file__).resolve().parents[1]
 HISTORY_DOC = ROOT / "docs" / "history.md"
@@ -176,15 +179,54 @@ FROM (SELECT job_id, submitted_at, row_number() OVER (ORDER BY job_id) AS n
 CROSS JOIN generate_series(1, $1::int) AS s
 """
 
-ROLLUP = """
-SELECT mdq_rollup_progress(
-    LEAST(now() - make_interval(days => $1),
-          now() - interval '365 days' * (1 - $2::float8 / $3) - interval '1 day'),
-    $4)
+LOAD_PROGRESS_KEPT = """
+WITH reports AS (
+    SELECT j.job_id, s, j.submitted_at + s * interval '6 minutes' AS time,
+        (j.n + $4::bigint) * $1 + s AS stream_seq
+    FROM (SELECT job_id, submitted_at, row_number() OVER (ORDER BY job_id) AS n
+          FROM jobs WHERE job_id >= $2 AND job_id < $3) AS j
+    CROSS JOIN generate_series(1, $1::int) AS s
+), months AS (
+    SELECT r.*, date_trunc('month', r.time AT TIME ZONE 'UTC') AS month
+    FROM reports r
+), ranked AS (
+    SELECT m.*, (m.month + interval '1 month') AT TIME ZONE 'UTC' <= $5 AS rolled,
+        row_number() OVER (PARTITION BY m.job_id, m.month ORDER BY m.s) AS nth,
+        count(*) OVER (PARTITION BY m.job_id, m.month) AS last
+    FROM months m
+), marked AS (
+    SELECT r.*, NOT r.rolled OR (r.nth - 1) % $6 = 0 OR r.nth = r.last AS keep FROM ranked r
+), rollups AS (
+    INSERT INTO progress_rollups (job_id, attempt, month, reports, kept, first_step, last_step,
+        first_time, last_time, min_potential_kj_mol, max_potential_kj_mol,
+        mean_potential_kj_mol, mean_temperature_k, mean_ns_per_day)
+    SELECT job_id, 1, month::date, count(*), count(*) FILTER (WHERE keep), min(s * 1000::bigint),
+        max(s * 1000::bigint), min(time), max(time), min(-41000.0 - s), max(-41000.0 - s),
+        avg(-41000.0 - s), avg(299.0 + (s % 3)), avg(14.5::float8)
+    FROM marked WHERE rolled GROUP BY job_id, month
+)
+INSERT INTO progress (job_id, attempt, step, time, time_ps, potential_kj_mol, kinetic_kj_mol,
+    temperature_k, ns_per_day, event_id, stream, stream_seq, producer, target_steps, eta_s,
+    done_reason)
+SELECT job_id, 1, s * 1000::bigint, time, s * 2.0, -41000 - s, 7400 + s, 299 + (s % 3), 14.5,
+    'progress:' || job_id || ':1:' || (s * 1000), 'MDQ_PROGRESS', stream_seq, 'runner', 20000,
+    0, ''
+FROM marked WHERE keep
 """
-"""Roll up the progress months older than ``$1`` days that hold no job from number ``$2`` of
-``$3`` on (the jobs not loaded yet: submitted at that fraction of the year, reporting within a
-day of it), keeping every ``$4``-th report."""
+"""``LOAD_PROGRESS``'s reports as a site that rolls up the months that ended before ``$5``,
+keeping every ``$6``-th report, holds them: those months keep each job's first, every
+``$6``-th after it and last report of the month, with one ``progress_rollups`` row per job and
+month (what ``mdq_rollup_progress`` leaves; ``tests/integration/test_history_plans.py`` checks
+the two are the same); later months keep every report."""
+
+ROLLED_UP_MONTHS = """
+SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+WHERE i.inhparent = 'progress'::regclass AND c.relname ~ '_y[0-9]{4}m[0-9]{2}$'
+  AND (to_timestamp(right(c.relname, 8), '"y"YYYY"m"MM')::timestamp + interval '1 month')
+      AT TIME ZONE 'UTC' <= $1
+"""
+"""The monthly partitions of ``progress`` that ended before ``$1`` (``LOAD_PROGRESS_KEPT``
+rolled them up)."""
 
 LOAD_CHUNKS = 16
 """Statements per table, by job id range: each one's sort and WAL stay small, and they can run
@@ -290,6 +332,16 @@ async def _relation_bytes(connection: asyncpg.Connection, table: str) -> int:
     )
 
 
+def load_chunks(jobs: int) -> list[tuple[int, int, str, str]]:
+    """The load's ``LOAD_CHUNKS`` ranges of job numbers: (first, last + 1, and their ids)."""
+    firsts = [1 + int(k * jobs / LOAD_CHUNKS) for k in range(LOAD_CHUNKS + 1)]
+    return [
+        (first, last, f"{first:012x}", f"{last:012x}")
+        for first, last in itertools.pairwise(firsts)
+        if last > first
+    ]
+
+
 async def load(
     admin_url: str,
     jobs: int,
@@ -306,19 +358,17 @@ async def load(
     (jobs, then what reads them), each in ``LOAD_CHUNKS`` statements by job id range (oldest
     jobs first), run ``workers`` at a time on as many connections.
 
-    With ``rollup_days``, progress months that ended more than that many days ago are rolled up
-    as the watcher rolls them up (``mdq_rollup_progress``, keeping every ``rollup_keep_every``-th
-    report), after each wave of progress statements, for the months that wave completed: the
-    database holds what a site that set that age holds after a year, and never the whole year's
-    reports at once. Their time is ``rollup_s``, apart from ``load_s`` (a site spreads it over
-    the year).
+    With ``rollup_days``, the progress months that ended more than that many days ago are loaded
+    rolled up, as the watcher's ``mdq_rollup_progress`` leaves them with every
+    ``rollup_keep_every``-th report kept (``LOAD_PROGRESS_KEPT``): the database holds what a site
+    that set that age holds after a year, and never the whole year's reports at once.
 
     With ``raw_baseline``, the same statements are then run into plain copies of the tables with
     no index, partition or trigger (``raw_<table>``), the same way: the same rows, generated the
-    same way, every report kept. Each raw table's size is taken after each wave and the table
-    emptied, so the baseline never holds more than a wave's rows. ``load_s`` and ``raw_load_s``
-    are wall clock; the statements' paired quotients come with them. Returns the times and sizes
-    of both (``raw_*`` only with ``raw_baseline``)."""
+    same way, every report kept (``LOAD_PROGRESS``). Each raw table's size is taken after each
+    wave and the table emptied, so the baseline never holds more than a wave's rows.
+    ``load_s`` and ``raw_load_s`` are wall clock; the statements' paired quotients come with
+    them. Returns the times and sizes of both (``raw_*`` only with ``raw_baseline``)."""
     per_job = max(1, progress_rows // jobs)
     connection = await asyncpg.connect(asyncpg_dsn(admin_url))
     pool = await asyncpg.create_pool(asyncpg_dsn(admin_url), min_size=workers, max_size=workers)
@@ -331,12 +381,7 @@ async def load(
                 await connection.execute(
                     f"CREATE TABLE raw_{table} (LIKE {table} INCLUDING DEFAULTS)"
                 )
-        firsts = [1 + int(k * jobs / LOAD_CHUNKS) for k in range(LOAD_CHUNKS + 1)]
-        chunks = [
-            (first, last, f"{first:012x}", f"{last:012x}")  # jobs first..last-1, their id range
-            for first, last in itertools.pairwise(firsts)
-            if last > first
-        ]
+        chunks = load_chunks(jobs)
         stages: list[tuple[str, str, list[tuple[Any, ...]]]] = [
             (
                 "jobs",
@@ -348,32 +393,28 @@ async def load(
             ("placements", LOAD_PLACEMENTS, [(low, high) for _, _, low, high in chunks]),
             ("progress", LOAD_PROGRESS, [(per_job, low, high, a) for a, _, low, high in chunks]),
         ]
+        if rollup_days > 0:  # the reports a site with that rollup age keeps
+            before = await connection.fetchval(
+                "SELECT now() - make_interval(days => $1)", rollup_days
+            )
+            kept = [(*args, before, rollup_keep_every) for args in stages[-1][2]]
+            stages[-1] = ("progress", LOAD_PROGRESS_KEPT, kept)
 
-        rollup_s = 0.0
         raw_bytes: dict[str, int] = dict.fromkeys(LOADED, 0)
 
-        async def after_wave(target: str, table: str, next_job: int) -> None:
-            """Roll the months the wave completed up (real progress), or take the raw table's
-            size and empty it (baseline)."""
-            nonlocal rollup_s
-            if target == "raw_":
-                raw_bytes[table] += await _relation_bytes(connection, f"raw_{table}")
-                await connection.execute(f"TRUNCATE raw_{table}")
-            elif table == "progress" and rollup_days > 0:
-                begun = time.perf_counter()
-                rolled = await connection.fetch(
-                    ROLLUP, rollup_days, next_job, jobs, rollup_keep_every
-                )
-                rollup_s += time.perf_counter() - begun
-                if rolled:
-                    log(f"rolled up {', '.join(row[0] for row in rolled)}")
+        async def empty_raw(table: str) -> None:
+            """Take the raw table's size and empty it, so the baseline holds a wave at most."""
+            raw_bytes[table] += await _relation_bytes(connection, f"raw_{table}")
+            await connection.execute(f"TRUNCATE raw_{table}")
 
         async def run_stages(target: str) -> tuple[float, dict[str, float]]:
             """Every stage into ``target`` + table name, ``workers`` statements at a time; wall
-            seconds (without rollups), seconds per statement."""
+            seconds, seconds per statement. The baseline takes every report."""
             took: dict[str, float] = {}
             started = time.perf_counter()
             for table, sql, arguments in stages:
+                if target and sql is LOAD_PROGRESS_KEPT:
+                    sql, arguments = LOAD_PROGRESS, [args[:4] for args in arguments]
                 into = sql.replace(f"INSERT INTO {table} ", f"INSERT INTO {target}{table} ", 1)
 
                 async def one(
@@ -388,13 +429,16 @@ async def load(
                 for first in range(0, len(arguments), workers):
                     wave = range(first, min(first + workers, len(arguments)))
                     await asyncio.gather(*(one(k, arguments[k]) for k in wave))
-                    next_job = chunks[wave[-1] + 1][0] if wave[-1] + 1 < len(chunks) else jobs + 1
-                    await after_wave(target, table, next_job)
+                    if target:
+                        await empty_raw(table)
                 log(f"loaded {target}{table} in {time.perf_counter() - stage_started:.1f} s")
             return time.perf_counter() - started, took
 
         mdq_s, mdq_took = await run_stages("")
-        mdq_s -= rollup_s
+        if rollup_days > 0:
+            rolled_up = _rollups.ROLLED_UP % rollup_keep_every  # as mdq_rollup_progress marks
+            for (month,) in await connection.fetch(ROLLED_UP_MONTHS, before):
+                await connection.execute(f"COMMENT ON TABLE {month} IS '{rolled_up}'")
         raw_s, raw_took = (await run_stages("raw_")) if raw_baseline else (0.0, {})
         started = time.perf_counter()
         for table in MDQ_TABLES:
@@ -405,7 +449,6 @@ async def load(
         sizes = {table: await _relation_bytes(connection, table) for table in MDQ_TABLES}
         report: dict[str, Any] = {
             "load_s": mdq_s,
-            "rollup_s": rollup_s,
             "progress_reports": per_job * jobs,
             "disk_bytes": sum(sizes.values()),
             "disk_bytes_by_table": sizes,
@@ -584,7 +627,6 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         ],
         "goal_p99_ms": 50,
         "pg_load_s": round(loaded["load_s"], 1),
-        "pg_rollup_s": round(loaded["rollup_s"], 1),
         "load_workers": args.load_workers,
         "raw_load_s": round(loaded["raw_load_s"], 1),
         "pg_load_ratio_vs_raw": round(statistics.median(load_quotients), 2),

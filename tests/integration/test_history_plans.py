@@ -165,3 +165,52 @@ async def test_each_per_job_read_of_the_partitioned_tables_prunes_the_months_bef
     assert len(per_job) >= 7  # the four documented per-job queries read partitions too
     for name in per_job:
         assert read[name] & before == set(), (name, sorted(read[name] & before))
+
+
+ROLLUP_MEANS = (
+    "SELECT job_id, attempt, month, reports, kept, first_step, last_step, first_time, "
+    "last_time, min_potential_kj_mol, max_potential_kj_mol, "
+    "round(mean_potential_kj_mol::numeric, 6), round(mean_temperature_k::numeric, 6), "
+    "round(mean_ns_per_day::numeric, 6) FROM {}"
+)
+
+
+async def test_the_bench_loads_rolled_up_months_as_the_watchers_rollup_leaves_them(
+    year: str,
+) -> None:
+    """``make bench-history`` loads the months past its rollup age already rolled up
+    (``LOAD_PROGRESS_KEPT``, much faster than loading every report and rolling up): into
+    scratch tables here, from the same jobs, it must give exactly the rows and summaries that
+    ``mdq_rollup_progress`` leaves of every report, which the year holds."""
+    connection = await asyncpg.connect(year)
+    try:
+        before = await connection.fetchval("SELECT now() - interval '90 days'")
+        await connection.execute("CREATE TABLE kept_progress (LIKE progress)")
+        await connection.execute("CREATE TABLE kept_rollups (LIKE progress_rollups)")
+        direct = history_pg.LOAD_PROGRESS_KEPT.replace(
+            "INSERT INTO progress_rollups ", "INSERT INTO kept_rollups ", 1
+        ).replace("INSERT INTO progress (", "INSERT INTO kept_progress (", 1)
+        for first, _, low, high in history_pg.load_chunks(JOBS):
+            await connection.execute(direct, PROGRESS_ROWS // JOBS, low, high, first, before, 10)
+        rolled = await connection.fetch("SELECT mdq_rollup_progress($1, 10)", before)
+        differences = {
+            "progress": await connection.fetchval(
+                "SELECT count(*) FROM ((TABLE progress EXCEPT TABLE kept_progress) UNION ALL "
+                "(TABLE kept_progress EXCEPT TABLE progress)) d"
+            ),
+            "progress_rollups": await connection.fetchval(
+                f"SELECT count(*) FROM (({ROLLUP_MEANS.format('progress_rollups')} EXCEPT "
+                f"{ROLLUP_MEANS.format('kept_rollups')}) UNION ALL "
+                f"({ROLLUP_MEANS.format('kept_rollups')} EXCEPT "
+                f"{ROLLUP_MEANS.format('progress_rollups')})) d"
+            ),
+        }
+        kept, rollups = (
+            await connection.fetchval("SELECT count(*) FROM progress"),
+            (await connection.fetchval("SELECT count(*) FROM progress_rollups")),
+        )
+    finally:
+        await connection.close()
+    assert len(rolled) >= 8, "months older than 90 days were rolled up"
+    assert rollups > JOBS // 2 and kept < PROGRESS_ROWS // 2
+    assert differences == {"progress": 0, "progress_rollups": 0}
