@@ -14,9 +14,10 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import replace
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import cast
 
@@ -44,6 +45,7 @@ from mdq.settings import CommonSettings
 from services.intake import handlers
 from services.intake.app import Intake, IntakeSettings, build_intake
 from services.intake.registry import RETENTION_MARGIN, SubmitRegistry, claim_record
+from tests import helpers
 from tests.helpers import OwnersPublisher
 
 TIMEOUT = 5.0
@@ -63,12 +65,8 @@ async def started(common: CommonSettings) -> Intake:
     return intake
 
 
-async def eventually(check: Callable[[], Awaitable[bool]], what: str) -> None:
-    deadline = time.monotonic() + TIMEOUT
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
+eventually = partial(helpers.eventually, within=TIMEOUT, interval=0.02)
+"""``tests.helpers.eventually`` within this file's ``TIMEOUT``."""
 
 
 async def job_log(js: JetStreamContext, subjects: Subjects) -> list[tuple[str, pb.Event]]:

@@ -15,7 +15,7 @@ import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import psutil
 import pytest
@@ -34,7 +34,7 @@ from mdq.core.runner_task import RunnerTask
 from mdq.embedded import start_nats
 from mdq.testing.scripted_runner import scripted_spec
 from mdq.testing.tasks import Background
-from tests.helpers import reconnected
+from tests.helpers import eventually, reconnected
 
 NODES = ("n1", "n2")
 FAST = {
@@ -45,8 +45,6 @@ FAST = {
     "memory_mb_per_node": "2048",
     "runner_module": "mdq.testing.scripted_runner",
 }
-
-T = TypeVar("T")
 
 
 class Agents:
@@ -87,20 +85,6 @@ async def backend(nc: Client, subjects: Subjects) -> AsyncIterator[LocalBackend]
     local = LocalBackend(nc=nc, subjects=subjects, heartbeat_timeout_s=1.5)
     yield local
     await local.close()
-
-
-async def eventually(
-    probe: Callable[[], Awaitable[T | None]], *, within: float = 15.0, what: str = ""
-) -> T:
-    """Poll ``probe`` until it returns something truthy."""
-    deadline = time.monotonic() + within
-    while True:
-        result = await probe()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or probe}")
-        await asyncio.sleep(0.1)
 
 
 def pod(name: str, code: str, *, node: str = "n1", memory_mb: int = 256) -> PodSpec:
