@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeVar
 
+import nats.errors
 from google.protobuf.message import Message
 from nats.aio.client import Client
 from nats.js import JetStreamContext
@@ -172,6 +173,20 @@ def agent_running(
     finally:
         process.kill()
         process.wait()
+
+
+async def intake_answering(nc: Client, subject: str, *, within: float) -> None:
+    """Until intake answers a request-reply submit on ``subject`` (any answer will do); fail
+    after ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            await nc.request(subject, b"{}", timeout=1.0)
+            return
+        except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+            if time.monotonic() > deadline:
+                raise AssertionError("intake did not start answering") from None
+            await asyncio.sleep(0.2)
 
 
 Found = TypeVar("Found")
