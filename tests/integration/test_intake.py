@@ -7,6 +7,7 @@ intake runs in-process (``services.intake.app.Intake``) against the test's own n
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import signal
@@ -14,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import replace
 from datetime import timedelta
 from functools import partial
@@ -148,18 +149,30 @@ async def intake(nats_url: str, namespace: str, nc: Client) -> AsyncIterator[Int
     await service.stop()
 
 
-@pytest.fixture
-async def tap(nc: Client, subjects: Subjects) -> AsyncIterator[Tap]:
-    counter = Tap()
+@contextlib.asynccontextmanager
+async def outcomes_to(
+    nc: Client, subjects: Subjects, on_message: Callable[[Msg], Awaitable[None]]
+) -> AsyncIterator[None]:
+    """``on_message`` gets every job event and every rejection of the namespace while the block
+    runs (the server has the subscriptions before it starts)."""
     subscriptions = [
-        await nc.subscribe(subjects.job_all("*"), cb=counter.on_message),
-        await nc.subscribe(subjects.rejected("*"), cb=counter.on_message),
+        await nc.subscribe(subjects.job_all("*"), cb=on_message),
+        await nc.subscribe(subjects.rejected("*"), cb=on_message),
     ]
     for _ in range(2):  # nats-py 2.16: one flush may overtake the buffered SUBs
         await nc.flush()
-    yield counter
-    for subscription in subscriptions:
-        await subscription.unsubscribe()
+    try:
+        yield
+    finally:
+        for subscription in subscriptions:
+            await subscription.unsubscribe()
+
+
+@pytest.fixture
+async def tap(nc: Client, subjects: Subjects) -> AsyncIterator[Tap]:
+    counter = Tap()
+    async with outcomes_to(nc, subjects, counter.on_message):
+        yield counter
 
 
 # -- request-reply ------------------------------------------------------------------------------
