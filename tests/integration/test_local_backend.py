@@ -141,11 +141,9 @@ async def dies(pid: int) -> bool:
     return await eventually(probe, within=5, what=f"process {pid} to die")
 
 
-async def test_pods_run_on_their_node_and_report_their_exit(
-    agents: Agents, backend: LocalBackend, data_dir: Path
-) -> None:
-    runs = data_dir / "runs.txt"
-    agents.start()
+def watching_pods(backend: LocalBackend) -> tuple[list[PodUpdate], Background]:
+    """Every pod update ``backend`` reports from now on, collected in the list by a task of the
+    Background (which the caller closes)."""
     seen: list[PodUpdate] = []
 
     async def watch() -> None:
@@ -154,6 +152,15 @@ async def test_pods_run_on_their_node_and_report_their_exit(
 
     background = Background("the pods watch")
     background.spawn(watch(), name="watch_pods")
+    return seen, background
+
+
+async def test_pods_run_on_their_node_and_report_their_exit(
+    agents: Agents, backend: LocalBackend, data_dir: Path
+) -> None:
+    runs = data_dir / "runs.txt"
+    agents.start()
+    seen, background = watching_pods(backend)
     ok = pod(
         "mdq-job-ok-1",
         "import os, time; time.sleep(0.5); "
@@ -384,14 +391,7 @@ async def test_silent_node_is_lost_and_its_pods_fenced_when_it_returns(
         return marked_alive(name)
 
     await eventually(alive, what="the pod's process")
-    seen: list[PodUpdate] = []
-
-    async def watch() -> None:
-        async for update in backend.watch_pods():
-            seen.append(update)
-
-    background = Background("the pods watch")
-    background.spawn(watch(), name="watch_pods")
+    seen, background = watching_pods(backend)
     try:
         os.kill(agent.pid, signal.SIGSTOP)  # the node stops answering, its pod keeps running
         lost = await until_terminal(backend, name, within=20)
