@@ -36,9 +36,7 @@ from mdq.contracts import pb  # noqa: E402
 from mdq.embedded import start_nats, start_postgres  # noqa: E402
 from mdq.store.engine import asyncpg_dsn, create_writer_pool  # noqa: E402
 from mdq.store.migrate import upgrade_async  # noqa: E402
-from mdq.store.projection import Projector  # noqa: E402
-from tests.helpers import OwnersPublisher  # noqa: E402
-from tests.integration.test_projector import History  # noqa: E402
+from tests.integration.test_projector import History, history_projected  # noqa: E402
 
 TABLES = ("jobs", "attempts", "placements", "progress", "usage_samples")
 EXPECTED: dict[str, str] = {}
@@ -97,22 +95,8 @@ async def _project(database_url: str, nats_url: str) -> None:
     nc = await connect(nats_url, name="bench-history-shape", subjects=subjects)
     pool = await create_writer_pool(database_url, size=2)
     try:
-        js = nc.jetstream()
-        events = _events()
-        publisher = OwnersPublisher(js=js, subjects=subjects)
-        for event in events:
-            await publisher.publish(event)
-        projector = Projector(js=js, subjects=subjects, pool=pool)
-        task = asyncio.create_task(projector.run())
-        try:
-            deadline = asyncio.get_running_loop().time() + 30
-            while await pool.fetchval("SELECT count(*) FROM events") < len(events):
-                if asyncio.get_running_loop().time() > deadline:
-                    raise SystemExit("the projector did not store every event in 30 s")
-                await asyncio.sleep(0.05)
-        finally:
-            projector.stop()
-            await asyncio.wait_for(task, timeout=10)
+        async with history_projected(nc.jetstream(), subjects, pool, _events(), within=30):
+            pass
     finally:
         await pool.close()
         await nc.drain()

@@ -22,8 +22,9 @@ from nats.js import JetStreamContext
 
 from mdq.bus.connect import connect
 from mdq.bus.subjects import Subjects
+from mdq.cli.replay import _fresh_database
 from mdq.embedded import SHARED_FILE_STORE, start_nats, start_postgres
-from mdq.store.engine import create_writer_pool
+from mdq.store.engine import asyncpg_dsn, create_writer_pool
 from mdq.store.roles import RoleNames, RolePasswords, RoleUrls, role_urls, setup_database_async
 from tests.stack_health import KILLS, fail_unless_healthy, stack_state_dirs
 
@@ -137,6 +138,19 @@ async def database_url(postgres_url: str, namespace: str) -> AsyncIterator[str]:
         )
         for role in sorted((row["rolname"] for row in roles), key=len, reverse=True):
             await admin.execute(f'DROP ROLE IF EXISTS "{role}"')
+        await admin.close()
+
+
+@pytest.fixture
+async def spare_database(database_url: str) -> AsyncIterator[str]:
+    """A second fresh, empty database beside ``database_url`` (what ``mdq replay --rebuild``
+    rebuilds into), dropped afterwards."""
+    url = await _fresh_database(database_url)
+    yield url
+    admin = await asyncpg.connect(asyncpg_dsn(database_url))
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{url.rsplit("/", 1)[1].split("?")[0]}"')
+    finally:
         await admin.close()
 
 

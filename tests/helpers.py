@@ -1,18 +1,24 @@
-"""Helpers shared by the integration and end-to-end tests: building and reading events."""
+"""Helpers shared by the integration and end-to-end tests: building and reading events, waiting
+for a condition, running a local node agent."""
 
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime
+from pathlib import Path
+from typing import TypeVar
 
+import nats.errors
 from google.protobuf.message import Message
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy
 
+from mdq.backends.local.launcher import start_agent
 from mdq.backends.port import NodeSample, PodExists, PodSpec, PodUpdate
 from mdq.bus.codec import decode_event
 from mdq.bus.publisher import EventPublisher
@@ -139,6 +145,69 @@ async def wait_for(
             return
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+@contextmanager
+def agent_running(
+    nats_url: str,
+    namespace: str,
+    data_dir: Path,
+    nodes: Sequence[str],
+    settings: Mapping[str, str],
+    *,
+    log_file: Path | None = None,
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A local node agent (``start_agent``) serving ``nodes`` with ``settings``; killed when
+    the block ends."""
+    process = start_agent(
+        nats_url=nats_url,
+        namespace=namespace,
+        data_dir=data_dir,
+        node_names=nodes,
+        settings=settings,
+        log_file=log_file,
+    )
+    try:
+        yield process
+    finally:
+        process.kill()
+        process.wait()
+
+
+async def intake_answering(nc: Client, subject: str, *, within: float) -> None:
+    """Until intake answers a request-reply submit on ``subject`` (any answer will do); fail
+    after ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            await nc.request(subject, b"{}", timeout=1.0)
+            return
+        except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+            if time.monotonic() > deadline:
+                raise AssertionError("intake did not start answering") from None
+            await asyncio.sleep(0.2)
+
+
+Found = TypeVar("Found")
+
+
+async def eventually(
+    probe: Callable[[], Awaitable[Found | None]],
+    what: str = "",
+    *,
+    within: float = 15.0,
+    interval: float = 0.1,
+) -> Found:
+    """Poll ``probe`` until it returns something truthy, and return that; fail after ``within``
+    seconds naming ``what`` (else the probe)."""
+    deadline = time.monotonic() + within
+    while True:
+        result = await probe()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or probe}")
         await asyncio.sleep(interval)
 
 

@@ -36,9 +36,10 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from mdq.contracts import pb
+from services.runner.durable import fsync_dir
 from services.runner.trajectory import TrajectoryMark
 
 if TYPE_CHECKING:  # OpenMM is imported where a State XML is read, not by every engine
@@ -47,7 +48,8 @@ if TYPE_CHECKING:  # OpenMM is imported where a State XML is read, not by every 
 log = logging.getLogger(__name__)
 
 _CHECKPOINT_NAME = re.compile(r"^ckpt-(\d{12})\.xml$")
-_TEMP_PREFIX = ".tmp-"
+TEMP_PREFIX = ".tmp-"
+"""Names of the files being written, never a checkpoint's."""
 NATIVE_SUFFIX = ".chk"
 HASH_CHUNK_BYTES = 1 << 20
 
@@ -72,18 +74,10 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _fsync_dir(directory: Path) -> None:
-    descriptor = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
 def write_atomically(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so that a crash leaves the old content or the new, whole."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(f"{_TEMP_PREFIX}{path.name}.{os.getpid()}")
+    temp = path.with_name(f"{TEMP_PREFIX}{path.name}.{os.getpid()}")
     try:
         descriptor = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
@@ -99,7 +93,7 @@ def write_atomically(path: Path, data: bytes) -> None:
         with contextlib.suppress(OSError):  # a full disk must not keep the torn copy too
             temp.unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +133,9 @@ class LoadedCheckpoint:
     trajectory: TrajectoryMark | None = None
 
 
-def _read_sidecar(path: Path) -> dict[str, object]:
+def read_sidecar(path: Path) -> dict[str, object]:
+    """The sidecar of the checkpoint file ``path`` as a JSON object; empty when it is missing or
+    is not one."""
     sidecar = path.with_suffix(".json")
     try:
         document = json.loads(sidecar.read_text())
@@ -171,22 +167,134 @@ def newest_verified(
     return None
 
 
-class CheckpointStore:
-    """The checkpoint folder of one job."""
+class Resumable(Protocol):
+    """A verified checkpoint an engine resumes from."""
 
-    def __init__(self, *, directory: Path) -> None:
+    @property
+    def file(self) -> CheckpointFile: ...
+
+
+Verified = TypeVar("Verified", bound=Resumable)
+
+
+def resume_point(
+    announced: pb.Checkpoint,
+    *,
+    kind: str,
+    directory: Path,
+    path: Path,
+    verify_announced: Callable[[Path], Verified],
+    newest_good: Callable[[int, int | None], Verified | None],
+) -> Verified | None:
+    """The checkpoint to resume from: the newest good one in ``directory`` later than
+    ``announced`` (``newest_good(after, before)``), else ``announced``, read from ``path``, if
+    ``verify_announced`` accepts it, else the newest good one before it, else None. ``kind``
+    names the files in the log ("checkpoint", "restart").
+
+    Every verified checkpoint in the folder is a state of this job's own run, so the newest
+    loses least. A later one than announced is an earlier attempt's that could not say so:
+    written while NATS was away, or by a runner declared lost while it still ran (a node that
+    only looked lost), whose pruning may even have deleted the announced one; starting over
+    from step 0 with good checkpoints on disk would lose them all."""
+    later = newest_good(announced.step, None)
+    if later is not None:
+        log.info(
+            "%s %s (step %d) is later than the announced step %d: resuming from it",
+            kind,
+            later.file.path,
+            later.file.step,
+            announced.step,
+        )
+        return later
+    try:
+        return verify_announced(path)
+    except (OSError, ValueError) as error:
+        log.warning(
+            "%s %s (step %d) is unusable: %s; looking for another one",
+            kind,
+            path,
+            announced.step,
+            error,
+        )
+    earlier = newest_good(-1, announced.step)
+    if earlier is not None:
+        log.warning("falling back to %s %s (step %d)", kind, earlier.file.path, earlier.file.step)
+        return earlier
+    log.warning("no usable %s in %s", kind, directory)
+    return None
+
+
+class StepFolder:
+    """The checkpoint folder of one job, each checkpoint named after its step
+    (``name_of(step)``, ``step_of(path)``) and its other files (``companions``: sidecar,
+    native checkpoint) named alike with another suffix: what the OpenMM and the LAMMPS stores
+    share."""
+
+    def __init__(
+        self,
+        *,
+        directory: Path,
+        name_of: Callable[[int], str],
+        step_of: Callable[[Path], int | None],
+        companions: tuple[str, ...],
+    ) -> None:
         self._directory = directory
+        self._name_of = name_of
+        self._step_of = step_of
+        self._companions = companions
 
     @property
     def directory(self) -> Path:
         return self._directory
 
+    def path_of(self, step: int) -> Path:
+        """Where the checkpoint of ``step`` is (or would be)."""
+        return self._directory / self._name_of(step)
+
     def remove_temporaries(self) -> None:
         """Delete temporary files a killed writer left behind (never a real checkpoint)."""
         if not self._directory.is_dir():
             return
-        for path in self._directory.glob(f"{_TEMP_PREFIX}*"):
+        for path in self._directory.glob(f"{TEMP_PREFIX}*"):
             path.unlink(missing_ok=True)
+
+    def steps(self) -> list[int]:
+        """Steps of the checkpoint files present, ascending."""
+        if not self._directory.is_dir():
+            return []
+        found = (self._step_of(path) for path in self._directory.iterdir())
+        return sorted(step for step in found if step is not None)
+
+    def holds(self, checkpoint: pb.Checkpoint) -> bool:
+        """Whether this folder holds ``checkpoint``'s file, its sha256 matching."""
+        path = self.path_of(checkpoint.step)
+        try:
+            return path.is_file() and sha256_of(path) == checkpoint.sha256
+        except OSError:
+            return False
+
+    def _prune(self, *, keep_step: int) -> None:
+        """Keep ``keep_step`` and the newest checkpoint before it; delete older ones with their
+        companions. Later ones (left by an attempt that got further) are kept: they are
+        overwritten in time."""
+        older = [step for step in self.steps() if step < keep_step]
+        for step in older[:-1]:
+            path = self.path_of(step)
+            path.unlink(missing_ok=True)
+            for suffix in self._companions:
+                path.with_suffix(suffix).unlink(missing_ok=True)
+
+
+class CheckpointStore(StepFolder):
+    """The checkpoint folder of one job."""
+
+    def __init__(self, *, directory: Path) -> None:
+        super().__init__(
+            directory=directory,
+            name_of=checkpoint_name,
+            step_of=step_of,
+            companions=(NATIVE_SUFFIX, ".json"),
+        )
 
     def write(
         self,
@@ -201,7 +309,7 @@ class CheckpointStore:
         """Write the checkpoint of ``step`` (XML, native, sidecar); prune older ones. When a
         write fails, the files of ``step`` are removed (the sidecar, written last, is then
         never there: nothing half-written is taken for a checkpoint) and the error raised."""
-        path = self._directory / checkpoint_name(step)
+        path = self.path_of(step)
         try:
             checkpoint = self._write_set(
                 path,
@@ -261,31 +369,6 @@ class CheckpointStore:
         write_atomically(path.with_suffix(".json"), json.dumps(sidecar).encode())
         return checkpoint
 
-    def steps(self) -> list[int]:
-        """Steps of the checkpoint files present, ascending."""
-        if not self._directory.is_dir():
-            return []
-        found = (step_of(path) for path in self._directory.iterdir())
-        return sorted(step for step in found if step is not None)
-
-    def _prune(self, *, keep_step: int) -> None:
-        """Keep ``keep_step`` and the newest checkpoint before it; delete older ones. Later
-        ones (left by an attempt that got further) are kept: they are overwritten in time."""
-        older = [step for step in self.steps() if step < keep_step]
-        for step in older[:-1]:
-            path = self._directory / checkpoint_name(step)
-            path.unlink(missing_ok=True)
-            path.with_suffix(NATIVE_SUFFIX).unlink(missing_ok=True)
-            path.with_suffix(".json").unlink(missing_ok=True)
-
-    def holds(self, checkpoint: pb.Checkpoint) -> bool:
-        """Whether this folder holds ``checkpoint``'s State XML, its sha256 matching."""
-        path = self._directory / checkpoint_name(checkpoint.step)
-        try:
-            return path.is_file() and sha256_of(path) == checkpoint.sha256
-        except OSError:
-            return False
-
     def _confined(self, announced: Path) -> Path:
         """The announced checkpoint if it is a file of this job's checkpoint folder (after
         following symlinks), else the file of the same name in that folder: a checkpoint path
@@ -296,52 +379,27 @@ class CheckpointStore:
         return self._directory / announced.name
 
     def load(self, announced: pb.Checkpoint, *, platform: str = "") -> LoadedCheckpoint | None:
-        """The checkpoint to resume from: the newest good checkpoint in the folder later than
-        ``announced``, else ``announced`` if its sha256 matches and it parses, else the newest
-        good one before it, else None. Its native checkpoint comes along when it was written on
-        ``platform`` and verifies.
-
-        Every verified checkpoint in the folder is a state of this job's own run, so the newest
-        loses least. A later one than announced is an earlier attempt's that could not say so:
-        written while NATS was away, or by a runner declared lost while it still ran (a node
-        that only looked lost), whose pruning may even have deleted the announced one; starting
-        over from step 0 with good checkpoints on disk would lose them all."""
-        later = self._newest_good(after=announced.step, platform=platform)
-        if later is not None:
-            log.info(
-                "checkpoint %s (step %d) is later than the announced step %d: resuming from it",
-                later.file.path,
-                later.file.step,
-                announced.step,
-            )
-            return later
-        path = self._confined(Path(announced.path))
-        try:
-            return self._verify(
+        """The checkpoint to resume from (``resume_point``), the announced one read from this
+        folder (``_confined``). Its native checkpoint comes along when it was written on
+        ``platform`` and verifies."""
+        return resume_point(
+            announced,
+            kind="checkpoint",
+            directory=self._directory,
+            path=self._confined(Path(announced.path)),
+            verify_announced=lambda path: self._verify(
                 path, step=announced.step, sha256=announced.sha256, platform=platform
-            )
-        except (OSError, ValueError) as error:
-            log.warning(
-                "checkpoint %s (step %d) is unusable: %s; looking for another one",
-                path,
-                announced.step,
-                error,
-            )
-        earlier = self._newest_good(before=announced.step, platform=platform)
-        if earlier is not None:
-            log.warning(
-                "falling back to checkpoint %s (step %d)", earlier.file.path, earlier.file.step
-            )
-            return earlier
-        log.warning("no usable checkpoint in %s", self._directory)
-        return None
+            ),
+            newest_good=lambda after, before: self._newest_good(
+                after=after, before=before, platform=platform
+            ),
+        )
 
     def _newest_good(
         self, *, after: int = -1, before: int | None = None, platform: str
     ) -> LoadedCheckpoint | None:
         def verify(step: int) -> LoadedCheckpoint:
-            path = self._directory / checkpoint_name(step)
-            return self._verify(path, step=step, sha256=None, platform=platform)
+            return self._verify(self.path_of(step), step=step, sha256=None, platform=platform)
 
         return newest_verified(self.steps(), verify, after=after, before=before)
 
@@ -352,7 +410,7 @@ class CheckpointStore:
         checkpoint found in the folder without its sidecar was never finished)."""
         data = path.read_bytes()
         actual = hashlib.sha256(data).hexdigest()
-        sidecar = _read_sidecar(path)
+        sidecar = read_sidecar(path)
         if sha256 is None:
             sha256 = str(sidecar.get("sha256") or "")
             if not sha256:

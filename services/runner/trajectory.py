@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 from mdq.contracts import pb
+from services.runner.durable import fsync_file
 
 if TYPE_CHECKING:  # OpenMM is imported where a trajectory is written, not by every engine
     import openmm.app as app
@@ -53,14 +54,6 @@ class TrajectoryMark:
 
 def file_name(trajectory_format: int) -> str:
     return f"trajectory.{FORMATS.get(trajectory_format, 'dcd')}"
-
-
-def _fsync(path: Path) -> None:
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
 
 
 class Trajectory:
@@ -144,7 +137,7 @@ class Trajectory:
             self._handle.flush()
             os.fsync(self._handle.fileno())
         elif self.path.is_file():
-            _fsync(self.path)
+            fsync_file(self.path)
         size = self.path.stat().st_size if self.path.is_file() else 0
         return TrajectoryMark(size_bytes=size, frames=self.frames)
 

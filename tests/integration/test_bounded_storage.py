@@ -17,10 +17,9 @@ submitted, never a silent loss.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
+from functools import partial
 
 import pytest
 from google.protobuf import json_format
@@ -38,18 +37,15 @@ from mdq.sdk.client import MdqClient, SubmitRefused
 from mdq.settings import CommonSettings
 from services.intake.app import Intake, IntakeSettings, build_intake
 from services.intake.registry import SubmitRegistry
+from tests import helpers
 from tests.helpers import OwnersPublisher
 
 TIMEOUT = 10.0
 KiB = 1024
 
 
-async def eventually(check: Callable[[], Awaitable[bool]], what: str) -> None:
-    deadline = time.monotonic() + TIMEOUT
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
+eventually = partial(helpers.eventually, within=TIMEOUT, interval=0.05)
+"""``tests.helpers.eventually`` within this file's ``TIMEOUT``."""
 
 
 def limits(monkeypatch: pytest.MonkeyPatch, **fields: str) -> StorageSettings:

@@ -28,13 +28,13 @@ from mdq.backends.factory import CLUSTERS_RELOAD_ENV, make_backend
 from mdq.backends.kubernetes.backend import KubernetesBackend
 from mdq.backends.kubernetes.settings import KubernetesSettings
 from mdq.backends.local.agent import NodeAgent, NodeConfig
-from mdq.backends.port import ClusterBackend, PodSpec, PodUpdate
+from mdq.backends.port import ClusterBackend, PodUpdate
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.recovery import classify
 from mdq.testing.cluster import SimulatedCluster
-from mdq.testing.scripted_runner import scripted_spec
 from tests.helpers import wait_for
+from tests.integration.test_kubernetes_runner_creds import pod
 
 SCRIPTED = ["python", "-m", "mdq.testing.scripted_runner"]
 
@@ -55,19 +55,6 @@ def kubernetes_entry(
             "watch_timeout_s": 30,
         },
     }
-
-
-def pod(job: str, node: str, script: str) -> PodSpec:
-    return PodSpec(
-        name=f"mdq-{job}-1",
-        job_id=job,
-        attempt=1,
-        node=node,
-        cpu=0.5,
-        memory_mb=256,
-        priority_class="normal",
-        spec=scripted_spec(script),
-    )
 
 
 @contextlib.asynccontextmanager
@@ -145,8 +132,10 @@ async def test_pods_nodes_and_clusters_that_come_and_go(
 
             async with collecting(router) as seen:
                 # a pod goes to the cluster its node names, under the node's own name there
-                await router.create_pod(pod("w1", "west/node-2", "print('ok')"))
-                await router.create_pod(pod("e1", "east/node-1", "import time; time.sleep(60)"))
+                await router.create_pod(pod("w1", "print('ok')", node="west/node-2"))
+                await router.create_pod(
+                    pod("e1", "import time; time.sleep(60)", node="east/node-1")
+                )
 
                 def final(name: str) -> PodUpdate | None:
                     ends = [
@@ -182,7 +171,7 @@ async def test_pods_nodes_and_clusters_that_come_and_go(
                 assert stopped.phase == pb.POD_FAILED
 
                 with pytest.raises(UnknownCluster):
-                    await router.create_pod(pod("x1", "north/node-1", "print('no')"))
+                    await router.create_pod(pod("x1", "print('no')", node="north/node-1"))
 
                 # west leaves the file: its nodes leave the samples, without a restart
                 clusters_file.write_text(json.dumps({"clusters": [entries[0], entries[2]]}))
@@ -211,7 +200,7 @@ async def test_pods_nodes_and_clusters_that_come_and_go(
                     return node is not None and node.cluster_labels.get("gpu") == "true"
 
                 await wait_for(west_back, what="west back with its new labels")
-                await router.create_pod(pod("w2", "west/node-1", "print('again')"))
+                await router.create_pod(pod("w2", "print('again')", node="west/node-1"))
 
                 async def w2_done() -> bool:
                     return final("mdq-w2-1") is not None
@@ -301,7 +290,7 @@ async def test_a_cluster_that_stops_answering_is_lost_then_fenced_when_it_is_bac
         try:
             async with collecting(watcher_side) as seen:
                 await watcher_side.create_pod(
-                    pod("e2", "east/node-1", "import time; time.sleep(120)")
+                    pod("e2", "import time; time.sleep(120)", node="east/node-1")
                 )
 
                 def of(name: str) -> list[PodUpdate]:
@@ -328,7 +317,7 @@ async def test_a_cluster_that_stops_answering_is_lost_then_fenced_when_it_is_bac
 
                 await wait_for(recorded, what="the loss recorded for the other processes")
                 with pytest.raises(ClusterLost):
-                    await metrics_side.create_pod(pod("e3", "east/node-2", "print('no')"))
+                    await metrics_side.create_pod(pod("e3", "print('no')", node="east/node-2"))
 
                 # The watcher's router fences east once it answers again; the fence is held
                 # at its start, so the other router's view before it is checked every time.

@@ -28,7 +28,6 @@ from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.runner_task import job_dir
 from mdq.store.engine import create_engine
-from mdq.store.projection import Projector
 from mdq.store.roles import RoleUrls
 from mdq.testing.tasks import Background
 from services.console import reads
@@ -37,7 +36,7 @@ from services.console.filters import JobFilter
 from services.metrics.app import MetricsService
 from services.metrics.settings import MetricsSettings
 from tests.helpers import OwnersPublisher, RecordingBackend, read_all, wait_for
-from tests.integration.test_projector import History, requeue_history
+from tests.integration.test_projector import History, history_projected, requeue_history
 
 
 @dataclass
@@ -114,28 +113,18 @@ async def site(
         doomed.attempt_failed(1, "n1", last_step=40),
         doomed.failed(1),
     ]
-    publisher = OwnersPublisher(js=js, subjects=subjects)
-    for event in events:
-        await publisher.publish(event)
-    projector = Projector(js=js, subjects=subjects, pool=pool)
-    projecting = asyncio.create_task(projector.run())
     engine = create_engine(database_roles.reader)
-    server: uvicorn.Server | None = None
-    serving: asyncio.Task[None] | None = None
     try:
-        deadline = asyncio.get_running_loop().time() + 20
-        while await pool.fetchval("SELECT count(*) FROM events") < len(events):
-            assert asyncio.get_running_loop().time() < deadline, "the history was projected"
-            await asyncio.sleep(0.05)
-        console = Console(engine=engine, nc=nc, subjects=subjects, data_dir=data_dir)
-        server, serving, url = await serve_console(console)
-        yield Site(url, console, retried, doomed, publisher, trajectory)
+        async with history_projected(js, subjects, pool, events):
+            console = Console(engine=engine, nc=nc, subjects=subjects, data_dir=data_dir)
+            server, serving, url = await serve_console(console)
+            try:
+                publisher = OwnersPublisher(js=js, subjects=subjects)
+                yield Site(url, console, retried, doomed, publisher, trajectory)
+            finally:
+                server.should_exit = True
+                await asyncio.wait_for(serving, timeout=10)
     finally:
-        if server is not None and serving is not None:
-            server.should_exit = True
-            await asyncio.wait_for(serving, timeout=10)
-        projector.stop()
-        await asyncio.wait_for(projecting, timeout=10)
         await engine.dispose()
 
 

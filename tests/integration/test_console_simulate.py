@@ -37,10 +37,8 @@ from services.console.simulate import (
     Simulations,
     parse_request,
 )
-from services.watcher.projector import Projector
-from tests.helpers import OwnersPublisher
 from tests.integration.test_console import serve_console
-from tests.integration.test_projector import History, requeue_history
+from tests.integration.test_projector import History, history_projected, requeue_history
 from tests.integration.test_sim_history import crash_history
 
 BIG = GeneratorSpec(nodes=2_000, jobs=50_000, seed=3)
@@ -70,11 +68,6 @@ async def page(
     crashy = History("crashy", request_id="ba9876543210")
     crashy.clock = retried.clock
     events = [*first, *second, *crash_history(crashy)]
-    publisher = OwnersPublisher(js=js, subjects=subjects)
-    for event in events:
-        await publisher.publish(event)
-    projector = Projector(js=js, subjects=subjects, pool=pool)
-    projecting = asyncio.create_task(projector.run())
     engine = create_engine(database_roles.reader)
     console = Console(
         engine=engine,
@@ -84,16 +77,11 @@ async def page(
     )
     server, serving, url = await serve_console(console)
     try:
-        deadline = asyncio.get_running_loop().time() + 20
-        while await pool.fetchval("SELECT count(*) FROM events") < len(events):
-            assert asyncio.get_running_loop().time() < deadline, "the history was projected"
-            await asyncio.sleep(0.05)
-        yield Page(url, console, database_roles.reader)
+        async with history_projected(js, subjects, pool, events):
+            yield Page(url, console, database_roles.reader)
     finally:
         server.should_exit = True
         await asyncio.wait_for(serving, timeout=10)
-        projector.stop()
-        await asyncio.wait_for(projecting, timeout=10)
         await engine.dispose()
 
 

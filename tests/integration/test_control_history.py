@@ -4,21 +4,17 @@ rebuilt from the log (``mdq replay --rebuild``) equals the live one."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import asyncpg
 from nats.js import JetStreamContext
 
 from mdq.bus.subjects import Subjects
-from mdq.cli.replay import compare, rebuild, table_contents
+from mdq.cli.replay import rebuild
 from mdq.contracts import pb
-from mdq.store.projection import Projector
 from tests.helpers import OwnersPublisher
-from tests.integration.test_projector import History
-from tests.integration.test_replay import spare_database, wait_projected
-
-__all__ = ["spare_database"]  # the fixture, for this module's tests
+from tests.integration.test_projector import History, running, wait_projected
+from tests.integration.test_replay import assert_rebuilt_equals_live
 
 ORIGIN = pb.ControlOrigin(control_id="c1", requested_by="ann", reason="typo")
 
@@ -113,15 +109,10 @@ async def test_control_events_project_and_rebuild_equal(
 ) -> None:
     jobs, events = histories()
     publisher = OwnersPublisher(js=js, subjects=subjects)
-    projector = Projector(js=js, subjects=subjects, pool=pool, batch_size=7)
-    task = asyncio.create_task(projector.run())
-    try:
+    async with running(js, subjects, pool, batch_size=7):
         for event in events:
             await publisher.publish(event)
         await wait_projected(js, subjects, pool)
-    finally:
-        projector.stop()
-        await asyncio.wait_for(task, timeout=10)
 
     rows = {
         row["job_id"]: row
@@ -177,10 +168,4 @@ async def test_control_events_project_and_rebuild_equal(
 
     report = await rebuild(js, subjects, spare_database, batch_size=500)
     assert report.events == len(events)
-    differences = await compare(database_url, spare_database)
-    if differences:
-        live, again = await table_contents(database_url), await table_contents(spare_database)
-        for table in differences:
-            print("LIVE", sorted(set(live[table]) - set(again[table])))
-            print("REBUILT", sorted(set(again[table]) - set(live[table])))
-    assert differences == {}
+    await assert_rebuilt_equals_live(database_url, spare_database)

@@ -10,7 +10,6 @@ from datetime import UTC, datetime, timedelta
 
 from nats.aio.client import Client
 
-from mdq.backends.port import PodUpdate
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.recovery import RecoveryPolicy
@@ -28,6 +27,7 @@ from tests.helpers import (
     wait_for,
 )
 from tests.integration.test_control import placement_running
+from tests.integration.test_watcher_lifecycle import pod
 
 ORIGIN = pb.ControlOrigin(control_id="c1", requested_by="ann", reason="typo")
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -210,18 +210,6 @@ async def test_a_cancel_that_raced_a_requeue_still_ends_the_job(
     assert await terminal_events(nc, subjects, "r3-md") == ["cancelled"]
 
 
-def pod_update(job: str, attempt: int, phase: int, *, reason: str = "", code: int = 0) -> PodUpdate:
-    return PodUpdate(
-        pod_name=f"mdq-{job}-{attempt}",
-        job_id=job,
-        attempt=attempt,
-        node="n1",
-        phase=phase,  # type: ignore[arg-type]
-        exit_code=code,
-        reason=reason,
-    )
-
-
 async def test_the_watcher_fails_a_stopped_attempt_stopped_and_deletes_a_cancelled_jobs_pod(
     nc: Client, subjects: Subjects
 ) -> None:
@@ -242,9 +230,9 @@ async def test_the_watcher_fails_a_stopped_attempt_stopped_and_deletes_a_cancell
         js=js, subjects=subjects, publisher=bus, backend=backend, check_interval_s=0.2
     )
     async with running(lifecycle.run()):
-        await backend.updates.put(pod_update("r4-held", 1, pb.POD_RUNNING))
-        await backend.updates.put(pod_update("r4-held", 1, pb.POD_FAILED, reason="Deleted", code=5))
-        await backend.updates.put(pod_update("r4-cancelled", 1, pb.POD_RUNNING))
+        await backend.updates.put(pod("r4-held", 1, pb.POD_RUNNING))
+        await backend.updates.put(pod("r4-held", 1, pb.POD_FAILED, reason="Deleted", exit_code=5))
+        await backend.updates.put(pod("r4-cancelled", 1, pb.POD_RUNNING))
 
         async def done() -> bool:
             failed = await events_of(js, subjects, "attempt_failed", "r4-held")
@@ -292,7 +280,7 @@ async def test_a_run_past_its_max_wall_s_is_stopped_and_fails_for_good(
         assert limit.limit_exceeded.limit == "max_wall_s"
         assert limit.limit_exceeded.used >= 120
         # the runner checkpoints and exits on the deletion
-        await backend.updates.put(pod_update(job, 1, pb.POD_FAILED, reason="Deleted", code=5))
+        await backend.updates.put(pod(job, 1, pb.POD_FAILED, reason="Deleted", exit_code=5))
 
         async def failed() -> bool:
             return bool(await events_of(js, subjects, "failed", job))

@@ -26,6 +26,7 @@ from nats.js import JetStreamContext
 
 from mdq.backends.port import PodUpdate
 from mdq.bus.connect import connect
+from mdq.bus.publisher import EventPublisher
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.embedded import EmbeddedPostgres, free_port, start_nats, start_postgres
@@ -139,6 +140,55 @@ async def assert_projected_once(
     }
 
 
+async def caught_up_once(
+    database_url: str,
+    js: JetStreamContext,
+    subjects: Subjects,
+    watcher: asyncio.Task[None],
+    *,
+    timeout: float,
+    what: str = "the projection to catch up",
+) -> None:
+    """Until PostgreSQL at ``database_url`` holds both streams up to their ends, the
+    ``watcher`` alive all along; then every event is there exactly once."""
+
+    async def caught_up() -> bool:
+        alive(watcher)
+        return await projected_up_to(database_url, js, subjects)
+
+    await wait_for(caught_up, timeout=timeout, what=what)
+    await assert_projected_once(database_url, js, subjects)
+
+
+async def rows_of(database_url: str, query: str) -> list[asyncpg.Record]:
+    """The rows ``query`` returns, on a connection of its own."""
+    connection = await asyncpg.connect(database_url)
+    try:
+        rows: list[asyncpg.Record] = await connection.fetch(query)
+    finally:
+        await connection.close()
+    return rows
+
+
+async def publish_campaign(bus: EventPublisher, jobs: list[str], steps: range) -> None:
+    """Each of ``jobs`` submitted, bound, started, reporting at every one of ``steps``
+    (published 500 at a time) and succeeded at the last."""
+    for job in jobs:
+        await bus.publish(submitted(job))
+        await bus.publish(event("bound", pb.JobBound(node="n1"), job=job, attempt=1))
+        await bus.publish(event("started", pb.JobStarted(node="n1"), job=job, attempt=1))
+    reports = [
+        event("progress", pb.Progress(step=s, target_steps=steps[-1]), job=job, attempt=1, detail=s)
+        for s in steps
+        for job in jobs
+    ]
+    for start in range(0, len(reports), 500):
+        await asyncio.gather(*(bus.publish(report) for report in reports[start : start + 500]))
+    for job in jobs:
+        body = pb.JobSucceeded(final_step=steps[-1], reason="steps_reached")
+        await bus.publish(event("succeeded", body, job=job, attempt=1))
+
+
 # -- NATS ---------------------------------------------------------------------------------
 
 
@@ -228,20 +278,10 @@ async def test_pod_lifecycle_works_while_postgresql_is_down_and_the_projection_c
         assert not await projected_up_to(own_postgres.url, js, subjects)
 
         await asyncio.to_thread(own_postgres.restart)
-
-        async def caught_up() -> bool:
-            alive(task)
-            return await projected_up_to(own_postgres.url, js, subjects)
-
-        await wait_for(caught_up, timeout=60, what="the projection to catch up")
-        await assert_projected_once(own_postgres.url, js, subjects)
-        connection = await asyncpg.connect(own_postgres.url)
-        try:
-            rows = await connection.fetch(
-                "SELECT job_id, state, last_step FROM jobs ORDER BY job_id"
-            )
-        finally:
-            await connection.close()
+        await caught_up_once(own_postgres.url, js, subjects, task, timeout=60)
+        rows = await rows_of(
+            own_postgres.url, "SELECT job_id, state, last_step FROM jobs ORDER BY job_id"
+        )
         assert [tuple(r) for r in rows] == [(job, "SUCCEEDED", 300) for job in jobs]
         alive(task)
 
@@ -257,21 +297,8 @@ async def test_postgresql_killed_mid_projection_loses_and_doubles_nothing(
     bus = publisher(js, subjects)
     jobs = [f"r{n}-job{n}" for n in range(15)]
     steps = range(10, 2001, 10)  # 200 reports per job, 3,000 in all
-    for job in jobs:
-        await bus.publish(submitted(job))
-        await bus.publish(event("bound", pb.JobBound(node="n1"), job=job, attempt=1))
-        await bus.publish(event("started", pb.JobStarted(node="n1"), job=job, attempt=1))
-    reports = [
-        event("progress", pb.Progress(step=s, target_steps=2000), job=job, attempt=1, detail=s)
-        for s in steps
-        for job in jobs
-    ]
-    for start in range(0, len(reports), 500):
-        await asyncio.gather(*(bus.publish(report) for report in reports[start : start + 500]))
-    for job in jobs:
-        body = pb.JobSucceeded(final_step=2000, reason="steps_reached")
-        await bus.publish(event("succeeded", body, job=job, attempt=1))
-    total = len(reports)
+    await publish_campaign(bus, jobs, steps)
+    total = len(jobs) * len(steps)
 
     # small batches: hundreds of transactions, so that the kill lands in the middle of them
     settings = WatcherSettings(batch_size=10, batch_wait_s=0.05, lost_min_silence_s=3600)
@@ -317,22 +344,13 @@ async def test_postgresql_killed_mid_projection_loses_and_doubles_nothing(
 
         await wait_for(noticed, timeout=30, what="the projector to notice")
         await asyncio.to_thread(own_postgres.restart)
-
-        async def caught_up() -> bool:
-            alive(task)
-            return await projected_up_to(own_postgres.url, js, subjects)
-
-        await wait_for(caught_up, timeout=120, what="the projection to catch up")
-        await assert_projected_once(own_postgres.url, js, subjects)
-        connection = await asyncpg.connect(own_postgres.url)
-        try:
-            counts = await connection.fetch(
-                "SELECT job_id, count(*) AS n, count(DISTINCT step) AS steps, max(step) AS last "
-                "FROM progress GROUP BY job_id ORDER BY job_id"
-            )
-            states = await connection.fetch("SELECT state, last_step FROM jobs")
-        finally:
-            await connection.close()
+        await caught_up_once(own_postgres.url, js, subjects, task, timeout=120)
+        counts = await rows_of(
+            own_postgres.url,
+            "SELECT job_id, count(*) AS n, count(DISTINCT step) AS steps, max(step) AS last "
+            "FROM progress GROUP BY job_id ORDER BY job_id",
+        )
+        states = await rows_of(own_postgres.url, "SELECT state, last_step FROM jobs")
         assert [tuple(r) for r in counts] == [(job, 200, 200, 2000) for job in sorted(jobs)]
         assert sorted(tuple(r) for r in states) == [("SUCCEEDED", 2000)] * len(jobs)
         alive(task)

@@ -5,7 +5,6 @@ untouched; once per month; the settings that turn it on."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
@@ -18,6 +17,9 @@ from mdq.store.partitions import keep_partitions, roll_up_progress
 from mdq.store.roles import RoleUrls
 from services.watcher.settings import WatcherSettings
 from tests.helpers import wait_for
+from tests.integration.test_partitions import owner, writer
+
+__all__ = ["owner", "writer"]  # the fixtures, for this module's tests
 
 PROGRESS = (
     "INSERT INTO progress (job_id, attempt, step, time, time_ps, potential_kj_mol, "
@@ -26,14 +28,6 @@ PROGRESS = (
     "'runner', 1000, 0, $7)"
 )
 JANUARY = datetime(2025, 1, 10, tzinfo=UTC)
-
-
-@pytest.fixture
-async def writer(database_roles: RoleUrls) -> AsyncIterator[asyncpg.Pool]:
-    pool = await asyncpg.create_pool(database_roles.writer, min_size=1, max_size=2)
-    assert pool is not None
-    yield pool
-    await pool.close()
 
 
 async def _reports(owner: asyncpg.Connection, job: str, at: datetime, steps: range) -> None:
@@ -61,38 +55,34 @@ async def _steps(owner: asyncpg.Connection, job: str) -> list[int]:
 
 
 async def test_an_old_month_keeps_a_summary_and_every_nth_report(
-    database_roles: RoleUrls, writer: asyncpg.Pool
+    owner: asyncpg.Connection, writer: asyncpg.Pool
 ) -> None:
-    owner = await asyncpg.connect(database_roles.owner)
-    try:
-        await owner.execute("SELECT mdq_make_partitions('2025-01-01Z', '2025-01-31Z')")
-        await _reports(owner, "old-a", JANUARY, range(1, 26))  # 25 reports, the last done
-        await _reports(owner, "old-b", JANUARY, range(1, 4))
-        await owner.execute("UPDATE progress SET units = 'lj' WHERE job_id = 'old-b'")  # LAMMPS
-        now = datetime.now(UTC)
-        await _reports(owner, "new", now - timedelta(hours=1), range(1, 26))
+    await owner.execute("SELECT mdq_make_partitions('2025-01-01Z', '2025-01-31Z')")
+    await _reports(owner, "old-a", JANUARY, range(1, 26))  # 25 reports, the last done
+    await _reports(owner, "old-b", JANUARY, range(1, 4))
+    await owner.execute("UPDATE progress SET units = 'lj' WHERE job_id = 'old-b'")  # LAMMPS
+    now = datetime.now(UTC)
+    await _reports(owner, "new", now - timedelta(hours=1), range(1, 26))
 
-        rolled = await roll_up_progress(writer, rollup_days=90, keep_every=10)  # the watcher
-        again = await roll_up_progress(writer, rollup_days=90, keep_every=10)
-        off = await roll_up_progress(writer, rollup_days=0, keep_every=10)
+    rolled = await roll_up_progress(writer, rollup_days=90, keep_every=10)  # the watcher
+    again = await roll_up_progress(writer, rollup_days=90, keep_every=10)
+    off = await roll_up_progress(writer, rollup_days=0, keep_every=10)
 
-        kept_a = await _steps(owner, "old-a")
-        kept_b = await _steps(owner, "old-b")
-        units_b = await owner.fetch("SELECT DISTINCT units FROM progress WHERE job_id = 'old-b'")
-        kept_new = await _steps(owner, "new")
-        summaries = [
-            dict(row)
-            for row in await owner.fetch(
-                "SELECT job_id, attempt, month, reports, kept, first_step, last_step, "
-                "min_potential_kj_mol, max_potential_kj_mol, mean_potential_kj_mol, "
-                "mean_temperature_k, mean_ns_per_day FROM progress_rollups ORDER BY job_id"
-            )
-        ]
-        comment = await owner.fetchval(
-            "SELECT obj_description('progress_y2025m01'::regclass, 'pg_class')"
+    kept_a = await _steps(owner, "old-a")
+    kept_b = await _steps(owner, "old-b")
+    units_b = await owner.fetch("SELECT DISTINCT units FROM progress WHERE job_id = 'old-b'")
+    kept_new = await _steps(owner, "new")
+    summaries = [
+        dict(row)
+        for row in await owner.fetch(
+            "SELECT job_id, attempt, month, reports, kept, first_step, last_step, "
+            "min_potential_kj_mol, max_potential_kj_mol, mean_potential_kj_mol, "
+            "mean_temperature_k, mean_ns_per_day FROM progress_rollups ORDER BY job_id"
         )
-    finally:
-        await owner.close()
+    ]
+    comment = await owner.fetchval(
+        "SELECT obj_description('progress_y2025m01'::regclass, 'pg_class')"
+    )
     assert rolled == ["progress_y2025m01"]
     assert again == [] and off == []  # a month is rolled up once; 0 rolls nothing up
     assert kept_a == [1, 11, 21, 25]  # the first, every 10th after it, the last
@@ -150,27 +140,23 @@ async def test_only_the_writer_may_roll_up_and_the_reader_reads_the_summaries(
 
 
 async def test_the_watchers_keeper_rolls_up_with_its_settings(
-    database_roles: RoleUrls, writer: asyncpg.Pool
+    owner: asyncpg.Connection, writer: asyncpg.Pool
 ) -> None:
-    owner = await asyncpg.connect(database_roles.owner)
+    await owner.execute("SELECT mdq_make_partitions('2025-01-01Z', '2025-01-31Z')")
+    await _reports(owner, "old-a", JANUARY, range(1, 8))
+    keeper = asyncio.create_task(
+        keep_partitions(writer, months_ahead=2, retention_days=0, rollup_days=60, keep_every=3)
+    )
     try:
-        await owner.execute("SELECT mdq_make_partitions('2025-01-01Z', '2025-01-31Z')")
-        await _reports(owner, "old-a", JANUARY, range(1, 8))
-        keeper = asyncio.create_task(
-            keep_partitions(writer, months_ahead=2, retention_days=0, rollup_days=60, keep_every=3)
-        )
-        try:
 
-            async def rolled() -> bool:
-                return bool(await owner.fetchval("SELECT count(*) FROM progress_rollups"))
+        async def rolled() -> bool:
+            return bool(await owner.fetchval("SELECT count(*) FROM progress_rollups"))
 
-            await wait_for(rolled, timeout=10, what="January rolled up")
-            assert not keeper.done()
-        finally:
-            keeper.cancel()
-        assert await _steps(owner, "old-a") == [1, 4, 7]
+        await wait_for(rolled, timeout=10, what="January rolled up")
+        assert not keeper.done()
     finally:
-        await owner.close()
+        keeper.cancel()
+    assert await _steps(owner, "old-a") == [1, 4, 7]
 
 
 def test_the_settings_turn_it_on_past_a_month(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,7 +7,6 @@ projected by the watcher's projector; the views must answer the questions they a
 
 from __future__ import annotations
 
-import asyncio
 import re
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -22,10 +21,8 @@ from mdq.contracts import pb
 from mdq.core.spec import normalize_job
 from mdq.store.engine import create_engine, create_writer_pool
 from mdq.store.migrate import upgrade_async
-from mdq.store.projection import Projector
 from mdq.store.queries import usage_history
-from tests.helpers import OwnersPublisher
-from tests.integration.test_projector import History, requeue_history
+from tests.integration.test_projector import History, history_projected, requeue_history
 
 USAGE = pb.AttemptUsage(
     peak_memory_mb=612.5,
@@ -77,20 +74,10 @@ async def projected(
         doomed.attempt_failed(1, "n1", last_step=40),
         doomed.failed(1),
     ]
-    publisher = OwnersPublisher(js=js, subjects=subjects)
-    for event in events:
-        await publisher.publish(event)
-    projector = Projector(js=js, subjects=subjects, pool=pool)
-    task = asyncio.create_task(projector.run())
     try:
-        deadline = asyncio.get_running_loop().time() + 20
-        while await pool.fetchval("SELECT count(*) FROM events") < len(events):
-            assert asyncio.get_running_loop().time() < deadline
-            await asyncio.sleep(0.05)
-        yield pool, retried, doomed
+        async with history_projected(js, subjects, pool, events):
+            yield pool, retried, doomed
     finally:
-        projector.stop()
-        await asyncio.wait_for(task, timeout=10)
         await pool.close()
 
 

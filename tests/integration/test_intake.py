@@ -7,6 +7,7 @@ intake runs in-process (``services.intake.app.Intake``) against the test's own n
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import signal
@@ -17,6 +18,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import replace
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import cast
 
@@ -44,6 +46,7 @@ from mdq.settings import CommonSettings
 from services.intake import handlers
 from services.intake.app import Intake, IntakeSettings, build_intake
 from services.intake.registry import RETENTION_MARGIN, SubmitRegistry, claim_record
+from tests import helpers
 from tests.helpers import OwnersPublisher
 
 TIMEOUT = 5.0
@@ -63,12 +66,8 @@ async def started(common: CommonSettings) -> Intake:
     return intake
 
 
-async def eventually(check: Callable[[], Awaitable[bool]], what: str) -> None:
-    deadline = time.monotonic() + TIMEOUT
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
+eventually = partial(helpers.eventually, within=TIMEOUT, interval=0.02)
+"""``tests.helpers.eventually`` within this file's ``TIMEOUT``."""
 
 
 async def job_log(js: JetStreamContext, subjects: Subjects) -> list[tuple[str, pb.Event]]:
@@ -150,18 +149,30 @@ async def intake(nats_url: str, namespace: str, nc: Client) -> AsyncIterator[Int
     await service.stop()
 
 
-@pytest.fixture
-async def tap(nc: Client, subjects: Subjects) -> AsyncIterator[Tap]:
-    counter = Tap()
+@contextlib.asynccontextmanager
+async def outcomes_to(
+    nc: Client, subjects: Subjects, on_message: Callable[[Msg], Awaitable[None]]
+) -> AsyncIterator[None]:
+    """``on_message`` gets every job event and every rejection of the namespace while the block
+    runs (the server has the subscriptions before it starts)."""
     subscriptions = [
-        await nc.subscribe(subjects.job_all("*"), cb=counter.on_message),
-        await nc.subscribe(subjects.rejected("*"), cb=counter.on_message),
+        await nc.subscribe(subjects.job_all("*"), cb=on_message),
+        await nc.subscribe(subjects.rejected("*"), cb=on_message),
     ]
     for _ in range(2):  # nats-py 2.16: one flush may overtake the buffered SUBs
         await nc.flush()
-    yield counter
-    for subscription in subscriptions:
-        await subscription.unsubscribe()
+    try:
+        yield
+    finally:
+        for subscription in subscriptions:
+            await subscription.unsubscribe()
+
+
+@pytest.fixture
+async def tap(nc: Client, subjects: Subjects) -> AsyncIterator[Tap]:
+    counter = Tap()
+    async with outcomes_to(nc, subjects, counter.on_message):
+        yield counter
 
 
 # -- request-reply ------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ from mdq.contracts import pb
 from mdq.core.ids import request_id_for_key, request_id_for_sequence
 from services.intake.app import Intake
 from services.intake.handlers import MAX_FIELD_CHARS
-from tests.integration.test_intake import settings_for, started
+from tests.integration.test_intake import outcomes_to, settings_for, started
 
 TIMEOUT = 10.0
 EXAMPLES = 150
@@ -218,15 +218,8 @@ class Answers:
 @pytest.fixture
 async def answers(nc: Client, subjects: Subjects) -> AsyncIterator[Answers]:
     collected = Answers()
-    subscriptions = [
-        await nc.subscribe(subjects.job_all("*"), cb=collected.on_message),
-        await nc.subscribe(subjects.rejected("*"), cb=collected.on_message),
-    ]
-    for _ in range(2):  # nats-py 2.16: one flush may overtake the buffered SUBs
-        await nc.flush()
-    yield collected
-    for subscription in subscriptions:
-        await subscription.unsubscribe()
+    async with outcomes_to(nc, subjects, collected.on_message):
+        yield collected
 
 
 @pytest.fixture

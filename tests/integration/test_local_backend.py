@@ -15,7 +15,7 @@ import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import psutil
 import pytest
@@ -34,7 +34,7 @@ from mdq.core.runner_task import RunnerTask
 from mdq.embedded import start_nats
 from mdq.testing.scripted_runner import scripted_spec
 from mdq.testing.tasks import Background
-from tests.helpers import reconnected
+from tests.helpers import eventually, reconnected
 
 NODES = ("n1", "n2")
 FAST = {
@@ -45,8 +45,6 @@ FAST = {
     "memory_mb_per_node": "2048",
     "runner_module": "mdq.testing.scripted_runner",
 }
-
-T = TypeVar("T")
 
 
 class Agents:
@@ -87,20 +85,6 @@ async def backend(nc: Client, subjects: Subjects) -> AsyncIterator[LocalBackend]
     local = LocalBackend(nc=nc, subjects=subjects, heartbeat_timeout_s=1.5)
     yield local
     await local.close()
-
-
-async def eventually(
-    probe: Callable[[], Awaitable[T | None]], *, within: float = 15.0, what: str = ""
-) -> T:
-    """Poll ``probe`` until it returns something truthy."""
-    deadline = time.monotonic() + within
-    while True:
-        result = await probe()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or probe}")
-        await asyncio.sleep(0.1)
 
 
 def pod(name: str, code: str, *, node: str = "n1", memory_mb: int = 256) -> PodSpec:
@@ -157,11 +141,9 @@ async def dies(pid: int) -> bool:
     return await eventually(probe, within=5, what=f"process {pid} to die")
 
 
-async def test_pods_run_on_their_node_and_report_their_exit(
-    agents: Agents, backend: LocalBackend, data_dir: Path
-) -> None:
-    runs = data_dir / "runs.txt"
-    agents.start()
+def watching_pods(backend: LocalBackend) -> tuple[list[PodUpdate], Background]:
+    """Every pod update ``backend`` reports from now on, collected in the list by a task of the
+    Background (which the caller closes)."""
     seen: list[PodUpdate] = []
 
     async def watch() -> None:
@@ -170,6 +152,15 @@ async def test_pods_run_on_their_node_and_report_their_exit(
 
     background = Background("the pods watch")
     background.spawn(watch(), name="watch_pods")
+    return seen, background
+
+
+async def test_pods_run_on_their_node_and_report_their_exit(
+    agents: Agents, backend: LocalBackend, data_dir: Path
+) -> None:
+    runs = data_dir / "runs.txt"
+    agents.start()
+    seen, background = watching_pods(backend)
     ok = pod(
         "mdq-job-ok-1",
         "import os, time; time.sleep(0.5); "
@@ -400,14 +391,7 @@ async def test_silent_node_is_lost_and_its_pods_fenced_when_it_returns(
         return marked_alive(name)
 
     await eventually(alive, what="the pod's process")
-    seen: list[PodUpdate] = []
-
-    async def watch() -> None:
-        async for update in backend.watch_pods():
-            seen.append(update)
-
-    background = Background("the pods watch")
-    background.spawn(watch(), name="watch_pods")
+    seen, background = watching_pods(backend)
     try:
         os.kill(agent.pid, signal.SIGSTOP)  # the node stops answering, its pod keeps running
         lost = await until_terminal(backend, name, within=20)

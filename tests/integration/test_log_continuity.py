@@ -13,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 import asyncpg
 import pytest
@@ -25,9 +26,9 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.streams import ensure_streams
 from mdq.bus.subjects import Subjects
-from mdq.cli.replay import _fresh_database, compare, rebuild
+from mdq.cli.replay import compare, rebuild
 from mdq.core.log_continuity import Verdict, message_digest
-from mdq.store.engine import asyncpg_dsn, create_writer_pool
+from mdq.store.engine import create_writer_pool
 from mdq.store.projection import JOBS_CONSUMER, LogContinuityError, Projector
 from services.watcher.__main__ import EXIT_LOG_CONTINUITY
 from tests.helpers import OwnersPublisher, wait_for
@@ -56,6 +57,27 @@ async def opened(projector: Projector) -> None:
 
 async def _true(value: bool) -> bool:
     return value
+
+
+Acted = TypeVar("Acted")
+
+
+async def broken_while_running(
+    projector: Projector, act: Callable[[], Awaitable[Acted]]
+) -> tuple[LogContinuityError, Acted]:
+    """Run ``projector`` and, once its consumers have opened, ``act`` (which breaks the log):
+    the LogContinuityError the projector stops with (within 20 s), and what ``act`` returned."""
+    task = asyncio.create_task(projector.run())
+    try:
+        await opened(projector)
+        acted = await act()
+        with pytest.raises(LogContinuityError) as raised:
+            await asyncio.wait_for(asyncio.shield(task), timeout=20)
+    finally:
+        projector.stop()
+        if not task.done():
+            task.cancel()
+    return raised.value, acted
 
 
 async def project_first_job(
@@ -135,20 +157,17 @@ async def test_a_stream_recreated_while_running_stops_the_projector(
     js: JetStreamContext, subjects: Subjects, pool: asyncpg.Pool, publisher: EventPublisher
 ) -> None:
     offset = await project_first_job(js, subjects, pool, publisher)
-    projector = projector_for(js, subjects, pool)
-    task = asyncio.create_task(projector.run())
-    try:
-        await opened(projector)  # on the old stream: the break is found while running
+
+    async def recreate_and_publish() -> str:
+        """The projector opened on the old stream: the break is found while it runs."""
         await recreate_jobs_stream(js, subjects)
-        second = await publish_second_job(publisher)
-        with pytest.raises(LogContinuityError) as raised:
-            await asyncio.wait_for(asyncio.shield(task), timeout=20)
-    finally:
-        projector.stop()
-        if not task.done():
-            task.cancel()
-    assert raised.value.continuity.verdict is Verdict.RECREATED
-    assert_explains(raised.value, subjects.jobs_stream, offset)
+        return await publish_second_job(publisher)
+
+    error, second = await broken_while_running(
+        projector_for(js, subjects, pool), recreate_and_publish
+    )
+    assert error.continuity.verdict is Verdict.RECREATED
+    assert_explains(error, subjects.jobs_stream, offset)
     await nothing_of(pool, second)
     assert await stored_offset(pool) == offset
 
@@ -159,23 +178,19 @@ async def test_new_events_below_the_offset_stop_the_running_projector(
     """What the projector sees when JetStream lost the tail it had projected: its offset is
     past the stream's end, and new events arrive with sequences it believes it has stored."""
     await project_first_job(js, subjects, pool, publisher)
-    projector = projector_for(js, subjects, pool)
-    task = asyncio.create_task(projector.run())
-    try:
-        await opened(projector)
+
+    async def lose_the_tail_and_publish() -> str:
         # The last six messages it projected are gone from the log (sequences 5 to 10).
         await pool.execute(
             "UPDATE consumer_offsets SET last_seq = 10 WHERE consumer = $1", JOBS_CONSUMER
         )
-        second = await publish_second_job(publisher)  # sequences 5 and 6
-        with pytest.raises(LogContinuityError) as raised:
-            await asyncio.wait_for(asyncio.shield(task), timeout=20)
-    finally:
-        projector.stop()
-        if not task.done():
-            task.cancel()
-    assert raised.value.continuity.verdict is Verdict.WENT_BACKWARDS
-    assert_explains(raised.value, subjects.jobs_stream, 10)
+        return await publish_second_job(publisher)  # sequences 5 and 6
+
+    error, second = await broken_while_running(
+        projector_for(js, subjects, pool), lose_the_tail_and_publish
+    )
+    assert error.continuity.verdict is Verdict.WENT_BACKWARDS
+    assert_explains(error, subjects.jobs_stream, 10)
     await nothing_of(pool, second)
 
 
@@ -210,20 +225,16 @@ async def test_the_periodic_check_finds_a_log_that_went_backwards_while_idle(
 ) -> None:
     """No new event arrives: the projector still finds out, within ``continuity_check_s``."""
     await project_first_job(js, subjects, pool, publisher)
-    projector = projector_for(js, subjects, pool, check_s=0.2)
-    task = asyncio.create_task(projector.run())
-    try:
-        await opened(projector)
+
+    async def lose_the_tail() -> None:
         await pool.execute(
             "UPDATE consumer_offsets SET last_seq = 10 WHERE consumer = $1", JOBS_CONSUMER
         )
-        with pytest.raises(LogContinuityError) as raised:
-            await asyncio.wait_for(asyncio.shield(task), timeout=20)
-    finally:
-        projector.stop()
-        if not task.done():
-            task.cancel()
-    assert raised.value.continuity.verdict is Verdict.WENT_BACKWARDS
+
+    error, _ = await broken_while_running(
+        projector_for(js, subjects, pool, check_s=0.2), lose_the_tail
+    )
+    assert error.continuity.verdict is Verdict.WENT_BACKWARDS
 
 
 async def test_the_watcher_exits_non_zero_with_the_explanation(
@@ -266,17 +277,6 @@ async def test_the_watcher_exits_non_zero_with_the_explanation(
     assert f"stored offset {offset}" in text and subjects.jobs_stream in text
     assert "mdq replay --rebuild" in text
     await nothing_of(pool, second)
-
-
-@pytest.fixture
-async def spare_database(database_url: str) -> AsyncIterator[str]:
-    url = await _fresh_database(database_url)
-    yield url
-    admin = await asyncpg.connect(asyncpg_dsn(database_url))
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{url.rsplit("/", 1)[1].split("?")[0]}"')
-    finally:
-        await admin.close()
 
 
 async def test_the_documented_recovery_rebuilds_and_resumes(

@@ -7,40 +7,23 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 from nats.aio.client import Client
 from nats.js.errors import NotFoundError
 
-from mdq.backends.local.launcher import start_agent
 from mdq.bus.codec import decode_event
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.embedded import free_port
 from services.metrics.app import MetricsService, build
 from services.metrics.settings import MetricsSettings
-from tests.helpers import OwnersPublisher
+from tests.helpers import OwnersPublisher, agent_running, eventually
 
 NODES = ("m1", "m2")
-T = TypeVar("T")
-
-
-async def eventually(
-    probe: Callable[[], Awaitable[T | None]], *, within: float = 15.0, what: str = ""
-) -> T:
-    deadline = time.monotonic() + within
-    while True:
-        result = await probe()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.1)
 
 
 def scrape(port: int) -> str:
@@ -58,16 +41,9 @@ def scrape_until(port: int, *needles: str) -> Callable[[], Awaitable[str | None]
 
 @pytest.fixture
 def agent(nats_url: str, namespace: str, data_dir: Path) -> Iterator[subprocess.Popen[bytes]]:
-    process = start_agent(
-        nats_url=nats_url,
-        namespace=namespace,
-        data_dir=data_dir,
-        node_names=NODES,
-        settings={"heartbeat_s": "0.3", "cpu_per_node": "1.5", "memory_mb_per_node": "1024"},
-    )
-    yield process
-    process.kill()
-    process.wait()
+    settings = {"heartbeat_s": "0.3", "cpu_per_node": "1.5", "memory_mb_per_node": "1024"}
+    with agent_running(nats_url, namespace, data_dir, NODES, settings) as process:
+        yield process
 
 
 @pytest.fixture

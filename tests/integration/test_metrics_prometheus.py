@@ -32,7 +32,6 @@ import pytest
 import yaml
 from nats.aio.client import Client
 
-from mdq.backends.local.launcher import start_agent
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.ids import pod_name
@@ -41,7 +40,7 @@ from services.metrics.app import MetricsService, build
 from services.metrics.settings import MetricsSettings
 from services.runner.metrics import RunnerMetrics
 from services.runner.samples import EnergySample
-from tests.helpers import OwnersPublisher, wait_for
+from tests.helpers import OwnersPublisher, agent_running, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "mdq.json"
@@ -157,16 +156,9 @@ def start_prometheus(folder: Path, config: str, port: int) -> Prometheus:
 # -- the exporters --------------------------------------------------------------------------------
 @pytest.fixture
 def agent(nats_url: str, namespace: str, data_dir: Path) -> Iterator[subprocess.Popen[bytes]]:
-    process = start_agent(
-        nats_url=nats_url,
-        namespace=namespace,
-        data_dir=data_dir,
-        node_names=NODES,
-        settings={"heartbeat_s": "0.3", "cpu_per_node": "2", "memory_mb_per_node": "2048"},
-    )
-    yield process
-    process.kill()
-    process.wait()
+    settings = {"heartbeat_s": "0.3", "cpu_per_node": "2", "memory_mb_per_node": "2048"}
+    with agent_running(nats_url, namespace, data_dir, NODES, settings) as process:
+        yield process
 
 
 @pytest.fixture

@@ -19,7 +19,6 @@ import pytest
 from nats.aio.client import Client
 
 from mdq.backends.local.api import LocalBackend
-from mdq.backends.local.launcher import start_agent
 from mdq.backends.port import NodeSample
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
@@ -27,7 +26,8 @@ from mdq.core.recovery import classify
 from mdq.datadisk import VOLUME_MARKER
 from mdq.testing.disks import SmallDisk
 from tests.disks import Disk, made_disk, on_ext4
-from tests.integration.test_local_backend import FAST, NODES, eventually, pod, until_terminal
+from tests.helpers import agent_running, eventually
+from tests.integration.test_local_backend import FAST, NODES, pod, until_terminal
 
 
 @pytest.fixture
@@ -37,19 +37,10 @@ def disk(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Disk]:
 
 @pytest.fixture
 def agent(nats_url: str, namespace: str, disk: Disk, tmp_path: Path) -> Iterator[None]:
-    process = start_agent(
-        nats_url=nats_url,
-        namespace=namespace,
-        data_dir=disk.mount_point,
-        node_names=NODES,
-        settings={**FAST, "start_error_hold_s": "1", "probe_stall_s": "2"},
-        log_file=tmp_path / "agent.log",  # off the disk that is failed
-    )
-    try:
+    settings = {**FAST, "start_error_hold_s": "1", "probe_stall_s": "2"}
+    log_file = tmp_path / "agent.log"  # off the disk that is failed
+    with agent_running(nats_url, namespace, disk.mount_point, NODES, settings, log_file=log_file):
         yield
-    finally:
-        process.kill()
-        process.wait()
 
 
 @pytest.fixture

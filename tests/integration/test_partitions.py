@@ -30,10 +30,19 @@ EVENT = (
 
 @pytest.fixture
 async def writer(database_roles: RoleUrls) -> AsyncIterator[asyncpg.Pool]:
+    """A small pool as the writer role (the watcher's)."""
     pool = await asyncpg.create_pool(database_roles.writer, min_size=1, max_size=2)
     assert pool is not None
     yield pool
     await pool.close()
+
+
+@pytest.fixture
+async def owner(database_roles: RoleUrls) -> AsyncIterator[asyncpg.Connection]:
+    """A connection as the owner role (the one that migrates: it may write any row)."""
+    connection = await asyncpg.connect(database_roles.owner)
+    yield connection
+    await connection.close()
 
 
 def month_name(table: str, at: datetime) -> str:
@@ -41,75 +50,63 @@ def month_name(table: str, at: datetime) -> str:
 
 
 async def test_rows_land_in_their_month_and_the_rest_in_the_default(
-    database_roles: RoleUrls,
+    owner: asyncpg.Connection,
 ) -> None:
-    owner = await asyncpg.connect(database_roles.owner)
-    try:
-        now = datetime.now(UTC)
-        await owner.execute(PROGRESS, "r-x", 1, now, "progress:r-x:1:1")
-        await owner.execute(PROGRESS, "r-x", 2, datetime(1999, 1, 1, tzinfo=UTC), "progress:old")
-        await owner.execute(EVENT, "started:r-x:1", now)
-        found = {
-            row["event_id"]: row["partition"]
-            for row in await owner.fetch(
-                "SELECT event_id, tableoid::regclass::text AS partition FROM progress "
-                "UNION ALL SELECT event_id, tableoid::regclass::text FROM job_events"
-            )
-        }
-        assert found == {
-            "progress:r-x:1:1": month_name("progress", now),
-            "progress:old": "progress_default",
-            "started:r-x:1": month_name("job_events", now),
-        }
-        assert await owner.fetchval("SELECT count(*) FROM events") == 3  # one history still
-    finally:
-        await owner.close()
+    now = datetime.now(UTC)
+    await owner.execute(PROGRESS, "r-x", 1, now, "progress:r-x:1:1")
+    await owner.execute(PROGRESS, "r-x", 2, datetime(1999, 1, 1, tzinfo=UTC), "progress:old")
+    await owner.execute(EVENT, "started:r-x:1", now)
+    found = {
+        row["event_id"]: row["partition"]
+        for row in await owner.fetch(
+            "SELECT event_id, tableoid::regclass::text AS partition FROM progress "
+            "UNION ALL SELECT event_id, tableoid::regclass::text FROM job_events"
+        )
+    }
+    assert found == {
+        "progress:r-x:1:1": month_name("progress", now),
+        "progress:old": "progress_default",
+        "started:r-x:1": month_name("job_events", now),
+    }
+    assert await owner.fetchval("SELECT count(*) FROM events") == 3  # one history still
 
 
 async def test_a_month_made_late_takes_its_rows_out_of_the_default(
-    database_roles: RoleUrls, writer: asyncpg.Pool
+    owner: asyncpg.Connection, writer: asyncpg.Pool
 ) -> None:
-    owner = await asyncpg.connect(database_roles.owner)
-    try:
-        later = datetime.now(UTC).replace(day=15) + timedelta(days=31 * 5)  # beyond the 2 made
-        await owner.execute(PROGRESS, "r-x", 1, later, "progress:later")
-        assert await owner.fetchval("SELECT count(*) FROM progress_default") == 1
-        made = await make_partitions(writer, months_ahead=6)  # as the watcher, the writer
-        assert made >= 2  # that month for both tables, at least
-        row = await owner.fetchrow(
-            "SELECT tableoid::regclass::text AS partition, step FROM progress "
-            "WHERE event_id = 'progress:later'"
-        )
-        assert row is not None and dict(row) == {
-            "partition": month_name("progress", later),
-            "step": 1,
-        }
-        assert await owner.fetchval("SELECT count(*) FROM progress_default") == 0
-        assert await make_partitions(writer, months_ahead=6) == 0  # idempotent
-    finally:
-        await owner.close()
+    later = datetime.now(UTC).replace(day=15) + timedelta(days=31 * 5)  # beyond the 2 made
+    await owner.execute(PROGRESS, "r-x", 1, later, "progress:later")
+    assert await owner.fetchval("SELECT count(*) FROM progress_default") == 1
+    made = await make_partitions(writer, months_ahead=6)  # as the watcher, the writer
+    assert made >= 2  # that month for both tables, at least
+    row = await owner.fetchrow(
+        "SELECT tableoid::regclass::text AS partition, step FROM progress "
+        "WHERE event_id = 'progress:later'"
+    )
+    assert row is not None and dict(row) == {
+        "partition": month_name("progress", later),
+        "step": 1,
+    }
+    assert await owner.fetchval("SELECT count(*) FROM progress_default") == 0
+    assert await make_partitions(writer, months_ahead=6) == 0  # idempotent
 
 
 async def test_months_past_the_retention_are_detached_and_kept(
-    database_roles: RoleUrls, writer: asyncpg.Pool
+    owner: asyncpg.Connection, writer: asyncpg.Pool
 ) -> None:
-    owner = await asyncpg.connect(database_roles.owner)
-    try:
-        await owner.execute("SELECT mdq_make_partitions('2025-01-01Z', '2025-01-31Z')")
-        january = datetime(2025, 1, 15, tzinfo=UTC)
-        await owner.execute(PROGRESS, "r-x", 1, january, "progress:january")
-        await owner.execute(EVENT, "started:january", january)
-        await owner.execute(PROGRESS, "r-x", 2, datetime.now(UTC), "progress:now")
+    await owner.execute("SELECT mdq_make_partitions('2025-01-01Z', '2025-01-31Z')")
+    january = datetime(2025, 1, 15, tzinfo=UTC)
+    await owner.execute(PROGRESS, "r-x", 1, january, "progress:january")
+    await owner.execute(EVENT, "started:january", january)
+    await owner.execute(PROGRESS, "r-x", 2, datetime.now(UTC), "progress:now")
 
-        assert await detach_expired(writer, retention_days=0) == []  # 0 keeps everything
-        detached = await detach_expired(writer, retention_days=31)
+    assert await detach_expired(writer, retention_days=0) == []  # 0 keeps everything
+    detached = await detach_expired(writer, retention_days=31)
 
-        assert set(detached) == {"progress_y2025m01", "job_events_y2025m01"}
-        assert await owner.fetchval("SELECT array_agg(event_id) FROM progress") == ["progress:now"]
-        assert await owner.fetchval("SELECT count(*) FROM progress_y2025m01") == 1  # kept
-        assert await detach_expired(writer, retention_days=31) == []
-    finally:
-        await owner.close()
+    assert set(detached) == {"progress_y2025m01", "job_events_y2025m01"}
+    assert await owner.fetchval("SELECT array_agg(event_id) FROM progress") == ["progress:now"]
+    assert await owner.fetchval("SELECT count(*) FROM progress_y2025m01") == 1  # kept
+    assert await detach_expired(writer, retention_days=31) == []
 
 
 @pytest.mark.parametrize(

@@ -47,6 +47,7 @@ from mdq.embedded import EmbeddedNats, child_environment, start_nats
 from mdq.errors import PermissionDenied
 from mdq.sdk import MdqClient, OperatorOnly
 from mdq.tenancy import add_tenant
+from tests.helpers import intake_answering
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
@@ -104,15 +105,7 @@ async def _prepare(closed: Closed) -> None:
 async def _intake_answers(closed: Closed) -> None:
     nc = await nats.connect(closed.url, **auth_options(str(closed.creds("cli"))))
     try:
-        deadline = time.monotonic() + TIMEOUT_S
-        while True:
-            try:
-                await nc.request(SUBJECTS.api_submit, b"{}", timeout=1.0)
-                return
-            except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
-                if time.monotonic() > deadline:
-                    raise AssertionError("intake did not start answering") from None
-                await asyncio.sleep(0.2)
+        await intake_answering(nc, SUBJECTS.api_submit, within=TIMEOUT_S)
     finally:
         await nc.close()
 

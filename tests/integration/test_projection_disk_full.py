@@ -16,25 +16,25 @@ import logging
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import asyncpg
 import pytest
 from nats.aio.client import Client
 
 from mdq.bus.subjects import Subjects
-from mdq.contracts import pb
 from mdq.embedded import EmbeddedPostgres, start_postgres
 from mdq.store.migrate import upgrade_async
 from mdq.testing.disks import SmallDisk
 from services.metrics.app import sample_consumer_lag
 from services.metrics.exporter import Exporter
 from services.watcher.app import run_watcher
-from tests.helpers import RecordingBackend, event, publisher, submitted, wait_for
+from tests.helpers import RecordingBackend, publisher, wait_for
 from tests.integration.test_fail_apart import (
     SETTINGS,
     alive,
-    assert_projected_once,
     background,
+    caught_up_once,
     projected_up_to,
+    publish_campaign,
+    rows_of,
 )
 
 
@@ -61,24 +61,10 @@ async def postgres_on_disk(disk: SmallDisk) -> AsyncIterator[EmbeddedPostgres]:
             await asyncio.to_thread(server.stop)
 
 
-async def publish_campaign(client: Client, subjects: Subjects, prefix: str, jobs: int) -> None:
+async def publish_jobs(client: Client, subjects: Subjects, prefix: str, jobs: int) -> None:
     """``jobs`` jobs that each ran 100 reports and succeeded."""
-    bus = publisher(client.jetstream(), subjects)
     names = [f"r{prefix}{n}-job" for n in range(jobs)]
-    for job in names:
-        await bus.publish(submitted(job))
-        await bus.publish(event("bound", pb.JobBound(node="n1"), job=job, attempt=1))
-        await bus.publish(event("started", pb.JobStarted(node="n1"), job=job, attempt=1))
-    reports = [
-        event("progress", pb.Progress(step=s, target_steps=1000), job=job, attempt=1, detail=s)
-        for s in range(10, 1001, 10)
-        for job in names
-    ]
-    for start in range(0, len(reports), 500):
-        await asyncio.gather(*(bus.publish(report) for report in reports[start : start + 500]))
-    for job in names:
-        body = pb.JobSucceeded(final_step=1000, reason="steps_reached")
-        await bus.publish(event("succeeded", body, job=job, attempt=1))
+    await publish_campaign(publisher(client.jetstream(), subjects), names, range(10, 1001, 10))
 
 
 async def test_a_full_database_disk_stalls_the_projection_which_then_catches_up(
@@ -91,7 +77,7 @@ async def test_a_full_database_disk_stalls_the_projection_which_then_catches_up(
     caplog.set_level(logging.INFO, logger="mdq.store.projection")
     js = nc.jetstream()
     url = postgres_on_disk.url
-    await publish_campaign(nc, subjects, "a", 5)
+    await publish_jobs(nc, subjects, "a", 5)
     watcher = run_watcher(
         nc=nc, subjects=subjects, database_url=url, backend=RecordingBackend(), settings=SETTINGS
     )
@@ -104,7 +90,7 @@ async def test_a_full_database_disk_stalls_the_projection_which_then_catches_up(
         await wait_for(caught_up, timeout=60, what="the first projection")
         filled = await asyncio.to_thread(disk.fill)
         assert filled > 0
-        await publish_campaign(nc, subjects, "b", 20)
+        await publish_jobs(nc, subjects, "b", 20)
 
         async def said_so() -> bool:
             alive(task)
@@ -121,12 +107,7 @@ async def test_a_full_database_disk_stalls_the_projection_which_then_catches_up(
         assert not await projected_up_to(url, js, subjects), "nothing more was stored"
 
         await asyncio.to_thread(disk.free)
-        await wait_for(caught_up, timeout=120, what="the projection to catch up")
-        await assert_projected_once(url, js, subjects)
-        connection = await asyncpg.connect(url)
-        try:
-            states = await connection.fetch("SELECT state, last_step FROM jobs")
-        finally:
-            await connection.close()
+        await caught_up_once(url, js, subjects, task, timeout=120)
+        states = await rows_of(url, "SELECT state, last_step FROM jobs")
         assert sorted(tuple(r) for r in states) == [("SUCCEEDED", 1000)] * 25
         alive(task)

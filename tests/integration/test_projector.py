@@ -182,6 +182,34 @@ async def projector(
         yield projector
 
 
+@contextlib.asynccontextmanager
+async def history_projected(
+    js: JetStreamContext,
+    subjects: Subjects,
+    pool: asyncpg.Pool,
+    events: list[pb.Event],
+    *,
+    within: float = 20.0,
+) -> AsyncIterator[None]:
+    """``events`` published as their producers publish them and a projector running (its
+    default batches) until PostgreSQL stores every one of them, within ``within`` seconds;
+    the projector stops when the block ends."""
+    publisher = OwnersPublisher(js=js, subjects=subjects)
+    for event in events:
+        await publisher.publish(event)
+    projector = Projector(js=js, subjects=subjects, pool=pool)
+    task = asyncio.create_task(projector.run())
+    try:
+        deadline = asyncio.get_running_loop().time() + within
+        while await pool.fetchval("SELECT count(*) FROM events") < len(events):
+            assert asyncio.get_running_loop().time() < deadline, "the history was projected"
+            await asyncio.sleep(0.05)
+        yield
+    finally:
+        projector.stop()
+        await asyncio.wait_for(task, timeout=10)
+
+
 async def wait_projected(
     js: JetStreamContext, subjects: Subjects, pool: asyncpg.Pool, timeout: float = 30.0
 ) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
@@ -20,40 +19,31 @@ from typer.testing import CliRunner
 from mdq.bus.subjects import Subjects
 from mdq.cli.main import app
 from mdq.cli.plot import draw
-from mdq.cli.replay import _fresh_database, compare, fold, read_job_log, rebuild
+from mdq.cli.replay import compare, fold, read_job_log, rebuild, table_contents
 from mdq.contracts import pb
 from mdq.core.events import make_event
 from mdq.store import queries
 from mdq.store.engine import asyncpg_dsn, create_engine
-from mdq.store.projection import Projector
 from tests.helpers import OwnersPublisher
-from tests.integration.test_projector import T0, History, requeue_history
+from tests.integration.test_projector import (
+    T0,
+    History,
+    requeue_history,
+    running,
+    wait_projected,
+)
 
 
-@pytest.fixture
-async def spare_database(database_url: str) -> AsyncIterator[str]:
-    url = await _fresh_database(database_url)
-    yield url
-    admin = await asyncpg.connect(asyncpg_dsn(database_url))
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{url.rsplit("/", 1)[1].split("?")[0]}"')
-    finally:
-        await admin.close()
-
-
-async def wait_projected(js: JetStreamContext, subjects: Subjects, pool: asyncpg.Pool) -> None:
-    deadline = asyncio.get_running_loop().time() + 30
-    while True:
-        wanted = {
-            stream: (await js.stream_info(stream)).state.last_seq
-            for stream in (subjects.jobs_stream, subjects.progress_stream)
-        }
-        rows = await pool.fetch("SELECT stream, last_seq FROM consumer_offsets")
-        have = {row["stream"]: row["last_seq"] for row in rows}
-        if all(have.get(stream, 0) >= last for stream, last in wanted.items()):
-            return
-        assert asyncio.get_running_loop().time() < deadline, (wanted, have)
-        await asyncio.sleep(0.05)
+async def assert_rebuilt_equals_live(database_url: str, rebuilt_url: str) -> None:
+    """The rebuilt database holds the live one's rows, table by table; the rows that differ
+    are printed when it does not."""
+    differences = await compare(database_url, rebuilt_url)
+    if differences:
+        live, again = await table_contents(database_url), await table_contents(rebuilt_url)
+        for table in differences:
+            print("LIVE", sorted(set(live[table]) - set(again[table])))
+            print("REBUILT", sorted(set(again[table]) - set(live[table])))
+    assert differences == {}
 
 
 def campaign() -> tuple[History, list[pb.Event]]:
@@ -94,29 +84,16 @@ async def test_rebuilt_projection_equals_the_live_one(
 ) -> None:
     retried, events = campaign()
     publisher = OwnersPublisher(js=js, subjects=subjects)
-    projector = Projector(js=js, subjects=subjects, pool=pool, batch_size=37)
-    task = asyncio.create_task(projector.run())
-    try:
+    async with running(js, subjects, pool, batch_size=37):
         for start in range(0, len(events), 25):  # published while the projector runs
             for event in events[start : start + 25]:
                 await publisher.publish(event)
             await asyncio.sleep(0.01)
         await wait_projected(js, subjects, pool)
-    finally:
-        projector.stop()
-        await asyncio.wait_for(task, timeout=10)
 
     report = await rebuild(js, subjects, spare_database, batch_size=500)
     assert report.events == len(events)
-    differences = await compare(database_url, spare_database)
-    if differences:
-        from mdq.cli.replay import table_contents
-
-        live, again = await table_contents(database_url), await table_contents(spare_database)
-        for table in differences:
-            print("LIVE", sorted(set(live[table]) - set(again[table])))
-            print("REBUILT", sorted(set(again[table]) - set(live[table])))
-    assert differences == {}
+    await assert_rebuilt_equals_live(database_url, spare_database)
     rebuilt = await asyncpg.connect(asyncpg_dsn(spare_database))
     try:
         state = await rebuilt.fetchval("SELECT state FROM jobs WHERE job_id = $1", retried.job_id)
@@ -198,13 +175,8 @@ async def test_plot_draws_energy_and_temperature(
     retried, events = campaign()
     publisher = OwnersPublisher(js=js, subjects=subjects)
     await publisher.publish_all([event for event in events if event.job_id == retried.job_id])
-    projector = Projector(js=js, subjects=subjects, pool=pool)
-    task = asyncio.create_task(projector.run())
-    try:
+    async with running(js, subjects, pool):
         await wait_projected(js, subjects, pool)
-    finally:
-        projector.stop()
-        await asyncio.wait_for(task, timeout=10)
     engine = create_engine(database_url)
     try:
         trace = await queries.progress_trace(engine, retried.job_id)

@@ -115,6 +115,43 @@ class Runner:
             raise AssertionError(f"runner did not finish in {within_s} s:\n{self.stderr}") from None
 
 
+async def runner_process(
+    task: RunnerTask, nats_url: str, subjects: Subjects, stderr_path: Path, **extra_env: str
+) -> Runner:
+    """A runner process (``python -m services.runner``) of ``task`` on the bus at
+    ``nats_url``, ``extra_env`` added to its environment, its stderr written to
+    ``stderr_path``."""
+    env = {
+        **os.environ,
+        **task.to_env(),
+        "NATS_URL": nats_url,
+        "MDQ_NAMESPACE": subjects.namespace,
+        # the runner checks that its folders are the data folder's jobs/<id>
+        "MDQ_DATA_DIR": str(task.job_dir.parent.parent),
+        **extra_env,
+    }
+    with stderr_path.open("wb") as stderr:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "services.runner",
+            env=env,
+            cwd=REPO_ROOT,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=stderr,
+        )
+    return Runner(process=process, stderr_path=stderr_path)
+
+
+async def kill_running(runners: list[Runner]) -> None:
+    """Kill every one of ``runners`` still running (a test's leftovers) and reap it."""
+    for runner in runners:
+        if runner.process.returncode is None:
+            runner.process.kill()
+            await runner.process.wait()
+
+
 StartRunner = Callable[..., Awaitable[Runner]]
 
 
@@ -125,36 +162,13 @@ async def start_runner(
     started: list[Runner] = []
 
     async def start(task: RunnerTask, **extra_env: str) -> Runner:
-        env = {
-            **os.environ,
-            **task.to_env(),
-            "NATS_URL": nats_url,
-            "MDQ_NAMESPACE": subjects.namespace,
-            # the runner checks that its folders are the data folder's jobs/<id>
-            "MDQ_DATA_DIR": str(task.job_dir.parent.parent),
-            **extra_env,
-        }
         stderr_path = tmp_path / f"runner-{task.job_id}-{task.attempt}.log"
-        with stderr_path.open("wb") as stderr:
-            process = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "services.runner",
-                env=env,
-                cwd=REPO_ROOT,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.DEVNULL,
-                stderr=stderr,
-            )
-        runner = Runner(process=process, stderr_path=stderr_path)
+        runner = await runner_process(task, nats_url, subjects, stderr_path, **extra_env)
         started.append(runner)
         return runner
 
     yield start
-    for runner in started:
-        if runner.process.returncode is None:
-            runner.process.kill()
-            await runner.process.wait()
+    await kill_running(started)
 
 
 async def tap(nc: Client, subjects: Subjects, job_id: str) -> JobEvents:

@@ -20,6 +20,7 @@ import stat
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from nats.aio.client import Client
@@ -104,6 +105,12 @@ def example(name: str) -> bytes:
     return (EXAMPLES / name).read_bytes()
 
 
+async def stage_example(stage: Stage, job_id: str, script: str, **fields: Any) -> pb.JobSpec:
+    """``job_id`` staged with the example ``script`` as its one input file, its spec
+    ``lammps_spec(script, **fields)``."""
+    return await stage(job_id, lammps_spec(script, **fields), {script: example(script)})
+
+
 def thermo_rows(log: Path) -> list[tuple[int, list[float]]]:
     """The thermo rows of a LAMMPS log on disk: (step, values), in the order written (a row
     repeated at the start of each chunk is kept: it is in the file)."""
@@ -151,16 +158,14 @@ async def test_a_lammps_job_reports_like_an_openmm_job(
     start_runner: StartRunner,
 ) -> None:
     job = "lmp-lj"
-    spec = await stage(
+    spec = await stage_example(
+        stage,
         job,
-        lammps_spec(
-            "in.lj-melt",
-            variables={"N": "4"},
-            steps=600,
-            report_interval_steps=100,
-            checkpoint_interval_steps=200,
-        ),
-        {"in.lj-melt": example("in.lj-melt")},
+        "in.lj-melt",
+        variables={"N": "4"},
+        steps=600,
+        report_interval_steps=100,
+        checkpoint_interval_steps=200,
     )
     task = make_task(data_dir, job, spec)
     events = await tap(nc, subjects, job)
@@ -227,16 +232,14 @@ async def test_metal_units_are_converted_to_kj_mol_kelvin_and_bar(
     nc: Client, subjects: Subjects, data_dir: Path, stage: Stage, start_runner: StartRunner
 ) -> None:
     job = "lmp-cu"
-    spec = await stage(
+    spec = await stage_example(
+        stage,
         job,
-        lammps_spec(
-            "in.cu-melt",
-            variables={"N": "3", "T": "300"},
-            steps=200,
-            report_interval_steps=100,
-            checkpoint_interval_steps=200,
-        ),
-        {"in.cu-melt": example("in.cu-melt")},
+        "in.cu-melt",
+        variables={"N": "3", "T": "300"},
+        steps=200,
+        report_interval_steps=100,
+        checkpoint_interval_steps=200,
     )
     task = make_task(data_dir, job, spec)
     events = await tap(nc, subjects, job)
@@ -265,16 +268,14 @@ async def test_a_killed_job_resumes_from_its_restart_losing_at_most_one_interval
     and the resumed attempt computes the very energies the killed one had."""
     job = "lmp-kill"
     every = 500
-    spec = await stage(
+    spec = await stage_example(
+        stage,
         job,
-        lammps_spec(
-            "in.lj-melt",
-            variables={"N": "8"},
-            steps=4000,
-            report_interval_steps=100,
-            checkpoint_interval_steps=every,
-        ),
-        {"in.lj-melt": example("in.lj-melt")},
+        "in.lj-melt",
+        variables={"N": "8"},
+        steps=4000,
+        report_interval_steps=100,
+        checkpoint_interval_steps=every,
     )
     first = make_task(data_dir, job, spec)
     events = await tap(nc, subjects, job)
@@ -359,16 +360,14 @@ async def test_sigterm_writes_a_restart_within_a_few_steps_and_the_job_resumes_f
     nc: Client, subjects: Subjects, data_dir: Path, stage: Stage, start_runner: StartRunner
 ) -> None:
     job = "lmp-term"
-    spec = await stage(
+    spec = await stage_example(
+        stage,
         job,
-        lammps_spec(
-            "in.lj-melt",
-            variables={"N": "5"},
-            steps=12_000,
-            report_interval_steps=4000,
-            checkpoint_interval_steps=12_000,
-        ),
-        {"in.lj-melt": example("in.lj-melt")},
+        "in.lj-melt",
+        variables={"N": "5"},
+        steps=12_000,
+        report_interval_steps=4000,
+        checkpoint_interval_steps=12_000,
     )
     task = make_task(data_dir, job, spec)
     events = await tap(nc, subjects, job)
@@ -562,16 +561,14 @@ async def test_a_full_disk_under_the_restart_files_ends_the_attempt_no_space(
     """LAMMPS says only "I/O error while writing restart": the runner tells a full disk from
     it (NO_SPACE: an environment failure, retried without counting against the job)."""
     job = "lmp-full"
-    spec = await stage(
+    spec = await stage_example(
+        stage,
         job,
-        lammps_spec(
-            "in.lj-melt",
-            variables={"N": "4"},
-            steps=400,
-            report_interval_steps=100,
-            checkpoint_interval_steps=200,
-        ),
-        {"in.lj-melt": example("in.lj-melt")},
+        "in.lj-melt",
+        variables={"N": "4"},
+        steps=400,
+        report_interval_steps=100,
+        checkpoint_interval_steps=200,
     )
     task = make_task(data_dir, job, spec)
     folder = task.job_dir / "checkpoints"
@@ -691,16 +688,14 @@ async def test_a_retry_on_another_cluster_resumes_from_the_copied_restart(
     checkpoints; a retry where no file of the job exists fetches the input file again
     through intake and the restart from the store, checks both, and resumes from it."""
     job = "lmp-moves"
-    spec = await stage(
+    spec = await stage_example(
+        stage,
         job,
-        lammps_spec(
-            "in.lj-melt",
-            variables={"N": "5"},
-            steps=3000,
-            report_interval_steps=100,
-            checkpoint_interval_steps=500,
-        ),
-        {"in.lj-melt": example("in.lj-melt")},
+        "in.lj-melt",
+        variables={"N": "5"},
+        steps=3000,
+        report_interval_steps=100,
+        checkpoint_interval_steps=500,
     )
     events = await tap(nc, subjects, job)
     first = await start_runner(make_task(data_dir, job, spec))

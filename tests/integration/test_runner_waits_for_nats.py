@@ -5,9 +5,7 @@ during the wait ends it with PREEMPTED, having computed nothing."""
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -19,7 +17,13 @@ from mdq.core.exit_codes import RunnerExit
 from mdq.core.runner_task import RunnerTask
 from mdq.embedded import EmbeddedNats, free_port, start_nats
 from tests.helpers import read_all, wait_for
-from tests.integration.test_runner import REPO_ROOT, Runner, make_task, md_spec
+from tests.integration.test_runner import (
+    Runner,
+    kill_running,
+    make_task,
+    md_spec,
+    runner_process,
+)
 
 
 @pytest.fixture
@@ -36,34 +40,14 @@ async def runners() -> AsyncIterator[list[Runner]]:
     """The runners a test started; any still running at the end is killed."""
     started: list[Runner] = []
     yield started
-    for runner in started:
-        if runner.process.returncode is None:
-            runner.process.kill()
-            await runner.process.wait()
+    await kill_running(started)
 
 
 async def start_runner(
     task: RunnerTask, nats_url: str, subjects: Subjects, log: Path, started: list[Runner]
 ) -> Runner:
-    env = {
-        **os.environ,
-        **task.to_env(),
-        "NATS_URL": nats_url,
-        "MDQ_NAMESPACE": subjects.namespace,
-        "MDQ_DATA_DIR": str(task.job_dir.parent.parent),  # the runner checks its folder is there
-    }
-    with log.open("wb") as stderr:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "services.runner",
-            env=env,
-            cwd=REPO_ROOT,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=stderr,
-        )
-    started.append(Runner(process=process, stderr_path=log))
+    """``runner_process`` of ``task``, added to ``started``."""
+    started.append(await runner_process(task, nats_url, subjects, log))
     return started[-1]
 
 

@@ -14,7 +14,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -37,7 +36,7 @@ from mdq.core.state import JobState
 from mdq.errors import InvalidInput, NotFound
 from mdq.sdk import MdqClient, SubmitRefused, WaitTimeout, load_job_file
 from mdq.stack import STACK_FILE, Stack, read_stack_info
-from tests.helpers import wait_for
+from tests.helpers import intake_answering, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "examples" / "demo.yaml"
@@ -52,15 +51,7 @@ async def _intake_answers(
     """Wait until intake answers request-reply submits (any answer will do)."""
     nc = await nats.connect(nats_url, **auth_options(creds or None))
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                await nc.request(subjects.api_submit, b"{}", timeout=1.0)
-                return
-            except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
-                if time.monotonic() > deadline:
-                    raise AssertionError("intake did not start answering") from None
-                await asyncio.sleep(0.2)
+        await intake_answering(nc, subjects.api_submit, within=timeout)
     finally:
         await nc.close()
 

@@ -3,7 +3,6 @@ wrote into a real PostgreSQL (events published as the services publish them)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,10 +19,8 @@ from mdq.sim.engine import simulate
 from mdq.sim.history import HistoryOptions, export_history
 from mdq.store.engine import create_engine, create_writer_pool
 from mdq.store.migrate import upgrade_async
-from services.watcher.projector import Projector
-from tests.helpers import OwnersPublisher
 from tests.integration.test_history_views import USAGE
-from tests.integration.test_projector import History, requeue_history
+from tests.integration.test_projector import History, history_projected, requeue_history
 
 
 def crash_history(history: History) -> list[pb.Event]:
@@ -54,20 +51,10 @@ async def history_url(nc: Client, subjects: Subjects, database_url: str) -> Asyn
     crashy = History("crashy", request_id="ba9876543210")
     crashy.clock = retried.clock  # its events follow the other's twenty, a second apart
     events = [*first, *second, retried.event("usage", USAGE, 2), *crash_history(crashy)]
-    publisher = OwnersPublisher(js=js, subjects=subjects)
-    for event in events:
-        await publisher.publish(event)
-    projector = Projector(js=js, subjects=subjects, pool=pool)
-    task = asyncio.create_task(projector.run())
     try:
-        deadline = asyncio.get_running_loop().time() + 20
-        while await pool.fetchval("SELECT count(*) FROM events") < len(events):
-            assert asyncio.get_running_loop().time() < deadline
-            await asyncio.sleep(0.05)
-        yield database_url
+        async with history_projected(js, subjects, pool, events):
+            yield database_url
     finally:
-        projector.stop()
-        await asyncio.wait_for(task, timeout=10)
         await pool.close()
 
 

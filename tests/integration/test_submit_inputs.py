@@ -129,52 +129,42 @@ async def test_intake_checks_the_uploaded_script_itself(client: MdqClient, tmp_p
     assert caught.value.message.startswith("in.bad line 2: log /tmp/steal.log")
 
 
+async def mdq_submit(
+    nats_url: str, namespace: str, file: Path, *, key: str, cwd: Path
+) -> subprocess.CompletedProcess[str]:
+    """``mdq submit file --key key`` run as a process in ``cwd``, its output kept."""
+    return await asyncio.to_thread(
+        subprocess.run,
+        [
+            sys.executable,
+            "-m",
+            "mdq.cli",
+            "--nats-url",
+            nats_url,
+            "--namespace",
+            namespace,
+            "submit",
+            str(file),
+            "--key",
+            key,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=120,
+    )
+
+
 async def test_mdq_submit_uploads_and_submits_a_lammps_chain(
     nats_url: str, namespace: str, intake: Intake, tmp_path: Path
 ) -> None:
     folder = job_folder(tmp_path, "chain.yaml", "in.cu-setup", "in.cu-run")
-    run = await asyncio.to_thread(
-        subprocess.run,
-        [
-            sys.executable,
-            "-m",
-            "mdq.cli",
-            "--nats-url",
-            nats_url,
-            "--namespace",
-            namespace,
-            "submit",
-            str(folder / "chain.yaml"),
-            "--key",
-            "chain-1",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=120,
-    )
+    run = await mdq_submit(nats_url, namespace, folder / "chain.yaml", key="chain-1", cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     assert "input files: 2 uploaded" in run.stderr
     assert len(run.stdout.split()) == 3  # three job ids
-    again = await asyncio.to_thread(
-        subprocess.run,
-        [
-            sys.executable,
-            "-m",
-            "mdq.cli",
-            "--nats-url",
-            nats_url,
-            "--namespace",
-            namespace,
-            "submit",
-            str(folder / "chain.yaml"),
-            "--key",
-            "chain-1",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=120,
+    again = await mdq_submit(
+        nats_url, namespace, folder / "chain.yaml", key="chain-1", cwd=tmp_path
     )
     assert again.returncode == 0, again.stderr
     assert "0 uploaded (0 bytes), 2 already there" in again.stderr

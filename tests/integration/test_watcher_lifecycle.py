@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import TypeVar
 
 from nats.aio.client import Client
 
@@ -21,12 +22,19 @@ from tests.helpers import (
     wait_for,
 )
 
+Made = TypeVar("Made", bound=Lifecycle)
 
-def make_lifecycle(
-    nc: Client, subjects: Subjects, backend: RecordingBackend, lost: LostRunPolicy = LostRunPolicy()
-) -> Lifecycle:
+
+def lifecycle_of(
+    kind: type[Made],
+    nc: Client,
+    subjects: Subjects,
+    backend: RecordingBackend,
+    lost: LostRunPolicy = LostRunPolicy(),
+) -> Made:
+    """A lifecycle of class ``kind`` on the test's bus that checks for lost runs every 0.2 s."""
     js = nc.jetstream()
-    return Lifecycle(
+    return kind(
         js=js,
         subjects=subjects,
         publisher=publisher(js, subjects),
@@ -36,22 +44,16 @@ def make_lifecycle(
     )
 
 
+def make_lifecycle(
+    nc: Client, subjects: Subjects, backend: RecordingBackend, lost: LostRunPolicy = LostRunPolicy()
+) -> Lifecycle:
+    return lifecycle_of(Lifecycle, nc, subjects, backend, lost)
+
+
 class CountingLifecycle(Lifecycle):
     """A lifecycle that counts its finished lost-run checks (to know one has run since)."""
 
-    def __init__(
-        self, nc: Client, subjects: Subjects, backend: RecordingBackend, lost: LostRunPolicy
-    ) -> None:
-        js = nc.jetstream()
-        super().__init__(
-            js=js,
-            subjects=subjects,
-            publisher=publisher(js, subjects),
-            backend=backend,
-            lost=lost,
-            check_interval_s=0.2,
-        )
-        self.checks = 0
+    checks = 0
 
     async def check_lost(self) -> list[str]:
         lost = await super().check_lost()
@@ -206,7 +208,9 @@ async def test_silent_running_job_is_declared_lost_once_and_its_pod_deleted(
     await bus.publish(event("started", pb.JobStarted(node="n1"), job="r3-md", attempt=1))
     lost = LostRunPolicy(min_silence_s=1.0, interval_factor=5.0)
     first, second = RecordingBackend(), RecordingBackend()
-    replicas = [CountingLifecycle(nc, subjects, backend, lost) for backend in (first, second)]
+    replicas = [
+        lifecycle_of(CountingLifecycle, nc, subjects, backend, lost) for backend in (first, second)
+    ]
     # Two replicas watch the same job: the fact is published once.
     async with (
         running(replicas[0].run()),

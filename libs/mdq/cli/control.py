@@ -133,70 +133,41 @@ def make_command(verb: str, *, run: Callable[..., int], console: Console, err: C
     return send
 
 
+PLAIN_VERBS = {
+    "cancel": "Cancel jobs: at once when not running; a running one checkpoints first and keeps "
+    "its outputs. Jobs waiting for them are cancelled too.",
+    "hold": "Hold jobs: not placed until released; a running one stops at a checkpoint.",
+    "release": "Release held jobs: they wait for their dependencies or are placed again.",
+    "requeue": "Stop running jobs at a checkpoint and place them anew (another node if one fits).",
+}
+"""The verbs that take no value of their own, each with its help text."""
+
+
 def register(app: typer.Typer, *, run: Callable[..., int], console: Console, err: Console) -> None:
     """Add the six commands to ``app``."""
     send = make_command  # one body, six signatures (typer reads each command's parameters)
 
-    @app.command("cancel")
-    def cancel(
-        ctx: typer.Context,
-        job_ids: Jobs = None,
-        request_id: Request = "",
-        labels: Labels = None,
-        reason: Reason = "",
-        key: Key = None,
-        wait: Wait = False,
-        timeout: Timeout = 600.0,
-    ) -> None:
-        """Cancel jobs: at once when not running; a running one checkpoints first and keeps
-        its outputs. Jobs waiting for them are cancelled too."""
-        command = send("cancel", run=run, console=console, err=err)
-        command(ctx, job_ids, request_id, labels, reason, key, wait, timeout)
+    def add_plain_verb(verb: str, help_text: str) -> None:
+        """Register ``verb`` with the options every verb shares and no value of its own."""
+        command = send(verb, run=run, console=console, err=err)
 
-    @app.command("hold")
-    def hold(
-        ctx: typer.Context,
-        job_ids: Jobs = None,
-        request_id: Request = "",
-        labels: Labels = None,
-        reason: Reason = "",
-        key: Key = None,
-        wait: Wait = False,
-        timeout: Timeout = 600.0,
-    ) -> None:
-        """Hold jobs: not placed until released; a running one stops at a checkpoint."""
-        command = send("hold", run=run, console=console, err=err)
-        command(ctx, job_ids, request_id, labels, reason, key, wait, timeout)
+        def plain(
+            ctx: typer.Context,
+            job_ids: Jobs = None,
+            request_id: Request = "",
+            labels: Labels = None,
+            reason: Reason = "",
+            key: Key = None,
+            wait: Wait = False,
+            timeout: Timeout = 600.0,
+        ) -> None:
+            command(ctx, job_ids, request_id, labels, reason, key, wait, timeout)
 
-    @app.command("release")
-    def release(
-        ctx: typer.Context,
-        job_ids: Jobs = None,
-        request_id: Request = "",
-        labels: Labels = None,
-        reason: Reason = "",
-        key: Key = None,
-        wait: Wait = False,
-        timeout: Timeout = 600.0,
-    ) -> None:
-        """Release held jobs: they wait for their dependencies or are placed again."""
-        command = send("release", run=run, console=console, err=err)
-        command(ctx, job_ids, request_id, labels, reason, key, wait, timeout)
+        plain.__doc__ = help_text
+        app.command(verb)(plain)
 
-    @app.command("requeue")
-    def requeue(
-        ctx: typer.Context,
-        job_ids: Jobs = None,
-        request_id: Request = "",
-        labels: Labels = None,
-        reason: Reason = "",
-        key: Key = None,
-        wait: Wait = False,
-        timeout: Timeout = 600.0,
-    ) -> None:
-        """Stop running jobs at a checkpoint and place them anew (another node if one fits)."""
-        command = send("requeue", run=run, console=console, err=err)
-        command(ctx, job_ids, request_id, labels, reason, key, wait, timeout)
+    for verb, help_text in PLAIN_VERBS.items():
+        add_plain_verb(verb, help_text)
 
     @app.command("reprioritize")
     def reprioritize(

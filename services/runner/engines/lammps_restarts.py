@@ -28,11 +28,16 @@ from pathlib import Path
 
 from mdq.contracts import pb
 from services.runner.checkpoints import (
+    TEMP_PREFIX,
     CheckpointFile,
+    StepFolder,
     newest_verified,
+    read_sidecar,
+    resume_point,
     sha256_of,
     write_atomically,
 )
+from services.runner.durable import fsync_dir, fsync_file
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +48,6 @@ HEADER_VERSION, HEADER_UNITS, HEADER_NTIMESTEP = 0, 4, 5
 HEADER_RECORDS = 64
 """The step comes within the first few records; a file without it in these is not a restart."""
 _NAME = re.compile(r"^ckpt-(\d{12})\.restart$")
-_TEMP_PREFIX = ".tmp-"
 SUFFIX = ".restart"
 
 
@@ -104,22 +108,6 @@ def step_of(path: Path) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def _fsync(path: Path) -> None:
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
-def _fsync_dir(directory: Path) -> None:
-    descriptor = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
 @dataclass(frozen=True, slots=True)
 class LoadedRestart:
     """A verified restart file to resume from."""
@@ -128,27 +116,13 @@ class LoadedRestart:
     header: RestartHeader
 
 
-class RestartStore:
+class RestartStore(StepFolder):
     """The checkpoint folder of one LAMMPS job."""
 
     def __init__(self, *, directory: Path) -> None:
-        self._directory = directory
-
-    @property
-    def directory(self) -> Path:
-        return self._directory
-
-    def remove_temporaries(self) -> None:
-        if not self._directory.is_dir():
-            return
-        for path in self._directory.glob(f"{_TEMP_PREFIX}*"):
-            path.unlink(missing_ok=True)
-
-    def steps(self) -> list[int]:
-        if not self._directory.is_dir():
-            return []
-        found = (step_of(path) for path in self._directory.iterdir())
-        return sorted(step for step in found if step is not None)
+        super().__init__(
+            directory=directory, name_of=checkpoint_name, step_of=step_of, companions=(".json",)
+        )
 
     def write(
         self, write_restart: Callable[[Path], None], *, step: int, time_ps: float, units: str
@@ -157,13 +131,13 @@ class RestartStore:
         path), make it durable, rename it into place, verify it and write its sidecar;
         prune older ones."""
         self._directory.mkdir(parents=True, exist_ok=True)
-        path = self._directory / checkpoint_name(step)
-        temp = path.with_name(f"{_TEMP_PREFIX}{path.name}.{os.getpid()}")
+        path = self.path_of(step)
+        temp = path.with_name(f"{TEMP_PREFIX}{path.name}.{os.getpid()}")
         temp.unlink(missing_ok=True)
         write_restart(temp)
-        _fsync(temp)
+        fsync_file(temp)
         os.replace(temp, path)
-        _fsync_dir(self._directory)
+        fsync_dir(self._directory)
         header = read_header(path)  # read back from disk: what is announced is what is there
         if header.step != step:
             raise RestartUnusable(f"{path.name} holds step {header.step}, not {step}")
@@ -186,73 +160,31 @@ class RestartStore:
         self._prune(keep_step=step)
         return checkpoint
 
-    def _prune(self, *, keep_step: int) -> None:
-        """Keep ``keep_step`` and the newest checkpoint before it (later ones, of an attempt
-        that got further, are overwritten in time)."""
-        older = [step for step in self.steps() if step < keep_step]
-        for step in older[:-1]:
-            path = self._directory / checkpoint_name(step)
-            path.unlink(missing_ok=True)
-            path.with_suffix(".json").unlink(missing_ok=True)
-
-    def holds(self, checkpoint: pb.Checkpoint) -> bool:
-        """Whether this folder holds ``checkpoint``'s restart file, its sha256 matching."""
-        path = self._directory / checkpoint_name(checkpoint.step)
-        try:
-            return path.is_file() and sha256_of(path) == checkpoint.sha256
-        except OSError:
-            return False
-
     def load(self, announced: pb.Checkpoint) -> LoadedRestart | None:
-        """The restart to resume from: the newest good one in the folder later than
-        ``announced`` (an earlier attempt's that could not say so: written while NATS was away,
-        or by a runner declared lost while it still ran), else ``announced`` if it verifies
-        (sha256, header, step), else the newest good one before it (a checkpoint of the job's
-        own run loses least), else None. The announced path is only a name: the file is looked
-        up in this folder."""
-        later = self._newest_good(after=announced.step)
-        if later is not None:
-            log.info(
-                "restart %s (step %d) is later than the announced step %d: resuming from it",
-                later.file.path,
-                later.file.step,
-                announced.step,
-            )
-            return later
-        path = self._directory / Path(announced.path).name
-        try:
-            return self._verify(path, step=announced.step, sha256=announced.sha256)
-        except (OSError, ValueError) as error:
-            log.warning(
-                "restart %s (step %d) is unusable: %s; looking for another one",
-                path,
-                announced.step,
-                error,
-            )
-        earlier = self._newest_good(before=announced.step)
-        if earlier is not None:
-            log.warning(
-                "falling back to restart %s (step %d)", earlier.file.path, earlier.file.step
-            )
-            return earlier
-        log.warning("no usable restart in %s", self._directory)
-        return None
+        """The restart to resume from (``resume_point``): the announced one verifies by sha256,
+        header and step. The announced path is only a name: the file is looked up in this
+        folder."""
+        return resume_point(
+            announced,
+            kind="restart",
+            directory=self._directory,
+            path=self._directory / Path(announced.path).name,
+            verify_announced=lambda path: self._verify(
+                path, step=announced.step, sha256=announced.sha256
+            ),
+            newest_good=lambda after, before: self._newest_good(after=after, before=before),
+        )
 
     def _newest_good(self, *, after: int = -1, before: int | None = None) -> LoadedRestart | None:
         def verify(step: int) -> LoadedRestart:
-            return self._verify(self._directory / checkpoint_name(step), step=step, sha256=None)
+            return self._verify(self.path_of(step), step=step, sha256=None)
 
         return newest_verified(self.steps(), verify, after=after, before=before)
 
     def _verify(self, path: Path, *, step: int, sha256: str | None) -> LoadedRestart:
         if path.is_symlink() or step_of(path) != step:
             raise RestartUnusable(f"{path.name} is not the restart of step {step}")
-        sidecar: dict[str, object] = {}
-        try:
-            loaded = json.loads(path.with_suffix(".json").read_text())
-            sidecar = loaded if isinstance(loaded, dict) else {}
-        except (OSError, ValueError):
-            pass
+        sidecar = read_sidecar(path)
         expected = sha256 or str(sidecar.get("sha256") or "")
         actual = sha256_of(path)
         if expected and actual != expected:
