@@ -5,7 +5,7 @@ can reach a service's durable consumer through JetStream's nameless create reque
 (``add_consumer``).
 
 Why each is needed: docs/architecture.md, "When NATS or PostgreSQL is down" (NATS stalls), and
-docs/security.md, "No one takes over a service's durable consumer".
+docs/security.md, "Tenants" (no one takes over a service's durable consumer).
 """
 
 from __future__ import annotations
