@@ -1,8 +1,8 @@
 """Two fixes to nats-py that every NATS connection of mdq's processes needs, applied once on
-import of ``mdq.bus``: a PONG that answers an abandoned ``flush()`` goes to that flush
-instead of ending the connection's read loop (``_process_pong``), and every consumer is made by name, so no client
-can reach a service's durable consumer through JetStream's nameless create request
-(``add_consumer``).
+import of ``mdq.bus``: a PONG that answers an abandoned ``flush()`` goes to that flush instead
+of ending the connection's read loop (``_process_pong``), and every consumer is made by name,
+so no client can reach a service's durable consumer through JetStream's nameless create
+request (``add_consumer``).
 
 Why each is needed: docs/architecture.md, "When NATS or PostgreSQL is down" (NATS stalls), and
 docs/security.md, "Tenants" (no one takes over a service's durable consumer).
