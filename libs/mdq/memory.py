@@ -1,22 +1,9 @@
 """Keeping the cyclic garbage collector's pauses short in services that hold a large, growing
-state in memory (placement's and recovery's fold of the whole job log), or many long-lived
-objects whose collection pauses a request (the console's web stack).
+state in memory (placement's and recovery's fold of the job log) or many long-lived objects
+(the console's web stack): ``keep_state_out_of_gc`` freezes what survived, so a collection
+walks only what is new, and unfreezes and collects everything once in a while (``GcKeeper``).
 
-CPython's oldest-generation collection walks every tracked object; with the views of tens of
-thousands of jobs that is 50-130 ms (measured in placement at 20,000-35,000 jobs, collecting
-nothing: the fold has no reference cycles), and each such pause shows up in the p99 latency
-from submit to bound. ``keep_state_out_of_gc`` moves the objects that have survived until now
-into the permanent generation (``gc.freeze``, a constant-time splice) every ``interval_s``, so
-a collection only walks what is new. Frozen objects are still freed by reference counting;
-only a reference cycle frozen while alive and dropped later would wait, so once every
-``full_every_s`` everything is unfrozen and collected once.
-
-The permanent generation belongs to the whole process, and a process may run more than one
-keeper (services started in one test process, or a thread with a loop of its own), so the
-unfreeze and the full collection happen under one process-wide lock that every freeze takes
-too: a freeze from elsewhere can never slip in between them and hide a cycle from the pass.
-The decisions are made by ``GcKeeper`` on a clock it is given, so they are tested without
-waiting for time to pass.
+Why and how: docs/architecture.md, "Short garbage-collector pauses".
 """
 
 from __future__ import annotations

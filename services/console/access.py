@@ -1,22 +1,10 @@
 """The console's access link: who may open the pages when the console holds a token.
 
-On one machine (``mdq up``) the console listens on loopback, and loopback is not private: every
-account on a shared workstation or login node reaches it, and the console submits as the
-operator. So ``mdq up`` makes a random token (``<state>/secrets/console.token``, mode 0600) and
-prints the console's address with it, as Jupyter does; only who can read that file (the
-operator) gets in. ``AccessGate`` is an ASGI middleware in front of every page, static file and
-live stream but ``/healthz``:
+``AccessGate`` is an ASGI middleware in front of everything but ``/healthz``: the link's
+``?token=`` becomes a session cookie, a Bearer token serves scripts, anything else gets 401. A
+console with no token (behind an authenticating proxy) has no gate.
 
-- a request with ``?token=<token>`` gets a session cookie and is redirected to the same address
-  without the token (it leaves the address bar and the history);
-- a request with that session cookie, or with ``Authorization: Bearer <token>`` (scripts), is
-  let through;
-- anything else gets 401 and a page saying how to get the link (``mdq console``).
-
-The cookie holds an HMAC of the token, not the token, is HttpOnly and SameSite=Strict, and its
-name carries the port, so two consoles on one machine keep their own sessions. A console with no
-token (``MDQ_CONSOLE_ACCESS_TOKEN_FILE`` unset: in Kubernetes it is reached only through an
-authenticating proxy, docs/console.md) has no gate.
+Why and how: docs/console.md, "Limits" (one key, the operator's powers).
 """
 
 from __future__ import annotations

@@ -2,19 +2,10 @@
 
 ``build_app`` takes what the pages need (``Console``: the read-only engine, a NATS client with
 the console's own credentials, the data folder) and returns the ASGI app; ``main`` builds them
-from the environment and serves the app with uvicorn. The pages are rendered on the server; the
-charts are drawn in the browser by uPlot (``static/``, shipped in the package: no CDN, no build
-step) from JSON in the protobuf JSON mapping — history from PostgreSQL, then live events from
-the progress stream over server-sent events (``/jobs/<id>/live``).
+from the environment and serves the app with uvicorn. It writes nothing but submits and
+job-control requests, as the operator.
 
-The console writes nothing but submits and job-control requests: its submit page asks intake
-on the operator's request-reply entrance, and a job's page (one job) and a campaign's page (every
-job of a label, after a confirmation page that says how many) ask placement to cancel, hold,
-release, requeue, reprioritize or extend (docs/control.md), as the CLI does; a refusal's field
-and message are shown exactly as the CLI prints them. Every form carries the console's token and
-is refused from another origin (CSRF), and a control form carries a control key made when the
-page was drawn, so a form posted twice is one request. Every page answers a bad parameter with
-400 and the parameter's name.
+The pages and how they work: docs/console.md, "Pages" and "How it works".
 """
 
 from __future__ import annotations

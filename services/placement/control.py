@@ -1,23 +1,12 @@
 """Job control's entrance in placement: request-reply on ``NS.api.control[.<tenant>]``.
 
-Placement's leader answers job-control requests (cancel, hold, release, requeue, reprioritize,
-extend; docs/control.md), because it already holds every live job (``JobBook``), binds them,
-and deletes pods when it preempts: deciding here, in its own loop between placement passes,
-means a job is never bound and cancelled at the same moment. The decisions are the pure
-``mdq.core.control``; this module is the I/O around them:
+Placement's leader answers job-control requests, deciding them in its own loop between passes
+with the pure ``mdq.core.control``; this module is the I/O around them: ``ControlDesk`` takes
+the requests while this replica leads and answers them, ``ControlRegistry`` makes each
+idempotent under its control key.
 
-- ``ControlDesk`` subscribes while this replica leads (queue group ``placement``), decodes and
-  checks each request (a refusal names the field), takes the tenant from the subject the server
-  enforced (a tenant may request on its own subject only: ``mdq.bus.security.permissions``), hands
-  the request to ``Placement.control`` and answers in the request's encoding (JSON or protobuf).
-  While no replica leads, nobody answers: the client's request times out and is sent again
-  (the same key: safe).
-- ``ControlRegistry`` makes a request idempotent under its key, like a submit's: a KV create of
-  ``ctl.<control id>`` with the request's fingerprint before anything is published, then its
-  answer. A resend with the same key gets that answer; other content under the key is refused;
-  a claim without an answer (placement died in between) is decided again, and its events,
-  whose ids derive from the control id, land once. A resend that arrives while its request is
-  still being decided (a big selector takes seconds) waits for that decision.
+Who acts and why, the contract and its idempotency: docs/control.md, "Who acts" and "The
+contract".
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
 """The recovery service: every failed attempt gets a decision, exactly once.
 
-Recovery folds the job log into memory (``RecoveryState``: the jobs that have not ended; an
-ended job is forgotten at once) and, once caught up and after every change, decides for each
-RECOVERING job with the pure policy (``mdq.core.recovery.decide``):
-``requeued`` (attempt + 1, resuming from the latest checkpoint, with overrides, an avoid-list
-and a not-before time for backoff — placement honours it), ``failed`` for good, or, for an
-attempt stopped by a job-control cancel, ``cancelled``. A job-control request folded while a
-job is RECOVERING (a cancel during a backoff's fence wait) is decided at once. The event id is
-derived from job and attempt, so a decision published twice (a crash between publishing and
-seeing it echoed, or two replicas) lands once.
+Recovery folds the job log into memory (``RecoveryState``: the jobs that have not ended) and
+decides for each RECOVERING job with the pure policy (``mdq.core.recovery.decide``):
+``requeued``, ``failed`` or ``cancelled``. A restart resumes from its snapshot and folds only
+the log after it.
 
-A restart does not replay the whole history: the state is written, at most every
-``snapshot_interval_s`` and only when it changed, to recovery's own snapshot bucket
-(``mdq.bus.snapshots``), and a start restores it and folds only the log after its sequence
-(or the whole log, saying why, when the snapshot is missing, unreadable, or no longer matches
-the log). The snapshot is never the truth: folding is idempotent, so the tail on top of any
-snapshot the checks accept is the state a full replay gives.
+The service and its policy: docs/recovery.md; its snapshot: docs/architecture.md, "Where
+placement's state comes from on start".
 """
 
 from __future__ import annotations

@@ -1,22 +1,11 @@
 """The bus contract as an AsyncAPI 3.0 document, generated from the code that owns it.
 
-``docs/asyncapi.yaml`` is written by ``make asyncapi`` (``python -m mdq.bus.asyncapi``) and
-never edited by hand; a test regenerates it and compares, so it cannot drift. Its sources:
+``docs/asyncapi.yaml`` is written by ``make asyncapi`` (``python -m mdq.bus.asyncapi``) from
+``Subjects``, the stream configurations and the .proto (its messages and comments); a test
+regenerates it and compares, so it cannot drift.
 
-- the subjects: :class:`mdq.bus.subjects.Subjects` of the default namespace, each event kind's
-  address being what ``Subjects.for_event`` gives an event of that kind;
-- the streams that capture them: :func:`mdq.bus.streams.stream_configs` (retention, limits,
-  deduplication window), matched to each address with NATS' wildcard rules;
-- the payloads: the descriptors of :mod:`mdq.contracts.pb`, turned into the JSON Schema of the
-  protobuf JSON mapping (field names as in the .proto, 64-bit integers as strings or numbers,
-  enums by name, ``Timestamp`` as an RFC 3339 string, at most one member of a ``oneof``);
-- the descriptions and who publishes what: the comments of ``proto/mdq/v1/mdq.proto``, read
-  through protoc's source info. The comment of each ``Event.body`` case starts with the services
-  that publish it ("recovery or placement: ..."), among those the ``Event.producer`` comment
-  lists; each becomes a ``send`` operation tagged with its producer, and the message's
-  ``producer`` field is limited to them.
-
-The document describes mdq as one application: it receives submits and sends events.
+What the document holds and where each part comes from: docs/architecture.md, "Subjects and
+streams".
 """
 
 from __future__ import annotations

@@ -1,28 +1,11 @@
 """Two fixes to nats-py that every NATS connection of mdq's processes needs, applied once on
-import of ``mdq.bus``.
+import of ``mdq.bus``: a PONG that answers an abandoned ``flush()`` goes to that flush instead
+of ending the connection's read loop (``_process_pong``), and every consumer is made by name,
+so no client can reach a service's durable consumer through JetStream's nameless create
+request (``add_consumer``).
 
-**A PONG for an abandoned flush.**
-nats-py (2.16 and before) answers each PONG from the server by taking the oldest waiting
-``flush()`` future and setting its result. A flush that gave up waiting (its timeout passed, or
-the task awaiting it was cancelled) leaves its cancelled future in that line, so the PONG that
-answers its PING raises ``InvalidStateError`` inside the connection's read loop: the read loop
-ends, and the connection hears nothing more, while nats-py still calls it connected. A server
-that stalled for a few seconds (a full disk, a SIGSTOP, a long GC) was enough: afterwards a
-service's consumers went silent and its ``drain()`` waited out its whole timeout.
-
-``_process_pong`` here gives such a PONG to the abandoned flush it answers and sets nothing,
-keeping one PONG per PING. It replaces the method on nats-py's ``Client`` class, so FastStream's
-connections (which nats-py makes) get it too.
-
-**Every consumer made by name.** nats-py makes a consumer that has neither a name nor a durable
-name (an ordered consumer, an ephemeral pull) with JetStream's nameless request,
-``$JS.API.CONSUMER.CREATE.<stream>``, which carries the consumer's name, if any, in its body:
-a client allowed that request can name a service's durable consumer there and change it, and no
-subject permission can tell. ``add_consumer`` here gives such a consumer a fresh name of its own
-(as nats.js v3 and nats.go's ``jetstream`` package do), so nats-py uses the named request,
-``$JS.API.CONSUMER.CREATE.<stream>.<name>[.<filter>]``, whose subject the server's permissions
-see; the operator's client is refused the nameless one (docs/security.md, "Consumers of its
-own").
+Why each is needed: docs/architecture.md, "When NATS or PostgreSQL is down" (NATS stalls), and
+docs/security.md, "Tenants" (no one takes over a service's durable consumer).
 """
 
 from __future__ import annotations

@@ -1,25 +1,12 @@
 """Making a namespace's streams (and the local backend's buckets) as the admin identity.
 
-On an mdq server only ``admin`` may create, update, purge or delete a stream or a bucket
-(``mdq.bus.security.permissions``); every service only reads their info and waits until they exist
-(``mdq.bus.streams.require_streams``). So one step runs as admin before the services, the
-same everywhere:
+Only ``admin`` may create, update, purge or delete a stream or a bucket, so this one step runs
+as admin before the services, the same everywhere: ``mdq up`` calls ``prepare_bus``, compose
+and Kubernetes run ``python -m mdq.bus.setup``. It also makes the tenants bucket and the
+operator's inputs bucket, applies the storage limits and replica count, and is idempotent.
 
-- ``mdq up`` calls ``prepare_bus`` itself (``mdq.stack.Stack``);
-- docker-compose.yml runs ``python -m mdq.bus.setup --local-backend`` (service
-  ``bus-setup``) and the Kubernetes base the Job ``mdq-bus-setup`` (``python -m
-  mdq.bus.setup``), each with the admin's credentials in ``MDQ_NATS_CREDS``.
-
-Every stream and bucket gets the size and age limits of ``MDQ_STORAGE_*``
-(``mdq.bus.storage``), older buckets included. It also makes the tenants bucket
-(``<namespace>_tenants``, ``mdq.bus.tenants``: each tenant's policy, written by the admin and
-read by the services) and the operator's inputs bucket (``<namespace>_inputs``, an object store
-of the input files of the operator's jobs, ``mdq.bus.inputs``; each tenant's is made by ``mdq
-tenant add``).
-
-Idempotent: a stream that exists is brought up to date (its replica count only ever goes up).
-The replica count is ``MDQ_STREAM_REPLICAS`` (``CommonSettings``), the namespace
-``MDQ_NAMESPACE``, the server ``NATS_URL``; it waits for the server as the services do.
+Where it runs and why: docs/security.md, "NATS: every connection proves who it is"; limits and
+replicas: docs/durability.md, sections 2 and 5.
 """
 
 from __future__ import annotations

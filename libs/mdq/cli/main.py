@@ -1,28 +1,12 @@
 """The ``mdq`` command (typer + rich).
 
-Stack commands start everything on this machine (``mdq.stack.Stack``):
+Stack commands start everything on this machine (``mdq up``, ``status``, ``demo``); client
+commands talk to a running mdq, or to the stack a running ``mdq up`` recorded (``submit``,
+``watch``, ``ls``, ``show``, ``nodes``, ...); job control is ``mdq.cli.control``, tenants
+``mdq.cli.tenants``; ``mdq credentials`` writes a deployment's NATS credentials.
 
-* ``mdq up`` — start the stack and keep it running until Ctrl-C;
-* ``mdq status`` — every part of the running stack (servers included) and whether NATS and
-  PostgreSQL answer;
-* ``mdq demo`` — what ``make run`` does: start the stack, submit ``examples/demo.yaml``, show
-  live progress, print the history read back from PostgreSQL, stop; exit 0 if every job
-  succeeded.
-
-Client commands talk to a running mdq (``NATS_URL`` / ``DATABASE_URL`` / ``MDQ_NAMESPACE``, or
-the stack a running ``mdq up`` recorded in ``<state>/stack.json``):
-
-* ``mdq submit FILE [--wait]`` — exit 2 with the field and message when refused;
-* ``mdq watch [JOB...]`` — live progress bars until the jobs end (no ids: every active job);
-* ``mdq ls`` / ``mdq show JOB`` — the history in PostgreSQL;
-* ``mdq nodes`` — the latest load of every node;
-* ``mdq cancel | hold | release | requeue | reprioritize | extend`` — job control
-  (``mdq.cli.control``, docs/control.md).
-
-``mdq credentials --out DIR`` writes a deployment's NATS credentials
-(``mdq.bus.security.auth.generate``): what ``make compose-secrets`` and ``make deploy-dev-secrets``
-run. ``mdq tenant add NAME`` adds a tenant (``mdq.cli.tenants``); a tenant runs the client commands
-with its credentials (``--creds`` / ``MDQ_NATS_CREDS``) and sees its own jobs only.
+Every command and option: README.md, "The command line"; job control: docs/control.md;
+credentials: docs/security.md, "Deployments: compose and Kubernetes".
 """
 
 from __future__ import annotations

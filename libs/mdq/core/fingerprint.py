@@ -1,26 +1,10 @@
 """What a submit asks for, whatever its encoding: its fingerprint, and how two differ (pure).
 
-An idempotency key names one submit's content. A resubmit under a key already accepted gets the
-first submit's job ids when it asks for the same thing, and is refused when it asks for
-something else (as Stripe refuses a key reused with other parameters); intake tells the two
-apart by the **content fingerprint** it records with each claim:
+Intake records a submit's content fingerprint with its idempotency key's claim, so that a
+resubmit of the same content gets the first submit's job ids and other content under the key
+is refused, with ``changes`` saying what differs field by field.
 
-    sha256( SubmitRequest{jobs: <each job normalized>, submitted_by}
-            .SerializeToString(deterministic=True) )
-
-- the jobs **normalized** (``mdq.core.spec.normalize_job``: every default filled in), in the
-  order they were submitted, so JSON or protobuf, ``steps: 10000`` or no ``steps`` at all, a
-  field name in ``snake_case`` or ``lowerCamelCase``, are the same content;
-- the idempotency key left out (it is what the fingerprint is compared under), dependencies as
-  the client wrote them (a name, a job id or a key), ``submitted_by`` included;
-- deterministic serialization: map entries (labels) sorted, so their order does not count.
-
-A default changed by a later mdq version changes the fingerprint of a resubmit that relies on
-it: such a resubmit would now ask for other jobs, and is refused like any other change.
-
-``changes`` says what differs, field by field, in the path style of validation errors
-(``jobs[0].steps: 1000 → 9000``), from the first submit's normalized jobs (as its ``submitted``
-events carry them) to the new submit's.
+What the fingerprint covers and why: docs/intake.md, "What counts as the same content".
 """
 
 from __future__ import annotations

@@ -1,20 +1,11 @@
 """A service's snapshot: its state at one jobs-stream sequence, so a restart replays only the
 tail of the log (pure: encoding, checking, and deciding whether it may be used).
 
-A snapshot is ``PlacementState.snapshot()`` (without the nodes' loads: those are read from the
-nodes stream on every start, as before) or ``RecoveryState.snapshot()``, as compact JSON
-compressed with zlib, cut into chunks of at most ``CHUNK_BYTES`` (a KV value must fit in one
-NATS message), and a *head*: one small JSON value that names the chunks and says what they hold
-— the jobs stream's sequence the state reflects, the stream's identity (its creation time, and
-the digest of the message at that sequence, ``mdq.core.log_continuity``) and a SHA-256 of the
-JSON. The service writes the chunks first, then the head in one put: the head is the commit, so
-a reader sees the previous snapshot or the new one, never half of one
-(libs/mdq/bus/snapshots.py, docs/architecture.md).
+Placement's or recovery's state as compressed JSON in chunks, committed by a small head naming
+the chunks, the sequence and the stream's identity (``mdq.bus.snapshots`` stores it). It is
+never the truth: ``resume`` uses it only while the log still holds everything after it.
 
-The snapshot is never the truth: it is only used when the log it was taken from still holds
-everything after its sequence (``resume``); otherwise the service replays the whole log and says
-why. Whatever the snapshot says, the tail of the log is folded on top of it, and every fold is
-idempotent (an event at or below the state's sequence changes nothing).
+The format and the checks: docs/placement.md, "Restarting from a snapshot".
 """
 
 from __future__ import annotations

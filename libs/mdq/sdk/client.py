@@ -1,30 +1,16 @@
 """The Python SDK: submit MD jobs to mdq and follow them on NATS.
 
-Everything goes through the bus, exactly as any other client would use it:
-
-* ``submit`` is a request-reply on ``<ns>.api.submit`` — intake validates the submit and
-  answers with the job ids, or with the field at fault (``SubmitRefused``);
-* ``publish_submit`` is fire-and-forget onto ``<ns>.submit``, which a stream captures, so it
-  is durable even while intake is down; the job ids are computed from the stream sequence (or
-  from the idempotency key) the same way intake computes them;
-* ``watch``/``wait``/``progress`` read a job's history from the start with ordered consumers
-  and fold it with the same state machine the services use (``mdq.core.state``), so what the
-  SDK reports is what the log says;
-* ``node_loads`` reads the latest ``node_load`` of every node;
-* ``cancel``, ``hold``, ``release``, ``requeue``, ``reprioritize`` and ``extend`` are
-  request-reply job control on ``<ns>.api.control`` (placement's leader answers, with each
-  job's outcome; ``ControlRefused`` names the field of a refused request), and
-  ``wait_control`` waits for what they asked to have happened (docs/control.md).
-
-Connected as a tenant (credentials made by ``mdq tenant add``), the client submits on the
-tenant's own subjects and reads the tenant's own stream (``Subjects.tenant_stream``): the
-server lets a tenant do nothing else, so the same calls work, for its own jobs only.
+``MdqClient`` does everything through the bus, as any other client would: submits (request-reply
+or fire-and-forget), a job's history folded by the services' own state machine, the nodes'
+load, and job control. Connected as a tenant, the same calls act on the tenant's jobs only.
 
 ::
 
     async with await MdqClient.connect("nats://127.0.0.1:4222") as client:
         ids = await client.submit(load_job_file("examples/demo.yaml"))
         states = await client.wait(ids, timeout=600)
+
+How each call works: README.md, "The Python SDK"; job control: docs/control.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
 """Job files: YAML or JSON documents that become a ``pb.SubmitRequest``.
 
-The file format *is* the protobuf JSON mapping of ``SubmitRequest`` (proto/mdq/v1/mdq.proto),
-written as YAML or JSON, so a job file, ``nats pub <ns>.submit '{...}'`` and a Go client all
-speak the same language::
+The file format is the protobuf JSON mapping of ``SubmitRequest``, written as YAML or JSON, so a
+job file, ``nats pub <ns>.submit '{...}'`` and a Go client speak the same language. A bare job
+object is a one-job submit; every problem is a ``JobFileError`` naming the field, read the same
+as intake reads it (``mdq.core.documents``).
 
-    idempotency_key: my-campaign-1
-    jobs:
-      - name: water-300k
-        system: {water_box: {box_nm: 2.0}}
-        temperature_k: 300
-        steps: 5000
-
-A bare job object (no ``jobs`` key) is accepted as a one-job submit. Every problem — unknown
-fields (all of them, each with its path), wrong types, nesting too deep, malformed YAML — is a
-``JobFileError`` (a ``SpecError``) that names the field, so the CLI can print it like a refusal
-from intake. Types and nesting are checked by ``mdq.core.documents``, which intake uses too, so
-a wrong type reads the same from both (``jobs[1].depends_on[0]: must be a string, got 42``).
+The format and its checks: docs/jobspec.md, "How a submit or a job file is read".
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
 """The database side of ``mdq up``: generated passwords, the roles, and one URL per process.
 
-At first start ``load_or_create_passwords`` makes a strong random password
-(``secrets.token_urlsafe``) for the embedded server's superuser and for each of the three roles
-of ``mdq.store.roles``, each in its own file under ``<state>/secrets/postgres/`` (files 0600,
-folders 0700; ``<state>/secrets/`` is shared with the NATS credentials). Later starts read the
-same files, so the data folder and the passwords stay together.
+``load_or_create_passwords`` makes (once) and reads the superuser's and each role's password
+under ``<state>/secrets/postgres/``; ``prepare`` makes the roles with the administrator's URL and
+returns where each role connects; tenants' passwords are kept beside them
+(``load_or_create_tenant_password``).
 
-``prepare`` then runs ``mdq.store.roles.setup_database`` with the administrator's URL (the
-embedded superuser's, or the ``DATABASE_URL`` the user gave, taken to be an administrator's)
-and returns where each role connects: the stack gives the watcher the writer's URL and
-nothing else any database URL; ``stack.json`` names the reader's URL without its password and
-the file that holds it (``StackDatabase.reader_url``), which is how the CLI finds it. No
-superuser URL leaves the stack's own process.
-
-``mdq tenant add`` keeps each tenant's password in ``<state>/secrets/postgres/tenants/``
-(``load_or_create_tenant_password``), and reaches the embedded server as its superuser
-(``EMBEDDED_SUPERUSER``, ``admin.password``) to make the tenant's login.
+Where each password is and who gets which URL: docs/security.md, "Where the passwords are" and
+"Tenants in PostgreSQL".
 """
 
 from __future__ import annotations

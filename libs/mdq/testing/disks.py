@@ -1,28 +1,10 @@
 """A small real filesystem that tests can fill, make read-only, fail or unmount.
 
-``SmallDisk`` is an ext4 file system in a file, loop-mounted on a folder (``mkfs.ext4 -m 0``,
-so root cannot dip into reserved blocks): a real block filesystem, with fsync and ENOSPC from
-the block allocator, on which every failure of a data disk can be made for real:
+``SmallDisk`` (ext4 on a loop mount) makes every failure of a data disk for real: ENOSPC,
+EROFS, EIO, a lost mount, a hung disk; ``QuotaDisk`` (a btrfs subvolume over its qgroup limit)
+makes EDQUOT. Needs root to mount.
 
-* ``fill`` writes a file until the filesystem refuses another byte (ENOSPC), ``free`` deletes it;
-* ``make_read_only`` reports an error to ext4 (its ``trigger_fs_error`` in sysfs), which,
-  mounted ``errors=remount-ro``, turns the filesystem read-only at once, files open for
-  writing or not, as a kernel does on a real error: every write fails with EROFS;
-* ``shut_down`` is ext4's ``EXT4_IOC_SHUTDOWN`` (what ``xfs_io -c shutdown`` does): from then
-  on every read and write fails with EIO, as on a device that died; ``unmount`` + ``mount``
-  brings the filesystem back as the journal left it (after either);
-* ``unmount`` leaves the mount point an empty folder of the disk under it: a lost mount;
-* ``freeze`` (``fsfreeze``) blocks every write, and so every fsync, until ``thaw``: a disk that
-  does not answer, like a hung network volume.
-
-``QuotaDisk`` is a folder under a quota: a btrfs subvolume with a qgroup limit, on a btrfs file
-system in a file, loop-mounted, the subvolume bound on the mount point. Its ``fill_up`` writes
-until the quota refuses another byte, with EDQUOT (as a user's quota on a shared volume does),
-though the file system has room left; ``free`` gives the room back. btrfs's qgroups are its
-own, so this works on kernels built without the VFS quota support that ext4's and XFS's
-quotas need.
-
-Needs root (mount); ``mount`` raises ``DiskUnavailable`` saying why otherwise.
+How each failure is made: docs/testing.md, "Disks that fail".
 """
 
 from __future__ import annotations

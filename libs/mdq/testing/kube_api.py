@@ -1,32 +1,11 @@
 """A Kubernetes API emulator: the subset of the API server that mdq and its kubelet use.
 
-An aiohttp server, spoken to over real HTTP by kubernetes-asyncio. It keeps pods and nodes in
-memory with a global resourceVersion and a bounded history of changes, and implements:
+An aiohttp server spoken to over real HTTP by kubernetes-asyncio, keeping pods, nodes and
+secrets in memory, with watches, the garbage collector and the node lifecycle controller as the
+API server has them; tests steer it (``expire_watches``, ``disrupt_pod``, ...) and read the
+``requests`` clients made.
 
-* pods: create (409 AlreadyExists), get, list and watch (label and field selectors, all
-  namespaces or one), delete (graceful for a pod running on a node: ``deletionTimestamp``,
-  the kubelet finishes it; at once for an unbound or finished pod, or with grace 0), the
-  ``binding`` subresource (409 "already assigned"), the ``status`` subresource (GET, PUT with
-  optimistic concurrency, PATCH);
-* nodes: create, get, list and watch, PATCH (cordon, taints, labels), delete, ``status``
-  (GET, PUT, PATCH);
-* secrets: create (409 AlreadyExists; ``stringData`` folded into ``data``), get, list and
-  watch, delete (``preconditions`` honoured);
-* the garbage collector: an object whose every ``ownerReferences`` entry names a pod that no
-  longer exists (by uid) is deleted, after each pod removal and each secret creation (as
-  Kubernetes' does in the background; ``gc_paused`` holds it, ``collect_garbage`` runs it);
-* ``metrics.k8s.io/v1beta1`` node metrics, from a callback (the simulated kubelets' usage);
-* watches as the API server does them: ``resourceVersion`` to resume from, ``ERROR`` 410
-  Expired for a version older than the retained history, ``BOOKMARK`` events when asked
-  (``allowWatchBookmarks``), ``timeoutSeconds``, ADDED / DELETED when an object enters or leaves
-  a watch's selector;
-* the node lifecycle controller: a node whose kubelet stopped posting status for
-  ``node_monitor_grace_s`` becomes Ready=Unknown and gets the unreachable taints.
-
-Tests steer it directly: ``expire_watches`` (compaction: every open watch ends and resuming
-from an older version answers 410), ``drop_watches``, ``disrupt_pod`` (the DisruptionTarget
-condition), and they read ``requests`` (method, path, query, status, user agent) to assert
-what clients did.
+What it emulates and how: docs/testing.md, "The Kubernetes API emulator".
 """
 
 from __future__ import annotations

@@ -1,31 +1,10 @@
 """A simulated kubelet: runs the pods bound to its node as local processes, over the real API.
 
-It talks to the API server (the emulator, or any) through kubernetes-asyncio like a kubelet:
-it registers its Node (capacity, Ready) and heartbeats its Ready condition; it lists and
-watches the pods whose ``spec.nodeName`` is its node (resuming with resourceVersion,
-re-listing after 410); it starts each new pod's container as a process with the pod's
-environment (``valueFrom.fieldRef`` resolved). The host stands in for the runner image, which
-holds nothing but Python programs: a container command must be ``python -m <module>`` of
-``IMAGE_MODULES`` (else the pod fails to start, as with a missing executable), it runs with
-this interpreter, and of the host's environment only the runner's allowlist
-(``mdq.backends.launch.inherited_environment``) stands in for the image's. ``secret`` volumes
-are honoured: the Secret's keys (or the volume's ``items``) are written into a folder of the
-pod's own (mode ``defaultMode``, or an item's ``mode``), and the container's ``mountPath``
-maps to that folder (an environment value under the mount path is rewritten to the folder,
-the process having no mount namespace of its own); while a Secret a volume names does not
-exist the pod waits, Pending with its container ``ContainerCreating``, as a kubelet does, and
-starts once it appears. It reports the pod's status through the ``status`` subresource:
-Running, then
-Succeeded or Failed with the container's exit code and reason (``Completed``, ``Error``,
-``OOMKilled`` when the process tree went over the memory limit). A pod marked for deletion is
-stopped (SIGTERM, SIGKILL after its grace period), reported, and removed (delete with grace
-0), as the kubelet does.
+It registers and heartbeats its Node, watches its pods, runs each container as a process
+standing in for the runner image (secret volumes mounted as folders), reports the pods' status,
+and fails on demand (``crash``, ``evict``, ``sandbox_broken``).
 
-Faults for tests: ``crash`` (the node dies: processes killed, no more status or heartbeats, so
-the node lifecycle controller marks it NotReady), ``evict`` (node-pressure eviction: the
-pod ends Failed, reason Evicted, with a DisruptionTarget condition) and ``sandbox_broken``
-(a broken CNI or runtime: new pods stay Pending in ContainerCreating with
-PodReadyToStartContainers False, and the node stays Ready, as a real kubelet leaves them).
+How it behaves: docs/testing.md, "The simulated kubelet".
 """
 
 from __future__ import annotations

@@ -1,30 +1,13 @@
 """NATS identities: the trust chain, the credentials of each identity, the server's half.
 
-NATS's decentralized authentication (JWTs signed with nkeys, Ed25519): an *operator* signs the
-*accounts*, an account signs its *users*; the server trusts the operator and preloads the
-account JWTs, so a user proves who it is with a JWT plus a signature made with its own seed,
-and the server enforces the permissions written into that JWT. Nothing secret lives in the
-server's configuration (public keys and signed JWTs only), and a user can be issued at any
-time without touching the server: how each runner gets credentials for its own attempt.
+``Trust`` holds the operator and account keys; ``issue`` writes one identity's ``.creds`` with
+the permissions of ``mdq.bus.security.permissions``; ``server_block`` is the configuration the
+server needs (public material only); ``rotate`` replaces one identity's credentials; and
+``generate`` is the one generator of a deployment's NATS material, for ``mdq up``, compose and
+Kubernetes alike.
 
-``Trust`` holds the operator and account keys (``<state>/secrets/nats/trust.json``, 0600);
-``issue`` writes one identity's ``.creds`` file (0600) with the permissions of
-``mdq.bus.security.permissions``; ``server_block`` is the configuration the server needs.
-
-``rotate`` replaces one identity's credentials: the old user key goes on the account's
-revocation list (``revocations.json``, public keys and times only), a new one is issued with
-the same permissions, and the server's block is rewritten; once the server reloads it
-(``nats-server --signal reload``, a rollout, or the next ``mdq up``), connections made with the
-old file are closed and refused, and a process that names the file by its path (every mdq
-process does) reconnects with the new one.
-
-``generate`` is the one generator of a deployment's NATS material, used by the embedded stack
-(``mdq up``), docker-compose (``make compose-secrets``) and Kubernetes (``make
-deploy-dev-secrets``, or ``mdq credentials`` for production): in one folder (0700) it keeps or
-makes the trust chain, writes the server's block (``nats-auth.conf``, which deploy/'s
-``nats.conf`` includes; public material only), one ``<identity>.creds`` per identity of
-``mdq.bus.security.permissions.IDENTITIES`` and placement's runner issuer
-(``runner-issuer.json``). It is idempotent: what exists and still says the same is kept.
+How it works: docs/security.md, "NATS: every connection proves who it is", "Deployments:
+compose and Kubernetes" and "Adding an identity, rotating credentials".
 """
 
 from __future__ import annotations

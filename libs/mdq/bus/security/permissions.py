@@ -1,29 +1,11 @@
 """Who may do what on the bus: the one table of NATS permissions, per identity.
 
 Every process connects as one identity and the server enforces what that identity may publish
-and subscribe to. This module is the single source of truth: the embedded server's
-configuration, the credentials ``mdq up`` writes, and the manifests are generated from it
-(``mdq.bus.security.auth``), and the consumers' own check (``mdq.core.producers``) shares its table
-of event kinds and their producers.
+and subscribe to. The server's configuration and every identity's credentials are generated
+from this table (by ``mdq.bus.security.auth``), and the consumers' own check shares its event
+kinds and their producers (``mdq.core.producers``). Pure: no I/O.
 
-The rules, in short (docs/security.md has the full table):
-
-- a service publishes only the event kinds it owns (the mapping in proto/mdq/v1/mdq.proto's
-  ``Event`` comments, ``EVENT_PRODUCERS`` here), reads the streams it consumes through
-  ephemeral ordered consumers, and manages only its own durable consumers and KV buckets;
-- only ``admin`` creates, updates, purges or deletes streams and buckets (``mdq up`` and the
-  migration Job run as admin before any service starts);
-- a runner publishes only its own job's progress, checkpoints and outputs, and writes and reads
-  only its own job's copies in the shared store (its credentials are minted per attempt,
-  ``runner_permissions``); it reads no inputs bucket: it asks intake for its own job's input
-  files (``mdq.bus.inputs``);
-- a tenant and the operator's client write their own inputs bucket only (an Object Store, each
-  tenant's with its quota as size limit); intake reads them all, for the runners and to check
-  a submit's files;
-- every identity has its own reply-inbox prefix, so no one can listen to another's replies.
-
-Pure: no I/O. It lives beside ``Subjects`` (which the pure core may not import), so a
-namespace changes every subject at once.
+The rules and the generated table: docs/security.md, "Who may do what".
 """
 
 from __future__ import annotations

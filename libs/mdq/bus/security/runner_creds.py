@@ -1,27 +1,13 @@
 """Short-lived runner credentials, renewed while their attempt lives.
 
-A runner's credentials (``mdq.bus.security.auth.RunnerIssuer.creds``) expire
-``MDQ_NATS_RUNNER_CREDS_TTL_S`` after they are minted, and the server ends a connection whose
-credentials expired. While the attempt runs, the runner asks for fresh ones at half-life
-(``keep_renewed``) on ``<ns>.api.runner_creds.<job id>``, a subject the server lets only that job's
-credentials publish on (the runner template fills in the job id). Placement, the one process that
-holds the runner issuer, answers (``RenewalDesk``) from the jobs log (``log_verdict``: that very
-attempt was bound last and has neither failed nor ended). So a pod that ended, a runner of an
-attempt that was superseded, or a copy of a runner's file stops working within one TTL, with no
-revocation list and no change to the server's configuration.
+Placement, the one holder of the runner issuer, answers on ``<ns>.api.runner_creds.<job id>``
+(``RenewalDesk``) from the jobs log (``log_verdict``): a node agent asks there for a runner's
+first credentials (``request_runner_creds``), the runner for fresh ones at half-life
+(``keep_renewed``, ``RenewableCreds``), and a runner refused renewal is asked to stop
+(``on_lost``).
 
-The same desk gives a runner its first credentials: the local node agent, which holds no key,
-asks on the same subject when it starts a pod (``request_runner_creds``). The desk mints only
-for a job id intake could have made (``mdq.core.tenants.check_job_id``): the server fills the
-credential's name into the runner template as it is, so a name such as ``*``, ``alice.*`` or
-``intake`` would otherwise grant every job's subjects, or an identity's inbox
-(docs/security.md, "NATS: every connection proves who it is").
-
-The runner holds its credentials in memory (``RenewableCreds``: nats-py asks for the JWT and a
-signature of the server's nonce at each connect); after a renewal it reconnects at once, so the
-connection always runs on credentials with at least half their life left. A runner told its
-attempt no longer lives, or left without valid credentials, is asked to stop (``on_lost``):
-it checkpoints and exits, since nothing it reports would be accepted.
+How and why: docs/security.md, "NATS: every connection proves who it is" (its runner
+credentials' items).
 """
 
 from __future__ import annotations
