@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeVar
 
+import asyncpg
 import nats.errors
 from google.protobuf.message import Message
 from nats.aio.client import Client
@@ -344,3 +345,20 @@ class OwnersPublisher(EventPublisher):
 
 def publisher(js: JetStreamContext, subjects: Subjects) -> EventPublisher:
     return OwnersPublisher(js=js, subjects=subjects)
+
+
+INSERT_JOB_ROW = (
+    "INSERT INTO jobs (job_id, request_id, name, task, state, attempt, priority_class, spec, "
+    "depends_on, submitted_at, updated_at, target_steps, last_step) VALUES ($1, $1, 'md', "
+    "'TASK_MD', $3, 1, 'normal', $2::jsonb, '{}', now(), now(), 100, 0)"
+)
+
+
+async def insert_job_rows(
+    connection: asyncpg.Connection, specs: Mapping[str, str], *, state: str = "RUNNING"
+) -> None:
+    """A ``jobs`` row for each job id of ``specs``, with that spec (JSON text): what rows of
+    ``attempts`` and the tables kept from it need, written straight into PostgreSQL."""
+    await connection.executemany(
+        INSERT_JOB_ROW, [(job, spec, state) for job, spec in specs.items()]
+    )

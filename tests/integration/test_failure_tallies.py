@@ -16,6 +16,7 @@ import asyncpg
 from alembic import command
 
 from mdq.store.migrate import alembic_config, upgrade_async
+from tests.helpers import insert_job_rows
 
 revision = importlib.import_module("mdq.store.migrations.versions.0019_failure_tallies")
 NOW = datetime(2026, 12, 4, 12, tzinfo=UTC)
@@ -34,12 +35,7 @@ TALLIES = "SELECT * FROM failure_tallies"
 
 
 async def _jobs(connection: asyncpg.Connection, jobs: list[str]) -> None:
-    await connection.executemany(
-        "INSERT INTO jobs (job_id, request_id, name, task, state, attempt, priority_class, "
-        "spec, depends_on, submitted_at, updated_at, target_steps, last_step) VALUES ($1, $1, "
-        "'md', 'TASK_MD', 'RUNNING', 1, 'normal', '{}', '{}', now(), now(), 100, 0)",
-        [(job,) for job in jobs],
-    )
+    await insert_job_rows(connection, dict.fromkeys(jobs, "{}"))
 
 
 def _row(job: str, attempt: int, rng: random.Random) -> tuple[Any, ...]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import json
 import random
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -18,6 +19,7 @@ import pytest
 from alembic import command
 
 from mdq.store.migrate import alembic_config, upgrade_async
+from tests.helpers import insert_job_rows
 
 revision = importlib.import_module("mdq.store.migrations.versions.0020_node_hours")
 HOUR = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
@@ -36,12 +38,9 @@ ROWS = "SELECT node, hour, attempts, busy_s, cpu_core_s FROM {} ORDER BY node, h
 
 
 async def _jobs(connection: asyncpg.Connection, jobs: list[str]) -> None:
-    await connection.executemany(
-        "INSERT INTO jobs (job_id, request_id, name, task, state, attempt, priority_class, "
-        "spec, depends_on, submitted_at, updated_at, target_steps, last_step) VALUES ($1, $1, "
-        "'md', 'TASK_MD', 'RUNNING', 1, 'normal', $2::jsonb, '{}', now(), now(), 100, 0)",
-        [(job, '{"resources": {"cpu": %s}}' % (1 + index % 3)) for index, job in enumerate(jobs)],
-    )
+    """The jobs' rows, asking for 1, 2 and 3 cores in turn."""
+    specs = {job: json.dumps({"resources": {"cpu": 1 + i % 3}}) for i, job in enumerate(jobs)}
+    await insert_job_rows(connection, specs)
 
 
 async def _upsert(connection: asyncpg.Connection, rows: list[tuple[Any, ...]]) -> None:

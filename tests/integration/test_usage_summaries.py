@@ -17,6 +17,7 @@ from alembic import command
 from mdq.store.engine import create_engine
 from mdq.store.migrate import alembic_config, upgrade_async
 from mdq.store.queries import usage_history
+from tests.helpers import insert_job_rows
 
 revision = importlib.import_module("mdq.store.migrations.versions.0018_usage_summaries")
 SPEC = {"name": "md", "system": {"water_box": {"box_nm": 3.0}}, "resources": {"cpu": 2}}
@@ -182,11 +183,10 @@ async def test_two_writers_of_oom_kills_of_the_same_kinds_at_once_do_not_deadloc
     jobs = {
         side: [f"{side}{index:011x}-md" for index in range(kinds * rounds)] for side in ("a", "b")
     }
-    await setup.executemany(
-        "INSERT INTO jobs (job_id, request_id, name, task, state, attempt, priority_class, spec, "
-        "depends_on, submitted_at, updated_at, target_steps, last_step) VALUES ($1, $1, 'md', "
-        "'TASK_MD', 'FAILED', 1, 'normal', $2::jsonb, '{}', now(), now(), 100, 0)",
-        [(job, specs[index % kinds]) for side in jobs for index, job in enumerate(jobs[side])],
+    await insert_job_rows(
+        setup,
+        {job: specs[index % kinds] for side in jobs for index, job in enumerate(jobs[side])},
+        state="FAILED",
     )
 
     async def writer(side: str, reverse: bool) -> None:

@@ -30,6 +30,7 @@ Revises: 0018_usage_summaries
 Create Date: 2026-12-04
 """
 
+import importlib
 from collections.abc import Sequence
 
 import sqlalchemy as sa
@@ -133,14 +134,9 @@ FAILURES_BY_REASON = """
 """
 """Failed attempts by reason, from the tallies (the same columns and types as before)."""
 
-FAILURES_BY_REASON_FROM_ATTEMPTS = """
-    SELECT a.failure_reason AS reason, count(*) AS attempts,
-           count(DISTINCT a.job_id) AS jobs, sum(a.steps_lost) AS steps_lost,
-           max(a.ended_at) AS last_at
-    FROM attempts a
-    WHERE a.failure_reason IS NOT NULL
-    GROUP BY a.failure_reason
-"""
+FAILURES_BY_REASON_FROM_ATTEMPTS: str = importlib.import_module(
+    "mdq.store.migrations.versions.0002_history_views"
+).VIEWS["failures_by_reason"]
 """The view as revision 0002 made it (the downgrade's)."""
 
 

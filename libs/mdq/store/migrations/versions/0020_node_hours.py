@@ -27,6 +27,7 @@ Revises: 0019_failure_tallies
 Create Date: 2026-12-04
 """
 
+import importlib
 from collections.abc import Sequence
 
 import sqlalchemy as sa
@@ -37,9 +38,15 @@ down_revision: str | None = "0019_failure_tallies"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-TENANT_PREFIX = "(CASE WHEN strpos({j}, '.') > 0 THEN split_part({j}, '.', 1) || '.' ELSE '' END)"
-"""The owner of a job id ``{j}`` as a prefix of its ids: ``alice.`` for tenant alice's,
-'' for the operator's (``mdq.core.ids``)."""
+_views = importlib.import_module("mdq.store.migrations.versions.0002_history_views")
+_indexes = importlib.import_module("mdq.store.migrations.versions.0007_history_indexes")
+_tallies = importlib.import_module("mdq.store.migrations.versions.0019_failure_tallies")
+
+TENANT_PREFIX: str = _tallies.TENANT_PREFIX
+"""The owner of a job id ``{j}`` as a prefix of its ids (revision 0019's)."""
+TRANSITIONS: dict[str, tuple[str, str, str]] = _tallies.TRANSITIONS
+"""Per event: the trigger's transition tables, and what stands for ``{old}`` and ``{new}``
+(revision 0019's)."""
 
 CORES = "COALESCE((j.spec->'resources'->>'cpu')::float8, 1.0)"
 """The cores the job ``j`` requested (its spec's ``resources.cpu``; 1 when unset)."""
@@ -94,20 +101,6 @@ TALLY = f"""
 """Add to ``node_hours`` what one statement on ``attempts`` changed: ``{old}`` the rows it took
 away or replaced, ``{new}`` the rows it wrote."""
 
-NO_ROWS = "(SELECT * FROM attempts WHERE false)"
-"""The transition table an event has not (an INSERT replaces no row, a DELETE writes none)."""
-
-TRANSITIONS = {
-    "INSERT": ("REFERENCING NEW TABLE AS new_attempts", NO_ROWS, "new_attempts"),
-    "UPDATE": (
-        "REFERENCING OLD TABLE AS old_attempts NEW TABLE AS new_attempts",
-        "old_attempts",
-        "new_attempts",
-    ),
-    "DELETE": ("REFERENCING OLD TABLE AS old_attempts", "old_attempts", NO_ROWS),
-}
-"""Per event: the trigger's transition tables, and what stands for ``{old}`` and ``{new}``."""
-
 ENDED = "a.node IS NOT NULL AND a.started_at IS NOT NULL AND a.ended_at IS NOT NULL"
 
 TALLY_EXISTING = f"""
@@ -144,48 +137,12 @@ attempts spread up to now (the caller's rights: a tenant counts its own attempts
 
 NODE_UTILISATION = "SELECT * FROM node_utilisation_since('-infinity')"
 
-NODE_UTILISATION_SINCE_SPREAD = """
-CREATE OR REPLACE FUNCTION node_utilisation_since(since timestamptz)
-RETURNS TABLE (
-    node text, hour timestamptz, attempts bigint, busy_s numeric, cpu_core_s double precision
+NODE_UTILISATION_SINCE_SPREAD: str = _indexes.NODE_UTILISATION_SINCE.replace(
+    "CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1
 )
-LANGUAGE sql STABLE AS $$
-    SELECT a.node, h.hour, count(*) AS attempts,
-           sum(EXTRACT(EPOCH FROM (
-               LEAST(COALESCE(a.ended_at, now()), h.hour + interval '1 hour')
-               - GREATEST(a.started_at, h.hour)))) AS busy_s,
-           sum(COALESCE((j.spec->'resources'->>'cpu')::float8, 1.0) * EXTRACT(EPOCH FROM (
-               LEAST(COALESCE(a.ended_at, now()), h.hour + interval '1 hour')
-               - GREATEST(a.started_at, h.hour)))) AS cpu_core_s
-    FROM attempts a
-    JOIN jobs j ON j.job_id = a.job_id
-    CROSS JOIN LATERAL generate_series(
-        date_trunc('hour', GREATEST(a.started_at, since)), COALESCE(a.ended_at, now()),
-        interval '1 hour'
-    ) AS h(hour)
-    WHERE a.started_at IS NOT NULL AND a.node IS NOT NULL
-      AND (a.ended_at > date_trunc('hour', since) OR a.ended_at IS NULL)
-    GROUP BY a.node, h.hour
-$$
-"""
 """The function as revision 0007 made it (the downgrade's)."""
 
-NODE_UTILISATION_SPREAD = """
-    SELECT a.node, h.hour, count(*) AS attempts,
-           sum(EXTRACT(EPOCH FROM (
-               LEAST(COALESCE(a.ended_at, now()), h.hour + interval '1 hour')
-               - GREATEST(a.started_at, h.hour)))) AS busy_s,
-           sum(COALESCE((j.spec->'resources'->>'cpu')::float8, 1.0) * EXTRACT(EPOCH FROM (
-               LEAST(COALESCE(a.ended_at, now()), h.hour + interval '1 hour')
-               - GREATEST(a.started_at, h.hour)))) AS cpu_core_s
-    FROM attempts a
-    JOIN jobs j ON j.job_id = a.job_id
-    CROSS JOIN LATERAL generate_series(
-        date_trunc('hour', a.started_at), COALESCE(a.ended_at, now()), interval '1 hour'
-    ) AS h(hour)
-    WHERE a.started_at IS NOT NULL AND a.node IS NOT NULL
-    GROUP BY a.node, h.hour
-"""
+NODE_UTILISATION_SPREAD: str = _views.VIEWS["node_utilisation"]
 """The view as revision 0002 made it (the downgrade's)."""
 
 
