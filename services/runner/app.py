@@ -1,20 +1,10 @@
 """Entry point of the runner: read the task, connect, run it, exit with a meaningful code.
 
-The composition root: the task comes from the environment (``RunnerTask.from_env``), the bus
-from ``CommonSettings``, the runner's own knobs from ``RunnerSettings``. SIGTERM (and SIGINT)
-only set a flag; the running task checkpoints at its next chunk boundary and returns PREEMPTED.
-When NATS is not there at start, the runner waits for it (with backoff) before running any MD,
-and a SIGTERM during that wait ends it with PREEMPTED (``_connect_unless_stopped``).
-Every failure is mapped to a :class:`RunnerExit` so recovery can tell a crash from bad input,
-a blown-up simulation or an out-of-memory kill.
-
-The runner trusts nothing it is handed (``checked_task``): the spec is validated again as
-intake validates it (force-field names included, against OpenMM's data and
-MDQ_FORCEFIELD_DIR), the job and input folders must be the ones the data folder gives those
-job ids, and an invalid task exits INVALID_INPUT with one log line naming the problem. The
-attempt runs in its job's own folder (the working directory), never in the data folder; the
-engine (``services.runner.engines``: OpenMM or LAMMPS, by the job's system) is imported only
-once the task is known.
+The composition root: task, settings and bus come from the environment; the task is checked
+again (``checked_task``) before anything runs; SIGTERM and SIGINT only set a flag, on which the
+running task checkpoints and returns PREEMPTED; every failure is mapped to a
+:class:`RunnerExit`. Design: docs/engines.md, "The runner"; docs/security.md,
+"Every consumer validates the spec it acts on".
 """
 
 from __future__ import annotations

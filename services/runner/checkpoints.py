@@ -1,28 +1,8 @@
-"""Checkpoint files: written atomically, verified by sha256, the previous one always kept.
+"""OpenMM checkpoint files: written atomically, verified by sha256, the previous one kept.
 
-A checkpoint of step S is three files in ``checkpoints/``:
-
-* ``ckpt-<S:012d>.xml`` — the portable OpenMM State XML (positions, velocities, box, time and
-  the step count, from which the step is recovered and checked against the name); it restores
-  on any platform;
-* ``ckpt-<S:012d>.chk`` — OpenMM's native checkpoint (exact continuation, including the
-  integrator's random state), used only by an attempt on the same platform;
-* ``ckpt-<S:012d>.json`` — the sidecar: step, sha256 and size of both, time, platform, and
-  the trajectory's length at that step (so a resume can cut the trajectory back to it).
-
-Each is written to a temporary file, fsynced, renamed into place and the folder fsynced, so a
-crash leaves either the old file or the new one, never a torn one under the real name. The
-sidecar is written last: it is what makes the set a checkpoint (a checkpoint found in the
-folder without one, or whose XML does not match it, is never loaded). The sha256 is read back
-from the renamed file: what is announced is what is on disk. Loading verifies the sha256
-again: a torn, corrupt or missing XML makes the newest good checkpoint in the folder the one
-used, a corrupt native file only costs the exact continuation (the XML of the same step is
-used). A write that fails (a full or failing data disk) removes its temporary file and what it
-had put in place of that step, and prunes nothing: the checkpoints before it stay as they were.
-
-The newest checkpoint and the one before it are kept (older ones are deleted), so a checkpoint
-that turns out to be bad still leaves a good one to fall back to (docs/architecture.md,
-invariant 5).
+A checkpoint of step S is the portable State XML, OpenMM's native checkpoint of the same step
+and a sidecar, in ``checkpoints/ckpt-<S:012d>.xml|.chk|.json``; loading falls back to the newest
+good checkpoint in the folder. Design: docs/engines.md, "Checkpoint files" and "OpenMM".
 """
 
 from __future__ import annotations

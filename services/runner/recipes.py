@@ -1,26 +1,11 @@
 """System recipes: from a job's ``system`` to an OpenMM topology, system and start positions.
 
-Four recipes, each deterministic for a given spec, so every attempt rebuilds exactly the same
-system and a checkpoint only has to carry the state:
-
-* ``water_box`` — a cubic box of TIP3P water (amber14), the standard small benchmark;
-* ``lennard_jones`` — a periodic Lennard-Jones fluid (argon by default), atoms on a simple
-  cubic lattice that melts during the run: the classic materials benchmark;
-* ``structure`` — a PDB / PDBx file (one of the job's own input files, from the data folder's
-  ``inputs`` folder or a dependency's output folder) or inline text, parameterised with force
-  fields from OpenMM's own data or the operator's folder (``mdq.forcefields``), optionally
-  solvated;
-* ``openmm_xml`` — a serialized OpenMM System and the State it starts from, two of the job's
-  input files; a System holding a force OpenMM does not ship (a ``PythonForce``, which runs
-  code as it is read, or a plugin's) is refused before OpenMM reads it.
-
-A structure path is resolved only inside the allowed folders (the job's working folder, where
-its input files are, ``<data>/inputs``, given as ``inputs/...``, and the dependencies' folders)
-after following symlinks, so a spec cannot read another job's files or anything else under the
-data folder. A force-field name becomes the
-absolute path of a file in a trusted folder before OpenMM sees it, so OpenMM never looks in
-the working directory (a force-field XML may hold Python that OpenMM runs).
-Every problem with the input is an :class:`InvalidInputError` (not worth retrying).
+Four recipes (``water_box``, ``lennard_jones``, ``structure``, ``openmm_xml``), each
+deterministic for a given spec, so every attempt rebuilds the same system and a checkpoint only
+carries the state. Paths and force-field names resolve only inside trusted folders, and a
+serialized System holding a force OpenMM does not ship is refused; every problem with the input
+is an :class:`InvalidInputError`. Design: docs/jobspec.md, "Systems"; docs/engines.md, "OpenMM";
+docs/security.md, "Runner isolation".
 """
 
 from __future__ import annotations

@@ -1,24 +1,10 @@
 """The engine port: what the runner's loops ask of an MD engine, whichever it is.
 
-The loops in :mod:`services.runner.md` (MD, minimisation) report progress, check stability and
-convergence, decide when to checkpoint, honour SIGTERM and announce outputs; an engine only
-does the physics and its files (docs/engines.md):
-
-* ``prepare`` — build the system and put the start state in: resumed from the announced
-  checkpoint (verified), from a dependency's final state, or fresh;
-* ``advance`` / ``minimize`` — run steps (or minimiser iterations), synchronously: the loops
-  call them in a worker thread, in chunks, so the event loop keeps publishing between them;
-  ``minimize`` calls ``on_report`` as it goes and returns early when ``stop`` is set;
-  ``interrupt`` (from another thread) ends a running chunk early, where the engine can;
-* ``sample`` — the current energies in the engine-neutral units of
-  :class:`services.runner.samples.EnergySample`;
-* ``checkpoint`` — write, fsync and verify (read back, sha256) a checkpoint of the current
-  step; its folder (``checkpoints``) is what a retry resumes from;
-* ``finish`` / ``outputs`` — write the final state; list the files the attempt leaves.
-
-Nothing above the runner knows which engine ran: the events, the energy table and the exit
-codes are the same. The engine is chosen by the job's system (``mdq.core.engines``) and its
-module is imported only then, so a LAMMPS attempt never loads OpenMM and the other way round.
+The loops in :mod:`services.runner.md` report, checkpoint and honour SIGTERM; an engine only
+does the physics and its files (``prepare``, ``advance``, ``minimize``, ``sample``,
+``checkpoint``, ``interrupt``, ``finish``, ``outputs``). The engine is chosen by the job's system
+and its module imported only then. Design: docs/engines.md, "The engine port" and "Adding an
+engine".
 """
 
 from __future__ import annotations

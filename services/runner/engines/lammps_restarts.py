@@ -1,18 +1,9 @@
 """The LAMMPS engine's checkpoints: restart files, written atomically and verified.
 
-A checkpoint of step S is two files in ``checkpoints/``:
-
-* ``ckpt-<S:012d>.restart`` — LAMMPS's binary restart file (``write_restart``): box, atoms,
-  velocities, and the state of the fixes that keep one (a thermostat's, for instance); a retry
-  resumes from it with ``read_restart`` (``services.runner.engines.lammps_engine``);
-* ``ckpt-<S:012d>.json`` — the sidecar: step, sha256, size, time, units.
-
-LAMMPS writes the restart to a temporary name; the file is then fsynced, renamed into place and
-the folder fsynced, so a crash leaves the old checkpoint or the new one, never a torn one under
-the real name. It is verified as it is read back from disk: its header must be a LAMMPS restart's
-(the magic string, this machine's byte order) and hold the step of its name, and its sha256 is
-what is announced. Loading verifies both again and falls back to the newest good checkpoint in
-the folder, as the OpenMM engine does. The newest checkpoint and the one before it are kept.
+A checkpoint of step S is LAMMPS's binary restart file ``checkpoints/ckpt-<S:012d>.restart``
+and its ``.json`` sidecar; the file read back from disk must have a LAMMPS restart's header
+holding the step of its name, and its sha256 is what is announced. Design: docs/engines.md,
+"Checkpoint files" and "LAMMPS".
 """
 
 from __future__ import annotations
