@@ -1,19 +1,9 @@
 """The data folder's health: what a full, read-only, failing or unmounted data disk looks like.
 
-Every job's checkpoints, trajectory and outputs live under the data folder (``MDQ_DATA_DIR``),
-usually a volume of its own. When that volume fails under a job, the failure is the node's,
-never the job's (docs/architecture.md, invariant 4; ``mdq.core.recovery``):
-
-* ``disk_error`` finds the ``OSError`` behind an exception that says so — ENOSPC (full), EDQUOT
-  (over quota), EROFS (mounted read-only), EIO (the device fails) — and ``exit_code_for``
-  turns it into the runner's exit code (``RunnerExit.NO_SPACE`` or ``DISK_FAILED``);
-* ``claim`` marks a data folder as the volume mdq writes to (the file ``.mdq-volume``, written
-  when the node agent first finds the folder without one), so that a volume that is no longer
-  mounted — the folder is then the empty directory under the mount point — is told apart from
-  an empty volume;
-* ``probe`` is the node agent's health check of the folder: the marker is there, at least
-  ``min_free_bytes`` are free, and a small file can be written, fsynced and removed. It returns
-  the problem in words ("data disk full: ..."), or "" when the folder is healthy.
+A failing data volume is the node's fault, never the job's: ``disk_error`` and
+``exit_code_for`` turn the ``OSError`` behind a failure into the runner's exit code, ``claim``
+marks the folder as mdq's volume so an unmounted one is told apart, and ``probe`` is the node
+agent's health check. Design: docs/placement.md, "Cordons"; docs/backends.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """What intake checks of a tenant's submit beyond its spec: the tenant's policy.
 
-The policy (``mdq.core.tenants.TenantPolicy``) comes from the tenants bucket, followed live
-(``mdq.bus.tenants.TenantDirectory``). A submit of a tenant is refused, with a clear error and
-nothing published but its ``rejected`` event, when:
-
-- it exceeds the tenant's rate (``SubmitRateLimiter``: a token bucket per tenant, in this
-  replica; N replicas let a tenant submit N times the rate, docs/security.md);
-- it asks for the ``high`` class without ``allow_high``, or one job asks for more CPU than the
-  tenant may ever run at once (``check_submit``);
-- it would take the tenant's queued jobs above ``max_queued_jobs``: placement's last count
-  (``TenantUsage`` in its waiting bucket, key ``tenant.<name>``, read at most once a second
-  per tenant) plus the jobs this replica accepted since that count.
-
-The operator's submits ("" tenant) are never limited here. A rate refusal is a
-``RateRefusal``: asked by request-reply, it is answered and not recorded.
+A tenant's submit is refused, naming what it exceeds, for its rate (a token bucket per tenant
+in this replica), the ``high`` class without ``allow_high``, a job larger than its running
+quota, or ``max_queued_jobs``; the operator's submits are never limited here. Design:
+docs/security.md, "Tenants" (its "Limits").
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """The watcher's lifecycle half: pod updates and silence become job events.
 
-It folds the job log and the latest progress of every job into memory, follows the cluster
-backend's pod updates, and publishes ``pod`` plus the lifecycle event each implies
-(``started``, ``succeeded``, ``attempt_failed``), fenced by attempt: an update of any other
-attempt than the job's current one changes nothing. A RUNNING job that stays silent for too
-long is declared lost (``attempt_failed`` with FAILURE_LOST) and its pod is deleted, so the
-next attempt never runs beside it; so is the attempt of a job that has lived as long as the
-jobs log keeps events (FAILURE_EXPIRED, ``mdq.core.expiry``). A running job that has run
-longer than its ``max_wall_s`` (its attempts together) gets ``limit_exceeded`` and its pod is
-deleted: the runner checkpoints and exits, and recovery fails the job (FAILURE_LIMIT_EXCEEDED).
-The attempt of a job being stopped on request (``JobView.stop``: job control, a limit) that
-ends because it was stopped fails FAILURE_STOPPED, never EVICTED or CRASHED (it is not the
-node's fault either). A pod still pending or running for a job that was CANCELLED is deleted.
-Every event id is derived from job, attempt and phase, so two watcher replicas, or a restart
-that sees every pod again, publish each fact once.
+It follows the backend's pod updates and publishes ``pod`` and the lifecycle event each implies,
+fenced by attempt; it declares silent and expired runs lost, stops runs past ``max_wall_s`` and
+deletes pods that must not run. Event ids derive from job, attempt and phase, so each fact is
+published once. Design: docs/architecture.md, "The job state machine".
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """How a pod's runner is started: the argv and the environment, built here and nowhere else.
 
-A pod record (local backend) or a pod manifest (Kubernetes) describes an attempt: job id,
-attempt, the job spec, the checkpoint to resume from, the dependencies and the resources
-(``mdq.backends.port.PodSpec``). It never carries a command or free environment variables:
-whoever can write the pods bucket must not be able to run a program, or to read the secrets
-of the process that starts it. So the node agent, the simulated kubelet and the Kubernetes
-manifest builder all start the runner the same way:
-
-* argv: ``<this interpreter> -m services.runner`` (``module_argv``), never from the record;
-* environment: the task variables derived from the record (``RunnerTask.to_env``, paths
-  derived from the data folder and validated job ids), the bus and namespace and data folder
-  of the starting process, and of its own environment only the variables named in
-  ``INHERITED_VARIABLES`` / ``INHERITED_PREFIXES`` (``inherited_environment``): basics such as
-  PATH, HOME, LANG and TMPDIR, OpenMM's thread and platform settings, the runner's own
-  ``MDQ_RUNNER_*`` knobs and the operator's force-field folder. Everything else, DATABASE_URL
-  and any credential first of all, stays with the agent.
+A pod record or manifest describes an attempt and never carries a command or free environment
+variables, so the node agent, the simulated kubelet and the Kubernetes manifest builder all
+start ``<this interpreter> -m services.runner`` with the task's variables and an allowlist of
+their own environment: secrets stay with the agent. Design: docs/security.md, "A pod
+describes an attempt; it never says what to run".
 """
 
 from __future__ import annotations

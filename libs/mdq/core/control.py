@@ -1,20 +1,9 @@
 """Job control: what cancel, hold, release, requeue, reprioritize and extend do to a job (pure).
 
-A client sends a ``ControlRequest`` (docs/control.md); placement's leader answers it. This
-module holds every decision, so the service only reads, publishes and deletes pods:
-
-- ``decode_request`` / ``check_request``: the request, or a ``ControlError`` naming the field at
-  fault (nothing changes then);
-- ``control_id_for_key`` and ``fingerprint``: the id under which the request is remembered (its
-  answer is the answer to any resend with the same key) and what "the same request" means;
-- ``may_control``: a tenant controls its own jobs only, the operator every job;
-- ``Selector``: which jobs a request names (ids) or matches (a submit's request id, labels);
-- ``decide``: for one job as the log shows it (``JobView``), the ``Action``: the outcome to
-  answer, the event to publish (if any) and whether the job's pod is to be deleted (a stop:
-  the runner checkpoints on SIGTERM and exits; recovery decides what follows, ``JobView.stop``).
-
-The fold of the events published here is ``mdq.core.state``; recovery's half is
-``mdq.core.recovery.decide``.
+Placement's leader answers a ``ControlRequest``; every decision is here, so the service only
+reads, publishes and deletes pods: checking a request (``check_request``), its idempotency
+(``control_id_for_key``, ``fingerprint``), who may control which jobs (``may_control``,
+``Selector``) and what it does to one job (``decide``). Design: docs/control.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
 """Fair share between tenants: weighted dominant-resource fairness over the queue (pure).
 
-When more work waits than fits, which tenant's job is bound next decides who gets the cluster.
-mdq uses dominant-resource fairness (Ghodsi et al., NSDI 2011), weighted: a tenant's *dominant
-share* is the larger of its CPU share and its memory share of the schedulable capacity (the
-requests of its BOUND and RUNNING jobs over the capacity of the nodes placement may bind to),
-and its *weighted share* is that over its weight (``TenantPolicy.weight``; the operator's own
-untenanted jobs weigh ``OPERATOR_WEIGHT``). ``FairQueue`` hands ``plan`` the queued jobs one at
-a time: always the next job, in queue order (priority class and age), of the tenant whose
-weighted share is the smallest now, and the share of a tenant grows as soon as one of its jobs
-is bound (``charge``), so one pass over a flooded queue already interleaves the tenants by
-weight. Ties go to the job earlier in queue order, so with one tenant, or tenants at equal
-shares, the order is exactly the queue's.
-
-It is work-conserving: a job that fits nowhere is passed over and charges nothing, so the jobs
-after it, of any tenant, still bind; a tenant alone in the queue takes everything idle.
+``FairQueue`` hands ``plan`` the queued jobs one at a time, always the next job of the tenant
+whose weighted dominant share is the smallest now, charging a tenant as soon as one of its jobs
+binds; it is work-conserving. Design: docs/placement.md, "Fair share".
 """
 
 from __future__ import annotations
