@@ -1,17 +1,9 @@
 """Waiting for a server that is not there (yet): exponential backoff with one clear log line.
 
-Every service starts before, beside or after NATS and PostgreSQL (a Kubernetes rollout, the
-embedded stack, a server restarted under load), so none of them may exit because a server does
-not answer yet. ``keep_trying`` runs an attempt until it succeeds, and after each failure of
-an expected kind logs one line that names the server, the reason and the next delay::
-
-    NATS at nats://127.0.0.1:4222 not reachable (ConnectionRefusedError: [Errno 111] ...);
-    retrying in 2.0 s
-
-Only the exception types the caller names are retried: anything else is a bug or a permanent
-problem (a bad password, a missing stream) and propagates, so the process stops with it
-instead of hiding it behind retries. ``mdq.bus.connect`` (NATS) and ``mdq.store.engine``
-(PostgreSQL) build on it.
+No service may exit because NATS or PostgreSQL does not answer yet. ``keep_trying`` runs an
+attempt until it succeeds, retrying only the exception types the caller names and logging one
+line per failure with the server, the reason and the next delay; anything else propagates.
+Design: docs/architecture.md, "When NATS or PostgreSQL is down".
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """Entrypoint: ``python -m services.watcher`` (composition root).
 
-Runs the two halves side by side: the projector (log → PostgreSQL) and the lifecycle
-(pod updates and silence → job events). They fail apart: the watcher waits for NATS on start
-(``connect(wait=True)``), but never for PostgreSQL. Its pool connects on first use, and the
-projector waits out a database that is not there yet or goes away (``mdq.store.projection``),
-so pod phases keep becoming ``started`` / ``succeeded`` / ``attempt_failed`` events meanwhile
-and the projection catches up from its stored offsets afterwards.
-
-A log that is not the one the projection was made from (``LogContinuityError``: the stream was
-recreated or lost its tail) is not a transient failure: the watcher logs why and how to
-recover, and exits with ``EXIT_LOG_CONTINUITY`` so that nothing restarts it into skipping
-events (docs/durability.md). Any other error the projector does not retry (a database that
-does not exist) stops the watcher too, non-zero.
+Runs the two halves side by side: the projector (log → PostgreSQL) and the lifecycle (pod
+updates and silence → job events). It waits for NATS on start but never for PostgreSQL, and
+exits with ``EXIT_LOG_CONTINUITY`` when the log is not the one the projection was made from.
+Design: docs/architecture.md, "When NATS or PostgreSQL is down"; docs/durability.md, section 4.
 """
 
 from __future__ import annotations

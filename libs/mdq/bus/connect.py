@@ -1,19 +1,10 @@
 """Connecting to NATS the same way in every service, and waiting for it when it is not there.
 
-A service (intake, placement, watcher, recovery, metrics, the local node agent, the runner)
-connects with ``connect(url, name=..., wait=True)``: while no server accepts a connection, or
-JetStream does not answer yet, it waits with backoff and logs one line per try (``mdq.backoff``)
-instead of exiting::
-
-    NATS at nats://127.0.0.1:4222 not reachable (ConnectionRefusedError: ...); retrying in 2.0 s
-
-Each try first opens a plain TCP connection to the servers of the URL (``probe``): nats-py's
-own ``connect`` retries forever at a fixed 0.5 s when reconnects are unlimited, logging an
-ERROR with a traceback each time, and cannot be told to give up on the first connection only.
-Once a server accepts, nats-py connects (and reconnects forever afterwards) and the namespace's
-streams are created or updated; a JetStream that is still starting (503, no responders, a
-timeout) counts as not there yet. Clients (the CLI, the SDK) use ``wait=False``: one nats-py
-connect, as before.
+A service connects with ``connect(url, name=..., wait=True)``: while no server accepts a
+connection, or JetStream does not answer yet, it probes the servers over plain TCP and waits
+with backoff, one log line per try (``mdq.backoff``), instead of exiting; then it checks the
+namespace's streams. Clients (the CLI, the SDK) connect once with ``wait=False``. Design:
+docs/architecture.md, "When NATS or PostgreSQL is down".
 """
 
 from __future__ import annotations

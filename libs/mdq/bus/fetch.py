@@ -1,18 +1,9 @@
 """Batches from a durable pull consumer, for the projection's hot path.
 
-nats-py's ``PullSubscription.fetch`` waits for each message of a batch with
-``Subscription.next_msg``, an ``asyncio.wait_for`` per message; that wait was a third of the
-watcher's CPU per progress report (bench-ingest: 35 us per event for a bare fetch + COPY
-loop). ``BatchFetcher`` sends the same pull requests (``$JS.API.CONSUMER.MSG.NEXT``) with
-its own reply subjects and collects what arrives in a callback, so a batch costs one wait.
-
-Protocol, as nats-py's fetch: first a ``no_wait`` request for the whole batch, which the
-server answers at once with what is there (and a 404 status if that is less); only if that
-brought nothing, a lingering request that expires at the caller's timeout (408 status).
-One request is open at a time. Messages that arrive after a ``fetch`` returned (late
-deliveries of its request) are kept for the next one, so none is skipped; status 409 (consumer
-deleted, leadership change, ...) is raised as ``nats.js.errors.APIError`` and 503 (no such
-consumer) as ``nats.errors.NoRespondersError``.
+``BatchFetcher`` sends the same pull requests as nats-py's ``fetch`` with reply subjects of
+its own and collects what arrives in a callback, so a batch costs one wait instead of one per
+message; no message is skipped, and errors are raised as nats-py raises them. Design:
+docs/history.md, "Ingest speed".
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
 """Reading a KV bucket through, with a "caught up" marker that can be trusted.
 
-nats-py's KV watcher puts ``None`` in its stream of entries to say "every existing key has been
-delivered". It decides that from a consumer-info request made right after the push consumer was
-created: when the server has already pushed every message by the time it answers (a loaded
-machine, a bucket of a few hundred keys), the info says *nothing pending* while none of those
-messages has reached the iterator yet, so ``None`` comes **first** and the keys after it. Its
-``keys()`` then returns nothing (``NoKeysError`` on a full bucket), and a mirror that treats
-``None`` as "synced" answers from an empty table.
-
-``watch_through`` yields the watcher's entries and one ``None`` of its own, at the point it has
-really caught up: after the first entry the server delivered with nothing pending behind it
-(its ``delta``), or, for an empty bucket, when the consumer has delivered exactly the entries
-seen so far and has nothing pending.
+nats-py's KV watcher can say "every existing key delivered" (``None``) before the keys arrive.
+``watch_through`` yields the watcher's entries and one ``None`` of its own, where the watch has
+really caught up. Design: docs/architecture.md, "When NATS or PostgreSQL is down".
 """
 
 from __future__ import annotations

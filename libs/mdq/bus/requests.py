@@ -1,18 +1,9 @@
 """JetStream publishes and KV reads for the hot paths, over one reply subscription.
 
-nats-py's ``JetStreamContext.publish`` (and ``KeyValue.get`` / ``put``, built on it) sends each
-request through ``Client.request``: a fresh random token from ``os.urandom``, an
-``asyncio.wait_for`` and its timer per call. That is ~35 us of client CPU per publish on a
-2-core machine, against ~24 us here (20,000 publishes, 256 in flight, same process and server).
-Intake makes two such round trips per submit and placement one per binding.
-
-``Requests`` keeps one wildcard subscription ``_INBOX.<nuid>.*`` on the connection, names each
-request with a counter, and times out the requests with the default timeout from one shared
-timer (a ``call_later`` handle each cost more than the rest of a request's bookkeeping). The
-replies are parsed as nats-py parses them (``PubAck``, ``APIError``), so callers see the same
-types and errors.
-The subscription is re-made by nats-py on reconnect; a request in flight across a reconnect
-times out like any other.
+``Requests`` sends the JetStream API requests of intake and placement through one wildcard
+reply subscription, names each with a counter and times them out from one shared timer,
+parsing the replies as nats-py does, so callers see the same types and errors. Design:
+docs/intake.md, "The registry"; group commit: docs/durability.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """The tenants KV bucket: each tenant's ``TenantPolicy``, read live by the services.
 
-The bucket is ``<namespace>_tenants`` (``Subjects.tenants_bucket``); a key is a tenant's name,
-its value the policy's JSON (``TenantPolicy.to_json``). Only the admin writes it
-(``put_policy``, ``remove_policy``) and creates it (``ensure_tenants_bucket``, from
-``mdq.bus.setup.prepare_bus``); services only read and watch it (``TenantDirectory``), so
-they need no right to manage it.
-
-``TenantDirectory`` watches the bucket and answers ``policy(tenant)`` from memory: a policy
-the admin changes applies within moments, without a restart. A tenant without a record, a
-record that does not parse (logged) and every tenant while the bucket does not exist yet get
-``DEFAULT_POLICY`` (so does every tenant without a policy read yet while the bucket cannot be
-opened: no right to read it, say); the directory keeps trying to open a missing bucket, and
-starts its watch again every ``resync_s`` (a KV watch can go silent after a server restart) or
-after an error.
+The bucket is ``<namespace>_tenants``, one key per tenant holding its policy's JSON. Only the
+admin writes and creates it (``put_policy``, ``remove_policy``, ``ensure_tenants_bucket``);
+services read it through ``TenantDirectory``, a watch answering ``policy(tenant)`` from memory,
+``DEFAULT_POLICY`` when there is none. Design: docs/placement.md, "Tenant quotas".
 """
 
 from __future__ import annotations

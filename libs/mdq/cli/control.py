@@ -1,17 +1,9 @@
 """``mdq cancel | hold | release | requeue | reprioritize | extend``: job control from the shell.
 
-Each command sends one ``ControlRequest`` (``MdqClient.control``; placement's leader answers,
-docs/control.md) for the jobs named by id, a submit (``--request``) or labels (``-l k=v``),
-prints each job's outcome and exits:
-
-- 0: the request was accepted and every job it named is done, being stopped, or already so;
-- 1: some job was not found, is another tenant's, or the verb does not apply to it (said per
-  job; nothing was changed for it), or ``--wait`` ran out of time;
-- 2: the request was refused (the field at fault is printed); nothing changed;
-- 3: nobody answered (placement not running).
-
-``--wait`` waits for the effect (``MdqClient.wait_control``): cancel, a terminal state; hold,
-HELD; requeue, the new attempt; extend, the extended run's end.
+Each command sends one ``ControlRequest`` for the jobs named by id, a submit (``--request``) or
+labels (``-l k=v``), prints each job's outcome and exits 0 (done), 1 (some job not changed, or
+``--wait`` ran out), 2 (refused) or 3 (nobody answered); ``--wait`` waits for the effect.
+Design: docs/control.md, "Clients".
 """
 
 from __future__ import annotations

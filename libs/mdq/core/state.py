@@ -1,17 +1,9 @@
 """The job state machine: fold a job's events into what is known about it (pure).
 
-Every service that needs a job's state (placement, recovery, the watcher, ``mdq replay``)
-folds the same log with ``JobView.apply``, so they agree. Fencing lives here: an event of an
-attempt other than the job's current one is ignored, and terminal states accept nothing but
-an ``extended`` of a SUCCEEDED job (the one way back, as a new attempt).
-
-Job control (docs/control.md) is folded here too. A job that runs nothing (WAITING, PENDING,
-HELD) is CANCELLED or HELD by one event. A bound or running job is *stopped*: the request
-(``cancel_requested``, ``held``, ``requeue_requested``, ``limit_exceeded``) sets ``stop`` and
-its pod is deleted; the runner checkpoints and exits, the attempt fails FAILURE_STOPPED, and
-recovery decides what follows from ``stop`` (``cancelled``, or ``requeued``, which leaves a
-held job HELD). A cancel is sticky: whatever state the job reaches before its ``cancelled``,
-the ``stop`` stays until a terminal event, so no race loses it.
+Every reader of a job's state (placement, recovery, the watcher, ``mdq replay``, the SDK) folds
+the same log with ``JobView.apply``, so they agree. Fencing and job control's stops
+(``JobView.stop``, sticky until a terminal event) are folded here. Design:
+docs/architecture.md, "The job state machine"; docs/control.md.
 """
 
 from __future__ import annotations

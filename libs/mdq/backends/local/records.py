@@ -1,17 +1,10 @@
 """The local backend's "API server": two JetStream KV buckets and the JSON records in them.
 
-``<ns>_local_pods`` holds one record per pod (key = pod name): the PodSpec fields (a
-description of the attempt: ids, resources, the job spec and checkpoint as base64 protobuf,
-the dependencies; never a command or environment, see ``mdq.backends.launch``), the status
-the node agent observed, and whether deletion was requested. Fields mdq does not write (a
-"command" or "env" of a forged record) are ignored, with a warning. ``<ns>_local_nodes`` holds one
-record per node (key = node name): capacity, readiness, live load, the heartbeat time and the
-node's problem (why it cannot run pods now, "" when it can).
-Every process that talks to the local backend (placement, the watcher, metrics, the node
-agents) reads and writes these buckets, so they share one view and it survives restarts.
-
-Writers never clobber each other: a change is a read-modify-write with the revision it read
-(``update_pod``), retried when another writer got in first.
+``<ns>_local_pods`` holds one record per pod (the attempt's description, its observed status,
+whether deletion was requested) and ``<ns>_local_nodes`` one per node (capacity, readiness,
+load, heartbeat, problem). Every process of the local backend shares them; a change is a
+read-modify-write on the revision read, retried on conflict. Design: docs/backends.md, "The
+node agent"; docs/security.md, "A pod describes an attempt; it never says what to run".
 """
 
 from __future__ import annotations
