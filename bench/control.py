@@ -1,32 +1,9 @@
 """Benchmark: how fast job control stops running work, and how fast it cancels a flood.
 
-Runs the whole stack (embedded NATS and PostgreSQL, every service, the local backend, real
-OpenMM runners) and measures from outside (this process's clock, the process table, the
-runners' own files, the log as JetStream stores it; never a figure mdq's events report):
-
-1. **cancel to exit**, one running job at a time: ``MdqClient.cancel`` is sent (t0) and the job's
-   runner process is polled in the process table until it is gone (t1). Side by side, in the
-   same waves of running jobs, the raw floor: SIGTERM sent straight to another runner (what the
-   runner itself takes to checkpoint and exit); the ratio of the two medians is
-   ``cancel_to_exit_ratio``. A job whose newest checkpoint file was written after
-   its t0 (no periodic checkpoint is due for a million steps) counts in
-   ``checkpointed_on_cancel``;
-2. **bulk cancel**: 10,000 jobs that fit no node (PENDING) labelled alike, cancelled by one
-   request with that label selector (t0) until the jobs stream holds a ``cancelled`` event for
-   every one of them (t1); side by side, the raw floor: the same number of events of the same
-   size, each with its own message id, published to a scratch stream of the same server from
-   this process the fastest way there is (JetStream atomic batches of 512, one flush each:
-   ``mdq.bus.requests.Requests.publish_batch``), once before and once after (the best of the
-   two): ``bulk_cancel_ratio`` (mdq's seconds over the raw floor's: 1 is the floor);
-3. at the end, ``runners_left`` (runner processes of the namespace still alive, from the
-   process table) and ``double_terminal`` (jobs with more than one terminal event in the log).
-
-A run that cannot measure what it promises (a runner that never starts, one that does not go
-away, a cancel never logged) fails with exit status 1 and the reason, never a silent skip.
-
-Usage: ``make bench-control`` (``python bench/control.py``: 18 waves of 4 running jobs, three
-of each cancelled through mdq (54) and one SIGTERMed raw (18), and 10,000 pending jobs);
-``--quick``: 3 waves, 2,000 pending jobs. The last line printed is one JSON object with the figures.
+On the whole stack, measured from outside: cancel to runner exit against a raw SIGTERM, a bulk
+cancel of pending jobs by one label against publishing as many events, and what must be zero
+at the end. Usage: ``make bench-control`` (``--quick``); the last line printed is one JSON object.
+Method, keys and runs: docs/benchmarks.md, "make bench-control".
 """
 
 from __future__ import annotations

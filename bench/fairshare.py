@@ -1,44 +1,10 @@
 """Benchmark: fair share between tenants on a flooded cluster.
 
-The whole stack runs (embedded NATS and PostgreSQL, every service, the local backend with two
-nodes of ``--cores-per-node`` schedulable cores each, real OpenMM runners of one core each).
-Three tenants with weights 1:1:2 each submit more long MD jobs than fit; after ``--newcomer-s``
-a fourth (weight 2) arrives with its own flood. Everything is measured from outside, four
-times a second, from the process table (each runner process carries ``MDQ_JOB_ID`` and
-``MDQ_ATTEMPT`` in its environment; a job id starts with its tenant) and the runners' own
-files; never from a figure mdq reports about itself:
-
-- a tenant's **share** is the cores its running runner processes requested (one each) over the
-  cores of the two nodes; its **fair share** is its weight over the weights of the tenants
-  flooding at that moment (every tenant here always wants more than it gets);
-- fairness is measured from the newcomer's arrival (its submit) to the end, the time it
-  waits for its share included: ``share_error_mean_from_arrival`` is the mean over that window
-  of the largest |share - fair share| of any tenant, ``jains_index`` Jain's index of the mean
-  share / fair share of each tenant over it;
-- ``time_to_fair_s``, apart: from the newcomer's submit until its running processes hold its
-  whole fair share;
-- ``share_error_max_settled``: the largest |share - fair share| of any tenant once settled —
-  from the moment every core is busy until the newcomer arrives, and from the moment the
-  newcomer holds its fair share until the end (the wait is in ``time_to_fair_s``);
-- ``utilisation``: busy cores over cores, averaged from the moment every core is busy to the
-  end;
-- ``max_steps_lost``: for every attempt that was stopped to give the newcomer room, the last
-  step its energy table (``energies.csv``) had while it ran minus the step its next attempt
-  resumes from: the step that attempt's runner logged, or, while it still waits, the newest
-  checkpoint file in the job's folder once the stopped runner was gone (what the retry loads);
-  reports come every ``REPORT_INTERVAL`` steps, the resolution of this figure;
-- ``checkpoint_interval_s``: the median time between a job's checkpoint files here;
-- each stopped attempt's steps lost is checked against the files on disk: the step its retry
-  logged must be a checkpoint file in the job's folder when the stopped runner had gone, and
-  where that retry is the job's last attempt and reported past it, the energy table must keep
-  exactly the stopped attempt's rows up to it and be one trajectory
-  (``mdq.testing.runner_files.retry_table_problem``); a disagreement fails the bench.
-
-Placement runs with its defaults but ``MDQ_PLACEMENT_FAIR_SHARE_MIN_RUN_S`` (the bench's
-``--min-run-s``, 5 s: the newcomer arrives long before the default two minutes). The baseline
-is the same run with fair share off (``MDQ_PLACEMENT_FAIR_SHARE=false``: queue order, the first
-flood keeps everything), its share error and newcomer wait printed beside (``--no-baseline``
-skips it). The last line printed is one JSON object.
+Three tenants of weights 1:1:2 flood the whole stack with MD jobs and a fourth arrives later;
+each tenant's share of the cores is read from the process table four times a second, against
+the same run with fair share off, and the steps the stopped attempts lose are checked on disk.
+The last line printed is one JSON object. Method and keys: docs/benchmarks.md,
+"make bench-fairshare".
 """
 
 from __future__ import annotations

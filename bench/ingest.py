@@ -1,48 +1,9 @@
 """Benchmark: MD progress events per second from NATS JetStream into PostgreSQL.
 
-Three NATS servers run side by side in one run: mdq's embedded default (JetStream
-``sync_interval: always``, every write fsynced before it is acknowledged, and every client
-authenticated), the same without authentication, and the same with the server's default fsync
-interval; one PostgreSQL. The same events (lifecycle events of ``--jobs``
-running jobs and ``--events`` progress reports) are published to each, the reports in four
-slices that alternate the servers (ABBA); then every round projects each server's events (the
-order of the servers alternates from round to round), each side through a fresh consumer into a
-fresh database:
-
-* ``raw_pipeline_per_s``: the fastest raw loop: the watcher's own fetch
-  (``mdq.bus.fetch.BatchFetcher``, one wait per batch) on a durable AckAll pull consumer in
-  batches of the watcher's size, the next batch fetched while the current one is written,
-  protobuf decode, one ``copy_records_to_table`` per batch into ``progress`` of a freshly
-  migrated database (the table the watcher writes), ack after the commit; no mdq logic;
-* ``events_per_s``: the watcher's projector (``services.watcher.projector.Projector``) on a
-  fresh, migrated database: every report stored once in ``progress`` (COPY), every lifecycle
-  event in ``job_events``, the jobs folded, the offset committed in the same transaction, ack
-  after commit;
-* on the fsync-always server only, two references: ``raw_nats_py_fetch_pipeline_per_s``, the
-  simple raw loop (nats-py's pull ``fetch``, no prefetch, COPY into a table shaped like
-  ``progress``), and ``raw_copy_rows_per_s``, COPY of rows already in memory (PostgreSQL alone).
-
-Every side's rows are counted after it ran: exactly ``--events`` rows in ``progress`` (and
-exactly the lifecycle events in ``job_events`` for the watcher), or the bench fails.
-
-The cost of the closed bus (every client authenticated, each with its least permissions:
-``mdq.bus.security.auth``): the same events on a third server, fsync-always without authentication.
-The two are measured one right after the other in every round, so ``auth_cost_ratio`` is the
-median over the rounds of the watcher's rate with authentication over its rate without
-(``auth_cost_round_ratios``; ``auth_cost_ratio_best``: best round over best round), and
-``publish_auth_cost_ratio`` the median of the publish slices' quotients. **In CPU**:
-``server_auth_cpu_cost_ratio`` is the median of the rounds' nats-server CPU per event projected
-(read from /proc around each watcher run) with authentication over without; the watcher runs
-in this process, so the server's CPU is what the closed bus adds.
-
-``ratio_vs_raw = events_per_s / raw_pipeline_per_s``, both on the fsync-always server. The
-cost of fsync-always: ``fsync_always_per_s`` / ``fsync_default_per_s`` (the watcher on each
-server, ``fsync_cost_ratio`` their quotient), the same for the raw loop (``raw_fsync_*``) and
-for publishing the reports (``publish_fsync_*``: 2,000 publishes in flight, where the fsyncs
-are paid). ``ratio_vs_raw``, ``fsync_cost_ratio`` and ``raw_fsync_cost_ratio`` are medians of
-the rounds' paired quotients (``*_rounds``, ``*_spread``; ``*_best``: best round over best
-round); every round is listed (5 rounds). ``--quick``: 10,000 reports of 20 jobs, 3 rounds.
-The last line printed is one JSON object.
+The watcher's projector against the fastest raw fetch-and-COPY loop, on NATS servers side by
+side (fsync-always with and without authentication, and the server's default interval), the
+rows counted after every side; ratios are medians of the rounds' paired quotients. The last
+line printed is one JSON object. Method and keys: docs/benchmarks.md, "make bench-ingest".
 """
 
 from __future__ import annotations

@@ -1,45 +1,10 @@
 """Benchmark: placement over several clusters: ``make bench-multicluster``.
 
-**Placement throughput, 3 clusters of 1,000 nodes against 1 cluster of 3,000.** One embedded
-NATS server (fsync-always, mdq's default), two namespaces side by side, each with the real
-intake (``python -m services.intake``) and the real placement service (a subprocess whose
-backend creates no pod, ``bench/placement_noop.py``). A reporter publishes the node loads
-every 2 s: in ``one`` 3,000 nodes of the one unnamed cluster (``node<i>``), in ``three`` the
-same 3,000 nodes as three named clusters of 1,000 (``c<k>/node<i>``, each cluster with its
-labels, so placement adds the cluster terms and the per-cluster explanation). Each round
-submits ``--jobs`` jobs through ``NS.api.submit`` (256 requests in flight) to each namespace in
-turn (which goes first alternates) and times, from outside, the first submit to the last
-``job.<id>.bound`` on the bus of that round's own jobs (a bound event of any other job is not
-counted). ``placement_ratio_3x1000_vs_1x3000`` is the median over the rounds of the two rates'
-quotient (goal ≥ 0.9); both rates per round are printed. The nodes are of a realistic size, 64
-cores and 256 GiB each, and the jobs ask for 1 to 16 cores (4 GiB a core, in turn); no job
-ever leaves (the backend starts none), so the nodes fill round after round (the default 5
-rounds of 3,000 jobs reserve about two thirds of the 192,000 cores) and placement packs.
-
-**Failover: a whole cluster lost mid-campaign.** The embedded stack with two local clusters
-(``mdq up --clusters 2``: ``lab1`` and ``lab2``, one node of 4 virtual cores each, real OpenMM
-runners), ``--failover-jobs`` MD jobs, half preferring each cluster. Once every job runs and
-has written a checkpoint, the whole of ``lab1`` is frozen (SIGSTOP to its node agent and every
-runner under it: a partition — nothing there answers, nothing there dies). Measured from
-outside: for each job that ran on ``lab1``, the time from the freeze until a runner process of
-its next attempt is in the process table (``failover_p50_s``, ``failover_p95_s``), and the
-steps it lost (its frozen runner's last energy-table row minus the step the next attempt's
-runner logged it resumed from; ``max_steps_lost``, against ``checkpoint_interval_steps``).
-The resume step each retry logged is checked on disk: a checkpoint file of that step was in
-the job's folder at the freeze, and the energy table keeps exactly the frozen runner's rows up
-to it and is one trajectory once the retry reported past it. Then ``lab1`` is thawed
-(SIGCONT): its stale runners must stop (fenced), and every job must succeed exactly once as
-seen from outside: ``succeeded`` counts the jobs of which exactly one runner process exited 0
-(the node agents' own records of their children, ``mdq.testing.agent_log``), whose energy
-table is one trajectory to the last step and whose folder holds the last step's checkpoint;
-``succeeded_exactly_once`` says every job did. mdq's events and state are printed beside
-(``mdq_reported_succeeded``, ``mdq_reported_succeeded_exactly_once``) and must agree, else the
-bench fails. Local clusters share this
-machine's data folder, so the retry reads the checkpoint its predecessor wrote; between
-Kubernetes clusters that needs copied checkpoints.
-``--no-failover`` skips it.
-
-``--quick``: 1,000 jobs per round, 2 rounds. The last line printed is one JSON object.
+Placement's rate with 3 clusters of 1,000 nodes against 1 cluster of 3,000, the real intake
+and placement on one NATS server; then a whole local cluster frozen mid-campaign, timing the
+failover and counting the steps lost and the jobs that succeed exactly once, from outside.
+The last line printed is one JSON object. Method and keys: docs/benchmarks.md,
+"make bench-multicluster".
 """
 
 from __future__ import annotations

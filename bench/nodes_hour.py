@@ -1,28 +1,9 @@
 """The nodes page's hour at 3,000 nodes: ``make bench-nodes-hour``.
 
-An embedded NATS server with mdq's streams at their default limits (``MDQ_STORAGE_*``). An
-hour of the metrics service's node summaries for ``--nodes`` nodes (3,000: bench-multicluster's
-3 clusters of 1,000), one a minute each, is published as the service publishes them
-(``node_summary_event`` through an ``EventPublisher``), their intervals ending in the last hour.
-Then, timed from here:
-
-- what the summaries stream holds: messages, bytes, bytes per summary, and how many nodes its
-  size limit (``MDQ_STORAGE_NODE_SUMMARIES_BYTES``) holds at its per-node limit;
-- what a restart costs the console: its ``NodeBoard`` following the nodes from nothing until it
-  has read the stream (``history_read``), wall clock, then the memory the board holds
-  (tracemalloc, a second run) and the time to build every node's chart data once (what the
-  nodes page asks of it);
-- the baseline: a bare nats-py ordered consumer reading the same messages without decoding
-  them, in this process;
-- what summarising costs the metrics service's pace: the real service samples ``--nodes``
-  in-memory nodes every 2 s for ``--metrics-s`` seconds, once summarising every 10 s (a
-  minute's work, six times as often) and once never; a bare subscriber times the gaps between
-  one node's load reports (what placement sees), p50 and worst, each run.
-
-One JSON line: ``nodes``, ``summaries``, ``stream_bytes``, ``bytes_per_summary``,
-``nodes_the_limit_holds``, ``backfill_s``, ``raw_read_s``, ``backfill_ratio_vs_raw``,
-``board_mib``, ``charts_ms``, ``publish_per_s``, ``load_gap_*_s`` (with and without
-summaries) and the load average.
+An hour of node summaries is published to an embedded NATS server; the bench measures what the
+stream holds, what a console restart costs its ``NodeBoard`` against a bare read, and what
+summarising costs the metrics service's pace. One JSON line. Method and keys:
+docs/benchmarks.md, "make bench-nodes-hour".
 """
 
 from __future__ import annotations

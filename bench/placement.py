@@ -1,54 +1,11 @@
-"""Benchmark of placement: ``make bench-placement``.
+"""Benchmark of placement (``make bench-placement``): decision cost, jobs bound per second, latency.
 
-(a) **Core decision cost** (``mdq.core.placement.plan``, in process): time per decision as the
-    cluster grows 100 → 1,000 → 10,000 nodes (1,000 pending jobs) and as the queue grows
-    1,000 → 10,000 → 100,000 pending jobs (1,000 nodes). Nodes have mixed live loads.
-(b) **Jobs bound per second end to end over NATS**: requests on ``NS.api.submit`` answered by
-    the real intake service, folded by the real placement service (a subprocess whose backend
-    creates no pod, ``bench/placement_noop.py``), until every ``job.<id>.bound`` arrived —
-    against the raw baseline with the same messaging shape and no mdq logic
-    (``bench/raw_bus.py``: a responder that publishes to JetStream and an ordered consumer that
-    publishes a second event), same NATS server, same client, same run; each round measures
-    its two loops, group-committing with atomic batches and message by message, and keeps the
-    faster (``raw_batched_*_rounds``, ``raw_plain_*_rounds`` list both). The cluster: ``NODES``
-    nodes of ``NODE_CORES`` cores reporting their load,
-    jobs of 1 to ``MAX_JOB_CORES`` cores; a round's jobs fit, and end after it (a ``succeeded``
-    event each), so each round counts only its own jobs.
-    **The cost of fsync-always**: NATS servers run side by side, one with
-    JetStream ``sync_interval: always`` (mdq's embedded default: every write fsynced before it
-    is acknowledged) and one with the server's default interval, each with both pipelines up;
-    every round measures raw then mdq on each server, the servers' order alternating from round
-    to round (at least 3 rounds). ``ratio_vs_raw`` (mdq over raw on the fsync-always server)
-    and ``fsync_cost_ratio`` (mdq on fsync-always over mdq on the default interval) are medians
-    of the rounds' paired quotients, each listed (``*_rounds``) with their ``*_spread`` and the
-    best round over the best round (``*_best``); ``jobs_bound_per_s``, ``raw_bus_per_s``,
-    ``fsync_always_per_s`` / ``fsync_default_per_s`` are the best rounds, the same for the raw
-    loop (``raw_fsync_*``). **The cost of the
-    closed bus**: a third server, fsync-always without authentication; on the others every
-    process proves who it is with its own least-privilege credentials (``mdq.bus.security.auth``:
-    intake as intake, placement as placement). ``auth_cost_ratio`` is the median over the rounds of
-    mdq's rate with authentication over its rate without, the two servers measured one right after
-    the other in each round (``auth_cost_round_ratios``; ``auth_cost_ratio_best``: best round
-    over best round); ``raw_auth_cost_*`` the same for the raw loop. **In CPU**: around every
-    round the CPU time of the server, the pipeline's processes and this harness is read from
-    /proc; ``auth_cpu_cost_ratio`` is the median of the rounds' CPU per job with
-    authentication over without (> 1: what the closed bus costs), ``server_auth_cpu_cost_ratio``
-    the same for nats-server alone, ``cpu_us_per_job_*`` / ``server_cpu_us_per_job_*`` the
-    figures (``raw_*`` for the raw loop). **Where the CPU sets the pace**: a fourth server, the
-    server's default fsync interval without authentication, paired with the third the same way
-    (``auth_cost_fsync_default_ratio``, ``auth_cpu_cost_fsync_default_ratio``, ...): with
-    fsync-always every acknowledgement waits for the disk, which hides CPU.
-(c) **Latency submit → job.bound below capacity**, on the fsync-always server: the capacity is
-    the median of mdq's rounds there (``capacity_jobs_per_s``); submits are then offered open
-    loop at 10 %, 50 % and 80 % of it (``LOAD_LEVELS``, at most ``LATENCY_SECONDS`` of them each):
-    ``p50_ms_at_<n>pct`` and ``p99_ms_at_<n>pct``, and the batched raw loop at the same rates
-    (``raw_p50_ms_at_<n>pct``, ``raw_p99_ms_at_<n>pct``). Before them, the placement stage alone
-    against the raw consumer stage.
-
-Everything shares this machine's cores (NATS, intake, placement, the load generator), so the
-absolute figures depend on its load; ratios are measured in the same run. The NATS servers are
-started embedded in a temporary folder. ``--quick``: smaller core runs, 2,000 jobs per round, 3
-rounds, 1,000 latency jobs a level. The last line printed is one JSON object.
+(a) the core's time per decision as nodes and pending jobs grow; (b) jobs bound per second end
+to end through the real intake and placement against a raw loop of the same messaging shape
+(``bench/raw_bus.py``), on NATS servers with and without fsync-always and authentication side
+by side; (c) the latency submit → bound below capacity. The last line printed is one JSON
+object. Method and keys: docs/benchmarks.md, "make bench-placement"; docs/placement.md,
+"Benchmark".
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """Bench-only raw baseline: the messaging shape of submit → bound with no mdq logic.
 
-``python bench/raw_bus.py responder URL`` answers requests on ``raw.api.submit`` after
-publishing ``raw.job.<id>.submitted`` to JetStream (what intake does, minus validation and the
-idempotency record); ``python bench/raw_bus.py consumer URL`` follows ``raw.job.*.submitted``
-with an ordered consumer and publishes ``raw.job.<id>.bound`` to JetStream for each (what
-placement does, minus deciding). Both run until killed.
-
-Two loops in each process, chosen per job: a job id starting with ``PLAIN`` goes the plain
-way, message by message (up to ``CONCURRENCY`` in flight), the loop of the earlier benches;
-any other job is group-committed, the strongest loop we could write on a server that fsyncs
-every write (``sync_interval: always``): whatever arrived while the previous write was in
-flight goes out as one JetStream atomic batch (up to ``MAX_BATCH`` messages, one flush), and
-the requests are answered once its commit is acknowledged. The bench measures both and keeps
-the faster as the baseline of each round.
+``python bench/raw_bus.py responder URL`` answers requests after publishing a ``submitted``
+event to JetStream; ``python bench/raw_bus.py consumer URL`` publishes a ``bound`` event for
+each. Both run until killed, group-committing or message by message per job. What it does and
+why: docs/benchmarks.md, "make bench-placement".
 """
 
 from __future__ import annotations

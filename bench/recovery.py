@@ -1,31 +1,9 @@
 """Benchmark: how fast mdq recovers, and how much MD work a failure costs.
 
-Runs the whole stack (embedded NATS and PostgreSQL, every service, the local backend with three
-nodes, real OpenMM runners) and injects, measuring from outside (this process's clock, the
-process table, the runners' own files and logs; never a figure mdq's events report):
-
-1. evictions/preemptions (the failure classes retried at once): the pod of a running attempt is
-   deleted (SIGTERM: the runner checkpoints and exits PREEMPTED); timed on this process's clock
-   from the delete until the next attempt's runner process is in the process table
-   (``MDQ_JOB_ID`` and ``MDQ_ATTEMPT`` in its environment);
-2. kill -9 of runners at random steps: the steps lost per recovery are the step the killed
-   runner had reached, as its own energy table says right after it died (``energies.csv`` in
-   the job's folder: one row per report, flushed as written; reports every
-   ``REPORT_INTERVAL`` steps, so the real step is at most ``REPORT_INTERVAL - 1`` further),
-   minus the step the next attempt resumed from, as that runner's own log says
-   (``resuming from <checkpoint> at step N`` in ``<data>/pods/<pod>.log``), checked against
-   the files on disk: that step must be a checkpoint file in the job's folder when the runner
-   died, and once the retry has reported past it, the energy table must be one trajectory
-   that keeps exactly the killed runner's rows up to that step and holds the retry's after it
-   (``mdq.testing.runner_files.retry_table_problem``). A kill that finds no runner process, a
-   runner that does not die, a retry whose log never says where it resumed or whose files
-   disagree with its log fails the bench (exit status 1 and a message), never a silent skip.
-   The ``steps_lost`` of mdq's own ``requeued`` event is printed next to it for comparison
-   only (``mdq_reported_max_steps_lost``), never in a figure.
-
-Usage: ``make bench-recovery`` (``python bench/recovery.py --evictions 30 --kills 10``;
-``--quick`` runs 5 evictions and 3 kills). The last line printed is one JSON object with the
-figures.
+On the whole stack, measured from outside: the time from a pod's deletion to the next
+attempt's runner, and the steps lost to kill -9 of runners at random steps, checked against the
+files on disk. Usage: ``make bench-recovery`` (``--quick``); the last line printed is one JSON
+object. Method and keys: docs/benchmarks.md, "make bench-recovery".
 """
 
 from __future__ import annotations

@@ -1,47 +1,10 @@
 """Benchmark: resource requests learned from history against requests set by hand.
 
-Runs the whole stack (embedded NATS and PostgreSQL, every service, the local backend with two
-nodes, real OpenMM runners) twice over the same campaign: at least six system sizes (TIP3P
-water boxes and Lennard-Jones fluids, small to the largest this 2-core machine runs
-comfortably), several runs of each.
-
-1. **hand-set**: each job states the requests a careful person writes without history (below);
-2. **learned**: the same jobs with ``resources: {auto: true}``; intake recommends from the
-   measured usage of the first campaign (``MDQ_INTAKE_HISTORY_DATABASE_URL``, read every 2 s).
-
-The careful person's requests are the project brief's own figure for MD jobs without history,
-"2-4 cores, 4-8 Gi" (docs/requests.md, "Measured"), at its low end: 2 cores and 4 GiB per job
-(``HAND_SET``), whatever the system; ``--hand-set-rule`` uses instead the smaller rule this
-bench used before (1 core; 512 MiB below 5,000 atoms, 1024 MiB above), which is no one's
-published practice and is kept only to compare with older figures.
-
-Measured from outside mdq: every 0.1 s the bench finds each runner process in the process
-table (``MDQ_JOB_ID`` / ``MDQ_ATTEMPT`` in its environment) and reads, for it and its
-descendants, the kernel's high-water mark of resident memory (``VmHWM`` of
-``/proc/<pid>/status``) and its CPU time (``/proc/<pid>/stat``); wall time is from the first
-to the last time it was seen. ``slack = 1 - peak / requested`` per attempt (requested: the
-resources the attempt's job was recorded with); CPU slack is ``1 - cores used / cores
-requested``; the makespan is the bench's clock from the submit to the last time the sampler saw
-a runner process of the campaign (its exit, within 0.1 s), on the
-same two nodes (``MDQ_LOCAL_CPU_PER_NODE`` virtual cores and ``MDQ_LOCAL_MEMORY_MB_PER_NODE``
-MiB each). OOM kills are counted from the process's side, twice: ``oom_kills`` are the runner
-processes (by pid, as the sampler found them) that the node agent, their parent, records as
-killed for memory with the exit status of a SIGKILL (its ``pod … ended: OOMKilled … (pid P,
-returncode -9)`` line; the bench waits for one such end line per runner pid it saw, no blind
-wait); ``over_request_attempts`` are the attempts whose kernel high-water mark (VmHWM) went
-above their memory request. mdq's own count (``attempts.failure_reason``) is printed beside,
-as ``mdq_reported_oom_kills``, and is used in no ratio.
-``*_machine_cpu_busy`` is the share of the whole machine's CPU time (``/proc/stat``, all cores)
-that was busy during each campaign: at about 1 the campaign was bound by the cores themselves,
-and no requests, however well learned, could have finished it sooner.
-
-The nodes share the machine's cores without overcommit (a runner's measured cores under
-overcommit would understate what it needs): two nodes of half the cores each on a machine of
-four cores or more, else one node of every core, so that a hand-set job (2 cores) fits a node;
-8 GiB each. ``--nodes``, ``--node-cpu`` and ``--node-memory-mb`` set them.
-
-Usage: ``make bench-requests`` (``python bench/requests.py``; ``--quick`` runs fewer steps).
-The last line printed is one JSON object.
+The whole stack runs one MD campaign twice on the same local nodes, first with hand-set
+requests, then with ``resources: {auto: true}``; memory and CPU slack, OOM kills and the
+makespan are measured from the process table, never from mdq's own figures. Usage:
+``make bench-requests`` (``--quick`` runs fewer steps); the last line printed is one JSON object.
+Method and runs: docs/requests.md, "Measured".
 """
 
 from __future__ import annotations

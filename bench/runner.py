@@ -1,54 +1,10 @@
-"""Benchmark of the MD runner: ``make bench-runner``.
+"""Benchmark of the MD runner (``make bench-runner``): the same jobs bare and under the runner.
 
-OpenMM speed (ns/day) of the same jobs, bare against under the runner, both measured by this
-process from outside, never from what the runner says about itself:
-
-* **bare** (``bench/bare_openmm.py``): the job as an OpenMM user writes it, in a process of its
-  own: the system by the runner's own recipe (``services.runner.system.build_system``: same
-  force field, cutoff, constraints, integrator, platform and threads), ``minimizeEnergy`` (100
-  iterations), velocities at temperature, OpenMM's own ``StateDataReporter`` (energies to a CSV
-  and the step to stdout every 1,000 steps) and ``CheckpointReporter`` (every 10,000 steps),
-  one ``simulation.step`` and ``saveState`` at the end;
-* **mdq**: the real runner (``python -m services.runner``) on that job, publishing a progress
-  event every 1,000 steps and writing a checkpoint (State XML + native checkpoint + sidecar,
-  fsynced, sha256 read back, event published) every 10,000 steps, to an embedded NATS JetStream
-  (``sync_interval: always``, the embedded default).
-
-Two figures per run, each timed by this process with its own clock:
-
-* **wall clock** (``bare_ns_per_day``, ``mdq_ns_per_day``, ``ratio``): the job's simulated
-  time over the time from spawning the process to its exit: start-up (imports, building the
-  system, warm-up, connecting), every step, report, checkpoint and publish, and the exit;
-* **steady** (``*_steady_ns_per_day``, ``steady_ratio``): steps per second between the first
-  and the last report, each timestamped on receipt here (the runner's progress events through
-  NATS, the bare loop's stdout lines through a pipe).
-
-The ns/day the runner writes into its own progress events is printed as
-``mdq_self_reported_ns_per_day`` for comparison only; no ratio uses it.
-
-Systems: a water box of 2,661 atoms (3 nm TIP3P, PME, 2 fs) and an argon Lennard-Jones fluid
-of 1,000 atoms (reduced density 0.8442, 2.5 sigma cutoff) on OpenMM, and LAMMPS's own
-Lennard-Jones melt (``examples/lammps/in.lj-melt``, 4,000 atoms, reduced units) on LAMMPS: the
-runner (the script fetched through intake's desk, checked command by command, mdq's thermo
-output, verified restart files) against ``bench/bare_lammps.py``, a bare loop of the ``lammps``
-Python module on the same script with the same reports and restart files. Each engine runs
-on every core of the machine by default (``--threads``, ``os.cpu_count()``), as a user's job on
-a node of its own would: the runner's bus, copies and checkpoints then compete with the MD
-threads for the cores instead of using a core the bare script leaves idle. Runs
-alternate bare, mdq, mdq, bare (ABBA; with the uncopied runner in the middle, ABCCBA) per
-round, three rounds by default, so drifts of the machine's load hit both sides alike; every
-ratio is the median of paired quotients (each run over the other side's run beside it in the
-same round), printed with each quotient and their spread; each side's ns/day is the best of its
-runs, and best over best is printed as ``*_best`` for comparison only. Both sides' energy
-tables must have the same number of rows and both must have written a checkpoint, or the bench
-fails.
-``--quick`` runs a 2.5 nm water box and the LAMMPS melt only, 2,100 steps reported every 100
-and checkpointed every 1,000, one round (two pairs: a check that the bench works; its ratio
-weighs start-up more). The last line printed is one JSON object with ``bare_ns_per_day``,
-``mdq_ns_per_day`` and ``ratio`` of the system with the worst (wall-clock) ratio, whichever the
-engine, ``lammps_ratio`` and ``lammps_bare_steps_per_s`` (LAMMPS's wall-clock ratio and the
-bare loop's timesteps per second), every system's figures, and the load average before and
-after.
+OpenMM's water box and Lennard-Jones fluid and a LAMMPS melt, each run bare
+(``bench/bare_openmm.py``, ``bench/bare_lammps.py``) and through ``python -m services.runner``,
+timed from outside by wall clock and steady rate, in ABBA rounds; every ratio is the median of
+paired quotients. The last line printed is one JSON object. Method and keys:
+docs/benchmarks.md, "make bench-runner".
 """
 
 from __future__ import annotations

@@ -1,36 +1,9 @@
 """Benchmark of history size: ``make bench-scale`` (constant memory, instant restart).
 
-Two namespaces on one NATS server, side by side in one run: ``empty`` (no history) and ``big``
-(``--history`` ended jobs, each with its whole life in the jobs stream — submitted, bound,
-started, succeeded — written straight into the stream, plus a few live jobs). In each, the real
-placement (with a backend that creates no pod, ``bench/placement_noop.py``), recovery and intake
-run as subprocesses, twice:
-
-1. a **cold start** (no snapshot yet): placement and recovery fold the whole log, then write
-   their snapshots; the run ends with kill -9 of every process once both snapshots cover the log;
-2. a **restart** (what the goals are about): the same processes started again. Measured from
-   outside, with the clock started at ``Popen``: the time until a job submitted right then is
-   bound (its ``bound`` event on the bus: ``restart_to_first_bound_s``), until recovery answers a
-   failure of a live job with its ``requeued``, until intake answers a submit; then the
-   resident memory of each process (psutil, its own RSS, 2 s after it caught up), and jobs
-   bound per second for ``--burst`` submitted events published at once, counting only that
-   burst's jobs' ``bound`` events.
-
-The nodes are of a realistic size: ``NODES`` (1,000) nodes of 64 cores and 256 GiB each,
-reported every 2 s, and the burst's jobs ask for 1 to 16 cores (4 GiB a core, in turn), so
-that placement packs: the two bursts of a run fill about 80 % of the cores (the default
-``--burst`` of 3,000: 25,500 cores each), which no job ever leaves (the backend starts none).
-
-Ratios are big over empty for the same measure (``rss_ratio_*``, ``restart_ratio``,
-``bound_per_s_ratio``); goals: RSS ratio ≤ 1.2 for each service, restart-to-first-bound ≤ 2 s
-and its ratio ≤ 1.5, bound/s ratio ≥ 0.9. The server keeps JetStream's default fsync interval
-(writing the history is not what is measured) and clients do not authenticate (the closed
-bus's cost is bench-placement's ``auth_cost_ratio``). Then the PostgreSQL half runs in a
-process of its own, once the bus half has stopped everything it started: ``bench/history_pg.py``
-(``make bench-history``: 1,000,000 jobs, 20,000,000 progress rows, the p99 of ``mdq ls``,
-``mdq show``, ``mdq plot`` and every query docs/history.md documents; goal ≤ 50 ms each), whose
-``pg_*`` keys join the line (``--no-pg`` skips it). ``--quick``: 20,000 ended jobs, a burst of
-1,000, and the PostgreSQL half's 100,000 jobs. The last line printed is one JSON object.
+Placement, recovery and intake are started cold and then restarted on a namespace with no
+history and one with a year of ended jobs; restart time, resident memory and jobs bound per
+second are compared big over empty, then bench-history's PostgreSQL half runs. The last line
+printed is one JSON object. Method, keys and goals: docs/benchmarks.md, "make bench-scale".
 """
 
 from __future__ import annotations

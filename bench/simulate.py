@@ -1,33 +1,9 @@
 """Benchmark: ``mdq simulate`` at cluster scale, and what it says about mdq's policies.
 
-Four measurements, each over ``--rounds`` seeds (one workload per seed, the same for every
-configuration compared on it; medians of the paired quotients, their spread printed):
-
-1. **Speed.** The simulator runs a generated workload of ``--jobs`` jobs on ``--nodes``
-   heterogeneous nodes (load-aware configuration) in a child process; the bench measures the
-   child from outside: its wall clock (``time.monotonic`` around it) and its CPU time
-   (``getrusage(RUSAGE_CHILDREN)``). ``speedup_vs_real_time`` is the virtual time the child
-   simulated over that wall clock (the baseline is real time itself: a cluster running the same
-   work); ``speedup_vs_real_time_cpu`` the same over the child's CPU seconds (what the speed
-   would be on an idle machine: this one is shared, see ``load_avg``).
-2. **Learned requests** on a memory-bound mix (``--learned-nodes`` nodes of 32 cores and
-   16 GiB, one-thread jobs of 5,000 to 60,000 atoms whose hand-set requests are the rule of
-   bench/requests.py; a backlog submitted within minutes, as bench-requests submits its
-   campaign, runs of median 30 min): ``learned_makespan_ratio``, learned over hand-set
-   makespan.
-3. **Fair share**: three tenants (campaign shares 0.5 / 0.3 / 0.2) at offered load 1.5:
-   ``fairshare_share_error_max``, the largest time-weighted |share - fair share| of any tenant,
-   with fair share on; the same with FIFO beside it (``fifo_share_error_max``).
-4. **Noisy neighbours**: 30 % of the nodes carry a neighbour using 60 % of their cores;
-   ``load_aware_p95_wait_ratio``: p95 wait with load-aware placement over plain bin-packing
-   (packing by reservations, blind to live load).
-
-``validation_makespan_error`` is the figure tests/e2e/test_sim_validation.py keeps below 0.1
-(a campaign run for real on this machine, then simulated from its own history): ``--validate``
-runs it here too (a minute or two), otherwise it is null.
-
-Usage: ``make bench-simulate`` (``python bench/simulate.py``; ``--quick`` for a smaller run).
-The last line printed is one JSON object.
+The simulator's speed against real time, and three policy comparisons (learned against
+hand-set requests, fair share against FIFO, load-aware against plain bin-packing), each over
+several seeds. Usage: ``make bench-simulate`` (``--quick``, ``--validate``); the last line printed
+is one JSON object. Method and keys: docs/simulate.md, "The benchmark".
 """
 
 from __future__ import annotations

@@ -1,40 +1,10 @@
 """Benchmark: one tenant floods the closed bus every way it may; another tenant's submits go on.
 
-A nats-server configured by ``mdq.bus.security.auth`` (the closed bus: two accounts, every identity
-its own credentials), the streams made as ``mdq up`` makes them, two tenants added with ``mdq tenant
-add``'s code, and intake as its own process with its own credentials. Tenant ``calm`` (no
-rate limit) submits one small job at a time on its request-reply entrance and waits for the
-job's ``submitted`` event in its own stream, ``MDQ_TENANT_calm``, where the SDK follows it:
-that is its submit's way through intake, the jobs stream and the server's copy into its
-stream. Measured from outside: the bench's clock from the request to the event's arrival.
-
-Each round measures ``calm`` twice, side by side: alone (the baseline: the same submits with
-nobody else on the bus), then while tenant ``flood`` (the default policy: 60 submits a
-minute) does, all at once and without pause, everything its credentials let it:
-
-- request-reply submits far past its rate, 400 at once (more than intake takes at once, so
-  they wait in its line; intake answers each "rate limit", stores none);
-- fire-and-forget submits past its rate (each stored in its own submit stream, 64 MiB, and
-  answered by a ``rejected`` event in the jobs stream);
-- messages over its 1 MiB payload (the client's own check switched off: the server ends the
-  connection), on a fresh connection each time;
-- subscriptions past its 256 (the server ends the connection), on a fresh connection each time;
-- consumers on its stream past its 16 (refused), made and deleted over and over;
-- push consumers delivering, with 100 ms heartbeats, into ``mdq.submit``, ``calm``'s submit
-  subjects and entrance (docs/security.md, "No delivery into a stream");
-- JetStream requests whose reply subject is a stream's subject or ``calm``'s entrance.
-
-The JSON line: ``calm``'s p50 and p99 submit → ``submitted`` per round, alone and under the
-flood, ``p99_ratio`` (median over rounds of flood / alone, and its spread), and every shared
-stream's growth in bytes during each flood and during each baseline (``calm``'s own submits
-store in both); ``ok`` when the p99 ratio's median is at most 2 and no shared stream grew during
-a flood by more than ``flood``'s own bound: what its submit stream may hold
-(``MDQ_STORAGE_TENANT_SUBMIT_BYTES``, the shared submit stream sources it) and, in the jobs
-stream, one ``rejected`` event per submit it held. ``load_avg`` is the machine's at the end.
-
-Usage: ``make bench-tenant-flood`` (``python bench/tenant_flood.py``; ``--rounds N``,
-``--submits N`` per phase, ``--quick``: 15). Exits non-zero when intake dies or a submit is
-never seen.
+Tenant ``calm`` times its submits to their ``submitted`` event alone and while tenant
+``flood`` does everything its credentials allow, against the real intake on a closed bus; the
+JSON line holds the p99 ratio and every shared stream's growth. Usage:
+``make bench-tenant-flood`` (``--rounds N``, ``--submits N``, ``--quick``). Method:
+docs/benchmarks.md, "make bench-tenant-flood".
 """
 
 from __future__ import annotations
