@@ -169,7 +169,7 @@ class AttemptRecord:
             ended_at=time_from_text(data["ended_at"]),
             failure=None if failure is None else message_from_text(pb.AttemptFailed, failure),
             steps_lost=int(data["steps_lost"]),
-            copy_lag_steps=int(data.get("copy_lag_steps", 0)),  # older snapshots: none
+            copy_lag_steps=int(data.get("copy_lag_steps", 0)),
             resumed_from_copy=bool(data.get("resumed_from_copy", False)),
             pod_phase=int(data["pod_phase"]),
             started_logged=bool(data["started_logged"]),
@@ -344,7 +344,7 @@ class JobView:
             latest_checkpoint=None
             if checkpoint is None
             else message_from_text(pb.Checkpoint, checkpoint),
-            checkpoint_at=time_from_text(data.get("checkpoint_at")),  # older snapshots: none
+            checkpoint_at=time_from_text(data.get("checkpoint_at")),
             latest_copy=None
             if data.get("latest_copy") is None
             else message_from_text(pb.Checkpoint, data["latest_copy"]),
@@ -356,7 +356,7 @@ class JobView:
             final_message=data["final_message"],
             attempts={record.attempt: record for record in records},
         )
-        view.apply_control_dict(data)  # older snapshots: no job control
+        view.apply_control_dict(data)
         return view
 
     @property
