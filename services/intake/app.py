@@ -41,6 +41,7 @@ from mdq.bus.subjects import Subjects
 from mdq.bus.tenants import TenantDirectory
 from mdq.core.fair_queue import FairQueue
 from mdq.core.tenants import RunawayLimits, TenantUsage, usage_key
+from mdq.memory import keep_state_out_of_gc
 from mdq.settings import CommonSettings, LimitSettings
 from services.intake.handlers import (
     JSON_CONTENT_TYPE,
@@ -507,10 +508,16 @@ class Intake:
         """Serve until cancelled (``mdq.bus.runtime.run_service`` cancels on SIGTERM/SIGINT),
         then stop: the requests in hand are answered and the broker's connection drained,
         also when the stop comes while it is still starting."""
+        # its modules and the recommender's history (read again every few minutes) live for
+        # ever: left in the oldest generation, a full collection walks them all, a pause of
+        # ~100 ms in the middle of the submits (docs/architecture.md, "Short garbage-collector
+        # pauses")
+        freezer = asyncio.create_task(keep_state_out_of_gc(), name="gc")
         try:
             await self.start()
             await asyncio.Future()  # until cancelled
         finally:
+            freezer.cancel()
             await self.stop()
 
 
