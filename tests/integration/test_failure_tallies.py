@@ -13,10 +13,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
-from alembic import command
 
-from mdq.store.migrate import alembic_config, upgrade_async
-from tests.helpers import insert_job_rows
+from mdq.store.migrate import upgrade_async
+from tests.helpers import downgrade_to, insert_job_rows
 
 revision = importlib.import_module("mdq.store.migrations.versions.0019_failure_tallies")
 NOW = datetime(2026, 12, 4, 12, tzinfo=UTC)
@@ -174,10 +173,9 @@ async def test_the_upgrade_tallies_what_is_there_and_the_downgrade_counts_attemp
     database_url: str,
 ) -> None:
     await upgrade_async(database_url)
-    config = alembic_config(database_url)
     connection = await asyncpg.connect(database_url)
     try:
-        await asyncio.to_thread(command.downgrade, config, "0018_usage_summaries")
+        await downgrade_to(database_url, "0018_usage_summaries")
         gone = await connection.fetchval("SELECT to_regclass('failure_tallies')")
         triggers = await connection.fetchval(
             "SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'failure_tallies%'"

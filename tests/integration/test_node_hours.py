@@ -7,7 +7,6 @@ tallies from scratch; apart per owner; filled on upgrade and gone on downgrade."
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import json
 import random
@@ -16,10 +15,9 @@ from typing import Any
 
 import asyncpg
 import pytest
-from alembic import command
 
-from mdq.store.migrate import alembic_config, upgrade_async
-from tests.helpers import insert_job_rows
+from mdq.store.migrate import upgrade_async
+from tests.helpers import downgrade_to, insert_job_rows
 
 revision = importlib.import_module("mdq.store.migrations.versions.0020_node_hours")
 HOUR = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
@@ -175,10 +173,9 @@ async def test_the_upgrade_tallies_what_is_there_and_the_downgrade_spreads_again
     database_url: str,
 ) -> None:
     await upgrade_async(database_url)
-    config = alembic_config(database_url)
     connection = await asyncpg.connect(database_url)
     try:
-        await asyncio.to_thread(command.downgrade, config, "0019_failure_tallies")
+        await downgrade_to(database_url, "0019_failure_tallies")
         gone = await connection.fetchval("SELECT to_regclass('node_hours')")
         jobs = [f"{index:012x}-md" for index in range(3)]
         await _jobs(connection, jobs)

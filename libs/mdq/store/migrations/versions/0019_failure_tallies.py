@@ -140,11 +140,13 @@ FAILURES_BY_REASON_FROM_ATTEMPTS: str = importlib.import_module(
 """The view as revision 0002 made it (the downgrade's)."""
 
 
-def _replace_view(query: str) -> None:
-    op.execute(f"CREATE OR REPLACE VIEW failures_by_reason AS {query}")
+def replace_view(name: str, query: str) -> None:
+    """Define the view ``name`` as ``query`` (the same columns), reading its tables with its
+    caller's rights and row policies (``security_invoker``, PostgreSQL 15 or newer)."""
+    op.execute(f"CREATE OR REPLACE VIEW {name} AS {query}")
     version = op.get_bind().exec_driver_sql("SHOW server_version_num").scalar()
     if int(str(version)) >= 150000:
-        op.execute("ALTER VIEW failures_by_reason SET (security_invoker = true)")
+        op.execute(f"ALTER VIEW {name} SET (security_invoker = true)")
 
 
 def upgrade() -> None:
@@ -179,11 +181,11 @@ def upgrade() -> None:
             f"{referencing} FOR EACH STATEMENT EXECUTE FUNCTION mdq_failure_tallies_{name}()"
         )
     op.execute(TALLY_EXISTING)
-    _replace_view(FAILURES_BY_REASON)
+    replace_view("failures_by_reason", FAILURES_BY_REASON)
 
 
 def downgrade() -> None:
-    _replace_view(FAILURES_BY_REASON_FROM_ATTEMPTS)
+    replace_view("failures_by_reason", FAILURES_BY_REASON_FROM_ATTEMPTS)
     for event in TRANSITIONS:
         name = event.lower()
         op.execute(f"DROP TRIGGER IF EXISTS failure_tallies_on_{name} ON attempts")

@@ -146,13 +146,6 @@ NODE_UTILISATION_SPREAD: str = _views.VIEWS["node_utilisation"]
 """The view as revision 0002 made it (the downgrade's)."""
 
 
-def _replace_view(query: str) -> None:
-    op.execute(f"CREATE OR REPLACE VIEW node_utilisation AS {query}")
-    version = op.get_bind().exec_driver_sql("SHOW server_version_num").scalar()
-    if int(str(version)) >= 150000:
-        op.execute("ALTER VIEW node_utilisation SET (security_invoker = true)")
-
-
 def upgrade() -> None:
     op.create_table(
         "node_hours",
@@ -191,11 +184,11 @@ def upgrade() -> None:
         )
     op.execute(TALLY_EXISTING)
     op.execute(NODE_UTILISATION_SINCE)
-    _replace_view(NODE_UTILISATION)
+    _tallies.replace_view("node_utilisation", NODE_UTILISATION)
 
 
 def downgrade() -> None:
-    _replace_view(NODE_UTILISATION_SPREAD)
+    _tallies.replace_view("node_utilisation", NODE_UTILISATION_SPREAD)
     op.execute(NODE_UTILISATION_SINCE_SPREAD)
     for event in TRANSITIONS:
         name = event.lower()
