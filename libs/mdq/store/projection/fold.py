@@ -202,6 +202,11 @@ class JobRow:
             case _:
                 pass
 
+    def runs(self, attempt: int) -> bool:
+        """Whether ``attempt`` is the job's attempt and runs (RUNNING: it started and did not
+        end); the state half of ``superseded_reports``."""
+        return self.view.state is JobState.RUNNING and attempt == self.view.attempt
+
     def catch_up(self, latest: dict[tuple[str, int], pb.Event]) -> None:
         """Fold the latest stored progress report of the current attempt, if not yet seen."""
         report = latest.get((self.view.job_id, self.view.attempt))
@@ -209,3 +214,61 @@ class JobRow:
             return
         if self.view.last_progress_at is None or report.progress.step > self.view.last_step:
             self.apply(report)
+
+
+def superseded_reports(events: Sequence[pb.Event]) -> list[bool]:
+    """For each event, whether it is a progress report that the next event of its job in
+    ``events`` supersedes: a report of the same attempt, of no lower step, that keeps what the
+    first one sets and a later fold keeps (a done reason, units, a target).
+
+    While that attempt runs (``JobRow.runs``), folding such a report and then the next one
+    leaves the row as folding the next one alone would: whether the first is accepted or
+    ignored, the next is accepted whenever the first would have been (its step is no lower)
+    and overwrites every column the first would set. So the fold skips it, which spares it
+    most of a PROGRESS batch (each job reports many times)."""
+    superseded = [False] * len(events)
+    later: dict[str, pb.Event] = {}
+    for index in range(len(events) - 1, -1, -1):
+        event = events[index]
+        following = later.get(event.job_id)
+        later[event.job_id] = event
+        if (
+            following is None
+            or following.attempt != event.attempt
+            or event.WhichOneof("body") != "progress"
+            or following.WhichOneof("body") != "progress"
+        ):
+            continue
+        mine, theirs = event.progress, following.progress
+        superseded[index] = (
+            theirs.step >= mine.step
+            and (not mine.done_reason or bool(theirs.done_reason))
+            and (not mine.units or bool(theirs.units))
+            and (not mine.target_steps or bool(theirs.target_steps))
+        )
+    return superseded
+
+
+def fold_batch(
+    rows: dict[str, JobRow], events: Sequence[pb.Event], latest: dict[tuple[str, int], pb.Event]
+) -> None:
+    """Fold a batch's events (in stream order) into ``rows``, adding the rows of the jobs
+    submitted in it; before each event and at the end, a row catches up with ``latest``
+    (the stored reports of ``jobs.fold_jobs``'s catch-up). A report the job's next event
+    supersedes (``superseded_reports``) is skipped while its attempt runs, when there is
+    nothing to catch up with."""
+    skippable = superseded_reports(events) if not latest else None
+    for index, event in enumerate(events):
+        if event.WhichOneof("body") == "submitted":
+            if event.job_id and event.job_id not in rows:
+                rows[event.job_id] = JobRow.from_submitted(event)
+            continue
+        row = rows.get(event.job_id)
+        if row is None:
+            continue
+        if skippable is not None and skippable[index] and row.runs(event.attempt):
+            continue
+        row.catch_up(latest)
+        row.apply(event)
+    for row in rows.values():
+        row.catch_up(latest)
