@@ -91,9 +91,11 @@ def test_placeholders_follow_the_table_order() -> None:
         f"${i}::jsonb" if column.name in ("spec", "control") else f"${i}"
         for i, column in enumerate(rows.JOB_TABLE, 1)
     ]
-    assert rows.UPDATE_JOB.endswith("WHERE job_id = $1")
-    assert "state = $2" in rows.UPDATE_JOB
+    assert rows.UPDATE_JOBS.endswith("WHERE jobs.job_id = u.job_id")
+    assert "state = u.state," in rows.UPDATE_JOBS
+    assert "control = u.control::jsonb" in rows.UPDATE_JOBS
+    assert "unnest($1::text[], $2::text[], $3::int[]" in rows.UPDATE_JOBS  # job_id, state, attempt
     assert "job_id = EXCLUDED" not in rows.UPSERT_ATTEMPTS.sql  # the key is not updated
     assert "attempt = EXCLUDED" not in rows.UPSERT_ATTEMPTS.sql
     for name in rows.JOB_FIXED:  # written once
-        assert f" {name} = $" not in rows.UPDATE_JOB
+        assert f" {name} = u." not in rows.UPDATE_JOBS

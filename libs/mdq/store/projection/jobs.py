@@ -16,16 +16,17 @@ import asyncpg
 
 from mdq.contracts import pb
 from mdq.core.timestamps import set_timestamp
-from mdq.store.projection.fold import JobRow
+from mdq.store.projection.fold import JobRow, fold_batch
 from mdq.store.projection.rows import (
     ATTEMPT_COLUMNS,
     INSERT_JOB,
     JOB_COLUMNS,
-    UPDATE_JOB,
+    UPDATE_JOBS,
     UPSERT_ATTEMPTS,
     attempt_row,
     job_insert,
     job_update,
+    job_update_arrays,
 )
 
 _LATEST_REPORTS = """
@@ -240,17 +241,7 @@ async def fold_jobs(
                 known = last_attempt.get(event.job_id, 1)
                 last_attempt[event.job_id] = max(known, event.attempt)
         latest = await _latest_progress(connection, last_attempt)
-    for event in events:
-        if event.WhichOneof("body") == "submitted":
-            if event.job_id and event.job_id not in rows:
-                rows[event.job_id] = JobRow.from_submitted(event)
-            continue
-        row = rows.get(event.job_id)
-        if row is not None:
-            row.catch_up(latest)
-            row.apply(event)
-    for row in rows.values():
-        row.catch_up(latest)
+    fold_batch(rows, events, latest)
     await _settle_ended(connection, rows)
     await _settle_progress(connection, rows)
     await _settle_starts(connection, rows)
@@ -267,6 +258,6 @@ async def fold_jobs(
     if inserts:
         await connection.executemany(INSERT_JOB, inserts)
     if updates:
-        await connection.executemany(UPDATE_JOB, updates)
+        await connection.execute(UPDATE_JOBS, *job_update_arrays(updates))
     if attempts:
         await connection.execute(UPSERT_ATTEMPTS.sql, *UPSERT_ATTEMPTS.arrays_of_rows(attempts))

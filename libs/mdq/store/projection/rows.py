@@ -18,7 +18,7 @@ from sqlalchemy.orm import DeclarativeBase
 
 from mdq.contracts import pb
 from mdq.core.state import AttemptRecord, JobView
-from mdq.store.batch_insert import BatchInsert, model_columns
+from mdq.store.batch_insert import BatchInsert, array_type, model_columns
 from mdq.store.models import Attempt, Job
 from mdq.store.projection.fold import JobRow, blank
 
@@ -161,12 +161,25 @@ def _select_list(columns: Sequence[Column[Any]]) -> str:
 
 JOB_COLUMNS = _select_list(JOB_TABLE)
 ATTEMPT_COLUMNS = _select_list(ATTEMPT_TABLE)
-UPDATE_JOB = (
-    "UPDATE jobs SET "
-    + ", ".join(f"{c.name} = ${i}{c.cast}" for i, c in enumerate(_JOB_MUTABLE, len(_JOB_KEY) + 1))
-    + " WHERE "
-    + " AND ".join(f"{c.name} = ${i}" for i, c in enumerate(_JOB_KEY, 1))
-)
+
+
+def _update_jobs() -> str:
+    """``UPDATE jobs ... FROM unnest(one array per column)``: every changed job of a batch in
+    one statement, the columns of ``job_update`` in order."""
+    updated = {column.name for column in _JOB_UPDATED}
+    types = {
+        str(column.name): array_type(column)
+        for column in Job.__table__.columns
+        if column.name in updated
+    }
+    arrays = ", ".join(f"${i}::{types[c.name][0]}[]" for i, c in enumerate(_JOB_UPDATED, 1))
+    sets = ", ".join(f"{c.name} = u.{c.name}{types[c.name][1]}" for c in _JOB_MUTABLE)
+    key = " AND ".join(f"jobs.{c.name} = u.{c.name}" for c in _JOB_KEY)
+    return f"UPDATE jobs SET {sets} FROM unnest({arrays}) AS u({_names(_JOB_UPDATED)}) WHERE {key}"
+
+
+UPDATE_JOBS = _update_jobs()
+"""A batch's changed jobs (the columns of ``job_update_arrays``) in one statement."""
 INSERT_JOB = (
     f"INSERT INTO jobs ({_names(JOB_TABLE)}) VALUES ({_placeholders(JOB_TABLE)}) "
     f"ON CONFLICT ({_names(_JOB_KEY)}) DO NOTHING"
@@ -186,8 +199,13 @@ if UPSERT_ATTEMPTS.names != tuple(column.name for column in ATTEMPT_TABLE):
 
 
 def job_update(row: JobRow) -> tuple[Any, ...]:
-    """The job's key and mutable columns, in the order of ``UPDATE_JOB``."""
+    """The job's key and mutable columns, in the order of ``UPDATE_JOBS``."""
     return tuple(column.value(row) for column in _JOB_UPDATED)
+
+
+def job_update_arrays(updates: Sequence[tuple[Any, ...]]) -> list[list[Any]]:
+    """The parameters of ``UPDATE_JOBS``: one array per column of the ``job_update`` tuples."""
+    return [[update[i] for update in updates] for i in range(len(_JOB_UPDATED))]
 
 
 def job_insert(row: JobRow) -> tuple[Any, ...]:

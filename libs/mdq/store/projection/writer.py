@@ -69,32 +69,40 @@ async def pause(stopping: asyncio.Event, seconds: float) -> None:
             await stopping.wait()
 
 
+class RepublishedReport(Exception):
+    """The fast path's COPY met a report already stored (or twice in the batch): the batch's
+    transaction is rolled back and the batch is written again the careful way."""
+
+
 async def store_progress(
-    connection: asyncpg.Connection, stream: str, reports: list[Fact]
+    connection: asyncpg.Connection, stream: str, reports: list[Fact], *, careful: bool = False
 ) -> list[Fact]:
     """Store progress reports in ``progress``; return the ones not stored before.
 
     The fast path is one COPY: the batch holds only messages after the committed offset, so
     its reports are new unless the log holds a republished copy of an older report (same job,
-    attempt and step). Then the COPY fails on the primary key, its savepoint is rolled back and
-    the batch is stored again with ``INSERT ... ON CONFLICT DO NOTHING``, which says which
-    reports were new. Copies within the batch are dropped first (the first one counts).
+    attempt and step). Then the COPY fails on the primary key and ``RepublishedReport`` is
+    raised: the transaction is rolled back and the batch comes again with ``careful``, which
+    drops copies within the batch (the first one counts) and stores the rest with ``INSERT ...
+    ON CONFLICT DO NOTHING``, which says which reports were new. No savepoint: the fast path
+    costs the COPY alone.
     """
+    if not careful:
+        try:
+            await connection.copy_records_to_table(
+                PROGRESS.table, records=progress_rows(stream, reports), columns=PROGRESS.names
+            )
+        except asyncpg.UniqueViolationError as error:
+            raise RepublishedReport from error
+        return reports
     unique: dict[tuple[str, int, int], Fact] = {}
     for fact in reports:
         key = (fact.event.job_id, fact.event.attempt, fact.event.progress.step)
         unique.setdefault(key, fact)
     rows = progress_rows(stream, unique.values())
-    try:
-        async with connection.transaction():  # a savepoint
-            await connection.copy_records_to_table(
-                PROGRESS.table, records=rows, columns=PROGRESS.names
-            )
-    except asyncpg.UniqueViolationError:
-        stored = await connection.fetch(PROGRESS.sql, *PROGRESS.arrays_of_rows(rows))
-        new = {(record["job_id"], record["attempt"], record["step"]) for record in stored}
-        return [fact for key, fact in unique.items() if key in new]
-    return list(unique.values())
+    stored = await connection.fetch(PROGRESS.sql, *PROGRESS.arrays_of_rows(rows))
+    new = {(record["job_id"], record["attempt"], record["step"]) for record in stored}
+    return [fact for key, fact in unique.items() if key in new]
 
 
 async def _insert_facts(connection: asyncpg.Connection, facts: list[Fact]) -> None:
@@ -126,14 +134,30 @@ class Writer:
         """Project one batch of ``feed`` in one transaction, after any other batch's; with
         ``catch_up`` (the JOBS stream), jobs catch up with their stored reports
         (``jobs.fold_jobs``)."""
-        async with self._write_lock, self._pool.acquire() as connection, connection.transaction():
-            return await self._project(connection, feed, ordered, catch_up=catch_up)
+        async with self._write_lock, self._pool.acquire() as connection:
+            try:
+                async with connection.transaction():
+                    return await self._project(connection, feed, ordered, catch_up=catch_up)
+            except RepublishedReport:
+                async with connection.transaction():
+                    return await self._project(
+                        connection, feed, ordered, catch_up=catch_up, careful=True
+                    )
 
     async def _project(
-        self, connection: asyncpg.Connection, feed: Feed, ordered: Batch, *, catch_up: bool
+        self,
+        connection: asyncpg.Connection,
+        feed: Feed,
+        ordered: Batch,
+        *,
+        catch_up: bool,
+        careful: bool = False,
     ) -> BatchOutcome:
-        await connection.execute(_LOCK_OFFSET, feed.consumer, feed.stream)
-        offset = int(await connection.fetchval(_READ_OFFSET, feed.consumer))
+        stored_offset = await connection.fetchval(_READ_OFFSET, feed.consumer)
+        if stored_offset is None:  # the consumer's first batch: its row, then its lock
+            await connection.execute(_LOCK_OFFSET, feed.consumer, feed.stream)
+            stored_offset = await connection.fetchval(_READ_OFFSET, feed.consumer)
+        offset = int(stored_offset)
         expected = offset + 1
         accepted: list[tuple[int, pb.Event | None]] = []
         rewind_at: int | None = None
@@ -155,7 +179,9 @@ class Writer:
             # Apply nothing of a batch that may come from a log that went backwards: once
             # the log is verified, it is delivered again from right after the offset.
             return BatchOutcome(offset, rewind_at=offset + 1, projected=0, stale=True)
-        projected = await self._apply(connection, feed.stream, accepted, catch_up=catch_up)
+        projected = await self._apply(
+            connection, feed.stream, accepted, catch_up=catch_up, careful=careful
+        )
         covered = accepted[-1][0]
         digest = message_digest(last_message.subject, last_message.data)
         await connection.execute(_WRITE_OFFSET, feed.consumer, covered, feed.stream, digest)
@@ -168,6 +194,7 @@ class Writer:
         accepted: list[tuple[int, pb.Event | None]],
         *,
         catch_up: bool,
+        careful: bool,
     ) -> int:
         """Write the effects of ``accepted`` (in stream order); return how many were new.
 
@@ -194,8 +221,10 @@ class Writer:
                     facts.append(fact)
             await _insert_facts(connection, facts)
         if reports:
-            new_reports = await store_progress(connection, stream, reports)
-            facts = sorted(facts + new_reports, key=lambda fact: fact.sequence)
+            new_reports = await store_progress(connection, stream, reports, careful=careful)
+            # both lists are in stream order: merged only when there are two of them
+            merged = facts + new_reports
+            facts = sorted(merged, key=lambda fact: fact.sequence) if facts else new_reports
         if not facts:
             return 0
         await fold_jobs(connection, [fact.event for fact in facts], catch_up=catch_up)
