@@ -46,6 +46,7 @@ from mdq.core.events import make_event  # noqa: E402
 from mdq.core.ids import pod_name  # noqa: E402
 from mdq.core.producers import owner_of  # noqa: E402
 from mdq.embedded import SYNC_ALWAYS, SYNC_SERVER_DEFAULT, start_nats, start_postgres  # noqa: E402
+from mdq.memory import keep_state_out_of_gc  # noqa: E402
 from mdq.store.engine import asyncpg_dsn, create_writer_pool  # noqa: E402
 from mdq.store.migrate import upgrade_async  # noqa: E402
 from mdq.store.projection import PROGRESS_COLUMNS  # noqa: E402
@@ -251,6 +252,7 @@ async def raw_fastest(
     name = await durable_consumer(js, stream, batch)
     fetcher = await BatchFetcher(js, stream=stream, consumer=name).start()
     connection = await asyncpg.connect(asyncpg_dsn(database_url))
+    freezer = asyncio.create_task(keep_state_out_of_gc())  # as the watcher runs it
     try:
         done = 0
         started = time.perf_counter()
@@ -275,6 +277,7 @@ async def raw_fastest(
         with contextlib.suppress(asyncio.CancelledError):
             await ahead
     finally:
+        freezer.cancel()
         await connection.close()
         await fetcher.close()
         await js.delete_consumer(stream, name)
@@ -355,6 +358,7 @@ async def watcher(
     )
     started = time.perf_counter()
     task = asyncio.create_task(projector.run())
+    freezer = asyncio.create_task(keep_state_out_of_gc())  # as services.watcher runs it
     try:
         while True:
             rows = await pool.fetch("SELECT stream, last_seq FROM consumer_offsets")
@@ -368,6 +372,7 @@ async def watcher(
         reports = int(await pool.fetchval("SELECT count(*) FROM progress"))
         others = int(await pool.fetchval("SELECT count(*) FROM job_events"))
     finally:
+        freezer.cancel()
         projector.stop()
         await asyncio.wait_for(task, timeout=30)
         for stream, consumer in (

@@ -16,6 +16,7 @@ from mdq.backends.port import ClusterBackend
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.storage import StorageSettings
 from mdq.bus.subjects import Subjects
+from mdq.memory import keep_state_out_of_gc
 from mdq.store.engine import create_writer_pool, database_location
 from mdq.store.partitions import keep_partitions
 from services.watcher.lifecycle import Lifecycle, LostRunPolicy
@@ -60,6 +61,7 @@ async def run_watcher(
         async with asyncio.TaskGroup() as group:
             group.create_task(projector.run(), name="projector")
             group.create_task(lifecycle.run(), name="lifecycle")
+            group.create_task(keep_state_out_of_gc(), name="gc")
             group.create_task(
                 keep_partitions(
                     pool,
