@@ -579,10 +579,15 @@ async def open_side(
     return side
 
 
-async def close_side(side: Side) -> None:
+async def stop_reporting(side: Side) -> None:
+    """Stop ``side``'s nodes reporting their loads (the side is measured no more)."""
     side.reporter.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await side.reporter
+
+
+async def close_side(side: Side) -> None:
+    await stop_reporting(side)
     await side.raw.drain()
     await side.nc.drain()
 
@@ -672,8 +677,13 @@ async def _end_to_end(
             results["jobs_bound_fsync_default_auth_off_rounds"] = measured["mdq_fsync_default_open"]
             results["raw_bus_fsync_default_auth_off_rounds"] = measured["raw_fsync_default_open"]
 
-            # The stage alone and the latency: on the fsync-always server (mdq's default).
+            # The stage alone and the latency: on the fsync-always server (mdq's default). The
+            # other sides are idle from here on, but their nodes would go on reporting and
+            # their placements folding the reports on the same cores: they stop reporting.
             side = sides["fsync_always"]
+            for other in sides.values():
+                if other is not side:
+                    await stop_reporting(other)
             bound = side.subjects.job("*", "bound")
             stage = [
                 (f"raw.job.s{i}.submitted", submit_payload(f"s{i}"), f"s{i}") for i in range(jobs)

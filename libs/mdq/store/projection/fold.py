@@ -227,19 +227,19 @@ def superseded_reports(events: Sequence[pb.Event]) -> list[bool]:
     and overwrites every column the first would set. So the fold skips it, which spares it
     most of a PROGRESS batch (each job reports many times)."""
     superseded = [False] * len(events)
-    later: dict[str, pb.Event] = {}
+    later: dict[str, tuple[int, pb.Progress]] = {}
+    """Each job's next report (attempt, body), while its next event is one."""
     for index in range(len(events) - 1, -1, -1):
         event = events[index]
-        following = later.get(event.job_id)
-        later[event.job_id] = event
-        if (
-            following is None
-            or following.attempt != event.attempt
-            or event.WhichOneof("body") != "progress"
-            or following.WhichOneof("body") != "progress"
-        ):
+        if event.WhichOneof("body") != "progress":
+            later.pop(event.job_id, None)
             continue
-        mine, theirs = event.progress, following.progress
+        mine, attempt = event.progress, event.attempt
+        following = later.get(event.job_id)
+        later[event.job_id] = (attempt, mine)
+        if following is None or following[0] != attempt:
+            continue
+        theirs = following[1]
         superseded[index] = (
             theirs.step >= mine.step
             and (not mine.done_reason or bool(theirs.done_reason))
