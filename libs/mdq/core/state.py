@@ -169,8 +169,8 @@ class AttemptRecord:
             ended_at=time_from_text(data["ended_at"]),
             failure=None if failure is None else message_from_text(pb.AttemptFailed, failure),
             steps_lost=int(data["steps_lost"]),
-            copy_lag_steps=int(data.get("copy_lag_steps", 0)),
-            resumed_from_copy=bool(data.get("resumed_from_copy", False)),
+            copy_lag_steps=int(data["copy_lag_steps"]),
+            resumed_from_copy=bool(data["resumed_from_copy"]),
             pod_phase=int(data["pod_phase"]),
             started_logged=bool(data["started_logged"]),
         )
@@ -344,9 +344,9 @@ class JobView:
             latest_checkpoint=None
             if checkpoint is None
             else message_from_text(pb.Checkpoint, checkpoint),
-            checkpoint_at=time_from_text(data.get("checkpoint_at")),
+            checkpoint_at=time_from_text(data["checkpoint_at"]),
             latest_copy=None
-            if data.get("latest_copy") is None
+            if data["latest_copy"] is None
             else message_from_text(pb.Checkpoint, data["latest_copy"]),
             resume_from=None if resume is None else message_from_text(pb.Checkpoint, resume),
             resources=message_from_text(pb.Resources, data["resources"]),
