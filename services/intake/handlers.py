@@ -461,6 +461,13 @@ class SubmitHandler:
                     raise resolved
                 if full is not None:
                     raise full  # a retry of an accepted submit still gets its reply
+                too_fast = (
+                    self._gate.rate_refusal(read.tenant)
+                    if read.tenant and self._gate is not None
+                    else None
+                )
+                if too_fast is not None:
+                    raise too_fast  # before validating: a flood costs its decoding
                 accepted, reply, fingerprint = acceptance(
                     with_auto_resources(read.request) if self._auto_resources else read.request,
                     request_id=read.request_id,

@@ -55,15 +55,25 @@ class TenantGate:
     _accepted: dict[str, deque[tuple[float, int]]] = field(default_factory=dict)
     """tenant -> (when, jobs) this replica accepted, oldest first, for RECENT_S."""
 
+    def rate_refusal(self, tenant: str) -> RateRefusal | None:
+        """Why ``tenant`` may not submit now for its rate (None: it may, and its token is
+        taken). Asked before a submit is validated, so a flood of them costs intake the
+        decoding alone; an invalid submit takes a token as a valid one does."""
+        if not policy_applies(tenant):
+            return None
+        policy = self.directory.policy(tenant)
+        wait = self.limiter.acquire(tenant, policy, self.clock())
+        if wait > 0:
+            return RateRefusal("", rate_limit_message(tenant, policy, wait))
+        return None
+
     async def refusal(self, tenant: str, specs: Sequence[pb.JobSpec]) -> SpecError | None:
-        """Why ``tenant`` may not submit ``specs`` now (None: it may, and it is counted)."""
+        """Why ``tenant`` may not submit ``specs`` now for its quotas (None: it may, and they
+        are counted); its rate is ``rate_refusal``'s."""
         if not policy_applies(tenant):
             return None
         policy = self.directory.policy(tenant)
         now = self.clock()
-        wait = self.limiter.acquire(tenant, policy, now)
-        if wait > 0:
-            return RateRefusal("", rate_limit_message(tenant, policy, wait))
         usage = await self._current_usage(tenant, now)
         error = check_submit(tenant, policy, specs, usage)
         if error is None:

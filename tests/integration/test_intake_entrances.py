@@ -81,3 +81,28 @@ async def test_a_tenants_refusals_for_its_rate_are_answered_not_stored(
     assert all("rate limit: tenant flood" in reply.error.message for reply in refused)
     kinds = [event.WhichOneof("body") for _, event in await job_log(js, subjects)]
     assert kinds.count("submitted") == 1 and kinds.count("rejected") == 0, kinds
+
+
+async def test_a_tenant_past_its_rate_is_refused_before_its_submit_is_validated(
+    nats_url: str, namespace: str, nc: Client, subjects: Subjects
+) -> None:
+    """The rate is asked first: past it, a submit that would not validate is told "rate
+    limit" (validating a flood was most of what it cost intake), and an invalid submit takes
+    a token as a valid one does. Red while the rate was checked after validation."""
+    js = nc.jetstream()
+    await ensure_streams(js, subjects)
+    await ensure_tenants_bucket(js, subjects)
+    await put_policy(js, subjects, "eager", TenantPolicy(submits_per_minute=1, submit_burst=1))
+    invalid = {"idempotency_key": "bad", "jobs": [{"name": "w", "steps": -5}]}
+    service = await started(settings_for(nats_url, namespace))
+    try:
+        first = await ask(nc, subjects, "eager", invalid)
+        second = await ask(
+            nc, subjects, "eager", {"idempotency_key": "ok", "jobs": [{"name": "w"}]}
+        )
+        third = await ask(nc, subjects, "eager", invalid | {"idempotency_key": "bad2"})
+    finally:
+        await service.stop()
+    assert first.error.field == "jobs[0].steps", first.error  # its token: the burst of one
+    assert "rate limit: tenant eager" in second.error.message, second.error
+    assert "rate limit: tenant eager" in third.error.message, third.error
