@@ -40,7 +40,9 @@ class JobRow:
     name: str
     task: str
     priority_class: str
-    spec_json: str
+    spec_json: str | None
+    """The spec as stored, for the insert of a new row; None for a row read back (its spec is
+    never rewritten)."""
     submitted_by: str
     target_steps: int
     updated_at: datetime
@@ -74,8 +76,8 @@ class JobRow:
 
     @classmethod
     def from_record(cls, job: asyncpg.Record, attempts: Sequence[asyncpg.Record]) -> JobRow:
-        # The fold never reads the spec (placement does) and the row keeps its JSON as stored,
-        # so it is not parsed here: parsing it would be the most expensive part of a batch.
+        # The fold never reads the spec (placement does) and an update never writes it, so it
+        # is not even selected (``rows.JOB_COLUMNS``).
         spec = pb.JobSpec()
         checkpoint_step = job["latest_checkpoint_step"]
         view = JobView(
@@ -106,7 +108,7 @@ class JobRow:
             name=job["name"],
             task=job["task"],
             priority_class=job["priority_class"],
-            spec_json=job["spec"],
+            spec_json=None,
             submitted_by=job["submitted_by"] or "",
             target_steps=job["target_steps"],
             updated_at=job["updated_at"],

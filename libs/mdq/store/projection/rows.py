@@ -83,6 +83,12 @@ def _checkpoint_step(row: JobRow) -> int | None:
     return None if checkpoint is None else checkpoint.step
 
 
+def _spec_json(row: JobRow) -> str:
+    if row.spec_json is None:
+        raise ValueError(f"job {row.view.job_id}: a row read back has no spec to insert")
+    return row.spec_json
+
+
 JOB_TABLE: tuple[Column[JobRow], ...] = table_columns(
     Job,
     {
@@ -95,7 +101,7 @@ JOB_TABLE: tuple[Column[JobRow], ...] = table_columns(
         "priority_class": lambda row: row.priority_class,
         "node": lambda row: blank(row.view.node),
         "pod_name": lambda row: blank(row.view.pod_name),
-        "spec": lambda row: row.spec_json,
+        "spec": _spec_json,
         "depends_on": lambda row: list(row.view.depends_on_ids),
         "submitted_by": lambda row: blank(row.submitted_by),
         "submitted_at": lambda row: row.view.submitted_at,
@@ -159,7 +165,9 @@ def _select_list(columns: Sequence[Column[Any]]) -> str:
     return ", ".join(column.read or column.name for column in columns)
 
 
-JOB_COLUMNS = _select_list(JOB_TABLE)
+JOB_COLUMNS = _select_list([column for column in JOB_TABLE if column.name != "spec"])
+"""What ``JobRow.from_record`` reads of a job: every column but the spec, which a fold never
+reads and an update never writes (``JOB_FIXED``), and which may be large (an inline input)."""
 ATTEMPT_COLUMNS = _select_list(ATTEMPT_TABLE)
 
 
