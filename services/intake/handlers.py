@@ -12,7 +12,7 @@ import hashlib
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cache
 
 from mdq.bus.codec import decode_submit, encode, submit_is_json, to_json
@@ -22,8 +22,8 @@ from mdq.contracts import pb
 from mdq.core.documents import printable, quoted
 from mdq.core.fingerprint import Content, Earlier, changes, content_fingerprint, content_of
 from mdq.core.ids import job_id, job_name_of, request_id_for_key, request_id_for_sequence
-from mdq.core.recommend import History, recommend_job
-from mdq.core.spec import AcceptedJob, SpecError, validate_key, validate_submit
+from mdq.core.recommend import History, RecommendationMemo
+from mdq.core.spec import AcceptedJob, SpecError, SpecMemo, validate_key, validate_submit
 from mdq.core.tenants import RateRefusal, RunawayLimits, apply_runaway_limits
 from mdq.forcefields import ForceFieldFolders
 from services.intake.inputs import InputsCheck
@@ -185,29 +185,36 @@ def acceptance(
     resolved: Mapping[str, str],
     key_required: bool,
     history: History | None = None,
+    specs: SpecMemo | None = None,
+    recommendations: RecommendationMemo | None = None,
 ) -> tuple[list[AcceptedJob], pb.SubmitReply, bytes]:
     """The jobs of a submit in publishing order, the reply that names them and the content
     fingerprint; SpecError if it cannot be accepted (``resolved``: its dependencies on
     earlier jobs, as job ids). With ``history`` (measured usage, ``mdq.core.recommend``), each
     job gets a resource recommendation, and an ``auto`` job's resources are filled in from it
-    (after the fingerprint: a resubmit is the same content whatever history learned since)."""
+    (after the fingerprint: a resubmit is the same content whatever history learned since).
+    ``specs``: the memo that normalizes the jobs (it checks force fields as
+    ``force_field_exists`` does); None: ``normalize_job`` each time. ``recommendations``: the
+    memo that recommends (None: one for this submit)."""
     accepted = validate_submit(
         request,
         request_id=request_id,
         resolve_external=resolved.get,
         key_required=key_required,
         force_field_exists=force_field_exists,
+        specs=specs,
     )
     check_job_ids(request, request_id=request_id)
     reply = pb.SubmitReply(
         request_id=request_id, job_ids=[job_id(request_id, job.name) for job in request.jobs]
     )
-    specs = {job.name: job.spec for job in accepted}
+    by_name = {job.name: job.spec for job in accepted}
     fingerprint = content_fingerprint(
-        [specs[job.name] for job in request.jobs], request.submitted_by
+        [by_name[job.name] for job in request.jobs], request.submitted_by
     )
     if history is not None:
-        accepted = [_recommended(job, history) for job in accepted]
+        memo = recommendations if recommendations is not None else RecommendationMemo()
+        accepted = [_recommended(job, history, memo) for job in accepted]
     else:
         for index, job in enumerate(request.jobs):
             if job.resources.auto and not (job.resources.cpu and job.resources.memory_mb):
@@ -232,10 +239,7 @@ def limited(
     index = {job.name: i for i, job in enumerate(request.jobs)}
     bounds = limits(tenant)
     return [
-        replace(
-            job,
-            spec=apply_runaway_limits(tenant, bounds, job.spec, f"jobs[{index[job.name]}]"),
-        )
+        job.with_spec(apply_runaway_limits(tenant, bounds, job.spec, f"jobs[{index[job.name]}]"))
         for job in accepted
     ]
 
@@ -254,11 +258,11 @@ def with_auto_resources(request: pb.SubmitRequest) -> pb.SubmitRequest:
     return marked
 
 
-def _recommended(job: AcceptedJob, history: History) -> AcceptedJob:
+def _recommended(job: AcceptedJob, history: History, memo: RecommendationMemo) -> AcceptedJob:
     if job.spec.task == pb.TASK_ANALYZE and not job.spec.resources.auto:
         return job  # nothing to learn: no system
-    spec, recommendation = recommend_job(job.spec, history=history)
-    return replace(job, spec=spec, recommended=recommendation)
+    spec, recommendation = memo.recommend_job(job.spec, history=history)
+    return job.with_spec(spec, recommendation)
 
 
 @dataclass(frozen=True, slots=True)
@@ -371,6 +375,11 @@ class SubmitHandler:
         self._room = room
         """How full the jobs log is; None: never refuse for room."""
         self._locks = OnePerKey()
+        self._specs = SpecMemo(force_field_exists=force_field_exists)
+        """The job specs accepted lately, normalized (``validate_submit``'s work once per
+        kind of job)."""
+        self._recommendations = RecommendationMemo()
+        """The recommendations made lately from the history in hand."""
 
     async def on_api_submit(self, data: bytes, tenant: str = "") -> pb.SubmitReply:
         """A request-reply submit of ``tenant``: the idempotency key is required."""
@@ -474,6 +483,8 @@ class SubmitHandler:
                     resolved=resolved,
                     key_required=read.key_required,
                     history=self._history() if self._history is not None else None,
+                    specs=self._specs,
+                    recommendations=self._recommendations,
                 )
                 if self._limits is not None:
                     accepted = limited(read.request, accepted, read.tenant, self._limits)

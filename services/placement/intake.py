@@ -16,7 +16,7 @@ from mdq.bus.outage import warn_try_failed
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.placement_state import PlacementState
-from mdq.core.spec import SpecError, normalize_job
+from mdq.core.spec import SpecError, SpecMemo
 from mdq.core.state import JobView, event_time
 from services.placement.binder import Binder
 
@@ -53,6 +53,9 @@ class Intake:
         self._subjects = subjects
         self.invalid_specs_total = 0
         """``submitted`` events whose spec failed validation here: never bound."""
+        self._specs = SpecMemo()
+        """The specs that passed lately: one that equals one of them (but for its name) passes
+        without being normalized again."""
 
     def is_own_echo(self, sequence: int) -> bool:
         """Whether the log message at ``sequence`` is a bound event this replica applied."""
@@ -69,7 +72,7 @@ class Intake:
         may publish it, but placement acts on the spec (its resources, what the pod runs),
         so a forged or corrupt one is skipped, counted and logged, never bound."""
         try:
-            normalize_job(event.submitted.spec, "spec")
+            self._specs.check(event.submitted.spec, "spec")
         except SpecError as error:
             self.invalid_specs_total += 1
             log.error(

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
@@ -550,3 +551,73 @@ def recommend_job(
     return apply_recommendation(spec, recommendation), recommendation_message(
         recommendation, applied=applied
     )
+
+
+RECOMMENDATION_MEMO_ENTRIES = 1024
+"""The most recommendations a ``RecommendationMemo`` remembers (least recently used first out)."""
+
+
+def recommendation_key(spec: pb.JobSpec) -> Hashable:
+    """Everything of a normalized spec that ``recommend_job``'s recommendation depends on
+    (``fingerprint_of``, ``estimate_atoms``, ``auto_threads``, the CPU asked and whether it is
+    applied): two specs with equal keys get the same recommendation from the same history.
+    tests/unit/test_recommend.py changes every other field and checks that the recommendation
+    does not move."""
+    return (
+        spec.task,
+        spec.system.SerializeToString(deterministic=True),
+        spec.resources.SerializeToString(deterministic=True),
+        spec.nonbonded_method,
+        spec.cutoff_nm,
+        spec.barostat.pressure_bar,
+        spec.integrator,
+        spec.platform,
+        spec.trajectory_interval_steps,
+        spec.checkpoint_interval_steps,
+        tuple((each.name, each.sha256) for each in spec.inputs),
+    )
+
+
+class RecommendationMemo:
+    """``recommend_job`` that remembers its recommendations for one history (pure; a bounded
+    LRU by ``recommendation_key``): a spec of a kind of job seen lately costs a look-up. Given
+    another history object, it forgets everything; a history must not change in place (a
+    ``UsageHistory`` does not: intake reads a new one)."""
+
+    __slots__ = ("_history", "_known", "_size")
+
+    def __init__(self, size: int = RECOMMENDATION_MEMO_ENTRIES) -> None:
+        self._size = size
+        self._history: History | None = None
+        self._known: OrderedDict[Hashable, Recommendation] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._known)
+
+    def recommendation(self, spec: pb.JobSpec, history: History) -> Recommendation:
+        """``recommend_for_spec(spec, history=history, threads=auto_threads(spec))``."""
+        if history is not self._history:
+            self._known.clear()
+            self._history = history
+        key = recommendation_key(spec)
+        known = self._known.get(key)
+        if known is not None:
+            self._known.move_to_end(key)
+            return known
+        known = self._known[key] = recommend_for_spec(
+            spec, history=history, threads=auto_threads(spec)
+        )
+        if len(self._known) > self._size:
+            self._known.popitem(last=False)
+        return known
+
+    def recommend_job(
+        self, spec: pb.JobSpec, *, history: History
+    ) -> tuple[pb.JobSpec, pb.ResourceRecommendation]:
+        """``recommend_job(spec, history=history)``, except that a spec that is not ``auto``
+        comes back as itself rather than a copy."""
+        recommendation = self.recommendation(spec, history)
+        resources = spec.resources
+        applied = resources.auto and (resources.cpu == 0 or resources.memory_mb == 0)
+        filled = apply_recommendation(spec, recommendation) if resources.auto else spec
+        return filled, recommendation_message(recommendation, applied=applied)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
@@ -137,6 +138,19 @@ class AcceptedJob:
     depends_on_ids: tuple[str, ...]
     recommended: pb.ResourceRecommendation | None = None
     """What the resource recommender chose for it (intake; mdq.core.recommend)."""
+
+    def with_spec(
+        self, spec: pb.JobSpec, recommended: pb.ResourceRecommendation | None = None
+    ) -> AcceptedJob:
+        """This job with ``spec`` (and ``recommended``, when given) instead of its own:
+        ``dataclasses.replace`` costs several times as much, once or twice per job."""
+        return AcceptedJob(
+            self.name,
+            spec,
+            self.depends_on_names,
+            self.depends_on_ids,
+            recommended if recommended is not None else self.recommended,
+        )
 
 
 DEFAULT_STEPS = {pb.TASK_MD: 10_000, pb.TASK_MINIMIZE: 500, pb.TASK_ANALYZE: 1}
@@ -298,6 +312,89 @@ def normalize_job(
     if job.task == pb.TASK_ANALYZE and not job.depends_on:
         raise SpecError(f"{path}.depends_on", "an analyze job needs the jobs it analyzes")
     return job
+
+
+SPEC_MEMO_ENTRIES = 1024
+"""The most specs a ``SpecMemo`` remembers (the least recently used goes first)."""
+SPEC_MEMO_MAX_BYTES = 4096
+"""A spec whose serialized form is longer than this many bytes is not remembered (an inline
+structure, say): the memo's memory stays within a few MiB."""
+_NAME_TAG = b"\x0a"
+"""The wire tag of ``JobSpec.name`` (field 1, length-delimited)."""
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _memo_key(spec: pb.JobSpec) -> bytes | None:
+    """The spec's deterministic serialization less its name; None when it is not remembered
+    (too long, or the name is not the leading record, which the serializer's field order
+    makes it). Without the name the key still determines the rest of the spec exactly."""
+    data = spec.SerializeToString(deterministic=True)
+    if len(data) > SPEC_MEMO_MAX_BYTES:
+        return None
+    name = spec.name.encode()
+    head = _NAME_TAG + _varint(len(name)) + name
+    return data[len(head) :] if data.startswith(head) else None
+
+
+class SpecMemo:
+    """``normalize_job`` that remembers the specs it accepted (pure; a bounded LRU).
+
+    A spec is remembered by its serialized bytes less its name: ``normalize_job`` reads the
+    name only to check it, so a spec that equals an accepted one but for its name is accepted
+    with the same defaults (its own name checked). A refused spec is not remembered (each
+    refusal names its own field). ``force_field_exists`` must answer the same for a name as
+    long as the memo lives (``services.intake.handlers.force_field_exists`` reads its folders
+    once per process)."""
+
+    __slots__ = ("_force_field_exists", "_known", "_size")
+
+    def __init__(
+        self, *, force_field_exists: ForceFieldCheck | None = None, size: int = SPEC_MEMO_ENTRIES
+    ) -> None:
+        self._force_field_exists = force_field_exists
+        self._size = size
+        self._known: OrderedDict[bytes, pb.JobSpec] = OrderedDict()
+        """key -> the normalized spec of the first spec accepted under it."""
+
+    def __len__(self) -> int:
+        return len(self._known)
+
+    def _normalized(self, spec: pb.JobSpec, path: str) -> pb.JobSpec:
+        """The remembered normalized spec under ``spec``'s key (never to be changed: callers
+        copy it), or one normalized now."""
+        key = _memo_key(spec)
+        if key is not None:
+            known = self._known.get(key)
+            if known is not None:
+                if not NAME_PATTERN.fullmatch(spec.name):
+                    normalize_job(spec, path)  # raises the name's SpecError
+                self._known.move_to_end(key)
+                return known
+        job = normalize_job(spec, path, force_field_exists=self._force_field_exists)
+        if key is not None:
+            self._known[key] = job
+            if len(self._known) > self._size:
+                self._known.popitem(last=False)
+        return job
+
+    def normalize(self, spec: pb.JobSpec, path: str) -> pb.JobSpec:
+        """``normalize_job(spec, path, force_field_exists=...)``: a new message each call."""
+        job = pb.JobSpec()
+        job.CopyFrom(self._normalized(spec, path))
+        job.name = spec.name
+        return job
+
+    def check(self, spec: pb.JobSpec, path: str) -> None:
+        """SpecError if ``normalize_job`` would refuse ``spec``."""
+        self._normalized(spec, path)
 
 
 def _enum_value(path: str, name: str, value: int, values: frozenset[int], default: int) -> int:
@@ -630,11 +727,14 @@ def validate_submit(
     resolve_external: Callable[[str], str | None],
     key_required: bool = False,
     force_field_exists: ForceFieldCheck | None = None,
+    specs: SpecMemo | None = None,
 ) -> list[AcceptedJob]:
     """Validate a whole submit; return its jobs in an order where dependencies come first.
 
     ``resolve_external`` maps a dependency that is not a name in this submit (a job id, or the
-    idempotency key of an earlier single-job submit) to a job id, or None if unknown.
+    idempotency key of an earlier single-job submit) to a job id, or None if unknown. With
+    ``specs``, each job is normalized by it (its own force-field check applies, not
+    ``force_field_exists``).
     """
     validate_key(request.idempotency_key, required=key_required)
     if (field := first_nul(request)) is not None:  # PostgreSQL could not store it
@@ -645,7 +745,11 @@ def validate_submit(
         raise SpecError("jobs", f"a submit holds 1 to {MAX_JOBS_PER_SUBMIT} jobs")
     normalized: dict[str, pb.JobSpec] = {}
     for index, raw in enumerate(request.jobs):
-        job = normalize_job(raw, f"jobs[{index}]", force_field_exists=force_field_exists)
+        path = f"jobs[{index}]"
+        if specs is not None:
+            job = specs.normalize(raw, path)
+        else:
+            job = normalize_job(raw, path, force_field_exists=force_field_exists)
         if job.name in normalized:
             raise SpecError(f"jobs[{index}].name", f"duplicate name {job.name!r}")
         normalized[job.name] = job
