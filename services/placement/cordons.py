@@ -32,9 +32,8 @@ class Cordons:
         kept crashing), within the budget; logs each cordon, and each suspect the budget leaves
         open, once per episode."""
         state = self._state()
-        if not state.health.suspects(now) and not any(
-            node.problem for node in state.nodes.values()
-        ):  # most passes: no node to weigh, and no capacities to build
+        # most passes: no node to weigh, and no capacities to build
+        if not state.health.suspects(now) and not state.has_node_problems():
             if self._notes:
                 self._notes.clear()
             return {}

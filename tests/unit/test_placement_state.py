@@ -960,3 +960,33 @@ def test_a_snapshot_from_before_clusters_loads_into_the_unnamed_cluster() -> Non
     restored = PlacementState.from_snapshot(snapshot, load_settle_s=SETTLE_S)
     assert {node.cluster for node in restored.node_states()} == {""}
     assert restored.final_state("r-a") is JobState.SUCCEEDED
+
+
+def troubled(node: str, problem: str, t: float = 0) -> Step:
+    """A load report of ``node`` naming ``problem`` ("" for none)."""
+    body = pb.NodeLoad(node=node, cpu_capacity=8, memory_capacity_mb=16_384, ready=True)
+    body.problem = problem
+    return lambda state: state.apply_load(body, at(t))
+
+
+PROBLEM_CASES = [
+    ("no reports", [], False),
+    ("reports without a problem", NODES, False),
+    ("a report names one", [*NODES, troubled("n2", "disk full")], True),
+    ("a later report clears it", [troubled("n2", "disk full", 1), troubled("n2", "", 2)], False),
+    ("an older report is ignored", [troubled("n2", "", 2), troubled("n2", "disk full", 1)], False),
+    ("another node's clears nothing", [troubled("n1", "x", 1), troubled("n2", "", 2)], True),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "history", "expected"), PROBLEM_CASES, ids=[c[0] for c in PROBLEM_CASES]
+)
+def test_node_problems_follow_the_latest_reports(
+    name: str, history: list[Step], expected: bool
+) -> None:
+    state = fold(history)
+    assert state.has_node_problems() is expected
+    assert state.has_node_problems() is any(node.problem for node in state.nodes.values())
+    restored = PlacementState.from_snapshot(json.loads(json.dumps(state.snapshot())))
+    assert restored.has_node_problems() is expected

@@ -99,6 +99,8 @@ class PlacementState:
         self.book = JobBook()
         self.nodes: dict[str, NodeState] = {}
         """node -> its latest load report (without reservations: ``node_states`` adds them)."""
+        self._problem_nodes: set[str] = set()
+        """Nodes whose latest load report names a problem (kept with ``nodes``)."""
         self.health = NodeHealth(policy=health_policy or NodeHealthPolicy())
         self._by_state: dict[JobState, set[str]] = {state: set() for state in JobState}
         self._indexed_state: dict[str, JobState] = {}
@@ -227,11 +229,20 @@ class PlacementState:
             cluster_labels=self._labels_of(load.cluster, load.cluster_labels),
             problem=load.problem,
         )
+        if load.problem:
+            self._problem_nodes.add(load.node)
+        else:
+            self._problem_nodes.discard(load.node)
         horizon = reported_at - timedelta(seconds=self.load_settle_s)
         if recent := self._inflight.get(load.node):
             for job_id in [job for job, entry in recent.items() if entry[0] <= horizon]:
                 self._forget_inflight(load.node, job_id)
         return True
+
+    def has_node_problems(self) -> bool:
+        """Whether a node's latest load report names a problem (what the failure cordons
+        weigh besides crash verdicts), without a look at every node."""
+        return bool(self._problem_nodes)
 
     def _labels_of(self, cluster: str, labels: Mapping[str, str]) -> dict[str, str]:
         """``labels`` of ``cluster``, as one dict its nodes share (a cluster's thousand nodes
@@ -841,6 +852,7 @@ class PlacementState:
             totals[0] += cpu
             totals[1] += memory
         state.nodes = {raw["name"]: _node_from_dict(raw, state._labels_of) for raw in data["nodes"]}
+        state._problem_nodes = {name for name, node in state.nodes.items() if node.problem}
         state._node_lost_at = {
             node: datetime.fromisoformat(at) for node, at in data["node_lost_at"]
         }
