@@ -574,7 +574,7 @@ def recommendation_key(spec: pb.JobSpec) -> Hashable:
         spec.platform,
         spec.trajectory_interval_steps,
         spec.checkpoint_interval_steps,
-        tuple((each.name, each.sha256) for each in spec.inputs),
+        tuple([(each.name, each.sha256) for each in spec.inputs]) if spec.inputs else (),
     )
 
 
