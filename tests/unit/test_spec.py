@@ -631,3 +631,18 @@ def test_find_cycle_on_a_long_chain() -> None:
     assert cycle is not None
     assert cycle[0] == cycle[-1]
     assert len(cycle) == 501
+
+
+def test_jobs_without_dependencies_come_in_submit_order_with_none() -> None:
+    accepted = validate_submit(
+        submit(job("c"), job("a"), job("b", steps=7)), request_id=RID, resolve_external=resolve
+    )
+    assert [(j.name, j.depends_on_names, j.depends_on_ids) for j in accepted] == [
+        ("c", (), ()),
+        ("a", (), ()),
+        ("b", (), ()),
+    ]
+    assert [j.spec for j in accepted] == [
+        normalize_job(spec, f"jobs[{index}]")
+        for index, spec in enumerate([job("c"), job("a"), job("b", steps=7)])
+    ]

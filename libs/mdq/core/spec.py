@@ -753,6 +753,8 @@ def validate_submit(
         if job.name in normalized:
             raise SpecError(f"jobs[{index}].name", f"duplicate name {job.name!r}")
         normalized[job.name] = job
+    if not any(job.depends_on for job in normalized.values()):  # most submits: in their order
+        return [AcceptedJob(name, job, (), ()) for name, job in normalized.items()]
     internal: dict[str, list[str]] = {}
     external: dict[str, list[str]] = {}
     for index, (name, job) in enumerate(normalized.items()):
