@@ -324,6 +324,8 @@ _NAME_TAG = b"\x0a"
 
 
 def _varint(value: int) -> bytes:
+    if value < 0x80:  # a valid name's length
+        return bytes((value,))
     out = bytearray()
     while value > 0x7F:
         out.append(value & 0x7F | 0x80)
