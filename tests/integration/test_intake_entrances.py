@@ -93,7 +93,7 @@ async def test_a_tenant_past_its_rate_is_refused_before_its_submit_is_validated(
     await ensure_streams(js, subjects)
     await ensure_tenants_bucket(js, subjects)
     await put_policy(js, subjects, "eager", TenantPolicy(submits_per_minute=1, submit_burst=1))
-    invalid = {"idempotency_key": "bad", "jobs": [{"name": "w", "steps": -5}]}
+    invalid: dict[str, object] = {"idempotency_key": "bad", "jobs": [{"name": "w", "steps": -5}]}
     service = await started(settings_for(nats_url, namespace))
     try:
         first = await ask(nc, subjects, "eager", invalid)
