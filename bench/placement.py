@@ -421,6 +421,32 @@ class Measured:
     """CPU microseconds per job of the nats-server alone."""
 
 
+SETTLED_CPU = 0.2
+"""A pipeline has settled when its processes together use less than this share of a core..."""
+SETTLED_WINDOWS = 4
+"""...over this many windows of ``SETTLE_WINDOW_S`` in a row."""
+SETTLE_WINDOW_S = 0.25
+SETTLE_TIMEOUT_S = 60.0
+
+
+async def settle(processes: list[psutil.Process]) -> float:
+    """Wait until ``processes`` are done with what came before (the previous phase's jobs
+    ended, their snapshots written): a latency level measures from a settled pipeline, not the
+    tail of the last phase. Read from the process table; returns the seconds waited, and
+    fails the bench if they never settle."""
+    started = time.monotonic()
+    quiet = 0
+    before = cpu_seconds(processes)
+    while quiet < SETTLED_WINDOWS:
+        if time.monotonic() - started > SETTLE_TIMEOUT_S:
+            raise SystemExit(f"the pipeline did not settle within {SETTLE_TIMEOUT_S:.0f} s")
+        await asyncio.sleep(SETTLE_WINDOW_S)
+        after = cpu_seconds(processes)
+        quiet = quiet + 1 if after - before < SETTLED_CPU * SETTLE_WINDOW_S else 0
+        before = after
+    return time.monotonic() - started
+
+
 async def measured_throughput(
     side: Side,
     pipeline: list[psutil.Process],
@@ -708,6 +734,7 @@ async def _end_to_end(
                 rate = level * capacity
                 count = max(200, min(latency_jobs, round(rate * LATENCY_SECONDS)))
                 level_payloads = payloads_for(f"lat{round(100 * level)}-", count)
+                await settle(side.mdq_processes)
                 latencies = await latency(
                     side.nc, side.subjects.api_submit, bound, level_payloads, rate
                 )
@@ -717,6 +744,7 @@ async def _end_to_end(
                 results[f"p99_ms_at_{percent}"] = latencies[int(0.99 * (len(latencies) - 1))]
                 results[f"offered_per_s_at_{percent}"] = rate
                 # the batched raw loop at the same rate: what the machine's hops cost alone
+                await settle(side.raw_processes)
                 raw_latencies = await latency(
                     side.raw,
                     "raw.api.submit",
