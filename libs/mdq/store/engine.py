@@ -101,10 +101,6 @@ def create_engine(database_url: str, *, pool_size: int = 5) -> AsyncEngine:
     )
 
 
-async def _keep_session(_connection: asyncpg.Connection) -> None:
-    """A released writer connection needs no reset (``create_writer_pool``)."""
-
-
 async def create_writer_pool(
     database_url: str, *, size: int = 2, connect_now: bool = True
 ) -> asyncpg.Pool:
@@ -112,18 +108,12 @@ async def create_writer_pool(
 
     With ``connect_now`` one connection is opened at once (so a wrong URL fails here);
     without, the pool connects on first use and creating it needs no server.
-
-    A connection goes back to the pool as it is (``_keep_session``): its users (the projector,
-    the partition keeper, ``mdq replay``) keep no session state, so asyncpg's reset query
-    would be a round trip to PostgreSQL on every release, one per batch; an open transaction
-    is still rolled back on release.
     """
     pool = await asyncpg.create_pool(
         asyncpg_dsn(database_url),
         min_size=1 if connect_now else 0,
         max_size=size,
         command_timeout=60,
-        reset=_keep_session,
     )
     if pool is None:  # pragma: no cover - create_pool only returns None when not awaited
         raise RuntimeError("asyncpg.create_pool returned no pool")
