@@ -110,6 +110,7 @@ async def test_a_whole_cluster_lost_mid_campaign_its_jobs_finish_on_the_other(
     info = await stack.start()
     frozen: list[psutil.Process] = []
     interval = 500
+    report_interval = 100
     try:
         campaign = request(
             *(
@@ -117,7 +118,7 @@ async def test_a_whole_cluster_lost_mid_campaign_its_jobs_finish_on_the_other(
                     f"md{i}",
                     steps=4000,
                     checkpoint_interval_steps=interval,
-                    report_interval_steps=100,
+                    report_interval_steps=report_interval,
                     resources={"cpu": 1, "memory_mb": 512},
                     clusters={"prefer": {"site": "lab1" if i % 2 == 0 else "lab2"}},
                 )
@@ -209,8 +210,11 @@ async def test_a_whole_cluster_lost_mid_campaign_its_jobs_finish_on_the_other(
         lost, retry = rows[job_id, attempt], rows[job_id, attempt + 1]
         assert lost["failure_reason"] == "FAILURE_CLUSTER_LOST"
         assert retry["resumed_from_copy"] and retry["resumed_from_step"] == resumed(job_id, attempt)
-        # what the attempt reached less where its retry began, at most an interval plus the lag
-        assert last_steps[job_id] - retry["resumed_from_step"] <= lost["steps_lost"]
+        # what the attempt reached less where its retry began, at most an interval plus the lag;
+        # mdq counts what it heard of, and a runner frozen between writing a report's line and
+        # publishing it has reached one report more than that
+        reached = last_steps[job_id] - retry["resumed_from_step"]
+        assert reached <= lost["steps_lost"] + report_interval, (reached, lost["steps_lost"])
         assert lost["steps_lost"] <= interval + lost["copy_lag_steps"]
 
 
