@@ -527,6 +527,38 @@ async def test_a_target_reached_while_a_cancel_was_on_its_way_is_the_same_in_bot
     assert figures == ("CANCELLED", "steps_reached", 1000)
 
 
+async def test_an_attempt_failing_in_the_batch_that_inserts_the_next_failed_counts_one_job(
+    publisher: EventPublisher,
+    js: JetStreamContext,
+    subjects: Subjects,
+    pool: asyncpg.Pool,
+) -> None:
+    """One batch fails a stored attempt and inserts the next, failed for the same reason: the
+    job is one job in ``failure_tallies``. Red while both went into one INSERT ... ON CONFLICT
+    DO UPDATE: its INSERT and UPDATE triggers each took the other's row as there before, and
+    the job was counted by neither (found by a chaos campaign's rebuild comparison)."""
+    history = History("twice")
+    async with running(js, subjects, pool):
+        await publish_in_order(
+            publisher, [history.submitted(), history.bound(1, "n1"), history.started(1, "n1")]
+        )
+        await wait_projected(js, subjects, pool)
+    await publish_in_order(  # one batch: no projector runs while they are published
+        publisher,
+        [
+            history.attempt_failed(1, "n1", last_step=0),
+            history.requeued(2, resume_step=0, steps_lost=0),
+            history.bound(2, "n2"),
+            history.started(2, "n2"),
+            history.attempt_failed(2, "n2", last_step=0),
+        ],
+    )
+    async with running(js, subjects, pool):
+        await wait_projected(js, subjects, pool)
+    tallies = await pool.fetch("SELECT reason, attempts, jobs FROM failure_tallies")
+    assert [tuple(row) for row in tallies] == [("FAILURE_OOM_KILLED", 2, 1)]
+
+
 async def test_failure_then_requeue_fills_both_attempts(
     projector: Projector,
     publisher: EventPublisher,
