@@ -384,6 +384,42 @@ async def test_a_node_that_goes_not_ready_loses_its_pods(
     assert sum(u.phase == pb.POD_FAILED for u in updates.of(doomed.name)) == 1
 
 
+async def test_no_pod_is_lost_with_its_node_while_the_api_does_not_answer(
+    cluster: SimulatedCluster, namespace: str
+) -> None:
+    """A node seen NotReady, then the whole API gone: what the node watch saw last is not
+    taken as current, so no pod is reported NodeLost (the cluster's own loss is what applies,
+    ``mdq.backends.clusters``). Red while the last view of the nodes was judged."""
+    backend = await KubernetesBackend.connect(
+        settings=settings_for(cluster).model_copy(update={"node_lost_after_s": 3.0}),
+        mdq_namespace=namespace,
+        runner_nats_url=RUNNER_NATS,
+        data_dir=Path("/data"),
+    )
+    try:
+        updates = Updates(backend)
+        kept = pod("kept", "import time; time.sleep(60)", node="node-1")
+        await backend.create_pod(kept)
+        await wait_for(
+            _true_after(lambda: "POD_RUNNING" in updates.phases(kept.name)),
+            timeout=20,
+            what="the pod running",
+        )
+        await cluster.fail_node("node-1")
+
+        async def not_ready() -> bool:
+            return not {s.name: s for s in await backend.sample_nodes()}["node-1"].ready
+
+        await wait_for(not_ready, timeout=15, what="node-1 not ready")
+        await asyncio.sleep(0.5)  # the node watch delivers what the API said
+        await cluster.api.stop()
+        await asyncio.sleep(5.0)  # past node_lost_after_s from the node's NotReady
+        assert "NodeLost" not in [u.reason for u in updates.of(kept.name)]
+        assert backend.node_stats.errors > 0  # the watch saw the API go
+    finally:
+        await backend.close()
+
+
 async def test_a_pod_without_a_sandbox_ends_start_error_and_its_node_takes_no_new_pods(
     cluster: SimulatedCluster, namespace: str
 ) -> None:

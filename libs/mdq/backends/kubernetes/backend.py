@@ -114,10 +114,13 @@ async def list_and_watch(
     settings: KubernetesSettings,
     stats: WatchStats,
     what: str,
+    on_broken: Callable[[], None] | None = None,
     **kwargs: Any,
 ) -> None:
     """List, then watch from the list's resourceVersion with bookmarks, forever: resume from
-    the last version after a watch ends or breaks, re-list after 410 Gone (expired)."""
+    the last version after a watch ends or breaks, re-list after 410 Gone (expired). With
+    ``on_broken``, a watch that breaks (the API does not answer) calls it and is re-listed
+    once the API answers again: what was seen before is not taken as current meanwhile."""
     version = ""
     while True:
         try:
@@ -164,10 +167,16 @@ async def list_and_watch(
             log.warning("%s watch failed (%s %s); retrying", what, error.status, error.reason)
             if error.status in (400, 422):
                 version = ""
+            if on_broken is not None:
+                on_broken()
+                version = ""
             await asyncio.sleep(settings.retry_backoff_s)
         except RETRYABLE as error:
             stats.errors += 1
             log.warning("%s watch broke (%r); retrying", what, error)
+            if on_broken is not None:
+                on_broken()
+                version = ""
             await asyncio.sleep(settings.retry_backoff_s)
 
 
@@ -178,6 +187,12 @@ class _NodeWatch:
     nodes: dict[str, NodeView] = field(default_factory=dict)
     missing_since: dict[str, datetime] = field(default_factory=dict)
     synced: bool = False
+    """Whether ``nodes`` is what a live watch says: no node is judged lost otherwise (while
+    the API does not answer, the cluster's own loss applies: ``mdq.backends.clusters``)."""
+
+    def unsynced(self) -> None:
+        """The watch broke: judge nothing until the nodes are listed again."""
+        self.synced = False
 
 
 DEFAULT_DATA_DIR = Path("/data")
@@ -440,6 +455,7 @@ class KubernetesBackend:
                     settings=self._settings,
                     stats=self.node_stats,
                     what="node",
+                    on_broken=nodes.unsynced,
                     **self._node_selector(),
                 ),
                 name="k8s-nodes",
