@@ -88,7 +88,7 @@ async def test_a_tenant_past_its_rate_is_refused_before_its_submit_is_validated(
 ) -> None:
     """The rate is asked first: past it, a submit that would not validate is told "rate
     limit" (validating a flood was most of what it cost intake), and an invalid submit takes
-    a token as a valid one does. Red while the rate was checked after validation."""
+    a token as a valid one does."""
     js = nc.jetstream()
     await ensure_streams(js, subjects)
     await ensure_tenants_bucket(js, subjects)

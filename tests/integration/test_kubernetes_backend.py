@@ -389,9 +389,10 @@ async def test_no_pod_is_lost_with_its_node_while_the_api_does_not_answer(
 ) -> None:
     """A node seen NotReady, then the whole API gone: what the node watch saw last is not
     taken as current, so no pod is reported NodeLost (the cluster's own loss is what applies,
-    ``mdq.backends.clusters``). Red while the last view of the nodes was judged."""
+    ``mdq.backends.clusters``)."""
+    lost_after_s = 3.0
     backend = await KubernetesBackend.connect(
-        settings=settings_for(cluster).model_copy(update={"node_lost_after_s": 3.0}),
+        settings=settings_for(cluster).model_copy(update={"node_lost_after_s": lost_after_s}),
         mdq_namespace=namespace,
         runner_nats_url=RUNNER_NATS,
         data_dir=Path("/data"),
@@ -411,9 +412,14 @@ async def test_no_pod_is_lost_with_its_node_while_the_api_does_not_answer(
             return not {s.name: s for s in await backend.sample_nodes()}["node-1"].ready
 
         await wait_for(not_ready, timeout=15, what="node-1 not ready")
-        await asyncio.sleep(0.5)  # the node watch delivers what the API said
+        said = int((cluster.api.node("node-1") or {})["metadata"]["resourceVersion"])
+        await wait_for(
+            _true_after(lambda: int(backend.node_stats.resource_version or 0) >= said),
+            what="the node watch to deliver node-1 not ready",
+        )
         await cluster.api.stop()
-        await asyncio.sleep(5.0)  # past node_lost_after_s from the node's NotReady
+        # an absence: the window is what would have been enough to judge the node lost
+        await asyncio.sleep(lost_after_s + 2.0)
         assert "NodeLost" not in [u.reason for u in updates.of(kept.name)]
         assert backend.node_stats.errors > 0  # the watch saw the API go
     finally:

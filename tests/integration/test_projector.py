@@ -534,9 +534,9 @@ async def test_an_attempt_failing_in_the_batch_that_inserts_the_next_failed_coun
     pool: asyncpg.Pool,
 ) -> None:
     """One batch fails a stored attempt and inserts the next, failed for the same reason: the
-    job is one job in ``failure_tallies``. Red while both went into one INSERT ... ON CONFLICT
-    DO UPDATE: its INSERT and UPDATE triggers each took the other's row as there before, and
-    the job was counted by neither (found by a chaos campaign's rebuild comparison)."""
+    job is one job in ``failure_tallies``. The tallies' triggers count a job from the table as
+    each statement leaves it, so the projector must not insert and update a job's attempts in
+    one statement."""
     history = History("twice")
     async with running(js, subjects, pool):
         await publish_in_order(
