@@ -509,9 +509,8 @@ class Intake:
         then stop: the requests in hand are answered and the broker's connection drained,
         also when the stop comes while it is still starting."""
         # its modules and the recommender's history (read again every few minutes) live for
-        # ever: left in the oldest generation, a full collection walks them all, a pause of
-        # ~100 ms in the middle of the submits (docs/architecture.md, "Short garbage-collector
-        # pauses")
+        # ever: left in the oldest generation, a full collection walks them all in the middle
+        # of the submits (docs/architecture.md, "Short garbage-collector pauses")
         freezer = asyncio.create_task(keep_state_out_of_gc(), name="gc")
         try:
             await self.start()

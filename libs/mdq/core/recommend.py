@@ -547,10 +547,18 @@ def recommend_job(
     recommendation to record with it (for a job that states its resources: what history would
     have chosen, for the same threads)."""
     recommendation = recommend_for_spec(spec, history=history, threads=auto_threads(spec))
-    applied = spec.resources.auto and (spec.resources.cpu == 0 or spec.resources.memory_mb == 0)
-    return apply_recommendation(spec, recommendation), recommendation_message(
-        recommendation, applied=applied
-    )
+    return _recommended_job(spec, recommendation)
+
+
+def _recommended_job(
+    spec: pb.JobSpec, recommendation: Recommendation
+) -> tuple[pb.JobSpec, pb.ResourceRecommendation]:
+    """``recommend_job``'s answer from its recommendation: an ``auto`` spec filled in (a
+    copy), another one as itself."""
+    resources = spec.resources
+    applied = resources.auto and (resources.cpu == 0 or resources.memory_mb == 0)
+    filled = apply_recommendation(spec, recommendation) if resources.auto else spec
+    return filled, recommendation_message(recommendation, applied=applied)
 
 
 RECOMMENDATION_MEMO_ENTRIES = 1024
@@ -561,7 +569,7 @@ def recommendation_key(spec: pb.JobSpec) -> Hashable:
     """Everything of a normalized spec that ``recommend_job``'s recommendation depends on
     (``fingerprint_of``, ``estimate_atoms``, ``auto_threads``, the CPU asked and whether it is
     applied): two specs with equal keys get the same recommendation from the same history.
-    tests/unit/test_recommend.py changes every other field and checks that the recommendation
+    tests/unit/test_recommend_memo.py changes every other field and checks that the recommendation
     does not move."""
     return (
         spec.task,
@@ -614,10 +622,5 @@ class RecommendationMemo:
     def recommend_job(
         self, spec: pb.JobSpec, *, history: History
     ) -> tuple[pb.JobSpec, pb.ResourceRecommendation]:
-        """``recommend_job(spec, history=history)``, except that a spec that is not ``auto``
-        comes back as itself rather than a copy."""
-        recommendation = self.recommendation(spec, history)
-        resources = spec.resources
-        applied = resources.auto and (resources.cpu == 0 or resources.memory_mb == 0)
-        filled = apply_recommendation(spec, recommendation) if resources.auto else spec
-        return filled, recommendation_message(recommendation, applied=applied)
+        """``recommend_job(spec, history=history)``, remembered."""
+        return _recommended_job(spec, self.recommendation(spec, history))

@@ -323,26 +323,16 @@ _NAME_TAG = b"\x0a"
 """The wire tag of ``JobSpec.name`` (field 1, length-delimited)."""
 
 
-def _varint(value: int) -> bytes:
-    if value < 0x80:  # a valid name's length
-        return bytes((value,))
-    out = bytearray()
-    while value > 0x7F:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def _memo_key(spec: pb.JobSpec) -> bytes | None:
     """The spec's deterministic serialization less its name; None when it is not remembered
-    (too long, or the name is not the leading record, which the serializer's field order
-    makes it). Without the name the key still determines the rest of the spec exactly."""
+    (too long, a name too long to be valid, or the name is not the leading record, which the
+    serializer's field order makes it). Without the name the key still determines the rest of
+    the spec exactly."""
     data = spec.SerializeToString(deterministic=True)
-    if len(data) > SPEC_MEMO_MAX_BYTES:
-        return None
     name = spec.name.encode()
-    head = _NAME_TAG + _varint(len(name)) + name
+    if len(data) > SPEC_MEMO_MAX_BYTES or len(name) >= 0x80:  # a valid name's length: 1 byte
+        return None
+    head = _NAME_TAG + bytes((len(name),)) + name
     return data[len(head) :] if data.startswith(head) else None
 
 

@@ -229,8 +229,7 @@ def superseded_reports(events: Sequence[pb.Event]) -> list[bool]:
     and overwrites every column the first would set. So the fold skips it, which spares it
     most of a PROGRESS batch (each job reports many times)."""
     superseded = [False] * len(events)
-    later: dict[str, tuple[int, pb.Progress]] = {}
-    """Each job's next report (attempt, body), while its next event is one."""
+    later: dict[str, tuple[int, pb.Progress]] = {}  # job -> its next event, when a report
     for index in range(len(events) - 1, -1, -1):
         event = events[index]
         if event.WhichOneof("body") != "progress":

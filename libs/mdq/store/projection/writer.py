@@ -222,9 +222,10 @@ class Writer:
             await _insert_facts(connection, facts)
         if reports:
             new_reports = await store_progress(connection, stream, reports, careful=careful)
-            # both lists are in stream order: merged only when there are two of them
-            merged = facts + new_reports
-            facts = sorted(merged, key=lambda fact: fact.sequence) if facts else new_reports
+            if facts:  # both lists are in stream order: merged only when there are two
+                facts = sorted(facts + new_reports, key=lambda fact: fact.sequence)
+            else:
+                facts = new_reports
         if not facts:
             return 0
         await fold_jobs(connection, [fact.event for fact in facts], catch_up=catch_up)
