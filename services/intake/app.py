@@ -30,7 +30,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from mdq.backoff import keep_trying, redact_url
-from mdq.bus.connect import auth_options, wait_for_nats
+from mdq.bus.connect import auth_options, connect, wait_for_nats
 from mdq.bus.inputs import InputDesk
 from mdq.bus.outage import NATS_NOT_READY
 from mdq.bus.publisher import EventPublisher
@@ -40,6 +40,7 @@ from mdq.bus.streams import require_streams
 from mdq.bus.subjects import Subjects
 from mdq.bus.tenants import TenantDirectory
 from mdq.core.fair_queue import FairQueue
+from mdq.core.spec import SpecError
 from mdq.core.tenants import RunawayLimits, TenantUsage, usage_key
 from mdq.memory import keep_state_out_of_gc
 from mdq.settings import CommonSettings, LimitSettings
@@ -50,6 +51,7 @@ from services.intake.handlers import (
     Outcome,
     SubmitHandler,
     is_json,
+    refusal,
     serialize_reply,
 )
 from services.intake.history import HistoryReader
@@ -168,6 +170,25 @@ def broker_auth_options() -> dict[str, Any]:
     return options
 
 
+class RefusalReplies:
+    """Serialized "rate limit" replies, made once per message and encoding: a flood's
+    refusals within a tenth of a second say the same, and JSON costs more than the rest of
+    answering one."""
+
+    def __init__(self, *, most: int = 1024) -> None:
+        self._made: dict[tuple[str, bool], bytes] = {}
+        self._most = most
+
+    def reply(self, error: SpecError, *, as_json: bool) -> bytes:
+        key = (error.message, as_json)
+        made = self._made.get(key)
+        if made is None:
+            if len(self._made) >= self._most:
+                self._made.clear()
+            made = self._made[key] = serialize_reply(refusal("", error), as_json=as_json)
+        return made
+
+
 class Intake:
     """The intake service: one broker, its subscribers and the handler they call."""
 
@@ -190,10 +211,16 @@ class Intake:
         self._arrived: FairQueue[Msg] = FairQueue()
         """Request-reply submits waiting for room, taking turns between tenants: one
         tenant's flood of them delays another's by a turn (``mdq.core.fair_queue``)."""
-        """Request-reply submits received and not yet handed to a batch."""
         self._batch_scheduled = False
         self.ignored_without_reply = 0
         """Messages on a request-reply entrance that named no reply subject, dropped unread."""
+        self.refused_unread = 0
+        """Request-reply submits answered "rate limit" before they were read (their tenant
+        had no token left when they arrived)."""
+        self._gate: TenantGate | None = None
+        self._writes: Client | None = None
+        """The connection intake writes over (``prepare``)."""
+        self._rate_refusals = RefusalReplies()
         self._in_flight = 0
         """Request-reply submits in batches being handled (at most ``concurrency``)."""
         self._requests: set[asyncio.Task[None]] = set()
@@ -274,7 +301,10 @@ class Intake:
                 self._schedule_batch()
 
         tenant_of = self.subjects.tenant_of_submit
-        arrivals = [Arrival(message.data, tenant_of(message.subject)) for message in batch]
+        rate_taken = self._gate is not None
+        arrivals = [
+            Arrival(message.data, tenant_of(message.subject), rate_taken) for message in batch
+        ]
         try:
             await self.handler.on_api_submits(arrivals, answer)
         except Exception as error:
@@ -293,9 +323,23 @@ class Intake:
             # unread (docs/security.md, "Tenants").
             self.ignored_without_reply += 1
             return
+        tenant = self.subjects.tenant_of_submit(message.subject)
+        if tenant and self._gate is not None and (too_fast := self._gate.rate_refusal(tenant)):
+            # past its rate: answered before it is read, so that a tenant's flood costs intake
+            # an answer each and delays nobody else's submits (docs/security.md, "Limits");
+            # the token of one within its rate is taken now, as it arrives
+            self.refused_unread += 1
+            as_json = is_json(message.data)
+            with contextlib.suppress(*TRANSIENT_ERRORS):
+                await self._connection().publish(
+                    message.reply,
+                    self._rate_refusals.reply(too_fast, as_json=as_json),
+                    headers=JSON_REPLY_HEADERS if as_json else PROTOBUF_REPLY_HEADERS,
+                )
+            return
         # Requests that arrive together are handled together: nats-py hands over every message
         # already read before the loop runs anything else, and the batch starts after that.
-        self._arrived.append(self.subjects.tenant_of_submit(message.subject), message)
+        self._arrived.append(tenant, message)
         self._schedule_batch()
 
     def _schedule_batch(self) -> None:
@@ -393,7 +437,11 @@ class Intake:
             retry_on=NATS_NOT_READY,
         )
         await self._widen_durable(js)
-        requests = await Requests(connection).start()
+        # Intake's writes (registry claims, events) and their acks go over a connection of
+        # their own: a flood on the entrances queues in the entrances' connection, not ahead
+        # of the acks another tenant's submit waits for (docs/intake.md, "Two connections").
+        self._writes = await connect(url, name=f"mdq-intake-{self.common.namespace}-writes")
+        requests = await Requests(self._writes).start()
         storage = StorageSettings()
         registry = await SubmitRegistry.open(
             js=js, requests=requests, subjects=self.subjects, replicas=replicas, storage=storage
@@ -407,7 +455,7 @@ class Intake:
         self._tenants = TenantDirectory(js, self.subjects)
         if not await self._tenants.wait_synced(TENANT_POLICIES_WAIT_S):
             log.warning("tenant policies not read yet: tenants get the default until they are")
-        gate = TenantGate(directory=self._tenants, read_usage=self._usage_reader(js))
+        gate = self._gate = TenantGate(directory=self._tenants, read_usage=self._usage_reader(js))
         self._history = HistoryReader(
             database_url=self.settings.history_database_url,
             refresh_s=self.settings.history_refresh_s,
@@ -501,6 +549,9 @@ class Intake:
     async def stop(self) -> None:
         await self.stop_requests()
         await self.broker.stop()
+        if self._writes is not None:
+            with contextlib.suppress(Exception):
+                await self._writes.drain()
         if self._tenants is not None:
             await self._tenants.close()
 

@@ -135,6 +135,9 @@ class Arrival:
 
     data: bytes
     tenant: str = ""
+    rate_taken: bool = False
+    """Its tenant's rate token was taken as it arrived (request-reply: intake asks the rate
+    before it reads a request); otherwise the rate is asked before it is validated."""
 
 
 def decode_as(data: bytes, tenant: str) -> pb.SubmitRequest:
@@ -284,6 +287,7 @@ class _Read:
     request_id: str
     tenant: str
     key_required: bool
+    rate_taken: bool
 
 
 def _read(index: int, submit: Submit) -> _Read:
@@ -298,7 +302,7 @@ def _read(index: int, submit: Submit) -> _Read:
         request_id = request_id_for_key(key, tenant)
     else:
         request_id = request_id_for_sequence(submit.sequence or 0, tenant)
-    return _Read(index, request, request_id, tenant, key_required)
+    return _Read(index, request, request_id, tenant, key_required, submit.arrival.rate_taken)
 
 
 def _fallback_id(submit: Submit) -> str:
@@ -472,7 +476,7 @@ class SubmitHandler:
                     raise full  # a retry of an accepted submit still gets its reply
                 too_fast = (
                     self._gate.rate_refusal(read.tenant)
-                    if read.tenant and self._gate is not None
+                    if read.tenant and self._gate is not None and not read.rate_taken
                     else None
                 )
                 if too_fast is not None:

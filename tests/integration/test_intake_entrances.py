@@ -17,6 +17,7 @@ from nats.js.errors import NotFoundError
 from mdq.bus.streams import ensure_streams
 from mdq.bus.subjects import Subjects
 from mdq.bus.tenants import ensure_tenants_bucket, put_policy
+from mdq.contracts import pb
 from mdq.core.ids import request_id_for_key
 from mdq.core.tenants import TenantPolicy
 from services.intake.app import Intake
@@ -106,3 +107,36 @@ async def test_a_tenant_past_its_rate_is_refused_before_its_submit_is_validated(
     assert first.error.field == "jobs[0].steps", first.error  # its token: the burst of one
     assert "rate limit: tenant eager" in second.error.message, second.error
     assert "rate limit: tenant eager" in third.error.message, third.error
+
+
+async def test_a_tenant_past_its_rate_is_answered_before_its_request_is_read(
+    nats_url: str, namespace: str, nc: Client, subjects: Subjects
+) -> None:
+    """Past its rate, a tenant's request is answered "rate limit" as it arrives: what it holds
+    is never read (bytes that are no submit at all get the same answer, in JSON when they look
+    like JSON, in protobuf otherwise), and the registry is not asked, so a retry of a submit
+    accepted before hears "rate limit" too, and its answer once within the rate. Another
+    tenant's submit goes on."""
+    js = nc.jetstream()
+    await ensure_streams(js, subjects)
+    await ensure_tenants_bucket(js, subjects)
+    await put_policy(js, subjects, "eager", TenantPolicy(submits_per_minute=1, submit_burst=1))
+    service = await started(settings_for(nats_url, namespace))
+    try:
+        accepted = await ask(
+            nc, subjects, "eager", {"idempotency_key": "a", "jobs": [{"name": "w"}]}
+        )
+        assert accepted.job_ids, accepted
+        unread = await nc.request(subjects.api_submit_for("eager"), b"\x00not a submit", timeout=10)
+        as_json = await nc.request(subjects.api_submit_for("eager"), b"{not json", timeout=10)
+        again = await ask(nc, subjects, "eager", {"idempotency_key": "a", "jobs": [{"name": "w"}]})
+        other = await ask(nc, subjects, "calm", {"idempotency_key": "a", "jobs": [{"name": "w"}]})
+        assert service.refused_unread == 3
+    finally:
+        await service.stop()
+    refused = pb.SubmitReply.FromString(unread.data)
+    assert refused.error.field == "" and "rate limit: tenant eager" in refused.error.message
+    assert unread.headers and unread.headers["content-type"] == "application/x-protobuf"
+    assert json.loads(as_json.data)["error"]["message"].startswith("rate limit: tenant eager")
+    assert "rate limit: tenant eager" in again.error.message, again
+    assert other.job_ids and not other.HasField("error"), other
