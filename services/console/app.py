@@ -47,7 +47,7 @@ from starlette.templating import Jinja2Templates
 from mdq.bus.codec import decode_event
 from mdq.bus.connect import connect
 from mdq.bus.log import IDLE_HEARTBEAT_S
-from mdq.bus.runtime import run_service
+from mdq.bus.runtime import configure_logging, run_service
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core import ids
@@ -831,7 +831,7 @@ async def _announce(server: uvicorn.Server) -> None:
 
 
 def main() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    configure_logging()
     common = CommonSettings()
     if not common.database_url:
         raise SystemExit("the console needs DATABASE_URL (the read-only role's)")

@@ -3,18 +3,13 @@
 
 from __future__ import annotations
 
-import logging
-
-from mdq.bus.runtime import run_service
+from mdq.bus.runtime import LEVEL_FORMAT, configure_logging, run_service
 from services.intake.app import build_intake
 
 
 def main() -> None:
     intake = build_intake()
-    logging.basicConfig(
-        level=intake.settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(intake.settings.log_level, fmt=LEVEL_FORMAT)
     run_service(intake.run)
 
 

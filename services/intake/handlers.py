@@ -18,10 +18,17 @@ from functools import cache
 from mdq.bus.codec import decode_submit, encode, submit_is_json, to_json
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.requests import CREATE_ONLY, is_stream_full, is_wrong_last_sequence
+from mdq.bus.runtime import BUDGET_KEY
 from mdq.contracts import pb
 from mdq.core.documents import printable, quoted
 from mdq.core.fingerprint import Content, Earlier, changes, content_fingerprint, content_of
-from mdq.core.ids import job_id, job_name_of, request_id_for_key, request_id_for_sequence
+from mdq.core.ids import (
+    job_id,
+    job_name_of,
+    request_id_for_key,
+    request_id_for_sequence,
+    tenant_of,
+)
 from mdq.core.recommend import History, RecommendationMemo
 from mdq.core.spec import AcceptedJob, SpecError, SpecMemo, validate_key, validate_submit
 from mdq.core.tenants import RateRefusal, RunawayLimits, apply_runaway_limits
@@ -790,7 +797,13 @@ class SubmitHandler:
                 if not (answer_unrecorded and is_stream_full(failure)):
                     raise
                 log.warning("refused %s without a rejected event: the jobs log is full", request_id)
-        log.info("refused %s: %s", request_id or "a request", error)
+        # one line a refusal, within the budget of its tenant's refusals (mdq.bus.runtime)
+        log.info(
+            "refused %s: %s",
+            request_id or "a request",
+            error,
+            extra={BUDGET_KEY: tenant_of(request_id) if request_id else ""},
+        )
         return refusal(request_id, error)
 
 

@@ -31,7 +31,7 @@ from mdq.bus.connect import connect
 from mdq.bus.log import follow_log, raise_if_cancelling
 from mdq.bus.outage import warn_try_failed
 from mdq.bus.publisher import EventPublisher
-from mdq.bus.runtime import run_service
+from mdq.bus.runtime import LEVEL_FORMAT, configure_logging, run_service
 from mdq.bus.security.auth import WsgiApp, bearer_guard
 from mdq.bus.subjects import Subjects
 from mdq.bus.tenants import read_tenant_usages
@@ -387,7 +387,5 @@ async def serve(common: CommonSettings, settings: MetricsSettings) -> None:
 
 
 def main() -> None:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(fmt=LEVEL_FORMAT)
     run_service(lambda: serve(CommonSettings(), MetricsSettings()))

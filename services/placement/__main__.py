@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 from pathlib import Path
 
@@ -10,7 +9,7 @@ from mdq.backends.factory import make_backend
 from mdq.bus.connect import connect
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.requests import Requests
-from mdq.bus.runtime import run_service
+from mdq.bus.runtime import configure_logging, run_service
 from mdq.bus.security.auth import RUNNER_ISSUER_ENV, RunnerIssuer
 from mdq.bus.security.runner_creds import RenewalDesk, log_verdict
 from mdq.bus.storage import StorageSettings
@@ -72,5 +71,5 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    configure_logging()
     run_service(main)

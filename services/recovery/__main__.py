@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import logging
-
 from mdq.bus.connect import connect
 from mdq.bus.publisher import EventPublisher
-from mdq.bus.runtime import run_service
+from mdq.bus.runtime import configure_logging, run_service
 from mdq.bus.snapshots import SnapshotStore
 from mdq.bus.subjects import Subjects
 from mdq.settings import CommonSettings
@@ -45,5 +43,5 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    configure_logging()
     run_service(main)

@@ -13,7 +13,7 @@ import sys
 
 from mdq.backends.factory import make_backend
 from mdq.bus.connect import connect
-from mdq.bus.runtime import run_service
+from mdq.bus.runtime import configure_logging, run_service
 from mdq.bus.subjects import Subjects
 from mdq.settings import CommonSettings
 from mdq.store.projection import LogContinuityError
@@ -64,5 +64,5 @@ def run() -> int:
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    configure_logging()
     sys.exit(run())

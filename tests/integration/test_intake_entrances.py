@@ -8,17 +8,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import time
 from collections.abc import AsyncIterator
 
 import pytest
 from nats.aio.client import Client
 from nats.js.errors import NotFoundError
 
-from mdq.bus.streams import ensure_streams
+from mdq.bus.runtime import LineBudgetFilter
+from mdq.bus.streams import ensure_streams, ensure_tenant_stream
 from mdq.bus.subjects import Subjects
 from mdq.bus.tenants import ensure_tenants_bucket, put_policy
 from mdq.contracts import pb
 from mdq.core.ids import request_id_for_key
+from mdq.core.line_budget import LineBudget
 from mdq.core.tenants import TenantPolicy
 from services.intake.app import Intake
 from tests.integration.test_intake import eventually, job_log, settings_for, started
@@ -140,3 +144,45 @@ async def test_a_tenant_past_its_rate_is_answered_before_its_request_is_read(
     assert json.loads(as_json.data)["error"]["message"].startswith("rate limit: tenant eager")
     assert "rate limit: tenant eager" in again.error.message, again
     assert other.job_ids and not other.HasField("error"), other
+
+
+async def test_a_tenants_flood_of_refused_submits_logs_a_few_lines_a_second(
+    nats_url: str, namespace: str, nc: Client, subjects: Subjects, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Three hundred fire-and-forget submits of a tenant allowed one a minute: each refused
+    with its ``rejected`` event, but intake's log holds the budget of that tenant's refusals
+    (the burst, then a few a second, a line saying how many were held back), and another
+    tenant's refusal in the middle of it is logged all the same (the filter every service
+    installs, ``mdq.bus.runtime.configure_logging``)."""
+    js = nc.jetstream()
+    await ensure_streams(js, subjects)
+    await ensure_tenants_bucket(js, subjects)
+    await put_policy(js, subjects, "flood", TenantPolicy(submits_per_minute=1, submit_burst=1))
+    for tenant in ("flood", "calm"):
+        await ensure_tenant_stream(js, subjects, tenant)
+    budget = LineBudget()
+    caplog.handler.addFilter(LineBudgetFilter(budget))
+    service = await started(settings_for(nats_url, namespace))
+    started_at = time.monotonic()
+    try:
+        with caplog.at_level(logging.INFO, logger="services.intake"):
+            for number in range(300):
+                await js.publish(subjects.submit_for("flood"), submit(f"f{number}"))
+                if number == 150:
+                    await js.publish(
+                        subjects.submit_for("calm"), b'{"jobs": [{"name": "w", "steps": -1}]}'
+                    )
+
+            async def all_answered() -> bool:
+                kinds = [event.WhichOneof("body") for _, event in await job_log(js, subjects)]
+                return kinds.count("rejected") == 300  # 299 for the rate, calm's invalid one
+
+            await eventually(all_answered, "every fire-and-forget submit answered")
+    finally:
+        await service.stop()
+    elapsed = time.monotonic() - started_at
+    lines = [record.getMessage() for record in caplog.records]
+    flood = [line for line in lines if line.startswith("refused flood.")]
+    assert len(flood) <= 50 + 5 * elapsed + 1, (len(flood), elapsed)
+    assert any("more like this held back" in line for line in flood) or len(flood) == 50
+    assert [line for line in lines if line.startswith("refused calm.")], lines[-5:]

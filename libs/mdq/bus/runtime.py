@@ -18,14 +18,59 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import threading
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any
+
+from mdq.core.line_budget import LineBudget
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 SLOW_STOP_S = 1.5
 """After this long stopping, the service logs where it waits, and cancels it again."""
 
 log = logging.getLogger("mdq.runtime")
+
+SHORT_FORMAT = "%(asctime)s %(name)s %(message)s"
+LEVEL_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+BUDGET_KEY = "budget_key"
+"""A log record's extra field that splits its kind further: intake passes the tenant, so one
+tenant's flood of refusals holds back its own lines, not another tenant's."""
+
+
+class LineBudgetFilter(logging.Filter):
+    """Lets through a few lines a second of each kind (logger, message template and the
+    record's ``budget_key``: ``mdq.core.line_budget``) and holds back the rest; the next line
+    let through says how many of its kind were held back."""
+
+    def __init__(
+        self, budget: LineBudget | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        super().__init__()
+        self._budget = budget if budget is not None else LineBudget()
+        self._clock = clock
+        self._lock = threading.Lock()  # records may come from worker threads too
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        template = record.msg if isinstance(record.msg, str) else type(record.msg).__name__
+        kind = (record.name, template, getattr(record, BUDGET_KEY, None))
+        with self._lock:
+            held_back = self._budget.take(kind, self._clock())
+        if held_back is None:
+            return False
+        if held_back and isinstance(record.msg, str):
+            record.msg = f"{record.msg} [{held_back} more like this held back]"
+        return True
+
+
+def configure_logging(level: int | str = logging.INFO, *, fmt: str = SHORT_FORMAT) -> None:
+    """A service's log: lines to stderr in ``fmt``, each kind of line within its budget
+    (``LineBudgetFilter``), so nothing outside the service can fill the log by repeating what
+    makes it log (docs/architecture.md, "Logs a flood cannot fill")."""
+    logging.basicConfig(level=level.upper() if isinstance(level, str) else level, format=fmt)
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(each, LineBudgetFilter) for each in handler.filters):
+            handler.addFilter(LineBudgetFilter())
 
 
 def run_service(main: Callable[[], Coroutine[Any, Any, None]]) -> None:

@@ -8,7 +8,6 @@ Reads ``CommonSettings`` (NATS_URL, MDQ_NAMESPACE, MDQ_DATA_DIR) and ``LocalAgen
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import signal
 from pathlib import Path
@@ -18,7 +17,7 @@ from nats.js import JetStreamContext
 from mdq.backends.local.agent import NodeAgent
 from mdq.backends.local.settings import LocalAgentSettings
 from mdq.bus.connect import CREDS_ENV, connect
-from mdq.bus.runtime import run_service
+from mdq.bus.runtime import LEVEL_FORMAT, configure_logging, run_service
 from mdq.bus.subjects import Subjects
 from mdq.settings import CommonSettings
 
@@ -77,9 +76,7 @@ async def serve(common: CommonSettings, settings: LocalAgentSettings) -> None:
 
 
 def main() -> None:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(fmt=LEVEL_FORMAT)
     run_service(lambda: serve(CommonSettings(), LocalAgentSettings()))
 
 
