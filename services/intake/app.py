@@ -54,6 +54,7 @@ from services.intake.handlers import (
     refusal,
     serialize_reply,
 )
+from services.intake.held import HeldAnswers
 from services.intake.history import HistoryReader
 from services.intake.inputs import InputsCheck
 from services.intake.registry import SubmitRegistry
@@ -96,6 +97,16 @@ class IntakeSettings(BaseSettings):
     queue_group: str = Field(
         default="intake",
         description="Queue group of the request-reply subscription; replicas share the load.",
+    )
+    rate_hold_s: float = Field(
+        default=1.0,
+        ge=0,
+        le=5.0,
+        description=(
+            "A request-reply submit past its tenant's rate is answered when the tenant may "
+            "submit again, at most this many seconds later (0: at once); a client that waits "
+            "for its answers is paced to its rate (docs/security.md, Limits)."
+        ),
     )
     max_in_flight: int = Field(
         default=256,
@@ -221,6 +232,8 @@ class Intake:
         self._writes: Client | None = None
         """The connection intake writes over (``prepare``)."""
         self._rate_refusals = RefusalReplies()
+        self._held = HeldAnswers(self._send_answer, hold_s=settings.rate_hold_s)
+        """Answers to requests past their tenant's rate, sent when it may submit again."""
         self._in_flight = 0
         """Request-reply submits in batches being handled (at most ``concurrency``)."""
         self._requests: set[asyncio.Task[None]] = set()
@@ -330,17 +343,22 @@ class Intake:
             # the token of one within its rate is taken now, as it arrives
             self.refused_unread += 1
             as_json = is_json(message.data)
-            with contextlib.suppress(*TRANSIENT_ERRORS):
-                await self._connection().publish(
-                    message.reply,
-                    self._rate_refusals.reply(too_fast, as_json=as_json),
-                    headers=JSON_REPLY_HEADERS if as_json else PROTOBUF_REPLY_HEADERS,
-                )
+            await self._held.answer(
+                message.reply,
+                self._rate_refusals.reply(too_fast, as_json=as_json),
+                JSON_REPLY_HEADERS if as_json else PROTOBUF_REPLY_HEADERS,
+                wait_s=too_fast.wait_s,
+            )
             return
         # Requests that arrive together are handled together: nats-py hands over every message
         # already read before the loop runs anything else, and the batch starts after that.
         self._arrived.append(tenant, message)
         self._schedule_batch()
+
+    async def _send_answer(self, reply: str, payload: bytes, headers: dict[str, str]) -> None:
+        """Publish one answer; after a NATS error none is sent (the client times out)."""
+        with contextlib.suppress(*TRANSIENT_ERRORS):
+            await self._connection().publish(reply, payload, headers=headers)
 
     def _schedule_batch(self) -> None:
         """Start a batch once the loop has run what is ready now (more requests read, more
@@ -385,6 +403,7 @@ class Intake:
         for subscription in subscriptions:
             with contextlib.suppress(Exception):
                 await subscription.unsubscribe()
+        await self._held.release_all()
         deadline = asyncio.get_running_loop().time() + 10
         while self._requests or self._arrived:  # an answer makes room for those that arrived
             timeout = deadline - asyncio.get_running_loop().time()

@@ -64,7 +64,7 @@ class TenantGate:
         policy = self.directory.policy(tenant)
         wait = self.limiter.acquire(tenant, policy, self.clock())
         if wait > 0:
-            return RateRefusal("", rate_limit_message(tenant, policy, wait))
+            return RateRefusal("", rate_limit_message(tenant, policy, wait), wait_s=wait)
         return None
 
     async def refusal(self, tenant: str, specs: Sequence[pb.JobSpec]) -> SpecError | None:

@@ -114,13 +114,19 @@ async def test_a_tenant_past_its_rate_is_refused_before_its_submit_is_validated(
 
 
 async def test_a_tenant_past_its_rate_is_answered_before_its_request_is_read(
-    nats_url: str, namespace: str, nc: Client, subjects: Subjects
+    nats_url: str,
+    namespace: str,
+    nc: Client,
+    subjects: Subjects,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Past its rate, a tenant's request is answered "rate limit" as it arrives: what it holds
+    """Past its rate, a tenant's request is refused "rate limit" as it arrives: what it holds
     is never read (bytes that are no submit at all get the same answer, in JSON when they look
     like JSON, in protobuf otherwise), and the registry is not asked, so a retry of a submit
-    accepted before hears "rate limit" too, and its answer once within the rate. Another
-    tenant's submit goes on."""
+    accepted before hears "rate limit" too, and its answer once within the rate. The answer is
+    sent when the tenant may submit again, at most ``MDQ_INTAKE_RATE_HOLD_S`` later: a client
+    that waits for its answers is paced. Another tenant's submit goes on."""
+    monkeypatch.setenv("MDQ_INTAKE_RATE_HOLD_S", "0.3")
     js = nc.jetstream()
     await ensure_streams(js, subjects)
     await ensure_tenants_bucket(js, subjects)
@@ -131,7 +137,9 @@ async def test_a_tenant_past_its_rate_is_answered_before_its_request_is_read(
             nc, subjects, "eager", {"idempotency_key": "a", "jobs": [{"name": "w"}]}
         )
         assert accepted.job_ids, accepted
+        asked_at = time.monotonic()
         unread = await nc.request(subjects.api_submit_for("eager"), b"\x00not a submit", timeout=10)
+        assert time.monotonic() - asked_at >= 0.3, "answered once the hold is over"
         as_json = await nc.request(subjects.api_submit_for("eager"), b"{not json", timeout=10)
         again = await ask(nc, subjects, "eager", {"idempotency_key": "a", "jobs": [{"name": "w"}]})
         other = await ask(nc, subjects, "calm", {"idempotency_key": "a", "jobs": [{"name": "w"}]})

@@ -551,6 +551,11 @@ class RateRefusal(SpecError):
     client that asked by request-reply hears it in the answer and nothing records it (a
     flood of them would otherwise fill the jobs log and the history, docs/security.md)."""
 
+    def __init__(self, field: str, message: str, *, wait_s: float = 0.0) -> None:
+        super().__init__(field, message)
+        self.wait_s = wait_s
+        """Seconds until the tenant may submit again."""
+
 
 def rate_limit_message(tenant: str, policy: TenantPolicy, wait_s: float) -> str:
     """What a submit refused by ``SubmitRateLimiter`` is told."""
