@@ -19,6 +19,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Self
 
+from mdq.backends.local.agent import REAP_AFTER_KILL_S
+from mdq.backends.local.settings import LocalAgentSettings
 from mdq.bus.connect import CREDS_ENV
 from mdq.bus.security.auth import (
     RUNNER_ISSUER_ENV,
@@ -79,6 +81,10 @@ DATABASE_ENV = frozenset(
 # pgserver asks platformdirs for a runtime folder; without XDG_RUNTIME_DIR that is /tmp/…,
 # which is fine, and the warning would only clutter `make run`.
 warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
+
+
+AGENT_REPORT_S = 3.0
+"""What a node agent takes, once its pods are gone, to report its nodes not ready and drain."""
 
 
 @dataclass(slots=True)
@@ -706,6 +712,17 @@ class Stack:
             )
         return False
 
+    def _stop_grace_s(self, name: str) -> float:
+        """How long the named child may take to stop: the stack's grace, and for a node agent
+        at least its own worst case (its pods' grace, the wait to reap them and a margin to
+        report its nodes), so that a stop never SIGKILLs an agent still stopping its pods."""
+        if not name.startswith(LOCAL_AGENT):
+            return self._grace_s
+        pod_grace_s = float(LocalAgentSettings.model_fields["grace_s"].default)
+        with contextlib.suppress(ValueError):  # such an agent does not start anyway
+            pod_grace_s = float(self._env.get("MDQ_LOCAL_GRACE_S", pod_grace_s))
+        return max(self._grace_s, pod_grace_s + REAP_AFTER_KILL_S + AGENT_REPORT_S)
+
     def _stop_children(self) -> None:
         running = [child for child in self._children if child.process is not None]
         for child in running:
@@ -713,14 +730,15 @@ class Stack:
             if child.process.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     child.process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + self._grace_s
+        signalled = time.monotonic()
         for child in running:
             assert child.process is not None
+            grace_s = self._stop_grace_s(child.name)
             with contextlib.suppress(subprocess.TimeoutExpired):
-                child.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+                child.process.wait(timeout=max(0.0, signalled + grace_s - time.monotonic()))
             hung = child.process.poll() is None
             if hung:
-                self._note(f"{child.name}: no exit {self._grace_s:g} s after SIGTERM; SIGKILL")
+                self._note(f"{child.name}: no exit {grace_s:g} s after SIGTERM; SIGKILL")
             self._kill_group(child.process.pid, signal.SIGKILL)
             child.process.wait()
             child.last_exit_code = child.process.returncode

@@ -67,6 +67,9 @@ Popen gives it (-9: SIGKILL); benchmarks read it (``mdq.testing.agent_log``)."""
 
 EXIT_KILLED = 137
 STATUS_RETRY_MAX_S = 5.0
+REAP_AFTER_KILL_S = 5.0
+"""How long a stop waits for its pods' processes past their grace period (SIGKILLed by then):
+a stopping agent's own worst case is its grace plus this."""
 """The longest wait between two tries of writing a pod's status while NATS does not answer."""
 PROBE_WAIT_S = 1.0
 """How long a heartbeat waits for the data folder's probe before it goes out without news."""
@@ -526,4 +529,4 @@ class NodeAgent:
             self._request_stop(pod, reason=reason, message=message)
         supervisors = [pod.supervisor for pod in pods if pod.supervisor is not None]
         if supervisors:
-            await asyncio.wait(supervisors, timeout=self._grace_s + 5.0)
+            await asyncio.wait(supervisors, timeout=self._grace_s + REAP_AFTER_KILL_S)
