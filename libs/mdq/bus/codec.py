@@ -171,6 +171,12 @@ def _subjects_of(namespace: str) -> Subjects:
     return Subjects(namespace)
 
 
+_CHECKED_REPORTS: set[tuple[str, str, str]] = set()
+"""(subject, producer, job id) of progress reports that passed ``foreign_reason``: a job's
+reports all share them, and the check runs for every report the watcher projects."""
+CHECKED_REPORTS_MAX = 65_536
+
+
 def foreign_reason(event: pb.Event, subject: str) -> str | None:
     """Why ``event``, read from ``subject``, is not what it claims to be; None when it is.
 
@@ -182,6 +188,9 @@ def foreign_reason(event: pb.Event, subject: str) -> str | None:
     kind = event.WhichOneof("body")
     if kind is None:
         return "no body"
+    report = (subject, event.producer, event.job_id) if kind == "progress" else None
+    if report is not None and report in _CHECKED_REPORTS:
+        return None
     if not producer_may_emit(event.producer, kind):
         return f"producer {event.producer or '(none)'!r} may not emit {kind}"
     try:
@@ -191,4 +200,8 @@ def foreign_reason(event: pb.Event, subject: str) -> str | None:
     if subject != expected:
         about = event.job_id or event.node_load.node or event.node_summary.node
         return f"a {kind} event of {about} on {subject}"
+    if report is not None:
+        if len(_CHECKED_REPORTS) >= CHECKED_REPORTS_MAX:
+            _CHECKED_REPORTS.clear()
+        _CHECKED_REPORTS.add(report)
     return None
