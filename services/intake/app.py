@@ -459,7 +459,9 @@ class Intake:
         # Intake's writes (registry claims, events) and their acks go over a connection of
         # their own: a flood on the entrances queues in the entrances' connection, not ahead
         # of the acks another tenant's submit waits for (docs/intake.md, "Two connections").
-        self._writes = await connect(url, name=f"mdq-intake-{self.common.namespace}-writes")
+        self._writes = await connect(
+            url, name=f"mdq-intake-{self.common.namespace}-writes", wait=True
+        )
         requests = await Requests(self._writes).start()
         storage = StorageSettings()
         registry = await SubmitRegistry.open(
