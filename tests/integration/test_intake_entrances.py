@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from nats.aio.client import Client
+from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from mdq.bus.runtime import LineBudgetFilter
@@ -34,6 +35,15 @@ async def intake(nats_url: str, namespace: str, nc: Client) -> AsyncIterator[Int
     service = await started(settings_for(nats_url, namespace))
     yield service
     await service.stop()
+
+
+async def one_a_minute(nc: Client, subjects: Subjects, tenant: str) -> JetStreamContext:
+    """The namespace's streams, and ``tenant`` allowed one submit a minute, in a burst of one."""
+    js = nc.jetstream()
+    await ensure_streams(js, subjects)
+    await ensure_tenants_bucket(js, subjects)
+    await put_policy(js, subjects, tenant, TenantPolicy(submits_per_minute=1, submit_burst=1))
+    return js
 
 
 def submit(key: str) -> bytes:
@@ -66,10 +76,7 @@ async def test_a_tenants_refusals_for_its_rate_are_answered_not_stored(
     """Forty request-reply submits at once from a tenant allowed one: one accepted, the rest
     told "rate limit", and not one ``rejected`` event in the jobs log (the history's
     ``rejections`` rows come from them). Red while each refusal was stored."""
-    js = nc.jetstream()
-    await ensure_streams(js, subjects)
-    await ensure_tenants_bucket(js, subjects)
-    await put_policy(js, subjects, "flood", TenantPolicy(submits_per_minute=1, submit_burst=1))
+    js = await one_a_minute(nc, subjects, "flood")
     service = await started(settings_for(nats_url, namespace))
     try:
         replies = await asyncio.gather(
@@ -94,10 +101,7 @@ async def test_a_tenant_past_its_rate_is_refused_before_its_submit_is_validated(
     """The rate is asked first: past it, a submit that would not validate is told "rate
     limit" (validating a flood was most of what it cost intake), and an invalid submit takes
     a token as a valid one does."""
-    js = nc.jetstream()
-    await ensure_streams(js, subjects)
-    await ensure_tenants_bucket(js, subjects)
-    await put_policy(js, subjects, "eager", TenantPolicy(submits_per_minute=1, submit_burst=1))
+    await one_a_minute(nc, subjects, "eager")
     invalid: dict[str, object] = {"idempotency_key": "bad", "jobs": [{"name": "w", "steps": -5}]}
     service = await started(settings_for(nats_url, namespace))
     try:
@@ -127,10 +131,7 @@ async def test_a_tenant_past_its_rate_is_answered_before_its_request_is_read(
     sent when the tenant may submit again, at most ``MDQ_INTAKE_RATE_HOLD_S`` later: a client
     that waits for its answers is paced. Another tenant's submit goes on."""
     monkeypatch.setenv("MDQ_INTAKE_RATE_HOLD_S", "0.3")
-    js = nc.jetstream()
-    await ensure_streams(js, subjects)
-    await ensure_tenants_bucket(js, subjects)
-    await put_policy(js, subjects, "eager", TenantPolicy(submits_per_minute=1, submit_burst=1))
+    await one_a_minute(nc, subjects, "eager")
     service = await started(settings_for(nats_url, namespace))
     try:
         accepted = await ask(
@@ -162,10 +163,7 @@ async def test_a_tenants_flood_of_refused_submits_logs_a_few_lines_a_second(
     (the burst, then a few a second, a line saying how many were held back), and another
     tenant's refusal in the middle of it is logged all the same (the filter every service
     installs, ``mdq.bus.runtime.configure_logging``)."""
-    js = nc.jetstream()
-    await ensure_streams(js, subjects)
-    await ensure_tenants_bucket(js, subjects)
-    await put_policy(js, subjects, "flood", TenantPolicy(submits_per_minute=1, submit_burst=1))
+    js = await one_a_minute(nc, subjects, "flood")
     for tenant in ("flood", "calm"):
         await ensure_tenant_stream(js, subjects, tenant)
     budget = LineBudget()
