@@ -767,6 +767,21 @@ def build_app(console: Console, *, access_token: str | None = None) -> Starlette
 
 
 # -- composition root ------------------------------------------------------------------------
+def server_config(app: Starlette, host: str, port: int) -> uvicorn.Config:
+    """uvicorn's settings for the console. uvicorn logs through the service's own handlers
+    (``log_config=None``: its default installs handlers of its own that pass by the root's),
+    so what anyone can make it log (a malformed request, say) is held to the budget every
+    service's log keeps (``mdq.bus.runtime.configure_logging``)."""
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        log_config=None,
+        timeout_graceful_shutdown=2,  # live pages hold their event streams open
+    )
+
+
 async def serve(common: CommonSettings, settings: ConsoleSettings) -> None:
     """Connect, follow the nodes, and serve until cancelled or told to stop."""
     subjects = Subjects(common.namespace)
@@ -785,13 +800,7 @@ async def serve(common: CommonSettings, settings: ConsoleSettings) -> None:
     # them all, a 100-150 ms pause inside one request in every ~70 (bench-console's p99)
     freezer = asyncio.create_task(keep_state_out_of_gc(), name="gc")
     token = read_token(settings.access_token_file) if settings.access_token_file else None
-    config = uvicorn.Config(
-        build_app(console, access_token=token),
-        host=settings.host,
-        port=settings.port,
-        log_level="warning",
-        timeout_graceful_shutdown=2,  # live pages hold their event streams open
-    )
+    config = server_config(build_app(console, access_token=token), settings.host, settings.port)
     server = _Server(config)
     watcher = asyncio.create_task(_announce(server), name="announce")
     serving = asyncio.create_task(server.serve(), name="uvicorn")

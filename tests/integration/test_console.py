@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
+import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -24,6 +26,7 @@ import uvicorn
 from nats.aio.client import Client
 
 from mdq.backends.port import NodeSample
+from mdq.bus.runtime import LineBudgetFilter
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.runner_task import job_dir
@@ -31,7 +34,7 @@ from mdq.store.engine import create_engine
 from mdq.store.roles import RoleUrls
 from mdq.testing.tasks import Background
 from services.console import reads
-from services.console.app import Console, build_app
+from services.console.app import Console, build_app, server_config
 from services.console.filters import JobFilter
 from services.metrics.app import MetricsService
 from services.metrics.settings import MetricsSettings
@@ -55,12 +58,7 @@ async def serve_console(
     console: Console, *, access_token: str | None = None
 ) -> tuple[uvicorn.Server, asyncio.Task[None], str]:
     server = uvicorn.Server(
-        uvicorn.Config(
-            build_app(console, access_token=access_token),
-            host="127.0.0.1",
-            port=0,
-            log_level="warning",
-        )
+        server_config(build_app(console, access_token=access_token), "127.0.0.1", 0)
     )
     task = asyncio.create_task(server.serve())
     while not server.started:
@@ -608,3 +606,36 @@ async def test_a_script_may_bring_the_token_as_a_bearer_and_health_needs_none(
             assert r.status == 401
         async with session.get(f"{gated}/healthz") as response:
             assert response.status == 200  # the liveness probe says nothing of the jobs
+
+
+async def test_what_anyone_makes_the_console_log_keeps_to_the_budget(site: Site) -> None:
+    """Three hundred connections that send no HTTP: uvicorn says so for each, and its lines go
+    to the handlers of the process's root logger, where every service keeps its log (not to
+    handlers of uvicorn's own beside them), so the budget every service's log keeps
+    (``mdq.bus.runtime.configure_logging``) holds them to a burst and a few a second."""
+    said: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            said.append(record.getMessage())
+
+    kept = Keep(logging.WARNING)
+    kept.addFilter(LineBudgetFilter())
+    root = logging.getLogger()
+    root.addHandler(kept)
+    host, port = site.url.removeprefix("http://").split(":")
+    started = time.monotonic()
+    try:
+        for _ in range(300):
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(b"NOT HTTP AT ALL\r\n\r\n")
+            await writer.drain()
+            await reader.read()  # until the server closes it
+            writer.close()
+            await writer.wait_closed()
+    finally:
+        root.removeHandler(kept)
+    elapsed = time.monotonic() - started
+    invalid = [line for line in said if "Invalid HTTP request" in line]
+    assert invalid, "uvicorn's lines reach the root logger's handlers"
+    assert len(invalid) <= 50 + 5 * elapsed + 1, (len(invalid), elapsed)
