@@ -212,6 +212,9 @@ class Intake:
             name=f"mdq-intake-{common.namespace}",
             max_reconnect_attempts=-1,
             log_level=logging.DEBUG,  # FastStream logs every message; keep that out of INFO
+            # through intake's own log (its default logger has a handler of its own, which
+            # would pass by the budget every service's log keeps: mdq.bus.runtime)
+            logger=logging.getLogger("services.intake.broker"),
             # Handlers take the decoded body as it is: no dependency injection or validation
             # per message (FastStream's costliest step here, a thread hop per message).
             apply_types=False,
