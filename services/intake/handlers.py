@@ -811,7 +811,7 @@ class OnePerKey:
     """Mutual exclusion per key: one holder at a time, the others wait in arrival order.
 
     ``async with locks.hold(key)``. A key nobody else holds costs one dict entry and no lock
-    object (an ``asyncio.Lock`` per submit was a measurable part of intake's CPU); a key is
+    object (an ``asyncio.Lock`` made per submit would cost intake on every submit); a key is
     forgotten when its last holder leaves.
     """
 

@@ -166,8 +166,8 @@ def _json_kind(document: object) -> str:
 @functools.lru_cache(maxsize=64)
 def _subjects_of(namespace: str) -> Subjects:
     """The subjects of ``namespace``, made once (every event checked names one): checking the
-    namespace in ``Subjects.__post_init__`` per event was a sixteenth of the watcher's CPU. An
-    invalid namespace raises ``ValueError`` each time (exceptions are not cached)."""
+    namespace in ``Subjects.__post_init__`` for every event would cost more than the rest of the
+    check. An invalid namespace raises ``ValueError`` each time (exceptions are not cached)."""
     return Subjects(namespace)
 
 

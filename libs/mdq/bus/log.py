@@ -80,7 +80,7 @@ async def follow_log(
 
     async def on_message(message: Msg) -> None:
         # A callback, not ``subscription.messages``: nats-py's iterator makes a task and an
-        # asyncio.wait per message, which cost placement more than deciding did.
+        # asyncio.wait per message, which costs placement more than deciding does.
         if failed.done():
             return
         try:
@@ -130,7 +130,7 @@ def delivery_position(reply: str) -> tuple[int, int]:
     subject: ``$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<time>.
     <pending>``, or the longer form with a domain and an account hash after ``$JS.ACK`` (and a
     token more at the end). nats-py's ``Msg.metadata`` parses the same subject into dataclasses
-    and a datetime, which cost placement more per event than folding it."""
+    and a datetime, which costs placement more per event than folding it."""
     tokens = reply.split(".")
     if len(tokens) == V1_ACK_TOKENS:
         return int(tokens[5]), int(tokens[8])
