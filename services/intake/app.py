@@ -459,19 +459,21 @@ class Intake:
             retry_on=NATS_NOT_READY,
         )
         await self._widen_durable(js)
-        # Intake's writes (registry claims, events) and their acks go over a connection of
-        # their own: a flood on the entrances queues in the entrances' connection, not ahead
-        # of the acks another tenant's submit waits for (docs/intake.md, "Two connections").
+        # What a submit waits for (registry claims and lookups, events, the jobs log's size,
+        # the tenant's usage, its input files) goes over a connection of its own: a flood on
+        # the entrances queues in the entrances' connection, not ahead of the answers another
+        # tenant's submit waits for (docs/intake.md, "Two connections").
         self._writes = await connect(
             url, name=f"mdq-intake-{self.common.namespace}-writes", wait=True
         )
         requests = await Requests(self._writes).start()
+        waited_on = self._writes.jetstream()
         storage = StorageSettings()
         registry = await SubmitRegistry.open(
             js=js, requests=requests, subjects=self.subjects, replicas=replicas, storage=storage
         )
         room = JobsLogRoom(
-            self._jobs_log_size(js),
+            self._jobs_log_size(waited_on),
             high_water=storage.jobs_high_water,
             refresh_s=self.settings.log_room_refresh_s,
         )
@@ -479,7 +481,9 @@ class Intake:
         self._tenants = TenantDirectory(js, self.subjects)
         if not await self._tenants.wait_synced(TENANT_POLICIES_WAIT_S):
             log.warning("tenant policies not read yet: tenants get the default until they are")
-        gate = self._gate = TenantGate(directory=self._tenants, read_usage=self._usage_reader(js))
+        gate = self._gate = TenantGate(
+            directory=self._tenants, read_usage=self._usage_reader(waited_on)
+        )
         self._history = HistoryReader(
             database_url=self.settings.history_database_url,
             refresh_s=self.settings.history_refresh_s,
@@ -495,7 +499,7 @@ class Intake:
             history=self._history.history if self.settings.recommend_resources else None,
             auto_resources=self.settings.auto_resources,
             limits=self._runaway_limits(LimitSettings().defaults()),
-            inputs=InputsCheck(js, self.subjects),
+            inputs=InputsCheck(waited_on, self.subjects),
         )
         self._desk = InputDesk(connection, self.subjects)
 
