@@ -57,8 +57,9 @@ class TenantGate:
 
     def rate_refusal(self, tenant: str) -> RateRefusal | None:
         """Why ``tenant`` may not submit now for its rate (None: it may, and its token is
-        taken). Asked before a submit is validated, so a flood of them costs intake the
-        decoding alone; an invalid submit takes a token as a valid one does."""
+        taken). Asked of a request-reply submit as it arrives, before it is read, and of a
+        fire-and-forget one before it is validated; an invalid submit takes a token as a valid
+        one does."""
         if not policy_applies(tenant):
             return None
         policy = self.directory.policy(tenant)

@@ -11,6 +11,9 @@ On Python 3.11 a cancel can be lost: ``asyncio.wait_for`` (which nats-py runs ev
 under) hands back an answer that lands together with the cancel and drops the cancel, so the
 service runs on. A stop still running after ``SLOW_STOP_S`` logs where it waits and is
 cancelled again, every ``SLOW_STOP_S``.
+
+``configure_logging`` sets up a service's log, each kind of line within a budget
+(docs/architecture.md, "Logs a flood cannot fill").
 """
 
 from __future__ import annotations

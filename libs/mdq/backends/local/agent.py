@@ -67,10 +67,10 @@ Popen gives it (-9: SIGKILL); benchmarks read it (``mdq.testing.agent_log``)."""
 
 EXIT_KILLED = 137
 STATUS_RETRY_MAX_S = 5.0
+"""The longest wait between two tries of writing a pod's status while NATS does not answer."""
 REAP_AFTER_KILL_S = 5.0
 """How long a stop waits for its pods' processes past their grace period (SIGKILLed by then):
 a stopping agent's own worst case is its grace plus this."""
-"""The longest wait between two tries of writing a pod's status while NATS does not answer."""
 PROBE_WAIT_S = 1.0
 """How long a heartbeat waits for the data folder's probe before it goes out without news."""
 
