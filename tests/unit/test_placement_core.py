@@ -13,6 +13,8 @@ from mdq.core.placement import (
     PlacementConfig,
     QueuedJob,
     explain_waiting,
+    job_filter,
+    load_score,
     node_filter,
     order_queue,
     plan,
@@ -221,7 +223,6 @@ from mdq.core.placement import (  # noqa: E402
     CORDONED,
     OVERLOADED,
     RunningJob,
-    load_score,
     plan_preemptions,
     queue_key,
 )
@@ -493,6 +494,83 @@ def test_each_decision_scores_as_a_fresh_full_scan_would(queue: list[QueuedJob])
             continue
         expected = _fresh_scores(mirror, the_job)
         assert {s.node: (s.score, s.filtered) for s in decision.scores} == expected
+        chosen = next(n for n in mirror if n.name == decision.node)
+        chosen.reserved_cpu += the_job.cpu
+        chosen.reserved_memory_mb += the_job.memory_mb
+        chosen.inflight_cpu += the_job.cpu
+        chosen.inflight_memory_mb += the_job.memory_mb
+
+
+def _heap_choice(
+    mirror: list[NodeState], eligible: list[int], the_job: QueuedJob, config: PlacementConfig
+) -> str:
+    """The node the heap path of ``plan`` must choose, worked out from scratch: the eligible
+    nodes (filtered when the plan began) in rank order (the load score of their share now,
+    then their place in the list); among the first ``max_examined``, the first
+    ``sample_size`` that fit; the best score of those (then the earlier node). None fitting
+    there: the best of every node that fits."""
+    ranked = sorted(
+        eligible,
+        key=lambda i: (
+            -load_score(max(mirror[i].cpu_share(), mirror[i].memory_share()), config.target_load),
+            i,
+        ),
+    )
+    fitting = [i for i in ranked[: config.max_examined] if not job_filter(mirror[i], the_job)]
+    chosen = fitting[: config.sample_size] or [
+        i for i in ranked if not job_filter(mirror[i], the_job)
+    ]
+    best = max(chosen, key=lambda i: (score_node(mirror[i], the_job, NOW, config).score, -i))
+    return mirror[best].name
+
+
+HEAP_CASES = {
+    "spreading over nodes of mixed loads, two shapes": (
+        CONFIG,
+        [node(f"n{i:02d}", cpu_load=(i % 7) / 10, memory_load=(i % 5) / 10) for i in range(60)],
+        [job(f"j{i}", cpu=1 + i % 2, memory_mb=1024 * (1 + i % 2)) for i in range(150)],
+    ),
+    "packing to a target: a bound node ranks higher than before": (
+        replace(CONFIG, target_load=0.5),
+        [
+            node(f"n{i:02d}", cpu_capacity=16, cpu_load=(i % 4) / 20, memory_load=0)
+            for i in range(40)
+        ],
+        [job(f"j{i}") for i in range(120)],
+    ),
+    "nodes filling up: full nodes are examined and passed over": (
+        CONFIG,
+        [node(f"n{i:02d}", cpu_capacity=4, cpu_load=0, memory_load=0) for i in range(40)],
+        [job(f"j{i}", cpu=1 + i % 3) for i in range(90)],
+    ),
+    "one big node among small ones: a full scan when none sampled fits": (
+        CONFIG,
+        [node(f"n{i:02d}", cpu_capacity=2, cpu_load=0) for i in range(40)]
+        + [node("big", cpu_capacity=64, cpu_load=0.5)],
+        [job(f"j{i}", cpu=1 if i % 4 else 8) for i in range(60)],
+    ),
+}
+
+
+@pytest.mark.parametrize(("config", "nodes", "queue"), HEAP_CASES.values(), ids=HEAP_CASES.keys())
+def test_each_large_cluster_decision_is_the_best_ranked_sample(
+    config: PlacementConfig, nodes: list[NodeState], queue: list[QueuedJob]
+) -> None:
+    """On a cluster larger than ``full_scan_nodes``, plan keeps the nodes in a heap by rank and
+    keeps the ones a decision examined but did not bind aside for the next one: whatever it
+    keeps where, each decision must be the one worked out from scratch (``_heap_choice``)."""
+    mirror = [replace(n) for n in nodes]
+    eligible = [i for i, n in enumerate(mirror) if not node_filter(n, NOW, config)]
+    assert len(eligible) > config.full_scan_nodes
+    decisions = plan(nodes, queue, NOW, config, ordered=True)
+    assert len(decisions) > len(eligible)  # nodes are chosen more than once
+    by_job = {d.job_id: d for d in decisions}
+    for the_job in queue:
+        decision = by_job.get(the_job.job_id)
+        if decision is None:
+            assert all(job_filter(mirror[i], the_job) for i in eligible)
+            continue
+        assert decision.node == _heap_choice(mirror, eligible, the_job, config), the_job.job_id
         chosen = next(n for n in mirror if n.name == decision.node)
         chosen.reserved_cpu += the_job.cpu
         chosen.reserved_memory_mb += the_job.memory_mb

@@ -12,6 +12,7 @@ scaling) are docs/placement.md's, "The algorithm (``plan``)" and the sections af
 
 from __future__ import annotations
 
+import functools
 import heapq
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -194,9 +195,11 @@ class ClusterSummary:
     """Its reserved CPU share when the pass began (the cluster load term)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Decision:
-    """A job bound to ``node``, with the scores that explain the choice."""
+    """A job bound to ``node``, with the scores that explain the choice (read only, by
+    convention: ``plan`` makes one per job bound, and a frozen dataclass's ``__init__`` would
+    cost a tenth of a decision)."""
 
     job_id: str
     node: str
@@ -449,8 +452,8 @@ class _Planner:
 
     def __init__(self, nodes: Sequence[NodeState], now: datetime, config: PlacementConfig) -> None:
         self.config = config
+        self.nodes = nodes
         self.nodes_total = len(nodes)
-        self.order: dict[str, int] = {}
         self.static: list[NodeScore] = []
         self.static_counts: dict[str, int] = {}
         self.eligible: list[NodeState] = []
@@ -463,23 +466,23 @@ class _Planner:
         # a report is too old when (now - reported_at).total_seconds() > timeout; with a
         # timeout in whole microseconds that is reported_at < now - timeout, exactly
         limit = timedelta(seconds=timeout)
-        cutoff = now - limit if limit.total_seconds() == timeout else None
+        inline = limit.total_seconds() == timeout  # else node_filter decides for every node
+        cutoff = now - limit if inline else now
+        spreading = target <= 0.0
         ranked: list[tuple[float, int, int, str]] = []
         """(-rank, index, version 0, name) of every eligible node (the heap's entries)."""
-        order, eligible = self.order, self.eligible
-        by_name: dict[str, NodeState] = {}
+        eligible = self.eligible
         clustered = False
         for index, node in enumerate(nodes):
             name = node.name
-            order[name] = index
             if node.cluster:
                 clustered = True
             # node_filter and _rank_of, inlined (the per-pass cost grows with the cluster)
             cpu_cap, mem_cap = node.cpu_capacity, node.memory_capacity_mb
             if (
-                node.ready
+                inline
+                and node.ready
                 and not node.cordoned
-                and cutoff is not None
                 and not node.reported_at < cutoff
                 and cpu_cap > 0
                 and mem_cap > 0
@@ -488,23 +491,25 @@ class _Planner:
                 mem = node.memory_load + node.inflight_memory_mb / mem_cap
                 if not (mem if mem > cpu else cpu) > hard:
                     eligible.append(node)
-                    by_name[name] = node
                     reserved = node.reserved_cpu / cpu_cap
                     cpu = reserved if reserved > cpu else cpu
                     reserved = node.reserved_memory_mb / mem_cap
                     mem = reserved if reserved > mem else mem
-                    ranked.append((-load_score(mem if mem > cpu else cpu, target), index, 0, name))
+                    used = mem if mem > cpu else cpu
+                    if spreading:  # load_score's spreading case, inlined
+                        rank = 100.0 * (1.0 - (0.0 if used < 0.0 else 1.0 if used > 1.0 else used))
+                    else:
+                        rank = load_score(used, target)
+                    ranked.append((-rank, index, 0, name))
                     continue
             reason = node_filter(node, now, config)
             if not reason:
                 eligible.append(node)
-                by_name[name] = node
                 ranked.append((-_rank_of(node, target), index, 0, name))
                 continue
             self.static.append(_filtered(node, reason))
             self.static_counts[reason] = self.static_counts.get(reason, 0) + 1
         self.clustered = clustered
-        self.by_name = by_name
         self.small = len(self.eligible) <= config.full_scan_nodes
         self.static_listed = tuple(
             self.static if self.small else self.static[:EXPLAIN_FILTERED_LIMIT]
@@ -537,12 +542,16 @@ class _Planner:
         avoid-list to honour: ``len(touched)`` when it was made, and its scores in
         ``eligible`` order."""
         self.heap: list[tuple[float, int, int, str]] = []
+        self.spare: list[tuple[float, int, int, str]] = []
+        """Heap entries the last decision examined and did not bind, best last: they were the
+        heap's top, so the next decision looks at them again first (``sampled`` takes the
+        better of their last and the heap's top each time) instead of pushing them back."""
         if not self.small:
-            if self.penalties or len(order) < len(nodes):  # several clusters, or a name twice
+            if self.penalties:  # several clusters: each node's rank less its cluster's penalty
                 penalty = self.penalty
                 self.heap = [
-                    (-_rank(node, config, penalty(node)), order[node.name], 0, node.name)
-                    for node in self.eligible
+                    (-_rank(nodes[index], config, penalty(nodes[index])), index, 0, name)
+                    for _, index, _, name in ranked
                 ]
             else:
                 self.heap = ranked
@@ -550,6 +559,17 @@ class _Planner:
         self.holds = False
         self.nowhere: list[tuple[float, int]] = []
         """(cpu, memory) of jobs without avoid-lists that fit on no node in this plan."""
+
+    @functools.cached_property
+    def order(self) -> dict[str, int]:
+        """name -> index in the plan's nodes (made when a full scan or a hold needs it: the
+        heap's entries carry their node's index)."""
+        return {node.name: index for index, node in enumerate(self.nodes)}
+
+    @functools.cached_property
+    def by_name(self) -> dict[str, NodeState]:
+        """name -> eligible node (made when a full scan or a hold needs it)."""
+        return {node.name: node for node in self.eligible}
 
     def penalty(self, node: NodeState) -> float:
         if not self.penalties:
@@ -579,16 +599,17 @@ class _Planner:
         if node is not None:
             node.reserved_cpu += sign * job.cpu
             node.reserved_memory_mb += sign * job.memory_mb
-            self._touch(node)
+            self._touch(node, self.order[node.name])
 
-    def bind(self, node: NodeState, job: QueuedJob) -> None:
+    def bind(self, node: NodeState, job: QueuedJob, index: int) -> None:
+        """Count ``job`` on ``node`` (``index`` in the plan's nodes) and re-rank it."""
         node.reserved_cpu += job.cpu
         node.reserved_memory_mb += job.memory_mb
         node.inflight_cpu += job.cpu
         node.inflight_memory_mb += job.memory_mb
-        self._touch(node)
+        self._touch(node, index)
 
-    def _touch(self, node: NodeState) -> None:
+    def _touch(self, node: NodeState, index: int) -> None:
         self.touched.append(node.name)
         if self.small:
             return
@@ -599,7 +620,7 @@ class _Planner:
             if self.penalties
             else _rank_of(node, self.config.target_load)
         )
-        heapq.heappush(self.heap, (-rank, self.order[node.name], version, node.name))
+        heapq.heappush(self.heap, (-rank, index, version, node.name))
 
     def _score(self, node: NodeState, job: QueuedJob, honour_avoid: bool) -> NodeScore:
         reason = job_filter(node, job, honour_avoid=honour_avoid)
@@ -630,17 +651,17 @@ class _Planner:
 
     def sampled(
         self, job: QueuedJob
-    ) -> tuple[list[NodeScore], int, list[tuple[float, int, int, str]], NodeScore | None]:
+    ) -> tuple[list[NodeScore], int, list[tuple[float, int, int, str]], NodeScore | None, int]:
         """Score the best-ranked fitting nodes; returns the scores, the nodes examined, their
-        heap entries, popped (the caller pushes them back: all but the node it binds, which
-        ``bind`` re-ranks), and the best fitting score (``_best``'s choice among them, made
-        as they are scored; None when none fits)."""
+        heap entries, taken (the caller keeps them in ``spare``: all but the node it binds,
+        which ``bind`` re-ranks), the best fitting score (``_best``'s choice among them, made
+        as they are scored; None when none fits) and its node's index in the plan's nodes."""
         popped: list[tuple[float, int, int, str]] = []
         scores: list[NodeScore] = []
         fitting = 0
         best: NodeScore | None = None
         best_score, best_order = 0.0, 0
-        heap, version, by_name, config = self.heap, self.version, self.by_name, self.config
+        heap, version, nodes, config = self.heap, self.version, self.nodes, self.config
         sample_size, max_examined = config.sample_size, config.max_examined
         cpu, memory, avoid = job.cpu, job.memory_mb, job.avoid_nodes
         plain = not (job.clusters.require or avoid)
@@ -651,8 +672,10 @@ class _Planner:
                 cache = self.sampled_scores[cpu, memory] = {}
         penalised = bool(self.penalties)
         pop = heapq.heappop
-        while heap and fitting < sample_size and len(popped) < max_examined:
-            entry = pop(heap)
+        spare = self.spare
+        while (heap or spare) and fitting < sample_size and len(popped) < max_examined:
+            # the next best entry of the heap and the spare ones together (``spare``)
+            entry = spare.pop() if spare and (not heap or spare[-1] < heap[0]) else pop(heap)
             name = entry[3]
             if entry[2] != version.get(name, 0):
                 continue  # stale: the node was re-ranked since
@@ -662,7 +685,7 @@ class _Planner:
                 score = known[1]
                 fits = known[2]
             else:
-                node = by_name[name]
+                node = nodes[entry[1]]
                 # job_filter, inlined when the job has no cluster labels or avoid-list to check
                 if plain:
                     if node.reserved_cpu + cpu > node.cpu_capacity + 1e-9:
@@ -693,28 +716,31 @@ class _Planner:
                     or (value == best_score and rank < best_order)
                 ):
                     best, best_score, best_order = score, value, rank
-        return scores, len(popped), popped, best
+        return scores, len(popped), popped, best, best_order
 
     def decide(self, job: QueuedJob) -> Decision | None:
-        if self.dominated(job):
+        if self.nowhere and self.dominated(job):
             return None
-        self.hold(job, -1)
+        if job.nominated_node:
+            self.hold(job, -1)
         examined = len(self.eligible)
         # preferred labels and locality are not in the heap's job-independent rank: such a job
         # scores every node (replicas of it cost a node per decision, as any shape does)
         if self.small or job.clusters.prefer or job.data_clusters:
             scores = self.full_scan(job, True)
         else:
-            scores, examined, popped, chosen = self.sampled(job)
+            scores, examined, popped, chosen, index = self.sampled(job)
+            # What is left of ``spare`` ranks after every entry taken, which were taken best
+            # first: put back in reverse, they keep it ordered best last.
             if chosen is not None:
-                heap, push, name = self.heap, heapq.heappush, chosen.node
-                for entry in popped:
+                name = chosen.node
+                spare = self.spare
+                for entry in reversed(popped):
                     if entry[3] != name:
-                        push(heap, entry)
-                self.bind(self.by_name[name], job)  # pushes its new rank
+                        spare.append(entry)
+                self.bind(self.nodes[index], job, index)  # pushes its new rank
                 return self._explain(job, name, scores, examined)
-            for entry in popped:
-                heapq.heappush(self.heap, entry)
+            self.spare.extend(reversed(popped))
             scores, examined = self.full_scan(job, True), len(self.eligible)
         candidates = [s for s in scores if not s.filtered]
         if not candidates and job.avoid_nodes:
@@ -726,7 +752,7 @@ class _Planner:
             self.remember_nowhere(job)
             return None
         best = _best(candidates, self.order)
-        self.bind(self.by_name[best.node], job)
+        self.bind(self.by_name[best.node], job, self.order[best.node])
         return self._explain(job, best.node, scores, examined)
 
     def _explain(
@@ -736,14 +762,14 @@ class _Planner:
         for score in scores:
             if score.filtered:
                 counts[score.filtered] = counts.get(score.filtered, 0) + 1
-        return Decision(
-            job_id=job.job_id,
-            node=node,
-            scores=(*scores, *self.static_listed),
-            filtered_counts=counts,
-            nodes_total=self.nodes_total,
-            not_examined=len(self.eligible) - examined,
-            clusters=summarise_clusters(scores, self.penalties, self.static_by_cluster)
+        return Decision(  # positionally, in the fields' order (keywords cost a third more)
+            job.job_id,
+            node,
+            (*scores, *self.static_listed),
+            counts,
+            self.nodes_total,
+            len(self.eligible) - examined,
+            summarise_clusters(scores, self.penalties, self.static_by_cluster)
             if self.clustered
             else (),
         )
