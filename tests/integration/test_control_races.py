@@ -40,6 +40,38 @@ async def terminal_events(nc: Client, subjects: Subjects, job: str) -> list[str]
     return found
 
 
+def cancel_requested(job: str) -> pb.Event:
+    """The control service's ``cancel_requested`` (control ``c1``, by ann) for attempt 1 of
+    ``job``."""
+    return event(
+        "cancel_requested", pb.CancelRequested(origin=ORIGIN), job=job, attempt=1, detail="c1"
+    )
+
+
+def attempt_failed(job: str, reason: pb.FailureReason) -> pb.Event:
+    """Attempt 1 of ``job`` failed on node n1 for ``reason``."""
+    return event("attempt_failed", pb.AttemptFailed(reason=reason, node="n1"), job=job, attempt=1)
+
+
+async def crashed_once(nc: Client, subjects: Subjects, job: str) -> None:
+    """Node n1, and ``job`` submitted, bound there and crashed in its first attempt: what a
+    requeue follows."""
+    bus = publisher(nc.jetstream(), subjects)
+    await bus.publish(node_load("n1"))
+    await bus.publish(submitted(job))
+    await bus.publish(event("bound", pb.JobBound(node="n1"), job=job, attempt=1))
+    await bus.publish(attempt_failed(job, pb.FAILURE_CRASHED))
+
+
+async def wait_for_event(nc: Client, subjects: Subjects, kind: str, job: str, what: str) -> None:
+    """Until the jobs log holds a ``kind`` event of ``job``."""
+
+    async def published() -> bool:
+        return bool(await events_of(nc.jetstream(), subjects, kind, job))
+
+    await wait_for(published, what=what)
+
+
 def make_recovery(nc: Client, subjects: Subjects) -> Recovery:
     js = nc.jetstream()
     return Recovery(
@@ -63,25 +95,9 @@ async def test_placement_killed_after_the_request_event_finishes_the_effect(
     await bus.publish(event("bound", pb.JobBound(node="n1", pod_name="mdq-r1-running-1"),
                             job="r1-running", attempt=1))  # fmt: skip
     await bus.publish(event("started", pb.JobStarted(node="n1"), job="r1-running", attempt=1))
-    await bus.publish(
-        event(
-            "cancel_requested",
-            pb.CancelRequested(origin=ORIGIN),
-            job="r1-running",
-            attempt=1,
-            detail="c1",
-        )
-    )
+    await bus.publish(cancel_requested("r1-running"))
     await bus.publish(submitted("r1-pending", cpu=8))  # fits nowhere
-    await bus.publish(
-        event(
-            "cancel_requested",
-            pb.CancelRequested(origin=ORIGIN),
-            job="r1-pending",
-            attempt=1,
-            detail="c1",
-        )
-    )
+    await bus.publish(cancel_requested("r1-pending"))
     backend = RecordingBackend()
     async with placement_running(nc, subjects, backend):
 
@@ -109,53 +125,17 @@ async def test_recovery_ends_a_stopped_or_recovering_cancel_once(
         await bus.publish(submitted(job))
         await bus.publish(event("bound", pb.JobBound(node="n1"), job=job, attempt=1))
         await bus.publish(event("started", pb.JobStarted(node="n1"), job=job, attempt=1))
-    await bus.publish(
-        event(
-            "cancel_requested",
-            pb.CancelRequested(origin=ORIGIN),
-            job="r2-stopped",
-            attempt=1,
-            detail="c1",
-        )
-    )
-    await bus.publish(
-        event(
-            "attempt_failed",
-            pb.AttemptFailed(reason=pb.FAILURE_STOPPED, node="n1"),
-            job="r2-stopped",
-            attempt=1,
-        )
-    )
-    await bus.publish(
-        event(
-            "attempt_failed",
-            pb.AttemptFailed(reason=pb.FAILURE_LOST, node="n1"),
-            job="r2-lost",
-            attempt=1,
-        )
-    )
+    await bus.publish(cancel_requested("r2-stopped"))
+    await bus.publish(attempt_failed("r2-stopped", pb.FAILURE_STOPPED))
+    await bus.publish(attempt_failed("r2-lost", pb.FAILURE_LOST))
     recovery = make_recovery(nc, subjects)
     async with running(recovery.run()):
-
-        async def stopped_cancelled() -> bool:
-            return bool(await events_of(js, subjects, "cancelled", "r2-stopped"))
-
-        await wait_for(stopped_cancelled, what="the stopped job cancelled")
+        await wait_for_event(nc, subjects, "cancelled", "r2-stopped", "the stopped job cancelled")
         assert await terminal_events(nc, subjects, "r2-lost") == []  # waiting for its fence
-        await bus.publish(
-            event(
-                "cancel_requested",
-                pb.CancelRequested(origin=ORIGIN),
-                job="r2-lost",
-                attempt=1,
-                detail="c1",
-            )
+        await bus.publish(cancel_requested("r2-lost"))
+        await wait_for_event(
+            nc, subjects, "cancelled", "r2-lost", "the recovering job cancelled at once"
         )
-
-        async def lost_cancelled() -> bool:
-            return bool(await events_of(js, subjects, "cancelled", "r2-lost"))
-
-        await wait_for(lost_cancelled, what="the recovering job cancelled at once")
     again = make_recovery(nc, subjects)
     async with running(again.run()):
 
@@ -176,34 +156,12 @@ async def test_a_cancel_that_raced_a_requeue_still_ends_the_job(
     the job, and placement ends it CANCELLED instead of binding it."""
     js = nc.jetstream()
     bus = publisher(js, subjects)
-    await bus.publish(node_load("n1"))
-    await bus.publish(submitted("r3-md"))
-    await bus.publish(event("bound", pb.JobBound(node="n1"), job="r3-md", attempt=1))
-    await bus.publish(
-        event(
-            "attempt_failed",
-            pb.AttemptFailed(reason=pb.FAILURE_CRASHED, node="n1"),
-            job="r3-md",
-            attempt=1,
-        )
-    )
-    await bus.publish(
-        event(
-            "cancel_requested",
-            pb.CancelRequested(origin=ORIGIN),
-            job="r3-md",
-            attempt=1,
-            detail="c1",
-        )
-    )
+    await crashed_once(nc, subjects, "r3-md")
+    await bus.publish(cancel_requested("r3-md"))
     await bus.publish(event("requeued", pb.JobRequeued(), job="r3-md", attempt=2))
     backend = RecordingBackend()
     async with placement_running(nc, subjects, backend):
-
-        async def cancelled() -> bool:
-            return bool(await events_of(js, subjects, "cancelled", "r3-md"))
-
-        await wait_for(cancelled, what="the requeued job cancelled")
+        await wait_for_event(nc, subjects, "cancelled", "r3-md", "the requeued job cancelled")
     assert backend.pods == {}
     assert await events_of(js, subjects, "bound", "r3-md") != []  # attempt 1's only
     assert [e.attempt for e in await events_of(js, subjects, "bound", "r3-md")] == [1]
@@ -281,11 +239,7 @@ async def test_a_run_past_its_max_wall_s_is_stopped_and_fails_for_good(
         assert limit.limit_exceeded.used >= 120
         # the runner checkpoints and exits on the deletion
         await backend.updates.put(pod(job, 1, pb.POD_FAILED, reason="Deleted", exit_code=5))
-
-        async def failed() -> bool:
-            return bool(await events_of(js, subjects, "failed", job))
-
-        await wait_for(failed, what="the job failed for good")
+        await wait_for_event(nc, subjects, "failed", job, "the job failed for good")
     [final] = await events_of(js, subjects, "failed", job)
     assert final.failed.reason == pb.FAILURE_LIMIT_EXCEEDED
     assert "its max_wall_s is 60 s" in final.failed.message
@@ -299,17 +253,7 @@ async def test_a_cancel_during_a_recovery_backoff_ends_the_job_at_once(
     cancelled at once, and is never bound once the backoff is over."""
     js = nc.jetstream()
     bus = publisher(js, subjects)
-    await bus.publish(node_load("n1"))
-    await bus.publish(submitted("r6-md"))
-    await bus.publish(event("bound", pb.JobBound(node="n1"), job="r6-md", attempt=1))
-    await bus.publish(
-        event(
-            "attempt_failed",
-            pb.AttemptFailed(reason=pb.FAILURE_CRASHED, node="n1"),
-            job="r6-md",
-            attempt=1,
-        )
-    )
+    await crashed_once(nc, subjects, "r6-md")
     backoff = pb.JobRequeued(after=pb.FAILURE_CRASHED)
     until = datetime.now(UTC) + timedelta(seconds=2)
     backoff.not_before.FromDatetime(until)
