@@ -88,6 +88,10 @@ class JobEvents:
 
         await asyncio.wait_for(poll(), within_s)
 
+    async def until_done(self, within_s: float = WAIT_S) -> None:
+        """Wait for the report that ends an attempt (one with a done reason)."""
+        await self.wait_until(lambda: any(e.progress.done_reason for e in self.progress), within_s)
+
     def of_attempt(self, attempt: int) -> tuple[list[pb.Progress], list[pb.Checkpoint]]:
         return (
             [event.progress for event in self.progress if event.attempt == attempt],
@@ -186,6 +190,26 @@ async def tap(nc: Client, subjects: Subjects, job_id: str) -> JobEvents:
     return events
 
 
+Started = tuple[RunnerTask, JobEvents, Runner]
+StartJob = Callable[..., Awaitable[Started]]
+
+
+@pytest.fixture
+def start_job(
+    nc: Client, subjects: Subjects, data_dir: Path, start_runner: StartRunner
+) -> StartJob:
+    """Start a runner on attempt 1 of a job in the test's data folder, its events followed from
+    the start of the streams: ``task, events, runner = await start_job(job_id, spec)``;
+    keyword arguments are added to the runner's environment, as ``start_runner``'s."""
+
+    async def start(job_id: str, spec: pb.JobSpec, **extra_env: str) -> Started:
+        task = make_task(data_dir, job_id, spec)
+        events = await tap(nc, subjects, job_id)
+        return task, events, await start_runner(task, **extra_env)
+
+    return start
+
+
 def make_task(
     data_dir: Path, job_id: str, spec: pb.JobSpec, *, attempt: int = 1, **fields: object
 ) -> RunnerTask:
@@ -221,16 +245,12 @@ def sha256_file(path: str | Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-async def test_md_run_reaches_its_step_target(
-    nc: Client, subjects: Subjects, data_dir: Path, start_runner: StartRunner
-) -> None:
+async def test_md_run_reaches_its_step_target(start_job: StartJob) -> None:
     spec = md_spec("md", steps=400, report_interval_steps=50, checkpoint_interval_steps=200)
-    task = make_task(data_dir, "job-target", spec)
-    events = await tap(nc, subjects, task.job_id)
-    runner = await start_runner(task)
+    task, events, runner = await start_job("job-target", spec)
 
     assert await runner.wait() == RunnerExit.OK, runner.stderr
-    await events.wait_until(lambda: any(p.progress.done_reason for p in events.progress))
+    await events.until_done()
     progress, _ = events.of_attempt(1)
     assert [p.step for p in progress] == list(range(50, 401, 50))
     assert all(p.target_steps == 400 for p in progress)
@@ -285,13 +305,9 @@ async def test_md_run_reaches_its_step_target(
     assert (usage.memory_limit_mb, usage.cpu_limit) == (1024, 1.0)
 
 
-async def test_checkpoint_events_match_the_files_on_disk(
-    nc: Client, subjects: Subjects, data_dir: Path, start_runner: StartRunner
-) -> None:
+async def test_checkpoint_events_match_the_files_on_disk(start_job: StartJob) -> None:
     spec = md_spec("md", steps=300, report_interval_steps=50, checkpoint_interval_steps=100)
-    task = make_task(data_dir, "job-ckpt", spec)
-    events = await tap(nc, subjects, task.job_id)
-    runner = await start_runner(task)
+    task, events, runner = await start_job("job-ckpt", spec)
 
     assert await runner.wait() == RunnerExit.OK, runner.stderr
     await events.wait_until(lambda: len(events.checkpoints) >= 3)
@@ -316,12 +332,10 @@ async def test_checkpoint_events_match_the_files_on_disk(
 
 
 async def test_resume_after_kill_continues_the_trajectory(
-    nc: Client, subjects: Subjects, data_dir: Path, start_runner: StartRunner
+    data_dir: Path, start_runner: StartRunner, start_job: StartJob
 ) -> None:
     spec = md_spec("md", steps=3000, report_interval_steps=20, checkpoint_interval_steps=100)
-    first_task = make_task(data_dir, "job-kill", spec)
-    events = await tap(nc, subjects, first_task.job_id)
-    first = await start_runner(first_task)
+    first_task, events, first = await start_job("job-kill", spec)
     await events.wait_until(lambda: bool(events.checkpoints))
     first.process.kill()
     assert await first.wait() == -signal.SIGKILL
@@ -340,7 +354,7 @@ async def test_resume_after_kill_continues_the_trajectory(
         make_task(data_dir, "job-kill", spec, attempt=2, resume_from=resume_from)
     )
     assert await second.wait() == RunnerExit.OK, second.stderr
-    await events.wait_until(lambda: any(e.progress.done_reason for e in events.progress))
+    await events.until_done()
     after, _ = events.of_attempt(2)
     assert after[0].step == resume_from.step + 20
     assert after[0].time_ps == pytest.approx(after[0].step * TIMESTEP_PS)
@@ -368,16 +382,14 @@ async def test_resume_after_kill_continues_the_trajectory(
 
 
 async def test_a_retry_on_another_cluster_resumes_from_the_copied_checkpoint(
-    nc: Client, subjects: Subjects, data_dir: Path, start_runner: StartRunner, tmp_path: Path
+    nc: Client, subjects: Subjects, start_runner: StartRunner, tmp_path: Path, start_job: StartJob
 ) -> None:
     """The first attempt copies its checkpoints to the shared store as it runs (each copy
     announced with its lag) and is killed; the retry runs where no file of the job exists (the
     other cluster's data folder), fetches the announced copy, checks it and goes on from its
     step; its outputs are copied too, byte for byte what its outputs event announces."""
     spec = md_spec("md", steps=2000, report_interval_steps=20, checkpoint_interval_steps=100)
-    first_task = make_task(data_dir, "job-moves", spec)
-    events = await tap(nc, subjects, first_task.job_id)
-    first = await start_runner(first_task)
+    _, events, first = await start_job("job-moves", spec)
     await events.wait_until(lambda: len(events.copied) >= 2)
     first.process.kill()
     assert await first.wait() == -signal.SIGKILL
@@ -419,12 +431,10 @@ async def test_a_retry_on_another_cluster_resumes_from_the_copied_checkpoint(
 
 
 async def test_corrupt_resume_checkpoint_falls_back_to_the_previous_one(
-    nc: Client, subjects: Subjects, data_dir: Path, start_runner: StartRunner
+    data_dir: Path, start_runner: StartRunner, start_job: StartJob
 ) -> None:
     spec = md_spec("md", steps=300, report_interval_steps=50, checkpoint_interval_steps=100)
-    first_task = make_task(data_dir, "job-corrupt", spec)
-    events = await tap(nc, subjects, first_task.job_id)
-    first = await start_runner(first_task)
+    _, events, first = await start_job("job-corrupt", spec)
     assert await first.wait() == RunnerExit.OK, first.stderr
     await events.wait_until(lambda: len(events.checkpoints) >= 3)
     _, checkpoints = events.of_attempt(1)
@@ -445,15 +455,13 @@ async def test_corrupt_resume_checkpoint_falls_back_to_the_previous_one(
 
 
 async def test_a_pruned_resume_checkpoint_falls_back_to_the_newest_one_on_disk(
-    nc: Client, subjects: Subjects, data_dir: Path, start_runner: StartRunner
+    data_dir: Path, start_runner: StartRunner, start_job: StartJob
 ) -> None:
     """Recovery announced an old checkpoint, and a runner that went on after its attempt was
     declared lost pruned it: the retry resumes from the newest verified checkpoint in the
     folder (later than the announced one), not from step 0."""
     spec = md_spec("md", steps=400, report_interval_steps=50, checkpoint_interval_steps=100)
-    first_task = make_task(data_dir, "job-pruned", spec)
-    events = await tap(nc, subjects, first_task.job_id)
-    first = await start_runner(first_task)
+    _, events, first = await start_job("job-pruned", spec)
     assert await first.wait() == RunnerExit.OK, first.stderr
     await events.wait_until(lambda: len(events.checkpoints) >= 3)
     _, checkpoints = events.of_attempt(1)
@@ -479,15 +487,13 @@ async def test_a_pruned_resume_checkpoint_falls_back_to_the_newest_one_on_disk(
 
 
 async def test_a_later_checkpoint_than_announced_is_the_one_resumed_from(
-    nc: Client, subjects: Subjects, data_dir: Path, start_runner: StartRunner
+    data_dir: Path, start_runner: StartRunner, start_job: StartJob
 ) -> None:
     """The runner wrote a checkpoint it could not announce (NATS away, then the attempt
     declared lost): recovery announces the one before, intact, and the retry resumes from the
     later verified one on disk rather than recompute its steps."""
     spec = md_spec("md", steps=400, report_interval_steps=50, checkpoint_interval_steps=100)
-    first_task = make_task(data_dir, "job-later", spec)
-    events = await tap(nc, subjects, first_task.job_id)
-    first = await start_runner(first_task)
+    _, events, first = await start_job("job-later", spec)
     assert await first.wait() == RunnerExit.OK, first.stderr
     await events.wait_until(lambda: len(events.checkpoints) >= 4)
     announced = events.of_attempt(1)[1][-2]  # 300: the announcement of 400 was lost
@@ -505,14 +511,10 @@ async def test_a_later_checkpoint_than_announced_is_the_one_resumed_from(
     assert after[-1].step == 500
 
 
-async def test_sigterm_checkpoints_and_exits_preempted(
-    nc: Client, subjects: Subjects, data_dir: Path, start_runner: StartRunner
-) -> None:
+async def test_sigterm_checkpoints_and_exits_preempted(start_job: StartJob) -> None:
     spec = md_spec("md", steps=100_000, report_interval_steps=50, checkpoint_interval_steps=50_000)
-    task = make_task(data_dir, "job-term", spec)
-    events = await tap(nc, subjects, task.job_id)
     port = free_port()
-    runner = await start_runner(task, MDQ_RUNNER_METRICS_PORT=str(port))
+    _, events, runner = await start_job("job-term", spec, MDQ_RUNNER_METRICS_PORT=str(port))
     await events.wait_until(lambda: len(events.progress) >= 2)
 
     def scrape() -> str:
@@ -550,7 +552,7 @@ async def test_minimize_md_analyze_chain(
     min_events = await tap(nc, subjects, minimize.job_id)
     runner = await start_runner(minimize)
     assert await runner.wait() == RunnerExit.OK, runner.stderr
-    await min_events.wait_until(lambda: any(e.progress.done_reason for e in min_events.progress))
+    await min_events.until_done()
     min_progress, _ = min_events.of_attempt(1)
     assert min_progress[0].step == 0
     assert min_progress[-1].done_reason == "minimized"
@@ -594,20 +596,16 @@ async def test_minimize_md_analyze_chain(
     assert by_job["chain-md"]["potential_kj_mol"]["std"] > 0
 
 
-async def test_large_tolerance_converges_early(
-    nc: Client, subjects: Subjects, data_dir: Path, start_runner: StartRunner
-) -> None:
+async def test_large_tolerance_converges_early(start_job: StartJob) -> None:
     spec = md_spec(
         "md",
         steps=10_000,
         report_interval_steps=20,
         convergence=pb.Convergence(tolerance_kj_mol=1e6, reports=2),
     )
-    task = make_task(data_dir, "job-converge", spec)
-    events = await tap(nc, subjects, task.job_id)
-    runner = await start_runner(task)
+    task, events, runner = await start_job("job-converge", spec)
     assert await runner.wait() == RunnerExit.OK, runner.stderr
-    await events.wait_until(lambda: any(e.progress.done_reason for e in events.progress))
+    await events.until_done()
     progress, _ = events.of_attempt(1)
     assert [p.step for p in progress] == [20, 40, 60]
     assert progress[-1].done_reason == "converged"
@@ -632,13 +630,9 @@ async def test_analyze_with_missing_input_is_invalid_input(
     assert not (task.job_dir / "analysis.json").exists()
 
 
-async def test_exploding_simulation_exits_unstable(
-    nc: Client, subjects: Subjects, data_dir: Path, start_runner: StartRunner
-) -> None:
+async def test_exploding_simulation_exits_unstable(start_job: StartJob) -> None:
     spec = md_spec("md", steps=2000, report_interval_steps=20, temperature_k=5000, timestep_fs=5)
-    task = make_task(data_dir, "job-unstable", spec)
-    events = await tap(nc, subjects, task.job_id)
-    runner = await start_runner(task)
+    task, events, runner = await start_job("job-unstable", spec)
     assert await runner.wait() == RunnerExit.UNSTABLE, runner.stderr
     assert "UNSTABLE" in runner.stderr
     assert "NaN" in runner.stderr
@@ -646,9 +640,7 @@ async def test_exploding_simulation_exits_unstable(
     assert not (task.job_dir / "final_state.xml").exists()
 
 
-async def test_a_folder_past_max_disk_mb_stops_at_a_checkpoint(
-    nc: Client, subjects: Subjects, data_dir: Path, start_runner: StartRunner
-) -> None:
+async def test_a_folder_past_max_disk_mb_stops_at_a_checkpoint(start_job: StartJob) -> None:
     """A runaway trajectory (a frame every step) fills the job's folder past its max_disk_mb:
     the runner checkpoints and exits LIMIT_EXCEEDED (FAILURE_LIMIT_EXCEEDED: never retried)
     long before its step target."""
@@ -660,9 +652,7 @@ async def test_a_folder_past_max_disk_mb_stops_at_a_checkpoint(
         trajectory_interval_steps=1,
         max_disk_mb=1,
     )
-    task = make_task(data_dir, "job-disk", spec)
-    events = await tap(nc, subjects, task.job_id)
-    runner = await start_runner(task)
+    _, events, runner = await start_job("job-disk", spec)
     assert await runner.wait() == RunnerExit.LIMIT_EXCEEDED, runner.stderr
     assert "LIMIT_EXCEEDED: the job's folder holds" in runner.stderr
     await events.wait_until(lambda: bool(events.checkpoints))
