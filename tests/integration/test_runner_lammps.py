@@ -35,15 +35,16 @@ from mdq.core.spec import normalize_job
 from services.runner.engines.lammps_engine import check_data_file
 from services.runner.engines.lammps_restarts import read_header
 from tests.integration.test_runner import (
+    StartJob,
     StartRunner,
     make_task,
     on_disk,
+    start_job,
     start_runner,
-    tap,
     text_of,
 )
 
-__all__ = ["start_runner"]  # the fixture, shared with test_runner
+__all__ = ["start_job", "start_runner"]  # the fixtures, shared with test_runner
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "lammps"
 WAIT_S = 120.0
@@ -111,6 +112,23 @@ async def stage_example(stage: Stage, job_id: str, script: str, **fields: Any) -
     return await stage(job_id, lammps_spec(script, **fields), {script: example(script)})
 
 
+async def stage_lj_melt(
+    stage: Stage, job_id: str, *, cells: int, steps: int, report: int, checkpoint: int
+) -> pb.JobSpec:
+    """``job_id`` staged with the example Lennard-Jones melt (``in.lj-melt``) of ``cells`` fcc
+    cells a side: ``steps`` steps, a report every ``report`` and a checkpoint every
+    ``checkpoint``."""
+    return await stage_example(
+        stage,
+        job_id,
+        "in.lj-melt",
+        variables={"N": str(cells)},
+        steps=steps,
+        report_interval_steps=report,
+        checkpoint_interval_steps=checkpoint,
+    )
+
+
 def thermo_rows(log: Path) -> list[tuple[int, list[float]]]:
     """The thermo rows of a LAMMPS log on disk: (step, values), in the order written (a row
     repeated at the start of each chunk is kept: it is in the file)."""
@@ -150,26 +168,11 @@ def attempts_in_log(log: Path) -> dict[int, list[int]]:
 
 
 async def test_a_lammps_job_reports_like_an_openmm_job(
-    nc: Client,
-    subjects: Subjects,
-    data_dir: Path,
-    stage: Stage,
-    desk: InputDesk,
-    start_runner: StartRunner,
+    stage: Stage, desk: InputDesk, start_job: StartJob
 ) -> None:
     job = "lmp-lj"
-    spec = await stage_example(
-        stage,
-        job,
-        "in.lj-melt",
-        variables={"N": "4"},
-        steps=600,
-        report_interval_steps=100,
-        checkpoint_interval_steps=200,
-    )
-    task = make_task(data_dir, job, spec)
-    events = await tap(nc, subjects, job)
-    runner = await start_runner(task)
+    spec = await stage_lj_melt(stage, job, cells=4, steps=600, report=100, checkpoint=200)
+    task, events, runner = await start_job(job, spec)
     assert await runner.wait(WAIT_S) == RunnerExit.OK, runner.stderr
     await events.wait_until(lambda: bool(events.outputs) and bool(events.usage))
 
@@ -229,7 +232,7 @@ async def test_a_lammps_job_reports_like_an_openmm_job(
 
 
 async def test_metal_units_are_converted_to_kj_mol_kelvin_and_bar(
-    nc: Client, subjects: Subjects, data_dir: Path, stage: Stage, start_runner: StartRunner
+    stage: Stage, start_job: StartJob
 ) -> None:
     job = "lmp-cu"
     spec = await stage_example(
@@ -241,11 +244,9 @@ async def test_metal_units_are_converted_to_kj_mol_kelvin_and_bar(
         report_interval_steps=100,
         checkpoint_interval_steps=200,
     )
-    task = make_task(data_dir, job, spec)
-    events = await tap(nc, subjects, job)
-    runner = await start_runner(task)
+    task, events, runner = await start_job(job, spec)
     assert await runner.wait(WAIT_S) == RunnerExit.OK, runner.stderr
-    await events.wait_until(lambda: any(p.progress.done_reason for p in events.progress))
+    await events.until_done()
     progress, _ = events.of_attempt(1)
     atoms = 4 * 3**3
     for report in progress:
@@ -262,24 +263,14 @@ async def test_metal_units_are_converted_to_kj_mol_kelvin_and_bar(
 
 
 async def test_a_killed_job_resumes_from_its_restart_losing_at_most_one_interval(
-    nc: Client, subjects: Subjects, data_dir: Path, stage: Stage, start_runner: StartRunner
+    data_dir: Path, stage: Stage, start_runner: StartRunner, start_job: StartJob
 ) -> None:
     """Measured from outside: the thermo log on disk says which steps each attempt computed,
     and the resumed attempt computes the very energies the killed one had."""
     job = "lmp-kill"
     every = 500
-    spec = await stage_example(
-        stage,
-        job,
-        "in.lj-melt",
-        variables={"N": "8"},
-        steps=4000,
-        report_interval_steps=100,
-        checkpoint_interval_steps=every,
-    )
-    first = make_task(data_dir, job, spec)
-    events = await tap(nc, subjects, job)
-    runner = await start_runner(first)
+    spec = await stage_lj_melt(stage, job, cells=8, steps=4000, report=100, checkpoint=every)
+    first, events, runner = await start_job(job, spec)
 
     def well_past_a_checkpoint() -> bool:
         """Killed at least 200 steps after a checkpoint (and 100 before the next), so both
@@ -319,7 +310,7 @@ async def test_a_killed_job_resumes_from_its_restart_losing_at_most_one_interval
 
 
 async def test_a_later_restart_than_announced_is_the_one_resumed_from(
-    nc: Client, subjects: Subjects, data_dir: Path, stage: Stage, start_runner: StartRunner
+    data_dir: Path, stage: Stage, start_runner: StartRunner, start_job: StartJob
 ) -> None:
     """The runner wrote a restart it could not announce (NATS away, then the attempt declared
     lost): recovery announces the one before, and the retry resumes from the later one on disk,
@@ -331,9 +322,7 @@ async def test_a_later_restart_than_announced_is_the_one_resumed_from(
         lammps_spec("in.lj-melt", variables={"N": "8"}, steps=2000, checkpoint_interval_steps=500),
         files,
     )
-    first = make_task(data_dir, job, first_spec)
-    events = await tap(nc, subjects, job)
-    runner = await start_runner(first)
+    first, events, runner = await start_job(job, first_spec)
     assert await runner.wait(WAIT_S) == RunnerExit.OK, runner.stderr
     await events.wait_until(lambda: len(events.of_attempt(1)[1]) >= 4, within_s=WAIT_S)
     announced = pb.Checkpoint()
@@ -357,23 +346,13 @@ async def test_a_later_restart_than_announced_is_the_one_resumed_from(
 
 
 async def test_sigterm_writes_a_restart_within_a_few_steps_and_the_job_resumes_from_it(
-    nc: Client, subjects: Subjects, data_dir: Path, stage: Stage, start_runner: StartRunner
+    data_dir: Path, stage: Stage, start_runner: StartRunner, start_job: StartJob
 ) -> None:
     job = "lmp-term"
-    spec = await stage_example(
-        stage,
-        job,
-        "in.lj-melt",
-        variables={"N": "5"},
-        steps=12_000,
-        report_interval_steps=4000,
-        checkpoint_interval_steps=12_000,
-    )
-    task = make_task(data_dir, job, spec)
-    events = await tap(nc, subjects, job)
+    spec = await stage_lj_melt(stage, job, cells=5, steps=12_000, report=4000, checkpoint=12_000)
     # chunks as long as the report interval: a stop that waited for the chunk's end would
     # checkpoint at step 8000
-    runner = await start_runner(task, MDQ_RUNNER_MAX_CHUNK_STEPS="4000")
+    task, events, runner = await start_job(job, spec, MDQ_RUNNER_MAX_CHUNK_STEPS="4000")
     await events.wait_until(lambda: bool(events.progress), within_s=WAIT_S)
     runner.process.send_signal(signal.SIGTERM)
     assert await runner.wait(WAIT_S) == RunnerExit.PREEMPTED, runner.stderr
@@ -471,15 +450,14 @@ async def test_a_runner_refused_its_inputs_exits_invalid_input(
 
 
 async def test_a_minimize_run_analyze_chain_in_lammps(
-    nc: Client, subjects: Subjects, data_dir: Path, stage: Stage, start_runner: StartRunner
+    data_dir: Path, stage: Stage, start_runner: StartRunner, start_job: StartJob
 ) -> None:
     minimize_id, run_id, analyze_id = (
         "0123456789ab-cu-minimize",
         "0123456789ab-cu-run",
         "0123456789ab-cu-analyze",
     )
-    minimize = make_task(
-        data_dir,
+    minimize, events, runner = await start_job(
         minimize_id,
         await stage(
             minimize_id,
@@ -493,10 +471,8 @@ async def test_a_minimize_run_analyze_chain_in_lammps(
             {"in.cu-setup": example("in.cu-setup")},
         ),
     )
-    events = await tap(nc, subjects, minimize_id)
-    runner = await start_runner(minimize)
     assert await runner.wait(WAIT_S) == RunnerExit.OK, runner.stderr
-    await events.wait_until(lambda: any(p.progress.done_reason for p in events.progress))
+    await events.until_done()
     progress, _ = events.of_attempt(1)
     assert progress[0].step == 0 and progress[-1].done_reason == "minimized"
     assert progress[-1].potential_kj_mol < progress[0].potential_kj_mol
@@ -561,15 +537,7 @@ async def test_a_full_disk_under_the_restart_files_ends_the_attempt_no_space(
     """LAMMPS says only "I/O error while writing restart": the runner tells a full disk from
     it (NO_SPACE: an environment failure, retried without counting against the job)."""
     job = "lmp-full"
-    spec = await stage_example(
-        stage,
-        job,
-        "in.lj-melt",
-        variables={"N": "4"},
-        steps=400,
-        report_interval_steps=100,
-        checkpoint_interval_steps=200,
-    )
+    spec = await stage_lj_melt(stage, job, cells=4, steps=400, report=100, checkpoint=200)
     task = make_task(data_dir, job, spec)
     folder = task.job_dir / "checkpoints"
     folder.mkdir(parents=True)
@@ -631,7 +599,7 @@ fix md all nvt temp 300 300 0.1
 
 
 async def test_a_script_with_its_data_and_potential_files_converges(
-    nc: Client, subjects: Subjects, data_dir: Path, stage: Stage, start_runner: StartRunner
+    stage: Stage, start_job: StartJob
 ) -> None:
     """Several input files in folders of their own (the data file, the scientist's own copy of
     a potential), and energy convergence on LAMMPS's energies (converted to kJ/mol)."""
@@ -652,11 +620,9 @@ async def test_a_script_with_its_data_and_potential_files_converges(
             "potentials/my-cu.eam": potential.read_bytes(),
         },
     )
-    task = make_task(data_dir, job, spec)
-    events = await tap(nc, subjects, job)
-    runner = await start_runner(task)
+    task, events, runner = await start_job(job, spec)
     assert await runner.wait(WAIT_S) == RunnerExit.OK, runner.stderr
-    await events.wait_until(lambda: any(p.progress.done_reason for p in events.progress))
+    await events.until_done()
     progress, _ = events.of_attempt(1)
     assert [p.done_reason for p in progress] == ["", "", "converged"]
     assert progress[-1].step == 60, "converged after three reports: far below the step target"
@@ -677,28 +643,14 @@ def load_potentials_dir() -> str:
 
 
 async def test_a_retry_on_another_cluster_resumes_from_the_copied_restart(
-    nc: Client,
-    subjects: Subjects,
-    data_dir: Path,
-    stage: Stage,
-    start_runner: StartRunner,
-    tmp_path: Path,
+    stage: Stage, start_runner: StartRunner, tmp_path: Path, start_job: StartJob
 ) -> None:
     """A LAMMPS attempt's restart files are copied to the shared store like OpenMM's
     checkpoints; a retry where no file of the job exists fetches the input file again
     through intake and the restart from the store, checks both, and resumes from it."""
     job = "lmp-moves"
-    spec = await stage_example(
-        stage,
-        job,
-        "in.lj-melt",
-        variables={"N": "5"},
-        steps=3000,
-        report_interval_steps=100,
-        checkpoint_interval_steps=500,
-    )
-    events = await tap(nc, subjects, job)
-    first = await start_runner(make_task(data_dir, job, spec))
+    spec = await stage_lj_melt(stage, job, cells=5, steps=3000, report=100, checkpoint=500)
+    _, events, first = await start_job(job, spec)
     await events.wait_until(lambda: len(events.copied) >= 1, within_s=WAIT_S)
     first.process.kill()
     assert await first.wait() == -signal.SIGKILL
