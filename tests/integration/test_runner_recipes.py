@@ -20,9 +20,7 @@ from typing import Any
 
 import openmm
 import pytest
-from nats.aio.client import Client
 
-from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.exit_codes import RunnerExit
 from mdq.core.spec import normalize_job
@@ -34,15 +32,16 @@ from tests.integration.test_runner import (
     WAIT_S,
     JobEvents,
     Runner,
+    StartJob,
     StartRunner,
     flip_bytes,
     make_task,
     on_disk,
+    start_job,
     start_runner,
-    tap,
 )
 
-__all__ = ["start_runner"]  # the fixture, shared with test_runner
+__all__ = ["start_job", "start_runner"]  # the fixtures, shared with test_runner
 
 ALANINE_DIPEPTIDE = """\
 ATOM      1  H1  ACE A   1      15.908  11.969  16.089  1.00  0.00           H
@@ -118,17 +117,15 @@ async def outputs_of(events: JobEvents) -> dict[str, pb.OutputFile]:
 
 
 async def test_lennard_jones_fluid_reports_argon_density_and_writes_a_dcd(
-    nc: Client, subjects: Subjects, data_dir: Path, start_runner: StartRunner
+    start_job: StartJob,
 ) -> None:
     spec = lj_spec(
         steps=1000, report_interval_steps=100, trajectory_interval_steps=250, timestep_fs=5
     )
     fluid = spec.system.lennard_jones
-    task = make_task(data_dir, "job-lj", spec)
-    events = await tap(nc, subjects, task.job_id)
-    runner = await start_runner(task)
+    task, events, runner = await start_job("job-lj", spec)
     assert await runner.wait() == RunnerExit.OK, runner.stderr
-    await events.wait_until(lambda: any(e.progress.done_reason for e in events.progress))
+    await events.until_done()
     progress, _ = events.of_attempt(1)
     assert [p.step for p in progress] == list(range(100, 1001, 100))
     box_volume = fluid.atoms / fluid.density_atoms_nm3
@@ -181,7 +178,7 @@ async def stop_past_a_checkpoint(runner: Runner, events: JobEvents, job_dir: Pat
 
 
 async def test_resume_from_native_checkpoint_continues_energies_and_trajectory(
-    nc: Client, subjects: Subjects, data_dir: Path, start_runner: StartRunner
+    data_dir: Path, start_runner: StartRunner, start_job: StartJob
 ) -> None:
     spec = lj_spec(
         steps=12_000,
@@ -189,18 +186,12 @@ async def test_resume_from_native_checkpoint_continues_energies_and_trajectory(
         checkpoint_interval_steps=2000,
         trajectory_interval_steps=500,
     )
-    reference_task = make_task(data_dir, "job-lj-reference", spec)
-    reference_events = await tap(nc, subjects, reference_task.job_id)
-    reference = await start_runner(reference_task)
+    reference_task, reference_events, reference = await start_job("job-lj-reference", spec)
     assert await reference.wait() == RunnerExit.OK, reference.stderr
-    await reference_events.wait_until(
-        lambda: any(e.progress.done_reason for e in reference_events.progress)
-    )
+    await reference_events.until_done()
     uninterrupted = energies_by_step(reference_events, 1)
 
-    first_task = make_task(data_dir, "job-lj-killed", spec)
-    events = await tap(nc, subjects, first_task.job_id)
-    first = await start_runner(first_task)
+    first_task, events, first = await start_job("job-lj-killed", spec)
     await stop_past_a_checkpoint(first, events, first_task.job_dir)
     first.process.kill()
     assert await first.wait() == -signal.SIGKILL
@@ -218,7 +209,7 @@ async def test_resume_from_native_checkpoint_continues_energies_and_trajectory(
     )
     assert await second.wait() == RunnerExit.OK, second.stderr
     assert f"at step {resume_from.step} (native checkpoint)" in second.stderr
-    await events.wait_until(lambda: any(e.progress.done_reason for e in events.progress))
+    await events.until_done()
     after = energies_by_step(events, 2)
     assert min(after) == resume_from.step + 200
     assert max(after) == spec.steps
@@ -241,12 +232,10 @@ async def test_resume_from_native_checkpoint_continues_energies_and_trajectory(
 
 
 async def test_corrupt_native_checkpoint_falls_back_to_the_state_xml(
-    nc: Client, subjects: Subjects, data_dir: Path, start_runner: StartRunner
+    data_dir: Path, start_runner: StartRunner, start_job: StartJob
 ) -> None:
     spec = lj_spec(steps=600, report_interval_steps=100, checkpoint_interval_steps=200)
-    first_task = make_task(data_dir, "job-lj-native", spec)
-    events = await tap(nc, subjects, first_task.job_id)
-    first = await start_runner(first_task)
+    _, events, first = await start_job("job-lj-native", spec)
     assert await first.wait() == RunnerExit.OK, first.stderr
     await events.wait_until(lambda: len(events.checkpoints) >= 3)
     # resumed from the checkpoint before the end: the final step's is removed (a resume takes
@@ -267,18 +256,14 @@ async def test_corrupt_native_checkpoint_falls_back_to_the_state_xml(
     assert sorted(energies_by_step(events, 2)) == [500, 600]
 
 
-async def test_time_based_checkpoints(
-    nc: Client, subjects: Subjects, data_dir: Path, start_runner: StartRunner
-) -> None:
+async def test_time_based_checkpoints(start_job: StartJob) -> None:
     spec = lj_spec(
         steps=30_000,
         report_interval_steps=100,
         checkpoint_interval_steps=1_000_000,
         checkpoint_interval_s=1,
     )
-    task = make_task(data_dir, "job-lj-seconds", spec)
-    events = await tap(nc, subjects, task.job_id)
-    runner = await start_runner(task)
+    _, events, runner = await start_job("job-lj-seconds", spec)
     await events.wait_until(lambda: len(events.checkpoints) >= 2, within_s=30)
     runner.process.send_signal(signal.SIGTERM)
     assert await runner.wait() == RunnerExit.PREEMPTED, runner.stderr
@@ -299,22 +284,15 @@ async def test_time_based_checkpoints(
     ],
 )
 async def test_integrators_and_barostat(
-    nc: Client,
-    subjects: Subjects,
-    data_dir: Path,
-    start_runner: StartRunner,
-    integrator: int,
-    barostat: pb.Barostat | None,
+    integrator: int, barostat: pb.Barostat | None, start_job: StartJob
 ) -> None:
     fields: dict[str, Any] = {"integrator": integrator}
     if barostat is not None:
         fields["barostat"] = barostat
     spec = lj_spec(steps=600, report_interval_steps=100, timestep_fs=5, **fields)
-    task = make_task(data_dir, f"job-lj-{integrator}", spec)
-    events = await tap(nc, subjects, task.job_id)
-    runner = await start_runner(task)
+    _task, events, runner = await start_job(f"job-lj-{integrator}", spec)
     assert await runner.wait() == RunnerExit.OK, runner.stderr
-    await events.wait_until(lambda: any(e.progress.done_reason for e in events.progress))
+    await events.until_done()
     progress, _ = events.of_attempt(1)
     volumes = {round(p.volume_nm3, 9) for p in progress}
     if barostat is None:
@@ -326,9 +304,7 @@ async def test_integrators_and_barostat(
         assert max(total) - min(total) < 0.02 * abs(total[0]), "NVE conserves energy"
 
 
-async def test_inline_structure_in_vacuum_with_xtc_trajectory(
-    nc: Client, subjects: Subjects, data_dir: Path, start_runner: StartRunner
-) -> None:
+async def test_inline_structure_in_vacuum_with_xtc_trajectory(start_job: StartJob) -> None:
     spec = structure_spec(
         pb.Structure(pdb_content=ALANINE_DIPEPTIDE),
         steps=200,
@@ -337,12 +313,10 @@ async def test_inline_structure_in_vacuum_with_xtc_trajectory(
         trajectory_format=pb.TRAJECTORY_XTC,
         timestep_fs=1,
     )
-    task = make_task(data_dir, "job-dipeptide", spec)
-    events = await tap(nc, subjects, task.job_id)
-    runner = await start_runner(task)
+    _, events, runner = await start_job("job-dipeptide", spec)
     assert await runner.wait() == RunnerExit.OK, runner.stderr
     assert "built 22 atoms" in runner.stderr
-    await events.wait_until(lambda: any(e.progress.done_reason for e in events.progress))
+    await events.until_done()
     progress, _ = events.of_attempt(1)
     assert [p.step for p in progress] == [50, 100, 150, 200]
     assert all(p.volume_nm3 == 0 and p.density_g_cm3 == 0 for p in progress), "not periodic"
@@ -353,7 +327,7 @@ async def test_inline_structure_in_vacuum_with_xtc_trajectory(
 
 
 async def test_structure_file_solvated_at_constant_pressure(
-    nc: Client, subjects: Subjects, data_dir: Path, start_runner: StartRunner
+    data_dir: Path, start_job: StartJob
 ) -> None:
     inputs = data_dir / "inputs"
     inputs.mkdir()
@@ -366,11 +340,9 @@ async def test_structure_file_solvated_at_constant_pressure(
         barostat=pb.Barostat(pressure_bar=1, frequency_steps=5),
     )
     assert spec.nonbonded_method == pb.NONBONDED_PME
-    task = make_task(data_dir, "job-solvated", spec)
-    events = await tap(nc, subjects, task.job_id)
-    runner = await start_runner(task, MDQ_DATA_DIR=str(data_dir))
+    _task, events, runner = await start_job("job-solvated", spec, MDQ_DATA_DIR=str(data_dir))
     assert await runner.wait() == RunnerExit.OK, runner.stderr
-    await events.wait_until(lambda: any(e.progress.done_reason for e in events.progress))
+    await events.until_done()
     progress, _ = events.of_attempt(1)
     assert all(0.8 < p.density_g_cm3 < 1.2 for p in progress), progress
     assert len({p.volume_nm3 for p in progress}) > 1, "the barostat moves the box"
