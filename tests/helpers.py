@@ -45,6 +45,18 @@ def event(
     )
 
 
+def with_fields(spec: pb.JobSpec, fields: Mapping[str, object]) -> pb.JobSpec:
+    """``spec`` with ``fields`` set on it, for spec builders that take a test's fields as
+    keyword arguments: a message (a ``Convergence``, a ``Barostat``, ``Resources``) is copied
+    into its field, any other value assigned. Changes ``spec`` and returns it."""
+    for name, value in fields.items():
+        if isinstance(value, Message):
+            getattr(spec, name).CopyFrom(value)
+        else:
+            setattr(spec, name, value)
+    return spec
+
+
 def submitted(
     job: str,
     *,

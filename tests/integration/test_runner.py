@@ -33,6 +33,7 @@ from mdq.core.runner_task import RunnerTask, job_dir
 from mdq.core.spec import normalize_job
 from mdq.embedded import free_port
 from mdq.testing.runner_files import last_energy_step
+from tests.helpers import with_fields
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BOX_NM = 1.5
@@ -43,12 +44,7 @@ WAIT_S = 60.0
 def md_spec(name: str, **fields: object) -> pb.JobSpec:
     """A normalised spec of a tiny water box job (defaults filled as intake would)."""
     spec = pb.JobSpec(name=name, seed=7, system=pb.System(water_box=pb.WaterBox(box_nm=BOX_NM)))
-    for key, value in fields.items():
-        if isinstance(value, pb.Convergence):
-            spec.convergence.CopyFrom(value)
-        else:
-            setattr(spec, key, value)
-    return normalize_job(spec, "jobs[0]")
+    return normalize_job(with_fields(spec, fields), "jobs[0]")
 
 
 @dataclass

@@ -34,6 +34,7 @@ from mdq.core.lammps_units import EV_KJ_MOL
 from mdq.core.spec import normalize_job
 from services.runner.engines.lammps_engine import check_data_file
 from services.runner.engines.lammps_restarts import read_header
+from tests.helpers import with_fields
 from tests.integration.test_runner import (
     StartJob,
     StartRunner,
@@ -94,12 +95,7 @@ def lammps_spec(
     spec = pb.JobSpec(
         name="lmp", system=pb.System(lammps=pb.LammpsInput(script=script, variables=variables))
     )
-    for key, value in fields.items():
-        if isinstance(value, pb.Convergence):
-            spec.convergence.CopyFrom(value)
-        else:
-            setattr(spec, key, value)
-    return spec
+    return with_fields(spec, fields)
 
 
 def example(name: str) -> bytes:

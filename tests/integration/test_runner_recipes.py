@@ -28,6 +28,7 @@ from mdq.testing.runner_files import newest_checkpoint_step
 from services.runner.checkpoints import checkpoint_name
 from services.runner.errors import InvalidInputError
 from services.runner.system import build_system
+from tests.helpers import with_fields
 from tests.integration.test_runner import (
     WAIT_S,
     JobEvents,
@@ -81,22 +82,12 @@ def lj_spec(name: str = "lj", **fields: object) -> pb.JobSpec:
         temperature_k=100,
         system=pb.System(lennard_jones=pb.LennardJonesFluid(atoms=200)),
     )
-    for key, value in fields.items():
-        if isinstance(value, pb.Barostat):
-            spec.barostat.CopyFrom(value)
-        else:
-            setattr(spec, key, value)
-    return normalize_job(spec, "jobs[0]")
+    return normalize_job(with_fields(spec, fields), "jobs[0]")
 
 
 def structure_spec(structure: pb.Structure, **fields: object) -> pb.JobSpec:
     spec = pb.JobSpec(name="structure", seed=5, system=pb.System(structure=structure))
-    for key, value in fields.items():
-        if isinstance(value, pb.Barostat):
-            spec.barostat.CopyFrom(value)
-        else:
-            setattr(spec, key, value)
-    return normalize_job(spec, "jobs[0]")
+    return normalize_job(with_fields(spec, fields), "jobs[0]")
 
 
 def dcd_frames(path: Path) -> tuple[int, bytes]:

@@ -24,16 +24,12 @@ from mdq.core.recommend import (
     threads_for,
 )
 from mdq.core.spec import normalize_job
+from tests.helpers import with_fields
 
 
 def water(box_nm: float = 3.0, **fields: object) -> pb.JobSpec:
     spec = pb.JobSpec(name="w", system=pb.System(water_box=pb.WaterBox(box_nm=box_nm)))
-    for name, value in fields.items():
-        if isinstance(value, pb.Resources):
-            spec.resources.CopyFrom(value)
-        else:
-            setattr(spec, name, value)
-    return normalize_job(spec, "jobs[0]")
+    return normalize_job(with_fields(spec, fields), "jobs[0]")
 
 
 WATER = fingerprint_of(water())
