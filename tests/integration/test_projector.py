@@ -15,7 +15,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -233,6 +233,23 @@ async def publish_in_order(publisher: EventPublisher, events: list[pb.Event]) ->
         await publisher.publish(event)
 
 
+Project = Callable[[list[pb.Event]], Awaitable[None]]
+
+
+@pytest.fixture
+def project(
+    publisher: EventPublisher, js: JetStreamContext, subjects: Subjects, pool: asyncpg.Pool
+) -> Project:
+    """Publish a batch of events in order and wait until PostgreSQL holds both streams up to
+    their last message (``wait_projected``): one step of a history as a projector sees it."""
+
+    async def publish(events: list[pb.Event]) -> None:
+        await publish_in_order(publisher, events)
+        await wait_projected(js, subjects, pool)
+
+    return publish
+
+
 async def dump(pool: asyncpg.Pool) -> dict[str, list[tuple[Any, ...]]]:
     """Every projected table (not the offsets), rows sorted, for before/after comparisons."""
     tables = {}
@@ -275,11 +292,7 @@ def requeue_history(history: History) -> tuple[list[pb.Event], list[pb.Event]]:
 
 
 async def test_a_job_reporting_in_reduced_units_says_so_in_its_row(
-    projector: Projector,
-    publisher: EventPublisher,
-    js: JetStreamContext,
-    subjects: Subjects,
-    pool: asyncpg.Pool,
+    projector: Projector, pool: asyncpg.Pool, project: Project
 ) -> None:
     history = History("lj-melt")
     events = [
@@ -288,19 +301,13 @@ async def test_a_job_reporting_in_reduced_units_says_so_in_its_row(
         history.started(1, "n1"),
         *(history.progress(1, step, units="lj") for step in (100, 200)),
     ]
-    await publish_in_order(publisher, events)
-    await wait_projected(js, subjects, pool)
+    await project(events)
     job = await job_row(pool, history.job_id)
     assert (job["last_step"], job["units"]) == (200, "lj")
 
 
 async def test_a_successful_history_becomes_rows(
-    projector: Projector,
-    publisher: EventPublisher,
-    js: JetStreamContext,
-    subjects: Subjects,
-    pool: asyncpg.Pool,
-    database_url: str,
+    projector: Projector, pool: asyncpg.Pool, database_url: str, project: Project
 ) -> None:
     history = History("md")
     running_events = [
@@ -311,10 +318,8 @@ async def test_a_successful_history_becomes_rows(
         history.progress(1, 1000, done_reason="steps_reached"),
         history.checkpoint(1, 500),
     ]
-    await publish_in_order(publisher, running_events)
-    await wait_projected(js, subjects, pool)
-    await publish_in_order(publisher, [history.succeeded(1, final_step=1000)])
-    await wait_projected(js, subjects, pool)
+    await project(running_events)
+    await project([history.succeeded(1, final_step=1000)])
 
     job = await job_row(pool, history.job_id)
     assert job["state"] == "SUCCEEDED"
@@ -405,11 +410,7 @@ async def test_a_rejected_submit_is_recorded(
 
 
 async def test_an_attempt_without_started_starts_at_its_first_report_whatever_the_order(
-    projector: Projector,
-    publisher: EventPublisher,
-    js: JetStreamContext,
-    subjects: Subjects,
-    pool: asyncpg.Pool,
+    projector: Projector, pool: asyncpg.Pool, project: Project
 ) -> None:
     """Attempt 1 crashed before its ``started`` was published; its reports reach the
     projection only after the job moved on to attempt 2 (the order a rebuild may take). The
@@ -422,22 +423,15 @@ async def test_an_attempt_without_started_starts_at_its_first_report_whatever_th
         history.attempt_failed(1, "n1", last_step=200),
         history.requeued(2, resume_step=0, steps_lost=200),
     ]
-    await publish_in_order(publisher, jobs)
-    await wait_projected(js, subjects, pool)
-    await publish_in_order(publisher, reports)
-    await wait_projected(js, subjects, pool)
+    await project(jobs)
+    await project(reports)
     attempts = await attempt_rows(pool, history.job_id)
     assert attempts[1]["started_at"] == history.times["progress:1:100"]
 
 
 @pytest.mark.parametrize("reports_first", [False, True], ids=["jobs-first", "reports-first"])
 async def test_a_report_after_the_attempt_ended_counts_in_neither_order(
-    projector: Projector,
-    publisher: EventPublisher,
-    js: JetStreamContext,
-    subjects: Subjects,
-    pool: asyncpg.Pool,
-    reports_first: bool,
+    projector: Projector, pool: asyncpg.Pool, reports_first: bool, project: Project
 ) -> None:
     """A runner that went on after its attempt failed (it was not stopped yet) reported step
     300 after the failure. Live, the fold sees that report after the failure and fences it; a
@@ -448,8 +442,7 @@ async def test_a_report_after_the_attempt_ended_counts_in_neither_order(
     jobs.append(history.attempt_failed(1, "n1", last_step=150))
     reports.append(history.progress(1, 300))  # after the failure
     for batch in (reports, jobs) if reports_first else (jobs, reports):
-        await publish_in_order(publisher, batch)
-        await wait_projected(js, subjects, pool)
+        await project(batch)
     job = await job_row(pool, history.job_id)
     assert (job["state"], job["last_step"]) == ("RECOVERING", 200)
     assert job["last_progress_at"] == history.times["progress:1:200"]
@@ -458,12 +451,7 @@ async def test_a_report_after_the_attempt_ended_counts_in_neither_order(
 
 @pytest.mark.parametrize("reports_first", [False, True], ids=["jobs-first", "reports-first"])
 async def test_a_late_report_of_an_attempt_already_requeued_counts_in_both_orders(
-    projector: Projector,
-    publisher: EventPublisher,
-    js: JetStreamContext,
-    subjects: Subjects,
-    pool: asyncpg.Pool,
-    reports_first: bool,
+    projector: Projector, pool: asyncpg.Pool, reports_first: bool, project: Project
 ) -> None:
     """A runner cut off from the bus reported steps 100 and 200 before its node was declared
     lost, but its reports reached the log only after the job was requeued (a chaos campaign's
@@ -483,8 +471,7 @@ async def test_a_late_report_of_an_attempt_already_requeued_counts_in_both_order
     for report, at in zip(reports, (jobs[2], jobs[2]), strict=True):
         report.time.CopyFrom(at.time)
     for batch in (reports, jobs) if reports_first else (jobs, reports):
-        await publish_in_order(publisher, batch)
-        await wait_projected(js, subjects, pool)
+        await project(batch)
     attempts = await attempt_rows(pool, history.job_id)
     assert attempts[1]["last_step"] == 200
     assert (await job_row(pool, history.job_id))["attempt"] == 2
@@ -492,12 +479,7 @@ async def test_a_late_report_of_an_attempt_already_requeued_counts_in_both_order
 
 @pytest.mark.parametrize("reports_first", [False, True], ids=["jobs-first", "reports-first"])
 async def test_a_target_reached_while_a_cancel_was_on_its_way_is_the_same_in_both_orders(
-    projector: Projector,
-    publisher: EventPublisher,
-    js: JetStreamContext,
-    subjects: Subjects,
-    pool: asyncpg.Pool,
-    reports_first: bool,
+    projector: Projector, pool: asyncpg.Pool, reports_first: bool, project: Project
 ) -> None:
     """The runner reached its step target just as its cancel arrived (a chaos soak, seed
     532494194): its last report says ``steps_reached``, the job ends CANCELLED. Live, that report
@@ -520,8 +502,7 @@ async def test_a_target_reached_while_a_cancel_was_on_its_way_is_the_same_in_bot
         history.event("cancelled", pb.JobCancelled(origin=origin, message="cancelled by ann"), 1),
     ]
     for batch in ([report], jobs) if reports_first else (jobs, [report]):
-        await publish_in_order(publisher, batch)
-        await wait_projected(js, subjects, pool)
+        await project(batch)
     row = await job_row(pool, history.job_id)
     figures = (row["state"], row["done_reason"], row["last_step"])
     assert figures == ("CANCELLED", "steps_reached", 1000)
@@ -560,18 +541,12 @@ async def test_an_attempt_failing_in_the_batch_that_inserts_the_next_failed_coun
 
 
 async def test_failure_then_requeue_fills_both_attempts(
-    projector: Projector,
-    publisher: EventPublisher,
-    js: JetStreamContext,
-    subjects: Subjects,
-    pool: asyncpg.Pool,
+    projector: Projector, pool: asyncpg.Pool, project: Project
 ) -> None:
     history = History("md")
     first, second = requeue_history(history)
-    await publish_in_order(publisher, first)
-    await wait_projected(js, subjects, pool)
-    await publish_in_order(publisher, second)
-    await wait_projected(js, subjects, pool)
+    await project(first)
+    await project(second)
 
     job = await job_row(pool, history.job_id)
     assert (job["state"], job["attempt"], job["node"]) == ("SUCCEEDED", 2, "n2")
@@ -601,13 +576,10 @@ async def test_failure_then_requeue_fills_both_attempts(
 
     # A job that fails for good is FAILED, and nothing changes it afterwards.
     doomed = History("doomed")
-    await publish_in_order(
-        publisher,
-        [doomed.submitted(), doomed.bound(1, "n1"), doomed.started(1, "n1"), doomed.failed(1)],
+    await project(
+        [doomed.submitted(), doomed.bound(1, "n1"), doomed.started(1, "n1"), doomed.failed(1)]
     )
-    await wait_projected(js, subjects, pool)
-    await publish_in_order(publisher, [doomed.succeeded(1, final_step=1000)])
-    await wait_projected(js, subjects, pool)
+    await project([doomed.succeeded(1, final_step=1000)])
     row = await job_row(pool, doomed.job_id)
     assert (row["state"], row["final_reason"]) == ("FAILED", "FAILURE_UNSTABLE")
     assert row["final_message"] == "energy is NaN"
@@ -616,16 +588,11 @@ async def test_failure_then_requeue_fills_both_attempts(
 
 
 async def test_events_of_a_stale_attempt_do_not_change_the_job(
-    projector: Projector,
-    publisher: EventPublisher,
-    js: JetStreamContext,
-    subjects: Subjects,
-    pool: asyncpg.Pool,
+    projector: Projector, pool: asyncpg.Pool, project: Project
 ) -> None:
     history = History("md")
     first, _ = requeue_history(history)
-    await publish_in_order(publisher, first)
-    await wait_projected(js, subjects, pool)
+    await project(first)
     job_before = dict(await job_row(pool, history.job_id))
     attempts_before = {k: dict(v) for k, v in (await attempt_rows(pool, history.job_id)).items()}
     assert (job_before["state"], job_before["attempt"]) == ("RUNNING", 2)
@@ -639,8 +606,7 @@ async def test_events_of_a_stale_attempt_do_not_change_the_job(
         history.attempt_failed(1, "n1", last_step=950),
     ]
     # attempt_failed:1 and bound:1 repeat earlier event ids: JetStream drops them.
-    await publish_in_order(publisher, stale)
-    await wait_projected(js, subjects, pool)
+    await project(stale)
 
     assert dict(await job_row(pool, history.job_id)) == job_before
     attempts_after = {k: dict(v) for k, v in (await attempt_rows(pool, history.job_id)).items()}
@@ -653,19 +619,14 @@ async def test_events_of_a_stale_attempt_do_not_change_the_job(
 
 
 async def test_redelivery_and_replay_change_nothing(
-    publisher: EventPublisher,
-    js: JetStreamContext,
-    subjects: Subjects,
-    pool: asyncpg.Pool,
+    js: JetStreamContext, subjects: Subjects, pool: asyncpg.Pool, project: Project
 ) -> None:
     history = History("md")
     first, second = requeue_history(history)
     events = first + second
     async with running(js, subjects, pool):
-        await publish_in_order(publisher, first)
-        await wait_projected(js, subjects, pool)
-        await publish_in_order(publisher, second)
-        await wait_projected(js, subjects, pool)
+        await project(first)
+        await project(second)
         before = await dump(pool)
         assert len(before["events"]) == len(events)
 
@@ -814,11 +775,7 @@ REPORT_BODIES = {
 
 
 async def test_a_report_is_stored_once_and_the_events_view_shows_its_body(
-    projector: Projector,
-    publisher: EventPublisher,
-    js: JetStreamContext,
-    subjects: Subjects,
-    pool: asyncpg.Pool,
+    projector: Projector, subjects: Subjects, pool: asyncpg.Pool, project: Project
 ) -> None:
     """Progress goes to ``progress`` only; the ``events`` view rebuilds each report's body as
     the protobuf JSON mapping (what ``events.body`` held before revision 0003)."""
@@ -834,8 +791,7 @@ async def test_a_report_is_stored_once_and_the_events_view_shows_its_body(
         )
         for name, body in REPORT_BODIES.items()
     }
-    await publish_in_order(publisher, list(sent.values()))
-    await wait_projected(js, subjects, pool)
+    await project(list(sent.values()))
 
     assert await pool.fetchval("SELECT count(*) FROM job_events") == 0
     assert await pool.fetchval("SELECT count(*) FROM progress") == len(sent)
@@ -858,20 +814,18 @@ async def test_a_report_is_stored_once_and_the_events_view_shows_its_body(
 
 async def test_a_consumer_deleted_under_the_projector_is_recreated_at_the_offset(
     projector: Projector,
-    publisher: EventPublisher,
     js: JetStreamContext,
     subjects: Subjects,
     pool: asyncpg.Pool,
+    project: Project,
 ) -> None:
     history = History("md")
     first, second = requeue_history(history)
-    await publish_in_order(publisher, first)
-    await wait_projected(js, subjects, pool)
+    await project(first)
 
     await js.delete_consumer(subjects.jobs_stream, "watcher-jobs")
     await js.delete_consumer(subjects.progress_stream, "watcher-progress")
-    await publish_in_order(publisher, second)
-    await wait_projected(js, subjects, pool)
+    await project(second)
 
     job = await job_row(pool, history.job_id)
     assert (job["state"], job["last_step"]) == ("SUCCEEDED", 1000)
