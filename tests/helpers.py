@@ -230,6 +230,30 @@ async def events_of(
     return await read_all(js, subjects.job(job, kind))
 
 
+async def wait_for_events(
+    js: JetStreamContext,
+    subjects: Subjects,
+    kind: str,
+    job: str = "*",
+    *,
+    count: int | None = None,
+    timeout: float = 20.0,
+    what: str = "condition",
+) -> list[pb.Event]:
+    """Until the jobs log holds ``kind`` events of ``job`` (of every job with ``"*"``): exactly
+    ``count`` of them where it is given, else at least one; returns them as they were then.
+    Fails as ``wait_for`` does."""
+    found: list[pb.Event] = []
+
+    async def enough() -> bool:
+        nonlocal found
+        found = await events_of(js, subjects, kind, job)
+        return len(found) == count if count is not None else bool(found)
+
+    await wait_for(enough, timeout=timeout, what=what)
+    return found
+
+
 MARKER_PREFIX = "mk"
 """Request ids of ``placement_settled``'s marker jobs: ``mk<n>-marker``."""
 

@@ -29,6 +29,7 @@ from tests.helpers import (
     read_all,
     running,
     wait_for,
+    wait_for_events,
 )
 
 
@@ -339,10 +340,7 @@ async def test_cancelling_a_job_cancels_what_waits_for_it(nc: Client, subjects: 
         reply = await client.cancel(["ffffffffffff-first"])
         assert outcomes(reply) == {"ffffffffffff-first": ("CONTROL_DONE", "CANCELLED")}
 
-        async def chain_cancelled() -> bool:
-            return len(await events_of(js, subjects, "cancelled")) == 3
-
-        await wait_for(chain_cancelled, what="the chain cancelled")
+        await wait_for_events(js, subjects, "cancelled", count=3, what="the chain cancelled")
     by_job = {e.job_id: e.cancelled for e in await events_of(js, subjects, "cancelled")}
     assert by_job["ffffffffffff-then"].dependency == "ffffffffffff-first"
     assert by_job["ffffffffffff-last"].message == "dependency ffffffffffff-then was cancelled"

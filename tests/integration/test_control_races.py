@@ -25,6 +25,7 @@ from tests.helpers import (
     running,
     submitted,
     wait_for,
+    wait_for_events,
 )
 from tests.integration.test_control import placement_running
 from tests.integration.test_watcher_lifecycle import pod
@@ -61,15 +62,6 @@ async def crashed_once(nc: Client, subjects: Subjects, job: str) -> None:
     await bus.publish(submitted(job))
     await bus.publish(event("bound", pb.JobBound(node="n1"), job=job, attempt=1))
     await bus.publish(attempt_failed(job, pb.FAILURE_CRASHED))
-
-
-async def wait_for_event(nc: Client, subjects: Subjects, kind: str, job: str, what: str) -> None:
-    """Until the jobs log holds a ``kind`` event of ``job``."""
-
-    async def published() -> bool:
-        return bool(await events_of(nc.jetstream(), subjects, kind, job))
-
-    await wait_for(published, what=what)
 
 
 def make_recovery(nc: Client, subjects: Subjects) -> Recovery:
@@ -130,11 +122,13 @@ async def test_recovery_ends_a_stopped_or_recovering_cancel_once(
     await bus.publish(attempt_failed("r2-lost", pb.FAILURE_LOST))
     recovery = make_recovery(nc, subjects)
     async with running(recovery.run()):
-        await wait_for_event(nc, subjects, "cancelled", "r2-stopped", "the stopped job cancelled")
+        await wait_for_events(
+            js, subjects, "cancelled", "r2-stopped", what="the stopped job cancelled"
+        )
         assert await terminal_events(nc, subjects, "r2-lost") == []  # waiting for its fence
         await bus.publish(cancel_requested("r2-lost"))
-        await wait_for_event(
-            nc, subjects, "cancelled", "r2-lost", "the recovering job cancelled at once"
+        await wait_for_events(
+            js, subjects, "cancelled", "r2-lost", what="the recovering job cancelled at once"
         )
     again = make_recovery(nc, subjects)
     async with running(again.run()):
@@ -161,7 +155,7 @@ async def test_a_cancel_that_raced_a_requeue_still_ends_the_job(
     await bus.publish(event("requeued", pb.JobRequeued(), job="r3-md", attempt=2))
     backend = RecordingBackend()
     async with placement_running(nc, subjects, backend):
-        await wait_for_event(nc, subjects, "cancelled", "r3-md", "the requeued job cancelled")
+        await wait_for_events(js, subjects, "cancelled", "r3-md", what="the requeued job cancelled")
     assert backend.pods == {}
     assert await events_of(js, subjects, "bound", "r3-md") != []  # attempt 1's only
     assert [e.attempt for e in await events_of(js, subjects, "bound", "r3-md")] == [1]
@@ -239,7 +233,7 @@ async def test_a_run_past_its_max_wall_s_is_stopped_and_fails_for_good(
         assert limit.limit_exceeded.used >= 120
         # the runner checkpoints and exits on the deletion
         await backend.updates.put(pod(job, 1, pb.POD_FAILED, reason="Deleted", exit_code=5))
-        await wait_for_event(nc, subjects, "failed", job, "the job failed for good")
+        await wait_for_events(js, subjects, "failed", job, what="the job failed for good")
     [final] = await events_of(js, subjects, "failed", job)
     assert final.failed.reason == pb.FAILURE_LIMIT_EXCEEDED
     assert "its max_wall_s is 60 s" in final.failed.message

@@ -31,6 +31,7 @@ from tests.helpers import (
     running,
     submitted,
     wait_for,
+    wait_for_events,
 )
 
 
@@ -57,11 +58,7 @@ async def test_binds_pending_jobs_spread_over_nodes_with_pods(
     await bus.publish_all([submitted(f"r1-job{i}") for i in range(6)])
     backend = RecordingBackend()
     async with running(make_placement(nc, subjects, backend, data_dir).run()):
-
-        async def all_bound() -> bool:
-            return len(await events_of(js, subjects, "bound")) == 6
-
-        await wait_for(all_bound, what="6 bound events")
+        await wait_for_events(js, subjects, "bound", count=6, what="6 bound events")
     bound = await events_of(js, subjects, "bound")
     assert Counter(e.bound.node for e in bound) == {"n1": 3, "n2": 3}
     assert sorted(backend.pods) == sorted(f"mdq-r1-job{i}-1" for i in range(6))
@@ -92,11 +89,7 @@ async def test_a_pass_s_bindings_are_stored_as_one_atomic_batch(
     )
     try:
         async with running(placement.run()):
-
-            async def all_bound() -> bool:
-                return len(await events_of(js, subjects, "bound")) == 12
-
-            await wait_for(all_bound, what="12 bound events")
+            await wait_for_events(js, subjects, "bound", count=12, what="12 bound events")
     finally:
         await requests.close()
     batches: Counter[str] = Counter()
@@ -122,11 +115,7 @@ async def test_a_node_named_with_dots_is_followed_and_bound_to(
     await bus.publish_all([submitted("r1-dotted")])
     backend = RecordingBackend()
     async with running(make_placement(nc, subjects, backend, data_dir).run()):
-
-        async def bound() -> bool:
-            return len(await events_of(js, subjects, "bound")) == 1
-
-        await wait_for(bound, what="the job bound")
+        await wait_for_events(js, subjects, "bound", count=1, what="the job bound")
     [event] = await events_of(js, subjects, "bound")
     assert event.bound.node == node
     assert backend.pods["mdq-r1-dotted-1"].node == node
@@ -141,11 +130,7 @@ async def test_full_nodes_leave_jobs_pending_until_capacity_frees(
     await bus.publish_all([submitted(f"r2-j{i}") for i in range(3)])
     backend = RecordingBackend()
     async with running(make_placement(nc, subjects, backend, data_dir).run()):
-
-        async def two_bound() -> bool:
-            return len(await events_of(js, subjects, "bound")) == 2
-
-        await wait_for(two_bound, what="2 bound")
+        await wait_for_events(js, subjects, "bound", count=2, what="2 bound")
         marker = await placement_settled(js, subjects)
         bound = {e.job_id for e in await events_of(js, subjects, "bound")} - {marker}
         assert len(bound) == 2, "the third job stays pending while the node is full"
@@ -171,20 +156,15 @@ async def test_chain_waits_for_its_dependency(
     await bus.publish(submitted("r3-run", depends_on=("r3-init",)))
     backend = RecordingBackend()
     async with running(make_placement(nc, subjects, backend, data_dir).run()):
-
-        async def init_bound() -> bool:
-            return len(await events_of(js, subjects, "bound", "r3-init")) == 1
-
-        await wait_for(init_bound, what="init bound")
+        await wait_for_events(js, subjects, "bound", "r3-init", count=1, what="init bound")
         assert await events_of(js, subjects, "bound", "r3-run") == []
         await bus.publish(
             event("succeeded", pb.JobSucceeded(final_step=1), job="r3-init", attempt=1)
         )
 
-        async def run_bound() -> bool:
-            return len(await events_of(js, subjects, "bound", "r3-run")) == 1
-
-        await wait_for(run_bound, what="run bound after init succeeded")
+        await wait_for_events(
+            js, subjects, "bound", "r3-run", count=1, what="run bound after init succeeded"
+        )
     assert len(await events_of(js, subjects, "released", "r3-run")) == 1
     assert backend.pods["mdq-r3-run-1"].depends_on == ("r3-init",)
 
@@ -200,11 +180,9 @@ async def test_dependency_failure_fails_the_chain(
         event("failed", pb.JobFailed(reason=pb.FAILURE_UNSTABLE), job="r4-init", attempt=1)
     )
     async with running(make_placement(nc, subjects, RecordingBackend(), data_dir).run()):
-
-        async def run_failed() -> bool:
-            return len(await events_of(js, subjects, "failed", "r4-run")) == 1
-
-        await wait_for(run_failed, what="dependent job failed")
+        await wait_for_events(
+            js, subjects, "failed", "r4-run", count=1, what="dependent job failed"
+        )
     failure = (await events_of(js, subjects, "failed", "r4-run"))[0].failed
     assert failure.reason == pb.FAILURE_DEPENDENCY_FAILED and "r4-init" in failure.message
 
@@ -254,11 +232,7 @@ async def test_restart_binds_no_job_twice_and_repairs_missing_pods(
     second = RecordingBackend()
     await bus.publish_all([submitted(f"r6-k{i}") for i in range(10)])
     async with running(make_placement(nc, subjects, second, data_dir).run()):
-
-        async def all_bound() -> bool:
-            return len(await events_of(js, subjects, "bound")) == 50
-
-        await wait_for(all_bound, what="50 bound")
+        await wait_for_events(js, subjects, "bound", count=50, what="50 bound")
 
         async def all_pods() -> bool:
             return len(second.pods) == 50
@@ -347,11 +321,9 @@ async def test_a_submitted_event_with_an_invalid_spec_is_never_bound(
     backend = RecordingBackend()
     placement = make_placement(nc, subjects, backend, data_dir)
     async with running(placement.run()):
-
-        async def honest_bound() -> bool:
-            return len(await events_of(js, subjects, "bound", "r9-honest")) == 1
-
-        await wait_for(honest_bound, what="the valid job bound")
+        await wait_for_events(
+            js, subjects, "bound", "r9-honest", count=1, what="the valid job bound"
+        )
     assert await events_of(js, subjects, "bound", "r9-forged") == []
     assert sorted(backend.pods) == ["mdq-r9-honest-1"]
     assert placement.invalid_specs_total == 1
@@ -378,11 +350,7 @@ async def test_a_dependency_forgotten_long_ago_is_read_from_the_log(
     )
     caplog.set_level(logging.WARNING, logger="mdq.placement")
     async with running(placement.run()):
-
-        async def both_bound() -> bool:
-            return len(await events_of(js, subjects, "bound")) == 2
-
-        await wait_for(both_bound, what="the two dependencies bound")
+        await wait_for_events(js, subjects, "bound", count=2, what="the two dependencies bound")
         await bus.publish(
             event("succeeded", pb.JobSucceeded(final_step=1), job="r9-old", attempt=1)
         )
@@ -485,11 +453,7 @@ async def test_a_job_waiting_as_long_as_the_jobs_log_keeps_is_ended(
         await bus.publish(submit)
     await bus.publish(submitted("r9-young"))
     async with running(make_placement(nc, subjects, RecordingBackend(), data_dir).run()):
-
-        async def ended() -> bool:
-            return len(await events_of(js, subjects, "failed")) == 3
-
-        await wait_for(ended, what="the three old jobs to end")
+        await wait_for_events(js, subjects, "failed", count=3, what="the three old jobs to end")
     failed = {event.job_id: event.failed for event in await events_of(js, subjects, "failed")}
     assert set(failed) == {"r9-pending", "r9-waiting", "r9-never"}
     assert {failure.reason for failure in failed.values()} == {pb.FAILURE_EXPIRED}

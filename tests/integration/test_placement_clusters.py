@@ -22,6 +22,7 @@ from tests.helpers import (
     running,
     submitted,
     wait_for,
+    wait_for_events,
 )
 from tests.integration.test_placement import make_placement
 
@@ -51,11 +52,9 @@ async def test_jobs_go_to_the_clusters_they_ask_for_and_chains_follow_their_data
     )
     backend = RecordingBackend()
     async with running(make_placement(nc, subjects, backend, data_dir).run()):
-
-        async def two_bound() -> bool:
-            return len(await events_of(js, subjects, "bound")) == 2
-
-        await wait_for(two_bound, what="the two jobs a cluster admits bound")
+        await wait_for_events(
+            js, subjects, "bound", count=2, what="the two jobs a cluster admits bound"
+        )
         bound = {e.job_id: e.bound for e in await events_of(js, subjects, "bound")}
         assert bound["c1-any"].cluster == "dept"
         assert bound["c1-ib"].node == "hpc/n1" and bound["c1-ib"].cluster == "hpc"
@@ -90,9 +89,8 @@ async def test_jobs_go_to_the_clusters_they_ask_for_and_chains_follow_their_data
         await bus.publish(event("started", pb.JobStarted(node="hpc/n1"), job="c1-ib", attempt=1))
         await bus.publish(event("succeeded", pb.JobSucceeded(final_step=1), job="c1-ib", attempt=1))
 
-        async def analysis_bound() -> bool:
-            return len(await events_of(js, subjects, "bound", "c1-analyze")) == 1
-
-        await wait_for(analysis_bound, what="the analysis bound")
+        await wait_for_events(
+            js, subjects, "bound", "c1-analyze", count=1, what="the analysis bound"
+        )
         [analysis] = await events_of(js, subjects, "bound", "c1-analyze")
         assert analysis.bound.cluster == "hpc"

@@ -23,6 +23,7 @@ from tests.helpers import (
     running,
     submitted,
     wait_for,
+    wait_for_events,
 )
 from tests.integration.test_placement import make_placement
 
@@ -36,11 +37,7 @@ async def test_requeued_job_moves_off_a_lost_node_that_is_not_ready(
     await bus.publish(submitted("r7-a"))
     backend = RecordingBackend()
     async with running(make_placement(nc, subjects, backend, data_dir).run()):
-
-        async def bound1() -> bool:
-            return len(await events_of(js, subjects, "bound", "r7-a")) == 1
-
-        await wait_for(bound1, what="attempt 1 bound")
+        await wait_for_events(js, subjects, "bound", "r7-a", count=1, what="attempt 1 bound")
         first = (await events_of(js, subjects, "bound", "r7-a"))[0].bound.node
         other = "n2" if first == "n1" else "n1"
         await bus.publish(node_load(first, ready=False))
@@ -55,10 +52,9 @@ async def test_requeued_job_moves_off_a_lost_node_that_is_not_ready(
         requeue.resources.cpu, requeue.resources.memory_mb = 1, 512
         await bus.publish(event("requeued", requeue, job="r7-a", attempt=2))
 
-        async def bound2() -> bool:
-            return len(await events_of(js, subjects, "bound", "r7-a")) == 2
-
-        await wait_for(bound2, what="attempt 2 bound elsewhere")
+        await wait_for_events(
+            js, subjects, "bound", "r7-a", count=2, what="attempt 2 bound elsewhere"
+        )
     second = (await events_of(js, subjects, "bound", "r7-a"))[1]
     assert (second.attempt, second.bound.node) == (2, other)
 

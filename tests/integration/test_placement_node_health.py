@@ -22,7 +22,7 @@ from tests.helpers import (
     publisher,
     running,
     submitted,
-    wait_for,
+    wait_for_events,
 )
 from tests.integration.test_placement import make_placement
 
@@ -45,11 +45,7 @@ async def test_node_where_jobs_keep_failing_gets_no_new_work(
     await bus.publish(submitted("r8-new"))
     placement = make_placement(nc, subjects, RecordingBackend(), data_dir)
     async with running(placement.run()):
-
-        async def bound() -> bool:
-            return len(await events_of(js, subjects, "bound", "r8-new")) == 1
-
-        await wait_for(bound, what="the new job bound")
+        await wait_for_events(js, subjects, "bound", "r8-new", count=1, what="the new job bound")
     decision = (await events_of(js, subjects, "bound", "r8-new"))[0].bound
     assert decision.node == "n2"
     assert any(c.node == "n1" and c.filtered == "cordoned" for c in decision.candidates)
@@ -73,11 +69,7 @@ async def bind_one(
     await publisher(js, subjects).publish(submitted(job))
     placement = make_placement(nc, subjects, RecordingBackend(), data_dir)
     async with running(placement.run()):
-
-        async def bound() -> bool:
-            return len(await events_of(js, subjects, "bound", job)) == 1
-
-        await wait_for(bound, what=f"{job} bound")
+        await wait_for_events(js, subjects, "bound", job, count=1, what=f"{job} bound")
     return (await events_of(js, subjects, "bound", job))[0].bound, placement
 
 

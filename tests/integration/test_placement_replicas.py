@@ -33,6 +33,7 @@ from tests.helpers import (
     running,
     submitted,
     wait_for,
+    wait_for_events,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -99,10 +100,7 @@ async def test_two_replicas_with_the_lease_never_double_bind_and_hand_over(
         async with running(a.run()) as task_a, running(b.run()) as task_b:
             await bus.publish_all([submitted(f"rp1-j{i}") for i in range(150)])
 
-            async def all_bound() -> bool:
-                return len(await events_of(js, subjects, "bound")) == 150
-
-            await wait_for(all_bound, what="150 bound")
+            await wait_for_events(js, subjects, "bound", count=150, what="150 bound")
             assert sorted([a.leader, b.leader]) == [False, True]
             leader_task, leader, follower = (task_a, a, b) if a.leader else (task_b, b, a)
             assert leader.bound_total == 150 and follower.bound_total == 0
@@ -112,10 +110,9 @@ async def test_two_replicas_with_the_lease_never_double_bind_and_hand_over(
                 await leader_task
             await bus.publish_all([submitted(f"rp1-k{i}") for i in range(30)])
 
-            async def rest_bound() -> bool:
-                return len(await events_of(js, subjects, "bound")) == 180
-
-            await wait_for(rest_bound, what="30 more bound by the new leader")
+            await wait_for_events(
+                js, subjects, "bound", count=180, what="30 more bound by the new leader"
+            )
             assert follower.leader and follower.bound_total == 30
         bound = await events_of(js, subjects, "bound")
     assert_bound_once(bound, cluster)
@@ -245,10 +242,9 @@ async def test_high_priority_job_preempts_low_priority_work(
         failed = pb.AttemptFailed(reason=pb.FAILURE_EVICTED, node="n1")
         await bus.publish(event("attempt_failed", failed, job="rp4-low", attempt=1))
 
-        async def high_bound() -> bool:
-            return len(await events_of(js, subjects, "bound", "rp4-high")) == 1
-
-        await wait_for(high_bound, what="the high job bound in the freed room")
+        await wait_for_events(
+            js, subjects, "bound", "rp4-high", count=1, what="the high job bound in the freed room"
+        )
         # A later job placement must handle after everything above: once its pass has bound
         # it (bound_total counts a batch after all its publishes), no pass before it bound
         # the normal job, nor did its own.
@@ -286,11 +282,7 @@ async def test_cordoned_and_silent_nodes_are_not_chosen_and_explained(
     await bus.publish_all([cordoned, silent, node_load("good"), node_load("down", ready=False)])
     await bus.publish(submitted("rp5-a"))
     async with running(make_placement(nc, subjects, RecordingBackend(), data_dir).run()):
-
-        async def bound() -> bool:
-            return len(await events_of(js, subjects, "bound", "rp5-a")) == 1
-
-        await wait_for(bound, what="rp5-a bound")
+        await wait_for_events(js, subjects, "bound", "rp5-a", count=1, what="rp5-a bound")
     decision = (await events_of(js, subjects, "bound", "rp5-a"))[0].bound
     assert decision.node == "good"
     reasons = {c.node: c.filtered for c in decision.candidates}
@@ -326,11 +318,9 @@ async def test_without_fail_on_dependency_failure_the_chain_runs_on(
         nc, subjects, RecordingBackend(), data_dir, fail_on_dependency_failure=False
     )
     async with running(placement.run()):
-
-        async def run_bound() -> bool:
-            return len(await events_of(js, subjects, "bound", "rp6-run")) == 1
-
-        await wait_for(run_bound, what="the dependent job released and bound")
+        await wait_for_events(
+            js, subjects, "bound", "rp6-run", count=1, what="the dependent job released and bound"
+        )
     assert await events_of(js, subjects, "failed", "rp6-run") == []
     assert len(await events_of(js, subjects, "released", "rp6-run")) == 1
 

@@ -8,7 +8,7 @@ from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.recovery import RecoveryPolicy
 from services.recovery.app import Recovery
-from tests.helpers import event, events_of, publisher, running, submitted, wait_for
+from tests.helpers import event, events_of, publisher, running, submitted, wait_for, wait_for_events
 
 
 def make_recovery(nc: Client, subjects: Subjects) -> Recovery:
@@ -37,11 +37,7 @@ async def test_crash_is_requeued_once_from_the_checkpoint(nc: Client, subjects: 
     js = nc.jetstream()
     await fail_attempt(nc, subjects, "r1-md", pb.FAILURE_CRASHED, checkpoint_step=2000)
     async with running(make_recovery(nc, subjects).run()):
-
-        async def requeued() -> bool:
-            return len(await events_of(js, subjects, "requeued", "r1-md")) == 1
-
-        await wait_for(requeued, what="requeued")
+        await wait_for_events(js, subjects, "requeued", "r1-md", count=1, what="requeued")
     # A second incarnation folds the same log and must not decide again.
     second = make_recovery(nc, subjects)
     async with running(second.run()):
@@ -66,11 +62,14 @@ async def test_decision_left_unpublished_by_a_crash_is_made_after_restart(
     await fail_attempt(nc, subjects, "r2-md", pb.FAILURE_NODE_LOST)
     recovery = make_recovery(nc, subjects)
     async with running(recovery.run()):
-
-        async def requeued() -> bool:
-            return len(await events_of(js, subjects, "requeued", "r2-md")) == 1
-
-        await wait_for(requeued, what="requeued after starting on an existing backlog")
+        await wait_for_events(
+            js,
+            subjects,
+            "requeued",
+            "r2-md",
+            count=1,
+            what="requeued after starting on an existing backlog",
+        )
     body = (await events_of(js, subjects, "requeued", "r2-md"))[0].requeued
     assert list(body.avoid_nodes) == ["n1"] and not body.HasField("not_before")
 
@@ -80,10 +79,7 @@ async def test_unstable_job_fails_for_good(nc: Client, subjects: Subjects) -> No
     async with running(make_recovery(nc, subjects).run()):
         await fail_attempt(nc, subjects, "r3-md", pb.FAILURE_UNSTABLE)
 
-        async def failed() -> bool:
-            return len(await events_of(js, subjects, "failed", "r3-md")) == 1
-
-        await wait_for(failed, what="final failure")
+        await wait_for_events(js, subjects, "failed", "r3-md", count=1, what="final failure")
     assert await events_of(js, subjects, "requeued", "r3-md") == []
     final = (await events_of(js, subjects, "failed", "r3-md"))[0].failed
     assert final.reason == pb.FAILURE_UNSTABLE and "attempt 1 on n1" in final.message

@@ -20,6 +20,7 @@ from tests.helpers import (
     running,
     submitted,
     wait_for,
+    wait_for_events,
 )
 
 Made = TypeVar("Made", bound=Lifecycle)
@@ -82,18 +83,12 @@ async def test_pod_phases_become_lifecycle_events(nc: Client, subjects: Subjects
     async with running(make_lifecycle(nc, subjects, backend).run()):
         await backend.updates.put(pod("r1-md", 1, pb.POD_RUNNING))
 
-        async def started() -> bool:
-            return len(await events_of(js, subjects, "started", "r1-md")) == 1
-
-        await wait_for(started, what="started")
+        await wait_for_events(js, subjects, "started", "r1-md", count=1, what="started")
         final = pb.Progress(step=1000, target_steps=1000, done_reason="steps_reached")
         await bus.publish(event("progress", final, job="r1-md", attempt=1, detail=1000))
         await backend.updates.put(pod("r1-md", 1, pb.POD_SUCCEEDED, reason="Completed"))
 
-        async def succeeded() -> bool:
-            return len(await events_of(js, subjects, "succeeded", "r1-md")) == 1
-
-        await wait_for(succeeded, what="succeeded")
+        await wait_for_events(js, subjects, "succeeded", "r1-md", count=1, what="succeeded")
     body = (await events_of(js, subjects, "succeeded", "r1-md"))[0].succeeded
     assert (body.final_step, body.reason) == (1000, "steps_reached")
     assert len(await events_of(js, subjects, "pod", "r1-md")) == 2
@@ -114,10 +109,7 @@ async def test_a_pod_first_seen_succeeded_is_started_then_succeeded(
     async with running(make_lifecycle(nc, subjects, backend).run()):
         await backend.updates.put(pod("r4-md", 1, pb.POD_SUCCEEDED, reason="Completed"))
 
-        async def succeeded() -> bool:
-            return len(await events_of(js, subjects, "succeeded", "r4-md")) == 1
-
-        await wait_for(succeeded, what="succeeded")
+        await wait_for_events(js, subjects, "succeeded", "r4-md", count=1, what="succeeded")
     kinds = [
         e.WhichOneof("body")
         for e in await events_of(js, subjects, "*", "r4-md")
@@ -150,17 +142,13 @@ async def test_a_pod_seen_running_after_its_first_report_is_started_once(
         await wait_for(lambda: folded(JobState.RUNNING), what="the report folded first")
         await backend.updates.put(pod("r5-md", 1, pb.POD_RUNNING))
 
-        async def started() -> bool:
-            return len(await events_of(js, subjects, "started", "r5-md")) == 1
-
-        await wait_for(started, what="started")
+        await wait_for_events(js, subjects, "started", "r5-md", count=1, what="started")
         await backend.updates.put(pod("r5-md", 1, pb.POD_RUNNING))
         await backend.updates.put(pod("r5-md", 1, pb.POD_FAILED, reason="Error", exit_code=1))
 
-        async def failed() -> bool:
-            return len(await events_of(js, subjects, "attempt_failed", "r5-md")) == 1
-
-        await wait_for(failed, what="attempt_failed")
+        await wait_for_events(
+            js, subjects, "attempt_failed", "r5-md", count=1, what="attempt_failed"
+        )
     assert len(await events_of(js, subjects, "started", "r5-md")) == 1
 
 
@@ -175,10 +163,9 @@ async def test_failed_pod_is_classified_and_stale_attempts_are_fenced(
     async with running(make_lifecycle(nc, subjects, backend).run()):
         await backend.updates.put(pod("r2-md", 1, pb.POD_FAILED, exit_code=137, reason="OOMKilled"))
 
-        async def failed() -> bool:
-            return len(await events_of(js, subjects, "attempt_failed", "r2-md")) == 1
-
-        await wait_for(failed, what="attempt_failed")
+        await wait_for_events(
+            js, subjects, "attempt_failed", "r2-md", count=1, what="attempt_failed"
+        )
         requeue = pb.JobRequeued()
         requeue.resources.cpu, requeue.resources.memory_mb = 1, 768
         await bus.publish(event("requeued", requeue, job="r2-md", attempt=2))
