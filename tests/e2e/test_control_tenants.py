@@ -11,14 +11,13 @@ from pathlib import Path
 import nats.errors
 import pytest
 
-from mdq.bus.security.auth import nats_secrets_dir
 from mdq.contracts import pb
 from mdq.sdk.client import MdqClient
 from mdq.stack import Stack
-from mdq.tenancy import add_tenant
 from mdq.testing.processes import runner_pid
 from tests.e2e.test_control_stack import gone, long_job
 from tests.e2e.test_stack import request, submit_when_ready
+from tests.e2e.test_tenant_stack import stack_with_tenants
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -44,52 +43,35 @@ async def stepping(stack: Stack, job_id: str) -> int:
 async def test_a_tenant_cancels_its_own_job_and_no_one_elses(
     tmp_path: Path, database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv("NATS_URL", raising=False)
-    monkeypatch.delenv("MDQ_NATS_CREDS", raising=False)
-    state = tmp_path / "state"
-    stack = Stack(
-        state_dir=state, database_url=database_url, local_nodes=1, metrics_port=0, grace_s=5.0
-    )
-    info = await stack.start()
-    try:
-        added = {
-            tenant: await add_tenant(
-                tenant,
-                secrets=nats_secrets_dir(state),
-                nats_url=info.nats_url,
-                namespace=stack.namespace,
-                admin_creds=info.nats_admin_creds,
+    async with (
+        stack_with_tenants(tmp_path, database_url, monkeypatch, grace_s=5.0) as (
+            stack,
+            info,
+            added,
+        ),
+        await MdqClient.connect(
+            info.nats_url, stack.namespace, creds=added["alice"].creds
+        ) as alice,
+        await MdqClient.connect(info.nats_url, stack.namespace, creds=added["bob"].creds) as bob,
+    ):
+        job = long_job("mine", steps=10_000_000)
+        job["labels"] = {"team": "x"}
+        [job_id] = await submit_when_ready(alice, request(job, key="alice-ctl"))
+        pid = await stepping(stack, job_id)  # a tenant reads its own stream only: outside
+        # bob on his own subject: placement refuses, naming why
+        theirs = await bob.cancel([job_id])
+        assert [(o.result, o.state) for o in theirs.outcomes] == [(pb.CONTROL_FORBIDDEN, "")]
+        assert (await bob.hold(labels={"team": "x"})).matched == 0  # his own jobs only
+        # bob on alice's subject: the server drops it, nobody answers
+        forged = pb.ControlRequest(control_key="b", verb=pb.CONTROL_CANCEL, job_ids=[job_id])
+        with pytest.raises(nats.errors.Error):
+            await bob.nc.request(
+                bob.subjects.api_control_for("alice"), forged.SerializeToString(), timeout=2
             )
-            for tenant in ("alice", "bob")
-        }
-        async with (
-            await MdqClient.connect(
-                info.nats_url, stack.namespace, creds=added["alice"].creds
-            ) as alice,
-            await MdqClient.connect(
-                info.nats_url, stack.namespace, creds=added["bob"].creds
-            ) as bob,
-        ):
-            job = long_job("mine", steps=10_000_000)
-            job["labels"] = {"team": "x"}
-            [job_id] = await submit_when_ready(alice, request(job, key="alice-ctl"))
-            pid = await stepping(stack, job_id)  # a tenant reads its own stream only: outside
-            # bob on his own subject: placement refuses, naming why
-            theirs = await bob.cancel([job_id])
-            assert [(o.result, o.state) for o in theirs.outcomes] == [(pb.CONTROL_FORBIDDEN, "")]
-            assert (await bob.hold(labels={"team": "x"})).matched == 0  # his own jobs only
-            # bob on alice's subject: the server drops it, nobody answers
-            forged = pb.ControlRequest(control_key="b", verb=pb.CONTROL_CANCEL, job_ids=[job_id])
-            with pytest.raises(nats.errors.Error):
-                await bob.nc.request(
-                    bob.subjects.api_control_for("alice"), forged.SerializeToString(), timeout=2
-                )
-            assert runner_pid(job_id, stack.namespace) == pid  # still running
-            mine = await alice.cancel([job_id], reason="wrong input")
-            assert [o.result for o in mine.outcomes] == [pb.CONTROL_STOPPING]
-            views = await alice.wait_control("cancel", mine, timeout=120)
-            assert views[job_id].state.value == "CANCELLED"
-            assert views[job_id].final_message == "cancelled by tenant alice: wrong input"
-            await gone(pid)
-    finally:
-        await stack.stop()
+        assert runner_pid(job_id, stack.namespace) == pid  # still running
+        mine = await alice.cancel([job_id], reason="wrong input")
+        assert [o.result for o in mine.outcomes] == [pb.CONTROL_STOPPING]
+        views = await alice.wait_control("cancel", mine, timeout=120)
+        assert views[job_id].state.value == "CANCELLED"
+        assert views[job_id].final_message == "cancelled by tenant alice: wrong input"
+        await gone(pid)

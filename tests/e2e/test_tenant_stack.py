@@ -6,6 +6,8 @@ says whose it is; another tenant cannot follow it."""
 from __future__ import annotations
 
 import stat
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import asyncpg
@@ -15,22 +17,26 @@ import pytest
 from mdq.bus.security.auth import nats_secrets_dir
 from mdq.contracts import pb
 from mdq.sdk.client import MdqClient, WaitTimeout
-from mdq.stack import Stack
-from mdq.tenancy import add_tenant
+from mdq.stack import Stack, StackInfo
+from mdq.tenancy import AddedTenant, add_tenant
 from tests.e2e.test_stack import md_job, request, submit_when_ready
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.e2e
 
 
-async def test_a_tenant_runs_a_job_and_another_cannot_follow_it(
-    tmp_path: Path, database_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@asynccontextmanager
+async def stack_with_tenants(
+    tmp_path: Path, database_url: str, monkeypatch: pytest.MonkeyPatch, *, grace_s: float
+) -> AsyncIterator[tuple[Stack, StackInfo, dict[str, AddedTenant]]]:
+    """An embedded stack of one local node (its NATS authenticating every connection, none of
+    the caller's NATS settings in the environment) with the tenants alice and bob added: the
+    stack, what it started, and each tenant's credentials. Stopped when the block ends."""
     monkeypatch.delenv("NATS_URL", raising=False)
     monkeypatch.delenv("MDQ_NATS_CREDS", raising=False)
     state = tmp_path / "state"
     stack = Stack(
-        state_dir=state, database_url=database_url, local_nodes=1, metrics_port=0, grace_s=15.0
+        state_dir=state, database_url=database_url, local_nodes=1, metrics_port=0, grace_s=grace_s
     )
     info = await stack.start()
     try:
@@ -44,6 +50,19 @@ async def test_a_tenant_runs_a_job_and_another_cannot_follow_it(
             )
             for tenant in ("alice", "bob")
         }
+        yield stack, info, added
+    finally:
+        await stack.stop()
+
+
+async def test_a_tenant_runs_a_job_and_another_cannot_follow_it(
+    tmp_path: Path, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with stack_with_tenants(tmp_path, database_url, monkeypatch, grace_s=15.0) as (
+        stack,
+        info,
+        added,
+    ):
         job = request(md_job("water", steps=500), key="alice-1")
         job.submitted_by = "mallory"  # ignored: the tenant is whoever the server let submit
         async with await MdqClient.connect(
@@ -73,8 +92,6 @@ async def test_a_tenant_runs_a_job_and_another_cannot_follow_it(
                 await bob.nc.request(
                     bob.subjects.api_submit_for("alice"), as_alice.SerializeToString(), timeout=2
                 )
-    finally:
-        await stack.stop()
 
     db = await asyncpg.connect(database_url)
     try:
