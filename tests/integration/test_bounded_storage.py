@@ -18,7 +18,7 @@ submitted, never a silent loss.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 
 import pytest
@@ -55,20 +55,25 @@ def limits(monkeypatch: pytest.MonkeyPatch, **fields: str) -> StorageSettings:
     return StorageSettings()
 
 
-async def started_intake(nats_url: str, namespace: str) -> Intake:
-    common = CommonSettings.model_validate({"NATS_URL": nats_url, "namespace": namespace})
-    # the jobs log's size read before every batch: the test fills it submit by submit
-    settings = IntakeSettings(retry_delay_s=0.2, log_room_refresh_s=0.0)
-    intake = build_intake(common=common, settings=settings)
-    await intake.start()
-    return intake
+StartIntake = Callable[[], Awaitable[Intake]]
 
 
 @pytest.fixture
-async def running_intake(nats_url: str, namespace: str, nc: Client) -> AsyncIterator[list[Intake]]:
-    """Intake, started by the test once it has set its limits (``[0]``), stopped afterwards."""
+async def start_intake(nats_url: str, namespace: str, nc: Client) -> AsyncIterator[StartIntake]:
+    """Start intake on the test's bus once the test has set its limits; every intake started
+    is stopped afterwards (before the test's connection closes)."""
     services: list[Intake] = []
-    yield services
+
+    async def start() -> Intake:
+        common = CommonSettings.model_validate({"NATS_URL": nats_url, "namespace": namespace})
+        # the jobs log's size read before every batch: the test fills it submit by submit
+        settings = IntakeSettings(retry_delay_s=0.2, log_room_refresh_s=0.0)
+        intake = build_intake(common=common, settings=settings)
+        await intake.start()
+        services.append(intake)
+        return intake
+
+    yield start
     for service in services:
         await service.stop()
 
@@ -123,7 +128,7 @@ async def test_every_stream_and_bucket_gets_the_limits_of_the_settings(
     namespace: str,
     nc: Client,
     monkeypatch: pytest.MonkeyPatch,
-    running_intake: list[Intake],
+    start_intake: StartIntake,
 ) -> None:
     storage = limits(
         monkeypatch,
@@ -133,7 +138,7 @@ async def test_every_stream_and_bucket_gets_the_limits_of_the_settings(
         bucket_bytes="1MiB",
     )
     await prepare_bus(nats_url, namespace=namespace, local_backend=True, storage=storage)
-    running_intake.append(await started_intake(nats_url, namespace))  # makes its registry
+    await start_intake()  # makes its registry
     subjects = Subjects(namespace)
     js = nc.jetstream()
 
@@ -149,16 +154,11 @@ async def test_every_stream_and_bucket_gets_the_limits_of_the_settings(
 
 
 async def test_a_full_jobs_log_refuses_new_submits_and_keeps_the_accepted_ones(
-    nats_url: str,
-    namespace: str,
-    nc: Client,
-    subjects: Subjects,
-    monkeypatch: pytest.MonkeyPatch,
-    running_intake: list[Intake],
+    nc: Client, subjects: Subjects, monkeypatch: pytest.MonkeyPatch, start_intake: StartIntake
 ) -> None:
     storage = limits(monkeypatch, jobs_bytes=str(24 * KiB), jobs_high_water="0.5")
     await ensure_streams(nc.jetstream(), subjects, storage=storage)
-    running_intake.append(await started_intake(nats_url, namespace))
+    await start_intake()
     js = nc.jetstream()
 
     accepted, refusal = await submit_until_refused(nc, subjects, "fill")
@@ -205,12 +205,7 @@ async def test_a_full_jobs_log_refuses_new_submits_and_keeps_the_accepted_ones(
 
 
 async def test_a_full_submit_stream_refuses_the_publisher_and_keeps_what_it_stored(
-    nats_url: str,
-    namespace: str,
-    nc: Client,
-    subjects: Subjects,
-    monkeypatch: pytest.MonkeyPatch,
-    running_intake: list[Intake],
+    nc: Client, subjects: Subjects, monkeypatch: pytest.MonkeyPatch, start_intake: StartIntake
 ) -> None:
     storage = limits(monkeypatch, submit_bytes=str(8 * KiB))
     await ensure_streams(nc.jetstream(), subjects, storage=storage)
@@ -225,7 +220,7 @@ async def test_a_full_submit_stream_refuses_the_publisher_and_keeps_what_it_stor
                 )
     assert stored
 
-    running_intake.append(await started_intake(nats_url, namespace))
+    await start_intake()
 
     async def all_handled() -> bool:
         return sorted(await submitted_jobs(nc, subjects)) == sorted(stored)
@@ -234,16 +229,11 @@ async def test_a_full_submit_stream_refuses_the_publisher_and_keeps_what_it_stor
 
 
 async def test_a_key_used_again_after_the_duplicate_window_is_refused_by_the_log(
-    nats_url: str,
-    namespace: str,
-    nc: Client,
-    subjects: Subjects,
-    monkeypatch: pytest.MonkeyPatch,
-    running_intake: list[Intake],
+    nc: Client, subjects: Subjects, monkeypatch: pytest.MonkeyPatch, start_intake: StartIntake
 ) -> None:
     window_s = 1.5
     limits(monkeypatch, registry_days=str(window_s / DAY_S))
-    running_intake.append(await started_intake(nats_url, namespace))
+    await start_intake()
     first = await ask(nc, subjects, "campaign-1")
     assert not first.HasField("error")
     [old_job] = first.job_ids
@@ -308,15 +298,10 @@ async def test_the_registry_opens_older_buckets_with_the_duplicate_window(
 
 
 async def test_a_full_request_registry_refuses_clearly_and_a_stream_submit_waits(
-    nats_url: str,
-    namespace: str,
-    nc: Client,
-    subjects: Subjects,
-    monkeypatch: pytest.MonkeyPatch,
-    running_intake: list[Intake],
+    nc: Client, subjects: Subjects, monkeypatch: pytest.MonkeyPatch, start_intake: StartIntake
 ) -> None:
     limits(monkeypatch, registry_bytes=str(4 * KiB))
-    running_intake.append(await started_intake(nats_url, namespace))  # makes the registry
+    await start_intake()  # makes the registry
     accepted, refused = await submit_until_refused(nc, subjects, "reg")
     assert refused.field == "" and "request registry is full" in refused.message, refused
     assert "MDQ_STORAGE_REGISTRY_BYTES" in refused.message
