@@ -470,7 +470,7 @@ class Intake:
         waited_on = self._writes.jetstream()
         storage = StorageSettings()
         registry = await SubmitRegistry.open(
-            js=js, requests=requests, subjects=self.subjects, replicas=replicas, storage=storage
+            js=js, requests=requests, subjects=self.subjects, storage=storage
         )
         room = JobsLogRoom(
             self._jobs_log_size(waited_on),

@@ -17,7 +17,7 @@ from functools import cache
 
 from mdq.bus.codec import decode_submit, encode, submit_is_json, to_json
 from mdq.bus.publisher import EventPublisher
-from mdq.bus.requests import CREATE_ONLY, is_stream_full, is_wrong_last_sequence
+from mdq.bus.requests import CREATE_ONLY, Outgoing, is_stream_full, is_wrong_last_sequence
 from mdq.bus.runtime import BUDGET_KEY
 from mdq.contracts import pb
 from mdq.core.documents import printable, quoted
@@ -34,7 +34,14 @@ from mdq.core.spec import AcceptedJob, SpecError, SpecMemo, validate_key, valida
 from mdq.core.tenants import RateRefusal, RunawayLimits, apply_runaway_limits
 from mdq.forcefields import ForceFieldFolders
 from services.intake.inputs import InputsCheck
-from services.intake.registry import JOB_ID_PATTERN, Claim, SubmitRegistry
+from services.intake.registry import (
+    ACCEPTED,
+    JOB_ID_PATTERN,
+    REUSED,
+    SEEN,
+    Claim,
+    SubmitRegistry,
+)
 from services.intake.room import JobsLogRoom
 from services.intake.tenants import TenantGate
 
@@ -342,14 +349,13 @@ async def _settled(work: Awaitable[pb.SubmitReply]) -> Outcome:
         return error
 
 
-REGISTRY_FULL = SpecError(
+JOBS_LOG_FULL = SpecError(
     "",
-    "intake's request registry is full (its size limit, MDQ_STORAGE_REGISTRY_BYTES): nothing "
-    "was accepted; submit again once older keys have left the duplicate window or an operator "
-    "has raised the limit",
+    "mdq's jobs log is full (its size limit, MDQ_STORAGE_JOBS_BYTES): nothing was accepted; "
+    "submit again once old history has aged out or an operator has raised the limit",
 )
-"""The answer to a request-reply submit whose claim the full registry refused (a stream submit
-meets it as a NATS error and waits in its stream)."""
+"""The answer to a request-reply submit whose claim and events the full jobs log refused (a
+stream submit meets it as a NATS error and waits in its stream)."""
 
 
 class SubmitHandler:
@@ -564,74 +570,70 @@ class SubmitHandler:
         return await self._conflict(request, request_id, claim, content)
 
     async def _accept_together(self, ready: list[_Ready], answer: Answer) -> None:
-        """Claim and publish prepared submits as batches, releasing each request id once its
-        submit is done; a submit whose key was claimed before goes on alone."""
+        """Claim and publish prepared submits, each all or nothing and all of them in one
+        atomic batch (``SubmitRegistry.accept``), releasing each request id once its submit is
+        done; a submit whose key was claimed before, or whose jobs the log holds already,
+        goes on alone."""
         if not ready:
             return
-        outcomes: dict[int, Outcome] = {}
-        seen: list[_Ready] = []
-        reused: dict[int, _Ready] = {}
-        """Submits whose first job the log already holds (by index): answered apart."""
-        try:
-            claims = await self._registry.claim_many(
-                [(submit.request_id, submit.reply, submit.fingerprint) for submit in ready]
-            )
-            publishing: list[_Ready] = []
-            for submit, claimed in zip(ready, claims, strict=True):
-                if is_stream_full(claimed) and submit.answered_now:
-                    outcomes[submit.index] = refusal(submit.request_id, REGISTRY_FULL)
-                elif isinstance(claimed, Exception):  # a full registry: a stream submit waits
-                    outcomes[submit.index] = claimed
-                else:
-                    (publishing if claimed else seen).append(submit)
-            depth = max((len(submit.accepted) for submit in publishing), default=0)
-            for position in range(depth):  # a submit's dependencies are published first
-                round_ = [
-                    submit
-                    for submit in publishing
-                    if position < len(submit.accepted)
-                    and submit.index not in outcomes
-                    and submit.index not in reused
-                ]
-                results = await self._publisher.publish_each(
-                    [
-                        (
-                            submitted_event(
-                                self._publisher,
-                                submit.accepted[position],
-                                request=submit.request,
-                                request_id=submit.request_id,
-                            ),
-                            CREATE_ONLY,  # refused if the log holds this job already
-                        )
-                        for submit in round_
-                    ]
+        known = [submit for submit in ready if self._registry.claimed_here(submit.request_id)]
+        if known:  # retries, most likely: their claims would refuse the write
+            ready = [submit for submit in ready if submit not in known]
+        results = await asyncio.gather(
+            *(
+                self._registry.accept(
+                    request_id=submit.request_id,
+                    reply=submit.reply,
+                    fingerprint=submit.fingerprint,
+                    events=self._events_of(submit),
                 )
-                for submit, result in zip(round_, results, strict=True):
-                    if position == 0 and is_wrong_last_sequence(result):
-                        reused[submit.index] = submit  # the log holds it: sorted out below
-                    elif isinstance(result, Exception) and not is_wrong_last_sequence(result):
-                        outcomes[submit.index] = result
-            for submit in publishing:
-                if submit.index not in reused:
-                    outcomes.setdefault(submit.index, submit.reply)
-            if publishing:
-                log.info("accepted %d submit(s) together", len(publishing))
-        except Exception as error:  # the connection, say: all left fail
-            seen.clear()
-            reused.clear()
-            for submit in ready:
-                outcomes.setdefault(submit.index, error)
-        finally:
-            for submit in ready:
-                if submit.index in outcomes:
-                    self._locks.release(submit.request_id)
+                for submit in ready
+            ),
+            return_exceptions=True,
+        )
+        outcomes: dict[int, Outcome] = {}
+        seen: list[_Ready] = known
+        reused: list[_Ready] = []
+        for submit, result in zip(ready, results, strict=True):
+            if result == ACCEPTED:
+                outcomes[submit.index] = submit.reply
+            elif result == SEEN:
+                seen.append(submit)
+            elif result == REUSED:
+                reused.append(submit)
+            elif is_stream_full(result) and submit.answered_now:
+                outcomes[submit.index] = refusal(submit.request_id, JOBS_LOG_FULL)
+            elif isinstance(result, Exception):  # a full log: a stream submit waits
+                outcomes[submit.index] = result
+            else:  # cancelled, or worse: raised once the others are answered
+                outcomes[submit.index] = RuntimeError(f"accepting a submit failed: {result!r}")
+        for submit in ready:
+            if submit.index in outcomes:
+                self._locks.release(submit.request_id)
+        if accepted := sum(result == ACCEPTED for result in results):
+            log.info("accepted %d submit(s) together", accepted)
         for index, outcome in outcomes.items():
             await answer(index, outcome)
         await asyncio.gather(
             *(self._answer_seen(submit, answer) for submit in seen),
-            *(self._answer_reused(submit, answer) for submit in reused.values()),
+            *(self._answer_reused(submit, answer) for submit in reused),
         )
+        for result in results:
+            if isinstance(result, BaseException) and not isinstance(result, Exception):
+                raise result
+
+    def _events_of(self, submit: _Ready) -> list[Outgoing]:
+        """The ``submitted`` events of a submit's jobs, dependencies first, each refused if
+        the log holds its job already."""
+        return [
+            self._publisher.outgoing(
+                submitted_event(
+                    self._publisher, job, request=submit.request, request_id=submit.request_id
+                ),
+                CREATE_ONLY,
+            )
+            for job in submit.accepted
+        ]
 
     async def _answer_reused(self, submit: _Ready, answer: Answer) -> None:
         """A submit claimed anew whose first job the log already holds. Its ``submitted``
@@ -649,6 +651,9 @@ class SubmitHandler:
         request, request_id = submit.request, submit.request_id
         first = job_id(request_id, submit.accepted[0].name)
         if await self._registry.submitted_within_window(first):
+            await self._registry.overwrite(
+                request_id=request_id, reply=submit.reply, fingerprint=submit.fingerprint
+            )
             await self._publish(request, request_id=request_id, accepted=submit.accepted)
             return submit.reply
         key = request.idempotency_key
@@ -676,15 +681,7 @@ class SubmitHandler:
         """A prepared submit whose key was claimed before: the recorded reply (retries and
         replays, rare), found while still holding its request id."""
         try:
-            outcome = await _settled(
-                self._seen_before(
-                    submit.request,
-                    submit.request_id,
-                    submit.accepted,
-                    submit.reply,
-                    submit.fingerprint,
-                )
-            )
+            outcome = await _settled(self._seen_before(submit))
         finally:
             self._locks.release(submit.request_id)
         await answer(submit.index, outcome)
@@ -701,25 +698,30 @@ class SubmitHandler:
                     raise
                 # the log holds this job already (published before the crash): done
 
-    async def _seen_before(
-        self,
-        request: pb.SubmitRequest,
-        request_id: str,
-        accepted: list[AcceptedJob],
-        reply: pb.SubmitReply,
-        fingerprint: bytes,
-    ) -> pb.SubmitReply:
+    async def _seen_before(self, submit: _Ready) -> pb.SubmitReply:
         """The answer to a submit whose request id is claimed: the recorded reply, after
         publishing this submit's events if the claim is its own and they are missing; a
-        refusal if the claim is another content's."""
+        refusal if the claim is another content's. A claim gone since (it expired) is
+        claimed anew, as a submit of its own."""
+        request, request_id, accepted = submit.request, submit.request_id, submit.accepted
         claim = await self._registry.existing(request_id)
-        if claim is None:  # the record was deleted since the claim failed: claim it anew
-            await self._registry.overwrite(
-                request_id=request_id, reply=reply, fingerprint=fingerprint
+        if claim is None:
+            result = await self._registry.accept(
+                request_id=request_id,
+                reply=submit.reply,
+                fingerprint=submit.fingerprint,
+                events=self._events_of(submit),
             )
-            await self._publish(request, request_id=request_id, accepted=accepted)
-            return reply
-        if claim.fingerprint != fingerprint:
+            if result == ACCEPTED:
+                return submit.reply
+            if result == REUSED:
+                return await self._reused(submit)
+            if isinstance(result, Exception):
+                raise result
+            claim = await self._registry.existing(request_id)  # claimed meanwhile
+            if claim is None:
+                raise RuntimeError(f"the claim of {request_id} came and went")
+        if claim.fingerprint != submit.fingerprint:
             return await self._conflict(request, request_id, claim, content_of(request))
         last = job_id(request_id, accepted[-1].name)
         if await self._registry.needs_events(claim, last):

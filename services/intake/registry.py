@@ -1,6 +1,6 @@
-"""What intake remembers between submits: one claim per accepted submit in a JetStream KV
-bucket (``Subjects.intake_bucket``), written before the submit's events, and the lookups of
-dependencies and of the first submit under a key. The record and why it is a claim:
+"""What intake remembers between submits: one claim per accepted submit, stored in the jobs
+stream (``Subjects.claim``) in one atomic batch with the submit's ``submitted`` events, and the
+lookups of dependencies and of the first submit under a key. The record and why it is a claim:
 docs/intake.md, "The registry".
 """
 
@@ -9,24 +9,34 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import time
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from google.protobuf.unknown_fields import UnknownFieldSet
 from nats.js import JetStreamContext
-from nats.js.api import KeyValueConfig, StorageType
-from nats.js.errors import APIError, BucketNotFoundError
+from nats.js.errors import APIError
 
-from mdq.bus.requests import CREATE_ONLY, GroupCommit, KvEntry, Requests, is_wrong_last_sequence
+from mdq.bus.requests import (
+    CREATE_ONLY,
+    EXPECTED_LAST_SUBJECT_SEQUENCE,
+    AtomicGroupCommit,
+    Outgoing,
+    Requests,
+    is_duplicate_in_batch,
+    is_wrong_last_sequence,
+)
 from mdq.bus.storage import DAY_S, StorageSettings
-from mdq.bus.streams import await_leader, ensure_bucket_limit, ensure_replicas
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.ids import request_id_for_key, request_id_of, tenant_of
 from mdq.core.tenants import JOB_ID_PATTERN as JOB_ID_PATTERN  # the handlers use it too
 
 NO_MESSAGE_FOUND = 10037
+CLAIMED_REMEMBERED = 65_536
+"""How many claimed request ids a process remembers (``SubmitRegistry.claimed_here``)."""
 RETENTION_MARGIN = timedelta(days=1)
 """A claim this close to the jobs stream's retention may have outlived its events."""
 
@@ -35,6 +45,21 @@ FINGERPRINT_FIELD = 15
 """Field number of the content fingerprint in a claim record (not one of SubmitReply's)."""
 _FINGERPRINT_TAG = bytes([FINGERPRINT_FIELD << 3 | 2])  # length-delimited; one byte below 16
 FINGERPRINT_BYTES = 32
+
+
+ACCEPTED, SEEN, REUSED = "accepted", "seen", "reused"
+"""What ``SubmitRegistry.accept`` found: the claim and events are stored; the request id is
+claimed already (a retry, a replay, or other content under the key); or it is not, but the log
+holds one of the submit's jobs (its claim expired, or was lost)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredClaim:
+    """The latest claim record of a request id in the jobs stream, as stored."""
+
+    data: bytes
+    written_at: datetime
+    sequence: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +74,7 @@ class Claim:
 
 
 class SubmitRegistry:
-    """Idempotency records of accepted submits, kept in one KV bucket."""
+    """Idempotency records of accepted submits, kept in the jobs stream beside their events."""
 
     def __init__(
         self,
@@ -62,13 +87,18 @@ class SubmitRegistry:
     ) -> None:
         self._requests = requests
         self._subjects = subjects
-        self._bucket = subjects.intake_bucket
         self._events_retention = events_retention
         self.window_days = window_days
-        """The duplicate window: how long a claim is kept (the bucket's age limit)."""
+        """The duplicate window: how long a claim answers for its key."""
         self._lookups = asyncio.Semaphore(max_concurrent_lookups)
-        self._claims = GroupCommit(requests)
-        """Claims of the batches handled at the same time go out as one atomic batch."""
+        self._commit = AtomicGroupCommit(requests)
+        """Each submit's claim and events, all or nothing; the submits handled at the same time
+        together, as one atomic batch (one flush)."""
+        self._claimed: OrderedDict[str, float] = OrderedDict()
+        """Request ids this process found claimed, with when (``time.monotonic``), the latest
+        ``CLAIMED_REMEMBERED``: a retry of one goes to its recorded answer without a write
+        that the claim would refuse (a refused write fails the whole atomic batch it was in,
+        whose other submits are then written again)."""
 
     @classmethod
     async def open(
@@ -77,44 +107,12 @@ class SubmitRegistry:
         js: JetStreamContext,
         requests: Requests,
         subjects: Subjects,
-        replicas: int = 1,
         storage: StorageSettings | None = None,
     ) -> SubmitRegistry:
-        """Open the bucket, creating it (file storage, latest value only, direct gets,
-        ``replicas`` copies, the size and age limits of ``storage``) if it is missing, and
-        turning on direct gets and atomic batches (``Requests.publish_batch``) where they are
-        off (and raising an existing bucket's replica count, and bringing its limits up to
-        date). The jobs stream must exist: its
-        retention bounds how long a claim's events can be expected in it."""
+        """The registry of ``subjects``' namespace, whose duplicate window is ``storage``'s
+        (``MDQ_STORAGE_REGISTRY_DAYS``). The jobs stream must exist: its retention bounds how
+        long a claim's events can be expected in it."""
         storage = storage or StorageSettings()
-        window_s = storage.registry_days * DAY_S
-        bucket = subjects.intake_bucket
-        try:
-            await js.key_value(bucket)
-        except BucketNotFoundError:
-            await js.create_key_value(
-                config=KeyValueConfig(
-                    bucket=bucket,
-                    history=1,
-                    storage=StorageType.FILE,
-                    direct=True,
-                    replicas=replicas,
-                    ttl=window_s,
-                    max_bytes=int(storage.registry_bytes),
-                )
-            )
-            if replicas > 1:
-                await await_leader(js, f"KV_{bucket}")  # writable before the first claim
-        else:
-            await ensure_replicas(js, f"KV_{bucket}", replicas)
-            await ensure_bucket_limit(
-                js, bucket, max_bytes=int(storage.registry_bytes), max_age_s=window_s
-            )
-        info = await js.stream_info(f"KV_{bucket}")
-        if not (info.config.allow_direct and info.config.allow_atomic):
-            # direct gets for the lookups, atomic batches for the claims (one flush a batch)
-            info.config.allow_direct = info.config.allow_atomic = True
-            await js.update_stream(info.config)
         jobs = await js.stream_info(subjects.jobs_stream)
         max_age = jobs.config.max_age or 0.0
         retention = timedelta(seconds=max_age) if max_age > 0 else None
@@ -125,66 +123,104 @@ class SubmitRegistry:
             window_days=storage.registry_days,
         )
 
-    async def _get(self, key: str) -> bytes | None:
-        return await self._requests.kv_get(self._bucket, key)
+    async def _latest(self, request_id: str) -> StoredClaim | None:
+        """The latest claim record of ``request_id`` in the jobs stream, expired or not."""
+        found = await self._last_on(self._subjects.claim(request_id))
+        if found is None:
+            return None
+        data, written_at, sequence = found
+        return StoredClaim(data=data, written_at=written_at, sequence=sequence)
+
+    def _live(self, stored: StoredClaim | None) -> StoredClaim | None:
+        """``stored`` while it is within the duplicate window, else None (expired)."""
+        if stored is None:
+            return None
+        if datetime.now(UTC) - stored.written_at >= timedelta(days=self.window_days):
+            return None
+        return stored
+
+    def claimed_here(self, request_id: str) -> bool:
+        """Whether this process found ``request_id`` claimed within the duplicate window (a
+        hint that spares a doomed write: the claim in the jobs stream is what counts)."""
+        since = self._claimed.get(request_id)
+        return since is not None and time.monotonic() - since < self.window_days * DAY_S
+
+    def _remember(self, request_id: str) -> None:
+        self._claimed[request_id] = time.monotonic()
+        self._claimed.move_to_end(request_id)
+        if len(self._claimed) > CLAIMED_REMEMBERED:
+            self._claimed.popitem(last=False)
 
     async def reply_for(self, request_id: str) -> pb.SubmitReply | None:
         """The reply given to an earlier accepted submit with this request id, if any."""
-        data = await self._get(f"req.{request_id}")
-        return None if data is None else _parse(data)[0]
+        stored = self._live(await self._latest(request_id))
+        return None if stored is None else _parse(stored.data)[0]
 
-    async def claim(self, *, request_id: str, reply: pb.SubmitReply, fingerprint: bytes) -> bool:
-        """Record a submit about to be accepted (its reply and content fingerprint), unless its
-        request id is known: True if this call wrote the record (publish its events next),
-        False if one exists."""
-        [claimed] = await self.claim_many([(request_id, reply, fingerprint)])
-        if isinstance(claimed, Exception):
-            raise claimed
-        return claimed
-
-    async def claim_many(
-        self, submits: Sequence[tuple[str, pb.SubmitReply, bytes]]
-    ) -> list[bool | Exception]:
-        """``claim`` for many (request id, reply, fingerprint) at once, as KV creates in one
-        atomic batch shared with the other submits being claimed at that moment
-        (``GroupCommit``): each result is True (claimed), False (known), or the error of its
-        write."""
-        results = await self._claims.publish(
-            [
-                (
-                    f"$KV.{self._bucket}.req.{request_id}",
-                    claim_record(reply, fingerprint),
-                    CREATE_ONLY,
-                )
-                for request_id, reply, fingerprint in submits
-            ]
-        )
-        return [
-            False
-            if is_wrong_last_sequence(result)
-            else result
-            if isinstance(result, Exception)
-            else True
-            for result in results
-        ]
+    async def accept(
+        self,
+        *,
+        request_id: str,
+        reply: pb.SubmitReply,
+        fingerprint: bytes,
+        events: Sequence[Outgoing],
+    ) -> str | Exception:
+        """Store the claim of a submit about to be accepted (its reply and content
+        fingerprint) and then its ``events`` (create-only), as one write shared with the other
+        submits of the moment (``AtomicGroupCommit``): ``ACCEPTED``; ``SEEN`` when the request
+        id is claimed already (nothing stored); ``REUSED`` when the log holds one of the jobs
+        (the claim may be stored; the events are not all); or the error of the write (a full
+        jobs stream, a timeout; the claim may be stored without all its events, which a retry
+        completes). A claim older than the duplicate window counts as none, and is claimed
+        anew after."""
+        subject, record = self._subjects.claim(request_id), claim_record(reply, fingerprint)
+        written = await self._commit.publish([(subject, record, CREATE_ONLY), *events])
+        if written.error is None:
+            self._remember(request_id)
+            return ACCEPTED
+        if written.stored:  # the claim is stored: an event was refused
+            self._remember(request_id)
+            return REUSED if _already_there(written.error) else written.error
+        if not _already_there(written.error):
+            return written.error
+        stored = await self._latest(request_id)
+        if self._live(stored) is not None:
+            self._remember(request_id)
+            return SEEN
+        if stored is None:
+            return REUSED  # not claimed, yet one of its jobs is in the log
+        after = {EXPECTED_LAST_SUBJECT_SEQUENCE: str(stored.sequence)}  # expired: claim anew
+        again = await self._commit.publish([(subject, record, after), *events])
+        if again.error is None or again.stored:
+            self._remember(request_id)
+            if again.error is None:
+                return ACCEPTED
+            return REUSED if _already_there(again.error) else again.error
+        if not _already_there(again.error):
+            return again.error
+        latest = await self._latest(request_id)
+        if latest is not None and latest.sequence != stored.sequence:
+            self._remember(request_id)
+            return SEEN  # claimed by another submit in between
+        return REUSED
 
     async def existing(self, request_id: str) -> Claim | None:
-        """The record of ``request_id`` with its time; None if there is none (or it was
-        deleted)."""
-        entry: KvEntry | None = await self._requests.kv_entry(self._bucket, f"req.{request_id}")
-        if entry is None:
+        """The record of ``request_id`` with its time; None if there is none (or it
+        expired)."""
+        stored = self._live(await self._latest(request_id))
+        if stored is None:
             return None
-        reply, fingerprint = _parse(entry.value)
-        return Claim(reply=reply, written_at=entry.written_at, fingerprint=fingerprint)
+        reply, fingerprint = _parse(stored.data)
+        return Claim(reply=reply, written_at=stored.written_at, fingerprint=fingerprint)
 
     async def overwrite(
         self, *, request_id: str, reply: pb.SubmitReply, fingerprint: bytes
     ) -> None:
-        """Record a submit whatever the key holds (a record deleted by hand leaves a marker
-        that a create would trip over)."""
-        await self._requests.kv_put(
-            self._bucket, f"req.{request_id}", claim_record(reply, fingerprint)
+        """Record a submit whatever its request id's claim holds (the latest record is the
+        one that counts)."""
+        await self._requests.publish(
+            self._subjects.claim(request_id), claim_record(reply, fingerprint)
         )
+        self._remember(request_id)
 
     async def needs_events(self, claim: Claim, last_job_id: str) -> bool:
         """Whether a claimed submit's events must be published (again): the last of them is
@@ -224,14 +260,22 @@ class SubmitRegistry:
 
     async def _last_submitted(self, job_id: str) -> bytes | None:
         """The stored ``submitted`` event of ``job_id``, None if the log has none."""
-        request = json.dumps({"last_by_subj": self._subjects.job(job_id, "submitted")})
+        found = await self._last_on(self._subjects.job(job_id, "submitted"))
+        return None if found is None else found[0]
+
+    async def _last_on(self, subject: str) -> tuple[bytes, datetime, int] | None:
+        """The last message the jobs stream holds on ``subject``: its data, time and
+        sequence; None if there is none."""
+        request = json.dumps({"last_by_subj": subject})
         reply = await self._requests.request(
             f"$JS.API.STREAM.MSG.GET.{self._subjects.jobs_stream}", request.encode()
         )
         answer = json.loads(reply.data)
         error = answer.get("error")
         if error is None:
-            return base64.b64decode(answer["message"].get("data", ""))
+            message = answer["message"]
+            data = base64.b64decode(message.get("data", ""))
+            return data, datetime.fromisoformat(message["time"]), int(message["seq"])
         if error.get("err_code") == NO_MESSAGE_FOUND:
             return None
         raise APIError.from_error(error)
@@ -266,6 +310,12 @@ class SubmitRegistry:
 
         resolved = await asyncio.gather(*(bounded(ref) for ref in unique))
         return {ref: job for ref, job in zip(unique, resolved, strict=True) if job is not None}
+
+
+def _already_there(error: Exception) -> bool:
+    """Whether a write was refused because what it holds is in the log already: a claim or a
+    job (an expected last subject sequence), or an event within the duplicate window."""
+    return is_wrong_last_sequence(error) or is_duplicate_in_batch(error)
 
 
 def claim_record(reply: pb.SubmitReply, fingerprint: bytes) -> bytes:

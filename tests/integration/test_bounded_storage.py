@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 from functools import partial
 
 import pytest
@@ -27,16 +28,18 @@ from nats.aio.client import Client
 from nats.js.api import DiscardPolicy
 from pydantic import ByteSize
 
+from mdq.bus.publisher import EventPublisher
+from mdq.bus.requests import CREATE_ONLY, Requests, is_stream_full
 from mdq.bus.setup import prepare_bus
 from mdq.bus.storage import DAY_S, StorageSettings
-from mdq.bus.streams import ensure_bucket_limit, ensure_streams
+from mdq.bus.streams import ensure_streams
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.ids import request_id_for_key
 from mdq.sdk.client import MdqClient, SubmitRefused
 from mdq.settings import CommonSettings
 from services.intake.app import Intake, IntakeSettings, build_intake
-from services.intake.registry import SubmitRegistry
+from services.intake.registry import ACCEPTED, SubmitRegistry
 from tests import helpers
 from tests.helpers import OwnersPublisher
 
@@ -117,6 +120,8 @@ async def submitted_jobs(nc: Client, subjects: Subjects) -> list[str]:
     found = []
     for sequence in range(max(1, info.state.first_seq), info.state.last_seq + 1):
         message = await js.get_msg(subjects.jobs_stream, sequence)
+        if (message.subject or "").startswith(subjects.claim_prefix):
+            continue  # intake's claims are kept beside the events
         event = pb.Event.FromString(message.data or b"")
         if event.WhichOneof("body") == "submitted":
             found.append(event.job_id)
@@ -148,9 +153,6 @@ async def test_every_stream_and_bucket_gets_the_limits_of_the_settings(
     assert (progress.config.max_bytes, progress.config.discard) == (5 << 20, DiscardPolicy.OLD)
     for name in (subjects.tenants_bucket, subjects.pods_bucket, subjects.nodes_bucket):
         assert (await js.stream_info(f"KV_{name}")).config.max_bytes == 1 << 20, name
-    registry = (await js.stream_info(f"KV_{subjects.intake_bucket}")).config
-    assert registry.max_age == pytest.approx(2 * DAY_S)
-    assert registry.max_bytes == int(storage.registry_bytes)
 
 
 async def test_a_full_jobs_log_refuses_new_submits_and_keeps_the_accepted_ones(
@@ -237,16 +239,16 @@ async def test_a_key_used_again_after_the_duplicate_window_is_refused_by_the_log
     first = await ask(nc, subjects, "campaign-1")
     assert not first.HasField("error")
     [old_job] = first.job_ids
-    kv = await nc.jetstream().key_value(subjects.intake_bucket)
+    claim = await nc.jetstream().get_last_msg(
+        subjects.jobs_stream, subjects.claim(first.request_id)
+    )
+    assert claim.time is not None
 
     async def forgotten() -> bool:
-        try:
-            await kv.get(f"req.{first.request_id}")
-        except Exception:  # KeyNotFoundError: the claim aged out
-            return True
-        return False
+        age = datetime.now(UTC) - claim.time.replace(tzinfo=UTC)  # type: ignore[union-attr]
+        return age >= timedelta(seconds=window_s)
 
-    await eventually(forgotten, "the claim to age out of the registry")
+    await eventually(forgotten, "the claim to age out of the duplicate window")
     reused = await ask(nc, subjects, "campaign-1")
     again = await ask(nc, subjects, "campaign-1")
 
@@ -274,50 +276,48 @@ async def test_an_update_never_sets_a_size_limit_below_what_a_stream_holds(
     assert after.config.max_bytes == before.state.bytes > 4 * KiB
 
 
-async def test_the_registry_opens_older_buckets_with_the_duplicate_window(
-    nc: Client, subjects: Subjects, monkeypatch: pytest.MonkeyPatch
+async def test_a_claim_the_full_jobs_log_refuses_stores_nothing_and_goes_in_later(
+    nc: Client, subjects: Subjects
 ) -> None:
-    """A registry bucket made without an age or size limit gets both."""
-    from nats.js.api import KeyValueConfig
-
-    from mdq.bus.requests import Requests
-
+    """A submit's claim and events go into the jobs stream together: a full stream refuses
+    them all (an error that says so), and once it has room the same submit is accepted."""
     js = nc.jetstream()
-    await js.create_key_value(KeyValueConfig(bucket=subjects.intake_bucket, history=1))
+    await ensure_streams(js, subjects, storage=StorageSettings(jobs_bytes=ByteSize(4 * KiB)))
+    owners = OwnersPublisher(js=js, subjects=subjects)
+    filler = 0
+    while True:  # fill the stream to its limit
+        try:
+            await owners.emit("released", pb.JobReleased(), job_id=f"f{filler}", attempt=0)
+        except Exception as error:
+            assert "maximum bytes" in str(getattr(error, "description", error)), error
+            break
+        filler += 1
     requests = await Requests(nc).start()
     try:
-        storage = StorageSettings(registry_days=3)
-        registry = await SubmitRegistry.open(
-            js=js, requests=requests, subjects=subjects, storage=storage
+        registry = await SubmitRegistry.open(js=js, requests=requests, subjects=subjects)
+        request_id = request_id_for_key("full")
+        publisher = EventPublisher(js=requests, subjects=subjects, producer="intake")
+        event = publisher.event(
+            "submitted",
+            pb.JobSubmitted(spec=pb.JobSpec(name="md"), request_id=request_id),
+            job_id=f"{request_id}-md",
+            attempt=0,
         )
+        accept = partial(
+            registry.accept,
+            request_id=request_id,
+            reply=pb.SubmitReply(request_id=request_id, job_ids=[f"{request_id}-md"]),
+            fingerprint=bytes(32),
+            events=[publisher.outgoing(event, CREATE_ONLY)],
+        )
+        refused = await accept()
+        assert is_stream_full(refused), refused
+        assert await registry.existing(request_id) is None
+        assert f"{request_id}-md" not in await submitted_jobs(nc, subjects)
+
+        await ensure_streams(js, subjects, storage=StorageSettings(jobs_bytes=ByteSize(1 << 20)))
+        assert await accept() == ACCEPTED
+        assert await registry.existing(request_id) is not None
+        assert f"{request_id}-md" in await submitted_jobs(nc, subjects)
     finally:
         await requests.close()
-    config = (await js.stream_info(f"KV_{subjects.intake_bucket}")).config
-    assert config.max_age == pytest.approx(3 * DAY_S) and registry.window_days == 3
-    assert config.max_bytes == int(storage.registry_bytes)
-
-
-async def test_a_full_request_registry_refuses_clearly_and_a_stream_submit_waits(
-    nc: Client, subjects: Subjects, monkeypatch: pytest.MonkeyPatch, start_intake: StartIntake
-) -> None:
-    limits(monkeypatch, registry_bytes=str(4 * KiB))
-    await start_intake()  # makes the registry
-    accepted, refused = await submit_until_refused(nc, subjects, "reg")
-    assert refused.field == "" and "request registry is full" in refused.message, refused
-    assert "MDQ_STORAGE_REGISTRY_BYTES" in refused.message
-    assert accepted and await submitted_jobs(nc, subjects) == accepted
-    js = nc.jetstream()
-    await js.publish(
-        subjects.submit,
-        json.dumps({"idempotency_key": "queued", "jobs": [{"name": "md"}]}).encode(),
-    )
-    await put_back_by_intake(nc, subjects)  # it met the full registry: nak, not ack
-    queued = f"{request_id_for_key('queued')}-md"
-    assert queued not in await submitted_jobs(nc, subjects)
-
-    await ensure_bucket_limit(js, subjects.intake_bucket, max_bytes=1 << 20)  # the operator
-
-    async def handled() -> bool:
-        return queued in await submitted_jobs(nc, subjects)
-
-    await eventually(handled, "the stream submit once the registry had room")

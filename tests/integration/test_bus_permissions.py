@@ -74,7 +74,6 @@ LEASE_BUCKET = "mdq_placement"
 BUCKETS = (
     SUBJECTS.pods_bucket,
     SUBJECTS.nodes_bucket,
-    SUBJECTS.intake_bucket,
     SUBJECTS.waiting_bucket,
     SUBJECTS.tenants_bucket,
     SUBJECTS.placement_snapshot_bucket,
@@ -96,7 +95,6 @@ SHARED_STREAMS = STREAMS[:6]
 KV_WRITERS = {
     SUBJECTS.pods_bucket: {"placement", "watcher", "recovery", "agent"},
     SUBJECTS.nodes_bucket: {"agent"},
-    SUBJECTS.intake_bucket: {"intake"},
     SUBJECTS.waiting_bucket: {"placement"},
     SUBJECTS.tenants_bucket: set(),  # the admin's alone
     SUBJECTS.placement_snapshot_bucket: {"placement"},
@@ -296,6 +294,15 @@ async def test_each_identity_writes_only_the_buckets_it_may(
     refused = await attempts_of[identity].refused(list(keys.values()))
     written = {bucket for bucket, subject in keys.items() if subject not in refused}
     assert written == {bucket for bucket, writers in KV_WRITERS.items() if identity in writers}
+
+
+@pytest.mark.parametrize("identity", ATTACKERS)
+async def test_only_intake_writes_claims(attempts_of: dict[str, Attempts], identity: str) -> None:
+    """A claim is the record a retry is answered from: anyone else's could answer for jobs it
+    never made, or keep a tenant's key from being used."""
+    claims = [SUBJECTS.claim("0123456789ab"), SUBJECTS.claim(f"{TENANT}.0123456789ab")]
+    refused = await attempts_of[identity].refused(claims)
+    assert refused == (set() if identity == "intake" else set(claims))
 
 
 @pytest.mark.parametrize("identity", ATTACKERS)

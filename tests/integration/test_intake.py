@@ -33,7 +33,7 @@ from nats.js.errors import APIError
 from mdq.bus import codec
 from mdq.bus.connect import connect
 from mdq.bus.publisher import EventPublisher
-from mdq.bus.requests import Requests
+from mdq.bus.requests import CREATE_ONLY, Requests
 from mdq.bus.streams import MAX_SUBMIT_BYTES
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
@@ -45,7 +45,13 @@ from mdq.embedded import child_environment, free_port, nats_server_binary
 from mdq.settings import CommonSettings
 from services.intake import handlers
 from services.intake.app import Intake, IntakeSettings, build_intake
-from services.intake.registry import RETENTION_MARGIN, SubmitRegistry, claim_record
+from services.intake.registry import (
+    ACCEPTED,
+    RETENTION_MARGIN,
+    SEEN,
+    SubmitRegistry,
+    claim_record,
+)
 from tests import helpers
 from tests.helpers import OwnersPublisher
 
@@ -71,7 +77,8 @@ eventually = partial(helpers.eventually, within=TIMEOUT, interval=0.02)
 
 
 async def job_log(js: JetStreamContext, subjects: Subjects) -> list[tuple[str, pb.Event]]:
-    """Every event in the namespace's jobs stream, in order, with its subject."""
+    """Every event in the namespace's jobs stream, in order, with its subject (not intake's
+    claims, which the stream keeps beside them)."""
     info = await js.stream_info(subjects.jobs_stream)
     events = []
     for sequence in range(info.state.first_seq, info.state.last_seq + 1):
@@ -79,6 +86,8 @@ async def job_log(js: JetStreamContext, subjects: Subjects) -> list[tuple[str, p
             continue
         message = await js.get_msg(subjects.jobs_stream, sequence)
         assert message.data is not None
+        if (message.subject or "").startswith(subjects.claim_prefix):
+            continue
         events.append((message.subject or "", pb.Event.FromString(message.data)))
     return events
 
@@ -753,6 +762,62 @@ async def test_plain_nats_publish_of_json_is_accepted(
     assert event.submitted.request_id == request_id_for_sequence(1)
 
 
+async def test_other_content_under_a_key_at_the_same_moment_creates_nothing(
+    nats_url: str, namespace: str, nc: Client, subjects: Subjects
+) -> None:
+    """Two intakes handed the same key with other content at the same moment: the claim and
+    the events of a submit are one write, so one content's jobs are in the log and the other
+    is refused, with nothing of it stored, whichever intake took which."""
+    common = settings_for(nats_url, namespace)
+    replicas = [await started(common), await started(common)]
+    keys = [f"race-{i}" for i in range(24)]
+    try:
+        answers = await asyncio.gather(
+            *(
+                ask(nc, subjects, {"idempotency_key": key, "jobs": [{"name": name}]})
+                for key in keys
+                for name in ("left", "right")
+            )
+        )
+    finally:
+        for replica in replicas:
+            await replica.stop()
+    stored = {event.job_id for _, event in await job_log(nc.jetstream(), subjects)}
+    for index, key in enumerate(keys):
+        request_id = request_id_for_key(key)
+        left, right = answers[2 * index], answers[2 * index + 1]
+        jobs = {f"{request_id}-left", f"{request_id}-right"} & stored
+        assert len(jobs) == 1, (key, jobs)  # one content's job, never both
+        [winner] = [reply for reply in (left, right) if not reply.HasField("error")]
+        [loser] = [reply for reply in (left, right) if reply.HasField("error")]
+        assert set(winner.job_ids) == jobs
+        assert loser.error.field == "idempotency_key", loser
+
+
+async def test_other_content_under_a_key_claimed_before_a_restart_creates_nothing(
+    nats_url: str, namespace: str, nc: Client, subjects: Subjects
+) -> None:
+    """An intake that never saw the key (restarted, or another replica) writes the submit's
+    claim before its events: the claim in the log refuses the write, and the other content's
+    job is never stored."""
+    common = settings_for(nats_url, namespace)
+    first = await started(common)
+    try:
+        accepted = await ask(nc, subjects, {"idempotency_key": "k", "jobs": [{"name": "left"}]})
+    finally:
+        await first.stop()
+    fresh = await started(common)
+    try:
+        refused = await ask(nc, subjects, {"idempotency_key": "k", "jobs": [{"name": "right"}]})
+    finally:
+        await fresh.stop()
+    request_id = request_id_for_key("k")
+    assert list(accepted.job_ids) == [f"{request_id}-left"]
+    assert refused.error.field == "idempotency_key", refused
+    stored = [event.job_id for _, event in await job_log(nc.jetstream(), subjects)]
+    assert f"{request_id}-right" not in stored and f"{request_id}-left" in stored
+
+
 async def test_replicas_share_the_work(
     nats_url: str, namespace: str, nc: Client, subjects: Subjects, tap: Tap
 ) -> None:
@@ -804,8 +869,10 @@ async def test_resubmit_after_a_crash_between_publish_and_record(
 async def test_resubmit_after_a_crash_between_claim_and_publish(
     intake: Intake, nc: Client, subjects: Subjects, tap: Tap
 ) -> None:
-    """An intake that died after claiming a submit but before publishing its events left a
-    record and no events: a dependency on it is unknown, and the retry publishes the events."""
+    """An intake that died after recording a submit's claim but before publishing its events
+    (a submit completed apart from its batch: ``overwrite``, then its events one by one) left
+    a record and no events: a dependency on it is unknown, and the retry publishes the
+    events."""
     request_id = request_id_for_key("half-done")
     job_ids = [f"{request_id}-a", f"{request_id}-b"]
     submit: dict[str, object] = {
@@ -814,9 +881,10 @@ async def test_resubmit_after_a_crash_between_claim_and_publish(
     }
     fingerprint = content_of(handlers.decode_as(json.dumps(submit).encode(), "")).fingerprint
     assert fingerprint is not None  # valid content has one
-    kv = await nc.jetstream().key_value(subjects.intake_bucket)
     claimed = pb.SubmitReply(request_id=request_id, job_ids=job_ids)
-    await kv.create(f"req.{request_id}", claim_record(claimed, fingerprint))
+    await nc.jetstream().publish(
+        subjects.claim(request_id), claim_record(claimed, fingerprint), headers=CREATE_ONLY
+    )
 
     waiting = await ask(
         nc,
@@ -836,8 +904,10 @@ async def test_resubmit_after_a_crash_between_claim_and_publish(
         for _, event in events
         if event.WhichOneof("body") == "submitted" and event.job_id != marker
     ]
-    assert submitted == job_ids
-    assert len(tap.subjects) == 3  # the rejection, then a and b once
+    assert submitted == job_ids  # once each, in the log
+    # the rejection, then a and b once: the retry, alone in its write, sent its claim first,
+    # which the record refused before any of its events went out
+    assert len(tap.subjects) == 3
 
 
 async def test_an_invalid_resubmit_of_an_accepted_key_is_refused_as_a_change(
@@ -1037,10 +1107,9 @@ async def test_old_claims_are_not_completed_once_their_events_may_have_expired(
         retention = timedelta(seconds=max_age)
         reply = pb.SubmitReply(request_id="0123456789ab", job_ids=["0123456789ab-a"])
         fingerprint = bytes(range(32))
-        assert await registry.claim(request_id="0123456789ab", reply=reply, fingerprint=fingerprint)
-        assert not await registry.claim(
-            request_id="0123456789ab", reply=reply, fingerprint=bytes(32)
-        )
+        claim_it = partial(registry.accept, request_id="0123456789ab", reply=reply, events=())
+        assert await claim_it(fingerprint=fingerprint) == ACCEPTED
+        assert await claim_it(fingerprint=bytes(32)) == SEEN
         claim = await registry.existing("0123456789ab")
         assert claim is not None and claim.reply == reply
         assert claim.fingerprint == fingerprint  # the first claim's

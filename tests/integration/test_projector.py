@@ -409,6 +409,28 @@ async def test_a_rejected_submit_is_recorded(
     assert await pool.fetchval("SELECT job_id FROM events") is None
 
 
+async def test_intakes_claims_in_the_jobs_stream_are_passed_over_as_no_events(
+    projector: Projector,
+    publisher: EventPublisher,
+    js: JetStreamContext,
+    subjects: Subjects,
+    pool: asyncpg.Pool,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The jobs stream keeps intake's claims beside the events (``Subjects.claim``): the
+    projector covers their sequences without storing, counting or logging them as events."""
+    history = History("claimed")
+    await js.publish(subjects.claim("0123456789ab"), b"\x0a\x0c0123456789ab")
+    await publisher.publish(history.submitted())
+    await js.publish(subjects.claim("alice.0123456789ab"), b"not an event")
+    await wait_projected(js, subjects, pool)
+
+    assert await pool.fetchval("SELECT count(*) FROM events") == 1
+    assert (await job_row(pool, history.job_id))["state"] == "PENDING"
+    assert projector.foreign_events == 0
+    assert "skipped" not in caplog.text and "undecodable" not in caplog.text
+
+
 async def test_an_attempt_without_started_starts_at_its_first_report_whatever_the_order(
     projector: Projector, pool: asyncpg.Pool, project: Project
 ) -> None:

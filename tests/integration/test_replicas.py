@@ -22,12 +22,10 @@ from nats.js import JetStreamContext
 from nats.js.errors import APIError, ServiceUnavailableError
 
 from mdq.backends.local.records import ensure_buckets
-from mdq.bus.requests import Requests
 from mdq.bus.streams import ensure_streams, stream_configs
 from mdq.bus.subjects import Subjects
 from mdq.embedded import SHARED_FILE_STORE, EmbeddedNats, NatsCluster, start_nats
 from mdq.settings import CommonSettings
-from services.intake.registry import SubmitRegistry
 from services.placement.lease import LeaderLease
 from tests.helpers import wait_for
 
@@ -117,11 +115,6 @@ async def test_streams_and_buckets_have_three_copies(clustered: Client, namespac
     assert len(streams) == 6  # submit, jobs, progress, nodes, node summaries, copies
 
     await ensure_buckets(js, subjects, replicas=3)
-    requests = await Requests(clustered).start()
-    try:
-        await SubmitRegistry.open(js=js, requests=requests, subjects=subjects, replicas=3)
-    finally:
-        await requests.close()
     lease = LeaderLease(
         js=js, bucket=f"{namespace}_placement", holder="test", ttl_s=5.0, replicas=3
     )
@@ -129,7 +122,6 @@ async def test_streams_and_buckets_have_three_copies(clustered: Client, namespac
     buckets = [
         subjects.pods_bucket,
         subjects.nodes_bucket,
-        subjects.intake_bucket,
         f"{namespace}_placement",
     ]
     for stream in [*streams, *(f"KV_{bucket}" for bucket in buckets)]:

@@ -14,7 +14,13 @@ from nats.aio.msg import Msg
 from nats.js.api import KeyValueConfig, PubAck
 from nats.js.errors import APIError, NoStreamResponseError
 
-from mdq.bus.requests import CREATE_ONLY, MAX_ATOMIC_BATCH, GroupCommit, Requests
+from mdq.bus.requests import (
+    CREATE_ONLY,
+    MAX_ATOMIC_BATCH,
+    AtomicGroupCommit,
+    GroupCommit,
+    Requests,
+)
 from mdq.bus.subjects import Subjects
 
 
@@ -223,6 +229,102 @@ async def test_group_commit_shares_one_batch_among_callers_and_answers_each(
     )
     assert isinstance(refused[0], APIError) and refused[0].err_code in (10071, 10164)
     assert all(isinstance(result, PubAck) for result in fine)
+
+
+async def test_groups_are_stored_all_or_nothing_and_a_refused_one_keeps_no_other_out(
+    requests: Requests, nc: Client, subjects: Subjects
+) -> None:
+    """``publish_groups``: one group the server refuses (its first message's fence does not
+    hold) is stored not at all, not even its other messages; every other group is stored
+    whole, in order, each its acks."""
+    claimed = subjects.claim("0123456789ab")
+    await requests.publish(claimed, b"first")
+
+    def group(name: str, claim: str) -> list[tuple[str, bytes, dict[str, str] | None]]:
+        return [
+            (claim, name.encode(), CREATE_ONLY),
+            (subjects.job(f"{name}-a", "submitted"), b"a", CREATE_ONLY),
+            (subjects.job(f"{name}-b", "submitted"), b"b", CREATE_ONLY),
+        ]
+
+    names = ["1111111111aa", "0123456789ab", "2222222222bb", "3333333333cc", "4444444444dd"]
+    groups = [group(name, subjects.claim(name)) for name in names]
+    results = await requests.publish_groups(groups)
+
+    refused = results[1]
+    assert isinstance(refused, APIError) and refused.err_code == 10071
+    stored: list[str] = []
+    for name, result in zip(names, results, strict=True):
+        if name == "0123456789ab":
+            continue
+        assert not isinstance(result, Exception) and len(result) == 3
+        for ack in result:
+            message = await nc.jetstream().get_msg(subjects.jobs_stream, ack.seq)
+            stored.append(message.subject or "")
+    assert stored == [
+        subject
+        for name, each in zip(names, groups, strict=True)
+        if name != names[1]
+        for subject, _, _ in each
+    ]
+    info = await nc.jetstream().stream_info(subjects.jobs_stream)
+    assert info.state.messages == 1 + 4 * 3  # the first claim, and four whole groups
+
+
+async def test_a_group_alone_is_written_in_order_up_to_its_first_refusal(
+    requests: Requests, nc: Client, subjects: Subjects
+) -> None:
+    """``AtomicGroupCommit``: callers of the same moment share one atomic batch (one batch id,
+    each whole or not at all); a caller alone in its batch is written message by message and
+    learns how far it got."""
+    commit = AtomicGroupCommit(requests)
+    taken = subjects.job("0123456789ab-taken", "submitted")
+    await requests.publish(taken, b"first")
+
+    alone = await commit.publish(
+        [
+            (subjects.claim("0123456789ab"), b"claim", CREATE_ONLY),
+            (subjects.job("0123456789ab-new", "submitted"), b"new", CREATE_ONLY),
+            (taken, b"again", CREATE_ONLY),  # refused: the job is there
+            (subjects.job("0123456789ab-never", "submitted"), b"never", CREATE_ONLY),
+        ]
+    )
+    assert len(alone.stored) == 2 and isinstance(alone.error, APIError)
+    assert alone.error.err_code == 10071
+    never = await nc.jetstream().stream_info(
+        subjects.jobs_stream, subjects_filter=subjects.job("0123456789ab-never", "submitted")
+    )
+    assert not never.state.subjects  # nothing after the refusal was written
+    for ack in alone.stored:
+        stored = await nc.jetstream().get_msg(subjects.jobs_stream, ack.seq)
+        assert "Nats-Batch-Id" not in (stored.headers or {})  # one by one
+
+    def claim_and_job(name: str) -> list[tuple[str, bytes, dict[str, str] | None]]:
+        return [
+            (subjects.claim(name), b"claim", CREATE_ONLY),
+            (subjects.job(f"{name}-md", "submitted"), b"md", CREATE_ONLY),
+        ]
+
+    first, second = await asyncio.gather(
+        *(commit.publish(claim_and_job(name)) for name in ("bbbbbbbbbbbb", "cccccccccccc"))
+    )
+    assert first.error is None and second.error is None
+    batch_ids = set()
+    for ack in [*first.stored, *second.stored]:
+        stored = await nc.jetstream().get_msg(subjects.jobs_stream, ack.seq)
+        batch_ids.add((stored.headers or {}).get("Nats-Batch-Id"))
+    assert len(batch_ids) == 1 and None not in batch_ids  # one atomic batch
+
+    fine, refused = await asyncio.gather(
+        commit.publish(claim_and_job("dddddddddddd")),
+        commit.publish(claim_and_job("0123456789ab")),  # claimed above: refused whole
+    )
+    assert fine.error is None and len(fine.stored) == 2
+    assert refused.stored == [] and isinstance(refused.error, APIError)
+    nothing = await nc.jetstream().stream_info(
+        subjects.jobs_stream, subjects_filter=subjects.job("0123456789ab-md", "submitted")
+    )
+    assert not nothing.state.subjects
 
 
 async def test_publish_batch_splits_at_the_server_s_batch_limit(

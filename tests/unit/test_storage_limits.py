@@ -87,9 +87,8 @@ def test_a_tenant_stream_is_a_copy_that_drops_its_oldest() -> None:
     )
 
 
-def test_every_bucket_has_a_size_limit_and_the_registry_the_duplicate_window() -> None:
+def test_every_bucket_has_a_size_limit_and_job_controls_the_duplicate_window() -> None:
     limits = bucket_limits(SUBJECTS, SMALL)
-    assert limits.pop(SUBJECTS.intake_bucket) == (17 * MiB, 19 * DAY_S)
     assert limits.pop(SUBJECTS.control_bucket) == (17 * MiB, 19 * DAY_S)
     assert set(limits) == {
         SUBJECTS.tenants_bucket,

@@ -14,7 +14,7 @@ from google.protobuf.message import Message
 from nats.js.api import PubAck
 
 from mdq.bus.codec import encode
-from mdq.bus.requests import PUBLISH_ERRORS, GroupCommit, JetStreamPublish, Requests
+from mdq.bus.requests import PUBLISH_ERRORS, GroupCommit, JetStreamPublish, Outgoing, Requests
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.events import make_event
@@ -72,6 +72,15 @@ class EventPublisher:
             headers={"Nats-Msg-Id": event.event_id} | (headers or {}),
         )
 
+    def outgoing(self, event: pb.Event, headers: dict[str, str] | None = None) -> Outgoing:
+        """``event`` as a message to publish (its subject, bytes and headers: its id as
+        ``Nats-Msg-Id``, then ``headers``), for a batch the caller commits itself."""
+        return (
+            self._subjects.for_event(event),
+            encode(event),
+            {"Nats-Msg-Id": event.event_id} | (headers or {}),
+        )
+
     async def _bounded(self, event: pb.Event, headers: dict[str, str] | None = None) -> PubAck:
         async with self._slots:
             return await self.publish(event, headers=headers)
@@ -86,14 +95,7 @@ class EventPublisher:
         (``GroupCommit``), and cost no task per event."""
         if self._group is not None:
             return await self._group.publish(
-                [
-                    (
-                        self._subjects.for_event(event),
-                        encode(event),
-                        {"Nats-Msg-Id": event.event_id} | (headers or {}),
-                    )
-                    for event, headers in events
-                ]
+                [self.outgoing(event, headers) for event, headers in events]
             )
         results = await asyncio.gather(
             *(self._bounded(event, headers) for event, headers in events),

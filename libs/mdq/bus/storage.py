@@ -136,7 +136,7 @@ class StorageSettings(BaseSettings):
     registry_bytes: ByteSize = Field(
         default=ByteSize(512 * MiB),
         gt=0,
-        description="Intake's request registry (one record per accepted submit): size limit.",
+        description="Job control's answers (one record per control request key): size limit.",
     )
     registry_days: float = Field(
         default=30.0,

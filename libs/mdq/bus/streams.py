@@ -125,7 +125,12 @@ def stream_configs(
         StreamConfig(
             name=subjects.jobs_stream,
             # "*.>" holds the tenants' two-token job ids too; their request ids have two tokens
-            subjects=[subjects.job_all("*"), subjects.rejected("*"), subjects.rejected("*.*")],
+            subjects=[
+                subjects.job_all("*"),
+                subjects.rejected("*"),
+                subjects.rejected("*.*"),
+                *subjects.claims,  # intake's claims, stored with the submits' events
+            ],
             retention=RetentionPolicy.LIMITS,
             storage=StorageType.FILE,
             max_age=storage.jobs_days * DAY_S,
@@ -480,7 +485,6 @@ def bucket_limits(subjects: Subjects, storage: StorageSettings) -> dict[str, tup
             subjects.lease_bucket,
         )
     }
-    limits[subjects.intake_bucket] = (int(storage.registry_bytes), storage.registry_days * DAY_S)
     # job control's answers, for the same duplicate window as submits'
     limits[subjects.control_bucket] = (int(storage.registry_bytes), storage.registry_days * DAY_S)
     return limits

@@ -162,6 +162,22 @@ class Subjects:
         """The refusal of a submit (a tenant's request id has two tokens: ``alice.<hex>``)."""
         return f"{self.namespace}.rejected.{request_id}"
 
+    def claim(self, request_id: str = "*") -> str:
+        """Intake's claim of a submit's request id, stored in the jobs stream in one atomic
+        batch with the submit's ``submitted`` events: the record of an accepted submit (not an
+        event; docs/intake.md, "The registry")."""
+        return f"{self.namespace}.claim.{request_id}"
+
+    @property
+    def claims(self) -> list[str]:
+        """Every claim subject (a tenant's request id has two tokens)."""
+        return [self.claim("*"), self.claim("*.*")]
+
+    @property
+    def claim_prefix(self) -> str:
+        """What every claim subject starts with."""
+        return f"{self.namespace}.claim."
+
     def progress(self, job_id: str = "*") -> str:
         """MD progress of a job (or, with "*", of every job of the operator)."""
         return f"{self.namespace}.progress.{job_id}"
@@ -317,8 +333,3 @@ class Subjects:
         """KV bucket of placement: each job-control request's key, content and answer (what a
         resend with the same key is answered), for the duplicate window."""
         return f"{self.namespace}_control"
-
-    @property
-    def intake_bucket(self) -> str:
-        """KV bucket of intake: idempotency keys and known job ids."""
-        return f"{self.namespace}_intake"

@@ -276,7 +276,7 @@ def service_permissions(identity: str, subjects: Subjects, names: Names = Names(
         return Permissions(identity, ("$JS.>", "$KV.>", f"{subjects.namespace}.>"), (">",), True)
     if identity == "intake":
         publish += [*_durable(submit, names.intake_consumer), *_read_stream(jobs)]
-        publish += _bucket(subjects.intake_bucket, write=True, own=True)
+        publish += subjects.claims  # its claims of request ids, in the jobs stream
         # tenants' policies (the admin's), and their usage as placement counts it
         publish += _bucket(subjects.tenants_bucket, write=False)
         publish += _bucket(subjects.waiting_bucket, write=False)
@@ -498,6 +498,7 @@ def account_bridge(subjects: Subjects) -> Bridge:
         f"{subjects.namespace}.*",
         subjects.job_all("*"),
         f"{subjects.namespace}.rejected.>",
+        f"{subjects.namespace}.claim.>",
         subjects.progress_all,
         # the nodes' load reports and their summaries (NS_NODES, NS_NODE_SUMMARIES)
         f"{subjects.namespace}.node.>",

@@ -105,6 +105,9 @@ class Feed:
     """Checks of the log's continuity passed (``verify``)."""
     foreign_events: int = 0
     """Events skipped as not what they claim to be (``mdq.bus.codec.foreign_reason``)."""
+    records_prefix: str = ""
+    """Subjects starting with this hold records the stream keeps beside its events, not events
+    (intake's claims, ``Subjects.claim``): passed over ("": none)."""
 
     # -- the consumer ----------------------------------------------------------------------
     async def fetch(self, subscription: BatchFetcher) -> list[Msg]:
@@ -176,7 +179,10 @@ class Feed:
         )
 
     def decode(self, sequence: int, message: Msg) -> pb.Event | None:
-        """The event of a delivered message, or None (logged) for one not to project."""
+        """The event of a delivered message, or None (logged, unless it is a record the
+        stream keeps beside its events) for one not to project."""
+        if self.records_prefix and message.subject.startswith(self.records_prefix):
+            return None
         try:
             event = decode_event(message.data)
         except DecodeError:

@@ -70,10 +70,11 @@ class Projector:
                 batch_wait_s=batch_wait_s,
                 ack_wait_s=ack_wait_s,
                 continuity_check_s=continuity_check_s,
+                records_prefix=records,
             )
-            for stream, consumer in (
-                (subjects.jobs_stream, jobs_consumer),
-                (subjects.progress_stream, progress_consumer),
+            for stream, consumer, records in (
+                (subjects.jobs_stream, jobs_consumer, subjects.claim_prefix),
+                (subjects.progress_stream, progress_consumer, ""),
             )
         )
         self._stopping = asyncio.Event()
