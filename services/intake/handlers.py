@@ -578,7 +578,9 @@ class SubmitHandler:
             return
         known = [submit for submit in ready if self._registry.claimed_here(submit.request_id)]
         if known:  # retries, most likely: their claims would refuse the write
-            ready = [submit for submit in ready if submit not in known]
+            ready = [
+                submit for submit in ready if not self._registry.claimed_here(submit.request_id)
+            ]
         results = await asyncio.gather(
             *(
                 self._registry.accept(

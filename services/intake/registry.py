@@ -1,7 +1,7 @@
 """What intake remembers between submits: one claim per accepted submit, stored in the jobs
-stream (``Subjects.claim``) in one atomic batch with the submit's ``submitted`` events, and the
-lookups of dependencies and of the first submit under a key. The record and why it is a claim:
-docs/intake.md, "The registry".
+stream (``Subjects.claim``) in the same write as the submit's ``submitted`` events, and the
+lookups of dependencies and of the first submit under a key. The record, why it is a claim and
+how the write goes: docs/intake.md, "The registry".
 """
 
 from __future__ import annotations

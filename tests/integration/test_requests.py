@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
 
 import nats.errors
 import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.js.api import KeyValueConfig, PubAck
+from nats.js.api import PubAck
 from nats.js.errors import APIError, NoStreamResponseError
 
 from mdq.bus.requests import (
@@ -59,23 +58,6 @@ async def test_no_stream_for_the_subject(requests: Requests, namespace: str) -> 
         await requests.publish(f"{namespace}.requests.nowhere", b"x")
 
 
-async def test_key_value_reads_and_writes(requests: Requests, nc: Client, namespace: str) -> None:
-    bucket = f"{namespace}_requests"
-    kv = await nc.jetstream().create_key_value(
-        config=KeyValueConfig(bucket=bucket, history=1, direct=True)
-    )
-    await requests.kv_put(bucket, "req.a", b"reply-a")
-    await kv.put("req.b", b"reply-b")
-    await kv.put("req.c", b"gone")
-    await kv.delete("req.c")
-
-    assert await requests.kv_get(bucket, "req.a") == b"reply-a"
-    assert (await kv.get("req.a")).value == b"reply-a"
-    assert await requests.kv_get(bucket, "req.b") == b"reply-b"
-    assert await requests.kv_get(bucket, "req.c") is None  # deleted
-    assert await requests.kv_get(bucket, "req.never") is None
-
-
 async def test_a_request_nobody_answers_times_out(
     requests: Requests, nc: Client, namespace: str
 ) -> None:
@@ -88,30 +70,6 @@ async def test_a_request_nobody_answers_times_out(
 async def test_a_request_to_nobody_has_no_responders(requests: Requests, namespace: str) -> None:
     with pytest.raises(nats.errors.NoRespondersError):
         await requests.request(f"{namespace}.requests.nobody", b"hello")
-
-
-async def test_key_value_create_only_once_and_entry_time(
-    requests: Requests, nc: Client, namespace: str
-) -> None:
-    bucket = f"{namespace}_create"
-    kv = await nc.jetstream().create_key_value(
-        config=KeyValueConfig(bucket=bucket, history=1, direct=True)
-    )
-    before = datetime.now(UTC) - timedelta(seconds=5)  # the server's clock is the host's here
-    await requests.kv_create(bucket, "req.a", b"first")
-    with pytest.raises(APIError) as refused:
-        await requests.kv_create(bucket, "req.a", b"second")
-    await kv.put("req.b", b"x")
-    await kv.delete("req.b")
-    with pytest.raises(APIError):  # a delete marker is a write too
-        await requests.kv_create(bucket, "req.b", b"again")
-    entry = await requests.kv_entry(bucket, "req.a")
-
-    assert refused.value.err_code == 10071
-    assert entry is not None and entry.value == b"first"
-    assert before < entry.written_at < datetime.now(UTC) + timedelta(seconds=5)
-    assert await requests.kv_entry(bucket, "req.b") is None
-    assert await requests.kv_entry(bucket, "req.never") is None
 
 
 async def test_publish_many_gives_each_message_its_ack_or_error(

@@ -1,4 +1,4 @@
-"""JetStream publishes and KV reads for the hot paths, over one reply subscription.
+"""JetStream publishes and requests for the hot paths, over one reply subscription.
 
 ``Requests`` sends the JetStream API requests of intake and placement through one wildcard
 reply subscription, names each with a counter and times them out from one shared timer,
@@ -13,8 +13,6 @@ import itertools
 import json
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import datetime
 from typing import Generic, NamedTuple, Protocol, TypeVar
 
 import nats.errors
@@ -26,9 +24,6 @@ from nats.js.api import PubAck
 
 STATUS = "Status"
 NO_RESPONDERS = "503"
-NOT_FOUND = "404"
-KV_OPERATION = "KV-Operation"
-TIME_STAMP = "Nats-Time-Stamp"
 EXPECTED_LAST_SUBJECT_SEQUENCE = "Nats-Expected-Last-Subject-Sequence"
 CREATE_ONLY = {EXPECTED_LAST_SUBJECT_SEQUENCE: "0"}
 """Headers of a write that JetStream refuses when its subject (a KV key) was ever written."""
@@ -63,14 +58,6 @@ class JetStreamPublish(Protocol):
         stream: str | None = None,
         headers: dict[str, str] | None = None,
     ) -> PubAck: ...
-
-
-@dataclass(frozen=True, slots=True)
-class KvEntry:
-    """The latest value of a KV key and when the server stored it."""
-
-    value: bytes
-    written_at: datetime
 
 
 class Requests:
@@ -313,42 +300,6 @@ class Requests:
             headers=(headers or {})
             | {BATCH_ID: batch, BATCH_SEQUENCE: str(last + 1), BATCH_COMMIT: "1"},
         )
-
-    async def kv_get(self, bucket: str, key: str) -> bytes | None:
-        """The latest value of ``key`` in a KV bucket that allows direct gets; None if absent
-        or deleted."""
-        reply = await self._kv_direct_get(bucket, key)
-        return None if reply is None else reply.data
-
-    async def kv_entry(self, bucket: str, key: str) -> KvEntry | None:
-        """``kv_get`` with the time the value was stored (the server's clock)."""
-        reply = await self._kv_direct_get(bucket, key)
-        if reply is None:
-            return None
-        stamp = (reply.headers or {}).get(TIME_STAMP, "")
-        return KvEntry(value=reply.data, written_at=datetime.fromisoformat(stamp))
-
-    async def _kv_direct_get(self, bucket: str, key: str) -> Msg | None:
-        reply = await self.request(f"$JS.API.DIRECT.GET.KV_{bucket}.$KV.{bucket}.{key}", b"")
-        headers = reply.headers or {}
-        if headers.get(STATUS) == NOT_FOUND:
-            return None
-        if STATUS in headers:
-            raise nats.js.errors.APIError(
-                code=int(headers[STATUS]), description=headers.get("Description", "")
-            )
-        if headers.get(KV_OPERATION) in ("DEL", "PURGE"):
-            return None
-        return reply
-
-    async def kv_put(self, bucket: str, key: str, value: bytes) -> PubAck:
-        """Write ``key`` in a KV bucket (as ``KeyValue.put``)."""
-        return await self.publish(f"$KV.{bucket}.{key}", value)
-
-    async def kv_create(self, bucket: str, key: str, value: bytes) -> PubAck:
-        """Write ``key`` only if it has never been written (nor deleted): JetStream refuses it
-        otherwise with an ``APIError`` that ``is_wrong_last_sequence``."""
-        return await self.publish(f"$KV.{bucket}.{key}", value, headers=CREATE_ONLY)
 
 
 class _Committer(Generic[Result]):
