@@ -448,10 +448,12 @@ async def stored_messages(prepared: Server) -> dict[str, int]:
 
 def every_stored_subject() -> list[str]:
     """A subject of every kind some stream or bucket stores: each event kind for an
-    operator's and a tenant's job, each submit entrance, each bucket's keys."""
+    operator's and a tenant's job, each submit entrance, intake's claims, each bucket's
+    keys."""
     subjects = [event_subject(kind, job) for kind in EVENT_PRODUCERS for job in (JOB, TENANT_JOB)]
     subjects += [SUBJECTS.submit, SUBJECTS.submit_for(TENANT)]
     subjects += [SUBJECTS.copy(job, "ckpt.1.a.m") for job in (JOB, TENANT_JOB)]
+    subjects += [SUBJECTS.claim("0123456789ab"), SUBJECTS.claim(f"{TENANT}.0123456789ab")]
     return subjects + [f"$KV.{bucket}.forged-key" for bucket in BUCKETS]
 
 
