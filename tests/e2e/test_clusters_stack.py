@@ -186,7 +186,12 @@ async def test_a_whole_cluster_lost_mid_campaign_its_jobs_finish_on_the_other(
             for job_id, (attempt, _) in on_lab1.items():
                 step = resumed(job_id, attempt)
                 assert step is not None and step > 0, "resumed from its copied checkpoint"
-                latest_copy = max(c.copied.checkpoint.step for c in copies if c.job_id == job_id)
+                # the newest copy lab1's attempt made (the attempt on lab2 copies its own soon)
+                latest_copy = max(
+                    c.copied.checkpoint.step
+                    for c in copies
+                    if c.job_id == job_id and c.attempt == attempt
+                )
                 assert step == latest_copy
                 log = stack.data_dir / "pods" / f"{ids.pod_name(job_id, attempt + 1)}.log"
                 assert f"fetched the copy of checkpoint {step}" in log.read_text()
