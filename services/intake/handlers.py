@@ -576,11 +576,11 @@ class SubmitHandler:
         goes on alone."""
         if not ready:
             return
-        known = [submit for submit in ready if self._registry.claimed_here(submit.request_id)]
-        if known:  # retries, most likely: their claims would refuse the write
-            ready = [
-                submit for submit in ready if not self._registry.claimed_here(submit.request_id)
-            ]
+        known: list[_Ready] = []  # retries, most likely: their claims would refuse the write
+        fresh: list[_Ready] = []
+        for submit in ready:
+            (known if self._registry.claimed_here(submit.request_id) else fresh).append(submit)
+        ready = fresh
         results = await asyncio.gather(
             *(
                 self._registry.accept(

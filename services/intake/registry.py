@@ -23,6 +23,7 @@ from mdq.bus.requests import (
     CREATE_ONLY,
     EXPECTED_LAST_SUBJECT_SEQUENCE,
     AtomicGroupCommit,
+    GroupResult,
     Outgoing,
     Requests,
     is_duplicate_in_batch,
@@ -54,8 +55,8 @@ holds one of the submit's jobs (its claim expired, or was lost)."""
 
 
 @dataclass(frozen=True, slots=True)
-class StoredClaim:
-    """The latest claim record of a request id in the jobs stream, as stored."""
+class Stored:
+    """The last message the jobs stream holds on a subject, as stored."""
 
     data: bytes
     written_at: datetime
@@ -123,15 +124,11 @@ class SubmitRegistry:
             window_days=storage.registry_days,
         )
 
-    async def _latest(self, request_id: str) -> StoredClaim | None:
+    async def _latest(self, request_id: str) -> Stored | None:
         """The latest claim record of ``request_id`` in the jobs stream, expired or not."""
-        found = await self._last_on(self._subjects.claim(request_id))
-        if found is None:
-            return None
-        data, written_at, sequence = found
-        return StoredClaim(data=data, written_at=written_at, sequence=sequence)
+        return await self._last_on(self._subjects.claim(request_id))
 
-    def _live(self, stored: StoredClaim | None) -> StoredClaim | None:
+    def _live(self, stored: Stored | None) -> Stored | None:
         """``stored`` while it is within the duplicate window, else None (expired)."""
         if stored is None:
             return None
@@ -174,14 +171,8 @@ class SubmitRegistry:
         anew after."""
         subject, record = self._subjects.claim(request_id), claim_record(reply, fingerprint)
         written = await self._commit.publish([(subject, record, CREATE_ONLY), *events])
-        if written.error is None:
-            self._remember(request_id)
-            return ACCEPTED
-        if written.stored:  # the claim is stored: an event was refused
-            self._remember(request_id)
-            return REUSED if _already_there(written.error) else written.error
-        if not _already_there(written.error):
-            return written.error
+        if (outcome := self._outcome(request_id, written)) is not None:
+            return outcome
         stored = await self._latest(request_id)
         if self._live(stored) is not None:
             self._remember(request_id)
@@ -190,18 +181,25 @@ class SubmitRegistry:
             return REUSED  # not claimed, yet one of its jobs is in the log
         after = {EXPECTED_LAST_SUBJECT_SEQUENCE: str(stored.sequence)}  # expired: claim anew
         again = await self._commit.publish([(subject, record, after), *events])
-        if again.error is None or again.stored:
-            self._remember(request_id)
-            if again.error is None:
-                return ACCEPTED
-            return REUSED if _already_there(again.error) else again.error
-        if not _already_there(again.error):
-            return again.error
+        if (outcome := self._outcome(request_id, again)) is not None:
+            return outcome
         latest = await self._latest(request_id)
         if latest is not None and latest.sequence != stored.sequence:
             self._remember(request_id)
             return SEEN  # claimed by another submit in between
         return REUSED
+
+    def _outcome(self, request_id: str, written: GroupResult) -> str | Exception | None:
+        """What a write of a claim and its events settles: ``ACCEPTED`` (all stored),
+        ``REUSED`` (the claim stored, an event refused as in the log already) or the write's
+        error; None when nothing was stored because the claim, or one of the events, is in
+        the log already (which one: the caller looks)."""
+        if written.error is None or written.stored:  # the claim is stored
+            self._remember(request_id)
+            if written.error is None:
+                return ACCEPTED
+            return REUSED if _already_there(written.error) else written.error
+        return None if _already_there(written.error) else written.error
 
     async def existing(self, request_id: str) -> Claim | None:
         """The record of ``request_id`` with its time; None if there is none (or it
@@ -261,9 +259,9 @@ class SubmitRegistry:
     async def _last_submitted(self, job_id: str) -> bytes | None:
         """The stored ``submitted`` event of ``job_id``, None if the log has none."""
         found = await self._last_on(self._subjects.job(job_id, "submitted"))
-        return None if found is None else found[0]
+        return None if found is None else found.data
 
-    async def _last_on(self, subject: str) -> tuple[bytes, datetime, int] | None:
+    async def _last_on(self, subject: str) -> Stored | None:
         """The last message the jobs stream holds on ``subject``: its data, time and
         sequence; None if there is none."""
         request = json.dumps({"last_by_subj": subject})
@@ -274,8 +272,11 @@ class SubmitRegistry:
         error = answer.get("error")
         if error is None:
             message = answer["message"]
-            data = base64.b64decode(message.get("data", ""))
-            return data, datetime.fromisoformat(message["time"]), int(message["seq"])
+            return Stored(
+                data=base64.b64decode(message.get("data", "")),
+                written_at=datetime.fromisoformat(message["time"]),
+                sequence=int(message["seq"]),
+            )
         if error.get("err_code") == NO_MESSAGE_FOUND:
             return None
         raise APIError.from_error(error)

@@ -238,11 +238,7 @@ class Requests:
                 else:
                     results.extend(await self.publish_many(chunk, timeout_s=timeout_s))
                 continue
-            count = len(chunk)
-            results.extend(
-                PubAck(stream=last.stream, seq=last.seq - (count - 1 - index), domain=last.domain)
-                for index in range(count)
-            )
+            results.extend(_acks_up_to(last, len(chunk)))
         return results
 
     async def publish_groups(
@@ -270,14 +266,11 @@ class Requests:
             middle = len(groups) // 2
             first = await self.publish_groups(groups[:middle], timeout_s=timeout_s)
             return first + await self.publish_groups(groups[middle:], timeout_s=timeout_s)
+        acks = _acks_up_to(last, len(messages))
         results: list[list[PubAck] | Exception] = []
-        sequence = last.seq - len(messages)
         for group in groups:
-            acks = []
-            for _ in group:
-                sequence += 1
-                acks.append(PubAck(stream=last.stream, seq=sequence, domain=last.domain))
-            results.append(acks)
+            results.append(acks[: len(group)])
+            acks = acks[len(group) :]
         return results
 
     async def _atomic_batch(self, messages: Sequence[Outgoing], timeout_s: float | None) -> PubAck:
@@ -300,6 +293,15 @@ class Requests:
             headers=(headers or {})
             | {BATCH_ID: batch, BATCH_SEQUENCE: str(last + 1), BATCH_COMMIT: "1"},
         )
+
+
+def _acks_up_to(last: PubAck, count: int) -> list[PubAck]:
+    """The acks of the ``count`` messages of an atomic batch whose commit ``last`` acked: the
+    server stores them one after another, the last at ``last.seq``."""
+    first = last.seq - count + 1
+    return [
+        PubAck(stream=last.stream, seq=first + index, domain=last.domain) for index in range(count)
+    ]
 
 
 class _Committer(Generic[Result]):
