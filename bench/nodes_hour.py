@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -175,11 +176,11 @@ async def load_gaps(url: str, names: list[str], summary_s: float, seconds: float
     service = MetricsService(
         js=nc.jetstream(), subjects=SUBJECTS, backend=ManyNodes(names), settings=settings
     )
-    stop = asyncio.Event()
-    running = asyncio.create_task(service.run(stop))
+    running = asyncio.create_task(service.run())
     await asyncio.sleep(seconds)
-    stop.set()
-    await running
+    running.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await running
     await service.close()
     await listener.close()
     await nc.close()

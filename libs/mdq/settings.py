@@ -47,6 +47,13 @@ class CommonSettings(BaseSettings):
         default=Path(".mdq/data"),
         description="Root of job outputs and checkpoints (a shared volume on Kubernetes).",
     )
+    health_file: Path | None = Field(
+        default=None,
+        description=(
+            "A file the service renews every few seconds while its loop runs (``mdq.health``); "
+            "a liveness probe runs ``python -m mdq.health FILE`` against it. Unset: none."
+        ),
+    )
     runner_creds_ttl_s: float = Field(
         default=3600.0,
         ge=2.0,

@@ -45,9 +45,8 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from mdq.bus.codec import decode_event
-from mdq.bus.connect import connect
 from mdq.bus.log import IDLE_HEARTBEAT_S
-from mdq.bus.runtime import configure_logging, run_service
+from mdq.bus.runtime import Service, serve
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core import ids
@@ -57,7 +56,6 @@ from mdq.core.recovery import NOT_CHARGED, charged_to_the_job
 from mdq.core.runner_task import job_dir
 from mdq.core.spec import PRIORITY_CLASSES
 from mdq.core.state import TERMINAL_STATES
-from mdq.memory import keep_state_out_of_gc
 from mdq.sdk.client import (
     ControlRefused,
     ControlUnavailable,
@@ -66,7 +64,6 @@ from mdq.sdk.client import (
     SubmitRefused,
 )
 from mdq.sdk.jobfile import JobFileError, parse_job_text
-from mdq.settings import CommonSettings
 from mdq.sim.config import presets
 from mdq.sim.generator import GeneratorSpec
 from mdq.sim.history import HistoryTooLarge, read_history
@@ -782,11 +779,15 @@ def server_config(app: Starlette, host: str, port: int) -> uvicorn.Config:
     )
 
 
-async def serve(common: CommonSettings, settings: ConsoleSettings) -> None:
-    """Connect, follow the nodes, and serve until cancelled or told to stop."""
-    subjects = Subjects(common.namespace)
-    nc = await connect(common.nats_url, name="mdq-console", subjects=subjects, wait=True)
+async def compose(service: Service) -> None:
+    """The console on a connection of its own: the nodes it follows and the web server, as
+    parts of ``service``."""
+    common, settings, subjects = service.common, ConsoleSettings(), service.subjects
+    if not common.database_url:
+        raise SystemExit("the console needs DATABASE_URL (the read-only role's)")
+    nc = await service.connect()
     engine = create_engine(common.database_url, pool_size=4)
+    service.on_stop(engine.dispose)
     console = Console(
         engine=engine,
         nc=nc,
@@ -794,30 +795,24 @@ async def serve(common: CommonSettings, settings: ConsoleSettings) -> None:
         data_dir=common.data_dir,
         simulations=Simulations(settings.simulation_time_limit_s),
     )
-    follower = asyncio.create_task(follow_nodes(console.nodes, nc, subjects), name="nodes")
-    # the web stack's modules, templates and compiled statements are hundreds of thousands of
-    # objects that live for ever: left in the oldest generation, every full collection walked
-    # them all, a 100-150 ms pause inside one request in every ~70 (bench-console's p99)
-    freezer = asyncio.create_task(keep_state_out_of_gc(), name="gc")
     token = read_token(settings.access_token_file) if settings.access_token_file else None
     config = server_config(build_app(console, access_token=token), settings.host, settings.port)
-    server = _Server(config)
-    watcher = asyncio.create_task(_announce(server), name="announce")
+    service.part("nodes", lambda: follow_nodes(console.nodes, nc, subjects))
+    service.part("web", lambda: serve_web(_Server(config)))
+
+
+async def serve_web(server: uvicorn.Server) -> None:
+    """Serve until cancelled: then uvicorn closes its sockets and ends its requests."""
+    announcing = asyncio.create_task(_announce(server), name="announce")
     serving = asyncio.create_task(server.serve(), name="uvicorn")
     try:
         await asyncio.shield(serving)
     except asyncio.CancelledError:
-        # stopped (mdq.bus.runtime): uvicorn closes its sockets and ends its requests
         server.should_exit = True
         await serving
         raise
     finally:
-        follower.cancel()
-        watcher.cancel()
-        freezer.cancel()
-        await engine.dispose()
-        with contextlib.suppress(Exception):
-            await nc.drain()
+        announcing.cancel()
 
 
 class _Server(uvicorn.Server):
@@ -840,8 +835,4 @@ async def _announce(server: uvicorn.Server) -> None:
 
 
 def main() -> None:
-    configure_logging()
-    common = CommonSettings()
-    if not common.database_url:
-        raise SystemExit("the console needs DATABASE_URL (the read-only role's)")
-    run_service(lambda: serve(common, ConsoleSettings()))
+    serve("console", compose)

@@ -3,14 +3,19 @@
 
 from __future__ import annotations
 
-from mdq.bus.runtime import LEVEL_FORMAT, configure_logging, run_service
-from services.intake.app import build_intake
+from mdq.bus.runtime import LEVEL_FORMAT, Service, serve
+from services.intake.app import IntakeSettings, build_intake
+
+
+async def compose(service: Service) -> None:
+    # intake opens its two connections itself (the entrances' and the writes'), with the same
+    # identity and waiting as ``Service.connect``: a flood queues in the first only
+    intake = build_intake(common=service.common)
+    service.part("intake", intake.run)
 
 
 def main() -> None:
-    intake = build_intake()
-    configure_logging(intake.settings.log_level, fmt=LEVEL_FORMAT)
-    run_service(intake.run)
+    serve("intake", compose, level=IntakeSettings().log_level, fmt=LEVEL_FORMAT)
 
 
 if __name__ == "__main__":

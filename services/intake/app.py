@@ -1,9 +1,9 @@
-"""Composition root of intake: settings, the FastStream NatsBroker, and the two entrances.
+"""Composition root of intake: settings, its two connections, and the two entrances.
 
 ``subjects.submit`` through the submit stream (a durable push consumer, deliver group shared by
-replicas), ``subjects.api_submit`` by request-reply (a plain nats-py queue subscription, batches
-of requests that arrive together), and the runners' input files (``subjects.api_inputs``): how
-each is served and why, docs/intake.md ("The service and its entrances").
+replicas), ``subjects.api_submit`` by request-reply (a queue subscription, batches of requests
+that arrive together), and the runners' input files (``subjects.api_inputs``): how each is
+served and why, docs/intake.md ("The service and its entrances").
 """
 
 from __future__ import annotations
@@ -11,15 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import warnings
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import nats.errors
 import nats.js.errors
-from faststream import AckPolicy, StreamMessage
-from faststream.nats import JStream, NatsBroker
-from faststream.nats.security import NatsCredentials
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -29,20 +24,16 @@ from nats.js.kv import KeyValue
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from mdq.backoff import keep_trying, redact_url
-from mdq.bus.connect import auth_options, connect, wait_for_nats
+from mdq.bus.connect import connect
 from mdq.bus.inputs import InputDesk
-from mdq.bus.outage import NATS_NOT_READY
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.requests import Requests
 from mdq.bus.storage import StorageSettings
-from mdq.bus.streams import require_streams
 from mdq.bus.subjects import Subjects
 from mdq.bus.tenants import TenantDirectory
 from mdq.core.fair_queue import FairQueue
 from mdq.core.spec import SpecError
 from mdq.core.tenants import RunawayLimits, TenantUsage, usage_key
-from mdq.memory import keep_state_out_of_gc
 from mdq.settings import CommonSettings, LimitSettings
 from services.intake.handlers import (
     JSON_CONTENT_TYPE,
@@ -165,22 +156,6 @@ class IntakeSettings(BaseSettings):
     log_level: str = Field(default="INFO", description="Level of intake's own log.")
 
 
-async def _raw_message(message: StreamMessage[Msg]) -> Msg:
-    """Hand the nats-py message to the handler, which acknowledges it itself."""
-    return message.raw_message
-
-
-def broker_auth_options() -> dict[str, Any]:
-    """``auth_options`` for FastStream's broker: the credentials file as
-    ``security=NatsCredentials`` (its ``user_credentials`` argument is deprecated), this
-    identity's reply-inbox prefix as it is."""
-    options = auth_options()
-    credentials = options.pop("user_credentials", None)
-    if credentials is not None:
-        options["security"] = NatsCredentials(credentials)
-    return options
-
-
 class RefusalReplies:
     """Serialized "rate limit" replies, made once per message and encoding: a flood's
     refusals within a tenth of a second say the same, and JSON costs more than the rest of
@@ -201,25 +176,15 @@ class RefusalReplies:
 
 
 class Intake:
-    """The intake service: one broker, its subscribers and the handler they call."""
+    """The intake service: its entrances' subscriptions and the handler they call."""
 
     def __init__(self, *, common: CommonSettings, settings: IntakeSettings) -> None:
         self.common = common
         self.settings = settings
         self.subjects = Subjects(common.namespace)
-        self.broker = NatsBroker(
-            common.nats_url,
-            name=f"mdq-intake-{common.namespace}",
-            max_reconnect_attempts=-1,
-            log_level=logging.DEBUG,  # FastStream logs every message; keep that out of INFO
-            # through intake's own log (its default logger has a handler of its own, which
-            # would pass by the budget every service's log keeps: mdq.bus.runtime)
-            logger=logging.getLogger("services.intake.broker"),
-            # Handlers take the decoded body as it is: no dependency injection or validation
-            # per message (FastStream's costliest step here, a thread hop per message).
-            apply_types=False,
-            **broker_auth_options(),  # MDQ_NATS_CREDS: intake's own identity
-        )
+        self._entrances: Client | None = None
+        """The connection the entrances are served on (``prepare``)."""
+        self._stream_subscription: JetStreamContext.PushSubscription | None = None
         self._handler: SubmitHandler | None = None
         self._history: HistoryReader | None = None
         self._arrived: FairQueue[Msg] = FairQueue()
@@ -244,7 +209,6 @@ class Intake:
         self._tenants: TenantDirectory | None = None
         self._desk: InputDesk | None = None
         """Answers runners asking for their input files (``mdq.bus.inputs``)."""
-        self._register()
 
     @property
     def handler(self) -> SubmitHandler:
@@ -252,32 +216,25 @@ class Intake:
             raise RuntimeError("intake is not prepared: call start() or run()")
         return self._handler
 
-    def _register(self) -> None:
-        subjects, settings = self.subjects, self.settings
-
-        with warnings.catch_warnings():
-            # FastStream warns that a durable push consumer cannot scale out; with a deliver
-            # group (``queue``) it does, which test_replicas_share_the_work checks.
-            warnings.filterwarnings("ignore", message="The JetStream Push consumer with the")
-            subscribe_stream = self.broker.subscriber(
-                subjects.submit,
-                stream=JStream(subjects.submit_stream, declare=False),
-                durable=settings.durable,
-                queue=settings.durable,  # the consumer's deliver group: replicas share it
-                config=ConsumerConfig(
-                    # the operator's submits and every tenant's (``mdq.submit.<tenant>``)
-                    filter_subjects=subjects.submit_subjects,
-                    ack_wait=settings.ack_wait_s,
-                    deliver_policy=DeliverPolicy.ALL,
-                    max_ack_pending=settings.max_in_flight,
-                ),
-                ack_policy=AckPolicy.MANUAL,
-                decoder=_raw_message,
-            )
-
-        @subscribe_stream
-        async def stream_submit(raw: Msg) -> None:
-            await self.consume(raw)
+    async def serve_stream(self) -> None:
+        """Subscribe to the submit stream through intake's durable consumer: the operator's
+        submits and every tenant's, delivered to the consumer's deliver group (replicas share
+        it), one at a time per replica, acked by the handler."""
+        js = self._connection().jetstream()
+        self._stream_subscription = await js.subscribe(
+            self.subjects.submit,
+            queue=self.settings.durable,  # the consumer's deliver group
+            durable=self.settings.durable,
+            stream=self.subjects.submit_stream,
+            config=ConsumerConfig(
+                filter_subjects=self.subjects.submit_subjects,
+                ack_wait=self.settings.ack_wait_s,
+                deliver_policy=DeliverPolicy.ALL,
+                max_ack_pending=self.settings.max_in_flight,
+            ),
+            cb=self.consume,
+            manual_ack=True,
+        )
 
     def _answer(self, data: bytes, outcome: Outcome) -> tuple[bytes, dict[str, str]] | None:
         """The reply (payload, headers) to one request-reply submit, in the encoding of the
@@ -418,7 +375,9 @@ class Intake:
                 await asyncio.sleep(0.01)  # the next batch is about to start
 
     def _connection(self) -> Client:
-        return self.broker.connection
+        if self._entrances is None:
+            raise RuntimeError("intake is not prepared: call start() or run()")
+        return self._entrances
 
     async def consume(self, raw: Msg) -> None:
         """Handle one stream submit; ack it once done, nak it (retry later) on a NATS error."""
@@ -448,16 +407,14 @@ class Intake:
         While no NATS server answers, or JetStream is still starting, wait (with backoff and
         one log line per try, ``mdq.bus.connect``) rather than exit."""
         url = self.common.nats_url
-        await wait_for_nats(url)
-        connection = await self.broker.connect()
-        js = connection.jetstream()
-        replicas = self.common.stream_replicas
-        await keep_trying(
-            lambda: require_streams(js, self.subjects, replicas=replicas),
-            what="JetStream",
-            where=redact_url(url),
-            retry_on=NATS_NOT_READY,
+        connection = self._entrances = await connect(
+            url,
+            name=f"mdq-intake-{self.common.namespace}",
+            subjects=self.subjects,
+            replicas=self.common.stream_replicas,
+            wait=True,
         )
+        js = connection.jetstream()
         await self._widen_durable(js)
         # What a submit waits for (registry claims and lookups, events, the jobs log's size,
         # the tenant's usage, its input files) goes over a connection of its own: a flood on
@@ -566,17 +523,21 @@ class Intake:
     async def start(self) -> None:
         """Prepare and start consuming (for embedding, e.g. in tests)."""
         await self.prepare()
-        await self.broker.start()
+        await self.serve_stream()
         await self.serve_requests()
         # The server has our subscriptions once this returns. nats-py 2.16's flush() writes its
         # PING ahead of commands still buffered, so one flush can return before the SUBs went
         # out; the first one kicks the buffer out, the second PING follows it.
         for _ in range(2):
-            await self.broker.connection.flush()
+            await self._connection().flush()
 
     async def stop(self) -> None:
+        """Stop taking submits, finish those in hand, and close both connections."""
         await self.stop_requests()
-        await self.broker.stop()
+        if self._entrances is not None:
+            with contextlib.suppress(Exception):
+                # the stream submit in hand is handled and acked before the connection closes
+                await self._entrances.drain()
         if self._writes is not None:
             with contextlib.suppress(Exception):
                 await self._writes.drain()
@@ -585,17 +546,12 @@ class Intake:
 
     async def run(self) -> None:
         """Serve until cancelled (``mdq.bus.runtime.run_service`` cancels on SIGTERM/SIGINT),
-        then stop: the requests in hand are answered and the broker's connection drained,
-        also when the stop comes while it is still starting."""
-        # its modules and the recommender's history (read again every few minutes) live for
-        # ever: left in the oldest generation, a full collection walks them all in the middle
-        # of the submits (docs/architecture.md, "Short garbage-collector pauses")
-        freezer = asyncio.create_task(keep_state_out_of_gc(), name="gc")
+        then stop: the requests in hand are answered and the connections drained, also when
+        the stop comes while it is still starting."""
         try:
             await self.start()
             await asyncio.Future()  # until cancelled
         finally:
-            freezer.cancel()
             await self.stop()
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,16 +26,14 @@ from prometheus_client.exposition import ThreadingWSGIServer
 
 from mdq.backends.factory import make_backend
 from mdq.backends.port import ClusterBackend, NodeSample
-from mdq.bus.connect import connect
 from mdq.bus.log import follow_log, raise_if_cancelling
 from mdq.bus.outage import warn_try_failed
 from mdq.bus.publisher import EventPublisher
-from mdq.bus.runtime import LEVEL_FORMAT, configure_logging, run_service
+from mdq.bus.runtime import LEVEL_FORMAT, Service, run_parts, serve
 from mdq.bus.security.auth import WsgiApp, bearer_guard
 from mdq.bus.subjects import Subjects
 from mdq.bus.tenants import read_tenant_usages
 from mdq.contracts import pb
-from mdq.settings import CommonSettings
 from services.metrics.exporter import Exporter
 from services.metrics.folding import JobCounts, LifecycleClock, LoadSummaries, ProgressBoard
 from services.metrics.settings import MetricsSettings
@@ -177,7 +174,7 @@ async def _nothing() -> None:
 
 
 class MetricsService:
-    """The running service; ``run`` until ``stop`` is set."""
+    """The running service; ``run`` until cancelled."""
 
     def __init__(
         self,
@@ -240,40 +237,30 @@ class MetricsService:
             thread.join(timeout=5)
             self._http = None
 
-    async def run(self, stop: asyncio.Event) -> None:
+    async def run(self) -> None:
+        """Serve /metrics, sample the nodes and follow the jobs and progress logs until
+        cancelled (or until one of them fails, with its error)."""
         self.start_http()
-        loops = {
-            asyncio.create_task(self._sample_forever(), name="sample-nodes"),
-            asyncio.create_task(
-                follow_log(
-                    self._js,
-                    self._subjects.job_all("*"),
-                    on_event=self._followers.on_job_event,
-                    on_caught_up=_nothing,
-                ),
-                name="jobs-log",
-            ),
-            asyncio.create_task(
-                follow_log(
-                    self._js,
-                    self._subjects.progress_all,
-                    on_event=self._followers.on_progress,
-                    on_caught_up=_nothing,
-                    deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
-                ),
-                name="progress",
-            ),
-        }
-        stopping = asyncio.create_task(stop.wait())
         try:
-            done, _ = await asyncio.wait({*loops, stopping}, return_when=asyncio.FIRST_COMPLETED)
-            for task in done - {stopping}:
-                task.result()  # a loop that ended on its own failed
+            await run_parts(
+                {
+                    "sample-nodes": self._sample_forever(),
+                    "jobs-log": follow_log(
+                        self._js,
+                        self._subjects.job_all("*"),
+                        on_event=self._followers.on_job_event,
+                        on_caught_up=_nothing,
+                    ),
+                    "progress": follow_log(
+                        self._js,
+                        self._subjects.progress_all,
+                        on_event=self._followers.on_progress,
+                        on_caught_up=_nothing,
+                        deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+                    ),
+                }
+            )
         finally:
-            stopping.cancel()
-            for task in loops:
-                task.cancel()
-            await asyncio.gather(*loops, return_exceptions=True)
             self.stop_http()
 
     async def close(self) -> None:
@@ -363,29 +350,18 @@ class _Quiet(WSGIRequestHandler):
         return None
 
 
-async def serve(common: CommonSettings, settings: MetricsSettings) -> None:
-    """Connect, run until SIGTERM/SIGINT, close."""
-    replicas = common.stream_replicas
-    subjects = Subjects(common.namespace)
-    nc = await connect(
-        common.nats_url,
-        name="mdq-metrics",
-        subjects=subjects,
-        replicas=replicas,
-        wait=True,
+async def compose(service: Service) -> None:
+    """The metrics service on a connection of its own, as a part of ``service``."""
+    nc = await service.connect()
+    metrics = await build(
+        nc=nc,
+        subjects=service.subjects,
+        settings=MetricsSettings(),
+        replicas=service.common.stream_replicas,
     )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    service = await build(nc=nc, subjects=subjects, settings=settings, replicas=replicas)
-    try:
-        await service.run(stop)
-    finally:
-        await service.close()
-        await nc.drain()
+    service.on_stop(metrics.close)
+    service.part("metrics", metrics.run)
 
 
 def main() -> None:
-    configure_logging(fmt=LEVEL_FORMAT)
-    run_service(lambda: serve(CommonSettings(), MetricsSettings()))
+    serve("metrics", compose, fmt=LEVEL_FORMAT)

@@ -6,26 +6,20 @@ import os
 from pathlib import Path
 
 from mdq.backends.factory import make_backend
-from mdq.bus.connect import connect
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.requests import Requests
-from mdq.bus.runtime import configure_logging, run_service
+from mdq.bus.runtime import Service, serve
 from mdq.bus.security.auth import RUNNER_ISSUER_ENV, RunnerIssuer
 from mdq.bus.security.runner_creds import RenewalDesk, log_verdict
 from mdq.bus.storage import StorageSettings
-from mdq.bus.subjects import Subjects
-from mdq.settings import CommonSettings
 from services.placement.app import Placement
 from services.placement.settings import PlacementSettings
 
 
-async def main() -> None:
-    common, settings = CommonSettings(), PlacementSettings()
-    subjects = Subjects(common.namespace)
+async def compose(service: Service) -> None:
+    common, settings, subjects = service.common, PlacementSettings(), service.subjects
     replicas = common.stream_replicas
-    nc = await connect(
-        common.nats_url, name="mdq-placement", subjects=subjects, replicas=replicas, wait=True
-    )
+    nc = await service.connect()
     js = nc.jetstream()
     requests = await Requests(nc).start()
     found = os.environ.get(RUNNER_ISSUER_ENV)
@@ -41,6 +35,7 @@ async def main() -> None:
         runner_issuer=issuer_path,
         runner_creds_ttl_s=common.runner_creds_ttl_s,
     )
+    service.on_stop(backend.close)
     placement = Placement(
         js=js,
         subjects=subjects,
@@ -52,7 +47,6 @@ async def main() -> None:
         jobs_log_days=StorageSettings().jobs_days,
         nc=nc,  # job control is answered on it while this replica leads
     )
-    desk = None
     if issuer_path is not None:
         # Placement alone holds the runner issuer: it mints the first credentials of the local
         # node agents' pods (which hold no key) and renews every runner's while its attempt is
@@ -61,15 +55,9 @@ async def main() -> None:
         desk = await RenewalDesk(
             nc, subjects, mint=issuer.creds, verdict=log_verdict(js, subjects)
         ).start()
-    try:
-        await placement.run()
-    finally:
-        if desk is not None:
-            await desk.close()
-        await backend.close()
-        await nc.drain()
+        service.on_stop(desk.close)
+    service.part("placement", placement.run)
 
 
 if __name__ == "__main__":
-    configure_logging()
-    run_service(main)
+    serve("placement", compose)

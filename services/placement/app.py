@@ -15,6 +15,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from mdq.backends.port import ClusterBackend
+from mdq.bus.lease import LeaderLease
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.storage import StorageSettings
 from mdq.bus.subjects import Subjects
@@ -35,7 +36,6 @@ from services.placement.emitter import Emitter
 from services.placement.expiry import Expiry
 from services.placement.intake import REPLAY_PRUNE_BATCH, Intake
 from services.placement.job_control import JobControl
-from services.placement.lease import LeaderLease
 from services.placement.loop import ServiceLoop
 from services.placement.preemption import Preemptor
 from services.placement.scores import candidate_entry

@@ -12,22 +12,22 @@ placement's state comes from on start".
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
+from typing import Any
 
 from nats.js import JetStreamContext
 
-from mdq.bus.log import follow_log, raise_if_cancelling
+from mdq.bus.log import follow_log
 from mdq.bus.publisher import EventPublisher
+from mdq.bus.runtime import every, run_parts
 from mdq.bus.snapshots import SnapshotKeeper, SnapshotStore
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.recovery import Cancel, GiveUp, RecoveryPolicy, Wait, decide, requeued_body
 from mdq.core.recovery_state import RecoveryState
 from mdq.core.state import JobState, JobView
-from mdq.memory import keep_state_out_of_gc
 
 log = logging.getLogger("mdq.recovery")
 
@@ -168,14 +168,10 @@ class Recovery:
     async def _keep_snapshots(self, caught_up: asyncio.Event) -> None:
         """Once caught up: a snapshot at once, then at most every ``snapshot_interval_s``."""
         await caught_up.wait()
-        while True:
-            await self.write_snapshot()
-            raise_if_cancelling()  # a cancel the snapshot's NATS requests dropped
-            await asyncio.sleep(self._snapshot_interval_s)
+        await every(self._snapshot_interval_s, self.write_snapshot, what="recovery's snapshot")
 
     async def run(self) -> None:
-        """Restore, then follow the job log, forever (its fold kept out of the cyclic GC's
-        way), writing snapshots as it goes."""
+        """Restore, then follow the job log, forever, writing snapshots as it goes."""
         after = await self.restore()
         caught_up = asyncio.Event()
 
@@ -183,25 +179,15 @@ class Recovery:
             await self.on_caught_up()
             caught_up.set()
 
-        tasks = [asyncio.create_task(keep_state_out_of_gc(), name="gc")]
-        if self._snapshots is not None and self._snapshot_interval_s > 0:
-            tasks.append(asyncio.create_task(self._keep_snapshots(caught_up), name="snapshots"))
-        try:
-            following = follow_log(
+        parts: dict[str, Coroutine[Any, Any, object]] = {
+            "recovery-jobs": follow_log(
                 self._js,
                 self._subjects.job_all("*"),
                 on_event=self.on_event,
                 on_caught_up=on_caught_up,
                 start_sequence=after + 1 if after else 0,
             )
-            watched = asyncio.create_task(following, name="recovery-jobs")
-            tasks.append(watched)
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                task.result()  # a snapshot writer or the fold that stopped: raise its error
-        finally:
-            for task in tasks:
-                task.cancel()
-            for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        }
+        if self._snapshots is not None and self._snapshot_interval_s > 0:
+            parts["snapshots"] = self._keep_snapshots(caught_up)
+        await run_parts(parts)

@@ -14,9 +14,9 @@ from nats.aio.client import Client
 
 from mdq.backends.port import ClusterBackend
 from mdq.bus.publisher import EventPublisher
+from mdq.bus.runtime import run_parts
 from mdq.bus.storage import StorageSettings
 from mdq.bus.subjects import Subjects
-from mdq.memory import keep_state_out_of_gc
 from mdq.store.engine import create_writer_pool, database_location
 from mdq.store.partitions import keep_partitions
 from services.watcher.lifecycle import Lifecycle, LostRunPolicy
@@ -34,8 +34,8 @@ async def run_watcher(
     backend: ClusterBackend,
     settings: WatcherSettings,
 ) -> None:
-    """Run both halves on this connection and backend until one of them fails (or this is
-    cancelled). Needs no database to start: the projector waits for it."""
+    """Run both halves on this connection and backend until one of them fails, with its error
+    (or this is cancelled). Needs no database to start: the projector waits for it."""
     js = nc.jetstream()
     pool = await create_writer_pool(database_url, size=settings.pool_size, connect_now=False)
     projector = Projector(
@@ -58,20 +58,19 @@ async def run_watcher(
         jobs_log_days=StorageSettings().jobs_days,
     )
     try:
-        async with asyncio.TaskGroup() as group:
-            group.create_task(projector.run(), name="projector")
-            group.create_task(lifecycle.run(), name="lifecycle")
-            group.create_task(keep_state_out_of_gc(), name="gc")
-            group.create_task(
-                keep_partitions(
+        await run_parts(
+            {
+                "projector": projector.run(),
+                "lifecycle": lifecycle.run(),
+                "partitions": keep_partitions(
                     pool,
                     months_ahead=settings.partition_months_ahead,
                     retention_days=settings.history_retention_days,
                     rollup_days=settings.progress_rollup_days,
                     keep_every=settings.progress_rollup_keep_every,
                 ),
-                name="partitions",
-            )
+            }
+        )
     finally:
         try:
             await asyncio.wait_for(pool.close(), timeout=POOL_CLOSE_TIMEOUT_S)

@@ -38,7 +38,7 @@ from services.console.app import Console, build_app, server_config
 from services.console.filters import JobFilter
 from services.metrics.app import MetricsService
 from services.metrics.settings import MetricsSettings
-from tests.helpers import OwnersPublisher, RecordingBackend, read_all, wait_for
+from tests.helpers import OwnersPublisher, RecordingBackend, read_all, running, wait_for
 from tests.integration.test_projector import History, history_projected, requeue_history
 
 
@@ -384,19 +384,16 @@ async def test_the_nodes_page_shows_the_real_last_hour_whenever_the_console_star
         interval_s=0.02, summary_interval_s=0.1, http_port=0, http_host="127.0.0.1"
     )
     metrics = MetricsService(js=js, subjects=subjects, backend=SwingingNodes(), settings=settings)
-    stop = asyncio.Event()
-    running = asyncio.create_task(metrics.run(stop))
     try:
+        async with running(metrics.run()) as serving:
 
-        async def an_hour_summarised() -> bool:
-            assert not running.done(), "the metrics service stopped"
-            info = await js.stream_info(subjects.node_summaries_stream)
-            return info.state.messages >= 2 * HOUR_OF_SUMMARIES
+            async def an_hour_summarised() -> bool:
+                assert not serving.done(), "the metrics service stopped"
+                info = await js.stream_info(subjects.node_summaries_stream)
+                return info.state.messages >= 2 * HOUR_OF_SUMMARIES
 
-        await wait_for(an_hour_summarised, timeout=60, what="an hour of summaries per node")
+            await wait_for(an_hour_summarised, timeout=60, what="an hour of summaries per node")
     finally:
-        stop.set()
-        await asyncio.wait_for(running, timeout=10)
         await metrics.close()
 
     summaries: dict[str, list[pb.NodeLoadSummary]] = defaultdict(list)

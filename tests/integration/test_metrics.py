@@ -21,7 +21,7 @@ from mdq.contracts import pb
 from mdq.embedded import free_port
 from services.metrics.app import MetricsService, build
 from services.metrics.settings import MetricsSettings
-from tests.helpers import OwnersPublisher, agent_running, eventually
+from tests.helpers import OwnersPublisher, agent_running, eventually, running
 
 NODES = ("m1", "m2")
 
@@ -52,12 +52,9 @@ async def service(
 ) -> AsyncIterator[MetricsService]:
     settings = MetricsSettings(interval_s=0.3, http_port=0, http_host="127.0.0.1")
     metrics = await build(nc=nc, subjects=subjects, settings=settings)
-    stop = asyncio.Event()
-    running = asyncio.create_task(metrics.run(stop))
-    await eventually(lambda: _port_of(metrics), what="the HTTP server")
-    yield metrics
-    stop.set()
-    await asyncio.wait_for(running, 10)
+    async with running(metrics.run()):
+        await eventually(lambda: _port_of(metrics), what="the HTTP server")
+        yield metrics
     await metrics.close()
 
 
@@ -204,41 +201,39 @@ async def test_serves_md_progress_and_job_counts(
     # Started after the events: the history is folded and the latest progress shown.
     settings = MetricsSettings(interval_s=0.3, http_port=0, http_host="127.0.0.1")
     metrics = await build(nc=nc, subjects=subjects, settings=settings)
-    stop = asyncio.Event()
-    running = asyncio.create_task(metrics.run(stop))
     try:
-        port = await eventually(lambda: _port_of(metrics), what="the HTTP server")
-        text = await eventually(
-            scrape_until(port, f'md_step{{attempt="1",job_id="{job}"}} 500.0'), what="md_step"
-        )
-        assert f'md_energy{{attempt="1",job_id="{job}"}} -1234.5' in text
-        assert f'md_temperature_k{{attempt="1",job_id="{job}"}} 301.5' in text
-        # the first report seen: the runner's own figure, since the attempt started
-        assert f'md_ns_per_day{{attempt="1",job_id="{job}"}} 40.0' in text
-        assert 'mdq_jobs{state="RUNNING"} 1.0' in text
-        assert 'mdq_jobs{state="SUCCEEDED"} 0.0' in text
+        async with running(metrics.run()):
+            port = await eventually(lambda: _port_of(metrics), what="the HTTP server")
+            text = await eventually(
+                scrape_until(port, f'md_step{{attempt="1",job_id="{job}"}} 500.0'), what="md_step"
+            )
+            assert f'md_energy{{attempt="1",job_id="{job}"}} -1234.5' in text
+            assert f'md_temperature_k{{attempt="1",job_id="{job}"}} 301.5' in text
+            # the first report seen: the runner's own figure, since the attempt started
+            assert f'md_ns_per_day{{attempt="1",job_id="{job}"}} 40.0' in text
+            assert 'mdq_jobs{state="RUNNING"} 1.0' in text
+            assert 'mdq_jobs{state="SUCCEEDED"} 0.0' in text
 
-        # 1 ps more in 2 s of the events' time: 43.2 ns/day over that interval, whatever the
-        # runner's average since the start says
-        await publish_report(publisher, job, step=1000, energy=-1240.0, at=T0 + 2)
-        text = await eventually(
-            scrape_until(port, f'md_step{{attempt="1",job_id="{job}"}} 1000.0'), what="live md_step"
-        )
-        assert f'md_ns_per_day{{attempt="1",job_id="{job}"}} 43.2' in text
-        assert "mdq_progress_events_total 2.0" in text
+            # 1 ps more in 2 s of the events' time: 43.2 ns/day over that interval, whatever the
+            # runner's average since the start says
+            await publish_report(publisher, job, step=1000, energy=-1240.0, at=T0 + 2)
+            text = await eventually(
+                scrape_until(port, f'md_step{{attempt="1",job_id="{job}"}} 1000.0'),
+                what="live md_step",
+            )
+            assert f'md_ns_per_day{{attempt="1",job_id="{job}"}} 43.2' in text
+            assert "mdq_progress_events_total 2.0" in text
 
-        succeeded = pb.JobSucceeded(final_step=1000, reason="steps_reached")
-        await publisher.emit("succeeded", succeeded, job_id=job, attempt=1)
-        text = await eventually(
-            scrape_until(port, 'mdq_jobs{state="SUCCEEDED"} 1.0'), what="the job to succeed"
-        )
-        assert 'mdq_jobs{state="RUNNING"} 0.0' in text
-        assert f'job_id="{job}"' not in text, "a finished job's progress series stays"
-        for gauge in ("md_step", "md_energy", "md_temperature_k", "md_ns_per_day"):
-            assert f"# TYPE {gauge} gauge" in text, gauge
+            succeeded = pb.JobSucceeded(final_step=1000, reason="steps_reached")
+            await publisher.emit("succeeded", succeeded, job_id=job, attempt=1)
+            text = await eventually(
+                scrape_until(port, 'mdq_jobs{state="SUCCEEDED"} 1.0'), what="the job to succeed"
+            )
+            assert 'mdq_jobs{state="RUNNING"} 0.0' in text
+            assert f'job_id="{job}"' not in text, "a finished job's progress series stays"
+            for gauge in ("md_step", "md_energy", "md_temperature_k", "md_ns_per_day"):
+                assert f"# TYPE {gauge} gauge" in text, gauge
     finally:
-        stop.set()
-        await asyncio.wait_for(running, 10)
         await metrics.close()
 
 

@@ -40,7 +40,7 @@ from services.metrics.app import MetricsService, build
 from services.metrics.settings import MetricsSettings
 from services.runner.metrics import RunnerMetrics
 from services.runner.samples import EnergySample
-from tests.helpers import OwnersPublisher, agent_running, wait_for
+from tests.helpers import OwnersPublisher, agent_running, running, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "mdq.json"
@@ -168,11 +168,8 @@ async def metrics(
     settings = MetricsSettings(interval_s=0.5, http_port=0, http_host="127.0.0.1")
     service = await build(nc=nc, subjects=subjects, settings=settings)
     service.start_http()
-    stop = asyncio.Event()
-    running = asyncio.create_task(service.run(stop))
-    yield service
-    stop.set()
-    await asyncio.wait_for(running, 10)
+    async with running(service.run()):
+        yield service
     await service.close()
 
 

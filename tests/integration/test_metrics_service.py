@@ -23,7 +23,7 @@ from mdq.core.tenants import TenantUsage, usage_key
 from services.metrics.app import MetricsService, node_load_event, node_summary_event
 from services.metrics.folding import LoadSummaries
 from services.metrics.settings import MetricsSettings
-from tests.helpers import OwnersPublisher, RecordingBackend, submitted
+from tests.helpers import OwnersPublisher, RecordingBackend, running, submitted
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
@@ -61,11 +61,8 @@ async def service(nc: Client, subjects: Subjects) -> AsyncIterator[MetricsServic
     metrics = MetricsService(
         js=nc.jetstream(), subjects=subjects, backend=RecordingBackend(), settings=settings
     )
-    stop = asyncio.Event()
-    running = asyncio.create_task(metrics.run(stop))
-    yield metrics
-    stop.set()
-    await asyncio.wait_for(running, 10)
+    async with running(metrics.run()):
+        yield metrics
     await metrics.close()
 
 
@@ -268,13 +265,13 @@ async def test_each_tenants_fair_share_figures_are_served_and_dropped_when_gone(
 
 
 class DroppingACancel(MetricsService):
-    """A metrics service whose sampling round, once its stop was asked, loses the cancel the
-    way nats-py's requests do on Python 3.11 (``asyncio.wait_for`` hands back an answer that
-    landed with the cancel, and the cancel is gone)."""
+    """A metrics service whose first sampling round loses the stop's cancel the way nats-py's
+    requests do on Python 3.11 (``asyncio.wait_for`` hands back an answer that landed with the
+    cancel, and the cancel is gone)."""
 
-    def __init__(self, stopping: asyncio.Event, **kwargs: object) -> None:
+    def __init__(self, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
-        self._stopping = stopping
+        self.waiting = asyncio.Event()
         self.dropped = False
 
     async def _sample_round(
@@ -282,12 +279,11 @@ class DroppingACancel(MetricsService):
     ) -> asyncio.Task[None] | None:
         summarising = await super()._sample_round(summarising)
         if not self.dropped:
-            self.dropped = True
+            self.waiting.set()
             try:
-                await self._stopping.wait()
                 await asyncio.sleep(3600)  # where the stop's cancel lands
             except asyncio.CancelledError:
-                pass  # ... and is dropped
+                self.dropped = True  # ... and is dropped
         return summarising
 
 
@@ -297,17 +293,13 @@ async def test_a_stop_whose_cancel_a_request_dropped_still_stops(
     """The sampling loop checks for a pending cancel each round: without it, the service ran on
     after a stop whose cancel nats-py dropped, and its caller waited for ever (the console's
     nodes-page test hung so, one run in three beside other tests)."""
-    stop = asyncio.Event()
     metrics = DroppingACancel(
-        stop,
         js=nc.jetstream(),
         subjects=subjects,
         backend=RecordingBackend(),
         settings=MetricsSettings(interval_s=0.05, http_port=0, http_host="127.0.0.1"),
     )
-    running = asyncio.create_task(metrics.run(stop))
-    await asyncio.sleep(0.3)
-    stop.set()
-    await asyncio.wait_for(running, 10)
+    async with running(metrics.run()):
+        await asyncio.wait_for(metrics.waiting.wait(), 10)
     await metrics.close()
     assert metrics.dropped

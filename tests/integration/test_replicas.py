@@ -22,11 +22,11 @@ from nats.js import JetStreamContext
 from nats.js.errors import APIError, ServiceUnavailableError
 
 from mdq.backends.local.records import ensure_buckets
+from mdq.bus.lease import LeaderLease
 from mdq.bus.streams import ensure_streams, stream_configs
 from mdq.bus.subjects import Subjects
 from mdq.embedded import SHARED_FILE_STORE, EmbeddedNats, NatsCluster, start_nats
 from mdq.settings import CommonSettings
-from services.placement.lease import LeaderLease
 from tests.helpers import wait_for
 
 

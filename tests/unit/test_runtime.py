@@ -1,15 +1,22 @@
-"""A service process under ``mdq.bus.runtime.run_service``: SIGTERM stops it cleanly (exit 0,
-its cleanup run), also when the first cancel is lost; a crash still exits non-zero."""
+"""A service process under ``mdq.bus.runtime``: SIGTERM stops it cleanly (exit 0, its cleanup
+run), also when the first cancel is lost; a crash still exits non-zero. Its parts run side by
+side until one ends; its periodic loops outlive a failed run; its stops run the last first."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from mdq.bus.runtime import PartEnded, Service, every, run_parts
+from mdq.settings import CommonSettings
 
 SERVICE = """
 import asyncio, sys
@@ -64,3 +71,102 @@ def test_run_service(
     output, _ = process.communicate(timeout=20)
     assert process.returncode == code, output.decode()
     assert marker.read_text() == marker_says
+
+
+# -- the parts of a service ------------------------------------------------------------------
+
+
+async def forever() -> None:
+    await asyncio.Future()
+
+
+class Forever:
+    """A part that runs until cancelled, and says whether it was."""
+
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    async def __call__(self) -> None:
+        try:
+            await asyncio.Future()
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+
+
+async def fails() -> None:
+    await asyncio.sleep(0.01)
+    raise ValueError("a part failed")
+
+
+async def returns() -> None:
+    await asyncio.sleep(0.01)
+
+
+ENDINGS = {
+    "a part that fails ends them all with its error": (fails, ValueError, "a part failed"),
+    "a part that returns ends them all": (returns, PartEnded, "second ended"),
+}
+
+
+@pytest.mark.parametrize(("second", "raised", "says"), ENDINGS.values(), ids=ENDINGS.keys())
+async def test_parts_run_until_one_ends(
+    second: Callable[[], Coroutine[Any, Any, None]], raised: type[Exception], says: str
+) -> None:
+    first = Forever()
+    with pytest.raises(raised, match=says):
+        await run_parts({"first": first(), "second": second()})
+    assert first.cancelled, "the other part ran on"
+
+
+async def test_a_cancel_stops_every_part() -> None:
+    parts = [Forever() for _ in range(3)]
+    running = asyncio.create_task(run_parts({str(i): part() for i, part in enumerate(parts)}))
+    await asyncio.sleep(0.01)
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    assert all(part.cancelled for part in parts)
+
+
+async def test_a_periodic_loop_goes_on_after_a_failed_run(caplog: pytest.LogCaptureFixture) -> None:
+    runs: list[int] = []
+
+    async def tick() -> None:
+        runs.append(len(runs))
+        if len(runs) == 2:
+            raise RuntimeError("the second run failed")
+
+    looping = asyncio.create_task(every(0.01, tick, what="the test's loop"))
+    while len(runs) < 4:  # noqa: ASYNC110 - a loop of the test's own, no event to wait on
+        await asyncio.sleep(0.01)
+    looping.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await looping
+    assert "the test's loop failed" in caplog.text
+    assert "the second run failed" in caplog.text
+
+
+async def test_a_service_stops_its_parts_then_the_last_registered_first() -> None:
+    service = Service("test", common=CommonSettings())
+    said: list[str] = []
+    service.part("serving", forever)
+
+    async def stop(what: str) -> None:
+        said.append(what)
+        if what == "second":
+            raise RuntimeError("stopping the second failed")
+
+    service.on_stop(lambda: stop("first"))
+    service.on_stop(lambda: stop("second"))
+    service.part("failing", fails)
+    with pytest.raises(ValueError, match="a part failed"):
+        await service.run()
+    assert said == ["second", "first"], "every stop runs, the last registered first"
+
+
+def test_a_service_has_one_part_of_each_name() -> None:
+    service = Service("test", common=CommonSettings())
+    service.part("serving", forever)
+    with pytest.raises(ValueError, match="serving"):
+        service.part("serving", forever)

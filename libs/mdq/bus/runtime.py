@@ -1,11 +1,13 @@
-"""How a service process runs: its main coroutine until it returns or the process is told to
-stop, and then a clean exit.
+"""How a service process runs, the same way for every mdq service (docs/architecture.md, "One
+service runtime"): ``serve(name, compose)`` is its entrypoint, ``Service`` what it composes
+(connections under its own identity, parts side by side, periodic loops, stops), with its log
+kept within a budget and its liveness file renewed.
 
 Kubernetes and ``mdq up`` stop a service with SIGTERM (then SIGKILL after a grace period).
 ``run_service`` turns SIGTERM and SIGINT into a cancel of the service's main coroutine, so its
 ``finally`` blocks run (drain the NATS connection, close pools and backends) and the process
 exits 0. A stop that is not clean (an exception while stopping, a crash) still exits non-zero,
-which the stack's supervisor and the tests read as a crash (docs/architecture.md).
+which the stack's supervisor and the tests read as a crash.
 
 On Python 3.11 a cancel can be lost: ``asyncio.wait_for`` (which nats-py runs every request
 under) hands back an answer that lands together with the cancel and drops the cancel, so the
@@ -19,14 +21,23 @@ cancelled again, every ``SLOW_STOP_S``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
+from nats.aio.client import Client
+
+from mdq.bus.connect import connect
+from mdq.bus.log import raise_if_cancelling
+from mdq.bus.subjects import Subjects
 from mdq.core.line_budget import LineBudget
+from mdq.health import keep_renewing
+from mdq.memory import keep_state_out_of_gc
+from mdq.settings import CommonSettings
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 SLOW_STOP_S = 1.5
@@ -130,3 +141,148 @@ def _log_where_it_waits(main: asyncio.Task[None]) -> None:
             )
         awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom", None)
     log.warning("still stopping after %g s; waiting in:\n%s", SLOW_STOP_S, "\n".join(frames[-4:]))
+
+
+Part = Callable[[], Coroutine[Any, Any, object]]
+"""A long-running piece of a service: a coroutine function that runs until the service stops."""
+
+
+class PartEnded(RuntimeError):
+    """A part of a service returned: every part runs until its service is stopped."""
+
+
+async def run_parts(parts: Mapping[str, Coroutine[Any, Any, object]]) -> None:
+    """Run ``parts`` (name → coroutine) side by side until one of them ends, then cancel the
+    others and wait for them. The part that ended first decides what is raised: its error, or
+    ``PartEnded`` when it returned; a cancel of this call cancels every part."""
+    tasks = [asyncio.create_task(coroutine, name=name) for name, coroutine in parts.items()]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        first = next(task for task in tasks if task in done)
+        first.result()  # its error, if it failed
+        raise PartEnded(f"{first.get_name()} ended")
+    finally:
+        for task in tasks:
+            task.cancel()
+        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        for task, outcome in zip(tasks, outcomes, strict=True):
+            if isinstance(outcome, Exception) and not task.cancelled():
+                log.debug("%s ended with %r", task.get_name(), outcome)
+
+
+async def every(interval_s: float, tick: Part, *, what: str) -> None:
+    """Run ``tick()`` now and then ``interval_s`` seconds after each run ended, forever; a run
+    that fails is logged (``what`` names it) and the next one runs as planned."""
+    while True:
+        try:
+            await tick()
+        except Exception:
+            raise_if_cancelling()
+            log.exception("%s failed; again in %g s", what, interval_s)
+        raise_if_cancelling()  # a cancel that the tick's NATS requests dropped
+        await asyncio.sleep(interval_s)
+
+
+class Service:
+    """One mdq service process on the bus, the same way for every service: its settings, its
+    connections under its own identity, the parts it runs side by side, its periodic loops and
+    its stop (docs/architecture.md, "One service runtime").
+
+    A composition root makes one, connects, adds parts and ``run``s it (``serve`` does all of
+    that for a ``python -m services.<name>`` entrypoint). ``run`` ends when a part ends: a part
+    that raises ends the service with that error and one that returns with ``PartEnded`` (the
+    process exits non-zero and its supervisor, ``mdq up`` or Kubernetes, starts it again); a
+    stop by SIGTERM/SIGINT cancels every part. Either way, what was registered with ``on_stop``
+    then runs, the last registered first, and the connections are drained last of all.
+    """
+
+    def __init__(self, name: str, *, common: CommonSettings | None = None) -> None:
+        self.name = name
+        self.common = common if common is not None else CommonSettings()
+        self.subjects = Subjects(self.common.namespace)
+        self._parts: dict[str, Part] = {"gc": keep_state_out_of_gc}
+        self._stops: list[Part] = []
+        self._connections: list[Client] = []
+
+    async def connect(self, role: str = "", *, streams: bool = True) -> Client:
+        """A connection under this service's identity (the credentials of ``MDQ_NATS_CREDS``),
+        waiting for a server that is not there yet; with ``streams``, once the namespace's
+        streams exist. ``role`` names a second connection ("writes"). Drained when the service
+        stops, after its parts and ``on_stop`` callbacks."""
+        connection = await connect(
+            self.common.nats_url,
+            name=f"mdq-{self.name}" + (f"-{role}" if role else ""),
+            subjects=self.subjects if streams else None,
+            replicas=self.common.stream_replicas,
+            wait=True,
+        )
+        self._connections.append(connection)
+        return connection
+
+    def part(self, name: str, run: Part) -> None:
+        """Run ``run()`` side by side with the other parts until the service stops; its end
+        (return or error) stops the service."""
+        if name in self._parts:
+            raise ValueError(f"{self.name} has a part named {name!r} already")
+        self._parts[name] = run
+
+    def every(self, name: str, interval_s: float, tick: Part) -> None:
+        """A part that runs ``tick()`` now and then ``interval_s`` seconds after each run
+        ended (``every``)."""
+        self.part(name, lambda: every(interval_s, tick, what=f"{self.name}: {name}"))
+
+    def on_stop(self, stop: Part) -> None:
+        """Call ``stop()`` when the service stops, after its parts ended (the last registered
+        first, each one even when one before it failed)."""
+        self._stops.append(stop)
+
+    async def run(self) -> None:
+        """Run every part until one ends or this is cancelled, then ``stop``."""
+        try:
+            await run_parts({name: run() for name, run in self._parts.items()})
+        finally:
+            await self.stop()
+
+    async def stop(self) -> None:
+        """Call the ``on_stop`` callbacks, the last first, then drain the connections."""
+        stops, self._stops = self._stops, []
+        for stop in reversed(stops):
+            try:
+                await asyncio.shield(stop())
+            except Exception:
+                log.exception("%s: stopping failed", self.name)
+        connections, self._connections = self._connections, []
+        for connection in reversed(connections):
+            with contextlib.suppress(Exception):
+                await asyncio.shield(connection.drain())
+
+
+def serve(
+    name: str,
+    compose: Callable[[Service], Awaitable[object]],
+    *,
+    level: int | str = logging.INFO,
+    fmt: str = SHORT_FORMAT,
+) -> None:
+    """A service's ``main``: its log, then ``compose`` the service (connect, add parts) and run
+    it until SIGTERM/SIGINT stops it (``run_service``). What ``compose`` registered is stopped
+    also when composing fails halfway."""
+    configure_logging(level, fmt=fmt)
+
+    async def main() -> None:
+        service = Service(name)
+        health = service.common.health_file
+        # renewed from the start: composing may wait long for a server, which is no fault
+        alive = asyncio.create_task(keep_renewing(health), name="health") if health else None
+        try:
+            try:
+                await compose(service)
+            except BaseException:
+                await service.stop()
+                raise
+            await service.run()
+        finally:
+            if alive is not None:
+                alive.cancel()
+
+    run_service(main)

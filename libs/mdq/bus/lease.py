@@ -1,16 +1,18 @@
-"""The leader lease of placement replicas: one JetStream KV key with a TTL.
+"""The leader lease of a service's replicas: one JetStream KV key with a TTL.
 
-Every replica folds the log; only the holder of the lease places jobs. The lease is the key
-``leader`` of the bucket ``<namespace>_placement`` whose entries expire ``ttl_s`` after their
-last write. A replica takes it with ``create`` (succeeds only if the key is absent, expired or
+Every replica of a service that needs one leader (placement: every replica folds the log, only
+the holder of the lease places jobs) tries to hold the key ``leader`` of the service's bucket
+(placement's: ``<namespace>_placement``), whose entries expire ``ttl_s`` after their last
+write. A replica takes it with ``create`` (succeeds only if the key is absent, expired or
 deleted) and keeps it with ``update`` conditioned on the revision it last wrote (so two
 replicas can never both believe a renewal succeeded). A holder that stops renewing — killed,
 paused, partitioned — loses it after ``ttl_s``; one that stops cleanly deletes it, so a
 follower takes over at its next try.
 
-The lease is an efficiency measure, not the safety net: a paused old leader that wakes up and
-binds before noticing it lost the lease is stopped by the per-job fence of the bound event
-(``Nats-Expected-Last-Subject-Sequence``, see ``binder.py``).
+The lease is an efficiency measure, not the safety net: in placement, a paused old leader that
+wakes up and binds before noticing it lost the lease is stopped by the per-job fence of the
+bound event (``Nats-Expected-Last-Subject-Sequence``; docs/placement.md, "Replicas and
+restarts").
 """
 
 from __future__ import annotations
@@ -25,13 +27,13 @@ from nats.js.kv import KeyValue
 
 from mdq.bus.streams import open_bucket
 
-log = logging.getLogger("mdq.placement.lease")
+log = logging.getLogger("mdq.lease")
 
 LEASE_KEY = "leader"
 
 
 class LeaderLease:
-    """One replica's hold on the placement lease."""
+    """One replica's hold on its service's lease."""
 
     def __init__(
         self, *, js: JetStreamContext, bucket: str, holder: str, ttl_s: float, replicas: int = 1
@@ -76,7 +78,7 @@ class LeaderLease:
             self._revision = await kv.create(LEASE_KEY, self.holder.encode())
         except APIError:
             return False
-        log.info("%s took the placement lease", self.holder)
+        log.info("%s took the lease of %s", self.holder, self._bucket)
         return True
 
     async def renew(self) -> bool:
@@ -87,7 +89,7 @@ class LeaderLease:
         try:
             self._revision = await kv.update(LEASE_KEY, self.holder.encode(), last=self._revision)
         except APIError:
-            log.warning("%s lost the placement lease", self.holder)
+            log.warning("%s lost the lease of %s", self.holder, self._bucket)
             self._revision = None
             return False
         return True
