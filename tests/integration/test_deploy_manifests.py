@@ -74,6 +74,7 @@ from mdq.bus.storage import StorageSettings
 from mdq.bus.subjects import Subjects
 from mdq.core.spec import PRIORITY_CLASSES
 from mdq.embedded import MAX_CONTROL_LINE, SYNC_ALWAYS, free_port, nats_server_binary
+from mdq.health import RENEW_EVERY_S
 from mdq.settings import CommonSettings
 from mdq.store.engine import asyncpg_dsn
 from mdq.store.migrate import alembic_config
@@ -1972,3 +1973,26 @@ def test_the_console_listens_where_its_service_probes_and_policy_look(
     compose_port = int(composed["environment"]["MDQ_CONSOLE_PORT"])
     assert composed["ports"] == [f"127.0.0.1:{compose_port}:{compose_port}"]
     assert compose_port == settings.port
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+@pytest.mark.parametrize("service", ["intake", "placement", "watcher", "recovery"])
+def test_a_service_without_http_is_probed_through_its_liveness_file(
+    overlay: str, service: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A service that serves no HTTP is told where to keep its liveness file, on the pod's
+    writable /tmp, and the liveness probe reads that very file with ``mdq.health`` (within a
+    limit longer than the time between renewals); the settings take the file as given."""
+    objects = build(overlay)
+    pod = deployment(objects, service)["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {v["name"]: v["value"] for v in container["env"] if "value" in v}
+    health_file = env["MDQ_HEALTH_FILE"]
+    command = container["livenessProbe"]["exec"]["command"]
+    assert command[:4] == ["python", "-m", "mdq.health", health_file]
+    assert float(command[4]) >= 3 * RENEW_EVERY_S
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    assert health_file.startswith("/tmp/")
+    assert {v["name"]: v for v in pod["volumes"]}[mounts["/tmp"]].get("emptyDir") is not None
+    monkeypatch.setenv("MDQ_HEALTH_FILE", health_file)
+    assert CommonSettings().health_file == Path(health_file)
