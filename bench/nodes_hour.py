@@ -28,12 +28,13 @@ from nats.js.api import DeliverPolicy
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mdq.backends.port import NodeSample, PodSpec, PodUpdate  # noqa: E402
+from mdq.backends.port import PodSpec, PodUpdate  # noqa: E402
 from mdq.bus.publisher import EventPublisher  # noqa: E402
 from mdq.bus.storage import StorageSettings  # noqa: E402
 from mdq.bus.streams import ensure_streams  # noqa: E402
 from mdq.bus.subjects import Subjects  # noqa: E402
 from mdq.contracts import pb  # noqa: E402
+from mdq.core.nodes import NodeSample  # noqa: E402
 from mdq.embedded import start_nats  # noqa: E402
 from services.console.live import NodeBoard  # noqa: E402
 from services.metrics.app import MetricsService, node_summary_event  # noqa: E402

@@ -13,11 +13,12 @@ import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from mdq.backends.port import NodeSample, PodExists, PodSpec, PodUpdate
+from mdq.backends.port import PodExists, PodSpec, PodUpdate
 from mdq.bus.connect import connect
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.requests import Requests
 from mdq.bus.subjects import Subjects
+from mdq.core.nodes import NodeSample
 from mdq.settings import CommonSettings
 from services.placement.app import Placement
 from services.placement.settings import PlacementSettings

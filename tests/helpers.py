@@ -20,13 +20,14 @@ from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy
 
 from mdq.backends.local.launcher import start_agent
-from mdq.backends.port import NodeSample, PodExists, PodSpec, PodUpdate
+from mdq.backends.port import PodExists, PodSpec, PodUpdate
 from mdq.bus.codec import decode_event
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.clusters import cluster_of
 from mdq.core.events import make_event
+from mdq.core.nodes import NodeSample
 from mdq.core.producers import owner_of
 from mdq.core.spec import normalize_job
 

@@ -25,7 +25,7 @@ from prometheus_client import make_wsgi_app, start_http_server
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from mdq.backends.factory import make_backend
-from mdq.backends.port import ClusterBackend, NodeSample
+from mdq.backends.port import ClusterBackend
 from mdq.bus.log import follow_log, raise_if_cancelling
 from mdq.bus.outage import warn_try_failed
 from mdq.bus.publisher import EventPublisher
@@ -34,6 +34,7 @@ from mdq.bus.security.auth import WsgiApp, bearer_guard
 from mdq.bus.subjects import Subjects
 from mdq.bus.tenants import read_tenant_usages
 from mdq.contracts import pb
+from mdq.core.nodes import NodeSample
 from services.metrics.exporter import Exporter
 from services.metrics.folding import JobCounts, LifecycleClock, LoadSummaries, ProgressBoard
 from services.metrics.settings import MetricsSettings

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from mdq.backends.port import NodeSample
+from mdq.core.nodes import NodeSample
 from mdq.core.state import JobState
 from mdq.core.tenants import TenantUsage
 from services.metrics.folding import JobProgress, LifecycleFacts

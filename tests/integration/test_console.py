@@ -25,10 +25,10 @@ import pytest
 import uvicorn
 from nats.aio.client import Client
 
-from mdq.backends.port import NodeSample
 from mdq.bus.runtime import LineBudgetFilter
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
+from mdq.core.nodes import NodeSample
 from mdq.core.runner_task import job_dir
 from mdq.store.engine import create_engine
 from mdq.store.roles import RoleUrls

@@ -29,9 +29,10 @@ from mdq.backends.kubernetes.objects import (
     start_problems,
 )
 from mdq.backends.kubernetes.settings import KubernetesSettings
-from mdq.backends.port import NodeSample, PodExists, PodSpec, PodUpdate
+from mdq.backends.port import PodExists, PodSpec, PodUpdate
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
+from mdq.core.nodes import NodeSample
 from mdq.core.recovery import classify
 from mdq.testing.cluster import SimulatedCluster
 from mdq.testing.scripted_runner import scripted_spec

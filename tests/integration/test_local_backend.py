@@ -26,10 +26,11 @@ from mdq.backends.launch import inherited_environment
 from mdq.backends.local.api import LocalBackend
 from mdq.backends.local.launcher import start_agent
 from mdq.backends.local.records import NodeRecord, PodRecord
-from mdq.backends.port import NodeSample, PodExists, PodSpec, PodUpdate
+from mdq.backends.port import PodExists, PodSpec, PodUpdate
 from mdq.bus.connect import connect
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
+from mdq.core.nodes import NodeSample
 from mdq.core.runner_task import RunnerTask
 from mdq.embedded import start_nats
 from mdq.testing.scripted_runner import scripted_spec

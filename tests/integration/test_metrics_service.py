@@ -12,12 +12,12 @@ import pytest
 from nats.aio.client import Client
 from nats.js.api import AckPolicy, ConsumerConfig
 
-from mdq.backends.port import NodeSample
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.events import make_event
 from mdq.core.ids import pod_name
+from mdq.core.nodes import NodeSample
 from mdq.core.producers import owner_of
 from mdq.core.tenants import TenantUsage, usage_key
 from services.metrics.app import MetricsService, node_load_event, node_summary_event

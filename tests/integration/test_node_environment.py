@@ -19,9 +19,9 @@ import pytest
 from nats.aio.client import Client
 
 from mdq.backends.local.api import LocalBackend
-from mdq.backends.port import NodeSample
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
+from mdq.core.nodes import NodeSample
 from mdq.core.recovery import classify
 from mdq.datadisk import VOLUME_MARKER
 from mdq.testing.disks import SmallDisk

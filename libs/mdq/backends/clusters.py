@@ -28,7 +28,7 @@ from nats.js.errors import BucketNotFoundError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from mdq.backends.port import ClusterBackend, NodeSample, PodSpec, PodUpdate
+from mdq.backends.port import ClusterBackend, PodSpec, PodUpdate
 from mdq.bus.kv import watch_through
 from mdq.bus.streams import open_bucket
 from mdq.bus.subjects import Subjects
@@ -41,6 +41,7 @@ from mdq.core.clusters import (
     local_name,
     qualified,
 )
+from mdq.core.nodes import NodeSample
 from mdq.core.recovery import CLUSTER_LOST_REASON
 from mdq.errors import InvalidInput, NotFound, Unavailable
 

@@ -8,11 +8,12 @@ updates, so nothing above this port knows which one runs.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from mdq.contracts import pb
+from mdq.core.nodes import NodeSample
 from mdq.errors import Conflict
 
 
@@ -60,31 +61,6 @@ class PodUpdate:
     reason: str = ""
     """Kubernetes-style: "Completed", "Error", "OOMKilled", "Evicted", "NodeLost"."""
     message: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class NodeSample:
-    """A node's capacity, readiness and live usage at one moment."""
-
-    name: str
-    cpu_capacity: float
-    memory_capacity_mb: int
-    ready: bool
-    cpu_load: float
-    """CPU in use / capacity, 0..1."""
-    memory_load: float
-    """Memory in use / capacity, 0..1."""
-    cordoned: bool = False
-    """Ready, but taking no new pods (Kubernetes: unschedulable, or a NoSchedule/NoExecute taint
-    mdq does not tolerate); its running pods keep running."""
-    cluster: str = ""
-    """Its execution cluster, "" for the one unnamed cluster (``mdq.backends.clusters`` sets it
-    and qualifies ``name`` as "<cluster>/<node>")."""
-    cluster_labels: Mapping[str, str] = field(default_factory=dict)
-    """Its cluster's labels, which jobs' ``clusters`` selectors match."""
-    problem: str = ""
-    """Why its environment cannot run pods now, in words ("" when it can): the local agent's
-    probe of its data folder, pods that could not start; Kubernetes' DiskPressure and kin."""
 
 
 class PodExists(Conflict):

@@ -43,8 +43,9 @@ from mdq.backends.kubernetes.objects import (
     start_problems,
 )
 from mdq.backends.kubernetes.settings import KubernetesSettings
-from mdq.backends.port import NodeSample, PodExists, PodSpec, PodUpdate
+from mdq.backends.port import PodExists, PodSpec, PodUpdate
 from mdq.bus.security.auth import RunnerIssuer
+from mdq.core.nodes import NodeSample
 
 log = logging.getLogger(__name__)
 

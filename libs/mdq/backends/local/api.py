@@ -30,11 +30,12 @@ from mdq.backends.local.records import (
     read_pod,
     update_pod,
 )
-from mdq.backends.port import NodeSample, PodExists, PodSpec, PodUpdate
+from mdq.backends.port import PodExists, PodSpec, PodUpdate
 from mdq.bus.kv import watch_through
 from mdq.bus.requests import is_wrong_last_sequence
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
+from mdq.core.nodes import NodeSample
 from mdq.core.recovery import CLUSTER_LOST_REASON
 
 log = logging.getLogger(__name__)
