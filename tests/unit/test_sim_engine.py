@@ -227,7 +227,7 @@ def test_load_aware_avoids_the_noisy_node() -> None:
 
 def test_plan_counts_fair_shares_of_the_capacity_it_is_told() -> None:
     now = datetime(2026, 1, 1, tzinfo=UTC)
-    free = NodeState("free", 4.0, 4096, True, 0.0, 0.0, now)
+    free = NodeState("free", 4.0, 4096, True, 0.0, 0.0, reported_at=now)
     queue = [
         QueuedJob("a.1", 1.0, 256, 0, now, tenant="a"),
         QueuedJob("b.1", 1.0, 256, 0, now, tenant="b"),

@@ -16,11 +16,12 @@ import functools
 import heapq
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
 
 from mdq.core.clusters import NO_SELECTOR, Selector, cluster_of, locality
 from mdq.core.fairshare import Fairness, FairQueue
+from mdq.core.nodes import NodeSample
 
 NOT_READY = "not ready"
 CORDONED = "cordoned"
@@ -67,35 +68,27 @@ class PlacementConfig:
     """Points a node loses per unit of its cluster's reserved CPU share (several clusters)."""
 
 
-@dataclass(slots=True)
-class NodeState:
-    """What placement knows of one node."""
+NEVER_REPORTED = datetime.min.replace(tzinfo=UTC)
+"""``reported_at`` of a node with no load report: older than any load timeout, never chosen."""
 
-    name: str
-    cpu_capacity: float
-    memory_capacity_mb: int
-    ready: bool
-    cpu_load: float
-    """Live CPU load, 0..1, as last reported."""
-    memory_load: float
-    """Live memory load, 0..1, as last reported."""
-    reported_at: datetime
+
+# Every field placement adds has a default, so that ``PlacementState.node_states`` can build
+# one from positional arguments alone, NodeSample's fields first: a class call with keyword
+# arguments builds a dict of them, every node of every pass.
+@dataclass(slots=True)
+class NodeState(NodeSample):
+    """What placement knows of one node: its latest report, and what was bound there since."""
+
+    reported_at: datetime = NEVER_REPORTED
+    """When the report was made (a ``NodeLoad`` event's time)."""
     reserved_cpu: float = 0.0
     """Sum of CPU requests of the jobs bound to or running on this node."""
     reserved_memory_mb: int = 0
     """Sum of memory requests of the jobs bound to or running on this node."""
-    cordoned: bool = False
-    """Unschedulable: running work stays, nothing new is bound here."""
     inflight_cpu: float = 0.0
     """CPU requests bound here that the last load report cannot reflect yet (herd guard)."""
     inflight_memory_mb: int = 0
     """Memory requests bound here that the last load report cannot reflect yet."""
-    cluster: str = ""
-    """Its execution cluster ("" in a single-cluster deployment); ``name`` is qualified."""
-    cluster_labels: Mapping[str, str] = field(default_factory=dict)
-    """Its cluster's labels (what a job's ``clusters`` selector matches)."""
-    problem: str = ""
-    """Why its environment cannot run pods now, as it reported ("" when it can)."""
 
     def cpu_share(self) -> float:
         """Effective CPU utilisation: max(live + in-flight, reservations), 0..1+."""

@@ -575,8 +575,8 @@ class PlacementState:
             node = known[name]
             cpu, memory = reserved.get(name, idle)
             inflight_cpu, inflight_memory = inflight.get(name, idle)
-            # built positionally, in NodeState's field order: ``dataclasses.replace`` costs 3x
-            # as much per node, keywords a third more
+            # built positionally, in NodeState's field order (NodeSample's, then placement's):
+            # ``dataclasses.replace`` costs 3x as much per node, keywords a third more
             append(
                 NodeState(
                     name,
@@ -585,15 +585,15 @@ class PlacementState:
                     node.ready and not (name in lost and self._lost_since_report(node)),
                     node.cpu_load,
                     node.memory_load,
-                    node.reported_at,
-                    cpu,
-                    int(memory),
                     node.cordoned or name in cordons,
-                    inflight_cpu if inflight_cpu > 0.0 else 0.0,
-                    int(inflight_memory) if inflight_memory > 0 else 0,
                     node.cluster,
                     node.cluster_labels,
                     node.problem,
+                    node.reported_at,
+                    cpu,
+                    int(memory),
+                    inflight_cpu if inflight_cpu > 0.0 else 0.0,
+                    int(inflight_memory) if inflight_memory > 0 else 0,
                 )
             )
         return nodes
