@@ -430,12 +430,14 @@ async def test_nodes_that_keep_heartbeating_stay_ready_across_a_nats_server_rest
     async def heartbeat() -> None:  # what a node agent writes
         while not stop.is_set():
             record = NodeRecord(
-                name="n1",
-                cpu_capacity=1.0,
-                memory_capacity_mb=1024,
-                ready=True,
-                cpu_load=0.0,
-                memory_load=0.0,
+                NodeSample(
+                    name="n1",
+                    cpu_capacity=1.0,
+                    memory_capacity_mb=1024,
+                    ready=True,
+                    cpu_load=0.0,
+                    memory_load=0.0,
+                ),
                 heartbeat_unix=time.time(),
             )
             with contextlib.suppress(Exception):  # NATS away for a moment: beat again

@@ -57,6 +57,7 @@ from mdq.bus.security.auth import write_secret
 from mdq.bus.security.runner_creds import CredsRefused, request_runner_creds
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
+from mdq.core.nodes import NodeSample
 from mdq.core.recovery import START_ERROR_REASON as START_ERROR
 from mdq.files import UMASK, open_log, private_folder
 
@@ -271,14 +272,16 @@ class NodeAgent:
         cpu_percent = sum(tree.cpu_percent() for tree in trees)
         rss = sum(tree.rss_bytes() for tree in trees)
         return NodeRecord(
-            name=node.name,
-            cpu_capacity=node.cpu_capacity,
-            memory_capacity_mb=node.memory_capacity_mb,
-            ready=ready,
-            cpu_load=min(1.0, cpu_percent / (node.cpu_capacity * 100.0)),
-            memory_load=min(1.0, rss / (node.memory_capacity_mb * MIB)),
+            NodeSample(
+                name=node.name,
+                cpu_capacity=node.cpu_capacity,
+                memory_capacity_mb=node.memory_capacity_mb,
+                ready=ready,
+                cpu_load=min(1.0, cpu_percent / (node.cpu_capacity * 100.0)),
+                memory_load=min(1.0, rss / (node.memory_capacity_mb * MIB)),
+                problem=self.problem,
+            ),
             heartbeat_unix=time.time(),
-            problem=self.problem,
         )
 
     async def _publish_nodes(self, *, ready: bool) -> None:

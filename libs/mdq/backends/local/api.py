@@ -64,17 +64,10 @@ def removal_update(last_seen: PodUpdate | None) -> PodUpdate | None:
 
 
 def node_sample(record: NodeRecord, *, now_unix: float, heartbeat_timeout_s: float) -> NodeSample:
-    """What a node record means now: a node whose agent stopped heartbeating is not ready."""
+    """What a node record means now, as a copy of its report: a node whose agent stopped
+    heartbeating is not ready."""
     fresh = now_unix - record.heartbeat_unix <= heartbeat_timeout_s
-    return NodeSample(
-        name=record.name,
-        cpu_capacity=record.cpu_capacity,
-        memory_capacity_mb=record.memory_capacity_mb,
-        ready=record.ready and fresh,
-        cpu_load=record.cpu_load,
-        memory_load=record.memory_load,
-        problem=record.problem,
-    )
+    return replace(record.node, ready=record.node.ready and fresh)
 
 
 class _NodeTable:
@@ -124,14 +117,15 @@ class _NodeTable:
         many seconds while the heartbeats it should deliver keep being written (seen with
         nats-py 2.16: about 16 s), which made every node look lost at once; a newer record
         read directly means the watch is behind, so it is started again."""
+        name = record.node.name
         try:
-            entry = await self._bucket.get(record.name)
-            current = NodeRecord.from_json(record.name, entry.value or b"")
+            entry = await self._bucket.get(name)
+            current = NodeRecord.from_json(name, entry.value or b"")
         except (KeyNotFoundError, ValueError, KeyError, TypeError):
             return record
         if current.heartbeat_unix > record.heartbeat_unix:
-            self._records[record.name] = current
-            log.warning("node watch missed heartbeats of %s; restarting it", record.name)
+            self._records[name] = current
+            log.warning("node watch missed heartbeats of %s; restarting it", name)
             await self.close()
         return current
 

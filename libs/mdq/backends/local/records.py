@@ -30,6 +30,7 @@ from mdq.bus.requests import is_wrong_last_sequence
 from mdq.bus.streams import ensure_local_buckets
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
+from mdq.core.nodes import NodeSample
 
 log = logging.getLogger(__name__)
 
@@ -168,28 +169,26 @@ class PodRecord:
 
 @dataclass(frozen=True, slots=True)
 class NodeRecord:
-    """One node as stored in the nodes bucket (written by its agent every heartbeat)."""
+    """One node as stored in the nodes bucket: its report and when its agent wrote it (every
+    heartbeat), under its name.
 
-    name: str
-    cpu_capacity: float
-    memory_capacity_mb: int
-    ready: bool
-    cpu_load: float
-    memory_load: float
+    A local node is never cordoned and knows no cluster (the router over several clusters adds
+    that when it samples): the record keeps the report's other fields only.
+    """
+
+    node: NodeSample
     heartbeat_unix: float
-    problem: str = ""
-    """Why the node cannot run pods now ("" when it can): its agent's probe of the data folder,
-    or pods that could not start (``NodeAgent``)."""
 
     def to_json(self) -> bytes:
+        node = self.node
         return json.dumps(
             {
-                "problem": self.problem,
-                "cpu_capacity": self.cpu_capacity,
-                "memory_capacity_mb": self.memory_capacity_mb,
-                "ready": self.ready,
-                "cpu_load": self.cpu_load,
-                "memory_load": self.memory_load,
+                "problem": node.problem,
+                "cpu_capacity": node.cpu_capacity,
+                "memory_capacity_mb": node.memory_capacity_mb,
+                "ready": node.ready,
+                "cpu_load": node.cpu_load,
+                "memory_load": node.memory_load,
                 "heartbeat_unix": self.heartbeat_unix,
             },
             sort_keys=True,
@@ -199,14 +198,16 @@ class NodeRecord:
     def from_json(cls, name: str, data: bytes) -> NodeRecord:
         document = json.loads(data)
         return cls(
-            name=name,
-            cpu_capacity=float(document["cpu_capacity"]),
-            memory_capacity_mb=int(document["memory_capacity_mb"]),
-            ready=bool(document["ready"]),
-            cpu_load=float(document["cpu_load"]),
-            memory_load=float(document["memory_load"]),
+            NodeSample(
+                name=name,
+                cpu_capacity=float(document["cpu_capacity"]),
+                memory_capacity_mb=int(document["memory_capacity_mb"]),
+                ready=bool(document["ready"]),
+                cpu_load=float(document["cpu_load"]),
+                memory_load=float(document["memory_load"]),
+                problem=str(document.get("problem") or ""),
+            ),
             heartbeat_unix=float(document["heartbeat_unix"]),
-            problem=str(document.get("problem") or ""),
         )
 
 
