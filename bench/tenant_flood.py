@@ -44,7 +44,7 @@ from mdq.bus.subjects import Subjects
 from mdq.bus.tenants import ensure_tenants_bucket
 from mdq.contracts import pb
 from mdq.core.tenants import TenantPolicy
-from mdq.embedded import EmbeddedNats, child_environment, start_nats
+from mdq.embedded import EmbeddedNats, child_environment, end_process, start_nats
 from mdq.tenancy import add_tenant
 
 REPO = Path(__file__).resolve().parents[1]
@@ -390,12 +390,7 @@ async def run(rounds: int, submits: int) -> dict[str, Any]:
         if intake.poll() is not None:
             raise RuntimeError(f"intake exited {intake.returncode}: see {folder}/intake.log")
     finally:
-        intake.terminate()
-        try:
-            intake.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            intake.kill()
-            intake.wait()
+        end_process(intake, timeout=15)
         log.close()
         server.stop()
         shutil.rmtree(folder, ignore_errors=True)

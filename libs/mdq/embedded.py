@@ -25,6 +25,17 @@ import psutil
 from mdq.bus.storage import StorageSettings
 
 
+def end_process(process: subprocess.Popen[bytes], timeout: float) -> None:
+    """SIGTERM, then SIGKILL if ``process`` has not exited ``timeout`` seconds later; it is
+    reaped either way."""
+    process.terminate()
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nobody listens on right now."""
     with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
@@ -94,12 +105,7 @@ class EmbeddedNats:
 
     def stop(self) -> None:
         if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+            end_process(self.process, timeout=10)
 
     def kill(self) -> None:
         """kill -9, for fault tests."""

@@ -35,7 +35,7 @@ from nats.aio.client import Client
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.ids import pod_name
-from mdq.embedded import free_port
+from mdq.embedded import end_process, free_port
 from services.metrics.app import MetricsService, build
 from services.metrics.settings import MetricsSettings
 from services.runner.metrics import RunnerMetrics
@@ -210,12 +210,7 @@ def prometheus(tmp_path: Path, metrics: MetricsService, runners: list[int]) -> I
     )
     server = start_prometheus(tmp_path, config, port)
     yield server
-    server.process.terminate()
-    try:
-        server.process.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        server.process.kill()
-        server.process.wait()
+    end_process(server.process, timeout=20)
 
 
 async def feed_job_events(nc: Client, subjects: Subjects) -> None:

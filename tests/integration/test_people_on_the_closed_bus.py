@@ -43,7 +43,7 @@ from mdq.bus.tenants import ensure_tenants_bucket
 from mdq.cli.main import app
 from mdq.contracts import pb
 from mdq.core.tenants import TenantUsage, usage_key
-from mdq.embedded import EmbeddedNats, child_environment, start_nats
+from mdq.embedded import EmbeddedNats, child_environment, end_process, start_nats
 from mdq.errors import PermissionDenied
 from mdq.sdk import MdqClient, OperatorOnly
 from mdq.tenancy import add_tenant
@@ -128,12 +128,7 @@ def closed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Closed]:
         asyncio.run(_intake_answers(bus))
         yield bus
     finally:
-        intake.terminate()
-        try:
-            intake.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            intake.kill()
-            intake.wait()
+        end_process(intake, timeout=10)
         server.stop()
 
 

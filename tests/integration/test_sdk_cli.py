@@ -33,6 +33,7 @@ from mdq.core.ids import job_id, request_id_for_key
 from mdq.core.producers import owner_of
 from mdq.core.spec import validate_submit
 from mdq.core.state import JobState
+from mdq.embedded import end_process
 from mdq.errors import InvalidInput, NotFound
 from mdq.sdk import MdqClient, SubmitRefused, WaitTimeout, load_job_file
 from mdq.stack import STACK_FILE, Stack, read_stack_info
@@ -74,12 +75,7 @@ def intake(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         asyncio.run(_intake_answers(nats_url, subjects))
         yield subjects
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        end_process(process, timeout=10)
 
 
 @pytest.fixture
