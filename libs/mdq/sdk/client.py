@@ -23,13 +23,12 @@ import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 import nats.errors
 import nats.js.errors
 from google.protobuf import json_format
-from google.protobuf.message import DecodeError
+from google.protobuf.message import DecodeError, Message
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
@@ -93,6 +92,8 @@ class ControlRefused(InvalidInput):
 class ControlUnavailable(Unavailable):
     """Nobody answered a job-control request in time (placement down, or between leaders)."""
 
+
+_Reply = TypeVar("_Reply", bound=Message)
 
 CONTROL_RETRY_S = 0.5
 """A job-control request nobody answered is sent again (the same key: safe) after this."""
@@ -201,12 +202,7 @@ class MdqClient:
     async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *_exc_info: object) -> None:
         await self.close()
 
     # -- submitting ------------------------------------------------------------------------
@@ -656,12 +652,7 @@ def _pending(message: Msg) -> int:
 
 def decode_control_reply(data: bytes) -> pb.ControlReply:
     """A ControlReply as placement sent it: protobuf binary, or its JSON mapping."""
-    reply = pb.ControlReply()
-    if data.lstrip()[:1] == b"{":
-        json_format.ParseDict(json.loads(data), reply, ignore_unknown_fields=True)
-    else:
-        reply.ParseFromString(data)
-    return reply
+    return _decoded(data, pb.ControlReply())
 
 
 def _terminal(book: JobBook, job: str) -> bool:
@@ -671,7 +662,12 @@ def _terminal(book: JobBook, job: str) -> bool:
 
 def decode_reply(data: bytes) -> pb.SubmitReply:
     """A SubmitReply as intake sent it: protobuf binary, or its JSON mapping."""
-    reply = pb.SubmitReply()
+    return _decoded(data, pb.SubmitReply())
+
+
+def _decoded(data: bytes, reply: _Reply) -> _Reply:
+    """``reply`` filled from ``data``: its JSON mapping when ``data`` is a JSON object (fields
+    it does not know are passed over), else protobuf binary."""
     if data.lstrip()[:1] == b"{":
         json_format.ParseDict(json.loads(data), reply, ignore_unknown_fields=True)
     else:

@@ -16,7 +16,6 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import IO, TYPE_CHECKING, Self
 
 from mdq.backends.local.agent import REAP_AFTER_KILL_S
@@ -315,12 +314,7 @@ class Stack:
         await self.start()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *_exc_info: object) -> None:
         await self.stop()
 
     def status(self) -> list[ChildStatus]:
