@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from mdq.stack import Stack
+from tests.e2e.stacks import session_stack
 
 
 @pytest.fixture
@@ -17,22 +18,12 @@ async def stack(
     """Every service, two local nodes, recovery's backoff and the metrics' sampling and
     summaries shortened for tests (files with needs of their own define ``stack``
     themselves)."""
-    the_stack = Stack(
-        state_dir=tmp_path / "state",
-        namespace=namespace,
-        nats_url=nats_url,
-        database_url=database_url,
-        local_nodes=2,
-        metrics_port=0,
-        extra_env={
-            "MDQ_RECOVERY_BACKOFF_BASE_S": "1",
-            "MDQ_METRICS_INTERVAL_S": "1",
-            "MDQ_METRICS_SUMMARY_INTERVAL_S": "10",
-        },
-        grace_s=15.0,
-    )
-    await the_stack.start()
-    try:
+    env = {
+        "MDQ_RECOVERY_BACKOFF_BASE_S": "1",
+        "MDQ_METRICS_INTERVAL_S": "1",
+        "MDQ_METRICS_SUMMARY_INTERVAL_S": "10",
+    }
+    async with session_stack(
+        nats_url, database_url, namespace, tmp_path, extra_env=env
+    ) as the_stack:
         yield the_stack
-    finally:
-        await the_stack.stop()

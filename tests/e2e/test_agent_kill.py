@@ -22,7 +22,8 @@ from mdq.contracts import pb
 from mdq.core.state import event_time
 from mdq.sdk.client import MdqClient
 from mdq.stack import Stack
-from tests.e2e.test_stack import md_job, submit_when_ready
+from mdq.testing.submitting import submit_when_ready
+from tests.e2e.test_stack import md_job
 from tests.helpers import read_all, wait_for
 
 pytestmark = pytest.mark.e2e

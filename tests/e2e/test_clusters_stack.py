@@ -23,7 +23,8 @@ from mdq.sdk.client import MdqClient
 from mdq.stack import Stack
 from mdq.testing.cluster import SimulatedCluster
 from mdq.testing.runner_files import last_energy_step, logged_resume
-from tests.e2e.test_stack import md_job, request, submit_when_ready
+from mdq.testing.submitting import submit_when_ready
+from tests.e2e.test_stack import md_job, request
 from tests.helpers import events_of, read_all, wait_for
 
 pytestmark = pytest.mark.e2e

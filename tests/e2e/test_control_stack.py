@@ -16,7 +16,9 @@ from mdq.contracts import pb
 from mdq.sdk.client import MdqClient
 from mdq.stack import Stack
 from mdq.testing.processes import runner_pid
-from tests.e2e.test_stack import md_job, request, submit_when_ready
+from mdq.testing.submitting import submit_when_ready
+from tests.e2e.stacks import wait_for_state
+from tests.e2e.test_stack import md_job, request
 from tests.helpers import read_all, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -92,12 +94,7 @@ async def test_a_running_job_cancelled_checkpoints_and_leaves_no_runner(
 
     db = await asyncpg.connect(database_url)
     try:
-
-        async def projected() -> bool:
-            state = await db.fetchval("SELECT state FROM jobs WHERE job_id = $1", job_id)
-            return bool(state == "CANCELLED")
-
-        await wait_for(projected, timeout=30, what="CANCELLED in PostgreSQL")
+        await wait_for_state(db, job_id, "CANCELLED", timeout=30, what="CANCELLED in PostgreSQL")
         row = await db.fetchrow(
             "SELECT final_reason, final_message, latest_checkpoint_step FROM jobs "
             "WHERE job_id = $1",

@@ -15,8 +15,9 @@ from mdq.contracts import pb
 from mdq.sdk.client import MdqClient
 from mdq.stack import Stack
 from mdq.testing.processes import runner_pid
+from mdq.testing.submitting import submit_when_ready
 from tests.e2e.test_control_stack import gone, long_job
-from tests.e2e.test_stack import request, submit_when_ready
+from tests.e2e.test_stack import request
 from tests.e2e.test_tenant_stack import stack_with_tenants
 from tests.helpers import wait_for
 

@@ -26,7 +26,8 @@ from mdq.sdk.client import MdqClient
 from mdq.stack import Stack
 from mdq.testing.processes import runner_pid
 from mdq.testing.runner_files import last_energy_step, newest_checkpoint_step
-from tests.e2e.test_stack import md_job, submit_when_ready
+from mdq.testing.submitting import submit_when_ready
+from tests.e2e.test_stack import md_job
 from tests.helpers import read_all, wait_for
 from tests.log_agreement import assert_postgres_agrees_with_log
 

@@ -10,7 +10,6 @@ on the other node without counting against its retries.
 
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,9 +19,11 @@ import pytest
 from google.protobuf import json_format
 
 from mdq.contracts import pb
-from mdq.sdk.client import IntakeUnavailable, MdqClient
+from mdq.sdk.client import MdqClient
 from mdq.stack import Stack
 from mdq.testing.cluster import SimulatedCluster
+from mdq.testing.submitting import submit_when_ready
+from tests.e2e.stacks import session_stack, wait_for_state
 from tests.helpers import read_all, wait_for
 from tests.log_agreement import assert_postgres_agrees_with_log
 
@@ -54,29 +55,19 @@ async def cluster(tmp_path: Path) -> AsyncIterator[SimulatedCluster]:
 async def stack(
     cluster: SimulatedCluster, nats_url: str, database_url: str, namespace: str, tmp_path: Path
 ) -> AsyncIterator[Stack]:
-    the_stack = Stack(
-        state_dir=tmp_path / "state",
-        namespace=namespace,
-        backend="kubernetes",
-        nats_url=nats_url,
-        database_url=database_url,
-        metrics_port=0,
-        extra_env={
-            "MDQ_K8S_KUBECONFIG": str(cluster.kubeconfig),
-            "MDQ_K8S_NAMESPACE": K8S_NAMESPACE,
-            "MDQ_K8S_NODE_LOST_AFTER_S": "1",
-            "MDQ_K8S_TERMINATION_GRACE_S": "3",
-            "MDQ_K8S_RETRY_BACKOFF_S": "0.2",
-            "MDQ_RECOVERY_BACKOFF_BASE_S": "1",
-            "MDQ_METRICS_INTERVAL_S": "1",
-        },
-        grace_s=15.0,
-    )
-    await the_stack.start()
-    try:
+    env = {
+        "MDQ_K8S_KUBECONFIG": str(cluster.kubeconfig),
+        "MDQ_K8S_NAMESPACE": K8S_NAMESPACE,
+        "MDQ_K8S_NODE_LOST_AFTER_S": "1",
+        "MDQ_K8S_TERMINATION_GRACE_S": "3",
+        "MDQ_K8S_RETRY_BACKOFF_S": "0.2",
+        "MDQ_RECOVERY_BACKOFF_BASE_S": "1",
+        "MDQ_METRICS_INTERVAL_S": "1",
+    }
+    async with session_stack(
+        nats_url, database_url, namespace, tmp_path, backend="kubernetes", extra_env=env
+    ) as the_stack:
         yield the_stack
-    finally:
-        await the_stack.stop()
 
 
 def md_job(name: str, *, steps: int, **extra: object) -> dict[str, object]:
@@ -97,15 +88,6 @@ def submit_request(job: dict[str, object], *, key: str) -> pb.SubmitRequest:
     return json_format.ParseDict({"idempotency_key": key, "jobs": [job]}, pb.SubmitRequest())
 
 
-async def submit_when_ready(client: MdqClient, submit: pb.SubmitRequest) -> list[str]:
-    for _ in range(90):
-        try:
-            return await client.submit(submit, timeout=5)
-        except IntakeUnavailable:
-            await asyncio.sleep(0.5)
-    raise AssertionError("intake never answered")
-
-
 def kinds_per_attempt(events: list[pb.Event]) -> Counter[tuple[str, int]]:
     return Counter((str(e.WhichOneof("body")), e.attempt) for e in events)
 
@@ -114,8 +96,8 @@ async def test_a_job_runs_through_kubernetes_and_survives_a_watch_expiry(
     stack: Stack, cluster: SimulatedCluster, database_url: str
 ) -> None:
     async with await MdqClient.connect(stack.info.nats_url, stack.namespace) as client:
-        [job_id] = await submit_when_ready(client, submit_request(md_job("water", steps=1500),
-                                                                  key="k8s-e2e"))  # fmt: skip
+        request = submit_request(md_job("water", steps=1500), key="k8s-e2e")
+        [job_id] = await submit_when_ready(client, request, tries=90)
         js = client.nc.jetstream()
 
         async def started() -> bool:
@@ -170,12 +152,9 @@ async def test_a_job_runs_through_kubernetes_and_survives_a_watch_expiry(
 
     db = await asyncpg.connect(database_url)
     try:
-
-        async def projected() -> bool:
-            state = await db.fetchval("SELECT state FROM jobs WHERE job_id = $1", job_id)
-            return bool(state == "SUCCEEDED")
-
-        await wait_for(projected, timeout=30, what="the job SUCCEEDED in PostgreSQL")
+        await wait_for_state(
+            db, job_id, "SUCCEEDED", timeout=30, what="the job SUCCEEDED in PostgreSQL"
+        )
         row = await db.fetchrow("SELECT * FROM attempts WHERE job_id = $1", job_id)
         assert row["node"] == pod["spec"]["nodeName"] and row["pod_name"] == pod_name
         assert await db.fetchval("SELECT last_step FROM jobs WHERE job_id = $1", job_id) == 1500
@@ -189,7 +168,8 @@ async def test_a_node_going_not_ready_moves_the_job_to_the_other_node(
     # max_retries 0: had the lost node counted against the job, it would fail for good.
     job = md_job("moved", steps=4000, max_retries=0)
     async with await MdqClient.connect(stack.info.nats_url, stack.namespace) as client:
-        [job_id] = await submit_when_ready(client, submit_request(job, key="k8s-e2e-node"))
+        request = submit_request(job, key="k8s-e2e-node")
+        [job_id] = await submit_when_ready(client, request, tries=90)
         js = client.nc.jetstream()
 
         async def checkpointed() -> bool:

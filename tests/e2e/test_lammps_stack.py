@@ -21,7 +21,8 @@ from mdq.sdk.client import MdqClient
 from mdq.sdk.inputs import resolve_inputs
 from mdq.stack import Stack
 from mdq.testing.processes import runner_pid
-from tests.e2e.test_stack import submit_when_ready
+from mdq.testing.submitting import submit_when_ready
+from tests.e2e.stacks import wait_for_state
 from tests.helpers import read_all, wait_for
 from tests.integration.test_runner_lammps import attempts_in_log
 
@@ -84,12 +85,9 @@ async def test_a_killed_lammps_job_resumes_from_its_restart_file(
 
     db = await asyncpg.connect(database_url)
     try:
-
-        async def projected() -> bool:
-            state = await db.fetchval("SELECT state FROM jobs WHERE job_id = $1", job_id)
-            return bool(state == "SUCCEEDED")
-
-        await wait_for(projected, timeout=30, what="the job SUCCEEDED in PostgreSQL")
+        await wait_for_state(
+            db, job_id, "SUCCEEDED", timeout=30, what="the job SUCCEEDED in PostgreSQL"
+        )
         rows = await db.fetch("SELECT * FROM attempts WHERE job_id = $1 ORDER BY attempt", job_id)
         assert [r["attempt"] for r in rows] == [1, 2]
         assert rows[0]["failure_reason"] == "FAILURE_CRASHED"

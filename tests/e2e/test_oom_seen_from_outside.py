@@ -17,7 +17,9 @@ from mdq.stack import Stack
 from mdq.stack.files import LOCAL_AGENT
 from mdq.testing.agent_log import read_pod_ends
 from mdq.testing.processes import runner_pid
-from tests.e2e.test_stack import md_job, request, submit_when_ready
+from mdq.testing.submitting import submit_when_ready
+from tests.e2e.stacks import wait_for_state
+from tests.e2e.test_stack import md_job, request
 from tests.helpers import wait_for
 
 MEMORY_MB = 64
@@ -63,12 +65,9 @@ async def test_an_oom_kill_is_the_agents_sigkill_of_the_runner_seen_running(
     assert end.pid in seen  # the process killed is the runner that was seen running
     connection = await asyncpg.connect(database_url)
     try:
-
-        async def projected() -> bool:
-            state = await connection.fetchval("SELECT state FROM jobs WHERE job_id = $1", job_id)
-            return bool(state == "FAILED")
-
-        await wait_for(projected, timeout=30, what="the projection of the job's end")
+        await wait_for_state(
+            connection, job_id, "FAILED", timeout=30, what="the projection of the job's end"
+        )
         rows = await connection.fetch(
             "SELECT attempt, failure_reason FROM attempts WHERE job_id = $1 ORDER BY attempt",
             job_id,

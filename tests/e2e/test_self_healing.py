@@ -28,7 +28,8 @@ from mdq.cli.main import app
 from mdq.cli.status import probe_nats, probe_postgres
 from mdq.sdk.client import MdqClient
 from mdq.stack import NATS_SERVER, POSTGRES, Stack
-from tests.e2e.test_stack import md_job, request, submit_when_ready
+from mdq.testing.submitting import submit_when_ready
+from tests.e2e.test_stack import md_job, request
 from tests.helpers import read_all, wait_for
 from tests.stack_health import fail_unless_healthy
 
@@ -57,19 +58,15 @@ async def stack(
 ) -> AsyncIterator[Stack]:
     monkeypatch.delenv("NATS_URL", raising=False)  # this stack embeds both servers
     monkeypatch.delenv("DATABASE_URL", raising=False)
-    the_stack = Stack(
+    async with Stack(
         state_dir=state_dir,
         namespace=namespace,
         local_nodes=2,
         metrics_port=0,
         extra_env={"MDQ_RECOVERY_BACKOFF_BASE_S": "1", "MDQ_METRICS_INTERVAL_S": "1"},
         grace_s=15.0,
-    )
-    await the_stack.start()
-    try:
+    ) as the_stack:
         yield the_stack
-    finally:
-        await the_stack.stop()
 
 
 def _server(stack: Stack, name: str) -> tuple[int, int]:

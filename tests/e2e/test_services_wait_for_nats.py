@@ -13,8 +13,9 @@ import pytest
 
 from mdq.embedded import EmbeddedNats, free_port, start_nats
 from mdq.sdk.client import MdqClient
-from mdq.stack import Stack
-from tests.e2e.test_stack import md_job, request, submit_when_ready
+from mdq.testing.submitting import submit_when_ready
+from tests.e2e.stacks import session_stack, wait_for_state
+from tests.e2e.test_stack import md_job, request
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -24,15 +25,7 @@ async def test_every_service_waits_for_nats_and_works_once_it_starts(
     tmp_path: Path, database_url: str, namespace: str
 ) -> None:
     url = f"nats://127.0.0.1:{free_port()}"
-    stack = Stack(
-        state_dir=tmp_path / "state",
-        namespace=namespace,
-        nats_url=url,
-        database_url=database_url,
-        local_nodes=1,
-        metrics_port=0,
-        grace_s=15.0,
-    )
+    stack = session_stack(url, database_url, namespace, tmp_path, local_nodes=1)
     server: EmbeddedNats | None = None
     await stack.start()
     try:
@@ -69,12 +62,9 @@ async def test_every_service_waits_for_nats_and_works_once_it_starts(
 
         db = await asyncpg.connect(database_url)
         try:
-
-            async def projected() -> bool:
-                state = await db.fetchval("SELECT state FROM jobs WHERE job_id = $1", job_id)
-                return bool(state == "SUCCEEDED")
-
-            await wait_for(projected, timeout=60, what="the job SUCCEEDED in PostgreSQL")
+            await wait_for_state(
+                db, job_id, "SUCCEEDED", timeout=60, what="the job SUCCEEDED in PostgreSQL"
+            )
         finally:
             await db.close()
     finally:

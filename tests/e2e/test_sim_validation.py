@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from mdq.stack import Stack
+from tests.e2e.stacks import session_stack
 from tools.sim_validation import run_and_simulate, stack_env
 
 pytestmark = pytest.mark.e2e
@@ -23,21 +24,11 @@ ORDER_TOLERANCE = 0.2
 async def stack(
     nats_url: str, database_url: str, namespace: str, tmp_path: Path
 ) -> AsyncIterator[Stack]:
-    the_stack = Stack(
-        state_dir=tmp_path / "state",
-        namespace=namespace,
-        nats_url=nats_url,
-        database_url=database_url,
-        local_nodes=2,
-        metrics_port=0,
-        extra_env=stack_env(),
-        grace_s=15.0,
-    )
-    await the_stack.start()
-    try:
+    env = stack_env()
+    async with session_stack(
+        nats_url, database_url, namespace, tmp_path, extra_env=env
+    ) as the_stack:
         yield the_stack
-    finally:
-        await the_stack.stop()
 
 
 async def test_simulation_of_a_campaign_agrees_with_its_run(

@@ -13,9 +13,10 @@ import asyncpg
 import pytest
 
 from mdq.contracts import pb
-from mdq.sdk.client import IntakeUnavailable, MdqClient
+from mdq.sdk.client import MdqClient
 from mdq.stack import Stack
 from mdq.testing.processes import runner_pid
+from mdq.testing.submitting import submit_when_ready
 from tests.helpers import read_all, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -123,16 +124,6 @@ async def test_campaign_with_chain_runs_to_the_history(stack: Stack, database_ur
         await db.close()
     analysis = json.loads((stack.data_dir / "jobs" / ids["analyze"] / "analysis.json").read_text())
     assert json.dumps(analysis).count(ids["run"]) >= 1
-
-
-async def submit_when_ready(client: MdqClient, submit: pb.SubmitRequest) -> list[str]:
-    """Submit once intake answers (the stack's services start in the background)."""
-    for _ in range(60):
-        try:
-            return await client.submit(submit, timeout=5)
-        except IntakeUnavailable:
-            await asyncio.sleep(0.5)
-    raise AssertionError("intake never answered")
 
 
 async def test_runner_killed_mid_job_resumes_from_its_checkpoint(

@@ -19,7 +19,8 @@ from mdq.contracts import pb
 from mdq.sdk.client import MdqClient, WaitTimeout
 from mdq.stack import Stack, StackInfo
 from mdq.tenancy import AddedTenant, add_tenant
-from tests.e2e.test_stack import md_job, request, submit_when_ready
+from mdq.testing.submitting import submit_when_ready
+from tests.e2e.test_stack import md_job, request
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.e2e
