@@ -12,15 +12,14 @@ import argparse
 import asyncio
 import contextlib
 import json
-import shutil
 import signal
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import psutil
+from bench_stack import servers, stack_on
 from google.protobuf import json_format
 from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy, StreamConfig
@@ -29,9 +28,8 @@ from mdq.bus.codec import decode_event, encode
 from mdq.bus.requests import Requests
 from mdq.contracts import pb
 from mdq.core.runner_task import ENV_JOB_ID, job_dir
-from mdq.embedded import start_nats, start_postgres
-from mdq.sdk.client import ControlUnavailable, IntakeUnavailable, MdqClient
-from mdq.stack import Stack
+from mdq.sdk.client import ControlUnavailable, MdqClient
+from mdq.testing.submitting import IntakeSilent, submit_when_ready
 
 NAMESPACE = "benchctl"
 NODES = 4
@@ -95,12 +93,7 @@ def running_job(name: str) -> dict[str, object]:
 
 async def submit(client: MdqClient, key: str, jobs: list[dict[str, object]]) -> list[str]:
     request = json_format.ParseDict({"idempotency_key": key, "jobs": jobs}, pb.SubmitRequest())
-    for _ in range(240):
-        try:
-            return await client.submit(request, timeout=30)
-        except IntakeUnavailable:
-            await asyncio.sleep(0.5)
-    raise BenchFailed("intake never answered")
+    return await submit_when_ready(client, request, tries=240, answer_within_s=30)
 
 
 async def wave_running(job_ids: list[str], timeout: float = 300.0) -> dict[str, psutil.Process]:
@@ -298,35 +291,20 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def main(waves: int, bulk: int) -> dict[str, object]:
-    root = Path(tempfile.mkdtemp(prefix="mdq-bench-control-"))
-    nats = start_nats(root / "nats")
-    postgres = start_postgres(root / "pg", keep=False)
-    stack = Stack(
-        state_dir=root / "state",
-        namespace=NAMESPACE,
-        nats_url=nats.url,
-        database_url=postgres.url,
-        metrics_port=0,
-        local_nodes=NODES,
-        extra_env={
-            "MDQ_METRICS_INTERVAL_S": "1",
-            "MDQ_LOCAL_CPU_PER_NODE": "1",
-            "MDQ_RECOVERY_BACKOFF_BASE_S": "0.5",
-        },
-        grace_s=10.0,
-    )
-    await stack.start()
-    try:
-        async with await MdqClient.connect(nats.url, NAMESPACE) as client:
-            through_mdq, raw, checkpointed = await measure_waves(client, stack.data_dir, waves)
-            bulk_s, raw_bulk_s = await measure_bulk(client, bulk)
-            left = len(runner_processes(NAMESPACE))
-            doubled = await double_terminal(client)
-    finally:
-        await stack.stop()
-        nats.stop()
-        postgres.stop()
-        shutil.rmtree(root, ignore_errors=True)
+    env = {
+        "MDQ_METRICS_INTERVAL_S": "1",
+        "MDQ_LOCAL_CPU_PER_NODE": "1",
+        "MDQ_RECOVERY_BACKOFF_BASE_S": "0.5",
+    }
+    async with (
+        servers("mdq-bench-control-") as bus_and_db,
+        stack_on(bus_and_db, NAMESPACE, local_nodes=NODES, extra_env=env, grace_s=10.0) as stack,
+        await MdqClient.connect(bus_and_db.nats_url, NAMESPACE) as client,
+    ):
+        through_mdq, raw, checkpointed = await measure_waves(client, stack.data_dir, waves)
+        bulk_s, raw_bulk_s = await measure_bulk(client, bulk)
+        left = len(runner_processes(NAMESPACE))
+        doubled = await double_terminal(client)
     p50, raw_p50 = statistics.median(through_mdq), statistics.median(raw)
     return {
         "cancelled": len(through_mdq),
@@ -358,7 +336,7 @@ if __name__ == "__main__":
         parser.error("--waves and --bulk must be at least 1")
     try:
         result = asyncio.run(main(args.waves, args.bulk))
-    except (BenchFailed, ControlUnavailable) as failure:
+    except (BenchFailed, ControlUnavailable, IntakeSilent) as failure:
         print(f"bench-control FAILED: {failure}", file=sys.stderr, flush=True)
         sys.exit(1)
     with contextlib.suppress(BrokenPipeError):

@@ -14,10 +14,8 @@ import asyncio
 import itertools
 import json
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +26,7 @@ from google.protobuf import json_format
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_stack import servers, stack_on
 from recovery import BenchFailed
 
 from mdq.bus.subjects import Subjects
@@ -36,9 +35,7 @@ from mdq.contracts import pb
 from mdq.core import ids
 from mdq.core.runner_task import ENV_ATTEMPT, ENV_JOB_ID, job_dir
 from mdq.core.tenants import TenantPolicy
-from mdq.embedded import start_nats, start_postgres
-from mdq.sdk.client import IntakeUnavailable, MdqClient
-from mdq.stack import Stack
+from mdq.sdk.client import MdqClient
 from mdq.testing.runner_files import (
     checkpoint_steps,
     energy_rows,
@@ -47,6 +44,7 @@ from mdq.testing.runner_files import (
     newest_checkpoint_step,
     retry_table_problem,
 )
+from mdq.testing.submitting import IntakeSilent, submit_when_ready
 
 NAMESPACE = "benchfair"
 CHECKPOINT_INTERVAL = 200
@@ -77,13 +75,10 @@ async def flood(client: MdqClient, tenant: str, jobs: int, checkpoint_interval: 
         },
         pb.SubmitRequest(),
     )
-    for _ in range(120):
-        try:
-            await client.submit(request, timeout=10)
-            return
-        except IntakeUnavailable:
-            await asyncio.sleep(0.5)
-    raise BenchFailed(f"intake never answered {tenant}'s submit")
+    try:
+        await submit_when_ready(client, request, tries=120, answer_within_s=10)
+    except IntakeSilent as silent:
+        raise BenchFailed(f"intake never answered {tenant}'s submit") from silent
 
 
 def running_attempts() -> dict[str, int]:
@@ -140,30 +135,20 @@ def fair_shares(tenants: dict[str, float]) -> dict[str, float]:
 
 
 async def measure(args: argparse.Namespace, *, fair_share: bool) -> dict[str, Any]:
-    root = Path(tempfile.mkdtemp(prefix="mdq-bench-fairshare-"))
-    nats = start_nats(root / "nats")
-    postgres = start_postgres(root / "pg", keep=False)
     cores = 2 * args.cores_per_node
-    stack = Stack(
-        state_dir=root / "state",
-        namespace=NAMESPACE,
-        nats_url=nats.url,
-        database_url=postgres.url,
-        metrics_port=0,
-        local_nodes=2,
-        extra_env={
-            "MDQ_LOCAL_CPU_PER_NODE": str(args.cores_per_node),
-            "MDQ_PLACEMENT_FAIR_SHARE": "true" if fair_share else "false",
-            "MDQ_PLACEMENT_FAIR_SHARE_MIN_RUN_S": str(args.min_run_s),
-            "MDQ_RECOVERY_BACKOFF_BASE_S": "0.5",
-            "MDQ_RECOVERY_QUARANTINE_AFTER": "1000",
-        },
-        grace_s=5.0,
-    )
-    await stack.start()
+    env = {
+        "MDQ_LOCAL_CPU_PER_NODE": str(args.cores_per_node),
+        "MDQ_PLACEMENT_FAIR_SHARE": "true" if fair_share else "false",
+        "MDQ_PLACEMENT_FAIR_SHARE_MIN_RUN_S": str(args.min_run_s),
+        "MDQ_RECOVERY_BACKOFF_BASE_S": "0.5",
+        "MDQ_RECOVERY_QUARANTINE_AFTER": "1000",
+    }
     run = Run()
-    try:
-        async with await MdqClient.connect(nats.url, NAMESPACE) as operator:
+    async with (
+        servers("mdq-bench-fairshare-") as bus_and_db,
+        stack_on(bus_and_db, NAMESPACE, local_nodes=2, extra_env=env, grace_s=5.0) as stack,
+    ):
+        async with await MdqClient.connect(bus_and_db.nats_url, NAMESPACE) as operator:
             js = operator.nc.jetstream()
             subjects = Subjects(NAMESPACE)
             await ensure_tenants_bucket(js, subjects)
@@ -256,11 +241,6 @@ async def measure(args: argparse.Namespace, *, fair_share: bool) -> dict[str, An
             if last_step >= 0 and start >= 0:
                 lost.append(max(0, last_step - start))
         run.checkpoint_interval_s = checkpoint_interval_s(stack.data_dir)
-    finally:
-        await stack.stop()
-        nats.stop()
-        postgres.stop()
-        shutil.rmtree(root, ignore_errors=True)
     summary = summarise(run, cores, lost)
     summary["checkpoint_interval_steps"] = args.checkpoint_interval
     if fair_share:  # what this bench promises to measure; the baseline may well never get there

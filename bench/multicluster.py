@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
 import signal
 import statistics
 import sys
@@ -29,6 +28,7 @@ from nats.aio.msg import Msg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_stack import servers, stack_on
 from placement import processes, submit_payload, wait_for_responder
 from recovery import BenchFailed, percentile, submit
 
@@ -41,9 +41,8 @@ from mdq.contracts import pb
 from mdq.core import ids
 from mdq.core.clusters import qualified
 from mdq.core.runner_task import ENV_ATTEMPT, ENV_JOB_ID, job_dir
-from mdq.embedded import SHARED_FILE_STORE, start_nats, start_postgres
+from mdq.embedded import SHARED_FILE_STORE, start_nats
 from mdq.sdk.client import MdqClient
-from mdq.stack import Stack
 from mdq.testing.agent_log import PodEnd, read_pod_ends
 from mdq.testing.runner_files import (
     checkpoint_steps,
@@ -295,126 +294,120 @@ def attempt_running(job_id: str, attempt: int, frozen: set[int]) -> bool:
 
 
 async def failover(jobs: int, steps: int) -> dict[str, Any]:
-    root = Path(tempfile.mkdtemp(prefix="mdq-bench-failover-"))
-    nats_server = start_nats(root / "nats")
-    postgres = start_postgres(root / "pg", keep=False)
-    stack = Stack(
-        state_dir=root / "state",
-        namespace="benchfail",
-        nats_url=nats_server.url,
-        database_url=postgres.url,
-        metrics_port=0,
-        local_nodes=1,
-        clusters=2,
-        extra_env={"MDQ_LOCAL_CPU_PER_NODE": "4", "MDQ_RECOVERY_BACKOFF_BASE_S": "0.5"},
-        grace_s=5.0,
-    )
-    await stack.start()
+    env = {"MDQ_LOCAL_CPU_PER_NODE": "4", "MDQ_RECOVERY_BACKOFF_BASE_S": "0.5"}
     frozen: list[psutil.Process] = []
-    try:
-        async with await MdqClient.connect(nats_server.url, "benchfail") as client:
-            specs = [
-                failover_job(f"md{i}", "lab1" if i % 2 == 0 else "lab2", steps) for i in range(jobs)
-            ]
-            job_ids = await submit(client, "failover", *specs)
-            agent = stack.child_pid("local-backend-lab1")
-            if agent is None:
-                raise BenchFailed("no node agent of lab1")
-            # every job running, each past its first checkpoint
-            deadline = time.monotonic() + 300
-            while True:
-                on_lab1 = runners_under(agent)
-                checkpointed = [
-                    j
-                    for j in job_ids
-                    if any((job_dir(stack.data_dir, j) / "checkpoints").glob("ckpt-*.xml"))
+    async with (
+        servers("mdq-bench-failover-") as bus_and_db,
+        stack_on(
+            bus_and_db, "benchfail", local_nodes=1, clusters=2, extra_env=env, grace_s=5.0
+        ) as stack,
+    ):
+        try:
+            async with await MdqClient.connect(bus_and_db.nats_url, "benchfail") as client:
+                specs = [
+                    failover_job(f"md{i}", "lab1" if i % 2 == 0 else "lab2", steps)
+                    for i in range(jobs)
                 ]
-                if on_lab1 and len(checkpointed) == len(job_ids):
-                    break
-                if time.monotonic() > deadline:
-                    raise BenchFailed("the jobs never all ran and checkpointed")
-                await asyncio.sleep(0.2)
-            frozen = [psutil.Process(agent), *(p for _, p in on_lab1.values())]
-            for process in frozen:
-                process.send_signal(signal.SIGSTOP)
-            lost_at = time.monotonic()
-            last_steps = {
-                j: last_energy_step(job_dir(stack.data_dir, j) / "energies.csv") for j in on_lab1
-            }
-            frozen_rows = {
-                j: energy_rows(job_dir(stack.data_dir, j) / "energies.csv") for j in on_lab1
-            }
-            frozen_checkpoints = {
-                j: checkpoint_steps(job_dir(stack.data_dir, j) / "checkpoints") for j in on_lab1
-            }
-            print(f"froze lab1 with {sorted(on_lab1)}", file=sys.stderr, flush=True)
-            frozen_pids = {p.pid for p in frozen}
-            moved: dict[str, float] = {}
-            while len(moved) < len(on_lab1):
-                for job_id, (attempt, _) in on_lab1.items():
-                    if job_id not in moved and attempt_running(job_id, attempt + 1, frozen_pids):
-                        moved[job_id] = time.monotonic() - lost_at
-                if time.monotonic() - lost_at > 300:
-                    raise BenchFailed(f"not every job of lab1 moved: {sorted(moved)}")
-                await asyncio.sleep(0.05)
-            lost_steps = []
-            for job_id, (attempt, _) in on_lab1.items():
-                log = stack.data_dir / "pods" / f"{ids.pod_name(job_id, attempt + 1)}.log"
-                for _ in range(600):
-                    if (resumed := logged_resume(log)) is not None:
-                        break
-                    await asyncio.sleep(0.1)
-                else:
-                    raise BenchFailed(f"{log} never said where it resumed")
-                if resumed and resumed not in frozen_checkpoints[job_id]:
-                    raise BenchFailed(f"{job_id}: the retry says step {resumed}, no such file")
-                table = job_dir(stack.data_dir, job_id) / "energies.csv"
-                for _ in range(1200):  # the retry's first row past its resume, on disk
-                    if last_energy_step(table) > resumed:
-                        break
-                    await asyncio.sleep(0.1)
-                problem = retry_table_problem(
-                    frozen_rows[job_id], energy_rows(table), resumed, FAILOVER_REPORT_INTERVAL
-                )
-                if problem:
-                    raise BenchFailed(f"{job_id}: the retry's energy table: {problem}")
-                lost_steps.append(max(0, last_steps[job_id] - resumed))
-            for process in frozen:  # the cluster is back
-                process.send_signal(signal.SIGCONT)
-            stale = [p for p in frozen[1:]]
-            gone = psutil.wait_procs(stale, timeout=60)[1]
-            if gone:
-                raise BenchFailed(f"stale runners still alive 60 s after lab1 came back: {gone}")
-            states = await client.wait(job_ids, timeout=900)
-            js = client.nc.jetstream()
-            succeeded: dict[str, int] = {}
-            subscription = await js.subscribe(
-                client.subjects.job("*", "succeeded"), ordered_consumer=True
-            )
-            try:
+                job_ids = await submit(client, "failover", *specs)
+                agent = stack.child_pid("local-backend-lab1")
+                if agent is None:
+                    raise BenchFailed("no node agent of lab1")
+                # every job running, each past its first checkpoint
+                deadline = time.monotonic() + 300
                 while True:
-                    try:
-                        message = await subscription.next_msg(timeout=2)
-                    except Exception:
+                    on_lab1 = runners_under(agent)
+                    checkpointed = [
+                        j
+                        for j in job_ids
+                        if any((job_dir(stack.data_dir, j) / "checkpoints").glob("ckpt-*.xml"))
+                    ]
+                    if on_lab1 and len(checkpointed) == len(job_ids):
                         break
-                    event = decode_event(message.data)
-                    succeeded[event.job_id] = succeeded.get(event.job_id, 0) + 1
-            finally:
-                await subscription.unsubscribe()
-            ends = [
-                end
-                for name in ("local-backend-lab1", "local-backend-lab2")
-                for end in read_pod_ends(stack.logs_dir / f"{name}.log")
-            ]
-            on_disk = {j: succeeded_on_disk(stack.data_dir, j, steps, ends) for j in job_ids}
-    finally:
-        for process in frozen:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                process.send_signal(signal.SIGCONT)
-        await stack.stop()
-        nats_server.stop()
-        postgres.stop()
-        shutil.rmtree(root, ignore_errors=True)
+                    if time.monotonic() > deadline:
+                        raise BenchFailed("the jobs never all ran and checkpointed")
+                    await asyncio.sleep(0.2)
+                frozen = [psutil.Process(agent), *(p for _, p in on_lab1.values())]
+                for process in frozen:
+                    process.send_signal(signal.SIGSTOP)
+                lost_at = time.monotonic()
+                last_steps = {
+                    j: last_energy_step(job_dir(stack.data_dir, j) / "energies.csv")
+                    for j in on_lab1
+                }
+                frozen_rows = {
+                    j: energy_rows(job_dir(stack.data_dir, j) / "energies.csv") for j in on_lab1
+                }
+                frozen_checkpoints = {
+                    j: checkpoint_steps(job_dir(stack.data_dir, j) / "checkpoints") for j in on_lab1
+                }
+                print(f"froze lab1 with {sorted(on_lab1)}", file=sys.stderr, flush=True)
+                frozen_pids = {p.pid for p in frozen}
+                moved: dict[str, float] = {}
+                while len(moved) < len(on_lab1):
+                    for job_id, (attempt, _) in on_lab1.items():
+                        if job_id not in moved and attempt_running(
+                            job_id, attempt + 1, frozen_pids
+                        ):
+                            moved[job_id] = time.monotonic() - lost_at
+                    if time.monotonic() - lost_at > 300:
+                        raise BenchFailed(f"not every job of lab1 moved: {sorted(moved)}")
+                    await asyncio.sleep(0.05)
+                lost_steps = []
+                for job_id, (attempt, _) in on_lab1.items():
+                    log = stack.data_dir / "pods" / f"{ids.pod_name(job_id, attempt + 1)}.log"
+                    for _ in range(600):
+                        if (resumed := logged_resume(log)) is not None:
+                            break
+                        await asyncio.sleep(0.1)
+                    else:
+                        raise BenchFailed(f"{log} never said where it resumed")
+                    if resumed and resumed not in frozen_checkpoints[job_id]:
+                        raise BenchFailed(f"{job_id}: the retry says step {resumed}, no such file")
+                    table = job_dir(stack.data_dir, job_id) / "energies.csv"
+                    for _ in range(1200):  # the retry's first row past its resume, on disk
+                        if last_energy_step(table) > resumed:
+                            break
+                        await asyncio.sleep(0.1)
+                    problem = retry_table_problem(
+                        frozen_rows[job_id], energy_rows(table), resumed, FAILOVER_REPORT_INTERVAL
+                    )
+                    if problem:
+                        raise BenchFailed(f"{job_id}: the retry's energy table: {problem}")
+                    lost_steps.append(max(0, last_steps[job_id] - resumed))
+                for process in frozen:  # the cluster is back
+                    process.send_signal(signal.SIGCONT)
+                stale = [p for p in frozen[1:]]
+                gone = psutil.wait_procs(stale, timeout=60)[1]
+                if gone:
+                    raise BenchFailed(
+                        f"stale runners still alive 60 s after lab1 came back: {gone}"
+                    )
+                states = await client.wait(job_ids, timeout=900)
+                js = client.nc.jetstream()
+                succeeded: dict[str, int] = {}
+                subscription = await js.subscribe(
+                    client.subjects.job("*", "succeeded"), ordered_consumer=True
+                )
+                try:
+                    while True:
+                        try:
+                            message = await subscription.next_msg(timeout=2)
+                        except Exception:
+                            break
+                        event = decode_event(message.data)
+                        succeeded[event.job_id] = succeeded.get(event.job_id, 0) + 1
+                finally:
+                    await subscription.unsubscribe()
+                ends = [
+                    end
+                    for name in ("local-backend-lab1", "local-backend-lab2")
+                    for end in read_pod_ends(stack.logs_dir / f"{name}.log")
+                ]
+                on_disk = {j: succeeded_on_disk(stack.data_dir, j, steps, ends) for j in job_ids}
+        finally:
+            for process in frozen:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    process.send_signal(signal.SIGCONT)
     timings = list(moved.values())
     mdq_once = all(succeeded.get(j) == 1 for j in job_ids)
     mdq_succeeded = sum(1 for j in job_ids if str(states.get(j)) == "SUCCEEDED")

@@ -14,16 +14,15 @@ import contextlib
 import json
 import os
 import random
-import shutil
 import signal
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+from bench_stack import servers, stack_on
 from google.protobuf import json_format
 
 from mdq.backends.local.api import LocalBackend
@@ -31,9 +30,7 @@ from mdq.bus.codec import decode_event
 from mdq.contracts import pb
 from mdq.core import ids
 from mdq.core.runner_task import ENV_ATTEMPT, ENV_JOB_ID, job_dir
-from mdq.embedded import start_nats, start_postgres
-from mdq.sdk.client import IntakeUnavailable, MdqClient
-from mdq.stack import Stack
+from mdq.sdk.client import MdqClient
 from mdq.testing.runner_files import (
     checkpoint_steps,
     energy_rows,
@@ -42,6 +39,7 @@ from mdq.testing.runner_files import (
     newest_checkpoint_step,
     retry_table_problem,
 )
+from mdq.testing.submitting import submit_when_ready
 
 CHECKPOINT_INTERVAL = 1000
 REPORT_INTERVAL = 10
@@ -111,12 +109,7 @@ async def submit(client: MdqClient, key: str, *jobs: dict[str, object]) -> list[
     request = json_format.ParseDict(
         {"idempotency_key": key, "jobs": list(jobs)}, pb.SubmitRequest()
     )
-    for _ in range(120):
-        try:
-            return await client.submit(request, timeout=5)
-        except IntakeUnavailable:
-            await asyncio.sleep(0.5)
-    raise RuntimeError("intake never answered")
+    return await submit_when_ready(client, request, tries=120)
 
 
 class Tap:
@@ -273,39 +266,24 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def main(evictions: int, kills: int, seed: int) -> dict[str, object]:
-    root = Path(tempfile.mkdtemp(prefix="mdq-bench-recovery-"))
-    nats = start_nats(root / "nats")
-    postgres = start_postgres(root / "pg", keep=False)
-    stack = Stack(
-        state_dir=root / "state",
-        namespace="benchrec",
-        nats_url=nats.url,
-        database_url=postgres.url,
-        metrics_port=0,
-        local_nodes=3,
-        extra_env={
-            "MDQ_METRICS_INTERVAL_S": "1",
-            "MDQ_LOCAL_CPU_PER_NODE": "1",
-            "MDQ_RECOVERY_BACKOFF_BASE_S": "0.5",
-            "MDQ_RECOVERY_BACKOFF_FACTOR": "1",
-            "MDQ_RECOVERY_QUARANTINE_AFTER": "1000",
-        },
-        grace_s=5.0,
-    )
-    await stack.start()
-    try:
-        async with await MdqClient.connect(nats.url, "benchrec") as client:
-            tap = Tap()
-            await tap.start(client)
-            backend = LocalBackend(nc=client.nc, subjects=client.subjects)
-            timings = await measure_evictions(client, tap, backend, evictions)
-            await backend.close()
-            measured = await measure_kills(client, tap, stack.data_dir, kills, random.Random(seed))
-    finally:
-        await stack.stop()
-        nats.stop()
-        postgres.stop()
-        shutil.rmtree(root, ignore_errors=True)
+    env = {
+        "MDQ_METRICS_INTERVAL_S": "1",
+        "MDQ_LOCAL_CPU_PER_NODE": "1",
+        "MDQ_RECOVERY_BACKOFF_BASE_S": "0.5",
+        "MDQ_RECOVERY_BACKOFF_FACTOR": "1",
+        "MDQ_RECOVERY_QUARANTINE_AFTER": "1000",
+    }
+    async with (
+        servers("mdq-bench-recovery-") as bus_and_db,
+        stack_on(bus_and_db, "benchrec", local_nodes=3, extra_env=env, grace_s=5.0) as stack,
+        await MdqClient.connect(bus_and_db.nats_url, "benchrec") as client,
+    ):
+        tap = Tap()
+        await tap.start(client)
+        backend = LocalBackend(nc=client.nc, subjects=client.subjects)
+        timings = await measure_evictions(client, tap, backend, evictions)
+        await backend.close()
+        measured = await measure_kills(client, tap, stack.data_dir, kills, random.Random(seed))
     lost = [kill.steps_lost for kill in measured]
     return {
         "recoveries": len(timings),

@@ -13,10 +13,8 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -25,14 +23,15 @@ from typing import Any
 
 import asyncpg
 import psutil
+from bench_stack import servers, stack_on
 from google.protobuf import json_format
 
 from mdq.contracts import pb
 from mdq.core.runner_task import ENV_ATTEMPT, ENV_JOB_ID
-from mdq.embedded import start_nats, start_postgres
-from mdq.sdk.client import IntakeUnavailable, MdqClient
-from mdq.stack import LOCAL_AGENT, Stack
+from mdq.sdk.client import MdqClient
+from mdq.stack import LOCAL_AGENT
 from mdq.testing.agent_log import PodEnd, read_pod_ends
+from mdq.testing.submitting import submit_when_ready
 
 SYSTEMS: list[tuple[str, dict[str, object], int]] = [
     # name, system, atoms (for the hand-set rule)
@@ -158,12 +157,7 @@ def jobs(phase: str, runs: int, steps: int, *, rule: bool = False) -> list[dict[
 
 async def submit(client: MdqClient, key: str, specs: list[dict[str, object]]) -> list[str]:
     request = json_format.ParseDict({"idempotency_key": key, "jobs": specs}, pb.SubmitRequest())
-    for _ in range(120):
-        try:
-            return await client.submit(request, timeout=10)
-        except IntakeUnavailable:
-            await asyncio.sleep(0.5)
-    raise RuntimeError("intake never answered")
+    return await submit_when_ready(client, request, tries=120, answer_within_s=10)
 
 
 def machine_cpu_busy(before: Any, after: Any) -> float:
@@ -290,47 +284,34 @@ def p95(values: list[float]) -> float:
 async def main(
     runs: int, steps: int, nodes: int, node_cpu: int, node_memory_mb: int, rule: bool
 ) -> dict[str, object]:
-    root = Path(tempfile.mkdtemp(prefix="mdq-bench-requests-"))
-    nats = start_nats(root / "nats")
-    postgres = start_postgres(root / "pg", keep=False)
-    stack = Stack(
-        state_dir=root / "state",
-        namespace="benchreq",
-        nats_url=nats.url,
-        database_url=postgres.url,
-        metrics_port=0,
-        local_nodes=nodes,
-        extra_env={
+    sampler = Sampler()
+    thread = threading.Thread(target=sampler.run, daemon=True)
+    async with servers("mdq-bench-requests-") as bus_and_db:
+        env = {
             "MDQ_METRICS_INTERVAL_S": "1",
             "MDQ_LOCAL_CPU_PER_NODE": str(node_cpu),
             "MDQ_LOCAL_MEMORY_MB_PER_NODE": str(node_memory_mb),
-            "MDQ_INTAKE_HISTORY_DATABASE_URL": postgres.url,
+            "MDQ_INTAKE_HISTORY_DATABASE_URL": bus_and_db.database_url,
             "MDQ_INTAKE_HISTORY_REFRESH_S": "2",
             "MDQ_RUNNER_WARMUP_MINIMIZE_ITERATIONS": "20",
-        },
-        grace_s=5.0,
-    )
-    sampler = Sampler()
-    thread = threading.Thread(target=sampler.run, daemon=True)
-    thread.start()
-    await stack.start()
-    try:
-        async with await MdqClient.connect(nats.url, "benchreq") as client:
-            agent_log = stack.logs_dir / f"{LOCAL_AGENT}.log"
-            hand = await run_phase(
-                client, postgres.url, sampler, agent_log, "hand", runs, steps, rule
-            )
-            await asyncio.sleep(5.0)  # intake reads the first campaign's usage (every 2 s)
-            learned = await run_phase(
-                client, postgres.url, sampler, agent_log, "learned", runs, steps, rule
-            )
-    finally:
-        sampler.stop()
-        thread.join(timeout=5)
-        await stack.stop()
-        nats.stop()
-        postgres.stop()
-        shutil.rmtree(root, ignore_errors=True)
+        }
+        stack = stack_on(bus_and_db, "benchreq", local_nodes=nodes, extra_env=env, grace_s=5.0)
+        thread.start()
+        async with stack:
+            try:
+                async with await MdqClient.connect(bus_and_db.nats_url, "benchreq") as client:
+                    agent_log = stack.logs_dir / f"{LOCAL_AGENT}.log"
+                    database_url = bus_and_db.database_url
+                    hand = await run_phase(
+                        client, database_url, sampler, agent_log, "hand", runs, steps, rule
+                    )
+                    await asyncio.sleep(5.0)  # intake reads the first campaign's usage (every 2 s)
+                    learned = await run_phase(
+                        client, database_url, sampler, agent_log, "learned", runs, steps, rule
+                    )
+            finally:
+                sampler.stop()
+                thread.join(timeout=5)
     if not learned.memory_slack or not hand.memory_slack:
         raise SystemExit("no runner was measured")
     return {
