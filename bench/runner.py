@@ -21,6 +21,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -218,20 +219,22 @@ def check_checkpointed(spec: pb.JobSpec, folder: Path, side: str) -> None:
         raise RuntimeError(f"{side} wrote no checkpoint: the benchmark is not measuring one")
 
 
-async def bare_run(spec: pb.JobSpec, *, threads: int, out_dir: Path) -> tuple[Timed, int]:
-    """Plain OpenMM in a process of its own (``bench/bare_openmm.py``); and the atom count."""
+Said = tuple[str, int] | None
+"""What one line of a bare run's output says: ``("step", n)``, ``("atoms", n)`` or nothing."""
+
+
+async def bare_process(
+    what: str, *arguments: str, said: Callable[[str], Said]
+) -> tuple[list[tuple[float, int]], int, float]:
+    """``python arguments`` from the repository, its output read as it comes: each step it
+    reports with the time it arrived, its atom count, and its wall time. A non-zero exit
+    raises, with the end of its stderr."""
     reports: list[tuple[float, int]] = []
     atoms = 0
     started = time.monotonic()
     process = await asyncio.create_subprocess_exec(
         sys.executable,
-        str(REPO_ROOT / "bench" / "bare_openmm.py"),
-        json_format.MessageToJson(spec, indent=None),
-        str(out_dir),
-        f"--threads={threads}",
-        f"--report-every={spec.report_interval_steps}",
-        f"--checkpoint-every={spec.checkpoint_interval_steps}",
-        f"--warmup={WARMUP_MINIMIZE_ITERATIONS}",
+        *arguments,
         cwd=REPO_ROOT,
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
@@ -241,16 +244,46 @@ async def bare_run(spec: pb.JobSpec, *, threads: int, out_dir: Path) -> tuple[Ti
     errors = asyncio.create_task(process.stderr.read())
     async for line in process.stdout:
         received = time.monotonic()
-        text = line.decode().strip()
-        if text.isdigit():  # the StateDataReporter's step column
-            reports.append((received, int(text)))
-        elif text.startswith("atoms "):
-            atoms = int(text.split()[1])
+        match said(line.decode()):
+            case ("step", step):
+                reports.append((received, step))
+            case ("atoms", count):
+                atoms = count
     returncode = await process.wait()
     wall = time.monotonic() - started
     if returncode != 0:
-        raise RuntimeError(f"bare OpenMM exited {returncode}:\n{(await errors).decode()[-2000:]}")
+        raise RuntimeError(f"{what} exited {returncode}:\n{(await errors).decode()[-2000:]}")
     await errors
+    return reports, atoms, wall
+
+
+def openmm_said(line: str) -> Said:
+    text = line.strip()
+    if text.isdigit():  # the StateDataReporter's step column
+        return "step", int(text)
+    if text.startswith("atoms "):
+        return "atoms", int(text.split()[1])
+    return None
+
+
+def lammps_said(line: str) -> Said:
+    word, _, value = line.partition(" ")
+    return (word, int(value)) if word in ("step", "atoms") else None
+
+
+async def bare_run(spec: pb.JobSpec, *, threads: int, out_dir: Path) -> tuple[Timed, int]:
+    """Plain OpenMM in a process of its own (``bench/bare_openmm.py``); and the atom count."""
+    reports, atoms, wall = await bare_process(
+        "bare OpenMM",
+        str(REPO_ROOT / "bench" / "bare_openmm.py"),
+        json_format.MessageToJson(spec, indent=None),
+        str(out_dir),
+        f"--threads={threads}",
+        f"--report-every={spec.report_interval_steps}",
+        f"--checkpoint-every={spec.checkpoint_interval_steps}",
+        f"--warmup={WARMUP_MINIMIZE_ITERATIONS}",
+        said=openmm_said,
+    )
     if (
         spec.steps >= spec.checkpoint_interval_steps
         and not (out_dir / "checkpoints" / "checkpoint.chk").is_file()
@@ -277,16 +310,13 @@ def timestep_of(spec: pb.JobSpec) -> float:
 async def bare_lammps_run(spec: pb.JobSpec, *, threads: int, out_dir: Path) -> tuple[Timed, int]:
     """The bare loop of the lammps module in a process of its own (``bench/bare_lammps.py``);
     and the atom count."""
-    reports: list[tuple[float, int]] = []
-    atoms = 0
     variables = [
         argument
         for name, value in sorted(spec.system.lammps.variables.items())
         for argument in ("--var", name, value)
     ]
-    started = time.monotonic()
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
+    reports, atoms, wall = await bare_process(
+        "bare LAMMPS",
         str(REPO_ROOT / "bench" / "bare_lammps.py"),
         str(LAMMPS_SCRIPT),
         str(out_dir),
@@ -295,25 +325,8 @@ async def bare_lammps_run(spec: pb.JobSpec, *, threads: int, out_dir: Path) -> t
         f"--report-every={spec.report_interval_steps}",
         f"--checkpoint-every={spec.checkpoint_interval_steps}",
         *variables,
-        cwd=REPO_ROOT,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+        said=lammps_said,
     )
-    assert process.stdout is not None and process.stderr is not None
-    errors = asyncio.create_task(process.stderr.read())
-    async for line in process.stdout:
-        received = time.monotonic()
-        word, _, value = line.decode().partition(" ")
-        if word == "step":
-            reports.append((received, int(value)))
-        elif word == "atoms":
-            atoms = int(value)
-    returncode = await process.wait()
-    wall = time.monotonic() - started
-    if returncode != 0:
-        raise RuntimeError(f"bare LAMMPS exited {returncode}:\n{(await errors).decode()[-2000:]}")
-    await errors
     if spec.steps > spec.checkpoint_interval_steps and not sorted(
         (out_dir / "checkpoints").glob("ckpt-*.restart")
     ):
