@@ -41,6 +41,7 @@ from mdq.bus.security.auth import Trust, issue  # noqa: E402
 from mdq.bus.security.permissions import Names, service_permissions  # noqa: E402
 from mdq.bus.streams import ensure_streams  # noqa: E402
 from mdq.bus.subjects import Subjects  # noqa: E402
+from mdq.cli.replay import caught_up  # noqa: E402
 from mdq.contracts import pb  # noqa: E402
 from mdq.core.events import make_event  # noqa: E402
 from mdq.core.ids import pod_name  # noqa: E402
@@ -360,14 +361,7 @@ async def watcher(
     task = asyncio.create_task(projector.run())
     freezer = asyncio.create_task(keep_state_out_of_gc())  # as services.watcher runs it
     try:
-        while True:
-            rows = await pool.fetch("SELECT stream, last_seq FROM consumer_offsets")
-            have = {row["stream"]: row["last_seq"] for row in rows}
-            if all(have.get(stream, 0) >= last for stream, last in wanted.items()):
-                break
-            if task.done():
-                task.result()
-            await asyncio.sleep(0.01)
+        await caught_up(pool, wanted, task, poll_s=0.01)
         elapsed = time.perf_counter() - started
         reports = int(await pool.fetchval("SELECT count(*) FROM progress"))
         others = int(await pool.fetchval("SELECT count(*) FROM job_events"))

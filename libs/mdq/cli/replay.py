@@ -194,6 +194,31 @@ def timeline_table(job_id: str, lines: Sequence[ReplayLine], *, progress_every: 
 
 
 # -- rebuilding ----------------------------------------------------------------------------
+async def caught_up(
+    pool: asyncpg.Pool,
+    wanted: dict[str, int],
+    projector: asyncio.Task[None],
+    *,
+    poll_s: float,
+    timeout_s: float | None = None,
+) -> None:
+    """Until the projection's ``consumer_offsets`` reach ``wanted`` (stream -> last sequence),
+    checked every ``poll_s`` seconds. The ``projector`` task's error is raised if it ends first
+    (a ``RuntimeError`` if it ends without one), a ``TimeoutError`` after ``timeout_s``."""
+    started = time.monotonic()
+    while True:
+        rows = await pool.fetch("SELECT stream, last_seq FROM consumer_offsets")
+        have = {row["stream"]: row["last_seq"] for row in rows}
+        if all(have.get(stream, 0) >= last for stream, last in wanted.items()):
+            return
+        if projector.done():
+            projector.result()
+            raise RuntimeError("the projection stopped before it caught up")
+        if timeout_s is not None and time.monotonic() - started > timeout_s:
+            raise TimeoutError(f"not rebuilt within {timeout_s:g} s: {have} of {wanted}")
+        await asyncio.sleep(poll_s)
+
+
 @dataclass(frozen=True, slots=True)
 class RebuildReport:
     """What a rebuild did."""
@@ -249,17 +274,7 @@ async def rebuild(
         started = time.monotonic()
         task = asyncio.create_task(projector.run())
         try:
-            while True:
-                rows = await pool.fetch("SELECT stream, last_seq FROM consumer_offsets")
-                have = {row["stream"]: row["last_seq"] for row in rows}
-                if all(have.get(stream, 0) >= last for stream, last in wanted.items()):
-                    break
-                if task.done():
-                    task.result()
-                    raise RuntimeError("the projection stopped before it caught up")
-                if time.monotonic() - started > timeout_s:
-                    raise TimeoutError(f"not rebuilt within {timeout_s:g} s: {have} of {wanted}")
-                await asyncio.sleep(0.05)
+            await caught_up(pool, wanted, task, poll_s=0.05, timeout_s=timeout_s)
         finally:
             projector.stop()
             with contextlib.suppress(Exception):
