@@ -13,10 +13,10 @@ Problems are ``JobFileError`` naming the field, like any other problem of a job 
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from mdq.bus.inputs import sha256_file
 from mdq.contracts import pb
 from mdq.core.lammps_script import MAX_SCRIPT_BYTES, ScriptError, check_script, includes
 from mdq.sdk.jobfile import JobFileError
@@ -29,16 +29,6 @@ class LocalInput:
     path: Path
     sha256: str
     size_bytes: int
-
-
-def _hash(path: Path) -> tuple[str, int]:
-    digest = hashlib.sha256()
-    size = 0
-    with path.open("rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-            size += len(chunk)
-    return digest.hexdigest(), size
 
 
 def resolve_inputs(request: pb.SubmitRequest, base: Path, *, source: str = "") -> list[LocalInput]:
@@ -69,7 +59,7 @@ def resolve_inputs(request: pb.SubmitRequest, base: Path, *, source: str = "") -
                     f"{each.name!r}: no such file next to the job file (in {base})",
                     source=source,
                 )
-            sha256, size = _hash(path)
+            sha256, size = sha256_file(path)
             each.sha256, each.size_bytes = sha256, size
             files[sha256] = LocalInput(path, sha256, size)
         if script:
