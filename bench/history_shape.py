@@ -36,6 +36,7 @@ from mdq.contracts import pb  # noqa: E402
 from mdq.embedded import start_nats, start_postgres  # noqa: E402
 from mdq.store.engine import asyncpg_dsn, create_writer_pool  # noqa: E402
 from mdq.store.migrate import upgrade_async  # noqa: E402
+from tests.integration import test_history_views as history_views  # noqa: E402
 from tests.integration.test_projector import History, history_projected  # noqa: E402
 
 TABLES = ("jobs", "attempts", "placements", "progress", "usage_samples")
@@ -43,18 +44,10 @@ EXPECTED: dict[str, str] = {}
 """Known differences (``table.column`` only one side fills) and why they do not matter to the
 queries measured."""
 
-USAGE = pb.AttemptUsage(
-    peak_memory_mb=612.5,
-    cpu_seconds=90.0,
-    wall_seconds=60.0,
-    mean_cores=1.5,
-    ns_per_day=31.0,
-    source="cgroup",
-    memory_limit_mb=2048,
-    cpu_limit=2.0,
-    exit_code=0,
-    steps=1000,
-)
+USAGE = pb.AttemptUsage()
+USAGE.CopyFrom(history_views.USAGE)
+USAGE.source, USAGE.steps = "cgroup", 1000
+"""The history tests' usage report, as a cgroup measures it, of the whole 1,000-step run."""
 
 
 def _bound(history: History, node: str) -> pb.Event:
