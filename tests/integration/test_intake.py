@@ -109,7 +109,11 @@ async def wait_for_events(
 async def ask(nc: Client, subjects: Subjects, payload: dict[str, object] | bytes) -> pb.SubmitReply:
     """A request-reply submit; JSON in gives JSON out, protobuf in gives protobuf out."""
     data = json.dumps(payload).encode() if isinstance(payload, dict) else payload
-    answer = await nc.request(subjects.api_submit, data, timeout=TIMEOUT)
+    return reply_of(await nc.request(subjects.api_submit, data, timeout=TIMEOUT))
+
+
+def reply_of(answer: Msg) -> pb.SubmitReply:
+    """Intake's answer: JSON where its content-type says so, else protobuf."""
     reply = pb.SubmitReply()
     if (answer.headers or {}).get("content-type") == "application/json":
         json_format.Parse(answer.data, reply)
@@ -149,13 +153,6 @@ class Tap:
 
     async def at_least(self, count: int) -> bool:
         return len(self.subjects) >= count
-
-
-@pytest.fixture
-async def intake(nats_url: str, namespace: str, nc: Client) -> AsyncIterator[Intake]:
-    service = await started(settings_for(nats_url, namespace))
-    yield service
-    await service.stop()
 
 
 @contextlib.asynccontextmanager

@@ -41,7 +41,7 @@ from mdq.contracts import pb
 from mdq.core.ids import request_id_for_key, request_id_for_sequence
 from services.intake.app import Intake
 from services.intake.handlers import MAX_FIELD_CHARS
-from tests.integration.test_intake import outcomes_to, settings_for, started
+from tests.integration.test_intake import outcomes_to, reply_of
 
 TIMEOUT = 10.0
 EXAMPLES = 150
@@ -178,15 +178,6 @@ def check_refusal(error: pb.SubmitError) -> None:
     assert PATH.match(error.field) and len(error.field) <= MAX_FIELD_CHARS, error
 
 
-def reply_of(answer: Msg) -> pb.SubmitReply:
-    reply = pb.SubmitReply()
-    if (answer.headers or {}).get("content-type") == "application/json":
-        json_format.Parse(answer.data, reply)
-    else:
-        reply.ParseFromString(answer.data)
-    return reply
-
-
 @dataclass
 class Answers:
     """Every event intake publishes, by request id, as core NATS delivers them (so a publish
@@ -220,13 +211,6 @@ async def answers(nc: Client, subjects: Subjects) -> AsyncIterator[Answers]:
     collected = Answers()
     async with outcomes_to(nc, subjects, collected.on_message):
         yield collected
-
-
-@pytest.fixture
-async def intake(nats_url: str, namespace: str, nc: Client) -> AsyncIterator[Intake]:
-    service = await started(settings_for(nats_url, namespace))
-    yield service
-    await service.stop()
 
 
 @dataclass

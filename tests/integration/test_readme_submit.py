@@ -9,7 +9,6 @@ import ast
 import asyncio
 import re
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,7 @@ from services.intake.app import Intake
 from tests.helpers import RecordingBackend, events_of, node_load, publisher
 from tests.integration.test_control import job as control_job
 from tests.integration.test_control import placement_running
-from tests.integration.test_intake import settings_for, started, wait_for_events
+from tests.integration.test_intake import wait_for_events
 from tests.integration.test_sdk_cli import _intake_answers
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -43,13 +42,6 @@ def readme_client() -> str:
 def readme_control_client() -> str:
     [snippet] = [block for block in code_blocks("python") if ".api.control" in block]
     return snippet
-
-
-@pytest.fixture
-async def intake(nats_url: str, namespace: str, nc: Client) -> AsyncIterator[Intake]:
-    service = await started(settings_for(nats_url, namespace))
-    yield service
-    await service.stop()
 
 
 async def run(*command: str, env: dict[str, str], cwd: Path) -> tuple[int, str]:

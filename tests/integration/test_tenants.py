@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -64,13 +64,6 @@ async def submitted_events(js: JetStreamContext, subjects: Subjects) -> dict[str
         for subject, event in await job_log(js, subjects)
         if event.WhichOneof("body") == "submitted"
     }
-
-
-@pytest.fixture
-async def intake(nats_url: str, namespace: str, nc: Client) -> AsyncIterator[Intake]:
-    service = await started(settings_for(nats_url, namespace))
-    yield service
-    await service.stop()
 
 
 async def test_a_tenants_submit_is_its_own_whatever_the_payload_says(

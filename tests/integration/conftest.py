@@ -1,0 +1,20 @@
+"""Fixtures that several integration test files share (a file's own fixture of the same name
+takes precedence)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from nats.aio.client import Client
+
+from services.intake.app import Intake
+from tests.integration.test_intake import settings_for, started
+
+
+@pytest.fixture
+async def intake(nats_url: str, namespace: str, nc: Client) -> AsyncIterator[Intake]:
+    """Intake on the test's namespace (once ``nc`` is up), stopped afterwards."""
+    service = await started(settings_for(nats_url, namespace))
+    yield service
+    await service.stop()
