@@ -67,16 +67,23 @@ def alive(task: asyncio.Task[None]) -> None:
         raise AssertionError(f"{task.get_name()} returned early")
 
 
-@pytest.fixture
-async def own_postgres(tmp_path: Path) -> AsyncIterator[EmbeddedPostgres]:
-    """A PostgreSQL of this test alone (never the session's), migrated, in a tmp folder."""
-    server = await asyncio.to_thread(start_postgres, tmp_path / "pg", database="mdq", keep=False)
+@contextlib.asynccontextmanager
+async def migrated_postgres(folder: Path) -> AsyncIterator[EmbeddedPostgres]:
+    """A PostgreSQL in ``folder`` with database ``mdq``, migrated; stopped afterwards."""
+    server = await asyncio.to_thread(start_postgres, folder, database="mdq", keep=False)
     try:
         await upgrade_async(server.url)
         yield server
     finally:
         with contextlib.suppress(Exception):
             await asyncio.to_thread(server.stop)
+
+
+@pytest.fixture
+async def own_postgres(tmp_path: Path) -> AsyncIterator[EmbeddedPostgres]:
+    """A PostgreSQL of this test alone (never the session's), migrated, in a tmp folder."""
+    async with migrated_postgres(tmp_path / "pg") as server:
+        yield server
 
 
 def pod(job: str, phase: pb.PodPhase) -> PodUpdate:

@@ -11,7 +11,6 @@ room again every event is projected exactly once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -20,8 +19,7 @@ import pytest
 from nats.aio.client import Client
 
 from mdq.bus.subjects import Subjects
-from mdq.embedded import EmbeddedPostgres, start_postgres
-from mdq.store.migrate import upgrade_async
+from mdq.embedded import EmbeddedPostgres
 from mdq.testing.disks import SmallDisk
 from services.metrics.app import sample_consumer_lag
 from services.metrics.exporter import Exporter
@@ -32,6 +30,7 @@ from tests.integration.test_fail_apart import (
     alive,
     background,
     caught_up_once,
+    migrated_postgres,
     projected_up_to,
     publish_campaign,
     rows_of,
@@ -50,15 +49,8 @@ def disk(tmp_path: Path) -> Iterator[SmallDisk]:
 
 @pytest.fixture
 async def postgres_on_disk(disk: SmallDisk) -> AsyncIterator[EmbeddedPostgres]:
-    server = await asyncio.to_thread(
-        start_postgres, disk.mount_point / "postgres", database="mdq", keep=False
-    )
-    try:
-        await upgrade_async(server.url)
+    async with migrated_postgres(disk.mount_point / "postgres") as server:
         yield server
-    finally:
-        with contextlib.suppress(Exception):
-            await asyncio.to_thread(server.stop)
 
 
 async def publish_jobs(client: Client, subjects: Subjects, prefix: str, jobs: int) -> None:
