@@ -6,8 +6,6 @@ it expires; another job's renewal is refused by the server itself."""
 from __future__ import annotations
 
 import asyncio
-import shutil
-import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -25,8 +23,9 @@ from mdq.bus.security.runner_creds import RenewableCreds, RenewalDesk
 from mdq.bus.streams import ensure_streams
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
-from mdq.embedded import EmbeddedNats, start_nats
+from mdq.embedded import EmbeddedNats
 from tests.helpers import wait_for
+from tests.integration.test_runner_names import closed_nats
 
 SUBJECTS = Subjects("mdq")
 JOB = "0123456789ab-renew"
@@ -50,12 +49,8 @@ StartDesk = Callable[[Callable[[str, int], bool | None]], Awaitable[RenewalDesk]
 
 @pytest.fixture(scope="module")
 def bus() -> Iterator[Bus]:
-    folder = Path(tempfile.mkdtemp(prefix="mdq-renew-"))
-    trust = Trust.load_or_create(folder / "secrets")
-    server = start_nats(folder / "nats", auth=trust.server_block())
-    yield Bus(server, trust, folder)
-    server.stop()
-    shutil.rmtree(folder, ignore_errors=True)
+    with closed_nats("mdq-renew-") as (server, trust, folder):
+        yield Bus(server, trust, folder)
 
 
 @pytest.fixture

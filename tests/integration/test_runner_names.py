@@ -20,6 +20,7 @@ import json
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,14 +76,22 @@ class Bus:
         return issue(self.trust, service_permissions(identity, SUBJECTS), path)
 
 
-@pytest.fixture(scope="module")
-def bus() -> Iterator[Bus]:
-    folder = Path(tempfile.mkdtemp(prefix="mdq-names-"))
+@contextmanager
+def closed_nats(prefix: str) -> Iterator[tuple[EmbeddedNats, Trust, Path]]:
+    """A NATS server that admits only users of its own new trust, in a new folder named from
+    ``prefix``: the server, the trust and the folder; stopped and removed afterwards."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
     trust = Trust.load_or_create(folder / "secrets")
     server = start_nats(folder / "nats", auth=trust.server_block())
-    yield Bus(server, trust, folder)
+    yield server, trust, folder
     server.stop()
     shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def bus() -> Iterator[Bus]:
+    with closed_nats("mdq-names-") as (server, trust, folder):
+        yield Bus(server, trust, folder)
 
 
 @pytest.fixture(scope="module")
