@@ -226,12 +226,7 @@ class Intake:
             queue=self.settings.durable,  # the consumer's deliver group
             durable=self.settings.durable,
             stream=self.subjects.submit_stream,
-            config=ConsumerConfig(
-                filter_subjects=self.subjects.submit_subjects,
-                ack_wait=self.settings.ack_wait_s,
-                deliver_policy=DeliverPolicy.ALL,
-                max_ack_pending=self.settings.max_in_flight,
-            ),
+            config=self._consumer_config(),
             cb=self.consume,
             manual_ack=True,
         )
@@ -415,7 +410,7 @@ class Intake:
             wait=True,
         )
         js = connection.jetstream()
-        await self._widen_durable(js)
+        await self._align_durable(js)
         # What a submit waits for (registry claims and lookups, events, the jobs log's size,
         # the tenant's usage, its input files) goes over a connection of its own: a flood on
         # the entrances queues in the entrances' connection, not ahead of the answers another
@@ -503,22 +498,38 @@ class Intake:
 
         return read
 
-    async def _widen_durable(self, js: JetStreamContext) -> None:
-        """An intake durable made before tenants filters on the operator's submit subject
-        alone: widen it to every tenant's (an update of intake's own consumer, in place, so no
-        submit waiting in it is lost). A new one is made with the right filters."""
+    def _consumer_config(self) -> ConsumerConfig:
+        """What intake's durable consumer of the submit stream is: the operator's submits and
+        every tenant's, the settings' ack wait and most submits in flight."""
+        return ConsumerConfig(
+            filter_subjects=self.subjects.submit_subjects,
+            ack_wait=self.settings.ack_wait_s,
+            deliver_policy=DeliverPolicy.ALL,
+            max_ack_pending=self.settings.max_in_flight,
+        )
+
+    async def _align_durable(self, js: JetStreamContext) -> None:
+        """Bring an existing durable consumer in line with ``_consumer_config`` (its subjects,
+        ack wait and most in flight), in place, so a change of the settings takes effect at
+        the next start and no submit waiting in it is lost. A missing one is made when the
+        stream entrance subscribes."""
         stream, durable = self.subjects.submit_stream, self.settings.durable
         try:
             info = await js.consumer_info(stream, durable)
         except nats.js.errors.NotFoundError:
             return
-        config = info.config
-        wanted = self.subjects.submit_subjects
+        config, wanted = info.config, self._consumer_config()
         has = config.filter_subjects or ([config.filter_subject] if config.filter_subject else [])
-        if sorted(has) != sorted(wanted):
-            config.filter_subject, config.filter_subjects = None, wanted
-            await js.add_consumer(stream, config=config)
-            log.info("intake's consumer %s now reads %s", durable, ", ".join(wanted))
+        if (sorted(has), config.ack_wait, config.max_ack_pending) == (
+            sorted(wanted.filter_subjects or []),
+            wanted.ack_wait,
+            wanted.max_ack_pending,
+        ):
+            return
+        config.filter_subject, config.filter_subjects = None, wanted.filter_subjects
+        config.ack_wait, config.max_ack_pending = wanted.ack_wait, wanted.max_ack_pending
+        await js.add_consumer(stream, config=config)
+        log.info("intake's consumer %s follows the settings again", durable)
 
     async def start(self) -> None:
         """Prepare and start consuming (for embedding, e.g. in tests)."""

@@ -173,11 +173,12 @@ async def test_a_tenants_stream_submit_is_its_own(
     assert event.submitted.submitted_by == "carol"
 
 
-async def test_an_intake_consumer_made_before_tenants_is_widened(
+async def test_intakes_consumer_follows_its_settings(
     nats_url: str, namespace: str, nc: Client, subjects: Subjects
 ) -> None:
-    """An upgrade: the durable consumer an earlier intake made reads the operator's subject
-    only; a tenant's submit waiting in the stream is handled once the new intake starts."""
+    """A durable consumer that reads the operator's subject alone, with another ack wait and
+    another most in flight, is brought in line with intake's settings in place: a tenant's
+    submit waiting in the stream is handled once intake starts."""
     from mdq.bus.streams import ensure_streams
 
     js = nc.jetstream()
@@ -187,9 +188,11 @@ async def test_an_intake_consumer_made_before_tenants_is_widened(
         ConsumerConfig(
             durable_name="intake",
             deliver_group="intake",
-            deliver_subject="_INBOX.old-intake",
+            deliver_subject="_INBOX.other-intake",
             filter_subject=subjects.submit,
             deliver_policy=DeliverPolicy.ALL,
+            ack_wait=5.0,
+            max_ack_pending=7,
         ),
     )
     payload = {"idempotency_key": "early", "jobs": [{"name": "waited"}]}
@@ -205,6 +208,8 @@ async def test_an_intake_consumer_made_before_tenants_is_widened(
         await service.stop()
     info = await js.consumer_info(subjects.submit_stream, "intake")
     assert sorted(info.config.filter_subjects or []) == sorted(subjects.submit_subjects)
+    assert info.config.ack_wait == service.settings.ack_wait_s
+    assert info.config.max_ack_pending == service.settings.max_in_flight
 
 
 async def test_a_tenants_stream_holds_its_events_and_no_one_elses(
