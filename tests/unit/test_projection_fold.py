@@ -2,9 +2,10 @@
 
 ``fold_batch`` skips a progress report that the job's next event in the batch supersedes
 (``superseded_reports``) while its attempt runs (``JobRow.runs``). These tests fold the same
-histories with and without the skip and compare everything the rows hold (and so everything
-written to ``jobs`` and ``attempts``): named cases for each condition, then random batches of
-reports and lifecycle events."""
+histories with and without the skip, and with the reports' keys read from the rows the COPY
+writes, and compare everything the rows hold (and so everything written to ``jobs`` and
+``attempts``): named cases for each condition, then random batches of reports and lifecycle
+events."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from hypothesis import strategies as st
 
 from mdq.contracts import pb
 from mdq.core.events import make_event
-from mdq.store.projection.fold import JobRow, fold_batch, superseded_reports
+from mdq.core.state import event_time
+from mdq.store.projection.facts import Fact, progress_rows, report_keys_of_rows
+from mdq.store.projection.fold import JobRow, fold_batch, report_keys, superseded_reports
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 JOBS = ("r-a", "r-b")
@@ -114,6 +117,14 @@ def assert_same_fold(prefix: list[pb.Event], batch: list[pb.Event]) -> None:
     fold_every_event(expected, batch)
     fold_batch(skipping, batch, {})
     assert skipping == expected
+    if all(event.WhichOneof("body") == "progress" for event in batch):
+        # a batch of reports alone, as the writer folds it: keys read from its COPY's rows
+        facts = [Fact(n, event, "progress", event_time(event)) for n, event in enumerate(batch)]
+        keys = report_keys_of_rows(progress_rows("T_PROGRESS", facts))
+        assert keys == report_keys(batch)
+        keyed = rows_after(prefix)
+        fold_batch(keyed, batch, {}, keys)
+        assert keyed == expected
 
 
 CASES = [

@@ -24,7 +24,7 @@ from mdq.store.models import (
     ProgressRecord,
     Rejection,
 )
-from mdq.store.projection.fold import blank, message_json
+from mdq.store.projection.fold import ReportKey, blank, message_json
 
 
 class Fact(NamedTuple):
@@ -109,6 +109,10 @@ PROGRESS: BatchInsert[Stored] = BatchInsert.of(
 )
 PROGRESS_COLUMNS = PROGRESS.names
 """The columns of ``progress`` in the order the watcher's COPY writes them."""
+_KEY_COLUMNS = tuple(
+    PROGRESS_COLUMNS.index(name)
+    for name in ("job_id", "attempt", "step", "done_reason", "units", "target_steps")
+)
 
 
 def progress_rows(stream: str, facts: Iterable[Fact]) -> list[tuple[Any, ...]]:
@@ -193,3 +197,13 @@ FACT_TABLES: dict[str, BatchInsert[Fact]] = {
     "rejected": REJECTIONS,
 }
 """The append-only facts: the event kind that makes a row, and its table."""
+
+
+def report_keys_of_rows(rows: Iterable[tuple[Any, ...]]) -> list[ReportKey]:
+    """The ``ReportKey`` of each row of ``progress_rows``: the fold reads them from the rows
+    the COPY writes, not again from the events."""
+    job, attempt, step, done_reason, units, target_steps = _KEY_COLUMNS
+    return [
+        (row[job], row[attempt], row[step], row[done_reason], row[units], row[target_steps])
+        for row in rows
+    ]

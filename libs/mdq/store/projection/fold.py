@@ -206,7 +206,7 @@ class JobRow:
 
     def runs(self, attempt: int) -> bool:
         """Whether ``attempt`` is the job's attempt and runs (RUNNING: it started and did not
-        end); the state half of ``superseded_reports``."""
+        end); the state half of ``superseded``."""
         return self.view.state is JobState.RUNNING and attempt == self.view.attempt
 
     def catch_up(self, latest: dict[tuple[str, int], pb.Event]) -> None:
@@ -218,56 +218,96 @@ class JobRow:
             self.apply(report)
 
 
+ReportKey = tuple[str, int | None, int, str, str | None, int]
+"""What decides whether a report supersedes the one before it: (job id, attempt, step, done
+reason, units or None, target steps); the attempt is None for an event that is no report."""
+
+
+def report_keys(events: Sequence[pb.Event]) -> list[ReportKey]:
+    """Each event's ``ReportKey``, read from the event."""
+    keys: list[ReportKey] = []
+    for event in events:
+        if event.WhichOneof("body") != "progress":
+            keys.append((event.job_id, None, 0, "", None, 0))
+            continue
+        body = event.progress
+        keys.append(
+            (
+                event.job_id,
+                event.attempt,
+                body.step,
+                body.done_reason,
+                body.units or None,
+                body.target_steps,
+            )
+        )
+    return keys
+
+
 def superseded_reports(events: Sequence[pb.Event]) -> list[bool]:
-    """For each event, whether it is a progress report that the next event of its job in
-    ``events`` supersedes: a report of the same attempt, of no lower step, that keeps what the
-    first one sets and a later fold keeps (a done reason, units, a target).
+    """``superseded`` of the events' keys."""
+    return superseded(report_keys(events))
+
+
+def superseded(keys: Sequence[ReportKey]) -> list[bool]:
+    """For each event (by its ``ReportKey``), whether it is a progress report that the next
+    event of its job in the batch supersedes: a report of the same attempt, of no lower step,
+    that keeps what the first one sets and a later fold keeps (a done reason, units, a target).
 
     While that attempt runs (``JobRow.runs``), folding such a report and then the next one
     leaves the row as folding the next one alone would: whether the first is accepted or
     ignored, the next is accepted whenever the first would have been (its step is no lower)
     and overwrites every column the first would set. So the fold skips it, which spares it
     most of a PROGRESS batch (each job reports many times)."""
-    superseded = [False] * len(events)
-    later: dict[str, tuple[int, pb.Progress]] = {}  # job -> its next event, when a report
-    for index in range(len(events) - 1, -1, -1):
-        event = events[index]
-        if event.WhichOneof("body") != "progress":
-            later.pop(event.job_id, None)
+    flags = [False] * len(keys)
+    later: dict[str, ReportKey] = {}  # job -> its next event's key, when a report
+    for index in range(len(keys) - 1, -1, -1):
+        mine = keys[index]
+        job, attempt = mine[0], mine[1]
+        if attempt is None:
+            later.pop(job, None)
             continue
-        mine, attempt = event.progress, event.attempt
-        following = later.get(event.job_id)
-        later[event.job_id] = (attempt, mine)
-        if following is None or following[0] != attempt:
+        theirs = later.get(job)
+        later[job] = mine
+        if theirs is None or theirs[1] != attempt:
             continue
-        theirs = following[1]
-        superseded[index] = (
-            theirs.step >= mine.step
-            and (not mine.done_reason or bool(theirs.done_reason))
-            and (not mine.units or bool(theirs.units))
-            and (not mine.target_steps or bool(theirs.target_steps))
+        flags[index] = (
+            theirs[2] >= mine[2]
+            and (not mine[3] or bool(theirs[3]))
+            and (mine[4] is None or theirs[4] is not None)
+            and (not mine[5] or bool(theirs[5]))
         )
-    return superseded
+    return flags
 
 
 def fold_batch(
-    rows: dict[str, JobRow], events: Sequence[pb.Event], latest: dict[tuple[str, int], pb.Event]
+    rows: dict[str, JobRow],
+    events: Sequence[pb.Event],
+    latest: dict[tuple[str, int], pb.Event],
+    keys: Sequence[ReportKey] | None = None,
 ) -> None:
     """Fold a batch's events (in stream order) into ``rows``, adding the rows of the jobs
     submitted in it; before each event and at the end, a row catches up with ``latest``
     (the stored reports of ``jobs.fold_jobs``'s catch-up). A report the job's next event
-    supersedes (``superseded_reports``) is skipped while its attempt runs, when there is
-    nothing to catch up with."""
-    skippable = superseded_reports(events) if not latest else None
+    supersedes (``superseded``) is skipped while its attempt runs, when there is nothing to
+    catch up with. ``keys``: the events' ``ReportKey`` where the caller has them (read from
+    the rows it stores: cheaper than from the events)."""
+    skippable: list[bool] | None = None
+    if not latest:
+        keys = report_keys(events) if keys is None else keys
+        skippable = superseded(keys)
     for index, event in enumerate(events):
-        if event.WhichOneof("body") == "submitted":
+        if skippable is not None and keys is not None and skippable[index]:
+            key = keys[index]
+            row = rows.get(key[0])
+            if row is None or row.runs(key[1] or 0):
+                continue
+        elif event.WhichOneof("body") == "submitted":
             if event.job_id and event.job_id not in rows:
                 rows[event.job_id] = JobRow.from_submitted(event)
             continue
         row = rows.get(event.job_id)
         if row is None:
-            continue
-        if skippable is not None and skippable[index] and row.runs(event.attempt):
             continue
         row.catch_up(latest)
         row.apply(event)

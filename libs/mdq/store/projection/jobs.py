@@ -16,7 +16,7 @@ import asyncpg
 
 from mdq.contracts import pb
 from mdq.core.timestamps import set_timestamp
-from mdq.store.projection.fold import JobRow, fold_batch
+from mdq.store.projection.fold import JobRow, ReportKey, fold_batch
 from mdq.store.projection.rows import (
     ATTEMPT_COLUMNS,
     INSERT_JOB,
@@ -205,7 +205,11 @@ def _read_row(job: asyncpg.Record, attempts: Sequence[asyncpg.Record]) -> JobRow
 
 
 async def fold_jobs(
-    connection: asyncpg.Connection, events: list[pb.Event], *, catch_up: bool = False
+    connection: asyncpg.Connection,
+    events: list[pb.Event],
+    *,
+    catch_up: bool = False,
+    keys: Sequence[ReportKey] | None = None,
 ) -> None:
     """Fold the events into the rows of the jobs they are about, with ``JobView.apply``.
 
@@ -213,7 +217,7 @@ async def fold_jobs(
     the job's current attempt is folded in before each lifecycle event and at the end, if
     the job has not seen it: the two streams are consumed independently, so a report may
     have been projected while the job row did not exist yet or was fenced to the
-    previous attempt.
+    previous attempt. ``keys``: the events' ``ReportKey`` where the caller has them.
     """
     job_ids = sorted({event.job_id for event in events if event.job_id})
     if not job_ids:
@@ -241,7 +245,7 @@ async def fold_jobs(
                 known = last_attempt.get(event.job_id, 1)
                 last_attempt[event.job_id] = max(known, event.attempt)
         latest = await _latest_progress(connection, last_attempt)
-    fold_batch(rows, events, latest)
+    fold_batch(rows, events, latest, keys)
     await _settle_ended(connection, rows)
     await _settle_progress(connection, rows)
     await _settle_starts(connection, rows)

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import asyncpg
 from nats.aio.msg import Msg
@@ -29,6 +30,7 @@ from mdq.store.projection.facts import (
     Fact,
     Stored,
     progress_rows,
+    report_keys_of_rows,
 )
 from mdq.store.projection.feed import Feed
 from mdq.store.projection.jobs import fold_jobs
@@ -75,7 +77,12 @@ class RepublishedReport(Exception):
 
 
 async def store_progress(
-    connection: asyncpg.Connection, stream: str, reports: list[Fact], *, careful: bool = False
+    connection: asyncpg.Connection,
+    stream: str,
+    reports: list[Fact],
+    *,
+    careful: bool = False,
+    rows: list[tuple[Any, ...]] | None = None,
 ) -> list[Fact]:
     """Store progress reports in ``progress``; return the ones not stored before.
 
@@ -85,12 +92,14 @@ async def store_progress(
     raised: the transaction is rolled back and the batch comes again with ``careful``, which
     drops copies within the batch (the first one counts) and stores the rest with ``INSERT ...
     ON CONFLICT DO NOTHING``, which says which reports were new. No savepoint: the fast path
-    costs the COPY alone.
+    costs the COPY alone. ``rows``: ``progress_rows`` of ``reports``, where the caller made them.
     """
     if not careful:
         try:
             await connection.copy_records_to_table(
-                PROGRESS.table, records=progress_rows(stream, reports), columns=PROGRESS.names
+                PROGRESS.table,
+                records=progress_rows(stream, reports) if rows is None else rows,
+                columns=PROGRESS.names,
             )
         except asyncpg.UniqueViolationError as error:
             raise RepublishedReport from error
@@ -220,15 +229,21 @@ class Writer:
                     new_ids.discard(fact.event.event_id)  # a second copy in the batch: duplicate
                     facts.append(fact)
             await _insert_facts(connection, facts)
+        keys = None
         if reports:
-            new_reports = await store_progress(connection, stream, reports, careful=careful)
+            rows = None if careful else progress_rows(stream, reports)
+            new_reports = await store_progress(
+                connection, stream, reports, careful=careful, rows=rows
+            )
             if facts:  # both lists are in stream order: merged only when there are two
                 facts = sorted(facts + new_reports, key=lambda fact: fact.sequence)
             else:
                 facts = new_reports
+                # the reports alone, all stored: the fold reads their keys from the rows
+                keys = None if rows is None else report_keys_of_rows(rows)
         if not facts:
             return 0
-        await fold_jobs(connection, [fact.event for fact in facts], catch_up=catch_up)
+        await fold_jobs(connection, [fact.event for fact in facts], catch_up=catch_up, keys=keys)
         return len(facts)
 
     async def reach_database(self, error: BaseException) -> None:
