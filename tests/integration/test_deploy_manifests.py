@@ -1123,33 +1123,54 @@ def deployed_nats(conf: str, workdir: Path) -> Iterator[tuple[str, Manifest]]:
     assert store is not None, "no JetStream store_dir"
     local = workdir / "local.conf"
     local.write_text(conf.replace(store.group(0), store.group(1) + json.dumps(str(workdir))))
+    for _ in range(3):  # a free port may be taken by another process before the server binds
+        started = _start_deployed_nats(conf, local, workdir, env)
+        if started is not None:
+            break
+    else:
+        raise AssertionError("nats-server found no free ports in three tries")
+    process, port, varz = started
+    try:
+        yield f"nats://127.0.0.1:{port}", varz
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def _start_deployed_nats(
+    conf: str, local: Path, workdir: Path, env: dict[str, str]
+) -> tuple[subprocess.Popen[bytes], int, Manifest] | None:
+    """nats-server on ``local`` with free ports, once its /varz shows JetStream: the process,
+    its client port and its /varz; None when a port it was given was taken meanwhile."""
     monitor, port = free_port(), free_port()
     command = [nats_server_binary(), "-c", str(local), "-a", "127.0.0.1", "-p", str(port)]
     command += ["-m", str(monitor), "-P", str(workdir / "pid"), "-l", str(workdir / "log")]
     if re.search(r"^cluster\s*\{", conf, re.M):
         command += ["--cluster", f"nats://127.0.0.1:{free_port()}"]
     process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            assert process.poll() is None, (workdir / "log").read_text()
-            try:
-                url = f"http://127.0.0.1:{monitor}/varz"
-                with urllib.request.urlopen(url, timeout=2) as response:
-                    varz: Manifest = json.load(response)
-                # The monitor answers before JetStream is up (a clustered server starts it
-                # after its routes): its config is in /varz only then (a run under load
-                # read a /varz without it).
-                if "config" in varz.get("jetstream", {}):
-                    break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "nats-server did not show JetStream on /varz"
-            time.sleep(0.05)
-        yield f"nats://127.0.0.1:{port}", varz
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
+    deadline = time.monotonic() + 20
+    while True:
+        if process.poll() is not None:
+            log = (workdir / "log").read_text()
+            if "address already in use" in log:
+                return None
+            raise AssertionError(log)
+        try:
+            url = f"http://127.0.0.1:{monitor}/varz"
+            with urllib.request.urlopen(url, timeout=2) as response:
+                varz: Manifest = json.load(response)
+            # The monitor answers before JetStream is up (a clustered server starts it after
+            # its routes): its config is in /varz only then (a run under load read a /varz
+            # without it). A /varz of another port is another process's, which took the port.
+            if varz.get("port") == port and "config" in varz.get("jetstream", {}):
+                return process, port, varz
+        except OSError:
+            pass
+        if time.monotonic() >= deadline:
+            process.terminate()
+            process.wait(timeout=10)
+            raise AssertionError("nats-server did not show JetStream on /varz")
+        time.sleep(0.05)
 
 
 def test_every_nats_configuration_is_tested() -> None:
@@ -1996,3 +2017,14 @@ def test_a_service_without_http_is_probed_through_its_liveness_file(
     assert {v["name"]: v for v in pod["volumes"]}[mounts["/tmp"]].get("emptyDir") is not None
     monkeypatch.setenv("MDQ_HEALTH_FILE", health_file)
     assert CommonSettings().health_file == Path(health_file)
+
+
+@pytest.mark.parametrize("service", ["intake", "placement", "watcher", "recovery"])
+def test_compose_checks_the_health_of_a_service_without_http(service: str) -> None:
+    """Compose gives a service that serves no HTTP its liveness file and checks it with the
+    same probe as Kubernetes."""
+    spec = compose()["services"][service]
+    health_file = spec["environment"]["MDQ_HEALTH_FILE"]
+    command = spec["healthcheck"]["test"]
+    assert command[:5] == ["CMD", "python", "-m", "mdq.health", health_file]
+    assert float(command[5]) >= 3 * RENEW_EVERY_S
