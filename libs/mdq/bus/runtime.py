@@ -185,8 +185,8 @@ async def every(interval_s: float, tick: Part, *, what: str) -> None:
 
 class Service:
     """One mdq service process on the bus, the same way for every service: its settings, its
-    connections under its own identity, the parts it runs side by side, its periodic loops and
-    its stop (docs/architecture.md, "One service runtime").
+    connections under its own identity, the parts it runs side by side and its stop
+    (docs/architecture.md, "One service runtime"; ``every`` is a part's periodic loop).
 
     A composition root makes one, connects, adds parts and ``run``s it (``serve`` does all of
     that for a ``python -m services.<name>`` entrypoint). ``run`` ends when a part ends: a part
@@ -204,15 +204,14 @@ class Service:
         self._stops: list[Part] = []
         self._connections: list[Client] = []
 
-    async def connect(self, role: str = "", *, streams: bool = True) -> Client:
+    async def connect(self) -> Client:
         """A connection under this service's identity (the credentials of ``MDQ_NATS_CREDS``),
-        waiting for a server that is not there yet; with ``streams``, once the namespace's
-        streams exist. ``role`` names a second connection ("writes"). Drained when the service
+        once a server answers and the namespace's streams exist. Drained when the service
         stops, after its parts and ``on_stop`` callbacks."""
         connection = await connect(
             self.common.nats_url,
-            name=f"mdq-{self.name}" + (f"-{role}" if role else ""),
-            subjects=self.subjects if streams else None,
+            name=f"mdq-{self.name}",
+            subjects=self.subjects,
             replicas=self.common.stream_replicas,
             wait=True,
         )
@@ -225,11 +224,6 @@ class Service:
         if name in self._parts:
             raise ValueError(f"{self.name} has a part named {name!r} already")
         self._parts[name] = run
-
-    def every(self, name: str, interval_s: float, tick: Part) -> None:
-        """A part that runs ``tick()`` now and then ``interval_s`` seconds after each run
-        ended (``every``)."""
-        self.part(name, lambda: every(interval_s, tick, what=f"{self.name}: {name}"))
 
     def on_stop(self, stop: Part) -> None:
         """Call ``stop()`` when the service stops, after its parts ended (the last registered
