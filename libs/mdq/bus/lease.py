@@ -1,18 +1,8 @@
-"""The leader lease of a service's replicas: one JetStream KV key with a TTL.
-
-Every replica of a service that needs one leader (placement: every replica folds the log, only
-the holder of the lease places jobs) tries to hold the key ``leader`` of the service's bucket
-(placement's: ``<namespace>_placement``), whose entries expire ``ttl_s`` after their last
-write. A replica takes it with ``create`` (succeeds only if the key is absent, expired or
-deleted) and keeps it with ``update`` conditioned on the revision it last wrote (so two
-replicas can never both believe a renewal succeeded). A holder that stops renewing — killed,
-paused, partitioned — loses it after ``ttl_s``; one that stops cleanly deletes it, so a
-follower takes over at its next try.
-
-The lease is an efficiency measure, not the safety net: in placement, a paused old leader that
-wakes up and binds before noticing it lost the lease is stopped by the per-job fence of the
-bound event (``Nats-Expected-Last-Subject-Sequence``; docs/placement.md, "Replicas and
-restarts").
+"""The leader lease of a service's replicas: one JetStream KV key with a TTL, taken with
+``create`` and kept with ``update`` on the revision last written, so two replicas never both
+believe a renewal succeeded. A holder that stops renewing loses it after the TTL; one that stops
+cleanly deletes it. An efficiency measure, not the safety net: placement fences every binding
+per job (docs/placement.md, "Replicas and restarts").
 """
 
 from __future__ import annotations

@@ -1,21 +1,7 @@
-"""How a service process runs, the same way for every mdq service (docs/architecture.md, "One
-service runtime"): ``serve(name, compose)`` is its entrypoint, ``Service`` what it composes
-(connections under its own identity, parts side by side, periodic loops, stops), with its log
-kept within a budget and its liveness file renewed.
-
-Kubernetes and ``mdq up`` stop a service with SIGTERM (then SIGKILL after a grace period).
-``run_service`` turns SIGTERM and SIGINT into a cancel of the service's main coroutine, so its
-``finally`` blocks run (drain the NATS connection, close pools and backends) and the process
-exits 0. A stop that is not clean (an exception while stopping, a crash) still exits non-zero,
-which the stack's supervisor and the tests read as a crash.
-
-On Python 3.11 a cancel can be lost: ``asyncio.wait_for`` (which nats-py runs every request
-under) hands back an answer that lands together with the cancel and drops the cancel, so the
-service runs on. A stop still running after ``SLOW_STOP_S`` logs where it waits and is
-cancelled again, every ``SLOW_STOP_S``.
-
-``configure_logging`` sets up a service's log, each kind of line within a budget
-(docs/architecture.md, "Logs a flood cannot fill").
+"""How a service process runs, the same way for every mdq service: ``serve(name, compose)`` is
+its entrypoint, ``Service`` what it composes (connections under its own identity, parts side by
+side, stops), ``run_service`` its stop on SIGTERM/SIGINT, ``configure_logging`` its log within a
+budget. Design: docs/architecture.md, "One service runtime" and "Logs a flood cannot fill".
 """
 
 from __future__ import annotations
@@ -89,8 +75,13 @@ def configure_logging(level: int | str = logging.INFO, *, fmt: str = SHORT_FORMA
 
 def run_service(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
     """Run ``main()`` in a new event loop until it returns, or until SIGTERM/SIGINT cancels
-    it; returns normally after a stop by signal. Any other end (an exception, a cancel that no
-    signal asked for) propagates."""
+    it; returns normally after a stop by signal (the process exits 0). Any other end (an
+    exception, a cancel that no signal asked for) propagates: a crash exits non-zero.
+
+    On Python 3.11 a cancel can be lost: ``asyncio.wait_for`` (which nats-py runs every
+    request under) hands back an answer that lands together with the cancel and drops the
+    cancel. A stop still running after ``SLOW_STOP_S`` logs where it waits and is cancelled
+    again, every ``SLOW_STOP_S``."""
     asyncio.run(_until_signalled(main))
 
 
