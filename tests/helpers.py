@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mappin
 from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import asyncpg
 import nats.errors
@@ -30,6 +30,8 @@ from mdq.core.events import make_event
 from mdq.core.nodes import NodeSample
 from mdq.core.producers import owner_of
 from mdq.core.spec import normalize_job
+from services.placement.app import Placement
+from services.placement.settings import PlacementSettings
 
 
 def event(
@@ -311,6 +313,29 @@ class RecordingBackend:
 
     async def close(self) -> None:
         return None
+
+
+def placement_of(
+    js: JetStreamContext,
+    subjects: Subjects,
+    backend: RecordingBackend | None = None,
+    *,
+    nc: Client | None = None,
+    **settings: Any,
+) -> Placement:
+    """A placement service on the test's bus that publishes as the owners would
+    (``publisher``), with a recording backend unless given one. ``settings``: fields of
+    ``PlacementSettings`` (a reconcile pass every 0.2 s unless they say otherwise); ``nc``: the
+    connection it answers job control on (None: it answers none)."""
+    return Placement(
+        js=js,
+        subjects=subjects,
+        publisher=publisher(js, subjects),
+        backend=backend or RecordingBackend(),
+        settings=PlacementSettings(**{"reconcile_interval_s": 0.2, **settings}),
+        namespace=subjects.namespace,
+        nc=nc,
+    )
 
 
 @asynccontextmanager

@@ -19,12 +19,12 @@ from mdq.core.control import control_id_for_key
 from mdq.core.spec import normalize_job
 from mdq.sdk.client import ControlRefused, MdqClient
 from services.placement.app import Placement
-from services.placement.settings import PlacementSettings
 from tests.helpers import (
     RecordingBackend,
     event,
     events_of,
     node_load,
+    placement_of,
     publisher,
     read_all,
     running,
@@ -56,16 +56,7 @@ def job(
 async def placement_running(
     nc: Client, subjects: Subjects, backend: RecordingBackend
 ) -> AsyncIterator[Placement]:
-    js = nc.jetstream()
-    placement = Placement(
-        js=js,
-        subjects=subjects,
-        publisher=publisher(js, subjects),
-        backend=backend,
-        settings=PlacementSettings(reconcile_interval_s=0.2),
-        namespace=subjects.namespace,
-        nc=nc,
-    )
+    placement = placement_of(nc.jetstream(), subjects, backend, nc=nc)
     async with running(placement.run()):
 
         async def answering() -> bool:

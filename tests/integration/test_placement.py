@@ -25,6 +25,7 @@ from tests.helpers import (
     event,
     events_of,
     node_load,
+    placement_of,
     placement_settled,
     publisher,
     reconnected,
@@ -35,29 +36,15 @@ from tests.helpers import (
 )
 
 
-def make_placement(
-    nc: Client, subjects: Subjects, backend: RecordingBackend, data_dir: Path
-) -> Placement:
-    js = nc.jetstream()
-    return Placement(
-        js=js,
-        subjects=subjects,
-        publisher=publisher(js, subjects),
-        backend=backend,
-        settings=PlacementSettings(reconcile_interval_s=0.2),
-        namespace=subjects.namespace,
-    )
-
-
 async def test_binds_pending_jobs_spread_over_nodes_with_pods(
-    nc: Client, subjects: Subjects, data_dir: Path
+    nc: Client, subjects: Subjects
 ) -> None:
     js = nc.jetstream()
     bus = publisher(js, subjects)
     await bus.publish_all([node_load("n1"), node_load("n2")])
     await bus.publish_all([submitted(f"r1-job{i}") for i in range(6)])
     backend = RecordingBackend()
-    async with running(make_placement(nc, subjects, backend, data_dir).run()):
+    async with running(placement_of(js, subjects, backend).run()):
         await wait_for_events(js, subjects, "bound", count=6, what="6 bound events")
     bound = await events_of(js, subjects, "bound")
     assert Counter(e.bound.node for e in bound) == {"n1": 3, "n2": 3}
@@ -69,7 +56,7 @@ async def test_binds_pending_jobs_spread_over_nodes_with_pods(
 
 
 async def test_a_pass_s_bindings_are_stored_as_one_atomic_batch(
-    nc: Client, subjects: Subjects, data_dir: Path
+    nc: Client, subjects: Subjects
 ) -> None:
     """Over ``Requests`` (as the service runs), the ``bound`` events of one pass go to the log
     as one atomic batch: one flush for all of them (docs/durability.md, "Group commit"), each
@@ -103,7 +90,7 @@ async def test_a_pass_s_bindings_are_stored_as_one_atomic_batch(
 
 
 async def test_a_node_named_with_dots_is_followed_and_bound_to(
-    nc: Client, subjects: Subjects, data_dir: Path
+    nc: Client, subjects: Subjects
 ) -> None:
     """Kubernetes names nodes with DNS subdomains (EKS: ``ip-10-0-0-1.ec2.internal``): the
     node's load is stored, followed by placement and bound to under its own name, although
@@ -114,7 +101,7 @@ async def test_a_node_named_with_dots_is_followed_and_bound_to(
     await bus.publish_all([node_load(node)])
     await bus.publish_all([submitted("r1-dotted")])
     backend = RecordingBackend()
-    async with running(make_placement(nc, subjects, backend, data_dir).run()):
+    async with running(placement_of(js, subjects, backend).run()):
         await wait_for_events(js, subjects, "bound", count=1, what="the job bound")
     [event] = await events_of(js, subjects, "bound")
     assert event.bound.node == node
@@ -122,14 +109,14 @@ async def test_a_node_named_with_dots_is_followed_and_bound_to(
 
 
 async def test_full_nodes_leave_jobs_pending_until_capacity_frees(
-    nc: Client, subjects: Subjects, data_dir: Path
+    nc: Client, subjects: Subjects
 ) -> None:
     js = nc.jetstream()
     bus = publisher(js, subjects)
     await bus.publish_all([node_load("n1", cpu_capacity=2)])
     await bus.publish_all([submitted(f"r2-j{i}") for i in range(3)])
     backend = RecordingBackend()
-    async with running(make_placement(nc, subjects, backend, data_dir).run()):
+    async with running(placement_of(js, subjects, backend).run()):
         await wait_for_events(js, subjects, "bound", count=2, what="2 bound")
         marker = await placement_settled(js, subjects)
         bound = {e.job_id for e in await events_of(js, subjects, "bound")} - {marker}
@@ -146,16 +133,14 @@ async def test_full_nodes_leave_jobs_pending_until_capacity_frees(
         await wait_for(three_bound, what="the third job bound once a slot freed")
 
 
-async def test_chain_waits_for_its_dependency(
-    nc: Client, subjects: Subjects, data_dir: Path
-) -> None:
+async def test_chain_waits_for_its_dependency(nc: Client, subjects: Subjects) -> None:
     js = nc.jetstream()
     bus = publisher(js, subjects)
     await bus.publish_all([node_load("n1")])
     await bus.publish(submitted("r3-init"))
     await bus.publish(submitted("r3-run", depends_on=("r3-init",)))
     backend = RecordingBackend()
-    async with running(make_placement(nc, subjects, backend, data_dir).run()):
+    async with running(placement_of(js, subjects, backend).run()):
         await wait_for_events(js, subjects, "bound", "r3-init", count=1, what="init bound")
         assert await events_of(js, subjects, "bound", "r3-run") == []
         await bus.publish(
@@ -169,9 +154,7 @@ async def test_chain_waits_for_its_dependency(
     assert backend.pods["mdq-r3-run-1"].depends_on == ("r3-init",)
 
 
-async def test_dependency_failure_fails_the_chain(
-    nc: Client, subjects: Subjects, data_dir: Path
-) -> None:
+async def test_dependency_failure_fails_the_chain(nc: Client, subjects: Subjects) -> None:
     js = nc.jetstream()
     bus = publisher(js, subjects)
     await bus.publish(submitted("r4-init"))
@@ -179,7 +162,7 @@ async def test_dependency_failure_fails_the_chain(
     await bus.publish(
         event("failed", pb.JobFailed(reason=pb.FAILURE_UNSTABLE), job="r4-init", attempt=1)
     )
-    async with running(make_placement(nc, subjects, RecordingBackend(), data_dir).run()):
+    async with running(placement_of(js, subjects).run()):
         await wait_for_events(
             js, subjects, "failed", "r4-run", count=1, what="dependent job failed"
         )
@@ -187,9 +170,7 @@ async def test_dependency_failure_fails_the_chain(
     assert failure.reason == pb.FAILURE_DEPENDENCY_FAILED and "r4-init" in failure.message
 
 
-async def test_backoff_not_before_is_honoured(
-    nc: Client, subjects: Subjects, data_dir: Path
-) -> None:
+async def test_backoff_not_before_is_honoured(nc: Client, subjects: Subjects) -> None:
     js = nc.jetstream()
     bus = publisher(js, subjects)
     await bus.publish_all([node_load("n1")])
@@ -204,7 +185,7 @@ async def test_backoff_not_before_is_honoured(
     await bus.publish(event("requeued", requeue, job="r5-a", attempt=2))
     backend = RecordingBackend()
     started = datetime.now(UTC)
-    async with running(make_placement(nc, subjects, backend, data_dir).run()):
+    async with running(placement_of(js, subjects, backend).run()):
 
         async def attempt2_bound() -> bool:
             return any(e.attempt == 2 for e in await events_of(js, subjects, "bound", "r5-a"))
@@ -215,14 +196,14 @@ async def test_backoff_not_before_is_honoured(
 
 
 async def test_restart_binds_no_job_twice_and_repairs_missing_pods(
-    nc: Client, subjects: Subjects, data_dir: Path
+    nc: Client, subjects: Subjects
 ) -> None:
     js = nc.jetstream()
     bus = publisher(js, subjects)
     await bus.publish_all([node_load("n1", cpu_capacity=64, memory_mb=1_000_000)])
     await bus.publish_all([submitted(f"r6-j{i}") for i in range(40)])
     first = RecordingBackend()
-    async with running(make_placement(nc, subjects, first, data_dir).run()):
+    async with running(placement_of(js, subjects, first).run()):
 
         async def some_bound() -> bool:
             return len(await events_of(js, subjects, "bound")) >= 1
@@ -231,7 +212,7 @@ async def test_restart_binds_no_job_twice_and_repairs_missing_pods(
     # A new incarnation with an empty backend: it must bind the rest and recreate every pod.
     second = RecordingBackend()
     await bus.publish_all([submitted(f"r6-k{i}") for i in range(10)])
-    async with running(make_placement(nc, subjects, second, data_dir).run()):
+    async with running(placement_of(js, subjects, second).run()):
         await wait_for_events(js, subjects, "bound", count=50, what="50 bound")
 
         async def all_pods() -> bool:
@@ -246,7 +227,7 @@ async def test_restart_binds_no_job_twice_and_repairs_missing_pods(
 
 
 async def test_placement_keeps_binding_after_a_nats_server_restart(
-    tmp_path: Path, subjects: Subjects, data_dir: Path
+    tmp_path: Path, subjects: Subjects
 ) -> None:
     """kill -9 of the NATS server: placement's log consumers resume where they were, so jobs
     submitted after the restart are bound and none bound before is bound again."""
@@ -258,7 +239,7 @@ async def test_placement_keeps_binding_after_a_nats_server_restart(
         await bus.publish_all([node_load("n1"), node_load("n2")])
         await bus.publish_all([submitted(f"r7-before{i}") for i in range(3)])
         backend = RecordingBackend()
-        async with running(make_placement(client, subjects, backend, data_dir).run()):
+        async with running(placement_of(client.jetstream(), subjects, backend).run()):
 
             async def bound(count: int) -> bool:
                 return len(await events_of(js, subjects, "bound")) >= count
@@ -305,7 +286,7 @@ def test_encoded_candidate_entries_concatenate_into_the_explanation() -> None:
 
 
 async def test_a_submitted_event_with_an_invalid_spec_is_never_bound(
-    nc: Client, subjects: Subjects, data_dir: Path
+    nc: Client, subjects: Subjects
 ) -> None:
     """Only intake may publish ``submitted``, but placement validates the spec it acts on
     again: a forged one (here: a negative temperature and 10^6 cores) is skipped, counted and
@@ -319,7 +300,7 @@ async def test_a_submitted_event_with_an_invalid_spec_is_never_bound(
     await bus.publish(forged)
     await bus.publish(submitted("r9-honest"))
     backend = RecordingBackend()
-    placement = make_placement(nc, subjects, backend, data_dir)
+    placement = placement_of(js, subjects, backend)
     async with running(placement.run()):
         await wait_for_events(
             js, subjects, "bound", "r9-honest", count=1, what="the valid job bound"
@@ -340,14 +321,7 @@ async def test_a_dependency_forgotten_long_ago_is_read_from_the_log(
     await bus.publish(node_load("n1"))
     await bus.publish_all([submitted("r9-old"), submitted("r9-bad")])
     backend = RecordingBackend()
-    placement = Placement(
-        js=js,
-        subjects=subjects,
-        publisher=publisher(js, subjects),
-        backend=backend,
-        settings=PlacementSettings(reconcile_interval_s=0.1, ended_memory=0),
-        namespace=subjects.namespace,
-    )
+    placement = placement_of(js, subjects, backend, reconcile_interval_s=0.1, ended_memory=0)
     caplog.set_level(logging.WARNING, logger="mdq.placement")
     async with running(placement.run()):
         await wait_for_events(js, subjects, "bound", count=2, what="the two dependencies bound")
@@ -391,9 +365,7 @@ async def test_a_dependency_forgotten_long_ago_is_read_from_the_log(
     assert caplog.text.count("dependency r9-ghost is neither") == 1, "asked once"
 
 
-async def test_a_cold_replay_lets_ended_jobs_go_as_it_reads(
-    nc: Client, subjects: Subjects, data_dir: Path
-) -> None:
+async def test_a_cold_replay_lets_ended_jobs_go_as_it_reads(nc: Client, subjects: Subjects) -> None:
     """With no snapshot placement folds the whole log: ended jobs are forgotten every
     ``REPLAY_PRUNE_BATCH`` as it reads, so what it holds follows the live jobs, not the
     history (``make bench-scale`` measures the RSS)."""
@@ -417,7 +389,7 @@ async def test_a_cold_replay_lets_ended_jobs_go_as_it_reads(
                 )
             ]
         )
-    placement = make_placement(nc, subjects, RecordingBackend(), data_dir)
+    placement = placement_of(js, subjects)
     held: list[int] = []
     fold = placement.on_job_event
 
@@ -437,7 +409,7 @@ async def test_a_cold_replay_lets_ended_jobs_go_as_it_reads(
 
 
 async def test_a_job_waiting_as_long_as_the_jobs_log_keeps_is_ended(
-    nc: Client, subjects: Subjects, data_dir: Path
+    nc: Client, subjects: Subjects
 ) -> None:
     """Submitted 400 days ago and never run (no node; a dependency that never ends): failed
     with FAILURE_EXPIRED while the log still holds it. A job submitted now waits on."""
@@ -452,7 +424,7 @@ async def test_a_job_waiting_as_long_as_the_jobs_log_keeps_is_ended(
         submit.time.FromDatetime(long_ago)
         await bus.publish(submit)
     await bus.publish(submitted("r9-young"))
-    async with running(make_placement(nc, subjects, RecordingBackend(), data_dir).run()):
+    async with running(placement_of(js, subjects).run()):
         await wait_for_events(js, subjects, "failed", count=3, what="the three old jobs to end")
     failed = {event.job_id: event.failed for event in await events_of(js, subjects, "failed")}
     assert set(failed) == {"r9-pending", "r9-waiting", "r9-never"}

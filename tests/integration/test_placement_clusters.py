@@ -5,8 +5,6 @@ explanation."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from nats.aio.client import Client
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError
 
@@ -18,20 +16,20 @@ from tests.helpers import (
     event,
     events_of,
     node_load,
+    placement_of,
     publisher,
     running,
     submitted,
     wait_for,
     wait_for_events,
 )
-from tests.integration.test_placement import make_placement
 
 CAMPUS = {"site": "campus"}
 CENTRE = {"site": "centre", "fabric": "infiniband"}
 
 
 async def test_jobs_go_to_the_clusters_they_ask_for_and_chains_follow_their_data(
-    nc: Client, subjects: Subjects, data_dir: Path
+    nc: Client, subjects: Subjects
 ) -> None:
     js = nc.jetstream()
     bus = publisher(js, subjects)
@@ -51,7 +49,7 @@ async def test_jobs_go_to_the_clusters_they_ask_for_and_chains_follow_their_data
         ]
     )
     backend = RecordingBackend()
-    async with running(make_placement(nc, subjects, backend, data_dir).run()):
+    async with running(placement_of(js, subjects, backend).run()):
         await wait_for_events(
             js, subjects, "bound", count=2, what="the two jobs a cluster admits bound"
         )

@@ -6,7 +6,6 @@ reports again."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
 from nats.aio.client import Client
@@ -19,24 +18,24 @@ from tests.helpers import (
     event,
     events_of,
     node_load,
+    placement_of,
     publisher,
     running,
     submitted,
     wait_for,
     wait_for_events,
 )
-from tests.integration.test_placement import make_placement
 
 
 async def test_requeued_job_moves_off_a_lost_node_that_is_not_ready(
-    nc: Client, subjects: Subjects, data_dir: Path
+    nc: Client, subjects: Subjects
 ) -> None:
     js = nc.jetstream()
     bus = publisher(js, subjects)
     await bus.publish_all([node_load("n1"), node_load("n2")])
     await bus.publish(submitted("r7-a"))
     backend = RecordingBackend()
-    async with running(make_placement(nc, subjects, backend, data_dir).run()):
+    async with running(placement_of(js, subjects, backend).run()):
         await wait_for_events(js, subjects, "bound", "r7-a", count=1, what="attempt 1 bound")
         first = (await events_of(js, subjects, "bound", "r7-a"))[0].bound.node
         other = "n2" if first == "n1" else "n1"
@@ -67,7 +66,7 @@ async def test_requeued_job_moves_off_a_lost_node_that_is_not_ready(
     ],
 )
 async def test_the_avoid_list_alone_keeps_a_requeued_job_off_the_best_node(
-    nc: Client, subjects: Subjects, data_dir: Path, avoid: list[str], expected: str
+    nc: Client, subjects: Subjects, avoid: list[str], expected: str
 ) -> None:
     """ "big" stays ready, idle and by far the best score; after an eviction there, only the
     requeue's avoid-list sends attempt 2 to "small" (the control, with an empty avoid-list,
@@ -79,7 +78,7 @@ async def test_the_avoid_list_alone_keeps_a_requeued_job_off_the_best_node(
     )
     await bus.publish(submitted("r8-a"))
     backend = RecordingBackend()
-    async with running(make_placement(nc, subjects, backend, data_dir).run()):
+    async with running(placement_of(js, subjects, backend).run()):
 
         async def bound(n: int) -> list[pb.Event]:
             events = await events_of(js, subjects, "bound", "r8-a")
@@ -110,7 +109,7 @@ async def test_the_avoid_list_alone_keeps_a_requeued_job_off_the_best_node(
 
 
 async def test_a_node_lost_after_its_last_report_takes_nothing_until_it_reports_again(
-    nc: Client, subjects: Subjects, data_dir: Path
+    nc: Client, subjects: Subjects
 ) -> None:
     """The only node's latest report says ready, but a job was lost with it since: the retry
     (whose avoid-list cannot be honoured, there being no other node) waits for the node's next
@@ -120,7 +119,7 @@ async def test_a_node_lost_after_its_last_report_takes_nothing_until_it_reports_
     await bus.publish(node_load("only"))
     await bus.publish(submitted("r9-a"))
     backend = RecordingBackend()
-    placement = make_placement(nc, subjects, backend, data_dir)
+    placement = placement_of(js, subjects, backend)
     async with running(placement.run()):
 
         async def bound(n: int) -> list[pb.Event]:

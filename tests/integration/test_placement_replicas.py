@@ -13,8 +13,10 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from nats.aio.client import Client
+from nats.js import JetStreamContext
 
 from mdq.backends.local.api import LocalBackend
 from mdq.bus.kv import bucket_keys
@@ -22,12 +24,12 @@ from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.events import make_event
 from services.placement.app import Placement
-from services.placement.settings import PlacementSettings
 from tests.helpers import (
     RecordingBackend,
     event,
     events_of,
     node_load,
+    placement_of,
     publisher,
     read_all,
     running,
@@ -40,21 +42,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def make_placement(
-    nc: Client,
+    js: JetStreamContext,
     subjects: Subjects,
-    backend: RecordingBackend,
-    data_dir: Path,
-    **settings: object,
+    backend: RecordingBackend | None = None,
+    **settings: Any,
 ) -> Placement:
-    js = nc.jetstream()
-    return Placement(
-        js=js,
-        subjects=subjects,
-        publisher=publisher(js, subjects),
-        backend=backend,
-        settings=PlacementSettings(reconcile_interval_s=0.2, lease_ttl_s=1.5, **settings),  # type: ignore[arg-type]
-        namespace=subjects.namespace,
-    )
+    """A placement replica whose lease runs out 1.5 s after its leader stops renewing it."""
+    return placement_of(js, subjects, backend, lease_ttl_s=1.5, **settings)
 
 
 @contextlib.asynccontextmanager
@@ -89,13 +83,13 @@ def assert_bound_once(bound: list[pb.Event], backend: RecordingBackend) -> None:
 
 
 async def test_two_replicas_with_the_lease_never_double_bind_and_hand_over(
-    nc: Client, subjects: Subjects, data_dir: Path
+    nc: Client, subjects: Subjects
 ) -> None:
     js = nc.jetstream()
     bus = publisher(js, subjects)
     cluster = RecordingBackend()  # one cluster, two placement replicas
-    a = make_placement(nc, subjects, cluster, data_dir)
-    b = make_placement(nc, subjects, cluster, data_dir)
+    a = make_placement(js, subjects, cluster)
+    b = make_placement(js, subjects, cluster)
     async with fresh_loads(nc, subjects, "n1", "n2", "n3"):
         async with running(a.run()) as task_a, running(b.run()) as task_b:
             await bus.publish_all([submitted(f"rp1-j{i}") for i in range(150)])
@@ -118,9 +112,7 @@ async def test_two_replicas_with_the_lease_never_double_bind_and_hand_over(
     assert_bound_once(bound, cluster)
 
 
-async def test_active_active_replicas_are_fenced_per_job(
-    nc: Client, subjects: Subjects, data_dir: Path
-) -> None:
+async def test_active_active_replicas_are_fenced_per_job(nc: Client, subjects: Subjects) -> None:
     """Two replicas with the same view decide at the same moment, without the lease: the fence
     on the bound event (expected last subject sequence) lets exactly one bind each job."""
     js = nc.jetstream()
@@ -130,9 +122,7 @@ async def test_active_active_replicas_are_fenced_per_job(
     log = await events_of(js, subjects, "*")
     loads = await read_all(js, subjects.node_load("*"))
     cluster = RecordingBackend()
-    replicas = [
-        make_placement(nc, subjects, cluster, data_dir, leader_election=False) for _ in range(2)
-    ]
+    replicas = [make_placement(js, subjects, cluster, leader_election=False) for _ in range(2)]
     for replica in replicas:
         for sequence, e in enumerate(log, start=1):
             await replica.on_job_event(sequence, e)
@@ -217,9 +207,7 @@ async def test_kill_9_during_a_burst_loses_no_job_and_binds_none_twice(
     assert len(pods) == total + 1
 
 
-async def test_high_priority_job_preempts_low_priority_work(
-    nc: Client, subjects: Subjects, data_dir: Path
-) -> None:
+async def test_high_priority_job_preempts_low_priority_work(nc: Client, subjects: Subjects) -> None:
     js = nc.jetstream()
     bus = publisher(js, subjects)
     # "m" takes only the 1-CPU marker job (below), never a 2-CPU one
@@ -229,7 +217,7 @@ async def test_high_priority_job_preempts_low_priority_work(
     await bus.publish(event("started", pb.JobStarted(node="n1"), job="rp4-low", attempt=1))
     await bus.publish(submitted("rp4-normal", cpu=2, priority="normal"))
     backend = RecordingBackend()
-    placement = make_placement(nc, subjects, backend, data_dir)
+    placement = make_placement(js, subjects, backend)
     async with running(placement.run()):
         await bus.publish(submitted("rp4-high", cpu=2, priority="high"))
 
@@ -264,7 +252,7 @@ async def test_high_priority_job_preempts_low_priority_work(
 
 
 async def test_cordoned_and_silent_nodes_are_not_chosen_and_explained(
-    nc: Client, subjects: Subjects, data_dir: Path, nats_url: str
+    nc: Client, subjects: Subjects, nats_url: str
 ) -> None:
     js = nc.jetstream()
     bus = publisher(js, subjects)
@@ -281,7 +269,7 @@ async def test_cordoned_and_silent_nodes_are_not_chosen_and_explained(
     )
     await bus.publish_all([cordoned, silent, node_load("good"), node_load("down", ready=False)])
     await bus.publish(submitted("rp5-a"))
-    async with running(make_placement(nc, subjects, RecordingBackend(), data_dir).run()):
+    async with running(make_placement(js, subjects).run()):
         await wait_for_events(js, subjects, "bound", "rp5-a", count=1, what="rp5-a bound")
     decision = (await events_of(js, subjects, "bound", "rp5-a"))[0].bound
     assert decision.node == "good"
@@ -304,7 +292,7 @@ async def test_cordoned_and_silent_nodes_are_not_chosen_and_explained(
 
 
 async def test_without_fail_on_dependency_failure_the_chain_runs_on(
-    nc: Client, subjects: Subjects, data_dir: Path
+    nc: Client, subjects: Subjects
 ) -> None:
     js = nc.jetstream()
     bus = publisher(js, subjects)
@@ -314,9 +302,7 @@ async def test_without_fail_on_dependency_failure_the_chain_runs_on(
     await bus.publish(
         event("failed", pb.JobFailed(reason=pb.FAILURE_UNSTABLE), job="rp6-init", attempt=1)
     )
-    placement = make_placement(
-        nc, subjects, RecordingBackend(), data_dir, fail_on_dependency_failure=False
-    )
+    placement = make_placement(js, subjects, fail_on_dependency_failure=False)
     async with running(placement.run()):
         await wait_for_events(
             js, subjects, "bound", "rp6-run", count=1, what="the dependent job released and bound"
@@ -345,7 +331,7 @@ async def _explain(nats_url: str, subjects: Subjects, job_id: str) -> str:
 
 
 async def test_a_waiting_job_is_explained_node_by_node_and_by_what_it_waits_for(
-    nc: Client, subjects: Subjects, data_dir: Path, nats_url: str
+    nc: Client, subjects: Subjects, nats_url: str
 ) -> None:
     """Every node cordoned: ``mdq explain`` of the pending job says so the way Kubernetes does
     for a Pending pod, node by node; its dependent job is shown waiting for it."""
@@ -357,9 +343,7 @@ async def test_a_waiting_job_is_explained_node_by_node_and_by_what_it_waits_for(
     await bus.publish_all(loads)
     await bus.publish(submitted("rp9-first"))
     await bus.publish(submitted("rp9-then", depends_on=("rp9-first",)))
-    placement = make_placement(
-        nc, subjects, RecordingBackend(), data_dir, explain_waiting_interval_s=0.2
-    )
+    placement = make_placement(js, subjects, explain_waiting_interval_s=0.2)
     async with running(placement.run()):
         kv = None
 

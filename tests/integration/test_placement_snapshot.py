@@ -20,12 +20,11 @@ from mdq.contracts import pb
 from mdq.core.snapshot import Head
 from mdq.core.state import JobBook
 from services.placement.app import Placement
-from services.placement.settings import PlacementSettings
 from tests.helpers import (
-    RecordingBackend,
     event,
     events_of,
     node_load,
+    placement_of,
     placement_settled,
     publisher,
     running,
@@ -35,19 +34,13 @@ from tests.helpers import (
 
 
 def make_placement(nc: Client, subjects: Subjects, *, interval_s: float = 0.1) -> Placement:
-    js = nc.jetstream()
-    return Placement(
-        js=js,
-        subjects=subjects,
-        publisher=publisher(js, subjects),
-        backend=RecordingBackend(),
-        settings=PlacementSettings(
-            reconcile_interval_s=0.1,
-            snapshot_interval_s=interval_s,
-            leader_election=False,
-            load_settle_s=0.0,
-        ),
-        namespace=subjects.namespace,
+    return placement_of(
+        nc.jetstream(),
+        subjects,
+        reconcile_interval_s=0.1,
+        snapshot_interval_s=interval_s,
+        leader_election=False,
+        load_settle_s=0.0,
     )
 
 

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
 
 import pytest
 from nats.aio.client import Client
-from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError
 from rich.console import Console
 
@@ -21,11 +19,11 @@ from mdq.contracts import pb
 from mdq.core import ids
 from mdq.core.tenants import DEFAULT_POLICY, TenantPolicy, TenantUsage, usage_key
 from services.placement.app import Placement
-from services.placement.settings import PlacementSettings
 from tests.helpers import (
     RecordingBackend,
     event,
     node_load,
+    placement_of,
     publisher,
     read_all,
     running,
@@ -97,23 +95,6 @@ async def test_put_policy_refuses_a_bad_tenant_name(nc: Client, subjects: Subjec
         await put_policy(js, subjects, "Alice", ALICE_QUOTA)
 
 
-def placement_of(
-    js: JetStreamContext,
-    subjects: Subjects,
-    backend: RecordingBackend | None = None,
-    **settings: Any,
-) -> Placement:
-    """A placement service on the test's bus, with a recording backend."""
-    return Placement(
-        js=js,
-        subjects=subjects,
-        publisher=publisher(js, subjects),
-        backend=backend or RecordingBackend(),
-        settings=PlacementSettings(**settings),
-        namespace=subjects.namespace,
-    )
-
-
 async def more_passes(placement: Placement, passes: int = 3) -> None:
     """Wait until placement has begun ``passes`` more reconcile passes (and so finished the
     ones before): what did not happen in them is not going to for lack of a pass."""
@@ -157,7 +138,6 @@ async def test_a_tenant_at_its_cpu_quota_waits_while_others_bind(
     placement = placement_of(
         js,
         subjects,
-        reconcile_interval_s=0.2,
         explain_waiting_interval_s=0.2,
         tenant_usage_interval_s=0.2,
     )
@@ -266,7 +246,7 @@ async def test_a_high_job_held_by_its_tenants_quota_preempts_nobody(
         await bus.publish(event("started", pb.JobStarted(node="n1"), job=job_id, attempt=1))
     await bus.publish(submitted(job("alice", "h1"), cpu=1, priority="high"))
     backend = RecordingBackend()
-    placement = placement_of(js, subjects, reconcile_interval_s=0.2, backend=backend)
+    placement = placement_of(js, subjects, backend=backend)
     async with running(placement.run()):
 
         async def caught_up() -> bool:
@@ -294,7 +274,7 @@ async def test_a_full_cluster_is_shared_by_weight_and_a_weight_changes_live(
     bob = [job("bob", f"b{i}") for i in range(10)]
     for job_id in [*alice, *bob]:
         await bus.publish(submitted(job_id))
-    placement = placement_of(js, subjects, reconcile_interval_s=0.2, explain_waiting_interval_s=0.2)
+    placement = placement_of(js, subjects, explain_waiting_interval_s=0.2)
 
     async def split() -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -377,9 +357,7 @@ async def test_a_tenant_below_its_share_gets_room_back_and_no_more(
     alice = [job("alice", f"a{i}") for i in range(8)]
     await bus.publish_all([submitted(job_id) for job_id in alice])
     backend = RecordingBackend()
-    placement = placement_of(
-        js, subjects, reconcile_interval_s=0.2, fair_share_min_run_s=0, backend=backend
-    )
+    placement = placement_of(js, subjects, fair_share_min_run_s=0, backend=backend)
     async with running(placement.run()):
 
         async def all_bound() -> bool:
@@ -423,7 +401,7 @@ async def test_a_tenant_at_its_maximum_share_waits_and_says_why(
     await bus.publish_all([node_load("n1", cpu_capacity=8, memory_mb=100_000)])
     alice = [job("alice", f"a{i}") for i in range(6)]
     await bus.publish_all([submitted(job_id) for job_id in alice])
-    placement = placement_of(js, subjects, reconcile_interval_s=0.2, explain_waiting_interval_s=0.2)
+    placement = placement_of(js, subjects, explain_waiting_interval_s=0.2)
     async with running(placement.run()):
 
         async def two_bound() -> bool:
