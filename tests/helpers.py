@@ -304,6 +304,16 @@ class RecordingBackend:
     async def delete_pod(self, name: str) -> None:
         self.deleted.append(name)
 
+    async def pod_created(self, name: str, *, what: str) -> PodSpec:
+        """The pod ``name`` once it was created (``what`` names that moment if it never
+        comes: fails as ``wait_for`` does)."""
+
+        async def created() -> bool:
+            return name in self.pods
+
+        await wait_for(created, what=what)
+        return self.pods[name]
+
     async def watch_pods(self) -> AsyncIterator[PodUpdate]:
         while True:
             yield await self.updates.get()

@@ -65,20 +65,25 @@ def hidden(page: str, name: str) -> str:
     return found.group(1)
 
 
+async def control_form(
+    session: aiohttp.ClientSession, page_url: str, **fields: str
+) -> dict[str, str]:
+    """A control form of the page at ``page_url``: the console's token and the control key the
+    page carries (a page with control forms is never cached), and ``fields``."""
+    async with session.get(page_url) as response:
+        page = await response.text()
+        assert response.headers["Cache-Control"] == "no-store"
+    return {"token": hidden(page, "token"), "control_key": hidden(page, "control_key"), **fields}
+
+
 async def test_a_jobs_page_controls_it_and_refuses_forged_forms(
     site: str, nc: Client, subjects: Subjects
 ) -> None:
     js = nc.jetstream()
     async with aiohttp.ClientSession() as session:
-        async with session.get(f"{site}/jobs/{FIRST}") as response:
-            page = await response.text()
-            assert response.headers["Cache-Control"] == "no-store"
-        form = {
-            "token": hidden(page, "token"),
-            "control_key": hidden(page, "control_key"),
-            "verb": "cancel",
-            "reason": "wrong box",
-        }
+        form = await control_form(
+            session, f"{site}/jobs/{FIRST}", verb="cancel", reason="wrong box"
+        )
         for forged, headers, field in (
             ({**form, "token": "guess"}, {}, "token"),
             (form, {"Origin": "http://evil.example"}, "origin"),
@@ -106,16 +111,14 @@ async def test_a_campaign_is_controlled_after_a_confirmation(
 ) -> None:
     js = nc.jetstream()
     async with aiohttp.ClientSession() as session:
-        async with session.get(f"{site}/campaigns?label=campaign%3Dx") as response:
-            page = await response.text()
-        form = {
-            "token": hidden(page, "token"),
-            "control_key": hidden(page, "control_key"),
-            "label": "campaign=x",
-            "verb": "hold",
-            "priority_class": "normal",
-            "reason": "",
-        }
+        form = await control_form(
+            session,
+            f"{site}/campaigns?label=campaign%3Dx",
+            label="campaign=x",
+            verb="hold",
+            priority_class="normal",
+            reason="",
+        )
         async with session.post(f"{site}/campaigns/control", data=form) as response:
             confirm = await response.text()
             assert response.status == 200
@@ -138,14 +141,7 @@ async def test_a_campaign_is_controlled_after_a_confirmation(
 
 async def test_a_refusal_shows_the_field(site: str) -> None:
     async with aiohttp.ClientSession() as session:
-        async with session.get(f"{site}/jobs/{SECOND}") as response:
-            page = await response.text()
-        form = {
-            "token": hidden(page, "token"),
-            "control_key": hidden(page, "control_key"),
-            "verb": "extend",
-            "extend_steps": "0",
-        }
+        form = await control_form(session, f"{site}/jobs/{SECOND}", verb="extend", extend_steps="0")
         async with session.post(f"{site}/jobs/{SECOND}/control", data=form) as response:
             html = await response.text()
             assert response.status == 400

@@ -119,11 +119,7 @@ async def test_a_running_job_is_stopped_and_its_pod_deleted(nc: Client, subjects
     backend = RecordingBackend()
     client = MdqClient(nc=nc, subjects=subjects)
     async with placement_running(nc, subjects, backend) as placement:
-
-        async def bound() -> bool:
-            return "mdq-bbbbbbbbbbbb-run-1" in backend.pods
-
-        await wait_for(bound, what="the job bound")
+        await backend.pod_created("mdq-bbbbbbbbbbbb-run-1", what="the job bound")
         await bus.publish(
             event("started", pb.JobStarted(node="n1"), job="bbbbbbbbbbbb-run", attempt=1)
         )
@@ -173,10 +169,7 @@ async def test_a_held_job_is_not_placed_until_released(nc: Client, subjects: Sub
         released = await client.release(["cccccccccccc-big"])
         assert outcomes(released) == {"cccccccccccc-big": ("CONTROL_DONE", "PENDING")}
 
-        async def bound() -> bool:
-            return "mdq-cccccccccccc-big-1" in backend.pods
-
-        await wait_for(bound, what="the released job bound")
+        await backend.pod_created("mdq-cccccccccccc-big-1", what="the released job bound")
         again = await client.release(["cccccccccccc-big"])
         assert outcomes(again)["cccccccccccc-big"][0] == "CONTROL_NOT_APPLICABLE"
 
@@ -388,11 +381,7 @@ async def test_a_succeeded_job_is_extended_as_a_new_attempt(nc: Client, subjects
     backend = RecordingBackend()
     client = MdqClient(nc=nc, subjects=subjects)
     async with placement_running(nc, subjects, backend) as placement:
-
-        async def bound() -> bool:
-            return "mdq-hhhhhhhhhhhh-md-1" in backend.pods
-
-        await wait_for(bound, what="the job bound")
+        await backend.pod_created("mdq-hhhhhhhhhhhh-md-1", what="the job bound")
         final = pb.Checkpoint(step=1000, path="checkpoints/ckpt-1000.xml", sha256="ab")
         await bus.publish(event("checkpoint", final, job="hhhhhhhhhhhh-md", attempt=1, detail=1000))
         await bus.publish(
@@ -407,11 +396,9 @@ async def test_a_succeeded_job_is_extended_as_a_new_attempt(nc: Client, subjects
         assert outcomes(reply) == {"hhhhhhhhhhhh-md": ("CONTROL_DONE", "PENDING")}
         assert reply.outcomes[0].attempt == 2
 
-        async def rebound() -> bool:
-            return "mdq-hhhhhhhhhhhh-md-2" in backend.pods
-
-        await wait_for(rebound, what="the extension bound as attempt 2")
-        pod = backend.pods["mdq-hhhhhhhhhhhh-md-2"]
+        pod = await backend.pod_created(
+            "mdq-hhhhhhhhhhhh-md-2", what="the extension bound as attempt 2"
+        )
         assert pod.spec.steps == 1500
         assert pod.resume_from is not None and pod.resume_from.step == 1000
         assert placement.fenced_total == 0
