@@ -1,12 +1,14 @@
-"""What the end-to-end tests share: a stack on the session's servers, and waiting for a job's
-state to reach PostgreSQL."""
+"""What the end-to-end tests share: a stack on the session's servers or with a NATS of its own,
+waiting for a job's state to reach PostgreSQL, and reading its attempts' rows there."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import asyncpg
+import pytest
 
 from mdq.stack import Stack
 from tests.helpers import wait_for
@@ -35,6 +37,36 @@ def session_stack(
         grace_s=15.0,
         **options,
     )
+
+
+def own_stack(
+    tmp_path: Path, database_url: str, monkeypatch: pytest.MonkeyPatch, **options: Any
+) -> Stack:
+    """A stack with its embedded NATS (which authenticates every connection; none of the
+    caller's NATS settings left in the environment) on the session's PostgreSQL: one local node
+    unless ``local_nodes`` says otherwise, in ``tmp_path / "state"``, with /metrics on a free
+    port and 15 s for its parts to stop unless ``grace_s`` says otherwise; ``options`` are
+    ``Stack``'s own."""
+    monkeypatch.delenv("NATS_URL", raising=False)
+    monkeypatch.delenv("MDQ_NATS_CREDS", raising=False)
+    options.setdefault("local_nodes", 1)
+    options.setdefault("grace_s", 15.0)
+    return Stack(state_dir=tmp_path / "state", database_url=database_url, metrics_port=0, **options)
+
+
+async def attempt_rows(
+    database_url: str, job_ids: Iterable[str], columns: str
+) -> dict[tuple[str, int], asyncpg.Record]:
+    """The ``columns`` of every attempt of ``job_ids`` in PostgreSQL, by job id and attempt."""
+    db = await asyncpg.connect(database_url)
+    try:
+        rows = await db.fetch(
+            f"SELECT job_id, attempt, {columns} FROM attempts WHERE job_id = ANY($1::text[])",
+            list(job_ids),
+        )
+    finally:
+        await db.close()
+    return {(row["job_id"], row["attempt"]): row for row in rows}
 
 
 async def wait_for_state(

@@ -12,7 +12,6 @@ import signal
 from collections import Counter
 from pathlib import Path
 
-import asyncpg
 import psutil
 import pytest
 
@@ -20,10 +19,10 @@ from mdq.backends.clusters import ClusterEntry
 from mdq.core import ids
 from mdq.core.runner_task import ENV_ATTEMPT, ENV_JOB_ID, job_dir
 from mdq.sdk.client import MdqClient
-from mdq.stack import Stack
 from mdq.testing.cluster import SimulatedCluster
 from mdq.testing.runner_files import last_energy_step, logged_resume
 from mdq.testing.submitting import submit_when_ready
+from tests.e2e.stacks import attempt_rows, own_stack
 from tests.e2e.test_stack import md_job, request
 from tests.helpers import events_of, read_all, wait_for
 
@@ -33,16 +32,7 @@ pytestmark = pytest.mark.e2e
 async def test_jobs_run_on_the_clusters_they_ask_for(
     tmp_path: Path, database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv("NATS_URL", raising=False)
-    monkeypatch.delenv("MDQ_NATS_CREDS", raising=False)
-    stack = Stack(
-        state_dir=tmp_path / "state",
-        database_url=database_url,
-        local_nodes=1,
-        clusters=2,
-        metrics_port=0,
-        grace_s=15.0,
-    )
+    stack = own_stack(tmp_path, database_url, monkeypatch, clusters=2)
     info = await stack.start()
     try:
         campaign = request(
@@ -75,15 +65,8 @@ async def test_jobs_run_on_the_clusters_they_ask_for(
     finally:
         await stack.stop()
 
-    db = await asyncpg.connect(database_url)
-    try:
-        nodes = dict(
-            await db.fetch(
-                "SELECT job_id, node FROM attempts WHERE job_id = ANY($1::text[])", job_ids
-            )
-        )
-    finally:
-        await db.close()
+    attempts = await attempt_rows(database_url, job_ids, "node")
+    nodes = {job_id: row["node"] for (job_id, _), row in attempts.items()}
     assert nodes == {on_lab2: "lab2/local-1", on_lab1: "lab1/local-1", analyze: "lab2/local-1"}
 
 
@@ -97,16 +80,12 @@ async def test_a_whole_cluster_lost_mid_campaign_its_jobs_finish_on_the_other(
     again on lab2 from their latest *copied* checkpoints, fetched and checked, losing at most
     a checkpoint interval plus the copy's lag (recorded per attempt in PostgreSQL); when lab1
     thaws its stale runners stop; every job SUCCEEDED exactly once."""
-    monkeypatch.delenv("NATS_URL", raising=False)
-    monkeypatch.delenv("MDQ_NATS_CREDS", raising=False)
-    stack = Stack(
-        state_dir=tmp_path / "state",
-        database_url=database_url,
-        local_nodes=1,
+    stack = own_stack(
+        tmp_path,
+        database_url,
+        monkeypatch,
         clusters=2,
-        metrics_port=0,
         extra_env={"MDQ_LOCAL_CPU_PER_NODE": "4", "MDQ_RECOVERY_BACKOFF_BASE_S": "0.5"},
-        grace_s=15.0,
     )
     info = await stack.start()
     frozen: list[psutil.Process] = []
@@ -213,19 +192,11 @@ async def test_a_whole_cluster_lost_mid_campaign_its_jobs_finish_on_the_other(
                 process.send_signal(signal.SIGCONT)
         await stack.stop()
 
-    db = await asyncpg.connect(database_url)
-    try:
-        rows = {
-            (row["job_id"], row["attempt"]): row
-            for row in await db.fetch(
-                "SELECT job_id, attempt, failure_reason, steps_lost, copy_lag_steps,"
-                " resumed_from_step, resumed_from_copy FROM attempts"
-                " WHERE job_id = ANY($1::text[])",
-                list(on_lab1),
-            )
-        }
-    finally:
-        await db.close()
+    rows = await attempt_rows(
+        database_url,
+        on_lab1,
+        "failure_reason, steps_lost, copy_lag_steps, resumed_from_step, resumed_from_copy",
+    )
     for job_id, (attempt, _) in on_lab1.items():
         lost, retry = rows[job_id, attempt], rows[job_id, attempt + 1]
         assert lost["failure_reason"] == "FAILURE_CLUSTER_LOST"
@@ -249,8 +220,6 @@ async def test_a_kubernetes_cluster_lost_mid_campaign_its_jobs_resume_from_copie
     FAILURE_CLUSTER_LOST (not counted as a retry) and runs again on another cluster from its
     latest copied checkpoint, fetched and checked, losing at most an interval plus the copy's
     lag (recorded per attempt); every job SUCCEEDED exactly once."""
-    monkeypatch.delenv("NATS_URL", raising=False)
-    monkeypatch.delenv("MDQ_NATS_CREDS", raising=False)
     kubes = {
         name: SimulatedCluster(
             work_dir=tmp_path / name,
@@ -266,10 +235,10 @@ async def test_a_kubernetes_cluster_lost_mid_campaign_its_jobs_resume_from_copie
     }
     for kube in kubes.values():
         await kube.start()
-    stack = Stack(
-        state_dir=tmp_path / "state",
-        database_url=database_url,
-        local_nodes=1,
+    stack = own_stack(
+        tmp_path,
+        database_url,
+        monkeypatch,
         clusters=1,
         remote_clusters=[
             ClusterEntry(
@@ -286,14 +255,12 @@ async def test_a_kubernetes_cluster_lost_mid_campaign_its_jobs_resume_from_copie
             )
             for name, kube in kubes.items()
         ],
-        metrics_port=0,
         extra_env={
             "MDQ_LOCAL_CPU_PER_NODE": "2",
             "MDQ_RECOVERY_BACKOFF_BASE_S": "0.5",
             "MDQ_CLUSTERS_LOST_AFTER_S": "4",
             "MDQ_METRICS_INTERVAL_S": "1",
         },
-        grace_s=15.0,
     )
     interval = 500
     info = await stack.start()
@@ -354,19 +321,11 @@ async def test_a_kubernetes_cluster_lost_mid_campaign_its_jobs_resume_from_copie
             await kube.stop()  # raises what a kubelet or the emulator failed with, if any
     assert succeeded == dict.fromkeys(job_ids, 1)
     assert on_east, "a job preferred east and ran there"
-    db = await asyncpg.connect(database_url)
-    try:
-        rows = {
-            (row["job_id"], row["attempt"]): row
-            for row in await db.fetch(
-                "SELECT job_id, attempt, failure_reason, steps_lost, copy_lag_steps,"
-                " resumed_from_step, resumed_from_copy, node FROM attempts"
-                " WHERE job_id = ANY($1::text[])",
-                list(on_east),
-            )
-        }
-    finally:
-        await db.close()
+    rows = await attempt_rows(
+        database_url,
+        on_east,
+        "failure_reason, steps_lost, copy_lag_steps, resumed_from_step, resumed_from_copy, node",
+    )
     for job_id, attempt in on_east.items():
         lost, retry = rows[job_id, attempt], rows[job_id, attempt + 1]
         assert lost["failure_reason"] == "FAILURE_CLUSTER_LOST"

@@ -20,6 +20,7 @@ from mdq.sdk.client import MdqClient, WaitTimeout
 from mdq.stack import Stack, StackInfo
 from mdq.tenancy import AddedTenant, add_tenant
 from mdq.testing.submitting import submit_when_ready
+from tests.e2e.stacks import own_stack
 from tests.e2e.test_stack import md_job, request
 from tests.helpers import wait_for
 
@@ -33,18 +34,13 @@ async def stack_with_tenants(
     """An embedded stack of one local node (its NATS authenticating every connection, none of
     the caller's NATS settings in the environment) with the tenants alice and bob added: the
     stack, what it started, and each tenant's credentials. Stopped when the block ends."""
-    monkeypatch.delenv("NATS_URL", raising=False)
-    monkeypatch.delenv("MDQ_NATS_CREDS", raising=False)
-    state = tmp_path / "state"
-    stack = Stack(
-        state_dir=state, database_url=database_url, local_nodes=1, metrics_port=0, grace_s=grace_s
-    )
+    stack = own_stack(tmp_path, database_url, monkeypatch, grace_s=grace_s)
     info = await stack.start()
     try:
         added = {
             tenant: await add_tenant(
                 tenant,
-                secrets=nats_secrets_dir(state),
+                secrets=nats_secrets_dir(stack.state_dir),
                 nats_url=info.nats_url,
                 namespace=stack.namespace,
                 admin_creds=info.nats_admin_creds,
@@ -125,14 +121,10 @@ async def test_a_runner_outlives_its_first_credentials(
     its runner renewed them from placement (its pod log says so) and reconnected on the
     fresh ones; without the renewal the server ends its connection and the job cannot
     succeed."""
-    monkeypatch.delenv("NATS_URL", raising=False)
-    monkeypatch.delenv("MDQ_NATS_CREDS", raising=False)
-    stack = Stack(
-        state_dir=tmp_path / "state",
-        database_url=database_url,
-        local_nodes=1,
-        metrics_port=0,
-        grace_s=15.0,
+    stack = own_stack(
+        tmp_path,
+        database_url,
+        monkeypatch,
         extra_env={"MDQ_NATS_RUNNER_CREDS_TTL_S": str(RENEWAL_TTL_S)},
     )
     info = await stack.start()
