@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from nats.aio.client import Client
+from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError
 from rich.console import Console
 
@@ -119,6 +120,48 @@ async def tenant_jobs_bound(nc: Client, subjects: Subjects) -> set[str]:
     return {e.job_id for e in bound}
 
 
+async def wait_bound(nc: Client, subjects: Subjects, expected: set[str], *, what: str) -> None:
+    """Until the tenants' jobs bound are ``expected``."""
+
+    async def bound() -> bool:
+        return await tenant_jobs_bound(nc, subjects) == expected
+
+    await wait_for(bound, what=what)
+
+
+async def wait_count_bound(nc: Client, subjects: Subjects, count: int, *, what: str) -> None:
+    """Until ``count`` of the tenants' jobs are bound."""
+
+    async def bound() -> bool:
+        return len(await tenant_jobs_bound(nc, subjects)) == count
+
+    await wait_for(bound, what=what)
+
+
+async def waiting_value(js: JetStreamContext, subjects: Subjects, key: str) -> bytes:
+    """What placement wrote under ``key`` in its waiting bucket (a job's ``JobWaiting``, a
+    tenant's usage); empty while it wrote nothing there."""
+    try:
+        kv = await js.key_value(subjects.waiting_bucket)
+        return (await kv.get(key)).value or b""
+    except (BucketNotFoundError, KeyNotFoundError):
+        # placement makes its waiting bucket with its first write: none yet, nothing yet
+        return b""
+
+
+async def wait_explained(
+    js: JetStreamContext, subjects: Subjects, job_id: str, says: str, *, what: str
+) -> None:
+    """Until placement says why ``job_id`` waits (``mdq explain``), in words that hold
+    ``says``."""
+
+    async def explained() -> bool:
+        summary = pb.JobWaiting.FromString(await waiting_value(js, subjects, job_id)).summary
+        return summary != "" and says in summary
+
+    await wait_for(explained, what=what)
+
+
 async def test_a_tenant_at_its_cpu_quota_waits_while_others_bind(
     nc: Client, subjects: Subjects, data_dir: Path
 ) -> None:
@@ -141,45 +184,32 @@ async def test_a_tenant_at_its_cpu_quota_waits_while_others_bind(
         explain_waiting_interval_s=0.2,
         tenant_usage_interval_s=0.2,
     )
-    kv = None
-
-    async def waiting_value(key: str) -> bytes:
-        nonlocal kv
-        try:
-            kv = kv or await js.key_value(subjects.waiting_bucket)
-            return (await kv.get(key)).value or b""
-        except (BucketNotFoundError, KeyNotFoundError):
-            # placement makes its waiting bucket with its first write: none yet, nothing yet
-            return b""
 
     async def bound_jobs() -> set[str]:
         return await tenant_jobs_bound(nc, subjects)
 
     async with running(placement.run()):
+        await wait_bound(
+            nc,
+            subjects,
+            {alice[0], alice[1], job("bob", "b0")},
+            what="alice's first two jobs and bob's bound",
+        )
 
-        async def two_of_alice_and_bob() -> bool:
-            return await bound_jobs() == {alice[0], alice[1], job("bob", "b0")}
-
-        await wait_for(two_of_alice_and_bob, what="alice's first two jobs and bob's bound")
-
-        async def explained() -> bool:
-            value = await waiting_value(alice[2])
-            return bool(value) and pb.JobWaiting.FromString(value).summary != ""
-
-        await wait_for(explained, what="why alice's third job waits")
-        waiting = pb.JobWaiting.FromString(await waiting_value(alice[2]))
+        await wait_explained(js, subjects, alice[2], "", what="why alice's third job waits")
+        waiting = pb.JobWaiting.FromString(await waiting_value(js, subjects, alice[2]))
         assert waiting.summary == "tenant alice is at its CPU quota: 2 of 2 cores running"
         assert waiting.attempt == 1
 
         async def usage_written() -> bool:
-            value = await waiting_value(usage_key("alice"))
+            value = await waiting_value(js, subjects, usage_key("alice"))
             if not value:
                 return False
             usage = TenantUsage.from_json(value)
             return (usage.queued_jobs, usage.running_cpu) == (1, 2.0)
 
         await wait_for(usage_written, what="alice's usage: 1 queued, 2 cores running")
-        bob = TenantUsage.from_json(await waiting_value(usage_key("bob")))
+        bob = TenantUsage.from_json(await waiting_value(js, subjects, usage_key("bob")))
         assert (bob.queued_jobs, bob.running_cpu) == (0, 1.0)
         await more_passes(placement)  # still held
         assert alice[2] not in await bound_jobs()
@@ -194,7 +224,7 @@ async def test_a_tenant_at_its_cpu_quota_waits_while_others_bind(
         await wait_for(third_bound, what="alice's third job bound once her first ended")
 
         async def usage_follows() -> bool:
-            value = await waiting_value(usage_key("alice"))
+            value = await waiting_value(js, subjects, usage_key("alice"))
             usage = TenantUsage.from_json(value)
             return (usage.queued_jobs, usage.running_cpu) == (0, 2.0)
 
@@ -212,21 +242,16 @@ async def test_a_policy_raised_live_releases_the_held_jobs(
     await bus.publish_all([node_load("n1", cpu_capacity=32, memory_mb=100_000)])
     alice = [job("alice", f"a{i}") for i in range(3)]
     await bus.publish_all([submitted(job_id) for job_id in alice])
-    placement = placement_of(js, subjects, reconcile_interval_s=0.2)
+    placement = placement_of(js, subjects)
     async with running(placement.run()):
-
-        async def one_bound() -> bool:
-            return len(await tenant_jobs_bound(nc, subjects)) == 1
-
-        await wait_for(one_bound, what="one of alice's jobs bound")
+        await wait_count_bound(nc, subjects, 1, what="one of alice's jobs bound")
         await more_passes(placement)
         assert len(await tenant_jobs_bound(nc, subjects)) == 1
         await put_policy(js, subjects, "alice", TenantPolicy(max_running_cpu=3.0))
 
-        async def all_bound() -> bool:
-            return await tenant_jobs_bound(nc, subjects) == set(alice)
-
-        await wait_for(all_bound, what="alice's other jobs bound once her quota was raised")
+        await wait_bound(
+            nc, subjects, set(alice), what="alice's other jobs bound once her quota was raised"
+        )
 
 
 async def test_a_high_job_held_by_its_tenants_quota_preempts_nobody(
@@ -321,18 +346,13 @@ async def test_a_full_cluster_is_shared_by_weight_and_a_weight_changes_live(
         await wait_for(followed, what="placement's directory has the new weights")
 
         # bob now holds 75 % against a fair 25 %: mdq explain says so of his waiting jobs
-        async def explained() -> bool:
-            try:
-                kv = await js.key_value(subjects.waiting_bucket)
-                entry = await kv.get(bob[6])
-            except (BucketNotFoundError, KeyNotFoundError):
-                return False
-            return (
-                "fair share: tenant bob holds 75%"
-                in pb.JobWaiting.FromString(entry.value or b"").summary
-            )
-
-        await wait_for(explained, what="why bob's next job waits: his share is above his due")
+        await wait_explained(
+            js,
+            subjects,
+            bob[6],
+            "fair share: tenant bob holds 75%",
+            what="why bob's next job waits: his share is above his due",
+        )
         # one event, so one pass sees all 8 new cores at once
         await bus.publish(node_load("n2", cpu_capacity=8, memory_mb=100_000))
 
@@ -359,11 +379,7 @@ async def test_a_tenant_below_its_share_gets_room_back_and_no_more(
     backend = RecordingBackend()
     placement = placement_of(js, subjects, fair_share_min_run_s=0, backend=backend)
     async with running(placement.run()):
-
-        async def all_bound() -> bool:
-            return await tenant_jobs_bound(nc, subjects) == set(alice)
-
-        await wait_for(all_bound, what="alice's 8 jobs bound")
+        await wait_bound(nc, subjects, set(alice), what="alice's 8 jobs bound")
         await bus.publish_all(
             [
                 event(
@@ -403,20 +419,12 @@ async def test_a_tenant_at_its_maximum_share_waits_and_says_why(
     await bus.publish_all([submitted(job_id) for job_id in alice])
     placement = placement_of(js, subjects, explain_waiting_interval_s=0.2)
     async with running(placement.run()):
-
-        async def two_bound() -> bool:
-            return len(await tenant_jobs_bound(nc, subjects)) == 2
-
-        await wait_for(two_bound, what="2 of alice's jobs bound")
-
-        async def explained() -> bool:
-            try:
-                kv = await js.key_value(subjects.waiting_bucket)
-                entry = await kv.get(alice[2])
-            except (BucketNotFoundError, KeyNotFoundError):
-                return False
-            summary = pb.JobWaiting.FromString(entry.value or b"").summary
-            return "tenant alice is at its maximum share: it holds 25% of the cluster" in summary
-
-        await wait_for(explained, what="why alice's third job waits: her maximum share")
+        await wait_count_bound(nc, subjects, 2, what="2 of alice's jobs bound")
+        await wait_explained(
+            js,
+            subjects,
+            alice[2],
+            "tenant alice is at its maximum share: it holds 25% of the cluster",
+            what="why alice's third job waits: her maximum share",
+        )
         assert len(await tenant_jobs_bound(nc, subjects)) == 2
