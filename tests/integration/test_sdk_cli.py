@@ -190,33 +190,39 @@ def test_mdq_submit_without_a_stack_or_nats_url_says_so(tmp_path: Path) -> None:
 
 
 # -- mdq nodes ------------------------------------------------------------------------------
-def test_mdq_nodes_shows_the_latest_load_of_each_node(nats_url: str, namespace: str) -> None:
+def report_loads(nats_url: str, namespace: str, loads: list[tuple[pb.NodeLoad, str]]) -> None:
+    """Publish each node load, with its detail, as the metrics service does."""
     subjects = Subjects(namespace)
 
     async def publish() -> None:
         nc = await connect(nats_url, name="test", subjects=subjects)
         try:
             publisher = EventPublisher(js=nc.jetstream(), subjects=subjects, producer="metrics")
-            for node, cpu_load, detail in (
-                ("node-a", 0.10, 1),
-                ("node-b", 0.55, 1),
-                ("node-a", 0.73, 2),  # the latest of node-a
-            ):
-                body = pb.NodeLoad(
-                    node=node,
-                    cpu_load=cpu_load,
-                    memory_load=0.25,
-                    cpu_capacity=4,
-                    memory_capacity_mb=8192,
-                    ready=node == "node-a",
-                )
-                await publisher.emit(
-                    "node_load", body, job_id="", attempt=0, detail=f"{node}:{detail}"
-                )
+            for body, detail in loads:
+                await publisher.emit("node_load", body, job_id="", attempt=0, detail=detail)
         finally:
             await nc.close()
 
     asyncio.run(publish())
+
+
+def test_mdq_nodes_shows_the_latest_load_of_each_node(nats_url: str, namespace: str) -> None:
+    loads = []
+    for node, cpu_load, detail in (
+        ("node-a", 0.10, 1),
+        ("node-b", 0.55, 1),
+        ("node-a", 0.73, 2),  # the latest of node-a
+    ):
+        body = pb.NodeLoad(
+            node=node,
+            cpu_load=cpu_load,
+            memory_load=0.25,
+            cpu_capacity=4,
+            memory_capacity_mb=8192,
+            ready=node == "node-a",
+        )
+        loads.append((body, f"{node}:{detail}"))
+    report_loads(nats_url, namespace, loads)
     result = _cli(nats_url, namespace, "nodes")
     assert result.exit_code == 0, result.output
     lines = {line.split()[1]: line for line in result.stdout.splitlines() if "node-" in line}
@@ -227,26 +233,21 @@ def test_mdq_nodes_shows_the_latest_load_of_each_node(nats_url: str, namespace: 
 
 
 def test_mdq_nodes_names_each_node_within_its_cluster(nats_url: str, namespace: str) -> None:
-    subjects = Subjects(namespace)
-
-    async def publish() -> None:
-        nc = await connect(nats_url, name="test", subjects=subjects)
-        try:
-            publisher = EventPublisher(js=nc.jetstream(), subjects=subjects, producer="metrics")
-            for cluster, labels in (("lab1", {"site": "lab1"}), ("hpc", {"gpu": "true"})):
-                body = pb.NodeLoad(
-                    node=f"{cluster}/local-1",
-                    cpu_capacity=2,
-                    memory_capacity_mb=2048,
-                    ready=True,
-                    cluster=cluster,
-                    cluster_labels=labels,
-                )
-                await publisher.emit("node_load", body, job_id="", attempt=0, detail=f"{cluster}:1")
-        finally:
-            await nc.close()
-
-    asyncio.run(publish())
+    loads = [
+        (
+            pb.NodeLoad(
+                node=f"{cluster}/local-1",
+                cpu_capacity=2,
+                memory_capacity_mb=2048,
+                ready=True,
+                cluster=cluster,
+                cluster_labels=labels,
+            ),
+            f"{cluster}:1",
+        )
+        for cluster, labels in (("lab1", {"site": "lab1"}), ("hpc", {"gpu": "true"}))
+    ]
+    report_loads(nats_url, namespace, loads)
     result = _cli(nats_url, namespace, "nodes")
     assert result.exit_code == 0, result.output
     rows = {
@@ -259,22 +260,17 @@ def test_mdq_nodes_names_each_node_within_its_cluster(nats_url: str, namespace: 
 
 
 def test_mdq_nodes_says_why_a_node_takes_no_new_pods(nats_url: str, namespace: str) -> None:
-    subjects = Subjects(namespace)
     full = "data disk full (ENOSPC): No space left on device"
-
-    async def publish() -> None:
-        nc = await connect(nats_url, name="test", subjects=subjects)
-        try:
-            publisher = EventPublisher(js=nc.jetstream(), subjects=subjects, producer="metrics")
-            for node, problem in (("node-a", full), ("node-b", "")):
-                body = pb.NodeLoad(
-                    node=node, cpu_capacity=2, memory_capacity_mb=2048, ready=True, problem=problem
-                )
-                await publisher.emit("node_load", body, job_id="", attempt=0, detail=f"{node}:1")
-        finally:
-            await nc.close()
-
-    asyncio.run(publish())
+    loads = [
+        (
+            pb.NodeLoad(
+                node=node, cpu_capacity=2, memory_capacity_mb=2048, ready=True, problem=problem
+            ),
+            f"{node}:1",
+        )
+        for node, problem in (("node-a", full), ("node-b", ""))
+    ]
+    report_loads(nats_url, namespace, loads)
     result = _cli(nats_url, namespace, "nodes")
     assert result.exit_code == 0, result.output
     assert "takes no new pods" in result.stdout
