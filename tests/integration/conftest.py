@@ -7,8 +7,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 from nats.aio.client import Client
+from nats.js import JetStreamContext
 
+from mdq.bus.publisher import EventPublisher
+from mdq.bus.subjects import Subjects
 from services.intake.app import Intake
+from tests.helpers import RecordingBackend, publisher
 from tests.integration.test_intake import settings_for, started
 
 
@@ -18,3 +22,15 @@ async def intake(nats_url: str, namespace: str, nc: Client) -> AsyncIterator[Int
     service = await started(settings_for(nats_url, namespace))
     yield service
     await service.stop()
+
+
+@pytest.fixture
+def bus(js: JetStreamContext, subjects: Subjects) -> EventPublisher:
+    """Publishes the test's events on its namespace, each as the service that owns its kind."""
+    return publisher(js, subjects)
+
+
+@pytest.fixture
+def backend() -> RecordingBackend:
+    """The cluster backend port in memory, for the services a test runs."""
+    return RecordingBackend()

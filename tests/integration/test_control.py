@@ -10,8 +10,10 @@ from contextlib import asynccontextmanager
 
 import pytest
 from nats.aio.client import Client
+from nats.js import JetStreamContext
 from typer.testing import CliRunner, Result
 
+from mdq.bus.publisher import EventPublisher
 from mdq.bus.subjects import Subjects
 from mdq.cli.main import app
 from mdq.contracts import pb
@@ -25,7 +27,6 @@ from tests.helpers import (
     events_of,
     node_load,
     placement_of,
-    publisher,
     read_all,
     running,
     wait_for,
@@ -77,13 +78,14 @@ def outcomes(reply: pb.ControlReply) -> dict[str, tuple[str, str]]:
 
 
 async def test_a_pending_job_is_cancelled_at_once_and_never_bound(
-    nc: Client, subjects: Subjects
+    nc: Client,
+    subjects: Subjects,
+    js: JetStreamContext,
+    bus: EventPublisher,
+    backend: RecordingBackend,
 ) -> None:
-    js = nc.jetstream()
-    bus = publisher(js, subjects)
     await bus.publish(job("aaaaaaaaaaaa-big", cpu=64))  # fits no node: stays PENDING
     await bus.publish(node_load("n1", cpu_capacity=4))
-    backend = RecordingBackend()
     client = MdqClient(nc=nc, subjects=subjects)
     async with placement_running(nc, subjects, backend):
         reply = await client.cancel(
@@ -111,12 +113,15 @@ async def test_a_pending_job_is_cancelled_at_once_and_never_bound(
     assert backend.pods == {}
 
 
-async def test_a_running_job_is_stopped_and_its_pod_deleted(nc: Client, subjects: Subjects) -> None:
-    js = nc.jetstream()
-    bus = publisher(js, subjects)
+async def test_a_running_job_is_stopped_and_its_pod_deleted(
+    nc: Client,
+    subjects: Subjects,
+    js: JetStreamContext,
+    bus: EventPublisher,
+    backend: RecordingBackend,
+) -> None:
     await bus.publish(node_load("n1"))
     await bus.publish(job("bbbbbbbbbbbb-run"))
-    backend = RecordingBackend()
     client = MdqClient(nc=nc, subjects=subjects)
     async with placement_running(nc, subjects, backend) as placement:
         await backend.pod_created("mdq-bbbbbbbbbbbb-run-1", what="the job bound")
@@ -141,12 +146,15 @@ async def test_a_running_job_is_stopped_and_its_pod_deleted(nc: Client, subjects
     assert backend.deleted == ["mdq-bbbbbbbbbbbb-run-1"]  # once
 
 
-async def test_a_held_job_is_not_placed_until_released(nc: Client, subjects: Subjects) -> None:
-    js = nc.jetstream()
-    bus = publisher(js, subjects)
+async def test_a_held_job_is_not_placed_until_released(
+    nc: Client,
+    subjects: Subjects,
+    js: JetStreamContext,
+    bus: EventPublisher,
+    backend: RecordingBackend,
+) -> None:
     await bus.publish(job("cccccccccccc-big", cpu=64))
     await bus.publish(node_load("n1", cpu_capacity=4))
-    backend = RecordingBackend()
     client = MdqClient(nc=nc, subjects=subjects)
     async with placement_running(nc, subjects, backend) as placement:
         reply = await client.hold(["cccccccccccc-big"])
@@ -175,13 +183,14 @@ async def test_a_held_job_is_not_placed_until_released(nc: Client, subjects: Sub
 
 
 async def test_reprioritize_reranks_the_queue_within_the_tenants_classes(
-    nc: Client, subjects: Subjects
+    nc: Client,
+    subjects: Subjects,
+    js: JetStreamContext,
+    bus: EventPublisher,
+    backend: RecordingBackend,
 ) -> None:
-    js = nc.jetstream()
-    bus = publisher(js, subjects)
     await bus.publish(node_load("n1", cpu_capacity=1))
     await bus.publish(job("alice.dddddddddddd-blocker", cpu=1))
-    backend = RecordingBackend()
     alice = MdqClient(nc=nc, subjects=subjects, tenant="alice")
     first, second = "alice.dddddddddddd-first", "alice.dddddddddddd-second"
     async with placement_running(nc, subjects, backend) as placement:
@@ -232,13 +241,16 @@ async def test_reprioritize_reranks_the_queue_within_the_tenants_classes(
     assert {e.reprioritized.origin.tenant for e in changed} == {"alice"}
 
 
-async def test_a_tenant_controls_its_own_jobs_only(nc: Client, subjects: Subjects) -> None:
-    js = nc.jetstream()
-    bus = publisher(js, subjects)
+async def test_a_tenant_controls_its_own_jobs_only(
+    nc: Client,
+    subjects: Subjects,
+    js: JetStreamContext,
+    bus: EventPublisher,
+    backend: RecordingBackend,
+) -> None:
     await bus.publish(node_load("n1", cpu_capacity=1))
     for each in ("alice.eeeeeeeeeeee-a", "bob.eeeeeeeeeeee-b", "eeeeeeeeeeee-op"):
         await bus.publish(job(each, cpu=8, labels={"campaign": "x"}))
-    backend = RecordingBackend()
     alice = MdqClient(nc=nc, subjects=subjects, tenant="alice")
     operator = MdqClient(nc=nc, subjects=subjects)
     async with placement_running(nc, subjects, backend):
@@ -276,8 +288,9 @@ async def test_a_tenant_controls_its_own_jobs_only(nc: Client, subjects: Subject
     assert await kind_of_all(nc, subjects, "cancelled") == []
 
 
-async def test_bad_requests_are_refused_naming_the_field(nc: Client, subjects: Subjects) -> None:
-    backend = RecordingBackend()
+async def test_bad_requests_are_refused_naming_the_field(
+    nc: Client, subjects: Subjects, backend: RecordingBackend
+) -> None:
     client = MdqClient(nc=nc, subjects=subjects)
     async with placement_running(nc, subjects, backend):
         cases: list[tuple[dict[str, object], str]] = [
@@ -311,14 +324,17 @@ async def test_bad_requests_are_refused_naming_the_field(nc: Client, subjects: S
         assert b"CONTROL_NOT_FOUND" in ok.data, ok.data
 
 
-async def test_cancelling_a_job_cancels_what_waits_for_it(nc: Client, subjects: Subjects) -> None:
-    js = nc.jetstream()
-    bus = publisher(js, subjects)
+async def test_cancelling_a_job_cancels_what_waits_for_it(
+    nc: Client,
+    subjects: Subjects,
+    js: JetStreamContext,
+    bus: EventPublisher,
+    backend: RecordingBackend,
+) -> None:
     await bus.publish(node_load("n1", cpu_capacity=1))
     await bus.publish(job("ffffffffffff-first", cpu=8))
     await bus.publish(job("ffffffffffff-then", depends_on=("ffffffffffff-first",)))
     await bus.publish(job("ffffffffffff-last", depends_on=("ffffffffffff-then",)))
-    backend = RecordingBackend()
     client = MdqClient(nc=nc, subjects=subjects)
     async with placement_running(nc, subjects, backend):
         reply = await client.cancel(["ffffffffffff-first"])
@@ -330,13 +346,16 @@ async def test_cancelling_a_job_cancels_what_waits_for_it(nc: Client, subjects: 
     assert by_job["ffffffffffff-last"].message == "dependency ffffffffffff-then was cancelled"
 
 
-async def test_verbs_that_do_not_apply_get_a_clear_answer(nc: Client, subjects: Subjects) -> None:
-    js = nc.jetstream()
-    bus = publisher(js, subjects)
+async def test_verbs_that_do_not_apply_get_a_clear_answer(
+    nc: Client,
+    subjects: Subjects,
+    js: JetStreamContext,
+    bus: EventPublisher,
+    backend: RecordingBackend,
+) -> None:
     await bus.publish(node_load("n1"))
     await bus.publish(job("gggggggggggg-done"))
     await bus.publish(job("gggggggggggg-min", task=pb.TASK_MINIMIZE))
-    backend = RecordingBackend()
     client = MdqClient(nc=nc, subjects=subjects)
     async with placement_running(nc, subjects, backend) as placement:
 
@@ -373,12 +392,15 @@ async def test_verbs_that_do_not_apply_get_a_clear_answer(nc: Client, subjects: 
     assert await events_of(js, subjects, "extended") == []
 
 
-async def test_a_succeeded_job_is_extended_as_a_new_attempt(nc: Client, subjects: Subjects) -> None:
-    js = nc.jetstream()
-    bus = publisher(js, subjects)
+async def test_a_succeeded_job_is_extended_as_a_new_attempt(
+    nc: Client,
+    subjects: Subjects,
+    js: JetStreamContext,
+    bus: EventPublisher,
+    backend: RecordingBackend,
+) -> None:
     await bus.publish(node_load("n1"))
     await bus.publish(job("hhhhhhhhhhhh-md"))
-    backend = RecordingBackend()
     client = MdqClient(nc=nc, subjects=subjects)
     async with placement_running(nc, subjects, backend) as placement:
         await backend.pod_created("mdq-hhhhhhhhhhhh-md-1", what="the job bound")
@@ -413,14 +435,16 @@ def cli(nats_url: str, namespace: str, *args: str) -> Result:
 
 
 async def test_the_cli_verbs_exit_as_documented(
-    nc: Client, subjects: Subjects, nats_url: str
+    nc: Client,
+    subjects: Subjects,
+    js: JetStreamContext,
+    bus: EventPublisher,
+    backend: RecordingBackend,
+    nats_url: str,
 ) -> None:
-    js = nc.jetstream()
-    bus = publisher(js, subjects)
     await bus.publish(node_load("n1", cpu_capacity=1))
     for name in ("a", "b"):
         await bus.publish(job(f"iiiiiiiiiiii-{name}", cpu=8, labels={"campaign": "x"}))
-    backend = RecordingBackend()
     namespace = subjects.namespace
 
     async def run(*args: str) -> Result:

@@ -9,7 +9,9 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from nats.aio.client import Client
+from nats.js import JetStreamContext
 
+from mdq.bus.publisher import EventPublisher
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.recovery import RecoveryPolicy
@@ -75,13 +77,15 @@ def make_recovery(nc: Client, subjects: Subjects) -> Recovery:
 
 
 async def test_placement_killed_after_the_request_event_finishes_the_effect(
-    nc: Client, subjects: Subjects
+    nc: Client,
+    subjects: Subjects,
+    js: JetStreamContext,
+    bus: EventPublisher,
+    backend: RecordingBackend,
 ) -> None:
     """A placement killed -9 after publishing ``cancel_requested`` (for a running job) or a
     cancel that landed after the job's attempt ended (a PENDING job with a cancel): the next
     leader deletes the pod and ends the pending one CANCELLED."""
-    js = nc.jetstream()
-    bus = publisher(js, subjects)
     await bus.publish(node_load("n1", cpu_capacity=1))
     await bus.publish(submitted("r1-running", cpu=1))
     await bus.publish(event("bound", pb.JobBound(node="n1", pod_name="mdq-r1-running-1"),
@@ -90,7 +94,6 @@ async def test_placement_killed_after_the_request_event_finishes_the_effect(
     await bus.publish(cancel_requested("r1-running"))
     await bus.publish(submitted("r1-pending", cpu=8))  # fits nowhere
     await bus.publish(cancel_requested("r1-pending"))
-    backend = RecordingBackend()
     async with placement_running(nc, subjects, backend):
 
         async def settled() -> bool:
@@ -106,13 +109,11 @@ async def test_placement_killed_after_the_request_event_finishes_the_effect(
 
 
 async def test_recovery_ends_a_stopped_or_recovering_cancel_once(
-    nc: Client, subjects: Subjects
+    nc: Client, subjects: Subjects, js: JetStreamContext, bus: EventPublisher
 ) -> None:
     """Recovery decides an attempt stopped for a cancel (CANCELLED) and a cancel that reached a
     job whose attempt had failed on its own and was waiting out a lost run's fence
     (CANCELLED at once, not after the fence); a second recovery changes nothing."""
-    js = nc.jetstream()
-    bus = publisher(js, subjects)
     for job in ("r2-stopped", "r2-lost"):
         await bus.publish(submitted(job))
         await bus.publish(event("bound", pb.JobBound(node="n1"), job=job, attempt=1))
@@ -144,16 +145,17 @@ async def test_recovery_ends_a_stopped_or_recovering_cancel_once(
 
 
 async def test_a_cancel_that_raced_a_requeue_still_ends_the_job(
-    nc: Client, subjects: Subjects
+    nc: Client,
+    subjects: Subjects,
+    js: JetStreamContext,
+    bus: EventPublisher,
+    backend: RecordingBackend,
 ) -> None:
     """Recovery requeued a crashed attempt before it read the cancel: the cancel stays with
     the job, and placement ends it CANCELLED instead of binding it."""
-    js = nc.jetstream()
-    bus = publisher(js, subjects)
     await crashed_once(nc, subjects, "r3-md")
     await bus.publish(cancel_requested("r3-md"))
     await bus.publish(event("requeued", pb.JobRequeued(), job="r3-md", attempt=2))
-    backend = RecordingBackend()
     async with placement_running(nc, subjects, backend):
         await wait_for_events(js, subjects, "cancelled", "r3-md", what="the requeued job cancelled")
     assert backend.pods == {}
@@ -163,10 +165,8 @@ async def test_a_cancel_that_raced_a_requeue_still_ends_the_job(
 
 
 async def test_the_watcher_fails_a_stopped_attempt_stopped_and_deletes_a_cancelled_jobs_pod(
-    nc: Client, subjects: Subjects
+    js: JetStreamContext, bus: EventPublisher, backend: RecordingBackend, subjects: Subjects
 ) -> None:
-    js = nc.jetstream()
-    bus = publisher(js, subjects)
     for job in ("r4-held", "r4-cancelled"):
         await bus.publish(submitted(job))
         await bus.publish(event("bound", pb.JobBound(node="n1"), job=job, attempt=1))
@@ -177,7 +177,6 @@ async def test_the_watcher_fails_a_stopped_attempt_stopped_and_deletes_a_cancell
     await bus.publish(
         event("cancelled", pb.JobCancelled(origin=ORIGIN), job="r4-cancelled", attempt=1)
     )
-    backend = RecordingBackend()
     lifecycle = Lifecycle(
         js=js, subjects=subjects, publisher=bus, backend=backend, check_interval_s=0.2
     )
@@ -197,10 +196,12 @@ async def test_the_watcher_fails_a_stopped_attempt_stopped_and_deletes_a_cancell
 
 
 async def test_a_run_past_its_max_wall_s_is_stopped_and_fails_for_good(
-    nc: Client, subjects: Subjects
+    nc: Client,
+    subjects: Subjects,
+    js: JetStreamContext,
+    bus: EventPublisher,
+    backend: RecordingBackend,
 ) -> None:
-    js = nc.jetstream()
-    bus = publisher(js, subjects)
     job = "r5-long"
     long_ago = datetime.now(UTC) - timedelta(seconds=120)
     submit = submitted(job)
@@ -212,7 +213,6 @@ async def test_a_run_past_its_max_wall_s_is_stopped_and_fails_for_good(
     await bus.publish(started)
     checkpoint = pb.Checkpoint(step=300, path="/c/300", sha256="ab")
     await bus.publish(event("checkpoint", checkpoint, job=job, attempt=1, detail=300))
-    backend = RecordingBackend()
     lifecycle = Lifecycle(
         js=js,
         subjects=subjects,
@@ -241,18 +241,19 @@ async def test_a_run_past_its_max_wall_s_is_stopped_and_fails_for_good(
 
 
 async def test_a_cancel_during_a_recovery_backoff_ends_the_job_at_once(
-    nc: Client, subjects: Subjects
+    nc: Client,
+    subjects: Subjects,
+    js: JetStreamContext,
+    bus: EventPublisher,
+    backend: RecordingBackend,
 ) -> None:
     """A crashed job waiting out its backoff (PENDING, not before two seconds from now) is
     cancelled at once, and is never bound once the backoff is over."""
-    js = nc.jetstream()
-    bus = publisher(js, subjects)
     await crashed_once(nc, subjects, "r6-md")
     backoff = pb.JobRequeued(after=pb.FAILURE_CRASHED)
     until = datetime.now(UTC) + timedelta(seconds=2)
     backoff.not_before.FromDatetime(until)
     await bus.publish(event("requeued", backoff, job="r6-md", attempt=2))
-    backend = RecordingBackend()
     client = MdqClient(nc=nc, subjects=subjects)
     async with placement_running(nc, subjects, backend) as placement:
         reply = await client.cancel(["r6-md"])

@@ -236,18 +236,18 @@ async def test_connect_waits_for_a_nats_server_that_starts_later(
 async def test_pod_lifecycle_works_while_postgresql_is_down_and_the_projection_catches_up(
     nc: Client,
     subjects: Subjects,
+    js: JetStreamContext,
+    bus: EventPublisher,
+    backend: RecordingBackend,
     own_postgres: EmbeddedPostgres,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="mdq.store.projection")
-    js = nc.jetstream()
-    bus = publisher(js, subjects)
     await asyncio.to_thread(own_postgres.kill)  # down before the watcher starts
     jobs = ["r1-a", "r2-b"]
     for job in jobs:
         await bus.publish(submitted(job))
         await bus.publish(event("bound", pb.JobBound(node="n1"), job=job, attempt=1))
-    backend = RecordingBackend()
     watcher = run_watcher(
         nc=nc,
         subjects=subjects,
@@ -296,12 +296,12 @@ async def test_pod_lifecycle_works_while_postgresql_is_down_and_the_projection_c
 async def test_postgresql_killed_mid_projection_loses_and_doubles_nothing(
     nc: Client,
     subjects: Subjects,
+    js: JetStreamContext,
+    bus: EventPublisher,
     own_postgres: EmbeddedPostgres,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="mdq.store.projection")
-    js = nc.jetstream()
-    bus = publisher(js, subjects)
     jobs = [f"r{n}-job{n}" for n in range(15)]
     steps = range(10, 2001, 10)  # 200 reports per job, 3,000 in all
     await publish_campaign(bus, jobs, steps)
@@ -379,12 +379,15 @@ async def test_an_error_that_is_not_connection_class_stops_the_watcher(
 
 
 async def test_the_watcher_waits_for_the_migrations(
-    nc: Client, subjects: Subjects, database_url: str, caplog: pytest.LogCaptureFixture
+    nc: Client,
+    subjects: Subjects,
+    js: JetStreamContext,
+    database_url: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The mdq-migrate Job may run beside the watcher: a database without the tables yet is
     waited for, and projected into once they exist."""
     caplog.set_level(logging.WARNING, logger="mdq.store.projection")
-    js = nc.jetstream()
     await publisher(js, subjects).publish(submitted("r1-early"))
     watcher = run_watcher(
         nc=nc,

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from nats.aio.client import Client
+from nats.js import JetStreamContext
 
 from mdq.bus.connect import connect
 from mdq.bus.publisher import EventPublisher
@@ -37,13 +38,10 @@ from tests.helpers import (
 
 
 async def test_binds_pending_jobs_spread_over_nodes_with_pods(
-    nc: Client, subjects: Subjects
+    js: JetStreamContext, bus: EventPublisher, backend: RecordingBackend, subjects: Subjects
 ) -> None:
-    js = nc.jetstream()
-    bus = publisher(js, subjects)
     await bus.publish_all([node_load("n1"), node_load("n2")])
     await bus.publish_all([submitted(f"r1-job{i}") for i in range(6)])
-    backend = RecordingBackend()
     async with running(placement_of(js, subjects, backend).run()):
         await wait_for_events(js, subjects, "bound", count=6, what="6 bound events")
     bound = await events_of(js, subjects, "bound")
@@ -56,13 +54,11 @@ async def test_binds_pending_jobs_spread_over_nodes_with_pods(
 
 
 async def test_a_pass_s_bindings_are_stored_as_one_atomic_batch(
-    nc: Client, subjects: Subjects
+    nc: Client, subjects: Subjects, js: JetStreamContext, bus: EventPublisher
 ) -> None:
     """Over ``Requests`` (as the service runs), the ``bound`` events of one pass go to the log
     as one atomic batch: one flush for all of them (docs/durability.md, "Group commit"), each
     still fenced and stored once."""
-    js = nc.jetstream()
-    bus = publisher(js, subjects)
     await bus.publish_all([node_load("n1", cpu_capacity=64, memory_mb=1_000_000)])
     await bus.publish_all([submitted(f"r8-job{i}") for i in range(12)])
     requests = await Requests(nc).start()
@@ -90,17 +86,14 @@ async def test_a_pass_s_bindings_are_stored_as_one_atomic_batch(
 
 
 async def test_a_node_named_with_dots_is_followed_and_bound_to(
-    nc: Client, subjects: Subjects
+    js: JetStreamContext, bus: EventPublisher, backend: RecordingBackend, subjects: Subjects
 ) -> None:
     """Kubernetes names nodes with DNS subdomains (EKS: ``ip-10-0-0-1.ec2.internal``): the
     node's load is stored, followed by placement and bound to under its own name, although
     its name's dots would split a subject into more tokens than the nodes stream captures."""
-    js = nc.jetstream()
-    bus = publisher(js, subjects)
     node = "ip-10-0-0-1.ec2.internal"
     await bus.publish_all([node_load(node)])
     await bus.publish_all([submitted("r1-dotted")])
-    backend = RecordingBackend()
     async with running(placement_of(js, subjects, backend).run()):
         await wait_for_events(js, subjects, "bound", count=1, what="the job bound")
     [event] = await events_of(js, subjects, "bound")
@@ -109,13 +102,10 @@ async def test_a_node_named_with_dots_is_followed_and_bound_to(
 
 
 async def test_full_nodes_leave_jobs_pending_until_capacity_frees(
-    nc: Client, subjects: Subjects
+    js: JetStreamContext, bus: EventPublisher, backend: RecordingBackend, subjects: Subjects
 ) -> None:
-    js = nc.jetstream()
-    bus = publisher(js, subjects)
     await bus.publish_all([node_load("n1", cpu_capacity=2)])
     await bus.publish_all([submitted(f"r2-j{i}") for i in range(3)])
-    backend = RecordingBackend()
     async with running(placement_of(js, subjects, backend).run()):
         await wait_for_events(js, subjects, "bound", count=2, what="2 bound")
         marker = await placement_settled(js, subjects)
@@ -133,13 +123,12 @@ async def test_full_nodes_leave_jobs_pending_until_capacity_frees(
         await wait_for(three_bound, what="the third job bound once a slot freed")
 
 
-async def test_chain_waits_for_its_dependency(nc: Client, subjects: Subjects) -> None:
-    js = nc.jetstream()
-    bus = publisher(js, subjects)
+async def test_chain_waits_for_its_dependency(
+    js: JetStreamContext, bus: EventPublisher, backend: RecordingBackend, subjects: Subjects
+) -> None:
     await bus.publish_all([node_load("n1")])
     await bus.publish(submitted("r3-init"))
     await bus.publish(submitted("r3-run", depends_on=("r3-init",)))
-    backend = RecordingBackend()
     async with running(placement_of(js, subjects, backend).run()):
         await wait_for_events(js, subjects, "bound", "r3-init", count=1, what="init bound")
         assert await events_of(js, subjects, "bound", "r3-run") == []
@@ -154,9 +143,9 @@ async def test_chain_waits_for_its_dependency(nc: Client, subjects: Subjects) ->
     assert backend.pods["mdq-r3-run-1"].depends_on == ("r3-init",)
 
 
-async def test_dependency_failure_fails_the_chain(nc: Client, subjects: Subjects) -> None:
-    js = nc.jetstream()
-    bus = publisher(js, subjects)
+async def test_dependency_failure_fails_the_chain(
+    js: JetStreamContext, bus: EventPublisher, subjects: Subjects
+) -> None:
     await bus.publish(submitted("r4-init"))
     await bus.publish(submitted("r4-run", depends_on=("r4-init",)))
     await bus.publish(
@@ -170,9 +159,9 @@ async def test_dependency_failure_fails_the_chain(nc: Client, subjects: Subjects
     assert failure.reason == pb.FAILURE_DEPENDENCY_FAILED and "r4-init" in failure.message
 
 
-async def test_backoff_not_before_is_honoured(nc: Client, subjects: Subjects) -> None:
-    js = nc.jetstream()
-    bus = publisher(js, subjects)
+async def test_backoff_not_before_is_honoured(
+    js: JetStreamContext, bus: EventPublisher, backend: RecordingBackend, subjects: Subjects
+) -> None:
     await bus.publish_all([node_load("n1")])
     await bus.publish(submitted("r5-a"))
     await bus.publish(event("bound", pb.JobBound(node="n1"), job="r5-a", attempt=1))
@@ -183,7 +172,6 @@ async def test_backoff_not_before_is_honoured(nc: Client, subjects: Subjects) ->
     requeue.not_before.FromDatetime(datetime.now(UTC) + timedelta(seconds=2))
     requeue.resources.cpu, requeue.resources.memory_mb = 1, 512
     await bus.publish(event("requeued", requeue, job="r5-a", attempt=2))
-    backend = RecordingBackend()
     started = datetime.now(UTC)
     async with running(placement_of(js, subjects, backend).run()):
 
@@ -196,10 +184,8 @@ async def test_backoff_not_before_is_honoured(nc: Client, subjects: Subjects) ->
 
 
 async def test_restart_binds_no_job_twice_and_repairs_missing_pods(
-    nc: Client, subjects: Subjects
+    js: JetStreamContext, bus: EventPublisher, subjects: Subjects
 ) -> None:
-    js = nc.jetstream()
-    bus = publisher(js, subjects)
     await bus.publish_all([node_load("n1", cpu_capacity=64, memory_mb=1_000_000)])
     await bus.publish_all([submitted(f"r6-j{i}") for i in range(40)])
     first = RecordingBackend()
@@ -286,20 +272,17 @@ def test_encoded_candidate_entries_concatenate_into_the_explanation() -> None:
 
 
 async def test_a_submitted_event_with_an_invalid_spec_is_never_bound(
-    nc: Client, subjects: Subjects
+    js: JetStreamContext, bus: EventPublisher, backend: RecordingBackend, subjects: Subjects
 ) -> None:
     """Only intake may publish ``submitted``, but placement validates the spec it acts on
     again: a forged one (here: a negative temperature and 10^6 cores) is skipped, counted and
     logged; a valid job submitted after it is bound as usual."""
-    js = nc.jetstream()
-    bus = publisher(js, subjects)
     await bus.publish_all([node_load("n1")])
     forged = submitted("r9-forged")
     forged.submitted.spec.temperature_k = -5.0
     forged.submitted.spec.resources.cpu = 1e6
     await bus.publish(forged)
     await bus.publish(submitted("r9-honest"))
-    backend = RecordingBackend()
     placement = placement_of(js, subjects, backend)
     async with running(placement.run()):
         await wait_for_events(
@@ -312,15 +295,16 @@ async def test_a_submitted_event_with_an_invalid_spec_is_never_bound(
 
 
 async def test_a_dependency_forgotten_long_ago_is_read_from_the_log(
-    nc: Client, subjects: Subjects, caplog: pytest.LogCaptureFixture
+    js: JetStreamContext,
+    bus: EventPublisher,
+    backend: RecordingBackend,
+    subjects: Subjects,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Placement remembers no ended job here (``ended_memory`` 0): a chain whose dependency
     ended before the chain was submitted has its final state read from the jobs log."""
-    js = nc.jetstream()
-    bus = publisher(js, subjects)
     await bus.publish(node_load("n1"))
     await bus.publish_all([submitted("r9-old"), submitted("r9-bad")])
-    backend = RecordingBackend()
     placement = placement_of(js, subjects, backend, reconcile_interval_s=0.1, ended_memory=0)
     caplog.set_level(logging.WARNING, logger="mdq.placement")
     async with running(placement.run()):
@@ -365,12 +349,12 @@ async def test_a_dependency_forgotten_long_ago_is_read_from_the_log(
     assert caplog.text.count("dependency r9-ghost is neither") == 1, "asked once"
 
 
-async def test_a_cold_replay_lets_ended_jobs_go_as_it_reads(nc: Client, subjects: Subjects) -> None:
+async def test_a_cold_replay_lets_ended_jobs_go_as_it_reads(
+    js: JetStreamContext, bus: EventPublisher, subjects: Subjects
+) -> None:
     """With no snapshot placement folds the whole log: ended jobs are forgotten every
     ``REPLAY_PRUNE_BATCH`` as it reads, so what it holds follows the live jobs, not the
     history (``make bench-scale`` measures the RSS)."""
-    js = nc.jetstream()
-    bus = publisher(js, subjects)
     await bus.publish(node_load("n1"))
     history = 3 * REPLAY_PRUNE_BATCH
     for start in range(0, history, 500):
@@ -409,12 +393,10 @@ async def test_a_cold_replay_lets_ended_jobs_go_as_it_reads(nc: Client, subjects
 
 
 async def test_a_job_waiting_as_long_as_the_jobs_log_keeps_is_ended(
-    nc: Client, subjects: Subjects
+    js: JetStreamContext, bus: EventPublisher, subjects: Subjects
 ) -> None:
     """Submitted 400 days ago and never run (no node; a dependency that never ends): failed
     with FAILURE_EXPIRED while the log still holds it. A job submitted now waits on."""
-    js = nc.jetstream()
-    bus = publisher(js, subjects)
     long_ago = datetime.now(UTC) - timedelta(days=400)
     for submit in (
         submitted("r9-pending"),

@@ -5,9 +5,10 @@ explanation."""
 
 from __future__ import annotations
 
-from nats.aio.client import Client
+from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError
 
+from mdq.bus.publisher import EventPublisher
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.placement import CLUSTER_MISMATCH
@@ -17,7 +18,6 @@ from tests.helpers import (
     events_of,
     node_load,
     placement_of,
-    publisher,
     running,
     submitted,
     wait_for,
@@ -29,10 +29,8 @@ CENTRE = {"site": "centre", "fabric": "infiniband"}
 
 
 async def test_jobs_go_to_the_clusters_they_ask_for_and_chains_follow_their_data(
-    nc: Client, subjects: Subjects
+    js: JetStreamContext, bus: EventPublisher, backend: RecordingBackend, subjects: Subjects
 ) -> None:
-    js = nc.jetstream()
-    bus = publisher(js, subjects)
     # the centre is busier: a job that does not care goes to the campus
     await bus.publish_all(
         [
@@ -48,7 +46,6 @@ async def test_jobs_go_to_the_clusters_they_ask_for_and_chains_follow_their_data
             submitted("c1-gpu", clusters=pb.ClusterSelector(require={"gpu": "true"})),
         ]
     )
-    backend = RecordingBackend()
     async with running(placement_of(js, subjects, backend).run()):
         await wait_for_events(
             js, subjects, "bound", count=2, what="the two jobs a cluster admits bound"

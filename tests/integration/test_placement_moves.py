@@ -8,8 +8,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
-from nats.aio.client import Client
+from nats.js import JetStreamContext
 
+from mdq.bus.publisher import EventPublisher
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.placement import AVOIDED
@@ -19,7 +20,6 @@ from tests.helpers import (
     events_of,
     node_load,
     placement_of,
-    publisher,
     running,
     submitted,
     wait_for,
@@ -28,13 +28,10 @@ from tests.helpers import (
 
 
 async def test_requeued_job_moves_off_a_lost_node_that_is_not_ready(
-    nc: Client, subjects: Subjects
+    js: JetStreamContext, bus: EventPublisher, backend: RecordingBackend, subjects: Subjects
 ) -> None:
-    js = nc.jetstream()
-    bus = publisher(js, subjects)
     await bus.publish_all([node_load("n1"), node_load("n2")])
     await bus.publish(submitted("r7-a"))
-    backend = RecordingBackend()
     async with running(placement_of(js, subjects, backend).run()):
         await wait_for_events(js, subjects, "bound", "r7-a", count=1, what="attempt 1 bound")
         first = (await events_of(js, subjects, "bound", "r7-a"))[0].bound.node
@@ -66,18 +63,20 @@ async def test_requeued_job_moves_off_a_lost_node_that_is_not_ready(
     ],
 )
 async def test_the_avoid_list_alone_keeps_a_requeued_job_off_the_best_node(
-    nc: Client, subjects: Subjects, avoid: list[str], expected: str
+    js: JetStreamContext,
+    bus: EventPublisher,
+    backend: RecordingBackend,
+    subjects: Subjects,
+    avoid: list[str],
+    expected: str,
 ) -> None:
     """ "big" stays ready, idle and by far the best score; after an eviction there, only the
     requeue's avoid-list sends attempt 2 to "small" (the control, with an empty avoid-list,
     shows it would otherwise go back to "big")."""
-    js = nc.jetstream()
-    bus = publisher(js, subjects)
     await bus.publish_all(
         [node_load("big", cpu_capacity=16), node_load("small", cpu_capacity=4, cpu_load=0.5)]
     )
     await bus.publish(submitted("r8-a"))
-    backend = RecordingBackend()
     async with running(placement_of(js, subjects, backend).run()):
 
         async def bound(n: int) -> list[pb.Event]:
@@ -109,16 +108,13 @@ async def test_the_avoid_list_alone_keeps_a_requeued_job_off_the_best_node(
 
 
 async def test_a_node_lost_after_its_last_report_takes_nothing_until_it_reports_again(
-    nc: Client, subjects: Subjects
+    js: JetStreamContext, bus: EventPublisher, backend: RecordingBackend, subjects: Subjects
 ) -> None:
     """The only node's latest report says ready, but a job was lost with it since: the retry
     (whose avoid-list cannot be honoured, there being no other node) waits for the node's next
     report instead of going straight back to what may be a dead node."""
-    js = nc.jetstream()
-    bus = publisher(js, subjects)
     await bus.publish(node_load("only"))
     await bus.publish(submitted("r9-a"))
-    backend = RecordingBackend()
     placement = placement_of(js, subjects, backend)
     async with running(placement.run()):
 

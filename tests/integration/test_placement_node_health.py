@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 from nats.aio.client import Client
+from nats.js import JetStreamContext
 
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.subjects import Subjects
@@ -26,10 +27,8 @@ from tests.helpers import (
 
 
 async def test_node_where_jobs_keep_failing_gets_no_new_work(
-    nc: Client, subjects: Subjects
+    js: JetStreamContext, bus: EventPublisher, subjects: Subjects
 ) -> None:
-    js = nc.jetstream()
-    bus = publisher(js, subjects)
     # n1 is the idle, obvious choice; n2 is busy.
     await bus.publish_all([node_load("n1", cpu_load=0.0), node_load("n2", cpu_load=0.6)])
     for name in ("r8-a", "r8-b", "r8-c"):

@@ -20,6 +20,7 @@ from nats.js import JetStreamContext
 
 from mdq.backends.local.api import LocalBackend
 from mdq.bus.kv import bucket_keys
+from mdq.bus.publisher import EventPublisher
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.events import make_event
@@ -83,10 +84,8 @@ def assert_bound_once(bound: list[pb.Event], backend: RecordingBackend) -> None:
 
 
 async def test_two_replicas_with_the_lease_never_double_bind_and_hand_over(
-    nc: Client, subjects: Subjects
+    nc: Client, subjects: Subjects, js: JetStreamContext, bus: EventPublisher
 ) -> None:
-    js = nc.jetstream()
-    bus = publisher(js, subjects)
     cluster = RecordingBackend()  # one cluster, two placement replicas
     a = make_placement(js, subjects, cluster)
     b = make_placement(js, subjects, cluster)
@@ -112,11 +111,11 @@ async def test_two_replicas_with_the_lease_never_double_bind_and_hand_over(
     assert_bound_once(bound, cluster)
 
 
-async def test_active_active_replicas_are_fenced_per_job(nc: Client, subjects: Subjects) -> None:
+async def test_active_active_replicas_are_fenced_per_job(
+    js: JetStreamContext, bus: EventPublisher, subjects: Subjects
+) -> None:
     """Two replicas with the same view decide at the same moment, without the lease: the fence
     on the bound event (expected last subject sequence) lets exactly one bind each job."""
-    js = nc.jetstream()
-    bus = publisher(js, subjects)
     await bus.publish_all([node_load("n1", cpu_capacity=1000, memory_mb=10_000_000)])
     await bus.publish_all([submitted(f"rp2-j{i}") for i in range(200)])
     log = await events_of(js, subjects, "*")
@@ -138,10 +137,13 @@ async def test_active_active_replicas_are_fenced_per_job(nc: Client, subjects: S
 
 
 async def test_kill_9_during_a_burst_loses_no_job_and_binds_none_twice(
-    nc: Client, subjects: Subjects, data_dir: Path, nats_url: str
+    nc: Client,
+    subjects: Subjects,
+    js: JetStreamContext,
+    bus: EventPublisher,
+    data_dir: Path,
+    nats_url: str,
 ) -> None:
-    js = nc.jetstream()
-    bus = publisher(js, subjects)
     env = os.environ | {
         "NATS_URL": nats_url,
         "MDQ_NAMESPACE": subjects.namespace,
@@ -207,16 +209,15 @@ async def test_kill_9_during_a_burst_loses_no_job_and_binds_none_twice(
     assert len(pods) == total + 1
 
 
-async def test_high_priority_job_preempts_low_priority_work(nc: Client, subjects: Subjects) -> None:
-    js = nc.jetstream()
-    bus = publisher(js, subjects)
+async def test_high_priority_job_preempts_low_priority_work(
+    js: JetStreamContext, bus: EventPublisher, backend: RecordingBackend, subjects: Subjects
+) -> None:
     # "m" takes only the 1-CPU marker job (below), never a 2-CPU one
     await bus.publish_all([node_load("n1", cpu_capacity=2), node_load("m", cpu_capacity=1)])
     await bus.publish(submitted("rp4-low", cpu=2, priority="low"))
     await bus.publish(event("bound", pb.JobBound(node="n1"), job="rp4-low", attempt=1))
     await bus.publish(event("started", pb.JobStarted(node="n1"), job="rp4-low", attempt=1))
     await bus.publish(submitted("rp4-normal", cpu=2, priority="normal"))
-    backend = RecordingBackend()
     placement = make_placement(js, subjects, backend)
     async with running(placement.run()):
         await bus.publish(submitted("rp4-high", cpu=2, priority="high"))
@@ -252,10 +253,8 @@ async def test_high_priority_job_preempts_low_priority_work(nc: Client, subjects
 
 
 async def test_cordoned_and_silent_nodes_are_not_chosen_and_explained(
-    nc: Client, subjects: Subjects, nats_url: str
+    js: JetStreamContext, bus: EventPublisher, subjects: Subjects, nats_url: str
 ) -> None:
-    js = nc.jetstream()
-    bus = publisher(js, subjects)
     cordoned = node_load("cordoned")
     cordoned.node_load.cordoned = True
     silent = make_event(
@@ -292,10 +291,8 @@ async def test_cordoned_and_silent_nodes_are_not_chosen_and_explained(
 
 
 async def test_without_fail_on_dependency_failure_the_chain_runs_on(
-    nc: Client, subjects: Subjects
+    js: JetStreamContext, bus: EventPublisher, subjects: Subjects
 ) -> None:
-    js = nc.jetstream()
-    bus = publisher(js, subjects)
     await bus.publish_all([node_load("n1")])
     await bus.publish(submitted("rp6-init"))
     await bus.publish(submitted("rp6-run", depends_on=("rp6-init",)))
@@ -331,12 +328,10 @@ async def _explain(nats_url: str, subjects: Subjects, job_id: str) -> str:
 
 
 async def test_a_waiting_job_is_explained_node_by_node_and_by_what_it_waits_for(
-    nc: Client, subjects: Subjects, nats_url: str
+    js: JetStreamContext, bus: EventPublisher, subjects: Subjects, nats_url: str
 ) -> None:
     """Every node cordoned: ``mdq explain`` of the pending job says so the way Kubernetes does
     for a Pending pod, node by node; its dependent job is shown waiting for it."""
-    js = nc.jetstream()
-    bus = publisher(js, subjects)
     loads = [node_load("n1"), node_load("n2")]
     for load in loads:
         load.node_load.cordoned = True

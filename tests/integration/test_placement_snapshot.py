@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from nats.aio.client import Client
+from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
 from mdq.bus.snapshots import HEAD_KEY, SnapshotStore
@@ -194,7 +195,12 @@ async def tamper(case: str, nc: Client, subjects: Subjects, sequence: int) -> No
     ],
 )
 async def test_an_unusable_snapshot_falls_back_to_a_full_replay(
-    nc: Client, subjects: Subjects, caplog: pytest.LogCaptureFixture, case: str, reason: str
+    nc: Client,
+    subjects: Subjects,
+    js: JetStreamContext,
+    caplog: pytest.LogCaptureFixture,
+    case: str,
+    reason: str,
 ) -> None:
     sequence = await first_run(nc, subjects)
     await tamper(case, nc, subjects, sequence)
@@ -207,7 +213,6 @@ async def test_an_unusable_snapshot_falls_back_to_a_full_replay(
     assert "restored from the snapshot" not in caplog.text
     # what it knows is the log as it is now, folded from its first message
     book = JobBook()
-    js = nc.jetstream()
     info = await js.stream_info(subjects.jobs_stream)
     for seq in range(info.state.first_seq or 1, (info.state.last_seq or 0) + 1):
         message = await js.get_msg(subjects.jobs_stream, seq=seq)

@@ -12,6 +12,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError
 from rich.console import Console
 
+from mdq.bus.publisher import EventPublisher
 from mdq.bus.setup import prepare_bus
 from mdq.bus.subjects import Subjects
 from mdq.bus.tenants import TenantDirectory, ensure_tenants_bucket, put_policy, remove_policy
@@ -25,7 +26,6 @@ from tests.helpers import (
     event,
     node_load,
     placement_of,
-    publisher,
     read_all,
     running,
     submitted,
@@ -47,8 +47,9 @@ async def test_the_admin_setup_makes_the_tenants_bucket(nats_url: str, subjects:
         await client.close()
 
 
-async def test_policies_apply_live_without_a_restart(nc: Client, subjects: Subjects) -> None:
-    js = nc.jetstream()
+async def test_policies_apply_live_without_a_restart(
+    js: JetStreamContext, subjects: Subjects
+) -> None:
     directory = TenantDirectory(js, subjects, retry_s=0.1)
     try:
         # no bucket yet (the admin's setup has not run): every tenant has the default policy
@@ -89,8 +90,9 @@ async def test_policies_apply_live_without_a_restart(nc: Client, subjects: Subje
         await directory.close()
 
 
-async def test_put_policy_refuses_a_bad_tenant_name(nc: Client, subjects: Subjects) -> None:
-    js = nc.jetstream()
+async def test_put_policy_refuses_a_bad_tenant_name(
+    js: JetStreamContext, subjects: Subjects
+) -> None:
     await ensure_tenants_bucket(js, subjects)
     with pytest.raises(ValueError, match="tenant name"):
         await put_policy(js, subjects, "Alice", ALICE_QUOTA)
@@ -163,15 +165,13 @@ async def wait_explained(
 
 
 async def test_a_tenant_at_its_cpu_quota_waits_while_others_bind(
-    nc: Client, subjects: Subjects, data_dir: Path
+    nc: Client, subjects: Subjects, js: JetStreamContext, bus: EventPublisher, data_dir: Path
 ) -> None:
     """alice may run 2 cores: two of her three 1-core jobs bind, the third waits with the
     reason in the waiting bucket (``mdq explain``) while bob's job, submitted after it, binds;
     it binds once one of alice's jobs ends. Her usage is written for intake all along."""
-    js = nc.jetstream()
     await ensure_tenants_bucket(js, subjects)
     await put_policy(js, subjects, "alice", ALICE_QUOTA)
-    bus = publisher(js, subjects)
     await bus.publish_all([node_load("n1", cpu_capacity=32, memory_mb=100_000)])
     alice = [job("alice", f"a{i}") for i in range(3)]
     for job_id in alice:
@@ -233,12 +233,10 @@ async def test_a_tenant_at_its_cpu_quota_waits_while_others_bind(
 
 
 async def test_a_policy_raised_live_releases_the_held_jobs(
-    nc: Client, subjects: Subjects, data_dir: Path
+    nc: Client, subjects: Subjects, js: JetStreamContext, bus: EventPublisher, data_dir: Path
 ) -> None:
-    js = nc.jetstream()
     await ensure_tenants_bucket(js, subjects)
     await put_policy(js, subjects, "alice", TenantPolicy(max_running_cpu=1.0))
-    bus = publisher(js, subjects)
     await bus.publish_all([node_load("n1", cpu_capacity=32, memory_mb=100_000)])
     alice = [job("alice", f"a{i}") for i in range(3)]
     await bus.publish_all([submitted(job_id) for job_id in alice])
@@ -255,14 +253,17 @@ async def test_a_policy_raised_live_releases_the_held_jobs(
 
 
 async def test_a_high_job_held_by_its_tenants_quota_preempts_nobody(
-    nc: Client, subjects: Subjects, data_dir: Path
+    nc: Client,
+    subjects: Subjects,
+    js: JetStreamContext,
+    bus: EventPublisher,
+    backend: RecordingBackend,
+    data_dir: Path,
 ) -> None:
     """alice may submit high jobs but run 1 core: her second high job waits for her quota,
     and must not preempt the operator's low job to make room it could not use."""
-    js = nc.jetstream()
     await ensure_tenants_bucket(js, subjects)
     await put_policy(js, subjects, "alice", TenantPolicy(allow_high=True, max_running_cpu=1.0))
-    bus = publisher(js, subjects)
     await bus.publish_all([node_load("n1", cpu_capacity=3)])
     running_jobs = [("0123456789ab-low", 2, "low"), (job("alice", "h0"), 1, "high")]
     for job_id, cpu, priority in running_jobs:  # the operator's low job, alice's high one
@@ -270,7 +271,6 @@ async def test_a_high_job_held_by_its_tenants_quota_preempts_nobody(
         await bus.publish(event("bound", pb.JobBound(node="n1"), job=job_id, attempt=1))
         await bus.publish(event("started", pb.JobStarted(node="n1"), job=job_id, attempt=1))
     await bus.publish(submitted(job("alice", "h1"), cpu=1, priority="high"))
-    backend = RecordingBackend()
     placement = placement_of(js, subjects, backend=backend)
     async with running(placement.run()):
 
@@ -284,16 +284,19 @@ async def test_a_high_job_held_by_its_tenants_quota_preempts_nobody(
 
 
 async def test_a_full_cluster_is_shared_by_weight_and_a_weight_changes_live(
-    nc: Client, nats_url: str, subjects: Subjects, data_dir: Path
+    nc: Client,
+    nats_url: str,
+    subjects: Subjects,
+    js: JetStreamContext,
+    bus: EventPublisher,
+    data_dir: Path,
 ) -> None:
     """8 free cores, alice (weight 1) floods first, bob (weight 3) after her: bob gets 6 and
     alice 2, not alice all 8. Then the weights are swapped in the tenants bucket (no restart)
     and a second node of 8 cores comes: all 8 go to alice, now far below her share (with the
     old weights they would have been split 4:4)."""
-    js = nc.jetstream()
     await ensure_tenants_bucket(js, subjects)
     await put_policy(js, subjects, "bob", TenantPolicy(weight=3.0))
-    bus = publisher(js, subjects)
     await bus.publish_all([node_load("n1", cpu_capacity=8, memory_mb=100_000)])
     alice = [job("alice", f"a{i}") for i in range(10)]
     bob = [job("bob", f"b{i}") for i in range(10)]
@@ -365,18 +368,20 @@ async def test_a_full_cluster_is_shared_by_weight_and_a_weight_changes_live(
 
 
 async def test_a_tenant_below_its_share_gets_room_back_and_no_more(
-    nc: Client, subjects: Subjects, data_dir: Path
+    nc: Client,
+    subjects: Subjects,
+    js: JetStreamContext,
+    bus: EventPublisher,
+    backend: RecordingBackend,
+    data_dir: Path,
 ) -> None:
     """alice runs 8 jobs on the 8 cores; bob submits 6: half the cluster is his due, so
     placement stops 4 of alice's (their pods deleted: SIGTERM, a checkpoint, requeued by
     recovery) with the room held for 4 of bob's, and stops nothing more in the passes while
     they leave (the stopped ones and the held room count as gone and as bob's)."""
-    js = nc.jetstream()
-    bus = publisher(js, subjects)
     await bus.publish_all([node_load("n1", cpu_capacity=8, memory_mb=100_000)])
     alice = [job("alice", f"a{i}") for i in range(8)]
     await bus.publish_all([submitted(job_id) for job_id in alice])
-    backend = RecordingBackend()
     placement = placement_of(js, subjects, fair_share_min_run_s=0, backend=backend)
     async with running(placement.run()):
         await wait_bound(nc, subjects, set(alice), what="alice's 8 jobs bound")
@@ -406,14 +411,12 @@ async def test_a_tenant_below_its_share_gets_room_back_and_no_more(
 
 
 async def test_a_tenant_at_its_maximum_share_waits_and_says_why(
-    nc: Client, subjects: Subjects, data_dir: Path
+    nc: Client, subjects: Subjects, js: JetStreamContext, bus: EventPublisher, data_dir: Path
 ) -> None:
     """alice may hold a quarter of the 8 cores: 2 of her 6 jobs bind even with the cluster
     idle, and the others' explanation names the cap."""
-    js = nc.jetstream()
     await ensure_tenants_bucket(js, subjects)
     await put_policy(js, subjects, "alice", TenantPolicy(max_share=0.25))
-    bus = publisher(js, subjects)
     await bus.publish_all([node_load("n1", cpu_capacity=8, memory_mb=100_000)])
     alice = [job("alice", f"a{i}") for i in range(6)]
     await bus.publish_all([submitted(job_id) for job_id in alice])
