@@ -401,18 +401,8 @@ class OwnersPublisher(EventPublisher):
     def __init__(self, *, js: JetStreamContext, subjects: Subjects) -> None:
         super().__init__(js=js, subjects=subjects, producer="")
 
-    def event(
-        self,
-        kind: str,
-        body: Message,
-        *,
-        job_id: str,
-        attempt: int,
-        detail: str | int | None = None,
-    ) -> pb.Event:
-        made = super().event(kind, body, job_id=job_id, attempt=attempt, detail=detail)
-        made.producer = owner_of(kind)
-        return made
+    def producer_of(self, kind: str) -> str:
+        return owner_of(kind)
 
 
 def publisher(js: JetStreamContext, subjects: Subjects) -> EventPublisher:

@@ -42,6 +42,11 @@ class EventPublisher:
     def subjects(self) -> Subjects:
         return self._subjects
 
+    def producer_of(self, kind: str) -> str:
+        """The producer an event of ``kind`` is stamped with: this publisher's, whatever the
+        kind."""
+        return self._producer
+
     def event(
         self,
         kind: str,
@@ -57,7 +62,7 @@ class EventPublisher:
             body,
             job_id=job_id,
             attempt=attempt,
-            producer=self._producer,
+            producer=self.producer_of(kind),
             at=datetime.now(UTC),
             detail=detail,
         )
@@ -66,11 +71,8 @@ class EventPublisher:
         """Publish one event and wait for the stream's acknowledgement (``headers`` are added,
         e.g. an expected last sequence). The caller bounds its own concurrency (intake's
         request slots, say); the fan-outs below are bounded here."""
-        return await self._js.publish(
-            self._subjects.for_event(event),
-            encode(event),
-            headers={"Nats-Msg-Id": event.event_id} | (headers or {}),
-        )
+        subject, payload, with_id = self.outgoing(event, headers)
+        return await self._js.publish(subject, payload, headers=with_id)
 
     def outgoing(self, event: pb.Event, headers: dict[str, str] | None = None) -> Outgoing:
         """``event`` as a message to publish (its subject, bytes and headers: its id as
