@@ -8,7 +8,7 @@ have no conversion and are reported as LAMMPS gives them (``Progress.units == "l
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from services.runner.errors import UnstableError
 
@@ -30,6 +30,11 @@ class EnergySample:
     @property
     def total_kj_mol(self) -> float:
         return self.potential_kj_mol + self.kinetic_kj_mol
+
+    def minimized(self, iteration: int) -> EnergySample:
+        """This state as a minimiser reports it after ``iteration`` iterations: no dynamics,
+        so no time, kinetic energy or temperature."""
+        return replace(self, step=iteration, time_ps=0.0, kinetic_kj_mol=0.0, temperature_k=0.0)
 
 
 def check_stable(sample: EnergySample, *, atoms: int, absurd_per_atom: float) -> None:

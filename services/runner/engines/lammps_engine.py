@@ -436,17 +436,7 @@ class LammpsEngine:
         )
 
     def minimizer_sample(self, iteration: int) -> EnergySample:
-        sample = self.sample()
-        return EnergySample(
-            step=iteration,
-            time_ps=0.0,
-            potential_kj_mol=sample.potential_kj_mol,
-            kinetic_kj_mol=0.0,
-            temperature_k=0.0,
-            volume_nm3=sample.volume_nm3,
-            density_g_cm3=sample.density_g_cm3,
-            pressure_bar=sample.pressure_bar,
-        )
+        return self.sample().minimized(iteration)
 
     def minimize(
         self, iterations: int, *, on_report: Callable[[int, float], None], stop: threading.Event

@@ -205,16 +205,7 @@ class OpenMMEngine:
     def minimizer_sample(self, iteration: int) -> EnergySample:
         """The potential energy after ``iteration`` minimiser iterations (no dynamics: kinetic
         energy and temperature are 0)."""
-        sample = self.md.sample(step=iteration)
-        return EnergySample(
-            step=iteration,
-            time_ps=0.0,
-            potential_kj_mol=sample.potential_kj_mol,
-            kinetic_kj_mol=0.0,
-            temperature_k=0.0,
-            volume_nm3=sample.volume_nm3,
-            density_g_cm3=sample.density_g_cm3,
-        )
+        return self.md.sample(step=iteration).minimized(iteration)
 
     def minimize(
         self, iterations: int, *, on_report: Callable[[int, float], None], stop: threading.Event
