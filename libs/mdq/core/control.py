@@ -295,6 +295,31 @@ def _ended(view: JobView, what: str) -> Action:
     return _not_applicable(view, f"already {view.state.value}: nothing to {what}")
 
 
+def _stopping(
+    view: JobView,
+    why: str,
+    kind: str,
+    body: Message,
+    detail: str,
+    *,
+    stop_pod: bool,
+    running: bool = True,
+) -> Action:
+    """``kind`` takes effect once the job's attempt stops at a checkpoint (``why`` says what
+    it becomes then), or, its attempt ended (not ``running``), once recovery has decided."""
+    message = f"stopping at a checkpoint; {why}" if running else f"its attempt ended; {why}"
+    return Action(
+        pb.CONTROL_STOPPING,
+        view.state.value,
+        message,
+        kind,
+        body,
+        view.attempt,
+        detail,
+        stop_pod=stop_pod,
+    )
+
+
 def decide(
     verb: pb.ControlVerb,
     view: JobView,
@@ -324,17 +349,14 @@ def decide(
                 view.attempt,
             )
         running = state in LIVE_STATES
-        return Action(
-            pb.CONTROL_STOPPING,
-            state.value,
-            "stopping at a checkpoint; CANCELLED once stopped"
-            if running
-            else "its attempt ended; CANCELLED once recovery has decided",
+        return _stopping(
+            view,
+            "CANCELLED once stopped" if running else "CANCELLED once recovery has decided",
             "cancel_requested",
             pb.CancelRequested(origin=origin),
-            view.attempt,
             detail,
             stop_pod=running,
+            running=running,
         )
     if verb == pb.CONTROL_HOLD:
         if state.terminal:
@@ -349,17 +371,14 @@ def decide(
                 pb.CONTROL_DONE, JobState.HELD.value, "", "held", body_held, view.attempt, detail
             )
         running = state in LIVE_STATES
-        return Action(
-            pb.CONTROL_STOPPING,
-            state.value,
-            "stopping at a checkpoint; HELD once stopped"
-            if running
-            else "its attempt ended; HELD once recovery has requeued it",
+        return _stopping(
+            view,
+            "HELD once stopped" if running else "HELD once recovery has requeued it",
             "held",
             body_held,
-            view.attempt,
             detail,
             stop_pod=running and view.stop is Stop.NONE,
+            running=running,
         )
     if verb == pb.CONTROL_RELEASE:
         if state.terminal:
@@ -385,13 +404,11 @@ def decide(
             return _unchanged(view, "already being requeued")
         if view.stop is not Stop.NONE:
             return _not_applicable(view, f"already being stopped ({view.stop.value})")
-        return Action(
-            pb.CONTROL_STOPPING,
-            state.value,
-            "stopping at a checkpoint; PENDING again, as a new attempt, once stopped",
+        return _stopping(
+            view,
+            "PENDING again, as a new attempt, once stopped",
             "requeue_requested",
             pb.RequeueRequested(origin=origin),
-            view.attempt,
             detail,
             stop_pod=True,
         )
