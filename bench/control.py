@@ -20,7 +20,6 @@ from pathlib import Path
 
 import psutil
 from bench_stack import servers, stack_on
-from google.protobuf import json_format
 from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy, StreamConfig
 
@@ -29,7 +28,7 @@ from mdq.bus.requests import Requests
 from mdq.contracts import pb
 from mdq.core.runner_task import ENV_JOB_ID, job_dir
 from mdq.sdk.client import ControlUnavailable, MdqClient
-from mdq.testing.submitting import IntakeSilent, submit_when_ready
+from mdq.testing.submitting import IntakeSilent, submit_request, submit_when_ready, water_job
 
 NAMESPACE = "benchctl"
 NODES = 4
@@ -80,19 +79,17 @@ async def until_gone(process: psutil.Process, timeout: float = 60.0) -> float:
 
 def running_job(name: str) -> dict[str, object]:
     """A job that runs until it is told to stop (no checkpoint due for a million steps)."""
-    return {
-        "name": name,
-        "system": {"water_box": {"box_nm": 1.6}},
-        "steps": 100_000_000,
-        "report_interval_steps": 100,
-        "checkpoint_interval_steps": 1_000_000,
-        "resources": {"cpu": 1, "memory_mb": 1024},
-        "labels": {"bench": "running"},
-    }
+    return water_job(
+        name,
+        steps=100_000_000,
+        report_interval_steps=100,
+        checkpoint_interval_steps=1_000_000,
+        labels={"bench": "running"},
+    )
 
 
 async def submit(client: MdqClient, key: str, jobs: list[dict[str, object]]) -> list[str]:
-    request = json_format.ParseDict({"idempotency_key": key, "jobs": jobs}, pb.SubmitRequest())
+    request = submit_request(*jobs, key=key)
     return await submit_when_ready(client, request, tries=240, answer_within_s=30)
 
 

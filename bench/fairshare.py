@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from google.protobuf import json_format
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -31,7 +30,6 @@ from recovery import BenchFailed
 
 from mdq.bus.subjects import Subjects
 from mdq.bus.tenants import ensure_tenants_bucket, put_policy
-from mdq.contracts import pb
 from mdq.core import ids
 from mdq.core.runner_task import ENV_ATTEMPT, ENV_JOB_ID, job_dir
 from mdq.core.tenants import TenantPolicy
@@ -44,7 +42,7 @@ from mdq.testing.runner_files import (
     newest_checkpoint_step,
     retry_table_problem,
 )
-from mdq.testing.submitting import IntakeSilent, submit_when_ready
+from mdq.testing.submitting import IntakeSilent, submit_request, submit_when_ready, water_job
 
 NAMESPACE = "benchfair"
 CHECKPOINT_INTERVAL = 200
@@ -56,24 +54,19 @@ POLL_S = 0.25
 
 
 def job(name: str, checkpoint_interval: int) -> dict[str, object]:
-    return {
-        "name": name,
-        "system": {"water_box": {"box_nm": 1.6}},
-        "steps": 10_000_000,  # longer than the bench: every tenant always wants more
-        "report_interval_steps": REPORT_INTERVAL,
-        "checkpoint_interval_steps": checkpoint_interval,
-        "resources": {"cpu": 1, "memory_mb": 256},
-        "max_retries": 20,
-    }
+    return water_job(
+        name,
+        steps=10_000_000,  # longer than the bench: every tenant always wants more
+        report_interval_steps=REPORT_INTERVAL,
+        checkpoint_interval_steps=checkpoint_interval,
+        memory_mb=256,
+        max_retries=20,
+    )
 
 
 async def flood(client: MdqClient, tenant: str, jobs: int, checkpoint_interval: int) -> None:
-    request = json_format.ParseDict(
-        {
-            "idempotency_key": f"flood-{tenant}",
-            "jobs": [job(f"md{i}", checkpoint_interval) for i in range(jobs)],
-        },
-        pb.SubmitRequest(),
+    request = submit_request(
+        *(job(f"md{i}", checkpoint_interval) for i in range(jobs)), key=f"flood-{tenant}"
     )
     try:
         await submit_when_ready(client, request, tries=120, answer_within_s=10)

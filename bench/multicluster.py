@@ -51,6 +51,7 @@ from mdq.testing.runner_files import (
     logged_resume,
     retry_table_problem,
 )
+from mdq.testing.submitting import water_job
 
 REPO = Path(__file__).resolve().parents[1]
 NODES = 3000
@@ -253,16 +254,15 @@ FAILOVER_REPORT_INTERVAL = 100
 
 
 def failover_job(name: str, cluster: str, steps: int) -> dict[str, object]:
-    return {
-        "name": name,
-        "system": {"water_box": {"box_nm": 1.6}},
-        "steps": steps,
-        "report_interval_steps": FAILOVER_REPORT_INTERVAL,
-        "checkpoint_interval_steps": FAILOVER_CHECKPOINT_INTERVAL,
-        "resources": {"cpu": 1, "memory_mb": 512},
-        "clusters": {"prefer": {"site": cluster}},
-        "max_retries": 3,
-    }
+    return water_job(
+        name,
+        steps=steps,
+        report_interval_steps=FAILOVER_REPORT_INTERVAL,
+        checkpoint_interval_steps=FAILOVER_CHECKPOINT_INTERVAL,
+        memory_mb=512,
+        clusters={"prefer": {"site": cluster}},
+        max_retries=3,
+    )
 
 
 def runners_under(pid: int) -> dict[str, tuple[int, psutil.Process]]:

@@ -23,7 +23,6 @@ from pathlib import Path
 
 import psutil
 from bench_stack import servers, stack_on
-from google.protobuf import json_format
 
 from mdq.backends.local.api import LocalBackend
 from mdq.bus.codec import decode_event
@@ -39,7 +38,7 @@ from mdq.testing.runner_files import (
     newest_checkpoint_step,
     retry_table_problem,
 )
-from mdq.testing.submitting import submit_when_ready
+from mdq.testing.submitting import submit_request, submit_when_ready, water_job
 
 CHECKPOINT_INTERVAL = 1000
 REPORT_INTERVAL = 10
@@ -94,22 +93,17 @@ class Kill:
 
 
 def job(name: str, steps: int) -> dict[str, object]:
-    return {
-        "name": name,
-        "system": {"water_box": {"box_nm": 1.6}},
-        "steps": steps,
-        "report_interval_steps": REPORT_INTERVAL,
-        "checkpoint_interval_steps": CHECKPOINT_INTERVAL,
-        "resources": {"cpu": 1, "memory_mb": 1024},
-        "max_retries": 20,
-    }
+    return water_job(
+        name,
+        steps=steps,
+        report_interval_steps=REPORT_INTERVAL,
+        checkpoint_interval_steps=CHECKPOINT_INTERVAL,
+        max_retries=20,
+    )
 
 
 async def submit(client: MdqClient, key: str, *jobs: dict[str, object]) -> list[str]:
-    request = json_format.ParseDict(
-        {"idempotency_key": key, "jobs": list(jobs)}, pb.SubmitRequest()
-    )
-    return await submit_when_ready(client, request, tries=120)
+    return await submit_when_ready(client, submit_request(*jobs, key=key), tries=120)
 
 
 class Tap:

@@ -21,9 +21,9 @@ from mdq.core.runner_task import ENV_ATTEMPT, ENV_JOB_ID, job_dir
 from mdq.sdk.client import MdqClient
 from mdq.testing.cluster import SimulatedCluster
 from mdq.testing.runner_files import last_energy_step, logged_resume
-from mdq.testing.submitting import submit_when_ready
+from mdq.testing.submitting import submit_request, submit_when_ready
 from tests.e2e.stacks import attempt_rows, own_stack
-from tests.e2e.test_stack import md_job, request
+from tests.e2e.test_stack import md_job
 from tests.helpers import events_of, read_all, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -35,7 +35,7 @@ async def test_jobs_run_on_the_clusters_they_ask_for(
     stack = own_stack(tmp_path, database_url, monkeypatch, clusters=2)
     info = await stack.start()
     try:
-        campaign = request(
+        campaign = submit_request(
             md_job("on-lab2", steps=500, clusters={"require": {"site": "lab2"}}),
             md_job("on-lab1", steps=500, clusters={"require": {"site": "lab1"}}),
             {
@@ -92,7 +92,7 @@ async def test_a_whole_cluster_lost_mid_campaign_its_jobs_finish_on_the_other(
     interval = 500
     report_interval = 100
     try:
-        campaign = request(
+        campaign = submit_request(
             *(
                 md_job(
                     f"md{i}",
@@ -265,7 +265,7 @@ async def test_a_kubernetes_cluster_lost_mid_campaign_its_jobs_resume_from_copie
     interval = 500
     info = await stack.start()
     try:
-        campaign = request(
+        campaign = submit_request(
             *(
                 md_job(
                     f"md-{site}",

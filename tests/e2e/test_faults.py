@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from google.protobuf import json_format
 
 from mdq.backends.local.launcher import start_agent
 from mdq.contracts import pb
@@ -26,7 +25,7 @@ from mdq.sdk.client import MdqClient
 from mdq.stack import Stack
 from mdq.testing.processes import runner_pid
 from mdq.testing.runner_files import last_energy_step, newest_checkpoint_step
-from mdq.testing.submitting import submit_when_ready
+from mdq.testing.submitting import submit_request, submit_when_ready
 from tests.e2e.test_stack import md_job
 from tests.helpers import read_all, wait_for
 from tests.log_agreement import assert_postgres_agrees_with_log
@@ -41,10 +40,6 @@ FAST_RECOVERY = {
     "MDQ_METRICS_INTERVAL_S": "1",
     "MDQ_LOCAL_CPU_PER_NODE": "1",
 }
-
-
-def submit_request(*jobs: dict[str, object], key: str) -> pb.SubmitRequest:
-    return json_format.ParseDict({"idempotency_key": key, "jobs": list(jobs)}, pb.SubmitRequest())
 
 
 @pytest.fixture

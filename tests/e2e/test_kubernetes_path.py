@@ -13,16 +13,16 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
-from google.protobuf import json_format
 
 from mdq.contracts import pb
 from mdq.sdk.client import MdqClient
 from mdq.stack import Stack
 from mdq.testing.cluster import SimulatedCluster
-from mdq.testing.submitting import submit_when_ready
+from mdq.testing.submitting import submit_request, submit_when_ready, water_job
 from tests.e2e.stacks import session_stack, wait_for_state
 from tests.helpers import read_all, wait_for
 from tests.log_agreement import assert_postgres_agrees_with_log
@@ -70,22 +70,9 @@ async def stack(
         yield the_stack
 
 
-def md_job(name: str, *, steps: int, **extra: object) -> dict[str, object]:
-    return {
-        "name": name,
-        "task": "TASK_MD",
-        "system": {"water_box": {"box_nm": 1.5}},
-        "temperature_k": 300,
-        "steps": steps,
-        "report_interval_steps": 250,
-        "checkpoint_interval_steps": 500,
-        "resources": {"cpu": 1, "memory_mb": 1024},
-        **extra,
-    }
-
-
-def submit_request(job: dict[str, object], *, key: str) -> pb.SubmitRequest:
-    return json_format.ParseDict({"idempotency_key": key, "jobs": [job]}, pb.SubmitRequest())
+def md_job(name: str, *, steps: int, **extra: Any) -> dict[str, object]:
+    fields = {"report_interval_steps": 250, "checkpoint_interval_steps": 500, **extra}
+    return water_job(name, steps=steps, box_nm=1.5, task="TASK_MD", temperature_k=300, **fields)
 
 
 def kinds_per_attempt(events: list[pb.Event]) -> Counter[tuple[str, int]]:

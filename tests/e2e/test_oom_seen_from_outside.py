@@ -17,9 +17,9 @@ from mdq.stack import Stack
 from mdq.stack.files import LOCAL_AGENT
 from mdq.testing.agent_log import read_pod_ends
 from mdq.testing.processes import runner_pid
-from mdq.testing.submitting import submit_when_ready
+from mdq.testing.submitting import submit_request, submit_when_ready
 from tests.e2e.stacks import wait_for_state
-from tests.e2e.test_stack import md_job, request
+from tests.e2e.test_stack import md_job
 from tests.helpers import wait_for
 
 MEMORY_MB = 64
@@ -35,7 +35,7 @@ async def test_an_oom_kill_is_the_agents_sigkill_of_the_runner_seen_running(
     async with await MdqClient.connect(
         stack.info.nats_url, stack.namespace, creds=stack.info.nats_creds
     ) as client:
-        [job_id] = await submit_when_ready(client, request(job, key="e2e-oom"))
+        [job_id] = await submit_when_ready(client, submit_request(job, key="e2e-oom"))
         seen: set[int] = set()
 
         async def sample_until_done() -> None:

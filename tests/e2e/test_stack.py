@@ -8,40 +8,25 @@ import asyncio
 import json
 import os
 import signal
+from typing import Any
 
 import asyncpg
 import pytest
 
-from mdq.contracts import pb
 from mdq.sdk.client import MdqClient
 from mdq.stack import Stack
 from mdq.testing.processes import runner_pid
-from mdq.testing.submitting import submit_when_ready
+from mdq.testing.submitting import submit_request, submit_when_ready, water_job
 from tests.helpers import read_all, wait_for
 
 pytestmark = pytest.mark.e2e
 
 
 def md_job(
-    name: str, *, temperature: float = 300.0, steps: int = 1500, **extra: object
+    name: str, *, temperature: float = 300.0, steps: int = 1500, **extra: Any
 ) -> dict[str, object]:
-    return {
-        "name": name,
-        "task": "TASK_MD",
-        "system": {"water_box": {"box_nm": 1.6}},
-        "temperature_k": temperature,
-        "steps": steps,
-        "report_interval_steps": 250,
-        "checkpoint_interval_steps": 500,
-        "resources": {"cpu": 1, "memory_mb": 1024},
-        **extra,
-    }
-
-
-def request(*jobs: dict[str, object], key: str) -> pb.SubmitRequest:
-    from google.protobuf import json_format
-
-    return json_format.ParseDict({"idempotency_key": key, "jobs": list(jobs)}, pb.SubmitRequest())
+    fields = {"report_interval_steps": 250, "checkpoint_interval_steps": 500, **extra}
+    return water_job(name, steps=steps, task="TASK_MD", temperature_k=temperature, **fields)
 
 
 async def test_campaign_with_chain_runs_to_the_history(stack: Stack, database_url: str) -> None:
@@ -49,7 +34,7 @@ async def test_campaign_with_chain_runs_to_the_history(stack: Stack, database_ur
     # mean temperature of a small box over its last 1.5 ps is then a steady figure, not one
     # sample's chance, and the order of the boxes' means below holds run after run.
     temperature = {"report_interval_steps": 50}
-    campaign = request(
+    campaign = submit_request(
         md_job("water-280k", temperature=280, seed=280, **temperature),
         md_job("water-300k", temperature=300, seed=300, **temperature),
         md_job("water-320k", temperature=320, seed=320, **temperature),
@@ -135,7 +120,7 @@ async def test_runner_killed_mid_job_resumes_from_its_checkpoint(
     async with await MdqClient.connect(
         stack.info.nats_url, stack.namespace, creds=stack.info.nats_creds
     ) as client:
-        [job_id] = await submit_when_ready(client, request(job, key="e2e-kill"))
+        [job_id] = await submit_when_ready(client, submit_request(job, key="e2e-kill"))
         js = client.nc.jetstream()
 
         async def checkpointed() -> bool:

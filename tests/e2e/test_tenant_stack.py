@@ -19,9 +19,9 @@ from mdq.contracts import pb
 from mdq.sdk.client import MdqClient, WaitTimeout
 from mdq.stack import Stack, StackInfo
 from mdq.tenancy import AddedTenant, add_tenant
-from mdq.testing.submitting import submit_when_ready
+from mdq.testing.submitting import submit_request, submit_when_ready
 from tests.e2e.stacks import own_stack
-from tests.e2e.test_stack import md_job, request
+from tests.e2e.test_stack import md_job
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -60,7 +60,7 @@ async def test_a_tenant_runs_a_job_and_another_cannot_follow_it(
         info,
         added,
     ):
-        job = request(md_job("water", steps=500), key="alice-1")
+        job = submit_request(md_job("water", steps=500), key="alice-1")
         job.submitted_by = "mallory"  # ignored: the tenant is whoever the server let submit
         async with await MdqClient.connect(
             info.nats_url, stack.namespace, creds=added["alice"].creds
@@ -135,7 +135,7 @@ async def test_a_runner_outlives_its_first_credentials(
             long_job = md_job("outlives", steps=12_000)
             long_job["report_interval_steps"] = 500
             long_job["checkpoint_interval_steps"] = 4000
-            [job_id] = await submit_when_ready(client, request(long_job, key="renew-1"))
+            [job_id] = await submit_when_ready(client, submit_request(long_job, key="renew-1"))
             states = await client.wait([job_id], timeout=300)
         assert {str(state) for state in states.values()} == {"SUCCEEDED"}, states
         [log] = (stack.data_dir / "pods").glob(f"*{job_id}*.log")

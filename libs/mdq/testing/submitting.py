@@ -1,12 +1,44 @@
-"""Submitting to a stack that is still starting (end-to-end tests and benchmarks): its services
-come up in the background, and intake answers only once it is up."""
+"""Submitting to a stack that is still starting (end-to-end tests and benchmarks): the request of
+a campaign written as its file would be, and its submit once intake answers (a stack's services
+come up in the background)."""
 
 from __future__ import annotations
 
 import asyncio
 
+from google.protobuf import json_format
+
 from mdq.contracts import pb
 from mdq.sdk.client import IntakeUnavailable, MdqClient
+
+
+def water_job(
+    name: str,
+    *,
+    steps: int,
+    report_interval_steps: int,
+    checkpoint_interval_steps: int,
+    memory_mb: int = 1024,
+    box_nm: float = 1.6,
+    **fields: object,
+) -> dict[str, object]:
+    """A one-core OpenMM job on a box of water, as a campaign file writes it (``fields``: any
+    more of its fields)."""
+    return {
+        "name": name,
+        "system": {"water_box": {"box_nm": box_nm}},
+        "steps": steps,
+        "report_interval_steps": report_interval_steps,
+        "checkpoint_interval_steps": checkpoint_interval_steps,
+        "resources": {"cpu": 1, "memory_mb": memory_mb},
+        **fields,
+    }
+
+
+def submit_request(*jobs: dict[str, object], key: str) -> pb.SubmitRequest:
+    """The submit request of ``jobs`` (as a campaign file writes them) under the idempotency
+    key ``key``."""
+    return json_format.ParseDict({"idempotency_key": key, "jobs": list(jobs)}, pb.SubmitRequest())
 
 
 class IntakeSilent(RuntimeError):
