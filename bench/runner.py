@@ -38,6 +38,7 @@ from mdq.contracts import pb
 from mdq.core.runner_task import RunnerTask, job_dir
 from mdq.core.spec import normalize_job
 from mdq.embedded import SHARED_FILE_STORE, start_nats
+from mdq.testing.processes import spawn_runner
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 REPORT_EVERY = 1_000
@@ -387,25 +388,17 @@ async def mdq_run(
         job_dir=job_dir(data_dir, job_id),
         threads=threads,
     )
-    env = {
-        **os.environ,
-        **task.to_env(),
-        "NATS_URL": nats_url,
-        "MDQ_NAMESPACE": subjects.namespace,
-        "MDQ_DATA_DIR": str(data_dir),
-        "MDQ_RUNNER_WARMUP_MINIMIZE_ITERATIONS": str(WARMUP_MINIMIZE_ITERATIONS),
-        "MDQ_RUNNER_COPY_TO_SHARED_STORE": str(copies).lower(),
-    }
     started = time.monotonic()
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "services.runner",
-        env=env,
+    process = await spawn_runner(
+        task,
+        nats_url,
+        subjects.namespace,
         cwd=REPO_ROOT,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
+        extra_env={
+            "MDQ_RUNNER_WARMUP_MINIMIZE_ITERATIONS": str(WARMUP_MINIMIZE_ITERATIONS),
+            "MDQ_RUNNER_COPY_TO_SHARED_STORE": str(copies).lower(),
+        },
     )
     _, stderr = await process.communicate()
     wall = time.monotonic() - started

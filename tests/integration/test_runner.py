@@ -12,9 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
 import signal
-import sys
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -32,6 +30,7 @@ from mdq.core.exit_codes import RunnerExit
 from mdq.core.runner_task import RunnerTask, job_dir
 from mdq.core.spec import normalize_job
 from mdq.embedded import free_port
+from mdq.testing.processes import spawn_runner
 from mdq.testing.runner_files import last_energy_step
 from tests.helpers import with_fields
 
@@ -121,25 +120,9 @@ async def runner_process(
     """A runner process (``python -m services.runner``) of ``task`` on the bus at
     ``nats_url``, ``extra_env`` added to its environment, its stderr written to
     ``stderr_path``."""
-    env = {
-        **os.environ,
-        **task.to_env(),
-        "NATS_URL": nats_url,
-        "MDQ_NAMESPACE": subjects.namespace,
-        # the runner checks that its folders are the data folder's jobs/<id>
-        "MDQ_DATA_DIR": str(task.job_dir.parent.parent),
-        **extra_env,
-    }
     with stderr_path.open("wb") as stderr:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "services.runner",
-            env=env,
-            cwd=REPO_ROOT,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=stderr,
+        process = await spawn_runner(
+            task, nats_url, subjects.namespace, cwd=REPO_ROOT, stderr=stderr, extra_env=extra_env
         )
     return Runner(process=process, stderr_path=stderr_path)
 
