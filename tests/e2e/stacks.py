@@ -1,5 +1,6 @@
 """What the end-to-end tests share: a stack on the session's servers or with a NATS of its own,
-waiting for a job's state to reach PostgreSQL, and reading its attempts' rows there."""
+the operator's SDK client of a stack, waiting for a job's state to reach PostgreSQL, and
+reading its attempts' rows there."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 import asyncpg
 import pytest
 
+from mdq.sdk.client import MdqClient
 from mdq.stack import Stack
 from tests.helpers import wait_for
 
@@ -52,6 +54,14 @@ def own_stack(
     options.setdefault("local_nodes", 1)
     options.setdefault("grace_s", 15.0)
     return Stack(state_dir=tmp_path / "state", database_url=database_url, metrics_port=0, **options)
+
+
+async def operator_client(stack: Stack) -> MdqClient:
+    """The SDK on a started ``stack``'s NATS, with the stack's own (the operator's)
+    credentials."""
+    return await MdqClient.connect(
+        stack.info.nats_url, stack.namespace, creds=stack.info.nats_creds
+    )
 
 
 async def attempt_rows(

@@ -18,11 +18,10 @@ import pytest
 from mdq.backends.clusters import ClusterEntry
 from mdq.core import ids
 from mdq.core.runner_task import ENV_ATTEMPT, ENV_JOB_ID, job_dir
-from mdq.sdk.client import MdqClient
 from mdq.testing.cluster import SimulatedCluster
 from mdq.testing.runner_files import last_energy_step, logged_resume
 from mdq.testing.submitting import submit_request, submit_when_ready
-from tests.e2e.stacks import attempt_rows, own_stack
+from tests.e2e.stacks import attempt_rows, operator_client, own_stack
 from tests.e2e.test_stack import md_job
 from tests.helpers import events_of, read_all, wait_for
 
@@ -33,7 +32,7 @@ async def test_jobs_run_on_the_clusters_they_ask_for(
     tmp_path: Path, database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     stack = own_stack(tmp_path, database_url, monkeypatch, clusters=2)
-    info = await stack.start()
+    await stack.start()
     try:
         campaign = submit_request(
             md_job("on-lab2", steps=500, clusters={"require": {"site": "lab2"}}),
@@ -46,9 +45,7 @@ async def test_jobs_run_on_the_clusters_they_ask_for(
             },
             key="clusters-1",
         )
-        async with await MdqClient.connect(
-            info.nats_url, stack.namespace, creds=info.nats_creds
-        ) as client:
+        async with await operator_client(stack) as client:
             job_ids = await submit_when_ready(client, campaign)
             states = await client.wait(job_ids, timeout=300)
             assert {str(state) for state in states.values()} == {"SUCCEEDED"}, states
@@ -87,7 +84,7 @@ async def test_a_whole_cluster_lost_mid_campaign_its_jobs_finish_on_the_other(
         clusters=2,
         extra_env={"MDQ_LOCAL_CPU_PER_NODE": "4", "MDQ_RECOVERY_BACKOFF_BASE_S": "0.5"},
     )
-    info = await stack.start()
+    await stack.start()
     frozen: list[psutil.Process] = []
     interval = 500
     report_interval = 100
@@ -107,9 +104,7 @@ async def test_a_whole_cluster_lost_mid_campaign_its_jobs_finish_on_the_other(
             ),
             key="clusters-lost",
         )
-        async with await MdqClient.connect(
-            info.nats_url, stack.namespace, creds=info.nats_creds
-        ) as client:
+        async with await operator_client(stack) as client:
 
             async def both_clusters_ready() -> bool:
                 loads = await client.node_loads()
@@ -263,7 +258,7 @@ async def test_a_kubernetes_cluster_lost_mid_campaign_its_jobs_resume_from_copie
         },
     )
     interval = 500
-    info = await stack.start()
+    await stack.start()
     try:
         campaign = submit_request(
             *(
@@ -279,9 +274,7 @@ async def test_a_kubernetes_cluster_lost_mid_campaign_its_jobs_resume_from_copie
             ),
             key="kubernetes-cluster-lost",
         )
-        async with await MdqClient.connect(
-            info.nats_url, stack.namespace, creds=info.nats_creds
-        ) as client:
+        async with await operator_client(stack) as client:
             job_ids = await submit_when_ready(client, campaign)
             js = client.nc.jetstream()
 

@@ -24,11 +24,12 @@ from typing import Any, TypeVar
 import pytest
 
 from mdq.contracts import pb
-from mdq.sdk.client import IntakeUnavailable, MdqClient, SubmitRefused
+from mdq.sdk.client import IntakeUnavailable, SubmitRefused
 from mdq.stack import Stack
 from mdq.testing.browser import MISSING, chromium_paths, headless_chromium
 from mdq.testing.processes import runner_pid
 from services.console.simulate import CHART_HEIGHT
+from tests.e2e.stacks import operator_client
 
 pytestmark = pytest.mark.e2e
 
@@ -369,9 +370,7 @@ def node_charts(
 async def intake_answers(stack: Stack) -> None:
     """Until intake answers a submit (here a refused one): the stack starts it in the
     background, and until then the page can only say that intake is unavailable."""
-    async with await MdqClient.connect(
-        stack.info.nats_url, stack.namespace, creds=stack.info.nats_creds
-    ) as client:
+    async with await operator_client(stack) as client:
         empty = pb.SubmitRequest(idempotency_key="intake-ready")
         for _ in range(120):
             try:

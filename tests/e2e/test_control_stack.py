@@ -17,7 +17,7 @@ from mdq.sdk.client import MdqClient
 from mdq.stack import Stack
 from mdq.testing.processes import runner_pid
 from mdq.testing.submitting import submit_request, submit_when_ready
-from tests.e2e.stacks import wait_for_state
+from tests.e2e.stacks import operator_client, wait_for_state
 from tests.e2e.test_stack import md_job
 from tests.helpers import read_all, wait_for
 
@@ -61,9 +61,7 @@ async def gone(pid: int) -> None:
 async def test_a_running_job_cancelled_checkpoints_and_leaves_no_runner(
     stack: Stack, database_url: str
 ) -> None:
-    async with await MdqClient.connect(
-        stack.info.nats_url, stack.namespace, creds=stack.info.nats_creds
-    ) as client:
+    async with await operator_client(stack) as client:
         [job_id] = await submit_when_ready(
             client, submit_request(long_job("endless", steps=10_000_000), key="ctl-cancel")
         )
@@ -117,9 +115,7 @@ async def test_a_running_job_cancelled_checkpoints_and_leaves_no_runner(
 async def test_a_held_running_job_resumes_from_its_checkpoint_once_released(
     stack: Stack,
 ) -> None:
-    async with await MdqClient.connect(
-        stack.info.nats_url, stack.namespace, creds=stack.info.nats_creds
-    ) as client:
+    async with await operator_client(stack) as client:
         [job_id] = await submit_when_ready(
             client, submit_request(long_job("paused", steps=400_000), key="ctl-hold")
         )
@@ -160,9 +156,7 @@ async def running_pid_of_attempt(client: MdqClient, stack: Stack, job_id: str, a
 async def test_a_succeeded_job_extended_runs_on_from_its_final_checkpoint(
     stack: Stack, database_url: str
 ) -> None:
-    async with await MdqClient.connect(
-        stack.info.nats_url, stack.namespace, creds=stack.info.nats_creds
-    ) as client:
+    async with await operator_client(stack) as client:
         job = md_job("short", steps=600)
         job["checkpoint_interval_steps"] = 250  # the last before the end: step 500
         [job_id] = await submit_when_ready(client, submit_request(job, key="ctl-extend"))

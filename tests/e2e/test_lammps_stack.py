@@ -17,12 +17,11 @@ import asyncpg
 import pytest
 
 from mdq.sdk import load_job_file
-from mdq.sdk.client import MdqClient
 from mdq.sdk.inputs import resolve_inputs
 from mdq.stack import Stack
 from mdq.testing.processes import runner_pid
 from mdq.testing.submitting import submit_when_ready
-from tests.e2e.stacks import wait_for_state
+from tests.e2e.stacks import operator_client, wait_for_state
 from tests.helpers import read_all, wait_for
 from tests.integration.test_runner_lammps import attempts_in_log
 
@@ -51,9 +50,7 @@ async def test_a_killed_lammps_job_resumes_from_its_restart_file(
     shutil.copy(EXAMPLES / "in.lj-melt", folder / "in.lj-melt")
     (folder / "job.yaml").write_text(JOB_FILE)
     request = load_job_file(folder / "job.yaml")
-    async with await MdqClient.connect(
-        stack.info.nats_url, stack.namespace, creds=stack.info.nats_creds
-    ) as client:
+    async with await operator_client(stack) as client:
         await client.upload_inputs(resolve_inputs(request, folder))
         [job_id] = await submit_when_ready(client, request)
         js = client.nc.jetstream()

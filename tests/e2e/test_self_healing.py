@@ -29,6 +29,7 @@ from mdq.cli.status import probe_nats, probe_postgres
 from mdq.sdk.client import MdqClient
 from mdq.stack import NATS_SERVER, POSTGRES, Stack
 from mdq.testing.submitting import submit_request, submit_when_ready
+from tests.e2e.stacks import operator_client
 from tests.e2e.test_stack import md_job
 from tests.helpers import read_all, wait_for
 from tests.stack_health import fail_unless_healthy
@@ -126,9 +127,7 @@ async def test_killed_servers_are_restarted_in_place_and_campaigns_finish(
     stack: Stack, state_dir: Path, record_property: Callable[[str, object], None]
 ) -> None:
     info = stack.info
-    async with await MdqClient.connect(
-        info.nats_url, stack.namespace, creds=info.nats_creds
-    ) as client:
+    async with await operator_client(stack) as client:
         first, nats_back_s = await _campaign_through_a_kill(
             stack, client, key="heal-nats", victim=NATS_SERVER
         )

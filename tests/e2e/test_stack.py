@@ -13,10 +13,10 @@ from typing import Any
 import asyncpg
 import pytest
 
-from mdq.sdk.client import MdqClient
 from mdq.stack import Stack
 from mdq.testing.processes import runner_pid
 from mdq.testing.submitting import submit_request, submit_when_ready, water_job
+from tests.e2e.stacks import operator_client
 from tests.helpers import read_all, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -53,9 +53,7 @@ async def test_campaign_with_chain_runs_to_the_history(stack: Stack, database_ur
         },
         key="e2e-campaign",
     )
-    async with await MdqClient.connect(
-        stack.info.nats_url, stack.namespace, creds=stack.info.nats_creds
-    ) as client:
+    async with await operator_client(stack) as client:
         job_ids = await submit_when_ready(client, campaign)
         assert await client.submit(campaign) == job_ids  # same key, same jobs
         states = await client.wait(job_ids, timeout=400)
@@ -117,9 +115,7 @@ async def test_runner_killed_mid_job_resumes_from_its_checkpoint(
     job = md_job("long", steps=8000)
     job["checkpoint_interval_steps"] = 1000
     job["report_interval_steps"] = 200
-    async with await MdqClient.connect(
-        stack.info.nats_url, stack.namespace, creds=stack.info.nats_creds
-    ) as client:
+    async with await operator_client(stack) as client:
         [job_id] = await submit_when_ready(client, submit_request(job, key="e2e-kill"))
         js = client.nc.jetstream()
 

@@ -20,7 +20,7 @@ from mdq.sdk.client import MdqClient, WaitTimeout
 from mdq.stack import Stack, StackInfo
 from mdq.tenancy import AddedTenant, add_tenant
 from mdq.testing.submitting import submit_request, submit_when_ready
-from tests.e2e.stacks import own_stack
+from tests.e2e.stacks import operator_client, own_stack
 from tests.e2e.test_stack import md_job
 from tests.helpers import wait_for
 
@@ -127,11 +127,9 @@ async def test_a_runner_outlives_its_first_credentials(
         monkeypatch,
         extra_env={"MDQ_NATS_RUNNER_CREDS_TTL_S": str(RENEWAL_TTL_S)},
     )
-    info = await stack.start()
+    await stack.start()
     try:
-        async with await MdqClient.connect(
-            info.nats_url, stack.namespace, creds=info.nats_creds
-        ) as client:
+        async with await operator_client(stack) as client:
             long_job = md_job("outlives", steps=12_000)
             long_job["report_interval_steps"] = 500
             long_job["checkpoint_interval_steps"] = 4000
