@@ -397,7 +397,7 @@ class Intake:
             await self.handler.refuse_unhandled(sequence=sequence, error=error, tenant=tenant)
 
     async def prepare(self) -> None:
-        """Connect, make sure the streams and the registry bucket exist, build the handler.
+        """Connect (the namespace's streams made if missing), open the registry, build the handler.
 
         While no NATS server answers, or JetStream is still starting, wait (with backoff and
         one log line per try, ``mdq.bus.connect``) rather than exit."""
