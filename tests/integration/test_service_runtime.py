@@ -127,7 +127,7 @@ def test_a_stuck_loop_lets_its_liveness_file_go_stale(
         assert "last renewed" in probe.stderr
 
 
-def test_waiting_for_a_server_is_no_fault(tmp_path: Path, namespace: str) -> None:
+def test_waiting_for_a_server_is_no_fault_and_stops_cleanly(tmp_path: Path, namespace: str) -> None:
     with socket.socket() as unused:
         unused.bind(("127.0.0.1", 0))
         nowhere = f"nats://127.0.0.1:{unused.getsockname()[1]}"
@@ -138,3 +138,6 @@ def test_waiting_for_a_server_is_no_fault(tmp_path: Path, namespace: str) -> Non
         wait_until(lambda: alive.stat().st_mtime > first, "the file to be renewed", timeout=20)
         assert says(marker, "composing"), "no server, yet it composed"
         assert process.poll() is None
+        process.send_signal(signal.SIGTERM)  # a stop while it waits is a clean stop
+        output, _ = process.communicate(timeout=20)
+        assert process.returncode == 0, output
