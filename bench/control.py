@@ -23,12 +23,14 @@ from bench_stack import servers, stack_on
 from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy, StreamConfig
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's tools/
+
 from mdq.bus.codec import decode_event, encode
 from mdq.bus.requests import Requests
 from mdq.contracts import pb
 from mdq.core.runner_task import ENV_JOB_ID, job_dir
-from mdq.sdk.client import ControlUnavailable, MdqClient
-from mdq.testing.submitting import IntakeSilent, submit_request, submit_when_ready, water_job
+from mdq.sdk.client import ControlUnavailable, IntakeUnavailable, MdqClient
+from tools.submitting import submit_request, water_job
 
 NAMESPACE = "benchctl"
 NODES = 4
@@ -90,7 +92,7 @@ def running_job(name: str) -> dict[str, object]:
 
 async def submit(client: MdqClient, key: str, jobs: list[dict[str, object]]) -> list[str]:
     request = submit_request(*jobs, key=key)
-    return await submit_when_ready(client, request, tries=240, answer_within_s=30)
+    return await client.submit_when_ready(request, within_s=600, answer_within_s=30)
 
 
 async def wave_running(job_ids: list[str], timeout: float = 300.0) -> dict[str, psutil.Process]:
@@ -333,7 +335,7 @@ if __name__ == "__main__":
         parser.error("--waves and --bulk must be at least 1")
     try:
         result = asyncio.run(main(args.waves, args.bulk))
-    except (BenchFailed, ControlUnavailable, IntakeSilent) as failure:
+    except (BenchFailed, ControlUnavailable, IntakeUnavailable) as failure:
         print(f"bench-control FAILED: {failure}", file=sys.stderr, flush=True)
         sys.exit(1)
     with contextlib.suppress(BrokenPipeError):

@@ -24,6 +24,7 @@ from typing import Any
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's tools/
 
 from bench_stack import servers, stack_on
 from recovery import BenchFailed
@@ -33,7 +34,7 @@ from mdq.bus.tenants import ensure_tenants_bucket, put_policy
 from mdq.core import ids
 from mdq.core.runner_task import ENV_ATTEMPT, ENV_JOB_ID, job_dir
 from mdq.core.tenants import TenantPolicy
-from mdq.sdk.client import MdqClient
+from mdq.sdk.client import IntakeUnavailable, MdqClient
 from mdq.testing.runner_files import (
     checkpoint_steps,
     energy_rows,
@@ -42,7 +43,7 @@ from mdq.testing.runner_files import (
     newest_checkpoint_step,
     retry_table_problem,
 )
-from mdq.testing.submitting import IntakeSilent, submit_request, submit_when_ready, water_job
+from tools.submitting import submit_request, water_job
 
 NAMESPACE = "benchfair"
 CHECKPOINT_INTERVAL = 200
@@ -69,8 +70,8 @@ async def flood(client: MdqClient, tenant: str, jobs: int, checkpoint_interval: 
         *(job(f"md{i}", checkpoint_interval) for i in range(jobs)), key=f"flood-{tenant}"
     )
     try:
-        await submit_when_ready(client, request, tries=120, answer_within_s=10)
-    except IntakeSilent as silent:
+        await client.submit_when_ready(request, within_s=600, answer_within_s=10)
+    except IntakeUnavailable as silent:
         raise BenchFailed(f"intake never answered {tenant}'s submit") from silent
 
 

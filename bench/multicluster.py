@@ -27,6 +27,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's tools/
 
 from bench_stack import servers, stack_on
 from placement import processes, submit_payload, wait_for_responder
@@ -51,7 +52,7 @@ from mdq.testing.runner_files import (
     logged_resume,
     retry_table_problem,
 )
-from mdq.testing.submitting import water_job
+from tools.submitting import water_job
 
 REPO = Path(__file__).resolve().parents[1]
 NODES = 3000

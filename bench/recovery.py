@@ -24,6 +24,8 @@ from pathlib import Path
 import psutil
 from bench_stack import servers, stack_on
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's tools/
+
 from mdq.backends.local.api import LocalBackend
 from mdq.bus.codec import decode_event
 from mdq.contracts import pb
@@ -38,7 +40,7 @@ from mdq.testing.runner_files import (
     newest_checkpoint_step,
     retry_table_problem,
 )
-from mdq.testing.submitting import submit_request, submit_when_ready, water_job
+from tools.submitting import submit_request, water_job
 
 CHECKPOINT_INTERVAL = 1000
 REPORT_INTERVAL = 10
@@ -103,7 +105,7 @@ def job(name: str, steps: int) -> dict[str, object]:
 
 
 async def submit(client: MdqClient, key: str, *jobs: dict[str, object]) -> list[str]:
-    return await submit_when_ready(client, submit_request(*jobs, key=key), tries=120)
+    return await client.submit_when_ready(submit_request(*jobs, key=key), within_s=600)
 
 
 class Tap:

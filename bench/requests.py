@@ -31,7 +31,6 @@ from mdq.core.runner_task import ENV_ATTEMPT, ENV_JOB_ID
 from mdq.sdk.client import MdqClient
 from mdq.stack import LOCAL_AGENT
 from mdq.testing.agent_log import PodEnd, read_pod_ends
-from mdq.testing.submitting import submit_when_ready
 
 SYSTEMS: list[tuple[str, dict[str, object], int]] = [
     # name, system, atoms (for the hand-set rule)
@@ -157,7 +156,7 @@ def jobs(phase: str, runs: int, steps: int, *, rule: bool = False) -> list[dict[
 
 async def submit(client: MdqClient, key: str, specs: list[dict[str, object]]) -> list[str]:
     request = json_format.ParseDict({"idempotency_key": key, "jobs": specs}, pb.SubmitRequest())
-    return await submit_when_ready(client, request, tries=120, answer_within_s=10)
+    return await client.submit_when_ready(request, within_s=600, answer_within_s=10)
 
 
 def machine_cpu_busy(before: Any, after: Any) -> float:

@@ -29,6 +29,8 @@ from google.protobuf import json_format
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's tools/
+
 from mdq.bus.codec import decode_event
 from mdq.bus.connect import connect
 from mdq.bus.inputs import InputDesk, ensure_inputs_bucket, upload
@@ -38,7 +40,7 @@ from mdq.contracts import pb
 from mdq.core.runner_task import RunnerTask, job_dir
 from mdq.core.spec import normalize_job
 from mdq.embedded import SHARED_FILE_STORE, start_nats
-from mdq.testing.processes import spawn_runner
+from tools.processes import spawn_runner
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 REPORT_EVERY = 1_000

@@ -22,7 +22,6 @@ from mdq.contracts import pb
 from mdq.core.state import event_time
 from mdq.sdk.client import MdqClient
 from mdq.stack import Stack
-from mdq.testing.submitting import submit_when_ready
 from tests.e2e.test_stack import md_job
 from tests.helpers import read_all, wait_for
 
@@ -71,8 +70,8 @@ async def test_agent_killed_under_running_jobs_cordons_no_node(
         async with await MdqClient.connect(nats_url, namespace) as client:
             running = [small_job(f"kill-agent-{i}", steps=4000) for i in range(4)]
             request = {"idempotency_key": "agent-kill", "jobs": running}
-            job_ids = await submit_when_ready(
-                client, json_format.ParseDict(request, pb.SubmitRequest())
+            job_ids = await client.submit_when_ready(
+                json_format.ParseDict(request, pb.SubmitRequest())
             )
 
             async def all_progressing() -> bool:

@@ -20,10 +20,10 @@ from mdq.core import ids
 from mdq.core.runner_task import ENV_ATTEMPT, ENV_JOB_ID, job_dir
 from mdq.testing.cluster import SimulatedCluster
 from mdq.testing.runner_files import last_energy_step, logged_resume
-from mdq.testing.submitting import submit_request, submit_when_ready
 from tests.e2e.stacks import attempt_rows, operator_client, own_stack
 from tests.e2e.test_stack import md_job
 from tests.helpers import events_of, read_all, wait_for
+from tools.submitting import submit_request
 
 pytestmark = pytest.mark.e2e
 
@@ -46,7 +46,7 @@ async def test_jobs_run_on_the_clusters_they_ask_for(
             key="clusters-1",
         )
         async with await operator_client(stack) as client:
-            job_ids = await submit_when_ready(client, campaign)
+            job_ids = await client.submit_when_ready(campaign)
             states = await client.wait(job_ids, timeout=300)
             assert {str(state) for state in states.values()} == {"SUCCEEDED"}, states
             on_lab2, on_lab1, analyze = job_ids
@@ -115,7 +115,7 @@ async def test_a_whole_cluster_lost_mid_campaign_its_jobs_finish_on_the_other(
 
             # a preference is no requirement: with only lab2 reported, lab1's jobs would go there
             await wait_for(both_clusters_ready, timeout=60, what="both clusters' nodes")
-            job_ids = await submit_when_ready(client, campaign)
+            job_ids = await client.submit_when_ready(campaign)
             agent = stack.child_pid("local-backend-lab1")
             assert agent is not None
 
@@ -275,7 +275,7 @@ async def test_a_kubernetes_cluster_lost_mid_campaign_its_jobs_resume_from_copie
             key="kubernetes-cluster-lost",
         )
         async with await operator_client(stack) as client:
-            job_ids = await submit_when_ready(client, campaign)
+            job_ids = await client.submit_when_ready(campaign)
             js = client.nc.jetstream()
 
             async def east_busy_with_a_copy() -> bool:

@@ -27,9 +27,9 @@ from mdq.contracts import pb
 from mdq.sdk.client import IntakeUnavailable, SubmitRefused
 from mdq.stack import Stack
 from mdq.testing.browser import MISSING, chromium_paths, headless_chromium
-from mdq.testing.processes import runner_pid
 from services.console.simulate import CHART_HEIGHT
 from tests.e2e.stacks import operator_client
+from tools.processes import runner_pid
 
 pytestmark = pytest.mark.e2e
 

@@ -15,11 +15,11 @@ import pytest
 from mdq.contracts import pb
 from mdq.sdk.client import MdqClient
 from mdq.stack import Stack
-from mdq.testing.processes import runner_pid
-from mdq.testing.submitting import submit_request, submit_when_ready
 from tests.e2e.stacks import operator_client, wait_for_state
 from tests.e2e.test_stack import md_job
 from tests.helpers import read_all, wait_for
+from tools.processes import runner_pid
+from tools.submitting import submit_request
 
 pytestmark = pytest.mark.e2e
 
@@ -62,8 +62,8 @@ async def test_a_running_job_cancelled_checkpoints_and_leaves_no_runner(
     stack: Stack, database_url: str
 ) -> None:
     async with await operator_client(stack) as client:
-        [job_id] = await submit_when_ready(
-            client, submit_request(long_job("endless", steps=10_000_000), key="ctl-cancel")
+        [job_id] = await client.submit_when_ready(
+            submit_request(long_job("endless", steps=10_000_000), key="ctl-cancel")
         )
         pid = await running_pid(client, stack, job_id)
         reply = await client.cancel([job_id], reason="wrong temperature", requested_by="ann")
@@ -116,8 +116,8 @@ async def test_a_held_running_job_resumes_from_its_checkpoint_once_released(
     stack: Stack,
 ) -> None:
     async with await operator_client(stack) as client:
-        [job_id] = await submit_when_ready(
-            client, submit_request(long_job("paused", steps=400_000), key="ctl-hold")
+        [job_id] = await client.submit_when_ready(
+            submit_request(long_job("paused", steps=400_000), key="ctl-hold")
         )
         pid = await running_pid(client, stack, job_id)
         held = await client.hold([job_id])
@@ -159,7 +159,7 @@ async def test_a_succeeded_job_extended_runs_on_from_its_final_checkpoint(
     async with await operator_client(stack) as client:
         job = md_job("short", steps=600)
         job["checkpoint_interval_steps"] = 250  # the last before the end: step 500
-        [job_id] = await submit_when_ready(client, submit_request(job, key="ctl-extend"))
+        [job_id] = await client.submit_when_ready(submit_request(job, key="ctl-extend"))
         first = await client.wait([job_id], timeout=300)
         assert first[job_id].value == "SUCCEEDED"
         reply = await client.extend([job_id], steps=400, reason="not equilibrated")

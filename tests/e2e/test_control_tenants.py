@@ -14,11 +14,11 @@ import pytest
 from mdq.contracts import pb
 from mdq.sdk.client import MdqClient
 from mdq.stack import Stack
-from mdq.testing.processes import runner_pid
-from mdq.testing.submitting import submit_request, submit_when_ready
 from tests.e2e.test_control_stack import gone, long_job
 from tests.e2e.test_tenant_stack import stack_with_tenants
 from tests.helpers import wait_for
+from tools.processes import runner_pid
+from tools.submitting import submit_request
 
 pytestmark = pytest.mark.e2e
 
@@ -56,7 +56,7 @@ async def test_a_tenant_cancels_its_own_job_and_no_one_elses(
     ):
         job = long_job("mine", steps=10_000_000)
         job["labels"] = {"team": "x"}
-        [job_id] = await submit_when_ready(alice, submit_request(job, key="alice-ctl"))
+        [job_id] = await alice.submit_when_ready(submit_request(job, key="alice-ctl"))
         pid = await stepping(stack, job_id)  # a tenant reads its own stream only: outside
         # bob on his own subject: placement refuses, naming why
         theirs = await bob.cancel([job_id])

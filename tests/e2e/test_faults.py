@@ -23,12 +23,12 @@ from mdq.core.runner_task import job_dir
 from mdq.embedded import start_nats
 from mdq.sdk.client import MdqClient
 from mdq.stack import Stack
-from mdq.testing.processes import runner_pid
 from mdq.testing.runner_files import last_energy_step, newest_checkpoint_step
-from mdq.testing.submitting import submit_request, submit_when_ready
 from tests.e2e.test_stack import md_job
 from tests.helpers import read_all, wait_for
 from tests.log_agreement import assert_postgres_agrees_with_log
+from tools.processes import runner_pid
+from tools.submitting import submit_request
 
 pytestmark = pytest.mark.e2e
 
@@ -128,7 +128,7 @@ async def test_dead_node_moves_its_job_elsewhere_from_the_checkpoint(
             jobs = [md_job(f"job-{i}", steps=6000) for i in range(2)]
             for job in jobs:
                 job["checkpoint_interval_steps"] = 1000
-            job_ids = await submit_when_ready(client, submit_request(*jobs, key="faults-node"))
+            job_ids = await client.submit_when_ready(submit_request(*jobs, key="faults-node"))
 
             async def both_bound() -> bool:
                 return all([await attempt_events(client, j, "bound") for j in job_ids])
@@ -185,7 +185,7 @@ async def test_runners_killed_at_random_steps_while_recovery_is_killed_too(
         spec["checkpoint_interval_steps"] = interval
         spec["report_interval_steps"] = 100
     async with await MdqClient.connect(stack.info.nats_url, stack.namespace) as client:
-        job_ids = await submit_when_ready(client, submit_request(*jobs, key="faults-random"))
+        job_ids = await client.submit_when_ready(submit_request(*jobs, key="faults-random"))
         js = client.nc.jetstream()
         kill_at = {job: rng.randrange(1200, 4500, 100) for job in job_ids}
         pending = set(job_ids)
@@ -263,7 +263,7 @@ async def test_out_of_memory_retries_with_more_memory_and_succeeds(
         job = md_job("hungry", steps=1000)
         job["resources"] = {"cpu": 1, "memory_mb": 64}
         async with await MdqClient.connect(nats_url, namespace) as client:
-            [job_id] = await submit_when_ready(client, submit_request(job, key="faults-oom"))
+            [job_id] = await client.submit_when_ready(submit_request(job, key="faults-oom"))
             states = await client.wait([job_id], timeout=240)
             failures = await attempt_events(client, job_id, "attempt_failed")
             requeues = await attempt_events(client, job_id, "requeued")
@@ -286,7 +286,7 @@ async def test_the_whole_stack_rides_out_a_nats_server_crash(
     try:
         async with await MdqClient.connect(server.url, namespace) as client:
             jobs = [md_job(f"crash-{i}", steps=4000) for i in range(2)]
-            job_ids = await submit_when_ready(client, submit_request(*jobs, key="faults-nats"))
+            job_ids = await client.submit_when_ready(submit_request(*jobs, key="faults-nats"))
 
             async def reporting() -> bool:
                 progress = [

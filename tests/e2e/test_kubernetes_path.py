@@ -22,10 +22,10 @@ from mdq.contracts import pb
 from mdq.sdk.client import MdqClient
 from mdq.stack import Stack
 from mdq.testing.cluster import SimulatedCluster
-from mdq.testing.submitting import submit_request, submit_when_ready, water_job
 from tests.e2e.stacks import session_stack, wait_for_state
 from tests.helpers import read_all, wait_for
 from tests.log_agreement import assert_postgres_agrees_with_log
+from tools.submitting import submit_request, water_job
 
 pytestmark = pytest.mark.e2e
 
@@ -84,7 +84,7 @@ async def test_a_job_runs_through_kubernetes_and_survives_a_watch_expiry(
 ) -> None:
     async with await MdqClient.connect(stack.info.nats_url, stack.namespace) as client:
         request = submit_request(md_job("water", steps=1500), key="k8s-e2e")
-        [job_id] = await submit_when_ready(client, request, tries=90)
+        [job_id] = await client.submit_when_ready(request, within_s=500)
         js = client.nc.jetstream()
 
         async def started() -> bool:
@@ -156,7 +156,7 @@ async def test_a_node_going_not_ready_moves_the_job_to_the_other_node(
     job = md_job("moved", steps=4000, max_retries=0)
     async with await MdqClient.connect(stack.info.nats_url, stack.namespace) as client:
         request = submit_request(job, key="k8s-e2e-node")
-        [job_id] = await submit_when_ready(client, request, tries=90)
+        [job_id] = await client.submit_when_ready(request, within_s=500)
         js = client.nc.jetstream()
 
         async def checkpointed() -> bool:

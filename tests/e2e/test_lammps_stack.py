@@ -19,11 +19,10 @@ import pytest
 from mdq.sdk import load_job_file
 from mdq.sdk.inputs import resolve_inputs
 from mdq.stack import Stack
-from mdq.testing.processes import runner_pid
-from mdq.testing.submitting import submit_when_ready
 from tests.e2e.stacks import operator_client, wait_for_state
 from tests.helpers import read_all, wait_for
 from tests.integration.test_runner_lammps import attempts_in_log
+from tools.processes import runner_pid
 
 pytestmark = pytest.mark.e2e
 
@@ -52,7 +51,7 @@ async def test_a_killed_lammps_job_resumes_from_its_restart_file(
     request = load_job_file(folder / "job.yaml")
     async with await operator_client(stack) as client:
         await client.upload_inputs(resolve_inputs(request, folder))
-        [job_id] = await submit_when_ready(client, request)
+        [job_id] = await client.submit_when_ready(request)
         js = client.nc.jetstream()
         log = stack.data_dir / "jobs" / job_id / "log.lammps"
 

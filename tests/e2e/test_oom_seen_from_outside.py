@@ -15,11 +15,11 @@ from mdq.core.state import JobState
 from mdq.stack import Stack
 from mdq.stack.files import LOCAL_AGENT
 from mdq.testing.agent_log import read_pod_ends
-from mdq.testing.processes import runner_pid
-from mdq.testing.submitting import submit_request, submit_when_ready
 from tests.e2e.stacks import operator_client, wait_for_state
 from tests.e2e.test_stack import md_job
 from tests.helpers import wait_for
+from tools.processes import runner_pid
+from tools.submitting import submit_request
 
 MEMORY_MB = 64
 """The least a job may ask for; a runner importing OpenMM and building a water box needs more."""
@@ -32,7 +32,7 @@ async def test_an_oom_kill_is_the_agents_sigkill_of_the_runner_seen_running(
     job["resources"] = {"cpu": 1, "memory_mb": MEMORY_MB}
     job["max_retries"] = 0  # an OOM kill is the job's own: the first ends it
     async with await operator_client(stack) as client:
-        [job_id] = await submit_when_ready(client, submit_request(job, key="e2e-oom"))
+        [job_id] = await client.submit_when_ready(submit_request(job, key="e2e-oom"))
         seen: set[int] = set()
 
         async def sample_until_done() -> None:

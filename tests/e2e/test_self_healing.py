@@ -28,11 +28,11 @@ from mdq.cli.main import app
 from mdq.cli.status import probe_nats, probe_postgres
 from mdq.sdk.client import MdqClient
 from mdq.stack import NATS_SERVER, POSTGRES, Stack
-from mdq.testing.submitting import submit_request, submit_when_ready
 from tests.e2e.stacks import operator_client
 from tests.e2e.test_stack import md_job
 from tests.helpers import read_all, wait_for
 from tests.stack_health import fail_unless_healthy
+from tools.submitting import submit_request
 
 pytestmark = pytest.mark.e2e
 
@@ -86,7 +86,7 @@ async def _campaign_through_a_kill(
         md_job(f"{key}-{name}", steps=STEPS, checkpoint_interval_steps=CHECKPOINT_INTERVAL)
         for name in ("a", "b")
     ]
-    job_ids = await submit_when_ready(client, submit_request(*jobs, key=key))
+    job_ids = await client.submit_when_ready(submit_request(*jobs, key=key))
 
     async def reporting() -> bool:
         progress = [

@@ -13,10 +13,10 @@ import pytest
 
 from mdq.embedded import EmbeddedNats, free_port, start_nats
 from mdq.sdk.client import MdqClient
-from mdq.testing.submitting import submit_request, submit_when_ready
 from tests.e2e.stacks import session_stack, wait_for_state
 from tests.e2e.test_stack import md_job
 from tests.helpers import wait_for
+from tools.submitting import submit_request
 
 pytestmark = pytest.mark.e2e
 
@@ -55,7 +55,7 @@ async def test_every_service_waits_for_nats_and_works_once_it_starts(
         server = await asyncio.to_thread(start_nats, tmp_path / "nats", port=port)
         async with await MdqClient.connect(url, namespace) as client:
             submit = submit_request(md_job("late-nats", steps=300), key="late-nats")
-            [job_id] = await submit_when_ready(client, submit)
+            [job_id] = await client.submit_when_ready(submit)
             states = await client.wait([job_id], timeout=240)
         assert str(states[job_id]) == "SUCCEEDED"
         assert [(c.name, c.restarts) for c in stack.status()] == [(c.name, 0) for c in children]

@@ -14,10 +14,10 @@ import asyncpg
 import pytest
 
 from mdq.stack import Stack
-from mdq.testing.processes import runner_pid
-from mdq.testing.submitting import submit_request, submit_when_ready, water_job
 from tests.e2e.stacks import operator_client
 from tests.helpers import read_all, wait_for
+from tools.processes import runner_pid
+from tools.submitting import submit_request, water_job
 
 pytestmark = pytest.mark.e2e
 
@@ -54,7 +54,7 @@ async def test_campaign_with_chain_runs_to_the_history(stack: Stack, database_ur
         key="e2e-campaign",
     )
     async with await operator_client(stack) as client:
-        job_ids = await submit_when_ready(client, campaign)
+        job_ids = await client.submit_when_ready(campaign)
         assert await client.submit(campaign) == job_ids  # same key, same jobs
         states = await client.wait(job_ids, timeout=400)
     assert {str(state) for state in states.values()} == {"SUCCEEDED"}, states
@@ -116,7 +116,7 @@ async def test_runner_killed_mid_job_resumes_from_its_checkpoint(
     job["checkpoint_interval_steps"] = 1000
     job["report_interval_steps"] = 200
     async with await operator_client(stack) as client:
-        [job_id] = await submit_when_ready(client, submit_request(job, key="e2e-kill"))
+        [job_id] = await client.submit_when_ready(submit_request(job, key="e2e-kill"))
         js = client.nc.jetstream()
 
         async def checkpointed() -> bool:

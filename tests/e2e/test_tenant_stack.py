@@ -19,10 +19,10 @@ from mdq.contracts import pb
 from mdq.sdk.client import MdqClient, WaitTimeout
 from mdq.stack import Stack, StackInfo
 from mdq.tenancy import AddedTenant, add_tenant
-from mdq.testing.submitting import submit_request, submit_when_ready
 from tests.e2e.stacks import operator_client, own_stack
 from tests.e2e.test_stack import md_job
 from tests.helpers import wait_for
+from tools.submitting import submit_request
 
 pytestmark = pytest.mark.e2e
 
@@ -65,7 +65,7 @@ async def test_a_tenant_runs_a_job_and_another_cannot_follow_it(
         async with await MdqClient.connect(
             info.nats_url, stack.namespace, creds=added["alice"].creds
         ) as alice:
-            [job_id] = await submit_when_ready(alice, job)
+            [job_id] = await alice.submit_when_ready(job)
             states = await alice.wait([job_id], timeout=300)
         assert job_id.startswith("alice.")
         assert {str(state) for state in states.values()} == {"SUCCEEDED"}, states
@@ -133,7 +133,7 @@ async def test_a_runner_outlives_its_first_credentials(
             long_job = md_job("outlives", steps=12_000)
             long_job["report_interval_steps"] = 500
             long_job["checkpoint_interval_steps"] = 4000
-            [job_id] = await submit_when_ready(client, submit_request(long_job, key="renew-1"))
+            [job_id] = await client.submit_when_ready(submit_request(long_job, key="renew-1"))
             states = await client.wait([job_id], timeout=300)
         assert {str(state) for state in states.values()} == {"SUCCEEDED"}, states
         [log] = (stack.data_dir / "pods").glob(f"*{job_id}*.log")

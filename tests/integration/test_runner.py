@@ -30,9 +30,9 @@ from mdq.core.exit_codes import RunnerExit
 from mdq.core.runner_task import RunnerTask, job_dir
 from mdq.core.spec import normalize_job
 from mdq.embedded import free_port
-from mdq.testing.processes import spawn_runner
 from mdq.testing.runner_files import last_energy_step
 from tests.helpers import with_fields
+from tools.processes import spawn_runner
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BOX_NM = 1.5

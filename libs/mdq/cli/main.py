@@ -58,7 +58,6 @@ from mdq.core.recommend import UsageHistory
 from mdq.core.state import JobState, JobView
 from mdq.errors import EXIT_FAILED, EXIT_OK, InvalidInput, NotFound, PermissionDenied, Unavailable
 from mdq.sdk.client import (
-    IntakeUnavailable,
     MdqClient,
     tenant_of_creds,
 )
@@ -328,20 +327,6 @@ def console_token(
     console.print(f"console token in {out}", soft_wrap=True)
 
 
-async def _submit_when_ready(
-    client: MdqClient, request: pb.SubmitRequest, *, ready_within: float
-) -> list[str]:
-    """Submit through intake, retrying while intake is still starting."""
-    deadline = time.monotonic() + ready_within
-    while True:
-        try:
-            return await client.submit(request, timeout=10.0)
-        except IntakeUnavailable:
-            if time.monotonic() >= deadline:
-                raise
-            await asyncio.sleep(0.5)
-
-
 def _demo_file(path: Path) -> Path:
     if path.exists() or path.is_absolute():
         return path
@@ -467,7 +452,7 @@ async def _demo_campaign(
     ) as client:
         if files:
             _print_uploaded(await client.upload_inputs(files))
-        job_ids = await _submit_when_ready(client, request, ready_within=60.0)
+        job_ids = await client.submit_when_ready(request, within_s=60.0)
         names = dict(zip(job_ids, (job.name for job in request.jobs), strict=True))
         console.print(f"submitted {len(job_ids)} jobs (key {request.idempotency_key})")
         remaining = max(1.0, limit_s - (time.monotonic() - started))

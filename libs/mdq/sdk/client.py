@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import os
+import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
@@ -237,6 +238,31 @@ class MdqClient:
         if reply.HasField("error") and (reply.error.field or reply.error.message):
             raise SubmitRefused(reply.error.field, reply.error.message, request_id=reply.request_id)
         return list(reply.job_ids)
+
+    async def submit_when_ready(
+        self,
+        request: SubmitInput,
+        *,
+        within_s: float = 300.0,
+        answer_within_s: float = 10.0,
+        every_s: float = 0.5,
+    ) -> list[str]:
+        """``submit``, tried again while intake does not answer (a stack that is still
+        starting), ``every_s`` apart, each try waiting ``answer_within_s`` seconds, until
+        ``within_s`` has passed: then the last ``IntakeUnavailable`` is raised. Every try
+        carries the same idempotency key, so a late answer to an earlier try is no second
+        submit."""
+        built = build_request(request)
+        if not built.idempotency_key:
+            built.idempotency_key = f"sdk-{uuid.uuid4().hex}"
+        deadline = time.monotonic() + within_s
+        while True:
+            try:
+                return await self.submit(built, timeout=answer_within_s)
+            except IntakeUnavailable:
+                if time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(every_s)
 
     async def upload_inputs(self, files: Sequence[LocalInput]) -> list[Uploaded]:
         """Put input files into this client's inputs bucket (the tenant's, or the

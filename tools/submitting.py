@@ -1,15 +1,12 @@
-"""Submitting to a stack that is still starting (end-to-end tests and benchmarks): the request of
-a campaign written as its file would be, and its submit once intake answers (a stack's services
-come up in the background)."""
+"""Campaigns as the end-to-end tests and the benchmarks write them: a job on a box of water and
+the submit request of some jobs, as a campaign file says them (``MdqClient.submit_when_ready``
+submits them to a stack that is still starting)."""
 
 from __future__ import annotations
-
-import asyncio
 
 from google.protobuf import json_format
 
 from mdq.contracts import pb
-from mdq.sdk.client import IntakeUnavailable, MdqClient
 
 
 def water_job(
@@ -39,25 +36,3 @@ def submit_request(*jobs: dict[str, object], key: str) -> pb.SubmitRequest:
     """The submit request of ``jobs`` (as a campaign file writes them) under the idempotency
     key ``key``."""
     return json_format.ParseDict({"idempotency_key": key, "jobs": list(jobs)}, pb.SubmitRequest())
-
-
-class IntakeSilent(RuntimeError):
-    """Intake answered none of the tries of a submit."""
-
-
-async def submit_when_ready(
-    client: MdqClient,
-    request: pb.SubmitRequest,
-    *,
-    tries: int = 60,
-    answer_within_s: float = 5.0,
-    every_s: float = 0.5,
-) -> list[str]:
-    """The job ids of ``request``, submitted once intake answers: up to ``tries`` times,
-    ``every_s`` apart, each waiting ``answer_within_s`` seconds for an answer."""
-    for _ in range(tries):
-        try:
-            return await client.submit(request, timeout=answer_within_s)
-        except IntakeUnavailable:
-            await asyncio.sleep(every_s)
-    raise IntakeSilent("intake never answered")
