@@ -12,7 +12,7 @@ This module imports nothing beyond the standard library, so the probe starts fas
 from __future__ import annotations
 
 import asyncio
-import os
+import logging
 import sys
 import time
 from collections.abc import Sequence
@@ -23,17 +23,23 @@ RENEW_EVERY_S = 5.0
 DEFAULT_MAX_AGE_S = 30.0
 """The probe's default: a file older than this says the service's loop is stuck."""
 
+log = logging.getLogger("mdq.health")
+
 
 def renew(path: Path) -> None:
     """Create the file, or set its modification time to now."""
     path.touch(mode=0o640, exist_ok=True)
-    os.utime(path)
 
 
 async def keep_renewing(path: Path, *, every_s: float = RENEW_EVERY_S) -> None:
-    """Renew the file now and every ``every_s`` seconds, forever (as a task)."""
+    """Renew the file now and every ``every_s`` seconds, forever (as a task). A file that
+    cannot be written (a folder that is missing or read-only) is logged at each try, and the
+    probe then says the service is not alive: the log says why."""
     while True:
-        renew(path)
+        try:
+            renew(path)
+        except OSError as error:
+            log.error("cannot renew the liveness file %s: %s", path, error)
         await asyncio.sleep(every_s)
 
 

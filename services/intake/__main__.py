@@ -7,15 +7,16 @@ from mdq.bus.runtime import LEVEL_FORMAT, Service, serve
 from services.intake.app import IntakeSettings, build_intake
 
 
-async def compose(service: Service) -> None:
-    # intake opens its two connections itself (the entrances' and the writes'), with the same
-    # identity and waiting as ``Service.connect``: a flood queues in the first only
-    intake = build_intake(common=service.common)
-    service.part("intake", intake.run)
-
-
 def main() -> None:
-    serve("intake", compose, level=IntakeSettings().log_level, fmt=LEVEL_FORMAT)
+    settings = IntakeSettings()
+
+    async def compose(service: Service) -> None:
+        # intake opens its two connections itself (the entrances' and the writes'), with the
+        # same identity and waiting as ``Service.connect``: a flood queues in the first only
+        intake = build_intake(common=service.common, settings=settings)
+        service.part("intake", intake.run)
+
+    serve("intake", compose, level=settings.log_level, fmt=LEVEL_FORMAT)
 
 
 if __name__ == "__main__":

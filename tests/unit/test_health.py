@@ -78,3 +78,20 @@ def test_the_probe(tmp_path: Path, state: str, extra: list[str], code: int, says
     )
     assert done.returncode == code
     assert says in done.stderr
+
+
+async def test_a_file_that_cannot_be_written_is_logged_and_tried_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    alive = tmp_path / "missing" / "alive"
+    renewing = asyncio.create_task(keep_renewing(alive, every_s=0.01))
+    try:
+        while caplog.text.count("cannot renew the liveness file") < 2:
+            assert not renewing.done(), "a failed renewal ended the task"
+            await asyncio.sleep(0.01)
+        (tmp_path / "missing").mkdir()
+        while not alive.exists():  # noqa: ASYNC110 - a file, no event to wait on
+            await asyncio.sleep(0.01)
+    finally:
+        renewing.cancel()
+    assert age_problem(alive, 1.0) == ""
