@@ -15,6 +15,7 @@ from nats.js.api import PubAck
 
 from mdq.backends.port import ClusterBackend
 from mdq.bus.log import read_history
+from mdq.bus.outage import warn_try_failed
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.subjects import Subjects
 from mdq.bus.tenants import TenantDirectory
@@ -119,8 +120,8 @@ class JobControl:
         if self._desk is not None:
             try:
                 await self._desk.open_if(leader)
-            except Exception:
-                log.exception("could not open the job-control entrance; retrying")
+            except Exception as error:
+                warn_try_failed(log, "could not open the job-control entrance; retrying", error)
         if not leader:
             self.refuse()
             return

@@ -15,6 +15,7 @@ from nats.js.api import DeliverPolicy
 
 from mdq.bus.lease import LeaderLease
 from mdq.bus.log import follow_log, raise_if_cancelling
+from mdq.bus.outage import warn_try_failed
 from mdq.bus.runtime import every, run_parts
 from mdq.bus.subjects import Subjects
 from services.placement.settings import PlacementSettings
@@ -63,8 +64,8 @@ class ServiceLoop:
         async def check() -> None:
             try:
                 held = await lease.try_acquire()
-            except Exception:
-                log.exception("lease check failed")
+            except Exception as error:
+                warn_try_failed(log, "lease check failed; not leading until one succeeds", error)
                 held = False
             raise_if_cancelling()  # else a stopped replica would go on renewing its lease
             if held and not self.leader:
@@ -144,8 +145,8 @@ class ServiceLoop:
                             bound,
                             1000 * (time.perf_counter() - started),
                         )
-                except Exception:
-                    log.exception("reconcile failed; retrying")
+                except Exception as error:
+                    warn_try_failed(log, "reconcile failed; retrying", error)
                     await asyncio.sleep(0.5)
                 await service.snapshots.write(service.state)
             else:

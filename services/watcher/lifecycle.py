@@ -21,6 +21,7 @@ from nats.js.errors import NotFoundError
 from mdq.backends.port import ClusterBackend, PodUpdate
 from mdq.bus.codec import decode_event
 from mdq.bus.log import follow_log, raise_if_cancelling
+from mdq.bus.outage import warn_try_failed
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
@@ -221,8 +222,8 @@ class Lifecycle:
         async for update in self._backend.watch_pods():
             try:
                 await self.on_pod(update)
-            except Exception:
-                log.exception("pod update %s failed; it will be seen again", update.pod_name)
+            except Exception as error:
+                warn_try_failed(log, f"pod update {update.pod_name} failed; seen again", error)
 
     # -- silence ---------------------------------------------------------------------------
     def silence_limit(self, view: JobView) -> float:
@@ -317,8 +318,8 @@ class Lifecycle:
                 await self.check_lost()
                 await self.check_limits()
                 await self.check_expired()
-            except Exception:
-                log.exception("lost-run check failed")
+            except Exception as error:
+                warn_try_failed(log, "lost-run check failed", error)
             raise_if_cancelling()  # a stop its NATS requests dropped (mdq.bus.log)
 
     # -- running ---------------------------------------------------------------------------

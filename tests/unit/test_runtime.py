@@ -13,6 +13,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+import nats.errors
 import pytest
 
 from mdq.bus.runtime import PartEnded, Service, every, run_parts
@@ -129,13 +130,23 @@ async def test_a_cancel_stops_every_part() -> None:
     assert all(part.cancelled for part in parts)
 
 
-async def test_a_periodic_loop_goes_on_after_a_failed_run(caplog: pytest.LogCaptureFixture) -> None:
+FAILED_RUNS = {
+    "a bug: its traceback is logged": (RuntimeError("the second run failed"), True),
+    "NATS away: one line, no traceback": (nats.errors.TimeoutError(), False),
+    "a lost connection: one line, no traceback": (ConnectionResetError("reset by peer"), False),
+}
+
+
+@pytest.mark.parametrize(("error", "traceback"), FAILED_RUNS.values(), ids=FAILED_RUNS)
+async def test_a_periodic_loop_goes_on_after_a_failed_run(
+    caplog: pytest.LogCaptureFixture, error: Exception, traceback: bool
+) -> None:
     runs: list[int] = []
 
     async def tick() -> None:
         runs.append(len(runs))
         if len(runs) == 2:
-            raise RuntimeError("the second run failed")
+            raise error
 
     looping = asyncio.create_task(every(0.01, tick, what="the test's loop"))
     while len(runs) < 4:  # noqa: ASYNC110 - a loop of the test's own, no event to wait on
@@ -143,8 +154,9 @@ async def test_a_periodic_loop_goes_on_after_a_failed_run(caplog: pytest.LogCapt
     looping.cancel()
     with pytest.raises(asyncio.CancelledError):
         await looping
-    assert "the test's loop failed" in caplog.text
-    assert "the second run failed" in caplog.text
+    [failure] = [record for record in caplog.records if "the test's loop failed" in record.message]
+    assert type(error).__name__ in failure.getMessage() + (failure.exc_text or "")
+    assert (failure.exc_info is not None) is traceback
 
 
 async def test_a_service_stops_its_parts_then_the_last_registered_first() -> None:

@@ -19,6 +19,7 @@ from nats.aio.client import Client
 
 from mdq.bus.connect import connect
 from mdq.bus.log import raise_if_cancelling
+from mdq.bus.outage import warn_try_failed
 from mdq.bus.subjects import Subjects
 from mdq.core.line_budget import LineBudget
 from mdq.health import keep_renewing
@@ -163,13 +164,14 @@ async def run_parts(parts: Mapping[str, Coroutine[Any, Any, object]]) -> None:
 
 async def every(interval_s: float, tick: Part, *, what: str) -> None:
     """Run ``tick()`` now and then ``interval_s`` seconds after each run ended, forever; a run
-    that fails is logged (``what`` names it) and the next one runs as planned."""
+    that fails is logged (``what`` names it: one line when NATS is away, the traceback for
+    anything else, ``warn_try_failed``) and the next one runs as planned."""
     while True:
         try:
             await tick()
-        except Exception:
+        except Exception as error:
             raise_if_cancelling()
-            log.exception("%s failed; again in %g s", what, interval_s)
+            warn_try_failed(log, f"{what} failed; again in {interval_s:g} s", error)
         raise_if_cancelling()  # a cancel that the tick's NATS requests dropped
         await asyncio.sleep(interval_s)
 

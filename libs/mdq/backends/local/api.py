@@ -32,6 +32,7 @@ from mdq.backends.local.records import (
 )
 from mdq.backends.port import PodExists, PodSpec, PodUpdate
 from mdq.bus.kv import watch_through
+from mdq.bus.outage import warn_try_failed
 from mdq.bus.requests import is_wrong_last_sequence
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
@@ -252,8 +253,8 @@ class LocalBackend:
                         pb.POD_RUNNING,
                     ):
                         await self.mark_node_lost(name, update.node, cluster_lost=whole)
-            except Exception:  # retried on the next round
-                log.exception("marking pods of lost nodes failed")
+            except Exception as error:  # retried on the next round
+                warn_try_failed(log, "marking pods of lost nodes failed", error)
 
     async def mark_node_lost(self, name: str, node: str, *, cluster_lost: bool = False) -> None:
         """Mark one live pod FAILED "NodeLost" (compare-and-set; a no-op if it ended), or
