@@ -60,6 +60,21 @@ def with_fields(spec: pb.JobSpec, fields: Mapping[str, object]) -> pb.JobSpec:
     return spec
 
 
+def attribute(message: object, path: str) -> object:
+    """The value at the dotted ``path`` in ``message``: a field by its name, else a map's entry
+    by its key (``labels.campaign``); a repeated field as a list, to compare with one."""
+    for part in path.split("."):
+        message = getattr(message, part) if hasattr(message, part) else message[part]  # type: ignore[index]
+    if hasattr(message, "__len__") and not isinstance(message, str):
+        return list(message)  # type: ignore[call-overload]
+    return message
+
+
+def lj(**fields: object) -> pb.System:
+    """A Lennard-Jones fluid system with ``fields`` (a spec's ``system``)."""
+    return pb.System(lennard_jones=pb.LennardJonesFluid(**fields))  # type: ignore[arg-type]
+
+
 def submitted(
     job: str,
     *,

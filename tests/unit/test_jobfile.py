@@ -13,6 +13,7 @@ import pytest
 
 from mdq.contracts import pb
 from mdq.sdk.jobfile import JobFileError, load_job_file, parse_job_text
+from tests.helpers import attribute
 
 
 @dataclass(frozen=True)
@@ -146,13 +147,6 @@ REFUSED: dict[str, Refused] = {
 }
 
 
-def _attribute(message: object, path: str) -> object:
-    value = message
-    for part in path.split("."):
-        value = value[part] if not hasattr(value, part) else getattr(value, part)  # type: ignore[index]
-    return value
-
-
 @pytest.mark.parametrize("case", list(ACCEPTED), ids=list(ACCEPTED))
 def test_accepted_job_files(case: str) -> None:
     expected = ACCEPTED[case]
@@ -162,7 +156,7 @@ def test_accepted_job_files(case: str) -> None:
     assert tuple(job.name for job in request.jobs) == expected.names
     if expected.check:
         path, _, value = expected.check.partition("=")
-        assert str(_attribute(request.jobs[0], path)) == value
+        assert str(attribute(request.jobs[0], path)) == value
     if case == "explicit zero retries keeps presence":
         assert request.jobs[0].HasField("max_retries")
 

@@ -19,6 +19,7 @@ from mdq.core.spec import (
     normalize_job,
     validate_submit,
 )
+from tests.helpers import attribute, lj
 
 RID = "0123456789ab"
 KNOWN_EXTERNAL = {
@@ -129,12 +130,6 @@ DEFAULT_CASES = [
         id="analyze-defaults",
     ),
 ]
-
-
-def attribute(message: object, path: str) -> object:
-    for part in path.split("."):
-        message = getattr(message, part)
-    return message
 
 
 @pytest.mark.parametrize(("spec", "expected"), DEFAULT_CASES)
@@ -288,10 +283,6 @@ def test_submit_with_one_bad_job_is_refused_whole(spec: pb.JobSpec, field: str) 
     request = submit(job("md"), job("other"), spec)
     error = field_error(lambda: validate_submit(request, request_id=RID, resolve_external=resolve))
     assert error.field == field
-
-
-def lj(**fields: object) -> pb.System:
-    return pb.System(lennard_jones=pb.LennardJonesFluid(**fields))  # type: ignore[arg-type]
 
 
 # (spec, expected field, expected message): the whole error, word for word; validated as jobs[2]

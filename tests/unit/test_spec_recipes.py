@@ -17,6 +17,7 @@ from mdq.core.spec import (
     lennard_jones_box_nm,
     normalize_job,
 )
+from tests.helpers import attribute, lj
 
 PDB = "ATOM      1  O   HOH A   1       0.000   0.000   0.000  1.00  0.00           O\n"
 
@@ -25,20 +26,8 @@ def job(**fields: object) -> pb.JobSpec:
     return pb.JobSpec(name="a", **fields)  # type: ignore[arg-type]
 
 
-def lj(**fields: object) -> pb.System:
-    return pb.System(lennard_jones=pb.LennardJonesFluid(**fields))  # type: ignore[arg-type]
-
-
 def structure(**fields: object) -> pb.System:
     return pb.System(structure=pb.Structure(**fields))  # type: ignore[arg-type]
-
-
-def attribute(message: object, path: str) -> object:
-    for part in path.split("."):
-        message = getattr(message, part)
-    if hasattr(message, "__len__") and not isinstance(message, str):
-        return list(message)  # type: ignore[call-overload]
-    return message
 
 
 # (spec, {attribute path: expected value after normalisation})
