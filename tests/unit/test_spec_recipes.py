@@ -148,51 +148,43 @@ def test_lennard_jones_box_edge() -> None:
     assert lennard_jones_box_nm(fluid) == pytest.approx(10 * ARGON_SIGMA_NM / 0.8442 ** (1 / 3))
 
 
+# (field of the fluid, its value, a part of the message, id): each refused naming that field
+FLUID_LIMITS: list[tuple[str, float, str, str]] = [
+    ("atoms", 1, "between", "lj-1-atom"),
+    ("atoms", 2_000_000, "between", "lj-too-many"),
+    ("atoms", 20, "less than twice the cutoff", "lj-box-too-small-for-default-cutoff"),
+    ("density_atoms_nm3", 5000, "between", "lj-density-too-high"),
+    ("density_atoms_nm3", -1, "between", "lj-density-negative"),
+    ("sigma_nm", math.nan, "", "lj-sigma-nan"),
+    ("epsilon_kj_mol", 1000, "between", "lj-epsilon-too-deep"),
+    ("mass_dalton", 0.1, "between", "lj-mass-too-small"),
+    ("cutoff_nm", 2.0, "below half the box edge", "lj-cutoff-beyond-half-box"),
+]
+
+# (pdb_path, a part of the message, id): each refused naming system.structure.pdb_path
+PATH_TRICKS = [
+    ("", "", "path-empty"),
+    ("/etc/passwd", "relative", "path-absolute"),
+    ("../other-job/x.pdb", "'..'", "path-dotdot-first"),
+    ("inputs/../../etc/passwd", "'..'", "path-dotdot-inside"),
+    ("inputs\\..\\x.pdb", "'\\'", "path-backslashes"),
+    ("~/x.pdb", "relative", "path-home"),
+    ("C:/x.pdb", "relative", "path-drive-letter"),
+    ("x\x00.pdb", "printable", "path-nul"),
+    ("a/" * 600 + "x.pdb", "1 to 1024", "path-too-long"),
+]
+
 # (spec, expected field path, a part of the message); validated as jobs[1]
 ERROR_CASES = [
     # -- Lennard-Jones fluid
-    pytest.param(job(system=lj(atoms=1)), "system.lennard_jones.atoms", "between", id="lj-1-atom"),
-    pytest.param(
-        job(system=lj(atoms=2_000_000)), "system.lennard_jones.atoms", "between", id="lj-too-many"
-    ),
-    pytest.param(
-        job(system=lj(atoms=20)),
-        "system.lennard_jones.atoms",
-        "less than twice the cutoff",
-        id="lj-box-too-small-for-default-cutoff",
-    ),
-    pytest.param(
-        job(system=lj(density_atoms_nm3=5000)),
-        "system.lennard_jones.density_atoms_nm3",
-        "between",
-        id="lj-density-too-high",
-    ),
-    pytest.param(
-        job(system=lj(density_atoms_nm3=-1)),
-        "system.lennard_jones.density_atoms_nm3",
-        "between",
-        id="lj-density-negative",
-    ),
-    pytest.param(
-        job(system=lj(sigma_nm=math.nan)), "system.lennard_jones.sigma_nm", "", id="lj-sigma-nan"
-    ),
-    pytest.param(
-        job(system=lj(epsilon_kj_mol=1000)),
-        "system.lennard_jones.epsilon_kj_mol",
-        "between",
-        id="lj-epsilon-too-deep",
-    ),
-    pytest.param(
-        job(system=lj(mass_dalton=0.1)),
-        "system.lennard_jones.mass_dalton",
-        "between",
-        id="lj-mass-too-small",
-    ),
-    pytest.param(
-        job(system=lj(cutoff_nm=2.0)),
-        "system.lennard_jones.cutoff_nm",
-        "below half the box edge",
-        id="lj-cutoff-beyond-half-box",
+    *(
+        pytest.param(
+            job(system=lj(**{name: value})),
+            f"system.lennard_jones.{name}",
+            message,
+            id=case,
+        )
+        for name, value, message, case in FLUID_LIMITS
     ),
     pytest.param(
         job(system=lj(atoms=200), cutoff_nm=1.5),
@@ -234,56 +226,11 @@ ERROR_CASES = [
     ),
     # -- structure: source and path tricks
     pytest.param(job(system=structure()), "system.structure", "pdb_path or", id="no-source"),
-    pytest.param(
-        job(system=structure(pdb_path="")), "system.structure.pdb_path", "", id="path-empty"
-    ),
-    pytest.param(
-        job(system=structure(pdb_path="/etc/passwd")),
-        "system.structure.pdb_path",
-        "relative",
-        id="path-absolute",
-    ),
-    pytest.param(
-        job(system=structure(pdb_path="../other-job/x.pdb")),
-        "system.structure.pdb_path",
-        "'..'",
-        id="path-dotdot-first",
-    ),
-    pytest.param(
-        job(system=structure(pdb_path="inputs/../../etc/passwd")),
-        "system.structure.pdb_path",
-        "'..'",
-        id="path-dotdot-inside",
-    ),
-    pytest.param(
-        job(system=structure(pdb_path="inputs\\..\\x.pdb")),
-        "system.structure.pdb_path",
-        "'\\'",
-        id="path-backslashes",
-    ),
-    pytest.param(
-        job(system=structure(pdb_path="~/x.pdb")),
-        "system.structure.pdb_path",
-        "relative",
-        id="path-home",
-    ),
-    pytest.param(
-        job(system=structure(pdb_path="C:/x.pdb")),
-        "system.structure.pdb_path",
-        "relative",
-        id="path-drive-letter",
-    ),
-    pytest.param(
-        job(system=structure(pdb_path="x\x00.pdb")),
-        "system.structure.pdb_path",
-        "printable",
-        id="path-nul",
-    ),
-    pytest.param(
-        job(system=structure(pdb_path="a/" * 600 + "x.pdb")),
-        "system.structure.pdb_path",
-        "1 to 1024",
-        id="path-too-long",
+    *(
+        pytest.param(
+            job(system=structure(pdb_path=path)), "system.structure.pdb_path", message, id=case
+        )
+        for path, message, case in PATH_TRICKS
     ),
     pytest.param(
         job(system=structure(pdb_content=PDB * (MAX_PDB_CONTENT_CHARS // len(PDB) + 1))),
