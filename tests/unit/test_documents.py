@@ -255,15 +255,16 @@ REFUSED = {
 }
 
 
+def assert_names(expected: Refused, error: SpecError) -> None:
+    assert (error.field, expected.message in error.message) == (expected.field, True), error.message
+
+
 @pytest.mark.parametrize("case", list(REFUSED))
 def test_intake_names_the_field(case: str) -> None:
     expected = REFUSED[case]
     with pytest.raises(SpecError) as caught:
         decode_submit(expected.document.encode())
-    assert (caught.value.field, expected.message in caught.value.message) == (
-        expected.field,
-        True,
-    ), caught.value.message
+    assert_names(expected, caught.value)
 
 
 @pytest.mark.parametrize("case", list(REFUSED))
@@ -271,10 +272,7 @@ def test_job_files_name_the_same_field(case: str) -> None:
     expected = REFUSED[case]
     with pytest.raises(JobFileError) as caught:
         parse_job_text(expected.document, source="case.json")
-    assert (caught.value.field, expected.message in caught.value.message) == (
-        expected.field,
-        True,
-    ), caught.value.message
+    assert_names(expected, caught.value)
 
 
 # -- nesting -----------------------------------------------------------------------------------
