@@ -23,7 +23,7 @@ from mdq.contracts import pb
 from mdq.core.runner_task import RunnerTask
 from mdq.core.spec import SpecError, normalize_job
 
-HOST = {
+ALLOWLISTED = {
     "PATH": "/usr/bin",
     "HOME": "/home/agent",
     "LANG": "C.UTF-8",
@@ -31,6 +31,11 @@ HOST = {
     "OPENMM_CPU_THREADS": "2",
     "MDQ_RUNNER_METRICS_PORT": "0",
     "MDQ_FORCEFIELD_DIR": "/srv/ff",
+}
+"""The host's variables a runner inherits."""
+
+HOST = {
+    **ALLOWLISTED,
     "DATABASE_URL": "postgresql://mdq:hunter2@db/mdq",
     "MDQ_DATABASE_URL": "postgresql://mdq:hunter2@db/mdq",
     "PGPASSWORD": "hunter2",
@@ -62,15 +67,7 @@ def pod(**fields: object) -> PodSpec:
 
 
 def test_only_allowlisted_variables_are_inherited() -> None:
-    assert inherited_environment(HOST) == {
-        "PATH": "/usr/bin",
-        "HOME": "/home/agent",
-        "LANG": "C.UTF-8",
-        "TMPDIR": "/tmp",
-        "OPENMM_CPU_THREADS": "2",
-        "MDQ_RUNNER_METRICS_PORT": "0",
-        "MDQ_FORCEFIELD_DIR": "/srv/ff",
-    }
+    assert inherited_environment(HOST) == ALLOWLISTED
 
 
 def test_the_runner_environment_is_the_task_the_bus_and_the_allowlist() -> None:
