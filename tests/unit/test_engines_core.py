@@ -21,6 +21,7 @@ from mdq.core.lammps_script import (
 from mdq.core.lammps_units import EV_KJ_MOL, UNITS, factors
 from mdq.core.recommend import LAMMPS_BASE_MB, fingerprint_of, physical_estimate
 from mdq.core.spec import SpecError, normalize_job
+from tests.helpers import with_fields
 
 SHA = "a" * 64
 SHA2 = "b" * 64
@@ -43,6 +44,17 @@ def lammps_job(**fields: object) -> pb.JobSpec:
         else:
             setattr(spec, name, value)
     return spec
+
+
+def openmm_xml_job(**fields: object) -> pb.JobSpec:
+    """A job of a serialized OpenMM System and its State, both among its inputs; ``fields``
+    set on it."""
+    spec = pb.JobSpec(
+        name="x",
+        system=pb.System(openmm_xml=pb.OpenMMSystemXml(system_xml="s.xml", state_xml="t.xml")),
+        inputs=[pb.InputFile(name="s.xml", sha256=SHA), pb.InputFile(name="t.xml", sha256=SHA2)],
+    )
+    return with_fields(spec, fields)
 
 
 # -- which engine ------------------------------------------------------------------------------
@@ -311,15 +323,7 @@ SPEC_CASES = [
     ),
     (
         "a serialized system with a cutoff",
-        pb.JobSpec(
-            name="x",
-            system=pb.System(openmm_xml=pb.OpenMMSystemXml(system_xml="s.xml", state_xml="t.xml")),
-            inputs=[
-                pb.InputFile(name="s.xml", sha256=SHA),
-                pb.InputFile(name="t.xml", sha256=SHA2),
-            ],
-            cutoff_nm=1.0,
-        ),
+        openmm_xml_job(cutoff_nm=1.0),
         "jobs[0].cutoff_nm",
         "serialized System",
     ),
@@ -339,17 +343,7 @@ def test_bad_engine_input_names_the_field(
 
 
 def test_a_serialized_openmm_system_gets_openmm_defaults() -> None:
-    spec = normalize_job(
-        pb.JobSpec(
-            name="x",
-            system=pb.System(openmm_xml=pb.OpenMMSystemXml(system_xml="s.xml", state_xml="t.xml")),
-            inputs=[
-                pb.InputFile(name="s.xml", sha256=SHA),
-                pb.InputFile(name="t.xml", sha256=SHA2),
-            ],
-        ),
-        "jobs[0]",
-    )
+    spec = normalize_job(openmm_xml_job(), "jobs[0]")
     assert (spec.temperature_k, spec.integrator, spec.platform) == (
         300.0,
         pb.INTEGRATOR_LANGEVIN_MIDDLE,
