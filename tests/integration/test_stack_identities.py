@@ -35,6 +35,17 @@ def mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
 
+async def listening_on(process: psutil.Process, *, what: str) -> set[str]:
+    """The addresses ``process`` listens on, once it listens at all (``what``: that moment,
+    named if it never comes)."""
+
+    async def listening() -> bool:
+        return any(c.status == psutil.CONN_LISTEN for c in process.net_connections("inet"))
+
+    await wait_for(listening, timeout=60, what=what)
+    return {c.laddr.ip for c in process.net_connections("inet") if c.status == "LISTEN"}
+
+
 async def test_each_process_gets_its_own_identity_and_nothing_else(
     tmp_path: Path, database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -65,24 +76,12 @@ async def test_each_process_gets_its_own_identity_and_nothing_else(
 
         # /metrics listens on the loopback only: on one machine, nobody else scrapes it.
         metrics = psutil.Process(stack.child_pid("metrics"))
-
-        async def listening() -> bool:
-            return any(c.status == psutil.CONN_LISTEN for c in metrics.net_connections("inet"))
-
-        await wait_for(listening, timeout=60, what="/metrics listening")
-        addresses = {c.laddr.ip for c in metrics.net_connections("inet") if c.status == "LISTEN"}
-        assert addresses == {"127.0.0.1"}
+        assert await listening_on(metrics, what="/metrics listening") == {"127.0.0.1"}
 
         # So does the web console, and loopback is every account's on a shared machine: the
         # console lets in only who brings the token that only the stack's owner can read.
         console = psutil.Process(stack.child_pid("console"))
-
-        async def console_listening() -> bool:
-            return any(c.status == psutil.CONN_LISTEN for c in console.net_connections("inet"))
-
-        await wait_for(console_listening, timeout=60, what="the console listening")
-        addresses = {c.laddr.ip for c in console.net_connections("inet") if c.status == "LISTEN"}
-        assert addresses == {"127.0.0.1"}
+        assert await listening_on(console, what="the console listening") == {"127.0.0.1"}
         assert info.console_url.startswith("http://127.0.0.1:")
         token_file = Path(info.console_token_file)
         assert token_file.parent == state / "secrets" and mode(token_file) == 0o600
