@@ -6,8 +6,10 @@ from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
 from nats.aio.client import Client
+from nats.js import JetStreamContext
 
 from mdq.backends.port import PodUpdate
+from mdq.bus.publisher import EventPublisher
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.state import JobState
@@ -51,6 +53,17 @@ def make_lifecycle(
     return lifecycle_of(Lifecycle, nc, subjects, backend, lost)
 
 
+async def bound_to_n1(
+    nc: Client, subjects: Subjects, job: str
+) -> tuple[JetStreamContext, EventPublisher]:
+    """``job`` submitted and its attempt 1 bound to n1, in the log; the bus that put them there."""
+    js = nc.jetstream()
+    bus = publisher(js, subjects)
+    await bus.publish(submitted(job))
+    await bus.publish(event("bound", pb.JobBound(node="n1"), job=job, attempt=1))
+    return js, bus
+
+
 class CountingLifecycle(Lifecycle):
     """A lifecycle that counts its finished lost-run checks (to know one has run since)."""
 
@@ -75,10 +88,7 @@ def pod(job: str, attempt: int, phase: int, *, exit_code: int = 0, reason: str =
 
 
 async def test_pod_phases_become_lifecycle_events(nc: Client, subjects: Subjects) -> None:
-    js = nc.jetstream()
-    bus = publisher(js, subjects)
-    await bus.publish(submitted("r1-md"))
-    await bus.publish(event("bound", pb.JobBound(node="n1"), job="r1-md", attempt=1))
+    js, bus = await bound_to_n1(nc, subjects, "r1-md")
     backend = RecordingBackend()
     async with running(make_lifecycle(nc, subjects, backend).run()):
         await backend.updates.put(pod("r1-md", 1, pb.POD_RUNNING))
@@ -99,10 +109,7 @@ async def test_a_pod_first_seen_succeeded_is_started_then_succeeded(
 ) -> None:
     """A watcher that starts after the pod ran sees only Succeeded: the job still goes BOUND →
     RUNNING → SUCCEEDED in the log, once each."""
-    js = nc.jetstream()
-    bus = publisher(js, subjects)
-    await bus.publish(submitted("r4-md"))
-    await bus.publish(event("bound", pb.JobBound(node="n1"), job="r4-md", attempt=1))
+    js, bus = await bound_to_n1(nc, subjects, "r4-md")
     final = pb.Progress(step=1000, target_steps=1000, done_reason="steps_reached")
     await bus.publish(event("progress", final, job="r4-md", attempt=1, detail=1000))
     backend = RecordingBackend()
@@ -124,10 +131,7 @@ async def test_a_pod_seen_running_after_its_first_report_is_started_once(
     """The runner's first report is folded before the pod's Running phase arrives (a busy
     watch, a slow kubelet): the attempt is RUNNING already, and still gets its one ``started``
     in the log; a Running phase seen again adds none."""
-    js = nc.jetstream()
-    bus = publisher(js, subjects)
-    await bus.publish(submitted("r5-md"))
-    await bus.publish(event("bound", pb.JobBound(node="n1"), job="r5-md", attempt=1))
+    js, bus = await bound_to_n1(nc, subjects, "r5-md")
     backend = RecordingBackend()
     lifecycle = make_lifecycle(nc, subjects, backend)
     async with running(lifecycle.run()):
@@ -155,10 +159,7 @@ async def test_a_pod_seen_running_after_its_first_report_is_started_once(
 async def test_failed_pod_is_classified_and_stale_attempts_are_fenced(
     nc: Client, subjects: Subjects
 ) -> None:
-    js = nc.jetstream()
-    bus = publisher(js, subjects)
-    await bus.publish(submitted("r2-md"))
-    await bus.publish(event("bound", pb.JobBound(node="n1"), job="r2-md", attempt=1))
+    js, bus = await bound_to_n1(nc, subjects, "r2-md")
     backend = RecordingBackend()
     async with running(make_lifecycle(nc, subjects, backend).run()):
         await backend.updates.put(pod("r2-md", 1, pb.POD_FAILED, exit_code=137, reason="OOMKilled"))
