@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import asyncpg
 import pytest
@@ -101,11 +101,15 @@ async def project_first_job(
     return offset
 
 
-async def stored_offset(pool: asyncpg.Pool) -> int:
-    value = await pool.fetchval(
-        "SELECT last_seq FROM consumer_offsets WHERE consumer = $1", JOBS_CONSUMER
+async def offset_column(pool: asyncpg.Pool, column: str) -> Any:
+    """``column`` of the jobs consumer's row in ``consumer_offsets``."""
+    return await pool.fetchval(
+        f"SELECT {column} FROM consumer_offsets WHERE consumer = $1", JOBS_CONSUMER
     )
-    return int(value)
+
+
+async def stored_offset(pool: asyncpg.Pool) -> int:
+    return int(await offset_column(pool, "last_seq"))
 
 
 async def recreate_jobs_stream(js: JetStreamContext, subjects: Subjects) -> None:
@@ -136,9 +140,7 @@ async def test_a_recreated_stream_stops_the_projector_on_start(
     js: JetStreamContext, subjects: Subjects, pool: asyncpg.Pool, publisher: EventPublisher
 ) -> None:
     offset = await project_first_job(js, subjects, pool, publisher)
-    created = await pool.fetchval(
-        "SELECT stream_created FROM consumer_offsets WHERE consumer = $1", JOBS_CONSUMER
-    )
+    created = await offset_column(pool, "stream_created")
     assert created == (await js.stream_info(subjects.jobs_stream)).created
     await recreate_jobs_stream(js, subjects)
     second = await publish_second_job(publisher)
@@ -199,9 +201,7 @@ async def test_a_continuous_log_is_projected_after_a_restart(
 ) -> None:
     """The checks do not stop a projector whose log simply went on (and record its digest)."""
     offset = await project_first_job(js, subjects, pool, publisher)
-    digest = await pool.fetchval(
-        "SELECT last_digest FROM consumer_offsets WHERE consumer = $1", JOBS_CONSUMER
-    )
+    digest = await offset_column(pool, "last_digest")
     assert digest is not None
     projector = projector_for(js, subjects, pool, check_s=0.2)
     task = asyncio.create_task(projector.run())
