@@ -443,27 +443,24 @@ async def test_stack_supervises_and_client_commands_find_it(
 async def test_a_second_stack_on_the_same_state_folder_is_refused(
     tmp_path: Path, nats_url: str, database_url: str
 ) -> None:
-    first = Stack(
-        state_dir=tmp_path,
-        nats_url=nats_url,
-        database_url=database_url,
-        services=(),
-        backend="kubernetes",
-    )
-    await first.start()
-    try:
-        (tmp_path / STACK_FILE).write_text(
-            first.info.to_json().replace(f'"pid": {os.getpid()}', f'"pid": {os.getppid()}')
-        )
-        second = Stack(
+    def stack() -> Stack:
+        """No services of its own: only the state folder is at stake."""
+        return Stack(
             state_dir=tmp_path,
             nats_url=nats_url,
             database_url=database_url,
             services=(),
             backend="kubernetes",
         )
+
+    first = stack()
+    await first.start()
+    try:
+        (tmp_path / STACK_FILE).write_text(
+            first.info.to_json().replace(f'"pid": {os.getpid()}', f'"pid": {os.getppid()}')
+        )
         with pytest.raises(Exception, match="already runs"):
-            await second.start()
+            await stack().start()
     finally:
         await first.stop()
 
