@@ -46,6 +46,14 @@ class Case:
     outages: tuple[NodeOutage, ...] = ()
 
 
+LOW_THEN_HIGH = (
+    job("running"),
+    job("low", arrival_s=1.0, priority_class="low"),
+    job("high", arrival_s=2.0, priority_class="high"),
+)
+"""The only core taken, then a low job and, a second later, a high one: one queue for FIFO
+and for the priority classes."""
+
 CASES = [
     Case(
         "one job alone runs its steps at its rate",
@@ -144,22 +152,14 @@ CASES = [
     Case(
         "FIFO takes arrival order whatever the class",
         (node(cpu=1.0),),
-        (
-            job("running"),
-            job("low", arrival_s=1.0, priority_class="low"),
-            job("high", arrival_s=2.0, priority_class="high"),
-        ),
+        LOW_THEN_HIGH,
         {"makespan_s": 300, "mean_wait_s": (0 + 99 + 198) / 3},
         SimConfig("fifo", priorities=False, pass_interval_s=0.0, start_delay_s=0.0),
     ),
     Case(
         "priority classes reorder the queue",
         (node(cpu=1.0),),
-        (
-            job("running"),
-            job("low", arrival_s=1.0, priority_class="low"),
-            job("high", arrival_s=2.0, priority_class="high"),
-        ),
+        LOW_THEN_HIGH,
         {"makespan_s": 300, "mean_wait_s": (0 + 199 + 98) / 3},
     ),
 ]
