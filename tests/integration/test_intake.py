@@ -456,6 +456,11 @@ def nested_labels(key: str, depth: int) -> bytes:
     return before + b'{"a": ' * depth + b'"x"' + b"}" * depth + after
 
 
+def with_jobs(*jobs: dict[str, object]) -> Callable[[str], dict[str, object]]:
+    """A payload builder: a submit of ``jobs`` under the key it is given."""
+    return lambda key: {"idempotency_key": key, "jobs": list(jobs)}
+
+
 # the path of the first object nested more than MAX_DEPTH (32) deep in nested_labels (the
 # labels are a map: its keys in brackets)
 TOO_DEEP_IN_LABELS = "jobs[0].labels['a']" + ".a" * (MAX_DEPTH + 1 - 5)
@@ -470,89 +475,77 @@ BAD_INPUTS = [
         id="malformed-json",
     ),
     pytest.param(
-        lambda key: {"idempotency_key": key, "jobs": [good_job(resources={"cpu": "lots"})]},
+        with_jobs(good_job(resources={"cpu": "lots"})),
         False,
         {"jobs[0].resources.cpu"},
         "lots",
         id="cpu-wrong-type",
     ),
     pytest.param(
-        lambda key: {"idempotency_key": key, "jobs": [good_job(gpus=4)]},
+        with_jobs(good_job(gpus=4)),
         False,
         {"jobs[0].gpus"},
         "gpus",
         id="unknown-field",
     ),
     pytest.param(
-        lambda key: {
-            "idempotency_key": key,
-            "jobs": [good_job(resources={"memory_mb": TEN_TIB_IN_MIB})],
-        },
+        with_jobs(good_job(resources={"memory_mb": TEN_TIB_IN_MIB})),
         True,
         {"jobs[0].resources.memory_mb"},
         "must be between 64 and",
         id="memory-10-tib",
     ),
     pytest.param(
-        lambda key: {"idempotency_key": key, "jobs": [{"name": "../etc"}]},
+        with_jobs({"name": "../etc"}),
         True,
         {"jobs[0].name"},
         "lowercase letters",
         id="path-like-name",
     ),
     pytest.param(
-        lambda key: {"idempotency_key": key, "jobs": [{"name": "a\n"}]},
+        with_jobs({"name": "a\n"}),
         True,
         {"jobs[0].name"},
         "lowercase letters",
         id="name-with-newline",
     ),
     pytest.param(
-        lambda key: {"idempotency_key": key, "jobs": [good_job(resources={"cpu": 1e6})]},
+        with_jobs(good_job(resources={"cpu": 1e6})),
         True,
         {"jobs[0].resources.cpu"},
         "must be between 0.1 and 256",
         id="cpu-absurd",
     ),
     pytest.param(
-        lambda key: {
-            "idempotency_key": key,
-            "jobs": [
-                {"name": "a", "depends_on": ["b"]},
-                {"name": "b", "depends_on": ["a"]},
-            ],
-        },
+        with_jobs({"name": "a", "depends_on": ["b"]}, {"name": "b", "depends_on": ["a"]}),
         True,
         {"jobs[0].depends_on"},
         "dependency cycle: a -> b -> a",
         id="cycle",
     ),
     pytest.param(
-        lambda key: {"idempotency_key": key, "jobs": []},
+        with_jobs(),
         True,
         {"jobs"},
         "1 to 500 jobs",
         id="no-jobs",
     ),
     pytest.param(
-        lambda key: {"idempotency_key": key, "jobs": [good_job(labels={"team": "md\u0000"})]},
+        with_jobs(good_job(labels={"team": "md\u0000"})),
         True,
         {"jobs[0].labels['team']"},
         "NUL",
         id="nul-in-a-label",
     ),
     pytest.param(
-        lambda key: {
-            "idempotency_key": key,
-            "jobs": [good_job(), {"name": "b", "depends_on": [42]}],
-        },
+        with_jobs(good_job(), {"name": "b", "depends_on": [42]}),
         False,
         {"jobs[1].depends_on[0]"},
         "must be a string, got 42",
         id="a-number-among-the-dependencies",
     ),
     pytest.param(
-        lambda key: {"idempotency_key": key, "jobs": [good_job(labels={"team": ["md"]})]},
+        with_jobs(good_job(labels={"team": ["md"]})),
         False,
         {"jobs[0].labels['team']"},
         'must be a string, got ["md"]',
@@ -573,7 +566,7 @@ BAD_INPUTS = [
         id="nested-forty-deep",
     ),
     pytest.param(
-        lambda key: {"idempotency_key": key, "jobs": [good_job(**{"x" * 600_000: 1})]},
+        with_jobs(good_job(**{"x" * 600_000: 1})),
         False,
         {f"jobs[0]['{'x' * 63}…']"},
         "unknown field 'xxx",
