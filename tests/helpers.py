@@ -4,7 +4,9 @@ for a condition, running a local node agent."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
@@ -23,6 +25,7 @@ from mdq.backends.local.launcher import start_agent
 from mdq.backends.port import PodExists, PodSpec, PodUpdate
 from mdq.bus.codec import decode_event
 from mdq.bus.publisher import EventPublisher
+from mdq.bus.security.auth import Trust
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.clusters import cluster_of
@@ -30,6 +33,7 @@ from mdq.core.events import make_event
 from mdq.core.nodes import NodeSample
 from mdq.core.producers import owner_of
 from mdq.core.spec import normalize_job
+from mdq.embedded import EmbeddedNats, start_nats
 from services.placement.app import Placement
 from services.placement.settings import PlacementSettings
 
@@ -177,6 +181,18 @@ async def wait_for(
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         await asyncio.sleep(interval)
+
+
+@contextmanager
+def closed_nats(prefix: str) -> Iterator[tuple[EmbeddedNats, Trust, Path]]:
+    """A NATS server that admits only users of its own new trust, in a new folder named from
+    ``prefix``: the server, the trust and the folder; stopped and removed afterwards."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    trust = Trust.load_or_create(folder / "secrets")
+    server = start_nats(folder / "nats", auth=trust.server_block())
+    yield server, trust, folder
+    server.stop()
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 @contextmanager

@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import shutil
 import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -57,10 +56,10 @@ from mdq.contracts import pb
 from mdq.core.producers import EVENT_PRODUCERS
 from mdq.core.snapshot import encode as encode_snapshot
 from mdq.core.tenants import TenantUsage, usage_key
-from mdq.embedded import EmbeddedNats, start_nats
+from mdq.embedded import EmbeddedNats
 from services.console.live import NodeBoard
 from services.metrics.app import node_summary_event
-from tests.helpers import wait_for
+from tests.helpers import closed_nats, wait_for
 
 SUBJECTS = Subjects("mdq")
 JOB = "0123456789ab-victim"
@@ -139,23 +138,19 @@ class Server:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    folder = Path(tempfile.mkdtemp(prefix="mdq-auth-"))
-    trust = Trust.load_or_create(folder / "secrets")
-    embedded = start_nats(folder / "nats", auth=trust.server_block())
-    server = Server(embedded)
-    for identity in IDENTITIES:
-        permissions = permissions_of(identity) if identity != "admin" else None
-        permissions = permissions or service_permissions("admin", SUBJECTS)
-        server.creds[identity] = issue(trust, permissions, folder / f"{identity}.creds")
-    # A runner's credentials come from the runner-scoped signing key, as the node agent's do.
-    minted = runner_issuer(trust).creds(RUNNER_JOB)
-    server.creds["runner"] = write_secret(folder / "runner.creds", minted)
-    for tenant in ("tenant", "tenant-bob"):  # as `mdq tenant add` issues them
-        server.creds[tenant] = issue(trust, permissions_of(tenant), folder / f"{tenant}.creds")
-    server.trust = trust
-    yield server
-    embedded.stop()
-    shutil.rmtree(folder, ignore_errors=True)
+    with closed_nats("mdq-auth-") as (embedded, trust, folder):
+        server = Server(embedded)
+        for identity in IDENTITIES:
+            permissions = permissions_of(identity) if identity != "admin" else None
+            permissions = permissions or service_permissions("admin", SUBJECTS)
+            server.creds[identity] = issue(trust, permissions, folder / f"{identity}.creds")
+        # A runner's credentials come from the runner-scoped signing key, as the node agent's do.
+        minted = runner_issuer(trust).creds(RUNNER_JOB)
+        server.creds["runner"] = write_secret(folder / "runner.creds", minted)
+        for tenant in ("tenant", "tenant-bob"):  # as `mdq tenant add` issues them
+            server.creds[tenant] = issue(trust, permissions_of(tenant), folder / f"{tenant}.creds")
+        server.trust = trust
+        yield server
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-import shutil
-import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -25,7 +23,8 @@ from mdq.bus.security.permissions import service_permissions
 from mdq.bus.streams import ensure_streams
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
-from mdq.embedded import EmbeddedNats, start_nats
+from mdq.embedded import EmbeddedNats
+from tests.helpers import closed_nats
 
 SUBJECTS = Subjects("mdq")
 MINE, THEIRS = "0123456789ab-mine", "bob.0123456789ab-theirs"
@@ -36,12 +35,8 @@ CHUNK = 1000
 
 @pytest.fixture(scope="module")
 def secured() -> Iterator[tuple[EmbeddedNats, Trust, Path]]:
-    folder = Path(tempfile.mkdtemp(prefix="mdq-copies-"))
-    trust = Trust.load_or_create(folder / "secrets")
-    embedded = start_nats(folder / "nats", auth=trust.server_block())
-    yield embedded, trust, folder
-    embedded.stop()
-    shutil.rmtree(folder, ignore_errors=True)
+    with closed_nats("mdq-copies-") as secured:
+        yield secured
 
 
 @pytest.fixture(scope="module")

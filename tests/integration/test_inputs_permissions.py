@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import shutil
-import tempfile
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,12 +33,13 @@ from mdq.bus.inputs import (
     upload,
 )
 from mdq.bus.publisher import EventPublisher
-from mdq.bus.security.auth import Trust, issue, runner_issuer, write_secret
+from mdq.bus.security.auth import issue, runner_issuer, write_secret
 from mdq.bus.security.permissions import service_permissions, tenant_permissions
 from mdq.bus.streams import ensure_streams
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
-from mdq.embedded import EmbeddedNats, start_nats
+from mdq.embedded import EmbeddedNats
+from tests.helpers import closed_nats
 
 SUBJECTS = Subjects("mdq")
 JOB = "alice.0123456789ab-melt"
@@ -58,23 +57,21 @@ class Server:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    folder = Path(tempfile.mkdtemp(prefix="mdq-inputs-auth-"))
-    trust = Trust.load_or_create(folder / "secrets")
-    embedded = start_nats(folder / "nats", auth=trust.server_block())
-    server = Server(embedded, folder)
-    for identity in ("admin", "intake", "cli"):
-        server.creds[identity] = issue(
-            trust, service_permissions(identity, SUBJECTS), folder / f"{identity}.creds"
-        )
-    for tenant in ("alice", "bob"):
-        server.creds[tenant] = issue(
-            trust, tenant_permissions(SUBJECTS, tenant), folder / f"{tenant}.creds"
-        )
-    for job in (JOB, OTHER_JOB):
-        server.creds[job] = write_secret(folder / f"{job}.creds", runner_issuer(trust).creds(job))
-    yield server
-    embedded.stop()
-    shutil.rmtree(folder, ignore_errors=True)
+    with closed_nats("mdq-inputs-auth-") as (embedded, trust, folder):
+        server = Server(embedded, folder)
+        for identity in ("admin", "intake", "cli"):
+            server.creds[identity] = issue(
+                trust, service_permissions(identity, SUBJECTS), folder / f"{identity}.creds"
+            )
+        for tenant in ("alice", "bob"):
+            server.creds[tenant] = issue(
+                trust, tenant_permissions(SUBJECTS, tenant), folder / f"{tenant}.creds"
+            )
+        for job in (JOB, OTHER_JOB):
+            server.creds[job] = write_secret(
+                folder / f"{job}.creds", runner_issuer(trust).creds(job)
+            )
+        yield server
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,6 @@ import base64
 import hashlib
 import json
 import logging
-import shutil
-import tempfile
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,11 +46,11 @@ from mdq.bus.security.claims import decode_claims
 from mdq.bus.security.permissions import service_permissions
 from mdq.bus.streams import ensure_streams
 from mdq.bus.subjects import Subjects
-from mdq.embedded import EmbeddedNats, start_nats
+from mdq.embedded import EmbeddedNats
 from mdq.stack import Stack
 from mdq.testing.cluster import SimulatedCluster
 from mdq.testing.scripted_runner import scripted_spec
-from tests.helpers import wait_for
+from tests.helpers import closed_nats, wait_for
 from tests.integration.test_kubernetes_backend import simulated_cluster
 
 K8S_NAMESPACE = "mdq"
@@ -77,13 +75,9 @@ class Bus:
 
 @pytest.fixture(scope="module")
 def bus() -> Iterator[Bus]:
-    folder = Path(tempfile.mkdtemp(prefix="mdq-k8s-creds-"))
-    trust = Trust.load_or_create(folder / "secrets")
-    embedded = start_nats(folder / "nats", auth=trust.server_block())
-    admin = issue(trust, service_permissions("admin", SUBJECTS), folder / "admin.creds")
-    yield Bus(embedded, trust, admin, folder)
-    embedded.stop()
-    shutil.rmtree(folder, ignore_errors=True)
+    with closed_nats("mdq-k8s-creds-") as (embedded, trust, folder):
+        admin = issue(trust, service_permissions("admin", SUBJECTS), folder / "admin.creds")
+        yield Bus(embedded, trust, admin, folder)
 
 
 @pytest.fixture(scope="module")

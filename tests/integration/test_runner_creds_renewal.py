@@ -24,8 +24,7 @@ from mdq.bus.streams import ensure_streams
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.embedded import EmbeddedNats
-from tests.helpers import wait_for
-from tests.integration.test_runner_names import closed_nats
+from tests.helpers import closed_nats, wait_for
 
 SUBJECTS = Subjects("mdq")
 JOB = "0123456789ab-renew"

@@ -17,10 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
-import tempfile
 from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,7 +40,8 @@ from mdq.bus.streams import ensure_streams
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.tenants import JobIdError
-from mdq.embedded import EmbeddedNats, start_nats
+from mdq.embedded import EmbeddedNats
+from tests.helpers import closed_nats
 
 SUBJECTS = Subjects("mdq")
 JOB = "0123456789ab-victim"
@@ -74,18 +72,6 @@ class Bus:
     def creds(self, identity: str) -> Path:
         path = self.folder / f"{identity}.creds"
         return issue(self.trust, service_permissions(identity, SUBJECTS), path)
-
-
-@contextmanager
-def closed_nats(prefix: str) -> Iterator[tuple[EmbeddedNats, Trust, Path]]:
-    """A NATS server that admits only users of its own new trust, in a new folder named from
-    ``prefix``: the server, the trust and the folder; stopped and removed afterwards."""
-    folder = Path(tempfile.mkdtemp(prefix=prefix))
-    trust = Trust.load_or_create(folder / "secrets")
-    server = start_nats(folder / "nats", auth=trust.server_block())
-    yield server, trust, folder
-    server.stop()
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
