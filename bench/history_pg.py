@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import itertools
 import json
 import os
@@ -61,10 +60,9 @@ from mdq.store.roles import (
     role_urls,
     setup_database_async,
 )
+from mdq.store.schema_sql import ROLLED_UP
 from services.console import reads
 from services.console.filters import Cursor, JobFilter
-
-_rollups = importlib.import_module("mdq.store.migrations.versions.0015_progress_rollups")
 
 ROOT = Path(__file__).resolve().parents[1]
 HISTORY_DOC = ROOT / "docs" / "history.md"
@@ -437,7 +435,7 @@ async def load(
 
         mdq_s, mdq_took = await run_stages("")
         if rollup_days > 0:
-            rolled_up = _rollups.ROLLED_UP % rollup_keep_every  # as mdq_rollup_progress marks
+            rolled_up = ROLLED_UP % rollup_keep_every  # as mdq_rollup_progress marks
             for (month,) in await connection.fetch(ROLLED_UP_MONTHS, before):
                 await connection.execute(f"COMMENT ON TABLE {month} IS '{rolled_up}'")
         raw_s, raw_took = (await run_stages("raw_")) if raw_baseline else (0.0, {})

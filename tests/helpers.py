@@ -455,13 +455,3 @@ async def insert_job_rows(
     await connection.executemany(
         INSERT_JOB_ROW, [(job, spec, state) for job, spec in specs.items()]
     )
-
-
-async def downgrade_to(database_url: str, revision: str) -> None:
-    """Take the schema of ``database_url`` down to ``revision`` with alembic, as an operator
-    would (the migrations' downgrade tests)."""
-    from alembic import command
-
-    from mdq.store.migrate import alembic_config
-
-    await asyncio.to_thread(command.downgrade, alembic_config(database_url), revision)

@@ -1,13 +1,12 @@
-"""``failure_tallies`` (revision 0019): failed attempts per owner and reason, kept by triggers on
-``attempts``; ``failures_by_reason`` adds them up and must say what counting ``attempts`` itself
-says, whatever statements wrote the attempts (multi-row upserts, rewrites with the same values, a
-reason changed or cleared, a latest end moved back, deletes), apart per owner, filled on upgrade
-and gone on downgrade; two writers on different jobs at once neither deadlock nor miscount."""
+"""``failure_tallies``: failed attempts per owner and reason, kept by triggers on ``attempts``;
+``failures_by_reason`` adds them up and must say what counting ``attempts`` itself says, whatever
+statements wrote the attempts (multi-row upserts, rewrites with the same values, a reason changed
+or cleared, a latest end moved back, deletes), the same tallies as from scratch, apart per owner;
+two writers on different jobs at once neither deadlock nor miscount."""
 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import random
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -15,9 +14,9 @@ from typing import Any
 import asyncpg
 
 from mdq.store.migrate import upgrade_async
-from tests.helpers import downgrade_to, insert_job_rows
+from mdq.store.schema_sql import TENANT_PREFIX
+from tests.helpers import insert_job_rows
 
-revision = importlib.import_module("mdq.store.migrations.versions.0019_failure_tallies")
 NOW = datetime(2026, 12, 4, 12, tzinfo=UTC)
 REASONS = ("FAILURE_OOM_KILLED", "FAILURE_CRASHED", "FAILURE_EVICTED", None)
 OWNERS = ("", "alice.", "lab.")
@@ -31,6 +30,23 @@ UPSERT = (
 )
 BY_REASON = "SELECT reason, attempts, jobs, steps_lost, last_at FROM failures_by_reason"
 TALLIES = "SELECT * FROM failure_tallies"
+COUNTED = """
+    SELECT a.failure_reason AS reason, count(*) AS attempts,
+           count(DISTINCT a.job_id) AS jobs, sum(a.steps_lost) AS steps_lost,
+           max(a.ended_at) AS last_at
+    FROM attempts a
+    WHERE a.failure_reason IS NOT NULL
+    GROUP BY a.failure_reason
+"""
+"""Failed attempts by reason, counted from ``attempts`` itself: what the view must say."""
+FROM_SCRATCH = f"""
+    INSERT INTO failure_tallies (tenant_prefix, reason, attempts, jobs, steps_lost, last_at)
+    SELECT {TENANT_PREFIX.format(j="job_id")}, failure_reason, count(*), count(DISTINCT job_id),
+           sum(steps_lost), max(ended_at)
+    FROM attempts WHERE failure_reason IS NOT NULL
+    GROUP BY 1, 2
+"""
+"""The tallies of every attempt there is, at once: what the triggers must have kept."""
 
 
 async def _jobs(connection: asyncpg.Connection, jobs: list[str]) -> None:
@@ -53,10 +69,7 @@ async def _upsert(connection: asyncpg.Connection, rows: list[tuple[Any, ...]]) -
 async def _both(connection: asyncpg.Connection) -> tuple[set[tuple[Any, ...]], set[Any]]:
     """The view as the tallies give it, and as counting ``attempts`` gives it."""
     tallied = {tuple(row.values()) for row in await connection.fetch(BY_REASON)}
-    counted = {
-        tuple(row.values())
-        for row in await connection.fetch(revision.FAILURES_BY_REASON_FROM_ATTEMPTS)
-    }
+    counted = {tuple(row.values()) for row in await connection.fetch(COUNTED)}
     return tallied, counted
 
 
@@ -101,7 +114,7 @@ async def test_the_view_says_what_counting_the_attempts_says_after_any_statement
         )
         live = {tuple(row.values()) for row in await connection.fetch(TALLIES)}
         await connection.execute("TRUNCATE failure_tallies")
-        await connection.execute(revision.TALLY_EXISTING)
+        await connection.execute(FROM_SCRATCH)
         from_scratch = {tuple(row.values()) for row in await connection.fetch(TALLIES)}
     finally:
         await connection.close()
@@ -167,30 +180,3 @@ async def test_two_writers_on_different_jobs_at_once_count_every_attempt(
     assert tallied == counted
     assert sum(row[1] for row in tallied) == 2 * 20 * 5
     assert sum(row[2] for row in tallied) == 2 * 20, "every job once per reason"
-
-
-async def test_the_upgrade_tallies_what_is_there_and_the_downgrade_counts_attempts_again(
-    database_url: str,
-) -> None:
-    await upgrade_async(database_url)
-    connection = await asyncpg.connect(database_url)
-    try:
-        await downgrade_to(database_url, "0018_usage_summaries")
-        gone = await connection.fetchval("SELECT to_regclass('failure_tallies')")
-        triggers = await connection.fetchval(
-            "SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'failure_tallies%'"
-        )
-        jobs = [f"{index:012x}-md" for index in range(3)]
-        await _jobs(connection, jobs)
-        rows = [(job, 1, "n", NOW, 0, 7, 0, "FAILURE_EVICTED") for job in jobs]
-        await _upsert(connection, rows)
-        before = await connection.fetch(BY_REASON)  # the view counting attempts
-        await upgrade_async(database_url)
-        after = await connection.fetch(BY_REASON)
-        tallies = await connection.fetchval("SELECT count(*) FROM failure_tallies")
-    finally:
-        await connection.close()
-    assert (gone, triggers) == (None, 0)
-    assert [tuple(row.values()) for row in before] == [("FAILURE_EVICTED", 3, 3, 21, NOW)]
-    assert [tuple(r.values()) for r in after] == [tuple(r.values()) for r in before]
-    assert tallies == 1

@@ -1,4 +1,4 @@
-"""Old months of ``progress`` rolled up (migration 0015): a summary per job, attempt and month in
+"""Old months of ``progress`` rolled up: a summary per job, attempt and month in
 ``progress_rollups`` plus every Nth report kept, run by the watcher as the writer; newer months
 untouched; once per month; the settings that turn it on."""
 
@@ -9,10 +9,8 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest
-from alembic import command
 from pydantic import ValidationError
 
-from mdq.store.migrate import alembic_config, upgrade_async
 from mdq.store.partitions import keep_partitions, roll_up_progress
 from mdq.store.roles import RoleUrls
 from services.watcher.settings import WatcherSettings
@@ -178,18 +176,3 @@ def test_the_settings_turn_it_on_past_a_month(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("MDQ_WATCHER_PROGRESS_ROLLUP_KEEP_EVERY", "0")
     with pytest.raises(ValidationError, match="progress_rollup_keep_every"):
         WatcherSettings()
-
-
-async def test_downgrade_removes_the_table_and_the_function(database_url: str) -> None:
-    await upgrade_async(database_url)
-    await asyncio.to_thread(command.downgrade, alembic_config(database_url), "0014_usage_samples")
-    connection = await asyncpg.connect(database_url)
-    try:
-        table = await connection.fetchval("SELECT to_regclass('progress_rollups')")
-        function = await connection.fetchval(
-            "SELECT to_regprocedure('mdq_rollup_progress(timestamptz, integer)')"
-        )
-    finally:
-        await connection.close()
-    await upgrade_async(database_url)  # and up again
-    assert (table, function) == (None, None)

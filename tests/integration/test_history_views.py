@@ -1,4 +1,4 @@
-"""The history views of revisions 0002 and 0004 (docs/history.md), on a projection of real
+"""The history views (docs/history.md), on a projection of real
 events.
 
 A job that ran out of memory on n1 and succeeded on n2, and one that failed for good, are

@@ -1,13 +1,11 @@
-"""``node_hours`` (revision 0020): what ended attempts added to each node's hours, per owner,
-kept by triggers on ``attempts``. ``node_utilisation_since`` adds them up and spreads only the
-running attempts, and must give what spreading every attempt gives (revision 0007's function,
-kept as the downgrade's) after any statement: multi-row upserts, an attempt that starts, ends,
-moves or is deleted, rewrites with the same values, an attempt over several hours; the same
-tallies from scratch; apart per owner; filled on upgrade and gone on downgrade."""
+"""``node_hours``: what ended attempts added to each node's hours, per owner, kept by triggers on
+``attempts``. ``node_utilisation_since`` adds them up and spreads only the running attempts, and
+must give what spreading every attempt gives after any statement: multi-row upserts, an attempt
+that starts, ends, moves or is deleted, rewrites with the same values, an attempt over several
+hours; the same tallies from scratch; apart per owner."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import random
 from datetime import UTC, datetime, timedelta
@@ -17,9 +15,9 @@ import asyncpg
 import pytest
 
 from mdq.store.migrate import upgrade_async
-from tests.helpers import downgrade_to, insert_job_rows
+from mdq.store.schema_sql import SPREAD
+from tests.helpers import insert_job_rows
 
-revision = importlib.import_module("mdq.store.migrations.versions.0020_node_hours")
 HOUR = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
 UPSERT = (
     "INSERT INTO attempts (job_id, attempt, node, started_at, ended_at, resumed_from_step, "
@@ -29,8 +27,35 @@ UPSERT = (
     "ON CONFLICT (job_id, attempt) DO UPDATE SET node = EXCLUDED.node, "
     "started_at = EXCLUDED.started_at, ended_at = EXCLUDED.ended_at"
 )
-SPREAD_EVERY_ATTEMPT = revision.NODE_UTILISATION_SINCE_SPREAD.split("$$")[1]
-"""Revision 0007's function body: every attempt of the window spread over its hours."""
+SPREAD_EVERY_ATTEMPT = """
+    SELECT a.node, h.hour, count(*) AS attempts,
+           sum(EXTRACT(EPOCH FROM (
+               LEAST(COALESCE(a.ended_at, now()), h.hour + interval '1 hour')
+               - GREATEST(a.started_at, h.hour)))) AS busy_s,
+           sum(COALESCE((j.spec->'resources'->>'cpu')::float8, 1.0) * EXTRACT(EPOCH FROM (
+               LEAST(COALESCE(a.ended_at, now()), h.hour + interval '1 hour')
+               - GREATEST(a.started_at, h.hour)))) AS cpu_core_s
+    FROM attempts a
+    JOIN jobs j ON j.job_id = a.job_id
+    CROSS JOIN LATERAL generate_series(
+        date_trunc('hour', GREATEST(a.started_at, since)), COALESCE(a.ended_at, now()),
+        interval '1 hour'
+    ) AS h(hour)
+    WHERE a.started_at IS NOT NULL AND a.node IS NOT NULL
+      AND (a.ended_at > date_trunc('hour', since) OR a.ended_at IS NULL)
+    GROUP BY a.node, h.hour
+"""
+"""Every attempt of the window from ``since`` spread over its hours, each time: what the node
+hours must add up to."""
+FROM_SCRATCH = f"""
+    INSERT INTO node_hours (hour, node, tenant_prefix, attempts, busy_s, cpu_core_s)
+    SELECT hour, node, tenant_prefix, count(*), sum(busy_s), sum(busy_s * cores)
+    FROM ({SPREAD.format(attempts="attempts", sign="1", end="a.ended_at", since="a.started_at")}
+          WHERE a.node IS NOT NULL AND a.started_at IS NOT NULL AND a.ended_at IS NOT NULL
+         ) spread
+    GROUP BY hour, node, tenant_prefix
+"""
+"""The node hours of every ended attempt there is, at once: what the triggers must have kept."""
 SINCE = HOUR - timedelta(hours=30)
 ROWS = "SELECT node, hour, attempts, busy_s, cpu_core_s FROM {} ORDER BY node, hour"
 
@@ -126,7 +151,7 @@ async def test_the_tallies_give_what_spreading_every_attempt_gives_after_any_sta
             "SELECT * FROM node_hours WHERE attempts > 0 ORDER BY 1, 2, 3"
         )
         await connection.execute("TRUNCATE node_hours")
-        await connection.execute(revision.TALLY_EXISTING)
+        await connection.execute(FROM_SCRATCH)
         from_scratch = await connection.fetch("SELECT * FROM node_hours ORDER BY 1, 2, 3")
     finally:
         await connection.close()
@@ -169,27 +194,21 @@ async def test_an_attempt_over_three_hours_counts_in_each_and_each_owner_apart(
     assert (first["attempts"], first["busy_s"], first["cpu_core_s"]) == (2, 2400, 3000.0)
 
 
-async def test_the_upgrade_tallies_what_is_there_and_the_downgrade_spreads_again(
+async def test_attempts_that_end_on_the_hour_count_in_it_and_in_the_hour_they_end_in(
     database_url: str,
 ) -> None:
     await upgrade_async(database_url)
     connection = await asyncpg.connect(database_url)
     try:
-        await downgrade_to(database_url, "0019_failure_tallies")
-        gone = await connection.fetchval("SELECT to_regclass('node_hours')")
         jobs = [f"{index:012x}-md" for index in range(3)]
         await _jobs(connection, jobs)
         start = HOUR - timedelta(hours=2)
         await _upsert(connection, [(j, 1, "n1", start, start + timedelta(hours=1)) for j in jobs])
-        before = await connection.fetch(ROWS.format("node_utilisation"))
-        await upgrade_async(database_url)
-        after = await connection.fetch(ROWS.format("node_utilisation"))
+        rows = await connection.fetch(ROWS.format("node_utilisation"))
         tallies = await connection.fetchval("SELECT count(*) FROM node_hours")
     finally:
         await connection.close()
-    assert gone is None
-    assert [tuple(r) for r in before] == [tuple(r) for r in after]
-    assert tuple(before[0])[:4] == ("n1", start, 3, 3 * 3600)
+    assert tuple(rows[0])[:4] == ("n1", start, 3, 3 * 3600)
     assert tallies == 2, "the hour it ended in counts it too (busy 0): as spreading it does"
 
 

@@ -1,4 +1,4 @@
-"""The monthly partitions of ``progress`` and ``job_events`` (migration 0008), on a real
+"""The monthly partitions of ``progress`` and ``job_events``, on a real
 PostgreSQL set up as deployments set it up (owner, writer, reader): rows land in their month,
 a month made late takes its rows out of the default partition, old months detach, only the
 writer may run the partition functions, and the tables read as one through their parents."""

@@ -177,7 +177,7 @@ async def test_setup_takes_over_a_database_migrated_before_the_roles_and_runs_ag
             == names.owner
         )
         # the partitions and the functions too: a SECURITY DEFINER function the writer runs
-        # (revision 0008) would otherwise run as the administrator
+        # (mdq_make_partitions) would otherwise run as the administrator
         owners = await owner.fetch(
             "SELECT relname AS name, pg_get_userbyid(relowner) AS owner FROM pg_class "
             "WHERE relname LIKE 'progress%' OR relname LIKE 'job_events%' "

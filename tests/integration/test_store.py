@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 from collections.abc import AsyncIterator
 
@@ -20,6 +19,7 @@ from mdq.store import queries
 from mdq.store.engine import create_engine
 from mdq.store.migrate import alembic_config, current_revision, upgrade, upgrade_async
 from mdq.store.models import Base
+from mdq.store.schema_sql import FUNCTIONS, PARTITIONED, TRIGGERS, VIEWS
 
 TABLES = {
     "jobs",
@@ -66,7 +66,7 @@ async def test_upgrade_creates_every_table_on_an_empty_database(database_url: st
     upgrade(database_url)  # the sync entry point, called from inside a running loop
 
     assert await _tables(database_url) == TABLES | {"alembic_version"}
-    assert await asyncio.to_thread(current_revision, database_url) == "0023_ordered_summaries"
+    assert await asyncio.to_thread(current_revision, database_url) == "0001_schema"
 
 
 async def test_upgrade_twice_changes_nothing(database_url: str) -> None:
@@ -86,7 +86,7 @@ async def test_upgrade_twice_changes_nothing(database_url: str) -> None:
         assert await connection.fetchval("SELECT last_seq FROM consumer_offsets") == 42
     finally:
         await connection.close()
-    assert await asyncio.to_thread(current_revision, database_url) == "0023_ordered_summaries"
+    assert await asyncio.to_thread(current_revision, database_url) == "0001_schema"
 
 
 async def test_concurrent_upgrades_wait_for_each_other(database_url: str) -> None:
@@ -168,67 +168,50 @@ async def test_queries_on_an_empty_projection(engine: AsyncEngine) -> None:
     assert await queries.progress_trace(engine, "nope-job") == []
 
 
-async def test_upgrade_to_0003_moves_progress_out_of_the_events_table(database_url: str) -> None:
-    """A projection written by revision 0002 (progress in both tables) is migrated: each report
-    is kept once, in ``progress``, with what its event carried, and the ``events`` view shows
-    the same events with the same bodies as before."""
-    await upgrade_async(database_url, "0002_history_views")
-    body = {
-        "step": "200",
-        "target_steps": "1000",
-        "time_ps": 0.4,
-        "potential_kj_mol": -1020.5,
-        "kinetic_kj_mol": 502.0,
-        "temperature_k": 300.2,
-        "ns_per_day": 31.0,
-        "eta_s": 12.5,
-        "done_reason": "converged",
-    }
-    job = "0123456789ab-md"
+async def _schema_objects(database_url: str) -> dict[str, set[str]]:
+    """The schema's relations (partitions included), functions and triggers, by kind."""
     connection = await asyncpg.connect(database_url)
     try:
-        await connection.execute(
-            "INSERT INTO events (event_id, stream, stream_seq, job_id, attempt, kind, time, "
-            "producer, body) VALUES "
-            "('started:0123456789ab-md:1', 'NS_JOBS', 3, $1, 1, 'started', now(), 'watcher', "
-            '\'{"node": "n1"}\'), '
-            "('progress:0123456789ab-md:1:200', 'NS_PROGRESS', 7, $1, 1, 'progress', now(), "
-            "'runner', $2::jsonb)",
-            job,
-            json.dumps(body),
+        relations = await connection.fetch(
+            "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'v')"
         )
-        await connection.execute(
-            "INSERT INTO progress (job_id, attempt, step, time, time_ps, potential_kj_mol, "
-            "kinetic_kj_mol, temperature_k, ns_per_day) "
-            "VALUES ($1, 1, 200, now(), 0.4, -1020.5, 502.0, 300.2, 31.0)",
-            job,
+        functions = await connection.fetch(  # each by its signature as FUNCTIONS names it
+            "SELECT coalesce(s, p.oid::regprocedure::text) FROM pg_proc p "
+            "JOIN pg_namespace n ON n.oid = p.pronamespace "
+            "LEFT JOIN unnest($1::text[]) AS s ON to_regprocedure(s) = p.oid "
+            "WHERE n.nspname = 'public'",
+            list(FUNCTIONS),
         )
-        before = await connection.fetch("SELECT event_id, body::text FROM events ORDER BY 1")
-
-        await upgrade_async(database_url)
-
-        moved = await connection.fetchrow("SELECT * FROM progress")
-        kinds = await connection.fetch("SELECT kind FROM job_events")
-        after = await connection.fetch("SELECT event_id, body::text FROM events ORDER BY 1")
-
-        await asyncio.to_thread(
-            command.downgrade, alembic_config(database_url), "0002_history_views"
-        )
-        restored = await connection.fetch("SELECT event_id, body::text FROM events ORDER BY 1")
+        triggers = await connection.fetch("SELECT tgname FROM pg_trigger WHERE NOT tgisinternal")
     finally:
         await connection.close()
-    assert [row["kind"] for row in kinds] == ["started"]
-    assert (moved["event_id"], moved["stream"], moved["stream_seq"], moved["producer"]) == (
-        "progress:0123456789ab-md:1:200",
-        "NS_PROGRESS",
-        7,
-        "runner",
-    )
-    assert (moved["target_steps"], moved["eta_s"], moved["done_reason"]) == (
-        1000,
-        12.5,
-        "converged",
-    )
-    as_json = [(row[0], json.loads(row[1])) for row in before]
-    assert [(row[0], json.loads(row[1])) for row in after] == as_json
-    assert [(row[0], json.loads(row[1])) for row in restored] == as_json  # and back down
+    return {
+        "relations": {row[0] for row in relations},
+        "functions": {row[0] for row in functions},
+        "triggers": {row[0] for row in triggers},
+    }
+
+
+async def test_downgrade_to_base_drops_everything_and_upgrade_makes_it_again(
+    database_url: str,
+) -> None:
+    """The migration goes down to an empty schema (the migrations' own table aside) and up
+    again to the same one; the views, functions and triggers of ``schema_sql`` are all there."""
+    await upgrade_async(database_url)
+    made = await _schema_objects(database_url)
+
+    await asyncio.to_thread(command.downgrade, alembic_config(database_url), "base")
+    left = await _schema_objects(database_url)
+    revision_after_downgrade = await asyncio.to_thread(current_revision, database_url)
+
+    await upgrade_async(database_url)
+    again = await _schema_objects(database_url)
+
+    defaults = {f"{table}_default" for table in PARTITIONED}
+    assert made["relations"] >= TABLES | set(VIEWS) | defaults
+    assert made["functions"] == set(FUNCTIONS)
+    assert len(made["triggers"]) == len(TRIGGERS)
+    assert left == {"relations": {"alembic_version"}, "functions": set(), "triggers": set()}
+    assert revision_after_downgrade is None
+    assert again == made

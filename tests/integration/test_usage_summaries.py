@@ -1,25 +1,23 @@
-"""``usage_summaries`` (revision 0018): per kind of job, its newest samples as arrays, kept by a
-trigger on ``usage_samples``; the same whatever order the samples came in, apart per owner,
-filled on upgrade and gone on downgrade; what ``usage_history`` reads."""
+"""``usage_summaries``: per kind of job, its newest samples as arrays, kept by a trigger on
+``usage_samples``; the same whatever order the samples came in and as from the samples alone,
+apart per owner; what ``usage_history`` reads."""
 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 import random
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
-from alembic import command
 
 from mdq.store.engine import create_engine
-from mdq.store.migrate import alembic_config, upgrade_async
+from mdq.store.migrate import upgrade_async
 from mdq.store.queries import usage_history
+from mdq.store.schema_sql import SAMPLES_PER_KIND, SUMMARIZE
 from tests.helpers import insert_job_rows
 
-revision = importlib.import_module("mdq.store.migrations.versions.0018_usage_summaries")
 SPEC = {"name": "md", "system": {"water_box": {"box_nm": 3.0}}, "resources": {"cpu": 2}}
 NOW = datetime.now(UTC)
 INSERT_USAGE = (
@@ -76,13 +74,13 @@ async def test_a_kind_keeps_its_newest_samples_newest_first_whatever_their_order
             await connection.execute(INSERT_USAGE, *_usage(job, index))
         live = await _summaries(connection)
         await connection.execute("TRUNCATE usage_summaries")
-        await connection.execute(revision.SUMMARIZE.format(source="usage_samples"))
+        await connection.execute(SUMMARIZE.format(source="usage_samples"))
         from_scratch = await _summaries(connection)
     finally:
         await connection.close()
 
     [(_, cpu, oom, owner, job, newest, spec, peaks, cores, limits)] = live
-    kept = revision.SAMPLES_PER_KIND
+    kept = SAMPLES_PER_KIND
     assert (cpu, oom, owner, job) == (2.0, False, "", jobs[0])
     assert newest == NOW - timedelta(minutes=0)
     assert peaks == [1000.0 - index for index in range(kept)], "the newest, newest first"
@@ -140,11 +138,8 @@ async def test_each_owners_kinds_are_apart_and_an_oom_kill_keeps_its_limit(
     assert len({row["spec_key"] for row in rows}) == 1, "one spec: one key"
 
 
-async def test_the_upgrade_summarizes_what_is_there_and_the_downgrade_drops_it(
-    database_url: str,
-) -> None:
+async def test_each_new_sample_of_a_kind_joins_its_one_summary(database_url: str) -> None:
     await upgrade_async(database_url)
-    config = alembic_config(database_url)
     connection = await asyncpg.connect(database_url)
     try:
         for index in range(3):
@@ -152,20 +147,13 @@ async def test_the_upgrade_summarizes_what_is_there_and_the_downgrade_drops_it(
             await _job(connection, job)
             await connection.execute(INSERT_USAGE, *_usage(job, index))
         before = await _summaries(connection)
-        await asyncio.to_thread(command.downgrade, config, "0017_job_since")
-        gone = await connection.fetchval("SELECT to_regclass('usage_summaries')")
-        trigger = await connection.fetchval(
-            "SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'usage_summaries%'"
-        )
         await _job(connection, "000000000003-md")
-        await connection.execute(INSERT_USAGE, *_usage("000000000003-md", 3))  # still stored
-        await upgrade_async(database_url)
+        await connection.execute(INSERT_USAGE, *_usage("000000000003-md", 3))
         after = await _summaries(connection)
     finally:
         await connection.close()
     assert len(before) == 1 and len(before[0][7]) == 3
-    assert (gone, trigger) == (None, 0)
-    assert len(after[0][7]) == 4, "the upgrade summarized the samples there, the new one too"
+    assert len(after) == 1 and len(after[0][7]) == 4
 
 
 async def test_two_writers_of_oom_kills_of_the_same_kinds_at_once_do_not_deadlock(
