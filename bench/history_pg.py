@@ -272,7 +272,7 @@ without an entry."""
 
 READ_WHOLE = {
     "consumer_offsets": "a row per consumer of the event log",
-    "failure_tallies": "a row per owner and failure reason (revision 0019)",
+    "failure_tallies": "a row per owner and failure reason",
 }
 """Tables whose size does not grow with the history, which a query may read whole."""
 

@@ -5,10 +5,9 @@ consumer offset, so the database is always a consistent prefix of the log. Colum
 meant for plain SQL too (``mdq show`` is only one reader); times are ``timestamptz``, energies
 kJ/mol, temperatures K. Empty strings of the events are stored as NULL.
 
-The Alembic migrations under ``migrations/`` create exactly these tables; a test compares them.
-Revision 0002 adds read-only views over them for the common questions (``job_timeline``,
-``attempt_history``, ``failures_by_reason``, ``node_utilisation``; see docs/history.md);
-revision 0003 stores progress reports once, in ``progress``, and makes ``events`` a view.
+The migration under ``migrations/`` makes these tables from these models, then what models
+cannot say (``mdq.store.schema_sql``): row security, partitions, functions, triggers and the
+read-only views for the common questions (docs/history.md), ``events`` among them.
 """
 
 from __future__ import annotations
@@ -69,19 +68,19 @@ class Job(Base):
         Index(None, "state"),
         Index(None, "request_id"),
         Index(None, "submitted_at"),
-        # revision 0007: mdq ls --state S, newest first
+        # mdq ls --state S, newest first
         Index(
             "ix_jobs_state_submitted_at",
             "state",
             text("submitted_at DESC"),
             "job_id",
         ),
-        # revision 0009: the console's keyset pages and its label filter
+        # the console's keyset pages and its label filter
         Index("ix_jobs_submitted_at_job_id", "submitted_at", "job_id"),
-        # revision 0022: the jobs cancelled in a window
+        # the jobs cancelled in a window
         Index("ix_jobs_cancelled", "updated_at", postgresql_where=text("state = 'CANCELLED'")),
         # the operator class in postgresql_ops, apart from the expression, so that alembic
-        # can compare the expression (the DDL is revision 0009's, word for word)
+        # can compare the expression
         Index(
             "ix_jobs_labels",
             literal_column("(spec -> 'labels')").label("labels"),
@@ -114,11 +113,9 @@ class Job(Base):
     final_reason: Mapped[str | None] = mapped_column(comment="FailureReason name if FAILED.")
     final_message: Mapped[str | None]
     latest_checkpoint_step: Mapped[int | None]
-    # revision 0012
     control: Mapped[dict[str, Any] | None] = mapped_column(
         comment="Job control in force: hold, stop, who asked (JobView.control_dict)."
     )
-    # revision 0013
     units: Mapped[str | None] = mapped_column(
         comment="Units of the job's reported figures: NULL as the column names say; "
         "lj: reduced Lennard-Jones units (docs/engines.md)."
@@ -131,11 +128,11 @@ class Attempt(Base):
     __tablename__ = "attempts"
     __table_args__ = (
         ForeignKeyConstraint(["job_id"], ["jobs.job_id"], ondelete="CASCADE"),
-        Index(None, "node", "started_at"),  # revision 0002: node utilisation
-        Index("ix_attempts_ended_at", "ended_at"),  # revision 0007: attempts in a window
-        # revision 0016: the attempts started in the last hour, per node (the nodes page)
+        Index(None, "node", "started_at"),  # node utilisation
+        Index("ix_attempts_ended_at", "ended_at"),  # attempts in a window
+        # the attempts started in the last hour, per node (the nodes page)
         Index("ix_attempts_started_at", "started_at", postgresql_include=["node"]),
-        Index(  # revision 0022: one reason's failed attempts in a window
+        Index(  # one reason's failed attempts in a window
             "ix_attempts_failures",
             "failure_reason",
             "ended_at",
@@ -157,12 +154,12 @@ class Attempt(Base):
     resumed_from_step: Mapped[int] = mapped_column(comment="Checkpoint step resumed from.")
     steps_lost: Mapped[int] = mapped_column(comment="Steps beyond the checkpoint, lost.")
     last_step: Mapped[int] = mapped_column(comment="Last MD step this attempt reached.")
-    resumed_from_copy: Mapped[bool] = mapped_column(  # revision 0011
+    resumed_from_copy: Mapped[bool] = mapped_column(
         Boolean,
         server_default=false(),
         comment="Resumed from a checkpoint copied to the shared store.",
     )
-    copy_lag_steps: Mapped[int] = mapped_column(  # revision 0011
+    copy_lag_steps: Mapped[int] = mapped_column(
         Integer,
         server_default="0",
         comment="Of steps_lost, the steps the resumed-from copy lagged the latest checkpoint.",
@@ -173,13 +170,13 @@ class EventRecord(Base):
     """Every event of the JOBS stream, once (the event id is the key).
 
     Progress reports, the PROGRESS stream, are stored once, in ``progress``; the view
-    ``events`` (revision 0003, ``EVENTS``) is both, as one table of every event.
+    ``events`` (``EVENTS``) is both, as one table of every event.
     """
 
     __tablename__ = "job_events"
     __table_args__ = (
         Index(None, "job_id", "time"),
-        {"postgresql_partition_by": "RANGE (time)"},  # revision 0008: monthly partitions
+        {"postgresql_partition_by": "RANGE (time)"},  # monthly partitions
     )
 
     # Not unique by itself: a partitioned table's keys hold its partition key. The projector
@@ -199,7 +196,7 @@ class ProgressRecord(Base):
     """MD progress reports (the energy trace of every attempt), each event stored once here."""
 
     __tablename__ = "progress"
-    __table_args__ = ({"postgresql_partition_by": "RANGE (time)"},)  # revision 0008
+    __table_args__ = ({"postgresql_partition_by": "RANGE (time)"},)  # monthly partitions
 
     job_id: Mapped[str] = mapped_column(primary_key=True)
     attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -217,7 +214,6 @@ class ProgressRecord(Base):
     target_steps: Mapped[int]
     eta_s: Mapped[float]
     done_reason: Mapped[str] = mapped_column(comment="'' until the report that ends the run.")
-    # revision 0013
     units: Mapped[str | None] = mapped_column(
         comment="Progress.units: NULL as the column names say; lj: reduced LJ units."
     )
@@ -266,13 +262,13 @@ class Placement(Base):
 
 
 class UsageSampleRecord(Base):
-    """What each measured attempt used, by system (revision 0014): one row per ``usage`` event
+    """What each measured attempt used, by system: one row per ``usage`` event
     of ``job_events``, written by a trigger on it, and one per OOM-killed attempt, written by a
     trigger on ``attempts``, for the memory questions and the recommender."""
 
     __tablename__ = "usage_samples"
     __table_args__ = (
-        Index(  # revision 0021: one system's measured samples in a window
+        Index(  # one system's measured samples in a window
             "ix_usage_samples_recent",
             "system_kind",
             "time",
@@ -280,7 +276,7 @@ class UsageSampleRecord(Base):
             postgresql_where=text("NOT oom_killed"),
         ),
         Index("ix_usage_samples_time", "oom_killed", "time"),
-        # revision 0018: a kind's newest samples (its owner: the job id's tenant, '' none)
+        # a kind's newest samples (its owner: the job id's tenant, '' none)
         Index(
             "ix_usage_samples_kind",
             "spec_key",
@@ -293,7 +289,7 @@ class UsageSampleRecord(Base):
             ).label("owner"),
             text("time DESC"),
         ),
-        {"comment": "One row per usage event (revision 0014): what each attempt used, by system."},
+        {"comment": "One row per usage event: what each attempt used, by system."},
     )
 
     job_id: Mapped[str] = mapped_column(primary_key=True)
@@ -318,7 +314,7 @@ class UsageSampleRecord(Base):
 
 
 class UsageSummaryRecord(Base):
-    """The newest samples of each kind of job (revision 0018): per ``spec_key``, CPU limit,
+    """The newest samples of each kind of job: per ``spec_key``, CPU limit,
     measured or OOM-killed, and owner, the newest samples of ``usage_samples`` as arrays
     (newest first) and the kind's fingerprint inputs, kept by a trigger on it; what the
     recommender reads."""
@@ -326,7 +322,7 @@ class UsageSummaryRecord(Base):
     __tablename__ = "usage_summaries"
     __table_args__ = (
         Index("ix_usage_summaries_newest", "newest"),
-        {"comment": "The newest samples of each kind of job (revision 0018), newest first."},
+        {"comment": "The newest samples of each kind of job, newest first."},
     )
 
     spec_key: Mapped[str] = mapped_column(primary_key=True, comment="usage_samples.spec_key.")
@@ -348,13 +344,11 @@ class UsageSummaryRecord(Base):
 
 
 class FailureTally(Base):
-    """Failed attempts per owner and reason (revision 0019), kept by triggers on ``attempts``:
+    """Failed attempts per owner and reason, kept by triggers on ``attempts``:
     what the view ``failures_by_reason`` adds up."""
 
     __tablename__ = "failure_tallies"
-    __table_args__ = (
-        {"comment": "Failed attempts per owner and reason (revision 0019), kept by triggers."},
-    )
+    __table_args__ = ({"comment": "Failed attempts per owner and reason, kept by triggers."},)
 
     tenant_prefix: Mapped[str] = mapped_column(
         primary_key=True,
@@ -368,13 +362,11 @@ class FailureTally(Base):
 
 
 class NodeHour(Base):
-    """What ended attempts added to one node's hour, per owner (revision 0020), kept by
+    """What ended attempts added to one node's hour, per owner, kept by
     triggers on ``attempts``: what ``node_utilisation`` adds up."""
 
     __tablename__ = "node_hours"
-    __table_args__ = (
-        {"comment": "What ended attempts added to each node's hours (revision 0020), by triggers."},
-    )
+    __table_args__ = ({"comment": "What ended attempts added to each node's hours, by triggers."},)
 
     hour: Mapped[datetime] = mapped_column(primary_key=True, comment="The hour's start.")
     node: Mapped[str] = mapped_column(primary_key=True)
@@ -390,13 +382,11 @@ class NodeHour(Base):
 
 
 class ProgressRollup(Base):
-    """Per job, attempt and month: the reports of a rolled-up month of ``progress`` (revision
-    0014, ``mdq_rollup_progress``), which keeps every Nth of them."""
+    """Per job, attempt and month: the reports of a rolled-up month of ``progress``
+    (``mdq_rollup_progress``), which keeps every Nth of them."""
 
     __tablename__ = "progress_rollups"
-    __table_args__ = (
-        {"comment": "A rolled-up month of progress, per job and attempt (revision 0015)."},
-    )
+    __table_args__ = ({"comment": "A rolled-up month of progress, per job and attempt."},)
 
     job_id: Mapped[str] = mapped_column(primary_key=True)
     attempt: Mapped[int] = mapped_column(Integer, primary_key=True)

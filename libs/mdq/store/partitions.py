@@ -1,4 +1,4 @@
-"""Keeping the monthly partitions of ``progress`` and ``job_events`` (migration 0008).
+"""Keeping the monthly partitions of ``progress`` and ``job_events``.
 
 The watcher, the database's one writer, runs ``keep_partitions`` beside its projector: at start
 and every hour it makes the months from now through ``months_ahead`` that are missing
@@ -7,8 +7,8 @@ and, with a retention, detaches the months that ended more than ``retention_days
 (``mdq_detach_partitions``): they leave the history tables (and ``mdq ls``/``show``), stay in the
 database as plain tables readable by the owner alone, to archive and drop; and, with a roll-up
 age, it rolls the months of ``progress`` that ended more than ``rollup_days`` ago up into
-per-job summaries plus every ``keep_every``-th report (``mdq_rollup_progress``, migration
-0014). The functions run as the schema's owner; the writer may execute them and has no DDL of
+per-job summaries plus every ``keep_every``-th report (``mdq_rollup_progress``).
+The functions run as the schema's owner; the writer may execute them and has no DDL of
 its own. A database that
 is away is tried again later: the projector waits for it anyway, and nothing here is urgent.
 """

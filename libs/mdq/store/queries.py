@@ -254,8 +254,8 @@ async def list_jobs(
 
 
 def job_rows_since(job_id: str) -> ColumnElement[Any]:
-    """From when ``job_id``'s rows in ``progress`` and ``job_events`` can exist (revision 0017,
-    ``mdq_job_since``): a per-job read that adds ``time >= job_rows_since(job_id)`` reads only the
+    """From when ``job_id``'s rows in ``progress`` and ``job_events`` can exist
+    (``mdq_job_since``): a per-job read that adds ``time >= job_rows_since(job_id)`` reads only the
     months since the job's submission, not every monthly partition."""
     return func.mdq_job_since(job_id)
 
@@ -393,7 +393,7 @@ USAGE_HISTORY = text(
 )
 """The kinds of job with a sample in the last ``:days`` days, newest first, at most
 ``:kinds``: one row each, with its fingerprint inputs and its newest samples as arrays
-(``usage_summaries``, revision 0018), only those the recommender reads: a measured kind's peak
+(``usage_summaries``), only those the recommender reads: a measured kind's peak
 memory and mean cores, an OOM-killed kind's memory limits."""
 
 
@@ -416,7 +416,7 @@ async def usage_history(
     """What the resource recommender learns from (``mdq.core.recommend``): for each kind of
     job with an attempt in the last ``days`` days (at most ``kinds`` kinds, the most recently
     run), its newest measured attempts and its newest OOM-killed ones with the memory limit
-    they were bound with (``usage_summaries``, revision 0018: ``SAMPLES_PER_KIND`` of each), as
+    they were bound with (``usage_summaries``: ``SAMPLES_PER_KIND`` of each), as
     one group per kind. An attempt's threads are those of the CPU it ran with. The kind's spec
     fields are parsed and fingerprinted once per process (a kind whose spec was not found yet
     is left out)."""

@@ -53,14 +53,14 @@ RELATIONS: dict[str, Access] = {
     "placements": Access.WRITTEN,
     "rejections": Access.WRITTEN,
     "consumer_offsets": Access.WRITTEN,
-    # kept by a trigger on job_events, as the writer inserts (revision 0014)
+    # kept by a trigger on job_events, as the writer inserts
     "usage_samples": Access.WRITTEN,
-    # kept by a trigger on usage_samples (revision 0018)
+    # kept by a trigger on usage_samples
     "usage_summaries": Access.WRITTEN,
-    # kept by triggers on attempts (revisions 0019 and 0020)
+    # kept by triggers on attempts
     "failure_tallies": Access.WRITTEN,
     "node_hours": Access.WRITTEN,
-    # written by mdq_rollup_progress, the owner's (revision 0015)
+    # written by mdq_rollup_progress, the owner's
     "progress_rollups": Access.SUMMARIZED,
     # the views of docs/history.md
     "events": Access.READ,
@@ -80,9 +80,9 @@ WRITER_FUNCTIONS = (
     "mdq_detach_partitions(timestamptz)",
     "mdq_rollup_progress(timestamptz, integer)",
 )
-"""The owner's functions the writer may execute (revision 0008: the watcher makes the months
-ahead and detaches the expired ones; revision 0015: it rolls the old months of progress up;
-with no DDL of its own); PUBLIC may execute none."""
+"""The owner's functions the writer may execute (the watcher makes the months ahead, detaches
+the expired ones and rolls the old months of progress up, with no DDL of its own); PUBLIC may
+execute none."""
 
 WRITER_TABLE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE")
 """The projector inserts (COPY included) and upserts; it never deletes or truncates."""
@@ -101,15 +101,14 @@ TENANT_ROWS: dict[str, str] = {
     "node_hours": "tenant_prefix",
     "progress_rollups": "job_id",
 }
-"""The tables of per-job rows (migration 0006 puts them under row security), each with the
+"""The tables of per-job rows (the migration puts them under row security), each with the
 column that names its job or submit (a tally: its owner, ``<tenant>.``): a tenant sees a row
 only when that starts with ``<tenant>.``. A row whose column is NULL (an event of no job) is
 no tenant's."""
 
 READER_POLICY = "reader_rows"
 TENANT_POLICY = "tenant_rows"
-"""The policies' names (the same on every table; migration 0006's downgrade finds the
-tenants' group by ``TENANT_POLICY``)."""
+"""The policies' names (the same on every table)."""
 TENANT_ROLE_INFIX = "_tenant_"
 MAX_ROLE_NAME = 63
 """PostgreSQL's NAMEDATALEN - 1: a longer name would be cut, and two tenants could meet."""
@@ -239,7 +238,7 @@ BEGIN
                      WHEN 'S' THEN 'SEQUENCE' ELSE 'TABLE' END,
       r.relname, {owner});
   END LOOP;
-  -- the schema's functions too: a SECURITY DEFINER one (revision 0008) runs as its owner
+  -- the schema's functions too: a SECURITY DEFINER one (the partitions') runs as its owner
   FOR r IN
     SELECT p.oid::regprocedure::text AS signature FROM pg_proc p
     JOIN pg_namespace n ON n.oid = p.pronamespace

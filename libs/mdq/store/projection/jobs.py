@@ -268,7 +268,7 @@ async def fold_jobs(
     if updates:
         await connection.execute(UPDATE_JOBS, *job_update_arrays(updates))
     # New and changed attempts in a statement each: the tallies' statement triggers on
-    # ``attempts`` (revision 0019) count a job from the table as the statement left it, so one
+    # ``attempts`` (``failure_tallies``) count a job from the table as the statement left it, so one
     # statement that both inserts and updates a job's attempts would hide each half from the
     # other's count.
     for attempts in (changed_attempts, new_attempts):

@@ -201,7 +201,7 @@ UPSERT_ATTEMPTS: BatchInsert[AttemptOf] = BatchInsert.of(
     ),
 )
 """A batch's changed attempts in one statement (``arrays_of_rows`` of ``attempt_row``s): the
-triggers on ``attempts`` (revision 0019's tallies) run once per batch, not once per row."""
+triggers on ``attempts`` (the tallies') run once per batch, not once per row."""
 if UPSERT_ATTEMPTS.names != tuple(column.name for column in ATTEMPT_TABLE):
     raise AssertionError("attempt_row's order is not the upsert's")
 
