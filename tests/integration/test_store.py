@@ -19,7 +19,7 @@ from mdq.store import queries
 from mdq.store.engine import create_engine
 from mdq.store.migrate import alembic_config, current_revision, upgrade, upgrade_async
 from mdq.store.models import Base
-from mdq.store.schema_sql import FUNCTIONS, PARTITIONED, TRIGGERS, VIEWS
+from mdq.store.schema_sql import FUNCTIONS, OWNER_ONLY_FUNCTIONS, PARTITIONED, TRIGGERS, VIEWS
 
 TABLES = {
     "jobs",
@@ -215,3 +215,24 @@ async def test_downgrade_to_base_drops_everything_and_upgrade_makes_it_again(
     assert left == {"relations": {"alembic_version"}, "functions": set(), "triggers": set()}
     assert revision_after_downgrade is None
     assert again == made
+
+
+async def test_no_one_but_the_owner_may_run_the_owners_functions_before_any_grant(
+    database_url: str,
+) -> None:
+    """The functions that run with the owner's rights are revoked from PUBLIC by the migration
+    itself, not only by the grants step that follows it."""
+    await upgrade_async(database_url)
+    connection = await asyncpg.connect(database_url)
+    try:
+        open_to_all = [
+            signature
+            for signature in OWNER_ONLY_FUNCTIONS
+            if await connection.fetchval(
+                "SELECT has_function_privilege('public', $1, 'EXECUTE')", signature
+            )
+        ]
+    finally:
+        await connection.close()
+    assert open_to_all == []
+    assert "mdq_rollup_progress(timestamptz, integer)" in OWNER_ONLY_FUNCTIONS

@@ -692,6 +692,7 @@ OWNER_ONLY_FUNCTIONS = (
     "mdq_add_partition(text, timestamp)",
     "mdq_make_partitions(timestamptz, timestamptz)",
     "mdq_detach_partitions(timestamptz)",
+    "mdq_rollup_progress(timestamptz, integer)",
 )
 """The functions PUBLIC may not execute: they run as the owner (SECURITY DEFINER, a fixed
 ``search_path``, under an advisory lock), and the writer, with no DDL of its own, may execute

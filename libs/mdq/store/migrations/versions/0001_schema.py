@@ -3,8 +3,10 @@
 views.
 
 The tables come from the models as they are, so this migration makes whatever the models
-declare; once a version is released, its migrations are frozen, and every later change to the
-models is a migration of its own that says the change.
+declare. A released version freezes its migrations: before the first release, the
+``create_all`` here is written out as the tables it makes, and every later change to the
+models is a migration of its own (``tests/integration/test_store.py`` compares the migrated
+database with the models).
 
 Downgrade drops everything this made. A month detached by ``mdq_detach_partitions`` is a plain
 table of its own by then (to archive and drop); it is left as it is.
