@@ -204,9 +204,10 @@ def agent_running(
     settings: Mapping[str, str],
     *,
     log_file: Path | None = None,
+    creds: Path | None = None,
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """A local node agent (``start_agent``) serving ``nodes`` with ``settings``; killed when
-    the block ends."""
+    """A local node agent (``start_agent``) serving ``nodes`` with ``settings`` (and its own
+    ``creds`` on an authenticating server); killed when the block ends."""
     process = start_agent(
         nats_url=nats_url,
         namespace=namespace,
@@ -214,6 +215,7 @@ def agent_running(
         node_names=nodes,
         settings=settings,
         log_file=log_file,
+        creds=creds,
     )
     try:
         yield process

@@ -25,9 +25,12 @@ from mdq.backends.factory import UnknownBackend, make_backend
 from mdq.backends.launch import inherited_environment
 from mdq.backends.local.api import LocalBackend
 from mdq.backends.local.launcher import start_agent
-from mdq.backends.local.records import NodeRecord, PodRecord
+from mdq.backends.local.records import NodeRecord, PodRecord, ensure_buckets
 from mdq.backends.port import PodExists, PodSpec, PodUpdate
 from mdq.bus.connect import connect
+from mdq.bus.security.auth import issue
+from mdq.bus.security.permissions import service_permissions
+from mdq.bus.streams import ensure_streams
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.nodes import NodeSample
@@ -35,7 +38,7 @@ from mdq.core.runner_task import RunnerTask
 from mdq.embedded import start_nats
 from mdq.testing.scripted_runner import scripted_spec
 from mdq.testing.tasks import Background
-from tests.helpers import eventually, reconnected
+from tests.helpers import agent_running, closed_nats, eventually, reconnected
 
 NODES = ("n1", "n2")
 FAST = {
@@ -335,6 +338,44 @@ async def test_sigterm_stops_the_agent_cleanly_and_evicts_its_pods(
     assert evicted is not None
     assert (evicted.phase, evicted.reason) == (pb.POD_FAILED, "Evicted")
     assert not any(s.ready for s in await backend.sample_nodes())
+
+
+async def test_sigterm_while_a_pod_waits_for_its_credentials_reports_it_evicted(
+    tmp_path: Path,
+) -> None:
+    """A pod the agent has claimed (RUNNING) but whose process it has not started yet, here
+    because no placement desk answers for its runner's credentials, is reported Evicted when
+    the agent stops: never left RUNNING with no process behind it."""
+    subjects = Subjects("mdq")
+    with closed_nats("mdq-agent-stop-") as (server, trust, folder):
+
+        def creds(identity: str) -> Path:
+            permissions = service_permissions(identity, subjects)
+            return issue(trust, permissions, folder / f"{identity}.creds")
+
+        admin = await connect(server.url, name="admin", creds=creds("admin"))
+        await ensure_streams(admin.jetstream(), subjects)
+        await ensure_buckets(admin.jetstream(), subjects)
+        await admin.close()
+        placement = await connect(server.url, name="placement", creds=creds("placement"))
+        backend = LocalBackend(nc=placement, subjects=subjects, heartbeat_timeout_s=1.5)
+        settings = {**FAST, "runner_creds_wait_s": "60"}
+        with agent_running(
+            server.url, "mdq", tmp_path / "data", NODES, settings, creds=creds("agent")
+        ) as agent:
+            await ready_nodes(backend)
+            waiting = pod("mdq-job-nocreds-1", "import time; time.sleep(60)")
+            await backend.create_pod(waiting)
+            await until_phase(backend, waiting.name, pb.POD_RUNNING)
+            await asyncio.sleep(0.5)  # well inside the credentials' wait
+            agent.terminate()
+            assert await asyncio.to_thread(agent.wait, 10) == 0
+            stopped = await backend.get_pod(waiting.name)
+        await backend.close()
+        await placement.close()
+    assert stopped is not None
+    assert (stopped.phase, stopped.reason) == (pb.POD_FAILED, "Evicted")
+    assert "before the pod's process started" in stopped.message
 
 
 async def test_the_factory_makes_the_local_backend_and_refuses_unknown_kinds(

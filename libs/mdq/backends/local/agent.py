@@ -74,6 +74,10 @@ REAP_AFTER_KILL_S = 5.0
 a stopping agent's own worst case is its grace plus this."""
 PROBE_WAIT_S = 1.0
 """How long a heartbeat waits for the data folder's probe before it goes out without news."""
+STOPPED_BEFORE_START = PodStatus(
+    pb.POD_FAILED, 0, "Evicted", "node agent shut down before the pod's process started"
+)
+"""The status of a pod claimed as RUNNING whose start the agent's own stop cut short."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,6 +377,14 @@ class NodeAgent:
             raise
         try:
             process = await self._spawn(spec)
+        except asyncio.CancelledError:
+            # The agent stops while the pod starts (waiting for its credentials, say): the
+            # pod, claimed RUNNING, never runs here; say so before the process ends.
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(
+                    self._set_status(spec.name, STOPPED_BEFORE_START), REAP_AFTER_KILL_S
+                )
+            raise
         except (
             OSError,
             ValueError,

@@ -8,6 +8,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from mdq.bus.connect import CREDS_ENV
+
 
 def agent_environment(
     *,
@@ -16,11 +18,15 @@ def agent_environment(
     data_dir: Path,
     node_names: Sequence[str] = (),
     settings: Mapping[str, str] | None = None,
+    creds: Path | None = None,
 ) -> dict[str, str]:
-    """The environment of an agent: this one plus the bus, namespace, data folder and
-    ``settings`` (LocalAgentSettings field names, e.g. {"heartbeat_s": "0.5"})."""
+    """The environment of an agent: this one plus the bus, namespace, data folder,
+    ``settings`` (LocalAgentSettings field names, e.g. {"heartbeat_s": "0.5"}) and, on an
+    authenticating server, the agent's own credentials file."""
     env = dict(os.environ)
     env.update(NATS_URL=nats_url, MDQ_NAMESPACE=namespace, MDQ_DATA_DIR=str(data_dir))
+    if creds is not None:
+        env[CREDS_ENV] = str(creds)
     if node_names:
         env["MDQ_LOCAL_NODE_NAMES"] = ",".join(node_names)
     for name, value in (settings or {}).items():
@@ -36,6 +42,7 @@ def start_agent(
     node_names: Sequence[str] = (),
     settings: Mapping[str, str] | None = None,
     log_file: Path | None = None,
+    creds: Path | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start ``python -m mdq.backends.local``; its output goes to ``log_file`` (default
     <data_dir>/local-agent.log), appended so restarts keep the history."""
@@ -47,6 +54,7 @@ def start_agent(
         data_dir=data_dir,
         node_names=node_names,
         settings=settings,
+        creds=creds,
     )
     with log_path.open("ab") as log:
         return subprocess.Popen(
