@@ -357,15 +357,17 @@ async def watcher(
         jobs_consumer=jobs_consumer,
         progress_consumer=progress_consumer,
     )
+    watching = await asyncpg.connect(asyncpg_dsn(database_url))  # the bench's own, not mdq's
     started = time.perf_counter()
     task = asyncio.create_task(projector.run())
     freezer = asyncio.create_task(keep_state_out_of_gc())  # as services.watcher runs it
     try:
-        await caught_up(pool, wanted, task, poll_s=0.01)
+        await caught_up(watching, wanted, task, poll_s=0.01)
         elapsed = time.perf_counter() - started
         reports = int(await pool.fetchval("SELECT count(*) FROM progress"))
         others = int(await pool.fetchval("SELECT count(*) FROM job_events"))
     finally:
+        await watching.close()
         freezer.cancel()
         projector.stop()
         await asyncio.wait_for(task, timeout=30)

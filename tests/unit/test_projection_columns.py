@@ -97,5 +97,10 @@ def test_placeholders_follow_the_table_order() -> None:
     assert "unnest($1::text[], $2::text[], $3::int[]" in rows.UPDATE_JOBS  # job_id, state, attempt
     assert "job_id = EXCLUDED" not in rows.UPSERT_ATTEMPTS.sql  # the key is not updated
     assert "attempt = EXCLUDED" not in rows.UPSERT_ATTEMPTS.sql
+    assert rows.UPDATE_ATTEMPTS.endswith(
+        "WHERE attempts.job_id = u.job_id AND attempts.attempt = u.attempt"
+    )
+    assert " job_id = u." not in rows.UPDATE_ATTEMPTS  # the key is matched, not written
+    assert "last_step = u.last_step," in rows.UPDATE_ATTEMPTS
     for name in rows.JOB_FIXED:  # written once
         assert f" {name} = u." not in rows.UPDATE_JOBS

@@ -18,8 +18,7 @@ from hypothesis import strategies as st
 
 from mdq.contracts import pb
 from mdq.core.events import make_event
-from mdq.core.state import event_time
-from mdq.store.projection.facts import Fact, progress_rows, report_keys_of_rows
+from mdq.store.projection.facts import progress_rows, report_keys_of_rows
 from mdq.store.projection.fold import JobRow, fold_batch, report_keys, superseded_reports
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -119,8 +118,7 @@ def assert_same_fold(prefix: list[pb.Event], batch: list[pb.Event]) -> None:
     assert skipping == expected
     if all(event.WhichOneof("body") == "progress" for event in batch):
         # a batch of reports alone, as the writer folds it: keys read from its COPY's rows
-        facts = [Fact(n, event, "progress", event_time(event)) for n, event in enumerate(batch)]
-        keys = report_keys_of_rows(progress_rows("T_PROGRESS", facts))
+        keys = report_keys_of_rows(progress_rows("T_PROGRESS", enumerate(batch)))
         assert keys == report_keys(batch)
         keyed = rows_after(prefix)
         fold_batch(keyed, batch, {}, keys)

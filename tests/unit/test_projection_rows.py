@@ -8,6 +8,7 @@ import pytest
 
 from mdq.contracts import pb
 from mdq.core.events import make_event
+from mdq.core.state import event_time
 from mdq.store.projection.facts import PROGRESS, Fact, Stored, progress_rows
 
 AT = datetime(2026, 1, 1, tzinfo=UTC)
@@ -25,6 +26,11 @@ def report(**fields: object) -> pb.Event:
     )
 
 
+def with_nanoseconds(event: pb.Event, nanos: int) -> pb.Event:
+    event.time.nanos = nanos
+    return event
+
+
 CASES = {
     "every field set": report(
         step=1000,
@@ -40,10 +46,12 @@ CASES = {
     "defaults only": report(step=0),
     "a minimiser's report": report(step=250, potential_kj_mol=-9.0, done_reason="converged"),
     "a LAMMPS report in reduced units": report(step=100, potential_kj_mol=-3.2, units="lj"),
+    "a time with nanoseconds, cut to microseconds": with_nanoseconds(report(step=5), 123_456_789),
 }
 
 
 @pytest.mark.parametrize("event", list(CASES.values()), ids=list(CASES))
 def test_progress_rows_are_the_column_table_s_rows(event: pb.Event) -> None:
-    fact = Fact(17, event, "progress", AT)
-    assert progress_rows("T_PROGRESS", [fact]) == PROGRESS.rows([Stored("T_PROGRESS", fact)])
+    fact = Fact(17, event, "progress", event_time(event))
+    expected = PROGRESS.rows([Stored("T_PROGRESS", fact)])
+    assert progress_rows("T_PROGRESS", [(17, event)]) == expected

@@ -195,7 +195,7 @@ def timeline_table(job_id: str, lines: Sequence[ReplayLine], *, progress_every: 
 
 # -- rebuilding ----------------------------------------------------------------------------
 async def caught_up(
-    pool: asyncpg.Pool,
+    pool: asyncpg.Pool | asyncpg.Connection,
     wanted: dict[str, int],
     projector: asyncio.Task[None],
     *,
@@ -203,7 +203,8 @@ async def caught_up(
     timeout_s: float | None = None,
 ) -> None:
     """Until the projection's ``consumer_offsets`` reach ``wanted`` (stream -> last sequence),
-    checked every ``poll_s`` seconds. The ``projector`` task's error is raised if it ends first
+    checked every ``poll_s`` seconds (on ``pool``: the projection's own pool, or a connection
+    of the caller's). The ``projector`` task's error is raised if it ends first
     (a ``RuntimeError`` if it ends without one), a ``TimeoutError`` after ``timeout_s``."""
     started = time.monotonic()
     while True:

@@ -101,6 +101,10 @@ def create_engine(database_url: str, *, pool_size: int = 5) -> AsyncEngine:
     )
 
 
+async def keep_session(connection: asyncpg.Connection) -> None:
+    """A pool's reset that leaves the session as it is (see ``create_writer_pool``)."""
+
+
 async def create_writer_pool(
     database_url: str, *, size: int = 2, connect_now: bool = True
 ) -> asyncpg.Pool:
@@ -108,12 +112,18 @@ async def create_writer_pool(
 
     With ``connect_now`` one connection is opened at once (so a wrong URL fails here);
     without, the pool connects on first use and creating it needs no server.
+
+    A connection goes back to the pool as it is (``keep_session``): the writer's statements
+    leave no session state behind (no ``SET``, ``LISTEN``, open cursor or session-level lock:
+    the partition functions' locks are the transaction's), and asyncpg's default reset would
+    cost a round trip after every batch. An open transaction is still rolled back on release.
     """
     pool = await asyncpg.create_pool(
         asyncpg_dsn(database_url),
         min_size=1 if connect_now else 0,
         max_size=size,
         command_timeout=60,
+        reset=keep_session,
     )
     if pool is None:  # pragma: no cover - create_pool only returns None when not awaited
         raise RuntimeError("asyncpg.create_pool returned no pool")

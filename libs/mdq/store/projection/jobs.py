@@ -21,6 +21,7 @@ from mdq.store.projection.rows import (
     ATTEMPT_COLUMNS,
     INSERT_JOB,
     JOB_COLUMNS,
+    UPDATE_ATTEMPTS,
     UPDATE_JOBS,
     UPSERT_ATTEMPTS,
     attempt_row,
@@ -271,7 +272,9 @@ async def fold_jobs(
     # ``attempts`` (``failure_tallies``) count a job from the table as the statement left it, so one
     # statement that both inserts and updates a job's attempts would hide each half from the
     # other's count.
-    for attempts in (changed_attempts, new_attempts):
+    for attempts, statement in (
+        (changed_attempts, UPDATE_ATTEMPTS),
+        (new_attempts, UPSERT_ATTEMPTS.sql),
+    ):
         if attempts:
-            arrays = UPSERT_ATTEMPTS.arrays_of_rows(attempts)
-            await connection.execute(UPSERT_ATTEMPTS.sql, *arrays)
+            await connection.execute(statement, *UPSERT_ATTEMPTS.arrays_of_rows(attempts))

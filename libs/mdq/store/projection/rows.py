@@ -206,6 +206,25 @@ if UPSERT_ATTEMPTS.names != tuple(column.name for column in ATTEMPT_TABLE):
     raise AssertionError("attempt_row's order is not the upsert's")
 
 
+def _update_attempts() -> str:
+    """``UPDATE attempts ... FROM unnest(one array per column)``: the parameters of
+    ``UPSERT_ATTEMPTS``, for rows that exist."""
+    keys = _key(Attempt)
+    sets = ", ".join(
+        f"{c.name} = u.{c.name}{c.into}" for c in UPSERT_ATTEMPTS.columns if c.name not in keys
+    )
+    match = " AND ".join(
+        f"attempts.{c.name} = u.{c.name}" for c in UPSERT_ATTEMPTS.columns if c.name in keys
+    )
+    return f"UPDATE attempts SET {sets} FROM {UPSERT_ATTEMPTS.unnest('u')} WHERE {match}"
+
+
+UPDATE_ATTEMPTS = _update_attempts()
+"""A batch's changed attempts, rows the job's lock shows exist, in one statement: an
+``INSERT ... ON CONFLICT DO UPDATE`` would also fire the insert triggers on ``attempts``
+(each a function over its transition table), for rows it never inserts."""
+
+
 def job_update(row: JobRow) -> tuple[Any, ...]:
     """The job's key and mutable columns, in the order of ``UPDATE_JOBS``."""
     return tuple(column.value(row) for column in _JOB_UPDATED)

@@ -28,6 +28,7 @@ from mdq.store.projection.facts import (
     INSERT_EVENTS,
     PROGRESS,
     Fact,
+    Report,
     Stored,
     progress_rows,
     report_keys_of_rows,
@@ -71,6 +72,10 @@ async def pause(stopping: asyncio.Event, seconds: float) -> None:
             await stopping.wait()
 
 
+def _first(pair: tuple[int, pb.Event]) -> int:
+    return pair[0]
+
+
 class RepublishedReport(Exception):
     """The fast path's COPY met a report already stored (or twice in the batch): the batch's
     transaction is rolled back and the batch is written again the careful way."""
@@ -79,11 +84,11 @@ class RepublishedReport(Exception):
 async def store_progress(
     connection: asyncpg.Connection,
     stream: str,
-    reports: list[Fact],
+    reports: list[Report],
     *,
     careful: bool = False,
     rows: list[tuple[Any, ...]] | None = None,
-) -> list[Fact]:
+) -> list[Report]:
     """Store progress reports in ``progress``; return the ones not stored before.
 
     The fast path is one COPY: the batch holds only messages after the committed offset, so
@@ -104,14 +109,14 @@ async def store_progress(
         except asyncpg.UniqueViolationError as error:
             raise RepublishedReport from error
         return reports
-    unique: dict[tuple[str, int, int], Fact] = {}
-    for fact in reports:
-        key = (fact.event.job_id, fact.event.attempt, fact.event.progress.step)
-        unique.setdefault(key, fact)
+    unique: dict[tuple[str, int, int], Report] = {}
+    for report in reports:
+        event = report[1]
+        unique.setdefault((event.job_id, event.attempt, event.progress.step), report)
     rows = progress_rows(stream, unique.values())
     stored = await connection.fetch(PROGRESS.sql, *PROGRESS.arrays_of_rows(rows))
     new = {(record["job_id"], record["attempt"], record["step"]) for record in stored}
-    return [fact for key, fact in unique.items() if key in new]
+    return [report for key, report in unique.items() if key in new]
 
 
 async def _insert_facts(connection: asyncpg.Connection, facts: list[Fact]) -> None:
@@ -210,15 +215,17 @@ class Writer:
         Progress reports go to ``progress`` only (by COPY), every other event to
         ``job_events``; an event already stored (a republished copy) has no other effect.
         """
-        reports: list[Fact] = []
+        reports: list[Report] = []
         others: list[Fact] = []
         for sequence, event in accepted:
             if event is None:
                 continue
             kind = event.WhichOneof("body") or ""
-            fact = Fact(sequence, event, kind, event_time(event))
             # a report without a job id has no key in ``progress``: it is kept as an event
-            (reports if kind == "progress" and event.job_id else others).append(fact)
+            if kind == "progress" and event.job_id:
+                reports.append((sequence, event))
+            else:
+                others.append(Fact(sequence, event, kind, event_time(event)))
         facts: list[Fact] = []
         if others:
             stored = [Stored(stream, fact) for fact in others]
@@ -230,21 +237,26 @@ class Writer:
                     facts.append(fact)
             await _insert_facts(connection, facts)
         keys = None
+        new_reports: list[Report] = []
         if reports:
             rows = None if careful else progress_rows(stream, reports)
             new_reports = await store_progress(
                 connection, stream, reports, careful=careful, rows=rows
             )
-            if facts:  # both lists are in stream order: merged only when there are two
-                facts = sorted(facts + new_reports, key=lambda fact: fact.sequence)
-            else:
-                facts = new_reports
+            if not facts and rows is not None:
                 # the reports alone, all stored: the fold reads their keys from the rows
-                keys = None if rows is None else report_keys_of_rows(rows)
-        if not facts:
+                keys = report_keys_of_rows(rows)
+        if facts and new_reports:  # both lists are in stream order: merged only when two
+            merged = sorted([(f.sequence, f.event) for f in facts] + new_reports, key=_first)
+            events = [event for _, event in merged]
+        elif facts:
+            events = [fact.event for fact in facts]
+        else:
+            events = [event for _, event in new_reports]
+        if not events:
             return 0
-        await fold_jobs(connection, [fact.event for fact in facts], catch_up=catch_up, keys=keys)
-        return len(facts)
+        await fold_jobs(connection, events, catch_up=catch_up, keys=keys)
+        return len(events)
 
     async def reach_database(self, error: BaseException) -> None:
         """After a connection-class error: drop the pool's connections and wait, with backoff
