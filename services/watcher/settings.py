@@ -5,6 +5,8 @@ from __future__ import annotations
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from mdq.store.projection import BATCH_SIZE, BATCH_WAIT_S
+
 
 class WatcherSettings(BaseSettings):
     """Batching of the projection and the lost-run rule."""
@@ -12,8 +14,12 @@ class WatcherSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MDQ_WATCHER_", extra="ignore")
 
     backend: str = Field(default="local", description="Cluster backend: local or kubernetes.")
-    batch_size: int = Field(default=2000, description="Most events applied in one transaction.")
-    batch_wait_s: float = Field(default=0.2, description="Longest wait to fill a batch.")
+    batch_size: int = Field(
+        default=BATCH_SIZE, ge=1, description="Most events applied in one transaction."
+    )
+    batch_wait_s: float = Field(
+        default=BATCH_WAIT_S, ge=0, description="Longest wait to fill a batch."
+    )
     lost_min_silence_s: float = Field(
         default=60.0, description="A running job is never lost sooner than this after progress."
     )

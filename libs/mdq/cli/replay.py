@@ -43,7 +43,7 @@ from mdq.core.state import JobView, event_time
 from mdq.sdk.client import tenant_of_creds
 from mdq.store.engine import asyncpg_dsn, create_writer_pool
 from mdq.store.migrate import upgrade_async
-from mdq.store.projection import JOBS_CONSUMER, PROGRESS_CONSUMER, Projector
+from mdq.store.projection import BATCH_SIZE, JOBS_CONSUMER, PROGRESS_CONSUMER, Projector
 
 PROJECTED_TABLES = (
     "jobs",
@@ -247,7 +247,7 @@ async def rebuild(
     subjects: Subjects,
     database_url: str,
     *,
-    batch_size: int = 2000,
+    batch_size: int = BATCH_SIZE,
     timeout_s: float = 600.0,
 ) -> RebuildReport:
     """Project both streams from the start into ``database_url`` (migrated here; it must hold
@@ -417,7 +417,7 @@ def replay(
     ] = 1,
     batch_size: Annotated[
         int, typer.Option(min=1, max=100_000, help="Events per transaction when rebuilding.")
-    ] = 2000,
+    ] = BATCH_SIZE,
 ) -> None:
     """A job's whole timeline from the JetStream log, or --rebuild the projection from it."""
     endpoints = _endpoints(ctx)

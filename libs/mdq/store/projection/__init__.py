@@ -17,9 +17,11 @@ from mdq.store.projection.feed import (
     LogContinuityError,
 )
 from mdq.store.projection.jobs import progress_event
-from mdq.store.projection.projector import Projector
+from mdq.store.projection.projector import BATCH_SIZE, BATCH_WAIT_S, Projector
 
 __all__ = [
+    "BATCH_SIZE",
+    "BATCH_WAIT_S",
     "JOBS_CONSUMER",
     "PROGRESS_COLUMNS",
     "PROGRESS_CONSUMER",

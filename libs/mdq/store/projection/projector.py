@@ -35,6 +35,11 @@ from mdq.store.projection.writer import Writer, pause
 log = logging.getLogger("mdq.store.projection")
 
 SCHEMA_RETRY_S = 2.0
+BATCH_SIZE = 2000
+"""Most events a batch applies in one transaction, unless told otherwise (the watcher's
+``MDQ_WATCHER_BATCH_SIZE``, ``mdq replay --rebuild --batch-size``)."""
+BATCH_WAIT_S = 0.2
+"""Longest wait to fill a batch, unless told otherwise."""
 
 
 class Projector:
@@ -46,8 +51,8 @@ class Projector:
         js: JetStreamContext,
         subjects: Subjects,
         pool: asyncpg.Pool,
-        batch_size: int = 500,
-        batch_wait_s: float = 0.2,
+        batch_size: int = BATCH_SIZE,
+        batch_wait_s: float = BATCH_WAIT_S,
         ack_wait_s: float = 60.0,
         jobs_consumer: str = JOBS_CONSUMER,
         progress_consumer: str = PROGRESS_CONSUMER,
