@@ -220,7 +220,10 @@ async def fold_jobs(
     have been projected while the job row did not exist yet or was fenced to the
     previous attempt. ``keys``: the events' ``ReportKey`` where the caller has them.
     """
-    job_ids = sorted({event.job_id for event in events if event.job_id})
+    if keys is not None:  # a tuple's first item: cheaper than a protobuf field
+        job_ids = sorted({key[0] for key in keys if key[0]})
+    else:
+        job_ids = sorted({event.job_id for event in events if event.job_id})
     if not job_ids:
         return
     records = await connection.fetch(
