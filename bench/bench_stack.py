@@ -1,18 +1,35 @@
 """The whole stack for a benchmark: its own embedded NATS and PostgreSQL in a temporary folder,
-removed afterwards, and a ``Stack`` on them."""
+removed afterwards, and a ``Stack`` on them; and how such a bench fails (``BenchFailed``)."""
 
 from __future__ import annotations
 
 import shutil
+import sys
 import tempfile
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mdq.embedded import start_nats, start_postgres
 from mdq.stack import Stack
+
+
+class BenchFailed(RuntimeError):
+    """The bench could not measure what it promises (the run exits 1 with the reason)."""
+
+
+@contextmanager
+def failing_as(bench: str, *also: type[Exception]) -> Iterator[None]:
+    """Run the block; a ``BenchFailed`` (or one of ``also``) in it is printed on stderr as
+    ``bench-<bench> FAILED: <reason>`` and the process exits 1."""
+    caught: tuple[type[Exception], ...] = (BenchFailed, *also)
+    try:
+        yield
+    except caught as failure:
+        print(f"bench-{bench} FAILED: {failure}", file=sys.stderr, flush=True)
+        sys.exit(1)
 
 
 @dataclass(frozen=True, slots=True)

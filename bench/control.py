@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import psutil
-from bench_stack import servers, stack_on
+from bench_stack import BenchFailed, failing_as, servers, stack_on
 from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy, StreamConfig
 
@@ -39,10 +39,6 @@ WAVE = NODES
 TERMINAL = ("succeeded", "failed", "cancelled")
 BATCH = 512
 """Publishes awaited together (placement's ``bind_concurrency``, which its control uses)."""
-
-
-class BenchFailed(RuntimeError):
-    """The bench could not measure what it promises (the run exits 1 with the reason)."""
 
 
 def runner_processes(namespace: str) -> dict[str, psutil.Process]:
@@ -333,10 +329,7 @@ if __name__ == "__main__":
         args.waves, args.bulk = 3, 2000
     if args.waves < 1 or args.bulk < 1:
         parser.error("--waves and --bulk must be at least 1")
-    try:
+    with failing_as("control", ControlUnavailable, IntakeUnavailable):
         result = asyncio.run(main(args.waves, args.bulk))
-    except (BenchFailed, ControlUnavailable, IntakeUnavailable) as failure:
-        print(f"bench-control FAILED: {failure}", file=sys.stderr, flush=True)
-        sys.exit(1)
     with contextlib.suppress(BrokenPipeError):
         print(json.dumps(result))

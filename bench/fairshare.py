@@ -26,8 +26,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's tools/
 
-from bench_stack import servers, stack_on
-from recovery import BenchFailed
+from bench_stack import BenchFailed, failing_as, servers, stack_on
 
 from mdq.bus.subjects import Subjects
 from mdq.bus.tenants import ensure_tenants_bucket, put_policy
@@ -362,8 +361,5 @@ if __name__ == "__main__":
     cli = parser.parse_args()
     if cli.quick:
         cli.newcomer_s, cli.after_s, cli.no_baseline = 45.0, 45.0, True
-    try:
+    with failing_as("fairshare"):
         print(json.dumps(asyncio.run(main(cli))))
-    except BenchFailed as failure:
-        print(f"bench-fairshare FAILED: {failure}", file=sys.stderr, flush=True)
-        sys.exit(1)

@@ -29,9 +29,9 @@ from nats.aio.msg import Msg
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's tools/
 
-from bench_stack import servers, stack_on
+from bench_stack import BenchFailed, failing_as, servers, stack_on
 from placement import processes, submit_payload, wait_for_responder
-from recovery import BenchFailed, percentile, submit
+from recovery import percentile, submit
 
 from mdq.bus.codec import decode_event
 from mdq.bus.connect import connect
@@ -465,12 +465,9 @@ if __name__ == "__main__":
     if cli.quick:
         cli.jobs, cli.rounds = 1000, 2
     result: dict[str, Any] = {"bench": "multicluster"}
-    try:
+    with failing_as("multicluster"):
         if not cli.no_placement:
             result |= asyncio.run(bench(cli.jobs, cli.rounds))
         if not cli.no_failover:
             result |= asyncio.run(failover(cli.failover_jobs, cli.failover_steps))
-    except BenchFailed as failure:
-        print(f"bench-multicluster FAILED: {failure}", file=sys.stderr, flush=True)
-        sys.exit(1)
     print(json.dumps(result))

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
-from bench_stack import servers, stack_on
+from bench_stack import BenchFailed, failing_as, servers, stack_on
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's tools/
 
@@ -46,10 +46,6 @@ CHECKPOINT_INTERVAL = 1000
 REPORT_INTERVAL = 10
 """Reports (rows of the runner's energy table) every 10 steps: the resolution of the step a
 killed runner had reached."""
-
-
-class BenchFailed(RuntimeError):
-    """The bench could not measure what it promises (the run exits 1 with the reason)."""
 
 
 def runner_process(job_id: str, attempt: int) -> psutil.Process | None:
@@ -319,9 +315,6 @@ if __name__ == "__main__":
         args.evictions, args.kills = 5, 3
     if args.evictions < 1 or args.kills < 1:
         parser.error("--evictions and --kills must be at least 1")
-    try:
+    with failing_as("recovery"):
         result = asyncio.run(main(args.evictions, args.kills, args.seed))
-    except BenchFailed as failure:
-        print(f"bench-recovery FAILED: {failure}", file=sys.stderr, flush=True)
-        sys.exit(1)
     print(json.dumps(result))
