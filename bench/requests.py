@@ -184,6 +184,18 @@ class Phase:
     """mdq's own count (attempts.failure_reason): printed, never used in a ratio."""
     requested: dict[str, tuple[float, int]]
 
+    def figures(self, prefix: str) -> dict[str, object]:
+        """The slack and kill figures of this phase, each key after ``prefix``."""
+        figures = {
+            "mean_memory_slack": round(statistics.mean(self.memory_slack), 3),
+            "p95_memory_slack": round(p95(self.memory_slack), 3),
+            "mean_cpu_slack": round(statistics.mean(self.cpu_slack), 3),
+            "oom_kills": self.oom_kills,
+            "over_request_attempts": self.over_request,
+            "mdq_reported_oom_kills": self.mdq_oom_kills,
+        }
+        return {prefix + key: value for key, value in figures.items()}
+
 
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 
@@ -318,19 +330,9 @@ async def main(
         "runs": len(learned.memory_slack),
         "runs_per_system": runs,
         "steps": steps,
-        "mean_memory_slack": round(statistics.mean(learned.memory_slack), 3),
-        "p95_memory_slack": round(p95(learned.memory_slack), 3),
-        "mean_cpu_slack": round(statistics.mean(learned.cpu_slack), 3),
-        "oom_kills": learned.oom_kills,
-        "over_request_attempts": learned.over_request,
-        "mdq_reported_oom_kills": learned.mdq_oom_kills,
+        **learned.figures(""),
         "makespan_ratio": round(learned.makespan_s / hand.makespan_s, 3),
-        "hand_set_mean_memory_slack": round(statistics.mean(hand.memory_slack), 3),
-        "hand_set_p95_memory_slack": round(p95(hand.memory_slack), 3),
-        "hand_set_mean_cpu_slack": round(statistics.mean(hand.cpu_slack), 3),
-        "hand_set_oom_kills": hand.oom_kills,
-        "hand_set_over_request_attempts": hand.over_request,
-        "hand_set_mdq_reported_oom_kills": hand.mdq_oom_kills,
+        **hand.figures("hand_set_"),
         "hand_set": "rule: 1 core, 512/1024 MiB by size" if rule else "brief: 2 cores, 4096 MiB",
         "hand_set_makespan_s": round(hand.makespan_s, 1),
         "learned_makespan_s": round(learned.makespan_s, 1),
