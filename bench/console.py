@@ -40,7 +40,7 @@ from mdq.bus.subjects import Subjects  # noqa: E402
 from mdq.contracts import pb  # noqa: E402
 from mdq.embedded import free_port, start_nats, start_postgres  # noqa: E402
 from mdq.store.engine import asyncpg_dsn  # noqa: E402
-from mdq.store.roles import RoleNames, RolePasswords, role_urls, setup_database_async  # noqa: E402
+from mdq.store.roles import set_up_new_roles  # noqa: E402
 from mdq.testing.browser import MISSING, chromium_paths, headless_chromium  # noqa: E402
 from services.console.filters import Cursor  # noqa: E402
 
@@ -217,12 +217,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     bus = start_nats(folder / "nats")
     child: subprocess.Popen[bytes] | None = None
     try:
-        names = RoleNames.with_prefix("mdq")
-        passwords = RolePasswords.generate()
-        urls = role_urls(postgres.url, names, passwords)
-        await setup_database_async(
-            admin_url=postgres.url, owner_url=urls.owner, names=names, passwords=passwords
-        )
+        urls = await set_up_new_roles(postgres.url, "mdq")
         started = time.perf_counter()
         await load(postgres.url, args.jobs, args.progress, log)
         log(f"loaded in {time.perf_counter() - started:.0f} s")

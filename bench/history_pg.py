@@ -54,12 +54,7 @@ from mdq.embedded import start_postgres
 from mdq.memory import keep_state_out_of_gc
 from mdq.store.engine import asyncpg_dsn, create_engine
 from mdq.store.queries import job_detail, job_timeline, list_jobs, progress_trace, usage_history
-from mdq.store.roles import (
-    RoleNames,
-    RolePasswords,
-    role_urls,
-    setup_database_async,
-)
+from mdq.store.roles import set_up_new_roles
 from mdq.store.schema_sql import ROLLED_UP
 from services.console import reads
 from services.console.filters import Cursor, JobFilter
@@ -534,12 +529,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     folder = Path(tempfile.mkdtemp(prefix="mdq-bench-history-"))
     server = start_postgres(folder / "pg", database="mdq", keep=False)
     try:
-        names = RoleNames.with_prefix("mdq")
-        passwords = RolePasswords.generate()
-        urls = role_urls(server.url, names, passwords)
-        await setup_database_async(
-            admin_url=server.url, owner_url=urls.owner, names=names, passwords=passwords
-        )
+        urls = await set_up_new_roles(server.url, "mdq")
         loaded = await load(
             server.url,
             args.jobs,

@@ -611,6 +611,19 @@ async def setup_database_async(
     await grant(owner_url, names)
 
 
+async def set_up_new_roles(admin_url: str, prefix: str) -> RoleUrls:
+    """Roles named from ``prefix``, with new passwords, on the database of ``admin_url`` (the
+    administrator's), set up as every deployment sets them up (``setup_database_async``); each
+    role's URL."""
+    names = RoleNames.with_prefix(prefix)
+    passwords = RolePasswords.generate()
+    urls = role_urls(admin_url, names, passwords)
+    await setup_database_async(
+        admin_url=admin_url, owner_url=urls.owner, names=names, passwords=passwords
+    )
+    return urls
+
+
 def setup_database(
     *, admin_url: str | None, owner_url: str, names: RoleNames, passwords: RolePasswords | None
 ) -> None:
