@@ -89,6 +89,30 @@ class CheckpointFile:
     native_sha256: str = ""
     platform: str = ""
 
+    @classmethod
+    def on_disk(
+        cls,
+        path: Path,
+        *,
+        step: int,
+        time_ps: float,
+        native_path: Path | None = None,
+        native_sha256: str = "",
+        platform: str = "",
+    ) -> CheckpointFile:
+        """The checkpoint of ``step`` just written to ``path``: its sha256 and size are read
+        back from the file."""
+        return cls(
+            step=step,
+            path=path,
+            sha256=sha256_of(path),
+            size_bytes=path.stat().st_size,
+            time_ps=time_ps,
+            native_path=native_path,
+            native_sha256=native_sha256,
+            platform=platform,
+        )
+
     def to_pb(self) -> pb.Checkpoint:
         return pb.Checkpoint(
             step=self.step,
@@ -111,6 +135,20 @@ class LoadedCheckpoint:
     state: openmm.State
     native: bytes | None = None
     trajectory: TrajectoryMark | None = None
+
+
+def write_sidecar(checkpoint: CheckpointFile, **engine_keys: object) -> None:
+    """Write the sidecar of ``checkpoint`` (its file's name with ``.json``), the last file of
+    a checkpoint: its step, sha256, size and time, then ``engine_keys`` (what its engine keeps
+    beside them)."""
+    sidecar = {
+        "step": checkpoint.step,
+        "sha256": checkpoint.sha256,
+        "size_bytes": checkpoint.size_bytes,
+        "time_ps": checkpoint.time_ps,
+        **engine_keys,
+    }
+    write_atomically(checkpoint.path.with_suffix(".json"), json.dumps(sidecar).encode())
 
 
 def read_sidecar(path: Path) -> dict[str, object]:
@@ -327,26 +365,20 @@ class CheckpointStore(StepFolder):
             native_path = path.with_suffix(NATIVE_SUFFIX)
             write_atomically(native_path, native)
             native_sha256 = sha256_of(native_path)
-        checkpoint = CheckpointFile(
+        checkpoint = CheckpointFile.on_disk(
+            path,
             step=step,
-            path=path,
-            sha256=sha256_of(path),
-            size_bytes=path.stat().st_size,
             time_ps=time_ps,
             native_path=native_path,
             native_sha256=native_sha256,
             platform=platform if native is not None else "",
         )
-        sidecar: dict[str, object] = {
-            "step": step,
-            "sha256": checkpoint.sha256,
-            "size_bytes": checkpoint.size_bytes,
-            "time_ps": time_ps,
-            "native_sha256": native_sha256,
-            "platform": checkpoint.platform,
-            "trajectory": trajectory.to_json() if trajectory else None,
-        }
-        write_atomically(path.with_suffix(".json"), json.dumps(sidecar).encode())
+        write_sidecar(
+            checkpoint,
+            native_sha256=native_sha256,
+            platform=checkpoint.platform,
+            trajectory=trajectory.to_json() if trajectory else None,
+        )
         return checkpoint
 
     def _confined(self, announced: Path) -> Path:

@@ -8,7 +8,6 @@ holding the step of its name, and its sha256 is what is announced. Design: docs/
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -26,7 +25,7 @@ from services.runner.checkpoints import (
     read_sidecar,
     resume_point,
     sha256_of,
-    write_atomically,
+    write_sidecar,
 )
 from services.runner.durable import fsync_dir, fsync_file
 
@@ -132,22 +131,8 @@ class RestartStore(StepFolder):
         header = read_header(path)  # read back from disk: what is announced is what is there
         if header.step != step:
             raise RestartUnusable(f"{path.name} holds step {header.step}, not {step}")
-        checkpoint = CheckpointFile(
-            step=step,
-            path=path,
-            sha256=sha256_of(path),
-            size_bytes=path.stat().st_size,
-            time_ps=time_ps,
-        )
-        sidecar = {
-            "engine": "lammps",
-            "step": step,
-            "sha256": checkpoint.sha256,
-            "size_bytes": checkpoint.size_bytes,
-            "time_ps": time_ps,
-            "units": units,
-        }
-        write_atomically(path.with_suffix(".json"), json.dumps(sidecar).encode())
+        checkpoint = CheckpointFile.on_disk(path, step=step, time_ps=time_ps)
+        write_sidecar(checkpoint, engine="lammps", units=units)
         self._prune(keep_step=step)
         return checkpoint
 
