@@ -55,6 +55,26 @@ def image_argv(command: list[str]) -> list[str]:
     raise ValueError(f"the runner image has no program {command!r}")
 
 
+def runner_statuses(
+    state: Json, *, ready: bool, image_id: str, container_id: str = ""
+) -> list[Json]:
+    """A pod's ``containerStatuses``: its one container, the simulated runner, in ``state``
+    (``waiting``, ``running`` or ``terminated``), started and ready alike (it has no probes);
+    ``image_id`` is "" until its image is there, ``container_id`` "" until it runs."""
+    status: Json = {
+        "name": "runner",
+        "ready": ready,
+        "started": ready,
+        "restartCount": 0,
+        "image": "simulated",
+        "imageID": image_id,
+    }
+    if container_id:
+        status["containerID"] = container_id
+    status["state"] = state
+    return [status]
+
+
 @dataclass(slots=True)
 class Container:
     """A pod's process, supervised by the kubelet."""
@@ -371,17 +391,9 @@ class SimulatedKubelet:
             phase="Pending",
             hostIP="127.0.0.1",
             conditions=self._conditions(status, ready=False),
-            containerStatuses=[
-                {
-                    "name": "runner",
-                    "ready": False,
-                    "started": False,
-                    "restartCount": 0,
-                    "image": "simulated",
-                    "imageID": "",
-                    "state": {"waiting": {"reason": "ContainerCreating"}},
-                }
-            ],
+            containerStatuses=runner_statuses(
+                {"waiting": {"reason": "ContainerCreating"}}, ready=False, image_id=""
+            ),
         )
         return status
 
@@ -473,18 +485,12 @@ class SimulatedKubelet:
             hostIP="127.0.0.1",
             podIP=self._pod_ip(),
             conditions=self._conditions(status, ready=True),
-            containerStatuses=[
-                {
-                    "name": "runner",
-                    "ready": True,
-                    "started": True,
-                    "restartCount": 0,
-                    "image": "simulated",
-                    "imageID": "simulated",
-                    "containerID": f"simulated://{container.process.pid}",
-                    "state": {"running": {"startedAt": container.started_at}},
-                }
-            ],
+            containerStatuses=runner_statuses(
+                {"running": {"startedAt": container.started_at}},
+                ready=True,
+                image_id="simulated",
+                container_id=f"simulated://{container.process.pid}",
+            ),
         )
         return status
 
@@ -582,17 +588,9 @@ class SimulatedKubelet:
             status.update(
                 phase="Succeeded" if succeeded else "Failed",
                 conditions=conditions,
-                containerStatuses=[
-                    {
-                        "name": "runner",
-                        "ready": False,
-                        "started": False,
-                        "restartCount": 0,
-                        "image": "simulated",
-                        "imageID": "simulated",
-                        "state": {"terminated": state},
-                    }
-                ],
+                containerStatuses=runner_statuses(
+                    {"terminated": state}, ready=False, image_id="simulated"
+                ),
             )
             return status
 
