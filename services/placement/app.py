@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 
 from nats.aio.client import Client
 from nats.js import JetStreamContext
@@ -26,6 +26,7 @@ from mdq.core.placement import NodeState
 from mdq.core.placement_state import PlacementState
 from mdq.core.state import JobBook
 from mdq.core.tenants import RunawayLimits
+from mdq.core.timestamps import utc_now
 from mdq.settings import LimitSettings
 from services.placement.accounting import TenantAccounting
 from services.placement.binder import Binder
@@ -48,10 +49,6 @@ __all__ = ["REPLAY_PRUNE_BATCH", "Placement", "candidate_entry"]
 Clock = Callable[[], datetime]
 
 
-def _utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
 class Placement:
     """Binds jobs to nodes; one instance per process, any number of replicas."""
 
@@ -64,7 +61,7 @@ class Placement:
         backend: ClusterBackend,
         settings: PlacementSettings,
         namespace: str,
-        clock: Clock = _utcnow,
+        clock: Clock = utc_now,
         instance: str = "",
         stream_replicas: int = 1,
         tenants: TenantDirectory | None = None,

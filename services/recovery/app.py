@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Coroutine
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from nats.js import JetStreamContext
@@ -28,12 +28,9 @@ from mdq.contracts import pb
 from mdq.core.recovery import Cancel, GiveUp, RecoveryPolicy, Wait, decide, requeued_body
 from mdq.core.recovery_state import RecoveryState
 from mdq.core.state import JobState, JobView
+from mdq.core.timestamps import utc_now
 
 log = logging.getLogger("mdq.recovery")
-
-
-def _utcnow() -> datetime:
-    return datetime.now(UTC)
 
 
 class Recovery:
@@ -48,7 +45,7 @@ class Recovery:
         policy: RecoveryPolicy,
         snapshots: SnapshotStore | None = None,
         snapshot_interval_s: float = 60.0,
-        clock: Callable[[], datetime] = _utcnow,
+        clock: Callable[[], datetime] = utc_now,
     ) -> None:
         self._js = js
         self._subjects = subjects

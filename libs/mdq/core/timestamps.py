@@ -3,7 +3,8 @@
 ``Timestamp.FromDatetime`` goes through ``utctimetuple`` and ``calendar.timegm`` (~2.1 us) and
 ``ToDatetime`` through rounding helpers (~1.4 us); every event is stamped once and its time read
 back by each service that folds it, so these do the same arithmetic in ~0.5 us. Naive datetimes
-are taken as UTC, as ``FromDatetime`` takes them.
+are taken as UTC, as ``FromDatetime`` takes them. ``utc_now`` is the wall clock that services
+stamp and compare these times with unless given their own.
 """
 
 from __future__ import annotations
@@ -14,6 +15,11 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 SECONDS_PER_DAY = 86_400
+
+
+def utc_now() -> datetime:
+    """Now, as an aware UTC datetime."""
+    return datetime.now(UTC)
 
 
 def set_timestamp(timestamp: Timestamp, at: datetime) -> None:

@@ -17,7 +17,7 @@ import os
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,7 @@ from mdq.backends.kubernetes.settings import KubernetesSettings
 from mdq.backends.port import PodExists, PodSpec, PodUpdate
 from mdq.bus.security.auth import RunnerIssuer
 from mdq.core.nodes import NodeSample
+from mdq.core.timestamps import utc_now
 
 log = logging.getLogger(__name__)
 
@@ -209,7 +210,7 @@ class KubernetesBackend:
         api: k8s.ApiClient,
         settings: KubernetesSettings,
         mdq_namespace: str,
-        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        clock: Callable[[], datetime] = utc_now,
         runner_nats_url: str = "",
         data_dir: Path = DEFAULT_DATA_DIR,
         runner_issuer: RunnerIssuer | None = None,
