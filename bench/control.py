@@ -30,6 +30,7 @@ from mdq.bus.requests import Requests
 from mdq.contracts import pb
 from mdq.core.runner_task import ENV_JOB_ID, job_dir
 from mdq.sdk.client import ControlUnavailable, IntakeUnavailable, MdqClient
+from tools.processes import ENV_NAMESPACE, runner_environments
 from tools.submitting import submit_request, water_job
 
 NAMESPACE = "benchctl"
@@ -44,17 +45,9 @@ BATCH = 512
 def runner_processes(namespace: str) -> dict[str, psutil.Process]:
     """job id -> its live runner process, of ``namespace``, on this machine."""
     found: dict[str, psutil.Process] = {}
-    for process in psutil.process_iter(["cmdline"]):
-        try:
-            if "services.runner" not in " ".join(process.info["cmdline"] or ()):
-                continue
-            if process.status() == psutil.STATUS_ZOMBIE:
-                continue
-            env = process.environ()
-            if env.get("MDQ_NAMESPACE") == namespace and env.get(ENV_JOB_ID):
-                found[env[ENV_JOB_ID]] = process
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
+    for process, env in runner_environments():
+        if env.get(ENV_NAMESPACE) == namespace and env.get(ENV_JOB_ID) and not gone(process):
+            found[env[ENV_JOB_ID]] = process
     return found
 
 

@@ -21,8 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's tools/
 
@@ -42,6 +40,7 @@ from mdq.testing.runner_files import (
     newest_checkpoint_step,
     retry_table_problem,
 )
+from tools.processes import runner_environments
 from tools.submitting import submit_request, water_job
 
 NAMESPACE = "benchfair"
@@ -77,15 +76,9 @@ async def flood(client: MdqClient, tenant: str, jobs: int, checkpoint_interval: 
 def running_attempts() -> dict[str, int]:
     """job id -> attempt of every runner process on this machine (from their environment)."""
     found: dict[str, int] = {}
-    for process in psutil.process_iter(["cmdline"]):
-        try:
-            if "services.runner" not in " ".join(process.info["cmdline"] or ()):
-                continue
-            env = process.environ()
-            if ENV_JOB_ID in env and ENV_ATTEMPT in env:
-                found[env[ENV_JOB_ID]] = int(env[ENV_ATTEMPT])
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, ValueError):
-            continue
+    for _, env in runner_environments():
+        if ENV_JOB_ID in env and env.get(ENV_ATTEMPT, "").isdigit():
+            found[env[ENV_JOB_ID]] = int(env[ENV_ATTEMPT])
     return found
 
 

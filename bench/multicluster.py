@@ -52,6 +52,7 @@ from mdq.testing.runner_files import (
     logged_resume,
     retry_table_problem,
 )
+from tools.processes import runner_environments
 from tools.submitting import water_job
 
 REPO = Path(__file__).resolve().parents[1]
@@ -280,18 +281,12 @@ def runners_under(pid: int) -> dict[str, tuple[int, psutil.Process]]:
 
 
 def attempt_running(job_id: str, attempt: int, frozen: set[int]) -> bool:
-    for process in psutil.process_iter(["cmdline"]):
-        try:
-            if process.pid in frozen or "services.runner" not in " ".join(
-                process.info["cmdline"] or ()
-            ):
-                continue
-            env = process.environ()
-            if env.get(ENV_JOB_ID) == job_id and env.get(ENV_ATTEMPT) == str(attempt):
-                return True
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return False
+    return any(
+        process.pid not in frozen
+        and env.get(ENV_JOB_ID) == job_id
+        and env.get(ENV_ATTEMPT) == str(attempt)
+        for process, env in runner_environments()
+    )
 
 
 async def failover(jobs: int, steps: int) -> dict[str, Any]:

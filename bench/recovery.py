@@ -40,6 +40,7 @@ from mdq.testing.runner_files import (
     newest_checkpoint_step,
     retry_table_problem,
 )
+from tools.processes import runner_environments
 from tools.submitting import submit_request, water_job
 
 CHECKPOINT_INTERVAL = 1000
@@ -50,15 +51,9 @@ killed runner had reached."""
 
 def runner_process(job_id: str, attempt: int) -> psutil.Process | None:
     """The runner process of one attempt of ``job_id`` on this machine, or None."""
-    for process in psutil.process_iter(["cmdline"]):
-        try:
-            if "services.runner" not in " ".join(process.info["cmdline"] or ()):
-                continue
-            env = process.environ()
-            if env.get(ENV_JOB_ID) == job_id and env.get(ENV_ATTEMPT) == str(attempt):
-                return process
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
+    for process, env in runner_environments():
+        if env.get(ENV_JOB_ID) == job_id and env.get(ENV_ATTEMPT) == str(attempt):
+            return process
     return None
 
 

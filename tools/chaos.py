@@ -74,6 +74,7 @@ import psutil
 
 from mdq.embedded import EmbeddedNats, EmbeddedPostgres, free_port, start_nats, start_postgres
 from mdq.testing.disks import fill_file
+from tools.processes import runner_environments
 
 SERVICE_KINDS: tuple[str, ...] = ("intake", "placement", "watcher", "recovery", "metrics")
 PROCESS_KINDS: tuple[str, ...] = (*SERVICE_KINDS, "agent", "runner")
@@ -410,16 +411,10 @@ def runner_processes(namespace: str) -> list[RunnerProcess]:
     environment). Every process is looked at, not only the stack's tree: a runner that
     outlived its node agent (re-parented to init) is exactly the one to catch."""
     runners: list[RunnerProcess] = []
-    for process in psutil.process_iter(["cmdline"]):
-        try:
-            if "services.runner" not in " ".join(process.info["cmdline"] or ()):
-                continue
-            if not _alive(process):
-                continue
-            env = process.environ()
-        except psutil.Error:
-            continue
+    for process, env in runner_environments():
         if env.get("MDQ_NAMESPACE") != namespace or "MDQ_JOB_ID" not in env:
+            continue
+        if not _alive(process):
             continue
         runners.append(
             RunnerProcess(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO
 
@@ -17,20 +17,28 @@ from mdq.core.runner_task import ENV_JOB_ID, RunnerTask
 ENV_NAMESPACE = "MDQ_NAMESPACE"
 
 
-def runner_pid(job_id: str, namespace: str | None = None) -> int | None:
-    """The pid of the runner process running ``job_id`` here, or None. With ``namespace``,
-    only a runner of that namespace counts: another stack on the machine (a parallel test
-    worker, a second campaign) may run a job of the same id, since ids follow from
-    idempotency keys."""
+def runner_environments() -> Iterator[tuple[psutil.Process, dict[str, str]]]:
+    """Every runner process on this machine (``services.runner`` in its command line) with
+    its environment, which names its job and attempt; one that ends or may not be read while
+    it is looked at is passed over."""
     for process in psutil.process_iter(["cmdline"]):
         try:
             if "services.runner" not in " ".join(process.info["cmdline"] or ()):
                 continue
             env = process.environ()
-            if env.get(ENV_JOB_ID) == job_id and namespace in (None, env.get(ENV_NAMESPACE)):
-                return int(process.pid)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
+        except psutil.Error:
             continue
+        yield process, env
+
+
+def runner_pid(job_id: str, namespace: str | None = None) -> int | None:
+    """The pid of the runner process running ``job_id`` here, or None. With ``namespace``,
+    only a runner of that namespace counts: another stack on the machine (a parallel test
+    worker, a second campaign) may run a job of the same id, since ids follow from
+    idempotency keys."""
+    for process, env in runner_environments():
+        if env.get(ENV_JOB_ID) == job_id and namespace in (None, env.get(ENV_NAMESPACE)):
+            return int(process.pid)
     return None
 
 
