@@ -25,7 +25,7 @@ from mdq.bus.subjects import Subjects
 from mdq.cli.replay import _fresh_database
 from mdq.embedded import SHARED_FILE_STORE, start_nats, start_postgres
 from mdq.store.engine import asyncpg_dsn, create_writer_pool
-from mdq.store.roles import RoleNames, RolePasswords, RoleUrls, role_urls, setup_database_async
+from mdq.store.roles import RoleUrls, set_up_new_roles
 from tests.stack_health import KILLS, fail_unless_healthy, stack_state_dirs
 
 
@@ -159,13 +159,7 @@ async def database_roles(database_url: str, namespace: str) -> RoleUrls:
     """The test's database set up as every deployment sets it up (``mdq.store.roles``): roles
     of its own (prefix: the namespace), migrated by the owner, granted; each role's URL.
     ``database_url`` stays the administrator's."""
-    names = RoleNames.with_prefix(namespace)
-    passwords = RolePasswords.generate()
-    urls = role_urls(database_url, names, passwords)
-    await setup_database_async(
-        admin_url=database_url, owner_url=urls.owner, names=names, passwords=passwords
-    )
-    return urls
+    return await set_up_new_roles(database_url, namespace)
 
 
 @pytest.fixture
