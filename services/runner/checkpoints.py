@@ -97,11 +97,10 @@ class CheckpointFile:
         step: int,
         time_ps: float,
         native_path: Path | None = None,
-        native_sha256: str = "",
         platform: str = "",
     ) -> CheckpointFile:
-        """The checkpoint of ``step`` just written to ``path``: its sha256 and size are read
-        back from the file."""
+        """The checkpoint of ``step`` just written to ``path`` (and its native checkpoint to
+        ``native_path``, for ``platform``): sha256 and size are read back from the files."""
         return cls(
             step=step,
             path=path,
@@ -109,7 +108,7 @@ class CheckpointFile:
             size_bytes=path.stat().st_size,
             time_ps=time_ps,
             native_path=native_path,
-            native_sha256=native_sha256,
+            native_sha256=sha256_of(native_path) if native_path is not None else "",
             platform=platform,
         )
 
@@ -360,22 +359,19 @@ class CheckpointStore(StepFolder):
         """The files of one checkpoint, the sidecar last."""
         write_atomically(path, state_xml.encode())
         native_path: Path | None = None
-        native_sha256 = ""
         if native is not None:
             native_path = path.with_suffix(NATIVE_SUFFIX)
             write_atomically(native_path, native)
-            native_sha256 = sha256_of(native_path)
         checkpoint = CheckpointFile.on_disk(
             path,
             step=step,
             time_ps=time_ps,
             native_path=native_path,
-            native_sha256=native_sha256,
             platform=platform if native is not None else "",
         )
         write_sidecar(
             checkpoint,
-            native_sha256=native_sha256,
+            native_sha256=checkpoint.native_sha256,
             platform=checkpoint.platform,
             trajectory=trajectory.to_json() if trajectory else None,
         )
