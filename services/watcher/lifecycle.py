@@ -12,7 +12,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy
@@ -35,6 +35,7 @@ from mdq.core.expiry import (
 )
 from mdq.core.recovery import classify_stopped
 from mdq.core.state import JobBook, JobState, JobView, Stop
+from mdq.core.timestamps import utc_now
 
 log = logging.getLogger("mdq.watcher.lifecycle")
 
@@ -49,10 +50,6 @@ class LostRunPolicy:
     """... nor sooner than this many of its own observed progress intervals."""
 
 
-def _utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
 class Lifecycle:
     """Pod updates and silence in, lifecycle events out."""
 
@@ -65,7 +62,7 @@ class Lifecycle:
         backend: ClusterBackend,
         lost: LostRunPolicy = LostRunPolicy(),
         check_interval_s: float = 1.0,
-        clock: Callable[[], datetime] = _utcnow,
+        clock: Callable[[], datetime] = utc_now,
         jobs_log_days: float = 365.0,
     ) -> None:
         """``jobs_log_days``: how long the jobs log keeps events (``MDQ_STORAGE_JOBS_DAYS``); a
