@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
+from typing import TypeVar
 
 import asyncpg
 import nats.errors
@@ -19,7 +21,6 @@ from nats.js import JetStreamContext
 from mdq.backoff import DEFAULT_BACKOFF, Backoff, describe_error
 from mdq.bus.log import delivery_position
 from mdq.bus.subjects import Subjects
-from mdq.contracts import pb
 from mdq.core.text import scrub_nul
 from mdq.store.engine import SCHEMA_NOT_READY, connection_lost
 from mdq.store.projection.feed import (
@@ -34,12 +35,23 @@ from mdq.store.projection.writer import Writer, pause
 
 log = logging.getLogger("mdq.store.projection")
 
+Delivered = TypeVar("Delivered")
+
 SCHEMA_RETRY_S = 2.0
 BATCH_SIZE = 2000
 """Most events a batch applies in one transaction, unless told otherwise (the watcher's
 ``MDQ_WATCHER_BATCH_SIZE``, ``mdq replay --rebuild --batch-size``)."""
 BATCH_WAIT_S = 0.2
 """Longest wait to fill a batch, unless told otherwise."""
+
+
+def each_once_in_order(delivered: list[tuple[int, Delivered]]) -> list[tuple[int, Delivered]]:
+    """A batch's (stream sequence, message) pairs in stream order, each sequence once (its
+    first copy): redeliveries can repeat a sequence or come out of order; the common batch,
+    in order already, is returned as it is."""
+    if all(a[0] < b[0] for a, b in itertools.pairwise(delivered)):
+        return delivered
+    return sorted(dict(reversed(delivered)).items())
 
 
 class Projector:
@@ -214,14 +226,13 @@ class Projector:
 
     async def _handle(self, feed: Feed, messages: list[Msg]) -> None:
         """Project one batch (retrying the same batch until it commits), then acknowledge."""
-        batch: dict[int, tuple[Msg, pb.Event | None]] = {}
-        for message in messages:
-            # from the reply subject directly: nats-py's ``Msg.metadata`` builds dataclasses
-            # and a datetime per message, which the projection never reads
-            sequence = delivery_position(message.reply)[0]
-            if sequence not in batch:
-                batch[sequence] = (message, feed.decode(sequence, message))
-        ordered = sorted(batch.items())
+        # the stream sequence from the reply subject directly: nats-py's ``Msg.metadata``
+        # builds dataclasses and a datetime per message, which the projection never reads
+        delivered = [(delivery_position(message.reply)[0], message) for message in messages]
+        ordered = [
+            (sequence, (message, feed.decode(sequence, message)))
+            for sequence, message in each_once_in_order(delivered)
+        ]
         catch_up = feed is self._feeds[0]  # the JOBS stream
         delay = 0.05
         scrubbed = False
