@@ -1,9 +1,12 @@
-"""Composition root of intake: settings, its two connections, and the two entrances.
+"""Composition root of intake: settings, its two connections, and the entrances.
 
 ``subjects.submit`` through the submit stream (a durable push consumer, deliver group shared by
-replicas), ``subjects.api_submit`` by request-reply (a queue subscription, batches of requests
-that arrive together), and the runners' input files (``subjects.api_inputs``): how each is
-served and why, docs/intake.md ("The service and its entrances").
+replicas), each tenant's ``subjects.submit_for(tenant)`` through the tenant's own submit stream
+(a durable pull consumer each, shared by replicas, read at the tenant's rate:
+``services.intake.paced``), ``subjects.api_submit`` by request-reply (a queue subscription,
+batches of requests that arrive together), and the runners' input files
+(``subjects.api_inputs``): how each is served and why, docs/intake.md ("The service and its
+entrances").
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from mdq.bus.inputs import InputDesk
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.requests import Requests
 from mdq.bus.storage import StorageSettings
+from mdq.bus.streams import INTAKE_CONSUMER
 from mdq.bus.subjects import Subjects
 from mdq.bus.tenants import TenantDirectory
 from mdq.core.fair_queue import FairQueue
@@ -48,6 +52,7 @@ from services.intake.handlers import (
 from services.intake.held import HeldAnswers
 from services.intake.history import HistoryReader
 from services.intake.inputs import InputsCheck
+from services.intake.paced import TenantSubmits
 from services.intake.registry import SubmitRegistry
 from services.intake.room import JobsLogRoom, LogSize
 from services.intake.tenants import TenantGate, UsageReader
@@ -82,8 +87,15 @@ class IntakeSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MDQ_INTAKE_", extra="ignore")
 
     durable: str = Field(
-        default="intake",
-        description="Name (and deliver group) of the durable consumer of the submit stream.",
+        default=INTAKE_CONSUMER,
+        description="Name (and deliver group) of the durable consumer of the submit stream, "
+        "and name of intake's consumer of each tenant's submit stream.",
+    )
+    tenant_scan_s: float = Field(
+        default=2.0,
+        gt=0,
+        description="How often intake looks for tenants' submit streams made or removed (at "
+        "once, too, when the tenants' policies change).",
     )
     queue_group: str = Field(
         default="intake",
@@ -102,7 +114,8 @@ class IntakeSettings(BaseSettings):
     max_in_flight: int = Field(
         default=256,
         ge=1,
-        description="Stream submits delivered to intake and not yet acked, at most.",
+        description="Stream submits delivered to intake and not yet acked, at most (per "
+        "consumer: the submit stream's, each tenant's).",
     )
     concurrency: int = Field(
         default=128,
@@ -209,6 +222,9 @@ class Intake:
         self._tenants: TenantDirectory | None = None
         self._desk: InputDesk | None = None
         """Answers runners asking for their input files (``mdq.bus.inputs``)."""
+        self._tenant_submits: TenantSubmits | None = None
+        """Readers of each tenant's submit stream, at the tenant's rate (``serve_tenants``)."""
+        self._tenant_task: asyncio.Task[None] | None = None
 
     @property
     def handler(self) -> SubmitHandler:
@@ -218,8 +234,9 @@ class Intake:
 
     async def serve_stream(self) -> None:
         """Subscribe to the submit stream through intake's durable consumer: the operator's
-        submits and every tenant's, delivered to the consumer's deliver group (replicas share
-        it), one at a time per replica, acked by the handler."""
+        submits (and tenants' copies a stack set up before kept there), delivered to the
+        consumer's deliver group (replicas share it), one at a time per replica, acked by the
+        handler."""
         js = self._connection().jetstream()
         self._stream_subscription = await js.subscribe(
             self.subjects.submit,
@@ -334,6 +351,42 @@ class Intake:
         self._requests.add(task)
         task.add_done_callback(self._requests.discard)
 
+    async def serve_tenants(self) -> None:
+        """Follow every tenant's submit stream (``services.intake.paced``) until stopped: each
+        through intake's durable pull consumer of it (replicas share it), read one submit at a
+        time at the tenant's rate, acked by the handler."""
+        js = self._connection().jetstream()
+        directory = self._tenants
+        self._tenant_submits = TenantSubmits(
+            js,
+            self.subjects,
+            consume=self.consume_paced,
+            take_token=self._gate.take_token if self._gate is not None else lambda _: 0.0,
+            changed=directory.wait_changed if directory is not None else None,
+            name=self.settings.durable,
+            ack_wait_s=self.settings.ack_wait_s,
+            max_ack_pending=self.settings.max_in_flight,
+            scan_s=self.settings.tenant_scan_s,
+        )
+        self._tenant_task = asyncio.create_task(self._tenant_submits.run(), name="intake-tenants")
+        await self._tenant_submits.wait_scanned(5.0)
+
+    @property
+    def tenant_submits(self) -> TenantSubmits:
+        if self._tenant_submits is None:
+            raise RuntimeError("intake is not serving tenants' streams: call start() or run()")
+        return self._tenant_submits
+
+    async def stop_tenants(self) -> None:
+        """Stop pulling tenants' submits; those in hand are handled and acked first."""
+        task, self._tenant_task = self._tenant_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self._tenant_submits is not None:
+            await self._tenant_submits.stop()
+
     async def serve_requests(self) -> None:
         """Subscribe to request-reply submits, the operator's and every tenant's (queue group:
         replicas share them)."""
@@ -387,9 +440,25 @@ class Intake:
             return
         await raw.ack()
 
-    async def _consume_one(self, data: bytes, *, sequence: int, tenant: str) -> None:
+    async def consume_paced(self, raw: Msg, tenant: str) -> None:
+        """Handle one submit of ``tenant``'s own stream, its rate token taken before it was
+        pulled; ack it once done, nak it (retry later) on a NATS error."""
+        sequence = raw.metadata.sequence.stream
         try:
-            await self.handler.on_stream_submit(data, sequence=sequence, tenant=tenant)
+            await self._consume_one(raw.data, sequence=sequence, tenant=tenant, rate_taken=True)
+        except TRANSIENT_ERRORS as error:
+            log.warning("submit #%d of %s: NATS error, will retry: %r", sequence, tenant, error)
+            await raw.nak(delay=self.settings.retry_delay_s)
+            return
+        await raw.ack()
+
+    async def _consume_one(
+        self, data: bytes, *, sequence: int, tenant: str, rate_taken: bool = False
+    ) -> None:
+        try:
+            await self.handler.on_stream_submit(
+                data, sequence=sequence, tenant=tenant, rate_taken=rate_taken
+            )
         except TRANSIENT_ERRORS:
             raise
         except Exception as error:  # a bug in one submit must not block the stream
@@ -500,7 +569,8 @@ class Intake:
 
     def _consumer_config(self) -> ConsumerConfig:
         """What intake's durable consumer of the submit stream is: the operator's submits and
-        every tenant's, the settings' ack wait and most submits in flight."""
+        the tenants' copies an older stack kept there (their subjects), the settings' ack wait
+        and most submits in flight."""
         return ConsumerConfig(
             filter_subjects=self.subjects.submit_subjects,
             ack_wait=self.settings.ack_wait_s,
@@ -535,6 +605,7 @@ class Intake:
         """Prepare and start consuming (for embedding, e.g. in tests)."""
         await self.prepare()
         await self.serve_stream()
+        await self.serve_tenants()
         await self.serve_requests()
         # The server has our subscriptions once this returns. nats-py 2.16's flush() writes its
         # PING ahead of commands still buffered, so one flush can return before the SUBs went
@@ -544,6 +615,7 @@ class Intake:
 
     async def stop(self) -> None:
         """Stop taking submits, finish those in hand, and close both connections."""
+        await self.stop_tenants()
         await self.stop_requests()
         if self._entrances is not None:
             with contextlib.suppress(Exception):

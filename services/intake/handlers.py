@@ -407,11 +407,12 @@ class SubmitHandler:
         await self.handle([Submit(arrival) for arrival in batch], answer)
 
     async def on_stream_submit(
-        self, data: bytes, *, sequence: int, tenant: str = ""
+        self, data: bytes, *, sequence: int, tenant: str = "", rate_taken: bool = False
     ) -> pb.SubmitReply:
-        """A submit of ``tenant`` captured by the submit stream at ``sequence`` (its id when
-        keyless)."""
-        submit = Submit(Arrival(data, tenant), sequence)
+        """A submit of ``tenant`` captured by a submit stream at ``sequence`` (its id when
+        keyless); ``rate_taken``: read from the tenant's own stream at its rate, so never
+        refused for it."""
+        submit = Submit(Arrival(data, tenant, rate_taken), sequence)
         return await _one(lambda answer: self.handle([submit], answer))
 
     async def handle(self, batch: Sequence[Submit], answer: Answer) -> None:

@@ -68,6 +68,14 @@ class TenantGate:
             return RateRefusal("", rate_limit_message(tenant, policy, wait), wait_s=wait)
         return None
 
+    def take_token(self, tenant: str) -> float:
+        """Take one of ``tenant``'s rate tokens for a submit of its stream (read no faster than
+        its rate, never refused for it): 0.0 when taken, else the seconds until one is there
+        (nothing taken then). The bucket is the one its request-reply submits take from."""
+        if not policy_applies(tenant):
+            return 0.0
+        return self.limiter.acquire(tenant, self.directory.policy(tenant), self.clock())
+
     async def refusal(self, tenant: str, specs: Sequence[pb.JobSpec]) -> SpecError | None:
         """Why ``tenant`` may not submit ``specs`` now for its quotas (None: it may, and they
         are counted); its rate is ``rate_refusal``'s."""

@@ -24,8 +24,10 @@ from pathlib import Path
 
 import nats
 import nats.errors
+import nats.js.errors
 import pytest
 from nats.aio.client import Client
+from nats.js.api import ConsumerConfig
 
 from mdq.bus.connect import connect
 from mdq.bus.publisher import EventPublisher
@@ -47,6 +49,7 @@ from mdq.bus.snapshots import SnapshotStore
 from mdq.bus.streams import (
     ensure_streams,
     ensure_tenant_stream,
+    ensure_tenant_submit_consumer,
     stream_configs,
     tenant_submit_stream_config,
 )
@@ -573,7 +576,7 @@ def test_no_stream_captures_a_literal_subject() -> None:
     tenants' submit streams included: a stream listening on a literal subject stores what a
     push consumer delivers there."""
     configs = [
-        *stream_configs(SUBJECTS, tenants=[TENANT]),
+        *stream_configs(SUBJECTS),
         tenant_submit_stream_config(SUBJECTS, TENANT, closed=True),
     ]
     literal = {
@@ -822,9 +825,9 @@ async def test_a_tenant_cannot_squat_another_tenants_idempotency_key(
     prepared: Server,
 ) -> None:
     """Bob publishes first under the message id alice's SDK would give her key
-    (``submit:<key>``); her submit is stored all the same (her own submit stream
-    deduplicates among her keys only), and reaches the submit stream intake reads. Red with
-    the one shared submit stream deduplicating every tenant's ids together."""
+    (``submit:<key>``); her submit is stored all the same, in her own submit stream (which
+    deduplicates among her keys only, and intake reads). Red with the one shared submit stream
+    deduplicating every tenant's ids together."""
     bob = await connect(prepared.nats.url, name="bob", creds=prepared.creds["tenant-bob"])
     alice = await connect(prepared.nats.url, name="alice", creds=prepared.creds["tenant"])
     admin = await connect(prepared.nats.url, name="check", creds=prepared.creds["admin"])
@@ -839,15 +842,8 @@ async def test_a_tenant_cannot_squat_another_tenants_idempotency_key(
         )
         assert not mine.duplicate and mine.stream == SUBJECTS.tenant_submit_stream(TENANT)
         subject = SUBJECTS.submit_stored(TENANT)  # as the streams account stores it
-        for _ in range(100):  # the submit stream sources it a moment later
-            found = await admin.jetstream().stream_info(
-                SUBJECTS.submit_stream, subjects_filter=subject
-            )
-            if (found.state.subjects or {}).get(subject):
-                break
-            await asyncio.sleep(0.1)
-        else:
-            raise AssertionError("alice's submit never reached the submit stream")
+        found = await admin.jetstream().get_msg(SUBJECTS.tenant_submit_stream(TENANT), mine.seq)
+        assert found.subject == subject and found.data == b'{"jobs": [{"name": "w"}]}'
         # and no answer tells bob whether alice used a key: his own stream knows his alone
         again = await bob.jetstream().publish(
             SUBJECTS.submit_for(OTHER_TENANT), b'{"jobs": []}', headers=key
@@ -1004,3 +1000,69 @@ async def test_the_operators_client_makes_its_consumers_by_name(prepared: Server
         assert (await subscription.next_msg(timeout=5)).data == b"seed"
     finally:
         await client.close()
+
+
+async def test_intake_reads_each_tenants_submit_stream_through_its_own_consumer(
+    prepared: Server,
+) -> None:
+    """Intake makes its durable consumer of a tenant's submit stream (streams made after its
+    credentials: no permission names them) and pulls and acks the tenant's submits through it;
+    the request that makes it must name a tenant's stored submit subject as its filter."""
+    tenant = SUBJECTS.tenant_submit_stream(OTHER_TENANT)
+    bob = await connect(prepared.nats.url, name="bob", creds=prepared.creds["tenant-bob"])
+    intake = await connect(prepared.nats.url, name="intake", creds=prepared.creds["intake"])
+    admin = await connect(prepared.nats.url, name="admin", creds=prepared.creds["admin"])
+    try:
+        ack = await bob.jetstream().publish(SUBJECTS.submit_for(OTHER_TENANT), b'{"jobs": []}')
+        js = intake.jetstream()
+        assert await ensure_tenant_submit_consumer(js, SUBJECTS, OTHER_TENANT)
+        subscription = await js.pull_subscribe_bind("intake", tenant)
+        while True:  # from the stream's first submit (other tests' too) to bob's
+            [message] = await subscription.fetch(1, timeout=5)
+            await message.ack_sync()
+            if message.metadata.sequence.stream == ack.seq:
+                break
+        assert message.data == b'{"jobs": []}'
+        # Elsewhere such a consumer holds nothing: only a tenant's submit stream stores
+        # tenants' submit subjects (nats-server 2.15 does not check a filter against the
+        # stream's subjects, so the filter, not the server, is what keeps intake to them).
+        stored = SUBJECTS.submit_stored("*")
+        await admin.jetstream().publish(SUBJECTS.job(JOB, "held"), b"not a submit")
+        for stream in (SUBJECTS.jobs_stream, f"KV_{SUBJECTS.tenants_bucket}"):
+            config = ConsumerConfig(name="intake", durable_name="intake", filter_subject=stored)
+            await js.add_consumer(stream, config)
+            elsewhere = await js.pull_subscribe_bind("intake", stream)
+            with pytest.raises(TimeoutError):
+                await elsewhere.fetch(1, timeout=0.5)
+            assert (await js.consumer_info(stream, "intake")).num_pending == 0
+            await admin.jetstream().delete_consumer(stream, "intake")
+    finally:
+        await bob.close()
+        await intake.close()
+        await admin.close()
+
+
+@pytest.mark.parametrize("identity", ATTACKERS)
+async def test_no_one_but_intake_touches_its_consumer_of_a_tenants_submit_stream(
+    attempts_of: dict[str, Attempts], identity: str
+) -> None:
+    """Nobody else makes, pulls from, acks for or deletes intake's consumer of a tenant's
+    submit stream; intake itself makes no other consumer there, none with another filter, and
+    deletes none."""
+    stream = SUBJECTS.tenant_submit_stream(TENANT)
+    stored = SUBJECTS.submit_stored(TENANT)
+    tries = [
+        f"$JS.API.CONSUMER.CREATE.{stream}",
+        f"$JS.API.CONSUMER.CREATE.{stream}.intake",
+        f"$JS.API.CONSUMER.CREATE.{stream}.other.{stored}",
+        f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.intake",
+        f"$JS.API.CONSUMER.DELETE.{stream}.intake",
+        f"$JS.API.STREAM.PURGE.{stream}",
+    ]
+    if identity != "intake":
+        tries += [
+            f"$JS.API.CONSUMER.CREATE.{stream}.intake.{stored}",
+            f"$JS.API.CONSUMER.MSG.NEXT.{stream}.intake",
+            f"$JS.ACK.{stream}.intake.1.1.1.1.0",
+        ]
+    assert await attempts_of[identity].refused(tries) == set(tries)

@@ -13,6 +13,7 @@ import contextlib
 import json
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 
 import nats.errors
@@ -25,7 +26,13 @@ from typer.testing import CliRunner
 from mdq.bus.connect import CREDS_ENV
 from mdq.bus.security.auth import generate
 from mdq.bus.setup import prepare_bus
-from mdq.bus.streams import ensure_streams, ensure_tenant_stream
+from mdq.bus.streams import (
+    ensure_streams,
+    ensure_tenant_stream,
+    ensure_tenant_submit_consumer,
+    first_not_copied,
+    tenant_stream_config,
+)
 from mdq.bus.subjects import Subjects
 from mdq.bus.tenants import ensure_tenants_bucket, put_policy
 from mdq.cli.main import app as cli
@@ -149,9 +156,11 @@ async def test_a_tenants_stream_submit_is_its_own(
     intake: Intake, nc: Client, subjects: Subjects
 ) -> None:
     """A keyless submit on carol's subject is stored by her own submit stream (as ``mdq
-    tenant add`` makes it), which the submit stream sources; its request id is carol's and
-    comes from the submit stream's sequence, as any keyless stream submit's."""
+    tenant add`` makes it, after intake started: it finds the stream), which intake reads
+    directly: nothing of hers is copied into the submit stream. Its request id is carol's and
+    comes from her stream's sequence, as any keyless stream submit's."""
     js = nc.jetstream()
+    shared_before = (await js.stream_info(subjects.submit_stream)).state
     await ensure_tenant_stream(js, subjects, "carol")
     ack = await js.publish(
         subjects.submit_for("carol"),
@@ -168,17 +177,19 @@ async def test_a_tenants_stream_submit_is_its_own(
 
     await eventually(seen, "carol's keyless submit")
     [event] = await carols()
-    copied = await js.get_last_msg(subjects.submit_stream, subjects.submit_for("carol"))
-    assert event.job_id == f"{request_id_for_sequence(copied.seq or 0, 'carol')}-keyless"
+    assert event.job_id == f"{request_id_for_sequence(ack.seq, 'carol')}-keyless"
     assert event.submitted.submitted_by == "carol"
+    shared = (await js.stream_info(subjects.submit_stream)).state
+    assert (shared.messages, shared.bytes) == (shared_before.messages, shared_before.bytes)
+    assert "carol" in intake.tenant_submits.tenants
 
 
 async def test_intakes_consumer_follows_its_settings(
     nats_url: str, namespace: str, nc: Client, subjects: Subjects
 ) -> None:
-    """A durable consumer that reads the operator's subject alone, with another ack wait and
-    another most in flight, is brought in line with intake's settings in place: a tenant's
-    submit waiting in the stream is handled once intake starts."""
+    """Durable consumers with another ack wait and another most in flight (the submit
+    stream's reading the operator's subject alone, a tenant's) are brought in line with
+    intake's settings in place: the submits waiting in them are handled once intake starts."""
     from mdq.bus.streams import ensure_streams
 
     js = nc.jetstream()
@@ -196,20 +207,27 @@ async def test_intakes_consumer_follows_its_settings(
         ),
     )
     payload = {"idempotency_key": "early", "jobs": [{"name": "waited"}]}
+    await js.publish(subjects.submit, json.dumps(payload).encode())
     await ensure_tenant_stream(js, subjects, "dave")
+    await ensure_tenant_submit_consumer(
+        js, subjects, "dave", name="intake", ack_wait_s=5.0, max_ack_pending=7
+    )
     await js.publish(subjects.submit_for("dave"), json.dumps(payload).encode())
     service = await started(settings_for(nats_url, namespace))
     try:
-        job = f"{request_id_for_key('early', 'dave')}-waited"
-        await eventually(
-            lambda: _has(js, subjects, subjects.job(job, "submitted")), "dave's waiting submit"
-        )
+        for tenant in ("", "dave"):
+            job = f"{request_id_for_key('early', tenant)}-waited"
+            subject = subjects.job(job, "submitted")
+            await eventually(partial(_has, js, subjects, subject), f"{tenant!r}'s waiting submit")
     finally:
         await service.stop()
     info = await js.consumer_info(subjects.submit_stream, "intake")
     assert sorted(info.config.filter_subjects or []) == sorted(subjects.submit_subjects)
     assert info.config.ack_wait == service.settings.ack_wait_s
     assert info.config.max_ack_pending == service.settings.max_in_flight
+    daves = await js.consumer_info(subjects.tenant_submit_stream("dave"), "intake")
+    assert daves.config.ack_wait == service.settings.ack_wait_s
+    assert daves.config.max_ack_pending == service.settings.max_in_flight
 
 
 async def test_a_tenants_stream_holds_its_events_and_no_one_elses(
@@ -385,27 +403,76 @@ async def test_an_older_submit_stream_gives_its_tenants_streams_of_their_own(
     nc: Client, subjects: Subjects
 ) -> None:
     """A deployment from before: one submit stream captured every tenant's subject. The next
-    setup takes those subjects off it, makes each tenant's submit stream and sources it."""
+    setup takes those subjects off it and makes each tenant's submit stream, which it does not
+    source."""
     from nats.js.api import StreamConfig
 
     js = nc.jetstream()
     older = [subjects.submit, subjects.submit_for("*")]  # what the older stream captured
     await js.delete_stream(subjects.submit_stream)
     await js.add_stream(StreamConfig(name=subjects.submit_stream, subjects=older))
-    await ensure_tenant_stream(js, subjects, "olga")  # as an older `mdq tenant add` made it
-    await js.delete_stream(subjects.tenant_submit_stream("olga"))
-    await js.update_stream(StreamConfig(name=subjects.submit_stream, subjects=older))
+    await js.add_stream(tenant_stream_config(subjects, "olga"))  # an older `mdq tenant add`'s
     await ensure_streams(js, subjects)
     info = await js.stream_info(subjects.submit_stream)
     assert info.config.subjects == [subjects.submit_capture]
-    assert [source.name for source in info.config.sources or []] == [
-        subjects.tenant_submit_stream("olga")
-    ]
+    assert not info.config.sources
     ack = await js.publish(subjects.submit_for("olga"), b'{"jobs": []}')
     assert ack.stream == subjects.tenant_submit_stream("olga")
 
-    async def sourced() -> bool:
-        found = await js.stream_info(subjects.submit_stream, subjects_filter=">")
-        return subjects.submit_for("olga") in (found.state.subjects or {})
 
-    await eventually(sourced, "olga's submit in the submit stream")
+async def test_a_submit_stream_that_sourced_the_tenants_keeps_their_copies_read_once(
+    nats_url: str, namespace: str, nc: Client, subjects: Subjects
+) -> None:
+    """A deployment from before: the submit stream sourced each tenant's submit stream, and
+    intake read the copies there. The next setup takes the sources away; the copies stay in
+    the submit stream, where intake's consumer of it reads them, and intake's consumer of the
+    tenant's own stream starts after the last copy. Each keyless submit (whose request id is
+    its sequence where it is read: read twice, it would make two jobs) becomes one job, those
+    published while the setup runs too."""
+    from nats.js.api import StreamConfig, StreamSource
+
+    js = nc.jetstream()
+    await ensure_tenant_stream(js, subjects, "pat")
+    await ensure_tenants_bucket(js, subjects)
+    await put_policy(js, subjects, "pat", TenantPolicy(submits_per_minute=None))
+    older = StreamConfig(
+        name=subjects.submit_stream,
+        subjects=[subjects.submit_capture],
+        sources=[StreamSource(name=subjects.tenant_submit_stream("pat"))],
+        duplicate_window=0.0,
+    )
+    await js.update_stream(older)
+    for number in range(5):
+        await js.publish(subjects.submit_for("pat"), _keyless(f"c{number}"))
+
+    async def copied() -> bool:
+        return (await js.stream_info(subjects.submit_stream)).state.messages == 5
+
+    await eventually(copied, "pat's submits copied into the submit stream")
+    assert await first_not_copied(js, subjects, "pat") == 6
+    racing = [js.publish(subjects.submit_for("pat"), _keyless(f"r{n}")) for n in range(5)]
+    await asyncio.gather(ensure_streams(js, subjects), *racing)
+    info = await js.stream_info(subjects.submit_stream)
+    assert not info.config.sources and info.state.messages >= 5  # the copies stay
+    for number in range(3):
+        await js.publish(subjects.submit_for("pat"), _keyless(f"after{number}"))
+    service = await started(settings_for(nats_url, namespace))
+    try:
+
+        async def names() -> list[str]:
+            events = (await submitted_events(js, subjects)).values()
+            return sorted(event.submitted.spec.name for event in events)
+
+        async def all_thirteen() -> bool:
+            return len(await names()) >= 13
+
+        await eventually(all_thirteen, "each of pat's submits handled")
+        await asyncio.sleep(0.5)  # a submit read twice would show by now
+        expected = [f"c{n}" for n in range(5)] + [f"r{n}" for n in range(5)]
+        assert await names() == sorted([*expected, "after0", "after1", "after2"])
+    finally:
+        await service.stop()
+
+
+def _keyless(name: str) -> bytes:
+    return json.dumps({"jobs": [{"name": name}]}).encode()

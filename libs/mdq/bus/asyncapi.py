@@ -533,8 +533,10 @@ def generate(subjects: Subjects | None = None) -> dict[str, Any]:
             "description": "A tenant's fire-and-forget submits, as `submit`; the jobs are the "
             "tenant's (ids `<tenant>.<hex>-<name>`, `submitted_by` the tenant). "
             + _stream_text(tenant_submits)
-            + f" The stream `{subjects.submit_stream}` sources it for intake, without "
-            "deduplicating: a message id is the tenant's own. On a closed bus the submit "
+            + " Intake reads it directly, through a durable pull consumer of its own, no "
+            "faster than the tenant's rate (`submits_per_minute`): past it a submit is not "
+            "refused, it waits in this stream, and a full stream refuses the tenant's "
+            "publishes. A message id is the tenant's own. On a closed bus the submit "
             f"lands in the streams account as `{subjects.submit_stored('{tenant}')}` (the "
             "import adds a token, so the stream captures no literal subject).",
             "parameters": _parameters(subjects.submit_for("{tenant}")),

@@ -22,6 +22,9 @@ from collections.abc import Iterable
 
 from nats.js import JetStreamContext
 from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
     DiscardPolicy,
     KeyValueConfig,
     RetentionPolicy,
@@ -48,30 +51,24 @@ headers."""
 def submit_stream_config(
     subjects: Subjects,
     *,
-    tenants: Iterable[str] = (),
     replicas: int = 1,
     storage: StorageSettings | None = None,
 ) -> StreamConfig:
-    """The stream intake reads every fire-and-forget submit from: it captures the operator's
-    (``NS.submit``) and sources each tenant's submit stream (``tenant_submit_stream_config``).
-
-    Its duplicate window is none while it sources a tenant (0: JetStream gives a stream with
-    sources no default window): a message id (``submit:<key>``) is deduplicated in the
-    tenant's own stream, among that tenant's keys only, and never here, where one tenant's
-    id would drop another's submit (and its acknowledgement would say the key was used).
-    Intake's registry, keyed by the tenant's own request id, keeps submits idempotent."""
+    """The stream of the operator's fire-and-forget submits (``NS.submit``), which intake
+    reads through its durable consumer. A tenant's submits are in the tenant's own stream
+    (``tenant_submit_stream_config``), which intake reads directly, at the tenant's rate: none
+    is copied here, so a tenant's flood never grows this stream. A message id is deduplicated
+    within an hour."""
     storage = storage or StorageSettings()
-    sources = [StreamSource(name=subjects.tenant_submit_stream(t)) for t in sorted(tenants)]
     return StreamConfig(
         name=subjects.submit_stream,
         subjects=[subjects.submit_capture],
-        sources=sources or None,
         retention=RetentionPolicy.LIMITS,
         storage=StorageType.FILE,
         max_age=storage.submit_days * DAY_S,
         max_bytes=int(storage.submit_bytes),
         max_msg_size=MAX_SUBMIT_BYTES,
-        duplicate_window=0.0 if sources else 3600.0,
+        duplicate_window=3600.0,
         discard=DiscardPolicy.NEW,  # a full stream refuses the submitter, drops nothing
         num_replicas=replicas,
     )
@@ -87,7 +84,9 @@ def tenant_submit_stream_config(
 ) -> StreamConfig:
     """One tenant's submits (``NS.submit.<tenant>``): deduplicated by message id among its
     own (an hour), within a size of its own (``MDQ_STORAGE_TENANT_SUBMIT_BYTES``; full, it
-    refuses that tenant's publishes and nobody else's); the submit stream sources it.
+    refuses that tenant's publishes and nobody else's). Intake reads it through a durable pull
+    consumer of its own (``tenant_submit_consumer_config``), no faster than the tenant's rate:
+    a flood waits here.
 
     On a ``closed`` bus the submits arrive in the streams account as ``submit_stored``, which
     it captures with a wildcard (a literal subject would take in a push consumer's deliveries,
@@ -114,14 +113,12 @@ def stream_configs(
     *,
     replicas: int = 1,
     storage: StorageSettings | None = None,
-    tenants: Iterable[str] = (),
 ) -> list[StreamConfig]:
-    """Definitions of every shared stream (the submit stream sourcing ``tenants``' submit
-    streams): history is kept (limits retention) so replay works, within the limits of
-    ``storage`` (default: ``MDQ_STORAGE_*`` from the environment)."""
+    """Definitions of every shared stream: history is kept (limits retention) so replay works,
+    within the limits of ``storage`` (default: ``MDQ_STORAGE_*`` from the environment)."""
     storage = storage or StorageSettings()
     configs = [
-        submit_stream_config(subjects, tenants=tenants, storage=storage),
+        submit_stream_config(subjects, storage=storage),
         StreamConfig(
             name=subjects.jobs_stream,
             # "*.>" holds the tenants' two-token job ids too; their request ids have two tokens
@@ -233,21 +230,20 @@ async def ensure_tenant_stream(
     replicas: int = 1,
     storage: StorageSettings | None = None,
 ) -> None:
-    """Create (or bring up to date) ``tenant``'s streams, its events' and its submits', and
-    make the submit stream source the latter; as admin, after ``ensure_streams``."""
+    """Create (or bring up to date) ``tenant``'s streams, its events' and its submits'; as
+    admin, after ``ensure_streams``. Intake finds the submit stream by itself
+    (``tenant_submit_streams``) and makes its consumer there."""
     config = tenant_stream_config(subjects, tenant, replicas=replicas, storage=storage)
     await _create_or_update(js, config, replicas)
-    tenants = {*await tenants_with_streams(js, subjects), tenant}
-    await _ensure_submit_streams(js, subjects, tenants, replicas=replicas, storage=storage)
+    submits = tenant_submit_stream_config(
+        subjects, tenant, replicas=replicas, storage=storage, closed=closed_bus(js)
+    )
+    await _create_or_update(js, submits, replicas)
 
 
 async def remove_tenant_streams(js: JetStreamContext, subjects: Subjects, tenant: str) -> bool:
-    """Delete ``tenant``'s streams (as admin), its submit stream first taken out of the submit
-    stream's sources; whether its events' stream existed."""
-    others = [each for each in await tenants_with_streams(js, subjects) if each != tenant]
-    with contextlib.suppress(NotFoundError):
-        await js.stream_info(subjects.submit_stream)
-        await _ensure_submit_streams(js, subjects, others, replicas=1, storage=None)
+    """Delete ``tenant``'s streams (as admin): its submits' (with intake's consumer of it, so
+    intake stops reading it) and its events'; whether its events' stream existed."""
     with contextlib.suppress(NotFoundError):
         await js.delete_stream(subjects.tenant_submit_stream(tenant))
     try:
@@ -260,18 +256,149 @@ async def tenants_with_streams(js: JetStreamContext, subjects: Subjects) -> list
     """The tenants that have a stream of their events in this namespace (as admin: the list of
     streams names every tenant)."""
     prefix = subjects.tenant_stream("")
+    return sorted(name.removeprefix(prefix) for name in await _stream_names(js, prefix=prefix))
+
+
+async def tenant_submit_streams(js: JetStreamContext, subjects: Subjects) -> list[str]:
+    """The tenants that have a submit stream in this namespace: the streams whose subjects are
+    under ``NS.submit.`` (the operator's own stream captures ``NS.*``), asked of the server by
+    that subject, so another namespace's streams never answer. What intake follows."""
+    prefix = subjects.tenant_submit_stream("")
+    names = await _stream_names(js, prefix=prefix, subject=f"{subjects.submit}.>")
+    return sorted(name.removeprefix(prefix) for name in names)
+
+
+async def _stream_names(js: JetStreamContext, *, prefix: str, subject: str = "") -> list[str]:
+    """The names of the streams that start with ``prefix`` (and, with ``subject``, whose
+    subjects overlap it), read page by page."""
     names: list[str] = []
     offset = 0
     while True:
-        request = json.dumps({"offset": offset}).encode()
-        reply = await connection_of(js).request("$JS.API.STREAM.NAMES", request, timeout=5)
+        asked: dict[str, object] = {"offset": offset}
+        if subject:
+            asked["subject"] = subject
+        reply = await connection_of(js).request(
+            "$JS.API.STREAM.NAMES", json.dumps(asked).encode(), timeout=5
+        )
         answer = json.loads(reply.data)
+        if error := answer.get("error"):
+            raise BadRequestError(description=str(error.get("description", error)))
         page = answer.get("streams") or []
         names += [name for name in page if name.startswith(prefix)]
         offset += len(page)
         if not page or offset >= int(answer.get("total", 0)):
             break
-    return sorted(name.removeprefix(prefix) for name in names)
+    return names
+
+
+INTAKE_CONSUMER = "intake"
+"""The name of intake's durable consumers (``MDQ_INTAKE_DURABLE``'s default): of the submit
+stream, and of each tenant's submit stream."""
+STREAM_NOT_FOUND = 10059
+"""JetStream's error code for a stream that does not exist (10014: a consumer)."""
+STREAM_SOURCE_HEADER = "Nats-Stream-Source"
+"""The header a sourced copy carries: the stream it came from and its sequence there."""
+
+
+def tenant_submit_filter(subjects: Subjects, tenant: str, *, closed: bool) -> str:
+    """The subject ``tenant``'s submits are stored under in its submit stream: on a closed bus
+    ``NS.submit.<tenant>.in`` (``Subjects.submit_stored``), else ``NS.submit.<tenant>``."""
+    return subjects.submit_stored(tenant) if closed else subjects.submit_for(tenant)
+
+
+def tenant_submit_consumer_config(
+    subjects: Subjects,
+    tenant: str,
+    *,
+    closed: bool,
+    name: str = INTAKE_CONSUMER,
+    ack_wait_s: float = 30.0,
+    max_ack_pending: int = 256,
+    start_sequence: int = 1,
+) -> ConsumerConfig:
+    """Intake's durable pull consumer of ``tenant``'s submit stream, shared by its replicas:
+    from ``start_sequence`` on, filtered on the tenant's stored subject (so that it is made by
+    the request that names the filter, the one intake may send, ``mdq.bus.security.permissions``),
+    each submit acked once handled."""
+    start = max(1, start_sequence)
+    return ConsumerConfig(
+        name=name,
+        durable_name=name,
+        filter_subject=tenant_submit_filter(subjects, tenant, closed=closed),
+        ack_policy=AckPolicy.EXPLICIT,
+        ack_wait=ack_wait_s,
+        max_ack_pending=max_ack_pending,
+        deliver_policy=DeliverPolicy.ALL if start == 1 else DeliverPolicy.BY_START_SEQUENCE,
+        opt_start_seq=None if start == 1 else start,
+    )
+
+
+async def sources_tenant(js: JetStreamContext, subjects: Subjects, tenant: str) -> bool:
+    """Whether the submit stream still sources ``tenant``'s submit stream (a stack set up
+    before intake read the tenants' streams directly, until its next setup)."""
+    info = await js.stream_info(subjects.submit_stream)
+    wanted = subjects.tenant_submit_stream(tenant)
+    return any(source.name == wanted for source in info.config.sources or [])
+
+
+async def first_not_copied(js: JetStreamContext, subjects: Subjects, tenant: str) -> int:
+    """The first sequence of ``tenant``'s submit stream that the submit stream holds no copy
+    of: after the copy it holds last (its ``Nats-Stream-Source`` header names the original's
+    sequence), 1 when it holds none. Intake's consumer of the tenant's stream starts there, so
+    a submit already copied into the submit stream (and read there by intake's consumer of it)
+    is not read twice."""
+    closed = closed_bus(js)
+    try:
+        copy = await js.get_last_msg(
+            subjects.submit_stream, tenant_submit_filter(subjects, tenant, closed=closed)
+        )
+    except NotFoundError:
+        return 1
+    source = (copy.headers or {}).get(STREAM_SOURCE_HEADER, "")
+    parts = source.split()
+    if len(parts) < 2 or not parts[1].isdigit():
+        log.warning("a copy of %s's submit names no source sequence: %r", tenant, source)
+        return 1
+    return int(parts[1]) + 1
+
+
+async def ensure_tenant_submit_consumer(
+    js: JetStreamContext,
+    subjects: Subjects,
+    tenant: str,
+    *,
+    name: str = INTAKE_CONSUMER,
+    ack_wait_s: float = 30.0,
+    max_ack_pending: int = 256,
+) -> bool:
+    """Make intake's consumer of ``tenant``'s submit stream unless it exists (NotFoundError:
+    no such stream); whether it exists now. None is made while the submit stream still sources
+    the tenant's stream (the setup takes the sources away first, ``ensure_streams``): a submit
+    would be read through both. A new consumer starts after the last submit copied into the
+    submit stream (``first_not_copied``)."""
+    stream = subjects.tenant_submit_stream(tenant)
+    try:
+        await js.consumer_info(stream, name)
+        return True
+    except NotFoundError as error:
+        if error.err_code == STREAM_NOT_FOUND:
+            raise
+    if await sources_tenant(js, subjects, tenant):
+        return False
+    config = tenant_submit_consumer_config(
+        subjects,
+        tenant,
+        closed=closed_bus(js),
+        name=name,
+        ack_wait_s=ack_wait_s,
+        max_ack_pending=max_ack_pending,
+        start_sequence=await first_not_copied(js, subjects, tenant),
+    )
+    try:
+        await js.add_consumer(stream, config=config)
+    except BadRequestError:  # made meanwhile by another replica (or the setup)
+        await js.consumer_info(stream, name)
+    return True
 
 
 async def _ensure_submit_streams(
@@ -282,29 +409,31 @@ async def _ensure_submit_streams(
     replicas: int,
     storage: StorageSettings | None,
 ) -> None:
-    """The submit stream capturing the operator's subject alone and sourcing the submit stream
-    of each of ``tenants``, each made first. The submit stream is updated before a tenant's is
-    made: one made before tenants had their own captured theirs too, and two streams may not
-    capture one subject."""
+    """The submit stream capturing the operator's subject alone and sourcing nothing, and each
+    of ``tenants``' submit streams. An older submit stream is brought to that without losing or
+    repeating a submit: one that captured the tenants' subjects too is narrowed first (two
+    streams may not capture one subject); one that sourced the tenants' streams keeps the
+    copies it holds (intake's consumer of it reads them), and intake's consumer of each tenant's
+    stream is made to start after the last copy (``ensure_tenant_submit_consumer``)."""
     tenants = sorted(set(tenants))
     config = submit_stream_config(subjects, replicas=replicas, storage=storage)
     try:
         existing = await js.stream_info(subjects.submit_stream)
     except NotFoundError:
         existing = None
-    if existing is not None and existing.config.subjects != [subjects.submit_capture]:
-        kept = [source.name for source in existing.config.sources or []]
-        config.sources = [StreamSource(name=name) for name in kept] or None
-        config.duplicate_window = 0.0 if kept else config.duplicate_window
-        await _create_or_update(js, config, replicas)
+    sourced = [source.name or "" for source in (existing.config.sources or [])] if existing else []
+    await _create_or_update(js, config, replicas)
     closed = closed_bus(js)
     for tenant in tenants:
         made = tenant_submit_stream_config(
             subjects, tenant, replicas=replicas, storage=storage, closed=closed
         )
         await _create_or_update(js, made, replicas)
-    config = submit_stream_config(subjects, tenants=tenants, replicas=replicas, storage=storage)
-    await _create_or_update(js, config, replicas)
+    prefix = subjects.tenant_submit_stream("")
+    for name in sourced:
+        if name.startswith(prefix):
+            with contextlib.suppress(NotFoundError):  # a tenant removed meanwhile
+                await ensure_tenant_submit_consumer(js, subjects, name.removeprefix(prefix))
 
 
 def closed_bus(js: JetStreamContext) -> bool:
@@ -323,8 +452,9 @@ async def ensure_streams(
     storage: StorageSettings | None = None,
 ) -> None:
     """Create the namespace's streams, or bring existing ones up to date (their replica count
-    only ever goes up, their size limit never below what they hold); the submit stream keeps
-    sourcing every tenant's submit stream."""
+    only ever goes up, their size limit never below what they hold); every tenant with a
+    stream of its events gets its submit stream, and the submit stream sources none of them
+    (``_ensure_submit_streams``)."""
     for config in stream_configs(subjects, replicas=replicas, storage=storage):
         if config.name == subjects.submit_stream:
             tenants = await tenants_with_streams(js, subjects)

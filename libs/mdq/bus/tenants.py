@@ -88,6 +88,9 @@ class TenantDirectory:
         self._missing_logged = False
         """Whether the bucket's absence (or the failure to open it) was logged as a warning
         since it was last opened (once per episode, not every retry)."""
+        self._version = 0
+        """Bumped at each change of the policies read (``wait_changed``)."""
+        self._changed = asyncio.Event()
 
     def policy(self, tenant: str) -> TenantPolicy:
         """``tenant``'s policy as last read (``DEFAULT_POLICY`` without one)."""
@@ -102,6 +105,21 @@ class TenantDirectory:
     def synced(self) -> bool:
         """Whether the bucket was read through once (or found missing)."""
         return self._synced.is_set()
+
+    async def wait_changed(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for the policies to change after this call (a tenant added,
+        changed or removed); whether they did."""
+        seen = self._version
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                while self._version == seen:
+                    self._changed.clear()
+                    await self._changed.wait()
+        return self._version != seen
+
+    def _note_change(self) -> None:
+        self._version += 1
+        self._changed.set()
 
     def start(self) -> None:
         """Start following the bucket (idempotent)."""
@@ -173,8 +191,11 @@ class TenantDirectory:
                     if reading is not None:
                         self._policies, reading = reading, None
                         self._synced.set()
+                        self._note_change()
                     continue
                 table = reading if reading is not None else self._policies
+                if reading is None:
+                    self._note_change()
                 if entry.operation in (KV_DEL, KV_PURGE) or not entry.value:
                     table.pop(entry.key, None)
                     continue

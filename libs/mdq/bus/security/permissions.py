@@ -186,6 +186,23 @@ def _durable(stream: str, consumer: str) -> list[str]:
     ]
 
 
+def _tenant_submit_consumers(subjects: Subjects, consumer: str) -> list[str]:
+    """Make, and read through, a durable pull consumer named ``consumer`` of each tenant's
+    submit stream (intake's, ``mdq.bus.streams.tenant_submit_consumer_config``). The streams
+    are made when tenants are added, so they are not named here (a stream's name is one token:
+    no pattern says "every tenant's submit stream"); the create is granted only by the
+    request that names the consumer's filter, a tenant's stored submit subject
+    (``NS.submit.<tenant>.in``), which the server refuses on any stream that does not hold
+    those subjects: a tenant's submit stream alone. No other identity may make consumers
+    there."""
+    return [
+        f"$JS.API.CONSUMER.CREATE.*.{consumer}.{subjects.submit_stored('*')}",
+        f"$JS.API.CONSUMER.INFO.*.{consumer}",
+        f"$JS.API.CONSUMER.MSG.NEXT.*.{consumer}",
+        f"$JS.ACK.*.{consumer}.>",
+    ]
+
+
 def _bucket(bucket: str, *, write: bool, own: bool = False) -> list[str]:
     """Read (get, watch) a KV bucket; with ``write`` put, update and delete its keys; with
     ``own`` also create it and change its configuration (never purge or delete it)."""
@@ -276,6 +293,10 @@ def service_permissions(identity: str, subjects: Subjects, names: Names = Names(
         return Permissions(identity, ("$JS.>", "$KV.>", f"{subjects.namespace}.>"), (">",), True)
     if identity == "intake":
         publish += [*_durable(submit, names.intake_consumer), *_read_stream(jobs)]
+        # each tenant's submits, from the tenant's own stream at its rate; where a stack set up
+        # before left copies of them in the submit stream, the last one (where to start)
+        publish += _tenant_submit_consumers(subjects, names.intake_consumer)
+        publish.append(f"$JS.API.STREAM.MSG.GET.{submit}")
         publish += subjects.claims  # its claims of request ids, in the jobs stream
         # tenants' policies (the admin's), and their usage as placement counts it
         publish += _bucket(subjects.tenants_bucket, write=False)
@@ -525,9 +546,9 @@ def markdown_table(subjects: Subjects | None = None) -> str:
         "|---|---|---|---|---|---|",
     ]
     for identity in IDENTITIES:
-        rows.append(_row(service_permissions(identity, subjects)))
-    rows.append(_row(runner_permissions(subjects, "<job>")))
-    rows.append(_row(tenant_permissions(subjects, "<tenant>")))
+        rows.append(_row(service_permissions(identity, subjects), subjects))
+    rows.append(_row(runner_permissions(subjects, "<job>"), subjects))
+    rows.append(_row(tenant_permissions(subjects, "<tenant>"), subjects))
     return "\n".join(rows) + "\n"
 
 
@@ -535,7 +556,7 @@ def _after(pattern: str, prefix: str) -> str | None:
     return pattern[len(prefix) :] if pattern.startswith(prefix) else None
 
 
-def _row(permissions: Permissions) -> str:
+def _row(permissions: Permissions, subjects: Subjects) -> str:
     if permissions.identity == "admin":
         return "| `admin` | everything | everything | everything | every stream and bucket | `>` |"
     events: list[str] = []
@@ -564,6 +585,12 @@ def _row(permissions: Permissions) -> str:
             (buckets if stream.startswith("KV_") else streams).append(stream.removeprefix("KV_"))
         elif durable := _after(pattern, "$JS.API.CONSUMER.DURABLE.CREATE."):
             owns.append(f"consumer {durable.replace('.', '/')}")
+        elif (each := _after(pattern, "$JS.API.CONSUMER.CREATE.*.")) and each.endswith(
+            f".{subjects.submit_stored('*')}"
+        ):
+            consumer = each.partition(".")[0]
+            stream = subjects.tenant_submit_stream("<tenant>")
+            owns.append(f"consumer {stream}/{consumer} (each tenant's)")
         elif (bucket := _after(pattern, "$KV.")) is not None:
             writes.append(bucket.removesuffix(".>"))
         elif (bucket := _after(pattern, "$O.")) is not None:

@@ -1,0 +1,223 @@
+"""A tenant's fire-and-forget submits, read by intake from the tenant's own submit stream at
+the tenant's rate (``services.intake.paced``), against a real NATS JetStream.
+
+A flood waits in the tenant's stream (bounded: full, it refuses that tenant alone) and is read
+no faster than the tenant may submit: nothing is copied into a shared stream, no submit is
+refused for the rate, and the others' submits go on. Intake finds tenants' streams as they are
+made and removed, and its replicas share each tenant's durable consumer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+
+import pytest
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
+
+from mdq.bus.streams import ensure_streams, ensure_tenant_stream, remove_tenant_streams
+from mdq.bus.subjects import Subjects
+from mdq.bus.tenants import ensure_tenants_bucket, put_policy
+from mdq.contracts import pb
+from mdq.core.ids import request_id_for_key
+from mdq.core.tenants import TenantPolicy
+from services.intake.app import Intake, IntakeSettings, build_intake
+from tests.integration.test_intake import eventually, job_log, settings_for, started
+
+
+async def with_policy(
+    nc: Client, subjects: Subjects, tenant: str, policy: TenantPolicy
+) -> JetStreamContext:
+    """The namespace's streams, ``tenant``'s streams (as ``mdq tenant add`` makes them) and
+    its ``policy``."""
+    js = nc.jetstream()
+    await ensure_streams(js, subjects)
+    await ensure_tenants_bucket(js, subjects)
+    await ensure_tenant_stream(js, subjects, tenant)
+    await put_policy(js, subjects, tenant, policy)
+    return js
+
+
+def submit(key: str, name: str = "w", **job: object) -> bytes:
+    body: dict[str, object] = {"jobs": [{"name": name, "steps": 100, **job}]}
+    if key:
+        body["idempotency_key"] = key
+    return json.dumps(body).encode()
+
+
+async def events_of(js: JetStreamContext, subjects: Subjects, kind: str) -> list[pb.Event]:
+    return [event for _, event in await job_log(js, subjects) if event.WhichOneof("body") == kind]
+
+
+@pytest.fixture
+async def intake(nats_url: str, namespace: str, nc: Client) -> AsyncIterator[Intake]:
+    service = await started(settings_for(nats_url, namespace))
+    yield service
+    await service.stop()
+
+
+async def test_a_tenants_flood_waits_in_its_own_stream_and_grows_no_shared_one(
+    nats_url: str, namespace: str, nc: Client, subjects: Subjects
+) -> None:
+    """Fifty fire-and-forget submits of a tenant allowed one a minute: one is handled, the
+    other 49 wait in its own stream, unread; the submit stream holds none of them and the jobs
+    log no ``rejected`` event. Red while the submit stream sourced the tenant's (a copy each)
+    and intake refused each past the rate with a stored ``rejected`` event."""
+    js = await with_policy(
+        nc, subjects, "flood", TenantPolicy(submits_per_minute=1, submit_burst=1)
+    )
+    shared = await js.stream_info(subjects.submit_stream)
+    service = await started(settings_for(nats_url, namespace))
+    try:
+        for number in range(50):
+            await js.publish(subjects.submit_for("flood"), submit(f"f{number}"))
+
+        async def one_handled() -> bool:
+            return len(await events_of(js, subjects, "submitted")) == 1
+
+        await eventually(one_handled, "the flood's first submit handled")
+        await asyncio.sleep(1.0)  # another one handled, or refused, would show by now
+        info = await js.consumer_info(subjects.tenant_submit_stream("flood"), "intake")
+    finally:
+        await service.stop()
+    [first] = await events_of(js, subjects, "submitted")
+    assert first.job_id == f"{request_id_for_key('f0', 'flood')}-w"  # the first published
+    assert await events_of(js, subjects, "rejected") == []
+    assert (info.num_pending, info.num_ack_pending) == (49, 0)
+    after = await js.stream_info(subjects.submit_stream)
+    assert (after.state.messages, after.state.bytes) == (shared.state.messages, shared.state.bytes)
+    assert (await js.stream_info(subjects.tenant_submit_stream("flood"))).state.messages == 50
+
+
+async def test_a_tenants_submits_past_its_rate_wait_and_are_handled_in_order(
+    nats_url: str, namespace: str, nc: Client, subjects: Subjects
+) -> None:
+    """Four submits at once of a tenant allowed two a second, one at a time: the first at
+    once, each of the others when the tenant may submit again, in the order published, none
+    refused; the operator's submit meanwhile is not held up."""
+    js = await with_policy(
+        nc, subjects, "steady", TenantPolicy(submits_per_minute=120, submit_burst=1)
+    )
+    service = await started(settings_for(nats_url, namespace))
+    try:
+        published = time.monotonic()
+        for number in range(4):
+            await js.publish(subjects.submit_for("steady"), submit(f"s{number}"))
+        await js.publish(subjects.submit, submit("op"))
+
+        async def operators() -> bool:
+            job = f"{request_id_for_key('op')}-w"
+            return any(event.job_id == job for event in await events_of(js, subjects, "submitted"))
+
+        await eventually(operators, "the operator's submit")
+        assert time.monotonic() - published < 1.0
+
+        async def all_four() -> bool:
+            return len(await events_of(js, subjects, "submitted")) == 5
+
+        await eventually(all_four, "the tenant's four submits")
+        took = time.monotonic() - published
+    finally:
+        await service.stop()
+    assert took >= 1.3, took  # three waited half a second each
+    order = [
+        event.job_id
+        for event in await events_of(js, subjects, "submitted")
+        if event.job_id[:7] == "steady."
+    ]
+    assert order == [f"{request_id_for_key(f's{n}', 'steady')}-w" for n in range(4)]
+    assert await events_of(js, subjects, "rejected") == []
+
+
+async def test_a_new_tenants_stream_is_followed_and_a_removed_ones_let_go(
+    intake: Intake, nc: Client, subjects: Subjects
+) -> None:
+    """Intake, running, finds a tenant's submit stream once it is made (no restart), makes
+    its consumer there, and lets go of it once the tenant is removed (its stream deleted with
+    the consumer: nothing is made again); a tenant added anew is followed anew."""
+    js = nc.jetstream()
+    stream = subjects.tenant_submit_stream("newbie")
+    for round_ in range(2):
+        await ensure_tenant_stream(js, subjects, "newbie")
+        await js.publish(subjects.submit_for("newbie"), submit(f"k{round_}"))
+        job = f"{request_id_for_key(f'k{round_}', 'newbie')}-w"
+
+        async def handled(job: str = job) -> bool:
+            events = await events_of(js, subjects, "submitted")
+            return any(event.job_id == job for event in events)
+
+        await eventually(handled, f"newbie's submit of round {round_}")
+        assert "newbie" in intake.tenant_submits.tenants
+        assert (await js.consumer_info(stream, "intake")).num_ack_pending == 0
+
+        await remove_tenant_streams(js, subjects, "newbie")
+
+        async def let_go() -> bool:
+            return "newbie" not in intake.tenant_submits.tenants
+
+        await eventually(let_go, "intake to let go of newbie's stream")
+        with pytest.raises(NotFoundError):
+            await js.consumer_info(stream, "intake")
+
+
+async def test_two_intakes_share_a_tenants_consumer_and_handle_each_submit_once(
+    nats_url: str, namespace: str, nc: Client, subjects: Subjects
+) -> None:
+    """Two intake replicas read one tenant's stream through one durable consumer: forty
+    keyless submits (a keyless submit's id is its sequence) become forty jobs, each submit
+    handled by one replica once."""
+    js = await with_policy(nc, subjects, "busy", TenantPolicy(submits_per_minute=None))
+    handled: Counter[int] = Counter()
+    replicas: list[Intake] = []
+    for _ in range(2):
+        replica = build_intake(common=settings_for(nats_url, namespace), settings=IntakeSettings())
+        consume = replica.consume_paced
+
+        async def counted(raw: Msg, tenant: str, consume=consume) -> None:  # type: ignore[no-untyped-def]
+            handled[raw.metadata.sequence.stream] += 1
+            await consume(raw, tenant)
+
+        replica.consume_paced = counted  # type: ignore[method-assign]
+        await replica.start()
+        replicas.append(replica)
+    try:
+        for number in range(40):
+            await js.publish(subjects.submit_for("busy"), submit("", f"k{number}"))
+
+        async def forty() -> bool:
+            return len(await events_of(js, subjects, "submitted")) >= 40
+
+        await eventually(forty, "forty jobs")
+        await asyncio.sleep(0.5)
+        info = await js.consumer_info(subjects.tenant_submit_stream("busy"), "intake")
+    finally:
+        for replica in replicas:
+            await replica.stop()
+    jobs = [event.job_id for event in await events_of(js, subjects, "submitted")]
+    assert len(jobs) == len(set(jobs)) == 40
+    assert sorted(handled) == list(range(1, 41)) and set(handled.values()) == {1}, handled
+    assert (info.num_pending, info.num_ack_pending) == (0, 0)
+
+
+async def test_a_bad_submit_in_a_tenants_stream_is_refused_naming_the_field(
+    intake: Intake, nc: Client, subjects: Subjects
+) -> None:
+    js = nc.jetstream()
+    await ensure_tenant_stream(js, subjects, "sloppy")
+    await js.publish(subjects.submit_for("sloppy"), submit("bad", steps=-1))
+    await js.publish(subjects.submit_for("sloppy"), b"{not json")
+
+    async def both() -> bool:
+        return len(await events_of(js, subjects, "rejected")) == 2
+
+    await eventually(both, "both refusals")
+    bad, garbled = (event.rejected for event in await events_of(js, subjects, "rejected"))
+    assert bad.request_id == request_id_for_key("bad", "sloppy")
+    assert bad.error.field == "jobs[0].steps", bad.error
+    assert garbled.request_id.startswith("sloppy.") and garbled.error.message, garbled.error
