@@ -25,7 +25,7 @@ from mdq.bus.streams import ensure_streams, ensure_tenant_stream, remove_tenant_
 from mdq.bus.subjects import Subjects
 from mdq.bus.tenants import ensure_tenants_bucket, put_policy
 from mdq.contracts import pb
-from mdq.core.ids import request_id_for_key
+from mdq.core.ids import request_id_for_key, request_id_for_sequence
 from mdq.core.tenants import TenantPolicy
 from services.intake.app import Intake, IntakeSettings, build_intake
 from tests.integration.test_intake import eventually, job_log, settings_for, started
@@ -140,21 +140,23 @@ async def test_a_new_tenants_stream_is_followed_and_a_removed_ones_let_go(
 ) -> None:
     """Intake, running, finds a tenant's submit stream once it is made (no restart), makes
     its consumer there, and lets go of it once the tenant is removed (its stream deleted with
-    the consumer: nothing is made again); a tenant added anew is followed anew."""
+    the consumer: nothing is made again); a tenant added anew is followed anew, and its first
+    keyless submit is a submit of its own, not taken for the earlier stream's first (a keyless
+    submit's id is its sequence: the new stream starts past the old one's)."""
     js = nc.jetstream()
     stream = subjects.tenant_submit_stream("newbie")
     for round_ in range(2):
         await ensure_tenant_stream(js, subjects, "newbie")
-        await js.publish(subjects.submit_for("newbie"), submit(f"k{round_}"))
-        job = f"{request_id_for_key(f'k{round_}', 'newbie')}-w"
+        ack = await js.publish(subjects.submit_for("newbie"), submit(""))
 
-        async def handled(job: str = job) -> bool:
-            events = await events_of(js, subjects, "submitted")
-            return any(event.job_id == job for event in events)
+        async def handled(count: int = round_ + 1) -> bool:
+            return len(await events_of(js, subjects, "submitted")) == count
 
-        await eventually(handled, f"newbie's submit of round {round_}")
+        await eventually(handled, f"newbie's keyless submit of round {round_}")
         assert "newbie" in intake.tenant_submits.tenants
         assert (await js.consumer_info(stream, "intake")).num_ack_pending == 0
+        [job] = [event.job_id for event in await events_of(js, subjects, "submitted")][round_:]
+        assert job == f"{request_id_for_sequence(ack.seq, 'newbie')}-w"
 
         await remove_tenant_streams(js, subjects, "newbie")
 
@@ -164,6 +166,7 @@ async def test_a_new_tenants_stream_is_followed_and_a_removed_ones_let_go(
         await eventually(let_go, "intake to let go of newbie's stream")
         with pytest.raises(NotFoundError):
             await js.consumer_info(stream, "intake")
+    assert await events_of(js, subjects, "rejected") == []
 
 
 async def test_two_intakes_share_a_tenants_consumer_and_handle_each_submit_once(
@@ -201,7 +204,9 @@ async def test_two_intakes_share_a_tenants_consumer_and_handle_each_submit_once(
             await replica.stop()
     jobs = [event.job_id for event in await events_of(js, subjects, "submitted")]
     assert len(jobs) == len(set(jobs)) == 40
-    assert sorted(handled) == list(range(1, 41)) and set(handled.values()) == {1}, handled
+    first = min(handled)
+    assert sorted(handled) == list(range(first, first + 40)), handled
+    assert set(handled.values()) == {1}, handled
     assert (info.num_pending, info.num_ack_pending) == (0, 0)
 
 

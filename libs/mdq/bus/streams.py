@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import Iterable
 
 from nats.js import JetStreamContext
@@ -81,6 +82,7 @@ def tenant_submit_stream_config(
     replicas: int = 1,
     storage: StorageSettings | None = None,
     closed: bool = True,
+    first_seq: int | None = None,
 ) -> StreamConfig:
     """One tenant's submits (``NS.submit.<tenant>``): deduplicated by message id among its
     own (an hour), within a size of its own (``MDQ_STORAGE_TENANT_SUBMIT_BYTES``; full, it
@@ -91,7 +93,12 @@ def tenant_submit_stream_config(
     On a ``closed`` bus the submits arrive in the streams account as ``submit_stored``, which
     it captures with a wildcard (a literal subject would take in a push consumer's deliveries,
     ``Subjects.submit_capture``); on an open server (one account, no import to add the token)
-    it captures ``NS.submit.<tenant>`` itself."""
+    it captures ``NS.submit.<tenant>`` itself.
+
+    A stream made anew starts at ``first_seq`` (``fresh_first_seq``): a keyless submit's
+    request id is its sequence here, and a tenant removed and added again must not have its
+    new submits' ids taken for the ones of its earlier stream (intake's registry remembers
+    those for the duplicate window)."""
     storage = storage or StorageSettings()
     capture = f"{subjects.submit_for(tenant)}.*" if closed else subjects.submit_for(tenant)
     return StreamConfig(
@@ -105,7 +112,15 @@ def tenant_submit_stream_config(
         duplicate_window=3600.0,
         discard=DiscardPolicy.NEW,
         num_replicas=replicas,
+        first_seq=first_seq,
     )
+
+
+def fresh_first_seq() -> int:
+    """Where a tenant's submit stream made now starts: the time in microseconds, above every
+    sequence an earlier stream of that name reached (it would have stored more than one
+    submit a microsecond otherwise)."""
+    return int(time.time() * 1_000_000)
 
 
 def stream_configs(
@@ -236,7 +251,12 @@ async def ensure_tenant_stream(
     config = tenant_stream_config(subjects, tenant, replicas=replicas, storage=storage)
     await _create_or_update(js, config, replicas)
     submits = tenant_submit_stream_config(
-        subjects, tenant, replicas=replicas, storage=storage, closed=closed_bus(js)
+        subjects,
+        tenant,
+        replicas=replicas,
+        storage=storage,
+        closed=closed_bus(js),
+        first_seq=fresh_first_seq(),
     )
     await _create_or_update(js, submits, replicas)
 
@@ -426,7 +446,12 @@ async def _ensure_submit_streams(
     closed = closed_bus(js)
     for tenant in tenants:
         made = tenant_submit_stream_config(
-            subjects, tenant, replicas=replicas, storage=storage, closed=closed
+            subjects,
+            tenant,
+            replicas=replicas,
+            storage=storage,
+            closed=closed,
+            first_seq=fresh_first_seq(),
         )
         await _create_or_update(js, made, replicas)
     prefix = subjects.tenant_submit_stream("")
@@ -482,6 +507,7 @@ async def _create_or_update(js: JetStreamContext, config: StreamConfig, replicas
                 await await_leader(js, name)
             return
     config.num_replicas = max(replicas, existing.config.num_replicas or 1)
+    config.first_seq = existing.config.first_seq  # where it started, once and for all
     if config.max_bytes is not None and config.max_bytes > 0:
         config.max_bytes = _size_limit(name, config.max_bytes, existing.state.bytes)
     await js.update_stream(config=config)
