@@ -226,3 +226,49 @@ async def test_a_bad_submit_in_a_tenants_stream_is_refused_naming_the_field(
     assert bad.request_id == request_id_for_key("bad", "sloppy")
     assert bad.error.field == "jobs[0].steps", bad.error
     assert garbled.request_id.startswith("sloppy.") and garbled.error.message, garbled.error
+
+
+async def test_a_submit_a_dead_replica_held_unacked_is_handled_by_another(
+    nats_url: str, namespace: str, nc: Client, subjects: Subjects
+) -> None:
+    """A replica pulls a tenant's submit and dies before handling it (as under kill -9: no
+    ack, no nak, its connections gone); the stream keeps the submit, and once its ack wait is
+    over the other replica is given it and handles it: once, nothing acknowledged lost."""
+    js = await with_policy(nc, subjects, "kept", TenantPolicy(submits_per_minute=None))
+    settings = IntakeSettings(ack_wait_s=1.0)
+    doomed = build_intake(common=settings_for(nats_url, namespace), settings=settings)
+    pulled = asyncio.Event()
+    never = asyncio.Event()
+
+    async def dies_holding_it(raw: Msg, tenant: str) -> None:
+        pulled.set()
+        await never.wait()  # handled never, acked never
+
+    doomed.consume_paced = dies_holding_it  # type: ignore[method-assign]
+    await doomed.start()
+    await js.publish(subjects.submit_for("kept"), submit("held"))
+    async with asyncio.timeout(10):
+        await pulled.wait()
+    # kill -9: the process's connections go at once, nothing is stopped in order
+    for connection in (doomed._entrances, doomed._writes):
+        assert connection is not None
+        await connection.close()
+    survivor = build_intake(common=settings_for(nats_url, namespace), settings=settings)
+    await survivor.start()
+    try:
+        job = f"{request_id_for_key('held', 'kept')}-w"
+
+        async def handled() -> bool:
+            events = await events_of(js, subjects, "submitted")
+            return [event.job_id for event in events] == [job]
+
+        await eventually(handled, "the held submit handled by the other replica")
+        info = await js.consumer_info(subjects.tenant_submit_stream("kept"), "intake")
+        assert (info.num_pending, info.num_ack_pending) == (0, 0)
+        assert info.delivered.consumer_seq >= 2  # given to the dead replica, then again
+    finally:
+        await survivor.stop()
+        never.set()
+        await doomed.stop_tenants()
+        if doomed._tenants is not None:
+            await doomed._tenants.close()
