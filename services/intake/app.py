@@ -29,6 +29,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from mdq.bus.connect import connect
 from mdq.bus.inputs import InputDesk
+from mdq.bus.outage import warn_try_failed
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.requests import Requests
 from mdq.bus.storage import StorageSettings
@@ -293,7 +294,8 @@ class Intake:
         try:
             await self.handler.on_api_submits(arrivals, answer)
         except Exception as error:
-            log.exception("a batch of %d request-reply submit(s) failed", len(batch))
+            # each is answered with the error; NATS away is one line, anything else a traceback
+            warn_try_failed(log, f"a batch of {len(batch)} request-reply submit(s) failed", error)
             for index in range(len(batch)):
                 await answer(index, error)
         finally:  # cancelled, say: those not answered leave the count too
