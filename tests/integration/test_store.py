@@ -15,9 +15,16 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from mdq.errors import MdqError
 from mdq.store import queries
 from mdq.store.engine import create_engine
-from mdq.store.migrate import alembic_config, current_revision, upgrade, upgrade_async
+from mdq.store.migrate import (
+    UnknownSchema,
+    alembic_config,
+    current_revision,
+    upgrade,
+    upgrade_async,
+)
 from mdq.store.models import Base
 from mdq.store.schema_sql import FUNCTIONS, OWNER_ONLY_FUNCTIONS, PARTITIONED, TRIGGERS, VIEWS
 
@@ -236,3 +243,18 @@ async def test_no_one_but_the_owner_may_run_the_owners_functions_before_any_gran
         await connection.close()
     assert open_to_all == []
     assert "mdq_rollup_progress(timestamptz, integer)" in OWNER_ONLY_FUNCTIONS
+
+
+async def test_a_schema_revision_mdq_does_not_know_is_refused_with_what_to_do(
+    database_url: str,
+) -> None:
+    await upgrade_async(database_url)
+    connection = await asyncpg.connect(database_url)
+    try:
+        await connection.execute("UPDATE alembic_version SET version_num = '0023_earlier_build'")
+    finally:
+        await connection.close()
+    with pytest.raises(UnknownSchema, match="0023_earlier_build") as refused:
+        await upgrade_async(database_url)
+    assert "fresh database" in str(refused.value)
+    assert isinstance(refused.value, MdqError)

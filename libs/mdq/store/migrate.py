@@ -14,6 +14,9 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from alembic.util import CommandError
+
+from mdq.errors import Conflict
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 HEAD = "head"
@@ -28,9 +31,24 @@ def alembic_config(database_url: str) -> Config:
     return config
 
 
+class UnknownSchema(Conflict):
+    """The database holds a schema revision this mdq does not know: one of an earlier build's
+    migrations (mdq's schema is one migration while it is unreleased) or of a newer mdq."""
+
+
 def _upgrade(database_url: str, revision: str) -> None:
     with _IN_PROCESS:
-        command.upgrade(alembic_config(database_url), revision)
+        try:
+            command.upgrade(alembic_config(database_url), revision)
+        except CommandError as error:
+            if "Can't locate revision" not in str(error):
+                raise
+            raise UnknownSchema(
+                f"the database's schema is not one this mdq knows ({error}): it was made by "
+                "another build of mdq. Use a fresh database: remove the stack's state folder "
+                "(.mdq, or MDQ_STATE_DIR) for the embedded one, or point DATABASE_URL at an "
+                "empty database, then `mdq replay --rebuild` fills it from the log"
+            ) from error
 
 
 def upgrade(database_url: str, revision: str = HEAD) -> None:
