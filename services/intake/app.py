@@ -235,9 +235,8 @@ class Intake:
 
     async def serve_stream(self) -> None:
         """Subscribe to the submit stream through intake's durable consumer: the operator's
-        submits (and tenants' copies a stack set up before kept there), delivered to the
-        consumer's deliver group (replicas share it), one at a time per replica, acked by the
-        handler."""
+        submits, delivered to the consumer's deliver group (replicas share it), one at a time
+        per replica, acked by the handler."""
         js = self._connection().jetstream()
         self._stream_subscription = await js.subscribe(
             self.subjects.submit,
@@ -570,11 +569,10 @@ class Intake:
         return read
 
     def _consumer_config(self) -> ConsumerConfig:
-        """What intake's durable consumer of the submit stream is: the operator's submits and
-        the tenants' copies an older stack kept there (their subjects), the settings' ack wait
-        and most submits in flight."""
+        """What intake's durable consumer of the submit stream is: the operator's submits, the
+        settings' ack wait and most submits in flight."""
         return ConsumerConfig(
-            filter_subjects=self.subjects.submit_subjects,
+            filter_subjects=[self.subjects.submit],
             ack_wait=self.settings.ack_wait_s,
             deliver_policy=DeliverPolicy.ALL,
             max_ack_pending=self.settings.max_in_flight,

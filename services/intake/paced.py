@@ -144,22 +144,14 @@ class TenantSubmits:
         stream = self._subjects.tenant_submit_stream(tenant)
         while True:
             try:
-                if not await ensure_tenant_submit_consumer(
+                await ensure_tenant_submit_consumer(
                     self._js,
                     self._subjects,
                     tenant,
                     name=self._name,
                     ack_wait_s=self._ack_wait_s,
                     max_ack_pending=self._max_ack_pending,
-                ):
-                    log.info(
-                        "tenant %s's submit stream is still sourced by %s: waiting for the "
-                        "setup to take it off (mdq up, the bus setup Job)",
-                        tenant,
-                        self._subjects.submit_stream,
-                    )
-                    await asyncio.sleep(self._scan_s)
-                    continue
+                )
                 await self._align(stream)
                 subscription = await self._js.pull_subscribe_bind(self._name, stream)
             except nats.js.errors.NotFoundError as error:

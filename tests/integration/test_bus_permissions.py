@@ -1015,7 +1015,7 @@ async def test_intake_reads_each_tenants_submit_stream_through_its_own_consumer(
     try:
         ack = await bob.jetstream().publish(SUBJECTS.submit_for(OTHER_TENANT), b'{"jobs": []}')
         js = intake.jetstream()
-        assert await ensure_tenant_submit_consumer(js, SUBJECTS, OTHER_TENANT)
+        await ensure_tenant_submit_consumer(js, SUBJECTS, OTHER_TENANT)
         subscription = await js.pull_subscribe_bind("intake", tenant)
         while True:  # from the stream's first submit (other tests' too) to bob's
             [message] = await subscription.fetch(1, timeout=5)

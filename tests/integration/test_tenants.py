@@ -30,7 +30,6 @@ from mdq.bus.streams import (
     ensure_streams,
     ensure_tenant_stream,
     ensure_tenant_submit_consumer,
-    first_not_copied,
     tenant_stream_config,
 )
 from mdq.bus.subjects import Subjects
@@ -222,7 +221,7 @@ async def test_intakes_consumer_follows_its_settings(
     finally:
         await service.stop()
     info = await js.consumer_info(subjects.submit_stream, "intake")
-    assert sorted(info.config.filter_subjects or []) == sorted(subjects.submit_subjects)
+    assert (info.config.filter_subjects or [info.config.filter_subject]) == [subjects.submit]
     assert info.config.ack_wait == service.settings.ack_wait_s
     assert info.config.max_ack_pending == service.settings.max_in_flight
     daves = await js.consumer_info(subjects.tenant_submit_stream("dave"), "intake")
@@ -399,81 +398,22 @@ def test_mdq_tenant_add_and_ls(closed_bus: tuple[str, Path]) -> None:
     assert refused.exit_code == 2 and "reserved" in refused.output
 
 
-async def test_an_older_submit_stream_gives_its_tenants_streams_of_their_own(
+async def test_the_setup_narrows_a_wider_submit_stream_and_gives_tenants_their_own(
     nc: Client, subjects: Subjects
 ) -> None:
-    """A deployment from before: one submit stream captured every tenant's subject. The next
-    setup takes those subjects off it and makes each tenant's submit stream, which it does not
-    source."""
+    """A submit stream that captures every tenant's subject too (made by hand, or by another
+    build) is narrowed by the setup to the operator's subject, and each tenant gets its own
+    submit stream, which the submit stream does not source."""
     from nats.js.api import StreamConfig
 
     js = nc.jetstream()
-    older = [subjects.submit, subjects.submit_for("*")]  # what the older stream captured
+    wider = [subjects.submit, subjects.submit_for("*")]
     await js.delete_stream(subjects.submit_stream)
-    await js.add_stream(StreamConfig(name=subjects.submit_stream, subjects=older))
-    await js.add_stream(tenant_stream_config(subjects, "olga"))  # an older `mdq tenant add`'s
+    await js.add_stream(StreamConfig(name=subjects.submit_stream, subjects=wider))
+    await js.add_stream(tenant_stream_config(subjects, "olga"))  # its events' stream alone
     await ensure_streams(js, subjects)
     info = await js.stream_info(subjects.submit_stream)
     assert info.config.subjects == [subjects.submit_capture]
     assert not info.config.sources
     ack = await js.publish(subjects.submit_for("olga"), b'{"jobs": []}')
     assert ack.stream == subjects.tenant_submit_stream("olga")
-
-
-async def test_a_submit_stream_that_sourced_the_tenants_keeps_their_copies_read_once(
-    nats_url: str, namespace: str, nc: Client, subjects: Subjects
-) -> None:
-    """A deployment from before: the submit stream sourced each tenant's submit stream, and
-    intake read the copies there. The next setup takes the sources away; the copies stay in
-    the submit stream, where intake's consumer of it reads them, and intake's consumer of the
-    tenant's own stream starts after the last copy. Each keyless submit (whose request id is
-    its sequence where it is read: read twice, it would make two jobs) becomes one job, those
-    published while the setup runs too."""
-    from nats.js.api import StreamConfig, StreamSource
-
-    js = nc.jetstream()
-    await ensure_tenant_stream(js, subjects, "pat")
-    await ensure_tenants_bucket(js, subjects)
-    await put_policy(js, subjects, "pat", TenantPolicy(submits_per_minute=None))
-    older = StreamConfig(
-        name=subjects.submit_stream,
-        subjects=[subjects.submit_capture],
-        sources=[StreamSource(name=subjects.tenant_submit_stream("pat"))],
-        duplicate_window=0.0,
-    )
-    await js.update_stream(older)
-    for number in range(5):
-        await js.publish(subjects.submit_for("pat"), _keyless(f"c{number}"))
-
-    async def copied() -> bool:
-        return (await js.stream_info(subjects.submit_stream)).state.messages == 5
-
-    await eventually(copied, "pat's submits copied into the submit stream")
-    first = (await js.stream_info(subjects.tenant_submit_stream("pat"))).state.first_seq
-    assert await first_not_copied(js, subjects, "pat") == first + 5
-    racing = [js.publish(subjects.submit_for("pat"), _keyless(f"r{n}")) for n in range(5)]
-    await asyncio.gather(ensure_streams(js, subjects), *racing)
-    info = await js.stream_info(subjects.submit_stream)
-    assert not info.config.sources and info.state.messages >= 5  # the copies stay
-    for number in range(3):
-        await js.publish(subjects.submit_for("pat"), _keyless(f"after{number}"))
-    service = await started(settings_for(nats_url, namespace))
-    try:
-
-        async def names() -> list[str]:
-            events = (await submitted_events(js, subjects)).values()
-            return sorted(event.submitted.spec.name for event in events)
-
-        async def all_thirteen() -> bool:
-            return len(await names()) >= 13
-
-        await eventually(all_thirteen, "each of pat's submits handled")
-        await asyncio.sleep(0.5)  # a submit read twice would show by now
-        expected = [f"c{n}" for n in range(5)] + [f"r{n}" for n in range(5)]
-        assert await names() == sorted([*expected, "after0", "after1", "after2"])
-    finally:
-        await service.stop()
-
-
-def _keyless(name: str) -> bytes:
-    return json.dumps({"jobs": [{"name": name}]}).encode()

@@ -316,8 +316,6 @@ INTAKE_CONSUMER = "intake"
 stream, and of each tenant's submit stream."""
 STREAM_NOT_FOUND = 10059
 """JetStream's error code for a stream that does not exist (10014: a consumer)."""
-STREAM_SOURCE_HEADER = "Nats-Stream-Source"
-"""The header a sourced copy carries: the stream it came from and its sequence there."""
 
 
 def tenant_submit_filter(subjects: Subjects, tenant: str, *, closed: bool) -> str:
@@ -334,13 +332,11 @@ def tenant_submit_consumer_config(
     name: str = INTAKE_CONSUMER,
     ack_wait_s: float = 30.0,
     max_ack_pending: int = 256,
-    start_sequence: int = 1,
 ) -> ConsumerConfig:
     """Intake's durable pull consumer of ``tenant``'s submit stream, shared by its replicas:
-    from ``start_sequence`` on, filtered on the tenant's stored subject (so that it is made by
+    from the first submit on, filtered on the tenant's stored subject (so that it is made by
     the request that names the filter, the one intake may send, ``mdq.bus.security.permissions``),
     each submit acked once handled."""
-    start = max(1, start_sequence)
     return ConsumerConfig(
         name=name,
         durable_name=name,
@@ -348,38 +344,8 @@ def tenant_submit_consumer_config(
         ack_policy=AckPolicy.EXPLICIT,
         ack_wait=ack_wait_s,
         max_ack_pending=max_ack_pending,
-        deliver_policy=DeliverPolicy.ALL if start == 1 else DeliverPolicy.BY_START_SEQUENCE,
-        opt_start_seq=None if start == 1 else start,
+        deliver_policy=DeliverPolicy.ALL,
     )
-
-
-async def sources_tenant(js: JetStreamContext, subjects: Subjects, tenant: str) -> bool:
-    """Whether the submit stream still sources ``tenant``'s submit stream (a stack set up
-    before intake read the tenants' streams directly, until its next setup)."""
-    info = await js.stream_info(subjects.submit_stream)
-    wanted = subjects.tenant_submit_stream(tenant)
-    return any(source.name == wanted for source in info.config.sources or [])
-
-
-async def first_not_copied(js: JetStreamContext, subjects: Subjects, tenant: str) -> int:
-    """The first sequence of ``tenant``'s submit stream that the submit stream holds no copy
-    of: after the copy it holds last (its ``Nats-Stream-Source`` header names the original's
-    sequence), 1 when it holds none. Intake's consumer of the tenant's stream starts there, so
-    a submit already copied into the submit stream (and read there by intake's consumer of it)
-    is not read twice."""
-    closed = closed_bus(js)
-    try:
-        copy = await js.get_last_msg(
-            subjects.submit_stream, tenant_submit_filter(subjects, tenant, closed=closed)
-        )
-    except NotFoundError:
-        return 1
-    source = (copy.headers or {}).get(STREAM_SOURCE_HEADER, "")
-    parts = source.split()
-    if len(parts) < 2 or not parts[1].isdigit():
-        log.warning("a copy of %s's submit names no source sequence: %r", tenant, source)
-        return 1
-    return int(parts[1]) + 1
 
 
 async def ensure_tenant_submit_consumer(
@@ -390,21 +356,16 @@ async def ensure_tenant_submit_consumer(
     name: str = INTAKE_CONSUMER,
     ack_wait_s: float = 30.0,
     max_ack_pending: int = 256,
-) -> bool:
+) -> None:
     """Make intake's consumer of ``tenant``'s submit stream unless it exists (NotFoundError:
-    no such stream); whether it exists now. None is made while the submit stream still sources
-    the tenant's stream (the setup takes the sources away first, ``ensure_streams``): a submit
-    would be read through both. A new consumer starts after the last submit copied into the
-    submit stream (``first_not_copied``)."""
+    no such stream)."""
     stream = subjects.tenant_submit_stream(tenant)
     try:
         await js.consumer_info(stream, name)
-        return True
+        return
     except NotFoundError as error:
         if error.err_code == STREAM_NOT_FOUND:
             raise
-    if await sources_tenant(js, subjects, tenant):
-        return False
     config = tenant_submit_consumer_config(
         subjects,
         tenant,
@@ -412,13 +373,11 @@ async def ensure_tenant_submit_consumer(
         name=name,
         ack_wait_s=ack_wait_s,
         max_ack_pending=max_ack_pending,
-        start_sequence=await first_not_copied(js, subjects, tenant),
     )
     try:
         await js.add_consumer(stream, config=config)
     except BadRequestError:  # made meanwhile by another replica (or the setup)
         await js.consumer_info(stream, name)
-    return True
 
 
 async def _ensure_submit_streams(
@@ -429,22 +388,13 @@ async def _ensure_submit_streams(
     replicas: int,
     storage: StorageSettings | None,
 ) -> None:
-    """The submit stream capturing the operator's subject alone and sourcing nothing, and each
-    of ``tenants``' submit streams. An older submit stream is brought to that without losing or
-    repeating a submit: one that captured the tenants' subjects too is narrowed first (two
-    streams may not capture one subject); one that sourced the tenants' streams keeps the
-    copies it holds (intake's consumer of it reads them), and intake's consumer of each tenant's
-    stream is made to start after the last copy (``ensure_tenant_submit_consumer``)."""
-    tenants = sorted(set(tenants))
-    config = submit_stream_config(subjects, replicas=replicas, storage=storage)
-    try:
-        existing = await js.stream_info(subjects.submit_stream)
-    except NotFoundError:
-        existing = None
-    sourced = [source.name or "" for source in (existing.config.sources or [])] if existing else []
-    await _create_or_update(js, config, replicas)
+    """The submit stream, capturing the operator's subject alone and sourcing nothing, then
+    each of ``tenants``' submit streams."""
+    await _create_or_update(
+        js, submit_stream_config(subjects, replicas=replicas, storage=storage), replicas
+    )
     closed = closed_bus(js)
-    for tenant in tenants:
+    for tenant in sorted(set(tenants)):
         made = tenant_submit_stream_config(
             subjects,
             tenant,
@@ -454,11 +404,6 @@ async def _ensure_submit_streams(
             first_seq=fresh_first_seq(),
         )
         await _create_or_update(js, made, replicas)
-    prefix = subjects.tenant_submit_stream("")
-    for name in sourced:
-        if name.startswith(prefix):
-            with contextlib.suppress(NotFoundError):  # a tenant removed meanwhile
-                await ensure_tenant_submit_consumer(js, subjects, name.removeprefix(prefix))
 
 
 def closed_bus(js: JetStreamContext) -> bool:

@@ -140,12 +140,6 @@ class Subjects:
         return ""
 
     @property
-    def submit_subjects(self) -> list[str]:
-        """Every fire-and-forget submit subject as the submit stream stores it: the
-        operator's and each tenant's, on an open server and on a closed bus."""
-        return [self.submit, self.submit_for("*"), self.submit_stored("*")]
-
-    @property
     def api_submit_subjects(self) -> list[str]:
         """Every request-reply submit subject: the operator's and each tenant's."""
         return [self.api_submit, self.api_submit_for("*")]

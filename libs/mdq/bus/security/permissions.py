@@ -293,10 +293,8 @@ def service_permissions(identity: str, subjects: Subjects, names: Names = Names(
         return Permissions(identity, ("$JS.>", "$KV.>", f"{subjects.namespace}.>"), (">",), True)
     if identity == "intake":
         publish += [*_durable(submit, names.intake_consumer), *_read_stream(jobs)]
-        # each tenant's submits, from the tenant's own stream at its rate; where a stack set up
-        # before left copies of them in the submit stream, the last one (where to start)
+        # each tenant's submits, from the tenant's own stream at its rate
         publish += _tenant_submit_consumers(subjects, names.intake_consumer)
-        publish.append(f"$JS.API.STREAM.MSG.GET.{submit}")
         publish += subjects.claims  # its claims of request ids, in the jobs stream
         # tenants' policies (the admin's), and their usage as placement counts it
         publish += _bucket(subjects.tenants_bucket, write=False)
