@@ -800,7 +800,7 @@ async def test_a_report_is_stored_once_and_the_events_view_shows_its_body(
     projector: Projector, subjects: Subjects, pool: asyncpg.Pool, project: Project
 ) -> None:
     """Progress goes to ``progress`` only; the ``events`` view rebuilds each report's body as
-    the protobuf JSON mapping (what ``events.body`` held before revision 0003)."""
+    the protobuf JSON mapping, as ``job_events.body`` holds every other event's."""
     sent = {
         name: make_event(
             "progress",
