@@ -366,8 +366,7 @@ async def test_sigterm_while_a_pod_waits_for_its_credentials_reports_it_evicted(
             await ready_nodes(backend)
             waiting = pod("mdq-job-nocreds-1", "import time; time.sleep(60)")
             await backend.create_pod(waiting)
-            await until_phase(backend, waiting.name, pb.POD_RUNNING)
-            await asyncio.sleep(0.5)  # well inside the credentials' wait
+            await until_phase(backend, waiting.name, pb.POD_RUNNING)  # claimed, not started
             agent.terminate()
             assert await asyncio.to_thread(agent.wait, 10) == 0
             stopped = await backend.get_pod(waiting.name)
