@@ -38,9 +38,12 @@ log = logging.getLogger("mdq.store.projection")
 Delivered = TypeVar("Delivered")
 
 SCHEMA_RETRY_S = 2.0
-BATCH_SIZE = 2000
+BATCH_SIZE = 5000
 """Most events a batch applies in one transaction, unless told otherwise (the watcher's
-``MDQ_WATCHER_BATCH_SIZE``, ``mdq replay --rebuild --batch-size``)."""
+``MDQ_WATCHER_BATCH_SIZE``, ``mdq replay --rebuild --batch-size``). A batch is what arrived
+within ``BATCH_WAIT_S``, so a quiet stream makes small ones; a backlog (a watcher catching up,
+a rebuild) is folded 5,000 events a transaction: a batch's fold of its jobs' rows costs about
+the same for 2,000 events as for 5,000 (docs/benchmarks.md, "make bench-ingest")."""
 BATCH_WAIT_S = 0.2
 """Longest wait to fill a batch, unless told otherwise."""
 
