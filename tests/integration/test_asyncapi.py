@@ -123,7 +123,7 @@ def test_the_official_asyncapi_parser_accepts_it(tmp_path: Path) -> None:
 # -- true to the code -----------------------------------------------------------------------------
 STREAM_OF_CHANNEL = {
     "submit": "MDQ_SUBMIT",
-    "submit_tenant": "MDQ_SUBMIT_{tenant}",  # its own, sourced by MDQ_SUBMIT
+    "submit_tenant": "MDQ_SUBMIT_{tenant}",  # its own, a work queue intake reads
     "progress": "MDQ_PROGRESS",
     "node_load": "MDQ_NODES",
     "node_summary": "MDQ_NODE_SUMMARIES",
@@ -155,6 +155,8 @@ def test_every_event_kind_has_its_subject_and_stream(document: dict[str, Any]) -
         for parameter in re.findall(r"\{(\w+)\}", channel["address"]):
             assert channel["parameters"][parameter]["description"], (name, parameter)
     assert document["channels"]["node_load"]["x-jetstream"]["max_msgs_per_subject"] == 1
+    tenant_submits = document["channels"]["submit_tenant"]["x-jetstream"]
+    assert (tenant_submits["retention"], tenant_submits["max_msgs"]) == ("workqueue", 1000)
     summaries = document["channels"]["node_summary"]["x-jetstream"]
     assert (summaries["max_msgs_per_subject"], summaries["max_age_s"]) == (80, 75 * 60.0)
     # A real event of each kind goes where its channel says.

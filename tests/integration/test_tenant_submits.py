@@ -1,10 +1,12 @@
 """A tenant's fire-and-forget submits, read by intake from the tenant's own submit stream at
 the tenant's rate (``services.intake.paced``), against a real NATS JetStream.
 
-A flood waits in the tenant's stream (bounded: full, it refuses that tenant alone) and is read
-no faster than the tenant may submit: nothing is copied into a shared stream, no submit is
-refused for the rate, and the others' submits go on. Intake finds tenants' streams as they are
-made and removed, and its replicas share each tenant's durable consumer.
+The tenant's stream is a work queue: a submit intake has handled leaves it, so it holds the
+submits waiting, at most ``MDQ_STORAGE_TENANT_SUBMIT_MSGS``; past that the server refuses the
+tenant's publishes, storing nothing, and nobody else's. A flood waits there and is read no
+faster than the tenant may submit: nothing is copied into a shared stream, no submit is refused
+for the rate, and the others' submits go on. Intake finds tenants' streams as they are made and
+removed, and its replicas share each tenant's durable consumer.
 """
 
 from __future__ import annotations
@@ -19,27 +21,40 @@ import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
+from nats.js.api import RetentionPolicy
 from nats.js.errors import NotFoundError
 
-from mdq.bus.streams import ensure_streams, ensure_tenant_stream, remove_tenant_streams
+from mdq.bus.storage import StorageSettings
+from mdq.bus.streams import (
+    StreamRetentionDiffers,
+    ensure_streams,
+    ensure_tenant_stream,
+    remove_tenant_streams,
+    tenant_submit_stream_config,
+)
 from mdq.bus.subjects import Subjects
 from mdq.bus.tenants import ensure_tenants_bucket, put_policy
 from mdq.contracts import pb
 from mdq.core.ids import request_id_for_key, request_id_for_sequence
 from mdq.core.tenants import TenantPolicy
+from mdq.sdk import MdqClient, SubmitRefused
 from services.intake.app import Intake, IntakeSettings, build_intake
 from tests.integration.test_intake import eventually, job_log, settings_for, started
 
 
 async def with_policy(
-    nc: Client, subjects: Subjects, tenant: str, policy: TenantPolicy
+    nc: Client,
+    subjects: Subjects,
+    tenant: str,
+    policy: TenantPolicy,
+    storage: StorageSettings | None = None,
 ) -> JetStreamContext:
-    """The namespace's streams, ``tenant``'s streams (as ``mdq tenant add`` makes them) and
-    its ``policy``."""
+    """The namespace's streams, ``tenant``'s streams (as ``mdq tenant add`` makes them, with
+    the limits of ``storage``) and its ``policy``."""
     js = nc.jetstream()
     await ensure_streams(js, subjects)
     await ensure_tenants_bucket(js, subjects)
-    await ensure_tenant_stream(js, subjects, tenant)
+    await ensure_tenant_stream(js, subjects, tenant, storage=storage)
     await put_policy(js, subjects, tenant, policy)
     return js
 
@@ -65,9 +80,9 @@ async def intake(nats_url: str, namespace: str, nc: Client) -> AsyncIterator[Int
 async def test_a_tenants_flood_waits_in_its_own_stream_and_grows_no_shared_one(
     nats_url: str, namespace: str, nc: Client, subjects: Subjects
 ) -> None:
-    """Fifty fire-and-forget submits of a tenant allowed one a minute: one is handled, the
-    other 49 wait in its own stream, unread; the submit stream holds none of them and the jobs
-    log no ``rejected`` event."""
+    """Fifty fire-and-forget submits of a tenant allowed one a minute: one is handled (and
+    leaves the tenant's stream), the other 49 wait in its own stream, unread; the submit
+    stream holds none of them and the jobs log no ``rejected`` event."""
     js = await with_policy(
         nc, subjects, "flood", TenantPolicy(submits_per_minute=1, submit_burst=1)
     )
@@ -91,7 +106,124 @@ async def test_a_tenants_flood_waits_in_its_own_stream_and_grows_no_shared_one(
     assert (info.num_pending, info.num_ack_pending) == (49, 0)
     after = await js.stream_info(subjects.submit_stream)
     assert (after.state.messages, after.state.bytes) == (shared.state.messages, shared.state.bytes)
-    assert (await js.stream_info(subjects.tenant_submit_stream("flood"))).state.messages == 50
+    assert (await js.stream_info(subjects.tenant_submit_stream("flood"))).state.messages == 49
+
+
+async def test_a_handled_submit_leaves_the_tenants_stream_and_its_id_stays_taken(
+    intake: Intake, nc: Client, subjects: Subjects
+) -> None:
+    """A submit intake has handled and acked leaves the tenant's stream (a work queue), and its
+    message id is still deduplicated there after it left, within the duplicate window: the
+    same publish again is acknowledged as a duplicate, stores nothing and starts nothing."""
+    js = await with_policy(nc, subjects, "tidy", TenantPolicy(submits_per_minute=None))
+    stream = subjects.tenant_submit_stream("tidy")
+    headers = {"Nats-Msg-Id": "submit:once"}
+    first = await js.publish(subjects.submit_for("tidy"), submit("once"), headers=headers)
+    keyless = await js.publish(subjects.submit_for("tidy"), submit(""))
+
+    async def both_acked() -> bool:
+        try:
+            info = await js.consumer_info(stream, "intake")
+        except NotFoundError:  # intake has not found the stream yet
+            return False
+        return bool(info.delivered.stream_seq == keyless.seq and info.num_ack_pending == 0)
+
+    await eventually(both_acked, "both submits handled and acked")
+    state = (await js.stream_info(stream)).state
+    assert (state.messages, state.bytes, state.last_seq) == (0, 0, keyless.seq)
+    again = await js.publish(subjects.submit_for("tidy"), submit("once"), headers=headers)
+    assert again.duplicate and again.seq == first.seq, again
+    state = (await js.stream_info(stream)).state
+    assert (state.messages, state.last_seq) == (0, keyless.seq)
+    await asyncio.sleep(0.5)  # a second handling would show by now
+    jobs = sorted(event.job_id for event in await events_of(js, subjects, "submitted"))
+    assert jobs == sorted(
+        [
+            f"{request_id_for_key('once', 'tidy')}-w",
+            f"{request_id_for_sequence(keyless.seq, 'tidy')}-w",  # a keyless id: its sequence
+        ]
+    )
+
+
+async def test_a_flood_past_the_queue_cap_is_refused_storing_nothing_and_others_go_on(
+    nats_url: str, namespace: str, nc: Client, subjects: Subjects
+) -> None:
+    """A tenant's stream holds at most ``tenant_submit_msgs`` waiting submits (five here):
+    the sixth publish is refused by the server, and the SDK says the tenant's queue is full
+    and how many wait; a flood of plain publishes past it stores nothing (the stream's count,
+    size and last sequence stay). Another tenant's submits are stored and handled meanwhile;
+    once intake has handled the queue, the tenant publishes again."""
+    storage = StorageSettings(tenant_submit_msgs=5)
+    for tenant in ("calm", "full"):
+        js = await with_policy(nc, subjects, tenant, TenantPolicy(submits_per_minute=None), storage)
+    stream = subjects.tenant_submit_stream("full")
+    client = MdqClient(nc=nc, subjects=subjects, tenant="full")
+    stored = [
+        await client.publish_submit([pb.JobSpec(name="w", steps=100)], idempotency_key=f"q{n}")
+        for n in range(5)
+    ]
+    with pytest.raises(SubmitRefused) as refused:
+        await client.publish_submit([pb.JobSpec(name="w", steps=100)], idempotency_key="q5")
+    message = refused.value.message
+    assert "tenant full's submit queue" in message and "is full" in message, message
+    assert "5 submits waiting for intake" in message, message
+    assert "MDQ_STORAGE_TENANT_SUBMIT_MSGS" in message and "nothing was stored" in message
+    at_cap = (await js.stream_info(stream)).state
+    for number in range(200):
+        await nc.publish(subjects.submit_for("full"), submit(f"flood{number}"))
+    await nc.flush()
+    calm = await js.publish(subjects.submit_for("calm"), submit("calm-1"))
+    assert calm.stream == subjects.tenant_submit_stream("calm")
+    state = (await js.stream_info(stream)).state
+    assert (state.messages, state.bytes, state.last_seq) == (5, at_cap.bytes, at_cap.last_seq)
+
+    service = await started(settings_for(nats_url, namespace))
+    try:
+        expected = {job for [job] in stored} | {f"{request_id_for_key('calm-1', 'calm')}-w"}
+
+        async def all_handled() -> bool:
+            jobs = {event.job_id for event in await events_of(js, subjects, "submitted")}
+            return jobs == expected
+
+        await eventually(all_handled, "the five queued submits and calm's")
+
+        async def emptied() -> bool:
+            return (await js.stream_info(stream)).state.messages == 0
+
+        await eventually(emptied, "the queue emptied")
+        [later] = await client.publish_submit(
+            [pb.JobSpec(name="w", steps=100)], idempotency_key="q5"
+        )
+
+        async def later_handled() -> bool:
+            jobs = {event.job_id for event in await events_of(js, subjects, "submitted")}
+            return later in jobs
+
+        await eventually(later_handled, "the submit published once there was room")
+    finally:
+        await service.stop()
+    assert await events_of(js, subjects, "rejected") == []
+
+
+async def test_a_tenants_submit_stream_of_other_retention_is_refused_saying_what_to_do(
+    nc: Client, subjects: Subjects
+) -> None:
+    """A tenant's submit stream with limits retention (another build of mdq made it) is
+    neither updated nor dropped: the setup refuses it naming the stream and what to do, and
+    the stream keeps what it holds."""
+    js = nc.jetstream()
+    await ensure_streams(js, subjects)
+    made = tenant_submit_stream_config(subjects, "old", closed=False)
+    made.retention, made.max_msgs = RetentionPolicy.LIMITS, None
+    await js.add_stream(config=made)
+    await js.publish(subjects.submit_for("old"), submit("kept"))
+    with pytest.raises(StreamRetentionDiffers) as refused:
+        await ensure_tenant_stream(js, subjects, "old")
+    stream = subjects.tenant_submit_stream("old")
+    assert f"stream {stream} has limits retention" in str(refused.value), refused.value
+    assert f"nats stream rm {stream}" in str(refused.value), refused.value
+    info = await js.stream_info(stream)
+    assert (info.config.retention, info.state.messages) == (RetentionPolicy.LIMITS, 1)
 
 
 async def test_a_tenants_submits_past_its_rate_wait_and_are_handled_in_order(

@@ -383,6 +383,7 @@ def _describe(config: StreamConfig) -> dict[str, Any]:
     }
     limits = {
         "max_age_s": config.max_age,
+        "max_msgs": config.max_msgs,
         "max_bytes": config.max_bytes,
         "discard": config.discard.value if config.discard else None,
         "max_msgs_per_subject": config.max_msgs_per_subject,
@@ -401,6 +402,8 @@ def _stream_text(stream: Mapping[str, Any] | None) -> str:
         text += f", kept {stream['max_age_s'] / 60:g} minutes"
     elif "max_age_s" in stream:
         text += f", kept {stream['max_age_s'] / 86400:g} days"
+    if "max_msgs" in stream:
+        text += f", at most {stream['max_msgs']:,} messages"
     if "max_bytes" in stream:
         text += f" and at most {stream['max_bytes'] / 2**20:g} MiB (MDQ_STORAGE_*)"
     if stream.get("discard") == "new":
@@ -534,9 +537,11 @@ def generate(subjects: Subjects | None = None) -> dict[str, Any]:
             "tenant's (ids `<tenant>.<hex>-<name>`, `submitted_by` the tenant). "
             + _stream_text(tenant_submits)
             + " Intake reads it directly, through a durable pull consumer of its own, no "
-            "faster than the tenant's rate (`submits_per_minute`): past it a submit is not "
-            "refused, it waits in this stream, and a full stream refuses the tenant's "
-            "publishes. A message id is the tenant's own. On a closed bus the submit "
+            "faster than the tenant's rate (`submits_per_minute`), and a submit it has handled "
+            "leaves the stream (a work queue): past the rate a submit is not refused, it waits "
+            "in this stream, and a full stream (its messages or its bytes) refuses the "
+            "tenant's publishes (JetStream error 10077), storing nothing. A message id is the "
+            "tenant's own. On a closed bus the submit "
             f"lands in the streams account as `{subjects.submit_stored('{tenant}')}` (the "
             "import adds a token, so the stream captures no literal subject).",
             "parameters": _parameters(subjects.submit_for("{tenant}")),

@@ -109,6 +109,15 @@ class StorageSettings(BaseSettings):
         description="Each tenant's submit stream (its fire-and-forget submits, deduplicated "
         "among its own): size limit; full, it refuses that tenant's publishes alone.",
     )
+    tenant_submit_msgs: int = Field(
+        default=1000,
+        ge=1,
+        description="Each tenant's submit stream (a work queue: a submit intake has handled "
+        "leaves it): the most submits it holds waiting for intake; past it the server refuses "
+        "that tenant's publishes before writing anything. 1,000 is a campaign's burst: the "
+        "default max_queued_jobs, and about 17 minutes of submits at the default rate (60 a "
+        "minute), which intake reads them at; a tenant whose rate is raised may need more.",
+    )
     tenant_consumers: int = Field(
         default=16,
         ge=1,

@@ -9,7 +9,9 @@ lower it by hand (``nats stream edit --replicas``) if you mean to.
 Each has the size and age limit and the discard policy of ``mdq.bus.storage`` (settings
 ``MDQ_STORAGE_*``). An update never sets a stream's size limit below what it holds: that would
 drop history (discard old) or refuse every new event (discard new) at once; the limit stays at
-the stream's size, and a warning says so.
+the stream's size, and a warning says so. A stream's retention cannot change in place (the
+server refuses it to or from a work queue): an existing stream with another retention than
+this mdq gives it is refused with ``StreamRetentionDiffers``, which says what to do.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from nats.js.kv import KeyValue
 from mdq.bus.fetch import connection_of
 from mdq.bus.storage import DAY_S, StorageSettings
 from mdq.bus.subjects import Subjects
+from mdq.errors import Conflict
 
 log = logging.getLogger("mdq.bus.streams")
 
@@ -84,11 +87,17 @@ def tenant_submit_stream_config(
     closed: bool = True,
     first_seq: int | None = None,
 ) -> StreamConfig:
-    """One tenant's submits (``NS.submit.<tenant>``): deduplicated by message id among its
-    own (an hour), within a size of its own (``MDQ_STORAGE_TENANT_SUBMIT_BYTES``; full, it
-    refuses that tenant's publishes and nobody else's). Intake reads it through a durable pull
-    consumer of its own (``tenant_submit_consumer_config``), no faster than the tenant's rate:
-    a flood waits here.
+    """One tenant's submits (``NS.submit.<tenant>``), a work queue: intake reads it through
+    a durable pull consumer of its own (``tenant_submit_consumer_config``; a work queue
+    refuses a second consumer whose filter overlaps it), no faster than the tenant's rate, and
+    a submit it has handled and acked leaves the stream. So the stream holds the submits waiting for
+    intake, at most ``MDQ_STORAGE_TENANT_SUBMIT_MSGS`` of them and
+    ``MDQ_STORAGE_TENANT_SUBMIT_BYTES``: past either the server refuses that tenant's
+    publishes (discard new, error 10077), before writing anything, and nobody else's. A flood
+    waits here up to the cap. A message id is deduplicated among the tenant's own for an hour,
+    also once its submit has left the stream (the server keeps the ids it stored; a restart
+    of the server forgets those of submits no longer stored, and intake's registry then
+    answers a repeat as the same submit).
 
     On a ``closed`` bus the submits arrive in the streams account as ``submit_stored``, which
     it captures with a wildcard (a literal subject would take in a push consumer's deliveries,
@@ -104,9 +113,10 @@ def tenant_submit_stream_config(
     return StreamConfig(
         name=subjects.tenant_submit_stream(tenant),
         subjects=[capture],
-        retention=RetentionPolicy.LIMITS,
+        retention=RetentionPolicy.WORK_QUEUE,
         storage=StorageType.FILE,
         max_age=storage.submit_days * DAY_S,
+        max_msgs=storage.tenant_submit_msgs,
         max_bytes=int(storage.tenant_submit_bytes),
         max_msg_size=MAX_SUBMIT_BYTES,
         duplicate_window=3600.0,
@@ -119,7 +129,9 @@ def tenant_submit_stream_config(
 def fresh_first_seq() -> int:
     """Where a tenant's submit stream made now starts: the time in microseconds, above every
     sequence an earlier stream of that name reached (it would have stored more than one
-    submit a microsecond otherwise)."""
+    submit a microsecond otherwise). A work queue's sequence goes on from its last one when
+    its submits have left it, across a restart of the server too, so a sequence names one
+    submit for the stream's life."""
     return int(time.time() * 1_000_000)
 
 
@@ -451,13 +463,38 @@ async def _create_or_update(js: JetStreamContext, config: StreamConfig, replicas
             if replicas > 1:
                 await await_leader(js, name)
             return
+    _same_retention(config, existing.config)
     config.num_replicas = max(replicas, existing.config.num_replicas or 1)
     config.first_seq = existing.config.first_seq  # where it started, once and for all
     if config.max_bytes is not None and config.max_bytes > 0:
         config.max_bytes = _size_limit(name, config.max_bytes, existing.state.bytes)
+    # A message count limit below what a work queue holds is kept: with discard new the
+    # server drops nothing, it refuses publishes until intake has read the queue below it.
     await js.update_stream(config=config)
     if replicas > 1:
         await await_leader(js, name)
+
+
+class StreamRetentionDiffers(Conflict):
+    """A stream exists with another retention than this mdq gives it (made by another build
+    of mdq): the server changes no stream's retention to or from a work queue in place."""
+
+
+def _same_retention(wanted: StreamConfig, existing: StreamConfig) -> None:
+    """Refuse, saying what to do, to update a stream whose retention is not ``wanted``'s."""
+    # the server's answer holds the retention as a plain string
+    want = RetentionPolicy(wanted.retention or RetentionPolicy.LIMITS)
+    have = RetentionPolicy(existing.retention or RetentionPolicy.LIMITS)
+    if want == have:
+        return
+    name = wanted.name or ""
+    raise StreamRetentionDiffers(
+        f"stream {name} has {have.value} retention, and this mdq makes it {want.value}, which "
+        "the server cannot change in place: it was made by another build of mdq. Delete it "
+        f"as admin (`nats stream rm {name}`; what it holds is lost, so let intake handle it "
+        "first) and run the setup again (`mdq up`; a tenant's: `mdq tenant add`), or start "
+        "the stack afresh (remove its state folder, .mdq or MDQ_STATE_DIR)"
+    )
 
 
 def _size_limit(stream: str, wanted: int, held: int) -> int:

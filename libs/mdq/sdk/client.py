@@ -303,7 +303,8 @@ class MdqClient:
         (a tenant's among its own submits only: its own submit stream deduplicates them). A
         tenant's submit without a key gets a fresh one: its job ids cannot come from the
         sequence of the submit stream intake reads, which its acknowledgement does not name.
-        A full submit stream refuses the publish itself: ``SubmitRefused`` at once.
+        A full submit stream refuses the publish itself: ``SubmitRefused`` at once, nothing
+        stored (a tenant's: its queue of submits waiting for intake, and how many wait).
         """
         if self._tenant and not idempotency_key:
             given = request.idempotency_key if isinstance(request, pb.SubmitRequest) else ""
@@ -316,6 +317,8 @@ class MdqClient:
         try:
             ack = await self._js.publish(subject, encode(built), headers=headers)
         except nats.js.errors.APIError as error:
+            if is_stream_full(error) and self._tenant:
+                raise SubmitRefused("", await self._tenant_queue_full(error)) from error
             if is_stream_full(error):
                 raise SubmitRefused(
                     "",
@@ -330,6 +333,28 @@ class MdqClient:
             else request_id_for_sequence(ack.seq, self._tenant)
         )
         return [make_job_id(request_id, spec.name) for spec in built.jobs]
+
+    async def _tenant_queue_full(self, error: nats.js.errors.APIError) -> str:
+        """What a tenant is told when its submit stream, the queue of its submits waiting for
+        intake, refused a publish: how many wait (read from the stream's info, which the
+        tenant may read), which limit it reached, and to try later."""
+        stream = self._subjects.tenant_submit_stream(self._tenant)
+        limit = str(error.description or "full")
+        waiting = ""
+        with contextlib.suppress(nats.errors.Error, TimeoutError):  # the refusal is said anyway
+            info = await self._js.stream_info(stream)
+            messages, cap = info.state.messages, info.config.max_msgs or 0
+            size = info.config.max_bytes or 0
+            if "messages" in limit and cap > 0:
+                limit = f"the most it holds: {cap:,} submits, MDQ_STORAGE_TENANT_SUBMIT_MSGS"
+            elif "bytes" in limit and size > 0:
+                limit = f"its size limit: {size / 2**20:g} MiB, MDQ_STORAGE_TENANT_SUBMIT_BYTES"
+            waiting = f": {messages:,} submits waiting for intake"
+        return (
+            f"tenant {self._tenant}'s submit queue ({stream}) is full ({limit}){waiting}, "
+            "which reads them at the tenant's rate; nothing was stored: publish again later, "
+            "once intake has handled some"
+        )
 
     # -- following jobs --------------------------------------------------------------------
     @contextlib.asynccontextmanager
