@@ -691,10 +691,14 @@ async def test_a_tenant_reads_its_own_stream_and_nothing_else(
     attempts_of: dict[str, Attempts],
 ) -> None:
     """No way into the shared streams (which hold everyone's jobs), another tenant's stream,
-    or even the list of streams (it would name the other tenants)."""
+    or even the list of streams (it would name the other tenants); of its own submit stream,
+    its info alone (how many of its submits wait), of another's, nothing."""
     own, bobs = SUBJECTS.tenant_stream(TENANT), SUBJECTS.tenant_stream(OTHER_TENANT)
+    own_submits = SUBJECTS.tenant_submit_stream(TENANT)
+    bobs_submits = SUBJECTS.tenant_submit_stream(OTHER_TENANT)
     allowed = [
         f"$JS.API.STREAM.INFO.{own}",
+        f"$JS.API.STREAM.INFO.{own_submits}",
         f"$JS.API.CONSUMER.CREATE.{own}",
         f"$JS.API.STREAM.MSG.GET.{own}",
         f"$JS.API.DIRECT.GET.{own}.{SUBJECTS.job('alice.0123456789ab-x', 'bound')}",
@@ -710,7 +714,16 @@ async def test_a_tenant_reads_its_own_stream_and_nothing_else(
         f"$JS.API.STREAM.PURGE.{own}",
         f"$JS.API.STREAM.DELETE.{own}",
         f"$JS.API.STREAM.UPDATE.{own}",
+        f"$JS.API.STREAM.INFO.{bobs_submits}",
     ]
+    for submits in (own_submits, bobs_submits):
+        refused += [
+            f"$JS.API.CONSUMER.CREATE.{submits}",
+            f"$JS.API.CONSUMER.CREATE.{submits}.mine",
+            f"$JS.API.STREAM.MSG.GET.{submits}",
+            f"$JS.API.DIRECT.GET.{submits}.{SUBJECTS.submit_stored(TENANT)}",
+            f"$JS.API.STREAM.PURGE.{submits}",
+        ]
     for stream in (
         SUBJECTS.jobs_stream,
         SUBJECTS.progress_stream,

@@ -400,8 +400,10 @@ def tenant_of_identity(identity: str) -> str:
 
 def tenant_permissions(subjects: Subjects, tenant: str) -> Permissions:
     """A tenant may submit and control jobs on its own subjects (placement acts on its own
-    jobs only), and read and follow its own stream (its jobs' events, refusals and progress,
-    ``Subjects.tenant_stream``): nothing else. Not even the
+    jobs only), read and follow its own stream (its jobs' events, refusals and progress,
+    ``Subjects.tenant_stream``), and read the info of its own submit stream (how many of its
+    submits wait for intake: what the SDK says when the stream is full; no consumer, no
+    message): nothing else. Not even the
     names of the streams or the account's figures (``$JS.API.STREAM.NAMES`` would list the
     other tenants' streams): a tenant's client names its stream itself."""
     identity = tenant_identity(tenant)
@@ -413,6 +415,7 @@ def tenant_permissions(subjects: Subjects, tenant: str) -> Permissions:
         subjects.api_control_for(tenant),
     ]
     publish += [*_read_stream(stream), *_pull_reader(stream)]
+    publish.append(f"$JS.API.STREAM.INFO.{subjects.tenant_submit_stream(tenant)}")
     publish += _inputs_upload(subjects, tenant)  # its jobs' input files, in its own bucket
     publish += _nameless_creates(publish, subjects)
     return Permissions(
@@ -569,6 +572,10 @@ def _row(permissions: Permissions, subjects: Subjects) -> str:
             streams.append("any stream's messages by sequence (the inputs buckets)")
         elif pattern == "$JS.API.DIRECT.GET.*.$O.*.M.*":
             streams.append("any object store's metas by name")
+        elif (info := _after(pattern, "$JS.API.STREAM.INFO.")) and info.startswith(
+            subjects.tenant_submit_stream("")
+        ):
+            streams.append(f"{info} (its info alone: the submits waiting)")
         elif (direct := _after(pattern, "$JS.API.DIRECT.GET.")) and direct.partition(".")[2] != ">":
             read, _, subject = direct.partition(".")  # direct gets of some subjects only
             streams.append(f"{read} ({subject})")
