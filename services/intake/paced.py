@@ -1,15 +1,17 @@
 """Each tenant's fire-and-forget submits, read from the tenant's own submit stream no faster
 than the tenant's rate.
 
-A tenant's submits are captured by its own stream (``NS_SUBMIT_<tenant>``, bounded: full, it
-refuses that tenant's publishes and nobody else's). Intake finds those streams
+A tenant's submits are captured by its own stream (``NS_SUBMIT_<tenant>``, a work queue of the
+submits waiting: one acked here leaves it; full, ``MDQ_STORAGE_TENANT_SUBMIT_MSGS``, it refuses
+that tenant's publishes and nobody else's). Intake finds those streams
 (``mdq.bus.streams.tenant_submit_streams``: every ``scan_s``, and at once when the tenants'
 policies change), makes a durable pull consumer of each under its own name and identity
 (``ensure_tenant_submit_consumer``: its replicas share it) and follows each with a loop of its
 own: take a token of the tenant's rate (the same bucket as its request-reply submits), wait for
-one if there is none, then pull one submit, handle it and ack it. A flood is not refused and
-not read: it waits in the tenant's stream and is handled at the tenant's rate, in order, behind
-what it published before. A removed tenant's stream is deleted with the consumer; its loop ends.
+one if there is none, then pull one submit, handle it and ack it. A flood within the stream's
+cap is not refused and not read: it waits in the tenant's stream and is handled at the
+tenant's rate, in order, behind what it published before. A removed tenant's stream is deleted
+with the consumer; its loop ends.
 Design: docs/intake.md ("The service and its entrances"), docs/security.md ("Limits").
 """
 
