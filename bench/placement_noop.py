@@ -1,26 +1,23 @@
-"""Bench-only placement process: the real ``Placement`` service with a backend that creates no
-pod (``NoopBackend``), so ``make bench-placement`` measures placement, not process spawning.
+"""Bench-only placement process: the placement service as ``python -m services.placement`` runs
+it (its composition root and service runtime) with a backend that creates no pod
+(``NoopBackend``), so the benches measure placement, not process spawning.
 
 Run as ``python bench/placement_noop.py`` with the service's environment (``NATS_URL``,
-``MDQ_NAMESPACE``, ``MDQ_PLACEMENT_*``).
+``MDQ_NAMESPACE``, ``MDQ_NATS_CREDS``, ``MDQ_PLACEMENT_*``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import os
+import functools
 from collections.abc import AsyncIterator
-from pathlib import Path
+
+from nats.aio.client import Client
 
 from mdq.backends.port import PodExists, PodSpec, PodUpdate
-from mdq.bus.connect import connect
-from mdq.bus.publisher import EventPublisher
-from mdq.bus.requests import Requests
-from mdq.bus.subjects import Subjects
+from mdq.bus.runtime import Service, serve
 from mdq.core.nodes import NodeSample
-from mdq.settings import CommonSettings
-from services.placement.app import Placement
+from services.placement.__main__ import compose
 from services.placement.settings import PlacementSettings
 
 
@@ -51,29 +48,11 @@ class NoopBackend:
         return None
 
 
-DATA_DIR = Path(os.environ.get("MDQ_DATA_DIR", ".mdq/data")).absolute()
-
-
-async def main() -> None:
-    common, settings = CommonSettings(), PlacementSettings()
-    subjects = Subjects(common.namespace)
-    nc = await connect(common.nats_url, name="mdq-placement-bench", subjects=subjects)
-    js = nc.jetstream()
-    requests = await Requests(nc).start()
-    placement = Placement(
-        js=js,
-        subjects=subjects,
-        publisher=EventPublisher(js=requests, subjects=subjects, producer="placement"),
-        backend=NoopBackend(),
-        settings=settings,
-        namespace=common.namespace,
-    )
-    try:
-        await placement.run()
-    finally:
-        await nc.drain()
+async def no_pods(service: Service, settings: PlacementSettings, nc: Client) -> NoopBackend:
+    """The backend of this bench: no pod is created."""
+    del service, settings, nc
+    return NoopBackend()
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=os.environ.get("MDQ_BENCH_LOG_LEVEL", "WARNING"))
-    asyncio.run(main())
+    serve("placement", functools.partial(compose, backend_of=no_pods))

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from nats.aio.client import Client
+
 from mdq.backends.factory import make_backend
+from mdq.backends.port import ClusterBackend
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.requests import Requests
 from mdq.bus.runtime import Service, serve
@@ -15,26 +19,44 @@ from mdq.bus.storage import StorageSettings
 from services.placement.app import Placement
 from services.placement.settings import PlacementSettings
 
+BackendMaker = Callable[[Service, PlacementSettings, Client], Awaitable[ClusterBackend]]
+"""Makes the cluster backend placement binds pods with, from the service, its settings and its
+connection."""
 
-async def compose(service: Service) -> None:
+
+def _runner_issuer_path() -> Path | None:
+    found = os.environ.get(RUNNER_ISSUER_ENV)
+    return Path(found) if found else None
+
+
+async def configured_backend(
+    service: Service, settings: PlacementSettings, nc: Client
+) -> ClusterBackend:
+    """The backend of ``MDQ_PLACEMENT_BACKEND`` (``mdq.backends.factory``)."""
+    common = service.common
+    return await make_backend(
+        kind=settings.backend,
+        nc=nc,
+        subjects=service.subjects,
+        replicas=common.stream_replicas,
+        runner_nats_url=settings.runner_nats_url or common.nats_url,
+        data_dir=common.data_dir.resolve(),
+        # Kubernetes: each runner pod gets a Secret with credentials for its own job.
+        runner_issuer=_runner_issuer_path(),
+        runner_creds_ttl_s=common.runner_creds_ttl_s,
+    )
+
+
+async def compose(service: Service, backend_of: BackendMaker = configured_backend) -> None:
+    """Placement with its backend (``backend_of``: the configured one; a bench swaps in
+    one that creates no pod, and runs everything else as here)."""
     common, settings, subjects = service.common, PlacementSettings(), service.subjects
     replicas = common.stream_replicas
     nc = await service.connect()
     js = nc.jetstream()
     requests = await Requests(nc).start()
-    found = os.environ.get(RUNNER_ISSUER_ENV)
-    issuer_path = Path(found) if found else None
-    backend = await make_backend(
-        kind=settings.backend,
-        nc=nc,
-        subjects=subjects,
-        replicas=replicas,
-        runner_nats_url=settings.runner_nats_url or common.nats_url,
-        data_dir=common.data_dir.resolve(),
-        # Kubernetes: each runner pod gets a Secret with credentials for its own job.
-        runner_issuer=issuer_path,
-        runner_creds_ttl_s=common.runner_creds_ttl_s,
-    )
+    issuer_path = _runner_issuer_path()
+    backend = await backend_of(service, settings, nc)
     service.on_stop(backend.close)
     placement = Placement(
         js=js,
