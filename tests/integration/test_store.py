@@ -37,6 +37,7 @@ TABLES = {
     "placements",
     "rejections",
     "consumer_offsets",
+    "progress_unfolded",
     "usage_samples",
     "usage_summaries",
     "failure_tallies",

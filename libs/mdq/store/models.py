@@ -431,3 +431,18 @@ class ConsumerOffset(Base):
     last_digest: Mapped[str | None] = mapped_column(
         comment="sha256 of subject and data of the message at last_seq"
     )
+
+
+class UnfoldedProgress(Base):
+    """The attempts whose stored progress reports the jobs' rows have not caught up with yet.
+
+    A batch of the PROGRESS stream stores its reports and its offset and queues here each
+    (job, attempt) it reported on, in its transaction; the projection's coalescing fold
+    (``mdq.store.projection.jobs.fold_unfolded``) folds them into ``jobs`` and ``attempts``
+    and deletes them, in its own. Empty whenever the watcher is caught up."""
+
+    __tablename__ = "progress_unfolded"
+    __table_args__ = ({"comment": "Attempts with reports not folded into jobs yet."},)
+
+    job_id: Mapped[str] = mapped_column(primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)

@@ -39,6 +39,9 @@ class Access(Enum):
     SUMMARIZED = "summarized"
     """A table only the owner's functions write (the watcher calls them): writer and reader
     SELECT."""
+    QUEUED = "queued"
+    """Work the projector queues and clears (``progress_unfolded``): writer SELECT, INSERT,
+    DELETE; reader SELECT."""
     OWNER_ONLY = "owner_only"
     """Neither: ``alembic_version``."""
 
@@ -53,6 +56,8 @@ RELATIONS: dict[str, Access] = {
     "placements": Access.WRITTEN,
     "rejections": Access.WRITTEN,
     "consumer_offsets": Access.WRITTEN,
+    # the attempts whose reports the jobs' rows have not caught up with yet
+    "progress_unfolded": Access.QUEUED,
     # kept by a trigger on job_events, as the writer inserts
     "usage_samples": Access.WRITTEN,
     # kept by a trigger on usage_samples
@@ -85,7 +90,10 @@ the expired ones and rolls the old months of progress up, with no DDL of its own
 execute none."""
 
 WRITER_TABLE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE")
-"""The projector inserts (COPY included) and upserts; it never deletes or truncates."""
+"""The projector inserts (COPY included) and upserts; it never deletes or truncates, but for
+the queue of its own pending work (``WRITER_QUEUE_PRIVILEGES``)."""
+WRITER_QUEUE_PRIVILEGES = ("SELECT", "INSERT", "DELETE")
+"""A queue's rows are inserted and deleted, never updated."""
 
 TENANT_ROWS: dict[str, str] = {
     "jobs": "job_id",
@@ -326,7 +334,10 @@ def grant_statements(
             continue
         target = f"public.{quote_ident(relation)}"
         statements.append(f"GRANT SELECT ON {target} TO {reader}")
-        writer_privileges = WRITER_TABLE_PRIVILEGES if access is Access.WRITTEN else ("SELECT",)
+        writer_privileges = {
+            Access.WRITTEN: WRITER_TABLE_PRIVILEGES,
+            Access.QUEUED: WRITER_QUEUE_PRIVILEGES,
+        }.get(access, ("SELECT",))
         statements.append(f"GRANT {', '.join(writer_privileges)} ON {target} TO {writer}")
         tenant_readable = relation in TENANT_ROWS or access is Access.READ
         if tenants and tenant_readable and relation in safe:

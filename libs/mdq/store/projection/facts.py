@@ -212,3 +212,9 @@ def report_keys_of_rows(rows: Iterable[tuple[Any, ...]]) -> list[ReportKey]:
         (row[job], row[attempt], row[step], row[done_reason], row[units], row[target_steps])
         for row in rows
     ]
+
+
+def attempts_of_rows(rows: Iterable[tuple[Any, ...]]) -> set[tuple[str, int]]:
+    """The (job id, attempt) pairs of the rows of ``progress_rows``."""
+    job, attempt = _KEY_COLUMNS[0], _KEY_COLUMNS[1]
+    return {(row[job], row[attempt]) for row in rows}

@@ -9,7 +9,8 @@ rebuild"); only the rows that changed are written.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -205,27 +206,9 @@ def _read_row(job: asyncpg.Record, attempts: Sequence[asyncpg.Record]) -> JobRow
     return row
 
 
-async def fold_jobs(
-    connection: asyncpg.Connection,
-    events: list[pb.Event],
-    *,
-    catch_up: bool = False,
-    keys: Sequence[ReportKey] | None = None,
-) -> None:
-    """Fold the events into the rows of the jobs they are about, with ``JobView.apply``.
-
-    With ``catch_up`` (batches of the JOBS stream), the latest stored progress report of
-    the job's current attempt is folded in before each lifecycle event and at the end, if
-    the job has not seen it: the two streams are consumed independently, so a report may
-    have been projected while the job row did not exist yet or was fenced to the
-    previous attempt. ``keys``: the events' ``ReportKey`` where the caller has them.
-    """
-    if keys is not None:  # a tuple's first item: cheaper than a protobuf field
-        job_ids = sorted({key[0] for key in keys if key[0]})
-    else:
-        job_ids = sorted({event.job_id for event in events if event.job_id})
-    if not job_ids:
-        return
+async def _read_rows(connection: asyncpg.Connection, job_ids: list[str]) -> dict[str, JobRow]:
+    """The rows of ``job_ids`` (sorted: the locks are taken in key order) that exist, locked,
+    with their attempts."""
     records = await connection.fetch(
         f"SELECT {JOB_COLUMNS} FROM jobs WHERE job_id = ANY($1::text[]) ORDER BY job_id FOR UPDATE",
         job_ids,
@@ -237,19 +220,15 @@ async def fold_jobs(
             [record["job_id"] for record in records],
         ):
             attempt_records.setdefault(record["job_id"], []).append(record)
-    rows = {
+    return {
         record["job_id"]: _read_row(record, attempt_records.get(record["job_id"], []))
         for record in records
     }
-    latest: dict[tuple[str, int], pb.Event] = {}
-    if catch_up:
-        last_attempt = {job: row.view.attempt for job, row in rows.items()}
-        for event in events:
-            if event.job_id:
-                known = last_attempt.get(event.job_id, 1)
-                last_attempt[event.job_id] = max(known, event.attempt)
-        latest = await _latest_progress(connection, last_attempt)
-    fold_batch(rows, events, latest, keys)
+
+
+async def _settle_and_write(connection: asyncpg.Connection, rows: dict[str, JobRow]) -> None:
+    """Settle the columns that depend on how the streams interleaved, then write back what
+    changed."""
     await _settle_ended(connection, rows)
     await _settle_progress(connection, rows)
     await _settle_starts(connection, rows)
@@ -281,3 +260,142 @@ async def fold_jobs(
     ):
         if attempts:
             await connection.execute(statement, *UPSERT_ATTEMPTS.arrays_of_rows(attempts))
+
+
+async def fold_jobs(
+    connection: asyncpg.Connection,
+    events: list[pb.Event],
+    *,
+    catch_up: bool = False,
+    keys: Sequence[ReportKey] | None = None,
+) -> None:
+    """Fold the events into the rows of the jobs they are about, with ``JobView.apply``.
+
+    With ``catch_up`` (batches of the JOBS stream), the latest stored progress report of
+    the job's current attempt is folded in before each lifecycle event and at the end, if
+    the job has not seen it: the two streams are consumed independently, and a PROGRESS
+    batch's reports are folded later than they are stored (``fold_unfolded``), so a report
+    may be stored while the job's row has not seen it. ``keys``: the events' ``ReportKey``
+    where the caller has them.
+    """
+    if keys is not None:  # a tuple's first item: cheaper than a protobuf field
+        job_ids = sorted({key[0] for key in keys if key[0]})
+    else:
+        job_ids = sorted({event.job_id for event in events if event.job_id})
+    if not job_ids:
+        return
+    rows = await _read_rows(connection, job_ids)
+    latest: dict[tuple[str, int], pb.Event] = {}
+    if catch_up:
+        last_attempt = {job: row.view.attempt for job, row in rows.items()}
+        for event in events:
+            if event.job_id:
+                known = last_attempt.get(event.job_id, 1)
+                last_attempt[event.job_id] = max(known, event.attempt)
+        latest = await _latest_progress(connection, last_attempt)
+    fold_batch(rows, events, latest, keys)
+    await _settle_and_write(connection, rows)
+
+
+_UNFOLDED_REPORTS = """
+SELECT t.job_id, t.attempt, p.event_id, p.time, p.producer, p.step, p.time_ps,
+    p.potential_kj_mol, p.kinetic_kj_mol, p.temperature_k, p.ns_per_day, p.eta_s, p.units,
+    COALESCE(NULLIF(p.done_reason, ''), d.done_reason, '') AS done_reason,
+    COALESCE(NULLIF(p.target_steps, 0), g.target_steps, 0) AS target_steps
+FROM unnest($1::text[], $2::int[], $3::timestamptz[], $4::bigint[])
+    AS t(job_id, attempt, until, above)
+CROSS JOIN LATERAL (
+    SELECT * FROM progress p
+    WHERE p.job_id = t.job_id AND p.attempt = t.attempt AND (t.until IS NULL OR p.time <= t.until)
+    ORDER BY p.step DESC LIMIT 1  -- the primary key, read backwards
+) AS p
+LEFT JOIN LATERAL (  -- read only when the latest report has no done reason of its own
+    SELECT q.done_reason FROM progress q
+    WHERE p.done_reason = '' AND q.job_id = t.job_id AND q.attempt = t.attempt
+        AND q.step >= t.above AND q.done_reason <> '' AND (t.until IS NULL OR q.time <= t.until)
+    ORDER BY q.step DESC LIMIT 1
+) AS d ON true
+LEFT JOIN LATERAL (  -- read only when the latest report names no target
+    SELECT q.target_steps FROM progress q
+    WHERE p.target_steps = 0 AND q.job_id = t.job_id AND q.attempt = t.attempt
+        AND q.step >= t.above AND q.target_steps <> 0 AND (t.until IS NULL OR q.time <= t.until)
+    ORDER BY q.step DESC LIMIT 1
+) AS g ON true
+"""
+
+
+async def fold_unfolded(
+    connection: asyncpg.Connection, attempts: Collection[tuple[str, int]]
+) -> None:
+    """The coalescing fold: the jobs' rows catch up with the stored reports of ``attempts``
+    ((job id, attempt) pairs whose reports were stored since the jobs last caught up),
+    each folded from one report that stands for all of them (``jobs.coalesced_report``).
+
+    The equivalence with folding every report as it is stored (``JobRow.apply``): an
+    attempt's reports are published in step order by its one runner, and a job's reports
+    name one unit system. Then, of an attempt that is open, the reports the fold would
+    accept leave the row as its highest-step report does, but for the done reason and the
+    target, which stay from the last report that named one: the report folded is the
+    highest-step one with those two taken from the highest-step report that names them. Of
+    an attempt that has ended, the reports made up to its end from its ``attempt_last_step`` up
+    (those the row may not have counted: its terminal event may name the step of a report
+    still on its way) raise that to the highest of their steps and give their done reason,
+    as ``JobRow._late_report`` does report by report. Whatever the fold would
+    do with a report of an attempt the job has not reached yet, the JOBS stream's catch-up
+    does when the job gets there (``fold_jobs``). Folding twice is folding once: the row
+    folds an open attempt's report only above the step it has seen, and counting an ended
+    attempt's report again changes nothing (its done reason is the one it gave). Then the
+    rows are settled and written as a batch's are (``_settle_and_write``).
+    """
+    rows = await _read_rows(connection, sorted({job for job, _ in attempts}))
+    wanted: list[tuple[str, int, datetime | None, int]] = []
+    for job, number in attempts:
+        row = rows.get(job)
+        if row is None:
+            continue
+        record = row.view.attempts.get(number)
+        if record is not None and record.ended_at is not None:
+            wanted.append((job, number, record.ended_at, row.attempt_last_step.get(number, 0)))
+        else:
+            wanted.append((job, number, None, -1))
+    if not wanted:
+        return
+    for record in await connection.fetch(_UNFOLDED_REPORTS, *_columns(wanted, 4)):
+        row = rows[record["job_id"]]
+        report = coalesced_report(record)
+        if report.progress.units:
+            row.units = report.progress.units
+        number, view = report.attempt, row.view
+        attempt = view.attempts.get(number)
+        if attempt is not None and attempt.ended_at is not None:
+            if report.progress.step >= row.attempt_last_step.get(number, 0):
+                row.apply(report)  # fenced: counted as a late report
+        elif number == view.attempt:
+            row.catch_up({(view.job_id, number): report})
+    await _settle_and_write(connection, rows)
+
+
+def coalesced_report(record: asyncpg.Record) -> pb.Event:
+    """A row of ``_UNFOLDED_REPORTS`` as the report that stands for an attempt's unfolded
+    ones: the highest-step report, with the done reason and target of the highest-step
+    report that names them."""
+    event = pb.Event(
+        event_id=record["event_id"],
+        job_id=record["job_id"],
+        attempt=record["attempt"],
+        producer=record["producer"],
+        progress=pb.Progress(
+            step=record["step"],
+            target_steps=record["target_steps"],
+            time_ps=record["time_ps"],
+            potential_kj_mol=record["potential_kj_mol"],
+            kinetic_kj_mol=record["kinetic_kj_mol"],
+            temperature_k=record["temperature_k"],
+            ns_per_day=record["ns_per_day"],
+            eta_s=record["eta_s"],
+            done_reason=record["done_reason"],
+            units=record["units"] or "",
+        ),
+    )
+    set_timestamp(event.time, record["time"])
+    return event

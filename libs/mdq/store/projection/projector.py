@@ -46,6 +46,12 @@ a rebuild) is folded 5,000 events a transaction: a batch's fold of its jobs' row
 the same for 2,000 events as for 5,000 (docs/benchmarks.md, "make bench-ingest")."""
 BATCH_WAIT_S = 0.2
 """Longest wait to fill a batch, unless told otherwise."""
+FOLD_EVERY_S = 1.0
+FOLD_EVERY_BATCHES = 20
+"""While the PROGRESS consumer is behind, its batches' reports are folded into the jobs'
+rows together (``Writer``: queued in ``progress_unfolded``), at least once a second and every
+20 batches; a batch that leaves nothing pending in the stream folds at once, so a caught-up
+watcher's jobs show each report as soon as it is stored."""
 
 
 def each_once_in_order(delivered: list[tuple[int, Delivered]]) -> list[tuple[int, Delivered]]:
@@ -103,6 +109,9 @@ class Projector:
         )
         self.events_projected = 0
         """Events applied (not counting skipped redeliveries and duplicates), for metrics."""
+        self._deferred = 0
+        """PROGRESS batches committed since the jobs last caught up with their reports."""
+        self._deferred_since = 0.0
 
     @property
     def foreign_events(self) -> int:
@@ -134,6 +143,11 @@ class Projector:
         finally:
             for feed in self._feeds:
                 await feed.unsubscribe()
+        if self._writer.queued:  # stopped: the jobs catch up with what was stored
+            try:
+                await self._writer.fold_queued()
+            except Exception as error:  # the next start folds them
+                log.warning("the jobs could not catch up with their reports on stop: %r", error)
 
     async def _follow_or_stop(self, feed: Feed) -> None:
         """``_follow``; when it fails, the other feed is asked to stop as well as cancelled. A
@@ -147,7 +161,8 @@ class Projector:
             raise
 
     def stop(self) -> None:
-        """Ask ``run()`` to return after the batch in hand is committed (or abandoned)."""
+        """Ask ``run()`` to return after the batch in hand is committed (or abandoned) and the
+        jobs caught up with the reports stored."""
         self._stopping.set()
 
     async def lag(self) -> list[ConsumerLag]:
@@ -201,7 +216,8 @@ class Projector:
                     await feed.unsubscribe()  # reopened at the stored offset
                     await self._sleep(1.0)
                     continue
-                if not messages and not feed.verify_due():
+                fold_due = not messages and self._fold_due(feed)
+                if not messages and not feed.verify_due() and not fold_due:
                     continue
                 if messages:
                     ahead = asyncio.create_task(feed.fetch(subscription))
@@ -210,6 +226,9 @@ class Projector:
                         await feed.verify()
                     if messages:
                         await self._handle(feed, messages)
+                    elif fold_due:  # caught up, with reports left to fold (a start, a stop)
+                        await self._writer.fold_queued()
+                        self._deferred = 0
                 except (asyncio.CancelledError, LogContinuityError):
                     raise
                 except Exception as error:
@@ -227,6 +246,30 @@ class Projector:
         finally:
             await cancel_fetch(ahead)
 
+    def _fold_due(self, feed: Feed) -> bool:
+        """Whether the jobs are to catch up with reports queued for them, now that ``feed``
+        delivered nothing."""
+        return feed is self._feeds[1] and self._writer.queued
+
+    def _fold_now(self, last: Msg) -> bool:
+        """Whether a PROGRESS batch ending with ``last`` is folded at once (``FOLD_EVERY_S``)."""
+        if delivery_position(last.reply)[1] == 0:  # nothing more in the stream: caught up
+            return True
+        if self._deferred == 0:
+            return False
+        waited = asyncio.get_running_loop().time() - self._deferred_since
+        return self._deferred >= FOLD_EVERY_BATCHES or waited >= FOLD_EVERY_S
+
+    def _count_deferred(self, queued: bool | None) -> None:
+        if queued is None:
+            return
+        if not queued:
+            self._deferred = 0
+        elif self._deferred == 0:
+            self._deferred, self._deferred_since = 1, asyncio.get_running_loop().time()
+        else:
+            self._deferred += 1
+
     async def _handle(self, feed: Feed, messages: list[Msg]) -> None:
         """Project one batch (retrying the same batch until it commits), then acknowledge."""
         # the stream sequence from the reply subject directly: nats-py's ``Msg.metadata``
@@ -237,11 +280,12 @@ class Projector:
             for sequence, message in each_once_in_order(delivered)
         ]
         catch_up = feed is self._feeds[0]  # the JOBS stream
+        fold = catch_up or self._fold_now(messages[-1])
         delay = 0.05
         scrubbed = False
         while True:
             try:
-                outcome = await self._writer.project(feed, ordered, catch_up=catch_up)
+                outcome = await self._writer.project(feed, ordered, catch_up=catch_up, fold=fold)
                 break
             except asyncio.CancelledError:
                 raise
@@ -277,6 +321,8 @@ class Projector:
                 delay = min(delay * 2, self._max_retry_delay_s)
         feed.projected_seq = max(feed.projected_seq, outcome.covered_seq)
         self.events_projected += outcome.projected
+        if not catch_up:
+            self._count_deferred(outcome.queued)
         if outcome.stale:
             # Redeliveries, or new events reusing sequence numbers of a log that went
             # backwards: not acknowledged (nor skipped) before the log is known to be the same.

@@ -2,8 +2,11 @@
 
 The transaction locks the consumer's offset, skips what is at or below it, stops at a gap,
 stores the batch's facts (``facts``), folds it into the jobs' rows (``jobs``) and moves the
-offset. Why asyncpg and not SQLAlchemy here: docs/history.md ("How the watcher writes it");
-offsets, gaps and database outages: docs/durability.md, section 4.
+offset. A batch of progress reports alone is folded later, coalesced with the batches after
+it: its transaction queues the attempts it reported on in ``progress_unfolded`` instead, and
+a later one (or ``fold_queued``) folds and clears the queue (``jobs.fold_unfolded``). Why
+asyncpg and not SQLAlchemy here: docs/history.md ("How the watcher writes it"); offsets,
+gaps and database outages: docs/durability.md, section 4.
 """
 
 from __future__ import annotations
@@ -30,11 +33,12 @@ from mdq.store.projection.facts import (
     Fact,
     Report,
     Stored,
+    attempts_of_rows,
     progress_rows,
     report_keys_of_rows,
 )
 from mdq.store.projection.feed import Feed
-from mdq.store.projection.jobs import fold_jobs
+from mdq.store.projection.jobs import fold_jobs, fold_unfolded
 
 log = logging.getLogger("mdq.store.projection")
 
@@ -49,6 +53,12 @@ UPDATE consumer_offsets SET last_seq = GREATEST(last_seq, $2), stream = $3, upda
 WHERE consumer = $1
 """
 
+_QUEUE_UNFOLDED = """
+INSERT INTO progress_unfolded (job_id, attempt)
+SELECT * FROM unnest($1::text[], $2::int[]) ON CONFLICT DO NOTHING
+"""
+_TAKE_UNFOLDED = "DELETE FROM progress_unfolded RETURNING job_id, attempt"
+
 Batch = list[tuple[int, tuple[Msg, pb.Event | None]]]
 """A batch in stream order: each sequence with its message and its event (None: skipped)."""
 
@@ -61,6 +71,8 @@ class BatchOutcome:
     rewind_at: int | None
     projected: int
     stale: bool = False
+    queued: bool | None = None
+    """Whether the transaction left attempts in ``progress_unfolded`` (None: not changed)."""
     """The batch held sequences at or below the stored offset (redeliveries, or a log that
     went backwards: checked before they are acknowledged)."""
 
@@ -143,20 +155,52 @@ class Writer:
         self._stopping = stopping
         self._write_lock = asyncio.Lock()
         self._database_lock = asyncio.Lock()
+        self.queued = True
+        """Whether ``progress_unfolded`` may hold attempts (so, on start: it may, left by a
+        process that stopped before it folded them)."""
 
-    async def project(self, feed: Feed, ordered: Batch, *, catch_up: bool) -> BatchOutcome:
+    async def project(
+        self, feed: Feed, ordered: Batch, *, catch_up: bool, fold: bool = True
+    ) -> BatchOutcome:
         """Project one batch of ``feed`` in one transaction, after any other batch's; with
         ``catch_up`` (the JOBS stream), jobs catch up with their stored reports
-        (``jobs.fold_jobs``)."""
+        (``jobs.fold_jobs``). Without it, a batch of reports alone is folded with the queued
+        ones when ``fold`` says so, and queued otherwise."""
         async with self._write_lock, self._pool.acquire() as connection:
             try:
                 async with connection.transaction():
-                    return await self._project(connection, feed, ordered, catch_up=catch_up)
+                    outcome = await self._project(
+                        connection, feed, ordered, catch_up=catch_up, fold=fold
+                    )
             except RepublishedReport:
                 async with connection.transaction():
-                    return await self._project(
-                        connection, feed, ordered, catch_up=catch_up, careful=True
+                    outcome = await self._project(
+                        connection, feed, ordered, catch_up=catch_up, fold=fold, careful=True
                     )
+        if outcome.queued is not None:  # committed
+            self.queued = outcome.queued
+        return outcome
+
+    async def fold_queued(self) -> None:
+        """Fold the attempts queued in ``progress_unfolded`` and clear the queue, in one
+        transaction (the feed is caught up, the projector starts or stops)."""
+        async with (
+            self._write_lock,
+            self._pool.acquire() as connection,
+            connection.transaction(),
+        ):
+            await self._fold_queue(connection, set())
+        self.queued = False  # committed
+
+    async def _fold_queue(
+        self, connection: asyncpg.Connection, attempts: set[tuple[str, int]]
+    ) -> None:
+        """Fold ``attempts`` and every queued one, and clear the queue (when it may hold any)."""
+        if self.queued:
+            for record in await connection.fetch(_TAKE_UNFOLDED):
+                attempts.add((record["job_id"], record["attempt"]))
+        if attempts:
+            await fold_unfolded(connection, attempts)
 
     async def _project(
         self,
@@ -165,6 +209,7 @@ class Writer:
         ordered: Batch,
         *,
         catch_up: bool,
+        fold: bool,
         careful: bool = False,
     ) -> BatchOutcome:
         stored_offset = await connection.fetchval(_READ_OFFSET, feed.consumer)
@@ -193,27 +238,38 @@ class Writer:
             # Apply nothing of a batch that may come from a log that went backwards: once
             # the log is verified, it is delivered again from right after the offset.
             return BatchOutcome(offset, rewind_at=offset + 1, projected=0, stale=True)
-        projected = await self._apply(
-            connection, feed.stream, accepted, catch_up=catch_up, careful=careful
+        projected, queued = await self._apply(
+            connection,
+            feed.stream,
+            accepted,
+            catch_up=catch_up,
+            careful=careful,
+            fold=fold,
         )
         covered = accepted[-1][0]
         digest = message_digest(last_message.subject, last_message.data)
         await connection.execute(_WRITE_OFFSET, feed.consumer, covered, feed.stream, digest)
-        return BatchOutcome(covered_seq=covered, rewind_at=rewind_at, projected=projected)
+        return BatchOutcome(
+            covered_seq=covered, rewind_at=rewind_at, projected=projected, queued=queued
+        )
 
-    @staticmethod
     async def _apply(
+        self,
         connection: asyncpg.Connection,
         stream: str,
         accepted: list[tuple[int, pb.Event | None]],
         *,
         catch_up: bool,
         careful: bool,
-    ) -> int:
-        """Write the effects of ``accepted`` (in stream order); return how many were new.
+        fold: bool,
+    ) -> tuple[int, bool | None]:
+        """Write the effects of ``accepted`` (in stream order); return how many were new and
+        whether ``progress_unfolded`` holds attempts after it (None: not changed).
 
         Progress reports go to ``progress`` only (by COPY), every other event to
         ``job_events``; an event already stored (a republished copy) has no other effect.
+        Reports alone, without ``catch_up`` (a PROGRESS batch): their attempts are queued, or
+        with ``fold`` folded at once with those queued before (``jobs.fold_unfolded``).
         """
         reports: list[Report] = []
         others: list[Fact] = []
@@ -238,14 +294,25 @@ class Writer:
             await _insert_facts(connection, facts)
         keys = None
         new_reports: list[Report] = []
+        rows = None
         if reports:
             rows = None if careful else progress_rows(stream, reports)
             new_reports = await store_progress(
                 connection, stream, reports, careful=careful, rows=rows
             )
-            if not facts and rows is not None:
-                # the reports alone, all stored: the fold reads their keys from the rows
-                keys = report_keys_of_rows(rows)
+        if not catch_up and not facts:
+            if rows is not None:  # the reports alone, all stored: read from the rows
+                attempts = attempts_of_rows(rows)
+            else:
+                attempts = {(event.job_id, event.attempt) for _, event in new_reports}
+            if fold:
+                await self._fold_queue(connection, attempts)
+                return len(new_reports), False
+            if not attempts:
+                return 0, None
+            jobs, numbers = zip(*attempts, strict=True)
+            await connection.execute(_QUEUE_UNFOLDED, list(jobs), list(numbers))
+            return len(new_reports), True
         if facts and new_reports:  # both lists are in stream order: merged only when two
             merged = sorted([(f.sequence, f.event) for f in facts] + new_reports, key=_first)
             events = [event for _, event in merged]
@@ -254,9 +321,16 @@ class Writer:
         else:
             events = [event for _, event in new_reports]
         if not events:
-            return 0
+            return 0, None
+        if not facts and rows is not None:
+            # the reports alone, all stored: the fold reads their keys from the rows
+            keys = report_keys_of_rows(rows)
+        queued: bool | None = None
+        if not catch_up:  # events of the PROGRESS stream that are no reports: in order
+            await self._fold_queue(connection, set())
+            queued = False
         await fold_jobs(connection, events, catch_up=catch_up, keys=keys)
-        return len(events)
+        return len(events), queued
 
     async def reach_database(self, error: BaseException) -> None:
         """After a connection-class error: drop the pool's connections and wait, with backoff
