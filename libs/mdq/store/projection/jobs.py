@@ -4,7 +4,8 @@ The rows of the jobs a batch is about are locked and read back into ``JobRow`` o
 batch's events are folded into them in stream order, then the columns that depend on how the
 JOBS and PROGRESS streams interleaved are settled from the stored progress reports, so that
 the live projection and one rebuilt from the log agree (docs/history.md, "Replay and
-rebuild"); only the rows that changed are written.
+rebuild"); only the rows that changed are written. Progress reports are folded apart from
+their batch, many batches at once, from the stored reports (``fold_unfolded``).
 """
 
 from __future__ import annotations
