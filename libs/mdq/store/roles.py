@@ -108,6 +108,7 @@ TENANT_ROWS: dict[str, str] = {
     "failure_tallies": "tenant_prefix",
     "node_hours": "tenant_prefix",
     "progress_rollups": "job_id",
+    "progress_unfolded": "job_id",
 }
 """The tables of per-job rows (the migration puts them under row security), each with the
 column that names its job or submit (a tally: its owner, ``<tenant>.``): a tenant sees a row
