@@ -235,16 +235,16 @@ async def test_reports_stored_by_a_watcher_killed_before_its_fold_are_folded_on_
     nothing new arrives."""
     history = History("killed")
     publisher = OwnersPublisher(js=js, subjects=subjects)
-    for event in [history.submitted(), history.bound(1, "n1"), history.started(1, "n1")]:
-        await publisher.publish(event)
-    for step in range(100, 1001, 100):
-        await publisher.publish(history.progress(1, step))
-
     with monkeypatch.context() as never:  # a watcher that queues and never folds
         never.setattr(Projector, "_fold_now", lambda self, last: False)
         never.setattr(Projector, "_fold_due", lambda self, feed: False)
         dying = Projector(js=js, subjects=subjects, pool=pool)
         task = asyncio.create_task(dying.run())
+        for event in [history.submitted(), history.bound(1, "n1"), history.started(1, "n1")]:
+            await publisher.publish(event)
+        await wait_projected(js, subjects, pool)  # the job first: no catch-up of its reports
+        for step in range(100, 1001, 100):
+            await publisher.publish(history.progress(1, step))
         await wait_projected(js, subjects, pool)
         task.cancel()  # no stop(): it dies with its reports stored, not folded
         with contextlib.suppress(asyncio.CancelledError):

@@ -106,6 +106,7 @@ SEEN: dict[str, str] = {
     "failure_tallies": "SELECT reason FROM failure_tallies",
     "node_hours": "SELECT node FROM node_hours",
     "progress_rollups": "SELECT job_id FROM progress_rollups",
+    "progress_unfolded": "SELECT job_id FROM progress_unfolded",
 }
 """For each relation a tenant may read, a query whose values say whose each row is."""
 
@@ -157,6 +158,9 @@ async def _write_rows(writer_url: str) -> None:
                 job,
                 f"progress:{job}:1:50",
                 seq,
+            )
+            await connection.execute(  # its attempt queued, as a watcher behind leaves it
+                "INSERT INTO progress_unfolded (job_id, attempt) VALUES ($1, 1)", job
             )
             await connection.execute(  # a report of a month the rollup below rolls up
                 "INSERT INTO progress (job_id, attempt, step, time, time_ps, potential_kj_mol, "
