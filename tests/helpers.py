@@ -170,17 +170,8 @@ async def wait_for(
     interval: float = 0.1,
     what: str = "condition",
 ) -> None:
-    """Poll ``check`` until it is true, or fail after ``timeout`` seconds.
-
-    The check runs once more at the deadline: a loop starved past it (two loaded cores) must
-    not fail a condition that came true while this coroutine was not running."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if await check():
-            return
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(interval)
+    """Poll ``check`` until it is true, or fail after ``timeout`` seconds (``eventually``)."""
+    await eventually(check, what, within=timeout, interval=interval)
 
 
 @contextmanager
@@ -249,14 +240,17 @@ async def eventually(
     interval: float = 0.1,
 ) -> Found:
     """Poll ``probe`` until it returns something truthy, and return that; fail after ``within``
-    seconds naming ``what`` (else the probe)."""
+    seconds naming ``what`` (else the probe).
+
+    The probe runs once more at the deadline: a loop starved past it (two loaded cores) must
+    not fail a condition that came true while this coroutine was not running."""
     deadline = time.monotonic() + within
     while True:
         result = await probe()
         if result:
             return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or probe}")
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {within}s waiting for {what or probe}")
         await asyncio.sleep(interval)
 
 

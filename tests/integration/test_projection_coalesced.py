@@ -34,7 +34,7 @@ from mdq.store.projection.feed import Feed
 from mdq.store.projection.jobs import fold_jobs
 from mdq.store.projection.writer import Batch, Writer, store_progress
 from services.watcher.projector import Projector
-from tests.helpers import OwnersPublisher
+from tests.helpers import OwnersPublisher, wait_for
 from tests.integration.test_projector import History, running, wait_projected
 
 JOBS_STREAM, PROGRESS_STREAM = "T_JOBS", "T_PROGRESS"
@@ -253,10 +253,9 @@ async def test_reports_stored_by_a_watcher_killed_before_its_fold_are_folded_on_
     assert await pool.fetchval(job, history.job_id) == 0
     assert await pool.fetchval("SELECT count(*) FROM progress_unfolded") == 1
 
+    async def folded() -> bool:
+        return bool(await pool.fetchval(job, history.job_id) == 1000)
+
     async with running(js, subjects, pool):
-        for _ in range(200):
-            if await pool.fetchval(job, history.job_id) == 1000:
-                break
-            await asyncio.sleep(0.05)
-        assert await pool.fetchval(job, history.job_id) == 1000
+        await wait_for(folded, timeout=10, what="the queued reports folded on start")
         assert await pool.fetchval("SELECT count(*) FROM progress_unfolded") == 0
