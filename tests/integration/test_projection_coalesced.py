@@ -259,3 +259,31 @@ async def test_reports_stored_by_a_watcher_killed_before_its_fold_are_folded_on_
     async with running(js, subjects, pool):
         await wait_for(folded, timeout=10, what="the queued reports folded on start")
         assert await pool.fetchval("SELECT count(*) FROM progress_unfolded") == 0
+
+
+async def test_a_replica_folds_what_another_queued_and_left_killed(pool: asyncpg.Pool) -> None:
+    """Watcher replicas share ``progress_unfolded``: reports another replica stored and queued
+    before it was killed are folded by this one's next folding batch, though this one has
+    queued nothing itself."""
+    left, going_on = History("left-by-a-dead-replica"), History("going-on")
+    stopping = asyncio.Event()
+    dead = Writer(pool=pool, database="test", reconnect=DEFAULT_BACKOFF, stopping=stopping)
+    alive = Writer(pool=pool, database="test", reconnect=DEFAULT_BACKOFF, stopping=stopping)
+    alive.queued = False  # caught up, nothing of its own queued
+    jobs, progress = feed(JOBS_STREAM, pool, "replicas"), feed(PROGRESS_STREAM, pool, "replicas")
+    lifecycle = [
+        event
+        for history in (left, going_on)
+        for event in (history.submitted(), history.bound(1, "n1"), history.started(1, "n1"))
+    ]
+    await alive.project(jobs, as_batch(lifecycle, 1), catch_up=True)
+    reports = [left.progress(1, step) for step in (100, 200, 300)]
+    await dead.project(progress, as_batch(reports, 1), catch_up=False, fold=False)
+    assert await pool.fetchval("SELECT count(*) FROM progress_unfolded") == 1
+
+    await alive.project(progress, as_batch([going_on.progress(1, 50)], 4), catch_up=False)
+
+    last_step = "SELECT last_step FROM jobs WHERE job_id = $1"
+    assert await pool.fetchval(last_step, left.job_id) == 300
+    assert await pool.fetchval(last_step, going_on.job_id) == 50
+    assert await pool.fetchval("SELECT count(*) FROM progress_unfolded") == 0

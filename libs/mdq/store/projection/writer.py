@@ -156,8 +156,9 @@ class Writer:
         self._write_lock = asyncio.Lock()
         self._database_lock = asyncio.Lock()
         self.queued = True
-        """Whether ``progress_unfolded`` may hold attempts (so, on start: it may, left by a
-        process that stopped before it folded them)."""
+        """Whether ``progress_unfolded`` may hold attempts this writer queued (so, on start: it
+        may, left by a process that stopped before it folded them): a caught-up feed that
+        delivers nothing folds them."""
 
     async def project(
         self, feed: Feed, ordered: Batch, *, catch_up: bool, fold: bool = True
@@ -195,10 +196,10 @@ class Writer:
     async def _fold_queue(
         self, connection: asyncpg.Connection, attempts: set[tuple[str, int]]
     ) -> None:
-        """Fold ``attempts`` and every queued one, and clear the queue (when it may hold any)."""
-        if self.queued:
-            for record in await connection.fetch(_TAKE_UNFOLDED):
-                attempts.add((record["job_id"], record["attempt"]))
+        """Fold ``attempts`` and every queued one, and clear the queue: also what another
+        watcher queued (replicas share the table) and left there, killed before its fold."""
+        for record in await connection.fetch(_TAKE_UNFOLDED):
+            attempts.add((record["job_id"], record["attempt"]))
         if attempts:
             await fold_unfolded(connection, attempts)
 
