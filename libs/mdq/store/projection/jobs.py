@@ -330,7 +330,9 @@ async def fold_unfolded(
 ) -> None:
     """The coalescing fold: the jobs' rows catch up with the stored reports of ``attempts``
     ((job id, attempt) pairs whose reports were stored since the jobs last caught up),
-    each folded from one report that stands for all of them (``jobs.coalesced_report``).
+    each folded from one report that stands for all of them (a row of ``_UNFOLDED_REPORTS``: the
+    highest-step report, with the done reason and target of the highest-step report that names
+    them, read as ``progress_event``).
 
     The equivalence with folding every report as it is stored (``JobRow.apply``): an
     attempt's reports are published in step order by its one runner, and a job's reports
@@ -363,7 +365,7 @@ async def fold_unfolded(
         return
     for record in await connection.fetch(_UNFOLDED_REPORTS, *_columns(wanted, 4)):
         row = rows[record["job_id"]]
-        report = coalesced_report(record)
+        report = progress_event(record)  # the row stands for the attempt's unfolded reports
         if report.progress.units:
             row.units = report.progress.units
         number, view = report.attempt, row.view
@@ -374,29 +376,3 @@ async def fold_unfolded(
         elif number == view.attempt:
             row.catch_up({(view.job_id, number): report})
     await _settle_and_write(connection, rows)
-
-
-def coalesced_report(record: asyncpg.Record) -> pb.Event:
-    """A row of ``_UNFOLDED_REPORTS`` as the report that stands for an attempt's unfolded
-    ones: the highest-step report, with the done reason and target of the highest-step
-    report that names them."""
-    event = pb.Event(
-        event_id=record["event_id"],
-        job_id=record["job_id"],
-        attempt=record["attempt"],
-        producer=record["producer"],
-        progress=pb.Progress(
-            step=record["step"],
-            target_steps=record["target_steps"],
-            time_ps=record["time_ps"],
-            potential_kj_mol=record["potential_kj_mol"],
-            kinetic_kj_mol=record["kinetic_kj_mol"],
-            temperature_k=record["temperature_k"],
-            ns_per_day=record["ns_per_day"],
-            eta_s=record["eta_s"],
-            done_reason=record["done_reason"],
-            units=record["units"] or "",
-        ),
-    )
-    set_timestamp(event.time, record["time"])
-    return event
