@@ -452,6 +452,27 @@ async def test_an_attempt_without_started_starts_at_its_first_report_whatever_th
 
 
 @pytest.mark.parametrize("reports_first", [False, True], ids=["jobs-first", "reports-first"])
+async def test_a_started_published_after_the_reports_leaves_the_same_progress_in_both_orders(
+    projector: Projector, pool: asyncpg.Pool, reports_first: bool, project: Project
+) -> None:
+    """The pod was seen running only after its runner had reported (a node agent restarted in
+    between): ``started`` is later than every report. Live, the reports come first and the
+    late ``started`` changes nothing; a rebuild may fold ``started`` first. Either way the job's
+    progress columns are its last report's."""
+    history = History(f"late-started-{int(reports_first)}")
+    jobs = [history.submitted(), history.bound(1, "n1")]
+    reports = [history.progress(1, step) for step in (100, 200)]
+    jobs += [history.started(1, "n1"), history.succeeded(1, final_step=200)]
+    for batch in (reports, jobs) if reports_first else (jobs, reports):
+        await project(batch)
+    job = await job_row(pool, history.job_id)
+    assert (job["state"], job["last_step"]) == ("SUCCEEDED", 200)
+    assert job["last_progress_at"] == history.times["progress:1:200"]
+    assert job["last_potential_kj_mol"] == -1020.0
+    assert job["last_temperature_k"] == 300.2
+
+
+@pytest.mark.parametrize("reports_first", [False, True], ids=["jobs-first", "reports-first"])
 async def test_a_report_after_the_attempt_ended_counts_in_neither_order(
     projector: Projector, pool: asyncpg.Pool, reports_first: bool, project: Project
 ) -> None:

@@ -117,10 +117,13 @@ async def _settle_progress(connection: asyncpg.Connection, rows: dict[str, JobRo
 
     The JOBS and PROGRESS streams are consumed independently, so the fold may see a job's
     reports before its ``bound``/``started`` (``started`` then sets ``last_progress_at`` to
-    its own, older time) or after its terminal event (which accepts nothing). Either way the
-    answer must be the same, or a projection rebuilt from the log would differ from the live
-    one: the latest stored report (highest step) of the job's current attempt, up to the
-    attempt's end, sets the progress columns unless the fold already holds a later report.
+    its own time, older or, when the pod was seen running late, newer than the reports) or
+    after its terminal event (which accepts nothing). Either way the answer must be the same,
+    or a projection rebuilt from the log would differ from the live one: the latest stored
+    report (highest step) of the job's current attempt, up to the attempt's end, sets the
+    progress columns. Every report the fold holds is stored by then (a batch's reports are
+    copied before its fold), so none is later than that one: only ``started`` set a time it
+    would overwrite.
     """
     wanted = [
         (job_id, row.view.attempt, row.view.current.ended_at)
@@ -133,8 +136,6 @@ async def _settle_progress(connection: asyncpg.Connection, rows: dict[str, JobRo
         row = rows[record["job_id"]]
         row.units = record["units"] or row.units
         view, at = row.view, record["time"]
-        if view.last_progress_at is not None and at < view.last_progress_at:
-            continue
         view.last_step = max(view.last_step, record["step"])
         view.last_potential = record["potential_kj_mol"]
         view.last_progress_at = at
