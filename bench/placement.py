@@ -30,7 +30,7 @@ import nats
 import psutil
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.js.api import StreamConfig
+from nats.js.api import ConsumerConfig, DeliverPolicy, StreamConfig
 
 from mdq.bus.connect import auth_options, connect
 from mdq.bus.publisher import EventPublisher
@@ -265,18 +265,32 @@ def submitted_events(subjects: Subjects, prefix: str, count: int) -> list[tuple[
     return out
 
 
+@dataclass
+class Offered:
+    """One latency level, open loop: when each job's submit was sent and its ``bound`` arrived
+    (the bench's ``perf_counter``), and that clock's offset from the wall clock."""
+
+    sent: dict[str, float]
+    arrived: dict[str, float]
+    wall_minus_perf: float
+
+    def latencies_ms(self) -> list[float]:
+        return sorted(1000 * (self.arrived[job] - self.sent[job]) for job in self.sent)
+
+
 async def latency(
     nc: Client,
     request_subject: str,
     bound_subject: str,
     payloads: list[tuple[str, bytes]],
     rate: float,
-) -> list[float]:
+) -> Offered:
     arrivals = Arrivals()
     arrivals.expect = len(payloads)
     sent: dict[str, float] = {}
     subscription = await nc.subscribe(bound_subject, cb=arrivals.on_message)
     tasks = []
+    wall_minus_perf = time.time() - time.perf_counter()
     started = time.perf_counter()
     for index, (job, payload) in enumerate(payloads):
         delay = started + index / rate - time.perf_counter()
@@ -287,7 +301,39 @@ async def latency(
     await asyncio.gather(*tasks)
     await asyncio.wait_for(arrivals.done.wait(), timeout=120)
     await subscription.unsubscribe()
-    return sorted(1000 * (arrivals.at[job] - sent[job]) for job in sent)
+    return Offered(sent, arrivals.at, wall_minus_perf)
+
+
+async def stored_at(
+    nc: Client, subjects: Subjects, offered: Offered, kinds: tuple[str, ...]
+) -> dict[tuple[str, str], float]:
+    """When the jobs stream stored each offered job's events of ``kinds`` (the server's
+    timestamp of each message, on the bench's ``perf_counter``): where a submit's time went,
+    read from the log, not from mdq."""
+    first = datetime.fromtimestamp(min(offered.sent.values()) + offered.wall_minus_perf - 1, UTC)
+    subscription = await nc.jetstream().subscribe(
+        subjects.job("*", ">"),
+        stream=subjects.jobs_stream,
+        ordered_consumer=True,
+        config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=first),
+    )
+    wanted = {(job, kind) for job in offered.sent for kind in kinds}
+    stored: dict[tuple[str, str], float] = {}
+    try:
+        while len(stored) < len(wanted):
+            message = await subscription.next_msg(timeout=10)
+            job, kind = message.subject.split(".")[-2:]
+            if (job, kind) in wanted:
+                at = message.metadata.timestamp.timestamp() - offered.wall_minus_perf
+                stored.setdefault((job, kind), at)
+    finally:
+        await subscription.unsubscribe()
+    return stored
+
+
+def percentile(ordered: list[float], share: float) -> float:
+    """The ``share`` quantile of ``ordered`` (sorted), nearest rank below."""
+    return ordered[int(share * (len(ordered) - 1))]
 
 
 async def keep_nodes_reporting(nc: Client, subjects: Subjects, count: int) -> None:
@@ -735,27 +781,42 @@ async def _end_to_end(
                 count = max(200, min(latency_jobs, round(rate * LATENCY_SECONDS)))
                 level_payloads = payloads_for(f"lat{round(100 * level)}-", count)
                 await settle(side.mdq_processes)
-                latencies = await latency(
+                offered = await latency(
                     side.nc, side.subjects.api_submit, bound, level_payloads, rate
                 )
+                stored = await stored_at(side.nc, side.subjects, offered, ("submitted", "bound"))
                 await side.end([job for job, _ in level_payloads])
+                latencies = offered.latencies_ms()
                 percent = f"{round(100 * level)}pct"
                 results[f"p50_ms_at_{percent}"] = statistics.median(latencies)
-                results[f"p99_ms_at_{percent}"] = latencies[int(0.99 * (len(latencies) - 1))]
+                results[f"p99_ms_at_{percent}"] = percentile(latencies, 0.99)
                 results[f"offered_per_s_at_{percent}"] = rate
+                # where the time went: to the submitted event stored (intake's part), from it
+                # to the bound event stored (placement's part), the stream's timestamps
+                jobs_sent = offered.sent
+                parts = {
+                    "to_submitted": [stored[j, "submitted"] - jobs_sent[j] for j in jobs_sent],
+                    "submitted_to_bound": [
+                        stored[j, "bound"] - stored[j, "submitted"] for j in jobs_sent
+                    ],
+                }
+                for part, ms in parts.items():
+                    results[f"p99_ms_{part}_at_{percent}"] = percentile(
+                        sorted(1000 * value for value in ms), 0.99
+                    )
                 # the batched raw loop at the same rate: what the machine's hops cost alone
                 await settle(side.raw_processes)
-                raw_latencies = await latency(
-                    side.raw,
-                    "raw.api.submit",
-                    "raw.job.*.bound",
-                    raw_payloads(f"l{round(100 * level)}-", count),
-                    rate,
-                )
+                raw_latencies = (
+                    await latency(
+                        side.raw,
+                        "raw.api.submit",
+                        "raw.job.*.bound",
+                        raw_payloads(f"l{round(100 * level)}-", count),
+                        rate,
+                    )
+                ).latencies_ms()
                 results[f"raw_p50_ms_at_{percent}"] = statistics.median(raw_latencies)
-                results[f"raw_p99_ms_at_{percent}"] = raw_latencies[
-                    int(0.99 * (len(raw_latencies) - 1))
-                ]
+                results[f"raw_p99_ms_at_{percent}"] = percentile(raw_latencies, 0.99)
                 print(
                     f"mdq at {rate:.0f}/s offered ({percent} of {capacity:.0f}/s), {count} jobs: "
                     f"p50 {results[f'p50_ms_at_{percent}']:.1f} ms, "
