@@ -18,8 +18,7 @@ from hypothesis import strategies as st
 
 from mdq.contracts import pb
 from mdq.core.events import make_event
-from mdq.store.projection.facts import progress_rows, report_keys_of_rows
-from mdq.store.projection.fold import JobRow, fold_batch, report_keys, superseded_reports
+from mdq.store.projection.fold import JobRow, fold_batch, superseded_reports
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 JOBS = ("r-a", "r-b")
@@ -116,13 +115,6 @@ def assert_same_fold(prefix: list[pb.Event], batch: list[pb.Event]) -> None:
     fold_every_event(expected, batch)
     fold_batch(skipping, batch, {})
     assert skipping == expected
-    if all(event.WhichOneof("body") == "progress" for event in batch):
-        # a batch of reports alone, as the writer folds it: keys read from its COPY's rows
-        keys = report_keys_of_rows(progress_rows("T_PROGRESS", enumerate(batch)))
-        assert keys == report_keys(batch)
-        keyed = rows_after(prefix)
-        fold_batch(keyed, batch, {}, keys)
-        assert keyed == expected
 
 
 CASES = [

@@ -25,7 +25,7 @@ from mdq.store.models import (
     ProgressRecord,
     Rejection,
 )
-from mdq.store.projection.fold import ReportKey, blank, message_json
+from mdq.store.projection.fold import blank, message_json
 
 
 class Fact(NamedTuple):
@@ -110,10 +110,7 @@ PROGRESS: BatchInsert[Stored] = BatchInsert.of(
 )
 PROGRESS_COLUMNS = PROGRESS.names
 """The columns of ``progress`` in the order the watcher's COPY writes them."""
-_KEY_COLUMNS = tuple(
-    PROGRESS_COLUMNS.index(name)
-    for name in ("job_id", "attempt", "step", "done_reason", "units", "target_steps")
-)
+_JOB, _ATTEMPT = PROGRESS_COLUMNS.index("job_id"), PROGRESS_COLUMNS.index("attempt")
 
 
 Report = tuple[int, pb.Event]
@@ -204,17 +201,6 @@ FACT_TABLES: dict[str, BatchInsert[Fact]] = {
 """The append-only facts: the event kind that makes a row, and its table."""
 
 
-def report_keys_of_rows(rows: Iterable[tuple[Any, ...]]) -> list[ReportKey]:
-    """The ``ReportKey`` of each row of ``progress_rows``: the fold reads them from the rows
-    the COPY writes, not again from the events."""
-    job, attempt, step, done_reason, units, target_steps = _KEY_COLUMNS
-    return [
-        (row[job], row[attempt], row[step], row[done_reason], row[units], row[target_steps])
-        for row in rows
-    ]
-
-
 def attempts_of_rows(rows: Iterable[tuple[Any, ...]]) -> set[tuple[str, int]]:
     """The (job id, attempt) pairs of the rows of ``progress_rows``."""
-    job, attempt = _KEY_COLUMNS[0], _KEY_COLUMNS[1]
-    return {(row[job], row[attempt]) for row in rows}
+    return {(row[_JOB], row[_ATTEMPT]) for row in rows}

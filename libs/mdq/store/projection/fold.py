@@ -284,17 +284,16 @@ def fold_batch(
     rows: dict[str, JobRow],
     events: Sequence[pb.Event],
     latest: dict[tuple[str, int], pb.Event],
-    keys: Sequence[ReportKey] | None = None,
 ) -> None:
     """Fold a batch's events (in stream order) into ``rows``, adding the rows of the jobs
     submitted in it; before each event and at the end, a row catches up with ``latest``
     (the stored reports of ``jobs.fold_jobs``'s catch-up). A report the job's next event
     supersedes (``superseded``) is skipped while its attempt runs, when there is nothing to
-    catch up with. ``keys``: the events' ``ReportKey`` where the caller has them (read from
-    the rows it stores: cheaper than from the events)."""
+    catch up with."""
     skippable: list[bool] | None = None
+    keys: list[ReportKey] | None = None
     if not latest:
-        keys = report_keys(events) if keys is None else keys
+        keys = report_keys(events)
         skippable = superseded(keys)
     for index, event in enumerate(events):
         if skippable is not None and keys is not None and skippable[index]:

@@ -18,7 +18,7 @@ import asyncpg
 
 from mdq.contracts import pb
 from mdq.core.timestamps import set_timestamp
-from mdq.store.projection.fold import JobRow, ReportKey, fold_batch
+from mdq.store.projection.fold import JobRow, fold_batch
 from mdq.store.projection.rows import (
     ATTEMPT_COLUMNS,
     INSERT_JOB,
@@ -269,7 +269,6 @@ async def fold_jobs(
     events: list[pb.Event],
     *,
     catch_up: bool = False,
-    keys: Sequence[ReportKey] | None = None,
 ) -> None:
     """Fold the events into the rows of the jobs they are about, with ``JobView.apply``.
 
@@ -277,13 +276,9 @@ async def fold_jobs(
     the job's current attempt is folded in before each lifecycle event and at the end, if
     the job has not seen it: the two streams are consumed independently, and a PROGRESS
     batch's reports are folded later than they are stored (``fold_unfolded``), so a report
-    may be stored while the job's row has not seen it. ``keys``: the events' ``ReportKey``
-    where the caller has them.
+    may be stored while the job's row has not seen it.
     """
-    if keys is not None:  # a tuple's first item: cheaper than a protobuf field
-        job_ids = sorted({key[0] for key in keys if key[0]})
-    else:
-        job_ids = sorted({event.job_id for event in events if event.job_id})
+    job_ids = sorted({event.job_id for event in events if event.job_id})
     if not job_ids:
         return
     rows = await _read_rows(connection, job_ids)
@@ -295,7 +290,7 @@ async def fold_jobs(
                 known = last_attempt.get(event.job_id, 1)
                 last_attempt[event.job_id] = max(known, event.attempt)
         latest = await _latest_progress(connection, last_attempt)
-    fold_batch(rows, events, latest, keys)
+    fold_batch(rows, events, latest)
     await _settle_and_write(connection, rows)
 
 

@@ -261,6 +261,8 @@ class Projector:
         return self._deferred >= FOLD_EVERY_BATCHES or waited >= FOLD_EVERY_S
 
     def _count_deferred(self, queued: bool | None) -> None:
+        """Count a committed PROGRESS batch that left its reports queued (``queued``), or start
+        over after one that folded them; None: the batch changed nothing."""
         if queued is None:
             return
         if not queued:

@@ -35,7 +35,6 @@ from mdq.store.projection.facts import (
     Stored,
     attempts_of_rows,
     progress_rows,
-    report_keys_of_rows,
 )
 from mdq.store.projection.feed import Feed
 from mdq.store.projection.jobs import fold_jobs, fold_unfolded
@@ -71,10 +70,10 @@ class BatchOutcome:
     rewind_at: int | None
     projected: int
     stale: bool = False
-    queued: bool | None = None
-    """Whether the transaction left attempts in ``progress_unfolded`` (None: not changed)."""
     """The batch held sequences at or below the stored offset (redeliveries, or a log that
     went backwards: checked before they are acknowledged)."""
+    queued: bool | None = None
+    """Whether the transaction left attempts in ``progress_unfolded`` (None: not changed)."""
 
 
 async def pause(stopping: asyncio.Event, seconds: float) -> None:
@@ -293,7 +292,6 @@ class Writer:
                     new_ids.discard(fact.event.event_id)  # a second copy in the batch: duplicate
                     facts.append(fact)
             await _insert_facts(connection, facts)
-        keys = None
         new_reports: list[Report] = []
         rows = None
         if reports:
@@ -323,14 +321,11 @@ class Writer:
             events = [event for _, event in new_reports]
         if not events:
             return 0, None
-        if not facts and rows is not None:
-            # the reports alone, all stored: the fold reads their keys from the rows
-            keys = report_keys_of_rows(rows)
         queued: bool | None = None
         if not catch_up:  # events of the PROGRESS stream that are no reports: in order
             await self._fold_queue(connection, set())
             queued = False
-        await fold_jobs(connection, events, catch_up=catch_up, keys=keys)
+        await fold_jobs(connection, events, catch_up=catch_up)
         return len(events), queued
 
     async def reach_database(self, error: BaseException) -> None:
