@@ -135,7 +135,8 @@ async def test_a_handled_submit_leaves_the_tenants_stream_and_its_id_stays_taken
     assert again.duplicate and again.seq == first.seq, again
     state = (await js.stream_info(stream)).state
     assert (state.messages, state.last_seq) == (0, keyless.seq)
-    await asyncio.sleep(0.5)  # a second handling would show by now
+    consumer = await js.consumer_info(stream, "intake")  # nothing more for intake to handle
+    assert (consumer.num_pending, consumer.delivered.stream_seq) == (0, keyless.seq)
     jobs = sorted(event.job_id for event in await events_of(js, subjects, "submitted"))
     assert jobs == sorted(
         [
