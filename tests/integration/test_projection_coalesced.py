@@ -31,7 +31,7 @@ from mdq.contracts import pb
 from mdq.store.engine import asyncpg_dsn, create_writer_pool
 from mdq.store.migrate import upgrade_async
 from mdq.store.projection.feed import Feed
-from mdq.store.projection.jobs import fold_jobs
+from mdq.store.projection.jobs import fold_jobs, fold_unfolded
 from mdq.store.projection.writer import Batch, Writer, store_progress
 from services.watcher.projector import Projector
 from tests.helpers import OwnersPublisher, wait_for
@@ -287,3 +287,41 @@ async def test_a_replica_folds_what_another_queued_and_left_killed(pool: asyncpg
     assert await pool.fetchval(last_step, left.job_id) == 300
     assert await pool.fetchval(last_step, going_on.job_id) == 50
     assert await pool.fetchval("SELECT count(*) FROM progress_unfolded") == 0
+
+
+_PROGRESS_ROWS_READ = """
+SELECT sum(idx_tup_fetch + seq_tup_read) FROM pg_stat_xact_user_tables
+WHERE relid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = 'progress'::regclass)
+"""
+"""Rows of ``progress`` (of its partitions) this backend has read and not yet reported."""
+
+
+async def test_a_fold_reads_an_open_attempts_new_reports_not_its_history(
+    pool: asyncpg.Pool,
+) -> None:
+    """A job that runs long has most of its reports folded already: the next fold looks for a
+    done reason and a target among the reports from the step its row has seen up, not through
+    the attempt's whole history (a fold a second would otherwise read every report of every
+    running job whose reports name no done reason, again and again); the done reason an early
+    report gave stays."""
+    history = History("long-run")
+    stopping = asyncio.Event()
+    writer = Writer(pool=pool, database="test", reconnect=DEFAULT_BACKOFF, stopping=stopping)
+    jobs, progress = feed(JOBS_STREAM, pool, "long"), feed(PROGRESS_STREAM, pool, "long")
+    lifecycle = [history.submitted(), history.bound(1, "n1"), history.started(1, "n1")]
+    await writer.project(jobs, as_batch(lifecycle, 1), catch_up=True)
+    folded = [history.progress(1, step) for step in range(10, 20_001, 10)]
+    folded[5].progress.done_reason = "converged"  # early: the reports after it name none
+    await writer.project(progress, as_batch(folded, 1), catch_up=False, fold=True)
+    new = [history.progress(1, step) for step in range(20_010, 20_051, 10)]
+    await writer.project(progress, as_batch(new, len(folded) + 1), catch_up=False, fold=False)
+
+    async with pool.acquire() as connection, connection.transaction():
+        before = await connection.fetchval(_PROGRESS_ROWS_READ)
+        await fold_unfolded(connection, {(history.job_id, 1)})
+        read = await connection.fetchval(_PROGRESS_ROWS_READ) - before
+    job = await pool.fetchrow(
+        "SELECT last_step, done_reason FROM jobs WHERE job_id = $1", history.job_id
+    )
+    assert (job["last_step"], job["done_reason"]) == (20_050, "converged")
+    assert read <= 2 * len(new), f"the fold read {read} reports of {len(folded) + len(new)}"

@@ -17,6 +17,7 @@ from typing import Any
 import asyncpg
 
 from mdq.contracts import pb
+from mdq.core.state import JobView
 from mdq.core.timestamps import set_timestamp
 from mdq.store.projection.fold import JobRow, fold_batch
 from mdq.store.projection.rows import (
@@ -321,6 +322,12 @@ LEFT JOIN LATERAL (  -- read only when the latest report names no target
 """
 
 
+def _seen_step(view: JobView) -> int:
+    """The lowest step of a report ``view`` still folds (``JobView.apply``): any (-1) before
+    its first report."""
+    return view.last_step if view.last_progress_at is not None else -1
+
+
 async def fold_unfolded(
     connection: asyncpg.Connection, attempts: Collection[tuple[str, int]]
 ) -> None:
@@ -335,11 +342,14 @@ async def fold_unfolded(
     name one unit system. Then, of an attempt that is open, the reports the fold would
     accept leave the row as its highest-step report does, but for the done reason and the
     target, which stay from the last report that named one: the report folded is the
-    highest-step one with those two taken from the highest-step report that names them. Of
-    an attempt that has ended, the reports made up to its end from its ``attempt_last_step`` up
-    (those the row may not have counted: its terminal event may name the step of a report
-    still on its way) raise that to the highest of their steps and give their done reason,
-    as ``JobRow._late_report`` does report by report. Whatever the fold would
+    highest-step one with those two taken from the highest-step report that names them, of
+    the reports from the step the row has seen up (``_seen_step``: a report below it the row
+    has folded, its done reason and target in the row already, or refuses), so that a fold
+    reads an open attempt's new reports, never its whole history. Of an attempt that has
+    ended, the reports made up to its end from its ``attempt_last_step`` up (those the row
+    may not have counted: its terminal event may name the step of a report still on its
+    way) raise that to the highest of their steps and give their done reason, as
+    ``JobRow._late_report`` does report by report. Whatever the fold would
     do with a report of an attempt the job has not reached yet, the JOBS stream's catch-up
     does when the job gets there (``fold_jobs``). Folding twice is folding once: the row
     folds an open attempt's report only above the step it has seen, and counting an ended
@@ -352,11 +362,12 @@ async def fold_unfolded(
         row = rows.get(job)
         if row is None:
             continue
-        record = row.view.attempts.get(number)
+        view = row.view
+        record = view.attempts.get(number)
         if record is not None and record.ended_at is not None:
             wanted.append((job, number, record.ended_at, row.attempt_last_step.get(number, 0)))
-        else:
-            wanted.append((job, number, None, -1))
+        elif number == view.attempt:  # another open attempt's reports change nothing
+            wanted.append((job, number, None, _seen_step(view)))
     if not wanted:
         return
     for record in await connection.fetch(_UNFOLDED_REPORTS, *_columns(wanted, 4)):
