@@ -117,37 +117,38 @@ Report = tuple[int, pb.Event]
 """A progress report of the batch: its stream sequence and its event."""
 
 
+def report_row(event: pb.Event, event_id: str, stream: str, sequence: int) -> tuple[Any, ...]:
+    """The row of ``progress`` of a report (``event``, its ``event_id``, read from ``stream`` at
+    ``sequence``): ``PROGRESS.rows``' tuple built at once, in the order of ``PROGRESS_COLUMNS``
+    (which ``tests/unit/test_projection_rows.py`` checks), the time as
+    ``mdq.core.timestamps.to_datetime`` makes it. The hot path of the watcher: a call per
+    column, or a ``Fact`` per report, would be a fifth of its CPU."""
+    report = event.progress
+    at = event.time
+    return (
+        event.job_id,
+        event.attempt,
+        report.step,
+        EPOCH + timedelta(0, at.seconds, at.nanos // 1000),
+        report.time_ps,
+        report.potential_kj_mol,
+        report.kinetic_kj_mol,
+        report.temperature_k,
+        report.ns_per_day,
+        event_id,
+        stream,
+        sequence,
+        event.producer,
+        report.target_steps,
+        report.eta_s,
+        report.done_reason,
+        report.units or None,
+    )
+
+
 def progress_rows(stream: str, reports: Iterable[Report]) -> list[tuple[Any, ...]]:
-    """``PROGRESS.rows`` of ``reports`` read from ``stream``, each tuple built at once, the
-    time as ``mdq.core.timestamps.to_datetime`` makes it (the hot path of the watcher: a call
-    per column, or a ``Fact`` per report, would be a fifth of its CPU); the same tuples, in the
-    order of ``PROGRESS_COLUMNS``, which ``tests/unit/test_projection_rows.py`` checks."""
-    rows = []
-    for sequence, event in reports:
-        report = event.progress
-        at = event.time
-        rows.append(
-            (
-                event.job_id,
-                event.attempt,
-                report.step,
-                EPOCH + timedelta(0, at.seconds, at.nanos // 1000),
-                report.time_ps,
-                report.potential_kj_mol,
-                report.kinetic_kj_mol,
-                report.temperature_k,
-                report.ns_per_day,
-                event.event_id,
-                stream,
-                sequence,
-                event.producer,
-                report.target_steps,
-                report.eta_s,
-                report.done_reason,
-                report.units or None,
-            )
-        )
-    return rows
+    """The rows of ``reports`` read from ``stream`` (``report_row``)."""
+    return [report_row(event, event.event_id, stream, sequence) for sequence, event in reports]
 
 
 CHECKPOINTS: BatchInsert[Fact] = BatchInsert.of(

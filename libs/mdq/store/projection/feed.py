@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import asyncpg
 from google.protobuf.message import DecodeError
@@ -19,10 +20,12 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, ConsumerInfo, DeliverPolicy
 from nats.js.errors import NotFoundError
 
-from mdq.bus.codec import decode_event, foreign_reason
+from mdq.bus.codec import CHECKED_REPORTS, decode_event, foreign_reason
 from mdq.bus.fetch import BatchFetcher
+from mdq.bus.log import V1_ACK_TOKENS, delivery_position
 from mdq.contracts import pb
 from mdq.core.log_continuity import Continuity, ServerLog, StoredOffset, check, message_digest
+from mdq.store.projection.facts import report_row
 
 log = logging.getLogger("mdq.store.projection")
 
@@ -80,6 +83,19 @@ class ConsumerLag:
     @property
     def total(self) -> int:
         return self.pending + self.ack_pending
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReportRows:
+    """A batch of reports alone, as rows to COPY (``Feed.report_rows``)."""
+
+    first_seq: int
+    last_seq: int
+    """The batch's stream sequences: every one from ``first_seq`` to ``last_seq``."""
+    rows: list[tuple[Any, ...]]
+    """``facts.report_row`` of each report, in stream order."""
+    last: Msg
+    """The batch's last message (its digest is stored with the offset; it is acknowledged)."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -200,6 +216,43 @@ class Feed:
         if not event.event_id:
             event.event_id = f"{self.stream}:{sequence}"
         return event
+
+    def report_rows(self, messages: list[Msg]) -> ReportRows | None:
+        """The ``progress`` rows of a batch in which every message is a report ``decode``
+        passes, with a job id, the stream sequences one after another; None for any other
+        batch, which takes the general way (``decode``, which says what it skips). One pass
+        and no event kept: the way of a PROGRESS backlog, a batch of reports alone."""
+        rows: list[tuple[Any, ...]] = []
+        append = rows.append
+        stream, records, checked = self.stream, self.records_prefix, CHECKED_REPORTS
+        first = expected = delivery_position(messages[0].reply)[0]
+        for message in messages:
+            tokens = message.reply.split(".")  # delivery_position's, without its calls
+            if len(tokens) == V1_ACK_TOKENS:
+                sequence = int(tokens[5])
+            else:
+                sequence = delivery_position(message.reply)[0]
+            subject = message.subject
+            if sequence != expected or (records and subject.startswith(records)):
+                return None
+            try:
+                event = decode_event(message.data)
+            except DecodeError:
+                return None
+            job = event.job_id
+            if (
+                not job
+                or event.WhichOneof("body") != "progress"
+                or (
+                    (subject, event.producer, job) not in checked
+                    and foreign_reason(event, subject) is not None
+                )
+                or not MIN_EVENT_SECONDS <= event.time.seconds <= MAX_EVENT_SECONDS
+            ):
+                return None
+            append(report_row(event, event.event_id or f"{stream}:{sequence}", stream, sequence))
+            expected = sequence + 1
+        return ReportRows(first_seq=first, last_seq=expected - 1, rows=rows, last=messages[-1])
 
     # -- the stored offset and the log's continuity ----------------------------------------
     async def _read_offset(self) -> StoredOffset:

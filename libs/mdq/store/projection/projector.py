@@ -31,7 +31,7 @@ from mdq.store.projection.feed import (
     LogContinuityError,
     cancel_fetch,
 )
-from mdq.store.projection.writer import Writer, pause
+from mdq.store.projection.writer import Batch, Writer, pause
 
 log = logging.getLogger("mdq.store.projection")
 
@@ -61,6 +61,18 @@ def each_once_in_order(delivered: list[tuple[int, Delivered]]) -> list[tuple[int
     if all(a[0] < b[0] for a, b in itertools.pairwise(delivered)):
         return delivered
     return sorted(dict(reversed(delivered)).items())
+
+
+def decoded(feed: Feed, messages: list[Msg]) -> Batch:
+    """A batch's messages in stream order, each sequence once, with their events
+    (``Feed.decode``)."""
+    # the stream sequence from the reply subject directly: nats-py's ``Msg.metadata``
+    # builds dataclasses and a datetime per message, which the projection never reads
+    delivered = [(delivery_position(message.reply)[0], message) for message in messages]
+    return [
+        (sequence, (message, feed.decode(sequence, message)))
+        for sequence, message in each_once_in_order(delivered)
+    ]
 
 
 class Projector:
@@ -273,20 +285,26 @@ class Projector:
             self._deferred += 1
 
     async def _handle(self, feed: Feed, messages: list[Msg]) -> None:
-        """Project one batch (retrying the same batch until it commits), then acknowledge."""
-        # the stream sequence from the reply subject directly: nats-py's ``Msg.metadata``
-        # builds dataclasses and a datetime per message, which the projection never reads
-        delivered = [(delivery_position(message.reply)[0], message) for message in messages]
-        ordered = [
-            (sequence, (message, feed.decode(sequence, message)))
-            for sequence, message in each_once_in_order(delivered)
-        ]
+        """Project one batch (retrying the same batch until it commits), then acknowledge.
+
+        A PROGRESS batch of reports alone that follows the offset goes the short way
+        (``Feed.report_rows``, ``Writer.project_reports``); any other batch, or one the short
+        way turns down, the general one."""
         catch_up = feed is self._feeds[0]  # the JOBS stream
         fold = catch_up or self._fold_now(messages[-1])
+        reports = None if catch_up else feed.report_rows(messages)
+        ordered: Batch = []
         delay = 0.05
         scrubbed = False
         while True:
             try:
+                if reports is not None:
+                    outcome = await self._writer.project_reports(feed, reports, fold=fold)
+                    if outcome is not None:
+                        break
+                    reports = None  # turned down: the general way
+                if not ordered:
+                    ordered = decoded(feed, messages)
                 outcome = await self._writer.project(feed, ordered, catch_up=catch_up, fold=fold)
                 break
             except asyncio.CancelledError:
@@ -307,6 +325,8 @@ class Projector:
                     # Text PostgreSQL refuses (a NUL, e.g. in a pod's termination message):
                     # store the batch with U+FFFD in its place rather than stop on it.
                     scrubbed = True
+                    reports = None
+                    ordered = ordered or decoded(feed, messages)
                     changed = [scrub_nul(e) for _, (_, e) in ordered if e is not None]
                     if any(changed):
                         log.error(
@@ -336,6 +356,6 @@ class Projector:
             await feed.rewind(outcome.rewind_at)
             return
         feed.trusted_start = 0
-        last_message = ordered[-1][1][0]
+        last_message = reports.last if reports is not None else ordered[-1][1][0]
         with contextlib.suppress(Exception):
             await last_message.ack()  # AckAll: covers the whole batch

@@ -36,7 +36,7 @@ from mdq.store.projection.facts import (
     attempts_of_rows,
     progress_rows,
 )
-from mdq.store.projection.feed import Feed
+from mdq.store.projection.feed import Feed, ReportRows
 from mdq.store.projection.jobs import fold_jobs, fold_unfolded
 
 log = logging.getLogger("mdq.store.projection")
@@ -74,6 +74,24 @@ class BatchOutcome:
     went backwards: checked before they are acknowledged)."""
     queued: bool | None = None
     """Whether the transaction left attempts in ``progress_unfolded`` (None: not changed)."""
+
+
+async def _locked_offset(connection: asyncpg.Connection, feed: Feed) -> int:
+    """``feed``'s stored offset, its row locked until the transaction ends (made, at 0, for
+    the consumer's first batch)."""
+    stored_offset = await connection.fetchval(_READ_OFFSET, feed.consumer)
+    if stored_offset is None:  # the consumer's first batch: its row, then its lock
+        await connection.execute(_LOCK_OFFSET, feed.consumer, feed.stream)
+        stored_offset = await connection.fetchval(_READ_OFFSET, feed.consumer)
+    return int(stored_offset)
+
+
+async def _write_offset(
+    connection: asyncpg.Connection, feed: Feed, covered: int, last: Msg
+) -> None:
+    """Move ``feed``'s offset to ``covered``, with the digest of ``last``, its message."""
+    digest = message_digest(last.subject, last.data)
+    await connection.execute(_WRITE_OFFSET, feed.consumer, covered, feed.stream, digest)
 
 
 async def pause(stopping: asyncio.Event, seconds: float) -> None:
@@ -181,6 +199,38 @@ class Writer:
             self.queued = outcome.queued
         return outcome
 
+    async def project_reports(
+        self, feed: Feed, reports: ReportRows, *, fold: bool
+    ) -> BatchOutcome | None:
+        """Project a batch of reports alone (``Feed.report_rows``) in one transaction, as
+        ``project`` would, by the short way: the rows COPYed as they are, their attempts queued
+        or, with ``fold``, folded. None, with nothing written, where the batch does not follow
+        the stored offset or holds a report already stored: ``project`` then takes it the
+        general way (a gap, a redelivery, a republished report)."""
+        async with self._write_lock, self._pool.acquire() as connection:
+            try:
+                async with connection.transaction():
+                    offset = await _locked_offset(connection, feed)
+                    start = reports.first_seq
+                    if start <= offset or (
+                        start != offset + 1 and offset + 1 != feed.trusted_start
+                    ):
+                        return None
+                    await store_progress(connection, feed.stream, [], rows=reports.rows)
+                    queued = await self._queue_or_fold(
+                        connection, attempts_of_rows(reports.rows), fold=fold
+                    )
+                    await _write_offset(connection, feed, reports.last_seq, reports.last)
+            except RepublishedReport:
+                return None
+        self.queued = queued
+        return BatchOutcome(
+            covered_seq=reports.last_seq,
+            rewind_at=None,
+            projected=len(reports.rows),
+            queued=queued,
+        )
+
     async def fold_queued(self) -> None:
         """Fold the attempts queued in ``progress_unfolded`` and clear the queue, in one
         transaction (the feed is caught up, the projector starts or stops)."""
@@ -191,6 +241,18 @@ class Writer:
         ):
             await self._fold_queue(connection, set())
         self.queued = False  # committed
+
+    async def _queue_or_fold(
+        self, connection: asyncpg.Connection, attempts: set[tuple[str, int]], *, fold: bool
+    ) -> bool:
+        """Queue the ``attempts`` of a batch of reports alone in ``progress_unfolded``, or with
+        ``fold`` fold them and every queued one; return whether attempts stay queued."""
+        if fold:
+            await self._fold_queue(connection, attempts)
+            return False
+        jobs, numbers = zip(*attempts, strict=True)
+        await connection.execute(_QUEUE_UNFOLDED, list(jobs), list(numbers))
+        return True
 
     async def _fold_queue(
         self, connection: asyncpg.Connection, attempts: set[tuple[str, int]]
@@ -212,11 +274,7 @@ class Writer:
         fold: bool,
         careful: bool = False,
     ) -> BatchOutcome:
-        stored_offset = await connection.fetchval(_READ_OFFSET, feed.consumer)
-        if stored_offset is None:  # the consumer's first batch: its row, then its lock
-            await connection.execute(_LOCK_OFFSET, feed.consumer, feed.stream)
-            stored_offset = await connection.fetchval(_READ_OFFSET, feed.consumer)
-        offset = int(stored_offset)
+        offset = await _locked_offset(connection, feed)
         expected = offset + 1
         accepted: list[tuple[int, pb.Event | None]] = []
         rewind_at: int | None = None
@@ -247,8 +305,7 @@ class Writer:
             fold=fold,
         )
         covered = accepted[-1][0]
-        digest = message_digest(last_message.subject, last_message.data)
-        await connection.execute(_WRITE_OFFSET, feed.consumer, covered, feed.stream, digest)
+        await _write_offset(connection, feed, covered, last_message)
         return BatchOutcome(
             covered_seq=covered, rewind_at=rewind_at, projected=projected, queued=queued
         )
@@ -304,14 +361,9 @@ class Writer:
                 attempts = attempts_of_rows(rows)
             else:
                 attempts = {(event.job_id, event.attempt) for _, event in new_reports}
-            if fold:
-                await self._fold_queue(connection, attempts)
-                return len(new_reports), False
-            if not attempts:
+            if not fold and not attempts:
                 return 0, None
-            jobs, numbers = zip(*attempts, strict=True)
-            await connection.execute(_QUEUE_UNFOLDED, list(jobs), list(numbers))
-            return len(new_reports), True
+            return len(new_reports), await self._queue_or_fold(connection, attempts, fold=fold)
         if facts and new_reports:  # both lists are in stream order: merged only when two
             merged = sorted([(f.sequence, f.event) for f in facts] + new_reports, key=_first)
             events = [event for _, event in merged]
