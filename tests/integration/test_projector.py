@@ -661,6 +661,20 @@ async def test_events_of_a_stale_attempt_do_not_change_the_job(
     assert await pool.fetchval("SELECT count(*) FROM events WHERE kind = 'succeeded'") == 1
 
 
+async def publish_copies(
+    js: JetStreamContext, subjects: Subjects, events: list[pb.Event], *, suffix: str
+) -> None:
+    """Publish ``events`` again under their own ids, each with a message id of its own
+    (``<event id>:<suffix>``), so that JetStream stores the copies instead of dropping them as
+    duplicates: only the projector is left to tell them apart."""
+    for event in events:
+        await js.publish(
+            subjects.for_event(event),
+            encode(event),
+            headers={"Nats-Msg-Id": f"{event.event_id}:{suffix}"},
+        )
+
+
 async def test_redelivery_and_replay_change_nothing(
     js: JetStreamContext, subjects: Subjects, pool: asyncpg.Pool, project: Project
 ) -> None:
@@ -674,29 +688,22 @@ async def test_redelivery_and_replay_change_nothing(
         assert len(before["events"]) == len(events)
 
         # The same events again, with new Nats-Msg-Ids so JetStream stores the copies.
-        for event in events:
-            await js.publish(
-                subjects.for_event(event),
-                encode(event),
-                headers={"Nats-Msg-Id": f"{event.event_id}:again"},
-            )
+        await publish_copies(js, subjects, events, suffix="again")
         await wait_projected(js, subjects, pool)
         assert await dump(pool) == before
 
         # A lifecycle event re-emitted later under its id (a watcher restarted after the
         # dedup window) carries a new time: job_events is partitioned by time, so only the id
         # lookup keeps it out, whatever month the new time falls in.
+        later: list[pb.Event] = []
         for event in events:
             if event.WhichOneof("body") == "progress":
                 continue
-            later = pb.Event()
-            later.CopyFrom(event)
-            later.time.FromSeconds(event.time.seconds + 40 * 24 * 3600)
-            await js.publish(
-                subjects.for_event(later),
-                encode(later),
-                headers={"Nats-Msg-Id": f"{event.event_id}:later"},
-            )
+            copy = pb.Event()
+            copy.CopyFrom(event)
+            copy.time.FromSeconds(event.time.seconds + 40 * 24 * 3600)
+            later.append(copy)
+        await publish_copies(js, subjects, later, suffix="later")
         await wait_projected(js, subjects, pool)
         assert await dump(pool) == before
 
