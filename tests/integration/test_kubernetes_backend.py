@@ -107,6 +107,14 @@ class Updates:
     def phases(self, pod: str) -> list[str]:
         return [pb.PodPhase.Name(u.phase) for u in self.of(pod)]
 
+    async def until_running(self, *pods: PodSpec, timeout: float = 20) -> None:
+        """Wait until every one of ``pods`` has been reported running."""
+
+        async def running() -> bool:
+            return all("POD_RUNNING" in self.phases(spec.name) for spec in pods)
+
+        await wait_for(running, timeout=timeout, what="pods running")
+
     async def until_final(self, pod: str, timeout: float = 20) -> PodUpdate:
         async def final() -> bool:
             if self._task.done():
@@ -265,11 +273,7 @@ async def test_terminations_map_to_the_reasons_recovery_knows(
     deleted = pod("deleted", "import time; time.sleep(30)")
     for spec in (crash, hog, evicted, disrupted, deleted):
         await backend.create_pod(spec)
-
-    async def running(*specs: PodSpec) -> bool:
-        return all("POD_RUNNING" in updates.phases(s.name) for s in specs)
-
-    await wait_for(lambda: running(evicted, disrupted, deleted), timeout=20, what="pods running")
+    await updates.until_running(evicted, disrupted, deleted)
     await cluster.kubelets["node-2"].evict(evicted.name, K8S_NAMESPACE)
     cluster.api.disrupt_pod(disrupted.name, K8S_NAMESPACE, reason="EvictionByEvictionAPI")
     await backend.delete_pod(disrupted.name)
@@ -309,11 +313,7 @@ async def test_an_expired_watch_is_relisted_without_reporting_anything_twice(
     vanishing = pod("vanishing", "import time; time.sleep(30)", node="node-2")
     await backend.create_pod(slow)
     await backend.create_pod(vanishing)
-
-    async def both_running() -> bool:
-        return all("POD_RUNNING" in updates.phases(s.name) for s in (slow, vanishing))
-
-    await wait_for(both_running, timeout=20, what="pods running")
+    await updates.until_running(slow, vanishing)
     await wait_for(_true_after(lambda: backend.pod_stats.bookmarks > 0), what="a bookmark")
     # Compaction: the open watches end and resuming from any version seen answers 410. While
     # nobody watches, a pod is deleted for good (grace 0): only the re-list can tell.
@@ -359,11 +359,7 @@ async def test_a_node_that_goes_not_ready_loses_its_pods(
     doomed = pod("doomed", "import time; time.sleep(30)", node="node-1")
     await backend.create_pod(stays)
     await backend.create_pod(doomed)
-
-    async def running() -> bool:
-        return all("POD_RUNNING" in updates.phases(s.name) for s in (stays, doomed))
-
-    await wait_for(running, timeout=20, what="pods running")
+    await updates.until_running(stays, doomed)
     await cluster.fail_node("node-1")
     lost = await updates.until_final(doomed.name, timeout=15)
 
@@ -402,11 +398,7 @@ async def test_no_pod_is_lost_with_its_node_while_the_api_does_not_answer(
         updates = Updates(backend)
         kept = pod("kept", "import time; time.sleep(60)", node="node-1")
         await backend.create_pod(kept)
-        await wait_for(
-            _true_after(lambda: "POD_RUNNING" in updates.phases(kept.name)),
-            timeout=20,
-            what="the pod running",
-        )
+        await updates.until_running(kept)
         await cluster.fail_node("node-1")
 
         async def not_ready() -> bool:
@@ -483,7 +475,7 @@ async def test_nodes_are_sampled_with_readiness_cordons_taints_and_live_usage(
         "burner", "import time\nb = bytearray(60 * 2**20)\nwhile True: pass", node="node-2"
     )
     await backend.create_pod(burner)
-    await wait_for(_true_after(lambda: "POD_RUNNING" in updates.phases(burner.name)), timeout=20)
+    await updates.until_running(burner)
 
     sampled: dict[str, NodeSample] = {}
 
