@@ -26,16 +26,19 @@ from mdq.backends.port import PodExists, PodSpec, PodUpdate
 from mdq.bus.codec import decode_event
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.security.auth import Trust
+from mdq.bus.snapshots import SnapshotStore
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.clusters import cluster_of
 from mdq.core.events import make_event
 from mdq.core.nodes import NodeSample
 from mdq.core.producers import owner_of
+from mdq.core.recovery import RecoveryPolicy
 from mdq.core.spec import normalize_job
 from mdq.embedded import EmbeddedNats, start_nats
 from services.placement.app import Placement
 from services.placement.settings import PlacementSettings
+from services.recovery.app import Recovery
 
 
 def event(
@@ -373,6 +376,33 @@ def placement_of(
         namespace=subjects.namespace,
         nc=nc,
     )
+
+
+def recovery_of(
+    js: JetStreamContext,
+    subjects: Subjects,
+    policy: RecoveryPolicy | None = None,
+    *,
+    snapshots: SnapshotStore | None = None,
+    snapshot_interval_s: float = 60.0,
+) -> Recovery:
+    """A recovery service on the test's bus that publishes as the owners would
+    (``publisher``), deciding by ``policy`` (the default one unless given); ``snapshots``: the
+    store it keeps its snapshot in (None: it keeps none)."""
+    return Recovery(
+        js=js,
+        subjects=subjects,
+        publisher=publisher(js, subjects),
+        policy=policy or RecoveryPolicy(),
+        snapshots=snapshots,
+        snapshot_interval_s=snapshot_interval_s,
+    )
+
+
+def snapshot_store(js: JetStreamContext, subjects: Subjects, bucket: str) -> SnapshotStore:
+    """The snapshot store of a service whose snapshots are kept in ``bucket``, over the jobs
+    stream, with one replica (the tests' single server)."""
+    return SnapshotStore(js, bucket=bucket, stream=subjects.jobs_stream, replicas=1)
 
 
 @asynccontextmanager

@@ -24,6 +24,7 @@ from tests.helpers import (
     events_of,
     node_load,
     publisher,
+    recovery_of,
     running,
     submitted,
     wait_for,
@@ -67,13 +68,7 @@ async def crashed_once(nc: Client, subjects: Subjects, job: str) -> None:
 
 
 def make_recovery(nc: Client, subjects: Subjects) -> Recovery:
-    js = nc.jetstream()
-    return Recovery(
-        js=js,
-        subjects=subjects,
-        publisher=publisher(js, subjects),
-        policy=RecoveryPolicy(fence_timeout_s=3600),
-    )
+    return recovery_of(nc.jetstream(), subjects, RecoveryPolicy(fence_timeout_s=3600))
 
 
 async def test_placement_killed_after_the_request_event_finishes_the_effect(

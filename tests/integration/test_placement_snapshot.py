@@ -29,6 +29,7 @@ from tests.helpers import (
     placement_settled,
     publisher,
     running,
+    snapshot_store,
     submitted,
     wait_for,
 )
@@ -46,12 +47,7 @@ def make_placement(nc: Client, subjects: Subjects, *, interval_s: float = 0.1) -
 
 
 def store(nc: Client, subjects: Subjects) -> SnapshotStore:
-    return SnapshotStore(
-        nc.jetstream(),
-        bucket=subjects.placement_snapshot_bucket,
-        stream=subjects.jobs_stream,
-        replicas=1,
-    )
+    return snapshot_store(nc.jetstream(), subjects, subjects.placement_snapshot_bucket)
 
 
 async def bound_counts(nc: Client, subjects: Subjects) -> Counter[str]:

@@ -6,16 +6,21 @@ from nats.aio.client import Client
 
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
-from mdq.core.recovery import RecoveryPolicy
 from services.recovery.app import Recovery
-from tests.helpers import event, events_of, publisher, running, submitted, wait_for, wait_for_events
+from tests.helpers import (
+    event,
+    events_of,
+    publisher,
+    recovery_of,
+    running,
+    submitted,
+    wait_for,
+    wait_for_events,
+)
 
 
 def make_recovery(nc: Client, subjects: Subjects) -> Recovery:
-    js = nc.jetstream()
-    return Recovery(
-        js=js, subjects=subjects, publisher=publisher(js, subjects), policy=RecoveryPolicy()
-    )
+    return recovery_of(nc.jetstream(), subjects)
 
 
 async def fail_attempt(

@@ -17,25 +17,27 @@ from mdq.contracts import pb
 from mdq.core.recovery import RecoveryPolicy
 from mdq.core.snapshot import chunk_key
 from services.recovery.app import Recovery
-from tests.helpers import event, events_of, publisher, running, submitted, wait_for
+from tests.helpers import (
+    event,
+    events_of,
+    publisher,
+    recovery_of,
+    running,
+    snapshot_store,
+    submitted,
+    wait_for,
+)
 
 
 def store(nc: Client, subjects: Subjects) -> SnapshotStore:
-    return SnapshotStore(
-        nc.jetstream(),
-        bucket=subjects.recovery_snapshot_bucket,
-        stream=subjects.jobs_stream,
-        replicas=1,
-    )
+    return snapshot_store(nc.jetstream(), subjects, subjects.recovery_snapshot_bucket)
 
 
 def make_recovery(nc: Client, subjects: Subjects, *, snapshots: bool = True) -> Recovery:
-    js = nc.jetstream()
-    return Recovery(
-        js=js,
-        subjects=subjects,
-        publisher=publisher(js, subjects),
-        policy=RecoveryPolicy(backoff_base_s=0.0),
+    return recovery_of(
+        nc.jetstream(),
+        subjects,
+        RecoveryPolicy(backoff_base_s=0.0),
         snapshots=store(nc, subjects) if snapshots else None,
         snapshot_interval_s=0.1,
     )
@@ -195,14 +197,7 @@ async def test_recovery_stops_when_a_snapshot_write_drops_its_cancel(
     store = _DroppingStore(
         js, bucket=subjects.recovery_snapshot_bucket, stream=subjects.jobs_stream, replicas=1
     )
-    recovery = Recovery(
-        js=js,
-        subjects=subjects,
-        publisher=publisher(js, subjects),
-        policy=RecoveryPolicy(),
-        snapshots=store,
-        snapshot_interval_s=0.05,
-    )
+    recovery = recovery_of(js, subjects, snapshots=store, snapshot_interval_s=0.05)
     task = asyncio.create_task(recovery.run())
 
     async def folded() -> bool:
