@@ -19,10 +19,13 @@ from nats.aio.client import Client
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.spec import normalize_job
-from mdq.store.engine import create_engine, create_writer_pool
-from mdq.store.migrate import upgrade_async
+from mdq.store.engine import create_engine
 from mdq.store.queries import usage_history
-from tests.integration.test_projector import History, history_projected, requeue_history
+from tests.integration.test_projector import (
+    History,
+    projected_as_administrator,
+    requeue_history,
+)
 
 USAGE = pb.AttemptUsage(
     peak_memory_mb=612.5,
@@ -42,9 +45,6 @@ USAGE = pb.AttemptUsage(
 async def projected(
     nc: Client, subjects: Subjects, database_url: str
 ) -> AsyncIterator[tuple[asyncpg.Pool, History, History]]:
-    await upgrade_async(database_url)
-    pool = await create_writer_pool(database_url, size=2)
-    js = nc.jetstream()
     retried = History("retried")
     first, second = requeue_history(retried)
     doomed = History("doomed", request_id="ba9876543210")
@@ -74,11 +74,8 @@ async def projected(
         doomed.attempt_failed(1, "n1", last_step=40),
         doomed.failed(1),
     ]
-    try:
-        async with history_projected(js, subjects, pool, events):
-            yield pool, retried, doomed
-    finally:
-        await pool.close()
+    async with projected_as_administrator(nc.jetstream(), subjects, database_url, events) as pool:
+        yield pool, retried, doomed
 
 
 async def test_job_timeline_is_the_jobs_events_in_order(

@@ -36,7 +36,8 @@ from mdq.core.ids import pod_name
 from mdq.core.producers import owner_of
 from mdq.embedded import start_nats
 from mdq.store import queries
-from mdq.store.engine import create_engine
+from mdq.store.engine import create_engine, create_writer_pool
+from mdq.store.migrate import upgrade_async
 from services.watcher.projector import Projector
 from tests.helpers import OwnersPublisher, reconnected
 
@@ -208,6 +209,22 @@ async def history_projected(
     finally:
         projector.stop()
         await asyncio.wait_for(task, timeout=10)
+
+
+@contextlib.asynccontextmanager
+async def projected_as_administrator(
+    js: JetStreamContext, subjects: Subjects, database_url: str, events: list[pb.Event]
+) -> AsyncIterator[asyncpg.Pool]:
+    """The database at ``database_url`` migrated and ``events`` projected into it
+    (``history_projected``), by a pool connected as whoever ``database_url`` names (the
+    administrator: no roles of the deployment's); the pool closes when the block ends."""
+    await upgrade_async(database_url)
+    pool = await create_writer_pool(database_url, size=2)
+    try:
+        async with history_projected(js, subjects, pool, events):
+            yield pool
+    finally:
+        await pool.close()
 
 
 async def wait_projected(

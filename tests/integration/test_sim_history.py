@@ -17,10 +17,14 @@ from mdq.contracts import pb
 from mdq.sim.config import SimConfig
 from mdq.sim.engine import simulate
 from mdq.sim.history import HistoryOptions, export_history
-from mdq.store.engine import create_engine, create_writer_pool
+from mdq.store.engine import create_engine
 from mdq.store.migrate import upgrade_async
 from tests.integration.test_history_views import USAGE
-from tests.integration.test_projector import History, history_projected, requeue_history
+from tests.integration.test_projector import (
+    History,
+    projected_as_administrator,
+    requeue_history,
+)
 
 
 def crash_history(history: History) -> list[pb.Event]:
@@ -43,19 +47,13 @@ def crash_history(history: History) -> list[pb.Event]:
 
 @pytest.fixture
 async def history_url(nc: Client, subjects: Subjects, database_url: str) -> AsyncIterator[str]:
-    await upgrade_async(database_url)
-    pool = await create_writer_pool(database_url, size=2)
-    js = nc.jetstream()
     retried = History("retried")
     first, second = requeue_history(retried)
     crashy = History("crashy", request_id="ba9876543210")
     crashy.clock = retried.clock  # its events follow the other's twenty, a second apart
     events = [*first, *second, retried.event("usage", USAGE, 2), *crash_history(crashy)]
-    try:
-        async with history_projected(js, subjects, pool, events):
-            yield database_url
-    finally:
-        await pool.close()
+    async with projected_as_administrator(nc.jetstream(), subjects, database_url, events):
+        yield database_url
 
 
 async def test_history_becomes_a_workload(history_url: str) -> None:
