@@ -74,69 +74,59 @@ async def _both(connection: asyncpg.Connection) -> tuple[set[tuple[Any, ...]], s
 
 
 async def test_the_view_says_what_counting_the_attempts_says_after_any_statement(
-    database_url: str,
+    connection: asyncpg.Connection,
 ) -> None:
-    await upgrade_async(database_url)
     rng = random.Random(19)
     jobs = [f"{owner}{index:012x}-md" for owner in OWNERS for index in range(12)]
-    connection = await asyncpg.connect(database_url)
-    try:
-        await _jobs(connection, jobs)
-        for step in range(60):
-            kind = rng.choice(("batch", "batch", "one", "same", "delete", "move_latest_back"))
-            if kind == "batch":  # a batch of upserts, new attempts and rewritten ones
-                picked = rng.sample(jobs, 8)
-                await _upsert(connection, [_row(job, rng.randint(1, 3), rng) for job in picked])
-            elif kind == "one":
-                await _upsert(connection, [_row(rng.choice(jobs), rng.randint(1, 3), rng)])
-            elif kind == "same":  # the watcher writes a job's attempts back whole
-                await connection.execute(
-                    "UPDATE attempts SET node = node WHERE job_id = ANY($1::text[])",
-                    rng.sample(jobs, 6),
-                )
-            elif kind == "delete":
-                await connection.execute(
-                    "DELETE FROM attempts WHERE job_id = $1 AND attempt = $2",
-                    rng.choice(jobs),
-                    rng.randint(1, 3),
-                )
-            else:  # the attempt holding a reason's latest end ends earlier
-                await connection.execute(
-                    "UPDATE attempts SET ended_at = ended_at - interval '3 hours' "
-                    "WHERE (failure_reason, ended_at) IN (SELECT failure_reason, max(ended_at) "
-                    "FROM attempts WHERE failure_reason IS NOT NULL GROUP BY failure_reason "
-                    "LIMIT 1)"
-                )
-            tallied, counted = await _both(connection)
-            assert tallied == counted, (step, kind)
-        failed = await connection.fetchval(
-            "SELECT count(*) FROM attempts WHERE failure_reason IS NOT NULL"
-        )
-        live = {tuple(row.values()) for row in await connection.fetch(TALLIES)}
-        await connection.execute("TRUNCATE failure_tallies")
-        await connection.execute(FROM_SCRATCH)
-        from_scratch = {tuple(row.values()) for row in await connection.fetch(TALLIES)}
-    finally:
-        await connection.close()
+    await _jobs(connection, jobs)
+    for step in range(60):
+        kind = rng.choice(("batch", "batch", "one", "same", "delete", "move_latest_back"))
+        if kind == "batch":  # a batch of upserts, new attempts and rewritten ones
+            picked = rng.sample(jobs, 8)
+            await _upsert(connection, [_row(job, rng.randint(1, 3), rng) for job in picked])
+        elif kind == "one":
+            await _upsert(connection, [_row(rng.choice(jobs), rng.randint(1, 3), rng)])
+        elif kind == "same":  # the watcher writes a job's attempts back whole
+            await connection.execute(
+                "UPDATE attempts SET node = node WHERE job_id = ANY($1::text[])",
+                rng.sample(jobs, 6),
+            )
+        elif kind == "delete":
+            await connection.execute(
+                "DELETE FROM attempts WHERE job_id = $1 AND attempt = $2",
+                rng.choice(jobs),
+                rng.randint(1, 3),
+            )
+        else:  # the attempt holding a reason's latest end ends earlier
+            await connection.execute(
+                "UPDATE attempts SET ended_at = ended_at - interval '3 hours' "
+                "WHERE (failure_reason, ended_at) IN (SELECT failure_reason, max(ended_at) "
+                "FROM attempts WHERE failure_reason IS NOT NULL GROUP BY failure_reason "
+                "LIMIT 1)"
+            )
+        tallied, counted = await _both(connection)
+        assert tallied == counted, (step, kind)
+    failed = await connection.fetchval(
+        "SELECT count(*) FROM attempts WHERE failure_reason IS NOT NULL"
+    )
+    live = {tuple(row.values()) for row in await connection.fetch(TALLIES)}
+    await connection.execute("TRUNCATE failure_tallies")
+    await connection.execute(FROM_SCRATCH)
+    from_scratch = {tuple(row.values()) for row in await connection.fetch(TALLIES)}
     assert failed > 20, "the sequence left failed attempts of several jobs"
     assert {row for row in live if row[2] > 0} == from_scratch, "the same tallies from scratch"
 
 
-async def test_each_owner_has_its_own_tallies(database_url: str) -> None:
-    await upgrade_async(database_url)
-    connection = await asyncpg.connect(database_url)
-    try:
-        jobs = ["000000000001-md", "alice.000000000001-md", "alice.000000000002-md"]
-        await _jobs(connection, jobs)
-        rows = [(job, 1, "n1", NOW, 0, 5, 0, "FAILURE_CRASHED") for job in jobs]
-        rows.append((jobs[1], 2, "n1", NOW + timedelta(minutes=1), 0, 0, 0, "FAILURE_CRASHED"))
-        await _upsert(connection, rows)
-        tallies = {
-            row["tenant_prefix"]: tuple(row.values())[2:] for row in await connection.fetch(TALLIES)
-        }
-        [view] = await connection.fetch(BY_REASON)
-    finally:
-        await connection.close()
+async def test_each_owner_has_its_own_tallies(connection: asyncpg.Connection) -> None:
+    jobs = ["000000000001-md", "alice.000000000001-md", "alice.000000000002-md"]
+    await _jobs(connection, jobs)
+    rows = [(job, 1, "n1", NOW, 0, 5, 0, "FAILURE_CRASHED") for job in jobs]
+    rows.append((jobs[1], 2, "n1", NOW + timedelta(minutes=1), 0, 0, 0, "FAILURE_CRASHED"))
+    await _upsert(connection, rows)
+    tallies = {
+        row["tenant_prefix"]: tuple(row.values())[2:] for row in await connection.fetch(TALLIES)
+    }
+    [view] = await connection.fetch(BY_REASON)
     assert tallies == {
         "": (1, 1, 5, NOW),
         "alice.": (3, 2, 10, NOW + timedelta(minutes=1)),

@@ -14,7 +14,6 @@ from typing import Any
 import asyncpg
 import pytest
 
-from mdq.store.migrate import upgrade_async
 from mdq.store.schema_sql import SPREAD
 from tests.helpers import insert_job_rows
 
@@ -112,78 +111,66 @@ async def _compare(connection: asyncpg.Connection) -> tuple[list[Any], list[Any]
 
 
 async def test_the_tallies_give_what_spreading_every_attempt_gives_after_any_statement(
-    database_url: str,
+    connection: asyncpg.Connection,
 ) -> None:
-    await upgrade_async(database_url)
     rng = random.Random(20)
     jobs = [f"{owner}{index:012x}-md" for owner in ("", "alice.") for index in range(15)]
-    connection = await asyncpg.connect(database_url)
-    try:
-        await _jobs(connection, jobs)
-        for step in range(50):
-            kind = rng.choice(("batch", "batch", "one", "same", "end", "delete"))
-            if kind == "batch":
-                picked = rng.sample(jobs, 8)
-                rows = {(row[0], row[1]): row for row in (_attempt(j, rng) for j in picked)}
-                await _upsert(connection, list(rows.values()))
-            elif kind == "one":
-                await _upsert(connection, [_attempt(rng.choice(jobs), rng)])
-            elif kind == "same":  # the watcher writes a job's attempts back whole
-                await connection.execute(
-                    "UPDATE attempts SET node = node WHERE job_id = ANY($1::text[])",
-                    rng.sample(jobs, 6),
-                )
-            elif kind == "end":  # running attempts end (start and node as they were)
-                await connection.execute(
-                    "UPDATE attempts SET ended_at = started_at + interval '47 minutes' "
-                    "WHERE ended_at IS NULL AND started_at IS NOT NULL "
-                    "AND job_id = ANY($1::text[])",
-                    rng.sample(jobs, 10),
-                )
-            else:
-                await connection.execute("DELETE FROM attempts WHERE job_id = $1", rng.choice(jobs))
-            tallied, spread = await _compare(connection)
-            assert tallied == spread, (step, kind)
-        ended = await connection.fetchval(
-            "SELECT count(*) FROM attempts WHERE ended_at IS NOT NULL AND node IS NOT NULL"
-        )
-        live = await connection.fetch(
-            "SELECT * FROM node_hours WHERE attempts > 0 ORDER BY 1, 2, 3"
-        )
-        await connection.execute("TRUNCATE node_hours")
-        await connection.execute(FROM_SCRATCH)
-        from_scratch = await connection.fetch("SELECT * FROM node_hours ORDER BY 1, 2, 3")
-    finally:
-        await connection.close()
+    await _jobs(connection, jobs)
+    for step in range(50):
+        kind = rng.choice(("batch", "batch", "one", "same", "end", "delete"))
+        if kind == "batch":
+            picked = rng.sample(jobs, 8)
+            rows = {(row[0], row[1]): row for row in (_attempt(j, rng) for j in picked)}
+            await _upsert(connection, list(rows.values()))
+        elif kind == "one":
+            await _upsert(connection, [_attempt(rng.choice(jobs), rng)])
+        elif kind == "same":  # the watcher writes a job's attempts back whole
+            await connection.execute(
+                "UPDATE attempts SET node = node WHERE job_id = ANY($1::text[])",
+                rng.sample(jobs, 6),
+            )
+        elif kind == "end":  # running attempts end (start and node as they were)
+            await connection.execute(
+                "UPDATE attempts SET ended_at = started_at + interval '47 minutes' "
+                "WHERE ended_at IS NULL AND started_at IS NOT NULL "
+                "AND job_id = ANY($1::text[])",
+                rng.sample(jobs, 10),
+            )
+        else:
+            await connection.execute("DELETE FROM attempts WHERE job_id = $1", rng.choice(jobs))
+        tallied, spread = await _compare(connection)
+        assert tallied == spread, (step, kind)
+    ended = await connection.fetchval(
+        "SELECT count(*) FROM attempts WHERE ended_at IS NOT NULL AND node IS NOT NULL"
+    )
+    live = await connection.fetch("SELECT * FROM node_hours WHERE attempts > 0 ORDER BY 1, 2, 3")
+    await connection.execute("TRUNCATE node_hours")
+    await connection.execute(FROM_SCRATCH)
+    from_scratch = await connection.fetch("SELECT * FROM node_hours ORDER BY 1, 2, 3")
     assert ended > 10, "the sequence left ended attempts"
     assert [tuple(r) for r in live] == [tuple(r) for r in from_scratch], "the same from scratch"
 
 
 async def test_an_attempt_over_three_hours_counts_in_each_and_each_owner_apart(
-    database_url: str,
+    connection: asyncpg.Connection,
 ) -> None:
-    await upgrade_async(database_url)
-    connection = await asyncpg.connect(database_url)
-    try:
-        jobs = ["000000000001-md", "alice.000000000002-md"]
-        await _jobs(connection, jobs)  # cores 1 and 2
-        start = HOUR - timedelta(hours=5, minutes=30)
-        await _upsert(
-            connection,
-            [
-                (jobs[0], 1, "n1", start, start + timedelta(hours=2)),
-                (jobs[1], 1, "n1", start, start + timedelta(minutes=10)),
-            ],
-        )
-        rows = await connection.fetch(
-            "SELECT hour, tenant_prefix, attempts, busy_s, cpu_core_s FROM node_hours "
-            "ORDER BY hour, tenant_prefix"
-        )
-        [first] = await connection.fetch(
-            "SELECT * FROM node_utilisation WHERE hour = $1", start.replace(minute=0)
-        )
-    finally:
-        await connection.close()
+    jobs = ["000000000001-md", "alice.000000000002-md"]
+    await _jobs(connection, jobs)  # cores 1 and 2
+    start = HOUR - timedelta(hours=5, minutes=30)
+    await _upsert(
+        connection,
+        [
+            (jobs[0], 1, "n1", start, start + timedelta(hours=2)),
+            (jobs[1], 1, "n1", start, start + timedelta(minutes=10)),
+        ],
+    )
+    rows = await connection.fetch(
+        "SELECT hour, tenant_prefix, attempts, busy_s, cpu_core_s FROM node_hours "
+        "ORDER BY hour, tenant_prefix"
+    )
+    [first] = await connection.fetch(
+        "SELECT * FROM node_utilisation WHERE hour = $1", start.replace(minute=0)
+    )
     h = start.replace(minute=0)
     assert [tuple(r) for r in rows] == [
         (h, "", 1, 1800, 1800),
@@ -195,34 +182,24 @@ async def test_an_attempt_over_three_hours_counts_in_each_and_each_owner_apart(
 
 
 async def test_attempts_that_end_on_the_hour_count_in_it_and_in_the_hour_they_end_in(
-    database_url: str,
+    connection: asyncpg.Connection,
 ) -> None:
-    await upgrade_async(database_url)
-    connection = await asyncpg.connect(database_url)
-    try:
-        jobs = [f"{index:012x}-md" for index in range(3)]
-        await _jobs(connection, jobs)
-        start = HOUR - timedelta(hours=2)
-        await _upsert(connection, [(j, 1, "n1", start, start + timedelta(hours=1)) for j in jobs])
-        rows = await connection.fetch(ROWS.format("node_utilisation"))
-        tallies = await connection.fetchval("SELECT count(*) FROM node_hours")
-    finally:
-        await connection.close()
+    jobs = [f"{index:012x}-md" for index in range(3)]
+    await _jobs(connection, jobs)
+    start = HOUR - timedelta(hours=2)
+    await _upsert(connection, [(j, 1, "n1", start, start + timedelta(hours=1)) for j in jobs])
+    rows = await connection.fetch(ROWS.format("node_utilisation"))
+    tallies = await connection.fetchval("SELECT count(*) FROM node_hours")
     assert tuple(rows[0])[:4] == ("n1", start, 3, 3 * 3600)
     assert tallies == 2, "the hour it ended in counts it too (busy 0): as spreading it does"
 
 
 @pytest.mark.parametrize("since", [SINCE, HOUR + timedelta(hours=2)], ids=["day", "future"])
 async def test_the_function_reads_node_hours_by_hour_not_every_attempt(
-    database_url: str, since: datetime
+    connection: asyncpg.Connection, since: datetime
 ) -> None:
-    await upgrade_async(database_url)
-    connection = await asyncpg.connect(database_url)
-    try:
-        await connection.execute("SET enable_seqscan = off")
-        plan = await connection.fetchval(
-            "EXPLAIN (FORMAT JSON) SELECT * FROM node_utilisation_since($1)", since
-        )
-    finally:
-        await connection.close()
+    await connection.execute("SET enable_seqscan = off")
+    plan = await connection.fetchval(
+        "EXPLAIN (FORMAT JSON) SELECT * FROM node_utilisation_since($1)", since
+    )
     assert "pk_node_hours" in plan and "ix_attempts_ended_at" in plan, plan

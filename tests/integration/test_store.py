@@ -226,22 +226,17 @@ async def test_downgrade_to_base_drops_everything_and_upgrade_makes_it_again(
 
 
 async def test_no_one_but_the_owner_may_run_the_owners_functions_before_any_grant(
-    database_url: str,
+    connection: asyncpg.Connection,
 ) -> None:
     """The functions that run with the owner's rights are revoked from PUBLIC by the migration
     itself, not only by the grants step that follows it."""
-    await upgrade_async(database_url)
-    connection = await asyncpg.connect(database_url)
-    try:
-        open_to_all = [
-            signature
-            for signature in OWNER_ONLY_FUNCTIONS
-            if await connection.fetchval(
-                "SELECT has_function_privilege('public', $1, 'EXECUTE')", signature
-            )
-        ]
-    finally:
-        await connection.close()
+    open_to_all = [
+        signature
+        for signature in OWNER_ONLY_FUNCTIONS
+        if await connection.fetchval(
+            "SELECT has_function_privilege('public', $1, 'EXECUTE')", signature
+        )
+    ]
     assert open_to_all == []
     assert "mdq_rollup_progress(timestamptz, integer)" in OWNER_ONLY_FUNCTIONS
 

@@ -49,49 +49,46 @@ async def _samples(connection: asyncpg.Connection) -> list[tuple[Any, ...]]:
     return [tuple(row.values()) for row in rows]
 
 
-async def test_each_usage_event_is_one_sample_with_its_jobs_system(database_url: str) -> None:
-    await upgrade_async(database_url)
-    connection = await asyncpg.connect(database_url)
-    try:
-        # a job whose row is written (its spec in jobs), and one whose submitted event comes in
-        # the same statement as its usage (the projector writes events before it folds jobs)
-        await connection.execute(
-            "INSERT INTO jobs (job_id, request_id, name, task, state, attempt, priority_class, "
-            "spec, depends_on, submitted_at, updated_at, target_steps, last_step) VALUES "
-            "('aaaa-md', 'aaaa', 'md', 'TASK_MD', 'SUCCEEDED', 1, 'normal', $1::jsonb, '{}', "
-            "now(), now(), 100, 100)",
-            json.dumps({"system": {"structure": {"pdb": "x.pdb"}}}),
-        )
-        await connection.executemany(
-            INSERT_EVENT,
-            [_usage("aaaa-md", 1, 2)],
-        )
-        # one statement: the submitted event and two attempts' usage
-        await connection.execute(
-            "INSERT INTO job_events (event_id, stream, stream_seq, job_id, attempt, kind, time, "
-            "producer, body) SELECT e, 'NS_JOBS', s, j, a, k, now(), 'test', b::jsonb "
-            "FROM unnest($1::text[], $2::bigint[], $3::text[], $4::int[], $5::text[], "
-            "$6::text[]) AS u(e, s, j, a, k, b)",
-            *zip(
-                _submitted("bbbb-md", WATER),
-                _usage("bbbb-md", 1, 3),
-                _usage("bbbb-md", 2, 4),
-                strict=True,
-            ),
-        )
-        # an event of another kind is no sample
-        await connection.execute(INSERT_EVENT, "bound:bbbb-md:3", 5, "bbbb-md", 3, "bound", "{}")
-        first = await _samples(connection)
-        # a redelivered usage event (a new time: not a key conflict in job_events) adds nothing
-        await connection.execute(
-            "INSERT INTO job_events (event_id, stream, stream_seq, job_id, attempt, kind, time, "
-            "producer, body) VALUES ('usage:bbbb-md:1/again', 'NS_JOBS', 6, 'bbbb-md', 1, "
-            "'usage', now() + interval '1 second', 'test', $1::jsonb)",
-            json.dumps(USAGE),
-        )
-        again = await _samples(connection)
-    finally:
-        await connection.close()
+async def test_each_usage_event_is_one_sample_with_its_jobs_system(
+    connection: asyncpg.Connection,
+) -> None:
+    # a job whose row is written (its spec in jobs), and one whose submitted event comes in
+    # the same statement as its usage (the projector writes events before it folds jobs)
+    await connection.execute(
+        "INSERT INTO jobs (job_id, request_id, name, task, state, attempt, priority_class, "
+        "spec, depends_on, submitted_at, updated_at, target_steps, last_step) VALUES "
+        "('aaaa-md', 'aaaa', 'md', 'TASK_MD', 'SUCCEEDED', 1, 'normal', $1::jsonb, '{}', "
+        "now(), now(), 100, 100)",
+        json.dumps({"system": {"structure": {"pdb": "x.pdb"}}}),
+    )
+    await connection.executemany(
+        INSERT_EVENT,
+        [_usage("aaaa-md", 1, 2)],
+    )
+    # one statement: the submitted event and two attempts' usage
+    await connection.execute(
+        "INSERT INTO job_events (event_id, stream, stream_seq, job_id, attempt, kind, time, "
+        "producer, body) SELECT e, 'NS_JOBS', s, j, a, k, now(), 'test', b::jsonb "
+        "FROM unnest($1::text[], $2::bigint[], $3::text[], $4::int[], $5::text[], "
+        "$6::text[]) AS u(e, s, j, a, k, b)",
+        *zip(
+            _submitted("bbbb-md", WATER),
+            _usage("bbbb-md", 1, 3),
+            _usage("bbbb-md", 2, 4),
+            strict=True,
+        ),
+    )
+    # an event of another kind is no sample
+    await connection.execute(INSERT_EVENT, "bound:bbbb-md:3", 5, "bbbb-md", 3, "bound", "{}")
+    first = await _samples(connection)
+    # a redelivered usage event (a new time: not a key conflict in job_events) adds nothing
+    await connection.execute(
+        "INSERT INTO job_events (event_id, stream, stream_seq, job_id, attempt, kind, time, "
+        "producer, body) VALUES ('usage:bbbb-md:1/again', 'NS_JOBS', 6, 'bbbb-md', 1, "
+        "'usage', now() + interval '1 second', 'test', $1::jsonb)",
+        json.dumps(USAGE),
+    )
+    again = await _samples(connection)
     assert first == [
         ("aaaa-md", 1, "structure", None, 812.5, 3.5, 2048, 4.0),
         ("bbbb-md", 1, "water_box", 3.0, 812.5, 3.5, 2048, 4.0),
@@ -101,35 +98,30 @@ async def test_each_usage_event_is_one_sample_with_its_jobs_system(database_url:
 
 
 async def test_an_oom_killed_attempt_is_a_sample_with_the_limits_it_was_bound_with(
-    database_url: str,
+    connection: asyncpg.Connection,
 ) -> None:
-    await upgrade_async(database_url)
-    connection = await asyncpg.connect(database_url)
-    try:
-        bound = json.dumps({"resources": {"cpu": 3, "memory_mb": "768"}})
-        await connection.executemany(
-            INSERT_EVENT,
-            [
-                _submitted("cccc-md", WATER),
-                _usage("cccc-md", 1, 2),
-                ("bound:cccc-md:3", 9, "cccc-md", 3, "bound", bound),
-            ],
-        )
-        await connection.execute(
-            "INSERT INTO jobs (job_id, request_id, name, task, state, attempt, priority_class, "
-            "spec, depends_on, submitted_at, updated_at, target_steps, last_step) VALUES "
-            "('cccc-md', 'cccc', 'md', 'TASK_MD', 'FAILED', 3, 'normal', $1::jsonb, '{}', "
-            "now(), now(), 100, 100)",
-            json.dumps({"system": WATER}),
-        )
-        await connection.execute(
-            "INSERT INTO attempts (job_id, attempt, node, bound_at, ended_at, resumed_from_step, "
-            "steps_lost, last_step, failure_reason) "
-            "VALUES ('cccc-md', 3, 'n', now(), now(), 0, 0, 0, 'FAILURE_OOM_KILLED')"
-        )
-        samples = await _samples(connection)
-    finally:
-        await connection.close()
+    bound = json.dumps({"resources": {"cpu": 3, "memory_mb": "768"}})
+    await connection.executemany(
+        INSERT_EVENT,
+        [
+            _submitted("cccc-md", WATER),
+            _usage("cccc-md", 1, 2),
+            ("bound:cccc-md:3", 9, "cccc-md", 3, "bound", bound),
+        ],
+    )
+    await connection.execute(
+        "INSERT INTO jobs (job_id, request_id, name, task, state, attempt, priority_class, "
+        "spec, depends_on, submitted_at, updated_at, target_steps, last_step) VALUES "
+        "('cccc-md', 'cccc', 'md', 'TASK_MD', 'FAILED', 3, 'normal', $1::jsonb, '{}', "
+        "now(), now(), 100, 100)",
+        json.dumps({"system": WATER}),
+    )
+    await connection.execute(
+        "INSERT INTO attempts (job_id, attempt, node, bound_at, ended_at, resumed_from_step, "
+        "steps_lost, last_step, failure_reason) "
+        "VALUES ('cccc-md', 3, 'n', now(), now(), 0, 0, 0, 'FAILURE_OOM_KILLED')"
+    )
+    samples = await _samples(connection)
     assert samples == [
         ("cccc-md", 1, "water_box", 3.0, 812.5, 3.5, 2048, 4.0),
         ("cccc-md", 3, "water_box", 3.0, 0.0, 0.0, 768, 3.0),

@@ -98,37 +98,32 @@ async def test_a_kind_keeps_its_newest_samples_newest_first_whatever_their_order
 
 
 async def test_each_owners_kinds_are_apart_and_an_oom_kill_keeps_its_limit(
-    database_url: str,
+    connection: asyncpg.Connection,
 ) -> None:
     """The same spec run by the operator and by tenant alice is two kinds (row security shows
     alice hers only, tests/integration/test_tenant_rows.py); an OOM kill (the attempts trigger)
     is a kind of its own with the limit it was killed at, and an ended attempt changed again
     (an UPDATE of its sample) is summarized again."""
-    await upgrade_async(database_url)
-    connection = await asyncpg.connect(database_url)
-    try:
-        for job in ("000000000001-md", "alice.000000000002-md"):
-            await _job(connection, job)
-            await connection.execute(INSERT_USAGE, *_usage(job, 1))
-        await _job(connection, "000000000003-md")
-        bound = json.dumps({"node": "n", "resources": {"cpu": 2, "memory_mb": "512"}})
+    for job in ("000000000001-md", "alice.000000000002-md"):
+        await _job(connection, job)
+        await connection.execute(INSERT_USAGE, *_usage(job, 1))
+    await _job(connection, "000000000003-md")
+    bound = json.dumps({"node": "n", "resources": {"cpu": 2, "memory_mb": "512"}})
+    await connection.execute(
+        "INSERT INTO job_events (event_id, stream, stream_seq, job_id, attempt, kind, time, "
+        "producer, body) VALUES ('bound:3', 'NS_JOBS', 9, '000000000003-md', 1, 'bound', "
+        "now(), 'test', $1::jsonb)",
+        bound,
+    )
+    for ended in (NOW - timedelta(minutes=5), NOW):
         await connection.execute(
-            "INSERT INTO job_events (event_id, stream, stream_seq, job_id, attempt, kind, time, "
-            "producer, body) VALUES ('bound:3', 'NS_JOBS', 9, '000000000003-md', 1, 'bound', "
-            "now(), 'test', $1::jsonb)",
-            bound,
+            "INSERT INTO attempts (job_id, attempt, node, bound_at, ended_at, "
+            "resumed_from_step, steps_lost, last_step, failure_reason) VALUES "
+            "('000000000003-md', 1, 'n', now(), $1, 0, 0, 0, 'FAILURE_OOM_KILLED') "
+            "ON CONFLICT (job_id, attempt) DO UPDATE SET ended_at = EXCLUDED.ended_at",
+            ended,
         )
-        for ended in (NOW - timedelta(minutes=5), NOW):
-            await connection.execute(
-                "INSERT INTO attempts (job_id, attempt, node, bound_at, ended_at, "
-                "resumed_from_step, steps_lost, last_step, failure_reason) VALUES "
-                "('000000000003-md', 1, 'n', now(), $1, 0, 0, 0, 'FAILURE_OOM_KILLED') "
-                "ON CONFLICT (job_id, attempt) DO UPDATE SET ended_at = EXCLUDED.ended_at",
-                ended,
-            )
-        rows = await connection.fetch(SUMMARY)
-    finally:
-        await connection.close()
+    rows = await connection.fetch(SUMMARY)
     kinds = {(row["owner"], row["oom_killed"]): row for row in rows}
     assert set(kinds) == {("", False), ("", True), ("alice", False)}
     assert kinds[("alice", False)]["job_id"] == "alice.000000000002-md"
@@ -138,20 +133,17 @@ async def test_each_owners_kinds_are_apart_and_an_oom_kill_keeps_its_limit(
     assert len({row["spec_key"] for row in rows}) == 1, "one spec: one key"
 
 
-async def test_each_new_sample_of_a_kind_joins_its_one_summary(database_url: str) -> None:
-    await upgrade_async(database_url)
-    connection = await asyncpg.connect(database_url)
-    try:
-        for index in range(3):
-            job = f"{index:012x}-md"
-            await _job(connection, job)
-            await connection.execute(INSERT_USAGE, *_usage(job, index))
-        before = await _summaries(connection)
-        await _job(connection, "000000000003-md")
-        await connection.execute(INSERT_USAGE, *_usage("000000000003-md", 3))
-        after = await _summaries(connection)
-    finally:
-        await connection.close()
+async def test_each_new_sample_of_a_kind_joins_its_one_summary(
+    connection: asyncpg.Connection,
+) -> None:
+    for index in range(3):
+        job = f"{index:012x}-md"
+        await _job(connection, job)
+        await connection.execute(INSERT_USAGE, *_usage(job, index))
+    before = await _summaries(connection)
+    await _job(connection, "000000000003-md")
+    await connection.execute(INSERT_USAGE, *_usage("000000000003-md", 3))
+    after = await _summaries(connection)
     assert len(before) == 1 and len(before[0][7]) == 3
     assert len(after) == 1 and len(after[0][7]) == 4
 
