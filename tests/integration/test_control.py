@@ -73,6 +73,25 @@ async def kind_of_all(nc: Client, subjects: Subjects, kind: str) -> list[pb.Even
     return [e for e in every if e.WhichOneof("body") == kind]
 
 
+@pytest.fixture
+def client(nc: Client, subjects: Subjects) -> MdqClient:
+    """The operator's client on the test's connection."""
+    return MdqClient(nc=nc, subjects=subjects)
+
+
+@asynccontextmanager
+async def bound_on_n1(
+    nc: Client, subjects: Subjects, bus: EventPublisher, backend: RecordingBackend, job_id: str
+) -> AsyncIterator[Placement]:
+    """Node n1, and ``job_id`` submitted and bound there (its first attempt's pod created) by a
+    placement that answers job control until the block ends."""
+    await bus.publish(node_load("n1"))
+    await bus.publish(job(job_id))
+    async with placement_running(nc, subjects, backend) as placement:
+        await backend.pod_created(f"mdq-{job_id}-1", what="the job bound")
+        yield placement
+
+
 def outcomes(reply: pb.ControlReply) -> dict[str, tuple[str, str]]:
     return {o.job_id: (pb.ControlResult.Name(o.result), o.state) for o in reply.outcomes}
 
@@ -83,10 +102,10 @@ async def test_a_pending_job_is_cancelled_at_once_and_never_bound(
     js: JetStreamContext,
     bus: EventPublisher,
     backend: RecordingBackend,
+    client: MdqClient,
 ) -> None:
     await bus.publish(job("aaaaaaaaaaaa-big", cpu=64))  # fits no node: stays PENDING
     await bus.publish(node_load("n1", cpu_capacity=4))
-    client = MdqClient(nc=nc, subjects=subjects)
     async with placement_running(nc, subjects, backend):
         reply = await client.cancel(
             ["aaaaaaaaaaaa-big"], control_key="k1", reason="typo in steps", requested_by="ann"
@@ -119,12 +138,9 @@ async def test_a_running_job_is_stopped_and_its_pod_deleted(
     js: JetStreamContext,
     bus: EventPublisher,
     backend: RecordingBackend,
+    client: MdqClient,
 ) -> None:
-    await bus.publish(node_load("n1"))
-    await bus.publish(job("bbbbbbbbbbbb-run"))
-    client = MdqClient(nc=nc, subjects=subjects)
-    async with placement_running(nc, subjects, backend) as placement:
-        await backend.pod_created("mdq-bbbbbbbbbbbb-run-1", what="the job bound")
+    async with bound_on_n1(nc, subjects, bus, backend, "bbbbbbbbbbbb-run") as placement:
         await bus.publish(
             event("started", pb.JobStarted(node="n1"), job="bbbbbbbbbbbb-run", attempt=1)
         )
@@ -152,10 +168,10 @@ async def test_a_held_job_is_not_placed_until_released(
     js: JetStreamContext,
     bus: EventPublisher,
     backend: RecordingBackend,
+    client: MdqClient,
 ) -> None:
     await bus.publish(job("cccccccccccc-big", cpu=64))
     await bus.publish(node_load("n1", cpu_capacity=4))
-    client = MdqClient(nc=nc, subjects=subjects)
     async with placement_running(nc, subjects, backend) as placement:
         reply = await client.hold(["cccccccccccc-big"])
         assert outcomes(reply) == {"cccccccccccc-big": ("CONTROL_DONE", "HELD")}
@@ -289,9 +305,8 @@ async def test_a_tenant_controls_its_own_jobs_only(
 
 
 async def test_bad_requests_are_refused_naming_the_field(
-    nc: Client, subjects: Subjects, backend: RecordingBackend
+    nc: Client, subjects: Subjects, backend: RecordingBackend, client: MdqClient
 ) -> None:
-    client = MdqClient(nc=nc, subjects=subjects)
     async with placement_running(nc, subjects, backend):
         cases: list[tuple[dict[str, object], str]] = [
             ({"verb": "cancel"}, ""),  # no jobs named
@@ -330,12 +345,12 @@ async def test_cancelling_a_job_cancels_what_waits_for_it(
     js: JetStreamContext,
     bus: EventPublisher,
     backend: RecordingBackend,
+    client: MdqClient,
 ) -> None:
     await bus.publish(node_load("n1", cpu_capacity=1))
     await bus.publish(job("ffffffffffff-first", cpu=8))
     await bus.publish(job("ffffffffffff-then", depends_on=("ffffffffffff-first",)))
     await bus.publish(job("ffffffffffff-last", depends_on=("ffffffffffff-then",)))
-    client = MdqClient(nc=nc, subjects=subjects)
     async with placement_running(nc, subjects, backend):
         reply = await client.cancel(["ffffffffffff-first"])
         assert outcomes(reply) == {"ffffffffffff-first": ("CONTROL_DONE", "CANCELLED")}
@@ -352,11 +367,11 @@ async def test_verbs_that_do_not_apply_get_a_clear_answer(
     js: JetStreamContext,
     bus: EventPublisher,
     backend: RecordingBackend,
+    client: MdqClient,
 ) -> None:
     await bus.publish(node_load("n1"))
     await bus.publish(job("gggggggggggg-done"))
     await bus.publish(job("gggggggggggg-min", task=pb.TASK_MINIMIZE))
-    client = MdqClient(nc=nc, subjects=subjects)
     async with placement_running(nc, subjects, backend) as placement:
 
         async def both_bound() -> bool:
@@ -398,12 +413,9 @@ async def test_a_succeeded_job_is_extended_as_a_new_attempt(
     js: JetStreamContext,
     bus: EventPublisher,
     backend: RecordingBackend,
+    client: MdqClient,
 ) -> None:
-    await bus.publish(node_load("n1"))
-    await bus.publish(job("hhhhhhhhhhhh-md"))
-    client = MdqClient(nc=nc, subjects=subjects)
-    async with placement_running(nc, subjects, backend) as placement:
-        await backend.pod_created("mdq-hhhhhhhhhhhh-md-1", what="the job bound")
+    async with bound_on_n1(nc, subjects, bus, backend, "hhhhhhhhhhhh-md") as placement:
         final = pb.Checkpoint(step=1000, path="checkpoints/ckpt-1000.xml", sha256="ab")
         await bus.publish(event("checkpoint", final, job="hhhhhhhhhhhh-md", attempt=1, detail=1000))
         await bus.publish(
