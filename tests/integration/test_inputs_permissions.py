@@ -14,6 +14,7 @@ import json
 import logging
 import re
 from collections.abc import AsyncIterator, Iterator
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -92,6 +93,19 @@ async def connected(server: Server, identity: str) -> Client:
     return await connect(server.nats.url, name=identity, creds=server.creds[identity], wait=False)
 
 
+@asynccontextmanager
+async def connections(server: Server, *identities: str) -> AsyncIterator[list[Client]]:
+    """A connection as each of ``identities``, in their order; all closed when the block ends
+    (also those made before one failed to connect)."""
+    async with AsyncExitStack() as stack:
+        clients = []
+        for identity in identities:
+            client = await connected(server, identity)
+            stack.push_async_callback(client.close)
+            clients.append(client)
+        yield clients
+
+
 def refused(caplog: pytest.LogCaptureFixture, name: str) -> bool:
     """Whether the server refused one of this test's clients a subject with ``name`` (a bucket,
     its stream ``OBJ_<bucket>``, a job id) as one of its tokens: the permissions violation
@@ -114,10 +128,7 @@ async def test_each_uploads_into_its_own_bucket_only(
     prepared: Server, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.ERROR, logger="mdq.bus")
-    alice = await connected(prepared, "alice")
-    cli = await connected(prepared, "cli")
-    admin = await connected(prepared, "admin")
-    try:
+    async with connections(prepared, "alice", "cli", "admin") as (alice, cli, admin):
         script = file_of(tmp_path, "in.alice", b"units metal\n")
         mine = await upload(alice.jetstream(), SUBJECTS.inputs_bucket("alice"), script)
         assert mine.sent
@@ -137,71 +148,63 @@ async def test_each_uploads_into_its_own_bucket_only(
         assert await lookup(js, SUBJECTS.inputs_bucket("alice"), mine.sha256) is not None
         info = await js.stream_info(f"OBJ_{SUBJECTS.inputs_bucket('bob')}")
         assert info.state.messages == 0, "nothing of the refused uploads was stored"
-    finally:
-        for client in (alice, cli, admin):
-            await client.close()
 
 
 async def test_a_tenants_bucket_holds_its_quota_and_no_more(
     prepared: Server, tmp_path: Path
 ) -> None:
-    bob = await connected(prepared, "bob")
-    try:
+    async with connections(prepared, "bob") as (bob,):
         big = file_of(tmp_path, "big.data", b"x" * (QUOTA + 1))
         with pytest.raises(InputsFull, match="is full"):
             await upload(bob.jetstream(), SUBJECTS.inputs_bucket("bob"), big)
         small = file_of(tmp_path, "small.data", b"y" * 1000)
         assert (await upload(bob.jetstream(), SUBJECTS.inputs_bucket("bob"), small)).sent
-    finally:
-        await bob.close()
 
 
 async def test_a_runner_gets_its_own_jobs_files_from_intake_and_nothing_itself(
     prepared: Server, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.ERROR, logger="mdq.bus")
-    alice = await connected(prepared, "alice")
-    intake = await connected(prepared, "intake")
-    runner = await connected(prepared, JOB)
-    other = await connected(prepared, OTHER_JOB)
-    desk = InputDesk(intake, SUBJECTS)
-    await desk.start()
-    try:
-        data = b"units metal\nlattice fcc 3.615\n" * 20_000  # several chunks
-        uploaded = await upload(
-            alice.jetstream(), SUBJECTS.inputs_bucket("alice"), file_of(tmp_path, "in", data)
-        )
-        spec = pb.JobSpec(name="melt")
-        spec.inputs.add(name="in.melt", sha256=uploaded.sha256, size_bytes=uploaded.size_bytes)
-        publisher = EventPublisher(js=intake.jetstream(), subjects=SUBJECTS, producer="intake")
-        await publisher.publish(
-            publisher.event("submitted", pb.JobSubmitted(spec=spec), job_id=JOB, attempt=0)
-        )
-        got = bytearray()
-        written = await InputFetch(runner, SUBJECTS, JOB).fetch(uploaded.sha256, got.extend)
-        assert bytes(got) == data and written == len(data)
-
-        # another job of the same tenant asks for it: on its own subject intake refuses (not
-        # its spec's), on the first job's subject the server refuses
-        with pytest.raises(FetchRefused, match="has no submitted event"):
-            await InputFetch(other, SUBJECTS, OTHER_JOB).fetch(uploaded.sha256, bytearray().extend)
-        caplog.clear()
-        with pytest.raises((nats.errors.Error, TimeoutError)):
-            await InputFetch(other, SUBJECTS, JOB, timeout_s=1.0).fetch(
-                uploaded.sha256, bytearray().extend
+    async with connections(prepared, "alice", "intake", JOB, OTHER_JOB) as clients:
+        alice, intake, runner, other = clients
+        desk = InputDesk(intake, SUBJECTS)
+        await desk.start()
+        try:
+            data = b"units metal\nlattice fcc 3.615\n" * 20_000  # several chunks
+            uploaded = await upload(
+                alice.jetstream(), SUBJECTS.inputs_bucket("alice"), file_of(tmp_path, "in", data)
             )
-        assert refused(caplog, JOB), "the server refused the other runner the job's subject"
-        # and a runner reads no bucket by itself
-        alices = SUBJECTS.inputs_bucket("alice")
-        with pytest.raises((nats.errors.Error, TimeoutError)):
-            await lookup(runner.jetstream(), alices, uploaded.sha256)
-        assert refused(caplog, alices), "the server refused the runner alice's bucket"
-        request = json.dumps({"seq": 1}).encode()
-        with pytest.raises((nats.errors.Error, TimeoutError)):
-            await runner.request(f"$JS.API.DIRECT.GET.OBJ_{alices}", request, timeout=1)
-        assert refused(caplog, alices), "the server refused the runner a direct get"
-        assert desk.served >= 2
-    finally:
-        await desk.stop()
-        for client in (alice, intake, runner, other):
-            await client.close()
+            spec = pb.JobSpec(name="melt")
+            spec.inputs.add(name="in.melt", sha256=uploaded.sha256, size_bytes=uploaded.size_bytes)
+            publisher = EventPublisher(js=intake.jetstream(), subjects=SUBJECTS, producer="intake")
+            await publisher.publish(
+                publisher.event("submitted", pb.JobSubmitted(spec=spec), job_id=JOB, attempt=0)
+            )
+            got = bytearray()
+            written = await InputFetch(runner, SUBJECTS, JOB).fetch(uploaded.sha256, got.extend)
+            assert bytes(got) == data and written == len(data)
+
+            # another job of the same tenant asks for it: on its own subject intake refuses (not
+            # its spec's), on the first job's subject the server refuses
+            with pytest.raises(FetchRefused, match="has no submitted event"):
+                await InputFetch(other, SUBJECTS, OTHER_JOB).fetch(
+                    uploaded.sha256, bytearray().extend
+                )
+            caplog.clear()
+            with pytest.raises((nats.errors.Error, TimeoutError)):
+                await InputFetch(other, SUBJECTS, JOB, timeout_s=1.0).fetch(
+                    uploaded.sha256, bytearray().extend
+                )
+            assert refused(caplog, JOB), "the server refused the other runner the job's subject"
+            # and a runner reads no bucket by itself
+            alices = SUBJECTS.inputs_bucket("alice")
+            with pytest.raises((nats.errors.Error, TimeoutError)):
+                await lookup(runner.jetstream(), alices, uploaded.sha256)
+            assert refused(caplog, alices), "the server refused the runner alice's bucket"
+            request = json.dumps({"seq": 1}).encode()
+            with pytest.raises((nats.errors.Error, TimeoutError)):
+                await runner.request(f"$JS.API.DIRECT.GET.OBJ_{alices}", request, timeout=1)
+            assert refused(caplog, alices), "the server refused the runner a direct get"
+            assert desk.served >= 2
+        finally:
+            await desk.stop()
