@@ -165,7 +165,6 @@ async def test_a_running_job_is_stopped_and_its_pod_deleted(
 async def test_a_held_job_is_not_placed_until_released(
     nc: Client,
     subjects: Subjects,
-    js: JetStreamContext,
     bus: EventPublisher,
     backend: RecordingBackend,
     client: MdqClient,
@@ -201,7 +200,6 @@ async def test_a_held_job_is_not_placed_until_released(
 async def test_reprioritize_reranks_the_queue_within_the_tenants_classes(
     nc: Client,
     subjects: Subjects,
-    js: JetStreamContext,
     bus: EventPublisher,
     backend: RecordingBackend,
 ) -> None:
@@ -260,7 +258,6 @@ async def test_reprioritize_reranks_the_queue_within_the_tenants_classes(
 async def test_a_tenant_controls_its_own_jobs_only(
     nc: Client,
     subjects: Subjects,
-    js: JetStreamContext,
     bus: EventPublisher,
     backend: RecordingBackend,
 ) -> None:
@@ -449,7 +446,6 @@ def cli(nats_url: str, namespace: str, *args: str) -> Result:
 async def test_the_cli_verbs_exit_as_documented(
     nc: Client,
     subjects: Subjects,
-    js: JetStreamContext,
     bus: EventPublisher,
     backend: RecordingBackend,
     nats_url: str,

@@ -238,7 +238,6 @@ async def test_a_run_past_its_max_wall_s_is_stopped_and_fails_for_good(
 async def test_a_cancel_during_a_recovery_backoff_ends_the_job_at_once(
     nc: Client,
     subjects: Subjects,
-    js: JetStreamContext,
     bus: EventPublisher,
     backend: RecordingBackend,
 ) -> None:
