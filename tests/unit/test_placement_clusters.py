@@ -3,9 +3,6 @@ and the per-cluster explanation, as tables of named cases."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-from datetime import UTC, datetime, timedelta
-
 import pytest
 
 from mdq.contracts import pb
@@ -30,9 +27,9 @@ from mdq.core.placement import (
     plan,
     plan_preemptions,
 )
+from tests.unit.test_placement_core import CONFIG, NOW, job
+from tests.unit.test_placement_core import node as unclustered_node
 
-NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
-CONFIG = PlacementConfig()
 LABELS = {
     "dept": {"site": "campus", "tier": "shared"},
     "hpc": {"site": "centre", "fabric": "infiniband"},
@@ -41,23 +38,11 @@ LABELS = {
 
 
 def node(cluster: str, name: str = "n1", **changes: object) -> NodeState:
-    base = NodeState(
-        name=qualified(cluster, name),
-        cpu_capacity=8,
-        memory_capacity_mb=16_384,
-        ready=True,
-        cpu_load=0.1,
-        memory_load=0.1,
-        reported_at=NOW - timedelta(seconds=1),
-        cluster=cluster,
-        cluster_labels=LABELS.get(cluster, {}),
+    """A node as the placement core's tables make one (``node``), of ``cluster``: its name
+    qualified by the cluster's, the cluster's labels with it."""
+    return unclustered_node(
+        qualified(cluster, name), cluster=cluster, cluster_labels=LABELS.get(cluster, {}), **changes
     )
-    return replace(base, **changes)  # type: ignore[arg-type]
-
-
-def job(job_id: str = "j", **changes: object) -> QueuedJob:
-    base = QueuedJob(job_id=job_id, cpu=1, memory_mb=1024, priority=500, submitted_at=NOW)
-    return replace(base, **changes)  # type: ignore[arg-type]
 
 
 def selector(
