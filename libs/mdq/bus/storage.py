@@ -9,7 +9,7 @@ that holds mdq needs. Which stream drops what when full, and why: docs/durabilit
 from __future__ import annotations
 
 import math
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
 from pydantic import ByteSize, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -22,6 +22,11 @@ NODE_SUMMARIES_SPARE = 5
 MiB = 1024 * 1024
 GiB = 1024 * MiB
 
+SizeLimit = Annotated[ByteSize, Field(gt=0)]
+"""A stream's or a bucket's size limit: bytes, or a size with its unit; never 0."""
+Days = Annotated[float, Field(gt=0)]
+"""How long a stream keeps a message, in days (fractions allowed); never 0."""
+
 
 class StorageSettings(BaseSettings):
     """Size and age limits of the namespace's streams and buckets (``MDQ_STORAGE_*``).
@@ -30,18 +35,16 @@ class StorageSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="MDQ_STORAGE_", extra="ignore")
 
-    submit_bytes: ByteSize = Field(
+    submit_bytes: SizeLimit = Field(
         default=ByteSize(1 * GiB),
-        gt=0,
         description="Submit stream (fire-and-forget submits as they arrived): size limit; "
         "when full, a new submit is refused to its publisher.",
     )
-    submit_days: float = Field(
-        default=7.0, gt=0, description="Submit stream: how long a submit is kept (for replay)."
+    submit_days: Days = Field(
+        default=7.0, description="Submit stream: how long a submit is kept (for replay)."
     )
-    jobs_bytes: ByteSize = Field(
+    jobs_bytes: SizeLimit = Field(
         default=ByteSize(8 * GiB),
-        gt=0,
         description="Jobs stream (every job's lifecycle, the log of record): size limit.",
     )
     jobs_days: float = Field(
@@ -56,23 +59,21 @@ class StorageSettings(BaseSettings):
         description="Share of the jobs stream's size limit above which intake refuses new "
         "submits, keeping the rest for the lifecycle events of jobs already accepted.",
     )
-    progress_bytes: ByteSize = Field(
-        default=ByteSize(8 * GiB), gt=0, description="Progress stream: size limit (oldest go)."
+    progress_bytes: SizeLimit = Field(
+        default=ByteSize(8 * GiB), description="Progress stream: size limit (oldest go)."
     )
-    progress_days: float = Field(
-        default=90.0, gt=0, description="Progress stream: how long a report is kept."
+    progress_days: Days = Field(
+        default=90.0, description="Progress stream: how long a report is kept."
     )
-    nodes_bytes: ByteSize = Field(
+    nodes_bytes: SizeLimit = Field(
         default=ByteSize(64 * MiB),
-        gt=0,
         description="Node load stream (the last report of each node): size limit.",
     )
-    nodes_days: float = Field(
-        default=1.0, gt=0, description="Node load stream: how long a node's last report lasts."
+    nodes_days: Days = Field(
+        default=1.0, description="Node load stream: how long a node's last report lasts."
     )
-    node_summaries_bytes: ByteSize = Field(
+    node_summaries_bytes: SizeLimit = Field(
         default=ByteSize(128 * MiB),
-        gt=0,
         description="Node load summaries stream (each node's load a minute at a time, the "
         "console's last hour): size limit (oldest go).",
     )
@@ -83,29 +84,25 @@ class StorageSettings(BaseSettings):
         "hour the console shows, so the hour's first minute is still there. Each node keeps "
         "at most one summary per minute of it (node_summaries_per_node).",
     )
-    copies_bytes: ByteSize = Field(
+    copies_bytes: SizeLimit = Field(
         default=ByteSize(2 * GiB),
-        gt=0,
         description="Copies stream (each job's latest two checkpoints per attempt and its "
         "outputs, in the store every cluster shares): size limit; the oldest copies go first.",
     )
-    copies_days: float = Field(
+    copies_days: Days = Field(
         default=14.0,
-        gt=0,
         description="Copies stream: how long a copy is kept. A running job copies each new "
         "checkpoint, so only ended jobs' copies (their outputs) age out.",
     )
-    tenant_bytes: ByteSize = Field(
+    tenant_bytes: SizeLimit = Field(
         default=ByteSize(512 * MiB),
-        gt=0,
         description="Each tenant's own stream (a copy of its events): size limit (oldest go).",
     )
-    tenant_days: float = Field(
-        default=30.0, gt=0, description="Each tenant's stream: how long an event is kept."
+    tenant_days: Days = Field(
+        default=30.0, description="Each tenant's stream: how long an event is kept."
     )
-    tenant_submit_bytes: ByteSize = Field(
+    tenant_submit_bytes: SizeLimit = Field(
         default=ByteSize(64 * MiB),
-        gt=0,
         description="Each tenant's submit stream (its fire-and-forget submits, deduplicated "
         "among its own): size limit; full, it refuses that tenant's publishes alone.",
     )
@@ -130,33 +127,28 @@ class StorageSettings(BaseSettings):
         description="Each tenant's stream: a consumer no client used for this long is deleted "
         "by the server, durable or not (so a tenant cannot keep one for ever).",
     )
-    inputs_bytes: ByteSize = Field(
+    inputs_bytes: SizeLimit = Field(
         default=ByteSize(1 * GiB),
-        gt=0,
         description="The operator's inputs bucket (the input files of its jobs, an object "
         "store, mdq.bus.inputs): size limit; when full, an upload is refused.",
     )
-    tenant_inputs_bytes: ByteSize = Field(
+    tenant_inputs_bytes: SizeLimit = Field(
         default=ByteSize(256 * MiB),
-        gt=0,
         description="Each tenant's inputs bucket (made by mdq tenant add): size limit, the "
         "tenant's quota of input files; when full, the tenant's upload is refused.",
     )
-    registry_bytes: ByteSize = Field(
+    registry_bytes: SizeLimit = Field(
         default=ByteSize(512 * MiB),
-        gt=0,
         description="Job control's answers (one record per control request key): size limit.",
     )
-    registry_days: float = Field(
+    registry_days: Days = Field(
         default=30.0,
-        gt=0,
         description="Intake's duplicate window: a submit's key is remembered this long (the "
         "same key and content get the same reply); after it, the key is refused as used "
         "while the jobs log still holds its jobs. Shorter than jobs_days.",
     )
-    bucket_bytes: ByteSize = Field(
+    bucket_bytes: SizeLimit = Field(
         default=ByteSize(256 * MiB),
-        gt=0,
         description="Every other bucket (placement's queue view, the snapshots, the leader "
         "lease, the tenants' policies, the local backend's tables): size limit of each.",
     )
@@ -213,10 +205,5 @@ class StorageSettings(BaseSettings):
             + int(self.registry_bytes)
             + self.BUCKETS_PER_NAMESPACE * int(self.bucket_bytes)
             + int(self.inputs_bytes)
-            + self.expected_tenants
-            * (
-                int(self.tenant_bytes)
-                + int(self.tenant_submit_bytes)
-                + int(self.tenant_inputs_bytes)
-            )
+            + self.expected_tenants * self._per_tenant_bytes()
         )
