@@ -230,6 +230,24 @@ FINGERPRINT_INPUTS = """jsonb_strip_nulls(jsonb_build_object(
 SPEC_KEY = f"md5(({FINGERPRINT_INPUTS.format(s='s.system_spec')})::text)"
 """The sample's ``spec_key``: what ``usage_history`` groups the samples' specs by."""
 
+SPEC_OF_ROW = """LEFT JOIN jobs j ON j.job_id = n.job_id
+    CROSS JOIN LATERAL (
+        SELECT COALESCE(j.spec, (
+            SELECT e.body->'spec' FROM job_events e
+            WHERE e.job_id = n.job_id AND e.kind = 'submitted' LIMIT 1)) AS system_spec
+    ) AS s0
+    CROSS JOIN LATERAL (SELECT s0.system_spec, s0.system_spec->'system' AS system) AS s"""
+"""Joins to a row ``n`` of a job the job's spec (``s.system_spec``) and its system
+(``s.system``): from ``jobs``, or from the job's ``submitted`` event when its row is not written
+yet (the projector writes a batch's events before it folds the jobs)."""
+
+SYSTEM_KIND_OF = """LEFT JOIN LATERAL (
+        SELECT key AS kind FROM jsonb_object_keys(
+            CASE WHEN jsonb_typeof(s.system) = 'object' THEN s.system END) AS key
+        ORDER BY key LIMIT 1
+    ) AS k ON true"""
+"""Joins the kind of that system (``k.kind``: its one key, ``water_box`` ...)."""
+
 SAMPLES_OF = f"""
     SELECT n.job_id, n.attempt, n.time, COALESCE(k.kind, '') AS system_kind,
            CASE WHEN k.kind = 'water_box'
@@ -242,23 +260,12 @@ SAMPLES_OF = f"""
            COALESCE((n.body->>'cpu_limit')::double precision, 0),
            {SPEC_KEY}, false
     FROM {{source}} n
-    LEFT JOIN jobs j ON j.job_id = n.job_id
-    CROSS JOIN LATERAL (
-        SELECT COALESCE(j.spec, (
-            SELECT e.body->'spec' FROM job_events e
-            WHERE e.job_id = n.job_id AND e.kind = 'submitted' LIMIT 1)) AS system_spec
-    ) AS s0
-    CROSS JOIN LATERAL (SELECT s0.system_spec, s0.system_spec->'system' AS system) AS s
-    LEFT JOIN LATERAL (
-        SELECT key AS kind FROM jsonb_object_keys(
-            CASE WHEN jsonb_typeof(s.system) = 'object' THEN s.system END) AS key
-        ORDER BY key LIMIT 1
-    ) AS k ON true
+    {SPEC_OF_ROW}
+    {SYSTEM_KIND_OF}
     WHERE n.kind = 'usage' AND n.job_id IS NOT NULL
 """
 """The samples of the usage events of ``source`` (a table of ``job_events`` rows), with the
-system of the job's spec: from ``jobs``, or from the job's ``submitted`` event when its row is
-not written yet (the projector writes a batch's events before it folds the jobs)."""
+system of the job's spec (``SPEC_OF_ROW``)."""
 
 COLUMNS = (
     "job_id, attempt, time, system_kind, box_nm, peak_memory_mb, mean_cores, cpu_seconds, "
@@ -276,22 +283,12 @@ OOM_OF = f"""
                     (s.system_spec->'resources'->>'cpu')::double precision, 0),
            {SPEC_KEY}, true
     FROM {{source}} n
-    LEFT JOIN jobs j ON j.job_id = n.job_id
-    CROSS JOIN LATERAL (
-        SELECT COALESCE(j.spec, (
-            SELECT e.body->'spec' FROM job_events e
-            WHERE e.job_id = n.job_id AND e.kind = 'submitted' LIMIT 1)) AS system_spec
-    ) AS s0
-    CROSS JOIN LATERAL (SELECT s0.system_spec, s0.system_spec->'system' AS system) AS s
+    {SPEC_OF_ROW}
     LEFT JOIN LATERAL (
         SELECT e.body->'resources' AS resources FROM job_events e
         WHERE e.job_id = n.job_id AND e.attempt = n.attempt AND e.kind = 'bound' LIMIT 1
     ) AS b ON true
-    LEFT JOIN LATERAL (
-        SELECT key AS kind FROM jsonb_object_keys(
-            CASE WHEN jsonb_typeof(s.system) = 'object' THEN s.system END) AS key
-        ORDER BY key LIMIT 1
-    ) AS k ON true
+    {SYSTEM_KIND_OF}
     WHERE n.failure_reason = 'FAILURE_OOM_KILLED' AND n.ended_at IS NOT NULL
 """
 """The samples of the OOM-killed attempts of ``source`` (a table of ``attempts`` rows): no
