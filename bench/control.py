@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import psutil
+from bench_figures import percentile
 from bench_stack import BenchFailed, failing_as, servers, stack_on
 from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy, StreamConfig
@@ -271,11 +272,6 @@ async def double_terminal(client: MdqClient) -> int:
             terminal[event.job_id] = terminal.get(event.job_id, 0) + 1
     await subscription.unsubscribe()
     return sum(1 for count in terminal.values() if count > 1)
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
 async def main(waves: int, bulk: int) -> dict[str, object]:

@@ -29,9 +29,10 @@ from nats.aio.msg import Msg
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's tools/
 
+from bench_figures import percentile
 from bench_stack import BenchFailed, failing_as, servers, stack_on
 from placement import processes, submit_payload, wait_for_responder
-from recovery import percentile, submit
+from recovery import submit
 
 from mdq.bus.codec import decode_event
 from mdq.bus.connect import connect

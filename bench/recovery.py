@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+from bench_figures import percentile
 from bench_stack import BenchFailed, failing_as, servers, stack_on
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's tools/
@@ -245,11 +246,6 @@ async def measure_kills(
         )
         attempt += 1
     return kills
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
 async def main(evictions: int, kills: int, seed: int) -> dict[str, object]:

@@ -23,6 +23,7 @@ from typing import Any
 
 import asyncpg
 import psutil
+from bench_figures import percentile
 from bench_stack import servers, stack_on
 from google.protobuf import json_format
 
@@ -188,7 +189,7 @@ class Phase:
         """The slack and kill figures of this phase, each key after ``prefix``."""
         figures = {
             "mean_memory_slack": round(statistics.mean(self.memory_slack), 3),
-            "p95_memory_slack": round(p95(self.memory_slack), 3),
+            "p95_memory_slack": round(percentile(self.memory_slack, 0.95), 3),
             "mean_cpu_slack": round(statistics.mean(self.cpu_slack), 3),
             "oom_kills": self.oom_kills,
             "over_request_attempts": self.over_request,
@@ -285,11 +286,6 @@ async def run_phase(
         int(failures),
         requested,
     )
-
-
-def p95(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
 
 
 async def main(

@@ -28,6 +28,7 @@ from typing import Any
 import nats
 import nats.errors
 import nats.js.errors
+from bench_figures import percentile
 from nats.aio.client import Client
 from nats.js.api import DeliverPolicy, KeyValueConfig
 
@@ -353,11 +354,6 @@ def start_process(args: list[str], **options: Any) -> subprocess.Popen[Any]:
     return subprocess.Popen(args, cwd=REPO, **options)
 
 
-def quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 def growth(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
     return {name: after.get(name, 0) - before.get(name, 0) for name in sorted(after)}
 
@@ -399,11 +395,11 @@ async def run(rounds: int, submits: int) -> dict[str, Any]:
             counts = json.loads(counts_line.strip().splitlines()[-1])
             per_round.append(
                 {
-                    "alone_p50_ms": 1000 * quantile(alone, 0.5),
-                    "alone_p99_ms": 1000 * quantile(alone, 0.99),
-                    "flood_p50_ms": 1000 * quantile(flooded, 0.5),
-                    "flood_p99_ms": 1000 * quantile(flooded, 0.99),
-                    "p99_ratio": quantile(flooded, 0.99) / quantile(alone, 0.99),
+                    "alone_p50_ms": 1000 * percentile(alone, 0.5),
+                    "alone_p99_ms": 1000 * percentile(alone, 0.99),
+                    "flood_p50_ms": 1000 * percentile(flooded, 0.5),
+                    "flood_p99_ms": 1000 * percentile(flooded, 0.99),
+                    "p99_ratio": percentile(flooded, 0.99) / percentile(alone, 0.99),
                     "growth_alone_bytes": growth(before, middle),
                     "growth_flood_bytes": growth(middle, after_flood),
                     "flood_counts": counts,
