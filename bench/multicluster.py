@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's
 
 from bench_figures import percentile
 from bench_stack import BenchFailed, failing_as, servers, stack_on
-from placement import processes, submit_payload, wait_for_responder
+from placement import processes, side_env, submit_payload, wait_for_responder
 from recovery import submit
 
 from mdq.bus.codec import decode_event
@@ -56,7 +56,6 @@ from mdq.testing.runner_files import (
 from tools.processes import runner_environments
 from tools.submitting import water_job
 
-REPO = Path(__file__).resolve().parents[1]
 NODES = 3000
 NODE_CORES = 64
 MEMORY_MB_PER_CORE = 4096
@@ -166,15 +165,7 @@ async def open_side(
     reporter = asyncio.create_task(
         keep_nodes_reporting(nc, subjects, node_names(clusters, per_cluster))
     )
-    env = os.environ | {
-        "NATS_URL": url,
-        "MDQ_NAMESPACE": namespace,
-        "MDQ_DATA_DIR": str(root / namespace / "data"),
-        "MDQ_INTAKE_LOG_LEVEL": "warning",
-        "MDQ_PLACEMENT_LEADER_ELECTION": "false",
-        "MDQ_PLACEMENT_RECONCILE_INTERVAL_S": "1.0",
-        "PYTHONPATH": str(REPO),
-    }
+    env = side_env(url, namespace, root / namespace)
     logs = root / namespace / "logs"
     logs.mkdir(parents=True)
     python = sys.executable

@@ -563,6 +563,21 @@ def payloads_for(prefix: str, count: int) -> list[tuple[str, bytes]]:
     return out
 
 
+def side_env(url: str, namespace: str, folder: Path) -> dict[str, str]:
+    """The environment of a side's intake and placement: this process's, with ``namespace`` on
+    the NATS at ``url``, the jobs' data under ``folder``, intake logging warnings only, and
+    placement placing without a leader lease, reconciling every second."""
+    return os.environ | {
+        "NATS_URL": url,
+        "MDQ_NAMESPACE": namespace,
+        "MDQ_DATA_DIR": str(folder / "data"),
+        "MDQ_INTAKE_LOG_LEVEL": "warning",
+        "MDQ_PLACEMENT_LEADER_ELECTION": "false",
+        "MDQ_PLACEMENT_RECONCILE_INTERVAL_S": "1.0",
+        "PYTHONPATH": str(REPO),
+    }
+
+
 async def open_side(
     name: str,
     url: str,
@@ -584,15 +599,8 @@ async def open_side(
 
     nc = await connect(url, name=f"bench-{name}", subjects=subjects, creds=creds.get("bench"))
     reporter = asyncio.create_task(keep_nodes_reporting(nc, subjects, NODES))
-    env = os.environ | {
-        "NATS_URL": url,
-        "MDQ_NAMESPACE": namespace,
-        "MDQ_DATA_DIR": str(root / name / "data"),
-        "MDQ_INTAKE_LOG_LEVEL": "warning",
-        "MDQ_PLACEMENT_LEADER_ELECTION": "false",
-        "MDQ_PLACEMENT_RECONCILE_INTERVAL_S": "1.0",
-        "MDQ_PLACEMENT_LOAD_TIMEOUT_S": str(LOAD_TIMEOUT_S),
-        "PYTHONPATH": str(REPO),
+    env = side_env(url, namespace, root / name) | {
+        "MDQ_PLACEMENT_LOAD_TIMEOUT_S": str(LOAD_TIMEOUT_S)
     }
     logs = root / name / "logs"
     (logs / "raw").mkdir(parents=True)
