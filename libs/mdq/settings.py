@@ -7,11 +7,16 @@ is ``MDQ_*``. Each service adds its own group with its own prefix (``MDQ_PLACEME
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from mdq.core.tenants import RunawayLimits
+
+BackendSetting = Annotated[str, Field(description="Cluster backend: local or kubernetes.")]
+"""The ``backend`` setting of the services that drive the cluster (placement, the watcher): the
+kind of backend ``mdq.backends.factory.make_backend`` makes."""
 
 
 class CommonSettings(BaseSettings):

@@ -11,6 +11,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from mdq.core.placement import PlacementConfig
 from mdq.core.placement_state import ENDED_MEMORY
+from mdq.settings import BackendSetting
 
 CORE_DEFAULTS = PlacementConfig()
 """The core's defaults: the tunables' defaults here."""
@@ -24,7 +25,7 @@ class PlacementSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="MDQ_PLACEMENT_", extra="ignore")
 
-    backend: str = Field(default="local", description="Cluster backend: local or kubernetes.")
+    backend: BackendSetting = "local"
     runner_nats_url: str = Field(
         default="",
         description="NATS URL as seen from inside a Kubernetes pod; default: NATS_URL (the "

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from mdq.settings import BackendSetting
 from mdq.store.projection import BATCH_SIZE, BATCH_WAIT_S
 
 
@@ -13,7 +14,7 @@ class WatcherSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="MDQ_WATCHER_", extra="ignore")
 
-    backend: str = Field(default="local", description="Cluster backend: local or kubernetes.")
+    backend: BackendSetting = "local"
     batch_size: int = Field(
         default=BATCH_SIZE, ge=1, description="Most events applied in one transaction."
     )
