@@ -14,10 +14,10 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from mdq.contracts import pb
 from mdq.core.ids import REQUEST_ID_HEX, TENANT_SEPARATOR
@@ -25,6 +25,9 @@ from mdq.core.spec import MAX_DISK_MB, MAX_WALL_S, SpecError
 from mdq.core.state import JobState
 from mdq.core.timestamps import EPOCH
 from mdq.errors import InvalidInput
+
+_Amount = TypeVar("_Amount", int, float)
+"""An amount a runaway limit bounds: whole MiB of disk, or seconds of wall time."""
 
 TENANT_PATTERN = re.compile(r"[a-z][a-z0-9-]{0,30}")
 """A tenant's name (fullmatch): a subject token, a stream-name suffix and a PostgreSQL role
@@ -439,25 +442,35 @@ def apply_runaway_limits(
         )
     limited = pb.JobSpec()
     limited.CopyFrom(spec)
-    wall = limits.max_wall_s
-    if wall is not None:
-        wall = min(wall, MAX_WALL_S)
-        if spec.max_wall_s > wall:
-            raise SpecError(
-                f"{path}.max_wall_s",
-                f"{_number(spec.max_wall_s)} s is above {who} limit of {_number(wall)} s per job",
-            )
-        limited.max_wall_s = spec.max_wall_s or wall
-    disk = limits.max_disk_mb
-    if disk is not None:
-        disk = min(disk, MAX_DISK_MB)
-        if spec.max_disk_mb > disk:
-            raise SpecError(
-                f"{path}.max_disk_mb",
-                f"{spec.max_disk_mb} MiB is above {who} limit of {disk} MiB per job",
-            )
-        limited.max_disk_mb = spec.max_disk_mb or disk
+    limited.max_wall_s = _held_to(
+        spec.max_wall_s, limits.max_wall_s, MAX_WALL_S, f"{path}.max_wall_s", "s", who, _number
+    )
+    limited.max_disk_mb = _held_to(
+        spec.max_disk_mb, limits.max_disk_mb, MAX_DISK_MB, f"{path}.max_disk_mb", "MiB", who, str
+    )
     return limited
+
+
+def _held_to(
+    asked: _Amount,
+    limit: _Amount | None,
+    most: _Amount,
+    field: str,
+    unit: str,
+    who: str,
+    shown: Callable[[_Amount], str],
+) -> _Amount:
+    """What a job that ``asked`` this much (0: nothing asked) of a runaway limit gets: ``limit``
+    (None: no limit; never above ``most``, what any job may ask) where it asked nothing, what
+    it asked within it; above it, a ``SpecError`` on ``field`` (amounts ``shown`` in ``unit``)."""
+    if limit is None:
+        return asked
+    limit = min(limit, most)
+    if asked > limit:
+        raise SpecError(
+            field, f"{shown(asked)} {unit} is above {who} limit of {shown(limit)} {unit} per job"
+        )
+    return asked or limit
 
 
 # -- placement ---------------------------------------------------------------------------------
