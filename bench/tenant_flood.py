@@ -28,9 +28,12 @@ from typing import Any
 import nats
 import nats.errors
 import nats.js.errors
-from bench_figures import percentile
 from nats.aio.client import Client
 from nats.js.api import DeliverPolicy, KeyValueConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_figures, however it is run
+
+from bench_figures import percentile
 
 from mdq.bus.connect import connect
 from mdq.bus.security.auth import Generated, generate
