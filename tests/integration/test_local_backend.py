@@ -23,6 +23,7 @@ from nats.aio.client import Client
 
 from mdq.backends.factory import UnknownBackend, make_backend
 from mdq.backends.launch import inherited_environment
+from mdq.backends.local.agent import REAP_AFTER_KILL_S
 from mdq.backends.local.api import LocalBackend
 from mdq.backends.local.launcher import start_agent
 from mdq.backends.local.records import NodeRecord, PodRecord, ensure_buckets
@@ -49,6 +50,8 @@ FAST = {
     "memory_mb_per_node": "2048",
     "runner_module": "mdq.testing.scripted_runner",
 }
+STOPS_WITHIN_S = float(FAST["grace_s"]) + 3 * REAP_AFTER_KILL_S + 2.0
+"""The agent's own worst case for a stop (``agent.REAP_AFTER_KILL_S``), and 2 s to close."""
 
 
 class Agents:
@@ -333,7 +336,7 @@ async def test_sigterm_stops_the_agent_cleanly_and_evicts_its_pods(
     await backend.create_pod(sleeper)
     await until_phase(backend, sleeper.name, pb.POD_RUNNING)
     agent.terminate()
-    assert agent.wait(timeout=10) == 0, agents.log()
+    assert agent.wait(timeout=STOPS_WITHIN_S) == 0, agents.log()
     evicted = await backend.get_pod(sleeper.name)
     assert evicted is not None
     assert (evicted.phase, evicted.reason) == (pb.POD_FAILED, "Evicted")
@@ -360,15 +363,23 @@ async def test_sigterm_while_a_pod_waits_for_its_credentials_reports_it_evicted(
         placement = await connect(server.url, name="placement", creds=creds("placement"))
         backend = LocalBackend(nc=placement, subjects=subjects, heartbeat_timeout_s=1.5)
         settings = {**FAST, "runner_creds_wait_s": "60"}
+        agent_log = tmp_path / "agent.log"
         with agent_running(
-            server.url, "mdq", tmp_path / "data", NODES, settings, creds=creds("agent")
+            server.url,
+            "mdq",
+            tmp_path / "data",
+            NODES,
+            settings,
+            creds=creds("agent"),
+            log_file=agent_log,
         ) as agent:
             await ready_nodes(backend)
             waiting = pod("mdq-job-nocreds-1", "import time; time.sleep(60)")
             await backend.create_pod(waiting)
             await until_phase(backend, waiting.name, pb.POD_RUNNING)  # claimed, not started
             agent.terminate()
-            assert await asyncio.to_thread(agent.wait, 10) == 0
+            stopped_in_time = await asyncio.to_thread(agent.wait, STOPS_WITHIN_S)
+            assert stopped_in_time == 0, agent_log.read_text()
             stopped = await backend.get_pod(waiting.name)
         await backend.close()
         await placement.close()

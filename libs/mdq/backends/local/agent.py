@@ -70,8 +70,9 @@ EXIT_KILLED = 137
 STATUS_RETRY_MAX_S = 5.0
 """The longest wait between two tries of writing a pod's status while NATS does not answer."""
 REAP_AFTER_KILL_S = 5.0
-"""How long a stop waits for its pods' processes past their grace period (SIGKILLed by then):
-a stopping agent's own worst case is its grace plus this."""
+"""How long a stop waits for its pods' processes past their grace period (SIGKILLed by then),
+for the status of a pod whose start it cut short, and for its nodes' last report: a stopping
+agent's own worst case is its grace plus three times this, and the close of its connection."""
 PROBE_WAIT_S = 1.0
 """How long a heartbeat waits for the data folder's probe before it goes out without news."""
 STOPPED_BEFORE_START = PodStatus(
@@ -214,8 +215,8 @@ class NodeAgent:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await self._stop_all(reason="Evicted", message="node agent shut down")
-            with contextlib.suppress(Exception):
-                await self._publish_nodes(ready=False)
+            with contextlib.suppress(Exception):  # the nodes go lost without it, later
+                await asyncio.wait_for(self._publish_nodes(ready=False), REAP_AFTER_KILL_S)
             log.info("node agent stopped")
 
     # -- nodes ---------------------------------------------------------------------------
