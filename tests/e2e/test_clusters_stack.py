@@ -279,17 +279,20 @@ async def test_a_kubernetes_cluster_lost_mid_campaign_its_jobs_resume_from_copie
             js = client.nc.jetstream()
 
             async def east_busy_with_a_copy() -> bool:
-                # east's job has a copy and has not ended (the others' pace does not matter:
-                # on a loaded machine east's job could finish before a slow cluster copies)
-                copied = {e.job_id for e in await events_of(js, client.subjects, "copied")}
+                # east's job has a copy of the attempt it runs now (a loaded machine can lose
+                # and requeue an attempt before: its copy is not this one's) and has not ended
+                # (the others' pace does not matter: on a loaded machine east's job could
+                # finish before a slow cluster copies)
+                copies = await events_of(js, client.subjects, "copied")
+                copied = {(e.job_id, e.attempt) for e in copies}
                 ended = {e.job_id for e in await events_of(js, client.subjects, "succeeded")}
-                bound = await events_of(js, client.subjects, "bound")
-                east = {e.job_id for e in bound if e.bound.cluster == "east"}
-                return bool(east) and east <= copied and not east & ended
+                latest = {e.job_id: e for e in await events_of(js, client.subjects, "bound")}
+                east = {(j, e.attempt) for j, e in latest.items() if e.bound.cluster == "east"}
+                return bool(east) and east <= copied and not {j for j, _ in east} & ended
 
             await wait_for(east_busy_with_a_copy, timeout=240, what="a copy of east's job")
-            bound = await events_of(js, client.subjects, "bound")
-            on_east = {e.job_id: e.attempt for e in bound if e.bound.cluster == "east"}
+            latest = {e.job_id: e for e in await events_of(js, client.subjects, "bound")}
+            on_east = {j: e.attempt for j, e in latest.items() if e.bound.cluster == "east"}
             for kubelet in kubes["east"].kubelets.values():
                 await kubelet.crash()
             await kubes["east"].api.stop()
