@@ -174,10 +174,17 @@ def _subjects_of(namespace: str) -> Subjects:
     return Subjects(namespace)
 
 
-CHECKED_REPORTS: set[tuple[str, str, str]] = set()
+_CHECKED_REPORTS: set[tuple[str, str, str]] = set()
 """(subject, producer, job id) of progress reports that passed ``foreign_reason``: a job's
 reports all share them, and the check runs for every report the watcher projects."""
 CHECKED_REPORTS_MAX = 65_536
+
+
+def report_checked(subject: str, producer: str, job_id: str) -> bool:
+    """Whether a progress report of ``job_id`` from ``producer`` on ``subject`` passed
+    ``foreign_reason`` before: then every report of the same three does (a hot loop's short
+    way; anything else asks ``foreign_reason``)."""
+    return (subject, producer, job_id) in _CHECKED_REPORTS
 
 
 def foreign_reason(event: pb.Event, subject: str) -> str | None:
@@ -192,7 +199,7 @@ def foreign_reason(event: pb.Event, subject: str) -> str | None:
     if kind is None:
         return "no body"
     report = (subject, event.producer, event.job_id) if kind == "progress" else None
-    if report is not None and report in CHECKED_REPORTS:
+    if report is not None and report in _CHECKED_REPORTS:
         return None
     if not producer_may_emit(event.producer, kind):
         return f"producer {event.producer or '(none)'!r} may not emit {kind}"
@@ -204,7 +211,7 @@ def foreign_reason(event: pb.Event, subject: str) -> str | None:
         about = event.job_id or event.node_load.node or event.node_summary.node
         return f"a {kind} event of {about} on {subject}"
     if report is not None:
-        if len(CHECKED_REPORTS) >= CHECKED_REPORTS_MAX:
-            CHECKED_REPORTS.clear()
-        CHECKED_REPORTS.add(report)
+        if len(_CHECKED_REPORTS) >= CHECKED_REPORTS_MAX:
+            _CHECKED_REPORTS.clear()
+        _CHECKED_REPORTS.add(report)
     return None

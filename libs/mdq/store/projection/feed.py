@@ -20,9 +20,9 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, ConsumerInfo, DeliverPolicy
 from nats.js.errors import NotFoundError
 
-from mdq.bus.codec import CHECKED_REPORTS, decode_event, foreign_reason
+from mdq.bus.codec import decode_event, foreign_reason, report_checked
 from mdq.bus.fetch import BatchFetcher
-from mdq.bus.log import V1_ACK_TOKENS, delivery_position
+from mdq.bus.log import delivery_position
 from mdq.contracts import pb
 from mdq.core.log_continuity import Continuity, ServerLog, StoredOffset, check, message_digest
 from mdq.store.projection.facts import report_row
@@ -224,14 +224,10 @@ class Feed:
         and no event kept: the way of a PROGRESS backlog, a batch of reports alone."""
         rows: list[tuple[Any, ...]] = []
         append = rows.append
-        stream, records, checked = self.stream, self.records_prefix, CHECKED_REPORTS
+        stream, records = self.stream, self.records_prefix
         first = expected = delivery_position(messages[0].reply)[0]
         for message in messages:
-            tokens = message.reply.split(".")  # delivery_position's, without its calls
-            if len(tokens) == V1_ACK_TOKENS:
-                sequence = int(tokens[5])
-            else:
-                sequence = delivery_position(message.reply)[0]
+            sequence = delivery_position(message.reply)[0]
             subject = message.subject
             if sequence != expected or (records and subject.startswith(records)):
                 return None
@@ -244,7 +240,7 @@ class Feed:
                 not job
                 or event.WhichOneof("body") != "progress"
                 or (
-                    (subject, event.producer, job) not in checked
+                    not report_checked(subject, event.producer, job)
                     and foreign_reason(event, subject) is not None
                 )
                 or not MIN_EVENT_SECONDS <= event.time.seconds <= MAX_EVENT_SECONDS

@@ -216,6 +216,7 @@ class Writer:
                         start != offset + 1 and offset + 1 != feed.trusted_start
                     ):
                         return None
+                    # the rows alone: a report is read again only the careful way (project's)
                     await store_progress(connection, feed.stream, [], rows=reports.rows)
                     queued = await self._queue_or_fold(
                         connection, attempts_of_rows(reports.rows), fold=fold
