@@ -111,7 +111,7 @@ bench-runner: $(STAMP)
 bench-control: $(STAMP)
 	$(BIN)/python bench/control.py $(BENCH_ARGS)
 
-## bench-tenant-flood: one tenant floods the closed bus every way it may; another's submit -> submitted p99 against the same submits alone, and every shared stream's growth (docs/security.md)
+## bench-tenant-flood: one tenant floods the closed bus every way it may; another's submit -> bound p99 against the same submits alone, and every shared stream's growth (docs/security.md)
 bench-tenant-flood: $(STAMP)
 	$(BIN)/python bench/tenant_flood.py $(BENCH_ARGS)
 

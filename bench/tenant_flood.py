@@ -1,8 +1,8 @@
 """Benchmark: one tenant floods the closed bus every way it may; another tenant's submits go on.
 
-Tenant ``calm`` times its submits to their ``submitted`` event alone and while tenant
-``flood`` does everything its credentials allow, against the real intake on a closed bus; the
-JSON line holds the p99 ratio and every shared stream's growth. Usage:
+Tenant ``calm`` times its submits to their ``bound`` event alone and while tenant ``flood``
+does everything its credentials allow, against the real intake and placement on a closed bus;
+the JSON line holds the p99 ratio and every shared stream's growth. Usage:
 ``make bench-tenant-flood`` (``--rounds N``, ``--submits N``, ``--quick``). Method:
 docs/benchmarks.md, "make bench-tenant-flood".
 """
@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_figures, howev
 from bench_figures import percentile
 
 from mdq.bus.connect import connect
+from mdq.bus.publisher import EventPublisher
 from mdq.bus.security.auth import Generated, generate
 from mdq.bus.security.permissions import (
     TENANT_MAX_PAYLOAD,
@@ -56,7 +58,11 @@ REPO = Path(__file__).resolve().parents[1]
 NS = "mdq"
 SUBJECTS = Subjects(NS)
 CALM, FLOOD = "calm", "flood"
-CALM_POLICY = TenantPolicy(submits_per_minute=None, max_queued_jobs=None)
+CALM_POLICY = TenantPolicy(submits_per_minute=None, max_queued_jobs=None, max_running_cpu=None)
+NODE = "n1"
+"""The cluster placement binds ``calm``'s and ``flood``'s jobs on: one node with room for every
+job of a run, reporting its load as the metrics service does (``NODE_REPORT_S``)."""
+NODE_REPORT_S = 2.0
 REQUESTS_AT_ONCE = 400
 """The flood's request-reply submits in flight at once: more than intake takes at once (128),
 so that requests wait in its line."""
@@ -171,41 +177,74 @@ async def intake_caught_up(url: str, admin_creds: Path) -> None:
         await admin.close()
 
 
-async def measure_calm(url: str, creds: Path, label: str, submits: int) -> list[float]:
-    """Seconds from each of ``submits`` request-reply submits of ``calm`` to its job's
-    ``submitted`` event arriving from its own stream."""
+async def keep_node_reporting(url: str, creds: Path) -> None:
+    """``NODE``'s load report every ``NODE_REPORT_S``, with the metrics service's credentials,
+    until cancelled."""
+    nc = await connect(url, name="node", creds=creds)
+    bus = EventPublisher(js=nc.jetstream(), subjects=SUBJECTS, producer="metrics")
+    load = pb.NodeLoad(
+        node=NODE,
+        cpu_load=0.1,
+        memory_load=0.1,
+        cpu_capacity=1_000_000,
+        memory_capacity_mb=1 << 40,
+        ready=True,
+    )
+    try:
+        while True:
+            await bus.publish(bus.event("node_load", load, job_id="", attempt=0))
+            await asyncio.sleep(NODE_REPORT_S)
+    finally:
+        await nc.close()
+
+
+@dataclass
+class Timed:
+    """One phase of ``calm``'s submits: seconds from each request to its job's ``submitted``
+    event (intake's part) and to its ``bound`` event (the whole way), as they arrive from
+    ``calm``'s own stream."""
+
+    to_submitted: list[float]
+    to_bound: list[float]
+
+
+async def measure_calm(url: str, creds: Path, label: str, submits: int) -> Timed:
+    """Time ``submits`` request-reply submits of ``calm``, one after another, each to its
+    job's ``bound`` event."""
     nc = await tenant_client(url, creds, CALM)
-    arrived: dict[str, float] = {}
+    arrived: dict[tuple[str, str], float] = {}
     waiting: dict[str, asyncio.Future[None]] = {}
 
     async def on_event(message: Any) -> None:
-        job = pb.Event.FromString(message.data).job_id
-        arrived[job] = time.monotonic()
-        if job in waiting and not waiting[job].done():
-            waiting[job].set_result(None)
+        event = pb.Event.FromString(message.data)
+        kind = event.WhichOneof("body")
+        arrived[event.job_id, kind] = time.monotonic()
+        if kind == "bound" and event.job_id in waiting and not waiting[event.job_id].done():
+            waiting[event.job_id].set_result(None)
 
     try:
         js = nc.jetstream()
         subscription = await js.subscribe(
-            SUBJECTS.job(f"{CALM}.*", "submitted"),
+            SUBJECTS.job(f"{CALM}.*", "*"),
             stream=SUBJECTS.tenant_stream(CALM),
             ordered_consumer=True,
             deliver_policy=DeliverPolicy.NEW,
             cb=on_event,
         )
-        latencies = []
+        timed = Timed([], [])
         for number in range(submits):
             started = time.monotonic()
             reply = await nc.request(
                 SUBJECTS.api_submit_for(CALM), submit_body(f"{label}-{number}"), timeout=30
             )
             [job] = json.loads(reply.data)["job_ids"]
-            if job not in arrived:
+            if (job, "bound") not in arrived:
                 waiting[job] = asyncio.get_running_loop().create_future()
                 await asyncio.wait_for(waiting[job], timeout=30)
-            latencies.append(arrived[job] - started)
+            timed.to_submitted.append(arrived[job, "submitted"] - started)
+            timed.to_bound.append(arrived[job, "bound"] - started)
         await subscription.unsubscribe()
-        return latencies
+        return timed
     finally:
         await nc.close()
 
@@ -373,8 +412,24 @@ async def run(rounds: int, submits: int) -> dict[str, Any]:
     intake = start_process(
         [sys.executable, "-m", "services.intake"], env=env, stdout=log, stderr=log
     )
+    placement_log = (folder / "placement.log").open("wb")
+    placement = start_process(  # the placement service with a backend that creates no pod
+        [sys.executable, "bench/placement_noop.py"],
+        env=env
+        | {
+            "MDQ_NATS_CREDS": str(generated.creds["placement"]),
+            "MDQ_DATA_DIR": str(folder / "data"),
+            "MDQ_PLACEMENT_LEADER_ELECTION": "false",
+            "MDQ_PLACEMENT_LOAD_TIMEOUT_S": str(30 * NODE_REPORT_S),
+            "PYTHONPATH": str(REPO),
+        },
+        stdout=placement_log,
+        stderr=placement_log,
+    )
+    node: asyncio.Task[None] | None = None
     try:
         creds = await prepare(server.url, generated, secrets)
+        node = asyncio.create_task(keep_node_reporting(server.url, generated.creds["metrics"]))
         await intake_answers(server.url, creds[CALM])
         await measure_calm(server.url, creds[CALM], "warm", 5)
         admin = generated.creds["admin"]
@@ -398,20 +453,32 @@ async def run(rounds: int, submits: int) -> dict[str, Any]:
             counts = json.loads(counts_line.strip().splitlines()[-1])
             per_round.append(
                 {
-                    "alone_p50_ms": 1000 * percentile(alone, 0.5),
-                    "alone_p99_ms": 1000 * percentile(alone, 0.99),
-                    "flood_p50_ms": 1000 * percentile(flooded, 0.5),
-                    "flood_p99_ms": 1000 * percentile(flooded, 0.99),
-                    "p99_ratio": percentile(flooded, 0.99) / percentile(alone, 0.99),
+                    "alone_p50_ms": 1000 * percentile(alone.to_bound, 0.5),
+                    "alone_p99_ms": 1000 * percentile(alone.to_bound, 0.99),
+                    "flood_p50_ms": 1000 * percentile(flooded.to_bound, 0.5),
+                    "flood_p99_ms": 1000 * percentile(flooded.to_bound, 0.99),
+                    "p99_ratio": percentile(flooded.to_bound, 0.99)
+                    / percentile(alone.to_bound, 0.99),
+                    "alone_p99_ms_to_submitted": 1000 * percentile(alone.to_submitted, 0.99),
+                    "flood_p99_ms_to_submitted": 1000 * percentile(flooded.to_submitted, 0.99),
+                    "p99_ratio_to_submitted": percentile(flooded.to_submitted, 0.99)
+                    / percentile(alone.to_submitted, 0.99),
                     "growth_alone_bytes": growth(before, middle),
                     "growth_flood_bytes": growth(middle, after_flood),
                     "flood_counts": counts,
                 }
             )
-        if intake.poll() is not None:
-            raise RuntimeError(f"intake exited {intake.returncode}: see {folder}/intake.log")
+        for name, process in (("intake", intake), ("placement", placement)):
+            if process.poll() is not None:
+                raise RuntimeError(f"{name} exited {process.returncode}: see {folder}/{name}.log")
     finally:
+        if node is not None:
+            node.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await node
+        end_process(placement, timeout=15)
         end_process(intake, timeout=15)
+        placement_log.close()
         log.close()
         server.stop()
         shutil.rmtree(folder, ignore_errors=True)
@@ -436,12 +503,14 @@ async def run(rounds: int, submits: int) -> dict[str, Any]:
         if name not in (SUBJECTS.tenant_stream(CALM), SUBJECTS.tenant_submit_stream(CALM))
     )
     ratio = statistics.median(ratios)
+    to_submitted = [each["p99_ratio_to_submitted"] for each in per_round]
     return {
         "bench": "tenant_flood",
         "rounds": rounds,
         "submits_per_phase": submits,
         "p99_ratio": round(ratio, 3),
         "p99_ratio_spread": [round(min(ratios), 3), round(max(ratios), 3)],
+        "p99_ratio_to_submitted": round(statistics.median(to_submitted), 3),
         "worst_shared_growth_in_a_flood_bytes": worst,
         "flood_bound_bytes": bound,
         "per_round": per_round,
@@ -470,8 +539,8 @@ def main() -> None:
     parser.add_argument(
         "--submits",
         type=int,
-        default=200,
-        help="calm's submits per phase (a p99 of fewer than about 100 is the worst one or two)",
+        default=500,
+        help="calm's submits per phase (a p99 of fewer than a few hundred is the worst few)",
     )
     parser.add_argument("--quick", action="store_true", help="15 submits per phase")
     parser.add_argument("--flood", nargs=2, metavar=("URL", "CREDS"), help=argparse.SUPPRESS)
