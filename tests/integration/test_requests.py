@@ -16,6 +16,7 @@ from nats.js.errors import APIError, NoStreamResponseError
 from mdq.bus.requests import (
     CREATE_ONLY,
     MAX_ATOMIC_BATCH,
+    PLAIN_UP_TO,
     AtomicGroupCommit,
     GroupCommit,
     Requests,
@@ -103,7 +104,7 @@ async def test_publish_batch_stores_a_batch_at_once_with_each_message_s_sequence
 ) -> None:
     """An atomic batch: every message stored, one after another, each ack naming its own
     sequence; the server's stream info agrees."""
-    jobs = [f"0123456789ab-{index}" for index in range(5)]
+    jobs = [f"0123456789ab-{index}" for index in range(PLAIN_UP_TO + 2)]
     results = await requests.publish_batch(
         [
             (
@@ -124,12 +125,16 @@ async def test_publish_batch_stores_a_batch_at_once_with_each_message_s_sequence
         assert stored.headers is not None and stored.headers["Nats-Batch-Id"]  # one batch
 
 
-async def test_a_refused_batch_stores_nothing_and_each_message_gets_its_own_answer(
-    requests: Requests, nc: Client, subjects: Subjects, namespace: str
+@pytest.mark.parametrize(
+    "more", [0, PLAIN_UP_TO], ids=["few-published-plainly", "many-batched-then-one-by-one"]
+)
+async def test_a_refused_message_gets_its_own_answer_and_keeps_no_other_out(
+    requests: Requests, nc: Client, subjects: Subjects, more: int
 ) -> None:
-    """One message the server refuses (a fence that does not hold, a duplicate id) makes it
-    refuse the whole atomic batch; the messages then go one by one, and each gets exactly
-    the answer ``publish_many`` gives it."""
+    """A message the server refuses (a fence that does not hold, a duplicate id) gets its own
+    answer, and every other message its ack, exactly as ``publish_many`` gives them: a few
+    messages are published plainly; many go as one atomic batch, which the refusal refuses
+    whole, and then one by one. Nothing is stored twice."""
     fenced = subjects.job("0123456789ab-b", "bound")
     taken = await requests.publish(fenced, b"taken")
     earlier = await requests.publish(
@@ -141,17 +146,28 @@ async def test_a_refused_batch_stores_nothing_and_each_message_gets_its_own_answ
         (subjects.job("0123456789ab-d", "bound"), b"d", {"Nats-Msg-Id": "d"}),  # duplicate
         (subjects.job("0123456789ab-c", "bound"), b"c", CREATE_ONLY),
     ]
+    messages += [
+        (subjects.job(f"0123456789ab-m{index}", "bound"), b"m", CREATE_ONLY)
+        for index in range(more)
+    ]
     results = await requests.publish_batch(messages)
 
-    first, refused, duplicate, last = results
+    first, refused, duplicate, last, *others = results
     assert isinstance(first, PubAck) and not first.duplicate
     assert isinstance(refused, APIError) and refused.err_code == 10071
     assert isinstance(duplicate, PubAck) and duplicate.duplicate and duplicate.seq == earlier.seq
     assert isinstance(last, PubAck) and last.seq == first.seq + 1
-    # nothing of the refused batch was stored besides the one-by-one publishes
+    assert [ack.seq for ack in others if isinstance(ack, PubAck)] == [
+        last.seq + 1 + index for index in range(more)
+    ]
+    # stored: the two written before, and each message the server took, once
     info = await nc.jetstream().stream_info(subjects.jobs_stream)
-    assert info.state.messages == 4 and info.state.last_seq == last.seq
+    assert info.state.messages == 4 + more and info.state.last_seq == last.seq + more
     assert taken.seq < earlier.seq < first.seq
+    for result in (first, last):
+        assert isinstance(result, PubAck)
+        stored = await nc.jetstream().get_msg(subjects.jobs_stream, result.seq)
+        assert "Nats-Batch-Id" not in (stored.headers or {})  # plainly, or one by one after
 
 
 async def test_group_commit_shares_one_batch_among_callers_and_answers_each(
@@ -171,16 +187,25 @@ async def test_group_commit_shares_one_batch_among_callers_and_answers_each(
         ]
 
     first, second, third = await asyncio.gather(
-        group.publish(messages(1, 3)), group.publish(messages(2, 2)), group.publish(messages(3, 4))
+        group.publish(messages(1, 3)), group.publish(messages(2, 5)), group.publish(messages(3, 6))
     )
     assert all(isinstance(r, PubAck) for r in [*first, *second, *third])
     sequences = [r.seq for r in [*first, *second, *third] if isinstance(r, PubAck)]
-    assert sequences == list(range(2, 2 + 9))  # stored one after another, callers in order
+    assert sequences == list(range(2, 2 + 14))  # stored one after another, callers in order
     batch_ids = set()
-    for sequence in sequences[3:]:  # the two callers that waited for the first batch
+    for sequence in sequences:
         stored = await nc.jetstream().get_msg(subjects.jobs_stream, sequence)
         batch_ids.add((stored.headers or {})["Nats-Batch-Id"])
-    assert len(batch_ids) == 1  # shared one batch: one flush
+    assert len(batch_ids) == 1  # the callers of the moment shared one batch: one flush
+
+    # callers of the moment with PLAIN_UP_TO messages or fewer together: published plainly
+    few = await asyncio.gather(group.publish(messages(5, 2)), group.publish(messages(6, 3)))
+    acks = [result for results in few for result in results]
+    assert all(isinstance(result, PubAck) for result in acks)
+    for ack in acks:
+        assert isinstance(ack, PubAck)
+        stored = await nc.jetstream().get_msg(subjects.jobs_stream, ack.seq)
+        assert "Nats-Batch-Id" not in (stored.headers or {})
 
     refused, fine = await asyncio.gather(
         group.publish([(taken, b"again", CREATE_ONLY)]), group.publish(messages(4, 2))
@@ -229,12 +254,12 @@ async def test_groups_are_stored_all_or_nothing_and_a_refused_one_keeps_no_other
     assert info.state.messages == 1 + 4 * 3  # the first claim, and four whole groups
 
 
-async def test_a_group_alone_is_written_in_order_up_to_its_first_refusal(
+async def test_small_group_commits_go_in_order_and_big_ones_all_or_nothing(
     requests: Requests, nc: Client, subjects: Subjects
 ) -> None:
-    """``AtomicGroupCommit``: callers of the same moment share one atomic batch (one batch id,
-    each whole or not at all); a caller alone in its batch is written message by message and
-    learns how far it got."""
+    """``AtomicGroupCommit``: callers of the same moment with more than ``PLAIN_UP_TO``
+    messages together share one atomic batch, each caller whole or not at all; with fewer,
+    each caller's messages are written one by one, in order, and it learns how far it got."""
     commit = AtomicGroupCommit(requests)
     taken = subjects.job("0123456789ab-taken", "submitted")
     await requests.publish(taken, b"first")
@@ -249,10 +274,7 @@ async def test_a_group_alone_is_written_in_order_up_to_its_first_refusal(
     )
     assert len(alone.stored) == 2 and isinstance(alone.error, APIError)
     assert alone.error.err_code == 10071
-    never = await nc.jetstream().stream_info(
-        subjects.jobs_stream, subjects_filter=subjects.job("0123456789ab-never", "submitted")
-    )
-    assert not never.state.subjects  # nothing after the refusal was written
+    assert not await stored_on(nc, subjects, subjects.job("0123456789ab-never", "submitted"))
     for ack in alone.stored:
         stored = await nc.jetstream().get_msg(subjects.jobs_stream, ack.seq)
         assert "Nats-Batch-Id" not in (stored.headers or {})  # one by one
@@ -263,26 +285,41 @@ async def test_a_group_alone_is_written_in_order_up_to_its_first_refusal(
             (subjects.job(f"{name}-md", "submitted"), b"md", CREATE_ONLY),
         ]
 
-    first, second = await asyncio.gather(
-        *(commit.publish(claim_and_job(name)) for name in ("bbbbbbbbbbbb", "cccccccccccc"))
-    )
-    assert first.error is None and second.error is None
+    few = await asyncio.gather(*(commit.publish(claim_and_job(n)) for n in ("b" * 12, "c" * 12)))
+    assert all(result.error is None and len(result.stored) == 2 for result in few)
+    for ack in [*few[0].stored, *few[1].stored]:
+        stored = await nc.jetstream().get_msg(subjects.jobs_stream, ack.seq)
+        assert "Nats-Batch-Id" not in (stored.headers or {})  # few: one by one, side by side
+
+    names = [letter * 12 for letter in "defgh"]
+    many = await asyncio.gather(*(commit.publish(claim_and_job(name)) for name in names))
+    assert all(result.error is None and len(result.stored) == 2 for result in many)
     batch_ids = set()
-    for ack in [*first.stored, *second.stored]:
+    for ack in [ack for result in many for ack in result.stored]:
         stored = await nc.jetstream().get_msg(subjects.jobs_stream, ack.seq)
         batch_ids.add((stored.headers or {}).get("Nats-Batch-Id"))
     assert len(batch_ids) == 1 and None not in batch_ids  # one atomic batch
 
-    fine, refused = await asyncio.gather(
-        commit.publish(claim_and_job("dddddddddddd")),
+    *fine, refused = await asyncio.gather(
+        *(commit.publish(claim_and_job(letter * 12)) for letter in "ijkl"),
         commit.publish(claim_and_job("0123456789ab")),  # claimed above: refused whole
     )
-    assert fine.error is None and len(fine.stored) == 2
+    assert all(result.error is None and len(result.stored) == 2 for result in fine)
     assert refused.stored == [] and isinstance(refused.error, APIError)
-    nothing = await nc.jetstream().stream_info(
-        subjects.jobs_stream, subjects_filter=subjects.job("0123456789ab-md", "submitted")
-    )
-    assert not nothing.state.subjects
+    assert not await stored_on(nc, subjects, subjects.job("0123456789ab-md", "submitted"))
+
+    big = [(subjects.claim("e" * 11 + "f"), b"claim", CREATE_ONLY)]
+    big += [(subjects.job(f"{'e' * 11}f-{i}", "submitted"), b"x", CREATE_ONLY) for i in range(8)]
+    big.append((taken, b"again", CREATE_ONLY))  # refused: a big caller alone, all or nothing
+    whole = await commit.publish(big)
+    assert whole.stored == [] and isinstance(whole.error, APIError)
+    assert not await stored_on(nc, subjects, subjects.claim("e" * 11 + "f"))
+
+
+async def stored_on(nc: Client, subjects: Subjects, subject: str) -> bool:
+    """Whether the jobs stream holds a message on ``subject``."""
+    info = await nc.jetstream().stream_info(subjects.jobs_stream, subjects_filter=subject)
+    return bool(info.state.subjects)
 
 
 async def test_publish_batch_splits_at_the_server_s_batch_limit(
