@@ -22,13 +22,17 @@ CONCURRENCY = 128
 """Requests handled at once by the plain loop, as ``MDQ_INTAKE_CONCURRENCY`` defaults to."""
 MAX_BATCH = 1000
 """nats-server's limit of messages in one atomic batch."""
+PLAIN_UP_TO = 8
+"""A batch of this many messages or fewer is published plainly, side by side: sooner than an
+atomic batch, which nats-server acknowledges about 2 ms after it is sent on a stream of one
+replica (as mdq's group commits do, docs/durability.md, "Group commit")."""
 PLAIN = "p-"
 """Job ids with this prefix are published one by one, the others in atomic batches."""
 
 
 class Batcher:
-    """Publishes what was queued meanwhile as one atomic batch at a time, then runs each
-    message's callback (an answer to send)."""
+    """Publishes what was queued meanwhile as one atomic batch at a time (a few messages
+    plainly), then runs each message's callback (an answer to send)."""
 
     def __init__(self, nc: Client) -> None:
         self._nc = nc
@@ -50,6 +54,16 @@ class Batcher:
                 await self._commit(batch)
 
     async def _commit(self, batch: list[tuple[str, bytes, Msg | None]]) -> None:
+        if len(batch) <= PLAIN_UP_TO:
+            js = self._nc.jetstream()
+            await asyncio.gather(*(js.publish(subject, data) for subject, data, _ in batch))
+        else:
+            await self._atomic(batch)
+        for subject, _, answer in batch:
+            if answer is not None:
+                await answer.respond(subject.split(".")[2].encode())
+
+    async def _atomic(self, batch: list[tuple[str, bytes, Msg | None]]) -> None:
         batch_id = f"{self._prefix}.{next(self._ids)}"
         last = len(batch) - 1
         for index, (subject, data, _) in enumerate(batch):
@@ -61,9 +75,6 @@ class Batcher:
                 ack = await self._nc.request(subject, data, headers=headers, timeout=10)
                 if b'"error"' in ack.data:
                     raise RuntimeError(ack.data.decode())
-        for subject, _, answer in batch:
-            if answer is not None:
-                await answer.respond(subject.split(".")[2].encode())
 
 
 async def responder(url: str) -> None:
