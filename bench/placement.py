@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import statistics
@@ -58,6 +59,8 @@ MAX_JOB_CORES = 16
 """End to end: ``NODES`` nodes of ``NODE_CORES`` cores, jobs of 1 to ``MAX_JOB_CORES`` cores
 (8.5 on average: a round of 5,000 jobs takes two thirds of the cluster)."""
 REPORT_S = 30.0
+REPORT_SLICES = 30
+"""Nodes report in this many slices of ``REPORT_S``, a slice at a time."""
 LOAD_TIMEOUT_S = 600.0
 """Nodes report every ``REPORT_S``; placement trusts a report this long in the bench
 (``MDQ_PLACEMENT_LOAD_TIMEOUT_S``): a thousand fsynced reports every few seconds would compete
@@ -338,11 +341,14 @@ def percentile(ordered: list[float], share: float) -> float:
 
 async def keep_nodes_reporting(nc: Client, subjects: Subjects, count: int) -> None:
     """``count`` nodes of ``NODE_CORES`` cores, each reporting a tenth of its CPU busy every
-    ``REPORT_S`` (placement trusts a report for ``LOAD_TIMEOUT_S``). A report that fails (a
-    machine too busy to acknowledge it in time) is sent again at the next turn."""
+    ``REPORT_S`` (placement trusts a report for ``LOAD_TIMEOUT_S``): all of them at once when
+    they start, then a ``REPORT_SLICES``-th of them at a time, as independent agents report,
+    not all in the same instant. A report that fails (a machine too busy to acknowledge it in
+    time) is sent again at its node's next turn."""
     bus = EventPublisher(js=nc.jetstream(), subjects=subjects, producer="metrics")
     requests = await Requests(nc, timeout_s=60).start()
-    while True:
+    nodes: range | list[int] = range(count)
+    for turn in itertools.count():
         events = [
             bus.event(
                 "node_load",
@@ -358,14 +364,15 @@ async def keep_nodes_reporting(nc: Client, subjects: Subjects, count: int) -> No
                 attempt=0,
                 detail=f"node{i}:{time.time_ns()}",
             )
-            for i in range(count)
+            for i in nodes
         ]
         results = await requests.publish_many(
             [(subjects.for_event(event), event.SerializeToString(), None) for event in events]
         )
         if failed := [result for result in results if isinstance(result, Exception)]:
             print(f"{len(failed)} node reports failed ({failed[0]!r}); sent again later")
-        await asyncio.sleep(REPORT_S)
+        await asyncio.sleep(REPORT_S / REPORT_SLICES)
+        nodes = range(turn % REPORT_SLICES, count, REPORT_SLICES)
 
 
 SERVERS = {
