@@ -571,8 +571,8 @@ class SubmitHandler:
         return await self._conflict(request, request_id, claim, content)
 
     async def _accept_together(self, ready: list[_Ready], answer: Answer) -> None:
-        """Claim and publish prepared submits, each all or nothing and all of them in one
-        atomic batch (``SubmitRegistry.accept``), releasing each request id once its submit is
+        """Claim and publish prepared submits together, each claim first
+        (``SubmitRegistry.accept``), releasing each request id once its submit is
         done; a submit whose key was claimed before, or whose jobs the log holds already,
         goes on alone."""
         if not ready:

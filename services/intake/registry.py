@@ -93,8 +93,9 @@ class SubmitRegistry:
         """The duplicate window: how long a claim answers for its key."""
         self._lookups = asyncio.Semaphore(max_concurrent_lookups)
         self._commit = AtomicGroupCommit(requests)
-        """Each submit's claim and events, all or nothing; the submits handled at the same time
-        together, as one atomic batch (one flush)."""
+        """Each submit's claim and events, claim first; the submits handled at the same time
+        together, as one atomic batch (one flush, each submit all or nothing), or one by one
+        when they come to ``PLAIN_UP_TO`` messages or fewer."""
         self._claimed: OrderedDict[str, float] = OrderedDict()
         """Request ids this process found claimed, with when (``time.monotonic``), the latest
         ``CLAIMED_REMEMBERED``: a retry of one goes to its recorded answer without a write

@@ -93,8 +93,8 @@ class EventPublisher:
         """Publish events of one stream side by side, each with its added headers; each
         result is the event's ack or the JetStream error of its publish (``APIError``,
         ``TimeoutError``, ...), in order. Over ``Requests`` they go as atomic batches, one
-        flush each, shared with this publisher's other callers of the moment
-        (``GroupCommit``), and cost no task per event."""
+        flush each (8 or fewer: plain publishes side by side), shared with this publisher's
+        other callers of the moment (``GroupCommit``), and cost no task per event."""
         if self._group is not None:
             return await self._group.publish(
                 [self.outgoing(event, headers) for event, headers in events]
