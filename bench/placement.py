@@ -33,6 +33,10 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy, StreamConfig
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_figures, however it is run
+
+from bench_figures import percentile
+
 from mdq.bus.connect import auth_options, connect
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.requests import Requests
@@ -334,11 +338,6 @@ async def stored_at(
     return stored
 
 
-def percentile(ordered: list[float], share: float) -> float:
-    """The ``share`` quantile of ``ordered`` (sorted), nearest rank below."""
-    return ordered[int(share * (len(ordered) - 1))]
-
-
 async def keep_nodes_reporting(nc: Client, subjects: Subjects, count: int) -> None:
     """``count`` nodes of ``NODE_CORES`` cores, each reporting a tenth of its CPU busy every
     ``REPORT_S`` (placement trusts a report for ``LOAD_TIMEOUT_S``): all of them at once when
@@ -347,7 +346,7 @@ async def keep_nodes_reporting(nc: Client, subjects: Subjects, count: int) -> No
     time) is sent again at its node's next turn."""
     bus = EventPublisher(js=nc.jetstream(), subjects=subjects, producer="metrics")
     requests = await Requests(nc, timeout_s=60).start()
-    nodes: range | list[int] = range(count)
+    nodes = range(count)
     for turn in itertools.count():
         events = [
             bus.event(
@@ -817,7 +816,7 @@ async def _end_to_end(
                 }
                 for part, ms in parts.items():
                     results[f"p99_ms_{part}_at_{percent}"] = percentile(
-                        sorted(1000 * value for value in ms), 0.99
+                        [1000 * value for value in ms], 0.99
                     )
                 # the batched raw loop at the same rate: what the machine's hops cost alone
                 await settle(side.raw_processes)
