@@ -35,6 +35,7 @@ from nats.js.api import DeliverPolicy, KeyValueConfig
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_figures, however it is run
 
 from bench_figures import percentile
+from placement import side_env
 
 from mdq.bus.connect import connect
 from mdq.bus.publisher import EventPublisher
@@ -415,13 +416,10 @@ async def run(rounds: int, submits: int) -> dict[str, Any]:
     placement_log = (folder / "placement.log").open("wb")
     placement = start_process(  # the placement service with a backend that creates no pod
         [sys.executable, "bench/placement_noop.py"],
-        env=env
+        env=side_env(server.url, NS, folder)
         | {
             "MDQ_NATS_CREDS": str(generated.creds["placement"]),
-            "MDQ_DATA_DIR": str(folder / "data"),
-            "MDQ_PLACEMENT_LEADER_ELECTION": "false",
             "MDQ_PLACEMENT_LOAD_TIMEOUT_S": str(30 * NODE_REPORT_S),
-            "PYTHONPATH": str(REPO),
         },
         stdout=placement_log,
         stderr=placement_log,
