@@ -33,7 +33,7 @@ from nats.js.errors import APIError
 from mdq.bus import codec
 from mdq.bus.connect import connect
 from mdq.bus.publisher import EventPublisher
-from mdq.bus.requests import CREATE_ONLY, Requests
+from mdq.bus.requests import CREATE_ONLY, PLAIN_UP_TO, Requests
 from mdq.bus.streams import MAX_SUBMIT_BYTES
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
@@ -357,6 +357,34 @@ async def test_same_key_gives_same_ids_and_no_second_event(
     assert len(tap.subjects) == 3  # a and b once, then the refusal of the change
     log = [e for _, e in await job_log(nc.jetstream(), subjects) if e.job_id != marker]
     assert len(log) == 3
+
+
+async def test_a_submit_of_many_jobs_is_stored_in_one_write_and_answered_once(
+    intake: Intake, nc: Client, subjects: Subjects, tap: Tap
+) -> None:
+    """A submit of more jobs than ``PLAIN_UP_TO`` messages alone in its write goes as one
+    atomic batch: its claim and every event stored together, in order; the same submit again
+    gets the same answer and writes nothing; other content under its key is refused."""
+    names = [f"j{index:02d}" for index in range(2 * PLAIN_UP_TO)]
+    submit: dict[str, object] = {"idempotency_key": "many", "jobs": [{"name": n} for n in names]}
+    first = await ask(nc, subjects, submit)
+    again = await ask(nc, subjects, submit)
+    changed = await ask(nc, subjects, {"idempotency_key": "many", "jobs": [{"name": "j00"}]})
+    marker = await settled(nc, subjects, tap)
+
+    assert not first.HasField("error") and len(first.job_ids) == len(names)
+    assert again == first
+    assert changed.error.field == "idempotency_key"
+    log = [e for _, e in await job_log(nc.jetstream(), subjects) if e.job_id != marker]
+    submitted = [e for e in log if e.WhichOneof("body") == "submitted"]
+    assert sorted(e.job_id for e in submitted) == sorted(first.job_ids)  # each once
+    claim = subjects.claim(request_id_for_key("many"))
+    stored = await nc.jetstream().get_last_msg(subjects.jobs_stream, claim)
+    batch = (stored.headers or {}).get("Nats-Batch-Id")
+    assert batch  # the claim went in an atomic batch ...
+    for sequence in range(stored.seq + 1, stored.seq + 1 + len(names)):
+        event = await nc.jetstream().get_msg(subjects.jobs_stream, sequence)
+        assert (event.headers or {}).get("Nats-Batch-Id") == batch  # ... with every event
 
 
 async def test_chain_by_name_is_published_dependencies_first(
