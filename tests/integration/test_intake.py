@@ -381,7 +381,7 @@ async def test_a_submit_of_many_jobs_is_stored_in_one_write_and_answered_once(
     claim = subjects.claim(request_id_for_key("many"))
     stored = await nc.jetstream().get_last_msg(subjects.jobs_stream, claim)
     batch = (stored.headers or {}).get("Nats-Batch-Id")
-    assert batch  # the claim went in an atomic batch ...
+    assert batch and stored.seq  # the claim went in an atomic batch ...
     for sequence in range(stored.seq + 1, stored.seq + 1 + len(names)):
         event = await nc.jetstream().get_msg(subjects.jobs_stream, sequence)
         assert (event.headers or {}).get("Nats-Batch-Id") == batch  # ... with every event
