@@ -117,11 +117,18 @@ class Binder:
         if not queue:
             self._cordons.failure_cordons(now)  # noted each pass, with work to place or not
             return 0
-        nodes = self._cordons.nodes(now)  # a copy of every node: only for a pass with work
+        nodes = self._cordons.pass_nodes(now)  # lent to this pass: only for one with work
         room = self._accounting.tenant_room()
         fairness = self._accounting.fairness()
         decisions = plan(
-            nodes, queue, now, self._config, ordered=True, tenant_room=room, fairness=fairness
+            nodes,
+            queue,
+            now,
+            self._config,
+            ordered=True,
+            tenant_room=room,
+            fairness=fairness,
+            ranking=self._state().ranking,
         )
         await self._bind_all(decisions)
         if len(decisions) < len(queue):

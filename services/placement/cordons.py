@@ -49,6 +49,10 @@ class Cordons:
         failure cordons in force."""
         return self._state().node_states(self.failure_cordons(now))
 
+    def pass_nodes(self, now: datetime) -> list[NodeState]:
+        """``nodes`` for a pass: lent until the next pass (``PlacementState.pass_nodes``)."""
+        return self._state().pass_nodes(self.failure_cordons(now))
+
     def _note(self, suspicion: Suspicion, *, cordoned: bool) -> None:
         note = (suspicion.problem or suspicion.since, cordoned)
         if self._notes.get(suspicion.node) == note:

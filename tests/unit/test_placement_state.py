@@ -16,7 +16,7 @@ from mdq.contracts import pb
 from mdq.core.clusters import Selector, cluster_of
 from mdq.core.events import make_event
 from mdq.core.node_health import NodeHealthPolicy
-from mdq.core.placement import PlacementConfig, Preemption
+from mdq.core.placement import PlacementConfig, Preemption, plan
 from mdq.core.placement_state import PlacementState
 from mdq.core.state import AttemptRecord, JobState, JobView, Stop
 from mdq.core.timestamps import set_timestamp
@@ -331,6 +331,53 @@ def test_fold(history: list[Step], expected: dict[str, Any]) -> None:
             assert {name: seen[key][name] for name in value} == value, key
         else:
             assert seen[key] == value, key
+
+
+@pytest.mark.parametrize(
+    "history", [case[1] for case in FOLD_CASES], ids=[case[0] for case in FOLD_CASES]
+)
+@pytest.mark.parametrize("cordons", [(), ("n1",)], ids=["no cordon", "n1 cordoned"])
+@pytest.mark.parametrize(
+    ("binds", "scribble"),
+    [(False, False), (True, False), (True, True)],
+    ids=["untouched", "plan", "plan and make room"],
+)
+def test_the_copies_lent_to_a_pass_are_the_nodes_as_they_are_now(
+    history: list[Step], cordons: tuple[str, ...], binds: bool, scribble: bool
+) -> None:
+    """After every step of every fold history, what a pass is lent equals fresh copies, though
+    the pass before may have bound jobs on its copies (``binds``: ``plan``) and changed every
+    copy's room (``scribble``: as the preemption plans do)."""
+    state = PlacementState(PlacementConfig(), load_settle_s=SETTLE_S)
+    for number, step in enumerate(history):
+        step(state)
+        # the failure cordons come and go between passes
+        cordoned = cordons if number % 2 else ()
+        lent = state.pass_nodes(cordoned)
+        assert lent == state.node_states(cordoned), number
+        if binds:
+            plan(lent, state.queue(at(1)), at(1), ordered=True)
+        if scribble:
+            for node in lent:
+                node.reserved_cpu += 0.5
+                node.reserved_memory_mb += 512
+    assert state.pass_nodes() == state.node_states()
+
+
+def test_a_binding_noted_after_its_event_is_lent_in_flight() -> None:
+    state = fold([*NODES, sub("r-a", cpu=2), bound("r-a", "n1", note=False)])
+    assert {node.name: node.inflight_cpu for node in state.pass_nodes()} == {"n1": 0, "n2": 0}
+    state.note_binding(state.book.jobs["r-a"], at(1))
+    assert {node.name: node.inflight_cpu for node in state.pass_nodes()} == {"n1": 2, "n2": 0}
+
+
+def test_a_node_lost_with_its_job_is_lent_as_not_ready_until_it_reports_again() -> None:
+    state = fold([*NODES, sub("r-a"), bound("r-a", "n1")])
+    assert {node.name: node.ready for node in state.pass_nodes()} == {"n1": True, "n2": True}
+    crashed("r-a", t=1, reason=pb.FAILURE_NODE_LOST)(state)
+    assert {node.name: node.ready for node in state.pass_nodes()} == {"n1": False, "n2": True}
+    load("n1", t=2)(state)
+    assert {node.name: node.ready for node in state.pass_nodes()} == {"n1": True, "n2": True}
 
 
 # (name, history, seconds after T0, the queue's jobs in order, their nominated nodes)

@@ -440,67 +440,213 @@ def _best(candidates: Sequence[NodeScore], order: dict[str, int]) -> NodeScore:
     return best
 
 
+class _SortedOut(NamedTuple):
+    """Some of a plan's nodes, sorted into the eligible and the filtered out."""
+
+    eligible: list[NodeState]
+    """The eligible ones, in the nodes' order."""
+    ranked: list[tuple[float, int, int, str]]
+    """(-rank, index, version 0, name) of each eligible node (the heap's entries), in order."""
+    filtered: list[tuple[int, str]]
+    """(index, reason) of each node filtered out before any job, in order."""
+    clustered: bool
+    """Whether any of them belongs to a named cluster."""
+
+
+def _sort_out(
+    nodes: Sequence[NodeState], indices: Iterable[int], now: datetime, config: PlacementConfig
+) -> _SortedOut:
+    """Sort the nodes at ``indices`` (in increasing order) into eligible and filtered out at
+    ``now``, with each eligible node's job-independent rank."""
+    timeout, hard, target = config.load_timeout_s, config.hard_load_threshold, config.target_load
+    # a report is too old when (now - reported_at).total_seconds() > timeout; with a
+    # timeout in whole microseconds that is reported_at < now - timeout, exactly
+    limit = timedelta(seconds=timeout)
+    inline = limit.total_seconds() == timeout  # else node_filter decides for every node
+    cutoff = now - limit if inline else now
+    spreading = target <= 0.0
+    eligible: list[NodeState] = []
+    ranked: list[tuple[float, int, int, str]] = []
+    filtered: list[tuple[int, str]] = []
+    clustered = False
+    for index in indices:
+        node = nodes[index]
+        if node.cluster:
+            clustered = True
+        # node_filter and _rank_of, inlined (a plan's cost grows with the cluster)
+        cpu_cap, mem_cap = node.cpu_capacity, node.memory_capacity_mb
+        if (
+            inline
+            and node.ready
+            and not node.cordoned
+            and not node.reported_at < cutoff
+            and cpu_cap > 0
+            and mem_cap > 0
+        ):
+            cpu = node.cpu_load + node.inflight_cpu / cpu_cap
+            mem = node.memory_load + node.inflight_memory_mb / mem_cap
+            if not (mem if mem > cpu else cpu) > hard:
+                eligible.append(node)
+                reserved = node.reserved_cpu / cpu_cap
+                cpu = reserved if reserved > cpu else cpu
+                reserved = node.reserved_memory_mb / mem_cap
+                mem = reserved if reserved > mem else mem
+                used = mem if mem > cpu else cpu
+                if spreading:  # load_score's spreading case, inlined
+                    rank = 100.0 * (1.0 - (0.0 if used < 0.0 else 1.0 if used > 1.0 else used))
+                else:
+                    rank = load_score(used, target)
+                ranked.append((-rank, index, 0, node.name))
+                continue
+        reason = node_filter(node, now, config)
+        if not reason:
+            eligible.append(node)
+            ranked.append((-_rank_of(node, target), index, 0, node.name))
+        else:
+            filtered.append((index, reason))
+    return _SortedOut(eligible, ranked, filtered, clustered)
+
+
+class NodeRanking:
+    """Which of a pass's nodes are eligible, and their job-independent ranks, kept from one
+    pass to the next over the same list of nodes (``PlacementState.pass_nodes``): a plan then
+    sorts out only the nodes made again since the last pass, rather than the whole cluster
+    every pass (docs/placement.md, "Scaling").
+
+    The owner hands each pass's list over with ``lend``, saying which of its nodes are new
+    since the last; ``plan`` (given the ranking) uses it for that list once. Every node is
+    sorted out again when the list changed shape, the configuration changed, or the oldest
+    load report of an eligible node may have gone stale since."""
+
+    def __init__(self) -> None:
+        self._lent: Sequence[NodeState] | None = None
+        """The list of the pass under way, until a plan took it."""
+        self._changed: set[int] | None = None
+        """Indices of the nodes made again since the ranking was brought up to date (None:
+        every node is to be sorted out again)."""
+        self._config: PlacementConfig | None = None
+        self._entries: list[tuple[float, int, int, str] | None] = []
+        """Index -> the node's heap entry (None: filtered out)."""
+        self._reasons: dict[int, str] = {}
+        """Index -> why the node is filtered out."""
+        self._clustered: set[int] = set()
+        """Indices of the nodes of a named cluster."""
+        self._fresh_until = NEVER_REPORTED
+        """Until when no eligible node's load report can have gone stale."""
+
+    def lend(self, nodes: Sequence[NodeState], changed: Iterable[int] | None) -> None:
+        """``nodes`` are the next pass's; those at the indices ``changed`` were made again
+        since the last list lent (None: all of them are new)."""
+        if changed is None or self._changed is None or len(nodes) != len(self._entries):
+            self._changed = None
+        else:
+            self._changed.update(changed)
+        self._lent = nodes
+
+    def take(
+        self, nodes: Sequence[NodeState], now: datetime, config: PlacementConfig
+    ) -> _SortedOut | None:
+        """The nodes sorted out at ``now`` for a plan over ``nodes``; None unless ``nodes`` is
+        the list lent last and not taken yet (a plan changes the nodes it binds on)."""
+        if nodes is not self._lent:
+            return None
+        self._lent = None
+        limit = timedelta(seconds=config.load_timeout_s)
+        if limit.total_seconds() != config.load_timeout_s:  # node_filter's own arithmetic
+            self._changed = None
+            return None
+        changed = self._changed
+        if changed is None or config != self._config or now > self._fresh_until:
+            self._sort_all(nodes, now, config, limit)
+        elif changed:
+            self._sort_again(nodes, sorted(changed), now, config, limit)
+        self._changed = set()
+        ranked = [entry for entry in self._entries if entry is not None]
+        return _SortedOut(
+            [nodes[entry[1]] for entry in ranked],
+            ranked,
+            sorted(self._reasons.items()),
+            bool(self._clustered),
+        )
+
+    def _sort_all(
+        self, nodes: Sequence[NodeState], now: datetime, config: PlacementConfig, limit: timedelta
+    ) -> None:
+        sorted_out = _sort_out(nodes, range(len(nodes)), now, config)
+        self._config = config
+        entries: list[tuple[float, int, int, str] | None] = [None] * len(nodes)
+        for entry in sorted_out.ranked:
+            entries[entry[1]] = entry
+        self._entries = entries
+        self._reasons = dict(sorted_out.filtered)
+        self._clustered = {index for index, node in enumerate(nodes) if node.cluster}
+        self._fresh_until = datetime.max.replace(tzinfo=UTC)
+        self._note_freshness(nodes, sorted_out, limit)
+
+    def _sort_again(
+        self,
+        nodes: Sequence[NodeState],
+        indices: list[int],
+        now: datetime,
+        config: PlacementConfig,
+        limit: timedelta,
+    ) -> None:
+        sorted_out = _sort_out(nodes, indices, now, config)
+        entries, reasons, clustered = self._entries, self._reasons, self._clustered
+        for index in indices:
+            entries[index] = None
+            reasons.pop(index, None)
+            if nodes[index].cluster:
+                clustered.add(index)
+            else:
+                clustered.discard(index)
+        for entry in sorted_out.ranked:
+            entries[entry[1]] = entry
+        reasons.update(sorted_out.filtered)
+        self._note_freshness(nodes, sorted_out, limit)
+
+    def _note_freshness(
+        self, nodes: Sequence[NodeState], sorted_out: _SortedOut, limit: timedelta
+    ) -> None:
+        """Bring ``_fresh_until`` down to when the oldest report among the nodes just sorted
+        out goes stale, of those that staleness would change: the eligible, and those filtered
+        for their load (``node_filter`` names staleness first). A newer report of that node
+        leaves it early: the next sorting out of every node puts it right."""
+        fresh_until = self._fresh_until
+        for node in sorted_out.eligible:
+            if node.reported_at + limit < fresh_until:
+                fresh_until = node.reported_at + limit
+        for index, reason in sorted_out.filtered:
+            reported_at = nodes[index].reported_at
+            if reason == OVERLOADED and reported_at + limit < fresh_until:
+                fresh_until = reported_at + limit
+        self._fresh_until = fresh_until
+
+
 class _Planner:
     """One ``plan`` call: the eligible nodes, their heap, and what fit nowhere."""
 
-    def __init__(self, nodes: Sequence[NodeState], now: datetime, config: PlacementConfig) -> None:
+    def __init__(
+        self,
+        nodes: Sequence[NodeState],
+        now: datetime,
+        config: PlacementConfig,
+        ranking: NodeRanking | None = None,
+    ) -> None:
         self.config = config
         self.nodes = nodes
         self.nodes_total = len(nodes)
         self.static: list[NodeScore] = []
         self.static_counts: dict[str, int] = {}
-        self.eligible: list[NodeState] = []
-        self.clustered = False
-        timeout, hard, target = (
-            config.load_timeout_s,
-            config.hard_load_threshold,
-            config.target_load,
-        )
-        # a report is too old when (now - reported_at).total_seconds() > timeout; with a
-        # timeout in whole microseconds that is reported_at < now - timeout, exactly
-        limit = timedelta(seconds=timeout)
-        inline = limit.total_seconds() == timeout  # else node_filter decides for every node
-        cutoff = now - limit if inline else now
-        spreading = target <= 0.0
-        ranked: list[tuple[float, int, int, str]] = []
+        sorted_out = ranking.take(nodes, now, config) if ranking is not None else None
+        if sorted_out is None:
+            sorted_out = _sort_out(nodes, range(len(nodes)), now, config)
+        self.eligible = sorted_out.eligible
+        ranked = sorted_out.ranked
         """(-rank, index, version 0, name) of every eligible node (the heap's entries)."""
-        eligible = self.eligible
-        clustered = False
-        for index, node in enumerate(nodes):
-            name = node.name
-            if node.cluster:
-                clustered = True
-            # node_filter and _rank_of, inlined (the per-pass cost grows with the cluster)
-            cpu_cap, mem_cap = node.cpu_capacity, node.memory_capacity_mb
-            if (
-                inline
-                and node.ready
-                and not node.cordoned
-                and not node.reported_at < cutoff
-                and cpu_cap > 0
-                and mem_cap > 0
-            ):
-                cpu = node.cpu_load + node.inflight_cpu / cpu_cap
-                mem = node.memory_load + node.inflight_memory_mb / mem_cap
-                if not (mem if mem > cpu else cpu) > hard:
-                    eligible.append(node)
-                    reserved = node.reserved_cpu / cpu_cap
-                    cpu = reserved if reserved > cpu else cpu
-                    reserved = node.reserved_memory_mb / mem_cap
-                    mem = reserved if reserved > mem else mem
-                    used = mem if mem > cpu else cpu
-                    if spreading:  # load_score's spreading case, inlined
-                        rank = 100.0 * (1.0 - (0.0 if used < 0.0 else 1.0 if used > 1.0 else used))
-                    else:
-                        rank = load_score(used, target)
-                    ranked.append((-rank, index, 0, name))
-                    continue
-            reason = node_filter(node, now, config)
-            if not reason:
-                eligible.append(node)
-                ranked.append((-_rank_of(node, target), index, 0, name))
-                continue
-            self.static.append(_filtered(node, reason))
+        clustered = sorted_out.clustered
+        for index, reason in sorted_out.filtered:
+            self.static.append(_filtered(nodes[index], reason))
             self.static_counts[reason] = self.static_counts.get(reason, 0) + 1
         self.clustered = clustered
         self.small = len(self.eligible) <= config.full_scan_nodes
@@ -778,6 +924,7 @@ def plan(
     tenant_room: dict[str, float] | None = None,
     fairness: Fairness | None = None,
     capacity: tuple[float, float] | None = None,
+    ranking: NodeRanking | None = None,
 ) -> list[Decision]:
     """Bind as many queued jobs as fit, best job first; each bound job counts on its node at
     once (reservations and in-flight load: the herd guard).
@@ -793,8 +940,10 @@ def plan(
     nodes' capacity is the smallest, each binding counting at once. ``capacity`` (CPU, memory
     MiB) is what those shares are shares of when ``nodes`` are not every schedulable node (the
     simulator hands over only nodes with room; docs/simulate.md); None: the eligible nodes'.
+    ``ranking``: the nodes' ranking kept between passes, when ``nodes`` is the list it lent
+    (``NodeRanking``).
     """
-    planner = _Planner(nodes, now, config)
+    planner = _Planner(nodes, now, config, ranking)
     jobs = list(queue) if ordered else order_queue(queue, now, config)
     for job in jobs:
         if job.nominated_node:

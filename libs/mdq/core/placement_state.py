@@ -2,7 +2,8 @@
 
 The placement service owns one ``PlacementState``, feeds it every job event (``apply``) and
 node load (``apply_load``), and asks it what to decide on: the queue (``queue``), the nodes with
-their reservations and in-flight bindings (``node_states``), the WAITING jobs whose dependencies
+their reservations and in-flight bindings (``node_states``; ``pass_nodes`` and ``ranking`` for a
+pass, kept from one pass to the next), the WAITING jobs whose dependencies
 ended (``dependency_verdict``), the running work a preemptor may stop (``running_work``) and
 each tenant's usage (``tenant_usage``, ``tenant_room``). Time is never read here: every method
 that depends on it takes ``now``. What is kept, and how memory stays bounded by
@@ -12,7 +13,7 @@ that depends on it takes ``now``. What is kept, and how memory stays bounded by
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Container, Iterable, Mapping
+from collections.abc import Callable, Collection, Container, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
@@ -23,6 +24,7 @@ from mdq.core.clusters import NO_SELECTOR, Selector, cluster_of
 from mdq.core.fairshare import Held, dominant_share, fair_shares, no_guarantee, no_maximum
 from mdq.core.node_health import NodeCapacity, NodeHealth, NodeHealthPolicy
 from mdq.core.placement import (
+    NodeRanking,
     NodeState,
     PlacementConfig,
     Preemption,
@@ -162,6 +164,19 @@ class PlacementState:
         self._orphan_pods: set[tuple[str, int]] = set()
         """(job, attempt) of jobs that ended CANCELLED while they held a node: their pod may
         still run (a cancel that raced a binding) and is to be deleted."""
+        self._pass_copies: list[NodeState] = []
+        """The copies ``pass_nodes`` handed out last, in name order."""
+        self._pass_rooms: list[tuple[float, int, float, int]] = []
+        """Each of those copies' reservation and in-flight fields as handed out."""
+        self._pass_position: dict[str, int] = {}
+        """node -> its index in ``_pass_copies``."""
+        self._pass_cordons: frozenset[str] = frozenset()
+        """The failure cordons those copies were made with."""
+        self._pass_changed: set[str] = set()
+        """Nodes whose report, reservations, in-flight bindings or loss changed since those
+        copies were made."""
+        self.ranking = NodeRanking()
+        """The ranking of the nodes lent to the pass under way (``plan``'s ``ranking``)."""
 
     # -- folding the log -------------------------------------------------------------------
     def apply(self, sequence: int, event: pb.Event) -> Folded | None:
@@ -195,6 +210,7 @@ class PlacementState:
             previous = self._node_lost_at.get(failure.node)
             if previous is None or at > previous:
                 self._node_lost_at[failure.node] = at
+                self._pass_changed.add(failure.node)
         suspect = self.health.record(
             node=failure.node, job_id=event.job_id, reason=failure.reason, at=at
         )
@@ -229,6 +245,7 @@ class PlacementState:
             cluster_labels=self._labels_of(load.cluster, load.cluster_labels),
             problem=load.problem,
         )
+        self._pass_changed.add(load.node)
         if load.problem:
             self._problem_nodes.add(load.node)
         else:
@@ -303,6 +320,7 @@ class PlacementState:
         totals = self._reserved.setdefault(node, [0.0, 0.0])
         totals[0] += sign * cpu
         totals[1] += sign * memory
+        self._pass_changed.add(node)
         tenant = ids.tenant_of(job_id)
         held = self._held.setdefault(tenant, Held())
         held.cpu += sign * cpu
@@ -340,6 +358,7 @@ class PlacementState:
         totals = self._inflight_totals.setdefault(view.node, [0.0, 0.0])
         totals[0] += cpu
         totals[1] += memory
+        self._pass_changed.add(view.node)
 
     def _forget_inflight(self, node: str, job_id: str) -> None:
         entry = self._inflight.get(node, {}).pop(job_id, None)
@@ -347,6 +366,7 @@ class PlacementState:
             totals = self._inflight_totals[node]
             totals[0] -= entry[1]
             totals[1] -= entry[2]
+            self._pass_changed.add(node)
 
     def inflight(self, node: str) -> dict[str, tuple[datetime, float, int]]:
         """job -> (bound at, cpu, memory) of the bindings on ``node`` not settled yet."""
@@ -566,37 +586,76 @@ class PlacementState:
     def node_states(self, cordons: Container[str] = ()) -> list[NodeState]:
         """Copies of the known nodes, by name, with their reservations, in-flight bindings and
         the failure ``cordons`` in force (``plan`` changes the copies, never the state)."""
-        nodes: list[NodeState] = []
-        append = nodes.append
-        reserved, inflight, idle = self._reserved, self._inflight_totals, (0.0, 0.0)
-        lost = self._node_lost_at
-        known = self.nodes
-        for name in sorted(known):
-            node = known[name]
-            cpu, memory = reserved.get(name, idle)
-            inflight_cpu, inflight_memory = inflight.get(name, idle)
-            # built positionally, in NodeState's field order (NodeSample's, then placement's):
-            # ``dataclasses.replace`` costs 3x as much per node, keywords a third more
-            append(
-                NodeState(
-                    name,
-                    node.cpu_capacity,
-                    node.memory_capacity_mb,
-                    node.ready and not (name in lost and self._lost_since_report(node)),
-                    node.cpu_load,
-                    node.memory_load,
-                    node.cordoned or name in cordons,
-                    node.cluster,
-                    node.cluster_labels,
-                    node.problem,
-                    node.reported_at,
-                    cpu,
-                    int(memory),
-                    inflight_cpu if inflight_cpu > 0.0 else 0.0,
-                    int(inflight_memory) if inflight_memory > 0 else 0,
-                )
-            )
-        return nodes
+        return [self._copy_of(name, cordons) for name in sorted(self.nodes)]
+
+    def pass_nodes(self, cordons: Collection[str] = ()) -> list[NodeState]:
+        """``node_states`` for a pass, made again only where something changed since the
+        last call rather than node by node each time (a pass's cost would grow with the
+        cluster). The copies are lent until the next call; the caller may change their
+        reservation and in-flight fields (``plan``'s bindings, the preemption plans' room),
+        which the next call sets back, and nothing else."""
+        cordoned = frozenset(cordons)
+        copies = self._pass_copies
+        if len(copies) != len(self.nodes):  # a node reported for the first time
+            copies = self._pass_copies = self.node_states(cordoned)
+            self._pass_position = {node.name: index for index, node in enumerate(copies)}
+            self._pass_rooms = [_room(node) for node in copies]
+            self._pass_cordons = cordoned
+            self._pass_changed.clear()
+            lent = list(copies)
+            self.ranking.lend(lent, None)
+            return lent
+        changed = self._pass_changed
+        if cordoned != self._pass_cordons:
+            changed |= cordoned ^ self._pass_cordons
+            self._pass_cordons = cordoned
+        rooms = self._pass_rooms
+        for node, room in zip(copies, rooms, strict=True):
+            if (
+                node.reserved_cpu != room[0]
+                or node.reserved_memory_mb != room[1]
+                or node.inflight_cpu != room[2]
+                or node.inflight_memory_mb != room[3]
+            ):
+                changed.add(node.name)  # the last pass's plan changed it
+        position = self._pass_position
+        made: list[int] = []
+        for name in changed:
+            index = position.get(name)
+            if index is not None:  # else a node that never reported (a binding to it)
+                copies[index] = node = self._copy_of(name, cordoned)
+                rooms[index] = _room(node)
+                made.append(index)
+        changed.clear()
+        lent = list(copies)
+        self.ranking.lend(lent, made)
+        return lent
+
+    def _copy_of(self, name: str, cordons: Container[str]) -> NodeState:
+        """The copy of node ``name`` that ``node_states`` hands out."""
+        node = self.nodes[name]
+        idle = (0.0, 0.0)
+        cpu, memory = self._reserved.get(name, idle)
+        inflight_cpu, inflight_memory = self._inflight_totals.get(name, idle)
+        # built positionally, in NodeState's field order (NodeSample's, then placement's):
+        # ``dataclasses.replace`` costs 3x as much per node, keywords a third more
+        return NodeState(
+            name,
+            node.cpu_capacity,
+            node.memory_capacity_mb,
+            node.ready and not (name in self._node_lost_at and self._lost_since_report(node)),
+            node.cpu_load,
+            node.memory_load,
+            node.cordoned or name in cordons,
+            node.cluster,
+            node.cluster_labels,
+            node.problem,
+            node.reported_at,
+            cpu,
+            int(memory),
+            inflight_cpu if inflight_cpu > 0.0 else 0.0,
+            int(inflight_memory) if inflight_memory > 0 else 0,
+        )
 
     def _lost_since_report(self, node: NodeState) -> bool:
         """Whether a job was lost with ``node`` (FAILURE_NODE_LOST) after its latest load
@@ -858,6 +917,11 @@ class PlacementState:
         }
         state.health = NodeHealth.from_dict(data["health"], state.health.policy)
         return state
+
+
+def _room(node: NodeState) -> tuple[float, int, float, int]:
+    """The fields of a node's copy that a pass may change."""
+    return node.reserved_cpu, node.reserved_memory_mb, node.inflight_cpu, node.inflight_memory_mb
 
 
 def _node_to_dict(node: NodeState) -> dict[str, Any]:
