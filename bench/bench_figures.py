@@ -1,6 +1,26 @@
-"""Arithmetic that several benches' figures share."""
+"""Arithmetic and timing that several benches' figures share."""
 
 from __future__ import annotations
+
+import contextlib
+import gc
+from collections.abc import Iterator
+
+
+@contextlib.contextmanager
+def no_collector_pauses() -> Iterator[None]:
+    """Keep the bench's own garbage collector from pausing it while it times something: what
+    the process holds is frozen out of collection (``gc.freeze``) and no collection runs until
+    the block ends. A full collection of a bench process holding thousands of pending requests
+    takes about 20 ms, which showed in the p99 it measured, of mdq and of the raw loops alike."""
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.unfreeze()
 
 
 def percentile(values: list[float], q: float) -> float:
