@@ -21,3 +21,10 @@ class UnstableError(RunnerError):
     """The simulation blew up (NaN or exploding energy); retrying will not help."""
 
     exit_code = RunnerExit.UNSTABLE
+
+
+class RestartUnreadable(RunnerError):
+    """LAMMPS could not read the restart a resume chose (it was set aside): the next attempt
+    resumes from the one before it."""
+
+    exit_code = RunnerExit.CRASHED

@@ -12,9 +12,12 @@ line by line after substitution.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import hashlib
 import json
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -33,7 +36,7 @@ from mdq.core.exit_codes import RunnerExit
 from mdq.core.lammps_units import EV_KJ_MOL
 from mdq.core.spec import normalize_job
 from services.runner.engines.lammps_engine import check_data_file
-from services.runner.engines.lammps_restarts import read_header
+from services.runner.engines.lammps_restarts import RestartStore, read_header
 from tests.helpers import with_fields
 from tests.integration.test_runner import (
     StartJob,
@@ -545,6 +548,119 @@ async def test_a_full_disk_under_the_restart_files_ends_the_attempt_no_space(
         assert await runner.wait(WAIT_S) == RunnerExit.NO_SPACE, runner.stderr
         assert "I/O error while writing restart" in runner.stderr
         assert not list(folder.glob("ckpt-*")), "no restart announced or left behind"
+    finally:
+        await asyncio.to_thread(subprocess.run, ["umount", str(folder)], check=True)
+
+
+async def _finished_run(
+    stage: Stage, start_job: StartJob, job: str
+) -> tuple[pb.JobSpec, Path, dict[int, pb.Checkpoint]]:
+    """The Lennard-Jones melt run to step 2000 with a restart every 500: its spec, its
+    checkpoint folder and the restarts it announced, by step."""
+    spec = await stage_lj_melt(stage, job, cells=5, steps=2000, report=100, checkpoint=500)
+    task, events, runner = await start_job(job, spec)
+    assert await runner.wait(WAIT_S) == RunnerExit.OK, runner.stderr
+    await events.wait_until(lambda: len(events.of_attempt(1)[1]) >= 4, within_s=WAIT_S)
+    announced = {event.step: event for event in events.of_attempt(1)[1]}
+    return spec, task.job_dir / "checkpoints", announced
+
+
+def _cut(path: Path, keep: float) -> bytes:
+    """Cut ``path`` to ``keep`` of its bytes (at a 1 KiB boundary, as a full disk cuts a
+    write); the bytes it held."""
+    whole = path.read_bytes()
+    path.write_bytes(whole[: int(len(whole) * keep) // 1024 * 1024])
+    return whole
+
+
+async def test_a_restart_cut_short_by_a_full_disk_is_never_resumed_from(
+    data_dir: Path, stage: Stage, start_runner: StartRunner, start_job: StartJob
+) -> None:
+    """A full disk cut the restart of step 2500 short and the sidecar never came (the attempt
+    ended NO_SPACE): it is later than the announced 2000, but a retry resumes from 2000 and
+    finishes, rather than feeding LAMMPS the short file and ending as invalid input."""
+    job = "lmp-cut"
+    _, folder, announced = await _finished_run(stage, start_job, job)
+    short = folder / "ckpt-000000002500.restart"
+    short.write_bytes((folder / "ckpt-000000002000.restart").read_bytes())
+    _cut(short, 0.9)
+    longer = await stage(
+        job,
+        lammps_spec("in.lj-melt", variables={"N": "5"}, steps=3000, checkpoint_interval_steps=500),
+        {"in.lj-melt": example("in.lj-melt")},
+    )
+    retry = await start_runner(
+        make_task(data_dir, job, longer, attempt=2, resume_from=announced[2000])
+    )
+    assert await retry.wait(WAIT_S) == RunnerExit.OK, retry.stderr
+    assert "ckpt-000000002500.restart has no sidecar" in retry.stderr, retry.stderr
+    assert "attempt 2 resumes from step 2000" in (folder.parent / "log.lammps").read_text()
+
+
+async def test_a_restart_lammps_cannot_read_is_set_aside_and_the_next_attempt_falls_back(
+    data_dir: Path, stage: Stage, start_runner: StartRunner, start_job: StartJob
+) -> None:
+    """The announced restart verifies (its sidecar and announcement name its bytes) but is
+    not whole: LAMMPS refuses it. The attempt ends as a crash, not as the job's invalid input
+    (which is never retried), with the file set aside; the next resumes from the one before."""
+    job = "lmp-unreadable"
+    spec, folder, announced = await _finished_run(stage, start_job, job)
+    restart = folder / "ckpt-000000002000.restart"
+    _cut(restart, 0.5)
+    sha256, size = on_disk(restart)
+    sidecar = json.loads(restart.with_suffix(".json").read_text())
+    restart.with_suffix(".json").write_text(json.dumps(sidecar | {"sha256": sha256}))
+    cut = pb.Checkpoint()
+    cut.CopyFrom(announced[2000])
+    cut.sha256, cut.size_bytes = sha256, size
+
+    second = await start_runner(make_task(data_dir, job, spec, attempt=2, resume_from=cut))
+    assert await second.wait(WAIT_S) == RunnerExit.CRASHED, second.stderr
+    assert "LAMMPS cannot read the restart ckpt-000000002000.restart" in second.stderr
+    assert not restart.exists()
+    assert (folder / "ckpt-000000002000.restart.unreadable").exists()
+
+    third = await start_runner(make_task(data_dir, job, spec, attempt=3, resume_from=cut))
+    assert await third.wait(WAIT_S) == RunnerExit.OK, third.stderr
+    assert "attempt 3 resumes from step 1500" in (folder.parent / "log.lammps").read_text()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs: needs root")
+async def test_a_restart_the_disk_cut_short_is_not_left_under_its_name(
+    stage: Stage, start_job: StartJob, tmp_path: Path
+) -> None:
+    """LAMMPS writing a restart as the disk fills may leave a short file and say nothing:
+    the store fails with ENOSPC when the sidecar cannot follow, and keeps nothing of that
+    step; the restart before it stays whole."""
+    _, done, _ = await _finished_run(stage, start_job, "lmp-fill")
+    restarts = {step: (done / f"ckpt-{step:012d}.restart").read_bytes() for step in (1500, 2000)}
+    folder = tmp_path / "small"
+    folder.mkdir()
+    mount = ["mount", "-t", "tmpfs", "-o", "size=128k", "tmpfs", str(folder)]
+    await asyncio.to_thread(subprocess.run, mount, check=True)
+    try:
+        store = RestartStore(directory=folder / "checkpoints")
+
+        def like_lammps(step: int) -> Callable[[Path], None]:
+            def write_restart(path: Path) -> None:
+                """Write what fits of the restart, and tell nobody when it does not."""
+                with contextlib.suppress(OSError), path.open("wb") as handle:
+                    handle.write(restarts[step])
+
+            return write_restart
+
+        kept = store.write(like_lammps(1500), step=1500, time_ps=7.5, units="lj")
+        room = shutil.disk_usage(folder).free - len(restarts[2000]) // 2
+        with contextlib.suppress(OSError), (folder / "filler").open("wb") as handle:
+            handle.write(b"x" * room)  # half a restart's room left
+        with pytest.raises(OSError) as raised:
+            store.write(like_lammps(2000), step=2000, time_ps=10.0, units="lj")
+        assert raised.value.errno == errno.ENOSPC
+        assert sorted(p.name for p in store.directory.iterdir()) == [
+            "ckpt-000000001500.json",
+            "ckpt-000000001500.restart",
+        ]
+        assert on_disk(kept.path) == (kept.sha256, len(restarts[1500]))
     finally:
         await asyncio.to_thread(subprocess.run, ["umount", str(folder)], check=True)
 

@@ -44,7 +44,7 @@ from mdq.errors import Unavailable
 from services.runner.checkpoints import CheckpointFile, write_atomically
 from services.runner.engines import EngineOutput, EngineSetup, StartPoint
 from services.runner.engines.lammps_restarts import LoadedRestart, RestartStore
-from services.runner.errors import InvalidInputError, UnstableError
+from services.runner.errors import InvalidInputError, RestartUnreadable, UnstableError
 from services.runner.paths import output_path
 from services.runner.samples import EnergySample
 
@@ -329,7 +329,7 @@ class LammpsEngine:
             if feed.restart is not None:
                 if name in BOX_COMMANDS and not feed.box_defined:
                     feed.box_defined = True
-                    self._run_command(f"read_restart {feed.restart}", where, command.line)
+                    self._read_restart(feed.restart)
                     continue
                 if name in FRESH_ONLY:
                     feed.skipped += 1
@@ -337,6 +337,21 @@ class LammpsEngine:
             elif name in BOX_COMMANDS:
                 feed.box_defined = True
             self._run_command(text, where, command.line)
+
+    def _read_restart(self, path: Path) -> None:
+        """``read_restart`` of the verified restart a resume chose: one LAMMPS cannot read is
+        set aside and the attempt ends as a crash, never as the job's invalid input (a retry
+        resumes from the restart before it)."""
+        try:
+            self._lmp.command(f"read_restart {path}")
+        except Exception as error:
+            if (full := _disk_full(error, self._work)) is not None:
+                raise full from None
+            aside = self.checkpoints.set_aside(path)
+            raise RestartUnreadable(
+                f"LAMMPS cannot read the restart {path.name} ({error}): set aside as "
+                f"{aside.name}, the next attempt resumes from the one before it"
+            ) from None
 
     def _run_command(self, text: str, where: str, line: int) -> None:
         try:

@@ -1,13 +1,15 @@
 """The LAMMPS engine's checkpoints: restart files, written atomically and verified.
 
 A checkpoint of step S is LAMMPS's binary restart file ``checkpoints/ckpt-<S:012d>.restart``
-and its ``.json`` sidecar; the file read back from disk must have a LAMMPS restart's header
-holding the step of its name, and its sha256 is what is announced. Design: docs/engines.md,
-"Checkpoint files" and "LAMMPS".
+and its ``.json`` sidecar, written last: a restart without its sidecar was never finished and is
+never resumed from. The file read back from disk must have a LAMMPS restart's header holding the
+step of its name, and its sha256 is what is announced. Design: docs/engines.md, "Checkpoint
+files" and "LAMMPS".
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -39,6 +41,8 @@ HEADER_RECORDS = 64
 """The step comes within the first few records; a file without it in these is not a restart."""
 _NAME = re.compile(r"^ckpt-(\d{12})\.restart$")
 SUFFIX = ".restart"
+UNREADABLE_SUFFIX = ".unreadable"
+"""Added to the name of a restart LAMMPS could not read, so no resume takes it again."""
 
 
 class RestartUnusable(ValueError):
@@ -119,22 +123,44 @@ class RestartStore(StepFolder):
     ) -> CheckpointFile:
         """Have LAMMPS write the restart of ``step`` (``write_restart`` given a temporary
         path), make it durable, rename it into place, verify it and write its sidecar;
-        prune older ones."""
+        prune older ones. When any of it fails (LAMMPS may leave a short file without a word
+        when the disk fills; the sidecar then cannot be written either), the files of ``step``
+        are removed and the error raised."""
         self._directory.mkdir(parents=True, exist_ok=True)
         path = self.path_of(step)
         temp = path.with_name(f"{TEMP_PREFIX}{path.name}.{os.getpid()}")
         temp.unlink(missing_ok=True)
-        write_restart(temp)
-        fsync_file(temp)
-        os.replace(temp, path)
-        fsync_dir(self._directory)
-        header = read_header(path)  # read back from disk: what is announced is what is there
-        if header.step != step:
-            raise RestartUnusable(f"{path.name} holds step {header.step}, not {step}")
-        checkpoint = CheckpointFile.on_disk(path, step=step, time_ps=time_ps)
-        write_sidecar(checkpoint, engine="lammps", units=units)
+        replaced = False
+        try:
+            write_restart(temp)
+            fsync_file(temp)
+            os.replace(temp, path)
+            replaced = True
+            fsync_dir(self._directory)
+            header = read_header(path)  # read back from disk: what is announced is what is there
+            if header.step != step:
+                raise RestartUnusable(f"{path.name} holds step {header.step}, not {step}")
+            checkpoint = CheckpointFile.on_disk(path, step=step, time_ps=time_ps)
+            write_sidecar(checkpoint, engine="lammps", units=units)
+        except BaseException:
+            # nothing half-written stays under a checkpoint's name (an earlier attempt's restart
+            # of this step stays, unless this one already took its place)
+            leftovers = [temp, path.with_suffix(".json"), path] if replaced else [temp]
+            for leftover in leftovers:
+                with contextlib.suppress(OSError):
+                    leftover.unlink(missing_ok=True)
+            raise
         self._prune(keep_step=step)
         return checkpoint
+
+    def set_aside(self, path: Path) -> Path:
+        """Rename a restart LAMMPS could not read (its sidecar removed), so that the next
+        resume falls back to the one before it; returns the new name."""
+        aside = path.with_name(path.name + UNREADABLE_SUFFIX)
+        os.replace(path, aside)
+        path.with_suffix(".json").unlink(missing_ok=True)
+        fsync_dir(self._directory)
+        return aside
 
     def load(self, announced: pb.Checkpoint) -> LoadedRestart | None:
         """The restart to resume from (``resume_point``): the announced one verifies by sha256,
@@ -162,8 +188,10 @@ class RestartStore(StepFolder):
             raise RestartUnusable(f"{path.name} is not the restart of step {step}")
         sidecar = read_sidecar(path)
         expected = sha256 or str(sidecar.get("sha256") or "")
+        if not expected:
+            raise RestartUnusable(f"{path.name} has no sidecar: its write never finished")
         actual = sha256_of(path)
-        if expected and actual != expected:
+        if actual != expected:
             raise RestartUnusable(f"sha256 is {actual}, expected {expected}")
         header = read_header(path)
         if header.step != step:
