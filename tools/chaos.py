@@ -108,6 +108,9 @@ PART_HELD_DOWN = {
 
 MIN_PAUSE_S = 0.3
 """The shortest pause between two faults (when the faults have fallen behind the jobs)."""
+OWED_FIRST_FROM = 0.5
+"""Once this share of the jobs has ended, the faults a kind still owes come before the random
+extra ones (``owed_first``)."""
 
 _RESUMED = re.compile(
     r"runner\[(?P<job>[^#\]]+)#(?P<attempt>\d+)\].*resuming from .* at step (?P<step>\d+)"
@@ -664,6 +667,23 @@ def short_of_wanted(
     return short
 
 
+def owed_first(schedule: list[str], injected: Mapping[str, int], config: ChaosConfig) -> None:
+    """Reorder ``schedule`` in place: first the faults a kind still owes (each kind up to
+    ``wanted`` hits, counting those ``injected``), in their order, then the rest (the random
+    extras, in their order). Late in a campaign what it promised comes before the extras, while
+    jobs are left to hit: a cancel or a runner's kill needs a running job."""
+    counted = Counter(injected)
+    owed: list[str] = []
+    rest: list[str] = []
+    for kind in schedule:
+        if counted[kind] < wanted(kind, config):
+            counted[kind] += 1
+            owed.append(kind)
+        else:
+            rest.append(kind)
+    schedule[:] = owed + rest
+
+
 def fault_schedule(rng: random.Random, config: ChaosConfig) -> list[str]:
     """Every kind ``wanted`` times plus ``extra_faults`` random short ones, shuffled; the long
     episodes in the first half, so that the faults of the part one holds down (which wait for
@@ -1138,6 +1158,8 @@ class Campaign:
                 await asyncio.wait_for(done.wait(), timeout=self.run_deadline.bound(pause))
             if done.is_set():
                 break
+            if jobs_ended >= OWED_FIRST_FROM:
+                owed_first(schedule, self._kills, self.config)
             kind = schedule.pop(0)
             part = PART_HELD_DOWN.get(kind)
             if part in busy:  # a long episode holds it down: this one comes after it

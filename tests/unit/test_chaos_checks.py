@@ -29,6 +29,7 @@ from tools.chaos import (
     fault_schedule,
     job_spec,
     last_energy_step,
+    owed_first,
     runner_log_facts,
     runner_processes,
     short_of_wanted,
@@ -330,3 +331,42 @@ def test_faults_left_at_the_end_are_a_problem_only_below_their_share(
     than promised fails it."""
     config = ChaosConfig(faults_per_kind=per_kind, once_per_kind=1)
     assert short_of_wanted(left, injected, config) == short
+
+
+OWED_CASES: dict[str, tuple[list[str], dict[str, int], list[str]]] = {
+    "an owed cancel comes before the extras": (
+        ["metrics", "intake", "cancel"],
+        {"metrics": 2, "intake": 2, "cancel": 1},
+        ["cancel", "metrics", "intake"],
+    ),
+    "owed faults keep their order": (
+        ["agent", "metrics", "cancel"],
+        {"metrics": 2},
+        ["agent", "cancel", "metrics"],
+    ),
+    "a kind owed once with two left: one comes first": (
+        ["cancel", "metrics", "cancel"],
+        {"cancel": 1, "metrics": 2},
+        ["cancel", "metrics", "cancel"],
+    ),
+    "nothing owed: the order stays": (
+        ["intake", "metrics"],
+        {"intake": 2, "metrics": 2},
+        ["intake", "metrics"],
+    ),
+    "a strike is owed once": (
+        ["metrics", "strike_snapshot"],
+        {"metrics": 2},
+        ["strike_snapshot", "metrics"],
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("schedule", "injected", "expected"), OWED_CASES.values(), ids=OWED_CASES.keys()
+)
+def test_late_in_a_campaign_what_is_owed_comes_before_the_extras(
+    schedule: list[str], injected: dict[str, int], expected: list[str]
+) -> None:
+    owed_first(schedule, injected, ChaosConfig(faults_per_kind=2, once_per_kind=1))
+    assert schedule == expected
