@@ -134,3 +134,26 @@ def test_a_ranking_serves_only_the_list_it_lent_and_only_once() -> None:
     assert ranking.take(list(lent), T0, config) is None  # another list
     assert ranking.take(lent, T0, config) is not None
     assert ranking.take(lent, T0, config) is None  # a plan changed the nodes it took
+
+
+def test_a_clock_set_back_sorts_the_nodes_out_again() -> None:
+    """A node whose report was stale at the last pass is fresh again when the wall clock was
+    set back since: the next plan sees it eligible, as one over fresh copies does."""
+    config = PlacementConfig(load_timeout_s=2.0)
+    state = PlacementState(config, load_settle_s=3.0)
+    history = History(nodes=40, unready=0.0)
+    rng = random.Random(0)
+    for node in range(1, 40):
+        report(state, history, rng, node, T0)
+    report(state, history, rng, 0, T0 - timedelta(seconds=1.5))
+    spec = pb.JobSpec(name="j")
+    spec.resources.cpu, spec.resources.memory_mb = 1, 1024
+    event(state, "submitted", pb.JobSubmitted(spec=spec, request_id="r"), "r-j", 0, T0)
+    for now in (T0 + timedelta(seconds=1), T0):  # n000 stale, then fresh again
+        queue = state.queue(now)
+        expected = plan(state.node_states(), queue, now, config, ordered=True)
+        decisions = plan(
+            state.pass_nodes(), queue, now, config, ordered=True, ranking=state.ranking
+        )
+        assert decisions == expected, now
+    assert "load report too old" not in decisions[0].filtered_counts

@@ -515,8 +515,8 @@ class NodeRanking:
 
     The owner hands each pass's list over with ``lend``, saying which of its nodes are new
     since the last; ``plan`` (given the ranking) uses it for that list once. Every node is
-    sorted out again when the list changed shape, the configuration changed, or the oldest
-    load report of an eligible node may have gone stale since."""
+    sorted out again when the list changed shape, the configuration changed, the oldest
+    load report of an eligible node may have gone stale since, or the clock went back."""
 
     def __init__(self) -> None:
         self._lent: Sequence[NodeState] | None = None
@@ -533,6 +533,9 @@ class NodeRanking:
         """Indices of the nodes of a named cluster."""
         self._fresh_until = NEVER_REPORTED
         """Until when no eligible node's load report can have gone stale."""
+        self._sorted_at = NEVER_REPORTED
+        """The time of the last sorting out (a clock set back sorts every node out again: a
+        report stale then may not be now)."""
 
     def lend(self, nodes: Sequence[NodeState], changed: Iterable[int] | None) -> None:
         """``nodes`` are the next pass's; those at the indices ``changed`` were made again
@@ -556,11 +559,17 @@ class NodeRanking:
             self._changed = None
             return None
         changed = self._changed
-        if changed is None or config != self._config or now > self._fresh_until:
+        if (
+            changed is None
+            or config != self._config
+            or now > self._fresh_until
+            or now < self._sorted_at
+        ):
             self._sort_all(nodes, now, config, limit)
         elif changed:
             self._sort_again(nodes, sorted(changed), now, config, limit)
         self._changed = set()
+        self._sorted_at = now
         ranked = [entry for entry in self._entries if entry is not None]
         return _SortedOut(
             [nodes[entry[1]] for entry in ranked],
