@@ -684,6 +684,26 @@ def owed_first(schedule: list[str], injected: Mapping[str, int], config: ChaosCo
     schedule[:] = owed + rest
 
 
+def part_owed_first(
+    schedule: list[str], long_kind: str, injected: Mapping[str, int], config: ChaosConfig
+) -> bool:
+    """Before the long episode ``long_kind`` starts: when a short fault of the part it holds
+    down is still owed, put the first one at the front of ``schedule`` and the episode right
+    behind it, and say so (True). The episode may outlast the jobs, and every fault of its
+    part waits for its end."""
+    part = PART_HELD_DOWN.get(long_kind)
+    for index, kind in enumerate(schedule):
+        if (
+            kind not in LONG_KINDS
+            and PART_HELD_DOWN.get(kind) == part
+            and injected.get(kind, 0) < wanted(kind, config)
+        ):
+            del schedule[index]
+            schedule[:0] = [kind, long_kind]
+            return True
+    return False
+
+
 def fault_schedule(rng: random.Random, config: ChaosConfig) -> list[str]:
     """Every kind ``wanted`` times plus ``extra_faults`` random short ones, shuffled; the long
     episodes in the first half, so that the faults of the part one holds down (which wait for
@@ -1166,6 +1186,8 @@ class Campaign:
                 schedule.insert(min(len(schedule), 1 + self.rng.randrange(3)), kind)
                 continue
             if kind in LONG_KINDS and part is not None:
+                if part_owed_first(schedule, kind, self._kills, self.config):
+                    continue
                 busy.add(part)
                 episodes.add(asyncio.create_task(self._long_episode(kind, part, busy)))
                 continue

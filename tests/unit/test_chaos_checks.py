@@ -30,6 +30,7 @@ from tools.chaos import (
     job_spec,
     last_energy_step,
     owed_first,
+    part_owed_first,
     runner_log_facts,
     runner_processes,
     short_of_wanted,
@@ -369,4 +370,55 @@ def test_late_in_a_campaign_what_is_owed_comes_before_the_extras(
     schedule: list[str], injected: dict[str, int], expected: list[str]
 ) -> None:
     owed_first(schedule, injected, ChaosConfig(faults_per_kind=2, once_per_kind=1))
+    assert schedule == expected
+
+
+PART_CASES: dict[str, tuple[list[str], str, dict[str, int], list[str], bool]] = {
+    "an owed restart of its part comes first": (
+        ["metrics", "postgres", "intake"],
+        "postgres_long",
+        {"postgres": 1},
+        ["postgres", "postgres_long", "metrics", "intake"],
+        True,
+    ),
+    "its part's faults all hit: the episode goes now": (
+        ["metrics", "postgres"],
+        "postgres_long",
+        {"postgres": 2},
+        ["metrics", "postgres"],
+        False,
+    ),
+    "another part's owed fault does not hold it": (
+        ["nats", "metrics"],
+        "disk_full_long",
+        {},
+        ["nats", "metrics"],
+        False,
+    ),
+    "the first owed one of the part is taken": (
+        ["disk_full", "metrics", "disk_full"],
+        "disk_full_long",
+        {},
+        ["disk_full", "disk_full_long", "metrics", "disk_full"],
+        True,
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("schedule", "long_kind", "injected", "expected", "moved"),
+    PART_CASES.values(),
+    ids=PART_CASES.keys(),
+)
+def test_a_long_episode_waits_for_the_faults_its_part_still_owes(
+    schedule: list[str],
+    long_kind: str,
+    injected: dict[str, int],
+    expected: list[str],
+    moved: bool,
+) -> None:
+    """The jobs may all end during a long outage, while the faults of its part wait for it:
+    what that part still owes goes first."""
+    config = ChaosConfig(faults_per_kind=2, once_per_kind=1)
+    assert part_owed_first(schedule, long_kind, injected, config) is moved
     assert schedule == expected
