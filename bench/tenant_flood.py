@@ -234,34 +234,21 @@ async def measure_calm(url: str, creds: Path, label: str, submits: int) -> Timed
         )
         timed = Timed([], [])
         with no_collector_pauses():
-            await _time_calm(nc, label, submits, arrived, waiting, timed)
+            for number in range(submits):
+                started = time.monotonic()
+                reply = await nc.request(
+                    SUBJECTS.api_submit_for(CALM), submit_body(f"{label}-{number}"), timeout=30
+                )
+                [job] = json.loads(reply.data)["job_ids"]
+                if (job, "bound") not in arrived:
+                    waiting[job] = asyncio.get_running_loop().create_future()
+                    await asyncio.wait_for(waiting[job], timeout=30)
+                timed.to_submitted.append(arrived[job, "submitted"] - started)
+                timed.to_bound.append(arrived[job, "bound"] - started)
         await subscription.unsubscribe()
         return timed
     finally:
         await nc.close()
-
-
-async def _time_calm(
-    nc: Client,
-    label: str,
-    submits: int,
-    arrived: dict[tuple[str, str], float],
-    waiting: dict[str, asyncio.Future[None]],
-    timed: Timed,
-) -> None:
-    """``submits`` request-reply submits of ``calm``, one after another, each timed to its
-    job's ``submitted`` and ``bound`` events into ``timed``."""
-    for number in range(submits):
-        started = time.monotonic()
-        reply = await nc.request(
-            SUBJECTS.api_submit_for(CALM), submit_body(f"{label}-{number}"), timeout=30
-        )
-        [job] = json.loads(reply.data)["job_ids"]
-        if (job, "bound") not in arrived:
-            waiting[job] = asyncio.get_running_loop().create_future()
-            await asyncio.wait_for(waiting[job], timeout=30)
-        timed.to_submitted.append(arrived[job, "submitted"] - started)
-        timed.to_bound.append(arrived[job, "bound"] - started)
 
 
 class Flood:
