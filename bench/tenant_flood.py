@@ -3,7 +3,8 @@
 Tenant ``calm`` times its submits to their ``bound`` event alone and while tenant ``flood``
 does everything its credentials allow, against the real intake and placement on a closed bus;
 the JSON line holds the p99 ratio and every shared stream's growth. Usage:
-``make bench-tenant-flood`` (``--rounds N``, ``--submits N``, ``--quick``). Method:
+``make bench-tenant-flood`` (``--rounds N``, ``--submits N``, ``--quick``, ``--ways A,B`` to flood
+only some ways). Method:
 docs/benchmarks.md, "make bench-tenant-flood".
 """
 
@@ -254,8 +255,10 @@ async def measure_calm(url: str, creds: Path, label: str, submits: int) -> Timed
 class Flood:
     """Tenant ``flood``'s every way, each in a loop of its own until ``stop``."""
 
-    def __init__(self, url: str, creds: Path) -> None:
+    def __init__(self, url: str, creds: Path, ways: frozenset[str] = frozenset()) -> None:
+        """``ways``: the names of the ways to flood (``WAYS``); empty: every one."""
         self.url, self.creds = url, creds
+        self.ways = ways or frozenset(WAYS)
         self.counts: dict[str, int] = {}
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -266,16 +269,10 @@ class Flood:
 
     async def start(self) -> None:
         self.main = await tenant_client(self.url, self.creds, FLOOD)
-        ways: list[Callable[[], Awaitable[None]]] = [
-            self.rate_refused_requests,
-            self.fire_and_forget,
-            self.oversized,
-            self.subscriptions,
-            self.consumers,
-            self.reply_tricks,
-        ]
-        await self.delivery_tricks()
-        self._tasks = [asyncio.create_task(self._loop(way)) for way in ways]
+        if "delivery_tricks" in self.ways:  # made once, delivering for as long as they live
+            await self.delivery_tricks()
+        loops = [getattr(self, way) for way in WAYS if way in self.ways and way in LOOPED]
+        self._tasks = [asyncio.create_task(self._loop(way)) for way in loops]
 
     async def _loop(self, way: Callable[[], Awaitable[None]]) -> None:
         while not self._stop.is_set():
@@ -389,6 +386,19 @@ class Flood:
         await asyncio.sleep(0.05)
 
 
+LOOPED = (
+    "rate_refused_requests",
+    "fire_and_forget",
+    "oversized",
+    "subscriptions",
+    "consumers",
+    "reply_tricks",
+)
+"""The ways of ``Flood`` that go on in a loop of their own."""
+WAYS = (*LOOPED, "delivery_tricks")
+"""Every way of ``Flood``, by its method's name (``--ways``)."""
+
+
 async def _ignore(_: Exception) -> None:
     return None
 
@@ -402,7 +412,7 @@ def growth(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
     return {name: after.get(name, 0) - before.get(name, 0) for name in sorted(after)}
 
 
-async def run(rounds: int, submits: int) -> dict[str, Any]:
+async def run(rounds: int, submits: int, ways: frozenset[str] = frozenset()) -> dict[str, Any]:
     folder = Path(tempfile.mkdtemp(prefix="mdq-flood-"))
     secrets = folder / "secrets"
     generated = generate(secrets, NS)
@@ -439,7 +449,14 @@ async def run(rounds: int, submits: int) -> dict[str, Any]:
             alone = await measure_calm(server.url, creds[CALM], f"a{number}", submits)
             middle = await stream_bytes(server.url, admin)
             flood = start_process(
-                [sys.executable, __file__, "--flood", server.url, str(creds[FLOOD])],
+                [
+                    sys.executable,
+                    __file__,
+                    "--flood",
+                    server.url,
+                    str(creds[FLOOD]),
+                    f"--ways={','.join(sorted(ways))}",
+                ],
                 stdout=subprocess.PIPE,
                 text=True,
             )
@@ -506,6 +523,7 @@ async def run(rounds: int, submits: int) -> dict[str, Any]:
     return {
         "bench": "tenant_flood",
         "rounds": rounds,
+        "ways": sorted(ways or WAYS),
         "submits_per_phase": submits,
         "p99_ratio": round(ratio, 3),
         "p99_ratio_spread": [round(min(ratios), 3), round(max(ratios), 3)],
@@ -518,10 +536,10 @@ async def run(rounds: int, submits: int) -> dict[str, Any]:
     }
 
 
-async def flood_until_interrupted(url: str, creds: Path) -> dict[str, int]:
+async def flood_until_interrupted(url: str, creds: Path, ways: frozenset[str]) -> dict[str, int]:
     """Tenant ``flood``'s process (its own, so that its client's work does not slow the
     measured client): flood until SIGINT, then print what it did."""
-    flood = Flood(url, creds)
+    flood = Flood(url, creds, ways)
     await flood.start()
     await asyncio.sleep(1.0)  # every way under way
     print("flooding", flush=True)
@@ -542,15 +560,26 @@ def main() -> None:
         help="calm's submits per phase (a p99 of fewer than a few hundred is the worst few)",
     )
     parser.add_argument("--quick", action="store_true", help="15 submits per phase")
+    parser.add_argument(
+        "--ways",
+        type=lambda text: frozenset(filter(None, text.split(","))),
+        default=frozenset(),
+        help=f"flood only these ways, comma-separated (default: every one): {', '.join(WAYS)}",
+    )
     parser.add_argument("--flood", nargs=2, metavar=("URL", "CREDS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.quick:
         args.submits = 15
     if args.flood:
-        counts = asyncio.run(flood_until_interrupted(args.flood[0], Path(args.flood[1])))
+        counts = asyncio.run(flood_until_interrupted(args.flood[0], Path(args.flood[1]), args.ways))
         print(json.dumps(counts), flush=True)
         return
-    print(json.dumps(asyncio.run(run(args.rounds, args.submits))))
+    unknown = args.ways - set(WAYS)
+    if unknown:
+        parser.error(
+            f"--ways: no way named {', '.join(sorted(unknown))}; the ways: {', '.join(WAYS)}"
+        )
+    print(json.dumps(asyncio.run(run(args.rounds, args.submits, args.ways))))
 
 
 if __name__ == "__main__":
