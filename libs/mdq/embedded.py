@@ -54,6 +54,22 @@ def nats_server_binary() -> str:
     return found
 
 
+NO_SPACE_LINE = "no space left on device"
+"""What nats-server's ``[ERR]`` line says when a write of its store found the disk full."""
+
+
+def nats_store_failure(log_text: str) -> str | None:
+    """The first line of nats-server's log ``log_text`` saying a write of its store failed for
+    want of space (``[ERR] JetStream failed to store a msg on stream ...: no space left on
+    device``), at most 300 characters; None when there is none. A stream whose write failed so
+    refuses every later write until the server restarts (docs/architecture.md, "A full disk
+    under the NATS store")."""
+    for line in log_text.splitlines():
+        if "[ERR]" in line and NO_SPACE_LINE in line.lower():
+            return line.strip()[:300]
+    return None
+
+
 SYNC_ALWAYS = "always"
 """JetStream fsyncs every write before acknowledging it (``jetstream.sync_interval``)."""
 SYNC_SERVER_DEFAULT = ""

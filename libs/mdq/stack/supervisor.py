@@ -33,7 +33,13 @@ from mdq.bus.security.auth import (
 )
 from mdq.bus.setup import prepare_bus
 from mdq.bus.storage import StorageSettings
-from mdq.embedded import EmbeddedNats, EmbeddedPostgres, start_nats, start_postgres
+from mdq.embedded import (
+    EmbeddedNats,
+    EmbeddedPostgres,
+    nats_store_failure,
+    start_nats,
+    start_postgres,
+)
 from mdq.files import open_log, private_folder, touch_private
 from mdq.store.roles import close_other_databases
 from mdq.store.stack_database import (
@@ -84,6 +90,12 @@ warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
 
 AGENT_REPORT_S = 3.0
 """What a node agent takes, once its pods are gone, to report its nodes not ready and drain."""
+STORE_FULL_BELOW_BYTES = 4 * 2**20
+"""Free space under the NATS store below which its disk counts as full (``_store_healed``)."""
+STORE_ROOM_BYTES = 16 * 2**20
+"""Free space under the NATS store at which a server whose store met a full disk is restarted."""
+SERVER_LOG_READ_BYTES = 2**20
+"""The most of the NATS server's log read for store failures at one supervision step."""
 
 
 @dataclass(slots=True)
@@ -132,6 +144,13 @@ class ServerWatch:
     """Monotonic time the server was found gone; None while it runs."""
     last_exit: str | None = None
     restarting: asyncio.Task[None] | None = None
+    store: Path | None = None
+    """The folder of the server's store whose disk is watched (NATS only, ``_store_fault``)."""
+    log_offset: int = 0
+    """How far its log has been read for store failures."""
+    store_fault: str | None = None
+    """Why the server is to be restarted once its store's disk has room again (a write that
+    found the disk full); None: nothing to heal."""
 
 
 @dataclass(slots=True)
@@ -199,6 +218,8 @@ class Stack:
         self._healthy_after_s = healthy_after_s
         self._servers = _Servers()
         self._server_watches: list[ServerWatch] = []
+        self._status_unwritten = False
+        """Whether the last ``status.json`` could not be written (said once in stack.log)."""
         self._children: list[ChildProcess] = []
         self._supervisor: asyncio.Task[None] | None = None
         self._stopping = False
@@ -360,8 +381,17 @@ class Stack:
         }
         path = self.state_dir / STATUS_FILE
         temporary = path.with_suffix(".json.tmp")
-        temporary.write_text(json.dumps(body, indent=2), encoding="utf-8")
-        temporary.replace(path)
+        try:
+            temporary.write_text(json.dumps(body, indent=2), encoding="utf-8")
+            temporary.replace(path)
+        except OSError as error:  # a full disk: the next change writes it whole again
+            with contextlib.suppress(OSError):
+                temporary.unlink(missing_ok=True)
+            if not self._status_unwritten:
+                self._note(f"could not write {path}: {error}")
+            self._status_unwritten = True
+            return
+        self._status_unwritten = False
 
     def child_pid(self, name: str) -> int | None:
         """The pid of the named child's current process (for fault tests)."""
@@ -419,8 +449,15 @@ class Stack:
                 auth_file=generated.server_block,
             )
             self._nats_url = self._servers.nats.url
+            log_file = self._servers.nats.log_file
             self._server_watches.append(
-                ServerWatch(NATS_SERVER, self._servers.nats.log_file, time.time())
+                ServerWatch(
+                    NATS_SERVER,
+                    log_file,
+                    time.time(),
+                    store=self._servers.nats.store_dir,
+                    log_offset=log_file.stat().st_size,  # what earlier servers said is done
+                )
             )
         if not self._database_url:
             self._servers.postgres = await asyncio.to_thread(
@@ -683,6 +720,8 @@ class Stack:
             self._note(f"{watch.name}: restart failed ({error}); next try in {delay:.1f} s")
             return False
         ended = self._server_exit_status(watch.name)
+        if ended is None and watch.store is not None and self._store_healed(watch):
+            return True
         if ended is None:
             if watch.started_at is not None and time.time() - watch.started_at >= (
                 self._healthy_after_s
@@ -705,6 +744,63 @@ class Stack:
                 name=f"mdq-stack-restart-{watch.name}",
             )
         return False
+
+    def _store_healed(self, watch: ServerWatch) -> bool:
+        """Restart a NATS server whose store met a full disk, once the disk has room again;
+        True when it was killed (the next step starts it again, as after any exit).
+
+        nats-server keeps the error of a stream's write that found the disk full and refuses
+        every later write to that stream with it, whatever room comes back, until it restarts
+        (2.15; docs/architecture.md, "A full disk under the NATS store"). The disk is found full
+        by its free space (every supervision step) or by the server's own log line (which a
+        full disk may also have kept from being written). kill -9 loses nothing acknowledged
+        (fsync-always)."""
+        assert watch.store is not None
+        try:
+            free = shutil.disk_usage(watch.store).free
+        except OSError:
+            return False
+        if watch.store_fault is None:
+            fault = nats_store_failure(self._read_server_log(watch))
+            if fault is None and free < STORE_FULL_BELOW_BYTES:
+                fault = f"the disk under {watch.store} is full ({free} bytes free)"
+            if fault is not None:
+                watch.store_fault = fault
+                self._note(
+                    f"{watch.name}: {fault}; JetStream refuses every later write of a stream "
+                    "that met a full disk until it restarts: restarting it once the disk has "
+                    f"{STORE_ROOM_BYTES // 2**20} MiB free"
+                )
+            return False
+        if free < STORE_ROOM_BYTES:
+            return False
+        pid = self._server_pid(watch.name)
+        self._note(f"{watch.name}: the disk under {watch.store} has room again; restarting it")
+        watch.store_fault = None
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return True
+
+    @staticmethod
+    def _read_server_log(watch: ServerWatch) -> str:
+        """The whole lines the server's log gained since the last read (at most the last
+        ``SERVER_LOG_READ_BYTES`` of them)."""
+        try:
+            size = watch.log_path.stat().st_size
+            if size < watch.log_offset:  # a new file
+                watch.log_offset = 0
+            start = max(watch.log_offset, size - SERVER_LOG_READ_BYTES)
+            if size == start:
+                return ""
+            with watch.log_path.open("rb") as log:
+                log.seek(start)
+                data = log.read(size - start)
+        except OSError:
+            return ""
+        whole = data[: data.rfind(b"\n") + 1]
+        watch.log_offset = start + len(whole)
+        return whole.decode("utf-8", "replace")
 
     def _stop_grace_s(self, name: str) -> float:
         """How long the named child may take to stop: the stack's grace, and for a node agent
@@ -752,7 +848,13 @@ class Stack:
             os.killpg(pid, sig)
 
     def _note(self, line: str) -> None:
-        private_folder(self.logs_dir)
+        """A line in ``stack.log``; on stderr when it cannot be written there (a full disk
+        must not stop the supervision)."""
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        with open_log(self.logs_dir / "stack.log") as log:
-            log.write(f"{stamp} {line}\n".encode())
+        try:
+            private_folder(self.logs_dir)
+            with open_log(self.logs_dir / "stack.log") as log:
+                log.write(f"{stamp} {line}\n".encode())
+        except OSError as error:
+            with contextlib.suppress(OSError, ValueError):
+                print(f"mdq up: {stamp} {line} (stack.log: {error})", file=sys.stderr, flush=True)

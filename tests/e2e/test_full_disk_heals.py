@@ -1,0 +1,137 @@
+"""End to end: `mdq up` rides out a full disk under its own files.
+
+The NATS store and the stack's logs each sit on a small tmpfs of their own, and both are filled
+while the stack runs. nats-server 2.15 keeps the error of a stream write that found the disk
+full and refuses every later write to that stream with it, however much room comes back, until
+it restarts: the stack must restart it once the disk has room again. Meanwhile a service dies,
+and the supervisor, which can write neither its log nor its status file, must still start it
+again. Then JetStream must take writes again, without anyone touching the stack.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import nats.errors
+import pytest
+
+from mdq.bus.connect import connect
+from mdq.bus.subjects import Subjects
+from mdq.stack import NATS_SERVER, Stack
+from tests.helpers import wait_for
+from tests.stack_health import fail_unless_healthy
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(os.geteuid() != 0, reason="mounts small tmpfs filesystems: needs root"),
+]
+
+SERVICE = "console"
+"""The service killed while the disk is full (any would do; this one starts quickly)."""
+
+
+@pytest.fixture
+def state_dir(request: pytest.FixtureRequest) -> Iterator[Path]:
+    """The stack's state folder, with its NATS store and its logs on a tmpfs each."""
+    folder = Path(tempfile.mkdtemp(prefix="mdq-full-"))
+    mounts = [(folder / "nats", "64m"), (folder / "logs", "8m")]
+    try:
+        for mount, size in mounts:
+            mount.mkdir()
+            subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], check=True
+            )
+        yield folder
+        fail_unless_healthy(request.node, [folder])
+    finally:
+        for mount, _ in mounts:
+            subprocess.run(["umount", str(mount)], check=False)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def fill(folder: Path) -> Path:
+    """A file written into ``folder`` until its disk refuses another byte."""
+    filler = folder / "filler"
+    with filler.open("wb") as out:
+        try:
+            while True:
+                out.write(b"\0" * 65536)
+                out.flush()
+        except OSError:
+            pass
+    return filler
+
+
+def part(stack: Stack, name: str) -> tuple[bool, int, int | None]:
+    """(running, restarts, pid) of one part of the stack, from its own status."""
+    [found] = [each for each in stack.status() if each.name == name]
+    return found.running, found.restarts, found.pid
+
+
+@pytest.mark.expected_crashes({NATS_SERVER: 1, SERVICE: 1})  # the kill -9s: the test's, the stack's
+async def test_a_full_disk_under_the_nats_store_and_the_logs_is_ridden_out(
+    state_dir: Path, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("NATS_URL", raising=False)  # this stack embeds both servers
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    stack = Stack(
+        state_dir=state_dir,
+        namespace=namespace,
+        services=(SERVICE,),
+        backend="kubernetes",  # no node agent: nothing here runs a job
+        metrics_port=0,
+        grace_s=15.0,
+    )
+    await stack.start()
+    try:
+        nc = await connect(
+            stack.info.nats_url, name="full-disk-test", creds=stack.info.nats_admin_creds
+        )
+        js = nc.jetstream()
+        subject = Subjects(namespace).job("full-disk-probe", "note")  # the jobs stream
+        await js.publish(subject, b"before", timeout=5)
+        fillers = [fill(state_dir / "nats"), fill(state_dir / "logs")]
+        status_in_the_way = state_dir / "status.json.tmp"
+        status_in_the_way.mkdir()  # and status.json cannot be written either
+
+        with pytest.raises((TimeoutError, nats.errors.Error)):
+            # larger than the room a page of the stream's last block may still have
+            await js.publish(subject, b"x" * 200_000, timeout=2)
+        _, restarts, pid = part(stack, SERVICE)
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+
+        async def service_back() -> bool:
+            running, now_restarts, now_pid = part(stack, SERVICE)
+            return running and now_restarts == restarts + 1 and now_pid != pid
+
+        await wait_for(service_back, timeout=30, what=f"{SERVICE} restarted on a full disk")
+        _, nats_restarts, _ = part(stack, NATS_SERVER)
+        assert nats_restarts == 0, "the disk is still full: nothing to heal yet"
+
+        for filler in fillers:
+            filler.unlink()
+        status_in_the_way.rmdir()
+
+        async def writes() -> bool:
+            try:
+                await js.publish(subject, b"after", timeout=1)
+            except (TimeoutError, nats.errors.Error):
+                return False
+            return True
+
+        await wait_for(writes, timeout=60, interval=0.5, what="the jobs stream to take writes")
+        running, nats_restarts, _ = part(stack, NATS_SERVER)
+        assert running and nats_restarts == 1
+        log = (state_dir / "logs" / "stack.log").read_text()
+        assert "has room again; restarting it" in log
+        await nc.close()
+    finally:
+        await asyncio.shield(stack.stop())
