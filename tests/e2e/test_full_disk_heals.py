@@ -128,6 +128,8 @@ async def test_a_full_disk_under_the_nats_store_and_the_logs_is_ridden_out(
             return True
 
         await wait_for(writes, timeout=60, interval=0.5, what="the jobs stream to take writes")
+        await asyncio.sleep(1.0)  # four supervision steps: healed once, not again and again
+        await js.publish(subject, b"still", timeout=5)
         running, nats_restarts, _ = part(stack, NATS_SERVER)
         assert running and nats_restarts == 1
         log = (state_dir / "logs" / "stack.log").read_text()

@@ -145,7 +145,8 @@ class ServerWatch:
     last_exit: str | None = None
     restarting: asyncio.Task[None] | None = None
     store: Path | None = None
-    """The folder of the server's store whose disk is watched (NATS only, ``_store_fault``)."""
+    """The folder of the server's store whose disk is watched (NATS only,
+    ``Stack._store_healed``)."""
     log_offset: int = 0
     """How far its log has been read for store failures."""
     store_fault: str | None = None
@@ -777,6 +778,8 @@ class Stack:
         pid = self._server_pid(watch.name)
         self._note(f"{watch.name}: the disk under {watch.store} has room again; restarting it")
         watch.store_fault = None
+        with contextlib.suppress(OSError):  # what this server said is about this server
+            watch.log_offset = watch.log_path.stat().st_size
         if pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
