@@ -31,6 +31,7 @@ import contextlib
 import functools
 import importlib.util
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -38,6 +39,7 @@ import sys
 import tempfile
 import time
 import tomllib
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -51,6 +53,7 @@ import nats.errors
 import pytest
 import yaml
 from alembic.script import ScriptDirectory
+from nats.js.api import StreamConfig
 from packaging.markers import Marker
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
@@ -73,7 +76,7 @@ from mdq.bus.setup import prepare_bus
 from mdq.bus.storage import StorageSettings
 from mdq.bus.subjects import Subjects
 from mdq.core.spec import PRIORITY_CLASSES
-from mdq.embedded import MAX_CONTROL_LINE, SYNC_ALWAYS, free_port, nats_server_binary
+from mdq.embedded import MAX_CONTROL_LINE, SYNC_ALWAYS, free_port, nats_server_binary, start_nats
 from mdq.health import RENEW_EVERY_S
 from mdq.settings import CommonSettings
 from mdq.store.engine import asyncpg_dsn
@@ -2028,3 +2031,52 @@ def test_compose_checks_the_health_of_a_service_without_http(service: str) -> No
     command = spec["healthcheck"]["test"]
     assert command[:5] == ["CMD", "python", "-m", "mdq.health", health_file]
     assert float(command[5]) >= 3 * RENEW_EVERY_S
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs: needs root")
+def test_the_nats_liveness_probe_fails_on_a_stream_the_full_volume_broke(tmp_path: Path) -> None:
+    """A real nats-server's answer, at the path of the NATS liveness probe, before and after a
+    write of its store met a full disk and the disk had room again: ok, then a failure (so the
+    kubelet restarts the server, which nothing else would), while its readiness path keeps
+    saying ok."""
+    objects = build("base")
+    statefulset, _ = nats_server(objects)
+    (container,) = statefulset["spec"]["template"]["spec"]["containers"]
+    liveness = container["livenessProbe"]["httpGet"]["path"]
+    readiness = container["readinessProbe"]["httpGet"]["path"]
+    store = tmp_path / "store"
+    store.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(store)], check=True)
+    monitor = free_port()
+    server = start_nats(store, monitor_port=monitor, log_file=tmp_path / "nats.log")
+    try:
+
+        def answer(path: str) -> int:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{monitor}{path}", timeout=5) as r:
+                    return int(r.status)
+            except urllib.error.HTTPError as error:
+                return int(error.code)
+
+        async def break_a_stream() -> None:
+            nc = await nats.connect(server.url)
+            js = nc.jetstream()
+            await js.add_stream(StreamConfig(name="S", subjects=["s.>"]))
+            await js.publish("s.a", b"before", timeout=5)
+            filler = store / "filler"
+            with filler.open("wb") as out, contextlib.suppress(OSError):
+                while True:
+                    out.write(b"\0" * 65536)
+                    out.flush()
+            with pytest.raises((TimeoutError, nats.errors.Error)):
+                await js.publish("s.a", b"x" * 200_000, timeout=2)
+            filler.unlink()
+            await nc.close()
+
+        assert answer(liveness) == 200
+        asyncio.run(break_a_stream())
+        assert answer(liveness) == 503
+        assert answer(readiness) == 200
+    finally:
+        server.stop()
+        subprocess.run(["umount", str(store)], check=False)
