@@ -642,16 +642,22 @@ class Stack:
         return ChildProcess(name=name, argv=argv, log_path=self.logs_dir / f"{name}.log")
 
     def _spawn(self, child: ChildProcess) -> None:
-        if child.log_file is None or child.log_file.closed:
-            child.log_file = open_log(child.log_path)
+        """Start ``child`` with its output appended to its log; started all the same, its
+        output lost, when the log cannot be opened (a full disk must not stop a restart)."""
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        child.log_file.write(f"---- {stamp} mdq stack starts {' '.join(child.argv)}\n".encode())
-        child.log_file.flush()
+        header = f"---- {stamp} mdq stack starts {' '.join(child.argv)}\n".encode()
+        try:
+            if child.log_file is None or child.log_file.closed:
+                child.log_file = open_log(child.log_path)
+            os.write(child.log_file.fileno(), header)  # unbuffered: nothing left to flush later
+        except OSError as error:
+            self._note(f"{child.name}: could not write {child.log_path} ({error}); starting it")
+        output = child.log_file if child.log_file is not None else subprocess.DEVNULL
         child.process = subprocess.Popen(
             child.argv,
             env=self.child_env(child.name),
             stdin=subprocess.DEVNULL,
-            stdout=child.log_file,
+            stdout=output,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
