@@ -652,7 +652,8 @@ class Stack:
             os.write(child.log_file.fileno(), header)  # unbuffered: nothing left to flush later
         except OSError as error:
             self._note(f"{child.name}: could not write {child.log_path} ({error}); starting it")
-        output = child.log_file if child.log_file is not None else subprocess.DEVNULL
+        log_file = child.log_file
+        output = log_file if log_file is not None and not log_file.closed else subprocess.DEVNULL
         child.process = subprocess.Popen(
             child.argv,
             env=self.child_env(child.name),
