@@ -5,7 +5,8 @@ while the stack runs. nats-server 2.15 keeps the error of a stream write that fo
 full and refuses every later write to that stream with it, however much room comes back, until
 it restarts: the stack must restart it once the disk has room again. Meanwhile a service dies,
 and the supervisor, which can write neither its log nor its status file, must still start it
-again. Then JetStream must take writes again, without anyone touching the stack.
+again. Then JetStream must take writes again, without anyone touching the stack. And a
+supervision step that fails for a reason nobody foresaw must not end the supervision.
 """
 
 from __future__ import annotations
@@ -144,5 +145,53 @@ async def test_a_full_disk_under_the_nats_store_and_the_logs_is_ridden_out(
         log = (state_dir / "logs" / "stack.log").read_text()
         assert "has room again; restarting it" in log
         await nc.close()
+    finally:
+        await asyncio.shield(stack.stop())
+
+
+class StackWithAFailingStep(Stack):
+    """A stack whose status file write fails once, with an error nobody foresaw, when armed:
+    a bug in one supervision step."""
+
+    armed = False
+
+    def _write_status(self) -> None:
+        if self.armed:
+            self.armed = False
+            raise RuntimeError("a bug in a supervision step")
+        super()._write_status()
+
+
+@pytest.mark.expected_crashes({SERVICE: 1})  # the test's kill -9
+async def test_a_failing_supervision_step_does_not_end_the_supervision(
+    state_dir: Path, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The step that finds a service gone fails; the next one restarts it all the same, and the
+    failure is said in stack.log."""
+    monkeypatch.delenv("NATS_URL", raising=False)
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    stack = StackWithAFailingStep(
+        state_dir=state_dir,
+        namespace=namespace,
+        services=(SERVICE,),
+        backend="kubernetes",
+        metrics_port=0,
+        grace_s=15.0,
+    )
+    await stack.start()
+    try:
+        _, restarts, pid = part(stack, SERVICE)
+        assert pid is not None
+        stack.armed = True
+        os.kill(pid, signal.SIGKILL)
+
+        async def service_back() -> bool:
+            running, now_restarts, now_pid = part(stack, SERVICE)
+            return running and now_restarts == restarts + 1 and now_pid != pid
+
+        await wait_for(service_back, timeout=30, what=f"{SERVICE} restarted after a failed step")
+        assert not stack.armed, "the failing step ran"
+        log = (state_dir / "logs" / "stack.log").read_text()
+        assert "a supervision step failed: RuntimeError('a bug in a supervision step')" in log
     finally:
         await asyncio.shield(stack.stop())

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -96,6 +97,8 @@ STORE_ROOM_BYTES = 16 * 2**20
 """Free space under the NATS store at which a server whose store met a full disk is restarted."""
 SERVER_LOG_READ_BYTES = 2**20
 """The most of the NATS server's log read for store failures at one supervision step."""
+FAILED_STEP_SAID_EVERY_S = 60.0
+"""How often the same failure of a supervision step is said again (``Stack._supervise``)."""
 
 
 @dataclass(slots=True)
@@ -307,7 +310,8 @@ class Stack:
             self._bus_setup = None
         if self._supervisor is not None:
             self._supervisor.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            # whatever ended the supervision, the children and the servers are stopped below
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._supervisor
             self._supervisor = None
         for watch in self._server_watches:  # a restart in a thread cannot be cancelled
@@ -666,36 +670,51 @@ class Stack:
         child.started_wall = time.time()
 
     async def _supervise(self) -> None:
+        """Supervision steps every ``poll_s`` until the stack stops. A step that fails is said
+        (at most once a minute for the same failure) and the next step goes on: nothing ends
+        the supervision but ``stop``."""
+        said: tuple[str, float] = ("", 0.0)
         while not self._stopping:
-            now = time.monotonic()
-            changed = False
-            for watch in self._server_watches:
-                changed |= self._supervise_server(watch, now)
-            for child in self._children:
-                process = child.process
-                if process is None:
-                    if now >= child.next_start_at:
-                        child.restarts += 1
-                        self._note(f"{child.name}: restart #{child.restarts}")
-                        self._spawn(child)
-                        changed = True
-                    continue
-                code = process.poll()
-                if code is None:
-                    if now - child.started_at >= self._healthy_after_s:
-                        child.consecutive_failures = 0
-                    continue
-                child.last_exit_code = code
-                child.process = None
-                self._kill_group(process.pid, signal.SIGKILL)
-                child.consecutive_failures += 1
-                child.next_start_at = self._restart_later(
-                    child.name, f"exited with {code}", child.consecutive_failures, child.log_path
-                )
-                changed = True
-            if changed:
-                self._write_status()
+            try:
+                self._supervise_step(time.monotonic())
+            except Exception as error:
+                what = f"a supervision step failed: {error!r}"
+                if what != said[0] or time.monotonic() - said[1] >= FAILED_STEP_SAID_EVERY_S:
+                    said = (what, time.monotonic())
+                    self._note(f"{what}; supervising on")
+                    with contextlib.suppress(OSError, ValueError):
+                        traceback.print_exc(file=sys.stderr)
             await asyncio.sleep(self._poll_s)
+
+    def _supervise_step(self, now: float) -> None:
+        """One look at every server and child: restart what ended, after its backoff."""
+        changed = False
+        for watch in self._server_watches:
+            changed |= self._supervise_server(watch, now)
+        for child in self._children:
+            process = child.process
+            if process is None:
+                if now >= child.next_start_at:
+                    child.restarts += 1
+                    self._note(f"{child.name}: restart #{child.restarts}")
+                    self._spawn(child)
+                    changed = True
+                continue
+            code = process.poll()
+            if code is None:
+                if now - child.started_at >= self._healthy_after_s:
+                    child.consecutive_failures = 0
+                continue
+            child.last_exit_code = code
+            child.process = None
+            self._kill_group(process.pid, signal.SIGKILL)
+            child.consecutive_failures += 1
+            child.next_start_at = self._restart_later(
+                child.name, f"exited with {code}", child.consecutive_failures, child.log_path
+            )
+            changed = True
+        if changed:
+            self._write_status()
 
     def _backoff(self, consecutive_failures: int) -> float:
         return min(self._max_backoff_s, 0.5 * 2.0 ** (consecutive_failures - 1))
