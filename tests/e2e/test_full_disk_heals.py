@@ -1,7 +1,7 @@
 """End to end: `mdq up` rides out a full disk under its own files.
 
-The NATS store and the stack's logs each sit on a small tmpfs of their own, and both are filled
-while the stack runs. nats-server 2.15 keeps the error of a stream write that found the disk
+The NATS store and the stack's logs each sit on a small ext4 disk of their own, and both are
+filled while the stack runs. nats-server 2.15 keeps the error of a stream write that found the disk
 full and refuses every later write to that stream with it, however much room comes back, until
 it restarts: the stack must restart it once the disk has room again. Meanwhile a service dies,
 and the supervisor, which can write neither its log nor its status file, must still start it
@@ -12,11 +12,9 @@ supervision step that fails for a reason nobody foresaw must not end the supervi
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import shutil
 import signal
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,49 +25,60 @@ import pytest
 from mdq.bus.connect import connect
 from mdq.bus.subjects import Subjects
 from mdq.stack import NATS_SERVER, Stack
+from mdq.testing.disks import SmallDisk, fill_file
 from tests.helpers import wait_for
 from tests.stack_health import fail_unless_healthy
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(os.geteuid() != 0, reason="mounts small tmpfs filesystems: needs root"),
-]
+pytestmark = pytest.mark.e2e
 
 SERVICE = "console"
 """The service killed while the disk is full (any would do; this one starts quickly)."""
 
 
 @pytest.fixture
-def state_dir(request: pytest.FixtureRequest) -> Iterator[Path]:
-    """The stack's state folder, with its NATS store and its logs on a tmpfs each."""
+def disks() -> Iterator[dict[str, SmallDisk]]:
+    """A state folder whose NATS store and logs are each a small ext4 disk of their own (the
+    disks by name; their folder is ``state_dir``)."""
     folder = Path(tempfile.mkdtemp(prefix="mdq-full-"))
-    mounts = [(folder / "nats", "64m"), (folder / "logs", "8m")]
+    images = Path(tempfile.mkdtemp(prefix="mdq-full-images-"))
+    made = {
+        name: SmallDisk(mount_point=folder / name, image=images / f"{name}.img", size_mb=size)
+        for name, size in (("nats", 64), ("logs", 16))
+    }
     try:
-        for mount, size in mounts:
-            mount.mkdir()
-            subprocess.run(
-                ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], check=True
-            )
-        yield folder
-        fail_unless_healthy(request.node, [folder])
+        for disk in made.values():
+            disk.create()
+        yield made
     finally:
-        for mount, _ in mounts:
-            subprocess.run(["umount", str(mount)], check=False)
+        for disk in made.values():
+            disk.destroy()
+        shutil.rmtree(images, ignore_errors=True)
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def fill(folder: Path) -> Path:
-    """A file written into ``folder`` until its disk refuses another byte; then every file
-    already there is grown until it refuses one too (a tmpfs keeps the rest of a file's last
-    page for it), so that no write in ``folder`` fits."""
-    filler = folder / "filler"
-    for path in [filler, *sorted(folder.glob("*.log"))]:
-        with path.open("ab", buffering=0) as out:
-            for size in (65536, 4096, 1):
-                with contextlib.suppress(OSError):
-                    while True:
-                        out.write(b"\0" * size)
-    return filler
+@pytest.fixture
+def state_dir(request: pytest.FixtureRequest) -> Iterator[Path]:
+    """The stack's state folder: the disks' when the test asks for ``disks``, else a new one;
+    checked for crashes (while the disks are still mounted) before it is removed."""
+    if "disks" in request.fixturenames:
+        made: dict[str, SmallDisk] = request.getfixturevalue("disks")
+        folder, owned = made["nats"].mount_point.parent, False
+    else:
+        folder, owned = Path(tempfile.mkdtemp(prefix="mdq-stack-")), True
+    try:
+        yield folder
+        fail_unless_healthy(request.node, [folder])
+    finally:
+        if owned:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def fill(disk: SmallDisk) -> None:
+    """Fill ``disk``, then grow every log on it until it refuses a byte too (a file's last
+    block keeps room of its own), so that no write there fits."""
+    disk.fill()
+    for log in sorted(disk.mount_point.glob("*.log")):
+        fill_file(log)
 
 
 def part(stack: Stack, name: str) -> tuple[bool, int, int | None]:
@@ -81,8 +90,10 @@ def part(stack: Stack, name: str) -> tuple[bool, int, int | None]:
 # the stack's kill -9 of NATS, noted in stack.log once there is room; the test's kill -9 of
 # the service is noted on the stack's stderr, stack.log being full then (checked below)
 @pytest.mark.expected_crashes({NATS_SERVER: 1})
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts small ext4 disks: needs root")
 async def test_a_full_disk_under_the_nats_store_and_the_logs_is_ridden_out(
     state_dir: Path,
+    disks: dict[str, SmallDisk],
     namespace: str,
     monkeypatch: pytest.MonkeyPatch,
     capfd: pytest.CaptureFixture[str],
@@ -105,7 +116,8 @@ async def test_a_full_disk_under_the_nats_store_and_the_logs_is_ridden_out(
         js = nc.jetstream()
         subject = Subjects(namespace).job("full-disk-probe", "note")  # the jobs stream
         await js.publish(subject, b"before", timeout=5)
-        fillers = [fill(state_dir / "nats"), fill(state_dir / "logs")]
+        for disk in disks.values():
+            fill(disk)
         status_in_the_way = state_dir / "status.json.tmp"
         status_in_the_way.mkdir()  # and status.json cannot be written either
 
@@ -126,8 +138,8 @@ async def test_a_full_disk_under_the_nats_store_and_the_logs_is_ridden_out(
         _, nats_restarts, _ = part(stack, NATS_SERVER)
         assert nats_restarts == 0, "the disk is still full: nothing to heal yet"
 
-        for filler in fillers:
-            filler.unlink()
+        for disk in disks.values():
+            disk.free()
         status_in_the_way.rmdir()
 
         async def writes() -> bool:

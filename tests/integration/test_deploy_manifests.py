@@ -83,6 +83,7 @@ from mdq.store.engine import asyncpg_dsn
 from mdq.store.migrate import alembic_config
 from mdq.store.roles import ENV_FILE_KEYS, ENV_PASSWORDS, RoleNames, role_url
 from mdq.store.roles import main as roles_main
+from mdq.testing.disks import SmallDisk
 from services.console.app import Console, build_app
 from services.console.settings import ConsoleSettings
 from services.metrics.exporter import Exporter
@@ -2033,7 +2034,7 @@ def test_compose_checks_the_health_of_a_service_without_http(service: str) -> No
     assert float(command[5]) >= 3 * RENEW_EVERY_S
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs: needs root")
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small ext4 disk: needs root")
 def test_the_nats_liveness_probe_fails_on_a_stream_the_full_volume_broke(tmp_path: Path) -> None:
     """A real nats-server's answer, at the path of the NATS liveness probe, before and after a
     write of its store met a full disk and the disk had room again: ok, then a failure (so the
@@ -2044,11 +2045,10 @@ def test_the_nats_liveness_probe_fails_on_a_stream_the_full_volume_broke(tmp_pat
     (container,) = statefulset["spec"]["template"]["spec"]["containers"]
     liveness = container["livenessProbe"]["httpGet"]["path"]
     readiness = container["readinessProbe"]["httpGet"]["path"]
-    store = tmp_path / "store"
-    store.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(store)], check=True)
+    disk = SmallDisk(mount_point=tmp_path / "store", image=tmp_path / "store.img", size_mb=24)
+    disk.create()
     monitor = free_port()
-    server = start_nats(store, monitor_port=monitor, log_file=tmp_path / "nats.log")
+    server = start_nats(disk.mount_point, monitor_port=monitor, log_file=tmp_path / "nats.log")
     try:
 
         def answer(path: str) -> int:
@@ -2063,14 +2063,10 @@ def test_the_nats_liveness_probe_fails_on_a_stream_the_full_volume_broke(tmp_pat
             js = nc.jetstream()
             await js.add_stream(StreamConfig(name="S", subjects=["s.>"]))
             await js.publish("s.a", b"before", timeout=5)
-            filler = store / "filler"
-            with filler.open("wb") as out, contextlib.suppress(OSError):
-                while True:
-                    out.write(b"\0" * 65536)
-                    out.flush()
+            disk.fill()
             with pytest.raises((TimeoutError, nats.errors.Error)):
                 await js.publish("s.a", b"x" * 200_000, timeout=2)
-            filler.unlink()
+            disk.free()
             await nc.close()
 
         assert answer(liveness) == 200
@@ -2079,4 +2075,4 @@ def test_the_nats_liveness_probe_fails_on_a_stream_the_full_volume_broke(tmp_pat
         assert answer(readiness) == 200
     finally:
         server.stop()
-        subprocess.run(["umount", str(store)], check=False)
+        disk.destroy()
