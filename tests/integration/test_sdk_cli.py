@@ -14,11 +14,13 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import nats
 import nats.errors
+import psutil
 import pytest
 from nats.js.api import KeyValueConfig
 from nats.js.errors import NotFoundError
@@ -369,6 +371,14 @@ async def test_publish_submit_goes_through_the_stream_and_a_refusal_reaches_wait
 
 
 # -- the stack ---------------------------------------------------------------------------
+def block_until_zombie(pid: int, timeout_s: float = 10.0) -> None:
+    """Block, without yielding to the event loop, until ``pid`` is dead and not yet reaped."""
+    process = psutil.Process(pid)
+    deadline = time.monotonic() + timeout_s
+    while process.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
 @pytest.mark.expected_crashes({"intake": 1})
 async def test_stack_supervises_and_client_commands_find_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, database_url: str
@@ -403,9 +413,12 @@ async def test_stack_supervises_and_client_commands_find_it(
         first_pid = stack.child_pid("intake")
         assert first_pid is not None
         os.kill(first_pid, signal.SIGKILL)
+        block_until_zombie(first_pid)  # no await: the supervision cannot notice the exit
+        # dead, and not yet seen dead by the supervision: no pid that a second kill would hit
+        assert stack.child_pid("intake") is None
 
         async def noticed() -> bool:
-            return stack.child_pid("intake") != first_pid
+            return stack.child_pid("intake") is None
 
         await wait_for(noticed, timeout=10, what="the stack noticed that intake died")
         async with await MdqClient.connect(info.nats_url, "stk", creds=info.nats_creds) as client:

@@ -399,10 +399,12 @@ class Stack:
         self._status_unwritten = False
 
     def child_pid(self, name: str) -> int | None:
-        """The pid of the named child's current process (for fault tests)."""
+        """The pid of the named child's process while it runs; None once it has exited and
+        until it is started again (for fault tests: a kill is counted only where it hits a
+        running process, never the dead one the supervision has not restarted yet)."""
         for child in self._children:
             if child.name == name:
-                return child.pid
+                return child.pid if child.running else None
         raise KeyError(name)
 
     # -- servers ---------------------------------------------------------------------------
