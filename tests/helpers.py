@@ -36,6 +36,7 @@ from mdq.core.producers import owner_of
 from mdq.core.recovery import RecoveryPolicy
 from mdq.core.spec import normalize_job
 from mdq.embedded import EmbeddedNats, start_nats
+from mdq.stack import Stack
 from services.placement.app import Placement
 from services.placement.settings import PlacementSettings
 from services.recovery.app import Recovery
@@ -164,6 +165,12 @@ async def reconnected(client: Client) -> None:
         return bool(client.is_connected)
 
     await wait_for(connected, timeout=20, what="the reconnect")
+
+
+def stack_part(stack: Stack, name: str) -> tuple[bool, int, int | None]:
+    """(running, restarts, pid) of one part of a stack, from the stack's own status."""
+    [found] = [each for each in stack.status() if each.name == name]
+    return found.running, found.restarts, found.pid
 
 
 async def wait_for(

@@ -18,6 +18,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+HEALTH_FILE_ENV = "MDQ_HEALTH_FILE"
+"""Where a service is told its liveness file (``mdq.settings.CommonSettings.health_file``)."""
 RENEW_EVERY_S = 5.0
 """How often a running service renews its file."""
 DEFAULT_MAX_AGE_S = 30.0

@@ -26,7 +26,7 @@ from mdq.bus.connect import connect
 from mdq.bus.subjects import Subjects
 from mdq.stack import NATS_SERVER, Stack
 from mdq.testing.disks import SmallDisk, fill_file
-from tests.helpers import wait_for
+from tests.helpers import stack_part, wait_for
 from tests.stack_health import fail_unless_healthy
 
 pytestmark = pytest.mark.e2e
@@ -81,12 +81,6 @@ def fill(disk: SmallDisk) -> None:
         fill_file(log)
 
 
-def part(stack: Stack, name: str) -> tuple[bool, int, int | None]:
-    """(running, restarts, pid) of one part of the stack, from its own status."""
-    [found] = [each for each in stack.status() if each.name == name]
-    return found.running, found.restarts, found.pid
-
-
 # the stack's kill -9 of NATS, noted in stack.log once there is room; the test's kill -9 of
 # the service is noted on the stack's stderr, stack.log being full then (checked below)
 @pytest.mark.expected_crashes({NATS_SERVER: 1})
@@ -124,18 +118,18 @@ async def test_a_full_disk_under_the_nats_store_and_the_logs_is_ridden_out(
         with pytest.raises((TimeoutError, nats.errors.Error)):
             # larger than the room a page of the stream's last block may still have
             await js.publish(subject, b"x" * 200_000, timeout=2)
-        _, restarts, pid = part(stack, SERVICE)
+        _, restarts, pid = stack_part(stack, SERVICE)
         assert pid is not None
         os.kill(pid, signal.SIGKILL)
 
         async def service_back() -> bool:
-            running, now_restarts, now_pid = part(stack, SERVICE)
+            running, now_restarts, now_pid = stack_part(stack, SERVICE)
             return running and now_restarts == restarts + 1 and now_pid != pid
 
         await wait_for(service_back, timeout=30, what=f"{SERVICE} restarted on a full disk")
         said = capfd.readouterr().err
         assert f"{SERVICE}: exited with -9" in said and "(stack.log: [Errno 28]" in said, said
-        _, nats_restarts, _ = part(stack, NATS_SERVER)
+        _, nats_restarts, _ = stack_part(stack, NATS_SERVER)
         assert nats_restarts == 0, "the disk is still full: nothing to heal yet"
 
         for disk in disks.values():
@@ -152,7 +146,7 @@ async def test_a_full_disk_under_the_nats_store_and_the_logs_is_ridden_out(
         await wait_for(writes, timeout=60, interval=0.5, what="the jobs stream to take writes")
         await asyncio.sleep(1.0)  # four supervision steps: healed once, not again and again
         await js.publish(subject, b"still", timeout=5)
-        running, nats_restarts, _ = part(stack, NATS_SERVER)
+        running, nats_restarts, _ = stack_part(stack, NATS_SERVER)
         assert running and nats_restarts == 1
         log = (state_dir / "logs" / "stack.log").read_text()
         assert "has room again; restarting it" in log
@@ -192,13 +186,13 @@ async def test_a_failing_supervision_step_does_not_end_the_supervision(
     )
     await stack.start()
     try:
-        _, restarts, pid = part(stack, SERVICE)
+        _, restarts, pid = stack_part(stack, SERVICE)
         assert pid is not None
         stack.armed = True
         os.kill(pid, signal.SIGKILL)
 
         async def service_back() -> bool:
-            running, now_restarts, now_pid = part(stack, SERVICE)
+            running, now_restarts, now_pid = stack_part(stack, SERVICE)
             return running and now_restarts == restarts + 1 and now_pid != pid
 
         await wait_for(service_back, timeout=30, what=f"{SERVICE} restarted after a failed step")

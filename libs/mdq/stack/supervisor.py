@@ -42,6 +42,7 @@ from mdq.embedded import (
     start_postgres,
 )
 from mdq.files import open_log, private_folder, touch_private
+from mdq.health import DEFAULT_MAX_AGE_S, HEALTH_FILE_ENV, RENEW_EVERY_S
 from mdq.store.roles import close_other_databases
 from mdq.store.stack_database import (
     StackDatabase,
@@ -116,6 +117,22 @@ class ChildProcess:
     consecutive_failures: int = 0
     next_start_at: float = 0.0
     last_exit_code: int | None = None
+    health_file: Path | None = None
+    """The liveness file the child renews while its event loop runs (``mdq.health``)."""
+    renewed_mtime: float | None = None
+    renewed_at: float = 0.0
+    """When (monotonic) the supervision last saw the liveness file's time change: a clock
+    that jumps changes no child's silence."""
+
+    def silent_for(self, now: float) -> float:
+        """Seconds (monotonic) since the child last renewed its liveness file, or since it
+        started when it has not renewed it since."""
+        if self.health_file is not None:
+            with contextlib.suppress(OSError):
+                mtime = self.health_file.stat().st_mtime
+                if mtime != self.renewed_mtime:
+                    self.renewed_mtime, self.renewed_at = mtime, now
+        return now - max(self.renewed_at, self.started_at)
 
     @property
     def running(self) -> bool:
@@ -185,6 +202,7 @@ class Stack:
         poll_s: float = 0.25,
         max_backoff_s: float = 10.0,
         healthy_after_s: float = 30.0,
+        stuck_after_s: float = DEFAULT_MAX_AGE_S,
     ) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
@@ -220,6 +238,10 @@ class Stack:
         self._poll_s = poll_s
         self._max_backoff_s = max_backoff_s
         self._healthy_after_s = healthy_after_s
+        self._stuck_after_s = stuck_after_s
+        """A running child that has not renewed its liveness file for this long is stuck (a
+        blocked event loop, a stopped process) and is killed, then restarted as after a crash."""
+        self.health_dir = self.state_dir / "health"
         self._servers = _Servers()
         self._server_watches: list[ServerWatch] = []
         self._status_unwritten = False
@@ -252,6 +274,7 @@ class Stack:
         private_dir(self.state_dir / SECRETS_DIR)  # 0700, before anything is written in it
         private_folder(self.logs_dir)
         private_folder(self.data_dir)
+        private_folder(self.health_dir)
         if self.local_clusters or self.remote_clusters:
             self._write_clusters_file()
         try:
@@ -619,6 +642,7 @@ class Stack:
         for the watcher (the writer's URL) and the console (the read-only role's) alone
         (``DATABASE_ENV`` is taken out of everyone else's)."""
         env = {**self._env, **self._identity_env(name)}
+        env[HEALTH_FILE_ENV] = str(self._health_file(name))
         if name.startswith(f"{LOCAL_AGENT}-"):
             env["MDQ_LOCAL_CLUSTER"] = name.removeprefix(f"{LOCAL_AGENT}-")
         if name == "watcher" and self._database is not None:
@@ -645,7 +669,15 @@ class Stack:
         return env
 
     def _child(self, name: str, argv: tuple[str, ...]) -> ChildProcess:
-        return ChildProcess(name=name, argv=argv, log_path=self.logs_dir / f"{name}.log")
+        return ChildProcess(
+            name=name,
+            argv=argv,
+            log_path=self.logs_dir / f"{name}.log",
+            health_file=self._health_file(name),
+        )
+
+    def _health_file(self, name: str) -> Path:
+        return self.health_dir / f"{name}.alive"
 
     def _spawn(self, child: ChildProcess) -> None:
         """Start ``child`` with its output appended to its log; started all the same, its
@@ -658,6 +690,9 @@ class Stack:
             os.write(child.log_file.fileno(), header)  # unbuffered: nothing left to flush later
         except OSError as error:
             self._note(f"{child.name}: could not write {child.log_path} ({error}); starting it")
+        if child.health_file is not None:  # made here, so that renewing it needs no room
+            with contextlib.suppress(OSError):
+                touch_private(child.health_file)
         log_file = child.log_file
         output = log_file if log_file is not None and not log_file.closed else subprocess.DEVNULL
         child.process = subprocess.Popen(
@@ -704,7 +739,9 @@ class Stack:
                 continue
             code = process.poll()
             if code is None:
-                if now - child.started_at >= self._healthy_after_s:
+                if (silent := child.silent_for(now)) > self._stuck_after_s:
+                    self._kill_stuck(child, process, silent, now)
+                elif now - child.started_at >= self._healthy_after_s:
                     child.consecutive_failures = 0
                 continue
             child.last_exit_code = code
@@ -717,6 +754,18 @@ class Stack:
             changed = True
         if changed:
             self._write_status()
+
+    def _kill_stuck(
+        self, child: ChildProcess, process: subprocess.Popen[bytes], silent: float, now: float
+    ) -> None:
+        """kill -9 a child that runs but renews its liveness file no more; the next steps find
+        it exited and restart it, as after any crash."""
+        self._note(
+            f"{child.name}: running but silent for {silent:.0f} s (it renews {child.health_file} "
+            f"every {RENEW_EVERY_S:g} s while its loop runs): stuck or stopped; killing it"
+        )
+        self._kill_group(process.pid, signal.SIGKILL)
+        child.renewed_at = now  # one kill, not one a step until the exit is seen
 
     def _backoff(self, consecutive_failures: int) -> float:
         return min(self._max_backoff_s, 0.5 * 2.0 ** (consecutive_failures - 1))
