@@ -281,13 +281,24 @@ def attempt_running(job_id: str, attempt: int, frozen: set[int]) -> bool:
     )
 
 
+PARTITION_NOT_STUCK_S = 3600.0
+"""How long lab1's frozen agent may stay silent before the stack would restart it as stuck:
+the freeze plays a partitioned cluster, which the stack must not heal."""
+
+
 async def failover(jobs: int, steps: int) -> dict[str, Any]:
     env = {"MDQ_LOCAL_CPU_PER_NODE": "4", "MDQ_RECOVERY_BACKOFF_BASE_S": "0.5"}
     frozen: list[psutil.Process] = []
     async with (
         servers("mdq-bench-failover-") as bus_and_db,
         stack_on(
-            bus_and_db, "benchfail", local_nodes=1, clusters=2, extra_env=env, grace_s=5.0
+            bus_and_db,
+            "benchfail",
+            local_nodes=1,
+            clusters=2,
+            extra_env=env,
+            grace_s=5.0,
+            stuck_after_s=PARTITION_NOT_STUCK_S,
         ) as stack,
     ):
         try:

@@ -321,6 +321,15 @@ class EmbeddedPostgres:
         except (IndexError, ValueError):
             return None
 
+    @property
+    def socket(self) -> Path | None:
+        """The unix socket it listens on, from ``postmaster.pid`` (its socket folder and
+        port), or None when there is no such file."""
+        lines = self._postmaster_file()
+        if len(lines) < 5 or not lines[3].strip().isdigit() or not lines[4].strip():
+            return None
+        return Path(lines[4].strip()) / f".s.PGSQL.{lines[3].strip()}"
+
     def exit_status(self) -> str | None:
         """None while the postmaster runs; ``gone`` once it has ended (its exit status is its
         parent's to read, and that is not this process)."""

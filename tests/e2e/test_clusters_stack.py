@@ -83,6 +83,7 @@ async def test_a_whole_cluster_lost_mid_campaign_its_jobs_finish_on_the_other(
         monkeypatch,
         clusters=2,
         extra_env={"MDQ_LOCAL_CPU_PER_NODE": "4", "MDQ_RECOVERY_BACKOFF_BASE_S": "0.5"},
+        stuck_after_s=3600.0,  # lab1's frozen agent plays a partition: not for the stack to heal
     )
     await stack.start()
     frozen: list[psutil.Process] = []

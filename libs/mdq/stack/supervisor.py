@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Self
 
+import psutil
+
 from mdq.backends.local.agent import REAP_AFTER_KILL_S
 from mdq.backends.local.settings import LocalAgentSettings
 from mdq.bus.connect import CREDS_ENV
@@ -69,6 +71,7 @@ from mdq.stack.files import (
     read_stack_info,
 )
 from mdq.stack.ports import DEFAULT_CONSOLE_PORT, DEFAULT_METRICS_PORT, claim_port
+from mdq.stack.probes import nats_answers, postgres_answers
 
 CONSOLE_TOKEN_ENV = "MDQ_CONSOLE_ACCESS_TOKEN_FILE"
 METRICS_TOKEN_ENV = "MDQ_METRICS_TOKEN_FILE"
@@ -98,6 +101,10 @@ STORE_ROOM_BYTES = 16 * 2**20
 """Free space under the NATS store at which a server whose store met a full disk is restarted."""
 SERVER_LOG_READ_BYTES = 2**20
 """The most of the NATS server's log read for store failures at one supervision step."""
+SERVER_PROBE_EVERY_S = 5.0
+"""How often the stack asks each embedded server whether it answers (``mdq.stack.probes``)."""
+SERVER_PROBE_LIMIT_S = 2.0
+"""How long one such question may take."""
 FAILED_STEP_SAID_EVERY_S = 60.0
 """How often the same failure of a supervision step is said again (``Stack._supervise``)."""
 
@@ -172,6 +179,8 @@ class ServerWatch:
     store_fault: str | None = None
     """Why the server is to be restarted once its store's disk has room again (a write that
     found the disk full); None: nothing to heal."""
+    answered_at: float = field(default_factory=time.monotonic)
+    """When (monotonic) it last answered a probe (``mdq.stack.probes``), or started."""
 
 
 @dataclass(slots=True)
@@ -248,6 +257,7 @@ class Stack:
         """Whether the last ``status.json`` could not be written (said once in stack.log)."""
         self._children: list[ChildProcess] = []
         self._supervisor: asyncio.Task[None] | None = None
+        self._prober: asyncio.Task[None] | None = None
         self._stopping = False
         self._info: StackInfo | None = None
         self._env: dict[str, str] = {}
@@ -316,6 +326,7 @@ class Stack:
             (self.state_dir / STACK_FILE).write_text(self._info.to_json(), encoding="utf-8")
             self._write_status()
             self._supervisor = asyncio.create_task(self._supervise(), name="mdq-stack-supervisor")
+            self._prober = asyncio.create_task(self._probe_servers(), name="mdq-stack-prober")
         except BaseException:
             await self.stop()
             raise
@@ -331,12 +342,13 @@ class Stack:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._bus_setup
             self._bus_setup = None
-        if self._supervisor is not None:
-            self._supervisor.cancel()
-            # whatever ended the supervision, the children and the servers are stopped below
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._supervisor
-            self._supervisor = None
+        for task in (self._supervisor, self._prober):
+            if task is not None:
+                task.cancel()
+                # whatever ended the supervision, the children and the servers are stopped below
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        self._supervisor = self._prober = None
         for watch in self._server_watches:  # a restart in a thread cannot be cancelled
             if watch.restarting is not None:
                 with contextlib.suppress(Exception):
@@ -787,6 +799,7 @@ class Stack:
                 down_for = now - (watch.down_since or now)
                 watch.down_since = None
                 watch.started_at = time.time()
+                watch.answered_at = now
                 self._note(
                     f"{watch.name}: running again (pid {self._server_pid(watch.name)}), "
                     f"{down_for:.1f} s after it went down"
@@ -800,6 +813,14 @@ class Stack:
         ended = self._server_exit_status(watch.name)
         if ended is None and watch.store is not None and self._store_healed(watch):
             return True
+        if ended is None and (silent := now - watch.answered_at) > self._stuck_after_s:
+            self._note(
+                f"{watch.name}: running but has answered no probe for {silent:.0f} s (asked "
+                f"every {SERVER_PROBE_EVERY_S:g} s): stuck or stopped; killing it"
+            )
+            self._kill_server(watch.name)
+            watch.answered_at = now  # one kill, not one a step until the exit is seen
+            return False
         if ended is None:
             if watch.started_at is not None and time.time() - watch.started_at >= (
                 self._healthy_after_s
@@ -822,6 +843,40 @@ class Stack:
                 name=f"mdq-stack-restart-{watch.name}",
             )
         return False
+
+    async def _probe_servers(self) -> None:
+        """Ask each running embedded server, every ``SERVER_PROBE_EVERY_S``, whether it
+        answers at all (``mdq.stack.probes``); the supervision restarts one silent for
+        ``stuck_after_s`` (``_supervise_server``)."""
+        while not self._stopping:
+            for watch in self._server_watches:
+                running = watch.restarting is None and watch.down_since is None
+                if running and await self._server_answers(watch.name):
+                    watch.answered_at = time.monotonic()
+            await asyncio.sleep(SERVER_PROBE_EVERY_S)
+
+    async def _server_answers(self, name: str) -> bool:
+        if name == NATS_SERVER and self._servers.nats is not None:
+            return await nats_answers(self._servers.nats.port, limit_s=SERVER_PROBE_LIMIT_S)
+        if name == POSTGRES and self._servers.postgres is not None:
+            socket = self._servers.postgres.socket
+            return socket is not None and await postgres_answers(
+                socket, limit_s=SERVER_PROBE_LIMIT_S
+            )
+        return True
+
+    def _kill_server(self, name: str) -> None:
+        """kill -9 an embedded server, PostgreSQL's backends with its postmaster (nothing
+        acknowledged is lost: fsync-always; PostgreSQL's own crash recovery); the next steps
+        find it gone and start it again in place."""
+        pid = self._server_pid(name)
+        if pid is None:
+            return
+        with contextlib.suppress(psutil.Error):
+            server = psutil.Process(pid)
+            for process in [*server.children(recursive=True), server]:
+                with contextlib.suppress(psutil.Error):
+                    process.send_signal(signal.SIGKILL)
 
     def _store_healed(self, watch: ServerWatch) -> bool:
         """Restart a NATS server whose store met a full disk, once the disk has room again;
