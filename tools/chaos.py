@@ -11,7 +11,8 @@ The harness owns every part so it can break every part:
   separate volumes);
 * ``mdq up`` with ``NATS_URL`` / ``DATABASE_URL`` set (services + local node agent, supervised),
   whose processes (intake, placement, watcher, recovery, metrics, the node agent, the runners)
-  are found by the process tree and their command lines and killed with SIGKILL;
+  are found by the process tree and their command lines and killed with SIGKILL, or stopped
+  with SIGSTOP for the stack to find stuck and restart;
 * job control: a ``cancel`` fault cancels a running job through placement (docs/control.md),
   as its owner would, while the other faults go on.
 
@@ -73,6 +74,7 @@ from typing import Any
 import psutil
 
 from mdq.embedded import EmbeddedNats, EmbeddedPostgres, free_port, start_nats, start_postgres
+from mdq.health import DEFAULT_MAX_AGE_S
 from mdq.testing.disks import fill_file
 from tools.processes import runner_environments
 
@@ -80,8 +82,9 @@ SERVICE_KINDS: tuple[str, ...] = ("intake", "placement", "watcher", "recovery", 
 PROCESS_KINDS: tuple[str, ...] = (*SERVICE_KINDS, "agent", "runner")
 SHORT_KINDS: tuple[str, ...] = (*PROCESS_KINDS, "nats", "postgres", "disk_full", "cancel")
 """Kills and short outages: ``faults_per_kind`` of each, and the random extra faults."""
-LONG_KINDS: tuple[str, ...] = ("disk_full_long", "nats_long", "postgres_long")
-"""Long episodes (``ChaosConfig.long_s``): the data disk full, NATS or PostgreSQL down."""
+LONG_KINDS: tuple[str, ...] = ("disk_full_long", "nats_long", "postgres_long", "freeze_long")
+"""Long episodes (``ChaosConfig.long_s``): the data disk full, NATS or PostgreSQL down, a
+service or the node agent stopped (SIGSTOP) until the stack restarts it."""
 STRIKE_KINDS: tuple[str, ...] = (
     "strike_pod_start",
     "strike_checkpoint",
@@ -103,6 +106,7 @@ PART_HELD_DOWN = {
     "postgres_long": "postgres",
     "disk_full": "disk",
     "disk_full_long": "disk",
+    "freeze_long": "freeze",
 }
 """The part of the campaign an outage holds down; one outage of a part at a time."""
 
@@ -158,9 +162,15 @@ class ChaosConfig:
     disk_full_s: tuple[float, float] = (2.0, 4.0)
     """How long the data disk stays full."""
     long_s: dict[str, float] = field(
-        default_factory=lambda: {"disk_full_long": 30.0, "nats_long": 20.0, "postgres_long": 60.0}
+        default_factory=lambda: {
+            "disk_full_long": 30.0,
+            "nats_long": 20.0,
+            "postgres_long": 60.0,
+            "freeze_long": 90.0,
+        }
     )
-    """How long each long episode lasts."""
+    """How long each long episode lasts (``freeze_long``: at most; the stack ends it, by
+    restarting what is stopped, after ``mdq.health.DEFAULT_MAX_AGE_S``)."""
     strike_wait_s: float = 30.0
     """How long a strike waits for its moment before it counts as missed (and is tried
     again later)."""
@@ -938,6 +948,8 @@ class Campaign:
             return await self.postgres_down(long or self.rng.uniform(*self.config.outage_s))
         if kind == "disk_full" or kind == "disk_full_long":
             return await self.disk_full(long or self.rng.uniform(*self.config.disk_full_s))
+        if kind == "freeze_long":
+            return await self.freeze(long or DEFAULT_MAX_AGE_S * 3)
         if kind == "strike_pod_start":
             return await self.strike_pod_start()
         if kind == "strike_checkpoint":
@@ -992,6 +1004,39 @@ class Campaign:
         self.disk.free()
         self.report.disk_full_episodes += 1
         self.note("data disk freed")
+        return True
+
+    async def freeze(self, wait_s: float) -> bool:
+        """SIGSTOP one random service or node agent and leave it stopped: alive but stuck, it
+        renews its liveness file no more, and the stack is to kill and restart it. Not gone
+        within ``wait_s``: resumed, and a problem."""
+        assert self.stack is not None
+        found = stack_processes(self.stack.pid)
+        candidates = sorted(
+            (process for kind in (*SERVICE_KINDS, "agent") for process in found.get(kind, [])),
+            key=lambda process: process.pid,
+        )
+        if not candidates:
+            return False
+        victim = self.rng.choice(candidates)
+        try:
+            kind = _kind_of(victim.cmdline())
+            victim.suspend()
+        except psutil.Error:
+            return False
+        self.note(f"SIGSTOP {kind} pid {victim.pid}; left stopped for the stack to restart")
+        stopped_at = time.monotonic()
+        _, alive = await asyncio.to_thread(
+            psutil.wait_procs, [victim], timeout=self.deadline.bound(wait_s)
+        )
+        if alive:
+            with contextlib.suppress(psutil.Error):
+                victim.resume()
+            self.report.problems.append(
+                f"the stack did not restart the stopped {kind} (pid {victim.pid}) in {wait_s:g} s"
+            )
+        else:
+            self.note(f"{kind} pid {victim.pid} gone {time.monotonic() - stopped_at:.1f} s later")
         return True
 
     # -- strikes at the worst moments ------------------------------------------------------
