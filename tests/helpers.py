@@ -167,6 +167,22 @@ async def reconnected(client: Client) -> None:
     await wait_for(connected, timeout=20, what="the reconnect")
 
 
+def thread_states(pid: int) -> list[str]:
+    """The state letter of every thread of process ``pid`` (``T``: stopped)."""
+    tasks = Path(f"/proc/{pid}/task")
+    return [(task / "stat").read_text().rsplit(")", 1)[1].split()[0] for task in tasks.iterdir()]
+
+
+async def all_threads_stopped(pid: int) -> None:
+    """Until every thread of process ``pid`` is stopped: SIGSTOP takes effect a moment after
+    it is sent, and a server's thread that still runs meanwhile answers."""
+
+    async def all_stopped() -> bool:
+        return all(state in "tT" for state in thread_states(pid))
+
+    await wait_for(all_stopped, timeout=10, what=f"process {pid} stopped")
+
+
 def stack_part(stack: Stack, name: str) -> tuple[bool, int, int | None]:
     """(running, restarts, pid) of one part of a stack, from the stack's own status."""
     [found] = [each for each in stack.status() if each.name == name]

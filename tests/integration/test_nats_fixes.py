@@ -14,23 +14,7 @@ from nats.aio.msg import Msg
 
 from mdq.bus.connect import connect
 from mdq.embedded import start_nats
-from tests.helpers import wait_for
-
-
-def thread_states(pid: int) -> list[str]:
-    """The state letter of every thread of process ``pid`` (``T``: stopped)."""
-    tasks = Path(f"/proc/{pid}/task")
-    return [(task / "stat").read_text().rsplit(")", 1)[1].split()[0] for task in tasks.iterdir()]
-
-
-async def stopped(pid: int) -> None:
-    """Until every thread of process ``pid`` is stopped (SIGSTOP takes effect a moment after
-    it is sent, and a PING sent meanwhile would still be answered)."""
-
-    async def all_stopped() -> bool:
-        return all(state in "tT" for state in thread_states(pid))
-
-    await wait_for(all_stopped, timeout=10, what=f"process {pid} stopped")
+from tests.helpers import all_threads_stopped
 
 
 async def test_a_connection_hears_again_after_a_flush_timed_out_on_a_stalled_server(
@@ -47,7 +31,7 @@ async def test_a_connection_hears_again_after_a_flush_timed_out_on_a_stalled_ser
         await client.subscribe("probe", cb=on_message)
         await client.flush()
         os.kill(server.pid, signal.SIGSTOP)  # alive, but answers nothing
-        await stopped(server.pid)
+        await all_threads_stopped(server.pid)
         try:
             with pytest.raises(nats.errors.FlushTimeoutError):
                 await client.flush(timeout=1)

@@ -8,20 +8,23 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Awaitable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 from mdq.embedded import start_nats, start_postgres
 from mdq.stack.probes import nats_answers, postgres_answers
+from tests.helpers import all_threads_stopped
 
 LIMIT_S = 1.0
 
 
-@contextmanager
-def stopped(pid: int) -> Iterator[None]:
+@asynccontextmanager
+async def stopped(pid: int) -> AsyncIterator[None]:
+    """``pid`` stopped (SIGSTOP, every thread of it) for the block."""
     os.kill(pid, signal.SIGSTOP)
     try:
+        await all_threads_stopped(pid)
         yield
     finally:
         os.kill(pid, signal.SIGCONT)
@@ -38,7 +41,7 @@ async def test_nats_answers_while_it_runs_and_not_while_stopped_or_gone(tmp_path
     server = start_nats(tmp_path / "nats")
     try:
         assert await nats_answers(server.port, limit_s=LIMIT_S)
-        with stopped(server.pid):
+        async with stopped(server.pid):
             answered, took = await timed(nats_answers(server.port, limit_s=LIMIT_S))
         assert not answered and took < LIMIT_S + 0.5
         assert await nats_answers(server.port, limit_s=LIMIT_S), "answers again once resumed"
@@ -64,7 +67,7 @@ async def test_postgres_answers_while_it_runs_and_not_while_stopped_or_gone(
         pid, socket_path = server.pid, server.socket
         assert pid is not None and socket_path is not None and socket_path.is_socket()
         assert await postgres_answers(socket_path, limit_s=LIMIT_S)
-        with stopped(pid):
+        async with stopped(pid):
             answered, took = await timed(postgres_answers(socket_path, limit_s=LIMIT_S))
         assert not answered and took < LIMIT_S + 0.5
         assert await postgres_answers(socket_path, limit_s=LIMIT_S), "answers again once resumed"
