@@ -15,7 +15,7 @@ import pytest
 from mdq.contracts import pb
 from mdq.sdk.client import MdqClient
 from mdq.stack import Stack
-from tests.e2e.stacks import operator_client, wait_for_state
+from tests.e2e.stacks import operator_client, own_stack, wait_for_state
 from tests.e2e.test_stack import md_job
 from tests.helpers import read_all, wait_for
 from tools.processes import runner_pid
@@ -154,8 +154,20 @@ async def running_pid_of_attempt(client: MdqClient, stack: Stack, job_id: str, a
 
 
 async def test_a_succeeded_job_extended_runs_on_from_its_final_checkpoint(
-    stack: Stack, database_url: str
+    tmp_path: Path, database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """On a closed bus (the stack's own NATS, which authenticates every runner): the extended
+    attempt gets runner credentials although the job succeeded once."""
+    stack = own_stack(
+        tmp_path, database_url, monkeypatch, extra_env={"MDQ_RECOVERY_BACKOFF_BASE_S": "1"}
+    )
+    async with stack:
+        await extend_and_check(stack, database_url)
+
+
+async def extend_and_check(stack: Stack, database_url: str) -> None:
+    """Run a job to its end, extend it, and check it ran on from its final checkpoint: in the
+    log, in its energy table and in PostgreSQL."""
     async with await operator_client(stack) as client:
         job = md_job("short", steps=600)
         job["checkpoint_interval_steps"] = 250  # the last before the end: step 500

@@ -39,6 +39,7 @@ from mdq.bus.security.runner_creds import (
 from mdq.bus.streams import ensure_streams
 from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
+from mdq.core.producers import owner_of
 from mdq.core.tenants import JobIdError
 from mdq.embedded import EmbeddedNats
 from tests.helpers import closed_nats
@@ -185,6 +186,38 @@ async def test_an_attempt_that_failed_is_refused(bus: Bus, agent: Client) -> Non
         await watcher.jetstream().publish(subject, failed.SerializeToString())
         with pytest.raises(CredsRefused, match="is not running"):
             await request_runner_creds(agent, SUBJECTS, job_id=job, attempt=1, wait_s=10)
+    finally:
+        await placement.close()
+        await watcher.close()
+
+
+async def test_an_extended_job_lives_on_in_its_later_attempt(bus: Bus, agent: Client) -> None:
+    """A job that succeeded and was extended runs on in attempt 2: its end in attempt 1 does
+    not refuse attempt 2 (which a job's end used to), and attempt 1 stays refused."""
+    job = "0123456789ab-extended"
+    placement = await connect(bus.nats.url, name="p", creds=bus.creds("placement"))
+    watcher = await connect(bus.nats.url, name="w", creds=bus.creds("watcher"))
+
+    async def publish(who: Client, kind: str, attempt: int) -> None:
+        event = pb.Event(
+            event_id=f"{kind}:{job}:{attempt}", job_id=job, attempt=attempt, producer=owner_of(kind)
+        )
+        getattr(event, kind).SetInParent()
+        await who.jetstream().publish(SUBJECTS.job(job, kind), event.SerializeToString())
+
+    try:
+        await publish(placement, "bound", 1)
+        await publish(watcher, "succeeded", 1)
+        with pytest.raises(CredsRefused, match="is not running"):
+            await request_runner_creds(agent, SUBJECTS, job_id=job, attempt=1, wait_s=10)
+        await publish(placement, "extended", 2)
+        await publish(placement, "bound", 2)
+        assert await request_runner_creds(agent, SUBJECTS, job_id=job, attempt=2, wait_s=10)
+        with pytest.raises(CredsRefused, match="is not running"):
+            await request_runner_creds(agent, SUBJECTS, job_id=job, attempt=1, wait_s=10)
+        await publish(watcher, "succeeded", 2)  # and its second end ends it again
+        with pytest.raises(CredsRefused, match="is not running"):
+            await request_runner_creds(agent, SUBJECTS, job_id=job, attempt=2, wait_s=10)
     finally:
         await placement.close()
         await watcher.close()

@@ -131,15 +131,18 @@ def test_start_time_does_not_depend_on_stream_interleaving(history: list[pb.Even
 
 
 @pytest.mark.parametrize(
-    ("name", "asked", "last_bound", "last_failed", "ended", "live"),
+    ("name", "asked", "last_bound", "last_failed", "last_ended", "live"),
     [
-        ("bound, this attempt", 2, 2, None, False, True),
-        ("bound again after an earlier attempt failed", 2, 2, 1, False, True),
-        ("never bound", 1, None, None, False, False),
-        ("an earlier attempt than the one bound", 1, 2, 1, False, False),
-        ("a later attempt than the one bound", 3, 2, None, False, False),
-        ("this attempt failed", 2, 2, 2, False, False),
-        ("the job ended", 2, 2, None, True, False),
+        ("bound, this attempt", 2, 2, None, None, True),
+        ("bound again after an earlier attempt failed", 2, 2, 1, None, True),
+        ("never bound", 1, None, None, None, False),
+        ("an earlier attempt than the one bound", 1, 2, 1, None, False),
+        ("a later attempt than the one bound", 3, 2, None, None, False),
+        ("this attempt failed", 2, 2, 2, None, False),
+        ("the job ended in this attempt", 2, 2, None, 2, False),
+        ("the job ended in a later attempt", 2, 2, None, 3, False),
+        ("extended: succeeded in attempt 1, attempt 2 bound", 2, 2, None, 1, True),
+        ("extended after a failed attempt and a success", 3, 3, 1, 2, True),
     ],
 )
 def test_which_attempt_is_live(
@@ -147,9 +150,11 @@ def test_which_attempt_is_live(
     asked: int,
     last_bound: int | None,
     last_failed: int | None,
-    ended: bool,
+    last_ended: int | None,
     live: bool,
 ) -> None:
     """Whose runner gets and renews credentials (``attempt_lives``, from the jobs log)."""
-    got = attempt_lives(asked, last_bound=last_bound, last_failed=last_failed, ended=ended)
+    got = attempt_lives(
+        asked, last_bound=last_bound, last_failed=last_failed, last_ended=last_ended
+    )
     assert got is live, name

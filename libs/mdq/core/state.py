@@ -600,12 +600,14 @@ class JobBook:
 
 
 def attempt_lives(
-    attempt: int, *, last_bound: int | None, last_failed: int | None, ended: bool
+    attempt: int, *, last_bound: int | None, last_failed: int | None, last_ended: int | None
 ) -> bool:
     """Whether ``attempt`` of a job is its live attempt (its runner gets and renews NATS
     credentials, ``mdq.bus.security.runner_creds``), from the jobs log: the attempt of the job's
-    last ``bound`` event (None: never bound), of its last ``attempt_failed`` event (None: none) and
-    whether it ended (``succeeded`` or ``failed``). Live: bound last, not failed, not ended."""
-    if ended or last_bound != attempt:
+    last ``bound`` event (None: never bound), of its last ``attempt_failed`` event and of its
+    last ending event (``succeeded`` or ``failed``; None: none). Live: bound last, and neither
+    failed nor ended since: a job extended after it succeeded runs a later attempt, which
+    its earlier end does not touch."""
+    if last_bound != attempt:
         return False
-    return last_failed is None or last_failed < attempt
+    return all(other is None or other < attempt for other in (last_failed, last_ended))

@@ -250,8 +250,9 @@ class RenewalDesk:
 
 def log_verdict(js: JetStreamContext, subjects: Subjects) -> Verdict:
     """Whether an attempt lives, read from the jobs log at the moment of asking: the job's
-    last ``bound`` event is of that attempt, no ``attempt_failed`` of it or a later one came
-    after, and the job has not ended (``succeeded``, ``failed``). Four reads of a subject's
+    last ``bound`` event is of that attempt, and no ``attempt_failed``, ``succeeded`` or
+    ``failed`` of it or a later one came after (a job extended after it succeeded lives on in
+    a later attempt). Four reads of a subject's
     last message, no state: every placement replica answers alike, and a pod whose ``bound``
     event was acknowledged a moment ago is already live."""
     stream = subjects.jobs_stream
@@ -268,12 +269,12 @@ def log_verdict(js: JetStreamContext, subjects: Subjects) -> Verdict:
         if bound is None or bound.attempt != attempt:
             return False  # no need to read more
         failed = await last(job_id, "attempt_failed")
-        ended = [await last(job_id, kind) for kind in ("succeeded", "failed")]
+        ends = [await last(job_id, kind) for kind in ("succeeded", "failed")]
         return attempt_lives(
             attempt,
             last_bound=bound.attempt,
             last_failed=None if failed is None else failed.attempt,
-            ended=any(event is not None for event in ended),
+            last_ended=max((end.attempt for end in ends if end is not None), default=None),
         )
 
     return verdict
