@@ -398,7 +398,10 @@ class NodeAgent:
             failed = PodStatus(pb.POD_FAILED, code, START_ERROR, message)
             await self._set_status(spec.name, failed)
             log.warning("pod %s could not start %s", spec.name, message)
-            if not isinstance(error, PodRefused):  # a forged record says nothing of the node
+            # a forged record, or an attempt placement says does not live (cancelled, ended,
+            # replaced meanwhile), says nothing of the node: only the node's own failures
+            # keep it from taking pods
+            if not isinstance(error, PodRefused | CredsRefused):
                 self._start_failure = (message, time.monotonic())
                 with contextlib.suppress(Exception):  # placement hears of it at once
                     await self.check_health()
