@@ -35,10 +35,12 @@ from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.control import (
     ControlRefused,
+    check_names,
     check_request,
     control_id_for_key,
     decode_request,
     fingerprint,
+    fitted,
     is_json,
     refusal,
 )
@@ -50,6 +52,8 @@ CONCURRENCY = 64
 """Requests handled at once by the leader (each waits for its turn in placement's loop)."""
 JSON_HEADERS = {"content-type": "application/json"}
 PROTOBUF_HEADERS = {"content-type": "application/x-protobuf"}
+REPLY_HEADROOM = 4096
+"""Bytes of the bus's largest message left for a reply's subject and headers."""
 
 Decide = Callable[[pb.ControlRequest, str, str], Awaitable[pb.ControlReply]]
 """(request, tenant, control id) -> the reply: ``Placement.control``."""
@@ -211,7 +215,12 @@ class ControlDesk:
         if not message.reply:
             return
         as_json = is_json(message.data)
-        data = to_json(reply).encode() if as_json else encode(reply)
+
+        def encoded(reply: pb.ControlReply) -> bytes:
+            return to_json(reply).encode() if as_json else encode(reply)
+
+        reply = fitted(reply, lambda r: len(encoded(r)), self._nc.max_payload - REPLY_HEADROOM)
+        data = encoded(reply)
         await self._nc.publish(
             message.reply, data, headers=JSON_HEADERS if as_json else PROTOBUF_HEADERS
         )
@@ -226,6 +235,7 @@ class ControlDesk:
             request = decode_request(data)
             control_id = control_id_for_key(request.control_key, tenant)
             check_request(request, tenant=tenant, allow_high=self._allow_high(tenant))
+            check_names(request, tenant=tenant)
         except ControlRefused as error:
             self.refused += 1
             return refusal(control_id, error)

@@ -12,9 +12,10 @@ from dataclasses import dataclass
 
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
+from nats.js.errors import NotFoundError
 
 from mdq.backends.port import ClusterBackend
-from mdq.bus.log import read_history
+from mdq.bus.codec import decode_event, foreign_reason
 from mdq.bus.outage import warn_try_failed
 from mdq.bus.publisher import EventPublisher
 from mdq.bus.subjects import Subjects
@@ -45,7 +46,8 @@ log = logging.getLogger("mdq.placement")
 POD_DELETES_AT_ONCE = 64
 """Pods deleted side by side when a request (or a pass) stops many jobs."""
 HISTORY_READS_AT_ONCE = 16
-"""Jobs placement no longer holds whose history a request reads from the log side by side."""
+"""Jobs placement no longer holds whose history a request reads from the log side by side
+(each a message get at a time, no consumer: ``JobControl._read_job``)."""
 
 
 @dataclass(slots=True)
@@ -146,12 +148,32 @@ class JobControl:
         return Limits(max_steps=RunawayLimits.of(policy, self._limit_defaults).max_steps)
 
     async def _read_job(self, job_id: str) -> tuple[JobView | None, int]:
-        """A job placement no longer holds (it ended), folded from its history in the log;
-        (None, 0) when the log holds none. With the stream sequence of its last ``bound``."""
+        """A job placement no longer holds, folded from its history in the log; (None, 0) when
+        the log holds none. With the stream sequence of its last ``bound``.
+
+        Placement's state cannot say that a job does not exist: it forgets ended jobs (beyond
+        ``ended_memory``), so the log is asked, for every id it does not hold. The history is
+        read a message at a time (``STREAM.MSG.GET`` of the next message on the job's subjects,
+        until there is none), which makes no consumer: a request naming 10,000 ids that do not
+        exist costs 10,000 gets, ``HISTORY_READS_AT_ONCE`` in flight, and leaves the stream's
+        consumers (a limited resource every reader of the log shares) as they were."""
         book = JobBook()
         last_bound = 0
-        for sequence, event in await read_history(self._js, self._subjects.job_all(job_id)):
-            if event.job_id != job_id:
+        subject = self._subjects.job_all(job_id)
+        sequence = 0
+        while True:
+            try:
+                message = await self._js.get_msg(
+                    self._subjects.jobs_stream, seq=sequence + 1, subject=subject, next=True
+                )
+            except NotFoundError:
+                break
+            sequence = message.seq or sequence + 1
+            try:
+                event = decode_event(message.data or b"")
+            except Exception:  # not mdq's: skipped, as the log's readers do
+                continue
+            if event.job_id != job_id or foreign_reason(event, message.subject or "") is not None:
                 continue
             book.apply(0, event)
             if event.WhichOneof("body") == "bound":

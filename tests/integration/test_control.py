@@ -283,8 +283,9 @@ async def test_a_tenant_controls_its_own_jobs_only(
         # a selector matches her own jobs only
         selected = await alice.hold(labels={"campaign": "x"})
         assert outcomes(selected) == {"alice.eeeeeeeeeeee-a": ("CONTROL_DONE", "HELD")}
-        by_request = await alice.cancel(request_id="bob.eeeeeeeeeeee")
-        assert by_request.matched == 0
+        with pytest.raises(ControlRefused) as others_request:  # whether it exists or not
+            await alice.cancel(request_id="bob.eeeeeeeeeeee")
+        assert others_request.value.field == "request_id"
         # the operator controls every job
         everyone = await operator.hold(labels={"campaign": "x"})
         assert outcomes(everyone) == {
@@ -330,7 +331,7 @@ async def test_bad_requests_are_refused_naming_the_field(
         assert b'"field": "force"' in message.data
         ok = await nc.request(
             subjects.api_control,
-            b'{"control_key": "j2", "verb": "CONTROL_CANCEL", "job_ids": ["nnnnnnnnnnnn-x"]}',
+            b'{"control_key": "j2", "verb": "CONTROL_CANCEL", "job_ids": ["dddddddddd01-x"]}',
             timeout=10,
         )
         assert b"CONTROL_NOT_FOUND" in ok.data, ok.data
@@ -367,8 +368,8 @@ async def test_verbs_that_do_not_apply_get_a_clear_answer(
     client: MdqClient,
 ) -> None:
     await bus.publish(node_load("n1"))
-    await bus.publish(job("gggggggggggg-done"))
-    await bus.publish(job("gggggggggggg-min", task=pb.TASK_MINIMIZE))
+    await bus.publish(job("dddddddddd02-done"))
+    await bus.publish(job("dddddddddd02-min", task=pb.TASK_MINIMIZE))
     async with placement_running(nc, subjects, backend) as placement:
 
         async def both_bound() -> bool:
@@ -380,7 +381,7 @@ async def test_verbs_that_do_not_apply_get_a_clear_answer(
                 event(
                     "succeeded",
                     pb.JobSucceeded(final_step=1000),
-                    job=f"gggggggggggg-{name}",
+                    job=f"dddddddddd02-{name}",
                     attempt=1,
                 )
             )
@@ -389,17 +390,18 @@ async def test_verbs_that_do_not_apply_get_a_clear_answer(
             return not placement.book.jobs  # ended and pruned: read back from the log
 
         await wait_for(forgotten, what="the ended jobs pruned")
-        cancel = await client.cancel(["gggggggggggg-done", "nnnnnnnnnnnn-none"])
+        cancel = await client.cancel(["dddddddddd02-done", "dddddddddd01-none"])
         assert outcomes(cancel) == {
-            "gggggggggggg-done": ("CONTROL_NOT_APPLICABLE", "SUCCEEDED"),
-            "nnnnnnnnnnnn-none": ("CONTROL_NOT_FOUND", ""),
+            "dddddddddd02-done": ("CONTROL_NOT_APPLICABLE", "SUCCEEDED"),
+            "dddddddddd01-none": ("CONTROL_NOT_FOUND", ""),
         }
-        assert "already SUCCEEDED" in cancel.outcomes[0].message
-        extend = await client.extend(["gggggggggggg-min"], steps=100)
-        assert outcomes(extend) == {"gggggggggggg-min": ("CONTROL_NOT_APPLICABLE", "SUCCEEDED")}
+        [done] = [o for o in cancel.outcomes if o.job_id == "dddddddddd02-done"]
+        assert "already SUCCEEDED" in done.message
+        extend = await client.extend(["dddddddddd02-min"], steps=100)
+        assert outcomes(extend) == {"dddddddddd02-min": ("CONTROL_NOT_APPLICABLE", "SUCCEEDED")}
         assert "TASK_MINIMIZE" in extend.outcomes[0].message
-        requeue = await client.requeue(["gggggggggggg-done"])
-        assert outcomes(requeue)["gggggggggggg-done"][0] == "CONTROL_NOT_APPLICABLE"
+        requeue = await client.requeue(["dddddddddd02-done"])
+        assert outcomes(requeue)["dddddddddd02-done"][0] == "CONTROL_NOT_APPLICABLE"
     assert await events_of(js, subjects, "cancelled") == []
     assert await events_of(js, subjects, "extended") == []
 
@@ -412,30 +414,30 @@ async def test_a_succeeded_job_is_extended_as_a_new_attempt(
     backend: RecordingBackend,
     client: MdqClient,
 ) -> None:
-    async with bound_on_n1(nc, subjects, bus, backend, "hhhhhhhhhhhh-md") as placement:
+    async with bound_on_n1(nc, subjects, bus, backend, "dddddddddd03-md") as placement:
         final = pb.Checkpoint(step=1000, path="checkpoints/ckpt-1000.xml", sha256="ab")
-        await bus.publish(event("checkpoint", final, job="hhhhhhhhhhhh-md", attempt=1, detail=1000))
+        await bus.publish(event("checkpoint", final, job="dddddddddd03-md", attempt=1, detail=1000))
         await bus.publish(
-            event("succeeded", pb.JobSucceeded(final_step=1000), job="hhhhhhhhhhhh-md", attempt=1)
+            event("succeeded", pb.JobSucceeded(final_step=1000), job="dddddddddd03-md", attempt=1)
         )
 
         async def forgotten() -> bool:
-            return "hhhhhhhhhhhh-md" not in placement.book.jobs
+            return "dddddddddd03-md" not in placement.book.jobs
 
         await wait_for(forgotten, what="the ended job pruned")
-        reply = await client.extend(["hhhhhhhhhhhh-md"], steps=500, reason="longer")
-        assert outcomes(reply) == {"hhhhhhhhhhhh-md": ("CONTROL_DONE", "PENDING")}
+        reply = await client.extend(["dddddddddd03-md"], steps=500, reason="longer")
+        assert outcomes(reply) == {"dddddddddd03-md": ("CONTROL_DONE", "PENDING")}
         assert reply.outcomes[0].attempt == 2
 
         pod = await backend.pod_created(
-            "mdq-hhhhhhhhhhhh-md-2", what="the extension bound as attempt 2"
+            "mdq-dddddddddd03-md-2", what="the extension bound as attempt 2"
         )
         assert pod.spec.steps == 1500
         assert pod.resume_from is not None and pod.resume_from.step == 1000
         assert placement.fenced_total == 0
     [extended] = await events_of(js, subjects, "extended")
     assert (extended.attempt, extended.extended.added_steps) == (2, 500)
-    assert len(await events_of(js, subjects, "bound", "hhhhhhhhhhhh-md")) == 2
+    assert len(await events_of(js, subjects, "bound", "dddddddddd03-md")) == 2
 
 
 def cli(nats_url: str, namespace: str, *args: str) -> Result:
@@ -452,7 +454,7 @@ async def test_the_cli_verbs_exit_as_documented(
 ) -> None:
     await bus.publish(node_load("n1", cpu_capacity=1))
     for name in ("a", "b"):
-        await bus.publish(job(f"iiiiiiiiiiii-{name}", cpu=8, labels={"campaign": "x"}))
+        await bus.publish(job(f"dddddddddd04-{name}", cpu=8, labels={"campaign": "x"}))
     namespace = subjects.namespace
 
     async def run(*args: str) -> Result:
@@ -461,27 +463,27 @@ async def test_the_cli_verbs_exit_as_documented(
     async with placement_running(nc, subjects, backend):
         held = await run("hold", "-l", "campaign=x", "--reason", "check inputs", "--wait")
         assert held.exit_code == 0, held.output
-        assert "iiiiiiiiiiii-a" in held.stdout and "iiiiiiiiiiii-b" in held.stdout
+        assert "dddddddddd04-a" in held.stdout and "dddddddddd04-b" in held.stdout
         assert held.stdout.count("HELD") >= 4  # each job's outcome, then its state waited for
-        released = await run("release", "iiiiiiiiiiii-a")
+        released = await run("release", "dddddddddd04-a")
         assert released.exit_code == 0 and "done" in released.stdout
-        cancelled = await run("cancel", "iiiiiiiiiiii-a", "iiiiiiiiiiii-b", "--wait")
+        cancelled = await run("cancel", "dddddddddd04-a", "dddddddddd04-b", "--wait")
         assert cancelled.exit_code == 0, cancelled.output
-        assert "iiiiiiiiiiii-b CANCELLED" in cancelled.stdout
+        assert "dddddddddd04-b CANCELLED" in cancelled.stdout
         # a job it cannot change: exit 1, and why
-        again = await run("extend", "iiiiiiiiiiii-a", "--steps", "5")
+        again = await run("extend", "dddddddddd04-a", "--steps", "5")
         assert again.exit_code == 1 and "not_applicable" in again.stdout
-        unknown = await run("requeue", "nnnnnnnnnnnn-x")
+        unknown = await run("requeue", "dddddddddd01-x")
         assert unknown.exit_code == 1 and "not_found" in unknown.stdout
         # a refused request: exit 2, naming the field
-        refused = await run("reprioritize", "iiiiiiiiiiii-a", "--priority", "urgent")
+        refused = await run("reprioritize", "dddddddddd04-a", "--priority", "urgent")
         assert refused.exit_code == 2 and "priority_class" in refused.stderr
         bad_label = await run("hold", "-l", "campaign")
         assert bad_label.exit_code == 2 and "KEY=VALUE" in bad_label.output
 
 
 def test_the_cli_says_when_nobody_answers(nats_url: str, namespace: str) -> None:
-    result = cli(nats_url, namespace, "cancel", "nnnnnnnnnnnn-x", "--key", "k")
+    result = cli(nats_url, namespace, "cancel", "dddddddddd01-x", "--key", "k")
     assert result.exit_code == 3 and "is placement running?" in result.stderr
 
 

@@ -243,14 +243,14 @@ async def test_a_cancel_during_a_recovery_backoff_ends_the_job_at_once(
 ) -> None:
     """A crashed job waiting out its backoff (PENDING, not before two seconds from now) is
     cancelled at once, and is never bound once the backoff is over."""
-    await crashed_once(nc, subjects, "r6-md")
+    await crashed_once(nc, subjects, "dddddddddd06-md")
     backoff = pb.JobRequeued(after=pb.FAILURE_CRASHED)
     until = datetime.now(UTC) + timedelta(seconds=2)
     backoff.not_before.FromDatetime(until)
-    await bus.publish(event("requeued", backoff, job="r6-md", attempt=2))
+    await bus.publish(event("requeued", backoff, job="dddddddddd06-md", attempt=2))
     client = MdqClient(nc=nc, subjects=subjects)
     async with placement_running(nc, subjects, backend) as placement:
-        reply = await client.cancel(["r6-md"])
+        reply = await client.cancel(["dddddddddd06-md"])
         [outcome] = reply.outcomes
         assert (outcome.result, outcome.state, outcome.attempt) == (
             pb.CONTROL_DONE,
@@ -265,5 +265,5 @@ async def test_a_cancel_during_a_recovery_backoff_ends_the_job_at_once(
             return len(passes) > 1 and passes[-1] >= passes[0] + 2
 
         await wait_for(passes_after_the_backoff, what="two placement passes after the backoff")
-    assert await terminal_events(nc, subjects, "r6-md") == ["cancelled"]
+    assert await terminal_events(nc, subjects, "dddddddddd06-md") == ["cancelled"]
     assert backend.pods == {}

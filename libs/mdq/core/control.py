@@ -9,17 +9,28 @@ reads, publishes and deletes pods: checking a request (``check_request``), its i
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import cast
 
+from google.protobuf.descriptor import Descriptor
 from google.protobuf.message import DecodeError, Message
 
 from mdq.contracts import pb
-from mdq.core.documents import MAX_DEPTH, load_json, parse_document, printable
-from mdq.core.ids import REQUEST_ID_HEX, tenant_of
+from mdq.core.documents import (
+    MAX_DEPTH,
+    Duplicated,
+    duplicate_error,
+    load_json,
+    parse_document,
+    printable,
+)
+from mdq.core.ids import REQUEST_ID_HEX, TENANT_SEPARATOR, tenant_of
 from mdq.core.recovery import cancel_message
 from mdq.core.spec import PRIORITY_CLASSES, SpecError
 from mdq.core.state import IDLE_STATES, LIVE_STATES, JobState, JobView, Stop
+from mdq.core.tenants import TENANT_PATTERN, JobIdError, check_job_id
 from mdq.errors import InvalidInput
 
 MAX_KEY_CHARS = 200
@@ -67,21 +78,45 @@ class ControlRefused(InvalidInput):
 
 
 # -- the request ---------------------------------------------------------------------------------
+_REQUEST = cast(Descriptor, pb.ControlRequest.DESCRIPTOR)
+_JSON_SCALAR = re.compile(rb"\s*(?:null|true|false|-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)\s*")
+"""A JSON text that is one scalar: never a protobuf ControlRequest (``n``, ``t`` and ``f`` are
+no field's first byte; a number is answered as the JSON it reads as)."""
+REQUEST_ID_PATTERN = re.compile(
+    rf"(?:{TENANT_PATTERN.pattern}{re.escape(TENANT_SEPARATOR)})?[0-9a-f]{{{REQUEST_ID_HEX}}}"
+)
+"""A submit's request id (fullmatch): the operator's ``<hex>``, a tenant's ``<tenant>.<hex>``."""
+
+
 def decode_request(data: bytes) -> pb.ControlRequest:
-    """A request as a client sent it: the protobuf JSON mapping or protobuf binary;
-    ``ControlRefused`` naming the field for anything else."""
+    """A request as a client sent it: the protobuf JSON mapping (a JSON object, each key once,
+    the verb by its name or number) or protobuf binary; ``ControlRefused`` naming the field
+    for anything else."""
     if len(data) > MAX_REQUEST_BYTES:
         raise ControlRefused("", f"request is {len(data)} bytes, the limit is {MAX_REQUEST_BYTES}")
     request = pb.ControlRequest()
     if is_json(data):
         try:
-            document = load_json(data or b"null")
+            document = load_json(data or b"null", descriptor=_REQUEST)
         except SpecError as error:
             raise ControlRefused(error.field, error.message) from None
         except (ValueError, UnicodeDecodeError) as error:
             raise ControlRefused("", printable(f"malformed JSON: {error}")) from None
+        if isinstance(document, Duplicated):
+            twice = duplicate_error(document, _REQUEST)
+            if twice is None:
+                raise ControlRefused("", "a key given twice in one object: give it once")
+            raise ControlRefused(twice.field, twice.message)
         if not isinstance(document, dict):
-            raise ControlRefused("", "a control request is a JSON object with a 'verb'")
+            raise ControlRefused(
+                "", f"a control request must be a JSON object with a 'verb', got {_kind(document)}"
+            )
+        verb = document.get("verb")
+        if isinstance(verb, bool | float):
+            names = ", ".join(pb.ControlVerb.Name(v) for v in VERBS)
+            raise ControlRefused(
+                "verb", f"must be one of {names} (or its number), got {_kind(verb)}"
+            )
         brackets = data.count(b"{") + data.count(b"[")
         try:
             parse_document(document, request, nested=brackets > MAX_DEPTH)
@@ -95,9 +130,27 @@ def decode_request(data: bytes) -> pb.ControlRequest:
     return request
 
 
+def _kind(value: object) -> str:
+    """What a JSON value is, for a person: ``null``, ``the number 1.5``, ``a list``."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return f"the number {value!r}"
+    if isinstance(value, str):
+        return "a string"
+    return "a list"
+
+
 def is_json(data: bytes) -> bool:
-    """Whether a client sent the JSON mapping (then it is answered in JSON)."""
-    return data.lstrip()[:1] in (b"{", b"[", b'"') or not data.strip()
+    """Whether a client sent the JSON mapping (then it is answered in JSON): an object, a list,
+    a string, a lone scalar (``null``) or nothing."""
+    return (
+        data.lstrip()[:1] in (b"{", b"[", b'"')
+        or not data.strip()
+        or _JSON_SCALAR.fullmatch(data) is not None
+    )
 
 
 def _printable_text(name: str, value: str, limit: int, *, required: bool = False) -> None:
@@ -172,6 +225,37 @@ def check_request(
     return request
 
 
+def check_names(request: pb.ControlRequest, *, tenant: str) -> pb.ControlRequest:
+    """``request`` if the jobs it names are named well (``ControlRefused`` naming the field
+    otherwise), for the operator and tenants alike: every job id is one intake could have made
+    (``mdq.core.tenants.check_job_id``: never a subject wildcard, a space or two dots; another
+    tenant's well-formed id is that job's ``CONTROL_FORBIDDEN``, not a refusal), and a request
+    id is a submit's request id of the requester (a tenant's own: ``<tenant>.<hex>``). Run
+    after ``check_request``, which bounds the number of ids."""
+    for index, job in enumerate(request.job_ids):
+        name = f"job_ids[{index}]"
+        try:
+            check_job_id(job, name)
+        except JobIdError as error:
+            raise ControlRefused(name, str(error).removeprefix(f"{name}: ")) from None
+    given = request.request_id
+    if given and not REQUEST_ID_PATTERN.fullmatch(given):
+        raise ControlRefused(
+            "request_id",
+            printable(
+                f"{given[:80]!r} is not a request id ('<12 hex digits>', or "
+                "'<tenant>.<12 hex digits>')"
+            ),
+        )
+    if given and tenant and tenant_of(given) != tenant:
+        raise ControlRefused(
+            "request_id",
+            f"{given!r} is not a request of tenant {tenant} (its request ids are "
+            f"'{tenant}.<12 hex digits>')",
+        )
+    return request
+
+
 def control_id_for_key(control_key: str, tenant: str = "") -> str:
     """The id of a request: its key's, per tenant (two tenants' "k1" are two requests)."""
     seed = f"control:{tenant}:{control_key}"
@@ -193,13 +277,25 @@ def may_control(tenant: str, job_id: str) -> bool:
 
 
 def origin_of(request: pb.ControlRequest, *, control_id: str, tenant: str) -> pb.ControlOrigin:
-    """Who asked, and why, as the request's events carry it."""
+    """Who asked, and why, as the request's events carry it (``requester``)."""
     return pb.ControlOrigin(
         control_id=control_id,
-        requested_by=request.requested_by or (f"tenant {tenant}" if tenant else "the operator"),
+        requested_by=requester(request.requested_by, tenant),
         tenant=tenant,
         reason=request.reason,
     )
+
+
+def requester(requested_by: str, tenant: str) -> str:
+    """Who asked, as the history says it. A tenant's request is ``tenant <name>``, the identity
+    its subject proves (``tenant`` comes from the subject, never the payload), with what the
+    client wrote in ``requested_by`` beside it in quotes (``tenant alice ('ann')``): a tenant
+    cannot pass for the operator or another tenant. The operator's identities (``cli``, the
+    console, ``admin``), which may control any job anyway, say who sits at them (``ann``,
+    ``the console``); else ``the operator``."""
+    if not tenant:
+        return requested_by or "the operator"
+    return f"tenant {tenant}" + (f" ({requested_by!r})" if requested_by else "")
 
 
 # -- which jobs ----------------------------------------------------------------------------------
@@ -499,6 +595,25 @@ def reply_of(control_id: str, outcomes: list[pb.ControlOutcome]) -> pb.ControlRe
         reply.outcomes.append(outcome)
     reply.counts.update(counts)
     return reply
+
+
+def fitted(
+    reply: pb.ControlReply, size_of: Callable[[pb.ControlReply], int], limit: int
+) -> pb.ControlReply:
+    """``reply`` as it is if ``size_of`` it (its size in the encoding it is sent in: JSON
+    takes about twice the bytes of protobuf) is at most ``limit``, else a copy with its last
+    outcomes left out (counted in ``omitted``; ``counts`` still counts every job) until it is."""
+    size = size_of(reply)
+    if size <= limit:
+        return reply
+    cut = pb.ControlReply()
+    cut.CopyFrom(reply)
+    while size > limit and cut.outcomes:
+        keep = min(len(cut.outcomes) - 1, int(len(cut.outcomes) * limit / size * 0.95))
+        cut.omitted += len(cut.outcomes) - keep
+        del cut.outcomes[keep:]
+        size = size_of(cut)
+    return cut
 
 
 def refusal(control_id: str, error: ControlRefused) -> pb.ControlReply:
