@@ -533,8 +533,11 @@ async def test_mdq_ls_and_show_read_the_history_from_postgresql(
         assert pending.exit_code == 0, pending.output
         assert "why it waits (placement): 0/2 nodes are available: 2 cordoned" in pending.stdout
 
-        unknown = await asyncio.to_thread(_cli, "", "", "show", "nope-nope", state_dir=tmp_path)
-        assert unknown.exit_code == NotFound.exit_code and "no job nope-nope" in unknown.output
+        unknown = await asyncio.to_thread(
+            _cli, "", "", "show", "0123456789ab-nope", state_dir=tmp_path
+        )
+        assert unknown.exit_code == NotFound.exit_code, unknown.output
+        assert "no job 0123456789ab-nope" in unknown.output
 
         # `mdq watch` without ids follows every unfinished job (none is placed: no placement).
         watched = await asyncio.to_thread(

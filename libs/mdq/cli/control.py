@@ -15,10 +15,11 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from mdq.contracts import pb
-from mdq.errors import EXIT_FAILED, EXIT_OK
+from mdq.errors import EXIT_FAILED, EXIT_OK, MdqError
 from mdq.sdk.client import MdqClient, WaitTimeout
 
 IN_HAND = (pb.CONTROL_DONE, pb.CONTROL_STOPPING, pb.CONTROL_UNCHANGED)
@@ -114,8 +115,11 @@ def make_command(verb: str, *, run: Callable[..., int], console: Console, err: C
             try:
                 views = await client.wait_control(verb, reply, timeout)
             except WaitTimeout as error:
-                err.print(f"[red]{error}[/]")
+                err.print(f"[red]{escape(str(error))}[/]")
                 return EXIT_FAILED
+            except MdqError:
+                err.print(f"{verb} was answered (above); following the jobs failed:")
+                raise
             for job_id, view in sorted(views.items()):
                 console.print(f"{job_id} {view.state.value} (attempt {view.attempt})")
             return code

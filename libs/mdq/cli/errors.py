@@ -11,6 +11,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from typer.core import TyperGroup
 
 from mdq.errors import (
@@ -46,11 +47,11 @@ def report(error: MdqError, console: Console, *, command: str = "") -> int:
     names its field prints it on a line of its own, under "<command> refused"."""
     if isinstance(error, InvalidInput) and error.field:
         console.print(f"[bold red]{command + ' ' if command else ''}refused[/]")
-        console.print(f"  field:   {error.field}")
+        console.print(f"  field:   {escape(error.field)}")
         where = f"{error.source}: " if error.source else ""
-        console.print(f"  message: {where}{error.message or error}")
+        console.print(f"  message: {escape(where + (error.message or str(error)))}")
     else:
-        console.print(f"[red]{error}[/]")
+        console.print(f"[red]{escape(str(error))}[/]")
     return error.exit_code
 
 

@@ -22,7 +22,6 @@ from typing import Annotated
 
 import typer
 from google.protobuf import json_format
-from nats.js.api import DeliverPolicy
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError
 from rich.console import Console
 from rich.table import Table
@@ -30,12 +29,14 @@ from rich.table import Table
 from mdq.bus.codec import decode_event
 from mdq.bus.connect import connect
 from mdq.bus.subjects import Subjects
+from mdq.cli.args import job_id_argument
 from mdq.cli.context import GlobalOptions, resolve_endpoints
 from mdq.cli.recommend import recorded_choice
 from mdq.contracts import pb
 from mdq.core.state import JobBook, JobState, JobView
 from mdq.core.timestamps import to_datetime
 from mdq.sdk.client import tenant_of_creds
+from mdq.sdk.consumers import read_stored
 
 console = Console(width=160)
 
@@ -44,30 +45,14 @@ async def job_events(
     nats_url: str, namespace: str, job_id: str, *, creds: str = ""
 ) -> list[pb.Event]:
     """Every event of ``job_id`` in the job log, in order (a tenant's: from its own stream,
-    the only one it may read)."""
+    the only one it may read), through one consumer deleted before it returns."""
     subjects = Subjects(namespace=namespace)
     tenant = tenant_of_creds(creds)
     stream = subjects.tenant_stream(tenant) if tenant else subjects.jobs_stream
     nc = await connect(nats_url, name="mdq-explain", creds=creds or None)
     try:
-        js = nc.jetstream()
-        subscription = await js.subscribe(
-            subjects.job_all(job_id),
-            stream=stream,
-            ordered_consumer=True,
-            deliver_policy=DeliverPolicy.ALL,
-        )
-        try:
-            info = await subscription.consumer_info()
-            delivered = info.delivered.consumer_seq if info.delivered else 0
-            total = (info.num_pending or 0) + (delivered or 0)
-            events: list[pb.Event] = []
-            while len(events) < total:
-                message = await subscription.next_msg(timeout=5.0)
-                events.append(decode_event(message.data))
-            return events
-        finally:
-            await subscription.unsubscribe()
+        messages = await read_stored(nc.jetstream(), stream, [subjects.job_all(job_id)])
+        return [decode_event(message.data) for message in messages]
     finally:
         await nc.drain()
 
@@ -267,6 +252,7 @@ def explain(
     job_id: Annotated[str, typer.Argument(help="The job id.")],
 ) -> None:
     """Why placement chose the node of each attempt of a job (scores and filtered nodes)."""
+    job_id = job_id_argument(job_id)
     options = ctx.obj
     if not isinstance(options, GlobalOptions):
         raise typer.BadParameter("internal: global options missing")

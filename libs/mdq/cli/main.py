@@ -42,6 +42,7 @@ from mdq.bus.security.auth import (
 from mdq.cli import history
 from mdq.cli import recommend as recommendations
 from mdq.cli import status as stack_status
+from mdq.cli.args import job_id_argument, job_ids_argument
 from mdq.cli.context import Endpoints, GlobalOptions, NoEndpoint, resolve_endpoints
 from mdq.cli.control import register as register_control
 from mdq.cli.errors import Commands, exit_codes_text
@@ -56,7 +57,15 @@ from mdq.cli.tenants import app as tenants_app
 from mdq.contracts import pb
 from mdq.core.recommend import UsageHistory
 from mdq.core.state import JobState, JobView
-from mdq.errors import EXIT_FAILED, EXIT_OK, InvalidInput, NotFound, PermissionDenied, Unavailable
+from mdq.errors import (
+    EXIT_FAILED,
+    EXIT_OK,
+    InvalidInput,
+    MdqError,
+    NotFound,
+    PermissionDenied,
+    Unavailable,
+)
 from mdq.sdk.client import (
     MdqClient,
     tenant_of_creds,
@@ -523,7 +532,17 @@ def submit(
         if not wait:
             return EXIT_OK
         names = dict(zip(job_ids, (job.name for job in request.jobs), strict=True))
-        views = await follow_jobs(client, job_ids, names=names, limit_s=timeout, console=console)
+        try:
+            views = await follow_jobs(
+                client, job_ids, names=names, limit_s=timeout, console=console
+            )
+        except MdqError:
+            err_console.print(
+                f"the submit was accepted: {len(job_ids)} job(s) {', '.join(job_ids)}; "
+                f"following them failed (mdq watch {' '.join(job_ids)}):",
+                highlight=False,
+            )
+            raise
         return _final_code(views, job_ids)
 
     _exit_with(endpoints, work)
@@ -546,10 +565,11 @@ def watch(
     """Live progress bars of jobs (step/target, energy, ns/day, ETA) until they end.
 
     Without job ids, follows every job that is not finished when it starts (read from the
-    watcher's tables). Exit 0 if they all succeeded.
+    watcher's tables). Exit 0 if they all succeeded; 5 at once if a job named is not in the
+    log these credentials read.
     """
+    wanted = job_ids_argument(job_ids or [])
     endpoints = _endpoints(ctx)
-    wanted = list(job_ids or [])
     if not wanted:
         database_url = _database_url(endpoints, hint="(or name the jobs to watch)")
         wanted = _run(history.active_job_ids(database_url, limit=limit))
@@ -558,6 +578,8 @@ def watch(
             raise typer.Exit(EXIT_OK)
 
     async def work(client: MdqClient) -> int:
+        if missing := await client.missing_jobs(wanted):
+            raise NotFound(f"no job {', '.join(missing)} in the log")
         views = await follow_jobs(client, wanted, limit_s=timeout, console=console)
         return _final_code(views, wanted)
 
@@ -612,6 +634,7 @@ def show(
     job_id: Annotated[str, typer.Argument(help="The job id.")],
 ) -> None:
     """One job from PostgreSQL: state, attempts, node, last progress, timeline."""
+    job_id = job_id_argument(job_id)
     endpoints = _endpoints(ctx, need_nats=False)
     database_url = _database_url(endpoints)
     detail, timeline = _run(history.job_detail(database_url, job_id))

@@ -15,8 +15,10 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from mdq.cli.args import job_id_argument
 from mdq.cli.context import GlobalOptions, resolve_endpoints
 from mdq.cli.history import open_engine
+from mdq.errors import InvalidInput
 from mdq.store import queries
 
 # soft_wrap: a path or a command is printed whole on its line, never broken for the
@@ -61,6 +63,34 @@ def draw(job_id: str, trace: Sequence[queries.ProgressPoint], output: Path) -> P
     return output
 
 
+def image_formats() -> dict[str, str]:
+    """The image formats matplotlib's Agg canvas writes, by file suffix (png, svg, pdf, …)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    figure = pyplot.figure()
+    try:
+        return dict(figure.canvas.get_supported_filetypes())
+    finally:
+        pyplot.close(figure)
+
+
+def check_output(output: Path) -> Path:
+    """``output`` if its suffix names an image format ``draw`` writes; ``InvalidInput`` naming
+    ``--output`` and those formats otherwise."""
+    formats = image_formats()
+    suffix = output.suffix.removeprefix(".").lower()
+    if suffix not in formats:
+        given = f"format {suffix!r}" if suffix else "no format (no suffix)"
+        raise InvalidInput(
+            f"{str(output)!r} has {given}; supported: {', '.join(sorted(formats))}",
+            field="--output",
+        )
+    return output
+
+
 def plot(
     ctx: typer.Context,
     job_id: Annotated[str, typer.Argument(help="The job id.")],
@@ -69,6 +99,8 @@ def plot(
     ] = Path("energy.png"),
 ) -> None:
     """Energy and temperature against step (from PostgreSQL), drawn to an image file."""
+    job_id = job_id_argument(job_id)
+    check_output(output)
     options = ctx.obj
     if not isinstance(options, GlobalOptions):
         raise typer.BadParameter("internal: global options missing")

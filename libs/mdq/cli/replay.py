@@ -1,10 +1,11 @@
 """``mdq replay``: a job's whole history straight from the JetStream log, and rebuilding the
 PostgreSQL projection from the log into a fresh database.
 
-``mdq replay JOB`` reads the job's subjects of the JOBS and PROGRESS streams with ordered
-consumers (not PostgreSQL: the log is the source of truth), folds them with the same state
-machine as the services (``JobView.apply``) and prints one line per event with the state it
-led to; events the state machine ignores (a stale attempt, a terminal job) are marked.
+``mdq replay JOB`` reads the job's subjects of the JOBS and PROGRESS streams (a tenant's: of
+its own stream) with ordered consumers, deleted once read (not PostgreSQL: the log is the
+source of truth), folds them with the same state machine as the services (``JobView.apply``)
+and prints one line per event with the state it led to; events the state machine ignores (a
+stale attempt, a terminal job) are marked.
 
 ``mdq replay --rebuild`` runs the watcher's projection (``mdq.store.projection.Projector``) on
 both streams from their first message into a fresh database, until it holds everything the
@@ -29,18 +30,19 @@ from typing import Annotated
 import asyncpg
 import typer
 from nats.js import JetStreamContext
-from nats.js.api import DeliverPolicy
 from rich.console import Console
 from rich.table import Table
 
 from mdq.bus.codec import decode_event, to_dict
 from mdq.bus.connect import connect
 from mdq.bus.subjects import Subjects
+from mdq.cli.args import job_id_argument
 from mdq.cli.context import Endpoints, GlobalOptions, resolve_endpoints
 from mdq.cli.live import state_text
 from mdq.contracts import pb
 from mdq.core.state import JobView, event_time
 from mdq.sdk.client import tenant_of_creds
+from mdq.sdk.consumers import read_stored
 from mdq.store.engine import asyncpg_dsn, create_writer_pool
 from mdq.store.migrate import upgrade_async
 from mdq.store.projection import BATCH_SIZE, JOBS_CONSUMER, PROGRESS_CONSUMER, Projector
@@ -87,28 +89,21 @@ class ReplayLine:
     attempt: int
 
 
-async def read_subject(js: JetStreamContext, stream: str, subject: str) -> list[LoggedEvent]:
-    """Every message stored on ``subject`` now, in stream order (an ordered consumer)."""
-    subscription = await js.subscribe(
-        subject, stream=stream, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL
-    )
+async def read_subjects(
+    js: JetStreamContext, stream: str, subjects: Sequence[str]
+) -> list[LoggedEvent]:
+    """Every message stored on ``subjects`` of ``stream`` now, in stream order (one ordered
+    consumer, deleted before it returns)."""
     logged: list[LoggedEvent] = []
-    try:
-        info = await subscription.consumer_info()
-        delivered = info.delivered.consumer_seq if info.delivered else 0
-        total = (info.num_pending or 0) + (delivered or 0)
-        while len(logged) < total:
-            message = await subscription.next_msg(timeout=5.0)
-            with contextlib.suppress(Exception):
-                logged.append(
-                    LoggedEvent(
-                        stream=stream,
-                        sequence=message.metadata.sequence.stream,
-                        event=decode_event(message.data),
-                    )
+    for message in await read_stored(js, stream, subjects):
+        with contextlib.suppress(Exception):
+            logged.append(
+                LoggedEvent(
+                    stream=stream,
+                    sequence=message.metadata.sequence.stream,
+                    event=decode_event(message.data),
                 )
-    finally:
-        await subscription.unsubscribe()
+            )
     return logged
 
 
@@ -116,14 +111,19 @@ async def read_job_log(
     js: JetStreamContext, subjects: Subjects, job_id: str, *, tenant: str = ""
 ) -> list[LoggedEvent]:
     """The job's lifecycle and progress events, merged in the order they happened (as
-    ``tenant``: from its own stream, the only one it may read)."""
+    ``tenant``: from its own stream, the only one it may read, through one consumer; the
+    operator's: one on each of the jobs and progress streams)."""
     jobs = subjects.tenant_stream(tenant) if tenant else subjects.jobs_stream
     progress_stream = subjects.tenant_stream(tenant) if tenant else subjects.progress_stream
-    lifecycle, progress = await asyncio.gather(
-        read_subject(js, jobs, subjects.job_all(job_id)),
-        read_subject(js, progress_stream, subjects.progress(job_id)),
-    )
-    return sorted(lifecycle + progress, key=lambda item: (item.at, item.stream, item.sequence))
+    if jobs == progress_stream:
+        both = await read_subjects(js, jobs, [subjects.job_all(job_id), subjects.progress(job_id)])
+    else:
+        lifecycle, progress = await asyncio.gather(
+            read_subjects(js, jobs, [subjects.job_all(job_id)]),
+            read_subjects(js, progress_stream, [subjects.progress(job_id)]),
+        )
+        both = lifecycle + progress
+    return sorted(both, key=lambda item: (item.at, item.stream, item.sequence))
 
 
 def fold(logged: Sequence[LoggedEvent]) -> list[ReplayLine]:
@@ -424,6 +424,7 @@ def replay(
     if rebuild_flag:
         code = asyncio.run(_rebuild(endpoints, into, check, batch_size))
     elif job_id:
+        job_id = job_id_argument(job_id)
         code = asyncio.run(_replay_job(endpoints, job_id, max(1, progress_every)))
     else:
         _console(stderr=True).print("[red]give a JOB to replay, or --rebuild[/]")

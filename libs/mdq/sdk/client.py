@@ -38,7 +38,6 @@ from nats.js.errors import NotFoundError
 from mdq.bus.codec import decode_event, encode
 from mdq.bus.connect import CREDS_ENV, connect, identity_of_creds
 from mdq.bus.inputs import InputsError, Uploaded, upload
-from mdq.bus.log import IDLE_HEARTBEAT_S
 from mdq.bus.requests import is_stream_full
 from mdq.bus.security.permissions import tenant_of_identity
 from mdq.bus.subjects import Subjects
@@ -48,6 +47,12 @@ from mdq.core.ids import job_id as make_job_id
 from mdq.core.ids import request_id_for_key, request_id_for_sequence, request_id_of
 from mdq.core.state import JobBook, JobState, JobView
 from mdq.errors import InvalidInput, MdqError, PermissionDenied, Unavailable
+from mdq.sdk.consumers import (
+    CONSUMER_IDLE_S,
+    DELETE_WITHIN_S,
+    consumer_refusal,
+    ordered_consumer,
+)
 from mdq.sdk.inputs import LocalInput, resolve_inputs
 
 SubmitInput = pb.SubmitRequest | Sequence[pb.JobSpec]
@@ -117,8 +122,8 @@ class JobUpdate:
     view: JobView | None
     """None until the job's ``submitted`` event has been seen."""
     caught_up: bool = True
-    """Whether the job's history has been read up to now with this event (an older state
-    is not the job's state now)."""
+    """Whether the lifecycle history of every watched job has been read up to now with this
+    event (before, a view may be older than the job's state now)."""
 
     @property
     def kind(self) -> str:
@@ -360,27 +365,40 @@ class MdqClient:
     @contextlib.asynccontextmanager
     async def _ordered(
         self, targets: Iterable[tuple[str, str]], *, deliver_policy: DeliverPolicy
-    ) -> AsyncIterator[asyncio.Queue[Msg]]:
-        """Ordered consumers on (stream, subject) pairs, all delivering into one queue."""
-        queue: asyncio.Queue[Msg] = asyncio.Queue()
-        subscriptions = []
-        try:
-            for stream, subject in targets:
-                subscriptions.append(
-                    await self._js.subscribe(
-                        subject,
-                        stream=stream,
-                        cb=queue.put,
-                        ordered_consumer=True,
-                        idle_heartbeat=IDLE_HEARTBEAT_S,  # deaf for ~2 s at most
-                        deliver_policy=deliver_policy,
+    ) -> AsyncIterator[asyncio.Queue[tuple[str, Msg]]]:
+        """One ordered consumer per stream of the (stream, subject) pairs, all delivering
+        (stream, message) into one queue; each is deleted on the way out (``mdq.sdk.consumers``).
+        """
+        by_stream: dict[str, list[str]] = {}
+        for stream, subject in targets:
+            listed = by_stream.setdefault(stream, [])
+            if subject not in listed:
+                listed.append(subject)
+        queue: asyncio.Queue[tuple[str, Msg]] = asyncio.Queue()
+        async with contextlib.AsyncExitStack() as consumers:
+            for stream, subjects in by_stream.items():
+
+                async def deliver(message: Msg, stream: str = stream) -> None:
+                    await queue.put((stream, message))
+
+                await consumers.enter_async_context(
+                    ordered_consumer(
+                        self._js, stream, subjects, cb=deliver, deliver_policy=deliver_policy
                     )
                 )
             yield queue
-        finally:
-            for subscription in subscriptions:
-                with contextlib.suppress(Exception):
-                    await subscription.unsubscribe()
+
+    async def missing_jobs(self, job_ids: Sequence[str]) -> list[str]:
+        """Those of ``job_ids`` whose ``submitted`` event is not in the log this client may
+        read (a job that does not exist, another tenant's, or one whose submit intake has not
+        handled yet)."""
+        missing = []
+        for job in dict.fromkeys(job_ids):
+            try:
+                await self._js.get_last_msg(self._jobs_stream, self._subjects.job(job, "submitted"))
+            except NotFoundError:
+                missing.append(job)
+        return missing
 
     async def watch(
         self,
@@ -392,16 +410,18 @@ class MdqClient:
         """Every event of the given jobs from the start of their history, then live, until
         every job is terminal (plus ``settle_s`` seconds for progress still in flight).
 
-        Raises ``SubmitRefused`` if the submit of a job was refused (its job never existed).
-        Use it with ``contextlib.aclosing`` if you may stop early.
+        Reads through one ordered consumer per stream (a tenant's: one in all), deleted when
+        the generator ends. Raises ``SubmitRefused`` if the submit of a job was refused (its job
+        never existed), ``ConsumerRefused`` if the server will not make a consumer. Use it with
+        ``contextlib.aclosing`` if you may stop early.
         """
         ids = list(dict.fromkeys(job_ids))
         if not ids:
             return
         books = {job: JobBook() for job in ids}
-        behind = dict.fromkeys(ids, True)
-        """job -> whether its history is still being read: a job that ended may have been
-        extended since, so it counts as ended only once its history is read up to now."""
+        drained = False
+        """Whether the jobs' lifecycle log has been read up to now: a job that ended may have
+        been extended since, so it counts as ended only once it is."""
         request_ids = {request_id_of(job) for job in ids}
         targets = [(self._jobs_stream, self._subjects.job_all(job)) for job in ids]
         targets += [(self._jobs_stream, self._subjects.rejected(rid)) for rid in request_ids]
@@ -412,38 +432,33 @@ class MdqClient:
         async with self._ordered(targets, deliver_policy=DeliverPolicy.ALL) as queue:
             while True:
                 if settle_until is None:
-                    message = await queue.get()
+                    stream, message = await queue.get()
                 else:
                     remaining = settle_until - loop.time()
                     if remaining <= 0:
                         return
                     try:
                         async with asyncio.timeout(remaining):
-                            message = await queue.get()
+                            stream, message = await queue.get()
                     except TimeoutError:
                         return
+                if stream == self._jobs_stream:
+                    drained = _pending(message) == 0
                 try:
                     event = decode_event(message.data)
                 except DecodeError:
-                    continue
-                if event.WhichOneof("body") == "rejected":
+                    event = None
+                if event is not None and event.WhichOneof("body") == "rejected":
                     await self._raise_if_refused(event, ids, books)
-                    continue
-                book = books.get(event.job_id)
-                if book is None:
-                    continue
-                book.apply(0, event)
-                if event.WhichOneof("body") != "progress":
-                    behind[event.job_id] = _pending(message) > 0
-                yield JobUpdate(
-                    job_id=event.job_id,
-                    event=event,
-                    view=book.jobs.get(event.job_id),
-                    caught_up=not behind[event.job_id],
-                )
-                if settle_until is None and all(
-                    not behind[job] and _terminal(books[job], job) for job in ids
-                ):
+                elif event is not None and (book := books.get(event.job_id)) is not None:
+                    book.apply(0, event)
+                    yield JobUpdate(
+                        job_id=event.job_id,
+                        event=event,
+                        view=book.jobs.get(event.job_id),
+                        caught_up=drained,
+                    )
+                if settle_until is None and drained and all(_terminal(books[j], j) for j in ids):
                     if not include_progress:
                         return
                     settle_until = loop.time() + settle_s
@@ -638,10 +653,9 @@ class MdqClient:
                         if update.view is None:
                             continue
                         views[update.job_id] = update.view
-                        if update.caught_up and in_effect(update.job_id, update.view):
-                            done.add(update.job_id)
-                        else:
-                            done.discard(update.job_id)
+                        if not update.caught_up:
+                            continue  # a view may be older than its job's state now
+                        done = {job for job, view in views.items() if in_effect(job, view)}
                         if done >= changed.keys():
                             return views
         except TimeoutError:
@@ -659,21 +673,26 @@ class MdqClient:
     # -- nodes -----------------------------------------------------------------------------
     async def node_loads(self, *, fetch_timeout_s: float = 5.0) -> dict[str, pb.Event]:
         """The latest ``node_load`` event of every node, by node name (an ephemeral pull
-        consumer). ``OperatorOnly`` for a tenant: which nodes run what is the operator's."""
+        consumer, deleted before it returns). ``OperatorOnly`` for a tenant: which nodes run
+        what is the operator's."""
         if self._tenant:
             raise OperatorOnly(
                 f"the nodes' load is the operator's to read; tenant {self._tenant}'s "
                 "credentials may not (docs/security.md, Tenants)"
             )
-        subscription = await self._js.pull_subscribe(
-            self._subjects.node_load("*"),
-            stream=self._subjects.nodes_stream,
-            config=ConsumerConfig(
-                deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
-                ack_policy=AckPolicy.NONE,
-                inactive_threshold=30.0,
-            ),
-        )
+        stream = self._subjects.nodes_stream
+        try:
+            subscription = await self._js.pull_subscribe(
+                self._subjects.node_load("*"),
+                stream=stream,
+                config=ConsumerConfig(
+                    deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+                    ack_policy=AckPolicy.NONE,
+                    inactive_threshold=CONSUMER_IDLE_S,
+                ),
+            )
+        except (nats.js.errors.APIError, nats.errors.TimeoutError) as error:
+            raise consumer_refusal(stream, error) from error
         loads: dict[str, pb.Event] = {}
         try:
             pending = (await subscription.consumer_info()).num_pending or 0
@@ -690,6 +709,9 @@ class MdqClient:
         finally:
             with contextlib.suppress(Exception):
                 await subscription.unsubscribe()
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(DELETE_WITHIN_S):
+                    await self._js.delete_consumer(stream, subscription._consumer)
         return dict(sorted(loads.items()))
 
 
