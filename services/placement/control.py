@@ -246,12 +246,20 @@ class ControlDesk:
                 self._decide_once(request, tenant, control_id, mark)
             )
             self._deciding[control_id] = deciding
-            deciding.add_done_callback(lambda _: self._deciding.pop(control_id, None))
+            deciding.add_done_callback(lambda task: self._decided(control_id, task))
         decided_mark, reply = await asyncio.shield(deciding)
         if decided_mark != mark:
             self.refused += 1
             return refusal(control_id, _used_for_another(request.control_key))
         return reply
+
+    def _decided(self, control_id: str, task: asyncio.Task[tuple[str, pb.ControlReply]]) -> None:
+        """A decision ended: forgotten here, and its error taken (those who waited for it have
+        it; when none is left, this replica stopped leading and cancelled them, and the
+        request goes unanswered for the client to send again)."""
+        self._deciding.pop(control_id, None)
+        if not task.cancelled():
+            task.exception()
 
     async def _decide_once(
         self, request: pb.ControlRequest, tenant: str, control_id: str, mark: str

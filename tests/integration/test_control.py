@@ -5,6 +5,7 @@ requester's own jobs only; the log says what happened."""
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -527,3 +528,47 @@ async def test_a_resend_while_its_request_is_decided_gets_the_same_answer(
     assert len(decided) == 1
     again = await desk.handle(request.SerializeToString(), subjects.api_control)
     assert again == answers[0] and len(decided) == 1  # recorded: not decided again
+
+
+async def test_a_decision_cut_short_by_lost_leadership_leaves_no_error_unseen(
+    nc: Client, subjects: Subjects
+) -> None:
+    """The replica stops leading while it decides: the waiting answer is cancelled (its desk
+    closes) and the decision ends in ``NotLeader``; the request goes unanswered for the client
+    to send again, and no "exception was never retrieved" is left for asyncio to log."""
+    from services.placement.control import ControlDesk, ControlRegistry, NotLeader
+
+    release = asyncio.Event()
+    deciding = asyncio.Event()
+
+    async def decide(request: pb.ControlRequest, tenant: str, control_id: str) -> pb.ControlReply:
+        deciding.set()
+        await release.wait()
+        raise NotLeader("this placement replica does not lead")
+
+    loop = asyncio.get_running_loop()
+    unseen: list[str] = []
+    loop.set_exception_handler(lambda _, context: unseen.append(str(context.get("message"))))
+    try:
+        desk = ControlDesk(
+            nc=nc,
+            subjects=subjects,
+            registry=ControlRegistry(nc.jetstream(), subjects),
+            decide=decide,
+            allow_high=lambda tenant: True,
+        )
+        request = pb.ControlRequest(control_key="cut", verb=pb.CONTROL_CANCEL, labels={"a": "b"})
+        answer = asyncio.create_task(desk.handle(request.SerializeToString(), subjects.api_control))
+        await asyncio.wait_for(deciding.wait(), timeout=10)
+        answer.cancel()  # the desk closes: leadership lost
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await answer
+        for _ in range(20):  # the decision ends, and nothing refers to it any more
+            await asyncio.sleep(0.01)
+        del answer
+        gc.collect()
+        await asyncio.sleep(0)
+    finally:
+        loop.set_exception_handler(None)
+    assert not [line for line in unseen if "never retrieved" in line], unseen

@@ -267,10 +267,12 @@ async def test_cordoned_and_silent_nodes_are_not_chosen_and_explained(
         detail="silent:old",
     )
     await bus.publish_all([cordoned, silent, node_load("good"), node_load("down", ready=False)])
-    await bus.publish(submitted("rp5-a"))
+    await bus.publish(submitted("dddddddddd05-a"))
     async with running(make_placement(js, subjects).run()):
-        await wait_for_events(js, subjects, "bound", "rp5-a", count=1, what="rp5-a bound")
-    decision = (await events_of(js, subjects, "bound", "rp5-a"))[0].bound
+        await wait_for_events(
+            js, subjects, "bound", "dddddddddd05-a", count=1, what="dddddddddd05-a bound"
+        )
+    decision = (await events_of(js, subjects, "bound", "dddddddddd05-a"))[0].bound
     assert decision.node == "good"
     reasons = {c.node: c.filtered for c in decision.candidates}
     assert reasons == {
@@ -285,7 +287,7 @@ async def test_cordoned_and_silent_nodes_are_not_chosen_and_explained(
         "load report too old": 1,
         "not ready": 1,
     }
-    output = await _explain(nats_url, subjects, "rp5-a")
+    output = await _explain(nats_url, subjects, "dddddddddd05-a")
     assert "bound to good" in output
     assert "filtered: cordoned" in output and "filtered: load report too old" in output
 
@@ -336,8 +338,8 @@ async def test_a_waiting_job_is_explained_node_by_node_and_by_what_it_waits_for(
     for load in loads:
         load.node_load.cordoned = True
     await bus.publish_all(loads)
-    await bus.publish(submitted("rp9-first"))
-    await bus.publish(submitted("rp9-then", depends_on=("rp9-first",)))
+    await bus.publish(submitted("dddddddddd09-first"))
+    await bus.publish(submitted("dddddddddd09-then", depends_on=("dddddddddd09-first",)))
     placement = make_placement(js, subjects, explain_waiting_interval_s=0.2)
     async with running(placement.run()):
         kv = None
@@ -346,16 +348,16 @@ async def test_a_waiting_job_is_explained_node_by_node_and_by_what_it_waits_for(
             nonlocal kv
             try:
                 kv = kv or await js.key_value(subjects.waiting_bucket)
-                entry = await kv.get("rp9-first")
+                entry = await kv.get("dddddddddd09-first")
             except Exception:
                 return False
             return b"2 cordoned" in (entry.value or b"")
 
-        await wait_for(explained, what="placement to explain why rp9-first waits")
-        waiting = await _explain(nats_url, subjects, "rp9-first")
-        chained = await _explain(nats_url, subjects, "rp9-then")
-    assert "rp9-first: PENDING, attempt 1" in waiting, waiting
+        await wait_for(explained, what="placement to explain why dddddddddd09-first waits")
+        waiting = await _explain(nats_url, subjects, "dddddddddd09-first")
+        chained = await _explain(nats_url, subjects, "dddddddddd09-then")
+    assert "dddddddddd09-first: PENDING, attempt 1" in waiting, waiting
     assert "0/2 nodes are available: 2 cordoned" in waiting, waiting
     assert waiting.count("filtered: cordoned") == 2, waiting
-    assert "waits for its dependencies to succeed: rp9-first (PENDING)" in chained, chained
-    assert await events_of(js, subjects, "bound", "rp9-first") == []
+    assert "waits for its dependencies to succeed: dddddddddd09-first (PENDING)" in chained, chained
+    assert await events_of(js, subjects, "bound", "dddddddddd09-first") == []

@@ -164,7 +164,7 @@ async def test_replay_reads_the_job_from_the_log_and_folds_it(
     missing = await asyncio.to_thread(
         runner.invoke,
         app,
-        ["--nats-url", nats_url, "--namespace", namespace, "replay", "nosuch-job"],
+        ["--nats-url", nats_url, "--namespace", namespace, "replay", "0123456789ab-nosuch"],
     )
     assert missing.exit_code == 1
 
