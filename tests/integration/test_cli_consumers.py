@@ -16,10 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import nats
@@ -27,18 +24,13 @@ import pytest
 from nats.js.api import ConsumerConfig
 
 from mdq.bus.connect import connect
-from mdq.bus.security.auth import generate
 from mdq.bus.security.permissions import inbox_prefix, tenant_identity
-from mdq.embedded import child_environment, end_process, start_nats
 from mdq.errors import InvalidInput, NotFound, Unavailable
+from tests.integration import test_people_on_the_closed_bus as people
 from tests.integration.test_people_on_the_closed_bus import (
-    NS,
-    REPO,
     SUBJECTS,
     TENANT,
     Closed,
-    _intake_answers,
-    _prepare,
     in_tenant_stream,
     job_file,
     mdq,
@@ -50,26 +42,9 @@ ROUNDS = 20
 TENANT_CONSUMERS = 16
 
 
-@pytest.fixture(scope="module")
-def closed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Closed]:
-    folder = tmp_path_factory.mktemp("closed")
-    generated = generate(folder / "secrets", NS)
-    server = start_nats(folder / "nats", auth=generated.server_block.read_text())
-    bus = Closed(server, generated, folder / "secrets", {})
-    asyncio.run(_prepare(bus))
-    env = child_environment(
-        NATS_URL=server.url, MDQ_NAMESPACE=NS, MDQ_NATS_CREDS=str(generated.creds["intake"])
-    )
-    with (folder / "intake.log").open("wb") as log:
-        intake = subprocess.Popen(
-            [sys.executable, "-m", "services.intake"], env=env, cwd=REPO, stdout=log, stderr=log
-        )
-    try:
-        asyncio.run(_intake_answers(bus))
-        yield bus
-    finally:
-        end_process(intake, timeout=10)
-        server.stop()
+closed = people.closed
+"""The closed bus of ``test_people_on_the_closed_bus`` (a server that authenticates every
+connection, the tenants made, intake running), one for this module too."""
 
 
 async def consumers_on(closed: Closed, stream: str) -> list[str]:

@@ -22,6 +22,7 @@ from mdq.core.control import control_id_for_key
 from mdq.core.spec import normalize_job
 from mdq.sdk.client import ControlRefused, MdqClient
 from services.placement.app import Placement
+from services.placement.control import ControlDesk, ControlRegistry, Decide
 from tests.helpers import (
     RecordingBackend,
     event,
@@ -488,14 +489,23 @@ def test_the_cli_says_when_nobody_answers(nats_url: str, namespace: str) -> None
     assert result.exit_code == 3 and "is placement running?" in result.stderr
 
 
+def desk_deciding(nc: Client, subjects: Subjects, decide: Decide) -> ControlDesk:
+    """Placement's control entrance deciding with ``decide``, as the leader's would."""
+    return ControlDesk(
+        nc=nc,
+        subjects=subjects,
+        registry=ControlRegistry(nc.jetstream(), subjects),
+        decide=decide,
+        allow_high=lambda tenant: True,
+    )
+
+
 async def test_a_resend_while_its_request_is_decided_gets_the_same_answer(
     nc: Client, subjects: Subjects
 ) -> None:
     """A big selector takes seconds: a client that stopped waiting and sent the request again
     (the same key) waits for the decision under way, which is made once; other content under
     the key is refused."""
-    from services.placement.control import ControlDesk, ControlRegistry
-
     release = asyncio.Event()
     decided: list[str] = []
 
@@ -504,13 +514,7 @@ async def test_a_resend_while_its_request_is_decided_gets_the_same_answer(
         await release.wait()
         return pb.ControlReply(control_id=control_id, matched=7)
 
-    desk = ControlDesk(
-        nc=nc,
-        subjects=subjects,
-        registry=ControlRegistry(nc.jetstream(), subjects),
-        decide=decide,
-        allow_high=lambda tenant: True,
-    )
+    desk = desk_deciding(nc, subjects, decide)
     request = pb.ControlRequest(control_key="slow", verb=pb.CONTROL_CANCEL, labels={"a": "b"})
     other = pb.ControlRequest(control_key="slow", verb=pb.CONTROL_HOLD, labels={"a": "b"})
     first = asyncio.create_task(desk.handle(request.SerializeToString(), subjects.api_control))
@@ -536,7 +540,7 @@ async def test_a_decision_cut_short_by_lost_leadership_leaves_no_error_unseen(
     """The replica stops leading while it decides: the waiting answer is cancelled (its desk
     closes) and the decision ends in ``NotLeader``; the request goes unanswered for the client
     to send again, and no "exception was never retrieved" is left for asyncio to log."""
-    from services.placement.control import ControlDesk, ControlRegistry, NotLeader
+    from services.placement.control import NotLeader
 
     release = asyncio.Event()
     deciding = asyncio.Event()
@@ -550,13 +554,7 @@ async def test_a_decision_cut_short_by_lost_leadership_leaves_no_error_unseen(
     unseen: list[str] = []
     loop.set_exception_handler(lambda _, context: unseen.append(str(context.get("message"))))
     try:
-        desk = ControlDesk(
-            nc=nc,
-            subjects=subjects,
-            registry=ControlRegistry(nc.jetstream(), subjects),
-            decide=decide,
-            allow_high=lambda tenant: True,
-        )
+        desk = desk_deciding(nc, subjects, decide)
         request = pb.ControlRequest(control_key="cut", verb=pb.CONTROL_CANCEL, labels={"a": "b"})
         answer = asyncio.create_task(desk.handle(request.SerializeToString(), subjects.api_control))
         await asyncio.wait_for(deciding.wait(), timeout=10)

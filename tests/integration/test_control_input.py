@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -20,16 +18,14 @@ from mdq.bus.subjects import Subjects
 from mdq.contracts import pb
 from mdq.core.control import MAX_JOB_IDS
 from mdq.core.spec import normalize_job
-from services.placement.app import Placement
 from tests.helpers import (
     RecordingBackend,
     event,
     node_load,
-    placement_of,
     read_all,
-    running,
     wait_for,
 )
+from tests.integration.test_control import placement_running
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -40,20 +36,6 @@ def job(job_id: str, *, cpu: float = 1) -> pb.Event:
     spec.resources.cpu, spec.resources.memory_mb = cpu, 512
     body = pb.JobSubmitted(spec=normalize_job(spec, "jobs[0]"), request_id=request_id)
     return event("submitted", body, job=job_id, attempt=0)
-
-
-@asynccontextmanager
-async def placement_running(
-    nc: Client, subjects: Subjects, backend: RecordingBackend
-) -> AsyncIterator[Placement]:
-    placement = placement_of(nc.jetstream(), subjects, backend, nc=nc)
-    async with running(placement.run()):
-
-        async def answering() -> bool:
-            return placement.controls is not None and placement.controls.open
-
-        await wait_for(answering, what="the control entrance open")
-        yield placement
 
 
 async def ask(
