@@ -39,6 +39,7 @@ from mdq.store.roles import (
     drop_tenant,
     provision_tenant,
     role_url,
+    tenant_role_exists,
     url_user,
 )
 from mdq.store.stack_database import (
@@ -251,9 +252,12 @@ async def add_tenant_database(
     return TenantDatabase(role=role, url=url, password_file=path)
 
 
-async def remove_tenant_database(tenant: str, *, admin: DatabaseAdmin, state_dir: Path) -> str:
+async def remove_tenant_database(
+    tenant: str, *, admin: DatabaseAdmin, state_dir: Path
+) -> str | None:
     """Drop ``tenant``'s PostgreSQL login (its jobs' history stays) and the password file kept
-    for it under ``state_dir``; the role's name."""
+    for it under ``state_dir``; the role's name, or None when there was no such login."""
+    existed = await tenant_role_exists(admin.url, admin.names, tenant)
     role = await drop_tenant(admin.url, admin.names, tenant)
     tenant_password_file(state_dir, tenant).unlink(missing_ok=True)
-    return role
+    return role if existed else None

@@ -185,6 +185,7 @@ async def test_mdq_tenant_rm_on_the_embedded_stack_takes_effect_at_once(
     """On `mdq up`'s own NATS, `mdq tenant rm` has the server reload (its configuration
     includes nats-auth.conf): the tenant's file is refused with no restart."""
     from mdq.bus.security.auth import nats_secrets_dir
+    from mdq.errors import NotFound
     from mdq.stack import Stack
 
     monkeypatch.delenv("NATS_URL", raising=False)
@@ -209,6 +210,13 @@ async def test_mdq_tenant_rm_on_the_embedded_stack_takes_effect_at_once(
         )
         assert removed.exit_code == 0, removed.output
         assert "1 key(s) revoked" in removed.output and "reloaded" in removed.output
+        for gone in ("lab", "nosuch"):  # removed already, or never there: nothing to remove
+            again = await asyncio.to_thread(
+                runner.invoke, cli, [*base, "tenant", "rm", gone], env=env
+            )
+            assert again.exit_code == NotFound.exit_code, again.output
+            assert f"no tenant {gone}: nothing to remove" in again.output
+            assert "dropped" not in again.output
 
         async def refused() -> bool:
             return not await connects(given, info.nats_url)

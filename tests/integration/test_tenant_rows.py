@@ -49,6 +49,7 @@ from mdq.store.roles import (
     grant,
     provision_tenant,
     role_url,
+    tenant_role_exists,
 )
 from mdq.tenancy import (
     DatabaseAdmin,
@@ -401,7 +402,9 @@ async def test_a_removed_tenant_can_no_longer_log_in_and_no_other_role_is_droppe
     names = installation.names
     session = await asyncpg.connect(installation.tenants["alice"])  # open while she is removed
     try:
+        assert await tenant_role_exists(installation.admin, names, "alice")
         role = await drop_tenant(installation.admin, names, "alice")
+        assert not await tenant_role_exists(installation.admin, names, "alice")
         with pytest.raises((asyncpg.PostgresError, asyncpg.InterfaceError)):  # session ended
             await session.fetch("SELECT 1")
     finally:

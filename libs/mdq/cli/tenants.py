@@ -22,6 +22,7 @@ from mdq.core.tenants import (
     TenantPolicy,
     validate_tenant_name,
 )
+from mdq.errors import NotFound
 from mdq.stack import reload_embedded_nats
 from mdq.store.roles import ENV_ADMIN_PASSWORD, ENV_ADMIN_URL
 from mdq.tenancy import (
@@ -196,10 +197,11 @@ def add(
 
 def _database_removal(
     name: str, endpoints: Endpoints, state_dir: Path, admin_url: str | None
-) -> bool:
-    """The PostgreSQL part of ``rm``, reported on the console; False when it failed."""
+) -> bool | None:
+    """The PostgreSQL part of ``rm``, reported on the console: True when a login was dropped,
+    None when there was none (or no administrator to ask), False when it failed."""
     if (admin := _database_admin_or_say(endpoints, state_dir, admin_url)) is None:
-        return True
+        return None
     try:
         role = asyncio.run(remove_tenant_database(name, admin=admin, state_dir=state_dir))
     except Exception as error:  # reported: the NATS part is done, and rm may run again
@@ -209,6 +211,9 @@ def _database_removal(
             "answers[/]"
         )
         return False
+    if role is None:
+        console.print(f"  PostgreSQL: no login of {name}", highlight=False)
+        return None
     console.print(f"  PostgreSQL: role {role} dropped (its jobs' history stays)", highlight=False)
     return True
 
@@ -255,8 +260,12 @@ def remove(
             "`nats-server --signal reload`, a rollout of the NATS pods, or restarting `mdq up`",
             highlight=False,
         )
-    if not _database_removal(name, endpoints, options.state_dir, database_admin_url):
+    database = _database_removal(name, endpoints, options.state_dir, database_admin_url)
+    if database is False:
         raise typer.Exit(1)
+    if database is None and not (keys or removed.stream_deleted or removed.policy_deleted):
+        err_console.print(f"no tenant {name}: nothing to remove", highlight=False)
+        raise typer.Exit(NotFound.exit_code)
 
 
 @app.command("ls")

@@ -436,6 +436,20 @@ async def drop_tenant(admin_url: str, names: RoleNames, tenant: str) -> str:
     return names.tenant(tenant)
 
 
+async def tenant_role_exists(admin_url: str, names: RoleNames, tenant: str) -> bool:
+    """Whether ``tenant``'s login role exists (read as the administrator)."""
+    import asyncpg
+
+    from mdq.store.engine import asyncpg_dsn
+
+    connection = await asyncpg.connect(asyncpg_dsn(admin_url))
+    try:
+        role = names.tenant(tenant)
+        return bool(await connection.fetchval("SELECT 1 FROM pg_roles WHERE rolname = $1", role))
+    finally:
+        await connection.close()
+
+
 async def _run_in_transaction(url: str, statements: Sequence[str]) -> None:
     import asyncpg
 
