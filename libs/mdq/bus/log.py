@@ -149,37 +149,3 @@ async def _feed(message: Msg, sequence: int, on_event: EventHandler) -> None:
         log.warning("skipped event #%d: %s", sequence, reason)
         return
     await on_event(sequence, event)
-
-
-async def read_history(
-    js: JetStreamContext, subject: str, *, timeout_s: float = 10.0
-) -> list[tuple[int, pb.Event]]:
-    """Every event stored on ``subject`` now, with its stream sequence, in order (one job's
-    history, say: ``Subjects.job_all(job)``); ``TimeoutError`` if it is not read within
-    ``timeout_s``."""
-    events: list[tuple[int, pb.Event]] = []
-    caught_up = asyncio.Event()
-
-    async def on_event(sequence: int, event: pb.Event) -> None:
-        if not caught_up.is_set():
-            events.append((sequence, event))
-
-    async def on_caught_up() -> None:
-        caught_up.set()
-
-    reading = asyncio.create_task(
-        follow_log(js, subject, on_event=on_event, on_caught_up=on_caught_up)
-    )
-    waiting = asyncio.create_task(caught_up.wait())
-    try:
-        async with asyncio.timeout(timeout_s):
-            await asyncio.wait({reading, waiting}, return_when=asyncio.FIRST_COMPLETED)
-        if reading.done():
-            reading.result()  # its error
-    finally:
-        for task in (reading, waiting):
-            task.cancel()
-        for task in (reading, waiting):
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-    return events
