@@ -22,6 +22,7 @@ from mdq.cli.plot import draw
 from mdq.cli.replay import compare, fold, read_job_log, rebuild, table_contents
 from mdq.contracts import pb
 from mdq.core.events import make_event
+from mdq.errors import NotFound
 from mdq.store import queries
 from mdq.store.engine import asyncpg_dsn, create_engine
 from tests.helpers import OwnersPublisher
@@ -161,12 +162,13 @@ async def test_replay_reads_the_job_from_the_log_and_folds_it(
     assert re.search(
         r"step \d+/\d+ +E [-\d,.]+ kJ/mol +T [\d.]+ K +[\d.]+ ns/day", result.output
     ), result.output
-    missing = await asyncio.to_thread(
-        runner.invoke,
-        app,
-        ["--nats-url", nats_url, "--namespace", namespace, "replay", "0123456789ab-nosuch"],
-    )
-    assert missing.exit_code == 1
+    for command in ("replay", "explain"):  # a well-formed id with nothing in the log
+        missing = await asyncio.to_thread(
+            runner.invoke,
+            app,
+            ["--nats-url", nats_url, "--namespace", namespace, command, "0123456789ab-nosuch"],
+        )
+        assert missing.exit_code == NotFound.exit_code, (command, missing.output)
 
 
 async def test_plot_draws_energy_and_temperature(

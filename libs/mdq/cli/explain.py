@@ -35,6 +35,7 @@ from mdq.cli.recommend import recorded_choice
 from mdq.contracts import pb
 from mdq.core.state import JobBook, JobState, JobView
 from mdq.core.timestamps import to_datetime
+from mdq.errors import NotFound
 from mdq.sdk.client import tenant_of_creds
 from mdq.sdk.consumers import read_stored
 
@@ -261,7 +262,7 @@ def explain(
     events = asyncio.run(job_events(endpoints.nats_url, endpoints.namespace, job_id, creds=creds))
     if not events:
         Console(stderr=True).print(f"[red]no job {job_id} in the log[/]")
-        raise typer.Exit(1)
+        raise typer.Exit(NotFound.exit_code)
     book = JobBook()
     for event in events:
         book.apply(0, event)

@@ -41,6 +41,7 @@ from mdq.cli.context import Endpoints, GlobalOptions, resolve_endpoints
 from mdq.cli.live import state_text
 from mdq.contracts import pb
 from mdq.core.state import JobView, event_time
+from mdq.errors import NotFound
 from mdq.sdk.client import tenant_of_creds
 from mdq.sdk.consumers import read_stored
 from mdq.store.engine import asyncpg_dsn, create_writer_pool
@@ -355,7 +356,7 @@ async def _replay_job(endpoints: Endpoints, job_id: str, progress_every: int) ->
         await nc.drain()
     if not logged:
         _console(stderr=True).print(f"[red]no events of job {job_id} in the log[/]")
-        return 1
+        return NotFound.exit_code
     _console().print(timeline_table(job_id, fold(logged), progress_every=progress_every))
     return 0
 
