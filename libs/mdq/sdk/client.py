@@ -49,9 +49,9 @@ from mdq.core.state import JobBook, JobState, JobView
 from mdq.errors import InvalidInput, MdqError, PermissionDenied, Unavailable
 from mdq.sdk.consumers import (
     CONSUMER_IDLE_S,
-    DELETE_WITHIN_S,
     consumer_refusal,
     ordered_consumer,
+    remove_consumer,
 )
 from mdq.sdk.inputs import LocalInput, resolve_inputs
 
@@ -707,11 +707,7 @@ class MdqClient:
                     if event.WhichOneof("body") == "node_load":
                         loads[event.node_load.node] = event
         finally:
-            with contextlib.suppress(Exception):
-                await subscription.unsubscribe()
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(DELETE_WITHIN_S):
-                    await self._js.delete_consumer(stream, subscription._consumer)
+            await remove_consumer(self._js, stream, subscription)
         return dict(sorted(loads.items()))
 
 

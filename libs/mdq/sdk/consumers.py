@@ -56,8 +56,10 @@ def consumer_refusal(stream: str, error: Exception) -> ConsumerRefused:
     return ConsumerRefused(f"{stream} did not make a consumer: {error!r}")
 
 
-async def _delete(
-    js: JetStreamContext, stream: str, subscription: JetStreamContext.PushSubscription
+async def remove_consumer(
+    js: JetStreamContext,
+    stream: str,
+    subscription: JetStreamContext.PushSubscription | JetStreamContext.PullSubscription,
 ) -> None:
     """Stop ``subscription`` and delete its consumer (the current one: an ordered consumer is
     replaced by a fresh one when it falls behind). Nothing raised: what cannot be deleted now
@@ -104,7 +106,7 @@ async def ordered_consumer(
     try:
         yield subscription
     finally:
-        await asyncio.shield(_delete(js, stream, subscription))
+        await asyncio.shield(remove_consumer(js, stream, subscription))
 
 
 async def read_stored(
