@@ -12,10 +12,11 @@ This module imports nothing beyond the standard library, so the probe starts fas
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 HEALTH_FILE_ENV = "MDQ_HEALTH_FILE"
@@ -43,6 +44,17 @@ async def keep_renewing(path: Path, *, every_s: float = RENEW_EVERY_S) -> None:
         except OSError as error:
             log.error("cannot renew the liveness file %s: %s", path, error)
         await asyncio.sleep(every_s)
+
+
+@contextlib.asynccontextmanager
+async def renewed_while(path: Path | None) -> AsyncIterator[None]:
+    """Renew ``path`` (``keep_renewing``) for as long as the block runs; nothing when None."""
+    task = asyncio.create_task(keep_renewing(path), name="health") if path else None
+    try:
+        yield
+    finally:
+        if task is not None:
+            task.cancel()
 
 
 def age_problem(path: Path, max_age_s: float, *, now: float | None = None) -> str:

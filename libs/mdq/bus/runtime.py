@@ -22,7 +22,7 @@ from mdq.bus.log import raise_if_cancelling
 from mdq.bus.outage import warn_try_failed
 from mdq.bus.subjects import Subjects
 from mdq.core.line_budget import LineBudget
-from mdq.health import keep_renewing
+from mdq.health import renewed_while
 from mdq.memory import keep_state_out_of_gc
 from mdq.settings import CommonSettings
 
@@ -258,18 +258,13 @@ def serve(
 
     async def main() -> None:
         service = Service(name)
-        health = service.common.health_file
         # renewed from the start: composing may wait long for a server, which is no fault
-        alive = asyncio.create_task(keep_renewing(health), name="health") if health else None
-        try:
+        async with renewed_while(service.common.health_file):
             try:
                 await compose(service)
             except BaseException:
                 await service.stop()
                 raise
             await service.run()
-        finally:
-            if alive is not None:
-                alive.cancel()
 
     run_service(main)

@@ -19,7 +19,7 @@ from mdq.backends.local.settings import LocalAgentSettings
 from mdq.bus.connect import CREDS_ENV, connect
 from mdq.bus.runtime import LEVEL_FORMAT, configure_logging, run_service
 from mdq.bus.subjects import Subjects
-from mdq.health import keep_renewing
+from mdq.health import renewed_while
 from mdq.settings import CommonSettings
 
 
@@ -64,9 +64,7 @@ async def serve(common: CommonSettings, settings: LocalAgentSettings) -> None:
     """Connect, run the agent, stop it cleanly on SIGTERM/SIGINT (before it is connected,
     ``run_service`` cancels the wait for NATS; afterwards the agent's own stop runs). The
     liveness file (``MDQ_HEALTH_FILE``) is renewed from the start, as a service's is."""
-    health = common.health_file
-    alive = asyncio.create_task(keep_renewing(health), name="health") if health else None
-    try:
+    async with renewed_while(common.health_file):
         nc = await connect(
             common.nats_url, name=f"mdq-local-agent-{'+'.join(settings.names())}", wait=True
         )
@@ -78,9 +76,6 @@ async def serve(common: CommonSettings, settings: LocalAgentSettings) -> None:
             await build(js=nc.jetstream(), common=common, settings=settings).run(stop)
         finally:
             await nc.drain()
-    finally:
-        if alive is not None:
-            alive.cancel()
 
 
 def main() -> None:
