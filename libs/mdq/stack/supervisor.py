@@ -907,14 +907,11 @@ class Stack:
             return False
         if free < STORE_ROOM_BYTES:
             return False
-        pid = self._server_pid(watch.name)
         self._note(f"{watch.name}: the disk under {watch.store} has room again; restarting it")
         watch.store_fault = None
         with contextlib.suppress(OSError):  # what this server said is about this server
             watch.log_offset = watch.log_path.stat().st_size
-        if pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        self._kill_server(watch.name)
         return True
 
     @staticmethod
