@@ -1008,8 +1008,8 @@ class Campaign:
 
     async def freeze(self, wait_s: float) -> bool:
         """SIGSTOP one random service or node agent and leave it stopped: alive but stuck, it
-        renews its liveness file no more, and the stack is to kill and restart it. Not gone
-        within ``wait_s``: resumed, and a problem."""
+        renews its liveness file no more, and the stack is to kill it and start it again, both
+        within ``wait_s``; else a problem (a stopped one still there is resumed)."""
         assert self.stack is not None
         found = stack_processes(self.stack.pid)
         candidates = sorted(
@@ -1033,11 +1033,32 @@ class Campaign:
             with contextlib.suppress(psutil.Error):
                 victim.resume()
             self.report.problems.append(
-                f"the stack did not restart the stopped {kind} (pid {victim.pid}) in {wait_s:g} s"
+                f"the stack did not kill the stopped {kind} (pid {victim.pid}) in {wait_s:g} s"
             )
+            return True
+        gone_after = time.monotonic() - stopped_at
+        left = self.deadline.bound(max(0.0, wait_s - gone_after))
+        if await asyncio.to_thread(self._started_again, kind, victim.pid, left):
+            self.note(f"{kind} pid {victim.pid} killed {gone_after:.1f} s later and started again")
         else:
-            self.note(f"{kind} pid {victim.pid} gone {time.monotonic() - stopped_at:.1f} s later")
+            self.report.problems.append(
+                f"the stack killed the stopped {kind} (pid {victim.pid}) but did not start it "
+                f"again in {wait_s:g} s"
+            )
         return True
+
+    def _started_again(self, kind: str | None, old_pid: int, within_s: float) -> bool:
+        """Whether a process of ``kind`` other than ``old_pid`` runs under the stack within
+        ``within_s`` (blocking: run in a thread)."""
+        assert self.stack is not None
+        deadline = time.monotonic() + within_s
+        while True:
+            running = stack_processes(self.stack.pid).get(kind or "", [])
+            if any(process.pid != old_pid for process in running):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.2)
 
     # -- strikes at the worst moments ------------------------------------------------------
     async def strike_pod_start(self) -> bool:
