@@ -178,6 +178,11 @@ class ControlDesk:
     def open(self) -> bool:
         return bool(self._subscriptions)
 
+    @property
+    def deciding(self) -> int:
+        """Decisions under way here (each ends with an answer, or unanswered)."""
+        return len(self._deciding)
+
     async def open_if(self, leading: bool) -> None:
         """Listen while ``leading``, not otherwise."""
         if leading and not self._subscriptions:

@@ -562,9 +562,12 @@ async def test_a_decision_cut_short_by_lost_leadership_leaves_no_error_unseen(
         release.set()
         with pytest.raises(asyncio.CancelledError):
             await answer
-        for _ in range(20):  # the decision ends, and nothing refers to it any more
-            await asyncio.sleep(0.01)
-        del answer
+
+        async def decision_ended() -> bool:
+            return desk.deciding == 0
+
+        await wait_for(decision_ended, interval=0.01, what="the decision ended")
+        del answer  # and nothing refers to it any more
         gc.collect()
         await asyncio.sleep(0)
     finally:

@@ -193,7 +193,7 @@ async def test_an_attempt_that_failed_is_refused(bus: Bus, agent: Client) -> Non
 
 async def test_an_extended_job_lives_on_in_its_later_attempt(bus: Bus, agent: Client) -> None:
     """A job that succeeded and was extended runs on in attempt 2: its end in attempt 1 does
-    not refuse attempt 2 (which a job's end used to), and attempt 1 stays refused."""
+    not refuse attempt 2, and attempt 1 stays refused."""
     job = "0123456789ab-extended"
     placement = await connect(bus.nats.url, name="p", creds=bus.creds("placement"))
     watcher = await connect(bus.nats.url, name="w", creds=bus.creds("watcher"))
