@@ -28,6 +28,7 @@ import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
+from mdq.bus.log import raise_if_cancelling
 from mdq.bus.outage import warn_try_failed
 from mdq.bus.streams import (
     STREAM_NOT_FOUND,
@@ -145,6 +146,7 @@ class TenantSubmits:
         tenant's rate; again after an error; until the stream is gone."""
         stream = self._subjects.tenant_submit_stream(tenant)
         while True:
+            raise_if_cancelling()  # a stop whose cancel a NATS request dropped ends here
             try:
                 await ensure_tenant_submit_consumer(
                     self._js,
@@ -193,6 +195,7 @@ class TenantSubmits:
         token = False
         idle_since = time.monotonic()
         while True:
+            raise_if_cancelling()
             if not token:
                 wait = self._take_token(tenant)
                 if wait > 0:
