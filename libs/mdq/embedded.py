@@ -154,6 +154,13 @@ JetStream reserves each stream's size limit against it when the stream is made, 
 allocated, so 1 PiB of reservations leaves room for ~40,000 namespaces' limits."""
 
 
+SERVER_PING_INTERVAL_S = 10.0
+"""How often the server pings each client (nats-server's default: every two minutes)."""
+SERVER_PING_MAX = 2
+"""Pings a client may leave unanswered; at the next one the server closes its connection
+(docs/architecture.md, "A connection that goes silent")."""
+
+
 def nats_config(
     *,
     port: int,
@@ -166,6 +173,7 @@ def nats_config(
     max_file_store: int | None = None,
     auth_file: Path | None = None,
     config_dir: Path | None = None,
+    ping_interval_s: float = SERVER_PING_INTERVAL_S,
 ) -> str:
     """The nats-server configuration of the embedded default.
 
@@ -194,6 +202,10 @@ def nats_config(
         # a client's CONNECT line carries its JWT, and a service's permissions make it larger
         # than the server's default limit of 4 KiB (MAX_CONTROL_LINE)
         f"max_control_line: {MAX_CONTROL_LINE}",
+        # a client that stops answering (its host gone without closing anything) is dropped
+        # after SERVER_PING_MAX pings, and with it its share of a queue group's messages
+        f'ping_interval: "{round(ping_interval_s * 1000)}ms"',
+        f"ping_max: {SERVER_PING_MAX}",
     ]
     if server_name:
         lines.append(f"server_name: {json.dumps(server_name)}")

@@ -20,6 +20,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from nats.aio.client import Client
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from mdq.backoff import DEFAULT_BACKOFF, Backoff, keep_trying, redact_url
 from mdq.bus.outage import LOST_CONNECTION, NATS_NOT_READY
@@ -35,6 +37,36 @@ CLIENT_OPTIONS: dict[str, Any] = {
     "reconnect_time_wait": 0.5,  # (nats-py's annotation says int; it sleeps this long)
     "connect_timeout": CONNECT_TIMEOUT_S,
 }
+
+
+class SilenceSettings(BaseSettings):
+    """How soon a connection that went silent is given up: the server's host gone without a
+    word (a crashed node, a pod moved to another address, a dropped NAT entry) closes nothing,
+    and with nats-py's defaults (a ping every 120 s, two unanswered allowed) a client would
+    wait about six minutes on it. A client pings every ``ping_interval_s`` and, with
+    ``max_outstanding_pings`` pings unanswered at the next one, drops the connection and
+    reconnects (docs/architecture.md, "A connection that goes silent"). The server pings its
+    clients the same way (``mdq.embedded.nats_config``, deploy/base/nats.conf)."""
+
+    model_config = SettingsConfigDict(env_prefix="MDQ_NATS_", extra="ignore")
+
+    ping_interval_s: float = Field(
+        default=10.0, gt=0, description="Seconds between two pings to the NATS server."
+    )
+    max_outstanding_pings: int = Field(
+        default=2,
+        ge=1,
+        description="Pings left unanswered after which the connection is given up as silent.",
+    )
+
+    def client_options(self) -> dict[str, Any]:
+        """nats-py's connect options for these settings."""
+        return {
+            "ping_interval": self.ping_interval_s,  # (annotated int; it sleeps this long)
+            "max_outstanding_pings": self.max_outstanding_pings,
+        }
+
+
 DEFAULT_PORTS = {"nats": 4222, "tls": 4222, "ws": 80, "wss": 443}
 
 log = logging.getLogger("mdq.bus")
@@ -122,6 +154,7 @@ async def _connect_once(
                 name=name,
                 error_cb=log_client_error,
                 **CLIENT_OPTIONS,
+                **SilenceSettings().client_options(),
                 **auth_options(creds),
             )
         if subjects is not None:

@@ -1,0 +1,195 @@
+"""A NATS connection that goes silent is given up and replaced, from both ends.
+
+A server's host that vanishes without closing anything (a crashed node, a pod moved to another
+address, a dropped NAT entry) leaves every client waiting on a connection nothing comes through;
+nats-py's defaults would notice after about six minutes, nats-server's after four. A silent
+network is played by a proxy that stops passing bytes on the connections it holds while
+accepting new ones (docs/architecture.md, "A connection that goes silent").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import subprocess
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from mdq.bus.connect import SilenceSettings, connect
+from mdq.embedded import (
+    SERVER_PING_INTERVAL_S,
+    SERVER_PING_MAX,
+    end_process,
+    free_port,
+    nats_config,
+    nats_server_binary,
+    start_nats,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class SilencingProxy:
+    """A TCP proxy to ``port`` on 127.0.0.1 that can go silent: ``silence()`` stops it passing
+    bytes, either way, on every connection it holds then, without closing any; connections
+    made afterwards pass as before."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.listen_port = 0
+        self._open: list[asyncio.Event] = []
+        self._server: asyncio.Server | None = None
+        self._pumps: set[asyncio.Task[None]] = set()
+
+    async def __aenter__(self) -> SilencingProxy:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.listen_port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        if self._server is not None:
+            self._server.close()
+        for pump in list(self._pumps):
+            pump.cancel()
+        await asyncio.gather(*self._pumps, return_exceptions=True)
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.listen_port}"
+
+    def silence(self) -> None:
+        for passing in self._open:
+            passing.clear()
+        self._open = []
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", self.port)
+        passing = asyncio.Event()
+        passing.set()
+        self._open.append(passing)
+        for source, target in ((reader, upstream_writer), (upstream_reader, writer)):
+            pump = asyncio.create_task(self._pump(source, target, passing))
+            self._pumps.add(pump)
+            pump.add_done_callback(self._pumps.discard)
+
+    @staticmethod
+    async def _pump(
+        source: asyncio.StreamReader, target: asyncio.StreamWriter, passing: asyncio.Event
+    ) -> None:
+        try:
+            while data := await source.read(65536):
+                await passing.wait()  # silent: held here for good, the sockets left open
+                target.write(data)
+                await target.drain()
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            target.close()
+
+
+@pytest.fixture
+def open_server(tmp_path: Path) -> Iterator[int]:
+    """A NATS server of the embedded default's configuration, without auth: its port."""
+    server = start_nats(tmp_path / "nats")
+    try:
+        yield server.port
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+async def proxy(open_server: int) -> AsyncIterator[SilencingProxy]:
+    async with SilencingProxy(open_server) as running:
+        yield running
+
+
+async def test_a_client_gives_up_a_silent_connection_and_reconnects(
+    proxy: SilencingProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MDQ_NATS_PING_INTERVAL_S", "0.5")
+    client = await connect(proxy.url, name="silenced")
+    try:
+        await client.request("$JS.API.INFO", b"", timeout=2)
+        proxy.silence()
+        with pytest.raises(TimeoutError):  # nothing passes any more
+            await client.request("$JS.API.INFO", b"", timeout=0.5)
+        # 0.5 s between pings, the third unanswered one gives up: about 1.5 s, far below
+        # nats-py's six minutes
+        deadline = time.monotonic() + 10
+        while client.stats["reconnects"] == 0:
+            assert time.monotonic() < deadline, "the silent connection was never given up"
+            await asyncio.sleep(0.1)
+        answer = await client.request("$JS.API.INFO", b"", timeout=5)
+        assert b'"type":"io.nats.jetstream.api.v1.account_info_response"' in answer.data
+    finally:
+        await client.close()
+
+
+def test_the_client_settings_ping_within_a_minute_by_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("MDQ_NATS_PING_INTERVAL_S", raising=False)
+    monkeypatch.delenv("MDQ_NATS_MAX_OUTSTANDING_PINGS", raising=False)
+    settings = SilenceSettings()
+    assert settings.ping_interval_s * (settings.max_outstanding_pings + 1) <= 60
+
+
+def _read_until_closed(sock: socket.socket, limit_s: float) -> bytes:
+    """Everything the server sends until it closes the connection, never answering it."""
+    sock.settimeout(limit_s)
+    received = b""
+    with contextlib.suppress(TimeoutError):
+        while chunk := sock.recv(4096):
+            received += chunk
+    return received
+
+
+def test_the_server_drops_a_client_that_stops_answering(tmp_path: Path) -> None:
+    port = free_port()
+    store = tmp_path / "nats"
+    store.mkdir()
+    config = store / "nats.conf"
+    config.write_text(nats_config(port=port, store_dir=store, ping_interval_s=0.5))
+    server = subprocess.Popen(
+        [nats_server_binary(), "-c", str(config), "-l", str(store / "nats.log")],
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                sock = socket.create_connection(("127.0.0.1", port), timeout=1)
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "nats-server did not start"
+                time.sleep(0.05)
+        with sock:
+            assert sock.recv(4096).startswith(b"INFO ")
+            # a queue subscriber, then silence: it answers none of the server's pings
+            sock.sendall(b'CONNECT {"verbose":false,"pedantic":false}\r\nSUB work q 1\r\nPING\r\n')
+            started = time.monotonic()
+            received = _read_until_closed(sock, limit_s=15)
+            waited = time.monotonic() - started
+        assert b"Stale Connection" in received, received
+        assert waited < 10, f"the server waited {waited:.1f} s on a silent client"
+    finally:
+        end_process(server, timeout=10)
+
+
+@pytest.mark.parametrize(
+    "path", ["deploy/base/nats.conf", "deploy/overlays/production/nats.conf"], ids=str
+)
+def test_the_deployed_servers_ping_as_the_embedded_one(path: str) -> None:
+    lines = {line.strip() for line in (REPO / path).read_text().splitlines()}
+    assert f'ping_interval: "{SERVER_PING_INTERVAL_S:.0f}s"' in lines
+    assert f"ping_max: {SERVER_PING_MAX}" in lines
+
+
+def test_the_embedded_server_pings_its_clients(tmp_path: Path) -> None:
+    text = nats_config(port=4222, store_dir=tmp_path)
+    assert f'ping_interval: "{round(SERVER_PING_INTERVAL_S * 1000)}ms"' in text.splitlines()
+    assert f"ping_max: {SERVER_PING_MAX}" in text.splitlines()
