@@ -1,4 +1,4 @@
-"""A NATS connection that goes silent is given up and replaced, from both ends.
+"""A connection that goes silent is given up and replaced: NATS's from both ends, PostgreSQL's.
 
 A server's host that vanishes without closing anything (a crashed node, a pod moved to another
 address, a dropped NAT entry) leaves every client waiting on a connection nothing comes through;
@@ -14,10 +14,12 @@ import contextlib
 import socket
 import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from sqlalchemy import text
 
 from mdq.bus.connect import SilenceSettings, connect
 from mdq.embedded import (
@@ -29,17 +31,26 @@ from mdq.embedded import (
     nats_server_binary,
     start_nats,
 )
+from mdq.store.engine import create_engine
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-class SilencingProxy:
-    """A TCP proxy to ``port`` on 127.0.0.1 that can go silent: ``silence()`` stops it passing
-    bytes, either way, on every connection it holds then, without closing any; connections
-    made afterwards pass as before."""
+Upstream = Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
+"""Opens one connection to the proxied server."""
 
-    def __init__(self, port: int) -> None:
-        self.port = port
+
+def tcp_upstream(port: int) -> Upstream:
+    return lambda: asyncio.open_connection("127.0.0.1", port)
+
+
+class SilencingProxy:
+    """A TCP proxy on 127.0.0.1 to a server (``upstream``) that can go silent: ``silence()``
+    stops it passing bytes, either way, on every connection it holds then, without closing
+    any; connections made afterwards pass as before."""
+
+    def __init__(self, upstream: Upstream) -> None:
+        self.upstream = upstream
         self.listen_port = 0
         self._open: list[asyncio.Event] = []
         self._server: asyncio.Server | None = None
@@ -67,7 +78,7 @@ class SilencingProxy:
         self._open = []
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", self.port)
+        upstream_reader, upstream_writer = await self.upstream()
         passing = asyncio.Event()
         passing.set()
         self._open.append(passing)
@@ -103,7 +114,7 @@ def open_server(tmp_path: Path) -> Iterator[int]:
 
 @pytest.fixture
 async def proxy(open_server: int) -> AsyncIterator[SilencingProxy]:
-    async with SilencingProxy(open_server) as running:
+    async with SilencingProxy(tcp_upstream(open_server)) as running:
         yield running
 
 
@@ -193,3 +204,38 @@ def test_the_embedded_server_pings_its_clients(tmp_path: Path) -> None:
     text = nats_config(port=4222, store_dir=tmp_path)
     assert f'ping_interval: "{round(SERVER_PING_INTERVAL_S * 1000)}ms"' in text.splitlines()
     assert f"ping_max: {SERVER_PING_MAX}" in text.splitlines()
+
+
+def database_upstream(url: str) -> Upstream:
+    """How to reach the server of a PostgreSQL ``url``: its unix socket, or host and port."""
+    split = urlsplit(url)
+    socket_folder = parse_qs(split.query).get("host", [""])[0]
+    port = split.port or 5432
+    if socket_folder:
+        path = f"{socket_folder}/.s.PGSQL.{port}"
+        return lambda: asyncio.open_unix_connection(path)
+    host = split.hostname or "127.0.0.1"
+    return lambda: asyncio.open_connection(host, port)
+
+
+async def test_a_silent_database_connection_is_given_up_and_replaced(database_url: str) -> None:
+    split = urlsplit(database_url)
+    credentials = split.netloc.rsplit("@", 1)[0] + "@" if "@" in split.netloc else ""
+    async with SilencingProxy(database_upstream(database_url)) as proxy:
+        through = f"postgresql://{credentials}127.0.0.1:{proxy.listen_port}{split.path}"
+        engine = create_engine(through, pool_size=1, command_timeout_s=1.0)
+        try:
+            async with engine.connect() as connection:
+                assert (await connection.execute(text("select 1"))).scalar() == 1
+            proxy.silence()  # the pool's one connection now hears nothing
+            started = time.monotonic()
+            with pytest.raises(TimeoutError):  # asyncpg's, or this bound's if it never came
+                async with asyncio.timeout(20), engine.connect() as connection:
+                    await connection.execute(text("select 2"))
+            assert time.monotonic() - started < 10, "the silent connection held on"
+            async with asyncio.timeout(30), engine.connect() as connection:  # a new one
+                assert (await connection.execute(text("select 3"))).scalar() == 3
+        finally:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(5):
+                    await engine.dispose()

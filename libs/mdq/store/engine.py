@@ -94,10 +94,24 @@ def asyncpg_dsn(database_url: str) -> str:
     return database_url
 
 
-def create_engine(database_url: str, *, pool_size: int = 5) -> AsyncEngine:
-    """An async engine (asyncpg driver) for ``database_url``."""
+COMMAND_TIMEOUT_S = 60.0
+"""How long one statement may take before its connection is given up (asyncpg's
+``command_timeout``, on every pool and engine): a connection whose server went silent (its host
+gone without a reset) answers nothing, and without it a query, or the pool's pre-ping, would
+wait on it for as long as the kernel keeps the socket, holding its pool slot. The next use
+opens a new connection (docs/architecture.md, "A connection that goes silent")."""
+
+
+def create_engine(
+    database_url: str, *, pool_size: int = 5, command_timeout_s: float = COMMAND_TIMEOUT_S
+) -> AsyncEngine:
+    """An async engine (asyncpg driver) for ``database_url``; a statement that gets no answer
+    for ``command_timeout_s`` fails with ``TimeoutError`` and its connection is dropped."""
     return create_async_engine(
-        sqlalchemy_url(database_url), pool_size=pool_size, pool_pre_ping=True
+        sqlalchemy_url(database_url),
+        pool_size=pool_size,
+        pool_pre_ping=True,
+        connect_args={"command_timeout": command_timeout_s},
     )
 
 
@@ -122,7 +136,7 @@ async def create_writer_pool(
         asyncpg_dsn(database_url),
         min_size=1 if connect_now else 0,
         max_size=size,
-        command_timeout=60,
+        command_timeout=COMMAND_TIMEOUT_S,
         reset=keep_session,
     )
     if pool is None:  # pragma: no cover - create_pool only returns None when not awaited
