@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -34,8 +35,9 @@ from mdq.core.expiry import (
     max_job_age,
 )
 from mdq.core.recovery import classify_stopped
-from mdq.core.state import JobBook, JobState, JobView, Stop
+from mdq.core.state import JobBook, JobState, JobView, Stop, event_time
 from mdq.core.timestamps import utc_now
+from services.watcher.silence import Sign, SilenceClock
 
 log = logging.getLogger("mdq.watcher.lifecycle")
 
@@ -64,6 +66,7 @@ class Lifecycle:
         check_interval_s: float = 1.0,
         clock: Callable[[], datetime] = utc_now,
         jobs_log_days: float = 365.0,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         """``jobs_log_days``: how long the jobs log keeps events (``MDQ_STORAGE_JOBS_DAYS``); a
         bound or running attempt of a job that has lived that long less a day is ended
@@ -75,11 +78,16 @@ class Lifecycle:
         self._lost = lost
         self._check_interval_s = check_interval_s
         self._clock = clock
+        self._monotonic = monotonic
+        self._silence = SilenceClock()
         self._jobs_log_days = jobs_log_days
         self._max_age = max_job_age(jobs_log_days)
         self._expiry_checked_at: datetime | None = None
         self.book = JobBook()
         self._intervals: dict[str, float] = {}
+        """Seconds between a running job's last two reports (of one attempt)."""
+        self._last_report: dict[str, tuple[int, datetime]] = {}
+        """Each job's last report: its attempt, and its time by the runner's clock."""
         self._deferred: dict[str, PodUpdate] = {}
         self._jobs_ready = asyncio.Event()
 
@@ -93,9 +101,15 @@ class Lifecycle:
         view = self.book.jobs.get(event.job_id)
         if view is None:
             return
-        before = view.last_progress_at
-        if view.apply(event) and before is not None and view.last_progress_at is not None:
-            self._intervals[view.job_id] = (view.last_progress_at - before).total_seconds()
+        if not view.apply(event):
+            return
+        # the interval between two reports of one attempt, both stamped by the runner's clock
+        # (never against the watcher's ``started``: the clocks may disagree by minutes)
+        at = event_time(event)
+        before = self._last_report.get(view.job_id)
+        if before is not None and before[0] == event.attempt:
+            self._intervals[view.job_id] = max(0.0, (at - before[1]).total_seconds())
+        self._last_report[view.job_id] = (event.attempt, at)
 
     async def _mark_caught_up(self) -> None:
         self._jobs_ready.set()
@@ -229,18 +243,27 @@ class Lifecycle:
         return max(self._lost.min_silence_s, self._lost.interval_factor * interval)
 
     async def check_lost(self) -> list[str]:
-        """Declare every silent RUNNING job lost; return their ids."""
-        now = self._clock()
+        """Declare every silent RUNNING job lost; return their ids. Silence counts from when
+        this watcher first saw the job's latest sign of life, on its monotonic clock
+        (``services.watcher.silence``), never from the runner's own time stamp."""
+        now = self._monotonic()
         lost: list[str] = []
+        running: set[str] = set()
         for view in list(self.book.jobs.values()):
             if view.state is not JobState.RUNNING or view.last_progress_at is None:
                 continue
-            silence = (now - view.last_progress_at).total_seconds()
+            running.add(view.job_id)
+            sign = Sign(view.attempt, view.last_step, view.last_progress_at)
+            silence = self._silence.silent_for(view.job_id, sign, now)
             if silence <= self.silence_limit(view):
                 continue
             await self._end_attempt(view, pb.FAILURE_LOST, f"no progress for {silence:.0f}s")
             log.warning("job %s attempt %d lost after %.0fs", view.job_id, view.attempt, silence)
             lost.append(view.job_id)
+        self._silence.forget_all_but(running)
+        for table in (self._intervals, self._last_report):
+            for job_id in table.keys() - running:
+                del table[job_id]
         return lost
 
     async def check_limits(self) -> list[str]:
