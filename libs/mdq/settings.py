@@ -15,8 +15,15 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from mdq.core.tenants import RunawayLimits
 
 BackendSetting = Annotated[str, Field(description="Cluster backend: local or kubernetes.")]
-"""The ``backend`` setting of the services that drive the cluster (placement, the watcher): the
-kind of backend ``mdq.backends.factory.make_backend`` makes."""
+"""The ``backend`` setting of the services that drive or sample the cluster (placement, the
+watcher, metrics): the kind of backend ``mdq.backends.factory.make_backend`` makes."""
+Seconds = Annotated[float, Field(gt=0)]
+"""A duration, an interval or a timeout of a setting, in seconds (fractions allowed); never 0."""
+Count = Annotated[int, Field(ge=1)]
+"""How many of something a setting allows or asks for (tries, steps, events, consumers); at
+least 1."""
+Port = Annotated[int, Field(ge=0, le=65535)]
+"""A TCP port a service listens on; 0 picks a free one."""
 
 
 class CommonSettings(BaseSettings):

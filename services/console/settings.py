@@ -8,6 +8,8 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from mdq.settings import Port, Seconds
+
 
 class ConsoleSettings(BaseSettings):
     """Where the console listens."""
@@ -23,7 +25,7 @@ class ConsoleSettings(BaseSettings):
             "with an access token, or behind an authenticating proxy (docs/console.md)."
         ),
     )
-    port: int = Field(default=8089, ge=0, le=65535, description="Port; 0 picks a free one.")
+    port: Port = Field(default=8089, description="Port; 0 picks a free one.")
     access_token_file: Path | None = Field(
         default=None,
         description=(
@@ -32,9 +34,8 @@ class ConsoleSettings(BaseSettings):
             "cookie. Unset: no gate (behind an authenticating proxy only)."
         ),
     )
-    simulation_time_limit_s: float = Field(
+    simulation_time_limit_s: Seconds = Field(
         default=120.0,
-        gt=0,
         le=3600,
         description=(
             "The simulation page's comparisons run in a process of their own, one at a time; "

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from mdq.settings import BackendSetting, Port, Seconds
+
 
 class MetricsSettings(BaseSettings):
     """How often nodes are sampled and summarised, where /metrics is served, which backend to
@@ -14,21 +16,18 @@ class MetricsSettings(BaseSettings):
         env_prefix="MDQ_METRICS_", extra="ignore", populate_by_name=True
     )
 
-    interval_s: float = Field(
-        default=2.0, gt=0, description="Seconds between node samples (and node_load events)."
+    interval_s: Seconds = Field(
+        default=2.0, description="Seconds between node samples (and node_load events)."
     )
-    summary_interval_s: float = Field(
+    summary_interval_s: Seconds = Field(
         default=60.0,
-        gt=0,
         description="Seconds of samples each node_summary event summarises (mean and peak "
         "load per node; the console's nodes page draws its last hour from them). The "
         "summaries stream keeps one a minute per node (MDQ_STORAGE_NODE_SUMMARIES_MINUTES): "
         "a shorter interval shows a shorter past there.",
     )
-    http_port: int = Field(
+    http_port: Port = Field(
         default=9464,
-        ge=0,
-        le=65535,
         validation_alias=AliasChoices("MDQ_METRICS_HTTP_PORT", "MDQ_METRICS_PORT"),
         description="Port of /metrics; 0 picks a free one (logged).",
     )
@@ -40,4 +39,4 @@ class MetricsSettings(BaseSettings):
         "Prometheus reach the port). mdq up gives it the console's token: every account of "
         "the machine reaches its loopback.",
     )
-    backend: str = Field(default="local", description='Cluster backend kind: "local".')
+    backend: BackendSetting = "local"

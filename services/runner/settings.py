@@ -7,6 +7,8 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from mdq.settings import Count, Seconds
+
 
 class RunnerSettings(BaseSettings):
     """How the runner behaves, independent of the job it runs."""
@@ -22,19 +24,16 @@ class RunnerSettings(BaseSettings):
         ge=0,
         description="Minimiser iterations before an MD run that starts from a fresh box.",
     )
-    max_chunk_steps: int = Field(
+    max_chunk_steps: Count = Field(
         default=1000,
-        ge=1,
         description="Most MD steps run in one go; bounds how long SIGTERM waits for a chunk.",
     )
-    publish_attempts: int = Field(
+    publish_attempts: Count = Field(
         default=5,
-        ge=1,
         description="Tries for a checkpoint or final progress event before giving up on it.",
     )
-    flush_timeout_s: float = Field(
+    flush_timeout_s: Seconds = Field(
         default=30.0,
-        gt=0,
         description="Longest wait for outstanding publishes at checkpoints and before exit.",
     )
     copy_to_shared_store: bool = Field(
@@ -44,9 +43,8 @@ class RunnerSettings(BaseSettings):
         "another cluster resumes from the copy; false keeps them on the job's folder only "
         "(one cluster, or a shared file system between clusters).",
     )
-    copy_timeout_s: float = Field(
+    copy_timeout_s: Seconds = Field(
         default=60.0,
-        gt=0,
         description="Longest wait, as the attempt ends, for the checkpoint copy in progress.",
     )
     usage_source: Literal["auto", "rusage", "cgroup"] = Field(

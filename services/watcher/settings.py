@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from mdq.settings import BackendSetting
+from mdq.settings import BackendSetting, Count
 from mdq.store.projection import BATCH_SIZE, BATCH_WAIT_S
 
 
@@ -15,8 +15,8 @@ class WatcherSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MDQ_WATCHER_", extra="ignore")
 
     backend: BackendSetting = "local"
-    batch_size: int = Field(
-        default=BATCH_SIZE, ge=1, description="Most events applied in one transaction."
+    batch_size: Count = Field(
+        default=BATCH_SIZE, description="Most events applied in one transaction."
     )
     batch_wait_s: float = Field(
         default=BATCH_WAIT_S, ge=0, description="Longest wait to fill a batch."
@@ -54,9 +54,8 @@ class WatcherSettings(BaseSettings):
             "series stays in the NS_PROGRESS stream for as long as the log keeps it."
         ),
     )
-    progress_rollup_keep_every: int = Field(
+    progress_rollup_keep_every: Count = Field(
         default=10,
-        ge=1,
         description="Of a rolled-up month, each attempt's first report and every N-th after it.",
     )
 

@@ -14,6 +14,8 @@ from typing import Annotated, ClassVar
 from pydantic import ByteSize, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from mdq.settings import Count, Seconds
+
 DAY_S = 24 * 3600.0
 MIN_JOBS_DAYS = 30.0
 """The jobs log keeps at least a month: no job lives longer than its own log."""
@@ -106,24 +108,21 @@ class StorageSettings(BaseSettings):
         description="Each tenant's submit stream (its fire-and-forget submits, deduplicated "
         "among its own): size limit; full, it refuses that tenant's publishes alone.",
     )
-    tenant_submit_msgs: int = Field(
+    tenant_submit_msgs: Count = Field(
         default=1000,
-        ge=1,
         description="Each tenant's submit stream (a work queue: a submit intake has handled "
         "leaves it): the most submits it holds waiting for intake; past it the server refuses "
         "that tenant's publishes before writing anything. 1,000 is a campaign's burst: the "
         "default max_queued_jobs, and about 17 minutes of submits at the default rate (60 a "
         "minute), which intake reads them at; a tenant whose rate is raised may need more.",
     )
-    tenant_consumers: int = Field(
+    tenant_consumers: Count = Field(
         default=16,
-        ge=1,
         description="Each tenant's stream: the most consumers a tenant may keep on it at once "
         "(its clients' ordered and pull consumers; the server refuses more).",
     )
-    tenant_consumer_idle_s: float = Field(
+    tenant_consumer_idle_s: Seconds = Field(
         default=600.0,
-        gt=0,
         description="Each tenant's stream: a consumer no client used for this long is deleted "
         "by the server, durable or not (so a tenant cannot keep one for ever).",
     )

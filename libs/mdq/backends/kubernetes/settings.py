@@ -9,6 +9,8 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from mdq.settings import Seconds
+
 
 class KubernetesSettings(BaseSettings):
     """Where the cluster is, and how mdq's runner pods look there."""
@@ -70,9 +72,8 @@ class KubernetesSettings(BaseSettings):
         description="A node whose Ready condition has not been True for this long (or that is "
         "gone) loses its pods: each is reported FAILED NodeLost and deleted.",
     )
-    sandbox_timeout_s: float = Field(
+    sandbox_timeout_s: Seconds = Field(
         default=120.0,
-        gt=0,
         description="A pod bound to a node whose sandbox (network, runtime) is still not made "
         "after this long ends StartError (the node's failure, never the job's) and is deleted; "
         "from half of it the node takes no new pods (mdq nodes shows why).",
@@ -87,9 +88,9 @@ class KubernetesSettings(BaseSettings):
     watch_timeout_s: int = Field(
         default=240, ge=1, description="Server-side timeout of one watch request; then rewatch."
     )
-    request_timeout_s: float = Field(
-        default=30.0, gt=0, description="Timeout of every other API request."
+    request_timeout_s: Seconds = Field(
+        default=30.0, description="Timeout of every other API request."
     )
-    retry_backoff_s: float = Field(
-        default=1.0, gt=0, description="Pause before a watch is retried after an error."
+    retry_backoff_s: Seconds = Field(
+        default=1.0, description="Pause before a watch is retried after an error."
     )

@@ -13,6 +13,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from mdq.backends.local.agent import NodeConfig
+from mdq.settings import Seconds
 
 _NODE_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 
@@ -42,14 +43,14 @@ class LocalAgentSettings(BaseSettings):
         default=None, gt=0, description="CPU cores per node; default host cores / nodes, min 1."
     )
     memory_mb_per_node: int = Field(default=4096, ge=64, description="Memory per node, MiB.")
-    heartbeat_s: float = Field(
-        default=2.0, gt=0, description="Seconds between node heartbeats (with live usage)."
+    heartbeat_s: Seconds = Field(
+        default=2.0, description="Seconds between node heartbeats (with live usage)."
     )
     grace_s: float = Field(
         default=10.0, ge=0, description="Seconds between SIGTERM and SIGKILL when stopping a pod."
     )
-    memory_poll_s: float = Field(
-        default=0.5, gt=0, description="Seconds between memory-limit checks of each pod."
+    memory_poll_s: Seconds = Field(
+        default=0.5, description="Seconds between memory-limit checks of each pod."
     )
     data_min_free_mb: int = Field(
         default=0,
@@ -58,9 +59,8 @@ class LocalAgentSettings(BaseSettings):
         "(checked every heartbeat with a small write, fsync and delete, which a full, "
         "read-only, failing or unmounted data disk fails anyway).",
     )
-    probe_stall_s: float = Field(
+    probe_stall_s: Seconds = Field(
         default=20.0,
-        gt=0,
         description="A probe of the data folder still running after this long means the disk "
         "is not answering (a hung network volume): the nodes take no new pods. Heartbeats never "
         "wait for the probe.",
@@ -77,9 +77,8 @@ class LocalAgentSettings(BaseSettings):
         "an authenticating server (the agent connects with MDQ_NATS_CREDS); empty: "
         "'runners/' beside the agent's own credentials file.",
     )
-    runner_creds_wait_s: float = Field(
+    runner_creds_wait_s: Seconds = Field(
         default=30.0,
-        gt=0,
         description="How long a pod's start waits for placement to answer with its runner's "
         "credentials (the agent holds no key to mint them) before the pod fails (StartError).",
     )
