@@ -12,6 +12,8 @@ over the stack's.
 
 from __future__ import annotations
 
+import getpass
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,3 +80,12 @@ def resolve_endpoints(options: GlobalOptions, *, need_nats: bool = True) -> Endp
         nats_creds=options.nats_creds or (stack.nats_creds if from_stack and stack else ""),
         nats_admin_creds=stack.nats_admin_creds if from_stack and stack else "",
     )
+
+
+def user_name() -> str:
+    """The account running the command, as a request names who asked (``submitted_by``,
+    ``requested_by``); ``$USER`` where the system has no name for it."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return os.environ.get("USER", "")

@@ -8,8 +8,6 @@ Design: docs/control.md, "Clients".
 
 from __future__ import annotations
 
-import getpass
-import os
 from collections.abc import Callable
 from typing import Annotated
 
@@ -18,6 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from mdq.cli.context import user_name
 from mdq.contracts import pb
 from mdq.errors import EXIT_FAILED, EXIT_OK, MdqError
 from mdq.sdk.client import MdqClient, WaitTimeout
@@ -39,13 +38,6 @@ Key = Annotated[
 ]
 Wait = Annotated[bool, typer.Option("--wait", help="Wait until the effect is there.")]
 Timeout = Annotated[float, typer.Option(help="Seconds to wait with --wait.")]
-
-
-def _user() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return os.environ.get("USER", "")
 
 
 def labels_of(pairs: list[str] | None) -> dict[str, str]:
@@ -104,7 +96,7 @@ def make_command(verb: str, *, run: Callable[..., int], console: Console, err: C
                 request_id=request_id,
                 labels=selector,
                 reason=reason,
-                requested_by=_user(),
+                requested_by=user_name(),
                 control_key=key,
                 **extra,  # type: ignore[arg-type]
             )

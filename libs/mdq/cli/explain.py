@@ -32,6 +32,7 @@ from mdq.bus.subjects import Subjects
 from mdq.cli.args import job_id_argument
 from mdq.cli.context import GlobalOptions, resolve_endpoints
 from mdq.cli.recommend import recorded_choice
+from mdq.cli.tables import columns_table
 from mdq.contracts import pb
 from mdq.core.state import JobBook, JobState, JobView
 from mdq.core.timestamps import to_datetime
@@ -131,15 +132,16 @@ def _share(value: float) -> str:
 def candidates_table(title: str, candidates: list[pb.NodeScore], chosen: str = "") -> Table:
     """Nodes with their scores, then the filtered ones with their reasons; cpu and memory
     are the figures each decision used (``SCALE_NOTE``)."""
-    table = Table(title=title)
-    for column, justify in (
-        ("node", "left"),
-        ("score", "right"),
-        ("cpu", "right"),
-        ("memory", "right"),
-        ("verdict", "left"),
-    ):
-        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    table = columns_table(
+        title,
+        (
+            ("node", "left"),
+            ("score", "right"),
+            ("cpu", "right"),
+            ("memory", "right"),
+            ("verdict", "left"),
+        ),
+    )
     scored = sorted(
         (c for c in candidates if not c.filtered), key=lambda c: (c.node != chosen, -c.score)
     )
@@ -168,16 +170,18 @@ def clusters_table(
 ) -> Table:
     """The cluster choice: each cluster's best node and score, or why none of its nodes
     could take the job (its filtered nodes per reason)."""
-    table = Table(title=title, title_justify="left")
-    for column, justify in (
-        ("cluster", "left"),
-        ("best node", "left"),
-        ("score", "right"),
-        ("candidates", "right"),
-        ("cpu reserved", "right"),
-        ("verdict", "left"),
-    ):
-        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    table = columns_table(
+        title,
+        (
+            ("cluster", "left"),
+            ("best node", "left"),
+            ("score", "right"),
+            ("candidates", "right"),
+            ("cpu reserved", "right"),
+            ("verdict", "left"),
+        ),
+        title_justify="left",
+    )
     for cluster in clusters:
         filtered = ", ".join(
             f"{n} {reason}" for reason, n in sorted(cluster.filtered_counts.items())

@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from mdq.cli.live import format_energy, state_text, steps_label
 from mdq.cli.sparkline import sparkline
+from mdq.cli.tables import columns_table
 from mdq.core.ids import tenant_of
 from mdq.core.recovery import NOT_CHARGED, charged_to_the_job
 from mdq.core.state import JobState
@@ -131,19 +132,20 @@ def tenant_label(job_id: str) -> str:
 
 def summary_table(jobs: Iterable[queries.JobSummary], *, title: str) -> Table:
     """``mdq ls``: job, tenant, state, attempt, node, steps, speed, reason."""
-    table = Table(title=title)
-    for column, justify in (
-        ("job", "left"),
-        ("tenant", "left"),
-        ("state", "left"),
-        ("attempt", "right"),
-        ("node", "left"),
-        ("steps", "right"),
-        ("ns/day", "right"),
-        ("submitted", "left"),
-        ("reason", "left"),
-    ):
-        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    table = columns_table(
+        title,
+        (
+            ("job", "left"),
+            ("tenant", "left"),
+            ("state", "left"),
+            ("attempt", "right"),
+            ("node", "left"),
+            ("steps", "right"),
+            ("ns/day", "right"),
+            ("submitted", "left"),
+            ("reason", "left"),
+        ),
+    )
     for job in jobs:
         table.add_row(
             job.job_id,
@@ -161,17 +163,18 @@ def summary_table(jobs: Iterable[queries.JobSummary], *, title: str) -> Table:
 
 def detail_table(details: Iterable[queries.JobDetail], *, title: str) -> Table:
     """The demo's history: job, state, attempts, node, steps, last energy, reason."""
-    table = Table(title=title)
-    for column, justify in (
-        ("job", "left"),
-        ("state", "left"),
-        ("attempts", "right"),
-        ("node", "left"),
-        ("steps", "right"),
-        ("last energy", "right"),
-        ("reason", "left"),
-    ):
-        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    table = columns_table(
+        title,
+        (
+            ("job", "left"),
+            ("state", "left"),
+            ("attempts", "right"),
+            ("node", "left"),
+            ("steps", "right"),
+            ("last energy", "right"),
+            ("reason", "left"),
+        ),
+    )
     for detail in details:
         job = detail.job
         table.add_row(

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import getpass
-import os
 import secrets
 import signal
 import sys
@@ -28,7 +26,6 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.panel import Panel
-from rich.table import Table
 
 from mdq.bus.connect import CREDS_ENV
 from mdq.bus.inputs import Uploaded
@@ -43,7 +40,13 @@ from mdq.cli import history
 from mdq.cli import recommend as recommendations
 from mdq.cli import status as stack_status
 from mdq.cli.args import job_id_argument, job_ids_argument
-from mdq.cli.context import Endpoints, GlobalOptions, NoEndpoint, resolve_endpoints
+from mdq.cli.context import (
+    Endpoints,
+    GlobalOptions,
+    NoEndpoint,
+    resolve_endpoints,
+    user_name,
+)
 from mdq.cli.control import register as register_control
 from mdq.cli.errors import Commands, exit_codes_text
 from mdq.cli.explain import explain as explain_command
@@ -53,6 +56,7 @@ from mdq.cli.plot import plot as plot_command
 from mdq.cli.queues import queues_table, tenant_usages
 from mdq.cli.replay import replay as replay_command
 from mdq.cli.simulate import simulate as simulate_command
+from mdq.cli.tables import columns_table
 from mdq.cli.tenants import app as tenants_app
 from mdq.contracts import pb
 from mdq.core.recommend import UsageHistory
@@ -385,7 +389,7 @@ def demo(
     files = resolve_inputs(request, path.parent, source=str(path))
     stamp = time.strftime("%Y%m%d-%H%M%S")
     request.idempotency_key = f"{request.idempotency_key or 'demo'}-{stamp}-{secrets.token_hex(2)}"
-    request.submitted_by = request.submitted_by or _user()
+    request.submitted_by = request.submitted_by or user_name()
     running = read_stack_info(options.state_dir)
     code = _run(
         _demo(
@@ -492,13 +496,6 @@ def _print_uploaded(uploaded: Sequence[Uploaded]) -> None:
     )
 
 
-def _user() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return os.environ.get("USER", "")
-
-
 # -- client commands -----------------------------------------------------------------------
 @app.command()
 def submit(
@@ -520,7 +517,7 @@ def submit(
     files = resolve_inputs(request, file.parent, source=str(file))
     if key:
         request.idempotency_key = key
-    request.submitted_by = request.submitted_by or _user()
+    request.submitted_by = request.submitted_by or user_name()
     endpoints = _endpoints(ctx)
 
     async def work(client: MdqClient) -> int:
@@ -667,21 +664,22 @@ def nodes(ctx: typer.Context) -> None:
         return await client.node_loads()
 
     loads = _run(_with_client(endpoints, work))
-    table = Table(title="nodes")
     clustered = any(event.node_load.cluster for event in loads.values())
     troubled = any(event.node_load.problem for event in loads.values())
-    for column, justify in (
-        ("node", "left"),
-        *((("cluster", "left"), ("labels", "left")) if clustered else ()),
-        ("ready", "left"),
-        *((("problem (takes no new pods)", "left"),) if troubled else ()),
-        ("cpu load", "right"),
-        ("cpu capacity", "right"),
-        ("memory load", "right"),
-        ("memory capacity", "right"),
-        ("reported", "left"),
-    ):
-        table.add_column(column, justify=justify)
+    table = columns_table(
+        "nodes",
+        (
+            ("node", "left"),
+            *((("cluster", "left"), ("labels", "left")) if clustered else ()),
+            ("ready", "left"),
+            *((("problem (takes no new pods)", "left"),) if troubled else ()),
+            ("cpu load", "right"),
+            ("cpu capacity", "right"),
+            ("memory load", "right"),
+            ("memory capacity", "right"),
+            ("reported", "left"),
+        ),
+    )
     now = time.time()
     for name, event in loads.items():
         load = event.node_load

@@ -18,6 +18,7 @@ from rich.table import Table
 from mdq.bus.connect import connect
 from mdq.bus.subjects import Subjects
 from mdq.bus.tenants import read_tenant_usages
+from mdq.cli.tables import columns_table
 from mdq.core.tenants import TenantUsage
 
 ABOVE_FAIR_MARGIN = 0.02
@@ -39,19 +40,20 @@ def queues_table(usages: dict[str, TenantUsage], now: datetime | None = None) ->
     """One row per tenant: weight, jobs and requests running, jobs queued, share and fair
     share (a share above the fair one in yellow), and how old the count is."""
     now = now or datetime.now(UTC)
-    table = Table(title="tenants (placement's last count)")
-    for column, justify in (
-        ("tenant", "left"),
-        ("weight", "right"),
-        ("running", "right"),
-        ("cpu", "right"),
-        ("memory", "right"),
-        ("queued", "right"),
-        ("share", "right"),
-        ("fair share", "right"),
-        ("counted", "right"),
-    ):
-        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    table = columns_table(
+        "tenants (placement's last count)",
+        (
+            ("tenant", "left"),
+            ("weight", "right"),
+            ("running", "right"),
+            ("cpu", "right"),
+            ("memory", "right"),
+            ("queued", "right"),
+            ("share", "right"),
+            ("fair share", "right"),
+            ("counted", "right"),
+        ),
+    )
     for tenant, usage in sorted(usages.items()):
         above = usage.share > usage.fair_share + ABOVE_FAIR_MARGIN
         share = f"{usage.share:.1%}"
