@@ -163,6 +163,26 @@ def _refuse(request: Request, field_name: str, message: str) -> Response:
     )
 
 
+def _foreign_origin(request: Request) -> bool:
+    """A form posted from another site's page (a browser names the page's origin)."""
+    origin = request.headers.get("origin")
+    return origin is not None and origin != f"{request.url.scheme}://{request.url.netloc}"
+
+
+def _refused_form(
+    request: Request,
+    name: str,
+    context: dict[str, Any],
+    field_name: str,
+    message: str,
+    status: int = 400,
+) -> Response:
+    """The form's page ``name`` again, saying why its request was refused (``field_name``: the
+    field at fault, "" for none)."""
+    context["refusal"] = {"field": field_name, "message": message}
+    return _page(request, name, context, status)
+
+
 def _job_id(request: Request) -> str:
     job_id = str(request.path_params["job_id"])
     if not JOB_ID.match(job_id):
@@ -492,8 +512,7 @@ async def submit_page(request: Request) -> Response:
     context: dict[str, Any] = {"title": "Submit", "token": console.submit_token, "text": ""}
     if request.method == "GET":
         return _page(request, "submit.html", context)
-    origin = request.headers.get("origin")
-    if origin is not None and origin != f"{request.url.scheme}://{request.url.netloc}":
+    if _foreign_origin(request):
         return _refuse(request, "origin", "a submit must come from the console's own page")
     async with request.form(max_files=1, max_fields=4, max_part_size=MAX_SUBMIT_BYTES) as form:
         token = str(form.get("token", ""))
@@ -507,22 +526,22 @@ async def submit_page(request: Request) -> Response:
         return _refuse(request, "token", "the form is stale: reload the submit page")
     context["text"] = text
     if len(text.encode()) > MAX_SUBMIT_BYTES:
-        context["refusal"] = {"field": "", "message": f"at most {MAX_SUBMIT_BYTES} bytes"}
-        return _page(request, "submit.html", context, 400)
+        return _refused_form(
+            request, "submit.html", context, "", f"at most {MAX_SUBMIT_BYTES} bytes"
+        )
     try:
         submit = parse_job_text(text, source=source)
     except JobFileError as error:
-        context["refusal"] = {"field": error.field, "message": f"{error.source}: {error.message}"}
-        return _page(request, "submit.html", context, 400)
+        return _refused_form(
+            request, "submit.html", context, error.field, f"{error.source}: {error.message}"
+        )
     client = MdqClient(nc=console.nc, subjects=console.subjects)
     try:
         job_ids = await client.submit(submit)
     except SubmitRefused as error:
-        context["refusal"] = {"field": error.field, "message": error.message}
-        return _page(request, "submit.html", context, 400)
+        return _refused_form(request, "submit.html", context, error.field, error.message)
     except IntakeUnavailable as error:
-        context["refusal"] = {"field": "", "message": str(error)}
-        return _page(request, "submit.html", context, 503)
+        return _refused_form(request, "submit.html", context, "", str(error), 503)
     context["submitted"] = job_ids
     return _page(request, "submit.html", context)
 
@@ -541,8 +560,7 @@ async def simulate_page(request: Request) -> Response:
     }
     if request.method == "GET":
         return _page(request, "simulate.html", context)
-    origin = request.headers.get("origin")
-    if origin is not None and origin != f"{request.url.scheme}://{request.url.netloc}":
+    if _foreign_origin(request):
         return _refuse(request, "origin", "a simulation must be asked for from the console's page")
     async with request.form(max_files=0, max_fields=40, max_part_size=4096) as form:
         chosen = [str(value) for value in form.getlist("config")]
@@ -554,8 +572,7 @@ async def simulate_page(request: Request) -> Response:
     try:
         asked = parse_request(chosen, fields)
     except SimulationRefused as error:
-        context["refusal"] = {"field": error.field, "message": error.message}
-        return _page(request, "simulate.html", context, 400)
+        return _refused_form(request, "simulate.html", context, error.field, error.message)
     simulations = console.simulations
     try:
         async with simulations.turn():  # one at a time, a history's reading included
@@ -572,24 +589,26 @@ async def simulate_page(request: Request) -> Response:
                     ) from None
                 except (OSError, SQLAlchemyError, TimeoutError) as error:
                     log.warning("simulation page: the history could not be read: %r", error)
-                    context["refusal"] = {
-                        "field": "",
-                        "message": "the history database did not answer; try again in a moment",
-                    }
-                    return _page(request, "simulate.html", context, 503)
+                    return _refused_form(
+                        request,
+                        "simulate.html",
+                        context,
+                        "",
+                        "the history database did not answer; try again in a moment",
+                        503,
+                    )
                 source: GeneratorSpec | HistorySource = HistorySource(rows, history)
             else:
                 source = asked.generator()
             line = await simulations.compute(source, asked.resolved_configs())
     except SimulationRefused as error:  # a history that makes no workload: its window
-        context["refusal"] = {"field": error.field, "message": error.message}
-        return _page(request, "simulate.html", context, 400)
+        return _refused_form(request, "simulate.html", context, error.field, error.message)
     except SimulationBusy as error:
-        context["refusal"] = {"field": "", "message": f"{error}: try again when it ends"}
-        return _page(request, "simulate.html", context, 409)
+        return _refused_form(
+            request, "simulate.html", context, "", f"{error}: try again when it ends", 409
+        )
     except SimulationFailed as error:
-        context["refusal"] = {"field": "", "message": str(error)}
-        return _page(request, "simulate.html", context, 503)
+        return _refused_form(request, "simulate.html", context, "", str(error), 503)
     context["line"] = json.dumps(line)
     context["workload"] = line["workload"]
     context["configs"] = line["configs"]
@@ -618,8 +637,7 @@ def control_form(console: Console) -> dict[str, Any]:
 async def _control_form(request: Request) -> dict[str, str] | Response:
     """The fields of a control form, or the refusal of one not from the console's page."""
     console = _console(request)
-    origin = request.headers.get("origin")
-    if origin is not None and origin != f"{request.url.scheme}://{request.url.netloc}":
+    if _foreign_origin(request):
         return _refuse(request, "origin", "a request must come from the console's own page")
     async with request.form(max_files=0, max_fields=12, max_part_size=4096) as form:
         fields = {name: str(value) for name, value in form.items()}
@@ -660,11 +678,9 @@ async def _send_control(
             control_key=f"{fields['control_key']}-{verb}" if fields.get("control_key") else None,
         )
     except ControlRefused as error:
-        context["refusal"] = {"field": error.field, "message": error.message}
-        return _page(request, "control.html", context, 400)
+        return _refused_form(request, "control.html", context, error.field, error.message)
     except ControlUnavailable as error:
-        context["refusal"] = {"field": "", "message": str(error)}
-        return _page(request, "control.html", context, 503)
+        return _refused_form(request, "control.html", context, "", str(error), 503)
     context["reply"] = {
         "matched": reply.matched,
         "omitted": reply.omitted,

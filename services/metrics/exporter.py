@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -22,61 +22,49 @@ class Exporter:
         # "job_id", not "job": Prometheus gives "job" to the scrape job and renames an exported
         # "job" label to "exported_job", so a dashboard grouping by job would see one series.
         attempt = ["job_id", "attempt"]
-        self.node_cpu_load = Gauge(
-            "mdq_node_cpu_load_ratio", "CPU in use / capacity (0..1).", node, registry=self.registry
+
+        def gauge(name: str, documentation: str, labels: Sequence[str] = ()) -> Gauge:
+            return Gauge(name, documentation, labels, registry=self.registry)
+
+        self.node_cpu_load = gauge("mdq_node_cpu_load_ratio", "CPU in use / capacity (0..1).", node)
+        self.node_memory_load = gauge(
+            "mdq_node_memory_load_ratio", "Memory in use / capacity (0..1).", node
         )
-        self.node_memory_load = Gauge(
-            "mdq_node_memory_load_ratio",
-            "Memory in use / capacity (0..1).",
-            node,
-            registry=self.registry,
-        )
-        self.node_ready = Gauge(
-            "mdq_node_ready", "1 if the node is ready for work.", node, registry=self.registry
-        )
-        self.node_problem = Gauge(
+        self.node_ready = gauge("mdq_node_ready", "1 if the node is ready for work.", node)
+        self.node_problem = gauge(
             "mdq_node_problem",
             "1 while the node reports that its environment cannot run pods (its data folder "
             "full, read-only, failing or unmounted; pods that could not start): it takes no new "
             "pods, within the cordon budget.",
             node,
-            registry=self.registry,
         )
-        self.node_cluster = Gauge(
+        self.node_cluster = gauge(
             "mdq_node_cluster_info",
             '1 for each node of a named execution cluster (node is "<cluster>/<node>"): '
             "join on node to group the node metrics by cluster.",
             ("node", "cluster"),
-            registry=self.registry,
         )
-        self.node_cpu_capacity = Gauge(
-            "mdq_node_cpu_capacity_cores", "Allocatable CPU cores.", node, registry=self.registry
+        self.node_cpu_capacity = gauge(
+            "mdq_node_cpu_capacity_cores", "Allocatable CPU cores.", node
         )
-        self.node_memory_capacity = Gauge(
-            "mdq_node_memory_capacity_mib", "Allocatable memory, MiB.", node, registry=self.registry
+        self.node_memory_capacity = gauge(
+            "mdq_node_memory_capacity_mib", "Allocatable memory, MiB.", node
         )
-        self.jobs = Gauge("mdq_jobs", "Jobs by state.", ["state"], registry=self.registry)
-        self.md_step = Gauge(
-            "md_step", "Latest MD step of a running job.", attempt, registry=self.registry
+        self.jobs = gauge("mdq_jobs", "Jobs by state.", ["state"])
+        self.md_step = gauge("md_step", "Latest MD step of a running job.", attempt)
+        self.md_energy = gauge(
+            "md_energy", "Latest potential energy of a running job, kJ/mol.", attempt
         )
-        self.md_energy = Gauge(
-            "md_energy",
-            "Latest potential energy of a running job, kJ/mol.",
-            attempt,
-            registry=self.registry,
-        )
-        self.md_temperature = Gauge(
+        self.md_temperature = gauge(
             "md_temperature_k",
             "Instantaneous temperature of a running job at its latest report, K.",
             attempt,
-            registry=self.registry,
         )
-        self.md_ns_per_day = Gauge(
+        self.md_ns_per_day = gauge(
             "md_ns_per_day",
             "Speed of a running MD job over its latest report interval, ns/day (none for a "
             "minimisation or an analysis).",
             attempt,
-            registry=self.registry,
         )
         self.progress_events = Counter(
             "mdq_progress_events", "Progress events received.", registry=self.registry
@@ -84,11 +72,7 @@ class Exporter:
         self.node_load_events = Counter(
             "mdq_node_load_events", "node_load events published.", registry=self.registry
         )
-        self.queue_depth = Gauge(
-            "mdq_queue_depth_jobs",
-            "Jobs waiting for a node (PENDING).",
-            registry=self.registry,
-        )
+        self.queue_depth = gauge("mdq_queue_depth_jobs", "Jobs waiting for a node (PENDING).")
         self.placement_latency = Histogram(
             "mdq_placement_latency_seconds",
             "Time from a job becoming PENDING (submitted, released, requeued) to bound.",
@@ -106,58 +90,39 @@ class Exporter:
             "MD steps lost by failed attempts (work after the checkpoint a retry resumed from).",
             registry=self.registry,
         )
-        self.consumer_lag = Gauge(
+        self.consumer_lag = gauge(
             "mdq_consumer_lag_messages",
             "Messages of a stream not yet projected by a consumer (pending + unacknowledged).",
             ["consumer", "stream"],
-            registry=self.registry,
         )
-        self.stream_bytes = Gauge(
-            "mdq_stream_bytes",
-            "Bytes a JetStream stream of the namespace holds.",
-            ["stream"],
-            registry=self.registry,
+        self.stream_bytes = gauge(
+            "mdq_stream_bytes", "Bytes a JetStream stream of the namespace holds.", ["stream"]
         )
-        self.stream_limit_bytes = Gauge(
+        self.stream_limit_bytes = gauge(
             "mdq_stream_limit_bytes",
             "The size limit of a stream (MDQ_STORAGE_*; 0: none). The jobs stream refuses "
             "new submits above MDQ_STORAGE_JOBS_HIGH_WATER of it.",
             ["stream"],
-            registry=self.registry,
         )
-        self.stream_messages = Gauge(
-            "mdq_stream_messages",
-            "Messages a stream holds.",
-            ["stream"],
-            registry=self.registry,
-        )
+        self.stream_messages = gauge("mdq_stream_messages", "Messages a stream holds.", ["stream"])
         tenant = ["tenant"]
-        self.tenant_weight = Gauge(
-            "mdq_tenant_weight", "Fair-share weight (its policy's).", tenant, registry=self.registry
-        )
-        self.tenant_share = Gauge(
+        self.tenant_weight = gauge("mdq_tenant_weight", "Fair-share weight (its policy's).", tenant)
+        self.tenant_share = gauge(
             "mdq_tenant_share_ratio",
             "Dominant share of the schedulable capacity its running jobs request (0..1).",
             tenant,
-            registry=self.registry,
         )
-        self.tenant_fair_share = Gauge(
+        self.tenant_fair_share = gauge(
             "mdq_tenant_fair_share_ratio",
             "Dominant share it is due while every tenant's queued work competes (0..1).",
             tenant,
-            registry=self.registry,
         )
-        self.tenant_running_jobs = Gauge(
-            "mdq_tenant_running_jobs", "Jobs bound or running.", tenant, registry=self.registry
+        self.tenant_running_jobs = gauge(
+            "mdq_tenant_running_jobs", "Jobs bound or running.", tenant
         )
-        self.tenant_queued_jobs = Gauge(
-            "mdq_tenant_queued_jobs", "Jobs not running yet.", tenant, registry=self.registry
-        )
-        self.tenant_running_cpu = Gauge(
-            "mdq_tenant_running_cpu_cores",
-            "CPU requested by its jobs bound or running.",
-            tenant,
-            registry=self.registry,
+        self.tenant_queued_jobs = gauge("mdq_tenant_queued_jobs", "Jobs not running yet.", tenant)
+        self.tenant_running_cpu = gauge(
+            "mdq_tenant_running_cpu_cores", "CPU requested by its jobs bound or running.", tenant
         )
         self._nodes: set[str] = set()
         self._clusters: dict[str, str] = {}
