@@ -26,6 +26,7 @@ from tests.helpers import (
     wait_for,
 )
 from tests.integration.test_control import placement_running
+from tests.tables import named_cases
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -69,11 +70,7 @@ BAD_NAMES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("tenant", "fields", "field"),
-    [case[1:] for case in BAD_NAMES],
-    ids=[case[0] for case in BAD_NAMES],
-)
+@named_cases(("tenant", "fields", "field"), BAD_NAMES)
 async def test_a_badly_named_job_is_refused_naming_the_field(
     nc: Client,
     subjects: Subjects,

@@ -38,6 +38,7 @@ from mdq.testing.cluster import SimulatedCluster
 from mdq.testing.scripted_runner import scripted_spec
 from mdq.testing.tasks import Background, BackgroundFailed
 from tests.helpers import wait_for
+from tests.tables import named_cases
 
 K8S_NAMESPACE = "mdq"
 SCRIPTED = ("python", "-m", "mdq.testing.scripted_runner")
@@ -657,11 +658,9 @@ NODE_PROBLEM_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("name", "conditions", "problem"), NODE_PROBLEM_CASES, ids=[c[0] for c in NODE_PROBLEM_CASES]
-)
+@named_cases(("conditions", "problem"), NODE_PROBLEM_CASES)
 def test_a_nodes_pressure_conditions_are_its_problem(
-    name: str, conditions: list[dict[str, str]], problem: str
+    conditions: list[dict[str, str]], problem: str
 ) -> None:
     ready = {"type": "Ready", "status": "True"}
     node = {"metadata": {"name": "n"}, "status": {"conditions": [ready, *conditions]}}
@@ -697,13 +696,9 @@ SANDBOX_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("name", "phase", "node", "sandbox", "ago_s", "timed_out"),
-    SANDBOX_CASES,
-    ids=[c[0] for c in SANDBOX_CASES],
-)
+@named_cases(("phase", "node", "sandbox", "ago_s", "timed_out"), SANDBOX_CASES)
 def test_a_pod_waiting_for_its_sandbox_times_out_once(
-    name: str, phase: str, node: str, sandbox: str | None, ago_s: int, timed_out: bool
+    phase: str, node: str, sandbox: str | None, ago_s: int, timed_out: bool
 ) -> None:
     now = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
     since = now - timedelta(seconds=ago_s)

@@ -17,6 +17,7 @@ from mdq.core.tenants import TenantPolicy
 from services.intake.app import Intake
 from tests.integration.test_intake import settings_for, started
 from tests.integration.test_tenants import ask, submitted_events
+from tests.tables import named_cases
 
 
 @pytest.fixture
@@ -52,11 +53,7 @@ REFUSED = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    ("tenant", "job", "field", "message"),
-    [case[1:] for case in REFUSED],
-    ids=[case[0] for case in REFUSED],
-)
+@named_cases(("tenant", "job", "field", "message"), REFUSED)
 async def test_an_over_limit_submit_is_refused_naming_the_limit(
     intake: Intake,
     nc: Client,

@@ -36,6 +36,7 @@ from tests.integration.test_runner import (
     start_runner,
     tap,
 )
+from tests.tables import named_cases
 
 __all__ = ["start_runner"]  # the fixture, used by name
 
@@ -93,18 +94,12 @@ CASES: list[tuple[str, str, Callable[[Disk], None], Callable[[Disk], None], int,
 ]
 
 
-@pytest.mark.parametrize(
-    ("name", "disk", "fail", "heal", "code", "logged"),
-    CASES,
-    ids=[c[0] for c in CASES],
-    indirect=["disk"],
-)
+@named_cases(("disk", "fail", "heal", "code", "logged"), CASES, indirect=["disk"])
 async def test_a_runner_whose_disk_fails_stops_keeps_its_checkpoint_and_resumes(
     nc: Client,
     subjects: Subjects,
     disk: Disk,
     start_runner: StartRunner,
-    name: str,
     fail: Callable[[Disk], None],
     heal: Callable[[Disk], None],
     code: int,

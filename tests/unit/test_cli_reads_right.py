@@ -24,6 +24,7 @@ from mdq.core.recommend import (
 )
 from mdq.core.spec import normalize_job
 from mdq.store import queries
+from tests.tables import named_cases
 
 AT = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
@@ -60,8 +61,8 @@ SUBMITTED = [
 ]
 
 
-@pytest.mark.parametrize(("case", "by", "shown"), SUBMITTED, ids=[c[0] for c in SUBMITTED])
-def test_who_submitted(case: str, by: str | None, shown: str) -> None:
+@named_cases(("by", "shown"), SUBMITTED)
+def test_who_submitted(by: str | None, shown: str) -> None:
     assert submitted_label(AT, by) == shown
 
 
@@ -199,13 +200,9 @@ RECOMMENDED = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("case", "history", "asked", "cores", "evidence"),
-    RECOMMENDED,
-    ids=[c[0] for c in RECOMMENDED],
-)
+@named_cases(("history", "asked", "cores", "evidence"), RECOMMENDED)
 def test_what_recommend_says(
-    case: str, history: list[UsageSample], asked: float, cores: float, evidence: str
+    history: list[UsageSample], asked: float, cores: float, evidence: str
 ) -> None:
     recommendation = recommend(ANALYSIS, atoms=0, history=history, cpu_asked=asked)
     assert recommendation.cpu == cores

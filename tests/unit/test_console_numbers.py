@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-import pytest
 from google.protobuf import json_format
 from google.protobuf.descriptor import Descriptor
 
 from mdq.contracts import pb
 from services.console.app import plain_numbers
+from tests.tables import named_cases
 
 JOB_SPEC = cast(Descriptor, pb.JobSpec.DESCRIPTOR)
 
@@ -30,8 +30,8 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
 ]
 
 
-@pytest.mark.parametrize(("case", "stored", "shown"), CASES, ids=[c[0] for c in CASES])
-def test_spec_numbers_are_numbers(case: str, stored: dict[str, Any], shown: dict[str, Any]) -> None:
+@named_cases(("stored", "shown"), CASES)
+def test_spec_numbers_are_numbers(stored: dict[str, Any], shown: dict[str, Any]) -> None:
     assert plain_numbers(stored, JOB_SPEC) == shown
 
 

@@ -29,6 +29,7 @@ from mdq.core.exit_codes import RunnerExit
 from mdq.core.recovery import Cancel, GiveUp, Requeue, classify_stopped
 from mdq.core.recovery import decide as recovery_decides
 from mdq.core.state import JobBook, JobState, JobView, Stop
+from tests.tables import named_cases
 
 NOW = datetime(2026, 12, 10, 12, 0, tzinfo=UTC)
 ORIGIN = pb.ControlOrigin(control_id="c1", requested_by="ann", reason="typo")
@@ -122,11 +123,7 @@ FOLD_CASES: list[tuple[str, list[pb.Event], JobState, int, Stop, str]] = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    ("history", "state", "attempt", "stop", "hold"),
-    [case[1:] for case in FOLD_CASES],
-    ids=[case[0] for case in FOLD_CASES],
-)
+@named_cases(("history", "state", "attempt", "stop", "hold"), FOLD_CASES)
 def test_fold(
     history: list[pb.Event], state: JobState, attempt: int, stop: Stop, hold: str
 ) -> None:
@@ -238,11 +235,7 @@ DECIDE_CASES: list[tuple[str, pb.ControlVerb, tuple[pb.Event, ...], int, str, bo
 ]
 
 
-@pytest.mark.parametrize(
-    ("verb", "history", "result", "kind", "stop_pod"),
-    [case[1:] for case in DECIDE_CASES],
-    ids=[case[0] for case in DECIDE_CASES],
-)
+@named_cases(("verb", "history", "result", "kind", "stop_pod"), DECIDE_CASES)
 def test_decide(
     verb: pb.ControlVerb, history: tuple[pb.Event, ...], result: int, kind: str, stop_pod: bool
 ) -> None:
@@ -294,11 +287,7 @@ RECOVERY_CASES: list[tuple[str, tuple[pb.Event, ...], type, JobState]] = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    ("history", "decision", "after"),
-    [case[1:] for case in RECOVERY_CASES],
-    ids=[case[0] for case in RECOVERY_CASES],
-)
+@named_cases(("history", "decision", "after"), RECOVERY_CASES)
 def test_recovery_decides_a_stop_by_its_request(
     history: tuple[pb.Event, ...], decision: type, after: JobState
 ) -> None:
@@ -346,11 +335,7 @@ STOPPED_CLASSES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("reason", "code", "stopping", "expected"),
-    [case[1:] for case in STOPPED_CLASSES],
-    ids=[case[0] for case in STOPPED_CLASSES],
-)
+@named_cases(("reason", "code", "stopping", "expected"), STOPPED_CLASSES)
 def test_classify_stopped(reason: str, code: int, stopping: bool, expected: int) -> None:
     assert classify_stopped(pod_reason=reason, exit_code=code, stopping=stopping) == expected
 
@@ -380,9 +365,7 @@ REFUSED = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    ("request_", "field"), [case[1:] for case in REFUSED], ids=[case[0] for case in REFUSED]
-)
+@named_cases(("request_", "field"), REFUSED)
 def test_check_request_names_the_field(request_: pb.ControlRequest, field: str) -> None:
     with pytest.raises(ControlRefused) as refused:
         check_request(request_, tenant="")
@@ -407,9 +390,7 @@ DECODE_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("data", "field"), [case[1:] for case in DECODE_CASES], ids=[case[0] for case in DECODE_CASES]
-)
+@named_cases(("data", "field"), DECODE_CASES)
 def test_decode_names_the_field(data: bytes, field: str) -> None:
     with pytest.raises(ControlRefused) as refused:
         decode_request(data)
@@ -436,9 +417,7 @@ AUTHORITY = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("tenant", "job", "allowed"), [c[1:] for c in AUTHORITY], ids=[c[0] for c in AUTHORITY]
-)
+@named_cases(("tenant", "job", "allowed"), AUTHORITY)
 def test_may_control(tenant: str, job: str, allowed: bool) -> None:
     assert may_control(tenant, job) is allowed
 

@@ -25,6 +25,7 @@ from mdq.core.control import (
     requester,
 )
 from mdq.core.recovery import cancel_message
+from tests.tables import named_cases
 
 JOB = "3f2a9c1e0b7d-water"
 ALICES = "alice.3f2a9c1e0b7d-water"
@@ -56,11 +57,7 @@ DECODE_REFUSED = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    ("data", "field", "words"),
-    [case[1:] for case in DECODE_REFUSED],
-    ids=[case[0] for case in DECODE_REFUSED],
-)
+@named_cases(("data", "field", "words"), DECODE_REFUSED)
 def test_decode_refuses_naming_the_field(data: bytes, field: str, words: str) -> None:
     with pytest.raises(ControlRefused) as refused:
         decode_request(data)
@@ -74,9 +71,7 @@ DECODED = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("data", "verb"), [case[1:] for case in DECODED], ids=[case[0] for case in DECODED]
-)
+@named_cases(("data", "verb"), DECODED)
 def test_decode_takes_the_json_mapping(data: bytes, verb: pb.ControlVerb) -> None:
     request = decode_request(data)
     assert (request.verb, list(request.job_ids)) == (verb, [JOB])
@@ -96,9 +91,7 @@ ENCODINGS = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("data", "json_"), [case[1:] for case in ENCODINGS], ids=[case[0] for case in ENCODINGS]
-)
+@named_cases(("data", "json_"), ENCODINGS)
 def test_the_answer_is_in_the_requests_encoding(data: bytes, json_: bool) -> None:
     assert is_json(data) is json_
 
@@ -128,11 +121,7 @@ NAMES_REFUSED = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    ("tenant", "request_", "field"),
-    [case[1:] for case in NAMES_REFUSED],
-    ids=[case[0] for case in NAMES_REFUSED],
-)
+@named_cases(("tenant", "request_", "field"), NAMES_REFUSED)
 def test_badly_named_jobs_are_refused_naming_the_field(
     tenant: str, request_: pb.ControlRequest, field: str
 ) -> None:
@@ -155,11 +144,7 @@ NAMES_TAKEN = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    ("tenant", "request_"),
-    [case[1:] for case in NAMES_TAKEN],
-    ids=[case[0] for case in NAMES_TAKEN],
-)
+@named_cases(("tenant", "request_"), NAMES_TAKEN)
 def test_well_named_jobs_are_taken(tenant: str, request_: pb.ControlRequest) -> None:
     assert check_names(check_request(request_, tenant=tenant), tenant=tenant) is request_
 
@@ -176,11 +161,7 @@ REQUESTERS = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    ("requested_by", "tenant", "who"),
-    [case[1:] for case in REQUESTERS],
-    ids=[case[0] for case in REQUESTERS],
-)
+@named_cases(("requested_by", "tenant", "who"), REQUESTERS)
 def test_the_history_says_the_identity_that_asked(requested_by: str, tenant: str, who: str) -> None:
     assert requester(requested_by, tenant) == who
     request = req(job_ids=[JOB], requested_by=requested_by, reason="maintenance")

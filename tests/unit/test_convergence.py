@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import math
 
-import pytest
-
 from mdq.core.convergence import ConvergenceTracker, done_reason
+from tests.tables import named_cases
 
 NAN = math.nan
 INF = math.inf
@@ -70,13 +69,9 @@ TRACKER_CASES: list[tuple[str, float, int, list[float], list[bool]]] = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("name", "tolerance", "reports", "energies", "expected"),
-    TRACKER_CASES,
-    ids=[case[0] for case in TRACKER_CASES],
-)
+@named_cases(("tolerance", "reports", "energies", "expected"), TRACKER_CASES)
 def test_convergence_tracker(
-    name: str, tolerance: float, reports: int, energies: list[float], expected: list[bool]
+    tolerance: float, reports: int, energies: list[float], expected: list[bool]
 ) -> None:
     tracker = ConvergenceTracker(tolerance=tolerance, reports=reports)
     assert [tracker.observe(energy) for energy in energies] == expected
@@ -93,10 +88,6 @@ DONE_CASES: list[tuple[str, int, int, bool, str]] = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("name", "step", "target_steps", "converged", "reason"),
-    DONE_CASES,
-    ids=[case[0] for case in DONE_CASES],
-)
-def test_done_reason(name: str, step: int, target_steps: int, converged: bool, reason: str) -> None:
+@named_cases(("step", "target_steps", "converged", "reason"), DONE_CASES)
+def test_done_reason(step: int, target_steps: int, converged: bool, reason: str) -> None:
     assert done_reason(step=step, target_steps=target_steps, converged=converged) == reason

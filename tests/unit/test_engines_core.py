@@ -22,6 +22,7 @@ from mdq.core.lammps_units import EV_KJ_MOL, UNITS, factors
 from mdq.core.recommend import LAMMPS_BASE_MB, fingerprint_of, physical_estimate
 from mdq.core.spec import SpecError, normalize_job
 from tests.helpers import with_fields
+from tests.tables import named_cases
 
 SHA = "a" * 64
 SHA2 = "b" * 64
@@ -71,10 +72,8 @@ ENGINE_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("name", "system", "engine"), ENGINE_CASES, ids=[c[0] for c in ENGINE_CASES]
-)
-def test_the_system_chooses_the_engine(name: str, system: pb.System, engine: str) -> None:
+@named_cases(("system", "engine"), ENGINE_CASES)
+def test_the_system_chooses_the_engine(system: pb.System, engine: str) -> None:
     assert engine_of(pb.JobSpec(name="a", system=system)) == engine
 
 
@@ -88,8 +87,8 @@ SPLIT_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("name", "text", "words"), SPLIT_CASES, ids=[c[0] for c in SPLIT_CASES])
-def test_split_words(name: str, text: str, words: list[str]) -> None:
+@named_cases(("text", "words"), SPLIT_CASES)
+def test_split_words(text: str, words: list[str]) -> None:
     assert [word.text for word in split_words(text)] == words
 
 
@@ -126,8 +125,8 @@ ALLOWED = [
 ]
 
 
-@pytest.mark.parametrize(("name", "line"), ALLOWED, ids=[c[0] for c in ALLOWED])
-def test_allowed_commands(name: str, line: str) -> None:
+@named_cases(("line",), ALLOWED)
+def test_allowed_commands(line: str) -> None:
     check_script(line)
 
 
@@ -165,8 +164,8 @@ REFUSED = [
 ]
 
 
-@pytest.mark.parametrize(("name", "line", "why"), REFUSED, ids=[c[0] for c in REFUSED])
-def test_refused_commands_are_named_with_their_line(name: str, line: str, why: str) -> None:
+@named_cases(("line", "why"), REFUSED)
+def test_refused_commands_are_named_with_their_line(line: str, why: str) -> None:
     with pytest.raises(ScriptError) as caught:
         check_script(f"units lj\n\n{line}\n")
     assert caught.value.line == 3
@@ -196,10 +195,8 @@ VARIABLE_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("name", "variables", "culprit"), VARIABLE_CASES, ids=[c[0] for c in VARIABLE_CASES]
-)
-def test_variables(name: str, variables: dict[str, str], culprit: str | None) -> None:
+@named_cases(("variables", "culprit"), VARIABLE_CASES)
+def test_variables(variables: dict[str, str], culprit: str | None) -> None:
     problem = check_variables(variables)
     assert (problem[0] if problem else None) == culprit
 
@@ -218,10 +215,8 @@ UNIT_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("name", "units", "what", "factor"), UNIT_CASES, ids=[c[0] for c in UNIT_CASES]
-)
-def test_unit_factors(name: str, units: str, what: str, factor: float) -> None:
+@named_cases(("units", "what", "factor"), UNIT_CASES)
+def test_unit_factors(units: str, what: str, factor: float) -> None:
     assert getattr(factors(units), what) == pytest.approx(factor, rel=1e-9)
 
 
@@ -330,12 +325,8 @@ SPEC_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("name", "spec", "field", "message"), SPEC_CASES, ids=[c[0] for c in SPEC_CASES]
-)
-def test_bad_engine_input_names_the_field(
-    name: str, spec: pb.JobSpec, field: str, message: str
-) -> None:
+@named_cases(("spec", "field", "message"), SPEC_CASES)
+def test_bad_engine_input_names_the_field(spec: pb.JobSpec, field: str, message: str) -> None:
     with pytest.raises(SpecError) as caught:
         normalize_job(spec, "jobs[0]")
     assert caught.value.field == field
@@ -382,13 +373,9 @@ FINGERPRINT_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("name", "left", "right", "same", "same_coarse"),
-    FINGERPRINT_CASES,
-    ids=[c[0] for c in FINGERPRINT_CASES],
-)
+@named_cases(("left", "right", "same", "same_coarse"), FINGERPRINT_CASES)
 def test_the_fingerprint_includes_the_engine_and_the_inputs(
-    name: str, left: pb.JobSpec, right: pb.JobSpec, same: bool, same_coarse: bool
+    left: pb.JobSpec, right: pb.JobSpec, same: bool, same_coarse: bool
 ) -> None:
     a, b = fingerprint_of(normalize_job(left, "j")), fingerprint_of(normalize_job(right, "j"))
     assert (a == b) is same

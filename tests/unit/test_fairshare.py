@@ -24,6 +24,7 @@ from mdq.core.placement import (
     plan,
     plan_fair_reclaims,
 )
+from tests.tables import named_cases
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 
@@ -59,8 +60,8 @@ SHARE_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("name", "held", "share"), SHARE_CASES, ids=[c[0] for c in SHARE_CASES])
-def test_dominant_share(name: str, held: Held, share: float) -> None:
+@named_cases(("held", "share"), SHARE_CASES)
+def test_dominant_share(held: Held, share: float) -> None:
     assert dominant_share(held, 8, 16_384) == pytest.approx(share)
 
 
@@ -116,11 +117,8 @@ ORDER_CASES: list[tuple[str, list[QueuedJob], dict[str, Held], dict[str, float],
 ]
 
 
-@pytest.mark.parametrize(
-    ("name", "queue", "held", "weight", "expected"), ORDER_CASES, ids=[c[0] for c in ORDER_CASES]
-)
+@named_cases(("queue", "held", "weight", "expected"), ORDER_CASES)
 def test_fair_order_when_every_job_is_bound(
-    name: str,
     queue: list[QueuedJob],
     held: dict[str, Held],
     weight: dict[str, float],
@@ -195,11 +193,8 @@ PLAN_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("name", "queue", "held", "weight", "bound"), PLAN_CASES, ids=[c[0] for c in PLAN_CASES]
-)
+@named_cases(("queue", "held", "weight", "bound"), PLAN_CASES)
 def test_plan_binds_fair_shares(
-    name: str,
     queue: list[QueuedJob],
     held: dict[str, Held],
     weight: dict[str, float],
@@ -244,13 +239,9 @@ FAIR_SHARE_CASES: list[tuple[str, dict[str, float], dict[str, float], dict[str, 
 ]
 
 
-@pytest.mark.parametrize(
-    ("name", "demands", "weight", "expected"),
-    FAIR_SHARE_CASES,
-    ids=[c[0] for c in FAIR_SHARE_CASES],
-)
+@named_cases(("demands", "weight", "expected"), FAIR_SHARE_CASES)
 def test_fair_shares_water_fill_by_weight(
-    name: str, demands: dict[str, float], weight: dict[str, float], expected: dict[str, float]
+    demands: dict[str, float], weight: dict[str, float], expected: dict[str, float]
 ) -> None:
     shares = fair_shares(demands, lambda tenant: weight.get(tenant, 1.0))
     assert shares == pytest.approx(expected)
@@ -278,10 +269,8 @@ REASON_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("name", "tenant", "share", "fair", "reason"), REASON_CASES, ids=[c[0] for c in REASON_CASES]
-)
-def test_fairness_reason(name: str, tenant: str, share: float, fair: float, reason: str) -> None:
+@named_cases(("tenant", "share", "fair", "reason"), REASON_CASES)
+def test_fairness_reason(tenant: str, share: float, fair: float, reason: str) -> None:
     assert fairness_reason(tenant, share, fair) == reason
 
 
@@ -383,13 +372,8 @@ RECLAIM_CASES: list[
 ]
 
 
-@pytest.mark.parametrize(
-    ("name", "running", "standing", "waiting", "expected"),
-    RECLAIM_CASES,
-    ids=[c[0] for c in RECLAIM_CASES],
-)
+@named_cases(("running", "standing", "waiting", "expected"), RECLAIM_CASES)
 def test_fair_reclaims(
-    name: str,
     running: list[RunningJob],
     standing: dict[str, Standing],
     waiting: list[QueuedJob],
@@ -437,13 +421,8 @@ GUARANTEE_CASES: list[
 ]
 
 
-@pytest.mark.parametrize(
-    ("name", "demands", "guaranteed", "maximum", "expected"),
-    GUARANTEE_CASES,
-    ids=[c[0] for c in GUARANTEE_CASES],
-)
+@named_cases(("demands", "guaranteed", "maximum", "expected"), GUARANTEE_CASES)
 def test_fair_shares_with_guarantees_and_maximums(
-    name: str,
     demands: dict[str, float],
     guaranteed: dict[str, float],
     maximum: dict[str, float],

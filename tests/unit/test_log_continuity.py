@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-import pytest
-
 from mdq.core.log_continuity import (
     ServerLog,
     StoredOffset,
@@ -13,6 +11,7 @@ from mdq.core.log_continuity import (
     check,
     message_digest,
 )
+from tests.tables import named_cases
 
 CREATED = datetime(2026, 11, 29, 12, 0, 0, 123456, tzinfo=UTC)
 LATER = CREATED + timedelta(days=2)
@@ -90,11 +89,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("stored", "server", "verdict"),
-    [case[1:] for case in CASES],
-    ids=[case[0] for case in CASES],
-)
+@named_cases(("stored", "server", "verdict"), CASES)
 def test_check(
     stored: tuple[int, datetime | None, str | None],
     server: tuple[datetime, int, int, str | None],

@@ -8,6 +8,7 @@ import pytest
 from mdq.contracts import pb
 from mdq.core.speed import interval_ns_per_day
 from services.metrics.folding import JobCounts, ProgressBoard
+from tests.tables import named_cases
 
 T0 = 1_764_417_600
 JOB = "0123456789ab-md"
@@ -22,9 +23,9 @@ SPEEDS: list[tuple[str, tuple[float, float, float, float], float | None]] = [
 ]
 
 
-@pytest.mark.parametrize(("case", "times", "expected"), SPEEDS, ids=[c[0] for c in SPEEDS])
+@named_cases(("times", "expected"), SPEEDS)
 def test_speed_over_an_interval(
-    case: str, times: tuple[float, float, float, float], expected: float | None
+    times: tuple[float, float, float, float], expected: float | None
 ) -> None:
     time_ps, at_s, previous_time_ps, previous_at_s = times
     speed = interval_ns_per_day(
@@ -75,10 +76,8 @@ BOARD: list[tuple[str, list[Report], float | None]] = [
 ]
 
 
-@pytest.mark.parametrize(("case", "reports", "expected"), BOARD, ids=[c[0] for c in BOARD])
-def test_the_speed_a_running_job_shows(
-    case: str, reports: list[Report], expected: float | None
-) -> None:
+@named_cases(("reports", "expected"), BOARD)
+def test_the_speed_a_running_job_shows(reports: list[Report], expected: float | None) -> None:
     board = ProgressBoard()
     for report in reports:
         board.apply(progress(*report))
@@ -137,9 +136,9 @@ OVER: list[tuple[str, list[tuple[str, int]], int, bool]] = [
 ]
 
 
-@pytest.mark.parametrize(("case", "events", "attempt", "over"), OVER, ids=[c[0] for c in OVER])
+@named_cases(("events", "attempt", "over"), OVER)
 def test_when_an_attempts_series_go(
-    case: str, events: list[tuple[str, int]], attempt: int, over: bool
+    events: list[tuple[str, int]], attempt: int, over: bool
 ) -> None:
     counts = JobCounts()
     for sequence, (kind, event_attempt) in enumerate(events, start=1):

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-import pytest
-
 from mdq.contracts import pb
 from mdq.core.node_health import NodeCapacity, NodeHealth, NodeHealthPolicy
+from tests.tables import named_cases
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 CRASH, LOST, NODE_LOST, EVICTED, OOM, UNSTABLE = (
@@ -91,12 +90,8 @@ SUSPICION_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("name", "failures", "node", "at", "suspect"),
-    SUSPICION_CASES,
-    ids=[c[0] for c in SUSPICION_CASES],
-)
-def test_suspicion(name: str, failures: list[Failure], node: str, at: int, suspect: bool) -> None:
+@named_cases(("failures", "node", "at", "suspect"), SUSPICION_CASES)
+def test_suspicion(failures: list[Failure], node: str, at: int, suspect: bool) -> None:
     health = fold(failures)
     suspects = {s.node for s in health.suspects(T0 + timedelta(seconds=at))}
     assert (node in suspects) is suspect
@@ -290,13 +285,8 @@ BUDGET_CASES: list[tuple[str, list[NodeCapacity], list[Failure], int, set[str], 
 ]
 
 
-@pytest.mark.parametrize(
-    ("name", "nodes", "failures", "at", "cordoned", "held_back"),
-    BUDGET_CASES,
-    ids=[c[0] for c in BUDGET_CASES],
-)
+@named_cases(("nodes", "failures", "at", "cordoned", "held_back"), BUDGET_CASES)
 def test_budget(
-    name: str,
     nodes: list[NodeCapacity],
     failures: list[Failure],
     at: int,

@@ -9,6 +9,7 @@ import pytest
 from mdq.contracts import pb
 from services.console.live import NODE_HISTORY_S, NODE_MAX_POINTS, NodeBoard
 from services.metrics.folding import LoadSummaries
+from tests.tables import named_cases
 
 T0 = 1_764_417_600.0
 """A whole hour since the epoch (2025-11-29 12:00 UTC)."""
@@ -83,11 +84,7 @@ def as_row(summary: pb.NodeLoadSummary) -> Summary:
     )
 
 
-@pytest.mark.parametrize(
-    ("rounds", "expected"),
-    [case[1:] for case in SUMMARY_CASES],
-    ids=[case[0] for case in SUMMARY_CASES],
-)
+@named_cases(("rounds", "expected"), SUMMARY_CASES)
 def test_load_summaries(rounds: list[Round], expected: list[Summary]) -> None:
     summaries = LoadSummaries(60.0)
     closed: list[pb.NodeLoadSummary] = []
@@ -161,11 +158,7 @@ BOARD_CASES: list[tuple[str, list[float], float | None, float, float, list[float
 ]
 
 
-@pytest.mark.parametrize(
-    ("ends", "latest_at", "arriving", "now", "shown"),
-    [case[1:] for case in BOARD_CASES],
-    ids=[case[0] for case in BOARD_CASES],
-)
+@named_cases(("ends", "latest_at", "arriving", "now", "shown"), BOARD_CASES)
 def test_the_consoles_hour_of_a_node(
     ends: list[float], latest_at: float | None, arriving: float, now: float, shown: list[float]
 ) -> None:

@@ -20,6 +20,7 @@ from mdq.core.placement import (
     plan,
     score_node,
 )
+from tests.tables import named_cases
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 CONFIG = PlacementConfig()
@@ -66,10 +67,8 @@ FILTER_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("name", "the_node", "the_job", "filtered"), FILTER_CASES, ids=[c[0] for c in FILTER_CASES]
-)
-def test_filters(name: str, the_node: NodeState, the_job: QueuedJob, filtered: str) -> None:
+@named_cases(("the_node", "the_job", "filtered"), FILTER_CASES)
+def test_filters(the_node: NodeState, the_job: QueuedJob, filtered: str) -> None:
     assert score_node(the_node, the_job, NOW, CONFIG).filtered == filtered
 
 
@@ -120,13 +119,9 @@ NODE_FILTER_CASES = [
 
 
 @pytest.mark.parametrize("size", [1, 40], ids=["full scan", "ranked heap"])
-@pytest.mark.parametrize(
-    ("name", "the_node", "config", "filtered"),
-    NODE_FILTER_CASES,
-    ids=[c[0] for c in NODE_FILTER_CASES],
-)
+@named_cases(("the_node", "config", "filtered"), NODE_FILTER_CASES)
 def test_plan_filters_nodes_as_node_filter_does(
-    name: str, the_node: NodeState, config: PlacementConfig, filtered: str, size: int
+    the_node: NodeState, config: PlacementConfig, filtered: str, size: int
 ) -> None:
     """plan checks the node-wide filters itself, once per pass: it must agree with
     node_filter on every case, on a small cluster and on one large enough for the heap."""
@@ -152,10 +147,8 @@ SCORE_ORDER_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("name", "better", "worse"), SCORE_ORDER_CASES, ids=[c[0] for c in SCORE_ORDER_CASES]
-)
-def test_scores_prefer(name: str, better: NodeState, worse: NodeState) -> None:
+@named_cases(("better", "worse"), SCORE_ORDER_CASES)
+def test_scores_prefer(better: NodeState, worse: NodeState) -> None:
     assert (
         score_node(better, job(), NOW, CONFIG).score > score_node(worse, job(), NOW, CONFIG).score
     )
@@ -186,10 +179,8 @@ QUEUE_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("name", "queue", "expected"), QUEUE_CASES, ids=[c[0] for c in QUEUE_CASES]
-)
-def test_queue_order(name: str, queue: list[QueuedJob], expected: list[str]) -> None:
+@named_cases(("queue", "expected"), QUEUE_CASES)
+def test_queue_order(queue: list[QueuedJob], expected: list[str]) -> None:
     assert [j.job_id for j in order_queue(queue, NOW, CONFIG)] == expected
 
 
@@ -241,12 +232,8 @@ MORE_FILTER_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("name", "the_node", "the_job", "filtered"),
-    MORE_FILTER_CASES,
-    ids=[c[0] for c in MORE_FILTER_CASES],
-)
-def test_more_filters(name: str, the_node: NodeState, the_job: QueuedJob, filtered: str) -> None:
+@named_cases(("the_node", "the_job", "filtered"), MORE_FILTER_CASES)
+def test_more_filters(the_node: NodeState, the_job: QueuedJob, filtered: str) -> None:
     assert score_node(the_node, the_job, NOW, CONFIG).filtered == filtered
 
 
@@ -266,12 +253,8 @@ LOAD_SCORE_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("name", "utilisation", "target", "expected"),
-    LOAD_SCORE_CASES,
-    ids=[c[0] for c in LOAD_SCORE_CASES],
-)
-def test_load_score(name: str, utilisation: float, target: float, expected: float) -> None:
+@named_cases(("utilisation", "target", "expected"), LOAD_SCORE_CASES)
+def test_load_score(utilisation: float, target: float, expected: float) -> None:
     assert load_score(utilisation, target) == pytest.approx(expected)
 
 
@@ -426,13 +409,8 @@ PREEMPTION_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("name", "nodes", "running", "preemptor", "expected"),
-    PREEMPTION_CASES,
-    ids=[c[0] for c in PREEMPTION_CASES],
-)
+@named_cases(("nodes", "running", "preemptor", "expected"), PREEMPTION_CASES)
 def test_preemption(
-    name: str,
     nodes: list[NodeState],
     running: list[RunningJob],
     preemptor: QueuedJob,
@@ -613,13 +591,9 @@ WAITING_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("name", "nodes", "the_job", "summary", "order"),
-    WAITING_CASES,
-    ids=[c[0] for c in WAITING_CASES],
-)
+@named_cases(("nodes", "the_job", "summary", "order"), WAITING_CASES)
 def test_explain_waiting(
-    name: str, nodes: list[NodeState], the_job: QueuedJob, summary: str, order: list[str]
+    nodes: list[NodeState], the_job: QueuedJob, summary: str, order: list[str]
 ) -> None:
     waiting = explain_waiting(nodes, the_job, NOW, CONFIG)
     assert waiting.summary == summary

@@ -20,6 +20,7 @@ from mdq.core.placement import PlacementConfig, Preemption, plan
 from mdq.core.placement_state import PlacementState
 from mdq.core.state import AttemptRecord, JobState, JobView, Stop
 from mdq.core.timestamps import set_timestamp
+from tests.tables import named_cases
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 SETTLE_S = 10.0
@@ -319,11 +320,7 @@ FOLD_CASES: list[tuple[str, list[Step], dict[str, Any]]] = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("history", "expected"),
-    [case[1:] for case in FOLD_CASES],
-    ids=[case[0] for case in FOLD_CASES],
-)
+@named_cases(("history", "expected"), FOLD_CASES)
 def test_fold(history: list[Step], expected: dict[str, Any]) -> None:
     seen = observe(fold(history))
     for key, value in expected.items():
@@ -437,11 +434,7 @@ QUEUE_CASES: list[tuple[str, list[Step], float, list[str], list[str]]] = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("history", "seconds", "order", "nominated"),
-    [case[1:] for case in QUEUE_CASES],
-    ids=[case[0] for case in QUEUE_CASES],
-)
+@named_cases(("history", "seconds", "order", "nominated"), QUEUE_CASES)
 def test_queue(history: list[Step], seconds: float, order: list[str], nominated: list[str]) -> None:
     queue = fold(history).queue(at(seconds))
     assert [job.job_id for job in queue] == order
@@ -468,11 +461,7 @@ NOMINATION_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("seconds", "node"),
-    [case[1:] for case in NOMINATION_CASES],
-    ids=[case[0] for case in NOMINATION_CASES],
-)
+@named_cases(("seconds", "node"), NOMINATION_CASES)
 def test_nominations(seconds: float, node: str) -> None:
     state = fold([*NODES, sub("r-v", priority="low"), bound("r-v", "n2"), started("r-v")])
     fold_more(state, [sub("r-p", priority="high")])
@@ -552,11 +541,7 @@ CHAIN_CASES: list[tuple[str, list[Step], bool, tuple[str, ...] | None]] = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("history", "fail_on", "verdict"),
-    [case[1:] for case in CHAIN_CASES],
-    ids=[case[0] for case in CHAIN_CASES],
-)
+@named_cases(("history", "fail_on", "verdict"), CHAIN_CASES)
 def test_dependency_verdict(
     history: list[Step], fail_on: bool, verdict: tuple[str, ...] | None
 ) -> None:
@@ -624,11 +609,7 @@ PRUNE_CASES: list[tuple[str, list[Step], int, set[str]]] = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("history", "forgotten", "held"),
-    [case[1:] for case in PRUNE_CASES],
-    ids=[case[0] for case in PRUNE_CASES],
-)
+@named_cases(("history", "forgotten", "held"), PRUNE_CASES)
 def test_prune(history: list[Step], forgotten: int, held: set[str]) -> None:
     state = fold(history)
     before = observe(state)
@@ -817,9 +798,7 @@ SNAPSHOT_CASES.append(
 )
 
 
-@pytest.mark.parametrize(
-    "history", [case[1] for case in SNAPSHOT_CASES], ids=[case[0] for case in SNAPSHOT_CASES]
-)
+@named_cases(("history",), SNAPSHOT_CASES)
 def test_snapshot_round_trip(history: list[Step]) -> None:
     policy = NodeHealthPolicy(failures_to_cordon=2)
     state = fold(history, health_policy=policy)
@@ -1026,12 +1005,8 @@ PROBLEM_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("name", "history", "expected"), PROBLEM_CASES, ids=[c[0] for c in PROBLEM_CASES]
-)
-def test_node_problems_follow_the_latest_reports(
-    name: str, history: list[Step], expected: bool
-) -> None:
+@named_cases(("history", "expected"), PROBLEM_CASES)
+def test_node_problems_follow_the_latest_reports(history: list[Step], expected: bool) -> None:
     state = fold(history)
     assert state.has_node_problems() is expected
     assert state.has_node_problems() is any(node.problem for node in state.nodes.values())

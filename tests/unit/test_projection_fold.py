@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from mdq.contracts import pb
 from mdq.core.events import make_event
 from mdq.store.projection.fold import JobRow, fold_batch, superseded_reports
+from tests.tables import named_cases
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 JOBS = ("r-a", "r-b")
@@ -136,7 +137,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("batch", "skipped"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+@named_cases(("batch", "skipped"), CASES)
 def test_skipping_superseded_reports_leaves_the_same_rows(
     batch: list[pb.Event], skipped: int
 ) -> None:

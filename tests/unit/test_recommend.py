@@ -25,6 +25,7 @@ from mdq.core.recommend import (
 )
 from mdq.core.spec import normalize_job
 from tests.helpers import with_fields
+from tests.tables import named_cases
 
 
 def water(box_nm: float = 3.0, **fields: object) -> pb.JobSpec:
@@ -62,10 +63,8 @@ QUANTILE_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("name", "values", "q", "expected"), QUANTILE_CASES, ids=[c[0] for c in QUANTILE_CASES]
-)
-def test_quantile(name: str, values: list[float], q: float, expected: float) -> None:
+@named_cases(("values", "q", "expected"), QUANTILE_CASES)
+def test_quantile(values: list[float], q: float, expected: float) -> None:
     assert quantile(values, q) == pytest.approx(expected)
 
 
@@ -101,8 +100,8 @@ ATOM_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("name", "spec", "expected"), ATOM_CASES, ids=[c[0] for c in ATOM_CASES])
-def test_estimate_atoms(name: str, spec: pb.JobSpec, expected: int) -> None:
+@named_cases(("spec", "expected"), ATOM_CASES)
+def test_estimate_atoms(spec: pb.JobSpec, expected: int) -> None:
     assert estimate_atoms(spec) == expected
 
 
@@ -124,10 +123,8 @@ FINGERPRINT_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("name", "left", "right", "same"), FINGERPRINT_CASES, ids=[c[0] for c in FINGERPRINT_CASES]
-)
-def test_fingerprint(name: str, left: pb.JobSpec, right: pb.JobSpec, same: bool) -> None:
+@named_cases(("left", "right", "same"), FINGERPRINT_CASES)
+def test_fingerprint(left: pb.JobSpec, right: pb.JobSpec, same: bool) -> None:
     assert (fingerprint_of(left) == fingerprint_of(right)) is same
 
 
@@ -240,14 +237,9 @@ RECOMMEND_CASES: list[tuple[str, list[UsageSample], int, float, Confidence, str]
 ]
 
 
-@pytest.mark.parametrize(
-    ("name", "history", "memory_mb", "cpu", "confidence", "evidence"),
-    RECOMMEND_CASES,
-    ids=[c[0] for c in RECOMMEND_CASES],
-)
+@named_cases(("history", "memory_mb", "cpu", "confidence", "evidence"), RECOMMEND_CASES)
 @pytest.mark.parametrize("indexed", [False, True], ids=["samples", "indexed history"])
 def test_recommend(
-    name: str,
     history: list[UsageSample],
     memory_mb: int,
     cpu: float,
@@ -305,13 +297,9 @@ PHYSICAL_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("name", "atoms", "threads", "pme", "measured"),
-    PHYSICAL_CASES,
-    ids=[c[0] for c in PHYSICAL_CASES],
-)
+@named_cases(("atoms", "threads", "pme", "measured"), PHYSICAL_CASES)
 def test_physical_model_fits_the_measurements_within_15_percent(
-    name: str, atoms: int, threads: int, pme: bool, measured: float
+    atoms: int, threads: int, pme: bool, measured: float
 ) -> None:
     assert physical_memory_mb(atoms, threads, pme=pme) == pytest.approx(measured, rel=0.15)
 
@@ -324,10 +312,8 @@ def test_physical_model_grows_with_atoms_and_threads() -> None:
 THREAD_CASES = [("small", 800, 1), ("medium", 50_000, 2), ("large", 200_000, 4)]
 
 
-@pytest.mark.parametrize(
-    ("name", "atoms", "threads"), THREAD_CASES, ids=[c[0] for c in THREAD_CASES]
-)
-def test_threads_for(name: str, atoms: int, threads: int) -> None:
+@named_cases(("atoms", "threads"), THREAD_CASES)
+def test_threads_for(atoms: int, threads: int) -> None:
     assert threads_for(atoms) == threads
 
 

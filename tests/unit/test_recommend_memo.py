@@ -19,6 +19,7 @@ from mdq.core.recommend import (
     recommendation_key,
 )
 from mdq.core.spec import normalize_job
+from tests.tables import named_cases
 
 
 def job(**fields: object) -> pb.JobSpec:
@@ -63,10 +64,8 @@ SEQUENCE_CASES: list[tuple[str, list[tuple[pb.JobSpec, History]]]] = [
 ]
 
 
-@pytest.mark.parametrize(("name", "calls"), SEQUENCE_CASES, ids=[c[0] for c in SEQUENCE_CASES])
-def test_the_memo_answers_as_recommend_job_does(
-    name: str, calls: list[tuple[pb.JobSpec, History]]
-) -> None:
+@named_cases(("calls",), SEQUENCE_CASES)
+def test_the_memo_answers_as_recommend_job_does(calls: list[tuple[pb.JobSpec, History]]) -> None:
     memo = RecommendationMemo()
     for _ in range(2):  # the second time round from what it remembered
         for spec, history in calls:
@@ -90,12 +89,8 @@ REMEMBER_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("name", "calls", "entries"), REMEMBER_CASES, ids=[c[0] for c in REMEMBER_CASES]
-)
-def test_what_the_memo_remembers(
-    name: str, calls: list[tuple[pb.JobSpec, History]], entries: int
-) -> None:
+@named_cases(("calls", "entries"), REMEMBER_CASES)
+def test_what_the_memo_remembers(calls: list[tuple[pb.JobSpec, History]], entries: int) -> None:
     memo = RecommendationMemo()
     for spec, history in calls:
         memo.recommend_job(spec, history=history)

@@ -11,6 +11,7 @@ from mdq.core.events import make_event
 from mdq.core.exit_codes import RunnerExit
 from mdq.core.recovery import GiveUp, RecoveryPolicy, Requeue, Wait, classify, decide, requeued_body
 from mdq.core.state import JobState, JobView
+from tests.tables import named_cases
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
@@ -34,10 +35,8 @@ CLASSIFY_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("name", "reason", "code", "expected"), CLASSIFY_CASES, ids=[c[0] for c in CLASSIFY_CASES]
-)
-def test_classify(name: str, reason: str, code: int, expected: int) -> None:
+@named_cases(("reason", "code", "expected"), CLASSIFY_CASES)
+def test_classify(reason: str, code: int, expected: int) -> None:
     assert classify(pod_reason=reason, exit_code=code) == expected
 
 
@@ -140,13 +139,9 @@ ENVIRONMENT_BACKOFF_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("name", "reasons", "delay"),
-    ENVIRONMENT_BACKOFF_CASES,
-    ids=[c[0] for c in ENVIRONMENT_BACKOFF_CASES],
-)
+@named_cases(("reasons", "delay"), ENVIRONMENT_BACKOFF_CASES)
 def test_an_environment_failure_backs_off_by_its_streak(
-    name: str, reasons: tuple[pb.FailureReason, ...], delay: float
+    reasons: tuple[pb.FailureReason, ...], delay: float
 ) -> None:
     decision = decide(view_with_failures(*reasons, max_retries=1))
     assert isinstance(decision, Requeue) and decision.delay_s == delay
@@ -203,13 +198,8 @@ DEADLINE_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("name", "reasons", "ended", "stalled", "gives_up"),
-    DEADLINE_CASES,
-    ids=[c[0] for c in DEADLINE_CASES],
-)
+@named_cases(("reasons", "ended", "stalled", "gives_up"), DEADLINE_CASES)
 def test_the_operators_deadline_ends_a_job_the_environment_keeps_failing(
-    name: str,
     reasons: tuple[pb.FailureReason, ...],
     ended: tuple[datetime, ...],
     stalled: bool,
@@ -301,13 +291,8 @@ RESUME_CASES = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    ("name", "reason", "checkpoint", "copies", "step", "slot", "lost", "lag"),
-    RESUME_CASES,
-    ids=[case[0] for case in RESUME_CASES],
-)
+@named_cases(("reason", "checkpoint", "copies", "step", "slot", "lost", "lag"), RESUME_CASES)
 def test_where_a_retry_resumes_with_copies(
-    name: str,
     reason: pb.FailureReason,
     checkpoint: int,
     copies: tuple[int, ...],
@@ -374,11 +359,9 @@ FENCING_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("name", "stopped", "now", "expected"), FENCING_CASES, ids=[c[0] for c in FENCING_CASES]
-)
+@named_cases(("stopped", "now", "expected"), FENCING_CASES)
 def test_lost_attempt_is_fenced_before_the_retry(
-    name: str, stopped: bool, now: datetime, expected: str
+    stopped: bool, now: datetime, expected: str
 ) -> None:
     decision = decide(_lost_view(pod_stopped=stopped), RecoveryPolicy(), now)
     assert type(decision).__name__ == expected
@@ -413,11 +396,9 @@ QUARANTINE_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("name", "reasons", "quarantined"), QUARANTINE_CASES, ids=[c[0] for c in QUARANTINE_CASES]
-)
+@named_cases(("reasons", "quarantined"), QUARANTINE_CASES)
 def test_crash_loops_are_quarantined(
-    name: str, reasons: tuple[pb.FailureReason, ...], quarantined: bool
+    reasons: tuple[pb.FailureReason, ...], quarantined: bool
 ) -> None:
     decision = decide(_no_progress(*reasons))
     is_quarantined = isinstance(decision, GiveUp) and decision.reason == pb.FAILURE_QUARANTINED

@@ -8,6 +8,7 @@ import pytest
 from mdq.contracts import pb
 from mdq.core.spec import SpecError, normalize_job
 from mdq.core.tenants import RunawayLimits, TenantPolicy, apply_runaway_limits
+from tests.tables import named_cases
 
 DEFAULTS = RunawayLimits(max_steps=1000, max_wall_s=3600, max_disk_mb=100)
 
@@ -21,9 +22,7 @@ OF_CASES = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    ("policy", "expected"), [c[1:] for c in OF_CASES], ids=[c[0] for c in OF_CASES]
-)
+@named_cases(("policy", "expected"), OF_CASES)
 def test_limits_of(policy: TenantPolicy | None, expected: RunawayLimits) -> None:
     assert RunawayLimits.of(policy, DEFAULTS) == expected
 
@@ -42,11 +41,7 @@ APPLY_CASES = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    ("job", "tenant", "field", "filled"),
-    [c[1:] for c in APPLY_CASES],
-    ids=[c[0] for c in APPLY_CASES],
-)
+@named_cases(("job", "tenant", "field", "filled"), APPLY_CASES)
 def test_apply(
     job: pb.JobSpec, tenant: str, field: str | None, filled: tuple[float, int] | None
 ) -> None:

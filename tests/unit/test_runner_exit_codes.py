@@ -5,12 +5,11 @@ from __future__ import annotations
 import errno
 from pathlib import Path
 
-import pytest
-
 from mdq.core.exit_codes import RunnerExit
 from mdq.datadisk import VolumeMissing
 from services.runner.app import exit_code_for
 from services.runner.errors import InvalidInputError
+from tests.tables import named_cases
 
 
 def _written_to_dev_full() -> OSError:
@@ -45,6 +44,6 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("name", "error", "expected"), CASES, ids=[c[0] for c in CASES])
-def test_exit_code_for(name: str, error: BaseException, expected: RunnerExit) -> None:
+@named_cases(("error", "expected"), CASES)
+def test_exit_code_for(error: BaseException, expected: RunnerExit) -> None:
     assert exit_code_for(error) is expected

@@ -12,6 +12,7 @@ from mdq.core.spec import (
     SpecMemo,
     normalize_job,
 )
+from tests.tables import named_cases
 
 
 def spec(name: str = "a", **fields: object) -> pb.JobSpec:
@@ -55,8 +56,8 @@ SEQUENCE_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("name", "specs"), SEQUENCE_CASES, ids=[c[0] for c in SEQUENCE_CASES])
-def test_the_memo_answers_as_normalize_job_does(name: str, specs: list[pb.JobSpec]) -> None:
+@named_cases(("specs",), SEQUENCE_CASES)
+def test_the_memo_answers_as_normalize_job_does(specs: list[pb.JobSpec]) -> None:
     memo = SpecMemo()
     for _ in range(2):  # the second time round from what it remembered
         for job in specs:
@@ -79,10 +80,8 @@ REMEMBER_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("name", "specs", "entries"), REMEMBER_CASES, ids=[c[0] for c in REMEMBER_CASES]
-)
-def test_what_the_memo_remembers(name: str, specs: list[pb.JobSpec], entries: int) -> None:
+@named_cases(("specs", "entries"), REMEMBER_CASES)
+def test_what_the_memo_remembers(specs: list[pb.JobSpec], entries: int) -> None:
     memo = SpecMemo()
     for job in specs:
         outcome(memo.normalize, job)

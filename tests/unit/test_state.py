@@ -10,6 +10,7 @@ from google.protobuf.message import Message
 from mdq.contracts import pb
 from mdq.core.events import make_event
 from mdq.core.state import JobBook, JobState, attempt_lives
+from tests.tables import named_cases
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
@@ -76,8 +77,8 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("name", "history", "state", "attempt"), CASES, ids=[c[0] for c in CASES])
-def test_history(name: str, history: list[pb.Event], state: JobState, attempt: int) -> None:
+@named_cases(("history", "state", "attempt"), CASES)
+def test_history(history: list[pb.Event], state: JobState, attempt: int) -> None:
     book = JobBook()
     for sequence, event in enumerate(history, start=1):
         book.apply(sequence, event)

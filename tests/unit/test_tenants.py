@@ -22,6 +22,7 @@ from mdq.core.tenants import (
     usage_key,
     validate_tenant_name,
 )
+from tests.tables import named_cases
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 UNLIMITED = TenantPolicy(
@@ -68,10 +69,8 @@ POLICY_JSON_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("name", "text", "expected"), POLICY_JSON_CASES, ids=[c[0] for c in POLICY_JSON_CASES]
-)
-def test_policy_from_json(name: str, text: str, expected: TenantPolicy) -> None:
+@named_cases(("text", "expected"), POLICY_JSON_CASES)
+def test_policy_from_json(text: str, expected: TenantPolicy) -> None:
     policy = TenantPolicy.from_json(text)
     assert policy == expected
     assert TenantPolicy.from_json(policy.to_json()) == policy
@@ -100,10 +99,8 @@ BAD_POLICY_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("name", "text", "message"), BAD_POLICY_CASES, ids=[c[0] for c in BAD_POLICY_CASES]
-)
-def test_bad_policy_json_names_the_field(name: str, text: str, message: str) -> None:
+@named_cases(("text", "message"), BAD_POLICY_CASES)
+def test_bad_policy_json_names_the_field(text: str, message: str) -> None:
     with pytest.raises(ValueError, match="tenant policy") as raised:
         TenantPolicy.from_json(text)
     assert message in str(raised.value)
@@ -141,8 +138,8 @@ def test_usage_written_by_an_older_placement_reads_with_defaults() -> None:
     assert (usage.queued_jobs, usage.weight, usage.share, usage.fair_share) == (3, 1.0, 0.0, 0.0)
 
 
-@pytest.mark.parametrize(("name", "usage"), USAGE_JSON_CASES, ids=[c[0] for c in USAGE_JSON_CASES])
-def test_usage_json_round_trip(name: str, usage: TenantUsage) -> None:
+@named_cases(("usage",), USAGE_JSON_CASES)
+def test_usage_json_round_trip(usage: TenantUsage) -> None:
     assert TenantUsage.from_json(usage.to_json()) == usage
 
 
@@ -157,10 +154,8 @@ BAD_USAGE_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("name", "text", "field"), BAD_USAGE_CASES, ids=[c[0] for c in BAD_USAGE_CASES]
-)
-def test_bad_usage_json_names_the_field(name: str, text: str, field: str) -> None:
+@named_cases(("text", "field"), BAD_USAGE_CASES)
+def test_bad_usage_json_names_the_field(text: str, field: str) -> None:
     with pytest.raises(ValueError, match=field):
         TenantUsage.from_json(text)
 
@@ -242,13 +237,8 @@ SUBMIT_CASES: list[tuple[str, str, TenantPolicy, list[pb.JobSpec], TenantUsage |
 ]
 
 
-@pytest.mark.parametrize(
-    ("name", "tenant", "policy", "specs", "usage", "refusal"),
-    SUBMIT_CASES,
-    ids=[c[0] for c in SUBMIT_CASES],
-)
+@named_cases(("tenant", "policy", "specs", "usage", "refusal"), SUBMIT_CASES)
 def test_check_submit(
-    name: str,
     tenant: str,
     policy: TenantPolicy,
     specs: list[pb.JobSpec],
@@ -297,11 +287,9 @@ RATE_CASES: list[tuple[str, str, TenantPolicy, list[float], list[float]]] = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("name", "tenant", "policy", "times", "waits"), RATE_CASES, ids=[c[0] for c in RATE_CASES]
-)
+@named_cases(("tenant", "policy", "times", "waits"), RATE_CASES)
 def test_rate_limiter(
-    name: str, tenant: str, policy: TenantPolicy, times: list[float], waits: list[float]
+    tenant: str, policy: TenantPolicy, times: list[float], waits: list[float]
 ) -> None:
     limiter = SubmitRateLimiter()
     got = [limiter.acquire(tenant, policy, now) for now in times]
@@ -366,13 +354,9 @@ QUOTA_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("name", "tenant", "policy", "running", "cpu", "reason"),
-    QUOTA_CASES,
-    ids=[c[0] for c in QUOTA_CASES],
-)
+@named_cases(("tenant", "policy", "running", "cpu", "reason"), QUOTA_CASES)
 def test_cpu_quota_reason(
-    name: str, tenant: str, policy: TenantPolicy, running: float, cpu: float, reason: str
+    tenant: str, policy: TenantPolicy, running: float, cpu: float, reason: str
 ) -> None:
     assert cpu_quota_reason(tenant, policy, running, cpu) == reason
 
@@ -384,10 +368,8 @@ ROOM_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("name", "policy", "running", "room"), ROOM_CASES, ids=[c[0] for c in ROOM_CASES]
-)
-def test_cpu_room(name: str, policy: TenantPolicy, running: float, room: float | None) -> None:
+@named_cases(("policy", "running", "room"), ROOM_CASES)
+def test_cpu_room(policy: TenantPolicy, running: float, room: float | None) -> None:
     assert cpu_room(policy, running) == room
 
 
@@ -446,11 +428,8 @@ PLAN_CASES: list[tuple[str, list[QueuedJob], dict[str, float], set[str], dict[st
 ]
 
 
-@pytest.mark.parametrize(
-    ("name", "queue", "room", "bound", "room_after"), PLAN_CASES, ids=[c[0] for c in PLAN_CASES]
-)
+@named_cases(("queue", "room", "bound", "room_after"), PLAN_CASES)
 def test_plan_honours_tenant_room(
-    name: str,
     queue: list[QueuedJob],
     room: dict[str, float],
     bound: set[str],
