@@ -90,7 +90,7 @@ async def project_first_job(
     try:
         await publish_in_order(
             publisher,
-            [first.submitted(), first.bound(1, "n1"), first.started(1, "n1"), first.failed(1)],
+            [*first.began(), first.failed(1)],
         )
         await wait_projected(js, subjects, pool)
     finally:

@@ -44,14 +44,12 @@ ROUNDS = 6
 def to_success(h: History) -> list[pb.Event]:
     steps = range(100, 1001, 100)
     reports = [h.progress(1, s, done_reason="steps_reached" if s == 1000 else "") for s in steps]
-    return [h.submitted(), h.bound(1, "n1"), h.started(1, "n1"), *reports, h.succeeded(1, 1000)]
+    return [*h.began(), *reports, h.succeeded(1, 1000)]
 
 
 def requeued_then_success(h: History) -> list[pb.Event]:
     return [
-        h.submitted(),
-        h.bound(1, "n1"),
-        h.started(1, "n1"),
+        *h.began(),
         *[h.progress(1, s) for s in (100, 200, 300)],
         h.checkpoint(1, 200),
         h.attempt_failed(1, "n1", 300),
@@ -67,9 +65,7 @@ def runner_went_on_after_cancel(h: History) -> list[pb.Event]:
     origin = pb.ControlOrigin(control_id="c1", requested_by="ann", reason="typo")
     stopped = pb.AttemptFailed(reason=pb.FAILURE_STOPPED, node="n1", last_step=300)
     return [
-        h.submitted(),
-        h.bound(1, "n1"),
-        h.started(1, "n1"),
+        *h.began(),
         *[h.progress(1, s) for s in (100, 200)],
         h.event("cancel_requested", pb.CancelRequested(origin=origin), 1, detail="c1"),
         h.progress(1, 300, done_reason="steps_reached"),
@@ -84,9 +80,7 @@ def done_reason_then_more(h: History) -> list[pb.Event]:
     last = h.progress(1, 400, units="lj")
     last.progress.target_steps = 0
     return [
-        h.submitted(),
-        h.bound(1, "n1"),
-        h.started(1, "n1"),
+        *h.began(),
         h.progress(1, 100, units="lj"),
         h.progress(1, 200, done_reason="converged", units="lj"),
         h.progress(1, 300, units="lj"),
@@ -100,9 +94,7 @@ def still_running(h: History) -> list[pb.Event]:
 
 def failed_for_good(h: History) -> list[pb.Event]:
     return [
-        h.submitted(),
-        h.bound(1, "n1"),
-        h.started(1, "n1"),
+        *h.began(),
         *[h.progress(1, s) for s in (100, 200)],
         h.failed(1),
         h.progress(1, 300),
@@ -240,7 +232,7 @@ async def test_reports_stored_by_a_watcher_killed_before_its_fold_are_folded_on_
         never.setattr(Projector, "_fold_due", lambda self, feed: False)
         dying = Projector(js=js, subjects=subjects, pool=pool)
         task = asyncio.create_task(dying.run())
-        for event in [history.submitted(), history.bound(1, "n1"), history.started(1, "n1")]:
+        for event in history.began():
             await publisher.publish(event)
         await wait_projected(js, subjects, pool)  # the job first: no catch-up of its reports
         for step in range(100, 1001, 100):
@@ -271,11 +263,7 @@ async def test_a_replica_folds_what_another_queued_and_left_killed(pool: asyncpg
     alive = Writer(pool=pool, database="test", reconnect=DEFAULT_BACKOFF, stopping=stopping)
     alive.queued = False  # caught up, nothing of its own queued
     jobs, progress = feed(JOBS_STREAM, pool, "replicas"), feed(PROGRESS_STREAM, pool, "replicas")
-    lifecycle = [
-        event
-        for history in (left, going_on)
-        for event in (history.submitted(), history.bound(1, "n1"), history.started(1, "n1"))
-    ]
+    lifecycle = [event for history in (left, going_on) for event in history.began()]
     await alive.project(jobs, as_batch(lifecycle, 1), catch_up=True)
     reports = [left.progress(1, step) for step in (100, 200, 300)]
     await dead.project(progress, as_batch(reports, 1), catch_up=False, fold=False)
@@ -308,7 +296,7 @@ async def test_a_fold_reads_an_open_attempts_new_reports_not_its_history(
     stopping = asyncio.Event()
     writer = Writer(pool=pool, database="test", reconnect=DEFAULT_BACKOFF, stopping=stopping)
     jobs, progress = feed(JOBS_STREAM, pool, "long"), feed(PROGRESS_STREAM, pool, "long")
-    lifecycle = [history.submitted(), history.bound(1, "n1"), history.started(1, "n1")]
+    lifecycle = history.began()
     await writer.project(jobs, as_batch(lifecycle, 1), catch_up=True)
     folded = [history.progress(1, step) for step in range(10, 20_001, 10)]
     folded[5].progress.done_reason = "converged"  # early: the reports after it name none

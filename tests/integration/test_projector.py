@@ -98,6 +98,10 @@ class History:
         body = pb.JobStarted(node=node, pod_name=pod_name(self.job_id, attempt))
         return self.event("started", body, attempt)
 
+    def began(self, node: str = "n1") -> list[pb.Event]:
+        """Submitted, then its first attempt bound to ``node`` and started there."""
+        return [self.submitted(), self.bound(1, node), self.started(1, node)]
+
     def progress(self, attempt: int, step: int, done_reason: str = "", units: str = "") -> pb.Event:
         body = pb.Progress(
             units=units,
@@ -290,9 +294,7 @@ async def attempt_rows(pool: asyncpg.Pool, job_id: str) -> dict[int, asyncpg.Rec
 def requeue_history(history: History) -> tuple[list[pb.Event], list[pb.Event]]:
     """A first attempt that runs out of memory, a second that succeeds (in two phases)."""
     first = [
-        history.submitted(),
-        history.bound(1, "n1"),
-        history.started(1, "n1"),
+        *history.began(),
         *(history.progress(1, step) for step in (100, 200, 300)),
         history.checkpoint(1, 200),
         history.attempt_failed(1, "n1", last_step=300),
@@ -313,9 +315,7 @@ async def test_a_job_reporting_in_reduced_units_says_so_in_its_row(
 ) -> None:
     history = History("lj-melt")
     events = [
-        history.submitted(),
-        history.bound(1, "n1"),
-        history.started(1, "n1"),
+        *history.began(),
         *(history.progress(1, step, units="lj") for step in (100, 200)),
     ]
     await project(events)
@@ -328,9 +328,7 @@ async def test_a_successful_history_becomes_rows(
 ) -> None:
     history = History("md")
     running_events = [
-        history.submitted(),
-        history.bound(1, "n1"),
-        history.started(1, "n1"),
+        *history.began(),
         *(history.progress(1, step) for step in range(100, 901, 100)),
         history.progress(1, 1000, done_reason="steps_reached"),
         history.checkpoint(1, 500),
@@ -497,7 +495,7 @@ async def test_a_report_after_the_attempt_ended_counts_in_neither_order(
     300 after the failure. Live, the fold sees that report after the failure and fences it; a
     rebuild may fold it first. Either way the attempt and the job end at step 200."""
     history = History(f"late-{int(reports_first)}")
-    jobs = [history.submitted(), history.bound(1, "n1"), history.started(1, "n1")]
+    jobs = history.began()
     reports = [history.progress(1, step) for step in (100, 200)]
     jobs.append(history.attempt_failed(1, "n1", last_step=150))
     reports.append(history.progress(1, 300))  # after the failure
@@ -520,9 +518,7 @@ async def test_a_late_report_of_an_attempt_already_requeued_counts_in_both_order
     history = History(f"cut-off-{int(reports_first)}")
     reports = [history.progress(1, step) for step in (100, 200)]
     jobs = [
-        history.submitted(),
-        history.bound(1, "n1"),
-        history.started(1, "n1"),
+        *history.began(),
         history.attempt_failed(1, "n1", last_step=0),
         history.requeued(2, resume_step=0, steps_lost=0),
         history.bound(2, "n2"),
@@ -548,9 +544,7 @@ async def test_a_target_reached_while_a_cancel_was_on_its_way_is_the_same_in_bot
     history = History(f"raced-{int(reports_first)}")
     origin = pb.ControlOrigin(control_id="c1", requested_by="ann", reason="typo")
     jobs = [
-        history.submitted(),
-        history.bound(1, "n1"),
-        history.started(1, "n1"),
+        *history.began(),
         history.event("cancel_requested", pb.CancelRequested(origin=origin), 1, detail="c1"),
     ]
     report = history.progress(1, 1000, done_reason="steps_reached")
@@ -580,9 +574,7 @@ async def test_an_attempt_failing_in_the_batch_that_inserts_the_next_failed_coun
     one statement."""
     history = History("twice")
     async with running(js, subjects, pool):
-        await publish_in_order(
-            publisher, [history.submitted(), history.bound(1, "n1"), history.started(1, "n1")]
-        )
+        await publish_in_order(publisher, history.began())
         await wait_projected(js, subjects, pool)
     await publish_in_order(  # one batch: no projector runs while they are published
         publisher,
@@ -636,9 +628,7 @@ async def test_failure_then_requeue_fills_both_attempts(
 
     # A job that fails for good is FAILED, and nothing changes it afterwards.
     doomed = History("doomed")
-    await project(
-        [doomed.submitted(), doomed.bound(1, "n1"), doomed.started(1, "n1"), doomed.failed(1)]
-    )
+    await project([*doomed.began(), doomed.failed(1)])
     await project([doomed.succeeded(1, final_step=1000)])
     row = await job_row(pool, doomed.job_id)
     assert (row["state"], row["final_reason"]) == ("FAILED", "FAILURE_UNSTABLE")
@@ -762,11 +752,7 @@ async def test_kill_9_mid_batch_loses_and_duplicates_nothing(
     tmp_path: Path,
 ) -> None:
     histories = [History(f"md{i}", steps=100_000) for i in range(5)]
-    lifecycle = [
-        event
-        for history in histories
-        for event in (history.submitted(), history.bound(1, "n1"), history.started(1, "n1"))
-    ]
+    lifecycle = [event for history in histories for event in history.began()]
     await publish_in_order(publisher, lifecycle)
     steps_per_job = 800
     progress = [
@@ -920,9 +906,7 @@ async def test_text_postgresql_refuses_and_impossible_times_do_not_stop_the_proj
     anonymous = history.progress(1, 150)
     anonymous.job_id, anonymous.event_id = "", "progress:-:1:150"  # a producer's bug
     events = [
-        history.submitted(),
-        history.bound(1, "n1"),
-        history.started(1, "n1"),
+        *history.began(),
         report,
         impossible,
         failed,
@@ -989,9 +973,7 @@ async def test_an_event_its_producer_may_not_emit_or_on_another_jobs_subject_cha
     aimed at a stream subject stores), are skipped and counted; the jobs stay RUNNING."""
     history, other = History("victim"), History("other")
     for events in (history, other):
-        await publish_in_order(
-            publisher, [events.submitted(), events.bound(1, "n1"), events.started(1, "n1")]
-        )
+        await publish_in_order(publisher, events.began())
     forged = history.succeeded(1, final_step=1000)
     forged.producer = "intake"
     forged.event_id += ":forged"

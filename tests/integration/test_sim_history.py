@@ -33,9 +33,7 @@ def crash_history(history: History) -> list[pb.Event]:
         reason=pb.FAILURE_CRASHED, exit_code=1, message="segfault", node="n1", last_step=40
     )
     return [
-        history.submitted(),
-        history.bound(1, "n1"),
-        history.started(1, "n1"),
+        *history.began(),
         history.event("attempt_failed", crashed, 1),
         history.requeued(2, resume_step=0, steps_lost=40),
         history.bound(2, "n1"),
