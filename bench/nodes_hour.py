@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import nats
-from nats.js.api import DeliverPolicy
+from raw_bus import ordered_from_start
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -93,14 +93,7 @@ async def raw_read(url: str, expected: int) -> float:
             done.set()
 
     started = time.perf_counter()
-    subscription = await nc.jetstream().subscribe(
-        SUBJECTS.node_summary(),
-        cb=on_message,
-        ordered_consumer=True,
-        deliver_policy=DeliverPolicy.ALL,
-        pending_msgs_limit=1_000_000,
-        pending_bytes_limit=1 << 30,
-    )
+    subscription = await ordered_from_start(nc.jetstream(), SUBJECTS.node_summary(), on_message)
     await done.wait()
     elapsed = time.perf_counter() - started
     await subscription.unsubscribe()

@@ -12,10 +12,12 @@ import asyncio
 import itertools
 import os
 import sys
+from collections.abc import Awaitable, Callable
 
 import nats
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy
 
 CONCURRENCY = 128
@@ -28,6 +30,21 @@ atomic batch, which nats-server acknowledges about 2 ms after it is sent on a st
 replica (as mdq's group commits do, docs/durability.md, "Group commit")."""
 PLAIN = "p-"
 """Job ids with this prefix are published one by one, the others in atomic batches."""
+
+
+async def ordered_from_start(
+    js: JetStreamContext, subject: str, cb: Callable[[Msg], Awaitable[None]]
+) -> JetStreamContext.PushSubscription:
+    """An ordered consumer of all that ``subject`` holds, from its start, buffering up to a
+    million messages (1 GiB) before the callback: reads as fast as the client can."""
+    return await js.subscribe(
+        subject,
+        cb=cb,
+        ordered_consumer=True,
+        deliver_policy=DeliverPolicy.ALL,
+        pending_msgs_limit=1_000_000,
+        pending_bytes_limit=1 << 30,
+    )
 
 
 class Batcher:
@@ -122,14 +139,7 @@ async def consumer(url: str) -> None:
         tasks.add(task)
         task.add_done_callback(tasks.discard)
 
-    await js.subscribe(
-        "raw.job.*.submitted",
-        cb=on_submitted,
-        ordered_consumer=True,
-        deliver_policy=DeliverPolicy.ALL,
-        pending_msgs_limit=1_000_000,
-        pending_bytes_limit=1 << 30,
-    )
+    await ordered_from_start(js, "raw.job.*.submitted", on_submitted)
     await batcher.run()
 
 

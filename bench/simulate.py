@@ -147,27 +147,10 @@ def main() -> None:
     wall_speedups = [s["virtual_s"] / s["wall_s"] for s in speeds]
     cpu_speedups = [s["virtual_s"] / s["cpu_s"] for s in speeds]
 
-    _, _, learned_q = paired(
-        seeds,
-        memory_bound(args.policy_jobs, args.learned_nodes),
-        "learned",
-        "load-aware",
-        "makespan_s",
-    )
-    fair, fifo, _ = paired(
-        seeds,
-        fair_mix(args.policy_jobs, args.learned_nodes),
-        "fair-share",
-        "fifo",
-        "share_error_max",
-    )
-    aware, blind, noisy_q = paired(
-        seeds,
-        noisy_mix(args.policy_jobs, args.learned_nodes),
-        "load-aware",
-        "binpack",
-        "p95_wait_s",
-    )
+    sized = (args.policy_jobs, args.learned_nodes)
+    _, _, learned_q = paired(seeds, memory_bound(*sized), "learned", "load-aware", "makespan_s")
+    fair, fifo, _ = paired(seeds, fair_mix(*sized), "fair-share", "fifo", "share_error_max")
+    aware, blind, noisy_q = paired(seeds, noisy_mix(*sized), "load-aware", "binpack", "p95_wait_s")
     line = {
         "nodes": args.nodes,
         "jobs": args.jobs,

@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -306,30 +306,32 @@ class Flood:
         self.count("fire_and_forget", 100)
         await asyncio.sleep(0.05)
 
-    async def oversized(self) -> None:
+    @contextlib.asynccontextmanager
+    async def _own_client(self) -> AsyncIterator[Client]:
+        """A connection of the flooding tenant's own, closed after, then a pause."""
         nc = await tenant_client(self.url, self.creds, FLOOD, error_cb=_ignore)
         try:
+            yield nc
+        finally:
+            await nc.close()
+        await asyncio.sleep(0.1)
+
+    async def oversized(self) -> None:
+        async with self._own_client() as nc:
             nc._max_payload = 16 * TENANT_MAX_PAYLOAD  # the client's own check off
             with contextlib.suppress(nats.errors.Error):
                 await nc.publish(SUBJECTS.submit_for(FLOOD), b"x" * (2 * TENANT_MAX_PAYLOAD))
                 await nc.flush(timeout=2)
             self.count("oversized")
-        finally:
-            await nc.close()
-        await asyncio.sleep(0.1)
 
     async def subscriptions(self) -> None:
-        nc = await tenant_client(self.url, self.creds, FLOOD, error_cb=_ignore)
-        try:
+        async with self._own_client() as nc:
             prefix = inbox_prefix(tenant_identity(FLOOD))
             with contextlib.suppress(nats.errors.Error):
                 for number in range(TENANT_MAX_SUBSCRIPTIONS + 10):
                     await nc.subscribe(f"{prefix}.flood.{number}")
                 await nc.flush(timeout=2)
             self.count("subscription_floods")
-        finally:
-            await nc.close()
-        await asyncio.sleep(0.1)
 
     async def consumers(self) -> None:
         stream = SUBJECTS.tenant_stream(FLOOD)
