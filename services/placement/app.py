@@ -162,6 +162,8 @@ class Placement:
             changed=self.explainer.changed,
             dirty=self.service_loop.dirty,
             caught_up=self.service_loop.jobs_ready,
+            nodes_caught_up=self.service_loop.nodes_ready,
+            clock=clock,
             js=js,
             subjects=subjects,
         )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from datetime import datetime
 
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
@@ -38,17 +39,23 @@ class Intake:
         changed: Callable[[JobView], None],
         dirty: asyncio.Event,
         caught_up: asyncio.Event,
+        nodes_caught_up: asyncio.Event,
+        clock: Callable[[], datetime],
         js: JetStreamContext,
         subjects: Subjects,
     ) -> None:
         """``state``: placement's state now (a restore replaces it). ``changed``: told of
         each job whose view an event changed. ``dirty``: set when a pass has work.
-        ``caught_up``: set once the jobs log is folded up to its end (replaying until then)."""
+        ``caught_up``: set once the jobs log is folded up to its end (replaying until then);
+        ``nodes_caught_up`` the same for the nodes log, after which a load report counts as
+        made when it arrives, on ``clock`` (``on_node_event``)."""
         self._state = state
         self._binder = binder
         self._changed = changed
         self._dirty = dirty
         self._caught_up = caught_up
+        self._nodes_caught_up = nodes_caught_up
+        self._clock = clock
         self._js = js
         self._subjects = subjects
         self.invalid_specs_total = 0
@@ -112,9 +119,16 @@ class Intake:
             self._dirty.set()
 
     async def on_node_event(self, _sequence: int, event: pb.Event) -> None:
+        """A node's load report, judged fresh or old on placement's own clock: one that
+        arrives live counts as made now, whatever its sender's clock says (a metrics service
+        or an agent on a node whose clock is behind would otherwise make every node look
+        silent, and nothing would be bound); one read while catching up, maybe long after it
+        was made, counts from its own time stamp, never later than now."""
         if event.WhichOneof("body") != "node_load":
             return
-        if self._state().apply_load(event.node_load, event_time(event)):
+        now = self._clock()
+        made_at = now if self._nodes_caught_up.is_set() else min(event_time(event), now)
+        if self._state().apply_load(event.node_load, made_at):
             self._dirty.set()
 
     async def learn_fences(self) -> None:

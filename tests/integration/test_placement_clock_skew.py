@@ -1,0 +1,89 @@
+"""Load reports from a clock that is off: placement judges their age on its own clock.
+
+The metrics service (or a node agent) stamps each load report with its host's time, which may
+be minutes off placement's (a host whose time service failed). A report placement receives
+live counts as made when it arrives; one read while catching up counts from its stamp, never
+later than now. Behind, every node looked silent and nothing was bound; ahead, a node that had
+stopped reporting looked alive until its clock's lead ran out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+
+from nats.js import JetStreamContext
+
+from mdq.bus.publisher import EventPublisher
+from mdq.bus.subjects import Subjects
+from mdq.contracts import pb
+from tests.helpers import events_of, node_load, placement_of, running, submitted, wait_for
+
+SKEW = timedelta(minutes=10)
+
+
+def stamped(load: pb.Event, at: datetime) -> pb.Event:
+    load.time.FromDatetime(at)
+    return load
+
+
+async def test_a_node_reporting_from_a_clock_behind_gets_jobs(
+    js: JetStreamContext, bus: EventPublisher, subjects: Subjects
+) -> None:
+    placement = placement_of(js, subjects, None, load_timeout_s=5.0)
+    async with running(placement.run()):
+
+        async def caught_up() -> bool:
+            return placement.service_loop.nodes_ready.is_set()
+
+        await wait_for(caught_up, what="placement caught up with the nodes log")
+
+        async def report_behind() -> None:
+            while True:
+                await bus.publish(stamped(node_load("behind"), datetime.now(UTC) - SKEW))
+                await asyncio.sleep(0.5)
+
+        reporting = asyncio.create_task(report_behind())
+        try:
+            await bus.publish(submitted("cs1-job"))
+
+            async def bound() -> bool:
+                return bool(await events_of(js, subjects, "bound", "cs1-job"))
+
+            await wait_for(bound, what="the job bound to the node whose clock is behind")
+        finally:
+            reporting.cancel()
+    decision = (await events_of(js, subjects, "bound", "cs1-job"))[0].bound
+    assert decision.node == "behind"
+
+
+async def test_a_silent_node_whose_clock_was_ahead_is_too_old_once_its_timeout_passes(
+    js: JetStreamContext, bus: EventPublisher, subjects: Subjects
+) -> None:
+    # its last report, stamped ten minutes "from now", was made before placement started
+    await bus.publish_all(
+        [stamped(node_load("ahead"), datetime.now(UTC) + SKEW), node_load("fresh")]
+    )
+    placement = placement_of(js, subjects, None, load_timeout_s=2.0)
+    async with running(placement.run()):
+        await asyncio.sleep(2.5)  # the timeout, counted from no later than placement's start
+
+        async def keep_fresh_reporting() -> None:
+            while True:
+                await bus.publish(node_load("fresh"))
+                await asyncio.sleep(0.5)
+
+        reporting = asyncio.create_task(keep_fresh_reporting())
+        try:
+            await bus.publish(submitted("cs2-job"))
+
+            async def bound() -> bool:
+                return bool(await events_of(js, subjects, "bound", "cs2-job"))
+
+            await wait_for(bound, what="the job bound")
+        finally:
+            reporting.cancel()
+    decision = (await events_of(js, subjects, "bound", "cs2-job"))[0].bound
+    reasons = {candidate.node: candidate.filtered for candidate in decision.candidates}
+    assert decision.node == "fresh"
+    assert reasons["ahead"] == "load report too old"
