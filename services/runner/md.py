@@ -2,8 +2,9 @@
 
 The loops here are the same for every engine (``services.runner.engines``, docs/engines.md):
 MD advances the engine in chunks that end on report, checkpoint and engine boundaries (and are
-at most ``max_chunk_steps`` long); each chunk runs in a worker thread so the event loop keeps
-publishing. Between chunks the loop reports (energies, volume, density, pressure, ns/day, ETA),
+at most ``max_chunk_steps`` long, and about ``chunk_s`` at the measured speed); each chunk runs
+in a worker thread so the event loop keeps publishing. Between chunks the loop reports
+(energies, volume, density, pressure, ns/day, ETA; at least every ``alive_report_s``),
 checks stability and convergence, checkpoints (every ``checkpoint_interval_steps`` steps, and
 after ``checkpoint_interval_s`` seconds when set), and honours a stop request (SIGTERM) by
 checkpointing at once and exiting PREEMPTED, and a folder grown past the job's
@@ -113,6 +114,32 @@ def next_chunk(*, step: int, target: int, boundaries: tuple[int, ...], max_steps
     ends = [target, step + max_steps]
     ends.extend((step // every + 1) * every for every in boundaries if every > 0)
     return max(1, min(ends) - step)
+
+
+PROBE_STEPS = 10
+"""The first chunk of an attempt: few steps, timed, before its speed is known."""
+
+
+class ChunkPace:
+    """How many steps the next chunk may take so that it lasts about ``target_s`` at the
+    speed of the last chunk (at most ``max_steps``; ``PROBE_STEPS`` before any was timed)."""
+
+    def __init__(self, *, target_s: float, max_steps: int) -> None:
+        self._target_s = target_s
+        self._max_steps = max_steps
+        self._seconds_per_step: float | None = None
+
+    def max_steps(self) -> int:
+        if self._seconds_per_step is None:
+            return min(PROBE_STEPS, self._max_steps)
+        if self._seconds_per_step <= 0:
+            return self._max_steps
+        return max(1, min(self._max_steps, int(self._target_s / self._seconds_per_step)))
+
+    def observe(self, steps: int, seconds: float) -> None:
+        """A chunk of ``steps`` took ``seconds``."""
+        if steps > 0:
+            self._seconds_per_step = max(0.0, seconds) / steps
 
 
 def folder_mb(folder: Path) -> float:
@@ -291,6 +318,8 @@ async def run_md(run: RunContext) -> RunnerExit:
                 start_step=engine.step, started=time.monotonic(), timestep_ps=engine.timestep_ps
             )
             last_checkpoint_at = time.monotonic()
+            pace = ChunkPace(target_s=run.settings.chunk_s, max_steps=run.settings.max_chunk_steps)
+            last_report_at = time.monotonic()
             while True:
                 step = engine.step
                 if run.stop.is_set():
@@ -301,12 +330,11 @@ async def run_md(run: RunContext) -> RunnerExit:
                     return RunnerExit.PREEMPTED
                 if step < target:
                     chunk = next_chunk(
-                        step=step,
-                        target=target,
-                        boundaries=boundaries,
-                        max_steps=run.settings.max_chunk_steps,
+                        step=step, target=target, boundaries=boundaries, max_steps=pace.max_steps()
                     )
+                    began = time.monotonic()
                     await _advance(run, engine, chunk)
+                    pace.observe(engine.step - step, time.monotonic() - began)
                     step = engine.step
                 reason = ""
                 if step % spec.report_interval_steps == 0 or step >= target:
@@ -319,6 +347,14 @@ async def run_md(run: RunContext) -> RunnerExit:
                     )
                     if not reason:
                         _report(run, energies, sample, speed=speed)
+                    last_report_at = time.monotonic()
+                elif time.monotonic() - last_report_at >= run.settings.alive_report_s:
+                    # reports far apart (a large system): one between them, as a sign of
+                    # life, never counted towards convergence
+                    sample = engine.sample()
+                    check_stable(sample, atoms=engine.atoms, absurd_per_atom=absurd)
+                    _report(run, energies, sample, speed=speed)
+                    last_report_at = time.monotonic()
                 engine.after_chunk(step)
                 if reason:
                     _report(run, energies, sample, speed=speed, reason=reason)

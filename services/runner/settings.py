@@ -28,6 +28,18 @@ class RunnerSettings(BaseSettings):
         default=1000,
         description="Most MD steps run in one go; bounds how long SIGTERM waits for a chunk.",
     )
+    chunk_s: Seconds = Field(
+        default=2.0,
+        description="Longest a chunk of MD steps should take at the speed measured so far (the "
+        "first chunk is a few steps, to measure it): a large system's chunks get fewer steps, "
+        "so a stop request is honoured well within the pod's grace period.",
+    )
+    alive_report_s: Seconds = Field(
+        default=15.0,
+        description="A progress report at least this often while MD runs, between the report "
+        "interval's steps when those are further apart: the sign of life the watcher counts "
+        "a run's silence from.",
+    )
     publish_attempts: Count = Field(
         default=5,
         description="Tries for a checkpoint or final progress event before giving up on it.",

@@ -54,6 +54,7 @@ async def run_watcher(
         lost=LostRunPolicy(
             min_silence_s=settings.lost_min_silence_s,
             interval_factor=settings.lost_interval_factor,
+            first_report_s=settings.lost_first_report_s,
         ),
         jobs_log_days=StorageSettings().jobs_days,
     )

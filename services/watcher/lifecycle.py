@@ -50,6 +50,10 @@ class LostRunPolicy:
     """Never declare a job lost sooner than this after its last sign of life."""
     interval_factor: float = 5.0
     """... nor sooner than this many of its own observed progress intervals."""
+    first_report_s: float = 300.0
+    """An attempt with no report yet is never lost sooner than this after its start: its
+    inputs are fetched, its system built and minimised and its first chunk timed before the
+    runner reports (at least every ``MDQ_RUNNER_ALIVE_REPORT_S`` from then on)."""
 
 
 class Lifecycle:
@@ -239,6 +243,9 @@ class Lifecycle:
     # -- silence ---------------------------------------------------------------------------
     def silence_limit(self, view: JobView) -> float:
         """Seconds of silence after which this running job counts as lost."""
+        reported = self._last_report.get(view.job_id)
+        if reported is None or reported[0] != view.attempt:
+            return max(self._lost.min_silence_s, self._lost.first_report_s)
         interval = self._intervals.get(view.job_id, 0.0)
         return max(self._lost.min_silence_s, self._lost.interval_factor * interval)
 

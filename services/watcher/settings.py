@@ -27,6 +27,12 @@ class WatcherSettings(BaseSettings):
     lost_interval_factor: float = Field(
         default=5.0, description="... nor sooner than this many of its own progress intervals."
     )
+    lost_first_report_s: float = Field(
+        default=300.0,
+        description="An attempt that has not reported yet (its inputs fetched, its system "
+        "built and minimised, its speed measured) is never lost sooner than this after it "
+        "started.",
+    )
     pool_size: int = Field(default=4, description="PostgreSQL connections.")
     partition_months_ahead: int = Field(
         default=2,

@@ -194,7 +194,7 @@ async def test_silent_running_job_is_declared_lost_once_and_its_pod_deleted(
         event("bound", pb.JobBound(node="n1", pod_name="mdq-r3-md-1"), job="r3-md", attempt=1)
     )
     await bus.publish(event("started", pb.JobStarted(node="n1"), job="r3-md", attempt=1))
-    lost = LostRunPolicy(min_silence_s=1.0, interval_factor=5.0)
+    lost = LostRunPolicy(min_silence_s=1.0, interval_factor=5.0, first_report_s=1.0)
     first, second = RecordingBackend(), RecordingBackend()
     replicas = [
         lifecycle_of(CountingLifecycle, nc, subjects, backend, lost) for backend in (first, second)
@@ -265,3 +265,32 @@ async def test_a_running_job_as_old_as_the_jobs_log_is_ended_and_its_pod_deleted
     assert "the jobs log keeps 365 days" in failed.attempt_failed.message
     assert backend.deleted == ["mdq-r5-old-1"]
     assert not await events_of(js, subjects, "attempt_failed", "r5-young")
+
+
+async def test_an_attempt_that_has_not_reported_yet_has_longer_before_it_is_lost(
+    nc: Client, subjects: Subjects
+) -> None:
+    """Its system is built, minimised and timed before the runner reports: the short silence
+    limit of a reporting run applies only from its first report on."""
+    js, bus = await bound_to_n1(nc, subjects, "r9-md")
+    await bus.publish(event("started", pb.JobStarted(node="n1"), job="r9-md", attempt=1))
+    lost = LostRunPolicy(min_silence_s=0.5, interval_factor=1.0, first_report_s=4.0)
+    lifecycle = lifecycle_of(CountingLifecycle, nc, subjects, RecordingBackend(), lost)
+    async with running(lifecycle.run()):
+        checks = lifecycle.checks
+
+        async def checked_a_while() -> bool:  # about 2 s: past the short limit, not the long
+            return lifecycle.checks >= checks + 10
+
+        await wait_for(checked_a_while, what="ten lost-run checks")
+        assert lifecycle.book.jobs["r9-md"].state is JobState.RUNNING
+        assert await events_of(js, subjects, "attempt_failed", "r9-md") == []
+        # its first report: from now on half a second of silence is enough
+        await bus.publish(event("progress", pb.Progress(step=10), job="r9-md", attempt=1))
+
+        async def lost_soon() -> bool:
+            return lifecycle.book.jobs["r9-md"].state is not JobState.RUNNING
+
+        await wait_for(lost_soon, timeout=3.0, what="the reporting run lost after 0.5 s")
+    failed = await events_of(js, subjects, "attempt_failed", "r9-md")
+    assert [each.attempt_failed.reason for each in failed] == [pb.FAILURE_LOST]
