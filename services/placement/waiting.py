@@ -36,6 +36,15 @@ WAITING_REFRESH_S = 600.0
 expire)."""
 
 
+def waiting_bucket_config(bucket: str, *, replicas: int = 1) -> KeyValueConfig:
+    """The waiting bucket's configuration. Direct gets are on: a tenant reads why its own jobs
+    wait by a direct get of their keys' subjects, the only ones its permissions name
+    (``mdq.bus.security.permissions.tenant_permissions``)."""
+    return KeyValueConfig(
+        bucket=bucket, ttl=WAITING_TTL_S, history=1, replicas=replicas, direct=True
+    )
+
+
 class WaitingBucket:
     """The waiting bucket, opened (or made) on its first write."""
 
@@ -48,10 +57,7 @@ class WaitingBucket:
     async def put(self, key: str, value: bytes) -> None:
         if self._kv is None:
             self._kv = await open_bucket(
-                self._js,
-                KeyValueConfig(
-                    bucket=self._bucket, ttl=WAITING_TTL_S, history=1, replicas=self._replicas
-                ),
+                self._js, waiting_bucket_config(self._bucket, replicas=self._replicas)
             )
         await self._kv.put(key, value)
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import nats
 import nats.errors
 import pytest
-from nats.js.api import AckPolicy, ConsumerConfig, KeyValueConfig
+from nats.js.api import AckPolicy, ConsumerConfig
 from nats.js.errors import APIError
 from typer.testing import CliRunner, Result
 
@@ -47,6 +47,7 @@ from mdq.embedded import EmbeddedNats, child_environment, end_process, start_nat
 from mdq.errors import PermissionDenied
 from mdq.sdk import MdqClient, OperatorOnly
 from mdq.tenancy import add_tenant
+from services.placement.waiting import waiting_bucket_config
 from tests.helpers import intake_answering
 
 REPO = Path(__file__).resolve().parents[2]
@@ -86,9 +87,9 @@ async def _prepare(closed: Closed) -> None:
         await admin.close()
     placement = await connect(closed.url, name="p", creds=closed.generated.creds["placement"])
     try:
-        await placement.jetstream().create_key_value(
-            KeyValueConfig(bucket=SUBJECTS.waiting_bucket, max_bytes=1 << 20)
-        )
+        config = waiting_bucket_config(SUBJECTS.waiting_bucket)
+        config.max_bytes = 1 << 20
+        await placement.jetstream().create_key_value(config)
     finally:
         await placement.close()
     for tenant in (TENANT, OTHER):
@@ -270,6 +271,50 @@ async def test_every_command_a_person_runs_works_with_their_credentials(
         for refused in (nodes, queues):
             assert refused.exit_code == PermissionDenied.exit_code, refused.output
             assert f"tenant {TENANT}'s credentials may not" in refused.output, refused.output
+
+
+async def explain_waiting(closed: Closed, job: str, summary: str) -> None:
+    """Placement's word on why ``job`` waits, written as placement writes it."""
+    waiting = pb.JobWaiting(attempt=1, nodes_total=2, summary=summary)
+    waiting.at.FromDatetime(datetime.now(UTC))
+    nc = await connect(closed.url, name="p", creds=closed.generated.creds["placement"])
+    try:
+        kv = await nc.jetstream().key_value(SUBJECTS.waiting_bucket)
+        await kv.put(job, waiting.SerializeToString())
+    finally:
+        await nc.close()
+
+
+async def test_a_tenant_reads_why_its_own_job_waits_and_no_one_elses(
+    closed: Closed, tmp_path: Path
+) -> None:
+    """A job that fits no node: its tenant hears why (placement's summary), as the operator
+    does, by a direct get of its own job's key; another tenant's key is refused it."""
+    key = f"wait-{os.urandom(3).hex()}"
+    submitted = await asyncio.to_thread(mdq, closed, TENANT, "submit", str(job_file(tmp_path, key)))
+    assert submitted.exit_code == 0, submitted.output
+    [job] = submitted.stdout.split()
+    await stored(closed, SUBJECTS.tenant_stream(TENANT), SUBJECTS.job(job, "submitted"))
+    summary = "0/2 nodes are available: 2 insufficient cpu"
+    await explain_waiting(closed, job, summary)
+    await explain_waiting(closed, f"{OTHER}.0123456789ab-w", "0/2 nodes are available: bob's")
+
+    for who in WHO:
+        explained = await asyncio.to_thread(mdq, closed, who, "explain", job)
+        assert explained.exit_code == 0, explained.output
+        assert summary in explained.stdout, (who, explained.stdout)
+
+    nc = await nats.connect(closed.url, **auth_options(str(closed.creds(TENANT))))
+    try:
+        bucket = SUBJECTS.waiting_bucket
+        with pytest.raises((TimeoutError, nats.errors.Error)):
+            await nc.jetstream().get_last_msg(
+                f"KV_{bucket}", f"$KV.{bucket}.{OTHER}.0123456789ab-w", direct=True
+            )
+        with pytest.raises((TimeoutError, nats.errors.Error)):  # nor the bucket as a whole
+            await nc.jetstream().get_last_msg(f"KV_{bucket}", f"$KV.{bucket}.{job}")
+    finally:
+        await nc.close()
 
 
 # -- the SDK ---------------------------------------------------------------------------------

@@ -637,14 +637,26 @@ async def ensure_bucket_limits(
     for bucket, (max_bytes, max_age) in bucket_limits(
         subjects, storage or StorageSettings()
     ).items():
-        await ensure_bucket_limit(js, bucket, max_bytes=max_bytes, max_age_s=max_age)
+        await ensure_bucket_limit(
+            js,
+            bucket,
+            max_bytes=max_bytes,
+            max_age_s=max_age,
+            direct=bucket == subjects.waiting_bucket,  # read by tenants, their own keys
+        )
 
 
 async def ensure_bucket_limit(
-    js: JetStreamContext, bucket: str, *, max_bytes: int, max_age_s: float = 0.0
+    js: JetStreamContext,
+    bucket: str,
+    *,
+    max_bytes: int,
+    max_age_s: float = 0.0,
+    direct: bool = False,
 ) -> None:
     """Set an existing bucket's size limit (never below what it holds, as for streams) and,
-    when ``max_age_s`` > 0, its age limit; a bucket that does not exist is left alone."""
+    when ``max_age_s`` > 0, its age limit; with ``direct``, turn its direct gets on (a bucket
+    made before they were). A bucket that does not exist is left alone."""
     try:
         info = await js.stream_info(f"KV_{bucket}")
     except NotFoundError:
@@ -652,8 +664,14 @@ async def ensure_bucket_limit(
     config = info.config
     wanted_bytes = _size_limit(f"KV_{bucket}", max_bytes, info.state.bytes)
     wanted_age = max_age_s if max_age_s > 0 else (config.max_age or 0.0)
-    if config.max_bytes == wanted_bytes and (config.max_age or 0.0) == wanted_age:
+    wanted_direct = bool(config.allow_direct) or direct
+    if (config.max_bytes, config.max_age or 0.0, bool(config.allow_direct)) == (
+        wanted_bytes,
+        wanted_age,
+        wanted_direct,
+    ):
         return
     config.max_bytes, config.max_age = wanted_bytes, wanted_age
+    config.allow_direct = wanted_direct
     await js.update_stream(config=config)
     log.info("bucket %s: size limit %d bytes, age limit %g s", bucket, wanted_bytes, wanted_age)

@@ -22,7 +22,8 @@ from typing import Annotated
 
 import typer
 from google.protobuf import json_format
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError
+from nats.errors import NoRespondersError
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError
 from rich.console import Console
 from rich.table import Table
 
@@ -62,19 +63,27 @@ async def job_events(
 async def waiting_entry(
     nats_url: str, namespace: str, job_id: str, *, creds: str = ""
 ) -> pb.JobWaiting | None:
-    """Placement's latest word on why ``job_id`` waits, or None if it has none (nor for a
-    tenant: placement's table is the operator's, it names every tenant's jobs)."""
-    if tenant_of_creds(creds):
-        return None
+    """Placement's latest word on why ``job_id`` waits, or None if it has none. A tenant reads
+    its own job's entry alone, by a direct get of that key's subject (the only way its
+    permissions allow: the bucket names every tenant's jobs)."""
+    bucket = Subjects(namespace=namespace).waiting_bucket
     nc = await connect(nats_url, name="mdq-explain", creds=creds or None)
     try:
-        kv = await nc.jetstream().key_value(Subjects(namespace=namespace).waiting_bucket)
-        entry = await kv.get(job_id)
-    except (BucketNotFoundError, KeyNotFoundError):
-        return None
+        if tenant_of_creds(creds):
+            message = await nc.jetstream().get_last_msg(
+                f"KV_{bucket}", f"$KV.{bucket}.{job_id}", direct=True
+            )
+            if message.headers and message.headers.get("KV-Operation") in ("DEL", "PURGE"):
+                return None
+            value = message.data or b""
+        else:
+            kv = await nc.jetstream().key_value(bucket)
+            value = (await kv.get(job_id)).value or b""
+    except (BucketNotFoundError, KeyNotFoundError, NotFoundError, NoRespondersError):
+        return None  # nothing written yet (or a bucket from before tenants could read it)
     finally:
         await nc.drain()
-    return pb.JobWaiting.FromString(entry.value or b"")
+    return pb.JobWaiting.FromString(value)
 
 
 async def dependency_states(

@@ -401,9 +401,10 @@ def tenant_of_identity(identity: str) -> str:
 def tenant_permissions(subjects: Subjects, tenant: str) -> Permissions:
     """A tenant may submit and control jobs on its own subjects (placement acts on its own
     jobs only), read and follow its own stream (its jobs' events, refusals and progress,
-    ``Subjects.tenant_stream``), and read the info of its own submit stream (how many of its
+    ``Subjects.tenant_stream``), read the info of its own submit stream (how many of its
     submits wait for intake: what the SDK says when the stream is full; no consumer, no
-    message): nothing else. Not even the
+    message) and placement's word on why each of its own jobs waits (the waiting bucket's keys
+    of its job ids, by direct get): nothing else. Not even the
     names of the streams or the account's figures (``$JS.API.STREAM.NAMES`` would list the
     other tenants' streams): a tenant's client names its stream itself."""
     identity = tenant_identity(tenant)
@@ -416,6 +417,9 @@ def tenant_permissions(subjects: Subjects, tenant: str) -> Permissions:
     ]
     publish += [*_read_stream(stream), *_pull_reader(stream)]
     publish.append(f"$JS.API.STREAM.INFO.{subjects.tenant_submit_stream(tenant)}")
+    # why its own jobs wait: placement's entries of their ids, by a direct get of each key
+    waiting = subjects.waiting_bucket
+    publish.append(f"$JS.API.DIRECT.GET.KV_{waiting}.$KV.{waiting}.{tenant}.>")
     publish += _inputs_upload(subjects, tenant)  # its jobs' input files, in its own bucket
     publish += _nameless_creates(publish, subjects)
     return Permissions(
