@@ -10,6 +10,7 @@ stopped reporting looked alive until its clock's lead ran out.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from nats.js import JetStreamContext
@@ -27,6 +28,34 @@ def stamped(load: pb.Event, at: datetime) -> pb.Event:
     return load
 
 
+async def bound_while_reporting(
+    js: JetStreamContext,
+    bus: EventPublisher,
+    subjects: Subjects,
+    job: str,
+    report: Callable[[], pb.Event],
+) -> pb.JobBound:
+    """Submit ``job`` while a node publishes ``report()`` every half second, as the metrics
+    service would; its ``bound`` once placement binds it."""
+
+    async def keep_reporting() -> None:
+        while True:
+            await bus.publish(report())
+            await asyncio.sleep(0.5)
+
+    reporting = asyncio.create_task(keep_reporting())
+    try:
+        await bus.publish(submitted(job))
+
+        async def bound() -> bool:
+            return bool(await events_of(js, subjects, "bound", job))
+
+        await wait_for(bound, what=f"{job} bound")
+    finally:
+        reporting.cancel()
+    return (await events_of(js, subjects, "bound", job))[0].bound
+
+
 async def test_a_node_reporting_from_a_clock_behind_gets_jobs(
     js: JetStreamContext, bus: EventPublisher, subjects: Subjects
 ) -> None:
@@ -37,23 +66,13 @@ async def test_a_node_reporting_from_a_clock_behind_gets_jobs(
             return placement.service_loop.nodes_ready.is_set()
 
         await wait_for(caught_up, what="placement caught up with the nodes log")
-
-        async def report_behind() -> None:
-            while True:
-                await bus.publish(stamped(node_load("behind"), datetime.now(UTC) - SKEW))
-                await asyncio.sleep(0.5)
-
-        reporting = asyncio.create_task(report_behind())
-        try:
-            await bus.publish(submitted("cs1-job"))
-
-            async def bound() -> bool:
-                return bool(await events_of(js, subjects, "bound", "cs1-job"))
-
-            await wait_for(bound, what="the job bound to the node whose clock is behind")
-        finally:
-            reporting.cancel()
-    decision = (await events_of(js, subjects, "bound", "cs1-job"))[0].bound
+        decision = await bound_while_reporting(
+            js,
+            bus,
+            subjects,
+            "cs1-job",
+            lambda: stamped(node_load("behind"), datetime.now(UTC) - SKEW),
+        )
     assert decision.node == "behind"
 
 
@@ -67,23 +86,9 @@ async def test_a_silent_node_whose_clock_was_ahead_is_too_old_once_its_timeout_p
     placement = placement_of(js, subjects, None, load_timeout_s=2.0)
     async with running(placement.run()):
         await asyncio.sleep(2.5)  # the timeout, counted from no later than placement's start
-
-        async def keep_fresh_reporting() -> None:
-            while True:
-                await bus.publish(node_load("fresh"))
-                await asyncio.sleep(0.5)
-
-        reporting = asyncio.create_task(keep_fresh_reporting())
-        try:
-            await bus.publish(submitted("cs2-job"))
-
-            async def bound() -> bool:
-                return bool(await events_of(js, subjects, "bound", "cs2-job"))
-
-            await wait_for(bound, what="the job bound")
-        finally:
-            reporting.cancel()
-    decision = (await events_of(js, subjects, "bound", "cs2-job"))[0].bound
+        decision = await bound_while_reporting(
+            js, bus, subjects, "cs2-job", lambda: node_load("fresh")
+        )
     reasons = {candidate.node: candidate.filtered for candidate in decision.candidates}
     assert decision.node == "fresh"
     assert reasons["ahead"] == "load report too old"
