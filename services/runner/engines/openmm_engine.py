@@ -42,15 +42,23 @@ def unstable(error: BaseException) -> bool:
     return is_nan_error(error)
 
 
+class _Halted(Exception):
+    """Raised by the minimiser's reporter to end ``LocalEnergyMinimizer.minimize`` at once."""
+
+
 class _MinimizationProgress(openmm.MinimizationReporter):  # type: ignore[misc]
-    """Counts minimiser iterations, hands every report-interval one to ``on_report``, and
-    asks the minimiser to stop on a stop request.
+    """Counts minimiser iterations, hands every report-interval one to ``on_report``, and ends
+    the minimisation when the iterations reach ``budget`` or on a stop request.
 
     With constraints OpenMM minimises in rounds of growing restraint strength and applies
-    ``maxIterations`` to each round, so the total can exceed the spec's step target; stopping
-    a round early leaves the constraints unsatisfied, so the count is reported as it is rather
-    than cut at the target. A report is handed over one iteration late, so the last iteration
-    is never reported twice (the final report, with its done_reason, covers it).
+    ``maxIterations`` to each round, so its own limit lets the total run to several times the
+    spec's step target; and a reporter that merely returns True ends only the current round
+    (every later one still runs an iteration, and the positions go back to the start). So the
+    reporter counts every iteration of every round, keeps the positions of the last one it
+    allows and raises ``_Halted`` there, which ends the minimiser at once; the engine then puts
+    those positions back and satisfies the constraints. A report is handed over one iteration
+    late, so the last iteration is never reported twice (the final report, with its
+    done_reason, covers it; a stop, which has no final report, hands it over as it halts).
     """
 
     def __init__(
@@ -59,25 +67,38 @@ class _MinimizationProgress(openmm.MinimizationReporter):  # type: ignore[misc]
         on_report: Callable[[int, float], None],
         first_iteration: int,
         interval: int,
+        budget: int,
         stop: threading.Event,
     ) -> None:
         super().__init__()
         self._on_report = on_report
         self._first = first_iteration
         self._interval = interval
+        self._budget = budget
         self._stop = stop
         self._pending: tuple[int, float] | None = None
         self.iterations = 0
+        self.halted_at: list[float] | None = None
+        """The positions (nm, x y z of each particle) the minimiser was halted at."""
 
     def report(self, iteration: int, x: Any, grad: Any, args: Any) -> bool:
         self.iterations += 1
-        if self._pending is not None:
-            self._on_report(*self._pending)
-            self._pending = None
+        self._flush()
         done = self._first + self.iterations
         if done % self._interval == 0:
             self._pending = (done, float(args["system energy"]))
-        return self._stop.is_set()
+        stopping = self._stop.is_set()
+        if stopping or self.iterations >= self._budget:
+            if stopping:
+                self._flush()
+            self.halted_at = list(x)
+            raise _Halted
+        return False
+
+    def _flush(self) -> None:
+        if self._pending is not None:
+            self._on_report(*self._pending)
+            self._pending = None
 
 
 class OpenMMEngine:
@@ -210,20 +231,35 @@ class OpenMMEngine:
     def minimize(
         self, iterations: int, *, on_report: Callable[[int, float], None], stop: threading.Event
     ) -> int:
-        """Minimise for at most ``iterations`` (per restraint round); return the iterations
-        done. The context's step count is then the iterations done in all."""
+        """Minimise for at most ``iterations`` in all (every restraint round counted); return
+        the iterations done. The context's step count is then the iterations done in all."""
         progress = _MinimizationProgress(
             on_report=on_report,
             first_iteration=self._first_iteration,
             interval=self._spec.report_interval_steps,
+            budget=iterations,
             stop=stop,
         )
         if iterations > 0:
-            openmm.LocalEnergyMinimizer.minimize(
-                self.md.context, MINIMIZER_TOLERANCE_KJ_MOL_NM, iterations, progress
-            )
+            try:
+                openmm.LocalEnergyMinimizer.minimize(
+                    self.md.context, MINIMIZER_TOLERANCE_KJ_MOL_NM, iterations, progress
+                )
+            except _Halted:
+                if progress.halted_at is not None:
+                    self._settle(progress.halted_at)
         self.md.simulation.currentStep = self._first_iteration + progress.iterations
         return progress.iterations
+
+    def _settle(self, flat_positions: list[float]) -> None:
+        """Put the positions a halted minimiser reached back into the context, with its
+        constraints satisfied (a restraint round leaves them only nearly so)."""
+        context = self.md.context
+        context.setPositions(
+            [openmm.Vec3(*flat_positions[i : i + 3]) for i in range(0, len(flat_positions), 3)]
+        )
+        context.applyConstraints(context.getIntegrator().getConstraintTolerance())
+        context.computeVirtualSites()
 
     # -- files -------------------------------------------------------------------------------
     def checkpoint(self, step: int) -> CheckpointFile:
