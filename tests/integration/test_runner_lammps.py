@@ -781,3 +781,140 @@ async def test_a_retry_on_another_cluster_resumes_from_the_copied_restart(
     assert steps[2][0] == resume_from.step and max(steps[2]) == spec.steps
     await events.wait_until(lambda: bool(events.fetched))
     assert events.fetched[0].fetched.checkpoint.step == resume_from.step
+
+
+# -- the script's own output files across a resume and an extend --------------------------------
+DUMP_EVERY = 100
+OUTPUTS_LJ = (
+    example("in.lj-melt")
+    + (
+        f"dump d all custom {DUMP_EVERY} traj.dump id x y z\n"
+        "fix av all ave/time 100 1 100 c_thermo_temp file temp.txt\n"
+        'print "mdq test: the setup is done" file setup.txt\n'
+        "fix cor all ave/correlate 10 10 100 c_thermo_temp file cor.txt\n"
+    ).encode()
+)
+
+
+def dump_steps(path: Path) -> list[int]:
+    """The timesteps of the frames of a LAMMPS text dump, in the order written."""
+    lines = path.read_text().splitlines()
+    return [int(lines[i + 1]) for i, line in enumerate(lines) if line == "ITEM: TIMESTEP"]
+
+
+def table_steps(path: Path) -> list[int]:
+    """The steps of the rows of a ``fix ave/time`` file (its comment lines left out)."""
+    return [int(line.split()[0]) for line in path.read_text().splitlines() if line[:1] != "#"]
+
+
+async def test_a_resume_and_an_extend_append_to_the_scripts_own_files(
+    data_dir: Path, stage: Stage, start_runner: StartRunner, start_job: StartJob
+) -> None:
+    """Killed after a checkpoint, resumed, then extended: the script's dump and ``fix ave/time
+    ... file`` hold every step from 0 to the end (those computed twice, between the restart and
+    the kill, twice: LAMMPS's own restart behaviour), never only what the last attempt wrote."""
+    job = "lmp-outputs"
+    files = {"in.out": OUTPUTS_LJ}
+    spec = await stage(
+        job,
+        lammps_spec(
+            "in.out",
+            variables={"N": "8"},
+            steps=4000,
+            report_interval_steps=100,
+            checkpoint_interval_steps=500,
+        ),
+        files,
+    )
+    first, events, runner = await start_job(job, spec)
+
+    def well_past_a_checkpoint() -> bool:
+        progress, checkpoints = events.of_attempt(1)
+        return bool(checkpoints) and progress[-1].step - checkpoints[-1].step >= 200
+
+    await events.wait_until(well_past_a_checkpoint, within_s=WAIT_S)
+    runner.process.kill()
+    assert await runner.wait() == -signal.SIGKILL
+    work = first.job_dir / "work"
+    killed = dump_steps(work / "traj.dump")
+    assert killed and killed[0] == 0
+    resume_from = pb.Checkpoint()
+    resume_from.CopyFrom(events.of_attempt(1)[1][-1])
+    assert max(killed) > resume_from.step, "the killed attempt dumped past its restart"
+
+    second = await start_runner(make_task(data_dir, job, spec, attempt=2, resume_from=resume_from))
+    assert await second.wait(WAIT_S) == RunnerExit.OK, second.stderr
+    everything = list(range(0, spec.steps + 1, DUMP_EVERY))
+    frames = dump_steps(work / "traj.dump")
+    assert frames[: len(killed)] == killed, "what the killed attempt wrote is still there"
+    assert sorted(set(frames)) == everything
+    assert frames[len(killed)] == resume_from.step  # the resume writes on from its restart
+    rows = table_steps(work / "temp.txt")
+    assert sorted(set(rows)) == everything
+    assert (work / "setup.txt").read_text().count("the setup is done") == 2
+    # fix ave/correlate cannot append: what the killed attempt wrote is kept under another name
+    aside = work / f"cor.before-{resume_from.step}.txt"
+    assert f"\n{resume_from.step + 200} " in aside.read_text(), "a block past the restart"
+    assert f"\n{spec.steps} " in (work / "cor.txt").read_text()
+
+    # an extend: the job's steps raised, resumed from its final restart
+    await events.wait_until(lambda: any(c.step == spec.steps for c in events.of_attempt(2)[1]))
+    final = pb.Checkpoint()
+    final.CopyFrom(events.of_attempt(2)[1][-1])
+    assert final.step == spec.steps
+    longer = await stage(
+        job,
+        lammps_spec(
+            "in.out",
+            variables={"N": "8"},
+            steps=4500,
+            report_interval_steps=100,
+            checkpoint_interval_steps=500,
+        ),
+        files,
+    )
+    third = await start_runner(make_task(data_dir, job, longer, attempt=3, resume_from=final))
+    assert await third.wait(WAIT_S) == RunnerExit.OK, third.stderr
+    extended = dump_steps(work / "traj.dump")
+    assert extended[: len(frames)] == frames
+    assert sorted(set(extended)) == list(range(0, longer.steps + 1, DUMP_EVERY))
+    assert sorted(set(table_steps(work / "temp.txt"))) == list(
+        range(0, longer.steps + 1, DUMP_EVERY)
+    )
+
+
+# -- errors LAMMPS finds only as the run begins ---------------------------------------------------
+async def test_an_error_lammps_finds_as_the_run_begins_is_the_jobs_invalid_input(
+    data_dir: Path, stage: Stage, start_runner: StartRunner
+) -> None:
+    """A dump into a folder that is not there: LAMMPS accepts the ``dump`` command and refuses
+    to open its file only at ``run``. The job's input is at fault (INVALID_INPUT, not retried):
+    the runner names the script's line and LAMMPS's message."""
+    script = example("in.lj-melt") + b"dump d all atom 100 nosuch/x.dump\n"
+    job = "lmp-dumpdir"
+    spec = await stage(
+        job, lammps_spec("in.dumpdir", variables={"N": "3"}, steps=200), {"in.dumpdir": script}
+    )
+    line = script.decode().splitlines().index("dump d all atom 100 nosuch/x.dump") + 1
+    runner = await start_runner(make_task(data_dir, job, spec))
+    assert await runner.wait(WAIT_S) == RunnerExit.INVALID_INPUT, runner.stderr
+    assert f"INVALID_INPUT: in.dumpdir line {line}: dump d all atom 100 nosuch/x.dump" in (
+        runner.stderr
+    )
+    assert "Cannot open dump file nosuch/x.dump" in runner.stderr
+    assert "Traceback" not in runner.stderr
+
+
+async def test_a_socket_style_made_by_substitution_is_refused_as_it_runs(
+    data_dir: Path, stage: Stage, start_runner: StartRunner
+) -> None:
+    """``fix ... ${style}`` passes at submit (its word is a variable); the runner checks the
+    command again once LAMMPS substituted it, and refuses ``fix ipi`` before it connects."""
+    script = example("in.lj-melt") + b"variable s string ipi\nfix i all ${s} 127.0.0.1 47111\n"
+    job = "lmp-ipi"
+    spec = await stage(
+        job, lammps_spec("in.ipi", variables={"N": "3"}, steps=100), {"in.ipi": script}
+    )
+    runner = await start_runner(make_task(data_dir, job, spec))
+    assert await runner.wait(WAIT_S) == RunnerExit.INVALID_INPUT, runner.stderr
+    assert "'ipi' is refused: fix ipi connects the runner to another program" in runner.stderr

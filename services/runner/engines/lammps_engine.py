@@ -16,11 +16,12 @@ import importlib.metadata
 import logging
 import math
 import os
+import re
 import shutil
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from types import ModuleType
@@ -34,9 +35,11 @@ from mdq.core.lammps_script import (
     MAX_INCLUDE_DEPTH,
     Command,
     ScriptError,
+    appending,
     check_command,
     check_script,
     includes,
+    kept_aside,
     split_words,
 )
 from mdq.core.lammps_units import UnitFactors, factors
@@ -76,8 +79,14 @@ UNSTABLE_MARKERS = (
     "improper atoms missing",
     "shake atoms",
     "rattle atoms",
+    "simulation unstable",
+    "extent > half of periodic box length",
+    "too many neighbor bins",
+    "domain too large for neighbor bins",
 )
 """LAMMPS errors that mean the simulation blew up (a retry will not help)."""
+OUT_OF_MEMORY_MARKERS = ("failed to allocate", "failed to reallocate")
+"""LAMMPS errors that mean it could not get the memory it asked for."""
 
 
 class LammpsUnavailable(Unavailable, RuntimeError):
@@ -147,7 +156,9 @@ def _disk_full(error: BaseException, folder: Path) -> OSError | None:
         return OSError(errno.ENOSPC, text)
     if "disk quota exceeded" in lowered:
         return OSError(errno.EDQUOT, text)
-    if "i/o error while writing" in lowered:
+    if "read-only file system" in lowered:
+        return OSError(errno.EROFS, text)
+    if "i/o error while writing" in lowered or "input/output error" in lowered:
         return _write_failure(text, folder)
     return None
 
@@ -160,6 +171,76 @@ def _failure(error: Exception, what: str, folder: Path) -> Exception:
     if (full := _disk_full(error, folder)) is not None:
         return full
     return RuntimeError(f"LAMMPS failed in {what}: {error}")
+
+
+def lammps_message(error: BaseException) -> str | None:
+    """LAMMPS's own message when ``error`` is an error LAMMPS reported (``ERROR: ...``,
+    ``ERROR on proc N: ...``), its first line (the ``Last input line`` that follows is mdq's
+    ``run``); None for any other error."""
+    text = str(error).strip()
+    if not text.startswith("ERROR"):
+        return None
+    return text.splitlines()[0]
+
+
+@dataclass(frozen=True, slots=True)
+class RanCommand:
+    """A command of the script as it ran: the file and line it came from, its text."""
+
+    where: str
+    line: int
+    text: str
+
+
+def culprit(commands: Iterable[RanCommand], message: str) -> RanCommand | None:
+    """The command a run-time error of LAMMPS is about, as far as its message tells: the last
+    one with a file name (a word with a ``.``, not a number) that the message names ("Cannot
+    open dump file out/x.dump"), or None."""
+    found = None
+    for command in commands:
+        for word in split_words(command.text)[1:]:
+            name = word.text
+            if "." not in name or len(name) < 3 or _number_like(name):
+                continue
+            if re.search(rf"(?<![\w./-]){re.escape(name)}(?![\w/-]|\.\w)", message):
+                found = command
+                break
+    return found
+
+
+def _number_like(word: str) -> bool:
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
+
+
+def run_failure(
+    error: Exception, what: str, folder: Path, *, script: str, ran: Iterable[RanCommand] = ()
+) -> Exception:
+    """The runner's error for a LAMMPS error raised by a step or minimisation ``what``
+    (``run``, ``minimize``) of the script ``script`` whose commands ``ran``: a blow-up
+    (UNSTABLE), a full or failing disk, memory LAMMPS could not get (OUT_OF_MEMORY), an error
+    LAMMPS reports about the script, found only as a run sets up or goes (a dump file it
+    cannot open, a compute a fix asks for that is not there: the job's INVALID_INPUT, naming
+    the line when the message names one of its files), or anything else (a crash)."""
+    if unstable(error):
+        return UnstableError(f"{what} blew up: {error}")
+    if (full := _disk_full(error, folder)) is not None:
+        return full
+    message = lammps_message(error)
+    if message is None:
+        return RuntimeError(f"LAMMPS failed in {what}: {error}")
+    if any(marker in message.lower() for marker in OUT_OF_MEMORY_MARKERS):
+        return MemoryError(f"LAMMPS in {what}: {message}")
+    command = culprit(ran, message)
+    if command is None:
+        return InvalidInputError(f"{script}: LAMMPS refused the script in {what}: {message}")
+    return InvalidInputError(
+        f"{command.where} line {command.line}: {command.text}: LAMMPS refused it in {what}: "
+        f"{message}"
+    )
 
 
 def check_data_file(path: Path, atoms: int) -> None:
@@ -190,8 +271,11 @@ class _Feed:
     """How the script is being run: fresh, or resuming from a restart."""
 
     restart: Path | None
+    step: int = 0
     box_defined: bool = False
     skipped: int = 0
+    dumps: list[str] = field(default_factory=list)
+    """The dumps the script defined (and did not undump): on a resume they append."""
 
 
 class LammpsEngine:
@@ -211,6 +295,7 @@ class LammpsEngine:
         self._lmp: Any = None
         self._factors: UnitFactors = factors("lj")
         self._ran = False
+        self._commands: list[RanCommand] = []
         self.units = ""
         self.atoms = 0
         self.timestep_ps = 0.0
@@ -262,7 +347,10 @@ class LammpsEngine:
         else:
             how = "starts fresh"
         self._lmp.command(f'print "mdq: attempt {task.attempt} {how}"')
-        feed = _Feed(restart=loaded.file.path if loaded is not None else None)
+        if loaded is not None:
+            feed = _Feed(restart=loaded.file.path, step=loaded.file.step)
+        else:
+            feed = _Feed(restart=None)
         self._feed(commands, script_name, feed, depth=0)
         if loaded is not None and not feed.box_defined:
             raise InvalidInputError(
@@ -271,6 +359,8 @@ class LammpsEngine:
             )
         if feed.skipped:
             log.info("resuming: %d commands that make or change atoms were skipped", feed.skipped)
+        for dump in feed.dumps:  # LAMMPS opens a dump's file at the first run: append to it
+            self._run_command(f"dump_modify {dump} append yes", script_name, 0)
         self._configure_output()
         if loaded is None and self._step() != 0:
             self._lmp.command("reset_timestep 0")
@@ -334,9 +424,36 @@ class LammpsEngine:
                 if name in FRESH_ONLY:
                     feed.skipped += 1
                     continue
+                text = self._resumed(expanded, feed)
             elif name in BOX_COMMANDS:
                 feed.box_defined = True
             self._run_command(text, where, command.line)
+            self._commands.append(RanCommand(where, command.line, text))
+            if feed.restart is not None and len(expanded.words) > 1:
+                dump = expanded.words[1].text
+                if name == "dump" and dump not in feed.dumps:
+                    feed.dumps.append(dump)
+                elif name == "undump" and dump in feed.dumps:
+                    feed.dumps.remove(dump)
+
+    def _resumed(self, command: Command, feed: _Feed) -> str:
+        """The text of ``command`` as a resume runs it: the files the attempts before wrote
+        are appended to (``appending``), or, for a fix that can only empty its file, kept
+        under another name (``<stem>.before-<step><suffix>``), never emptied."""
+        changed = appending(command)
+        if changed is not None:
+            return changed.text
+        inputs = {each.name for each in self._spec.inputs}
+        for name in kept_aside(command):
+            path = self._work / name
+            if name in inputs or not path.is_file() or path.is_symlink():
+                continue  # an input file is never moved (LAMMPS cannot write over it)
+            if path.stat().st_size > 0:
+                aside = _free_name(path, f".before-{feed.step}")
+                path.rename(aside)
+                style = command.words[3].text
+                log.info("resuming: %s kept as %s (fix %s empties it)", name, aside.name, style)
+        return command.text
 
     def _read_restart(self, path: Path) -> None:
         """``read_restart`` of the verified restart a resume chose: one LAMMPS cannot read is
@@ -354,14 +471,15 @@ class LammpsEngine:
             ) from None
 
     def _run_command(self, text: str, where: str, line: int) -> None:
+        place = f"{where} line {line}" if line else where
         try:
             self._lmp.command(text)
         except Exception as error:
             if unstable(error):
-                raise UnstableError(f"{where} line {line}: {text}: {error}") from None
+                raise UnstableError(f"{place}: {text}: {error}") from None
             if (full := _disk_full(error, self._work)) is not None:
                 raise full from None
-            raise InvalidInputError(f"{where} line {line}: {text}: {error}") from None
+            raise InvalidInputError(f"{place}: {text}: {error}") from None
 
     def _configure_output(self) -> None:
         """mdq's thermo output, whatever the script set; the units it reports in."""
@@ -411,7 +529,17 @@ class LammpsEngine:
         try:
             self._lmp.command(command)
         except Exception as error:
-            raise _failure(error, repr(command), self._work) from None
+            raise self._run_failure(error, command) from None
+
+    def _run_failure(self, error: Exception, command: str) -> Exception:
+        """``run_failure`` of an error LAMMPS raised running mdq's ``command``."""
+        return run_failure(
+            error,
+            repr(command),
+            self._work,
+            script=self._spec.system.lammps.script,
+            ran=self._commands,
+        )
 
     def interrupt(self) -> None:
         """End a running chunk within a few steps (a stop request): thread-safe, and every
@@ -431,7 +559,10 @@ class LammpsEngine:
         step = self._step()
         last: dict[str, Any] = self._lmp.last_thermo() or {}
         if int(last.get("Step", -1)) != step:
-            self._lmp.command("run 0 post no")  # computes the energies of this step
+            try:
+                self._lmp.command("run 0 post no")  # computes the energies of this step
+            except Exception as error:
+                raise self._run_failure(error, "run 0 post no") from None
             self._ran = True
             last = self._lmp.last_thermo() or {}
         return last
@@ -480,7 +611,7 @@ class LammpsEngine:
         try:
             self._lmp.command(command)
         except Exception as error:
-            raise _failure(error, repr(command), self._work) from None
+            raise self._run_failure(error, command) from None
         self._ran = True
         thermo = self._lmp.last_thermo() or {}
         return self._step() - before, _number(thermo, "PotEng") * self._factors.energy_kj_mol
@@ -560,6 +691,17 @@ class LammpsEngine:
 def _number(thermo: dict[str, Any], key: str) -> float:
     value = thermo.get(key)
     return float(value) if value is not None else math.nan
+
+
+def _free_name(path: Path, mark: str) -> Path:
+    """``path`` with ``mark`` before its suffix, or with a counter after the mark as well when
+    that name is taken (a resume from the same step again)."""
+    candidate = path.with_name(f"{path.stem}{mark}{path.suffix}")
+    count = 1
+    while candidate.exists():
+        count += 1
+        candidate = path.with_name(f"{path.stem}{mark}-{count}{path.suffix}")
+    return candidate
 
 
 def _link_files(source: Path, target: Path, *, skip: tuple[str, ...]) -> None:
