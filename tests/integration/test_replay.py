@@ -8,13 +8,16 @@ fresh database, with another batch size, and every projected table must be ident
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 import asyncpg
 import pytest
+from nats.aio.client import Client
 from nats.js import JetStreamContext
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from mdq.bus.subjects import Subjects
 from mdq.cli.main import app
@@ -22,9 +25,11 @@ from mdq.cli.plot import draw
 from mdq.cli.replay import compare, fold, read_job_log, rebuild, table_contents
 from mdq.contracts import pb
 from mdq.core.events import make_event
-from mdq.errors import NotFound
+from mdq.errors import NotFound, PermissionDenied
+from mdq.stack import StackInfo
 from mdq.store import queries
 from mdq.store.engine import asyncpg_dsn, create_engine
+from mdq.store.roles import RoleUrls, without_password
 from tests.helpers import OwnersPublisher
 from tests.integration.test_projector import (
     T0,
@@ -205,3 +210,119 @@ async def test_plot_draws_energy_and_temperature(
     )
     assert result.exit_code == 0, result.output
     assert "<svg" in (tmp_path / "cli.svg").read_text()
+
+
+def fake_stack(
+    state_dir: Path, *, nats_url: str, namespace: str, reader_url: str, embedded: bool
+) -> None:
+    """``state_dir`` as a running ``mdq up`` leaves it for the CLI: ``stack.json`` naming the
+    reader (its password in a file beside it) and, for an embedded PostgreSQL, the
+    administrator's password under ``secrets/postgres/`` (the test server trusts its socket;
+    the password is the test server's own, when it has one)."""
+    secrets = state_dir / "secrets" / "postgres"
+    secrets.mkdir(parents=True)
+    split = urlsplit(reader_url)
+    (secrets / "reader.password").write_text(unquote(split.password or ""))
+    (secrets / "admin.password").write_text("unused")
+    stack = StackInfo(
+        nats_url=nats_url,
+        database_url=without_password(reader_url),
+        namespace=namespace,
+        metrics_url="",
+        state_dir=str(state_dir),
+        logs_dir=str(state_dir / "logs"),
+        data_dir=str(state_dir / "data"),
+        backend="local",
+        pid=os.getpid(),
+        embedded_nats=True,
+        embedded_postgres=embedded,
+        database_password_file=str(secrets / "reader.password"),
+    )
+    (state_dir / "stack.json").write_text(stack.to_json())
+
+
+def rebuilt_database(output: str) -> str:
+    """The database ``mdq replay --rebuild`` says it rebuilt into."""
+    found = re.search(r"into postgresql://\S*/(mdq_rebuild_\w+)", output)
+    assert found, output
+    return found[1]
+
+
+async def drop_database(admin_url: str, name: str) -> None:
+    admin = await asyncpg.connect(asyncpg_dsn(admin_url))
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+def mdq_cli(args: list[str], **env: str) -> Result:
+    return CliRunner().invoke(
+        app, args, env={"COLUMNS": "400", "MDQ_PG_ADMIN_URL": "", **env}, catch_exceptions=True
+    )
+
+
+async def test_rebuild_as_a_reader_says_what_rights_it_needs(
+    nc: Client, nats_url: str, namespace: str, database_roles: RoleUrls, tmp_path: Path
+) -> None:
+    """A role that may not create a database (the reader, as stack.json names it): a clear
+    refusal with the ways to run it and exit 4, not asyncpg's InsufficientPrivilegeError."""
+    reader = {"NATS_URL": nats_url, "DATABASE_URL": database_roles.reader}
+    result = await asyncio.to_thread(
+        mdq_cli,
+        ["--namespace", namespace, "--state-dir", str(tmp_path / "none"), "replay", "--rebuild"],
+        **reader,
+    )
+    assert result.exit_code == PermissionDenied.exit_code, result.output
+    assert not isinstance(result.exception, asyncpg.PostgresError), result.exception
+    assert f"the role '{namespace}_reader' may not create one" in result.output, result.output
+    assert "--database-admin-url" in result.output and "--into URL" in result.output
+
+    # A stack whose PostgreSQL is not its own keeps no administrator: said, exit 4.
+    state = tmp_path / "given"
+    fake_stack(
+        state,
+        nats_url=nats_url,
+        namespace=namespace,
+        reader_url=database_roles.reader,
+        embedded=False,
+    )
+    given = await asyncio.to_thread(
+        mdq_cli, ["--state-dir", str(state), "replay", "--rebuild"], NATS_URL="", DATABASE_URL=""
+    )
+    assert given.exit_code == PermissionDenied.exit_code, given.output
+    assert "no administrator is at hand" in given.output and "MDQ_PG_ADMIN_URL" in given.output
+
+
+async def test_rebuild_on_an_mdq_up_stack_creates_its_database_as_the_administrator(
+    nc: Client,
+    nats_url: str,
+    namespace: str,
+    database_url: str,
+    database_roles: RoleUrls,
+    tmp_path: Path,
+) -> None:
+    """The attacker's case: ``mdq replay --rebuild --compare`` on the default stack, whose
+    stack.json gives the CLI the reader: the embedded server's administrator (its password
+    in the state folder) creates and fills the new database; the password is never printed."""
+    state = tmp_path / "state"
+    fake_stack(
+        state,
+        nats_url=nats_url,
+        namespace=namespace,
+        reader_url=database_roles.reader,
+        embedded=True,
+    )
+    result = await asyncio.to_thread(
+        mdq_cli,
+        ["--state-dir", str(state), "replay", "--rebuild", "--compare"],
+        NATS_URL="",
+        DATABASE_URL="",
+    )
+    name = rebuilt_database(result.output)
+    try:
+        assert result.exit_code == 0, result.output
+        assert "into postgresql://postgres@/" in result.output  # no password shown
+        assert "the rebuilt projection equals the live one" in result.output
+    finally:
+        await drop_database(database_url, name)

@@ -11,7 +11,11 @@ stale attempt, a terminal job) are marked.
 both streams from their first message into a fresh database, until it holds everything the
 streams held when it started, then stores the offsets under the watcher's consumer names (so
 a watcher pointed at the new database resumes from there). ``--compare`` then checks that the
-rebuilt tables equal the live ones.
+rebuilt tables equal the live ones. Without ``--into`` the new database is created on the live
+one's server by a role that may (CREATEDB): ``--database-admin-url`` / ``MDQ_PG_ADMIN_URL``,
+else a running ``mdq up`` stack's embedded administrator when the database URL is the stack's
+(its reader may not), else ``DATABASE_URL``'s own role; one that may not is told so (exit 4)
+with the ways to run it.
 """
 
 from __future__ import annotations
@@ -41,12 +45,14 @@ from mdq.cli.context import Endpoints, GlobalOptions, resolve_endpoints
 from mdq.cli.live import state_text
 from mdq.contracts import pb
 from mdq.core.state import JobView, event_time
-from mdq.errors import NotFound
+from mdq.errors import NotFound, PermissionDenied
 from mdq.sdk.client import tenant_of_creds
 from mdq.sdk.consumers import read_stored
 from mdq.store.engine import asyncpg_dsn, create_writer_pool
 from mdq.store.migrate import upgrade_async
 from mdq.store.projection import BATCH_SIZE, JOBS_CONSUMER, PROGRESS_CONSUMER, Projector
+from mdq.store.roles import ENV_ADMIN_PASSWORD, ENV_ADMIN_URL, url_user, without_password
+from mdq.tenancy import NoDatabaseAdmin, database_admin
 
 PROJECTED_TABLES = (
     "jobs",
@@ -361,15 +367,58 @@ async def _replay_job(endpoints: Endpoints, job_id: str, progress_every: int) ->
     return 0
 
 
-async def _rebuild(endpoints: Endpoints, into: str | None, check: bool, batch_size: int) -> int:
+HOW_TO_REBUILD = (
+    f"give a role that may create databases with --database-admin-url URL (or {ENV_ADMIN_URL}, "
+    f"its password in {ENV_ADMIN_PASSWORD}), run it where the `mdq up` stack's state folder "
+    "(--state-dir) is readable (its administrator's password is kept there), or create an "
+    "empty database yourself and give it with --into URL"
+)
+
+
+def _database_creator(
+    endpoints: Endpoints, options: GlobalOptions, admin_url: str | None
+) -> str | None:
+    """The URL of the role that creates the database to rebuild into: ``admin_url``, else the
+    running stack's embedded administrator when the database URL is the stack's (its reader's,
+    which may not create one), else ``DATABASE_URL`` itself; None, said on the console, when
+    the stack's administrator is not to be had."""
+    from_stack = not options.database_url and endpoints.stack is not None
+    if not admin_url and not from_stack:
+        return endpoints.database_url
+    try:
+        return database_admin(endpoints.stack, options.state_dir, admin_url, dict(os.environ)).url
+    except NoDatabaseAdmin as error:
+        _console(stderr=True).print(
+            f"[red]--rebuild makes a new database, which the stack's reader role may not "
+            f"create, and no administrator is at hand ({error}): {HOW_TO_REBUILD}[/]"
+        )
+        return None
+
+
+async def _rebuild(
+    endpoints: Endpoints,
+    into: str | None,
+    check: bool,
+    batch_size: int,
+    *,
+    creator: str | None = None,
+) -> int:
     live_url = endpoints.database_url
     if into is None:
-        if not live_url:
+        creator = creator or live_url
+        if not creator:
             _console(stderr=True).print(
                 "[red]--rebuild needs --into URL or a DATABASE_URL to sit next to[/]"
             )
             return 3
-        into = await _fresh_database(live_url)
+        try:
+            into = await _fresh_database(creator)
+        except asyncpg.InsufficientPrivilegeError as error:
+            _console(stderr=True).print(
+                f"[red]--rebuild makes a new database, and the role {url_user(creator)!r} may "
+                f"not create one ({error}): {HOW_TO_REBUILD}[/]"
+            )
+            return PermissionDenied.exit_code
     subjects = Subjects(endpoints.namespace)
     creds = endpoints.nats_admin_creds or endpoints.nats_creds or None
     nc = await connect(endpoints.nats_url, name="mdq-rebuild", creds=creds)  # makes consumers
@@ -379,7 +428,8 @@ async def _rebuild(endpoints: Endpoints, into: str | None, check: bool, batch_si
         await nc.drain()
     rate = report.events / report.seconds if report.seconds else 0.0
     _console().print(
-        f"rebuilt {report.events} events into {report.database_url} in {report.seconds:.1f} s "
+        f"rebuilt {report.events} events into {without_password(report.database_url)} in "
+        f"{report.seconds:.1f} s "
         f"({rate:,.0f} events/s); stream positions {report.last_seq}"
     )
     if not check:
@@ -419,11 +469,26 @@ def replay(
     batch_size: Annotated[
         int, typer.Option(min=1, max=100_000, help="Events per transaction when rebuilding.")
     ] = BATCH_SIZE,
+    database_admin_url: Annotated[
+        str | None,
+        typer.Option(
+            "--database-admin-url",
+            envvar=ENV_ADMIN_URL,
+            help="PostgreSQL role that may create databases (CREATEDB): it creates the one "
+            f"--rebuild fills without --into, and fills it (password: {ENV_ADMIN_PASSWORD}; "
+            "default: the running stack's embedded server's administrator, else DATABASE_URL).",
+        ),
+    ] = None,
 ) -> None:
     """A job's whole timeline from the JetStream log, or --rebuild the projection from it."""
     endpoints = _endpoints(ctx)
     if rebuild_flag:
-        code = asyncio.run(_rebuild(endpoints, into, check, batch_size))
+        creator = None
+        if into is None:
+            creator = _database_creator(endpoints, ctx.obj, database_admin_url)
+            if creator is None:
+                raise typer.Exit(PermissionDenied.exit_code)
+        code = asyncio.run(_rebuild(endpoints, into, check, batch_size, creator=creator))
     elif job_id:
         job_id = job_id_argument(job_id)
         code = asyncio.run(_replay_job(endpoints, job_id, max(1, progress_every)))
