@@ -26,8 +26,10 @@ from nats.js.api import ConsumerConfig
 from mdq.bus.connect import connect
 from mdq.bus.security.permissions import inbox_prefix, tenant_identity
 from mdq.errors import InvalidInput, NotFound, Unavailable
+from mdq.sdk import JobNotInLog, MdqClient
 from tests.integration import test_people_on_the_closed_bus as people
 from tests.integration.test_people_on_the_closed_bus import (
+    NS,
     SUBJECTS,
     TENANT,
     Closed,
@@ -135,6 +137,29 @@ async def test_watch_refuses_a_job_it_cannot_read_at_once(closed: Closed, tmp_pa
         assert result.exit_code == NotFound.exit_code, (job, result.output)
         assert f"no job {job}" in result.output, result.output
         assert time.monotonic() - started < 15, job
+
+
+async def test_the_sdks_wait_refuses_a_job_it_cannot_read_at_once(
+    closed: Closed, tmp_path: Path
+) -> None:
+    """The SDK's ``wait`` makes ``mdq watch``'s check: another tenant's job and one that does
+    not exist raise ``JobNotInLog`` (a NotFound, exit 5 in the CLI) within seconds, not a
+    ``WaitTimeout`` after the whole timeout; its own job is waited for as before."""
+    _, own = await finished_job(closed, TENANT, tmp_path)
+    _, others = await finished_job(closed, "bob", tmp_path)
+    nothing = f"{TENANT}.0123456789ab-nothing"
+    async with await MdqClient.connect(closed.url, NS, creds=closed.creds(TENANT)) as client:
+        for jobs in ([others], [nothing], [own, others]):
+            started = time.monotonic()
+            with pytest.raises(JobNotInLog) as caught:
+                await client.wait(jobs, timeout=60)
+            assert isinstance(caught.value, NotFound)
+            assert caught.value.job_ids == [job for job in jobs if job != own]
+            assert str(caught.value) == f"no job {jobs[-1]} in the log"
+            assert time.monotonic() - started < 15, jobs
+        assert {str(state) for state in (await client.wait([own], timeout=30)).values()} == {
+            "SUCCEEDED"
+        }
 
 
 MALFORMED = {

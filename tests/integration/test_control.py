@@ -20,6 +20,7 @@ from mdq.cli.main import app
 from mdq.contracts import pb
 from mdq.core.control import control_id_for_key
 from mdq.core.spec import normalize_job
+from mdq.errors import NotFound
 from mdq.sdk.client import ControlRefused, MdqClient
 from services.placement.app import Placement
 from services.placement.control import ControlDesk, ControlRegistry, Decide
@@ -482,6 +483,38 @@ async def test_the_cli_verbs_exit_as_documented(
         assert refused.exit_code == 2 and "priority_class" in refused.stderr
         bad_label = await run("hold", "-l", "campaign")
         assert bad_label.exit_code == 2 and "KEY=VALUE" in bad_label.output
+
+
+async def test_a_selector_that_matches_no_job_says_so_and_exits_not_found(
+    nc: Client,
+    subjects: Subjects,
+    bus: EventPublisher,
+    backend: RecordingBackend,
+    nats_url: str,
+) -> None:
+    """``mdq cancel -l k=v`` (or ``--request``) that matches nothing exits 5, as the CLI does
+    for what does not exist, saying so; not 0 as if it had cancelled something."""
+    await bus.publish(node_load("n1", cpu_capacity=1))
+    await bus.publish(job("dddddddddd05-a", cpu=8, labels={"campaign": "x"}))
+    namespace = subjects.namespace
+
+    async def run(*args: str) -> Result:
+        return await asyncio.to_thread(cli, nats_url, namespace, *args)
+
+    async with placement_running(nc, subjects, backend):
+        for verb in ("cancel", "hold", "release", "requeue"):
+            nothing = await run(verb, "-l", "campaign=nosuch")
+            assert nothing.exit_code == NotFound.exit_code, (verb, nothing.output)
+            assert "no job matched the label campaign=nosuch" in nothing.stderr, nothing.output
+        two = await run("reprioritize", "-l", "campaign=x", "-l", "team=y", "--priority", "low")
+        assert two.exit_code == NotFound.exit_code, two.output
+        assert "the labels campaign=x, team=y" in two.stderr
+        no_submit = await run("cancel", "--request", "dddddddddd09", "--wait")
+        assert no_submit.exit_code == NotFound.exit_code, no_submit.output
+        assert "no job matched submit dddddddddd09" in no_submit.stderr
+        # and one that matches is in hand: exit 0
+        held = await run("hold", "-l", "campaign=x")
+        assert held.exit_code == 0 and "dddddddddd05-a" in held.stdout, held.output
 
 
 def test_the_cli_says_when_nobody_answers(nats_url: str, namespace: str) -> None:

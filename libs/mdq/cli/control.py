@@ -2,7 +2,8 @@
 
 Each command sends one ``ControlRequest`` for the jobs named by id, a submit (``--request``) or
 labels (``-l k=v``), prints each job's outcome and exits 0 (done), 1 (some job not changed, or
-``--wait`` ran out), 2 (refused) or 3 (nobody answered); ``--wait`` waits for the effect.
+``--wait`` ran out), 2 (refused), 3 (nobody answered) or 5 (a submit or a label selector that
+matched no job, as ``mdq show`` of an unknown job); ``--wait`` waits for the effect.
 Design: docs/control.md, "Clients".
 """
 
@@ -18,7 +19,7 @@ from rich.table import Table
 
 from mdq.cli.context import user_name
 from mdq.contracts import pb
-from mdq.errors import EXIT_FAILED, EXIT_OK, MdqError
+from mdq.errors import EXIT_FAILED, EXIT_OK, MdqError, NotFound
 from mdq.sdk.client import MdqClient, WaitTimeout
 
 IN_HAND = (pb.CONTROL_DONE, pb.CONTROL_STOPPING, pb.CONTROL_UNCHANGED)
@@ -69,6 +70,22 @@ def exit_code_of(reply: pb.ControlReply) -> int:
     return EXIT_OK if in_hand == reply.matched else EXIT_FAILED
 
 
+def nothing_matched(request_id: str, labels: dict[str, str]) -> str:
+    """What to say when a submit or a label selector matched no job ('' when one was named by
+    id, or something matched)."""
+    if labels:
+        selector = ", ".join(f"{key}={value}" for key, value in labels.items())
+        what = f"the label{'s' if len(labels) > 1 else ''} {selector}"
+    elif request_id:
+        what = f"submit {request_id}"
+    else:
+        return ""
+    return (
+        f"no job matched {what}: nothing was changed (a submit or a selector matches your "
+        "jobs that have not ended)"
+    )
+
+
 Send = Callable[..., None]
 
 
@@ -101,6 +118,13 @@ def make_command(verb: str, *, run: Callable[..., int], console: Console, err: C
                 **extra,  # type: ignore[arg-type]
             )
             console.print(outcome_table(verb, reply))
+            if (
+                reply.matched == 0
+                and not job_ids
+                and (said := nothing_matched(request_id, selector))
+            ):
+                err.print(f"[red]{escape(said)}[/]")
+                return NotFound.exit_code
             code = exit_code_of(reply)
             if not wait:
                 return code

@@ -1,9 +1,9 @@
 """Live progress of jobs in the terminal: one rich progress bar per job.
 
 Each bar shows the job's state, step / target, potential energy, ns/day and the ETA the runner
-reports; lifecycle events (bound to a node, started, failed, requeued, succeeded) are printed
-above the bars as they happen. Everything comes from ``MdqClient.watch`` — the log, folded by
-the same state machine the services use.
+reports; lifecycle events (bound to a node, started, failed, requeued, held, released,
+succeeded) are printed above the bars as they happen. Everything comes from
+``MdqClient.watch`` — the log, folded by the same state machine the services use.
 """
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskID, TextColumn
 
 from mdq.contracts import pb
-from mdq.core.state import JobView
+from mdq.core.state import JobState, JobView
 from mdq.sdk.client import JobUpdate, MdqClient
 
 STATE_STYLES = {
@@ -56,9 +57,9 @@ def format_energy(value: float | None, units: str = "") -> str:
 
 
 def steps_label(step: int, target: float | None) -> str:
-    """``1500/5000``; just the step when the target is unknown. A minimisation may go past
-    its target (OpenMM applies the iteration limit to each round of its constraint
-    restraints, and the runner reports the true count): then ``614 it``, not ``614/200``."""
+    """``1500/5000``; just the step when the target is unknown. A report past its target (a
+    minimisation by an older runner, whose OpenMM minimiser applied the iteration limit to each
+    round of its constraint restraints) shows ``614 it``, not ``614/200``."""
     if not target:
         return str(step)
     if step > target:
@@ -72,9 +73,17 @@ def steps_text(step: int, target: float | None) -> tuple[str, float | None]:
     return steps_label(step, target), total
 
 
+def _origin(origin: pb.ControlOrigin) -> str:
+    """`` by ada: check inputs``: who asked a job-control verb, and why ("" when unsaid)."""
+    who = f" by {origin.requested_by}" if origin.requested_by else ""
+    why = f": {origin.reason}" if origin.reason else ""
+    return escape(who + why)
+
+
 def describe(update: JobUpdate, name: str) -> str | None:
     """One line about a lifecycle event (None for events not worth a line)."""
     event = update.event
+    view = update.view
     match update.kind:
         case "submitted":
             deps = ", ".join(event.submitted.depends_on_ids)
@@ -107,7 +116,24 @@ def describe(update: JobUpdate, name: str) -> str | None:
                 if requeued.HasField("resume_from")
                 else "from the start"
             )
-            return f"{name}: requeued as attempt {event.attempt}, {where}"
+            held = view is not None and view.state is JobState.HELD
+            then = ", [yellow]held[/] until released" if held else ""
+            return f"{name}: requeued as attempt {event.attempt}, {where}{then}"
+        case "held":
+            origin = _origin(event.held.origin)
+            if view is not None and view.state is not JobState.HELD:  # stopped first
+                return (
+                    f"{name}: [yellow]hold[/]{origin}: attempt {view.attempt} is stopping at a "
+                    "checkpoint, then held"
+                )
+            return f"{name}: [yellow]held[/]{origin}: not placed until released"
+        case "unheld":
+            origin = _origin(event.unheld.origin)
+            if view is not None and view.state is JobState.WAITING:
+                return f"{name}: released{origin}: waits for its dependencies"
+            if view is not None and view.state is JobState.PENDING:
+                return f"{name}: released{origin}: pending"
+            return f"{name}: released{origin}"
         case "failed":
             failed_for_good = event.failed
             reason = pb.FailureReason.Name(failed_for_good.reason)

@@ -575,8 +575,7 @@ def watch(
             raise typer.Exit(EXIT_OK)
 
     async def work(client: MdqClient) -> int:
-        if missing := await client.missing_jobs(wanted):
-            raise NotFound(f"no job {', '.join(missing)} in the log")
+        await client.require_in_log(wanted)  # exit 5 at once, as the SDK's wait
         views = await follow_jobs(client, wanted, limit_s=timeout, console=console)
         return _final_code(views, wanted)
 

@@ -14,6 +14,7 @@
 from mdq.errors import MdqError
 from mdq.sdk.client import (
     IntakeUnavailable,
+    JobNotInLog,
     JobUpdate,
     MdqClient,
     OperatorOnly,
@@ -26,6 +27,7 @@ from mdq.sdk.jobfile import JobFileError, load_job_file, parse_job_text, submit_
 __all__ = [
     "IntakeUnavailable",
     "JobFileError",
+    "JobNotInLog",
     "JobUpdate",
     "MdqClient",
     "MdqError",

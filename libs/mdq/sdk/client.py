@@ -46,7 +46,7 @@ from mdq.core.control import VERB_OF_WORD
 from mdq.core.ids import job_id as make_job_id
 from mdq.core.ids import request_id_for_key, request_id_for_sequence, request_id_of
 from mdq.core.state import JobBook, JobState, JobView
-from mdq.errors import InvalidInput, MdqError, PermissionDenied, Unavailable
+from mdq.errors import InvalidInput, MdqError, NotFound, PermissionDenied, Unavailable
 from mdq.sdk.consumers import (
     CONSUMER_IDLE_S,
     consumer_refusal,
@@ -103,6 +103,21 @@ _Reply = TypeVar("_Reply", bound=Message)
 
 CONTROL_RETRY_S = 0.5
 """A job-control request nobody answered is sent again (the same key: safe) after this."""
+
+
+LOG_COPY_WAIT_S = 2.0
+"""How long a job missing from the log is looked for again before it counts as not there: a
+tenant's stream is the server's copy of the jobs log, a moment behind it."""
+
+
+class JobNotInLog(NotFound):
+    """Jobs that the log these credentials read does not hold (none such, or another tenant's):
+    ``wait`` and ``watch`` say so at once, as ``mdq watch`` does (exit 5), instead of waiting
+    for events that will never come. ``job_ids`` names them."""
+
+    def __init__(self, job_ids: Sequence[str]) -> None:
+        super().__init__(f"no job {', '.join(job_ids)} in the log")
+        self.job_ids = list(job_ids)
 
 
 class WaitTimeout(MdqError, TimeoutError):
@@ -165,6 +180,8 @@ class MdqClient:
         self._progress_stream = (
             subjects.tenant_stream(tenant) if tenant else subjects.progress_stream
         )
+        self._published: set[str] = set()
+        """Job ids of this client's ``publish_submit``: in the log once intake handles them."""
 
     @classmethod
     async def connect(
@@ -242,6 +259,7 @@ class MdqClient:
         reply = decode_reply(reply_msg.data)
         if reply.HasField("error") and (reply.error.field or reply.error.message):
             raise SubmitRefused(reply.error.field, reply.error.message, request_id=reply.request_id)
+        self._published.update(reply.job_ids)  # in the jobs log; maybe not yet in a tenant's
         return list(reply.job_ids)
 
     async def submit_when_ready(
@@ -337,7 +355,9 @@ class MdqClient:
             if built.idempotency_key
             else request_id_for_sequence(ack.seq, self._tenant)
         )
-        return [make_job_id(request_id, spec.name) for spec in built.jobs]
+        job_ids = [make_job_id(request_id, spec.name) for spec in built.jobs]
+        self._published.update(job_ids)
+        return job_ids
 
     async def _tenant_queue_full(self, error: nats.js.errors.APIError) -> str:
         """What a tenant is told when its submit stream, the queue of its submits waiting for
@@ -400,6 +420,34 @@ class MdqClient:
                 missing.append(job)
         return missing
 
+    async def require_in_log(self, job_ids: Sequence[str]) -> None:
+        """Raise ``JobNotInLog`` naming those of ``job_ids`` that the log this client may read
+        does not hold: a job that does not exist, or another tenant's. The check ``mdq watch``,
+        ``watch`` and ``wait`` make before they follow jobs. Not missing: a job this client
+        published (``publish_submit``) that intake has not handled yet, and one whose submit
+        was refused (following it raises ``SubmitRefused``)."""
+        missing = [job for job in await self.missing_jobs(job_ids) if job not in self._published]
+        refused = {
+            rid for rid in {request_id_of(job) for job in missing} if await self._refused(rid)
+        }
+        unknown = [job for job in missing if request_id_of(job) not in refused]
+        # a tenant's log is a copy the server makes of the jobs log: a job another process
+        # submitted a moment ago may not be in it yet
+        deadline = asyncio.get_running_loop().time() + LOG_COPY_WAIT_S
+        while unknown and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.1)
+            unknown = await self.missing_jobs(unknown)
+        if unknown:
+            raise JobNotInLog(unknown)
+
+    async def _refused(self, request_id: str) -> bool:
+        """Whether the log holds a refusal of the submit ``request_id``."""
+        try:
+            await self._js.get_last_msg(self._jobs_stream, self._subjects.rejected(request_id))
+        except NotFoundError:
+            return False
+        return True
+
     async def watch(
         self,
         job_ids: Sequence[str],
@@ -411,13 +459,15 @@ class MdqClient:
         every job is terminal (plus ``settle_s`` seconds for progress still in flight).
 
         Reads through one ordered consumer per stream (a tenant's: one in all), deleted when
-        the generator ends. Raises ``SubmitRefused`` if the submit of a job was refused (its job
-        never existed), ``ConsumerRefused`` if the server will not make a consumer. Use it with
-        ``contextlib.aclosing`` if you may stop early.
+        the generator ends. Raises ``JobNotInLog`` at once for a job the log these credentials
+        read does not hold (``require_in_log``), ``SubmitRefused`` if the submit of a job was
+        refused (its job never existed), ``ConsumerRefused`` if the server will not make a
+        consumer. Use it with ``contextlib.aclosing`` if you may stop early.
         """
         ids = list(dict.fromkeys(job_ids))
         if not ids:
             return
+        await self.require_in_log(ids)
         books = {job: JobBook() for job in ids}
         drained = False
         """Whether the jobs' lifecycle log has been read up to now: a job that ended may have
@@ -511,7 +561,8 @@ class MdqClient:
         timeout: float,  # noqa: ASYNC109 - part of the SDK's API
     ) -> dict[str, JobState]:
         """Wait until every job is terminal; return each job's final state
-        (``JobState.SUCCEEDED`` or ``JobState.FAILED``). Raises ``WaitTimeout``."""
+        (``JobState.SUCCEEDED`` or ``JobState.FAILED``). Raises ``WaitTimeout``, and
+        ``JobNotInLog`` at once for a job the log these credentials read does not hold."""
         views = await self.wait_views(job_ids, timeout)
         return {job: view.state for job, view in views.items()}
 
