@@ -222,16 +222,20 @@ async def read_tenant_usages(js: JetStreamContext, subjects: Subjects) -> dict[s
         kv = await js.key_value(subjects.waiting_bucket)
     except BucketNotFoundError:
         return {}  # placement has written nothing yet
-    watcher = await kv.watch(f"{USAGE_KEY_PREFIX}>", ignore_deletes=True)
+    watcher = await kv.watch(f"{USAGE_KEY_PREFIX}>")
     usages: dict[str, TenantUsage] = {}
     try:
-        async for entry in watcher:
+        # nats-py's own marker may come before the values on a loaded machine (an empty
+        # reading, which took every tenant's series away for a moment): watch_through's
+        async for entry in watch_through(watcher):
             if entry is None:
                 break  # the marker after the current values
+            tenant = entry.key[len(USAGE_KEY_PREFIX) :]
+            if entry.operation in (KV_DEL, KV_PURGE):
+                usages.pop(tenant, None)
+                continue
             try:
-                usages[entry.key[len(USAGE_KEY_PREFIX) :]] = TenantUsage.from_json(
-                    entry.value or b""
-                )
+                usages[tenant] = TenantUsage.from_json(entry.value or b"")
             except ValueError:
                 continue
     finally:
